@@ -1,0 +1,402 @@
+"""Configuration: the ``Config`` dataclass and the only place that reads ``os.environ``.
+
+Precedence: keyword argument > ``OFFRECOMP_*`` environment variable > default, except
+``OFFRECOMP_DISABLE=1``, which always wins and turns the runtime into a no-op.
+Every bad value raises ``ValueError`` naming the variable (or argument), the value and
+the accepted forms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+__all__ = [
+    "ENV_VARS",
+    "MODES",
+    "Budget",
+    "Config",
+    "format_bytes",
+    "parse_bytes",
+    "parse_size_or_fraction",
+]
+
+Mode = Literal["auto", "keep", "offload", "recompute", "off"]
+MODES: tuple[str, ...] = ("auto", "keep", "offload", "recompute", "off")
+INFEASIBLE_POLICIES: tuple[str, ...] = ("warn", "error")
+LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1024**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1024**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_SIZE_FORMS = "an integer byte count or a number with a unit (512MiB, 24GiB, 1.5GB)"
+
+
+def parse_bytes(value: object, *, name: str) -> int:
+    """Parse a byte count: an int, or a string like ``"512MiB"``/``"24GiB"``/``"1.5GB"``.
+
+    ``name`` is the variable or argument being parsed; it is named in the error.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} is invalid; accepted: {_SIZE_FORMS}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"{name}={value!r} is invalid; it must be >= 0 ({_SIZE_FORMS})")
+        return value
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m is not None:
+            unit = m.group(2).lower()
+            if unit in _UNITS:
+                number = float(m.group(1))
+                if math.isfinite(number):
+                    return int(number * _UNITS[unit])
+    raise ValueError(f"{name}={value!r} is invalid; accepted: {_SIZE_FORMS}")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A memory amount given either in bytes or as a fraction of a capacity."""
+
+    nbytes: int | None = None
+    fraction: float | None = None
+
+    def resolve(self, capacity_bytes: int) -> int:
+        if self.nbytes is not None:
+            return self.nbytes
+        assert self.fraction is not None
+        return int(self.fraction * capacity_bytes)
+
+    def __str__(self) -> str:
+        if self.nbytes is not None:
+            return format_bytes(self.nbytes)
+        return f"{(self.fraction or 0.0) * 100:g}%"
+
+
+def parse_size_or_fraction(value: object, *, name: str) -> Budget | None:
+    """Parse ``None``/``"auto"``, a byte count, a unit string, or a percentage ``"60%"``."""
+    if value is None:
+        return None
+    if isinstance(value, Budget):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() in ("", "auto", "none"):
+            return None
+        if text.endswith("%"):
+            try:
+                pct = float(text[:-1])
+            except ValueError:
+                pct = float("nan")
+            if not (0.0 < pct <= 100.0):
+                raise ValueError(
+                    f"{name}={value!r} is invalid; a percentage must be in (0%, 100%]"
+                )
+            return Budget(fraction=pct / 100.0)
+    try:
+        return Budget(nbytes=parse_bytes(value, name=name))
+    except ValueError:
+        raise ValueError(
+            f"{name}={value!r} is invalid; accepted: auto, {_SIZE_FORMS}, or a percentage of "
+            "the capacity (60%)"
+        ) from None
+
+
+def format_bytes(n: float) -> str:
+    """``1536 -> '1.50 KiB'``."""
+    n = float(n)
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _parse_bool(value: object, *, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"{name}={value!r} is invalid; accepted: 1, 0, true, false, yes, no, on, off")
+
+
+def _parse_choice(value: object, *, name: str, choices: tuple[str, ...], upper: bool = False) -> str:
+    text = str(value).strip()
+    text = text.upper() if upper else text.lower()
+    if text not in choices:
+        raise ValueError(f"{name}={value!r} is invalid; accepted: {', '.join(choices)}")
+    return text
+
+
+def _parse_float(value: object, *, name: str, lo: float, hi: float, forms: str) -> float:
+    try:
+        x = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        x = float("nan")
+    if not (lo <= x <= hi):
+        raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
+    return x
+
+
+def _parse_int(value: object, *, name: str, lo: int, forms: str) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
+    try:
+        x = int(str(value).strip()) if not isinstance(value, int) else value
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}") from None
+    if x < lo:
+        raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
+    return x
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    """How far ahead backward reloads are issued: a number of regions or a byte window."""
+
+    regions: int | None = None
+    nbytes: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.regions} regions" if self.regions is not None else format_bytes(self.nbytes or 0)
+
+
+def _parse_prefetch(value: object, *, name: str) -> Prefetch:
+    if isinstance(value, Prefetch):
+        return value
+    forms = "a number of regions (1, 2, ...) or a byte window with a unit (256MiB)"
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
+        return Prefetch(regions=value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return _parse_prefetch(int(value.strip()), name=name)
+    try:
+        nbytes = parse_bytes(value, name=name)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}") from None
+    if nbytes <= 0:
+        raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
+    return Prefetch(nbytes=nbytes)
+
+
+RegionSpec = Union[
+    None,
+    type,
+    tuple[type, ...],
+    list[type],
+    Callable[[Any, str], bool],
+]
+
+
+@dataclass(kw_only=True)
+class Config:
+    """Everything that tunes the runtime. Build it with :meth:`Config.resolve`."""
+
+    disable: bool = False
+    """Make the runtime a transparent no-op (no hooks installed). ``OFFRECOMP_DISABLE``."""
+    mode: str = "auto"
+    """``auto`` (planner decides), ``keep``, ``offload``, ``recompute`` (force one placement
+    wherever legal) or ``off`` (hooks not installed). ``OFFRECOMP_MODE``."""
+    budget: Budget | None = None
+    """Device bytes allowed for activations: bytes, unit string or a percentage of device
+    memory; None = automatic. ``OFFRECOMP_BUDGET``."""
+    host_limit: Budget | None = None
+    """Most pinned host memory the offload pool may hold: bytes, unit string or a percentage
+    of available host memory; None = a safe share of available memory divided by the ranks
+    on this node. ``OFFRECOMP_HOST_LIMIT``."""
+    min_bytes: int = 64 * 1024
+    """Saved tensors whose storage is smaller than this are always kept. ``OFFRECOMP_MIN_BYTES``."""
+    prefetch: Prefetch = field(default_factory=lambda: Prefetch(regions=2))
+    """How far ahead backward reloads are issued. ``OFFRECOMP_PREFETCH``."""
+    report_path: str | None = None
+    """JSON-lines file, one record per step. ``OFFRECOMP_REPORT``."""
+    verify: bool = False
+    """Check that replayed tensors equal the originals (debug; costs a checksum per save).
+    ``OFFRECOMP_VERIFY``."""
+    log_level: str | None = None
+    """Level of the ``offrecomp`` logger (None: leave it alone). ``OFFRECOMP_LOG``."""
+    max_overhead: float | None = None
+    """Step-time overhead the user accepts (0.05 = 5%); with ``budget=None`` the planner buys
+    as much memory as this overhead allows. ``OFFRECOMP_MAX_OVERHEAD``."""
+    profile_path: str | None = None
+    """Save the measured profile of each new signature here, for what-if planning.
+    ``OFFRECOMP_PROFILE``."""
+    d2h_gbps: float | None = None
+    """Device-to-host bandwidth to plan with before it is measured (GB/s).
+    ``OFFRECOMP_D2H_GBPS``."""
+    h2d_gbps: float | None = None
+    """Host-to-device bandwidth to plan with before it is measured (GB/s).
+    ``OFFRECOMP_H2D_GBPS``."""
+    budget_margin: float = 0.05
+    """Safety margin subtracted from free device memory when ``budget`` is automatic
+    (fraction of capacity). ``OFFRECOMP_BUDGET_MARGIN``."""
+    infeasible: str = "warn"
+    """What to do when the budget cannot be met: ``warn`` (run the most frugal plan) or
+    ``error``. ``OFFRECOMP_INFEASIBLE``."""
+    drift: float = 0.25
+    """Relative drift of measured step time from the prediction that triggers a re-plan.
+    ``OFFRECOMP_DRIFT``."""
+    plan_cache_size: int = 8
+    """Most input signatures whose plans are cached. ``OFFRECOMP_PLAN_CACHE``."""
+    regions: RegionSpec = None
+    """Region selection: None (repeated children of ModuleList/Sequential), module types,
+    or ``fn(module, qualified_name) -> bool``. Argument only."""
+
+    sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """Where each field came from: ``argument``, ``env`` or ``default``."""
+
+    # ----------------------------------------------------------------- building
+
+    @classmethod
+    def resolve(
+        cls,
+        overrides: Mapping[str, Any] | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
+    ) -> Config:
+        """Build a config from keyword overrides, ``OFFRECOMP_*`` variables and defaults."""
+        env = os.environ if environ is None else environ
+        overrides = dict(overrides or {})
+        known = {f.name for f in dataclasses.fields(cls)} - {"sources"}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise TypeError(
+                f"unknown offrecomp option(s) {', '.join(unknown)}; accepted: {', '.join(sorted(known))}"
+            )
+        values: dict[str, Any] = {}
+        sources: dict[str, str] = {}
+        for fname, (var, parser) in _FIELD_PARSERS.items():
+            if fname in overrides and overrides[fname] is not None:
+                values[fname] = parser(overrides[fname], name=fname)
+                sources[fname] = "argument"
+            elif fname in overrides and fname in _NULLABLE:
+                values[fname] = None
+                sources[fname] = "argument"
+            elif var in env and env[var].strip() != "":
+                values[fname] = parser(env[var], name=var)
+                sources[fname] = "env"
+            else:
+                sources[fname] = "default"
+        if "regions" in overrides:
+            values["regions"] = overrides["regions"]
+            sources["regions"] = "argument"
+        # OFFRECOMP_DISABLE always wins, whatever the arguments say.
+        if "OFFRECOMP_DISABLE" in env and env["OFFRECOMP_DISABLE"].strip() != "":
+            if _parse_bool(env["OFFRECOMP_DISABLE"], name="OFFRECOMP_DISABLE"):
+                values["disable"] = True
+                sources["disable"] = "env"
+        cfg = cls(**values)
+        cfg.sources = sources
+        return cfg
+
+    @property
+    def active(self) -> bool:
+        """True when hooks are installed at all."""
+        return not self.disable and self.mode != "off"
+
+    def describe(self) -> str:
+        """One line per setting with its source, for the INFO log."""
+        parts = []
+        for f in dataclasses.fields(self):
+            if f.name in ("sources",):
+                continue
+            val = getattr(self, f.name)
+            if callable(val) and not isinstance(val, type):
+                val = getattr(val, "__name__", "fn")
+            parts.append(f"{f.name}={val} ({self.sources.get(f.name, 'default')})")
+        return ", ".join(parts)
+
+
+_NULLABLE = {"budget", "host_limit", "report_path", "log_level", "max_overhead", "profile_path",
+             "d2h_gbps", "h2d_gbps"}
+
+
+def _opt_path(value: object, *, name: str) -> str | None:
+    text = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(text, str):
+        raise ValueError(f"{name}={value!r} is invalid; accepted: a file path")
+    return text.strip() or None
+
+
+def _budget(value: object, *, name: str) -> Budget | None:
+    return parse_size_or_fraction(value, name=name)
+
+
+def _gbps(value: object, *, name: str) -> float:
+    return _parse_float(value, name=name, lo=1e-6, hi=1e6, forms="a positive number of GB/s (50)")
+
+
+_FIELD_PARSERS: dict[str, tuple[str, Callable[..., Any]]] = {
+    "disable": ("OFFRECOMP_DISABLE", _parse_bool),
+    "mode": ("OFFRECOMP_MODE", lambda v, name: _parse_choice(v, name=name, choices=MODES)),
+    "budget": ("OFFRECOMP_BUDGET", _budget),
+    "host_limit": ("OFFRECOMP_HOST_LIMIT", _budget),
+    "min_bytes": ("OFFRECOMP_MIN_BYTES", parse_bytes),
+    "prefetch": ("OFFRECOMP_PREFETCH", _parse_prefetch),
+    "report_path": ("OFFRECOMP_REPORT", _opt_path),
+    "verify": ("OFFRECOMP_VERIFY", _parse_bool),
+    "log_level": (
+        "OFFRECOMP_LOG",
+        lambda v, name: _parse_choice(v, name=name, choices=LOG_LEVELS, upper=True),
+    ),
+    "max_overhead": (
+        "OFFRECOMP_MAX_OVERHEAD",
+        lambda v, name: _parse_float(v, name=name, lo=0.0, hi=10.0,
+                                     forms="a fraction of step time between 0 and 10 (0.05 = 5%)"),
+    ),
+    "profile_path": ("OFFRECOMP_PROFILE", _opt_path),
+    "d2h_gbps": ("OFFRECOMP_D2H_GBPS", _gbps),
+    "h2d_gbps": ("OFFRECOMP_H2D_GBPS", _gbps),
+    "budget_margin": (
+        "OFFRECOMP_BUDGET_MARGIN",
+        lambda v, name: _parse_float(v, name=name, lo=0.0, hi=0.9, forms="a fraction between 0 and 0.9"),
+    ),
+    "infeasible": (
+        "OFFRECOMP_INFEASIBLE",
+        lambda v, name: _parse_choice(v, name=name, choices=INFEASIBLE_POLICIES),
+    ),
+    "drift": (
+        "OFFRECOMP_DRIFT",
+        lambda v, name: _parse_float(v, name=name, lo=0.01, hi=100.0, forms="a fraction > 0.01 (0.25)"),
+    ),
+    "plan_cache_size": (
+        "OFFRECOMP_PLAN_CACHE",
+        lambda v, name: _parse_int(v, name=name, lo=1, forms="an integer >= 1"),
+    ),
+}
+
+#: Every environment variable the runtime reads, for docs and tests.
+ENV_VARS: tuple[str, ...] = tuple(var for var, _ in _FIELD_PARSERS.values())
+
+
+def apply_log_level(cfg: Config) -> None:
+    if cfg.log_level is not None:
+        logging.getLogger("offrecomp").setLevel(cfg.log_level)
