@@ -17,24 +17,26 @@ Vocabulary
 Replay semantics the cost model must reproduce
 ----------------------------------------------
 When some storages of a region call are dropped (RECOMPUTE), the first backward access
-to one of them replays the region's forward from its captured inputs:
+to one of them replays the region's forward from its captured inputs. Replay covers ops
+``0 .. K-1`` with ``K = max(storage.last_save_op for dropped storages)`` (it stops right
+after the last save it needs). Which of those ops actually execute:
 
-1. Replay executes ops in forward order ``0, 1, 2, ...`` and stops right after the last
-   save of the last dropped storage, i.e. it covers ops ``0 .. K-1`` with
-   ``K = max(storage.last_save_op for dropped storages)``.
-2. Inside that prefix an op is *served* (costs nothing) when ``op.skippable`` is true,
-   the region is not ``opaque``, and every entry of ``op.outputs`` is ``>= 0`` and names
-   a storage placed KEEP. Otherwise it runs and costs ``op.seconds``.
-3. An op whose ``outputs`` contains ``-1`` produces a tensor that no backward formula
-   saved (e.g. the output projection of attention before a residual add); it therefore
-   always runs when it lies inside the prefix.
+* ``opaque`` region: every op in the prefix runs (torch.utils.checkpoint semantics).
+* otherwise, when every op of the region has ``reads`` (not None), replay is
+  demand-driven. The set R of ops that run is the closure of
+  ``{producer_op of each dropped storage} | {k < K with ops[k].sink}`` under ``reads``:
+  for an op in the worklist, if it is *served* (``skippable`` and every entry of its
+  ``outputs`` is ``>= 0`` and placed KEEP) it costs nothing and its reads are not
+  followed; otherwise it runs, costs ``seconds``, and every op index in its ``reads``
+  joins the worklist. Ops outside R cost nothing (replay hands out placeholders).
+* otherwise (``reads`` unknown): an op in the prefix is served when ``skippable`` and
+  all outputs are ``>= 0`` and KEEP, and runs (costs ``seconds``) in every other case.
 
-So ``replay_seconds(region, dropped) = sum(op.seconds for op in ops[:K] if not served(op))``.
-Storages of kind ``input`` are the region inputs the runtime holds for replay (the
-checkpoint); they may be KEEP or OFFLOAD, never RECOMPUTE. Storages of kind
-``external`` (tensors created outside the region and read by it, e.g. a cache held by
-the module) are always KEEP and their bytes are not freed by any placement.
-Root storages (saved outside every region) may be KEEP or OFFLOAD only.
+So ``replay_seconds(region, dropped) = sum(ops[k].seconds for k in R)``. Storages of kind
+``input`` are the region inputs the runtime holds for replay (the checkpoint); they may
+be KEEP or OFFLOAD, never RECOMPUTE. Storages of kind ``external`` (created outside the
+region, or smaller than the runtime's ``min_bytes``) are always KEEP. Root storages
+(saved outside every region) may be KEEP or OFFLOAD only.
 """
 
 from __future__ import annotations
@@ -74,6 +76,12 @@ class OpRecord:
     """Operator name (for explanations only)."""
     flops: float = 0.0
     """Estimated floating point operations, where known (0 = unknown)."""
+    reads: tuple[int, ...] | None = None
+    """Indices of the earlier ops of this region whose results this op reads by value
+    (None: dataflow unknown, replay reruns the whole prefix but served ops)."""
+    sink: bool = False
+    """Replay must run this op whenever it lies in the replayed prefix (it draws random
+    numbers, writes in place, or hands a value to Python)."""
 
 
 @dataclass(kw_only=True)
@@ -191,7 +199,16 @@ class Profile:
             )
         regions = []
         for r in data.get("regions", []):
-            ops = [OpRecord(**{**o, "outputs": tuple(o.get("outputs", ()))}) for o in r.get("ops", [])]
+            ops = [
+                OpRecord(
+                    **{
+                        **o,
+                        "outputs": tuple(o.get("outputs", ())),
+                        "reads": None if o.get("reads") is None else tuple(o["reads"]),
+                    }
+                )
+                for o in r.get("ops", [])
+            ]
             storages = [StorageRecord(**s) for s in r.get("storages", [])]
             fields = {k: v for k, v in r.items() if k not in ("ops", "storages")}
             regions.append(RegionRecord(ops=ops, storages=storages, **fields))

@@ -1,0 +1,102 @@
+"""Every private or semi-private torch API offrecomp uses, in one place.
+
+Each entry says why it is needed. ``tests/offrecomp/test_torch_compat.py`` imports all of
+them, so a torch release that removes one fails loudly there instead of deep inside a
+training run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# TorchDispatchMode: the replay serves held op outputs instead of rerunning ops, and the
+# measuring pass records every ATen op of a region (timings, outputs, aliasing). The same
+# mechanism torch.utils.checkpoint's selective checkpointing uses; it lives in a private
+# module.
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401
+
+
+def current_graph_task_id() -> int:
+    """-1 outside backward, else the id of the running backward.
+
+    Pack hooks that fire while backward runs (double backward, create_graph=True) belong
+    to no forward pass and must not start one.
+    """
+    return int(torch._C._current_graph_task_id())
+
+
+def queue_backward_callback(fn: Callable[[], None]) -> None:
+    """Run ``fn`` when the current backward finishes (only valid inside backward).
+
+    Used to mark the end of a backward pass without a host sync.
+    """
+    torch.autograd.Variable._execution_engine.queue_callback(fn)  # type: ignore[attr-defined]
+
+
+def register_optimizer_step_post_hook(fn: Callable[..., None]) -> Any:
+    """Global hook after any ``torch.optim.Optimizer.step``: the step boundary.
+
+    Public in ``torch.optim.optimizer`` but not re-exported from ``torch.optim``.
+    """
+    from torch.optim.optimizer import register_optimizer_step_post_hook as _reg
+
+    return _reg(fn)
+
+
+def is_nondeterministic_seeded(func: Any) -> bool:
+    """True for ops that may draw from an RNG (dropout, rand, fused attention)."""
+    tags = getattr(func, "tags", ())
+    return torch.Tag.nondeterministic_seeded in tags
+
+
+def op_writes_inputs(func: Any) -> bool:
+    """True for in-place and ``out=`` ops (some argument is written)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return True  # unknown: assume the worst
+    for arg in schema.arguments:
+        info = arg.alias_info
+        if info is not None and info.is_write:
+            return True
+    return False
+
+
+def op_returns_alias(func: Any) -> bool:
+    """True for view ops (a return aliases an input)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return True
+    return any(ret.alias_info is not None for ret in schema.returns)
+
+
+def written_arg_names(func: Any) -> tuple[str, ...]:
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return ()
+    return tuple(
+        a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write
+    )
+
+
+def cuda_sleep(cycles: int) -> None:
+    """Busy-wait the current CUDA stream (tests only: delays a stream to expose races)."""
+    torch.cuda._sleep(cycles)  # type: ignore[attr-defined]
+
+
+def storage_ptr(t: torch.Tensor) -> int:
+    """Identity of the allocation behind ``t`` (shared by all its views)."""
+    return int(t.untyped_storage().data_ptr())
+
+
+ALL_PRIVATE_APIS: tuple[str, ...] = (
+    "torch.utils._python_dispatch.TorchDispatchMode",
+    "torch._C._current_graph_task_id",
+    "torch.autograd.Variable._execution_engine.queue_callback",
+    "torch.optim.optimizer.register_optimizer_step_post_hook",
+    "torch.Tag.nondeterministic_seeded",
+    "OpOverload._schema (alias_info.is_write)",
+    "torch.cuda._sleep",
+)

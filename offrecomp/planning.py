@@ -1,0 +1,477 @@
+"""Between the runtime and the planner: profiles in, placements out, plans cached.
+
+The first pass of every input-shape signature in ``auto`` mode is the *measuring* pass:
+every region activation is dropped (as full checkpointing would) while the forward of
+each region runs under the op recorder. At its end the runtime builds a
+``scheduler.Profile`` from what it saw, resolves the budget, asks the solver for a plan
+and caches it for the signature (bounded LRU). Later passes of the signature follow the
+plan; a pass whose structure differs from the profile (more region calls, other
+storage sizes) falls back to dropping for the unknown parts and triggers a new
+measuring pass; measured step time drifting from the prediction beyond
+``Config.drift`` triggers a re-plan with the measured times.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from offrecomp.config import format_bytes
+from offrecomp.measure import device_capacity_bytes, host_available_bytes
+from offrecomp.report import StepRecord
+from offrecomp.state import PassState, RegionCall
+from offrecomp.trace import RegionStructure, build_structure
+from scheduler.plan import ROOT, Placement, Plan
+from scheduler.profile import Profile, RegionRecord, StorageRecord
+
+if TYPE_CHECKING:
+    from offrecomp.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PlanEntry", "Planner"]
+
+KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
+
+
+@dataclass
+class PlanEntry:
+    """What the runtime knows about one signature."""
+
+    signature: str
+    structures: dict[tuple[str, int], RegionStructure] = field(default_factory=dict)
+    profile: Profile | None = None
+    plan: Plan | None = None
+    needs_measure: bool = True
+    drift_strikes: int = 0
+    measured_step_seconds: list[float] = field(default_factory=list)
+    oom: bool = False
+
+
+class Planner:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.entries: OrderedDict[str, PlanEntry] = OrderedDict()
+        self.last_entry: PlanEntry | None = None
+        self._pending: list[tuple[StepRecord, list[PassState]]] = []
+
+    # ------------------------------------------------------------ per pass
+
+    def begin_pass(self, p: PassState) -> None:
+        cfg = self.rt.config
+        user = self.rt._user_plan
+        if cfg.mode != "auto":
+            p.phase = "user-plan" if user is not None else cfg.mode
+            p.plan_id = user.plan_id if user is not None else ""
+            return
+        entry = self._entry(p.signature)
+        if entry.needs_measure or (entry.plan is None and user is None):
+            p.recording = True
+            p.phase = "measure"
+        else:
+            p.planned = True
+            p.phase = "user-plan" if user is not None else "planned"
+            plan = self.active_plan(entry)
+            p.plan_id = plan.plan_id if plan is not None else ""
+
+    def active_plan(self, entry: PlanEntry) -> Plan | None:
+        """The user's plan when one is set, else the solver's."""
+        return self.rt._user_plan if self.rt._user_plan is not None else entry.plan
+
+    def _entry(self, signature: str) -> PlanEntry:
+        entry = self.entries.get(signature)
+        if entry is None:
+            entry = PlanEntry(signature)
+            self.entries[signature] = entry
+            while len(self.entries) > self.rt.config.plan_cache_size:
+                old, _ = self.entries.popitem(last=False)
+                log.info("offrecomp: plan cache full, dropped the plan of signature %s", old)
+        else:
+            self.entries.move_to_end(signature)
+        return entry
+
+    def assign(self, p: PassState, call: RegionCall) -> None:
+        """Give a new region call its planned placements and structure."""
+        if not p.planned:
+            return
+        entry = self.entries.get(p.signature)
+        plan = self.active_plan(entry) if entry is not None else None
+        if entry is None or plan is None:
+            return
+        if call.is_root:
+            n = len(entry.profile.root) if entry.profile is not None else 0
+            call.placements = [plan.placement((ROOT, 0, i)) for i in range(n)]
+            return
+        structure = entry.structures.get(call.key)
+        if structure is None:
+            call.mismatch = True
+            entry.needs_measure = True
+            log.info(
+                "offrecomp: region %r call %d was not in the measured pass; dropping its "
+                "activations this pass and measuring again", call.name, call.call_index,
+            )
+            return
+        call.structure = structure
+        call.placements = [
+            plan.placement((call.name, call.call_index, i)) for i in range(len(structure.storage_records))
+        ]
+
+    def placement(self, p: PassState, call: RegionCall, index: int, nbytes: int, kind: str) -> Placement:
+        placements = call.placements
+        if placements is not None:
+            structure = call.structure
+            ok = index < len(placements)
+            if ok and structure is not None:
+                recs = structure.storage_records
+                ok = index < len(recs) and recs[index].nbytes == nbytes and recs[index].kind != "external"
+                if index < len(recs) and recs[index].kind == "external" and recs[index].nbytes == nbytes:
+                    return KEEP
+            if ok:
+                return placements[index]
+            if not call.mismatch and not call.is_root:
+                call.mismatch = True
+                entry = self.entries.get(p.signature)
+                if entry is not None:
+                    entry.needs_measure = True
+                log.info(
+                    "offrecomp: region %r call %d differs from its profile (storage %d); "
+                    "dropping its activations this pass and measuring again",
+                    call.name, call.call_index, index,
+                )
+        user = self.rt._user_plan
+        if user is not None and not p.recording:
+            return user.placement((call.name, call.call_index, index))
+        mode = self.rt.config.mode
+        if mode == "keep":
+            return KEEP
+        if mode == "offload":
+            return OFFLOAD
+        # recompute, and auto while measuring or off-plan: drop what may be dropped
+        return RECOMPUTE if (not call.is_root and kind == "activation") else KEEP
+
+    def record_structure(self, call: RegionCall) -> None:
+        """Region forward returned in a measuring pass: derive its structure."""
+        rec = call.recorder
+        if rec is None:
+            return
+        call.recorder = None
+        min_bytes = self.rt.config.min_bytes
+        kinds = []
+        for s in call.storages:
+            if s.kind == "input":
+                kinds.append("input")
+            elif s.nbytes < min_bytes:
+                kinds.append("external")  # always kept: planned as fixed
+            else:
+                kinds.append("activation")
+        call.structure = build_structure(
+            rec,
+            call.saves,
+            [s.sid for s in call.storages],
+            [s.nbytes for s in call.storages],
+            kinds,
+            rec.op_seconds() if not rec._events else [0.0] * len(rec.ops),
+            call.start_mark.host if call.start_mark is not None else 0.0,
+        )
+        call.recorded_ops = rec  # op events are resolved at the end of the pass (CUDA)
+        call.saves = []
+
+    def end_pass(self, p: PassState) -> None:
+        if p.recording:
+            if p.aborted or not p.backward_done:
+                return  # measure again next time
+            try:
+                self._plan_from(p)
+            except Exception:
+                entry = self.entries.get(p.signature)
+                if entry is not None:
+                    entry.needs_measure = True
+                raise
+
+    # ------------------------------------------------------------ planning
+
+    def _plan_from(self, p: PassState) -> None:
+        rt = self.rt
+        clock = rt._clock
+        entry = self._entry(p.signature)
+        regions: list[RegionRecord] = []
+        structures: dict[tuple[str, int], RegionStructure] = {}
+        replay_by_ordinal: dict[int, tuple[Any, Any]] = {}
+        total_replay = 0.0
+        for ordinal, a, b in p.replay_marks:
+            replay_by_ordinal.setdefault(ordinal, (a, b))
+            total_replay += clock.seconds(a, b, wait=True) or 0.0
+        order = sorted(replay_by_ordinal)  # backward replays in descending ordinal
+        for call in p.calls:
+            st = call.structure
+            if st is None:
+                continue
+            rec = getattr(call, "recorded_ops", None)
+            if rec is not None and rec._events:
+                secs = rec.op_seconds()  # CUDA events: resolved now, after backward
+                for op, s in zip(st.op_records, secs):
+                    op.seconds = float(s)
+            fwd = clock.seconds(call.start_mark, call.end_mark, wait=True) or 0.0
+            bwd = self._backward_seconds(p, call.ordinal, order, replay_by_ordinal)
+            storages = [StorageRecord(**vars(s)) for s in st.storage_records]
+            regions.append(
+                RegionRecord(
+                    name=call.name,
+                    call_index=call.call_index,
+                    start_seconds=clock.seconds(p.start_mark, call.start_mark, wait=True) or 0.0,
+                    forward_seconds=fwd,
+                    backward_seconds=bwd if bwd is not None else 2.0 * fwd,
+                    ops=list(st.op_records),
+                    storages=storages,
+                    opaque=st.opaque,
+                )
+            )
+            structures[call.key] = st
+        root_records: list[StorageRecord] = []
+        if p.root is not None:
+            for s in p.root.storages:
+                root_records.append(
+                    StorageRecord(nbytes=s.nbytes, kind="activation" if s.nbytes >= rt.config.min_bytes else "external")
+                )
+        fwd_total = clock.seconds(p.start_mark, p.backward_start_mark, wait=True) or 0.0
+        bwd_total = clock.seconds(p.backward_start_mark, p.backward_end_mark, wait=True) or 0.0
+        device = rt._device or torch.device("cpu")
+        d2h, h2d = self._link_gbps(device)
+        profile = Profile(
+            signature=p.signature,
+            device=device.type,
+            forward_seconds=fwd_total,
+            backward_seconds=max(0.0, bwd_total - total_replay),
+            d2h_gbps=d2h,
+            h2d_gbps=h2d,
+            regions=regions,
+            root=root_records,
+            device_capacity_bytes=device_capacity_bytes(device),
+            meta={"torch": torch.__version__},
+        )
+        if p.device_peak is not None:
+            profile.fixed_bytes = max(0, p.alloc_start + p.device_peak - p.stats.peak_resident_bytes)
+        entry.structures = structures
+        entry.profile = profile
+        if rt.config.profile_path:
+            profile.save(rt.config.profile_path)
+            log.info("offrecomp: profile of signature %s saved to %s", p.signature, rt.config.profile_path)
+        self._solve(entry)
+
+    def _backward_seconds(
+        self, p: PassState, ordinal: int, order: list[int], marks: dict[int, tuple[Any, Any]]
+    ) -> float | None:
+        """Backward time of one region call, from the replay marks of the measuring pass."""
+        if ordinal not in marks:
+            return None
+        clock = self.rt._clock
+        _, end = marks[ordinal]
+        i = order.index(ordinal)
+        nxt = marks[order[i - 1]][0] if i > 0 else p.backward_end_mark
+        return clock.seconds(end, nxt, wait=True)
+
+    def _link_gbps(self, device: torch.device) -> tuple[float, float]:
+        cfg = self.rt.config
+        if device.type != "cuda":
+            return (cfg.d2h_gbps or 0.0, cfg.h2d_gbps or 0.0)
+        d2h = cfg.d2h_gbps
+        h2d = cfg.h2d_gbps
+        if d2h is None or h2d is None:
+            md2h, mh2d = _probe_link(device)
+            d2h = d2h if d2h is not None else md2h
+            h2d = h2d if h2d is not None else mh2d
+        return (d2h, h2d)
+
+    def budget_bytes(self, profile: Profile) -> int | None:
+        cfg = self.rt.config
+        device = self.rt._device or torch.device("cpu")
+        if cfg.budget is not None:
+            if cfg.budget.nbytes is not None:
+                return cfg.budget.nbytes
+            return cfg.budget.resolve(profile.device_capacity_bytes)
+        if device.type == "cuda":
+            cap = profile.device_capacity_bytes
+            return max(0, int(cap * (1.0 - cfg.budget_margin)) - profile.fixed_bytes)
+        return int(host_available_bytes() * (1.0 - cfg.budget_margin))
+
+    def _solve(self, entry: PlanEntry) -> None:
+        cfg = self.rt.config
+        profile = entry.profile
+        assert profile is not None
+        budget = self.budget_bytes(profile)
+        allow_offload = profile.device == "cuda" and profile.d2h_gbps > 0 and profile.h2d_gbps > 0
+        prefetch = cfg.prefetch.regions or 2
+        from scheduler.solver import solve
+
+        plan = solve(
+            profile,
+            budget_bytes=budget,
+            max_overhead=cfg.max_overhead,
+            prefetch_regions=prefetch,
+            allow_offload=allow_offload,
+            infeasible=cfg.infeasible,
+        )
+        entry.plan = plan
+        entry.needs_measure = False
+        entry.drift_strikes = 0
+        self.last_entry = entry
+        counts = plan.counts()
+        nbytes = {p: 0 for p in Placement}
+        for r in profile.regions:
+            for i, s in enumerate(r.storages):
+                nbytes[plan.placement((r.name, r.call_index, i))] += s.nbytes
+        log.info(
+            "offrecomp: plan %s for %s: keep %d (%s), offload %d (%s), recompute %d (%s); "
+            "budget %s, predicted peak %s, predicted step %.4fs%s",
+            plan.plan_id, entry.signature,
+            counts[KEEP], format_bytes(nbytes[KEEP]), counts[OFFLOAD], format_bytes(nbytes[OFFLOAD]),
+            counts[RECOMPUTE], format_bytes(nbytes[RECOMPUTE]),
+            "none" if budget is None else format_bytes(budget),
+            format_bytes(plan.predicted_peak_bytes or 0), plan.predicted_step_seconds or 0.0,
+            "" if plan.feasible else " (budget NOT met: " + "; ".join(plan.notes) + ")",
+        )
+
+    # ------------------------------------------------------------- reports
+
+    def step_record(self, step: int, passes: list[PassState]) -> StepRecord:
+        rt = self.rt
+        clock = rt._clock
+        first, last = passes[0], passes[-1]
+        rec = StepRecord(step=step, passes=len(passes), signature=first.signature, mode=rt.config.mode)
+        rec.phase = first.phase
+        rec.plan_id = first.plan_id
+        rec.wall_seconds = max(0.0, last.end_time - first.start_time)
+        end_mark = last.backward_end_mark or None
+        secs = clock.seconds(first.start_mark, end_mark, wait=True) if end_mark is not None else None
+        rec.step_seconds = secs if secs is not None else rec.wall_seconds
+        recompute = 0.0
+        for p in passes:
+            s = p.stats
+            rec.peak_activation_bytes = max(rec.peak_activation_bytes, s.peak_resident_bytes)
+            rec.kept_bytes += s.kept_bytes
+            rec.offloaded_bytes += s.offloaded_bytes
+            rec.recomputed_bytes += s.recomputed_bytes
+            rec.input_bytes += s.input_bytes
+            rec.replays += s.replays
+            rec.served_ops += s.served_ops
+            rec.rerun_ops += s.rerun_ops
+            rec.saved_tensors += s.saved_tensors
+            rec.storages += s.storages
+            for k, v in s.fallbacks.items():
+                rec.fallbacks[k] = rec.fallbacks.get(k, 0) + v
+            for _, a, b in p.replay_marks:
+                recompute += clock.seconds(a, b, wait=True) or 0.0
+            if p.device_peak is not None:
+                rec.device_peak_bytes = max(rec.device_peak_bytes or 0, p.device_peak)
+            o = p.offload_stats
+            if o is not None:
+                rec.backend = getattr(o, "backend", "")
+                rec.d2h_bytes += int(getattr(o, "bytes_d2h", 0))
+                rec.h2d_bytes += int(getattr(o, "bytes_h2d", 0))
+                rec.stall_seconds += float(getattr(o, "stall_seconds", 0.0))
+                rec.d2h_gbps = float(getattr(o, "d2h_gbps", None) or rec.d2h_gbps)
+                rec.h2d_gbps = float(getattr(o, "h2d_gbps", None) or rec.h2d_gbps)
+                rec.pool_reserved_bytes = int(getattr(o, "pool_reserved_bytes", 0))
+                rec.pool_high_water_bytes = int(getattr(o, "pool_high_water_bytes", 0))
+                peak_extra = int(getattr(o, "peak_device_bytes", 0))
+                rec.peak_activation_bytes = max(rec.peak_activation_bytes, s.peak_resident_bytes + peak_extra)
+        rec.recompute_seconds = recompute
+        entry = self.entries.get(first.signature)
+        if entry is not None and entry.plan is not None and first.planned:
+            plan = entry.plan
+            rec.predicted_step_seconds = plan.predicted_step_seconds
+            rec.predicted_peak_bytes = plan.predicted_peak_bytes
+            rec.budget_bytes = plan.budget_bytes
+            self._check_drift(entry, rec)
+        return rec
+
+    def _check_drift(self, entry: PlanEntry, rec: StepRecord) -> None:
+        pred = entry.plan.predicted_step_seconds if entry.plan is not None else None
+        if not pred or rec.passes != 1:
+            return
+        ratio = rec.step_seconds / pred
+        if abs(ratio - 1.0) > self.rt.config.drift:
+            entry.drift_strikes += 1
+            if entry.drift_strikes >= 3:
+                log.warning(
+                    "offrecomp: measured step time %.4fs is %.0f%% off the predicted %.4fs for "
+                    "three steps; measuring signature %s again",
+                    rec.step_seconds, 100 * (ratio - 1), pred, entry.signature,
+                )
+                rec.notes.append("drift: re-plan")
+                entry.needs_measure = True
+        else:
+            entry.drift_strikes = 0
+
+    def explain(self) -> str:
+        entry = self.last_entry
+        if entry is None or entry.profile is None or entry.plan is None:
+            return "offrecomp: no plan yet (plans are made after the first step of each input signature)"
+        plan = entry.plan
+        lines = [
+            f"plan {plan.plan_id} for signature {entry.signature}",
+            f"  budget {format_bytes(plan.budget_bytes) if plan.budget_bytes is not None else 'none'}, "
+            f"predicted peak {format_bytes(plan.predicted_peak_bytes or 0)}, "
+            f"predicted step {plan.predicted_step_seconds or 0.0:.4f}s, "
+            f"lower bound {plan.lower_bound_seconds or 0.0:.4f}s",
+        ]
+        lines += [f"  note: {n}" for n in plan.notes]
+        header = f"  {'region':<24} {'call':>4} {'keep':>14} {'offload':>14} {'recompute':>14} {'fwd s':>9} {'bwd s':>9}"
+        lines.append(header)
+        for r in entry.profile.regions:
+            b = {p: 0 for p in Placement}
+            n = {p: 0 for p in Placement}
+            for i, s in enumerate(r.storages):
+                pl = plan.placement((r.name, r.call_index, i))
+                b[pl] += s.nbytes
+                n[pl] += 1
+            cells = [f"{n[p]}/{format_bytes(b[p])}" for p in (KEEP, OFFLOAD, RECOMPUTE)]
+            lines.append(
+                f"  {r.name:<24} {r.call_index:>4} {cells[0]:>14} {cells[1]:>14} {cells[2]:>14} "
+                f"{r.forward_seconds:>9.5f} {r.backward_seconds:>9.5f}"
+            )
+        return "\n".join(lines)
+
+
+_link_cache: dict[int, tuple[float, float]] = {}
+
+
+def _probe_link(device: torch.device) -> tuple[float, float]:
+    """Measure pinned D2H/H2D bandwidth once per device (64 MiB each way)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx in _link_cache:
+        return _link_cache[idx]
+    n = 64 << 20
+    try:
+        host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        dev = torch.empty(n, dtype=torch.uint8, device=device)
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        host.copy_(dev, non_blocking=True)  # warm-up
+        torch.cuda.synchronize(device)
+        s.record()
+        host.copy_(dev, non_blocking=True)
+        e.record()
+        e.synchronize()
+        d2h = n / (s.elapsed_time(e) / 1e3) / 1e9
+        s.record()
+        dev.copy_(host, non_blocking=True)
+        e.record()
+        e.synchronize()
+        h2d = n / (s.elapsed_time(e) / 1e3) / 1e9
+    except RuntimeError as exc:
+        log.warning("offrecomp: could not measure the host link (%s); planning without offload", exc)
+        d2h = h2d = 0.0
+    _link_cache[idx] = (d2h, h2d)
+    return d2h, h2d
+
+
+def plan_id_of(placements: dict[Any, Placement]) -> str:
+    h = hashlib.sha1()
+    for k in sorted(placements):
+        h.update(repr((k, int(placements[k]))).encode())
+    return h.hexdigest()[:10]

@@ -1,0 +1,324 @@
+"""Regions: discovery, and what one region call captures so it can be replayed.
+
+A region is a module whose forward can be rerun to regenerate dropped activations (a
+transformer block). For every call of a region the runtime keeps:
+
+* its inputs (positional and keyword, tensors and everything else, any nesting),
+* the RNG state of the CPU and of every CUDA device in use,
+* the autocast state,
+* small snapshots of the region's buffers (so replay sees the values the forward saw and
+  leaves module state exactly as the forward left it; see NOTE [Replay and module state]).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Region", "capture_autocast", "capture_inputs", "discover_regions"]
+
+# Buffers larger than this are not snapshotted at region entry (see NOTE below).
+BUFFER_SNAPSHOT_MAX_BYTES = 1 << 20
+
+
+@dataclass(eq=False)
+class Region:
+    """One module chosen as a unit of replay."""
+
+    name: str
+    module: nn.Module
+    buffers: tuple[torch.Tensor, ...]
+
+    def __repr__(self) -> str:
+        return f"Region({self.name!r}, {type(self.module).__name__})"
+
+
+def _is_container(m: nn.Module) -> bool:
+    return isinstance(m, (nn.ModuleList, nn.Sequential))
+
+
+def discover_regions(
+    model: nn.Module,
+    spec: None | type | Iterable[type] | Callable[[nn.Module, str], bool],
+) -> list[Region]:
+    """Find the regions of ``model``.
+
+    ``spec`` None: the repeated children of every ``nn.ModuleList``/``nn.Sequential`` (a
+    child whose class occurs at least twice among its siblings). A type or types: every
+    module of those types. A callable: every module for which ``fn(module, name)`` is
+    true. Only the outermost match counts: regions never nest.
+    """
+    if spec is None:
+        pick = _pick_repeated_children(model)
+    elif isinstance(spec, type):
+        types: tuple[type, ...] = (spec,)
+        pick = {id(m) for _, m in model.named_modules() if isinstance(m, types)}
+    elif callable(spec):
+        fn = spec
+        pick = set()
+        for name, m in model.named_modules():
+            try:
+                if fn(m, name):
+                    pick.add(id(m))
+            except Exception as exc:
+                raise TypeError(
+                    f"regions= filter {getattr(fn, '__name__', fn)!r} raised {exc!r} for module "
+                    f"{name!r}; it must be fn(module, qualified_name) -> bool"
+                ) from exc
+    else:
+        try:
+            types = tuple(spec)
+        except TypeError:
+            raise TypeError(
+                f"regions={spec!r} is invalid; accepted: None, a module type, a list of module "
+                "types, or fn(module, qualified_name) -> bool"
+            ) from None
+        if not types or not all(isinstance(t, type) for t in types):
+            raise TypeError(
+                f"regions={spec!r} is invalid; accepted: None, a module type, a list of module "
+                "types, or fn(module, qualified_name) -> bool"
+            )
+        pick = {id(m) for _, m in model.named_modules() if isinstance(m, types)}
+
+    regions: list[Region] = []
+    seen: set[int] = set()
+
+    def visit(prefix: str, m: nn.Module) -> None:
+        if id(m) in pick:
+            if id(m) not in seen:  # a shared module is one region
+                seen.add(id(m))
+                regions.append(Region(prefix or "<model>", m, tuple(m.buffers())))
+            return  # regions never nest
+        for child_name, child in m.named_children():
+            visit(f"{prefix}.{child_name}" if prefix else child_name, child)
+
+    visit("", model)
+    return regions
+
+
+def _pick_repeated_children(model: nn.Module) -> set[int]:
+    pick: set[int] = set()
+    for m in model.modules():
+        if not _is_container(m):
+            continue
+        by_type: dict[type, list[nn.Module]] = {}
+        for child in m.children():
+            by_type.setdefault(type(child), []).append(child)
+        for same in by_type.values():
+            if len(same) >= 2:
+                pick.update(id(c) for c in same)
+    return pick
+
+
+# ---------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Stands in for tensor argument ``i`` inside the captured argument structure."""
+
+    i: int
+
+
+@dataclass
+class CapturedInputs:
+    """A region call's arguments, tensors held apart (see NOTE [Replay inputs])."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    tensors: list[torch.Tensor | None]
+    """Detached alias of every tensor argument in flatten order (None once offloaded)."""
+    requires_grad: list[bool]
+    versions: list[int]
+    devices_seen: set[torch.device]
+
+    def devices(self) -> set[torch.device]:
+        return set(self.devices_seen)
+
+
+# NOTE [Replay inputs]
+# The capture holds a detached alias of every tensor argument: it shares storage and
+# version counter with the original but not its grad_fn, so holding it does not pin the
+# previous layers' graph, and replay builds a throwaway graph rooted at fresh leaves. The
+# alias records requires_grad so code that branches on it replays the same way. The
+# version recorded here is compared before replay: an input modified in place after the
+# region ran would replay wrong, so that is an error, never a silent difference. Inputs
+# placed OFFLOAD are dropped from the capture once the region's forward returns and come
+# back from host memory for the replay.
+
+
+def capture_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> CapturedInputs:
+    tensors: list[torch.Tensor | None] = []
+    flags: list[bool] = []
+    versions: list[int] = []
+
+    def grab(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            tensors.append(x.detach())
+            flags.append(bool(x.requires_grad))
+            versions.append(int(x._version))
+            return _Slot(len(tensors) - 1)
+        return x
+
+    cargs = tree_map(grab, args)
+    ckwargs = tree_map(grab, kwargs)
+    devices = {t.device for t in tensors if t is not None}
+    return CapturedInputs(cargs, ckwargs, tensors, flags, versions, devices)
+
+
+def replay_arguments(
+    cap: CapturedInputs,
+    region_name: str,
+    tensors: list[torch.Tensor] | None = None,
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Fresh leaves for one replay; raises if an input changed since the forward.
+
+    ``tensors`` replaces the captured tensors (inputs that came back from host memory).
+    """
+    src = tensors if tensors is not None else cap.tensors
+    if tensors is None:
+        for i, t in enumerate(src):
+            if t is not None and int(t._version) != cap.versions[i]:
+                raise RuntimeError(
+                    f"offrecomp: input {i} of region {region_name!r} was modified in place after "
+                    f"the region ran (version {cap.versions[i]} -> {int(t._version)}), so replaying "
+                    "it would produce wrong activations. Hint: avoid in-place ops on a block's "
+                    "inputs, or exclude the block with regions=."
+                )
+
+    def fresh(x: Any) -> Any:
+        if isinstance(x, _Slot):
+            t = src[x.i]
+            if t is None:
+                raise RuntimeError(f"offrecomp: input {x.i} of region {region_name!r} is gone")
+            leaf = t.detach()
+            if cap.requires_grad[x.i] and (leaf.is_floating_point() or leaf.is_complex()):
+                leaf.requires_grad_(True)
+            return leaf
+        return x
+
+    args = tree_map(fresh, cap.args)
+    kwargs = tree_map(fresh, cap.kwargs)
+    return args, kwargs
+
+
+def flat_tensors(obj: Any) -> list[torch.Tensor]:
+    leaves, _ = tree_flatten(obj)
+    return [x for x in leaves if isinstance(x, torch.Tensor)]
+
+
+# ------------------------------------------------------------------------ RNG state
+
+
+@dataclass
+class RngState:
+    cpu: torch.Tensor
+    cuda: dict[int, torch.Tensor]
+
+
+def capture_rng(devices: Iterable[torch.device]) -> RngState:
+    cuda: dict[int, torch.Tensor] = {}
+    for d in devices:
+        if d.type == "cuda":
+            idx = d.index if d.index is not None else torch.cuda.current_device()
+            if idx not in cuda:
+                cuda[idx] = torch.cuda.get_rng_state(idx)
+    return RngState(torch.get_rng_state(), cuda)
+
+
+def restore_rng(state: RngState) -> None:
+    torch.set_rng_state(state.cpu)
+    for idx, s in state.cuda.items():
+        torch.cuda.set_rng_state(s, idx)
+
+
+# ------------------------------------------------------------------- autocast state
+
+
+@dataclass(frozen=True)
+class AutocastState:
+    entries: tuple[tuple[str, bool, torch.dtype], ...]
+    cache_enabled: bool
+
+
+def capture_autocast(device_types: Iterable[str]) -> AutocastState:
+    entries = []
+    for dt in sorted(set(device_types) | {"cpu"}):
+        try:
+            enabled = torch.is_autocast_enabled(dt)
+            dtype = torch.get_autocast_dtype(dt)
+        except (RuntimeError, TypeError):  # device type without autocast support
+            continue
+        entries.append((dt, bool(enabled), dtype))
+    return AutocastState(tuple(entries), bool(torch.is_autocast_cache_enabled()))
+
+
+def autocast_contexts(state: AutocastState) -> list[Any]:
+    return [
+        torch.autocast(device_type=dt, dtype=dtype, enabled=enabled, cache_enabled=state.cache_enabled)
+        for dt, enabled, dtype in state.entries
+    ]
+
+
+# ------------------------------------------------------------------- module state
+
+# NOTE [Replay and module state]
+# Replay reruns a region's forward, which may mutate module buffers a second time
+# (BatchNorm's running statistics, a step counter). torch.utils.checkpoint lets that
+# happen; we do not. At region entry the runtime records each buffer's version and clones
+# the small ones. Buffers whose version changed during the forward were mutated by it; at
+# replay their current (post-forward) values are set aside, the entry values are swapped
+# in so the replay computes what the forward computed, and after the replay the
+# post-forward values are put back. Large mutated buffers (over
+# BUFFER_SNAPSHOT_MAX_BYTES) are not cloned at entry: replay then sees their post-forward
+# value, which is logged once per region; their state after replay is still restored.
+
+
+@dataclass
+class BufferState:
+    versions: list[int]
+    snapshots: list[torch.Tensor | None]
+    mutated: list[int] | None = None  # indices, filled at region exit
+
+
+def capture_buffers(buffers: tuple[torch.Tensor, ...]) -> BufferState | None:
+    if not buffers:
+        return None
+    versions = [int(b._version) for b in buffers]
+    snaps: list[torch.Tensor | None] = []
+    for b in buffers:
+        if b.numel() * b.element_size() <= BUFFER_SNAPSHOT_MAX_BYTES:
+            snaps.append(b.detach().clone())
+        else:
+            snaps.append(None)
+    return BufferState(versions, snaps)
+
+
+def finish_buffers(state: BufferState | None, buffers: tuple[torch.Tensor, ...]) -> None:
+    """Region forward returned: find the buffers it mutated.
+
+    The version counter is not enough: BatchNorm updates its running statistics inside
+    the kernel without bumping it, so small buffers are compared by value too.
+    """
+    if state is None:
+        return
+    mutated = []
+    for i, b in enumerate(buffers):
+        snap = state.snapshots[i]
+        if int(b._version) != state.versions[i]:
+            mutated.append(i)
+        elif snap is not None and not torch.equal(snap, b.detach()):
+            mutated.append(i)
+    state.mutated = mutated
+    # Snapshots of buffers the forward did not touch are not needed for replay.
+    for i in range(len(buffers)):
+        if i not in mutated:
+            state.snapshots[i] = None

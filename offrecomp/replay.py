@@ -1,0 +1,178 @@
+"""Replay: regenerate a region call's dropped activations by rerunning its forward.
+
+NOTE [Replay]
+The first backward access to a dropped tensor of a region call replays that call:
+  1. the region's captured inputs come back as fresh leaves (from the device, or from
+     host memory when the inputs were offloaded);
+  2. the CPU and CUDA RNG states are set to what they were when the forward entered
+     the region, so dropout draws the same masks; the caller's RNG state is restored
+     afterwards, so backward's own randomness is untouched;
+  3. the autocast state of the forward is re-entered and grad is enabled;
+  4. buffers the forward mutated get their entry values for the replay and their
+     post-forward values back after it (NOTE [Replay and module state]);
+  5. an inner saved-tensor hook pair numbers the saves exactly as the forward did and
+     captures only the ones that were dropped and are still needed; right after the
+     last of them it stops the forward by raising a private exception, so nothing past
+     it is recomputed (early stop);
+  6. when the region has a recorded structure, ``ServingMode`` returns held outputs for
+     ops replay may skip (NOTE [Which ops replay may skip]) and checks that replay
+     dispatches the same ops as the forward.
+Each replayed tensor is handed out once and forgotten, so replayed memory lives only
+until autograd is done with it; a second backward (retain_graph) replays again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from offrecomp.regions import autocast_contexts, capture_rng, replay_arguments, restore_rng
+from offrecomp.state import RegionCall
+from offrecomp.trace import ReplayDivergedError, ServingMode, internal, user_code
+
+__all__ = ["ReplayDivergedError", "in_replay", "replay_call"]
+
+_tls = threading.local()
+
+
+def in_replay() -> bool:
+    """True while offrecomp replays a region's forward on this thread.
+
+    Region code with side effects that must happen once (logging, counters, caches) can
+    skip them when this is true.
+    """
+    return bool(getattr(_tls, "depth", 0))
+
+
+@contextlib.contextmanager
+def _replaying() -> Iterator[None]:
+    _tls.depth = getattr(_tls, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _tls.depth -= 1
+
+
+class _StopReplay(BaseException):
+    """Raised from the replay's pack hook once every needed tensor is captured.
+
+    A BaseException so that ``except Exception`` in user code does not swallow it.
+    """
+
+
+def _no_unpack(_: Any) -> Any:
+    raise RuntimeError(
+        "offrecomp: backward reached a tensor saved during a replay; replayed graphs are "
+        "throwaway and must not be differentiated (double backward through a replayed "
+        "region is not supported)"
+    )
+
+
+@contextlib.contextmanager
+def _swap_buffers(call: RegionCall) -> Iterator[None]:
+    state = call.buffers
+    region = call.region
+    if state is None or region is None or not state.mutated:
+        yield
+        return
+    bufs = region.buffers
+    saved: list[tuple[int, torch.Tensor]] = []
+    # Through .data: the swap must not bump the buffers' version counters, or saved
+    # buffers (BatchNorm saves its running stats) would look modified after save.
+    with torch.no_grad():
+        for i in state.mutated:
+            saved.append((i, bufs[i].detach().clone()))
+            snap = state.snapshots[i]
+            if snap is not None:
+                bufs[i].data.copy_(snap)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for i, val in saved:
+                bufs[i].data.copy_(val)
+
+
+def replay_call(
+    call: RegionCall,
+    needed: set[int],
+    *,
+    inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
+    program: list[int] | None = None,
+    storage_tensors: dict[int, torch.Tensor] | None = None,
+) -> dict[int, torch.Tensor]:
+    """Replay ``call`` and return ``{pack index: tensor}`` for every index in ``needed``.
+
+    ``inputs``: the arguments to use (default: the captured ones, as fresh leaves).
+    ``program`` / ``storage_tensors``: what to do with each op and the held storages to
+    serve from (see ``trace.RegionStructure.program``); requires ``call.structure``.
+    """
+    if not needed:
+        return {}
+    if call.inputs is None or call.forward_fn is None:
+        raise RuntimeError(f"offrecomp: region {call.name!r} has no captured inputs to replay from")
+    last = max(needed)
+    captured: dict[int, torch.Tensor] = {}
+    counter = 0
+
+    def pack(t: torch.Tensor) -> Any:
+        nonlocal counter
+        i = counter
+        counter += 1
+        if i in needed:
+            with internal():
+                captured[i] = t.detach()
+            if i >= last:
+                raise _StopReplay
+        return None
+
+    args, kwargs = inputs if inputs is not None else replay_arguments(call.inputs, call.name)
+    devices = call.inputs.devices()
+    before = capture_rng(devices) if call.rng is not None else None
+    mode: ServingMode | None = None
+    if call.structure is not None and program is not None:
+        mode = ServingMode(
+            region_name=call.name,
+            structure=call.structure,
+            program=program,
+            storage_tensors=storage_tensors or {},
+        )
+    t0 = time.perf_counter()
+    try:
+        if call.rng is not None:
+            restore_rng(call.rng)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_replaying())
+            stack.enter_context(user_code())
+            stack.enter_context(torch.enable_grad())
+            if call.autocast is not None:
+                for ctx in autocast_contexts(call.autocast):
+                    stack.enter_context(ctx)
+            stack.enter_context(_swap_buffers(call))
+            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, _no_unpack))
+            if mode is not None:
+                stack.enter_context(mode)
+            try:
+                call.forward_fn(*args, **kwargs)
+            except _StopReplay:
+                pass
+    finally:
+        if before is not None:
+            restore_rng(before)
+    call.replay_seconds += time.perf_counter() - t0
+    call.replays += 1
+    if mode is not None:
+        call.served_ops += mode.served + mode.stubbed
+        call.rerun_ops += mode.ran
+    missing = needed - captured.keys()
+    if missing:
+        raise ReplayDivergedError(
+            f"offrecomp: replay of region {call.name!r} (call {call.call_index}) saved {counter} "
+            f"tensors but the forward saved at least {last + 1}"
+        )
+    return captured

@@ -1,0 +1,127 @@
+"""Per-step statistics: the records, the human table, JSON lines."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from offrecomp.config import format_bytes
+
+__all__ = ["Report", "StepRecord"]
+
+
+@dataclass(kw_only=True)
+class StepRecord:
+    """What one training step did. Bytes are device bytes; seconds are device time."""
+
+    step: int
+    """Step number (0-based) within this runtime."""
+    passes: int = 1
+    """Forward+backward passes in the step (micro-batches under gradient accumulation)."""
+    signature: str = ""
+    """Input-shape signature of the step's first pass."""
+    mode: str = ""
+    """Configured mode."""
+    phase: str = ""
+    """``measure`` (first pass of a signature: full recompute while timing), ``planned``,
+    or the forced mode."""
+    plan_id: str = ""
+    """Id of the plan used (empty for forced modes)."""
+    backend: str = ""
+    """Offload backend (``cuda``, ``emulated``) when anything was offloaded."""
+    peak_activation_bytes: int = 0
+    """Peak of activation bytes resident on the device, by the runtime's books (kept
+    storages + region inputs + offloads in flight + reloads + replayed tensors)."""
+    device_peak_bytes: int | None = None
+    """Allocator peak during the step minus the allocation at its start (CUDA only): an
+    independent check of the books."""
+    kept_bytes: int = 0
+    """Bytes placed KEEP (region inputs included), each storage counted once."""
+    offloaded_bytes: int = 0
+    """Bytes placed OFFLOAD."""
+    recomputed_bytes: int = 0
+    """Bytes placed RECOMPUTE (dropped in forward)."""
+    input_bytes: int = 0
+    """Bytes of region inputs (replay checkpoints), whatever their placement."""
+    recompute_seconds: float = 0.0
+    """Time spent replaying regions."""
+    step_seconds: float = 0.0
+    """Step time (device time on GPU, wall time on CPU)."""
+    wall_seconds: float = 0.0
+    """Wall-clock time of the step as the host saw it."""
+    replays: int = 0
+    """Region replays."""
+    served_ops: int = 0
+    """Ops replay served from held outputs instead of rerunning."""
+    rerun_ops: int = 0
+    """Ops replay ran."""
+    saved_tensors: int = 0
+    """Tensors autograd saved."""
+    storages: int = 0
+    """Distinct saved storages."""
+    d2h_bytes: int = 0
+    h2d_bytes: int = 0
+    d2h_gbps: float = 0.0
+    """Achieved device-to-host bandwidth (GB/s) of the offload copies."""
+    h2d_gbps: float = 0.0
+    """Achieved host-to-device bandwidth (GB/s) of the reloads."""
+    stall_seconds: float = 0.0
+    """Time the compute stream waited for reloads."""
+    pool_reserved_bytes: int = 0
+    pool_high_water_bytes: int = 0
+    predicted_step_seconds: float | None = None
+    predicted_peak_bytes: int | None = None
+    budget_bytes: int | None = None
+    fallbacks: dict[str, int] = field(default_factory=dict)
+    """Placements that could not be carried out, by kind (``offload_to_recompute``, ...)."""
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_COLUMNS = (
+    ("step", "step", lambda r: str(r.step)),
+    ("phase", "phase", lambda r: r.phase),
+    ("peak act", "peak_activation_bytes", lambda r: format_bytes(r.peak_activation_bytes)),
+    ("kept", "kept_bytes", lambda r: format_bytes(r.kept_bytes)),
+    ("offloaded", "offloaded_bytes", lambda r: format_bytes(r.offloaded_bytes)),
+    ("recomputed", "recomputed_bytes", lambda r: format_bytes(r.recomputed_bytes)),
+    ("recompute s", "recompute_seconds", lambda r: f"{r.recompute_seconds:.4f}"),
+    ("stall s", "stall_seconds", lambda r: f"{r.stall_seconds:.4f}"),
+    ("step s", "step_seconds", lambda r: f"{r.step_seconds:.4f}"),
+    ("pred s", "predicted_step_seconds",
+     lambda r: "-" if r.predicted_step_seconds is None else f"{r.predicted_step_seconds:.4f}"),
+)
+
+
+@dataclass
+class Report:
+    """All steps a runtime has seen. ``str()`` is a table; ``to_json()`` the data."""
+
+    steps: list[StepRecord] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps({"config": self.config, "steps": [s.to_dict() for s in self.steps]}, indent=indent)
+
+    def __str__(self) -> str:
+        if not self.steps:
+            return "offrecomp report: no steps recorded"
+        header = [c[0] for c in _COLUMNS]
+        rows = [[c[2](r) for c in _COLUMNS] for r in self.steps]
+        widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+        lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
+        lines.append("  ".join("-" * w for w in widths))
+        lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in rows]
+        fallbacks: dict[str, int] = {}
+        for r in self.steps:
+            for k, v in r.fallbacks.items():
+                fallbacks[k] = fallbacks.get(k, 0) + v
+        if fallbacks:
+            lines.append("fallbacks: " + ", ".join(f"{k}={v}" for k, v in sorted(fallbacks.items())))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"Report(steps={len(self.steps)})"

@@ -1,0 +1,646 @@
+"""The runtime: one context manager that owns every activation autograd saves.
+
+``offrecomp.runtime(model, ...)`` returns a :class:`Runtime`. Entering it installs one
+saved-tensor hook pair, wraps the forward of every region module (and of the model, to
+read input shapes), and registers a global optimizer step hook that marks step
+boundaries. Leaving it, normally or by exception, removes all of that and frees the
+offload pool as soon as no saved tensor needs it. A Runtime can be entered and left
+many times (e.g. once per step); what it learned (plans, timings) survives.
+
+NOTE [Passes and steps]
+A *pass* is a forward and its backward. The runtime starts a pass at the first forward
+activity (a save, a region call) after the previous pass's backward began, and ends it
+when the next one starts, when an optimizer steps, or when the context exits. A *step*
+is what lies between optimizer steps (several passes under gradient accumulation); when
+no torch optimizer ever steps, every pass is a step. Plans, call indices and the memory
+budget are per pass: activations of one micro-batch are freed by its backward before the
+next forward starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from offrecomp import _torch_compat as tc
+from offrecomp.config import Config, apply_log_level, format_bytes
+from offrecomp.hooks import Placer
+from offrecomp.measure import Clock, Mark
+from offrecomp.planning import PlanEntry, Planner
+from offrecomp.regions import (
+    Region,
+    capture_autocast,
+    capture_buffers,
+    capture_inputs,
+    capture_rng,
+    discover_regions,
+    finish_buffers,
+)
+from offrecomp.replay import in_replay
+from offrecomp.report import Report, StepRecord
+from offrecomp.state import PassState, RegionCall
+from offrecomp.verify import Verifier
+from scheduler.plan import ROOT, Placement, Plan
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Runtime", "runtime"]
+
+KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
+
+_MAX_PROVISIONAL = 16  # passes without an optimizer step before every pass counts as a step
+
+_active_lock = threading.Lock()
+_active: Runtime | None = None
+
+
+def runtime(
+    model: nn.Module | None = None,
+    *,
+    budget: int | str | None = None,
+    mode: str | None = None,
+    regions: Any = None,
+    **options: Any,
+) -> Runtime:
+    """Create a :class:`Runtime` for ``model``; use it as a context manager.
+
+    ``budget``: device bytes for activations (int), a unit string (``"24GiB"``), a
+    percentage of device memory (``"60%"``) or None (automatic). ``mode``: ``auto``
+    (default), ``keep``, ``offload``, ``recompute`` or ``off``. ``regions``: None
+    (repeated children of ``nn.ModuleList``/``nn.Sequential``), module types, or
+    ``fn(module, qualified_name) -> bool``. Other options are :class:`Config` fields
+    (``min_bytes``, ``host_limit``, ``prefetch``, ``verify``, ``max_overhead``, ...).
+    Keyword arguments win over ``OFFRECOMP_*`` variables, which win over defaults;
+    ``OFFRECOMP_DISABLE=1`` always wins.
+    """
+    overrides = dict(options)
+    if budget is not None:
+        overrides["budget"] = budget
+    if mode is not None:
+        overrides["mode"] = mode
+    if regions is not None:
+        overrides["regions"] = regions
+    return Runtime(model, Config.resolve(overrides))
+
+
+class _CallStack(threading.local):
+    def __init__(self) -> None:
+        self.calls: list[RegionCall] = []
+
+
+class Runtime:
+    """Owns the hooks, the per-pass state, the plans and the report. See module doc."""
+
+    def __init__(self, model: nn.Module | None, config: Config) -> None:
+        if model is not None and not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
+        self.model = model
+        self.config = config
+        apply_log_level(config)
+        self._regions: list[Region] = []
+        if model is not None and config.active:
+            self._regions = discover_regions(model, config.regions)
+            if not self._regions:
+                if config.regions is not None:
+                    raise ValueError(
+                        f"regions={config.regions!r} matched no module of {type(model).__name__}; "
+                        "pass module types that occur in the model, a filter fn(module, name) -> bool "
+                        "that selects some, or None for automatic discovery"
+                    )
+                log.warning(
+                    "offrecomp: %s has no repeated blocks (children of nn.ModuleList/nn.Sequential "
+                    "sharing a class), so nothing can be recomputed; activations can still be kept or "
+                    "offloaded. Pass regions= to choose the modules to replay.",
+                    type(model).__name__,
+                )
+        elif model is None and config.regions is not None:
+            raise ValueError("regions= needs a model: offrecomp.runtime(model, regions=...)")
+        self._buffer_ptr_cache: dict[int, frozenset[int]] = {}
+        self._placer = Placer(self)
+        self._verifier = Verifier()
+        self._planner = Planner(self)
+        self._user_plan: Plan | None = None
+        self._plans: OrderedDict[str, PlanEntry] = OrderedDict()
+        self._stack = _CallStack()
+        self._entered = False
+        self._hooks_ctx: Any = None
+        self._restore: list[Callable[[], None]] = []
+        self._opt_hook: Any = None
+        self._pass: PassState | None = None
+        self._passes = 0
+        self._step_passes: list[PassState] = []
+        self._steps: list[StepRecord] = []
+        self._saw_optimizer = False
+        self._no_optimizer = False
+        self._provisional: list[tuple[StepRecord, list[PassState]]] = []
+        self._device: torch.device | None = self._model_device()
+        self._clock = Clock(self._device)
+        self._engine: Any = None
+        self._engine_tickets = 0
+        self._signature: str | None = None
+        self._report_file: Any = None
+        self._lock = threading.RLock()
+        if config.active:
+            log.info("offrecomp: %s", config.describe())
+            if self._regions:
+                log.info(
+                    "offrecomp: %d regions (%s%s)",
+                    len(self._regions),
+                    ", ".join(r.name for r in self._regions[:4]),
+                    ", ..." if len(self._regions) > 4 else "",
+                )
+
+    # ------------------------------------------------------------- public API
+
+    @property
+    def regions(self) -> list[str]:
+        """Qualified names of the modules this runtime replays."""
+        return [r.name for r in self._regions]
+
+    @property
+    def active(self) -> bool:
+        """True while entered and installed (False when disabled or mode='off')."""
+        return self._entered and self.config.active
+
+    def report(self) -> Report:
+        """Per-step statistics so far (a completed step appears once it has ended)."""
+        with self._lock:
+            cfg = {k: str(v) for k, v in vars(self.config).items() if k != "sources"}
+            return Report(steps=list(self._steps), config=cfg)
+
+    def set_plan(self, plan: Plan | None) -> None:
+        """Use ``plan`` for every pass (None: back to the configured mode).
+
+        Storages the plan does not name get ``plan.default``; illegal placements (dropping
+        a region input or a root storage) fall back to KEEP.
+        """
+        if plan is not None and not isinstance(plan, Plan):
+            raise TypeError(f"plan must be a scheduler.Plan or None, got {type(plan).__name__}")
+        self._user_plan = plan
+
+    def explain(self) -> str:
+        """Per region call: placements, bytes, predicted and measured times."""
+        return self._planner.explain()
+
+    @contextlib.contextmanager
+    def step(self) -> Any:
+        """Explicit step boundary for loops automatic detection cannot follow."""
+        with self:
+            yield self
+            self._end_step(explicit=True)
+
+    # -------------------------------------------------------- enter and exit
+
+    def __enter__(self) -> Runtime:
+        global _active
+        if not self.config.active:
+            self._entered = True
+            return self
+        with _active_lock:
+            if _active is not None:
+                which = "this runtime is" if _active is self else "another offrecomp runtime is"
+                raise RuntimeError(
+                    f"offrecomp: {which} already active; runtimes must not nest. Enter one "
+                    "runtime around the whole training loop (or exit the first one before "
+                    "entering another)."
+                )
+            _active = self
+        try:
+            self._install()
+        except BaseException:
+            self._uninstall()
+            with _active_lock:
+                _active = None
+            raise
+        self._entered = True
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        global _active
+        if not self.config.active:
+            self._entered = False
+            return
+        try:
+            if exc_type is not None and self._pass is not None:
+                self._pass.aborted = True
+            self._finish_pass()
+            self._end_step(explicit=False, provisional=not self._saw_optimizer and not self._no_optimizer)
+            self._confirm_provisional()
+        finally:
+            self._uninstall()
+            self._entered = False
+            with _active_lock:
+                if _active is self:
+                    _active = None
+            self._stack.calls.clear()
+            self._maybe_close_engine()
+
+    def _install(self) -> None:
+        hooks = torch.autograd.graph.saved_tensors_hooks(self._placer.pack, self._placer.unpack)
+        hooks.__enter__()
+        self._hooks_ctx = hooks
+        for region in self._regions:
+            self._wrap_forward(region.module, self._make_region_forward(region))
+        if self.model is not None and not any(r.module is self.model for r in self._regions):
+            self._wrap_forward(self.model, self._make_root_forward(self.model))
+        self._opt_hook = tc.register_optimizer_step_post_hook(self._on_optimizer_step)
+        if self.config.report_path and self._report_file is None:
+            self._report_file = open(self.config.report_path, "a", encoding="utf-8")  # noqa: SIM115
+
+    def _uninstall(self) -> None:
+        if self._hooks_ctx is not None:
+            hooks, self._hooks_ctx = self._hooks_ctx, None
+            hooks.__exit__(None, None, None)
+        while self._restore:
+            self._restore.pop()()
+        if self._opt_hook is not None:
+            self._opt_hook.remove()
+            self._opt_hook = None
+        if self._report_file is not None:
+            self._report_file.close()
+            self._report_file = None
+
+    def _wrap_forward(self, module: nn.Module, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        had_instance_attr = "forward" in module.__dict__
+        previous = module.__dict__.get("forward")
+        original = module.forward
+        wrapped = make(original)
+        module.forward = wrapped  # type: ignore[method-assign]
+
+        def restore() -> None:
+            if had_instance_attr:
+                module.forward = previous  # type: ignore[method-assign]
+            else:
+                module.__dict__.pop("forward", None)
+
+        self._restore.append(restore)
+
+    def _model_device(self) -> torch.device | None:
+        if self.model is None:
+            return None
+        for p in self.model.parameters():
+            return p.device
+        for b in self.model.buffers():
+            return b.device
+        return None
+
+    # ---------------------------------------------------------- forward side
+
+    def _make_root_forward(self, module: nn.Module) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        rt = self
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def forward(*args: Any, **kwargs: Any) -> Any:
+                if (
+                    torch.is_grad_enabled()
+                    and not torch.is_inference_mode_enabled()
+                    and not in_replay()
+                    and tc.current_graph_task_id() == -1
+                ):
+                    rt._signature = _signature_of(args, kwargs, module.training)
+                    rt._forward_activity()
+                return original(*args, **kwargs)
+
+            return forward
+
+        return make
+
+    def _make_region_forward(self, region: Region) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        rt = self
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def forward(*args: Any, **kwargs: Any) -> Any:
+                if (
+                    not rt._entered
+                    or not torch.is_grad_enabled()
+                    or torch.is_inference_mode_enabled()
+                    or in_replay()
+                    or rt._stack.calls
+                    or tc.current_graph_task_id() != -1
+                ):
+                    return original(*args, **kwargs)
+                call = rt._enter_region(region, original, args, kwargs)
+                try:
+                    if call.recorder is not None:
+                        with call.recorder:
+                            return original(*args, **kwargs)
+                    return original(*args, **kwargs)
+                finally:
+                    rt._exit_region(call)
+
+            return forward
+
+        return make
+
+    def _enter_region(
+        self, region: Region, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> RegionCall:
+        p = self._forward_activity()
+        n = p.call_counts.get(region.name, 0)
+        p.call_counts[region.name] = n + 1
+        call = RegionCall(name=region.name, call_index=n, ordinal=len(p.calls), region=region, forward_fn=original)
+        call.pass_state = p
+        p.calls.append(call)
+        cap = capture_inputs(args, kwargs)
+        call.inputs = cap
+        devices = cap.devices()
+        if self._device is None and devices:
+            self._device = next(iter(devices))
+            self._clock = Clock(self._device)
+        if self._device is not None:
+            devices.add(self._device)
+        call.rng = capture_rng(devices)
+        call.autocast = capture_autocast({d.type for d in devices})
+        call.buffers = capture_buffers(region.buffers)
+        self._planner.assign(p, call)
+        if p.recording:
+            from offrecomp.trace import OpRecorder
+
+            cuda_devs = sorted({d.index or 0 for d in devices if d.type == "cuda"})
+            call.recorder = OpRecorder(
+                use_cuda_events=bool(cuda_devs), cuda_devices=cuda_devs, known_ptrs=self._model_storage_ptrs()
+            )
+        for i, t in enumerate(cap.tensors):
+            if t is None:
+                continue
+            rec = self._placer.add_input_storage(p, call, t)
+            call.input_recs.append(rec)
+            if rec is not None and rec.placement == OFFLOAD and rec.ticket is not None:
+                call.offloaded_inputs[i] = (rec, (tuple(t.shape), tuple(t.stride()), int(t.storage_offset()), t.dtype))
+        self._stack.calls.append(call)
+        call.start_mark = self._clock.mark()
+        return call
+
+    def _exit_region(self, call: RegionCall) -> None:
+        call.end_mark = self._clock.mark()
+        stack = self._stack.calls
+        if stack and stack[-1] is call:
+            stack.pop()
+        region = call.region
+        if region is not None:
+            finish_buffers(call.buffers, region.buffers)
+            if call.buffers is not None and call.buffers.mutated:
+                big = [i for i in call.buffers.mutated if call.buffers.snapshots[i] is None]
+                if big:
+                    _warn_once(
+                        f"bigbuf:{region.name}",
+                        "offrecomp: region %r mutates buffers larger than 1 MiB in its forward; "
+                        "replay sees their post-forward values",
+                        region.name,
+                    )
+        if call.offloaded_inputs and call.inputs is not None:
+            for i in call.offloaded_inputs:
+                call.inputs.tensors[i] = None
+            for rec, _ in call.offloaded_inputs.values():
+                rec.tensor = None
+        if call.recorder is not None:
+            self._planner.record_structure(call)
+        call.exited = True
+        if call.live_handles <= 0:
+            self._placer.release_call(call)
+
+    def _current_call(self, p: PassState) -> RegionCall:
+        stack = self._stack.calls
+        if stack:
+            return stack[-1]
+        if p.root is None:
+            p.root = RegionCall(name=ROOT, call_index=0, ordinal=-1)
+            p.root.pass_state = p
+            self._planner.assign(p, p.root)
+        return p.root
+
+    def _model_storage_ptrs(self) -> frozenset[int]:
+        """Data pointers of every parameter and buffer (recorded passes only)."""
+        if self.model is None:
+            return frozenset()
+        ptrs = set()
+        for t in list(self.model.parameters()) + list(self.model.buffers()):
+            if t.layout == torch.strided and t.device.type != "meta":
+                ptrs.add(int(t.untyped_storage().data_ptr()))
+        return frozenset(ptrs)
+
+    def _buffer_ptrs(self, region: Region) -> frozenset[int]:
+        ptrs = self._buffer_ptr_cache.get(id(region))
+        if ptrs is None:
+            ptrs = frozenset(int(b.untyped_storage().data_ptr()) for b in region.buffers if b.layout == torch.strided)
+            self._buffer_ptr_cache[id(region)] = ptrs
+        return ptrs
+
+    def _placement_for(self, p: PassState, call: RegionCall, index: int, nbytes: int, *, kind: str) -> Placement:
+        """Placement of a new storage: plan or mode, then legality."""
+        if nbytes < self.config.min_bytes:
+            return KEEP
+        wanted = self._planner.placement(p, call, index, nbytes, kind)
+        if wanted == RECOMPUTE and (call.is_root or kind != "activation"):
+            return KEEP
+        return wanted
+
+    # ------------------------------------------------------------ pass cycle
+
+    def _forward_activity(self) -> PassState:
+        p = self._pass
+        if p is None or p.backward_started:
+            if p is not None:
+                self._finish_pass()
+            p = self._begin_pass()
+        return p
+
+    def _begin_pass(self) -> PassState:
+        sig = self._signature or "unknown"
+        self._signature = None
+        p = PassState(index=self._passes, signature=sig, mode=self.config.mode)
+        self._passes += 1
+        self._planner.begin_pass(p)
+        p.start_time = time.perf_counter()
+        p.start_mark = self._clock.mark()
+        if self._device is not None and self._device.type == "cuda":
+            p.alloc_start = torch.cuda.memory_allocated(self._device)
+            torch.cuda.reset_peak_memory_stats(self._device)
+        self._pass = p
+        return p
+
+    def _backward_activity(self, call: RegionCall) -> None:
+        p = call.pass_state
+        if p is None or p.backward_started:
+            return
+        p.backward_started = True
+        p.forward_end_time = time.perf_counter()
+        p.backward_start_mark = self._clock.mark()
+        if self._engine is not None:
+            self._engine.begin_backward()
+        with contextlib.suppress(RuntimeError):
+            tc.queue_backward_callback(functools.partial(self._backward_done, weakref.ref(p)))
+
+    def _backward_done(self, pref: weakref.ref[PassState]) -> None:
+        p = pref()
+        if p is None:
+            return
+        p.backward_done = True
+        p.backward_end_time = time.perf_counter()
+        p.backward_end_mark = self._clock.mark()
+
+    def _finish_pass(self) -> None:
+        p = self._pass
+        if p is None:
+            return
+        self._pass = None
+        p.end_time = time.perf_counter()
+        if self._device is not None and self._device.type == "cuda":
+            p.device_peak = int(torch.cuda.max_memory_allocated(self._device)) - p.alloc_start
+        for call in p.calls:
+            p.stats.replays += call.replays
+            p.stats.served_ops += call.served_ops
+            p.stats.rerun_ops += call.rerun_ops
+        if self._engine is not None:
+            p.offload_stats = self._engine.end_step()
+        self._planner.end_pass(p)
+        self._step_passes.append(p)
+        if not self._saw_optimizer:
+            self._end_step(explicit=False, provisional=not self._no_optimizer)
+
+    def _on_optimizer_step(self, *_: Any) -> None:
+        p = self._pass
+        if p is not None and p.backward_started:
+            self._finish_pass()
+        if not self._saw_optimizer and self._provisional:
+            # NOTE [Passes and steps]: until the first optimizer step every pass was a
+            # provisional step; they were micro-batches of this one.
+            merged: list[PassState] = []
+            for rec, passes in self._provisional:
+                self._steps.remove(rec)
+                merged += passes
+            self._provisional = []
+            self._step_passes = merged + self._step_passes
+        self._saw_optimizer = True
+        self._end_step(explicit=False)
+
+    def _end_step(self, *, explicit: bool, provisional: bool = False) -> None:
+        if explicit and self._pass is not None:
+            self._finish_pass()
+        passes, self._step_passes = self._step_passes, []
+        if not passes:
+            return
+        rec = self._planner.step_record(len(self._steps), passes)
+        self._steps.append(rec)
+        if provisional:
+            self._provisional.append((rec, passes))
+            if len(self._provisional) > _MAX_PROVISIONAL:
+                self._no_optimizer = True  # no torch optimizer in this loop: a pass is a step
+                self._confirm_provisional()
+            return
+        self._write_record(rec)
+
+    def _confirm_provisional(self) -> None:
+        for rec, _ in self._provisional:
+            self._write_record(rec)
+        self._provisional = []
+
+    def _write_record(self, rec: StepRecord) -> None:
+        if self._report_file is not None:
+            import json
+
+            self._report_file.write(json.dumps(rec.to_dict()) + "\n")
+            self._report_file.flush()
+
+    # --------------------------------------------------------- offload side
+
+    def _get_engine(self) -> Any:
+        if self._engine is None:
+            from offrecomp.backends import get_backend
+            from offrecomp.offload import OffloadEngine
+            from offrecomp.pool import default_host_limit
+
+            device = self._device or torch.device("cpu")
+            limit = self.config.host_limit
+            if limit is None:
+                host_limit = default_host_limit()
+            elif limit.nbytes is not None:
+                host_limit = limit.nbytes
+            else:
+                from offrecomp.measure import host_available_bytes, local_world_size
+
+                host_limit = limit.resolve(host_available_bytes()) // local_world_size()
+            self._engine = OffloadEngine(
+                backend=get_backend(device), host_limit_bytes=host_limit, prefetch=self.config.prefetch
+            )
+            log.info("offrecomp: offload engine on %s, host limit %s", device, format_bytes(host_limit))
+        return self._engine
+
+    def _offload(self, flat: torch.Tensor, call: RegionCall) -> Any:
+        ticket = self._get_engine().offload(flat, group=max(call.ordinal, 0))
+        if ticket is not None:
+            self._engine_tickets += 1
+        return ticket
+
+    def _fetch(self, ticket: Any) -> torch.Tensor:
+        return self._engine.fetch(ticket)
+
+    def _release_device(self, ticket: Any) -> None:
+        self._engine.release_device(ticket)
+
+    def _free_ticket(self, ticket: Any) -> None:
+        if self._engine is None:
+            return
+        self._engine.free(ticket)
+        self._engine_tickets -= 1
+        self._maybe_close_engine()
+
+    def _maybe_close_engine(self) -> None:
+        # NOTE: the pool outlives the context only while saved tensors still need it
+        # (a graph kept alive past exit); the last freed ticket closes it.
+        if self._engine is not None and not self._entered and self._engine_tickets <= 0:
+            engine, self._engine = self._engine, None
+            engine.close()
+
+    # ----------------------------------------------------------- replay side
+
+    def _clock_mark(self) -> Mark:
+        return self._clock.mark()
+
+    def _replay_started(self, call: RegionCall, start: Mark, end: Mark, dropped_bytes: int) -> None:
+        p = call.pass_state
+        if p is None:
+            return
+        p.replay_marks.append((call.ordinal, start, end))
+        p.stats.add_resident(dropped_bytes)
+        call.replay_resident = dropped_bytes
+
+    def _replay_done(self, call: RegionCall) -> None:
+        p = call.pass_state
+        if p is not None and call.replay_resident:
+            p.stats.add_resident(-call.replay_resident)
+            call.replay_resident = 0
+
+
+def _signature_of(args: tuple[Any, ...], kwargs: dict[str, Any], training: bool) -> str:
+    from torch.utils._pytree import tree_flatten
+
+    leaves, _ = tree_flatten((args, kwargs))
+    parts = []
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            parts.append(f"{tuple(x.shape)}:{str(x.dtype).replace('torch.', '')}:{x.device.type}")
+    return ("train|" if training else "eval|") + ",".join(parts)
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, msg: str, *args: Any) -> None:
+    if key in _warned:
+        return
+    _warned.add(key)
+    log.warning(msg, *args)
+

@@ -1,0 +1,246 @@
+"""Per-pass bookkeeping: region calls, saved storages, and the handles autograd holds.
+
+A *pass* is one forward and its backward (one micro-batch). Everything here lives for
+one pass and is dropped when autograd releases the last handle of it.
+
+NOTE [Identity of a saved tensor]
+A saved tensor is known across steps by (region qualified name, call index of that
+region in the pass, storage index within the call). Storage index: the region's tensor
+inputs first (in argument flatten order, one index per distinct storage), then every
+other storage in the order of its first save. Several saved tensors that are views of
+one allocation share one storage index and one placement, and their bytes count once.
+Saves outside every region belong to the root call (name ``""``, call index 0).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from scheduler.plan import ROOT, Placement
+
+if TYPE_CHECKING:
+    from offrecomp.offload import Ticket
+    from offrecomp.regions import AutocastState, BufferState, CapturedInputs, Region, RngState
+    from offrecomp.trace import OpRecorder, RegionStructure, SaveInfo
+
+__all__ = ["PassState", "RegionCall", "SavedHandle", "StorageRec"]
+
+
+class StorageRec:
+    """One saved allocation of one region call (or of the root)."""
+
+    __slots__ = (
+        "__weakref__",
+        "call",
+        "device",
+        "fetch_buf",
+        "fetch_uses",
+        "handles",
+        "index",
+        "kind",
+        "nbytes",
+        "on_release",
+        "placement",
+        "ptr",
+        "released",
+        "sid",
+        "storage_ref",
+        "tensor",
+        "ticket",
+    )
+
+    def __init__(
+        self,
+        *,
+        call: RegionCall,
+        index: int,
+        nbytes: int,
+        ptr: int,
+        device: torch.device,
+        kind: str,
+        placement: Placement,
+    ) -> None:
+        self.call = call
+        self.index = index
+        self.nbytes = nbytes
+        self.ptr = ptr
+        self.storage_ref: Any = None  # weakref to the UntypedStorage (alive iff the allocation is)
+        self.sid: int | None = None  # storage id in the op recording (measuring pass only)
+        self.device = device
+        self.kind = kind
+        self.placement = placement
+        self.tensor: torch.Tensor | None = None  # held alias (KEEP; or OFFLOAD until the copy is issued)
+        self.ticket: Ticket | None = None
+        self.fetch_buf: torch.Tensor | None = None  # reloaded flat buffer (OFFLOAD, in backward)
+        self.fetch_uses = 0
+        self.handles = 0
+        self.released = False
+        self.on_release: Any = None  # callback(rec) when the last handle dies
+
+    def __repr__(self) -> str:
+        return (
+            f"StorageRec({self.call.name!r}#{self.call.call_index}[{self.index}], "
+            f"{self.placement.name}, {self.nbytes} B)"
+        )
+
+
+class SavedHandle:
+    """What autograd holds for one saved tensor (the pack hook's return value)."""
+
+    __slots__ = (
+        "__weakref__",
+        "dtype",
+        "offset",
+        "pack_index",
+        "rec",
+        "size",
+        "stride",
+        "tensor",
+        "version",
+        "weak",
+    )
+
+    def __init__(self, rec: StorageRec | None, pack_index: int, t: torch.Tensor, hold: bool) -> None:
+        self.rec = rec
+        self.pack_index = pack_index
+        self.version = int(t._version)
+        self.tensor: torch.Tensor | None = t if hold else None
+        self.weak: weakref.ref[torch.Tensor] | None = None if hold else weakref.ref(t)
+        self.size = tuple(t.shape)
+        self.stride = tuple(t.stride())
+        self.offset = int(t.storage_offset())
+        self.dtype = t.dtype
+        if rec is not None:
+            rec.handles += 1
+            rec.call.live_handles += 1
+
+    def __del__(self) -> None:
+        rec = self.rec
+        if rec is None:
+            return
+        rec.handles -= 1
+        rec.call.live_handles -= 1
+        if rec.on_release is not None:
+            try:
+                rec.on_release(rec)
+            except Exception:  # never raise from a finaliser
+                pass
+
+    def rebuild(self, flat: torch.Tensor) -> torch.Tensor:
+        """This saved view, on the storage behind ``flat`` (a flat uint8 tensor)."""
+        t = torch.empty(0, dtype=self.dtype, device=flat.device)
+        t.set_(flat.untyped_storage(), self.offset, self.size, self.stride)
+        return t
+
+
+@dataclass(eq=False)
+class RegionCall:
+    """One call of a region (or the root pseudo-call) within a pass."""
+
+    name: str
+    call_index: int
+    ordinal: int
+    region: Region | None = None
+    forward_fn: Any = None
+    inputs: CapturedInputs | None = None
+    input_recs: list[StorageRec | None] = field(default_factory=list)
+    rng: RngState | None = None
+    autocast: AutocastState | None = None
+    buffers: BufferState | None = None
+    placements: list[Placement] | None = None  # planned placement per storage index
+    structure: RegionStructure | None = None
+    storages: list[StorageRec] = field(default_factory=list)
+    by_ptr: dict[tuple[torch.device, int], StorageRec] = field(default_factory=dict)
+    pack_count: int = 0
+    dropped: dict[int, weakref.ref[SavedHandle]] = field(default_factory=dict)
+    replayed: dict[int, torch.Tensor] = field(default_factory=dict)
+    mismatch: bool = False  # structure differs from the planned one
+    recorder: OpRecorder | None = None
+    recorded_ops: OpRecorder | None = None
+    saves: list[SaveInfo] = field(default_factory=list)
+    start_time: float = 0.0
+    end_time: float = 0.0
+    start_mark: Any = None
+    end_mark: Any = None
+    replay_seconds: float = 0.0
+    replays: int = 0
+    served_ops: int = 0
+    rerun_ops: int = 0
+    replay_resident: int = 0
+    pass_state: PassState | None = None
+    live_handles: int = 0  # saved-tensor handles of this call still held by autograd
+    exited: bool = False  # the region's forward returned
+    released: bool = False  # checkpoint dropped (nothing left to replay)
+    # input index -> (storage, (size, stride, offset, dtype)) for inputs sent to host memory
+    offloaded_inputs: dict[int, tuple[StorageRec, tuple[Any, ...]]] = field(default_factory=dict)
+
+    @property
+    def is_root(self) -> bool:
+        return self.name == ROOT
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.name, self.call_index)
+
+
+@dataclass
+class PassStats:
+    """Counters of one pass (summed into the step record)."""
+
+    saved_tensors: int = 0
+    storages: int = 0
+    kept_bytes: int = 0
+    offloaded_bytes: int = 0
+    recomputed_bytes: int = 0
+    input_bytes: int = 0
+    resident_bytes: int = 0
+    peak_resident_bytes: int = 0
+    replays: int = 0
+    recompute_seconds: float = 0.0
+    served_ops: int = 0
+    rerun_ops: int = 0
+    fallbacks: dict[str, int] = field(default_factory=dict)
+
+    def add_resident(self, n: int) -> None:
+        self.resident_bytes += n
+        if self.resident_bytes > self.peak_resident_bytes:
+            self.peak_resident_bytes = self.resident_bytes
+
+    def fallback(self, what: str) -> None:
+        self.fallbacks[what] = self.fallbacks.get(what, 0) + 1
+
+
+@dataclass(eq=False)
+class PassState:
+    """One forward + backward."""
+
+    index: int
+    signature: str
+    mode: str
+    recording: bool = False
+    planned: bool = False
+    phase: str = ""
+    plan_id: str = ""
+    calls: list[RegionCall] = field(default_factory=list)
+    call_counts: dict[str, int] = field(default_factory=dict)
+    root: RegionCall | None = None
+    stats: PassStats = field(default_factory=PassStats)
+    backward_started: bool = False
+    backward_done: bool = False
+    start_time: float = 0.0
+    forward_end_time: float = 0.0
+    backward_start_time: float = 0.0
+    backward_end_time: float = 0.0
+    end_time: float = 0.0
+    start_mark: Any = None
+    backward_start_mark: Any = None
+    backward_end_mark: Any = None
+    replay_marks: list[tuple[int, Any, Any]] = field(default_factory=list)
+    aborted: bool = False
+    alloc_start: int = 0
+    device_peak: int | None = None
+    offload_stats: Any = None

@@ -1,0 +1,645 @@
+"""Op-level view of a region: recorded once per signature, used to make replay cheap.
+
+The measuring pass runs each region's forward under ``OpRecorder``, a dispatch mode that
+sees every ATen op below autograd: its time, the allocations it reads and creates, the
+view geometry of its outputs, whether it writes its inputs, draws random numbers, hands
+a value to Python, or runs with grad disabled. From that trace and the saves the hooks
+saw, ``build_structure`` derives a ``RegionStructure``:
+
+* for the planner: per op its time, its dataflow (``reads``), whether replay could serve
+  it, and which saved storage each output lives in (``scheduler.profile.OpRecord``);
+* for replay: a program saying, for each op of the replayed prefix, whether to run it,
+  serve it from held storages, or hand out a placeholder (``ServingMode``).
+
+NOTE [Which ops replay runs]
+Replay must regenerate the dropped storages it needs, and nothing else. Going backwards
+from the ops that produced those storages, it follows the dataflow the recording saw:
+an op runs if a running op reads what it produced, or if it is a *sink* (draws random
+numbers, writes in place, writes storage it did not create, or hands a value to Python
+such as ``.item()``), whose effects must happen as in the forward. An op whose every
+output lives in a held storage (a KEEP save, never written in place in the region) is
+*served*: its outputs are rebuilt with the recorded size/stride/offset on the held
+storage, the very bytes the forward produced, and what it read is not needed. Every
+other op gets placeholder outputs (right shape, strides and dtype, unspecified values)
+because nothing that runs reads them. View ops always run (they cost nothing and keep
+Python-level metadata right).
+
+That is only sound when the recording saw all the dataflow. It did not when:
+  * an op ran with grad disabled inside the grad-enabled region (a custom
+    autograd.Function, a compiled graph, a no_grad block): such code may launch kernels
+    the dispatcher never sees. The region is *opaque*: replay runs its whole prefix, as
+    torch.utils.checkpoint does, and serves nothing;
+  * an op read a tensor that no op of the region created and that is neither a region
+    input nor a parameter or buffer (``torch.tensor(x.tolist())``, ``from_numpy``): a
+    Python-side value path the dispatcher cannot see. Then replay serves held outputs but
+    hands out no placeholders (every op in the prefix runs or is served).
+Replay checks that it dispatches the same ops with the same non-tensor arguments as the
+forward. If a replay with placeholders diverges anyway, it is redone without
+placeholders and the region never uses them again (logged once); a replay without
+placeholders that diverges is an error: the region's forward is not a deterministic
+function of its inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from offrecomp import _torch_compat as tc
+from scheduler.profile import OpRecord, StorageRecord
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "OpRecorder",
+    "RegionStructure",
+    "ReplayDivergedError",
+    "ServingMode",
+    "build_structure",
+    "internal",
+    "user_code",
+]
+
+_tls = threading.local()
+
+
+@contextlib.contextmanager
+def internal() -> Iterator[None]:
+    """Ops offrecomp itself issues (inside its hooks) are invisible to the modes below."""
+    _tls.depth = getattr(_tls, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _tls.depth -= 1
+
+
+@contextlib.contextmanager
+def user_code() -> Iterator[None]:
+    """Undo ``internal()`` while offrecomp runs user code (a replayed forward)."""
+    saved = getattr(_tls, "depth", 0)
+    _tls.depth = 0
+    try:
+        yield
+    finally:
+        _tls.depth = saved
+
+
+def _is_internal() -> bool:
+    return bool(getattr(_tls, "depth", 0))
+
+
+class ReplayDivergedError(RuntimeError):
+    """A replay did not dispatch what the forward dispatched."""
+
+
+# Ops that read only the metadata (shape, dtype, device) of their tensor inputs.
+_METADATA_ONLY = frozenset(
+    {
+        "aten.empty_like.default",
+        "aten.zeros_like.default",
+        "aten.ones_like.default",
+        "aten.full_like.default",
+        "aten.rand_like.default",
+        "aten.randn_like.default",
+        "aten.randint_like.default",
+        "aten.new_empty.default",
+        "aten.new_empty_strided.default",
+        "aten.new_zeros.default",
+        "aten.new_ones.default",
+        "aten.new_full.default",
+        "aten.sym_size.int",
+        "aten.sym_stride.int",
+        "aten.sym_numel.default",
+        "aten.sym_storage_offset.default",
+        "aten.size.int",
+        "aten.stride.int",
+        "aten.dim.default",
+        "aten.is_same_size.default",
+    }
+)
+
+_SIMPLE_RETURN_TYPES = ("Tensor", "Tensor?", "SymInt", "int", "float", "bool", "Tensor[]", "ScalarType")
+
+
+def _returns_rebuildable(func: Any) -> bool:
+    types = [str(r.type) for r in func._schema.returns]
+    if not types or any(t not in _SIMPLE_RETURN_TYPES for t in types):
+        return False
+    return not (len(types) > 1 and "Tensor[]" in types)
+
+
+@dataclass
+class _OutMeta:
+    sid: int  # storage id within the recording (see OpRecorder.storage_id)
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
+    device: torch.device
+    numel: int
+
+
+@dataclass
+class _Value:
+    value: Any
+
+
+_OPAQUE = object()
+
+
+def _describable(t: torch.Tensor) -> bool:
+    if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        return False
+    return t.layout == torch.strided and t.device.type != "meta"
+
+
+def _scalars(args: Any, kwargs: Any) -> tuple[Any, ...]:
+    """Non-tensor arguments of an op, for the divergence check."""
+    leaves, _ = tree_flatten((args, kwargs))
+    out = []
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            out.append(None)
+        elif isinstance(x, (int, float, bool, str)) or x is None:
+            out.append(x)
+        else:
+            out.append(str(x))
+    return tuple(out)
+
+
+@dataclass
+class _Op:
+    name: str
+    func: Any
+    start: float
+    end: float
+    start_ev: Any = None
+    end_ev: Any = None
+    outputs: list[Any] = field(default_factory=list)
+    """Flattened return value: ``_OutMeta`` per describable tensor, ``_OPAQUE`` for a
+    tensor we cannot rebuild, ``_Value(v)`` for a non-tensor return."""
+    input_sids: tuple[int, ...] = ()
+    read_sids: tuple[int, ...] = ()
+    written_sids: tuple[int, ...] = ()
+    scalars: tuple[Any, ...] = ()
+    view: bool = False
+    writes: bool = False
+    random: bool = False
+    factory: bool = False
+    grad_enabled: bool = True
+
+
+def _gen_states(devices: Sequence[int]) -> tuple[Any, ...]:
+    cpu = torch.default_generator.get_state()
+    cuda = tuple(torch.cuda.default_generators[i].get_offset() for i in devices) if devices else ()
+    return (cpu, cuda)
+
+
+def _same_gen(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return bool(torch.equal(a[0], b[0])) and a[1] == b[1]
+
+
+class OpRecorder(tc.TorchDispatchMode):
+    """Records the ATen ops of one region call (measuring pass only)."""
+
+    def __init__(
+        self, *, use_cuda_events: bool, cuda_devices: Sequence[int], known_ptrs: frozenset[int] = frozenset()
+    ) -> None:
+        super().__init__()
+        self.ops: list[_Op] = []
+        self.grad_enabled_at_entry = torch.is_grad_enabled()
+        self._events = use_cuda_events
+        self._cuda_devices = tuple(cuda_devices)
+        self._live: dict[int, tuple[weakref.ref[Any], int]] = {}
+        self._next_sid = 0
+        self._known_ptrs = known_ptrs
+        self.known_sids: set[int] = set()
+        """Storages legitimately from outside the region: inputs, parameters, buffers."""
+
+    def storage_id(self, t: torch.Tensor, *, known: bool = False) -> int:
+        """A number for the allocation behind ``t``, unique within this recording.
+
+        NOTE: data pointers are reused as soon as an allocation is freed, so they are no
+        identity over a region's forward. The storage object is (torch keeps one Python
+        object per live allocation): an id is handed out per storage object, and a data
+        pointer seen again with another storage object gets a new id.
+        """
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        entry = self._live.get(ptr)
+        if entry is not None and entry[0]() is storage:
+            sid = entry[1]
+        else:
+            sid = self._next_sid
+            self._next_sid += 1
+            self._live[ptr] = (weakref.ref(storage), sid)
+            if ptr in self._known_ptrs:
+                known = True
+        if known:
+            self.known_sids.add(sid)
+        return sid
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if _is_internal():
+            return func(*args, **kwargs)
+        flat_in, _ = tree_flatten((args, kwargs))
+        in_tensors = [x for x in flat_in if isinstance(x, torch.Tensor)]
+        input_sids = tuple(self.storage_id(x) for x in in_tensors if _describable(x))
+        random = tc.is_nondeterministic_seeded(func)
+        before = _gen_states(self._cuda_devices) if random else None
+        start_ev = end_ev = None
+        if self._events:
+            start_ev = torch.cuda.Event(enable_timing=True)
+            end_ev = torch.cuda.Event(enable_timing=True)
+            start_ev.record()
+        t0 = time.perf_counter()
+        out = func(*args, **kwargs)
+        t1 = time.perf_counter()
+        if end_ev is not None:
+            end_ev.record()
+        if before is not None:
+            random = not _same_gen(before, _gen_states(self._cuda_devices))
+        writes = tc.op_writes_inputs(func)
+        written: tuple[int, ...] = ()
+        if writes:
+            names = tc.written_arg_names(func)
+            sids = []
+            for i, a in enumerate(func._schema.arguments):
+                if a.name not in names:
+                    continue
+                val = kwargs.get(a.name, args[i] if i < len(args) else None)
+                for x in tree_flatten(val)[0]:
+                    if isinstance(x, torch.Tensor) and _describable(x):
+                        sids.append(self.storage_id(x))
+            written = tuple(sids)
+        flat_out, _ = tree_flatten(out)
+        outs: list[Any] = []
+        for x in flat_out:
+            if isinstance(x, torch.Tensor):
+                if _describable(x):
+                    outs.append(
+                        _OutMeta(
+                            sid=self.storage_id(x),
+                            size=tuple(x.shape),
+                            stride=tuple(x.stride()),
+                            offset=int(x.storage_offset()),
+                            dtype=x.dtype,
+                            device=x.device,
+                            numel=x.numel(),
+                        )
+                    )
+                else:
+                    outs.append(_OPAQUE)
+            else:
+                outs.append(_Value(x))
+        name = str(func)
+        self.ops.append(
+            _Op(
+                name=name,
+                func=func,
+                start=t0,
+                end=t1,
+                start_ev=start_ev,
+                end_ev=end_ev,
+                outputs=outs,
+                input_sids=input_sids,
+                read_sids=() if name in _METADATA_ONLY else input_sids,
+                written_sids=written,
+                scalars=_scalars(args, kwargs),
+                view=tc.op_returns_alias(func),
+                writes=writes,
+                random=random,
+                factory=not in_tensors,
+                grad_enabled=torch.is_grad_enabled(),
+            )
+        )
+        return out
+
+    def op_seconds(self) -> list[float]:
+        out = []
+        for op in self.ops:
+            if op.start_ev is not None:
+                out.append(op.start_ev.elapsed_time(op.end_ev) / 1e3)
+            else:
+                out.append(op.end - op.start)
+        return out
+
+
+@dataclass
+class ServedOutput:
+    """How replay rebuilds one tensor output of an op it does not run."""
+
+    storage: int  # index into the region call's storages; -1: not held (placeholder)
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
+    device: torch.device
+
+
+# A skipped op's flattened return value: tensors to rebuild, or plain values as recorded.
+ServedEntry = ServedOutput | _Value
+
+RUN, SERVE, PLACEHOLDER = 0, 1, 2
+
+
+@dataclass
+class RegionStructure:
+    """What one region call looks like at op level (stable across steps of a signature)."""
+
+    op_names: list[str]
+    op_scalars: list[tuple[Any, ...]]
+    op_records: list[OpRecord]
+    storage_records: list[StorageRecord]
+    opaque: bool
+    placeholders_ok: bool
+    outputs: list[list[ServedEntry] | None]
+    """Per op, how to rebuild its flattened return without running it (None: cannot)."""
+    servable: list[bool]
+    """Per op: may be served when all its ``outputs`` storages are held."""
+    view_ops: list[bool]
+    save_ops: list[int] = field(default_factory=list)
+    """Per save (pack index): number of ops dispatched before it."""
+
+    def program(self, kept: Sequence[bool], needed_saves: set[int], storage_of_save: dict[int, int]) -> list[int]:
+        """What replay does with each op of the prefix it must cover.
+
+        ``kept[i]``: storage i is held at replay time. ``needed_saves``: pack indices of the
+        dropped saves to regenerate; ``storage_of_save[p]``: storage index of save p.
+        """
+        last = max(needed_saves)
+        k_end = self.save_ops[last] if last < len(self.save_ops) else len(self.op_records)
+        ops = self.op_records
+        prog = [RUN] * k_end
+        if self.opaque:
+            return prog
+
+        def served(k: int) -> bool:
+            if not self.servable[k]:
+                return False
+            outs = ops[k].outputs
+            return bool(outs) and all(0 <= s < len(kept) and kept[s] for s in outs)
+
+        if not self.placeholders_ok:
+            return [SERVE if served(k) else RUN for k in range(k_end)]
+        run = [False] * k_end
+        work: list[int] = []
+        for p in needed_saves:
+            sidx = storage_of_save.get(p, -1)
+            prod = self.storage_records[sidx].producer_op if 0 <= sidx < len(self.storage_records) else -1
+            if prod < 0:
+                return [SERVE if served(k) else RUN for k in range(k_end)]  # unknown origin: be safe
+            if prod < k_end:
+                work.append(prod)
+        for k in range(k_end):
+            if ops[k].sink:
+                work.append(k)
+            elif self.view_ops[k]:
+                run[k] = True  # views run (free) but read no values: reads not followed
+        done = [False] * k_end
+        serve = [False] * k_end
+        while work:
+            k = work.pop()
+            if k >= k_end or done[k]:
+                continue
+            done[k] = True
+            if self.view_ops[k]:
+                continue
+            if not ops[k].sink and served(k):
+                serve[k] = True
+                continue
+            run[k] = True
+            reads = ops[k].reads or ()
+            work.extend(r for r in reads if 0 <= r < k_end and not done[r])
+        for k in range(k_end):
+            if run[k]:
+                prog[k] = RUN
+            elif serve[k] or served(k):
+                prog[k] = SERVE
+            elif self.outputs[k] is not None:
+                prog[k] = PLACEHOLDER
+            else:
+                prog[k] = RUN
+        return prog
+
+
+@dataclass
+class SaveInfo:
+    """What the hooks saw for one save during the recorded forward."""
+
+    storage: int
+    ops_before: int
+    time: float
+
+
+def build_structure(
+    rec: OpRecorder,
+    saves: Sequence[SaveInfo],
+    storage_sids: Sequence[int | None],
+    storage_nbytes: Sequence[int],
+    storage_kinds: Sequence[str],
+    op_seconds: Sequence[float],
+    region_start: float,
+) -> RegionStructure:
+    """Combine the op trace with the saves into a ``RegionStructure``.
+
+    ``storage_sids[i]`` is the recorder's storage id of the region call's storage i
+    (inputs first, then activations in order of first save).
+    """
+    sid_to_storage = {sid: i for i, sid in enumerate(storage_sids) if sid is not None}
+    written: set[int] = set()
+    for op in rec.ops:
+        written.update(op.written_sids)
+    opaque = (not rec.grad_enabled_at_entry) or any(not op.grad_enabled for op in rec.ops)
+
+    creator: dict[int, int] = {}  # sid -> op that allocated it
+    producer = [-1] * len(storage_sids)
+    placeholders_ok = not opaque
+    op_records: list[OpRecord] = []
+    outputs_all: list[list[ServedEntry] | None] = []
+    servable: list[bool] = []
+    view_ops: list[bool] = []
+    for k, op in enumerate(rec.ops):
+        reads: list[int] = []
+        for sid in op.read_sids:
+            c = creator.get(sid)
+            if c is not None:
+                reads.append(c)
+            elif sid not in rec.known_sids:
+                placeholders_ok = False  # a value from a path the dispatcher cannot see
+        outputs: list[int] = []
+        entries: list[ServedEntry] = []
+        rebuildable = _returns_rebuildable(op.func)
+        held = True
+        writes_foreign = any(sid not in creator or sid in rec.known_sids for sid in op.written_sids)
+        for o in op.outputs:
+            if isinstance(o, _Value):
+                entries.append(o)
+                continue
+            if not isinstance(o, _OutMeta):
+                rebuildable = False
+                outputs.append(-1)
+                continue
+            sidx = sid_to_storage.get(o.sid, -1)
+            outputs.append(sidx)
+            fresh = o.sid not in op.input_sids and o.sid not in creator
+            if fresh:
+                creator[o.sid] = k
+                if sidx >= 0 and producer[sidx] < 0:
+                    producer[sidx] = k
+            if o.numel == 0 or sidx < 0 or o.sid in written:
+                held = False
+            entries.append(ServedOutput(sidx if (o.numel and sidx >= 0) else -1, o.size, o.stride,
+                                        o.offset if sidx >= 0 else 0, o.dtype, o.device))
+        # _unsafe_view and friends alias an input without saying so in their schema.
+        aliasing = op.view or any(isinstance(o, _OutMeta) and o.sid in op.input_sids for o in op.outputs)
+        has_value_out = any(isinstance(e, _Value) for e in entries) and not any(
+            isinstance(e, ServedOutput) for e in entries
+        )
+        pure_view = aliasing and not op.writes
+        sink = not pure_view and (op.random or op.writes or writes_foreign or has_value_out or not rebuildable)
+        can_serve = (
+            not opaque and rebuildable and not aliasing and not op.writes and not op.random and held
+            and any(isinstance(e, ServedOutput) and e.storage >= 0 for e in entries)
+        )
+        op_records.append(
+            OpRecord(
+                seconds=float(op_seconds[k]),
+                skippable=can_serve,
+                outputs=tuple(outputs),
+                name=op.name,
+                reads=None if opaque else tuple(sorted(set(reads))),
+                sink=sink,
+            )
+        )
+        outputs_all.append(entries if rebuildable and not aliasing else None)
+        servable.append(can_serve)
+        view_ops.append(pure_view)
+
+    first: dict[int, SaveInfo] = {}
+    last: dict[int, SaveInfo] = {}
+    counts = [0] * len(storage_sids)
+    for s in saves:
+        if s.storage < 0:
+            continue
+        first.setdefault(s.storage, s)
+        last[s.storage] = s
+        counts[s.storage] += 1
+    storages: list[StorageRecord] = []
+    for i in range(len(storage_sids)):
+        kind = storage_kinds[i]
+        if kind == "activation" and producer[i] < 0:
+            kind = "external"
+        f = first.get(i)
+        la = last.get(i)
+        storages.append(
+            StorageRecord(
+                nbytes=int(storage_nbytes[i]),
+                kind=kind,  # type: ignore[arg-type]
+                producer_op=producer[i],
+                first_save_op=f.ops_before if f else 0,
+                last_save_op=la.ops_before if la else 0,
+                offset_seconds=max(0.0, (f.time - region_start)) if f else 0.0,
+                saves=counts[i],
+            )
+        )
+    if not placeholders_ok and not opaque:
+        for r in op_records:
+            r.reads = None  # planner: prefix semantics
+    return RegionStructure(
+        op_names=[op.name for op in rec.ops],
+        op_scalars=[op.scalars for op in rec.ops],
+        op_records=op_records,
+        storage_records=storages,
+        opaque=opaque,
+        placeholders_ok=placeholders_ok,
+        outputs=outputs_all,
+        servable=servable,
+        view_ops=view_ops,
+        save_ops=[s.ops_before for s in saves],
+    )
+
+
+class ServingMode(tc.TorchDispatchMode):
+    """During replay: run, serve or stub each op per the program; check the op sequence."""
+
+    def __init__(
+        self,
+        *,
+        region_name: str,
+        structure: RegionStructure,
+        program: Sequence[int],
+        storage_tensors: dict[int, torch.Tensor],
+    ) -> None:
+        super().__init__()
+        self.region_name = region_name
+        self.structure = structure
+        self.program = program
+        self.storage_tensors = storage_tensors
+        self.index = 0
+        self.ran = 0
+        self.served = 0
+        self.stubbed = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if _is_internal():
+            return func(*args, **kwargs)
+        k = self.index
+        self.index += 1
+        st = self.structure
+        expected = st.op_names[k] if k < len(st.op_names) else None
+        name = str(func)
+        if expected != name:
+            raise ReplayDivergedError(
+                f"offrecomp: replay of region {self.region_name!r} diverged at op {k}: the forward "
+                f"ran {expected or '<nothing>'}, the replay ran {name}"
+            )
+        action = self.program[k] if k < len(self.program) else RUN
+        if action == RUN:
+            if _scalars(args, kwargs) != st.op_scalars[k]:
+                raise ReplayDivergedError(
+                    f"offrecomp: replay of region {self.region_name!r} diverged at op {k} ({name}): "
+                    f"non-tensor arguments {_scalars(args, kwargs)} differ from the forward's "
+                    f"{st.op_scalars[k]}"
+                )
+            self.ran += 1
+            return func(*args, **kwargs)
+        outs = st.outputs[k]
+        assert outs is not None
+        rebuilt: list[Any] = []
+        for o in outs:
+            if isinstance(o, _Value):
+                rebuilt.append(o.value)
+            elif action == SERVE and o.storage >= 0:
+                base = self.storage_tensors[o.storage]
+                t = torch.empty(0, dtype=o.dtype, device=base.device)
+                t.set_(base.untyped_storage(), o.offset, o.size, o.stride)
+                rebuilt.append(t)
+            else:
+                rebuilt.append(torch.empty_strided(o.size, o.stride, dtype=o.dtype, device=o.device))
+        if action == SERVE:
+            self.served += 1
+        else:
+            self.stubbed += 1
+        return _unflatten_like(func, rebuilt)
+
+
+def _unflatten_like(func: Any, flat: list[Any]) -> Any:
+    """Rebuild an op's return value from its flattened outputs."""
+    returns = func._schema.returns
+    if len(returns) == 1:
+        if str(returns[0].type) == "Tensor[]":
+            return list(flat)
+        return flat[0]
+    return tuple(flat)

@@ -1,0 +1,29 @@
+"""Shared test setup: the CUDA marker, deterministic seeds, and no leaked runtimes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_active_runtime() -> None:
+    """Every test starts and ends with no runtime entered and no hooks installed."""
+    import importlib
+
+    rtmod = importlib.import_module("offrecomp.runtime")  # the module, not offrecomp.runtime()
+
+    assert rtmod._active is None
+    yield
+    leaked = rtmod._active
+    rtmod._active = None
+    assert leaked is None, "a test left an offrecomp runtime entered"

@@ -1,0 +1,79 @@
+"""Training-loop helpers shared by the tests."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from tests import models
+
+Batch = Callable[[int], Any]
+
+CASES: dict[str, tuple[Callable[[], nn.Module], Batch]] = {
+    "gpt_dropout": (lambda: models.GPT(), lambda s: torch.randint(0, 64, (2, 24), generator=_gen(s))),
+    "cnn_batchnorm": (models.CNN, lambda s: torch.randn(4, 3, 8, 8, generator=_gen(s))),
+    "kwargs_tuple": (models.KwModel, lambda s: torch.randn(4, 6, 48, generator=_gen(s))),
+    "views_inplace": (models.InplaceModel, lambda s: torch.randn(4, 5, 40, generator=_gen(s))),
+    "shared_block": (models.SharedModel, lambda s: torch.randn(2, 16, 32, generator=_gen(s))),
+}
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(1000 + seed)
+
+
+def make(case: str, seed: int = 0) -> tuple[nn.Module, Batch]:
+    factory, batch = CASES[case]
+    torch.manual_seed(seed)
+    return factory(), batch
+
+
+def train(
+    model: nn.Module,
+    batch: Batch,
+    ctx: Any = None,
+    *,
+    steps: int = 3,
+    accumulate: int = 1,
+    autograd_grad: bool = False,
+    lr: float = 0.1,
+) -> list[dict[str, torch.Tensor]]:
+    """Run ``steps`` SGD steps inside ``ctx``; return grads and buffers after each step."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    out = []
+    params = [p for p in model.parameters() if p.requires_grad]
+    with ctx if ctx is not None else contextlib.nullcontext():
+        for step in range(steps):
+            for micro in range(accumulate):
+                torch.manual_seed(10 * step + micro)  # dropout draws
+                loss = model(batch(10 * step + micro))
+                if autograd_grad:
+                    grads = torch.autograd.grad(loss, params)
+                    for p, g in zip(params, grads):
+                        p.grad = g if p.grad is None else p.grad + g
+                else:
+                    loss.backward()
+            snap = {f"grad.{n}": p.grad.detach().clone() for n, p in model.named_parameters()}
+            snap.update({f"buf.{n}": b.detach().clone() for n, b in model.named_buffers()})
+            snap["loss"] = loss.detach().clone()
+            out.append(snap)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return out
+
+
+def assert_bitwise(ref: list[dict[str, torch.Tensor]], got: list[dict[str, torch.Tensor]]) -> None:
+    assert len(ref) == len(got)
+    for step, (a, b) in enumerate(zip(ref, got)):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]), f"step {step}: {k} differs (max abs diff {(a[k] - b[k]).abs().max()})"
+
+
+def twin(model: nn.Module) -> nn.Module:
+    return copy.deepcopy(model)
