@@ -81,6 +81,11 @@ def written_arg_names(func: Any) -> tuple[str, ...]:
     )
 
 
+def top_saved_tensors_hooks() -> Any:
+    """The innermost installed saved-tensor hook pair, or None (used by tests and checks)."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(False)
+
+
 def cuda_sleep(cycles: int) -> None:
     """Busy-wait the current CUDA stream (tests only: delays a stream to expose races)."""
     torch.cuda._sleep(cycles)  # type: ignore[attr-defined]
@@ -99,4 +104,6 @@ ALL_PRIVATE_APIS: tuple[str, ...] = (
     "torch.Tag.nondeterministic_seeded",
     "OpOverload._schema (alias_info.is_write)",
     "torch.cuda._sleep",
+    "torch._C._autograd._top_saved_tensors_default_hooks",
+    "torch.utils._pytree.tree_map / tree_flatten",
 )

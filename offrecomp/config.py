@@ -197,7 +197,9 @@ def _parse_prefetch(value: object, *, name: str) -> Prefetch:
             raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
         return Prefetch(regions=value)
     if isinstance(value, str) and value.strip().isdigit():
-        return _parse_prefetch(int(value.strip()), name=name)
+        if int(value.strip()) < 1:
+            raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
+        return Prefetch(regions=int(value.strip()))
     try:
         nbytes = parse_bytes(value, name=name)
     except ValueError:
@@ -207,7 +209,7 @@ def _parse_prefetch(value: object, *, name: str) -> Prefetch:
     return Prefetch(nbytes=nbytes)
 
 
-RegionSpec = Union[
+RegionSpec = Union[  # noqa: UP007 - a runtime alias, kept readable on Python 3.10
     None,
     type,
     tuple[type, ...],
@@ -309,10 +311,10 @@ class Config:
             values["regions"] = overrides["regions"]
             sources["regions"] = "argument"
         # OFFRECOMP_DISABLE always wins, whatever the arguments say.
-        if "OFFRECOMP_DISABLE" in env and env["OFFRECOMP_DISABLE"].strip() != "":
-            if _parse_bool(env["OFFRECOMP_DISABLE"], name="OFFRECOMP_DISABLE"):
-                values["disable"] = True
-                sources["disable"] = "env"
+        raw_disable = env.get("OFFRECOMP_DISABLE", "").strip()
+        if raw_disable and _parse_bool(raw_disable, name="OFFRECOMP_DISABLE"):
+            values["disable"] = True
+            sources["disable"] = "env"
         cfg = cls(**values)
         cfg.sources = sources
         return cfg

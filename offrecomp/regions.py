@@ -47,7 +47,7 @@ def _is_container(m: nn.Module) -> bool:
 
 def discover_regions(
     model: nn.Module,
-    spec: None | type | Iterable[type] | Callable[[nn.Module, str], bool],
+    spec: type | Iterable[type] | Callable[[nn.Module, str], bool] | None,
 ) -> list[Region]:
     """Find the regions of ``model``.
 
@@ -313,9 +313,7 @@ def finish_buffers(state: BufferState | None, buffers: tuple[torch.Tensor, ...])
     mutated = []
     for i, b in enumerate(buffers):
         snap = state.snapshots[i]
-        if int(b._version) != state.versions[i]:
-            mutated.append(i)
-        elif snap is not None and not torch.equal(snap, b.detach()):
+        if int(b._version) != state.versions[i] or (snap is not None and not torch.equal(snap, b.detach())):
             mutated.append(i)
     state.mutated = mutated
     # Snapshots of buffers the forward did not touch are not needed for replay.

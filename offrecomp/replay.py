@@ -157,10 +157,8 @@ def replay_call(
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, _no_unpack))
             if mode is not None:
                 stack.enter_context(mode)
-            try:
+            with contextlib.suppress(_StopReplay):  # early stop: see NOTE [Replay]
                 call.forward_fn(*args, **kwargs)
-            except _StopReplay:
-                pass
     finally:
         if before is not None:
             restore_rng(before)

@@ -53,9 +53,10 @@ class StepRecord:
     replays: int = 0
     """Region replays."""
     served_ops: int = 0
-    """Ops replay served from held outputs instead of rerunning."""
+    """Ops replay did not run (served from held storages, or not needed); counted for
+    regions with a recorded structure (auto mode)."""
     rerun_ops: int = 0
-    """Ops replay ran."""
+    """Compute ops (views excluded) replay ran, for regions with a recorded structure."""
     saved_tensors: int = 0
     """Tensors autograd saved."""
     storages: int = 0

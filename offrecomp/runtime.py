@@ -279,7 +279,7 @@ class Runtime:
 
         def restore() -> None:
             if had_instance_attr:
-                module.forward = previous  # type: ignore[method-assign]
+                module.forward = previous  # type: ignore[method-assign,assignment]
             else:
                 module.__dict__.pop("forward", None)
 
@@ -490,6 +490,8 @@ class Runtime:
         p.backward_done = True
         p.backward_end_time = time.perf_counter()
         p.backward_end_mark = self._clock.mark()
+        if p is self._pass:
+            self._finish_pass()  # the pass is over: plan, account, maybe close the step
 
     def _finish_pass(self) -> None:
         p = self._pass

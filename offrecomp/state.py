@@ -14,6 +14,7 @@ Saves outside every region belong to the root call (name ``""``, call index 0).
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -125,10 +126,8 @@ class SavedHandle:
         rec.handles -= 1
         rec.call.live_handles -= 1
         if rec.on_release is not None:
-            try:
+            with contextlib.suppress(Exception):  # never raise from a finaliser
                 rec.on_release(rec)
-            except Exception:  # never raise from a finaliser
-                pass
 
     def rebuild(self, flat: torch.Tensor) -> torch.Tensor:
         """This saved view, on the storage behind ``flat`` (a flat uint8 tensor)."""

@@ -1,0 +1,406 @@
+"""Streams, events, copies and buffers behind one small interface.
+
+:class:`CudaBackend` drives real CUDA streams. :class:`EmulatedBackend` runs the same
+engine code on a machine without a GPU: "device" tensors are CPU tensors, the compute
+stream is the calling thread and every side stream is a worker thread with a FIFO
+queue, so the engine's ordering edges are exercised for real (a missing wait shows up as
+wrong data or as a recorded error, not as a silent pass).
+
+Nothing here touches CUDA at import: streams are created on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import threading
+import time
+import weakref
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = [
+    "Backend",
+    "CudaBackend",
+    "EmulatedBackend",
+    "Event",
+    "Stream",
+    "get_backend",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Opaque handles: a backend only ever receives back the objects it handed out.
+Stream = Any
+Event = Any
+
+
+class Backend(ABC):
+    """What the offload engine needs from a device runtime.
+
+    Streams execute their work in order; an event marks a point in a stream. Every method
+    except :meth:`synchronize` (and, on the emulated backend, a wait enqueued on the
+    compute stream) returns without waiting for the device.
+    """
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def current_stream(self, device: torch.device) -> Stream:
+        """The stream the caller's compute runs on right now (never cache it)."""
+
+    @abstractmethod
+    def new_stream(self, device: torch.device) -> Stream:
+        """A fresh side stream on ``device``."""
+
+    @abstractmethod
+    def record_event(self, stream: Stream, timing: bool = False) -> Event:
+        """Mark the current end of ``stream``'s queue."""
+
+    @abstractmethod
+    def wait_event(self, stream: Stream, event: Event) -> None:
+        """Make work enqueued later on ``stream`` start only after ``event`` completed."""
+
+    @abstractmethod
+    def query(self, event: Event) -> bool:
+        """True when ``event`` has completed; never blocks."""
+
+    @abstractmethod
+    def elapsed_seconds(self, start: Event, end: Event) -> float:
+        """Seconds between two completed timing events."""
+
+    @abstractmethod
+    def copy_async(self, dst: torch.Tensor, src: torch.Tensor, stream: Stream) -> None:
+        """Enqueue ``dst.copy_(src)`` on ``stream``."""
+
+    @abstractmethod
+    def alloc_host(self, nbytes: int) -> torch.Tensor:
+        """A flat uint8 host buffer that copies can use asynchronously (pinned on CUDA)."""
+
+    def host_alloc_size(self, nbytes: int) -> int:
+        """Host bytes that :meth:`alloc_host` really reserves for a request of ``nbytes``."""
+        return nbytes
+
+    @abstractmethod
+    def alloc_device(self, nbytes: int, device: torch.device, stream: Stream) -> torch.Tensor:
+        """A flat uint8 device buffer owned by ``stream`` (its memory is reused only in
+        ``stream``'s order)."""
+
+    @abstractmethod
+    def record_stream(self, tensor: torch.Tensor, stream: Stream) -> None:
+        """Tell the allocator that ``stream`` uses ``tensor``: no reuse before it is done."""
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Block the host until every stream this backend knows of is idle."""
+
+    def check(self) -> None:
+        """Raise the first error a side stream recorded since the last call (if any)."""
+        return None
+
+    def close(self) -> None:
+        """Synchronize and drop side streams; the backend can be used again afterwards."""
+        self.synchronize()
+
+    def canonical_device(self, device: torch.device) -> torch.device:
+        """``device`` with its index filled in, as tensors report it."""
+        return device
+
+    @abstractmethod
+    def validate(self, tensor: torch.Tensor) -> None:
+        """Raise ``ValueError`` if ``tensor`` is not a device tensor of this backend."""
+
+
+# --------------------------------------------------------------------------- CUDA
+
+
+class CudaBackend(Backend):
+    """Real CUDA streams, events and pinned memory (torch 2.5+ public APIs)."""
+
+    name = "cuda"
+
+    def __init__(self) -> None:
+        self._streams: list[torch.cuda.Stream] = []
+        self._devices: set[int] = set()
+
+    def current_stream(self, device: torch.device) -> torch.cuda.Stream:
+        return torch.cuda.current_stream(device)
+
+    def new_stream(self, device: torch.device) -> torch.cuda.Stream:
+        stream = torch.cuda.Stream(device=device)
+        self._streams.append(stream)
+        self._devices.add(stream.device.index if stream.device.index is not None else 0)
+        return stream
+
+    def record_event(self, stream: torch.cuda.Stream, timing: bool = False) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=timing)
+        event.record(stream)
+        return event
+
+    def wait_event(self, stream: torch.cuda.Stream, event: torch.cuda.Event) -> None:
+        stream.wait_event(event)
+
+    def query(self, event: torch.cuda.Event) -> bool:
+        return bool(event.query())
+
+    def elapsed_seconds(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+        return float(start.elapsed_time(end)) / 1000.0
+
+    def copy_async(self, dst: torch.Tensor, src: torch.Tensor, stream: torch.cuda.Stream) -> None:
+        # The caller looked up the compute stream before this context is entered.
+        with torch.cuda.stream(stream):
+            dst.copy_(src, non_blocking=True)
+
+    def alloc_host(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def host_alloc_size(self, nbytes: int) -> int:
+        # torch's caching host allocator rounds pinned requests up to a power of two
+        # (pytorch #95823). Asking for the rounded size makes the whole block usable and
+        # keeps the pool's accounting equal to what is really pinned.
+        return 1 << max(0, nbytes - 1).bit_length()
+
+    def alloc_device(
+        self, nbytes: int, device: torch.device, stream: torch.cuda.Stream
+    ) -> torch.Tensor:
+        with torch.cuda.stream(stream):
+            return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    def record_stream(self, tensor: torch.Tensor, stream: torch.cuda.Stream) -> None:
+        tensor.record_stream(stream)
+
+    def synchronize(self) -> None:
+        for index in sorted(self._devices):
+            torch.cuda.synchronize(index)
+
+    def close(self) -> None:
+        used = bool(self._devices)
+        self.synchronize()
+        self._streams.clear()
+        self._devices.clear()
+        # Dropped slabs go back to torch's pinned cache, which keeps them pinned; hand
+        # them back to the OS too. Private API (CUDA builds, torch 2.5+), hence the guard;
+        # it also releases other idle cached pinned blocks of this process.
+        empty_host_cache = getattr(torch._C, "_host_emptyCache", None)
+        if used and empty_host_cache is not None:
+            empty_host_cache()
+
+    def canonical_device(self, device: torch.device) -> torch.device:
+        if device.index is None:
+            return torch.device(device.type, torch.cuda.current_device())
+        return device
+
+    def validate(self, tensor: torch.Tensor) -> None:
+        if tensor.device.type != "cuda":
+            raise ValueError(
+                f"offrecomp: the cuda backend moves cuda tensors; got one on {tensor.device}"
+            )
+
+
+# ----------------------------------------------------------------------- emulated
+
+_GARBAGE = 0xFF  # bytes of a fresh buffer: NaN for every float dtype
+_HOST_WAIT_TIMEOUT_S = 300.0  # a host wait this long means a stream can never reach the event
+
+
+def _keep_until_run(tensor: torch.Tensor) -> None:
+    del tensor
+
+
+class _EmuEvent:
+    __slots__ = ("done", "stamp")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.stamp = 0.0
+
+    def fire(self) -> None:
+        self.stamp = time.perf_counter()
+        self.done.set()
+
+
+def _host_wait(event: _EmuEvent) -> None:
+    if not event.done.wait(_HOST_WAIT_TIMEOUT_S):
+        raise RuntimeError(
+            f"offrecomp: emulated event not reached after {_HOST_WAIT_TIMEOUT_S:.0f} s; "
+            "its stream was closed or is blocked"
+        )
+
+
+class _EmuStream:
+    """The host thread (``worker is None``) or a worker thread draining a FIFO queue."""
+
+    def __init__(self, label: str, backend: EmulatedBackend | None) -> None:
+        self.label = label
+        self.jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self.worker: threading.Thread | None = None
+        if backend is not None:
+            self.worker = threading.Thread(
+                target=backend._drain, args=(self,), name=f"offrecomp-{label}", daemon=True
+            )
+            self.worker.start()
+
+    @property
+    def is_compute(self) -> bool:
+        return self.worker is None
+
+    def __repr__(self) -> str:
+        return f"<emulated stream {self.label}>"
+
+
+class EmulatedBackend(Backend):
+    """Host emulation of CUDA streams for machines without a GPU.
+
+    - The compute stream is the calling thread: work "enqueued" on it runs at once, events
+      recorded on it are complete, and ``wait_event(compute, e)`` blocks the host until
+      ``e`` fired (that time is what the engine reports as stall).
+    - Each side stream is a daemon worker thread running copies, waits and event records
+      in FIFO order. ``copy_delay_s`` (read when a copy is enqueued) sleeps before each
+      copy so a test can make copies slow on purpose.
+    - :meth:`alloc_device` and :meth:`alloc_host` return buffers full of 0xFF bytes, so a
+      read that skipped its wait sees NaNs rather than plausible data.
+    - A queued copy holds its *source* only through a weak reference. A source that died
+      before the copy ran models device memory reused before the copy landed; the error
+      is recorded and raised by the next :meth:`check`. Destinations are held strongly:
+      on CUDA they are allocated on (or owned by) the copying stream, so their reuse is
+      already ordered after the copy.
+    """
+
+    name = "emulated"
+
+    def __init__(self, copy_delay_s: float = 0.0) -> None:
+        self.copy_delay_s = copy_delay_s
+        self._compute = _EmuStream("compute", None)
+        self._workers: list[_EmuStream] = []
+        self._errors: list[str] = []
+        self._lock = threading.Lock()
+
+    # -- worker side
+    def _drain(self, stream: _EmuStream) -> None:
+        while True:
+            job = stream.jobs.get()
+            if job is None:
+                return
+            try:
+                job()
+            except Exception as exc:  # a broken job must not kill the stream
+                self._error(f"{stream.label}: {type(exc).__name__}: {exc}")
+
+    def _error(self, message: str) -> None:
+        with self._lock:
+            self._errors.append(message)
+
+    def _enqueue(self, stream: _EmuStream, job: Callable[[], None]) -> None:
+        if stream.worker is not None and not stream.worker.is_alive():
+            raise RuntimeError(f"offrecomp: emulated stream {stream.label} was closed")
+        stream.jobs.put(job)
+
+    # -- interface
+    def current_stream(self, device: torch.device) -> _EmuStream:
+        return self._compute
+
+    def new_stream(self, device: torch.device) -> _EmuStream:
+        stream = _EmuStream(f"side{len(self._workers)}", self)
+        self._workers.append(stream)
+        return stream
+
+    def record_event(self, stream: _EmuStream, timing: bool = False) -> _EmuEvent:
+        event = _EmuEvent()
+        if stream.is_compute:
+            event.fire()
+        else:
+            self._enqueue(stream, event.fire)
+        return event
+
+    def wait_event(self, stream: _EmuStream, event: _EmuEvent) -> None:
+        if stream.is_compute:
+            _host_wait(event)
+        else:
+            self._enqueue(stream, functools.partial(_host_wait, event))
+
+    def query(self, event: _EmuEvent) -> bool:
+        return event.done.is_set()
+
+    def elapsed_seconds(self, start: _EmuEvent, end: _EmuEvent) -> float:
+        if not (start.done.is_set() and end.done.is_set()):
+            raise RuntimeError("offrecomp: elapsed time of an event that has not completed")
+        return max(0.0, end.stamp - start.stamp)
+
+    def copy_async(self, dst: torch.Tensor, src: torch.Tensor, stream: _EmuStream) -> None:
+        if stream.is_compute:
+            dst.copy_(src)
+            return
+        delay = self.copy_delay_s
+        src_ref = weakref.ref(src)
+        nbytes = src.numel() * src.element_size()
+
+        def copy() -> None:
+            if delay > 0:
+                time.sleep(delay)
+            source = src_ref()
+            if source is None:
+                raise RuntimeError(
+                    f"copy source ({nbytes} bytes) was freed before its copy ran: device "
+                    "memory would have been reused under an in-flight copy"
+                )
+            dst.copy_(source)
+
+        self._enqueue(stream, copy)
+
+    def alloc_host(self, nbytes: int) -> torch.Tensor:
+        return torch.full((nbytes,), _GARBAGE, dtype=torch.uint8)
+
+    def alloc_device(self, nbytes: int, device: torch.device, stream: _EmuStream) -> torch.Tensor:
+        return torch.full((nbytes,), _GARBAGE, dtype=torch.uint8)
+
+    def record_stream(self, tensor: torch.Tensor, stream: _EmuStream) -> None:
+        if not stream.is_compute:
+            # Keep the tensor alive until the stream reaches this point.
+            self._enqueue(stream, functools.partial(_keep_until_run, tensor))
+
+    def synchronize(self) -> None:
+        for stream in self._workers:
+            if stream.worker is not None and stream.worker.is_alive():
+                _host_wait(self.record_event(stream))
+
+    def check(self) -> None:
+        with self._lock:
+            if not self._errors:
+                return
+            errors, self._errors = self._errors, []
+        raise RuntimeError(
+            "offrecomp: an asynchronous copy failed (" + "; ".join(errors) + "). A missing "
+            "ordering edge or buffer lifetime bug in the offload engine"
+        )
+
+    def close(self) -> None:
+        self.synchronize()
+        workers, self._workers = self._workers, []
+        for stream in workers:
+            stream.jobs.put(None)
+        for stream in workers:
+            assert stream.worker is not None
+            stream.worker.join(timeout=5.0)
+
+    def validate(self, tensor: torch.Tensor) -> None:
+        if tensor.device.type != "cpu":
+            raise ValueError(
+                f"offrecomp: the emulated backend moves cpu tensors; got one on {tensor.device}"
+            )
+
+
+def get_backend(device: torch.device | str) -> Backend:
+    """The backend for ``device``: :class:`CudaBackend` for cuda, emulated for cpu.
+
+    Creating a backend does not touch the device; streams appear on first use.
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return CudaBackend()
+    if dev.type == "cpu":
+        return EmulatedBackend()
+    raise ValueError(f"offrecomp: no offload backend for device {dev}; accepted: cuda, cpu")

@@ -1,0 +1,277 @@
+"""Pinned host pool: a few large slabs carved by a first-fit free list.
+
+Per-tensor ``cudaHostAlloc`` is slow and synchronises the device (torchtune #2076), and
+torch's caching host allocator rounds every request up to a power of two (pytorch
+#95823). The pool pins a handful of slabs (``slab_bytes`` each, or one request if it is
+larger), carves them with 512-byte alignment and no rounding beyond that, coalesces
+neighbours on free, and keeps the slabs across steps. Nothing is pinned until the first
+allocation.
+
+The pool never reserves more than ``limit_bytes`` and refuses a new slab when the host is
+short of memory (``pressure_bytes`` of available memory must remain) or after pinning
+failed once (WSL caps pinned memory at 1-2 GB and reports it as a misleading CUDA OOM).
+A refused allocation returns ``None``: the caller keeps or recomputes instead.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+import psutil
+import torch
+
+from offrecomp.backends import Backend
+
+__all__ = ["ALIGN_BYTES", "Block", "PinnedPool", "PoolStats", "default_host_limit",
+           "default_pressure_bytes"]
+
+logger = logging.getLogger(__name__)
+
+ALIGN_BYTES = 512
+HOST_SHARE = 0.5
+"""Share of the host's available memory that the pools of one node may pin together."""
+
+FailureReason = Literal["full", "pressure", "pin_failed"]
+
+
+def _align(nbytes: int) -> int:
+    return (nbytes + ALIGN_BYTES - 1) // ALIGN_BYTES * ALIGN_BYTES
+
+
+def _local_world_size() -> int:
+    raw = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    if not raw:
+        return 1
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"LOCAL_WORLD_SIZE={raw!r} is invalid; accepted: an integer >= 1")
+    return value
+
+
+def default_host_limit(local_world_size: int | None = None) -> int:
+    """A safe pinned-memory limit for one rank: half of the host's available memory,
+    shared by the ranks on this node (``LOCAL_WORLD_SIZE``, default 1)."""
+    ranks = _local_world_size() if local_world_size is None else local_world_size
+    if ranks < 1:
+        raise ValueError(f"local_world_size={ranks!r} is invalid; accepted: an integer >= 1")
+    return int(psutil.virtual_memory().available * HOST_SHARE) // ranks
+
+
+def default_pressure_bytes() -> int:
+    """Available host memory that must remain after a new slab: max(2 GiB, 5% of RAM)."""
+    return max(2 << 30, int(psutil.virtual_memory().total * 0.05))
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    reserved_bytes: int
+    """Host bytes held in slabs (pinned on CUDA)."""
+    in_use_bytes: int
+    """Bytes carved out of the slabs right now (aligned sizes)."""
+    high_water_bytes: int
+    """Most bytes in use at once since the last :meth:`PinnedPool.reset_high_water`."""
+    slabs: int
+    allocs: int
+    """Successful allocations, all time."""
+    failures: int
+    """Refused allocations, all time."""
+
+
+class Block:
+    """One carved range of a slab. ``view`` is the flat uint8 host tensor of ``nbytes``."""
+
+    __slots__ = ("freed", "generation", "nbytes", "offset", "size", "slab", "view")
+
+    def __init__(
+        self, slab: int, offset: int, size: int, nbytes: int, view: torch.Tensor, generation: int
+    ) -> None:
+        self.slab = slab
+        self.generation = generation
+        self.offset = offset
+        self.size = size
+        self.nbytes = nbytes
+        self.view = view
+        self.freed = False
+
+    def __repr__(self) -> str:
+        return f"Block(slab={self.slab}, offset={self.offset}, size={self.size})"
+
+
+class _Slab:
+    __slots__ = ("free", "size", "tensor")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.size = tensor.numel()
+        self.free: list[tuple[int, int]] = [(0, self.size)]  # (offset, size), sorted
+
+
+class PinnedPool:
+    """First-fit pool of host slabs allocated through ``backend.alloc_host``.
+
+    Not thread-safe on its own: the engine serialises calls.
+    """
+
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        limit_bytes: int,
+        slab_bytes: int = 64 << 20,
+        pressure_bytes: int | None = None,
+    ) -> None:
+        if limit_bytes < 0:
+            raise ValueError(f"limit_bytes={limit_bytes!r} is invalid; it must be >= 0")
+        if slab_bytes < ALIGN_BYTES:
+            raise ValueError(f"slab_bytes={slab_bytes!r} is invalid; it must be >= {ALIGN_BYTES}")
+        self._backend = backend
+        self.limit_bytes = limit_bytes
+        self.slab_bytes = slab_bytes
+        self.pressure_bytes = default_pressure_bytes() if pressure_bytes is None else pressure_bytes
+        self._slabs: list[_Slab] = []
+        self._reserved = 0
+        self._in_use = 0
+        self._high_water = 0
+        self._allocs = 0
+        self._failures = 0
+        self._pin_disabled = False
+        self._warned: set[str] = set()
+        self._generation = 0  # bumped by close(): blocks from before are stale
+        self.last_failure: FailureReason | None = None
+        """Why the last refused :meth:`alloc` was refused."""
+
+    # ------------------------------------------------------------------ carving
+
+    def alloc(self, nbytes: int) -> Block | None:
+        """A block of at least ``nbytes``; ``None`` when the pool cannot serve it."""
+        if nbytes <= 0:
+            raise ValueError(f"nbytes={nbytes!r} is invalid; it must be > 0")
+        size = _align(nbytes)
+        for index, slab in enumerate(self._slabs):
+            block = self._carve(index, slab, size, nbytes)
+            if block is not None:
+                return block
+        new = self._grow(size)
+        if new is None:
+            self._failures += 1
+            return None
+        block = self._carve(new, self._slabs[new], size, nbytes)
+        assert block is not None  # a new slab is at least `size` bytes
+        return block
+
+    def _carve(self, index: int, slab: _Slab, size: int, nbytes: int) -> Block | None:
+        for i, (offset, free) in enumerate(slab.free):
+            if free < size:
+                continue
+            if free == size:
+                del slab.free[i]
+            else:
+                slab.free[i] = (offset + size, free - size)
+            self._in_use += size
+            self._high_water = max(self._high_water, self._in_use)
+            self._allocs += 1
+            view = slab.tensor[offset : offset + nbytes]
+            return Block(index, offset, size, nbytes, view, self._generation)
+        return None
+
+    def free(self, block: Block) -> None:
+        """Return ``block``; neighbouring free ranges merge into one."""
+        if block.freed:
+            raise RuntimeError(f"offrecomp: {block!r} was freed twice")
+        if block.generation != self._generation:
+            raise RuntimeError(f"offrecomp: {block!r} does not belong to this pool (closed?)")
+        block.freed = True
+        free = self._slabs[block.slab].free
+        offset, size = block.offset, block.size
+        i = bisect.bisect_left(free, (offset, 0))
+        if i < len(free) and offset + size == free[i][0]:  # merge with the next range
+            size += free[i][1]
+            del free[i]
+        if i > 0 and free[i - 1][0] + free[i - 1][1] == offset:  # and with the previous one
+            offset, size = free[i - 1][0], free[i - 1][1] + size
+            i -= 1
+            del free[i]
+        free.insert(i, (offset, size))
+        self._in_use -= block.size
+
+    # ------------------------------------------------------------------ growing
+
+    def _grow(self, need: int) -> int | None:
+        remaining = self.limit_bytes - self._reserved
+        size = None
+        for want in (max(need, min(self.slab_bytes, remaining)), need):
+            granted = self._backend.host_alloc_size(want)
+            if granted <= remaining:
+                size = granted
+                break
+        if size is None:
+            self._refuse("full", None)
+            return None
+        if self._pin_disabled:
+            self._refuse("pin_failed", None)
+            return None
+        available = psutil.virtual_memory().available
+        if available - size < self.pressure_bytes:
+            self._refuse(
+                "pressure",
+                f"offrecomp: host memory is short ({available / 2**30:.2f} GiB available, "
+                f"{self.pressure_bytes / 2**30:.2f} GiB must remain); the pinned pool stops "
+                f"growing at {self._reserved / 2**20:.0f} MiB",
+            )
+            return None
+        try:
+            tensor = self._backend.alloc_host(size)
+        except RuntimeError as exc:
+            self._pin_disabled = True
+            self._refuse(
+                "pin_failed",
+                f"offrecomp: pinning {size / 2**20:.0f} MiB of host memory failed ({exc}); the "
+                "pool keeps its slabs and stops growing. Lower OFFRECOMP_HOST_LIMIT to silence "
+                "this",
+            )
+            return None
+        self._slabs.append(_Slab(tensor))
+        self._reserved += size
+        logger.debug("pinned pool: new slab of %d bytes (%d reserved)", size, self._reserved)
+        return len(self._slabs) - 1
+
+    def _refuse(self, reason: FailureReason, message: str | None) -> None:
+        self.last_failure = reason
+        if message is not None and reason not in self._warned:
+            self._warned.add(reason)
+            logger.warning(message)
+
+    # ------------------------------------------------------------------ stats
+
+    def stats(self) -> PoolStats:
+        return PoolStats(
+            reserved_bytes=self._reserved,
+            in_use_bytes=self._in_use,
+            high_water_bytes=self._high_water,
+            slabs=len(self._slabs),
+            allocs=self._allocs,
+            failures=self._failures,
+        )
+
+    def reset_high_water(self) -> None:
+        self._high_water = self._in_use
+
+    def free_ranges(self) -> list[list[tuple[int, int]]]:
+        """Each slab's free ``(offset, size)`` ranges, for tests and debugging."""
+        return [list(slab.free) for slab in self._slabs]
+
+    def close(self) -> None:
+        """Drop every slab. Blocks still out become invalid; the pool can grow again."""
+        self._slabs.clear()
+        self._generation += 1
+        self._reserved = 0
+        self._in_use = 0
+        self._high_water = 0
+        self._pin_disabled = False

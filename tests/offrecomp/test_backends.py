@@ -1,0 +1,185 @@
+"""Backends: selection, import hygiene, and the emulated backend's stream semantics."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from offrecomp.backends import CudaBackend, EmulatedBackend, get_backend
+
+
+def test_get_backend_picks_by_device_type() -> None:
+    assert isinstance(get_backend("cpu"), EmulatedBackend)
+    assert isinstance(get_backend(torch.device("cuda", 0)), CudaBackend)
+    assert get_backend("cuda").name == "cuda"
+    with pytest.raises(ValueError, match="accepted: cuda, cpu"):
+        get_backend("meta")
+
+
+def test_import_and_construction_do_not_touch_cuda() -> None:
+    # Every torch.cuda entry point that would initialise CUDA, create a stream or pin
+    # memory raises; importing the modules, building a CUDA backend and an engine on it
+    # must not reach any of them.
+    script = textwrap.dedent(
+        """
+        import torch
+
+        def boom(*args, **kwargs):
+            raise AssertionError("CUDA touched")
+
+        for name in ("init", "_lazy_init", "current_stream", "synchronize", "Stream",
+                     "Event", "set_device", "device_count", "is_available"):
+            setattr(torch.cuda, name, boom)
+        real_empty = torch.empty
+
+        def empty(*args, **kwargs):
+            assert not kwargs.get("pin_memory"), "memory pinned"
+            return real_empty(*args, **kwargs)
+
+        torch.empty = empty
+
+        import offrecomp.backends, offrecomp.pool, offrecomp.offload
+        from offrecomp.config import Prefetch
+
+        backend = offrecomp.backends.get_backend("cuda")
+        engine = offrecomp.offload.OffloadEngine(
+            backend=backend, host_limit_bytes=1 << 30, prefetch=Prefetch(regions=1)
+        )
+        assert not torch.cuda.is_initialized()
+        print("ok")
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_cuda_host_alloc_size_matches_the_caching_host_allocator() -> None:
+    backend = CudaBackend()
+    assert backend.host_alloc_size(64 << 20) == 64 << 20
+    assert backend.host_alloc_size((64 << 20) + 1) == 128 << 20
+    assert backend.host_alloc_size(3 << 20) == 4 << 20
+    assert backend.host_alloc_size(1) == 1
+
+
+@pytest.fixture()
+def emu() -> Iterator[EmulatedBackend]:
+    backend = EmulatedBackend()
+    yield backend
+    backend.close()
+
+
+def test_compute_stream_is_the_host(emu: EmulatedBackend) -> None:
+    compute = emu.current_stream(torch.device("cpu"))
+    event = emu.record_event(compute)
+    assert emu.query(event)
+    dst, src = torch.zeros(8, dtype=torch.uint8), torch.arange(8, dtype=torch.uint8)
+    emu.copy_async(dst, src, compute)
+    assert torch.equal(dst, src)
+
+
+def test_side_stream_runs_in_order_and_waits_on_events(emu: EmulatedBackend) -> None:
+    cpu = torch.device("cpu")
+    a, b = emu.new_stream(cpu), emu.new_stream(cpu)
+    gate_open = emu.record_event(a)  # a is idle: fires almost at once
+    emu.synchronize()
+    assert emu.query(gate_open)
+
+    # b waits on an event that a reaches only after a slow copy.
+    emu.copy_delay_s = 0.2
+    src = torch.arange(64, dtype=torch.uint8)
+    mid = torch.zeros(64, dtype=torch.uint8)
+    emu.copy_async(mid, src, a)
+    landed = emu.record_event(a)
+    emu.copy_delay_s = 0.0
+    out = torch.zeros(64, dtype=torch.uint8)
+    emu.wait_event(b, landed)
+    emu.copy_async(out, mid, b)
+    done = emu.record_event(b)
+    assert not emu.query(landed) and not emu.query(done)
+    emu.wait_event(emu.current_stream(cpu), done)  # the host blocks
+    assert torch.equal(out, src)
+    assert emu.elapsed_seconds(gate_open, landed) >= 0.15
+
+
+def test_dead_copy_source_is_recorded_and_raised(emu: EmulatedBackend) -> None:
+    side = emu.new_stream(torch.device("cpu"))
+    emu.copy_delay_s = 0.1
+    src = torch.ones(16, dtype=torch.uint8)
+    dst = torch.zeros(16, dtype=torch.uint8)
+    emu.copy_async(dst, src, side)
+    del src  # the only reference: like device memory freed under an in-flight copy
+    emu.synchronize()
+    with pytest.raises(RuntimeError, match="freed before its copy ran"):
+        emu.check()
+    emu.check()  # the error is reported once
+
+
+def test_fresh_buffers_are_garbage(emu: EmulatedBackend) -> None:
+    cpu = torch.device("cpu")
+    buf = emu.alloc_device(32, cpu, emu.new_stream(cpu))
+    assert torch.isnan(buf.view(torch.float32)).all()
+    assert bool((emu.alloc_host(32) == 0xFF).all())
+
+
+def test_record_stream_keeps_tensor_until_stream_reaches_it(emu: EmulatedBackend) -> None:
+    side = emu.new_stream(torch.device("cpu"))
+    emu.copy_delay_s = 0.1
+    src = torch.ones(4, dtype=torch.uint8)
+    emu.copy_async(torch.zeros(4, dtype=torch.uint8), src, side)  # keeps `side` busy
+    t = torch.ones(4, dtype=torch.uint8)
+    ref = weakref.ref(t)
+    emu.record_stream(t, side)
+    del t
+    assert ref() is not None
+    emu.synchronize()
+    assert ref() is None
+    emu.check()
+
+
+def test_close_stops_workers_and_backend_is_reusable() -> None:
+    emu = EmulatedBackend()
+    side = emu.new_stream(torch.device("cpu"))
+    assert side.worker is not None and side.worker.daemon
+    emu.close()
+    assert not side.worker.is_alive()
+    with pytest.raises(RuntimeError, match="closed"):
+        emu.record_event(side)
+    emu.close()  # idempotent
+    again = emu.new_stream(torch.device("cpu"))
+    assert emu.query(emu.record_event(again)) in (True, False)
+    emu.close()
+    assert again.worker is not None and not again.worker.is_alive()
+    assert again.worker not in threading.enumerate()
+
+
+def test_emulated_validates_device() -> None:
+    with pytest.raises(ValueError, match="cpu tensors"):
+        EmulatedBackend().validate(torch.empty(4, device="meta"))
+
+
+def test_host_wait_is_measurable(emu: EmulatedBackend) -> None:
+    cpu = torch.device("cpu")
+    side = emu.new_stream(cpu)
+    compute = emu.current_stream(cpu)
+    emu.copy_delay_s = 0.1
+    src = torch.ones(4, dtype=torch.uint8)
+    emu.copy_async(torch.zeros(4, dtype=torch.uint8), src, side)
+    landed = emu.record_event(side)
+    before = emu.record_event(compute, timing=True)
+    t0 = time.perf_counter()
+    emu.wait_event(compute, landed)
+    after = emu.record_event(compute, timing=True)
+    waited = time.perf_counter() - t0
+    assert emu.elapsed_seconds(before, after) == pytest.approx(waited, abs=0.02)
+    assert waited >= 0.08

@@ -1,0 +1,125 @@
+"""Config: every variable parsed in one place; bad values name the variable and the forms."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import offrecomp
+from offrecomp.config import ENV_VARS, Budget, Config, Prefetch, format_bytes, parse_bytes
+
+
+def test_defaults_without_environment() -> None:
+    cfg = Config.resolve({}, environ={})
+    assert cfg.mode == "auto" and cfg.budget is None and not cfg.disable
+    assert all(src == "default" for k, src in cfg.sources.items() if k != "regions")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("0", 0), ("512", 512), ("1KiB", 1024), ("1.5GB", 1_500_000_000), ("24GiB", 24 << 30),
+     ("2 MiB", 2 << 20), ("3m", 3 << 20), (" 7 ", 7)],
+)
+def test_parse_bytes(text: str, expected: int) -> None:
+    assert parse_bytes(text, name="X") == expected
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "field", "expected"),
+    [
+        ("OFFRECOMP_MODE", "RECOMPUTE", "mode", "recompute"),
+        ("OFFRECOMP_BUDGET", "40GiB", "budget", Budget(nbytes=40 << 30)),
+        ("OFFRECOMP_BUDGET", "70%", "budget", Budget(fraction=0.7)),
+        ("OFFRECOMP_BUDGET", "auto", "budget", None),
+        ("OFFRECOMP_HOST_LIMIT", "50%", "host_limit", Budget(fraction=0.5)),
+        ("OFFRECOMP_MIN_BYTES", "1MiB", "min_bytes", 1 << 20),
+        ("OFFRECOMP_PREFETCH", "3", "prefetch", Prefetch(regions=3)),
+        ("OFFRECOMP_PREFETCH", "256MiB", "prefetch", Prefetch(nbytes=256 << 20)),
+        ("OFFRECOMP_REPORT", "run.jsonl", "report_path", "run.jsonl"),
+        ("OFFRECOMP_VERIFY", "yes", "verify", True),
+        ("OFFRECOMP_LOG", "info", "log_level", "INFO"),
+        ("OFFRECOMP_MAX_OVERHEAD", "0.05", "max_overhead", 0.05),
+        ("OFFRECOMP_PROFILE", "p.json", "profile_path", "p.json"),
+        ("OFFRECOMP_D2H_GBPS", "50", "d2h_gbps", 50.0),
+        ("OFFRECOMP_H2D_GBPS", "25.5", "h2d_gbps", 25.5),
+        ("OFFRECOMP_BUDGET_MARGIN", "0.1", "budget_margin", 0.1),
+        ("OFFRECOMP_INFEASIBLE", "error", "infeasible", "error"),
+        ("OFFRECOMP_DRIFT", "0.5", "drift", 0.5),
+        ("OFFRECOMP_PLAN_CACHE", "4", "plan_cache_size", 4),
+        ("OFFRECOMP_DISABLE", "1", "disable", True),
+    ],
+)
+def test_each_variable(var: str, value: str, field: str, expected: object) -> None:
+    cfg = Config.resolve({}, environ={var: value})
+    assert getattr(cfg, field) == expected
+    assert cfg.sources[field] == "env"
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "accepted"),
+    [
+        ("OFFRECOMP_MODE", "fast", "auto, keep, offload, recompute, off"),
+        ("OFFRECOMP_BUDGET", "lots", "percentage"),
+        ("OFFRECOMP_BUDGET", "150%", "(0%, 100%]"),
+        ("OFFRECOMP_BUDGET", "-5", "byte count"),
+        ("OFFRECOMP_HOST_LIMIT", "12 parsecs", "unit"),
+        ("OFFRECOMP_MIN_BYTES", "1.5.2", "unit"),
+        ("OFFRECOMP_PREFETCH", "0", "number of regions"),
+        ("OFFRECOMP_VERIFY", "maybe", "true, false"),
+        ("OFFRECOMP_LOG", "LOUD", "DEBUG, INFO"),
+        ("OFFRECOMP_MAX_OVERHEAD", "-1", "fraction"),
+        ("OFFRECOMP_D2H_GBPS", "0", "positive"),
+        ("OFFRECOMP_INFEASIBLE", "ignore", "warn, error"),
+        ("OFFRECOMP_PLAN_CACHE", "0", ">= 1"),
+        ("OFFRECOMP_DISABLE", "2", "1, 0"),
+    ],
+)
+def test_bad_values_name_variable_value_and_forms(var: str, value: str, accepted: str) -> None:
+    with pytest.raises(ValueError) as err:
+        Config.resolve({}, environ={var: value})
+    msg = str(err.value)
+    assert var in msg and repr(value) in msg and accepted in msg
+
+
+def test_argument_beats_environment() -> None:
+    cfg = Config.resolve({"mode": "keep", "budget": "1GiB"}, environ={"OFFRECOMP_MODE": "recompute",
+                                                                      "OFFRECOMP_BUDGET": "2GiB"})
+    assert cfg.mode == "keep" and cfg.budget == Budget(nbytes=1 << 30)
+    assert cfg.sources["mode"] == "argument"
+
+
+def test_disable_always_wins() -> None:
+    cfg = Config.resolve({"disable": False, "mode": "recompute"}, environ={"OFFRECOMP_DISABLE": "1"})
+    assert cfg.disable and not cfg.active
+
+
+def test_bad_argument_names_the_argument() -> None:
+    with pytest.raises(ValueError, match=r"mode='quick'.*accepted: auto, keep"):
+        offrecomp.runtime(None, mode="quick")
+    with pytest.raises(ValueError, match="budget="):
+        offrecomp.runtime(None, budget="a lot")
+    with pytest.raises(TypeError, match=r"unknown offrecomp option.*budgett"):
+        offrecomp.runtime(None, budgett="1GiB")
+
+
+def test_every_env_var_is_documented() -> None:
+    import pathlib
+
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "tuning.md").read_text()
+    missing = [v for v in ENV_VARS if v not in text]
+    assert not missing, f"undocumented in docs/tuning.md: {missing}"
+
+
+def test_config_fields_are_frozen() -> None:
+    """A change of the public knobs shows up here, in review."""
+    assert [f.name for f in dataclasses.fields(Config)] == [
+        "disable", "mode", "budget", "host_limit", "min_bytes", "prefetch", "report_path",
+        "verify", "log_level", "max_overhead", "profile_path", "d2h_gbps", "h2d_gbps",
+        "budget_margin", "infeasible", "drift", "plan_cache_size", "regions", "sources",
+    ]
+
+
+def test_format_bytes() -> None:
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(3 << 30) == "3.00 GiB"

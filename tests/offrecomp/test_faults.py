@@ -1,0 +1,119 @@
+"""Invariant 4: leaving the context by exception removes every hook; the next step is right."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import offrecomp
+from offrecomp import _torch_compat as tc
+from tests.helpers import assert_bitwise, make, train, twin
+
+
+class Boom(Exception):
+    pass
+
+
+class Exploding(nn.Module):
+    """Wraps a model; raises in forward (inside block 1) or in backward when armed."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.arm: str | None = None
+        blk = inner.blocks[1]
+        orig = blk.forward
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            y = orig(x)
+            if self.arm == "forward":
+                raise Boom("in forward")
+            if self.arm == "interrupt":
+                raise KeyboardInterrupt
+            if self.arm == "backward":
+                y.register_hook(self._explode)
+            return y
+
+        blk.forward = forward
+
+    @staticmethod
+    def _explode(grad: torch.Tensor) -> torch.Tensor:
+        raise Boom("in backward")
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.inner(idx)
+
+
+@pytest.mark.parametrize("where", ["forward", "backward", "interrupt"])
+@pytest.mark.parametrize("mode", ["recompute", "offload", "keep", "auto"])
+def test_exception_removes_hooks_and_next_step_is_correct(where: str, mode: str) -> None:
+    model, batch = make("gpt_dropout")
+    ref = train(twin(model), batch, steps=2)
+    m = Exploding(twin(model))
+    rt = offrecomp.runtime(m, mode=mode, min_bytes=0)
+    m.arm = where
+    exc_type = KeyboardInterrupt if where == "interrupt" else Boom
+    loss = None
+    with pytest.raises(exc_type), rt:
+        loss = m(batch(0))
+        loss.backward()
+    assert tc.top_saved_tensors_hooks() is None
+    assert rt._engine is None or rt._engine_tickets >= 0
+    del loss
+    m.zero_grad(set_to_none=True)  # a backward that raised may have left partial grads
+    m.arm = None
+    got = train(m, batch, rt, steps=2)  # the same runtime, entered again
+    assert_bitwise(ref, [{k.replace("inner.", ""): v for k, v in s.items()} for s in got])
+    assert tc.top_saved_tensors_hooks() is None
+    assert rt._engine is None  # the pool is gone once nothing needs it
+
+
+def test_graph_kept_past_exit_still_backprops() -> None:
+    model, batch = make("gpt_dropout")
+    ref_m = twin(model)
+    torch.manual_seed(0)
+    ref_m(batch(0)).backward()
+    m = twin(model)
+    with offrecomp.runtime(m, mode="offload", min_bytes=0) as rt:
+        torch.manual_seed(0)
+        loss = m(batch(0))
+    assert tc.top_saved_tensors_hooks() is None
+    assert rt._engine is not None  # tickets still referenced by the graph
+    loss.backward()
+    del loss
+    assert rt._engine is None
+    for (n, p), q in zip(ref_m.named_parameters(), m.parameters()):
+        assert torch.equal(p.grad, q.grad), n
+
+
+def test_runtimes_must_not_nest() -> None:
+    model, _ = make("gpt_dropout")
+    a = offrecomp.runtime(model, mode="keep")
+    b = offrecomp.runtime(twin(model), mode="keep")
+    with a:
+        with pytest.raises(RuntimeError, match="must not nest"), b:
+            pass
+        with pytest.raises(RuntimeError, match="already active"), a:
+            pass
+    assert tc.top_saved_tensors_hooks() is None
+
+
+def test_disable_env_makes_runtime_a_noop(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OFFRECOMP_DISABLE", "1")
+    model, batch = make("gpt_dropout")
+    rt = offrecomp.runtime(model, mode="recompute")  # the argument loses to DISABLE
+    assert rt.config.disable and not rt.config.active
+    with rt:
+        assert tc.top_saved_tensors_hooks() is None
+        assert "forward" not in model.blocks[0].__dict__
+        model(batch(0)).backward()
+    assert rt.report().steps == []
+
+
+def test_mode_off_installs_nothing() -> None:
+    model, batch = make("gpt_dropout")
+    with offrecomp.runtime(model, mode="off") as rt:
+        assert tc.top_saved_tensors_hooks() is None
+        model(batch(0)).backward()
+    assert rt.report().steps == []

@@ -1,0 +1,364 @@
+"""The offload engine on a real GPU: data, races made visible with torch.cuda._sleep,
+bandwidth against a raw pinned copy, and peak memory under the stash window.
+
+Each race test delays one stream with ``_torch_compat.cuda_sleep`` so that a missing ordering
+edge corrupts the result, checks the engine gets it right, then removes exactly that
+edge and checks the corruption appears (so the test is known to guard the edge).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from offrecomp._torch_compat import cuda_sleep
+from offrecomp.backends import CudaBackend
+from offrecomp.config import Prefetch
+from offrecomp.offload import Edge, OffloadEngine, Ticket
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+DELAY_MS = 60.0  # how long a delayed stream sleeps: far longer than any copy here
+
+
+@functools.lru_cache(maxsize=1)
+def cycles_per_ms() -> float:
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cuda_sleep(1_000_000)  # warm the clocks up
+    start.record()
+    cuda_sleep(20_000_000)
+    end.record()
+    end.synchronize()
+    return 20_000_000 / start.elapsed_time(end)
+
+
+def delay(stream: torch.cuda.Stream | None = None, ms: float = DELAY_MS) -> None:
+    """Enqueue a sleep on ``stream`` (the current stream by default)."""
+    cycles = int(cycles_per_ms() * ms)
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        cuda_sleep(cycles)
+
+
+def flat_of(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def make_engine(**kwargs: Any) -> OffloadEngine:
+    options: dict[str, Any] = {
+        "backend": CudaBackend(), "host_limit_bytes": 2 * GiB, "prefetch": Prefetch(regions=1),
+        "window_bytes": 256 * MiB, "slab_bytes": 64 * MiB, "host_pressure_bytes": 0,
+    }
+    options.update(kwargs)
+    return OffloadEngine(**options)
+
+
+@contextlib.contextmanager
+def engine_ctx(**kwargs: Any) -> Iterator[OffloadEngine]:
+    eng = make_engine(**kwargs)
+    try:
+        yield eng
+    finally:
+        eng.close()
+        torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def without_edge(engine: OffloadEngine, edge: Edge) -> Iterator[None]:
+    original = engine._wait_edge
+
+    def patched(name: Edge, stream: Any, event: Any) -> None:
+        if name != edge:
+            original(name, stream, event)
+
+    setattr(engine, "_wait_edge", patched)  # noqa: B010 (an instance attribute shadows the method)
+    try:
+        yield
+    finally:
+        del engine._wait_edge
+
+
+DEV = torch.device("cuda")
+N = 8 * MiB
+
+
+def warm(eng: OffloadEngine, value: int = 1) -> None:
+    """Create the streams, pin a slab and warm the H2D stream's allocator, so that a race
+    scenario runs no pinning or cudaMalloc (either may synchronize the device). The slot
+    used here, left holding ``value``, is the one the next offload gets (first fit)."""
+    ticket = eng.offload(flat_of(torch.full((N,), value, dtype=torch.uint8, device=DEV)),
+                         group=-1)
+    assert ticket is not None
+    eng.fetch(ticket)
+    eng.release_device(ticket)
+    eng.synchronize()
+    eng.free(ticket)
+    eng.synchronize()
+    eng.end_step()
+
+
+def test_round_trip_bitwise() -> None:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    tensors = [
+        torch.randn(1000, 257, device=DEV, generator=gen),
+        torch.randn(4096, 1024, device=DEV, generator=gen).to(torch.bfloat16),
+        torch.randint(0, 255, (12_345,), device=DEV, dtype=torch.uint8, generator=gen),
+        torch.randn(3, device=DEV, generator=gen, dtype=torch.float64),
+        torch.randn(8 * MiB // 4, device=DEV, generator=gen),
+    ]
+    expected = [t.clone() for t in tensors]
+    with engine_ctx(prefetch=Prefetch(regions=2)) as eng:
+        tickets = [eng.offload(flat_of(t), group=i) for i, t in enumerate(tensors)]
+        del tensors
+        eng.begin_backward()
+        for want, ticket in reversed(list(zip(expected, tickets))):
+            assert ticket is not None
+            buf = eng.fetch(ticket)
+            got = buf.view(want.dtype).view(want.shape)  # how the caller rebuilds its view
+            assert torch.equal(got, want)
+            eng.release_device(ticket)
+            eng.free(ticket)
+        eng.synchronize()
+        stats = eng.end_step()
+        assert stats.backend == "cuda" and stats.reloads == 5 and stats.live_tickets == 0
+        assert stats.bytes_d2h == stats.bytes_h2d == sum(w.untyped_storage().nbytes() for w in expected)
+        assert stats.d2h_gbps is not None and stats.h2d_gbps is not None
+
+
+def host_seconds(fn: Any) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def produce_then_offload(eng: OffloadEngine) -> torch.Tensor:
+    warm(eng, value=1)
+    x = torch.full((N,), 1, dtype=torch.uint8, device=DEV)
+    torch.cuda.synchronize()
+    delay()  # the producer is still queued when the hook runs
+    x.fill_(2)
+    ticket, seconds = host_seconds(lambda: eng.offload(flat_of(x), group=0))
+    assert seconds < DELAY_MS / 1000 / 2, "offload waited on the device"
+    assert ticket is not None
+    eng.synchronize()
+    return eng.fetch(ticket).clone()
+
+
+def test_d2h_waits_on_the_producer() -> None:
+    with engine_ctx() as eng:
+        assert bool((produce_then_offload(eng) == 2).all())
+    with engine_ctx() as eng, without_edge(eng, "d2h_after_produce"):
+        assert bool((produce_then_offload(eng) == 1).all())  # copied before the producer ran
+
+
+def test_producer_on_a_user_stream() -> None:
+    # Inside `with torch.cuda.stream(s)` the producer is s: the engine must look it up live.
+    user = torch.cuda.Stream()
+    with engine_ctx() as eng:
+        warm(eng)
+        with torch.cuda.stream(user):
+            x = torch.full((N,), 1, dtype=torch.uint8, device=DEV)
+            delay()
+            x.fill_(3)
+            ticket = eng.offload(flat_of(x), group=1)
+        assert ticket is not None
+        eng.synchronize()
+        assert bool((eng.fetch(ticket) == 3).all())
+
+
+def reload_before_offload_landed(eng: OffloadEngine) -> torch.Tensor:
+    warm(eng, value=7)  # the slot the next offload gets holds 7s
+    d2h, _ = eng.copy_streams(DEV)
+    x = torch.full((N,), 3, dtype=torch.uint8, device=DEV)
+    delay(d2h)  # the D2H copy is late
+    ticket = eng.offload(flat_of(x), group=1)
+    assert ticket is not None
+    buf, seconds = host_seconds(lambda: eng.fetch(ticket))
+    assert seconds < DELAY_MS / 1000 / 2, "fetch waited on the device"
+    out = buf.clone()
+    torch.cuda.synchronize()
+    return out
+
+
+def test_h2d_waits_on_its_own_d2h() -> None:
+    with engine_ctx() as eng:
+        assert bool((reload_before_offload_landed(eng) == 3).all())
+    with engine_ctx() as eng, without_edge(eng, "h2d_after_d2h"):
+        assert bool((reload_before_offload_landed(eng) == 7).all())  # stale slot
+
+
+def read_during_slow_reload(eng: OffloadEngine) -> torch.Tensor:
+    warm(eng)
+    ticket = eng.offload(flat_of(torch.full((N,), 4, dtype=torch.uint8, device=DEV)), group=0)
+    assert ticket is not None
+    eng.synchronize()
+    _, h2d = eng.copy_streams(DEV)
+    torch.cuda.empty_cache()
+    with torch.cuda.stream(h2d):  # leave a block of poison in the H2D stream's pool
+        poison = torch.full((N,), 0xEE, dtype=torch.uint8, device=DEV)
+    torch.cuda.synchronize()
+    del poison
+    delay(h2d)  # the H2D copy is late
+    out = eng.fetch(ticket).clone()  # the caller reads at once
+    torch.cuda.synchronize()
+    return out
+
+
+def test_compute_waits_on_h2d() -> None:
+    with engine_ctx() as eng:
+        assert bool((read_during_slow_reload(eng) == 4).all())
+        stats = eng.end_step()
+        assert stats.stall_seconds >= DELAY_MS / 1000 * 0.5  # measured by timing events
+    with engine_ctx() as eng, without_edge(eng, "compute_after_h2d"):
+        assert not bool((read_during_slow_reload(eng) == 4).all())
+
+
+def reuse_source_memory(eng: OffloadEngine, *, backward: bool) -> torch.Tensor:
+    warm(eng)
+    d2h, _ = eng.copy_streams(DEV)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # x's block is then the only cached block that y can reuse
+    x = torch.full((N,), 5, dtype=torch.uint8, device=DEV)
+    torch.cuda.synchronize()
+    delay(d2h)  # the D2H copy is late
+    ticket = eng.offload(flat_of(x), group=0)
+    assert ticket is not None
+    if backward:
+        eng.begin_backward()
+    del x  # the caller's last reference: the block may now be reused on this stream
+    y = torch.empty(N, dtype=torch.uint8, device=DEV)
+    y.fill_(9)
+    eng.synchronize()
+    return eng.fetch(ticket).clone()
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["window", "begin_backward"])
+def test_source_outlives_its_copy(backward: bool) -> None:
+    window = 256 * MiB if backward else 0
+    with engine_ctx(window_bytes=window) as eng:
+        assert bool((reuse_source_memory(eng, backward=backward) == 5).all())
+    with engine_ctx(window_bytes=window) as eng, without_edge(eng, "compute_after_d2h"):
+        assert bool((reuse_source_memory(eng, backward=backward) == 9).all())
+
+
+def timed(fn: Any, reps: int = 3) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def test_bandwidth_close_to_raw_pinned_copy() -> None:
+    count, size = 32, 8 * MiB  # 256 MiB in all
+    srcs = [torch.randint(0, 255, (size,), dtype=torch.uint8, device=DEV) for _ in range(count)]
+    host = torch.empty(count * size, dtype=torch.uint8, pin_memory=True)
+    dsts = [torch.empty(size, dtype=torch.uint8, device=DEV) for _ in range(count)]
+    side = torch.cuda.Stream()
+
+    def raw_d2h() -> None:
+        with torch.cuda.stream(side):
+            for i, s in enumerate(srcs):
+                host[i * size : (i + 1) * size].copy_(s, non_blocking=True)
+
+    def raw_h2d() -> None:
+        with torch.cuda.stream(side):
+            for i, d in enumerate(dsts):
+                d.copy_(host[i * size : (i + 1) * size], non_blocking=True)
+
+    raw_d2h_s, raw_h2d_s = timed(raw_d2h), timed(raw_h2d)
+
+    with engine_ctx(host_limit_bytes=1 * GiB, window_bytes=1 * GiB,
+                    prefetch=Prefetch(nbytes=512 * MiB)) as eng:
+        tickets: list[Ticket] = []
+
+        def engine_d2h() -> None:
+            for t in tickets:
+                eng.free(t)
+            tickets.clear()
+            eng.synchronize()
+            eng.end_step()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for i, s in enumerate(srcs):
+                ticket = eng.offload(flat_of(s), group=i)
+                assert ticket is not None
+                tickets.append(ticket)
+            eng.synchronize()
+            times.append(time.perf_counter() - t0)
+
+        def engine_h2d() -> None:
+            for t in tickets:
+                eng.release_device(t)
+            eng.synchronize()
+            t0 = time.perf_counter()
+            for t in reversed(tickets):
+                eng.fetch(t)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+
+        times: list[float] = []
+        for _ in range(3):  # the first round pins the slabs
+            engine_d2h()
+        eng_d2h_s = min(times[1:])
+        times = []
+        for _ in range(3):
+            engine_h2d()
+        eng_h2d_s = min(times)
+        eng.synchronize()
+        stats = eng.end_step()
+        for i, t in enumerate(tickets):  # the data survived the benchmark
+            assert torch.equal(eng.fetch(t), srcs[i])
+
+    total = count * size
+    report = (f"raw D2H {total / raw_d2h_s / 1e9:.1f} GB/s, engine {total / eng_d2h_s / 1e9:.1f}; "
+              f"raw H2D {total / raw_h2d_s / 1e9:.1f} GB/s, engine {total / eng_h2d_s / 1e9:.1f}; "
+              f"event-timed engine H2D {stats.h2d_gbps}")
+    print(report)
+    assert raw_d2h_s / eng_d2h_s >= 0.8, report
+    assert raw_h2d_s / eng_h2d_s >= 0.8, report
+
+
+def test_peak_memory_bounded_by_window() -> None:
+    window, count = 64 * MiB, 48
+    with engine_ctx(window_bytes=window) as eng:
+        first = [eng.offload(flat_of(torch.ones(N, dtype=torch.uint8, device=DEV)), group=-1)
+                 for _ in range(count)]  # create the streams and pin every slab up front
+        eng.synchronize()
+        for w in first:
+            assert w is not None
+            eng.free(w)
+        eng.synchronize()
+        eng.end_step()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        d2h, _ = eng.copy_streams(DEV)
+        delay(d2h, ms=20)  # copies start late: the stash must fill and hit the window
+        tickets: list[Ticket | None] = []
+        for i in range(count):
+            x = torch.empty(N, dtype=torch.uint8, device=DEV).fill_(i)
+            tickets.append(eng.offload(flat_of(x), group=i))
+            del x
+        peak = torch.cuda.max_memory_allocated() - base
+        stats = eng.end_step()
+        assert stats.window_waits > 0
+        assert peak <= window + N, f"peak {peak / MiB:.0f} MiB > window + one tensor"
+        eng.begin_backward()
+        for i in (0, count // 2, count - 1):
+            ticket = tickets[i]
+            assert ticket is not None
+            assert bool((eng.fetch(ticket) == i).all())

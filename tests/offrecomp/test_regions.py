@@ -1,0 +1,81 @@
+"""Region discovery and selection."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import offrecomp
+from offrecomp.regions import discover_regions
+from tests import models
+
+
+def test_repeated_children_of_modulelist_and_sequential() -> None:
+    gpt = models.GPT(layers=3)
+    assert [r.name for r in discover_regions(gpt, None)] == ["blocks.0", "blocks.1", "blocks.2"]
+    cnn = models.CNN()
+    assert [r.name for r in discover_regions(cnn, None)] == [f"features.{i}" for i in range(4)]
+
+
+def test_regions_never_nest_and_shared_module_is_one_region() -> None:
+    shared = models.SharedModel()
+    names = [r.name for r in discover_regions(shared, None)]
+    assert names == ["blocks.0", "blocks.1"]
+    inner = nn.Sequential(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)), nn.Sequential(nn.Linear(2, 2)))
+    assert [r.name for r in discover_regions(inner, None)] == ["0", "1"]
+
+
+def test_regions_by_type_and_by_filter() -> None:
+    gpt = models.GPT(layers=2)
+    by_type = discover_regions(gpt, [nn.LayerNorm])
+    assert [r.name for r in by_type] == ["blocks.0.ln1", "blocks.0.ln2", "blocks.1.ln1", "blocks.1.ln2", "ln"]
+    by_fn = discover_regions(gpt, lambda m, name: name.endswith("fc1"))
+    assert [r.name for r in by_fn] == ["blocks.0.fc1", "blocks.1.fc1"]
+
+
+def test_explicit_regions_matching_nothing_is_an_error() -> None:
+    with pytest.raises(ValueError, match="matched no module"):
+        offrecomp.runtime(models.GPT(), regions=[nn.Conv3d])
+
+
+def test_bad_regions_argument() -> None:
+    with pytest.raises(TypeError, match="regions="):
+        offrecomp.runtime(models.GPT(), regions=[1, 2])
+    with pytest.raises(TypeError, match="raised"):
+        offrecomp.runtime(models.GPT(), regions=lambda m, n: 1 / 0)
+
+
+def test_model_without_repeated_blocks_warns_and_still_trains(caplog: pytest.LogCaptureFixture) -> None:
+    class Mlp(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up = nn.Linear(8, 16)
+            self.down = nn.Linear(16, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.down(torch.relu(self.up(x)))
+
+    model = Mlp()
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        rt = offrecomp.runtime(model, mode="recompute", min_bytes=0)
+    assert "no repeated blocks" in caplog.text
+    x = torch.randn(4, 8)
+    with rt:
+        model(x).sum().backward()
+    step = rt.report().steps[0]
+    assert step.recomputed_bytes == 0 and step.kept_bytes > 0  # root saves are kept
+
+
+def test_user_filter_regions_train_bitwise() -> None:
+    from tests.helpers import assert_bitwise, make, train, twin
+
+    model, batch = make("gpt_dropout")
+    ref = train(twin(model), batch)
+    m = twin(model)
+    rt = offrecomp.runtime(m, mode="recompute", min_bytes=0, regions=lambda mod, name: name.endswith(("fc1", "ln2")))
+    got = train(m, batch, rt)
+    assert_bitwise(ref, got)
+    assert rt.regions == ["blocks.0.ln2", "blocks.0.fc1", "blocks.1.ln2", "blocks.1.fc1", "blocks.2.ln2", "blocks.2.fc1"]

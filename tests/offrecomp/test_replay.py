@@ -1,0 +1,196 @@
+"""Replay: cheap partial recompute, divergence and in-place detection, verification."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import offrecomp
+from offrecomp import Placement, Plan
+from tests import models
+from tests.helpers import twin
+
+
+def _gpt() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return models.GPT(layers=3, h=32, heads=4, p=0.0), torch.randint(0, 64, (2, 32))
+
+
+class MatmulFlops(TorchDispatchMode):
+    """Counts matmul and attention FLOPs (an independent count, not the runtime's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        name = func.__name__
+        if name.startswith(("mm", "addmm", "bmm")):
+            a, b = args[-2], args[-1]
+            self.flops += 2 * a.numel() * b.shape[-1]
+        elif "scaled_dot_product" in name:
+            q, k = args[0], args[1]
+            self.flops += 4 * q.numel() * k.shape[-2]
+        return out
+
+
+def _backward_flops(model: nn.Module, idx: torch.Tensor) -> int:
+    loss = model(idx)
+    with MatmulFlops() as fc:
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    return fc.flops
+
+
+def _storage_of(rt: offrecomp.Runtime, region: str, op: str) -> list[int]:
+    entry = next(iter(rt._planner.entries.values()))
+    st = entry.structures[(region, 0)]
+    return [
+        i
+        for i, s in enumerate(st.storage_records)
+        if s.producer_op >= 0 and op in st.op_names[s.producer_op] and s.kind == "activation"
+    ]
+
+
+def test_dropping_a_late_cheap_tensor_costs_that_op_only() -> None:
+    """GELU output dropped, everything else kept: replay runs GELU and no matmul."""
+    model, idx = _gpt()
+    plain = _backward_flops(twin(model), idx)
+    m = twin(model)
+    with offrecomp.runtime(m, mode="auto", min_bytes=0) as rt:
+        full = _backward_flops(m, idx)  # measuring pass: full recompute
+        gelu = _storage_of(rt, "blocks.1", "gelu")
+        assert len(gelu) == 1
+        rt.set_plan(
+            Plan(
+                placements={(f"blocks.{b}", 0, gelu[0]): Placement.RECOMPUTE for b in range(3)},
+                default=Placement.KEEP,
+                plan_id="gelu",
+            )
+        )
+        partial = _backward_flops(m, idx)
+    steps = rt.report().steps
+    assert steps[-1].replays == 3
+    assert steps[-1].rerun_ops == 3  # one GELU per block, nothing else computed
+    assert steps[-1].served_ops > 20
+    assert partial == plain  # no matmul or attention recomputed
+    assert full > plain * 1.2  # full recompute reruns every block's matmuls
+
+
+def test_dropping_norm_output_reruns_the_norm_only() -> None:
+    model, idx = _gpt()
+    plain = _backward_flops(twin(model), idx)
+    m = twin(model)
+    with offrecomp.runtime(m, mode="auto", min_bytes=0) as rt:
+        _backward_flops(m, idx)
+        lns = _storage_of(rt, "blocks.0", "native_layer_norm")
+        big = [i for i in lns if rt._planner.entries[next(iter(rt._planner.entries))].structures[("blocks.0", 0)].storage_records[i].nbytes >= 4096]
+        assert len(big) == 2
+        rt.set_plan(
+            Plan(
+                placements={(f"blocks.{b}", 0, i): Placement.RECOMPUTE for b in range(3) for i in big},
+                default=Placement.KEEP,
+            )
+        )
+        partial = _backward_flops(m, idx)
+    assert partial == plain
+    assert rt.report().steps[-1].rerun_ops == 6  # two layer norms per block
+
+
+def test_partial_plans_keep_gradients_bitwise() -> None:
+    model, idx = _gpt()
+    ref = twin(model)
+    ref(idx).backward()
+    m = twin(model)
+    with offrecomp.runtime(m, mode="auto", min_bytes=0) as rt:
+        m(idx).backward()
+        m.zero_grad(set_to_none=True)
+        n = len(rt._planner.entries[next(iter(rt._planner.entries))].structures[("blocks.0", 0)].storage_records)
+        for start in range(1, 4):
+            rt.set_plan(
+                Plan(
+                    placements={(f"blocks.{b}", 0, i): Placement.RECOMPUTE for b in range(3) for i in range(start, n, 3)},
+                    default=Placement.KEEP,
+                )
+            )
+            m(idx).backward()
+            for (name, p), q in zip(ref.named_parameters(), m.parameters()):
+                assert torch.equal(p.grad, q.grad), (start, name)
+            m.zero_grad(set_to_none=True)
+
+
+class Flaky(nn.Module):
+    """Its forward depends on a Python flag that changes between forward and backward."""
+
+    flag = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x) * (1.0 if Flaky.flag else 2.0)
+        return y.sin()
+
+
+def _flaky_model() -> nn.Module:
+    return nn.Sequential(Flaky(), Flaky())
+
+
+@pytest.mark.parametrize("mode", ["auto", "verify"])
+def test_nondeterministic_region_is_detected(mode: str) -> None:
+    torch.manual_seed(0)
+    m = _flaky_model()
+    x = torch.randn(4, 16, requires_grad=True)
+    kw = {"mode": "auto"} if mode == "auto" else {"mode": "recompute", "verify": True}
+    with offrecomp.runtime(m, min_bytes=0, **kw) as rt:
+        Flaky.flag = True
+        m(x).sum().backward()  # measuring pass (auto) / a normal step
+        rt.set_plan(Plan(default=Placement.RECOMPUTE))  # drop everything from now on
+        Flaky.flag = True
+        loss = m(x).sum()
+        Flaky.flag = False
+        try:
+            with pytest.raises(RuntimeError, match=r"region '1'|region '0'"):
+                loss.backward()
+        finally:
+            Flaky.flag = True
+
+
+@pytest.mark.parametrize("mode", ["keep", "recompute", "offload"])
+def test_inplace_after_save_is_an_error(mode: str) -> None:
+    class Exp(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.exp(x * 1.0)  # exp saves its result
+
+    m = nn.Sequential(Exp(), Exp())
+    x = torch.randn(64, 64, requires_grad=True)
+    with offrecomp.runtime(m, mode=mode, min_bytes=0):
+        y = m(x)
+        with torch.no_grad():
+            y.add_(1.0)  # modifies the tensor exp saved in region '1'
+        with pytest.raises(RuntimeError, match=r"modified by an in-place operation.*|region '1'"):
+            y.sum().backward()
+
+
+def test_region_input_modified_after_region_is_an_error() -> None:
+    class Lin(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(32, 32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(self.lin(x))
+
+    m = nn.ModuleList([Lin(), Lin()])
+    x = torch.randn(8, 32)
+    with offrecomp.runtime(m, mode="recompute", min_bytes=0):
+        h = x.clone().requires_grad_(False)
+        h2 = m[0](h)
+        out = m[1](h2 * 1.0)
+        h.mul_(2.0)  # the input the first region holds for its replay
+        with pytest.raises(RuntimeError, match="input 0 of region '0' was modified in place"):
+            (out.sum() + h2.sum()).backward()
