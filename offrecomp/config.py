@@ -399,6 +399,23 @@ _FIELD_PARSERS: dict[str, tuple[str, Callable[..., Any]]] = {
 ENV_VARS: tuple[str, ...] = tuple(var for var, _ in _FIELD_PARSERS.values())
 
 
+def local_world_size(environ: Mapping[str, str] | None = None) -> int:
+    """Ranks sharing this node: ``LOCAL_WORLD_SIZE`` as torchrun sets it (default 1)."""
+    env = os.environ if environ is None else environ
+    raw = env.get("LOCAL_WORLD_SIZE", "").strip()
+    if not raw:
+        return 1
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(
+            f"LOCAL_WORLD_SIZE={raw!r} is invalid; accepted: an integer >= 1 (torchrun sets it)"
+        )
+    return value
+
+
 def apply_log_level(cfg: Config) -> None:
     if cfg.log_level is not None:
         logging.getLogger("offrecomp").setLevel(cfg.log_level)

@@ -52,12 +52,16 @@ KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUT
 class _Plain:
     """Handle of a tensor saved as is (NOTE [What is never placed])."""
 
-    __slots__ = ("t", "version", "where")
+    __slots__ = ("call", "t", "version")
 
-    def __init__(self, t: torch.Tensor, where: str) -> None:
+    def __init__(self, t: torch.Tensor, call: RegionCall | None) -> None:
         self.t = t
-        self.version = int(t._version)
-        self.where = where
+        self.version = t._version
+        self.call = call
+
+    @property
+    def where(self) -> str:
+        return "backward" if self.call is None else _where(self.call)
 
 
 def flat_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -89,14 +93,17 @@ class Placer:
     # ------------------------------------------------------------------- pack
 
     def pack(self, t: torch.Tensor) -> Any:
-        with internal():
-            return self._pack(t)
+        if self.rt._recording:
+            # The op recorder is active: ops issued here are ours, not the region's.
+            with internal():
+                return self._pack(t)
+        return self._pack(t)
 
     def _pack(self, t: torch.Tensor) -> Any:
         rt = self.rt
         if tc.current_graph_task_id() != -1:
             # Saved while backward runs (create_graph / double backward): not a forward.
-            return _Plain(t, "backward")
+            return _Plain(t, None)
         p = rt._forward_activity()
         call = rt._current_call(p)
         p.stats.saved_tensors += 1
@@ -112,16 +119,17 @@ class Placer:
             or t.is_quantized
             or t.is_complex()
         ):
-            return _Plain(t, _where(call))
+            return _Plain(t, call)
         base = t._base
         if base is not None and isinstance(base, nn.Parameter):
-            return _Plain(t, _where(call))
+            return _Plain(t, call)
         storage = t.untyped_storage()
         nbytes = storage.nbytes()
         ptr = storage.data_ptr()
-        if nbytes == 0 or (call.region is not None and ptr in rt._buffer_ptrs(call.region)):
-            return _Plain(t, _where(call))
-        rec = call.by_ptr.get((t.device, ptr))
+        region = call.region
+        if nbytes == 0 or (region is not None and region.buffers and ptr in rt._buffer_ptrs(region)):
+            return _Plain(t, call)
+        rec = call.by_ptr.get(ptr)
         if rec is None or rec.storage_ref() is not storage:
             # NOTE: a data pointer is only an identity while its allocation lives; the
             # storage object (preserved by torch while the allocation lives) decides.
@@ -153,7 +161,7 @@ class Placer:
         rec.on_release = self._release
         rec.storage_ref = weakref.ref(storage)
         call.storages.append(rec)
-        call.by_ptr[(t.device, ptr)] = rec
+        call.by_ptr[ptr] = rec
         p.stats.storages += 1
         self._apply(p, call, rec, t)
         return rec
@@ -163,7 +171,7 @@ class Placer:
         if rec.placement == OFFLOAD:
             ticket = self.rt._offload(flat_bytes(t), call)
             if ticket is None:
-                legal_drop = not call.is_root and rec.kind == "activation"
+                legal_drop = call.inputs is not None and rec.kind == "activation"
                 rec.placement = RECOMPUTE if legal_drop else KEEP
                 p.stats.fallback("offload_to_recompute" if legal_drop else "offload_to_keep")
             else:
@@ -185,7 +193,7 @@ class Placer:
             return None
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
-        rec = call.by_ptr.get((t.device, ptr))
+        rec = call.by_ptr.get(ptr)
         if rec is not None and rec.storage_ref() is storage:
             return rec
         nbytes = storage.nbytes()
@@ -200,7 +208,7 @@ class Placer:
         if call.recorder is not None:
             rec.sid = call.recorder.storage_id(t, known=True)
         call.storages.append(rec)
-        call.by_ptr[(t.device, ptr)] = rec
+        call.by_ptr[ptr] = rec
         p.stats.storages += 1
         p.stats.input_bytes += nbytes
         if placement == OFFLOAD:
@@ -233,6 +241,8 @@ class Placer:
         stats = rec.call.pass_state.stats if rec.call.pass_state is not None else None
         if rec.tensor is not None and stats is not None:
             stats.add_resident(-rec.nbytes)
+        if rec.fetch_buf is not None and rec.ticket is not None:
+            self.rt._release_device(rec)
         rec.tensor = None
         rec.fetch_buf = None
         if rec.ticket is not None:
@@ -255,10 +265,6 @@ class Placer:
     # ----------------------------------------------------------------- unpack
 
     def unpack(self, h: Any) -> torch.Tensor:
-        with internal():
-            return self._unpack(h)
-
-    def _unpack(self, h: Any) -> torch.Tensor:
         if isinstance(h, _Plain):
             if int(h.t._version) != h.version:
                 raise _modified_error(h.where, -1, h.version, int(h.t._version))
@@ -285,7 +291,7 @@ class Placer:
     def _unpack_offloaded(self, h: SavedHandle, rec: StorageRec) -> torch.Tensor:
         if rec.fetch_buf is None:
             assert rec.ticket is not None
-            rec.fetch_buf = self.rt._fetch(rec.ticket)
+            rec.fetch_buf = self.rt._fetch(rec)
             rec.fetch_uses = 0
         t = h.rebuild(rec.fetch_buf)
         rec.fetch_uses += 1
@@ -293,7 +299,7 @@ class Placer:
             # Every live save of this storage has its tensor; autograd keeps them alive
             # as long as it needs them. A later backward (retain_graph) fetches again.
             assert rec.ticket is not None
-            self.rt._release_device(rec.ticket)
+            self.rt._release_device(rec)
             rec.fetch_buf = None
         return t
 
@@ -329,6 +335,8 @@ class Placer:
         kept = [r.placement == KEEP and r.tensor is not None for r in call.storages]
         storage_tensors = {r.index: r.tensor for r in call.storages if kept[r.index] and r.tensor is not None}
         structure = call.structure if not call.mismatch else None
+        if structure is not None and structure.opaque:
+            structure = None  # replay the forward as it is, under no dispatch mode
         storage_of_save: dict[int, int] = {}
         for i in needed:
             h = call.dropped[i]()
@@ -347,6 +355,9 @@ class Placer:
                     call, needed, inputs=inputs, program=program, storage_tensors=storage_tensors
                 )
                 break
+            except torch.OutOfMemoryError:
+                rt._on_oom(call.pass_state)
+                raise
             except ReplayDivergedError as exc:
                 if structure is not None and program is not None and PLACEHOLDER in program:
                     structure.placeholders_ok = False
@@ -376,14 +387,14 @@ class Placer:
             rec, meta = call.offloaded_inputs[i]
             if rec.fetch_buf is None:
                 assert rec.ticket is not None
-                rec.fetch_buf = self.rt._fetch(rec.ticket)
+                rec.fetch_buf = self.rt._fetch(rec)
             size, stride, offset, dtype = meta
             x = torch.empty(0, dtype=dtype, device=rec.fetch_buf.device)
             x.set_(rec.fetch_buf.untyped_storage(), offset, size, stride)
             out.append(x)
         for rec, _ in call.offloaded_inputs.values():
             if rec.ticket is not None and rec.fetch_buf is not None and rec.handles == 0:
-                self.rt._release_device(rec.ticket)
+                self.rt._release_device(rec)
                 rec.fetch_buf = None
         return out
 

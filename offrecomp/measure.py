@@ -9,7 +9,6 @@ capacity without touching the allocator) and ``psutil`` (host).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +17,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Clock", "Mark", "device_capacity_bytes", "host_available_bytes", "local_world_size"]
+__all__ = ["Clock", "Mark", "device_capacity_bytes", "host_available_bytes"]
 
 
 @dataclass
@@ -92,14 +91,3 @@ def host_available_bytes() -> int:
     import psutil
 
     return int(psutil.virtual_memory().available)
-
-
-def local_world_size() -> int:
-    """Ranks sharing this node (torchrun sets LOCAL_WORLD_SIZE)."""
-    raw = os.environ.get("LOCAL_WORLD_SIZE", "1").strip() or "1"
-    try:
-        return max(1, int(raw))
-    except ValueError:
-        raise ValueError(
-            f"LOCAL_WORLD_SIZE={raw!r} is invalid; accepted: a positive integer (set by torchrun)"
-        ) from None

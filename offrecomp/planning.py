@@ -48,9 +48,10 @@ class PlanEntry:
     profile: Profile | None = None
     plan: Plan | None = None
     needs_measure: bool = True
+    needs_solve: bool = False
     drift_strikes: int = 0
-    measured_step_seconds: list[float] = field(default_factory=list)
-    oom: bool = False
+    budget_scale: float = 1.0
+    """Shrinks after a device OOM in a planned step (see ``Planner.on_oom``)."""
 
 
 class Planner:
@@ -58,6 +59,7 @@ class Planner:
         self.rt = rt
         self.entries: OrderedDict[str, PlanEntry] = OrderedDict()
         self.last_entry: PlanEntry | None = None
+        self.opaque_regions: set[str] = set()  # regions whose recording proved untrustworthy
         self._pending: list[tuple[StepRecord, list[PassState]]] = []
 
     # ------------------------------------------------------------ per pass
@@ -70,6 +72,8 @@ class Planner:
             p.plan_id = user.plan_id if user is not None else ""
             return
         entry = self._entry(p.signature)
+        if entry.needs_solve and entry.profile is not None and not entry.needs_measure:
+            self._solve(entry)
         if entry.needs_measure or (entry.plan is None and user is None):
             p.recording = True
             p.phase = "measure"
@@ -121,6 +125,14 @@ class Planner:
             plan.placement((call.name, call.call_index, i)) for i in range(len(structure.storage_records))
         ]
 
+    def needs_capture(self, p: PassState, call: RegionCall) -> bool:
+        """Keep a replay checkpoint for this call? Not when nothing can ever be dropped.
+
+        Under a plan the checkpoint is always taken: region inputs are storages 0..m-1
+        of every call (NOTE [Identity of a saved tensor]), and the plan may place them.
+        """
+        return not (self.rt._user_plan is None and self.rt.config.mode in ("keep", "offload"))
+
     def placement(self, p: PassState, call: RegionCall, index: int, nbytes: int, kind: str) -> Placement:
         placements = call.placements
         if placements is not None:
@@ -138,6 +150,12 @@ class Planner:
                 entry = self.entries.get(p.signature)
                 if entry is not None:
                     entry.needs_measure = True
+                if structure is not None and not structure.opaque:
+                    # What ran unrecorded differs from what was recorded (code that
+                    # behaves differently under a dispatch mode): never trust the
+                    # recording of this region again.
+                    structure.opaque = True
+                    self.opaque_regions.add(call.name)
                 log.info(
                     "offrecomp: region %r call %d differs from its profile (storage %d); "
                     "dropping its activations this pass and measuring again",
@@ -177,6 +195,7 @@ class Planner:
             kinds,
             rec.op_seconds() if not rec._events else [0.0] * len(rec.ops),
             call.start_mark.host if call.start_mark is not None else 0.0,
+            compiled=call.region is not None and (call.region.compiled or call.name in self.opaque_regions),
         )
         call.recorded_ops = rec  # op events are resolved at the end of the pass (CUDA)
         call.saves = []
@@ -304,6 +323,8 @@ class Planner:
         profile = entry.profile
         assert profile is not None
         budget = self.budget_bytes(profile)
+        if budget is not None and entry.budget_scale < 1.0:
+            budget = int(budget * entry.budget_scale)
         allow_offload = profile.device == "cuda" and profile.d2h_gbps > 0 and profile.h2d_gbps > 0
         prefetch = cfg.prefetch.regions or 2
         from scheduler.solver import solve
@@ -318,6 +339,7 @@ class Planner:
         )
         entry.plan = plan
         entry.needs_measure = False
+        entry.needs_solve = False
         entry.drift_strikes = 0
         self.last_entry = entry
         counts = plan.counts()
@@ -334,6 +356,26 @@ class Planner:
             "none" if budget is None else format_bytes(budget),
             format_bytes(plan.predicted_peak_bytes or 0), plan.predicted_step_seconds or 0.0,
             "" if plan.feasible else " (budget NOT met: " + "; ".join(plan.notes) + ")",
+        )
+
+    def on_oom(self, p: PassState | None) -> None:
+        """A device OOM escaped a pass: the next pass of its signature gets a safer plan.
+
+        Each OOM shrinks the signature's budget to 70%; the plan is solved again before
+        the next pass. An OOM in a measuring pass (everything already dropped) can only
+        be helped by a smaller budget for the plan that follows.
+        """
+        if p is None:
+            return
+        entry = self.entries.get(p.signature)
+        if entry is None:
+            return
+        entry.budget_scale *= 0.7
+        entry.needs_solve = entry.profile is not None
+        log.warning(
+            "offrecomp: device out of memory in a %s pass of signature %s; later passes plan "
+            "for %.0f%% of the budget",
+            p.phase or "planned", p.signature, 100 * entry.budget_scale,
         )
 
     # ------------------------------------------------------------- reports
@@ -378,8 +420,6 @@ class Planner:
                 rec.h2d_gbps = float(getattr(o, "h2d_gbps", None) or rec.h2d_gbps)
                 rec.pool_reserved_bytes = int(getattr(o, "pool_reserved_bytes", 0))
                 rec.pool_high_water_bytes = int(getattr(o, "pool_high_water_bytes", 0))
-                peak_extra = int(getattr(o, "peak_device_bytes", 0))
-                rec.peak_activation_bytes = max(rec.peak_activation_bytes, s.peak_resident_bytes + peak_extra)
         rec.recompute_seconds = recompute
         entry = self.entries.get(first.signature)
         if entry is not None and entry.plan is not None and first.planned:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -25,6 +24,7 @@ import psutil
 import torch
 
 from offrecomp.backends import Backend
+from offrecomp.config import local_world_size as config_local_world_size
 
 __all__ = ["ALIGN_BYTES", "Block", "PinnedPool", "PoolStats", "default_host_limit",
            "default_pressure_bytes"]
@@ -42,23 +42,10 @@ def _align(nbytes: int) -> int:
     return (nbytes + ALIGN_BYTES - 1) // ALIGN_BYTES * ALIGN_BYTES
 
 
-def _local_world_size() -> int:
-    raw = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
-    if not raw:
-        return 1
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"LOCAL_WORLD_SIZE={raw!r} is invalid; accepted: an integer >= 1")
-    return value
-
-
 def default_host_limit(local_world_size: int | None = None) -> int:
     """A safe pinned-memory limit for one rank: half of the host's available memory,
     shared by the ranks on this node (``LOCAL_WORLD_SIZE``, default 1)."""
-    ranks = _local_world_size() if local_world_size is None else local_world_size
+    ranks = config_local_world_size() if local_world_size is None else local_world_size
     if ranks < 1:
         raise ValueError(f"local_world_size={ranks!r} is invalid; accepted: an integer >= 1")
     return int(psutil.virtual_memory().available * HOST_SHARE) // ranks

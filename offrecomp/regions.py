@@ -36,6 +36,8 @@ class Region:
     name: str
     module: nn.Module
     buffers: tuple[torch.Tensor, ...]
+    compiled: bool = False
+    """Holds torch.compile'd modules (its op recording cannot be trusted: see trace.py)."""
 
     def __repr__(self) -> str:
         return f"Region({self.name!r}, {type(self.module).__name__})"
@@ -95,13 +97,20 @@ def discover_regions(
         if id(m) in pick:
             if id(m) not in seen:  # a shared module is one region
                 seen.add(id(m))
-                regions.append(Region(prefix or "<model>", m, tuple(m.buffers())))
+                compiled = any(_is_compiled(x) for x in m.modules())
+                regions.append(Region(prefix or "<model>", m, tuple(m.buffers()), compiled))
             return  # regions never nest
         for child_name, child in m.named_children():
             visit(f"{prefix}.{child_name}" if prefix else child_name, child)
 
     visit("", model)
     return regions
+
+
+def _is_compiled(m: nn.Module) -> bool:
+    # By name: importing torch._dynamo to check the class costs seconds.
+    cls = type(m)
+    return cls.__name__ == "OptimizedModule" and cls.__module__.startswith("torch._dynamo")
 
 
 def _pick_repeated_children(model: nn.Module) -> set[int]:

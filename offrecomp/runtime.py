@@ -148,6 +148,7 @@ class Runtime:
         self._engine: Any = None
         self._engine_tickets = 0
         self._signature: str | None = None
+        self._recording = False  # an op recorder is active (measuring pass, inside a region)
         self._report_file: Any = None
         self._lock = threading.RLock()
         if config.active:
@@ -233,6 +234,8 @@ class Runtime:
         try:
             if exc_type is not None and self._pass is not None:
                 self._pass.aborted = True
+                if issubclass(exc_type, torch.OutOfMemoryError):
+                    self._on_oom(self._pass)
             self._finish_pass()
             self._end_step(explicit=False, provisional=not self._saw_optimizer and not self._no_optimizer)
             self._confirm_provisional()
@@ -309,7 +312,12 @@ class Runtime:
                     and tc.current_graph_task_id() == -1
                 ):
                     rt._signature = _signature_of(args, kwargs, module.training)
-                    rt._forward_activity()
+                    p = rt._forward_activity()
+                    try:
+                        return original(*args, **kwargs)
+                    except BaseException as exc:
+                        rt._on_forward_error(p, exc)
+                        raise
                 return original(*args, **kwargs)
 
             return forward
@@ -337,6 +345,9 @@ class Runtime:
                         with call.recorder:
                             return original(*args, **kwargs)
                     return original(*args, **kwargs)
+                except BaseException as exc:
+                    rt._on_forward_error(call.pass_state, exc)
+                    raise
                 finally:
                     rt._exit_region(call)
 
@@ -353,18 +364,29 @@ class Runtime:
         call = RegionCall(name=region.name, call_index=n, ordinal=len(p.calls), region=region, forward_fn=original)
         call.pass_state = p
         p.calls.append(call)
+        self._planner.assign(p, call)
+        if self._device is None:
+            self._device = _first_device(args, kwargs)
+            self._clock = Clock(self._device)
+        if self._planner.needs_capture(p, call):
+            self._capture(p, call, region, args, kwargs)
+        self._stack.calls.append(call)
+        self._recording = call.recorder is not None
+        call.start_mark = self._clock.mark()
+        return call
+
+    def _capture(
+        self, p: PassState, call: RegionCall, region: Region, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        """Keep what a replay of this call needs (see regions.py)."""
         cap = capture_inputs(args, kwargs)
         call.inputs = cap
         devices = cap.devices()
-        if self._device is None and devices:
-            self._device = next(iter(devices))
-            self._clock = Clock(self._device)
         if self._device is not None:
             devices.add(self._device)
         call.rng = capture_rng(devices)
         call.autocast = capture_autocast({d.type for d in devices})
         call.buffers = capture_buffers(region.buffers)
-        self._planner.assign(p, call)
         if p.recording:
             from offrecomp.trace import OpRecorder
 
@@ -379,12 +401,10 @@ class Runtime:
             call.input_recs.append(rec)
             if rec is not None and rec.placement == OFFLOAD and rec.ticket is not None:
                 call.offloaded_inputs[i] = (rec, (tuple(t.shape), tuple(t.stride()), int(t.storage_offset()), t.dtype))
-        self._stack.calls.append(call)
-        call.start_mark = self._clock.mark()
-        return call
 
     def _exit_region(self, call: RegionCall) -> None:
         call.end_mark = self._clock.mark()
+        self._recording = False
         stack = self._stack.calls
         if stack and stack[-1] is call:
             stack.pop()
@@ -427,7 +447,8 @@ class Runtime:
             return frozenset()
         ptrs = set()
         for t in list(self.model.parameters()) + list(self.model.buffers()):
-            if t.layout == torch.strided and t.device.type != "meta":
+            # Sharded parameters (FSDP2's DTensor) have no plain storage: skip them.
+            if type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided and t.device.type != "meta":
                 ptrs.add(int(t.untyped_storage().data_ptr()))
         return frozenset(ptrs)
 
@@ -443,15 +464,15 @@ class Runtime:
         if nbytes < self.config.min_bytes:
             return KEEP
         wanted = self._planner.placement(p, call, index, nbytes, kind)
-        if wanted == RECOMPUTE and (call.is_root or kind != "activation"):
-            return KEEP
+        if wanted == RECOMPUTE and (call.inputs is None or kind != "activation"):
+            return KEEP  # the root, a region input, or a call without a replay checkpoint
         return wanted
 
     # ------------------------------------------------------------ pass cycle
 
     def _forward_activity(self) -> PassState:
         p = self._pass
-        if p is None or p.backward_started:
+        if p is None or p.backward_started or p.aborted:
             if p is not None:
                 self._finish_pass()
             p = self._begin_pass()
@@ -556,6 +577,19 @@ class Runtime:
             self._report_file.write(json.dumps(rec.to_dict()) + "\n")
             self._report_file.flush()
 
+    def _on_forward_error(self, p: PassState | None, exc: BaseException) -> None:
+        """An exception left the forward: the pass is over (the next forward starts anew)."""
+        if p is None:
+            return
+        p.aborted = True
+        if isinstance(exc, torch.OutOfMemoryError):
+            self._on_oom(p)
+
+    def _on_oom(self, p: PassState | None) -> None:
+        if p is not None and not p.oom_seen:
+            p.oom_seen = True
+            self._planner.on_oom(p)
+
     # --------------------------------------------------------- offload side
 
     def _get_engine(self) -> Any:
@@ -571,7 +605,8 @@ class Runtime:
             elif limit.nbytes is not None:
                 host_limit = limit.nbytes
             else:
-                from offrecomp.measure import host_available_bytes, local_world_size
+                from offrecomp.config import local_world_size
+                from offrecomp.measure import host_available_bytes
 
                 host_limit = limit.resolve(host_available_bytes()) // local_world_size()
             self._engine = OffloadEngine(
@@ -581,16 +616,33 @@ class Runtime:
         return self._engine
 
     def _offload(self, flat: torch.Tensor, call: RegionCall) -> Any:
-        ticket = self._get_engine().offload(flat, group=max(call.ordinal, 0))
+        engine = self._get_engine()
+        ticket = engine.offload(flat, group=max(call.ordinal, 0))
         if ticket is not None:
             self._engine_tickets += 1
+            self._sample_peak(call)
         return ticket
 
-    def _fetch(self, ticket: Any) -> torch.Tensor:
-        return self._engine.fetch(ticket)
+    def _fetch(self, rec: Any) -> torch.Tensor:
+        buf = self._engine.fetch(rec.ticket)
+        p = rec.call.pass_state
+        if p is not None:
+            p.stats.add_resident(rec.nbytes)
+        self._sample_peak(rec.call)
+        return buf
 
-    def _release_device(self, ticket: Any) -> None:
-        self._engine.release_device(ticket)
+    def _release_device(self, rec: Any) -> None:
+        self._engine.release_device(rec.ticket)
+        p = rec.call.pass_state
+        if p is not None:
+            p.stats.add_resident(-rec.nbytes)
+
+    def _sample_peak(self, call: RegionCall) -> None:
+        """Offloads in flight and reloads not yet used are device bytes too."""
+        p = call.pass_state
+        engine = self._engine
+        if p is not None and engine is not None:
+            p.stats.sample(engine.stash_bytes + engine.outstanding_reload_bytes)
 
     def _free_ticket(self, ticket: Any) -> None:
         if self._engine is None:
@@ -624,6 +676,15 @@ class Runtime:
         if p is not None and call.replay_resident:
             p.stats.add_resident(-call.replay_resident)
             call.replay_resident = 0
+
+
+def _first_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:
+    from torch.utils._pytree import tree_flatten
+
+    for x in tree_flatten((args, kwargs))[0]:
+        if isinstance(x, torch.Tensor):
+            return x.device
+    return None
 
 
 def _signature_of(args: tuple[Any, ...], kwargs: dict[str, Any], training: bool) -> str:

@@ -153,7 +153,7 @@ class RegionCall:
     placements: list[Placement] | None = None  # planned placement per storage index
     structure: RegionStructure | None = None
     storages: list[StorageRec] = field(default_factory=list)
-    by_ptr: dict[tuple[torch.device, int], StorageRec] = field(default_factory=dict)
+    by_ptr: dict[int, StorageRec] = field(default_factory=dict)  # data_ptr -> storage (checked by identity)
     pack_count: int = 0
     dropped: dict[int, weakref.ref[SavedHandle]] = field(default_factory=dict)
     replayed: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -209,6 +209,11 @@ class PassStats:
         if self.resident_bytes > self.peak_resident_bytes:
             self.peak_resident_bytes = self.resident_bytes
 
+    def sample(self, extra: int) -> None:
+        """Peak check with ``extra`` bytes held elsewhere (the offload engine)."""
+        if self.resident_bytes + extra > self.peak_resident_bytes:
+            self.peak_resident_bytes = self.resident_bytes + extra
+
     def fallback(self, what: str) -> None:
         self.fallbacks[what] = self.fallbacks.get(what, 0) + 1
 
@@ -240,6 +245,7 @@ class PassState:
     backward_end_mark: Any = None
     replay_marks: list[tuple[int, Any, Any]] = field(default_factory=list)
     aborted: bool = False
+    oom_seen: bool = False
     alloc_start: int = 0
     device_peak: int | None = None
     offload_stats: Any = None

@@ -25,6 +25,9 @@ because nothing that runs reads them. View ops always run (they cost nothing and
 Python-level metadata right).
 
 That is only sound when the recording saw all the dataflow. It did not when:
+  * the region holds torch.compile'd modules: under a dispatch mode they run eagerly, so
+    the recording shows other ops (and saves) than the compiled forward runs. Such a
+    region is *opaque* from the start;
   * an op ran with grad disabled inside the grad-enabled region (a custom
     autograd.Function, a compiled graph, a no_grad block): such code may launch kernels
     the dispatcher never sees. The region is *opaque*: replay runs its whole prefix, as
@@ -450,6 +453,8 @@ def build_structure(
     storage_kinds: Sequence[str],
     op_seconds: Sequence[float],
     region_start: float,
+    *,
+    compiled: bool = False,
 ) -> RegionStructure:
     """Combine the op trace with the saves into a ``RegionStructure``.
 
@@ -460,7 +465,7 @@ def build_structure(
     written: set[int] = set()
     for op in rec.ops:
         written.update(op.written_sids)
-    opaque = (not rec.grad_enabled_at_entry) or any(not op.grad_enabled for op in rec.ops)
+    opaque = compiled or (not rec.grad_enabled_at_entry) or any(not op.grad_enabled for op in rec.ops)
 
     creator: dict[int, int] = {}  # sid -> op that allocated it
     producer = [-1] * len(storage_sids)

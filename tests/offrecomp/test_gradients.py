@@ -138,3 +138,32 @@ def test_mixed_placements_in_one_region() -> None:
     assert_bitwise(ref, got)
     last = rt.report().steps[-1]
     assert last.kept_bytes > 0 and last.offloaded_bytes > 0 and last.recomputed_bytes > 0
+
+
+@pytest.mark.parametrize("mode", ["keep", "recompute", "offload"])
+def test_double_backward(mode: str) -> None:
+    """create_graph=True through placed activations (a gradient penalty)."""
+    torch.manual_seed(0)
+
+    class B(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(self.lin(x)) * x
+
+    model = torch.nn.Sequential(B(), B(), B())
+    x = torch.randn(4, 16)
+
+    def run(m: torch.nn.Module) -> list[torch.Tensor]:
+        out = m(x).pow(2).sum()
+        grads = torch.autograd.grad(out, list(m.parameters()), create_graph=True)
+        sum(g.pow(2).sum() for g in grads).backward()
+        return [p.grad.clone() for p in m.parameters()]
+
+    ref = run(twin(model))
+    m = twin(model)
+    with offrecomp.runtime(m, mode=mode, min_bytes=0):
+        got = run(m)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))

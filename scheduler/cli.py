@@ -1,0 +1,362 @@
+"""``plan``: make a plan from a saved profile or a model description, and explain it.
+
+    plan PROFILE.json --budget 20GiB [--d2h-gbps 50] [--h2d-gbps 50] [--max-overhead 0.05] [--json]
+    plan --model layers=80,hidden=8192,heads=64,seq=131072,batch=1 --device-tflops 990 \\
+         --d2h-gbps 50 --h2d-gbps 50 --budget 60GiB
+    plan --model ... --device-tflops 990 --max-overhead 0.05 --min-budget
+
+The runtime exposes it as ``python -m offrecomp plan ...``. Exit status: 0 with a plan
+that meets the budget, 1 when the budget cannot be met, 2 for invalid arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from scheduler.cost_model import predict
+from scheduler.plan import ROOT, Placement, Plan
+from scheduler.profile import Profile
+from scheduler.solver import InfeasibleBudgetError, format_bytes, solve
+from scheduler.whatif import gpt_profile
+
+__all__ = ["main", "parse_bytes", "parse_model"]
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(value: str | int) -> int:
+    """``'20GiB' -> 21474836480``; accepts an int, a number, or a number with a unit
+    (B, KB, MB, GB, TB in powers of 1000; KiB, MiB, GiB, TiB in powers of 1024)."""
+    if isinstance(value, bool):
+        raise TypeError("a byte size must be an int or a string, not a bool")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"byte size {value} is negative; accepted: an int >= 0")
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"a byte size must be an int or a string, got {type(value).__name__}")
+    m = _BYTES_RE.match(value)
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _UNITS:
+        raise ValueError(
+            f"byte size {value!r} is invalid; accepted: an integer or a number with a unit, "
+            "e.g. 20GiB, 512MiB, 1.5GB, 4096 (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+        )
+    n = float(m.group(1)) * _UNITS[unit]
+    if not math.isfinite(n):
+        raise ValueError(f"byte size {value!r} is too large")
+    return round(n)
+
+
+_MODEL_INTS = ("layers", "hidden", "heads", "seq", "batch", "dtype_bytes", "ffn_mult")
+_MODEL_BOOLS = ("fused_attention", "micro_ops", "dropout", "causal")
+_MODEL_FLOATS = ("mfu", "hbm_bytes_per_s")
+_MODEL_REQUIRED = ("layers", "hidden", "heads", "seq", "batch")
+
+
+def parse_model(spec: str) -> dict[str, Any]:
+    """``'layers=80,hidden=8192,...'`` -> keyword arguments of ``gpt_profile``."""
+    out: dict[str, Any] = {}
+    accepted = ", ".join(_MODEL_INTS + _MODEL_BOOLS + _MODEL_FLOATS)
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        key, sep, raw = part.partition("=")
+        key = key.strip().replace("-", "_")
+        raw = raw.strip()
+        if not sep or not raw:
+            raise ValueError(
+                f"model spec item {part!r} is invalid; write key=value, keys: {accepted}"
+            )
+        if key in _MODEL_INTS:
+            try:
+                out[key] = int(raw)
+            except ValueError:
+                raise ValueError(
+                    f"model spec {key}={raw!r} is invalid; accepted: an integer"
+                ) from None
+        elif key in _MODEL_BOOLS:
+            if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError(
+                    f"model spec {key}={raw!r} is invalid; accepted: true, false, 1, 0"
+                )
+            out[key] = raw.lower() in ("1", "true", "yes")
+        elif key in _MODEL_FLOATS:
+            try:
+                out[key] = float(raw)
+            except ValueError:
+                raise ValueError(
+                    f"model spec {key}={raw!r} is invalid; accepted: a number"
+                ) from None
+        else:
+            raise ValueError(f"model spec key {key!r} is unknown; accepted: {accepted}")
+    missing = [k for k in _MODEL_REQUIRED if k not in out]
+    if missing:
+        raise ValueError(
+            f"model spec is missing {', '.join(missing)}; e.g. layers=80,hidden=8192,heads=64,seq=131072,batch=1"
+        )
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="offrecomp", description="offrecomp activation planner")
+    sub = p.add_subparsers(dest="command", required=True)
+    plan = sub.add_parser("plan", help="plan placements for a profile or a model description")
+    plan.add_argument(
+        "profile", nargs="?", help="profile JSON saved by the runtime (OFFRECOMP_PROFILE)"
+    )
+    plan.add_argument(
+        "--model", help="GPT model spec: layers=,hidden=,heads=,seq=,batch= (what-if)"
+    )
+    plan.add_argument(
+        "--budget", help="activation budget: bytes or with a unit (20GiB, 512MiB, 1.5GB)"
+    )
+    plan.add_argument("--max-overhead", type=float, help="accepted step-time overhead, 0.05 = 5%%")
+    plan.add_argument(
+        "--min-budget", action="store_true", help="print the smallest budget within --max-overhead"
+    )
+    plan.add_argument("--d2h-gbps", type=float, help="device-to-host GB/s (overrides the profile)")
+    plan.add_argument("--h2d-gbps", type=float, help="host-to-device GB/s (overrides the profile)")
+    plan.add_argument(
+        "--device-tflops", type=float, help="dense 16-bit TFLOP/s of the device (--model)"
+    )
+    plan.add_argument(
+        "--mfu", type=float, help="model FLOP utilisation of matmuls (--model), default 0.5"
+    )
+    plan.add_argument(
+        "--prefetch-regions", type=int, default=2, help="regions reloads run ahead (default 2)"
+    )
+    plan.add_argument("--no-offload", action="store_true", help="plan with KEEP and RECOMPUTE only")
+    plan.add_argument(
+        "--infeasible",
+        choices=("warn", "error"),
+        default="warn",
+        help="when the budget cannot be met",
+    )
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    return p
+
+
+def _load_profile(args: argparse.Namespace) -> Profile:
+    if (args.profile is None) == (args.model is None):
+        raise ValueError("give either a profile JSON path or --model, not both and not neither")
+    if args.model is not None:
+        if args.device_tflops is None:
+            raise ValueError("--model needs --device-tflops (e.g. 990 for H100/H200 bf16 dense)")
+        kwargs = parse_model(args.model)
+        if args.mfu is not None:
+            kwargs["mfu"] = args.mfu
+        return gpt_profile(
+            device_tflops=args.device_tflops,
+            d2h_gbps=args.d2h_gbps if args.d2h_gbps is not None else 0.0,
+            h2d_gbps=args.h2d_gbps if args.h2d_gbps is not None else 0.0,
+            **kwargs,
+        )
+    try:
+        profile = Profile.load(args.profile)
+    except OSError as e:
+        raise ValueError(f"cannot read profile {args.profile!r}: {e.strerror or e}") from None
+    except (json.JSONDecodeError, TypeError, KeyError) as e:
+        raise ValueError(f"profile {args.profile!r} is not a valid profile JSON: {e}") from None
+    if args.d2h_gbps is not None:
+        profile.d2h_gbps = args.d2h_gbps
+    if args.h2d_gbps is not None:
+        profile.h2d_gbps = args.h2d_gbps
+    return profile
+
+
+def _region_rows(profile: Profile, plan: Plan) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+
+    def row(name: str, call: int, sizes: list[int], placements: list[Placement]) -> dict[str, Any]:
+        r: dict[str, Any] = {"name": name, "call_index": call}
+        for p in Placement:
+            key = p.name.lower()
+            r[key] = sum(1 for q in placements if q == p)
+            r[f"{key}_bytes"] = sum(b for b, q in zip(sizes, placements) if q == p)
+        return r
+
+    if profile.root:
+        rows.append(
+            row(
+                "(root)",
+                0,
+                [s.nbytes for s in profile.root],
+                [plan.placement((ROOT, 0, i)) for i in range(len(profile.root))],
+            )
+        )
+    for reg in profile.regions:
+        rows.append(
+            row(
+                reg.name,
+                reg.call_index,
+                [s.nbytes for s in reg.storages],
+                [plan.placement((reg.name, reg.call_index, i)) for i in range(len(reg.storages))],
+            )
+        )
+    return rows
+
+
+def _print_table(rows: list[dict[str, Any]], out: TextIO) -> None:
+    # consecutive regions with the same placements are shown as one line
+    groups: list[tuple[str, str, dict[str, Any]]] = []
+    sig_keys = [k for k in rows[0] if k not in ("name", "call_index")] if rows else []
+    for r in rows:
+        label = r["name"] if r["call_index"] == 0 else f"{r['name']}#{r['call_index']}"
+        if (
+            groups
+            and all(groups[-1][2][k] == r[k] for k in sig_keys)
+            and r["name"] != "(root)"
+            and groups[-1][0] != "(root)"
+        ):
+            groups[-1] = (groups[-1][0], label, r)
+        else:
+            groups.append((label, label, r))
+    header = f"{'regions':<28} {'keep':>5} {'offl':>5} {'recomp':>6} {'kept':>11} {'offloaded':>11} {'dropped':>11}"
+    print(header, file=out)
+    for first, last, r in groups:
+        label = first if first == last else f"{first} .. {last}"
+        print(
+            f"{label:<28} {r['keep']:>5} {r['offload']:>5} {r['recompute']:>6} "
+            f"{format_bytes(r['keep_bytes']):>11} {format_bytes(r['offload_bytes']):>11} "
+            f"{format_bytes(r['recompute_bytes']):>11}",
+            file=out,
+        )
+
+
+def _run(args: argparse.Namespace, out: TextIO) -> int:
+    profile = _load_profile(args)
+    budget = parse_bytes(args.budget) if args.budget is not None else None
+    if args.min_budget:
+        overhead = args.max_overhead if args.max_overhead is not None else 0.05
+        plan = solve(
+            profile,
+            budget_bytes=None,
+            max_overhead=overhead,
+            prefetch_regions=args.prefetch_regions,
+            allow_offload=not args.no_offload,
+        )
+        peak = plan.predicted_peak_bytes or 0
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "max_overhead": overhead,
+                        "min_budget_bytes": peak,
+                        "predicted_step_seconds": plan.predicted_step_seconds,
+                    }
+                ),
+                file=out,
+            )
+        else:
+            print(
+                f"smallest budget within {overhead:.1%} overhead: {format_bytes(peak)} ({peak} bytes)",
+                file=out,
+            )
+        return 0
+    if budget is None and args.max_overhead is None:
+        raise ValueError(
+            "give --budget (e.g. 20GiB) or --max-overhead (e.g. 0.05), or --min-budget"
+        )
+    plan = solve(
+        profile,
+        budget_bytes=budget,
+        max_overhead=args.max_overhead,
+        prefetch_regions=args.prefetch_regions,
+        allow_offload=not args.no_offload,
+        infeasible=args.infeasible,
+    )
+    keep = predict(profile, Plan(), prefetch_regions=args.prefetch_regions)
+    rows = _region_rows(profile, plan)
+    step = plan.predicted_step_seconds or 0.0
+    if args.json:
+        doc = {
+            "plan_id": plan.plan_id,
+            "feasible": plan.feasible,
+            "budget_bytes": plan.budget_bytes,
+            "min_feasible_budget_bytes": plan.min_feasible_budget_bytes,
+            "predicted_step_seconds": step,
+            "predicted_peak_bytes": plan.predicted_peak_bytes,
+            "lower_bound_seconds": plan.lower_bound_seconds,
+            "keep_step_seconds": keep.step_seconds,
+            "keep_peak_bytes": keep.peak_bytes,
+            "notes": plan.notes,
+            "regions": rows,
+            "placements": [[k[0], k[1], k[2], p.name] for k, p in plan],
+        }
+        print(json.dumps(doc), file=out)
+        return 0 if plan.feasible else 1
+    n_st = sum(len(r.storages) for r in profile.regions) + len(profile.root)
+    print(
+        f"profile {profile.signature}: {len(profile.regions)} region calls, {n_st} storages, "
+        f"{format_bytes(profile.activation_bytes)} of activations",
+        file=out,
+    )
+    link = (
+        f"d2h {profile.d2h_gbps:g} GB/s, h2d {profile.h2d_gbps:g} GB/s"
+        if profile.d2h_gbps > 0 and profile.h2d_gbps > 0
+        else "no host link"
+    )
+    print(
+        f"budget {format_bytes(budget) if budget is not None else 'none'}, {link}, prefetch {args.prefetch_regions} regions",
+        file=out,
+    )
+    _print_table(rows, out)
+    over = step / keep.step_seconds - 1 if keep.step_seconds > 0 else 0.0
+    print(
+        f"predicted step   {step:.4g} s ({over:+.1%} over all-KEEP {keep.step_seconds:.4g} s)",
+        file=out,
+    )
+    print(
+        f"predicted peak   {format_bytes(plan.predicted_peak_bytes or 0)} (all-KEEP {format_bytes(keep.peak_bytes)})",
+        file=out,
+    )
+    lb = plan.lower_bound_seconds
+    print(
+        f"lower bound      {lb:.4g} s"
+        if lb is not None and math.isfinite(lb)
+        else "lower bound      none (budget cannot be met)",
+        file=out,
+    )
+    print(f"plan id          {plan.plan_id}", file=out)
+    for note in plan.notes:
+        print(f"note: {note}", file=out)
+    return 0 if plan.feasible else 1
+
+
+def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    stream = out if out is not None else sys.stdout
+    parser = _parser()
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as e:
+        return int(e.code) if isinstance(e.code, int) else 2
+    try:
+        return _run(args, stream)
+    except InfeasibleBudgetError as e:
+        print(f"offrecomp plan: {e}", file=sys.stderr)
+        return 1
+    except (ValueError, TypeError) as e:
+        print(f"offrecomp plan: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Online estimates of a step's costs and the predicted outcome of a plan.
+
+``CostModel`` keeps exponential moving averages of everything the runtime measures per
+step (op, region and step times, offsets, link bandwidths) for one input-shape
+signature; ``estimate()`` hands the smoothed numbers to the solver as a ``Profile``.
+``replay_seconds`` is the replay cost rule of ``scheduler.profile``; ``predict`` runs
+the simulator (``scheduler.simulate``) and keeps its headline numbers.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from scheduler.plan import Placement, Plan
+from scheduler.profile import Profile, RegionRecord
+from scheduler.simulate import simulate
+
+__all__ = ["CostModel", "Prediction", "predict", "replay_seconds"]
+
+
+def replay_seconds(
+    region: RegionRecord,
+    placements: Sequence[Placement | int | str] | Mapping[int, Placement | int | str],
+) -> float:
+    """Seconds the replay of ``region`` costs when its storages are placed as given.
+
+    ``placements`` is one placement per storage of the region (a sequence in storage
+    order) or a mapping from storage index to placement (missing indices are KEEP).
+    With ``D`` the dropped (RECOMPUTE) storages and ``K = max(last_save_op over D)``,
+    replay runs ops ``0 .. K-1``; an op is free (*served*) when the region is not
+    opaque, the op is skippable and every output is a storage placed KEEP; every other
+    op in the prefix costs its ``seconds``. A region without recorded ops costs its
+    whole ``forward_seconds`` as soon as anything is dropped. Nothing dropped: 0.
+    """
+    n = len(region.storages)
+    place = [Placement.KEEP] * n
+    if isinstance(placements, Mapping):
+        items = list(placements.items())
+    else:
+        if len(placements) != n:
+            raise ValueError(
+                f"region {region.name}#{region.call_index} has {n} storages but {len(placements)} "
+                "placements were given; give one per storage or a mapping index -> placement"
+            )
+        items = list(enumerate(placements))
+    for i, p in items:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
+            raise ValueError(
+                f"storage index {i!r} is invalid for region {region.name}#{region.call_index}; "
+                f"accepted: 0..{n - 1}"
+            )
+        place[i] = Placement.parse(p)
+    dropped = [i for i in range(n) if place[i] == Placement.RECOMPUTE]
+    if not dropped:
+        return 0.0
+    if not region.ops:
+        return float(region.forward_seconds)
+    k = min(max(region.storages[i].last_save_op for i in dropped), len(region.ops))
+    total = 0.0
+    for op in region.ops[:k]:
+        served = (
+            not region.opaque
+            and op.skippable
+            and all(0 <= o < n and place[o] == Placement.KEEP for o in op.outputs)
+        )
+        if not served:
+            total += op.seconds
+    return total
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """The simulator's headline numbers for one plan."""
+
+    step_seconds: float
+    peak_bytes: int
+    recompute_seconds: float
+    stall_seconds: float
+    d2h_bytes: int
+    h2d_bytes: int
+
+
+def predict(profile: Profile, plan: Plan, *, prefetch_regions: int = 2) -> Prediction:
+    """Predicted step time, peak activation bytes and traffic of ``plan``."""
+    t = simulate(profile, plan, prefetch_regions=prefetch_regions)
+    return Prediction(
+        step_seconds=t.step_seconds,
+        peak_bytes=t.peak_bytes,
+        recompute_seconds=t.recompute_seconds,
+        stall_seconds=t.stall_seconds,
+        d2h_bytes=t.d2h_bytes,
+        h2d_bytes=t.h2d_bytes,
+    )
+
+
+def _ema(old: float, new: float, alpha: float) -> float:
+    return (1.0 - alpha) * old + alpha * new
+
+
+def _same_shape(a: RegionRecord, b: RegionRecord) -> bool:
+    return (
+        a.key == b.key
+        and len(a.ops) == len(b.ops)
+        and len(a.storages) == len(b.storages)
+        and all(x.outputs == y.outputs for x, y in zip(a.ops, b.ops))
+    )
+
+
+class CostModel:
+    """Smoothed profile of one signature, updated with every measured step.
+
+    Times (op, region, step, save offsets) and link bandwidths are exponential moving
+    averages with weight ``alpha`` on the newest measurement. Structure (which ops and
+    storages exist, byte sizes, kinds, save positions) is taken from the newest profile;
+    a region whose structure changed starts its averages afresh. A bandwidth of 0 in an
+    update means "not measured this step" and keeps the previous estimate.
+    """
+
+    def __init__(self, alpha: float = 0.3) -> None:
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha = {alpha!r} is invalid; accepted: a number in (0, 1]")
+        self.alpha = float(alpha)
+        self._estimate: Profile | None = None
+        self.samples = 0
+        """Number of profiles merged so far."""
+
+    @property
+    def signature(self) -> str | None:
+        return None if self._estimate is None else self._estimate.signature
+
+    def update(self, profile: Profile) -> None:
+        """Merge a newly measured profile of the same signature."""
+        if not isinstance(profile, Profile):
+            raise TypeError(f"expected a scheduler.Profile, got {type(profile).__name__}")
+        new = copy.deepcopy(profile)
+        old = self._estimate
+        self.samples += 1
+        if old is None:
+            self._estimate = new
+            return
+        if new.signature != old.signature:
+            raise ValueError(
+                f"profile signature {new.signature!r} does not match this cost model's "
+                f"{old.signature!r}; keep one CostModel per signature"
+            )
+        a = self.alpha
+        new.forward_seconds = _ema(old.forward_seconds, new.forward_seconds, a)
+        new.backward_seconds = _ema(old.backward_seconds, new.backward_seconds, a)
+        for name in ("d2h_gbps", "h2d_gbps"):
+            o, n = getattr(old, name), getattr(new, name)
+            setattr(new, name, o if n <= 0 else (n if o <= 0 else _ema(o, n, a)))
+        previous = {r.key: r for r in old.regions}
+        for r in new.regions:
+            p = previous.get(r.key)
+            if p is None or not _same_shape(p, r):
+                continue
+            r.start_seconds = _ema(p.start_seconds, r.start_seconds, a)
+            r.forward_seconds = _ema(p.forward_seconds, r.forward_seconds, a)
+            r.backward_seconds = _ema(p.backward_seconds, r.backward_seconds, a)
+            for x, y in zip(p.ops, r.ops):
+                y.seconds = _ema(x.seconds, y.seconds, a)
+            for xs, ys in zip(p.storages, r.storages):
+                ys.offset_seconds = _ema(xs.offset_seconds, ys.offset_seconds, a)
+        if len(old.root) == len(new.root):
+            for xs, ys in zip(old.root, new.root):
+                ys.offset_seconds = _ema(xs.offset_seconds, ys.offset_seconds, a)
+        self._estimate = new
+
+    def estimate(self) -> Profile:
+        """The smoothed profile (a copy)."""
+        if self._estimate is None:
+            raise ValueError("the cost model has no measurements yet; call update(profile) first")
+        return copy.deepcopy(self._estimate)
+
+    def drift(self, profile: Profile) -> float:
+        """Largest relative difference of a region's forward or backward time between
+        ``profile`` and the estimate (``inf`` when the region set differs): the runtime
+        re-plans when this exceeds its threshold."""
+        if self._estimate is None:
+            return math.inf
+        est = {r.key: r for r in self._estimate.regions}
+        if len(est) != len(profile.regions):
+            return math.inf
+        worst = 0.0
+        for r in profile.regions:
+            e = est.get(r.key)
+            if e is None:
+                return math.inf
+            for a, b in (
+                (e.forward_seconds, r.forward_seconds),
+                (e.backward_seconds, r.backward_seconds),
+            ):
+                scale = max(abs(a), 1e-12)
+                worst = max(worst, abs(b - a) / scale)
+        return worst

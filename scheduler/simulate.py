@@ -1,0 +1,1150 @@
+"""Timeline of a plan: compute stream, D2H copy stream, H2D copy stream, memory over time.
+
+The model (see docs/planner.md for the picture):
+
+* **Units.** The step's forward is cut into units in forward order: a root gap (work
+  saved outside every region, e.g. embedding), region 0, gap, region 1, ..., region n-1,
+  and a final gap (e.g. LM head and loss). Unit ``2k`` is gap ``k``, unit ``2r+1`` is
+  region ``r``. Regions keep their measured start times when those form a consistent
+  timeline; otherwise they run back to back and the root forward time
+  (``profile.forward_seconds`` minus the regions' sum) is spread evenly over the gaps.
+  Root backward time is spread over the gaps in proportion to their forward time.
+* **Forward.** Each unit runs for its forward time. A storage is saved at its unit's
+  start plus ``offset_seconds`` (root storages: step start plus ``offset_seconds``) and
+  is resident from then on unless it is dropped (RECOMPUTE).
+* **D2H.** OFFLOAD copies run FIFO in save order on one stream: a copy starts at
+  ``max(save time, end of the previous copy)`` and takes ``nbytes / (d2h_gbps * 1e9)``.
+  The device copy is freed when its copy lands.
+* **Backward.** Units run in reverse. Unit ``v`` is *reached* when the previous unit's
+  backward ends (the first at the end of forward). Reloads of unit ``x`` are issued when
+  unit ``min(x + 2 * prefetch_regions, last)`` is reached (``prefetch_regions`` regions
+  later in forward order) and run FIFO on the H2D stream in reverse forward order, each
+  no earlier than its own D2H landing. A unit's compute starts once it is reached and
+  all its reloads have landed (the wait is *stall*); it takes
+  ``replay_seconds + backward_seconds``.
+* **Memory** (activation bytes only). KEEP: from save until its unit's backward ends.
+  OFFLOAD: from save until its D2H lands, and again from the reload's issue until its
+  unit's backward ends (continuously when the copy lands after the reload is issued).
+  RECOMPUTE: only during its unit's backward (the replay working set). At equal times,
+  frees are applied before allocations.
+
+``lower_bound`` is a relaxation of this model; its derivation is in its docstring.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numba
+import numpy as np
+
+from scheduler.plan import ROOT, Placement, Plan, StorageKey
+from scheduler.profile import Profile, RegionRecord
+
+__all__ = [
+    "Interval",
+    "Timeline",
+    "lower_bound",
+    "simulate",
+]
+
+#: Bit of each placement in a legality mask.
+KEEP_BIT, OFFLOAD_BIT, RECOMPUTE_BIT = 1, 2, 4
+KIND_ACTIVATION, KIND_INPUT, KIND_EXTERNAL, KIND_ROOT = 0, 1, 2, 3
+_KIND_CODES = {"activation": KIND_ACTIVATION, "input": KIND_INPUT, "external": KIND_EXTERNAL}
+_LEGAL = {
+    KIND_ACTIVATION: KEEP_BIT | OFFLOAD_BIT | RECOMPUTE_BIT,
+    KIND_INPUT: KEEP_BIT | OFFLOAD_BIT,
+    KIND_EXTERNAL: KEEP_BIT,
+    KIND_ROOT: KEEP_BIT | OFFLOAD_BIT,
+}
+
+
+def njit(fn: Any) -> Any:
+    """``numba.njit(cache=True)``, or uncached when no cache location is writable.
+
+    NOTE [numba cache]: numba looks for a writable cache directory when the decorator
+    runs (next to the source, then ``NUMBA_CACHE_DIR`` / the user cache dir) and raises
+    RuntimeError when there is none, e.g. in a read-only install. The planner must work
+    there too; it then compiles on first use in each process.
+    """
+    try:
+        return numba.njit(cache=True)(fn)
+    except RuntimeError:
+        return numba.njit(cache=False)(fn)
+
+
+@njit
+def argsort(keys):  # type: ignore[no-untyped-def]
+    """Stable argsort of a float64 array (bottom-up merge sort).
+
+    Used instead of ``np.argsort``/``np.unique`` inside kernels: numba compiles those
+    generically and each adds seconds to a cold start.
+    """
+    n = keys.shape[0]
+    a = np.arange(n)
+    b = np.empty(n, dtype=np.int64)
+    width = 1
+    while width < n:
+        i = 0
+        while i < n:
+            mid = min(i + width, n)
+            hi = min(i + 2 * width, n)
+            p, q, k = i, mid, i
+            while p < mid and q < hi:
+                if keys[a[q]] < keys[a[p]]:
+                    b[k] = a[q]
+                    q += 1
+                else:
+                    b[k] = a[p]
+                    p += 1
+                k += 1
+            while p < mid:
+                b[k] = a[p]
+                p += 1
+                k += 1
+            while q < hi:
+                b[k] = a[q]
+                q += 1
+                k += 1
+            i += 2 * width
+        a, b = b, a
+        width *= 2
+    return a
+
+
+# --------------------------------------------------------------------------- flattening
+
+
+@dataclass
+class FlatProfile:
+    """A profile as flat arrays (the form the numba kernels work on).
+
+    Storages are grouped by unit (``st_ptr``); ``keys[i]`` is the plan key of flat
+    storage ``i``. Ops are grouped by unit (``op_ptr``; gaps have none), their outputs
+    in CSR form (``out_ptr``/``out_idx``, flat storage indices, -1 kept as -1).
+    """
+
+    keys: list[StorageKey]
+    key_index: dict[StorageKey, int]
+    unit_names: list[str]
+    st_ptr: np.ndarray
+    unit_of: np.ndarray
+    nbytes: np.ndarray
+    save_time: np.ndarray
+    kind: np.ndarray
+    legal: np.ndarray
+    last_save: np.ndarray
+    save_order: np.ndarray
+    op_ptr: np.ndarray
+    op_sec: np.ndarray
+    op_serv: np.ndarray
+    out_ptr: np.ndarray
+    out_idx: np.ndarray
+    noops: np.ndarray
+    fwd_start: np.ndarray
+    fwd_dur: np.ndarray
+    bwd_dur: np.ndarray
+    t0: float
+    d2h_bps: float
+    h2d_bps: float
+    host_limit_bytes: int
+
+    @property
+    def n_storages(self) -> int:
+        return int(self.nbytes.shape[0])
+
+    @property
+    def n_units(self) -> int:
+        return int(self.fwd_dur.shape[0])
+
+    @property
+    def has_link(self) -> bool:
+        return self.d2h_bps > 0.0 and self.h2d_bps > 0.0
+
+
+def _check_number(value: float, what: str) -> float:
+    v = float(value)
+    if not math.isfinite(v) or v < 0.0:
+        raise ValueError(f"{what} = {value!r} is invalid; accepted: a finite number >= 0")
+    return v
+
+
+def _region_label(r: RegionRecord) -> str:
+    return f"{r.name}#{r.call_index}"
+
+
+def _layout(profile: Profile) -> tuple[list[float], list[float], list[float], float]:
+    """Forward start/duration and backward duration per unit, and the forward end."""
+    regions = profile.regions
+    n = len(regions)
+    fw = [
+        _check_number(r.forward_seconds, f"region {_region_label(r)} forward_seconds")
+        for r in regions
+    ]
+    bw = [
+        _check_number(r.backward_seconds, f"region {_region_label(r)} backward_seconds")
+        for r in regions
+    ]
+    fwd_total = _check_number(profile.forward_seconds, "profile forward_seconds")
+    bwd_total = _check_number(profile.backward_seconds, "profile backward_seconds")
+    scale = max([1e-300, fwd_total, *fw])
+    tol = 1e-9 * scale
+    starts = [float(r.start_seconds) for r in regions]
+    consistent = n > 0 and all(math.isfinite(s) and s >= 0.0 for s in starts)
+    if consistent:
+        for r in range(1, n):
+            if starts[r] < starts[r - 1] + fw[r - 1] - tol:
+                consistent = False
+                break
+    gaps: list[float]
+    if consistent:
+        end_last = starts[-1] + fw[-1]
+        fwd_total = max(fwd_total, end_last)
+        gaps = [starts[0]]
+        gaps += [max(0.0, starts[r] - (starts[r - 1] + fw[r - 1])) for r in range(1, n)]
+        gaps.append(max(0.0, fwd_total - end_last))
+    else:
+        fwd_total = max(fwd_total, sum(fw))
+        root = max(0.0, fwd_total - sum(fw))
+        gaps = [root / (n + 1)] * (n + 1)
+    bwd_total = max(bwd_total, sum(bw))
+    root_b = max(0.0, bwd_total - sum(bw))
+    gap_sum = sum(gaps)
+    gaps_b = [root_b * g / gap_sum for g in gaps] if gap_sum > 0 else [root_b / (n + 1)] * (n + 1)
+    start, dur, bdur = [], [], []
+    t = 0.0
+    for k in range(n + 1):
+        start.append(t)
+        dur.append(gaps[k])
+        bdur.append(gaps_b[k])
+        t += gaps[k]
+        if k < n:
+            start.append(t)
+            dur.append(fw[k])
+            bdur.append(bw[k])
+            t += fw[k]
+    return start, dur, bdur, max(t, fwd_total)
+
+
+def _bad_storage(profile: Profile, what: str, accepted: str, check: Any) -> None:
+    """Raise ValueError for the first storage failing ``check`` (slow path)."""
+    for r in profile.regions:
+        for i, s in enumerate(r.storages):
+            if not check(s):
+                raise ValueError(
+                    f"storage {i} of region {_region_label(r)} {what} = {getattr(s, what)!r} is "
+                    f"invalid; accepted: {accepted}"
+                )
+    for i, s in enumerate(profile.root):
+        if not check(s):
+            raise ValueError(
+                f"root storage {i} {what} = {getattr(s, what)!r} is invalid; accepted: {accepted}"
+            )
+
+
+def _is_count(v: Any) -> bool:
+    return bool(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0)
+
+
+def _is_time(v: Any) -> bool:
+    return bool(
+        isinstance(v, (int, float, np.number))
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+        and v >= 0
+    )
+
+
+def _int_array(values: list[Any]) -> np.ndarray | None:
+    """``values`` as int64 when all are ints >= 0, else None."""
+    if not values:
+        return np.zeros(0, dtype=np.int64)
+    try:
+        arr = np.asarray(values)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if arr.ndim != 1 or arr.dtype.kind not in "iu" or int(arr.min()) < 0:
+        return None
+    return arr.astype(np.int64)
+
+
+def _times_ok(values: list[Any]) -> bool:
+    if not values:
+        return True
+    try:
+        arr = np.asarray(values)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    if arr.ndim != 1 or arr.dtype.kind not in "iuf":
+        return False
+    return bool(np.all(np.isfinite(arr)) and np.all(arr >= 0))
+
+
+def _outputs(
+    profile: Profile,
+    raw: list[Any],
+    lens: list[int],
+    op_base: list[int],
+    op_m: list[int],
+    skip: list[bool],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Op outputs in CSR form (flat storage indices, -1 kept) and which ops replay may serve."""
+    n_ops = len(lens)
+    lens_arr = np.asarray(lens, dtype=np.int64)
+    out_ptr = np.zeros(n_ops + 1, dtype=np.int64)
+    np.cumsum(lens_arr, out=out_ptr[1:])
+    owner = np.repeat(np.arange(n_ops, dtype=np.int64), lens_arr)
+    arr = np.asarray(raw) if raw else np.zeros(0, dtype=np.int64)
+    m = np.asarray(op_m, dtype=np.int64)[owner] if n_ops else np.zeros(0, dtype=np.int64)
+    ok = arr.ndim == 1 and (arr.size == 0 or arr.dtype.kind in "iu")
+    if ok and arr.size:
+        ok = bool(np.all((arr >= -1) & (arr < m)))
+    if not ok:
+        for r in profile.regions:
+            k = len(r.storages)
+            for j, op in enumerate(r.ops):
+                for o in op.outputs:
+                    if (
+                        isinstance(o, bool)
+                        or not isinstance(o, (int, np.integer))
+                        or not -1 <= o < k
+                    ):
+                        raise ValueError(
+                            f"op {j} of region {_region_label(r)} has output {o!r}; accepted: -1 or "
+                            f"a storage index in 0..{k - 1}"
+                        )
+    arr = arr.astype(np.int64)
+    base = np.asarray(op_base, dtype=np.int64)[owner] if n_ops else np.zeros(0, dtype=np.int64)
+    out_idx = np.where(arr >= 0, arr + base, -1).astype(np.int64)
+    has_unsaved = np.bincount(owner[arr < 0], minlength=n_ops) > 0
+    op_serv = (
+        np.asarray(skip, dtype=np.bool_) & ~has_unsaved if n_ops else np.zeros(0, dtype=np.bool_)
+    )
+    return out_ptr, out_idx, op_serv
+
+
+def flatten(profile: Profile) -> FlatProfile:
+    """Validate ``profile`` and lay it out as flat arrays."""
+    if not isinstance(profile, Profile):
+        raise TypeError(f"expected a scheduler.Profile, got {type(profile).__name__}")
+    regions = profile.regions
+    n = len(regions)
+    start, dur, bdur, t0 = _layout(profile)
+    n_units = 2 * n + 1
+    d2h = _check_number(profile.d2h_gbps, "profile d2h_gbps") * 1e9
+    h2d = _check_number(profile.h2d_gbps, "profile h2d_gbps") * 1e9
+
+    # root storages go to the last gap that has started by their save time
+    root_units: list[list[int]] = [[] for _ in range(n + 1)]
+    root_times: list[float] = []
+    for i, s in enumerate(profile.root):
+        t = min(_check_number(s.offset_seconds, f"root storage {i} offset_seconds"), t0)
+        root_times.append(t)
+        k = 0
+        for g in range(n + 1):
+            if start[2 * g] <= t:
+                k = g
+        root_units[k].append(i)
+
+    seen: set[tuple[str, int]] = set()
+    for r in regions:
+        if r.key in seen:
+            raise ValueError(
+                f"region {_region_label(r)} appears twice in the profile; each (name, call_index) must be unique"
+            )
+        if r.name == ROOT:
+            raise ValueError(
+                f"region name {r.name!r} is reserved for root storages; give the region a name"
+            )
+        seen.add(r.key)
+
+    keys: list[StorageKey] = []
+    st_ptr = [0]
+    op_ptr = [0]
+    unit_of: list[int] = []
+    nbytes: list[Any] = []
+    offsets: list[Any] = []
+    kinds: list[Any] = []
+    last_save: list[Any] = []
+    op_sec: list[Any] = []
+    op_skip: list[bool] = []
+    op_base: list[int] = []
+    op_m: list[int] = []
+    out_lens: list[int] = []
+    out_raw: list[Any] = []
+    noops: list[bool] = []
+    unit_names: list[str] = []
+    for u in range(n_units):
+        if u % 2 == 0:
+            unit_names.append("(root)")
+            idx = root_units[u // 2]
+            keys += [(ROOT, 0, i) for i in idx]
+            nbytes += [profile.root[i].nbytes for i in idx]
+            offsets += [root_times[i] for i in idx]
+            kinds += ["root"] * len(idx)
+            last_save += [0] * len(idx)
+            unit_of += [u] * len(idx)
+            noops.append(False)
+        else:
+            r = regions[u // 2]
+            name, call = r.name, r.call_index
+            unit_names.append(_region_label(r))
+            sts = r.storages
+            m = len(sts)
+            base = len(keys)
+            keys += [(name, call, i) for i in range(m)]
+            nbytes += [x.nbytes for x in sts]
+            offsets += [x.offset_seconds for x in sts]
+            kinds += [x.kind for x in sts]
+            last_save += [x.last_save_op for x in sts]
+            unit_of += [u] * m
+            ops = r.ops
+            outs = [op.outputs for op in ops]
+            out_lens += [len(o) for o in outs]
+            out_raw.extend(itertools.chain.from_iterable(outs))
+            op_skip += [bool(op.skippable) for op in ops] if not r.opaque else [False] * len(ops)
+            op_base += [base] * len(ops)
+            op_m += [m] * len(ops)
+            op_sec += [op.seconds for op in ops]
+            noops.append(len(r.ops) == 0)
+        st_ptr.append(len(keys))
+        op_ptr.append(len(op_sec))
+    out_ptr, out_idx, op_serv = _outputs(profile, out_raw, out_lens, op_base, op_m, op_skip)
+
+    nb_arr = _int_array(nbytes)
+    if nb_arr is None:
+        _bad_storage(profile, "nbytes", "an int >= 0", lambda s: _is_count(s.nbytes))
+    ls_arr = _int_array(last_save)
+    if ls_arr is None:
+        _bad_storage(profile, "last_save_op", "an int >= 0", lambda s: _is_count(s.last_save_op))
+    if not _times_ok(offsets):
+        _bad_storage(
+            profile, "offset_seconds", "a finite number >= 0", lambda s: _is_time(s.offset_seconds)
+        )
+    bad_kind = set(kinds) - {"root", *_KIND_CODES}
+    if bad_kind:
+        _bad_storage(profile, "kind", ", ".join(_KIND_CODES), lambda s: s.kind in _KIND_CODES)
+    if not _times_ok(op_sec):
+        for r in regions:
+            for j, op in enumerate(r.ops):
+                _check_number(op.seconds, f"op {j} of region {_region_label(r)} seconds")
+    assert nb_arr is not None and ls_arr is not None  # _bad_storage raised otherwise
+    codes = {**_KIND_CODES, "root": KIND_ROOT}
+    kind_arr = np.asarray([codes[k] for k in kinds], dtype=np.int64)
+    legal_of = np.asarray([_LEGAL[k] for k in range(4)], dtype=np.int64)
+    legal = legal_of[kind_arr]
+    unit_arr = np.asarray(unit_of, dtype=np.int64)
+    start_arr = np.asarray(start, dtype=np.float64)
+    dur_arr = np.asarray(dur, dtype=np.float64)
+    off_arr = np.asarray(offsets, dtype=np.float64)
+    is_root = kind_arr == KIND_ROOT
+    # region storages: unit start + offset clamped to the unit; root: absolute, clamped above
+    save_arr = np.where(
+        is_root, off_arr, start_arr[unit_arr] + np.minimum(off_arr, dur_arr[unit_arr])
+    )
+    order = np.lexsort((np.arange(len(keys)), unit_arr, save_arr)).astype(np.int64)
+    return FlatProfile(
+        keys=keys,
+        key_index={k: i for i, k in enumerate(keys)},
+        unit_names=unit_names,
+        st_ptr=np.asarray(st_ptr, dtype=np.int64),
+        unit_of=unit_arr,
+        nbytes=nb_arr,
+        save_time=save_arr,
+        kind=kind_arr,
+        legal=legal,
+        last_save=ls_arr,
+        save_order=order,
+        op_ptr=np.asarray(op_ptr, dtype=np.int64),
+        op_sec=np.asarray(op_sec, dtype=np.float64),
+        op_serv=op_serv,
+        out_ptr=out_ptr,
+        out_idx=out_idx,
+        noops=np.asarray(noops, dtype=np.bool_),
+        fwd_start=start_arr,
+        fwd_dur=dur_arr,
+        bwd_dur=np.asarray(bdur, dtype=np.float64),
+        t0=float(t0),
+        d2h_bps=d2h,
+        h2d_bps=h2d,
+        host_limit_bytes=int(profile.host_limit_bytes),
+    )
+
+
+def placement_array(flat: FlatProfile, plan: Plan) -> np.ndarray:
+    """The plan as one int8 per flat storage, checked for unknown keys and legality."""
+    if not isinstance(plan, Plan):
+        raise TypeError(f"expected a scheduler.Plan, got {type(plan).__name__}")
+    default = Placement.parse(plan.default)
+    place = np.full(flat.n_storages, int(default), dtype=np.int8)
+    for key, p in plan.placements.items():
+        idx = flat.key_index.get(key)
+        if idx is None:
+            raise ValueError(
+                f"plan names storage {key!r}, which the profile does not have; keys are "
+                "(region name, call index, storage index), root storages ('', 0, i)"
+            )
+        place[idx] = int(Placement.parse(p))
+    check_legal(flat, place)
+    return place
+
+
+def check_legal(flat: FlatProfile, place: np.ndarray) -> None:
+    """Raise ValueError naming the first storage whose placement is not allowed."""
+    bits = np.left_shift(1, place.astype(np.int64))
+    bad = np.flatnonzero((bits & flat.legal) == 0)
+    if bad.size:
+        i = int(bad[0])
+        accepted = ", ".join(p.name for p in Placement if flat.legal[i] & (1 << int(p)))
+        kind = ["activation", "input", "external", "root"][int(flat.kind[i])]
+        raise ValueError(
+            f"placement {Placement(int(place[i])).name} is not allowed for storage {flat.keys[i]!r} "
+            f"(kind {kind}); accepted: {accepted}"
+        )
+    if not flat.has_link and bool(np.any(place == int(Placement.OFFLOAD))):
+        raise ValueError(
+            "the plan offloads but the profile has no host link (d2h_gbps and h2d_gbps must "
+            "both be > 0); use KEEP or RECOMPUTE, or give the link bandwidths"
+        )
+
+
+# ------------------------------------------------------------------------------ kernels
+
+
+@njit
+def replay_unit(
+    u, place, st_ptr, last_save, op_ptr, op_sec, op_serv, out_ptr, out_idx, noops, fwd_dur
+):  # type: ignore[no-untyped-def]
+    """Replay seconds of unit ``u`` under ``place`` (see scheduler.profile, replay semantics)."""
+    k = 0
+    dropped = False
+    for s in range(st_ptr[u], st_ptr[u + 1]):
+        if place[s] == 2:
+            dropped = True
+            if last_save[s] > k:
+                k = last_save[s]
+    if not dropped:
+        return 0.0
+    if noops[u]:
+        return fwd_dur[u]
+    n = op_ptr[u + 1] - op_ptr[u]
+    if k > n:
+        k = n
+    total = 0.0
+    for j in range(op_ptr[u], op_ptr[u] + k):
+        served = op_serv[j]
+        if served:
+            for q in range(out_ptr[j], out_ptr[j + 1]):
+                if place[out_idx[q]] != 0:
+                    served = False
+                    break
+        if not served:
+            total += op_sec[j]
+    return total
+
+
+@njit
+def run_timeline(
+    place, prefetch, save_order, st_ptr, unit_of, nbytes, save_time, last_save, op_ptr,
+    op_sec, op_serv, out_ptr, out_idx, noops, fwd_dur, bwd_dur, t0, d2h_bps, h2d_bps,
+    d2h_start, d2h_end, h2d_start, h2d_end, reach, cstart, cend, replay, ev_t, ev_d
+):  # type: ignore[no-untyped-def]
+    """Simulate one step; fills the per-storage/per-unit arrays and the memory events.
+
+    Returns (step, peak, peak_time, stall, recompute, d2h_bytes, h2d_bytes, n_events);
+    ``ev_t[:n_events]``/``ev_d[:n_events]`` hold the memory events sorted by time,
+    frees first at equal times.
+    """
+    n_st = nbytes.shape[0]
+    n_u = fwd_dur.shape[0]
+    top = n_u - 1
+    # D2H: FIFO in save order
+    free = 0.0
+    d2h_bytes = 0
+    for i in range(n_st):
+        s = save_order[i]
+        if place[s] == 1:
+            st = max(save_time[s], free)
+            en = st + nbytes[s] / d2h_bps
+            d2h_start[s] = st
+            d2h_end[s] = en
+            free = en
+            d2h_bytes += nbytes[s]
+        else:
+            d2h_start[s] = -1.0
+            d2h_end[s] = -1.0
+    recompute = 0.0
+    for u in range(n_u):
+        replay[u] = replay_unit(
+            u, place, st_ptr, last_save, op_ptr, op_sec, op_serv, out_ptr, out_idx, noops, fwd_dur
+        )
+        recompute += replay[u]
+    # backward: units in reverse, reloads FIFO in reverse forward order
+    ready = np.zeros(n_u)
+    h2d_free = 0.0
+    h2d_bytes = 0
+    stall = 0.0
+    t = t0
+    for v in range(top, -1, -1):
+        reach[v] = t
+        if v == top:
+            lo = max(0, top - 2 * prefetch)
+            hi = top
+        else:
+            lo = v - 2 * prefetch
+            hi = lo
+        x = hi
+        while x >= lo and x >= 0:
+            for s in range(st_ptr[x + 1] - 1, st_ptr[x] - 1, -1):
+                if place[s] == 1:
+                    st = max(t, h2d_free, d2h_end[s])
+                    en = st + nbytes[s] / h2d_bps
+                    h2d_start[s] = st
+                    h2d_end[s] = en
+                    h2d_free = en
+                    h2d_bytes += nbytes[s]
+                    if en > ready[x]:
+                        ready[x] = en
+                else:
+                    h2d_start[s] = -1.0
+                    h2d_end[s] = -1.0
+            x -= 1
+        cs = max(t, ready[v])
+        stall += cs - t
+        cstart[v] = cs
+        cend[v] = cs + replay[v] + bwd_dur[v]
+        t = cend[v]
+    step = t
+    # NOTE [memory merge]: four event streams, each already sorted by time: saves (save
+    # order), D2H landings (FIFO, so in save order too), backward allocations (reloads at
+    # issue, replay working sets at compute start) and backward frees (unit ends). They
+    # are merged with frees first at equal times, so no sort is needed.
+    inf = np.inf
+    s1 = np.empty(n_st, dtype=np.int64)
+    s2 = np.empty(n_st, dtype=np.int64)
+    n1 = 0
+    n2 = 0
+    for i in range(n_st):
+        s = save_order[i]
+        if nbytes[s] == 0 or place[s] == 2:
+            continue
+        s1[n1] = s
+        n1 += 1
+        if place[s] == 1 and d2h_end[s] < reach[min(unit_of[s] + 2 * prefetch, top)]:
+            s2[n2] = s
+            n2 += 1
+    s3t = np.empty(2 * n_u)
+    s3b = np.zeros(2 * n_u, dtype=np.int64)
+    s4t = np.empty(n_u)
+    s4b = np.zeros(n_u, dtype=np.int64)
+    n3 = 0
+    for v in range(top, -1, -1):
+        if v == top:
+            lo = max(0, top - 2 * prefetch)
+            hi = top
+        else:
+            lo = v - 2 * prefetch
+            hi = lo
+        s3t[n3] = reach[v]
+        x = hi
+        while x >= lo and x >= 0:
+            for s in range(st_ptr[x], st_ptr[x + 1]):
+                if place[s] == 1 and d2h_end[s] < reach[v]:
+                    s3b[n3] += nbytes[s]
+            x -= 1
+        n3 += 1
+        s3t[n3] = cstart[v]
+        for s in range(st_ptr[v], st_ptr[v + 1]):
+            if place[s] == 2:
+                s3b[n3] += nbytes[s]
+            s4b[top - v] += nbytes[s]
+        n3 += 1
+        s4t[top - v] = cend[v]
+    n4 = n_u
+    i1 = 0
+    i2 = 0
+    i3 = 0
+    i4 = 0
+    n_ev = 0
+    run = 0
+    peak = 0
+    peak_t = 0.0
+    while True:
+        t1 = save_time[s1[i1]] if i1 < n1 else inf
+        t2 = d2h_end[s2[i2]] if i2 < n2 else inf
+        t3 = s3t[i3] if i3 < n3 else inf
+        t4 = s4t[i4] if i4 < n4 else inf
+        tf = min(t2, t4)
+        ta = min(t1, t3)
+        if tf == inf and ta == inf:
+            break
+        if tf <= ta:
+            if t2 <= t4:
+                t = t2
+                d = -nbytes[s2[i2]]
+                i2 += 1
+            else:
+                t = t4
+                d = -s4b[i4]
+                i4 += 1
+        elif t1 <= t3:
+            t = t1
+            d = nbytes[s1[i1]]
+            i1 += 1
+        else:
+            t = t3
+            d = s3b[i3]
+            i3 += 1
+        if d == 0:
+            continue
+        run += d
+        ev_t[n_ev] = t
+        ev_d[n_ev] = d
+        n_ev += 1
+        if run > peak:
+            peak = run
+            peak_t = t
+    return step, peak, peak_t, stall, recompute, d2h_bytes, h2d_bytes, n_ev
+
+
+class SimResult(NamedTuple):
+    step: float
+    peak: int
+    peak_time: float
+    stall: float
+    recompute: float
+    d2h_bytes: int
+    h2d_bytes: int
+
+
+class Workspace:
+    """Preallocated arrays for repeated simulations of one flat profile."""
+
+    def __init__(self, flat: FlatProfile) -> None:
+        n, u = flat.n_storages, flat.n_units
+        self.flat = flat
+        self.d2h_start = np.zeros(n)
+        self.d2h_end = np.zeros(n)
+        self.h2d_start = np.zeros(n)
+        self.h2d_end = np.zeros(n)
+        self.reach = np.zeros(u)
+        self.cstart = np.zeros(u)
+        self.cend = np.zeros(u)
+        self.replay = np.zeros(u)
+        self.ev_t = np.zeros(2 * n + 3 * u + 1)
+        self.ev_d = np.zeros(2 * n + 3 * u + 1, dtype=np.int64)
+        self.n_events = 0
+
+    def run(self, place: np.ndarray, prefetch: int) -> SimResult:
+        f = self.flat
+        # a link of 0 is only reachable with no OFFLOAD placement (check_legal)
+        d2h = f.d2h_bps if f.d2h_bps > 0 else 1.0
+        h2d = f.h2d_bps if f.h2d_bps > 0 else 1.0
+        out = run_timeline(
+            place, prefetch, f.save_order, f.st_ptr, f.unit_of, f.nbytes, f.save_time,
+            f.last_save, f.op_ptr, f.op_sec, f.op_serv, f.out_ptr, f.out_idx, f.noops,
+            f.fwd_dur, f.bwd_dur, f.t0, d2h, h2d, self.d2h_start, self.d2h_end,
+            self.h2d_start, self.h2d_end, self.reach, self.cstart, self.cend,
+            self.replay, self.ev_t, self.ev_d
+        )
+        self.n_events = int(out[7])
+        return SimResult(
+            float(out[0]),
+            int(out[1]),
+            float(out[2]),
+            float(out[3]),
+            float(out[4]),
+            int(out[5]),
+            int(out[6]),
+        )
+
+
+def check_prefetch(prefetch_regions: int) -> int:
+    if (
+        isinstance(prefetch_regions, bool)
+        or not isinstance(prefetch_regions, (int, np.integer))
+        or prefetch_regions < 0
+    ):
+        raise ValueError(
+            f"prefetch_regions = {prefetch_regions!r} is invalid; accepted: an int >= 0"
+        )
+    return int(prefetch_regions)
+
+
+# ----------------------------------------------------------------------------- timeline
+
+
+class Interval(NamedTuple):
+    """Busy time of one stream."""
+
+    start: float
+    end: float
+    label: str
+
+
+@dataclass(kw_only=True)
+class Timeline:
+    """What one step looks like under a plan."""
+
+    step_seconds: float
+    """End of the last backward compute (start of forward = 0)."""
+    forward_seconds: float
+    """End of forward (start of backward)."""
+    peak_bytes: int
+    """Largest device-resident activation total."""
+    peak_time_seconds: float
+    """When the peak is first reached."""
+    stall_seconds: float
+    """Time backward compute waited for reloads."""
+    recompute_seconds: float
+    """Replay time summed over regions."""
+    d2h_bytes: int
+    h2d_bytes: int
+    compute: list[Interval]
+    """Compute stream: forward, replay and backward per unit, and stalls."""
+    d2h: list[Interval]
+    """Device-to-host copies, one per offloaded storage."""
+    h2d: list[Interval]
+    """Host-to-device reloads, one per offloaded storage."""
+    memory: list[tuple[float, int]]
+    """(time, resident activation bytes) after all events at that time; starts at (0, 0)."""
+
+
+def simulate(profile: Profile, plan: Plan, *, prefetch_regions: int = 2) -> Timeline:
+    """Timeline of ``plan`` on ``profile`` (model in this module's docstring)."""
+    prefetch = check_prefetch(prefetch_regions)
+    flat = flatten(profile)
+    place = placement_array(flat, plan)
+    ws = Workspace(flat)
+    res = ws.run(place, prefetch)
+    compute: list[Interval] = []
+    for u in range(flat.n_units):
+        if flat.fwd_dur[u] > 0:
+            compute.append(
+                Interval(
+                    float(flat.fwd_start[u]),
+                    float(flat.fwd_start[u] + flat.fwd_dur[u]),
+                    f"forward {flat.unit_names[u]}",
+                )
+            )
+    for u in range(flat.n_units - 1, -1, -1):
+        name = flat.unit_names[u]
+        r, cs, ce, rp = (
+            float(ws.reach[u]),
+            float(ws.cstart[u]),
+            float(ws.cend[u]),
+            float(ws.replay[u]),
+        )
+        if cs > r:
+            compute.append(Interval(r, cs, f"stall {name}"))
+        if rp > 0:
+            compute.append(Interval(cs, cs + rp, f"replay {name}"))
+        if ce > cs + rp:
+            compute.append(Interval(cs + rp, ce, f"backward {name}"))
+    off = [i for i in range(flat.n_storages) if place[i] == int(Placement.OFFLOAD)]
+    d2h = sorted(
+        (Interval(float(ws.d2h_start[i]), float(ws.d2h_end[i]), str(flat.keys[i])) for i in off),
+    )
+    h2d = sorted(
+        (Interval(float(ws.h2d_start[i]), float(ws.h2d_end[i]), str(flat.keys[i])) for i in off),
+    )
+    n = ws.n_events
+    memory: list[tuple[float, int]] = [(0.0, 0)]
+    if n:
+        times = ws.ev_t[:n]
+        levels = np.cumsum(ws.ev_d[:n])
+        last = np.flatnonzero(np.append(times[1:] != times[:-1], True))
+        for i in last:
+            t, b = float(times[i]), int(levels[i])
+            if t == 0.0 and memory[0][0] == 0.0 and len(memory) == 1:
+                memory[0] = (t, b)
+            else:
+                memory.append((t, b))
+    return Timeline(
+        step_seconds=res.step,
+        forward_seconds=flat.t0,
+        peak_bytes=res.peak,
+        peak_time_seconds=res.peak_time,
+        stall_seconds=res.stall,
+        recompute_seconds=res.recompute,
+        d2h_bytes=res.d2h_bytes,
+        h2d_bytes=res.h2d_bytes,
+        compute=compute,
+        d2h=d2h,
+        h2d=h2d,
+        memory=memory,
+    )
+
+
+# -------------------------------------------------------------------------- lower bound
+
+
+@njit
+def _region_envelope(
+    u, st_ptr, nbytes, legal, last_save, op_ptr, op_sec, op_serv, out_ptr, out_idx, noops,
+    fwd_dur, max_groups, seg_x, seg_y, n_seg
+):  # type: ignore[no-untyped-def]
+    """Append the lower convex envelope of region ``u``'s drop-cost curve as segments.
+
+    Per storage ``s`` a share ``c_s`` of the ops that only run because ``s`` is dropped
+    (an op producing ``s`` that could otherwise be served, split evenly among its
+    droppable outputs); per prefix length ``K`` the cost ``fixed(K)`` of the ops before
+    ``K`` that can never be served. Any drop set ``D`` with prefix ``K`` costs at least
+    ``fixed(K) + sum(c_s for s in D)``.
+    """
+    lo = st_ptr[u]
+    hi = st_ptr[u + 1]
+    cnt = 0
+    total_b = 0
+    for s in range(lo, hi):
+        if (legal[s] & 4) != 0 and nbytes[s] > 0:
+            cnt += 1
+            total_b += nbytes[s]
+    if cnt == 0:
+        return n_seg
+    if noops[u]:
+        seg_x[n_seg] = float(total_b)
+        seg_y[n_seg] = fwd_dur[u]
+        return n_seg + 1
+    n_ops = op_ptr[u + 1] - op_ptr[u]
+    share = np.zeros(hi - lo)
+    fixed = np.zeros(n_ops + 1)
+    for jj in range(n_ops):
+        j = op_ptr[u] + jj
+        fixed[jj + 1] = fixed[jj] + (0.0 if op_serv[j] else op_sec[j])
+        if op_serv[j]:
+            m = 0
+            for q in range(out_ptr[j], out_ptr[j + 1]):
+                o = out_idx[q]
+                if (legal[o] & 4) != 0 and nbytes[o] > 0:
+                    m += 1
+            if m > 0:
+                for q in range(out_ptr[j], out_ptr[j + 1]):
+                    o = out_idx[q]
+                    if (legal[o] & 4) != 0 and nbytes[o] > 0 and jj < last_save[o]:
+                        share[o - lo] += op_sec[j] / m
+    # items sorted by share per byte; prefix lengths clamped to the op count
+    items = np.empty(cnt, dtype=np.int64)
+    ks = np.empty(cnt, dtype=np.int64)
+    dens = np.empty(cnt)
+    c = 0
+    for s in range(lo, hi):
+        if (legal[s] & 4) != 0 and nbytes[s] > 0:
+            items[c] = s
+            ks[c] = min(last_save[s], n_ops)
+            dens[c] = share[s - lo] / nbytes[s]
+            c += 1
+    items = items[argsort(dens)]
+    ks_sorted = ks[argsort(ks.astype(np.float64))]
+    kvals = np.empty(cnt, dtype=np.int64)
+    n_k = 0
+    for i in range(cnt):
+        if n_k == 0 or ks_sorted[i] != kvals[n_k - 1]:
+            kvals[n_k] = ks_sorted[i]
+            n_k += 1
+    n_g = min(n_k, max_groups)
+    # group g covers kvals[g*n_k//n_g : (g+1)*n_k//n_g]: fixed at its smallest K, items up to its largest
+    px = np.empty(1 + n_g * (cnt + 1))
+    py = np.empty(1 + n_g * (cnt + 1))
+    px[0] = 0.0
+    py[0] = 0.0
+    n_p = 1
+    for g in range(n_g):
+        k_lo = kvals[(g * n_k) // n_g]
+        k_hi = kvals[((g + 1) * n_k) // n_g - 1]
+        f0 = fixed[k_lo]
+        bx = 0.0
+        by = f0
+        for i in range(cnt):
+            s = items[i]
+            if min(last_save[s], n_ops) <= k_hi:
+                bx += nbytes[s]
+                by += share[s - lo]
+                px[n_p] = bx
+                py[n_p] = by
+                n_p += 1
+    order = argsort(px[:n_p])
+    hx = np.empty(n_p)
+    hy = np.empty(n_p)
+    h = 0
+    for ii in range(n_p):
+        x = px[order[ii]]
+        y = py[order[ii]]
+        if h > 0 and hx[h - 1] == x:
+            if y >= hy[h - 1]:
+                continue
+            h -= 1
+        while h >= 2 and (hy[h - 1] - hy[h - 2]) * (x - hx[h - 2]) >= (y - hy[h - 2]) * (
+            hx[h - 1] - hx[h - 2]
+        ):
+            h -= 1
+        hx[h] = x
+        hy[h] = y
+        h += 1
+    for i in range(1, h):
+        # the envelope of a nondecreasing function can be taken nondecreasing
+        seg_x[n_seg] = hx[i] - hx[i - 1]
+        seg_y[n_seg] = max(0.0, hy[i] - hy[i - 1])
+        n_seg += 1
+    return n_seg
+
+
+@njit
+def _pwl(bx, by, slope, order, x):  # type: ignore[no-untyped-def]
+    """Value at ``x`` of the piecewise-linear function with breakpoints (bx, by)."""
+    n = bx.shape[0] - 1
+    if n == 0:
+        return 0.0
+    lo = 0
+    hi = n + 1
+    while hi - lo > 1:  # last breakpoint <= x
+        mid = (lo + hi) // 2
+        if bx[mid] <= x:
+            lo = mid
+        else:
+            hi = mid
+    i = lo
+    if i >= n:
+        return by[n]
+    return by[i] + slope[order[i]] * (x - bx[i])
+
+
+@njit
+def _lower_bound(
+    budget, st_ptr, nbytes, legal, last_save, save_time, op_ptr, op_sec, op_serv, out_ptr,
+    out_idx, noops, fwd_dur, bwd_dur, t0, d2h_bps, h2d_bps, host_limit, max_groups
+):  # type: ignore[no-untyped-def]
+    n_u = fwd_dur.shape[0]
+    b_total = 0.0
+    for u in range(n_u):
+        b_total += bwd_dur[u]
+    top = -1
+    for u in range(n_u - 1, -1, -1):
+        if bwd_dur[u] > 0:
+            top = u
+            break
+    if top < 0:
+        return t0 + b_total
+    a_t0 = 0
+    for s in range(st_ptr[top + 1]):
+        a_t0 += nbytes[s]
+    need = float(a_t0 - budget)
+    if need <= 0:
+        return t0 + b_total
+    cap = 0.0
+    if d2h_bps > 0 and h2d_bps > 0:
+        ob = 0.0
+        t_first = t0
+        for s in range(st_ptr[top + 1]):
+            if (legal[s] & 2) != 0 and nbytes[s] > 0:
+                ob += nbytes[s]
+                t_first = min(t_first, save_time[s])
+        cap = min(ob, d2h_bps * (t0 - t_first))
+        if host_limit > 0:
+            cap = min(cap, float(host_limit))
+    seg_x = np.empty(st_ptr[top + 1] * (max_groups + 1) + n_u + 1)
+    seg_y = np.empty(seg_x.shape[0])
+    n_seg = 0
+    for u in range(1, top + 1, 2):
+        n_seg = _region_envelope(
+            u, st_ptr, nbytes, legal, last_save, op_ptr, op_sec, op_serv, out_ptr,
+            out_idx, noops, fwd_dur, max_groups, seg_x, seg_y, n_seg
+        )
+    x_max = 0.0
+    for i in range(n_seg):
+        x_max += seg_x[i]
+    lo = max(0.0, need - cap)
+    hi = min(need, x_max)
+    if lo > hi * (1 + 1e-12):
+        return np.inf
+    slope = np.empty(n_seg)
+    for i in range(n_seg):
+        slope[i] = seg_y[i] / seg_x[i] if seg_x[i] > 0 else 0.0
+    order = argsort(slope)
+    # breakpoints of C, the cheapest replay for dropping x bytes (convex, increasing)
+    bx = np.zeros(n_seg + 1)
+    by = np.zeros(n_seg + 1)
+    for i in range(n_seg):
+        bx[i + 1] = bx[i] + seg_x[order[i]]
+        by[i + 1] = by[i] + seg_y[order[i]]
+    if h2d_bps <= 0:
+        return t0 + b_total + _pwl(bx, by, slope, order, lo)
+    # f(x) = max(B + C(x), (need - x) / h2d): first term increasing, second decreasing
+    if b_total + _pwl(bx, by, slope, order, lo) >= (need - lo) / h2d_bps:
+        return t0 + b_total + _pwl(bx, by, slope, order, lo)
+    if b_total + _pwl(bx, by, slope, order, hi) <= (need - hi) / h2d_bps:
+        return t0 + (need - hi) / h2d_bps
+    a = lo
+    for i in range(n_seg + 1):
+        e = min(hi, bx[i + 1]) if i < n_seg else hi
+        if e <= a:
+            continue
+        if b_total + _pwl(bx, by, slope, order, e) >= (need - e) / h2d_bps:
+            ya = b_total + _pwl(bx, by, slope, order, a)
+            sl = slope[order[i]] if i < n_seg else 0.0
+            x = (need / h2d_bps - ya + sl * a) / (sl + 1.0 / h2d_bps)
+            x = min(max(x, a), e)
+            return t0 + max(b_total + _pwl(bx, by, slope, order, x), (need - x) / h2d_bps)
+        a = e
+    return t0 + (need - hi) / h2d_bps
+
+
+def lower_bound(profile: Profile, budget_bytes: int | None) -> float:
+    """Physical lower bound on step seconds of any plan whose simulated peak <= budget.
+
+    Relaxation (every step is implied by the model in this module's docstring):
+
+    * Compute never idles less than forward + backward + replay, so
+      ``step >= F + B + replay``.
+    * At the end of forward (``T0 = F``) every storage of a unit whose backward has not
+      ended is resident unless dropped or offloaded with its copy landed. Units after the
+      last one with backward time > 0 may end at ``T0``; their bytes are left out. So the
+      bytes ``R`` dropped plus the bytes ``O`` landed by ``T0`` must cover
+      ``need = A - budget`` (``A``: the remaining bytes).
+    * ``O`` is at most what the D2H link carries from the earliest offloadable save to
+      ``T0`` (and the host limit); every offloaded byte comes back after ``T0`` on the
+      H2D link before the step ends, so ``step >= F + O / h2d``.
+    * The least replay time to drop ``R`` bytes is bounded below by a fractional
+      knapsack over per-region convex envelopes of ``fixed(K) + sum c_s`` (see
+      ``_region_envelope``): convex, so regions combine by slope.
+
+    Result: ``F + min over R of max(B + C(R), (need - R) / h2d)``, ``inf`` when even
+    dropping every droppable byte and filling the link cannot reach the budget.
+    ``budget_bytes=None`` gives ``F + B``.
+    """
+    flat = flatten(profile)
+    if budget_bytes is None:
+        return flat.t0 + float(flat.bwd_dur.sum())
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, np.integer)):
+        raise TypeError(f"budget_bytes must be an int or None, got {type(budget_bytes).__name__}")
+    return lower_bound_flat(flat, int(budget_bytes))
+
+
+def lower_bound_flat(flat: FlatProfile, budget_bytes: int, max_groups: int = 32) -> float:
+    return float(
+        _lower_bound(
+            float(budget_bytes),
+            flat.st_ptr,
+            flat.nbytes,
+            flat.legal,
+            flat.last_save,
+            flat.save_time,
+            flat.op_ptr,
+            flat.op_sec,
+            flat.op_serv,
+            flat.out_ptr,
+            flat.out_idx,
+            flat.noops,
+            flat.fwd_dur,
+            flat.bwd_dur,
+            flat.t0,
+            flat.d2h_bps,
+            flat.h2d_bps,
+            flat.host_limit_bytes,
+            max_groups,
+        )
+    )

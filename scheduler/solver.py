@@ -1,0 +1,1016 @@
+"""The placement optimiser: a memory budget in, the plan with the least predicted step time out.
+
+How it works (details in docs/planner.md):
+
+1. **Hidden offload set.** Storages that may be offloaded are ranked by how expensive
+   they are to recompute per byte (region inputs and root storages first: they cannot
+   be recomputed). Walking that ranking, a storage joins the set when, with everything
+   already in it, every D2H copy still lands before backward starts and every reload
+   still lands before its region's backward needs it (checked incrementally: a segment
+   tree for the D2H FIFO, a FIFO propagation for the H2D stream). Offloading a member
+   costs no time in the model; a storage of the last regions, whose reload would only
+   stall, never qualifies.
+2. **Chain of plans.** From all-KEEP, each step simulates the current plan, finds the
+   time of its memory peak and frees about ``delta`` bytes *at that time*, cheapest
+   seconds per byte first: hidden-set members that are off the device then (free),
+   offloads that may stall (priced by the stall they add to their region), and drops.
+   Drops are priced per region knowing the shared replay prefix: for every prefix end
+   ``K`` an option pays the ops before ``K`` that are not served plus the producers of
+   what it drops. A step that overshoots also records a side plan that frees the same
+   bytes with the single cheapest option. A step that only moves the peak is undone and
+   its moves banned; when the chain stalls it continues with drops only.
+3. **Frugal plans.** Dropping every droppable storage, with and without offloading
+   every offloadable one.
+4. **Local search** (profiles of at most ``REFINE_MAX_STORAGES`` storages): every plan
+   one storage change (two on tiny profiles) away from a plan on the time/peak Pareto
+   frontier is simulated, until the frontier stops changing.
+5. **Pick.** Every plan of that family has been simulated once; the answer is the
+   fastest one whose peak fits the budget (and whose offloads fit the host limit). The
+   family does not depend on the budget, so a larger budget never gives a slower plan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import math
+
+import numpy as np
+
+from scheduler.plan import Placement, Plan
+from scheduler.profile import Profile
+from scheduler.simulate import (
+    OFFLOAD_BIT,
+    RECOMPUTE_BIT,
+    FlatProfile,
+    SimResult,
+    Workspace,
+    argsort,
+    check_prefetch,
+    flatten,
+    lower_bound_flat,
+    njit,
+)
+
+__all__ = ["InfeasibleBudgetError", "exhaustive_solve", "solve"]
+
+logger = logging.getLogger(__name__)
+
+#: Steps the chain takes from all-KEEP to the most frugal plan.
+CHAIN_STEPS = 40
+#: The chain stops after this many steps without lowering the peak.
+CHAIN_PATIENCE = 8
+#: Profiles with at most this many storages also get a Pareto local search.
+REFINE_MAX_STORAGES = 48
+#: Profiles with at most this many storages also try changing two storages at once.
+REFINE_PAIRS_MAX_STORAGES = 12
+#: ... and three at once from the most frugal plan.
+REFINE_TRIPLES_MAX_STORAGES = 10
+#: Most simulations the local search may spend.
+REFINE_MAX_SIMULATIONS = 20_000
+_INFEASIBLE_MODES = ("warn", "error")
+
+
+class InfeasibleBudgetError(ValueError):
+    """No plan keeps the predicted activation peak within the budget."""
+
+    def __init__(self, budget_bytes: int, min_feasible_bytes: int) -> None:
+        super().__init__(
+            f"activation budget {format_bytes(budget_bytes)} ({budget_bytes} bytes) cannot be met; "
+            f"the smallest feasible budget is {format_bytes(min_feasible_bytes)} "
+            f"({min_feasible_bytes} bytes). Raise the budget, or pass infeasible='warn' to get "
+            "the most memory-frugal plan"
+        )
+        self.budget_bytes = budget_bytes
+        self.min_feasible_bytes = min_feasible_bytes
+
+
+def format_bytes(n: float) -> str:
+    """``1536 -> '1.50 KiB'``."""
+    v = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(v) < 1024 or unit == "TiB":
+            return f"{int(v)} B" if unit == "B" else f"{v:.2f} {unit}"
+        v /= 1024
+    return f"{v:.2f} TiB"
+
+
+# ------------------------------------------------------------------------------ kernels
+
+
+@njit
+def _standalone_replay(
+    st_ptr, unit_of, nbytes, legal, last_save, op_ptr, op_sec, op_serv, noops, fwd_dur,
+    prod_ptr, prod_ops
+):  # type: ignore[no-untyped-def]
+    """Replay seconds of dropping each storage alone (everything else KEEP); inf if it cannot be dropped."""
+    n = nbytes.shape[0]
+    out = np.full(n, np.inf)
+    n_u = st_ptr.shape[0] - 1
+    for u in range(n_u):
+        n_ops = op_ptr[u + 1] - op_ptr[u]
+        fixed = np.zeros(n_ops + 1)
+        for jj in range(n_ops):
+            j = op_ptr[u] + jj
+            fixed[jj + 1] = fixed[jj] + (0.0 if op_serv[j] else op_sec[j])
+        for s in range(st_ptr[u], st_ptr[u + 1]):
+            if (legal[s] & 4) == 0:
+                continue
+            if noops[u]:
+                out[s] = fwd_dur[u]
+                continue
+            k = min(last_save[s], n_ops)
+            c = fixed[k]
+            for q in range(prod_ptr[s], prod_ptr[s + 1]):
+                j = prod_ops[q]
+                if op_serv[j] and j - op_ptr[u] < k:
+                    c += op_sec[j]
+            out[s] = c
+    return out
+
+
+@njit
+def _seg_apply(t, add, node, v):  # type: ignore[no-untyped-def]
+    t[node] += v
+    add[node] += v
+
+
+@njit
+def _seg_pull(t, add, node):  # type: ignore[no-untyped-def]
+    node >>= 1
+    while node >= 1:
+        t[node] = max(t[2 * node], t[2 * node + 1]) + add[node]
+        node >>= 1
+
+
+@njit
+def _seg_range_add(t, add, size, lo, hi, v):  # type: ignore[no-untyped-def]
+    """Add ``v`` to leaves ``lo..hi`` (inclusive)."""
+    a = lo + size
+    b = hi + size + 1
+    a0 = a
+    b0 = b - 1
+    while a < b:
+        if a & 1:
+            _seg_apply(t, add, a, v)
+            a += 1
+        if b & 1:
+            b -= 1
+            _seg_apply(t, add, b, v)
+        a >>= 1
+        b >>= 1
+    _seg_pull(t, add, a0)
+    _seg_pull(t, add, b0)
+
+
+@njit
+def _seg_set(t, add, size, i, value):  # type: ignore[no-untyped-def]
+    node = i + size
+    acc = 0.0
+    p = node >> 1
+    while p >= 1:
+        acc += add[p]
+        p >>= 1
+    t[node] = value - acc
+    add[node] = 0.0
+    _seg_pull(t, add, node)
+
+
+@njit
+def _hidden_set(
+    cand, nbytes, save_time, unit_of, save_rank, t0, d2h_bps, h2d_bps, bwd_dur, prefetch, host_limit
+):  # type: ignore[no-untyped-def]
+    """Greedy hidden offload set, in the order of ``cand``.
+
+    NOTE [hidden offload]: a candidate is accepted when, together with all accepted
+    ones, (a) the D2H FIFO (save order) lands every copy by the end of forward ``t0``:
+    for each accepted ``i``, ``save_i + sum(copy seconds of accepted j saved at or after
+    i) <= t0``, kept as a max-segment-tree over save ranks; and (b) the H2D FIFO lands
+    each unit's reloads before that unit's backward is reached, with backward taken
+    without replay or stall (the tightest case), propagated unit by unit until the
+    added delay is absorbed by idle time.
+    Returns (accepted storages in acceptance order, landing time of each accepted copy).
+    """
+    n = nbytes.shape[0]
+    n_u = bwd_dur.shape[0]
+    top = n_u - 1
+    neg = -1e300
+    size = 1
+    while size < max(n, 1):
+        size *= 2
+    t = np.full(2 * size, neg)
+    add = np.zeros(2 * size)
+    fen = np.zeros(n + 1)
+    total = 0.0
+    tol = 1e-9 * max(t0, 1e-300)
+    reach0 = np.empty(n_u)
+    reach0[top] = t0
+    for v in range(top - 1, -1, -1):
+        reach0[v] = reach0[v + 1] + bwd_dur[v + 1]
+    issue = np.empty(n_u)
+    for x in range(n_u):
+        issue[x] = reach0[min(x + 2 * prefetch, top)]
+    load = np.zeros(n_u)
+    comp = issue.copy()
+    tmp = np.empty(n_u)
+    accepted = np.empty(cand.shape[0], dtype=np.int64)
+    n_acc = 0
+    used = 0
+    for ci in range(cand.shape[0]):
+        s = cand[ci]
+        b = nbytes[s]
+        if host_limit > 0 and used + b > host_limit:
+            continue
+        # (b) H2D
+        k = unit_of[s]
+        p_h = b / h2d_bps
+        prev = comp[k + 1] if k < top else -np.inf
+        ok = True
+        last = k
+        for x in range(k, -1, -1):
+            lx = load[x] + (p_h if x == k else 0.0)
+            nc = max(issue[x], prev) + lx
+            if x < k and nc <= comp[x]:
+                break
+            if lx > 0 and nc > reach0[x] + tol:
+                ok = False
+                break
+            tmp[x] = nc
+            prev = nc
+            last = x
+        if not ok:
+            continue
+        # (a) D2H
+        r = save_rank[s]
+        p_d = b / d2h_bps
+        _seg_range_add(t, add, size, 0, r, p_d)
+        i = r + 1
+        while i <= n:
+            fen[i] += p_d
+            i += i & (-i)
+        total += p_d
+        before = 0.0
+        i = r
+        while i > 0:
+            before += fen[i]
+            i -= i & (-i)
+        _seg_set(t, add, size, r, save_time[s] + (total - before) - t0)
+        if t[1] > tol:
+            _seg_set(t, add, size, r, neg)
+            _seg_range_add(t, add, size, 0, r, -p_d)
+            i = r + 1
+            while i <= n:
+                fen[i] -= p_d
+                i += i & (-i)
+            total -= p_d
+            continue
+        load[k] += p_h
+        for x in range(k, last - 1, -1):
+            comp[x] = tmp[x]
+        accepted[n_acc] = s
+        n_acc += 1
+        used += b
+    acc = accepted[:n_acc]
+    land = np.full(n, np.inf)
+    inset = np.zeros(n, dtype=np.bool_)
+    for i in range(n_acc):
+        inset[acc[i]] = True
+    order = np.empty(n, dtype=np.int64)
+    for s in range(n):
+        order[save_rank[s]] = s
+    free = 0.0
+    for i in range(n):
+        s = order[i]
+        if inset[s]:
+            free = max(free, save_time[s]) + nbytes[s] / d2h_bps
+            land[s] = free
+    return acc, land
+
+
+@njit
+def _chain_step(
+    place, new, side, tstar, delta, prefetch, h_order, h_land, legal, save_order, st_ptr,
+    unit_of, nbytes, save_time, last_save, op_ptr, op_sec, op_serv, out_ptr, out_idx, noops,
+    fwd_dur, d2h_bps, h2d_bps, d2h_end, h2d_end, reach, cstart, prod_ptr, prod_ops
+):  # type: ignore[no-untyped-def]
+    """One step of the chain: free about ``delta`` bytes resident at time ``tstar``.
+
+    Writes the next chain plan into ``new`` and a side plan into ``side``.
+    Returns (bytes freed at tstar by ``new``, whether ``side`` differs from ``new``).
+    """
+    n_u = fwd_dur.shape[0]
+    n_st = place.shape[0]
+    top = n_u - 1
+    for s in range(n_st):
+        new[s] = place[s]
+    freed = 0
+    # 1. hidden offloads that are off the device at tstar (free)
+    for i in range(h_order.shape[0]):
+        if freed >= delta:
+            break
+        s = h_order[i]
+        if place[s] != 0 or save_time[s] > tstar or (legal[s] & 2) == 0:
+            continue
+        iss = reach[min(unit_of[s] + 2 * prefetch, top)]
+        if h_land[s] <= tstar < iss:
+            new[s] = 1
+            freed += nbytes[s]
+    for s in range(n_st):
+        side[s] = new[s]
+    if freed >= delta:
+        return freed, False
+    need = delta - freed
+    # options: region drops (kind 0, ref = unit) and offloads that may stall (kind 1, ref = storage)
+    opt_ratio = np.empty(n_u + n_st)
+    opt_bytes = np.empty(n_u + n_st)
+    opt_room = np.zeros(n_u + n_st)  # offloads: D2H seconds of room before tstar
+    opt_kind = np.empty(n_u + n_st, dtype=np.int64)
+    opt_ref = np.empty(n_u + n_st, dtype=np.int64)
+    opt_k = np.zeros(n_u + n_st, dtype=np.int64)
+    opt_cnt = np.zeros(n_u + n_st, dtype=np.int64)
+    n_opt = 0
+    side_cost = np.inf
+    side_bytes = 0.0
+    side_kind = -1
+    side_ref = -1
+    side_k = 0
+    side_cnt = 0
+    # 2. drops, per region the best option per prefix end K, knowing the shared prefix
+    items = np.empty(n_st, dtype=np.int64)
+    item_ptr = np.zeros(n_u + 1, dtype=np.int64)
+    eff = np.zeros(n_st, dtype=np.int64)
+    addc = np.zeros(n_st)
+    stamp = np.full(op_sec.shape[0], -1, dtype=np.int64)
+    base_all = np.zeros(64)
+    walk = 0
+    n_items = 0
+    for u in range(n_u):
+        item_ptr[u] = n_items
+        if u % 2 == 0 or tstar >= cstart[u]:
+            continue
+        iss = reach[min(u + 2 * prefetch, top)]
+        n_ops = op_ptr[u + 1] - op_ptr[u]
+        k_cur = 0
+        any_drop = False
+        candidates = False
+        for s in range(st_ptr[u], st_ptr[u + 1]):
+            if new[s] == 2:
+                any_drop = True
+                k_cur = max(k_cur, min(last_save[s], n_ops))
+            elif (legal[s] & 4) != 0 and nbytes[s] > 0 and save_time[s] <= tstar:
+                candidates = True
+        if not candidates:
+            continue
+        # cost of the ops before each prefix end that run in replay under the current plan
+        if base_all.shape[0] < n_ops + 1:
+            base_all = np.zeros(2 * n_ops + 1)
+        base = base_all[: n_ops + 1]
+        base[0] = 0.0
+        for jj in range(n_ops):
+            j = op_ptr[u] + jj
+            unserved = not op_serv[j]
+            if not unserved:
+                for q in range(out_ptr[j], out_ptr[j + 1]):
+                    if new[out_idx[q]] != 0:
+                        unserved = True
+                        break
+            base[jj + 1] = base[jj] + (op_sec[j] if unserved else 0.0)
+        start = n_items
+        for s in range(st_ptr[u], st_ptr[u + 1]):
+            if (legal[s] & 4) == 0 or nbytes[s] == 0 or new[s] == 2:
+                continue
+            if new[s] == 0:
+                if save_time[s] > tstar:
+                    continue
+            elif place[s] == 1:
+                lands = d2h_end[s]
+                if lands >= iss:
+                    resident = save_time[s] <= tstar
+                else:
+                    resident = (save_time[s] <= tstar < lands) or (iss <= tstar)
+                if not resident:
+                    continue
+            else:
+                continue
+            c = 0.0
+            if not noops[u]:
+                for q in range(prod_ptr[s], prod_ptr[s + 1]):
+                    j = prod_ops[q]
+                    if base[j - op_ptr[u] + 1] == base[j - op_ptr[u]] and op_sec[j] > 0:
+                        c += op_sec[j]  # served now: dropping s makes it run
+            items[n_items] = s
+            eff[s] = max(k_cur, min(last_save[s], n_ops))
+            addc[s] = c
+            n_items += 1
+        if n_items == start:
+            continue
+        m = n_items - start
+        dens = np.empty(m)
+        for i in range(m):
+            s = items[start + i]
+            dens[i] = addc[s] / nbytes[s]
+        order = argsort(dens)
+        tmp = items[start:n_items].copy()
+        for i in range(m):
+            items[start + i] = tmp[order[i]]
+        cur = 0.0
+        if any_drop:
+            cur = fwd_dur[u] if noops[u] else base[k_cur]
+        best_r = np.inf
+        best_b = 0.0
+        best_kp = 0
+        best_n = 0
+        for i in range(m):
+            kp = eff[items[start + i]]
+            seen = False
+            for i2 in range(i):
+                if eff[items[start + i2]] == kp:
+                    seen = True
+                    break
+            if seen:
+                continue
+            cost = (fwd_dur[u] - cur) if noops[u] else (base[kp] - cur)
+            got = 0.0
+            cnt = 0
+            walk += 1
+            for i2 in range(m):
+                s = items[start + i2]
+                if eff[s] > kp:
+                    continue
+                if not noops[u]:
+                    for q in range(prod_ptr[s], prod_ptr[s + 1]):
+                        j = prod_ops[q]
+                        if stamp[j] != walk and base[j - op_ptr[u] + 1] == base[j - op_ptr[u]]:
+                            stamp[j] = walk
+                            cost += op_sec[j]
+                got += nbytes[s]
+                cnt += 1
+                ratio = cost / got
+                if ratio < best_r or (ratio == best_r and got > best_b):
+                    best_r = ratio
+                    best_b = got
+                    best_kp = kp
+                    best_n = cnt
+                if got >= need and (cost < side_cost or (cost == side_cost and got > side_bytes)):
+                    side_cost = cost
+                    side_bytes = got
+                    side_kind = 0
+                    side_ref = u
+                    side_k = kp
+                    side_cnt = cnt
+        opt_ratio[n_opt] = best_r
+        opt_bytes[n_opt] = best_b
+        opt_kind[n_opt] = 0
+        opt_ref[n_opt] = u
+        opt_k[n_opt] = best_kp
+        opt_cnt[n_opt] = best_n
+        n_opt += 1
+    item_ptr[n_u] = n_items
+    # 3. offloads that are not hidden: stall estimated from the unit's reload queue
+    if d2h_bps > 0 and h2d_bps > 0:
+        ready = np.zeros(n_u)
+        for s in range(n_st):
+            if place[s] == 1 and h2d_end[s] > ready[unit_of[s]]:
+                ready[unit_of[s]] = h2d_end[s]
+        # NOTE [D2H room]: a new copy joins the D2H FIFO in save order and delays the
+        # copies saved after it; lim[i] is the latest the copy inserted at save position
+        # i may land without pushing any copy that lands by tstar past tstar.
+        lim = np.empty(n_st)
+        nxt = np.inf
+        for i in range(n_st - 1, -1, -1):
+            s = save_order[i]
+            lim[i] = nxt
+            if place[s] == 1:
+                cap = tstar if d2h_end[s] <= tstar else np.inf
+                nxt = min(cap, nxt) - nbytes[s] / d2h_bps
+        busy = 0.0
+        for i in range(n_st):
+            s = save_order[i]
+            if place[s] == 1:
+                busy = max(busy, d2h_end[s])
+                continue
+            if new[s] != 0 or (legal[s] & 2) == 0 or nbytes[s] == 0 or save_time[s] > tstar:
+                continue
+            x = unit_of[s]
+            if tstar >= cstart[x]:
+                continue
+            iss = reach[min(x + 2 * prefetch, top)]
+            lands = max(save_time[s], busy) + nbytes[s] / d2h_bps
+            room = min(tstar, lim[i]) - lands
+            if room < 0 or tstar >= iss:
+                continue
+            late = max(ready[x], iss) + nbytes[s] / h2d_bps
+            cost = max(0.0, late - reach[x]) - max(0.0, ready[x] - reach[x])
+            opt_ratio[n_opt] = cost / nbytes[s]
+            opt_bytes[n_opt] = nbytes[s]
+            opt_room[n_opt] = room
+            opt_kind[n_opt] = 1
+            opt_ref[n_opt] = s
+            n_opt += 1
+            if nbytes[s] >= need and (
+                cost < side_cost or (cost == side_cost and nbytes[s] > side_bytes)
+            ):
+                side_cost = cost
+                side_bytes = nbytes[s]
+                side_kind = 1
+                side_ref = s
+    # 4. apply options cheapest per byte first
+    order_o = argsort(opt_ratio[:n_opt])
+    first = -1
+    n_applied = 0
+    shift = 0.0  # D2H seconds of offloads applied in this step
+    slack = np.inf  # least room left among them
+    for oi in range(n_opt):
+        o = order_o[oi]
+        if freed >= delta:
+            break
+        if opt_kind[o] == 0:
+            u = opt_ref[o]
+            cnt = 0
+            for i in range(item_ptr[u], item_ptr[u + 1]):
+                s = items[i]
+                if eff[s] <= opt_k[o] and cnt < opt_cnt[o]:
+                    new[s] = 2
+                    cnt += 1
+        else:
+            s = opt_ref[o]
+            p_d = nbytes[s] / d2h_bps
+            if new[s] != 0 or opt_room[o] < shift or p_d > slack:
+                continue
+            new[s] = 1
+            slack = min(slack - p_d, opt_room[o] - shift)
+            shift += p_d
+        freed += int(opt_bytes[o])
+        if first < 0:
+            first = o
+        n_applied += 1
+    has_side = False
+    if side_kind >= 0 and freed > delta + delta // 2:  # only worth it when the step overshoots
+        same = (
+            n_applied == 1
+            and opt_kind[first] == side_kind
+            and opt_ref[first] == side_ref
+            and (side_kind == 1 or (opt_k[first] == side_k and opt_cnt[first] == side_cnt))
+        )
+        if not same:
+            if side_kind == 0:
+                cnt = 0
+                for i in range(item_ptr[side_ref], item_ptr[side_ref + 1]):
+                    s = items[i]
+                    if eff[s] <= side_k and cnt < side_cnt:
+                        side[s] = 2
+                        cnt += 1
+            else:
+                side[side_ref] = 1
+            has_side = True
+    return freed, has_side
+
+
+# ----------------------------------------------------------------------------- family
+
+
+class _Family:
+    """Budget-independent candidate plans of one profile, each simulated once."""
+
+    def __init__(self, flat: FlatProfile, ws: Workspace, legal: np.ndarray, prefetch: int) -> None:
+        self.flat = flat
+        self.ws = ws
+        self.legal = legal
+        self.prefetch = prefetch
+        self.places: list[np.ndarray] = []
+        self.results: list[SimResult] = []
+
+    def add(self, place: np.ndarray) -> SimResult:
+        res = self.ws.run(place, self.prefetch)
+        self.places.append(place.copy())
+        self.results.append(res)
+        return res
+
+    @property
+    def times(self) -> np.ndarray:
+        return np.asarray([r.step for r in self.results])
+
+    @property
+    def peaks(self) -> np.ndarray:
+        return np.asarray([r.peak for r in self.results], dtype=np.int64)
+
+    def frontier(self) -> list[int]:
+        """Members no other member beats on both step time and peak."""
+        order = sorted(
+            range(len(self.results)), key=lambda i: (self.results[i].step, self.results[i].peak, i)
+        )
+        out: list[int] = []
+        best_peak = None
+        for i in order:
+            p = self.results[i].peak
+            if best_peak is None or p < best_peak:
+                out.append(i)
+                best_peak = p
+        return out
+
+    def refine(self) -> None:
+        """Pareto local search: simulate every plan one storage change away (on tiny
+        profiles two) from every frontier member, and three away from the most frugal
+        one on the tiniest, until the frontier stops changing or the simulation
+        allowance is spent."""
+        n = self.flat.n_storages
+        moves = [(s, q) for s in range(n) for q in (0, 1, 2) if self.legal[s] & (1 << q)]
+        seen = {p.tobytes() for p in self.places}
+        expanded: set[tuple[bytes, int]] = set()
+        budget = [REFINE_MAX_SIMULATIONS]
+
+        def expand(base: np.ndarray, depth: int) -> None:
+            for combo in itertools.combinations(range(len(moves)), depth):
+                if budget[0] <= 0:
+                    return
+                cand = base.copy()
+                touched = set()
+                for m in combo:
+                    s, q = moves[m]
+                    if s in touched or base[s] == q:
+                        break
+                    touched.add(s)
+                    cand[s] = q
+                else:
+                    key = cand.tobytes()
+                    if key not in seen:
+                        seen.add(key)
+                        self.add(cand)
+                        budget[0] -= 1
+
+        while budget[0] > 0:
+            front = self.frontier()
+            frugal = min(front, key=lambda i: (self.results[i].peak, self.results[i].step))
+            work = []
+            for i in front:
+                depths = [1]
+                if n <= REFINE_PAIRS_MAX_STORAGES:
+                    depths.append(2)
+                if i == frugal and n <= REFINE_TRIPLES_MAX_STORAGES:
+                    depths.append(3)
+                for d in depths:
+                    key = (self.places[i].tobytes(), d)
+                    if key not in expanded:
+                        expanded.add(key)
+                        work.append((i, d))
+            if not work:
+                return
+            for i, d in work:
+                expand(self.places[i], d)
+
+
+def _producers(flat: FlatProfile) -> tuple[np.ndarray, np.ndarray]:
+    """Per storage, the ops that list it among their outputs (CSR)."""
+    n_ops = flat.op_sec.shape[0]
+    counts = np.diff(flat.out_ptr)
+    owner = np.repeat(np.arange(n_ops, dtype=np.int64), counts)
+    ok = flat.out_idx >= 0
+    st = flat.out_idx[ok]
+    ops = owner[ok]
+    order = np.argsort(st, kind="stable")
+    ptr = np.zeros(flat.n_storages + 1, dtype=np.int64)
+    np.add.at(ptr, st + 1, 1)
+    return np.cumsum(ptr).astype(np.int64), ops[order].astype(np.int64)
+
+
+def _levels(ws: Workspace) -> tuple[np.ndarray, np.ndarray]:
+    """Memory curve of the last simulation: event times and the level after each."""
+    n = ws.n_events
+    return ws.ev_t[:n].copy(), np.cumsum(ws.ev_d[:n])
+
+
+def _level_at(levels: tuple[np.ndarray, np.ndarray], t: float) -> int:
+    times, level = levels
+    i = int(np.searchsorted(times, t, side="right")) - 1
+    return int(level[i]) if i >= 0 else 0
+
+
+def _build_family(
+    flat: FlatProfile, ws: Workspace, legal: np.ndarray, prefetch: int, keep_res: SimResult
+) -> _Family:
+    fam = _Family(flat, ws, legal, prefetch)
+    n = flat.n_storages
+    keep = np.zeros(n, dtype=np.int8)
+    fam.places.append(keep.copy())
+    fam.results.append(keep_res)
+    can_drop = (legal & RECOMPUTE_BIT) != 0
+    can_off = (legal & OFFLOAD_BIT) != 0
+    frugal = np.where(can_drop, 2, 0).astype(np.int8)
+    floor = fam.add(frugal).peak
+    if bool(np.any(can_off & ~can_drop)):
+        frugal_off = np.where(can_drop, 2, np.where(can_off, 1, 0)).astype(np.int8)
+        floor = min(floor, fam.add(frugal_off).peak)
+    prod_ptr, prod_ops = _producers(flat)
+    h_order = np.zeros(0, dtype=np.int64)
+    h_land = np.full(n, np.inf)
+    if bool(np.any(can_off)):
+        rho = _standalone_replay(
+            flat.st_ptr, flat.unit_of, flat.nbytes, legal, flat.last_save, flat.op_ptr,
+            flat.op_sec, flat.op_serv, flat.noops, flat.fwd_dur, prod_ptr, prod_ops
+        )
+        with np.errstate(divide="ignore", invalid="ignore"):
+            density = np.where(flat.nbytes > 0, rho / np.maximum(flat.nbytes, 1), 0.0)
+        cand = np.flatnonzero(can_off & (flat.nbytes > 0))
+        # most expensive to recompute per byte first, earlier saves first among equals
+        rank = np.empty(n, dtype=np.int64)
+        rank[flat.save_order] = np.arange(n)
+        cand = cand[np.lexsort((rank[cand], -density[cand]))].astype(np.int64)
+        h_order, h_land = _hidden_set(
+            cand, flat.nbytes, flat.save_time, flat.unit_of, rank, flat.t0,
+            flat.d2h_bps, flat.h2d_bps, flat.bwd_dur, prefetch, flat.host_limit_bytes
+        )
+    span = keep_res.peak - floor if floor < keep_res.peak else keep_res.peak
+    delta = max(1, span // CHAIN_STEPS)
+    cur = keep
+    res = ws.run(keep, prefetch)  # the kernels below read this simulation's arrays
+    levels = _levels(ws)
+    new = np.empty(n, dtype=np.int8)
+    side = np.empty(n, dtype=np.int8)
+    # NOTE [chain bans]: a step that frees bytes at the peak can create an equal or
+    # higher peak elsewhere (a dropped storage returns when its region's backward
+    # starts). Such a step is kept as a family member, its moves are banned and the
+    # step is retried from the previous plan; bans are lifted after the next progress.
+    banned = np.zeros(n, dtype=np.int64)
+    stale = 0  # steps since the peak last went down
+    # NOTE [drops-only leg]: offloads can leave the chain see-sawing between a forward
+    # peak (copies in flight) and a backward peak (reloads); when it stops making
+    # progress it restarts from its lowest-peak plan with drops as the only new moves,
+    # which carries the family down to the frugal end.
+    drops_only = False
+    mask = legal
+    best_place, best_res = cur, res
+    for _ in range(3 * CHAIN_STEPS + 16):
+        freed = 0
+        if stale < CHAIN_PATIENCE:
+            freed, has_side = _chain_step(
+                cur, new, side, res.peak_time, delta, prefetch, h_order, h_land,
+                mask & ~banned, flat.save_order, flat.st_ptr, flat.unit_of,
+                flat.nbytes, flat.save_time, flat.last_save, flat.op_ptr,
+                flat.op_sec, flat.op_serv, flat.out_ptr, flat.out_idx, flat.noops,
+                flat.fwd_dur, flat.d2h_bps, flat.h2d_bps, ws.d2h_end, ws.h2d_end,
+                ws.reach, ws.cstart, prod_ptr, prod_ops
+            )
+        if freed <= 0:
+            if drops_only:
+                break
+            drops_only = True
+            mask = legal & ~OFFLOAD_BIT
+            h_order = h_order[:0]
+            cur, stale = best_place, 0
+            banned[:] = 0
+            res = ws.run(cur, prefetch)
+            levels = _levels(ws)
+            continue
+        if has_side:
+            fam.add(side)
+        step = fam.add(new)
+        stale = 0 if step.peak <= res.peak - max(1, delta // 4) else stale + 1
+        if step.peak < res.peak or _level_at(levels, step.peak_time) >= step.peak:
+            cur = fam.places[-1]
+            res = step
+            levels = _levels(ws)
+            banned[:] = 0
+            if res.peak < best_res.peak:
+                best_place, best_res = cur, res
+        else:
+            changed = new != cur
+            banned[changed & (new == 2)] |= RECOMPUTE_BIT
+            banned[changed & (new == 1)] |= OFFLOAD_BIT
+            ws.run(cur, prefetch)
+    if n <= REFINE_MAX_STORAGES:
+        fam.refine()
+    return fam
+
+
+# ------------------------------------------------------------------------------- public
+
+
+def _check_budget(budget_bytes: object) -> int | None:
+    if budget_bytes is None:
+        return None
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, np.integer)):
+        raise TypeError(
+            f"budget_bytes must be an int (bytes) or None, got {type(budget_bytes).__name__}; "
+            "parse unit strings such as '20GiB' with scheduler.cli.parse_bytes"
+        )
+    if budget_bytes < 0:
+        raise ValueError(f"budget_bytes = {budget_bytes} is invalid; accepted: an int >= 0 or None")
+    return int(budget_bytes)
+
+
+def _check_overhead(max_overhead: object) -> float | None:
+    if max_overhead is None:
+        return None
+    if isinstance(max_overhead, bool) or not isinstance(max_overhead, (int, float)):
+        raise TypeError(f"max_overhead must be a number or None, got {type(max_overhead).__name__}")
+    v = float(max_overhead)
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(
+            f"max_overhead = {max_overhead!r} is invalid; accepted: a number >= 0 (0.05 = 5%) or None"
+        )
+    return v
+
+
+def _plan_id(flat: FlatProfile, place: np.ndarray) -> str:
+    """Short stable id: a hash of each unit's name and its storages' placements."""
+    h = hashlib.sha1()
+    ptr = flat.st_ptr
+    for u, name in enumerate(flat.unit_names):
+        lo, hi = int(ptr[u]), int(ptr[u + 1])
+        if hi > lo:
+            h.update(name.encode())
+            h.update(place[lo:hi].astype(np.int8).tobytes())
+    return h.hexdigest()[:12]
+
+
+_PLACEMENTS = tuple(Placement)
+
+
+def _make_plan(
+    flat: FlatProfile,
+    place: np.ndarray,
+    res: SimResult,
+    *,
+    budget: int | None,
+    feasible: bool = True,
+    min_feasible: int | None = None,
+    notes: list[str] | None = None,
+) -> Plan:
+    lb_budget = budget if (budget is not None and feasible) else res.peak
+    lb = lower_bound_flat(flat, lb_budget)
+    return Plan(
+        placements=dict(zip(flat.keys, [_PLACEMENTS[p] for p in place.tolist()])),
+        budget_bytes=budget,
+        predicted_step_seconds=res.step,
+        predicted_peak_bytes=res.peak,
+        lower_bound_seconds=lb,
+        feasible=feasible,
+        min_feasible_budget_bytes=min_feasible,
+        plan_id=_plan_id(flat, place),
+        notes=list(notes or []),
+    )
+
+
+def _within_host(results: list[SimResult], host_limit: int) -> np.ndarray:
+    if host_limit <= 0:
+        return np.ones(len(results), dtype=bool)
+    return np.asarray([r.d2h_bytes <= host_limit for r in results], dtype=bool)
+
+
+def _pick(
+    times: np.ndarray,
+    peaks: np.ndarray,
+    mask: np.ndarray,
+    primary: np.ndarray,
+    secondary: np.ndarray,
+) -> int:
+    """Index among ``mask`` minimising (primary, secondary, index)."""
+    idx = np.flatnonzero(mask)
+    order = np.lexsort((idx, secondary[idx], primary[idx]))
+    return int(idx[order[0]])
+
+
+def solve(
+    profile: Profile,
+    *,
+    budget_bytes: int | None,
+    max_overhead: float | None = None,
+    prefetch_regions: int = 2,
+    allow_offload: bool = True,
+    infeasible: str = "warn",
+) -> Plan:
+    """Placements that keep the predicted activation peak within ``budget_bytes`` at the
+    least predicted step time.
+
+    * ``budget_bytes``: activation budget in bytes; ``None`` = no budget.
+    * ``max_overhead``: accepted predicted step-time overhead over all-KEEP (0.05 = 5%).
+      Without a budget the planner buys the smallest peak within that overhead; with a
+      budget it only notes when meeting the budget costs more.
+    * ``prefetch_regions``: how many regions ahead reloads are issued in backward.
+    * ``allow_offload``: False restricts plans to KEEP and RECOMPUTE.
+    * ``infeasible``: ``"warn"`` returns the most memory-frugal plan with
+      ``feasible=False`` when the budget cannot be met; ``"error"`` raises
+      ``InfeasibleBudgetError``.
+    """
+    budget = _check_budget(budget_bytes)
+    overhead = _check_overhead(max_overhead)
+    prefetch = check_prefetch(prefetch_regions)
+    if infeasible not in _INFEASIBLE_MODES:
+        raise ValueError(
+            f"infeasible={infeasible!r} is invalid; accepted: " + ", ".join(_INFEASIBLE_MODES)
+        )
+    flat = flatten(profile)
+    ws = Workspace(flat)
+    legal = flat.legal.copy()
+    if not allow_offload or not flat.has_link:
+        legal &= ~OFFLOAD_BIT
+    keep = np.zeros(flat.n_storages, dtype=np.int8)
+    keep_res = ws.run(keep, prefetch)
+    if budget is None and overhead is None:
+        return _make_plan(flat, keep, keep_res, budget=None)
+    if budget is not None and keep_res.peak <= budget:
+        return _make_plan(flat, keep, keep_res, budget=budget)
+    fam = _build_family(flat, ws, legal, prefetch, keep_res)
+    times, peaks = fam.times, fam.peaks
+    base = keep_res.step
+    limit = base * (1.0 + overhead) * (1 + 1e-12) if overhead is not None else math.inf
+    # pinned host memory: a plan may not offload more than the host limit
+    host_ok = _within_host(fam.results, flat.host_limit_bytes)
+    notes: list[str] = []
+    if budget is None:
+        i = _pick(times, peaks, host_ok & (times <= limit), peaks.astype(np.float64), times)
+        res = fam.results[i]
+        notes.append(
+            f"no budget given: smallest predicted peak ({format_bytes(res.peak)}) within "
+            f"max_overhead {overhead:.1%} (predicted overhead {res.step / base - 1:.1%})"
+        )
+        return _make_plan(flat, fam.places[i], res, budget=None, notes=notes)
+    fits = host_ok & (peaks <= budget)
+    if not bool(np.any(fits)):
+        i = _pick(times, peaks, host_ok, peaks.astype(np.float64), times)
+        res = fam.results[i]
+        if infeasible == "error":
+            raise InfeasibleBudgetError(budget, res.peak)
+        msg = (
+            f"budget {format_bytes(budget)} cannot be met; the smallest feasible budget is "
+            f"{format_bytes(res.peak)} ({res.peak} bytes); this is the most memory-frugal plan"
+        )
+        logger.warning("offrecomp planner: %s", msg)
+        notes.append(msg)
+        return _make_plan(
+            flat,
+            fam.places[i],
+            res,
+            budget=budget,
+            feasible=False,
+            min_feasible=res.peak,
+            notes=notes,
+        )
+    i = _pick(times, peaks, fits, times, peaks.astype(np.float64))
+    res = fam.results[i]
+    if overhead is not None and res.step > limit:
+        notes.append(
+            f"meeting budget {format_bytes(budget)} costs a predicted overhead of "
+            f"{res.step / base - 1:.1%}, above max_overhead {overhead:.1%}; the plan meets the budget"
+        )
+    return _make_plan(flat, fam.places[i], res, budget=budget, notes=notes)
+
+
+def exhaustive_solve(
+    profile: Profile,
+    budget_bytes: int | None,
+    *,
+    prefetch_regions: int = 2,
+    allow_offload: bool = True,
+    max_plans: int = 200_000,
+) -> Plan:
+    """Best plan by trying every legal placement of every storage (tiny profiles only).
+
+    Same contract as ``solve``'s ``infeasible='warn'``. Raises ValueError when there are
+    more than ``max_plans`` combinations.
+    """
+    budget = _check_budget(budget_bytes)
+    prefetch = check_prefetch(prefetch_regions)
+    flat = flatten(profile)
+    ws = Workspace(flat)
+    legal = flat.legal.copy()
+    if not allow_offload or not flat.has_link:
+        legal &= ~OFFLOAD_BIT
+    choices = [[p for p in (0, 1, 2) if legal[i] & (1 << p)] for i in range(flat.n_storages)]
+    total = math.prod(len(c) for c in choices)
+    if total > max_plans:
+        raise ValueError(
+            f"exhaustive search over {total} plans exceeds max_plans={max_plans}; use solve() "
+            "or a smaller profile"
+        )
+    best: tuple[float, int] | None = None
+    frugal: tuple[int, float] | None = None
+    best_place = frugal_place = np.zeros(flat.n_storages, dtype=np.int8)
+    best_res = frugal_res = None
+    place = np.zeros(flat.n_storages, dtype=np.int8)
+    for combo in itertools.product(*choices):
+        place[:] = combo
+        res = ws.run(place, prefetch)
+        if 0 < flat.host_limit_bytes < res.d2h_bytes:
+            continue
+        if (budget is None or res.peak <= budget) and (best is None or (res.step, res.peak) < best):
+            best = (res.step, res.peak)
+            best_place, best_res = place.copy(), res
+        if frugal is None or (res.peak, res.step) < frugal:
+            frugal = (res.peak, res.step)
+            frugal_place, frugal_res = place.copy(), res
+    if best_res is not None:
+        return _make_plan(flat, best_place, best_res, budget=budget)
+    assert frugal_res is not None and budget is not None  # the loop ran at least once
+    return _make_plan(
+        flat,
+        frugal_place,
+        frugal_res,
+        budget=budget,
+        feasible=False,
+        min_feasible=frugal_res.peak,
+        notes=[
+            f"budget {format_bytes(budget)} cannot be met; smallest feasible {format_bytes(frugal_res.peak)}"
+        ],
+    )

@@ -1,0 +1,283 @@
+"""Synthetic profiles for hardware and models that are not at hand ("what-if" planning).
+
+``gpt_profile`` builds the profile a pre-LN GPT block stack would produce, op by op, with
+FLOP-derived times for matmuls and attention and HBM-bandwidth-derived times for the
+elementwise ops. Saved bytes follow Korthikanti et al. (2022): per layer
+``s*b*h*(34 + 5*a*s/h)`` bytes in 16-bit with 1-byte dropout masks, the ``5*a*s/h``
+term gone with a fused (flash) attention kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler.profile import OpRecord, Profile, RegionRecord, StorageKind, StorageRecord
+
+__all__ = ["gpt_profile"]
+
+
+@dataclass
+class _Block:
+    """Builds one region: ops in dispatch order and the storages they save."""
+
+    launch_seconds: float
+    ops: list[OpRecord] = field(default_factory=list)
+    storages: list[StorageRecord] = field(default_factory=list)
+    first_saves: dict[int, int] = field(default_factory=dict)
+
+    def storage(self, nbytes: int, kind: StorageKind = "activation") -> int:
+        producer = len(self.ops) if kind == "activation" else -1
+        self.storages.append(StorageRecord(nbytes=int(nbytes), kind=kind, producer_op=producer))
+        return len(self.storages) - 1
+
+    def op(
+        self,
+        name: str,
+        seconds: float,
+        outputs: tuple[int, ...],
+        *,
+        skippable: bool = True,
+        flops: float = 0.0,
+    ) -> int:
+        self.ops.append(
+            OpRecord(
+                name=name,
+                seconds=max(seconds, self.launch_seconds),
+                skippable=skippable,
+                outputs=outputs,
+                flops=flops,
+            )
+        )
+        return len(self.ops) - 1
+
+    def saved_as_input(self, *storages: int) -> None:
+        """The next op saves these storages before it is dispatched."""
+        self._save(len(self.ops), storages)
+
+    def saved_as_output(self, *storages: int) -> None:
+        """The op just dispatched saved these storages (its outputs)."""
+        self._save(len(self.ops), storages)
+
+    def _save(self, position: int, storages: tuple[int, ...]) -> None:
+        # position = number of ops dispatched before the save (see StorageRecord)
+        for i in storages:
+            s = self.storages[i]
+            if i in self.first_saves:
+                s.saves += 1
+            else:
+                self.first_saves[i] = position
+                s.first_save_op = position
+            s.last_save_op = max(s.last_save_op, position)
+
+    def finish(self) -> None:
+        starts = [0.0]
+        for o in self.ops:
+            starts.append(starts[-1] + o.seconds)
+        for s in self.storages:
+            s.offset_seconds = starts[min(s.first_save_op, len(self.ops))]
+
+
+def _positive_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} = {value!r} is invalid; accepted: an int > 0")
+    return value
+
+
+def _positive(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} = {value!r} is invalid; accepted: a number > 0")
+    return float(value)
+
+
+def gpt_profile(
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    seq: int,
+    batch: int,
+    dtype_bytes: int = 2,
+    device_tflops: float,
+    d2h_gbps: float,
+    h2d_gbps: float,
+    mfu: float = 0.5,
+    ffn_mult: int = 4,
+    fused_attention: bool = True,
+    micro_ops: bool = True,
+    dropout: bool = True,
+    causal: bool = True,
+    hbm_bytes_per_s: float = 4.8e12,
+    launch_seconds: float = 3e-6,
+) -> Profile:
+    """Profile of ``layers`` pre-LN GPT blocks, one region (``layers.i``) per block.
+
+    Per block, in dispatch order: layernorm, QKV matmul, attention (flash: saves q, k, v
+    as one QKV storage, its output and logsumexp; unfused: QK^T, softmax, dropout, AV),
+    output projection (output not saved), dropout, residual add, layernorm, fc1, GELU,
+    fc2 (output not saved), dropout, residual add. Block inputs are storages of kind
+    ``input``. Matmul and attention seconds are FLOPs / (``device_tflops`` * ``mfu``);
+    elementwise seconds are bytes moved / ``hbm_bytes_per_s``; every op takes at least
+    ``launch_seconds``. Backward is taken as twice the forward.
+
+    ``dropout``: dropout after attention and MLP with 1-byte masks (Korthikanti's
+    accounting; 34*s*b*h bytes per layer in 16-bit with fused attention, 32 without).
+    ``micro_ops``: also record layernorm statistics (fp32 mean/rstd per row) and the
+    view ops around attention, as an op recorder sees them. ``causal``: flash attention
+    skips the masked half of its FLOPs.
+    """
+    layers = _positive_int(layers, "layers")
+    h = _positive_int(hidden, "hidden")
+    a = _positive_int(heads, "heads")
+    s = _positive_int(seq, "seq")
+    b = _positive_int(batch, "batch")
+    d = _positive_int(dtype_bytes, "dtype_bytes")
+    f = _positive_int(ffn_mult, "ffn_mult")
+    if h % a:
+        raise ValueError(
+            f"hidden = {h} is not divisible by heads = {a}; accepted: heads dividing hidden"
+        )
+    flops_per_s = _positive(device_tflops, "device_tflops") * 1e12 * _positive(mfu, "mfu")
+    if mfu > 1:
+        raise ValueError(f"mfu = {mfu!r} is invalid; accepted: a number in (0, 1]")
+    hbm = _positive(hbm_bytes_per_s, "hbm_bytes_per_s")
+    d2h = float(d2h_gbps)
+    h2d = float(h2d_gbps)
+    if d2h < 0 or h2d < 0:
+        raise ValueError("d2h_gbps and h2d_gbps must be >= 0 (0 = no host link)")
+
+    e = s * b * h  # elements of one hidden-state tensor
+    rows = s * b
+
+    def mm(m_in: int, n_out: int) -> tuple[float, float]:
+        fl = 2.0 * rows * m_in * n_out
+        return fl / flops_per_s, fl
+
+    def mem(nbytes: float) -> float:
+        return nbytes / hbm
+
+    regions: list[RegionRecord] = []
+    t = 0.0
+    for layer in range(layers):
+        blk = _Block(launch_seconds=launch_seconds)
+        x = blk.storage(d * e, kind="input")
+        # --- attention half
+        blk.saved_as_input(x)
+        ln1 = blk.storage(d * e)
+        stats1: tuple[int, ...] = ()
+        if micro_ops:
+            stats1 = (blk.storage(4 * rows), blk.storage(4 * rows))
+        blk.op("aten::native_layer_norm", mem(2 * d * e), (ln1, *stats1))
+        if stats1:
+            blk.saved_as_output(*stats1)
+        blk.saved_as_input(ln1)
+        qkv = blk.storage(3 * d * e)
+        sec, fl = mm(h, 3 * h)
+        blk.op("aten::addmm", sec, (qkv,), flops=fl)
+        if micro_ops:
+            blk.op("aten::split", 0.0, (qkv, qkv, qkv), skippable=False)
+        if fused_attention:
+            blk.saved_as_input(qkv)
+            out = blk.storage(d * e)
+            lse = blk.storage(4 * b * a * s)
+            fl = 4.0 * b * s * s * h * (0.5 if causal else 1.0)
+            blk.op(
+                "aten::_scaled_dot_product_flash_attention", fl / flops_per_s, (out, lse), flops=fl
+            )
+            blk.saved_as_output(out, lse)
+            ctx = out
+        else:
+            scores = a * s * s * b
+            blk.saved_as_input(qkv)
+            fl = 2.0 * b * s * s * h
+            blk.op("aten::bmm", fl / flops_per_s, (-1,), flops=fl)
+            probs = blk.storage(d * scores)
+            blk.op("aten::_softmax", mem(2 * d * scores), (probs,))
+            blk.saved_as_output(probs)
+            v_in = probs
+            if dropout:
+                mask = blk.storage(scores)
+                dropped = blk.storage(d * scores)
+                blk.op(
+                    "aten::native_dropout",
+                    mem(2 * d * scores + scores),
+                    (dropped, mask),
+                    skippable=False,
+                )
+                blk.saved_as_output(mask)
+                v_in = dropped
+            blk.saved_as_input(v_in, qkv)
+            ctx = blk.storage(d * e)
+            blk.op("aten::bmm", fl / flops_per_s, (ctx,), flops=fl)
+        if micro_ops:
+            blk.op("aten::view", 0.0, (ctx,), skippable=False)
+        blk.saved_as_input(ctx)
+        sec, fl = mm(h, h)
+        blk.op("aten::addmm", sec, (-1,), flops=fl)
+        if dropout:
+            mask1 = blk.storage(e)
+            blk.op("aten::native_dropout", mem(2 * d * e + e), (-1, mask1), skippable=False)
+            blk.saved_as_output(mask1)
+        res1 = blk.storage(d * e)
+        blk.op("aten::add", mem(3 * d * e), (res1,))
+        # --- MLP half
+        blk.saved_as_input(res1)
+        ln2 = blk.storage(d * e)
+        stats2: tuple[int, ...] = ()
+        if micro_ops:
+            stats2 = (blk.storage(4 * rows), blk.storage(4 * rows))
+        blk.op("aten::native_layer_norm", mem(2 * d * e), (ln2, *stats2))
+        if stats2:
+            blk.saved_as_output(*stats2)
+        blk.saved_as_input(ln2)
+        fc1 = blk.storage(f * d * e)
+        sec, fl = mm(h, f * h)
+        blk.op("aten::addmm", sec, (fc1,), flops=fl)
+        blk.saved_as_input(fc1)
+        act = blk.storage(f * d * e)
+        blk.op("aten::gelu", mem(2 * f * d * e), (act,))
+        blk.saved_as_input(act)
+        sec, fl = mm(f * h, h)
+        blk.op("aten::addmm", sec, (-1,), flops=fl)
+        if dropout:
+            mask2 = blk.storage(e)
+            blk.op("aten::native_dropout", mem(2 * d * e + e), (-1, mask2), skippable=False)
+            blk.saved_as_output(mask2)
+        blk.op("aten::add", mem(3 * d * e), (-1,))
+        blk.finish()
+        fwd = sum(o.seconds for o in blk.ops)
+        regions.append(
+            RegionRecord(
+                name=f"layers.{layer}",
+                call_index=0,
+                start_seconds=t,
+                forward_seconds=fwd,
+                backward_seconds=2.0 * fwd,
+                ops=blk.ops,
+                storages=blk.storages,
+            )
+        )
+        t += fwd
+    return Profile(
+        signature=f"gpt:s={s},b={b}",
+        device=f"what-if {device_tflops:g} TFLOP/s",
+        forward_seconds=t,
+        backward_seconds=2.0 * t,
+        d2h_gbps=d2h,
+        h2d_gbps=h2d,
+        regions=regions,
+        meta={
+            "model": "gpt",
+            "layers": layers,
+            "hidden": h,
+            "heads": a,
+            "seq": s,
+            "batch": b,
+            "dtype_bytes": d,
+            "ffn_mult": f,
+            "fused_attention": fused_attention,
+            "dropout": dropout,
+            "micro_ops": micro_ops,
+            "device_tflops": device_tflops,
+            "mfu": mfu,
+        },
+    )

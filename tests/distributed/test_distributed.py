@@ -1,0 +1,110 @@
+"""DDP and FSDP2 over gloo with 2 CPU processes: gradients equal the plain run's, bitwise."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+MODES = ["recompute", "offload", "auto"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _train(wrap: Callable[[torch.nn.Module], torch.nn.Module], mode: str | None, rank: int) -> list[torch.Tensor]:
+    import offrecomp
+    from tests import models
+
+    torch.manual_seed(0)
+    model = wrap(models.GPT(layers=2, h=32, heads=4, p=0.1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    grads: list[torch.Tensor] = []
+    rt = offrecomp.runtime(model, mode=mode, min_bytes=0) if mode else None
+    if rt is not None:
+        assert len(rt.regions) == 2, rt.regions
+        rt.__enter__()
+    try:
+        for step in range(3):
+            torch.manual_seed(100 * step + rank)
+            idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(step * 10 + rank))
+            model(idx).backward()
+            for p in model.parameters():
+                g = p.grad
+                grads.append((g.full_tensor() if hasattr(g, "full_tensor") else g).detach().clone())
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    finally:
+        if rt is not None:
+            rt.__exit__(None, None, None)
+    return grads
+
+
+def _ddp(m: torch.nn.Module) -> torch.nn.Module:
+    return torch.nn.parallel.DistributedDataParallel(m)
+
+
+def _fsdp2(m: torch.nn.Module) -> torch.nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    for blk in m.blocks:
+        fully_shard(blk)
+    fully_shard(m)
+    return m
+
+
+def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(world))
+    sys.path.insert(0, os.getcwd())
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        results: dict[str, bool] = {}
+        for name, wrap in (("ddp", _ddp), ("fsdp2", _fsdp2)):
+            ref = _train(wrap, None, rank)
+            for mode in MODES:
+                got = _train(wrap, mode, rank)
+                results[f"{name}:{mode}"] = len(ref) == len(got) and all(
+                    torch.equal(a, b) for a, b in zip(ref, got)
+                )
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(results, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_ddp_and_fsdp2_two_cpu_ranks_match_plain() -> None:
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    with tempfile.TemporaryDirectory() as out:
+        mp.start_processes(_worker, args=(2, _free_port(), out), nprocs=2, join=True, start_method="spawn")
+        for rank in range(2):
+            with open(os.path.join(out, f"rank{rank}.json")) as f:
+                results = json.load(f)
+            expected = {f"{w}:{m}": True for w in ("ddp", "fsdp2") for m in MODES}
+            assert results == expected, (rank, results)
+
+
+def test_host_limit_is_divided_among_local_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from offrecomp.pool import default_host_limit
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    one = default_host_limit()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    four = default_host_limit()
+    assert four <= one // 4 * 1.1  # available memory moves a little between the two reads
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "zero")
+    with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE='zero'"):
+        default_host_limit()

@@ -1,0 +1,121 @@
+"""Unusual saved tensors and bad arguments: each gets a clear error or documented behaviour."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import offrecomp
+from offrecomp.hooks import _Plain
+from tests.helpers import assert_bitwise, make, train, twin
+
+MODES = ["keep", "recompute", "offload", "auto"]
+
+
+class OddBlock(nn.Module):
+    """Saves a sparse, a complex, a zero-sized and a non-contiguous tensor."""
+
+    def __init__(self, h: int = 16) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(h, h) / h)
+        self.register_buffer("mask", (torch.arange(h * h).reshape(h, h) % 5 == 0).float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.sparse.mm(self.mask.to_sparse(), x.t()).t()  # saves a sparse tensor
+        z = (y @ self.w).to(torch.complex64)
+        z = (z * z).real  # saves complex tensors
+        e = x[:, :0] @ self.w[:0]  # zero-sized saves
+        nc = (x.t() * 2.0).t()  # non-contiguous
+        return x + torch.tanh(z) + e + torch.sigmoid(nc)
+
+
+class OddModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([OddBlock(), OddBlock()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sparse_complex_zero_sized_noncontiguous(mode: str) -> None:
+    torch.manual_seed(0)
+    model = OddModel()
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(8, 16, generator=torch.Generator().manual_seed(s))
+
+    ref = train(twin(model), batch)
+    m = twin(model)
+    got = train(m, batch, offrecomp.runtime(m, mode=mode, min_bytes=0))
+    assert_bitwise(ref, got)
+
+
+def test_quantized_and_meta_tensors_are_saved_as_they_are() -> None:
+    model, batch = make("gpt_dropout")
+    rt = offrecomp.runtime(model, mode="recompute", min_bytes=0)
+    q = torch.quantize_per_tensor(torch.randn(64), 0.1, 0, torch.qint8)
+    meta = torch.empty(64, device="meta")
+    with rt:
+        for t in (q, meta):
+            h = rt._placer.pack(t)
+            assert isinstance(h, _Plain)
+            assert rt._placer.unpack(h) is t
+
+
+def test_budget_below_what_must_stay_warns_with_the_smallest_feasible(caplog: pytest.LogCaptureFixture) -> None:
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        rt = offrecomp.runtime(m, mode="auto", budget=1, min_bytes=0)
+        train(m, batch, rt, steps=2)
+    plan = rt._planner.last_entry.plan
+    assert not plan.feasible and plan.min_feasible_budget_bytes and plan.min_feasible_budget_bytes > 1
+    assert "budget" in caplog.text.lower()
+
+
+def test_budget_below_what_must_stay_errors_when_asked() -> None:
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    rt = offrecomp.runtime(m, mode="auto", budget="1KiB", min_bytes=0, infeasible="error")
+    with pytest.raises(ValueError, match="1.00 KiB|1024"):
+        train(m, batch, rt, steps=2)
+
+
+def test_report_writes_one_json_line_per_step(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "run.jsonl"
+    monkeypatch.setenv("OFFRECOMP_REPORT", str(path))
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    rt = offrecomp.runtime(m, mode="auto", budget="50%", min_bytes=0)
+    train(m, batch, rt, steps=4)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [x["step"] for x in lines] == [0, 1, 2, 3]
+    for key in ("peak_activation_bytes", "kept_bytes", "offloaded_bytes", "recomputed_bytes",
+                "recompute_seconds", "stall_seconds", "step_seconds", "plan_id", "fallbacks",
+                "predicted_step_seconds", "d2h_gbps", "h2d_gbps"):
+        assert key in lines[0], key
+    assert lines[0]["phase"] == "measure" and lines[-1]["phase"] == "planned"
+    assert lines[-1]["predicted_step_seconds"] is not None
+    table = str(rt.report())
+    assert "peak act" in table and "planned" in table
+    data = json.loads(rt.report().to_json())
+    assert len(data["steps"]) == 4
+
+
+def test_explain_names_every_region() -> None:
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    rt = offrecomp.runtime(m, mode="auto", min_bytes=0)
+    assert "no plan yet" in rt.explain()
+    train(m, batch, rt, steps=2)
+    text = rt.explain()
+    for r in rt.regions:
+        assert r in text

@@ -1,0 +1,126 @@
+"""Long runs and resource faults: no growth, bounded caches, safer plans after OOM."""
+
+from __future__ import annotations
+
+import gc
+import logging
+
+import psutil
+import pytest
+import torch
+
+import offrecomp
+from tests import models
+from tests.helpers import assert_bitwise, make, train, twin
+
+
+def _live_tensors() -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor))
+
+
+@pytest.mark.slow
+def test_200_step_soak_with_varying_sequence_lengths() -> None:
+    torch.manual_seed(0)
+    model = models.GPT(layers=2, h=32, heads=4, p=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    lengths = [8, 12, 16, 20, 24, 28]
+    rt = offrecomp.runtime(model, mode="auto", budget="40%", min_bytes=0, plan_cache_size=3)
+    proc = psutil.Process()
+    marks = {}
+    with rt:
+        for step in range(200):
+            seq = lengths[step % len(lengths)] if step < 100 else lengths[(step // 7) % 2]
+            idx = torch.randint(0, 64, (2, seq), generator=torch.Generator().manual_seed(step))
+            model(idx).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            assert len(rt._planner.entries) <= 3
+            if step in (40, 199):
+                marks[step] = (proc.memory_info().rss, _live_tensors())
+    (rss0, live0), (rss1, live1) = marks[40], marks[199]
+    assert live1 <= live0 + 5, (live0, live1)
+    assert rss1 - rss0 < 64 << 20, (rss0, rss1)
+    steps = rt.report().steps
+    assert len(steps) == 200
+    assert {s.phase for s in steps} == {"measure", "planned"}
+    assert rt._engine is None
+
+
+@pytest.mark.slow
+def test_offload_soak_pool_does_not_grow() -> None:
+    model, batch = make("gpt_dropout")
+    rt = offrecomp.runtime(model, mode="offload", min_bytes=0)
+    reserved = []
+    with rt:
+        for step in range(100):
+            torch.manual_seed(step)
+            model(batch(step % 3)).backward()
+            reserved.append(rt.report().steps[-1].pool_reserved_bytes)
+    assert max(reserved[10:]) == reserved[10] > 0
+
+
+def test_oom_in_a_planned_step_gives_a_safer_plan(caplog: pytest.LogCaptureFixture) -> None:
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    rt = offrecomp.runtime(m, mode="auto", budget="80%", min_bytes=0)
+    blk = m.blocks[1]
+    orig = blk.forward
+    state = {"arm": False}
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if state["arm"]:
+            state["arm"] = False
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return orig(x)
+
+    blk.forward = forward
+    with rt:
+        for _ in range(2):
+            m(batch(0)).backward()
+        before = rt._planner.last_entry.plan
+        state["arm"] = True
+        with caplog.at_level(logging.WARNING, logger="offrecomp"), pytest.raises(torch.OutOfMemoryError):
+            m(batch(0)).backward()
+        m.zero_grad(set_to_none=True)
+        m(batch(0)).backward()  # the next step: solved again for a smaller budget
+        after = rt._planner.last_entry.plan
+    assert "out of memory" in caplog.text
+    assert after.budget_bytes is not None and before.budget_bytes is not None
+    assert after.budget_bytes < before.budget_bytes
+    assert (after.predicted_peak_bytes or 0) <= (before.predicted_peak_bytes or 0)
+
+
+def test_host_memory_pressure_stops_offloading(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, batch = make("gpt_dropout")
+    ref = train(twin(model), batch, steps=2)
+
+    class Tight:
+        total = 64 << 30
+        available = 1 << 30  # under the pool's pressure floor
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Tight())
+    m = twin(model)
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0, host_limit="1GiB")
+    got = train(m, batch, rt, steps=2)
+    assert_bitwise(ref, got)
+    steps = rt.report().steps
+    assert all(s.offloaded_bytes == 0 for s in steps)
+    assert sum(steps[0].fallbacks.values()) > 0
+
+
+def test_pinned_allocation_failure_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    from offrecomp import backends
+
+    def fail(self: object, nbytes: int) -> torch.Tensor:
+        raise RuntimeError("cudaHostAlloc failed (simulated)")
+
+    monkeypatch.setattr(backends.EmulatedBackend, "alloc_host", fail)
+    model, batch = make("gpt_dropout")
+    ref = train(twin(model), batch, steps=2)
+    m = twin(model)
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0)
+    got = train(m, batch, rt, steps=2)
+    assert_bitwise(ref, got)
+    assert rt.report().steps[0].offloaded_bytes == 0
+    assert sum(rt.report().steps[0].fallbacks.values()) > 0

@@ -1,0 +1,174 @@
+"""The ``plan`` command line, driven through scheduler.cli.main."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from scheduler import gpt_profile, parse_bytes
+from scheduler.cli import main, parse_model
+
+MODEL = "layers=4,hidden=1024,heads=8,seq=4096,batch=1"
+
+
+def run(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    rc = main(list(argv), out=out)
+    return rc, out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("20GiB", 20 * 2**30),
+        ("512MiB", 512 * 2**20),
+        ("1.5GB", 1_500_000_000),
+        ("4096", 4096),
+        ("2 tib", 2 * 2**40),
+        ("1e3", 1000),
+        ("10kB", 10_000),
+        (123, 123),
+    ],
+)
+def test_parse_bytes(text: str | int, value: int) -> None:
+    assert parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "20 parsecs", "-5GiB", "1..5GB", "20GiBs"])
+def test_parse_bytes_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="accepted: an integer or a number with a unit"):
+        parse_bytes(text)
+
+
+def test_parse_model() -> None:
+    spec = parse_model(
+        "layers=80,hidden=8192,heads=64,seq=131072,batch=1,fused_attention=false,mfu=0.4"
+    )
+    assert spec == {
+        "layers": 80,
+        "hidden": 8192,
+        "heads": 64,
+        "seq": 131072,
+        "batch": 1,
+        "fused_attention": False,
+        "mfu": 0.4,
+    }
+    with pytest.raises(ValueError, match="unknown; accepted: layers"):
+        parse_model("layers=2,depth=3")
+    with pytest.raises(ValueError, match="missing hidden, heads, seq, batch"):
+        parse_model("layers=2")
+
+
+def test_model_form_prints_a_summary() -> None:
+    rc, text = run(
+        "plan",
+        "--model",
+        MODEL,
+        "--device-tflops",
+        "990",
+        "--d2h-gbps",
+        "50",
+        "--h2d-gbps",
+        "50",
+        "--budget",
+        "600MiB",
+    )
+    assert rc == 0
+    assert "regions" in text and "layers.0" in text
+    assert "predicted step" in text and "predicted peak" in text and "lower bound" in text
+
+
+def test_profile_form_with_json_output(tmp_path: Path) -> None:
+    p = gpt_profile(
+        layers=4, hidden=1024, heads=8, seq=4096, batch=1, device_tflops=990, d2h_gbps=0, h2d_gbps=0
+    )
+    path = tmp_path / "prof.json"
+    p.save(path)
+    rc, text = run(
+        "plan", str(path), "--budget", "300MiB", "--d2h-gbps", "50", "--h2d-gbps", "50", "--json"
+    )
+    assert rc == 0
+    doc = json.loads(text)
+    assert doc["feasible"] and doc["predicted_peak_bytes"] <= 300 * 2**20
+    assert doc["lower_bound_seconds"] <= doc["predicted_step_seconds"]
+    assert len(doc["placements"]) == sum(len(r.storages) for r in p.regions)
+    assert [r["name"] for r in doc["regions"]] == [r.name for r in p.regions]
+    assert (
+        sum(r["keep_bytes"] + r["offload_bytes"] + r["recompute_bytes"] for r in doc["regions"])
+        == p.activation_bytes
+    )
+
+
+def test_min_budget() -> None:
+    rc, text = run(
+        "plan",
+        "--model",
+        MODEL,
+        "--device-tflops",
+        "990",
+        "--max-overhead",
+        "0.05",
+        "--min-budget",
+        "--json",
+    )
+    assert rc == 0
+    doc = json.loads(text)
+    assert doc["max_overhead"] == 0.05 and doc["min_budget_bytes"] > 0
+    rc, text = run(
+        "plan",
+        "--model",
+        MODEL,
+        "--device-tflops",
+        "990",
+        "--budget",
+        str(doc["min_budget_bytes"]),
+        "--json",
+    )
+    assert rc == 0 and json.loads(text)["feasible"]
+
+
+def test_infeasible_budget_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, text = run("plan", "--model", MODEL, "--device-tflops", "990", "--budget", "1MiB")
+    assert rc == 1 and "note: budget 1.00 MiB cannot be met" in text
+    rc, _ = run(
+        "plan",
+        "--model",
+        MODEL,
+        "--device-tflops",
+        "990",
+        "--budget",
+        "1MiB",
+        "--infeasible",
+        "error",
+    )
+    assert rc == 1 and "smallest feasible budget" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plan", "--model", MODEL, "--budget", "1GiB"], "--model needs --device-tflops"),
+        (
+            ["plan", "--model", MODEL, "--device-tflops", "990", "--budget", "lots"],
+            "byte size 'lots' is invalid",
+        ),
+        (
+            ["plan", "--device-tflops", "990", "--budget", "1GiB"],
+            "either a profile JSON path or --model",
+        ),
+        (["plan", "/nonexistent/prof.json", "--budget", "1GiB"], "cannot read profile"),
+        (["plan", "--model", MODEL, "--device-tflops", "990"], "give --budget"),
+    ],
+)
+def test_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _ = run(*argv)
+    assert rc == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unknown_option_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("plan", "--frobnicate")[0] == 2
+    assert "unrecognized arguments" in capsys.readouterr().err

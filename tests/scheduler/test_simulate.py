@@ -1,0 +1,219 @@
+"""The simulator against timelines worked out by hand, and the lower bound."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler import (
+    ROOT,
+    OpRecord,
+    Placement,
+    Plan,
+    Profile,
+    RegionRecord,
+    StorageRecord,
+    exhaustive_solve,
+    lower_bound,
+    simulate,
+)
+from tests.scheduler.instances import random_profile
+
+K, OFF, R = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
+
+
+def block(name: str, start: float) -> RegionRecord:
+    """op0 (1 s) makes s0 (100 B, saved after op0); op1 (2 s) makes s1 (200 B, saved after op1)."""
+    return RegionRecord(
+        name=name,
+        call_index=0,
+        start_seconds=start,
+        forward_seconds=3.0,
+        backward_seconds=6.0,
+        ops=[
+            OpRecord(seconds=1.0, skippable=True, outputs=(0,)),
+            OpRecord(seconds=2.0, skippable=True, outputs=(1,)),
+        ],
+        storages=[
+            StorageRecord(
+                nbytes=100, producer_op=0, first_save_op=1, last_save_op=1, offset_seconds=1.0
+            ),
+            StorageRecord(
+                nbytes=200, producer_op=1, first_save_op=2, last_save_op=2, offset_seconds=3.0
+            ),
+        ],
+    )
+
+
+def two_blocks(**kw: float) -> Profile:
+    # 100 B/s each way: a 100-byte copy takes one second
+    args: dict[str, float] = {
+        "forward_seconds": 6.0,
+        "backward_seconds": 12.0,
+        "d2h_gbps": 1e-7,
+        "h2d_gbps": 1e-7,
+    }
+    args.update(kw)
+    return Profile(signature="hand", regions=[block("l0", 0.0), block("l1", 3.0)], **args)  # type: ignore[arg-type]
+
+
+def test_keep_everything() -> None:
+    t = simulate(two_blocks(), Plan())
+    assert t.step_seconds == 18.0  # 6 s forward, 6 s backward per block
+    assert (t.stall_seconds, t.recompute_seconds, t.d2h_bytes) == (0.0, 0.0, 0)
+    # saves at 1 (100), 3 (200), 4 (100), 6 (200); l1 freed at 12, l0 at 18
+    assert t.memory == [
+        (0.0, 0),
+        (1.0, 100),
+        (3.0, 300),
+        (4.0, 400),
+        (6.0, 600),
+        (12.0, 300),
+        (18.0, 0),
+    ]
+    assert (t.peak_bytes, t.peak_time_seconds) == (600, 6.0)
+    assert [(i.start, i.end, i.label) for i in t.compute] == [
+        (0.0, 3.0, "forward l0#0"),
+        (3.0, 6.0, "forward l1#0"),
+        (6.0, 12.0, "backward l1#0"),
+        (12.0, 18.0, "backward l0#0"),
+    ]
+
+
+def test_offload_and_recompute_without_prefetch() -> None:
+    plan = Plan(placements={("l0", 0, 0): OFF, ("l0", 0, 1): R})
+    t = simulate(two_blocks(), plan, prefetch_regions=0)
+    # D2H of l0/s0: saved at 1, lands at 2. Backward of l1: 6..12. l0 is reached at 12,
+    # its reload is issued then (prefetch 0): 12..13, so 1 s of stall. Replay of l0 runs
+    # op0 (its output is offloaded, not kept) and op1 (dropped): 3 s; then 6 s backward.
+    assert [(i.start, i.end) for i in t.d2h] == [(1.0, 2.0)]
+    assert [(i.start, i.end) for i in t.h2d] == [(12.0, 13.0)]
+    assert t.stall_seconds == 1.0
+    assert t.recompute_seconds == 3.0
+    assert t.step_seconds == 22.0
+    assert t.memory == [
+        (0.0, 0),
+        (1.0, 100),
+        (2.0, 0),
+        (4.0, 100),
+        (6.0, 300),
+        (12.0, 100),
+        (13.0, 300),
+        (22.0, 0),
+    ]
+    assert t.peak_bytes == 300
+
+
+def test_root_gaps_and_prefetch_at_end_of_forward() -> None:
+    # forward 8 s: root work 0..1, l0 1..4, l1 4..7, root 7..8; backward 16 s: regions
+    # 6 s each, the 4 s of root backward split like the root forward (2, 0, 2)
+    profile = Profile(
+        signature="hand",
+        forward_seconds=8.0,
+        backward_seconds=16.0,
+        d2h_gbps=1e-7,
+        h2d_gbps=1e-7,
+        regions=[block("l0", 1.0), block("l1", 4.0)],
+        root=[StorageRecord(nbytes=50, offset_seconds=7.5)],
+    )
+    plan = Plan(placements={("l1", 0, 0): OFF, (ROOT, 0, 0): K})
+    t = simulate(profile, plan, prefetch_regions=2)
+    # l1/s0 saved at 5, copied 5..6; two regions ahead of l1 is past the last unit, so its
+    # reload is issued at the end of forward (8) and lands at 9, before l1 is reached (10)
+    assert [(i.start, i.end) for i in t.d2h] == [(5.0, 6.0)]
+    assert [(i.start, i.end) for i in t.h2d] == [(8.0, 9.0)]
+    assert t.stall_seconds == 0.0
+    assert [(i.start, i.end, i.label) for i in t.compute if i.label.startswith("backward")] == [
+        (8.0, 10.0, "backward (root)"),
+        (10.0, 16.0, "backward l1#0"),
+        (16.0, 22.0, "backward l0#0"),
+        (22.0, 24.0, "backward (root)"),
+    ]
+    assert t.step_seconds == 24.0
+    assert t.memory == [
+        (0.0, 0),
+        (2.0, 100),
+        (4.0, 300),
+        (5.0, 400),
+        (6.0, 300),
+        (7.0, 500),
+        (7.5, 550),
+        (8.0, 650),
+        (10.0, 600),
+        (16.0, 300),
+        (22.0, 0),
+    ]
+    assert (t.peak_bytes, t.peak_time_seconds) == (650, 8.0)
+
+
+def test_illegal_placements_are_rejected() -> None:
+    p = two_blocks()
+    p.regions[0].storages[0].kind = "input"
+    with pytest.raises(ValueError, match=r"RECOMPUTE is not allowed .* accepted: KEEP, OFFLOAD"):
+        simulate(p, Plan(placements={("l0", 0, 0): R}))
+    p.regions[0].storages[0].kind = "external"
+    with pytest.raises(ValueError, match=r"accepted: KEEP$"):
+        simulate(p, Plan(placements={("l0", 0, 0): OFF}))
+    with pytest.raises(ValueError, match="does not have"):
+        simulate(p, Plan(placements={("l9", 0, 0): K}))
+    with pytest.raises(ValueError, match="no host link"):
+        simulate(two_blocks(d2h_gbps=0.0), Plan(placements={("l0", 0, 1): OFF}))
+    with pytest.raises(ValueError, match="prefetch_regions"):
+        simulate(p, Plan(), prefetch_regions=-1)
+
+
+def test_invalid_profiles_are_rejected() -> None:
+    p = two_blocks()
+    p.regions[1].storages[1].nbytes = -5
+    with pytest.raises(ValueError, match="storage 1 of region l1#0 nbytes = -5"):
+        simulate(p, Plan())
+    p = two_blocks()
+    p.regions[0].ops[0].outputs = (7,)
+    with pytest.raises(ValueError, match=r"output 7; accepted: -1 or a storage index in 0\.\.1"):
+        simulate(p, Plan())
+    p = two_blocks()
+    p.regions[0].storages[0].kind = "weights"  # type: ignore[assignment]
+    with pytest.raises(ValueError, match="accepted: activation, input, external"):
+        simulate(p, Plan())
+    p = two_blocks()
+    p.regions[1].name = "l0"
+    with pytest.raises(ValueError, match="appears twice"):
+        simulate(p, Plan())
+
+
+def test_lower_bound_by_hand() -> None:
+    p = two_blocks(d2h_gbps=0.0, h2d_gbps=0.0)
+    assert lower_bound(p, None) == 18.0
+    assert lower_bound(p, 600) == 18.0
+    # 100 bytes must go: the cheapest is l0/s0 at 1 s (op0), and that plan exists
+    assert lower_bound(p, 500) == 19.0
+    best = exhaustive_solve(p, 500)
+    assert best.predicted_step_seconds == 19.0
+    assert best.placement(("l0", 0, 0)) == R
+    # everything droppable dropped still leaves the region inputs: nothing else to drop
+    assert math.isinf(lower_bound(p, -1))
+    # with a link that carries 500 bytes before backward, offload covers the need
+    assert lower_bound(two_blocks(), 300) == 18.0
+
+
+def test_lower_bound_counts_reload_time() -> None:
+    # one region, no backward after it: the need must come back over H2D after forward
+    p = two_blocks(h2d_gbps=1e-8)  # 10 B/s back: 300 bytes take 30 s, far more than recompute
+    lb = lower_bound(p, 300)
+    assert 18.0 <= lb <= 18.0 + 300 / 10
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), frac=st.floats(0.0, 1.0))
+def test_lower_bound_never_exceeds_the_best_plan(seed: int, frac: float) -> None:
+    profile = random_profile(seed)
+    keep = simulate(profile, Plan())
+    budget = int(keep.peak_bytes * frac)
+    best = exhaustive_solve(profile, budget)
+    if best.feasible:
+        assert best.predicted_step_seconds is not None
+        assert lower_bound(profile, budget) <= best.predicted_step_seconds * (1 + 1e-9) + 1e-12
+    assert lower_bound(profile, None) <= keep.step_seconds * (1 + 1e-12)
