@@ -26,6 +26,7 @@ from offrecomp.measure import device_capacity_bytes, host_available_bytes
 from offrecomp.report import StepRecord
 from offrecomp.state import PassState, RegionCall
 from offrecomp.trace import RegionStructure, build_structure
+from scheduler.cost_model import CostModel
 from scheduler.plan import ROOT, Placement, Plan
 from scheduler.profile import Profile, RegionRecord, StorageRecord
 
@@ -49,6 +50,8 @@ class PlanEntry:
     plan: Plan | None = None
     needs_measure: bool = True
     needs_solve: bool = False
+    cost: CostModel | None = None
+    """Smoothed timings of the signature, updated by every planned pass."""
     drift_strikes: int = 0
     budget_scale: float = 1.0
     """Shrinks after a device OOM in a planned step (see ``Planner.on_oom``)."""
@@ -276,6 +279,8 @@ class Planner:
         if p.device_peak is not None:
             profile.fixed_bytes = max(0, p.alloc_start + p.device_peak - p.stats.peak_resident_bytes)
         entry.structures = structures
+        entry.cost = CostModel()
+        entry.cost.update(profile)
         entry.profile = profile
         if rt.config.profile_path:
             profile.save(rt.config.profile_path)
@@ -381,17 +386,19 @@ class Planner:
     # ------------------------------------------------------------- reports
 
     def step_record(self, step: int, passes: list[PassState]) -> StepRecord:
+        """The record of one step; its times are filled by :meth:`resolve`.
+
+        NOTE [Lazy timing]: on GPU, times come from CUDA events that complete after the
+        host has moved on. A record waits in ``_pending`` until its events have landed
+        (checked with ``query()``, never a host sync in the training loop); ``report()``
+        and leaving the context wait for the rest.
+        """
         rt = self.rt
-        clock = rt._clock
         first, last = passes[0], passes[-1]
         rec = StepRecord(step=step, passes=len(passes), signature=first.signature, mode=rt.config.mode)
         rec.phase = first.phase
         rec.plan_id = first.plan_id
         rec.wall_seconds = max(0.0, last.end_time - first.start_time)
-        end_mark = last.backward_end_mark or None
-        secs = clock.seconds(first.start_mark, end_mark, wait=True) if end_mark is not None else None
-        rec.step_seconds = secs if secs is not None else rec.wall_seconds
-        recompute = 0.0
         for p in passes:
             s = p.stats
             rec.peak_activation_bytes = max(rec.peak_activation_bytes, s.peak_resident_bytes)
@@ -406,8 +413,6 @@ class Planner:
             rec.storages += s.storages
             for k, v in s.fallbacks.items():
                 rec.fallbacks[k] = rec.fallbacks.get(k, 0) + v
-            for _, a, b in p.replay_marks:
-                recompute += clock.seconds(a, b, wait=True) or 0.0
             if p.device_peak is not None:
                 rec.device_peak_bytes = max(rec.device_peak_bytes or 0, p.device_peak)
             o = p.offload_stats
@@ -420,18 +425,85 @@ class Planner:
                 rec.h2d_gbps = float(getattr(o, "h2d_gbps", None) or rec.h2d_gbps)
                 rec.pool_reserved_bytes = int(getattr(o, "pool_reserved_bytes", 0))
                 rec.pool_high_water_bytes = int(getattr(o, "pool_high_water_bytes", 0))
-        rec.recompute_seconds = recompute
         entry = self.entries.get(first.signature)
-        if entry is not None and entry.plan is not None and first.planned:
-            plan = entry.plan
+        plan = self.active_plan(entry) if entry is not None else None
+        if plan is not None and first.planned:
             rec.predicted_step_seconds = plan.predicted_step_seconds
             rec.predicted_peak_bytes = plan.predicted_peak_bytes
             rec.budget_bytes = plan.budget_bytes
-            self._check_drift(entry, rec)
+        self._pending.append((rec, passes))
         return rec
 
+    def pending_ids(self) -> set[int]:
+        return {id(r) for r, _ in self._pending}
+
+    def discard(self, rec: StepRecord) -> None:
+        """Forget a provisional record (its passes were merged into a later step)."""
+        self._pending = [(r, ps) for r, ps in self._pending if r is not rec]
+
+    def resolve(self, *, wait: bool) -> list[StepRecord]:
+        """Fill the times of pending records whose events have landed, in order."""
+        clock = self.rt._clock
+        done: list[StepRecord] = []
+        while self._pending:
+            rec, passes = self._pending[0]
+            first, last = passes[0], passes[-1]
+            marks = [first.start_mark, last.backward_end_mark]
+            for p in passes:
+                marks += [m for _, a, b in p.replay_marks for m in (a, b)]
+            if not wait and not clock.ready(*marks):
+                break
+            self._pending.pop(0)
+            secs = clock.seconds(first.start_mark, last.backward_end_mark, wait=True)
+            rec.step_seconds = secs if secs is not None else rec.wall_seconds
+            rec.recompute_seconds = sum(
+                clock.seconds(a, b, wait=True) or 0.0 for p in passes for _, a, b in p.replay_marks
+            )
+            entry = self.entries.get(first.signature)
+            if entry is not None:
+                for p in passes:
+                    self._learn(entry, p)
+                if first.planned and rec.predicted_step_seconds:
+                    self._check_drift(entry, rec)
+            done.append(rec)
+        return done
+
+    def _learn(self, entry: PlanEntry, p: PassState) -> None:
+        """Feed a planned pass's measured times into the signature's cost model."""
+        if entry.cost is None or not p.planned or p.aborted or not p.backward_done:
+            return
+        clock = self.rt._clock
+        measured = entry.cost.estimate()
+        by_key = {r.key: r for r in measured.regions}
+        for call in p.calls:
+            r = by_key.get(call.key)
+            fwd = clock.seconds(call.start_mark, call.end_mark)
+            if r is None or fwd is None or fwd <= 0 or r.forward_seconds <= 0:
+                continue
+            ratio = fwd / r.forward_seconds
+            r.forward_seconds = fwd
+            for op in r.ops:
+                op.seconds *= ratio
+            for st in r.storages:
+                st.offset_seconds *= ratio
+        fwd_total = clock.seconds(p.start_mark, p.backward_start_mark)
+        bwd_total = clock.seconds(p.backward_start_mark, p.backward_end_mark)
+        if fwd_total is not None and bwd_total is not None:
+            replay = sum(clock.seconds(a, b) or 0.0 for _, a, b in p.replay_marks)
+            stall = float(getattr(p.offload_stats, "stall_seconds", 0.0) or 0.0)
+            bwd = max(0.0, bwd_total - replay - stall)
+            est = sum(r.backward_seconds for r in measured.regions)
+            if est > 0 and bwd > 0:
+                scale = bwd / (est + max(0.0, measured.backward_seconds - est))
+                for r in measured.regions:
+                    r.backward_seconds *= scale
+            measured.forward_seconds = fwd_total
+            measured.backward_seconds = bwd
+        entry.cost.update(measured)
+        entry.profile = entry.cost.estimate()
+
     def _check_drift(self, entry: PlanEntry, rec: StepRecord) -> None:
-        pred = entry.plan.predicted_step_seconds if entry.plan is not None else None
+        pred = rec.predicted_step_seconds
         if not pred or rec.passes != 1:
             return
         ratio = rec.step_seconds / pred
@@ -439,12 +511,13 @@ class Planner:
             entry.drift_strikes += 1
             if entry.drift_strikes >= 3:
                 log.warning(
-                    "offrecomp: measured step time %.4fs is %.0f%% off the predicted %.4fs for "
-                    "three steps; measuring signature %s again",
+                    "offrecomp: measured step time %.4fs is %+.0f%% off the predicted %.4fs for "
+                    "three steps; planning signature %s again with the measured times",
                     rec.step_seconds, 100 * (ratio - 1), pred, entry.signature,
                 )
                 rec.notes.append("drift: re-plan")
-                entry.needs_measure = True
+                entry.needs_solve = True
+                entry.drift_strikes = 0
         else:
             entry.drift_strikes = 0
 

@@ -143,6 +143,7 @@ class Runtime:
         self._saw_optimizer = False
         self._no_optimizer = False
         self._provisional: list[tuple[StepRecord, list[PassState]]] = []
+        self._unwritten: list[StepRecord] = []  # confirmed steps not yet written to the report file
         self._device: torch.device | None = self._model_device()
         self._clock = Clock(self._device)
         self._engine: Any = None
@@ -174,8 +175,11 @@ class Runtime:
         return self._entered and self.config.active
 
     def report(self) -> Report:
-        """Per-step statistics so far (a completed step appears once it has ended)."""
+        """Per-step statistics so far (a completed step appears once it has ended).
+
+        Waits for the device times of finished steps (a host sync on GPU)."""
         with self._lock:
+            self._resolve(wait=True)
             cfg = {k: str(v) for k, v in vars(self.config).items() if k != "sources"}
             return Report(steps=list(self._steps), config=cfg)
 
@@ -239,6 +243,7 @@ class Runtime:
             self._finish_pass()
             self._end_step(explicit=False, provisional=not self._saw_optimizer and not self._no_optimizer)
             self._confirm_provisional()
+            self._resolve(wait=True)
         finally:
             self._uninstall()
             self._entered = False
@@ -543,6 +548,7 @@ class Runtime:
             merged: list[PassState] = []
             for rec, passes in self._provisional:
                 self._steps.remove(rec)
+                self._planner.discard(rec)
                 merged += passes
             self._provisional = []
             self._step_passes = merged + self._step_passes
@@ -563,19 +569,25 @@ class Runtime:
                 self._no_optimizer = True  # no torch optimizer in this loop: a pass is a step
                 self._confirm_provisional()
             return
-        self._write_record(rec)
+        self._unwritten.append(rec)
+        self._resolve(wait=False)
 
     def _confirm_provisional(self) -> None:
-        for rec, _ in self._provisional:
-            self._write_record(rec)
+        self._unwritten += [rec for rec, _ in self._provisional]
         self._provisional = []
+        self._resolve(wait=False)
 
-    def _write_record(self, rec: StepRecord) -> None:
-        if self._report_file is not None:
-            import json
+    def _resolve(self, *, wait: bool) -> None:
+        """Fill step times whose events landed; write confirmed, timed records in order."""
+        self._planner.resolve(wait=wait)
+        untimed = self._planner.pending_ids()
+        while self._unwritten and id(self._unwritten[0]) not in untimed:
+            rec = self._unwritten.pop(0)
+            if self._report_file is not None:
+                import json
 
-            self._report_file.write(json.dumps(rec.to_dict()) + "\n")
-            self._report_file.flush()
+                self._report_file.write(json.dumps(rec.to_dict()) + "\n")
+                self._report_file.flush()
 
     def _on_forward_error(self, p: PassState | None, exc: BaseException) -> None:
         """An exception left the forward: the pass is over (the next forward starts anew)."""

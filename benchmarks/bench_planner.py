@@ -1,0 +1,223 @@
+"""Planner benchmark: auto at a memory budget against keep and full recompute.
+
+Runs a GPT-style model in one process with the strategies interleaved (one step of
+each per round, after warm-up), and prints per strategy the median step time, its ratio
+to the plain run and to full recompute, the peak activation bytes by the runtime's books,
+the allocator's peak over a step (an independent measure: CUDA's max_memory_allocated,
+or on CPU the profiler's memory events), and for auto the predicted step time next to
+the measured one.
+
+    python benchmarks/bench_planner.py                     # CPU default, ~1-2 minutes
+    python benchmarks/bench_planner.py --device cuda --layers 24 --hidden 2048 --seq 4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import offrecomp  # noqa: E402
+from benchmarks.long_seq.models import ModelSpec, build_model, make_batch  # noqa: E402
+from offrecomp.config import format_bytes  # noqa: E402
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def allocator_peak(fn: Callable[[], None], device: torch.device) -> int:
+    """Peak bytes allocated during ``fn`` above what was allocated before it."""
+    if device.type == "cuda":
+        _sync(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        _sync(device)
+        return int(torch.cuda.max_memory_allocated(device) - base)
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=acts, profile_memory=True) as prof:
+        fn()
+    cur = peak = 0
+    for e in sorted(prof.profiler.kineto_results.events(), key=lambda e: e.start_ns()):
+        if e.name() == "[memory]":
+            cur += e.nbytes()
+            peak = max(peak, cur)
+    return peak
+
+
+class Strategy:
+    def __init__(self, name: str, model: torch.nn.Module, rt: offrecomp.Runtime | None) -> None:
+        self.name = name
+        self.model = model
+        self.rt = rt
+        self.times: list[float] = []
+
+    def ctx(self) -> Any:
+        return self.rt if self.rt is not None else contextlib.nullcontext()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument(
+        "--budget-fraction",
+        type=float,
+        default=0.5,
+        help="auto budget as a fraction of keep's activation bytes (default 0.5)",
+    )
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU presets)")
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=3,
+        help="untimed steps per strategy; auto plans after its first",
+    )
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--min-bytes", default="64KiB")
+    ap.add_argument("--out", help="write the results as JSON here")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    spec = ModelSpec(
+        kind="gpt",
+        n_layers=args.layers,
+        hidden=args.hidden,
+        n_heads=args.heads,
+        vocab=2048,
+        max_seq=args.seq,
+        dropout=args.dropout,
+    )
+    idx, tgt = make_batch(spec, args.batch, args.seq, device)
+    amp = (
+        torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext()
+    )
+
+    def step(m: torch.nn.Module) -> None:
+        with amp:
+            loss = m(idx, tgt)
+        loss.backward()
+        for p in m.parameters():
+            if p.grad is not None:
+                p.grad.zero_()  # keep grads allocated: their memory is not activation memory
+
+    # keep's activation bytes set the budget
+    probe = build_model(spec, device)
+    with offrecomp.runtime(probe, mode="keep", min_bytes=args.min_bytes) as rt:
+        step(probe)
+    keep_bytes = rt.report().steps[0].peak_activation_bytes
+    del probe
+    budget = int(keep_bytes * args.budget_fraction)
+
+    strategies = []
+    for name in ("plain", "keep", "recompute", "auto"):
+        m = build_model(spec, device)
+        rt_s = None
+        if name != "plain":
+            kw: dict[str, Any] = {"mode": name, "min_bytes": args.min_bytes}
+            if name == "auto":
+                kw["budget"] = budget
+            rt_s = offrecomp.runtime(m, **kw)
+        strategies.append(Strategy(name, m, rt_s))
+
+    for s in strategies:  # warm-up; auto measures in its first step and plans from the second
+        with s.ctx():
+            for _ in range(args.warmup):
+                step(s.model)
+    _sync(device)
+    for _ in range(args.repeats):
+        for s in strategies:
+            with s.ctx():
+                _sync(device)
+                t0 = time.perf_counter()
+                step(s.model)
+                _sync(device)
+                s.times.append(time.perf_counter() - t0)
+    peaks = {}
+    for s in strategies:
+        with s.ctx():
+            peaks[s.name] = allocator_peak(lambda s=s: step(s.model), device)
+
+    med = {s.name: statistics.median(s.times) for s in strategies}
+    rows = []
+    for s in strategies:
+        rec = s.rt.report().steps[-1] if s.rt is not None else None
+        rows.append(
+            {
+                "strategy": s.name,
+                "median_step_s": med[s.name],
+                "vs_plain": med[s.name] / med["plain"],
+                "vs_recompute": med[s.name] / med["recompute"],
+                "peak_activation_bytes": rec.peak_activation_bytes if rec else None,
+                "allocator_peak_bytes": peaks[s.name],
+                "predicted_step_s": rec.predicted_step_seconds if rec else None,
+                "phase": rec.phase if rec else "",
+            }
+        )
+    auto = next(r for r in rows if r["strategy"] == "auto")
+    checks = {
+        "auto_peak_within_budget_x1.05": (auto["peak_activation_bytes"] or 0) <= budget * 1.05,
+        "auto_step_le_0.9x_recompute": auto["vs_recompute"] <= 0.9,
+    }
+    print(
+        f"GPT {args.layers}x{args.hidden}, seq {args.seq}, batch {args.batch}, dropout {args.dropout}, "
+        f"device {device}, torch {torch.__version__}, {args.repeats} interleaved rounds"
+    )
+    print(
+        f"keep's activation bytes {format_bytes(keep_bytes)}; auto budget {format_bytes(budget)} "
+        f"({args.budget_fraction:.0%})"
+    )
+    hdr = f"{'strategy':<10} {'step ms':>9} {'/plain':>7} {'/recomp':>8} {'peak act':>11} {'alloc peak':>11} {'pred ms':>8}"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        pa = "-" if r["peak_activation_bytes"] is None else format_bytes(r["peak_activation_bytes"])
+        pr = "-" if r["predicted_step_s"] is None else f"{r['predicted_step_s'] * 1e3:.1f}"
+        print(
+            f"{r['strategy']:<10} {r['median_step_s'] * 1e3:>9.1f} {r['vs_plain']:>7.3f} "
+            f"{r['vs_recompute']:>8.3f} {pa:>11} {format_bytes(r['allocator_peak_bytes']):>11} {pr:>8}"
+        )
+    if auto["predicted_step_s"]:
+        err = auto["median_step_s"] / auto["predicted_step_s"] - 1.0
+        print(f"auto: measured/predicted step time {1 + err:.3f} ({err:+.1%})")
+    print(rt_explain := strategies[-1].rt.explain() if strategies[-1].rt else "")
+    for k, v in checks.items():
+        print(f"check {k}: {'PASS' if v else 'FAIL'}")
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "args": vars(args),
+                    "torch": torch.__version__,
+                    "keep_bytes": keep_bytes,
+                    "budget": budget,
+                    "rows": rows,
+                    "checks": checks,
+                    "explain": rt_explain,
+                },
+                indent=1,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

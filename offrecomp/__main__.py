@@ -1,0 +1,32 @@
+"""``python -m offrecomp plan ...``: what-if planning from a saved profile or a model spec."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: python -m offrecomp plan PROFILE.json --budget 20GiB [--d2h-gbps 50 ...]
+       python -m offrecomp plan --model layers=80,hidden=8192,heads=64,seq=131072,batch=1 \\
+           --device-tflops 990 --d2h-gbps 50 --h2d-gbps 50 --budget 60GiB
+
+Commands:
+  plan    print the plan, predicted step time and memory, and the lower bound
+          (python -m offrecomp plan --help for every option)
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command != "plan":
+        print(f"offrecomp: unknown command {command!r}; accepted: plan\n\n{USAGE}", file=sys.stderr)
+        return 2
+    from scheduler.cli import main as plan_main  # never imports torch
+
+    return plan_main([command, *rest])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
