@@ -27,9 +27,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import offrecomp  # noqa: E402
-from benchmarks.long_seq.models import ModelSpec, build_model, make_batch  # noqa: E402
-from offrecomp.config import format_bytes  # noqa: E402
+import offrecomp
+from benchmarks.long_seq.models import ModelSpec, build_model, make_batch
+from offrecomp.config import format_bytes
 
 
 def _sync(device: torch.device) -> None:

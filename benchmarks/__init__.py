@@ -1,0 +1,1 @@
+"""Benchmarks of offrecomp against its peers (run them as modules: python -m benchmarks.X)."""

@@ -1,0 +1,421 @@
+"""``python -m benchmarks.long_seq``: compare activation-memory strategies on long sequences.
+
+Run with ``--help`` for the options, ``--list`` for the strategies and presets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["build_parser", "main"]
+
+_CPU_MAX_SECONDS = 540.0
+_H100_CLASS_PEAK_TFLOPS = 989.0  # dense bf16, H100/H200 SXM datasheet
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.replace(" ", "").split(",") if v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is invalid; accepted: comma-separated integers (4096,8192)"
+        ) from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; give positive integers")
+    return values
+
+
+def _name_list(text: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.long_seq",
+        description=(
+            "Train a GPT-style model with each activation-memory strategy, interleaved in one "
+            "process, and report step time (median, ratio to plain), tokens/s, allocator "
+            "peak memory, MFU and the longest sequence each strategy fits under a budget."
+        ),
+    )
+    p.add_argument(
+        "--preset", default="auto", help="preset name (see --list); auto picks by device"
+    )
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    p.add_argument(
+        "--model", choices=("gpt", "hf-llama", "hf-gpt2"), help="override the preset's model kind"
+    )
+    p.add_argument("--seq", type=_int_list, help="sequence lengths to compare, e.g. 4096,8192")
+    p.add_argument("--batch", type=int, help="sequences per step")
+    p.add_argument("--layers", type=int, help="override the preset's block count")
+    p.add_argument("--hidden", type=int, help="override the preset's width")
+    p.add_argument("--heads", type=int, help="override the preset's head count")
+    p.add_argument("--dropout", type=float, help="dropout probability (default 0)")
+    p.add_argument(
+        "--strategies", type=_name_list, help="comma-separated subset (none is always run)"
+    )
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps per strategy (default 1)")
+    p.add_argument("--repeats", type=int, default=3, help="timed interleaved rounds (default 3)")
+    compile_group = p.add_mutually_exclusive_group()
+    compile_group.add_argument(
+        "--with-compile",
+        dest="with_compile",
+        action="store_true",
+        default=None,
+        help="run compile_budget (default on GPU only)",
+    )
+    compile_group.add_argument(
+        "--no-compile", dest="with_compile", action="store_false", help="skip compile_budget"
+    )
+    p.add_argument(
+        "--compile-budget",
+        type=float,
+        default=0.5,
+        help="activation_memory_budget for compile_budget (default 0.5)",
+    )
+    p.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile backend for compile_budget (default inductor)",
+    )
+    p.add_argument(
+        "--mem-budget",
+        help="budget of the longest-sequence search, e.g. 24MiB or 32GiB (step peak above the "
+        "weights and optimizer state); default from the preset",
+    )
+    p.add_argument("--no-search", action="store_true", help="skip the longest-sequence search")
+    p.add_argument("--search-start", type=int, help="first sequence length the search tries")
+    p.add_argument("--search-max", type=int, help="longest sequence length the search tries")
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        help=f"device peak for MFU (default {_H100_CLASS_PEAK_TFLOPS:g} on H100/H200, else no MFU)",
+    )
+    p.add_argument("--out", default="bench_out", help="output folder (default bench_out/)")
+    p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        help=f"stop starting new work after this long (default {_CPU_MAX_SECONDS:g} on CPU, none on GPU)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="torch CPU threads (default 1 on CPU, as torch.utils.benchmark does: with more, "
+        "any other busy program can stall a step through OpenMP; torch's choice on GPU)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="weight and data seed")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--list", action="store_true", help="list strategies and presets, then exit")
+    return p
+
+
+def _hardware(device: Any) -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        info["cpu"] = platform.processor()
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info["gpu"] = props.name
+        info["gpu_memory_bytes"] = props.total_memory
+        info["cuda"] = torch.version.cuda
+    for pkg in ("transformers", "torchtune", "offrecomp"):
+        try:
+            from importlib.metadata import version
+
+            info[pkg] = version(pkg)
+        except Exception:
+            pass
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+        if commit:
+            dirty = subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout.strip()
+            info["git_commit"] = commit + ("+dirty" if dirty else "")
+    except Exception:
+        pass
+    return info
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def _list() -> None:
+    from .presets import PRESETS
+    from .strategies import get_strategies
+
+    print("strategies:")
+    for s in get_strategies():
+        print(f"  {s.name:<22} {s.summary}")
+    print("presets:")
+    for p in PRESETS.values():
+        seqs = ",".join(map(str, p.seqs))
+        print(
+            f"  {p.name:<10} {p.description}; seq {seqs}; batch {p.batch}; search <= {p.mem_budget}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.list:
+        _list()
+        return 0
+
+    import torch
+
+    wall0 = time.perf_counter()
+    for flag, value, lowest in (
+        ("--threads", args.threads, 1),
+        ("--batch", args.batch, 1),
+        ("--repeats", args.repeats, 1),
+        ("--warmup", args.warmup, 0),
+    ):
+        if value is not None and value < lowest:
+            print(f"{flag}={value} is invalid; give {lowest} or more", file=sys.stderr)
+            return 2
+    if args.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        try:
+            device = torch.device(args.device)
+        except RuntimeError:
+            device = torch.device("meta")
+        if device.type not in ("cpu", "cuda"):
+            print(
+                f"--device {args.device!r} is invalid; accepted: auto, cpu, cuda, cuda:N",
+                file=sys.stderr,
+            )
+            return 2
+        if device.type == "cuda" and not torch.cuda.is_available():
+            print(
+                "--device cuda: no CUDA device is available here; use --device cpu", file=sys.stderr
+            )
+            return 2
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    threads = args.threads if args.threads is not None else (1 if device.type == "cpu" else None)
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _run(args, argv, device, wall0)
+    finally:
+        torch.set_num_threads(previous_threads)  # main() may be called from a longer program
+
+
+def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: float) -> int:
+    import dataclasses
+
+    import torch
+
+    from .measure import BenchConfig, run_benchmark
+    from .models import hf_available
+    from .output import Progress, format_bytes, render_search, render_table, write_all
+    from .presets import PRESETS, auto_preset_name, parse_size
+    from .strategies import ALL_STRATEGIES, Options, get_strategies
+
+    total_mem = (
+        torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    )
+    preset_name = auto_preset_name(device.type, total_mem) if args.preset == "auto" else args.preset
+    if preset_name not in PRESETS:
+        print(
+            f"--preset {preset_name!r} is invalid; accepted: auto, {', '.join(PRESETS)}",
+            file=sys.stderr,
+        )
+        return 2
+    preset = PRESETS[preset_name]
+    notes: list[str] = []
+
+    overrides: dict[str, Any] = {}
+    for arg, fieldname in (
+        ("model", "kind"),
+        ("layers", "n_layers"),
+        ("hidden", "hidden"),
+        ("heads", "n_heads"),
+        ("dropout", "dropout"),
+    ):
+        if getattr(args, arg) is not None:
+            overrides[fieldname] = getattr(args, arg)
+    spec = dataclasses.replace(preset.spec, seed=args.seed, **overrides)
+    if spec.kind != "gpt":
+        ok, why = hf_available()
+        if not ok:
+            notes.append(f"--model {spec.kind} skipped: {why}; ran the built-in GPT instead")
+            spec = dataclasses.replace(spec, kind="gpt")
+    seqs = args.seq or preset.seqs
+    spec = spec.with_max_seq(max(seqs))
+
+    if args.strategies:
+        unknown = [n for n in args.strategies if n not in ALL_STRATEGIES]
+        if unknown:
+            print(
+                f"--strategies: unknown {', '.join(unknown)}; accepted: {', '.join(ALL_STRATEGIES)}",
+                file=sys.stderr,
+            )
+            return 2
+    with_compile = args.with_compile if args.with_compile is not None else device.type == "cuda"
+    options = Options(
+        with_compile=with_compile,
+        compile_budget=args.compile_budget,
+        compile_backend=args.compile_backend,
+    )
+
+    peak_tflops = args.peak_tflops
+    if peak_tflops is None and device.type == "cuda":
+        name = torch.cuda.get_device_properties(device).name
+        if "H100" in name or "H200" in name:
+            peak_tflops = _H100_CLASS_PEAK_TFLOPS
+        else:
+            notes.append(f"MFU not reported: pass --peak-tflops for {name}")
+
+    mem_budget: int | None = None
+    if not args.no_search:
+        text = args.mem_budget or preset.mem_budget
+        if text.lower() != "none":
+            try:
+                mem_budget = parse_size(text, name="--mem-budget")
+            except ValueError as exc:
+                print(exc, file=sys.stderr)
+                return 2
+    max_seconds = args.max_seconds
+    if max_seconds is None and device.type == "cpu":
+        max_seconds = _CPU_MAX_SECONDS
+
+    cfg = BenchConfig(
+        spec=spec,
+        seqs=tuple(seqs),
+        batch=args.batch or preset.batch,
+        device=device,
+        amp_dtype=torch.bfloat16 if (preset.bf16 and device.type == "cuda") else None,
+        strategies=tuple(args.strategies) if args.strategies else None,
+        options=options,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        mem_budget_bytes=mem_budget,
+        search_start=args.search_start or preset.search_start,
+        search_max=args.search_max or preset.search_max,
+        peak_tflops=peak_tflops,
+        max_seconds=max_seconds,
+        seed=args.seed,
+    )
+    if preset.bf16 and device.type != "cuda":
+        notes.append("bf16 autocast is used on GPU only; this CPU run is fp32")
+
+    strategies = get_strategies(list(cfg.strategies) if cfg.strategies else None, options)
+    n_avail = sum(1 for s in strategies if s.available(device)[0])
+    total = len(cfg.seqs) * n_avail * (1 + cfg.repeats + (device.type == "cpu"))
+    print(
+        f"long_seq: preset {preset_name}, {spec.kind} {spec.n_layers}x{spec.hidden}, "
+        f"batch {cfg.batch}, seq {','.join(map(str, cfg.seqs))}, device {device} "
+        f"({_plural(torch.get_num_threads(), 'thread')}), "
+        f"{len(strategies)} strategies ({n_avail} runnable here)",
+        file=sys.stderr,
+        flush=True,
+    )
+    bar = Progress(total, "compare", enabled=not args.quiet)
+    search_bar: Progress | None = None
+
+    def search_tick(note: str) -> None:
+        nonlocal search_bar
+        if search_bar is None:
+            bar.close()
+            search_bar = Progress(None, "search", enabled=not args.quiet)
+        search_bar(note)
+
+    load_start = _load_average()
+    try:
+        result = run_benchmark(cfg, progress=bar, search_progress=search_tick)
+    finally:
+        bar.close()
+        if search_bar is not None:
+            search_bar.close()
+
+    hardware = _hardware(device)
+    hardware["load_average_start"] = load_start
+    hardware["load_average_end"] = _load_average()
+    cores = os.cpu_count() or 1
+    if device.type == "cpu" and (load_start or 0.0) > 0.5 * cores:
+        # Read before the benchmark's own work, so this is other programs' load.
+        notes.append(
+            f"the machine was busy before the run (1-minute load average {load_start:.1f} on "
+            f"{cores} cores): timings are noisy; read the medians and ratios"
+        )
+    meta = {
+        "command": " ".join(
+            ["python -m benchmarks.long_seq", shlex.join(sys.argv[1:] if argv is None else argv)]
+        ).strip(),
+        "preset": preset_name,
+        "device": str(device),
+        "hardware": hardware,
+        "max_seconds": max_seconds,
+    }
+    result.notes[:0] = notes
+    out_dir = Path(args.out)
+    written = write_all(result, out_dir, meta=meta, plots=not args.no_plots)
+
+    where = hardware.get("gpu") or f"{hardware.get('cpu')} ({hardware.get('cpu_count')} cores)"
+    print()
+    print(
+        f"{spec.kind} {spec.n_layers}x{spec.hidden} ({result.meta['params'] / 1e6:.1f}M params), "
+        f"batch {cfg.batch}, {result.meta['dtype']}, on {where}, "
+        f"{_plural(hardware['torch_threads'], 'torch thread')}; "
+        f"torch {hardware['torch']}, python {hardware['python']}"
+    )
+    print(
+        f"median of {cfg.repeats} interleaved steps after {cfg.warmup} warm-up; "
+        "memory: allocator bytes above the pre-step level (peak: whole step, act: end of forward)"
+    )
+    print()
+    print(render_table(result.rows))
+    if result.search:
+        print()
+        print(render_search(result.search, cfg.mem_budget_bytes))
+    if result.plain_saved_bytes:
+        saved = ", ".join(
+            f"{s}: {format_bytes(b)}" for s, b in sorted(result.plain_saved_bytes.items())
+        )
+        print(f"\nplain saved activation bytes (budget base for offrecomp_auto@X%): {saved}")
+    for note in result.notes:
+        print(f"note: {note}")
+    print(f"\nwrote {', '.join(str(p) for p in written)} in {time.perf_counter() - wall0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

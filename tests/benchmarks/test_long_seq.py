@@ -1,0 +1,304 @@
+"""Smoke tests of the long-sequence benchmark: every strategy, the CLI, the search."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.long_seq import main
+from benchmarks.long_seq.measure import (
+    BenchConfig,
+    count_saved_bytes,
+    longest_fitting,
+    run_benchmark,
+)
+from benchmarks.long_seq.models import ModelSpec, build_model, hf_available, make_batch
+from benchmarks.long_seq.strategies import (
+    ALL_STRATEGIES,
+    NotApplicable,
+    Options,
+    PrepareContext,
+    Runner,
+    Strategy,
+    get_strategies,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU = torch.device("cpu")
+TINY = ModelSpec(n_layers=4, hidden=32, n_heads=2, vocab=64, max_seq=64, dropout=0.1, seed=3)
+SEQ, BATCH = 32, 2
+# The fast compile backend runs AOTAutograd's min-cut partitioner (where the activation
+# budget acts) without Inductor's C++ code generation, which takes ~45 s cold on 2 cores.
+OPTIONS = Options(with_compile=True, compile_backend="aot_eager_decomp_partition")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    # The models here are tiny: a second OpenMP thread only adds synchronisation, and on a
+    # busy 2-core machine it lets other programs stall every op.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def _grads(strategy_name: str, spec: ModelSpec, steps: int = 2) -> list[list[torch.Tensor]]:
+    """Gradients of ``steps`` successive steps (no optimizer update) under one strategy."""
+    model = build_model(spec, CPU)
+    batch = make_batch(spec, BATCH, SEQ, CPU)
+    (strategy,) = [s for s in get_strategies([strategy_name], OPTIONS) if s.name == strategy_name]
+    ok, why = strategy.available(CPU)
+    if not ok:
+        pytest.skip(f"{strategy_name}: {why}")
+    plain = None
+    if strategy.needs_plain_bytes:
+        plain = count_saved_bytes(model, batch, lambda: torch.autocast("cpu", enabled=False))
+    try:
+        runner = strategy.prepare(
+            model, PrepareContext(device=CPU, seq=SEQ, plain_saved_bytes=plain)
+        )
+    except NotApplicable as exc:
+        pytest.skip(str(exc))
+    out = []
+    try:
+        for step in range(steps):
+            runner.enter()
+            try:
+                torch.manual_seed(1000 + step)  # same dropout masks in every strategy
+                loss = runner.forward(*batch)
+                runner.backward(loss)
+            finally:
+                runner.exit()
+            grads = []
+            for name, p in model.named_parameters():
+                assert p.grad is not None, f"{strategy_name}: no gradient for {name}"
+                grads.append(p.grad.detach().clone())
+            out.append(grads)
+            model.zero_grad(set_to_none=True)
+    finally:
+        runner.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain_grads() -> list[list[torch.Tensor]]:
+    return _grads("none", TINY)
+
+
+@pytest.mark.parametrize("name", [n for n in ALL_STRATEGIES if n not in ("none", "compile_budget")])
+def test_strategy_gradients_equal_plain(name: str, plain_grads: list[list[torch.Tensor]]) -> None:
+    # fp32 on CPU with dropout: recompute restores the RNG state, so gradients are bitwise
+    # equal to the plain run's, step after step (offrecomp plans from its second step).
+    got = _grads(name, TINY)
+    for step, (ref, res) in enumerate(zip(plain_grads, got)):
+        for i, (a, b) in enumerate(zip(ref, res)):
+            assert torch.equal(a, b), f"{name}: step {step}, parameter {i} differs"
+
+
+def test_compile_budget_gradients_close_to_plain() -> None:
+    # Compiled graphs use decomposed ops in another order (and their own RNG for dropout),
+    # so compare without dropout and with a tolerance for fp32 reassociation.
+    spec = ModelSpec(**{**vars(TINY), "dropout": 0.0})
+    ref, got = _grads("none", spec, steps=1), _grads("compile_budget", spec, steps=1)
+    for a, b in zip(ref[0], got[0]):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_unavailable_strategies_say_why() -> None:
+    reasons = {s.name: s.available(CPU) for s in get_strategies(None, Options())}
+    assert reasons["save_on_cpu"] == (False, "n/a: needs a GPU")
+    assert not reasons["compile_budget"][0] and "--with-compile" in reasons["compile_budget"][1]
+    for name, (ok, why) in reasons.items():
+        assert ok or why, f"{name} is unavailable without a reason"
+
+
+def test_saved_bytes_count_matches_allocator() -> None:
+    # The hook count (the base of offrecomp_auto@X% budgets) agrees with the allocator's
+    # bytes still held when a plain forward returns (the loss scalar aside).
+    spec = ModelSpec(**{**vars(TINY), "dropout": 0.0})
+    cfg = BenchConfig(
+        spec=spec, seqs=(SEQ,), batch=BATCH, device=CPU, strategies=("none",), warmup=1, repeats=1
+    )
+    result = run_benchmark(cfg)
+    (row,) = result.rows
+    assert row.status == "ok"
+    counted = result.plain_saved_bytes.get(SEQ) or count_saved_bytes(
+        build_model(spec.with_max_seq(SEQ), CPU),
+        make_batch(spec, BATCH, SEQ, CPU),
+        lambda: torch.autocast("cpu", enabled=False),
+    )
+    assert row.act_bytes is not None
+    assert abs(row.act_bytes - counted) <= 0.02 * counted + 4096
+
+
+def test_longest_fitting_doubles_then_bisects() -> None:
+    probes: list[int] = []
+
+    def fits_below(limit: int):  # type: ignore[no-untyped-def]
+        def fits(s: int) -> bool:
+            probes.append(s)
+            return s <= limit
+
+        return fits
+
+    assert longest_fitting(fits_below(1000), start=256, cap=8192) == (960, False)
+    assert probes[:3] == [256, 512, 1024]
+    assert all(p % 64 == 0 for p in probes)
+    assert longest_fitting(fits_below(10**6), start=256, cap=2048) == (2048, True)
+    assert longest_fitting(fits_below(100), start=256, cap=2048) == (64, False)
+    assert longest_fitting(fits_below(10), start=256, cap=2048) == (0, False)
+
+
+def test_search_finds_longer_sequences_with_checkpointing() -> None:
+    spec = ModelSpec(n_layers=4, hidden=32, n_heads=2, vocab=64, max_seq=64)
+    cfg = BenchConfig(
+        spec=spec,
+        seqs=(64,),
+        batch=1,
+        device=CPU,
+        strategies=("none", "ckpt_block"),
+        warmup=0,
+        repeats=1,
+        mem_budget_bytes=1024 * 1024,
+        search_start=64,
+        search_max=1024,
+    )
+    result = run_benchmark(cfg)
+    found = {s.strategy: s for s in result.search}
+    assert set(found) == {"none", "ckpt_block"}
+    for s in found.values():
+        assert s.status == "ok" and s.probes
+        assert all(p.peak_bytes is not None for p in s.probes)
+        assert s.longest_seq is not None and s.longest_seq % 64 == 0
+    assert 0 < found["none"].longest_seq < found["ckpt_block"].longest_seq  # type: ignore[operator]
+
+
+def test_cli_writes_table_csv_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    argv = [
+        "--device", "cpu", "--layers", "2", "--hidden", "32", "--heads", "2",
+        "--seq", "32,64", "--batch", "1", "--warmup", "1", "--repeats", "1",
+        "--mem-budget", "1MiB", "--search-start", "64", "--search-max", "128",
+        "--strategies", "ckpt_block,save_on_cpu,offrecomp_auto@50%",
+        "--out", str(out), "--quiet",
+    ]  # fmt: skip
+    threads = torch.get_num_threads()
+    assert main(argv) == 0
+    assert torch.get_num_threads() == threads  # the CPU default of 1 thread is undone
+    printed = capsys.readouterr().out
+    for name in ("none", "ckpt_block", "save_on_cpu", "offrecomp_auto@50%"):
+        assert name in printed
+    assert "n/a: needs a GPU" in printed
+    assert "longest sequence" in printed
+
+    with (out / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["strategy"], r["seq"]) for r in rows} == {
+        (n, s)
+        for n in ("none", "ckpt_block", "save_on_cpu", "offrecomp_auto@50%")
+        for s in ("32", "64")
+    }
+    by = {(r["strategy"], r["seq"]): r for r in rows}
+    assert by[("none", "32")]["status"] == "ok"
+    assert float(by[("none", "32")]["ratio_vs_none"]) == 1.0
+    assert float(by[("ckpt_block", "64")]["median_step_ms"]) > 0
+
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["hardware"]["torch"] == torch.__version__
+    assert data["meta"]["command"].startswith("python -m benchmarks.long_seq")
+    assert {r["strategy"] for r in data["search"]} >= {"none", "ckpt_block"}
+    assert (out / "longest_seq.csv").exists()
+    assert (out / "memory_vs_time.png").exists() or any("plots skipped" in n for n in data["notes"])
+
+
+def test_import_is_light() -> None:
+    code = "import sys, benchmarks.long_seq; print('torch' in sys.modules)"
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert res.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(not hf_available()[0], reason="transformers not installed")
+def test_hf_llama_runs_checkpointed() -> None:
+    spec = ModelSpec(kind="hf-llama", n_layers=2, hidden=32, n_heads=2, vocab=64, max_seq=64)
+    cfg = BenchConfig(
+        spec=spec,
+        seqs=(32,),
+        batch=1,
+        device=CPU,
+        strategies=("none", "ckpt_block", "ckpt_sqrt"),
+        warmup=1,
+        repeats=1,
+    )
+    rows = {r.strategy: r for r in run_benchmark(cfg).rows}
+    assert rows["none"].status == "ok" and rows["ckpt_block"].status == "ok"
+    assert rows["ckpt_sqrt"].status.startswith("n/a")
+    assert rows["ckpt_block"].act_bytes < rows["none"].act_bytes  # type: ignore[operator]
+
+
+class _Fragile(Strategy):
+    """Runs plain up to 128 tokens; beyond, raises what CUDA raises when memory runs out."""
+
+    name = "fragile"
+    summary = "test double"
+
+    def prepare(self, model: torch.nn.Module, ctx: PrepareContext) -> Runner:
+        class _R(Runner):
+            def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+                if idx.shape[1] > 128:
+                    raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
+                return self.model(idx, targets)
+
+        return _R(model)
+
+
+class _Broken(Strategy):
+    name = "broken"
+    summary = "test double"
+
+    def prepare(self, model: torch.nn.Module, ctx: PrepareContext) -> Runner:
+        raise ValueError("cannot wrap this model")
+
+
+def test_oom_and_failures_are_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Out of memory means "does not fit" in the search and "oom" in the table; any other
+    # failure is reported with its reason; the run goes on either way.
+    import benchmarks.long_seq.measure as measure
+
+    real = measure.get_strategies
+    monkeypatch.setattr(
+        measure,
+        "get_strategies",
+        lambda names, options: [*real(["none"], options), _Fragile(), _Broken()],
+    )
+    spec = ModelSpec(n_layers=2, hidden=32, n_heads=2, vocab=64, max_seq=64)
+    cfg = BenchConfig(
+        spec=spec,
+        seqs=(64, 256),
+        batch=1,
+        device=CPU,
+        warmup=0,
+        repeats=1,
+        mem_budget_bytes=1 << 40,
+        search_start=64,
+        search_max=512,
+    )
+    result = run_benchmark(cfg)
+    rows = {(r.strategy, r.seq): r for r in result.rows}
+    assert rows[("fragile", 64)].status == "ok"
+    assert rows[("fragile", 256)].status == "oom"
+    assert rows[("broken", 64)].status == "failed: ValueError: cannot wrap this model"
+    assert rows[("none", 256)].status == "ok"
+    search = {s.strategy: s for s in result.search}
+    assert search["fragile"].longest_seq == 128
+    assert any(p.note == "oom" for p in search["fragile"].probes)
+    assert search["none"].longest_seq == 512 and search["none"].capped
+    assert search["broken"].status.startswith("failed: ValueError")
