@@ -32,10 +32,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from offrecomp import _torch_compat as tc
 from offrecomp.regions import replay_arguments
 from offrecomp.replay import replay_call
-from offrecomp.state import PassState, RegionCall, SavedHandle, StorageRec
+from offrecomp.state import KeptHandle, PassState, RegionCall, SavedHandle, StorageRec
 from offrecomp.trace import PLACEHOLDER, ReplayDivergedError, SaveInfo, internal
 from scheduler.plan import Placement
 
@@ -47,6 +46,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Placer", "flat_bytes"]
 
 KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
+_graph_task_id = torch._C._current_graph_task_id  # see _torch_compat.current_graph_task_id
 
 
 class _Plain:
@@ -100,12 +100,16 @@ class Placer:
         return self._pack(t)
 
     def _pack(self, t: torch.Tensor) -> Any:
+        # The hot path of the runtime: one call per saved tensor. Keep it lean.
         rt = self.rt
-        if tc.current_graph_task_id() != -1:
+        if _graph_task_id() != -1:
             # Saved while backward runs (create_graph / double backward): not a forward.
             return _Plain(t, None)
-        p = rt._forward_activity()
-        call = rt._current_call(p)
+        p = rt._pass
+        if p is None or p.backward_started or p.aborted:
+            p = rt._forward_activity()
+        calls = rt._stack.calls
+        call = calls[-1] if calls else rt._current_call(p)
         p.stats.saved_tensors += 1
         idx = call.pack_count
         call.pack_count += 1
@@ -115,7 +119,7 @@ class Placer:
         if (
             type(t) is not torch.Tensor
             or t.layout != torch.strided
-            or t.device.type == "meta"
+            or t.is_meta
             or t.is_quantized
             or t.is_complex()
         ):
@@ -140,8 +144,8 @@ class Placer:
             call.saves[idx].storage = rec.index
         placement = rec.placement
         if placement == KEEP:
-            return SavedHandle(rec, idx, t, hold=True)
-        h = SavedHandle(rec, idx, t, hold=False)
+            return KeptHandle(rec, idx, t)
+        h = SavedHandle(rec, idx, t)
         if placement == RECOMPUTE:
             call.dropped[idx] = weakref.ref(h)
             if rt.config.verify:
@@ -160,6 +164,8 @@ class Placer:
         )
         rec.on_release = self._release
         rec.storage_ref = weakref.ref(storage)
+        if p.recording and call.is_root:
+            rec.save_mark = rt._clock_mark()  # when it was saved: the planner's timeline
         call.storages.append(rec)
         call.by_ptr[ptr] = rec
         p.stats.storages += 1
@@ -265,23 +271,25 @@ class Placer:
     # ----------------------------------------------------------------- unpack
 
     def unpack(self, h: Any) -> torch.Tensor:
-        if isinstance(h, _Plain):
-            if int(h.t._version) != h.version:
-                raise _modified_error(h.where, -1, h.version, int(h.t._version))
+        if type(h) is KeptHandle:
+            t = h.tensor
+            call = h.rec.call
+            p = call.pass_state
+            if p is not None and not p.backward_started:
+                self.rt._backward_activity(call)
+            if t._version != h.version:
+                raise _modified_error(_where(call), h.pack_index, h.version, t._version)
+            return t
+        if type(h) is _Plain:
+            if h.t._version != h.version:
+                raise _modified_error(h.where, -1, h.version, h.t._version)
             return h.t
         assert isinstance(h, SavedHandle)
         rec = h.rec
-        assert rec is not None
         call = rec.call
         self.rt._backward_activity(call)
         placement = rec.placement
-        if placement == KEEP:
-            t = h.tensor
-            assert t is not None
-            if int(t._version) != h.version:
-                raise _modified_error(_where(call), h.pack_index, h.version, int(t._version))
-            return t
-        orig = h.weak() if h.weak is not None else None
+        orig = h.weak()
         if orig is not None and int(orig._version) != h.version:
             raise _modified_error(_where(call), h.pack_index, h.version, int(orig._version))
         if placement == OFFLOAD:

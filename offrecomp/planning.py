@@ -258,7 +258,11 @@ class Planner:
         if p.root is not None:
             for s in p.root.storages:
                 root_records.append(
-                    StorageRecord(nbytes=s.nbytes, kind="activation" if s.nbytes >= rt.config.min_bytes else "external")
+                    StorageRecord(
+                        nbytes=s.nbytes,
+                        kind="activation" if s.nbytes >= rt.config.min_bytes else "external",
+                        offset_seconds=clock.seconds(p.start_mark, s.save_mark, wait=True) or 0.0,
+                    )
                 )
         fwd_total = clock.seconds(p.start_mark, p.backward_start_mark, wait=True) or 0.0
         bwd_total = clock.seconds(p.backward_start_mark, p.backward_end_mark, wait=True) or 0.0

@@ -14,7 +14,6 @@ Saves outside every region belong to the root call (name ``""``, call index 0).
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
     from offrecomp.regions import AutocastState, BufferState, CapturedInputs, Region, RngState
     from offrecomp.trace import OpRecorder, RegionStructure, SaveInfo
 
-__all__ = ["PassState", "RegionCall", "SavedHandle", "StorageRec"]
+__all__ = ["KeptHandle", "PassState", "RegionCall", "SavedHandle", "StorageRec"]
 
 
 class StorageRec:
@@ -48,6 +47,7 @@ class StorageRec:
         "placement",
         "ptr",
         "released",
+        "save_mark",
         "sid",
         "storage_ref",
         "tensor",
@@ -71,6 +71,7 @@ class StorageRec:
         self.ptr = ptr
         self.storage_ref: Any = None  # weakref to the UntypedStorage (alive iff the allocation is)
         self.sid: int | None = None  # storage id in the op recording (measuring pass only)
+        self.save_mark: Any = None  # clock mark of the first save (root storages, measuring pass)
         self.device = device
         self.kind = kind
         self.placement = placement
@@ -89,8 +90,31 @@ class StorageRec:
         )
 
 
+class KeptHandle:
+    """What autograd holds for a saved tensor placed KEEP (the lean common case)."""
+
+    __slots__ = ("pack_index", "rec", "tensor", "version")
+
+    def __init__(self, rec: StorageRec, pack_index: int, t: torch.Tensor) -> None:
+        self.rec = rec
+        self.pack_index = pack_index
+        self.tensor = t
+        self.version = t._version
+        rec.handles += 1
+        rec.call.live_handles += 1
+
+    def __del__(self) -> None:
+        rec = self.rec
+        rec.handles -= 1
+        rec.call.live_handles -= 1
+        try:  # noqa: SIM105 - no contextlib in this hot finaliser
+            rec.on_release(rec)
+        except Exception:  # never raise from a finaliser
+            pass
+
+
 class SavedHandle:
-    """What autograd holds for one saved tensor (the pack hook's return value)."""
+    """What autograd holds for a saved tensor placed OFFLOAD or RECOMPUTE."""
 
     __slots__ = (
         "__weakref__",
@@ -100,34 +124,30 @@ class SavedHandle:
         "rec",
         "size",
         "stride",
-        "tensor",
         "version",
         "weak",
     )
 
-    def __init__(self, rec: StorageRec | None, pack_index: int, t: torch.Tensor, hold: bool) -> None:
+    def __init__(self, rec: StorageRec, pack_index: int, t: torch.Tensor) -> None:
         self.rec = rec
         self.pack_index = pack_index
-        self.version = int(t._version)
-        self.tensor: torch.Tensor | None = t if hold else None
-        self.weak: weakref.ref[torch.Tensor] | None = None if hold else weakref.ref(t)
+        self.version = t._version
+        self.weak: weakref.ref[torch.Tensor] = weakref.ref(t)  # the original may outlive us
         self.size = tuple(t.shape)
         self.stride = tuple(t.stride())
-        self.offset = int(t.storage_offset())
+        self.offset = t.storage_offset()
         self.dtype = t.dtype
-        if rec is not None:
-            rec.handles += 1
-            rec.call.live_handles += 1
+        rec.handles += 1
+        rec.call.live_handles += 1
 
     def __del__(self) -> None:
         rec = self.rec
-        if rec is None:
-            return
         rec.handles -= 1
         rec.call.live_handles -= 1
-        if rec.on_release is not None:
-            with contextlib.suppress(Exception):  # never raise from a finaliser
-                rec.on_release(rec)
+        try:  # noqa: SIM105 - no contextlib in this hot finaliser
+            rec.on_release(rec)
+        except Exception:  # never raise from a finaliser
+            pass
 
     def rebuild(self, flat: torch.Tensor) -> torch.Tensor:
         """This saved view, on the storage behind ``flat`` (a flat uint8 tensor)."""
