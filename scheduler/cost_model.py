@@ -29,11 +29,21 @@ def replay_seconds(
 
     ``placements`` is one placement per storage of the region (a sequence in storage
     order) or a mapping from storage index to placement (missing indices are KEEP).
-    With ``D`` the dropped (RECOMPUTE) storages and ``K = max(last_save_op over D)``,
-    replay runs ops ``0 .. K-1``; an op is free (*served*) when the region is not
-    opaque, the op is skippable and every output is a storage placed KEEP; every other
-    op in the prefix costs its ``seconds``. A region without recorded ops costs its
-    whole ``forward_seconds`` as soon as anything is dropped. Nothing dropped: 0.
+    With ``D`` the dropped (RECOMPUTE) storages and ``K = max(last_save_op over D)``
+    (clamped to the op count), only ops ``0 .. K-1`` are considered. An op is *served*
+    (free) when the region is not opaque, the op is skippable and every output is a
+    storage placed KEEP.
+
+    * Dataflow (the region is not opaque and every op has ``reads``): the ops that run
+      are the closure of the producers of ``D`` and the sinks before ``K`` under
+      ``reads``; an op reached that is served (a sink never is) costs nothing and its
+      reads are not followed. When a storage of ``D`` has ``producer_op < 0`` the
+      prefix rule below applies instead.
+    * Prefix (``reads`` unknown, or opaque: nothing is served there): every op before
+      ``K`` costs its ``seconds`` unless served.
+
+    A region without recorded ops costs its whole ``forward_seconds`` as soon as
+    anything is dropped. Nothing dropped: 0.
     """
     n = len(region.storages)
     place = [Placement.KEEP] * n
@@ -56,18 +66,43 @@ def replay_seconds(
     dropped = [i for i in range(n) if place[i] == Placement.RECOMPUTE]
     if not dropped:
         return 0.0
-    if not region.ops:
+    ops = region.ops
+    if not ops:
         return float(region.forward_seconds)
-    k = min(max(region.storages[i].last_save_op for i in dropped), len(region.ops))
-    total = 0.0
-    for op in region.ops[:k]:
-        served = (
+    k = min(max(region.storages[i].last_save_op for i in dropped), len(ops))
+
+    def served(j: int) -> bool:
+        op = ops[j]
+        return (
             not region.opaque
             and op.skippable
             and all(0 <= o < n and place[o] == Placement.KEEP for o in op.outputs)
         )
-        if not served:
-            total += op.seconds
+
+    dataflow = not region.opaque and all(op.reads is not None for op in ops)
+    if not dataflow or any(region.storages[i].producer_op < 0 for i in dropped):
+        return sum((op.seconds for j, op in enumerate(ops[:k]) if not served(j)), 0.0)
+    # the same worklist order as the simulator's kernel, so both sum alike
+    seen = [False] * k
+    work: list[int] = []
+    for i in dropped:
+        p = region.storages[i].producer_op
+        if p < k and not seen[p]:
+            seen[p] = True
+            work.append(p)
+    for j in range(k):
+        if ops[j].sink and not seen[j]:
+            seen[j] = True
+            work.append(j)
+    total = 0.0
+    for j in work:  # grows while iterating: breadth-first
+        if not ops[j].sink and served(j):
+            continue
+        total += ops[j].seconds
+        for r in ops[j].reads or ():
+            if 0 <= r < k and not seen[r]:
+                seen[r] = True
+                work.append(r)
     return total
 
 

@@ -25,9 +25,9 @@ after the last save it needs). Which of those ops actually execute:
 * otherwise, when every op of the region has ``reads`` (not None), replay is
   demand-driven. The set R of ops that run is the closure of
   ``{producer_op of each dropped storage} | {k < K with ops[k].sink}`` under ``reads``:
-  for an op in the worklist, if it is *served* (``skippable`` and every entry of its
-  ``outputs`` is ``>= 0`` and placed KEEP) it costs nothing and its reads are not
-  followed; otherwise it runs, costs ``seconds``, and every op index in its ``reads``
+  for an op in the worklist, if it is *served* (not a sink, ``skippable``, and every
+  entry of its ``outputs`` is ``>= 0`` and placed KEEP) it costs nothing and its reads
+  are not followed; otherwise it runs, costs ``seconds``, and every op index in its ``reads``
   joins the worklist. Ops outside R cost nothing (replay hands out placeholders).
 * otherwise (``reads`` unknown): an op in the prefix is served when ``skippable`` and
   all outputs are ``>= 0`` and KEEP, and runs (costs ``seconds``) in every other case.

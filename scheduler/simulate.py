@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -75,6 +76,14 @@ def njit(fn: Any) -> Any:
         return numba.njit(cache=True)(fn)
     except RuntimeError:
         return numba.njit(cache=False)(fn)
+
+
+def njit_inline(fn: Any) -> Any:
+    """``njit`` for small kernels called in hot loops: numba inlines them into callers."""
+    try:
+        return numba.njit(cache=True, inline="always")(fn)
+    except RuntimeError:
+        return numba.njit(cache=False, inline="always")(fn)
 
 
 @njit
@@ -126,6 +135,17 @@ class FlatProfile:
     Storages are grouped by unit (``st_ptr``); ``keys[i]`` is the plan key of flat
     storage ``i``. Ops are grouped by unit (``op_ptr``; gaps have none), their outputs
     in CSR form (``out_ptr``/``out_idx``, flat storage indices, -1 kept as -1).
+
+    Dataflow (see scheduler.profile, replay semantics): ``dataflow[u]`` says unit ``u``
+    replays demand-driven (a region, not opaque, with ops that all have ``reads``);
+    ``op_sink`` marks sinks; ``rd_ptr``/``rd_idx`` hold each op's ``reads`` as global op
+    indices (empty rows in other units); ``st_prod[i]`` is storage ``i``'s producer as a
+    global op index, -1 when unknown (root storages, regions without ops).
+    ``fixed_from[j]`` is the smallest prefix end ``K`` from which op ``j`` runs in every
+    replay of its unit with that prefix, whatever is dropped (``n_ops + 1``: not
+    always): outside dataflow units ``j + 1`` for ops that can never be served; in
+    dataflow units the ops reached from a never-servable sink before ``K`` through
+    never-servable ops only.
     """
 
     keys: list[StorageKey]
@@ -145,6 +165,12 @@ class FlatProfile:
     out_ptr: np.ndarray
     out_idx: np.ndarray
     noops: np.ndarray
+    dataflow: np.ndarray
+    op_sink: np.ndarray
+    rd_ptr: np.ndarray
+    rd_idx: np.ndarray
+    st_prod: np.ndarray
+    fixed_from: np.ndarray
     fwd_start: np.ndarray
     fwd_dur: np.ndarray
     bwd_dur: np.ndarray
@@ -164,6 +190,10 @@ class FlatProfile:
     @property
     def has_link(self) -> bool:
         return self.d2h_bps > 0.0 and self.h2d_bps > 0.0
+
+    @property
+    def max_unit_ops(self) -> int:
+        return int(np.max(np.diff(self.op_ptr))) if self.op_ptr.shape[0] > 1 else 0
 
 
 def _check_number(value: float, what: str) -> float:
@@ -288,8 +318,8 @@ def _outputs(
     profile: Profile,
     raw: list[Any],
     lens: list[int],
-    op_base: list[int],
-    op_m: list[int],
+    op_base: np.ndarray,
+    op_m: np.ndarray,
     skip: list[bool],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Op outputs in CSR form (flat storage indices, -1 kept) and which ops replay may serve."""
@@ -325,6 +355,125 @@ def _outputs(
         np.asarray(skip, dtype=np.bool_) & ~has_unsaved if n_ops else np.zeros(0, dtype=np.bool_)
     )
     return out_ptr, out_idx, op_serv
+
+
+def _reads(
+    profile: Profile,
+    raw: list[Any],
+    lens: list[int],
+    op_start: np.ndarray,
+    op_count: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Op reads in CSR form as global op indices (rows of non-dataflow units are empty)."""
+    n_ops = len(lens)
+    lens_arr = np.asarray(lens, dtype=np.int64)
+    rd_ptr = np.zeros(n_ops + 1, dtype=np.int64)
+    np.cumsum(lens_arr, out=rd_ptr[1:])
+    owner = np.repeat(np.arange(n_ops, dtype=np.int64), lens_arr)
+    arr = np.asarray(raw) if raw else np.zeros(0, dtype=np.int64)
+    ok = arr.ndim == 1 and (arr.size == 0 or arr.dtype.kind in "iu")
+    if ok and arr.size:
+        ok = bool(np.all((arr >= 0) & (arr < op_count[owner])))
+    if not ok:
+        for r in profile.regions:
+            k = len(r.ops)
+            for j, op in enumerate(r.ops):
+                for x in op.reads or ():
+                    if (
+                        isinstance(x, bool)
+                        or not isinstance(x, (int, np.integer))
+                        or not 0 <= x < k
+                    ):
+                        raise ValueError(
+                            f"op {j} of region {_region_label(r)} reads op {x!r}; accepted: an op "
+                            f"index in 0..{k - 1}"
+                        )
+    rd_idx = (arr.astype(np.int64) + op_start[owner]).astype(np.int64)
+    return rd_ptr, rd_idx
+
+
+def _producer_ops(
+    profile: Profile, raw: list[Any], base: np.ndarray, n_arr: np.ndarray
+) -> np.ndarray:
+    """Per flat storage its producer as a global op index, -1 when unknown (``base``, ``n_arr``:
+    per storage the first global op index and the op count of its unit)."""
+    arr = np.asarray(raw) if raw else np.zeros(0, dtype=np.int64)
+    ok = arr.ndim == 1 and (arr.size == 0 or arr.dtype.kind in "iu")
+    if ok and arr.size:
+        ok = bool(np.all((arr >= -1) & ((arr < n_arr) | (n_arr == 0))))
+    if not ok:
+
+        def good(s: Any, k: int) -> bool:
+            p = s.producer_op
+            return bool(
+                isinstance(p, (int, np.integer))
+                and not isinstance(p, bool)
+                and p >= -1
+                and (p < k or k == 0)
+            )
+
+        for r in profile.regions:
+            k = len(r.ops)
+            for i, st in enumerate(r.storages):
+                if not good(st, k):
+                    raise ValueError(
+                        f"storage {i} of region {_region_label(r)} producer_op = "
+                        f"{st.producer_op!r} is invalid; accepted: -1 or an op index in "
+                        f"0..{k - 1}"
+                    )
+    arr = arr.astype(np.int64)
+    return np.where((arr >= 0) & (n_arr > 0), arr + base, -1).astype(np.int64)
+
+
+@njit
+def _fixed_from(op_ptr, op_serv, op_sink, rd_ptr, rd_idx, dataflow):  # type: ignore[no-untyped-def]
+    """``FlatProfile.fixed_from``: per op the prefix end from which it always runs."""
+    n_u = op_ptr.shape[0] - 1
+    out = np.empty(op_serv.shape[0], dtype=np.int64)
+    stack = np.empty(op_serv.shape[0], dtype=np.int64)
+    for u in range(n_u):
+        j0 = op_ptr[u]
+        n = op_ptr[u + 1] - j0
+        for jj in range(n):
+            out[j0 + jj] = n + 1
+        if not dataflow[u]:
+            for jj in range(n):
+                if not op_serv[j0 + jj]:
+                    out[j0 + jj] = jj + 1
+            continue
+        # a never-servable sink runs whenever it lies in the prefix (served or not, under
+        # both replay rules); so does every never-servable op it reaches through reads of
+        # earlier ops (the profile contract; a read of a later op is not followed here)
+        for jj in range(n):
+            j = j0 + jj
+            if not op_sink[j] or op_serv[j] or out[j] <= n:
+                continue
+            out[j] = jj + 1
+            top = 1
+            stack[0] = j
+            while top > 0:
+                top -= 1
+                i = stack[top]
+                for q in range(rd_ptr[i], rd_ptr[i + 1]):
+                    r = rd_idx[q]
+                    if r >= i or op_serv[r] or out[r] <= n:
+                        continue
+                    out[r] = jj + 1
+                    stack[top] = r
+                    top += 1
+    return out
+
+
+_get_nbytes = operator.attrgetter("nbytes")
+_get_offset = operator.attrgetter("offset_seconds")
+_get_kind = operator.attrgetter("kind")
+_get_last_save = operator.attrgetter("last_save_op")
+_get_producer = operator.attrgetter("producer_op")
+_get_outputs = operator.attrgetter("outputs")
+_get_skippable = operator.attrgetter("skippable")
+_get_seconds = operator.attrgetter("seconds")
+_get_sink = operator.attrgetter("sink")
+_get_reads = operator.attrgetter("reads")
 
 
 def flatten(profile: Profile) -> FlatProfile:
@@ -365,19 +514,21 @@ def flatten(profile: Profile) -> FlatProfile:
     keys: list[StorageKey] = []
     st_ptr = [0]
     op_ptr = [0]
-    unit_of: list[int] = []
     nbytes: list[Any] = []
     offsets: list[Any] = []
     kinds: list[Any] = []
     last_save: list[Any] = []
     op_sec: list[Any] = []
     op_skip: list[bool] = []
-    op_base: list[int] = []
-    op_m: list[int] = []
     out_lens: list[int] = []
     out_raw: list[Any] = []
     noops: list[bool] = []
     unit_names: list[str] = []
+    dataflow: list[bool] = []
+    op_sink: list[bool] = []
+    rd_lens: list[int] = []
+    rd_raw: list[Any] = []
+    prod_raw: list[Any] = []
     for u in range(n_units):
         if u % 2 == 0:
             unit_names.append("(root)")
@@ -387,33 +538,59 @@ def flatten(profile: Profile) -> FlatProfile:
             offsets += [root_times[i] for i in idx]
             kinds += ["root"] * len(idx)
             last_save += [0] * len(idx)
-            unit_of += [u] * len(idx)
+            prod_raw += [-1] * len(idx)
             noops.append(False)
+            dataflow.append(False)
         else:
             r = regions[u // 2]
             name, call = r.name, r.call_index
             unit_names.append(_region_label(r))
             sts = r.storages
             m = len(sts)
-            base = len(keys)
-            keys += [(name, call, i) for i in range(m)]
-            nbytes += [x.nbytes for x in sts]
-            offsets += [x.offset_seconds for x in sts]
-            kinds += [x.kind for x in sts]
-            last_save += [x.last_save_op for x in sts]
-            unit_of += [u] * m
             ops = r.ops
-            outs = [op.outputs for op in ops]
-            out_lens += [len(o) for o in outs]
+            n_ops = len(ops)
+            keys.extend(zip(itertools.repeat(name, m), itertools.repeat(call, m), range(m)))
+            nbytes.extend(map(_get_nbytes, sts))
+            offsets.extend(map(_get_offset, sts))
+            kinds.extend(map(_get_kind, sts))
+            last_save.extend(map(_get_last_save, sts))
+            prod_raw.extend(map(_get_producer, sts))
+            outs = list(map(_get_outputs, ops))
+            out_lens.extend(map(len, outs))
             out_raw.extend(itertools.chain.from_iterable(outs))
-            op_skip += [bool(op.skippable) for op in ops] if not r.opaque else [False] * len(ops)
-            op_base += [base] * len(ops)
-            op_m += [m] * len(ops)
-            op_sec += [op.seconds for op in ops]
-            noops.append(len(r.ops) == 0)
+            if r.opaque:
+                op_skip += [False] * n_ops
+            else:
+                op_skip.extend(map(_get_skippable, ops))
+            op_sec.extend(map(_get_seconds, ops))
+            op_sink.extend(map(_get_sink, ops))
+            rds = list(map(_get_reads, ops))
+            df = not r.opaque and n_ops > 0 and None not in rds
+            if df:
+                rd_lens.extend(map(len, rds))
+                rd_raw.extend(itertools.chain.from_iterable(rds))
+            else:
+                rd_lens += [0] * n_ops
+            noops.append(n_ops == 0)
+            dataflow.append(df)
         st_ptr.append(len(keys))
         op_ptr.append(len(op_sec))
-    out_ptr, out_idx, op_serv = _outputs(profile, out_raw, out_lens, op_base, op_m, op_skip)
+    st_ptr_arr = np.asarray(st_ptr, dtype=np.int64)
+    st_counts = np.asarray(st_ptr_arr[1:] - st_ptr_arr[:-1], dtype=np.int64)
+    op_ptr_arr = np.asarray(op_ptr, dtype=np.int64)
+    op_counts = np.asarray(op_ptr_arr[1:] - op_ptr_arr[:-1], dtype=np.int64)
+    unit_arr = np.repeat(np.arange(n_units, dtype=np.int64), st_counts)
+    op_unit = np.repeat(np.arange(n_units, dtype=np.int64), op_counts)
+    out_ptr, out_idx, op_serv = _outputs(
+        profile, out_raw, out_lens, st_ptr_arr[op_unit], st_counts[op_unit], op_skip
+    )
+    op_start = np.repeat(op_ptr_arr[:-1], op_counts)
+    op_count = np.repeat(op_counts, op_counts)
+    rd_ptr, rd_idx = _reads(profile, rd_raw, rd_lens, op_start, op_count)
+    st_prod = _producer_ops(profile, prod_raw, op_ptr_arr[unit_arr], op_counts[unit_arr])
+    op_sec_arr = np.asarray(op_sec, dtype=np.float64)
+    sink_arr = np.asarray(op_sink, dtype=np.bool_)
+    df_arr = np.asarray(dataflow, dtype=np.bool_)
 
     nb_arr = _int_array(nbytes)
     if nb_arr is None:
@@ -437,7 +614,6 @@ def flatten(profile: Profile) -> FlatProfile:
     kind_arr = np.asarray([codes[k] for k in kinds], dtype=np.int64)
     legal_of = np.asarray([_LEGAL[k] for k in range(4)], dtype=np.int64)
     legal = legal_of[kind_arr]
-    unit_arr = np.asarray(unit_of, dtype=np.int64)
     start_arr = np.asarray(start, dtype=np.float64)
     dur_arr = np.asarray(dur, dtype=np.float64)
     off_arr = np.asarray(offsets, dtype=np.float64)
@@ -449,9 +625,9 @@ def flatten(profile: Profile) -> FlatProfile:
     order = np.lexsort((np.arange(len(keys)), unit_arr, save_arr)).astype(np.int64)
     return FlatProfile(
         keys=keys,
-        key_index={k: i for i, k in enumerate(keys)},
+        key_index=dict(zip(keys, range(len(keys)))),
         unit_names=unit_names,
-        st_ptr=np.asarray(st_ptr, dtype=np.int64),
+        st_ptr=st_ptr_arr,
         unit_of=unit_arr,
         nbytes=nb_arr,
         save_time=save_arr,
@@ -459,12 +635,18 @@ def flatten(profile: Profile) -> FlatProfile:
         legal=legal,
         last_save=ls_arr,
         save_order=order,
-        op_ptr=np.asarray(op_ptr, dtype=np.int64),
-        op_sec=np.asarray(op_sec, dtype=np.float64),
+        op_ptr=op_ptr_arr,
+        op_sec=op_sec_arr,
         op_serv=op_serv,
         out_ptr=out_ptr,
         out_idx=out_idx,
         noops=np.asarray(noops, dtype=np.bool_),
+        dataflow=df_arr,
+        op_sink=sink_arr,
+        rd_ptr=rd_ptr,
+        rd_idx=rd_idx,
+        st_prod=st_prod,
+        fixed_from=_fixed_from(op_ptr_arr, op_serv, sink_arr, rd_ptr, rd_idx, df_arr),
         fwd_start=start_arr,
         fwd_dur=dur_arr,
         bwd_dur=np.asarray(bdur, dtype=np.float64),
@@ -515,18 +697,26 @@ def check_legal(flat: FlatProfile, place: np.ndarray) -> None:
 # ------------------------------------------------------------------------------ kernels
 
 
-@njit
+@njit_inline
 def replay_unit(
-    u, place, st_ptr, last_save, op_ptr, op_sec, op_serv, out_ptr, out_idx, noops, fwd_dur
+    u, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx,
+    rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack
 ):  # type: ignore[no-untyped-def]
-    """Replay seconds of unit ``u`` under ``place`` (see scheduler.profile, replay semantics)."""
+    """Replay seconds of unit ``u`` under ``place`` (see scheduler.profile, replay semantics).
+
+    ``mark`` (one bool per op, all False) and ``stack`` (at least the unit's op count)
+    are scratch for the demand-driven closure; ``mark`` is left all False.
+    """
     k = 0
     dropped = False
+    unknown = False
     for s in range(st_ptr[u], st_ptr[u + 1]):
         if place[s] == 2:
             dropped = True
             if last_save[s] > k:
                 k = last_save[s]
+            if st_prod[s] < 0:
+                unknown = True
     if not dropped:
         return 0.0
     if noops[u]:
@@ -534,24 +724,65 @@ def replay_unit(
     n = op_ptr[u + 1] - op_ptr[u]
     if k > n:
         k = n
+    j0 = op_ptr[u]
+    end = j0 + k
     total = 0.0
-    for j in range(op_ptr[u], op_ptr[u] + k):
-        served = op_serv[j]
-        if served:
+    if not dataflow[u] or unknown:
+        # prefix semantics: every op before K runs unless served
+        for j in range(j0, end):
+            served = op_serv[j]
+            if served:
+                for q in range(out_ptr[j], out_ptr[j + 1]):
+                    if place[out_idx[q]] != 0:
+                        served = False
+                        break
+            if not served:
+                total += op_sec[j]
+        return total
+    # demand-driven: closure of the dropped storages' producers and the sinks before K
+    top = 0
+    for s in range(st_ptr[u], st_ptr[u + 1]):
+        if place[s] == 2:
+            p = st_prod[s]
+            if p < end and not mark[p]:
+                mark[p] = True
+                stack[top] = p
+                top += 1
+    for j in range(j0, end):
+        if op_sink[j] and not mark[j]:
+            mark[j] = True
+            stack[top] = j
+            top += 1
+    i = 0
+    while i < top:
+        j = stack[i]
+        i += 1
+        if op_serv[j] and not op_sink[j]:
+            served = True
             for q in range(out_ptr[j], out_ptr[j + 1]):
                 if place[out_idx[q]] != 0:
                     served = False
                     break
-        if not served:
-            total += op_sec[j]
+            if served:
+                continue
+        total += op_sec[j]
+        for q in range(rd_ptr[j], rd_ptr[j + 1]):
+            r = rd_idx[q]
+            if r < end and not mark[r]:
+                mark[r] = True
+                stack[top] = r
+                top += 1
+    for i in range(top):
+        mark[stack[i]] = False
     return total
 
 
 @njit
 def run_timeline(
-    place, prefetch, save_order, st_ptr, unit_of, nbytes, save_time, last_save, op_ptr,
-    op_sec, op_serv, out_ptr, out_idx, noops, fwd_dur, bwd_dur, t0, d2h_bps, h2d_bps,
-    d2h_start, d2h_end, h2d_start, h2d_end, reach, cstart, cend, replay, ev_t, ev_d
+    place, prefetch, save_order, st_ptr, unit_of, nbytes, save_time, last_save, st_prod,
+    op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow,
+    fwd_dur, bwd_dur, t0, d2h_bps, h2d_bps, d2h_start, d2h_end, h2d_start, h2d_end, reach,
+    cstart, cend, replay, ev_t, ev_d, mark, stack
 ):  # type: ignore[no-untyped-def]
     """Simulate one step; fills the per-storage/per-unit arrays and the memory events.
 
@@ -579,9 +810,14 @@ def run_timeline(
             d2h_end[s] = -1.0
     recompute = 0.0
     for u in range(n_u):
-        replay[u] = replay_unit(
-            u, place, st_ptr, last_save, op_ptr, op_sec, op_serv, out_ptr, out_idx, noops, fwd_dur
-        )
+        replay[u] = 0.0
+        for s in range(st_ptr[u], st_ptr[u + 1]):
+            if place[s] == 2:  # the call is not free: only where something is dropped
+                replay[u] = replay_unit(
+                    u, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink,
+                    out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack
+                )
+                break
         recompute += replay[u]
     # backward: units in reverse, reloads FIFO in reverse forward order
     ready = np.zeros(n_u)
@@ -737,6 +973,8 @@ class Workspace:
         self.replay = np.zeros(u)
         self.ev_t = np.zeros(2 * n + 3 * u + 1)
         self.ev_d = np.zeros(2 * n + 3 * u + 1, dtype=np.int64)
+        self.mark = np.zeros(flat.op_sec.shape[0], dtype=np.bool_)
+        self.stack = np.zeros(max(flat.max_unit_ops, 1), dtype=np.int64)
         self.n_events = 0
 
     def run(self, place: np.ndarray, prefetch: int) -> SimResult:
@@ -746,10 +984,10 @@ class Workspace:
         h2d = f.h2d_bps if f.h2d_bps > 0 else 1.0
         out = run_timeline(
             place, prefetch, f.save_order, f.st_ptr, f.unit_of, f.nbytes, f.save_time,
-            f.last_save, f.op_ptr, f.op_sec, f.op_serv, f.out_ptr, f.out_idx, f.noops,
-            f.fwd_dur, f.bwd_dur, f.t0, d2h, h2d, self.d2h_start, self.d2h_end,
-            self.h2d_start, self.h2d_end, self.reach, self.cstart, self.cend,
-            self.replay, self.ev_t, self.ev_d
+            f.last_save, f.st_prod, f.op_ptr, f.op_sec, f.op_serv, f.op_sink, f.out_ptr,
+            f.out_idx, f.rd_ptr, f.rd_idx, f.noops, f.dataflow, f.fwd_dur, f.bwd_dur, f.t0,
+            d2h, h2d, self.d2h_start, self.d2h_end, self.h2d_start, self.h2d_end, self.reach,
+            self.cstart, self.cend, self.replay, self.ev_t, self.ev_d, self.mark, self.stack
         )
         self.n_events = int(out[7])
         return SimResult(
@@ -885,16 +1123,18 @@ def simulate(profile: Profile, plan: Plan, *, prefetch_regions: int = 2) -> Time
 
 @njit
 def _region_envelope(
-    u, st_ptr, nbytes, legal, last_save, op_ptr, op_sec, op_serv, out_ptr, out_idx, noops,
-    fwd_dur, max_groups, seg_x, seg_y, n_seg
+    u, st_ptr, nbytes, legal, last_save, st_prod, op_ptr, op_sec, op_serv, fixed_from,
+    out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow, fwd_dur, max_groups, seg_x, seg_y, n_seg
 ):  # type: ignore[no-untyped-def]
     """Append the lower convex envelope of region ``u``'s drop-cost curve as segments.
 
-    Per storage ``s`` a share ``c_s`` of the ops that only run because ``s`` is dropped
-    (an op producing ``s`` that could otherwise be served, split evenly among its
-    droppable outputs); per prefix length ``K`` the cost ``fixed(K)`` of the ops before
-    ``K`` that can never be served. Any drop set ``D`` with prefix ``K`` costs at least
-    ``fixed(K) + sum(c_s for s in D)``.
+    Per prefix length ``K`` the cost ``fixed(K)`` of the ops that run in every replay
+    with that prefix (``FlatProfile.fixed_from <= K``); per storage ``s`` a share ``c_s``
+    of an op that is not among them but runs whenever ``s`` is dropped: under prefix
+    semantics each servable op listing ``s`` among its outputs, split evenly among its
+    droppable outputs; in a dataflow unit ``s``'s producer (when it lists ``s``), split
+    evenly among the droppable storages it produced. Any drop set ``D`` with prefix
+    ``K`` costs at least ``fixed(K) + sum(c_s for s in D)`` under either replay rule.
     """
     lo = st_ptr[u]
     hi = st_ptr[u + 1]
@@ -910,23 +1150,70 @@ def _region_envelope(
         seg_x[n_seg] = float(total_b)
         seg_y[n_seg] = fwd_dur[u]
         return n_seg + 1
-    n_ops = op_ptr[u + 1] - op_ptr[u]
+    j0 = op_ptr[u]
+    n_ops = op_ptr[u + 1] - j0
     share = np.zeros(hi - lo)
     fixed = np.zeros(n_ops + 1)
     for jj in range(n_ops):
-        j = op_ptr[u] + jj
-        fixed[jj + 1] = fixed[jj] + (0.0 if op_serv[j] else op_sec[j])
-        if op_serv[j]:
-            m = 0
-            for q in range(out_ptr[j], out_ptr[j + 1]):
-                o = out_idx[q]
-                if (legal[o] & 4) != 0 and nbytes[o] > 0:
-                    m += 1
-            if m > 0:
+        f = fixed_from[j0 + jj]
+        if f <= n_ops:
+            fixed[f] += op_sec[j0 + jj]
+    for jj in range(n_ops):
+        fixed[jj + 1] += fixed[jj]
+    if dataflow[u]:
+        # chain(s): s's producer (when it lists s and lies before s's last save) and the
+        # never-servable ops it reaches through reads of earlier never-servable ops: all
+        # of them run whenever s is dropped. Each op not in fixed is split evenly among the
+        # droppable storages whose chain holds it.
+        lists = np.zeros(hi - lo, dtype=np.bool_)
+        for s in range(lo, hi):
+            p = st_prod[s]
+            if (legal[s] & 4) == 0 or nbytes[s] <= 0 or p < 0 or p - j0 >= last_save[s]:
+                continue
+            for q in range(out_ptr[p], out_ptr[p + 1]):
+                if out_idx[q] == s:
+                    lists[s - lo] = True
+                    break
+        per_op = np.zeros(n_ops, dtype=np.int64)
+        seen = np.zeros(n_ops, dtype=np.int64)
+        stack = np.empty(n_ops, dtype=np.int64)
+        for rnd in range(2):
+            for s in range(lo, hi):
+                if not lists[s - lo]:
+                    continue
+                tag = 2 * (s - lo) + rnd + 1
+                p = st_prod[s]
+                seen[p - j0] = tag
+                stack[0] = p
+                top = 1
+                while top > 0:
+                    top -= 1
+                    j = stack[top]
+                    if fixed_from[j] > n_ops:
+                        if rnd == 0:
+                            per_op[j - j0] += 1
+                        else:
+                            share[s - lo] += op_sec[j] / per_op[j - j0]
+                    for q in range(rd_ptr[j], rd_ptr[j + 1]):
+                        r = rd_idx[q]
+                        if r < j and not op_serv[r] and seen[r - j0] != tag:
+                            seen[r - j0] = tag
+                            stack[top] = r
+                            top += 1
+    else:
+        for jj in range(n_ops):
+            j = j0 + jj
+            if op_serv[j]:
+                m = 0
                 for q in range(out_ptr[j], out_ptr[j + 1]):
                     o = out_idx[q]
-                    if (legal[o] & 4) != 0 and nbytes[o] > 0 and jj < last_save[o]:
-                        share[o - lo] += op_sec[j] / m
+                    if (legal[o] & 4) != 0 and nbytes[o] > 0:
+                        m += 1
+                if m > 0:
+                    for q in range(out_ptr[j], out_ptr[j + 1]):
+                        o = out_idx[q]
+                        if (legal[o] & 4) != 0 and nbytes[o] > 0 and jj < last_save[o]:
+                            share[o - lo] += op_sec[j] / m
     # items sorted by share per byte; prefix lengths clamped to the op count
     items = np.empty(cnt, dtype=np.int64)
     ks = np.empty(cnt, dtype=np.int64)
@@ -1015,8 +1302,9 @@ def _pwl(bx, by, slope, order, x):  # type: ignore[no-untyped-def]
 
 @njit
 def _lower_bound(
-    budget, st_ptr, nbytes, legal, last_save, save_time, op_ptr, op_sec, op_serv, out_ptr,
-    out_idx, noops, fwd_dur, bwd_dur, t0, d2h_bps, h2d_bps, host_limit, max_groups
+    budget, st_ptr, nbytes, legal, last_save, save_time, st_prod, op_ptr, op_sec, op_serv,
+    fixed_from, out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow, fwd_dur, bwd_dur, t0, d2h_bps, h2d_bps,
+    host_limit, max_groups
 ):  # type: ignore[no-untyped-def]
     n_u = fwd_dur.shape[0]
     b_total = 0.0
@@ -1048,11 +1336,12 @@ def _lower_bound(
             cap = min(cap, float(host_limit))
     seg_x = np.empty(st_ptr[top + 1] * (max_groups + 1) + n_u + 1)
     seg_y = np.empty(seg_x.shape[0])
-    n_seg = 0
+    n_seg = np.int64(0)  # not an int literal: _region_envelope compiles once
     for u in range(1, top + 1, 2):
         n_seg = _region_envelope(
-            u, st_ptr, nbytes, legal, last_save, op_ptr, op_sec, op_serv, out_ptr,
-            out_idx, noops, fwd_dur, max_groups, seg_x, seg_y, n_seg
+            u, st_ptr, nbytes, legal, last_save, st_prod, op_ptr, op_sec, op_serv, fixed_from,
+            out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow, fwd_dur, max_groups, seg_x, seg_y,
+            n_seg
         )
     x_max = 0.0
     for i in range(n_seg):
@@ -1133,12 +1422,17 @@ def lower_bound_flat(flat: FlatProfile, budget_bytes: int, max_groups: int = 32)
             flat.legal,
             flat.last_save,
             flat.save_time,
+            flat.st_prod,
             flat.op_ptr,
             flat.op_sec,
             flat.op_serv,
+            flat.fixed_from,
             flat.out_ptr,
             flat.out_idx,
+            flat.rd_ptr,
+            flat.rd_idx,
             flat.noops,
+            flat.dataflow,
             flat.fwd_dur,
             flat.bwd_dur,
             flat.t0,

@@ -51,6 +51,7 @@ from scheduler.simulate import (
     flatten,
     lower_bound_flat,
     njit,
+    replay_unit,
 )
 
 __all__ = ["InfeasibleBudgetError", "exhaustive_solve", "solve"]
@@ -101,33 +102,124 @@ def format_bytes(n: float) -> str:
 
 @njit
 def _standalone_replay(
-    st_ptr, unit_of, nbytes, legal, last_save, op_ptr, op_sec, op_serv, noops, fwd_dur,
-    prod_ptr, prod_ops
+    st_ptr, legal, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx,
+    rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack
 ):  # type: ignore[no-untyped-def]
     """Replay seconds of dropping each storage alone (everything else KEEP); inf if it cannot be dropped."""
-    n = nbytes.shape[0]
+    n = legal.shape[0]
     out = np.full(n, np.inf)
-    n_u = st_ptr.shape[0] - 1
-    for u in range(n_u):
-        n_ops = op_ptr[u + 1] - op_ptr[u]
-        fixed = np.zeros(n_ops + 1)
-        for jj in range(n_ops):
-            j = op_ptr[u] + jj
-            fixed[jj + 1] = fixed[jj] + (0.0 if op_serv[j] else op_sec[j])
+    place = np.zeros(n, dtype=np.int8)
+    for u in range(st_ptr.shape[0] - 1):
         for s in range(st_ptr[u], st_ptr[u + 1]):
             if (legal[s] & 4) == 0:
                 continue
-            if noops[u]:
-                out[s] = fwd_dur[u]
-                continue
-            k = min(last_save[s], n_ops)
-            c = fixed[k]
-            for q in range(prod_ptr[s], prod_ptr[s + 1]):
-                j = prod_ops[q]
-                if op_serv[j] and j - op_ptr[u] < k:
-                    c += op_sec[j]
-            out[s] = c
+            place[s] = 2
+            out[s] = replay_unit(
+                u, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink,
+                out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack
+            )
+            place[s] = 0
     return out
+
+
+@njit
+def _close(
+    stack, top, val, tag, place, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx,
+    vis, ran
+):  # type: ignore[no-untyped-def]
+    """Demand-driven replay closure from the ``top`` ops on ``stack`` (each already marked
+    ``vis = tag``) under ``place``: every op reached gets ``vis = tag``, those that run
+    (not served; a sink never is) also ``ran = val``. Returns the seconds of those."""
+    cost = 0.0
+    while top > 0:
+        top -= 1
+        j = stack[top]
+        if op_serv[j] and not op_sink[j]:
+            served = True
+            for q in range(out_ptr[j], out_ptr[j + 1]):
+                if place[out_idx[q]] != 0:
+                    served = False
+                    break
+            if served:
+                continue
+        ran[j] = val
+        cost += op_sec[j]
+        for q in range(rd_ptr[j], rd_ptr[j + 1]):
+            r = rd_idx[q]
+            if vis[r] != tag:
+                vis[r] = tag
+                stack[top] = r
+                top += 1
+    return cost
+
+
+@njit
+def _mark_replay(
+    u, tag, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr,
+    out_idx, rd_ptr, rd_idx, vis, ran, stack
+):  # type: ignore[no-untyped-def]
+    """Mark the ops the replay of dataflow unit ``u`` reaches under ``place`` (``vis =
+    tag``) and those it runs (``ran = tag``)."""
+    j0 = op_ptr[u]
+    n_ops = op_ptr[u + 1] - j0
+    k = 0
+    top = np.int64(0)  # not an int literal: one compiled _close for all calls
+    for s in range(st_ptr[u], st_ptr[u + 1]):
+        if place[s] == 2:
+            k = max(k, min(last_save[s], n_ops))
+            p = st_prod[s]
+            if p >= 0 and vis[p] != tag:
+                vis[p] = tag
+                stack[top] = p
+                top += 1
+    for j in range(j0, j0 + k):
+        if op_sink[j] and vis[j] != tag:
+            vis[j] = tag
+            stack[top] = j
+            top += 1
+    _close(
+        stack, top, tag, tag, place, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx,
+        vis, ran
+    )
+
+
+@njit
+def _walk(
+    p, kp, wtag, new, odrop, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, join,
+    stamp, sstamp, stack
+):  # type: ignore[no-untyped-def]
+    """Seconds that start running in a dataflow replay with prefix end ``kp`` when
+    producer ``p`` must run: ``p`` and what it reads, transitively, that neither runs
+    already (``join <= kp``) nor is served under ``new`` with the storages marked
+    ``odrop = wtag`` dropped. Ops counted get ``stamp = wtag`` (counted once per tag)."""
+    if join[p] <= kp or stamp[p] == wtag:
+        return 0.0
+    stamp[p] = wtag
+    stack[0] = p
+    top = 1
+    cost = 0.0
+    while top > 0:
+        top -= 1
+        j = stack[top]
+        cost += op_sec[j]
+        for q in range(rd_ptr[j], rd_ptr[j + 1]):
+            r = rd_idx[q]
+            if join[r] <= kp or stamp[r] == wtag or sstamp[r] == wtag:
+                continue
+            if op_serv[r] and not op_sink[r]:
+                served = True
+                for q2 in range(out_ptr[r], out_ptr[r + 1]):
+                    o = out_idx[q2]
+                    if new[o] != 0 or odrop[o] == wtag:
+                        served = False
+                        break
+                if served:
+                    sstamp[r] = wtag
+                    continue
+            stamp[r] = wtag
+            stack[top] = r
+            top += 1
+    return cost
 
 
 @njit
@@ -291,13 +383,21 @@ def _hidden_set(
 @njit
 def _chain_step(
     place, new, side, tstar, delta, prefetch, h_order, h_land, legal, save_order, st_ptr,
-    unit_of, nbytes, save_time, last_save, op_ptr, op_sec, op_serv, out_ptr, out_idx, noops,
-    fwd_dur, d2h_bps, h2d_bps, d2h_end, h2d_end, reach, cstart, prod_ptr, prod_ops
+    unit_of, nbytes, save_time, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr,
+    out_idx, rd_ptr, rd_idx, noops, df_price, fwd_dur, d2h_bps, h2d_bps, d2h_end, h2d_end,
+    reach, cstart, prod_ptr, prod_ops, ctr, join, vis, ran, nvis, nran, stamp, sstamp, odrop,
+    stack
 ):  # type: ignore[no-untyped-def]
     """One step of the chain: free about ``delta`` bytes resident at time ``tstar``.
 
     Writes the next chain plan into ``new`` and a side plan into ``side``.
     Returns (bytes freed at tstar by ``new``, whether ``side`` differs from ``new``).
+
+    ``df_price[u]``: price unit ``u``'s drops with the dataflow rule (a dataflow unit
+    whose droppable storages all have a producer). ``ctr`` (a one-element counter) and
+    the per-op arrays ``join``, ``vis``, ``ran``, ``nvis``, ``nran``, ``stamp``,
+    ``sstamp``, the per-storage ``odrop`` and ``stack`` (the largest unit's op count)
+    are scratch kept between calls; marks are tags drawn from ``ctr``, never reset.
     """
     n_u = fwd_dur.shape[0]
     n_st = place.shape[0]
@@ -305,6 +405,11 @@ def _chain_step(
     for s in range(n_st):
         new[s] = place[s]
     freed = 0
+    # NOTE [offload vs replay]: in a dataflow unit, offloading a storage makes its
+    # producer unservable; if the current replay reaches that producer (a running op
+    # reads it), the producer starts to run. u_tag[x] is the tag of unit x's replay marks
+    # (nvis: reached, nran: runs) under ``place``, computed on first use.
+    u_tag = np.zeros(n_u, dtype=np.int64)
     # 1. hidden offloads that are off the device at tstar (free)
     for i in range(h_order.shape[0]):
         if freed >= delta:
@@ -312,8 +417,20 @@ def _chain_step(
         s = h_order[i]
         if place[s] != 0 or save_time[s] > tstar or (legal[s] & 2) == 0:
             continue
-        iss = reach[min(unit_of[s] + 2 * prefetch, top)]
+        x = unit_of[s]
+        iss = reach[min(x + 2 * prefetch, top)]
         if h_land[s] <= tstar < iss:
+            if df_price[x] and st_prod[s] >= 0:
+                if u_tag[x] == 0:
+                    ctr[0] += 1
+                    u_tag[x] = ctr[0]
+                    _mark_replay(
+                        x, u_tag[x], place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv,
+                        op_sink, out_ptr, out_idx, rd_ptr, rd_idx, nvis, nran, stack
+                    )
+                p = st_prod[s]
+                if nvis[p] == u_tag[x] and nran[p] != u_tag[x]:
+                    continue  # not free: replay would run its producer
             new[s] = 1
             freed += nbytes[s]
     for s in range(n_st):
@@ -341,16 +458,15 @@ def _chain_step(
     item_ptr = np.zeros(n_u + 1, dtype=np.int64)
     eff = np.zeros(n_st, dtype=np.int64)
     addc = np.zeros(n_st)
-    stamp = np.full(op_sec.shape[0], -1, dtype=np.int64)
     base_all = np.zeros(64)
-    walk = 0
     n_items = 0
     for u in range(n_u):
         item_ptr[u] = n_items
         if u % 2 == 0 or tstar >= cstart[u]:
             continue
         iss = reach[min(u + 2 * prefetch, top)]
-        n_ops = op_ptr[u + 1] - op_ptr[u]
+        j0 = op_ptr[u]
+        n_ops = op_ptr[u + 1] - j0
         k_cur = 0
         any_drop = False
         candidates = False
@@ -362,20 +478,56 @@ def _chain_step(
                 candidates = True
         if not candidates:
             continue
-        # cost of the ops before each prefix end that run in replay under the current plan
+        # NOTE [replay base]: base[K] is the cost of the ops that run in replay with prefix
+        # end K under the current plan, join[j] the smallest K at which op j runs (n_ops + 1:
+        # not at all). Prefix rule: the ops that are not served, from their own index on.
+        # Dataflow rule: the closure of the dropped storages' producers (counted from K = 0;
+        # only K >= the current prefix end is ever asked) and of each sink from just past it.
         if base_all.shape[0] < n_ops + 1:
             base_all = np.zeros(2 * n_ops + 1)
         base = base_all[: n_ops + 1]
         base[0] = 0.0
+        dfu = df_price[u] and not noops[u]
+        never = n_ops + 1
         for jj in range(n_ops):
-            j = op_ptr[u] + jj
-            unserved = not op_serv[j]
-            if not unserved:
-                for q in range(out_ptr[j], out_ptr[j + 1]):
-                    if new[out_idx[q]] != 0:
-                        unserved = True
-                        break
-            base[jj + 1] = base[jj] + (op_sec[j] if unserved else 0.0)
+            join[j0 + jj] = never
+        if dfu:
+            ctr[0] += 1
+            tag = ctr[0]
+            n_top = np.int64(0)  # not an int literal: one compiled _close for all calls
+            for s in range(st_ptr[u], st_ptr[u + 1]):
+                if new[s] == 2:
+                    p = st_prod[s]
+                    if p >= 0 and vis[p] != tag:
+                        vis[p] = tag
+                        stack[n_top] = p
+                        n_top += 1
+            base[0] = _close(
+                stack, n_top, np.int64(0), tag, new, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr,
+                rd_idx, vis, join
+            )
+            for jj in range(n_ops):
+                j = j0 + jj
+                base[jj + 1] = base[jj]
+                if op_sink[j] and vis[j] != tag:
+                    vis[j] = tag
+                    stack[0] = j
+                    base[jj + 1] += _close(
+                        stack, np.int64(1), np.int64(jj + 1), tag, new, op_sec, op_serv, op_sink, out_ptr, out_idx,
+                        rd_ptr, rd_idx, vis, join
+                    )
+        else:
+            for jj in range(n_ops):
+                j = j0 + jj
+                unserved = not op_serv[j]
+                if not unserved:
+                    for q in range(out_ptr[j], out_ptr[j + 1]):
+                        if new[out_idx[q]] != 0:
+                            unserved = True
+                            break
+                if unserved:
+                    join[j] = 0
+                base[jj + 1] = base[jj] + (op_sec[j] if unserved else 0.0)
         start = n_items
         for s in range(st_ptr[u], st_ptr[u + 1]):
             if (legal[s] & 4) == 0 or nbytes[s] == 0 or new[s] == 2:
@@ -393,14 +545,22 @@ def _chain_step(
                     continue
             else:
                 continue
+            e = max(k_cur, min(last_save[s], n_ops))
             c = 0.0
-            if not noops[u]:
+            if dfu:
+                ctr[0] += 1
+                odrop[s] = ctr[0]
+                c = _walk(
+                    st_prod[s], e, ctr[0], new, odrop, op_sec, op_serv, op_sink, out_ptr, out_idx,
+                    rd_ptr, rd_idx, join, stamp, sstamp, stack
+                )
+            elif not noops[u]:
                 for q in range(prod_ptr[s], prod_ptr[s + 1]):
                     j = prod_ops[q]
-                    if base[j - op_ptr[u] + 1] == base[j - op_ptr[u]] and op_sec[j] > 0:
+                    if join[j] > e:
                         c += op_sec[j]  # served now: dropping s makes it run
             items[n_items] = s
-            eff[s] = max(k_cur, min(last_save[s], n_ops))
+            eff[s] = e
             addc[s] = c
             n_items += 1
         if n_items == start:
@@ -433,16 +593,23 @@ def _chain_step(
             cost = (fwd_dur[u] - cur) if noops[u] else (base[kp] - cur)
             got = 0.0
             cnt = 0
-            walk += 1
+            ctr[0] += 1
+            wt = ctr[0]
             for i2 in range(m):
                 s = items[start + i2]
                 if eff[s] > kp:
                     continue
-                if not noops[u]:
+                if dfu:
+                    odrop[s] = wt
+                    cost += _walk(
+                        st_prod[s], kp, wt, new, odrop, op_sec, op_serv, op_sink, out_ptr,
+                        out_idx, rd_ptr, rd_idx, join, stamp, sstamp, stack
+                    )
+                elif not noops[u]:
                     for q in range(prod_ptr[s], prod_ptr[s + 1]):
                         j = prod_ops[q]
-                        if stamp[j] != walk and base[j - op_ptr[u] + 1] == base[j - op_ptr[u]]:
-                            stamp[j] = walk
+                        if stamp[j] != wt and join[j] > kp:
+                            stamp[j] = wt
                             cost += op_sec[j]
                 got += nbytes[s]
                 cnt += 1
@@ -502,6 +669,17 @@ def _chain_step(
                 continue
             late = max(ready[x], iss) + nbytes[s] / h2d_bps
             cost = max(0.0, late - reach[x]) - max(0.0, ready[x] - reach[x])
+            if df_price[x] and st_prod[s] >= 0:  # NOTE [offload vs replay]
+                if u_tag[x] == 0:
+                    ctr[0] += 1
+                    u_tag[x] = ctr[0]
+                    _mark_replay(
+                        x, u_tag[x], place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv,
+                        op_sink, out_ptr, out_idx, rd_ptr, rd_idx, nvis, nran, stack
+                    )
+                p = st_prod[s]
+                if nvis[p] == u_tag[x] and nran[p] != u_tag[x]:
+                    cost += op_sec[p]
             opt_ratio[n_opt] = cost / nbytes[s]
             opt_bytes[n_opt] = nbytes[s]
             opt_room[n_opt] = room
@@ -702,12 +880,16 @@ def _build_family(
         frugal_off = np.where(can_drop, 2, np.where(can_off, 1, 0)).astype(np.int8)
         floor = min(floor, fam.add(frugal_off).peak)
     prod_ptr, prod_ops = _producers(flat)
+    # dataflow pricing where every droppable storage has a producer (else prefix pricing)
+    df_price = flat.dataflow.copy()
+    df_price[flat.unit_of[can_drop & (flat.st_prod < 0)]] = False
     h_order = np.zeros(0, dtype=np.int64)
     h_land = np.full(n, np.inf)
     if bool(np.any(can_off)):
         rho = _standalone_replay(
-            flat.st_ptr, flat.unit_of, flat.nbytes, legal, flat.last_save, flat.op_ptr,
-            flat.op_sec, flat.op_serv, flat.noops, flat.fwd_dur, prod_ptr, prod_ops
+            flat.st_ptr, legal, flat.last_save, flat.st_prod, flat.op_ptr, flat.op_sec,
+            flat.op_serv, flat.op_sink, flat.out_ptr, flat.out_idx, flat.rd_ptr, flat.rd_idx,
+            flat.noops, flat.dataflow, flat.fwd_dur, ws.mark, ws.stack
         )
         with np.errstate(divide="ignore", invalid="ignore"):
             density = np.where(flat.nbytes > 0, rho / np.maximum(flat.nbytes, 1), 0.0)
@@ -727,6 +909,12 @@ def _build_family(
     levels = _levels(ws)
     new = np.empty(n, dtype=np.int8)
     side = np.empty(n, dtype=np.int8)
+    # scratch of the chain step (tags from ctr, see _chain_step)
+    n_ops = flat.op_sec.shape[0]
+    ctr = np.zeros(1, dtype=np.int64)
+    join, vis, ran, nvis, nran, stamp, sstamp = (np.zeros(n_ops, dtype=np.int64) for _ in range(7))
+    odrop = np.zeros(n, dtype=np.int64)
+    stack = np.zeros(max(flat.max_unit_ops, 1), dtype=np.int64)
     # NOTE [chain bans]: a step that frees bytes at the peak can create an equal or
     # higher peak elsewhere (a dropped storage returns when its region's backward
     # starts). Such a step is kept as a family member, its moves are banned and the
@@ -745,11 +933,12 @@ def _build_family(
         if stale < CHAIN_PATIENCE:
             freed, has_side = _chain_step(
                 cur, new, side, res.peak_time, delta, prefetch, h_order, h_land,
-                mask & ~banned, flat.save_order, flat.st_ptr, flat.unit_of,
-                flat.nbytes, flat.save_time, flat.last_save, flat.op_ptr,
-                flat.op_sec, flat.op_serv, flat.out_ptr, flat.out_idx, flat.noops,
-                flat.fwd_dur, flat.d2h_bps, flat.h2d_bps, ws.d2h_end, ws.h2d_end,
-                ws.reach, ws.cstart, prod_ptr, prod_ops
+                mask & ~banned, flat.save_order, flat.st_ptr, flat.unit_of, flat.nbytes,
+                flat.save_time, flat.last_save, flat.st_prod, flat.op_ptr, flat.op_sec,
+                flat.op_serv, flat.op_sink, flat.out_ptr, flat.out_idx, flat.rd_ptr,
+                flat.rd_idx, flat.noops, df_price, flat.fwd_dur, flat.d2h_bps, flat.h2d_bps,
+                ws.d2h_end, ws.h2d_end, ws.reach, ws.cstart, prod_ptr, prod_ops, ctr, join,
+                vis, ran, nvis, nran, stamp, sstamp, odrop, stack
             )
         if freed <= 0:
             if drops_only:

@@ -38,6 +38,8 @@ class _Block:
         *,
         skippable: bool = True,
         flops: float = 0.0,
+        reads: tuple[int, ...] = (),
+        sink: bool = False,
     ) -> int:
         self.ops.append(
             OpRecord(
@@ -46,6 +48,8 @@ class _Block:
                 skippable=skippable,
                 outputs=outputs,
                 flops=flops,
+                reads=tuple(sorted(set(reads))),
+                sink=sink,
             )
         )
         return len(self.ops) - 1
@@ -117,7 +121,9 @@ def gpt_profile(
     fc2 (output not saved), dropout, residual add. Block inputs are storages of kind
     ``input``. Matmul and attention seconds are FLOPs / (``device_tflops`` * ``mfu``);
     elementwise seconds are bytes moved / ``hbm_bytes_per_s``; every op takes at least
-    ``launch_seconds``. Backward is taken as twice the forward.
+    ``launch_seconds``. Backward is taken as twice the forward. Every op has ``reads``
+    (the ops that created the values it consumes, as the recorder sees them) and the
+    dropouts are sinks, so replay is demand-driven as on a recorded block.
 
     ``dropout``: dropout after attention and MLP with 1-byte masks (Korthikanti's
     accounting; 34*s*b*h bytes per layer in 16-bit with fused attention, 32 without).
@@ -166,22 +172,29 @@ def gpt_profile(
         stats1: tuple[int, ...] = ()
         if micro_ops:
             stats1 = (blk.storage(4 * rows), blk.storage(4 * rows))
-        blk.op("aten::native_layer_norm", mem(2 * d * e), (ln1, *stats1))
+        # reads: the ops that created the values an op consumes (the block input is no op
+        # of the region, so reading it lists nothing); views create nothing, so an op
+        # reading a view lists the view's base creator. Dropout draws random numbers: a sink.
+        op_ln1 = blk.op("aten::native_layer_norm", mem(2 * d * e), (ln1, *stats1))
         if stats1:
             blk.saved_as_output(*stats1)
         blk.saved_as_input(ln1)
         qkv = blk.storage(3 * d * e)
         sec, fl = mm(h, 3 * h)
-        blk.op("aten::addmm", sec, (qkv,), flops=fl)
+        op_qkv = blk.op("aten::addmm", sec, (qkv,), flops=fl, reads=(op_ln1,))
         if micro_ops:
-            blk.op("aten::split", 0.0, (qkv, qkv, qkv), skippable=False)
+            blk.op("aten::split", 0.0, (qkv, qkv, qkv), skippable=False, reads=(op_qkv,))
         if fused_attention:
             blk.saved_as_input(qkv)
             out = blk.storage(d * e)
             lse = blk.storage(4 * b * a * s)
             fl = 4.0 * b * s * s * h * (0.5 if causal else 1.0)
-            blk.op(
-                "aten::_scaled_dot_product_flash_attention", fl / flops_per_s, (out, lse), flops=fl
+            op_ctx = blk.op(
+                "aten::_scaled_dot_product_flash_attention",
+                fl / flops_per_s,
+                (out, lse),
+                flops=fl,
+                reads=(op_qkv,),
             )
             blk.saved_as_output(out, lse)
             ctx = out
@@ -189,60 +202,78 @@ def gpt_profile(
             scores = a * s * s * b
             blk.saved_as_input(qkv)
             fl = 2.0 * b * s * s * h
-            blk.op("aten::bmm", fl / flops_per_s, (-1,), flops=fl)
+            op_qk = blk.op("aten::bmm", fl / flops_per_s, (-1,), flops=fl, reads=(op_qkv,))
             probs = blk.storage(d * scores)
-            blk.op("aten::_softmax", mem(2 * d * scores), (probs,))
+            op_v_in = blk.op("aten::_softmax", mem(2 * d * scores), (probs,), reads=(op_qk,))
             blk.saved_as_output(probs)
             v_in = probs
             if dropout:
                 mask = blk.storage(scores)
                 dropped = blk.storage(d * scores)
-                blk.op(
+                op_v_in = blk.op(
                     "aten::native_dropout",
                     mem(2 * d * scores + scores),
                     (dropped, mask),
                     skippable=False,
+                    reads=(op_v_in,),
+                    sink=True,
                 )
                 blk.saved_as_output(mask)
                 v_in = dropped
             blk.saved_as_input(v_in, qkv)
             ctx = blk.storage(d * e)
-            blk.op("aten::bmm", fl / flops_per_s, (ctx,), flops=fl)
+            op_ctx = blk.op(
+                "aten::bmm", fl / flops_per_s, (ctx,), flops=fl, reads=(op_v_in, op_qkv)
+            )
         if micro_ops:
-            blk.op("aten::view", 0.0, (ctx,), skippable=False)
+            blk.op("aten::view", 0.0, (ctx,), skippable=False, reads=(op_ctx,))
         blk.saved_as_input(ctx)
         sec, fl = mm(h, h)
-        blk.op("aten::addmm", sec, (-1,), flops=fl)
+        op_attn = blk.op("aten::addmm", sec, (-1,), flops=fl, reads=(op_ctx,))
         if dropout:
             mask1 = blk.storage(e)
-            blk.op("aten::native_dropout", mem(2 * d * e + e), (-1, mask1), skippable=False)
+            op_attn = blk.op(
+                "aten::native_dropout",
+                mem(2 * d * e + e),
+                (-1, mask1),
+                skippable=False,
+                reads=(op_attn,),
+                sink=True,
+            )
             blk.saved_as_output(mask1)
         res1 = blk.storage(d * e)
-        blk.op("aten::add", mem(3 * d * e), (res1,))
+        op_res1 = blk.op("aten::add", mem(3 * d * e), (res1,), reads=(op_attn,))
         # --- MLP half
         blk.saved_as_input(res1)
         ln2 = blk.storage(d * e)
         stats2: tuple[int, ...] = ()
         if micro_ops:
             stats2 = (blk.storage(4 * rows), blk.storage(4 * rows))
-        blk.op("aten::native_layer_norm", mem(2 * d * e), (ln2, *stats2))
+        op_ln2 = blk.op("aten::native_layer_norm", mem(2 * d * e), (ln2, *stats2), reads=(op_res1,))
         if stats2:
             blk.saved_as_output(*stats2)
         blk.saved_as_input(ln2)
         fc1 = blk.storage(f * d * e)
         sec, fl = mm(h, f * h)
-        blk.op("aten::addmm", sec, (fc1,), flops=fl)
+        op_fc1 = blk.op("aten::addmm", sec, (fc1,), flops=fl, reads=(op_ln2,))
         blk.saved_as_input(fc1)
         act = blk.storage(f * d * e)
-        blk.op("aten::gelu", mem(2 * f * d * e), (act,))
+        op_act = blk.op("aten::gelu", mem(2 * f * d * e), (act,), reads=(op_fc1,))
         blk.saved_as_input(act)
         sec, fl = mm(f * h, h)
-        blk.op("aten::addmm", sec, (-1,), flops=fl)
+        op_mlp = blk.op("aten::addmm", sec, (-1,), flops=fl, reads=(op_act,))
         if dropout:
             mask2 = blk.storage(e)
-            blk.op("aten::native_dropout", mem(2 * d * e + e), (-1, mask2), skippable=False)
+            op_mlp = blk.op(
+                "aten::native_dropout",
+                mem(2 * d * e + e),
+                (-1, mask2),
+                skippable=False,
+                reads=(op_mlp,),
+                sink=True,
+            )
             blk.saved_as_output(mask2)
-        blk.op("aten::add", mem(3 * d * e), (-1,))
+        blk.op("aten::add", mem(3 * d * e), (-1,), reads=(op_mlp, op_res1))
         blk.finish()
         fwd = sum(o.seconds for o in blk.ops)
         regions.append(

@@ -99,3 +99,24 @@ def random_profile(
         regions=regions,
         root=roots,
     )
+
+
+def random_dataflow_profile(
+    seed: int, *, max_regions: int = 3, max_storages: int = 3, root: bool = True
+) -> Profile:
+    """``random_profile`` with dataflow: most regions get ``reads`` on every op (each op
+    reads up to two earlier ops) and some sinks; the others keep ``reads=None`` (prefix
+    replay). A few activations lose their producer (``producer_op=-1``: the dataflow
+    replay falls back to the prefix rule)."""
+    profile = random_profile(seed, max_regions=max_regions, max_storages=max_storages, root=root)
+    rng = random.Random(seed * 7919 + 1)
+    for r in profile.regions:
+        if rng.random() < 0.15:
+            continue
+        for j, op in enumerate(r.ops):
+            op.reads = tuple(sorted(rng.sample(range(j), rng.randint(0, min(j, 2)))))
+            op.sink = rng.random() < 0.25
+        for s in r.storages:
+            if s.kind == "activation" and rng.random() < 0.08:
+                s.producer_op = -1
+    return profile

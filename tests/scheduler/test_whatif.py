@@ -85,6 +85,39 @@ def test_dropping_after_the_output_projection_reruns_it() -> None:
     assert replay_seconds(r, {early: "recompute"}) == pytest.approx(r.ops[0].seconds)
 
 
+@pytest.mark.parametrize(
+    "kw", [{}, {"fused_attention": False}, {"dropout": False}, {"micro_ops": False}]
+)
+def test_ops_carry_dataflow(kw: dict[str, object]) -> None:
+    r = profile(**kw).regions[0]
+    views = {j for j, op in enumerate(r.ops) if op.name in ("aten::split", "aten::view")}
+    for j, op in enumerate(r.ops):
+        assert op.reads is not None and all(0 <= x < j for x in op.reads)
+        assert not views & set(op.reads)  # views create nothing: readers list the creator
+        assert op.sink == (op.name == "aten::native_dropout")
+    assert r.ops[0].reads == ()  # the first layernorm reads the block input only
+    for i, s in enumerate(r.storages):
+        if s.kind == "activation":
+            assert i in r.ops[s.producer_op].outputs
+
+
+@pytest.mark.parametrize("dropout", [True, False])
+def test_dropping_the_gelu_output_costs_little(dropout: bool) -> None:
+    r = profile(dropout=dropout).regions[0]
+    names = [op.name for op in r.ops]
+    gelu = names.index("aten::gelu")
+    act = r.ops[gelu].outputs[0]
+    cost = replay_seconds(r, {act: "recompute"})
+    expected = r.ops[gelu].seconds
+    if dropout:
+        # the attention dropout before it is a sink; it reads the unsaved projection
+        drop1 = names.index("aten::native_dropout")
+        expected += r.ops[drop1].seconds + r.ops[drop1 - 1].seconds
+    assert cost == pytest.approx(expected)
+    # far below rerunning the block up to it
+    assert cost < 0.25 * sum(op.seconds for op in r.ops[:gelu])
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="not divisible by heads"):
         profile(heads=7)
