@@ -235,7 +235,8 @@ class Config:
     of available host memory; None = a safe share of available memory divided by the ranks
     on this node. ``OFFRECOMP_HOST_LIMIT``."""
     min_bytes: int = 64 * 1024
-    """Saved tensors whose storage is smaller than this are always kept. ``OFFRECOMP_MIN_BYTES``."""
+    """Storages smaller than this are never offloaded, and plans keep them (forced
+    ``recompute`` still drops them with their region). ``OFFRECOMP_MIN_BYTES``."""
     prefetch: Prefetch = field(default_factory=lambda: Prefetch(regions=2))
     """How far ahead backward reloads are issued. ``OFFRECOMP_PREFETCH``."""
     report_path: str | None = None

@@ -52,6 +52,9 @@ class PlanEntry:
     needs_solve: bool = False
     cost: CostModel | None = None
     """Smoothed timings of the signature, updated by every planned pass."""
+    calibrated: bool = False
+    """True once a planned pass (without the recorder's overhead) has replaced the
+    measuring pass's times."""
     drift_strikes: int = 0
     budget_scale: float = 1.0
     """Shrinks after a device OOM in a planned step (see ``Planner.on_oom``)."""
@@ -283,6 +286,7 @@ class Planner:
         if p.device_peak is not None:
             profile.fixed_bytes = max(0, p.alloc_start + p.device_peak - p.stats.peak_resident_bytes)
         entry.structures = structures
+        entry.calibrated = False
         entry.cost = CostModel()
         entry.cost.update(profile)
         entry.profile = profile
@@ -503,7 +507,16 @@ class Planner:
                     r.backward_seconds *= scale
             measured.forward_seconds = fwd_total
             measured.backward_seconds = bwd
-        entry.cost.update(measured)
+        if not entry.calibrated:
+            # The measuring pass ran under the op recorder (and dropped everything), so
+            # its times are inflated. The first planned pass replaces them outright and
+            # the plan is solved again with real times; later passes average in.
+            entry.cost = CostModel()
+            entry.cost.update(measured)
+            entry.calibrated = True
+            entry.needs_solve = True
+        else:
+            entry.cost.update(measured)
         entry.profile = entry.cost.estimate()
 
     def _check_drift(self, entry: PlanEntry, rec: StepRecord) -> None:

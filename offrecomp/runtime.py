@@ -465,12 +465,17 @@ class Runtime:
         return ptrs
 
     def _placement_for(self, p: PassState, call: RegionCall, index: int, nbytes: int, *, kind: str) -> Placement:
-        """Placement of a new storage: plan or mode, then legality."""
-        if nbytes < self.config.min_bytes:
-            return KEEP
+        """Placement of a new storage: plan or mode, then legality.
+
+        Storages under ``min_bytes`` are never offloaded (a copy costs more than it
+        saves); dropping them is free when their region replays anyway, so forced
+        recompute drops them like torch.utils.checkpoint does, and plans keep them.
+        """
         wanted = self._planner.placement(p, call, index, nbytes, kind)
         if wanted == RECOMPUTE and (call.inputs is None or kind != "activation"):
             return KEEP  # the root, a region input, or a call without a replay checkpoint
+        if wanted == OFFLOAD and nbytes < self.config.min_bytes:
+            return KEEP
         return wanted
 
     # ------------------------------------------------------------ pass cycle

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -58,7 +59,8 @@ def _step(model: nn.Module, idx: torch.Tensor) -> Callable[[], None]:
     return run
 
 
-def test_recompute_peak_at_most_checkpoint_per_block() -> None:
+@pytest.mark.parametrize("min_bytes", [0, None])
+def test_recompute_peak_at_most_checkpoint_per_block(min_bytes: int | None) -> None:
     model, idx = _model()
     plain_m = twin(model)
     ckpt_m = CkptGPT(twin(model))
@@ -67,7 +69,8 @@ def test_recompute_peak_at_most_checkpoint_per_block() -> None:
         _step(m, idx)()
     plain = allocator_peak(_step(plain_m, idx))
     ckpt = allocator_peak(_step(ckpt_m, idx))
-    with offrecomp.runtime(ours_m, mode="recompute", min_bytes=0):
+    kw = {} if min_bytes is None else {"min_bytes": min_bytes}  # None: the default
+    with offrecomp.runtime(ours_m, mode="recompute", **kw):
         _step(ours_m, idx)()
         ours = allocator_peak(_step(ours_m, idx))
     assert ours <= ckpt, (ours, ckpt)
