@@ -164,7 +164,7 @@ class Placer:
         )
         rec.on_release = self._release
         rec.storage_ref = weakref.ref(storage)
-        if p.recording and call.is_root:
+        if call.is_root:
             rec.save_mark = rt._clock_mark()  # when it was saved: the planner's timeline
         call.storages.append(rec)
         call.by_ptr[ptr] = rec

@@ -486,14 +486,23 @@ class Planner:
         for call in p.calls:
             r = by_key.get(call.key)
             fwd = clock.seconds(call.start_mark, call.end_mark)
-            if r is None or fwd is None or fwd <= 0 or r.forward_seconds <= 0:
+            start = clock.seconds(p.start_mark, call.start_mark)
+            if r is None or fwd is None or start is None or fwd <= 0 or r.forward_seconds <= 0:
                 continue
             ratio = fwd / r.forward_seconds
             r.forward_seconds = fwd
+            r.start_seconds = start
             for op in r.ops:
                 op.seconds *= ratio
             for st in r.storages:
                 st.offset_seconds *= ratio
+        # Root saves sit between regions on the timeline: re-time them with the regions,
+        # or the simulator would place them in the wrong gap.
+        if p.root is not None and len(p.root.storages) == len(measured.root):
+            for rec_s, st in zip(p.root.storages, measured.root):
+                off = clock.seconds(p.start_mark, rec_s.save_mark)
+                if off is not None:
+                    st.offset_seconds = off
         fwd_total = clock.seconds(p.start_mark, p.backward_start_mark)
         bwd_total = clock.seconds(p.backward_start_mark, p.backward_end_mark)
         if fwd_total is not None and bwd_total is not None:
