@@ -52,6 +52,7 @@ class PlanEntry:
     needs_solve: bool = False
     cost: CostModel | None = None
     """Smoothed timings of the signature, updated by every planned pass."""
+    warned_infeasible: bool = False
     calibrated: bool = False
     """True once a planned pass (without the recorder's overhead) has replaced the
     measuring pass's times."""
@@ -349,7 +350,15 @@ class Planner:
             prefetch_regions=prefetch,
             allow_offload=allow_offload,
             infeasible=cfg.infeasible,
+            log_infeasible=False,
         )
+        if not plan.feasible and not entry.warned_infeasible:
+            entry.warned_infeasible = True  # once per signature, not once per re-plan
+            log.warning(
+                "offrecomp: signature %s: %s. Raise the budget (budget=, OFFRECOMP_BUDGET) or "
+                "accept the most frugal plan; infeasible='error' makes this an error",
+                entry.signature, "; ".join(plan.notes),
+            )
         entry.plan = plan
         entry.needs_measure = False
         entry.needs_solve = False

@@ -1068,9 +1068,13 @@ def solve(
     prefetch_regions: int = 2,
     allow_offload: bool = True,
     infeasible: str = "warn",
+    log_infeasible: bool = True,
 ) -> Plan:
     """Placements that keep the predicted activation peak within ``budget_bytes`` at the
     least predicted step time.
+
+    * ``log_infeasible``: log the ``infeasible="warn"`` case as a warning (the plan's
+      ``notes`` say it either way; the runtime turns this off and warns once itself).
 
     * ``budget_bytes``: activation budget in bytes; ``None`` = no budget.
     * ``max_overhead``: accepted predicted step-time overhead over all-KEEP (0.05 = 5%).
@@ -1125,7 +1129,8 @@ def solve(
             f"budget {format_bytes(budget)} cannot be met; the smallest feasible budget is "
             f"{format_bytes(res.peak)} ({res.peak} bytes); this is the most memory-frugal plan"
         )
-        logger.warning("offrecomp planner: %s", msg)
+        if log_infeasible:
+            logger.warning("offrecomp planner: %s", msg)
         notes.append(msg)
         return _make_plan(
             flat,
