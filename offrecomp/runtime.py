@@ -573,6 +573,8 @@ class Runtime:
             if len(self._provisional) > _MAX_PROVISIONAL:
                 self._no_optimizer = True  # no torch optimizer in this loop: a pass is a step
                 self._confirm_provisional()
+            else:
+                self._resolve(wait=False)  # times and learning now; writing once confirmed
             return
         self._unwritten.append(rec)
         self._resolve(wait=False)
