@@ -142,6 +142,7 @@ class Runtime:
         self._steps: list[StepRecord] = []
         self._saw_optimizer = False
         self._no_optimizer = False
+        self._explicit_steps = False
         self._provisional: list[tuple[StepRecord, list[PassState]]] = []
         self._unwritten: list[StepRecord] = []  # confirmed steps not yet written to the report file
         self._device: torch.device | None = self._model_device()
@@ -199,7 +200,17 @@ class Runtime:
 
     @contextlib.contextmanager
     def step(self) -> Any:
-        """Explicit step boundary for loops automatic detection cannot follow."""
+        """One explicit step, for loops automatic detection cannot follow.
+
+        ``with rt.step(): ...`` closes a step when the block ends, whatever ran in it. It
+        works inside ``with rt:`` (only the boundary) and on its own (it also enters and
+        leaves the runtime around the block).
+        """
+        self._explicit_steps = True  # from now on only rt.step() closes steps
+        if self._entered:
+            yield self
+            self._end_step(explicit=True)
+            return
         with self:
             yield self
             self._end_step(explicit=True)
@@ -540,10 +551,12 @@ class Runtime:
             p.offload_stats = self._engine.end_step()
         self._planner.end_pass(p)
         self._step_passes.append(p)
-        if not self._saw_optimizer:
+        if not self._saw_optimizer and not self._explicit_steps:
             self._end_step(explicit=False, provisional=not self._no_optimizer)
 
     def _on_optimizer_step(self, *_: Any) -> None:
+        if self._explicit_steps:
+            return  # the user marks steps with rt.step()
         p = self._pass
         if p is not None and p.backward_started:
             self._finish_pass()

@@ -119,3 +119,22 @@ def test_explain_names_every_region() -> None:
     text = rt.explain()
     for r in rt.regions:
         assert r in text
+
+
+def test_profile_saved_by_a_run_plans_with_the_cli(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """OFFRECOMP_PROFILE writes the measured profile; `python -m offrecomp plan` reads it."""
+    from offrecomp.__main__ import main
+    from scheduler import Profile
+
+    path = tmp_path / "prof.json"
+    monkeypatch.setenv("OFFRECOMP_PROFILE", str(path))
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    train(m, batch, offrecomp.runtime(m, mode="auto", min_bytes=0), steps=2)
+    prof = Profile.load(path)
+    assert [r.name for r in prof.regions] == ["blocks.0", "blocks.1", "blocks.2"]
+    assert all(r.ops and r.storages for r in prof.regions)
+    half = prof.activation_bytes // 2
+    assert main(["plan", str(path), "--budget", str(half), "--json"]) in (0, 1)
+    assert main(["plan", str(path), "--budget", str(prof.activation_bytes)]) == 0
+    assert main(["bogus"]) == 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -170,3 +172,75 @@ def test_double_backward(mode: str) -> None:
     with offrecomp.runtime(m, mode=mode, min_bytes=0):
         got = run(m)
     assert all(torch.equal(a, b) for a, b in zip(ref, got))
+
+
+def test_first_planned_pass_calibrates_the_plan() -> None:
+    """The measuring pass runs under the op recorder; the first planned pass replaces its
+    timings and the plan is solved again (see offrecomp/planning.py)."""
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    rt = _runtime(m, "auto", budget="50%")
+    train(m, batch, rt, steps=4)
+    entry = rt._planner.last_entry
+    assert entry is not None and entry.calibrated
+    assert entry.cost is not None and entry.cost.samples >= 2  # replaced, then averaged
+    steps = rt.report().steps
+    assert [s.phase for s in steps] == ["measure", "planned", "planned", "planned"]
+    assert not any("drift: re-plan" in s.notes for s in steps)
+
+
+def test_explicit_steps_inside_and_outside_the_context() -> None:
+    """rt.step() marks a step of two passes (no optimizer here to detect it)."""
+    model, batch = make("gpt_dropout")
+    ref_m = twin(model)
+    for micro in range(2):
+        torch.manual_seed(micro)
+        ref_m(batch(micro)).backward()
+    for inside in (True, False):
+        m = twin(model)
+        rt = _runtime(m, "recompute")
+        ctx = rt if inside else contextlib.nullcontext()
+        with ctx, rt.step():
+            for micro in range(2):
+                torch.manual_seed(micro)
+                m(batch(micro)).backward()
+        steps = rt.report().steps
+        assert [s.passes for s in steps] == [2], (inside, [s.passes for s in steps])
+        for (n, p), q in zip(ref_m.named_parameters(), m.parameters()):
+            assert torch.equal(p.grad, q.grad), n
+
+
+def test_offloaded_inputs_with_recomputed_internals() -> None:
+    """The checkpoint itself goes to host memory; the block replays from the reload."""
+    model, batch = make("gpt_dropout")
+    ref = train(twin(model), batch, steps=3)
+    m = twin(model)
+    rt = _runtime(m, "recompute")
+    rt.set_plan(
+        offrecomp.Plan(
+            placements={(f"blocks.{b}", 0, 0): offrecomp.Placement.OFFLOAD for b in range(3)},
+            default=offrecomp.Placement.RECOMPUTE,
+        )
+    )
+    got = train(m, batch, rt, steps=3)
+    assert_bitwise(ref, got)
+    last = rt.report().steps[-1]
+    assert last.offloaded_bytes == last.input_bytes > 0
+    assert last.replays == 3
+
+
+def test_one_mib_host_limit_still_trains_exactly() -> None:
+    model, _ = make("gpt_dropout")
+
+    def batch(s: int) -> torch.Tensor:  # about 3 MiB of activations: more than the pool takes
+        return torch.randint(0, 64, (8, 48), generator=torch.Generator().manual_seed(s))
+
+    ref = train(twin(model), batch, steps=3)
+    m = twin(model)
+    rt = _runtime(m, "offload", host_limit="1MiB")
+    got = train(m, batch, rt, steps=3)
+    assert_bitwise(ref, got)
+    steps = rt.report().steps
+    assert all(s.offloaded_bytes > 0 for s in steps)
+    assert all(sum(s.fallbacks.values()) > 0 for s in steps)  # the rest fell back, counted
+    assert all(s.pool_reserved_bytes <= 1 << 20 for s in steps)

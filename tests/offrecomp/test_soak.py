@@ -52,12 +52,18 @@ def test_offload_soak_pool_does_not_grow() -> None:
     model, batch = make("gpt_dropout")
     rt = offrecomp.runtime(model, mode="offload", min_bytes=0)
     reserved = []
+    live = {}
     with rt:
         for step in range(100):
             torch.manual_seed(step)
             model(batch(step % 3)).backward()
+            model.zero_grad(set_to_none=True)
             reserved.append(rt.report().steps[-1].pool_reserved_bytes)
+            if step in (10, 99):
+                live[step] = (_live_tensors(), rt._engine.live_tickets)
     assert max(reserved[10:]) == reserved[10] > 0
+    assert live[99][0] <= live[10][0] + 5, live
+    assert live[99][1] == live[10][1] == 0, live  # every ticket freed after its backward
 
 
 def test_oom_in_a_planned_step_gives_a_safer_plan(caplog: pytest.LogCaptureFixture) -> None:
