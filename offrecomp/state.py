@@ -90,18 +90,12 @@ class StorageRec:
         )
 
 
-class KeptHandle:
-    """What autograd holds for a saved tensor placed KEEP (the lean common case)."""
+class _Handle:
+    """What autograd holds for one saved tensor (the pack hook's return value)."""
 
-    __slots__ = ("pack_index", "rec", "tensor", "version")
+    __slots__ = ("pack_index", "rec", "version")
 
-    def __init__(self, rec: StorageRec, pack_index: int, t: torch.Tensor) -> None:
-        self.rec = rec
-        self.pack_index = pack_index
-        self.tensor = t
-        self.version = t._version
-        rec.handles += 1
-        rec.call.live_handles += 1
+    rec: StorageRec
 
     def __del__(self) -> None:
         rec = self.rec
@@ -113,20 +107,24 @@ class KeptHandle:
             pass
 
 
-class SavedHandle:
-    """What autograd holds for a saved tensor placed OFFLOAD or RECOMPUTE."""
+class KeptHandle(_Handle):
+    """A saved tensor placed KEEP (the lean common case)."""
 
-    __slots__ = (
-        "__weakref__",
-        "dtype",
-        "offset",
-        "pack_index",
-        "rec",
-        "size",
-        "stride",
-        "version",
-        "weak",
-    )
+    __slots__ = ("tensor",)
+
+    def __init__(self, rec: StorageRec, pack_index: int, t: torch.Tensor) -> None:
+        self.rec = rec
+        self.pack_index = pack_index
+        self.tensor = t
+        self.version = t._version
+        rec.handles += 1
+        rec.call.live_handles += 1
+
+
+class SavedHandle(_Handle):
+    """A saved tensor placed OFFLOAD or RECOMPUTE: its geometry, not its data."""
+
+    __slots__ = ("__weakref__", "dtype", "offset", "size", "stride", "weak")
 
     def __init__(self, rec: StorageRec, pack_index: int, t: torch.Tensor) -> None:
         self.rec = rec
@@ -139,15 +137,6 @@ class SavedHandle:
         self.dtype = t.dtype
         rec.handles += 1
         rec.call.live_handles += 1
-
-    def __del__(self) -> None:
-        rec = self.rec
-        rec.handles -= 1
-        rec.call.live_handles -= 1
-        try:  # noqa: SIM105 - no contextlib in this hot finaliser
-            rec.on_release(rec)
-        except Exception:  # never raise from a finaliser
-            pass
 
     def rebuild(self, flat: torch.Tensor) -> torch.Tensor:
         """This saved view, on the storage behind ``flat`` (a flat uint8 tensor)."""

@@ -76,6 +76,7 @@ def replay_seconds(
         return (
             not region.opaque
             and op.skippable
+            and not op.sink
             and all(0 <= o < n and place[o] == Placement.KEEP for o in op.outputs)
         )
 
@@ -96,7 +97,7 @@ def replay_seconds(
             work.append(j)
     total = 0.0
     for j in work:  # grows while iterating: breadth-first
-        if not ops[j].sink and served(j):
+        if served(j):
             continue
         total += ops[j].seconds
         for r in ops[j].reads or ():

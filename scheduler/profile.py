@@ -29,8 +29,9 @@ after the last save it needs). Which of those ops actually execute:
   entry of its ``outputs`` is ``>= 0`` and placed KEEP) it costs nothing and its reads
   are not followed; otherwise it runs, costs ``seconds``, and every op index in its ``reads``
   joins the worklist. Ops outside R cost nothing (replay hands out placeholders).
-* otherwise (``reads`` unknown): an op in the prefix is served when ``skippable`` and
-  all outputs are ``>= 0`` and KEEP, and runs (costs ``seconds``) in every other case.
+* otherwise (``reads`` unknown): an op in the prefix is served when it is not a sink,
+  ``skippable`` and all outputs are ``>= 0`` and KEEP, and runs (costs ``seconds``) in
+  every other case.
 
 So ``replay_seconds(region, dropped) = sum(ops[k].seconds for k in R)``. Storages of kind
 ``input`` are the region inputs the runtime holds for replay (the checkpoint); they may

@@ -698,6 +698,17 @@ def check_legal(flat: FlatProfile, place: np.ndarray) -> None:
 
 
 @njit_inline
+def served_now(j, place, op_serv, op_sink, out_ptr, out_idx):  # type: ignore[no-untyped-def]
+    """Replay skips op ``j`` under ``place``: servable, not a sink, every output KEEP."""
+    if not op_serv[j] or op_sink[j]:
+        return False
+    for q in range(out_ptr[j], out_ptr[j + 1]):  # noqa: SIM110 - numba: no generators
+        if place[out_idx[q]] != 0:
+            return False
+    return True
+
+
+@njit_inline
 def replay_unit(
     u, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx,
     rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack
@@ -730,13 +741,7 @@ def replay_unit(
     if not dataflow[u] or unknown:
         # prefix semantics: every op before K runs unless served
         for j in range(j0, end):
-            served = op_serv[j]
-            if served:
-                for q in range(out_ptr[j], out_ptr[j + 1]):
-                    if place[out_idx[q]] != 0:
-                        served = False
-                        break
-            if not served:
+            if not served_now(j, place, op_serv, op_sink, out_ptr, out_idx):
                 total += op_sec[j]
         return total
     # demand-driven: closure of the dropped storages' producers and the sinks before K
@@ -757,14 +762,8 @@ def replay_unit(
     while i < top:
         j = stack[i]
         i += 1
-        if op_serv[j] and not op_sink[j]:
-            served = True
-            for q in range(out_ptr[j], out_ptr[j + 1]):
-                if place[out_idx[q]] != 0:
-                    served = False
-                    break
-            if served:
-                continue
+        if served_now(j, place, op_serv, op_sink, out_ptr, out_idx):
+            continue
         total += op_sec[j]
         for q in range(rd_ptr[j], rd_ptr[j + 1]):
             r = rd_idx[q]

@@ -52,6 +52,7 @@ from scheduler.simulate import (
     lower_bound_flat,
     njit,
     replay_unit,
+    served_now,
 )
 
 __all__ = ["InfeasibleBudgetError", "exhaustive_solve", "solve"]
@@ -134,14 +135,8 @@ def _close(
     while top > 0:
         top -= 1
         j = stack[top]
-        if op_serv[j] and not op_sink[j]:
-            served = True
-            for q in range(out_ptr[j], out_ptr[j + 1]):
-                if place[out_idx[q]] != 0:
-                    served = False
-                    break
-            if served:
-                continue
+        if served_now(j, place, op_serv, op_sink, out_ptr, out_idx):
+            continue
         ran[j] = val
         cost += op_sec[j]
         for q in range(rd_ptr[j], rd_ptr[j + 1]):

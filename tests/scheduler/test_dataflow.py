@@ -138,9 +138,9 @@ def test_a_sink_is_never_served_in_dataflow_replay() -> None:
     r.ops[6].skippable = True
     r.ops[6].outputs = (3,)
     assert replay_seconds(r, drop(4)) == 4.0 + 0.5 + 3.0 + 30.0
-    # ... while the prefix fallback serves it like any other op
+    # ... and neither does the prefix fallback (the runtime never serves a sink)
     r.storages[4].producer_op = -1
-    assert replay_seconds(r, drop(4)) == 10.0 + 0.5 + 30.0 + 4.0
+    assert replay_seconds(r, drop(4)) == 10.0 + 0.5 + 30.0 + 4.0 + 3.0
 
 
 def two_blocks() -> Profile:
