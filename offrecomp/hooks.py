@@ -174,6 +174,8 @@ class Placer:
 
     def _apply(self, p: PassState, call: RegionCall, rec: StorageRec, t: torch.Tensor) -> None:
         """Carry out a new storage's placement (with fallbacks) and account for it."""
+        if rec.placement == OFFLOAD and not self.rt._offloadable(t):
+            rec.placement = KEEP  # already in host memory (a CPU tensor of a GPU run)
         if rec.placement == OFFLOAD:
             ticket = self.rt._offload(flat_bytes(t), call)
             if ticket is None:
@@ -217,6 +219,8 @@ class Placer:
         call.by_ptr[ptr] = rec
         p.stats.storages += 1
         p.stats.input_bytes += nbytes
+        if placement == OFFLOAD and not self.rt._offloadable(t):
+            placement = rec.placement = KEEP  # already in host memory
         if placement == OFFLOAD:
             ticket = self.rt._offload(flat_bytes(t), call)
             if ticket is not None:

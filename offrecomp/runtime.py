@@ -148,6 +148,7 @@ class Runtime:
         self._device: torch.device | None = self._model_device()
         self._clock = Clock(self._device)
         self._engine: Any = None
+        self._closing = False  # free the pool once nothing needs it (see NOTE [Pool lifetime])
         self._engine_tickets = 0
         self._signature: str | None = None
         self._recording = False  # an op recorder is active (measuring pass, inside a region)
@@ -219,6 +220,7 @@ class Runtime:
 
     def __enter__(self) -> Runtime:
         global _active
+        self._closing = False
         if not self.config.active:
             self._entered = True
             return self
@@ -247,6 +249,8 @@ class Runtime:
             self._entered = False
             return
         try:
+            if exc_type is not None:
+                self._closing = True  # a fault: start the next entry from scratch
             if exc_type is not None and self._pass is not None:
                 self._pass.aborted = True
                 if issubclass(exc_type, torch.OutOfMemoryError):
@@ -647,6 +651,11 @@ class Runtime:
             log.info("offrecomp: offload engine on %s, host limit %s", device, format_bytes(host_limit))
         return self._engine
 
+    def _offloadable(self, t: torch.Tensor) -> bool:
+        """Offload moves tensors of the runtime's device (on CPU: the emulated path)."""
+        device = self._device or torch.device("cpu")
+        return t.device.type == device.type
+
     def _offload(self, flat: torch.Tensor, call: RegionCall) -> Any:
         engine = self._get_engine()
         ticket = engine.offload(flat, group=max(call.ordinal, 0))
@@ -684,11 +693,34 @@ class Runtime:
         self._maybe_close_engine()
 
     def _maybe_close_engine(self) -> None:
-        # NOTE: the pool outlives the context only while saved tensors still need it
-        # (a graph kept alive past exit); the last freed ticket closes it.
-        if self._engine is not None and not self._entered and self._engine_tickets <= 0:
+        # NOTE [Pool lifetime]: pinning host memory is slow (cudaHostAlloc, and it
+        # synchronises the device), so the pinned pool is the runtime's, not the
+        # context's: a normal exit keeps it for the next entry (loops that enter the
+        # runtime once per step would otherwise re-pin gigabytes every step). It is freed
+        # by close(), when the runtime is garbage collected, and after an exit by
+        # exception; in each case only once no saved tensor still needs it (a graph kept
+        # alive past exit): the last freed ticket closes it then.
+        if (
+            self._engine is not None
+            and self._closing
+            and not self._entered
+            and self._engine_tickets <= 0
+        ):
             engine, self._engine = self._engine, None
             engine.close()
+
+    def close(self) -> None:
+        """Free the pinned host pool (now, or once no saved tensor needs it any more)."""
+        self._closing = True
+        self._maybe_close_engine()
+
+    def __del__(self) -> None:
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            try:  # noqa: SIM105 - never raise from a finaliser
+                engine.close()
+            except Exception:
+                pass
 
     # ----------------------------------------------------------- replay side
 

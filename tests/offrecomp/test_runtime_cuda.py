@@ -73,9 +73,10 @@ def test_offload_with_delayed_compute_stream_stays_correct() -> None:
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
-def test_offload_peak_memory_is_far_below_keep() -> None:
+def test_offload_and_recompute_hold_little_after_forward() -> None:
+    """What forward leaves on the device for backward, measured by the allocator."""
     model = _gpt(layers=6, h=512, p=0.0)
-    peaks = {}
+    held, peaks = {}, {}
     for mode in ("keep", "offload", "recompute"):
         m = twin(model)
         with offrecomp.runtime(m, mode=mode, min_bytes=1 << 20):
@@ -84,13 +85,18 @@ def test_offload_peak_memory_is_far_below_keep() -> None:
             torch.cuda.synchronize()
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
-            m(_batch(1, 1024)).backward()
+            loss = m(_batch(1, 1024))
+            torch.cuda.synchronize()
+            held[mode] = torch.cuda.memory_allocated() - base
+            loss.backward()
             torch.cuda.synchronize()
             peaks[mode] = torch.cuda.max_memory_allocated() - base
+            del loss
         del m
         torch.cuda.empty_cache()
-    assert peaks["offload"] < 0.6 * peaks["keep"], peaks
-    assert peaks["recompute"] < 0.6 * peaks["keep"], peaks
+    assert held["offload"] < 0.35 * held["keep"], held  # in-flight window + small saves
+    assert held["recompute"] < 0.35 * held["keep"], held
+    assert peaks["offload"] < peaks["keep"] and peaks["recompute"] < peaks["keep"], peaks
 
 
 def test_auto_peak_within_budget_on_cuda() -> None:
