@@ -54,8 +54,8 @@ class PlanEntry:
     """Smoothed timings of the signature, updated by every planned pass."""
     warned_infeasible: bool = False
     calibrated: bool = False
-    """True once a planned pass (without the recorder's overhead) has replaced the
-    measuring pass's times."""
+    """True once a calibration pass (no recorder, no offload) has replaced the measuring
+    pass's times (NOTE [Calibration])."""
     drift_strikes: int = 0
     budget_scale: float = 1.0
     """Shrinks after a device OOM in a planned step (see ``Planner.on_oom``)."""
@@ -79,16 +79,24 @@ class Planner:
             p.plan_id = user.plan_id if user is not None else ""
             return
         entry = self._entry(p.signature)
-        if entry.needs_solve and entry.profile is not None and not entry.needs_measure:
-            self._solve(entry)
-        if entry.needs_measure or (entry.plan is None and user is None):
+        if entry.needs_measure or entry.profile is None:
             p.recording = True
             p.phase = "measure"
-        else:
-            p.planned = True
-            p.phase = "user-plan" if user is not None else "planned"
-            plan = self.active_plan(entry)
-            p.plan_id = plan.plan_id if plan is not None else ""
+            return
+        if user is None and not entry.calibrated:
+            # NOTE [Calibration]: the measuring pass ran under the op recorder, whose
+            # overhead inflates every time it saw (on GPU the device starves while the
+            # host records). The next pass drops the same activations without the
+            # recorder and without offload; its region times replace the recorded ones
+            # before the first plan is solved.
+            p.phase = "calibrate"
+            return
+        if user is None and (entry.needs_solve or entry.plan is None):
+            self._solve(entry)
+        p.planned = True
+        p.phase = "user-plan" if user is not None else "planned"
+        plan = self.active_plan(entry)
+        p.plan_id = plan.plan_id if plan is not None else ""
 
     def active_plan(self, entry: PlanEntry) -> Plan | None:
         """The user's plan when one is set, else the solver's."""
@@ -294,7 +302,10 @@ class Planner:
         if rt.config.profile_path:
             profile.save(rt.config.profile_path)
             log.info("offrecomp: profile of signature %s saved to %s", p.signature, rt.config.profile_path)
-        self._solve(entry)
+        entry.needs_measure = False
+        entry.needs_solve = True
+        entry.plan = None
+        self.last_entry = entry
 
     def _backward_seconds(
         self, p: PassState, ordinal: int, order: list[int], marks: dict[int, tuple[Any, Any]]
@@ -486,13 +497,17 @@ class Planner:
         return done
 
     def _learn(self, entry: PlanEntry, p: PassState) -> None:
-        """Feed a planned pass's measured times into the signature's cost model."""
-        if entry.cost is None or not p.planned or p.aborted or not p.backward_done:
+        """Feed a calibration or planned pass's measured times into the cost model."""
+        calibrating = p.phase == "calibrate"
+        if entry.cost is None or not (p.planned or calibrating) or p.aborted or not p.backward_done:
             return
         clock = self.rt._clock
         measured = entry.cost.estimate()
         by_key = {r.key: r for r in measured.regions}
         for call in p.calls:
+            if any(rec.placement == OFFLOAD for rec in call.storages):
+                # Its forward includes waits on copies (the offload window): not compute.
+                continue
             r = by_key.get(call.key)
             fwd = clock.seconds(call.start_mark, call.end_mark)
             start = clock.seconds(p.start_mark, call.start_mark)
@@ -525,10 +540,9 @@ class Planner:
                     r.backward_seconds *= scale
             measured.forward_seconds = fwd_total
             measured.backward_seconds = bwd
-        if not entry.calibrated:
-            # The measuring pass ran under the op recorder (and dropped everything), so
-            # its times are inflated. The first planned pass replaces them outright and
-            # the plan is solved again with real times; later passes average in.
+        if calibrating:
+            # NOTE [Calibration]: replace the recorder-inflated times outright; the plan
+            # is solved with these before the next pass. Later passes average in.
             entry.cost = CostModel()
             entry.cost.update(measured)
             entry.calibrated = True

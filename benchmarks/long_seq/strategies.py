@@ -361,7 +361,7 @@ def _jsonable(obj: Any) -> Any:
 
 
 class _OffrecompRunner(Runner):
-    warmup_floor = 2  # step 1 measures (recompute everything), step 2 runs the first plan
+    warmup_floor = 3  # step 1 measures, step 2 calibrates (both recompute everything), 3 plans
 
     def __init__(self, model: nn.Module, **runtime_kwargs: Any) -> None:
         super().__init__(model)

@@ -75,7 +75,7 @@ def test_budget_below_what_must_stay_warns_with_the_smallest_feasible(caplog: py
     m = twin(model)
     with caplog.at_level(logging.WARNING, logger="offrecomp"):
         rt = offrecomp.runtime(m, mode="auto", budget=1, min_bytes=0)
-        train(m, batch, rt, steps=2)
+        train(m, batch, rt, steps=3)
     plan = rt._planner.last_entry.plan
     assert not plan.feasible and plan.min_feasible_budget_bytes and plan.min_feasible_budget_bytes > 1
     assert "budget" in caplog.text.lower()
@@ -86,7 +86,7 @@ def test_budget_below_what_must_stay_errors_when_asked() -> None:
     m = twin(model)
     rt = offrecomp.runtime(m, mode="auto", budget="1KiB", min_bytes=0, infeasible="error")
     with pytest.raises(ValueError, match=r"1\.00 KiB|1024"):
-        train(m, batch, rt, steps=2)
+        train(m, batch, rt, steps=3)
 
 
 def test_report_writes_one_json_line_per_step(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
@@ -115,7 +115,7 @@ def test_explain_names_every_region() -> None:
     m = twin(model)
     rt = offrecomp.runtime(m, mode="auto", min_bytes=0)
     assert "no plan yet" in rt.explain()
-    train(m, batch, rt, steps=2)
+    train(m, batch, rt, steps=3)
     text = rt.explain()
     for r in rt.regions:
         assert r in text

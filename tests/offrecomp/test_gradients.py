@@ -175,8 +175,8 @@ def test_double_backward(mode: str) -> None:
 
 
 def test_first_planned_pass_calibrates_the_plan() -> None:
-    """The measuring pass runs under the op recorder; the first planned pass replaces its
-    timings and the plan is solved again (see offrecomp/planning.py)."""
+    """The measuring pass runs under the op recorder; the calibration pass replaces its
+    timings before the first plan is solved (NOTE [Calibration])."""
     model, batch = make("gpt_dropout")
     m = twin(model)
     rt = _runtime(m, "auto", budget="50%")
@@ -185,7 +185,7 @@ def test_first_planned_pass_calibrates_the_plan() -> None:
     assert entry is not None and entry.calibrated
     assert entry.cost is not None and entry.cost.samples >= 2  # replaced, then averaged
     steps = rt.report().steps
-    assert [s.phase for s in steps] == ["measure", "planned", "planned", "planned"]
+    assert [s.phase for s in steps] == ["measure", "calibrate", "planned", "planned"]
     assert not any("drift: re-plan" in s.notes for s in steps)
 
 

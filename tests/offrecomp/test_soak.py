@@ -43,7 +43,7 @@ def test_200_step_soak_with_varying_sequence_lengths() -> None:
     assert rss1 - rss0 < 64 << 20, (rss0, rss1)
     steps = rt.report().steps
     assert len(steps) == 200
-    assert {s.phase for s in steps} == {"measure", "planned"}
+    assert {s.phase for s in steps} == {"measure", "calibrate", "planned"}
     assert rt._engine is None
 
 
@@ -82,7 +82,7 @@ def test_oom_in_a_planned_step_gives_a_safer_plan(caplog: pytest.LogCaptureFixtu
 
     blk.forward = forward
     with rt:
-        for _ in range(2):
+        for _ in range(3):  # measure, calibrate, plan
             m(batch(0)).backward()
         before = rt._planner.last_entry.plan
         state["arm"] = True
