@@ -35,7 +35,7 @@ from torch import nn
 from offrecomp.regions import replay_arguments
 from offrecomp.replay import replay_call
 from offrecomp.state import KeptHandle, PassState, RegionCall, SavedHandle, StorageRec
-from offrecomp.trace import PLACEHOLDER, ReplayDivergedError, SaveInfo, internal
+from offrecomp.trace import PLACEHOLDER, RUN, SERVE, ReplayDivergedError, SaveInfo, internal
 from scheduler.plan import Placement
 
 if TYPE_CHECKING:
@@ -47,6 +47,10 @@ __all__ = ["Placer", "flat_bytes"]
 
 KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
 _graph_task_id = torch._C._current_graph_task_id  # see _torch_compat.current_graph_task_id
+
+#: Host time the replay dispatch mode adds per op it sees (Python dispatch, measured at
+#: 10-40 us on current hosts). See NOTE [Serving overhead].
+SERVING_OVERHEAD_SECONDS = 25e-6
 
 
 class _Plain:
@@ -359,6 +363,8 @@ class Placer:
             program = None
             if structure is not None:
                 program = structure.program(kept, needed, storage_of_save)
+                if not self._serving_pays(call, structure, program):
+                    program = None  # replay as it is: cheaper than the dispatch mode here
             inputs = None
             if call.inputs is not None and any(x is None for x in call.inputs.tensors):
                 inputs = replay_arguments(call.inputs, call.name, self._reloaded_inputs(call))
@@ -388,6 +394,19 @@ class Placer:
         end = rt._clock_mark()
         call.replayed.update(captured)
         rt._replay_started(call, start, end, sum(r.nbytes for r in call.storages if r.placement == RECOMPUTE))
+
+    @staticmethod
+    def _serving_pays(call: RegionCall, structure: Any, program: list[int]) -> bool:
+        """NOTE [Serving overhead]: replaying under the dispatch mode costs host time for
+        every op it sees (SERVING_OVERHEAD_SECONDS each). It pays only when the ops it
+        skips (served or stubbed) take longer than that; otherwise a plain replay, which
+        runs the whole prefix at full launch speed, is faster. Op times are the
+        calibrated ones where the plan has them, else the recording's."""
+        if PLACEHOLDER not in program and SERVE not in program:
+            return False
+        seconds = call.op_seconds or [op.seconds for op in structure.op_records]
+        skipped = sum(seconds[k] for k, a in enumerate(program) if a != RUN and k < len(seconds))
+        return skipped >= len(program) * SERVING_OVERHEAD_SECONDS
 
     def _reloaded_inputs(self, call: RegionCall) -> list[torch.Tensor]:
         assert call.inputs is not None

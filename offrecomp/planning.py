@@ -53,6 +53,7 @@ class PlanEntry:
     cost: CostModel | None = None
     """Smoothed timings of the signature, updated by every planned pass."""
     warned_infeasible: bool = False
+    calibration_ran: bool = False
     calibrated: bool = False
     """True once a calibration pass (no recorder, no offload) has replaced the measuring
     pass's times (NOTE [Calibration])."""
@@ -83,6 +84,10 @@ class Planner:
             p.recording = True
             p.phase = "measure"
             return
+        if user is None and not entry.calibrated and entry.calibration_ran:
+            # A calibration pass ran but its (device) times were not read yet: read them
+            # now, once per signature, rather than calibrating twice.
+            self.resolve(wait=True)
         if user is None and not entry.calibrated:
             # NOTE [Calibration]: the measuring pass ran under the op recorder, whose
             # overhead inflates every time it saw (on GPU the device starves while the
@@ -90,6 +95,7 @@ class Planner:
             # recorder and without offload; its region times replace the recorded ones
             # before the first plan is solved.
             p.phase = "calibrate"
+            entry.calibration_ran = True
             return
         if user is None and (entry.needs_solve or entry.plan is None):
             self._solve(entry)
@@ -136,6 +142,11 @@ class Planner:
             )
             return
         call.structure = structure
+        if entry.profile is not None:
+            for r in entry.profile.regions:
+                if r.key == call.key and len(r.ops) == len(structure.op_records):
+                    call.op_seconds = [op.seconds for op in r.ops]
+                    break
         call.placements = [
             plan.placement((call.name, call.call_index, i)) for i in range(len(structure.storage_records))
         ]
@@ -296,6 +307,7 @@ class Planner:
             profile.fixed_bytes = max(0, p.alloc_start + p.device_peak - p.stats.peak_resident_bytes)
         entry.structures = structures
         entry.calibrated = False
+        entry.calibration_ran = False
         entry.cost = CostModel()
         entry.cost.update(profile)
         entry.profile = profile
@@ -538,7 +550,10 @@ class Planner:
                 scale = bwd / (est + max(0.0, measured.backward_seconds - est))
                 for r in measured.regions:
                     r.backward_seconds *= scale
-            measured.forward_seconds = fwd_total
+            if p.stats.offloaded_bytes == 0:
+                # With offload, the forward also waits on copies (and, the first time, on
+                # pinning host memory): not compute, so it teaches nothing about it.
+                measured.forward_seconds = fwd_total
             measured.backward_seconds = bwd
         if calibrating:
             # NOTE [Calibration]: replace the recorder-inflated times outright; the plan

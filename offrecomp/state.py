@@ -161,6 +161,7 @@ class RegionCall:
     buffers: BufferState | None = None
     placements: list[Placement] | None = None  # planned placement per storage index
     structure: RegionStructure | None = None
+    op_seconds: list[float] | None = None  # calibrated op times of this call, from the plan's profile
     storages: list[StorageRec] = field(default_factory=list)
     by_ptr: dict[int, StorageRec] = field(default_factory=dict)  # data_ptr -> storage (checked by identity)
     pack_count: int = 0
