@@ -91,11 +91,6 @@ def cuda_sleep(cycles: int) -> None:
     torch.cuda._sleep(cycles)  # type: ignore[attr-defined]
 
 
-def storage_ptr(t: torch.Tensor) -> int:
-    """Identity of the allocation behind ``t`` (shared by all its views)."""
-    return int(t.untyped_storage().data_ptr())
-
-
 ALL_PRIVATE_APIS: tuple[str, ...] = (
     "torch.utils._python_dispatch.TorchDispatchMode",
     "torch._C._current_graph_task_id",

@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -429,5 +428,3 @@ class Placer:
                 rec.fetch_buf = None
         return out
 
-
-Verifier = Callable[[RegionCall, int, torch.Tensor], None]

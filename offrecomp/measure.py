@@ -78,15 +78,6 @@ def device_capacity_bytes(device: torch.device) -> int:
     return int(psutil.virtual_memory().total)
 
 
-def device_free_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        # Memory cached by the allocator is reusable by us too.
-        reserved = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        return int(free + max(0, reserved))
-    return host_available_bytes()
-
-
 def host_available_bytes() -> int:
     import psutil
 

@@ -13,7 +13,6 @@ measuring pass; measured step time drifting from the prediction beyond
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -645,10 +644,3 @@ def _probe_link(device: torch.device) -> tuple[float, float]:
         d2h = h2d = 0.0
     _link_cache[idx] = (d2h, h2d)
     return d2h, h2d
-
-
-def plan_id_of(placements: dict[Any, Placement]) -> str:
-    h = hashlib.sha1()
-    for k in sorted(placements):
-        h.update(repr((k, int(placements[k]))).encode())
-    return h.hexdigest()[:10]

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 log = logging.getLogger(__name__)
 
@@ -217,11 +217,6 @@ def replay_arguments(
     args = tree_map(fresh, cap.args)
     kwargs = tree_map(fresh, cap.kwargs)
     return args, kwargs
-
-
-def flat_tensors(obj: Any) -> list[torch.Tensor]:
-    leaves, _ = tree_flatten(obj)
-    return [x for x in leaves if isinstance(x, torch.Tensor)]
 
 
 # ------------------------------------------------------------------------ RNG state

@@ -412,13 +412,12 @@ class Runtime:
 
             cuda_devs = sorted({d.index or 0 for d in devices if d.type == "cuda"})
             call.recorder = OpRecorder(
-                use_cuda_events=bool(cuda_devs), cuda_devices=cuda_devs, known_ptrs=self._model_storage_ptrs()
+                use_cuda_events=bool(cuda_devs), cuda_devices=cuda_devs, known_ptrs=self._known_ptrs(p)
             )
         for i, t in enumerate(cap.tensors):
             if t is None:
                 continue
             rec = self._placer.add_input_storage(p, call, t)
-            call.input_recs.append(rec)
             if rec is not None and rec.placement == OFFLOAD and rec.ticket is not None:
                 call.offloaded_inputs[i] = (rec, (tuple(t.shape), tuple(t.stride()), int(t.storage_offset()), t.dtype))
 
@@ -460,6 +459,12 @@ class Runtime:
             p.root.pass_state = p
             self._planner.assign(p, p.root)
         return p.root
+
+    def _known_ptrs(self, p: PassState) -> frozenset[int]:
+        """Parameter and buffer storages, gathered once per measuring pass."""
+        if p.known_ptrs is None:
+            p.known_ptrs = self._model_storage_ptrs()
+        return p.known_ptrs
 
     def _model_storage_ptrs(self) -> frozenset[int]:
         """Data pointers of every parameter and buffer (recorded passes only)."""
@@ -522,7 +527,6 @@ class Runtime:
         if p is None or p.backward_started:
             return
         p.backward_started = True
-        p.forward_end_time = time.perf_counter()
         p.backward_start_mark = self._clock.mark()
         if self._engine is not None:
             self._engine.begin_backward()
@@ -534,7 +538,6 @@ class Runtime:
         if p is None:
             return
         p.backward_done = True
-        p.backward_end_time = time.perf_counter()
         p.backward_end_mark = self._clock.mark()
         if p is self._pass:
             self._finish_pass()  # the pass is over: plan, account, maybe close the step

@@ -155,7 +155,6 @@ class RegionCall:
     region: Region | None = None
     forward_fn: Any = None
     inputs: CapturedInputs | None = None
-    input_recs: list[StorageRec | None] = field(default_factory=list)
     rng: RngState | None = None
     autocast: AutocastState | None = None
     buffers: BufferState | None = None
@@ -171,8 +170,6 @@ class RegionCall:
     recorder: OpRecorder | None = None
     recorded_ops: OpRecorder | None = None
     saves: list[SaveInfo] = field(default_factory=list)
-    start_time: float = 0.0
-    end_time: float = 0.0
     start_mark: Any = None
     end_mark: Any = None
     replay_seconds: float = 0.0
@@ -209,7 +206,6 @@ class PassStats:
     resident_bytes: int = 0
     peak_resident_bytes: int = 0
     replays: int = 0
-    recompute_seconds: float = 0.0
     served_ops: int = 0
     rerun_ops: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)
@@ -246,9 +242,6 @@ class PassState:
     backward_started: bool = False
     backward_done: bool = False
     start_time: float = 0.0
-    forward_end_time: float = 0.0
-    backward_start_time: float = 0.0
-    backward_end_time: float = 0.0
     end_time: float = 0.0
     start_mark: Any = None
     backward_start_mark: Any = None
@@ -259,3 +252,4 @@ class PassState:
     alloc_start: int = 0
     device_peak: int | None = None
     offload_stats: Any = None
+    known_ptrs: frozenset[int] | None = None  # parameter/buffer storages (measuring pass)
