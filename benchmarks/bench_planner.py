@@ -95,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--min-bytes", default="64KiB")
     ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument(
+        "--profile", help="save auto's profile here (OFFRECOMP_PROFILE): the one its plan was solved with"
+    )
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     spec = ModelSpec(
@@ -135,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             kw: dict[str, Any] = {"mode": name, "min_bytes": args.min_bytes}
             if name == "auto":
                 kw["budget"] = budget
+                if args.profile:
+                    kw["profile_path"] = args.profile
             rt_s = offrecomp.runtime(m, **kw)
         strategies.append(Strategy(name, m, rt_s))
 
@@ -199,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         err = auto["median_step_s"] / auto["predicted_step_s"] - 1.0
         print(f"auto: measured/predicted step time {1 + err:.3f} ({err:+.1%})")
     print(rt_explain := strategies[-1].rt.explain() if strategies[-1].rt else "")
+    auto_rt = strategies[-1].rt
+    auto_steps = [r.to_dict() for r in auto_rt.report().steps] if auto_rt is not None else []
+    print_breakdown(auto_steps)
     for k, v in checks.items():
         print(f"check {k}: {'PASS' if v else 'FAIL'}")
     if args.out:
@@ -212,11 +220,35 @@ def main(argv: list[str] | None = None) -> int:
                     "rows": rows,
                     "checks": checks,
                     "explain": rt_explain,
+                    "auto_steps": auto_steps,
                 },
                 indent=1,
             )
         )
     return 0
+
+
+def print_breakdown(steps: list[dict[str, Any]]) -> None:
+    """auto's steps as the runtime timed them (pass start to end of backward), each
+    measured part next to the plan's prediction: where a misprediction comes from."""
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v * 1e3:.1f}"
+
+    print("auto steps, measured/predicted ms (step: forward + backward incl. replay and stall)")
+    hdr = f"{'step':>4} {'phase':<10} {'step':>15} {'forward':>15} {'replay':>15} {'stall':>15} {'replay us/op':>12}"
+    print(hdr)
+    for r in steps:
+        cells = [
+            f"{ms(r['step_seconds'])}/{ms(r['predicted_step_seconds'])}",
+            f"{ms(r['forward_seconds'])}/{ms(r['predicted_forward_seconds'])}",
+            f"{ms(r['recompute_seconds'])}/{ms(r['predicted_recompute_seconds'])}",
+            f"{ms(r['stall_seconds'])}/{ms(r['predicted_stall_seconds'])}",
+        ]
+        print(
+            f"{r['step']:>4} {r['phase']:<10} " + " ".join(f"{c:>15}" for c in cells)
+            + f" {r['replay_op_us']:>12.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -269,6 +269,10 @@ class Config:
     ``OFFRECOMP_DRIFT``."""
     plan_cache_size: int = 8
     """Most input signatures whose plans are cached. ``OFFRECOMP_PLAN_CACHE``."""
+    replay_op_us: float | None = None
+    """Microseconds a replay under the dispatch mode costs per op it sees; None: learnt
+    from the replays that run, starting at 25. A number pins it (0: always skip what can
+    be skipped; large: always replay plainly). ``OFFRECOMP_REPLAY_OP_US``."""
     regions: RegionSpec = None
     """Region selection: None (repeated children of ModuleList/Sequential), module types,
     or ``fn(module, qualified_name) -> bool``. Argument only."""
@@ -339,7 +343,7 @@ class Config:
 
 
 _NULLABLE = {"budget", "host_limit", "report_path", "log_level", "max_overhead", "profile_path",
-             "d2h_gbps", "h2d_gbps"}
+             "d2h_gbps", "h2d_gbps", "replay_op_us"}
 
 
 def _opt_path(value: object, *, name: str) -> str | None:
@@ -393,6 +397,11 @@ _FIELD_PARSERS: dict[str, tuple[str, Callable[..., Any]]] = {
     "plan_cache_size": (
         "OFFRECOMP_PLAN_CACHE",
         lambda v, name: _parse_int(v, name=name, lo=1, forms="an integer >= 1"),
+    ),
+    "replay_op_us": (
+        "OFFRECOMP_REPLAY_OP_US",
+        lambda v, name: _parse_float(v, name=name, lo=0.0, hi=1e6,
+                                     forms="microseconds per op, a number >= 0 (25)"),
     ),
 }
 

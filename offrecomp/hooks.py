@@ -360,9 +360,11 @@ class Placer:
         start = rt._clock_mark()
         while True:
             program = None
+            run_seconds = 0.0
             if structure is not None:
                 program = structure.program(kept, needed, storage_of_save)
-                if not self._serving_pays(call, structure, program):
+                pays, run_seconds = self._serving_pays(call, structure, program)
+                if not pays:
                     program = None  # replay as it is: cheaper than the dispatch mode here
             inputs = None
             if call.inputs is not None and any(x is None for x in call.inputs.tensors):
@@ -391,21 +393,27 @@ class Placer:
                     "regions=)."
                 ) from exc
         end = rt._clock_mark()
+        if program is not None and call.pass_state is not None:
+            call.pass_state.dispatch_replays.append((start, end, len(program), run_seconds))
         call.replayed.update(captured)
         rt._replay_started(call, start, end, sum(r.nbytes for r in call.storages if r.placement == RECOMPUTE))
 
-    @staticmethod
-    def _serving_pays(call: RegionCall, structure: Any, program: list[int]) -> bool:
-        """NOTE [Serving overhead]: replaying under the dispatch mode costs host time for
-        every op it sees (SERVING_OVERHEAD_SECONDS each). It pays only when the ops it
-        skips (served or stubbed) take longer than that; otherwise a plain replay, which
-        runs the whole prefix at full launch speed, is faster. Op times are the
-        calibrated ones where the plan has them, else the recording's."""
-        if PLACEHOLDER not in program and SERVE not in program:
-            return False
+    def _serving_pays(self, call: RegionCall, structure: Any, program: list[int]) -> tuple[bool, float]:
+        """NOTE [Serving overhead]: replaying under the dispatch mode costs time for every
+        op it sees (host work the device may wait on). It pays only when the ops it skips
+        (served or stubbed) take longer than that; otherwise a plain replay, which runs
+        the whole prefix at full launch speed, is faster. The cost per op starts at
+        SERVING_OVERHEAD_SECONDS and is learnt from the dispatch-mode replays that run
+        (``Planner.replay_op_seconds``); the planner prices replays with the same rule
+        (``Profile.replay_op_seconds``), so the plan it predicts is the replay that runs.
+        Op times are the calibrated ones where the plan has them, else the recording's.
+        Returns (dispatch mode pays, seconds of the ops it would run)."""
         seconds = call.op_seconds or [op.seconds for op in structure.op_records]
+        run = sum(seconds[k] for k, a in enumerate(program) if a == RUN and k < len(seconds))
+        if PLACEHOLDER not in program and SERVE not in program:
+            return False, run
         skipped = sum(seconds[k] for k, a in enumerate(program) if a != RUN and k < len(seconds))
-        return skipped >= len(program) * SERVING_OVERHEAD_SECONDS
+        return skipped >= len(program) * self.rt._planner.replay_op_seconds, run
 
     def _reloaded_inputs(self, call: RegionCall) -> list[torch.Tensor]:
         assert call.inputs is not None

@@ -13,6 +13,7 @@ measuring pass; measured step time drifting from the prediction beyond
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -20,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from offrecomp import hooks as _hooks
 from offrecomp.config import format_bytes
 from offrecomp.measure import device_capacity_bytes, host_available_bytes
 from offrecomp.report import StepRecord
 from offrecomp.state import PassState, RegionCall
 from offrecomp.trace import RegionStructure, build_structure
-from scheduler.cost_model import CostModel
+from scheduler.cost_model import CostModel, Prediction, predict, replay_seconds
 from scheduler.plan import ROOT, Placement, Plan
 from scheduler.profile import Profile, RegionRecord, StorageRecord
 
@@ -59,6 +61,10 @@ class PlanEntry:
     drift_strikes: int = 0
     budget_scale: float = 1.0
     """Shrinks after a device OOM in a planned step (see ``Planner.on_oom``)."""
+    prediction: Prediction | None = None
+    """The simulator's breakdown of the plan (forward, replay, stall), for the records."""
+    solved_replay_op_seconds: float = 0.0
+    """``Planner.replay_op_seconds`` when the plan was solved."""
 
 
 class Planner:
@@ -68,6 +74,13 @@ class Planner:
         self.last_entry: PlanEntry | None = None
         self.opaque_regions: set[str] = set()  # regions whose recording proved untrustworthy
         self._pending: list[tuple[StepRecord, list[PassState]]] = []
+        pinned = rt.config.replay_op_us
+        self.replay_op_pinned = pinned is not None
+        self.replay_op_seconds: float = (
+            pinned * 1e-6 if pinned is not None else _hooks.SERVING_OVERHEAD_SECONDS
+        )
+        """Time a replay under the dispatch mode costs per op it sees (NOTE [Serving
+        overhead]): learnt from the replays that run unless the config pins it."""
 
     # ------------------------------------------------------------ per pass
 
@@ -311,6 +324,7 @@ class Planner:
         entry.cost.update(profile)
         entry.profile = profile
         if rt.config.profile_path:
+            # the measured profile now; each solve overwrites it with the calibrated one
             profile.save(rt.config.profile_path)
             log.info("offrecomp: profile of signature %s saved to %s", p.signature, rt.config.profile_path)
         entry.needs_measure = False
@@ -363,6 +377,9 @@ class Planner:
             budget = int(budget * entry.budget_scale)
         allow_offload = profile.device == "cuda" and profile.d2h_gbps > 0 and profile.h2d_gbps > 0
         prefetch = cfg.prefetch.regions or 2
+        # NOTE [Serving overhead]: price replays as the runtime will run them
+        profile.replay_op_seconds = self.replay_op_seconds
+        entry.solved_replay_op_seconds = self.replay_op_seconds
         from scheduler.solver import solve
 
         plan = solve(
@@ -382,10 +399,15 @@ class Planner:
                 entry.signature, "; ".join(plan.notes),
             )
         entry.plan = plan
+        entry.prediction = predict(profile, plan, prefetch_regions=prefetch)
         entry.needs_measure = False
         entry.needs_solve = False
         entry.drift_strikes = 0
         self.last_entry = entry
+        if cfg.profile_path:
+            # the profile this plan was solved with (calibrated, smoothed): the latest wins
+            profile.save(cfg.profile_path)
+            log.info("offrecomp: profile of signature %s saved to %s", entry.signature, cfg.profile_path)
         counts = plan.counts()
         nbytes = {p: 0 for p in Placement}
         for r in profile.regions:
@@ -470,6 +492,11 @@ class Planner:
             rec.predicted_step_seconds = plan.predicted_step_seconds
             rec.predicted_peak_bytes = plan.predicted_peak_bytes
             rec.budget_bytes = plan.budget_bytes
+            pred = entry.prediction if entry is not None and plan is entry.plan else None
+            if pred is not None:
+                rec.predicted_forward_seconds = pred.forward_seconds
+                rec.predicted_recompute_seconds = pred.recompute_seconds
+                rec.predicted_stall_seconds = pred.stall_seconds
         self._pending.append((rec, passes))
         return rec
 
@@ -498,6 +525,12 @@ class Planner:
             rec.recompute_seconds = sum(
                 clock.seconds(a, b, wait=True) or 0.0 for p in passes for _, a, b in p.replay_marks
             )
+            rec.forward_seconds = sum(
+                clock.seconds(p.start_mark, p.backward_start_mark, wait=True) or 0.0 for p in passes
+            )
+            for p in passes:
+                self._learn_replay_cost(p)
+            rec.replay_op_us = 1e6 * self.replay_op_seconds
             entry = self.entries.get(first.signature)
             if entry is not None:
                 for p in passes:
@@ -554,7 +587,14 @@ class Planner:
                 # pinning host memory): not compute, so it teaches nothing about it.
                 measured.forward_seconds = fwd_total
             measured.backward_seconds = bwd
+        # the link as the engine's copies achieved it (per-copy overheads included)
+        o = p.offload_stats
+        for name in ("d2h_gbps", "h2d_gbps"):
+            achieved = float(getattr(o, name, 0.0) or 0.0) if o is not None else 0.0
+            if achieved > 0 and getattr(self.rt.config, name) is None:
+                setattr(measured, name, achieved)
         if calibrating:
+            self._calibrate_replays(p, measured)
             # NOTE [Calibration]: replace the recorder-inflated times outright; the plan
             # is solved with these before the next pass. Later passes average in.
             entry.cost = CostModel()
@@ -564,6 +604,116 @@ class Planner:
         else:
             entry.cost.update(measured)
         entry.profile = entry.cost.estimate()
+
+    def _calibrate_replays(self, p: PassState, measured: Profile) -> None:
+        """NOTE [Calibration]: scale each region's op times so that the replays of the
+        calibration pass are predicted as measured, then compare the whole pass with its
+        prediction.
+
+        Recorded op times miss what runs between ops (Python module code; on GPU, launch
+        gaps), so their sum falls short of a real replay; that shortfall is spread over
+        the ops the replay ran, as a time per op. The calibration pass replays
+        every region plainly, which measures the true cost of rerunning its ops. The
+        check at the end logs the breakdown, so that a model that still disagrees with
+        the device says where (forward, backward, replay).
+        """
+        clock = self.rt._clock
+        by_key = {r.key: r for r in measured.regions}
+        by_ordinal = {c.ordinal: c for c in p.calls}
+        seen: set[tuple[str, int]] = set()
+        placements: dict[tuple[str, int, int], Placement] = {}
+        for c in p.calls:
+            for rec in c.storages:
+                if rec.placement == RECOMPUTE and not c.is_root:
+                    placements[(c.name, c.call_index, rec.index)] = RECOMPUTE
+        for ordinal, a, b in p.replay_marks:
+            call = by_ordinal.get(ordinal)
+            secs = clock.seconds(a, b)
+            if call is None or secs is None or secs <= 0 or call.key in seen:
+                continue
+            seen.add(call.key)
+            r = by_key.get(call.key)
+            if r is None or not r.ops:
+                continue
+            place = {
+                i: RECOMPUTE for i in range(len(r.storages)) if (r.name, r.call_index, i) in placements
+            }
+            predicted = replay_seconds(r, place)
+            if predicted <= 0:
+                continue
+            if secs >= predicted:
+                # time between ops (per op, not per second of op): spread over the ops run
+                counted = copy.deepcopy(r)
+                for op in counted.ops:
+                    op.seconds = 1.0
+                gap = (secs - predicted) / max(1.0, replay_seconds(counted, place))
+                for op in r.ops:
+                    op.seconds += gap
+            else:
+                ratio = max(0.1, secs / predicted)
+                for op in r.ops:
+                    op.seconds *= ratio
+        plan = Plan(placements={k: v for k, v in placements.items() if k[:2] in by_key})
+        try:
+            pred = predict(measured, plan, prefetch_regions=self.rt.config.prefetch.regions or 2)
+        except ValueError as exc:  # a structure the profile cannot place as the pass did
+            log.debug("offrecomp: calibration check skipped (%s)", exc)
+            return
+        step = clock.seconds(p.start_mark, p.backward_end_mark)
+        fwd = clock.seconds(p.start_mark, p.backward_start_mark)
+        replay = sum(clock.seconds(a, b) or 0.0 for _, a, b in p.replay_marks)
+        if step is None or fwd is None or step <= 0:
+            return
+        off = pred.step_seconds / step - 1.0
+        level = logging.WARNING if abs(off) > self.rt.config.drift else logging.INFO
+        log.log(
+            level,
+            "offrecomp: calibration pass of signature %s: measured step %.4fs (forward %.4fs, "
+            "replay %.4fs, backward without replay %.4fs), the model predicts %.4fs (%+.0f%%; "
+            "forward %.4fs, replay %.4fs)",
+            p.signature, step, fwd, replay, step - fwd - replay, pred.step_seconds, 100 * off,
+            pred.forward_seconds, pred.recompute_seconds,
+        )
+
+    def _learn_replay_cost(self, p: PassState) -> None:
+        """NOTE [Serving overhead]: learn what the dispatch mode costs per op it sees.
+
+        Each replay under the mode ran ops whose predicted seconds are known; the rest of
+        its measured time, per op seen, is the mode's cost. Smoothed like the cost model
+        (weight 0.3 on the newest pass); a pinned ``replay_op_us`` is never changed, and
+        passes whose op times are the recorder's (before calibration) teach nothing. A
+        plan solved with a cost that has since moved by more than half (and 5 us) is
+        solved again, since which replays pay and what they cost both moved.
+        """
+        if self.replay_op_pinned or not p.dispatch_replays:
+            return
+        entry = self.entries.get(p.signature)
+        if p.phase == "measure" or entry is None or not entry.calibrated:
+            return  # the op times are the recorder's: not comparable with a replay
+        clock = self.rt._clock
+        extra, ops = 0.0, 0
+        for a, b, k, run in p.dispatch_replays:
+            secs = clock.seconds(a, b)
+            if secs is None or k <= 0:
+                continue
+            extra += secs - run
+            ops += k
+        p.dispatch_replays = []  # learnt once, however many records the pass is part of
+        if ops == 0:
+            return
+        observed = max(0.0, extra / ops)
+        self.replay_op_seconds = 0.7 * self.replay_op_seconds + 0.3 * observed
+        for entry in self.entries.values():
+            if entry.plan is None or entry.needs_solve:
+                continue
+            old = entry.solved_replay_op_seconds
+            if abs(self.replay_op_seconds - old) > max(0.5 * old, 5e-6):
+                entry.needs_solve = True
+                log.info(
+                    "offrecomp: replay dispatch cost now %.1f us per op (plan solved with %.1f); "
+                    "solving signature %s again",
+                    1e6 * self.replay_op_seconds, 1e6 * old, entry.signature,
+                )
 
     def _check_drift(self, entry: PlanEntry, rec: StepRecord) -> None:
         pred = rec.predicted_step_seconds

@@ -48,6 +48,9 @@ class StepRecord:
     """Time spent replaying regions."""
     step_seconds: float = 0.0
     """Step time (device time on GPU, wall time on CPU)."""
+    forward_seconds: float = 0.0
+    """From the start of the step to the start of its backward (the first region whose
+    saved tensors backward reads), summed over the step's passes."""
     wall_seconds: float = 0.0
     """Wall-clock time of the step as the host saw it."""
     replays: int = 0
@@ -73,6 +76,15 @@ class StepRecord:
     pool_high_water_bytes: int = 0
     predicted_step_seconds: float | None = None
     predicted_peak_bytes: int | None = None
+    predicted_forward_seconds: float | None = None
+    """The plan's predicted time to the start of backward (compare ``forward_seconds``)."""
+    predicted_recompute_seconds: float | None = None
+    """The plan's predicted replay time (compare ``recompute_seconds``)."""
+    predicted_stall_seconds: float | None = None
+    """The plan's predicted wait for reloads (compare ``stall_seconds``)."""
+    replay_op_us: float = 0.0
+    """What a replay under the dispatch mode costs per op it sees, in microseconds, as
+    the runtime estimates it after this step (``OFFRECOMP_REPLAY_OP_US``)."""
     budget_bytes: int | None = None
     fallbacks: dict[str, int] = field(default_factory=dict)
     """Placements that could not be carried out, by kind (``offload_to_recompute``, ...)."""

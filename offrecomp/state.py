@@ -247,6 +247,9 @@ class PassState:
     backward_start_mark: Any = None
     backward_end_mark: Any = None
     replay_marks: list[tuple[int, Any, Any]] = field(default_factory=list)
+    dispatch_replays: list[tuple[Any, Any, int, float]] = field(default_factory=list)
+    """Replays run under the dispatch mode: (start mark, end mark, ops it saw, predicted
+    seconds of the ops it ran), to learn the mode's cost per op (NOTE [Serving overhead])."""
     aborted: bool = False
     oom_seen: bool = False
     alloc_start: int = 0

@@ -24,6 +24,8 @@ __all__ = ["CostModel", "Prediction", "predict", "replay_seconds"]
 def replay_seconds(
     region: RegionRecord,
     placements: Sequence[Placement | int | str] | Mapping[int, Placement | int | str],
+    *,
+    op_overhead_seconds: float = 0.0,
 ) -> float:
     """Seconds the replay of ``region`` costs when its storages are placed as given.
 
@@ -42,9 +44,19 @@ def replay_seconds(
     * Prefix (``reads`` unknown, or opaque: nothing is served there): every op before
       ``K`` costs its ``seconds`` unless served.
 
+    With ``op_overhead_seconds`` (``Profile.replay_op_seconds``) ``h > 0`` the result is
+    ``min(P, C + K * h)``, ``C`` the cost above and ``P`` the plain replay (every op
+    before ``K``): the runtime replays plainly when its dispatch mode would cost more
+    than it skips.
+
     A region without recorded ops costs its whole ``forward_seconds`` as soon as
     anything is dropped. Nothing dropped: 0.
     """
+    h = float(op_overhead_seconds)
+    if not math.isfinite(h) or h < 0.0:
+        raise ValueError(
+            f"op_overhead_seconds = {op_overhead_seconds!r} is invalid; accepted: a finite number >= 0"
+        )
     n = len(region.storages)
     place = [Placement.KEEP] * n
     if isinstance(placements, Mapping):
@@ -80,9 +92,11 @@ def replay_seconds(
             and all(0 <= o < n and place[o] == Placement.KEEP for o in op.outputs)
         )
 
+    plain = sum((op.seconds for op in ops[:k]), 0.0)
     dataflow = not region.opaque and all(op.reads is not None for op in ops)
     if not dataflow or any(region.storages[i].producer_op < 0 for i in dropped):
-        return sum((op.seconds for j, op in enumerate(ops[:k]) if not served(j)), 0.0)
+        served_sum = sum((op.seconds for j, op in enumerate(ops[:k]) if not served(j)), 0.0)
+        return min(plain, served_sum + k * h)
     # the same worklist order as the simulator's kernel, so both sum alike
     seen = [False] * k
     work: list[int] = []
@@ -104,7 +118,7 @@ def replay_seconds(
             if 0 <= r < k and not seen[r]:
                 seen[r] = True
                 work.append(r)
-    return total
+    return min(plain, total + k * h)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,6 +131,8 @@ class Prediction:
     stall_seconds: float
     d2h_bytes: int
     h2d_bytes: int
+    forward_seconds: float = 0.0
+    """From the step's start to the start of backward."""
 
 
 def predict(profile: Profile, plan: Plan, *, prefetch_regions: int = 2) -> Prediction:
@@ -129,6 +145,7 @@ def predict(profile: Profile, plan: Plan, *, prefetch_regions: int = 2) -> Predi
         stall_seconds=t.stall_seconds,
         d2h_bytes=t.d2h_bytes,
         h2d_bytes=t.h2d_bytes,
+        forward_seconds=t.forward_seconds,
     )
 
 

@@ -33,7 +33,13 @@ after the last save it needs). Which of those ops actually execute:
   ``skippable`` and all outputs are ``>= 0`` and KEEP, and runs (costs ``seconds``) in
   every other case.
 
-So ``replay_seconds(region, dropped) = sum(ops[k].seconds for k in R)``. Storages of kind
+The runtime replays a region in one of two ways and picks the cheaper: under its
+dispatch mode, which skips what it may (the rules above) but costs
+``Profile.replay_op_seconds`` of extra time for each of the ``K`` ops it sees, or
+plainly, running every op before ``K``. So ``replay_seconds(region, dropped) =
+min(sum(ops[k].seconds for k < K), sum(ops[k].seconds for k in R) + K *
+replay_op_seconds)``, which is the sum over R when ``replay_op_seconds`` is 0 (an opaque
+region always replays plainly). Storages of kind
 ``input`` are the region inputs the runtime holds for replay (the checkpoint); they may
 be KEEP or OFFLOAD, never RECOMPUTE. Storages of kind ``external`` (created outside the
 region, or smaller than the runtime's ``min_bytes``) are always KEEP. Root storages
@@ -164,6 +170,10 @@ class Profile:
     """Total device memory, where known."""
     host_limit_bytes: int = 0
     """Pinned host memory available for offload (0 = unlimited)."""
+    replay_op_seconds: float = 0.0
+    """Extra step time per op that a replay under the runtime's dispatch mode sees (its
+    host cost where the device waits on it), measured at run time; 0 = free. See the
+    replay semantics above."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Free-form facts (hardware name, versions, model description)."""
     version: int = PROFILE_VERSION

@@ -33,6 +33,7 @@ The model (see docs/planner.md for the picture):
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
@@ -149,7 +150,6 @@ class FlatProfile:
     """
 
     keys: list[StorageKey]
-    key_index: dict[StorageKey, int]
     unit_names: list[str]
     st_ptr: np.ndarray
     unit_of: np.ndarray
@@ -178,6 +178,13 @@ class FlatProfile:
     d2h_bps: float
     h2d_bps: float
     host_limit_bytes: int
+    op_host: float = 0.0
+    """Seconds the replay dispatch mode adds per op it sees (``Profile.replay_op_seconds``)."""
+
+    @functools.cached_property
+    def key_index(self) -> dict[StorageKey, int]:
+        """Flat index of each plan key (built on first use: only plan checks need it)."""
+        return dict(zip(self.keys, range(len(self.keys))))
 
     @property
     def n_storages(self) -> int:
@@ -207,57 +214,63 @@ def _region_label(r: RegionRecord) -> str:
     return f"{r.name}#{r.call_index}"
 
 
-def _layout(profile: Profile) -> tuple[list[float], list[float], list[float], float]:
-    """Forward start/duration and backward duration per unit, and the forward end."""
+def _layout(profile: Profile) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """Forward start/duration and backward duration per unit, and the forward end.
+
+    Region times are checked as arrays; only when that check fails are they walked one
+    by one, to name the bad value (or accept what ``_check_number`` accepts).
+    """
     regions = profile.regions
     n = len(regions)
-    fw = [
-        _check_number(r.forward_seconds, f"region {_region_label(r)} forward_seconds")
-        for r in regions
-    ]
-    bw = [
-        _check_number(r.backward_seconds, f"region {_region_label(r)} backward_seconds")
-        for r in regions
-    ]
+    fw_raw = [r.forward_seconds for r in regions]
+    bw_raw = [r.backward_seconds for r in regions]
+    if not _times_ok(fw_raw):
+        fw_raw = [
+            _check_number(r.forward_seconds, f"region {_region_label(r)} forward_seconds")
+            for r in regions
+        ]
+    if not _times_ok(bw_raw):
+        bw_raw = [
+            _check_number(r.backward_seconds, f"region {_region_label(r)} backward_seconds")
+            for r in regions
+        ]
+    fw = np.asarray(fw_raw, dtype=np.float64)
+    bw = np.asarray(bw_raw, dtype=np.float64)
     fwd_total = _check_number(profile.forward_seconds, "profile forward_seconds")
     bwd_total = _check_number(profile.backward_seconds, "profile backward_seconds")
-    scale = max([1e-300, fwd_total, *fw])
+    # sums in Python (sequential) and elementwise numpy below: the same floats as a loop
+    fw_sum = sum(fw.tolist())
+    scale = max(1e-300, fwd_total, float(fw.max()) if n else 0.0)
     tol = 1e-9 * scale
-    starts = [float(r.start_seconds) for r in regions]
-    consistent = n > 0 and all(math.isfinite(s) and s >= 0.0 for s in starts)
+    starts = np.asarray([float(r.start_seconds) for r in regions], dtype=np.float64)
+    consistent = n > 0 and bool(np.all(np.isfinite(starts) & (starts >= 0.0)))
     if consistent:
-        for r in range(1, n):
-            if starts[r] < starts[r - 1] + fw[r - 1] - tol:
-                consistent = False
-                break
-    gaps: list[float]
+        consistent = not bool(np.any(starts[1:] < starts[:-1] + fw[:-1] - tol))
+    gaps = np.empty(n + 1)
     if consistent:
-        end_last = starts[-1] + fw[-1]
+        end_last = float(starts[-1] + fw[-1])
         fwd_total = max(fwd_total, end_last)
-        gaps = [starts[0]]
-        gaps += [max(0.0, starts[r] - (starts[r - 1] + fw[r - 1])) for r in range(1, n)]
-        gaps.append(max(0.0, fwd_total - end_last))
+        gaps[0] = starts[0]
+        gaps[1:n] = np.maximum(0.0, starts[1:] - (starts[:-1] + fw[:-1]))
+        gaps[n] = max(0.0, fwd_total - end_last)
     else:
-        fwd_total = max(fwd_total, sum(fw))
-        root = max(0.0, fwd_total - sum(fw))
-        gaps = [root / (n + 1)] * (n + 1)
-    bwd_total = max(bwd_total, sum(bw))
-    root_b = max(0.0, bwd_total - sum(bw))
-    gap_sum = sum(gaps)
-    gaps_b = [root_b * g / gap_sum for g in gaps] if gap_sum > 0 else [root_b / (n + 1)] * (n + 1)
-    start, dur, bdur = [], [], []
-    t = 0.0
-    for k in range(n + 1):
-        start.append(t)
-        dur.append(gaps[k])
-        bdur.append(gaps_b[k])
-        t += gaps[k]
-        if k < n:
-            start.append(t)
-            dur.append(fw[k])
-            bdur.append(bw[k])
-            t += fw[k]
-    return start, dur, bdur, max(t, fwd_total)
+        fwd_total = max(fwd_total, fw_sum)
+        gaps[:] = max(0.0, fwd_total - fw_sum) / (n + 1)
+    bw_sum = sum(bw.tolist())
+    bwd_total = max(bwd_total, bw_sum)
+    root_b = max(0.0, bwd_total - bw_sum)
+    gap_sum = sum(gaps.tolist())
+    gaps_b = root_b * gaps / gap_sum if gap_sum > 0 else np.full(n + 1, root_b / (n + 1))
+    # units: gap 0, region 0, gap 1, ..., gap n
+    dur = np.empty(2 * n + 1)
+    dur[0::2] = gaps
+    dur[1::2] = fw
+    bdur = np.empty(2 * n + 1)
+    bdur[0::2] = gaps_b
+    bdur[1::2] = bw
+    ends = np.cumsum(dur)
+    start = np.concatenate(([0.0], ends[:-1]))
+    return start, dur, bdur, max(float(ends[-1]), fwd_total)
 
 
 def _bad_storage(profile: Profile, what: str, accepted: str, check: Any) -> None:
@@ -320,7 +333,7 @@ def _outputs(
     lens: list[int],
     op_base: np.ndarray,
     op_m: np.ndarray,
-    skip: list[bool],
+    skip: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Op outputs in CSR form (flat storage indices, -1 kept) and which ops replay may serve."""
     n_ops = len(lens)
@@ -360,7 +373,7 @@ def _outputs(
 def _reads(
     profile: Profile,
     raw: list[Any],
-    lens: list[int],
+    lens: np.ndarray,
     op_start: np.ndarray,
     op_count: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -477,7 +490,13 @@ _get_reads = operator.attrgetter("reads")
 
 
 def flatten(profile: Profile) -> FlatProfile:
-    """Validate ``profile`` and lay it out as flat arrays."""
+    """Validate ``profile`` and lay it out as flat arrays.
+
+    Each attribute is gathered in one pass over all storages (ops) of all regions and
+    checked as an array; only a failed check walks the profile again, to name the first
+    bad value. Flat storage order is by unit: a gap's root storages (by root index),
+    then a region's storages.
+    """
     if not isinstance(profile, Profile):
         raise TypeError(f"expected a scheduler.Profile, got {type(profile).__name__}")
     regions = profile.regions
@@ -488,172 +507,174 @@ def flatten(profile: Profile) -> FlatProfile:
     h2d = _check_number(profile.h2d_gbps, "profile h2d_gbps") * 1e9
 
     # root storages go to the last gap that has started by their save time
-    root_units: list[list[int]] = [[] for _ in range(n + 1)]
-    root_times: list[float] = []
-    for i, s in enumerate(profile.root):
-        t = min(_check_number(s.offset_seconds, f"root storage {i} offset_seconds"), t0)
-        root_times.append(t)
-        k = 0
-        for g in range(n + 1):
-            if start[2 * g] <= t:
-                k = g
-        root_units[k].append(i)
+    roots = profile.root
+    root_off = list(map(_get_offset, roots))
+    if not _times_ok(root_off):
+        root_off = [
+            _check_number(s.offset_seconds, f"root storage {i} offset_seconds")
+            for i, s in enumerate(roots)
+        ]
+    root_t = np.minimum(np.asarray(root_off, dtype=np.float64), t0)
+    root_gap = np.searchsorted(start[0::2], root_t, side="right") - 1
+    root_order = np.argsort(root_gap, kind="stable")
 
-    seen: set[tuple[str, int]] = set()
-    for r in regions:
-        if r.key in seen:
-            raise ValueError(
-                f"region {_region_label(r)} appears twice in the profile; each (name, call_index) must be unique"
-            )
-        if r.name == ROOT:
-            raise ValueError(
-                f"region name {r.name!r} is reserved for root storages; give the region a name"
-            )
-        seen.add(r.key)
+    names = [r.name for r in regions]
+    calls = [r.call_index for r in regions]
+    if ROOT in names or len(set(zip(names, calls))) < n:
+        seen: set[tuple[str, int]] = set()
+        for r in regions:
+            if r.key in seen:
+                raise ValueError(
+                    f"region {_region_label(r)} appears twice in the profile; each (name, call_index) must be unique"
+                )
+            if r.name == ROOT:
+                raise ValueError(
+                    f"region name {r.name!r} is reserved for root storages; give the region a name"
+                )
+            seen.add(r.key)
 
-    keys: list[StorageKey] = []
-    st_ptr = [0]
-    op_ptr = [0]
-    nbytes: list[Any] = []
-    offsets: list[Any] = []
-    kinds: list[Any] = []
-    last_save: list[Any] = []
-    op_sec: list[Any] = []
-    op_skip: list[bool] = []
-    out_lens: list[int] = []
-    out_raw: list[Any] = []
-    noops: list[bool] = []
-    unit_names: list[str] = []
-    dataflow: list[bool] = []
-    op_sink: list[bool] = []
-    rd_lens: list[int] = []
-    rd_raw: list[Any] = []
-    prod_raw: list[Any] = []
-    for u in range(n_units):
-        if u % 2 == 0:
-            unit_names.append("(root)")
-            idx = root_units[u // 2]
-            keys += [(ROOT, 0, i) for i in idx]
-            nbytes += [profile.root[i].nbytes for i in idx]
-            offsets += [root_times[i] for i in idx]
-            kinds += ["root"] * len(idx)
-            last_save += [0] * len(idx)
-            prod_raw += [-1] * len(idx)
-            noops.append(False)
-            dataflow.append(False)
-        else:
-            r = regions[u // 2]
-            name, call = r.name, r.call_index
-            unit_names.append(_region_label(r))
-            sts = r.storages
-            m = len(sts)
-            ops = r.ops
-            n_ops = len(ops)
-            keys.extend(zip(itertools.repeat(name, m), itertools.repeat(call, m), range(m)))
-            nbytes.extend(map(_get_nbytes, sts))
-            offsets.extend(map(_get_offset, sts))
-            kinds.extend(map(_get_kind, sts))
-            last_save.extend(map(_get_last_save, sts))
-            prod_raw.extend(map(_get_producer, sts))
-            outs = list(map(_get_outputs, ops))
-            out_lens.extend(map(len, outs))
-            out_raw.extend(itertools.chain.from_iterable(outs))
-            if r.opaque:
-                op_skip += [False] * n_ops
-            else:
-                op_skip.extend(map(_get_skippable, ops))
-            op_sec.extend(map(_get_seconds, ops))
-            op_sink.extend(map(_get_sink, ops))
-            rds = list(map(_get_reads, ops))
-            df = not r.opaque and n_ops > 0 and None not in rds
-            if df:
-                rd_lens.extend(map(len, rds))
-                rd_raw.extend(itertools.chain.from_iterable(rds))
-            else:
-                rd_lens += [0] * n_ops
-            noops.append(n_ops == 0)
-            dataflow.append(df)
-        st_ptr.append(len(keys))
-        op_ptr.append(len(op_sec))
-    st_ptr_arr = np.asarray(st_ptr, dtype=np.int64)
-    st_counts = np.asarray(st_ptr_arr[1:] - st_ptr_arr[:-1], dtype=np.int64)
-    op_ptr_arr = np.asarray(op_ptr, dtype=np.int64)
-    op_counts = np.asarray(op_ptr_arr[1:] - op_ptr_arr[:-1], dtype=np.int64)
+    st_lists = [r.storages for r in regions]
+    op_lists = [r.ops for r in regions]
+    sts = list(itertools.chain.from_iterable(st_lists))
+    ops = list(itertools.chain.from_iterable(op_lists))
+    n_reg_st, n_ops, n_root = len(sts), len(ops), len(roots)
+    reg_st = np.fromiter(map(len, st_lists), dtype=np.int64, count=n)
+    reg_ops = np.fromiter(map(len, op_lists), dtype=np.int64, count=n)
+    opaque = np.asarray([bool(r.opaque) for r in regions], dtype=np.bool_)
+    st_counts = np.empty(n_units, dtype=np.int64)
+    st_counts[0::2] = np.bincount(root_gap, minlength=n + 1)
+    st_counts[1::2] = reg_st
+    op_counts = np.zeros(n_units, dtype=np.int64)
+    op_counts[1::2] = reg_ops
+    st_ptr_arr = np.zeros(n_units + 1, dtype=np.int64)
+    np.cumsum(st_counts, out=st_ptr_arr[1:])
+    op_ptr_arr = np.zeros(n_units + 1, dtype=np.int64)
+    np.cumsum(op_counts, out=op_ptr_arr[1:])
     unit_arr = np.repeat(np.arange(n_units, dtype=np.int64), st_counts)
     op_unit = np.repeat(np.arange(n_units, dtype=np.int64), op_counts)
+    op_region = op_unit // 2
+    # flat storage i is region storage src[i] (region order), or root src[i] - n_reg_st
+    in_region = (unit_arr % 2) == 1
+    src = np.empty(n_reg_st + n_root, dtype=np.int64)
+    src[in_region] = np.arange(n_reg_st, dtype=np.int64)
+    src[~in_region] = n_reg_st + root_order
+
+    # ops: outputs, reads (dataflow units only), seconds, flags
+    outs = list(map(_get_outputs, ops))
+    op_skip = np.asarray(list(map(_get_skippable, ops)), dtype=np.bool_) & ~opaque[op_region]
     out_ptr, out_idx, op_serv = _outputs(
-        profile, out_raw, out_lens, st_ptr_arr[op_unit], st_counts[op_unit], op_skip
+        profile,
+        list(itertools.chain.from_iterable(outs)),
+        list(map(len, outs)),
+        st_ptr_arr[op_unit],
+        st_counts[op_unit],
+        op_skip,
     )
+    # a region replays demand-driven when it is not opaque and every op has reads
+    rds = list(map(_get_reads, ops))
+    df_region = ~opaque & (reg_ops > 0)
+    if None in rds:
+        unknown = np.asarray([x is None for x in rds], dtype=np.bool_)
+        df_region &= np.bincount(op_region[unknown], minlength=n) == 0
+    df_op = df_region[op_region]
+    if not bool(df_op.all()):
+        rds = list(itertools.compress(rds, df_op.tolist()))
+    rd_lens = np.zeros(n_ops, dtype=np.int64)
+    rd_lens[df_op] = list(map(len, rds))
     op_start = np.repeat(op_ptr_arr[:-1], op_counts)
     op_count = np.repeat(op_counts, op_counts)
-    rd_ptr, rd_idx = _reads(profile, rd_raw, rd_lens, op_start, op_count)
-    st_prod = _producer_ops(profile, prod_raw, op_ptr_arr[unit_arr], op_counts[unit_arr])
-    op_sec_arr = np.asarray(op_sec, dtype=np.float64)
-    sink_arr = np.asarray(op_sink, dtype=np.bool_)
-    df_arr = np.asarray(dataflow, dtype=np.bool_)
+    rd_ptr, rd_idx = _reads(
+        profile, list(itertools.chain.from_iterable(rds)), rd_lens, op_start, op_count
+    )
+    st_prod = np.full(n_reg_st + n_root, -1, dtype=np.int64)
+    st_region = np.repeat(np.arange(n, dtype=np.int64), reg_st)
+    st_prod[:n_reg_st] = _producer_ops(
+        profile,
+        list(map(_get_producer, sts)),
+        op_ptr_arr[1::2][st_region],
+        reg_ops[st_region],
+    )
+    sink_arr = np.asarray(list(map(_get_sink, ops)), dtype=np.bool_)
 
-    nb_arr = _int_array(nbytes)
+    # storages (region storages first, then roots; put in flat order through src)
+    nb_arr = _int_array(list(map(_get_nbytes, sts)) + list(map(_get_nbytes, roots)))
     if nb_arr is None:
         _bad_storage(profile, "nbytes", "an int >= 0", lambda s: _is_count(s.nbytes))
-    ls_arr = _int_array(last_save)
+    ls_arr = _int_array(list(map(_get_last_save, sts)))
     if ls_arr is None:
         _bad_storage(profile, "last_save_op", "an int >= 0", lambda s: _is_count(s.last_save_op))
+    offsets = list(map(_get_offset, sts))
     if not _times_ok(offsets):
         _bad_storage(
             profile, "offset_seconds", "a finite number >= 0", lambda s: _is_time(s.offset_seconds)
         )
-    bad_kind = set(kinds) - {"root", *_KIND_CODES}
-    if bad_kind:
+    try:
+        kind_reg = np.fromiter(
+            map(_KIND_CODES.__getitem__, map(_get_kind, sts)), dtype=np.int64, count=n_reg_st
+        )
+    except (KeyError, TypeError):
         _bad_storage(profile, "kind", ", ".join(_KIND_CODES), lambda s: s.kind in _KIND_CODES)
+        raise
+    op_sec = list(map(_get_seconds, ops))
     if not _times_ok(op_sec):
         for r in regions:
             for j, op in enumerate(r.ops):
                 _check_number(op.seconds, f"op {j} of region {_region_label(r)} seconds")
     assert nb_arr is not None and ls_arr is not None  # _bad_storage raised otherwise
-    codes = {**_KIND_CODES, "root": KIND_ROOT}
-    kind_arr = np.asarray([codes[k] for k in kinds], dtype=np.int64)
+    kind_arr = np.concatenate((kind_reg, np.full(n_root, KIND_ROOT, dtype=np.int64)))[src]
     legal_of = np.asarray([_LEGAL[k] for k in range(4)], dtype=np.int64)
     legal = legal_of[kind_arr]
-    start_arr = np.asarray(start, dtype=np.float64)
-    dur_arr = np.asarray(dur, dtype=np.float64)
-    off_arr = np.asarray(offsets, dtype=np.float64)
-    is_root = kind_arr == KIND_ROOT
+    off_arr = np.concatenate((np.asarray(offsets, dtype=np.float64), root_t))[src]
     # region storages: unit start + offset clamped to the unit; root: absolute, clamped above
-    save_arr = np.where(
-        is_root, off_arr, start_arr[unit_arr] + np.minimum(off_arr, dur_arr[unit_arr])
-    )
-    order = np.lexsort((np.arange(len(keys)), unit_arr, save_arr)).astype(np.int64)
+    save_arr = np.where(in_region, start[unit_arr] + np.minimum(off_arr, dur[unit_arr]), off_arr)
+    # by save time, then unit, then index: flat order is by unit, so a stable sort suffices
+    order = np.argsort(save_arr, kind="stable").astype(np.int64)
+
+    unit_names = ["(root)"] * n_units
+    unit_names[1::2] = [f"{r.name}#{r.call_index}" for r in regions]
+    # gap k's root storages: root_keys[gap_ptr[k]:gap_ptr[k + 1]]
+    root_keys = [(ROOT, 0, i) for i in root_order.tolist()]
+    gap_ptr = [0, *np.cumsum(st_counts[0::2]).tolist()]
+    keys: list[StorageKey] = []
+    for k, (name, call, m) in enumerate(zip(names, calls, reg_st.tolist())):
+        keys += root_keys[gap_ptr[k] : gap_ptr[k + 1]]
+        keys.extend(zip(itertools.repeat(name, m), itertools.repeat(call, m), range(m)))
+    keys += root_keys[gap_ptr[n] :]
+    noops = np.zeros(n_units, dtype=np.bool_)
+    noops[1::2] = reg_ops == 0
+    df_arr = np.zeros(n_units, dtype=np.bool_)
+    df_arr[1::2] = df_region
     return FlatProfile(
         keys=keys,
-        key_index=dict(zip(keys, range(len(keys)))),
         unit_names=unit_names,
         st_ptr=st_ptr_arr,
         unit_of=unit_arr,
-        nbytes=nb_arr,
+        nbytes=nb_arr[src],
         save_time=save_arr,
         kind=kind_arr,
         legal=legal,
-        last_save=ls_arr,
+        last_save=np.concatenate((ls_arr, np.zeros(n_root, dtype=np.int64)))[src],
         save_order=order,
         op_ptr=op_ptr_arr,
-        op_sec=op_sec_arr,
+        op_sec=np.asarray(op_sec, dtype=np.float64),
         op_serv=op_serv,
         out_ptr=out_ptr,
         out_idx=out_idx,
-        noops=np.asarray(noops, dtype=np.bool_),
+        noops=noops,
         dataflow=df_arr,
         op_sink=sink_arr,
         rd_ptr=rd_ptr,
         rd_idx=rd_idx,
-        st_prod=st_prod,
+        st_prod=st_prod[src],
         fixed_from=_fixed_from(op_ptr_arr, op_serv, sink_arr, rd_ptr, rd_idx, df_arr),
-        fwd_start=start_arr,
-        fwd_dur=dur_arr,
-        bwd_dur=np.asarray(bdur, dtype=np.float64),
+        fwd_start=start,
+        fwd_dur=dur,
+        bwd_dur=bdur,
         t0=float(t0),
         d2h_bps=d2h,
         h2d_bps=h2d,
         host_limit_bytes=int(profile.host_limit_bytes),
+        op_host=_check_number(profile.replay_op_seconds, "profile replay_op_seconds"),
     )
 
 
@@ -711,12 +732,15 @@ def served_now(j, place, op_serv, op_sink, out_ptr, out_idx):  # type: ignore[no
 @njit_inline
 def replay_unit(
     u, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx,
-    rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack
+    rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack, op_host
 ):  # type: ignore[no-untyped-def]
     """Replay seconds of unit ``u`` under ``place`` (see scheduler.profile, replay semantics).
 
-    ``mark`` (one bool per op, all False) and ``stack`` (at least the unit's op count)
-    are scratch for the demand-driven closure; ``mark`` is left all False.
+    The cheaper of the two ways the runtime replays: under the dispatch mode (the ops
+    that run plus ``op_host`` seconds for each of the ``K`` ops the mode sees) or plainly
+    (every op before ``K``). ``mark`` (one bool per op, all False) and ``stack`` (at least
+    the unit's op count) are scratch for the demand-driven closure; ``mark`` is left all
+    False.
     """
     k = 0
     dropped = False
@@ -738,12 +762,15 @@ def replay_unit(
     j0 = op_ptr[u]
     end = j0 + k
     total = 0.0
+    plain = 0.0
+    for j in range(j0, end):
+        plain += op_sec[j]
     if not dataflow[u] or unknown:
         # prefix semantics: every op before K runs unless served
         for j in range(j0, end):
             if not served_now(j, place, op_serv, op_sink, out_ptr, out_idx):
                 total += op_sec[j]
-        return total
+        return min(plain, total + k * op_host)
     # demand-driven: closure of the dropped storages' producers and the sinks before K
     top = 0
     for s in range(st_ptr[u], st_ptr[u + 1]):
@@ -773,7 +800,7 @@ def replay_unit(
                 top += 1
     for i in range(top):
         mark[stack[i]] = False
-    return total
+    return min(plain, total + k * op_host)
 
 
 @njit
@@ -781,7 +808,7 @@ def run_timeline(
     place, prefetch, save_order, st_ptr, unit_of, nbytes, save_time, last_save, st_prod,
     op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow,
     fwd_dur, bwd_dur, t0, d2h_bps, h2d_bps, d2h_start, d2h_end, h2d_start, h2d_end, reach,
-    cstart, cend, replay, ev_t, ev_d, mark, stack
+    cstart, cend, replay, ev_t, ev_d, mark, stack, op_host
 ):  # type: ignore[no-untyped-def]
     """Simulate one step; fills the per-storage/per-unit arrays and the memory events.
 
@@ -814,7 +841,8 @@ def run_timeline(
             if place[s] == 2:  # the call is not free: only where something is dropped
                 replay[u] = replay_unit(
                     u, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink,
-                    out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack
+                    out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack,
+                    op_host
                 )
                 break
         recompute += replay[u]
@@ -986,7 +1014,8 @@ class Workspace:
             f.last_save, f.st_prod, f.op_ptr, f.op_sec, f.op_serv, f.op_sink, f.out_ptr,
             f.out_idx, f.rd_ptr, f.rd_idx, f.noops, f.dataflow, f.fwd_dur, f.bwd_dur, f.t0,
             d2h, h2d, self.d2h_start, self.d2h_end, self.h2d_start, self.h2d_end, self.reach,
-            self.cstart, self.cend, self.replay, self.ev_t, self.ev_d, self.mark, self.stack
+            self.cstart, self.cend, self.replay, self.ev_t, self.ev_d, self.mark, self.stack,
+            f.op_host
         )
         self.n_events = int(out[7])
         return SimResult(

@@ -104,7 +104,7 @@ def format_bytes(n: float) -> str:
 @njit
 def _standalone_replay(
     st_ptr, legal, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx,
-    rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack
+    rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack, op_host
 ):  # type: ignore[no-untyped-def]
     """Replay seconds of dropping each storage alone (everything else KEEP); inf if it cannot be dropped."""
     n = legal.shape[0]
@@ -117,7 +117,7 @@ def _standalone_replay(
             place[s] = 2
             out[s] = replay_unit(
                 u, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink,
-                out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack
+                out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack, op_host
             )
             place[s] = 0
     return out
@@ -381,7 +381,7 @@ def _chain_step(
     unit_of, nbytes, save_time, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr,
     out_idx, rd_ptr, rd_idx, noops, df_price, fwd_dur, d2h_bps, h2d_bps, d2h_end, h2d_end,
     reach, cstart, prod_ptr, prod_ops, ctr, join, vis, ran, nvis, nran, stamp, sstamp, odrop,
-    stack
+    stack, op_host
 ):  # type: ignore[no-untyped-def]
     """One step of the chain: free about ``delta`` bytes resident at time ``tstar``.
 
@@ -393,6 +393,8 @@ def _chain_step(
     the per-op arrays ``join``, ``vis``, ``ran``, ``nvis``, ``nran``, ``stamp``,
     ``sstamp``, the per-storage ``odrop`` and ``stack`` (the largest unit's op count)
     are scratch kept between calls; marks are tags drawn from ``ctr``, never reset.
+    ``op_host``: seconds the replay dispatch mode adds per op it sees; a region's replay
+    costs the cheaper of that and the plain prefix (``replay_unit``).
     """
     n_u = fwd_dur.shape[0]
     n_st = place.shape[0]
@@ -454,6 +456,7 @@ def _chain_step(
     eff = np.zeros(n_st, dtype=np.int64)
     addc = np.zeros(n_st)
     base_all = np.zeros(64)
+    plain_all = np.zeros(64)
     n_items = 0
     for u in range(n_u):
         item_ptr[u] = n_items
@@ -480,8 +483,14 @@ def _chain_step(
         # only K >= the current prefix end is ever asked) and of each sink from just past it.
         if base_all.shape[0] < n_ops + 1:
             base_all = np.zeros(2 * n_ops + 1)
+            plain_all = np.zeros(2 * n_ops + 1)
         base = base_all[: n_ops + 1]
         base[0] = 0.0
+        # plain[K]: a replay without the dispatch mode runs every op before K
+        plain = plain_all[: n_ops + 1]
+        plain[0] = 0.0
+        for jj in range(n_ops):
+            plain[jj + 1] = plain[jj] + op_sec[j0 + jj]
         dfu = df_price[u] and not noops[u]
         never = n_ops + 1
         for jj in range(n_ops):
@@ -571,7 +580,7 @@ def _chain_step(
             items[start + i] = tmp[order[i]]
         cur = 0.0
         if any_drop:
-            cur = fwd_dur[u] if noops[u] else base[k_cur]
+            cur = fwd_dur[u] if noops[u] else min(plain[k_cur], base[k_cur] + k_cur * op_host)
         best_r = np.inf
         best_b = 0.0
         best_kp = 0
@@ -585,7 +594,8 @@ def _chain_step(
                     break
             if seen:
                 continue
-            cost = (fwd_dur[u] - cur) if noops[u] else (base[kp] - cur)
+            run = 0.0 if noops[u] else base[kp]  # what the dispatch mode runs
+            cost = 0.0
             got = 0.0
             cnt = 0
             ctr[0] += 1
@@ -596,7 +606,7 @@ def _chain_step(
                     continue
                 if dfu:
                     odrop[s] = wt
-                    cost += _walk(
+                    run += _walk(
                         st_prod[s], kp, wt, new, odrop, op_sec, op_serv, op_sink, out_ptr,
                         out_idx, rd_ptr, rd_idx, join, stamp, sstamp, stack
                     )
@@ -605,7 +615,11 @@ def _chain_step(
                         j = prod_ops[q]
                         if stamp[j] != wt and join[j] > kp:
                             stamp[j] = wt
-                            cost += op_sec[j]
+                            run += op_sec[j]
+                if noops[u]:
+                    cost = fwd_dur[u] - cur
+                else:
+                    cost = min(plain[kp], run + kp * op_host) - cur
                 got += nbytes[s]
                 cnt += 1
                 ratio = cost / got
@@ -884,7 +898,7 @@ def _build_family(
         rho = _standalone_replay(
             flat.st_ptr, legal, flat.last_save, flat.st_prod, flat.op_ptr, flat.op_sec,
             flat.op_serv, flat.op_sink, flat.out_ptr, flat.out_idx, flat.rd_ptr, flat.rd_idx,
-            flat.noops, flat.dataflow, flat.fwd_dur, ws.mark, ws.stack
+            flat.noops, flat.dataflow, flat.fwd_dur, ws.mark, ws.stack, flat.op_host
         )
         with np.errstate(divide="ignore", invalid="ignore"):
             density = np.where(flat.nbytes > 0, rho / np.maximum(flat.nbytes, 1), 0.0)
@@ -933,7 +947,7 @@ def _build_family(
                 flat.op_serv, flat.op_sink, flat.out_ptr, flat.out_idx, flat.rd_ptr,
                 flat.rd_idx, flat.noops, df_price, flat.fwd_dur, flat.d2h_bps, flat.h2d_bps,
                 ws.d2h_end, ws.h2d_end, ws.reach, ws.cstart, prod_ptr, prod_ops, ctr, join,
-                vis, ran, nvis, nran, stamp, sstamp, odrop, stack
+                vis, ran, nvis, nran, stamp, sstamp, odrop, stack, flat.op_host
             )
         if freed <= 0:
             if drops_only:

@@ -116,7 +116,7 @@ def test_config_fields_are_frozen() -> None:
     assert [f.name for f in dataclasses.fields(Config)] == [
         "disable", "mode", "budget", "host_limit", "min_bytes", "prefetch", "report_path",
         "verify", "log_level", "max_overhead", "profile_path", "d2h_gbps", "h2d_gbps",
-        "budget_margin", "infeasible", "drift", "plan_cache_size", "regions", "sources",
+        "budget_margin", "infeasible", "drift", "plan_cache_size", "replay_op_us", "regions", "sources",
     ]
 
 

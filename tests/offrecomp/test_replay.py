@@ -17,9 +17,7 @@ from tests.helpers import twin
 def _always_serve(monkeypatch: pytest.MonkeyPatch) -> None:
     """These models are tiny: let the dispatch mode pay off whatever it skips, so the
     mechanism itself is what is tested (NOTE [Serving overhead] has its own test)."""
-    import offrecomp.hooks
-
-    monkeypatch.setattr(offrecomp.hooks, "SERVING_OVERHEAD_SECONDS", 0.0)
+    monkeypatch.setenv("OFFRECOMP_REPLAY_OP_US", "0")
 
 
 def _gpt() -> tuple[nn.Module, torch.Tensor]:
@@ -221,9 +219,7 @@ def test_region_input_modified_after_region_is_an_error() -> None:
 def test_plain_replay_when_the_dispatch_mode_would_cost_more(monkeypatch: pytest.MonkeyPatch) -> None:
     """NOTE [Serving overhead]: when the skipped ops are cheaper than the mode's per-op
     cost, replay runs plainly; results are the same, only fewer ops are skipped."""
-    import offrecomp.hooks
-
-    monkeypatch.setattr(offrecomp.hooks, "SERVING_OVERHEAD_SECONDS", 1.0)  # never pays
+    monkeypatch.setenv("OFFRECOMP_REPLAY_OP_US", "1e6")  # one second per op: never pays
     model, idx = _gpt()
     ref = twin(model)
     ref(idx).backward()

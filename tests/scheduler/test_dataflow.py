@@ -88,6 +88,32 @@ def test_late_cheap_drop_costs_its_producer_and_the_sinks_before_it() -> None:
     assert replay_seconds(prefix, drop(2)) == 10.0 + 0.5 + 2.0
 
 
+def test_dispatch_mode_cost_per_op_makes_a_plain_replay_cheaper() -> None:
+    r = block()
+    # gelu's output: the dispatch mode runs 2.5 s of ops and sees K = 5 ops
+    assert replay_seconds(r, drop(2), op_overhead_seconds=1.0) == 2.5 + 5 * 1.0
+    # past 6.2 s per op it costs more than running the 33.5 s prefix plainly
+    assert replay_seconds(r, drop(2), op_overhead_seconds=6.0) == 2.5 + 5 * 6.0
+    assert replay_seconds(r, drop(2), op_overhead_seconds=7.0) == 10.0 + 1.0 + 0.5 + 20.0 + 2.0
+    assert replay_seconds(r, drop(2), op_overhead_seconds=0.0) == 2.5
+    # an opaque region is replayed plainly whatever the overhead
+    assert replay_seconds(block(opaque=True), drop(0), op_overhead_seconds=5.0) == 10.0 + 1.0
+    with pytest.raises(ValueError, match=r"op_overhead_seconds = -1\.0 is invalid"):
+        replay_seconds(r, drop(2), op_overhead_seconds=-1.0)
+
+
+def test_simulator_charges_the_dispatch_mode_per_op() -> None:
+    p = two_blocks()
+    plan = Plan(placements={("layers.0", 0, 2): R})
+    p.replay_op_seconds = 1.0
+    assert simulate(p, plan).recompute_seconds == 2.5 + 5 * 1.0
+    p.replay_op_seconds = 7.0
+    assert simulate(p, plan).recompute_seconds == 33.5
+    p.replay_op_seconds = -1.0
+    with pytest.raises(ValueError, match=r"profile replay_op_seconds = -1\.0 is invalid"):
+        simulate(p, plan)
+
+
 def test_producer_reading_an_unheld_value_pulls_its_creator_in() -> None:
     r = block()
     # s1 offloaded: gelu reads mm2's output, which is not held, so mm2 runs too (ln is served)
@@ -208,9 +234,10 @@ def random_place(flat: FlatProfile, rng: random.Random, *, offload: bool) -> np.
 @given(seed=st.integers(0, 2**31 - 1), plan_seed=st.integers(0, 2**31 - 1))
 def test_simulator_replays_dataflow_as_replay_seconds(seed: int, plan_seed: int) -> None:
     profile = random_dataflow_profile(seed, max_regions=4, max_storages=6)
+    rng = random.Random(plan_seed)
+    profile.replay_op_seconds = rng.choice([0.0, 0.0, rng.uniform(0.0, 0.5)])
     flat = flatten(profile)
     ws = Workspace(flat)
-    rng = random.Random(plan_seed)
     for _ in range(4):
         place = random_place(flat, rng, offload=True)
         ws.run(place, 2)
@@ -218,7 +245,9 @@ def test_simulator_replays_dataflow_as_replay_seconds(seed: int, plan_seed: int)
             u = 2 * r_idx + 1
             mine = [Placement(int(p)) for p in place[flat.st_ptr[u] : flat.st_ptr[u + 1]]]
             # same worklist order in both: the same float sum
-            assert ws.replay[u] == replay_seconds(reg, mine)
+            assert ws.replay[u] == replay_seconds(
+                reg, mine, op_overhead_seconds=profile.replay_op_seconds
+            )
         assert not ws.mark.any()  # the kernel's scratch is left clean
 
 
@@ -226,8 +255,9 @@ def test_simulator_replays_dataflow_as_replay_seconds(seed: int, plan_seed: int)
 @given(seed=st.integers(0, 2**31 - 1), plan_seed=st.integers(0, 2**31 - 1))
 def test_lower_bound_never_exceeds_a_plan(seed: int, plan_seed: int) -> None:
     profile = random_dataflow_profile(seed, max_regions=5, max_storages=6)
-    flat = flatten(profile)
     rng = random.Random(plan_seed)
+    profile.replay_op_seconds = rng.choice([0.0, rng.uniform(0.0, 0.5)])
+    flat = flatten(profile)
     for _ in range(4):
         place = random_place(flat, rng, offload=flat.has_link)
         plan = Plan(placements={k: Placement(int(p)) for k, p in zip(flat.keys, place)})
@@ -241,6 +271,7 @@ def test_lower_bound_never_exceeds_a_plan(seed: int, plan_seed: int) -> None:
 @given(seed=st.integers(0, 2**31 - 1))
 def test_solver_and_bound_against_exhaustive_search(seed: int) -> None:
     profile = random_dataflow_profile(seed)
+    profile.replay_op_seconds = random.Random(seed).choice([0.0, 0.0, 0.05, 0.3])
     keep = simulate(profile, Plan()).peak_bytes
     frugal = exhaustive_solve(profile, 0)
     floor = frugal.min_feasible_budget_bytes or frugal.predicted_peak_bytes or 0

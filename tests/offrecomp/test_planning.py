@@ -1,0 +1,123 @@
+"""The planner inside the runtime: calibration, the learnt replay cost, the records."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import offrecomp
+from offrecomp.measure import Mark
+from offrecomp.state import PassState
+from scheduler import Placement, Plan, predict
+from tests.helpers import make, train, twin
+
+
+def _runtime(model: object, **kw: object) -> offrecomp.Runtime:
+    return offrecomp.runtime(model, mode="auto", min_bytes=0, **kw)  # type: ignore[arg-type]
+
+
+def _pass_with_replays(signature: str, *replays: tuple[float, int, float]) -> PassState:
+    """A planned pass whose dispatch-mode replays took (seconds, ops seen, seconds of ops run)."""
+    p = PassState(index=0, signature=signature, mode="auto")
+    p.phase = "planned"
+    for secs, k, run in replays:
+        p.dispatch_replays.append((Mark(0.0), Mark(secs), k, run))
+    return p
+
+
+def test_replay_cost_is_learnt_and_a_moved_cost_solves_again() -> None:
+    """NOTE [Serving overhead]: the rest of a dispatch-mode replay's time, per op seen,
+    is the mode's cost; the estimate is smoothed, and plans solved with a cost it has
+    left by more than half are solved again."""
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    rt = _runtime(m, budget="50%")
+    train(m, batch, rt, steps=3)
+    planner = rt._planner
+    entry = planner.last_entry
+    assert entry is not None and entry.plan is not None and not entry.needs_solve
+    assert entry.calibrated
+    start = planner.replay_op_seconds = entry.solved_replay_op_seconds = 25e-6
+    # 100 ops seen, 5 ms of them run, 10 ms measured: 50 us per op
+    planner._learn_replay_cost(_pass_with_replays(entry.signature, (0.010, 100, 0.005)))
+    assert planner.replay_op_seconds == pytest.approx(0.7 * start + 0.3 * 50e-6)
+    assert not entry.needs_solve  # moved by less than half
+    # faster than predicted: never below zero
+    planner._learn_replay_cost(_pass_with_replays(entry.signature, (0.001, 100, 0.005)))
+    assert planner.replay_op_seconds == pytest.approx(0.7 * (0.7 * start + 0.3 * 50e-6))
+    planner._learn_replay_cost(_pass_with_replays(entry.signature, (0.100, 100, 0.0)))  # 1 ms per op
+    assert planner.replay_op_seconds > 1.5 * start
+    assert entry.needs_solve
+
+
+def test_a_pinned_replay_cost_is_never_learnt() -> None:
+    model, _ = make("gpt_dropout")
+    rt = _runtime(twin(model), replay_op_us=3.0)
+    planner = rt._planner
+    assert planner.replay_op_seconds == pytest.approx(3e-6)
+    planner._learn_replay_cost(_pass_with_replays("s", (1.0, 10, 0.0)))
+    assert planner.replay_op_seconds == pytest.approx(3e-6)
+
+
+def test_dispatch_replays_teach_the_replay_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan that drops one cheap tensor per block replays under the dispatch mode;
+    what those replays measure replaces the starting guess."""
+    import offrecomp.hooks
+
+    monkeypatch.setattr(offrecomp.hooks, "SERVING_OVERHEAD_SECONDS", 0.0)  # the mode always pays
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    rt = _runtime(m)
+    train(m, batch, rt, steps=2)  # measure, calibrate
+    assert rt._planner.replay_op_seconds == 0.0
+    profile = rt._planner.last_entry.profile  # type: ignore[union-attr]
+    names = [r.name for r in profile.regions]  # type: ignore[union-attr]
+    drops = {}
+    for r in profile.regions:  # type: ignore[union-attr]
+        for i, s in enumerate(r.storages):
+            if s.kind == "activation" and s.producer_op >= 0 and "gelu" in r.ops[s.producer_op].name:
+                drops[(r.name, r.call_index, i)] = Placement.RECOMPUTE
+    assert len(drops) == len(names)
+    rt.set_plan(Plan(placements=drops))
+    train(m, batch, rt, steps=1)
+    assert rt.report().steps[-1].served_ops > 0  # the dispatch mode ran
+    assert rt._planner.replay_op_seconds > 0.0
+
+
+def test_calibration_fits_replays_and_logs_the_check(caplog: pytest.LogCaptureFixture) -> None:
+    """NOTE [Calibration]: after the calibration pass each region's op times add up to
+    its measured plain replay, and the whole pass is compared with its prediction."""
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    rt = _runtime(m, budget="50%")
+    with caplog.at_level(logging.INFO, logger="offrecomp"):
+        train(m, batch, rt, steps=2)
+        steps = rt.report().steps
+    assert [s.phase for s in steps] == ["measure", "calibrate"]
+    assert any("calibration pass of signature" in r.getMessage() for r in caplog.records)
+    entry = rt._planner.last_entry
+    assert entry is not None and entry.calibrated and entry.profile is not None
+    every = Plan(
+        placements={
+            (r.name, r.call_index, i): Placement.RECOMPUTE
+            for r in entry.profile.regions
+            for i, s in enumerate(r.storages)
+            if s.kind == "activation"
+        }
+    )
+    predicted = predict(entry.profile, every).recompute_seconds
+    assert predicted == pytest.approx(steps[1].recompute_seconds, rel=0.02)
+
+
+def test_planned_steps_record_the_predicted_breakdown() -> None:
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    rt = _runtime(m, budget="50%")
+    train(m, batch, rt, steps=3)
+    last = rt.report().steps[-1]
+    assert last.phase == "planned"
+    assert last.forward_seconds > 0
+    assert last.predicted_forward_seconds is not None and last.predicted_forward_seconds > 0
+    assert last.predicted_recompute_seconds is not None
+    assert last.predicted_stall_seconds == 0.0  # no offload on CPU
