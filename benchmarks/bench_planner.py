@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import statistics
 import sys
 import time
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         "--profile", help="save auto's profile here (OFFRECOMP_PROFILE): the one its plan was solved with"
     )
     args = ap.parse_args(argv)
+    logging.basicConfig(format="%(message)s")  # offrecomp's lines, at OFFRECOMP_LOG's level
     device = torch.device(args.device)
     spec = ModelSpec(
         kind="gpt",

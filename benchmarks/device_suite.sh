@@ -4,7 +4,9 @@
 #   2. the offload bandwidth and overlap benchmark;
 #   3. the planner benchmark on a ~1.5B model (predicted vs measured step time, budget);
 #   4. the long-sequence comparison at the ~1.3B preset on two sequence lengths.
-# Results go under $OUT (default ./device_out): at most 8 files, one folder deep.
+# Results go under $OUT (default ./device_out): at most 8 files, one folder deep
+# (bench_planner_profile.json is the profile auto's last plan was solved with:
+# `python -m offrecomp plan $OUT/bench_planner_profile.json --budget ...` replays it).
 # Usage: OUT=/some/dir bash benchmarks/device_suite.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,9 +33,11 @@ log "offload bandwidth and overlap"
 timeout 90 "$PY" benchmarks/bench_offload.py --out "$OUT/bench_offload.json" 2>&1 | tail -n 40 | tee -a "$OUT/suite.log"
 
 log "planner: auto at 50% of keep's activation bytes, predicted vs measured"
-timeout 150 "$PY" benchmarks/bench_planner.py --device cuda --layers 24 --hidden 2048 --heads 16 \
-  --seq 8192 --batch 1 --bf16 --dropout 0 --warmup 3 --repeats 5 --min-bytes 1MiB \
-  --out "$OUT/bench_planner.json" 2>&1 | tail -n 40 | tee -a "$OUT/suite.log"
+# OFFRECOMP_LOG=INFO: the calibration check and every (re-)plan, with their reasons
+OFFRECOMP_LOG=INFO timeout 150 "$PY" benchmarks/bench_planner.py --device cuda --layers 24 \
+  --hidden 2048 --heads 16 --seq 8192 --batch 1 --bf16 --dropout 0 --warmup 5 --repeats 5 \
+  --min-bytes 1MiB --out "$OUT/bench_planner.json" --profile "$OUT/bench_planner_profile.json" \
+  2>&1 | grep -v "^STAGE:\|profiler_st" | tail -n 80 | tee -a "$OUT/suite.log"
 
 log "long-sequence comparison, gpu-1.3b preset"
 timeout 240 "$PY" -m benchmarks.long_seq --preset gpu-1.3b --seq 4096,8192 --no-compile --no-search \

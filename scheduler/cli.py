@@ -142,6 +142,12 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--prefetch-regions", type=int, default=2, help="regions reloads run ahead (default 2)"
     )
+    plan.add_argument(
+        "--replay-op-us",
+        type=float,
+        help="what a replay under the runtime's dispatch mode costs per op, in microseconds "
+        "(overrides the profile; --model default 0)",
+    )
     plan.add_argument("--no-offload", action="store_true", help="plan with KEEP and RECOMPUTE only")
     plan.add_argument(
         "--infeasible",
@@ -162,12 +168,14 @@ def _load_profile(args: argparse.Namespace) -> Profile:
         kwargs = parse_model(args.model)
         if args.mfu is not None:
             kwargs["mfu"] = args.mfu
-        return gpt_profile(
+        profile = gpt_profile(
             device_tflops=args.device_tflops,
             d2h_gbps=args.d2h_gbps if args.d2h_gbps is not None else 0.0,
             h2d_gbps=args.h2d_gbps if args.h2d_gbps is not None else 0.0,
             **kwargs,
         )
+        _set_replay_op(profile, args.replay_op_us)
+        return profile
     try:
         profile = Profile.load(args.profile)
     except OSError as e:
@@ -178,7 +186,16 @@ def _load_profile(args: argparse.Namespace) -> Profile:
         profile.d2h_gbps = args.d2h_gbps
     if args.h2d_gbps is not None:
         profile.h2d_gbps = args.h2d_gbps
+    _set_replay_op(profile, args.replay_op_us)
     return profile
+
+
+def _set_replay_op(profile: Profile, us: float | None) -> None:
+    if us is None:
+        return
+    if not math.isfinite(us) or us < 0:
+        raise ValueError(f"--replay-op-us {us!r} is invalid; accepted: a number >= 0 (microseconds)")
+    profile.replay_op_seconds = us * 1e-6
 
 
 def _region_rows(profile: Profile, plan: Plan) -> list[dict[str, Any]]:

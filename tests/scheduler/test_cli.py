@@ -102,6 +102,22 @@ def test_profile_form_with_json_output(tmp_path: Path) -> None:
     )
 
 
+def test_replay_op_cost_slows_partial_replays(tmp_path: Path) -> None:
+    """--replay-op-us prices replays under the dispatch mode: with a high cost per op the
+    same budget gets slower (a cheap partial replay now costs more, or a plain one)."""
+    p = gpt_profile(
+        layers=4, hidden=1024, heads=8, seq=4096, batch=1, device_tflops=990, d2h_gbps=0, h2d_gbps=0
+    )
+    path = tmp_path / "prof.json"
+    p.save(path)
+    times = []
+    for us in ("0", "200"):
+        rc, text = run("plan", str(path), "--budget", "500MiB", "--replay-op-us", us, "--json")
+        assert rc == 0
+        times.append(json.loads(text)["predicted_step_seconds"])
+    assert times[1] > times[0]
+
+
 def test_min_budget() -> None:
     rc, text = run(
         "plan",
@@ -161,6 +177,11 @@ def test_infeasible_budget_exit_status(capsys: pytest.CaptureFixture[str]) -> No
         ),
         (["plan", "/nonexistent/prof.json", "--budget", "1GiB"], "cannot read profile"),
         (["plan", "--model", MODEL, "--device-tflops", "990"], "give --budget"),
+        (
+            ["plan", "--model", MODEL, "--device-tflops", "990", "--budget", "1GiB",
+             "--replay-op-us", "-3"],
+            "--replay-op-us -3.0 is invalid",
+        ),
     ],
 )
 def test_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
