@@ -18,7 +18,7 @@ import enum
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -411,6 +411,13 @@ class OffloadEngine:
                     self._wait_edge("compute_after_d2h", entry.stream, entry.landed)
             self._stash.clear()
             self._stash_bytes = 0
+
+    def prepare(self, sizes: Sequence[int]) -> int:
+        """Pin host memory now for offloads of these sizes (a plan's), rather than in the
+        first step that makes them; returns the pool's reserved bytes."""
+        with self._locked():
+            self._enter()
+            return self.pool.reserve(sizes)
 
     def end_step(self) -> OffloadStats:
         """This step's stats; resets the counters and the prefetch ordering."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -410,9 +411,16 @@ class Planner:
             log.info("offrecomp: profile of signature %s saved to %s", entry.signature, cfg.profile_path)
         counts = plan.counts()
         nbytes = {p: 0 for p in Placement}
+        offloads: list[int] = []
         for r in profile.regions:
             for i, s in enumerate(r.storages):
-                nbytes[plan.placement((r.name, r.call_index, i))] += s.nbytes
+                pl = plan.placement((r.name, r.call_index, i))
+                nbytes[pl] += s.nbytes
+                if pl == OFFLOAD:
+                    offloads.append(s.nbytes)
+        offloads += [s.nbytes for i, s in enumerate(profile.root) if plan.placement((ROOT, 0, i)) == OFFLOAD]
+        if offloads:
+            self._pin_ahead(offloads)
         log.info(
             "offrecomp: plan %s for %s: keep %d (%s), offload %d (%s), recompute %d (%s); "
             "budget %s, predicted peak %s, predicted step %.4fs%s",
@@ -422,6 +430,18 @@ class Planner:
             "none" if budget is None else format_bytes(budget),
             format_bytes(plan.predicted_peak_bytes or 0), plan.predicted_step_seconds or 0.0,
             "" if plan.feasible else " (budget NOT met: " + "; ".join(plan.notes) + ")",
+        )
+
+    def _pin_ahead(self, sizes: list[int]) -> None:
+        """Pin the plan's host memory now, outside any step: the pool would otherwise pin
+        it inside the first planned step (seconds for gigabytes), which that step's
+        timing, and the drift check, would take for the plan's cost."""
+        rt = self.rt
+        t0 = time.perf_counter()
+        reserved = rt._get_engine().prepare(sizes)
+        log.info(
+            "offrecomp: pinned pool ready for %s of planned offloads: %s reserved in %.2fs",
+            format_bytes(sum(sizes)), format_bytes(reserved), time.perf_counter() - t0,
         )
 
     def on_oom(self, p: PassState | None) -> None:

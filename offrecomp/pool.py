@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -152,6 +153,29 @@ class PinnedPool:
         block = self._carve(new, self._slabs[new], size, nbytes)
         assert block is not None  # a new slab is at least `size` bytes
         return block
+
+    def reserve(self, sizes: Sequence[int]) -> int:
+        """Pin ahead of use: carve a block of each size in ``sizes``, as a step that holds
+        them all at once would, then return them. The slabs stay (the pool never
+        shrinks), so that step finds its memory pinned. Stops quietly where :meth:`alloc`
+        would refuse (limit, host pressure, pinning failure). Returns the reserved bytes.
+        """
+        blocks = []
+        counters = (self._allocs, self._failures)  # a reservation is not a use
+        try:
+            for n in sizes:
+                if n <= 0:
+                    continue
+                block = self.alloc(n)
+                if block is None:
+                    break
+                blocks.append(block)
+        finally:
+            for block in blocks:
+                self.free(block)
+            self._allocs, self._failures = counters
+        self._high_water = self._in_use
+        return self._reserved
 
     def _carve(self, index: int, slab: _Slab, size: int, nbytes: int) -> Block | None:
         for i, (offset, free) in enumerate(slab.free):

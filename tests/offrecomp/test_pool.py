@@ -241,3 +241,38 @@ def test_bad_arguments() -> None:
         PinnedPool(backend=EmulatedBackend(), limit_bytes=-1)
     with pytest.raises(ValueError, match="nbytes"):
         make_pool().alloc(0)
+
+
+def test_reserve_pins_what_a_step_of_those_sizes_needs() -> None:
+    """A plan's offloads, pinned ahead: the step that makes them pins nothing more."""
+    backend = CountingBackend()
+    pool = make_pool(limit=16 * MiB, slab=1 * MiB, backend=backend)
+    sizes = [300 * KiB, 2 * MiB + 5, 700 * KiB, 64 * KiB]
+    reserved = pool.reserve(sizes)
+    assert reserved == pool.stats().reserved_bytes >= sum(sizes)
+    stats = pool.stats()
+    assert stats.in_use_bytes == 0 and stats.high_water_bytes == 0 and stats.allocs == 0
+    pinned = len(backend.host_allocs)
+    blocks = [pool.alloc(n) for n in sizes]  # the step
+    assert all(b is not None for b in blocks)
+    assert len(backend.host_allocs) == pinned and pool.stats().reserved_bytes == reserved
+
+
+def test_reserve_stops_at_the_limit_quietly() -> None:
+    pool = make_pool(limit=1 * MiB, slab=256 * KiB)
+    assert pool.reserve([512 * KiB, 512 * KiB, 512 * KiB]) == 1 * MiB
+    assert pool.stats().failures == 0 and pool.stats().in_use_bytes == 0
+
+
+def test_engine_prepare_pins_through_the_pool() -> None:
+    engine = OffloadEngine(backend=EmulatedBackend(), host_limit_bytes=8 * MiB,
+                           prefetch=Prefetch(regions=1), slab_bytes=1 * MiB, host_pressure_bytes=0)
+    try:
+        assert engine.prepare([3 * MiB, 1 * MiB]) >= 4 * MiB
+        before = engine.pool.stats().reserved_bytes
+        t = engine.offload(torch.ones(3 * MiB, dtype=torch.uint8), group=0)
+        assert t is not None and engine.pool.stats().reserved_bytes == before
+    finally:
+        engine.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.prepare([1])

@@ -108,14 +108,23 @@ def test_auto_peak_within_budget_on_cuda() -> None:
     del probe
     budget = keep_bytes // 2
     m = twin(model)
-    with offrecomp.runtime(m, mode="auto", budget=budget, min_bytes=1 << 20) as rt:
+    # a pinned replay cost: no re-plan between the two planned steps (checked below)
+    with offrecomp.runtime(m, mode="auto", budget=budget, min_bytes=1 << 20, replay_op_us=25) as rt:
         for step in range(4):
             m(_batch(step, 1024)).backward()
             m.zero_grad(set_to_none=True)
-    last = rt.report().steps[-1]
+    steps = rt.report().steps
+    last = steps[-1]
     assert last.phase == "planned"
     assert last.peak_activation_bytes <= budget * 1.05
     assert last.device_peak_bytes is not None
+    # the planner's breakdown is filled on the device too
+    assert last.predicted_forward_seconds is not None and last.forward_seconds > 0
+    assert last.predicted_stall_seconds is not None
+    planned = [s for s in steps if s.phase == "planned"]
+    if any(s.offloaded_bytes for s in planned):
+        # pinned when the plan was solved: planned steps pin nothing more
+        assert len({s.pool_reserved_bytes for s in planned if s.offloaded_bytes}) == 1
 
 
 @pytest.mark.parametrize("mode", ["recompute", "offload", "auto"])
