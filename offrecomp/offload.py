@@ -76,6 +76,14 @@ Edge = Literal["d2h_after_produce", "compute_after_d2h", "h2d_after_d2h", "compu
 # A source larger than the window is waited on at once: its offload still frees device
 # memory, but compute no longer overlaps that copy.
 
+# NOTE [Window under a plan]
+# The window is the backpressure of forced offload, where nothing else bounds what
+# copies in flight hold. Under a plan the planner has already counted every in-flight
+# byte in its simulated peak (a source stays resident until its copy lands) and timed
+# the copies at the measured link rate, so the window would only stall forward where
+# the plan expects overlap: at 8K tokens one MLP activation is 128 MiB, half the default
+# window. `prepare()` widens it to the plan's offloaded bytes.
+
 # NOTE [Reload buffer lifetime]
 # The reload buffer is allocated on the H2D stream, so the allocator orders any reuse of
 # its block after the H2D copy. When fetch() hands it to compute, record_stream(buffer,
@@ -412,11 +420,16 @@ class OffloadEngine:
             self._stash.clear()
             self._stash_bytes = 0
 
-    def prepare(self, sizes: Sequence[int]) -> int:
-        """Pin host memory now for offloads of these sizes (a plan's), rather than in the
-        first step that makes them; returns the pool's reserved bytes."""
+    def prepare(self, sizes: Sequence[int], *, window_bytes: int | None = None) -> int:
+        """Get ready for a plan's offloads: pin host memory for these sizes now, rather
+        than in the first step that makes them, and set the in-flight window
+        (NOTE [Window under a plan]; None leaves it). Returns the pool's reserved bytes."""
+        if window_bytes is not None and window_bytes < 0:
+            raise ValueError(f"window_bytes={window_bytes!r} is invalid; it must be >= 0")
         with self._locked():
             self._enter()
+            if window_bytes is not None:
+                self.window_bytes = window_bytes
             return self.pool.reserve(sizes)
 
     def end_step(self) -> OffloadStats:

@@ -438,7 +438,9 @@ class Planner:
         timing, and the drift check, would take for the plan's cost."""
         rt = self.rt
         t0 = time.perf_counter()
-        reserved = rt._get_engine().prepare(sizes)
+        engine = rt._get_engine()
+        # NOTE [Window under a plan]: the plan counts in-flight bytes itself
+        reserved = engine.prepare(sizes, window_bytes=max(engine.window_bytes, sum(sizes)))
         log.info(
             "offrecomp: pinned pool ready for %s of planned offloads: %s reserved in %.2fs",
             format_bytes(sum(sizes)), format_bytes(reserved), time.perf_counter() - t0,

@@ -276,3 +276,25 @@ def test_engine_prepare_pins_through_the_pool() -> None:
         engine.close()
     with pytest.raises(RuntimeError, match="closed"):
         engine.prepare([1])
+
+
+def test_engine_prepare_widens_the_window() -> None:
+    """NOTE [Window under a plan]: a wide window lets copies overlap compute; the
+    default one makes the producer wait once in-flight bytes exceed it."""
+    backend = EmulatedBackend(copy_delay_s=0.02)
+    engine = OffloadEngine(backend=backend, host_limit_bytes=8 * MiB, prefetch=Prefetch(regions=1),
+                           window_bytes=1 * MiB, slab_bytes=1 * MiB, host_pressure_bytes=0)
+    try:
+        for i in range(3):
+            assert engine.offload(torch.ones(1 * MiB, dtype=torch.uint8), group=i) is not None
+        assert engine.end_step().window_waits > 0
+        engine.prepare([1 * MiB] * 3, window_bytes=3 * MiB)
+        assert engine.window_bytes == 3 * MiB
+        engine.synchronize()
+        for i in range(3):
+            assert engine.offload(torch.ones(1 * MiB, dtype=torch.uint8), group=i) is not None
+        assert engine.end_step().window_waits == 0
+        with pytest.raises(ValueError, match="window_bytes=-1 is invalid"):
+            engine.prepare([], window_bytes=-1)
+    finally:
+        engine.close()
