@@ -861,22 +861,25 @@ def _producers(flat: FlatProfile) -> tuple[np.ndarray, np.ndarray]:
     return np.cumsum(ptr).astype(np.int64), ops[order].astype(np.int64)
 
 
-def _levels(ws: Workspace) -> tuple[np.ndarray, np.ndarray]:
-    """Memory curve of the last simulation: event times and the level after each."""
+def _level_at(ws: Workspace, t: float) -> int:
+    """Resident bytes at time ``t`` in the simulation ``ws`` holds (after all events at ``t``)."""
     n = ws.n_events
-    return ws.ev_t[:n].copy(), np.cumsum(ws.ev_d[:n])
-
-
-def _level_at(levels: tuple[np.ndarray, np.ndarray], t: float) -> int:
-    times, level = levels
-    i = int(np.searchsorted(times, t, side="right")) - 1
-    return int(level[i]) if i >= 0 else 0
+    i = int(np.searchsorted(ws.ev_t[:n], t, side="right"))
+    return int(ws.ev_d[:i].sum())
 
 
 def _build_family(
     flat: FlatProfile, ws: Workspace, legal: np.ndarray, prefetch: int, keep_res: SimResult
 ) -> _Family:
-    fam = _Family(flat, ws, legal, prefetch)
+    """The family (module docstring, steps 1-4); ``ws`` holds the all-KEEP simulation.
+
+    NOTE [chain workspaces]: the chain step reads the simulation of the chain's current
+    plan. ``cur_ws`` keeps that one while new members are simulated in the family's own
+    workspace, and an accepted step swaps the two: a rejected step leaves the chain's
+    state in place, so only the drops-only restart from an earlier plan simulates again.
+    """
+    cur_ws = ws
+    fam = _Family(flat, Workspace(flat), legal, prefetch)
     n = flat.n_storages
     keep = np.zeros(n, dtype=np.int8)
     fam.places.append(keep.copy())
@@ -914,8 +917,7 @@ def _build_family(
     span = keep_res.peak - floor if floor < keep_res.peak else keep_res.peak
     delta = max(1, span // CHAIN_STEPS)
     cur = keep
-    res = ws.run(keep, prefetch)  # the kernels below read this simulation's arrays
-    levels = _levels(ws)
+    res = keep_res
     new = np.empty(n, dtype=np.int8)
     side = np.empty(n, dtype=np.int8)
     # scratch of the chain step (tags from ctr, see _chain_step)
@@ -936,46 +938,50 @@ def _build_family(
     # which carries the family down to the frugal end.
     drops_only = False
     mask = legal
+    allowed = mask  # mask & ~banned, rebuilt only when a move is banned
     best_place, best_res = cur, res
     for _ in range(3 * CHAIN_STEPS + 16):
         freed = 0
         if stale < CHAIN_PATIENCE:
             freed, has_side = _chain_step(
                 cur, new, side, res.peak_time, delta, prefetch, h_order, h_land,
-                mask & ~banned, flat.save_order, flat.st_ptr, flat.unit_of, flat.nbytes,
+                allowed, flat.save_order, flat.st_ptr, flat.unit_of, flat.nbytes,
                 flat.save_time, flat.last_save, flat.st_prod, flat.op_ptr, flat.op_sec,
                 flat.op_serv, flat.op_sink, flat.out_ptr, flat.out_idx, flat.rd_ptr,
                 flat.rd_idx, flat.noops, df_price, flat.fwd_dur, flat.d2h_bps, flat.h2d_bps,
-                ws.d2h_end, ws.h2d_end, ws.reach, ws.cstart, prod_ptr, prod_ops, ctr, join,
-                vis, ran, nvis, nran, stamp, sstamp, odrop, stack, flat.op_host
+                cur_ws.d2h_end, cur_ws.h2d_end, cur_ws.reach, cur_ws.cstart, prod_ptr, prod_ops,
+                ctr, join, vis, ran, nvis, nran, stamp, sstamp, odrop, stack, flat.op_host
             )
         if freed <= 0:
             if drops_only:
                 break
             drops_only = True
-            mask = legal & ~OFFLOAD_BIT
+            mask = allowed = legal & ~OFFLOAD_BIT
             h_order = h_order[:0]
-            cur, stale = best_place, 0
+            if best_place is not cur:
+                cur = best_place
+                res = cur_ws.run(cur, prefetch)
+            stale = 0
             banned[:] = 0
-            res = ws.run(cur, prefetch)
-            levels = _levels(ws)
             continue
         if has_side:
             fam.add(side)
         step = fam.add(new)
         stale = 0 if step.peak <= res.peak - max(1, delta // 4) else stale + 1
-        if step.peak < res.peak or _level_at(levels, step.peak_time) >= step.peak:
+        if step.peak < res.peak or _level_at(cur_ws, step.peak_time) >= step.peak:
             cur = fam.places[-1]
             res = step
-            levels = _levels(ws)
-            banned[:] = 0
+            cur_ws, fam.ws = fam.ws, cur_ws
+            if allowed is not mask:
+                banned[:] = 0
+                allowed = mask
             if res.peak < best_res.peak:
                 best_place, best_res = cur, res
         else:
             changed = new != cur
             banned[changed & (new == 2)] |= RECOMPUTE_BIT
             banned[changed & (new == 1)] |= OFFLOAD_BIT
-            ws.run(cur, prefetch)
+            allowed = mask & ~banned
     if n <= REFINE_MAX_STORAGES:
         fam.refine()
     return fam
@@ -1012,14 +1018,13 @@ def _check_overhead(max_overhead: object) -> float | None:
 
 def _plan_id(flat: FlatProfile, place: np.ndarray) -> str:
     """Short stable id: a hash of each unit's name and its storages' placements."""
-    h = hashlib.sha1()
-    ptr = flat.st_ptr
-    for u, name in enumerate(flat.unit_names):
-        lo, hi = int(ptr[u]), int(ptr[u + 1])
+    data = place.astype(np.int8).tobytes()
+    ptr = flat.st_ptr.tolist()
+    parts: list[bytes] = []
+    for name, lo, hi in zip(flat.unit_names, ptr, ptr[1:]):
         if hi > lo:
-            h.update(name.encode())
-            h.update(place[lo:hi].astype(np.int8).tobytes())
-    return h.hexdigest()[:12]
+            parts += (name.encode(), data[lo:hi])
+    return hashlib.sha1(b"".join(parts)).hexdigest()[:12]
 
 
 _PLACEMENTS = tuple(Placement)
@@ -1038,7 +1043,7 @@ def _make_plan(
     lb_budget = budget if (budget is not None and feasible) else res.peak
     lb = lower_bound_flat(flat, lb_budget)
     return Plan(
-        placements=dict(zip(flat.keys, [_PLACEMENTS[p] for p in place.tolist()])),
+        placements=dict(zip(flat.keys, map(_PLACEMENTS.__getitem__, place.tolist()))),
         budget_bytes=budget,
         predicted_step_seconds=res.step,
         predicted_peak_bytes=res.peak,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,6 +21,8 @@ from scheduler import (
     simulate,
     solve,
 )
+from scheduler.simulate import SimResult, Workspace, flatten
+from scheduler.solver import _build_family
 from tests.scheduler.instances import random_profile
 
 #: Stated optimality gap on tiny profiles: none beyond rounding.
@@ -239,3 +242,30 @@ def test_ten_thousand_storages_solve_fast() -> None:
         best = min(best, time.process_time() - start)
     assert plan.feasible
     assert best < 0.200, f"solve took {best * 1e3:.1f} ms of CPU time for 10k storages"
+
+
+def test_family_members_carry_their_own_simulation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chain keeps its current plan's simulation in one workspace and simulates new
+    members in another (NOTE [chain workspaces]): each member's result is still its own,
+    and no plan is simulated again to restore the chain's state."""
+    profile = small_gpt()
+    flat = flatten(profile)
+    ws = Workspace(flat)
+    keep_res = ws.run(np.zeros(flat.n_storages, dtype=np.int8), 2)
+    runs = 0
+    run = Workspace.run
+
+    def counted(self: Workspace, place: np.ndarray, prefetch: int) -> SimResult:
+        nonlocal runs
+        runs += 1
+        return run(self, place, prefetch)
+
+    monkeypatch.setattr(Workspace, "run", counted)
+    fam = _build_family(flat, ws, flat.legal.copy(), 2, keep_res)
+    monkeypatch.undo()
+    assert len(fam.places) > 10
+    # every member but all-KEEP (the caller's), plus at most the drops-only restart
+    assert runs <= len(fam.places)
+    fresh = Workspace(flat)
+    for place, res in zip(fam.places, fam.results):
+        assert fresh.run(place, 2) == res
