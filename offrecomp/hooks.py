@@ -358,14 +358,21 @@ class Placer:
             if h is not None and h.rec is not None:
                 storage_of_save[i] = h.rec.index
         start = rt._clock_mark()
+        k_seen = -1  # ops before the replay's stop (the prefix end K), where known
+        if structure is None and call.structure is not None and not call.mismatch:
+            k_seen = len(call.structure.program(kept, needed, storage_of_save))  # opaque: plain
         while True:
             program = None
             run_seconds = 0.0
             if structure is not None:
                 program = structure.program(kept, needed, storage_of_save)
+                k_seen = len(program)
                 pays, run_seconds = self._serving_pays(call, structure, program)
-                if not pays:
-                    program = None  # replay as it is: cheaper than the dispatch mode here
+                calibrating = call.pass_state is not None and call.pass_state.phase == "calibrate"
+                if not pays or calibrating:
+                    # replay as it is: cheaper than the dispatch mode here, or the
+                    # calibration pass, which times plain replays (NOTE [Calibration])
+                    program = None
             inputs = None
             if call.inputs is not None and any(x is None for x in call.inputs.tensors):
                 inputs = replay_arguments(call.inputs, call.name, self._reloaded_inputs(call))
@@ -393,8 +400,11 @@ class Placer:
                     "regions=)."
                 ) from exc
         end = rt._clock_mark()
-        if program is not None and call.pass_state is not None:
-            call.pass_state.dispatch_replays.append((start, end, len(program), run_seconds))
+        p = call.pass_state
+        if p is not None and program is not None:
+            p.dispatch_replays.append((start, end, len(program), run_seconds))
+        elif p is not None and k_seen >= 0:
+            p.plain_replays.append((call.ordinal, start, end, k_seen))
         call.replayed.update(captured)
         rt._replay_started(call, start, end, sum(r.nbytes for r in call.storages if r.placement == RECOMPUTE))
 

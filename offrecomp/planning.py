@@ -13,7 +13,6 @@ measuring pass; measured step time drifting from the prediction beyond
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections import OrderedDict
@@ -28,7 +27,7 @@ from offrecomp.measure import device_capacity_bytes, host_available_bytes
 from offrecomp.report import StepRecord
 from offrecomp.state import PassState, RegionCall
 from offrecomp.trace import RegionStructure, build_structure
-from scheduler.cost_model import CostModel, Prediction, predict, replay_seconds
+from scheduler.cost_model import CostModel, Prediction, predict
 from scheduler.plan import ROOT, Placement, Plan
 from scheduler.profile import Profile, RegionRecord, StorageRecord
 
@@ -135,6 +134,13 @@ class Planner:
 
     def assign(self, p: PassState, call: RegionCall) -> None:
         """Give a new region call its planned placements and structure."""
+        if p.phase == "calibrate" and not call.is_root:
+            # NOTE [Calibration]: no placements (everything drops), but the structure,
+            # so that each plain replay knows where it stops
+            entry = self.entries.get(p.signature)
+            if entry is not None:
+                call.structure = entry.structures.get(call.key)
+            return
         if not p.planned:
             return
         entry = self.entries.get(p.signature)
@@ -633,49 +639,44 @@ class Planner:
         prediction.
 
         Recorded op times miss what runs between ops (Python module code; on GPU, launch
-        gaps), so their sum falls short of a real replay; that shortfall is spread over
-        the ops the replay ran, as a time per op. The calibration pass replays
-        every region plainly, which measures the true cost of rerunning its ops. The
-        check at the end logs the breakdown, so that a model that still disagrees with
+        gaps), so their sum falls short of a real replay. The calibration pass replays
+        each region plainly (every op before its stop K runs), so the shortfall against
+        that measured replay, spread over those K ops, is a time per op. The check at
+        the end logs the breakdown, so that a model that still disagrees with
         the device says where (forward, backward, replay).
         """
         clock = self.rt._clock
         by_key = {r.key: r for r in measured.regions}
         by_ordinal = {c.ordinal: c for c in p.calls}
         seen: set[tuple[str, int]] = set()
-        placements: dict[tuple[str, int, int], Placement] = {}
-        for c in p.calls:
-            for rec in c.storages:
-                if rec.placement == RECOMPUTE and not c.is_root:
-                    placements[(c.name, c.call_index, rec.index)] = RECOMPUTE
-        for ordinal, a, b in p.replay_marks:
+        for ordinal, a, b, k in p.plain_replays:
             call = by_ordinal.get(ordinal)
             secs = clock.seconds(a, b)
             if call is None or secs is None or secs <= 0 or call.key in seen:
                 continue
             seen.add(call.key)
             r = by_key.get(call.key)
-            if r is None or not r.ops:
+            k = min(k, len(r.ops)) if r is not None else 0
+            if r is None or k <= 0:
                 continue
-            place = {
-                i: RECOMPUTE for i in range(len(r.storages)) if (r.name, r.call_index, i) in placements
-            }
-            predicted = replay_seconds(r, place)
-            if predicted <= 0:
+            plain = sum(op.seconds for op in r.ops[:k])  # a plain replay runs every op before K
+            if plain <= 0:
                 continue
-            if secs >= predicted:
-                # time between ops (per op, not per second of op): spread over the ops run
-                counted = copy.deepcopy(r)
-                for op in counted.ops:
-                    op.seconds = 1.0
-                gap = (secs - predicted) / max(1.0, replay_seconds(counted, place))
+            if secs >= plain:
+                gap = (secs - plain) / k  # time between ops: per op, not per second of op
                 for op in r.ops:
                     op.seconds += gap
             else:
-                ratio = max(0.1, secs / predicted)
+                ratio = max(0.1, secs / plain)
                 for op in r.ops:
                     op.seconds *= ratio
-        plan = Plan(placements={k: v for k, v in placements.items() if k[:2] in by_key})
+        placements: dict[tuple[str, int, int], Placement] = {}
+        for c in p.calls:
+            for rec in c.storages:
+                if rec.placement == RECOMPUTE and not c.is_root and c.key in by_key:
+                    placements[(c.name, c.call_index, rec.index)] = RECOMPUTE
+        plan = Plan(placements=placements)
+        measured.replay_op_seconds = self.replay_op_seconds  # the rule the pass replayed by
         try:
             pred = predict(measured, plan, prefetch_regions=self.rt.config.prefetch.regions or 2)
         except ValueError as exc:  # a structure the profile cannot place as the pass did

@@ -250,6 +250,9 @@ class PassState:
     dispatch_replays: list[tuple[Any, Any, int, float]] = field(default_factory=list)
     """Replays run under the dispatch mode: (start mark, end mark, ops it saw, predicted
     seconds of the ops it ran), to learn the mode's cost per op (NOTE [Serving overhead])."""
+    plain_replays: list[tuple[int, Any, Any, int]] = field(default_factory=list)
+    """Replays run plainly, with a known prefix end: (call ordinal, start mark, end mark,
+    ops before the stop K), to fit op times (NOTE [Calibration])."""
     aborted: bool = False
     oom_seen: bool = False
     alloc_start: int = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import pytest
@@ -86,8 +87,9 @@ def test_dispatch_replays_teach_the_replay_cost(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_calibration_fits_replays_and_logs_the_check(caplog: pytest.LogCaptureFixture) -> None:
-    """NOTE [Calibration]: after the calibration pass each region's op times add up to
-    its measured plain replay, and the whole pass is compared with its prediction."""
+    """NOTE [Calibration]: after the calibration pass the ops before each region's stop
+    add up to its measured plain replay, and the whole pass is compared with its
+    prediction."""
     model, batch = make("gpt_dropout")
     m = twin(model)
     rt = _runtime(m, budget="50%")
@@ -106,8 +108,13 @@ def test_calibration_fits_replays_and_logs_the_check(caplog: pytest.LogCaptureFi
             if s.kind == "activation"
         }
     )
-    predicted = predict(entry.profile, every).recompute_seconds
+    profile = copy.deepcopy(entry.profile)
+    profile.replay_op_seconds = 1.0  # as the calibration pass replayed: plainly
+    predicted = predict(profile, every).recompute_seconds
     assert predicted == pytest.approx(steps[1].recompute_seconds, rel=0.02)
+    # the time between ops went to every op, views included
+    ops = [op for r in entry.profile.regions for op in r.ops]
+    assert min(op.seconds for op in ops) > 0
 
 
 def test_planned_steps_record_the_predicted_breakdown() -> None:
