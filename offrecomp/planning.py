@@ -437,6 +437,17 @@ class Planner:
             format_bytes(plan.predicted_peak_bytes or 0), plan.predicted_step_seconds or 0.0,
             "" if plan.feasible else " (budget NOT met: " + "; ".join(plan.notes) + ")",
         )
+        pred = entry.prediction
+        log.info(
+            "offrecomp: the plan's inputs: forward %.4fs (regions %.4fs), backward %.4fs "
+            "(regions %.4fs), ops %.4fs, link %.1f/%.1f GB/s, replay %.1f us per op; predicted "
+            "forward %.4fs, replay %.4fs, stall %.4fs",
+            profile.forward_seconds, sum(r.forward_seconds for r in profile.regions),
+            profile.backward_seconds, sum(r.backward_seconds for r in profile.regions),
+            sum(op.seconds for r in profile.regions for op in r.ops),
+            profile.d2h_gbps, profile.h2d_gbps, 1e6 * profile.replay_op_seconds,
+            pred.forward_seconds, pred.recompute_seconds, pred.stall_seconds,
+        )
 
     def _pin_ahead(self, sizes: list[int]) -> None:
         """Pin the plan's host memory now, outside any step: the pool would otherwise pin
