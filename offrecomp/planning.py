@@ -645,9 +645,8 @@ class Planner:
         entry.profile = entry.cost.estimate()
 
     def _calibrate_replays(self, p: PassState, measured: Profile) -> None:
-        """NOTE [Calibration]: scale each region's op times so that the replays of the
-        calibration pass are predicted as measured, then compare the whole pass with its
-        prediction.
+        """NOTE [Calibration]: fit each region's op times to the plain replay the
+        calibration pass measured, then compare the whole pass with its prediction.
 
         Recorded op times miss what runs between ops (Python module code; on GPU, launch
         gaps), so their sum falls short of a real replay. The calibration pass replays
