@@ -71,6 +71,12 @@ REFINE_PAIRS_MAX_STORAGES = 12
 REFINE_TRIPLES_MAX_STORAGES = 10
 #: Most simulations the local search may spend.
 REFINE_MAX_SIMULATIONS = 20_000
+#: The chain reuses a region's drop options while the region is unchanged (NOTE [drop
+#: cache]); False prices every region at every step, with the same plans.
+_DROP_CACHE = True
+#: Results the drop cache keeps per region (the chain's peak often alternates between
+#: two times, and with it which storages are resident).
+_DROP_CACHE_WAYS = 2
 _INFEASIBLE_MODES = ("warn", "error")
 
 
@@ -376,118 +382,49 @@ def _hidden_set(
 
 
 @njit
-def _chain_step(
-    place, new, side, tstar, delta, prefetch, h_order, h_land, legal, save_order, st_ptr,
-    unit_of, nbytes, save_time, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr,
-    out_idx, rd_ptr, rd_idx, noops, df_price, fwd_dur, d2h_bps, h2d_bps, d2h_end, h2d_end,
-    reach, cstart, prod_ptr, prod_ops, ctr, join, vis, ran, nvis, nran, stamp, sstamp, odrop,
-    stack, op_host
+def _region_drops(
+    todo, need, want_side, new, codes, way, st_ptr, nbytes, last_save, st_prod, op_ptr, op_sec,
+    op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, noops, df_price, fwd_dur, prod_ptr,
+    prod_ops, ctr, join, vis, stamp, sstamp, odrop, stack, op_host, dc_items, dc_eff, dc_f,
+    dc_i, side_f, side_i
 ):  # type: ignore[no-untyped-def]
-    """One step of the chain: free about ``delta`` bytes resident at time ``tstar``.
+    """Drop options of the regions ``todo`` (backward units) under ``new``, each knowing
+    the replay prefix its current drops share; one call for all of them (a kernel call
+    per region costs more than the pricing of a small one).
 
-    Writes the next chain plan into ``new`` and a side plan into ``side``.
-    Returns (bytes freed at tstar by ``new``, whether ``side`` differs from ``new``).
-
-    ``df_price[u]``: price unit ``u``'s drops with the dataflow rule (a dataflow unit
-    whose droppable storages all have a producer). ``ctr`` (a one-element counter) and
-    the per-op arrays ``join``, ``vis``, ``ran``, ``nvis``, ``nran``, ``stamp``,
-    ``sstamp``, the per-storage ``odrop`` and ``stack`` (the largest unit's op count)
-    are scratch kept between calls; marks are tags drawn from ``ctr``, never reset.
-    ``op_host``: seconds the replay dispatch mode adds per op it sees; a region's replay
-    costs the cheaper of that and the plain prefix (``replay_unit``).
+    Per region ``u``, into the drop cache's way ``w = way[u]`` (NOTE [drop cache]):
+    the storages that may be dropped (``codes[s] >= 3``) to ``dc_items[w, st_ptr[u]:]``,
+    fewest added replay seconds per byte first, and each one's prefix end to
+    ``dc_eff[w]``. An option drops the first ``n`` of them whose prefix end is at most
+    ``K``; the cheapest per byte (the most bytes among equals) goes to ``dc_f[w, u]``
+    (seconds per byte, bytes) and ``dc_i[w, u, :3]`` (item count, ``K``, ``n``). With
+    ``want_side``, an option freeing at least ``need`` bytes for fewer seconds (more bytes
+    among equals) than ``side_f`` (seconds, bytes) replaces it there and in ``side_i``
+    (region, ``K``, ``n``). A region's results read only its storages and ops, so equal
+    inputs give equal results. The scratch is ``_chain_step``'s.
     """
-    n_u = fwd_dur.shape[0]
-    n_st = place.shape[0]
-    top = n_u - 1
-    for s in range(n_st):
-        new[s] = place[s]
-    freed = 0
-    # NOTE [offload vs replay]: in a dataflow unit, offloading a storage makes its
-    # producer unservable; if the current replay reaches that producer (a running op
-    # reads it), the producer starts to run. u_tag[x] is the tag of unit x's replay marks
-    # (nvis: reached, nran: runs) under ``place``, computed on first use.
-    u_tag = np.zeros(n_u, dtype=np.int64)
-    # 1. hidden offloads that are off the device at tstar (free)
-    for i in range(h_order.shape[0]):
-        if freed >= delta:
-            break
-        s = h_order[i]
-        if place[s] != 0 or save_time[s] > tstar or (legal[s] & 2) == 0:
-            continue
-        x = unit_of[s]
-        iss = reach[min(x + 2 * prefetch, top)]
-        if h_land[s] <= tstar < iss:
-            if df_price[x] and st_prod[s] >= 0:
-                if u_tag[x] == 0:
-                    ctr[0] += 1
-                    u_tag[x] = ctr[0]
-                    _mark_replay(
-                        x, u_tag[x], place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv,
-                        op_sink, out_ptr, out_idx, rd_ptr, rd_idx, nvis, nran, stack
-                    )
-                p = st_prod[s]
-                if nvis[p] == u_tag[x] and nran[p] != u_tag[x]:
-                    continue  # not free: replay would run its producer
-            new[s] = 1
-            freed += nbytes[s]
-    for s in range(n_st):
-        side[s] = new[s]
-    if freed >= delta:
-        return freed, False
-    need = delta - freed
-    # options: region drops (kind 0, ref = unit) and offloads that may stall (kind 1, ref = storage)
-    opt_ratio = np.empty(n_u + n_st)
-    opt_bytes = np.empty(n_u + n_st)
-    opt_room = np.zeros(n_u + n_st)  # offloads: D2H seconds of room before tstar
-    opt_kind = np.empty(n_u + n_st, dtype=np.int64)
-    opt_ref = np.empty(n_u + n_st, dtype=np.int64)
-    opt_k = np.zeros(n_u + n_st, dtype=np.int64)
-    opt_cnt = np.zeros(n_u + n_st, dtype=np.int64)
-    n_opt = 0
-    side_cost = np.inf
-    side_bytes = 0.0
-    side_kind = -1
-    side_ref = -1
-    side_k = 0
-    side_cnt = 0
-    # 2. drops, per region the best option per prefix end K, knowing the shared prefix
-    items = np.empty(n_st, dtype=np.int64)
-    item_ptr = np.zeros(n_u + 1, dtype=np.int64)
-    eff = np.zeros(n_st, dtype=np.int64)
-    addc = np.zeros(n_st)
-    base_all = np.zeros(64)
-    plain_all = np.zeros(64)
-    n_items = 0
-    for u in range(n_u):
-        item_ptr[u] = n_items
-        if u % 2 == 0 or tstar >= cstart[u]:
-            continue
-        iss = reach[min(u + 2 * prefetch, top)]
+    base = np.empty(stack.shape[0] + 1)
+    plain = np.empty(stack.shape[0] + 1)
+    for t in range(todo.shape[0]):
+        u = todo[t]
+        w = way[u]
+        items = dc_items[w]
+        eff = dc_eff[w]
         j0 = op_ptr[u]
         n_ops = op_ptr[u + 1] - j0
         k_cur = 0
         any_drop = False
-        candidates = False
         for s in range(st_ptr[u], st_ptr[u + 1]):
             if new[s] == 2:
                 any_drop = True
                 k_cur = max(k_cur, min(last_save[s], n_ops))
-            elif (legal[s] & 4) != 0 and nbytes[s] > 0 and save_time[s] <= tstar:
-                candidates = True
-        if not candidates:
-            continue
         # NOTE [replay base]: base[K] is the cost of the ops that run in replay with prefix
         # end K under the current plan, join[j] the smallest K at which op j runs (n_ops + 1:
         # not at all). Prefix rule: the ops that are not served, from their own index on.
         # Dataflow rule: the closure of the dropped storages' producers (counted from K = 0;
         # only K >= the current prefix end is ever asked) and of each sink from just past it.
-        if base_all.shape[0] < n_ops + 1:
-            base_all = np.zeros(2 * n_ops + 1)
-            plain_all = np.zeros(2 * n_ops + 1)
-        base = base_all[: n_ops + 1]
         base[0] = 0.0
         # plain[K]: a replay without the dispatch mode runs every op before K
-        plain = plain_all[: n_ops + 1]
         plain[0] = 0.0
         for jj in range(n_ops):
             plain[jj + 1] = plain[jj] + op_sec[j0 + jj]
@@ -532,22 +469,11 @@ def _chain_step(
                 if unserved:
                     join[j] = 0
                 base[jj + 1] = base[jj] + (op_sec[j] if unserved else 0.0)
-        start = n_items
+        start = st_ptr[u]
+        addc = np.empty(st_ptr[u + 1] - start)
+        m = 0
         for s in range(st_ptr[u], st_ptr[u + 1]):
-            if (legal[s] & 4) == 0 or nbytes[s] == 0 or new[s] == 2:
-                continue
-            if new[s] == 0:
-                if save_time[s] > tstar:
-                    continue
-            elif place[s] == 1:
-                lands = d2h_end[s]
-                if lands >= iss:
-                    resident = save_time[s] <= tstar
-                else:
-                    resident = (save_time[s] <= tstar < lands) or (iss <= tstar)
-                if not resident:
-                    continue
-            else:
+            if codes[s] < 3:
                 continue
             e = max(k_cur, min(last_save[s], n_ops))
             c = 0.0
@@ -563,19 +489,18 @@ def _chain_step(
                     j = prod_ops[q]
                     if join[j] > e:
                         c += op_sec[j]  # served now: dropping s makes it run
-            items[n_items] = s
+            items[start + m] = s
             eff[s] = e
-            addc[s] = c
-            n_items += 1
-        if n_items == start:
+            addc[m] = c
+            m += 1
+        dc_i[w, u, 0] = m
+        if m == 0:
             continue
-        m = n_items - start
         dens = np.empty(m)
         for i in range(m):
-            s = items[start + i]
-            dens[i] = addc[s] / nbytes[s]
+            dens[i] = addc[i] / nbytes[items[start + i]]
         order = argsort(dens)
-        tmp = items[start:n_items].copy()
+        tmp = items[start : start + m].copy()
         for i in range(m):
             items[start + i] = tmp[order[i]]
         cur = 0.0
@@ -628,21 +553,181 @@ def _chain_step(
                     best_b = got
                     best_kp = kp
                     best_n = cnt
-                if got >= need and (cost < side_cost or (cost == side_cost and got > side_bytes)):
-                    side_cost = cost
-                    side_bytes = got
-                    side_kind = 0
-                    side_ref = u
-                    side_k = kp
-                    side_cnt = cnt
-        opt_ratio[n_opt] = best_r
-        opt_bytes[n_opt] = best_b
+                if (
+                    want_side
+                    and got >= need
+                    and (cost < side_f[0] or (cost == side_f[0] and got > side_f[1]))
+                ):
+                    side_f[0] = cost
+                    side_f[1] = got
+                    side_i[0] = u
+                    side_i[1] = kp
+                    side_i[2] = cnt
+        dc_f[w, u, 0] = best_r
+        dc_f[w, u, 1] = best_b
+        dc_i[w, u, 1] = best_kp
+        dc_i[w, u, 2] = best_n
+
+
+@njit
+def _chain_step(
+    place, new, side, tstar, delta, prefetch, h_order, h_land, legal, save_order, st_ptr,
+    unit_of, nbytes, save_time, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr,
+    out_idx, rd_ptr, rd_idx, noops, df_price, fwd_dur, d2h_bps, h2d_bps, d2h_end, h2d_end,
+    reach, cstart, prod_ptr, prod_ops, ctr, join, vis, ran, nvis, nran, stamp, sstamp, odrop,
+    stack, op_host, dc_code, dc_items, dc_eff, dc_f, dc_i
+):  # type: ignore[no-untyped-def]
+    """One step of the chain: free about ``delta`` bytes resident at time ``tstar``.
+
+    Writes the next chain plan into ``new`` and a side plan into ``side``.
+    Returns (bytes freed at tstar by ``new``, whether ``side`` differs from ``new``).
+
+    ``df_price[u]``: price unit ``u``'s drops with the dataflow rule (a dataflow unit
+    whose droppable storages all have a producer). ``ctr`` (a one-element counter) and
+    the per-op arrays ``join``, ``vis``, ``ran``, ``nvis``, ``nran``, ``stamp``,
+    ``sstamp``, the per-storage ``odrop`` and ``stack`` (the largest unit's op count)
+    are scratch kept between calls; marks are tags drawn from ``ctr``, never reset.
+    ``op_host``: seconds the replay dispatch mode adds per op it sees; a region's replay
+    costs the cheaper of that and the plain prefix (``replay_unit``).
+    ``dc_*``: the drop cache, kept between the calls of one chain (NOTE [drop cache]),
+    first index the way: per storage its code when the way was priced (``dc_code``, -1:
+    never), and ``_region_drops``' items and prefix ends (``dc_items``, ``dc_eff``); per
+    region its option, seconds per byte and bytes (``dc_f``), and item count, ``K``,
+    ``n`` and the ``ctr`` tag of the way's last use (``dc_i``).
+    """
+    n_u = fwd_dur.shape[0]
+    n_st = place.shape[0]
+    top = n_u - 1
+    for s in range(n_st):
+        new[s] = place[s]
+    freed = 0
+    # NOTE [offload vs replay]: in a dataflow unit, offloading a storage makes its
+    # producer unservable; if the current replay reaches that producer (a running op
+    # reads it), the producer starts to run. u_tag[x] is the tag of unit x's replay marks
+    # (nvis: reached, nran: runs) under ``place``, computed on first use.
+    u_tag = np.zeros(n_u, dtype=np.int64)
+    # 1. hidden offloads that are off the device at tstar (free)
+    for i in range(h_order.shape[0]):
+        if freed >= delta:
+            break
+        s = h_order[i]
+        if place[s] != 0 or save_time[s] > tstar or (legal[s] & 2) == 0:
+            continue
+        x = unit_of[s]
+        iss = reach[min(x + 2 * prefetch, top)]
+        if h_land[s] <= tstar < iss:
+            if df_price[x] and st_prod[s] >= 0:
+                if u_tag[x] == 0:
+                    ctr[0] += 1
+                    u_tag[x] = ctr[0]
+                    _mark_replay(
+                        x, u_tag[x], place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv,
+                        op_sink, out_ptr, out_idx, rd_ptr, rd_idx, nvis, nran, stack
+                    )
+                p = st_prod[s]
+                if nvis[p] == u_tag[x] and nran[p] != u_tag[x]:
+                    continue  # not free: replay would run its producer
+            new[s] = 1
+            freed += nbytes[s]
+    for s in range(n_st):
+        side[s] = new[s]
+    if freed >= delta:
+        return freed, False
+    need = delta - freed
+    # options: region drops (kind 0, ref = unit) and offloads that may stall (kind 1, ref = storage)
+    opt_ratio = np.empty(n_u + n_st)
+    opt_bytes = np.empty(n_u + n_st)
+    opt_room = np.zeros(n_u + n_st)  # offloads: D2H seconds of room before tstar
+    opt_kind = np.empty(n_u + n_st, dtype=np.int64)
+    opt_ref = np.empty(n_u + n_st, dtype=np.int64)
+    opt_k = np.zeros(n_u + n_st, dtype=np.int64)
+    opt_cnt = np.zeros(n_u + n_st, dtype=np.int64)
+    n_opt = 0
+    off_cost = np.inf  # the cheapest offload freeing need bytes (most bytes among equals)
+    off_bytes = 0.0
+    off_ref = -1
+    # 2. drops, per region the best option per prefix end K, knowing the shared prefix.
+    # NOTE [drop cache]: a step changes few regions. A region's options depend only on
+    # its storages' codes: new[s], plus 3 when dropping s frees its bytes at tstar
+    # (droppable, not dropped, and resident: saved by then; a copy offloaded under
+    # ``place`` until its D2H copy lands and again from its reload's issue time ``iss``;
+    # one offloaded in step 1 is off already). The cache keeps the codes and results of
+    # a region's last pricings (its ways); a region whose codes all equal a way's reuses
+    # that result, which pricing again would repeat bit for bit (same inputs, same order).
+    side_f = np.array([np.inf, 0.0])  # the side plan's drop option (_region_drops)
+    side_i = np.array([-1, 0, 0])
+    codes = np.empty(n_st, dtype=np.int8)
+    way = np.zeros(n_u, dtype=np.int64)  # the cache way of region u's option
+    listed = np.empty(n_u, dtype=np.int64)  # regions with a storage to drop, in order
+    n_listed = 0
+    todo = np.empty(n_u, dtype=np.int64)  # those to price
+    n_todo = 0
+    ctr[0] += 1
+    now = ctr[0]
+    for u in range(n_u):
+        if u % 2 == 0 or tstar >= cstart[u]:
+            continue
+        iss = reach[min(u + 2 * prefetch, top)]
+        candidates = False
+        for s in range(st_ptr[u], st_ptr[u + 1]):
+            item = False
+            if (legal[s] & 4) == 0 or nbytes[s] == 0 or new[s] == 2:
+                item = False
+            elif new[s] == 0:
+                item = save_time[s] <= tstar
+            elif place[s] == 1:
+                lands = d2h_end[s]
+                if lands >= iss:
+                    item = save_time[s] <= tstar
+                else:
+                    item = (save_time[s] <= tstar and tstar < lands) or iss <= tstar
+            if new[s] != 2 and (legal[s] & 4) != 0 and nbytes[s] > 0 and save_time[s] <= tstar:
+                candidates = True
+            codes[s] = new[s] + 3 if item else new[s]
+        if not candidates:
+            continue
+        w = -1
+        for k in range(dc_code.shape[0]):
+            hit = True
+            for s in range(st_ptr[u], st_ptr[u + 1]):
+                if codes[s] != dc_code[k, s]:
+                    hit = False
+                    break
+            if hit:
+                w = k
+                break
+        if w < 0:  # price it into the least recently used way
+            w = 0
+            for k in range(1, dc_code.shape[0]):
+                if dc_i[k, u, 3] < dc_i[w, u, 3]:
+                    w = k
+            for s in range(st_ptr[u], st_ptr[u + 1]):
+                dc_code[w, s] = codes[s]
+            todo[n_todo] = u
+            n_todo += 1
+        dc_i[w, u, 3] = now
+        way[u] = w
+        listed[n_listed] = u
+        n_listed += 1
+    _region_drops(
+        todo[:n_todo], need, False, new, codes, way, st_ptr, nbytes, last_save, st_prod, op_ptr,
+        op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, noops, df_price, fwd_dur,
+        prod_ptr, prod_ops, ctr, join, vis, stamp, sstamp, odrop, stack, op_host, dc_items,
+        dc_eff, dc_f, dc_i, side_f, side_i
+    )
+    for i in range(n_listed):
+        u = listed[i]
+        w = way[u]
+        if dc_i[w, u, 0] == 0:
+            continue
+        opt_ratio[n_opt] = dc_f[w, u, 0]
+        opt_bytes[n_opt] = dc_f[w, u, 1]
         opt_kind[n_opt] = 0
         opt_ref[n_opt] = u
-        opt_k[n_opt] = best_kp
-        opt_cnt[n_opt] = best_n
+        opt_k[n_opt] = dc_i[w, u, 1]
+        opt_cnt[n_opt] = dc_i[w, u, 2]
         n_opt += 1
-    item_ptr[n_u] = n_items
+    n_drop_opt = n_opt
     # 3. offloads that are not hidden: stall estimated from the unit's reload queue
     if d2h_bps > 0 and h2d_bps > 0:
         ready = np.zeros(n_u)
@@ -696,12 +781,11 @@ def _chain_step(
             opt_ref[n_opt] = s
             n_opt += 1
             if nbytes[s] >= need and (
-                cost < side_cost or (cost == side_cost and nbytes[s] > side_bytes)
+                cost < off_cost or (cost == off_cost and nbytes[s] > off_bytes)
             ):
-                side_cost = cost
-                side_bytes = nbytes[s]
-                side_kind = 1
-                side_ref = s
+                off_cost = cost
+                off_bytes = nbytes[s]
+                off_ref = s
     # 4. apply options cheapest per byte first
     order_o = argsort(opt_ratio[:n_opt])
     first = -1
@@ -715,9 +799,10 @@ def _chain_step(
         if opt_kind[o] == 0:
             u = opt_ref[o]
             cnt = 0
-            for i in range(item_ptr[u], item_ptr[u + 1]):
-                s = items[i]
-                if eff[s] <= opt_k[o] and cnt < opt_cnt[o]:
+            w = way[u]
+            for i in range(st_ptr[u], st_ptr[u] + dc_i[w, u, 0]):
+                s = dc_items[w, i]
+                if dc_eff[w, s] <= opt_k[o] and cnt < opt_cnt[o]:
                     new[s] = 2
                     cnt += 1
         else:
@@ -732,26 +817,43 @@ def _chain_step(
         if first < 0:
             first = o
         n_applied += 1
-    has_side = False
-    if side_kind >= 0 and freed > delta + delta // 2:  # only worth it when the step overshoots
-        same = (
-            n_applied == 1
-            and opt_kind[first] == side_kind
-            and opt_ref[first] == side_ref
-            and (side_kind == 1 or (opt_k[first] == side_k and opt_cnt[first] == side_cnt))
-        )
-        if not same:
-            if side_kind == 0:
-                cnt = 0
-                for i in range(item_ptr[side_ref], item_ptr[side_ref + 1]):
-                    s = items[i]
-                    if eff[s] <= side_k and cnt < side_cnt:
-                        side[s] = 2
-                        cnt += 1
-            else:
-                side[side_ref] = 1
-            has_side = True
-    return freed, has_side
+    if freed <= delta + delta // 2:  # a side plan is only worth it when the step overshoots
+        return freed, False
+    # the side plan: the single option freeing need bytes for the fewest seconds (most
+    # bytes among equals; the first in step 2's order, drops before offloads). ``side``
+    # still holds the plan step 2 priced.
+    _region_drops(
+        opt_ref[:n_drop_opt], need, True, side, codes, way, st_ptr, nbytes, last_save, st_prod,
+        op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, noops, df_price,
+        fwd_dur, prod_ptr, prod_ops, ctr, join, vis, stamp, sstamp, odrop, stack, op_host,
+        dc_items, dc_eff, dc_f, dc_i, side_f, side_i
+    )
+    side_kind = 0 if side_i[0] >= 0 else -1
+    side_ref = side_i[0]
+    if off_ref >= 0 and (off_cost < side_f[0] or (off_cost == side_f[0] and off_bytes > side_f[1])):
+        side_kind = 1
+        side_ref = off_ref
+    if side_kind < 0:
+        return freed, False
+    same = (
+        n_applied == 1
+        and opt_kind[first] == side_kind
+        and opt_ref[first] == side_ref
+        and (side_kind == 1 or (opt_k[first] == side_i[1] and opt_cnt[first] == side_i[2]))
+    )
+    if same:
+        return freed, False
+    if side_kind == 0:
+        cnt = 0
+        w = way[side_ref]
+        for i in range(st_ptr[side_ref], st_ptr[side_ref] + dc_i[w, side_ref, 0]):
+            s = dc_items[w, i]
+            if dc_eff[w, s] <= side_i[1] and cnt < side_i[2]:
+                side[s] = 2
+                cnt += 1
+    else:
+        side[side_ref] = 1
+    return freed, True
 
 
 # ----------------------------------------------------------------------------- family
@@ -926,6 +1028,13 @@ def _build_family(
     join, vis, ran, nvis, nran, stamp, sstamp = (np.zeros(n_ops, dtype=np.int64) for _ in range(7))
     odrop = np.zeros(n, dtype=np.int64)
     stack = np.zeros(max(flat.max_unit_ops, 1), dtype=np.int64)
+    # the drop cache (NOTE [drop cache])
+    ways = _DROP_CACHE_WAYS
+    dc_code = np.full((ways, n), -1, dtype=np.int8)
+    dc_items = np.zeros((ways, n), dtype=np.int64)
+    dc_eff = np.zeros((ways, n), dtype=np.int64)
+    dc_f = np.zeros((ways, flat.fwd_dur.shape[0], 2))
+    dc_i = np.zeros((ways, flat.fwd_dur.shape[0], 4), dtype=np.int64)
     # NOTE [chain bans]: a step that frees bytes at the peak can create an equal or
     # higher peak elsewhere (a dropped storage returns when its region's backward
     # starts). Such a step is kept as a family member, its moves are banned and the
@@ -943,6 +1052,8 @@ def _build_family(
     for _ in range(3 * CHAIN_STEPS + 16):
         freed = 0
         if stale < CHAIN_PATIENCE:
+            if not _DROP_CACHE:
+                dc_code[:] = -1
             freed, has_side = _chain_step(
                 cur, new, side, res.peak_time, delta, prefetch, h_order, h_land,
                 allowed, flat.save_order, flat.st_ptr, flat.unit_of, flat.nbytes,
@@ -950,7 +1061,8 @@ def _build_family(
                 flat.op_serv, flat.op_sink, flat.out_ptr, flat.out_idx, flat.rd_ptr,
                 flat.rd_idx, flat.noops, df_price, flat.fwd_dur, flat.d2h_bps, flat.h2d_bps,
                 cur_ws.d2h_end, cur_ws.h2d_end, cur_ws.reach, cur_ws.cstart, prod_ptr, prod_ops,
-                ctr, join, vis, ran, nvis, nran, stamp, sstamp, odrop, stack, flat.op_host
+                ctr, join, vis, ran, nvis, nran, stamp, sstamp, odrop, stack, flat.op_host,
+                dc_code, dc_items, dc_eff, dc_f, dc_i
             )
         if freed <= 0:
             if drops_only:
@@ -1130,7 +1242,7 @@ def solve(
         res = fam.results[i]
         notes.append(
             f"no budget given: smallest predicted peak ({format_bytes(res.peak)}) within "
-            f"max_overhead {overhead:.1%} (predicted overhead {res.step / base - 1:.1%})"
+            f"max_overhead {overhead:.1%} (predicted overhead {_overhead(res.step, base)})"
         )
         return _make_plan(flat, fam.places[i], res, budget=None, notes=notes)
     fits = host_ok & (peaks <= budget)
@@ -1160,9 +1272,14 @@ def solve(
     if overhead is not None and res.step > limit:
         notes.append(
             f"meeting budget {format_bytes(budget)} costs a predicted overhead of "
-            f"{res.step / base - 1:.1%}, above max_overhead {overhead:.1%}; the plan meets the budget"
+            f"{_overhead(res.step, base)}, above max_overhead {overhead:.1%}; the plan meets the budget"
         )
     return _make_plan(flat, fam.places[i], res, budget=budget, notes=notes)
+
+
+def _overhead(step: float, base: float) -> str:
+    """``step`` over the all-KEEP ``base`` as a percentage (seconds when ``base`` is 0)."""
+    return f"{step / base - 1:.1%}" if base > 0 else f"+{step:.3g} s"
 
 
 def exhaustive_solve(

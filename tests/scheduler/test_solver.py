@@ -15,6 +15,8 @@ from scheduler import (
     Placement,
     Plan,
     Profile,
+    RegionRecord,
+    StorageRecord,
     exhaustive_solve,
     gpt_profile,
     predict,
@@ -269,3 +271,23 @@ def test_family_members_carry_their_own_simulation(monkeypatch: pytest.MonkeyPat
     fresh = Workspace(flat)
     for place, res in zip(fam.places, fam.results):
         assert fresh.run(place, 2) == res
+
+
+def test_max_overhead_notes_on_a_zero_time_step() -> None:
+    """A profile whose all-KEEP step takes no time still gets a plan and a readable note."""
+    p = Profile(
+        signature="zero",
+        regions=[
+            RegionRecord(
+                name="layers.0",
+                call_index=0,
+                start_seconds=0.0,
+                forward_seconds=0.0,
+                backward_seconds=0.0,
+                storages=[StorageRecord(nbytes=100)],
+            )
+        ],
+    )
+    plan = solve(p, budget_bytes=None, max_overhead=0.05)
+    assert plan.predicted_step_seconds == 0.0
+    assert any("predicted overhead" in n for n in plan.notes)
