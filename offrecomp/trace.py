@@ -525,6 +525,7 @@ def build_structure(
                 name=op.name,
                 reads=None if opaque else tuple(sorted(set(reads))),
                 sink=sink,
+                view=pure_view,
             )
         )
         outputs_all.append(entries if rebuildable and not aliasing else None)

@@ -39,7 +39,8 @@ def replay_seconds(
     * Dataflow (the region is not opaque and every op has ``reads``): the ops that run
       are the closure of the producers of ``D`` and the sinks before ``K`` under
       ``reads``; an op reached that is served (a sink never is) costs nothing and its
-      reads are not followed. When a storage of ``D`` has ``producer_op < 0`` the
+      reads are not followed. Every ``view`` op before ``K`` runs as well (its reads
+      are not followed). When a storage of ``D`` has ``producer_op < 0`` the
       prefix rule below applies instead.
     * Prefix (``reads`` unknown, or opaque: nothing is served there): every op before
       ``K`` costs its ``seconds`` unless served.
@@ -97,8 +98,10 @@ def replay_seconds(
     if not dataflow or any(region.storages[i].producer_op < 0 for i in dropped):
         served_sum = sum((op.seconds for j, op in enumerate(ops[:k]) if not served(j)), 0.0)
         return min(plain, served_sum + k * h)
-    # the same worklist order as the simulator's kernel, so both sum alike
-    seen = [False] * k
+    # the same worklist order as the simulator's kernel, so both sum alike; views before
+    # K run, and the closure never enters them
+    is_view = [op.view and not op.sink for op in ops[:k]]
+    seen = list(is_view)
     work: list[int] = []
     for i in dropped:
         p = region.storages[i].producer_op
@@ -118,7 +121,8 @@ def replay_seconds(
             if 0 <= r < k and not seen[r]:
                 seen[r] = True
                 work.append(r)
-    return min(plain, total + k * h)
+    views = sum((op.seconds for op, v in zip(ops, is_view) if v), 0.0)
+    return min(plain, total + views + k * h)
 
 
 @dataclass(frozen=True, kw_only=True)

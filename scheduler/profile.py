@@ -28,7 +28,9 @@ after the last save it needs). Which of those ops actually execute:
   for an op in the worklist, if it is *served* (not a sink, ``skippable``, and every
   entry of its ``outputs`` is ``>= 0`` and placed KEEP) it costs nothing and its reads
   are not followed; otherwise it runs, costs ``seconds``, and every op index in its ``reads``
-  joins the worklist. Ops outside R cost nothing (replay hands out placeholders).
+  joins the worklist. Every ``view`` op before ``K`` runs too (it costs ``seconds``, its
+  reads are not followed, and the closure never enters it). Other ops outside R cost
+  nothing (replay hands out placeholders).
 * otherwise (``reads`` unknown): an op in the prefix is served when it is not a sink,
   ``skippable`` and all outputs are ``>= 0`` and KEEP, and runs (costs ``seconds``) in
   every other case.
@@ -89,6 +91,9 @@ class OpRecord:
     sink: bool = False
     """Replay must run this op whenever it lies in the replayed prefix (it draws random
     numbers, writes in place, or hands a value to Python)."""
+    view: bool = False
+    """The op returns a view of an input (no compute, reads no values): replay runs it
+    whenever it lies in the replayed prefix, and its ``reads`` are not followed."""
 
 
 @dataclass(kw_only=True)

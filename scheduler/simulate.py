@@ -167,6 +167,9 @@ class FlatProfile:
     noops: np.ndarray
     dataflow: np.ndarray
     op_sink: np.ndarray
+    op_view: np.ndarray
+    """Per op: a view (not a sink), which a demand-driven replay runs whenever it lies
+    before the stop, without following its reads."""
     rd_ptr: np.ndarray
     rd_idx: np.ndarray
     st_prod: np.ndarray
@@ -486,6 +489,7 @@ _get_outputs = operator.attrgetter("outputs")
 _get_skippable = operator.attrgetter("skippable")
 _get_seconds = operator.attrgetter("seconds")
 _get_sink = operator.attrgetter("sink")
+_get_view = operator.attrgetter("view")
 _get_reads = operator.attrgetter("reads")
 
 
@@ -595,6 +599,7 @@ def flatten(profile: Profile) -> FlatProfile:
         reg_ops[st_region],
     )
     sink_arr = np.asarray(list(map(_get_sink, ops)), dtype=np.bool_)
+    view_arr = np.asarray(list(map(_get_view, ops)), dtype=np.bool_) & ~sink_arr
 
     # storages (region storages first, then roots; put in flat order through src)
     nb_arr = _int_array(list(map(_get_nbytes, sts)) + list(map(_get_nbytes, roots)))
@@ -663,6 +668,7 @@ def flatten(profile: Profile) -> FlatProfile:
         noops=noops,
         dataflow=df_arr,
         op_sink=sink_arr,
+        op_view=view_arr,
         rd_ptr=rd_ptr,
         rd_idx=rd_idx,
         st_prod=st_prod[src],
@@ -732,7 +738,7 @@ def served_now(j, place, op_serv, op_sink, out_ptr, out_idx):  # type: ignore[no
 @njit_inline
 def replay_unit(
     u, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx,
-    rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack, op_host
+    rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack, op_host, op_view
 ):  # type: ignore[no-untyped-def]
     """Replay seconds of unit ``u`` under ``place`` (see scheduler.profile, replay semantics).
 
@@ -771,7 +777,11 @@ def replay_unit(
             if not served_now(j, place, op_serv, op_sink, out_ptr, out_idx):
                 total += op_sec[j]
         return min(plain, total + k * op_host)
-    # demand-driven: closure of the dropped storages' producers and the sinks before K
+    # demand-driven: closure of the dropped storages' producers and the sinks before K;
+    # the views before K run too, and the closure never enters them
+    for j in range(j0, end):
+        if op_view[j]:
+            mark[j] = True
     top = 0
     for s in range(st_ptr[u], st_ptr[u + 1]):
         if place[s] == 2:
@@ -800,7 +810,12 @@ def replay_unit(
                 top += 1
     for i in range(top):
         mark[stack[i]] = False
-    return min(plain, total + k * op_host)
+    views = 0.0
+    for j in range(j0, end):
+        if op_view[j]:
+            mark[j] = False
+            views += op_sec[j]
+    return min(plain, total + views + k * op_host)
 
 
 @njit
@@ -808,7 +823,7 @@ def run_timeline(
     place, prefetch, save_order, st_ptr, unit_of, nbytes, save_time, last_save, st_prod,
     op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow,
     fwd_dur, bwd_dur, t0, d2h_bps, h2d_bps, d2h_start, d2h_end, h2d_start, h2d_end, reach,
-    cstart, cend, replay, ev_t, ev_d, mark, stack, op_host
+    cstart, cend, replay, ev_t, ev_d, mark, stack, op_host, op_view
 ):  # type: ignore[no-untyped-def]
     """Simulate one step; fills the per-storage/per-unit arrays and the memory events.
 
@@ -842,7 +857,7 @@ def run_timeline(
                 replay[u] = replay_unit(
                     u, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink,
                     out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack,
-                    op_host
+                    op_host, op_view
                 )
                 break
         recompute += replay[u]
@@ -1015,7 +1030,7 @@ class Workspace:
             f.out_idx, f.rd_ptr, f.rd_idx, f.noops, f.dataflow, f.fwd_dur, f.bwd_dur, f.t0,
             d2h, h2d, self.d2h_start, self.d2h_end, self.h2d_start, self.h2d_end, self.reach,
             self.cstart, self.cend, self.replay, self.ev_t, self.ev_d, self.mark, self.stack,
-            f.op_host
+            f.op_host, f.op_view
         )
         self.n_events = int(out[7])
         return SimResult(

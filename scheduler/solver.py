@@ -110,7 +110,7 @@ def format_bytes(n: float) -> str:
 @njit
 def _standalone_replay(
     st_ptr, legal, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx,
-    rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack, op_host
+    rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack, op_host, op_view
 ):  # type: ignore[no-untyped-def]
     """Replay seconds of dropping each storage alone (everything else KEEP); inf if it cannot be dropped."""
     n = legal.shape[0]
@@ -123,7 +123,8 @@ def _standalone_replay(
             place[s] = 2
             out[s] = replay_unit(
                 u, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink,
-                out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack, op_host
+                out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack, op_host,
+                op_view
             )
             place[s] = 0
     return out
@@ -386,7 +387,7 @@ def _region_drops(
     todo, need, want_side, new, codes, way, st_ptr, nbytes, last_save, st_prod, op_ptr, op_sec,
     op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, noops, df_price, fwd_dur, prod_ptr,
     prod_ops, ctr, join, vis, stamp, sstamp, odrop, stack, op_host, dc_items, dc_eff, dc_f,
-    dc_i, side_f, side_i
+    dc_i, side_f, side_i, op_view
 ):  # type: ignore[no-untyped-def]
     """Drop options of the regions ``todo`` (backward units) under ``new``, each knowing
     the replay prefix its current drops share; one call for all of them (a kernel call
@@ -422,7 +423,8 @@ def _region_drops(
         # end K under the current plan, join[j] the smallest K at which op j runs (n_ops + 1:
         # not at all). Prefix rule: the ops that are not served, from their own index on.
         # Dataflow rule: the closure of the dropped storages' producers (counted from K = 0;
-        # only K >= the current prefix end is ever asked) and of each sink from just past it.
+        # only K >= the current prefix end is ever asked) and of each sink from just past
+        # it; a view from just past it too, and the closure never enters it.
         base[0] = 0.0
         # plain[K]: a replay without the dispatch mode runs every op before K
         plain[0] = 0.0
@@ -435,6 +437,9 @@ def _region_drops(
         if dfu:
             ctr[0] += 1
             tag = ctr[0]
+            for jj in range(n_ops):
+                if op_view[j0 + jj]:
+                    vis[j0 + jj] = tag
             n_top = np.int64(0)  # not an int literal: one compiled _close for all calls
             for s in range(st_ptr[u], st_ptr[u + 1]):
                 if new[s] == 2:
@@ -450,7 +455,10 @@ def _region_drops(
             for jj in range(n_ops):
                 j = j0 + jj
                 base[jj + 1] = base[jj]
-                if op_sink[j] and vis[j] != tag:
+                if op_view[j]:
+                    join[j] = jj + 1
+                    base[jj + 1] += op_sec[j]
+                elif op_sink[j] and vis[j] != tag:
                     vis[j] = tag
                     stack[0] = j
                     base[jj + 1] += _close(
@@ -575,7 +583,7 @@ def _chain_step(
     unit_of, nbytes, save_time, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr,
     out_idx, rd_ptr, rd_idx, noops, df_price, fwd_dur, d2h_bps, h2d_bps, d2h_end, h2d_end,
     reach, cstart, prod_ptr, prod_ops, ctr, join, vis, ran, nvis, nran, stamp, sstamp, odrop,
-    stack, op_host, dc_code, dc_items, dc_eff, dc_f, dc_i
+    stack, op_host, dc_code, dc_items, dc_eff, dc_f, dc_i, op_view
 ):  # type: ignore[no-untyped-def]
     """One step of the chain: free about ``delta`` bytes resident at time ``tstar``.
 
@@ -713,7 +721,7 @@ def _chain_step(
         todo[:n_todo], need, False, new, codes, way, st_ptr, nbytes, last_save, st_prod, op_ptr,
         op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, noops, df_price, fwd_dur,
         prod_ptr, prod_ops, ctr, join, vis, stamp, sstamp, odrop, stack, op_host, dc_items,
-        dc_eff, dc_f, dc_i, side_f, side_i
+        dc_eff, dc_f, dc_i, side_f, side_i, op_view
     )
     for i in range(n_listed):
         u = listed[i]
@@ -826,7 +834,7 @@ def _chain_step(
         opt_ref[:n_drop_opt], need, True, side, codes, way, st_ptr, nbytes, last_save, st_prod,
         op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, noops, df_price,
         fwd_dur, prod_ptr, prod_ops, ctr, join, vis, stamp, sstamp, odrop, stack, op_host,
-        dc_items, dc_eff, dc_f, dc_i, side_f, side_i
+        dc_items, dc_eff, dc_f, dc_i, side_f, side_i, op_view
     )
     side_kind = 0 if side_i[0] >= 0 else -1
     side_ref = side_i[0]
@@ -1003,7 +1011,8 @@ def _build_family(
         rho = _standalone_replay(
             flat.st_ptr, legal, flat.last_save, flat.st_prod, flat.op_ptr, flat.op_sec,
             flat.op_serv, flat.op_sink, flat.out_ptr, flat.out_idx, flat.rd_ptr, flat.rd_idx,
-            flat.noops, flat.dataflow, flat.fwd_dur, ws.mark, ws.stack, flat.op_host
+            flat.noops, flat.dataflow, flat.fwd_dur, ws.mark, ws.stack, flat.op_host,
+            flat.op_view
         )
         with np.errstate(divide="ignore", invalid="ignore"):
             density = np.where(flat.nbytes > 0, rho / np.maximum(flat.nbytes, 1), 0.0)
@@ -1062,7 +1071,7 @@ def _build_family(
                 flat.rd_idx, flat.noops, df_price, flat.fwd_dur, flat.d2h_bps, flat.h2d_bps,
                 cur_ws.d2h_end, cur_ws.h2d_end, cur_ws.reach, cur_ws.cstart, prod_ptr, prod_ops,
                 ctr, join, vis, ran, nvis, nran, stamp, sstamp, odrop, stack, flat.op_host,
-                dc_code, dc_items, dc_eff, dc_f, dc_i
+                dc_code, dc_items, dc_eff, dc_f, dc_i, flat.op_view
             )
         if freed <= 0:
             if drops_only:

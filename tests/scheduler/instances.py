@@ -116,6 +116,7 @@ def random_dataflow_profile(
         for j, op in enumerate(r.ops):
             op.reads = tuple(sorted(rng.sample(range(j), rng.randint(0, min(j, 2)))))
             op.sink = rng.random() < 0.25
+            op.view = not op.sink and not op.skippable and rng.random() < 0.3
         for s in r.storages:
             if s.kind == "activation" and rng.random() < 0.08:
                 s.producer_op = -1

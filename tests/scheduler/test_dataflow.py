@@ -114,6 +114,30 @@ def test_simulator_charges_the_dispatch_mode_per_op() -> None:
         simulate(p, plan)
 
 
+def test_views_before_the_stop_always_run() -> None:
+    """A view replays whenever it lies before K (the runtime runs it; it reads no values,
+    so what it reads is not pulled in)."""
+    ops = [
+        OpRecord(name="mm", seconds=10.0, skippable=True, outputs=(-1,), reads=()),
+        OpRecord(name="view", seconds=0.5, skippable=False, outputs=(-1,), reads=(0,), view=True),
+        OpRecord(name="ln", seconds=1.0, skippable=True, outputs=(0,), reads=(0,)),
+        OpRecord(name="gelu", seconds=2.0, skippable=True, outputs=(1,), reads=(2,)),
+    ]
+    storages = [
+        StorageRecord(nbytes=100, producer_op=2, first_save_op=3, last_save_op=3),
+        StorageRecord(nbytes=100, producer_op=3, first_save_op=4, last_save_op=4),
+    ]
+    r = RegionRecord(
+        name="layers.0", call_index=0, start_seconds=0.0, forward_seconds=13.5,
+        backward_seconds=27.0, ops=ops, storages=storages,
+    )
+    assert replay_seconds(r, drop(1)) == 2.0 + 0.5  # gelu (ln served) and the view, not mm
+    p = Profile(signature="v", forward_seconds=13.5, backward_seconds=27.0, regions=[r])
+    assert simulate(p, Plan(placements={("layers.0", 0, 1): R})).recompute_seconds == 2.5
+    r.ops[1].view = False
+    assert replay_seconds(r, drop(1)) == 2.0
+
+
 def test_producer_reading_an_unheld_value_pulls_its_creator_in() -> None:
     r = block()
     # s1 offloaded: gelu reads mm2's output, which is not held, so mm2 runs too (ln is served)
