@@ -40,6 +40,7 @@ class _Block:
         flops: float = 0.0,
         reads: tuple[int, ...] = (),
         sink: bool = False,
+        view: bool = False,
     ) -> int:
         self.ops.append(
             OpRecord(
@@ -50,6 +51,7 @@ class _Block:
                 flops=flops,
                 reads=tuple(sorted(set(reads))),
                 sink=sink,
+                view=view,
             )
         )
         return len(self.ops) - 1
@@ -226,7 +228,7 @@ def gpt_profile(
                 "aten::bmm", fl / flops_per_s, (ctx,), flops=fl, reads=(op_v_in, op_qkv)
             )
         if micro_ops:
-            blk.op("aten::view", 0.0, (ctx,), skippable=False, reads=(op_ctx,))
+            blk.op("aten::view", 0.0, (ctx,), skippable=False, reads=(op_ctx,), view=True)
         blk.saved_as_input(ctx)
         sec, fl = mm(h, h)
         op_attn = blk.op("aten::addmm", sec, (-1,), flops=fl, reads=(op_ctx,))
