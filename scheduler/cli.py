@@ -331,7 +331,8 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         else "no host link"
     )
     print(
-        f"budget {format_bytes(budget) if budget is not None else 'none'}, {link}, prefetch {args.prefetch_regions} regions",
+        f"budget {format_bytes(budget) if budget is not None else 'none'}, {link}, prefetch {args.prefetch_regions} regions, "
+        f"replay dispatch {1e6 * profile.replay_op_seconds:g} us/op",
         file=out,
     )
     _print_table(rows, out)

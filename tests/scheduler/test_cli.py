@@ -79,6 +79,7 @@ def test_model_form_prints_a_summary() -> None:
     assert rc == 0
     assert "regions" in text and "layers.0" in text
     assert "predicted step" in text and "predicted peak" in text and "lower bound" in text
+    assert "replay dispatch 0 us/op" in text  # what-if profiles: free unless --replay-op-us
 
 
 def test_profile_form_with_json_output(tmp_path: Path) -> None:
