@@ -27,7 +27,7 @@ from offrecomp.measure import device_capacity_bytes, host_available_bytes
 from offrecomp.report import StepRecord
 from offrecomp.state import PassState, RegionCall
 from offrecomp.trace import RegionStructure, build_structure
-from scheduler.cost_model import CostModel, Prediction, predict
+from scheduler.cost_model import CostModel, predict
 from scheduler.plan import ROOT, Placement, Plan
 from scheduler.profile import Profile, RegionRecord, StorageRecord
 
@@ -61,8 +61,6 @@ class PlanEntry:
     drift_strikes: int = 0
     budget_scale: float = 1.0
     """Shrinks after a device OOM in a planned step (see ``Planner.on_oom``)."""
-    prediction: Prediction | None = None
-    """The simulator's breakdown of the plan (forward, replay, stall), for the records."""
     solved_replay_op_seconds: float = 0.0
     """``Planner.replay_op_seconds`` when the plan was solved."""
 
@@ -406,7 +404,6 @@ class Planner:
                 entry.signature, "; ".join(plan.notes),
             )
         entry.plan = plan
-        entry.prediction = predict(profile, plan, prefetch_regions=prefetch)
         entry.needs_measure = False
         entry.needs_solve = False
         entry.drift_strikes = 0
@@ -437,7 +434,6 @@ class Planner:
             format_bytes(plan.predicted_peak_bytes or 0), plan.predicted_step_seconds or 0.0,
             "" if plan.feasible else " (budget NOT met: " + "; ".join(plan.notes) + ")",
         )
-        pred = entry.prediction
         log.info(
             "offrecomp: the plan's inputs: forward %.4fs (regions %.4fs), backward %.4fs "
             "(regions %.4fs), ops %.4fs, link %.1f/%.1f GB/s, replay %.1f us per op; predicted "
@@ -446,7 +442,8 @@ class Planner:
             profile.backward_seconds, sum(r.backward_seconds for r in profile.regions),
             sum(op.seconds for r in profile.regions for op in r.ops),
             profile.d2h_gbps, profile.h2d_gbps, 1e6 * profile.replay_op_seconds,
-            pred.forward_seconds, pred.recompute_seconds, pred.stall_seconds,
+            plan.predicted_forward_seconds, plan.predicted_recompute_seconds,
+            plan.predicted_stall_seconds,
         )
 
     def _pin_ahead(self, sizes: list[int]) -> None:
@@ -531,11 +528,9 @@ class Planner:
             rec.predicted_step_seconds = plan.predicted_step_seconds
             rec.predicted_peak_bytes = plan.predicted_peak_bytes
             rec.budget_bytes = plan.budget_bytes
-            pred = entry.prediction if entry is not None and plan is entry.plan else None
-            if pred is not None:
-                rec.predicted_forward_seconds = pred.forward_seconds
-                rec.predicted_recompute_seconds = pred.recompute_seconds
-                rec.predicted_stall_seconds = pred.stall_seconds
+            rec.predicted_forward_seconds = plan.predicted_forward_seconds
+            rec.predicted_recompute_seconds = plan.predicted_recompute_seconds
+            rec.predicted_stall_seconds = plan.predicted_stall_seconds
         self._pending.append((rec, passes))
         return rec
 

@@ -64,6 +64,12 @@ class Plan:
     """Predicted step time under this plan."""
     predicted_peak_bytes: int | None = None
     """Predicted peak of device-resident activation bytes under this plan."""
+    predicted_forward_seconds: float | None = None
+    """Predicted time from the step's start to the start of backward."""
+    predicted_recompute_seconds: float | None = None
+    """Predicted time spent replaying regions."""
+    predicted_stall_seconds: float | None = None
+    """Predicted time backward waits for reloads."""
     lower_bound_seconds: float | None = None
     """Physical lower bound on step time for this budget (a relaxation)."""
     feasible: bool = True

@@ -59,6 +59,11 @@ def test_matches_exhaustive_search(seed: int) -> None:
             plan.predicted_step_seconds,
             plan.predicted_peak_bytes,
         )
+        assert (again.forward_seconds, again.recompute_seconds, again.stall_seconds) == (
+            plan.predicted_forward_seconds,
+            plan.predicted_recompute_seconds,
+            plan.predicted_stall_seconds,
+        )
 
 
 @settings(max_examples=40, deadline=None)
