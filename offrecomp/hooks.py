@@ -361,18 +361,20 @@ class Placer:
         k_seen = -1  # ops before the replay's stop (the prefix end K), where known
         if structure is None and call.structure is not None and not call.mismatch:
             k_seen = len(call.structure.program(kept, needed, storage_of_save))  # opaque: plain
+        # NOTE [Calibration]: the calibration pass times plain replays
+        calibrating = call.pass_state is not None and call.pass_state.phase == "calibrate"
         while True:
             program = None
             run_seconds = 0.0
             if structure is not None:
                 program = structure.program(kept, needed, storage_of_save)
                 k_seen = len(program)
-                pays, run_seconds = self._serving_pays(call, structure, program)
-                calibrating = call.pass_state is not None and call.pass_state.phase == "calibrate"
-                if not pays or calibrating:
-                    # replay as it is: cheaper than the dispatch mode here, or the
-                    # calibration pass, which times plain replays (NOTE [Calibration])
+                if calibrating:
                     program = None
+                else:
+                    pays, run_seconds = self._serving_pays(call, structure, program)
+                    if not pays:
+                        program = None  # replay as it is: cheaper than the dispatch mode here
             inputs = None
             if call.inputs is not None and any(x is None for x in call.inputs.tensors):
                 inputs = replay_arguments(call.inputs, call.name, self._reloaded_inputs(call))
@@ -419,10 +421,14 @@ class Placer:
         Op times are the calibrated ones where the plan has them, else the recording's.
         Returns (dispatch mode pays, seconds of the ops it would run)."""
         seconds = call.op_seconds or [op.seconds for op in structure.op_records]
-        run = sum(seconds[k] for k, a in enumerate(program) if a == RUN and k < len(seconds))
+        run = skipped = 0.0
+        for a, s in zip(program, seconds):
+            if a == RUN:
+                run += s
+            else:
+                skipped += s
         if PLACEHOLDER not in program and SERVE not in program:
             return False, run
-        skipped = sum(seconds[k] for k, a in enumerate(program) if a != RUN and k < len(seconds))
         return skipped >= len(program) * self.rt._planner.replay_op_seconds, run
 
     def _reloaded_inputs(self, call: RegionCall) -> list[torch.Tensor]:
