@@ -318,6 +318,20 @@ def _int_array(values: list[Any]) -> np.ndarray | None:
     return arr.astype(np.int64)
 
 
+def _int_column(raw: list[Any]) -> tuple[np.ndarray, bool]:
+    """``raw`` as an array, and whether it is a 1-D array of ints (bounds are the caller's)."""
+    arr = np.asarray(raw) if raw else np.zeros(0, dtype=np.int64)
+    return arr, bool(arr.ndim == 1 and (arr.size == 0 or arr.dtype.kind in "iu"))
+
+
+def _csr_rows(lens: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Row pointers for rows of these lengths, and the row of each entry."""
+    lens_arr = np.asarray(lens, dtype=np.int64)
+    ptr = np.zeros(lens_arr.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lens_arr, out=ptr[1:])
+    return ptr, np.repeat(np.arange(lens_arr.shape[0], dtype=np.int64), lens_arr)
+
+
 def _times_ok(values: list[Any]) -> bool:
     if not values:
         return True
@@ -340,13 +354,9 @@ def _outputs(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Op outputs in CSR form (flat storage indices, -1 kept) and which ops replay may serve."""
     n_ops = len(lens)
-    lens_arr = np.asarray(lens, dtype=np.int64)
-    out_ptr = np.zeros(n_ops + 1, dtype=np.int64)
-    np.cumsum(lens_arr, out=out_ptr[1:])
-    owner = np.repeat(np.arange(n_ops, dtype=np.int64), lens_arr)
-    arr = np.asarray(raw) if raw else np.zeros(0, dtype=np.int64)
+    out_ptr, owner = _csr_rows(lens)
+    arr, ok = _int_column(raw)
     m = np.asarray(op_m, dtype=np.int64)[owner] if n_ops else np.zeros(0, dtype=np.int64)
-    ok = arr.ndim == 1 and (arr.size == 0 or arr.dtype.kind in "iu")
     if ok and arr.size:
         ok = bool(np.all((arr >= -1) & (arr < m)))
     if not ok:
@@ -381,13 +391,8 @@ def _reads(
     op_count: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Op reads in CSR form as global op indices (rows of non-dataflow units are empty)."""
-    n_ops = len(lens)
-    lens_arr = np.asarray(lens, dtype=np.int64)
-    rd_ptr = np.zeros(n_ops + 1, dtype=np.int64)
-    np.cumsum(lens_arr, out=rd_ptr[1:])
-    owner = np.repeat(np.arange(n_ops, dtype=np.int64), lens_arr)
-    arr = np.asarray(raw) if raw else np.zeros(0, dtype=np.int64)
-    ok = arr.ndim == 1 and (arr.size == 0 or arr.dtype.kind in "iu")
+    rd_ptr, owner = _csr_rows(lens)
+    arr, ok = _int_column(raw)
     if ok and arr.size:
         ok = bool(np.all((arr >= 0) & (arr < op_count[owner])))
     if not ok:
@@ -413,8 +418,7 @@ def _producer_ops(
 ) -> np.ndarray:
     """Per flat storage its producer as a global op index, -1 when unknown (``base``, ``n_arr``:
     per storage the first global op index and the op count of its unit)."""
-    arr = np.asarray(raw) if raw else np.zeros(0, dtype=np.int64)
-    ok = arr.ndim == 1 and (arr.size == 0 or arr.dtype.kind in "iu")
+    arr, ok = _int_column(raw)
     if ok and arr.size:
         ok = bool(np.all((arr >= -1) & ((arr < n_arr) | (n_arr == 0))))
     if not ok:
