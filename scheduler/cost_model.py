@@ -9,7 +9,6 @@ the simulator (``scheduler.simulate``) and keeps its headline numbers.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -192,7 +191,7 @@ class CostModel:
         """Merge a newly measured profile of the same signature."""
         if not isinstance(profile, Profile):
             raise TypeError(f"expected a scheduler.Profile, got {type(profile).__name__}")
-        new = copy.deepcopy(profile)
+        new = profile.copy()
         old = self._estimate
         self.samples += 1
         if old is None:
@@ -230,7 +229,7 @@ class CostModel:
         """The smoothed profile (a copy)."""
         if self._estimate is None:
             raise ValueError("the cost model has no measurements yet; call update(profile) first")
-        return copy.deepcopy(self._estimate)
+        return self._estimate.copy()
 
     def drift(self, profile: Profile) -> float:
         """Largest relative difference of a region's forward or backward time between

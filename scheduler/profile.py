@@ -50,10 +50,11 @@ region, or smaller than the runtime's ``min_bytes``) are always KEEP. Root stora
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 __all__ = [
     "PROFILE_VERSION",
@@ -193,6 +194,18 @@ class Profile:
             total += sum(s.nbytes for s in r.storages)
         return total
 
+    def copy(self) -> Profile:
+        """An independent copy, fast enough to take every step.
+
+        Records hold only numbers, strings and tuples, so copying each record's fields
+        is a full copy; ``meta`` (free-form) is copied deeply.
+        """
+        out = _clone(self)
+        out.regions = [_clone_region(r) for r in self.regions]
+        out.root = [_clone(s) for s in self.root]
+        out.meta = copy.deepcopy(self.meta)
+        return out
+
     # ------------------------------------------------------------ serialisation
 
     def to_dict(self) -> dict[str, Any]:
@@ -240,3 +253,20 @@ class Profile:
     def load(cls, path: str | os.PathLike[str]) -> Profile:
         with open(path, encoding="utf-8") as f:
             return cls.from_json(f.read())
+
+
+_T = TypeVar("_T")
+
+
+def _clone(obj: _T) -> _T:
+    """Shallow copy of a dataclass instance (its fields are shared)."""
+    out = object.__new__(type(obj))
+    out.__dict__.update(obj.__dict__)
+    return out
+
+
+def _clone_region(r: RegionRecord) -> RegionRecord:
+    out = _clone(r)
+    out.ops = [_clone(o) for o in r.ops]
+    out.storages = [_clone(s) for s in r.storages]
+    return out

@@ -1,4 +1,5 @@
-"""Profiles survive a JSON round trip unchanged (what-if planning reads saved profiles)."""
+"""Profiles survive a JSON round trip and a copy unchanged (what-if planning reads saved
+profiles; the cost model copies one every step)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler import Profile, gpt_profile, solve
+from scheduler import CostModel, Profile, gpt_profile, solve
 from tests.scheduler.instances import random_profile
 
 
@@ -37,3 +38,37 @@ def test_saved_profile_plans_the_same(tmp_path: Path) -> None:
     assert isinstance(q.regions[0].ops[0].outputs, tuple)
     budget = p.activation_bytes // 3
     assert solve(q, budget_bytes=budget).placements == solve(p, budget_bytes=budget).placements
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_copy_is_equal_and_independent(seed: int) -> None:
+    p = random_profile(seed)
+    p.meta = {"gpu": {"name": "H200"}}
+    q = p.copy()
+    assert q == p and type(q.regions[0]) is type(p.regions[0])
+    # every mutable level is a new object: changing the copy leaves the original alone
+    before = p.to_dict()
+    q.forward_seconds += 1.0
+    q.meta["gpu"]["name"] = "other"
+    q.root.append(q.root[0] if q.root else q.regions[0].storages[0])
+    for r in q.regions:
+        r.forward_seconds += 1.0
+        r.ops.extend(r.ops[:1])
+        for op in r.ops:
+            op.seconds += 1.0
+        for s in r.storages:
+            s.offset_seconds += 1.0
+    assert p.to_dict() == before
+
+
+def test_cost_model_does_not_alias_its_input() -> None:
+    p = random_profile(3)
+    cm = CostModel()
+    cm.update(p)
+    p.regions[0].ops[0].seconds += 5.0
+    p.regions[0].storages[0].offset_seconds += 5.0
+    est = cm.estimate()
+    assert est.regions[0].ops[0].seconds == p.regions[0].ops[0].seconds - 5.0
+    est.regions[0].forward_seconds += 1.0
+    assert cm.estimate().regions[0].forward_seconds == est.regions[0].forward_seconds - 1.0
