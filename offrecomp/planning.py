@@ -326,7 +326,7 @@ class Planner:
         entry.calibrated = False
         entry.calibration_ran = False
         entry.cost = CostModel()
-        entry.cost.update(profile)
+        entry.cost.update(profile, take=True)
         entry.profile = profile
         if rt.config.profile_path:
             # the measured profile now; each solve overwrites it with the calibrated one
@@ -632,12 +632,12 @@ class Planner:
             # NOTE [Calibration]: replace the recorder-inflated times outright; the plan
             # is solved with these before the next pass. Later passes average in.
             entry.cost = CostModel()
-            entry.cost.update(measured)
             entry.calibrated = True
             entry.needs_solve = True
-        else:
-            entry.cost.update(measured)
-        entry.profile = entry.cost.estimate()
+        # `measured` is this pass's own copy: the model keeps it as the new estimate, and
+        # the entry reads it (the next pass learns on a fresh copy, so it stays as is).
+        entry.cost.update(measured, take=True)
+        entry.profile = measured
 
     def _calibrate_replays(self, p: PassState, measured: Profile) -> None:
         """NOTE [Calibration]: fit each region's op times to the plain replay the

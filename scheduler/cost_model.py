@@ -187,11 +187,16 @@ class CostModel:
     def signature(self) -> str | None:
         return None if self._estimate is None else self._estimate.signature
 
-    def update(self, profile: Profile) -> None:
-        """Merge a newly measured profile of the same signature."""
+    def update(self, profile: Profile, *, take: bool = False) -> None:
+        """Merge a newly measured profile of the same signature.
+
+        With ``take=True`` the model keeps ``profile`` itself as its new estimate (its
+        times overwritten with the averages) instead of a copy: for a caller that made
+        ``profile`` for this call and does not change it afterwards.
+        """
         if not isinstance(profile, Profile):
             raise TypeError(f"expected a scheduler.Profile, got {type(profile).__name__}")
-        new = profile.copy()
+        new = profile if take else profile.copy()
         old = self._estimate
         self.samples += 1
         if old is None:

@@ -72,3 +72,17 @@ def test_cost_model_does_not_alias_its_input() -> None:
     assert est.regions[0].ops[0].seconds == p.regions[0].ops[0].seconds - 5.0
     est.regions[0].forward_seconds += 1.0
     assert cm.estimate().regions[0].forward_seconds == est.regions[0].forward_seconds - 1.0
+
+
+def test_cost_model_take_keeps_the_profile_and_averages_into_it() -> None:
+    first, second = random_profile(5), random_profile(5)
+    for r in second.regions:
+        for op in r.ops:
+            op.seconds *= 2.0
+    cm = CostModel(alpha=0.5)
+    cm.update(first)
+    cm.update(second, take=True)
+    want = [0.5 * a.seconds + 0.5 * 2.0 * a.seconds for r in first.regions for a in r.ops]
+    got = [op.seconds for r in second.regions for op in r.ops]
+    assert got == want  # averaged in place: the model holds `second` itself
+    assert cm.estimate() == second and cm.estimate() is not second
