@@ -265,8 +265,9 @@ class Config:
     """What to do when the budget cannot be met: ``warn`` (run the most frugal plan) or
     ``error``. ``OFFRECOMP_INFEASIBLE``."""
     drift: float = 0.25
-    """Relative drift of measured step time from the prediction that triggers a re-plan.
-    ``OFFRECOMP_DRIFT``."""
+    """Relative change that triggers a re-plan: of the plan's prediction under the
+    latest estimate from the one it was solved with, or of measured step time from its
+    prediction for three steps in a row. ``OFFRECOMP_DRIFT``."""
     plan_cache_size: int = 8
     """Most input signatures whose plans are cached. ``OFFRECOMP_PLAN_CACHE``."""
     replay_op_us: float | None = None

@@ -27,7 +27,7 @@ from offrecomp.measure import device_capacity_bytes, host_available_bytes
 from offrecomp.report import StepRecord
 from offrecomp.state import PassState, RegionCall
 from offrecomp.trace import RegionStructure, build_structure
-from scheduler.cost_model import CostModel, predict
+from scheduler.cost_model import CostModel, Prediction, predict
 from scheduler.plan import ROOT, Placement, Plan
 from scheduler.profile import Profile, RegionRecord, StorageRecord
 
@@ -63,6 +63,13 @@ class PlanEntry:
     """Shrinks after a device OOM in a planned step (see ``Planner.on_oom``)."""
     solved_replay_op_seconds: float = 0.0
     """``Planner.replay_op_seconds`` when the plan was solved."""
+    live: Prediction | None = None
+    """NOTE [Live prediction]: the plan predicted under the latest estimate (None until a
+    planned pass has been learnt since the plan was solved)."""
+    live_every: int = 1
+    """Refresh ``live`` every this many learnt passes (keeps the refresh under ~2% of
+    step time on profiles large enough for it to matter)."""
+    live_skipped: int = 0
 
 
 class Planner:
@@ -407,6 +414,8 @@ class Planner:
         entry.needs_measure = False
         entry.needs_solve = False
         entry.drift_strikes = 0
+        entry.live = None
+        entry.live_skipped = 0
         self.last_entry = entry
         if cfg.profile_path:
             # the profile this plan was solved with (calibrated, smoothed): the latest wins
@@ -531,6 +540,13 @@ class Planner:
             rec.predicted_forward_seconds = plan.predicted_forward_seconds
             rec.predicted_recompute_seconds = plan.predicted_recompute_seconds
             rec.predicted_stall_seconds = plan.predicted_stall_seconds
+            live = entry.live if entry is not None and plan is entry.plan else None
+            if live is not None:  # NOTE [Live prediction]
+                rec.predicted_step_seconds = live.step_seconds
+                rec.predicted_peak_bytes = live.peak_bytes
+                rec.predicted_forward_seconds = live.forward_seconds
+                rec.predicted_recompute_seconds = live.recompute_seconds
+                rec.predicted_stall_seconds = live.stall_seconds
         self._pending.append((rec, passes))
         return rec
 
@@ -636,8 +652,47 @@ class Planner:
             entry.needs_solve = True
         # `measured` is this pass's own copy: the model keeps it as the new estimate, and
         # the entry reads it (the next pass learns on a fresh copy, so it stays as is).
+        measured.replay_op_seconds = self.replay_op_seconds
         entry.cost.update(measured, take=True)
         entry.profile = measured
+        if not calibrating:
+            self._refresh_live(entry, clock.seconds(p.start_mark, p.backward_end_mark))
+
+    def _refresh_live(self, entry: PlanEntry, step_seconds: float | None) -> None:
+        """NOTE [Live prediction]: predict the plan again under the estimate that now
+        includes this pass, for the next step's record and for the re-plan check.
+
+        The plan's own prediction dates from its solve; the estimate moves with every
+        pass (warm-up, clocks, other work on the machine), so the step after a pass is
+        predicted from the estimate after it. When that prediction has moved from the
+        solve's by more than ``drift``, the plan was chosen for costs that no longer
+        hold: it is solved again.
+        """
+        plan, profile = entry.plan, entry.profile
+        if plan is None or profile is None or entry.needs_solve or self.rt._user_plan is not None:
+            return
+        entry.live_skipped += 1
+        if entry.live_skipped < entry.live_every:
+            return
+        entry.live_skipped = 0
+        t0 = time.perf_counter()
+        try:
+            live = predict(profile, plan, prefetch_regions=self.rt.config.prefetch.regions or 2)
+        except ValueError as exc:  # the plan no longer places on this profile
+            log.debug("offrecomp: live prediction skipped (%s)", exc)
+            return
+        spent = time.perf_counter() - t0
+        if step_seconds and step_seconds > 0:
+            entry.live_every = max(1, min(64, int(spent / (0.02 * step_seconds)) + 1))
+        entry.live = live
+        solved = plan.predicted_step_seconds
+        if solved and abs(live.step_seconds / solved - 1.0) > self.rt.config.drift:
+            log.info(
+                "offrecomp: the plan of signature %s was solved for a %.4fs step; under the "
+                "measured times it now predicts %.4fs (%+.0f%%): solving again",
+                entry.signature, solved, live.step_seconds, 100 * (live.step_seconds / solved - 1.0),
+            )
+            entry.needs_solve = True
 
     def _calibrate_replays(self, p: PassState, measured: Profile) -> None:
         """NOTE [Calibration]: fit each region's op times to the plain replay the
@@ -706,9 +761,11 @@ class Planner:
     def _learn_replay_cost(self, p: PassState) -> None:
         """NOTE [Serving overhead]: learn what the dispatch mode costs per op it sees.
 
-        Each replay under the mode ran ops whose predicted seconds are known; the rest of
+        Each replay under the mode ran ops whose predicted seconds are known (scaled by
+        how much faster or slower the pass's forward ran than the estimate's); the rest of
         its measured time, per op seen, is the mode's cost. Smoothed like the cost model
-        (weight 0.3 on the newest pass); a pinned ``replay_op_us`` is never changed, and
+        (weight 0.3 on the newest pass, whose value counts for at most 4x the current
+        one plus 20 us, so one outlying pass cannot swing it); a pinned ``replay_op_us`` is never changed, and
         passes whose op times are the recorder's (before calibration) teach nothing. A
         plan solved with a cost that has since moved by more than half (and 5 us) is
         solved again, since which replays pay and what they cost both moved.
@@ -719,17 +776,27 @@ class Planner:
         if p.phase == "measure" or entry is None or not entry.calibrated:
             return  # the op times are the recorder's: not comparable with a replay
         clock = self.rt._clock
+        # The ops' predicted times come from the estimate before this pass. When the
+        # whole pass ran slower or faster (another process on the machine, clocks), so
+        # did the ops it replayed: scale them by the pass's forward against the
+        # estimate's, or that change would be taken for the mode's cost.
+        slow = 1.0
+        fwd = clock.seconds(p.start_mark, p.backward_start_mark)
+        est = entry.profile.forward_seconds if entry.profile is not None else 0.0
+        if fwd and est > 0 and p.stats.offloaded_bytes == 0:  # offload waits are not compute
+            slow = min(4.0, max(0.25, fwd / est))
         extra, ops = 0.0, 0
         for a, b, k, run in p.dispatch_replays:
             secs = clock.seconds(a, b)
             if secs is None or k <= 0:
                 continue
-            extra += secs - run
+            extra += secs - run * slow
             ops += k
         p.dispatch_replays = []  # learnt once, however many records the pass is part of
         if ops == 0:
             return
-        observed = max(0.0, extra / ops)
+        # one outlying pass moves the estimate by at most 4x the current value (plus 20 us)
+        observed = min(max(0.0, extra / ops), 4.0 * self.replay_op_seconds + 20e-6)
         self.replay_op_seconds = 0.7 * self.replay_op_seconds + 0.3 * observed
         for entry in self.entries.values():
             if entry.plan is None or entry.needs_solve:

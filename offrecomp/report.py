@@ -75,9 +75,12 @@ class StepRecord:
     pool_reserved_bytes: int = 0
     pool_high_water_bytes: int = 0
     predicted_step_seconds: float | None = None
+    """The plan's predicted step time under the estimate learnt from the steps before
+    this one (NOTE [Live prediction]; the solve's own prediction until one is learnt)."""
     predicted_peak_bytes: int | None = None
     predicted_forward_seconds: float | None = None
-    """The plan's predicted time to the start of backward (compare ``forward_seconds``)."""
+    """The plan's predicted time to the start of backward (compare ``forward_seconds``),
+    under the same estimate as ``predicted_step_seconds``."""
     predicted_recompute_seconds: float | None = None
     """The plan's predicted replay time (compare ``recompute_seconds``)."""
     predicted_stall_seconds: float | None = None

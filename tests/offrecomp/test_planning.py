@@ -52,6 +52,37 @@ def test_replay_cost_is_learnt_and_a_moved_cost_solves_again() -> None:
     assert entry.needs_solve
 
 
+def test_replay_cost_discounts_a_slow_pass_and_clips_outliers() -> None:
+    """A pass that ran slower as a whole (another process on the machine) ran its
+    replayed ops slower too: that is not the mode's cost. And one outlying pass moves the
+    estimate by a bounded step."""
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    rt = _runtime(m, budget="50%")
+    train(m, batch, rt, steps=3)
+    planner = rt._planner
+    entry = planner.last_entry
+    assert entry is not None and entry.profile is not None and entry.calibrated
+    est_fwd = entry.profile.forward_seconds
+    assert est_fwd > 0
+    start = planner.replay_op_seconds = entry.solved_replay_op_seconds = 25e-6
+    # forward ran 2x the estimate; the replay's 5 ms of predicted ops took 10 ms, plus
+    # 100 ops x 25 us of mode: 12.5 ms measured is exactly the current cost per op
+    p = _pass_with_replays(entry.signature, (0.0125, 100, 0.005))
+    p.start_mark, p.backward_start_mark = Mark(0.0), Mark(2.0 * est_fwd)
+    planner._learn_replay_cost(p)
+    assert planner.replay_op_seconds == pytest.approx(start)
+    # without the slowdown it would have read 75 us per op
+    p = _pass_with_replays(entry.signature, (0.0125, 100, 0.005))
+    p.start_mark, p.backward_start_mark = Mark(0.0), Mark(est_fwd)
+    planner._learn_replay_cost(p)
+    assert planner.replay_op_seconds == pytest.approx(0.7 * start + 0.3 * 75e-6)
+    # 10 ms per op in one pass counts as 4x the current value plus 20 us
+    cur = planner.replay_op_seconds
+    planner._learn_replay_cost(_pass_with_replays(entry.signature, (1.0, 100, 0.0)))
+    assert planner.replay_op_seconds == pytest.approx(0.7 * cur + 0.3 * (4 * cur + 20e-6))
+
+
 def test_a_pinned_replay_cost_is_never_learnt() -> None:
     model, _ = make("gpt_dropout")
     rt = _runtime(twin(model), replay_op_us=3.0)
@@ -81,6 +112,12 @@ def test_dispatch_replays_teach_the_replay_cost(monkeypatch: pytest.MonkeyPatch)
                 drops[(r.name, r.call_index, i)] = Placement.RECOMPUTE
     assert len(drops) == len(names)
     rt.set_plan(Plan(placements=drops))
+    # Price the ops the replays run at 0 s, so that the whole replay is the mode's cost
+    # whatever the machine's timing noise (the estimate comes from two small passes).
+    pays = offrecomp.hooks.Placer._serving_pays
+    monkeypatch.setattr(
+        offrecomp.hooks.Placer, "_serving_pays", lambda self, *a: (pays(self, *a)[0], 0.0)
+    )
     train(m, batch, rt, steps=1)
     assert rt.report().steps[-1].served_ops > 0  # the dispatch mode ran
     assert rt._planner.replay_op_seconds > 0.0
@@ -128,3 +165,57 @@ def test_planned_steps_record_the_predicted_breakdown() -> None:
     assert last.predicted_forward_seconds is not None and last.predicted_forward_seconds > 0
     assert last.predicted_recompute_seconds is not None
     assert last.predicted_stall_seconds == 0.0  # no offload on CPU
+
+
+def test_live_prediction_follows_the_estimate_and_a_moved_one_solves_again() -> None:
+    """NOTE [Live prediction]: each planned pass's record carries the plan predicted
+    under the estimate learnt up to the pass before it; when that prediction leaves the
+    solve's by more than ``drift``, the plan is solved again."""
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    rt = _runtime(m, budget="50%", drift=0.25)
+    train(m, batch, rt, steps=3)  # measure, calibrate, planned
+    planner = rt._planner
+    entry = planner.last_entry
+    assert entry is not None and entry.plan is not None and entry.profile is not None
+    if entry.needs_solve:  # timing noise moved the estimate already: start from a solve
+        train(m, batch, rt, steps=1)
+    assert not entry.needs_solve and entry.live is not None
+    want = predict(entry.profile, entry.plan, prefetch_regions=2)
+    assert entry.live.step_seconds == pytest.approx(want.step_seconds)
+    live, plan = entry.live, entry.plan
+    train(m, batch, rt, steps=1)
+    rec = rt.report().steps[-1]
+    assert rec.phase == "planned" and entry.plan is not None
+    if entry.plan is plan:  # the record predicts from the estimate before its pass
+        assert rec.predicted_step_seconds == pytest.approx(live.step_seconds)
+        assert rec.predicted_forward_seconds == pytest.approx(live.forward_seconds)
+        assert rec.predicted_recompute_seconds == pytest.approx(live.recompute_seconds)
+    else:  # solved again before the pass (noise moved the estimate): the solve's numbers
+        assert rec.predicted_step_seconds == pytest.approx(entry.plan.predicted_step_seconds)
+    # every time in the estimate scales so that the plan now predicts twice the step it
+    # was solved for: the plan was chosen for other costs
+    entry.needs_solve = False
+    entry.live_every, entry.live_skipped = 1, 0
+    solved = entry.plan.predicted_step_seconds or 0.0
+    base = predict(entry.profile, entry.plan, prefetch_regions=2).step_seconds
+    f = 2.0 * solved / base
+    slow = entry.profile.copy()
+    slow.forward_seconds *= f
+    slow.backward_seconds *= f
+    slow.replay_op_seconds *= f
+    for r in slow.regions:
+        r.forward_seconds *= f
+        r.backward_seconds *= f
+        r.start_seconds *= f
+        for op in r.ops:
+            op.seconds *= f
+        for st in r.storages:
+            st.offset_seconds *= f
+    for st in slow.root:
+        st.offset_seconds *= f
+    entry.profile = slow
+    planner._refresh_live(entry, 1.0)
+    assert entry.live is not None
+    assert entry.live.step_seconds == pytest.approx(2.0 * solved, rel=1e-6)
+    assert entry.needs_solve
