@@ -6,6 +6,7 @@ import copy
 import logging
 
 import pytest
+import torch
 
 import offrecomp
 from offrecomp.measure import Mark
@@ -27,14 +28,20 @@ def _pass_with_replays(signature: str, *replays: tuple[float, int, float]) -> Pa
     return p
 
 
+def _planned(**kw: object) -> tuple[offrecomp.Runtime, torch.nn.Module, object]:
+    """A runtime that has measured, calibrated and run one planned step."""
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    rt = _runtime(m, budget="50%", **kw)
+    train(m, batch, rt, steps=3)
+    return rt, m, batch
+
+
 def test_replay_cost_is_learnt_and_a_moved_cost_solves_again() -> None:
     """NOTE [Serving overhead]: the rest of a dispatch-mode replay's time, per op seen,
     is the mode's cost; the estimate is smoothed, and plans solved with a cost it has
     left by more than half are solved again."""
-    model, batch = make("gpt_dropout")
-    m = twin(model)
-    rt = _runtime(m, budget="50%")
-    train(m, batch, rt, steps=3)
+    rt, _, _ = _planned()
     planner = rt._planner
     entry = planner.last_entry
     assert entry is not None and entry.plan is not None and not entry.needs_solve
@@ -56,10 +63,7 @@ def test_replay_cost_discounts_a_slow_pass_and_clips_outliers() -> None:
     """A pass that ran slower as a whole (another process on the machine) ran its
     replayed ops slower too: that is not the mode's cost. And one outlying pass moves the
     estimate by a bounded step."""
-    model, batch = make("gpt_dropout")
-    m = twin(model)
-    rt = _runtime(m, budget="50%")
-    train(m, batch, rt, steps=3)
+    rt, _, _ = _planned()
     planner = rt._planner
     entry = planner.last_entry
     assert entry is not None and entry.profile is not None and entry.calibrated
@@ -171,10 +175,7 @@ def test_live_prediction_follows_the_estimate_and_a_moved_one_solves_again() -> 
     """NOTE [Live prediction]: each planned pass's record carries the plan predicted
     under the estimate learnt up to the pass before it; when that prediction leaves the
     solve's by more than ``drift``, the plan is solved again."""
-    model, batch = make("gpt_dropout")
-    m = twin(model)
-    rt = _runtime(m, budget="50%", drift=0.25)
-    train(m, batch, rt, steps=3)  # measure, calibrate, planned
+    rt, m, batch = _planned(drift=0.25)  # measure, calibrate, planned
     planner = rt._planner
     entry = planner.last_entry
     assert entry is not None and entry.plan is not None and entry.profile is not None
