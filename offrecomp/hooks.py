@@ -167,6 +167,12 @@ class Placer:
         )
         rec.on_release = self._release
         rec.storage_ref = weakref.ref(storage)
+        # NOTE [Untracked aliases]: a saved tensor that covers part of its storage without
+        # being a view autograd tracks (unsafe_chunk/unsafe_split outputs, as in the CPU
+        # GRU cell; `.data`) has siblings with their own version counters. Writing those
+        # after this save is legal, and the backward reads the result; a copy issued now
+        # would race with those writes. Such a storage is never offloaded.
+        rec.aliased = t._base is None and t.numel() * t.element_size() < nbytes
         if call.is_root:
             rec.save_mark = rt._clock_mark()  # when it was saved: the planner's timeline
         call.storages.append(rec)
@@ -179,6 +185,9 @@ class Placer:
         """Carry out a new storage's placement (with fallbacks) and account for it."""
         if rec.placement == OFFLOAD and not self.rt._offloadable(t):
             rec.placement = KEEP  # already in host memory (a CPU tensor of a GPU run)
+        if rec.placement == OFFLOAD and rec.aliased:
+            rec.placement = KEEP  # NOTE [Untracked aliases]
+            p.stats.fallback("aliased_to_keep")
         if rec.placement == OFFLOAD:
             ticket = self.rt._offload(flat_bytes(t), call)
             if ticket is None:

@@ -233,8 +233,9 @@ class Planner:
         for s in call.storages:
             if s.kind == "input":
                 kinds.append("input")
-            elif s.nbytes < min_bytes:
-                kinds.append("external")  # always kept: planned as fixed
+            elif s.nbytes < min_bytes or s.aliased:
+                # always kept: planned as fixed (aliased: NOTE [Untracked aliases])
+                kinds.append("external")
             else:
                 kinds.append("activation")
         call.structure = build_structure(
@@ -307,7 +308,11 @@ class Planner:
                 root_records.append(
                     StorageRecord(
                         nbytes=s.nbytes,
-                        kind="activation" if s.nbytes >= rt.config.min_bytes else "external",
+                        kind=(
+                            "activation"
+                            if s.nbytes >= rt.config.min_bytes and not s.aliased
+                            else "external"
+                        ),
                         offset_seconds=clock.seconds(p.start_mark, s.save_mark, wait=True) or 0.0,
                     )
                 )

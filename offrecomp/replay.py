@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from offrecomp import _torch_compat as tc
 from offrecomp.regions import autocast_contexts, capture_rng, replay_arguments, restore_rng
 from offrecomp.state import RegionCall
 from offrecomp.trace import ReplayDivergedError, ServingMode, internal, user_code
@@ -81,12 +82,14 @@ def _swap_buffers(call: RegionCall) -> Iterator[None]:
         yield
         return
     bufs = region.buffers
-    saved: list[tuple[int, torch.Tensor]] = []
+    saved: list[tuple[int, torch.Tensor, int]] = []
     # Through .data: the swap must not bump the buffers' version counters, or saved
-    # buffers (BatchNorm saves its running stats) would look modified after save.
+    # buffers (BatchNorm saves its running stats) would look modified after save. The
+    # replay itself reruns the region's in-place updates, which do bump them: the
+    # counters are set back afterwards, so the forward's saves stay valid.
     with torch.no_grad():
         for i in state.mutated:
-            saved.append((i, bufs[i].detach().clone()))
+            saved.append((i, bufs[i].detach().clone(), bufs[i]._version))
             snap = state.snapshots[i]
             if snap is not None:
                 bufs[i].data.copy_(snap)
@@ -94,8 +97,9 @@ def _swap_buffers(call: RegionCall) -> Iterator[None]:
         yield
     finally:
         with torch.no_grad():
-            for i, val in saved:
+            for i, val, version in saved:
                 bufs[i].data.copy_(val)
+                tc.set_version(bufs[i], version)
 
 
 def replay_call(
@@ -126,6 +130,11 @@ def replay_call(
         counter += 1
         if i in needed:
             with internal():
+                if mode is not None and mode.is_placeholder(t):  # NOTE [Placeholder guard]
+                    raise ReplayDivergedError(
+                        f"offrecomp: replay of region {call.name!r} diverged at save #{i}: it "
+                        "saves a tensor the recording did not compute"
+                    )
                 captured[i] = t.detach()
             if i >= last:
                 raise _StopReplay

@@ -35,6 +35,7 @@ class StorageRec:
 
     __slots__ = (
         "__weakref__",
+        "aliased",
         "call",
         "device",
         "fetch_buf",
@@ -82,6 +83,7 @@ class StorageRec:
         self.handles = 0
         self.released = False
         self.on_release: Any = None  # callback(rec) when the last handle dies
+        self.aliased = False  # NOTE [Untracked aliases]: never offloaded
 
     def __repr__(self) -> str:
         return (

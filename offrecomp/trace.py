@@ -24,7 +24,8 @@ other op gets placeholder outputs (right shape, strides and dtype, unspecified v
 because nothing that runs reads them. View ops always run (they cost nothing and keep
 Python-level metadata right).
 
-That is only sound when the recording saw all the dataflow. It did not when:
+That is only sound when the recording saw all the dataflow, and when every pass takes
+the recorded path through the region's Python code. It did not, or may not, when:
   * the region holds torch.compile'd modules: under a dispatch mode they run eagerly, so
     the recording shows other ops (and saves) than the compiled forward runs. Such a
     region is *opaque* from the start;
@@ -32,6 +33,10 @@ That is only sound when the recording saw all the dataflow. It did not when:
     autograd.Function, a compiled graph, a no_grad block): such code may launch kernels
     the dispatcher never sees. The region is *opaque*: replay runs its whole prefix, as
     torch.utils.checkpoint does, and serves nothing;
+  * an op handed Python a value or a shape that depends on the data (``.item()``,
+    ``bool(t)``, ``nonzero``, ``unique``): the code may branch on it, so another pass may
+    run other ops, or the same ops on other tensors, than the recording. The region is
+    *opaque*: replay reruns the prefix plainly, following this pass's own branches;
   * an op read a tensor that no op of the region created and that is neither a region
     input nor a parameter or buffer (``torch.tensor(x.tolist())``, ``from_numpy``): a
     Python-side value path the dispatcher cannot see. Then replay serves held outputs but
@@ -131,6 +136,21 @@ _METADATA_ONLY = frozenset(
 )
 
 _SIMPLE_RETURN_TYPES = ("Tensor", "Tensor?", "SymInt", "int", "float", "bool", "Tensor[]", "ScalarType")
+
+
+_DATA_TAGS = tuple(
+    getattr(torch.Tag, name) for name in ("data_dependent_output", "dynamic_output_shape")
+    if hasattr(torch.Tag, name)
+)
+
+
+def _branches_on_data(op: Any) -> bool:
+    """The op hands Python a value or a shape that depends on tensor data (``.item()``,
+    ``bool(t)``, ``nonzero``, ``unique``): the region's Python code may branch on it."""
+    if any(tag in _DATA_TAGS for tag in getattr(op.func, "tags", ())):
+        return True
+    values = [o for o in op.outputs if isinstance(o, _Value)]
+    return bool(values) and not any(isinstance(o, _OutMeta) for o in op.outputs)
 
 
 def _returns_rebuildable(func: Any) -> bool:
@@ -465,7 +485,12 @@ def build_structure(
     written: set[int] = set()
     for op in rec.ops:
         written.update(op.written_sids)
-    opaque = compiled or (not rec.grad_enabled_at_entry) or any(not op.grad_enabled for op in rec.ops)
+    opaque = (
+        compiled
+        or (not rec.grad_enabled_at_entry)
+        or any(not op.grad_enabled for op in rec.ops)
+        or any(_branches_on_data(op) for op in rec.ops)
+    )
 
     creator: dict[int, int] = {}  # sid -> op that allocated it
     producer = [-1] * len(storage_sids)
@@ -596,6 +621,18 @@ class ServingMode(tc.TorchDispatchMode):
         self.ran = 0  # compute ops run (views excluded)
         self.served = 0
         self.stubbed = 0
+        # NOTE [Placeholder guard]: storages of the placeholders handed out (kept alive
+        # so their addresses stay unique). No op that runs may read one, and no save may
+        # capture one: if either happens, this pass took another path through the
+        # region's code than the recording, and the replay is redone plainly.
+        self._placeholders: set[int] = set()
+        self._alive: list[torch.Tensor] = []
+
+    def is_placeholder(self, t: torch.Tensor) -> bool:
+        """True when ``t`` lies in a placeholder's storage (its values are garbage)."""
+        if not self._placeholders or t.numel() == 0:
+            return False
+        return t.untyped_storage().data_ptr() in self._placeholders
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -621,6 +658,13 @@ class ServingMode(tc.TorchDispatchMode):
                 )
             if not st.view_ops[k]:
                 self.ran += 1
+                if self._placeholders:  # NOTE [Placeholder guard]
+                    for x in tree_flatten((args, kwargs))[0]:
+                        if isinstance(x, torch.Tensor) and self.is_placeholder(x):
+                            raise ReplayDivergedError(
+                                f"offrecomp: replay of region {self.region_name!r} diverged at "
+                                f"op {k} ({name}): it reads a tensor the recording did not need"
+                            )
             return func(*args, **kwargs)
         outs = st.outputs[k]
         assert outs is not None
@@ -634,7 +678,11 @@ class ServingMode(tc.TorchDispatchMode):
                 t.set_(base.untyped_storage(), o.offset, o.size, o.stride)
                 rebuilt.append(t)
             else:
-                rebuilt.append(torch.empty_strided(o.size, o.stride, dtype=o.dtype, device=o.device))
+                t = torch.empty_strided(o.size, o.stride, dtype=o.dtype, device=o.device)
+                if t.numel():
+                    self._placeholders.add(t.untyped_storage().data_ptr())
+                    self._alive.append(t)
+                rebuilt.append(t)
         if action == SERVE:
             self.served += 1
         else:

@@ -44,7 +44,8 @@ replay_op_seconds)``, which is the sum over R when ``replay_op_seconds`` is 0 (a
 region always replays plainly). Storages of kind
 ``input`` are the region inputs the runtime holds for replay (the checkpoint); they may
 be KEEP or OFFLOAD, never RECOMPUTE. Storages of kind ``external`` (created outside the
-region, or smaller than the runtime's ``min_bytes``) are always KEEP. Root storages
+region, smaller than the runtime's ``min_bytes``, or saved through an untracked alias)
+are always KEEP. Root storages
 (saved outside every region) may be KEEP or OFFLOAD only.
 """
 
@@ -105,7 +106,9 @@ class StorageRecord:
     """Size of the allocation in bytes (counted once however many views were saved)."""
     kind: StorageKind = "activation"
     """``activation``: produced inside the region; ``input``: a region input held for
-    replay; ``external``: created outside the region (always kept)."""
+    replay; ``external``: created outside the region, smaller than the runtime's
+    ``min_bytes``, or only partly covered by an untracked alias whose siblings may be
+    written later (always kept)."""
     producer_op: int = -1
     """Index of the op that allocated it, -1 when it came from outside the region."""
     first_save_op: int = 0

@@ -58,7 +58,11 @@ def train(
                         p.grad = g if p.grad is None else p.grad + g
                 else:
                     loss.backward()
-            snap = {f"grad.{n}": p.grad.detach().clone() for n, p in model.named_parameters()}
+            snap = {
+                f"grad.{n}": p.grad.detach().clone()
+                for n, p in model.named_parameters()
+                if p.grad is not None  # frozen parameters have none
+            }
             snap.update({f"buf.{n}": b.detach().clone() for n, b in model.named_buffers()})
             snap["loss"] = loss.detach().clone()
             out.append(snap)

@@ -234,3 +234,28 @@ def test_plain_replay_when_the_dispatch_mode_would_cost_more(monkeypatch: pytest
     assert last.replays == 3 and last.served_ops == 0  # plain replays
     for (n, p), q in zip(ref.named_parameters(), m.parameters()):
         assert torch.equal(p.grad, q.grad), n
+
+
+class _Branchy(nn.Module):
+    def __init__(self, branch: bool) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.branch = branch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(self.lin(x))
+        if self.branch and y.sum() > 0:  # the value reaches Python
+            y = y * 2
+        return y.sin()
+
+
+@pytest.mark.parametrize("branch", [True, False])
+def test_a_region_that_branches_on_data_replays_plainly(branch: bool) -> None:
+    """NOTE [Which ops replay runs]: an op that hands Python a data-dependent value makes
+    the region opaque (plain replays that follow each pass's own branches)."""
+    m = nn.Sequential(_Branchy(branch), _Branchy(branch))
+    with offrecomp.runtime(m, mode="auto", min_bytes=0) as rt:
+        m(torch.randn(4, 8)).sum().backward()
+    entry = rt._planner.last_entry
+    assert entry is not None and entry.profile is not None
+    assert [r.opaque for r in entry.profile.regions] == [branch, branch]
