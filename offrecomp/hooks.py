@@ -137,9 +137,11 @@ class Placer:
         if nbytes == 0 or (region is not None and region.buffers and ptr in rt._buffer_ptrs(region)):
             return _Plain(t, call)
         rec = call.by_ptr.get(ptr)
-        if rec is None or rec.storage_ref() is not storage:
+        if rec is None or rec.released or rec.storage_ref() is not storage:
             # NOTE: a data pointer is only an identity while its allocation lives; the
-            # storage object (preserved by torch while the allocation lives) decides.
+            # storage object (preserved by torch while the allocation lives) decides. A
+            # record whose saves all died was released (its copy freed): a new save of
+            # the same storage is a new storage.
             rec = self._new_storage(p, call, t, ptr, nbytes, storage)
         if recorder is not None:
             if rec.sid is None:
@@ -214,7 +216,7 @@ class Placer:
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
         rec = call.by_ptr.get(ptr)
-        if rec is not None and rec.storage_ref() is storage:
+        if rec is not None and not rec.released and rec.storage_ref() is storage:
             return rec
         nbytes = storage.nbytes()
         index = len(call.storages)

@@ -79,6 +79,7 @@ class Planner:
         self.last_entry: PlanEntry | None = None
         self.opaque_regions: set[str] = set()  # regions whose recording proved untrustworthy
         self._pending: list[tuple[StepRecord, list[PassState]]] = []
+        self._warned_unfinished = False
         pinned = rt.config.replay_op_us
         self.replay_op_pinned = pinned is not None
         self.replay_op_seconds: float = (
@@ -253,6 +254,15 @@ class Planner:
 
     def end_pass(self, p: PassState) -> None:
         if p.recording:
+            if not p.aborted and not p.backward_done and p.calls and not self._warned_unfinished:
+                self._warned_unfinished = True
+                log.warning(
+                    "offrecomp: the measuring pass of signature %s ended before its backward "
+                    "ran (the runtime's context exited after the forward). auto plans only "
+                    "from passes whose forward and backward both run inside `with rt:`; "
+                    "until one does, every pass is measured again (full recompute)",
+                    p.signature,
+                )
             if p.aborted or not p.backward_done:
                 return  # measure again next time
             try:

@@ -622,8 +622,9 @@ class ServingMode(tc.TorchDispatchMode):
         self.served = 0
         self.stubbed = 0
         # NOTE [Placeholder guard]: storages of the placeholders handed out (kept alive
-        # so their addresses stay unique). No op that runs may read one, and no save may
-        # capture one: if either happens, this pass took another path through the
+        # so their addresses stay unique). No op that runs may read one's values (ops
+        # that read only shape and dtype, like empty_like in dropout, may take one), and
+        # no save may capture one: if either happens, this pass took another path through the
         # region's code than the recording, and the replay is redone plainly.
         self._placeholders: set[int] = set()
         self._alive: list[torch.Tensor] = []
@@ -658,7 +659,7 @@ class ServingMode(tc.TorchDispatchMode):
                 )
             if not st.view_ops[k]:
                 self.ran += 1
-                if self._placeholders:  # NOTE [Placeholder guard]
+                if self._placeholders and name not in _METADATA_ONLY:  # NOTE [Placeholder guard]
                     for x in tree_flatten((args, kwargs))[0]:
                         if isinstance(x, torch.Tensor) and self.is_placeholder(x):
                             raise ReplayDivergedError(

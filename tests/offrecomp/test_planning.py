@@ -220,3 +220,19 @@ def test_live_prediction_follows_the_estimate_and_a_moved_one_solves_again() -> 
     assert entry.live is not None
     assert entry.live.step_seconds == pytest.approx(2.0 * solved, rel=1e-6)
     assert entry.needs_solve
+
+
+def test_backward_outside_the_context_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    """auto plans only from passes whose backward ran inside the context: a loop that runs
+    backward after leaving it is told so, once, instead of measuring silently forever."""
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    rt = _runtime(m)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        for step in range(3):
+            with rt:
+                loss = m(batch(step))
+            loss.backward()
+    warned = [r for r in caplog.records if "ended before its backward" in r.getMessage()]
+    assert len(warned) == 1
+    assert all(s.phase == "measure" for s in rt.report().steps)
