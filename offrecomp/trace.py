@@ -621,13 +621,14 @@ class ServingMode(tc.TorchDispatchMode):
         self.ran = 0  # compute ops run (views excluded)
         self.served = 0
         self.stubbed = 0
-        # NOTE [Placeholder guard]: storages of the placeholders handed out (kept alive
-        # so their addresses stay unique). No op that runs may read one's values (ops
-        # that read only shape and dtype, like empty_like in dropout, may take one), and
-        # no save may capture one: if either happens, this pass took another path through the
+        # NOTE [Placeholder guard]: addresses of the placeholders' storages while they
+        # live (each leaves the set when its storage is freed, so a later allocation at
+        # that address is not mistaken for one; holding them instead would grow the
+        # replay's memory). No op that runs may read one's values (ops that read only
+        # shape and dtype, like empty_like in dropout, may take one), and no save may
+        # capture one: if either happens, this pass took another path through the
         # region's code than the recording, and the replay is redone plainly.
         self._placeholders: set[int] = set()
-        self._alive: list[torch.Tensor] = []
 
     def is_placeholder(self, t: torch.Tensor) -> bool:
         """True when ``t`` lies in a placeholder's storage (its values are garbage)."""
@@ -681,8 +682,10 @@ class ServingMode(tc.TorchDispatchMode):
             else:
                 t = torch.empty_strided(o.size, o.stride, dtype=o.dtype, device=o.device)
                 if t.numel():
-                    self._placeholders.add(t.untyped_storage().data_ptr())
-                    self._alive.append(t)
+                    storage = t.untyped_storage()
+                    ptr = storage.data_ptr()
+                    self._placeholders.add(ptr)
+                    weakref.finalize(storage, self._placeholders.discard, ptr)
                 rebuilt.append(t)
         if action == SERVE:
             self.served += 1
