@@ -86,14 +86,6 @@ def top_saved_tensors_hooks() -> Any:
     return torch._C._autograd._top_saved_tensors_default_hooks(False)
 
 
-def set_version(t: torch.Tensor, version: int) -> None:
-    """Set ``t``'s version counter (shared with its views). A replay that reruns a
-    region's in-place buffer update bumps the buffer's counter; restoring it keeps the
-    forward's saves of that buffer valid, as if the replay had not run. Sequence form
-    since torch 2.4."""
-    torch._C._autograd._unsafe_set_version_counter((t,), (version,))  # type: ignore[attr-defined]
-
-
 def cuda_sleep(cycles: int) -> None:
     """Busy-wait the current CUDA stream (tests only: delays a stream to expose races)."""
     torch.cuda._sleep(cycles)  # type: ignore[attr-defined]
@@ -107,7 +99,6 @@ ALL_PRIVATE_APIS: tuple[str, ...] = (
     "torch.Tag.nondeterministic_seeded",
     "OpOverload._schema (alias_info.is_write)",
     "torch.cuda._sleep",
-    "torch._C._autograd._unsafe_set_version_counter",
     "torch._C._autograd._top_saved_tensors_default_hooks",
     "torch.utils._pytree.tree_map / tree_flatten",
 )

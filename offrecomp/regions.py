@@ -35,9 +35,17 @@ class Region:
 
     name: str
     module: nn.Module
-    buffers: tuple[torch.Tensor, ...]
+    slots: tuple[tuple[nn.Module, str], ...]
+    """(module, buffer name) of every buffer under the region: a forward may replace a
+    buffer by assignment (``self.run = 0.9 * self.run + ...``), so buffers are looked up
+    by slot, never held."""
     compiled: bool = False
     """Holds torch.compile'd modules (its op recording cannot be trusted: see trace.py)."""
+
+    @property
+    def buffers(self) -> tuple[torch.Tensor, ...]:
+        """The region's buffers as they are now (a slot set to None is skipped)."""
+        return tuple(b for b in (m._buffers.get(n) for m, n in self.slots) if b is not None)
 
     def __repr__(self) -> str:
         return f"Region({self.name!r}, {type(self.module).__name__})"
@@ -98,7 +106,8 @@ def discover_regions(
             if id(m) not in seen:  # a shared module is one region
                 seen.add(id(m))
                 compiled = any(_is_compiled(x) for x in m.modules())
-                regions.append(Region(prefix or "<model>", m, tuple(m.buffers()), compiled))
+                slots = tuple((sub, n) for sub in m.modules() for n in sub._buffers)
+                regions.append(Region(prefix or "<model>", m, slots, compiled))
             return  # regions never nest
         for child_name, child in m.named_children():
             visit(f"{prefix}.{child_name}" if prefix else child_name, child)
@@ -288,39 +297,51 @@ def autocast_contexts(state: AutocastState) -> list[Any]:
 
 @dataclass
 class BufferState:
+    objects: list[torch.Tensor | None]
+    """The tensor in each slot at region entry."""
     versions: list[int]
     snapshots: list[torch.Tensor | None]
-    mutated: list[int] | None = None  # indices, filled at region exit
+    mutated: list[int] | None = None  # slot indices, filled at region exit
 
 
-def capture_buffers(buffers: tuple[torch.Tensor, ...]) -> BufferState | None:
-    if not buffers:
+def capture_buffers(slots: tuple[tuple[nn.Module, str], ...]) -> BufferState | None:
+    if not slots:
         return None
-    versions = [int(b._version) for b in buffers]
+    objects = [m._buffers.get(n) for m, n in slots]
+    versions = [-1 if b is None else int(b._version) for b in objects]
     snaps: list[torch.Tensor | None] = []
-    for b in buffers:
-        if b.numel() * b.element_size() <= BUFFER_SNAPSHOT_MAX_BYTES:
+    for b in objects:
+        if b is not None and b.numel() * b.element_size() <= BUFFER_SNAPSHOT_MAX_BYTES:
             snaps.append(b.detach().clone())
         else:
             snaps.append(None)
-    return BufferState(versions, snaps)
+    return BufferState(objects, versions, snaps)
 
 
-def finish_buffers(state: BufferState | None, buffers: tuple[torch.Tensor, ...]) -> None:
-    """Region forward returned: find the buffers it mutated.
+def finish_buffers(state: BufferState | None, slots: tuple[tuple[nn.Module, str], ...]) -> None:
+    """Region forward returned: find the buffer slots it mutated or reassigned.
 
     The version counter is not enough: BatchNorm updates its running statistics inside
-    the kernel without bumping it, so small buffers are compared by value too.
+    the kernel without bumping it, so small strided buffers are compared by value too.
     """
     if state is None:
         return
     mutated = []
-    for i, b in enumerate(buffers):
+    for i, (m, n) in enumerate(slots):
+        b = m._buffers.get(n)
+        entry = state.objects[i]
         snap = state.snapshots[i]
-        if int(b._version) != state.versions[i] or (snap is not None and not torch.equal(snap, b.detach())):
+        if b is not entry or b is None:
+            if b is not entry:
+                mutated.append(i)  # reassigned (or set to None) by the forward
+            continue
+        if int(b._version) != state.versions[i] or (
+            snap is not None and b.layout == torch.strided and not torch.equal(snap, b.detach())
+        ):
             mutated.append(i)
     state.mutated = mutated
     # Snapshots of buffers the forward did not touch are not needed for replay.
-    for i in range(len(buffers)):
+    for i in range(len(slots)):
         if i not in mutated:
             state.snapshots[i] = None
+            state.objects[i] = None

@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 
-from offrecomp import _torch_compat as tc
 from offrecomp.regions import autocast_contexts, capture_rng, replay_arguments, restore_rng
 from offrecomp.state import RegionCall
 from offrecomp.trace import ReplayDivergedError, ServingMode, internal, user_code
@@ -76,30 +75,34 @@ def _no_unpack(_: Any) -> Any:
 
 @contextlib.contextmanager
 def _swap_buffers(call: RegionCall) -> Iterator[None]:
+    """NOTE [Replay and module state]: the replay runs on copies of the entry values; the
+    post-forward tensors go back into their slots afterwards, untouched."""
     state = call.buffers
     region = call.region
     if state is None or region is None or not state.mutated:
         yield
         return
-    bufs = region.buffers
-    saved: list[tuple[int, torch.Tensor, int]] = []
-    # Through .data: the swap must not bump the buffers' version counters, or saved
-    # buffers (BatchNorm saves its running stats) would look modified after save. The
-    # replay itself reruns the region's in-place updates, which do bump them: the
-    # counters are set back afterwards, so the forward's saves stay valid.
+    slots = region.slots
+    saved: list[tuple[int, torch.Tensor | None]] = []
     with torch.no_grad():
         for i in state.mutated:
-            saved.append((i, bufs[i].detach().clone(), bufs[i]._version))
-            snap = state.snapshots[i]
-            if snap is not None:
-                bufs[i].data.copy_(snap)
+            m, n = slots[i]
+            post = m._buffers.get(n)
+            saved.append((i, post))
+            entry = state.snapshots[i]
+            if entry is None:
+                obj = state.objects[i]
+                # reassigned: the entry tensor itself still holds the entry values
+                # unless it was also written; a large buffer mutated in place: only its
+                # post-forward value is known (logged at region exit)
+                entry = obj if obj is not None and obj is not post and int(obj._version) == state.versions[i] else post
+            m._buffers[n] = None if entry is None else entry.detach().clone()
     try:
         yield
     finally:
-        with torch.no_grad():
-            for i, val, version in saved:
-                bufs[i].data.copy_(val)
-                tc.set_version(bufs[i], version)
+        for i, post in saved:
+            m, n = slots[i]
+            m._buffers[n] = post
 
 
 def replay_call(

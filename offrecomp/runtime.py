@@ -125,7 +125,7 @@ class Runtime:
                 )
         elif model is None and config.regions is not None:
             raise ValueError("regions= needs a model: offrecomp.runtime(model, regions=...)")
-        self._buffer_ptr_cache: dict[int, frozenset[int]] = {}
+        self._buffer_ptr_cache: dict[int, tuple[tuple[int, ...], frozenset[int]]] = {}
         self._placer = Placer(self)
         self._verifier = Verifier()
         self._planner = Planner(self)
@@ -406,7 +406,7 @@ class Runtime:
             devices.add(self._device)
         call.rng = capture_rng(devices)
         call.autocast = capture_autocast({d.type for d in devices})
-        call.buffers = capture_buffers(region.buffers)
+        call.buffers = capture_buffers(region.slots)
         if p.recording:
             from offrecomp.trace import OpRecorder
 
@@ -429,9 +429,14 @@ class Runtime:
             stack.pop()
         region = call.region
         if region is not None:
-            finish_buffers(call.buffers, region.buffers)
+            finish_buffers(call.buffers, region.slots)
             if call.buffers is not None and call.buffers.mutated:
-                big = [i for i in call.buffers.mutated if call.buffers.snapshots[i] is None]
+                big = [
+                    i
+                    for i in call.buffers.mutated
+                    if call.buffers.snapshots[i] is None
+                    and call.buffers.objects[i] is region.slots[i][0]._buffers.get(region.slots[i][1])
+                ]
                 if big:
                     _warn_once(
                         f"bigbuf:{region.name}",
@@ -478,10 +483,15 @@ class Runtime:
         return frozenset(ptrs)
 
     def _buffer_ptrs(self, region: Region) -> frozenset[int]:
-        ptrs = self._buffer_ptr_cache.get(id(region))
-        if ptrs is None:
-            ptrs = frozenset(int(b.untyped_storage().data_ptr()) for b in region.buffers if b.layout == torch.strided)
-            self._buffer_ptr_cache[id(region)] = ptrs
+        """Storages of the region's buffers, cached while the same tensors fill its slots
+        (a forward may replace a buffer by assignment)."""
+        bufs = region.buffers
+        key = tuple(map(id, bufs))
+        hit = self._buffer_ptr_cache.get(id(region))
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        ptrs = frozenset(int(b.untyped_storage().data_ptr()) for b in bufs if b.layout == torch.strided)
+        self._buffer_ptr_cache[id(region)] = (key, ptrs)
         return ptrs
 
     def _placement_for(self, p: PassState, call: RegionCall, index: int, nbytes: int, *, kind: str) -> Placement:

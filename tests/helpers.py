@@ -81,3 +81,21 @@ def assert_bitwise(ref: list[dict[str, torch.Tensor]], got: list[dict[str, torch
 
 def twin(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model)
+
+
+def check_variant_report(records: list[Any], variant: str, *, n_steps: int, stable: bool = True) -> None:
+    """What each zoo variant must have done, by its step records: recompute replayed,
+    offload offloaded (emulated on CPU), auto measured first and (on a stable structure)
+    ended planned, and a tight budget dropped something."""
+    assert len(records) == n_steps
+    if variant == "recompute":
+        assert all(s.recomputed_bytes > 0 and s.replays > 0 for s in records)
+    if variant == "offload":
+        assert all(s.offloaded_bytes > 0 and s.backend == "emulated" for s in records)
+    if variant.startswith("auto"):
+        phases = [s.phase for s in records]
+        assert phases[0] == "measure", phases
+        if stable:
+            assert phases[-1] == "planned", phases
+    if variant in ("auto_tight", "auto_serve"):
+        assert records[-1].recomputed_bytes > 0, "a budget of half keep's peak forced no dropping"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -137,3 +139,21 @@ class SharedModel(nn.Module):
         x = self.blocks[1](x)
         x = self.blocks[0](x)  # same module again
         return x.square().mean()
+
+
+class Stack(nn.Module):
+    """Blocks applied in turn (a ModuleList: the regions), then a scalar loss."""
+
+    def __init__(self, blocks: list[nn.Module]) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x.square().mean()
+
+
+def stack(block: Callable[[], nn.Module], n: int = 3) -> Callable[[], nn.Module]:
+    """A factory of ``Stack`` models of ``n`` fresh blocks."""
+    return lambda: Stack([block() for _ in range(n)])

@@ -27,7 +27,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import offrecomp
-from tests.helpers import train
+from tests.helpers import check_variant_report, train
+from tests.models import Stack, stack
 
 Batch = Callable[[int], Any]
 Snap = dict[str, torch.Tensor]
@@ -40,23 +41,6 @@ def _gen(seed: int) -> torch.Generator:
 
 
 # ----------------------------------------------------------------------------- models
-
-
-class Stack(nn.Module):
-    """Blocks applied in turn (a ModuleList: the regions), then a scalar loss."""
-
-    def __init__(self, blocks: list[nn.Module]) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(blocks)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for b in self.blocks:
-            x = b(x)
-        return x.square().mean()
-
-
-def stack(block: Callable[[], nn.Module], n: int = 3) -> Callable[[], nn.Module]:
-    return lambda: Stack([block() for _ in range(n)])
 
 
 class BranchBlock(nn.Module):
@@ -797,18 +781,7 @@ def test_zoo_bitwise_equal_to_plain(case: str, variant: str) -> None:
     _assert_bitwise(ref, got)
 
     steps = rt.report().steps
-    assert len(steps) == STEPS
-    if variant == "recompute":
-        assert all(s.recomputed_bytes > 0 and s.replays > 0 for s in steps)
-    if variant == "offload":
-        assert all(s.offloaded_bytes > 0 and s.backend == "emulated" for s in steps)
-    if variant.startswith("auto"):
-        phases = [s.phase for s in steps]
-        assert phases[0] == "measure", phases
-        if c.stable:
-            assert phases[-1] == "planned", phases
-    if variant in ("auto_tight", "auto_serve"):
-        assert steps[-1].recomputed_bytes > 0, "a budget of half keep's peak forced no dropping"
+    check_variant_report(steps, variant, n_steps=STEPS, stable=c.stable)
 
 
 #: Cases whose CUDA kernels are deterministic run for run (no atomics in their backward).

@@ -55,11 +55,3 @@ def test_callback_only_inside_backward() -> None:
     y.sum().backward()
     assert seen == [1]
 
-
-def test_set_version_sets_the_shared_counter() -> None:
-    t = torch.zeros(4)
-    v = t[:2]
-    t.add_(1)
-    assert t._version == v._version == 1
-    tc.set_version(t, 0)
-    assert t._version == v._version == 0
