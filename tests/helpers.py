@@ -99,3 +99,25 @@ def check_variant_report(records: list[Any], variant: str, *, n_steps: int, stab
             assert phases[-1] == "planned", phases
     if variant in ("auto_tight", "auto_serve"):
         assert records[-1].recomputed_bytes > 0, "a budget of half keep's peak forced no dropping"
+
+
+def batch_on(device: torch.device, batch: Callable[[int], Any]) -> Callable[[int], Any]:
+    """``batch`` with every tensor it returns moved to ``device``."""
+
+    def moved(seed: int) -> Any:
+        return torch.utils._pytree.tree_map(
+            lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, batch(seed)
+        )
+
+    return moved
+
+
+def plain_is_deterministic(model: nn.Module, batch: Callable[[int], Any], steps: int) -> bool:
+    """Two plain runs give bitwise-equal results (no atomics in the backward on CUDA)."""
+    a = train(copy.deepcopy(model), batch, steps=steps)
+    b = train(copy.deepcopy(model), batch, steps=steps)
+    return all(torch.equal(_dense(x[k]), _dense(y[k])) for x, y in zip(a, b) for k in x)
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    return t.to_dense() if t.layout != torch.strided else t

@@ -35,7 +35,7 @@ from torch import nn
 
 import offrecomp
 from scheduler.plan import Placement, Plan
-from tests.helpers import check_variant_report, train
+from tests.helpers import batch_on, check_variant_report, plain_is_deterministic, train
 from tests.models import Stack, stack
 
 Batch = Callable[[int], Any]
@@ -1055,3 +1055,26 @@ def test_sparse_buffer_in_a_region(mode: str) -> None:
     matrix at the root). The region exit compares only strided buffers with their entry
     snapshots by value (torch.equal has no sparse kernel); others by version."""
     _plain_vs_runtime(lambda: Chain(SparseBufferBlock), [torch.randn(3, 4), torch.randn(3, 4)], mode)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("variant", ["offload", "auto_serve"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_layout_on_cuda(case: str, variant: str) -> None:
+    """The layouts on the GPU: offload copies on CUDA streams and replays under the
+    dispatch mode, bitwise against a plain CUDA run (skipped where plain CUDA runs
+    differ from each other)."""
+    dev = torch.device("cuda")
+    c = CASES[case]
+    torch.manual_seed(0)
+    model, batch = c.factory().to(dev), batch_on(dev, c.batch)
+    kw = dict(c.opts)
+    if c.regions is not None:
+        kw["regions"] = c.regions
+    if not plain_is_deterministic(model, batch, STEPS):
+        pytest.skip(f"{case}: plain CUDA runs differ run to run (nondeterministic kernels)")
+    ref = train(copy.deepcopy(model), batch, steps=STEPS)
+    budget = _tight_budget(model, batch, kw) if variant == "auto_serve" else None
+    m = copy.deepcopy(model)
+    got = train(m, batch, _runtime(m, variant, kw, budget), steps=STEPS)
+    _assert_bitwise(ref, got)

@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import offrecomp
-from tests.helpers import check_variant_report, train
+from tests.helpers import batch_on, check_variant_report, plain_is_deterministic, train
 from tests.models import Stack, stack
 
 Batch = Callable[[int], Any]
@@ -799,15 +799,6 @@ CUDA_CASES = [
 ]
 
 
-def _to(device: torch.device, batch: Batch) -> Batch:
-    def moved(s: int) -> Any:
-        return torch.utils._pytree.tree_map(
-            lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, batch(s)
-        )
-
-    return moved
-
-
 @pytest.mark.cuda
 @pytest.mark.parametrize("variant", ["offload", "auto_serve"])
 @pytest.mark.parametrize("case", CUDA_CASES)
@@ -817,12 +808,11 @@ def test_zoo_on_cuda(case: str, variant: str) -> None:
     dev = torch.device("cuda")
     c = CASES[case]
     torch.manual_seed(0)
-    model, batch = c.factory().to(dev), _to(dev, c.batch)
+    model, batch = c.factory().to(dev), batch_on(dev, c.batch)
     kw = {"regions": c.regions} if c.regions is not None else {}
-    ref = train(copy.deepcopy(model), batch, steps=STEPS)
-    again = train(copy.deepcopy(model), batch, steps=STEPS)
-    if any(not torch.equal(a[k], b[k]) for a, b in zip(ref, again) for k in a):
+    if not plain_is_deterministic(model, batch, STEPS):
         pytest.skip(f"{case}: plain CUDA runs differ run to run (nondeterministic kernels)")
+    ref = train(copy.deepcopy(model), batch, steps=STEPS)
     budget = None
     if variant != "offload":
         probe = copy.deepcopy(model)
