@@ -26,7 +26,7 @@ log "environment"
 cat "$OUT/env.txt" | tee -a "$OUT/suite.log"
 
 log "CUDA tests"
-timeout 200 "$PY" -m pytest -q -p no:cacheprovider -m cuda -rA tests 2>&1 | tail -n 60 > "$OUT/cuda_tests.log"
+timeout 240 "$PY" -m pytest -q -p no:cacheprovider -m cuda -rA tests 2>&1 | tail -n 60 > "$OUT/cuda_tests.log"
 tail -n 25 "$OUT/cuda_tests.log" | tee -a "$OUT/suite.log"
 
 log "offload bandwidth and overlap"
@@ -40,7 +40,7 @@ OFFRECOMP_LOG=INFO timeout 150 "$PY" benchmarks/bench_planner.py --device cuda -
   2>&1 | grep -v "^STAGE:\|profiler_st" | tail -n 80 | tee -a "$OUT/suite.log"
 
 log "long-sequence comparison, gpu-1.3b preset"
-timeout 240 "$PY" -m benchmarks.long_seq --preset gpu-1.3b --seq 4096,8192 --no-compile --no-search \
+timeout 200 "$PY" -m benchmarks.long_seq --preset gpu-1.3b --seq 4096,8192 --no-compile --no-search \
   --no-plots --quiet --repeats 3 --out "$OUT/long_seq" 2>&1 | tail -n 60 | tee -a "$OUT/suite.log"
 
 log "done"

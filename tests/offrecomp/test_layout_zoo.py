@@ -35,7 +35,7 @@ from torch import nn
 
 import offrecomp
 from scheduler.plan import Placement, Plan
-from tests.helpers import batch_on, check_variant_report, plain_is_deterministic, train
+from tests.helpers import batch_on, check_variant_report, deterministic_plain, train
 from tests.models import Stack, stack
 
 Batch = Callable[[int], Any]
@@ -1071,9 +1071,9 @@ def test_layout_on_cuda(case: str, variant: str) -> None:
     kw = dict(c.opts)
     if c.regions is not None:
         kw["regions"] = c.regions
-    if not plain_is_deterministic(model, batch, STEPS):
+    ref = deterministic_plain(model, batch, STEPS)
+    if ref is None:
         pytest.skip(f"{case}: plain CUDA runs differ run to run (nondeterministic kernels)")
-    ref = train(copy.deepcopy(model), batch, steps=STEPS)
     budget = _tight_budget(model, batch, kw) if variant == "auto_serve" else None
     m = copy.deepcopy(model)
     got = train(m, batch, _runtime(m, variant, kw, budget), steps=STEPS)
