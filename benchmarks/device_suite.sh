@@ -26,7 +26,7 @@ log "environment"
 cat "$OUT/env.txt" | tee -a "$OUT/suite.log"
 
 log "CUDA tests"
-timeout 240 "$PY" -m pytest -q -p no:cacheprovider -m cuda -rA tests 2>&1 | tail -n 60 > "$OUT/cuda_tests.log"
+timeout 240 "$PY" -m pytest -q -p no:cacheprovider -m cuda -rA tests 2>&1 | tail -n 200 > "$OUT/cuda_tests.log"
 tail -n 25 "$OUT/cuda_tests.log" | tee -a "$OUT/suite.log"
 
 log "offload bandwidth and overlap"
