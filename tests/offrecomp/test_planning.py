@@ -41,11 +41,11 @@ def test_replay_cost_is_learnt_and_a_moved_cost_solves_again() -> None:
     """NOTE [Serving overhead]: the rest of a dispatch-mode replay's time, per op seen,
     is the mode's cost; the estimate is smoothed, and plans solved with a cost it has
     left by more than half are solved again."""
-    rt, _, _ = _planned()
+    rt, _, _ = _planned(drift=100.0)  # no re-solve from timing noise
     planner = rt._planner
     entry = planner.last_entry
-    assert entry is not None and entry.plan is not None and not entry.needs_solve
-    assert entry.calibrated
+    assert entry is not None and entry.plan is not None and entry.calibrated
+    entry.needs_solve = False  # what follows is about the replay cost alone
     start = planner.replay_op_seconds = entry.solved_replay_op_seconds = 25e-6
     # 100 ops seen, 5 ms of them run, 10 ms measured: 50 us per op
     planner._learn_replay_cost(_pass_with_replays(entry.signature, (0.010, 100, 0.005)))
@@ -175,11 +175,15 @@ def test_live_prediction_follows_the_estimate_and_a_moved_one_solves_again() -> 
     """NOTE [Live prediction]: each planned pass's record carries the plan predicted
     under the estimate learnt up to the pass before it; when that prediction leaves the
     solve's by more than ``drift``, the plan is solved again."""
-    rt, m, batch = _planned(drift=0.25)  # measure, calibrate, planned
+    # the replay cost pinned and a wide drift: re-solves from timing noise stay rare
+    rt, m, batch = _planned(drift=0.5, replay_op_us=25.0)  # measure, calibrate, planned
     planner = rt._planner
     entry = planner.last_entry
     assert entry is not None and entry.plan is not None and entry.profile is not None
-    if entry.needs_solve:  # timing noise moved the estimate already: start from a solve
+    for _ in range(4):  # until a pass was learnt since the last solve, refreshing each pass
+        entry.live_every, entry.live_skipped = 1, 0
+        if not entry.needs_solve and entry.live is not None:
+            break
         train(m, batch, rt, steps=1)
     assert not entry.needs_solve and entry.live is not None
     want = predict(entry.profile, entry.plan, prefetch_regions=2)
