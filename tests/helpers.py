@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+import offrecomp
 from tests import models
 
 Batch = Callable[[int], Any]
@@ -72,11 +73,45 @@ def train(
 
 
 def assert_bitwise(ref: list[dict[str, torch.Tensor]], got: list[dict[str, torch.Tensor]]) -> None:
-    assert len(ref) == len(got)
+    """Every entry of every step equal in dtype, shape and bits (sparse compared dense);
+    a failure names every entry that differs, with its largest difference."""
+    assert len(ref) == len(got), (len(ref), len(got))
     for step, (a, b) in enumerate(zip(ref, got)):
-        assert a.keys() == b.keys()
+        assert a.keys() == b.keys(), f"step {step}: {sorted(a.keys() ^ b.keys())}"
+        bad = []
         for k in a:
-            assert torch.equal(a[k], b[k]), f"step {step}: {k} differs (max abs diff {(a[k] - b[k]).abs().max()})"
+            x, y = _dense(a[k]), _dense(b[k])
+            if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(x, y):
+                diff = (x.double() - y.double()).abs().max().item() if x.shape == y.shape else float("nan")
+                bad.append(f"{k} (max abs diff {diff:.3g})")
+        assert not bad, f"step {step}: " + ", ".join(bad)
+
+
+ZOO_VARIANTS = ["keep", "recompute", "offload", "auto", "auto_tight", "auto_serve"]
+"""Every mode, auto under a tight budget, and auto under a tight budget with every replay
+under the dispatch mode (``replay_op_us=0``: on CPU the ops are shorter than the default
+per-op cost, so otherwise that path would not run)."""
+
+
+def variant_runtime(model: nn.Module, variant: str, budget: int | None = None, **kw: Any) -> offrecomp.Runtime:
+    """The runtime of one of ``ZOO_VARIANTS`` (``budget`` for the tight ones)."""
+    mode = variant
+    if variant in ("auto_tight", "auto_serve"):
+        mode = "auto"
+        kw["budget"] = budget
+        if variant == "auto_serve":
+            kw["replay_op_us"] = 0
+    return offrecomp.runtime(model, mode=mode, min_bytes=0, **kw)
+
+
+def tight_budget(model: nn.Module, batch: Callable[[int], Any], **kw: Any) -> int:
+    """Half the peak activation bytes a keep run of a copy of ``model`` books in one step."""
+    probe = copy.deepcopy(model)
+    keep = variant_runtime(probe, "keep", **kw)
+    train(probe, batch, keep, steps=1)
+    budget = keep.report().steps[0].peak_activation_bytes // 2
+    assert budget > 0
+    return budget
 
 
 def twin(model: nn.Module) -> nn.Module:

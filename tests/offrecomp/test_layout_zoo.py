@@ -35,7 +35,16 @@ from torch import nn
 
 import offrecomp
 from scheduler.plan import Placement, Plan
-from tests.helpers import batch_on, check_variant_report, deterministic_plain, train
+from tests.helpers import (
+    ZOO_VARIANTS,
+    assert_bitwise,
+    batch_on,
+    check_variant_report,
+    deterministic_plain,
+    tight_budget,
+    train,
+    variant_runtime,
+)
 from tests.models import Stack, stack
 
 Batch = Callable[[int], Any]
@@ -43,7 +52,7 @@ Snap = dict[str, torch.Tensor]
 Pred = Callable[[list[torch.Tensor]], bool]
 
 STEPS = 4
-VARIANTS = ["keep", "recompute", "offload", "auto", "auto_tight", "auto_serve"]
+VARIANTS = ZOO_VARIANTS
 MODES = ["keep", "recompute", "offload", "auto"]
 
 
@@ -680,45 +689,6 @@ def _one_thread() -> Any:
     torch.set_num_threads(n)
 
 
-def _as_dense(t: torch.Tensor) -> torch.Tensor:
-    return t.to_dense() if t.layout != torch.strided else t
-
-
-def _assert_bitwise(ref: list[Snap], got: list[Snap]) -> None:
-    assert len(ref) == len(got)
-    for step, (a, b) in enumerate(zip(ref, got)):
-        assert a.keys() == b.keys(), f"step {step}: {sorted(a.keys() ^ b.keys())}"
-        bad = []
-        for k in a:
-            x, y = _as_dense(a[k]), _as_dense(b[k])
-            if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(x, y):
-                diff = (x.double() - y.double()).abs().max().item() if x.shape == y.shape else float("nan")
-                bad.append(f"{k} (max abs diff {diff:.3g})")
-        assert not bad, f"step {step}: " + ", ".join(bad)
-
-
-def _runtime(
-    model: nn.Module, variant: str, opts: dict[str, Any], budget: int | None = None
-) -> offrecomp.Runtime:
-    kw = dict(opts)
-    mode = variant
-    if variant in ("auto_tight", "auto_serve"):
-        mode = "auto"
-        kw["budget"] = budget
-        if variant == "auto_serve":
-            kw["replay_op_us"] = 0
-    return offrecomp.runtime(model, mode=mode, min_bytes=0, **kw)
-
-
-def _tight_budget(model: nn.Module, batch: Batch, opts: dict[str, Any]) -> int:
-    probe = copy.deepcopy(model)
-    keep = _runtime(probe, "keep", opts)
-    train(probe, batch, keep, steps=1)
-    budget = keep.report().steps[0].peak_activation_bytes // 2
-    assert budget > 0
-    return budget
-
-
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_layout_bitwise_equal_to_plain(case: str, variant: str) -> None:
@@ -734,11 +704,11 @@ def test_layout_bitwise_equal_to_plain(case: str, variant: str) -> None:
     del saved
     ref = train(copy.deepcopy(model), c.batch, steps=STEPS)
     assert ref[0].keys() - {"loss"}, "the case trains nothing"
-    budget = _tight_budget(model, c.batch, kw) if variant in ("auto_tight", "auto_serve") else None
+    budget = tight_budget(model, c.batch, **kw) if variant in ("auto_tight", "auto_serve") else None
     m = copy.deepcopy(model)
-    rt = _runtime(m, variant, kw, budget)
+    rt = variant_runtime(m, variant, budget, **kw)
     got = train(m, c.batch, rt, steps=STEPS)
-    _assert_bitwise(ref, got)
+    assert_bitwise(ref, got)
 
     steps = rt.report().steps
     check_variant_report(steps, variant, n_steps=STEPS, stable=c.stable)
@@ -760,7 +730,7 @@ def test_big_storage_offload_falls_back_to_recompute() -> None:
     rt = offrecomp.runtime(m, mode="recompute", min_bytes=0, host_limit="8MiB")
     rt.set_plan(Plan(default=Placement.OFFLOAD, plan_id="offload-all"))
     got = train(m, batch, rt, steps=3)
-    _assert_bitwise(ref, got)
+    assert_bitwise(ref, got)
     steps = rt.report().steps
     assert all(s.fallbacks.get("offload_to_recompute", 0) >= 1 for s in steps), [s.fallbacks for s in steps]
     assert all(s.offloaded_bytes > 0 and s.replays > 0 for s in steps)
@@ -849,14 +819,14 @@ def test_inplace_after_save_raises_like_plain(
     budget = None
     if variant in ("auto_tight", "auto_serve"):
         probe = copy.deepcopy(model)
-        keep = _runtime(probe, "keep", {})
+        keep = variant_runtime(probe, "keep")
         with keep:
             probe(_randn(3, 6, 12)(0))[0].backward()
         budget = keep.report().steps[0].peak_activation_bytes // 2
     m = copy.deepcopy(model)
-    rt = _runtime(m, variant, {}, budget)
+    rt = variant_runtime(m, variant, budget)
     got, err = _forbidden_run(m, rt, hold, write_step)
-    _assert_bitwise(ref, got[:write_step])
+    assert_bitwise(ref, got[:write_step])
     assert err is not None, f"{variant}: a saved tensor was written in place and backward did not raise"
     assert isinstance(err, RuntimeError)
     assert re.search(_FORBIDDEN, str(err)), str(err)
@@ -893,7 +863,7 @@ def _plain_vs_runtime(factory: Callable[[], nn.Module], xs: list[torch.Tensor], 
     ref = run(copy.deepcopy(model), None)
     m = copy.deepcopy(model)
     got = run(m, offrecomp.runtime(m, mode=mode, min_bytes=0))
-    _assert_bitwise(ref, got)
+    assert_bitwise(ref, got)
 
 
 class Chain(nn.Module):
@@ -1074,7 +1044,7 @@ def test_layout_on_cuda(case: str, variant: str) -> None:
     ref = deterministic_plain(model, batch, STEPS)
     if ref is None:
         pytest.skip(f"{case}: plain CUDA runs differ run to run (nondeterministic kernels)")
-    budget = _tight_budget(model, batch, kw) if variant == "auto_serve" else None
+    budget = tight_budget(model, batch, **kw) if variant == "auto_serve" else None
     m = copy.deepcopy(model)
-    got = train(m, batch, _runtime(m, variant, kw, budget), steps=STEPS)
-    _assert_bitwise(ref, got)
+    got = train(m, batch, variant_runtime(m, variant, budget, **kw), steps=STEPS)
+    assert_bitwise(ref, got)

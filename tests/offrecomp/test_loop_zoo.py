@@ -33,11 +33,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import offrecomp
+from tests.helpers import ZOO_VARIANTS, assert_bitwise, variant_runtime
 
 Snap = dict[str, torch.Tensor]
 Loop = Callable[[nn.Module, "offrecomp.Runtime | None"], list[Snap]]
 
-VARIANTS = ["keep", "recompute", "offload", "auto", "auto_tight", "auto_serve"]
+VARIANTS = ZOO_VARIANTS
 VOCAB = 64
 
 
@@ -143,29 +144,6 @@ def _final(model: nn.Module) -> Snap:
     return {f"param.{n}": p.detach().clone() for n, p in model.named_parameters()}
 
 
-def _assert_bitwise(ref: list[Snap], got: list[Snap]) -> None:
-    assert len(ref) == len(got), (len(ref), len(got))
-    for step, (a, b) in enumerate(zip(ref, got)):
-        assert a.keys() == b.keys(), f"entry {step}: {sorted(a.keys() ^ b.keys())}"
-        bad = []
-        for k in a:
-            if not torch.equal(a[k], b[k]):
-                diff = (a[k].double() - b[k].double()).abs().max().item() if a[k].shape == b[k].shape else "shape"
-                bad.append(f"{k} (max abs diff {diff})")
-        assert not bad, f"entry {step}: " + ", ".join(bad)
-
-
-def _runtime(model: nn.Module, variant: str, budget: int | None = None, **kw: Any) -> offrecomp.Runtime:
-    opts = dict(kw)
-    mode = variant
-    if variant in ("auto_tight", "auto_serve"):
-        mode = "auto"
-        opts["budget"] = budget
-        if variant == "auto_serve":
-            opts["replay_op_us"] = 0
-    return offrecomp.runtime(model, mode=mode, min_bytes=0, **opts)
-
-
 _REFS: dict[str, list[Snap]] = {}
 _BUDGETS: dict[str, int] = {}
 
@@ -192,15 +170,15 @@ def _run(
     if variant in ("auto_tight", "auto_serve"):
         if name not in _BUDGETS:
             probe = copy.deepcopy(model)
-            keep = _runtime(probe, "keep", **kw)
+            keep = variant_runtime(probe, "keep", **kw)
             loop(probe, keep)
             _BUDGETS[name] = keep.report().steps[0].peak_activation_bytes // 2
         budget = _BUDGETS[name]
         assert budget > 0
     m = copy.deepcopy(model)
-    rt = _runtime(m, variant, budget, **kw)
+    rt = variant_runtime(m, variant, budget, **kw)
     got = loop(m, rt)
-    _assert_bitwise(_REFS[name], got)
+    assert_bitwise(_REFS[name], got)
     report = rt.report()  # works after the loop, whatever it did
     steps = report.steps
     assert steps, "no step recorded"
@@ -794,15 +772,15 @@ def test_two_models_with_their_own_runtimes_alternately(variant: str) -> None:
     if variant in ("auto_tight", "auto_serve"):
         if "two_models.a" not in _BUDGETS:
             pa, pb = copy.deepcopy(a), copy.deepcopy(b)
-            keeps = (_runtime(pa, "keep"), _runtime(pb, "keep"))
+            keeps = (variant_runtime(pa, "keep"), variant_runtime(pb, "keep"))
             loop_two_models((pa, pb), keeps)
             for key, k in zip(("two_models.a", "two_models.b"), keeps):
                 _BUDGETS[key] = k.report().steps[0].peak_activation_bytes // 2
         budgets = [_BUDGETS["two_models.a"], _BUDGETS["two_models.b"]]
     ma, mb = copy.deepcopy(a), copy.deepcopy(b)
-    rts = (_runtime(ma, variant, budgets[0]), _runtime(mb, variant, budgets[1]))
+    rts = (variant_runtime(ma, variant, budgets[0]), variant_runtime(mb, variant, budgets[1]))
     got = loop_two_models((ma, mb), rts)
-    _assert_bitwise(_REFS["two_models"], got)
+    assert_bitwise(_REFS["two_models"], got)
     for rt in rts:
         steps = rt.report().steps
         assert len(steps) == 5

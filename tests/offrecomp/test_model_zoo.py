@@ -27,7 +27,16 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import offrecomp
-from tests.helpers import batch_on, check_variant_report, deterministic_plain, train
+from tests.helpers import (
+    ZOO_VARIANTS,
+    assert_bitwise,
+    batch_on,
+    check_variant_report,
+    deterministic_plain,
+    tight_budget,
+    train,
+    variant_runtime,
+)
 from tests.models import Stack, stack
 
 Batch = Callable[[int], Any]
@@ -721,7 +730,7 @@ CASES: dict[str, Case] = {
     "parametrizations": Case(stack(lambda: ParamBlock(32)), _randn(3, 6, 32)),
 }
 
-VARIANTS = ["keep", "recompute", "offload", "auto", "auto_tight", "auto_serve"]
+VARIANTS = ZOO_VARIANTS
 
 
 # ---------------------------------------------------------------------------- harness
@@ -737,28 +746,6 @@ def _one_thread() -> Any:
     torch.set_num_threads(n)
 
 
-def _assert_bitwise(ref: list[Snap], got: list[Snap]) -> None:
-    assert len(ref) == len(got)
-    for step, (a, b) in enumerate(zip(ref, got)):
-        assert a.keys() == b.keys(), f"step {step}: {sorted(a.keys() ^ b.keys())}"
-        bad = []
-        for k in a:
-            if not torch.equal(a[k], b[k]):
-                bad.append(f"{k} (max abs diff {(a[k] - b[k]).abs().max().item():.3g})")
-        assert not bad, f"step {step}: " + ", ".join(bad)
-
-
-def _runtime(model: nn.Module, variant: str, kw: dict[str, Any], budget: int | None = None) -> offrecomp.Runtime:
-    opts = dict(kw)
-    mode = variant
-    if variant in ("auto_tight", "auto_serve"):
-        mode = "auto"
-        opts["budget"] = budget
-        if variant == "auto_serve":
-            opts["replay_op_us"] = 0
-    return offrecomp.runtime(model, mode=mode, min_bytes=0, **opts)
-
-
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_zoo_bitwise_equal_to_plain(case: str, variant: str) -> None:
@@ -768,17 +755,11 @@ def test_zoo_bitwise_equal_to_plain(case: str, variant: str) -> None:
     kw = {"regions": c.regions} if c.regions is not None else {}
     ref = train(copy.deepcopy(model), batch, steps=STEPS)
     assert ref[0].keys() - {"loss"}, "the case trains nothing"
-    budget = None
-    if variant in ("auto_tight", "auto_serve"):
-        probe = copy.deepcopy(model)
-        keep = _runtime(probe, "keep", kw)
-        train(probe, batch, keep, steps=1)
-        budget = keep.report().steps[0].peak_activation_bytes // 2
-        assert budget > 0
+    budget = tight_budget(model, batch, **kw) if variant in ("auto_tight", "auto_serve") else None
     m = copy.deepcopy(model)
-    rt = _runtime(m, variant, kw, budget)
+    rt = variant_runtime(m, variant, budget, **kw)
     got = train(m, batch, rt, steps=STEPS)
-    _assert_bitwise(ref, got)
+    assert_bitwise(ref, got)
 
     steps = rt.report().steps
     check_variant_report(steps, variant, n_steps=STEPS, stable=c.stable)
@@ -813,16 +794,11 @@ def test_zoo_on_cuda(case: str, variant: str) -> None:
     ref = deterministic_plain(model, batch, STEPS)
     if ref is None:
         pytest.skip(f"{case}: plain CUDA runs differ run to run (nondeterministic kernels)")
-    budget = None
-    if variant != "offload":
-        probe = copy.deepcopy(model)
-        keep = _runtime(probe, "keep", kw)
-        train(probe, batch, keep, steps=1)
-        budget = keep.report().steps[0].peak_activation_bytes // 2
+    budget = tight_budget(model, batch, **kw) if variant != "offload" else None
     m = copy.deepcopy(model)
-    rt = _runtime(m, variant, kw, budget)
+    rt = variant_runtime(m, variant, budget, **kw)
     got = train(m, batch, rt, steps=STEPS)
-    _assert_bitwise(ref, got)
+    assert_bitwise(ref, got)
     steps = rt.report().steps
     if variant == "offload":
         assert all(s.offloaded_bytes > 0 and s.backend == "cuda" for s in steps)
