@@ -331,9 +331,10 @@ def finish_buffers(state: BufferState | None, slots: tuple[tuple[nn.Module, str]
         b = m._buffers.get(n)
         entry = state.objects[i]
         snap = state.snapshots[i]
-        if b is not entry or b is None:
-            if b is not entry:
-                mutated.append(i)  # reassigned (or set to None) by the forward
+        if b is not entry:
+            mutated.append(i)  # reassigned (or set to None) by the forward
+            continue
+        if b is None:
             continue
         if int(b._version) != state.versions[i] or (
             snap is not None and b.layout == torch.strided and not torch.equal(snap, b.detach())

@@ -187,7 +187,10 @@ def _describable(t: torch.Tensor) -> bool:
 
 def _scalars(args: Any, kwargs: Any) -> tuple[Any, ...]:
     """Non-tensor arguments of an op, for the divergence check."""
-    leaves, _ = tree_flatten((args, kwargs))
+    return _scalars_of(tree_flatten((args, kwargs))[0])
+
+
+def _scalars_of(leaves: list[Any]) -> tuple[Any, ...]:
     out: list[Any] = []
     for x in leaves:
         if isinstance(x, torch.Tensor):
@@ -652,16 +655,18 @@ class ServingMode(tc.TorchDispatchMode):
             )
         action = self.program[k] if k < len(self.program) else RUN
         if action == RUN:
-            if _scalars(args, kwargs) != st.op_scalars[k]:
+            leaves = tree_flatten((args, kwargs))[0]
+            scalars = _scalars_of(leaves)
+            if scalars != st.op_scalars[k]:
                 raise ReplayDivergedError(
                     f"offrecomp: replay of region {self.region_name!r} diverged at op {k} ({name}): "
-                    f"non-tensor arguments {_scalars(args, kwargs)} differ from the forward's "
+                    f"non-tensor arguments {scalars} differ from the forward's "
                     f"{st.op_scalars[k]}"
                 )
             if not st.view_ops[k]:
                 self.ran += 1
                 if self._placeholders and name not in _METADATA_ONLY:  # NOTE [Placeholder guard]
-                    for x in tree_flatten((args, kwargs))[0]:
+                    for x in leaves:
                         if isinstance(x, torch.Tensor) and self.is_placeholder(x):
                             raise ReplayDivergedError(
                                 f"offrecomp: replay of region {self.region_name!r} diverged at "
