@@ -237,8 +237,14 @@ def print_breakdown(steps: list[dict[str, Any]]) -> None:
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v * 1e3:.1f}"
 
-    print("auto steps, measured/predicted ms (step: forward + backward incl. replay and stall)")
-    hdr = f"{'step':>4} {'phase':<10} {'step':>15} {'forward':>15} {'replay':>15} {'stall':>15} {'replay us/op':>12}"
+    print(
+        "auto steps, measured/predicted ms (step: forward + backward incl. replay and stall; "
+        "gc: host ms in garbage collection)"
+    )
+    hdr = (
+        f"{'step':>4} {'phase':<10} {'step':>15} {'forward':>15} {'replay':>15} {'stall':>15} "
+        f"{'replay us/op':>12} {'gc':>6}"
+    )
     print(hdr)
     for r in steps:
         cells = [
@@ -249,7 +255,7 @@ def print_breakdown(steps: list[dict[str, Any]]) -> None:
         ]
         print(
             f"{r['step']:>4} {r['phase']:<10} " + " ".join(f"{c:>15}" for c in cells)
-            + f" {r['replay_op_us']:>12.1f}"
+            + f" {r['replay_op_us']:>12.1f} {r.get('pause_seconds', 0.0) * 1e3:>6.1f}"
         )
 
 

@@ -4,11 +4,22 @@ Device time is read with CUDA events on GPU (recorded on the live compute stream
 resolved lazily, never by a host sync in the hot path) and with ``perf_counter`` on CPU.
 Memory comes from the CUDA caching allocator, ``nvidia-ml-py``'s ``pynvml`` (device
 capacity without touching the allocator) and ``psutil`` (host).
+
+NOTE [Host pauses]: a timed span can contain a pause of the Python interpreter that has
+nothing to do with the work timed: a garbage collection (a full one walks every object
+in the process, 50-500 ms in a training process) runs in whatever code allocated last,
+and on GPU the device drains its queue and idles while the host is stopped, so the
+CUDA events around a 2 ms block can read 100 ms. Every mark carries the seconds the
+interpreter has spent in collections so far (``gc.callbacks``, installed once per
+process by the first clock), so the pause inside any span is known, and the planner
+learns nothing from spans a pause distorted.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,15 +28,58 @@ import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Clock", "Mark", "device_capacity_bytes", "host_available_bytes"]
+PAUSE_SHARE = 0.1
+"""A span whose host pauses exceed this share of it teaches the planner nothing."""
+PAUSE_FLOOR_SECONDS = 1e-3
+"""Host pauses up to this long never disqualify a span."""
+
+__all__ = ["Clock", "Mark", "device_capacity_bytes", "gc_seconds", "host_available_bytes"]
+
+
+class _GcWatch:
+    """Cumulative seconds spent in garbage collections (NOTE [Host pauses])."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = 0
+        self._started: float | None = None
+        self._installed = False
+        self._lock = threading.Lock()
+
+    def install(self) -> None:
+        if self._installed:
+            return
+        with self._lock:
+            if not self._installed:
+                gc.callbacks.append(self._callback)
+                self._installed = True
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        # collections hold the GIL and do not nest: one start/stop pair at a time
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            self.seconds += time.perf_counter() - self._started
+            self.collections += 1
+            self._started = None
+
+
+_GC = _GcWatch()
+
+
+def gc_seconds() -> float:
+    """Seconds this process has spent in garbage collections since the first clock."""
+    return _GC.seconds
 
 
 @dataclass
 class Mark:
-    """A point in time on one clock: host time plus, on GPU, an event."""
+    """A point in time on one clock: host time plus, on GPU, an event; ``gc`` is the
+    interpreter's cumulative seconds in garbage collection at the mark."""
 
     host: float
     event: Any = None
+    gc: float = 0.0
 
 
 class Clock:
@@ -34,13 +88,32 @@ class Clock:
     def __init__(self, device: torch.device | None) -> None:
         self.cuda = device is not None and device.type == "cuda"
         self.device = device
+        _GC.install()
 
     def mark(self) -> Mark:
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record(torch.cuda.current_stream(self.device))  # looked up live
-            return Mark(time.perf_counter(), ev)
-        return Mark(time.perf_counter())
+            return Mark(time.perf_counter(), ev, _GC.seconds)
+        return Mark(time.perf_counter(), None, _GC.seconds)
+
+    @staticmethod
+    def pause(a: Mark | None, b: Mark | None) -> float:
+        """Seconds the interpreter spent in garbage collection between ``a`` and ``b``
+        (NOTE [Host pauses]); 0 when either is unknown."""
+        if a is None or b is None:
+            return 0.0
+        return max(0.0, b.gc - a.gc)
+
+    def distorted(self, a: Mark | None, b: Mark | None, seconds: float | None = None) -> bool:
+        """Did a host pause distort the span from ``a`` to ``b``? True when its
+        collections took more than 10% of the span (``seconds``, else measured here)
+        and more than 1 ms: on GPU a pause shorter than that hides under queued work."""
+        paused = self.pause(a, b)
+        if paused <= PAUSE_FLOOR_SECONDS:
+            return False
+        span = seconds if seconds is not None else self.seconds(a, b, wait=True)
+        return span is None or paused > PAUSE_SHARE * span
 
     def ready(self, *marks: Mark | None) -> bool:
         return all(m is None or m.event is None or m.event.query() for m in marks)

@@ -13,6 +13,7 @@ measuring pass; measured step time drifting from the prediction beyond
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import OrderedDict
@@ -23,7 +24,12 @@ import torch
 
 from offrecomp import hooks as _hooks
 from offrecomp.config import format_bytes
-from offrecomp.measure import device_capacity_bytes, host_available_bytes
+from offrecomp.measure import (
+    PAUSE_FLOOR_SECONDS,
+    PAUSE_SHARE,
+    device_capacity_bytes,
+    host_available_bytes,
+)
 from offrecomp.report import StepRecord
 from offrecomp.state import PassState, RegionCall
 from offrecomp.trace import RegionStructure, build_structure
@@ -40,6 +46,29 @@ __all__ = ["PlanEntry", "Planner"]
 
 KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
 
+MAX_CALIBRATION_TRIES = 2
+"""Calibration passes a host pause may send back (NOTE [Host pauses]); the pass after
+the last of them is taken as it is."""
+
+
+def _aligned(calls: list[RegionCall], regions: list[RegionRecord]) -> bool:
+    """The pass's region calls are the profile's regions, one for one and in order."""
+    return len(calls) == len(regions) and all(
+        c.key == r.key and c.start_mark is not None and c.end_mark is not None
+        for c, r in zip(calls, regions)
+    )
+
+
+def _gaps(profile: Profile) -> list[float]:
+    """The estimate's forward gaps: before the first region, between regions (from their
+    start times) and after the last one, none below 0 (NOTE [Forward timeline])."""
+    gaps, end = [], 0.0
+    for r in profile.regions:
+        gaps.append(max(0.0, r.start_seconds - end))
+        end = max(end, r.start_seconds) + r.forward_seconds
+    gaps.append(max(0.0, profile.forward_seconds - end))
+    return gaps
+
 
 @dataclass
 class PlanEntry:
@@ -55,6 +84,8 @@ class PlanEntry:
     """Smoothed timings of the signature, updated by every planned pass."""
     warned_infeasible: bool = False
     calibration_ran: bool = False
+    calibration_tries: int = 0
+    """Calibration passes sent back for a host pause (NOTE [Host pauses])."""
     calibrated: bool = False
     """True once a calibration pass (no recorder, no offload) has replaced the measuring
     pass's times (NOTE [Calibration])."""
@@ -347,6 +378,7 @@ class Planner:
         entry.structures = structures
         entry.calibrated = False
         entry.calibration_ran = False
+        entry.calibration_tries = 0
         entry.cost = CostModel()
         entry.cost.update(profile, take=True)
         entry.profile = profile
@@ -593,65 +625,71 @@ class Planner:
             rec.forward_seconds = sum(
                 clock.seconds(p.start_mark, p.backward_start_mark, wait=True) or 0.0 for p in passes
             )
+            rec.pause_seconds = sum(clock.pause(p.start_mark, p.backward_end_mark) for p in passes)
             for p in passes:
                 self._learn_replay_cost(p)
             rec.replay_op_us = 1e6 * self.replay_op_seconds
             entry = self.entries.get(first.signature)
             if entry is not None:
                 for p in passes:
-                    self._learn(entry, p)
+                    note = self._learn(entry, p)
+                    if note is not None:
+                        rec.notes.append(note)
                 if first.planned and rec.predicted_step_seconds:
                     self._check_drift(entry, rec)
             done.append(rec)
         return done
 
-    def _learn(self, entry: PlanEntry, p: PassState) -> None:
-        """Feed a calibration or planned pass's measured times into the cost model."""
+    def _learn(self, entry: PlanEntry, p: PassState) -> str | None:
+        """Feed a calibration or planned pass's measured times into the cost model; a
+        note for the step record when the pass taught less than usual.
+
+        NOTE [Forward timeline]: the forward is learnt piece by piece: each region's
+        span and each gap around the regions (the root's work: embedding, head, loss).
+        A piece is taken from this pass only when it timed compute alone: a region
+        whose storages were offloaded waited on copies, a gap may hold a wait on the
+        offload window, and a span a host pause distorted (NOTE [Host pauses]) holds
+        the pause. Skipped pieces keep the estimate's value; the region starts, the
+        root saves' offsets and the forward total are rebuilt from the pieces. So a
+        plan that offloads still learns its forward (it used to keep the calibration
+        pass's total for good), and one pause never shifts the timeline after it.
+        """
         calibrating = p.phase == "calibrate"
         if entry.cost is None or not (p.planned or calibrating) or p.aborted or not p.backward_done:
-            return
+            return None
         clock = self.rt._clock
+        if calibrating:
+            distorted = self._calibration_distortion(p)
+            if distorted is not None and entry.calibration_tries < MAX_CALIBRATION_TRIES:
+                entry.calibration_tries += 1
+                entry.calibration_ran = False  # the next pass calibrates again
+                log.info(
+                    "offrecomp: calibration pass of signature %s: %s; calibrating again",
+                    p.signature,
+                    distorted,
+                )
+                return f"host pause: {distorted}; calibrating again"
         measured = entry.cost.estimate()
-        by_key = {r.key: r for r in measured.regions}
-        for call in p.calls:
-            if any(rec.placement == OFFLOAD for rec in call.storages):
-                # Its forward includes waits on copies (the offload window): not compute.
-                continue
-            r = by_key.get(call.key)
-            fwd = clock.seconds(call.start_mark, call.end_mark)
-            start = clock.seconds(p.start_mark, call.start_mark)
-            if r is None or fwd is None or start is None or fwd <= 0 or r.forward_seconds <= 0:
-                continue
-            ratio = fwd / r.forward_seconds
-            r.forward_seconds = fwd
-            r.start_seconds = start
-            for op in r.ops:
-                op.seconds *= ratio
-            for st in r.storages:
-                st.offset_seconds *= ratio
-        # Root saves sit between regions on the timeline: re-time them with the regions,
-        # or the simulator would place them in the wrong gap.
-        if p.root is not None and len(p.root.storages) == len(measured.root):
-            for rec_s, st in zip(p.root.storages, measured.root):
-                off = clock.seconds(p.start_mark, rec_s.save_mark)
-                if off is not None:
-                    st.offset_seconds = off
+        skipped = self._learn_forward(p, measured)
         fwd_total = clock.seconds(p.start_mark, p.backward_start_mark)
         bwd_total = clock.seconds(p.backward_start_mark, p.backward_end_mark)
         if fwd_total is not None and bwd_total is not None:
             replay = sum(clock.seconds(a, b) or 0.0 for _, a, b in p.replay_marks)
             stall = float(getattr(p.offload_stats, "stall_seconds", 0.0) or 0.0)
             bwd = max(0.0, bwd_total - replay - stall)
-            est = sum(r.backward_seconds for r in measured.regions)
-            if est > 0 and bwd > 0:
-                scale = bwd / (est + max(0.0, measured.backward_seconds - est))
-                for r in measured.regions:
-                    r.backward_seconds *= scale
-            if p.stats.offloaded_bytes == 0:
-                # With offload, the forward also waits on copies (and, the first time, on
-                # pinning host memory): not compute, so it teaches nothing about it.
-                measured.forward_seconds = fwd_total
-            measured.backward_seconds = bwd
+            # pauses inside replays went out with the replays' time
+            paused = clock.pause(p.backward_start_mark, p.backward_end_mark) - sum(
+                clock.pause(a, b) for _, a, b in p.replay_marks
+            )
+            if paused > PAUSE_FLOOR_SECONDS and paused > PAUSE_SHARE * bwd:
+                skipped.append("backward")
+            else:
+                est = sum(r.backward_seconds for r in measured.regions)
+                if est > 0 and bwd > 0:
+                    scale = bwd / (est + max(0.0, measured.backward_seconds - est))
+                    for r in measured.regions:
+                        r.backward_seconds *= scale
+                measured.backward_seconds = bwd
         # the link as the engine's copies achieved it (per-copy overheads included)
         o = p.offload_stats
         for name in ("d2h_gbps", "h2d_gbps"):
@@ -672,6 +710,110 @@ class Planner:
         entry.profile = measured
         if not calibrating:
             self._refresh_live(entry, clock.seconds(p.start_mark, p.backward_end_mark))
+        pause = clock.pause(p.start_mark, p.backward_end_mark)
+        if skipped and pause > PAUSE_FLOOR_SECONDS:
+            return f"host pause {1e3 * pause:.1f} ms: not learnt from " + ", ".join(skipped)
+        return None
+
+    def _learn_forward(self, p: PassState, measured: Profile) -> list[str]:
+        """NOTE [Forward timeline]: learn the forward's pieces from ``p`` into
+        ``measured`` (the estimate's copy); the pieces a host pause made it skip."""
+        clock = self.rt._clock
+        regions = measured.regions
+        calls = [c for c in p.calls if not c.is_root]
+        skipped: list[str] = []
+        by_key = {r.key: r for r in regions}
+        seen: set[tuple[str, int]] = set()
+        for call in calls:
+            r = by_key.get(call.key)
+            if r is None or call.key in seen:
+                continue
+            seen.add(call.key)
+            if any(rec.placement == OFFLOAD for rec in call.storages):
+                continue  # its forward includes waits on copies (the offload window)
+            fwd = clock.seconds(call.start_mark, call.end_mark)
+            if fwd is None or fwd <= 0 or r.forward_seconds <= 0:
+                continue
+            if clock.distorted(call.start_mark, call.end_mark, fwd):
+                skipped.append(f"{call.name}#{call.call_index}")
+                continue
+            ratio = fwd / r.forward_seconds
+            r.forward_seconds = fwd
+            for op in r.ops:
+                op.seconds *= ratio
+            for st in r.storages:
+                st.offset_seconds *= ratio
+        if not _aligned(calls, regions):
+            # The pass's calls are not the profile's regions one for one (a structure
+            # the next measuring pass will settle): the whole forward, when clean.
+            fwd_total = clock.seconds(p.start_mark, p.backward_start_mark)
+            if fwd_total is not None and p.stats.offloaded_bytes == 0:
+                if clock.distorted(p.start_mark, p.backward_start_mark, fwd_total):
+                    skipped.append("forward")
+                else:
+                    measured.forward_seconds = fwd_total
+            return skipped
+        # gaps: before the first region, between regions, after the last one
+        bounds = [p.start_mark]
+        for c in calls:
+            bounds += [c.start_mark, c.end_mark]
+        bounds.append(p.backward_start_mark)
+        at = [clock.seconds(p.start_mark, m) for m in bounds]
+        times = [t for t in at if t is not None]
+        if len(times) != len(at) or any(b < a for a, b in itertools.pairwise(times)):
+            return skipped  # unresolved marks, or regions that overlap: no timeline
+        est_gaps = _gaps(measured)
+        gaps = list(est_gaps)
+        o = p.offload_stats
+        copy_waits = int(getattr(o, "window_waits", 0) or 0) if o is not None else 0
+        gap_learnt = [False] * len(gaps)
+        if copy_waits == 0:  # NOTE [Source lifetime]: a window wait stalls compute anywhere
+            for j in range(len(gaps)):
+                a, b = bounds[2 * j], bounds[2 * j + 1]
+                g = times[2 * j + 1] - times[2 * j]
+                if clock.distorted(a, b, g):
+                    skipped.append(f"gap {j}")
+                    continue
+                gaps[j] = g
+                gap_learnt[j] = True
+        t = 0.0
+        gap_start = []
+        for j, r in enumerate(regions):
+            gap_start.append(t)
+            t += gaps[j]
+            r.start_seconds = t
+            t += r.forward_seconds
+        gap_start.append(t)
+        measured.forward_seconds = t + gaps[-1]
+        # root saves: at their place within their gap, on the rebuilt timeline
+        if p.root is not None and len(p.root.storages) == len(measured.root):
+            for rec_s, st in zip(p.root.storages, measured.root):
+                off = clock.seconds(p.start_mark, rec_s.save_mark)
+                if off is None:
+                    continue
+                for j in range(len(gaps)):
+                    if times[2 * j] <= off <= times[2 * j + 1]:
+                        if gap_learnt[j]:
+                            st.offset_seconds = gap_start[j] + min(off - times[2 * j], gaps[j])
+                        break
+        return skipped
+
+    def _calibration_distortion(self, p: PassState) -> str | None:
+        """What a host pause distorted in a calibration pass (NOTE [Host pauses]):
+        calibration replaces the estimate outright, so it is run again instead."""
+        clock = self.rt._clock
+        pause = clock.pause(p.start_mark, p.backward_end_mark)
+        if pause <= PAUSE_FLOOR_SECONDS:
+            return None
+        spans = [
+            (p.start_mark, p.backward_start_mark),
+            (p.backward_start_mark, p.backward_end_mark),
+        ]
+        spans += [(c.start_mark, c.end_mark) for c in p.calls if not c.is_root]
+        spans += [(a, b) for _, a, b in p.replay_marks]
+        if any(clock.distorted(a, b) for a, b in spans):
+            return f"{1e3 * pause:.1f} ms of garbage collection distorted its times"
+        return None
 
     def _refresh_live(self, entry: PlanEntry, step_seconds: float | None) -> None:
         """NOTE [Live prediction]: predict the plan again under the estimate that now
@@ -727,7 +869,7 @@ class Planner:
         for ordinal, a, b, k in p.plain_replays:
             call = by_ordinal.get(ordinal)
             secs = clock.seconds(a, b)
-            if call is None or secs is None or secs <= 0 or call.key in seen:
+            if call is None or secs is None or secs <= 0 or call.key in seen or clock.distorted(a, b, secs):
                 continue
             seen.add(call.key)
             r = by_key.get(call.key)
@@ -798,13 +940,18 @@ class Planner:
         slow = 1.0
         fwd = clock.seconds(p.start_mark, p.backward_start_mark)
         est = entry.profile.forward_seconds if entry.profile is not None else 0.0
-        if fwd and est > 0 and p.stats.offloaded_bytes == 0:  # offload waits are not compute
+        if (
+            fwd
+            and est > 0
+            and p.stats.offloaded_bytes == 0  # offload waits are not compute
+            and not clock.distorted(p.start_mark, p.backward_start_mark, fwd)
+        ):
             slow = min(4.0, max(0.25, fwd / est))
         extra, ops = 0.0, 0
         for a, b, k, run in p.dispatch_replays:
             secs = clock.seconds(a, b)
-            if secs is None or k <= 0:
-                continue
+            if secs is None or k <= 0 or clock.distorted(a, b, secs):
+                continue  # NOTE [Host pauses]
             extra += secs - run * slow
             ops += k
         p.dispatch_replays = []  # learnt once, however many records the pass is part of
@@ -829,6 +976,8 @@ class Planner:
         pred = rec.predicted_step_seconds
         if not pred or rec.passes != 1:
             return
+        if rec.pause_seconds > PAUSE_FLOOR_SECONDS and rec.pause_seconds > PAUSE_SHARE * rec.step_seconds:
+            return  # NOTE [Host pauses]: the step's time is not the plan's
         ratio = rec.step_seconds / pred
         if abs(ratio - 1.0) > self.rt.config.drift:
             entry.drift_strikes += 1

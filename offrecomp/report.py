@@ -89,6 +89,11 @@ class StepRecord:
     """What a replay under the dispatch mode costs per op it sees, in microseconds, as
     the runtime estimates it after this step (``OFFRECOMP_REPLAY_OP_US``)."""
     budget_bytes: int | None = None
+    pause_seconds: float = 0.0
+    """Host seconds the interpreter spent in garbage collection during the step's passes
+    (NOTE [Host pauses] in ``offrecomp/measure.py``); on GPU the device idles through a
+    pause longer than its queued work. Spans a pause distorted teach the planner
+    nothing, and the step says so in ``notes``."""
     fallbacks: dict[str, int] = field(default_factory=dict)
     """Placements that could not be carried out, by kind (``offload_to_recompute``, ...)."""
     notes: list[str] = field(default_factory=list)
