@@ -46,6 +46,12 @@ __all__ = ["PlanEntry", "Planner"]
 
 KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
 
+OUTLIER_RATIO = 4.0
+"""A planned pass reads a region's forward time, or the backward, as at most this many
+times (and at least its inverse) the estimate: one pass slowed by something else on the
+machine (a preempted thread, a busy neighbour) moves the average (weight 0.3) by 1.9x
+at most, and a real change is followed within a few passes."""
+
 MAX_CALIBRATION_TRIES = 2
 """Calibration passes a host pause may send back (NOTE [Host pauses]); the pass after
 the last of them is taken as it is."""
@@ -57,6 +63,35 @@ def _aligned(calls: list[RegionCall], regions: list[RegionRecord]) -> bool:
         c.key == r.key and c.start_mark is not None and c.end_mark is not None
         for c, r in zip(calls, regions)
     )
+
+
+def _shape(r: RegionRecord) -> tuple[Any, ...]:
+    """What repeated blocks share: the same ops and the same storage sizes."""
+    return (tuple(op.name for op in r.ops), tuple(s.nbytes for s in r.storages))
+
+
+def _fill_from_peers(profile: Profile, skipped: set[tuple[str, int]]) -> list[str]:
+    """Give each skipped region the forward time and op times of the median of its clean
+    peers (regions of the same shape, NOTE [Host pauses]); the names of those with none."""
+    clean: dict[tuple[Any, ...], list[RegionRecord]] = {}
+    for r in profile.regions:
+        if r.key not in skipped and r.ops:
+            clean.setdefault(_shape(r), []).append(r)
+    alone = []
+    for r in profile.regions:
+        if r.key not in skipped:
+            continue
+        peers = sorted(clean.get(_shape(r), []), key=lambda q: q.forward_seconds)
+        if not peers:
+            alone.append(f"{r.name}#{r.call_index}")
+            continue
+        peer = peers[len(peers) // 2]
+        r.forward_seconds = peer.forward_seconds
+        for op, q in zip(r.ops, peer.ops):
+            op.seconds = q.seconds
+        for st, qs in zip(r.storages, peer.storages):
+            st.offset_seconds = qs.offset_seconds
+    return alone
 
 
 def _gaps(profile: Profile) -> list[float]:
@@ -658,19 +693,19 @@ class Planner:
         if entry.cost is None or not (p.planned or calibrating) or p.aborted or not p.backward_done:
             return None
         clock = self.rt._clock
-        if calibrating:
-            distorted = self._calibration_distortion(p)
-            if distorted is not None and entry.calibration_tries < MAX_CALIBRATION_TRIES:
-                entry.calibration_tries += 1
-                entry.calibration_ran = False  # the next pass calibrates again
-                log.info(
-                    "offrecomp: calibration pass of signature %s: %s; calibrating again",
-                    p.signature,
-                    distorted,
-                )
-                return f"host pause: {distorted}; calibrating again"
         measured = entry.cost.estimate()
-        skipped = self._learn_forward(p, measured)
+        alone: list[str] = []
+        skipped = self._learn_forward(p, measured, calibrating=calibrating, alone=alone)
+        if calibrating and alone and entry.calibration_tries < MAX_CALIBRATION_TRIES:
+            entry.calibration_tries += 1
+            entry.calibration_ran = False  # the next pass calibrates again
+            pause = clock.pause(p.start_mark, p.backward_end_mark)
+            log.info(
+                "offrecomp: calibration pass of signature %s: %.1f ms of garbage collection "
+                "distorted region %s, which has no repeated peer; calibrating again",
+                p.signature, 1e3 * pause, ", ".join(alone),
+            )
+            return f"host pause {1e3 * pause:.1f} ms in {', '.join(alone)}; calibrating again"
         fwd_total = clock.seconds(p.start_mark, p.backward_start_mark)
         bwd_total = clock.seconds(p.backward_start_mark, p.backward_end_mark)
         if fwd_total is not None and bwd_total is not None:
@@ -687,6 +722,9 @@ class Planner:
                 est = sum(r.backward_seconds for r in measured.regions)
                 if est > 0 and bwd > 0:
                     scale = bwd / (est + max(0.0, measured.backward_seconds - est))
+                    if not calibrating:
+                        scale = min(OUTLIER_RATIO, max(1.0 / OUTLIER_RATIO, scale))
+                        bwd = scale * max(est, measured.backward_seconds)
                     for r in measured.regions:
                         r.backward_seconds *= scale
                 measured.backward_seconds = bwd
@@ -712,16 +750,24 @@ class Planner:
             self._refresh_live(entry, clock.seconds(p.start_mark, p.backward_end_mark))
         pause = clock.pause(p.start_mark, p.backward_end_mark)
         if skipped and pause > PAUSE_FLOOR_SECONDS:
-            return f"host pause {1e3 * pause:.1f} ms: not learnt from " + ", ".join(skipped)
+            note = f"host pause {1e3 * pause:.1f} ms: not learnt from " + ", ".join(skipped)
+            return note + (" (regions: their repeated peers' times)" if calibrating else "")
         return None
 
-    def _learn_forward(self, p: PassState, measured: Profile) -> list[str]:
+    def _learn_forward(self, p: PassState, measured: Profile, *, calibrating: bool, alone: list[str]) -> list[str]:
         """NOTE [Forward timeline]: learn the forward's pieces from ``p`` into
-        ``measured`` (the estimate's copy); the pieces a host pause made it skip."""
+        ``measured`` (the estimate's copy); the pieces a host pause made it skip.
+
+        A planned pass moves a region's time by at most ``OUTLIER_RATIO`` either way.
+        A calibration pass replaces the recorder's times, which a skipped region would
+        keep (NOTE [Host pauses]): a repeated block takes its clean peers' times, and
+        the regions without one go into ``alone`` (the caller sends the pass back).
+        """
         clock = self.rt._clock
         regions = measured.regions
         calls = [c for c in p.calls if not c.is_root]
         skipped: list[str] = []
+        skipped_regions: set[tuple[str, int]] = set()
         by_key = {r.key: r for r in regions}
         seen: set[tuple[str, int]] = set()
         for call in calls:
@@ -736,13 +782,18 @@ class Planner:
                 continue
             if clock.distorted(call.start_mark, call.end_mark, fwd):
                 skipped.append(f"{call.name}#{call.call_index}")
+                skipped_regions.add(call.key)
                 continue
             ratio = fwd / r.forward_seconds
-            r.forward_seconds = fwd
+            if not calibrating:
+                ratio = min(OUTLIER_RATIO, max(1.0 / OUTLIER_RATIO, ratio))
+            r.forward_seconds *= ratio
             for op in r.ops:
                 op.seconds *= ratio
             for st in r.storages:
                 st.offset_seconds *= ratio
+        if calibrating and skipped_regions:
+            alone += _fill_from_peers(measured, skipped_regions)
         if not _aligned(calls, regions):
             # The pass's calls are not the profile's regions one for one (a structure
             # the next measuring pass will settle): the whole forward, when clean.
@@ -798,23 +849,6 @@ class Planner:
                         break
         return skipped
 
-    def _calibration_distortion(self, p: PassState) -> str | None:
-        """What a host pause distorted in a calibration pass (NOTE [Host pauses]):
-        calibration replaces the estimate outright, so it is run again instead."""
-        clock = self.rt._clock
-        pause = clock.pause(p.start_mark, p.backward_end_mark)
-        if pause <= PAUSE_FLOOR_SECONDS:
-            return None
-        spans = [
-            (p.start_mark, p.backward_start_mark),
-            (p.backward_start_mark, p.backward_end_mark),
-        ]
-        spans += [(c.start_mark, c.end_mark) for c in p.calls if not c.is_root]
-        spans += [(a, b) for _, a, b in p.replay_marks]
-        if any(clock.distorted(a, b) for a, b in spans):
-            return f"{1e3 * pause:.1f} ms of garbage collection distorted its times"
-        return None
-
     def _refresh_live(self, entry: PlanEntry, step_seconds: float | None) -> None:
         """NOTE [Live prediction]: predict the plan again under the estimate that now
         includes this pass, for the next step's record and for the re-plan check.
@@ -866,10 +900,14 @@ class Planner:
         by_key = {r.key: r for r in measured.regions}
         by_ordinal = {c.ordinal: c for c in p.calls}
         seen: set[tuple[str, int]] = set()
+        paused: set[tuple[str, int]] = set()
         for ordinal, a, b, k in p.plain_replays:
             call = by_ordinal.get(ordinal)
             secs = clock.seconds(a, b)
-            if call is None or secs is None or secs <= 0 or call.key in seen or clock.distorted(a, b, secs):
+            if call is None or secs is None or secs <= 0 or call.key in seen:
+                continue
+            if clock.distorted(a, b, secs):
+                paused.add(call.key)  # NOTE [Host pauses]: fitted from a peer below
                 continue
             seen.add(call.key)
             r = by_key.get(call.key)
@@ -887,6 +925,16 @@ class Planner:
                 ratio = max(0.1, secs / plain)
                 for op in r.ops:
                     op.seconds *= ratio
+        fitted: dict[tuple[Any, ...], RegionRecord] = {}
+        for key in seen:
+            if key in by_key:
+                fitted.setdefault(_shape(by_key[key]), by_key[key])
+        for key in paused - seen:
+            r = by_key.get(key)
+            peer = fitted.get(_shape(r)) if r is not None else None
+            if r is not None and peer is not None:
+                for op, q in zip(r.ops, peer.ops):
+                    op.seconds = q.seconds
         placements: dict[tuple[str, int, int], Placement] = {}
         for c in p.calls:
             for rec in c.storages:
