@@ -157,6 +157,13 @@ class Planner:
     # ------------------------------------------------------------ per pass
 
     def begin_pass(self, p: PassState) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._begin_pass(p)
+        finally:
+            p.planner_seconds += time.perf_counter() - t0
+
+    def _begin_pass(self, p: PassState) -> None:
         cfg = self.rt.config
         user = self.rt._user_plan
         if cfg.mode != "auto":
@@ -319,6 +326,13 @@ class Planner:
         call.saves = []
 
     def end_pass(self, p: PassState) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._end_pass(p)
+        finally:
+            p.planner_seconds += time.perf_counter() - t0
+
+    def _end_pass(self, p: PassState) -> None:
         if p.recording:
             if not p.aborted and not p.backward_done and p.calls and not self._warned_unfinished:
                 self._warned_unfinished = True
@@ -587,6 +601,7 @@ class Planner:
         rec.phase = first.phase
         rec.plan_id = first.plan_id
         rec.wall_seconds = max(0.0, last.end_time - first.start_time)
+        rec.planner_seconds = sum(p.planner_seconds for p in passes)
         for p in passes:
             s = p.stats
             rec.peak_activation_bytes = max(rec.peak_activation_bytes, s.peak_resident_bytes)
@@ -660,6 +675,7 @@ class Planner:
             rec.forward_seconds = sum(
                 clock.seconds(p.start_mark, p.backward_start_mark, wait=True) or 0.0 for p in passes
             )
+            t0 = time.perf_counter()
             rec.pause_seconds = sum(clock.pause(p.start_mark, p.backward_end_mark) for p in passes)
             for p in passes:
                 self._learn_replay_cost(p)
@@ -672,6 +688,7 @@ class Planner:
                         rec.notes.append(note)
                 if first.planned and rec.predicted_step_seconds:
                     self._check_drift(entry, rec)
+            rec.planner_seconds += time.perf_counter() - t0
             done.append(rec)
         return done
 

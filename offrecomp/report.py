@@ -89,6 +89,11 @@ class StepRecord:
     """What a replay under the dispatch mode costs per op it sees, in microseconds, as
     the runtime estimates it after this step (``OFFRECOMP_REPLAY_OP_US``)."""
     budget_bytes: int | None = None
+    planner_seconds: float = 0.0
+    """Host seconds offrecomp's planner spent on this step outside ``step_seconds``:
+    solving a plan before a pass, building the profile after a measuring pass, learning
+    the step's times (on GPU once its events have landed, during a later step). It adds
+    to the training loop's time when the device has no queued work to hide it behind."""
     pause_seconds: float = 0.0
     """Host seconds the interpreter spent in garbage collection during the step's passes
     (NOTE [Host pauses] in ``offrecomp/measure.py``); on GPU the device idles through a

@@ -261,3 +261,6 @@ class PassState:
     device_peak: int | None = None
     offload_stats: Any = None
     known_ptrs: frozenset[int] | None = None  # parameter/buffer storages (measuring pass)
+    planner_seconds: float = 0.0
+    """Host seconds the planner spent on this pass outside its timed span (solving before
+    it, building the profile after it)."""

@@ -240,3 +240,14 @@ def test_backward_outside_the_context_warns_once(caplog: pytest.LogCaptureFixtur
     warned = [r for r in caplog.records if "ended before its backward" in r.getMessage()]
     assert len(warned) == 1
     assert all(s.phase == "measure" for s in rt.report().steps)
+
+
+def test_records_carry_the_planners_host_time() -> None:
+    """Building the profile (after the measuring pass) and solving (before the first
+    planned pass) happen outside the timed span; the records say how long they took."""
+    rt, _, _ = _planned()
+    steps = rt.report().steps
+    assert [s.phase for s in steps] == ["measure", "calibrate", "planned"]
+    assert all(s.planner_seconds > 0 for s in steps)
+    solve = steps[2].planner_seconds
+    assert solve > steps[2].step_seconds / 100  # a solve, not just the learning
