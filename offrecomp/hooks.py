@@ -283,6 +283,7 @@ class Placer:
         call.inputs = None
         call.rng = None
         call.buffers = None
+        call.arg_state = None
         call.replayed.clear()
         call.by_ptr.clear()
 

@@ -7,11 +7,14 @@ transformer block). For every call of a region the runtime keeps:
 * the RNG state of the CPU and of every CUDA device in use,
 * the autocast state,
 * small snapshots of the region's buffers (so replay sees the values the forward saw and
-  leaves module state exactly as the forward left it; see NOTE [Replay and module state]).
+  leaves module state exactly as the forward left it; see NOTE [Replay and module state]),
+* the attribute bindings of the plain Python objects among its arguments, when its
+  forward changes them (a key/value cache; see NOTE [Stateful arguments]).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -23,7 +26,7 @@ from torch.utils._pytree import tree_map
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Region", "capture_autocast", "capture_inputs", "discover_regions"]
+__all__ = ["ArgState", "Region", "capture_autocast", "capture_inputs", "discover_regions"]
 
 # Buffers larger than this are not snapshotted at region entry (see NOTE below).
 BUFFER_SNAPSHOT_MAX_BYTES = 1 << 20
@@ -157,6 +160,8 @@ class CapturedInputs:
     requires_grad: list[bool]
     versions: list[int]
     devices_seen: set[torch.device]
+    objects: list[Any]
+    """The plain Python objects among the arguments (NOTE [Stateful arguments])."""
 
     def devices(self) -> set[torch.device]:
         return set(self.devices_seen)
@@ -178,18 +183,119 @@ def capture_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> CapturedInp
     flags: list[bool] = []
     versions: list[int] = []
 
+    objects: list[Any] = []
+
     def grab(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             tensors.append(x.detach())
             flags.append(bool(x.requires_grad))
             versions.append(int(x._version))
             return _Slot(len(tensors) - 1)
+        if _stateful(x):
+            objects.append(x)
         return x
 
     cargs = tree_map(grab, args)
     ckwargs = tree_map(grab, kwargs)
     devices = {t.device for t in tensors if t is not None}
-    return CapturedInputs(cargs, ckwargs, tensors, flags, versions, devices)
+    return CapturedInputs(cargs, ckwargs, tensors, flags, versions, devices, objects)
+
+
+# NOTE [Stateful arguments]
+# A region may receive a plain Python object whose state its forward changes: the
+# key/value cache a transformers decoder layer appends its keys to (training with
+# `use_cache=True`), a counter, a memo. A replay that calls the forward again on the same
+# object sees the state after the forward, not the one the forward saw: the cache
+# appends the keys a second time, the replay computes attention over both copies, and
+# the dispatch-mode replay finds another op sequence than the recorded one. The capture
+# therefore records the attribute bindings of such objects (their `__dict__`, and the
+# items of the lists, dicts and objects reachable from it, a few levels deep, by
+# reference: no tensor is copied). When the bindings at the region's exit differ from
+# those at its entry, the replay puts the entry bindings back, runs, then restores the
+# bindings it found. Changes inside a tensor (in place) are the version check's
+# business (NOTE [Replay inputs]); an object too large to record (more than
+# ARG_STATE_MAX_ITEMS bindings) is left as it is, with a warning once if it changed.
+
+ARG_STATE_MAX_ITEMS = 512
+_ARG_STATE_DEPTH = 4
+_ATOMIC = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device, torch.Size)
+
+
+def _stateful(x: Any) -> bool:
+    """A plain Python object whose attributes a forward could rebind."""
+    return (
+        hasattr(x, "__dict__")
+        and not isinstance(x, (torch.Tensor, nn.Module, type, _ATOMIC))
+        and not callable(x)
+        and not isinstance(x, enum.Enum)
+    )
+
+
+@dataclass(eq=False)
+class ArgState:
+    """The bindings reachable from a region call's object arguments (NOTE [Stateful
+    arguments]): per container, its kind and a shallow copy of its contents."""
+
+    entries: list[tuple[Any, str, Any]]
+    complete: bool
+
+    @staticmethod
+    def capture(roots: list[Any]) -> ArgState:
+        entries: list[tuple[Any, str, Any]] = []
+        seen: set[int] = set()
+        count = 0
+        complete = True
+        todo: list[tuple[Any, int]] = [(r, 0) for r in roots]
+        while todo:
+            obj, depth = todo.pop()
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            content: Any
+            if isinstance(obj, list):
+                kind, content, children = "list", list(obj), list(obj)
+            elif isinstance(obj, dict):
+                kind, content, children = "dict", dict(obj), list(obj.values())
+            else:
+                d = vars(obj)
+                kind, content, children = "attrs", dict(d), list(d.values())
+            count += len(content)
+            if count > ARG_STATE_MAX_ITEMS:
+                complete = False
+                break
+            entries.append((obj, kind, content))
+            if depth + 1 < _ARG_STATE_DEPTH:
+                for c in children:
+                    if isinstance(c, (list, dict)) or _stateful(c):
+                        todo.append((c, depth + 1))
+        return ArgState(entries, complete)
+
+    def same(self, other: ArgState) -> bool:
+        """The same containers with the same contents, by identity."""
+        if len(self.entries) != len(other.entries):
+            return False
+        for (a, ka, ca), (b, kb, cb) in zip(self.entries, other.entries):
+            if a is not b or ka != kb or len(ca) != len(cb):
+                return False
+            if ka == "list":
+                if any(x is not y for x, y in zip(ca, cb)):
+                    return False
+            elif ca.keys() != cb.keys() or any(ca[k] is not cb[k] for k in ca):
+                return False
+        return True
+
+    def restore(self) -> None:
+        """Put every recorded binding back."""
+        for obj, kind, content in self.entries:
+            if kind == "list":
+                obj[:] = content
+            elif kind == "dict":
+                obj.clear()
+                obj.update(content)
+            else:
+                d = vars(obj)
+                d.clear()
+                d.update(content)
 
 
 def replay_arguments(

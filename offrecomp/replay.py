@@ -31,7 +31,13 @@ from typing import Any
 
 import torch
 
-from offrecomp.regions import autocast_contexts, capture_rng, replay_arguments, restore_rng
+from offrecomp.regions import (
+    ArgState,
+    autocast_contexts,
+    capture_rng,
+    replay_arguments,
+    restore_rng,
+)
 from offrecomp.state import RegionCall
 from offrecomp.trace import ReplayDivergedError, ServingMode, internal, user_code
 
@@ -105,6 +111,22 @@ def _swap_buffers(call: RegionCall) -> Iterator[None]:
             m._buffers[n] = post
 
 
+@contextlib.contextmanager
+def _entry_arg_state(call: RegionCall) -> Iterator[None]:
+    """NOTE [Stateful arguments]: the replay sees the object arguments as the forward
+    saw them; afterwards they are as the replay found them."""
+    entry = call.arg_state
+    if entry is None or call.inputs is None:
+        yield
+        return
+    found = ArgState.capture(call.inputs.objects)
+    entry.restore()
+    try:
+        yield
+    finally:
+        found.restore()
+
+
 def replay_call(
     call: RegionCall,
     needed: set[int],
@@ -166,6 +188,7 @@ def replay_call(
                 for ctx in autocast_contexts(call.autocast):
                     stack.enter_context(ctx)
             stack.enter_context(_swap_buffers(call))
+            stack.enter_context(_entry_arg_state(call))
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, _no_unpack))
             if mode is not None:
                 stack.enter_context(mode)

@@ -38,6 +38,8 @@ from offrecomp.hooks import Placer
 from offrecomp.measure import Clock, Mark
 from offrecomp.planning import PlanEntry, Planner
 from offrecomp.regions import (
+    ARG_STATE_MAX_ITEMS,
+    ArgState,
     Region,
     capture_autocast,
     capture_buffers,
@@ -407,6 +409,8 @@ class Runtime:
         call.rng = capture_rng(devices)
         call.autocast = capture_autocast({d.type for d in devices})
         call.buffers = capture_buffers(region.slots)
+        if cap.objects:  # NOTE [Stateful arguments]
+            call.arg_state = ArgState.capture(cap.objects)
         if p.recording:
             from offrecomp.trace import OpRecorder
 
@@ -444,6 +448,8 @@ class Runtime:
                         "replay sees their post-forward values",
                         region.name,
                     )
+        if call.arg_state is not None and call.inputs is not None:
+            self._check_arg_state(call)
         if call.offloaded_inputs and call.inputs is not None:
             for i in call.offloaded_inputs:
                 call.inputs.tensors[i] = None
@@ -454,6 +460,33 @@ class Runtime:
         call.exited = True
         if call.live_handles <= 0:
             self._placer.release_call(call)
+
+    def _check_arg_state(self, call: RegionCall) -> None:
+        """NOTE [Stateful arguments]: keep the entry bindings only when the forward
+        changed them."""
+        entry = call.arg_state
+        assert entry is not None and call.inputs is not None
+        now = ArgState.capture(call.inputs.objects)
+        if entry.complete and now.complete and entry.same(now):
+            call.arg_state = None
+            return
+        if not (entry.complete and now.complete):
+            call.arg_state = None
+            _warn_once(
+                f"argstate-big:{call.name}",
+                "offrecomp: region %r changes the state of its arguments (%s) in its forward, "
+                "and they hold more than %d bindings to track: a replay sees them as the "
+                "forward left them. Hint: keep such state out of the block's arguments "
+                "(for a transformers model in training: use_cache=False)",
+                call.name, ", ".join(sorted({type(o).__name__ for o in call.inputs.objects})),
+                ARG_STATE_MAX_ITEMS,
+            )
+            return
+        log.debug(
+            "offrecomp: region %r changes the state of its arguments (%s); replays run on "
+            "the state its forward saw",
+            call.name, ", ".join(sorted({type(o).__name__ for o in call.inputs.objects})),
+        )
 
     def _current_call(self, p: PassState) -> RegionCall:
         stack = self._stack.calls

@@ -24,7 +24,14 @@ from scheduler.plan import ROOT, Placement
 
 if TYPE_CHECKING:
     from offrecomp.offload import Ticket
-    from offrecomp.regions import AutocastState, BufferState, CapturedInputs, Region, RngState
+    from offrecomp.regions import (
+        ArgState,
+        AutocastState,
+        BufferState,
+        CapturedInputs,
+        Region,
+        RngState,
+    )
     from offrecomp.trace import OpRecorder, RegionStructure, SaveInfo
 
 __all__ = ["KeptHandle", "PassState", "RegionCall", "SavedHandle", "StorageRec"]
@@ -160,6 +167,9 @@ class RegionCall:
     rng: RngState | None = None
     autocast: AutocastState | None = None
     buffers: BufferState | None = None
+    arg_state: ArgState | None = None
+    """Bindings of the object arguments at entry, kept when the forward changed them
+    (NOTE [Stateful arguments])."""
     placements: list[Placement] | None = None  # planned placement per storage index
     structure: RegionStructure | None = None
     op_seconds: list[float] | None = None  # calibrated op times of this call, from the plan's profile

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) and installs offrecomp with its dev and benchmark extras.
+# Creates .venv (if missing) and installs offrecomp with its dev and benchmark extras
+# (and the transformers extra when it can be installed).
 # Without an NVIDIA GPU it installs PyTorch's CPU build, never the multi-GB CUDA one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,4 +22,8 @@ if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
   fi
 fi
 "$VPY" -m pip install -q -e ".[dev,bench]"
+# The Hugging Face model tests (tests/offrecomp/test_hf_models.py) need the optional
+# transformers extra; without it (no network) they are skipped, not failed.
+"$VPY" -m pip install -q -e ".[transformers]" >/dev/null 2>&1 \
+  || echo "setup: transformers not installed; the Hugging Face model tests will be skipped"
 "$VPY" -c "import torch, offrecomp, scheduler; print(f'setup: torch {torch.__version__}, offrecomp {offrecomp.__version__}, cuda {torch.cuda.is_available()}')"

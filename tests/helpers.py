@@ -136,6 +136,22 @@ def check_variant_report(records: list[Any], variant: str, *, n_steps: int, stab
         assert records[-1].recomputed_bytes > 0, "a budget of half keep's peak forced no dropping"
 
 
+def check_variant(
+    model: nn.Module, batch: Callable[[int], Any], variant: str, *, steps: int = 4, **kw: Any
+) -> tuple[offrecomp.Runtime, nn.Module]:
+    """Train a copy of ``model`` plainly and one under ``variant`` (of ``ZOO_VARIANTS``;
+    ``kw`` to the runtime); assert them bitwise equal and the variant's report as
+    ``check_variant_report`` does. Returns the runtime and its model."""
+    ref = train(copy.deepcopy(model), batch, steps=steps)
+    budget = tight_budget(model, batch, **kw) if variant in ("auto_tight", "auto_serve") else None
+    m = copy.deepcopy(model)
+    rt = variant_runtime(m, variant, budget, **kw)
+    got = train(m, batch, rt, steps=steps)
+    assert_bitwise(ref, got)
+    check_variant_report(rt.report().steps, variant, n_steps=steps)
+    return rt, m
+
+
 def batch_on(device: torch.device, batch: Callable[[int], Any]) -> Callable[[int], Any]:
     """``batch`` with every tensor it returns moved to ``device``."""
 

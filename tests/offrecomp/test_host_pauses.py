@@ -190,7 +190,7 @@ def test_a_paused_region_in_a_planned_pass_keeps_its_estimate() -> None:
     rec = rt.report().steps[-1]
     assert rec.phase == "planned" and rec.pause_seconds >= 0.99 * PAUSE
     assert any("not learnt from stack.blocks.1#0" in n for n in rec.notes), rec.notes
-    assert _forward_of(rt, "stack.blocks.1") == before  # untouched by the 50 ms pause
+    assert _forward_of(rt, "stack.blocks.1") == pytest.approx(before, rel=1e-9)  # the pause: not learnt
     assert _forward_of(rt, "stack.blocks.2") != other  # the clean regions still learn
     assert entry.drift_strikes == strikes  # a paused step is no evidence of drift
 

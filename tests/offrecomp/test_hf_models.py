@@ -1,0 +1,75 @@
+"""Hugging Face models as users train them (``transformers``, the optional extra): tiny
+configurations of a decoder with learned positions (GPT-2), one with rotary positions
+and grouped-query attention (Llama) and an encoder-decoder (T5), each in training mode
+with the library's defaults (``use_cache=True``: every decoder layer appends to a
+key/value cache, NOTE [Stateful arguments]). Gradients are compared bitwise with the
+plain run under every variant of the model zoo."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+from tests.helpers import ZOO_VARIANTS, check_variant
+
+tf = pytest.importorskip("transformers", reason="transformers is an optional extra (pip install -e '.[transformers]')")
+
+STEPS = 4
+VOCAB = 100
+
+
+class CausalLM(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.m = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.m(input_ids=x, labels=x).loss
+
+
+class Seq2Seq(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.m = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.m(input_ids=x, decoder_input_ids=x[:, :6], labels=x[:, 1:7].contiguous()).loss
+
+
+def _gpt2() -> nn.Module:
+    cfg = tf.GPT2Config(n_embd=32, n_layer=3, n_head=4, vocab_size=VOCAB, n_positions=64)
+    return CausalLM(tf.GPT2LMHeadModel(cfg))
+
+
+def _llama() -> nn.Module:
+    cfg = tf.LlamaConfig(
+        hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=64,
+    )
+    return CausalLM(tf.LlamaForCausalLM(cfg))
+
+
+def _t5() -> nn.Module:
+    cfg = tf.T5Config(
+        d_model=32, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4, d_kv=8, vocab_size=VOCAB
+    )
+    return Seq2Seq(tf.T5ForConditionalGeneration(cfg))
+
+
+MODELS: dict[str, Callable[[], nn.Module]] = {"gpt2": _gpt2, "llama": _llama, "t5": _t5}
+
+
+def _batch(seed: int) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1000 + seed))
+
+
+@pytest.mark.parametrize("variant", ZOO_VARIANTS)
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_hf_model_bitwise_equal_to_plain(name: str, variant: str) -> None:
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    torch.manual_seed(0)
+    check_variant(MODELS[name]().train(), _batch, variant, steps=STEPS)

@@ -1,0 +1,143 @@
+"""Regions whose forward changes the state of an argument object (NOTE [Stateful
+arguments] in ``offrecomp/regions.py``): the key/value cache of a decoder trained with
+``use_cache=True`` is the common case. A replay must see the state the forward saw, and
+must leave the object as it found it."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import offrecomp
+from offrecomp.regions import ARG_STATE_MAX_ITEMS, ArgState
+from tests.helpers import ZOO_VARIANTS, check_variant
+
+STEPS = 4
+
+
+class CacheLayer:
+    """One layer of a transformers-style dynamic cache: initialised lazily, keys and
+    values appended with ``torch.cat`` (rebinding the attributes)."""
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.initialized = False
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.initialized:
+            self.keys = torch.tensor([], dtype=k.dtype)  # legacy empty: cat skips it
+            self.values = torch.tensor([], dtype=v.dtype)
+            self.initialized = True
+        assert self.keys is not None and self.values is not None
+        self.keys = torch.cat([self.keys, k], dim=1)
+        self.values = torch.cat([self.values, v], dim=1)
+        return self.keys, self.values
+
+
+class Cache:
+    def __init__(self, n: int) -> None:
+        self.layers = [CacheLayer() for _ in range(n)]
+
+
+class CacheBlock(nn.Module):
+    """Attention over every cached key (not causal), scaled by how many there are: a
+    replay that appends its keys a second time gives other values, not only other bits."""
+
+    def __init__(self, idx: int, d: int = 32) -> None:
+        super().__init__()
+        self.idx = idx
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor, cache: Cache) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        keys, values = cache.layers[self.idx].update(k, v)
+        att = F.softmax(q @ keys.transpose(1, 2) / keys.shape[-1] ** 0.5, dim=-1)
+        return x + self.out(att @ values) * (keys.shape[1] / x.shape[1])
+
+
+class CacheModel(nn.Module):
+    def __init__(self, n: int = 3) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(CacheBlock(i) for i in range(n))
+        self.last_cache: Cache | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cache = Cache(len(self.blocks))
+        self.last_cache = cache
+        for b in self.blocks:
+            x = b(x, cache)
+        return x.square().mean()
+
+
+def _batch(seed: int) -> torch.Tensor:
+    return torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("variant", ZOO_VARIANTS)
+def test_a_cache_argument_replays_as_the_forward_saw_it(variant: str) -> None:
+    torch.manual_seed(0)
+    _, m = check_variant(CacheModel(), _batch, variant, steps=STEPS)
+    assert isinstance(m, CacheModel)
+    # the cache is as the forward left it: each layer holds one copy of its keys
+    assert m.last_cache is not None
+    assert all(layer.keys is not None and layer.keys.shape[1] == 6 for layer in m.last_cache.layers)
+
+
+def test_arg_state_records_restores_and_compares_by_identity() -> None:
+    cache = Cache(2)
+    before = ArgState.capture([cache])
+    assert before.complete and before.same(ArgState.capture([cache]))
+    k = torch.zeros(1, 3, 4)
+    cache.layers[1].update(k, k)
+    cache.layers.append(CacheLayer())
+    cache.extra = {"seen": 1}  # type: ignore[attr-defined]
+    after = ArgState.capture([cache])
+    assert not before.same(after)
+    before.restore()
+    assert len(cache.layers) == 2 and not hasattr(cache, "extra")
+    assert cache.layers[1].keys is None and not cache.layers[1].initialized
+    after.restore()
+    assert len(cache.layers) == 3 and cache.extra == {"seen": 1}  # type: ignore[attr-defined]
+    assert cache.layers[1].keys is not None and cache.layers[1].keys.shape == (1, 3, 4)
+
+
+class Big:
+    def __init__(self) -> None:
+        self.items = {str(i): i for i in range(ARG_STATE_MAX_ITEMS + 1)}
+        self.count = 0
+
+
+class BigBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, state: Big) -> torch.Tensor:
+        state.count += 1
+        return torch.tanh(self.fc(x))
+
+
+class BigModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(BigBlock() for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        state = Big()
+        for b in self.blocks:
+            x = b(x, state)
+        return x.sum()
+
+
+def test_state_too_large_to_record_is_named_in_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    m = BigModel()
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), offrecomp.runtime(m, mode="recompute", min_bytes=0):
+        m(torch.randn(4, 8)).backward()
+    msgs = [r.getMessage() for r in caplog.records if "changes the state of its arguments" in r.getMessage()]
+    assert msgs and "Big" in msgs[0] and "use_cache=False" in msgs[0]
