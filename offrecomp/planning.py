@@ -719,7 +719,7 @@ class Planner:
             pause = clock.pause(p.start_mark, p.backward_end_mark)
             log.info(
                 "offrecomp: calibration pass of signature %s: %.1f ms of garbage collection "
-                "distorted region %s, which has no repeated peer; calibrating again",
+                "distorted %s, with no repeated peer to take times from; calibrating again",
                 p.signature, 1e3 * pause, ", ".join(alone),
             )
             return f"host pause {1e3 * pause:.1f} ms in {', '.join(alone)}; calibrating again"
@@ -844,6 +844,18 @@ class Planner:
                     continue
                 gaps[j] = g
                 gap_learnt[j] = True
+        if calibrating and not all(gap_learnt):
+            # The estimate's gaps are the measuring pass's, which hold the recorder's
+            # setup: a paused gap between blocks takes the median of the clean ones; the
+            # first and the last (the root's own work) have no peers.
+            inner = sorted(gaps[j] for j in range(1, len(gaps) - 1) if gap_learnt[j])
+            for j, ok in enumerate(gap_learnt):
+                if ok:
+                    continue
+                if 0 < j < len(gaps) - 1 and inner:
+                    gaps[j] = inner[len(inner) // 2]
+                else:
+                    alone.append(f"gap {j}")
         t = 0.0
         gap_start = []
         for j, r in enumerate(regions):

@@ -66,19 +66,32 @@ class Model(nn.Module):
         super().__init__()
         self.stack = Stack([PausingBlock(i == 1, 48 if alone and i == 1 else 64) for i in range(4)])
 
+    gap_on: int | None = None  # pause in the gap before this block (0: the first) ...
+    gap_passes: set[int] = set()  # ... in these passes
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         PausingBlock.passes.append(len(PausingBlock.passes))
-        return self.stack(x)
+        for i, b in enumerate(self.stack.blocks):
+            if i == Model.gap_on and PausingBlock.passes[-1] in Model.gap_passes:
+                _fake_collection(PAUSE)
+            x = b(x)
+        return x.square().mean()
 
 
 @contextmanager
-def _pauses(*passes: int) -> Iterator[None]:
-    """Pause block 1 in these passes (0 is the first forward)."""
-    PausingBlock.passes, PausingBlock.pause_on = [], set(passes)
+def _pauses(*passes: int, gap: int | None = None) -> Iterator[None]:
+    """Pause block 1 in these passes (0 is the first forward), or the gap before block
+    ``gap`` instead."""
+    PausingBlock.passes = []
+    if gap is None:
+        PausingBlock.pause_on = set(passes)
+    else:
+        Model.gap_on, Model.gap_passes = gap, set(passes)
     try:
         yield
     finally:
         PausingBlock.passes, PausingBlock.pause_on, PausingBlock.book = [], set(), True
+        Model.gap_on, Model.gap_passes = None, set()
 
 
 def _batch(seed: int) -> torch.Tensor:
@@ -163,6 +176,23 @@ def test_a_paused_region_without_peers_sends_the_calibration_pass_back() -> None
     assert any("calibrating again" in n for n in steps[1].notes), steps[1].notes
     assert steps[2].notes == []
     assert _forward_of(rt, "stack.blocks.1") < PAUSE / 2
+
+
+@pytest.mark.parametrize(("gap", "again"), [(2, False), (0, True)])
+def test_a_paused_gap_in_the_calibration_pass(gap: int, again: bool) -> None:
+    """A gap between blocks takes the median of the clean ones; the gap before the first
+    block (the root's own work) has no peers, so the pass is sent back."""
+    m = _model()
+    rt = _runtime(m)
+    with _pauses(1, gap=gap):
+        train(m, _batch, rt, steps=3)
+    phases = [s.phase for s in rt.report().steps]
+    assert phases == (["measure", "calibrate", "calibrate"] if again else ["measure", "calibrate", "planned"])
+    entry = rt._planner.last_entry
+    assert entry is not None and entry.profile is not None
+    from offrecomp.planning import _gaps
+
+    assert max(_gaps(entry.profile)) < PAUSE / 2  # the pause is in no gap
 
 
 def test_calibration_is_sent_back_a_bounded_number_of_times() -> None:
