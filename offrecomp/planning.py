@@ -835,27 +835,27 @@ class Planner:
         o = p.offload_stats
         copy_waits = int(getattr(o, "window_waits", 0) or 0) if o is not None else 0
         gap_learnt = [False] * len(gaps)
+        unpaused = list(gaps)  # a distorted gap's time less its pause
         if copy_waits == 0:  # NOTE [Source lifetime]: a window wait stalls compute anywhere
             for j in range(len(gaps)):
                 a, b = bounds[2 * j], bounds[2 * j + 1]
                 g = times[2 * j + 1] - times[2 * j]
                 if clock.distorted(a, b, g):
                     skipped.append(f"gap {j}")
+                    unpaused[j] = max(0.0, g - clock.pause(a, b))
                     continue
                 gaps[j] = g
                 gap_learnt[j] = True
-        if calibrating and not all(gap_learnt):
+        if calibrating and copy_waits == 0 and not all(gap_learnt):
             # The estimate's gaps are the measuring pass's, which hold the recorder's
-            # setup: a paused gap between blocks takes the median of the clean ones; the
-            # first and the last (the root's own work) have no peers.
+            # setup: a paused gap between blocks takes the median of the clean ones. The
+            # first and the last (the root's own work) have no peers: their time less
+            # the pause (exact on CPU; on GPU at most the queued work short, and later
+            # passes learn gaps without bounds).
             inner = sorted(gaps[j] for j in range(1, len(gaps) - 1) if gap_learnt[j])
             for j, ok in enumerate(gap_learnt):
-                if ok:
-                    continue
-                if 0 < j < len(gaps) - 1 and inner:
-                    gaps[j] = inner[len(inner) // 2]
-                else:
-                    alone.append(f"gap {j}")
+                if not ok:
+                    gaps[j] = inner[len(inner) // 2] if 0 < j < len(gaps) - 1 and inner else unpaused[j]
         t = 0.0
         gap_start = []
         for j, r in enumerate(regions):

@@ -44,6 +44,9 @@ class Region:
     by slot, never held."""
     compiled: bool = False
     """Holds torch.compile'd modules (its op recording cannot be trusted: see trace.py)."""
+    compiled_self: bool = False
+    """The region module is a torch.compile wrapper (``torch.compile(block)``): its forward
+    compiles itself, and a replay runs the same compiled graph."""
 
     @property
     def buffers(self) -> tuple[torch.Tensor, ...]:
@@ -110,7 +113,7 @@ def discover_regions(
                 seen.add(id(m))
                 compiled = any(_is_compiled(x) for x in m.modules())
                 slots = tuple((sub, n) for sub in m.modules() for n in sub._buffers)
-                regions.append(Region(prefix or "<model>", m, slots, compiled))
+                regions.append(Region(prefix or "<model>", m, slots, compiled, compiled_self=_is_compiled(m)))
             return  # regions never nest
         for child_name, child in m.named_children():
             visit(f"{prefix}.{child_name}" if prefix else child_name, child)

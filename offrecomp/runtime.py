@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sys
 import threading
 import time
 import weakref
@@ -271,7 +272,14 @@ class Runtime:
             self._maybe_close_engine()
 
     def _install(self) -> None:
-        hooks = torch.autograd.graph.saved_tensors_hooks(self._placer.pack, self._placer.unpack)
+        pack, unpack = self._placer.pack, self._placer.unpack
+        if "torch._dynamo" in sys.modules:
+            # Saved-tensor hooks run inside compiled frames too: never compile them (nor
+            # the replays they run), or dynamo traces the bookkeeping, guards on every
+            # tensor's dtype and pointer, and recompiles until it gives up.
+            pack = torch.compiler.disable(pack, recursive=True)
+            unpack = torch.compiler.disable(unpack, recursive=True)
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
         hooks.__enter__()
         self._hooks_ctx = hooks
         for region in self._regions:
@@ -342,7 +350,7 @@ class Runtime:
                         raise
                 return original(*args, **kwargs)
 
-            return forward
+            return _untraced(forward)
 
         return make
 
@@ -361,6 +369,17 @@ class Runtime:
                     or tc.current_graph_task_id() != -1
                 ):
                     return original(*args, **kwargs)
+                if not region.compiled_self and _under_compile():
+                    _warn_once(
+                        f"compiled:{region.name}",
+                        "offrecomp: region %r runs inside a torch.compile'd frame (torch.compile"
+                        "(model), model.compile() or block.compile()): a replay could not reproduce the compiled "
+                        "graph's saves, so its activations are kept or offloaded, never "
+                        "recomputed. To recompute with torch.compile, compile each block "
+                        "instead: model.blocks[i] = torch.compile(model.blocks[i])",
+                        region.name,
+                    )
+                    return original(*args, **kwargs)
                 call = rt._enter_region(region, original, args, kwargs)
                 try:
                     if call.recorder is not None:
@@ -373,7 +392,7 @@ class Runtime:
                 finally:
                     rt._exit_region(call)
 
-            return forward
+            return _untraced(forward)
 
         return make
 
@@ -809,6 +828,36 @@ def _signature_of(args: tuple[Any, ...], kwargs: dict[str, Any], training: bool)
 
 
 _warned: set[str] = set()
+
+
+def _untraced(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with its own frame never traced by torch.compile (the frames it calls still
+    are): the runtime's bookkeeping must run for real, once per call. Without this,
+    dynamo traces a wrapper into the compiled graph, guards on its closure and recompiles
+    for every region. Only when torch._dynamo is loaded (a model was compiled): importing
+    it costs seconds."""
+    if "torch._dynamo" not in sys.modules:
+        return fn
+    return torch.compiler.disable(fn, recursive=False)
+
+
+def _under_compile() -> bool:
+    """Is a torch.compile frame evaluator active (the frame about to run will be compiled),
+    or is dynamo tracing this very code?"""
+    if torch.compiler.is_compiling():
+        return True
+    return _EVAL_FRAME_CALLBACK is not None and bool(_EVAL_FRAME_CALLBACK())
+
+
+def _eval_frame_callback_getter() -> Callable[[], Any] | None:
+    try:  # a private API: without it, whole-model compilation goes undetected
+        from torch._C._dynamo.eval_frame import get_eval_frame_callback
+    except ImportError:  # pragma: no cover - older or stripped builds
+        return None
+    return get_eval_frame_callback
+
+
+_EVAL_FRAME_CALLBACK = _eval_frame_callback_getter()
 
 
 def _warn_once(key: str, msg: str, *args: Any) -> None:
