@@ -768,7 +768,9 @@ class Planner:
         pause = clock.pause(p.start_mark, p.backward_end_mark)
         if skipped and pause > PAUSE_FLOOR_SECONDS:
             note = f"host pause {1e3 * pause:.1f} ms: not learnt from " + ", ".join(skipped)
-            return note + (" (regions: their repeated peers' times)" if calibrating else "")
+            if calibrating and any("#" in x for x in skipped):
+                note += " (regions: their repeated peers' times)"
+            return note
         return None
 
     def _learn_forward(self, p: PassState, measured: Profile, *, calibrating: bool, alone: list[str]) -> list[str]:

@@ -486,7 +486,7 @@ class Runtime:
         entry = call.arg_state
         assert entry is not None and call.inputs is not None
         now = ArgState.capture(call.inputs.objects)
-        if entry.complete and now.complete and entry.same(now):
+        if entry.same(now):  # for state too large to record, the part recorded
             call.arg_state = None
             return
         if not (entry.complete and now.complete):
