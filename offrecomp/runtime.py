@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import sys
 import threading
 import time
 import weakref
@@ -42,6 +41,7 @@ from offrecomp.regions import (
     ARG_STATE_MAX_ITEMS,
     ArgState,
     Region,
+    _is_compiled,
     capture_autocast,
     capture_buffers,
     capture_inputs,
@@ -150,6 +150,7 @@ class Runtime:
         self._unwritten: list[StepRecord] = []  # confirmed steps not yet written to the report file
         self._device: torch.device | None = self._model_device()
         self._clock = Clock(self._device)
+        self._compiled_model = False  # set on entry: the model holds torch.compile'd code
         self._engine: Any = None
         self._closing = False  # free the pool once nothing needs it (see NOTE [Pool lifetime])
         self._engine_tickets = 0
@@ -273,10 +274,12 @@ class Runtime:
 
     def _install(self) -> None:
         pack, unpack = self._placer.pack, self._placer.unpack
-        if "torch._dynamo" in sys.modules:
+        self._compiled_model = self.model is not None and _holds_compiled(self.model)
+        if self._compiled_model:
             # Saved-tensor hooks run inside compiled frames too: never compile them (nor
             # the replays they run), or dynamo traces the bookkeeping, guards on every
-            # tensor's dtype and pointer, and recompiles until it gives up.
+            # tensor's dtype and pointer, and recompiles until it gives up. Only for a
+            # model that holds compiled code: the exclusion costs ~5 us per hook call.
             pack = torch.compiler.disable(pack, recursive=True)
             unpack = torch.compiler.disable(unpack, recursive=True)
         hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
@@ -350,7 +353,7 @@ class Runtime:
                         raise
                 return original(*args, **kwargs)
 
-            return _untraced(forward)
+            return torch.compiler.disable(forward, recursive=False) if rt._compiled_model else forward
 
         return make
 
@@ -392,7 +395,7 @@ class Runtime:
                 finally:
                     rt._exit_region(call)
 
-            return _untraced(forward)
+            return torch.compiler.disable(forward, recursive=False) if rt._compiled_model else forward
 
         return make
 
@@ -830,15 +833,14 @@ def _signature_of(args: tuple[Any, ...], kwargs: dict[str, Any], training: bool)
 _warned: set[str] = set()
 
 
-def _untraced(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` with its own frame never traced by torch.compile (the frames it calls still
-    are): the runtime's bookkeeping must run for real, once per call. Without this,
-    dynamo traces a wrapper into the compiled graph, guards on its closure and recompiles
-    for every region. Only when torch._dynamo is loaded (a model was compiled): importing
-    it costs seconds."""
-    if "torch._dynamo" not in sys.modules:
-        return fn
-    return torch.compiler.disable(fn, recursive=False)
+def _holds_compiled(model: nn.Module) -> bool:
+    """Does the model hold torch.compile'd code (itself, or any submodule, wrapped or
+    compiled in place)? Then the runtime's hooks and wrappers are excluded from dynamo's
+    tracing: their own frames run for real, once per call (the frames they call are still
+    compiled)."""
+    return any(
+        _is_compiled(m) or getattr(m, "_compiled_call_impl", None) is not None for m in model.modules()
+    )
 
 
 def _under_compile() -> bool:
