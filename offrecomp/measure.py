@@ -33,7 +33,7 @@ PAUSE_SHARE = 0.1
 PAUSE_FLOOR_SECONDS = 1e-3
 """Host pauses up to this long never disqualify a span."""
 
-__all__ = ["Clock", "Mark", "device_capacity_bytes", "gc_seconds", "host_available_bytes"]
+__all__ = ["Clock", "Mark", "device_capacity_bytes", "distorts", "gc_seconds", "host_available_bytes"]
 
 
 class _GcWatch:
@@ -41,7 +41,6 @@ class _GcWatch:
 
     def __init__(self) -> None:
         self.seconds = 0.0
-        self.collections = 0
         self._started: float | None = None
         self._installed = False
         self._lock = threading.Lock()
@@ -60,11 +59,17 @@ class _GcWatch:
             self._started = time.perf_counter()
         elif self._started is not None:
             self.seconds += time.perf_counter() - self._started
-            self.collections += 1
             self._started = None
 
 
 _GC = _GcWatch()
+
+
+def distorts(paused: float, span: float | None) -> bool:
+    """Does ``paused`` seconds of host pause distort a span of ``span`` seconds? True when
+    it is more than 1 ms and more than 10% of the span (None: unknown, so yes): on GPU a
+    shorter pause hides under queued work (NOTE [Host pauses])."""
+    return paused > PAUSE_FLOOR_SECONDS and (span is None or paused > PAUSE_SHARE * span)
 
 
 def gc_seconds() -> float:
@@ -106,14 +111,12 @@ class Clock:
         return max(0.0, b.gc - a.gc)
 
     def distorted(self, a: Mark | None, b: Mark | None, seconds: float | None = None) -> bool:
-        """Did a host pause distort the span from ``a`` to ``b``? True when its
-        collections took more than 10% of the span (``seconds``, else measured here)
-        and more than 1 ms: on GPU a pause shorter than that hides under queued work."""
+        """Did a host pause distort the span from ``a`` to ``b`` (``seconds`` long, else
+        measured here)? See :func:`distorts`."""
         paused = self.pause(a, b)
         if paused <= PAUSE_FLOOR_SECONDS:
-            return False
-        span = seconds if seconds is not None else self.seconds(a, b, wait=True)
-        return span is None or paused > PAUSE_SHARE * span
+            return False  # without measuring the span (a CUDA event wait)
+        return distorts(paused, seconds if seconds is not None else self.seconds(a, b, wait=True))
 
     def ready(self, *marks: Mark | None) -> bool:
         return all(m is None or m.event is None or m.event.query() for m in marks)

@@ -24,12 +24,7 @@ import torch
 
 from offrecomp import hooks as _hooks
 from offrecomp.config import format_bytes
-from offrecomp.measure import (
-    PAUSE_FLOOR_SECONDS,
-    PAUSE_SHARE,
-    device_capacity_bytes,
-    host_available_bytes,
-)
+from offrecomp.measure import device_capacity_bytes, distorts, host_available_bytes
 from offrecomp.report import StepRecord
 from offrecomp.state import PassState, RegionCall
 from offrecomp.trace import RegionStructure, build_structure
@@ -733,7 +728,7 @@ class Planner:
             paused = clock.pause(p.backward_start_mark, p.backward_end_mark) - sum(
                 clock.pause(a, b) for _, a, b in p.replay_marks
             )
-            if paused > PAUSE_FLOOR_SECONDS and paused > PAUSE_SHARE * bwd:
+            if distorts(paused, bwd):
                 skipped.append("backward")
             else:
                 est = sum(r.backward_seconds for r in measured.regions)
@@ -765,8 +760,8 @@ class Planner:
         entry.profile = measured
         if not calibrating:
             self._refresh_live(entry, clock.seconds(p.start_mark, p.backward_end_mark))
-        pause = clock.pause(p.start_mark, p.backward_end_mark)
-        if skipped and pause > PAUSE_FLOOR_SECONDS:
+        if skipped:  # only distorted spans are skipped, so the pass paused
+            pause = clock.pause(p.start_mark, p.backward_end_mark)
             note = f"host pause {1e3 * pause:.1f} ms: not learnt from " + ", ".join(skipped)
             if calibrating and any("#" in x for x in skipped):
                 note += " (regions: their repeated peers' times)"
@@ -832,8 +827,7 @@ class Planner:
         times = [t for t in at if t is not None]
         if len(times) != len(at) or any(b < a for a, b in itertools.pairwise(times)):
             return skipped  # unresolved marks, or regions that overlap: no timeline
-        est_gaps = _gaps(measured)
-        gaps = list(est_gaps)
+        gaps = _gaps(measured)  # the estimate's, replaced by what this pass measured cleanly
         o = p.offload_stats
         copy_waits = int(getattr(o, "window_waits", 0) or 0) if o is not None else 0
         gap_learnt = [False] * len(gaps)
@@ -1055,7 +1049,7 @@ class Planner:
         pred = rec.predicted_step_seconds
         if not pred or rec.passes != 1:
             return
-        if rec.pause_seconds > PAUSE_FLOOR_SECONDS and rec.pause_seconds > PAUSE_SHARE * rec.step_seconds:
+        if distorts(rec.pause_seconds, rec.step_seconds):
             return  # NOTE [Host pauses]: the step's time is not the plan's
         ratio = rec.step_seconds / pred
         if abs(ratio - 1.0) > self.rt.config.drift:

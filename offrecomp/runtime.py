@@ -492,6 +492,7 @@ class Runtime:
         if entry.same(now):  # for state too large to record, the part recorded
             call.arg_state = None
             return
+        types = ", ".join(sorted({type(o).__name__ for o in call.inputs.objects}))
         if not (entry.complete and now.complete):
             call.arg_state = None
             _warn_once(
@@ -500,14 +501,13 @@ class Runtime:
                 "and they hold more than %d bindings to track: a replay sees them as the "
                 "forward left them. Hint: keep such state out of the block's arguments "
                 "(for a transformers model in training: use_cache=False)",
-                call.name, ", ".join(sorted({type(o).__name__ for o in call.inputs.objects})),
-                ARG_STATE_MAX_ITEMS,
+                call.name, types, ARG_STATE_MAX_ITEMS,
             )
             return
         log.debug(
             "offrecomp: region %r changes the state of its arguments (%s); replays run on "
             "the state its forward saw",
-            call.name, ", ".join(sorted({type(o).__name__ for o in call.inputs.objects})),
+            call.name, types,
         )
 
     def _current_call(self, p: PassState) -> RegionCall:
