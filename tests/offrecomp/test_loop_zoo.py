@@ -221,13 +221,36 @@ def _phases_by_signature(rt: offrecomp.Runtime) -> dict[str, list[str]]:
     return out
 
 
-def _sgd_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, out: list[Snap]) -> torch.Tensor:
+def _forward_backward(model: nn.Module, x: torch.Tensor, out: list[Snap]) -> torch.Tensor:
     loss = model(x)
     loss.backward()
     out.append(_snap(model, loss))
+    return loss
+
+
+def _sgd_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, out: list[Snap]) -> torch.Tensor:
+    loss = _forward_backward(model, x, out)
     opt.step()
     opt.zero_grad(set_to_none=True)
     return loss
+
+
+Body = Callable[[int, list[Snap]], object]
+
+
+def _sgd_loop(model: nn.Module, rt: offrecomp.Runtime | None, steps: int, body: Body) -> list[Snap]:
+    """The frame most loops share: seed, plain SGD, one ``with`` around all the steps.
+    ``body(i, out)`` runs step ``i``'s forwards and backwards and appends its snapshots;
+    then the optimizer steps and the gradients are dropped."""
+    torch.manual_seed(1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out: list[Snap] = []
+    with _ctx(rt):
+        for i in range(steps):
+            body(i, out)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return [*out, _final(model)]
 
 
 # ----------------------------------------------------------------------------- loops
@@ -244,13 +267,12 @@ def loop_variable_length(
     model: nn.Module, rt: offrecomp.Runtime | None, lengths: list[int] = VARLEN, last_batch: int = 1
 ) -> list[Snap]:
     """Another sequence length every step; the last batch of the epoch is smaller."""
-    torch.manual_seed(1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    out: list[Snap] = []
-    with _ctx(rt):
-        for i, t in enumerate(lengths):
-            _sgd_step(model, opt, _tokens(i, t, last_batch if i == len(lengths) - 1 else 2), out)
-    return [*out, _final(model)]
+
+    def step(i: int, out: list[Snap]) -> None:
+        b = last_batch if i == len(lengths) - 1 else 2
+        _forward_backward(model, _tokens(i, lengths[i], b), out)
+
+    return _sgd_loop(model, rt, len(lengths), step)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -286,20 +308,15 @@ def test_more_signatures_than_the_plan_cache(variant: str) -> None:
 
 
 def loop_accumulate_mixed_lengths(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
-    torch.manual_seed(1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    out: list[Snap] = []
-    with _ctx(rt):
-        for step in range(4):
-            losses = []
-            for micro, t in enumerate((16, 24, 12)):
-                loss = model(_tokens(10 * step + micro, t)) / 3
-                loss.backward()
-                losses.append(loss.detach())
-            out.append(_snap(model, torch.stack(losses)))
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return [*out, _final(model)]
+    def step(i: int, out: list[Snap]) -> None:
+        losses = []
+        for micro, t in enumerate((16, 24, 12)):
+            loss = model(_tokens(10 * i + micro, t)) / 3
+            loss.backward()
+            losses.append(loss.detach())
+        out.append(_snap(model, torch.stack(losses)))
+
+    return _sgd_loop(model, rt, 4, step)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -341,25 +358,25 @@ def loop_validation_with_grad(model: nn.Module, rt: offrecomp.Runtime | None) ->
     """Grad left enabled for forwards that are never differentiated: a validation
     forward in eval mode every third step (its graph stays alive until the variable is
     overwritten), and a train-mode batch skipped after its forward every fourth."""
-    torch.manual_seed(1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    out: list[Snap] = []
     val = _tokens(999, 20)
-    v = None
-    with _ctx(rt):
-        for i in range(8):
-            if i % 3 == 1:
-                model.eval()
-                v = model(val)  # graph built, never used
-                model.train()
-                out.append({"val": v.detach().clone()})
-            if i % 4 == 2:
-                skipped = model(_tokens(500 + i, 16))  # "loss looks bad, skip this batch"
-                out.append({"skipped": skipped.detach().clone()})
-                del skipped
-            _sgd_step(model, opt, _tokens(i, 16), out)
+    v: torch.Tensor | None = None  # not in step: its graph outlives the step, and the ``with``
+
+    def step(i: int, out: list[Snap]) -> None:
+        nonlocal v
+        if i % 3 == 1:
+            model.eval()
+            v = model(val)  # graph built, never used
+            model.train()
+            out.append({"val": v.detach().clone()})
+        if i % 4 == 2:
+            skipped = model(_tokens(500 + i, 16))  # "loss looks bad, skip this batch"
+            out.append({"skipped": skipped.detach().clone()})
+            del skipped
+        _forward_backward(model, _tokens(i, 16), out)
+
+    snaps = _sgd_loop(model, rt, 8, step)
     del v
-    return [*out, _final(model)]
+    return snaps
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -370,25 +387,21 @@ def test_forward_with_grad_but_no_backward(variant: str) -> None:
 def loop_two_forwards_one_backward(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
     """Siamese: model(a) + model(b), then one backward. On step 3 the second forward
     fails mid-block; the loop trains on the first loss alone (its graph is intact)."""
-    torch.manual_seed(1)
     lm: Any = model
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    out: list[Snap] = []
-    with _ctx(rt):
-        for i in range(6):
-            la = model(_tokens(i, 16))
-            _FAULT["block"] = lm.blocks[1] if i == 3 else None
-            try:
-                lb = model(_tokens(100 + i, 24))  # another length: another shape per call
-            except Boom:
-                lb = torch.zeros(())
-            finally:
-                _FAULT["block"] = None
-            (la + lb).backward()
-            out.append(_snap(model, la, lb=lb))
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return [*out, _final(model)]
+
+    def step(i: int, out: list[Snap]) -> None:
+        la = model(_tokens(i, 16))
+        _FAULT["block"] = lm.blocks[1] if i == 3 else None
+        try:
+            lb = model(_tokens(100 + i, 24))  # another length: another shape per call
+        except Boom:
+            lb = torch.zeros(())
+        finally:
+            _FAULT["block"] = None
+        (la + lb).backward()
+        out.append(_snap(model, la, lb=lb))
+
+    return _sgd_loop(model, rt, 6, step)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -398,20 +411,16 @@ def test_two_forwards_then_one_backward(variant: str) -> None:
 
 def loop_two_forwards_two_backwards(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
     """Both graphs alive, then each differentiated on its own (multi-task losses)."""
-    torch.manual_seed(1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    out: list[Snap] = []
-    with _ctx(rt):
-        for i in range(5):
-            la = model(_tokens(i, 16))
-            lb = model(_tokens(100 + i, 16))
-            la.backward()
-            out.append(_snap(model, la))
-            lb.backward()  # the first backward ended the pass; this one reads it still
-            out.append(_snap(model, lb))
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return [*out, _final(model)]
+
+    def step(i: int, out: list[Snap]) -> None:
+        la = model(_tokens(i, 16))
+        lb = model(_tokens(100 + i, 16))
+        la.backward()
+        out.append(_snap(model, la))
+        lb.backward()  # the first backward ended the pass; this one reads it still
+        out.append(_snap(model, lb))
+
+    return _sgd_loop(model, rt, 5, step)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -420,19 +429,14 @@ def test_two_forwards_then_two_backwards(variant: str) -> None:
 
 
 def loop_retain_graph(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
-    torch.manual_seed(1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    out: list[Snap] = []
-    with _ctx(rt):
-        for i in range(5):
-            loss = model(_tokens(i, 16))
-            loss.backward(retain_graph=True)
-            out.append(_snap(model))
-            (0.5 * loss).backward()  # the same graph again: every saved tensor again
-            out.append(_snap(model, loss))
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return [*out, _final(model)]
+    def step(i: int, out: list[Snap]) -> None:
+        loss = model(_tokens(i, 16))
+        loss.backward(retain_graph=True)
+        out.append(_snap(model))
+        (0.5 * loss).backward()  # the same graph again: every saved tensor again
+        out.append(_snap(model, loss))
+
+    return _sgd_loop(model, rt, 5, step)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -441,20 +445,16 @@ def test_backward_twice_with_retain_graph(variant: str) -> None:
 
 
 def loop_autograd_grad(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
-    torch.manual_seed(1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     params = list(model.parameters())
-    out: list[Snap] = []
-    with _ctx(rt):
-        for i in range(5):
-            loss = model(_tokens(i, 16))
-            grads = torch.autograd.grad(loss, params, create_graph=False)
-            for p, g in zip(params, grads):
-                p.grad = g
-            out.append(_snap(model, loss))
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return [*out, _final(model)]
+
+    def step(i: int, out: list[Snap]) -> None:
+        loss = model(_tokens(i, 16))
+        grads = torch.autograd.grad(loss, params, create_graph=False)
+        for p, g in zip(params, grads):
+            p.grad = g
+        out.append(_snap(model, loss))
+
+    return _sgd_loop(model, rt, 5, step)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -465,22 +465,18 @@ def test_autograd_grad_instead_of_backward(variant: str) -> None:
 def loop_backward_subset(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
     """Every other step only the last block, the final LN and the head get gradients
     (``backward(inputs=...)``): the earlier blocks' saved tensors are never read."""
-    torch.manual_seed(1)
     lm: Any = model
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     top = list(lm.blocks[-1].parameters()) + list(lm.ln.parameters()) + list(lm.head.parameters())
-    out: list[Snap] = []
-    with _ctx(rt):
-        for i in range(6):
-            loss = model(_tokens(i, 16))
-            if i % 2:
-                loss.backward(inputs=top)
-            else:
-                loss.backward()
-            out.append(_snap(model, loss))
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return [*out, _final(model)]
+
+    def step(i: int, out: list[Snap]) -> None:
+        loss = model(_tokens(i, 16))
+        if i % 2:
+            loss.backward(inputs=top)
+        else:
+            loss.backward()
+        out.append(_snap(model, loss))
+
+    return _sgd_loop(model, rt, 6, step)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -489,18 +485,13 @@ def test_backward_with_inputs_subset(variant: str) -> None:
 
 
 def loop_bf16_autocast(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
-    torch.manual_seed(1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    out: list[Snap] = []
-    with _ctx(rt):
-        for i in range(5):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = model(_tokens(i, 16))
-            loss.backward()  # outside autocast, as recommended
-            out.append(_snap(model, loss))
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return [*out, _final(model)]
+    def step(i: int, out: list[Snap]) -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(_tokens(i, 16))
+        loss.backward()  # outside autocast, as recommended
+        out.append(_snap(model, loss))
+
+    return _sgd_loop(model, rt, 5, step)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -840,26 +831,20 @@ def loop_input_requires_grad(model: nn.Module, rt: offrecomp.Runtime | None) -> 
     offload fails (AssertionError in backward): ``lm.emb(idx)`` saves ``idx`` in a graph
     that dies at once, cross_entropy saves it again; see
     ``test_offload_storage_saved_again_after_its_first_saves_were_freed``."""
-    torch.manual_seed(1)
     lm: Any = model
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    out: list[Snap] = []
-    with _ctx(rt):
-        for i in range(8):
-            idx = _tokens(i, 16)
-            if i % 2 == 0:
-                loss = model(idx)
-                loss.backward()
-                out.append(_snap(model, loss))
-            else:
-                e = lm.emb(idx).detach().requires_grad_(True)  # a leaf
-                loss = model(idx, embeds=e)
-                loss.backward()
-                assert e.grad is not None
-                out.append(_snap(model, loss, input_grad=e.grad))
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return [*out, _final(model)]
+
+    def step(i: int, out: list[Snap]) -> None:
+        idx = _tokens(i, 16)
+        if i % 2 == 0:
+            _forward_backward(model, idx, out)
+        else:
+            e = lm.emb(idx).detach().requires_grad_(True)  # a leaf
+            loss = model(idx, embeds=e)
+            loss.backward()
+            assert e.grad is not None
+            out.append(_snap(model, loss, input_grad=e.grad))
+
+    return _sgd_loop(model, rt, 8, step)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -871,23 +856,19 @@ def loop_adversarial(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Sna
     """FGSM adversarial training: the gradient w.r.t. the input embeddings only
     (``autograd.grad``, a pass whose backward computes no parameter gradient), then a
     training pass on the perturbed embeddings."""
-    torch.manual_seed(1)
     lm: Any = model
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    out: list[Snap] = []
-    with _ctx(rt):
-        for i in range(5):
-            idx = _tokens(i, 16)
-            with torch.no_grad():
-                e = lm.emb(idx)
-            e.requires_grad_(True)
-            (g,) = torch.autograd.grad(model(idx, embeds=e), e)
-            loss = model(idx, embeds=(e + 0.01 * g.sign()).detach())
-            loss.backward()
-            out.append(_snap(model, loss, input_grad=g))
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return [*out, _final(model)]
+
+    def step(i: int, out: list[Snap]) -> None:
+        idx = _tokens(i, 16)
+        with torch.no_grad():
+            e = lm.emb(idx)
+        e.requires_grad_(True)
+        (g,) = torch.autograd.grad(model(idx, embeds=e), e)
+        loss = model(idx, embeds=(e + 0.01 * g.sign()).detach())
+        loss.backward()
+        out.append(_snap(model, loss, input_grad=g))
+
+    return _sgd_loop(model, rt, 5, step)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
