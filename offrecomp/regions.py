@@ -45,8 +45,18 @@ class Region:
     compiled: bool = False
     """Holds torch.compile'd modules (its op recording cannot be trusted: see trace.py)."""
     compiled_self: bool = False
-    """The region module is a torch.compile wrapper (``torch.compile(block)``): its forward
-    compiles itself, and a replay runs the same compiled graph."""
+    """The region module is compiled itself, wrapped (``torch.compile(block)``) or in place
+    (``block.compile()``): a replay runs the same compiled graph (NOTE [Compiled regions])."""
+    in_place: bool = False
+    """Compiled in place: its calls run ``_compiled_call_impl``, which the runtime wraps
+    instead of ``forward``."""
+
+    def refresh(self) -> None:
+        """Read the compiled flags again: a block may be compiled after the runtime was
+        built (torchtune compiles its layers in place)."""
+        self.in_place = _compiled_in_place(self.module)
+        self.compiled_self = _is_compiled(self.module) or self.in_place
+        self.compiled = any(_is_compiled(x) or _compiled_in_place(x) for x in self.module.modules())
 
     @property
     def buffers(self) -> tuple[torch.Tensor, ...]:
@@ -111,9 +121,10 @@ def discover_regions(
         if id(m) in pick:
             if id(m) not in seen:  # a shared module is one region
                 seen.add(id(m))
-                compiled = any(_is_compiled(x) for x in m.modules())
                 slots = tuple((sub, n) for sub in m.modules() for n in sub._buffers)
-                regions.append(Region(prefix or "<model>", m, slots, compiled, compiled_self=_is_compiled(m)))
+                region = Region(prefix or "<model>", m, slots)
+                region.refresh()
+                regions.append(region)
             return  # regions never nest
         for child_name, child in m.named_children():
             visit(f"{prefix}.{child_name}" if prefix else child_name, child)
@@ -123,9 +134,15 @@ def discover_regions(
 
 
 def _is_compiled(m: nn.Module) -> bool:
-    # By name: importing torch._dynamo to check the class costs seconds.
+    """A ``torch.compile(module)`` wrapper? By name: importing torch._dynamo to check the
+    class costs seconds."""
     cls = type(m)
     return cls.__name__ == "OptimizedModule" and cls.__module__.startswith("torch._dynamo")
+
+
+def _compiled_in_place(m: nn.Module) -> bool:
+    """Compiled by ``module.compile()``: its calls go through ``_compiled_call_impl``."""
+    return getattr(m, "_compiled_call_impl", None) is not None
 
 
 def _pick_repeated_children(model: nn.Module) -> set[int]:

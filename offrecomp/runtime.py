@@ -41,6 +41,7 @@ from offrecomp.regions import (
     ARG_STATE_MAX_ITEMS,
     ArgState,
     Region,
+    _compiled_in_place,
     _is_compiled,
     capture_autocast,
     capture_buffers,
@@ -286,7 +287,15 @@ class Runtime:
         hooks.__enter__()
         self._hooks_ctx = hooks
         for region in self._regions:
-            self._wrap_forward(region.module, self._make_region_forward(region))
+            region.refresh()
+            if region.in_place:
+                self._wrap_compiled_call(region.module, self._make_region_forward(region))
+            else:
+                self._wrap_forward(region.module, self._make_region_forward(region))
+        if self._compiled_model and self.model is not None:
+            inside = _inside_compiled(self.model, self._regions)
+            if inside:
+                _warn_compiled(", ".join(inside))
         if self.model is not None and not any(r.module is self.model for r in self._regions):
             self._wrap_forward(self.model, self._make_root_forward(self.model))
         self._opt_hook = tc.register_optimizer_step_post_hook(self._on_optimizer_step)
@@ -321,6 +330,22 @@ class Runtime:
 
         self._restore.append(restore)
 
+    def _wrap_compiled_call(
+        self, module: nn.Module, make: Callable[[Callable[..., Any]], Callable[..., Any]]
+    ) -> None:
+        """A region compiled in place (``block.compile()``): wrap the compiled call, not the
+        forward it compiles (NOTE [Compiled regions])."""
+        original = module._compiled_call_impl
+        assert original is not None
+        wrapped = make(original)
+        module._compiled_call_impl = wrapped
+
+        def restore() -> None:
+            if module._compiled_call_impl is wrapped:  # not compiled again meanwhile
+                module._compiled_call_impl = original
+
+        self._restore.append(restore)
+
     def _model_device(self) -> torch.device | None:
         if self.model is None:
             return None
@@ -331,29 +356,75 @@ class Runtime:
         return None
 
     # ---------------------------------------------------------- forward side
+    #
+    # NOTE [Compiled regions]
+    # A region's saves must be the same in the forward and in its replay. That holds for a
+    # block compiled on its own: wrapped (``torch.compile(block)``: the wrapper wraps the
+    # compiled forward) or in place (``block.compile()``, as torchtune compiles its
+    # layers: the runtime wraps ``_compiled_call_impl``, not the forward inside it, so
+    # the module's own hooks run inside the region). Either way the replay calls the same
+    # compiled graph. Such a region is opaque, replayed whole, and its measuring pass runs
+    # no op recorder: under a dispatch mode dynamo does not compile, and for a block it
+    # had not compiled yet it gave up on that code for good, so the block ran eagerly in
+    # every later step. One op stands for the compiled forward (trace.COMPILED_FORWARD).
+    # A block traced into a larger compiled graph (``torch.compile(model)``,
+    # ``model.compile()``) saves what that graph chose, which an eager replay cannot
+    # reproduce: its wrapper returns the plain forward while dynamo traces it, so the
+    # model compiles to the graph it compiles to without the runtime, and its
+    # activations are kept or offloaded (a warning names the regions). In a model that
+    # holds compiled code, the runtime's own frames are kept from dynamo: the bookkeeping
+    # runs under ``torch.compiler.disable``, and the root wrapper's frame is skipped
+    # (dynamo still compiles the forward it calls). Without that, dynamo traced the
+    # bookkeeping, broke the graph at each of its calls and compiled pieces of it.
+
+    def _host(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Bookkeeping a wrapper runs around a forward: never traced by dynamo in a model
+        that holds compiled code (NOTE [Compiled regions])."""
+        return torch.compiler.disable(fn, recursive=True) if self._compiled_model else fn
+
+    def _wrapper(self, forward: Callable[..., Any]) -> Callable[..., Any]:
+        """A wrapper's own frame: in a model that holds compiled code, dynamo neither
+        inlines it into a compiled caller (a clean graph break) nor traces it, and still
+        compiles the forward it calls."""
+        if not self._compiled_model:
+            return forward
+        _skip_frame(forward)
+        return torch.compiler.disable(forward, recursive=False)
 
     def _make_root_forward(self, module: nn.Module) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         rt = self
 
+        def begin(args: tuple[Any, ...], kwargs: dict[str, Any], compiling: bool) -> PassState | None:
+            if (
+                torch.is_grad_enabled()
+                and not torch.is_inference_mode_enabled()
+                and not in_replay()
+                and tc.current_graph_task_id() == -1
+            ):
+                if (compiling or _is_compiled(module)) and rt._regions:
+                    _warn_compiled(", ".join(r.name for r in rt._regions))
+                rt._signature = _signature_of(args, kwargs, module.training)
+                return rt._forward_activity()
+            return None
+
+        begin_h, fail = self._host(begin), self._host(self._on_forward_error)
+
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
             def forward(*args: Any, **kwargs: Any) -> Any:
-                if (
-                    torch.is_grad_enabled()
-                    and not torch.is_inference_mode_enabled()
-                    and not in_replay()
-                    and tc.current_graph_task_id() == -1
-                ):
-                    rt._signature = _signature_of(args, kwargs, module.training)
-                    p = rt._forward_activity()
-                    try:
-                        return original(*args, **kwargs)
-                    except BaseException as exc:
-                        rt._on_forward_error(p, exc)
-                        raise
-                return original(*args, **kwargs)
+                # In a model that holds compiled code this frame runs eagerly (see
+                # _wrapper); the evaluator says whether the forward it calls is compiled.
+                compiling = _EVAL_FRAME_CALLBACK is not None and bool(_EVAL_FRAME_CALLBACK())
+                p = begin_h(args, kwargs, compiling)
+                if p is None:
+                    return original(*args, **kwargs)
+                try:
+                    return original(*args, **kwargs)
+                except BaseException as exc:
+                    fail(p, exc)
+                    raise
 
-            return torch.compiler.disable(forward, recursive=False) if rt._compiled_model else forward
+            return rt._wrapper(forward)
 
         return make
 
@@ -361,8 +432,7 @@ class Runtime:
         rt = self
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
-            @functools.wraps(original)
-            def forward(*args: Any, **kwargs: Any) -> Any:
+            def begin(args: tuple[Any, ...], kwargs: dict[str, Any], compiling: bool) -> RegionCall | None:
                 if (
                     not rt._entered
                     or not torch.is_grad_enabled()
@@ -371,31 +441,47 @@ class Runtime:
                     or rt._stack.calls
                     or tc.current_graph_task_id() != -1
                 ):
-                    return original(*args, **kwargs)
-                if not region.compiled_self and _under_compile():
-                    _warn_once(
-                        f"compiled:{region.name}",
-                        "offrecomp: region %r runs inside a torch.compile'd frame (torch.compile"
-                        "(model), model.compile() or block.compile()): a replay could not reproduce the compiled "
-                        "graph's saves, so its activations are kept or offloaded, never "
-                        "recomputed. To recompute with torch.compile, compile each block "
-                        "instead: model.blocks[i] = torch.compile(model.blocks[i])",
-                        region.name,
-                    )
-                    return original(*args, **kwargs)
+                    return None
+                if compiling:
+                    _warn_compiled(region.name)
+                    return None
                 call = rt._enter_region(region, original, args, kwargs)
+                if call.recorder is not None:
+                    call.recorder.start()
+                return call
+
+            def end(call: RegionCall, exc: BaseException | None) -> None:
                 try:
                     if call.recorder is not None:
-                        with call.recorder:
-                            return original(*args, **kwargs)
-                    return original(*args, **kwargs)
-                except BaseException as exc:
-                    rt._on_forward_error(call.pass_state, exc)
-                    raise
+                        call.recorder.stop()
+                    if exc is not None:
+                        rt._on_forward_error(call.pass_state, exc)
                 finally:
                     rt._exit_region(call)
 
-            return torch.compiler.disable(forward, recursive=False) if rt._compiled_model else forward
+            begin_h, end_h = rt._host(begin), rt._host(end)
+
+            @functools.wraps(original)
+            def forward(*args: Any, **kwargs: Any) -> Any:
+                if torch.compiler.is_compiling():
+                    # traced into a compiled caller's graph (torch.compile(model)): the
+                    # block's saves are the graph's, kept or offloaded (NOTE [Compiled regions])
+                    return original(*args, **kwargs)
+                # Run eagerly while the forward it calls will be compiled (a frame dynamo
+                # gave up tracing)? Only the evaluator tells.
+                compiling = _EVAL_FRAME_CALLBACK is not None and bool(_EVAL_FRAME_CALLBACK())
+                call = begin_h(args, kwargs, compiling)
+                if call is None:
+                    return original(*args, **kwargs)
+                try:
+                    out = original(*args, **kwargs)
+                except BaseException as exc:
+                    end_h(call, exc)
+                    raise
+                end_h(call, None)
+                return out
+
+            return forward
 
         return make
 
@@ -438,7 +524,10 @@ class Runtime:
 
             cuda_devs = sorted({d.index or 0 for d in devices if d.type == "cuda"})
             call.recorder = OpRecorder(
-                use_cuda_events=bool(cuda_devs), cuda_devices=cuda_devs, known_ptrs=self._known_ptrs(p)
+                use_cuda_events=bool(cuda_devs),
+                cuda_devices=cuda_devs,
+                known_ptrs=self._known_ptrs(p),
+                passive=region.compiled,  # NOTE [Compiled regions]
             )
         for i, t in enumerate(cap.tensors):
             if t is None:
@@ -838,17 +927,29 @@ def _holds_compiled(model: nn.Module) -> bool:
     compiled in place)? Then the runtime's hooks and wrappers are excluded from dynamo's
     tracing: their own frames run for real, once per call (the frames they call are still
     compiled)."""
-    return any(
-        _is_compiled(m) or getattr(m, "_compiled_call_impl", None) is not None for m in model.modules()
-    )
+    return any(_is_compiled(m) or _compiled_in_place(m) for m in model.modules())
 
 
-def _under_compile() -> bool:
-    """Is a torch.compile frame evaluator active (the frame about to run will be compiled),
-    or is dynamo tracing this very code?"""
-    if torch.compiler.is_compiling():
-        return True
-    return _EVAL_FRAME_CALLBACK is not None and bool(_EVAL_FRAME_CALLBACK())
+def _inside_compiled(model: nn.Module, regions: list[Region]) -> list[str]:
+    """Regions below a compiled module (the model, or a stage holding several blocks):
+    dynamo traces them into that module's graph (NOTE [Compiled regions])."""
+    tops = [(name, m) for name, m in model.named_modules() if _is_compiled(m) or _compiled_in_place(m)]
+    return [
+        r.name
+        for r in regions
+        if any(m is not r.module and (not name or r.name.startswith(name + ".")) for name, m in tops)
+    ]
+
+
+def _skip_frame(fn: Callable[..., Any]) -> None:
+    """Have dynamo run ``fn``'s frames as they are while still compiling the frames it
+    calls. ``torch.compiler.disable(recursive=False)`` alone does not: it wraps ``fn`` in
+    a new function and leaves ``fn``'s own frame to dynamo, which then traces it."""
+    try:  # a private API: without it, dynamo traces the wrapper (correct, only slower)
+        from torch._dynamo.eval_frame import skip_code
+    except ImportError:  # pragma: no cover - older or stripped builds
+        return
+    skip_code(fn.__code__)
 
 
 def _eval_frame_callback_getter() -> Callable[[], Any] | None:
@@ -860,6 +961,18 @@ def _eval_frame_callback_getter() -> Callable[[], Any] | None:
 
 
 _EVAL_FRAME_CALLBACK = _eval_frame_callback_getter()
+
+
+def _warn_compiled(names: str) -> None:
+    _warn_once(
+        f"compiled:{names}",
+        "offrecomp: region(s) %s run inside a torch.compile'd frame (torch.compile(model) or "
+        "model.compile()): a replay could not reproduce the compiled graph's saves, so their "
+        "activations are kept or offloaded, never recomputed. To recompute with "
+        "torch.compile, compile each block instead: block.compile(), or "
+        "model.blocks[i] = torch.compile(model.blocks[i])",
+        names,
+    )
 
 
 def _warn_once(key: str, msg: str, *args: Any) -> None:

@@ -26,9 +26,11 @@ Python-level metadata right).
 
 That is only sound when the recording saw all the dataflow, and when every pass takes
 the recorded path through the region's Python code. It did not, or may not, when:
-  * the region holds torch.compile'd modules: under a dispatch mode they run eagerly, so
-    the recording shows other ops (and saves) than the compiled forward runs. Such a
-    region is *opaque* from the start;
+  * the region holds torch.compile'd modules: under a dispatch mode dynamo does not
+    compile them (and may give up on them for good), so a recording would show other ops
+    and saves than the compiled forward runs. Such a region is *opaque* from the start
+    and is never recorded: one op stands for its whole forward (NOTE [Compiled regions]
+    in runtime.py);
   * an op ran with grad disabled inside the grad-enabled region (a custom
     autograd.Function, a compiled graph, a no_grad block): such code may launch kernels
     the dispatcher never sees. The region is *opaque*: replay runs its whole prefix, as
@@ -110,6 +112,9 @@ class ReplayDivergedError(RuntimeError):
 
 
 # Ops that read only the metadata (shape, dtype, device) of their tensor inputs.
+COMPILED_FORWARD = "<compiled forward>"
+"""The one op of a compiled region's recording (NOTE [Compiled regions])."""
+
 _METADATA_ONLY = frozenset(
     {
         "aten.empty_like.default",
@@ -238,9 +243,17 @@ class OpRecorder(tc.TorchDispatchMode):
     """Records the ATen ops of one region call (measuring pass only)."""
 
     def __init__(
-        self, *, use_cuda_events: bool, cuda_devices: Sequence[int], known_ptrs: frozenset[int] = frozenset()
+        self,
+        *,
+        use_cuda_events: bool,
+        cuda_devices: Sequence[int],
+        known_ptrs: frozenset[int] = frozenset(),
+        passive: bool = False,
     ) -> None:
         super().__init__()
+        self.passive = passive
+        """A compiled region: never a dispatch mode; one op stands for its whole forward
+        (NOTE [Compiled regions])."""
         self.ops: list[_Op] = []
         self.grad_enabled_at_entry = torch.is_grad_enabled()
         self._events = use_cuda_events
@@ -250,6 +263,28 @@ class OpRecorder(tc.TorchDispatchMode):
         self._known_ptrs = known_ptrs
         self.known_sids: set[int] = set()
         """Storages legitimately from outside the region: inputs, parameters, buffers."""
+
+    def start(self) -> None:
+        """The region's forward begins: record its ops (or, passive, start its one op)."""
+        if not self.passive:
+            self.__enter__()
+            return
+        op = _Op(name=COMPILED_FORWARD, func=None, start=time.perf_counter(), end=0.0)
+        if self._events:
+            op.start_ev = torch.cuda.Event(enable_timing=True)
+            op.start_ev.record()
+        self.ops.append(op)
+
+    def stop(self) -> None:
+        """The region's forward returned (or raised)."""
+        if not self.passive:
+            self.__exit__(None, None, None)
+            return
+        op = self.ops[0]
+        op.end = time.perf_counter()
+        if self._events:
+            op.end_ev = torch.cuda.Event(enable_timing=True)
+            op.end_ev.record()
 
     def storage_id(self, t: torch.Tensor, *, known: bool = False) -> int:
         """A number for the allocation behind ``t``, unique within this recording.
@@ -502,7 +537,18 @@ def build_structure(
     outputs_all: list[list[ServedEntry] | None] = []
     servable: list[bool] = []
     view_ops: list[bool] = []
-    for k, op in enumerate(rec.ops):
+    if rec.passive:  # NOTE [Compiled regions]: op 0 is the compiled forward; it makes every activation
+        made = tuple(i for i, kind in enumerate(storage_kinds) if kind == "activation")
+        for i in made:
+            producer[i] = 0
+        op_records.append(
+            OpRecord(seconds=float(op_seconds[0]), skippable=False, outputs=made, name=COMPILED_FORWARD,
+                     reads=None, sink=True, view=False)
+        )
+        outputs_all.append(None)
+        servable.append(False)
+        view_ops.append(False)
+    for k, op in enumerate(() if rec.passive else rec.ops):
         reads: list[int] = []
         for sid in op.read_sids:
             c = creator.get(sid)

@@ -1,17 +1,19 @@
-"""torch.compile: a compiled block inside the runtime trains correctly (handled as
-opaque); blocks that run inside a compiled frame (a compiled model) are kept."""
+"""torch.compile: a compiled block, wrapped or compiled in place, trains correctly and
+replays its compiled graph (handled as opaque); blocks that run inside a compiled model
+are kept, and the model still compiles to the graphs it compiles to without the runtime."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 
 import offrecomp
 from tests import models
-from tests.helpers import assert_bitwise, train, twin
+from tests.helpers import assert_bitwise, tight_budget, train, twin, variant_runtime
 
 
 def _compiled_gpt() -> torch.nn.Module:
@@ -52,10 +54,144 @@ def _whole_in_place(m: torch.nn.Module) -> torch.nn.Module:
     return m
 
 
-def _blocks_in_place(m: torch.nn.Module) -> torch.nn.Module:
+def _blocks_in_place(m: torch.nn.Module, backend: Any = "aot_eager") -> torch.nn.Module:
     for blk in m.blocks:  # type: ignore[union-attr]
-        blk.compile(backend="aot_eager")
+        blk.compile(backend=backend)  # as torchtune compiles its layers
     return m
+
+
+def _blocks_and_whole_in_place(m: torch.nn.Module) -> torch.nn.Module:
+    return _whole_in_place(_blocks_in_place(m))
+
+
+def _batch(s: int) -> torch.Tensor:
+    return torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(s))
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto", "auto_serve"])
+def test_blocks_compiled_in_place_replay_their_compiled_graph(variant: str) -> None:
+    """block.compile() (torchtune's per-layer compile): the runtime wraps the compiled
+    call, not the forward inside it, so a replay runs the same compiled graph; dropout
+    included, gradients equal the plain compiled model's."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    base = models.GPT(layers=2, h=32, heads=4, p=0.1)
+    ref = train(_blocks_in_place(twin(base)), _batch, steps=4)
+    torch._dynamo.reset()
+    m = _blocks_in_place(twin(base))
+    compiled_calls = [blk._compiled_call_impl for blk in m.blocks]  # type: ignore[union-attr]
+    budget = tight_budget(_blocks_in_place(twin(base)), _batch) if variant == "auto_serve" else None
+    rt = variant_runtime(m, variant, budget)
+    got = train(m, _batch, rt, steps=4)
+    assert_bitwise(ref, got)
+    steps = rt.report().steps
+    if variant == "recompute":
+        assert all(s.replays == 2 for s in steps)
+    else:
+        entry = next(iter(rt._planner.entries.values()))
+        assert all(st.opaque for st in entry.structures.values())  # compiled code is opaque
+    if variant == "auto_serve":
+        assert any(s.phase == "planned" and s.recomputed_bytes > 0 for s in steps)
+    assert [blk._compiled_call_impl for blk in m.blocks] == compiled_calls  # type: ignore[union-attr]
+
+
+def test_a_block_compiled_after_the_runtime_was_built() -> None:
+    """The compiled state is read when the runtime is entered, not when it is built."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    base = models.GPT(layers=2, h=32, heads=4, p=0.0)
+    ref = train(_blocks_in_place(twin(base)), _batch, steps=2)
+    torch._dynamo.reset()
+    m = twin(base)
+    rt = offrecomp.runtime(m, mode="recompute", min_bytes=0)
+    _blocks_in_place(m)
+    got = train(m, _batch, rt, steps=2)
+    assert_bitwise(ref, got)
+    assert all(s.replays == 2 for s in rt.report().steps)
+
+
+def test_a_layer_compiled_in_place_inside_a_block_makes_the_block_opaque() -> None:
+    """A submodule compiled in place runs a compiled graph inside an eager block: the
+    op recording cannot vouch for it, so the block replays whole."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    base = models.GPT(layers=2, h=32, heads=4, p=0.1)
+
+    def fc1_in_place(m: torch.nn.Module) -> torch.nn.Module:
+        for blk in m.blocks:  # type: ignore[union-attr]
+            blk.fc1.compile(backend="aot_eager")
+        return m
+
+    ref = train(fc1_in_place(twin(base)), _batch, steps=4)
+    torch._dynamo.reset()
+    m = fc1_in_place(twin(base))
+    rt = variant_runtime(m, "auto_serve", tight_budget(fc1_in_place(twin(base)), _batch))
+    got = train(m, _batch, rt, steps=4)
+    assert_bitwise(ref, got)
+    entry = next(iter(rt._planner.entries.values()))
+    assert all(st.opaque for st in entry.structures.values())
+    assert all(s.served_ops == 0 for s in rt.report().steps)
+
+
+def _blocks_wrapped(m: torch.nn.Module, backend: Any = "aot_eager") -> torch.nn.Module:
+    for i, blk in enumerate(m.blocks):  # type: ignore[union-attr, arg-type]
+        m.blocks[i] = torch.compile(blk, backend=backend)  # type: ignore[index, operator]
+    return m
+
+
+@pytest.mark.parametrize("how", [_whole, _whole_in_place, _blocks_and_whole_in_place, _blocks_in_place, _blocks_wrapped])
+def test_the_runtime_adds_no_graph_to_a_compiled_model(how: Callable[..., torch.nn.Module]) -> None:
+    """Dynamo compiles the model into the graphs it compiles to without the runtime, and
+    every step runs them: the runtime's wrappers and bookkeeping are never traced (no
+    graph break, no recompile), and the measuring pass does not make dynamo give up on a
+    compiled block (its op recorder is a dispatch mode, under which dynamo would)."""
+    torch.manual_seed(0)
+    base = models.GPT(layers=2, h=32, heads=4, p=0.0)
+
+    def graphs(rt_mode: str | None) -> tuple[int, int]:
+        torch._dynamo.reset()
+        made = runs = 0
+
+        def counting(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+            nonlocal made
+            made += 1
+            compiled = aot_eager(gm, example_inputs)
+
+            def run(*args: Any) -> Any:
+                nonlocal runs
+                runs += 1
+                return compiled(*args)
+
+            return run
+
+        per_block = how in (_blocks_in_place, _blocks_wrapped)
+        m = how(twin(base), backend=counting) if per_block else _with_backend(how, counting)(twin(base))
+        rt = offrecomp.runtime(m, mode=rt_mode, min_bytes=0) if rt_mode else None
+        train(m, _batch, rt, steps=4)  # auto: measure, calibrate, planned, planned
+        return made, runs
+
+    from torch._dynamo.backends.debugging import aot_eager
+
+    plain_made, plain_runs = graphs(None)
+    assert plain_made >= 1 and plain_runs >= 4
+    for mode in ("recompute", "auto"):
+        made, runs = graphs(mode)
+        assert made == plain_made, mode
+        assert runs >= plain_runs, mode  # and more where a replay reran a compiled block
+
+
+def _with_backend(how: Callable[..., torch.nn.Module], backend: Any) -> Callable[[torch.nn.Module], torch.nn.Module]:
+    def go(m: torch.nn.Module) -> torch.nn.Module:
+        if how is _whole:
+            return torch.compile(m, backend=backend)
+        if how is _whole_in_place:
+            m.compile(backend=backend)
+            return m
+        _blocks_in_place(m, backend)
+        m.compile(backend=backend)
+        return m
+
+    return go
 
 
 @pytest.mark.parametrize(
@@ -65,17 +201,17 @@ def _blocks_in_place(m: torch.nn.Module) -> torch.nn.Module:
         (_whole, "auto"),
         (_whole, "offload"),
         (_whole_in_place, "recompute"),
-        (_blocks_in_place, "recompute"),
+        (_blocks_and_whole_in_place, "recompute"),
     ],
-    ids=["whole-recompute", "whole-auto", "whole-offload", "whole_in_place-recompute", "blocks_in_place-recompute"],
+    ids=["whole-recompute", "whole-auto", "whole-offload", "whole_in_place-recompute", "blocks_and_whole-recompute"],
 )
 def test_blocks_inside_a_compiled_frame_are_kept_not_replayed(
     how: Callable[[torch.nn.Module], torch.nn.Module], mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """torch.compile(model), model.compile() and block.compile() run a block's forward as
-    a compiled graph, whose saves a replay (eager) cannot reproduce: such a region is
-    not a region. Its activations are kept (or offloaded), with a warning that says how
-    to compile for recompute; gradients equal the plain compiled model's."""
+    """torch.compile(model) and model.compile() trace each block's forward into the
+    model's graph, whose saves a replay (eager) cannot reproduce: such a region is not a
+    region. Its activations are kept (or offloaded), with a warning that says how to
+    compile for recompute; gradients equal the plain compiled model's."""
     import sys
 
     torch._dynamo.reset()
@@ -94,4 +230,43 @@ def test_blocks_inside_a_compiled_frame_are_kept_not_replayed(
         got = train(m, batch, rt, steps=2)
     assert_bitwise(ref, got)
     assert all(s.replays == 0 and s.recomputed_bytes == 0 for s in rt.report().steps)
-    assert any("runs inside a torch.compile'd frame" in r.getMessage() for r in caplog.records)
+    assert any("run inside a torch.compile'd frame" in r.getMessage() for r in caplog.records)
+
+
+class _StagedGPT(models.GPT):
+    """The blocks run as one stage (an nn.Sequential the forward calls)."""
+
+    def __init__(self) -> None:
+        super().__init__(layers=2, h=32, heads=4, p=0.0)
+        self.blocks = torch.nn.Sequential(*self.blocks)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(self.emb(idx))
+        logits = self.head(self.ln(x))
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), idx.flatten())
+
+
+def test_blocks_inside_a_compiled_stage_are_kept_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """A stage compiled in place traces its blocks into its graph: the runtime says so
+    when it is entered, and keeps their activations."""
+    import sys
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    base = _StagedGPT()
+
+    def staged(m: torch.nn.Module) -> torch.nn.Module:
+        m.blocks.compile(backend="aot_eager")  # type: ignore[operator]
+        return m
+
+    ref = train(staged(twin(base)), _batch, steps=2)
+    torch._dynamo.reset()
+    m = staged(twin(base))
+    sys.modules["offrecomp.runtime"]._warned.clear()
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        rt = offrecomp.runtime(m, mode="recompute", min_bytes=0)
+        assert rt.regions == ["blocks.0", "blocks.1"]
+        got = train(m, _batch, rt, steps=2)
+    assert_bitwise(ref, got)
+    assert all(s.replays == 0 for s in rt.report().steps)
+    assert [r.getMessage() for r in caplog.records if "blocks.0, blocks.1 run inside" in r.getMessage()]
