@@ -52,6 +52,12 @@ def is_nondeterministic_seeded(func: Any) -> bool:
     return torch.Tag.nondeterministic_seeded in tags
 
 
+def is_higher_order(func: Any) -> bool:
+    """A higher-order operator (flex_attention, cond, ...): it runs subgraphs of its own,
+    has no schema, and reaches a dispatch mode only if the mode accepts it."""
+    return isinstance(func, torch._ops.HigherOrderOperator)
+
+
 def op_writes_inputs(func: Any) -> bool:
     """True for in-place and ``out=`` ops (some argument is written)."""
     schema = getattr(func, "_schema", None)
@@ -101,4 +107,5 @@ ALL_PRIVATE_APIS: tuple[str, ...] = (
     "torch.cuda._sleep",
     "torch._C._autograd._top_saved_tensors_default_hooks",
     "torch.utils._pytree.tree_map / tree_flatten",
+    "torch._ops.HigherOrderOperator (TorchDispatchMode.supports_higher_order_operators)",
 )

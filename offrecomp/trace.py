@@ -31,6 +31,12 @@ the recorded path through the region's Python code. It did not, or may not, when
     and saves than the compiled forward runs. Such a region is *opaque* from the start
     and is never recorded: one op stands for its whole forward (NOTE [Compiled regions]
     in runtime.py);
+  * a higher-order operator ran (flex_attention, cond): it reaches the recorder as one
+    op whose subgraphs it never sees. The region is *opaque*. Both modes here accept
+    such operators (without that they raise), and both step aside while dynamo
+    compiles (``ignore_compile_internals``): under a mode dynamo would not compile,
+    would give up on that code for good, and code compiled with ``fullgraph=True``
+    (eager flex_attention's own wrapper) would raise;
   * an op ran with grad disabled inside the grad-enabled region (a custom
     autograd.Function, a compiled graph, a no_grad block): such code may launch kernels
     the dispatcher never sees. The region is *opaque*: replay runs its whole prefix, as
@@ -159,7 +165,10 @@ def _branches_on_data(op: Any) -> bool:
 
 
 def _returns_rebuildable(func: Any) -> bool:
-    types = [str(r.type) for r in func._schema.returns]
+    schema = getattr(func, "_schema", None)
+    if schema is None:  # a higher-order operator
+        return False
+    types = [str(r.type) for r in schema.returns]
     if not types or any(t not in _SIMPLE_RETURN_TYPES for t in types):
         return False
     return not (len(types) > 1 and "Tensor[]" in types)
@@ -227,6 +236,8 @@ class _Op:
     random: bool = False
     factory: bool = False
     grad_enabled: bool = True
+    higher_order: bool = False
+    """A higher-order operator: its subgraphs' ops are not seen, so the region is opaque."""
 
 
 def _gen_states(devices: Sequence[int]) -> tuple[Any, ...]:
@@ -241,6 +252,18 @@ def _same_gen(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
 
 class OpRecorder(tc.TorchDispatchMode):
     """Records the ATen ops of one region call (measuring pass only)."""
+
+    # flex_attention, cond, ...: without this, a mode makes them raise NotImplementedError.
+    # Each is recorded as one op and makes the region opaque (see build_structure).
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Let torch.compile'd code inside a recorded region compile (the mode steps aside
+        while dynamo compiles). Otherwise dynamo falls back to eager under the mode, and
+        code compiled with fullgraph=True raises: eager flex_attention compiles its own
+        wrapper that way."""
+        return True
 
     def __init__(
         self,
@@ -316,7 +339,8 @@ class OpRecorder(tc.TorchDispatchMode):
         flat_in, _ = tree_flatten((args, kwargs))
         in_tensors = [x for x in flat_in if isinstance(x, torch.Tensor)]
         input_sids = tuple(self.storage_id(x) for x in in_tensors if _describable(x))
-        random = tc.is_nondeterministic_seeded(func)
+        higher_order = tc.is_higher_order(func)
+        random = higher_order or tc.is_nondeterministic_seeded(func)  # a subgraph may draw
         before = _gen_states(self._cuda_devices) if random else None
         start_ev = end_ev = None
         if self._events:
@@ -332,7 +356,7 @@ class OpRecorder(tc.TorchDispatchMode):
             random = not _same_gen(before, _gen_states(self._cuda_devices))
         writes = tc.op_writes_inputs(func)
         written: tuple[int, ...] = ()
-        if writes:
+        if writes and not higher_order:  # no schema to name them: opaque anyway
             names = tc.written_arg_names(func)
             sids = []
             for i, a in enumerate(func._schema.arguments):
@@ -376,12 +400,13 @@ class OpRecorder(tc.TorchDispatchMode):
                 input_sids=input_sids,
                 read_sids=() if name in _METADATA_ONLY else input_sids,
                 written_sids=written,
-                scalars=_scalars(args, kwargs),
+                scalars=() if higher_order else _scalars(args, kwargs),  # callables, masks: opaque anyway
                 view=tc.op_returns_alias(func),
                 writes=writes,
                 random=random,
                 factory=not in_tensors,
                 grad_enabled=torch.is_grad_enabled(),
+                higher_order=higher_order,
             )
         )
         return out
@@ -525,6 +550,7 @@ def build_structure(
         written.update(op.written_sids)
     opaque = (
         compiled
+        or any(op.higher_order for op in rec.ops)
         or (not rec.grad_enabled_at_entry)
         or any(not op.grad_enabled for op in rec.ops)
         or any(_branches_on_data(op) for op in rec.ops)
@@ -652,6 +678,18 @@ def build_structure(
 
 class ServingMode(tc.TorchDispatchMode):
     """During replay: run, serve or stub each op per the program; check the op sequence."""
+
+    # A higher-order operator the recording did not see is a divergence, not an error
+    # (a region that recorded one is opaque and replays under no mode).
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """As the recorder: compiled code runs compiled in the replay too, so the replay
+        dispatches what the recording saw (kernels of a compiled graph are seen by
+        neither; a value they make is read from outside the recording, which turns
+        placeholders off)."""
+        return True
 
     def __init__(
         self,

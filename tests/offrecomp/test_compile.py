@@ -310,3 +310,68 @@ def test_blocks_compiled_in_place_with_inductor_on_cuda(variant: str) -> None:
         assert all(s.replays == 2 for s in steps)
     else:
         assert any(s.phase == "planned" and s.recomputed_bytes > 0 for s in steps)
+
+
+class _CompiledFnBlock(torch.nn.Module):
+    """A block that calls a compiled function (not a compiled module)."""
+
+    def __init__(self, fn: Callable[..., torch.Tensor], h: int = 32) -> None:
+        super().__init__()
+        self.fn = fn
+        self.ln = torch.nn.LayerNorm(h)
+        self.fc1 = torch.nn.Linear(h, 4 * h)
+        self.fc2 = torch.nn.Linear(4 * h, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.ln(x)
+        z = self.fn(y, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias)
+        return x + torch.nn.functional.dropout(z * y, 0.1, self.training)
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto", "auto_serve", "offload"])
+def test_a_compiled_function_inside_a_block_stays_compiled(variant: str) -> None:
+    """The measuring pass's op recorder and the replay's serving mode are dispatch
+    modes; dynamo does not compile under one unless the mode steps aside. They used to
+    make the compiled function run eagerly in that pass, and dynamo then skipped its
+    code for good: every later step ran it eagerly (with inductor, other numerics
+    than the plain compiled run's)."""
+    made = runs = 0
+
+    def counting(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        nonlocal made
+        made += 1
+        compiled = aot_eager(gm, example_inputs)
+
+        def run(*args: Any) -> Any:
+            nonlocal runs
+            runs += 1
+            return compiled(*args)
+
+        return run
+
+    from torch._dynamo.backends.debugging import aot_eager
+
+    def mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(torch.nn.functional.gelu(torch.nn.functional.linear(x, w1, b1)), w2, b2)
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        fn = torch.compile(mlp, backend=counting)
+        return models.Stack([_CompiledFnBlock(fn) for _ in range(2)])
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(s))
+
+    torch._dynamo.reset()
+    ref = train(model(), batch, steps=4)
+    plain_made, plain_runs = made, runs
+    assert plain_made >= 1 and plain_runs >= 8
+    budget = tight_budget(model(), batch) if variant == "auto_serve" else None
+    torch._dynamo.reset()
+    made = runs = 0
+    m = model()
+    rt = variant_runtime(m, variant, budget)
+    got = train(m, batch, rt, steps=4)
+    assert_bitwise(ref, got)
+    assert made == plain_made
+    assert runs >= plain_runs  # every forward ran the graph (and replays too)
