@@ -71,6 +71,25 @@ def _blocks_and_whole_in_place(m: torch.nn.Module) -> torch.nn.Module:
     return _whole_in_place(_blocks_in_place(m))
 
 
+class _Counting:
+    """A torch.compile backend (aot_eager) that counts the graphs it makes and runs."""
+
+    def __init__(self) -> None:
+        self.made = self.runs = 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        from torch._dynamo.backends.debugging import aot_eager
+
+        self.made += 1
+        compiled = aot_eager(gm, example_inputs)
+
+        def run(*args: Any) -> Any:
+            self.runs += 1
+            return compiled(*args)
+
+        return run
+
+
 def _batch(s: int) -> torch.Tensor:
     return torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(s))
 
@@ -157,27 +176,12 @@ def test_the_runtime_adds_no_graph_to_a_compiled_model(how: Callable[..., torch.
 
     def graphs(rt_mode: str | None) -> tuple[int, int]:
         torch._dynamo.reset()
-        made = runs = 0
-
-        def counting(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
-            nonlocal made
-            made += 1
-            compiled = aot_eager(gm, example_inputs)
-
-            def run(*args: Any) -> Any:
-                nonlocal runs
-                runs += 1
-                return compiled(*args)
-
-            return run
-
+        counting = _Counting()
         per_block = how in (_blocks_in_place, _blocks_wrapped)
         m = how(twin(base), backend=counting) if per_block else _with_backend(how, counting)(twin(base))
         rt = offrecomp.runtime(m, mode=rt_mode, min_bytes=0) if rt_mode else None
         train(m, _batch, rt, steps=4)  # auto: measure, calibrate, planned, planned
-        return made, runs
-
-    from torch._dynamo.backends.debugging import aot_eager
+        return counting.made, counting.runs
 
     plain_made, plain_runs = graphs(None)
     assert plain_made >= 1 and plain_runs >= 4
@@ -335,21 +339,7 @@ def test_a_compiled_function_inside_a_block_stays_compiled(variant: str) -> None
     make the compiled function run eagerly in that pass, and dynamo then skipped its
     code for good: every later step ran it eagerly (with inductor, other numerics
     than the plain compiled run's)."""
-    made = runs = 0
-
-    def counting(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
-        nonlocal made
-        made += 1
-        compiled = aot_eager(gm, example_inputs)
-
-        def run(*args: Any) -> Any:
-            nonlocal runs
-            runs += 1
-            return compiled(*args)
-
-        return run
-
-    from torch._dynamo.backends.debugging import aot_eager
+    counting = _Counting()
 
     def mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(torch.nn.functional.gelu(torch.nn.functional.linear(x, w1, b1)), w2, b2)
@@ -364,14 +354,14 @@ def test_a_compiled_function_inside_a_block_stays_compiled(variant: str) -> None
 
     torch._dynamo.reset()
     ref = train(model(), batch, steps=4)
-    plain_made, plain_runs = made, runs
+    plain_made, plain_runs = counting.made, counting.runs
     assert plain_made >= 1 and plain_runs >= 8
     budget = tight_budget(model(), batch) if variant == "auto_serve" else None
     torch._dynamo.reset()
-    made = runs = 0
+    counting.made = counting.runs = 0
     m = model()
     rt = variant_runtime(m, variant, budget)
     got = train(m, batch, rt, steps=4)
     assert_bitwise(ref, got)
-    assert made == plain_made
-    assert runs >= plain_runs  # every forward ran the graph (and replays too)
+    assert counting.made == plain_made
+    assert counting.runs >= plain_runs  # every forward ran the graph (and replays too)
