@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from offrecomp import _torch_compat as tc
 from offrecomp.config import Config, apply_log_level, format_bytes
@@ -138,6 +139,7 @@ class Runtime:
         self._stack = _CallStack()
         self._entered = False
         self._hooks_ctx: Any = None
+        self._hidden_warned = False  # a region's saves were found taken by another hook
         self._restore: list[Callable[[], None]] = []
         self._opt_hook: Any = None
         self._pass: PassState | None = None
@@ -292,6 +294,9 @@ class Runtime:
                 self._wrap_compiled_call(region.module, self._make_region_forward(region))
             else:
                 self._wrap_forward(region.module, self._make_region_forward(region))
+        own = [r.name for r in self._regions if _checkpoints_itself(r.module)]
+        if own:
+            _warn_hidden(self, ", ".join(own), "run activation checkpointing of their own")
         if self._compiled_model and self.model is not None:
             inside = _inside_compiled(self.model, self._regions)
             if inside:
@@ -450,12 +455,14 @@ class Runtime:
                     call.recorder.start()
                 return call
 
-            def end(call: RegionCall, exc: BaseException | None) -> None:
+            def end(call: RegionCall, exc: BaseException | None, out: Any = None, inputs: Any = None) -> None:
                 try:
                     if call.recorder is not None:
                         call.recorder.stop()
                     if exc is not None:
                         rt._on_forward_error(call.pass_state, exc)
+                    elif not rt._hidden_warned and not any(r.kind == "activation" for r in call.storages):
+                        _check_hidden_saves(rt, region.name, call.pack_count, inputs, out)
                 finally:
                     rt._exit_region(call)
 
@@ -478,7 +485,7 @@ class Runtime:
                 except BaseException as exc:
                     end_h(call, exc)
                     raise
-                end_h(call, None)
+                end_h(call, None, out, (args, kwargs))
                 return out
 
             return forward
@@ -961,6 +968,64 @@ def _eval_frame_callback_getter() -> Callable[[], Any] | None:
 
 
 _EVAL_FRAME_CALLBACK = _eval_frame_callback_getter()
+
+
+def _check_hidden_saves(rt: Runtime, name: str, saves: int, inputs: Any, out: Any) -> None:
+    """A region call saved no activation through our hooks (at most its inputs). If it
+    returns a tensor it made that needs grad, and it saved nothing at all or its graph
+    holds a checkpoint node, a saved-tensor hook pair inside it (torch.utils.checkpoint,
+    HF gradient_checkpointing_enable, save_on_cpu) took its saves: only the innermost
+    pair runs, so offrecomp cannot place them. A call that hands an input back
+    (LayerDrop) made nothing; a lone Linear saves its input, and has no checkpoint."""
+    made = [
+        t for t in tree_leaves(out)
+        if type(t) is torch.Tensor and t.requires_grad and t.grad_fn is not None and t.numel()
+    ]
+    if not made:
+        return
+    ins = [t for t in tree_leaves(inputs) if type(t) is torch.Tensor]
+    passed = {t.untyped_storage().data_ptr() for t in ins}
+    made = [t for t in made if t.untyped_storage().data_ptr() not in passed]
+    if not made or (saves and not _checkpoint_inside(made, ins)):
+        return
+    _warn_hidden(rt, name, "saved no activation through offrecomp")
+
+
+def _warn_hidden(rt: Runtime, names: str, what: str) -> None:
+    rt._hidden_warned = True  # once per runtime: the other blocks are most likely alike
+    _warn_once(
+        f"hidden:{names}",
+        "offrecomp: region(s) %s %s: a saved-tensor hook inside (torch.utils.checkpoint, "
+        "HF gradient_checkpointing_enable(), checkpoint_wrapper, save_on_cpu) owns their "
+        "activations, and only the innermost hook runs, so offrecomp cannot keep, offload "
+        "or recompute them. Turn that off and let offrecomp decide.",
+        names, what,
+    )
+
+
+def _checkpoints_itself(m: nn.Module) -> bool:
+    """HF layers after gradient_checkpointing_enable(), or torch's checkpoint_wrapper."""
+    return any(
+        getattr(x, "gradient_checkpointing", False) is True or type(x).__name__ == "CheckpointWrapper"
+        for x in m.modules()
+    )
+
+
+def _checkpoint_inside(outs: list[torch.Tensor], ins: list[torch.Tensor], limit: int = 4096) -> bool:
+    """Does the autograd graph between a region's inputs and its outputs hold a node of
+    torch.utils.checkpoint (reentrant or not)? Visits at most ``limit`` nodes."""
+    stop = {id(t.grad_fn) for t in ins if t.grad_fn is not None}
+    todo = [t.grad_fn for t in outs]
+    seen: set[int] = set()
+    while todo and len(seen) < limit:
+        fn = todo.pop()
+        if fn is None or id(fn) in seen or id(fn) in stop:
+            continue
+        seen.add(id(fn))
+        if type(fn).__name__ in ("CheckpointFunctionBackward", "_NoopSaveInputsBackward"):
+            return True
+        todo.extend(nxt for nxt, _ in fn.next_functions)
+    return False
 
 
 def _warn_compiled(names: str) -> None:

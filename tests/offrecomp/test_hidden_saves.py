@@ -1,0 +1,124 @@
+"""Only the innermost saved-tensor hook pair runs: a checkpoint or save_on_cpu inside a
+region takes its activations, and offrecomp can then neither keep, offload nor
+recompute them. The runtime says so, naming the region, and trains correctly anyway;
+blocks that merely save little (a lone Linear, a skipped LayerDrop block) are not
+flagged."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import offrecomp
+from tests import models
+from tests.helpers import assert_bitwise, train, twin
+
+WARNING = "owns their activations"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings() -> Iterator[None]:
+    sys.modules["offrecomp.runtime"]._warned.clear()  # the package's `runtime` is the function
+    yield
+
+
+class CkptBlock(nn.Module):
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.inner = models.Block(32, 4, 0.0)
+        self.how = how
+        if how == "hf_flag":
+            self.gradient_checkpointing = True  # what HF's gradient_checkpointing_enable() sets
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.how == "save_on_cpu":
+            with torch.autograd.graph.save_on_cpu():
+                return self.inner(x)
+        if self.how == "reentrant":
+            return checkpoint(self.inner, x, use_reentrant=True)
+        return checkpoint(self.inner, x, use_reentrant=False)
+
+
+def _batch(s: int) -> torch.Tensor:
+    # requires grad, as a block's input does after an embedding (reentrant checkpoint
+    # needs one input that does)
+    return torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(s)).requires_grad_()
+
+
+def _run(factory: Callable[[], nn.Module], caplog: pytest.LogCaptureFixture, mode: str = "recompute") -> list[str]:
+    torch.manual_seed(0)
+    base = factory()
+    ref = train(twin(base), _batch, steps=2)
+    m = twin(base)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        rt = offrecomp.runtime(m, mode=mode, min_bytes=0)
+        got = train(m, _batch, rt, steps=2)
+    assert_bitwise(ref, got)
+    return [r.getMessage() for r in caplog.records if WARNING in r.getMessage()]
+
+
+@pytest.mark.parametrize("how", ["hf_flag", "save_on_cpu", "reentrant"])
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_a_hook_inside_a_region_is_named(how: str, mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    msgs = _run(lambda: models.Stack([CkptBlock(how) for _ in range(3)]), caplog, mode)
+    assert len(msgs) == 1, msgs
+    assert "blocks.0" in msgs[0]
+
+
+class LinearStack(nn.Module):
+    """Repeated Linear layers are the regions: each saves only its input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x).square().mean()
+
+
+class SkippedBlock(nn.Module):
+    """LayerDrop that always drops: the call hands its input back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+@pytest.mark.parametrize(
+    "factory",
+    [
+        lambda: models.Stack([models.Block(32, 4, 0.1) for _ in range(3)]),
+        LinearStack,
+        lambda: models.Stack([SkippedBlock(), models.Block(32, 4, 0.0), SkippedBlock()]),
+    ],
+    ids=["blocks", "linear_regions", "layerdrop"],
+)
+def test_ordinary_regions_are_not_flagged(factory: Callable[[], nn.Module], caplog: pytest.LogCaptureFixture) -> None:
+    assert _run(factory, caplog) == []
+
+
+class CallerCheckpoints(nn.Module):
+    """The model checkpoints each block at the call (the region runs inside it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(models.Block(32, 4, 0.0) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for blk in self.blocks:
+            x = checkpoint(blk, x, use_reentrant=False)
+        return x.square().mean()
+
+
+def test_a_checkpoint_around_the_call_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    msgs = _run(CallerCheckpoints, caplog)
+    assert len(msgs) == 1 and "blocks.0" in msgs[0], msgs
