@@ -641,7 +641,11 @@ class Runtime:
         hit = self._buffer_ptr_cache.get(id(region))
         if hit is not None and hit[0] == key:
             return hit[1]
-        ptrs = frozenset(int(b.untyped_storage().data_ptr()) for b in bufs if b.layout == torch.strided)
+        ptrs = frozenset(
+            int(b.untyped_storage().data_ptr())
+            for b in bufs
+            if type(b) is torch.Tensor and b.layout == torch.strided  # a subclass has no data pointer
+        )
         self._buffer_ptr_cache[id(region)] = (key, ptrs)
         return ptrs
 

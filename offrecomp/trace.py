@@ -194,7 +194,9 @@ _OPAQUE = object()
 
 
 def _describable(t: torch.Tensor) -> bool:
-    if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+    # By exact type: a tensor subclass (DTensor, also as a parameter under tensor
+    # parallelism) is a wrapper whose storage has no data pointer.
+    if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
         return False
     return t.layout == torch.strided and t.device.type != "meta"
 
@@ -719,7 +721,7 @@ class ServingMode(tc.TorchDispatchMode):
 
     def is_placeholder(self, t: torch.Tensor) -> bool:
         """True when ``t`` lies in a placeholder's storage (its values are garbage)."""
-        if not self._placeholders or t.numel() == 0:
+        if not self._placeholders or t.numel() == 0 or not _describable(t):
             return False
         return t.untyped_storage().data_ptr() in self._placeholders
 

@@ -1,5 +1,5 @@
-"""DDP and FSDP2 (also over layers compiled in place) over gloo with 2 CPU processes:
-gradients equal the plain run's, bitwise."""
+"""DDP, FSDP2 (also over layers compiled in place) and tensor parallelism over gloo with
+2 CPU processes: gradients equal the plain run's, bitwise."""
 
 from __future__ import annotations
 
@@ -36,10 +36,11 @@ def _train(wrap: Callable[[torch.nn.Module], torch.nn.Module], mode: str | None,
     if rt is not None:
         assert len(rt.regions) == 2, rt.regions
         rt.__enter__()
+    data = 0 if wrap is _tp else rank  # tensor parallel ranks share the batch
     try:
         for step in range(3):
-            torch.manual_seed(100 * step + rank)
-            idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(step * 10 + rank))
+            torch.manual_seed(100 * step + data)
+            idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(step * 10 + data))
             model(idx).backward()
             for p in model.parameters():
                 g = p.grad
@@ -74,7 +75,22 @@ def _fsdp2_compiled(m: torch.nn.Module) -> torch.nn.Module:
     return _fsdp2(m)
 
 
-WRAPS = {"ddp": _ddp, "fsdp2": _fsdp2, "fsdp2_compiled": _fsdp2_compiled}
+def _tp(m: torch.nn.Module) -> torch.nn.Module:
+    """Tensor parallel MLPs (DTensor parameters; the recorder must not read their storage)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for blk in m.blocks:
+        parallelize_module(blk, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    return m
+
+
+WRAPS = {"ddp": _ddp, "fsdp2": _fsdp2, "fsdp2_compiled": _fsdp2_compiled, "tp": _tp}
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -98,7 +114,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 
 @pytest.mark.slow
-def test_ddp_and_fsdp2_two_cpu_ranks_match_plain() -> None:
+def test_ddp_fsdp2_and_tp_two_cpu_ranks_match_plain() -> None:
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     with tempfile.TemporaryDirectory() as out:
