@@ -193,7 +193,7 @@ class Placer:
         if rec.placement == OFFLOAD:
             ticket = self.rt._offload(flat_bytes(t), call)
             if ticket is None:
-                legal_drop = call.inputs is not None and rec.kind == "activation"
+                legal_drop = call.inputs is not None and rec.kind == "activation" and not call.collective
                 rec.placement = RECOMPUTE if legal_drop else KEEP
                 p.stats.fallback("offload_to_recompute" if legal_drop else "offload_to_keep")
             else:

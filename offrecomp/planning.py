@@ -139,6 +139,7 @@ class Planner:
         self.entries: OrderedDict[str, PlanEntry] = OrderedDict()
         self.last_entry: PlanEntry | None = None
         self.opaque_regions: set[str] = set()  # regions whose recording proved untrustworthy
+        self.collective_regions: set[str] = set()  # regions seen running collectives
         self._pending: list[tuple[StepRecord, list[PassState]]] = []
         self._warned_unfinished = False
         pinned = rt.config.replay_op_us
@@ -288,6 +289,8 @@ class Planner:
             return KEEP
         if mode == "offload":
             return OFFLOAD
+        if call.collective and mode == "auto":
+            return KEEP  # NOTE [Collective regions]: no rank replays it alone
         # recompute, and auto while measuring or off-plan: drop what may be dropped
         return RECOMPUTE if (not call.is_root and kind == "activation") else KEEP
 
@@ -297,6 +300,10 @@ class Planner:
         if rec is None:
             return
         call.recorder = None
+        if rec.collective and self.rt._distributed:  # NOTE [Collective regions]
+            self.collective_regions.add(call.name)
+            call.collective = True
+            self.rt._warn_collective(call.name)
         min_bytes = self.rt.config.min_bytes
         kinds = []
         for s in call.storages:
@@ -384,6 +391,7 @@ class Planner:
                     ops=list(st.op_records),
                     storages=storages,
                     opaque=st.opaque,
+                    replayable=not call.collective,
                 )
             )
             structures[call.key] = st

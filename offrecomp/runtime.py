@@ -140,6 +140,7 @@ class Runtime:
         self._entered = False
         self._hooks_ctx: Any = None
         self._hidden_warned = False  # a region's saves were found taken by another hook
+        self._distributed = False  # set on entry: more than one rank
         self._restore: list[Callable[[], None]] = []
         self._opt_hook: Any = None
         self._pass: PassState | None = None
@@ -278,6 +279,7 @@ class Runtime:
     def _install(self) -> None:
         pack, unpack = self._placer.pack, self._placer.unpack
         self._compiled_model = self.model is not None and _holds_compiled(self.model)
+        self._distributed = _world_size() > 1
         if self._compiled_model:
             # Saved-tensor hooks run inside compiled frames too: never compile them (nor
             # the replays they run), or dynamo traces the bookkeeping, guards on every
@@ -500,6 +502,11 @@ class Runtime:
         p.call_counts[region.name] = n + 1
         call = RegionCall(name=region.name, call_index=n, ordinal=len(p.calls), region=region, forward_fn=original)
         call.pass_state = p
+        if self._distributed and (
+            region.name in self._planner.collective_regions or _runs_collectives(region.module)
+        ):
+            call.collective = True
+            self._warn_collective(region.name)
         p.calls.append(call)
         self._planner.assign(p, call)
         if self._device is None:
@@ -511,6 +518,18 @@ class Runtime:
         self._recording = call.recorder is not None
         call.start_mark = self._clock.mark()
         return call
+
+    def _warn_collective(self, name: str) -> None:
+        if self.config.mode == "auto":
+            _warn_once(
+                "collective",
+                "offrecomp: region %r (and any other like it) runs collectives (tensor-parallel "
+                "DTensor parameters, or torch.distributed calls); each rank plans from its own "
+                "timings, and a replay on one rank alone would wait forever, so auto mode keeps "
+                "or offloads its activations. mode='recompute' recomputes every region on every "
+                "rank.",
+                name,
+            )
 
     def _capture(
         self, p: PassState, call: RegionCall, region: Region, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -939,6 +958,34 @@ def _holds_compiled(model: nn.Module) -> bool:
     tracing: their own frames run for real, once per call (the frames they call are still
     compiled)."""
     return any(_is_compiled(m) or _compiled_in_place(m) for m in model.modules())
+
+
+# NOTE [Collective regions]
+# Under auto, every rank solves its plans from its own timings, so two ranks may place a
+# region differently. That is harmless for data parallelism: a replay there runs local
+# ops (FSDP2's gathers happen in hooks outside the region, and its pre-forward hook
+# does nothing during backward). A region whose forward runs collectives (tensor
+# parallelism: its parameters are DTensors while it runs) is another matter: a replay
+# on one rank alone would issue a collective that no other rank joins, and training
+# would hang. Such a region is known before its first call when it holds DTensor
+# parameters, and from the measuring pass when its recording saw a torch.distributed op
+# (dist.all_reduce and the functional collectives dispatch as c10d ops); the measuring
+# pass itself drops everything on every rank alike. From then on auto mode never drops
+# its activations, in any pass or fallback, and plans it as KEEP or OFFLOAD
+# (RegionRecord.replayable). mode="recompute" is symmetric: every rank replays every
+# region.
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _runs_collectives(module: nn.Module) -> bool:
+    """Does the module hold DTensor parameters while it runs (tensor parallelism)? By
+    name: FSDP2's sharded DTensors are swapped for plain tensors during the forward."""
+    return any(type(p).__name__ == "DTensor" for p in module.parameters())
 
 
 def _inside_compiled(model: nn.Module, regions: list[Region]) -> list[str]:

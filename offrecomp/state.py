@@ -179,6 +179,7 @@ class RegionCall:
     dropped: dict[int, weakref.ref[SavedHandle]] = field(default_factory=dict)
     replayed: dict[int, torch.Tensor] = field(default_factory=dict)
     mismatch: bool = False  # structure differs from the planned one
+    collective: bool = False  # runs collectives: auto never replays it (NOTE [Collective regions])
     recorder: OpRecorder | None = None
     recorded_ops: OpRecorder | None = None
     saves: list[SaveInfo] = field(default_factory=list)

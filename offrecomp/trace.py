@@ -118,6 +118,10 @@ class ReplayDivergedError(RuntimeError):
 
 
 # Ops that read only the metadata (shape, dtype, device) of their tensor inputs.
+#: torch.distributed's ops as the dispatcher names them (dist.all_reduce and friends, and
+#: the functional collectives).
+_COLLECTIVE_NAMESPACES = ("c10d.", "_c10d_functional.", "c10d_functional.")
+
 COMPILED_FORWARD = "<compiled forward>"
 """The one op of a compiled region's recording (NOTE [Compiled regions])."""
 
@@ -288,6 +292,8 @@ class OpRecorder(tc.TorchDispatchMode):
         self._known_ptrs = known_ptrs
         self.known_sids: set[int] = set()
         """Storages legitimately from outside the region: inputs, parameters, buffers."""
+        self.collective = False
+        """A collective ran in the region (NOTE [Collective regions] in runtime.py)."""
 
     def start(self) -> None:
         """The region's forward begins: record its ops (or, passive, start its one op)."""
@@ -390,6 +396,8 @@ class OpRecorder(tc.TorchDispatchMode):
             else:
                 outs.append(_Value(x))
         name = str(func)
+        if name.startswith(_COLLECTIVE_NAMESPACES):
+            self.collective = True
         self.ops.append(
             _Op(
                 name=name,

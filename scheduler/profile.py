@@ -146,6 +146,10 @@ class RegionRecord:
     """True when the region runs work the recorder cannot see (custom autograd
     Functions, compiled code, no_grad blocks): replay then never serves ops and always
     reruns the whole prefix up to the last dropped storage."""
+    replayable: bool = True
+    """False when a replay must not run at all (the region issues collectives, as under
+    tensor parallelism, and ranks plan independently): its storages are KEEP or OFFLOAD
+    only."""
 
     @property
     def key(self) -> tuple[str, int]:

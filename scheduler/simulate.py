@@ -633,6 +633,10 @@ def flatten(profile: Profile) -> FlatProfile:
     kind_arr = np.concatenate((kind_reg, np.full(n_root, KIND_ROOT, dtype=np.int64)))[src]
     legal_of = np.asarray([_LEGAL[k] for k in range(4)], dtype=np.int64)
     legal = legal_of[kind_arr]
+    frozen = np.asarray([not r.replayable for r in regions], dtype=np.bool_)
+    if frozen.any():  # regions that must never replay: no RECOMPUTE for their storages
+        no_replay = np.concatenate((frozen[st_region], np.zeros(n_root, dtype=np.bool_)))[src]
+        legal = np.where(no_replay, legal & ~RECOMPUTE_BIT, legal)
     off_arr = np.concatenate((np.asarray(offsets, dtype=np.float64), root_t))[src]
     # region storages: unit start + offset clamped to the unit; root: absolute, clamped above
     save_arr = np.where(in_region, start[unit_arr] + np.minimum(off_arr, dur[unit_arr]), off_arr)

@@ -1,5 +1,6 @@
-"""DDP, FSDP2 (also over layers compiled in place) and tensor parallelism over gloo with
-2 CPU processes: gradients equal the plain run's, bitwise."""
+"""DDP, FSDP2 (also over layers compiled in place), tensor parallelism and blocks that
+call torch.distributed themselves, over gloo with 2 CPU processes: gradients equal the
+plain run's, bitwise."""
 
 from __future__ import annotations
 
@@ -52,6 +53,11 @@ def _train(wrap: Callable[[torch.nn.Module], torch.nn.Module], mode: str | None,
             rt.__exit__(None, None, None)
     if rt is not None and mode == "recompute":
         assert all(s.replays == 2 for s in rt.report().steps), [s.replays for s in rt.report().steps]
+    if rt is not None and mode == "auto" and wrap in (_tp, _sync):
+        # NOTE [Collective regions]: a replay on one rank alone would hang. A DTensor
+        # parameter tells before the first pass; a torch.distributed call, once recorded.
+        steps = rt.report().steps[0 if wrap is _tp else 1 :]
+        assert all(s.replays == 0 and s.recomputed_bytes == 0 for s in steps)
     return grads
 
 
@@ -90,7 +96,26 @@ def _tp(m: torch.nn.Module) -> torch.nn.Module:
     return m
 
 
-WRAPS = {"ddp": _ddp, "fsdp2": _fsdp2, "fsdp2_compiled": _fsdp2_compiled, "tp": _tp}
+class _SyncBlock(torch.nn.Module):
+    """A block whose forward calls torch.distributed itself (a statistic all-reduced)."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inner(x)
+        s = y.detach().abs().mean().reshape(1).clone()
+        dist.all_reduce(s)
+        return y * (1.0 + 0.0 * s)
+
+
+def _sync(m: torch.nn.Module) -> torch.nn.Module:
+    m.blocks = torch.nn.ModuleList(_SyncBlock(b) for b in m.blocks)
+    return m
+
+
+WRAPS = {"ddp": _ddp, "fsdp2": _fsdp2, "fsdp2_compiled": _fsdp2_compiled, "tp": _tp, "sync": _sync}
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:

@@ -296,3 +296,26 @@ def test_max_overhead_notes_on_a_zero_time_step() -> None:
     plan = solve(p, budget_bytes=None, max_overhead=0.05)
     assert plan.predicted_step_seconds == 0.0
     assert any("predicted overhead" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_regions_that_must_not_replay_are_never_recomputed(seed: int) -> None:
+    """RegionRecord.replayable=False (a region that runs collectives): no plan drops its
+    storages, at any budget, and the exhaustive optimum under that rule is matched."""
+    profile = random_profile(seed)
+    frozen = {r.key for r in profile.regions[::2]}
+    for r in profile.regions:
+        r.replayable = r.key not in frozen
+    for budget in budgets(profile):
+        plan = solve(profile, budget_bytes=budget, infeasible="warn")
+        best = exhaustive_solve(profile, budget)
+        for plan_ in (plan, best):
+            assert all(
+                p != Placement.RECOMPUTE for (name, call, _), p in plan_.placements.items() if (name, call) in frozen
+            )
+        if best.feasible:
+            assert plan.feasible
+            assert plan.predicted_step_seconds is not None and best.predicted_step_seconds is not None
+            assert plan.predicted_step_seconds <= best.predicted_step_seconds * (1 + GAP) + 1e-12
+    again = Profile.from_json(profile.to_json())
+    assert [r.replayable for r in again.regions] == [r.replayable for r in profile.regions]
