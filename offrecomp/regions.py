@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_map
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ArgState", "Region", "capture_autocast", "capture_inputs", "discover_regions"]
+__all__ = ["ArgState", "Region", "buffer_of", "capture_autocast", "capture_inputs", "discover_regions"]
 
 # Buffers larger than this are not snapshotted at region entry (see NOTE below).
 BUFFER_SNAPSHOT_MAX_BYTES = 1 << 20
@@ -61,10 +61,17 @@ class Region:
     @property
     def buffers(self) -> tuple[torch.Tensor, ...]:
         """The region's buffers as they are now (a slot set to None is skipped)."""
-        return tuple(b for b in (m._buffers.get(n) for m, n in self.slots) if b is not None)
+        return tuple(b for b in (buffer_of(m, n) for m, n in self.slots) if b is not None)
 
     def __repr__(self) -> str:
         return f"Region({self.name!r}, {type(self.module).__name__})"
+
+
+def buffer_of(m: nn.Module, name: str) -> torch.Tensor | None:
+    """``m._buffers.get(name)``, also for a TorchScript module, whose buffer table is a
+    wrapper without ``get`` (and iterates by index)."""
+    table = m._buffers
+    return table[name] if name in table else None  # noqa: SIM401 (no .get on the wrapper)
 
 
 def _is_container(m: nn.Module) -> bool:
@@ -121,7 +128,7 @@ def discover_regions(
         if id(m) in pick:
             if id(m) not in seen:  # a shared module is one region
                 seen.add(id(m))
-                slots = tuple((sub, n) for sub in m.modules() for n in sub._buffers)
+                slots = tuple((sub, n) for sub in m.modules() for n in sub._buffers.keys())  # noqa: SIM118 (a ScriptModule's buffers iterate by index)
                 region = Region(prefix or "<model>", m, slots)
                 region.refresh()
                 regions.append(region)
@@ -433,7 +440,7 @@ class BufferState:
 def capture_buffers(slots: tuple[tuple[nn.Module, str], ...]) -> BufferState | None:
     if not slots:
         return None
-    objects = [m._buffers.get(n) for m, n in slots]
+    objects = [buffer_of(m, n) for m, n in slots]
     versions = [-1 if b is None else int(b._version) for b in objects]
     snaps: list[torch.Tensor | None] = []
     for b in objects:
@@ -454,7 +461,7 @@ def finish_buffers(state: BufferState | None, slots: tuple[tuple[nn.Module, str]
         return
     mutated = []
     for i, (m, n) in enumerate(slots):
-        b = m._buffers.get(n)
+        b = buffer_of(m, n)
         entry = state.objects[i]
         snap = state.snapshots[i]
         if b is not entry:

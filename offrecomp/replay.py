@@ -34,6 +34,7 @@ import torch
 from offrecomp.regions import (
     ArgState,
     autocast_contexts,
+    buffer_of,
     capture_rng,
     replay_arguments,
     restore_rng,
@@ -93,7 +94,7 @@ def _swap_buffers(call: RegionCall) -> Iterator[None]:
     with torch.no_grad():
         for i in state.mutated:
             m, n = slots[i]
-            post = m._buffers.get(n)
+            post = buffer_of(m, n)
             saved.append((i, post))
             entry = state.snapshots[i]
             if entry is None:
@@ -148,20 +149,26 @@ def replay_call(
     last = max(needed)
     captured: dict[int, torch.Tensor] = {}
     counter = 0
+    stopped = False
+    diverged: list[ReplayDivergedError] = []
 
     def pack(t: torch.Tensor) -> Any:
-        nonlocal counter
+        nonlocal counter, stopped
         i = counter
         counter += 1
         if i in needed:
             with internal():
                 if mode is not None and mode.is_placeholder(t):  # NOTE [Placeholder guard]
-                    raise ReplayDivergedError(
-                        f"offrecomp: replay of region {call.name!r} diverged at save #{i}: it "
-                        "saves a tensor the recording did not compute"
+                    diverged.append(
+                        ReplayDivergedError(
+                            f"offrecomp: replay of region {call.name!r} diverged at save #{i}: it "
+                            "saves a tensor the recording did not compute"
+                        )
                     )
+                    raise diverged[-1]
                 captured[i] = t.detach()
             if i >= last:
+                stopped = True
                 raise _StopReplay
         return None
 
@@ -192,8 +199,17 @@ def replay_call(
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, _no_unpack))
             if mode is not None:
                 stack.enter_context(mode)
-            with contextlib.suppress(_StopReplay):  # early stop: see NOTE [Replay]
+            try:
                 call.forward_fn(*args, **kwargs)
+            except BaseException as exc:
+                # Early stop (NOTE [Replay]), or a divergence. Code that runs in C++
+                # (TorchScript) hands either back as a RuntimeError of its own: judge by
+                # what was raised, not by what arrives.
+                if not stopped:
+                    first = diverged[0] if diverged else (mode.diverged if mode is not None else None)
+                    if first is not None and exc is not first:
+                        raise first from exc
+                    raise
     finally:
         if before is not None:
             restore_rng(before)

@@ -44,6 +44,7 @@ from offrecomp.regions import (
     Region,
     _compiled_in_place,
     _is_compiled,
+    buffer_of,
     capture_autocast,
     capture_buffers,
     capture_inputs,
@@ -576,7 +577,7 @@ class Runtime:
                     i
                     for i in call.buffers.mutated
                     if call.buffers.snapshots[i] is None
-                    and call.buffers.objects[i] is region.slots[i][0]._buffers.get(region.slots[i][1])
+                    and call.buffers.objects[i] is buffer_of(*region.slots[i])
                 ]
                 if big:
                     _warn_once(

@@ -726,6 +726,13 @@ class ServingMode(tc.TorchDispatchMode):
         # capture one: if either happens, this pass took another path through the
         # region's code than the recording, and the replay is redone plainly.
         self._placeholders: set[int] = set()
+        self.diverged: ReplayDivergedError | None = None
+        """The divergence this mode raised, in case code between it and the replay (as
+        TorchScript does) turns it into another error."""
+
+    def _diverge(self, msg: str) -> ReplayDivergedError:
+        self.diverged = ReplayDivergedError(msg)
+        return self.diverged
 
     def is_placeholder(self, t: torch.Tensor) -> bool:
         """True when ``t`` lies in a placeholder's storage (its values are garbage)."""
@@ -743,7 +750,7 @@ class ServingMode(tc.TorchDispatchMode):
         expected = st.op_names[k] if k < len(st.op_names) else None
         name = str(func)
         if expected != name:
-            raise ReplayDivergedError(
+            raise self._diverge(
                 f"offrecomp: replay of region {self.region_name!r} diverged at op {k}: the forward "
                 f"ran {expected or '<nothing>'}, the replay ran {name}"
             )
@@ -752,7 +759,7 @@ class ServingMode(tc.TorchDispatchMode):
             leaves = tree_flatten((args, kwargs))[0]
             scalars = _scalars_of(leaves)
             if scalars != st.op_scalars[k]:
-                raise ReplayDivergedError(
+                raise self._diverge(
                     f"offrecomp: replay of region {self.region_name!r} diverged at op {k} ({name}): "
                     f"non-tensor arguments {scalars} differ from the forward's "
                     f"{st.op_scalars[k]}"
@@ -762,7 +769,7 @@ class ServingMode(tc.TorchDispatchMode):
                 if self._placeholders and name not in _METADATA_ONLY:  # NOTE [Placeholder guard]
                     for x in leaves:
                         if isinstance(x, torch.Tensor) and self.is_placeholder(x):
-                            raise ReplayDivergedError(
+                            raise self._diverge(
                                 f"offrecomp: replay of region {self.region_name!r} diverged at "
                                 f"op {k} ({name}): it reads a tensor the recording did not need"
                             )
