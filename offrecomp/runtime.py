@@ -239,7 +239,9 @@ class Runtime:
                 raise RuntimeError(
                     f"offrecomp: {which} already active; runtimes must not nest. Enter one "
                     "runtime around the whole training loop (or exit the first one before "
-                    "entering another)."
+                    "entering another). For several models trained together, give one "
+                    "runtime a container of them: offrecomp.runtime(nn.ModuleDict("
+                    "{'gen': gen, 'disc': disc}))."
                 )
             _active = self
         try:

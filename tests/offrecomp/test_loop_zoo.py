@@ -784,6 +784,31 @@ def test_two_models_with_their_own_runtimes_alternately(variant: str) -> None:
         _assert_no_leak(rt)
 
 
+def _two_models_in_one() -> nn.Module:
+    a, b = _two_models()
+    return nn.ModuleDict({"a": a, "b": b})
+
+
+def loop_two_models_one_runtime(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+    """Two models trained together (a GAN's or a distillation's), one runtime over a
+    container of both: runtimes do not nest, and the error says to do this."""
+    a, b = model["a"], model["b"]  # type: ignore[index]
+
+    def step(i: int, out: list[Snap]) -> None:
+        la = a(_tokens(i, 16))
+        lb = b(_tokens(100 + i, 20))
+        (la + 0.5 * lb).backward()
+        out.append(_snap(model, la, lb=lb))
+
+    return _sgd_loop(model, rt, 5, step)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_two_models_trained_together_under_one_runtime(variant: str) -> None:
+    rt = _run("two_in_one", loop_two_models_one_runtime, variant, factory=_two_models_in_one)
+    assert rt.regions == ["a.blocks.0", "a.blocks.1", "b.blocks.0", "b.blocks.1", "b.blocks.2"]
+
+
 def loop_runtime_replaced(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
     """A first runtime for five steps, closed; a second one (the same settings) on the
     same model for five more."""
