@@ -1097,9 +1097,15 @@ class Planner:
                 b[pl] += s.nbytes
                 n[pl] += 1
             cells = [f"{n[p]}/{format_bytes(b[p])}" for p in (KEEP, OFFLOAD, RECOMPUTE)]
+            why = []
+            if not r.replayable:
+                why.append("runs collectives: never recomputed")
+            elif r.opaque:
+                why.append("opaque: a replay reruns its forward")
             lines.append(
                 f"  {r.name:<24} {r.call_index:>4} {cells[0]:>14} {cells[1]:>14} {cells[2]:>14} "
                 f"{r.forward_seconds:>9.5f} {r.backward_seconds:>9.5f}"
+                + (f"  ({'; '.join(why)})" if why else "")
             )
         return "\n".join(lines)
 

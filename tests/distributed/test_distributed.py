@@ -58,6 +58,7 @@ def _train(wrap: Callable[[torch.nn.Module], torch.nn.Module], mode: str | None,
         # parameter tells before the first pass; a torch.distributed call, once recorded.
         steps = rt.report().steps[0 if wrap is _tp else 1 :]
         assert all(s.replays == 0 and s.recomputed_bytes == 0 for s in steps)
+        assert rt.explain().count("runs collectives: never recomputed") == 2
     return grads
 
 

@@ -116,6 +116,7 @@ def test_blocks_compiled_in_place_replay_their_compiled_graph(variant: str) -> N
     else:
         entry = next(iter(rt._planner.entries.values()))
         assert all(st.opaque for st in entry.structures.values())  # compiled code is opaque
+        assert rt.explain().count("opaque: a replay reruns its forward") == 2
     if variant == "auto_serve":
         assert any(s.phase == "planned" and s.recomputed_bytes > 0 for s in steps)
     assert [blk._compiled_call_impl for blk in m.blocks] == compiled_calls  # type: ignore[union-attr]
