@@ -71,23 +71,6 @@ class BranchBlock(nn.Module):
         return x + self.fc2(y) * scale
 
 
-class CondBlock(nn.Module):
-    """``torch.cond``: a higher-order operator, which reaches the op recorder as one op
-    running subgraphs it never shows (the block is then opaque), plus residual dropout."""
-
-    def __init__(self, h: int) -> None:
-        super().__init__()
-        self.ln = nn.LayerNorm(h)
-        self.a = nn.Linear(h, h)
-        self.b = nn.Linear(h, h)
-        self.out = nn.Linear(h, h)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.ln(x)
-        z = torch.cond(y.mean() > 0, lambda t: self.a(t).relu(), lambda t: self.b(t).sigmoid(), (y,))
-        return x + F.dropout(self.out(z), 0.1, self.training)
-
-
 def _branch_batch(s: int) -> torch.Tensor:
     # the sign of the stream alternates between steps: planned steps see both branches
     sign = 1.0 if (s // 10) % 2 == 0 else -1.0  # train() passes 10 * step
@@ -725,7 +708,6 @@ def _randn(*shape: int, dtype: torch.dtype = torch.float32) -> Batch:
 
 CASES: dict[str, Case] = {
     "branch_item": Case(stack(lambda: BranchBlock(32)), _branch_batch),
-    "cond_higher_order": Case(stack(lambda: CondBlock(32), 2), _branch_batch),  # cond is slow in eager
     "moe_top2": Case(MoEModel, _randn(2, 8, 32), stable=False),
     "tied_shared_submodule": Case(TiedModel, _tokens),
     "tied_bf16_autocast": Case(lambda: TiedModel(autocast=True), _tokens),
