@@ -141,6 +141,7 @@ class Runtime:
         self._entered = False
         self._hooks_ctx: Any = None
         self._hidden_warned = False  # a region's saves were found taken by another hook
+        self._hidden_checks = 0  # region calls checked for that (the first few tell)
         self._distributed = False  # set on entry: more than one rank
         self._restore: list[Callable[[], None]] = []
         self._opt_hook: Any = None
@@ -466,7 +467,12 @@ class Runtime:
                         call.recorder.stop()
                     if exc is not None:
                         rt._on_forward_error(call.pass_state, exc)
-                    elif not rt._hidden_warned and not any(r.kind == "activation" for r in call.storages):
+                    elif (
+                        not rt._hidden_warned
+                        and rt._hidden_checks < HIDDEN_CHECKS
+                        and not any(r.kind == "activation" for r in call.storages)
+                    ):
+                        rt._hidden_checks += 1
                         _check_hidden_saves(rt, region.name, call.pack_count, inputs, out)
                 finally:
                     rt._exit_region(call)
@@ -1024,13 +1030,19 @@ def _eval_frame_callback_getter() -> Callable[[], Any] | None:
 _EVAL_FRAME_CALLBACK = _eval_frame_callback_getter()
 
 
+#: Region calls without an activation of their own that are checked for saves another
+#: hook took; blocks are alike, so the first calls tell (the check walks the graph).
+HIDDEN_CHECKS = 64
+
+
 def _check_hidden_saves(rt: Runtime, name: str, saves: int, inputs: Any, out: Any) -> None:
     """A region call saved no activation through our hooks (at most its inputs). If it
-    returns a tensor it made that needs grad, and it saved nothing at all or its graph
-    holds a checkpoint node, a saved-tensor hook pair inside it (torch.utils.checkpoint,
-    HF gradient_checkpointing_enable, save_on_cpu) took its saves: only the innermost
-    pair runs, so offrecomp cannot place them. A call that hands an input back
-    (LayerDrop) made nothing; a lone Linear saves its input, and has no checkpoint."""
+    returns a tensor it made that needs grad, and the autograd graph between its inputs
+    and that tensor holds more saved tensors than went through our hooks (or a reentrant
+    checkpoint node), a saved-tensor hook pair inside it (torch.utils.checkpoint, HF
+    gradient_checkpointing_enable, save_on_cpu) took them: only the innermost pair runs,
+    so offrecomp cannot place them. A call that hands an input back (LayerDrop) made
+    nothing; a lone Linear saved through our hooks all its graph holds."""
     made = [
         t for t in tree_leaves(out)
         if type(t) is torch.Tensor and t.requires_grad and t.grad_fn is not None and t.numel()
@@ -1040,9 +1052,34 @@ def _check_hidden_saves(rt: Runtime, name: str, saves: int, inputs: Any, out: An
     ins = [t for t in tree_leaves(inputs) if type(t) is torch.Tensor]
     passed = {t.untyped_storage().data_ptr() for t in ins}
     made = [t for t in made if t.untyped_storage().data_ptr() not in passed]
-    if not made or (saves and not _checkpoint_inside(made, ins)):
+    if not made:
         return
-    _warn_hidden(rt, name, "saved no activation through offrecomp")
+    in_graph, checkpoint_node = _graph_saves(made, ins)
+    if checkpoint_node or in_graph > saves:
+        _warn_hidden(rt, name, "saved no activation through offrecomp")
+
+
+def _graph_saves(outs: list[torch.Tensor], ins: list[torch.Tensor], limit: int = 4096) -> tuple[int, bool]:
+    """Saved tensors held by the autograd nodes between a region's inputs and its
+    outputs (read as SavedTensor objects, never unpacked), and whether a reentrant
+    checkpoint node is among them. Visits at most ``limit`` nodes."""
+    stop = {id(t.grad_fn) for t in ins if t.grad_fn is not None}
+    todo = [t.grad_fn for t in outs]
+    seen: set[int] = set()
+    count = 0
+    while todo and len(seen) < limit:
+        fn = todo.pop()
+        if fn is None or id(fn) in seen or id(fn) in stop:
+            continue
+        seen.add(id(fn))
+        if type(fn).__name__ == "CheckpointFunctionBackward":
+            return count, True
+        for attr in dir(fn):
+            if attr.startswith("_raw_saved_"):
+                value = getattr(fn, attr, None)
+                count += len(value) if isinstance(value, (list, tuple)) else value is not None
+        todo.extend(nxt for nxt, _ in fn.next_functions)
+    return count, False
 
 
 def _warn_hidden(rt: Runtime, names: str, what: str) -> None:
@@ -1063,23 +1100,6 @@ def _checkpoints_itself(m: nn.Module) -> bool:
         getattr(x, "gradient_checkpointing", False) is True or type(x).__name__ == "CheckpointWrapper"
         for x in m.modules()
     )
-
-
-def _checkpoint_inside(outs: list[torch.Tensor], ins: list[torch.Tensor], limit: int = 4096) -> bool:
-    """Does the autograd graph between a region's inputs and its outputs hold a node of
-    torch.utils.checkpoint (reentrant or not)? Visits at most ``limit`` nodes."""
-    stop = {id(t.grad_fn) for t in ins if t.grad_fn is not None}
-    todo = [t.grad_fn for t in outs]
-    seen: set[int] = set()
-    while todo and len(seen) < limit:
-        fn = todo.pop()
-        if fn is None or id(fn) in seen or id(fn) in stop:
-            continue
-        seen.add(id(fn))
-        if type(fn).__name__ in ("CheckpointFunctionBackward", "_NoopSaveInputsBackward"):
-            return True
-        todo.extend(nxt for nxt, _ in fn.next_functions)
-    return False
 
 
 def _warn_compiled(names: str) -> None:

@@ -63,7 +63,7 @@ def _run(factory: Callable[[], nn.Module], caplog: pytest.LogCaptureFixture, mod
     return [r.getMessage() for r in caplog.records if WARNING in r.getMessage()]
 
 
-@pytest.mark.parametrize("how", ["hf_flag", "save_on_cpu", "reentrant"])
+@pytest.mark.parametrize("how", ["hf_flag", "save_on_cpu", "reentrant", "non_reentrant"])
 @pytest.mark.parametrize("mode", ["recompute", "auto"])
 def test_a_hook_inside_a_region_is_named(how: str, mode: str, caplog: pytest.LogCaptureFixture) -> None:
     msgs = _run(lambda: models.Stack([CkptBlock(how) for _ in range(3)]), caplog, mode)
