@@ -275,7 +275,7 @@ class Config:
     from the replays that run, starting at 25. A number pins it (0: always skip what can
     be skipped; large: always replay plainly). ``OFFRECOMP_REPLAY_OP_US``."""
     regions: RegionSpec = None
-    """Region selection: None (repeated children of ModuleList/Sequential), module types,
+    """Region selection: None (repeated children of ModuleList/Sequential/ModuleDict), module types,
     or ``fn(module, qualified_name) -> bool``. Argument only."""
 
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)

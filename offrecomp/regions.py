@@ -74,8 +74,6 @@ def buffer_of(m: nn.Module, name: str) -> torch.Tensor | None:
     return table[name] if name in table else None  # noqa: SIM401 (no .get on the wrapper)
 
 
-def _is_container(m: nn.Module) -> bool:
-    return isinstance(m, (nn.ModuleList, nn.Sequential))
 
 
 def discover_regions(
@@ -85,7 +83,8 @@ def discover_regions(
     """Find the regions of ``model``.
 
     ``spec`` None: the repeated children of every ``nn.ModuleList``/``nn.Sequential`` (a
-    child whose class occurs at least twice among its siblings). A type or types: every
+    child whose class occurs at least twice among its siblings), and of an
+    ``nn.ModuleDict`` where nothing inside them is one (see _pick_repeated_children). A type or types: every
     module of those types. A callable: every module for which ``fn(module, name)`` is
     true. Only the outermost match counts: regions never nest.
     """
@@ -153,16 +152,27 @@ def _compiled_in_place(m: nn.Module) -> bool:
 
 
 def _pick_repeated_children(model: nn.Module) -> set[int]:
+    """Children whose class repeats among their siblings in an ``nn.ModuleList`` or
+    ``nn.Sequential`` (the outermost win: regions never nest), and in an
+    ``nn.ModuleDict``, which holds a model's layers (torchtitan) but also whole models
+    (a runtime over two models): its repeated children count only when nothing inside
+    them does."""
     pick: set[int] = set()
+    keyed: list[nn.Module] = []
     for m in model.modules():
-        if not _is_container(m):
+        if not isinstance(m, (nn.ModuleList, nn.Sequential, nn.ModuleDict)):
             continue
         by_type: dict[type, list[nn.Module]] = {}
         for child in m.children():
             by_type.setdefault(type(child), []).append(child)
         for same in by_type.values():
             if len(same) >= 2:
-                pick.update(id(c) for c in same)
+                if isinstance(m, nn.ModuleDict):
+                    keyed += same
+                else:
+                    pick.update(id(c) for c in same)
+    candidates = pick | {id(c) for c in keyed}
+    pick.update(id(c) for c in keyed if not any(id(x) in candidates for x in c.modules() if x is not c))
     return pick
 
 

@@ -83,7 +83,7 @@ def runtime(
     ``budget``: device bytes for activations (int), a unit string (``"24GiB"``), a
     percentage of device memory (``"60%"``) or None (automatic). ``mode``: ``auto``
     (default), ``keep``, ``offload``, ``recompute`` or ``off``. ``regions``: None
-    (repeated children of ``nn.ModuleList``/``nn.Sequential``), module types, or
+    (repeated children of ``nn.ModuleList``/``nn.Sequential``/``nn.ModuleDict``), module types, or
     ``fn(module, qualified_name) -> bool``. Other options are :class:`Config` fields
     (``min_bytes``, ``host_limit``, ``prefetch``, ``verify``, ``max_overhead``, ...).
     Keyword arguments win over ``OFFRECOMP_*`` variables, which win over defaults;
@@ -124,7 +124,7 @@ class Runtime:
                         "that selects some, or None for automatic discovery"
                     )
                 log.warning(
-                    "offrecomp: %s has no repeated blocks (children of nn.ModuleList/nn.Sequential "
+                    "offrecomp: %s has no repeated blocks (children of nn.ModuleList/Sequential/ModuleDict "
                     "sharing a class), so nothing can be recomputed; activations can still be kept or "
                     "offloaded. Pass regions= to choose the modules to replay.",
                     type(model).__name__,

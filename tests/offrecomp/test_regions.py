@@ -79,3 +79,34 @@ def test_user_filter_regions_train_bitwise() -> None:
     got = train(m, batch, rt)
     assert_bitwise(ref, got)
     assert rt.regions == ["blocks.0.ln2", "blocks.0.fc1", "blocks.1.ln2", "blocks.1.fc1", "blocks.2.ln2", "blocks.2.fc1"]
+
+
+class _Layers(nn.Module):
+    """torchtitan keeps its blocks in an nn.ModuleDict keyed "0", "1", ..."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleDict({str(i): models.Block(32, 4, 0.1) for i in range(3)})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for blk in self.layers.values():
+            x = blk(x)
+        return x.square().mean()
+
+
+def test_repeated_children_of_a_moduledict() -> None:
+    """Blocks in a ModuleDict are regions; models in a ModuleDict are not (their blocks
+    are): a ModuleDict's repeated children count only when nothing inside them does."""
+    assert [r.name for r in discover_regions(_Layers(), None)] == ["layers.0", "layers.1", "layers.2"]
+    both = nn.ModuleDict({"a": models.GPT(layers=2), "b": models.GPT(layers=2)})
+    assert [r.name for r in discover_regions(both, None)] == ["a.blocks.0", "a.blocks.1", "b.blocks.0", "b.blocks.1"]
+    mixed = nn.ModuleDict({"enc": nn.Linear(2, 2), "dec": nn.LayerNorm(2)})
+    assert discover_regions(mixed, None) == []
+
+
+def test_moduledict_blocks_train_bitwise() -> None:
+    from tests.helpers import check_variant
+
+    torch.manual_seed(0)
+    rt, _ = check_variant(_Layers(), lambda s: torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(s)), "recompute")
+    assert rt.regions == ["layers.0", "layers.1", "layers.2"]
