@@ -13,10 +13,12 @@ measuring pass; measured step time drifting from the prediction beyond
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -153,11 +155,8 @@ class Planner:
     # ------------------------------------------------------------ per pass
 
     def begin_pass(self, p: PassState) -> None:
-        t0 = time.perf_counter()
-        try:
+        with _planner_time(p):
             self._begin_pass(p)
-        finally:
-            p.planner_seconds += time.perf_counter() - t0
 
     def _begin_pass(self, p: PassState) -> None:
         cfg = self.rt.config
@@ -328,11 +327,8 @@ class Planner:
         call.saves = []
 
     def end_pass(self, p: PassState) -> None:
-        t0 = time.perf_counter()
-        try:
+        with _planner_time(p):
             self._end_pass(p)
-        finally:
-            p.planner_seconds += time.perf_counter() - t0
 
     def _end_pass(self, p: PassState) -> None:
         if p.recording:
@@ -1108,6 +1104,16 @@ class Planner:
                 + (f"  ({'; '.join(why)})" if why else "")
             )
         return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _planner_time(p: PassState) -> Iterator[None]:
+    """Count the planner's host time in the pass (StepRecord.planner_seconds)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        p.planner_seconds += time.perf_counter() - t0
 
 
 _link_cache: dict[int, tuple[float, float]] = {}
