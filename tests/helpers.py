@@ -145,11 +145,26 @@ def check_variant(
     ref = train(copy.deepcopy(model), batch, steps=steps)
     budget = tight_budget(model, batch, **kw) if variant in ("auto_tight", "auto_serve") else None
     m = copy.deepcopy(model)
-    rt = variant_runtime(m, variant, budget, **kw)
-    got = train(m, batch, rt, steps=steps)
-    assert_bitwise(ref, got)
+    rt = train_bitwise(m, batch, variant, budget, ref, steps=steps, **kw)
     check_variant_report(rt.report().steps, variant, n_steps=steps)
     return rt, m
+
+
+def train_bitwise(
+    model: nn.Module,
+    batch: Callable[[int], Any],
+    variant: str,
+    budget: int | None,
+    ref: list[dict[str, torch.Tensor]],
+    *,
+    steps: int = 4,
+    **kw: Any,
+) -> offrecomp.Runtime:
+    """Train ``model`` itself (not a copy: compiled and scripted models cannot be copied)
+    under ``variant``; assert it bitwise equal to ``ref``. Returns the runtime."""
+    rt = variant_runtime(model, variant, budget, **kw)
+    assert_bitwise(ref, train(model, batch, rt, steps=steps))
+    return rt
 
 
 def batch_on(device: torch.device, batch: Callable[[int], Any]) -> Callable[[int], Any]:

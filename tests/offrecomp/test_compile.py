@@ -18,8 +18,8 @@ from tests.helpers import (
     batch_on,
     tight_budget,
     train,
+    train_bitwise,
     twin,
-    variant_runtime,
 )
 
 
@@ -107,9 +107,7 @@ def test_blocks_compiled_in_place_replay_their_compiled_graph(variant: str) -> N
     m = _blocks_in_place(twin(base))
     compiled_calls = [blk._compiled_call_impl for blk in m.blocks]  # type: ignore[union-attr]
     budget = tight_budget(twin(base), _batch) if variant == "auto_serve" else None  # copies: eager
-    rt = variant_runtime(m, variant, budget)
-    got = train(m, _batch, rt, steps=4)
-    assert_bitwise(ref, got)
+    rt = train_bitwise(m, _batch, variant, budget, ref)
     steps = rt.report().steps
     if variant == "recompute":
         assert all(s.replays == 2 for s in steps)
@@ -152,9 +150,7 @@ def test_a_layer_compiled_in_place_inside_a_block_makes_the_block_opaque() -> No
     ref = train(fc1_in_place(twin(base)), _batch, steps=4)
     torch._dynamo.reset()
     m = fc1_in_place(twin(base))
-    rt = variant_runtime(m, "auto_serve", tight_budget(twin(base), _batch))  # copies: eager
-    got = train(m, _batch, rt, steps=4)
-    assert_bitwise(ref, got)
+    rt = train_bitwise(m, _batch, "auto_serve", tight_budget(twin(base), _batch), ref)  # copies: eager
     entry = next(iter(rt._planner.entries.values()))
     assert all(st.opaque for st in entry.structures.values())
     assert all(s.served_ops == 0 for s in rt.report().steps)
@@ -307,9 +303,7 @@ def test_blocks_compiled_in_place_with_inductor_on_cuda(variant: str) -> None:
         pytest.skip("plain compiled CUDA runs differ run to run (nondeterministic kernels)")
     m = inductor(twin(base))
     budget = tight_budget(twin(base), batch) if variant == "auto_serve" else None
-    rt = variant_runtime(m, variant, budget)
-    got = train(m, batch, rt, steps=4)
-    assert_bitwise(ref, got)
+    rt = train_bitwise(m, batch, variant, budget, ref)
     steps = rt.report().steps
     if variant == "recompute":
         assert all(s.replays == 2 for s in steps)
@@ -361,8 +355,6 @@ def test_a_compiled_function_inside_a_block_stays_compiled(variant: str) -> None
     torch._dynamo.reset()
     counting.made = counting.runs = 0
     m = model()
-    rt = variant_runtime(m, variant, budget)
-    got = train(m, batch, rt, steps=4)
-    assert_bitwise(ref, got)
+    train_bitwise(m, batch, variant, budget, ref)
     assert counting.made == plain_made
     assert counting.runs >= plain_runs  # every forward ran the graph (and replays too)

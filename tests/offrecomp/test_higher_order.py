@@ -16,7 +16,7 @@ from torch import nn
 
 from offrecomp.trace import OpRecorder, build_structure
 from tests import models
-from tests.helpers import assert_bitwise, batch_on, tight_budget, train, variant_runtime
+from tests.helpers import batch_on, tight_budget, train, train_bitwise
 
 
 def _recorder() -> OpRecorder:
@@ -88,10 +88,7 @@ def test_cond_blocks_bitwise_equal_to_plain(variant: str) -> None:
 def _check_opaque_blocks(model: nn.Module, batch: Callable[[int], Any], variant: str, ref: list[Any]) -> None:
     """Bitwise against ``ref`` under ``variant``; the two blocks replay whole."""
     budget = tight_budget(model, batch) if variant == "auto_serve" else None
-    m = copy.deepcopy(model)
-    rt = variant_runtime(m, variant, budget)
-    got = train(m, batch, rt, steps=4)
-    assert_bitwise(ref, got)
+    rt = train_bitwise(copy.deepcopy(model), batch, variant, budget, ref)
     steps = rt.report().steps
     if variant == "recompute":
         assert all(s.replays == 2 for s in steps)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests import models
-from tests.helpers import assert_bitwise, train, variant_runtime
+from tests.helpers import train, train_bitwise
 
 
 class MLP(nn.Module):
@@ -56,11 +56,8 @@ def test_torchscript_blocks_bitwise_equal_to_plain(how: str, variant: str) -> No
         return models.Stack([Block(how) for _ in range(3)])
 
     ref = train(fresh(), _batch, steps=4)
-    m = fresh()
-    rt = variant_runtime(m, variant, 20_000 if variant == "auto_serve" else None)
+    rt = train_bitwise(fresh(), _batch, variant, 20_000 if variant == "auto_serve" else None, ref)
     assert rt.regions == ["blocks.0", "blocks.1", "blocks.2"]
-    got = train(m, _batch, rt, steps=4)
-    assert_bitwise(ref, got)
     steps = rt.report().steps
     if variant == "recompute":
         assert all(s.replays == 3 for s in steps)
