@@ -150,7 +150,6 @@ def replay_call(
     captured: dict[int, torch.Tensor] = {}
     counter = 0
     stopped = False
-    diverged: list[ReplayDivergedError] = []
 
     def pack(t: torch.Tensor) -> Any:
         nonlocal counter, stopped
@@ -159,13 +158,10 @@ def replay_call(
         if i in needed:
             with internal():
                 if mode is not None and mode.is_placeholder(t):  # NOTE [Placeholder guard]
-                    diverged.append(
-                        ReplayDivergedError(
-                            f"offrecomp: replay of region {call.name!r} diverged at save #{i}: it "
-                            "saves a tensor the recording did not compute"
-                        )
+                    raise mode.diverge(
+                        f"offrecomp: replay of region {call.name!r} diverged at save #{i}: it "
+                        "saves a tensor the recording did not compute"
                     )
-                    raise diverged[-1]
                 captured[i] = t.detach()
             if i >= last:
                 stopped = True
@@ -206,7 +202,7 @@ def replay_call(
                 # (TorchScript) hands either back as a RuntimeError of its own: judge by
                 # what was raised, not by what arrives.
                 if not stopped:
-                    first = diverged[0] if diverged else (mode.diverged if mode is not None else None)
+                    first = mode.diverged if mode is not None else None
                     if first is not None and exc is not first:
                         raise first from exc
                     raise

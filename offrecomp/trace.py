@@ -117,7 +117,6 @@ class ReplayDivergedError(RuntimeError):
     """A replay did not dispatch what the forward dispatched."""
 
 
-# Ops that read only the metadata (shape, dtype, device) of their tensor inputs.
 #: torch.distributed's ops as the dispatcher names them (dist.all_reduce and friends, and
 #: the functional collectives).
 _COLLECTIVE_NAMESPACES = ("c10d.", "_c10d_functional.", "c10d_functional.")
@@ -125,6 +124,7 @@ _COLLECTIVE_NAMESPACES = ("c10d.", "_c10d_functional.", "c10d_functional.")
 COMPILED_FORWARD = "<compiled forward>"
 """The one op of a compiled region's recording (NOTE [Compiled regions])."""
 
+# Ops that read only the metadata (shape, dtype, device) of their tensor inputs.
 _METADATA_ONLY = frozenset(
     {
         "aten.empty_like.default",
@@ -256,20 +256,31 @@ def _same_gen(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     return bool(torch.equal(a[0], b[0])) and a[1] == b[1]
 
 
-class OpRecorder(tc.TorchDispatchMode):
-    """Records the ATen ops of one region call (measuring pass only)."""
+class _RegionMode(tc.TorchDispatchMode):
+    """What the recorder and the replay's serving mode share about code they do not see
+    op by op.
 
-    # flex_attention, cond, ...: without this, a mode makes them raise NotImplementedError.
-    # Each is recorded as one op and makes the region opaque (see build_structure).
+    Higher-order operators (flex_attention, cond) reach the mode as one op; without
+    ``supports_higher_order_operators`` they raise NotImplementedError. The recorder
+    records one as one op, which makes the region opaque (see build_structure); the
+    serving mode, which never runs on an opaque region, reports one as a divergence.
+
+    Both step aside while dynamo compiles (``ignore_compile_internals``). Otherwise
+    dynamo falls back to eager under the mode, gives up on that code for good, and code
+    compiled with fullgraph=True raises (eager flex_attention compiles its own wrapper
+    that way). Compiled code then runs compiled in the recording and the replay alike:
+    the kernels of a compiled graph are seen by neither, and a value they make is read
+    from outside the recording, which turns placeholders off."""
+
     supports_higher_order_operators = True
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
-        """Let torch.compile'd code inside a recorded region compile (the mode steps aside
-        while dynamo compiles). Otherwise dynamo falls back to eager under the mode, and
-        code compiled with fullgraph=True raises: eager flex_attention compiles its own
-        wrapper that way."""
         return True
+
+
+class OpRecorder(_RegionMode):
+    """Records the ATen ops of one region call (measuring pass only)."""
 
     def __init__(
         self,
@@ -686,20 +697,8 @@ def build_structure(
     )
 
 
-class ServingMode(tc.TorchDispatchMode):
+class ServingMode(_RegionMode):
     """During replay: run, serve or stub each op per the program; check the op sequence."""
-
-    # A higher-order operator the recording did not see is a divergence, not an error
-    # (a region that recorded one is opaque and replays under no mode).
-    supports_higher_order_operators = True
-
-    @classmethod
-    def ignore_compile_internals(cls) -> bool:
-        """As the recorder: compiled code runs compiled in the replay too, so the replay
-        dispatches what the recording saw (kernels of a compiled graph are seen by
-        neither; a value they make is read from outside the recording, which turns
-        placeholders off)."""
-        return True
 
     def __init__(
         self,
@@ -727,10 +726,11 @@ class ServingMode(tc.TorchDispatchMode):
         # region's code than the recording, and the replay is redone plainly.
         self._placeholders: set[int] = set()
         self.diverged: ReplayDivergedError | None = None
-        """The divergence this mode raised, in case code between it and the replay (as
-        TorchScript does) turns it into another error."""
+        """The divergence this replay raised (here or in its pack hook), in case code
+        between it and the replay (as TorchScript does) turns it into another error."""
 
-    def _diverge(self, msg: str) -> ReplayDivergedError:
+    def diverge(self, msg: str) -> ReplayDivergedError:
+        """Record a divergence; the caller raises what it returns."""
         self.diverged = ReplayDivergedError(msg)
         return self.diverged
 
@@ -750,7 +750,7 @@ class ServingMode(tc.TorchDispatchMode):
         expected = st.op_names[k] if k < len(st.op_names) else None
         name = str(func)
         if expected != name:
-            raise self._diverge(
+            raise self.diverge(
                 f"offrecomp: replay of region {self.region_name!r} diverged at op {k}: the forward "
                 f"ran {expected or '<nothing>'}, the replay ran {name}"
             )
@@ -759,7 +759,7 @@ class ServingMode(tc.TorchDispatchMode):
             leaves = tree_flatten((args, kwargs))[0]
             scalars = _scalars_of(leaves)
             if scalars != st.op_scalars[k]:
-                raise self._diverge(
+                raise self.diverge(
                     f"offrecomp: replay of region {self.region_name!r} diverged at op {k} ({name}): "
                     f"non-tensor arguments {scalars} differ from the forward's "
                     f"{st.op_scalars[k]}"
@@ -769,7 +769,7 @@ class ServingMode(tc.TorchDispatchMode):
                 if self._placeholders and name not in _METADATA_ONLY:  # NOTE [Placeholder guard]
                     for x in leaves:
                         if isinstance(x, torch.Tensor) and self.is_placeholder(x):
-                            raise self._diverge(
+                            raise self.diverge(
                                 f"offrecomp: replay of region {self.region_name!r} diverged at "
                                 f"op {k} ({name}): it reads a tensor the recording did not need"
                             )
