@@ -26,7 +26,15 @@ from torch.utils._pytree import tree_map
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ArgState", "Region", "buffer_of", "capture_autocast", "capture_inputs", "discover_regions"]
+__all__ = [
+    "ArgState",
+    "Region",
+    "buffer_of",
+    "capture_autocast",
+    "capture_inputs",
+    "compiled_module",
+    "discover_regions",
+]
 
 # Buffers larger than this are not snapshotted at region entry (see NOTE below).
 BUFFER_SNAPSHOT_MAX_BYTES = 1 << 20
@@ -56,7 +64,7 @@ class Region:
         built (torchtune compiles its layers in place)."""
         self.in_place = _compiled_in_place(self.module)
         self.compiled_self = _is_compiled(self.module) or self.in_place
-        self.compiled = any(_is_compiled(x) or _compiled_in_place(x) for x in self.module.modules())
+        self.compiled = any(map(compiled_module, self.module.modules()))
 
     @property
     def buffers(self) -> tuple[torch.Tensor, ...]:
@@ -74,8 +82,6 @@ def buffer_of(m: nn.Module, name: str) -> torch.Tensor | None:
     return table[name] if name in table else None  # noqa: SIM401 (no .get on the wrapper)
 
 
-
-
 def discover_regions(
     model: nn.Module,
     spec: type | Iterable[type] | Callable[[nn.Module, str], bool] | None,
@@ -84,9 +90,9 @@ def discover_regions(
 
     ``spec`` None: the repeated children of every ``nn.ModuleList``/``nn.Sequential`` (a
     child whose class occurs at least twice among its siblings), and of an
-    ``nn.ModuleDict`` where nothing inside them is one (see _pick_repeated_children). A type or types: every
-    module of those types. A callable: every module for which ``fn(module, name)`` is
-    true. Only the outermost match counts: regions never nest.
+    ``nn.ModuleDict`` where nothing inside them is one (see _pick_repeated_children). A
+    type or types: every module of those types. A callable: every module for which
+    ``fn(module, name)`` is true. Only the outermost match counts: regions never nest.
     """
     if spec is None:
         pick = _pick_repeated_children(model)
@@ -149,6 +155,11 @@ def _is_compiled(m: nn.Module) -> bool:
 def _compiled_in_place(m: nn.Module) -> bool:
     """Compiled by ``module.compile()``: its calls go through ``_compiled_call_impl``."""
     return getattr(m, "_compiled_call_impl", None) is not None
+
+
+def compiled_module(m: nn.Module) -> bool:
+    """Compiled itself, wrapped (``torch.compile(m)``) or in place (``m.compile()``)."""
+    return _is_compiled(m) or _compiled_in_place(m)
 
 
 def _pick_repeated_children(model: nn.Module) -> set[int]:

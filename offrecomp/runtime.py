@@ -42,13 +42,13 @@ from offrecomp.regions import (
     ARG_STATE_MAX_ITEMS,
     ArgState,
     Region,
-    _compiled_in_place,
     _is_compiled,
     buffer_of,
     capture_autocast,
     capture_buffers,
     capture_inputs,
     capture_rng,
+    compiled_module,
     discover_regions,
     finish_buffers,
 )
@@ -966,7 +966,7 @@ def _holds_compiled(model: nn.Module) -> bool:
     compiled in place)? Then the runtime's hooks and wrappers are excluded from dynamo's
     tracing: their own frames run for real, once per call (the frames they call are still
     compiled)."""
-    return any(_is_compiled(m) or _compiled_in_place(m) for m in model.modules())
+    return any(map(compiled_module, model.modules()))
 
 
 # NOTE [Collective regions]
@@ -1000,7 +1000,7 @@ def _runs_collectives(module: nn.Module) -> bool:
 def _inside_compiled(model: nn.Module, regions: list[Region]) -> list[str]:
     """Regions below a compiled module (the model, or a stage holding several blocks):
     dynamo traces them into that module's graph (NOTE [Compiled regions])."""
-    tops = [(name, m) for name, m in model.named_modules() if _is_compiled(m) or _compiled_in_place(m)]
+    tops = [(name, m) for name, m in model.named_modules() if compiled_module(m)]
     return [
         r.name
         for r in regions
@@ -1043,15 +1043,13 @@ def _check_hidden_saves(rt: Runtime, name: str, saves: int, inputs: Any, out: An
     gradient_checkpointing_enable, save_on_cpu) took them: only the innermost pair runs,
     so offrecomp cannot place them. A call that hands an input back (LayerDrop) made
     nothing; a lone Linear saved through our hooks all its graph holds."""
+    ins = [t for t in tree_leaves(inputs) if type(t) is torch.Tensor]
+    passed = {t.untyped_storage().data_ptr() for t in ins}
     made = [
         t for t in tree_leaves(out)
         if type(t) is torch.Tensor and t.requires_grad and t.grad_fn is not None and t.numel()
+        and t.untyped_storage().data_ptr() not in passed
     ]
-    if not made:
-        return
-    ins = [t for t in tree_leaves(inputs) if type(t) is torch.Tensor]
-    passed = {t.untyped_storage().data_ptr() for t in ins}
-    made = [t for t in made if t.untyped_storage().data_ptr() not in passed]
     if not made:
         return
     in_graph, checkpoint_node = _graph_saves(made, ins)
