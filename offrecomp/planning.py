@@ -674,20 +674,19 @@ class Planner:
             rec.forward_seconds = sum(
                 clock.seconds(p.start_mark, p.backward_start_mark, wait=True) or 0.0 for p in passes
             )
-            t0 = time.perf_counter()
-            rec.pause_seconds = sum(clock.pause(p.start_mark, p.backward_end_mark) for p in passes)
-            for p in passes:
-                self._learn_replay_cost(p)
-            rec.replay_op_us = 1e6 * self.replay_op_seconds
-            entry = self.entries.get(first.signature)
-            if entry is not None:
+            with _planner_time(rec):
+                rec.pause_seconds = sum(clock.pause(p.start_mark, p.backward_end_mark) for p in passes)
                 for p in passes:
-                    note = self._learn(entry, p)
-                    if note is not None:
-                        rec.notes.append(note)
-                if first.planned and rec.predicted_step_seconds:
-                    self._check_drift(entry, rec)
-            rec.planner_seconds += time.perf_counter() - t0
+                    self._learn_replay_cost(p)
+                rec.replay_op_us = 1e6 * self.replay_op_seconds
+                entry = self.entries.get(first.signature)
+                if entry is not None:
+                    for p in passes:
+                        note = self._learn(entry, p)
+                        if note is not None:
+                            rec.notes.append(note)
+                    if first.planned and rec.predicted_step_seconds:
+                        self._check_drift(entry, rec)
             done.append(rec)
         return done
 
@@ -1107,13 +1106,13 @@ class Planner:
 
 
 @contextlib.contextmanager
-def _planner_time(p: PassState) -> Iterator[None]:
-    """Count the planner's host time in the pass (StepRecord.planner_seconds)."""
+def _planner_time(holder: PassState | StepRecord) -> Iterator[None]:
+    """Count the planner's host time in a pass or a step record (planner_seconds)."""
     t0 = time.perf_counter()
     try:
         yield
     finally:
-        p.planner_seconds += time.perf_counter() - t0
+        holder.planner_seconds += time.perf_counter() - t0
 
 
 _link_cache: dict[int, tuple[float, float]] = {}
