@@ -74,9 +74,10 @@ def flat_bytes(t: torch.Tensor) -> torch.Tensor:
     return flat
 
 
-def _modified_error(where: str, index: int, saved: int, now: int) -> RuntimeError:
+def _modified_error(where: str, index: int | None, saved: int, now: int, t: torch.Tensor | None = None) -> RuntimeError:
+    what = f"save #{index}" if index is not None or t is None else f"shape {list(t.shape)}, {t.dtype}"
     return RuntimeError(
-        f"offrecomp: a tensor saved for backward in {where} (save #{index}) was modified by an "
+        f"offrecomp: a tensor saved for backward in {where} ({what}) was modified by an "
         f"in-place operation after it was saved (version {saved} -> {now}); its gradient would "
         "be wrong. Hint: replace the in-place op (x.add_(...), x[...] = ...) with its "
         "out-of-place form, as plain autograd would also require."
@@ -283,6 +284,7 @@ class Placer:
         call.inputs = None
         call.rng = None
         call.buffers = None
+        call.params = None
         call.arg_state = None
         call.replayed.clear()
         call.by_ptr.clear()
@@ -301,7 +303,7 @@ class Placer:
             return t
         if type(h) is _Plain:
             if h.t._version != h.version:
-                raise _modified_error(h.where, -1, h.version, h.t._version)
+                raise _modified_error(h.where, None, h.version, h.t._version, h.t)
             return h.t
         assert isinstance(h, SavedHandle)
         rec = h.rec

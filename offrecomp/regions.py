@@ -30,6 +30,11 @@ __all__ = [
     "ArgState",
     "Region",
     "buffer_of",
+    "ParamState",
+    "capture_params",
+    "finish_params",
+    "modified_params",
+    "param_of",
     "capture_autocast",
     "capture_inputs",
     "compiled_module",
@@ -50,6 +55,9 @@ class Region:
     """(module, buffer name) of every buffer under the region: a forward may replace a
     buffer by assignment (``self.run = 0.9 * self.run + ...``), so buffers are looked up
     by slot, never held."""
+    param_slots: tuple[tuple[nn.Module, str], ...] = ()
+    """(module, parameter name) of every parameter under the region: ``functional_call``
+    puts other tensors into these slots for one call only (NOTE [Replay and parameters])."""
     compiled: bool = False
     """Holds torch.compile'd modules (its op recording cannot be trusted: see trace.py)."""
     compiled_self: bool = False
@@ -60,8 +68,12 @@ class Region:
     instead of ``forward``."""
 
     def refresh(self) -> None:
-        """Read the compiled flags again: a block may be compiled after the runtime was
-        built (torchtune compiles its layers in place)."""
+        """Read the slots and the compiled flags again: a block may gain modules (LoRA
+        adapters injected) or be compiled after the runtime was built (torchtune
+        compiles its layers in place)."""
+        mods = list(self.module.modules())
+        self.slots = tuple((sub, n) for sub in mods for n in sub._buffers.keys())  # noqa: SIM118 (a ScriptModule's buffers iterate by index)
+        self.param_slots = tuple((sub, n) for sub in mods for n in sub._parameters.keys())  # noqa: SIM118
         self.in_place = _compiled_in_place(self.module)
         self.compiled_self = _is_compiled(self.module) or self.in_place
         self.compiled = any(map(compiled_module, self.module.modules()))
@@ -80,6 +92,12 @@ def buffer_of(m: nn.Module, name: str) -> torch.Tensor | None:
     wrapper without ``get`` (and iterates by index)."""
     table = m._buffers
     return table[name] if name in table else None  # noqa: SIM401 (no .get on the wrapper)
+
+
+def param_of(m: nn.Module, name: str) -> torch.Tensor | None:
+    """``m._parameters.get(name)`` (see ``buffer_of``)."""
+    table = m._parameters
+    return table[name] if name in table else None  # noqa: SIM401
 
 
 def discover_regions(
@@ -133,8 +151,7 @@ def discover_regions(
         if id(m) in pick:
             if id(m) not in seen:  # a shared module is one region
                 seen.add(id(m))
-                slots = tuple((sub, n) for sub in m.modules() for n in sub._buffers.keys())  # noqa: SIM118 (a ScriptModule's buffers iterate by index)
-                region = Region(prefix or "<model>", m, slots)
+                region = Region(prefix or "<model>", m, ())
                 region.refresh()
                 regions.append(region)
             return  # regions never nest
@@ -449,8 +466,71 @@ def autocast_contexts(state: AutocastState) -> list[Any]:
 # value, which is logged once per region; their state after replay is still restored.
 
 
+# NOTE [Replay and parameters]
+# torch.func.functional_call (and torch.nn.utils.stateless) runs a module with other
+# tensors in its parameter slots for the length of one call: meta-learning's fast
+# weights, a hypernetwork's generated weights, an EMA teacher evaluated with the
+# student's module. Backward runs after the call, when the module's own parameters are
+# back, so a replay that read the slots would recompute with the wrong weights and
+# return activations that silently differ from the forward's. At region entry the
+# runtime records which tensor fills each parameter slot; a replay puts those tensors
+# back into any slot that now holds another one, and the current ones afterwards. Only
+# plain tensors are put back: FSDP2 swaps its sharded DTensor parameters for unsharded
+# ones around each forward and backward, and for a block compiled in place the runtime
+# sees the slots before FSDP2's hooks have run (the sharded DTensor is not what the
+# forward read).
+#
+# A parameter modified in place between the forward and the replay (an optimizer that
+# steps inside backward, torchtune's optimizer_in_bwd; or a user's own update) has lost
+# the values the forward used. That is harmless when the replay stops before the ops
+# that read it: an optimizer in backward only updates a parameter once its gradient is
+# complete, i.e. after the backward of every op that used it, and the saves a later
+# replay regenerates come from ops before those. So the check is by use, not by version:
+# when a parameter's version moved since the forward returned, the replay runs under
+# ParamGuard (replay.py), which raises if an op it runs reads that parameter's storage.
+# Compiled regions run their graph unseen by the guard, and are not checked.
+
+
+@dataclass
+class ParamState:
+    slots: tuple[tuple[nn.Module, str], ...]
+    """The region's parameter slots when the call entered."""
+    objects: tuple[torch.Tensor | None, ...]
+    """The tensor in each parameter slot at region entry."""
+    versions: tuple[int, ...] = ()
+    """Their versions when the forward returned (``finish_params``)."""
+
+
+def capture_params(slots: tuple[tuple[nn.Module, str], ...]) -> ParamState | None:
+    """The tensor in each parameter slot (None when the region has no parameters)."""
+    if not slots:
+        return None
+    return ParamState(slots, tuple(param_of(m, n) for m, n in slots))
+
+
+def finish_params(state: ParamState | None) -> None:
+    """Region forward returned: a replay must see the parameters as they are now (a
+    forward may renormalise a weight in place: ``nn.Embedding(max_norm=...)``)."""
+    if state is not None:
+        state.versions = tuple(-1 if t is None else int(t._version) for t in state.objects)
+
+
+def modified_params(state: ParamState) -> dict[int, str]:
+    """Storages (data pointer -> description) of the parameters the forward used that were
+    modified in place since it returned."""
+    out: dict[int, str] = {}
+    for (m, n), t, v in zip(state.slots, state.objects, state.versions):
+        if t is not None and int(t._version) != v and type(t) in (torch.Tensor, nn.Parameter):
+            out[int(t.untyped_storage().data_ptr())] = (
+                f"parameter {n!r} of {type(m).__name__} (version {v} -> {int(t._version)})"
+            )
+    return out
+
+
 @dataclass
 class BufferState:
+    slots: tuple[tuple[nn.Module, str], ...]
+    """The region's buffer slots when the call entered."""
     objects: list[torch.Tensor | None]
     """The tensor in each slot at region entry."""
     versions: list[int]
@@ -469,10 +549,10 @@ def capture_buffers(slots: tuple[tuple[nn.Module, str], ...]) -> BufferState | N
             snaps.append(b.detach().clone())
         else:
             snaps.append(None)
-    return BufferState(objects, versions, snaps)
+    return BufferState(slots, objects, versions, snaps)
 
 
-def finish_buffers(state: BufferState | None, slots: tuple[tuple[nn.Module, str], ...]) -> None:
+def finish_buffers(state: BufferState | None) -> None:
     """Region forward returned: find the buffer slots it mutated or reassigned.
 
     The version counter is not enough: BatchNorm updates its running statistics inside
@@ -481,6 +561,7 @@ def finish_buffers(state: BufferState | None, slots: tuple[tuple[nn.Module, str]
     if state is None:
         return
     mutated = []
+    slots = state.slots
     for i, (m, n) in enumerate(slots):
         b = buffer_of(m, n)
         entry = state.objects[i]

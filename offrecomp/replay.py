@@ -30,12 +30,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
 
+from offrecomp import _torch_compat as tc
 from offrecomp.regions import (
     ArgState,
     autocast_contexts,
     buffer_of,
     capture_rng,
+    modified_params,
+    param_of,
     replay_arguments,
     restore_rng,
 )
@@ -85,11 +90,10 @@ def _swap_buffers(call: RegionCall) -> Iterator[None]:
     """NOTE [Replay and module state]: the replay runs on copies of the entry values; the
     post-forward tensors go back into their slots afterwards, untouched."""
     state = call.buffers
-    region = call.region
-    if state is None or region is None or not state.mutated:
+    if state is None or not state.mutated:
         yield
         return
-    slots = region.slots
+    slots = state.slots
     saved: list[tuple[int, torch.Tensor | None]] = []
     with torch.no_grad():
         for i in state.mutated:
@@ -110,6 +114,62 @@ def _swap_buffers(call: RegionCall) -> Iterator[None]:
         for i, post in saved:
             m, n = slots[i]
             m._buffers[n] = post
+
+
+@contextlib.contextmanager
+def _swap_params(call: RegionCall) -> Iterator[None]:
+    """NOTE [Replay and parameters]: the replay runs with the parameters the forward ran
+    with; the slots hold what they held before it afterwards."""
+    entry = call.params
+    if entry is None:
+        yield
+        return
+    slots = entry.slots
+    swapped: list[tuple[nn.Module, str, torch.Tensor | None]] = []
+    for (m, n), t in zip(slots, entry.objects):
+        now = param_of(m, n)
+        if now is not t and type(t) in (torch.Tensor, nn.Parameter):
+            swapped.append((m, n, now))
+            m._parameters[n] = t  # type: ignore[assignment]  # functional_call puts plain tensors here too
+    try:
+        yield
+    finally:
+        for m, n, now in reversed(swapped):
+            m._parameters[n] = now  # type: ignore[assignment]
+
+
+class ParamGuard(tc.TorchDispatchMode):
+    """Raises when an op of the replay reads a parameter modified in place since the
+    forward (NOTE [Replay and parameters]); ops the serving mode serves are not seen."""
+
+    supports_higher_order_operators = True
+
+    def __init__(self, region_name: str, modified: dict[int, str]) -> None:
+        super().__init__()
+        self.region_name = region_name
+        self.modified = modified
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        for t in tree_leaves((args, kwargs)):
+            if type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided:
+                what = self.modified.get(int(t.untyped_storage().data_ptr()))
+                if what is not None:
+                    raise RuntimeError(
+                        f"offrecomp: {what} in region {self.region_name!r} was modified in place "
+                        f"after the region's forward, and replaying the region reads it ({func}), "
+                        "so it would produce other activations than the forward's. Hint: update "
+                        "parameters after backward (optimizer.step()), not between forward and "
+                        "backward, or keep this region's activations (regions=)."
+                    )
+        return func(*args, **(kwargs or {}))
+
+
+def _param_guard(call: RegionCall) -> ParamGuard | None:
+    region = call.region
+    if call.params is None or region is None or region.compiled:
+        return None
+    modified = modified_params(call.params)
+    return ParamGuard(call.name, modified) if modified else None
 
 
 @contextlib.contextmanager
@@ -191,8 +251,12 @@ def replay_call(
                 for ctx in autocast_contexts(call.autocast):
                     stack.enter_context(ctx)
             stack.enter_context(_swap_buffers(call))
+            stack.enter_context(_swap_params(call))
             stack.enter_context(_entry_arg_state(call))
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, _no_unpack))
+            guard = _param_guard(call)
+            if guard is not None:
+                stack.enter_context(guard)  # outside the serving mode: sees the ops that run
             if mode is not None:
                 stack.enter_context(mode)
             try:

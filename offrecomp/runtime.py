@@ -47,10 +47,12 @@ from offrecomp.regions import (
     capture_autocast,
     capture_buffers,
     capture_inputs,
+    capture_params,
     capture_rng,
     compiled_module,
     discover_regions,
     finish_buffers,
+    finish_params,
 )
 from offrecomp.replay import in_replay
 from offrecomp.report import Report, StepRecord
@@ -552,6 +554,7 @@ class Runtime:
         call.rng = capture_rng(devices)
         call.autocast = capture_autocast({d.type for d in devices})
         call.buffers = capture_buffers(region.slots)
+        call.params = capture_params(region.param_slots)
         if cap.objects:  # NOTE [Stateful arguments]
             call.arg_state = ArgState.capture(cap.objects)
         if p.recording:
@@ -579,13 +582,14 @@ class Runtime:
             stack.pop()
         region = call.region
         if region is not None:
-            finish_buffers(call.buffers, region.slots)
+            finish_buffers(call.buffers)
+            finish_params(call.params)
             if call.buffers is not None and call.buffers.mutated:
                 big = [
                     i
                     for i in call.buffers.mutated
                     if call.buffers.snapshots[i] is None
-                    and call.buffers.objects[i] is buffer_of(*region.slots[i])
+                    and call.buffers.objects[i] is buffer_of(*call.buffers.slots[i])
                 ]
                 if big:
                     _warn_once(

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         AutocastState,
         BufferState,
         CapturedInputs,
+        ParamState,
         Region,
         RngState,
     )
@@ -167,6 +168,9 @@ class RegionCall:
     rng: RngState | None = None
     autocast: AutocastState | None = None
     buffers: BufferState | None = None
+    params: ParamState | None = None
+    """The tensor in each of the region's parameter slots at entry (NOTE [Replay and
+    parameters])."""
     arg_state: ArgState | None = None
     """Bindings of the object arguments at entry, kept when the forward changed them
     (NOTE [Stateful arguments])."""

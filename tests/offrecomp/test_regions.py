@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import pytest
@@ -11,6 +12,8 @@ from torch import nn
 import offrecomp
 from offrecomp.regions import discover_regions
 from tests import models
+from tests.helpers import assert_bitwise, train
+from tests.models import Stack
 
 
 def test_repeated_children_of_modulelist_and_sequential() -> None:
@@ -110,3 +113,33 @@ def test_moduledict_blocks_train_bitwise() -> None:
     torch.manual_seed(0)
     rt, _ = check_variant(_Layers(), lambda s: torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(s)), "recompute")
     assert rt.regions == ["layers.0", "layers.1", "layers.2"]
+
+
+class Adaptable(nn.Module):
+    """Runs an adapter when one was injected (as LoRA injection adds modules to blocks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.adapter: nn.Module | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.fc(x))
+        return h if self.adapter is None else h + self.adapter(h)
+
+
+def test_modules_added_to_a_block_after_the_runtime_was_built_are_tracked() -> None:
+    """Slots are read again at entry: the adapter's BatchNorm statistics are not updated
+    twice by replays, and its parameters are tracked like the block's own."""
+    torch.manual_seed(0)
+    base = Stack([Adaptable() for _ in range(3)])
+    m = copy.deepcopy(base)
+    rt = offrecomp.runtime(m, mode="recompute", min_bytes=0)
+    for model in (base, m):
+        torch.manual_seed(1)
+        for blk in model.blocks:
+            blk.adapter = nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16))
+    batch = lambda s: torch.randn(8, 16, generator=torch.Generator().manual_seed(s))  # noqa: E731
+    ref = train(copy.deepcopy(base), batch, steps=2)
+    assert_bitwise(ref, train(m, batch, rt, steps=2))
+    assert rt.report().steps[-1].replays > 0

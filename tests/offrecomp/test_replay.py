@@ -259,3 +259,54 @@ def test_a_region_that_branches_on_data_replays_plainly(branch: bool) -> None:
     entry = rt._planner.last_entry
     assert entry is not None and entry.profile is not None
     assert [r.opaque for r in entry.profile.regions] == [branch, branch]
+
+
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_functional_call_replays_with_the_weights_of_its_forward(mode: str) -> None:
+    """NOTE [Replay and parameters]: meta-learning's fast weights fill the parameter slots
+    for one functional_call only; backward replays the blocks after they are gone, and
+    must replay with them, not with the module's own weights."""
+    from torch.func import functional_call
+
+    torch.manual_seed(0)
+    model, idx = models.GPT(layers=3, h=32, heads=4, p=0.1), torch.randint(0, 64, (2, 32))
+    params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
+
+    def meta_grads() -> list[torch.Tensor]:
+        torch.manual_seed(1)  # dropout: the CPU's fused attention has no double backward
+        inner = functional_call(model, params, (idx,))
+        g = torch.autograd.grad(inner, list(params.values()), create_graph=True)
+        fast = {k: v - 0.5 * gi for (k, v), gi in zip(params.items(), g)}
+        outer = functional_call(model, fast, (idx,))
+        return list(torch.autograd.grad(outer, list(params.values())))
+
+    ref = meta_grads()
+    own = dict(model.named_parameters())
+    rt = offrecomp.runtime(model, mode=mode, min_bytes=0, budget=1 if mode == "auto" else None)
+    with rt:
+        for _ in range(3):  # auto: measure, calibrate, planned
+            got = meta_grads()
+            for a, b in zip(ref, got):
+                assert torch.equal(a, b)
+    assert rt.report().steps[-1].replays > 0
+    assert dict(model.named_parameters()) == own  # the slots hold the module's own again
+
+
+def test_a_parameter_modified_before_its_replay_reads_it_is_an_error() -> None:
+    class Biased(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.b = nn.Parameter(torch.zeros(16))
+            self.lin = nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(torch.relu(x + self.b))  # the relu mask depends on b
+
+    torch.manual_seed(0)
+    m = nn.Sequential(Biased(), Biased())
+    with offrecomp.runtime(m, mode="recompute", min_bytes=0):
+        loss = m(torch.randn(4, 16)).square().sum()
+        with torch.no_grad():
+            m[0].b.add_(1.0)  # plain autograd would still use the forward's relu mask
+        with pytest.raises(RuntimeError, match=r"parameter 'b' of Biased .* in region '0' was modified in place"):
+            loss.backward()
