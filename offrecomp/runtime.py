@@ -12,9 +12,12 @@ A *pass* is a forward and its backward. The runtime starts a pass at the first f
 activity (a save, a region call) after the previous pass's backward began, and ends it
 when the next one starts, when an optimizer steps, or when the context exits. A *step*
 is what lies between optimizer steps (several passes under gradient accumulation); when
-no torch optimizer ever steps, every pass is a step. Plans, call indices and the memory
-budget are per pass: activations of one micro-batch are freed by its backward before the
-next forward starts.
+no torch optimizer ever steps, every pass is a step. An optimizer that steps inside
+backward (one optimizer per parameter, stepped from a post-accumulate-grad hook, as
+torchtune's ``optimizer_in_bwd`` does) ends the step when that backward ends: ending the
+pass at the first parameter's update would cut its backward in two. Plans, call indices
+and the memory budget are per pass: activations of one micro-batch are freed by its
+backward before the next forward starts.
 """
 
 from __future__ import annotations
@@ -152,6 +155,7 @@ class Runtime:
         self._step_passes: list[PassState] = []
         self._steps: list[StepRecord] = []
         self._saw_optimizer = False
+        self._stepped_in_backward = False  # an optimizer stepped inside the running backward
         self._no_optimizer = False
         self._explicit_steps = False
         self._provisional: list[tuple[StepRecord, list[PassState]]] = []
@@ -737,7 +741,10 @@ class Runtime:
         p.backward_done = True
         p.backward_end_mark = self._clock.mark()
         if p is self._pass:
-            self._finish_pass()  # the pass is over: plan, account, maybe close the step
+            if self._stepped_in_backward:
+                self._optimizer_stepped()  # NOTE [Passes and steps]: optimizer in backward
+            else:
+                self._finish_pass()  # the pass is over: plan, account, maybe close the step
 
     def _finish_pass(self) -> None:
         p = self._pass
@@ -761,6 +768,13 @@ class Runtime:
     def _on_optimizer_step(self, *_: Any) -> None:
         if self._explicit_steps:
             return  # the user marks steps with rt.step()
+        if tc.current_graph_task_id() != -1:
+            self._stepped_in_backward = True  # the step ends with this backward
+            return
+        self._optimizer_stepped()
+
+    def _optimizer_stepped(self) -> None:
+        self._stepped_in_backward = False
         p = self._pass
         if p is not None and p.backward_started:
             self._finish_pass()

@@ -562,6 +562,37 @@ def test_two_optimizers_stepping_alternately(variant: str) -> None:
     assert len(rt.report().steps) == 8
 
 
+def loop_optimizer_in_backward(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+    """One optimizer per parameter, stepped by a post-accumulate-grad hook while backward
+    runs (torchtune's ``optimizer_in_bwd``): the optimizer steps inside every backward."""
+    torch.manual_seed(1)
+    opts = {p: torch.optim.AdamW([p], lr=1e-2) for p in model.parameters()}
+
+    def update(p: torch.Tensor) -> None:
+        opts[p].step()
+        opts[p].zero_grad(set_to_none=True)
+
+    handles = [p.register_post_accumulate_grad_hook(update) for p in model.parameters()]
+    out: list[Snap] = []
+    with _ctx(rt):
+        for i in range(5):
+            loss = model(_tokens(i, 16))
+            loss.backward()
+            out.append({"loss": loss.detach().clone(), **_final(model)})
+    for h in handles:
+        h.remove()
+    return out
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_optimizer_stepping_inside_backward(variant: str) -> None:
+    """NOTE [Passes and steps]: each backward is one pass and one step; auto plans."""
+    rt = _run("optimizer_in_backward", loop_optimizer_in_backward, variant)
+    steps = rt.report().steps
+    assert len(steps) == 5
+    assert all(s.replays > 0 for s in steps) if variant == "recompute" else True
+
+
 FAULT_STEPS = (0, 2, 6)  # auto: the measuring pass, the calibration pass, a planned pass
 
 
