@@ -1090,10 +1090,15 @@ def _graph_saves(outs: list[torch.Tensor], ins: list[torch.Tensor], limit: int =
         seen.add(id(fn))
         if type(fn).__name__ == "CheckpointFunctionBackward":
             return count, True
+        held = 0
         for attr in dir(fn):
             if attr.startswith("_raw_saved_"):
                 value = getattr(fn, attr, None)
-                count += len(value) if isinstance(value, (list, tuple)) else value is not None
+                held += len(value) if isinstance(value, (list, tuple)) else value is not None
+        # A save only one input's gradient needs is an empty slot when that input needs
+        # no gradient (addmm's weight slot for an input that needs none), and an empty
+        # slot cannot be told apart without unpacking it: count one less per such input.
+        count += max(0, held - sum(nxt is None for nxt, _ in fn.next_functions))
         todo.extend(nxt for nxt, _ in fn.next_functions)
     return count, False
 

@@ -82,6 +82,13 @@ class LinearStack(nn.Module):
         return self.layers(x).square().mean()
 
 
+class NoGradInput(LinearStack):
+    """The first Linear's input needs no gradient: addmm leaves its weight slot empty."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.detach())
+
+
 class SkippedBlock(nn.Module):
     """LayerDrop that always drops: the call hands its input back."""
 
@@ -98,9 +105,10 @@ class SkippedBlock(nn.Module):
     [
         lambda: models.Stack([models.Block(32, 4, 0.1) for _ in range(3)]),
         LinearStack,
+        NoGradInput,
         lambda: models.Stack([SkippedBlock(), models.Block(32, 4, 0.0), SkippedBlock()]),
     ],
-    ids=["blocks", "linear_regions", "layerdrop"],
+    ids=["blocks", "linear_regions", "input_without_grad", "layerdrop"],
 )
 def test_ordinary_regions_are_not_flagged(factory: Callable[[], nn.Module], caplog: pytest.LogCaptureFixture) -> None:
     assert _run(factory, caplog) == []
