@@ -88,7 +88,7 @@ def written_arg_names(func: Any) -> tuple[str, ...]:
 
 
 def top_saved_tensors_hooks() -> Any:
-    """The innermost installed saved-tensor hook pair, or None (used by tests and checks)."""
+    """The innermost saved-tensor hook pair installed on this thread, or None."""
     return torch._C._autograd._top_saved_tensors_default_hooks(False)
 
 

@@ -417,6 +417,7 @@ class Runtime:
                 and not torch.is_inference_mode_enabled()
                 and not in_replay()
                 and tc.current_graph_task_id() == -1
+                and tc.top_saved_tensors_hooks() is not None  # not another thread
             ):
                 if (compiling or _is_compiled(module)) and rt._regions:
                     _warn_compiled(", ".join(r.name for r in rt._regions))
@@ -457,6 +458,8 @@ class Runtime:
                     or in_replay()
                     or rt._stack.calls
                     or tc.current_graph_task_id() != -1
+                    # another thread: saved-tensor hooks are per thread, ours are not there
+                    or tc.top_saved_tensors_hooks() is None
                 ):
                     return None
                 if compiling:

@@ -130,3 +130,25 @@ class CallerCheckpoints(nn.Module):
 def test_a_checkpoint_around_the_call_is_named(caplog: pytest.LogCaptureFixture) -> None:
     msgs = _run(CallerCheckpoints, caplog)
     assert len(msgs) == 1 and "blocks.0" in msgs[0], msgs
+
+
+def test_a_forward_on_another_thread_passes_through(caplog: pytest.LogCaptureFixture) -> None:
+    """Saved-tensor hooks are per thread: a block called on a thread the runtime was not
+    entered on runs as plain code, and is not mistaken for one whose saves another hook
+    owns."""
+    import threading
+
+    torch.manual_seed(0)
+    base = models.Stack([models.Block(32, 4, 0.0) for _ in range(3)])
+    ref, m = twin(base), twin(base)
+    ref(_batch(0)).backward()
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        rt = offrecomp.runtime(m, mode="recompute", min_bytes=0)
+        with rt:
+            worker = threading.Thread(target=lambda: m(_batch(0)).backward())
+            worker.start()
+            worker.join()
+    assert [r.getMessage() for r in caplog.records if WARNING in r.getMessage()] == []
+    assert rt.report().steps == []  # nothing ran through the runtime
+    for (n, a), b in zip(ref.named_parameters(), m.parameters()):
+        assert torch.equal(a.grad, b.grad), n
