@@ -194,7 +194,12 @@ class Placer:
         if rec.placement == OFFLOAD:
             ticket = self.rt._offload(flat_bytes(t), call)
             if ticket is None:
-                legal_drop = call.inputs is not None and rec.kind == "activation" and not call.collective
+                legal_drop = (
+                    call.inputs is not None
+                    and rec.kind == "activation"
+                    and not call.collective
+                    and not call.writes_inputs
+                )
                 rec.placement = RECOMPUTE if legal_drop else KEEP
                 p.stats.fallback("offload_to_recompute" if legal_drop else "offload_to_keep")
             else:

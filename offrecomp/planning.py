@@ -253,6 +253,12 @@ class Planner:
         return not (self.rt._user_plan is None and self.rt.config.mode in ("keep", "offload"))
 
     def placement(self, p: PassState, call: RegionCall, index: int, nbytes: int, kind: str) -> Placement:
+        pl = self._placement(p, call, index, nbytes, kind)
+        if pl == RECOMPUTE and call.writes_inputs:
+            return KEEP  # NOTE [Inputs written by their region]: no replay can start right
+        return pl
+
+    def _placement(self, p: PassState, call: RegionCall, index: int, nbytes: int, kind: str) -> Placement:
         placements = call.placements
         if placements is not None:
             structure = call.structure
@@ -387,7 +393,7 @@ class Planner:
                     ops=list(st.op_records),
                     storages=storages,
                     opaque=st.opaque,
-                    replayable=not call.collective,
+                    replayable=not call.collective and not (call.region is not None and call.region.writes_inputs),
                 )
             )
             structures[call.key] = st
@@ -1094,7 +1100,9 @@ class Planner:
             cells = [f"{n[p]}/{format_bytes(b[p])}" for p in (KEEP, OFFLOAD, RECOMPUTE)]
             why = []
             if not r.replayable:
-                why.append("runs collectives: never recomputed")
+                writes = any(g.name == r.name and g.writes_inputs for g in self.rt._regions)
+                why.append("writes its inputs in place" if writes else "runs collectives")
+                why[-1] += ": never recomputed"
             elif r.opaque:
                 why.append("opaque: a replay reruns its forward")
             lines.append(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -66,6 +66,9 @@ class Region:
     in_place: bool = False
     """Compiled in place: its calls run ``_compiled_call_impl``, which the runtime wraps
     instead of ``forward``."""
+    writes_inputs: bool | None = None
+    """Its forward writes its own inputs in place; None until a call has shown whether it
+    does (NOTE [Inputs written by their region] in runtime.py)."""
 
     def refresh(self) -> None:
         """Read the slots and the compiled flags again: a block may gain modules (LoRA
@@ -227,9 +230,22 @@ class CapturedInputs:
     devices_seen: set[torch.device]
     objects: list[Any]
     """The plain Python objects among the arguments (NOTE [Stateful arguments])."""
+    copied: set[int] = field(default_factory=set)
+    """Inputs the forward wrote: ``tensors`` holds a copy of their entry values (NOTE
+    [Inputs written by their region] in runtime.py)."""
 
     def devices(self) -> set[torch.device]:
         return set(self.devices_seen)
+
+    def keep_copy(self, i: int) -> None:
+        """Input ``i`` is about to be written by the forward: hold its values as they are."""
+        t = self.tensors[i]
+        if i in self.copied or t is None:
+            return
+        copy = t.clone(memory_format=torch.preserve_format)
+        self.tensors[i] = copy
+        self.versions[i] = int(copy._version)
+        self.copied.add(i)
 
 
 # NOTE [Replay inputs]
@@ -378,9 +394,9 @@ def replay_arguments(
             if t is not None and int(t._version) != cap.versions[i]:
                 raise RuntimeError(
                     f"offrecomp: input {i} of region {region_name!r} was modified in place after "
-                    f"the region ran (version {cap.versions[i]} -> {int(t._version)}), so replaying "
-                    "it would produce wrong activations. Hint: avoid in-place ops on a block's "
-                    "inputs, or exclude the block with regions=."
+                    f"the region's forward began (version {cap.versions[i]} -> {int(t._version)}), "
+                    "so replaying it would produce wrong activations. Hint: avoid in-place ops "
+                    "on a block's inputs, or exclude the block with regions=."
                 )
 
     def fresh(x: Any) -> Any:
@@ -391,6 +407,12 @@ def replay_arguments(
             leaf = t.detach()
             if cap.requires_grad[x.i] and (leaf.is_floating_point() or leaf.is_complex()):
                 leaf.requires_grad_(True)
+            if x.i in cap.copied:
+                # the forward writes it in place: a copy, not a leaf (autograd forbids
+                # in-place writes to a leaf that requires grad), so the held copy stays
+                # as it was for any later replay; backward runs with grad disabled
+                with torch.enable_grad():
+                    leaf = leaf.clone(memory_format=torch.preserve_format)
             return leaf
         return x
 

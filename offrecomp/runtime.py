@@ -60,6 +60,7 @@ from offrecomp.regions import (
 from offrecomp.replay import in_replay
 from offrecomp.report import Report, StepRecord
 from offrecomp.state import PassState, RegionCall
+from offrecomp.trace import InputWriteWatch
 from offrecomp.verify import Verifier
 from scheduler.plan import ROOT, Placement, Plan
 
@@ -466,6 +467,8 @@ class Runtime:
                     _warn_compiled(region.name)
                     return None
                 call = rt._enter_region(region, original, args, kwargs)
+                if call.watch is not None:
+                    call.watch.__enter__()  # beneath the recorder: its copies are not recorded
                 if call.recorder is not None:
                     call.recorder.start()
                 return call
@@ -474,6 +477,8 @@ class Runtime:
                 try:
                     if call.recorder is not None:
                         call.recorder.stop()
+                    if call.watch is not None:
+                        call.watch.__exit__(None, None, None)
                     if exc is not None:
                         rt._on_forward_error(call.pass_state, exc)
                     elif (
@@ -532,6 +537,10 @@ class Runtime:
             self._clock = Clock(self._device)
         if self._planner.needs_capture(p, call):
             self._capture(p, call, region, args, kwargs)
+        if region.writes_inputs:
+            call.writes_inputs = True
+        elif region.writes_inputs is None and call.inputs is not None and not region.compiled:
+            call.watch = InputWriteWatch(call.inputs)  # NOTE [Inputs written by their region]
         self._stack.calls.append(call)
         self._recording = call.recorder is not None
         call.start_mark = self._clock.mark()
@@ -605,6 +614,8 @@ class Runtime:
                         "replay sees their post-forward values",
                         region.name,
                     )
+        if region is not None and call.inputs is not None and not call.writes_inputs:
+            self._check_input_writes(region, call)
         if call.arg_state is not None and call.inputs is not None:
             self._check_arg_state(call)
         if call.offloaded_inputs and call.inputs is not None:
@@ -617,6 +628,48 @@ class Runtime:
         call.exited = True
         if call.live_handles <= 0:
             self._placer.release_call(call)
+
+    # NOTE [Inputs written by their region]
+    # A forward may write its own inputs in place: an in-place activation applied to the
+    # block's input first thing (F.leaky_relu_(x)), x.mul_(scale). Autograd allows it when
+    # nothing saved the input before the write. A replay starts from the captured inputs,
+    # which alias the written tensors: it would start from the written values. The first
+    # call of each region therefore runs under InputWriteWatch (trace.py), which copies an
+    # input just before an op writes it; that call replays from the copy, fed to the
+    # forward as a fresh non-leaf so that the write is legal and the copy stays intact.
+    # From then on the region is known to write its inputs, and its activations are
+    # kept (or offloaded under a plan), never dropped. (Copying the written inputs at
+    # every call would let it recompute, for one more input's bytes per call; the
+    # planner does not model such a copy.) A write
+    # the watch cannot see (compiled code, a higher-order operator, a later call that
+    # writes when the first did not) is found by the inputs' versions at exit; that call's
+    # replay raises, and the region is kept from then on.
+
+    def _check_input_writes(self, region: Region, call: RegionCall) -> None:
+        """NOTE [Inputs written by their region]: did this forward write its inputs?"""
+        cap = call.inputs
+        assert cap is not None
+        watched, call.watch = call.watch is not None, None
+        unseen = [
+            i for i, t in enumerate(cap.tensors)
+            if t is not None and i not in cap.copied and int(t._version) != cap.versions[i]
+        ]
+        if not (cap.copied or unseen):
+            if watched:
+                region.writes_inputs = False
+            return
+        region.writes_inputs = True
+        _warn_once(
+            "writes-inputs" if not unseen else f"writes-inputs-unseen:{region.name}",
+            "offrecomp: region %r (and any other like it) writes its own inputs in place in its "
+            "forward (an in-place op "
+            "on an argument, such as an in-place activation applied to it first thing); a replay "
+            "needs them as they were, so its activations are kept or offloaded from now on, never "
+            "recomputed. An out-of-place op there lets offrecomp recompute it.%s",
+            region.name,
+            "" if not unseen else " This call's replay cannot be done: the write was not seen "
+            "as it happened (compiled code or a higher-order operator), so backward raises.",
+        )
 
     def _check_arg_state(self, call: RegionCall) -> None:
         """NOTE [Stateful arguments]: keep the entry bindings only when the forward

@@ -76,6 +76,7 @@ from scheduler.profile import OpRecord, StorageRecord
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "InputWriteWatch",
     "OpRecorder",
     "RegionStructure",
     "ReplayDivergedError",
@@ -279,6 +280,43 @@ class _RegionMode(tc.TorchDispatchMode):
         return True
 
 
+def written_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The plain tensors an op writes (in-place and ``out=`` arguments), by its schema."""
+    names = tc.written_arg_names(func)
+    if not names:
+        return []
+    out = []
+    for i, a in enumerate(func._schema.arguments):
+        if a.name not in names:
+            continue
+        val = kwargs.get(a.name, args[i] if i < len(args) else None)
+        out += [x for x in tree_flatten(val)[0] if isinstance(x, torch.Tensor) and _describable(x)]
+    return out
+
+
+class InputWriteWatch(_RegionMode):
+    """NOTE [Inputs written by their region] (runtime.py): the first call of a region
+    runs under this mode; an op about to write one of the call's captured inputs makes
+    the capture keep a copy of that input as it was, so the call's replay starts from
+    the values its forward started from."""
+
+    def __init__(self, cap: Any) -> None:
+        super().__init__()
+        self.cap = cap  # regions.CapturedInputs
+        self.by_ptr: dict[int, list[int]] = {}
+        for i, t in enumerate(cap.tensors):
+            if t is not None and _describable(t):
+                self.by_ptr.setdefault(int(t.untyped_storage().data_ptr()), []).append(i)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if self.by_ptr and not tc.is_higher_order(func) and tc.op_writes_inputs(func):
+            for x in written_tensors(func, args, kwargs):
+                for i in self.by_ptr.get(int(x.untyped_storage().data_ptr()), ()):
+                    self.cap.keep_copy(i)
+        return func(*args, **kwargs)
+
+
 class OpRecorder(_RegionMode):
     """Records the ATen ops of one region call (measuring pass only)."""
 
@@ -376,16 +414,7 @@ class OpRecorder(_RegionMode):
         writes = tc.op_writes_inputs(func)
         written: tuple[int, ...] = ()
         if writes and not higher_order:  # no schema to name them: opaque anyway
-            names = tc.written_arg_names(func)
-            sids = []
-            for i, a in enumerate(func._schema.arguments):
-                if a.name not in names:
-                    continue
-                val = kwargs.get(a.name, args[i] if i < len(args) else None)
-                for x in tree_flatten(val)[0]:
-                    if isinstance(x, torch.Tensor) and _describable(x):
-                        sids.append(self.storage_id(x))
-            written = tuple(sids)
+            written = tuple(self.storage_id(x) for x in written_tensors(func, args, kwargs))
         flat_out, _ = tree_flatten(out)
         outs: list[Any] = []
         for x in flat_out:

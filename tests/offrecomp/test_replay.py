@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -10,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import offrecomp
 from offrecomp import Placement, Plan
 from tests import models
-from tests.helpers import twin
+from tests.helpers import tight_budget, train, train_bitwise, twin
 
 
 @pytest.fixture(autouse=True)
@@ -310,3 +313,41 @@ def test_a_parameter_modified_before_its_replay_reads_it_is_an_error() -> None:
             m[0].b.add_(1.0)  # plain autograd would still use the forward's relu mask
         with pytest.raises(RuntimeError, match=r"parameter 'b' of Biased .* in region '0' was modified in place"):
             loss.backward()
+
+
+class WritesItsInput(nn.Module):
+    """An in-place activation on its input first thing: legal for autograd, since nothing
+    saved the input, but a replay from the input would start from the written values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(32)
+        self.fc = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.nn.functional.leaky_relu_(x, 0.1)
+        return x + self.fc(torch.tanh(self.ln(x)))
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
+def test_a_region_that_writes_its_inputs_replays_from_a_copy_then_keeps(
+    variant: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NOTE [Inputs written by their region]: the first call of each region copies an input
+    just before its forward writes it, so that call replays right; from then on the
+    region's activations are kept (or offloaded) and one warning says why."""
+    sys.modules["offrecomp.runtime"]._warned.clear()  # the package's `runtime` is the function
+    torch.manual_seed(0)
+    base = models.Stack([WritesItsInput() for _ in range(3)])
+    batch = lambda s: torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(s))  # noqa: E731
+    ref = train(twin(base), batch, steps=4)
+    budget = tight_budget(base, batch) if variant == "auto_serve" else None
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        rt = train_bitwise(twin(base), batch, variant, budget, ref, steps=4)
+    steps = rt.report().steps
+    assert steps[0].replays == 3  # every first call, from its copy
+    assert all(s.replays == 0 and s.recomputed_bytes == 0 for s in steps[1:])
+    warned = [r.getMessage() for r in caplog.records if "writes its own inputs" in r.getMessage()]
+    assert len(warned) == 1 and "'blocks.0'" in warned[0]
+    if variant == "auto_serve":
+        assert "writes its inputs in place: never recomputed" in rt.explain()
