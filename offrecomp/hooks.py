@@ -290,6 +290,7 @@ class Placer:
         call.rng = None
         call.buffers = None
         call.params = None
+        call.generators = None
         call.arg_state = None
         call.replayed.clear()
         call.by_ptr.clear()

@@ -66,6 +66,8 @@ class Region:
     in_place: bool = False
     """Compiled in place: its calls run ``_compiled_call_impl``, which the runtime wraps
     instead of ``forward``."""
+    generators: list[torch.Generator] = field(default_factory=list)
+    """Generators of its own its first call drew from (NOTE [Private generators])."""
     writes_inputs: bool | None = None
     """Its forward writes its own inputs in place; None until a call has shown whether it
     does (NOTE [Inputs written by their region] in runtime.py)."""

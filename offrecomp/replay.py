@@ -6,7 +6,8 @@ The first backward access to a dropped tensor of a region call replays that call
      host memory when the inputs were offloaded);
   2. the CPU and CUDA RNG states are set to what they were when the forward entered
      the region, so dropout draws the same masks; the caller's RNG state is restored
-     afterwards, so backward's own randomness is untouched;
+     afterwards, so backward's own randomness is untouched. The same goes for the
+     region's own generators (NOTE [Private generators]);
   3. the autocast state of the forward is re-entered and grad is enabled;
   4. buffers the forward mutated get their entry values for the replay and their
      post-forward values back after it (NOTE [Replay and module state]);
@@ -83,6 +84,19 @@ def _no_unpack(_: Any) -> Any:
         "throwaway and must not be differentiated (double backward through a replayed "
         "region is not supported)"
     )
+
+
+# NOTE [Private generators]
+# A block may draw from a torch.Generator of its own (noise injection with a seeded
+# generator, a sampler): `torch.randn(shape, generator=self.g)`. Restoring the global
+# RNG states does not restore it, and a replay drew the next numbers from it: other
+# activations than the forward's, silently (torch.utils.checkpoint does the same). The
+# first call of each region runs under FirstCallWatch (trace.py), which records every
+# generator an op draws from, with its state at that first draw: the state at entry.
+# Later calls capture those generators' states at entry (a few KiB each). A replay sets
+# them, and sets back afterwards what it found, as for the global RNG. A generator the
+# first call did not draw from is not known; one created inside the forward needs
+# nothing (the replay creates it again).
 
 
 @contextlib.contextmanager
@@ -231,6 +245,8 @@ def replay_call(
     args, kwargs = inputs if inputs is not None else replay_arguments(call.inputs, call.name)
     devices = call.inputs.devices()
     before = capture_rng(devices) if call.rng is not None else None
+    gens = call.generators or []
+    gens_before = [(g, g.get_state()) for g, _ in gens]
     mode: ServingMode | None = None
     if call.structure is not None and program is not None:
         mode = ServingMode(
@@ -243,6 +259,8 @@ def replay_call(
     try:
         if call.rng is not None:
             restore_rng(call.rng)
+        for g, state in gens:
+            g.set_state(state)
         with contextlib.ExitStack() as stack:
             stack.enter_context(_replaying())
             stack.enter_context(user_code())
@@ -273,6 +291,8 @@ def replay_call(
     finally:
         if before is not None:
             restore_rng(before)
+        for g, state in gens_before:
+            g.set_state(state)
     call.replay_seconds += time.perf_counter() - t0
     call.replays += 1
     if mode is not None:

@@ -60,7 +60,7 @@ from offrecomp.regions import (
 from offrecomp.replay import in_replay
 from offrecomp.report import Report, StepRecord
 from offrecomp.state import PassState, RegionCall
-from offrecomp.trace import InputWriteWatch
+from offrecomp.trace import FirstCallWatch
 from offrecomp.verify import Verifier
 from scheduler.plan import ROOT, Placement, Plan
 
@@ -540,7 +540,7 @@ class Runtime:
         if region.writes_inputs:
             call.writes_inputs = True
         elif region.writes_inputs is None and call.inputs is not None and not region.compiled:
-            call.watch = InputWriteWatch(call.inputs)  # NOTE [Inputs written by their region]
+            call.watch = FirstCallWatch(call.inputs)  # NOTE [Inputs written by their region]
         self._stack.calls.append(call)
         self._recording = call.recorder is not None
         call.start_mark = self._clock.mark()
@@ -571,6 +571,8 @@ class Runtime:
         call.autocast = capture_autocast({d.type for d in devices})
         call.buffers = capture_buffers(region.slots)
         call.params = capture_params(region.param_slots)
+        if region.generators:  # NOTE [Private generators]
+            call.generators = [(g, g.get_state()) for g in region.generators]
         if cap.objects:  # NOTE [Stateful arguments]
             call.arg_state = ArgState.capture(cap.objects)
         if p.recording:
@@ -614,6 +616,9 @@ class Runtime:
                         "replay sees their post-forward values",
                         region.name,
                     )
+        if call.watch is not None and region is not None:
+            region.generators = [g for g, _ in call.watch.generators.values()]
+            call.generators = list(call.watch.generators.values())
         if region is not None and call.inputs is not None and not call.writes_inputs:
             self._check_input_writes(region, call)
         if call.arg_state is not None and call.inputs is not None:
@@ -634,7 +639,7 @@ class Runtime:
     # block's input first thing (F.leaky_relu_(x)), x.mul_(scale). Autograd allows it when
     # nothing saved the input before the write. A replay starts from the captured inputs,
     # which alias the written tensors: it would start from the written values. The first
-    # call of each region therefore runs under InputWriteWatch (trace.py), which copies an
+    # call of each region therefore runs under FirstCallWatch (trace.py), which copies an
     # input just before an op writes it; that call replays from the copy, fed to the
     # forward as a fresh non-leaf so that the write is legal and the copy stays intact.
     # From then on the region is known to write its inputs, and its activations are

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
         Region,
         RngState,
     )
-    from offrecomp.trace import InputWriteWatch, OpRecorder, RegionStructure, SaveInfo
+    from offrecomp.trace import FirstCallWatch, OpRecorder, RegionStructure, SaveInfo
 
 __all__ = ["KeptHandle", "PassState", "RegionCall", "SavedHandle", "StorageRec"]
 
@@ -185,7 +185,9 @@ class RegionCall:
     mismatch: bool = False  # structure differs from the planned one
     collective: bool = False  # runs collectives: auto never replays it (NOTE [Collective regions])
     writes_inputs: bool = False  # its region writes its inputs: never replayed (NOTE [Inputs written by their region])
-    watch: InputWriteWatch | None = None  # the region's first call: copies inputs before a write
+    watch: FirstCallWatch | None = None  # the region's first call (see FirstCallWatch)
+    generators: list[tuple[torch.Generator, torch.Tensor]] | None = None
+    """The region's own generators and their states at entry (NOTE [Private generators])."""
     recorder: OpRecorder | None = None
     recorded_ops: OpRecorder | None = None
     saves: list[SaveInfo] = field(default_factory=list)

@@ -76,7 +76,7 @@ from scheduler.profile import OpRecord, StorageRecord
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "InputWriteWatch",
+    "FirstCallWatch",
     "OpRecorder",
     "RegionStructure",
     "ReplayDivergedError",
@@ -294,11 +294,15 @@ def written_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     return out
 
 
-class InputWriteWatch(_RegionMode):
-    """NOTE [Inputs written by their region] (runtime.py): the first call of a region
-    runs under this mode; an op about to write one of the call's captured inputs makes
-    the capture keep a copy of that input as it was, so the call's replay starts from
-    the values its forward started from."""
+class FirstCallWatch(_RegionMode):
+    """The first call of a region runs under this mode, which learns two things a replay
+    needs and the capture cannot see at entry:
+
+    * an op about to write one of the call's captured inputs makes the capture keep a
+      copy of that input as it was (NOTE [Inputs written by their region] in runtime.py);
+    * a random op drawing from a ``torch.Generator`` of the region's own (not the global
+      one) records that generator and its state at its first draw, the state it had when
+      the call entered (NOTE [Private generators] in replay.py)."""
 
     def __init__(self, cap: Any) -> None:
         super().__init__()
@@ -307,9 +311,13 @@ class InputWriteWatch(_RegionMode):
         for i, t in enumerate(cap.tensors):
             if t is not None and _describable(t):
                 self.by_ptr.setdefault(int(t.untyped_storage().data_ptr()), []).append(i)
+        self.generators: dict[int, tuple[torch.Generator, torch.Tensor]] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        gen = kwargs.get("generator")
+        if isinstance(gen, torch.Generator) and id(gen) not in self.generators:
+            self.generators[id(gen)] = (gen, gen.get_state())
         if self.by_ptr and not tc.is_higher_order(func) and tc.op_writes_inputs(func):
             for x in written_tensors(func, args, kwargs):
                 for i in self.by_ptr.get(int(x.untyped_storage().data_ptr()), ()):

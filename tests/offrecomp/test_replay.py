@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import offrecomp
 from offrecomp import Placement, Plan
 from tests import models
-from tests.helpers import tight_budget, train, train_bitwise, twin
+from tests.helpers import check_variant, tight_budget, train, train_bitwise, twin
 
 
 @pytest.fixture(autouse=True)
@@ -351,3 +351,26 @@ def test_a_region_that_writes_its_inputs_replays_from_a_copy_then_keeps(
     assert len(warned) == 1 and "'blocks.0'" in warned[0]
     if variant == "auto_serve":
         assert "writes its inputs in place: never recomputed" in rt.explain()
+
+
+class NoisyBlock(nn.Module):
+    """Injects noise drawn from a generator of its own (not the global RNG)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+        self.gen = torch.Generator().manual_seed(7)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        noise = torch.randn(x.shape, generator=self.gen) * 0.1
+        return x + torch.tanh(self.fc(x + noise))
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
+def test_a_region_drawing_from_its_own_generator_replays_the_same_draws(variant: str) -> None:
+    """NOTE [Private generators]: the replay sets the block's generator to its state at
+    entry, as it does the global RNG; before, the replay drew the next numbers."""
+    torch.manual_seed(0)
+    base = models.Stack([NoisyBlock() for _ in range(3)])
+    batch = lambda s: torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(s))  # noqa: E731
+    check_variant(base, batch, variant)
