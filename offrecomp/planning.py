@@ -214,6 +214,8 @@ class Planner:
             entry = self.entries.get(p.signature)
             if entry is not None:
                 call.structure = entry.structures.get(call.key)
+                if call.structure is None:
+                    self._record_unprofiled(p, call)
             return
         if not p.planned:
             return
@@ -227,12 +229,7 @@ class Planner:
             return
         structure = entry.structures.get(call.key)
         if structure is None:
-            call.mismatch = True
-            entry.needs_measure = True
-            log.info(
-                "offrecomp: region %r call %d was not in the measured pass; dropping its "
-                "activations this pass and measuring again", call.name, call.call_index,
-            )
+            self._record_unprofiled(p, call)
             return
         call.structure = structure
         if entry.profile is not None:
@@ -243,6 +240,28 @@ class Planner:
         call.placements = [
             plan.placement((call.name, call.call_index, i)) for i in range(len(structure.storage_records))
         ]
+
+    # NOTE [Calls the profile lacks]
+    # The number of calls of a region may depend on the data (adaptive depth, a loop that
+    # runs until a halting score is reached) while the input shapes, and so the
+    # signature, stay the same. A planned pass that reaches a call its profile lacks
+    # drops that call's activations (the measuring pass's rule, safe for memory) and
+    # records its ops, as a measuring pass would; the pass's end builds the profile
+    # again from all of its calls (the planned ones keep their structures) and the next
+    # pass calibrates. A profile built so covers the longer pass, and a plan solved from
+    # it also serves the shorter ones: calls that do not run leave their share of the
+    # budget unused. Before, that call set needs_measure, and the next pass, often a
+    # shorter one, measured a profile without those calls again: depths that
+    # alternated re-measured (full recompute) every few steps, for good.
+
+    def _record_unprofiled(self, p: PassState, call: RegionCall) -> None:
+        call.record = True
+        p.reprofile = True
+        log.info(
+            "offrecomp: region %r call %d is not in the profile of signature %s; recording "
+            "it in this pass (its activations dropped) to extend the profile",
+            call.name, call.call_index, p.signature,
+        )
 
     def needs_capture(self, p: PassState, call: RegionCall) -> bool:
         """Keep a replay checkpoint for this call? Not when nothing can ever be dropped.
@@ -349,13 +368,15 @@ class Planner:
                 )
             if p.aborted or not p.backward_done:
                 return  # measure again next time
-            try:
-                self._plan_from(p)
-            except Exception:
-                entry = self.entries.get(p.signature)
-                if entry is not None:
-                    entry.needs_measure = True
-                raise
+        elif not (p.reprofile and not p.aborted and p.backward_done):
+            return
+        try:
+            self._plan_from(p)
+        except Exception:
+            entry = self.entries.get(p.signature)
+            if entry is not None:
+                entry.needs_measure = True
+            raise
 
     # ------------------------------------------------------------ planning
 
@@ -713,6 +734,8 @@ class Planner:
         calibrating = p.phase == "calibrate"
         if entry.cost is None or not (p.planned or calibrating) or p.aborted or not p.backward_done:
             return None
+        if p.reprofile:
+            return None  # its end built the profile again (NOTE [Calls the profile lacks])
         clock = self.rt._clock
         measured = entry.cost.estimate()
         alone: list[str] = []

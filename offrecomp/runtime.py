@@ -575,7 +575,7 @@ class Runtime:
             call.generators = [(g, g.get_state()) for g in region.generators]
         if cap.objects:  # NOTE [Stateful arguments]
             call.arg_state = ArgState.capture(cap.objects)
-        if p.recording:
+        if p.recording or call.record:
             from offrecomp.trace import OpRecorder
 
             cuda_devs = sorted({d.index or 0 for d in devices if d.type == "cuda"})

@@ -185,6 +185,7 @@ class RegionCall:
     mismatch: bool = False  # structure differs from the planned one
     collective: bool = False  # runs collectives: auto never replays it (NOTE [Collective regions])
     writes_inputs: bool = False  # its region writes its inputs: never replayed (NOTE [Inputs written by their region])
+    record: bool = False  # recorded outside a measuring pass (NOTE [Calls the profile lacks])
     watch: FirstCallWatch | None = None  # the region's first call (see FirstCallWatch)
     generators: list[tuple[torch.Generator, torch.Tensor]] | None = None
     """The region's own generators and their states at entry (NOTE [Private generators])."""
@@ -254,6 +255,9 @@ class PassState:
     mode: str
     recording: bool = False
     planned: bool = False
+    reprofile: bool = False
+    """A planned or calibration pass that recorded calls its profile lacks: its end builds
+    the signature's profile again (NOTE [Calls the profile lacks])."""
     phase: str = ""
     plan_id: str = ""
     calls: list[RegionCall] = field(default_factory=list)

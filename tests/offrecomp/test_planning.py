@@ -251,3 +251,48 @@ def test_records_carry_the_planners_host_time() -> None:
     assert all(s.planner_seconds > 0 for s in steps)
     solve = steps[2].planner_seconds
     assert solve > steps[2].step_seconds / 100  # a solve, not just the learning
+
+
+class AdaptiveDepth(torch.nn.Module):
+    """Runs its blocks once or twice, as the data says (a halting decision): the input
+    shapes, and so the signature, stay the same while the number of region calls changes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.LayerNorm(32), torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
+            for _ in range(2)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(1 + int(x[0, 0, 0].item() > 0)):
+            for blk in self.blocks:
+                x = x + blk(x)
+        return x.square().mean()
+
+
+def _alternating(s: int) -> torch.Tensor:
+    x = torch.randn(4, 16, 32, generator=torch.Generator().manual_seed(s))
+    x[0, 0, 0] = 1.0 if (s // 10) % 2 else -1.0  # train() seeds step i with 10 * i
+    return x
+
+
+def test_calls_the_profile_lacks_extend_it_instead_of_measuring_again() -> None:
+    """NOTE [Calls the profile lacks]: depths that alternate step by step are recorded
+    within the planned pass that runs the extra calls, once; before, each such pass sent
+    the signature back to a measuring pass (full recompute), for good."""
+    torch.manual_seed(0)
+    base = AdaptiveDepth()
+    ref = train(twin(base), _alternating, steps=10)
+    m = twin(base)
+    rt = offrecomp.runtime(m, min_bytes=0, budget=60_000)
+    got = train(m, _alternating, rt, steps=10)
+    for a, b in zip(ref, got):
+        for k in a:
+            assert torch.equal(a[k], b[k]), k
+    phases = [s.phase for s in rt.report().steps]
+    assert phases.count("measure") == 1, phases
+    assert phases[-6:] == ["planned"] * 6, phases
+    entry = rt._planner.entries[rt.report().steps[-1].signature]
+    assert {k[1] for k in entry.structures} == {0, 1}  # the profile covers the deeper pass
+    assert any(s.recomputed_bytes > 0 for s in rt.report().steps[-2:])
