@@ -479,6 +479,8 @@ class Runtime:
                         call.recorder.stop()
                     if call.watch is not None:
                         call.watch.__exit__(None, None, None)
+                        if exc is not None:
+                            call.watch = None  # a forward cut short shows nothing: watch the next
                     if exc is not None:
                         rt._on_forward_error(call.pass_state, exc)
                     elif (
