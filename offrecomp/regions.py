@@ -511,7 +511,7 @@ def autocast_contexts(state: AutocastState) -> list[Any]:
 # complete, i.e. after the backward of every op that used it, and the saves a later
 # replay regenerates come from ops before those. So the check is by use, not by version:
 # when a parameter's version moved since the forward returned, the replay runs under
-# ParamGuard (replay.py), which raises if an op it runs reads that parameter's storage.
+# ParamGuard (trace.py), which raises if an op it runs reads that parameter's storage.
 # Compiled regions run their graph unseen by the guard, and are not checked.
 
 

@@ -32,9 +32,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
 
-from offrecomp import _torch_compat as tc
 from offrecomp.regions import (
     ArgState,
     autocast_contexts,
@@ -46,7 +44,7 @@ from offrecomp.regions import (
     restore_rng,
 )
 from offrecomp.state import RegionCall
-from offrecomp.trace import ReplayDivergedError, ServingMode, internal, user_code
+from offrecomp.trace import ParamGuard, ReplayDivergedError, ServingMode, internal, user_code
 
 __all__ = ["ReplayDivergedError", "in_replay", "replay_call"]
 
@@ -150,32 +148,6 @@ def _swap_params(call: RegionCall) -> Iterator[None]:
     finally:
         for m, n, now in reversed(swapped):
             m._parameters[n] = now  # type: ignore[assignment]
-
-
-class ParamGuard(tc.TorchDispatchMode):
-    """Raises when an op of the replay reads a parameter modified in place since the
-    forward (NOTE [Replay and parameters]); ops the serving mode serves are not seen."""
-
-    supports_higher_order_operators = True
-
-    def __init__(self, region_name: str, modified: dict[int, str]) -> None:
-        super().__init__()
-        self.region_name = region_name
-        self.modified = modified
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        for t in tree_leaves((args, kwargs)):
-            if type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided:
-                what = self.modified.get(int(t.untyped_storage().data_ptr()))
-                if what is not None:
-                    raise RuntimeError(
-                        f"offrecomp: {what} in region {self.region_name!r} was modified in place "
-                        f"after the region's forward, and replaying the region reads it ({func}), "
-                        "so it would produce other activations than the forward's. Hint: update "
-                        "parameters after backward (optimizer.step()), not between forward and "
-                        "backward, or keep this region's activations (regions=)."
-                    )
-        return func(*args, **(kwargs or {}))
 
 
 def _param_guard(call: RegionCall) -> ParamGuard | None:

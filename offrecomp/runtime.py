@@ -647,10 +647,10 @@ class Runtime:
     # From then on the region is known to write its inputs, and its activations are
     # kept (or offloaded under a plan), never dropped. (Copying the written inputs at
     # every call would let it recompute, for one more input's bytes per call; the
-    # planner does not model such a copy.) A write
-    # the watch cannot see (compiled code, a higher-order operator, a later call that
-    # writes when the first did not) is found by the inputs' versions at exit; that call's
-    # replay raises, and the region is kept from then on.
+    # planner does not model such a copy.) A write the watch cannot see (compiled code,
+    # a higher-order operator, a later call that writes when the first did not) is found
+    # by the inputs' versions at exit; that call's replay raises, and the region is kept
+    # from then on.
 
     def _check_input_writes(self, region: Region, call: RegionCall) -> None:
         """NOTE [Inputs written by their region]: did this forward write its inputs?"""
@@ -669,10 +669,10 @@ class Runtime:
         _warn_once(
             "writes-inputs" if not unseen else f"writes-inputs-unseen:{region.name}",
             "offrecomp: region %r (and any other like it) writes its own inputs in place in its "
-            "forward (an in-place op "
-            "on an argument, such as an in-place activation applied to it first thing); a replay "
-            "needs them as they were, so its activations are kept or offloaded from now on, never "
-            "recomputed. An out-of-place op there lets offrecomp recompute it.%s",
+            "forward (an in-place op on an argument, such as an in-place activation applied to "
+            "it first thing); a replay needs them as they were, so its activations are kept or "
+            "offloaded from now on, never recomputed. An out-of-place op there lets offrecomp "
+            "recompute it.%s",
             region.name,
             "" if not unseen else " This call's replay cannot be done: the write was not seen "
             "as it happened (compiled code or a higher-order operator), so backward raises.",

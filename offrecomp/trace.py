@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_leaves
 
 from offrecomp import _torch_compat as tc
 from scheduler.profile import OpRecord, StorageRecord
@@ -78,6 +78,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "FirstCallWatch",
     "OpRecorder",
+    "ParamGuard",
     "RegionStructure",
     "ReplayDivergedError",
     "ServingMode",
@@ -323,6 +324,31 @@ class FirstCallWatch(_RegionMode):
                 for i in self.by_ptr.get(int(x.untyped_storage().data_ptr()), ()):
                     self.cap.keep_copy(i)
         return func(*args, **kwargs)
+
+
+class ParamGuard(_RegionMode):
+    """Raises when an op of the replay reads a parameter modified in place since the
+    forward (NOTE [Replay and parameters] in regions.py); ops the serving mode serves
+    are not seen."""
+
+    def __init__(self, region_name: str, modified: dict[int, str]) -> None:
+        super().__init__()
+        self.region_name = region_name
+        self.modified = modified
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        for t in tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor) and _describable(t):
+                what = self.modified.get(int(t.untyped_storage().data_ptr()))
+                if what is not None:
+                    raise RuntimeError(
+                        f"offrecomp: {what} in region {self.region_name!r} was modified in place "
+                        f"after the region's forward, and replaying the region reads it ({func}), "
+                        "so it would produce other activations than the forward's. Hint: update "
+                        "parameters after backward (optimizer.step()), not between forward and "
+                        "backward, or keep this region's activations (regions=)."
+                    )
+        return func(*args, **(kwargs or {}))
 
 
 class OpRecorder(_RegionMode):
