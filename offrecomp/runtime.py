@@ -274,6 +274,8 @@ class Runtime:
                 self._pass.aborted = True
                 if issubclass(exc_type, torch.OutOfMemoryError):
                     self._on_oom(self._pass)
+            if self._stepped_in_backward:
+                self._optimizer_stepped()
             self._finish_pass()
             self._end_step(explicit=False, provisional=not self._saw_optimizer and not self._no_optimizer)
             self._confirm_provisional()
@@ -767,7 +769,9 @@ class Runtime:
     def _forward_activity(self) -> PassState:
         p = self._pass
         if p is None or p.backward_started or p.aborted:
-            if p is not None:
+            if p is not None and self._stepped_in_backward:
+                self._optimizer_stepped()  # its backward's end went unseen: end the step now
+            elif p is not None:
                 self._finish_pass()
             p = self._begin_pass()
         return p
