@@ -308,6 +308,13 @@ class Placer:
                 raise _modified_error(_where(call), h.pack_index, h.version, t._version)
             return t
         if type(h) is _Plain:
+            call = h.call
+            if call is not None:
+                p = call.pass_state
+                if p is not None and not p.backward_started:
+                    # a pass whose saves are all kept as they are (nested, complex or
+                    # DTensor activations) still has a backward
+                    self.rt._backward_activity(call)
             if h.t._version != h.version:
                 raise _modified_error(h.where, None, h.version, h.t._version, h.t)
             return h.t

@@ -1039,7 +1039,13 @@ def _signature_of(args: tuple[Any, ...], kwargs: dict[str, Any], training: bool)
     parts = []
     for x in leaves:
         if isinstance(x, torch.Tensor):
-            parts.append(f"{tuple(x.shape)}:{str(x.dtype).replace('torch.', '')}:{x.device.type}")
+            if x.is_nested and x.layout == torch.jagged:
+                # the ragged dimension is a symbol new to every nested tensor built: the
+                # components and the packed values decide the memory instead
+                shape = f"{x.size(0)}x{tuple(x.values().shape)}"
+            else:
+                shape = str(tuple(x.shape))
+            parts.append(f"{shape}:{str(x.dtype).replace('torch.', '')}:{x.device.type}")
     return ("train|" if training else "eval|") + ",".join(parts)
 
 

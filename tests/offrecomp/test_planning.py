@@ -296,3 +296,77 @@ def test_calls_the_profile_lacks_extend_it_instead_of_measuring_again() -> None:
     entry = rt._planner.entries[rt.report().steps[-1].signature]
     assert {k[1] for k in entry.structures} == {0, 1}  # the profile covers the deeper pass
     assert any(s.recomputed_bytes > 0 for s in rt.report().steps[-2:])
+
+
+class ComplexBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, 8, dtype=torch.cfloat) * 0.3)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return z + torch.tanh(z @ self.w)
+
+
+class ComplexModel(torch.nn.Module):
+    """Every tensor it saves is complex, so every save is kept as it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(ComplexBlock() for _ in range(3))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        for blk in self.blocks:
+            z = blk(z)
+        return (z * z.conj()).real.mean()
+
+
+def test_a_pass_whose_saves_are_all_kept_as_they_are_still_ends() -> None:
+    """The backward of a pass is seen through any save, also one kept as it is; before,
+    such a pass never ended: one step for the whole loop, measured forever."""
+    torch.manual_seed(0)
+    m = ComplexModel()
+    batch = lambda s: torch.randn(4, 8, dtype=torch.cfloat, generator=torch.Generator().manual_seed(s))  # noqa: E731
+    ref = train(twin(m), batch, steps=4)
+    rt = offrecomp.runtime(m, min_bytes=0)
+    got = train(m, batch, rt, steps=4)
+    for a, b in zip(ref, got):
+        for k in a:
+            assert torch.equal(a[k], b[k]), k
+    assert [s.phase for s in rt.report().steps] == ["measure", "calibrate", "planned", "planned"]
+
+
+class JaggedStack(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16)) for _ in range(3)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for blk in self.blocks:
+            x = x + blk(x)
+        return x.values().square().mean()
+
+
+def test_jagged_batches_of_the_same_size_share_a_signature() -> None:
+    """A jagged nested tensor's ragged dimension is a new symbol in every batch: the
+    signature reads the components and the packed values instead, so packed batches of
+    one token count plan once (before, every step was a new signature, measured)."""
+    lengths = [(3, 5, 2), (4, 4, 2), (2, 6, 2), (5, 3, 2)]
+
+    def batch(s: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(s)
+        n = lengths[(s // 10) % len(lengths)]  # train() seeds step i with 10 * i
+        return torch.nested.nested_tensor([torch.randn(k, 16, generator=g) for k in n], layout=torch.jagged)
+
+    torch.manual_seed(0)
+    m = JaggedStack()
+    ref = train(twin(m), batch, steps=4)
+    rt = offrecomp.runtime(m, min_bytes=0)
+    got = train(m, batch, rt, steps=4)
+    for a, b in zip(ref, got):
+        for k in a:
+            assert torch.equal(a[k], b[k]), k
+    steps = rt.report().steps
+    assert len({s.signature for s in steps}) == 1, [s.signature for s in steps]
+    assert [s.phase for s in steps] == ["measure", "calibrate", "planned", "planned"]
