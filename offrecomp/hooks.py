@@ -308,13 +308,11 @@ class Placer:
                 raise _modified_error(_where(call), h.pack_index, h.version, t._version)
             return t
         if type(h) is _Plain:
-            call = h.call
-            if call is not None:
-                p = call.pass_state
-                if p is not None and not p.backward_started:
-                    # a pass whose saves are all kept as they are (nested, complex or
-                    # DTensor activations) still has a backward
-                    self.rt._backward_activity(call)
+            owner = h.call
+            if owner is not None and owner.pass_state is not None and not owner.pass_state.backward_started:
+                # a pass whose saves are all kept as they are (nested, complex or DTensor
+                # activations) still has a backward
+                self.rt._backward_activity(owner)
             if h.t._version != h.version:
                 raise _modified_error(h.where, None, h.version, h.t._version, h.t)
             return h.t

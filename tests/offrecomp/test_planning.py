@@ -12,7 +12,7 @@ import offrecomp
 from offrecomp.measure import Mark
 from offrecomp.state import PassState
 from scheduler import Placement, Plan, predict
-from tests.helpers import make, train, twin
+from tests.helpers import make, train, train_bitwise, twin
 
 
 def _runtime(model: object, **kw: object) -> offrecomp.Runtime:
@@ -284,12 +284,7 @@ def test_calls_the_profile_lacks_extend_it_instead_of_measuring_again() -> None:
     torch.manual_seed(0)
     base = AdaptiveDepth()
     ref = train(twin(base), _alternating, steps=10)
-    m = twin(base)
-    rt = offrecomp.runtime(m, min_bytes=0, budget=60_000)
-    got = train(m, _alternating, rt, steps=10)
-    for a, b in zip(ref, got):
-        for k in a:
-            assert torch.equal(a[k], b[k]), k
+    rt = train_bitwise(twin(base), _alternating, "auto_tight", 60_000, ref, steps=10)
     phases = [s.phase for s in rt.report().steps]
     assert phases.count("measure") == 1, phases
     assert phases[-6:] == ["planned"] * 6, phases
@@ -326,12 +321,7 @@ def test_a_pass_whose_saves_are_all_kept_as_they_are_still_ends() -> None:
     torch.manual_seed(0)
     m = ComplexModel()
     batch = lambda s: torch.randn(4, 8, dtype=torch.cfloat, generator=torch.Generator().manual_seed(s))  # noqa: E731
-    ref = train(twin(m), batch, steps=4)
-    rt = offrecomp.runtime(m, min_bytes=0)
-    got = train(m, batch, rt, steps=4)
-    for a, b in zip(ref, got):
-        for k in a:
-            assert torch.equal(a[k], b[k]), k
+    rt = train_bitwise(m, batch, "auto", None, train(twin(m), batch, steps=4))
     assert [s.phase for s in rt.report().steps] == ["measure", "calibrate", "planned", "planned"]
 
 
@@ -361,12 +351,7 @@ def test_jagged_batches_of_the_same_size_share_a_signature() -> None:
 
     torch.manual_seed(0)
     m = JaggedStack()
-    ref = train(twin(m), batch, steps=4)
-    rt = offrecomp.runtime(m, min_bytes=0)
-    got = train(m, batch, rt, steps=4)
-    for a, b in zip(ref, got):
-        for k in a:
-            assert torch.equal(a[k], b[k]), k
+    rt = train_bitwise(m, batch, "auto", None, train(twin(m), batch, steps=4))
     steps = rt.report().steps
     assert len({s.signature for s in steps}) == 1, [s.signature for s in steps]
     assert [s.phase for s in steps] == ["measure", "calibrate", "planned", "planned"]
