@@ -23,6 +23,7 @@ backward before the next forward starts.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import logging
 import threading
@@ -339,7 +340,7 @@ class Runtime:
         had_instance_attr = "forward" in module.__dict__
         previous = module.__dict__.get("forward")
         original = module.forward
-        wrapped = make(original)
+        wrapped = _Installed(make(original), module, "forward", previous)
         module.forward = wrapped  # type: ignore[method-assign]
 
         def restore() -> None:
@@ -357,7 +358,7 @@ class Runtime:
         forward it compiles (NOTE [Compiled regions])."""
         original = module._compiled_call_impl
         assert original is not None
-        wrapped = make(original)
+        wrapped = _Installed(make(original), module, "_compiled_call_impl", original)
         module._compiled_call_impl = wrapped
 
         def restore() -> None:
@@ -1050,6 +1051,49 @@ def _signature_of(args: tuple[Any, ...], kwargs: dict[str, Any], training: bool)
 
 
 _warned: set[str] = set()
+
+
+# NOTE [Copies of a managed model]
+# While the runtime is entered, a region's (and the root's) forward slot holds the
+# runtime's wrapper. A copy of the module made meanwhile, copy.deepcopy(model) for an
+# EMA or a teacher, copied that slot too: a plain function, which deepcopy shares, so
+# the copy ran the original module's forward with the original weights, silently, and
+# kept doing so after the runtime exited; torch.save(model) failed on it. The slot
+# holds an _Installed instead: it calls the wrapper, and a deep copy or a pickle of it
+# is what the slot held before (the module's own forward, bound to the copy), so the
+# copy is a plain module the runtime does not manage. inspect.signature still sees the
+# forward's signature through __wrapped__.
+
+
+class _Installed:
+    """The runtime's wrapper in a module's ``forward`` (or ``_compiled_call_impl``) slot."""
+
+    def __init__(self, fn: Callable[..., Any], module: nn.Module, attr: str, previous: Any) -> None:
+        functools.update_wrapper(self, fn)  # __wrapped__, __name__, __doc__: introspection
+        self.fn = fn
+        self.module = module
+        self.attr = attr
+        self.previous = previous  # the slot's instance value before, None for the class's
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        copy_of = memo.get(id(self.module))
+        if copy_of is None:
+            return self  # copied on its own, not as part of its module
+        return _slot_as_before(copy_of, self.attr, copy.deepcopy(self.previous, memo))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_slot_as_before, (self.module, self.attr, self.previous))
+
+
+def _slot_as_before(module: nn.Module, attr: str, previous: Any) -> Any:
+    """What a copy's slot holds: the value before the runtime, or the class's method
+    bound to the copy (NOTE [Copies of a managed model])."""
+    if previous is not None:
+        return previous
+    return getattr(type(module), attr).__get__(module)
 
 
 def _holds_compiled(model: nn.Module) -> bool:

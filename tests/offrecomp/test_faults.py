@@ -122,3 +122,35 @@ def test_mode_off_installs_nothing() -> None:
         assert tc.top_saved_tensors_hooks() is None
         model(batch(0)).backward()
     assert rt.report().steps == []
+
+
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_a_copy_made_inside_the_runtime_is_a_plain_model(mode: str) -> None:
+    """NOTE [Copies of a managed model]: a deep copy (an EMA or teacher made in the loop)
+    runs its own forward with its own weights, during the runtime and after it; a model
+    saved whole with torch.save loads and runs; signatures stay inspectable."""
+    import copy
+    import inspect
+    import io
+
+    model, batch = make("gpt_dropout")
+    model.eval()  # no dropout: outputs comparable across calls
+    x = batch(0)
+    with offrecomp.runtime(model, mode=mode, min_bytes=0):
+        model(x)
+        ema = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in ema.parameters():
+                p.mul_(0.5)
+        inside = ema(x)
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        assert "idx" in inspect.signature(model.forward).parameters
+    plain = twin(ema)
+    for blk in plain.modules():
+        blk.__dict__.pop("forward", None)
+    assert torch.equal(inside, plain(x))  # the copy's own weights, not the original's
+    assert torch.equal(ema(x), plain(x))
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert torch.equal(loaded(x), model(x))
