@@ -198,7 +198,7 @@ class Placer:
                     call.inputs is not None
                     and rec.kind == "activation"
                     and not call.collective
-                    and not call.writes_inputs
+                    and not call.writes_state
                 )
                 rec.placement = RECOMPUTE if legal_drop else KEEP
                 p.stats.fallback("offload_to_recompute" if legal_drop else "offload_to_keep")

@@ -273,8 +273,8 @@ class Planner:
 
     def placement(self, p: PassState, call: RegionCall, index: int, nbytes: int, kind: str) -> Placement:
         pl = self._placement(p, call, index, nbytes, kind)
-        if pl == RECOMPUTE and call.writes_inputs:
-            return KEEP  # NOTE [Inputs written by their region]: no replay can start right
+        if pl == RECOMPUTE and call.writes_state:
+            return KEEP  # NOTE [State written by its region]: no replay can start right
         return pl
 
     def _placement(self, p: PassState, call: RegionCall, index: int, nbytes: int, kind: str) -> Placement:
@@ -414,7 +414,7 @@ class Planner:
                     ops=list(st.op_records),
                     storages=storages,
                     opaque=st.opaque,
-                    replayable=not call.collective and not (call.region is not None and call.region.writes_inputs),
+                    replayable=not call.collective and not (call.region is not None and call.region.writes_state),
                 )
             )
             structures[call.key] = st
@@ -1123,8 +1123,8 @@ class Planner:
             cells = [f"{n[p]}/{format_bytes(b[p])}" for p in (KEEP, OFFLOAD, RECOMPUTE)]
             why = []
             if not r.replayable:
-                writes = any(g.name == r.name and g.writes_inputs for g in self.rt._regions)
-                why.append("writes its inputs in place" if writes else "runs collectives")
+                writes = any(g.name == r.name and g.writes_state for g in self.rt._regions)
+                why.append("writes its inputs or parameters in place" if writes else "runs collectives")
                 why[-1] += ": never recomputed"
             elif r.opaque:
                 why.append("opaque: a replay reruns its forward")

@@ -68,9 +68,9 @@ class Region:
     instead of ``forward``."""
     generators: list[torch.Generator] = field(default_factory=list)
     """Generators of its own its first call drew from (NOTE [Private generators])."""
-    writes_inputs: bool | None = None
-    """Its forward writes its own inputs in place; None until a call has shown whether it
-    does (NOTE [Inputs written by their region] in runtime.py)."""
+    writes_state: bool | None = None
+    """Its forward writes its own inputs or parameters in place; None until a call has
+    shown whether it does (NOTE [State written by its region] in runtime.py)."""
 
     def refresh(self) -> None:
         """Read the slots and the compiled flags again: a block may gain modules (LoRA
@@ -234,7 +234,7 @@ class CapturedInputs:
     """The plain Python objects among the arguments (NOTE [Stateful arguments])."""
     copied: set[int] = field(default_factory=set)
     """Inputs the forward wrote: ``tensors`` holds a copy of their entry values (NOTE
-    [Inputs written by their region] in runtime.py)."""
+    [State written by its region] in runtime.py)."""
 
     def devices(self) -> set[torch.device]:
         return set(self.devices_seen)
@@ -521,22 +521,49 @@ class ParamState:
     """The region's parameter slots when the call entered."""
     objects: tuple[torch.Tensor | None, ...]
     """The tensor in each parameter slot at region entry."""
+    entry_versions: tuple[int, ...] = ()
+    """Their versions at region entry."""
     versions: tuple[int, ...] = ()
     """Their versions when the forward returned (``finish_params``)."""
+    snapshots: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Slot -> the parameter's values before the forward wrote it in place (copied by the
+    first call's watch; NOTE [State written by its region] in runtime.py)."""
+    unseen: list[int] = field(default_factory=list)
+    """Slots the forward wrote with no copy taken before: a replay cannot be right."""
+
+    def keep_copy(self, i: int) -> None:
+        """Parameter ``i`` is about to be written by the forward: keep its values."""
+        t = self.objects[i]
+        if t is not None and i not in self.snapshots:
+            self.snapshots[i] = t.detach().clone(memory_format=torch.preserve_format)
+
+
+def _versions(objects: tuple[torch.Tensor | None, ...]) -> tuple[int, ...]:
+    return tuple(-1 if t is None else int(t._version) for t in objects)
 
 
 def capture_params(slots: tuple[tuple[nn.Module, str], ...]) -> ParamState | None:
     """The tensor in each parameter slot (None when the region has no parameters)."""
     if not slots:
         return None
-    return ParamState(slots, tuple(param_of(m, n) for m, n in slots))
+    objects = tuple(param_of(m, n) for m, n in slots)
+    return ParamState(slots, objects, _versions(objects))
 
 
-def finish_params(state: ParamState | None) -> None:
-    """Region forward returned: a replay must see the parameters as they are now (a
-    forward may renormalise a weight in place: ``nn.Embedding(max_norm=...)``)."""
-    if state is not None:
-        state.versions = tuple(-1 if t is None else int(t._version) for t in state.objects)
+def finish_params(state: ParamState | None) -> list[int]:
+    """Region forward returned: a replay must see the parameters as they are now. Returns
+    the slots of plain parameters the forward wrote in place (a VQ codebook's running
+    average kept in a frozen parameter; ``nn.Embedding(max_norm=...)`` renormalising)."""
+    if state is None:
+        return []
+    state.versions = _versions(state.objects)
+    written = [
+        i
+        for i, (t, a, b) in enumerate(zip(state.objects, state.entry_versions, state.versions))
+        if a != b and type(t) in (torch.Tensor, nn.Parameter)
+    ]
+    state.unseen = [i for i in written if i not in state.snapshots]
+    return written
 
 
 def modified_params(state: ParamState) -> dict[int, str]:

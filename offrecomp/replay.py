@@ -137,10 +137,24 @@ def _swap_params(call: RegionCall) -> Iterator[None]:
         yield
         return
     slots = entry.slots
+    if entry.unseen:
+        m, n = slots[entry.unseen[0]]
+        raise RuntimeError(
+            f"offrecomp: region {call.name!r} wrote parameter {n!r} of {type(m).__name__} in "
+            "place in its forward, and no copy of its values from before was taken (NOTE "
+            "[State written by its region]), so a replay cannot compute what the forward "
+            "computed. Hint: keep such state in a buffer, or keep this region (regions=)."
+        )
     swapped: list[tuple[nn.Module, str, torch.Tensor | None]] = []
-    for (m, n), t in zip(slots, entry.objects):
+    for i, ((m, n), t) in enumerate(zip(slots, entry.objects)):
         now = param_of(m, n)
-        if now is not t and type(t) in (torch.Tensor, nn.Parameter):
+        before = entry.snapshots.get(i)
+        if before is not None and t is not None:
+            # written by the forward: the replay writes a fresh copy of the values before
+            swapped.append((m, n, now))
+            fresh = before.clone(memory_format=torch.preserve_format).requires_grad_(t.requires_grad)
+            m._parameters[n] = nn.Parameter(fresh, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else fresh  # type: ignore[assignment]
+        elif now is not t and type(t) in (torch.Tensor, nn.Parameter):
             swapped.append((m, n, now))
             m._parameters[n] = t  # type: ignore[assignment]  # functional_call puts plain tensors here too
     try:

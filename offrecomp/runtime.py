@@ -542,10 +542,10 @@ class Runtime:
             self._clock = Clock(self._device)
         if self._planner.needs_capture(p, call):
             self._capture(p, call, region, args, kwargs)
-        if region.writes_inputs:
-            call.writes_inputs = True
-        elif region.writes_inputs is None and call.inputs is not None and not region.compiled:
-            call.watch = FirstCallWatch(call.inputs)  # NOTE [Inputs written by their region]
+        if region.writes_state:
+            call.writes_state = True
+        elif region.writes_state is None and call.inputs is not None and not region.compiled:
+            call.watch = FirstCallWatch(call.inputs, call.params)  # NOTE [State written by its region]
         self._stack.calls.append(call)
         self._recording = call.recorder is not None
         call.start_mark = self._clock.mark()
@@ -604,9 +604,10 @@ class Runtime:
         if stack and stack[-1] is call:
             stack.pop()
         region = call.region
+        written: list[int] = []
         if region is not None:
             finish_buffers(call.buffers)
-            finish_params(call.params)
+            written = finish_params(call.params)
             if call.buffers is not None and call.buffers.mutated:
                 big = [
                     i
@@ -624,8 +625,8 @@ class Runtime:
         if call.watch is not None and region is not None:
             region.generators = [g for g, _ in call.watch.generators.values()]
             call.generators = list(call.watch.generators.values())
-        if region is not None and call.inputs is not None and not call.writes_inputs:
-            self._check_input_writes(region, call)
+        if region is not None and call.inputs is not None and not call.writes_state:
+            self._check_state_writes(region, call, written)
         if call.arg_state is not None and call.inputs is not None:
             self._check_arg_state(call)
         if call.offloaded_inputs and call.inputs is not None:
@@ -639,24 +640,30 @@ class Runtime:
         if call.live_handles <= 0:
             self._placer.release_call(call)
 
-    # NOTE [Inputs written by their region]
+    # NOTE [State written by its region]
     # A forward may write its own inputs in place: an in-place activation applied to the
     # block's input first thing (F.leaky_relu_(x)), x.mul_(scale). Autograd allows it when
     # nothing saved the input before the write. A replay starts from the captured inputs,
-    # which alias the written tensors: it would start from the written values. The first
-    # call of each region therefore runs under FirstCallWatch (trace.py), which copies an
-    # input just before an op writes it; that call replays from the copy, fed to the
-    # forward as a fresh non-leaf so that the write is legal and the copy stays intact.
-    # From then on the region is known to write its inputs, and its activations are
-    # kept (or offloaded under a plan), never dropped. (Copying the written inputs at
-    # every call would let it recompute, for one more input's bytes per call; the
-    # planner does not model such a copy.) A write the watch cannot see (compiled code,
-    # a higher-order operator, a later call that writes when the first did not) is found
-    # by the inputs' versions at exit; that call's replay raises, and the region is kept
-    # from then on.
+    # which alias the written tensors: it would start from the written values. A forward
+    # may also write its parameters: a running average kept in a frozen parameter (as
+    # some VQ codebooks are), nn.Embedding(max_norm=...) renormalising its weight. A
+    # replay then read the written values and wrote them a second time, silently (buffers
+    # are snapshotted for this, NOTE [Replay and module state]; weights are too large to
+    # copy at every call). The first call of each region therefore runs under
+    # FirstCallWatch (trace.py), which copies an input or a parameter just before an op
+    # writes it. That call replays from the copies: an input as a fresh non-leaf, so
+    # that the write is legal and the copy stays intact, and a parameter as a fresh
+    # parameter in its slot, the written one put back afterwards. From then on the
+    # region is known to write its state, and its activations are kept (or offloaded
+    # under a plan), never dropped. (Copying the written state at every call would let
+    # it recompute, for its bytes per call; the planner does not model such a copy.) A
+    # write the watch cannot see (compiled code, a higher-order operator, a later call
+    # that writes when the first did not) is found by versions at exit; that call's
+    # replay raises, and the region is kept from then on.
 
-    def _check_input_writes(self, region: Region, call: RegionCall) -> None:
-        """NOTE [Inputs written by their region]: did this forward write its inputs?"""
+    def _check_state_writes(self, region: Region, call: RegionCall, params: list[int]) -> None:
+        """NOTE [State written by its region]: did this forward write its inputs, or the
+        region's parameters (``params``: the slots it wrote)?"""
         cap = call.inputs
         assert cap is not None
         watched, call.watch = call.watch is not None, None
@@ -664,21 +671,25 @@ class Runtime:
             i for i, t in enumerate(cap.tensors)
             if t is not None and i not in cap.copied and int(t._version) != cap.versions[i]
         ]
-        if not (cap.copied or unseen):
+        if not (cap.copied or unseen or params):
             if watched:
-                region.writes_inputs = False
+                region.writes_state = False
             return
-        region.writes_inputs = True
+        region.writes_state = True
+        if call.params is not None and call.params.unseen:
+            unseen.append(-1)
+        what = "its own inputs" if not params else "its parameters" if not (cap.copied or unseen) else "its own inputs and parameters"
         _warn_once(
-            "writes-inputs" if not unseen else f"writes-inputs-unseen:{region.name}",
-            "offrecomp: region %r (and any other like it) writes its own inputs in place in its "
-            "forward (an in-place op on an argument, such as an in-place activation applied to "
-            "it first thing); a replay needs them as they were, so its activations are kept or "
-            "offloaded from now on, never recomputed. An out-of-place op there lets offrecomp "
-            "recompute it.%s",
-            region.name,
+            "writes-state" if not unseen else f"writes-state-unseen:{region.name}",
+            "offrecomp: region %r (and any other like it) writes %s in place in its forward "
+            "(an in-place activation applied to its input first thing; a running average "
+            "kept in a frozen parameter); a replay needs them as they were, so its "
+            "activations are kept or offloaded from now on, never recomputed. An out-of-place "
+            "op, or a buffer for such state, lets offrecomp recompute it.%s",
+            region.name, what,
             "" if not unseen else " This call's replay cannot be done: the write was not seen "
-            "as it happened (compiled code or a higher-order operator), so backward raises.",
+            "as it happened (compiled code, a higher-order operator, or a call that writes "
+            "when the region's first call did not), so backward raises.",
         )
 
     def _check_arg_state(self, call: RegionCall) -> None:

@@ -299,19 +299,22 @@ class FirstCallWatch(_RegionMode):
     """The first call of a region runs under this mode, which learns two things a replay
     needs and the capture cannot see at entry:
 
-    * an op about to write one of the call's captured inputs makes the capture keep a
-      copy of that input as it was (NOTE [Inputs written by their region] in runtime.py);
+    * an op about to write one of the call's captured inputs, or one of its region's
+      parameters, makes the capture keep a copy of it as it was (NOTE [State written by
+      its region] in runtime.py);
     * a random op drawing from a ``torch.Generator`` of the region's own (not the global
       one) records that generator and its state at its first draw, the state it had when
       the call entered (NOTE [Private generators] in replay.py)."""
 
-    def __init__(self, cap: Any) -> None:
+    def __init__(self, cap: Any, params: Any) -> None:
         super().__init__()
-        self.cap = cap  # regions.CapturedInputs
-        self.by_ptr: dict[int, list[int]] = {}
-        for i, t in enumerate(cap.tensors):
-            if t is not None and _describable(t):
-                self.by_ptr.setdefault(int(t.untyped_storage().data_ptr()), []).append(i)
+        # storage -> (holder, index): regions.CapturedInputs and regions.ParamState, each
+        # with keep_copy(index)
+        self.by_ptr: dict[int, list[tuple[Any, int]]] = {}
+        for holder, tensors in ((cap, cap.tensors), (params, params.objects if params is not None else ())):
+            for i, t in enumerate(tensors):
+                if t is not None and _describable(t):
+                    self.by_ptr.setdefault(int(t.untyped_storage().data_ptr()), []).append((holder, i))
         self.generators: dict[int, tuple[torch.Generator, torch.Tensor]] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -321,8 +324,8 @@ class FirstCallWatch(_RegionMode):
             self.generators[id(gen)] = (gen, gen.get_state())
         if self.by_ptr and not tc.is_higher_order(func) and tc.op_writes_inputs(func):
             for x in written_tensors(func, args, kwargs):
-                for i in self.by_ptr.get(int(x.untyped_storage().data_ptr()), ()):
-                    self.cap.keep_copy(i)
+                for holder, i in self.by_ptr.get(int(x.untyped_storage().data_ptr()), ()):
+                    holder.keep_copy(i)
         return func(*args, **kwargs)
 
 

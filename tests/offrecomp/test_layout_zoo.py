@@ -953,7 +953,7 @@ def test_inplace_write_to_a_region_input_autograd_allows(
 ) -> None:
     """In-place writes to a region's input that plain autograd accepts (no saved tensor
     is written). Inside the region, the first call copies the input before the write and
-    the region is kept from then on (NOTE [Inputs written by their region]). After the
+    the region is kept from then on (NOTE [State written by its region]). After the
     region ran, the runtime holds the input as the replay checkpoint and compares its
     version at replay (regions.replay_arguments): a false error under recompute/auto."""
     if mode in ("recompute", "auto") and where == "after_region":

@@ -329,16 +329,38 @@ class WritesItsInput(nn.Module):
         return x + self.fc(torch.tanh(self.ln(x)))
 
 
+class RunningMeanInAParameter(nn.Module):
+    """Keeps a running mean in a frozen parameter (as some VQ codebooks do), updated in
+    place in its forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+        self.mean = nn.Parameter(torch.zeros(32), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.mean.mul_(0.9).add_(0.1 * x.mean((0, 1)))
+        return x + torch.tanh(self.fc(x - self.mean))
+
+
 @pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
-def test_a_region_that_writes_its_inputs_replays_from_a_copy_then_keeps(
-    variant: str, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(
+    ("block", "what"),
+    [(WritesItsInput, "writes its own inputs"), (RunningMeanInAParameter, "writes its parameters")],
+    ids=["input", "parameter"],
+)
+def test_a_region_that_writes_its_state_replays_from_a_copy_then_keeps(
+    block: type[nn.Module], what: str, variant: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """NOTE [Inputs written by their region]: the first call of each region copies an input
-    just before its forward writes it, so that call replays right; from then on the
-    region's activations are kept (or offloaded) and one warning says why."""
+    """NOTE [State written by its region]: the first call of each region copies an input
+    or a parameter just before its forward writes it, so that call replays right (a
+    replay used to start from the written input, or read the written parameter and write
+    it again); from then on the region's activations are kept (or offloaded) and one
+    warning says why."""
     sys.modules["offrecomp.runtime"]._warned.clear()  # the package's `runtime` is the function
     torch.manual_seed(0)
-    base = models.Stack([WritesItsInput() for _ in range(3)])
+    base = models.Stack([block() for _ in range(3)])
     batch = lambda s: torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(s))  # noqa: E731
     ref = train(twin(base), batch, steps=4)
     budget = tight_budget(base, batch) if variant == "auto_serve" else None
@@ -347,10 +369,10 @@ def test_a_region_that_writes_its_inputs_replays_from_a_copy_then_keeps(
     steps = rt.report().steps
     assert steps[0].replays == 3  # every first call, from its copy
     assert all(s.replays == 0 and s.recomputed_bytes == 0 for s in steps[1:])
-    warned = [r.getMessage() for r in caplog.records if "writes its own inputs" in r.getMessage()]
+    warned = [r.getMessage() for r in caplog.records if what in r.getMessage()]
     assert len(warned) == 1 and "'blocks.0'" in warned[0]
     if variant == "auto_serve":
-        assert "writes its inputs in place: never recomputed" in rt.explain()
+        assert "writes its inputs or parameters in place: never recomputed" in rt.explain()
 
 
 class NoisyBlock(nn.Module):
