@@ -291,6 +291,7 @@ class Placer:
         call.buffers = None
         call.params = None
         call.generators = None
+        call.training = None
         call.arg_state = None
         call.replayed.clear()
         call.by_ptr.clear()

@@ -55,6 +55,9 @@ class Region:
     """(module, buffer name) of every buffer under the region: a forward may replace a
     buffer by assignment (``self.run = 0.9 * self.run + ...``), so buffers are looked up
     by slot, never held."""
+    modules: tuple[nn.Module, ...] = ()
+    """The region module and every module under it (their ``training`` flags are part of
+    what a call captures)."""
     param_slots: tuple[tuple[nn.Module, str], ...] = ()
     """(module, parameter name) of every parameter under the region: ``functional_call``
     puts other tensors into these slots for one call only (NOTE [Replay and parameters])."""
@@ -77,6 +80,7 @@ class Region:
         adapters injected) or be compiled after the runtime was built (torchtune
         compiles its layers in place)."""
         mods = list(self.module.modules())
+        self.modules = tuple(mods)
         self.slots = tuple((sub, n) for sub in mods for n in sub._buffers.keys())  # noqa: SIM118 (a ScriptModule's buffers iterate by index)
         self.param_slots = tuple((sub, n) for sub in mods for n in sub._parameters.keys())  # noqa: SIM118
         self.in_place = _compiled_in_place(self.module)

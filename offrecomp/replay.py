@@ -8,7 +8,8 @@ The first backward access to a dropped tensor of a region call replays that call
      the region, so dropout draws the same masks; the caller's RNG state is restored
      afterwards, so backward's own randomness is untouched. The same goes for the
      region's own generators (NOTE [Private generators]);
-  3. the autocast state of the forward is re-entered and grad is enabled;
+  3. the autocast state of the forward is re-entered, grad is enabled, and the
+     region's modules are in the train/eval mode the forward saw;
   4. buffers the forward mutated get their entry values for the replay and their
      post-forward values back after it (NOTE [Replay and module state]);
   5. an inner saved-tensor hook pair numbers the saves exactly as the forward did and
@@ -173,6 +174,26 @@ def _param_guard(call: RegionCall) -> ParamGuard | None:
 
 
 @contextlib.contextmanager
+def _training_as_forward(call: RegionCall) -> Iterator[None]:
+    """The replay runs in the train/eval mode of the forward: a ``model.eval()`` between
+    forward and backward (an evaluation forward for logging) turned dropout off in the
+    replay, and code that branches on ``self.training`` took the other branch."""
+    flags = call.training
+    region = call.region
+    if flags is None or region is None or len(flags) != len(region.modules):
+        yield
+        return
+    changed = [(m, m.training) for m, f in zip(region.modules, flags) if m.training != f]
+    for m, now in changed:
+        m.training = not now
+    try:
+        yield
+    finally:
+        for m, now in changed:
+            m.training = now
+
+
+@contextlib.contextmanager
 def _entry_arg_state(call: RegionCall) -> Iterator[None]:
     """NOTE [Stateful arguments]: the replay sees the object arguments as the forward
     saw them; afterwards they are as the replay found them."""
@@ -256,6 +277,7 @@ def replay_call(
                     stack.enter_context(ctx)
             stack.enter_context(_swap_buffers(call))
             stack.enter_context(_swap_params(call))
+            stack.enter_context(_training_as_forward(call))
             stack.enter_context(_entry_arg_state(call))
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, _no_unpack))
             guard = _param_guard(call)

@@ -576,6 +576,7 @@ class Runtime:
         call.autocast = capture_autocast({d.type for d in devices})
         call.buffers = capture_buffers(region.slots)
         call.params = capture_params(region.param_slots)
+        call.training = tuple(m.training for m in region.modules)
         if region.generators:  # NOTE [Private generators]
             call.generators = [(g, g.get_state()) for g in region.generators]
         if cap.objects:  # NOTE [Stateful arguments]

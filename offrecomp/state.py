@@ -168,6 +168,8 @@ class RegionCall:
     rng: RngState | None = None
     autocast: AutocastState | None = None
     buffers: BufferState | None = None
+    training: tuple[bool, ...] | None = None
+    """The ``training`` flag of each of the region's modules at entry."""
     params: ParamState | None = None
     """The tensor in each of the region's parameter slots at entry (NOTE [Replay and
     parameters])."""

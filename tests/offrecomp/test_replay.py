@@ -396,3 +396,31 @@ def test_a_region_drawing_from_its_own_generator_replays_the_same_draws(variant:
     base = models.Stack([NoisyBlock() for _ in range(3)])
     batch = lambda s: torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(s))  # noqa: E731
     check_variant(base, batch, variant)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_replay_runs_in_the_train_mode_of_its_forward(mode: str) -> None:
+    """A ``model.eval()`` between forward and backward (an evaluation forward for
+    logging): the replay still runs in training mode, dropout included; before, it ran
+    in eval mode and diverged (or, with a branch on ``self.training`` that saves the same
+    tensors, computed other values)."""
+
+    def step(m: nn.Module) -> list[torch.Tensor]:
+        torch.manual_seed(5)
+        loss = m(idx)
+        m.eval()
+        with torch.no_grad():
+            m(idx)
+        loss.backward()
+        m.train()
+        return [p.grad.clone() for p in m.parameters()]
+
+    torch.manual_seed(0)
+    base, idx = models.GPT(layers=3, h=32, heads=4, p=0.1), torch.randint(0, 64, (2, 32))
+    ref = step(twin(base))
+    m = twin(base)
+    with offrecomp.runtime(m, mode=mode, min_bytes=0) as rt:
+        got = step(m)
+    assert rt.report().steps[-1].replays > 0
+    for a, b in zip(ref, got):
+        assert torch.equal(a, b)
