@@ -28,17 +28,17 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "ArgState",
+    "ParamState",
     "Region",
     "buffer_of",
-    "ParamState",
+    "capture_autocast",
+    "capture_inputs",
     "capture_params",
+    "compiled_module",
+    "discover_regions",
     "finish_params",
     "modified_params",
     "param_of",
-    "capture_autocast",
-    "capture_inputs",
-    "compiled_module",
-    "discover_regions",
 ]
 
 # Buffers larger than this are not snapshotted at region entry (see NOTE below).
@@ -85,7 +85,7 @@ class Region:
         self.param_slots = tuple((sub, n) for sub in mods for n in sub._parameters.keys())  # noqa: SIM118
         self.in_place = _compiled_in_place(self.module)
         self.compiled_self = _is_compiled(self.module) or self.in_place
-        self.compiled = any(map(compiled_module, self.module.modules()))
+        self.compiled = any(map(compiled_module, mods))
 
     @property
     def buffers(self) -> tuple[torch.Tensor, ...]:

@@ -154,7 +154,9 @@ def _swap_params(call: RegionCall) -> Iterator[None]:
             # written by the forward: the replay writes a fresh copy of the values before
             swapped.append((m, n, now))
             fresh = before.clone(memory_format=torch.preserve_format).requires_grad_(t.requires_grad)
-            m._parameters[n] = nn.Parameter(fresh, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else fresh  # type: ignore[assignment]
+            if isinstance(t, nn.Parameter):
+                fresh = nn.Parameter(fresh, requires_grad=t.requires_grad)
+            m._parameters[n] = fresh  # type: ignore[assignment]
         elif now is not t and type(t) in (torch.Tensor, nn.Parameter):
             swapped.append((m, n, now))
             m._parameters[n] = t  # type: ignore[assignment]  # functional_call puts plain tensors here too
@@ -183,14 +185,14 @@ def _training_as_forward(call: RegionCall) -> Iterator[None]:
     if flags is None or region is None or len(flags) != len(region.modules):
         yield
         return
-    changed = [(m, m.training) for m, f in zip(region.modules, flags) if m.training != f]
-    for m, now in changed:
-        m.training = not now
+    changed = [(m, f) for m, f in zip(region.modules, flags) if m.training != f]
+    for m, f in changed:
+        m.training = f
     try:
         yield
     finally:
-        for m, now in changed:
-            m.training = now
+        for m, f in changed:
+            m.training = not f  # as the replay found it
 
 
 @contextlib.contextmanager

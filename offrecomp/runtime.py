@@ -61,7 +61,7 @@ from offrecomp.regions import (
 from offrecomp.replay import in_replay
 from offrecomp.report import Report, StepRecord
 from offrecomp.state import PassState, RegionCall
-from offrecomp.trace import FirstCallWatch
+from offrecomp.trace import FirstCallWatch, OpRecorder
 from offrecomp.verify import Verifier
 from scheduler.plan import ROOT, Placement, Plan
 
@@ -582,8 +582,6 @@ class Runtime:
         if cap.objects:  # NOTE [Stateful arguments]
             call.arg_state = ArgState.capture(cap.objects)
         if p.recording or call.record:
-            from offrecomp.trace import OpRecorder
-
             cuda_devs = sorted({d.index or 0 for d in devices if d.type == "cuda"})
             call.recorder = OpRecorder(
                 use_cuda_events=bool(cuda_devs),
@@ -677,18 +675,18 @@ class Runtime:
                 region.writes_state = False
             return
         region.writes_state = True
-        if call.params is not None and call.params.unseen:
-            unseen.append(-1)
-        what = "its own inputs" if not params else "its parameters" if not (cap.copied or unseen) else "its own inputs and parameters"
+        inputs = bool(cap.copied or unseen)
+        what = " and ".join(w for w, hit in (("its own inputs", inputs), ("its parameters", params)) if hit)
+        missed = bool(unseen) or (call.params is not None and bool(call.params.unseen))
         _warn_once(
-            "writes-state" if not unseen else f"writes-state-unseen:{region.name}",
+            "writes-state" if not missed else f"writes-state-unseen:{region.name}",
             "offrecomp: region %r (and any other like it) writes %s in place in its forward "
             "(an in-place activation applied to its input first thing; a running average "
             "kept in a frozen parameter); a replay needs them as they were, so its "
             "activations are kept or offloaded from now on, never recomputed. An out-of-place "
             "op, or a buffer for such state, lets offrecomp recompute it.%s",
             region.name, what,
-            "" if not unseen else " This call's replay cannot be done: the write was not seen "
+            "" if not missed else " This call's replay cannot be done: the write was not seen "
             "as it happened (compiled code, a higher-order operator, or a call that writes "
             "when the region's first call did not), so backward raises.",
         )

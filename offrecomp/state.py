@@ -186,7 +186,7 @@ class RegionCall:
     replayed: dict[int, torch.Tensor] = field(default_factory=dict)
     mismatch: bool = False  # structure differs from the planned one
     collective: bool = False  # runs collectives: auto never replays it (NOTE [Collective regions])
-    writes_state: bool = False  # its region writes its inputs: never replayed (NOTE [State written by its region])
+    writes_state: bool = False  # its region writes its inputs or parameters: never replayed (NOTE [State written by its region])
     record: bool = False  # recorded outside a measuring pass (NOTE [Calls the profile lacks])
     watch: FirstCallWatch | None = None  # the region's first call (see FirstCallWatch)
     generators: list[tuple[torch.Generator, torch.Tensor]] | None = None

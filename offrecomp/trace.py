@@ -322,8 +322,8 @@ class FirstCallWatch(_RegionMode):
         gen = kwargs.get("generator")
         if isinstance(gen, torch.Generator) and id(gen) not in self.generators:
             self.generators[id(gen)] = (gen, gen.get_state())
-        if self.by_ptr and not tc.is_higher_order(func) and tc.op_writes_inputs(func):
-            for x in written_tensors(func, args, kwargs):
+        if self.by_ptr:
+            for x in written_tensors(func, args, kwargs):  # none for a higher-order op
                 for holder, i in self.by_ptr.get(int(x.untyped_storage().data_ptr()), ()):
                     holder.keep_copy(i)
         return func(*args, **kwargs)
