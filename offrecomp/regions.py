@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 log = logging.getLogger(__name__)
 
@@ -227,8 +227,11 @@ class _Slot:
 class CapturedInputs:
     """A region call's arguments, tensors held apart (see NOTE [Replay inputs])."""
 
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
+    leaves: list[Any]
+    """``(args, kwargs)`` flattened, a ``_Slot`` in place of each tensor. The structure is
+    rebuilt only with tensors in place: containers whose constructors check their
+    contents (``PackedSequence``) would reject the slots."""
+    spec: TreeSpec
     tensors: list[torch.Tensor | None]
     """Detached alias of every tensor argument in flatten order (None once offloaded)."""
     requires_grad: list[bool]
@@ -282,10 +285,10 @@ def capture_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> CapturedInp
             objects.append(x)
         return x
 
-    cargs = tree_map(grab, args)
-    ckwargs = tree_map(grab, kwargs)
+    flat, spec = tree_flatten((args, kwargs))
+    leaves = [grab(x) for x in flat]
     devices = {t.device for t in tensors if t is not None}
-    return CapturedInputs(cargs, ckwargs, tensors, flags, versions, devices, objects)
+    return CapturedInputs(leaves, spec, tensors, flags, versions, devices, objects)
 
 
 # NOTE [Stateful arguments]
@@ -422,9 +425,8 @@ def replay_arguments(
             return leaf
         return x
 
-    args = tree_map(fresh, cap.args)
-    kwargs = tree_map(fresh, cap.kwargs)
-    return args, kwargs
+    args, kwargs = tree_unflatten([fresh(x) for x in cap.leaves], cap.spec)
+    return tuple(args), kwargs
 
 
 # ------------------------------------------------------------------------ RNG state

@@ -473,6 +473,31 @@ class LSTMBlock(nn.Module):
         return x + y + hn.mean(0)[:, None, :].repeat(1, 1, 2)
 
 
+class PackedBlock(nn.Module):
+    """Takes and returns a ``PackedSequence``, whose constructor checks its fields."""
+
+    def __init__(self, h: int) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(h, h, batch_first=True)
+        self.fc = nn.Linear(h, h)
+
+    def forward(self, p: nn.utils.rnn.PackedSequence) -> nn.utils.rnn.PackedSequence:
+        out, _ = self.rnn(p)
+        return out._replace(data=torch.tanh(self.fc(out.data)) + p.data)
+
+
+class PackedModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([PackedBlock(8) for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = nn.utils.rnn.pack_padded_sequence(x, torch.tensor([7, 5, 3]), batch_first=True)
+        for b in self.blocks:
+            p = b(p)
+        return p.data.pow(2).mean()
+
+
 class ResBlock1d(nn.Module):
     def __init__(self, c: int) -> None:
         super().__init__()
@@ -720,6 +745,7 @@ CASES: dict[str, Case] = {
     "user_checkpoint": Case(stack(lambda: CkptBlock(32)), _randn(2, 8, 32)),
     # CPU GRU: unsafe_chunk siblings; see test_offload_storage_written_after_its_first_save
     "gru_lstm": Case(lambda: Stack([GRUBlock(16), LSTMBlock(16), GRUBlock(16), LSTMBlock(16)]), _randn(2, 7, 16)),
+    "packed_sequence": Case(PackedModel, _randn(3, 7, 8)),
     "conv1d_groupnorm": Case(Conv1dModel, _randn(3, 4, 24)),
     "encoder_decoder": Case(Seq2Seq, _seq2seq_batch, regions=[EncBlock, DecBlock]),
     "dropout_layerdrop": Case(DropModel, _randn(3, 6, 32), stable=False),
