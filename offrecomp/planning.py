@@ -706,14 +706,16 @@ class Planner:
                 for p in passes:
                     self._learn_replay_cost(p)
                 rec.replay_op_us = 1e6 * self.replay_op_seconds
+                for p in passes:
+                    # each pass by its own signature: micro-batches of other lengths in
+                    # one step are other signatures, with other times
+                    pe = self.entries.get(p.signature)
+                    note = self._learn(pe, p) if pe is not None else None
+                    if note is not None:
+                        rec.notes.append(note)
                 entry = self.entries.get(first.signature)
-                if entry is not None:
-                    for p in passes:
-                        note = self._learn(entry, p)
-                        if note is not None:
-                            rec.notes.append(note)
-                    if first.planned and rec.predicted_step_seconds:
-                        self._check_drift(entry, rec)
+                if entry is not None and first.planned and rec.predicted_step_seconds:
+                    self._check_drift(entry, rec)
             done.append(rec)
         return done
 

@@ -12,7 +12,7 @@ import offrecomp
 from offrecomp.measure import Mark
 from offrecomp.state import PassState
 from scheduler import Placement, Plan, predict
-from tests.helpers import make, train, train_bitwise, twin
+from tests.helpers import assert_bitwise, make, train, train_bitwise, twin
 
 
 def _runtime(model: object, **kw: object) -> offrecomp.Runtime:
@@ -355,3 +355,29 @@ def test_jagged_batches_of_the_same_size_share_a_signature() -> None:
     steps = rt.report().steps
     assert len({s.signature for s in steps}) == 1, [s.signature for s in steps]
     assert [s.phase for s in steps] == ["measure", "calibrate", "planned", "planned"]
+
+
+def _two_lengths(s: int) -> torch.Tensor:
+    """Micro-batch 0 of each step has 24 tokens, micro-batch 1 has 12 (train(): 10*step + micro)."""
+    return torch.randint(0, 64, (2, 24 if s % 10 == 0 else 12), generator=torch.Generator().manual_seed(s))
+
+
+def test_each_pass_of_a_step_is_learnt_by_its_own_signature() -> None:
+    """Gradient accumulation over micro-batches of two lengths: two signatures in every
+    step. Each pass's times go to its own signature's cost model, so both calibrate once
+    and plan; before, every pass of a step was learnt into the first pass's signature
+    (whose model then mixed both lengths' times), and the second signature calibrated (a
+    full recompute) at every step."""
+    torch.manual_seed(0)
+    model = make("gpt_dropout")[0]
+    ref = train(twin(model), _two_lengths, steps=6, accumulate=2)
+    m = twin(model)
+    rt = _runtime(m, budget="50%")
+    assert_bitwise(ref, train(m, _two_lengths, rt, steps=6, accumulate=2))
+    entries = rt._planner.entries
+    assert sorted(entries) == ["train|(2, 12):int64:cpu", "train|(2, 24):int64:cpu"]
+    for sig, e in entries.items():
+        assert e.calibrated and e.plan is not None, sig
+        # one sample per pass of this signature since its calibration (steps 1-5)
+        assert e.cost is not None and 1 <= e.cost.samples <= 5, (sig, e.cost and e.cost.samples)
+    assert [s.phase for s in rt.report().steps][-3:] == ["planned"] * 3
