@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -72,6 +72,9 @@ __all__ = ["Runtime", "runtime"]
 KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
 
 _MAX_PROVISIONAL = 16  # passes without an optimizer step before every pass counts as a step
+#: Step records ``report()`` holds (the most recent; about 2 KB each). A run of a million
+#: steps would otherwise hold gigabytes of host memory; OFFRECOMP_REPORT writes every step.
+REPORT_MAX_STEPS = 10_000
 
 _active_lock = threading.Lock()
 _active: Runtime | None = None
@@ -155,7 +158,8 @@ class Runtime:
         self._pass: PassState | None = None
         self._passes = 0
         self._step_passes: list[PassState] = []
-        self._steps: list[StepRecord] = []
+        self._steps: deque[StepRecord] = deque(maxlen=REPORT_MAX_STEPS)
+        self._step_count = 0  # steps recorded (the next record's number)
         self._saw_optimizer = False
         self._stepped_in_backward = False  # an optimizer stepped inside the running backward
         self._no_optimizer = False
@@ -195,7 +199,8 @@ class Runtime:
         return self._entered and self.config.active
 
     def report(self) -> Report:
-        """Per-step statistics so far (a completed step appears once it has ended).
+        """Per-step statistics so far (a completed step appears once it has ended): the
+        last ``REPORT_MAX_STEPS`` (10,000) steps; ``OFFRECOMP_REPORT`` writes every step.
 
         Waits for the device times of finished steps (a host sync on GPU)."""
         with self._lock:
@@ -862,6 +867,7 @@ class Runtime:
             merged: list[PassState] = []
             for rec, passes in self._provisional:
                 self._steps.remove(rec)
+                self._step_count -= 1
                 self._planner.discard(rec)
                 merged += passes
             self._provisional = []
@@ -875,7 +881,14 @@ class Runtime:
         passes, self._step_passes = self._step_passes, []
         if not passes:
             return
-        rec = self._planner.step_record(len(self._steps), passes)
+        rec = self._planner.step_record(self._step_count, passes)
+        self._step_count += 1
+        if self._step_count == REPORT_MAX_STEPS + 1:
+            log.info(
+                "offrecomp: the report holds the last %d steps; older ones leave it from now "
+                "on (OFFRECOMP_REPORT=path writes every step)",
+                REPORT_MAX_STEPS,
+            )
         self._steps.append(rec)
         if provisional:
             self._provisional.append((rec, passes))

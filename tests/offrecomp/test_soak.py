@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from pathlib import Path
 
 import psutil
 import pytest
@@ -130,3 +131,25 @@ def test_pinned_allocation_failure_falls_back(monkeypatch: pytest.MonkeyPatch) -
     assert_bitwise(ref, got)
     assert rt.report().steps[0].offloaded_bytes == 0
     assert sum(rt.report().steps[0].fallbacks.values()) > 0
+
+
+def test_the_report_holds_the_most_recent_steps(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A long run keeps a bounded number of step records in memory (each about 2 KB: a
+    million steps held gigabytes); the report file still gets every step."""
+    import importlib
+    import json
+
+    rtmod = importlib.import_module("offrecomp.runtime")
+    monkeypatch.setattr(rtmod, "REPORT_MAX_STEPS", 5)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "steps.jsonl"
+    with offrecomp.runtime(model, mode="keep", report_path=str(path)) as rt:
+        for _ in range(12):
+            model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    steps = rt.report().steps
+    assert [s.step for s in steps] == list(range(7, 12))
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [d["step"] for d in lines] == list(range(12))
