@@ -107,6 +107,10 @@ class PlanEntry:
     """What the runtime knows about one signature."""
 
     signature: str
+    family: str = ""
+    """The signature without sizes (NOTE [Borrowed plans])."""
+    dims: tuple[int, ...] = ()
+    """The sizes of the signature's input tensors."""
     structures: dict[tuple[str, int], RegionStructure] = field(default_factory=dict)
     profile: Profile | None = None
     plan: Plan | None = None
@@ -139,6 +143,7 @@ class Planner:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.entries: OrderedDict[str, PlanEntry] = OrderedDict()
+        self.sightings: OrderedDict[str, int] = OrderedDict()  # NOTE [Borrowed plans]
         self.last_entry: PlanEntry | None = None
         self.opaque_regions: set[str] = set()  # regions whose recording proved untrustworthy
         self.collective_regions: set[str] = set()  # regions seen running collectives
@@ -165,7 +170,16 @@ class Planner:
             p.phase = "user-plan" if user is not None else cfg.mode
             p.plan_id = user.plan_id if user is not None else ""
             return
-        entry = self._entry(p.signature)
+        p.plan_signature = p.signature
+        if user is None and p.signature not in self.entries:
+            donor = self._donor(p)
+            if donor is not None and donor.plan is not None:
+                p.planned = True
+                p.phase = "borrowed"
+                p.plan_signature = donor.signature
+                p.plan_id = donor.plan.plan_id
+                return
+        entry = self._entry(p.signature, p)
         if entry.needs_measure or entry.profile is None:
             p.recording = True
             p.phase = "measure"
@@ -194,10 +208,58 @@ class Planner:
         """The user's plan when one is set, else the solver's."""
         return self.rt._user_plan if self.rt._user_plan is not None else entry.plan
 
-    def _entry(self, signature: str) -> PlanEntry:
+    # NOTE [Borrowed plans]
+    # Batches padded to their longest sequence (dynamic padding, a smaller last batch)
+    # give a new signature at almost every step. Measuring each (a full recompute under
+    # the op recorder) and calibrating it would keep auto at measuring speed for good,
+    # slower than plain full recompute. A new signature whose family (the signature
+    # without sizes) has a profiled signature at least as large in every input dimension
+    # runs that donor's plan instead: the same code saves the same storages, in the same
+    # order, each no larger than the donor's, so the donor's peak bounds this pass's.
+    # Each storage is checked against the donor's size; a larger one (code whose saves
+    # depend on the shape) drops the rest of its call's activations, and the signature
+    # measures its own profile at its next pass. Replays run plainly: the donor's op
+    # recording is another shape's. A signature seen before measures its own profile
+    # while the plan cache has room (bucketed lengths get their own plans); otherwise
+    # it borrows. A donor without a plan yet (measured, not calibrated) is solved from
+    # its measured profile. Borrowed passes teach no cost model and predict nothing.
+    SIGHTINGS = 256  # new signatures remembered for the "seen before" rule
+
+    def _donor(self, p: PassState) -> PlanEntry | None:
+        """The profiled signature whose plan ``p`` may run (NOTE [Borrowed plans])."""
+        if not p.family or not p.dims:
+            return None
+        seen = self.sightings.pop(p.signature, 0)
+        self.sightings[p.signature] = seen + 1
+        while len(self.sightings) > self.SIGHTINGS:
+            self.sightings.popitem(last=False)
+        if seen and len(self.entries) < self.rt.config.plan_cache_size:
+            return None  # seen before, and room for a plan of its own
+        best: PlanEntry | None = None
+        for e in self.entries.values():
+            if (
+                e.family != p.family
+                or len(e.dims) != len(p.dims)
+                or e.profile is None
+                or e.needs_measure
+                or any(a < b for a, b in zip(e.dims, p.dims))
+            ):
+                continue
+            if best is None or sum(e.dims) < sum(best.dims):
+                best = e
+        if best is None:
+            return None
+        if best.plan is None or best.needs_solve:
+            self._solve(best)
+        self.entries.move_to_end(best.signature)  # a donor in use stays cached
+        return best
+
+    def _entry(self, signature: str, p: PassState | None = None) -> PlanEntry:
         entry = self.entries.get(signature)
         if entry is None:
             entry = PlanEntry(signature)
+            if p is not None:
+                entry.family, entry.dims = p.family, p.dims
             self.entries[signature] = entry
             while len(self.entries) > self.rt.config.plan_cache_size:
                 old, _ = self.entries.popitem(last=False)
@@ -219,7 +281,7 @@ class Planner:
             return
         if not p.planned:
             return
-        entry = self.entries.get(p.signature)
+        entry = self.entries.get(p.plan_signature or p.signature)
         plan = self.active_plan(entry) if entry is not None else None
         if entry is None or plan is None:
             return
@@ -228,6 +290,18 @@ class Planner:
             call.placements = [plan.placement((ROOT, 0, i)) for i in range(n)]
             return
         structure = entry.structures.get(call.key)
+        if p.phase == "borrowed":
+            # NOTE [Borrowed plans]: the donor's placements, checked against its sizes;
+            # no structure, so replays run plainly (the recording is another shape's).
+            # A call the donor lacks drops its activations (the measuring pass's rule).
+            if structure is not None:
+                recs = structure.storage_records
+                call.borrowed_sizes = [r.nbytes for r in recs]
+                call.placements = [
+                    KEEP if r.kind == "external" else plan.placement((call.name, call.call_index, i))
+                    for i, r in enumerate(recs)
+                ]
+            return
         if structure is None:
             self._record_unprofiled(p, call)
             return
@@ -279,7 +353,22 @@ class Planner:
 
     def _placement(self, p: PassState, call: RegionCall, index: int, nbytes: int, kind: str) -> Placement:
         placements = call.placements
-        if placements is not None:
+        sizes = call.borrowed_sizes
+        if sizes is not None and placements is not None and not call.mismatch:
+            if index < len(sizes) and nbytes <= sizes[index]:
+                return placements[index]
+            # NOTE [Borrowed plans]: larger than the donor's: its plan does not bound
+            # this call. Drop the rest (below); the signature measures its own next time.
+            call.mismatch = True
+            if p.signature not in self.entries:
+                self._entry(p.signature, p)
+            log.info(
+                "offrecomp: region %r call %d saves storage %d larger than in the plan of "
+                "signature %s that this pass borrowed; dropping its activations this pass, "
+                "measuring signature %s next time",
+                call.name, call.call_index, index, p.plan_signature, p.signature,
+            )
+        elif placements is not None and sizes is None:
             structure = call.structure
             ok = index < len(placements)
             if ok and structure is not None:
@@ -383,7 +472,7 @@ class Planner:
     def _plan_from(self, p: PassState) -> None:
         rt = self.rt
         clock = rt._clock
-        entry = self._entry(p.signature)
+        entry = self._entry(p.signature, p)
         regions: list[RegionRecord] = []
         structures: dict[tuple[str, int], RegionStructure] = {}
         replay_by_ordinal: dict[int, tuple[Any, Any]] = {}
@@ -602,6 +691,13 @@ class Planner:
             return
         entry = self.entries.get(p.signature)
         if entry is None:
+            if p.phase == "borrowed":  # NOTE [Borrowed plans]: its own profile from now on
+                self._entry(p.signature, p)
+                log.warning(
+                    "offrecomp: device out of memory in a pass of signature %s that ran the "
+                    "plan of %s; it measures its own profile next time",
+                    p.signature, p.plan_signature,
+                )
             return
         entry.budget_scale *= 0.7
         entry.needs_solve = entry.profile is not None

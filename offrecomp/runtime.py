@@ -173,6 +173,8 @@ class Runtime:
         self._closing = False  # free the pool once nothing needs it (see NOTE [Pool lifetime])
         self._engine_tickets = 0
         self._signature: str | None = None
+        self._family = ""  # the next pass's signature without sizes (NOTE [Borrowed plans])
+        self._dims: tuple[int, ...] = ()
         self._recording = False  # an op recorder is active (measuring pass, inside a region)
         self._report_file: Any = None
         self._lock = threading.RLock()
@@ -430,7 +432,7 @@ class Runtime:
             ):
                 if (compiling or _is_compiled(module)) and rt._regions:
                     _warn_compiled(", ".join(r.name for r in rt._regions))
-                rt._signature = _signature_of(args, kwargs, module.training)
+                rt._signature, rt._family, rt._dims = _signature_of(args, kwargs, module.training)
                 return rt._forward_activity()
             return None
 
@@ -794,8 +796,10 @@ class Runtime:
 
     def _begin_pass(self) -> PassState:
         sig = self._signature or "unknown"
-        self._signature = None
         p = PassState(index=self._passes, signature=sig, mode=self.config.mode)
+        if self._signature is not None:
+            p.family, p.dims = self._family, self._dims
+        self._signature, self._family, self._dims = None, "", ()
         self._passes += 1
         self._planner.begin_pass(p)
         p.start_time = time.perf_counter()
@@ -1056,21 +1060,31 @@ def _first_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device
     return None
 
 
-def _signature_of(args: tuple[Any, ...], kwargs: dict[str, Any], training: bool) -> str:
+def _signature_of(
+    args: tuple[Any, ...], kwargs: dict[str, Any], training: bool
+) -> tuple[str, str, tuple[int, ...]]:
+    """The pass's signature, its family (the signature without sizes) and its sizes."""
     from torch.utils._pytree import tree_flatten
 
     leaves, _ = tree_flatten((args, kwargs))
-    parts = []
+    parts, kinds = [], []
+    dims: list[int] = []
     for x in leaves:
         if isinstance(x, torch.Tensor):
             if x.is_nested and x.layout == torch.jagged:
                 # the ragged dimension is a symbol new to every nested tensor built: the
                 # components and the packed values decide the memory instead
+                sizes = (int(x.size(0)), *x.values().shape)
                 shape = f"{x.size(0)}x{tuple(x.values().shape)}"
             else:
-                shape = str(tuple(x.shape))
-            parts.append(f"{shape}:{str(x.dtype).replace('torch.', '')}:{x.device.type}")
-    return ("train|" if training else "eval|") + ",".join(parts)
+                sizes = tuple(x.shape)
+                shape = str(sizes)
+            kind = f"{str(x.dtype).replace('torch.', '')}:{x.device.type}"
+            parts.append(f"{shape}:{kind}")
+            kinds.append(f"{'n' if x.is_nested else ''}{len(sizes)}:{kind}")
+            dims += [int(d) for d in sizes]
+    mode = "train|" if training else "eval|"
+    return mode + ",".join(parts), mode + ",".join(kinds), tuple(dims)
 
 
 _warned: set[str] = set()

@@ -185,6 +185,7 @@ class RegionCall:
     dropped: dict[int, weakref.ref[SavedHandle]] = field(default_factory=dict)
     replayed: dict[int, torch.Tensor] = field(default_factory=dict)
     mismatch: bool = False  # structure differs from the planned one
+    borrowed_sizes: list[int] | None = None  # NOTE [Borrowed plans]: the donor's storage sizes
     collective: bool = False  # runs collectives: auto never replays it (NOTE [Collective regions])
     writes_state: bool = False  # its region writes its inputs or parameters: never replayed (NOTE [State written by its region])
     record: bool = False  # recorded outside a measuring pass (NOTE [Calls the profile lacks])
@@ -262,6 +263,12 @@ class PassState:
     the signature's profile again (NOTE [Calls the profile lacks])."""
     phase: str = ""
     plan_id: str = ""
+    family: str = ""
+    """The signature without its sizes: passes of one family differ only in tensor sizes."""
+    dims: tuple[int, ...] = ()
+    """Every input tensor's sizes, in signature order (NOTE [Borrowed plans])."""
+    plan_signature: str = ""
+    """The signature whose plan this pass runs: its own, or a borrowed one's."""
     calls: list[RegionCall] = field(default_factory=list)
     call_counts: dict[str, int] = field(default_factory=dict)
     root: RegionCall | None = None

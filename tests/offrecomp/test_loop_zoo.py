@@ -281,17 +281,28 @@ def test_variable_length_per_step(variant: str) -> None:
     if variant.startswith("auto"):
         by_sig = _phases_by_signature(rt)
         assert len(by_sig) == 4
-        for sig, phases in by_sig.items():
-            if len(phases) > 1:
-                assert phases[:3] == ["measure", "calibrate", "planned"] and phases[-1] == "planned", (sig, phases)
+        # NOTE [Borrowed plans]: 32 comes first and measures; 16, 24 and the smaller
+        # last batch first run its plan, and a length seen again measures its own (the
+        # plan cache has room)
+        assert by_sig["train|(2, 32):int64:cpu"] == ["measure", "calibrate", "planned", "planned"]
+        for n in (16, 24):
+            phases = by_sig[f"train|(2, {n}):int64:cpu"]
+            assert phases == ["borrowed", "measure", "calibrate", "planned"], (n, phases)
+        assert by_sig["train|(1, 8):int64:cpu"] == ["borrowed"]
 
 
-# plan_cache_size=2: 40 and 32 get plans, 16 and 24 evict them, then 40 and 32 are back
-EVICT = [40, 32] * 3 + [16, 24] + [40, 32] * 3
+# plan_cache_size=2, shapes (batch, length) none of which covers another (NOTE [Borrowed
+# plans]): (1, 40) and (4, 10) get plans, (2, 20) and (3, 15) evict them, then (1, 40)
+# and (4, 10) are back and measure again
+EVICT = [(1, 40), (4, 10)] * 3 + [(2, 20), (3, 15)] + [(1, 40), (4, 10)] * 3
 
 
 def loop_evict(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
-    return loop_variable_length(model, rt, EVICT, last_batch=2)
+    def step(i: int, out: list[Snap]) -> None:
+        b, t = EVICT[i]
+        _forward_backward(model, _tokens(i, t, b), out)
+
+    return _sgd_loop(model, rt, len(EVICT), step)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -302,9 +313,31 @@ def test_more_signatures_than_the_plan_cache(variant: str) -> None:
         assert len(by_sig) == 4
         for sig, phases in by_sig.items():
             if len(phases) == 1:
-                assert phases == ["measure"], (sig, phases)  # 16 and 24
-            else:  # 40 and 32: planned, evicted, measured and planned again
+                assert phases == ["measure"], (sig, phases)  # (2, 20) and (3, 15)
+            else:  # planned, evicted, measured and planned again
                 assert phases == ["measure", "calibrate", "planned"] * 2, (sig, phases)
+
+
+def test_a_covered_signature_borrows_when_the_plan_cache_is_full() -> None:
+    """NOTE [Borrowed plans]: with no room for a plan of its own, a signature seen
+    before keeps running the plan of a larger one of its family."""
+    def loop(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+        lengths = [40, 32, 40, 32, 40, 16, 16, 16]
+
+        def step(i: int, out: list[Snap]) -> None:
+            _forward_backward(model, _tokens(i, lengths[i]), out)
+
+        return _sgd_loop(model, rt, len(lengths), step)
+
+    rt = _run("borrow_full", loop, "auto_tight", plan_cache_size=2)
+    by_sig = _phases_by_signature(rt)
+    assert by_sig["train|(2, 16):int64:cpu"] == ["borrowed"] * 3
+    assert by_sig["train|(2, 40):int64:cpu"] == ["measure", "calibrate", "planned"]
+    assert len(rt._planner.entries) == 2
+    steps = rt.report().steps
+    budget = next(s.budget_bytes for s in steps if s.phase == "planned")
+    assert all(s.peak_activation_bytes <= budget for s in steps if s.phase == "borrowed")
+    assert any(s.recomputed_bytes > 0 for s in steps if s.phase == "borrowed")
 
 
 def loop_accumulate_mixed_lengths(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:

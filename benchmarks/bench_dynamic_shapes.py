@@ -1,0 +1,196 @@
+"""Dynamic padding: a new input shape at almost every step.
+
+Fine-tuning pads each batch to its own longest sequence, so the input shape, and with it
+offrecomp's plan signature, changes from step to step. This benchmark trains a GPT-style
+model on one fixed sequence of batches of random lengths (and a smaller batch now and
+then) under each strategy, and prints per strategy the total and median step time, the
+ratio to full recompute, the largest activation peak by the runtime's books against
+auto's budget, and auto's phases (``borrowed``: the pass ran the plan of a larger
+signature of its family, NOTE [Borrowed plans] in ``offrecomp/planning.py``).
+
+Each strategy trains its own copy of the model from the same weights. The strategies
+run in rounds, in alternating order; a round of auto starts from a fresh runtime, so
+its measuring and calibration passes are in every round, as in a real run of this
+length.
+
+    python benchmarks/bench_dynamic_shapes.py                   # CPU, about a minute
+    python benchmarks/bench_dynamic_shapes.py --device cuda --hidden 1024 --layers 16 \\
+        --min-seq 1024 --max-seq 8192 --steps 60 --bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import copy
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import offrecomp
+from benchmarks.long_seq.models import GPT, ModelSpec, build_model
+from offrecomp.config import format_bytes
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def batches(spec: ModelSpec, args: argparse.Namespace, device: torch.device) -> list[Batch]:
+    """The fixed sequence of (idx, targets): random lengths, a smaller batch every 7th step."""
+    rng = random.Random(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    out = []
+    for i in range(args.steps):
+        seq = rng.randint(args.min_seq, args.max_seq)
+        b = max(1, args.batch - 1) if i % 7 == 6 else args.batch
+        tokens = torch.randint(0, spec.vocab, (b, seq + 1), generator=gen).to(device)
+        out.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def block_checkpoint(model: GPT) -> Iterator[None]:
+    """torch.utils.checkpoint around every block (non-reentrant), the usual way."""
+    def run(blocks: Any, x: torch.Tensor) -> torch.Tensor:
+        for blk in blocks:
+            x = checkpoint(blk, x, use_reentrant=False)
+        return x
+
+    model.run_blocks = run
+    try:
+        yield
+    finally:
+        model.run_blocks = None
+
+
+def train(
+    model: GPT, data: list[Batch], ctx: Any, device: torch.device, bf16: bool
+) -> list[float]:
+    """One pass over ``data`` inside ``ctx``; the step times."""
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    amp = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    times = []
+    with ctx:
+        for idx, tgt in data:
+            _sync(device)
+            t0 = time.perf_counter()
+            with amp:
+                loss = model(idx, tgt)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--min-seq", type=int, default=16)
+    ap.add_argument("--max-seq", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=80)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--budget-fraction", type=float, default=0.5,
+                    help="auto's budget as a fraction of keep's activation peak at the longest batch")
+    ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", help="write the results as JSON here")
+    args = ap.parse_args(argv)
+    if not 1 <= args.min_seq <= args.max_seq:
+        ap.error(f"--min-seq {args.min_seq} / --max-seq {args.max_seq}: need 1 <= min <= max")
+    if args.steps < 1 or args.rounds < 1:
+        ap.error("--steps and --rounds must be >= 1")
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # tiny ops: intra-op threads only add barrier waits
+    spec = ModelSpec(n_layers=args.layers, hidden=args.hidden, n_heads=args.heads,
+                     max_seq=args.max_seq, dropout=0.0)
+    torch.manual_seed(args.seed)
+    base = build_model(spec, device)
+    data = batches(spec, args, device)
+
+    # auto's budget: a share of keep's activation peak on the longest, fullest batch
+    longest = max(range(len(data)), key=lambda i: data[i][0].numel())
+    probe = copy.deepcopy(base)
+    keep_rt = offrecomp.runtime(probe, mode="keep")
+    train(probe, [data[longest]], keep_rt, device, args.bf16)
+    keep_peak = keep_rt.report().steps[0].peak_activation_bytes
+    budget = int(keep_peak * args.budget_fraction)
+    del probe, keep_rt
+
+    strategies: dict[str, Callable[[GPT], tuple[Any, offrecomp.Runtime | None]]] = {
+        "plain": lambda m: (contextlib.nullcontext(), None),
+        "ckpt_block": lambda m: (block_checkpoint(m), None),
+        "recompute": lambda m: (lambda rt: (rt, rt))(offrecomp.runtime(m, mode="recompute")),
+        "auto": lambda m: (lambda rt: (rt, rt))(offrecomp.runtime(m, mode="auto", budget=budget)),
+    }
+    totals: dict[str, list[float]] = collections.defaultdict(list)
+    medians: dict[str, list[float]] = collections.defaultdict(list)
+    peaks: dict[str, int] = {}
+    phases: dict[str, int] = {}
+    names = list(strategies)
+    for r in range(args.rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            model = copy.deepcopy(base)
+            ctx, rt = strategies[name](model)
+            times = train(model, data, ctx, device, args.bf16)
+            totals[name].append(sum(times))
+            medians[name].append(statistics.median(times))
+            if rt is not None:
+                steps = rt.report().steps
+                peaks[name] = max(s.peak_activation_bytes for s in steps)
+                if name == "auto":
+                    phases = dict(collections.Counter(s.phase for s in steps))
+            print(f"round {r + 1}/{args.rounds}: {name} {sum(times):.2f}s", file=sys.stderr)
+
+    ref = statistics.median(totals["recompute"])
+    lens = [int(x.shape[1]) for x, _ in data]
+    print(f"GPT {args.layers}x{args.hidden}, {args.steps} batches of {args.min_seq}-{args.max_seq} "
+          f"tokens ({len(set(lens))} lengths; batch {args.batch}, every 7th {max(1, args.batch - 1)}), "
+          f"device {device.type}, torch {torch.__version__}, {args.rounds} rounds")
+    print(f"keep's activation peak on the longest batch {format_bytes(keep_peak)}; "
+          f"auto budget {format_bytes(budget)} ({args.budget_fraction:.0%})")
+    print(f"{'strategy':<12}{'total s':>9}{'step ms':>9}{'/recomp':>9}{'peak act':>12}")
+    print("-" * 51)
+    rows = {}
+    for name in names:
+        tot = statistics.median(totals[name])
+        med = statistics.median(medians[name])
+        peak = peaks.get(name)
+        rows[name] = {"total_seconds": tot, "median_step_seconds": med, "vs_recompute": tot / ref,
+                      "peak_activation_bytes": peak}
+        print(f"{name:<12}{tot:>9.2f}{1e3 * med:>9.1f}{tot / ref:>9.3f}"
+              f"{format_bytes(peak) if peak is not None else '-':>12}")
+    print("auto phases: " + ", ".join(f"{k} {v}" for k, v in sorted(phases.items())))
+    within = peaks["auto"] <= budget * 1.05
+    print(f"check auto_peak_within_budget_x1.05: {'PASS' if within else 'FAIL'}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({
+            "args": vars(args), "budget_bytes": budget, "keep_peak_bytes": keep_peak,
+            "strategies": rows, "auto_phases": phases, "torch": torch.__version__,
+        }, indent=2))
+    return 0 if within else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
