@@ -91,3 +91,40 @@ def test_hf_gradient_checkpointing_is_named(caplog: pytest.LogCaptureFixture) ->
         model(_batch(0)).backward()
     msgs = [r.getMessage() for r in caplog.records if "owns their activations" in r.getMessage()]
     assert len(msgs) == 1 and "m.model.layers.0" in msgs[0], msgs
+
+
+class PaddedLM(nn.Module):
+    """Batches padded to their own longest sequence, with the attention mask a collator
+    gives (dynamic padding): a new input shape at most steps."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.m = model
+
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        ids, mask = batch
+        return self.m(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+
+
+_LENGTHS = [12, 7, 10, 12, 5, 9, 11, 8]
+
+
+def _padded_batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(2000 + seed)
+    t = _LENGTHS[(seed // 10) % len(_LENGTHS)]  # train(): 10 * step
+    ids = torch.randint(1, VOCAB, (2, t), generator=g)
+    mask = torch.ones(2, t, dtype=torch.long)
+    mask[1, t - t // 3:] = 0  # the second sequence is shorter: right padding
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+@pytest.mark.parametrize("variant", ["auto", "auto_tight"])
+def test_hf_llama_with_dynamic_padding_borrows_plans(variant: str) -> None:
+    """NOTE [Borrowed plans]: the shorter batches run the plan of the longest one seen,
+    bitwise equal to the plain run."""
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    torch.manual_seed(0)
+    rt, _ = check_variant(PaddedLM(_llama().m).train(), _padded_batch, variant, steps=len(_LENGTHS))
+    phases = [s.phase for s in rt.report().steps]
+    assert phases[0] == "measure" and phases[1] == "borrowed", phases
+    assert phases.count("measure") == 1, phases  # the first batch is the longest
