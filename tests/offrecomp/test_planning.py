@@ -381,3 +381,55 @@ def test_each_pass_of_a_step_is_learnt_by_its_own_signature() -> None:
         # one sample per pass of this signature since its calibration (steps 1-5)
         assert e.cost is not None and 1 <= e.cost.samples <= 5, (sig, e.cost and e.cost.samples)
     assert [s.phase for s in rt.report().steps][-3:] == ["planned"] * 3
+
+
+class _PadShortBlock(torch.nn.Module):
+    """Saves a larger activation for shorter inputs (pads them to 32 positions first),
+    with the same storages in the same order either way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 64)
+        self.out = torch.nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        y = torch.nn.functional.pad(x, (0, 0, 0, 32 - t)) if t < 12 else x * 1.0
+        return x + self.out(torch.tanh(self.fc(y)))[:, :t]
+
+
+class _PadShortModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_PadShortBlock() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x.pow(2).mean()
+
+
+def _pad_short_batch(s: int) -> torch.Tensor:
+    t = [16, 8, 8, 16][(s // 10) % 4]
+    return torch.randn(2, t, 16, generator=torch.Generator().manual_seed(s))
+
+
+def test_a_borrowed_plan_that_does_not_bound_a_storage_measures_next_time(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """NOTE [Borrowed plans]: code whose saves depend on the shape (here: shorter inputs
+    are padded to 32 positions) can save more than the donor at the same index. That
+    call drops its activations, and the signature measures its own profile next time
+    (with a plan cache of one: otherwise it would borrow again)."""
+    torch.manual_seed(0)
+    model = _PadShortModel()
+    ref = train(twin(model), _pad_short_batch, steps=4)
+    m = twin(model)
+    rt = _runtime(m, budget=10_000_000, plan_cache_size=1)
+    with caplog.at_level(logging.INFO, logger="offrecomp"):
+        assert_bitwise(ref, train(m, _pad_short_batch, rt, steps=4))
+    assert "region 'blocks.0' call 0 saves storage" in caplog.text
+    phases = [s.phase for s in rt.report().steps]
+    assert phases == ["measure", "borrowed", "measure", "measure"], phases
+    borrowed = rt.report().steps[1]
+    assert borrowed.recomputed_bytes > 0  # the call that outgrew the donor dropped
