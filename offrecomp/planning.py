@@ -349,6 +349,8 @@ class Planner:
         pl = self._placement(p, call, index, nbytes, kind)
         if pl == RECOMPUTE and call.writes_state:
             return KEEP  # NOTE [State written by its region]: no replay can start right
+        if pl == RECOMPUTE and call.collective and self.rt.config.mode == "auto":
+            return KEEP  # NOTE [Collective regions]: whatever plan (a borrowed one too) says
         return pl
 
     def _placement(self, p: PassState, call: RegionCall, index: int, nbytes: int, kind: str) -> Placement:
