@@ -24,10 +24,12 @@ class StepRecord:
     mode: str = ""
     """Configured mode."""
     phase: str = ""
-    """``measure`` (first pass of a signature: full recompute while timing), ``planned``,
-    or the forced mode."""
+    """``measure`` (first pass of a signature: full recompute while timing),
+    ``calibrate`` (the second: full recompute, untraced, to fit the times), ``planned``,
+    ``borrowed`` (the plan of a larger signature of the same family, NOTE [Borrowed
+    plans]), ``user-plan`` (``rt.set_plan``), or the forced mode."""
     plan_id: str = ""
-    """Id of the plan used (empty for forced modes)."""
+    """Id of the plan used (empty for forced modes; a borrowed plan's own id)."""
     backend: str = ""
     """Offload backend (``cuda``, ``emulated``) when anything was offloaded."""
     peak_activation_bytes: int = 0
