@@ -51,7 +51,10 @@ def batches(spec: ModelSpec, args: argparse.Namespace, device: torch.device) -> 
     gen = torch.Generator().manual_seed(args.seed)
     out = []
     for i in range(args.steps):
-        seq = rng.randint(args.min_seq, args.max_seq)
+        if args.order == "growing":  # sequence-length warmup: min to max, step by step
+            seq = args.min_seq + (args.max_seq - args.min_seq) * i // max(1, args.steps - 1)
+        else:
+            seq = rng.randint(args.min_seq, args.max_seq)
         b = max(1, args.batch - 1) if i % 7 == 6 else args.batch
         tokens = torch.randint(0, spec.vocab, (b, seq + 1), generator=gen).to(device)
         out.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
@@ -109,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-seq", type=int, default=16)
     ap.add_argument("--max-seq", type=int, default=128)
     ap.add_argument("--steps", type=int, default=80)
+    ap.add_argument("--order", choices=["random", "growing"], default="random",
+                    help="random lengths (dynamic padding) or growing ones (sequence-length warmup)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--budget-fraction", type=float, default=0.5,
                     help="auto's budget as a fraction of keep's activation peak at the longest batch")
@@ -166,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     ref = statistics.median(totals["recompute"])
     lens = [int(x.shape[1]) for x, _ in data]
     print(f"GPT {args.layers}x{args.hidden}, {args.steps} batches of {args.min_seq}-{args.max_seq} "
-          f"tokens ({len(set(lens))} lengths; batch {args.batch}, every 7th {max(1, args.batch - 1)}), "
+          f"tokens ({args.order}, {len(set(lens))} lengths; batch {args.batch}, every 7th "
+          f"{max(1, args.batch - 1)}), "
           f"device {device.type}, torch {torch.__version__}, {args.rounds} rounds")
     print(f"keep's activation peak on the longest batch {format_bytes(keep_peak)}; "
           f"auto budget {format_bytes(budget)} ({args.budget_fraction:.0%})")

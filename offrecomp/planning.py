@@ -139,6 +139,11 @@ class PlanEntry:
     live_skipped: int = 0
 
 
+#: NOTE [Borrowed plans]: a new signature at most this much larger, in every dimension,
+#: than a profiled one of its family runs a plain full recompute instead of measuring.
+GROWTH = 1.25
+
+
 class Planner:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
@@ -172,12 +177,17 @@ class Planner:
             return
         p.plan_signature = p.signature
         if user is None and p.signature not in self.entries:
-            donor = self._donor(p)
+            donor, seen = self._donor(p)
             if donor is not None and donor.plan is not None:
                 p.planned = True
                 p.phase = "borrowed"
                 p.plan_signature = donor.signature
                 p.plan_id = donor.plan.plan_id
+                return
+            if not seen and self._grows_from_profiled(p):
+                # NOTE [Borrowed plans]: a little larger than a profiled signature (a
+                # sequence-length warmup): a plain full recompute, not a measuring pass
+                p.phase = "recompute"
                 return
         entry = self._entry(p.signature, p)
         if entry.needs_measure or entry.profile is None:
@@ -223,18 +233,24 @@ class Planner:
     # while the plan cache has room (bucketed lengths get their own plans); otherwise
     # it borrows. A donor without a plan yet (measured, not calibrated) is solved from
     # its measured profile. Borrowed passes teach no cost model and predict nothing.
+    # A new signature that no profiled one covers, but that exceeds one by at most
+    # GROWTH (25%) in every dimension, runs a plain full recompute on first sight rather
+    # than a measuring pass: a sequence-length warmup grows the length a little at every
+    # step, and measured at every step (1.9x full recompute); now it measures each time
+    # the length has grown by a quarter. Seen again, such a signature measures.
     SIGHTINGS = 256  # new signatures remembered for the "seen before" rule
 
-    def _donor(self, p: PassState) -> PlanEntry | None:
-        """The profiled signature whose plan ``p`` may run (NOTE [Borrowed plans])."""
+    def _donor(self, p: PassState) -> tuple[PlanEntry | None, int]:
+        """The profiled signature whose plan ``p`` may run (NOTE [Borrowed plans]), and
+        how often ``p``'s signature was seen before."""
         if not p.family or not p.dims:
-            return None
+            return None, 0
         seen = self.sightings.pop(p.signature, 0)
         self.sightings[p.signature] = seen + 1
         while len(self.sightings) > self.SIGHTINGS:
             self.sightings.popitem(last=False)
         if seen and len(self.entries) < self.rt.config.plan_cache_size:
-            return None  # seen before, and room for a plan of its own
+            return None, seen  # seen before, and room for a plan of its own
         best: PlanEntry | None = None
         for e in self.entries.values():
             if (
@@ -248,11 +264,24 @@ class Planner:
             if best is None or sum(e.dims) < sum(best.dims):
                 best = e
         if best is None:
-            return None
+            return None, seen
         if best.plan is None or best.needs_solve:
             self._solve(best)
         self.entries.move_to_end(best.signature)  # a donor in use stays cached
-        return best
+        return best, seen
+
+    def _grows_from_profiled(self, p: PassState) -> bool:
+        """``p`` exceeds a profiled signature of its family by at most GROWTH in every
+        dimension: too close to be worth a measuring pass of its own on first sight."""
+        for e in self.entries.values():
+            if (
+                e.family == p.family
+                and len(e.dims) == len(p.dims)
+                and e.profile is not None
+                and all(b <= GROWTH * a for a, b in zip(e.dims, p.dims))
+            ):
+                return True
+        return False
 
     def _entry(self, signature: str, p: PassState | None = None) -> PlanEntry:
         entry = self.entries.get(signature)

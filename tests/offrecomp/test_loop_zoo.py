@@ -340,6 +340,29 @@ def test_a_covered_signature_borrows_when_the_plan_cache_is_full() -> None:
     assert any(s.recomputed_bytes > 0 for s in steps if s.phase == "borrowed")
 
 
+WARMUP = [16, 18, 20, 22, 24, 26, 28, 28, 28, 28]
+
+
+def loop_length_warmup(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+    """A sequence-length warmup: the length grows a little every step, then stays."""
+    return loop_variable_length(model, rt, WARMUP, last_batch=2)
+
+
+@pytest.mark.parametrize("variant", ["auto", "auto_tight"])
+def test_sequence_length_warmup_measures_only_when_grown_by_a_quarter(variant: str) -> None:
+    """NOTE [Borrowed plans]: a new length within 25% of a profiled one runs a plain
+    full recompute on first sight; one grown further measures; the final length plans.
+    Before, each new length was a measuring pass (a full recompute under the op
+    recorder)."""
+    rt = _run("warmup", loop_length_warmup, variant)
+    phases = [s.phase for s in rt.report().steps]
+    assert phases == [
+        "measure", "recompute", "recompute", "measure", "recompute", "recompute",
+        "measure", "calibrate", "planned", "planned",
+    ], phases
+    assert all(s.replays > 0 for s, ph in zip(rt.report().steps, phases) if ph == "recompute")
+
+
 def loop_accumulate_mixed_lengths(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
     def step(i: int, out: list[Snap]) -> None:
         losses = []

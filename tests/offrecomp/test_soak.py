@@ -45,12 +45,15 @@ def test_200_step_soak_with_varying_sequence_lengths() -> None:
     steps = rt.report().steps
     assert len(steps) == 200
     phases = [s.phase for s in steps]
-    assert set(phases) == {"measure", "calibrate", "planned", "borrowed"}
-    # NOTE [Borrowed plans]: six lengths through a cache of three. Each length measures
-    # once, when it is the longest so far; the shorter ones then run the plan of the
-    # shortest cached length covering them (before, the cache thrashed: most steps
-    # measured, a full recompute under the op recorder).
-    assert phases.count("measure") == 6, phases
+    assert set(phases) == {"measure", "calibrate", "planned", "borrowed", "recompute"}
+    # NOTE [Borrowed plans]: six lengths through a cache of three. A length measures at
+    # most once: when it is the longest so far (a plain full recompute instead when it
+    # is within a quarter of a profiled one, the first time), or when seen again with no
+    # cached length covering it; the shorter ones run the plan of the shortest cached
+    # length covering them. Before, the cache thrashed: most steps measured, a full
+    # recompute under the op recorder.
+    assert phases.count("measure") <= 6, phases
+    assert phases.count("borrowed") > 100, phases
     assert rt._engine is None
 
 
