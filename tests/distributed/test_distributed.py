@@ -39,9 +39,12 @@ def _train(wrap: Callable[[torch.nn.Module], torch.nn.Module], mode: str | None,
         rt.__enter__()
     data = 0 if wrap is _tp else rank  # tensor parallel ranks share the batch
     try:
-        for step in range(3):
+        for step in range(5):
             torch.manual_seed(100 * step + data)
-            idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(step * 10 + data))
+            # another length per step and per rank (dynamic padding): ranks run other
+            # signatures, borrowing the plan of the longest (NOTE [Borrowed plans])
+            t = ((16, 12, 16, 16, 14), (16, 14, 16, 16, 12))[data % 2][step]
+            idx = torch.randint(0, 64, (2, t), generator=torch.Generator().manual_seed(step * 10 + data))
             model(idx).backward()
             for p in model.parameters():
                 g = p.grad
@@ -53,6 +56,9 @@ def _train(wrap: Callable[[torch.nn.Module], torch.nn.Module], mode: str | None,
             rt.__exit__(None, None, None)
     if rt is not None and mode == "recompute":
         assert all(s.replays == 2 for s in rt.report().steps), [s.replays for s in rt.report().steps]
+    if rt is not None and mode == "auto" and wrap is _ddp:
+        phases = [s.phase for s in rt.report().steps]
+        assert phases == ["measure", "borrowed", "calibrate", "planned", "borrowed"], phases
     if rt is not None and mode == "auto" and wrap in (_tp, _sync):
         # NOTE [Collective regions]: a replay on one rank alone would hang. A DTensor
         # parameter tells before the first pass; a torch.distributed call, once recorded.
