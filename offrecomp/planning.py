@@ -273,6 +273,8 @@ class Planner:
     def _grows_from_profiled(self, p: PassState) -> bool:
         """``p`` exceeds a profiled signature of its family by at most GROWTH in every
         dimension: too close to be worth a measuring pass of its own on first sight."""
+        if not p.family or not p.dims:
+            return False
         for e in self.entries.values():
             if (
                 e.family == p.family
