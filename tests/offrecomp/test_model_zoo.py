@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import checkpoint
 
 import offrecomp
@@ -789,6 +790,38 @@ def test_zoo_bitwise_equal_to_plain(case: str, variant: str) -> None:
 
     steps = rt.report().steps
     check_variant_report(steps, variant, n_steps=STEPS, stable=c.stable)
+
+
+def _varying_batch(batch: Batch) -> Batch:
+    """``batch`` with every tensor's first dimension cut by 0, 1 or 2 from step to step
+    (a smaller last batch, packing by tokens): other signatures of one family."""
+
+    def cut_batch(s: int) -> Any:
+        k = (s // 10) % 3  # train(): 10 * step
+
+        def cut(t: Any) -> Any:
+            if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] > 2:
+                return t[: t.shape[0] - k].contiguous()
+            return t
+
+        return tree_map(cut, batch(s))
+
+    return cut_batch
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c != "packed_sequence"])  # lengths fixed
+def test_zoo_with_batch_sizes_that_vary_under_auto(case: str) -> None:
+    """NOTE [Borrowed plans]: batches of other sizes run the plan of a larger one (or
+    measure their own), under a tight budget, bitwise equal to plain."""
+    c = CASES[case]
+    torch.manual_seed(0)
+    model, batch = c.factory(), _varying_batch(c.batch)
+    kw = {"regions": c.regions} if c.regions is not None else {}
+    ref = train(copy.deepcopy(model), batch, steps=6)
+    m = copy.deepcopy(model)
+    rt = variant_runtime(m, "auto_tight", tight_budget(model, batch, **kw), **kw)
+    assert_bitwise(ref, train(m, batch, rt, steps=6))
+    assert rt.report().steps[0].phase == "measure"
 
 
 #: Cases whose CUDA kernels are deterministic run for run (no atomics in their backward).
