@@ -324,8 +324,15 @@ class Runtime:
             inside = _inside_compiled(self.model, self._regions)
             if inside:
                 _warn_compiled(", ".join(inside))
-        if self.model is not None and not any(r.module is self.model for r in self._regions):
-            self._wrap_forward(self.model, self._make_root_forward(self.model))
+        region_modules = {id(r.module) for r in self._regions}
+        if self.model is not None and id(self.model) not in region_modules:
+            if _is_container(self.model):
+                # NOTE [Container roots]: the models inside are what the loop calls
+                for name, child in self.model.named_children():
+                    if id(child) not in region_modules and not _is_container(child):
+                        self._wrap_forward(child, self._make_root_forward(child, name))
+            else:
+                self._wrap_forward(self.model, self._make_root_forward(self.model))
         self._opt_hook = tc.register_optimizer_step_post_hook(self._on_optimizer_step)
         if self.config.report_path and self._report_file is None:
             self._report_file = open(self.config.report_path, "a", encoding="utf-8")  # noqa: SIM115
@@ -419,7 +426,9 @@ class Runtime:
         _skip_frame(forward)
         return torch.compiler.disable(forward, recursive=False)
 
-    def _make_root_forward(self, module: nn.Module) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def _make_root_forward(
+        self, module: nn.Module, name: str = ""
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         rt = self
 
         def begin(args: tuple[Any, ...], kwargs: dict[str, Any], compiling: bool) -> PassState | None:
@@ -432,7 +441,7 @@ class Runtime:
             ):
                 if (compiling or _is_compiled(module)) and rt._regions:
                     _warn_compiled(", ".join(r.name for r in rt._regions))
-                rt._signature, rt._family, rt._dims = _signature_of(args, kwargs, module.training)
+                rt._signature, rt._family, rt._dims = _signature_of(args, kwargs, module.training, name)
                 return rt._forward_activity()
             return None
 
@@ -1061,9 +1070,10 @@ def _first_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device
 
 
 def _signature_of(
-    args: tuple[Any, ...], kwargs: dict[str, Any], training: bool
+    args: tuple[Any, ...], kwargs: dict[str, Any], training: bool, name: str = ""
 ) -> tuple[str, str, tuple[int, ...]]:
-    """The pass's signature, its family (the signature without sizes) and its sizes."""
+    """The pass's signature, its family (the signature without sizes) and its sizes;
+    ``name``: the model of a container root the pass began in (NOTE [Container roots])."""
     from torch.utils._pytree import tree_flatten
 
     leaves, _ = tree_flatten((args, kwargs))
@@ -1083,8 +1093,26 @@ def _signature_of(
             parts.append(f"{shape}:{kind}")
             kinds.append(f"{'n' if x.is_nested else ''}{len(sizes)}:{kind}")
             dims += [int(d) for d in sizes]
-    mode = "train|" if training else "eval|"
+    mode = ("train|" if training else "eval|") + (f"{name}:" if name else "")
     return mode + ",".join(parts), mode + ",".join(kinds), tuple(dims)
+
+
+# NOTE [Container roots]
+# Several models trained together (a GAN, distillation) go to one runtime in a
+# container, nn.ModuleDict({"gen": gen, "disc": disc}), whose forward the loop never
+# calls: it calls the models. Wrapping the container's forward gave every pass the
+# signature "unknown", so a GAN's discriminator pass on real data, its pass on
+# generated data (the generator runs in it) and the generator's pass shared one
+# profile: each pass type extended it, and one plan served them all, solved for the
+# longest. The models inside a container are each wrapped as a root instead: a pass's
+# signature names the model it began in ("train|gen:(4, 12, 8):float32:cpu"), and each
+# kind of pass gets its own profile and plan.
+
+
+def _is_container(m: nn.Module) -> bool:
+    """A module whose own forward is not defined (ModuleDict, ModuleList, a plain
+    nn.Module holding models): the loop calls the modules inside it."""
+    return isinstance(m, (nn.ModuleDict, nn.ModuleList)) or type(m).forward is nn.Module.forward
 
 
 _warned: set[str] = set()

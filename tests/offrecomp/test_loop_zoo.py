@@ -896,6 +896,87 @@ def test_two_models_trained_together_under_one_runtime(variant: str) -> None:
     assert rt.regions == ["a.blocks.0", "a.blocks.1", "b.blocks.0", "b.blocks.1", "b.blocks.2"]
 
 
+class _Gen(nn.Module):
+    def __init__(self, h: int = 32) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, h)
+        self.blocks = nn.ModuleList(Block(h, 4, 0.1) for _ in range(2))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        x = self.inp(z)
+        for blk in self.blocks:
+            x = blk(x)
+        return x
+
+
+class _Disc(nn.Module):
+    def __init__(self, h: int = 32) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(h, 4, 0.1) for _ in range(3))
+        self.out = nn.Linear(h, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for blk in self.blocks:
+            x = blk(x)
+        return self.out(x).mean(dim=(1, 2))
+
+
+def _gan() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.ModuleDict({"gen": _Gen(), "disc": _Disc()})
+
+
+def loop_gan(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+    """A GAN as PyTorch's DCGAN example trains one, one runtime over a container of
+    both: per iteration a discriminator pass on real data, one on generated data (the
+    generator runs in it), then a generator pass through the discriminator; two
+    optimizers. The three passes differ in what runs."""
+    gen, disc = model["gen"], model["disc"]  # type: ignore[index]
+    torch.manual_seed(1)
+    opt_d = torch.optim.SGD(disc.parameters(), lr=0.05)
+    opt_g = torch.optim.SGD(gen.parameters(), lr=0.05)
+    out: list[Snap] = []
+    with _ctx(rt):
+        for i in range(8):
+            g = torch.Generator().manual_seed(4000 + i)
+            real = torch.randn(4, 12, 32, generator=g)
+            z = torch.randn(4, 12, 8, generator=g)
+            d_real = F.softplus(-disc(real)).mean()
+            d_real.backward()
+            fake = gen(z)
+            d_fake = F.softplus(disc(fake.detach())).mean()
+            d_fake.backward()
+            opt_d.step()
+            opt_d.zero_grad(set_to_none=True)
+            g_loss = F.softplus(-disc(fake)).mean()
+            g_loss.backward()
+            out.append(_snap(model, g_loss, d=d_real + d_fake))
+            opt_g.step()
+            opt_g.zero_grad(set_to_none=True)
+            disc.zero_grad(set_to_none=True)
+    return [*out, _final(model)]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gan_under_one_runtime(variant: str) -> None:
+    """NOTE [Container roots]: each kind of pass has its own signature, named by the
+    model it began in, and its own plan. Before, all three were "unknown": one profile
+    that each pass type extended, and one plan solved for the longest."""
+    rt = _run("gan", loop_gan, variant, factory=_gan)
+    steps = rt.report().steps
+    assert len(steps) == 16  # two optimizer steps per iteration
+    if variant.startswith("auto"):
+        entries = rt._planner.entries
+        disc, gen = "train|disc:(4, 12, 32):float32:cpu", "train|gen:(4, 12, 8):float32:cpu"
+        assert sorted(entries) == [disc, gen]
+        assert all(e.plan is not None for e in entries.values())
+        assert {k[0] for k in entries[disc].structures} == {"disc.blocks.0", "disc.blocks.1", "disc.blocks.2"}
+        assert {k[0] for k in entries[gen].structures} == {
+            "gen.blocks.0", "gen.blocks.1", "disc.blocks.0", "disc.blocks.1", "disc.blocks.2"
+        }
+        assert [s.phase for s in steps][-4:] == ["planned"] * 4
+
+
 def loop_runtime_replaced(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
     """A first runtime for five steps, closed; a second one (the same settings) on the
     same model for five more."""
