@@ -29,7 +29,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -143,21 +143,24 @@ def main(argv: list[str] | None = None) -> int:
     budget = int(keep_peak * args.budget_fraction)
     del probe, keep_rt
 
-    strategies: dict[str, Callable[[GPT], tuple[Any, offrecomp.Runtime | None]]] = {
-        "plain": lambda m: (contextlib.nullcontext(), None),
-        "ckpt_block": lambda m: (block_checkpoint(m), None),
-        "recompute": lambda m: (lambda rt: (rt, rt))(offrecomp.runtime(m, mode="recompute")),
-        "auto": lambda m: (lambda rt: (rt, rt))(offrecomp.runtime(m, mode="auto", budget=budget)),
-    }
+    def strategy(name: str, m: GPT) -> tuple[Any, offrecomp.Runtime | None]:
+        """The context a strategy trains in, and its runtime (None for the peers)."""
+        if name == "plain":
+            return contextlib.nullcontext(), None
+        if name == "ckpt_block":
+            return block_checkpoint(m), None
+        rt = offrecomp.runtime(m, mode=name, budget=budget if name == "auto" else None)
+        return rt, rt
+
     totals: dict[str, list[float]] = collections.defaultdict(list)
     medians: dict[str, list[float]] = collections.defaultdict(list)
     peaks: dict[str, int] = {}
     phases: dict[str, int] = {}
-    names = list(strategies)
+    names = ["plain", "ckpt_block", "recompute", "auto"]
     for r in range(args.rounds):
         for name in names if r % 2 == 0 else names[::-1]:
             model = copy.deepcopy(base)
-            ctx, rt = strategies[name](model)
+            ctx, rt = strategy(name, model)
             times = train(model, data, ctx, device, args.bf16)
             totals[name].append(sum(times))
             medians[name].append(statistics.median(times))
