@@ -14,6 +14,7 @@ its measuring and calibration passes are in every round, as in a real run of thi
 length.
 
     python benchmarks/bench_dynamic_shapes.py                   # CPU, about a minute
+    python benchmarks/bench_dynamic_shapes.py --order growing    # a sequence-length warmup
     python benchmarks/bench_dynamic_shapes.py --device cuda --hidden 1024 --layers 16 \\
         --min-seq 1024 --max-seq 8192 --steps 60 --bf16
 """
