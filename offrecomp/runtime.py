@@ -879,7 +879,8 @@ class Runtime:
             # provisional step; they were micro-batches of this one.
             merged: list[PassState] = []
             for rec, passes in self._provisional:
-                self._steps.remove(rec)
+                with contextlib.suppress(ValueError):  # already out of the bounded report
+                    self._steps.remove(rec)
                 self._step_count -= 1
                 self._planner.discard(rec)
                 merged += passes

@@ -154,6 +154,8 @@ def test_the_report_holds_the_most_recent_steps(monkeypatch: pytest.MonkeyPatch,
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     path = tmp_path / "steps.jsonl"
     with offrecomp.runtime(model, mode="keep", report_path=str(path)) as rt:
+        for _ in range(7):  # micro-batches before the first optimizer step: more
+            model(torch.randn(3, 4)).sum().backward()  # provisional records than it holds
         for _ in range(12):
             model(torch.randn(3, 4)).sum().backward()
             opt.step()
@@ -162,3 +164,4 @@ def test_the_report_holds_the_most_recent_steps(monkeypatch: pytest.MonkeyPatch,
     assert [s.step for s in steps] == list(range(7, 12))
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert [d["step"] for d in lines] == list(range(12))
+    assert lines[0]["passes"] == 8  # the seven micro-batches merged into the first step
