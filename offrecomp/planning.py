@@ -1232,7 +1232,11 @@ class Planner:
     def explain(self) -> str:
         entry = self.last_entry
         if entry is None or entry.profile is None or entry.plan is None:
-            return "offrecomp: no plan yet (plans are made after the first step of each input signature)"
+            return (
+                "offrecomp: no plan yet (auto measures the first pass of each input signature, "
+                "calibrates the second and plans from the third; a signature that a larger, "
+                "measured one covers runs that one's plan)"
+            )
         plan = entry.plan
         lines = [
             f"plan {plan.plan_id} for signature {entry.signature}",
