@@ -13,6 +13,7 @@ from offrecomp.measure import Mark
 from offrecomp.state import PassState
 from scheduler import Placement, Plan, predict
 from tests.helpers import assert_bitwise, make, train, train_bitwise, twin
+from tests.models import stack
 
 
 def _runtime(model: object, **kw: object) -> offrecomp.Runtime:
@@ -398,17 +399,6 @@ class _PadShortBlock(torch.nn.Module):
         return x + self.out(torch.tanh(self.fc(y)))[:, :t]
 
 
-class _PadShortModel(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = torch.nn.ModuleList(_PadShortBlock() for _ in range(3))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for b in self.blocks:
-            x = b(x)
-        return x.pow(2).mean()
-
-
 def _pad_short_batch(s: int) -> torch.Tensor:
     t = [16, 8, 8, 16][(s // 10) % 4]
     return torch.randn(2, t, 16, generator=torch.Generator().manual_seed(s))
@@ -422,7 +412,7 @@ def test_a_borrowed_plan_that_does_not_bound_a_storage_measures_next_time(
     call drops its activations, and the signature measures its own profile next time
     (with a plan cache of one: otherwise it would borrow again)."""
     torch.manual_seed(0)
-    model = _PadShortModel()
+    model = stack(_PadShortBlock)()
     ref = train(twin(model), _pad_short_batch, steps=4)
     m = twin(model)
     rt = _runtime(m, budget=10_000_000, plan_cache_size=1)
