@@ -251,18 +251,11 @@ class Planner:
             self.sightings.popitem(last=False)
         if seen and len(self.entries) < self.rt.config.plan_cache_size:
             return None, seen  # seen before, and room for a plan of its own
-        best: PlanEntry | None = None
-        for e in self.entries.values():
-            if (
-                e.family != p.family
-                or len(e.dims) != len(p.dims)
-                or e.profile is None
-                or e.needs_measure
-                or any(a < b for a, b in zip(e.dims, p.dims))
-            ):
-                continue
-            if best is None or sum(e.dims) < sum(best.dims):
-                best = e
+        covering = [
+            e for e in self._profiled_kin(p)
+            if not e.needs_measure and all(a >= b for a, b in zip(e.dims, p.dims))
+        ]
+        best = min(covering, key=lambda e: sum(e.dims), default=None)
         if best is None:
             return None, seen
         if best.plan is None or best.needs_solve:
@@ -273,17 +266,15 @@ class Planner:
     def _grows_from_profiled(self, p: PassState) -> bool:
         """``p`` exceeds a profiled signature of its family by at most GROWTH in every
         dimension: too close to be worth a measuring pass of its own on first sight."""
+        return any(all(b <= GROWTH * a for a, b in zip(e.dims, p.dims)) for e in self._profiled_kin(p))
+
+    def _profiled_kin(self, p: PassState) -> Iterator[PlanEntry]:
+        """Profiled signatures of ``p``'s family, sizes comparable dimension by dimension."""
         if not p.family or not p.dims:
-            return False
+            return
         for e in self.entries.values():
-            if (
-                e.family == p.family
-                and len(e.dims) == len(p.dims)
-                and e.profile is not None
-                and all(b <= GROWTH * a for a, b in zip(e.dims, p.dims))
-            ):
-                return True
-        return False
+            if e.family == p.family and len(e.dims) == len(p.dims) and e.profile is not None:
+                yield e
 
     def _entry(self, signature: str, p: PassState | None = None) -> PlanEntry:
         entry = self.entries.get(signature)
