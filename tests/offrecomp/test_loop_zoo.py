@@ -322,12 +322,7 @@ def test_a_covered_signature_borrows_when_the_plan_cache_is_full() -> None:
     """NOTE [Borrowed plans]: with no room for a plan of its own, a signature seen
     before keeps running the plan of a larger one of its family."""
     def loop(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
-        lengths = [40, 32, 40, 32, 40, 16, 16, 16]
-
-        def step(i: int, out: list[Snap]) -> None:
-            _forward_backward(model, _tokens(i, lengths[i]), out)
-
-        return _sgd_loop(model, rt, len(lengths), step)
+        return loop_variable_length(model, rt, [40, 32, 40, 32, 40, 16, 16, 16], last_batch=2)
 
     rt = _run("borrow_full", loop, "auto_tight", plan_cache_size=2)
     by_sig = _phases_by_signature(rt)
