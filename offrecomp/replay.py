@@ -26,7 +26,6 @@ until autograd is done with it; a second backward (retain_graph) replays again.
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -45,11 +44,18 @@ from offrecomp.regions import (
     restore_rng,
 )
 from offrecomp.state import RegionCall
-from offrecomp.trace import ParamGuard, ReplayDivergedError, ServingMode, internal, user_code
+from offrecomp.trace import (
+    ParamGuard,
+    ReplayDivergedError,
+    ServingMode,
+    ThreadDepth,
+    internal,
+    user_code,
+)
 
 __all__ = ["ReplayDivergedError", "in_replay", "replay_call"]
 
-_tls = threading.local()
+_tls = ThreadDepth()  # replays running on this thread
 
 
 def in_replay() -> bool:
@@ -58,12 +64,12 @@ def in_replay() -> bool:
     Region code with side effects that must happen once (logging, counters, caches) can
     skip them when this is true.
     """
-    return bool(getattr(_tls, "depth", 0))
+    return _tls.depth > 0
 
 
 @contextlib.contextmanager
 def _replaying() -> Iterator[None]:
-    _tls.depth = getattr(_tls, "depth", 0) + 1
+    _tls.depth = _tls.depth + 1
     try:
         yield
     finally:

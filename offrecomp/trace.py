@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_leaves
+from torch.utils._pytree import tree_flatten
 
 from offrecomp import _torch_compat as tc
 from scheduler.profile import OpRecord, StorageRecord
@@ -87,13 +87,20 @@ __all__ = [
     "user_code",
 ]
 
-_tls = threading.local()
+class ThreadDepth(threading.local):
+    """A per-thread nesting depth. The class default answers threads that never set it
+    (``getattr`` with a default costs an exception on every miss, on every op)."""
+
+    depth = 0
+
+
+_tls = ThreadDepth()  # internal() nesting on this thread
 
 
 @contextlib.contextmanager
 def internal() -> Iterator[None]:
     """Ops offrecomp itself issues (inside its hooks) are invisible to the modes below."""
-    _tls.depth = getattr(_tls, "depth", 0) + 1
+    _tls.depth = _tls.depth + 1
     try:
         yield
     finally:
@@ -103,7 +110,7 @@ def internal() -> Iterator[None]:
 @contextlib.contextmanager
 def user_code() -> Iterator[None]:
     """Undo ``internal()`` while offrecomp runs user code (a replayed forward)."""
-    saved = getattr(_tls, "depth", 0)
+    saved = _tls.depth
     _tls.depth = 0
     try:
         yield
@@ -112,7 +119,7 @@ def user_code() -> Iterator[None]:
 
 
 def _is_internal() -> bool:
-    return bool(getattr(_tls, "depth", 0))
+    return _tls.depth > 0
 
 
 class ReplayDivergedError(RuntimeError):
@@ -207,9 +214,55 @@ def _describable(t: torch.Tensor) -> bool:
     return t.layout == torch.strided and t.device.type != "meta"
 
 
-def _scalars(args: Any, kwargs: Any) -> tuple[Any, ...]:
-    """Non-tensor arguments of an op, for the divergence check."""
-    return _scalars_of(tree_flatten((args, kwargs))[0])
+# NOTE [Op leaves]
+# The modes see every op a region runs, and each flattened the op's arguments (and the
+# recorder its results) with pytree: about 12 us per op for a single tensor argument,
+# most of a mode's cost per op (a bare dispatch mode costs about 5). The dispatcher hands
+# a mode tuples and lists (and the kwargs dict) of tensors and scalars, which
+# ``op_leaves`` walks directly; any other type goes through pytree, so the leaves, and
+# their order, are always pytree's.
+_NODE_TYPES = (tuple, list, torch.Size)
+_LEAF_TYPES = frozenset(
+    {
+        torch.Tensor, torch.nn.Parameter, int, float, bool, str, complex, type(None),
+        torch.dtype, torch.device, torch.layout, torch.memory_format,
+    }
+)
+
+
+_OP_NAMES: dict[Any, str] = {}
+
+
+def op_name(func: Any) -> str:
+    """``str(func)``, looked up once per operator (it formats the schema name each time)."""
+    name = _OP_NAMES.get(func)
+    if name is None:
+        name = _OP_NAMES[func] = str(func)
+    return name
+
+
+def op_leaves(tree: Any) -> list[Any]:
+    """``tree_flatten(tree)[0]``, fast for what the dispatcher passes (NOTE [Op leaves])."""
+    out: list[Any] = []
+    _collect(tree, out)
+    return out
+
+
+def _collect(x: Any, out: list[Any]) -> None:
+    t = type(x)
+    if t in _LEAF_TYPES:
+        out.append(x)
+    elif t in _NODE_TYPES:
+        for y in x:
+            if type(y) in _LEAF_TYPES:
+                out.append(y)
+            else:
+                _collect(y, out)
+    elif t is dict:
+        for y in x.values():
+            _collect(y, out)
+    else:
+        out.extend(tree_flatten(x)[0])
 
 
 def _scalars_of(leaves: list[Any]) -> tuple[Any, ...]:
@@ -291,7 +344,7 @@ def written_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         if a.name not in names:
             continue
         val = kwargs.get(a.name, args[i] if i < len(args) else None)
-        out += [x for x in tree_flatten(val)[0] if isinstance(x, torch.Tensor) and _describable(x)]
+        out += [x for x in op_leaves(val) if isinstance(x, torch.Tensor) and _describable(x)]
     return out
 
 
@@ -340,7 +393,7 @@ class ParamGuard(_RegionMode):
         self.modified = modified
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        for t in tree_leaves((args, kwargs)):
+        for t in op_leaves((args, kwargs)):
             if isinstance(t, torch.Tensor) and _describable(t):
                 what = self.modified.get(int(t.untyped_storage().data_ptr()))
                 if what is not None:
@@ -430,7 +483,7 @@ class OpRecorder(_RegionMode):
         kwargs = kwargs or {}
         if _is_internal():
             return func(*args, **kwargs)
-        flat_in, _ = tree_flatten((args, kwargs))
+        flat_in = op_leaves((args, kwargs))
         in_tensors = [x for x in flat_in if isinstance(x, torch.Tensor)]
         input_sids = tuple(self.storage_id(x) for x in in_tensors if _describable(x))
         higher_order = tc.is_higher_order(func)
@@ -452,7 +505,7 @@ class OpRecorder(_RegionMode):
         written: tuple[int, ...] = ()
         if writes and not higher_order:  # no schema to name them: opaque anyway
             written = tuple(self.storage_id(x) for x in written_tensors(func, args, kwargs))
-        flat_out, _ = tree_flatten(out)
+        flat_out = op_leaves(out)
         outs: list[Any] = []
         for x in flat_out:
             if isinstance(x, torch.Tensor):
@@ -472,7 +525,7 @@ class OpRecorder(_RegionMode):
                     outs.append(_OPAQUE)
             else:
                 outs.append(_Value(x))
-        name = str(func)
+        name = op_name(func)
         if name.startswith(_COLLECTIVE_NAMESPACES):
             self.collective = True
         self.ops.append(
@@ -487,7 +540,7 @@ class OpRecorder(_RegionMode):
                 input_sids=input_sids,
                 read_sids=() if name in _METADATA_ONLY else input_sids,
                 written_sids=written,
-                scalars=() if higher_order else _scalars(args, kwargs),  # callables, masks: opaque anyway
+                scalars=() if higher_order else _scalars_of(flat_in),  # callables, masks: opaque anyway
                 view=tc.op_returns_alias(func),
                 writes=writes,
                 random=random,
@@ -814,7 +867,7 @@ class ServingMode(_RegionMode):
         self.index += 1
         st = self.structure
         expected = st.op_names[k] if k < len(st.op_names) else None
-        name = str(func)
+        name = op_name(func)
         if expected != name:
             raise self.diverge(
                 f"offrecomp: replay of region {self.region_name!r} diverged at op {k}: the forward "
@@ -822,7 +875,7 @@ class ServingMode(_RegionMode):
             )
         action = self.program[k] if k < len(self.program) else RUN
         if action == RUN:
-            leaves = tree_flatten((args, kwargs))[0]
+            leaves = op_leaves((args, kwargs))
             scalars = _scalars_of(leaves)
             if scalars != st.op_scalars[k]:
                 raise self.diverge(
