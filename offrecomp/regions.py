@@ -160,7 +160,8 @@ def discover_regions(
         if id(m) in pick:
             if id(m) not in seen:  # a shared module is one region
                 seen.add(id(m))
-                region = Region(prefix or "<model>", m, ())
+                prefix, inner = _unwrap_fsdp1(prefix, m)
+                region = Region(prefix or "<model>", inner, ())
                 region.refresh()
                 regions.append(region)
             return  # regions never nest
@@ -169,6 +170,24 @@ def discover_regions(
 
     visit("", model)
     return regions
+
+
+def _unwrap_fsdp1(prefix: str, m: nn.Module) -> tuple[str, nn.Module]:
+    """NOTE [FSDP1 units]: an FSDP1 unit (``FullyShardedDataParallel`` wrapping a block,
+    as its ``auto_wrap_policy`` makes them) all-gathers its parameters inside its own
+    forward. As a region it would run collectives, which auto never recomputes (a replay
+    on one rank alone would wait forever). The block it wraps is the region instead: the
+    unit gathers the parameters before that block's forward runs and again before its
+    backward, where the replay runs, the same point on every rank, as for an activation
+    checkpoint inside an FSDP unit."""
+    cls = type(m)
+    while cls.__name__ == "FullyShardedDataParallel" and cls.__module__.startswith("torch.distributed.fsdp"):
+        inner = getattr(m, "_fsdp_wrapped_module", None)
+        if not isinstance(inner, nn.Module):
+            break
+        prefix, m = f"{prefix}._fsdp_wrapped_module" if prefix else "_fsdp_wrapped_module", inner
+        cls = type(m)
+    return prefix, m
 
 
 def _is_compiled(m: nn.Module) -> bool:

@@ -1,4 +1,4 @@
-"""DDP, FSDP2 (also over layers compiled in place), tensor parallelism and blocks that
+"""DDP, FSDP1, FSDP2 (also over layers compiled in place), tensor parallelism and blocks that
 call torch.distributed themselves, over gloo with 2 CPU processes: gradients equal the
 plain run's, bitwise."""
 
@@ -33,7 +33,10 @@ def _train(wrap: Callable[[torch.nn.Module], torch.nn.Module], mode: str | None,
     model = wrap(models.GPT(layers=2, h=32, heads=4, p=0.1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     grads: list[torch.Tensor] = []
-    rt = offrecomp.runtime(model, mode=mode, min_bytes=0) if mode else None
+    # auto_tight: a budget near the most frugal plan's (about 100 KiB here), so that
+    # planned passes drop and replay
+    kw = {"budget": 110_000} if mode == "auto_tight" else {}
+    rt = offrecomp.runtime(model, mode=mode and mode.removesuffix("_tight"), min_bytes=0, **kw) if mode else None
     if rt is not None:
         assert len(rt.regions) == 2, rt.regions
         rt.__enter__()
@@ -48,6 +51,8 @@ def _train(wrap: Callable[[torch.nn.Module], torch.nn.Module], mode: str | None,
             model(idx).backward()
             for p in model.parameters():
                 g = p.grad
+                if g is None:
+                    continue  # FSDP1: a parameter with no elements in this rank's shard
                 grads.append((g.full_tensor() if hasattr(g, "full_tensor") else g).detach().clone())
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -59,6 +64,13 @@ def _train(wrap: Callable[[torch.nn.Module], torch.nn.Module], mode: str | None,
     if rt is not None and mode == "auto" and wrap is _ddp:
         phases = [s.phase for s in rt.report().steps]
         assert phases == ["measure", "borrowed", "calibrate", "planned", "borrowed"], phases
+    if rt is not None and mode in ("auto", "auto_tight") and wrap is _fsdp1:
+        # the units gather parameters; the blocks inside them run no collective
+        assert all(r.endswith("._fsdp_wrapped_module") for r in rt.regions), rt.regions
+        assert "runs collectives" not in rt.explain()
+        if mode == "auto_tight":
+            planned = [s for s in rt.report().steps if s.phase in ("planned", "borrowed")]
+            assert planned and all(s.replays > 0 for s in planned), [(s.phase, s.replays) for s in rt.report().steps]
     if rt is not None and mode == "auto" and wrap in (_tp, _sync):
         # NOTE [Collective regions]: a replay on one rank alone would hang. A DTensor
         # parameter tells before the first pass; a torch.distributed call, once recorded.
@@ -79,6 +91,15 @@ def _fsdp2(m: torch.nn.Module) -> torch.nn.Module:
         fully_shard(blk)
     fully_shard(m)
     return m
+
+
+def _fsdp1(m: torch.nn.Module) -> torch.nn.Module:
+    """FSDP1 units around each block (NOTE [FSDP1 units]: the blocks inside are the regions)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    policy = ModuleWrapPolicy({type(m.blocks[0])})
+    return FullyShardedDataParallel(m, device_id=torch.device("cpu"), auto_wrap_policy=policy, use_orig_params=True)
 
 
 def _fsdp2_compiled(m: torch.nn.Module) -> torch.nn.Module:
@@ -122,10 +143,11 @@ def _sync(m: torch.nn.Module) -> torch.nn.Module:
     return m
 
 
-WRAPS = {"ddp": _ddp, "fsdp2": _fsdp2, "fsdp2_compiled": _fsdp2_compiled, "tp": _tp, "sync": _sync}
+WRAPS = {"ddp": _ddp, "fsdp1": _fsdp1, "fsdp2": _fsdp2, "fsdp2_compiled": _fsdp2_compiled, "tp": _tp, "sync": _sync}
 #: Modes per wrapper: every mode for data parallelism; what the case is about otherwise
-#: (a replay through the compiled call, and auto's treatment of collective regions).
-CASES = {"ddp": MODES, "fsdp2": MODES, "fsdp2_compiled": ["recompute", "auto"], "tp": MODES, "sync": ["auto"]}
+#: (a replay through the compiled call, auto's treatment of collective regions, and
+#: for FSDP1 auto under a budget that makes it drop, so that its blocks replay).
+CASES = {"ddp": MODES, "fsdp1": [*MODES, "auto_tight"], "fsdp2": MODES, "fsdp2_compiled": ["recompute", "auto"], "tp": MODES, "sync": ["auto"]}
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
