@@ -4,8 +4,9 @@
 #   2. the offload bandwidth and overlap benchmark;
 #   3. the planner benchmark on a ~1.5B model (predicted vs measured step time, budget);
 #   4. the long-sequence comparison at the ~1.3B preset on two sequence lengths;
-#   5. dynamic padding (a new sequence length every step) under auto and its peers.
-# Results go under $OUT (default ./device_out): at most 9 files, one folder deep
+#   5. dynamic padding (a new sequence length every step) under auto and its peers;
+#   6. host overhead per saved tensor and per op (the dispatch modes) on this host.
+# Results go under $OUT (default ./device_out): at most 10 files, one folder deep
 # (bench_planner_profile.json is the profile auto's last plan was solved with:
 # `python -m offrecomp plan $OUT/bench_planner_profile.json --budget ...` replays it).
 # Usage: OUT=/some/dir bash benchmarks/device_suite.sh
@@ -48,6 +49,10 @@ log "dynamic padding: a new length every step (borrowed plans)"
 timeout 90 "$PY" benchmarks/bench_dynamic_shapes.py --device cuda --layers 16 --hidden 1024 \
   --heads 16 --min-seq 1024 --max-seq 8192 --batch 1 --steps 40 --rounds 1 --bf16 \
   --out "$OUT/bench_dynamic_shapes.json" 2>&1 | grep -v "^STAGE:\|profiler_st" | tail -n 20 | tee -a "$OUT/suite.log"
+
+log "host overhead per saved tensor and per op"
+timeout 60 "$PY" benchmarks/bench_host_overhead.py --device cuda --out "$OUT/bench_host_overhead.json" \
+  2>/dev/null | tee -a "$OUT/suite.log"
 
 log "done"
 ls -la "$OUT" "$OUT/long_seq" 2>/dev/null | tee -a "$OUT/suite.log"

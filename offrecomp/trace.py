@@ -65,7 +65,7 @@ import time
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils._pytree import tree_flatten
@@ -211,7 +211,7 @@ def _describable(t: torch.Tensor) -> bool:
     # parallelism) is a wrapper whose storage has no data pointer.
     if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
         return False
-    return t.layout == torch.strided and t.device.type != "meta"
+    return t.layout == torch.strided and not t.is_meta
 
 
 # NOTE [Op leaves]
@@ -230,15 +230,41 @@ _LEAF_TYPES = frozenset(
 )
 
 
-_OP_NAMES: dict[Any, str] = {}
+class _Traits(NamedTuple):
+    """What the recorder asks of every op that depends on the operator alone."""
+
+    name: str
+    higher_order: bool
+    seeded: bool  # may draw from an RNG
+    writes: bool  # in-place or out=
+    view: bool  # a return aliases an input
+    collective: bool
+    metadata_only: bool  # reads only its inputs' shapes and dtypes
+
+
+_TRAITS: dict[Any, _Traits] = {}
+
+
+def _traits(func: Any) -> _Traits:
+    """The operator's traits, worked out once per operator (from its schema and tags)."""
+    t = _TRAITS.get(func)
+    if t is None:
+        name = str(func)
+        t = _TRAITS[func] = _Traits(
+            name=name,
+            higher_order=tc.is_higher_order(func),
+            seeded=tc.is_nondeterministic_seeded(func),
+            writes=tc.op_writes_inputs(func),
+            view=tc.op_returns_alias(func),
+            collective=name.startswith(_COLLECTIVE_NAMESPACES),
+            metadata_only=name in _METADATA_ONLY,
+        )
+    return t
 
 
 def op_name(func: Any) -> str:
-    """``str(func)``, looked up once per operator (it formats the schema name each time)."""
-    name = _OP_NAMES.get(func)
-    if name is None:
-        name = _OP_NAMES[func] = str(func)
-    return name
+    """``str(func)``, worked out once per operator (it formats the schema name each time)."""
+    return _traits(func).name
 
 
 def op_leaves(tree: Any) -> list[Any]:
@@ -486,8 +512,9 @@ class OpRecorder(_RegionMode):
         flat_in = op_leaves((args, kwargs))
         in_tensors = [x for x in flat_in if isinstance(x, torch.Tensor)]
         input_sids = tuple(self.storage_id(x) for x in in_tensors if _describable(x))
-        higher_order = tc.is_higher_order(func)
-        random = higher_order or tc.is_nondeterministic_seeded(func)  # a subgraph may draw
+        tr = _traits(func)
+        higher_order = tr.higher_order
+        random = higher_order or tr.seeded  # a subgraph may draw
         before = _gen_states(self._cuda_devices) if random else None
         start_ev = end_ev = None
         if self._events:
@@ -501,20 +528,18 @@ class OpRecorder(_RegionMode):
             end_ev.record()
         if before is not None:
             random = not _same_gen(before, _gen_states(self._cuda_devices))
-        writes = tc.op_writes_inputs(func)
         written: tuple[int, ...] = ()
-        if writes and not higher_order:  # no schema to name them: opaque anyway
+        if tr.writes and not higher_order:  # no schema to name them: opaque anyway
             written = tuple(self.storage_id(x) for x in written_tensors(func, args, kwargs))
-        flat_out = op_leaves(out)
         outs: list[Any] = []
-        for x in flat_out:
+        for x in op_leaves(out):
             if isinstance(x, torch.Tensor):
                 if _describable(x):
                     outs.append(
                         _OutMeta(
                             sid=self.storage_id(x),
                             size=tuple(x.shape),
-                            stride=tuple(x.stride()),
+                            stride=x.stride(),
                             offset=int(x.storage_offset()),
                             dtype=x.dtype,
                             device=x.device,
@@ -525,12 +550,11 @@ class OpRecorder(_RegionMode):
                     outs.append(_OPAQUE)
             else:
                 outs.append(_Value(x))
-        name = op_name(func)
-        if name.startswith(_COLLECTIVE_NAMESPACES):
+        if tr.collective:
             self.collective = True
         self.ops.append(
             _Op(
-                name=name,
+                name=tr.name,
                 func=func,
                 start=t0,
                 end=t1,
@@ -538,11 +562,11 @@ class OpRecorder(_RegionMode):
                 end_ev=end_ev,
                 outputs=outs,
                 input_sids=input_sids,
-                read_sids=() if name in _METADATA_ONLY else input_sids,
+                read_sids=() if tr.metadata_only else input_sids,
                 written_sids=written,
                 scalars=() if higher_order else _scalars_of(flat_in),  # callables, masks: opaque anyway
-                view=tc.op_returns_alias(func),
-                writes=writes,
+                view=tr.view,
+                writes=tr.writes,
                 random=random,
                 factory=not in_tensors,
                 grad_enabled=torch.is_grad_enabled(),
@@ -885,7 +909,7 @@ class ServingMode(_RegionMode):
                 )
             if not st.view_ops[k]:
                 self.ran += 1
-                if self._placeholders and name not in _METADATA_ONLY:  # NOTE [Placeholder guard]
+                if self._placeholders and not _traits(func).metadata_only:  # NOTE [Placeholder guard]
                     for x in leaves:
                         if isinstance(x, torch.Tensor) and self.is_placeholder(x):
                             raise self.diverge(

@@ -1,0 +1,209 @@
+"""Host overhead: what offrecomp's Python adds per saved tensor and per op.
+
+    python benchmarks/bench_host_overhead.py [--ops 200] [--rounds 7] [--device cpu|cuda]
+
+A GPU step whose kernels are short waits on the host, so the host time a runtime adds
+per saved tensor and per op matters on its own. This benchmark measures it against the
+floors every saved-tensor hook pair and every Python dispatch mode pay, in one process,
+with the variants interleaved (one timing of each per round) and medians over rounds:
+
+* per saved tensor: a region of ``--ops`` elementwise ops on a 16-element tensor, each
+  output saved for backward; forward + backward plainly, under an identity hook pair
+  (the floor), and under offrecomp with every save kept (``mode="keep"``: pack, handle,
+  unpack, release);
+* per op: the same ops under a bare ``TorchDispatchMode`` (the floor), the replay's
+  serving mode running every op (the cost each op pays in a replay under the dispatch
+  mode; NOTE [Serving overhead] in offrecomp/hooks.py), and the op recorder (the
+  measuring pass).
+
+Each figure is the time over plain divided by the number of saves or ops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+if __package__ in (None, ""):  # run as a script: make the repo importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import offrecomp
+from offrecomp.trace import RUN, OpRecorder, ServingMode, build_structure
+
+
+class _Chain(nn.Module):
+    def __init__(self, ops: int) -> None:
+        super().__init__()
+        self.ops = ops
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.ops):
+            x = torch.tanh(x)
+        return x
+
+
+class _Model(nn.Module):
+    """Two chains (regions) behind a scale with a parameter, so that backward runs."""
+
+    def __init__(self, ops: int) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(16))
+        self.blocks = nn.ModuleList([_Chain(ops // 2), _Chain(ops - ops // 2)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * self.w
+        for b in self.blocks:
+            x = b(x)
+        return x.sum()
+
+
+class _Bare(TorchDispatchMode):
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
+def _seconds(fn: Callable[[], None], device: torch.device) -> float:
+    """Wall time of ``fn`` from an idle device to an idle device."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ops", type=int, default=200, help="ops (and saves) per step (default 200)")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--reps", type=int, default=20, help="timings per variant per round (median)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", help="write the results as JSON here")
+    args = ap.parse_args(argv)
+    if args.ops < 2 or args.rounds < 1 or args.reps < 1:
+        ap.error(f"--ops {args.ops}, --rounds {args.rounds}, --reps {args.reps}: need ops >= 2 and rounds, reps >= 1")
+    device = torch.device(args.device)
+    n = args.ops
+    torch.manual_seed(0)
+    model = _Model(n).to(device)
+    x = torch.randn(16, device=device)
+
+    def step() -> None:
+        model(x).backward()
+
+    def identity_hooks() -> None:
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            step()
+
+    rt = offrecomp.runtime(model, mode="keep", min_bytes=0)
+
+    def keep() -> None:
+        with rt:
+            for _ in range(args.reps):
+                step()
+
+    saves = [0]
+
+    def count(t: torch.Tensor) -> torch.Tensor:
+        saves[0] += 1
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
+        step()
+
+    chain = _Chain(n)
+
+    def ops_plain() -> None:
+        chain(x)
+
+    def ops_bare() -> None:
+        with _Bare():
+            chain(x)
+
+    rec = OpRecorder(use_cuda_events=False, cuda_devices=())
+    rec.start()
+    try:
+        chain(x)
+    finally:
+        rec.stop()
+    structure = build_structure(rec, [], [], [], [], rec.op_seconds(), 0.0)
+    program = [RUN] * len(structure.op_names)
+
+    def ops_serving() -> None:
+        with ServingMode(region_name="chain", structure=structure, program=program, storage_tensors={}):
+            chain(x)
+
+    def ops_recorder() -> None:
+        r = OpRecorder(use_cuda_events=False, cuda_devices=())
+        r.start()
+        try:
+            chain(x)
+        finally:
+            r.stop()
+
+    per_step: dict[str, Callable[[], None]] = {
+        "plain step": step,
+        "identity hooks": identity_hooks,
+        "ops plain": ops_plain,
+        "bare dispatch mode": ops_bare,
+        "replay dispatch mode": ops_serving,
+        "op recorder": ops_recorder,
+    }
+    for fn in per_step.values():  # warm up
+        fn()
+    keep()
+    samples: dict[str, list[float]] = {k: [] for k in [*per_step, "offrecomp keep"]}
+    for r in range(args.rounds):
+        for name, fn in per_step.items():
+            samples[name].append(statistics.median(_seconds(fn, device) for _ in range(args.reps)))
+        # keep: the runtime entered once around the round's steps, as around a loop
+        samples["offrecomp keep"].append(_seconds(keep, device) / args.reps)
+        print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    us = 1e6
+    rows = [
+        ("per saved tensor", "identity hook pair (floor)", (med["identity hooks"] - med["plain step"]) / saves[0] * us),
+        ("per saved tensor", "offrecomp keep", (med["offrecomp keep"] - med["plain step"]) / saves[0] * us),
+        ("per op", "bare dispatch mode (floor)", (med["bare dispatch mode"] - med["ops plain"]) / n * us),
+        ("per op", "replay dispatch mode, every op run", (med["replay dispatch mode"] - med["ops plain"]) / n * us),
+        ("per op", "op recorder (measuring pass)", (med["op recorder"] - med["ops plain"]) / n * us),
+    ]
+    print(
+        f"{saves[0]} saves and {n} ops per step, device {device}, torch {torch.__version__}, "
+        f"{args.rounds} interleaved rounds of {args.reps} timings"
+    )
+    print(f"plain: {med['plain step'] * 1e3:.3f} ms per step, {med['ops plain'] / n * us:.2f} us per op")
+    print(f"{'':18s}{'variant':38s}{'us over plain':>14s}")
+    for kind, name, v in rows:
+        print(f"{kind:18s}{name:38s}{v:14.2f}")
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "device": str(device),
+                    "torch": torch.__version__,
+                    "saves": saves[0],
+                    "ops": n,
+                    "rounds": args.rounds,
+                    "median_seconds": med,
+                    "us_over_plain": {f"{k}: {name}": v for k, name, v in rows},
+                },
+                indent=2,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
