@@ -10,7 +10,8 @@ with the variants interleaved (one timing of each per round) and medians over ro
 * per saved tensor: a region of ``--ops`` elementwise ops on a 16-element tensor, each
   output saved for backward; forward + backward plainly, under an identity hook pair
   (the floor), and under offrecomp with every save kept (``mode="keep"``: pack, handle,
-  unpack, release);
+  unpack, release), also with a dozen buffers in each region (NOTE [Buffer saves] in
+  offrecomp/runtime.py);
 * per op: the same ops under a bare ``TorchDispatchMode`` (the floor), the replay's
   serving mode running every op (the cost each op pays in a replay under the dispatch
   mode; NOTE [Serving overhead] in offrecomp/hooks.py), and the op recorder (the
@@ -42,9 +43,11 @@ from offrecomp.trace import RUN, OpRecorder, ServingMode, build_structure
 
 
 class _Chain(nn.Module):
-    def __init__(self, ops: int) -> None:
+    def __init__(self, ops: int, buffers: int = 0) -> None:
         super().__init__()
         self.ops = ops
+        for i in range(buffers):  # as BatchNorm layers hold (three each)
+            self.register_buffer(f"b{i}", torch.zeros(4))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for _ in range(self.ops):
@@ -55,10 +58,10 @@ class _Chain(nn.Module):
 class _Model(nn.Module):
     """Two chains (regions) behind a scale with a parameter, so that backward runs."""
 
-    def __init__(self, ops: int) -> None:
+    def __init__(self, ops: int, buffers: int = 0) -> None:
         super().__init__()
         self.w = nn.Parameter(torch.ones(16))
-        self.blocks = nn.ModuleList([_Chain(ops // 2), _Chain(ops - ops // 2)])
+        self.blocks = nn.ModuleList([_Chain(ops // 2, buffers), _Chain(ops - ops // 2, buffers)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x * self.w
@@ -107,11 +110,18 @@ def main(argv: list[str] | None = None) -> int:
             step()
 
     rt = offrecomp.runtime(model, mode="keep", min_bytes=0)
+    buffered = _Model(n, buffers=12).to(device)
+    rt_buffered = offrecomp.runtime(buffered, mode="keep", min_bytes=0)
 
     def keep() -> None:
         with rt:
             for _ in range(args.reps):
                 step()
+
+    def keep_buffered() -> None:
+        with rt_buffered:
+            for _ in range(args.reps):
+                buffered(x).backward()
 
     saves = [0]
 
@@ -163,18 +173,25 @@ def main(argv: list[str] | None = None) -> int:
     for fn in per_step.values():  # warm up
         fn()
     keep()
-    samples: dict[str, list[float]] = {k: [] for k in [*per_step, "offrecomp keep"]}
+    keep_buffered()
+    samples: dict[str, list[float]] = {k: [] for k in [*per_step, "offrecomp keep", "offrecomp keep, buffers"]}
     for r in range(args.rounds):
         for name, fn in per_step.items():
             samples[name].append(statistics.median(_seconds(fn, device) for _ in range(args.reps)))
         # keep: the runtime entered once around the round's steps, as around a loop
         samples["offrecomp keep"].append(_seconds(keep, device) / args.reps)
+        samples["offrecomp keep, buffers"].append(_seconds(keep_buffered, device) / args.reps)
         print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
     med = {k: statistics.median(v) for k, v in samples.items()}
     us = 1e6
     rows = [
         ("per saved tensor", "identity hook pair (floor)", (med["identity hooks"] - med["plain step"]) / saves[0] * us),
         ("per saved tensor", "offrecomp keep", (med["offrecomp keep"] - med["plain step"]) / saves[0] * us),
+        (
+            "per saved tensor",
+            "offrecomp keep, 12 buffers per region",
+            (med["offrecomp keep, buffers"] - med["plain step"]) / saves[0] * us,
+        ),
         ("per op", "bare dispatch mode (floor)", (med["bare dispatch mode"] - med["ops plain"]) / n * us),
         ("per op", "replay dispatch mode, every op run", (med["replay dispatch mode"] - med["ops plain"]) / n * us),
         ("per op", "op recorder (measuring pass)", (med["op recorder"] - med["ops plain"]) / n * us),

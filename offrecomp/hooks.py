@@ -135,7 +135,7 @@ class Placer:
         nbytes = storage.nbytes()
         ptr = storage.data_ptr()
         region = call.region
-        if nbytes == 0 or (region is not None and region.slots and ptr in rt._buffer_ptrs(region)):
+        if nbytes == 0 or (region is not None and region.slots and ptr in rt._call_buffer_ptrs(call, region)):
             return _Plain(t, call)
         rec = call.by_ptr.get(ptr)
         if rec is None or rec.released or rec.storage_ref() is not storage:

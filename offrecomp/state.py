@@ -186,6 +186,8 @@ class RegionCall:
     replayed: dict[int, torch.Tensor] = field(default_factory=dict)
     mismatch: bool = False  # structure differs from the planned one
     borrowed_sizes: list[int] | None = None  # NOTE [Borrowed plans]: the donor's storage sizes
+    buffer_ptrs: frozenset[int] | None = None  # NOTE [Buffer saves]: storages of the region's buffers
+    buffer_epoch: int = -1  # buffer assignments counted when buffer_ptrs was read
     collective: bool = False  # runs collectives: auto never replays it (NOTE [Collective regions])
     writes_state: bool = False  # its region writes its inputs or parameters: never replayed (NOTE [State written by its region])
     record: bool = False  # recorded outside a measuring pass (NOTE [Calls the profile lacks])

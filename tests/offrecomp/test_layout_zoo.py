@@ -1009,6 +1009,59 @@ def test_buffer_reassigned_in_forward(mode: str) -> None:
     _plain_vs_runtime(lambda: Chain(ReassignedBuffer), [torch.randn(3, 4), torch.randn(3, 4)], mode)
 
 
+class LateReassignedBuffer(nn.Module):
+    """Saves first, then replaces a buffer by assignment and saves the new buffer (the
+    region's buffers were read at its first save: NOTE [Buffer saves])."""
+
+    run: torch.Tensor
+
+    def __init__(self, reassign: bool = True) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("run", torch.ones(4))
+        self.reassign = reassign
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.fc(x))  # the first saves
+        with torch.no_grad():
+            new = 0.9 * self.run + 0.1 * h.mean(0)
+            if self.reassign:
+                self.run = new
+            else:
+                self.run.copy_(new)
+        return x + h * self.run  # saves the buffer
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_buffer_reassigned_after_the_first_save(mode: str) -> None:
+    """The replaced buffer is still the region's buffer, saved as it is: the pass books
+    the same storages as when the buffer is updated in place instead, and gradients and
+    buffers match plain."""
+    xs = [torch.randn(3, 4), torch.randn(3, 4)]
+    _plain_vs_runtime(lambda: Chain(LateReassignedBuffer), xs, mode)
+    storages = []
+    for reassign in (True, False):
+        torch.manual_seed(0)
+        m = Chain(lambda: LateReassignedBuffer(reassign))  # noqa: B023 - called right here
+        with offrecomp.runtime(m, mode=mode, min_bytes=0) as rt:
+            m(xs[0]).backward()
+        storages.append(rt.report().steps[0].storages)
+    assert storages[0] == storages[1], storages
+
+
+def test_the_buffer_assignment_hook_lives_only_while_entered() -> None:
+    """NOTE [Buffer saves]: the global hook that counts buffer assignments is torch's
+    global state; the runtime removes it on exit."""
+    from torch.nn.modules import module as module_mod
+
+    before = dict(module_mod._global_buffer_registration_hooks)
+    m = Chain(LateReassignedBuffer)
+    with offrecomp.runtime(m, mode="recompute", min_bytes=0):
+        assert len(module_mod._global_buffer_registration_hooks) == len(before) + 1
+        m(torch.randn(3, 4)).backward()
+    assert dict(module_mod._global_buffer_registration_hooks) == before
+
+
 class SparseBufferBlock(nn.Module):
     adj: torch.Tensor
 
