@@ -440,7 +440,8 @@ class Planner:
         if rec.collective and self.rt._distributed:  # NOTE [Collective regions]
             self.collective_regions.add(call.name)
             call.collective = True
-            self.rt._warn_collective(call.name)
+            if call.region is not None:
+                self.rt._warn_collective(call.region)
         min_bytes = self.rt.config.min_bytes
         kinds = []
         for s in call.storages:

@@ -563,7 +563,7 @@ class Runtime:
             region.name in self._planner.collective_regions or _runs_collectives(region.module)
         ):
             call.collective = True
-            self._warn_collective(region.name)
+            self._warn_collective(region)
         p.calls.append(call)
         self._planner.assign(p, call)
         if self._device is None:
@@ -580,16 +580,16 @@ class Runtime:
         call.start_mark = self._clock.mark()
         return call
 
-    def _warn_collective(self, name: str) -> None:
+    def _warn_collective(self, region: Region) -> None:
         if self.config.mode == "auto":
             _warn_once(
-                "collective",
+                f"collective:{_kind(region)}",
                 "offrecomp: region %r (and any other like it) runs collectives (tensor-parallel "
                 "DTensor parameters, or torch.distributed calls); each rank plans from its own "
                 "timings, and a replay on one rank alone would wait forever, so auto mode keeps "
                 "or offloads its activations. mode='recompute' recomputes every region on every "
                 "rank.",
-                name,
+                region.name,
             )
 
     def _capture(
@@ -708,7 +708,7 @@ class Runtime:
         what = " and ".join(w for w, hit in (("its own inputs", inputs), ("its parameters", params)) if hit)
         missed = bool(unseen) or (call.params is not None and bool(call.params.unseen))
         _warn_once(
-            "writes-state" if not missed else f"writes-state-unseen:{region.name}",
+            f"writes-state:{_kind(region)}" if not missed else f"writes-state-unseen:{region.name}",
             "offrecomp: region %r (and any other like it) writes %s in place in its forward "
             "(an in-place activation applied to its input first thing; a running average "
             "kept in a frozen parameter); a replay needs them as they were, so its "
@@ -1347,6 +1347,13 @@ def _warn_compiled(names: str) -> None:
         "model.blocks[i] = torch.compile(model.blocks[i])",
         names,
     )
+
+
+def _kind(region: Region) -> str:
+    """The class of a region's module: warnings about "a region and any other like it"
+    come once per kind of block in the process, so another model's blocks still warn."""
+    cls = type(region.module)
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _warn_once(key: str, msg: str, *args: Any) -> None:

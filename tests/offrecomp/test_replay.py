@@ -375,6 +375,22 @@ def test_a_region_that_writes_its_state_replays_from_a_copy_then_keeps(
         assert "writes its inputs or parameters in place: never recomputed" in rt.explain()
 
 
+def test_the_state_warning_comes_once_per_kind_of_block(caplog: pytest.LogCaptureFixture) -> None:
+    """One warning for a model's blocks that are alike; another model trained later in
+    the same process, whose blocks are of another kind, gets its own (a process-wide
+    "once" had silenced it)."""
+    sys.modules["offrecomp.runtime"]._warned.clear()
+    batch = lambda s: torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(s))  # noqa: E731
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        for block in (WritesItsInput, RunningMeanInAParameter, WritesItsInput):
+            torch.manual_seed(0)
+            m = models.Stack([block() for _ in range(3)])
+            train(m, batch, offrecomp.runtime(m, mode="recompute", min_bytes=0), steps=2)
+    warned = [r.getMessage() for r in caplog.records if "in place in its forward" in r.getMessage()]
+    assert len(warned) == 2, warned
+    assert "its own inputs" in warned[0] and "its parameters" in warned[1]
+
+
 class NoisyBlock(nn.Module):
     """Injects noise drawn from a generator of its own (not the global RNG)."""
 
