@@ -47,8 +47,10 @@ __all__ = ["Placer", "flat_bytes"]
 KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
 _graph_task_id = torch._C._current_graph_task_id  # see _torch_compat.current_graph_task_id
 
-#: Host time the replay dispatch mode adds per op it sees (Python dispatch, measured at
-#: 10-40 us on current hosts). See NOTE [Serving overhead].
+#: Host time the replay dispatch mode adds per op it sees, until the replays that run
+#: teach the runtime its own figure. The mode itself costs about 8 us an op over plain on a
+#: CPU host (benchmarks/bench_host_overhead.py); what replays show, learnt, was about 40
+#: (the forward's Python around skipped ops included). See NOTE [Serving overhead].
 SERVING_OVERHEAD_SECONDS = 25e-6
 
 
