@@ -34,7 +34,15 @@ from torch import nn
 from offrecomp.regions import replay_arguments
 from offrecomp.replay import replay_call
 from offrecomp.state import KeptHandle, PassState, RegionCall, SavedHandle, StorageRec
-from offrecomp.trace import PLACEHOLDER, RUN, SERVE, ReplayDivergedError, SaveInfo, internal
+from offrecomp.trace import (
+    PLACEHOLDER,
+    RUN,
+    SERVE,
+    CastDivergedError,
+    ReplayDivergedError,
+    SaveInfo,
+    internal,
+)
 from scheduler.plan import Placement
 
 if TYPE_CHECKING:
@@ -415,6 +423,18 @@ class Placer:
                 rt._on_oom(call.pass_state)
                 raise
             except ReplayDivergedError as exc:
+                if structure is not None and program is not None and isinstance(exc, CastDivergedError):
+                    # NOTE [Autocast cache]: a parameter object other than the recorded one
+                    # (parameters replaced since the recording): replay this region plainly
+                    structure.opaque = True
+                    rt._planner.opaque_regions.add(call.name)
+                    structure = None
+                    log.warning(
+                        "offrecomp: replay of region %r under the dispatch mode diverged at a cast "
+                        "of a parameter (%s); replaying it plainly from now on",
+                        call.name, exc,
+                    )
+                    continue
                 if structure is not None and program is not None and PLACEHOLDER in program:
                     structure.placeholders_ok = False
                     log.warning(

@@ -494,9 +494,15 @@ def capture_autocast(device_types: Iterable[str]) -> AutocastState:
     return AutocastState(tuple(entries), bool(torch.is_autocast_cache_enabled()))
 
 
-def autocast_contexts(state: AutocastState) -> list[Any]:
+def autocast_contexts(state: AutocastState, *, cache: bool = True) -> list[Any]:
+    """The forward's autocast state, for a replay. ``cache=False`` turns autocast's weight
+    cache off (NOTE [Autocast cache] in trace.py): a replay under the serving mode then
+    dispatches every cast, whatever casts the forward found cached. A plain replay keeps
+    the forward's setting, which a compiled block's graph guards on (another setting
+    would compile it again)."""
+    cache_enabled = state.cache_enabled and cache
     return [
-        torch.autocast(device_type=dt, dtype=dtype, enabled=enabled, cache_enabled=state.cache_enabled)
+        torch.autocast(device_type=dt, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
         for dt, enabled, dtype in state.entries
     ]
 

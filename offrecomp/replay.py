@@ -281,7 +281,8 @@ def replay_call(
             stack.enter_context(user_code())
             stack.enter_context(torch.enable_grad())
             if call.autocast is not None:
-                for ctx in autocast_contexts(call.autocast):
+                # NOTE [Autocast cache]: under the serving mode, with the weight cache off
+                for ctx in autocast_contexts(call.autocast, cache=mode is None):
                     stack.enter_context(ctx)
             stack.enter_context(_swap_buffers(call))
             stack.enter_context(_swap_params(call))

@@ -126,6 +126,11 @@ class ReplayDivergedError(RuntimeError):
     """A replay did not dispatch what the forward dispatched."""
 
 
+class CastDivergedError(ReplayDivergedError):
+    """A replay under the serving mode diverged at a cast of a parameter, which autocast's
+    weight cache explains (NOTE [Autocast cache]): a plain replay is right."""
+
+
 #: torch.distributed's ops as the dispatcher names them (dist.all_reduce and friends, and
 #: the functional collectives).
 _COLLECTIVE_NAMESPACES = ("c10d.", "_c10d_functional.", "c10d_functional.")
@@ -325,6 +330,9 @@ class _Op:
     grad_enabled: bool = True
     higher_order: bool = False
     """A higher-order operator: its subgraphs' ops are not seen, so the region is opaque."""
+    cast_of: int = 0
+    """``id`` of the parameter a cast autocast caches converts, else 0 (NOTE [Autocast
+    cache])."""
 
 
 def _gen_states(devices: Sequence[int]) -> tuple[Any, ...]:
@@ -571,6 +579,7 @@ class OpRecorder(_RegionMode):
                 factory=not in_tensors,
                 grad_enabled=torch.is_grad_enabled(),
                 higher_order=higher_order,
+                cast_of=_param_cast(tr.name, args, kwargs),
             )
         )
         return out
@@ -620,6 +629,9 @@ class RegionStructure:
     view_ops: list[bool]
     save_ops: list[int] = field(default_factory=list)
     """Per save (pack index): number of ops dispatched before it."""
+    param_casts: dict[int, int] = field(default_factory=dict)
+    """Op index -> ``id`` of the parameter it casts, for the casts autocast caches (NOTE
+    [Autocast cache])."""
 
     def program(self, kept: Sequence[bool], needed_saves: set[int], storage_of_save: dict[int, int]) -> list[int]:
         """What replay does with each op of the prefix it must cover.
@@ -837,6 +849,7 @@ def build_structure(
         servable=servable,
         view_ops=view_ops,
         save_ops=[s.ops_before for s in saves],
+        param_casts={k: op.cast_of for k, op in enumerate(rec.ops) if op.cast_of},
     )
 
 
@@ -872,9 +885,10 @@ class ServingMode(_RegionMode):
         """The divergence this replay raised (here or in its pack hook), in case code
         between it and the replay (as TorchScript does) turns it into another error."""
 
-    def diverge(self, msg: str) -> ReplayDivergedError:
-        """Record a divergence; the caller raises what it returns."""
-        self.diverged = ReplayDivergedError(msg)
+    def diverge(self, msg: str, *, cast: bool = False) -> ReplayDivergedError:
+        """Record a divergence; the caller raises what it returns. ``cast``: at a parameter
+        cast (NOTE [Autocast cache])."""
+        self.diverged = (CastDivergedError if cast else ReplayDivergedError)(msg)
         return self.diverged
 
     def is_placeholder(self, t: torch.Tensor) -> bool:
@@ -892,10 +906,24 @@ class ServingMode(_RegionMode):
         st = self.structure
         expected = st.op_names[k] if k < len(st.op_names) else None
         name = op_name(func)
+        if name == _TO_COPY:
+            cast_of = _param_cast(name, args, kwargs)
+            recorded = st.param_casts.get(k, 0)
+            if cast_of and cast_of != recorded:
+                # NOTE [Autocast cache]: the forward found this cast in autocast's cache
+                self.index = k
+                return func(*args, **kwargs)
+            if recorded and not cast_of:
+                raise self.diverge(
+                    f"offrecomp: replay of region {self.region_name!r} diverged at op {k}: the "
+                    "forward cast a parameter there, the replay casts another tensor",
+                    cast=True,
+                )
         if expected != name:
             raise self.diverge(
                 f"offrecomp: replay of region {self.region_name!r} diverged at op {k}: the forward "
-                f"ran {expected or '<nothing>'}, the replay ran {name}"
+                f"ran {expected or '<nothing>'}, the replay ran {name}",
+                cast=k in st.param_casts,  # a recorded parameter cast the replay does not make
             )
         action = self.program[k] if k < len(self.program) else RUN
         if action == RUN:
@@ -941,6 +969,41 @@ class ServingMode(_RegionMode):
         else:
             self.stubbed += 1
         return _unflatten_like(func, rebuilt)
+
+
+# NOTE [Autocast cache]
+# Under autocast, the first op that needs a float32 parameter in bf16/fp16 casts it
+# (aten._to_copy) and autocast caches the cast until the outermost autocast context
+# exits; later uses of that parameter in the context dispatch no cast. A block that uses
+# a parameter an earlier block already cast (weights shared or tied between blocks, a
+# block called twice, two forwards in one autocast context) records no cast, and a
+# replay that casts again dispatches one op more than the recording. Replays under the
+# serving mode run with the cache off (``regions.autocast_contexts``), so they dispatch
+# every cast: never fewer than the recording, even inside the forward's context
+# (backward called under autocast, where the cache still holds the forward's casts).
+# Plain replays keep the forward's setting: a compiled block's graph guards on it, and
+# they check no op sequence. The recording marks each
+# parameter cast with its parameter; the serving mode runs a parameter cast that is not
+# the recorded op at its place without consuming that op (never serving it: running it
+# is always right). Matching by name alone was not enough: an extra cast of a bias took
+# the place of the recorded cast of the input and was served the input's bytes. Plain
+# replays check nothing.
+_TO_COPY = "aten._to_copy.default"
+
+
+def _param_cast(name: str, args: Any, kwargs: dict[str, Any]) -> int:
+    """``id`` of the parameter when the op is a cast autocast caches (a float32
+    parameter to a lower floating precision), else 0. A replay's region inputs are
+    fresh leaves that require grad, so "a parameter" is what tells the casts apart, not
+    "a leaf" (inside autocast's kernel its keys are excluded, so
+    ``torch.is_autocast_enabled`` reads False here). Running such a cast is always
+    safe: it is a pure function of the parameter."""
+    if name != _TO_COPY or not args:
+        return 0
+    t = args[0]
+    if not isinstance(t, torch.nn.Parameter) or t.dtype != torch.float32 or not t.requires_grad:
+        return 0
+    return id(t) if kwargs.get("dtype") in (torch.bfloat16, torch.float16) else 0
 
 
 def _unflatten_like(func: Any, flat: list[Any]) -> Any:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -1064,3 +1065,98 @@ def test_replay_under_serving_after_the_branch_changed(block: type[nn.Module]) -
 
     ref, got = _plain_and_runtime(model, xs, make_rt)
     _assert_same(ref, got)
+
+
+class SharedLinearBlock(nn.Module):
+    """Uses a Linear shared by every block (autocast casts its weight once per context)."""
+
+    def __init__(self, shared: nn.Linear) -> None:
+        super().__init__()
+        self.shared = shared
+        self.own = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.own(F.gelu(self.shared(x))))
+
+
+class SharedLinearModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        shared = nn.Linear(16, 16)
+        self.blocks = nn.ModuleList(SharedLinearBlock(shared) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x.float().square().mean()
+
+
+def _autocast_runs(
+    loop: str, drop: int, replace_at: int | None = None
+) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]], offrecomp.Runtime]:
+    """Plain and runtime runs of SharedLinearModel under bf16 autocast, every block's
+    storage ``drop`` dropped and replays under the dispatch mode. ``loop``: ``outside``
+    (backward after the autocast context), ``inside`` (backward in it), ``two`` (two
+    forwards in one context, one backward). ``replace_at``: before that step, every
+    Linear's weight becomes a new Parameter with the same values."""
+    torch.manual_seed(0)
+    model = SharedLinearModel()
+    xs = [torch.randn(4, 16, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+
+    def run(m: nn.Module, rt: offrecomp.Runtime | None) -> list[list[torch.Tensor]]:
+        out = []
+        with rt if rt is not None else contextlib.nullcontext():
+            for i, x in enumerate(xs):
+                if i == replace_at:
+                    for mod in m.modules():
+                        if isinstance(mod, nn.Linear):
+                            mod.weight = nn.Parameter(mod.weight.detach().clone())
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = m(x) if loop != "two" else m(x) + m(x.flip(0))
+                    if loop == "inside":
+                        loss.backward()
+                if loop != "inside":
+                    loss.backward()
+                out.append([p.grad.clone() for p in m.parameters()])
+                m.zero_grad(set_to_none=True)
+        return out
+
+    ref = run(copy.deepcopy(model), None)
+    m = copy.deepcopy(model)
+    rt = offrecomp.runtime(m, mode="auto", min_bytes=0, replay_op_us=0)
+    calls = 2 if loop == "two" else 1
+    rt.set_plan(
+        offrecomp.Plan(
+            placements={(f"blocks.{b}", c, drop): offrecomp.Placement.RECOMPUTE for b in range(3) for c in range(calls)},
+            default=offrecomp.Placement.KEEP,
+            plan_id=f"drop-{drop}",
+        )
+    )
+    return ref, run(m, rt), rt
+
+
+@pytest.mark.parametrize("drop", range(1, 7))
+@pytest.mark.parametrize("loop", ["outside", "inside", "two"])
+def test_replay_under_serving_with_autocast_cached_weights(loop: str, drop: int) -> None:
+    """NOTE [Autocast cache]: autocast casts the shared weight in the first block of a
+    context and hands the later ones its cached cast, so their recordings lack the cast
+    their replays (outside that context) dispatch; a replay inside the context finds in
+    the cache the casts the first block recorded; a second forward in one context finds
+    every cast there. The serving mode ran an extra cast of the bias in place of the
+    recorded cast of the input and served it the input's bytes, or raised a divergence."""
+    ref, got, rt = _autocast_runs(loop, drop)
+    _assert_same(ref, got)
+    assert any(s.served_ops > 0 for s in rt.report().steps[1:])
+
+
+def test_serving_falls_back_to_plain_replay_when_a_cast_parameter_was_replaced(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """NOTE [Autocast cache]: casts are matched to the recording by their parameter. After
+    the parameter objects are replaced (a new Parameter per slot, same values) the
+    replay's casts match none: the region replays plainly from then on, with a warning,
+    and gradients stay bitwise equal to plain."""
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        ref, got, _ = _autocast_runs("outside", 3, replace_at=2)
+    _assert_same(ref, got)
+    assert any("diverged at a cast of a parameter" in r.getMessage() for r in caplog.records)
