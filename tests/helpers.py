@@ -131,7 +131,10 @@ def check_variant_report(records: list[Any], variant: str, *, n_steps: int, stab
         phases = [s.phase for s in records]
         assert phases[0] == "measure", phases
         if stable:  # its own plan, or a larger signature's (NOTE [Borrowed plans])
-            assert phases[-1] in ("planned", "borrowed"), phases
+            # NOTE [Host pauses]: a calibration pass that a garbage collection distorted
+            # runs again (at most twice), which on a loaded host can outlast a short run
+            paused = any(s.phase == "calibrate" and s.pause_seconds > 0 for s in records)
+            assert phases[-1] in ("planned", "borrowed") or (paused and phases[-1] == "calibrate"), phases
     if variant in ("auto_tight", "auto_serve"):
         assert records[-1].recomputed_bytes > 0, "a budget of half keep's peak forced no dropping"
 
