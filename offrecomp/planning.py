@@ -114,6 +114,9 @@ class PlanEntry:
     structures: dict[tuple[str, int], RegionStructure] = field(default_factory=dict)
     profile: Profile | None = None
     plan: Plan | None = None
+    borrow_plan: Plan | None = None
+    """The plan with every replay priced plainly: what passes that borrow this signature's
+    plan run (NOTE [Borrowed plans]). Solved when first lent, dropped at every solve."""
     needs_measure: bool = True
     needs_solve: bool = False
     cost: CostModel | None = None
@@ -178,11 +181,11 @@ class Planner:
         p.plan_signature = p.signature
         if user is None and p.signature not in self.entries:
             donor, seen = self._donor(p)
-            if donor is not None and donor.plan is not None:
+            if donor is not None and donor.borrow_plan is not None:
                 p.planned = True
                 p.phase = "borrowed"
                 p.plan_signature = donor.signature
-                p.plan_id = donor.plan.plan_id
+                p.plan_id = donor.borrow_plan.plan_id
                 return
             if not seen and self._grows_from_profiled(p):
                 # NOTE [Borrowed plans]: a little larger than a profiled signature (a
@@ -229,7 +232,10 @@ class Planner:
     # Each storage is checked against the donor's size; a larger one (code whose saves
     # depend on the shape) drops the rest of its call's activations, and the signature
     # measures its own profile at its next pass. Replays run plainly: the donor's op
-    # recording is another shape's. A signature seen before measures its own profile
+    # recording is another shape's. So the plan a borrowing pass runs is the donor's
+    # profile solved again with every replay priced plainly (``PlanEntry.borrow_plan``):
+    # the donor's own plan may drop a few late outputs of every block, cheap when served,
+    # which plain replays pay for with each block's whole prefix. A signature seen before measures its own profile
     # while the plan cache has room (bucketed lengths get their own plans); otherwise
     # it borrows. A donor without a plan yet (measured, not calibrated) is solved from
     # its measured profile. Borrowed passes teach no cost model and predict nothing.
@@ -260,6 +266,8 @@ class Planner:
             return None, seen
         if best.plan is None or best.needs_solve:
             self._solve(best)
+        if best.borrow_plan is None:
+            self._solve_borrow_plan(best)
         self.entries.move_to_end(best.signature)  # a donor in use stays cached
         return best, seen
 
@@ -305,6 +313,8 @@ class Planner:
             return
         entry = self.entries.get(p.plan_signature or p.signature)
         plan = self.active_plan(entry) if entry is not None else None
+        if entry is not None and p.phase == "borrowed":
+            plan = entry.borrow_plan
         if entry is None or plan is None:
             return
         if call.is_root:
@@ -577,7 +587,7 @@ class Planner:
             log.info("offrecomp: profile of signature %s saved to %s", p.signature, rt.config.profile_path)
         entry.needs_measure = False
         entry.needs_solve = True
-        entry.plan = None
+        entry.plan = entry.borrow_plan = None
         self.last_entry = entry
 
     def _backward_seconds(
@@ -616,29 +626,77 @@ class Planner:
             return max(0, int(cap * (1.0 - cfg.budget_margin)) - profile.fixed_bytes)
         return int(host_available_bytes() * (1.0 - cfg.budget_margin))
 
+    def _entry_budget(self, entry: PlanEntry) -> int | None:
+        """The budget ``entry``'s plans are solved for (shrunk after a device OOM)."""
+        assert entry.profile is not None
+        budget = self.budget_bytes(entry.profile)
+        if budget is not None and entry.budget_scale < 1.0:
+            budget = int(budget * entry.budget_scale)
+        return budget
+
+    def _solve_plan(self, entry: PlanEntry) -> Plan:
+        """Solve ``entry``'s profile, at its budget, as its replays are priced now."""
+        cfg = self.rt.config
+        profile = entry.profile
+        assert profile is not None
+        from scheduler.solver import solve
+
+        return solve(
+            profile,
+            budget_bytes=self._entry_budget(entry),
+            max_overhead=cfg.max_overhead,
+            prefetch_regions=cfg.prefetch.regions or 2,
+            allow_offload=profile.device == "cuda" and profile.d2h_gbps > 0 and profile.h2d_gbps > 0,
+            infeasible=cfg.infeasible,
+            log_infeasible=False,
+        )
+
+    #: Replay cost per op under the dispatch mode that makes every replay plain.
+    PLAIN_REPLAY_OP_SECONDS = 1.0
+
+    def _solve_borrow_plan(self, entry: PlanEntry) -> None:
+        """NOTE [Borrowed plans]: a borrowing pass replays plainly (the donor's recording is
+        another shape's, so nothing is served), running each replayed block up to its
+        last dropped save. The plan it runs is solved for that: the same profile and
+        budget with every replay priced as a plain one, which drops whole prefixes where
+        the served plan would drop a few late outputs of every block."""
+        profile = entry.profile
+        assert profile is not None
+        saved = profile.replay_op_seconds
+        profile.replay_op_seconds = self.PLAIN_REPLAY_OP_SECONDS
+        try:
+            plan = self._solve_plan(entry)
+        finally:
+            profile.replay_op_seconds = saved
+        entry.borrow_plan = plan
+        self._pin_ahead(self._offloaded_sizes(profile, plan))
+        log.info(
+            "offrecomp: plan %s for passes borrowing signature %s (replays priced plainly): "
+            "predicted peak %s, predicted step %.4fs",
+            plan.plan_id, entry.signature, format_bytes(plan.predicted_peak_bytes or 0),
+            plan.predicted_step_seconds or 0.0,
+        )
+
+    @staticmethod
+    def _offloaded_sizes(profile: Profile, plan: Plan) -> list[int]:
+        sizes = [
+            s.nbytes
+            for r in profile.regions
+            for i, s in enumerate(r.storages)
+            if plan.placement((r.name, r.call_index, i)) == OFFLOAD
+        ]
+        return sizes + [s.nbytes for i, s in enumerate(profile.root) if plan.placement((ROOT, 0, i)) == OFFLOAD]
+
     def _solve(self, entry: PlanEntry) -> None:
         cfg = self.rt.config
         profile = entry.profile
         assert profile is not None
-        budget = self.budget_bytes(profile)
-        if budget is not None and entry.budget_scale < 1.0:
-            budget = int(budget * entry.budget_scale)
-        allow_offload = profile.device == "cuda" and profile.d2h_gbps > 0 and profile.h2d_gbps > 0
-        prefetch = cfg.prefetch.regions or 2
+        budget = self._entry_budget(entry)
         # NOTE [Serving overhead]: price replays as the runtime will run them
         profile.replay_op_seconds = self.replay_op_seconds
         entry.solved_replay_op_seconds = self.replay_op_seconds
-        from scheduler.solver import solve
-
-        plan = solve(
-            profile,
-            budget_bytes=budget,
-            max_overhead=cfg.max_overhead,
-            prefetch_regions=prefetch,
-            allow_offload=allow_offload,
-            infeasible=cfg.infeasible,
-            log_infeasible=False,
-        )
+        plan = self._solve_plan(entry)
+        entry.borrow_plan = None  # solved again when next lent
         if not plan.feasible and not entry.warned_infeasible:
             entry.warned_infeasible = True  # once per signature, not once per re-plan
             log.warning(
@@ -659,16 +717,10 @@ class Planner:
             log.info("offrecomp: profile of signature %s saved to %s", entry.signature, cfg.profile_path)
         counts = plan.counts()
         nbytes = {p: 0 for p in Placement}
-        offloads: list[int] = []
         for r in profile.regions:
             for i, s in enumerate(r.storages):
-                pl = plan.placement((r.name, r.call_index, i))
-                nbytes[pl] += s.nbytes
-                if pl == OFFLOAD:
-                    offloads.append(s.nbytes)
-        offloads += [s.nbytes for i, s in enumerate(profile.root) if plan.placement((ROOT, 0, i)) == OFFLOAD]
-        if offloads:
-            self._pin_ahead(offloads)
+                nbytes[plan.placement((r.name, r.call_index, i))] += s.nbytes
+        self._pin_ahead(self._offloaded_sizes(profile, plan))
         log.info(
             "offrecomp: plan %s for %s: keep %d (%s), offload %d (%s), recompute %d (%s); "
             "budget %s, predicted peak %s, predicted step %.4fs%s",
@@ -695,6 +747,8 @@ class Planner:
         """Pin the plan's host memory now, outside any step: the pool would otherwise pin
         it inside the first planned step (seconds for gigabytes), which that step's
         timing, and the drift check, would take for the plan's cost."""
+        if not sizes:
+            return
         rt = self.rt
         t0 = time.perf_counter()
         engine = rt._get_engine()

@@ -423,3 +423,32 @@ def test_a_borrowed_plan_that_does_not_bound_a_storage_measures_next_time(
     assert phases == ["measure", "borrowed", "measure", "measure"], phases
     borrowed = rt.report().steps[1]
     assert borrowed.recomputed_bytes > 0  # the call that outgrew the donor dropped
+
+
+def _long_then_short(s: int) -> torch.Tensor:
+    t = 24 if s < 20 else 16  # two steps at 24 tokens (measure, calibrate), then shorter
+    return torch.randint(0, 64, (2, t), generator=torch.Generator().manual_seed(s))
+
+
+def test_a_borrowing_pass_runs_the_donor_plan_priced_for_plain_replays() -> None:
+    """NOTE [Borrowed plans]: a borrowing pass replays plainly (nothing is served: the
+    donor's recording is another shape's), so it runs the donor's plan solved with every
+    replay priced plainly. Under that pricing it is never slower than the plan the donor
+    runs itself (solved with every dispatch-mode replay paying, ``replay_op_us=0``); the
+    two may coincide, as the measured times decide."""
+    torch.manual_seed(0)
+    model = make("gpt_dropout")[0]
+    ref = train(twin(model), _long_then_short, steps=5)
+    m = twin(model)
+    rt = _runtime(m, budget="40%", replay_op_us=0, plan_cache_size=1)  # a seen signature borrows again
+    assert_bitwise(ref, train(m, _long_then_short, rt, steps=5))
+    steps = rt.report().steps
+    assert [s.phase for s in steps] == ["measure", "calibrate", "borrowed", "borrowed", "borrowed"]
+    donor = rt._planner.entries["train|(2, 24):int64:cpu"]
+    assert donor.plan is not None and donor.borrow_plan is not None and donor.profile is not None
+    assert all(s.plan_id == donor.borrow_plan.plan_id for s in steps[2:])
+    plain = copy.deepcopy(donor.profile)
+    plain.replay_op_seconds = rt._planner.PLAIN_REPLAY_OP_SECONDS
+    borrowed, own = predict(plain, donor.borrow_plan), predict(plain, donor.plan)
+    assert borrowed.peak_bytes <= rt._planner.budget_bytes(plain)  # type: ignore[operator]
+    assert borrowed.step_seconds <= own.step_seconds * (1 + 1e-9)
