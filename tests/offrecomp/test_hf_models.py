@@ -128,3 +128,28 @@ def test_hf_llama_with_dynamic_padding_borrows_plans(variant: str) -> None:
     phases = [s.phase for s in rt.report().steps]
     assert phases[0] == "measure" and phases[1] == "borrowed", phases
     assert phases.count("measure") == 1, phases  # the first batch is the longest
+
+
+class TwoForwardsUnderAutocast(nn.Module):
+    """Two forwards in one bf16 autocast context, one loss (as preference training runs a
+    chosen and a rejected sequence): the second forward finds every weight cast in
+    autocast's cache (NOTE [Autocast cache])."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.m = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = self.m(input_ids=x, labels=x).loss + self.m(input_ids=x.flip(1), labels=x.flip(1)).loss
+        return loss.float()
+
+
+def test_hf_llama_two_forwards_in_one_autocast_context() -> None:
+    """Replays under the dispatch mode of the second forward's layers raised a
+    divergence: their recordings lack the weight casts the replays make."""
+    torch.manual_seed(0)
+    base = _llama()
+    assert isinstance(base, CausalLM)
+    rt, _ = check_variant(TwoForwardsUnderAutocast(base.m), _batch, "auto_serve", steps=STEPS)
+    assert all(s.replays > 0 for s in rt.report().steps[2:])  # planned passes replayed
