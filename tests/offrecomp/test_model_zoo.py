@@ -1092,7 +1092,7 @@ class SharedLinearModel(nn.Module):
 
 
 def _autocast_runs(
-    loop: str, drop: int, replace_at: int | None = None
+    loop: str, drop: int, replace_at: int | None = None, device: str = "cpu"
 ) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]], offrecomp.Runtime]:
     """Plain and runtime runs of SharedLinearModel under bf16 autocast, every block's
     storage ``drop`` dropped and replays under the dispatch mode. ``loop``: ``outside``
@@ -1100,8 +1100,8 @@ def _autocast_runs(
     forwards in one context, one backward). ``replace_at``: before that step, every
     Linear's weight becomes a new Parameter with the same values."""
     torch.manual_seed(0)
-    model = SharedLinearModel()
-    xs = [torch.randn(4, 16, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    model = SharedLinearModel().to(device)
+    xs = [torch.randn(4, 16, generator=torch.Generator().manual_seed(i)).to(device) for i in range(3)]
 
     def run(m: nn.Module, rt: offrecomp.Runtime | None) -> list[list[torch.Tensor]]:
         out = []
@@ -1111,7 +1111,7 @@ def _autocast_runs(
                     for mod in m.modules():
                         if isinstance(mod, nn.Linear):
                             mod.weight = nn.Parameter(mod.weight.detach().clone())
-                with torch.autocast("cpu", dtype=torch.bfloat16):
+                with torch.autocast(device, dtype=torch.bfloat16):
                     loss = m(x) if loop != "two" else m(x) + m(x.flip(0))
                     if loop == "inside":
                         loss.backward()
@@ -1147,6 +1147,16 @@ def test_replay_under_serving_with_autocast_cached_weights(loop: str, drop: int)
     ref, got, rt = _autocast_runs(loop, drop)
     _assert_same(ref, got)
     assert any(s.served_ops > 0 for s in rt.report().steps[1:])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("loop", ["outside", "inside", "two"])
+def test_replay_under_serving_with_autocast_cached_weights_on_cuda(loop: str) -> None:
+    """The same on the GPU, where training runs under autocast (every storage index the
+    CPU test drops, in one run each)."""
+    for drop in range(1, 7):
+        ref, got, _ = _autocast_runs(loop, drop, device="cuda")
+        _assert_same(ref, got)
 
 
 def test_serving_falls_back_to_plain_replay_when_a_cast_parameter_was_replaced(
