@@ -497,10 +497,14 @@ def capture_autocast(device_types: Iterable[str]) -> AutocastState:
 def autocast_contexts(state: AutocastState, *, cache: bool = True) -> list[Any]:
     """The forward's autocast state, for a replay. ``cache=False`` turns autocast's weight
     cache off (NOTE [Autocast cache] in trace.py): a replay under the serving mode then
-    dispatches every cast, whatever casts the forward found cached. A plain replay keeps
-    the forward's setting, which a compiled block's graph guards on (another setting
-    would compile it again)."""
-    cache_enabled = state.cache_enabled and cache
+    dispatches every cast, whatever casts the forward found cached, and a replay run
+    inside the forward's context (backward under autocast) leaves no casts of its
+    inputs, fresh leaves that require grad, held in that context's cache until it exits.
+    A replay of compiled code keeps the forward's setting, which the compiled graph
+    guards on (another setting would compile it again), and so does a replay of a
+    forward that ran without autocast, where the setting decides nothing."""
+    autocast_on = any(enabled for _, enabled, _ in state.entries)
+    cache_enabled = state.cache_enabled and (cache or not autocast_on)
     return [
         torch.autocast(device_type=dt, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
         for dt, enabled, dtype in state.entries

@@ -281,8 +281,9 @@ def replay_call(
             stack.enter_context(user_code())
             stack.enter_context(torch.enable_grad())
             if call.autocast is not None:
-                # NOTE [Autocast cache]: under the serving mode, with the weight cache off
-                for ctx in autocast_contexts(call.autocast, cache=mode is None):
+                # NOTE [Autocast cache]: the weight cache off, but for compiled code
+                compiled = call.region is not None and call.region.compiled
+                for ctx in autocast_contexts(call.autocast, cache=compiled):
                     stack.enter_context(ctx)
             stack.enter_context(_swap_buffers(call))
             stack.enter_context(_swap_params(call))

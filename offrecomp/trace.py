@@ -977,12 +977,16 @@ class ServingMode(_RegionMode):
 # exits; later uses of that parameter in the context dispatch no cast. A block that uses
 # a parameter an earlier block already cast (weights shared or tied between blocks, a
 # block called twice, two forwards in one autocast context) records no cast, and a
-# replay that casts again dispatches one op more than the recording. Replays under the
-# serving mode run with the cache off (``regions.autocast_contexts``), so they dispatch
-# every cast: never fewer than the recording, even inside the forward's context
-# (backward called under autocast, where the cache still holds the forward's casts).
-# Plain replays keep the forward's setting: a compiled block's graph guards on it, and
-# they check no op sequence. The recording marks each
+# replay that casts again dispatches one op more than the recording. Replays run with
+# the cache off (``regions.autocast_contexts``), so they dispatch every cast: never
+# fewer than the recording, even inside the forward's context (backward called under
+# autocast, where the cache still holds the forward's casts). There the cache also
+# kept, until the context exited, a cast of each replay's inputs (fresh leaves that
+# require grad, which autocast caches): a bf16 copy of every replayed block's input.
+# Replays of compiled code keep the forward's setting, which the compiled graph guards
+# on (as do replays of forwards without autocast, where it decides nothing; a compiled
+# function called in a block under autocast compiles once more for its replays). The
+# recording marks each
 # parameter cast with its parameter; the serving mode runs a parameter cast that is not
 # the recorded op at its place without consuming that op (never serving it: running it
 # is always right). Matching by name alone was not enough: an extra cast of a bias took
