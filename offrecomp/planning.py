@@ -235,9 +235,9 @@ class Planner:
     # recording is another shape's. So the plan a borrowing pass runs is the donor's
     # profile solved again with every replay priced plainly (``PlanEntry.borrow_plan``):
     # the donor's own plan may drop a few late outputs of every block, cheap when served,
-    # which plain replays pay for with each block's whole prefix. A signature seen before measures its own profile
-    # while the plan cache has room (bucketed lengths get their own plans); otherwise
-    # it borrows. A donor without a plan yet (measured, not calibrated) is solved from
+    # which plain replays pay for with each block's whole prefix. A signature seen before
+    # measures its own profile while the plan cache has room (bucketed lengths get their
+    # own plans); otherwise it borrows. A donor without a plan yet (measured, not calibrated) is solved from
     # its measured profile. Borrowed passes teach no cost model and predict nothing.
     # A new signature that no profiled one covers, but that exceeds one by at most
     # GROWTH (25%) in every dimension, runs a plain full recompute on first sight rather
@@ -691,7 +691,6 @@ class Planner:
         cfg = self.rt.config
         profile = entry.profile
         assert profile is not None
-        budget = self._entry_budget(entry)
         # NOTE [Serving overhead]: price replays as the runtime will run them
         profile.replay_op_seconds = self.replay_op_seconds
         entry.solved_replay_op_seconds = self.replay_op_seconds
@@ -727,7 +726,7 @@ class Planner:
             plan.plan_id, entry.signature,
             counts[KEEP], format_bytes(nbytes[KEEP]), counts[OFFLOAD], format_bytes(nbytes[OFFLOAD]),
             counts[RECOMPUTE], format_bytes(nbytes[RECOMPUTE]),
-            "none" if budget is None else format_bytes(budget),
+            "none" if plan.budget_bytes is None else format_bytes(plan.budget_bytes),
             format_bytes(plan.predicted_peak_bytes or 0), plan.predicted_step_seconds or 0.0,
             "" if plan.feasible else " (budget NOT met: " + "; ".join(plan.notes) + ")",
         )

@@ -986,10 +986,9 @@ class ServingMode(_RegionMode):
 # Replays of compiled code keep the forward's setting, which the compiled graph guards
 # on (as do replays of forwards without autocast, where it decides nothing; a compiled
 # function called in a block under autocast compiles once more for its replays). The
-# recording marks each
-# parameter cast with its parameter; the serving mode runs a parameter cast that is not
-# the recorded op at its place without consuming that op (never serving it: running it
-# is always right). Matching by name alone was not enough: an extra cast of a bias took
+# recording marks each parameter cast with its parameter; the serving mode runs a
+# parameter cast that is not the recorded op at its place without consuming that op
+# (never serving it: running it is always right). Matching by name alone was not enough: an extra cast of a bias took
 # the place of the recorded cast of the input and was served the input's bytes. Plain
 # replays check nothing.
 _TO_COPY = "aten._to_copy.default"
