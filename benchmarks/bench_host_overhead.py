@@ -75,7 +75,7 @@ class _Bare(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _seconds(fn: Callable[[], None], device: torch.device) -> float:
+def _seconds(fn: Callable[[], Any], device: torch.device) -> float:
     """Wall time of ``fn`` from an idle device to an idle device."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -109,19 +109,19 @@ def main(argv: list[str] | None = None) -> int:
         with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
             step()
 
-    rt = offrecomp.runtime(model, mode="keep", min_bytes=0)
-    buffered = _Model(n, buffers=12).to(device)
-    rt_buffered = offrecomp.runtime(buffered, mode="keep", min_bytes=0)
+    def keep_loop(m: nn.Module) -> Callable[[], None]:
+        """``--reps`` steps of ``m`` inside its runtime, entered once, as around a loop."""
+        rt = offrecomp.runtime(m, mode="keep", min_bytes=0)
 
-    def keep() -> None:
-        with rt:
-            for _ in range(args.reps):
-                step()
+        def run() -> None:
+            with rt:
+                for _ in range(args.reps):
+                    m(x).backward()
 
-    def keep_buffered() -> None:
-        with rt_buffered:
-            for _ in range(args.reps):
-                buffered(x).backward()
+        return run
+
+    keep = keep_loop(model)
+    keep_buffered = keep_loop(_Model(n, buffers=12).to(device))
 
     saves = [0]
 
@@ -141,12 +141,16 @@ def main(argv: list[str] | None = None) -> int:
         with _Bare():
             chain(x)
 
-    rec = OpRecorder(use_cuda_events=False, cuda_devices=())
-    rec.start()
-    try:
-        chain(x)
-    finally:
-        rec.stop()
+    def ops_recorder() -> OpRecorder:
+        rec = OpRecorder(use_cuda_events=False, cuda_devices=())
+        rec.start()
+        try:
+            chain(x)
+        finally:
+            rec.stop()
+        return rec
+
+    rec = ops_recorder()
     structure = build_structure(rec, [], [], [], [], rec.op_seconds(), 0.0)
     program = [RUN] * len(structure.op_names)
 
@@ -154,15 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         with ServingMode(region_name="chain", structure=structure, program=program, storage_tensors={}):
             chain(x)
 
-    def ops_recorder() -> None:
-        r = OpRecorder(use_cuda_events=False, cuda_devices=())
-        r.start()
-        try:
-            chain(x)
-        finally:
-            r.stop()
-
-    per_step: dict[str, Callable[[], None]] = {
+    per_step: dict[str, Callable[[], Any]] = {
         "plain step": step,
         "identity hooks": identity_hooks,
         "ops plain": ops_plain,
