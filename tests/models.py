@@ -63,7 +63,7 @@ class CNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.features(x).mean(dim=(2, 3))
-        return F.cross_entropy(self.head(y), torch.arange(x.shape[0]) % 10)
+        return F.cross_entropy(self.head(y), torch.arange(x.shape[0], device=x.device) % 10)
 
 
 class KwBlock(nn.Module):

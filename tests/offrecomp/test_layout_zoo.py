@@ -233,7 +233,7 @@ class ConvNet(nn.Module):
         if self.nhwc:
             x = x.contiguous(memory_format=torch.channels_last)
         y = self.blocks(self.stem(x)).mean((2, 3))
-        return F.cross_entropy(self.head(y), torch.arange(x.shape[0]) % 5)
+        return F.cross_entropy(self.head(y), torch.arange(x.shape[0], device=x.device) % 5)
 
 
 # strided views ---------------------------------------------------------------------

@@ -198,7 +198,7 @@ class DictBlock(nn.Module):
     ) -> dict[str, Any]:
         b, t, h = hidden.shape
         lens = attn_mask.sum(-1).tolist()  # a Python value path (dispatcher cannot see it)
-        x = hidden + pos[:t] + torch.tensor(lens, dtype=hidden.dtype)[:, None, None] * 0.01
+        x = hidden + pos[:t] + torch.tensor(lens, dtype=hidden.dtype, device=hidden.device)[:, None, None] * 0.01
         q, k, v = self.qkv(self.ln(x)).view(b, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask[:, None, None, :])
         y = hidden + self.out(a.transpose(1, 2).reshape(b, t, h))
@@ -228,7 +228,7 @@ class DictModel(nn.Module):
 
     def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, lengths = batch
-        mask = torch.arange(x.shape[1])[None, :] < lengths[:, None]  # bool padding mask
+        mask = torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]  # bool padding mask
         extra = x.new_zeros(())
         for i, layer in enumerate(self.layers):
             if isinstance(layer, DictBlock):
@@ -522,7 +522,7 @@ class Conv1dModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.body(self.stem(x)).mean(-1)
-        return F.cross_entropy(self.head(y), torch.arange(x.shape[0]) % 5)
+        return F.cross_entropy(self.head(y), torch.arange(x.shape[0], device=x.device) % 5)
 
 
 class EncBlock(nn.Module):
@@ -551,7 +551,7 @@ class DecBlock(nn.Module):
 
     def forward(self, y: torch.Tensor, memory: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
         t = y.shape[1]
-        causal = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
+        causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=y.device), 1)
         z = self.ln1(y)
         y = y + self.self_attn(z, z, z, attn_mask=causal, need_weights=False)[0]
         y = y + self.cross(self.ln2(y), memory, memory, key_padding_mask=pad)[0]  # weights: unused
@@ -577,7 +577,7 @@ class Seq2Seq(nn.Module):
 
     def forward(self, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
         src, tgt, src_len = batch
-        pad = torch.arange(src.shape[1])[None, :] >= src_len[:, None]
+        pad = torch.arange(src.shape[1], device=src.device)[None, :] >= src_len[:, None]
         mem = self.emb(src)
         for b in cast(nn.ModuleList, self.stacks["enc"]):
             mem = b(mem, pad)
