@@ -314,30 +314,57 @@ class Placer:
             call = h.rec.call
             p = call.pass_state
             if p is not None and not p.backward_started:
-                self.rt._backward_activity(call)
+                if call.exited or call.is_root:
+                    self.rt._backward_activity(call)
+                else:
+                    self._in_forward(call, h.rec)  # NOTE [Backward inside a forward]
             if t._version != h.version:
                 raise _modified_error(_where(call), h.pack_index, h.version, t._version)
             return t
         if type(h) is _Plain:
             owner = h.call
             if owner is not None and owner.pass_state is not None and not owner.pass_state.backward_started:
-                # a pass whose saves are all kept as they are (nested, complex or DTensor
-                # activations) still has a backward
-                self.rt._backward_activity(owner)
+                if owner.exited or owner.is_root:
+                    # a pass whose saves are all kept as they are (nested, complex or
+                    # DTensor activations) still has a backward
+                    self.rt._backward_activity(owner)
+                else:
+                    self._in_forward(owner, None)
             if h.t._version != h.version:
                 raise _modified_error(h.where, None, h.version, h.t._version, h.t)
             return h.t
         assert isinstance(h, SavedHandle)
         rec = h.rec
         call = rec.call
-        self.rt._backward_activity(call)
-        placement = rec.placement
         orig = h.weak()
         if orig is not None and int(orig._version) != h.version:
             raise _modified_error(_where(call), h.pack_index, h.version, int(orig._version))
+        if call.exited or call.is_root:
+            self.rt._backward_activity(call)
+        else:
+            self._in_forward(call, rec)  # NOTE [Backward inside a forward]
+            if orig is not None:
+                return orig
+        placement = rec.placement
         if placement == OFFLOAD:
             return self._unpack_offloaded(h, rec)
         return self._unpack_dropped(h, rec, call)
+
+    def _in_forward(self, call: RegionCall, rec: StorageRec | None) -> None:
+        """A backward inside ``call``'s running forward unpacks one of its saves (NOTE
+        [Backward inside a forward] in replay.py): not the pass's backward."""
+        region = call.region
+        if region is None:
+            return
+        if not region.backward_in_forward:
+            region.backward_in_forward = True
+            log.info(
+                "offrecomp: region %r runs a backward inside its forward; what that backward "
+                "reads is kept, and the region replays plainly",
+                call.name,
+            )
+        if rec is not None:
+            region.forward_used.add(rec.index)
 
     def _unpack_offloaded(self, h: SavedHandle, rec: StorageRec) -> torch.Tensor:
         if rec.fetch_buf is None:
@@ -451,12 +478,16 @@ class Placer:
                 ) from exc
         end = rt._clock_mark()
         p = call.pass_state
-        if p is not None and program is not None:
+        # a replay inside the region's own forward (NOTE [Backward inside a forward]) is
+        # forward time, not a backward's replay
+        timed = call.exited
+        if p is not None and timed and program is not None:
             p.dispatch_replays.append((start, end, len(program), run_seconds))
-        elif p is not None and k_seen >= 0:
+        elif p is not None and timed and k_seen >= 0:
             p.plain_replays.append((call.ordinal, start, end, k_seen))
         call.replayed.update(captured)
-        rt._replay_started(call, start, end, sum(r.nbytes for r in call.storages if r.placement == RECOMPUTE))
+        dropped = sum(r.nbytes for r in call.storages if r.placement == RECOMPUTE)
+        rt._replay_started(call, start, end, dropped, timed=timed)
 
     def _serving_pays(self, call: RegionCall, structure: Any, program: list[int]) -> tuple[bool, float]:
         """NOTE [Serving overhead]: replaying under the dispatch mode costs time for every

@@ -453,12 +453,15 @@ class Planner:
             if call.region is not None:
                 self.rt._warn_collective(call.region)
         min_bytes = self.rt.config.min_bytes
+        region = call.region
+        used = region.forward_used if region is not None else ()
         kinds = []
         for s in call.storages:
             if s.kind == "input":
                 kinds.append("input")
-            elif s.nbytes < min_bytes or s.aliased:
-                # always kept: planned as fixed (aliased: NOTE [Untracked aliases])
+            elif s.nbytes < min_bytes or s.aliased or s.index in used:
+                # always kept: planned as fixed (aliased: NOTE [Untracked aliases]; read
+                # in the forward: NOTE [Backward inside a forward])
                 kinds.append("external")
             else:
                 kinds.append("activation")
@@ -470,7 +473,8 @@ class Planner:
             kinds,
             rec.op_seconds() if not rec._events else [0.0] * len(rec.ops),
             call.start_mark.host if call.start_mark is not None else 0.0,
-            compiled=call.region is not None and (call.region.compiled or call.name in self.opaque_regions),
+            compiled=region is not None
+            and (region.compiled or region.backward_in_forward or call.name in self.opaque_regions),
         )
         call.recorded_ops = rec  # op events are resolved at the end of the pass (CUDA)
         call.saves = []
@@ -874,6 +878,11 @@ class Planner:
             )
             rec.forward_seconds = sum(
                 clock.seconds(p.start_mark, p.backward_start_mark, wait=True) or 0.0 for p in passes
+            )
+            rec.forward_host_seconds = sum(
+                p.backward_start_mark.host - p.start_mark.host
+                for p in passes
+                if p.start_mark is not None and p.backward_start_mark is not None
             )
             with _planner_time(rec):
                 rec.pause_seconds = sum(clock.pause(p.start_mark, p.backward_end_mark) for p in passes)

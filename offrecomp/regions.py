@@ -74,6 +74,11 @@ class Region:
     writes_state: bool | None = None
     """Its forward writes its own inputs or parameters in place; None until a call has
     shown whether it does (NOTE [State written by its region] in runtime.py)."""
+    backward_in_forward: bool = False
+    """Its forward runs a backward of its own (NOTE [Backward inside a forward] in
+    replay.py): its replays hold what they save and run plainly."""
+    forward_used: set[int] = field(default_factory=set)
+    """Indices of the storages of its calls that a backward inside the forward read: kept."""
 
     def refresh(self) -> None:
         """Read the slots and the compiled flags again: a block may gain modules (LoRA

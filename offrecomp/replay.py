@@ -26,8 +26,9 @@ until autograd is done with it; a second backward (retain_graph) replays again.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -54,6 +55,9 @@ from offrecomp.trace import (
 )
 
 __all__ = ["ReplayDivergedError", "in_replay", "replay_call"]
+
+log = logging.getLogger(__name__)
+_graph_task_id = torch._C._current_graph_task_id  # see _torch_compat.current_graph_task_id
 
 _tls = ThreadDepth()  # replays running on this thread
 
@@ -83,12 +87,40 @@ class _StopReplay(BaseException):
     """
 
 
+class _HoldSaves(BaseException):
+    """Raised from the replay's unpack hook when the replayed forward differentiates a
+    graph of its own: the replay starts again, holding what it saves."""
+
+
+_THROWAWAY = object()  # what a replay's pack hook returns for a save it does not hold
+
+
 def _no_unpack(_: Any) -> Any:
     raise RuntimeError(
         "offrecomp: backward reached a tensor saved during a replay; replayed graphs are "
         "throwaway and must not be differentiated (double backward through a replayed "
         "region is not supported)"
     )
+
+
+# NOTE [Backward inside a forward]
+# A forward may run a backward of its own: a force field (-d energy / d x with
+# create_graph), a gradient-based inner step, and flex_attention, whose autograd rule
+# traces its score_mod's joint graph with torch.autograd.grad on every call.
+# - In the forward, that inner backward unpacks saves of the region call that is still
+#   running (hooks.Placer.unpack): it is not the pass's backward, so the pass goes on;
+#   a dropped or offloaded save whose tensor is still alive is handed back as it is, one
+#   already freed is regenerated as in backward (this once); and the region is marked
+#   (Region.backward_in_forward): the storages such a backward read are kept in every
+#   later call (Region.forward_used), and its recording is opaque (it may hold the ops
+#   of that regeneration), so its replays run plainly.
+# - A replay throws its graph away, so its pack hook holds nothing but what it captures,
+#   and the inner backward of the replayed forward found nothing to unpack. The replays
+#   of a marked region hold every save (their working set is their whole prefix's
+#   saves); a replay that meets an inner backward first starts again, holding.
+# - Saves made while the inner backward runs (another graph task than the one the replay
+#   began in) are not forward saves: the forward's pack hook does not count them
+#   (hooks.Placer._pack), and neither does the replay's, or every later index would shift.
 
 
 # NOTE [Private generators]
@@ -217,6 +249,38 @@ def _entry_arg_state(call: RegionCall) -> Iterator[None]:
         found.restore()
 
 
+def _replay_forward(
+    call: RegionCall,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    pack: Callable[[torch.Tensor], Any],
+    unpack: Callable[[Any], Any],
+    mode: ServingMode | None,
+) -> None:
+    """Run the region's forward once, as the replay sees it (NOTE [Replay])."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_replaying())
+        stack.enter_context(user_code())
+        stack.enter_context(torch.enable_grad())
+        if call.autocast is not None:
+            # NOTE [Autocast cache]: the weight cache off, but for compiled code
+            compiled = call.region is not None and call.region.compiled
+            for ctx in autocast_contexts(call.autocast, cache=compiled):
+                stack.enter_context(ctx)
+        stack.enter_context(_swap_buffers(call))
+        stack.enter_context(_swap_params(call))
+        stack.enter_context(_training_as_forward(call))
+        stack.enter_context(_entry_arg_state(call))
+        stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, unpack))
+        guard = _param_guard(call)
+        if guard is not None:
+            stack.enter_context(guard)  # outside the serving mode: sees the ops that run
+        if mode is not None:
+            stack.enter_context(mode)
+        assert call.forward_fn is not None
+        call.forward_fn(*args, **kwargs)
+
+
 def replay_call(
     call: RegionCall,
     needed: set[int],
@@ -239,9 +303,15 @@ def replay_call(
     captured: dict[int, torch.Tensor] = {}
     counter = 0
     stopped = False
+    running = False
+    region = call.region
+    hold = region is not None and region.backward_in_forward
+    task = _graph_task_id()  # the backward the replay runs in (-1 outside one)
 
     def pack(t: torch.Tensor) -> Any:
         nonlocal counter, stopped
+        if _graph_task_id() != task:
+            return t  # NOTE [Backward inside a forward]: saved by an inner backward
         i = counter
         counter += 1
         if i in needed:
@@ -255,7 +325,14 @@ def replay_call(
             if i >= last:
                 stopped = True
                 raise _StopReplay
-        return None
+        return t if hold else _THROWAWAY
+
+    def unpack(x: Any) -> Any:
+        if x is not _THROWAWAY:
+            return x
+        if running and not hold:
+            raise _HoldSaves  # NOTE [Backward inside a forward]
+        return _no_unpack(x)
 
     args, kwargs = inputs if inputs is not None else replay_arguments(call.inputs, call.name)
     devices = call.inputs.devices()
@@ -263,49 +340,49 @@ def replay_call(
     gens = call.generators or []
     gens_before = [(g, g.get_state()) for g, _ in gens]
     mode: ServingMode | None = None
-    if call.structure is not None and program is not None:
-        mode = ServingMode(
-            region_name=call.name,
-            structure=call.structure,
-            program=program,
-            storage_tensors=storage_tensors or {},
-        )
     t0 = time.perf_counter()
     try:
-        if call.rng is not None:
-            restore_rng(call.rng)
-        for g, state in gens:
-            g.set_state(state)
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(_replaying())
-            stack.enter_context(user_code())
-            stack.enter_context(torch.enable_grad())
-            if call.autocast is not None:
-                # NOTE [Autocast cache]: the weight cache off, but for compiled code
-                compiled = call.region is not None and call.region.compiled
-                for ctx in autocast_contexts(call.autocast, cache=compiled):
-                    stack.enter_context(ctx)
-            stack.enter_context(_swap_buffers(call))
-            stack.enter_context(_swap_params(call))
-            stack.enter_context(_training_as_forward(call))
-            stack.enter_context(_entry_arg_state(call))
-            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, _no_unpack))
-            guard = _param_guard(call)
-            if guard is not None:
-                stack.enter_context(guard)  # outside the serving mode: sees the ops that run
-            if mode is not None:
-                stack.enter_context(mode)
+        while True:
+            counter = 0
+            captured.clear()
+            if call.structure is not None and program is not None:
+                mode = ServingMode(
+                    region_name=call.name,
+                    structure=call.structure,
+                    program=program,
+                    storage_tensors=storage_tensors or {},
+                )
+            if call.rng is not None:
+                restore_rng(call.rng)
+            for g, state in gens:
+                g.set_state(state)
             try:
-                call.forward_fn(*args, **kwargs)
+                running = True
+                _replay_forward(call, args, kwargs, pack, unpack, mode)
+                break
+            except _HoldSaves:
+                if hold:
+                    raise
+                hold = True
+                if region is not None:
+                    region.backward_in_forward = True
+                log.info(
+                    "offrecomp: region %r runs a backward inside its forward; its replays hold "
+                    "what they save",
+                    call.name,
+                )
             except BaseException as exc:
                 # Early stop (NOTE [Replay]), or a divergence. Code that runs in C++
                 # (TorchScript) hands either back as a RuntimeError of its own: judge by
                 # what was raised, not by what arrives.
-                if not stopped:
-                    first = mode.diverged if mode is not None else None
-                    if first is not None and exc is not first:
-                        raise first from exc
-                    raise
+                if stopped:
+                    break
+                first = mode.diverged if mode is not None else None
+                if first is not None and exc is not first:
+                    raise first from exc
+                raise
+            finally:
+                running = False
     finally:
         if before is not None:
             restore_rng(before)

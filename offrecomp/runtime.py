@@ -815,6 +815,9 @@ class Runtime:
         saves); dropping them is free when their region replays anyway, so forced
         recompute drops them like torch.utils.checkpoint does, and plans keep them.
         """
+        region = call.region
+        if region is not None and region.forward_used and index in region.forward_used:
+            return KEEP  # NOTE [Backward inside a forward]: read in the forward
         wanted = self._planner.placement(p, call, index, nbytes, kind)
         if wanted == RECOMPUTE and (call.inputs is None or kind != "activation"):
             return KEEP  # the root, a region input, or a call without a replay checkpoint
@@ -1077,11 +1080,14 @@ class Runtime:
     def _clock_mark(self) -> Mark:
         return self._clock.mark()
 
-    def _replay_started(self, call: RegionCall, start: Mark, end: Mark, dropped_bytes: int) -> None:
+    def _replay_started(
+        self, call: RegionCall, start: Mark, end: Mark, dropped_bytes: int, *, timed: bool = True
+    ) -> None:
         p = call.pass_state
         if p is None:
             return
-        p.replay_marks.append((call.ordinal, start, end))
+        if timed:
+            p.replay_marks.append((call.ordinal, start, end))
         p.stats.add_resident(dropped_bytes)
         call.replay_resident = dropped_bytes
 

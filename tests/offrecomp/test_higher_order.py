@@ -138,6 +138,26 @@ class FlexModel(nn.Module):
         return F.cross_entropy(self.head(x).flatten(0, 1), idx.flatten())
 
 
+@pytest.mark.parametrize("variant", ["recompute", "auto_serve", "offload"])
+def test_flex_attention_blocks_with_backward_on_cpu(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """flex_attention's autograd rule runs a backward inside the forward (it traces its
+    score_mod's joint graph with torch.autograd.grad on every call): its replays raised
+    (NOTE [Backward inside a forward]). torch refuses flex_attention's backward on CPU
+    in its argument check alone; past that check its CPU path runs the backward."""
+    import torch.nn.attention.flex_attention as fa
+
+    if not hasattr(fa, "_validate_device"):
+        pytest.skip("this torch has no flex_attention device check to step past")
+    monkeypatch.setattr(fa, "_validate_device", lambda *args, **kwargs: None)
+    torch.manual_seed(0)
+    model = FlexModel()
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randint(0, 64, (2, 128), generator=torch.Generator().manual_seed(s))
+
+    _check_opaque_blocks(model, batch, variant, train(copy.deepcopy(model), batch, steps=4))
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("variant", ["recompute", "auto_serve", "offload"])
 def test_flex_attention_blocks_on_cuda(variant: str) -> None:

@@ -1,0 +1,78 @@
+"""Forwards that run a backward of their own (NOTE [Backward inside a forward] in
+replay.py): a force field computed as -d energy / d x with create_graph, as in
+Hamiltonian and energy-based networks; flex_attention's autograd rule does the same
+internally on every call (its CUDA test is in test_higher_order.py).
+
+The inner backward used to end the pass in the middle of the forward, and a replay of
+such a block raised: its pack hook held nothing, so the replayed inner backward had
+nothing to unpack."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from offrecomp.hooks import Placer
+from tests import models
+from tests.helpers import ZOO_VARIANTS, check_variant, train, train_bitwise
+
+STEPS = 5
+
+
+class ForceBlock(nn.Module):
+    """Adds a learnt force field: the gradient of an energy MLP at the normed input."""
+
+    def __init__(self, h: int = 32) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(h)
+        self.e1 = nn.Linear(h, 4 * h)
+        self.e2 = nn.Linear(4 * h, 1)
+        self.out = nn.Linear(h, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.ln(x)
+        with torch.enable_grad():
+            z = y if y.requires_grad else y.detach().requires_grad_()
+            energy = self.e2(torch.tanh(self.e1(z))).sum()
+            (force,) = torch.autograd.grad(energy, z, create_graph=True)
+        return x + F.dropout(self.out(torch.relu(force + y)), 0.1, self.training)
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return models.Stack([ForceBlock() for _ in range(3)])
+
+
+def _batch(s: int) -> torch.Tensor:
+    return torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(s))
+
+
+@pytest.mark.parametrize("variant", ZOO_VARIANTS)
+def test_force_field_blocks_bitwise_equal_to_plain(variant: str) -> None:
+    rt, _ = check_variant(_model(), _batch, variant, steps=STEPS)
+    steps = rt.report().steps
+    assert len(steps) == STEPS  # the inner backward no longer ends a pass
+    regions = rt._regions
+    if variant != "keep" and variant != "offload":
+        assert all(r.backward_in_forward and r.forward_used for r in regions)
+    if variant == "recompute":
+        # the first forward regenerates what its inner backward reads, once per block;
+        # later calls keep it, and every step replays each block once in backward
+        assert [s.replays for s in steps] == [6] + [3] * (STEPS - 1)
+    if variant.startswith("auto"):
+        assert all(s.served_ops == 0 for s in steps)  # replayed plainly
+
+
+def test_replay_meeting_an_inner_backward_starts_again_holding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay of a block not known to run a backward in its forward: the replayed inner
+    backward finds nothing held, and the replay starts again holding its saves."""
+    monkeypatch.setattr(Placer, "_in_forward", lambda self, call, rec: None)
+    model = _model()
+    ref = train(copy.deepcopy(model), _batch, steps=STEPS)
+    m = copy.deepcopy(model)
+    rt = train_bitwise(m, _batch, "recompute", None, ref, steps=STEPS)
+    assert all(r.backward_in_forward and not r.forward_used for r in rt._regions)
