@@ -239,11 +239,12 @@ def print_breakdown(steps: list[dict[str, Any]]) -> None:
 
     print(
         "auto steps, measured/predicted ms (step: forward + backward incl. replay and stall; "
-        "gc: host ms in garbage collection; planner: host ms offrecomp's planner spent outside the step)"
+        "fwd host: host ms of the forward; gc: host ms in garbage collection; planner: host ms "
+        "offrecomp's planner spent outside the step)"
     )
     hdr = (
         f"{'step':>4} {'phase':<10} {'step':>15} {'forward':>15} {'replay':>15} {'stall':>15} "
-        f"{'replay us/op':>12} {'gc':>6} {'planner':>7}"
+        f"{'fwd host':>8} {'replay us/op':>12} {'gc':>6} {'planner':>7}"
     )
     print(hdr)
     for r in steps:
@@ -255,6 +256,7 @@ def print_breakdown(steps: list[dict[str, Any]]) -> None:
         ]
         print(
             f"{r['step']:>4} {r['phase']:<10} " + " ".join(f"{c:>15}" for c in cells)
+            + f" {r.get('forward_host_seconds', 0.0) * 1e3:>8.1f}"
             + f" {r['replay_op_us']:>12.1f} {r.get('pause_seconds', 0.0) * 1e3:>6.1f}"
             + f" {r.get('planner_seconds', 0.0) * 1e3:>7.1f}"
         )

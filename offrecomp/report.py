@@ -53,6 +53,9 @@ class StepRecord:
     forward_seconds: float = 0.0
     """From the start of the step to the start of its backward (the first region whose
     saved tensors backward reads), summed over the step's passes."""
+    forward_host_seconds: float = 0.0
+    """Host time from the start of the step to the start of its backward, summed over the
+    step's passes: near ``forward_seconds`` on a GPU, the device waited on the host."""
     wall_seconds: float = 0.0
     """Wall-clock time of the step as the host saw it."""
     replays: int = 0
