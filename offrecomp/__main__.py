@@ -8,9 +8,14 @@ USAGE = """usage: python -m offrecomp plan PROFILE.json --budget 20GiB [--d2h-gb
        python -m offrecomp plan --model layers=80,hidden=8192,heads=64,seq=131072,batch=1 \\
            --device-tflops 990 --d2h-gbps 50 --h2d-gbps 50 --budget 60GiB
 
+       python -m offrecomp warmup
+
 Commands:
   plan    print the plan, predicted step time and memory, and the lower bound
           (python -m offrecomp plan --help for every option)
+  warmup  compile the planner's kernels ahead (about 20 s, once per machine: numba caches
+          them on disk), e.g. when a container image is built; otherwise the first plan
+          of a training run pays for it
 """
 
 
@@ -20,8 +25,16 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if args else 2
     command, rest = args[0], args[1:]
+    if command == "warmup":
+        if rest:
+            print(f"offrecomp warmup: takes no arguments, got {' '.join(rest)!r}", file=sys.stderr)
+            return 2
+        from scheduler.cli import warmup
+
+        warmup(sys.stdout)
+        return 0
     if command != "plan":
-        print(f"offrecomp: unknown command {command!r}; accepted: plan\n\n{USAGE}", file=sys.stderr)
+        print(f"offrecomp: unknown command {command!r}; accepted: plan, warmup\n\n{USAGE}", file=sys.stderr)
         return 2
     from scheduler.cli import main as plan_main  # never imports torch
 

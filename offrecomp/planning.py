@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: A first solve slower than this compiled the planner's kernels: say so, once.
+SLOW_FIRST_SOLVE_SECONDS = 5.0
+_solved_once = False
+
 __all__ = ["PlanEntry", "Planner"]
 
 KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
@@ -645,7 +649,9 @@ class Planner:
         assert profile is not None
         from scheduler.solver import solve
 
-        return solve(
+        global _solved_once
+        t0 = time.perf_counter()
+        plan = solve(
             profile,
             budget_bytes=self._entry_budget(entry),
             max_overhead=cfg.max_overhead,
@@ -654,6 +660,17 @@ class Planner:
             infeasible=cfg.infeasible,
             log_infeasible=False,
         )
+        seconds = time.perf_counter() - t0
+        if not _solved_once and seconds > SLOW_FIRST_SOLVE_SECONDS:
+            log.warning(
+                "offrecomp: the first plan of this process took %.1f s, most of it compiling "
+                "the planner's kernels (numba). They are cached on disk for later processes "
+                "on this machine; `python -m offrecomp warmup` compiles them ahead (in a "
+                "container image's build, say)",
+                seconds,
+            )
+        _solved_once = True
+        return plan
 
     #: Replay cost per op under the dispatch mode that makes every replay plain.
     PLAIN_REPLAY_OP_SECONDS = 1.0

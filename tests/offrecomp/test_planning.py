@@ -452,3 +452,19 @@ def test_a_borrowing_pass_runs_the_donor_plan_priced_for_plain_replays() -> None
     borrowed, own = predict(plain, donor.borrow_plan), predict(plain, donor.plan)
     assert borrowed.peak_bytes <= rt._planner.budget_bytes(plain)  # type: ignore[operator]
     assert borrowed.step_seconds <= own.step_seconds * (1 + 1e-9)
+
+
+def test_a_slow_first_solve_says_why_once(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first plan of a process compiles the planner's kernels (about 20 s where numba
+    has no cache yet): a warning names the cause and the warmup command, once."""
+    from offrecomp import planning
+
+    monkeypatch.setattr(planning, "SLOW_FIRST_SOLVE_SECONDS", 0.0)
+    monkeypatch.setattr(planning, "_solved_once", False)
+    model, batch = make("gpt_dropout")
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        for _ in range(2):
+            m = twin(model)
+            train(m, batch, offrecomp.runtime(m, mode="auto", min_bytes=0), steps=4)
+    slow = [r for r in caplog.records if "first plan of this process" in r.getMessage()]
+    assert len(slow) == 1 and "python -m offrecomp warmup" in slow[0].getMessage()

@@ -194,3 +194,44 @@ def test_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixtu
 def test_unknown_option_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert run("plan", "--frobnicate")[0] == 2
     assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_warmup_compiles_what_a_solve_runs() -> None:
+    """In a fresh process, after `warmup` no planner kernel needs another signature
+    (compiled, or loaded from numba's cache) for another profile's solves."""
+    import subprocess
+    import sys
+
+    code = """
+import io
+from numba.core.registry import CPUDispatcher
+import scheduler.simulate, scheduler.solver
+from scheduler import gpt_profile, solve
+from scheduler.cli import warmup
+def sigs():
+    mods = (scheduler.simulate, scheduler.solver)
+    return {n: len(f.signatures) for m in mods for n, f in vars(m).items() if isinstance(f, CPUDispatcher)}
+before = sigs()
+out = io.StringIO()
+warmup(out)
+assert "compiled and cached" in out.getvalue()
+warm = sigs()
+assert sum(warm.values()) > sum(before.values()), (before, warm)
+prof = gpt_profile(layers=6, hidden=256, heads=4, seq=512, batch=2, device_tflops=300.0, d2h_gbps=20.0, h2d_gbps=25.0)
+solve(prof, budget_bytes=prof.activation_bytes // 3, prefetch_regions=2, allow_offload=True)
+solve(prof, budget_bytes=None, max_overhead=0.1, prefetch_regions=1, allow_offload=False)
+after = sigs()
+assert after == warm, {n: (warm[n], after[n]) for n in after if after[n] != warm[n]}
+print("ok", sum(warm.values()))
+"""
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.startswith("ok")
+
+
+def test_warmup_command_takes_no_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    from offrecomp.__main__ import main as offrecomp_main
+
+    assert offrecomp_main(["warmup", "now"]) == 2
+    assert "takes no arguments" in capsys.readouterr().err
