@@ -37,7 +37,7 @@ pack
 log "1. planner: auto at 50% of keep's activation bytes, predicted vs measured"
 # OFFRECOMP_LOG=INFO: the calibration check and every (re-)plan, with their reasons
 OFFRECOMP_LOG=INFO timeout 150 "$PY" benchmarks/bench_planner.py --device cuda --layers 24 \
-  --hidden 2048 --heads 16 --seq 8192 --batch 1 --bf16 --dropout 0 --warmup 5 --repeats 5 \
+  --hidden 2048 --heads 16 --seq 8192 --batch 1 --bf16 --dropout 0 --warmup 9 --repeats 5 \
   --min-bytes 1MiB --out "$WORK/bench_planner.json" --profile "$WORK/bench_planner_profile.json" \
   2>&1 | grep -v "^STAGE:\|profiler_st" > "$WORK/bench_planner.log"
 tail -n 60 "$WORK/bench_planner.log" | tee -a "$OUT/suite.log"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -144,6 +145,73 @@ class PlanEntry:
     """Refresh ``live`` every this many learnt passes (keeps the refresh under ~2% of
     step time on profiles large enough for it to matter)."""
     live_skipped: int = 0
+    trial: OffloadTrial = field(default_factory=lambda: OffloadTrial())
+    """NOTE [Offload trial]: whether plans of this signature may offload."""
+    next_plan: Plan | None = None
+    """A plan already solved for the next solve to install (the trial's)."""
+
+
+#: NOTE [Offload trial]: a plan that offloads is tried against one that does not when
+#: its measured step exceeds its prediction by more than this ...
+TRIAL_EXCESS = 0.10
+#: ... over the median of this many planned passes; each plan then runs this many.
+TRIAL_PASSES = 3
+
+
+# NOTE [Offload trial]
+# The model takes an offload that hides under compute to cost nothing. On a GPU its
+# copies, events, the stash and the reloads also cost host time and stream waits the
+# model does not see; where the forward is short (an H200 at 4K tokens: 1.5 ms a block)
+# plans that offload ran 1.46x their prediction and 1.33x full recompute, while the
+# plan solved for the same budget without offloading ran 1.07x its prediction and 0.88x
+# full recompute. So the runtime checks the plan by measurement: when the median of
+# TRIAL_PASSES planned passes of a plan that offloads is more than TRIAL_EXCESS over
+# its prediction, it solves the same budget without offloading; if that plan fits the
+# budget and is predicted faster than what the offloading plan measured, it runs for
+# TRIAL_PASSES passes, and the faster of the two by measured median stays for the
+# signature (re-plans included). Each signature is tried once.
+@dataclass
+class OffloadTrial:
+    state: str = "watch"
+    """watch (offloading allowed, plans checked), trial (running without), settled."""
+    allow_offload: bool = True
+    with_offload: list[float] = field(default_factory=list)
+    without_offload: list[float] = field(default_factory=list)
+
+    def observe(self, offloads: bool, measured: float, predicted: float | None) -> str | None:
+        """One planned pass of a plan that ``offloads`` (or not), ``measured`` seconds
+        against ``predicted``. Returns "try" (solve without offloading, and run it if it
+        is predicted faster than ``self.measured_with()``), "keep" (the plan without
+        offloading measured faster: keep it), "back" (it did not: offload again), or None."""
+        if self.state == "watch" and offloads and predicted:
+            self.with_offload = [*self.with_offload, measured][-TRIAL_PASSES:]
+            if len(self.with_offload) == TRIAL_PASSES and self.measured_with() > (1.0 + TRIAL_EXCESS) * predicted:
+                self.state = "trial"
+                self.allow_offload = False
+                return "try"
+        elif self.state == "trial" and not offloads:
+            self.without_offload.append(measured)
+            if len(self.without_offload) == TRIAL_PASSES:
+                self.state = "settled"
+                if _median(self.without_offload) <= self.measured_with():
+                    return "keep"
+                self.allow_offload = True
+                return "back"
+        return None
+
+    def measured_with(self) -> float:
+        return _median(self.with_offload)
+
+    def cancel(self) -> None:
+        """The plan without offloading does not fit or is not predicted faster."""
+        self.state = "settled"
+        self.allow_offload = True
+
+
+def _median(xs: list[float]) -> float:
+    ys = sorted(xs)
+    n = len(ys)
+    return 0.0 if n == 0 else (ys[n // 2] if n % 2 else 0.5 * (ys[n // 2 - 1] + ys[n // 2]))
 
 
 #: NOTE [Borrowed plans]: a new signature at most this much larger, in every dimension,
@@ -642,7 +710,18 @@ class Planner:
             budget = int(budget * entry.budget_scale)
         return budget
 
-    def _solve_plan(self, entry: PlanEntry) -> Plan:
+    @staticmethod
+    def _allow_offload(entry: PlanEntry, profile: Profile) -> bool:
+        """Offloading needs a GPU and a measured or configured link, and a signature whose
+        trial did not settle against it (NOTE [Offload trial])."""
+        return (
+            entry.trial.allow_offload
+            and profile.device == "cuda"
+            and profile.d2h_gbps > 0
+            and profile.h2d_gbps > 0
+        )
+
+    def _solve_plan(self, entry: PlanEntry, *, allow_offload: bool | None = None) -> Plan:
         """Solve ``entry``'s profile, at its budget, as its replays are priced now."""
         cfg = self.rt.config
         profile = entry.profile
@@ -656,7 +735,7 @@ class Planner:
             budget_bytes=self._entry_budget(entry),
             max_overhead=cfg.max_overhead,
             prefetch_regions=cfg.prefetch.regions or 2,
-            allow_offload=profile.device == "cuda" and profile.d2h_gbps > 0 and profile.h2d_gbps > 0,
+            allow_offload=self._allow_offload(entry, profile) if allow_offload is None else allow_offload,
             infeasible=cfg.infeasible,
             log_infeasible=False,
         )
@@ -715,7 +794,8 @@ class Planner:
         # NOTE [Serving overhead]: price replays as the runtime will run them
         profile.replay_op_seconds = self.replay_op_seconds
         entry.solved_replay_op_seconds = self.replay_op_seconds
-        plan = self._solve_plan(entry)
+        plan = entry.next_plan if entry.next_plan is not None else self._solve_plan(entry)
+        entry.next_plan = None
         entry.borrow_plan = None  # solved again when next lent
         if not plan.feasible and not entry.warned_infeasible:
             entry.warned_infeasible = True  # once per signature, not once per re-plan
@@ -800,6 +880,7 @@ class Planner:
             return
         entry.budget_scale *= 0.7
         entry.needs_solve = entry.profile is not None
+        entry.next_plan = None  # solved for the old budget
         log.warning(
             "offrecomp: device out of memory in a %s pass of signature %s; later passes plan "
             "for %.0f%% of the budget",
@@ -993,7 +1074,12 @@ class Planner:
         entry.cost.update(measured, take=True)
         entry.profile = measured
         if not calibrating:
-            self._refresh_live(entry, clock.seconds(p.start_mark, p.backward_end_mark))
+            step = clock.seconds(p.start_mark, p.backward_end_mark)
+            self._refresh_live(entry, step)
+            if step is not None and p.phase == "planned":
+                trial_note = self._offload_trial(entry, step)
+                if trial_note is not None:
+                    return trial_note
         if skipped:  # only distorted spans are skipped, so the pass paused
             pause = clock.pause(p.start_mark, p.backward_end_mark)
             note = f"host pause {1e3 * pause:.1f} ms: not learnt from " + ", ".join(skipped)
@@ -1143,6 +1229,51 @@ class Planner:
                 entry.signature, solved, live.step_seconds, 100 * (live.step_seconds / solved - 1.0),
             )
             entry.needs_solve = True
+
+    def _offload_trial(self, entry: PlanEntry, step_seconds: float) -> str | None:
+        """NOTE [Offload trial]: learn from one planned pass whether offloading pays."""
+        plan, profile, trial = entry.plan, entry.profile, entry.trial
+        if plan is None or profile is None or trial.state == "settled" or self.rt._user_plan is not None:
+            return None
+        offloads = any(pl == OFFLOAD for _, pl in plan)
+        predicted = entry.live.step_seconds if entry.live is not None else plan.predicted_step_seconds
+        action = trial.observe(offloads, step_seconds, predicted)
+        if action == "try":
+            measured = trial.measured_with()
+            alt = self._solve_plan(entry, allow_offload=False)
+            alt_step = alt.predicted_step_seconds or math.inf
+            if not alt.feasible or alt_step >= measured:
+                trial.cancel()
+                log.info(
+                    "offrecomp: signature %s: its plan measured %.4fs a step against %.4fs "
+                    "predicted; the plan without offloading %s, so offloading stays",
+                    entry.signature, measured, predicted or 0.0,
+                    "does not fit the budget" if not alt.feasible else f"is predicted at {alt_step:.4f}s",
+                )
+                return None
+            entry.needs_solve = True
+            entry.next_plan = alt
+            log.info(
+                "offrecomp: signature %s: its plan measured %.4fs a step against %.4fs "
+                "predicted; trying the plan without offloading (predicted %.4fs) for %d passes",
+                entry.signature, measured, predicted or 0.0, alt_step, TRIAL_PASSES,
+            )
+            return f"offload trial: plan measured {1e3 * measured:.1f} ms, trying without offloading"
+        if action in ("keep", "back"):
+            without = _median(trial.without_offload)
+            if action == "back":
+                entry.needs_solve = True
+            log.info(
+                "offrecomp: signature %s: without offloading %.4fs a step, with %.4fs: %s",
+                entry.signature, without, trial.measured_with(),
+                "offloading stays off" if action == "keep" else "offloading again",
+            )
+            return (
+                f"offload trial: {1e3 * without:.1f} ms without offloading, "
+                f"{1e3 * trial.measured_with():.1f} ms with: "
+                + ("offloading stays off" if action == "keep" else "offloading again")
+            )
+        return None
 
     def _calibrate_replays(self, p: PassState, measured: Profile) -> None:
         """NOTE [Calibration]: fit each region's op times to the plain replay the

@@ -370,6 +370,13 @@ class _OffrecompRunner(Runner):
         self.runtime_kwargs = runtime_kwargs
         self.rt = offrecomp.runtime(model, **runtime_kwargs)
         self._entered = False
+        on_gpu = any(p.is_cuda for p in model.parameters())
+        if runtime_kwargs.get("mode") == "auto" and on_gpu:
+            from offrecomp.planning import TRIAL_PASSES
+
+            # NOTE [Offload trial]: a plan that offloads may be tried against one that
+            # does not, TRIAL_PASSES planned steps each, before the plan settles
+            self.warmup_floor = 3 + 2 * TRIAL_PASSES
 
     def enter(self) -> None:
         self.rt.__enter__()

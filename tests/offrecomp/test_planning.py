@@ -468,3 +468,70 @@ def test_a_slow_first_solve_says_why_once(caplog: pytest.LogCaptureFixture, monk
             train(m, batch, offrecomp.runtime(m, mode="auto", min_bytes=0), steps=4)
     slow = [r for r in caplog.records if "first plan of this process" in r.getMessage()]
     assert len(slow) == 1 and "python -m offrecomp warmup" in slow[0].getMessage()
+
+
+def test_offload_trial_state_machine() -> None:
+    """NOTE [Offload trial]: a median of TRIAL_PASSES passes over the prediction by more
+    than TRIAL_EXCESS starts a trial; one slow pass does not; the faster stays."""
+    from offrecomp.planning import TRIAL_EXCESS, TRIAL_PASSES, OffloadTrial
+
+    over = 1.0 + 2 * TRIAL_EXCESS
+    t = OffloadTrial()
+    assert [t.observe(False, 5.0, 1.0) for _ in range(TRIAL_PASSES)] == [None] * TRIAL_PASSES
+    assert t.observe(True, over, 1.0) is None  # one slow pass
+    for _ in range(TRIAL_PASSES - 2):
+        assert t.observe(True, 1.0, 1.0) is None
+    assert t.observe(True, 1.0, 1.0) is None and t.state == "watch" and t.allow_offload
+    results = [t.observe(True, over, 1.0) for _ in range(TRIAL_PASSES)]
+    assert results.count("try") == 1  # as soon as most of the window is slow
+    assert t.state == "trial" and not t.allow_offload and t.measured_with() == over
+    assert t.observe(True, 9.0, 1.0) is None  # a pass that still offloads is not the trial's
+    results = [t.observe(False, 1.05, 1.0) for _ in range(TRIAL_PASSES)]
+    assert results[-1] == "keep" and not t.allow_offload and t.state == "settled"
+    assert t.observe(True, 9.0, 1.0) is None and t.observe(False, 9.0, 1.0) is None
+
+    slower = OffloadTrial()
+    for _ in range(TRIAL_PASSES):
+        slower.observe(True, over, 1.0)
+    assert [slower.observe(False, 2 * over, 1.0) for _ in range(TRIAL_PASSES)][-1] == "back"
+    assert slower.allow_offload and slower.state == "settled"
+
+    cancelled = OffloadTrial()
+    for _ in range(TRIAL_PASSES):
+        cancelled.observe(True, over, 1.0)
+    cancelled.cancel()
+    assert cancelled.allow_offload and cancelled.state == "settled"
+    assert cancelled.observe(True, 10 * over, 1.0) is None
+
+
+def test_offload_trial_runs_the_plan_without_offloading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end with the emulated offload backend (offloading allowed on CPU, and a
+    trial forced): plans that offload, the trial's plan without, then the faster one;
+    gradients bitwise equal to plain throughout."""
+    from offrecomp import planning
+    from offrecomp.planning import TRIAL_PASSES, Planner
+
+    monkeypatch.setattr(Planner, "_allow_offload", staticmethod(lambda entry, profile: entry.trial.allow_offload))
+    monkeypatch.setattr(planning, "TRIAL_EXCESS", -0.5)  # every offloading plan is "slow"
+    model, batch = make("gpt_dropout")
+    steps = 4 + 3 * TRIAL_PASSES
+    ref = train(twin(model), batch, steps=steps)
+    from tests.helpers import tight_budget
+
+    budget = tight_budget(model, batch)
+    m = twin(model)
+    rt = offrecomp.runtime(m, mode="auto", min_bytes=0, budget=budget, d2h_gbps=5, h2d_gbps=5)
+    assert_bitwise(ref, train(m, batch, rt, steps=steps))
+    recs = rt.report().steps
+    assert [s.phase for s in recs[:2]] == ["measure", "calibrate"]
+    planned = recs[2:]
+    assert all(s.phase == "planned" for s in planned)
+    notes = [(i, n) for i, s in enumerate(planned) for n in s.notes if n.startswith("offload trial")]
+    assert len(notes) == 2, notes
+    (start, first), (end, second) = notes
+    assert start == TRIAL_PASSES - 1 and "trying without offloading" in first
+    assert all(s.offloaded_bytes > 0 for s in planned[:start + 1])
+    assert end == start + TRIAL_PASSES and all(s.offloaded_bytes == 0 for s in planned[start + 1:end + 1])
+    offloading_again = "offloading again" in second
+    assert offloading_again or "offloading stays off" in second
+    assert all((s.offloaded_bytes > 0) == offloading_again for s in planned[end + 1:])
