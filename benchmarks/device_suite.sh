@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks in one call, about 6 minutes on one H200 (each step has its own timeout):
+# The GPU checks in one call, about 4 minutes on one H200 (each step has its own timeout):
 #   1. the planner benchmark on a ~1.5B model (predicted vs measured step time, budget);
 #   2. the CUDA-marked tests (offload engine races and bandwidth, runtime gradients/memory,
 #      model and layout zoos), the inductor and flex_attention ones last (step 7);
