@@ -149,6 +149,12 @@ class PlanEntry:
     """NOTE [Offload trial]: whether plans of this signature may offload."""
     next_plan: Plan | None = None
     """A plan already solved for the next solve to install (the trial's)."""
+    regions_of: Profile | None = None
+    regions_by_key: dict[tuple[str, int], RegionRecord] = field(default_factory=dict)
+    """``regions_of``'s region records by call key (``Planner.assign``)."""
+    placements_of: Plan | None = None
+    placements_by_key: dict[tuple[str, int], list[Placement]] = field(default_factory=dict)
+    """``placements_of``'s placements of each call's storages (``Planner.assign``)."""
 
 
 #: NOTE [Offload trial]: a plan that offloads is tried against one that does not when
@@ -410,14 +416,24 @@ class Planner:
             self._record_unprofiled(p, call)
             return
         call.structure = structure
+        key = call.key
         if entry.profile is not None:
-            for r in entry.profile.regions:
-                if r.key == call.key and len(r.ops) == len(structure.op_records):
-                    call.op_seconds = [op.seconds for op in r.ops]
-                    break
-        call.placements = [
-            plan.placement((call.name, call.call_index, i)) for i in range(len(structure.storage_records))
-        ]
+            if entry.regions_of is not entry.profile:  # one index per profile, not a scan per call
+                entry.regions_of = entry.profile
+                entry.regions_by_key = {r.key: r for r in entry.profile.regions}
+            r = entry.regions_by_key.get(key)
+            if r is not None and len(r.ops) == len(structure.op_records):
+                call.op_seconds = [op.seconds for op in r.ops]
+        n = len(structure.storage_records)
+        if entry.placements_of is not plan:
+            entry.placements_of = plan
+            entry.placements_by_key = {}
+        placements = entry.placements_by_key.get(key)
+        if placements is None or len(placements) != n:
+            placements = entry.placements_by_key[key] = [
+                plan.placement((call.name, call.call_index, i)) for i in range(n)
+            ]
+        call.placements = list(placements)  # a call may change its own (fallbacks)
 
     # NOTE [Calls the profile lacks]
     # The number of calls of a region may depend on the data (adaptive depth, a loop that

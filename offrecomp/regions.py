@@ -309,10 +309,31 @@ def capture_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> CapturedInp
             objects.append(x)
         return x
 
-    flat, spec = tree_flatten((args, kwargs))
+    flat, spec = _flatten_arguments(args, kwargs)
     leaves = [grab(x) for x in flat]
     devices = {t.device for t in tensors if t is not None}
     return CapturedInputs(leaves, spec, tensors, flags, versions, devices, objects)
+
+
+#: TreeSpecs of argument lists made of tensors alone, by (positional count, keywords):
+#: pytree flattening costs tens of microseconds per region call, for a block's `(x,)`.
+_TENSOR_SPECS: dict[tuple[int, tuple[str, ...]], TreeSpec] = {}
+
+
+def _flatten_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], TreeSpec]:
+    """``tree_flatten((args, kwargs))``, without pytree's walk when every argument is a
+    plain tensor or parameter (a pytree leaf: the spec depends only on the count and the
+    keywords). Subclasses take pytree's path: some register as pytree nodes."""
+    flat = [*args, *kwargs.values()] if kwargs else list(args)
+    if all(type(x) is torch.Tensor or type(x) is nn.Parameter for x in flat):
+        key = (len(args), tuple(kwargs))
+        spec = _TENSOR_SPECS.get(key)
+        if spec is None:
+            if len(_TENSOR_SPECS) > 256:
+                _TENSOR_SPECS.clear()
+            spec = _TENSOR_SPECS[key] = tree_flatten((args, kwargs))[1]
+        return flat, spec
+    return tree_flatten((args, kwargs))
 
 
 # NOTE [Stateful arguments]

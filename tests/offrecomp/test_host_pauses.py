@@ -241,7 +241,9 @@ def test_one_slow_pass_moves_a_region_estimate_by_a_bounded_step() -> None:
     after = _forward_of(rt, "stack.blocks.1")
     assert rt.report().steps[-1].pause_seconds < 0.99 * PAUSE
     assert after == pytest.approx(before * (0.7 + 0.3 * OUTLIER_RATIO))
-    assert after < PAUSE / 10
+    # learnt whole, the pause alone would have added 0.3 x PAUSE (a tiny block's own
+    # time reaches a few ms on a loaded host, so the bound is on the pause's share)
+    assert after < 0.3 * PAUSE
 
 
 def test_a_plan_that_offloads_still_learns_its_forward() -> None:

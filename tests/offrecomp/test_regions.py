@@ -143,3 +143,32 @@ def test_modules_added_to_a_block_after_the_runtime_was_built_are_tracked() -> N
     ref = train(copy.deepcopy(base), batch, steps=2)
     assert_bitwise(ref, train(m, batch, rt, steps=2))
     assert rt.report().steps[-1].replays > 0
+
+
+def test_argument_flattening_matches_pytree() -> None:
+    """The tensors-only fast path gives pytree's leaves and spec; anything else is
+    pytree's own answer."""
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    from offrecomp.regions import _flatten_arguments
+
+    t, u = torch.randn(2), torch.randn(3)
+    p = nn.Parameter(torch.randn(1))
+    cases = [
+        ((t,), {}),
+        ((t, u), {}),
+        ((), {"x": t, "mask": u}),
+        ((t, p), {"b": u, "a": t}),
+        ((t, None), {}),
+        ((t, 3, "x"), {"flag": True}),
+        (([t, u],), {"d": {"k": t}}),
+        ((t.as_subclass(torch.Tensor), u), {}),
+    ]
+    for args, kwargs in cases:
+        for _ in range(2):  # the second call reads the cached spec
+            flat, spec = _flatten_arguments(args, kwargs)
+            ref_flat, ref_spec = tree_flatten((args, kwargs))
+            assert spec == ref_spec and len(flat) == len(ref_flat)
+            assert all(a is b for a, b in zip(flat, ref_flat))
+            back_args, back_kwargs = tree_unflatten(flat, spec)
+            assert len(back_args) == len(args) and list(back_kwargs) == list(kwargs)
