@@ -304,6 +304,7 @@ def replay_call(
     counter = 0
     stopped = False
     running = False
+    wants_hold = False
     region = call.region
     hold = region is not None and region.backward_in_forward
     task = _graph_task_id()  # the backward the replay runs in (-1 outside one)
@@ -328,9 +329,11 @@ def replay_call(
         return t if hold else _THROWAWAY
 
     def unpack(x: Any) -> Any:
+        nonlocal wants_hold
         if x is not _THROWAWAY:
             return x
         if running and not hold:
+            wants_hold = True  # judged by this flag: C++ may hand the exception back as its own
             raise _HoldSaves  # NOTE [Backward inside a forward]
         return _no_unpack(x)
 
@@ -360,23 +363,28 @@ def replay_call(
                 running = True
                 _replay_forward(call, args, kwargs, pack, unpack, mode)
                 break
-            except _HoldSaves:
-                if hold:
-                    raise
-                hold = True
-                if region is not None:
-                    region.backward_in_forward = True
-                log.info(
-                    "offrecomp: region %r runs a backward inside its forward; its replays hold "
-                    "what they save",
-                    call.name,
-                )
             except BaseException as exc:
-                # Early stop (NOTE [Replay]), or a divergence. Code that runs in C++
-                # (TorchScript) hands either back as a RuntimeError of its own: judge by
-                # what was raised, not by what arrives.
+                # Early stop (NOTE [Replay]), a replay that must hold its saves, or a
+                # divergence. Code that runs in C++ (TorchScript) hands any of them back
+                # as a RuntimeError of its own: judge by what was raised, not by what
+                # arrives.
                 if stopped:
                     break
+                if wants_hold and not hold:
+                    wants_hold = False
+                    hold = True
+                    if region is not None:
+                        region.backward_in_forward = True
+                    if call.structure is not None:
+                        call.structure.opaque = True  # its recording holds an inner backward
+                    program = None  # this replay, too, runs plainly
+                    mode = None
+                    log.info(
+                        "offrecomp: region %r runs a backward inside its forward; its replays "
+                        "hold what they save and run plainly",
+                        call.name,
+                    )
+                    continue
                 first = mode.diverged if mode is not None else None
                 if first is not None and exc is not first:
                     raise first from exc

@@ -18,7 +18,7 @@ from torch import nn
 
 from offrecomp.hooks import Placer
 from tests import models
-from tests.helpers import ZOO_VARIANTS, check_variant, train, train_bitwise
+from tests.helpers import ZOO_VARIANTS, check_variant, tight_budget, train, train_bitwise
 
 STEPS = 5
 
@@ -67,12 +67,18 @@ def test_force_field_blocks_bitwise_equal_to_plain(variant: str) -> None:
         assert all(s.served_ops == 0 for s in steps)  # replayed plainly
 
 
-def test_replay_meeting_an_inner_backward_starts_again_holding(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A replay of a block not known to run a backward in its forward: the replayed inner
-    backward finds nothing held, and the replay starts again holding its saves."""
+@pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
+def test_replay_meeting_an_inner_backward_starts_again_holding(
+    variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay of a block not known to run a backward in its forward (also one under
+    the dispatch mode): the replayed inner backward finds nothing held, and the replay
+    starts again, plainly, holding its saves."""
     monkeypatch.setattr(Placer, "_in_forward", lambda self, call, rec: None)
     model = _model()
     ref = train(copy.deepcopy(model), _batch, steps=STEPS)
+    budget = tight_budget(model, _batch) if variant == "auto_serve" else None
     m = copy.deepcopy(model)
-    rt = train_bitwise(m, _batch, "recompute", None, ref, steps=STEPS)
+    rt = train_bitwise(m, _batch, variant, budget, ref, steps=STEPS)
     assert all(r.backward_in_forward and not r.forward_used for r in rt._regions)
+    assert rt.report().steps[-1].replays > 0
