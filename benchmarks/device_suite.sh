@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The GPU checks in one call, about 4 minutes on one H200 (each step has its own timeout):
-#   1. the planner benchmark on a ~1.5B model (predicted vs measured step time, budget);
+# The GPU checks in one call, about 5 minutes on one H200 (each step has its own timeout):
+#   0. `python -m offrecomp warmup` (the planner's numba kernels, about 20 s);
+#   1. the planner benchmark on a ~1.5B model at 8K and 4K tokens (predicted vs measured
+#      step time, budget, the offload trial);
 #   2. the CUDA-marked tests (offload engine races and bandwidth, runtime gradients/memory,
 #      model and layout zoos), the inductor and flex_attention ones last (step 7);
 #   3. the offload bandwidth and overlap benchmark;
@@ -9,9 +11,9 @@
 #   6. host overhead per saved tensor and per op (the dispatch modes) on this host.
 # $OUT (default ./device_out) gets two files, both brought up to date after every step,
 # so a run stopped early still returns what it finished: suite.log (what each step
-# printed) and results.tgz (every raw file; bench_planner_profile.json is the profile
-# auto's last plan was solved with: `python -m offrecomp plan bench_planner_profile.json
-# --budget ...` replays it).
+# printed) and results.tgz (every raw file; bench_planner_profile_<tokens>.json is the
+# profile auto's last plan was solved with: `python -m offrecomp plan
+# bench_planner_profile_8192.json --budget ...` replays it).
 # Usage: OUT=/some/dir bash benchmarks/device_suite.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,14 +36,20 @@ log "environment"
 tee -a "$OUT/suite.log" < "$WORK/env.txt"
 pack
 
-log "1. planner: auto at 50% of keep's activation bytes, predicted vs measured"
-# OFFRECOMP_LOG=INFO: the calibration check and every (re-)plan, with their reasons
-OFFRECOMP_LOG=INFO timeout 150 "$PY" benchmarks/bench_planner.py --device cuda --layers 24 \
-  --hidden 2048 --heads 16 --seq 8192 --batch 1 --bf16 --dropout 0 --warmup 9 --repeats 5 \
-  --min-bytes 1MiB --out "$WORK/bench_planner.json" --profile "$WORK/bench_planner_profile.json" \
-  2>&1 | grep -v "^STAGE:\|profiler_st" > "$WORK/bench_planner.log"
-tail -n 60 "$WORK/bench_planner.log" | tee -a "$OUT/suite.log"
-pack
+log "0. the planner's kernels (numba), compiled once for every step below"
+timeout 90 "$PY" -m offrecomp warmup 2>&1 | tee -a "$OUT/suite.log"
+
+log "1. planner: auto at 50% of keep's activation bytes, predicted vs measured, 8K and 4K tokens"
+# OFFRECOMP_LOG=INFO: the calibration check, every (re-)plan and the offload trial, with
+# their reasons; --warmup 9: an offload trial settles within 8 steps
+for S in 8192 4096; do
+  OFFRECOMP_LOG=INFO timeout 120 "$PY" benchmarks/bench_planner.py --device cuda --layers 24 \
+    --hidden 2048 --heads 16 --seq $S --batch 1 --bf16 --dropout 0 --warmup 9 --repeats 5 \
+    --min-bytes 1MiB --out "$WORK/bench_planner_$S.json" --profile "$WORK/bench_planner_profile_$S.json" \
+    2>&1 | grep -v "^STAGE:\|profiler_st" > "$WORK/bench_planner_$S.log"
+  tail -n 60 "$WORK/bench_planner_$S.log" | tee -a "$OUT/suite.log"
+  pack
+done
 
 log "2. CUDA tests (but inductor and flex_attention)"
 timeout 150 "$PY" -m pytest -q -p no:cacheprovider -m cuda -k "not inductor and not flex" -rfE \
