@@ -118,10 +118,13 @@ class Placer:
         rt = self.rt
         if _graph_task_id() != -1:
             # Saved while backward runs (create_graph / double backward): not a forward.
+            p = rt._pass
+            if p is not None and p.backward_started and not rt._forwards_running:
+                p.create_graph = True  # NOTE [Double backward]
             return _Plain(t, None)
         p = rt._pass
         if p is None or p.backward_started or p.aborted:
-            p = rt._forward_activity()
+            p = rt._forward_activity(between_backwards=True)
         calls = rt._stack.calls
         call = calls[-1] if calls else rt._current_call(p)
         p.stats.saved_tensors += 1
@@ -313,7 +316,7 @@ class Placer:
             t = h.tensor
             call = h.rec.call
             p = call.pass_state
-            if p is not None and not p.backward_started:
+            if p is not None and (not p.backward_started or p.awaiting):
                 if call.exited or call.is_root:
                     self.rt._backward_activity(call)
                 else:
@@ -323,7 +326,8 @@ class Placer:
             return t
         if type(h) is _Plain:
             owner = h.call
-            if owner is not None and owner.pass_state is not None and not owner.pass_state.backward_started:
+            op = owner.pass_state if owner is not None else None
+            if owner is not None and op is not None and (not op.backward_started or op.awaiting):
                 if owner.exited or owner.is_root:
                     # a pass whose saves are all kept as they are (nested, complex or
                     # DTensor activations) still has a backward

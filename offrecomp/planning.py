@@ -127,6 +127,8 @@ class PlanEntry:
     cost: CostModel | None = None
     """Smoothed timings of the signature, updated by every planned pass."""
     warned_infeasible: bool = False
+    warned_over_budget: bool = False
+    """A planned step's activations went over the budget (warned once per signature)."""
     calibration_ran: bool = False
     calibration_tries: int = 0
     """Calibration passes sent back for a host pause (NOTE [Host pauses])."""
@@ -156,6 +158,9 @@ class PlanEntry:
     placements_by_key: dict[tuple[str, int], list[Placement]] = field(default_factory=dict)
     """``placements_of``'s placements of each call's storages (``Planner.assign``)."""
 
+
+#: A planned step whose activation peak passes its budget by more than this warns.
+OVER_BUDGET = 1.05
 
 #: NOTE [Offload trial]: a plan that offloads is tried against one that does not when
 #: its measured step exceeds its prediction by more than this ...
@@ -955,6 +960,27 @@ class Planner:
             rec.predicted_forward_seconds = plan.predicted_forward_seconds
             rec.predicted_recompute_seconds = plan.predicted_recompute_seconds
             rec.predicted_stall_seconds = plan.predicted_stall_seconds
+            budget = plan.budget_bytes
+            if (
+                entry is not None
+                and budget
+                and rec.peak_activation_bytes > OVER_BUDGET * budget
+                and not entry.warned_over_budget
+            ):
+                entry.warned_over_budget = True
+                double = any(p.double_backward for p in passes)
+                log.warning(
+                    "offrecomp: signature %s: a planned step held %s of activations for a "
+                    "budget of %s (%+.0f%%).%s",
+                    first.signature, format_bytes(rec.peak_activation_bytes), format_bytes(budget),
+                    100 * (rec.peak_activation_bytes / budget - 1),
+                    " Its backward made a graph that a second backward differentiates (a "
+                    "gradient penalty); that graph holds the tensors the first backward's "
+                    "replays regenerate, which the plan does not count: expect this margin, "
+                    "or keep those regions (regions=, mode='keep')." if double else
+                    " Plan with a budget lower by that margin; rt.explain() and the step "
+                    "records show where the memory went.",
+                )
             live = entry.live if entry is not None and plan is entry.plan else None
             if live is not None:  # NOTE [Live prediction]
                 rec.predicted_step_seconds = live.step_seconds
@@ -1260,13 +1286,13 @@ class Planner:
             alt_step = alt.predicted_step_seconds or math.inf
             if not alt.feasible or alt_step >= measured:
                 trial.cancel()
+                why = "does not fit the budget" if not alt.feasible else f"is predicted at {1e3 * alt_step:.1f} ms"
                 log.info(
                     "offrecomp: signature %s: its plan measured %.4fs a step against %.4fs "
                     "predicted; the plan without offloading %s, so offloading stays",
-                    entry.signature, measured, predicted or 0.0,
-                    "does not fit the budget" if not alt.feasible else f"is predicted at {alt_step:.4f}s",
+                    entry.signature, measured, predicted or 0.0, why,
                 )
-                return None
+                return f"offload trial: plan measured {1e3 * measured:.1f} ms; without offloading {why}: offloading stays"
             entry.needs_solve = True
             entry.next_plan = alt
             log.info(

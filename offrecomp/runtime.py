@@ -171,6 +171,7 @@ class Runtime:
         self._step_count = 0  # steps recorded (the next record's number)
         self._saw_optimizer = False
         self._stepped_in_backward = False  # an optimizer stepped inside the running backward
+        self._forwards_running = 0  # region calls whose forward has not returned (any thread)
         self._no_optimizer = False
         self._explicit_steps = False
         self._provisional: list[tuple[StepRecord, list[PassState]]] = []
@@ -576,6 +577,7 @@ class Runtime:
         elif region.writes_state is None and call.inputs is not None and not region.compiled:
             call.watch = FirstCallWatch(call.inputs, call.params)  # NOTE [State written by its region]
         self._stack.calls.append(call)
+        self._forwards_running += 1
         self._recording = call.recorder is not None
         call.start_mark = self._clock.mark()
         return call
@@ -627,6 +629,7 @@ class Runtime:
 
     def _exit_region(self, call: RegionCall) -> None:
         call.end_mark = self._clock.mark()
+        self._forwards_running -= 1
         self._recording = False
         stack = self._stack.calls
         if stack and stack[-1] is call:
@@ -827,8 +830,13 @@ class Runtime:
 
     # ------------------------------------------------------------ pass cycle
 
-    def _forward_activity(self) -> PassState:
+    def _forward_activity(self, *, between_backwards: bool = False) -> PassState:
+        """The pass a save or a forward belongs to; a new one after a backward.
+        ``between_backwards``: a save outside any forward (the root's ops), which belongs
+        to a pass awaiting its second backward (NOTE [Double backward])."""
         p = self._pass
+        if between_backwards and p is not None and p.awaiting and not p.aborted:
+            return p
         if p is None or p.backward_started or p.aborted:
             if p is not None and self._stepped_in_backward:
                 self._optimizer_stepped()  # its backward's end went unseen: end the step now
@@ -853,11 +861,31 @@ class Runtime:
         self._pass = p
         return p
 
+    # NOTE [Double backward]
+    # A gradient penalty (WGAN-GP, StyleGAN's R1) differentiates the forward's graph with
+    # create_graph=True, then the loss that holds the penalty is differentiated again:
+    # two backwards of one pass. The first used to end the pass, and the penalty's ops and
+    # the second backward, with its replays, made a pass of their own that the plan never
+    # saw (a planned step measured 2x its prediction). Now a backward that saves tensors
+    # outside any region's forward (create_graph) leaves its pass awaiting: saves outside
+    # a forward still belong to it, the next backward that reads its saves ends it, and a
+    # new forward or an optimizer step ends it if none does. The pass's backward then
+    # spans both, as its step does.
+
     def _backward_activity(self, call: RegionCall) -> None:
         p = call.pass_state
-        if p is None or p.backward_started:
+        if p is None:
+            return
+        if p.backward_started:
+            task = tc.current_graph_task_id()
+            if p.awaiting and task != p.backward_task:  # NOTE [Double backward]: the next one
+                p.awaiting = False
+                p.backward_task = task
+                with contextlib.suppress(RuntimeError):
+                    tc.queue_backward_callback(functools.partial(self._backward_done, weakref.ref(p)))
             return
         p.backward_started = True
+        p.backward_task = tc.current_graph_task_id()
         p.backward_start_mark = self._clock.mark()
         if self._engine is not None:
             self._engine.begin_backward()
@@ -868,8 +896,13 @@ class Runtime:
         p = pref()
         if p is None:
             return
-        p.backward_done = True
         p.backward_end_mark = self._clock.mark()
+        if p.create_graph and p is self._pass:
+            p.create_graph = False
+            p.awaiting = True  # NOTE [Double backward]: a later backward differentiates it
+            p.double_backward = True
+            return
+        p.backward_done = True
         if p is self._pass:
             if self._stepped_in_backward:
                 self._optimizer_stepped()  # NOTE [Passes and steps]: optimizer in backward
@@ -880,6 +913,9 @@ class Runtime:
         p = self._pass
         if p is None:
             return
+        if p.awaiting:  # NOTE [Double backward]: no second backward came
+            p.awaiting = False
+            p.backward_done = True
         self._pass = None
         p.end_time = time.perf_counter()
         if self._device is not None and self._device.type == "cuda":

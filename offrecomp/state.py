@@ -277,6 +277,16 @@ class PassState:
     stats: PassStats = field(default_factory=PassStats)
     backward_started: bool = False
     backward_done: bool = False
+    create_graph: bool = False
+    """Its running backward saves tensors (``create_graph=True``) outside any region's
+    forward: a later backward may differentiate that graph (NOTE [Double backward])."""
+    awaiting: bool = False
+    """Its backward made a graph for a later one (a gradient penalty): the pass goes on
+    until that backward ends, or the next forward begins (NOTE [Double backward])."""
+    backward_task: int = -1
+    """The graph task of its latest backward."""
+    double_backward: bool = False
+    """A backward of it made a graph that a later one differentiated, or could have."""
     start_time: float = 0.0
     end_time: float = 0.0
     start_mark: Any = None

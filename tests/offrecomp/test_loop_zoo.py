@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import offrecomp
+from tests import models
 from tests.helpers import ZOO_VARIANTS, assert_bitwise, variant_runtime
 
 Snap = dict[str, torch.Tensor]
@@ -1206,3 +1207,75 @@ def test_dispatch_replay_keeps_placeholders_with_dropout(caplog: pytest.LogCaptu
         assert torch.equal(p.grad, q.grad), n
     diverged = [r.getMessage() for r in caplog.records if "diverged" in r.getMessage()]
     assert not diverged, diverged[0]
+
+
+class _PenaltyBlock(nn.Module):
+    def __init__(self, h: int = 32) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(h)
+        self.fc1 = nn.Linear(h, 4 * h)
+        self.fc2 = nn.Linear(4 * h, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+
+
+def _r1_loop(model: nn.Module, rt: Any = None, steps: int = 6) -> list[dict[str, torch.Tensor]]:
+    """A discriminator step with an R1 penalty: the gradient of the output with respect
+    to the input, with create_graph, then the loss that holds it, differentiated again."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    out = []
+    with rt if rt is not None else contextlib.nullcontext():
+        for s in range(steps):
+            x = torch.randn(4, 8, 32, generator=torch.Generator().manual_seed(s)).requires_grad_()
+            d = model(x)
+            (g,) = torch.autograd.grad(d, x, create_graph=True)
+            (d + 10 * g.square().sum()).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            out.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    return out
+
+
+def _r1_model() -> nn.Module:
+    torch.manual_seed(0)
+    return models.Stack([_PenaltyBlock() for _ in range(3)])
+
+
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_gradient_penalty_is_one_pass_with_two_backwards(mode: str) -> None:
+    """NOTE [Double backward]: the penalty's first backward used to end the pass; the
+    penalty's ops and the second backward, with its replays, then made a pass the plan
+    never saw. Now each step is one pass, and its replays (one per region in each
+    backward under recompute) are counted."""
+    model = _r1_model()
+    ref = _r1_loop(copy.deepcopy(model))
+    m = copy.deepcopy(model)
+    rt = offrecomp.runtime(m, mode=mode, min_bytes=0)
+    assert_bitwise(ref, _r1_loop(m, rt))
+    recs = rt.report().steps
+    assert all(s.passes == 1 for s in recs), [s.passes for s in recs]
+    if mode == "recompute":
+        assert all(s.replays == 2 * 3 for s in recs)
+    else:
+        assert [s.phase for s in recs[:2]] == ["measure", "calibrate"]
+        assert all(s.phase == "planned" for s in recs[2:])
+
+
+def test_gradient_penalty_over_budget_says_why(caplog: pytest.LogCaptureFixture) -> None:
+    """The graph the first backward makes holds what its replays regenerate, which the
+    plan does not count: a tight budget is exceeded, and a warning says why, once."""
+    model = _r1_model()
+    probe = copy.deepcopy(model)
+    keep = offrecomp.runtime(probe, mode="keep", min_bytes=0)
+    _r1_loop(probe, keep, steps=1)
+    budget = keep.report().steps[0].peak_activation_bytes // 2
+    ref = _r1_loop(copy.deepcopy(model), steps=8)
+    m = copy.deepcopy(model)
+    rt = offrecomp.runtime(m, mode="auto", min_bytes=0, budget=budget)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        assert_bitwise(ref, _r1_loop(m, rt, steps=8))
+    recs = rt.report().steps
+    assert any(s.phase == "planned" and s.peak_activation_bytes > 1.05 * budget for s in recs)
+    over = [r for r in caplog.records if "for a budget of" in r.getMessage()]
+    assert len(over) == 1 and "second backward" in over[0].getMessage()

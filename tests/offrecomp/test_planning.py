@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from typing import Any
 
 import pytest
 import torch
@@ -504,15 +505,25 @@ def test_offload_trial_state_machine() -> None:
     assert cancelled.observe(True, 10 * over, 1.0) is None
 
 
-def test_offload_trial_runs_the_plan_without_offloading(monkeypatch: pytest.MonkeyPatch) -> None:
-    """End to end with the emulated offload backend (offloading allowed on CPU, and a
-    trial forced): plans that offload, the trial's plan without, then the faster one;
-    gradients bitwise equal to plain throughout."""
+def _trial_runtime(monkeypatch: pytest.MonkeyPatch, alt_scale: float) -> tuple[offrecomp.Runtime, int]:
+    """auto with offloading allowed on CPU (the emulated backend), every plan that
+    offloads taken for slow, and the plan without offloading predicted ``alt_scale``
+    times what the solver says; trains a GPT and checks it bitwise against plain.
+    Returns the runtime and the steps of the planned passes' first trial window."""
     from offrecomp import planning
     from offrecomp.planning import TRIAL_PASSES, Planner
 
     monkeypatch.setattr(Planner, "_allow_offload", staticmethod(lambda entry, profile: entry.trial.allow_offload))
     monkeypatch.setattr(planning, "TRIAL_EXCESS", -0.5)  # every offloading plan is "slow"
+    solve_plan = Planner._solve_plan
+
+    def scaled(self: Planner, entry: Any, *, allow_offload: bool | None = None) -> Plan:
+        plan = solve_plan(self, entry, allow_offload=allow_offload)
+        if allow_offload is False and plan.predicted_step_seconds is not None:
+            plan.predicted_step_seconds *= alt_scale  # the trial's own solve only
+        return plan
+
+    monkeypatch.setattr(Planner, "_solve_plan", scaled)
     model, batch = make("gpt_dropout")
     steps = 4 + 3 * TRIAL_PASSES
     ref = train(twin(model), batch, steps=steps)
@@ -522,6 +533,13 @@ def test_offload_trial_runs_the_plan_without_offloading(monkeypatch: pytest.Monk
     m = twin(model)
     rt = offrecomp.runtime(m, mode="auto", min_bytes=0, budget=budget, d2h_gbps=5, h2d_gbps=5)
     assert_bitwise(ref, train(m, batch, rt, steps=steps))
+    return rt, TRIAL_PASSES
+
+
+def test_offload_trial_runs_the_plan_without_offloading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end with the emulated offload backend: plans that offload, the trial's
+    plan without, then the faster one; gradients bitwise equal to plain throughout."""
+    rt, passes = _trial_runtime(monkeypatch, alt_scale=0.01)
     recs = rt.report().steps
     assert [s.phase for s in recs[:2]] == ["measure", "calibrate"]
     planned = recs[2:]
@@ -529,9 +547,20 @@ def test_offload_trial_runs_the_plan_without_offloading(monkeypatch: pytest.Monk
     notes = [(i, n) for i, s in enumerate(planned) for n in s.notes if n.startswith("offload trial")]
     assert len(notes) == 2, notes
     (start, first), (end, second) = notes
-    assert start == TRIAL_PASSES - 1 and "trying without offloading" in first
+    assert start == passes - 1 and "trying without offloading" in first
     assert all(s.offloaded_bytes > 0 for s in planned[:start + 1])
-    assert end == start + TRIAL_PASSES and all(s.offloaded_bytes == 0 for s in planned[start + 1:end + 1])
+    assert end == start + passes and all(s.offloaded_bytes == 0 for s in planned[start + 1:end + 1])
     offloading_again = "offloading again" in second
     assert offloading_again or "offloading stays off" in second
     assert all((s.offloaded_bytes > 0) == offloading_again for s in planned[end + 1:])
+
+
+def test_offload_trial_not_run_when_the_plan_without_is_no_faster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan without offloading, predicted slower than what the offloading plan
+    measured, is not tried: a note says so, and offloading goes on."""
+    rt, passes = _trial_runtime(monkeypatch, alt_scale=100.0)
+    planned = rt.report().steps[2:]
+    notes = [(i, n) for i, s in enumerate(planned) for n in s.notes if n.startswith("offload trial")]
+    assert len(notes) == 1 and notes[0][0] == passes - 1, notes
+    assert "offloading stays" in notes[0][1]
+    assert all(s.offloaded_bytes > 0 for s in planned)
