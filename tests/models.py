@@ -141,6 +141,19 @@ class SharedModel(nn.Module):
         return x.square().mean()
 
 
+class MLPBlock(nn.Module):
+    """Pre-LN residual MLP."""
+
+    def __init__(self, h: int) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(h)
+        self.fc1 = nn.Linear(h, 2 * h)
+        self.fc2 = nn.Linear(2 * h, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+
+
 class Stack(nn.Module):
     """Blocks applied in turn (a ModuleList: the regions), then a scalar loss."""
 

@@ -1209,17 +1209,6 @@ def test_dispatch_replay_keeps_placeholders_with_dropout(caplog: pytest.LogCaptu
     assert not diverged, diverged[0]
 
 
-class _PenaltyBlock(nn.Module):
-    def __init__(self, h: int = 32) -> None:
-        super().__init__()
-        self.ln = nn.LayerNorm(h)
-        self.fc1 = nn.Linear(h, 4 * h)
-        self.fc2 = nn.Linear(4 * h, h)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
-
-
 def _r1_loop(model: nn.Module, rt: Any = None, steps: int = 6) -> list[dict[str, torch.Tensor]]:
     """A discriminator step with an R1 penalty: the gradient of the output with respect
     to the input, with create_graph, then the loss that holds it, differentiated again."""
@@ -1239,7 +1228,7 @@ def _r1_loop(model: nn.Module, rt: Any = None, steps: int = 6) -> list[dict[str,
 
 def _r1_model() -> nn.Module:
     torch.manual_seed(0)
-    return models.Stack([_PenaltyBlock() for _ in range(3)])
+    return models.Stack([models.MLPBlock(32) for _ in range(3)])
 
 
 @pytest.mark.parametrize("mode", ["recompute", "auto"])

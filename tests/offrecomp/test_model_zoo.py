@@ -39,7 +39,7 @@ from tests.helpers import (
     train,
     variant_runtime,
 )
-from tests.models import Stack, stack
+from tests.models import MLPBlock, Stack, stack
 
 Batch = Callable[[int], Any]
 Snap = dict[str, torch.Tensor]
@@ -54,14 +54,8 @@ def _gen(seed: int) -> torch.Generator:
 # ----------------------------------------------------------------------------- models
 
 
-class BranchBlock(nn.Module):
+class BranchBlock(MLPBlock):
     """Data-dependent control flow: the branch and a Python scale depend on the values."""
-
-    def __init__(self, h: int) -> None:
-        super().__init__()
-        self.ln = nn.LayerNorm(h)
-        self.fc1 = nn.Linear(h, 2 * h)
-        self.fc2 = nn.Linear(2 * h, h)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.fc1(self.ln(x))
@@ -380,17 +374,6 @@ class TokenModel(nn.Module):
         return x.square().mean()
 
 
-class MLPBlock(nn.Module):
-    def __init__(self, h: int) -> None:
-        super().__init__()
-        self.ln = nn.LayerNorm(h)
-        self.fc1 = nn.Linear(h, 2 * h)
-        self.fc2 = nn.Linear(2 * h, h)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
-
-
 class FrozenModel(nn.Module):
     """A frozen first block on an input that does not require grad, frozen LayerNorms, one
     frozen weight with a trainable bias."""
@@ -411,13 +394,7 @@ class FrozenModel(nn.Module):
         return self.head(x).square().mean()
 
 
-class F64Block(nn.Module):
-    def __init__(self, h: int) -> None:
-        super().__init__()
-        self.ln = nn.LayerNorm(h)
-        self.fc1 = nn.Linear(h, 2 * h)
-        self.fc2 = nn.Linear(2 * h, h)
-
+class F64Block(MLPBlock):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.softplus(self.fc1(self.ln(x)))
         y = y / torch.linalg.vector_norm(y, dim=-1, keepdim=True)
