@@ -318,6 +318,8 @@ class Placer:
             p = call.pass_state
             if p is not None and (not p.backward_started or p.awaiting):
                 if call.exited or call.is_root:
+                    if self.rt._forwards_running:
+                        self._reached_from_forward(p)
                     self.rt._backward_activity(call)
                 else:
                     self._in_forward(call, h.rec)  # NOTE [Backward inside a forward]
@@ -329,6 +331,8 @@ class Placer:
             op = owner.pass_state if owner is not None else None
             if owner is not None and op is not None and (not op.backward_started or op.awaiting):
                 if owner.exited or owner.is_root:
+                    if self.rt._forwards_running:
+                        self._reached_from_forward(op)
                     # a pass whose saves are all kept as they are (nested, complex or
                     # DTensor activations) still has a backward
                     self.rt._backward_activity(owner)
@@ -344,6 +348,9 @@ class Placer:
         if orig is not None and int(orig._version) != h.version:
             raise _modified_error(_where(call), h.pack_index, h.version, int(orig._version))
         if call.exited or call.is_root:
+            p = call.pass_state
+            if self.rt._forwards_running and p is not None and not p.backward_started:
+                self._reached_from_forward(p)
             self.rt._backward_activity(call)
         else:
             self._in_forward(call, rec)  # NOTE [Backward inside a forward]
@@ -369,6 +376,31 @@ class Placer:
             )
         if rec is not None:
             region.forward_used.add(rec.index)
+
+    def _reached_from_forward(self, p: PassState) -> None:
+        """A backward run inside a region's forward reads saves from before that call
+        (NOTE [Backward inside a forward]). A replay starts from detached inputs, so it
+        cannot run that backward: the running regions keep their activations from now
+        on, and the saves their calls dropped so far are held while their tensors live."""
+        for c in p.calls:
+            region = c.region
+            if c.exited or region is None or region.reaches_out:
+                continue
+            region.reaches_out = True
+            from offrecomp.runtime import _kind, _warn_once
+
+            _warn_once(
+                f"reaches_out:{_kind(region)}",
+                "offrecomp: region %r (and any other like it) runs a backward through "
+                "activations from before its call; a replay starts from detached inputs and "
+                "cannot reproduce that, so its activations are kept",
+                c.name,
+            )
+            for idx, w in list(c.dropped.items()):
+                h = w()
+                orig = h.weak() if h is not None else None
+                if orig is not None and idx not in c.replayed:
+                    c.replayed[idx] = orig  # handed out as if replayed
 
     def _unpack_offloaded(self, h: SavedHandle, rec: StorageRec) -> torch.Tensor:
         if rec.fetch_buf is None:

@@ -635,7 +635,8 @@ class Planner:
                     ops=list(st.op_records),
                     storages=storages,
                     opaque=st.opaque,
-                    replayable=not call.collective and not (call.region is not None and call.region.writes_state),
+                    replayable=not call.collective
+                    and not (call.region is not None and (call.region.writes_state or call.region.reaches_out)),
                 )
             )
             structures[call.key] = st

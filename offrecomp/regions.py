@@ -79,6 +79,10 @@ class Region:
     replay.py): its replays hold what they save and run plainly."""
     forward_used: set[int] = field(default_factory=set)
     """Indices of the storages of its calls that a backward inside the forward read: kept."""
+    reaches_out: bool = False
+    """Its forward runs a backward through activations from before its call (NOTE
+    [Backward inside a forward]): a replay, which starts from detached inputs, cannot
+    reproduce it, so its activations are kept."""
 
     def refresh(self) -> None:
         """Read the slots and the compiled flags again: a block may gain modules (LoRA

@@ -121,6 +121,12 @@ def _no_unpack(_: Any) -> Any:
 # - Saves made while the inner backward runs (another graph task than the one the replay
 #   began in) are not forward saves: the forward's pack hook does not count them
 #   (hooks.Placer._pack), and neither does the replay's, or every later index would shift.
+# - An inner backward that reaches activations from before the call (the gradient with
+#   respect to an earlier block's output) cannot run in a replay, which starts from
+#   detached inputs. It reads other calls' saves while a region's forward runs
+#   (hooks.Placer._reached_from_forward): the running regions keep their activations
+#   from then on (Region.reaches_out), and what their calls dropped before is held while
+#   its tensors live.
 
 
 # NOTE [Private generators]

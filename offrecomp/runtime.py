@@ -819,8 +819,8 @@ class Runtime:
         recompute drops them like torch.utils.checkpoint does, and plans keep them.
         """
         region = call.region
-        if region is not None and region.forward_used and index in region.forward_used:
-            return KEEP  # NOTE [Backward inside a forward]: read in the forward
+        if region is not None and (region.reaches_out or (region.forward_used and index in region.forward_used)):
+            return KEEP  # NOTE [Backward inside a forward]: read in the forward, or not replayable
         wanted = self._planner.placement(p, call, index, nbytes, kind)
         if wanted == RECOMPUTE and (call.inputs is None or kind != "activation"):
             return KEEP  # the root, a region input, or a call without a replay checkpoint

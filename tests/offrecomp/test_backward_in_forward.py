@@ -82,3 +82,51 @@ def test_replay_meeting_an_inner_backward_starts_again_holding(
     rt = train_bitwise(m, _batch, variant, budget, ref, steps=STEPS)
     assert all(r.backward_in_forward and not r.forward_used for r in rt._regions)
     assert rt.report().steps[-1].replays > 0
+
+
+class SensitivityHead(nn.Module):
+    """Scales its input by the size of d(sum of its input) / d(x0), where x0 is an
+    earlier activation: the backward inside this forward reads other blocks' saves."""
+
+    def __init__(self, h: int = 32) -> None:
+        super().__init__()
+        self.fc = nn.Linear(h, h)
+        self.x0: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.x0 is not None
+        (g,) = torch.autograd.grad(x.sum(), self.x0, create_graph=True)
+        return self.fc(x) * (1 + 0.01 * g.square().mean())
+
+
+class SensitivityModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(32, 32)
+        self.blocks = nn.ModuleList(models.MLPBlock(32) for _ in range(3))
+        self.head = SensitivityHead()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x0 = self.inp(x)
+        self.head.x0 = x0
+        h = x0
+        for b in self.blocks:
+            h = b(h)
+        return self.head(h).square().mean()
+
+
+@pytest.mark.parametrize("head_is_a_region", [False, True])
+@pytest.mark.parametrize("variant", ZOO_VARIANTS)
+def test_a_backward_inside_a_forward_reaching_earlier_blocks(variant: str, head_is_a_region: bool) -> None:
+    """docs/reliability.md, known limits: the inner backward reads the earlier blocks'
+    saves mid-forward, from the root's code or from a region's forward; gradients stay
+    bitwise equal to plain."""
+    torch.manual_seed(0)
+    kw = {"regions": [models.MLPBlock, SensitivityHead]} if head_is_a_region else {}
+    rt, _ = check_variant(SensitivityModel(), _batch, variant, steps=STEPS, **kw)
+    heads = [r for r in rt._regions if isinstance(r.module, SensitivityHead)]
+    assert len(heads) == (1 if head_is_a_region else 0)
+    if heads and variant not in ("keep", "offload"):
+        # a replay of the head, from its detached input, could not run its backward
+        assert heads[0].reaches_out
+        assert all(not r.reaches_out for r in rt._regions if r is not heads[0])
