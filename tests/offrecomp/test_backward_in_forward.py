@@ -18,7 +18,17 @@ from torch import nn
 
 from offrecomp.hooks import Placer
 from tests import models
-from tests.helpers import ZOO_VARIANTS, check_variant, tight_budget, train, train_bitwise
+from tests.helpers import (
+    ZOO_VARIANTS,
+    assert_bitwise,
+    batch_on,
+    check_variant,
+    deterministic_plain,
+    tight_budget,
+    train,
+    train_bitwise,
+    variant_runtime,
+)
 
 STEPS = 5
 
@@ -130,3 +140,24 @@ def test_a_backward_inside_a_forward_reaching_earlier_blocks(variant: str, head_
         # a replay of the head, from its detached input, could not run its backward
         assert heads[0].reaches_out
         assert all(not r.reaches_out for r in rt._regions if r is not heads[0])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("variant", ["recompute", "offload", "auto_serve"])
+def test_force_field_blocks_on_cuda(variant: str) -> None:
+    """On the GPU the inner backward's nodes run on autograd's device thread, where the
+    runtime's call stack (thread-local) is empty: what marks the pass and the region
+    must not depend on it."""
+    dev = torch.device("cuda")
+    model = _model().to(dev)
+    batch = batch_on(dev, _batch)
+    ref = deterministic_plain(model, batch, STEPS)
+    if ref is None:
+        pytest.skip("plain CUDA runs differ run to run (nondeterministic kernels)")
+    budget = tight_budget(model, batch) if variant == "auto_serve" else None
+    m = copy.deepcopy(model)
+    rt = variant_runtime(m, variant, budget)
+    assert_bitwise(ref, train(m, batch, rt, steps=STEPS))
+    assert len(rt.report().steps) == STEPS
+    if variant != "offload":
+        assert all(r.backward_in_forward for r in rt._regions)
