@@ -305,6 +305,7 @@ class Runtime:
                 if _active is self:
                     _active = None
             self._stack.calls.clear()
+            self._forwards_running = 0
             self._maybe_close_engine()
 
     def _install(self) -> None:
