@@ -630,7 +630,7 @@ class Runtime:
 
     def _exit_region(self, call: RegionCall) -> None:
         call.end_mark = self._clock.mark()
-        self._forwards_running -= 1
+        self._forwards_running = max(0, self._forwards_running - 1)
         self._recording = False
         stack = self._stack.calls
         if stack and stack[-1] is call:
