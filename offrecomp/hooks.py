@@ -317,12 +317,12 @@ class Placer:
             call = h.rec.call
             p = call.pass_state
             if p is not None and (not p.backward_started or p.awaiting):
-                if call.exited or call.is_root:
-                    if self.rt._forwards_running:
-                        self._reached_from_forward(p)
-                    self.rt._backward_activity(call)
-                else:
+                if not (call.exited or call.is_root):
                     self._in_forward(call, h.rec)  # NOTE [Backward inside a forward]
+                elif self.rt._forwards_running:
+                    self._reached_from_forward(p)
+                else:
+                    self.rt._backward_activity(call)
             if t._version != h.version:
                 raise _modified_error(_where(call), h.pack_index, h.version, t._version)
             return t
@@ -330,14 +330,14 @@ class Placer:
             owner = h.call
             op = owner.pass_state if owner is not None else None
             if owner is not None and op is not None and (not op.backward_started or op.awaiting):
-                if owner.exited or owner.is_root:
-                    if self.rt._forwards_running:
-                        self._reached_from_forward(op)
+                if not (owner.exited or owner.is_root):
+                    self._in_forward(owner, None)
+                elif self.rt._forwards_running:
+                    self._reached_from_forward(op)
+                else:
                     # a pass whose saves are all kept as they are (nested, complex or
                     # DTensor activations) still has a backward
                     self.rt._backward_activity(owner)
-                else:
-                    self._in_forward(owner, None)
             if h.t._version != h.version:
                 raise _modified_error(h.where, None, h.version, h.t._version, h.t)
             return h.t
@@ -347,15 +347,17 @@ class Placer:
         orig = h.weak()
         if orig is not None and int(orig._version) != h.version:
             raise _modified_error(_where(call), h.pack_index, h.version, int(orig._version))
-        if call.exited or call.is_root:
-            p = call.pass_state
-            if self.rt._forwards_running and p is not None and not p.backward_started:
-                self._reached_from_forward(p)
-            self.rt._backward_activity(call)
-        else:
+        p = call.pass_state
+        if not (call.exited or call.is_root):
             self._in_forward(call, rec)  # NOTE [Backward inside a forward]
             if orig is not None:
                 return orig
+        elif self.rt._forwards_running and p is not None and (not p.backward_started or p.awaiting):
+            self._reached_from_forward(p)
+            if orig is not None:
+                return orig
+        else:
+            self.rt._backward_activity(call)
         placement = rec.placement
         if placement == OFFLOAD:
             return self._unpack_offloaded(h, rec)
@@ -378,10 +380,13 @@ class Placer:
             region.forward_used.add(rec.index)
 
     def _reached_from_forward(self, p: PassState) -> None:
-        """A backward run inside a region's forward reads saves from before that call
-        (NOTE [Backward inside a forward]). A replay starts from detached inputs, so it
-        cannot run that backward: the running regions keep their activations from now
-        on, and the saves their calls dropped so far are held while their tensors live."""
+        """A backward run inside a region's forward reads a save of an earlier call or
+        of the root (NOTE [Backward inside a forward]). It is not the pass's backward.
+        That call's placements stand (a dropped save is regenerated then, as a forced
+        recompute asks; keeping every block such a backward passes through would keep
+        the whole model). A replay starts from detached inputs, so it cannot run
+        that backward: the running regions keep their activations from now on, and the
+        saves their calls dropped so far are held while their tensors live."""
         for c in p.calls:
             region = c.region
             if c.exited or region is None or region.reaches_out:
@@ -516,7 +521,7 @@ class Placer:
         p = call.pass_state
         # a replay inside the region's own forward (NOTE [Backward inside a forward]) is
         # forward time, not a backward's replay
-        timed = call.exited
+        timed = call.exited and not rt._forwards_running
         if p is not None and timed and program is not None:
             p.dispatch_replays.append((start, end, len(program), run_seconds))
         elif p is not None and timed and k_seen >= 0:

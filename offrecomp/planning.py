@@ -1491,6 +1491,18 @@ class Planner:
             f"lower bound {plan.lower_bound_seconds or 0.0:.4f}s",
         ]
         lines += [f"  note: {n}" for n in plan.notes]
+        trial = entry.trial
+        if trial.state == "trial":
+            lines.append(
+                f"  note: offload trial running: the plan that offloaded measured "
+                f"{1e3 * trial.measured_with():.1f} ms a step; this one does not offload"
+            )
+        elif trial.state == "settled" and trial.without_offload:
+            lines.append(
+                f"  note: offload trial: {1e3 * _median(trial.without_offload):.1f} ms a step without "
+                f"offloading, {1e3 * trial.measured_with():.1f} ms with: offloading "
+                + ("off" if not trial.allow_offload else "on")
+            )
         header = f"  {'region':<24} {'call':>4} {'keep':>14} {'offload':>14} {'recompute':>14} {'fwd s':>9} {'bwd s':>9}"
         lines.append(header)
         for r in entry.profile.regions:
@@ -1502,10 +1514,17 @@ class Planner:
                 n[pl] += 1
             cells = [f"{n[p]}/{format_bytes(b[p])}" for p in (KEEP, OFFLOAD, RECOMPUTE)]
             why = []
+            region = next((g for g in self.rt._regions if g.name == r.name), None)
             if not r.replayable:
-                writes = any(g.name == r.name and g.writes_state for g in self.rt._regions)
-                why.append("writes its inputs or parameters in place" if writes else "runs collectives")
+                if region is not None and region.writes_state:
+                    why.append("writes its inputs or parameters in place")
+                elif region is not None and region.reaches_out:
+                    why.append("runs a backward through earlier activations")
+                else:
+                    why.append("runs collectives")
                 why[-1] += ": never recomputed"
+            elif region is not None and region.backward_in_forward:
+                why.append("runs a backward inside its forward: its replays rerun it, holding their saves")
             elif r.opaque:
                 why.append("opaque: a replay reruns its forward")
             lines.append(

@@ -122,11 +122,12 @@ def _no_unpack(_: Any) -> Any:
 #   began in) are not forward saves: the forward's pack hook does not count them
 #   (hooks.Placer._pack), and neither does the replay's, or every later index would shift.
 # - An inner backward that reaches activations from before the call (the gradient with
-#   respect to an earlier block's output) cannot run in a replay, which starts from
-#   detached inputs. It reads other calls' saves while a region's forward runs
-#   (hooks.Placer._reached_from_forward): the running regions keep their activations
-#   from then on (Region.reaches_out), and what their calls dropped before is held while
-#   its tensors live.
+#   respect to an earlier block's output) reads other calls' saves while a region's
+#   forward runs (hooks.Placer._reached_from_forward). That is not the pass's backward
+#   either; a dropped save it reads is regenerated then. A replay, which starts from
+#   detached inputs, cannot run such a backward: the running regions keep their
+#   activations from then on (Region.reaches_out), and what their calls dropped before
+#   is held while its tensors live.
 
 
 # NOTE [Private generators]

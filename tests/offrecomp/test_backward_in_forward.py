@@ -65,7 +65,9 @@ def _batch(s: int) -> torch.Tensor:
 def test_force_field_blocks_bitwise_equal_to_plain(variant: str) -> None:
     rt, _ = check_variant(_model(), _batch, variant, steps=STEPS)
     steps = rt.report().steps
-    assert len(steps) == STEPS  # the inner backward no longer ends a pass
+    assert len(steps) == STEPS and all(s.passes == 1 for s in steps)  # the inner backward ends no pass
+    if variant.startswith("auto"):
+        assert steps[-1].phase == "planned"
     regions = rt._regions
     if variant != "keep" and variant != "offload":
         assert all(r.backward_in_forward and r.forward_used for r in regions)
@@ -75,6 +77,7 @@ def test_force_field_blocks_bitwise_equal_to_plain(variant: str) -> None:
         assert [s.replays for s in steps] == [6] + [3] * (STEPS - 1)
     if variant.startswith("auto"):
         assert all(s.served_ops == 0 for s in steps)  # replayed plainly
+        assert rt.explain().count("runs a backward inside its forward") == 3
 
 
 @pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
@@ -134,12 +137,19 @@ def test_a_backward_inside_a_forward_reaching_earlier_blocks(variant: str, head_
     torch.manual_seed(0)
     kw = {"regions": [models.MLPBlock, SensitivityHead]} if head_is_a_region else {}
     rt, _ = check_variant(SensitivityModel(), _batch, variant, steps=STEPS, **kw)
+    steps = rt.report().steps
+    assert all(s.passes == 1 for s in steps), [s.passes for s in steps]  # one pass a step
+    if variant.startswith("auto"):
+        assert steps[-1].phase == "planned"
     heads = [r for r in rt._regions if isinstance(r.module, SensitivityHead)]
     assert len(heads) == (1 if head_is_a_region else 0)
     if heads and variant not in ("keep", "offload"):
         # a replay of the head, from its detached input, could not run its backward
         assert heads[0].reaches_out
         assert all(not r.reaches_out for r in rt._regions if r is not heads[0])
+        if variant.startswith("auto"):
+            text = rt.explain()
+            assert text.count("runs a backward through earlier activations: never recomputed") == 1
 
 
 @pytest.mark.cuda

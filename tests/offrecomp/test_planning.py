@@ -553,6 +553,7 @@ def test_offload_trial_runs_the_plan_without_offloading(monkeypatch: pytest.Monk
     offloading_again = "offloading again" in second
     assert offloading_again or "offloading stays off" in second
     assert all((s.offloaded_bytes > 0) == offloading_again for s in planned[end + 1:])
+    assert "note: offload trial: " in rt.explain()
 
 
 def test_offload_trial_not_run_when_the_plan_without_is_no_faster(monkeypatch: pytest.MonkeyPatch) -> None:
