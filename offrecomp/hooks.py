@@ -317,12 +317,7 @@ class Placer:
             call = h.rec.call
             p = call.pass_state
             if p is not None and (not p.backward_started or p.awaiting):
-                if not (call.exited or call.is_root):
-                    self._in_forward(call, h.rec)  # NOTE [Backward inside a forward]
-                elif self.rt._forwards_running:
-                    self._reached_from_forward(p)
-                else:
-                    self.rt._backward_activity(call)
+                self._outside_backward(call, p, h.rec)
             if t._version != h.version:
                 raise _modified_error(_where(call), h.pack_index, h.version, t._version)
             return t
@@ -330,14 +325,9 @@ class Placer:
             owner = h.call
             op = owner.pass_state if owner is not None else None
             if owner is not None and op is not None and (not op.backward_started or op.awaiting):
-                if not (owner.exited or owner.is_root):
-                    self._in_forward(owner, None)
-                elif self.rt._forwards_running:
-                    self._reached_from_forward(op)
-                else:
-                    # a pass whose saves are all kept as they are (nested, complex or
-                    # DTensor activations) still has a backward
-                    self.rt._backward_activity(owner)
+                # a pass whose saves are all kept as they are (nested, complex or DTensor
+                # activations) still has a backward
+                self._outside_backward(owner, op, None)
             if h.t._version != h.version:
                 raise _modified_error(h.where, None, h.version, h.t._version, h.t)
             return h.t
@@ -348,20 +338,27 @@ class Placer:
         if orig is not None and int(orig._version) != h.version:
             raise _modified_error(_where(call), h.pack_index, h.version, int(orig._version))
         p = call.pass_state
-        if not (call.exited or call.is_root):
-            self._in_forward(call, rec)  # NOTE [Backward inside a forward]
-            if orig is not None:
-                return orig
-        elif self.rt._forwards_running and p is not None and (not p.backward_started or p.awaiting):
-            self._reached_from_forward(p)
-            if orig is not None:
-                return orig
-        else:
-            self.rt._backward_activity(call)
+        inner = p is not None and (not p.backward_started or p.awaiting) and self._outside_backward(call, p, rec)
+        if inner and orig is not None:
+            return orig  # a backward inside a forward: the tensor is still there
         placement = rec.placement
         if placement == OFFLOAD:
             return self._unpack_offloaded(h, rec)
         return self._unpack_dropped(h, rec, call)
+
+    def _outside_backward(self, call: RegionCall, p: PassState, rec: StorageRec | None) -> bool:
+        """An unpack of ``call``'s save (``rec``'s) before its pass's backward ran, or while
+        the pass awaits its second one (NOTE [Double backward]): the pass's backward
+        begins, or it is a backward run inside a forward (NOTE [Backward inside a
+        forward] in replay.py), which returns True."""
+        if not (call.exited or call.is_root):
+            self._in_forward(call, rec)  # inside the call's own forward
+            return True
+        if self.rt._forwards_running:
+            self._reached_from_forward(p)  # inside a later region's forward
+            return True
+        self.rt._backward_activity(call)
+        return False
 
     def _in_forward(self, call: RegionCall, rec: StorageRec | None) -> None:
         """A backward inside ``call``'s running forward unpacks one of its saves (NOTE

@@ -17,6 +17,7 @@ import contextlib
 import itertools
 import logging
 import math
+import statistics
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -204,25 +205,27 @@ class OffloadTrial:
             self.without_offload.append(measured)
             if len(self.without_offload) == TRIAL_PASSES:
                 self.state = "settled"
-                if _median(self.without_offload) <= self.measured_with():
+                if statistics.median(self.without_offload) <= self.measured_with():
                     return "keep"
                 self.allow_offload = True
                 return "back"
         return None
 
     def measured_with(self) -> float:
-        return _median(self.with_offload)
+        return statistics.median(self.with_offload)
+
+    def outcome(self) -> str:
+        """The settled trial, as the step notes, the log and ``rt.explain()`` say it."""
+        return (
+            f"{1e3 * statistics.median(self.without_offload):.1f} ms without offloading, "
+            f"{1e3 * self.measured_with():.1f} ms with: "
+            + ("offloading stays off" if not self.allow_offload else "offloading again")
+        )
 
     def cancel(self) -> None:
         """The plan without offloading does not fit or is not predicted faster."""
         self.state = "settled"
         self.allow_offload = True
-
-
-def _median(xs: list[float]) -> float:
-    ys = sorted(xs)
-    n = len(ys)
-    return 0.0 if n == 0 else (ys[n // 2] if n % 2 else 0.5 * (ys[n // 2 - 1] + ys[n // 2]))
 
 
 #: NOTE [Borrowed plans]: a new signature at most this much larger, in every dimension,
@@ -1285,38 +1288,26 @@ class Planner:
             measured = trial.measured_with()
             alt = self._solve_plan(entry, allow_offload=False)
             alt_step = alt.predicted_step_seconds or math.inf
+            ran = f"plan measured {1e3 * measured:.1f} ms against {1e3 * (predicted or 0.0):.1f} ms predicted"
             if not alt.feasible or alt_step >= measured:
                 trial.cancel()
                 why = "does not fit the budget" if not alt.feasible else f"is predicted at {1e3 * alt_step:.1f} ms"
-                log.info(
-                    "offrecomp: signature %s: its plan measured %.4fs a step against %.4fs "
-                    "predicted; the plan without offloading %s, so offloading stays",
-                    entry.signature, measured, predicted or 0.0, why,
-                )
-                return f"offload trial: plan measured {1e3 * measured:.1f} ms; without offloading {why}: offloading stays"
-            entry.needs_solve = True
-            entry.next_plan = alt
-            log.info(
-                "offrecomp: signature %s: its plan measured %.4fs a step against %.4fs "
-                "predicted; trying the plan without offloading (predicted %.4fs) for %d passes",
-                entry.signature, measured, predicted or 0.0, alt_step, TRIAL_PASSES,
-            )
-            return f"offload trial: plan measured {1e3 * measured:.1f} ms, trying without offloading"
-        if action in ("keep", "back"):
-            without = _median(trial.without_offload)
-            if action == "back":
+                note = f"offload trial: {ran}; without offloading {why}: offloading stays"
+            else:
                 entry.needs_solve = True
-            log.info(
-                "offrecomp: signature %s: without offloading %.4fs a step, with %.4fs: %s",
-                entry.signature, without, trial.measured_with(),
-                "offloading stays off" if action == "keep" else "offloading again",
-            )
-            return (
-                f"offload trial: {1e3 * without:.1f} ms without offloading, "
-                f"{1e3 * trial.measured_with():.1f} ms with: "
-                + ("offloading stays off" if action == "keep" else "offloading again")
-            )
-        return None
+                entry.next_plan = alt
+                note = (
+                    f"offload trial: {ran}, trying without offloading (predicted "
+                    f"{1e3 * alt_step:.1f} ms) for {TRIAL_PASSES} passes"
+                )
+        elif action in ("keep", "back"):
+            if action == "back":
+                entry.needs_solve = True  # offloading again: solve with it
+            note = f"offload trial: {trial.outcome()}"
+        else:
+            return None
+        log.info("offrecomp: signature %s: %s", entry.signature, note)
+        return note
 
     def _calibrate_replays(self, p: PassState, measured: Profile) -> None:
         """NOTE [Calibration]: fit each region's op times to the plain replay the
@@ -1498,11 +1489,7 @@ class Planner:
                 f"{1e3 * trial.measured_with():.1f} ms a step; this one does not offload"
             )
         elif trial.state == "settled" and trial.without_offload:
-            lines.append(
-                f"  note: offload trial: {1e3 * _median(trial.without_offload):.1f} ms a step without "
-                f"offloading, {1e3 * trial.measured_with():.1f} ms with: offloading "
-                + ("off" if not trial.allow_offload else "on")
-            )
+            lines.append(f"  note: offload trial: {trial.outcome()}")
         header = f"  {'region':<24} {'call':>4} {'keep':>14} {'offload':>14} {'recompute':>14} {'fwd s':>9} {'bwd s':>9}"
         lines.append(header)
         for r in entry.profile.regions:

@@ -378,7 +378,6 @@ def replay_call(
                 if stopped:
                     break
                 if wants_hold and not hold:
-                    wants_hold = False
                     hold = True
                     if region is not None:
                         region.backward_in_forward = True

@@ -10,10 +10,12 @@ import pytest
 import torch
 
 import offrecomp
+from offrecomp import planning
 from offrecomp.measure import Mark
+from offrecomp.planning import TRIAL_EXCESS, TRIAL_PASSES, OffloadTrial, Planner
 from offrecomp.state import PassState
 from scheduler import Placement, Plan, predict
-from tests.helpers import assert_bitwise, make, train, train_bitwise, twin
+from tests.helpers import assert_bitwise, make, tight_budget, train, train_bitwise, twin
 from tests.models import stack
 
 
@@ -458,8 +460,6 @@ def test_a_borrowing_pass_runs_the_donor_plan_priced_for_plain_replays() -> None
 def test_a_slow_first_solve_says_why_once(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first plan of a process compiles the planner's kernels (about 20 s where numba
     has no cache yet): a warning names the cause and the warmup command, once."""
-    from offrecomp import planning
-
     monkeypatch.setattr(planning, "SLOW_FIRST_SOLVE_SECONDS", 0.0)
     monkeypatch.setattr(planning, "_solved_once", False)
     model, batch = make("gpt_dropout")
@@ -474,8 +474,6 @@ def test_a_slow_first_solve_says_why_once(caplog: pytest.LogCaptureFixture, monk
 def test_offload_trial_state_machine() -> None:
     """NOTE [Offload trial]: a median of TRIAL_PASSES passes over the prediction by more
     than TRIAL_EXCESS starts a trial; one slow pass does not; the faster stays."""
-    from offrecomp.planning import TRIAL_EXCESS, TRIAL_PASSES, OffloadTrial
-
     over = 1.0 + 2 * TRIAL_EXCESS
     t = OffloadTrial()
     assert [t.observe(False, 5.0, 1.0) for _ in range(TRIAL_PASSES)] == [None] * TRIAL_PASSES
@@ -510,9 +508,6 @@ def _trial_runtime(monkeypatch: pytest.MonkeyPatch, alt_scale: float) -> tuple[o
     offloads taken for slow, and the plan without offloading predicted ``alt_scale``
     times what the solver says; trains a GPT and checks it bitwise against plain.
     Returns the runtime and the steps of the planned passes' first trial window."""
-    from offrecomp import planning
-    from offrecomp.planning import TRIAL_PASSES, Planner
-
     monkeypatch.setattr(Planner, "_allow_offload", staticmethod(lambda entry, profile: entry.trial.allow_offload))
     monkeypatch.setattr(planning, "TRIAL_EXCESS", -0.5)  # every offloading plan is "slow"
     solve_plan = Planner._solve_plan
@@ -527,8 +522,6 @@ def _trial_runtime(monkeypatch: pytest.MonkeyPatch, alt_scale: float) -> tuple[o
     model, batch = make("gpt_dropout")
     steps = 4 + 3 * TRIAL_PASSES
     ref = train(twin(model), batch, steps=steps)
-    from tests.helpers import tight_budget
-
     budget = tight_budget(model, batch)
     m = twin(model)
     rt = offrecomp.runtime(m, mode="auto", min_bytes=0, budget=budget, d2h_gbps=5, h2d_gbps=5)
