@@ -12,6 +12,9 @@ with the variants interleaved (one timing of each per round) and medians over ro
   (the floor), and under offrecomp with every save kept (``mode="keep"``: pack, handle,
   unpack, release), also with a dozen buffers in each region (NOTE [Buffer saves] in
   offrecomp/runtime.py);
+* per offloaded storage: the same ops in regions of ``REGION_SAVES`` saves each, every
+  save offloaded (``mode="offload"``; on a CPU the emulated backend: real worker threads
+  and copies, a group per region call, NOTE [Offload groups] in offrecomp/runtime.py);
 * per op: the same ops under a bare ``TorchDispatchMode`` (the floor), the replay's
   serving mode running every op (the cost each op pays in a replay under the dispatch
   mode; NOTE [Serving overhead] in offrecomp/hooks.py), and the op recorder (the
@@ -41,6 +44,9 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
 import offrecomp
 from offrecomp.trace import RUN, OpRecorder, ServingMode, build_structure
 
+#: Saves per region call in the offload variant (the amortisation the target names).
+REGION_SAVES = 16
+
 
 class _Chain(nn.Module):
     def __init__(self, ops: int, buffers: int = 0) -> None:
@@ -56,12 +62,14 @@ class _Chain(nn.Module):
 
 
 class _Model(nn.Module):
-    """Two chains (regions) behind a scale with a parameter, so that backward runs."""
+    """Chains (regions, two by default) behind a scale with a parameter, so that backward
+    runs."""
 
-    def __init__(self, ops: int, buffers: int = 0) -> None:
+    def __init__(self, ops: int, buffers: int = 0, blocks: int = 2) -> None:
         super().__init__()
         self.w = nn.Parameter(torch.ones(16))
-        self.blocks = nn.ModuleList([_Chain(ops // 2, buffers), _Chain(ops - ops // 2, buffers)])
+        sizes = [ops // blocks + (i < ops % blocks) for i in range(blocks)]
+        self.blocks = nn.ModuleList([_Chain(k, buffers) for k in sizes])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x * self.w
@@ -109,9 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
             step()
 
-    def keep_loop(m: nn.Module) -> Callable[[], None]:
+    def keep_loop(m: nn.Module, mode: str = "keep") -> Callable[[], None]:
         """``--reps`` steps of ``m`` inside its runtime, entered once, as around a loop."""
-        rt = offrecomp.runtime(m, mode="keep", min_bytes=0)
+        rt = offrecomp.runtime(m, mode=mode, min_bytes=0)
 
         def run() -> None:
             with rt:
@@ -122,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
 
     keep = keep_loop(model)
     keep_buffered = keep_loop(_Model(n, buffers=12).to(device))
+    grouped = _Model(n, blocks=max(1, n // REGION_SAVES)).to(device)
+    offload = keep_loop(grouped, mode="offload")
+
+    def grouped_plain() -> None:
+        grouped(x).backward()
 
     saves = [0]
 
@@ -160,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
 
     per_step: dict[str, Callable[[], Any]] = {
         "plain step": step,
+        "plain step, small regions": grouped_plain,
         "identity hooks": identity_hooks,
         "ops plain": ops_plain,
         "bare dispatch mode": ops_bare,
@@ -170,13 +184,15 @@ def main(argv: list[str] | None = None) -> int:
         fn()
     keep()
     keep_buffered()
-    samples: dict[str, list[float]] = {k: [] for k in [*per_step, "offrecomp keep", "offrecomp keep, buffers"]}
+    offload()
+    loops = {"offrecomp keep": keep, "offrecomp keep, buffers": keep_buffered, "offrecomp offload": offload}
+    samples: dict[str, list[float]] = {k: [] for k in [*per_step, *loops]}
     for r in range(args.rounds):
         for name, fn in per_step.items():
             samples[name].append(statistics.median(_seconds(fn, device) for _ in range(args.reps)))
-        # keep: the runtime entered once around the round's steps, as around a loop
-        samples["offrecomp keep"].append(_seconds(keep, device) / args.reps)
-        samples["offrecomp keep, buffers"].append(_seconds(keep_buffered, device) / args.reps)
+        # the runtime entered once around the round's steps, as around a loop
+        for name, fn in loops.items():
+            samples[name].append(_seconds(fn, device) / args.reps)
         print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
     med = {k: statistics.median(v) for k, v in samples.items()}
     us = 1e6
@@ -187,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
             "per saved tensor",
             "offrecomp keep, 12 buffers per region",
             (med["offrecomp keep, buffers"] - med["plain step"]) / saves[0] * us,
+        ),
+        (
+            "per saved tensor",
+            f"offrecomp offload, {REGION_SAVES} saves per region",
+            (med["offrecomp offload"] - med["plain step, small regions"]) / saves[0] * us,
         ),
         ("per op", "bare dispatch mode (floor)", (med["bare dispatch mode"] - med["ops plain"]) / n * us),
         ("per op", "replay dispatch mode, every op run", (med["replay dispatch mode"] - med["ops plain"]) / n * us),

@@ -3,7 +3,8 @@
     python -m benchmarks.bench_offload --out bench_out/offload.json [--quick]
 
 1. raw: pinned ``copy_(non_blocking=True)`` on a side stream, D2H and H2D, 1-256 MiB.
-2. engine: the same sizes through ``OffloadEngine.offload`` / ``fetch``; wall time from
+2. engine: the same sizes through ``OffloadEngine.issue`` / ``fetch`` (one group per
+   copy); wall time from
    the first call to the last copy landing, and the engine's own event-timed figure,
    each as a share of the raw copy.
 3. overlap: a chain of bf16 matmuls alone, the offload of N MiB alone, and both together
@@ -34,7 +35,7 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
 
 from offrecomp.backends import get_backend
 from offrecomp.config import Prefetch
-from offrecomp.offload import OffloadEngine, Ticket
+from offrecomp.offload import Group, OffloadEngine
 
 MiB = 1 << 20
 
@@ -54,6 +55,18 @@ def _wall(fn: Callable[[], None], device: torch.device, reps: int) -> float:
         _sync(device)
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def _offload(engine: OffloadEngine, sources: list[torch.Tensor], ordinal: int) -> Group:
+    """One region call's offloads, as the runtime makes them: each storage admitted and
+    added to the call's group, the group issued at the call's exit."""
+    group = engine.open_group(ordinal, sources[0].device)
+    for src in sources:
+        nbytes = src.untyped_storage().nbytes()
+        assert engine.admit(nbytes), "the pool refused a benchmark tensor"
+        group.add(src.untyped_storage(), nbytes)
+    assert engine.issue(group), "the pool refused a benchmark group"
+    return group
 
 
 def _copies_per_rep(size: int, total: int) -> int:
@@ -116,38 +129,33 @@ def bench_engine(
             slab_bytes=max(64 * MiB, size),
             host_pressure_bytes=0,
         )
-        tickets: list[Ticket] = []
+        groups: list[Group] = []
         d2h_times: list[float] = []
         h2d_times: list[float] = []
         try:
             for _ in range(3):  # round 1 pins the slabs and warms the allocator
-                for t in tickets:
-                    engine.free(t)
-                tickets.clear()
+                for g in groups:
+                    engine.free(g)
+                groups.clear()
                 engine.synchronize()
                 engine.end_step()
                 _sync(device)
                 t0 = time.perf_counter()
-                for i, s in enumerate(srcs):
-                    ticket = engine.offload(
-                        torch.empty(0, dtype=torch.uint8, device=device).set_(s.untyped_storage()),
-                        group=i,
-                    )
-                    assert ticket is not None, "the pool refused a benchmark tensor"
-                    tickets.append(ticket)
+                for i, s in enumerate(srcs):  # one group per copy, as the raw copies are
+                    groups.append(_offload(engine, [s], i))
                 engine.synchronize()
                 d2h_times.append(time.perf_counter() - t0)
-                engine.begin_backward()
                 t0 = time.perf_counter()
-                for t in reversed(tickets):
-                    engine.fetch(t)
+                for g in reversed(groups):
+                    engine.fetch(g)
                 _sync(device)
                 h2d_times.append(time.perf_counter() - t0)
-                for t in tickets:
-                    engine.release_device(t)
+                for g in groups:
+                    engine.release_device(g)
             stats = engine.end_step()
-            for t, s in zip(tickets, srcs):
-                assert torch.equal(engine.fetch(t), s), "engine returned wrong data"
+            for g, s in zip(groups, srcs):
+                got = engine.fetch(g)[: g.sizes[0]]
+                assert torch.equal(got, s), "engine returned wrong data"
         finally:
             engine.close()
         nbytes = k * size
@@ -192,23 +200,18 @@ def bench_overlap(
         slab_bytes=64 * MiB,
         host_pressure_bytes=0,
     )
-    tickets: list[Ticket] = []
+    groups: list[Group] = []
 
     def compute(offload: bool, matmul: bool = True) -> None:
-        for t in tickets:
-            engine.free(t)
-        tickets.clear()
+        for g in groups:
+            engine.free(g)
+        groups.clear()
         x = a
         for i in range(layers):
             if matmul:
                 x = x @ w
-            if offload:
-                flat = torch.empty(0, dtype=torch.uint8, device=device).set_(
-                    acts[i].untyped_storage()
-                )
-                ticket = engine.offload(flat, group=i)
-                assert ticket is not None
-                tickets.append(ticket)
+            if offload:  # one region call's group at its exit
+                groups.append(_offload(engine, [acts[i]], i))
         if offload:
             engine.synchronize()  # the step ends when the last copy landed
 

@@ -48,6 +48,8 @@ class Backend(ABC):
     """
 
     name: str = "abstract"
+    device_type: str = "abstract"
+    """The kind of device whose tensors this backend moves."""
 
     @abstractmethod
     def current_stream(self, device: torch.device) -> Stream:
@@ -74,8 +76,8 @@ class Backend(ABC):
         """Seconds between two completed timing events."""
 
     @abstractmethod
-    def copy_async(self, dst: torch.Tensor, src: torch.Tensor, stream: Stream) -> None:
-        """Enqueue ``dst.copy_(src)`` on ``stream``."""
+    def copy_many(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor], stream: Stream) -> None:
+        """Enqueue ``dst.copy_(src)`` for each pair, in order, on ``stream``."""
 
     @abstractmethod
     def alloc_host(self, nbytes: int) -> torch.Tensor:
@@ -89,10 +91,6 @@ class Backend(ABC):
     def alloc_device(self, nbytes: int, device: torch.device, stream: Stream) -> torch.Tensor:
         """A flat uint8 device buffer owned by ``stream`` (its memory is reused only in
         ``stream``'s order)."""
-
-    @abstractmethod
-    def record_stream(self, tensor: torch.Tensor, stream: Stream) -> None:
-        """Tell the allocator that ``stream`` uses ``tensor``: no reuse before it is done."""
 
     @abstractmethod
     def synchronize(self) -> None:
@@ -110,10 +108,6 @@ class Backend(ABC):
         """``device`` with its index filled in, as tensors report it."""
         return device
 
-    @abstractmethod
-    def validate(self, tensor: torch.Tensor) -> None:
-        """Raise ``ValueError`` if ``tensor`` is not a device tensor of this backend."""
-
 
 # --------------------------------------------------------------------------- CUDA
 
@@ -122,6 +116,7 @@ class CudaBackend(Backend):
     """Real CUDA streams, events and pinned memory (torch 2.5+ public APIs)."""
 
     name = "cuda"
+    device_type = "cuda"
 
     def __init__(self) -> None:
         self._streams: list[torch.cuda.Stream] = []
@@ -150,10 +145,14 @@ class CudaBackend(Backend):
     def elapsed_seconds(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
         return float(start.elapsed_time(end)) / 1000.0
 
-    def copy_async(self, dst: torch.Tensor, src: torch.Tensor, stream: torch.cuda.Stream) -> None:
-        # The caller looked up the compute stream before this context is entered.
+    def copy_many(
+        self, dsts: list[torch.Tensor], srcs: list[torch.Tensor], stream: torch.cuda.Stream
+    ) -> None:
+        # The caller looked up the compute stream before this context is entered: one
+        # stream switch for the whole group.
         with torch.cuda.stream(stream):
-            dst.copy_(src, non_blocking=True)
+            for dst, src in zip(dsts, srcs):
+                dst.copy_(src, non_blocking=True)
 
     def alloc_host(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -169,9 +168,6 @@ class CudaBackend(Backend):
     ) -> torch.Tensor:
         with torch.cuda.stream(stream):
             return torch.empty(nbytes, dtype=torch.uint8, device=device)
-
-    def record_stream(self, tensor: torch.Tensor, stream: torch.cuda.Stream) -> None:
-        tensor.record_stream(stream)
 
     def synchronize(self) -> None:
         for index in sorted(self._devices):
@@ -194,21 +190,11 @@ class CudaBackend(Backend):
             return torch.device(device.type, torch.cuda.current_device())
         return device
 
-    def validate(self, tensor: torch.Tensor) -> None:
-        if tensor.device.type != "cuda":
-            raise ValueError(
-                f"offrecomp: the cuda backend moves cuda tensors; got one on {tensor.device}"
-            )
-
 
 # ----------------------------------------------------------------------- emulated
 
 _GARBAGE = 0xFF  # bytes of a fresh buffer: NaN for every float dtype
 _HOST_WAIT_TIMEOUT_S = 300.0  # a host wait this long means a stream can never reach the event
-
-
-def _keep_until_run(tensor: torch.Tensor) -> None:
-    del tensor
 
 
 class _EmuEvent:
@@ -271,6 +257,7 @@ class EmulatedBackend(Backend):
     """
 
     name = "emulated"
+    device_type = "cpu"
 
     def __init__(self, copy_delay_s: float = 0.0) -> None:
         self.copy_delay_s = copy_delay_s
@@ -330,24 +317,26 @@ class EmulatedBackend(Backend):
             raise RuntimeError("offrecomp: elapsed time of an event that has not completed")
         return max(0.0, end.stamp - start.stamp)
 
-    def copy_async(self, dst: torch.Tensor, src: torch.Tensor, stream: _EmuStream) -> None:
+    def copy_many(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor], stream: _EmuStream) -> None:
         if stream.is_compute:
-            dst.copy_(src)
+            for dst, src in zip(dsts, srcs):
+                dst.copy_(src)
             return
         delay = self.copy_delay_s
-        src_ref = weakref.ref(src)
-        nbytes = src.numel() * src.element_size()
+        refs = [weakref.ref(src) for src in srcs]
+        sizes = [src.numel() * src.element_size() for src in srcs]
 
         def copy() -> None:
             if delay > 0:
                 time.sleep(delay)
-            source = src_ref()
-            if source is None:
-                raise RuntimeError(
-                    f"copy source ({nbytes} bytes) was freed before its copy ran: device "
-                    "memory would have been reused under an in-flight copy"
-                )
-            dst.copy_(source)
+            for dst, ref, nbytes in zip(dsts, refs, sizes):
+                source = ref()
+                if source is None:
+                    raise RuntimeError(
+                        f"copy source ({nbytes} bytes) was freed before its copy ran: device "
+                        "memory would have been reused under an in-flight copy"
+                    )
+                dst.copy_(source)
 
         self._enqueue(stream, copy)
 
@@ -356,11 +345,6 @@ class EmulatedBackend(Backend):
 
     def alloc_device(self, nbytes: int, device: torch.device, stream: _EmuStream) -> torch.Tensor:
         return torch.full((nbytes,), _GARBAGE, dtype=torch.uint8)
-
-    def record_stream(self, tensor: torch.Tensor, stream: _EmuStream) -> None:
-        if not stream.is_compute:
-            # Keep the tensor alive until the stream reaches this point.
-            self._enqueue(stream, functools.partial(_keep_until_run, tensor))
 
     def synchronize(self) -> None:
         for stream in self._workers:
@@ -385,12 +369,6 @@ class EmulatedBackend(Backend):
         for stream in workers:
             assert stream.worker is not None
             stream.worker.join(timeout=5.0)
-
-    def validate(self, tensor: torch.Tensor) -> None:
-        if tensor.device.type != "cpu":
-            raise ValueError(
-                f"offrecomp: the emulated backend moves cpu tensors; got one on {tensor.device}"
-            )
 
 
 def get_backend(device: torch.device | str) -> Backend:

@@ -33,7 +33,7 @@ from torch import nn
 
 from offrecomp.regions import replay_arguments
 from offrecomp.replay import replay_call
-from offrecomp.state import KeptHandle, PassState, RegionCall, SavedHandle, StorageRec
+from offrecomp.state import PassState, RegionCall, SavedHandle, StorageRec
 from offrecomp.trace import (
     PLACEHOLDER,
     RUN,
@@ -53,6 +53,14 @@ log = logging.getLogger(__name__)
 __all__ = ["Placer", "flat_bytes"]
 
 KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
+_STRIDED = torch.strided
+#: Dtypes whose storages are placed; quantized and complex ones are saved as they are.
+_PLACED_DTYPES = frozenset(
+    d for d in vars(torch).values()
+    if isinstance(d, torch.dtype) and not d.is_complex and d not in (
+        torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4,
+    )
+)
 _graph_task_id = torch._C._current_graph_task_id  # see _torch_compat.current_graph_task_id
 
 #: Host time the replay dispatch mode adds per op it sees, until the replays that run
@@ -63,14 +71,19 @@ SERVING_OVERHEAD_SECONDS = 25e-6
 
 
 class _Plain:
-    """Handle of a tensor saved as is (NOTE [What is never placed])."""
+    """Handle of a tensor saved as it is (NOTE [What is never placed])."""
 
-    __slots__ = ("call", "t", "version")
+    __slots__ = ("call", "orig", "t", "version")
 
     def __init__(self, t: torch.Tensor, call: RegionCall | None) -> None:
-        self.t = t
         self.version = t._version
         self.call = call
+        if t.grad_fn is None:
+            self.t = t
+            self.orig: weakref.ref[torch.Tensor] | None = None
+        else:  # NOTE [Saved tensor handles] (state.py)
+            self.t = t.detach()
+            self.orig = weakref.ref(t)
 
     @property
     def where(self) -> str:
@@ -87,10 +100,20 @@ def flat_bytes(t: torch.Tensor) -> torch.Tensor:
 def _modified_error(where: str, index: int | None, saved: int, now: int, t: torch.Tensor | None = None) -> RuntimeError:
     what = f"save #{index}" if index is not None or t is None else f"shape {list(t.shape)}, {t.dtype}"
     return RuntimeError(
-        f"offrecomp: a tensor saved for backward in {where} ({what}) was modified by an "
-        f"in-place operation after it was saved (version {saved} -> {now}); its gradient would "
-        "be wrong. Hint: replace the in-place op (x.add_(...), x[...] = ...) with its "
-        "out-of-place form, as plain autograd would also require."
+        "one of the variables needed for gradient computation has been modified by an "
+        f"inplace operation: offrecomp: a tensor saved for backward in {where} ({what}) is "
+        f"at version {now}; expected version {saved} instead. Its gradient would be wrong. "
+        "Hint: replace the in-place op (x.add_(...), x[...] = ...) with its out-of-place "
+        "form, as plain autograd would also require."
+    )
+
+
+def _detached_error(where: str, index: int | None) -> RuntimeError:
+    what = f" (save #{index})" if index is not None else ""
+    return RuntimeError(
+        "Trying to use a saved tensor that has been detached in-place, i.e. with .detach_(). "
+        f"offrecomp: the tensor was saved for backward in {where}{what}. Hint: use the "
+        "out-of-place .detach(), as plain autograd would also require."
     )
 
 
@@ -98,11 +121,22 @@ def _where(call: RegionCall) -> str:
     return "the root (outside every region)" if call.is_root else f"region {call.name!r} (call {call.call_index})"
 
 
+#: One pack or unpack call in HOOK_SAMPLE is timed (NOTE [Hook timing]).
+HOOK_SAMPLE = 16
+
+# NOTE [Hook timing]
+# The planner prices the hook pair's host time per save (a host-bound forward waits on
+# it). Timing every call would add two clock reads to the hottest path; one call in
+# HOOK_SAMPLE is timed and the pass's figure is that sample scaled up.
+
+
 class Placer:
     """Pack/unpack for one runtime. All state lives in the runtime's pass objects."""
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
+        self._packs = 0
+        self._unpacks = 0
 
     # ------------------------------------------------------------------- pack
 
@@ -111,7 +145,15 @@ class Placer:
             # The op recorder is active: ops issued here are ours, not the region's.
             with internal():
                 return self._pack(t)
-        return self._pack(t)
+        n = self._packs = self._packs + 1
+        if n % HOOK_SAMPLE:
+            return self._pack(t)
+        start = time.perf_counter()
+        h = self._pack(t)
+        p = self.rt._pass
+        if p is not None:
+            p.stats.pack_seconds += (time.perf_counter() - start) * HOOK_SAMPLE
+        return h
 
     def _pack(self, t: torch.Tensor) -> Any:
         # The hot path of the runtime: one call per saved tensor. Keep it lean.
@@ -127,86 +169,101 @@ class Placer:
             p = rt._forward_activity(between_backwards=True)
         calls = rt._stack.calls
         call = calls[-1] if calls else rt._current_call(p)
-        p.stats.saved_tensors += 1
         idx = call.pack_count
-        call.pack_count += 1
+        call.pack_count = idx + 1
         recorder = call.recorder
         if recorder is not None:
             call.saves.append(SaveInfo(-1, len(recorder.ops), time.perf_counter()))
-        if (
-            type(t) is not torch.Tensor
-            or t.layout != torch.strided
-            or t.is_meta
-            or t.is_quantized
-            or t.is_complex()
-        ):
-            return _Plain(t, call)
-        base = t._base
-        if base is not None and isinstance(base, nn.Parameter):
+        if type(t) is not torch.Tensor or t.layout is not _STRIDED:
             return _Plain(t, call)
         storage = t.untyped_storage()
-        nbytes = storage.nbytes()
         ptr = storage.data_ptr()
         region = call.region
-        if nbytes == 0 or (region is not None and region.slots and ptr in rt._call_buffer_ptrs(call, region)):
+        if region is not None and region.slots and ptr in rt._call_buffer_ptrs(call, region):
             return _Plain(t, call)
         rec = call.by_ptr.get(ptr)
-        if rec is None or rec.released or rec.storage_ref() is not storage:
+        if rec is None or rec.released or rec() is not storage:
             # NOTE: a data pointer is only an identity while its allocation lives; the
             # storage object (preserved by torch while the allocation lives) decides. A
-            # record whose saves all died was released (its copy freed): a new save of
-            # the same storage is a new storage.
-            rec = self._new_storage(p, call, t, ptr, nbytes, storage)
-        if recorder is not None:
-            if rec.sid is None:
-                rec.sid = recorder.storage_id(t)
-            call.saves[idx].storage = rec.index
+            # record whose call was released (its copy freed): a new save of the same
+            # storage is a new storage.
+            rec = self._new_storage(p, call, t, ptr, storage)
         placement = rec.placement
-        if placement == KEEP:
-            return KeptHandle(rec, idx, t)
-        h = SavedHandle(rec, idx, t)
-        if placement == RECOMPUTE:
+        if placement is KEEP:
+            if recorder is not None:
+                call.saves[idx].storage = rec.index
+            if t.grad_fn is None:
+                return (rec, idx, t, t._version, None)
+            return (rec, idx, t.detach(), t._version, weakref.ref(t))  # NOTE [Saved tensor handles]
+        if placement is None:
+            return _Plain(t, call)
+        if recorder is not None:
+            call.saves[idx].storage = rec.index
+        h = SavedHandle(rec, idx, t, call.lease(self.release_call))
+        if placement is RECOMPUTE:
             call.dropped[idx] = weakref.ref(h)
             if rt.config.verify:
                 rt._verifier.record(call, idx, t)
+        else:
+            rec.group.handles += 1  # type: ignore[union-attr]
         return h
 
-    def _new_storage(
-        self, p: PassState, call: RegionCall, t: torch.Tensor, ptr: int, nbytes: int, storage: Any
-    ) -> StorageRec:
+    def _new_storage(self, p: PassState, call: RegionCall, t: torch.Tensor, ptr: int, storage: Any) -> StorageRec:
         rt = self.rt
+        nbytes = storage.nbytes()
+        base = t._base
+        if ptr == 0 or t.dtype not in _PLACED_DTYPES or (base is not None and type(base) is not torch.Tensor):
+            # NOTE [What is never placed]: saved as it is, every time (no storage index).
+            # A zero pointer: a meta tensor or an empty storage; quantized and complex
+            # dtypes; a view of a parameter (or of another tensor subclass).
+            rec = StorageRec(storage, call, -1, nbytes, ptr, None)
+            rec.kind = "plain"
+            call.by_ptr[ptr] = rec
+            return rec
         index = len(call.storages)
-        placement = rt._placement_for(p, call, index, nbytes, kind="activation")
-        rec = StorageRec(
-            call=call, index=index, nbytes=nbytes, ptr=ptr, device=t.device, kind="activation",
-            placement=placement,
-        )
-        rec.on_release = self._release
-        rec.storage_ref = weakref.ref(storage)
-        # NOTE [Untracked aliases]: a saved tensor that covers part of its storage without
-        # being a view autograd tracks (unsafe_chunk/unsafe_split outputs, as in the CPU
-        # GRU cell; `.data`) has siblings with their own version counters. Writing those
-        # after this save is legal, and the backward reads the result; a copy issued now
-        # would race with those writes. Such a storage is never offloaded.
-        rec.aliased = t._base is None and t.numel() * t.element_size() < nbytes
-        if call.is_root:
-            rec.save_mark = rt._clock_mark()  # when it was saved: the planner's timeline
+        placement = call.fixed
+        if placement is None:
+            placement = rt._placement_for(p, call, index, nbytes, kind="activation")
+        rec = StorageRec(storage, call, index, nbytes, ptr, placement)
         call.storages.append(rec)
         call.by_ptr[ptr] = rec
-        p.stats.storages += 1
-        self._apply(p, call, rec, t)
+        recorder = call.recorder
+        if recorder is not None or placement is OFFLOAD:
+            # NOTE [Untracked aliases]: a saved tensor that covers part of its storage
+            # without being a view autograd tracks (unsafe_chunk/unsafe_split outputs, as
+            # in the CPU GRU cell; `.data`) has siblings with their own version counters.
+            # Writing those after this save is legal, and the backward reads the result; a
+            # copy of the storage would miss those writes. Such a storage is never offloaded.
+            rec.aliased = base is None and t.numel() * t.element_size() < nbytes
+            if recorder is not None:
+                rec.sid = recorder.storage_id(t)
+        if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
+            rec.save_mark = rt._clock_mark()
+        stats = p.stats
+        if placement is KEEP:
+            rec.resident = True
+            stats.kept_bytes += nbytes
+            resident = stats.resident_bytes = stats.resident_bytes + nbytes
+            if resident > stats.peak_resident_bytes:
+                stats.peak_resident_bytes = resident
+            return rec
+        self._apply(p, call, rec, storage, t)
         return rec
 
-    def _apply(self, p: PassState, call: RegionCall, rec: StorageRec, t: torch.Tensor) -> None:
-        """Carry out a new storage's placement (with fallbacks) and account for it."""
-        if rec.placement == OFFLOAD and not self.rt._offloadable(t):
-            rec.placement = KEEP  # already in host memory (a CPU tensor of a GPU run)
-        if rec.placement == OFFLOAD and rec.aliased:
-            rec.placement = KEEP  # NOTE [Untracked aliases]
-            p.stats.fallback("aliased_to_keep")
-        if rec.placement == OFFLOAD:
-            ticket = self.rt._offload(flat_bytes(t), call)
-            if ticket is None:
+    def _apply(self, p: PassState, call: RegionCall, rec: StorageRec, storage: Any, t: torch.Tensor) -> None:
+        """Carry out a new OFFLOAD or RECOMPUTE storage's placement (with fallbacks) and
+        account for it."""
+        stats = p.stats
+        if rec.placement is OFFLOAD:
+            if not self.rt._offloadable(t):
+                rec.placement = KEEP  # already in host memory (a CPU tensor of a GPU run)
+            elif rec.aliased:
+                rec.placement = KEEP  # NOTE [Untracked aliases]
+                stats.fallback("aliased_to_keep")
+            elif self.rt._group_add(call, rec, storage):
+                stats.offloaded_bytes += rec.nbytes
+                return
+            else:
                 legal_drop = (
                     call.inputs is not None
                     and rec.kind == "activation"
@@ -214,17 +271,13 @@ class Placer:
                     and not call.writes_state
                 )
                 rec.placement = RECOMPUTE if legal_drop else KEEP
-                p.stats.fallback("offload_to_recompute" if legal_drop else "offload_to_keep")
-            else:
-                rec.ticket = ticket
-                p.stats.offloaded_bytes += rec.nbytes
-                return
-        if rec.placement == KEEP:
-            rec.tensor = t
-            p.stats.kept_bytes += rec.nbytes
-            p.stats.add_resident(rec.nbytes)
+                stats.fallback("offload_to_recompute" if legal_drop else "offload_to_keep")
+        if rec.placement is KEEP:
+            rec.resident = True
+            stats.kept_bytes += rec.nbytes
+            stats.add_resident(rec.nbytes)
         else:
-            p.stats.recomputed_bytes += rec.nbytes
+            stats.recomputed_bytes += rec.nbytes
 
     def add_input_storage(self, p: PassState, call: RegionCall, t: torch.Tensor) -> StorageRec | None:
         """Register a region input (the replay checkpoint) as a placeable storage."""
@@ -235,70 +288,58 @@ class Placer:
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
         rec = call.by_ptr.get(ptr)
-        if rec is not None and not rec.released and rec.storage_ref() is storage:
-            return rec
+        if rec is not None and not rec.released and rec() is storage:
+            return rec if rec.placement is not None else None
         nbytes = storage.nbytes()
         index = len(call.storages)
         placement = self.rt._placement_for(p, call, index, nbytes, kind="input")
-        rec = StorageRec(
-            call=call, index=index, nbytes=nbytes, ptr=ptr, device=t.device, kind="input",
-            placement=placement,
-        )
-        rec.on_release = self._release
-        rec.storage_ref = weakref.ref(storage)
+        rec = StorageRec(storage, call, index, nbytes, ptr, placement)
+        rec.kind = "input"
         if call.recorder is not None:
             rec.sid = call.recorder.storage_id(t, known=True)
         call.storages.append(rec)
         call.by_ptr[ptr] = rec
-        p.stats.storages += 1
         p.stats.input_bytes += nbytes
-        if placement == OFFLOAD and not self.rt._offloadable(t):
+        if placement is OFFLOAD and not self.rt._offloadable(t):
             placement = rec.placement = KEEP  # already in host memory
-        if placement == OFFLOAD:
-            ticket = self.rt._offload(flat_bytes(t), call)
-            if ticket is not None:
-                rec.ticket = ticket
+        if placement is OFFLOAD:
+            if self.rt._group_add(call, rec, storage):
                 p.stats.offloaded_bytes += nbytes
                 return rec
             rec.placement = KEEP
             p.stats.fallback("offload_to_keep")
         rec.tensor = t
+        rec.resident = True
         p.stats.kept_bytes += nbytes
         p.stats.add_resident(nbytes)
         return rec
 
     # ---------------------------------------------------------------- release
 
-    def _release(self, rec: StorageRec) -> None:
-        """A handle of ``rec`` died: free what nobody needs any more."""
-        call = rec.call
-        if rec.handles <= 0 and rec.kind != "input":
-            self._free(rec)  # an input stays: the capture needs it until the call is done
-        if call.live_handles <= 0 and call.exited:
-            self.release_call(call)
-
-    def _free(self, rec: StorageRec) -> None:
-        if rec.released:
-            return
-        rec.released = True
-        stats = rec.call.pass_state.stats if rec.call.pass_state is not None else None
-        if rec.tensor is not None and stats is not None:
-            stats.add_resident(-rec.nbytes)
-        if rec.fetch_buf is not None and rec.ticket is not None:
-            self.rt._release_device(rec)
-        rec.tensor = None
-        rec.fetch_buf = None
-        if rec.ticket is not None:
-            self.rt._free_ticket(rec.ticket)
-            rec.ticket = None
-
     def release_call(self, call: RegionCall) -> None:
-        """Every saved storage of ``call`` is gone: drop the replay checkpoint."""
-        if call.released:
+        """No dropped or offloaded save of ``call`` is alive: drop the replay checkpoint
+        and the offload groups (NOTE [Call leases]). The root is never done: only its
+        groups go."""
+        if call.is_root:
+            groups, call.groups = call.groups, []
+            call.group = None
+            if groups:
+                for rec in call.storages:
+                    if rec.group is not None and rec.group in groups:
+                        rec.released = True  # a later save of its storage is a new storage
+            for group in groups:
+                self.rt._free_group(group)
+            return
+        if call.released or not call.exited:
             return
         call.released = True
         for rec in call.storages:
-            self._free(rec)
+            rec.released = True
+            rec.tensor = None
+        groups, call.groups = call.groups, []
+        call.group = None
+        for group in groups:
+            self.rt._free_group(group)
         call.inputs = None
         call.rng = None
         call.buffers = None
@@ -312,14 +353,29 @@ class Placer:
     # ----------------------------------------------------------------- unpack
 
     def unpack(self, h: Any) -> torch.Tensor:
-        if type(h) is KeptHandle:
-            t = h.tensor
-            call = h.rec.call
+        n = self._unpacks = self._unpacks + 1
+        if n % HOOK_SAMPLE or type(h) is not tuple:
+            return self._unpack(h)
+        start = time.perf_counter()
+        t = self._unpack(h)
+        p = h[0].call.pass_state
+        if p is not None:
+            p.stats.unpack_seconds += (time.perf_counter() - start) * HOOK_SAMPLE
+        return t
+
+    def _unpack(self, h: Any) -> torch.Tensor:
+        if type(h) is tuple:  # KEEP: (rec, pack index, tensor, version, weak original)
+            rec, idx, t, version, ref = h
+            call = rec.call
             p = call.pass_state
             if p is not None and (not p.backward_started or p.awaiting):
-                self._outside_backward(call, p, h.rec)
-            if t._version != h.version:
-                raise _modified_error(_where(call), h.pack_index, h.version, t._version)
+                self._outside_backward(call, p, rec)
+            if t._version != version:
+                raise _modified_error(_where(call), idx, version, t._version)
+            if ref is not None:
+                o = ref()
+                if o is not None and o.grad_fn is None:
+                    raise _detached_error(_where(call), idx)
             return t
         if type(h) is _Plain:
             owner = h.call
@@ -330,20 +386,30 @@ class Placer:
                 self._outside_backward(owner, op, None)
             if h.t._version != h.version:
                 raise _modified_error(h.where, None, h.version, h.t._version, h.t)
+            if h.orig is not None:
+                o = h.orig()
+                if o is not None and o.grad_fn is None:
+                    raise _detached_error(h.where, None)
             return h.t
         assert isinstance(h, SavedHandle)
         rec = h.rec
         call = rec.call
         orig = h.weak()
-        if orig is not None and int(orig._version) != h.version:
-            raise _modified_error(_where(call), h.pack_index, h.version, int(orig._version))
+        if orig is not None:
+            if int(orig._version) != h.version:
+                raise _modified_error(_where(call), h.pack_index, h.version, int(orig._version))
+            if h.grad_fn and orig.grad_fn is None:
+                raise _detached_error(_where(call), h.pack_index)
         p = call.pass_state
         inner = p is not None and (not p.backward_started or p.awaiting) and self._outside_backward(call, p, rec)
         if inner and orig is not None:
             return orig  # a backward inside a forward: the tensor is still there
         placement = rec.placement
-        if placement == OFFLOAD:
+        if placement is OFFLOAD:
             return self._unpack_offloaded(h, rec)
+        if placement is KEEP:  # an offload the pool refused at issue
+            assert rec.tensor is not None
+            return h.rebuild(rec.tensor.untyped_storage())
         return self._unpack_dropped(h, rec, call)
 
     def _outside_backward(self, call: RegionCall, p: PassState, rec: StorageRec | None) -> bool:
@@ -405,18 +471,21 @@ class Placer:
                     c.replayed[idx] = orig  # handed out as if replayed
 
     def _unpack_offloaded(self, h: SavedHandle, rec: StorageRec) -> torch.Tensor:
-        if rec.fetch_buf is None:
-            assert rec.ticket is not None
-            rec.fetch_buf = self.rt._fetch(rec)
-            rec.fetch_uses = 0
-        t = h.rebuild(rec.fetch_buf)
-        rec.fetch_uses += 1
-        if rec.fetch_uses >= rec.handles:
-            # Every live save of this storage has its tensor; autograd keeps them alive
-            # as long as it needs them. A later backward (retain_graph) fetches again.
-            assert rec.ticket is not None
-            self.rt._release_device(rec)
-            rec.fetch_buf = None
+        group = rec.group
+        assert group is not None
+        if rec.call.group is group:
+            # still open: root saves made between two backwards (NOTE [Double backward])
+            self.rt._issue_group(rec.call)
+            if rec.placement is KEEP:  # refused by the pool: kept instead
+                assert rec.tensor is not None
+                return h.rebuild(rec.tensor.untyped_storage())
+        buf = self.rt._fetch_group(group)
+        t = h.rebuild(buf.untyped_storage(), group.offsets[rec.slot])
+        group.uses += 1
+        if group.uses >= group.handles:
+            # Every live save of the group has its tensor; autograd keeps them alive as
+            # long as it needs them. A later backward (retain_graph) reloads the group.
+            self.rt._release_group_device(group)
         return t
 
     def _unpack_dropped(self, h: SavedHandle, rec: StorageRec, call: RegionCall) -> torch.Tensor:
@@ -448,8 +517,13 @@ class Placer:
         needed = {i for i, w in call.dropped.items() if w() is not None and i not in call.replayed}
         if not needed:
             return
-        kept = [r.placement == KEEP and r.tensor is not None for r in call.storages]
-        storage_tensors = {r.index: r.tensor for r in call.storages if kept[r.index] and r.tensor is not None}
+        storage_tensors: dict[int, Any] = {}
+        for r in call.storages:
+            if r.placement is KEEP:
+                held = r.tensor.untyped_storage() if r.tensor is not None else r()
+                if held is not None:
+                    storage_tensors[r.index] = held
+        kept = [r.index in storage_tensors for r in call.storages]
         structure = call.structure if not call.mismatch else None
         if structure is not None and structure.opaque:
             structure = None  # replay the forward as it is, under no dispatch mode
@@ -551,21 +625,19 @@ class Placer:
     def _reloaded_inputs(self, call: RegionCall) -> list[torch.Tensor]:
         assert call.inputs is not None
         out: list[torch.Tensor] = []
+        group = None
         for i, t in enumerate(call.inputs.tensors):
             if t is not None:
                 out.append(t)
                 continue
             rec, meta = call.offloaded_inputs[i]
-            if rec.fetch_buf is None:
-                assert rec.ticket is not None
-                rec.fetch_buf = self.rt._fetch(rec)
+            group = rec.group
+            assert group is not None
+            buf = self.rt._fetch_group(group)
             size, stride, offset, dtype = meta
-            x = torch.empty(0, dtype=dtype, device=rec.fetch_buf.device)
-            x.set_(rec.fetch_buf.untyped_storage(), offset, size, stride)
+            x = torch.empty(0, dtype=dtype, device=buf.device)
+            x.set_(buf.untyped_storage(), offset + group.offsets[rec.slot] // x.element_size(), size, stride)
             out.append(x)
-        for rec, _ in call.offloaded_inputs.values():
-            if rec.ticket is not None and rec.fetch_buf is not None and rec.handles == 0:
-                self.rt._release_device(rec)
-                rec.fetch_buf = None
+        if group is not None and group.uses >= group.handles:
+            self.rt._release_group_device(group)  # the replay's inputs hold what they need
         return out
-

@@ -1,11 +1,16 @@
-"""The offload engine: moves whole storages to pinned host memory and back.
+"""The offload engine: moves groups of storages to pinned host memory and back.
 
-The caller (the saved-tensor hooks) hands over flat uint8 views of storages and gets a
-:class:`Ticket` back; in backward it calls :meth:`OffloadEngine.fetch` and receives a
-flat uint8 device tensor that the current compute stream may read at once. Copies run on
-one D2H and one H2D side stream per device; the host never waits on the device in
-``offload``/``fetch``/``free`` (the emulated backend's compute "stream" is the host thread,
-so there its waits block the host by construction).
+The unit of transfer is a :class:`Group`: the storages one region call offloads (or one
+run of saves outside every region). The saved-tensor hook only appends a storage to its
+group (:meth:`Group.add`); at the region's exit the caller hands the group to
+:meth:`OffloadEngine.issue`, which copies all of it into one block of the pinned pool
+under one ordering event; in backward :meth:`OffloadEngine.fetch` reloads the whole
+group into one device buffer with one copy, makes the compute stream wait on it once,
+and issues the reloads of the next groups ahead. A saved tensor is then a view of that
+buffer at its slot's offset. Copies run on one D2H and one H2D side stream per device;
+the host never waits on the device in ``issue``/``fetch``/``free`` (the emulated
+backend's compute "stream" is the host thread, so there its waits block the host by
+construction).
 
 The ordering edges are listed in NOTE [Stream ordering]; each wait goes through
 :meth:`OffloadEngine._wait_edge` with the edge's name so a test can remove exactly one.
@@ -17,6 +22,7 @@ import contextlib
 import enum
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -26,157 +32,218 @@ import torch
 
 from offrecomp.backends import Backend, Event, Stream
 from offrecomp.config import Prefetch, format_bytes
-from offrecomp.pool import Block, FailureReason, PinnedPool
+from offrecomp.pool import ALIGN_BYTES, Block, FailureReason, PinnedPool
 
-__all__ = ["OffloadEngine", "OffloadStats", "Ticket", "TicketState"]
+__all__ = ["Group", "GroupState", "OffloadEngine", "OffloadStats", "slot_offsets"]
 
 logger = logging.getLogger(__name__)
 
-Edge = Literal["d2h_after_produce", "compute_after_d2h", "h2d_after_d2h", "compute_after_h2d"]
+Edge = Literal[
+    "d2h_after_produce",
+    "compute_after_d2h",
+    "h2d_after_d2h",
+    "h2d_after_alloc",
+    "compute_after_h2d",
+    "free_after_h2d",
+]
+
+#: Copies timed per link: one group in TIME_EVERY (NOTE [Timing without host waits]).
+TIME_EVERY = 4
 
 # NOTE [Stream ordering]
-# Four edges make an offload round trip race-free. Each one is enqueued as a GPU-side
+# Six edges make a group's round trip race-free. Each one is enqueued as a GPU-side
 # wait (stream.wait_event), never as a host wait.
-#   1. d2h_after_produce: the D2H copy waits on an event recorded on the compute stream
-#      when offload() is called, so it reads the tensor only after the kernels that
-#      produced it (they may still be queued when the hook runs).
-#   2. compute_after_d2h: before the engine lets go of a device source whose copy may not
-#      have landed, the stream the source was produced on waits on that copy's event;
-#      see NOTE [Source lifetime].
-#   3. h2d_after_d2h: a reload waits on the event of *its own* D2H copy. Without it the
-#      H2D stream can read the host slot before the D2H stream wrote it (Megatron #7398).
-#   4. compute_after_h2d: fetch() makes the live compute stream wait on the reload's
-#      event before it returns, so the caller's kernels read the buffer only after the
-#      H2D copy landed.
+#   1. d2h_after_produce: the group's D2H copies wait on one event recorded on the
+#      compute stream when issue() is called (the region's exit), so they read the
+#      storages only after the kernels that produced them (they may still be queued).
+#   2. compute_after_d2h: before the engine lets go of a group's device sources whose
+#      copy may not have landed, the stream they were produced on waits on that copy's
+#      event; see NOTE [Source lifetime].
+#   3. h2d_after_d2h: a reload waits on the event of *its own* group's D2H copy. Without
+#      it the H2D stream can read the host block before the D2H stream wrote it
+#      (Megatron #7398).
+#   4. h2d_after_alloc: the reload buffer is allocated on the compute stream (NOTE
+#      [Reload buffer lifetime]); the caching allocator may hand it a block that kernels
+#      already queued on compute still read, so the H2D copy waits on an event recorded
+#      on compute after the allocation.
+#   5. compute_after_h2d: fetch() makes the live compute stream wait on the reload's
+#      event once per reload, before it returns, so the caller's kernels read the buffer
+#      only after the H2D copy landed.
+#   6. free_after_h2d: a reload the caller never fetched (a prefetch past the end of
+#      backward) is waited on by compute before the engine drops its buffer, so the
+#      allocator cannot hand that block to compute work while the copy still writes it.
 # The compute stream is looked up live (backend.current_stream) in every call, before
 # any side-stream context is entered: inside `with torch.cuda.stream(s)` the current
 # stream is `s` (torchtitan #2581), and a stream cached across calls goes stale when the
 # caller switches streams (TRL #7195).
 
 # NOTE [Source lifetime]
-# A device tensor being copied to host must not be freed, and its memory reused, before
+# A device storage being copied to host must not be freed, and its memory reused, before
 # the copy landed. Two ways exist:
 #   - record_stream(source, d2h_stream): the caching allocator holds the block until the
 #     D2H stream passes that point. Memory is then freed at a time nobody controls (the
 #     allocator polls events when it next needs memory), peak memory becomes
 #     non-deterministic, and nothing pushes back when copies fall behind compute.
-#   - a stash: the engine keeps a reference to the source together with its copy event.
-#     Each engine call polls the stash with query() and drops sources whose copy landed.
-#     When the stash holds more than `window_bytes`, the producing stream waits (GPU-side)
-#     on the oldest copy's event and the source is dropped: the allocator may hand its
-#     block to later work on that stream, which is now ordered after the copy.
+#   - a stash: the engine keeps the group's sources together with its copy event. Each
+#     engine call polls the stash with query() and drops sources whose copy landed. When
+#     the stash holds more than `window_bytes`, the producing stream waits (GPU-side) on
+#     the oldest group's event and its sources are dropped: the allocator may hand their
+#     blocks to later work on that stream, which is now ordered after the copy.
 # We use the stash: device memory held for in-flight copies is bounded by the window
-# (plus the newest tensor), release is deterministic, the window is the backpressure
+# (plus the newest group), release is deterministic, the window is the backpressure
 # point when the link is slower than compute, and the emulated backend can check the
-# lifetime (it holds copy sources weakly). The wait goes on the stream the source was
-# produced on (looked up live at its offload), because the caching allocator reuses a
-# freed block on the stream that allocated it. begin_backward() empties the stash with
-# one such wait per stream: backward frees memory, so there is nothing to gain from
-# holding sources longer, and the copies of the last regions are still in flight then.
-# A source larger than the window is waited on at once: its offload still frees device
+# lifetime (it holds copy sources weakly). The wait goes on the stream the sources were
+# produced on (looked up live at issue), because the caching allocator reuses a freed
+# block on the stream that allocated it. Backward does not drain the stash: the copies
+# of the last groups land while backward starts, and their sources go at the next poll.
+# A group larger than the window is waited on at once: its offload still frees device
 # memory, but compute no longer overlaps that copy.
 
 # NOTE [Window under a plan]
 # The window is the backpressure of forced offload, where nothing else bounds what
 # copies in flight hold. Under a plan the planner has already counted every in-flight
-# byte in its simulated peak (a source stays resident until its copy lands) and timed
-# the copies at the measured link rate, so the window would only stall forward where
-# the plan expects overlap: at 8K tokens one MLP activation is 128 MiB, half the default
-# window. `prepare()` widens it to the plan's offloaded bytes.
+# byte in its simulated peak (a source stays resident until its group's copy lands) and
+# timed the copies at the measured link rate, so the window would only stall forward
+# where the plan expects overlap. `prepare()` widens it to the plan's offloaded bytes.
 
 # NOTE [Reload buffer lifetime]
-# The reload buffer is allocated on the H2D stream, so the allocator orders any reuse of
-# its block after the H2D copy. When fetch() hands it to compute, record_stream(buffer,
-# compute) tells the allocator that compute reads it too; without it the block could be
-# handed to a later H2D reload while compute's kernels still read it (pytorch #106360).
-# The engine drops its own reference in release_device()/free(); the caller may keep
-# using the tensor it got, the allocator keeps the memory until both are done.
+# A group is reloaded into one device buffer allocated on the compute stream, the stream
+# that reads it, as PyTorch's compiler-side offload does: its block is then reused only
+# in compute's order, after the reads, with no record_stream (whose release time nobody
+# controls, pytorch #106360). The H2D copy is ordered after the allocation (edge 4) and
+# compute after the copy (edges 5 and 6). The saved tensors handed out are views of that
+# buffer; the engine drops its own reference when every save of the group has been
+# unpacked once (release_device) and the views keep the memory as long as autograd does.
 
 # NOTE [Host slot lifetime]
-# A pinned slot is written by the ticket's D2H copy and read by every reload of it
-# (retain_graph fetches it again). free() therefore does not return the slot at once: the
-# ticket waits in `_deferred` until query() says its D2H copy and its latest H2D copy
+# A group's pinned block is written by its D2H copy and read by every reload of it
+# (retain_graph fetches it again). free() therefore does not return the block at once:
+# the group waits in `_deferred` until query() says its D2H copy and its latest H2D copy
 # landed (one H2D stream per device runs in order, so the latest implies the earlier
-# ones). Returning it earlier would let the next offload's D2H copy overwrite data a
+# ones). Returning it earlier would let the next group's D2H copy overwrite data a
 # reload is still reading.
 
 # NOTE [Free from finalisers]
-# Callers free tickets from finalisers (when autograd drops a saved tensor), which can run
-# at any allocation: on another thread while this one holds the engine lock (the emulated
-# backend's workers, autograd's device threads), or re-entrantly in the middle of an
-# engine call on this thread. free() therefore never blocks and never mutates state under
-# a running call: if the lock is taken or the engine is busy on this thread, the ticket
-# goes to `_pending_frees` (a deque: appends are atomic), which the next engine call
-# drains before it does anything else.
+# Callers free groups from finalisers (when autograd drops the last saved tensor of a
+# region call), which can run at any allocation: on another thread while this one holds
+# the engine lock (the emulated backend's workers, autograd's device threads), or
+# re-entrantly in the middle of an engine call on this thread. free() therefore never
+# blocks and never mutates state under a running call: if the lock is taken or the
+# engine is busy on this thread, the group goes to `_pending_frees` (a deque: appends
+# are atomic), which the next engine call drains before it does anything else.
 
 # NOTE [Timing without host waits]
-# Copy times come from timing events recorded around each copy on its side stream; stall
-# time from a pair of timing events around fetch()'s compute-stream wait (on the
-# emulated backend these are host timestamps around the host wait). Elapsed times are
-# read only once query() says the end event completed, so a step's stats include the
-# copies that landed by end_step() and carry the rest into the next step
-# (`pending_timings`). Bandwidth is computed from the bytes whose time is known.
+# Link rates come from timing events recorded around one group copy in TIME_EVERY on
+# each side stream; the other copies use untimed events, the cheap ones for ordering.
+# Stall time comes from a pair of timing events around fetch()'s compute-stream wait
+# (on the emulated backend these are host timestamps around the host wait). Elapsed
+# times are read only once query() says the end event completed, so a step's stats
+# include the copies that landed by end_step() and carry the rest into the next step
+# (`pending_timings`). Bandwidth is computed from the bytes whose time is known. Host
+# time of issue() and fetch() is measured with perf_counter on every call.
 
 # NOTE [Prefetch order]
-# Tickets carry `group`, the region-call ordinal in forward order. Backward runs regions
-# in reverse, so reloads are issued in reverse offload order. On fetch of a ticket of
-# group g: Prefetch(regions=N) reloads the other tickets of group g (backward of g needs
-# them next) and those of groups g-1 .. g-N; Prefetch(nbytes=B) walks the same order and
-# issues reloads while the bytes reloaded but not yet fetched stay within B (one reload is
-# always allowed when none is outstanding). A ticket is prefetched at most once per
-# backward pass: it qualifies only if it has been fetched fewer times than the ticket being
-# fetched now, so a second backward (retain_graph) prefetches the released tickets again
-# while the first pass never reloads what it already consumed. Ordering is per step;
-# tickets of earlier steps are reloaded on demand only.
+# Groups carry `ordinal`, their region call's place in forward order. Backward runs
+# regions in reverse, so reloads are issued in reverse issue order. On the first fetch
+# of group g after its reload: Prefetch(regions=N) reloads the next N groups of this
+# step below g (groups with nothing offloaded do not exist, so they do not count);
+# Prefetch(nbytes=B) walks the same order and issues reloads while the bytes reloaded
+# but not yet fetched stay within B (one reload is always allowed when none is
+# outstanding). A group is prefetched at most once per backward pass: it qualifies only
+# if it has been fetched fewer times than the group being fetched now, so a second
+# backward (retain_graph) prefetches the released groups again while the first never
+# reloads what it already consumed. Ordering is per step; groups of earlier steps are
+# reloaded on demand only.
 
 
-class TicketState(enum.Enum):
+def slot_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
+    """Offsets of consecutive slots of ``sizes`` bytes in one block, each aligned to
+    ``ALIGN_BYTES`` (a multiple of every element size), and the block's size."""
+    offsets = []
+    end = 0
+    for n in sizes:
+        offsets.append(end)
+        end += (n + ALIGN_BYTES - 1) // ALIGN_BYTES * ALIGN_BYTES
+    return offsets, end
+
+
+class GroupState(enum.Enum):
+    OPEN = "open"
+    """Collecting storages; nothing copied yet."""
     OFFLOADED = "offloaded"
-    """The host copy is issued; the engine holds no device copy."""
+    """The host copy is issued; the engine holds no device buffer."""
     RELOADING = "reloading"
-    """A reload is issued and not yet handed to compute."""
+    """A reload is issued and compute has not waited on it yet."""
     FETCHED = "fetched"
-    """The reloaded buffer was handed to compute (until release_device or free)."""
+    """Compute waited on the reload; its buffer is handed out (until release_device)."""
     FREED = "freed"
 
 
-class Ticket:
-    """One offloaded storage. Created by :meth:`OffloadEngine.offload`."""
+class Group:
+    """The storages one region call (or one run of root saves) offloads; made by
+    :meth:`OffloadEngine.open_group`.
+
+    ``add`` is the only call on the save path: it appends a storage and returns its
+    slot. ``handles`` and ``uses`` are the caller's counters: saves of the group alive in
+    autograd, and unpacks since the latest reload (NOTE [Reload buffer lifetime]).
+    """
 
     __slots__ = (
+        "__weakref__",
         "_block",
         "_buffer",
         "_d2h_done",
         "_h2d_done",
         "_step",
+        "_waited",
         "device",
         "fetches",
-        "group",
+        "handles",
         "nbytes",
+        "offsets",
+        "ordinal",
         "seq",
+        "sizes",
+        "sources",
         "state",
+        "uses",
     )
 
-    def __init__(
-        self, *, nbytes: int, device: torch.device, group: int, seq: int, step: int,
-        block: Block, d2h_done: Event,
-    ) -> None:
-        self.nbytes = nbytes
+    def __init__(self, ordinal: int, device: torch.device, step: int) -> None:
+        self.ordinal = ordinal  # region-call ordinal in forward order (larger = later)
         self.device = device
-        self.group = group  # region-call ordinal in forward order (larger = later)
-        self.seq = seq  # offload order within the step
-        self.state = TicketState.OFFLOADED
-        self.fetches = 0  # times a reloaded buffer was handed to compute
+        self.sources: list[Any] = []  # untyped storages (or flat uint8 tensors) until issue()
+        self.sizes: list[int] = []
+        self.offsets: list[int] = []
+        self.nbytes = 0  # the block's size: aligned slots
+        self.state = GroupState.OPEN
+        self.seq = -1  # issue order within the step
+        self.fetches = 0  # times a reload was handed to compute
+        self.handles = 0
+        self.uses = 0
         self._step = step
-        self._block: Block | None = block
-        self._d2h_done: Event = d2h_done
-        self._h2d_done: Event | None = None
+        self._block: Block | None = None
+        self._d2h_done: Event = None
+        self._h2d_done: Event = None
         self._buffer: torch.Tensor | None = None
+        self._waited = False
+
+    def add(self, source: Any, nbytes: int) -> int:
+        """Append a storage (an ``UntypedStorage``, or a flat uint8 tensor over one) of
+        ``nbytes``; returns its slot. The group holds it until its copy landed."""
+        self.sources.append(source)
+        self.sizes.append(nbytes)
+        return len(self.sizes) - 1
+
+    @property
+    def payload_bytes(self) -> int:
+        """Bytes of the storages, without alignment."""
+        return sum(self.sizes)
 
     def __repr__(self) -> str:
         return (
-            f"Ticket(seq={self.seq}, group={self.group}, nbytes={self.nbytes}, "
-            f"device={self.device}, state={self.state.value})"
+            f"Group(ordinal={self.ordinal}, storages={len(self.sizes)}, "
+            f"nbytes={self.nbytes}, device={self.device}, state={self.state.value})"
         )
 
 
@@ -185,15 +252,16 @@ class OffloadStats:
     """What the engine did in one step (since the previous :meth:`OffloadEngine.end_step`)."""
 
     backend: str
-    offloads: int
-    reloads: int
-    """Reloads issued, prefetches included."""
+    groups_offloaded: int
+    storages_offloaded: int
+    groups_reloaded: int
+    """Group reloads issued, prefetches included."""
     prefetches: int
     """Reloads issued ahead of their fetch."""
     bytes_d2h: int
     bytes_h2d: int
     d2h_seconds: float
-    """Copy time of the D2H copies that landed (see NOTE [Timing without host waits])."""
+    """Copy time of the timed D2H copies that landed (NOTE [Timing without host waits])."""
     h2d_seconds: float
     d2h_gbps: float | None
     """Achieved device-to-host bandwidth (1e9 bytes/s); None when no copy was timed."""
@@ -202,13 +270,17 @@ class OffloadStats:
     """Time compute waited for reloads."""
     window_waits: int
     """Times compute waited on an in-flight copy because the stash exceeded its window."""
+    offload_host_seconds: float
+    """Host time spent issuing group offloads (the region exits' share)."""
+    reload_host_seconds: float
+    """Host time spent in fetch(): reloads, prefetches and compute waits issued."""
     fallbacks_pool_full: int
     fallbacks_host_pressure: int
     fallbacks_pin_failed: int
     pool_reserved_bytes: int
     pool_in_use_bytes: int
     pool_high_water_bytes: int
-    live_tickets: int
+    live_groups: int
     pending_timings: int
     """Timed copies/waits not landed yet; they count in a later step."""
 
@@ -224,17 +296,25 @@ class OffloadStats:
 
 @dataclass
 class _InFlight:
-    source: torch.Tensor
+    sources: list[torch.Tensor]
     landed: Event
-    stream: Stream  # the stream that produced `source`
+    stream: Stream  # the stream that produced the sources
     nbytes: int
 
 
 _TimingKind = Literal["d2h", "h2d", "stall"]
 
 
+def _flat(source: Any, device: torch.device) -> torch.Tensor:
+    """A flat uint8 tensor over a whole storage (a tensor given is taken as one)."""
+    if isinstance(source, torch.Tensor):
+        return source
+    flat = torch.empty(0, dtype=torch.uint8, device=device)
+    return flat.set_(source)
+
+
 class OffloadEngine:
-    """Offloads flat uint8 storages to a pinned host pool and reloads them ahead of need.
+    """Offloads groups of storages to a pinned host pool and reloads them ahead of need.
 
     Args:
         backend: the device runtime (:func:`offrecomp.backends.get_backend`).
@@ -242,14 +322,14 @@ class OffloadEngine:
             (:func:`offrecomp.pool.default_host_limit` is a safe default).
         prefetch: how far ahead reloads are issued (NOTE [Prefetch order]).
         window_bytes: most bytes of device sources kept alive for in-flight copies before
-            compute waits on the oldest (NOTE [Source lifetime]).
+            compute waits on the oldest group (NOTE [Source lifetime]).
         slab_bytes: size of each pinned slab.
         host_pressure_bytes: available host memory that must remain after a new slab
             (default max(2 GiB, 5% of RAM)).
 
     Thread-safe: calls are serialised by a lock (forward and backward may run on
-    different threads). The engine holds every ticket until :meth:`free` or
-    :meth:`close`; a ticket dropped without ``free`` keeps its host slot.
+    different threads). The engine holds every issued group until :meth:`free` or
+    :meth:`close`; a group dropped without ``free`` keeps its host block.
     """
 
     def __init__(
@@ -284,16 +364,19 @@ class OffloadEngine:
         self._streams: dict[tuple[torch.device, str], Stream] = {}
         self._stash: deque[_InFlight] = deque()
         self._stash_bytes = 0
-        self._deferred: list[Ticket] = []
-        self._tickets: set[Ticket] = set()
-        self._order: list[Ticket] = []  # this step's tickets; index == seq
-        self._groups: dict[int, list[Ticket]] = {}
+        self._deferred: list[Group] = []
+        self._groups: set[Group] = set()
+        self._order: list[Group] = []  # this step's issued groups; index == seq
         self._step = 0
+        self._open_bytes = 0  # storages added to groups not issued yet (device bytes)
         self._outstanding_bytes = 0  # reloaded, not yet fetched
+        self._fetched_bytes = 0  # reloads handed to compute, not released yet
         self._timings: list[tuple[_TimingKind, Event, Event, int]] = []
+        self._timed = {"d2h": 0, "h2d": 0}  # copies seen, to time one in TIME_EVERY
         self._warned: set[str] = set()
         self._busy = 0  # depth of engine calls on the thread holding the lock
-        self._pending_frees: deque[Ticket] = deque()
+        self._pending_frees: deque[Group] = deque()
+        self._open_reserved = 0  # the same, aligned as the pool will carve them
         self._reset_counters()
         logger.debug(
             "offrecomp: offload engine on the %s backend: host limit %s, in-flight window %s, "
@@ -301,128 +384,167 @@ class OffloadEngine:
             backend.name, format_bytes(host_limit_bytes), format_bytes(window_bytes), prefetch,
         )
 
-    # ---------------------------------------------------------------- public API
+    # ---------------------------------------------------------------- forward
 
-    def offload(self, flat: torch.Tensor, *, group: int) -> Ticket | None:
-        """Start copying ``flat`` (a flat uint8 view of a whole storage) to host.
+    def open_group(self, ordinal: int, device: torch.device) -> Group:
+        """A new, empty group for the storages of the region call ``ordinal`` saves."""
+        if self._closed:
+            raise RuntimeError("offrecomp: the offload engine is closed")
+        if device.type != self.backend.device_type:
+            raise ValueError(
+                f"offrecomp: the {self.backend.name} backend moves {self.backend.device_type} "
+                f"tensors; got a group on {device}"
+            )
+        return Group(ordinal, device, self._step)
 
-        Returns ``None`` when the pool cannot take it (full, host memory pressure, or
-        pinning failed): the caller keeps or recomputes the tensor instead.
-        The caller may drop ``flat`` at once; the engine keeps it alive until its copy
-        landed (NOTE [Source lifetime]).
-        """
+    def admit(self, nbytes: int) -> bool:
+        """Room for a storage of ``nbytes`` in an open group? Checked at save time against
+        the pool's limit, so a storage the pool cannot hold falls back before its handle
+        is made (a refusal at issue() keeps the whole group). On True the caller adds it
+        to a group; its bytes count as the engine's until the group is issued."""
+        need = (nbytes + ALIGN_BYTES - 1) // ALIGN_BYTES * ALIGN_BYTES
+        pool = self.pool
+        if pool.refusing or pool.in_use_bytes + self._open_reserved + need > pool.limit_bytes:
+            with self._locked():
+                self._fallback(nbytes, "pin_failed" if pool.refusing else "full")
+            return False
+        self._open_bytes += nbytes
+        self._open_reserved += need
+        return True
+
+    def issue(self, group: Group) -> bool:
+        """Copy ``group`` to host: one block, one ordering event, one copy per storage, one
+        event. Returns False when the pool cannot take it (full, host memory pressure,
+        or pinning failed): the caller keeps its storages instead, and the group is
+        freed. The engine keeps the sources alive until their copy landed (NOTE [Source
+        lifetime])."""
+        if group.state is not GroupState.OPEN:
+            raise RuntimeError(f"offrecomp: {group!r} was issued already")
+        t0 = time.perf_counter()
         with self._locked():
             self._enter()
-            self._check_flat(flat)
-            nbytes = flat.numel()
-            block = self.pool.alloc(nbytes)
+            payload = group.payload_bytes
+            self._open_bytes -= payload
+            offsets, total = slot_offsets(group.sizes)
+            self._open_reserved -= total
+            if not group.sizes:
+                group.state = GroupState.FREED
+                return True
+            block = self.pool.alloc(total)
             if block is None:
-                self._fallback(nbytes, self.pool.last_failure or "full")
-                return None
-            device = flat.device
+                self._fallback(total, self.pool.last_failure or "full")
+                group.state = GroupState.FREED
+                return False
+            device = group.device
             backend = self.backend
+            sources = [_flat(s, device) for s in group.sources]
+            group.sources = []
+            dsts = [block.view[o : o + n] for o, n in zip(offsets, group.sizes)]
             # NOTE [Stream ordering]: live lookup, before any side-stream context.
             compute = backend.current_stream(device)
             d2h = self._side_stream(device, "d2h")
             produced = backend.record_event(compute)
             self._wait_edge("d2h_after_produce", d2h, produced)
-            start = backend.record_event(d2h, timing=True)
-            backend.copy_async(block.view, flat, d2h)
-            landed = backend.record_event(d2h, timing=True)
-            ticket = Ticket(
-                nbytes=nbytes, device=device, group=group, seq=len(self._order),
-                step=self._step, block=block, d2h_done=landed,
-            )
-            self._timings.append(("d2h", start, landed, nbytes))
-            self._keep_source(_InFlight(flat, landed, compute, nbytes))  # NOTE [Source lifetime]
+            timed = self._time_this("d2h")
+            start = backend.record_event(d2h, timing=True) if timed else None
+            backend.copy_many(dsts, sources, d2h)
+            landed = backend.record_event(d2h, timing=timed)
+            if start is not None:
+                self._timings.append(("d2h", start, landed, payload))
+            group.offsets = offsets
+            group.nbytes = total
+            group._block = block
+            group._d2h_done = landed
+            group.state = GroupState.OFFLOADED
+            group.seq = len(self._order)
+            self._keep_sources(_InFlight(sources, landed, compute, payload))
             self._bound_stash()
-            self._order.append(ticket)
-            self._groups.setdefault(group, []).append(ticket)
-            self._tickets.add(ticket)
+            self._order.append(group)
+            self._groups.add(group)
             self._offloads += 1
-            self._bytes_d2h += nbytes
-            return ticket
+            self._storages += len(sources)
+            self._bytes_d2h += payload
+            self._offload_host += time.perf_counter() - t0
+            return True
 
-    def fetch(self, ticket: Ticket) -> torch.Tensor:
-        """The ticket's data as a flat uint8 device tensor the current stream may read now.
+    def discard(self, group: Group) -> None:
+        """An open group that will not be issued (its pass was abandoned)."""
+        if group.state is GroupState.OPEN:
+            payload = group.payload_bytes
+            self._open_bytes -= payload
+            self._open_reserved -= slot_offsets(group.sizes)[1]
+            group.sources = []
+            group.state = GroupState.FREED
 
-        Also issues prefetch reloads (NOTE [Prefetch order]). Raises ``RuntimeError`` for
-        a freed ticket or when an asynchronous copy failed.
-        """
+    # --------------------------------------------------------------- backward
+
+    def fetch(self, group: Group) -> torch.Tensor:
+        """The group's data as a flat uint8 device tensor the current stream may read
+        now; storage ``i`` is at ``group.offsets[i]``. Reloads the group if needed,
+        issues prefetch reloads (NOTE [Prefetch order]), and makes compute wait once per
+        reload. Raises ``RuntimeError`` for a freed group or when an asynchronous copy
+        failed."""
+        buffer = group._buffer
+        if group.state is GroupState.FETCHED and buffer is not None:
+            return buffer  # compute already waited on this reload
+        t0 = time.perf_counter()
         with self._locked():
             self._enter()
-            if ticket.state is TicketState.FREED:
-                raise RuntimeError(f"offrecomp: {ticket!r} was freed; it cannot be fetched")
+            if group.state is GroupState.FREED or group.state is GroupState.OPEN:
+                raise RuntimeError(f"offrecomp: {group!r} cannot be fetched")
             backend = self.backend
             # NOTE [Stream ordering]: live lookup, before any side-stream context.
-            compute = backend.current_stream(ticket.device)
-            if ticket.state is TicketState.OFFLOADED:
-                self._reload(ticket)
-            if ticket.state is TicketState.RELOADING:
-                ticket.state = TicketState.FETCHED
-                ticket.fetches += 1
-                self._outstanding_bytes -= ticket.nbytes
-            self._prefetch_for(ticket)
-            buffer, h2d_done = ticket._buffer, ticket._h2d_done
-            assert buffer is not None and h2d_done is not None
+            compute = backend.current_stream(group.device)
+            if group.state is GroupState.OFFLOADED:
+                self._reload(group, compute)
+            group.state = GroupState.FETCHED
+            group.fetches += 1
+            self._outstanding_bytes -= group.nbytes
+            self._fetched_bytes += group.nbytes
+            self._prefetch_for(group, compute)
             before = backend.record_event(compute, timing=True)
-            self._wait_edge("compute_after_h2d", compute, h2d_done)
+            self._wait_edge("compute_after_h2d", compute, group._h2d_done)
             after = backend.record_event(compute, timing=True)
             self._timings.append(("stall", before, after, 0))
-            backend.record_stream(buffer, compute)  # NOTE [Reload buffer lifetime]
+            group._waited = True
             backend.check()
+            self._reload_host += time.perf_counter() - t0
+            buffer = group._buffer
+            assert buffer is not None
             return buffer
 
-    def release_device(self, ticket: Ticket) -> None:
+    def release_device(self, group: Group) -> None:
         """The caller is done with the reloaded buffer; the host copy stays (retain_graph
-        may fetch the ticket again)."""
+        may fetch the group again)."""
         with self._locked():
-            if ticket.state is TicketState.RELOADING:
-                self._outstanding_bytes -= ticket.nbytes
-            if ticket.state in (TicketState.RELOADING, TicketState.FETCHED):
-                ticket._buffer = None  # NOTE [Reload buffer lifetime]
-                ticket.state = TicketState.OFFLOADED
+            self._release_device(group)
 
-    def free(self, ticket: Ticket) -> None:
-        """The ticket is no longer needed. Its host slot returns to the pool once its
+    def free(self, group: Group) -> None:
+        """The group is no longer needed. Its host block returns to the pool once its
         copies landed (NOTE [Host slot lifetime]). Freeing twice is a no-op.
 
         Never blocks and may be called from a finaliser (NOTE [Free from finalisers]).
         """
         if not self._lock.acquire(blocking=False):
-            self._pending_frees.append(ticket)  # another thread is inside the engine
+            self._pending_frees.append(group)  # another thread is inside the engine
             return
         try:
             if self._busy:  # re-entered from inside an engine call on this thread
-                self._pending_frees.append(ticket)
+                self._pending_frees.append(group)
                 return
             if self._closed:
                 return
             with self._locked():
-                self._free_now(ticket)
+                self._free_now(group)
                 self._poll()
         finally:
             self._lock.release()
 
-    def begin_backward(self) -> None:
-        """Forward is over: drop the stash of in-flight sources. The producing streams
-        wait on the outstanding copies (GPU-side); the host does not wait."""
-        with self._locked():
-            self._enter()
-            newest: dict[tuple[Any, torch.device], _InFlight] = {}
-            for entry in self._stash:  # oldest first: the newest per stream pair wins
-                newest[(entry.stream, entry.source.device)] = entry
-            for entry in newest.values():
-                # One D2H stream per device runs in order: its newest copy landing
-                # implies the older ones did.
-                if not self.backend.query(entry.landed):
-                    self._wait_edge("compute_after_d2h", entry.stream, entry.landed)
-            self._stash.clear()
-            self._stash_bytes = 0
+    # --------------------------------------------------------------- the step
 
     def prepare(self, sizes: Sequence[int], *, window_bytes: int | None = None) -> int:
-        """Get ready for a plan's offloads: pin host memory for these sizes now, rather
-        than in the first step that makes them, and set the in-flight window
+        """Get ready for a plan's offloads: pin host memory for these block sizes now,
+        rather than in the first step that makes them, and set the in-flight window
         (NOTE [Window under a plan]; None leaves it). Returns the pool's reserved bytes."""
         if window_bytes is not None and window_bytes < 0:
             raise ValueError(f"window_bytes={window_bytes!r} is invalid; it must be >= 0")
@@ -440,8 +562,9 @@ class OffloadEngine:
             pool = self.pool.stats()
             stats = OffloadStats(
                 backend=self.backend.name,
-                offloads=self._offloads,
-                reloads=self._reloads,
+                groups_offloaded=self._offloads,
+                storages_offloaded=self._storages,
+                groups_reloaded=self._reloads,
                 prefetches=self._prefetches,
                 bytes_d2h=self._bytes_d2h,
                 bytes_h2d=self._bytes_h2d,
@@ -451,19 +574,20 @@ class OffloadEngine:
                 h2d_gbps=_gbps(self._timed_bytes["h2d"], self._seconds["h2d"]),
                 stall_seconds=self._seconds["stall"],
                 window_waits=self._window_waits,
+                offload_host_seconds=self._offload_host,
+                reload_host_seconds=self._reload_host,
                 fallbacks_pool_full=self._fallbacks["full"],
                 fallbacks_host_pressure=self._fallbacks["pressure"],
                 fallbacks_pin_failed=self._fallbacks["pin_failed"],
                 pool_reserved_bytes=pool.reserved_bytes,
                 pool_in_use_bytes=pool.in_use_bytes,
                 pool_high_water_bytes=pool.high_water_bytes,
-                live_tickets=len(self._tickets),
+                live_groups=len(self._groups),
                 pending_timings=len(self._timings),
             )
             self._reset_counters()
             self.pool.reset_high_water()
             self._order = []
-            self._groups = {}
             self._step += 1
             return stats
 
@@ -476,7 +600,7 @@ class OffloadEngine:
             self.backend.check()
 
     def close(self) -> None:
-        """Synchronize, drop every buffer and ticket, free the pool. Idempotent."""
+        """Synchronize, drop every buffer and group, free the pool. Idempotent."""
         with self._lock:
             if self._closed:
                 return
@@ -485,18 +609,20 @@ class OffloadEngine:
                 self.backend.synchronize()
             finally:
                 self._pending_frees.clear()
-                for ticket in list(self._tickets) + self._deferred:
-                    ticket._buffer = None
-                    ticket._block = None
-                    ticket.state = TicketState.FREED
-                self._tickets.clear()
+                for group in list(self._groups) + self._deferred:
+                    group._buffer = None
+                    group._block = None
+                    group.state = GroupState.FREED
+                self._groups.clear()
                 self._deferred.clear()
                 self._stash.clear()
                 self._stash_bytes = 0
                 self._order = []
-                self._groups = {}
                 self._timings.clear()
                 self._outstanding_bytes = 0
+                self._fetched_bytes = 0
+                self._open_bytes = 0
+                self._open_reserved = 0
                 self._streams.clear()
                 self.pool.close()
                 self.backend.close()
@@ -510,9 +636,15 @@ class OffloadEngine:
         return self._closed
 
     @property
-    def live_tickets(self) -> int:
-        """Tickets offloaded and not freed yet."""
-        return len(self._tickets)
+    def live_groups(self) -> int:
+        """Groups issued and not freed yet."""
+        return len(self._groups)
+
+    @property
+    def device_bytes(self) -> int:
+        """Device bytes the engine holds: storages of open groups, sources of copies in
+        flight, and reloads not released yet."""
+        return self._open_bytes + self._stash_bytes + self._outstanding_bytes + self._fetched_bytes
 
     @property
     def stash_bytes(self) -> int:
@@ -544,20 +676,36 @@ class OffloadEngine:
             finally:
                 self._busy -= 1
 
-    def _free_now(self, ticket: Ticket) -> None:
-        if ticket.state is TicketState.FREED:
+    def _release_device(self, group: Group) -> None:
+        if group.state is GroupState.RELOADING:
+            self._outstanding_bytes -= group.nbytes
+        elif group.state is GroupState.FETCHED:
+            self._fetched_bytes -= group.nbytes
+        if group.state in (GroupState.RELOADING, GroupState.FETCHED):
+            if not group._waited:  # NOTE [Stream ordering]: edge 6
+                compute = self.backend.current_stream(group.device)
+                self._wait_edge("free_after_h2d", compute, group._h2d_done)
+            group._buffer = None  # NOTE [Reload buffer lifetime]
+            group.state = GroupState.OFFLOADED
+        group.uses = 0
+
+    def _free_now(self, group: Group) -> None:
+        if group.state is GroupState.FREED:
             return
-        self.release_device(ticket)
-        ticket.state = TicketState.FREED
-        self._tickets.discard(ticket)
-        if ticket._block is not None:
-            self._deferred.append(ticket)
+        if group.state is GroupState.OPEN:
+            self.discard(group)
+            return
+        self._release_device(group)
+        group.state = GroupState.FREED
+        self._groups.discard(group)
+        if group._block is not None:
+            self._deferred.append(group)
 
     def _wait_edge(self, edge: Edge, stream: Stream, event: Event) -> None:
         """Enqueue one ordering edge of NOTE [Stream ordering] (``edge`` names it)."""
         self.backend.wait_event(stream, event)
 
-    def _keep_source(self, entry: _InFlight) -> None:
+    def _keep_sources(self, entry: _InFlight) -> None:
         self._stash.append(entry)
         self._stash_bytes += entry.nbytes
 
@@ -570,33 +718,49 @@ class OffloadEngine:
                 self._wait_edge("compute_after_d2h", entry.stream, entry.landed)
                 self._window_waits += 1
 
-    def _reload(self, ticket: Ticket) -> None:
-        backend = self.backend
-        block = ticket._block
-        assert block is not None
-        h2d = self._side_stream(ticket.device, "h2d")
-        self._wait_edge("h2d_after_d2h", h2d, ticket._d2h_done)  # NOTE [Stream ordering]
-        buffer = backend.alloc_device(ticket.nbytes, ticket.device, h2d)  # NOTE [Reload buffer lifetime]
-        start = backend.record_event(h2d, timing=True)
-        backend.copy_async(buffer, block.view, h2d)
-        done = backend.record_event(h2d, timing=True)
-        self._timings.append(("h2d", start, done, ticket.nbytes))
-        ticket._buffer = buffer
-        ticket._h2d_done = done  # NOTE [Host slot lifetime]: the latest reload
-        ticket.state = TicketState.RELOADING
-        self._outstanding_bytes += ticket.nbytes
-        self._reloads += 1
-        self._bytes_h2d += ticket.nbytes
+    def _time_this(self, kind: Literal["d2h", "h2d"]) -> bool:
+        n = self._timed[kind]
+        self._timed[kind] = n + 1
+        return n % TIME_EVERY == 0
 
-    def _prefetch_for(self, ticket: Ticket) -> None:
+    def _reload(self, group: Group, compute: Stream) -> None:
+        backend = self.backend
+        block = group._block
+        assert block is not None
+        h2d = self._side_stream(group.device, "h2d")
+        self._wait_edge("h2d_after_d2h", h2d, group._d2h_done)  # NOTE [Stream ordering]
+        buffer = backend.alloc_device(group.nbytes, group.device, compute)  # NOTE [Reload buffer lifetime]
+        allocated = backend.record_event(compute)
+        self._wait_edge("h2d_after_alloc", h2d, allocated)
+        timed = self._time_this("h2d")
+        start = backend.record_event(h2d, timing=True) if timed else None
+        backend.copy_many([buffer], [block.view], h2d)  # the block holds its view
+        done = backend.record_event(h2d, timing=timed)
+        if start is not None:
+            self._timings.append(("h2d", start, done, group.payload_bytes))
+        group._buffer = buffer
+        group._h2d_done = done  # NOTE [Host slot lifetime]: the latest reload
+        group._waited = False
+        group.uses = 0
+        group.state = GroupState.RELOADING
+        self._outstanding_bytes += group.nbytes
+        self._reloads += 1
+        self._bytes_h2d += group.payload_bytes
+
+    def _prefetch_for(self, group: Group, compute: Stream) -> None:
         # NOTE [Prefetch order]
-        if ticket._step != self._step or (
+        if group._step != self._step or group.seq < 0 or (
             self.prefetch.regions is None and self.prefetch.nbytes is None
         ):
             return
-        limit = self.prefetch.nbytes
-        for other in self._prefetch_candidates(ticket):
-            if other.state is not TicketState.OFFLOADED or other.fetches >= ticket.fetches:
+        regions, limit = self.prefetch.regions, self.prefetch.nbytes
+        issued = 0
+        for seq in range(group.seq - 1, -1, -1):
+            if regions is not None and issued >= regions:
+                return
+            other = self._order[seq]
+            issued += 1
+            if other.state is not GroupState.OFFLOADED or other.fetches >= group.fetches:
                 continue
             if (
                 limit is not None
@@ -604,21 +768,8 @@ class OffloadEngine:
                 and self._outstanding_bytes + other.nbytes > limit
             ):
                 return
-            self._reload(other)
+            self._reload(other, compute)
             self._prefetches += 1
-
-    def _prefetch_candidates(self, ticket: Ticket) -> Iterator[Ticket]:
-        same = self._groups.get(ticket.group, [])
-        yield from (t for t in reversed(same) if t is not ticket)
-        if self.prefetch.regions is not None:
-            for group in range(ticket.group - 1, ticket.group - self.prefetch.regions - 1, -1):
-                yield from reversed(self._groups.get(group, []))
-        elif self.prefetch.nbytes is not None:
-            first = same[0].seq if same else ticket.seq
-            for seq in range(first - 1, -1, -1):
-                other = self._order[seq]
-                if other.group != ticket.group:
-                    yield other
 
     def _side_stream(self, device: torch.device, kind: str) -> Stream:
         key = (device, kind)
@@ -634,7 +785,7 @@ class OffloadEngine:
         self._poll()
 
     def _poll(self) -> None:
-        """Drop landed sources and return host slots whose copies landed; never waits."""
+        """Drop landed sources and return host blocks whose copies landed; never waits."""
         query = self.backend.query
         while self._stash and query(self._stash[0].landed):
             self._stash_bytes -= self._stash.popleft().nbytes
@@ -642,31 +793,20 @@ class OffloadEngine:
             # Swap first: a free() re-entering from a finaliser appends to the new list.
             deferred, self._deferred = self._deferred, []
             waiting = []
-            for ticket in deferred:
-                if query(ticket._d2h_done) and (
-                    ticket._h2d_done is None or query(ticket._h2d_done)
-                ):
-                    assert ticket._block is not None
-                    self.pool.free(ticket._block)
-                    ticket._block = None
-                    ticket._h2d_done = None
+            for group in deferred:
+                if query(group._d2h_done) and (group._h2d_done is None or query(group._h2d_done)):
+                    assert group._block is not None
+                    self.pool.free(group._block)
+                    group._block = None
+                    group._h2d_done = None
                 else:
-                    waiting.append(ticket)
+                    waiting.append(group)
             self._deferred.extend(waiting)
         if len(self._timings) > 4096:
             self._resolve_timings()
 
     def _resolve_timings(self) -> None:
-        # NOTE [Free from finalisers]
-# Callers free tickets from finalisers (when autograd drops a saved tensor), which can run
-# at any allocation: on another thread while this one holds the engine lock (the emulated
-# backend's workers, autograd's device threads), or re-entrantly in the middle of an
-# engine call on this thread. free() therefore never blocks and never mutates state under
-# a running call: if the lock is taken or the engine is busy on this thread, the ticket
-# goes to `_pending_frees` (a deque: appends are atomic), which the next engine call
-# drains before it does anything else.
-
-# NOTE [Timing without host waits]
+        # NOTE [Timing without host waits]
         pending = []
         for kind, start, end, nbytes in self._timings:
             if self.backend.query(end):
@@ -675,19 +815,6 @@ class OffloadEngine:
             else:
                 pending.append((kind, start, end, nbytes))
         self._timings = pending
-
-    def _check_flat(self, flat: torch.Tensor) -> None:
-        if not isinstance(flat, torch.Tensor):
-            raise TypeError(f"offrecomp: offload takes a tensor, got {type(flat).__name__}")
-        if flat.dtype != torch.uint8 or flat.dim() != 1 or not flat.is_contiguous():
-            raise ValueError(
-                "offrecomp: offload takes a flat contiguous uint8 view of a storage "
-                "(torch.empty(0, dtype=torch.uint8, device=d).set_(t.untyped_storage())); got "
-                f"dtype={flat.dtype}, shape={tuple(flat.shape)}"
-            )
-        if flat.numel() == 0:
-            raise ValueError("offrecomp: offload of an empty storage; keep it instead")
-        self.backend.validate(flat)
 
     def _fallback(self, nbytes: int, reason: FailureReason) -> None:
         self._fallbacks[reason] += 1
@@ -703,11 +830,14 @@ class OffloadEngine:
 
     def _reset_counters(self) -> None:
         self._offloads = 0
+        self._storages = 0
         self._reloads = 0
         self._prefetches = 0
         self._bytes_d2h = 0
         self._bytes_h2d = 0
         self._window_waits = 0
+        self._offload_host = 0.0
+        self._reload_host = 0.0
         self._seconds: dict[str, float] = {"d2h": 0.0, "h2d": 0.0, "stall": 0.0}
         self._timed_bytes: dict[str, int] = {"d2h": 0, "h2d": 0, "stall": 0}
         self._fallbacks: dict[str, int] = {"full": 0, "pressure": 0, "pin_failed": 0}
@@ -717,4 +847,3 @@ def _gbps(nbytes: int, seconds: float) -> float | None:
     if nbytes <= 0 or seconds <= 0:
         return None
     return nbytes / seconds / 1e9
-

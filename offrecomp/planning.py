@@ -19,6 +19,7 @@ import logging
 import math
 import statistics
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ import torch
 from offrecomp import hooks as _hooks
 from offrecomp.config import format_bytes
 from offrecomp.measure import device_capacity_bytes, distorts, host_available_bytes
+from offrecomp.offload import slot_offsets
 from offrecomp.report import StepRecord
 from offrecomp.state import PassState, RegionCall
 from offrecomp.trace import RegionStructure, build_structure
@@ -235,7 +237,7 @@ GROWTH = 1.25
 
 class Planner:
     def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
+        self.rt = weakref.proxy(rt)  # the runtime owns its planner: no cycle
         self.entries: OrderedDict[str, PlanEntry] = OrderedDict()
         self.sightings: OrderedDict[str, int] = OrderedDict()  # NOTE [Borrowed plans]
         self.last_entry: PlanEntry | None = None
@@ -804,13 +806,16 @@ class Planner:
 
     @staticmethod
     def _offloaded_sizes(profile: Profile, plan: Plan) -> list[int]:
-        sizes = [
-            s.nbytes
-            for r in profile.regions
-            for i, s in enumerate(r.storages)
-            if plan.placement((r.name, r.call_index, i)) == OFFLOAD
-        ]
-        return sizes + [s.nbytes for i, s in enumerate(profile.root) if plan.placement((ROOT, 0, i)) == OFFLOAD]
+        """The pinned block of each region call's offload group (the root's as one)."""
+        blocks = []
+        for r in profile.regions:
+            sizes = [
+                s.nbytes for i, s in enumerate(r.storages)
+                if plan.placement((r.name, r.call_index, i)) == OFFLOAD
+            ]
+            blocks.append(slot_offsets(sizes)[1])
+        root = [s.nbytes for i, s in enumerate(profile.root) if plan.placement((ROOT, 0, i)) == OFFLOAD]
+        return [n for n in [*blocks, slot_offsets(root)[1]] if n > 0]
 
     def _solve(self, entry: PlanEntry) -> None:
         cfg = self.rt.config

@@ -271,6 +271,16 @@ class PinnedPool:
             failures=self._failures,
         )
 
+    @property
+    def in_use_bytes(self) -> int:
+        """Bytes carved out of the slabs right now (aligned sizes)."""
+        return self._in_use
+
+    @property
+    def refusing(self) -> bool:
+        """True once pinning failed: the pool keeps its slabs and never grows again."""
+        return self._pin_disabled
+
     def reset_high_water(self) -> None:
         self._high_water = self._in_use
 

@@ -294,7 +294,7 @@ def replay_call(
     *,
     inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
     program: list[int] | None = None,
-    storage_tensors: dict[int, torch.Tensor] | None = None,
+    storage_tensors: dict[int, Any] | None = None,
 ) -> dict[int, torch.Tensor]:
     """Replay ``call`` and return ``{pack index: tensor}`` for every index in ``needed``.
 

@@ -150,7 +150,7 @@ class Runtime:
         elif model is None and config.regions is not None:
             raise ValueError("regions= needs a model: offrecomp.runtime(model, regions=...)")
         self._buffer_ptr_cache: dict[int, tuple[tuple[int, ...], frozenset[int]]] = {}
-        self._placer = Placer(self)
+        self._placer: Placer | None = None  # while entered: it holds the runtime
         self._verifier = Verifier()
         self._planner = Planner(self)
         self._user_plan: Plan | None = None
@@ -181,7 +181,7 @@ class Runtime:
         self._compiled_model = False  # set on entry: the model holds torch.compile'd code
         self._engine: Any = None
         self._closing = False  # free the pool once nothing needs it (see NOTE [Pool lifetime])
-        self._engine_tickets = 0
+        self._engine_groups = 0
         self._signature: str | None = None
         self._family = ""  # the next pass's signature without sizes (NOTE [Borrowed plans])
         self._dims: tuple[int, ...] = ()
@@ -309,6 +309,7 @@ class Runtime:
             self._maybe_close_engine()
 
     def _install(self) -> None:
+        self._placer = Placer(self)
         pack, unpack = self._placer.pack, self._placer.unpack
         self._compiled_model = self.model is not None and _holds_compiled(self.model)
         self._distributed = _world_size() > 1
@@ -350,6 +351,7 @@ class Runtime:
             self._report_file = open(self.config.report_path, "a", encoding="utf-8")  # noqa: SIM115
 
     def _uninstall(self) -> None:
+        self._placer = None  # saved handles still reach theirs; the runtime no longer does
         if self._hooks_ctx is not None:
             hooks, self._hooks_ctx = self._hooks_ctx, None
             hooks.__exit__(None, None, None)
@@ -557,6 +559,8 @@ class Runtime:
         self, region: Region, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> RegionCall:
         p = self._forward_activity()
+        if p.root is not None and p.root.group is not None:
+            self._issue_group(p.root)  # NOTE [Offload groups]: the root's run ends here
         n = p.call_counts.get(region.name, 0)
         p.call_counts[region.name] = n + 1
         call = RegionCall(name=region.name, call_index=n, ordinal=len(p.calls), region=region, forward_fn=original)
@@ -568,6 +572,7 @@ class Runtime:
             self._warn_collective(region)
         p.calls.append(call)
         self._planner.assign(p, call)
+        call.fixed = self._fixed_placement()
         if self._device is None:
             self._device = _first_device(args, kwargs)
             self._clock = Clock(self._device)
@@ -624,8 +629,9 @@ class Runtime:
         for i, t in enumerate(cap.tensors):
             if t is None:
                 continue
+            assert self._placer is not None
             rec = self._placer.add_input_storage(p, call, t)
-            if rec is not None and rec.placement == OFFLOAD and rec.ticket is not None:
+            if rec is not None and rec.placement == OFFLOAD and rec.group is not None:
                 call.offloaded_inputs[i] = (rec, (tuple(t.shape), tuple(t.stride()), int(t.storage_offset()), t.dtype))
 
     def _exit_region(self, call: RegionCall) -> None:
@@ -661,15 +667,16 @@ class Runtime:
             self._check_state_writes(region, call, written)
         if call.arg_state is not None and call.inputs is not None:
             self._check_arg_state(call)
+        if call.group is not None:
+            self._issue_group(call)
         if call.offloaded_inputs and call.inputs is not None:
-            for i in call.offloaded_inputs:
-                call.inputs.tensors[i] = None
-            for rec, _ in call.offloaded_inputs.values():
-                rec.tensor = None
+            for i, (rec, _) in call.offloaded_inputs.items():
+                if rec.placement is OFFLOAD:  # its copy is on the way: the group holds it
+                    call.inputs.tensors[i] = None
         if call.recorder is not None:
             self._planner.record_structure(call)
         call.exited = True
-        if call.live_handles <= 0:
+        if not call.leased and self._placer is not None:
             self._placer.release_call(call)
 
     # NOTE [State written by its region]
@@ -759,6 +766,7 @@ class Runtime:
             p.root = RegionCall(name=ROOT, call_index=0, ordinal=-1)
             p.root.pass_state = p
             self._planner.assign(p, p.root)
+            p.root.fixed = self._fixed_placement()
         return p.root
 
     def _known_ptrs(self, p: PassState) -> frozenset[int]:
@@ -811,6 +819,11 @@ class Runtime:
         )
         self._buffer_ptr_cache[id(region)] = (key, ptrs)
         return ptrs
+
+    def _fixed_placement(self) -> Placement | None:
+        """The placement every storage gets whatever its call, index or size: forced keep
+        (no plan, no rule can change it). None: ask ``_placement_for``."""
+        return KEEP if self.config.mode == "keep" and self._user_plan is None else None
 
     def _placement_for(self, p: PassState, call: RegionCall, index: int, nbytes: int, *, kind: str) -> Placement:
         """Placement of a new storage: plan or mode, then legality.
@@ -888,8 +901,8 @@ class Runtime:
         p.backward_started = True
         p.backward_task = tc.current_graph_task_id()
         p.backward_start_mark = self._clock.mark()
-        if self._engine is not None:
-            self._engine.begin_backward()
+        if p.root is not None and p.root.group is not None:
+            self._issue_group(p.root)  # NOTE [Offload groups]: the last run of root saves
         with contextlib.suppress(RuntimeError):
             tc.queue_backward_callback(functools.partial(self._backward_done, weakref.ref(p)))
 
@@ -1046,40 +1059,85 @@ class Runtime:
         device = self._device or torch.device("cpu")
         return t.device.type == device.type
 
-    def _offload(self, flat: torch.Tensor, call: RegionCall) -> Any:
-        engine = self._get_engine()
-        ticket = engine.offload(flat, group=max(call.ordinal, 0))
-        if ticket is not None:
-            self._engine_tickets += 1
-            self._sample_peak(call)
-        return ticket
+    # NOTE [Offload groups]
+    # The unit of transfer is a region call's group of offloaded storages (as in
+    # TransformerEngine's and Megatron's offloaders), never a single tensor: the pack hook
+    # appends a storage to its call's open group, the group is copied to host at the
+    # call's exit under one event, reloaded in backward as one buffer on the first unpack
+    # of any of its saves (with the next groups prefetched), and released as a whole
+    # once each of its saves was unpacked. Saves outside every region form runs: the run
+    # since the last region call is issued when the next region call begins, or when
+    # backward begins, so it never joins a region's group. A group the pinned pool
+    # refuses at issue keeps its storages (fallback offload_to_keep).
 
-    def _fetch(self, rec: Any) -> torch.Tensor:
-        buf = self._engine.fetch(rec.ticket)
-        p = rec.call.pass_state
+    def _group_add(self, call: RegionCall, rec: Any, source: Any) -> bool:
+        """Add an OFFLOAD storage to ``call``'s open group; False when the pool cannot
+        hold it (the caller falls back)."""
+        engine = self._get_engine()
+        if not engine.admit(rec.nbytes):
+            return False
+        group = call.group
+        if group is None:
+            p = call.pass_state
+            group = call.group = engine.open_group(len(p.calls) if p is not None else 0, source.device)
+            call.groups.append(group)
+            self._engine_groups += 1
+        rec.group = group
+        rec.slot = group.add(source, rec.nbytes)
+        self._sample_peak(call)
+        return True
+
+    def _issue_group(self, call: RegionCall) -> None:
+        """Copy ``call``'s open group to host (its exit, or the end of a root run)."""
+        group, call.group = call.group, None
+        if group is None:
+            return
+        sources = list(group.sources)
+        if self._engine is not None and self._engine.issue(group):
+            return
+        p = call.pass_state
+        for rec in call.storages:  # refused by the pool: keep what it held
+            if rec.group is not group:
+                continue
+            rec.group = None
+            rec.placement = KEEP
+            source = sources[rec.slot]
+            if isinstance(source, torch.Tensor):
+                rec.tensor = source
+            else:
+                rec.tensor = torch.empty(0, dtype=torch.uint8, device=source.device).set_(source)
+            if p is not None:
+                p.stats.offloaded_bytes -= rec.nbytes
+                p.stats.kept_bytes += rec.nbytes
+                p.stats.fallback("offload_to_keep")
+                rec.resident = True
+                p.stats.add_resident(rec.nbytes)
+
+    def _fetch_group(self, group: Any) -> torch.Tensor:
+        engine = self._engine
+        assert engine is not None
+        buf = engine.fetch(group)
+        p = self._pass
         if p is not None:
-            p.stats.add_resident(rec.nbytes)
-        self._sample_peak(rec.call)
+            p.stats.sample(engine.device_bytes)
         return buf
 
-    def _release_device(self, rec: Any) -> None:
-        self._engine.release_device(rec.ticket)
-        p = rec.call.pass_state
-        if p is not None:
-            p.stats.add_resident(-rec.nbytes)
+    def _release_group_device(self, group: Any) -> None:
+        if self._engine is not None:
+            self._engine.release_device(group)
 
     def _sample_peak(self, call: RegionCall) -> None:
-        """Offloads in flight and reloads not yet used are device bytes too."""
+        """Offloads not landed yet and reloads in use are device bytes too."""
         p = call.pass_state
         engine = self._engine
         if p is not None and engine is not None:
-            p.stats.sample(engine.stash_bytes + engine.outstanding_reload_bytes)
+            p.stats.sample(engine.device_bytes)
 
-    def _free_ticket(self, ticket: Any) -> None:
+    def _free_group(self, group: Any) -> None:
         if self._engine is None:
             return
-        self._engine.free(ticket)
-        self._engine_tickets -= 1
+        self._engine.free(group)
+        self._engine_groups -= 1
         self._maybe_close_engine()
 
     def _maybe_close_engine(self) -> None:
@@ -1094,7 +1152,7 @@ class Runtime:
             self._engine is not None
             and self._closing
             and not self._entered
-            and self._engine_tickets <= 0
+            and self._engine_groups <= 0
         ):
             engine, self._engine = self._engine, None
             engine.close()

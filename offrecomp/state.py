@@ -23,7 +23,7 @@ import torch
 from scheduler.plan import ROOT, Placement
 
 if TYPE_CHECKING:
-    from offrecomp.offload import Ticket
+    from offrecomp.offload import Group
     from offrecomp.regions import (
         ArgState,
         AutocastState,
@@ -35,123 +35,140 @@ if TYPE_CHECKING:
     )
     from offrecomp.trace import FirstCallWatch, OpRecorder, RegionStructure, SaveInfo
 
-__all__ = ["KeptHandle", "PassState", "RegionCall", "SavedHandle", "StorageRec"]
+__all__ = [
+    "Lease",
+    "PassState",
+    "RegionCall",
+    "SavedHandle",
+    "StorageRec",
+]
 
 
-class StorageRec:
-    """One saved allocation of one region call (or of the root)."""
+class StorageRec(weakref.ref):  # type: ignore[type-arg]
+    """One saved allocation of one region call (or of the root).
 
-    __slots__ = (
-        "__weakref__",
-        "aliased",
-        "call",
-        "device",
-        "fetch_buf",
-        "fetch_uses",
-        "handles",
-        "index",
-        "kind",
-        "nbytes",
-        "on_release",
-        "placement",
-        "ptr",
-        "released",
-        "save_mark",
-        "sid",
-        "storage_ref",
-        "tensor",
-        "ticket",
-    )
+    It is a weak reference to the ``UntypedStorage`` (alive iff the allocation is):
+    ``rec()`` is the storage or None, and its death ends the storage's resident bytes
+    (NOTE [Resident bytes]). One object per storage on the save path: the hot fields are
+    slots, the rest class defaults that an instance overrides when it needs to.
+    """
+
+    __slots__ = ("__dict__", "call", "index", "nbytes", "placement", "ptr", "resident")
+
+    # defaults, overridden per instance where they apply
+    aliased = False  # NOTE [Untracked aliases]: never offloaded
+    device: torch.device | None = None
+    group: Group | None = None  # OFFLOAD: the group it travels in, at ``slot``
+    kind = "activation"  # "activation", "input" (a region input) or "plain" (never placed)
+    released = False
+    save_mark: Any = None  # clock mark of the first save (root storages)
+    sid: int | None = None  # storage id in the op recording (measuring pass only)
+    slot = -1
+    tensor: torch.Tensor | None = None  # held strongly: a region input, or a fallback to KEEP
+
+    def __new__(
+        cls, storage: Any, call: RegionCall, index: int, nbytes: int, ptr: int, placement: Placement | None
+    ) -> StorageRec:
+        return weakref.ref.__new__(cls, storage, _storage_died)
 
     def __init__(
-        self,
-        *,
-        call: RegionCall,
-        index: int,
-        nbytes: int,
-        ptr: int,
-        device: torch.device,
-        kind: str,
-        placement: Placement,
+        self, storage: Any, call: RegionCall, index: int, nbytes: int, ptr: int, placement: Placement | None
     ) -> None:
         self.call = call
         self.index = index
         self.nbytes = nbytes
         self.ptr = ptr
-        self.storage_ref: Any = None  # weakref to the UntypedStorage (alive iff the allocation is)
-        self.sid: int | None = None  # storage id in the op recording (measuring pass only)
-        self.save_mark: Any = None  # clock mark of the first save (root storages, measuring pass)
-        self.device = device
-        self.kind = kind
-        self.placement = placement
-        self.tensor: torch.Tensor | None = None  # held alias (KEEP; or OFFLOAD until the copy is issued)
-        self.ticket: Ticket | None = None
-        self.fetch_buf: torch.Tensor | None = None  # reloaded flat buffer (OFFLOAD, in backward)
-        self.fetch_uses = 0
-        self.handles = 0
-        self.released = False
-        self.on_release: Any = None  # callback(rec) when the last handle dies
-        self.aliased = False  # NOTE [Untracked aliases]: never offloaded
+        self.placement = placement  # type: ignore[assignment]
+        self.resident = False  # counted in the pass's resident bytes (NOTE [Resident bytes])
 
     def __repr__(self) -> str:
-        return (
-            f"StorageRec({self.call.name!r}#{self.call.call_index}[{self.index}], "
-            f"{self.placement.name}, {self.nbytes} B)"
-        )
+        name = self.placement.name if self.placement is not None else "PLAIN"
+        return f"StorageRec({self.call.name!r}#{self.call.call_index}[{self.index}], {name}, {self.nbytes} B)"
 
 
-class _Handle:
-    """What autograd holds for one saved tensor (the pack hook's return value)."""
+# NOTE [Resident bytes]
+# A pass counts the device bytes of the storages it keeps: a KEEP storage from its first
+# save until the allocation dies. The runtime holds a kept activation only through its
+# saved-tensor handles (a detached alias, NOTE [Saved tensor handles]) and the storage
+# only weakly, so the storage dies when autograd and the program drop it, as in a plain
+# run; the weak reference's callback takes its bytes off then. No finaliser runs per
+# handle.
 
-    __slots__ = ("pack_index", "rec", "version")
 
-    rec: StorageRec
+def _storage_died(rec: StorageRec) -> None:
+    if rec.resident:
+        rec.resident = False
+        p = rec.call.pass_state
+        if p is not None:
+            p.stats.add_resident(-rec.nbytes)
+
+
+# NOTE [Saved tensor handles]
+# What the pack hook returns is held by autograd's SavedVariable, itself held by the node
+# that saved the tensor. A handle that held the saved tensor itself would hold, for an
+# op's saved output, a tensor whose grad_fn is that node: a cycle through C++ that
+# Python's collector cannot see, so a graph dropped without backward would never be
+# freed. A KEEP handle holds a detached alias instead (same storage, same version counter,
+# no grad_fn) when the tensor has a grad_fn, and the original weakly, to see a detach_()
+# after the save; unpack hands the alias back and autograd attaches the gradient edge
+# itself. OFFLOAD and RECOMPUTE handles hold the geometry and the original weakly, and the
+# region call's lease (NOTE [Call leases]).
+
+
+#: A KEEP handle is a plain tuple, the cheapest object to make and to take apart:
+#: (record, pack index, tensor or its detached alias, version at save, weak original or None).
+KeptHandle = tuple
+
+
+# NOTE [Call leases]
+# The replay checkpoint of a region call (its inputs, RNG state, ...) and the host block
+# of its offload group must live while any of its dropped or offloaded saves may be
+# unpacked, and no longer. Each such handle holds the call's lease, one small object per
+# call that the call itself holds only weakly; when autograd drops the last handle the
+# lease dies and releases the call (once the call has exited). One finaliser per call,
+# none per handle; kept saves need no lease.
+
+
+class Lease:
+    """Held by every dropped or offloaded save of one region call."""
+
+    __slots__ = ("__weakref__", "call", "release")
+
+    def __init__(self, call: RegionCall, release: Any) -> None:
+        self.call = call
+        self.release = release
 
     def __del__(self) -> None:
-        rec = self.rec
-        rec.handles -= 1
-        rec.call.live_handles -= 1
-        try:  # noqa: SIM105 - no contextlib in this hot finaliser
-            rec.on_release(rec)
-        except Exception:  # never raise from a finaliser
+        try:  # noqa: SIM105 - never raise from a finaliser
+            self.release(self.call)
+        except Exception:
             pass
 
 
-class KeptHandle(_Handle):
-    """A saved tensor placed KEEP (the lean common case)."""
-
-    __slots__ = ("tensor",)
-
-    def __init__(self, rec: StorageRec, pack_index: int, t: torch.Tensor) -> None:
-        self.rec = rec
-        self.pack_index = pack_index
-        self.tensor = t
-        self.version = t._version
-        rec.handles += 1
-        rec.call.live_handles += 1
-
-
-class SavedHandle(_Handle):
+class SavedHandle:
     """A saved tensor placed OFFLOAD or RECOMPUTE: its geometry, not its data."""
 
-    __slots__ = ("__weakref__", "dtype", "offset", "size", "stride", "weak")
+    __slots__ = ("__weakref__", "dtype", "grad_fn", "lease", "offset", "pack_index", "rec",
+                 "size", "stride", "version", "weak")
 
-    def __init__(self, rec: StorageRec, pack_index: int, t: torch.Tensor) -> None:
+    def __init__(self, rec: StorageRec, pack_index: int, t: torch.Tensor, lease: Lease) -> None:
         self.rec = rec
         self.pack_index = pack_index
+        self.lease = lease
         self.version = t._version
         self.weak: weakref.ref[torch.Tensor] = weakref.ref(t)  # the original may outlive us
+        self.grad_fn = t.grad_fn is not None  # to see a detach_() after the save
         self.size = tuple(t.shape)
-        self.stride = tuple(t.stride())
+        self.stride = t.stride()
         self.offset = t.storage_offset()
         self.dtype = t.dtype
-        rec.handles += 1
-        rec.call.live_handles += 1
 
-    def rebuild(self, flat: torch.Tensor) -> torch.Tensor:
-        """This saved view, on the storage behind ``flat`` (a flat uint8 tensor)."""
-        t = torch.empty(0, dtype=self.dtype, device=flat.device)
-        t.set_(flat.untyped_storage(), self.offset, self.size, self.stride)
+    def rebuild(self, storage: Any, byte_offset: int = 0) -> torch.Tensor:
+        """This saved view on ``storage`` (an UntypedStorage), whose byte ``byte_offset``
+        is the saved storage's first byte (a multiple of the element size)."""
+        t = torch.empty(0, dtype=self.dtype, device=storage.device)
+        offset = self.offset + byte_offset // t.element_size() if byte_offset else self.offset
+        t.set_(storage, offset, self.size, self.stride)
         return t
 
 
@@ -177,6 +194,9 @@ class RegionCall:
     """Bindings of the object arguments at entry, kept when the forward changed them
     (NOTE [Stateful arguments])."""
     placements: list[Placement] | None = None  # planned placement per storage index
+    fixed: Placement | None = None
+    """The placement of every new storage of this call when no plan or rule can vary it
+    (forced keep): the pack hook's fast path skips the decision."""
     structure: RegionStructure | None = None
     op_seconds: list[float] | None = None  # calibrated op times of this call, from the plan's profile
     storages: list[StorageRec] = field(default_factory=list)
@@ -205,7 +225,12 @@ class RegionCall:
     rerun_ops: int = 0
     replay_resident: int = 0
     pass_state: PassState | None = None
-    live_handles: int = 0  # saved-tensor handles of this call still held by autograd
+    lease_ref: weakref.ref[Lease] | None = None  # NOTE [Call leases]: held by the handles only
+    group: Group | None = None
+    """The open offload group collecting this call's OFFLOAD storages (for the root: the
+    run of root saves since the last region call began), issued at the call's exit."""
+    groups: list[Group] = field(default_factory=list)
+    """Every offload group of this call, open or issued, until the call is released."""
     exited: bool = False  # the region's forward returned
     released: bool = False  # checkpoint dropped (nothing left to replay)
     # input index -> (storage, (size, stride, offset, dtype)) for inputs sent to host memory
@@ -214,6 +239,21 @@ class RegionCall:
     @property
     def is_root(self) -> bool:
         return self.name == ROOT
+
+    def lease(self, release: Any) -> Lease:
+        """The call's live lease, a new one if none is alive (NOTE [Call leases])."""
+        ref = self.lease_ref
+        lease = ref() if ref is not None else None
+        if lease is None:
+            lease = Lease(self, release)
+            self.lease_ref = weakref.ref(lease)
+        return lease
+
+    @property
+    def leased(self) -> bool:
+        """Does a dropped or offloaded save of this call still live?"""
+        ref = self.lease_ref
+        return ref is not None and ref() is not None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -235,6 +275,10 @@ class PassStats:
     replays: int = 0
     served_ops: int = 0
     rerun_ops: int = 0
+    pack_seconds: float = 0.0
+    """Host seconds in the pack hook (sampled, scaled to every save; NOTE [Hook timing])."""
+    unpack_seconds: float = 0.0
+    """Host seconds in the unpack hook for kept saves (sampled the same way)."""
     fallbacks: dict[str, int] = field(default_factory=dict)
 
     def add_resident(self, n: int) -> None:

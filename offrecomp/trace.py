@@ -862,7 +862,7 @@ class ServingMode(_RegionMode):
         region_name: str,
         structure: RegionStructure,
         program: Sequence[int],
-        storage_tensors: dict[int, torch.Tensor],
+        storage_tensors: dict[int, Any],
     ) -> None:
         super().__init__()
         self.region_name = region_name
@@ -952,9 +952,9 @@ class ServingMode(_RegionMode):
             if isinstance(o, _Value):
                 rebuilt.append(o.value)
             elif action == SERVE and o.storage >= 0:
-                base = self.storage_tensors[o.storage]
+                base = self.storage_tensors[o.storage]  # an UntypedStorage
                 t = torch.empty(0, dtype=o.dtype, device=base.device)
-                t.set_(base.untyped_storage(), o.offset, o.size, o.stride)
+                t.set_(base, o.offset, o.size, o.stride)
                 rebuilt.append(t)
             else:
                 t = torch.empty_strided(o.size, o.stride, dtype=o.dtype, device=o.device)

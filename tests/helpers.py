@@ -194,3 +194,16 @@ def deterministic_plain(
 
 def _dense(t: torch.Tensor) -> torch.Tensor:
     return t.to_dense() if t.layout != torch.strided else t
+
+
+def offload_group(engine: Any, sources: list[torch.Tensor], ordinal: int = 0) -> Any:
+    """What the runtime does for one region call's offloads: admit each storage, add it
+    to a new group, issue the group at the call's exit. None when the pool refuses."""
+    group = engine.open_group(ordinal, sources[0].device)
+    for src in sources:
+        nbytes = src.untyped_storage().nbytes()
+        if not engine.admit(nbytes):
+            engine.discard(group)
+            return None
+        group.add(src.untyped_storage(), nbytes)
+    return group if engine.issue(group) else None

@@ -15,12 +15,12 @@ def test_host_overhead_benchmark_reports_every_row(tmp_path: Path, capsys: pytes
     assert bench_host_overhead.main(["--ops", "20", "--rounds", "1", "--reps", "2", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     for row in ("identity hook pair (floor)", "offrecomp keep", "offrecomp keep, 12 buffers per region",
-                "bare dispatch mode (floor)",
+                "offrecomp offload, 16 saves per region", "bare dispatch mode (floor)",
                 "replay dispatch mode, every op run", "op recorder (measuring pass)"):
         assert row in text
     res = json.loads(out.read_text())
     assert res["ops"] == 20 and res["saves"] == 21  # 20 tanh outputs and the scaled input
-    assert len(res["us_over_plain"]) == 6
+    assert len(res["us_over_plain"]) == 7
 
 
 def test_host_overhead_benchmark_rejects_bad_arguments() -> None:

@@ -59,7 +59,7 @@ def test_exception_removes_hooks_and_next_step_is_correct(where: str, mode: str)
         loss = m(batch(0))
         loss.backward()
     assert tc.top_saved_tensors_hooks() is None
-    assert rt._engine is None or rt._engine_tickets >= 0
+    assert rt._engine is None or rt._engine_groups >= 0
     del loss
     assert rt._engine is None  # an exit by exception frees the pool once nothing needs it
     m.zero_grad(set_to_none=True)  # a backward that raised may have left partial grads

@@ -204,9 +204,9 @@ def _run(
 def _assert_no_leak(rt: offrecomp.Runtime) -> None:
     """Once the loop is over and its graphs are gone, nothing the runtime holds is live."""
     assert not rt.active
-    if rt._engine_tickets:
+    if rt._engine_groups:
         gc.collect()  # a graph held by a reference cycle (a traceback) is freed by gc (slow)
-    assert rt._engine_tickets == 0, f"{rt._engine_tickets} offload tickets still held"
+    assert rt._engine_groups == 0, f"{rt._engine_groups} offload groups still held"
     engine = rt._engine
     if engine is not None:
         assert engine.stash_bytes == 0 and engine.outstanding_reload_bytes == 0

@@ -20,7 +20,8 @@ import torch
 from offrecomp._torch_compat import cuda_sleep
 from offrecomp.backends import CudaBackend
 from offrecomp.config import Prefetch
-from offrecomp.offload import Edge, OffloadEngine, Ticket
+from offrecomp.offload import Edge, Group, OffloadEngine
+from tests.helpers import offload_group
 
 pytestmark = [
     pytest.mark.cuda,
@@ -48,10 +49,6 @@ def delay(stream: torch.cuda.Stream | None = None, ms: float = DELAY_MS) -> None
     cycles = int(cycles_per_ms() * ms)
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
         cuda_sleep(cycles)
-
-
-def flat_of(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
 
 
 def make_engine(**kwargs: Any) -> OffloadEngine:
@@ -92,17 +89,25 @@ DEV = torch.device("cuda")
 N = 8 * MiB
 
 
+def offload(eng: OffloadEngine, sources: list[torch.Tensor], ordinal: int = 0) -> Group:
+    group = offload_group(eng, sources, ordinal)
+    assert group is not None
+    return group
+
+
+def slot(buf: torch.Tensor, group: Group, i: int = 0) -> torch.Tensor:
+    return buf[group.offsets[i] : group.offsets[i] + group.sizes[i]]
+
+
 def warm(eng: OffloadEngine, value: int = 1) -> None:
-    """Create the streams, pin a slab and warm the H2D stream's allocator, so that a race
-    scenario runs no pinning or cudaMalloc (either may synchronize the device). The slot
-    used here, left holding ``value``, is the one the next offload gets (first fit)."""
-    ticket = eng.offload(flat_of(torch.full((N,), value, dtype=torch.uint8, device=DEV)),
-                         group=-1)
-    assert ticket is not None
-    eng.fetch(ticket)
-    eng.release_device(ticket)
+    """Create the streams, pin a slab and warm the allocator, so that a race scenario
+    runs no pinning or cudaMalloc (either may synchronize the device). The block used
+    here, left holding ``value``, is the one the next group of N bytes gets (first fit)."""
+    group = offload(eng, [torch.full((N,), value, dtype=torch.uint8, device=DEV)], ordinal=-1)
+    eng.fetch(group)
+    eng.release_device(group)
     eng.synchronize()
-    eng.free(ticket)
+    eng.free(group)
     eng.synchronize()
     eng.end_step()
 
@@ -118,19 +123,19 @@ def test_round_trip_bitwise() -> None:
     ]
     expected = [t.clone() for t in tensors]
     with engine_ctx(prefetch=Prefetch(regions=2)) as eng:
-        tickets = [eng.offload(flat_of(t), group=i) for i, t in enumerate(tensors)]
+        groups = [offload(eng, tensors[:2], 0), offload(eng, tensors[2:4], 1), offload(eng, tensors[4:], 2)]
         del tensors
-        eng.begin_backward()
-        for want, ticket in reversed(list(zip(expected, tickets))):
-            assert ticket is not None
-            buf = eng.fetch(ticket)
-            got = buf.view(want.dtype).view(want.shape)  # how the caller rebuilds its view
+        members = [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)]
+        for want, (g, i) in reversed(list(zip(expected, members))):
+            buf = eng.fetch(groups[g])
+            got = slot(buf, groups[g], i).view(want.dtype).view(want.shape)
             assert torch.equal(got, want)
-            eng.release_device(ticket)
-            eng.free(ticket)
+        for g in groups:
+            eng.release_device(g)
+            eng.free(g)
         eng.synchronize()
         stats = eng.end_step()
-        assert stats.backend == "cuda" and stats.reloads == 5 and stats.live_tickets == 0
+        assert stats.backend == "cuda" and stats.groups_reloaded == 3 and stats.live_groups == 0
         assert stats.bytes_d2h == stats.bytes_h2d == sum(w.untyped_storage().nbytes() for w in expected)
         assert stats.d2h_gbps is not None and stats.h2d_gbps is not None
 
@@ -145,13 +150,12 @@ def produce_then_offload(eng: OffloadEngine) -> torch.Tensor:
     warm(eng, value=1)
     x = torch.full((N,), 1, dtype=torch.uint8, device=DEV)
     torch.cuda.synchronize()
-    delay()  # the producer is still queued when the hook runs
+    delay()  # the producer is still queued when the region exits
     x.fill_(2)
-    ticket, seconds = host_seconds(lambda: eng.offload(flat_of(x), group=0))
+    group, seconds = host_seconds(lambda: offload(eng, [x]))
     assert seconds < DELAY_MS / 1000 / 2, "offload waited on the device"
-    assert ticket is not None
     eng.synchronize()
-    return eng.fetch(ticket).clone()
+    return slot(eng.fetch(group), group).clone()
 
 
 def test_d2h_waits_on_the_producer() -> None:
@@ -170,22 +174,20 @@ def test_producer_on_a_user_stream() -> None:
             x = torch.full((N,), 1, dtype=torch.uint8, device=DEV)
             delay()
             x.fill_(3)
-            ticket = eng.offload(flat_of(x), group=1)
-        assert ticket is not None
+            group = offload(eng, [x], 1)
         eng.synchronize()
-        assert bool((eng.fetch(ticket) == 3).all())
+        assert bool((slot(eng.fetch(group), group) == 3).all())
 
 
 def reload_before_offload_landed(eng: OffloadEngine) -> torch.Tensor:
-    warm(eng, value=7)  # the slot the next offload gets holds 7s
+    warm(eng, value=7)  # the block the next group gets holds 7s
     d2h, _ = eng.copy_streams(DEV)
     x = torch.full((N,), 3, dtype=torch.uint8, device=DEV)
     delay(d2h)  # the D2H copy is late
-    ticket = eng.offload(flat_of(x), group=1)
-    assert ticket is not None
-    buf, seconds = host_seconds(lambda: eng.fetch(ticket))
+    group = offload(eng, [x], 1)
+    buf, seconds = host_seconds(lambda: eng.fetch(group))
     assert seconds < DELAY_MS / 1000 / 2, "fetch waited on the device"
-    out = buf.clone()
+    out = slot(buf, group).clone()
     torch.cuda.synchronize()
     return out
 
@@ -194,22 +196,20 @@ def test_h2d_waits_on_its_own_d2h() -> None:
     with engine_ctx() as eng:
         assert bool((reload_before_offload_landed(eng) == 3).all())
     with engine_ctx() as eng, without_edge(eng, "h2d_after_d2h"):
-        assert bool((reload_before_offload_landed(eng) == 7).all())  # stale slot
+        assert bool((reload_before_offload_landed(eng) == 7).all())  # stale block
 
 
 def read_during_slow_reload(eng: OffloadEngine) -> torch.Tensor:
     warm(eng)
-    ticket = eng.offload(flat_of(torch.full((N,), 4, dtype=torch.uint8, device=DEV)), group=0)
-    assert ticket is not None
+    group = offload(eng, [torch.full((N,), 4, dtype=torch.uint8, device=DEV)])
     eng.synchronize()
     _, h2d = eng.copy_streams(DEV)
     torch.cuda.empty_cache()
-    with torch.cuda.stream(h2d):  # leave a block of poison in the H2D stream's pool
-        poison = torch.full((N,), 0xEE, dtype=torch.uint8, device=DEV)
-    torch.cuda.synchronize()
+    poison = torch.full((N,), 0xEE, dtype=torch.uint8, device=DEV)  # a block of poison in
+    torch.cuda.synchronize()  # compute's pool, where the reload buffer comes from
     del poison
     delay(h2d)  # the H2D copy is late
-    out = eng.fetch(ticket).clone()  # the caller reads at once
+    out = slot(eng.fetch(group), group).clone()  # the caller reads at once
     torch.cuda.synchronize()
     return out
 
@@ -223,7 +223,30 @@ def test_compute_waits_on_h2d() -> None:
         assert not bool((read_during_slow_reload(eng) == 4).all())
 
 
-def reuse_source_memory(eng: OffloadEngine, *, backward: bool) -> torch.Tensor:
+def reload_into_a_block_compute_still_reads(eng: OffloadEngine) -> torch.Tensor:
+    warm(eng)
+    group = offload(eng, [torch.full((N,), 4, dtype=torch.uint8, device=DEV)])
+    eng.synchronize()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    x = torch.full((N,), 5, dtype=torch.uint8, device=DEV)
+    torch.cuda.synchronize()
+    delay()  # compute's read of x is late
+    y = x + 0
+    del x  # its block may go to the next allocation on compute: the reload buffer
+    eng.fetch(group)
+    torch.cuda.synchronize()
+    return y
+
+
+def test_h2d_waits_on_the_allocation() -> None:
+    with engine_ctx() as eng:
+        assert bool((reload_into_a_block_compute_still_reads(eng) == 5).all())
+    with engine_ctx() as eng, without_edge(eng, "h2d_after_alloc"):
+        assert bool((reload_into_a_block_compute_still_reads(eng) == 4).all())  # overwritten
+
+
+def reuse_source_memory(eng: OffloadEngine) -> torch.Tensor:
     warm(eng)
     d2h, _ = eng.copy_streams(DEV)
     torch.cuda.synchronize()
@@ -231,24 +254,21 @@ def reuse_source_memory(eng: OffloadEngine, *, backward: bool) -> torch.Tensor:
     x = torch.full((N,), 5, dtype=torch.uint8, device=DEV)
     torch.cuda.synchronize()
     delay(d2h)  # the D2H copy is late
-    ticket = eng.offload(flat_of(x), group=0)
-    assert ticket is not None
-    if backward:
-        eng.begin_backward()
+    group = offload(eng, [x])
     del x  # the caller's last reference: the block may now be reused on this stream
     y = torch.empty(N, dtype=torch.uint8, device=DEV)
     y.fill_(9)
     eng.synchronize()
-    return eng.fetch(ticket).clone()
+    return slot(eng.fetch(group), group).clone()
 
 
-@pytest.mark.parametrize("backward", [False, True], ids=["window", "begin_backward"])
-def test_source_outlives_its_copy(backward: bool) -> None:
-    window = 256 * MiB if backward else 0
+@pytest.mark.parametrize("window", [0, 256 * MiB], ids=["window", "stash"])
+def test_source_outlives_its_copy(window: int) -> None:
     with engine_ctx(window_bytes=window) as eng:
-        assert bool((reuse_source_memory(eng, backward=backward) == 5).all())
-    with engine_ctx(window_bytes=window) as eng, without_edge(eng, "compute_after_d2h"):
-        assert bool((reuse_source_memory(eng, backward=backward) == 9).all())
+        assert bool((reuse_source_memory(eng) == 5).all())
+    if window == 0:
+        with engine_ctx(window_bytes=window) as eng, without_edge(eng, "compute_after_d2h"):
+            assert bool((reuse_source_memory(eng) == 9).all())
 
 
 def timed(fn: Any, reps: int = 3) -> float:
@@ -263,10 +283,10 @@ def timed(fn: Any, reps: int = 3) -> float:
 
 
 def test_bandwidth_close_to_raw_pinned_copy() -> None:
-    count, size = 32, 8 * MiB  # 256 MiB in all
+    count, size, per_group = 32, 8 * MiB, 4  # 256 MiB in all, 8 groups of 32 MiB
     srcs = [torch.randint(0, 255, (size,), dtype=torch.uint8, device=DEV) for _ in range(count)]
     host = torch.empty(count * size, dtype=torch.uint8, pin_memory=True)
-    dsts = [torch.empty(size, dtype=torch.uint8, device=DEV) for _ in range(count)]
+    dsts = [torch.empty(size * per_group, dtype=torch.uint8, device=DEV) for _ in range(count // per_group)]
     side = torch.cuda.Stream()
 
     def raw_d2h() -> None:
@@ -275,38 +295,37 @@ def test_bandwidth_close_to_raw_pinned_copy() -> None:
                 host[i * size : (i + 1) * size].copy_(s, non_blocking=True)
 
     def raw_h2d() -> None:
+        chunk = size * per_group
         with torch.cuda.stream(side):
             for i, d in enumerate(dsts):
-                d.copy_(host[i * size : (i + 1) * size], non_blocking=True)
+                d.copy_(host[i * chunk : (i + 1) * chunk], non_blocking=True)
 
     raw_d2h_s, raw_h2d_s = timed(raw_d2h), timed(raw_h2d)
 
     with engine_ctx(host_limit_bytes=1 * GiB, window_bytes=1 * GiB,
                     prefetch=Prefetch(nbytes=512 * MiB)) as eng:
-        tickets: list[Ticket] = []
+        groups: list[Group] = []
 
         def engine_d2h() -> None:
-            for t in tickets:
-                eng.free(t)
-            tickets.clear()
+            for g in groups:
+                eng.free(g)
+            groups.clear()
             eng.synchronize()
             eng.end_step()
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            for i, s in enumerate(srcs):
-                ticket = eng.offload(flat_of(s), group=i)
-                assert ticket is not None
-                tickets.append(ticket)
+            for i in range(0, count, per_group):
+                groups.append(offload(eng, srcs[i : i + per_group], i // per_group))
             eng.synchronize()
             times.append(time.perf_counter() - t0)
 
         def engine_h2d() -> None:
-            for t in tickets:
-                eng.release_device(t)
+            for g in groups:
+                eng.release_device(g)
             eng.synchronize()
             t0 = time.perf_counter()
-            for t in reversed(tickets):
-                eng.fetch(t)
+            for g in reversed(groups):
+                eng.fetch(g)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
 
@@ -320,8 +339,10 @@ def test_bandwidth_close_to_raw_pinned_copy() -> None:
         eng_h2d_s = min(times)
         eng.synchronize()
         stats = eng.end_step()
-        for i, t in enumerate(tickets):  # the data survived the benchmark
-            assert torch.equal(eng.fetch(t), srcs[i])
+        for g, group in enumerate(groups):  # the data survived the benchmark
+            buf = eng.fetch(group)
+            for i in range(per_group):
+                assert torch.equal(slot(buf, group, i), srcs[g * per_group + i])
 
     total = count * size
     report = (f"raw D2H {total / raw_d2h_s / 1e9:.1f} GB/s, engine {total / eng_d2h_s / 1e9:.1f}; "
@@ -335,11 +356,10 @@ def test_bandwidth_close_to_raw_pinned_copy() -> None:
 def test_peak_memory_bounded_by_window() -> None:
     window, count = 64 * MiB, 48
     with engine_ctx(window_bytes=window) as eng:
-        first = [eng.offload(flat_of(torch.ones(N, dtype=torch.uint8, device=DEV)), group=-1)
+        first = [offload(eng, [torch.ones(N, dtype=torch.uint8, device=DEV)], -1)
                  for _ in range(count)]  # create the streams and pin every slab up front
         eng.synchronize()
         for w in first:
-            assert w is not None
             eng.free(w)
         eng.synchronize()
         eng.end_step()
@@ -348,17 +368,14 @@ def test_peak_memory_bounded_by_window() -> None:
         base = torch.cuda.memory_allocated()
         d2h, _ = eng.copy_streams(DEV)
         delay(d2h, ms=20)  # copies start late: the stash must fill and hit the window
-        tickets: list[Ticket | None] = []
+        groups: list[Group] = []
         for i in range(count):
             x = torch.empty(N, dtype=torch.uint8, device=DEV).fill_(i)
-            tickets.append(eng.offload(flat_of(x), group=i))
+            groups.append(offload(eng, [x], i))
             del x
         peak = torch.cuda.max_memory_allocated() - base
         stats = eng.end_step()
         assert stats.window_waits > 0
         assert peak <= window + N, f"peak {peak / MiB:.0f} MiB > window + one tensor"
-        eng.begin_backward()
         for i in (0, count // 2, count - 1):
-            ticket = tickets[i]
-            assert ticket is not None
-            assert bool((eng.fetch(ticket) == i).all())
+            assert bool((slot(eng.fetch(groups[i]), groups[i]) == i).all())

@@ -1,8 +1,12 @@
-"""The offload engine on the emulated backend: data, ordering edges, prefetch, lifecycle.
+"""The grouped offload engine on the emulated backend: data, ordering edges, prefetch,
+lifecycle.
 
 Every ordering test runs twice: as written (the data must be right) and with exactly one
 edge removed through ``_wait_edge`` (the test asserts that the race then shows up), so a
-test that would pass without the edge it guards cannot go unnoticed.
+test that would pass without the edge it guards cannot go unnoticed. On the emulated
+backend compute is the host thread, so the edges that order side streams after compute
+(the producer, the allocation) cannot corrupt data here; they are checked structurally
+on the logged stream operations, and the CUDA tier checks the race itself.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -18,10 +22,13 @@ import torch
 
 from offrecomp.backends import EmulatedBackend, _EmuStream
 from offrecomp.config import Prefetch
-from offrecomp.offload import Edge, OffloadEngine, Ticket, TicketState
+from offrecomp.offload import Edge, Group, GroupState, OffloadEngine, slot_offsets
+from offrecomp.pool import ALIGN_BYTES
+from tests.helpers import offload_group
 
 KiB, MiB = 1 << 10, 1 << 20
 SLOW = 0.25  # seconds a deliberately slow copy sleeps
+CPU = torch.device("cpu")
 
 
 def make_engine(
@@ -50,14 +57,20 @@ def engine() -> Iterator[OffloadEngine]:
     eng.close()
 
 
-def flat_of(t: torch.Tensor) -> torch.Tensor:
-    """The caller's view: a flat uint8 tensor over the whole storage."""
-    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
-
-
 def random_bytes(n: int, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, 255, (n,), dtype=torch.uint8, generator=gen)  # never 0xFF
+
+
+def offload(eng: OffloadEngine, sources: Sequence[torch.Tensor], ordinal: int = 0) -> Group:
+    group = offload_group(eng, list(sources), ordinal)
+    assert group is not None
+    return group
+
+
+def slot(buf: torch.Tensor, group: Group, i: int) -> torch.Tensor:
+    """Storage ``i`` of a fetched group (how the hooks rebuild a saved tensor)."""
+    return buf[group.offsets[i] : group.offsets[i] + group.sizes[i]]
 
 
 @contextlib.contextmanager
@@ -93,36 +106,40 @@ def expect_race(scenario: Callable[[OffloadEngine], None], edge: Edge, *, match:
 # --------------------------------------------------------------------------- data
 
 
+def test_slot_offsets_are_aligned_and_packed() -> None:
+    offsets, total = slot_offsets([1, 512, 513, 0, 7])
+    assert offsets == [0, 512, 1024, 2048, 2048]
+    assert total == 2048 + 512
+    assert all(o % ALIGN_BYTES == 0 for o in offsets)
+
+
 @pytest.mark.parametrize("prefetch", [Prefetch(regions=2), Prefetch(nbytes=256 * KiB)])
 def test_round_trip_is_bitwise(prefetch: Prefetch) -> None:
     eng = make_engine(prefetch=prefetch)
-    gen = torch.Generator().manual_seed(1)
     sizes = [1, 3, 511, 512, 513, 4095, 65536, 100_003, 1 << 20]
-    tensors = []
-    for i, n in enumerate(sizes):
-        kind = i % 3
-        if kind == 0:
-            t = torch.randn(max(1, n // 4), generator=gen)
-        elif kind == 1:
-            t = torch.randn(max(1, n // 2), generator=gen).to(torch.bfloat16)
-        else:
-            t = random_bytes(n, seed=i)
-        tensors.append(t)
+    data = [random_bytes(n, seed=i) for i, n in enumerate(sizes)]
     try:
-        tickets = [eng.offload(flat_of(t), group=i // 2) for i, t in enumerate(tensors)]
-        eng.begin_backward()
-        for t, ticket in reversed(list(zip(tensors, tickets))):
-            assert ticket is not None
-            buf = eng.fetch(ticket)
-            assert buf.dtype == torch.uint8 and buf.numel() == ticket.nbytes
-            got = buf.view(t.dtype).view(t.shape)  # how the caller rebuilds its view
-            assert torch.equal(got.view(torch.uint8), t.view(torch.uint8))
-            eng.release_device(ticket)
-            eng.free(ticket)
+        groups = [offload(eng, [d.clone() for d in data[i : i + 3]], ordinal=i // 3) for i in range(0, 9, 3)]
+        for g, group in reversed(list(enumerate(groups))):
+            buf = eng.fetch(group)
+            assert buf.dtype == torch.uint8 and buf.numel() == group.nbytes
+            for i in range(3):
+                assert torch.equal(slot(buf, group, i), data[3 * g + i])
+            eng.release_device(group)
+            eng.free(group)
         eng.synchronize()
-        assert eng.live_tickets == 0 and eng.pool.stats().in_use_bytes == 0
+        assert eng.live_groups == 0 and eng.pool.stats().in_use_bytes == 0
     finally:
         eng.close()
+
+
+def test_one_block_and_one_reload_per_group(engine: OffloadEngine) -> None:
+    group = offload(engine, [random_bytes(1000, seed=s) for s in range(16)])
+    assert engine.pool.stats().allocs == 1  # one pinned block for the 16 storages
+    engine.fetch(group)
+    stats = engine.end_step()
+    assert stats.groups_offloaded == 1 and stats.storages_offloaded == 16
+    assert stats.groups_reloaded == 1 and stats.bytes_d2h == stats.bytes_h2d == 16 * 1000
 
 
 # ------------------------------------------------------------------ ordering edges
@@ -132,11 +149,10 @@ def scenario_reload_after_offload(eng: OffloadEngine) -> None:
     """Slow D2H copy; the reload is issued at once. Only edge 3 keeps H2D behind D2H."""
     data = random_bytes(64 * KiB)
     emu(eng).copy_delay_s = SLOW  # the D2H copy sleeps
-    ticket = eng.offload(data.clone(), group=0)
+    group = offload(eng, [data.clone()])
     emu(eng).copy_delay_s = 0.0  # the H2D copy does not
-    assert ticket is not None
-    got = eng.fetch(ticket).clone()
-    assert torch.equal(got, data), "reload read the host slot before the D2H copy wrote it"
+    got = slot(eng.fetch(group), group, 0).clone()
+    assert torch.equal(got, data), "reload read the host block before the D2H copy wrote it"
 
 
 def test_edge_h2d_waits_on_its_own_d2h(engine: OffloadEngine) -> None:
@@ -145,13 +161,12 @@ def test_edge_h2d_waits_on_its_own_d2h(engine: OffloadEngine) -> None:
 
 
 def scenario_compute_after_reload(eng: OffloadEngine) -> None:
-    """D2H landed; slow H2D. Only edge 4 keeps the caller from reading the buffer early."""
+    """D2H landed; slow H2D. Only edge 5 keeps the caller from reading the buffer early."""
     data = random_bytes(64 * KiB, seed=2)
-    ticket = eng.offload(data.clone(), group=0)
-    assert ticket is not None
+    group = offload(eng, [data.clone()])
     eng.synchronize()
     emu(eng).copy_delay_s = SLOW
-    got = eng.fetch(ticket).clone()  # the caller reads as soon as fetch returns
+    got = slot(eng.fetch(group), group, 0).clone()  # the caller reads as soon as fetch returns
     assert torch.equal(got, data), "compute read the reload buffer before the H2D copy landed"
 
 
@@ -165,15 +180,15 @@ def test_edge_compute_waits_on_h2d(engine: OffloadEngine) -> None:
 
 
 def scenario_window_release(eng: OffloadEngine) -> None:
-    """Window of 0 bytes: each source is released at once, after compute waits on its copy."""
+    """Window of 0 bytes: a group's sources go at once, after compute waits on its copy."""
     data = random_bytes(64 * KiB, seed=3)
     emu(eng).copy_delay_s = SLOW
     src = data.clone()
-    ticket = eng.offload(src, group=0)
+    group = offload(eng, [src])
     del src  # the caller's reference: only the engine could keep the source alive now
     emu(eng).copy_delay_s = 0.0
-    assert ticket is not None and eng.stash_bytes == 0
-    assert torch.equal(eng.fetch(ticket).clone(), data)
+    assert eng.stash_bytes == 0
+    assert torch.equal(slot(eng.fetch(group), group, 0).clone(), data)
 
 
 def test_edge_compute_waits_on_d2h_before_source_release() -> None:
@@ -187,47 +202,40 @@ def test_edge_compute_waits_on_d2h_before_source_release() -> None:
                 match="freed before its copy ran")
 
 
-def scenario_begin_backward(eng: OffloadEngine) -> None:
-    """begin_backward empties the stash; compute must wait on copies in flight."""
+def test_backward_does_not_drain_the_copies(engine: OffloadEngine) -> None:
+    """Sources of copies in flight stay in the stash until they land, with no wait on
+    compute; a fetch of such a group is still ordered after its own copy."""
     data = [random_bytes(16 * KiB, seed=s) for s in range(3)]
-    emu(eng).copy_delay_s = SLOW / 3
-    tickets = [eng.offload(d.clone(), group=i) for i, d in enumerate(data)]
-    emu(eng).copy_delay_s = 0.0
-    assert eng.stash_bytes == 3 * 16 * KiB  # clones died; the stash holds them
-    eng.begin_backward()
-    assert eng.stash_bytes == 0
-    for d, t in zip(data, tickets):
-        assert t is not None
-        assert torch.equal(eng.fetch(t).clone(), d)
+    emu(engine).copy_delay_s = SLOW / 3
+    groups = [offload(engine, [d.clone()], ordinal=i) for i, d in enumerate(data)]
+    emu(engine).copy_delay_s = 0.0
+    assert engine.stash_bytes == 3 * 16 * KiB  # the clones died; the stash holds them
+    for d, g in reversed(list(zip(data, groups))):
+        assert torch.equal(slot(engine.fetch(g), g, 0).clone(), d)
+    engine.synchronize()
+    assert engine.stash_bytes == 0 and engine.end_step().window_waits == 0
 
 
-def test_edge_begin_backward_waits_on_d2h(engine: OffloadEngine) -> None:
-    scenario_begin_backward(engine)
-    expect_race(scenario_begin_backward, "compute_after_d2h", match="freed before its copy ran")
-
-
-def test_dropping_source_before_d2h_lands_is_detected(engine: OffloadEngine,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    # With the stash: the caller drops its source at once and the data still arrives.
+def test_dropping_sources_before_d2h_lands_is_detected(engine: OffloadEngine,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # With the stash: the caller drops its sources at once and the data still arrives.
     data = random_bytes(32 * KiB, seed=4)
     emu(engine).copy_delay_s = SLOW
     src = data.clone()
-    ticket = engine.offload(src, group=0)
+    group = offload(engine, [src])
     del src
     emu(engine).copy_delay_s = 0.0
-    assert ticket is not None
-    assert torch.equal(engine.fetch(ticket).clone(), data)
+    assert torch.equal(slot(engine.fetch(group), group, 0).clone(), data)
 
     # Without it the emulated backend sees the source die under the in-flight copy.
-    monkeypatch.setattr(engine, "_keep_source", lambda entry: None)
+    monkeypatch.setattr(engine, "_keep_sources", lambda entry: None)
     emu(engine).copy_delay_s = SLOW
     src = data.clone()
-    ticket = engine.offload(src, group=1)
+    group = offload(engine, [src], ordinal=1)
     del src
     emu(engine).copy_delay_s = 0.0
-    assert ticket is not None
     with pytest.raises(RuntimeError, match="freed before its copy ran"):
-        engine.fetch(ticket)
+        engine.fetch(group)
 
 
 class SpyBackend(EmulatedBackend):
@@ -250,37 +258,77 @@ class SpyBackend(EmulatedBackend):
         self.log.append(("wait", stream, event))
         super().wait_event(stream, event)
 
-    def copy_async(self, dst: torch.Tensor, src: torch.Tensor, stream: _EmuStream) -> None:
-        self.log.append(("copy", stream, None))
-        super().copy_async(dst, src, stream)
+    def copy_many(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor], stream: _EmuStream) -> None:
+        self.log.append(("copy", stream, len(srcs)))
+        super().copy_many(dsts, srcs, stream)
+
+    def alloc_device(self, nbytes: int, device: torch.device, stream: _EmuStream) -> torch.Tensor:
+        self.log.append(("alloc", stream, nbytes))
+        return super().alloc_device(nbytes, device, stream)
 
 
-def assert_d2h_waits_on_producer(log: list[tuple[str, Any, Any]], compute: Any) -> None:
-    """The D2H copy is preceded, on its stream, by a wait on an event recorded on the
-    compute stream during the same offload call."""
-    copy_at = next(i for i, (op, s, _) in enumerate(log) if op == "copy")
-    d2h = log[copy_at][1]
-    produced = [e for op, s, e in log[:copy_at] if op == "record" and s is compute]
-    waited = [e for op, s, e in log[:copy_at] if op == "wait" and s is d2h]
-    assert produced and waited and waited[-1] is produced[-1], "D2H does not wait on its producer"
+def side_waits_on_compute_event(log: list[tuple[str, Any, Any]], copy_at: int, since: int) -> bool:
+    """Between ``since`` and the copy at ``copy_at``, does the copy's stream wait on an
+    event recorded on the compute stream in that span?"""
+    stream = log[copy_at][1]
+    span = log[since:copy_at]
+    recorded = {id(e) for op, s, e in span if op == "record" and s.is_compute}
+    return any(op == "wait" and s is stream and id(e) in recorded for op, s, e in span)
 
 
 def test_edge_d2h_waits_on_producer() -> None:
-    # On the emulated backend compute is the host thread, so its events are complete when
-    # recorded and a missing edge cannot corrupt data; the CUDA tier checks the race. Here
-    # the edge is checked structurally.
     for remove in (False, True):
         backend = SpyBackend()
         eng = make_engine(backend=backend)
         try:
             ctx = without_edge(eng, "d2h_after_produce") if remove else contextlib.nullcontext()
             with ctx:
-                eng.offload(random_bytes(1 * KiB), group=0)
-            if remove:
-                with pytest.raises(AssertionError, match="does not wait on its producer"):
-                    assert_d2h_waits_on_producer(backend.log, backend.live)
-            else:
-                assert_d2h_waits_on_producer(backend.log, backend.live)
+                offload(eng, [random_bytes(1 * KiB), random_bytes(2 * KiB)])
+            copies = [i for i, (op, _, _) in enumerate(backend.log) if op == "copy"]
+            assert len(copies) == 1 and backend.log[copies[0]][2] == 2  # one call for the group
+            assert side_waits_on_compute_event(backend.log, copies[0], 0) is not remove
+        finally:
+            eng.close()
+
+
+def test_edge_h2d_waits_on_the_allocation() -> None:
+    for remove in (False, True):
+        backend = SpyBackend()
+        eng = make_engine(backend=backend)
+        try:
+            group = offload(eng, [random_bytes(1 * KiB)])
+            backend.log.clear()
+            ctx = without_edge(eng, "h2d_after_alloc") if remove else contextlib.nullcontext()
+            with ctx:
+                eng.fetch(group)
+            log = backend.log
+            alloc = next(i for i, (op, _, _) in enumerate(log) if op == "alloc")
+            assert log[alloc][1] is backend.live  # allocated on compute, the reader
+            copy = next(i for i, (op, _, _) in enumerate(log) if op == "copy")
+            assert copy > alloc
+            assert side_waits_on_compute_event(log, copy, alloc) is not remove
+        finally:
+            eng.close()
+
+
+def test_edge_release_of_an_unfetched_reload_waits_on_it() -> None:
+    """A prefetched group released without a fetch: compute waits on its H2D copy
+    before the engine drops the buffer (edge 6)."""
+    for remove in (False, True):
+        backend = SpyBackend()
+        eng = make_engine(backend=backend, prefetch=Prefetch(regions=1))
+        try:
+            below = offload(eng, [random_bytes(1 * KiB)], ordinal=0)
+            top = offload(eng, [random_bytes(1 * KiB, seed=1)], ordinal=1)
+            eng.fetch(top)  # prefetches `below`
+            assert below.state is GroupState.RELOADING
+            backend.log.clear()
+            ctx = without_edge(eng, "free_after_h2d") if remove else contextlib.nullcontext()
+            with ctx:
+                eng.release_device(below)
+            waits = [e for op, s, e in backend.log if op == "wait" and s is backend.live]
+            assert (waits == [below._h2d_done]) is not remove
+            assert below.state is GroupState.OFFLOADED and below._buffer is None
         finally:
             eng.close()
 
@@ -290,11 +338,10 @@ def test_compute_stream_is_looked_up_live() -> None:
     eng = make_engine(backend=backend)
     try:
         first = backend.live
-        ticket = eng.offload(random_bytes(1 * KiB), group=0)
-        assert ticket is not None
+        group = offload(eng, [random_bytes(1 * KiB)])
         backend.live = _EmuStream("compute-other", None)  # the caller switched streams
         backend.log.clear()
-        eng.fetch(ticket)
+        eng.fetch(group)
         compute_waits = [s for op, s, _ in backend.log if op == "wait" and s.is_compute]
         assert compute_waits == [backend.live]  # not the stream seen at offload
         assert first is not backend.live
@@ -302,59 +349,68 @@ def test_compute_stream_is_looked_up_live() -> None:
         eng.close()
 
 
-def test_host_slot_is_not_reused_under_a_reload(engine: OffloadEngine,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    a_data, b_data = random_bytes(64 * KiB, seed=5), random_bytes(64 * KiB, seed=6)
-    a = engine.offload(a_data.clone(), group=0)
-    engine.synchronize()
-    assert a is not None
-    emu(engine).copy_delay_s = SLOW
-    engine._reload(a)  # a prefetch in flight
-    emu(engine).copy_delay_s = 0.0
-    engine.free(a)  # the slot must stay out of the pool until the reload read it
-    assert engine.pool.stats().in_use_bytes == 64 * KiB
-    b = engine.offload(b_data.clone(), group=1)
-    assert b is not None and b._block is not None and b._block.offset != 0
-    engine.synchronize()
-    assert engine.pool.stats().in_use_bytes == 64 * KiB  # a's slot came back after landing
-    assert torch.equal(engine.fetch(b).clone(), b_data)
+def test_compute_waits_once_per_reload(engine: OffloadEngine) -> None:
+    group = offload(engine, [random_bytes(KiB, seed=s) for s in range(4)])
+    first = engine.fetch(group)
+    again = engine.fetch(group)  # a second save of the group: no more work
+    assert again is first
+    stats = engine.end_step()
+    assert stats.groups_reloaded == 1 and stats.reload_host_seconds > 0
+    assert stats.offload_host_seconds > 0
 
-    # Returning slots on a lie ("everything landed") drops the host view under the reload.
-    c = engine.offload(a_data.clone(), group=2)
+
+def test_host_block_is_not_reused_under_a_reload(engine: OffloadEngine,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # Compute's wait on an unfetched reload (edge 6) blocks the emulated host, where on a
+    # GPU it is queued: removed here, so the host goes on while the reload is in flight.
+    stack = contextlib.ExitStack()
+    stack.enter_context(without_edge(engine, "free_after_h2d"))
+    a_data, b_data = random_bytes(64 * KiB, seed=5), random_bytes(64 * KiB, seed=6)
+    a = offload(engine, [a_data.clone()])
     engine.synchronize()
-    assert c is not None
     emu(engine).copy_delay_s = SLOW
-    engine._reload(c)
+    engine._reload(a, engine.backend.current_stream(CPU))  # a prefetch in flight
+    emu(engine).copy_delay_s = 0.0
+    engine.free(a)  # the block must stay out of the pool until the reload read it
+    assert engine.pool.stats().in_use_bytes == 64 * KiB
+    b = offload(engine, [b_data.clone()], ordinal=1)
+    assert b._block is not None and b._block.offset != 0
+    engine.synchronize()
+    assert engine.pool.stats().in_use_bytes == 64 * KiB  # a's block came back after landing
+    assert torch.equal(slot(engine.fetch(b), b, 0).clone(), b_data)
+
+    # Returning blocks on a lie ("everything landed") drops the host view under the reload.
+    c = offload(engine, [a_data.clone()], ordinal=2)
+    engine.synchronize()
+    emu(engine).copy_delay_s = SLOW
+    engine._reload(c, engine.backend.current_stream(CPU))
     emu(engine).copy_delay_s = 0.0
     monkeypatch.setattr(engine.backend, "query", lambda event: True)
     engine.free(c)
     with pytest.raises(RuntimeError, match="freed before its copy ran"):
         engine.synchronize()
+    stack.close()
 
 
 # ---------------------------------------------------------------------- prefetch
 
 
-def offload_groups(eng: OffloadEngine, groups: int, per_group: int, nbytes: int = 1 * KiB,
-                   ) -> list[Ticket]:
-    tickets: list[Ticket] = []
-    for g in range(groups):
-        for _ in range(per_group):
-            t = eng.offload(random_bytes(nbytes, seed=len(tickets)), group=g)
-            assert t is not None
-            tickets.append(t)
+def offload_groups(eng: OffloadEngine, groups: int, per_group: int, nbytes: int = 1 * KiB) -> list[Group]:
+    out = [
+        offload(eng, [random_bytes(nbytes, seed=g * per_group + i) for i in range(per_group)], ordinal=g)
+        for g in range(groups)
+    ]
     eng.synchronize()
-    eng.begin_backward()
-    return tickets
+    return out
 
 
 def reload_log(eng: OffloadEngine, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     log: list[int] = []
     original = eng._reload
 
-    def spy(ticket: Ticket) -> None:
-        log.append(ticket.seq)
-        original(ticket)
+    def spy(group: Group, compute: Any) -> None:
+        log.append(group.seq)
+        original(group, compute)
 
     monkeypatch.setattr(eng, "_reload", spy)
     return log
@@ -363,79 +419,86 @@ def reload_log(eng: OffloadEngine, monkeypatch: pytest.MonkeyPatch) -> list[int]
 @pytest.mark.parametrize(
     ("prefetch", "after_first_fetch"),
     [
-        (Prefetch(regions=1), [9, 8, 7, 6]),
-        (Prefetch(regions=2), [9, 8, 7, 6, 5, 4]),
-        (Prefetch(nbytes=3 * KiB), [9, 8, 7, 6]),  # 3 KiB ahead after 9 is fetched
-        (Prefetch(nbytes=1), [9, 8]),  # one reload always allowed
-        (Prefetch(), [9]),  # no prefetch
+        (Prefetch(regions=1), [4, 3]),
+        (Prefetch(regions=2), [4, 3, 2]),
+        (Prefetch(nbytes=5 * KiB), [4, 3, 2]),  # 2 KiB groups: 4 KiB ahead fit, 6 do not
+        (Prefetch(nbytes=1), [4, 3]),  # one reload always allowed
+        (Prefetch(), [4]),  # no prefetch
     ],
 )
 def test_prefetch_issues_expected_reloads(prefetch: Prefetch, after_first_fetch: list[int],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     eng = make_engine(prefetch=prefetch)
     try:
-        tickets = offload_groups(eng, groups=5, per_group=2)  # seq 0..9, group = seq // 2
+        groups = offload_groups(eng, groups=5, per_group=2)  # seq 0..4, 2 KiB each
         log = reload_log(eng, monkeypatch)
-        eng.fetch(tickets[9])
+        eng.fetch(groups[4])
         assert log == after_first_fetch
-        for t in reversed(tickets):  # the whole backward, reverse order
-            eng.fetch(t)
-            eng.release_device(t)
+        for g in reversed(groups):  # the whole backward, reverse order
+            eng.fetch(g)
+            eng.release_device(g)
             if prefetch.nbytes is not None:
-                assert eng.outstanding_reload_bytes <= max(prefetch.nbytes, 1 * KiB)
-        assert sorted(log) == list(range(10)) and len(log) == 10  # each exactly once
-        assert log == sorted(log, reverse=True)  # reverse offload order
+                assert eng.outstanding_reload_bytes <= max(prefetch.nbytes, 2 * KiB)
+        assert log == [4, 3, 2, 1, 0]  # each exactly once, in reverse offload order
         stats = eng.end_step()
-        assert stats.reloads == 10
-        assert stats.prefetches == 10 - (10 if prefetch == Prefetch() else 1)
+        assert stats.groups_reloaded == 5
+        assert stats.prefetches == (0 if prefetch == Prefetch() else 4)
+    finally:
+        eng.close()
+
+
+def test_prefetch_skips_nothing_between_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Region calls that offload nothing have no group: the depth counts groups."""
+    eng = make_engine(prefetch=Prefetch(regions=2))
+    try:
+        groups = [offload(eng, [random_bytes(KiB, seed=o)], ordinal=o) for o in (0, 5, 9, 20)]
+        log = reload_log(eng, monkeypatch)
+        eng.fetch(groups[-1])
+        assert log == [3, 2, 1]
     finally:
         eng.close()
 
 
 def test_prefetch_byte_window_moves_with_the_fetches(monkeypatch: pytest.MonkeyPatch) -> None:
-    eng = make_engine(prefetch=Prefetch(nbytes=3 * KiB))
+    eng = make_engine(prefetch=Prefetch(nbytes=4 * KiB))
     try:
-        tickets = offload_groups(eng, groups=5, per_group=2)
+        groups = offload_groups(eng, groups=5, per_group=2)
         log = reload_log(eng, monkeypatch)
-        eng.fetch(tickets[9])
-        assert eng.outstanding_reload_bytes == 3 * KiB
-        eng.fetch(tickets[8])  # 8 leaves the window: one more comes in
-        assert log == [9, 8, 7, 6, 5]
-        assert eng.outstanding_reload_bytes == 3 * KiB
+        eng.fetch(groups[4])
+        assert eng.outstanding_reload_bytes == 4 * KiB
+        eng.fetch(groups[3])  # 3 leaves the window: one more comes in
+        assert log == [4, 3, 2, 1]
+        assert eng.outstanding_reload_bytes == 4 * KiB
     finally:
         eng.close()
 
 
-def test_retain_graph_double_fetch(engine: OffloadEngine,
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_retain_graph_double_fetch(engine: OffloadEngine, monkeypatch: pytest.MonkeyPatch) -> None:
     data = [random_bytes(4 * KiB, seed=s) for s in range(6)]
-    tickets = [engine.offload(d.clone(), group=i) for i, d in enumerate(data)]
-    engine.begin_backward()
+    groups = [offload(engine, [d.clone()], ordinal=i) for i, d in enumerate(data)]
     log = reload_log(engine, monkeypatch)
     for backward in range(2):
-        for d, t in reversed(list(zip(data, tickets))):
-            assert t is not None
-            first = engine.fetch(t)
-            again = engine.fetch(t)  # a storage shared by two saves: same buffer
-            assert again is first and torch.equal(first, d)
-            engine.release_device(t)
-            assert t.state is TicketState.OFFLOADED and t.fetches == backward + 1
+        for d, g in reversed(list(zip(data, groups))):
+            first = engine.fetch(g)
+            again = engine.fetch(g)  # a storage shared by two saves: same buffer
+            assert again is first and torch.equal(slot(first, g, 0), d)
+            engine.release_device(g)
+            assert g.state is GroupState.OFFLOADED and g.fetches == backward + 1
         assert log == list(range(5, -1, -1)) * (backward + 1)  # each reloaded once a pass
-    for t in tickets:
-        assert t is not None
-        engine.free(t)
+    for g in groups:
+        engine.free(g)
     stats = engine.end_step()
     assert stats.bytes_h2d == 2 * 6 * 4 * KiB and stats.bytes_d2h == 6 * 4 * KiB
 
 
-def test_fetch_of_a_ticket_from_an_earlier_step(engine: OffloadEngine) -> None:
+def test_fetch_of_a_group_from_an_earlier_step(engine: OffloadEngine) -> None:
     data = random_bytes(2 * KiB, seed=9)
-    old = engine.offload(data.clone(), group=0)
+    old = offload(engine, [data.clone()])
     engine.end_step()
-    new = engine.offload(random_bytes(2 * KiB), group=0)
-    assert old is not None and new is not None and new.seq == 0
-    assert torch.equal(engine.fetch(old), data)
-    assert new.state is TicketState.OFFLOADED  # same group number, different step
+    new = offload(engine, [random_bytes(2 * KiB)])
+    assert new.seq == 0
+    assert torch.equal(slot(engine.fetch(old), old, 0), data)
+    assert new.state is GroupState.OFFLOADED  # same seq, another step: not prefetched
 
 
 # ---------------------------------------------------------------------- lifecycle
@@ -448,95 +511,117 @@ def test_100_steps_do_not_grow() -> None:
         reserved = []
         for step in range(100):
             sizes = torch.randint(1, 48 * KiB, (8,), generator=gen).tolist()
-            tickets = [eng.offload(random_bytes(n, seed=step), group=i // 2)
-                       for i, n in enumerate(sizes)]
-            eng.begin_backward()
-            for t in reversed(tickets):
-                assert t is not None
-                eng.fetch(t)
-                eng.release_device(t)
-                eng.free(t)
+            groups = [
+                offload(eng, [random_bytes(n, seed=step) for n in sizes[i : i + 2]], ordinal=i // 2)
+                for i in range(0, 8, 2)
+            ]
+            for g in reversed(groups):
+                eng.fetch(g)
+                eng.release_device(g)
+                eng.free(g)
             stats = eng.end_step()
-            assert stats.live_tickets == 0 and stats.offloads == 8
+            assert stats.live_groups == 0 and stats.groups_offloaded == 4
             reserved.append(stats.pool_reserved_bytes)
         eng.synchronize()
         assert len(set(reserved)) == 1 and reserved[0] == 4 * MiB  # one slab, reused
-        assert eng.pool.stats().in_use_bytes == 0 and eng.live_tickets == 0
-        assert not eng._deferred and eng.stash_bytes == 0
+        assert eng.pool.stats().in_use_bytes == 0 and eng.live_groups == 0
+        assert not eng._deferred and eng.stash_bytes == 0 and eng.device_bytes == 0
     finally:
         eng.close()
 
 
 def test_close_is_idempotent_and_frees_the_pool() -> None:
     eng = make_engine()
-    t = eng.offload(random_bytes(8 * KiB), group=0)
-    assert t is not None
-    eng.fetch(t)
-    streams = [s for s in emu(eng)._workers]
+    group = offload(eng, [random_bytes(8 * KiB)])
+    eng.fetch(group)
+    streams = list(emu(eng)._workers)
     eng.close()
     eng.close()
-    assert eng.closed and eng.pool.stats().reserved_bytes == 0 and eng.live_tickets == 0
-    assert t.state is TicketState.FREED
+    assert eng.closed and eng.pool.stats().reserved_bytes == 0 and eng.live_groups == 0
+    assert group.state is GroupState.FREED
     assert all(s.worker is not None and not s.worker.is_alive() for s in streams)
-    eng.free(t)  # harmless after close
+    eng.free(group)  # harmless after close
     with pytest.raises(RuntimeError, match="closed"):
-        eng.offload(random_bytes(8), group=0)
+        eng.open_group(0, CPU)
     with pytest.raises(RuntimeError, match="closed"):
-        eng.fetch(t)
+        eng.fetch(group)
 
 
 def test_stats_are_plausible(engine: OffloadEngine) -> None:
     sizes = [10 * KiB, 20 * KiB, 30 * KiB]
     emu(engine).copy_delay_s = 0.02
-    tickets = [engine.offload(random_bytes(n), group=i) for i, n in enumerate(sizes)]
-    engine.begin_backward()
-    for t in reversed(tickets):
-        assert t is not None
-        engine.fetch(t)
-        engine.fetch(t)  # a second fetch moves nothing
+    groups = [offload(engine, [random_bytes(n)], ordinal=i) for i, n in enumerate(sizes)]
+    for g in reversed(groups):
+        engine.fetch(g)
+        engine.fetch(g)  # a second fetch moves nothing
     engine.synchronize()
     stats = engine.end_step()
     assert stats.backend == "emulated"
-    assert stats.offloads == 3 and stats.reloads == 3
+    assert stats.groups_offloaded == 3 and stats.groups_reloaded == 3
     assert stats.bytes_d2h == stats.bytes_h2d == sum(sizes)  # once per storage
-    assert stats.d2h_seconds >= 3 * 0.02 * 0.8 and stats.h2d_seconds >= 3 * 0.02 * 0.8
+    # one copy in TIME_EVERY is timed: the first group's each way
+    assert stats.d2h_seconds >= 0.02 * 0.8 and stats.h2d_seconds >= 0.02 * 0.8
     assert stats.d2h_gbps is not None and stats.d2h_gbps > 0
     assert stats.h2d_gbps is not None and stats.h2d_gbps > 0
     assert 0 <= stats.stall_seconds < 5
     assert stats.fallbacks == 0 and stats.pending_timings == 0
     assert stats.pool_in_use_bytes == stats.pool_high_water_bytes == sum(sizes)
-    assert stats.live_tickets == 3
+    assert stats.live_groups == 3
     assert stats.to_dict()["fallbacks"] == 0
     empty = engine.end_step()
     assert empty.bytes_d2h == 0 and empty.d2h_gbps is None and empty.stall_seconds == 0
 
 
-def test_offload_rejects_bad_input(engine: OffloadEngine) -> None:
-    with pytest.raises(ValueError, match="flat contiguous uint8"):
-        engine.offload(torch.zeros(4, dtype=torch.float32), group=0)
-    with pytest.raises(ValueError, match="flat contiguous uint8"):
-        engine.offload(torch.zeros(2, 2, dtype=torch.uint8), group=0)
-    with pytest.raises(ValueError, match="empty"):
-        engine.offload(torch.zeros(0, dtype=torch.uint8), group=0)
-    with pytest.raises(ValueError, match="cpu tensors"):
-        engine.offload(torch.zeros(4, dtype=torch.uint8, device="meta"), group=0)
+def test_admit_refuses_past_the_host_limit() -> None:
+    eng = make_engine(host_limit_bytes=4 * KiB)
+    try:
+        assert eng.admit(2 * KiB) and eng.admit(2 * KiB)
+        assert not eng.admit(1)  # 4 KiB promised to open groups already
+        assert eng.device_bytes == 4 * KiB
+        assert eng.end_step().fallbacks_pool_full == 1
+    finally:
+        eng.close()
+
+
+def test_a_group_the_pool_refuses_at_issue_is_freed() -> None:
+    eng = make_engine(host_limit_bytes=4 * KiB)
+    try:
+        group = eng.open_group(0, CPU)
+        src = random_bytes(2 * KiB)
+        assert eng.admit(src.numel())
+        group.add(src.untyped_storage(), src.numel())
+        eng.pool.limit_bytes = 0  # the pool shrank under the open group
+        assert not eng.issue(group)
+        assert group.state is GroupState.FREED and group.sources  # the caller keeps them
+        assert eng.device_bytes == 0
+    finally:
+        eng.close()
+
+
+def test_bad_use_is_reported(engine: OffloadEngine) -> None:
+    with pytest.raises(ValueError, match="moves cpu tensors"):
+        engine.open_group(0, torch.device("meta"))
     with pytest.raises(TypeError, match="Prefetch"):
         OffloadEngine(backend=EmulatedBackend(), host_limit_bytes=0, prefetch=2)  # type: ignore[arg-type]
+    group = offload(engine, [random_bytes(KiB)])
+    with pytest.raises(RuntimeError, match="issued already"):
+        engine.issue(group)
+    open_group = engine.open_group(1, CPU)
+    with pytest.raises(RuntimeError, match="cannot be fetched"):
+        engine.fetch(open_group)
 
 
-def test_fetch_of_a_freed_ticket_fails(engine: OffloadEngine) -> None:
-    t = engine.offload(random_bytes(KiB), group=0)
-    assert t is not None
-    engine.free(t)
-    engine.free(t)  # no-op
-    with pytest.raises(RuntimeError, match="was freed"):
-        engine.fetch(t)
+def test_fetch_of_a_freed_group_fails(engine: OffloadEngine) -> None:
+    group = offload(engine, [random_bytes(KiB)])
+    engine.free(group)
+    engine.free(group)  # no-op
+    with pytest.raises(RuntimeError, match="cannot be fetched"):
+        engine.fetch(group)
 
 
 def test_free_never_blocks_and_is_safe_to_reenter(engine: OffloadEngine,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    a, b, c = (engine.offload(random_bytes(4 * KiB, seed=s), group=0) for s in range(3))
-    assert a is not None and b is not None and c is not None
+    a, b, c = (offload(engine, [random_bytes(4 * KiB, seed=s)], ordinal=s) for s in range(3))
     engine.synchronize()
 
     # From another thread while this one is inside the engine: queued, not blocked.
@@ -545,7 +630,7 @@ def test_free_never_blocks_and_is_safe_to_reenter(engine: OffloadEngine,
         worker = threading.Thread(target=lambda: (engine.free(a), done.set()))
         worker.start()
         assert done.wait(5.0), "free() blocked on the engine lock"
-        assert a.state is TicketState.OFFLOADED  # not applied under the running call
+        assert a.state is GroupState.OFFLOADED  # not applied under the running call
     worker.join()
 
     # Re-entered on this thread from inside an engine call (a finaliser run by GC).
@@ -556,11 +641,11 @@ def test_free_never_blocks_and_is_safe_to_reenter(engine: OffloadEngine,
         return original(nbytes)
 
     monkeypatch.setattr(engine.pool, "alloc", alloc_with_finaliser)
-    d = engine.offload(random_bytes(4 * KiB, seed=9), group=1)
+    d = offload(engine, [random_bytes(4 * KiB, seed=9)], ordinal=3)
     monkeypatch.undo()
-    assert d is not None and b.state is TicketState.OFFLOADED
+    assert b.state is GroupState.OFFLOADED
 
     engine.synchronize()  # the next call applies both frees first
-    assert a.state is b.state is TicketState.FREED
-    assert engine.live_tickets == 2  # c and d
+    assert a.state is b.state is GroupState.FREED
+    assert engine.live_groups == 2 and {c, d} == engine._groups
     assert engine.pool.stats().in_use_bytes == 2 * 4 * KiB

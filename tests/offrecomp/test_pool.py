@@ -14,6 +14,7 @@ from offrecomp.backends import EmulatedBackend
 from offrecomp.config import Prefetch
 from offrecomp.offload import OffloadEngine
 from offrecomp.pool import ALIGN_BYTES, PinnedPool, default_host_limit, default_pressure_bytes
+from tests.helpers import offload_group
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -63,17 +64,18 @@ def test_engine_falls_back_beyond_the_host_limit(caplog: pytest.LogCaptureFixtur
                            prefetch=Prefetch(regions=1), slab_bytes=1 * MiB,
                            host_pressure_bytes=0)
     try:
-        tickets = []
+        admitted = []
         with caplog.at_level(logging.WARNING, logger="offrecomp.offload"):
             for i in range(6):
-                tickets.append(engine.offload(torch.ones(256 * KiB, dtype=torch.uint8), group=i))
-        assert [t is not None for t in tickets] == [True] * 4 + [False] * 2
+                group = offload_group(engine, [torch.ones(256 * KiB, dtype=torch.uint8)], i)
+                admitted.append(group is not None)
+        assert admitted == [True] * 4 + [False] * 2
         warnings = [r for r in caplog.records if "cannot take" in r.getMessage()]
         assert len(warnings) == 1  # logged once
         stats = engine.end_step()
         assert stats.fallbacks_pool_full == 2 and stats.fallbacks == 2
         assert stats.pool_reserved_bytes == 1 * MiB
-        assert stats.offloads == 4 and stats.bytes_d2h == 4 * 256 * KiB
+        assert stats.groups_offloaded == 4 and stats.bytes_d2h == 4 * 256 * KiB
     finally:
         engine.close()
 
@@ -270,8 +272,8 @@ def test_engine_prepare_pins_through_the_pool() -> None:
     try:
         assert engine.prepare([3 * MiB, 1 * MiB]) >= 4 * MiB
         before = engine.pool.stats().reserved_bytes
-        t = engine.offload(torch.ones(3 * MiB, dtype=torch.uint8), group=0)
-        assert t is not None and engine.pool.stats().reserved_bytes == before
+        group = offload_group(engine, [torch.ones(3 * MiB, dtype=torch.uint8)])
+        assert group is not None and engine.pool.stats().reserved_bytes == before
     finally:
         engine.close()
     with pytest.raises(RuntimeError, match="closed"):
@@ -286,13 +288,13 @@ def test_engine_prepare_widens_the_window() -> None:
                            window_bytes=1 * MiB, slab_bytes=1 * MiB, host_pressure_bytes=0)
     try:
         for i in range(3):
-            assert engine.offload(torch.ones(1 * MiB, dtype=torch.uint8), group=i) is not None
+            assert offload_group(engine, [torch.ones(1 * MiB, dtype=torch.uint8)], i) is not None
         assert engine.end_step().window_waits > 0
         engine.prepare([1 * MiB] * 3, window_bytes=3 * MiB)
         assert engine.window_bytes == 3 * MiB
         engine.synchronize()
         for i in range(3):
-            assert engine.offload(torch.ones(1 * MiB, dtype=torch.uint8), group=i) is not None
+            assert offload_group(engine, [torch.ones(1 * MiB, dtype=torch.uint8)], i) is not None
         assert engine.end_step().window_waits == 0
         with pytest.raises(ValueError, match="window_bytes=-1 is invalid"):
             engine.prepare([], window_bytes=-1)

@@ -195,8 +195,36 @@ def test_inplace_after_save_is_an_error(mode: str) -> None:
         y = m(x)
         with torch.no_grad():
             y.add_(1.0)  # modifies the tensor exp saved in region '1'
-        with pytest.raises(RuntimeError, match=r"modified by an in-place operation.*|region '1'"):
+        # autograd's own wording (code matches on it), then where it happened
+        with pytest.raises(RuntimeError, match=r"^one of the variables needed for gradient computation "
+                           r"has been modified by an inplace operation: offrecomp: .* region '1'"):
             y.sum().backward()
+
+
+@pytest.mark.parametrize("mode", ["keep", "recompute", "offload", "auto"])
+def test_saved_input_detached_in_place_is_an_error(mode: str) -> None:
+    """autograd and torch.utils.checkpoint refuse a saved tensor detached in place."""
+
+    class Mul(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * x.sum()  # saves x
+
+    def run() -> None:
+        m = nn.Sequential(nn.Linear(8, 8), Mul(), Mul())
+        with offrecomp.runtime(m, mode=mode, min_bytes=0):
+            h = m[0](torch.randn(4, 8))
+            y = m[2](m[1](h))
+            h.detach_()
+            y.sum().backward()
+
+    with pytest.raises(RuntimeError, match="Trying to use a saved tensor that has been detached in-place"):
+        plain = nn.Sequential(nn.Linear(8, 8), Mul())
+        h = plain[0](torch.randn(4, 8))
+        y = plain[1](h)
+        h.detach_()
+        y.sum().backward()
+    with pytest.raises(RuntimeError, match="Trying to use a saved tensor that has been detached in-place"):
+        run()
 
 
 def test_region_input_modified_after_region_is_an_error() -> None:

@@ -70,7 +70,7 @@ def test_offload_soak_pool_does_not_grow() -> None:
             model.zero_grad(set_to_none=True)
             reserved.append(rt.report().steps[-1].pool_reserved_bytes)
             if step in (10, 99):
-                live[step] = (_live_tensors(), rt._engine.live_tickets)
+                live[step] = (_live_tensors(), rt._engine.live_groups)
     assert max(reserved[10:]) == reserved[10] > 0
     assert live[99][0] <= live[10][0] + 5, live
     assert live[99][1] == live[10][1] == 0, live  # every ticket freed after its backward

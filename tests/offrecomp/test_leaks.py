@@ -1,0 +1,142 @@
+"""Graphs dropped without backward, and a dropped runtime, free everything they held.
+
+Plain autograd frees a graph, and every tensor it saved, once nothing references it.
+A saved-tensor handle that held the tensor it saved would hold, for an op's saved
+output, a tensor whose grad_fn is the node holding the handle: a cycle through C++ that
+Python's collector cannot see (NOTE [Saved tensor handles] in offrecomp/state.py).
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch import nn
+
+import offrecomp
+
+MODES = ["keep", "recompute", "offload", "auto"]
+
+
+class _Marker:
+    """An object only a graph node's metadata holds."""
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.fc(x)) * x
+
+
+def _model(width: int = 64, depth: int = 4) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[Block(width) for _ in range(depth)])
+
+
+@pytest.fixture(autouse=True)
+def _no_automatic_gc() -> Iterator[None]:
+    """Reference counting alone must free the graphs, as it does for plain autograd."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _forward_without_backward(m: nn.Module, x: torch.Tensor, saved: list[weakref.ref]) -> weakref.ref:
+    """One forward whose graph is dropped at once. Returns a weak reference to a marker
+    in the output node's metadata; ``saved`` gets weak references to the activations
+    each block saved (their outputs, read through forward hooks)."""
+    handles = [
+        b.register_forward_hook(lambda mod, args, out: saved.append(weakref.ref(out)))
+        for b in m
+    ]
+    try:
+        out = m(x).exp().sum()
+    finally:
+        for h in handles:
+            h.remove()
+    marker = _Marker()
+    out.grad_fn.metadata["marker"] = marker  # type: ignore[union-attr]
+    return weakref.ref(marker)
+
+
+def _live(refs: list[weakref.ref]) -> int:
+    return sum(r() is not None for r in refs)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_graphs_without_backward_are_freed_inside_and_after_the_context(mode: str) -> None:
+    m = _model()
+    x = torch.randn(32, 64)
+    with offrecomp.runtime(m, mode=mode, min_bytes=0):
+        m(x).sum().backward()  # one ordinary step first: the runtime is warm
+        markers, saved = [], []
+        for _ in range(10):
+            markers.append(_forward_without_backward(m, x, saved))
+        assert _live(markers) == 0, "graph nodes of forwards without backward are alive"
+        assert _live(saved) == 0, "activations saved by dropped graphs are alive"
+        # the graph of a retained backward, dropped after it ran
+        out = m(x).sum()
+        marker = _Marker()
+        out.grad_fn.metadata["marker"] = marker  # type: ignore[union-attr]
+        ref = weakref.ref(marker)
+        del marker
+        out.backward(retain_graph=True)
+        del out
+        assert ref() is None
+        late = _forward_without_backward(m, x, saved)
+    assert late() is None and _live(saved) == 0
+    markers = [_forward_without_backward(m, x, saved) for _ in range(3)]  # after the exit
+    assert _live(markers) == 0 and _live(saved) == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_issue_repro(mode: str) -> None:
+    m = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+
+    def fwd() -> weakref.ref:
+        out = m(torch.randn(4, 8)).exp().sum()
+        p = _Marker()
+        out.grad_fn.next_functions[0][0].metadata["p"] = p  # type: ignore[union-attr]
+        return weakref.ref(p)
+
+    with offrecomp.runtime(m, mode=mode):
+        r = fwd()
+    assert r() is None
+
+
+def test_a_dropped_runtime_frees_its_pinned_pool_at_once() -> None:
+    m = _model()
+    x = torch.randn(32, 64)
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0)
+    with rt:
+        for _ in range(2):
+            m(x).sum().backward()
+    engine = rt._engine
+    assert engine is not None and not engine.closed
+    ref = weakref.ref(rt)
+    del rt
+    assert ref() is None, "the runtime sits in a reference cycle"
+    assert engine.closed
+
+
+def test_kept_bytes_end_with_the_storage() -> None:
+    """NOTE [Resident bytes]: a kept activation stops counting when its storage dies,
+    not when the pass ends."""
+    m = _model(depth=2)
+    x = torch.randn(32, 64)
+    with offrecomp.runtime(m, mode="keep", min_bytes=0) as rt:
+        out = m(x).sum()
+        p = rt._pass
+        assert p is not None and p.stats.resident_bytes > 0
+        del out
+        # the input, saved by the first block and still held here, is all that is left
+        assert p.stats.resident_bytes == x.untyped_storage().nbytes()
