@@ -14,6 +14,7 @@ import torch
 from offrecomp import _torch_compat as tc
 
 tf = pytest.importorskip("transformers", reason="transformers is an optional extra (pip install -e '.[transformers]')")
+pytest.importorskip("accelerate", reason="the Hugging Face Trainer needs accelerate (pip install -e '.[accelerate]')")
 from offrecomp.integrations.transformers import OffrecompCallback  # noqa: E402
 
 STEPS = 3
