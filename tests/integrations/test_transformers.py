@@ -18,6 +18,11 @@ pytest.importorskip("accelerate", reason="the Hugging Face Trainer needs acceler
 from offrecomp.integrations.transformers import OffrecompCallback  # noqa: E402
 
 STEPS = 3
+# transformers 5 renamed TrainingArguments.gradient_checkpointing
+CHECKPOINTING_ARG = (
+    "activation_checkpointing" if "activation_checkpointing" in tf.TrainingArguments.__dataclass_fields__
+    else "gradient_checkpointing"
+)
 ACCUMULATE = 2
 
 
@@ -57,7 +62,7 @@ def _trainer(tmp_path: Any, callbacks: list[Any], *, checkpointing: bool = False
         gradient_accumulation_steps=ACCUMULATE, learning_rate=1e-3, logging_steps=1,
         eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=4, report_to="none",
         save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True, dataloader_num_workers=0,
-        activation_checkpointing=checkpointing,
+        **{CHECKPOINTING_ARG: checkpointing},
     )
     return (cls or tf.Trainer)(model=model, args=args, train_dataset=_Tokens(), eval_dataset=_Tokens(), callbacks=callbacks)
 
