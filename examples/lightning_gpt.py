@@ -30,13 +30,18 @@ class LitGPT(pl.LightningModule):
         self.model = GPT(seq=seq, layers=layers, hidden=hidden, heads=heads)
         self.lr = lr
 
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.model(idx, targets)
+
+    # Call the module (self(...)), not self.model: the runtime wraps the LightningModule's
+    # forward and learns each pass's input shapes there, to plan per shape.
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss = self.model(*batch)
+        loss = self(*batch)
         self.log("loss", loss, prog_bar=True)
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self.log("val_loss", self.model(*batch))
+        self.log("val_loss", self(*batch))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=0.1)
@@ -82,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
         max_steps=args.steps,
         accumulate_grad_batches=args.accumulate,
         precision=args.precision,
+        gradient_clip_val=1.0,
         val_check_interval=max(1, args.steps // 2),
         log_every_n_steps=max(1, args.steps // 4),
         logger=False,
