@@ -45,8 +45,9 @@ log = logging.getLogger(__name__)
 # callback the Trainer was built with wraps train() in on_init_end, before any run. One
 # added later (trainer.add_callback) is first seen inside a run, in on_train_begin: it
 # wraps train() for the runs after it and, for this one, training_step, where the
-# forwards and backwards run. Whatever still ends a run unseen, the next run's start
-# leaves the runtime before entering it again.
+# forwards and backwards run. Whatever still ends a run unseen (or a Trainer the lookup
+# cannot find, which is logged), the next run's start leaves the runtime before entering
+# it again.
 
 
 class OffrecompCallback(TrainerCallback):
@@ -88,7 +89,12 @@ class OffrecompCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         trainer = _calling_trainer(self)
-        if trainer is not None and not _guarded(trainer.train, self):
+        if trainer is None:
+            log.warning(
+                "offrecomp: OffrecompCallback could not find the Trainer that called it, so an "
+                "exception out of train() leaves the runtime entered until the next train() starts"
+            )
+        elif not _guarded(trainer.train, self):
             self._attach(trainer)
             self._guard_step(trainer)  # this run started unguarded
         if model is None:
