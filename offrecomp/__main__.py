@@ -1,4 +1,5 @@
-"""``python -m offrecomp plan ...``: what-if planning from a saved profile or a model spec."""
+"""``python -m offrecomp``: what-if planning (``plan``), compiling the planner ahead
+(``warmup``), and reading a run's report file (``report``)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,17 @@ USAGE = """usage: python -m offrecomp plan PROFILE.json --budget 20GiB [--d2h-gb
 
        python -m offrecomp warmup
 
+       python -m offrecomp report run.jsonl [--plot out.png] [--table]
+
 Commands:
   plan    print the plan, predicted step time and memory, and the lower bound
           (python -m offrecomp plan --help for every option)
   warmup  compile the planner's kernels ahead (about 20 s, once per machine: numba caches
           them on disk), e.g. when a container image is built; otherwise the first plan
           of a training run pays for it
+  report  summarize a report written with OFFRECOMP_REPORT=run.jsonl: phases, peak
+          activation memory, placements, measured against predicted step time; --plot
+          draws them per step (needs matplotlib, the bench extra)
 """
 
 
@@ -33,8 +39,12 @@ def main(argv: list[str] | None = None) -> int:
 
         warmup(sys.stdout)
         return 0
+    if command == "report":
+        from offrecomp.report_cli import main as report_main
+
+        return report_main(rest)
     if command != "plan":
-        print(f"offrecomp: unknown command {command!r}; accepted: plan, warmup\n\n{USAGE}", file=sys.stderr)
+        print(f"offrecomp: unknown command {command!r}; accepted: plan, warmup, report\n\n{USAGE}", file=sys.stderr)
         return 2
     from scheduler.cli import main as plan_main  # never imports torch
 

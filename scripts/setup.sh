@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing) and installs offrecomp with its dev and benchmark extras
-# (and the transformers extra when it can be installed).
+# (and the transformers, accelerate and lightning extras when they can be installed).
 # Without an NVIDIA GPU it installs PyTorch's CPU build, never the multi-GB CUDA one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,8 +22,13 @@ if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
   fi
 fi
 "$VPY" -m pip install -q -e ".[dev,bench]"
-# The Hugging Face model tests (tests/offrecomp/test_hf_models.py) need the optional
-# transformers extra; without it (no network) they are skipped, not failed.
-"$VPY" -m pip install -q -e ".[transformers]" >/dev/null 2>&1 \
-  || echo "setup: transformers not installed; the Hugging Face model tests will be skipped"
+# The Hugging Face model tests (tests/offrecomp/test_hf_models.py) and the trainer
+# integrations (tests/integrations/, examples/) need the optional framework extras; one
+# that cannot be installed (no network, no wheel for this Python) has its tests skipped,
+# not failed. torchtune is left out: its latest release does not import with the torchao
+# pip resolves today, so its snippet's test would only skip (docs/integrations.md).
+for extra in transformers accelerate lightning; do
+  "$VPY" -m pip install -q -e ".[$extra]" >/dev/null 2>&1 \
+    || echo "setup: the $extra extra is not installed; the tests that need it will be skipped"
+done
 "$VPY" -c "import torch, offrecomp, scheduler; print(f'setup: torch {torch.__version__}, offrecomp {offrecomp.__version__}, cuda {torch.cuda.is_available()}')"

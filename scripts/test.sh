@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
-echo "== ruff"; ruff check offrecomp scheduler tests benchmarks
+echo "== ruff"; ruff check offrecomp scheduler tests benchmarks examples
 echo "== mypy"; mypy offrecomp scheduler
 # One pytest worker per core (pytest-xdist), each with one intra-op thread: the tests are
 # small models whose time goes to Python, so two single-threaded workers on two cores run

@@ -1,0 +1,167 @@
+"""What the trainer callbacks share: one runtime entered per training run and left once,
+the model's own activation checkpointing turned off, and the step records summed up as
+scalars for the trainer's loggers."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+
+import offrecomp
+from offrecomp.config import Config
+from offrecomp.report import Report, StepRecord
+from offrecomp.runtime import Runtime
+
+__all__ = ["METRIC_PREFIX", "RunScope", "step_metrics", "turn_off_own_checkpointing"]
+
+log = logging.getLogger(__name__)
+
+METRIC_PREFIX = "offrecomp/"
+
+
+def runtime_options(
+    budget: int | str | None, mode: str | None, regions: Any, options: dict[str, Any]
+) -> dict[str, Any]:
+    """The keyword arguments of ``offrecomp.runtime``, checked now: a bad value is an
+    error where the callback is made, not once training has started."""
+    kwargs = dict(options)
+    for name, value in (("budget", budget), ("mode", mode), ("regions", regions)):
+        if value is not None:
+            kwargs[name] = value
+    Config.resolve(kwargs)  # raises ValueError/TypeError naming the bad option
+    return kwargs
+
+
+class RunScope:
+    """One runtime for a trainer's runs: entered when a run starts, left once when it
+    ends, however it ends. The same runtime serves every run on the same model, so
+    its plans and report carry over from one ``fit``/``train`` call to the next."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self._options = options
+        self.runtime: Runtime | None = None
+        self._inside = False
+        self._logged = -1  # the last step number put into a trainer's logs
+
+    @property
+    def inside(self) -> bool:
+        """True between :meth:`enter` and :meth:`exit`."""
+        return self._inside
+
+    def enter(self, model: nn.Module) -> Runtime:
+        if self._inside:
+            # A run ended without a word to the callback (an exception the trainer
+            # offers no hook for, NOTE [Leaving on an exception]): close it now.
+            log.warning("offrecomp: the previous training run ended without leaving the runtime; leaving it now")
+            self.exit(None)
+        turn_off_own_checkpointing(model)
+        if self.runtime is None or self.runtime.model is not model:
+            self.runtime = offrecomp.runtime(model, **self._options)
+            self._logged = -1
+        self.runtime.__enter__()
+        self._inside = True
+        return self.runtime
+
+    def exit(self, exc: BaseException | None) -> None:
+        """Leave the runtime (once; later calls do nothing)."""
+        if not self._inside or self.runtime is None:
+            return
+        self._inside = False
+        if exc is None:
+            self.runtime.__exit__(None, None, None)
+        else:
+            self.runtime.__exit__(type(exc), exc, exc.__traceback__)
+
+    def report(self) -> Report:
+        if self.runtime is None:
+            return Report()
+        return self.runtime.report()
+
+    def new_metrics(self) -> dict[str, float]:
+        """:func:`step_metrics` of the steps recorded since the last call ({} if none).
+        Waits for the device times of those steps (one host sync on GPU), so call it
+        where the trainer logs, not every step."""
+        if self.runtime is None:
+            return {}
+        records = [r for r in self.runtime.report().steps if r.step > self._logged]
+        if not records:
+            return {}
+        self._logged = records[-1].step
+        return step_metrics(records)
+
+
+def step_metrics(records: Sequence[StepRecord]) -> dict[str, float]:
+    """The step records' main fields as scalars named ``offrecomp/<field>``, for a
+    trainer's loggers (TensorBoard, W&B, CSV). Over several steps: the highest peak, the
+    placement bytes of the last step (the plan now in force), the mean of the times."""
+    if not records:
+        return {}
+    last = records[-1]
+    out: dict[str, float] = {
+        "peak_activation_bytes": float(max(r.peak_activation_bytes for r in records)),
+        "kept_bytes": float(last.kept_bytes),
+        "offloaded_bytes": float(last.offloaded_bytes),
+        "recomputed_bytes": float(last.recomputed_bytes),
+        "recompute_seconds": statistics.fmean(r.recompute_seconds for r in records),
+        "step_seconds": statistics.fmean(r.step_seconds for r in records),
+    }
+    predicted = [r.predicted_step_seconds for r in records if r.predicted_step_seconds is not None]
+    if predicted:
+        out["predicted_step_seconds"] = statistics.fmean(predicted)
+    return {METRIC_PREFIX + k: v for k, v in out.items()}
+
+
+def turn_off_own_checkpointing(model: nn.Module) -> list[str]:
+    """Turn off the activation checkpointing a model runs itself; return what was
+    turned off (qualified module names, "" for the model).
+
+    Only the innermost saved-tensor hook runs, so a layer that checkpoints itself hides
+    its activations from offrecomp, which can then neither place nor measure them.
+    Hugging Face models are switched off through their own method
+    (``activation_checkpointing_disable``, or ``gradient_checkpointing_disable`` before
+    transformers 5); any other module that carries the same switch, a
+    ``gradient_checkpointing = True`` attribute, has it set to False. A module wrapped
+    by torch's ``checkpoint_wrapper`` cannot be switched off in place: ValueError.
+    """
+    wrapped = [name or type(model).__name__ for name, m in model.named_modules() if type(m).__name__ == "CheckpointWrapper"]
+    if wrapped:
+        raise ValueError(
+            f"offrecomp: {', '.join(wrapped[:4])}{', ...' if len(wrapped) > 4 else ''} are wrapped by torch's "
+            "checkpoint_wrapper (apply_activation_checkpointing, Lightning's FSDP "
+            "activation_checkpointing_policy), which checkpoints them itself and hides their activations "
+            "from offrecomp; build the model without it and let offrecomp recompute instead"
+        )
+    turned: list[str] = []
+    if not _checkpointing(model):
+        return turned
+    for name, m in model.named_modules():
+        if not _checkpointing(m):
+            continue
+        disable = getattr(m, "activation_checkpointing_disable", None) or getattr(m, "gradient_checkpointing_disable", None)
+        if callable(disable):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # the deprecated alias, transformers 5
+                disable()
+            turned.append(name)
+    for name, m in model.named_modules():
+        if getattr(m, "gradient_checkpointing", False) is True:
+            m.gradient_checkpointing = False
+            turned.append(name)
+    if turned:
+        shown = ", ".join(n or type(model).__name__ for n in turned[:4]) + (", ..." if len(turned) > 4 else "")
+        log.warning(
+            "offrecomp: turned off the model's own activation checkpointing (%s): offrecomp "
+            "recomputes, offloads or keeps each activation itself, within its budget. Leave "
+            "gradient_checkpointing / activation_checkpointing unset to silence this notice.",
+            shown,
+        )
+    return turned
+
+
+def _checkpointing(m: nn.Module) -> bool:
+    return any(getattr(x, "gradient_checkpointing", False) is True for x in m.modules())

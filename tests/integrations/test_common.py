@@ -1,0 +1,89 @@
+"""What the trainer callbacks share, without any framework: turning a model's own
+checkpointing off, the logged scalars, and a run scope that leaves its runtime once."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+from offrecomp import StepRecord
+from offrecomp import _torch_compat as tc
+from offrecomp.integrations._common import (
+    RunScope,
+    runtime_options,
+    step_metrics,
+    turn_off_own_checkpointing,
+)
+from tests import models
+
+
+class Flagged(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+        for b in self.blocks:
+            b.gradient_checkpointing = True
+
+
+class WithDisable(nn.Module):
+    """A model with Hugging Face's switch method (transformers 5's name)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Flagged()
+        self.calls = 0
+
+    def activation_checkpointing_disable(self) -> None:
+        self.calls += 1
+        for b in self.inner.blocks:
+            b.gradient_checkpointing = False
+
+
+def test_turn_off_own_checkpointing(caplog: pytest.LogCaptureFixture) -> None:
+    m = WithDisable()
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        assert turn_off_own_checkpointing(m) == [""]
+    assert m.calls == 1 and not any(b.gradient_checkpointing for b in m.inner.blocks)
+    assert "turned off the model's own activation checkpointing (WithDisable)" in caplog.text
+    f = Flagged()  # no method: the switch itself is set
+    assert turn_off_own_checkpointing(f) == ["blocks.0", "blocks.1"]
+    assert not any(b.gradient_checkpointing for b in f.blocks)
+    assert turn_off_own_checkpointing(models.GPT()) == []
+    wrapped = nn.Sequential(checkpoint_wrapper(nn.Linear(4, 4)), nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="checkpoint_wrapper"):
+        turn_off_own_checkpointing(wrapped)
+
+
+def test_step_metrics() -> None:
+    recs = [
+        StepRecord(step=0, peak_activation_bytes=10, kept_bytes=1, recomputed_bytes=9, step_seconds=1.0),
+        StepRecord(step=1, peak_activation_bytes=30, kept_bytes=5, recomputed_bytes=5, step_seconds=3.0,
+                   recompute_seconds=0.5, predicted_step_seconds=2.5),
+    ]
+    assert step_metrics(recs) == {
+        "offrecomp/peak_activation_bytes": 30.0, "offrecomp/kept_bytes": 5.0, "offrecomp/offloaded_bytes": 0.0,
+        "offrecomp/recomputed_bytes": 5.0, "offrecomp/recompute_seconds": 0.25, "offrecomp/step_seconds": 2.0,
+        "offrecomp/predicted_step_seconds": 2.5,
+    }
+    assert step_metrics([]) == {}
+
+
+def test_run_scope_leaves_once_and_recovers_a_run_that_ended_unseen(caplog: pytest.LogCaptureFixture) -> None:
+    model = models.GPT()
+    scope = RunScope(runtime_options(None, "recompute", None, {}))
+    rt = scope.enter(model)
+    model(torch.randint(0, 64, (2, 8))).backward()
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        assert scope.enter(model) is rt  # the first run never said it ended
+    assert "ended without leaving the runtime" in caplog.text
+    scope.exit(RuntimeError("x"))
+    scope.exit(None)  # once only
+    assert tc.top_saved_tensors_hooks() is None and not rt.active
+    assert scope.new_metrics()["offrecomp/recomputed_bytes"] > 0
+    assert scope.new_metrics() == {}  # nothing new since
+    with pytest.raises(ValueError, match="fast"):
+        runtime_options(None, "fast", None, {})

@@ -1,0 +1,134 @@
+"""PyTorch Lightning with ``OffrecompCallback``: the same parameters as without it,
+bitwise, under gradient accumulation and validation; one report record per optimizer
+step; the step records in the logged metrics; a module's own checkpointing off while it
+trains; and no saved-tensor hook left behind by an exception in ``training_step``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from offrecomp import _torch_compat as tc
+
+pl = pytest.importorskip("lightning.pytorch", reason="lightning is an optional extra (pip install -e '.[lightning]')")
+from offrecomp.integrations.lightning import OffrecompCallback  # noqa: E402
+
+STEPS = 4
+ACCUMULATE = 2
+
+
+class Block(nn.Module):
+    """A block with the switch Hugging Face layers carry: checkpoints itself when on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.drop = nn.Dropout(0.1)
+        self.gradient_checkpointing = False
+
+    def _body(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(torch.tanh(self.lin(x)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gradient_checkpointing and self.training:
+            return checkpoint(self._body, x, use_reentrant=False)
+        return self._body(x)
+
+
+class Module(pl.LightningModule):  # type: ignore[misc]
+    def __init__(self, *, fail_at: int | None = None, checkpointing: bool = False) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(3))
+        self.head = nn.Linear(16, 1)
+        self.fail_at = fail_at
+        self.checkpointing_seen: list[bool] = []
+        for b in self.blocks:
+            b.gradient_checkpointing = checkpointing
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.global_step == self.fail_at:
+            raise RuntimeError("boom in training_step")
+        self.checkpointing_seen.append(any(b.gradient_checkpointing for b in self.blocks))
+        x, y = batch
+        return nn.functional.mse_loss(self(x), y)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self(x), y))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _loader() -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 8, 16, generator=g), torch.randn(32, 8, 1, generator=g))
+    return torch.utils.data.DataLoader(data, batch_size=4)
+
+
+def _fit(callbacks: list[Any], **module_kw: Any) -> Module:
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    pl.seed_everything(0, verbose=False)
+    module = Module(**module_kw)
+    trainer = pl.Trainer(
+        max_steps=STEPS, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, accumulate_grad_batches=ACCUMULATE,
+        log_every_n_steps=1, val_check_interval=2, limit_val_batches=2, num_sanity_val_steps=1,
+        callbacks=callbacks,
+    )
+    trainer.fit(module, _loader(), _loader())
+    module.trainer_metrics = dict(trainer.callback_metrics)
+    return module
+
+
+def test_lightning_parameters_bitwise_equal_to_plain(caplog: pytest.LogCaptureFixture) -> None:
+    plain = _fit([])
+    cb = OffrecompCallback(mode="recompute", min_bytes=0)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        got = _fit([cb], checkpointing=True)
+    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), got.parameters()))
+    assert got.checkpointing_seen == [False] * STEPS * ACCUMULATE
+    assert "turned off the model's own activation checkpointing" in caplog.text
+    assert tc.top_saved_tensors_hooks() is None and cb.runtime is not None and not cb.runtime.active
+    steps = cb.report().steps
+    assert [(s.step, s.passes) for s in steps] == [(i, ACCUMULATE) for i in range(STEPS)]
+    assert all(s.recomputed_bytes > 0 and s.replays > 0 for s in steps)
+    assert got.trainer_metrics["offrecomp/peak_activation_bytes"] == steps[-1].peak_activation_bytes
+    assert got.trainer_metrics["offrecomp/recomputed_bytes"] == steps[-1].recomputed_bytes
+
+
+def test_exception_in_training_step_leaves_no_hooks() -> None:
+    cb = OffrecompCallback(mode="recompute", min_bytes=0)
+    with pytest.raises(RuntimeError, match="boom in training_step"):
+        _fit([cb], fail_at=2)
+    assert tc.top_saved_tensors_hooks() is None
+    assert cb.runtime is not None and not cb.runtime.active
+    assert [s.step for s in cb.report().steps] == [0, 1]
+
+
+def test_checkpoint_wrapper_is_refused() -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    cb = OffrecompCallback()
+
+    class Wrapped(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(checkpoint_wrapper(Block()) for _ in range(3))
+
+    pl.seed_everything(0, verbose=False)
+    trainer = pl.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[cb])
+    with pytest.raises(ValueError, match="checkpoint_wrapper"):
+        trainer.fit(Wrapped(), _loader())
+    assert tc.top_saved_tensors_hooks() is None

@@ -1,0 +1,98 @@
+"""``python -m offrecomp report``: reads the JSON lines ``OFFRECOMP_REPORT`` writes (two
+runs appended to one file), prints a summary per run, and with ``--plot`` writes a PNG."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import offrecomp
+from offrecomp.__main__ import main
+from offrecomp.report_cli import load_runs
+from tests.helpers import make, train
+
+STEPS = 4  # measure, calibrate, then planned steps with a predicted step time
+
+
+@pytest.fixture(scope="module")
+def report_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("report") / "run.jsonl"
+    for _ in range(2):  # the runtime appends: two runs in one file
+        model, batch = make("gpt_dropout")
+        train(model, batch, offrecomp.runtime(model, report_path=str(path), min_bytes=0), steps=STEPS)
+    return path
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_report_summary_per_run(report_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = load_runs(report_file)
+    assert [[r.step for r in run] for run in runs] == [list(range(STEPS))] * 2
+    assert any(r.predicted_step_seconds is not None for r in runs[0])
+    code, out, err = _run(["report", str(report_file), "--table"], capsys)
+    assert code == 0, err
+    assert "run 1 of 2" in out and "run 2 of 2" in out
+    assert "phases: measure 1, calibrate 1, planned 2" in out
+    assert "measured/predicted" in out
+    assert out.count("peak act") >= 4  # each run's phase table and full table
+
+
+def test_report_plot_writes_png(report_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib", reason="--plot needs matplotlib (the bench extra)")
+    png = tmp_path / "out.png"
+    code, out, err = _run(["report", str(report_file), "--plot", str(png)], capsys)
+    assert code == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote {png}" in out
+
+
+def test_report_reads_to_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model, batch = make("gpt_dropout")
+    with offrecomp.runtime(model, mode="recompute") as rt:
+        train(model, batch, steps=2)
+    path = tmp_path / "report.json"
+    path.write_text(rt.report().to_json(indent=2))
+    code, out, err = _run(["report", str(path)], capsys)
+    assert code == 0, err
+    assert "2 steps" in out and "phases: recompute 2" in out
+
+
+def test_report_bad_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"step": 0}) + "\nnot json\n")
+    code, _, err = _run(["report", str(bad)], capsys)
+    assert code == 2 and f"{bad}:2: not JSON" in err
+    bad.write_text(json.dumps({"loss": 1.0}) + "\n")
+    code, _, err = _run(["report", str(bad)], capsys)
+    assert code == 2 and f"{bad}:1: expected a step record" in err
+    code, _, err = _run(["report", str(tmp_path / "missing.jsonl")], capsys)
+    assert code == 2 and "cannot read" in err
+    bad.write_text("")
+    code, _, err = _run(["report", str(bad)], capsys)
+    assert code == 2 and "holds no steps" in err
+
+
+def test_report_plot_without_matplotlib(
+    report_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    code, _, err = _run(["report", str(report_file), "--plot", str(tmp_path / "x.png")], capsys)
+    assert code == 2 and "pip install 'offrecomp[bench]'" in err
+
+
+def test_report_in_usage() -> None:
+    err = io.StringIO()
+    sys_stderr, sys.stderr = sys.stderr, err
+    try:
+        assert main(["nope"]) == 2
+    finally:
+        sys.stderr = sys_stderr
+    assert "accepted: plan, warmup, report" in err.getvalue()
