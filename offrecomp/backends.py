@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import queue
 import threading
 import time
 import weakref
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -198,23 +198,45 @@ _HOST_WAIT_TIMEOUT_S = 300.0  # a host wait this long means a stream can never r
 
 
 class _EmuEvent:
-    __slots__ = ("done", "stamp")
+    __slots__ = ("done", "stamp", "stream")
 
-    def __init__(self) -> None:
+    def __init__(self, stream: _EmuStream | None = None) -> None:
         self.done = threading.Event()
         self.stamp = 0.0
+        self.stream = stream  # the side stream that fires it (None: the host, fired)
 
     def fire(self) -> None:
         self.stamp = time.perf_counter()
         self.done.set()
 
 
-def _host_wait(event: _EmuEvent) -> None:
-    if not event.done.wait(_HOST_WAIT_TIMEOUT_S):
-        raise RuntimeError(
-            f"offrecomp: emulated event not reached after {_HOST_WAIT_TIMEOUT_S:.0f} s; "
-            "its stream was closed or is blocked"
-        )
+def _host_wait(event: _EmuEvent, run: Callable[[_EmuStream], bool] | None = None) -> None:
+    """Block until ``event`` fired. With ``run``, the waiting thread runs the jobs queued
+    ahead of the event on its stream itself, in order, when the worker is idle (NOTE
+    [Emulated waits])."""
+    deadline = time.monotonic() + _HOST_WAIT_TIMEOUT_S
+    stream = event.stream
+    while not event.done.is_set():
+        if run is not None and stream is not None and run(stream):
+            continue
+        if event.done.wait(0.001 if run is not None else _HOST_WAIT_TIMEOUT_S):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"offrecomp: emulated event not reached after {_HOST_WAIT_TIMEOUT_S:.0f} s; "
+                "its stream was closed or is blocked"
+            )
+
+
+# NOTE [Emulated waits]
+# A side stream is a worker thread, and a worker needs the GIL to start a job: while the
+# host runs Python (a forward), a job queued on a side stream could wait for the
+# interpreter's switch interval (5 ms) before it ran, and a host wait on it paid that
+# latency, a cost no GPU has. A thread that waits on a side stream's event therefore runs
+# the jobs queued ahead of it itself, one at a time, under the stream's execution lock
+# and in FIFO order, as the worker would; the worker runs whatever nobody waits on. Jobs
+# still run exactly once and in order, so a missing ordering edge still shows up: a
+# copy nobody waited on has not run, and its destination still holds 0xFF bytes.
 
 
 class _EmuStream:
@@ -222,7 +244,9 @@ class _EmuStream:
 
     def __init__(self, label: str, backend: EmulatedBackend | None) -> None:
         self.label = label
-        self.jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self.jobs: deque[Callable[[], None] | None] = deque()
+        self.ready = threading.Condition(threading.Lock())  # a job was queued
+        self.running = threading.Lock()  # held while one of its jobs runs (NOTE [Emulated waits])
         self.worker: threading.Thread | None = None
         if backend is not None:
             self.worker = threading.Thread(
@@ -269,22 +293,46 @@ class EmulatedBackend(Backend):
     # -- worker side
     def _drain(self, stream: _EmuStream) -> None:
         while True:
-            job = stream.jobs.get()
-            if job is None:
-                return
-            try:
-                job()
-            except Exception as exc:  # a broken job must not kill the stream
-                self._error(f"{stream.label}: {type(exc).__name__}: {exc}")
+            with stream.ready:
+                while not stream.jobs:
+                    stream.ready.wait()
+            with stream.running:
+                if not stream.jobs:
+                    continue  # a waiting thread ran it (NOTE [Emulated waits])
+                job = stream.jobs.popleft()
+                if job is None:
+                    return
+                self._run(stream, job)
+
+    def _run(self, stream: _EmuStream, job: Callable[[], None]) -> None:
+        try:
+            job()
+        except Exception as exc:  # a broken job must not kill the stream
+            self._error(f"{stream.label}: {type(exc).__name__}: {exc}")
+
+    def _help(self, stream: _EmuStream) -> bool:
+        """Run the next job of ``stream`` on this thread if its worker is idle; True if
+        one ran (NOTE [Emulated waits])."""
+        if not stream.running.acquire(blocking=False):
+            return False
+        try:
+            if not stream.jobs or stream.jobs[0] is None:
+                return False
+            self._run(stream, stream.jobs.popleft())  # type: ignore[arg-type]
+            return True
+        finally:
+            stream.running.release()
 
     def _error(self, message: str) -> None:
         with self._lock:
             self._errors.append(message)
 
-    def _enqueue(self, stream: _EmuStream, job: Callable[[], None]) -> None:
+    def _enqueue(self, stream: _EmuStream, job: Callable[[], None] | None) -> None:
         if stream.worker is not None and not stream.worker.is_alive():
             raise RuntimeError(f"offrecomp: emulated stream {stream.label} was closed")
-        stream.jobs.put(job)
+        with stream.ready:
+            stream.jobs.append(job)
+            stream.ready.notify()
 
     # -- interface
     def current_stream(self, device: torch.device) -> _EmuStream:
@@ -296,18 +344,19 @@ class EmulatedBackend(Backend):
         return stream
 
     def record_event(self, stream: _EmuStream, timing: bool = False) -> _EmuEvent:
-        event = _EmuEvent()
         if stream.is_compute:
+            event = _EmuEvent()
             event.fire()
         else:
+            event = _EmuEvent(stream)
             self._enqueue(stream, event.fire)
         return event
 
     def wait_event(self, stream: _EmuStream, event: _EmuEvent) -> None:
         if stream.is_compute:
-            _host_wait(event)
+            _host_wait(event, self._help)
         else:
-            self._enqueue(stream, functools.partial(_host_wait, event))
+            self._enqueue(stream, functools.partial(_host_wait, event, self._help))
 
     def query(self, event: _EmuEvent) -> bool:
         return event.done.is_set()
@@ -329,14 +378,16 @@ class EmulatedBackend(Backend):
         def copy() -> None:
             if delay > 0:
                 time.sleep(delay)
-            for dst, ref, nbytes in zip(dsts, refs, sizes):
+            sources = []
+            for ref, nbytes in zip(refs, sizes):
                 source = ref()
                 if source is None:
                     raise RuntimeError(
                         f"copy source ({nbytes} bytes) was freed before its copy ran: device "
                         "memory would have been reused under an in-flight copy"
                     )
-                dst.copy_(source)
+                sources.append(source)
+            torch._foreach_copy_(dsts, sources)  # one call for the group
 
         self._enqueue(stream, copy)
 
@@ -349,7 +400,7 @@ class EmulatedBackend(Backend):
     def synchronize(self) -> None:
         for stream in self._workers:
             if stream.worker is not None and stream.worker.is_alive():
-                _host_wait(self.record_event(stream))
+                _host_wait(self.record_event(stream), self._help)
 
     def check(self) -> None:
         with self._lock:
@@ -365,7 +416,9 @@ class EmulatedBackend(Backend):
         self.synchronize()
         workers, self._workers = self._workers, []
         for stream in workers:
-            stream.jobs.put(None)
+            with stream.ready:
+                stream.jobs.append(None)
+                stream.ready.notify()
         for stream in workers:
             assert stream.worker is not None
             stream.worker.join(timeout=5.0)

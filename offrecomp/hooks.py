@@ -224,6 +224,8 @@ class Placer:
         placement = call.fixed
         if placement is None:
             placement = rt._placement_for(p, call, index, nbytes, kind="activation")
+        elif placement is OFFLOAD and nbytes < rt.config.min_bytes:
+            placement = KEEP
         rec = StorageRec(storage, call, index, nbytes, ptr, placement)
         call.storages.append(rec)
         call.by_ptr[ptr] = rec
@@ -432,6 +434,7 @@ class Placer:
         region = call.region
         if region is None:
             return
+        call.fixed = None  # the storages it reads are kept from now on
         if not region.backward_in_forward:
             region.backward_in_forward = True
             log.info(
@@ -455,6 +458,7 @@ class Placer:
             if c.exited or region is None or region.reaches_out:
                 continue
             region.reaches_out = True
+            c.fixed = None
             from offrecomp.runtime import _kind, _warn_once
 
             _warn_once(

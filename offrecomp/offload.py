@@ -236,6 +236,11 @@ class Group:
         return len(self.sizes) - 1
 
     @property
+    def ready(self) -> torch.Tensor | None:
+        """The reloaded buffer, once compute has waited on it (the fetch fast path)."""
+        return self._buffer if self.state is GroupState.FETCHED else None
+
+    @property
     def payload_bytes(self) -> int:
         """Bytes of the storages, without alignment."""
         return sum(self.sizes)
@@ -305,12 +310,12 @@ class _InFlight:
 _TimingKind = Literal["d2h", "h2d", "stall"]
 
 
-def _flat(source: Any, device: torch.device) -> torch.Tensor:
-    """A flat uint8 tensor over a whole storage (a tensor given is taken as one)."""
+def _flat(source: Any, empty: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 tensor over a whole storage (a tensor given is taken as one);
+    ``empty``: a uint8 tensor of the storage's device (new_empty is the cheap way)."""
     if isinstance(source, torch.Tensor):
         return source
-    flat = torch.empty(0, dtype=torch.uint8, device=device)
-    return flat.set_(source)
+    return empty.new_empty(0).set_(source)
 
 
 class OffloadEngine:
@@ -362,6 +367,7 @@ class OffloadEngine:
         self._lock = threading.RLock()
         self._closed = False
         self._streams: dict[tuple[torch.device, str], Stream] = {}
+        self._empties: dict[torch.device, torch.Tensor] = {}
         self._stash: deque[_InFlight] = deque()
         self._stash_bytes = 0
         self._deferred: list[Group] = []
@@ -437,7 +443,10 @@ class OffloadEngine:
                 return False
             device = group.device
             backend = self.backend
-            sources = [_flat(s, device) for s in group.sources]
+            empty = self._empties.get(device)
+            if empty is None:
+                empty = self._empties[device] = torch.empty(0, dtype=torch.uint8, device=device)
+            sources = [_flat(s, empty) for s in group.sources]
             group.sources = []
             dsts = [block.view[o : o + n] for o, n in zip(offsets, group.sizes)]
             # NOTE [Stream ordering]: live lookup, before any side-stream context.
@@ -624,6 +633,7 @@ class OffloadEngine:
                 self._open_bytes = 0
                 self._open_reserved = 0
                 self._streams.clear()
+                self._empties.clear()
                 self.pool.close()
                 self.backend.close()
             try:

@@ -572,7 +572,7 @@ class Runtime:
             self._warn_collective(region)
         p.calls.append(call)
         self._planner.assign(p, call)
-        call.fixed = self._fixed_placement()
+        call.fixed = self._fixed_placement(call)
         if self._device is None:
             self._device = _first_device(args, kwargs)
             self._clock = Clock(self._device)
@@ -766,7 +766,7 @@ class Runtime:
             p.root = RegionCall(name=ROOT, call_index=0, ordinal=-1)
             p.root.pass_state = p
             self._planner.assign(p, p.root)
-            p.root.fixed = self._fixed_placement()
+            p.root.fixed = self._fixed_placement(p.root)
         return p.root
 
     def _known_ptrs(self, p: PassState) -> frozenset[int]:
@@ -820,10 +820,17 @@ class Runtime:
         self._buffer_ptr_cache[id(region)] = (key, ptrs)
         return ptrs
 
-    def _fixed_placement(self) -> Placement | None:
-        """The placement every storage gets whatever its call, index or size: forced keep
-        (no plan, no rule can change it). None: ask ``_placement_for``."""
-        return KEEP if self.config.mode == "keep" and self._user_plan is None else None
+    def _fixed_placement(self, call: RegionCall) -> Placement | None:
+        """The placement every new storage of ``call`` gets whatever its index: a forced
+        keep or offload (OFFLOAD still keeps storages under ``min_bytes``), when no plan
+        and no rule of ``_placement_for`` can vary it. None: ask ``_placement_for``."""
+        region = call.region
+        if self._user_plan is not None or (
+            region is not None and (region.reaches_out or region.backward_in_forward)
+        ):
+            return None
+        mode = self.config.mode
+        return KEEP if mode == "keep" else OFFLOAD if mode == "offload" else None
 
     def _placement_for(self, p: PassState, call: RegionCall, index: int, nbytes: int, *, kind: str) -> Placement:
         """Placement of a new storage: plan or mode, then legality.
@@ -1056,8 +1063,7 @@ class Runtime:
 
     def _offloadable(self, t: torch.Tensor) -> bool:
         """Offload moves tensors of the runtime's device (on CPU: the emulated path)."""
-        device = self._device or torch.device("cpu")
-        return t.device.type == device.type
+        return t.device.type == (self._device.type if self._device is not None else "cpu")
 
     # NOTE [Offload groups]
     # The unit of transfer is a region call's group of offloaded storages (as in
@@ -1114,6 +1120,9 @@ class Runtime:
                 p.stats.add_resident(rec.nbytes)
 
     def _fetch_group(self, group: Any) -> torch.Tensor:
+        buf = group.ready
+        if buf is not None:  # compute already waited on this reload
+            return buf
         engine = self._engine
         assert engine is not None
         buf = engine.fetch(group)
