@@ -223,7 +223,11 @@ class Placer:
         index = len(call.storages)
         placement = call.fixed
         if placement is None:
-            placement = rt._placement_for(p, call, index, nbytes, kind="activation")
+            table = call.table  # NOTE [Placement table] (runtime.py)
+            if table is not None and index < len(table) and call.table_sizes[index] == nbytes:  # type: ignore[index]
+                placement = table[index]
+            else:
+                placement = rt._placement_for(p, call, index, nbytes, kind="activation")
         elif placement is OFFLOAD and nbytes < rt.config.min_bytes:
             placement = KEEP
         rec = StorageRec(storage, call, index, nbytes, ptr, placement)
@@ -434,7 +438,7 @@ class Placer:
         region = call.region
         if region is None:
             return
-        call.fixed = None  # the storages it reads are kept from now on
+        call.fixed = call.table = None  # the storages it reads are kept from now on
         if not region.backward_in_forward:
             region.backward_in_forward = True
             log.info(
@@ -458,7 +462,7 @@ class Placer:
             if c.exited or region is None or region.reaches_out:
                 continue
             region.reaches_out = True
-            c.fixed = None
+            c.fixed = c.table = None
             from offrecomp.runtime import _kind, _warn_once
 
             _warn_once(

@@ -582,6 +582,7 @@ class Runtime:
             call.writes_state = True
         elif region.writes_state is None and call.inputs is not None and not region.compiled:
             call.watch = FirstCallWatch(call.inputs, call.params)  # NOTE [State written by its region]
+        self._placement_table(call)
         self._stack.calls.append(call)
         self._forwards_running += 1
         self._recording = call.recorder is not None
@@ -831,6 +832,38 @@ class Runtime:
             return None
         mode = self.config.mode
         return KEEP if mode == "keep" else OFFLOAD if mode == "offload" else None
+
+    # NOTE [Placement table]
+    # A planned call's placements are known when it begins, so the pack hook should not
+    # decide each new storage again: ``_placement_table`` applies ``_placement_for``'s
+    # rules to the plan once per call (a storage the profile marks external is kept; a
+    # drop the call cannot replay is kept; an offload under min_bytes is kept), and the
+    # hook reads the k-th entry when the storage has the planned size. Anything else (a
+    # size the plan did not see, a region input, a borrowed plan, a region whose forward
+    # runs a backward) goes through ``_placement_for``, which also handles the mismatch.
+
+    def _placement_table(self, call: RegionCall) -> None:
+        """Fill ``call.table`` (NOTE [Placement table]) for a planned call."""
+        placements, structure, region = call.placements, call.structure, call.region
+        if (
+            placements is None or structure is None or region is None or call.fixed is not None
+            or call.borrowed_sizes is not None or call.mismatch
+            or region.reaches_out or region.backward_in_forward
+        ):
+            return
+        recs = structure.storage_records
+        min_bytes = self.config.min_bytes
+        droppable = (
+            call.inputs is not None and not call.writes_state
+            and not (call.collective and self.config.mode == "auto")
+        )
+        table = []
+        for pl, r in zip(placements, recs):
+            if r.kind == "external" or (pl == RECOMPUTE and not droppable) or (pl == OFFLOAD and r.nbytes < min_bytes):
+                pl = KEEP
+            table.append(pl)
+        call.table = table
+        call.table_sizes = [r.nbytes for r in recs[: len(table)]]
 
     def _placement_for(self, p: PassState, call: RegionCall, index: int, nbytes: int, *, kind: str) -> Placement:
         """Placement of a new storage: plan or mode, then legality.

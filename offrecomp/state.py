@@ -196,7 +196,11 @@ class RegionCall:
     placements: list[Placement] | None = None  # planned placement per storage index
     fixed: Placement | None = None
     """The placement of every new storage of this call when no plan or rule can vary it
-    (forced keep): the pack hook's fast path skips the decision."""
+    (forced keep or offload): the pack hook's fast path skips the decision."""
+    table: list[Placement] | None = None
+    """NOTE [Placement table]: the planned placement of each activation storage, the
+    rules applied, valid for a storage of the size in ``table_sizes``."""
+    table_sizes: list[int] | None = None
     structure: RegionStructure | None = None
     op_seconds: list[float] | None = None  # calibrated op times of this call, from the plan's profile
     storages: list[StorageRec] = field(default_factory=list)
