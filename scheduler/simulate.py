@@ -9,24 +9,46 @@ The model (see docs/planner.md for the picture):
   timeline; otherwise they run back to back and the root forward time
   (``profile.forward_seconds`` minus the regions' sum) is spread evenly over the gaps.
   Root backward time is spread over the gaps in proportion to their forward time.
-* **Forward.** Each unit runs for its forward time. A storage is saved at its unit's
-  start plus ``offset_seconds`` (root storages: step start plus ``offset_seconds``) and
-  is resident from then on unless it is dropped (RECOMPUTE).
-* **D2H.** OFFLOAD copies run FIFO in save order on one stream: a copy starts at
-  ``max(save time, end of the previous copy)`` and takes ``nbytes / (d2h_gbps * 1e9)``.
-  The device copy is freed when its copy lands.
-* **Backward.** Units run in reverse. Unit ``v`` is *reached* when the previous unit's
-  backward ends (the first at the end of forward). Reloads of unit ``x`` are issued when
-  unit ``min(x + 2 * prefetch_regions, last)`` is reached (``prefetch_regions`` regions
-  later in forward order) and run FIFO on the H2D stream in reverse forward order, each
-  no earlier than its own D2H landing. A unit's compute starts once it is reached and
-  all its reloads have landed (the wait is *stall*); it takes
-  ``replay_seconds + backward_seconds``.
+* **Forward.** Each unit runs for the longer of its device time and its host time
+  (NOTE [Host time]). A storage is saved at its unit's start plus ``offset_seconds``
+  (root storages: step start plus ``offset_seconds``, moved by the host time the units
+  before theirs add) and is resident from then on unless it is dropped (RECOMPUTE).
+* **D2H** (NOTE [Offload groups]). The OFFLOAD storages of one unit form a group: a
+  region call's, or a gap's (one run of root saves, closed by the next region call or
+  by backward). The group's copy is issued when its unit exits and runs FIFO on one
+  stream: it starts at ``max(exit, end of the previous copy)`` and takes ``sum(nbytes)
+  / (d2h_gbps * 1e9)``. The group's device storages are freed when its copy lands.
+* **Backward.** Units run in reverse from the end of forward, with no wait for copies
+  still in flight. Unit ``v`` is *reached* when the previous unit's backward ends (the
+  first at the end of forward). Reaching a unit whose group offloads reloads that group
+  unless it was issued already, and issues the reloads of the next ``prefetch_regions``
+  groups below it that offload (skipping units with nothing offloaded), where not issued
+  yet. A reload is one H2D copy of the group, FIFO in issue order, starting at
+  ``max(issue, end of the previous reload, the group's D2H landing)``. A unit's compute
+  starts once it is reached and its reload has landed (the wait is *stall*); it takes
+  the longer of ``replay_seconds + backward_seconds`` and its host time.
 * **Memory** (activation bytes only). KEEP: from save until its unit's backward ends.
-  OFFLOAD: from save until its D2H lands, and again from the reload's issue until its
-  unit's backward ends (continuously when the copy lands after the reload is issued).
-  RECOMPUTE: only during its unit's backward (the replay working set). At equal times,
-  frees are applied before allocations.
+  OFFLOAD: from save until its group's D2H lands, and again from the group's reload
+  issue until its unit's backward ends (continuously when the copy lands after the
+  reload is issued). RECOMPUTE: only during its unit's backward (the replay working
+  set). At equal times, frees are applied before allocations.
+
+NOTE [Offload groups]: this is the runtime's offload engine, step for step: pack only
+records an OFFLOAD storage in its group; at the region's exit the group is copied as
+one unit; backward does not drain the D2H stream (compute waits on a D2H copy only past
+the in-flight window, which a plan sets to its own offloaded bytes, so a planned step
+never waits there); the first unpack of a group's storage reloads the group and issues
+the next groups' reloads; the group is released when its unit's backward ends.
+
+NOTE [Host time]: a unit's time is the longer of its device time and its host time. The
+host time of a region's forward is ``RegionRecord.host_seconds`` (where measured; else
+its device time, as on CPU, where host and device are one) plus, per saved tensor,
+``Profile.pack_host_seconds``, plus ``offload_host_seconds`` when its group offloads;
+gaps take their device time plus the pack cost of their root saves. In backward: the
+unit's ``backward_host_seconds`` (or device time) plus ``unpack_host_seconds`` per save,
+``reload_host_seconds`` per group reload it issues, and ``replay_seconds`` plus
+``replay_host_seconds`` when it replays. Where no host time is measured and every host
+cost is 0, each unit takes its device time, bit for bit as without the host model.
 
 ``lower_bound`` is a relaxation of this model; its derivation is in its docstring.
 """
@@ -1264,10 +1286,10 @@ def simulate(profile: Profile, plan: Plan, *, prefetch_regions: int = 2) -> Time
         lo, hi = int(flat.st_ptr[u]), int(flat.st_ptr[u + 1])
         members = np.flatnonzero(off[lo:hi])
         if members.size:
-            i = lo + int(members[0])
+            first = lo + int(members[0])
             label = flat.unit_names[u] if u % 2 else f"(root) before unit {u + 1}"
-            d2h.append(Interval(float(ws.d2h_start[i]), float(ws.d2h_end[i]), label))
-            h2d.append(Interval(float(ws.h2d_start[i]), float(ws.h2d_end[i]), label))
+            d2h.append(Interval(float(ws.d2h_start[first]), float(ws.d2h_end[first]), label))
+            h2d.append(Interval(float(ws.h2d_start[first]), float(ws.h2d_end[first]), label))
     h2d.sort()
     n = ws.n_events
     memory: list[tuple[float, int]] = [(0.0, 0)]
