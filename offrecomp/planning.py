@@ -646,6 +646,11 @@ class Planner:
                 return  # measure again next time
         elif not (p.reprofile and not p.aborted and p.backward_done):
             return
+        # the recorded structure now (cheap, and what rt.set_plan() users read); the
+        # profile, which reads the pass's times, at the next pass's start
+        self._entry(p.signature, p).structures = {
+            c.key: c.structure for c in p.calls if c.structure is not None
+        }
         self._unplanned.append((p, list(p.replay_marks), p.backward_end_mark))
 
     # ------------------------------------------------------------ planning
