@@ -264,8 +264,9 @@ class Planner:
     # ------------------------------------------------------------ per pass
 
     def begin_pass(self, p: PassState) -> None:
+        # a record's learning counts in that record's planner time, a profile build in p's
+        self._catch_up(CATCH_UP_SECONDS, p)
         with _planner_time(p):
-            self._catch_up(CATCH_UP_SECONDS)
             self._begin_pass(p)
 
     # NOTE [Bookkeeping off the critical path]
@@ -286,10 +287,11 @@ class Planner:
     # (`_begin_pass`, NOTE [Calibration]), so plans are ready as before: a signature
     # measures, calibrates and plans from its third pass.
 
-    def _catch_up(self, seconds: float | None) -> None:
+    def _catch_up(self, seconds: float | None, holder: PassState | None = None) -> None:
         """Deferred end-of-pass work (NOTE [Bookkeeping off the critical path]): every
-        queued profile build, then the records whose times can be read, for at most
-        ``seconds`` (None: all of them, waiting for their events)."""
+        queued profile build (its time counted in ``holder``'s planner time), then the
+        records whose times can be read, for at most ``seconds`` (None: all of them,
+        waiting for their events)."""
         if self._catching_up:
             return
         self._catching_up = True
@@ -297,7 +299,8 @@ class Planner:
             while self._unplanned:
                 p, marks, end = self._unplanned.pop(0)
                 try:
-                    self._plan_from(p, marks, end)
+                    with _planner_time(holder if holder is not None else p):
+                        self._plan_from(p, marks, end)
                 except Exception:
                     entry = self.entries.get(p.signature)
                     if entry is not None:
