@@ -1273,7 +1273,16 @@ class Planner:
                 if clock.distorted(p.start_mark, p.backward_start_mark, fwd_total):
                     skipped.append("forward")
                 else:
-                    measured.forward_seconds = fwd_total
+                    # NOTE [Host time]: on CPU the total holds the hooks and the group
+                    # offloads, which the model adds back per unit
+                    groups = int(getattr(o, "groups_offloaded", 0) or 0) if o is not None else 0
+                    extra = (
+                        0.0
+                        if on_device
+                        else int(p.stats.saved_tensors) * measured.pack_host_seconds
+                        + groups * measured.offload_host_seconds
+                    )
+                    measured.forward_seconds = fwd_total - extra if extra < fwd_total else fwd_total
             return skipped
         # gaps: before the first region, between regions, after the last one
         bounds = [p.start_mark]
