@@ -1065,17 +1065,16 @@ class Planner:
         next pass's start does it (NOTE [Bookkeeping off the critical path])."""
         if not wait:
             return []
-        done = len(self._pending)
         self._catch_up(None)
-        return [] if done == 0 else self._resolved[-done:]
+        return list(self._resolved)
 
     def _resolve(self, *, wait: bool, seconds: float | None = None) -> None:
         """Fill the times of pending records whose events have landed (all of them with
         ``wait``), in order, and learn from their passes; stop after ``seconds``."""
         clock = self.rt._clock
         start = time.perf_counter()
-        self._resolved = []
-        done = self._resolved
+        done: list[StepRecord] = []
+        self._resolved = done
         while self._pending:
             rec, passes = self._pending[0]
             first, last = passes[0], passes[-1]
