@@ -1122,13 +1122,15 @@ class Planner:
 
         NOTE [Forward timeline]: the forward is learnt piece by piece: each region's
         span and each gap around the regions (the root's work: embedding, head, loss).
-        A piece is taken from this pass only when it timed compute alone: a region
-        whose storages were offloaded waited on copies, a gap may hold a wait on the
-        offload window, and a span a host pause distorted (NOTE [Host pauses]) holds
-        the pause. Skipped pieces keep the estimate's value; the region starts, the
-        root saves' offsets and the forward total are rebuilt from the pieces. So a
-        plan that offloads still learns its forward (it used to keep the calibration
-        pass's total for good), and one pause never shifts the timeline after it.
+        A piece is taken from this pass only when it timed compute alone: in a pass
+        whose compute waited on the offload window, the regions that offloaded and the
+        gaps may hold that wait, and a span a host pause distorted (NOTE [Host pauses])
+        holds the pause. A region that offloads is learnt like the others otherwise:
+        its group is copied after its forward, and the hooks' and the group issue's
+        host time come off its span (NOTE [Host time] in scheduler/simulate.py).
+        Skipped pieces keep the estimate's value; the region starts, the root saves'
+        offsets and the forward total are rebuilt from the pieces, so one pause never
+        shifts the timeline after it.
         """
         calibrating = p.phase == "calibrate"
         if entry.cost is None or not (p.planned or calibrating) or p.aborted or not p.backward_done:
