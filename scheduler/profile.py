@@ -116,7 +116,8 @@ class StorageRecord:
     last_save_op: int = 0
     """Number of the region's ops dispatched before its last save (replay stops there)."""
     offset_seconds: float = 0.0
-    """Time from the region's start to the first save: the earliest a D2H copy can start."""
+    """Time from the region's start to the first save: the storage is resident from then
+    on (an offloaded one until its group's copy, issued at the region's exit, lands)."""
     saves: int = 1
     """How many saved tensors refer to this storage."""
     backward_offset_seconds: float | None = None
