@@ -57,6 +57,10 @@ times (and at least its inverse) the estimate: one pass slowed by something else
 machine (a preempted thread, a busy neighbour) moves the average (weight 0.3) by 1.9x
 at most, and a real change is followed within a few passes."""
 
+CATCH_UP_SECONDS = 0.02
+"""At a pass's start, deferred record reading and learning stops after this long (one
+record is always read): NOTE [Bookkeeping off the critical path]."""
+
 MAX_CALIBRATION_TRIES = 2
 """Calibration passes a host pause may send back (NOTE [Host pauses]); the pass after
 the last of them is taken as it is."""
@@ -244,6 +248,12 @@ class Planner:
         self.opaque_regions: set[str] = set()  # regions whose recording proved untrustworthy
         self.collective_regions: set[str] = set()  # regions seen running collectives
         self._pending: list[tuple[StepRecord, list[PassState]]] = []
+        # NOTE [Bookkeeping off the critical path]: passes whose profile is still to be
+        # built, with their replay marks and backward end as they were when they ended (a
+        # later backward may still replay their regions and add marks)
+        self._unplanned: list[tuple[PassState, list[tuple[int, Any, Any]], Any]] = []
+        self._resolved: list[StepRecord] = []
+        self._catching_up = False
         self._warned_unfinished = False
         pinned = rt.config.replay_op_us
         self.replay_op_pinned = pinned is not None
@@ -256,8 +266,51 @@ class Planner:
     # ------------------------------------------------------------ per pass
 
     def begin_pass(self, p: PassState) -> None:
+        # a record's learning counts in that record's planner time, a profile build in p's
+        self._catch_up(CATCH_UP_SECONDS, p)
         with _planner_time(p):
             self._begin_pass(p)
+
+    # NOTE [Bookkeeping off the critical path]
+    # A pass ends in autograd's backward-done callback, where the runtime closes the pass
+    # and the step. Building a profile from a measuring pass, reading a step's times and
+    # learning from them (the cost model, the replay cost, the live prediction, the
+    # offload trial, the re-plan check) are not needed until the next pass begins: done in
+    # the callback, they sit between the backward and whatever the training loop does
+    # next (the optimizer step, the next batch's forward) and, on GPU, the event reads
+    # there may wait for the device. So the callback only queues that work;
+    # `_catch_up` does it at the next pass's start (`begin_pass`, before the pass's first
+    # mark, so outside its timing), or when the runtime waits for its records
+    # (`resolve(wait=True)`: `report()`, leaving the context). A profile is built before
+    # the next pass is placed (it decides whether that pass calibrates); the records are
+    # read in order, and at a pass's start only those whose events have landed and only
+    # for `CATCH_UP_SECONDS` (one record at least). A calibration a record still holds
+    # back is read with a wait before the pass that needs its plan
+    # (`_begin_pass`, NOTE [Calibration]), so plans are ready as before: a signature
+    # measures, calibrates and plans from its third pass.
+
+    def _catch_up(self, seconds: float | None, holder: PassState | None = None) -> None:
+        """Deferred end-of-pass work (NOTE [Bookkeeping off the critical path]): every
+        queued profile build (its time counted in ``holder``'s planner time), then the
+        records whose times can be read, for at most ``seconds`` (None: all of them,
+        waiting for their events)."""
+        if self._catching_up:
+            return
+        self._catching_up = True
+        try:
+            while self._unplanned:
+                p, marks, end = self._unplanned.pop(0)
+                try:
+                    with _planner_time(holder if holder is not None else p):
+                        self._plan_from(p, marks, end)
+                except Exception:
+                    entry = self.entries.get(p.signature)
+                    if entry is not None:
+                        entry.needs_measure = True
+                    raise
+            self._resolve(wait=seconds is None, seconds=seconds)
+        finally:
+            self._catching_up = False
 
     def _begin_pass(self, p: PassState) -> None:
         cfg = self.rt.config
@@ -578,6 +631,8 @@ class Planner:
         call.saves = []
 
     def end_pass(self, p: PassState) -> None:
+        """Queue the pass's profile build, when it has one to make (NOTE [Bookkeeping off
+        the critical path])."""
         with _planner_time(p):
             self._end_pass(p)
 
@@ -596,17 +651,19 @@ class Planner:
                 return  # measure again next time
         elif not (p.reprofile and not p.aborted and p.backward_done):
             return
-        try:
-            self._plan_from(p)
-        except Exception:
-            entry = self.entries.get(p.signature)
-            if entry is not None:
-                entry.needs_measure = True
-            raise
+        # the recorded structure now (cheap, and what rt.set_plan() users read); the
+        # profile, which reads the pass's times, at the next pass's start
+        self._entry(p.signature, p).structures = {
+            c.key: c.structure for c in p.calls if c.structure is not None
+        }
+        self._unplanned.append((p, list(p.replay_marks), p.backward_end_mark))
 
     # ------------------------------------------------------------ planning
 
-    def _plan_from(self, p: PassState) -> None:
+    def _plan_from(self, p: PassState, replay_marks: list[tuple[int, Any, Any]], end_mark: Any) -> None:
+        """Build the signature's profile from the measuring (or re-profiling) pass ``p``,
+        whose replay marks and backward end were ``replay_marks`` and ``end_mark`` when it
+        ended."""
         rt = self.rt
         clock = rt._clock
         entry = self._entry(p.signature, p)
@@ -614,7 +671,7 @@ class Planner:
         structures: dict[tuple[str, int], RegionStructure] = {}
         replay_by_ordinal: dict[int, tuple[Any, Any]] = {}
         total_replay = 0.0
-        for ordinal, a, b in p.replay_marks:
+        for ordinal, a, b in replay_marks:
             replay_by_ordinal.setdefault(ordinal, (a, b))
             total_replay += clock.seconds(a, b, wait=True) or 0.0
         order = sorted(replay_by_ordinal)  # backward replays in descending ordinal
@@ -628,7 +685,7 @@ class Planner:
                 for op, s in zip(st.op_records, secs):
                     op.seconds = float(s)
             fwd = clock.seconds(call.start_mark, call.end_mark, wait=True) or 0.0
-            bwd = self._backward_seconds(p, call.ordinal, order, replay_by_ordinal)
+            bwd = self._backward_seconds(end_mark, call.ordinal, order, replay_by_ordinal)
             storages = [StorageRecord(**vars(s)) for s in st.storage_records]
             regions.append(
                 RegionRecord(
@@ -660,7 +717,7 @@ class Planner:
                     )
                 )
         fwd_total = clock.seconds(p.start_mark, p.backward_start_mark, wait=True) or 0.0
-        bwd_total = clock.seconds(p.backward_start_mark, p.backward_end_mark, wait=True) or 0.0
+        bwd_total = clock.seconds(p.backward_start_mark, end_mark, wait=True) or 0.0
         device = rt._device or torch.device("cpu")
         d2h, h2d = self._link_gbps(device)
         profile = Profile(
@@ -694,7 +751,7 @@ class Planner:
         self.last_entry = entry
 
     def _backward_seconds(
-        self, p: PassState, ordinal: int, order: list[int], marks: dict[int, tuple[Any, Any]]
+        self, end_mark: Any, ordinal: int, order: list[int], marks: dict[int, tuple[Any, Any]]
     ) -> float | None:
         """Backward time of one region call, from the replay marks of the measuring pass."""
         if ordinal not in marks:
@@ -702,7 +759,7 @@ class Planner:
         clock = self.rt._clock
         _, end = marks[ordinal]
         i = order.index(ordinal)
-        nxt = marks[order[i - 1]][0] if i > 0 else p.backward_end_mark
+        nxt = marks[order[i - 1]][0] if i > 0 else end_mark
         return clock.seconds(end, nxt, wait=True)
 
     def _link_gbps(self, device: torch.device) -> tuple[float, float]:
@@ -1008,9 +1065,21 @@ class Planner:
         self._pending = [(r, ps) for r, ps in self._pending if r is not rec]
 
     def resolve(self, *, wait: bool) -> list[StepRecord]:
-        """Fill the times of pending records whose events have landed, in order."""
+        """With ``wait``: do every deferred end-of-pass job and fill the times of every
+        pending record, in order, waiting for their events. Without: nothing now; the
+        next pass's start does it (NOTE [Bookkeeping off the critical path])."""
+        if not wait:
+            return []
+        self._catch_up(None)
+        return list(self._resolved)
+
+    def _resolve(self, *, wait: bool, seconds: float | None = None) -> None:
+        """Fill the times of pending records whose events have landed (all of them with
+        ``wait``), in order, and learn from their passes; stop after ``seconds``."""
         clock = self.rt._clock
+        start = time.perf_counter()
         done: list[StepRecord] = []
+        self._resolved = done
         while self._pending:
             rec, passes = self._pending[0]
             first, last = passes[0], passes[-1]
@@ -1018,6 +1087,8 @@ class Planner:
             for p in passes:
                 marks += [m for _, a, b in p.replay_marks for m in (a, b)]
             if not wait and not clock.ready(*marks):
+                break
+            if seconds is not None and done and time.perf_counter() - start > seconds:
                 break
             self._pending.pop(0)
             secs = clock.seconds(first.start_mark, last.backward_end_mark, wait=True)
@@ -1049,7 +1120,6 @@ class Planner:
                 if entry is not None and first.planned and rec.predicted_step_seconds:
                     self._check_drift(entry, rec)
             done.append(rec)
-        return done
 
     def _learn(self, entry: PlanEntry, p: PassState) -> str | None:
         """Feed a calibration or planned pass's measured times into the cost model; a
@@ -1057,13 +1127,15 @@ class Planner:
 
         NOTE [Forward timeline]: the forward is learnt piece by piece: each region's
         span and each gap around the regions (the root's work: embedding, head, loss).
-        A piece is taken from this pass only when it timed compute alone: a region
-        whose storages were offloaded waited on copies, a gap may hold a wait on the
-        offload window, and a span a host pause distorted (NOTE [Host pauses]) holds
-        the pause. Skipped pieces keep the estimate's value; the region starts, the
-        root saves' offsets and the forward total are rebuilt from the pieces. So a
-        plan that offloads still learns its forward (it used to keep the calibration
-        pass's total for good), and one pause never shifts the timeline after it.
+        A piece is taken from this pass only when it timed compute alone: in a pass
+        whose compute waited on the offload window, the regions that offloaded and the
+        gaps may hold that wait, and a span a host pause distorted (NOTE [Host pauses])
+        holds the pause. A region that offloads is learnt like the others otherwise:
+        its group is copied after its forward, and the hooks' and the group issue's
+        host time come off its span (NOTE [Host time] in scheduler/simulate.py).
+        Skipped pieces keep the estimate's value; the region starts, the root saves'
+        offsets and the forward total are rebuilt from the pieces, so one pause never
+        shifts the timeline after it.
         """
         calibrating = p.phase == "calibrate"
         if entry.cost is None or not (p.planned or calibrating) or p.aborted or not p.backward_done:
@@ -1072,6 +1144,7 @@ class Planner:
             return None  # its end built the profile again (NOTE [Calls the profile lacks])
         clock = self.rt._clock
         measured = entry.cost.estimate()
+        self._learn_host_costs(p, measured)
         alone: list[str] = []
         skipped = self._learn_forward(p, measured, calibrating=calibrating, alone=alone)
         if calibrating and alone and entry.calibration_tries < MAX_CALIBRATION_TRIES:
@@ -1089,7 +1162,8 @@ class Planner:
         if fwd_total is not None and bwd_total is not None:
             replay = sum(clock.seconds(a, b) or 0.0 for _, a, b in p.replay_marks)
             stall = float(getattr(p.offload_stats, "stall_seconds", 0.0) or 0.0)
-            bwd = max(0.0, bwd_total - replay - stall)
+            # NOTE [Host time]: the hooks' and the reloads' host time is the model's to add
+            bwd = max(0.0, bwd_total - replay - stall - self._backward_host_extra(p, measured))
             # pauses inside replays went out with the replays' time
             paused = clock.pause(p.backward_start_mark, p.backward_end_mark) - sum(
                 clock.pause(a, b) for _, a, b in p.replay_marks
@@ -1155,13 +1229,17 @@ class Planner:
         skipped_regions: set[tuple[str, int]] = set()
         by_key = {r.key: r for r in regions}
         seen: set[tuple[str, int]] = set()
+        o = p.offload_stats
+        waited = int(getattr(o, "window_waits", 0) or 0) if o is not None else 0
+        on_device = (self.rt._device or torch.device("cpu")).type == "cuda"
         for call in calls:
             r = by_key.get(call.key)
             if r is None or call.key in seen:
                 continue
             seen.add(call.key)
-            if any(rec.placement == OFFLOAD for rec in call.storages):
-                continue  # its forward includes waits on copies (the offload window)
+            offloads = any(rec.placement == OFFLOAD for rec in call.storages)
+            if offloads and waited:
+                continue  # NOTE [Source lifetime]: a window wait stalls compute anywhere
             fwd = clock.seconds(call.start_mark, call.end_mark)
             if fwd is None or fwd <= 0 or r.forward_seconds <= 0:
                 continue
@@ -1169,6 +1247,20 @@ class Planner:
                 skipped.append(f"{call.name}#{call.call_index}")
                 skipped_regions.add(call.key)
                 continue
+            # NOTE [Host time]: the span holds the pack hooks' and the group offload's host
+            # time, which the model adds per unit: on CPU (host and device are one) it
+            # comes off the region's time; on GPU the events time the device, and the
+            # host's own span, less that time, is the region's host time
+            extra = self._forward_host_extra(measured, r, offloads)
+            if on_device:
+                host = call.end_mark.host - call.start_mark.host - extra
+                if host > 0:
+                    old = r.host_seconds
+                    if old is not None and old > 0 and not calibrating:
+                        host = min(OUTLIER_RATIO * old, max(old / OUTLIER_RATIO, host))
+                    r.host_seconds = host
+            elif fwd - extra > 0:
+                fwd -= extra
             ratio = fwd / r.forward_seconds
             if not calibrating:
                 ratio = min(OUTLIER_RATIO, max(1.0 / OUTLIER_RATIO, ratio))
@@ -1183,11 +1275,20 @@ class Planner:
             # The pass's calls are not the profile's regions one for one (a structure
             # the next measuring pass will settle): the whole forward, when clean.
             fwd_total = clock.seconds(p.start_mark, p.backward_start_mark)
-            if fwd_total is not None and p.stats.offloaded_bytes == 0:
+            if fwd_total is not None and waited == 0:
                 if clock.distorted(p.start_mark, p.backward_start_mark, fwd_total):
                     skipped.append("forward")
                 else:
-                    measured.forward_seconds = fwd_total
+                    # NOTE [Host time]: on CPU the total holds the hooks and the group
+                    # offloads, which the model adds back per unit
+                    groups = int(getattr(o, "groups_offloaded", 0) or 0) if o is not None else 0
+                    extra = (
+                        0.0
+                        if on_device
+                        else int(p.stats.saved_tensors) * measured.pack_host_seconds
+                        + groups * measured.offload_host_seconds
+                    )
+                    measured.forward_seconds = fwd_total - extra if extra < fwd_total else fwd_total
             return skipped
         # gaps: before the first region, between regions, after the last one
         bounds = [p.start_mark]
@@ -1199,8 +1300,7 @@ class Planner:
         if len(times) != len(at) or any(b < a for a, b in itertools.pairwise(times)):
             return skipped  # unresolved marks, or regions that overlap: no timeline
         gaps = _gaps(measured)  # the estimate's, replaced by what this pass measured cleanly
-        o = p.offload_stats
-        copy_waits = int(getattr(o, "window_waits", 0) or 0) if o is not None else 0
+        copy_waits = waited
         gap_learnt = [False] * len(gaps)
         unpaused = list(gaps)  # a distorted gap's time less its pause
         if copy_waits == 0:  # NOTE [Source lifetime]: a window wait stalls compute anywhere
@@ -1244,6 +1344,52 @@ class Planner:
                             st.offset_seconds = gap_start[j] + min(off - times[2 * j], gaps[j])
                         break
         return skipped
+
+    def _learn_host_costs(self, p: PassState, measured: Profile) -> None:
+        """NOTE [Host time]: the runtime's own host costs as ``p`` measured them, into
+        ``measured`` (the cost model averages them): per saved tensor in the pack and
+        the unpack hook (``PassStats.pack_seconds``, ``unpack_seconds``), per group
+        offload and per group reload issued (``OffloadStats.offload_host_seconds`` over
+        ``groups_offloaded``, ``reload_host_seconds`` over ``groups_reloaded``). A cost
+        the pass did not measure keeps the estimate; one pass moves a cost by at most
+        ``OUTLIER_RATIO`` times the estimate (plus 20 us)."""
+        st, o = p.stats, p.offload_stats
+        saves = int(st.saved_tensors)
+        costs = {
+            "pack_host_seconds": (getattr(st, "pack_seconds", None), saves),
+            "unpack_host_seconds": (getattr(st, "unpack_seconds", None), saves),
+            "offload_host_seconds": (
+                getattr(o, "offload_host_seconds", None),
+                int(getattr(o, "groups_offloaded", 0) or 0),
+            ),
+            "reload_host_seconds": (
+                getattr(o, "reload_host_seconds", None),
+                int(getattr(o, "groups_reloaded", 0) or 0),
+            ),
+        }
+        for name, (total, count) in costs.items():
+            if total is None or count <= 0 or not total > 0:
+                continue  # not measured: the estimate stands
+            per = float(total) / count
+            old = getattr(measured, name)
+            if old > 0:
+                per = min(per, OUTLIER_RATIO * old + 20e-6)
+            setattr(measured, name, per)
+
+    @staticmethod
+    def _forward_host_extra(measured: Profile, r: RegionRecord, offloads: bool) -> float:
+        """Host time the runtime added to region ``r``'s forward span: its saves' pack
+        hooks and, when it offloads, its group's offload issue (NOTE [Host time])."""
+        saves = sum(st.saves for st in r.storages)
+        return saves * measured.pack_host_seconds + (measured.offload_host_seconds if offloads else 0.0)
+
+    @staticmethod
+    def _backward_host_extra(p: PassState, measured: Profile) -> float:
+        """Host time the runtime added to ``p``'s backward: the unpack hooks and the group
+        reloads it issued (NOTE [Host time])."""
+        saves = int(p.stats.saved_tensors)
+        groups = int(getattr(p.offload_stats, "groups_reloaded", 0) or 0)
+        return saves * measured.unpack_host_seconds + groups * measured.reload_host_seconds
 
     def _refresh_live(self, entry: PlanEntry, step_seconds: float | None) -> None:
         """NOTE [Live prediction]: predict the plan again under the estimate that now
@@ -1420,7 +1566,7 @@ class Planner:
         if (
             fwd
             and est > 0
-            and p.stats.offloaded_bytes == 0  # offload waits are not compute
+            and int(getattr(p.offload_stats, "window_waits", 0) or 0) == 0  # waits are not compute
             and not clock.distorted(p.start_mark, p.backward_start_mark, fwd)
         ):
             slow = min(4.0, max(0.25, fwd / est))

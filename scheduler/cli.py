@@ -148,6 +148,12 @@ def _parser() -> argparse.ArgumentParser:
         help="what a replay under the runtime's dispatch mode costs per op, in microseconds "
         "(overrides the profile; --model default 0)",
     )
+    for flag, what in _HOST_FLAGS.values():
+        plan.add_argument(
+            flag,
+            type=float,
+            help=f"offrecomp's host time {what}, in microseconds (overrides the profile; --model default 0)",
+        )
     plan.add_argument("--no-offload", action="store_true", help="plan with KEEP and RECOMPUTE only")
     plan.add_argument(
         "--infeasible",
@@ -175,6 +181,7 @@ def _load_profile(args: argparse.Namespace) -> Profile:
             **kwargs,
         )
         _set_replay_op(profile, args.replay_op_us)
+        _set_host_costs(profile, args)
         return profile
     try:
         profile = Profile.load(args.profile)
@@ -187,7 +194,28 @@ def _load_profile(args: argparse.Namespace) -> Profile:
     if args.h2d_gbps is not None:
         profile.h2d_gbps = args.h2d_gbps
     _set_replay_op(profile, args.replay_op_us)
+    _set_host_costs(profile, args)
     return profile
+
+
+#: Profile field -> (flag, what it costs): NOTE [Host time] in scheduler/simulate.py.
+_HOST_FLAGS = {
+    "pack_host_seconds": ("--pack-us", "per saved tensor in forward"),
+    "unpack_host_seconds": ("--unpack-us", "per saved tensor in backward"),
+    "offload_host_seconds": ("--offload-us", "per group offload issued at a region's exit"),
+    "reload_host_seconds": ("--reload-us", "per group reload issued in backward"),
+    "replay_host_seconds": ("--replay-us", "per replay, beyond its ops"),
+}
+
+
+def _set_host_costs(profile: Profile, args: argparse.Namespace) -> None:
+    for field, (flag, _) in _HOST_FLAGS.items():
+        us = getattr(args, flag[2:].replace("-", "_"))
+        if us is None:
+            continue
+        if not math.isfinite(us) or us < 0:
+            raise ValueError(f"{flag} {us!r} is invalid; accepted: a number >= 0 (microseconds)")
+        setattr(profile, field, us * 1e-6)
 
 
 def _set_replay_op(profile: Profile, us: float | None) -> None:

@@ -152,6 +152,17 @@ def predict(profile: Profile, plan: Plan, *, prefetch_regions: int = 2) -> Predi
     )
 
 
+HOST_COSTS = (
+    "pack_host_seconds",
+    "unpack_host_seconds",
+    "offload_host_seconds",
+    "reload_host_seconds",
+    "replay_host_seconds",
+)
+"""The profile's per-save, per-group and per-replay host costs (NOTE [Host time] in
+``scheduler.simulate``): averaged like the bandwidths, 0 meaning not measured."""
+
+
 def _ema(old: float, new: float, alpha: float) -> float:
     return (1.0 - alpha) * old + alpha * new
 
@@ -168,11 +179,13 @@ def _same_shape(a: RegionRecord, b: RegionRecord) -> bool:
 class CostModel:
     """Smoothed profile of one signature, updated with every measured step.
 
-    Times (op, region, step, save offsets) and link bandwidths are exponential moving
-    averages with weight ``alpha`` on the newest measurement. Structure (which ops and
-    storages exist, byte sizes, kinds, save positions) is taken from the newest profile;
-    a region whose structure changed starts its averages afresh. A bandwidth of 0 in an
-    update means "not measured this step" and keeps the previous estimate.
+    Times (op, region, step, save offsets, region host times) link bandwidths and the
+    runtime's host costs (``HOST_COSTS``) are exponential moving averages with weight
+    ``alpha`` on the newest measurement. Structure (which ops and storages exist, byte
+    sizes, kinds, save positions) is taken from the newest profile; a region whose
+    structure changed starts its averages afresh. A bandwidth or host cost of 0 in an
+    update (a region host time of None) means "not measured this step" and keeps the
+    previous estimate.
     """
 
     def __init__(self, alpha: float = 0.3) -> None:
@@ -210,7 +223,7 @@ class CostModel:
         a = self.alpha
         new.forward_seconds = _ema(old.forward_seconds, new.forward_seconds, a)
         new.backward_seconds = _ema(old.backward_seconds, new.backward_seconds, a)
-        for name in ("d2h_gbps", "h2d_gbps"):
+        for name in ("d2h_gbps", "h2d_gbps", *HOST_COSTS):
             o, n = getattr(old, name), getattr(new, name)
             setattr(new, name, o if n <= 0 else (n if o <= 0 else _ema(o, n, a)))
         previous = {r.key: r for r in old.regions}
@@ -221,6 +234,9 @@ class CostModel:
             r.start_seconds = _ema(p.start_seconds, r.start_seconds, a)
             r.forward_seconds = _ema(p.forward_seconds, r.forward_seconds, a)
             r.backward_seconds = _ema(p.backward_seconds, r.backward_seconds, a)
+            for name in ("host_seconds", "backward_host_seconds"):
+                o, n = getattr(p, name), getattr(r, name)
+                setattr(r, name, o if n is None else (n if o is None else _ema(o, n, a)))
             for x, y in zip(p.ops, r.ops):
                 y.seconds = _ema(x.seconds, y.seconds, a)
             for xs, ys in zip(p.storages, r.storages):

@@ -116,7 +116,8 @@ class StorageRecord:
     last_save_op: int = 0
     """Number of the region's ops dispatched before its last save (replay stops there)."""
     offset_seconds: float = 0.0
-    """Time from the region's start to the first save: the earliest a D2H copy can start."""
+    """Time from the region's start to the first save: the storage is resident from then
+    on (an offloaded one until its group's copy, issued at the region's exit, lands)."""
     saves: int = 1
     """How many saved tensors refer to this storage."""
     backward_offset_seconds: float | None = None
@@ -150,6 +151,14 @@ class RegionRecord:
     """False when a replay must not run at all (the region issues collectives, as under
     tensor parallelism, and ranks plan independently): its storages are KEEP or OFFLOAD
     only."""
+    host_seconds: float | None = None
+    """Host time of the region's forward without offrecomp's own host costs (the hooks,
+    the group offload), where measured. None: the host runs in step with the device (as
+    on CPU), so the runtime's host costs add to ``forward_seconds``. See NOTE [Host time]
+    in ``scheduler.simulate``."""
+    backward_host_seconds: float | None = None
+    """Host time of the region's backward without offrecomp's own host costs and replay,
+    where measured; None: in step with the device, as ``host_seconds``."""
 
     @property
     def key(self) -> tuple[str, int]:
@@ -165,7 +174,8 @@ class Profile:
     device: str = "cpu"
     """``cuda`` or ``cpu`` (or a what-if device name)."""
     forward_seconds: float = 0.0
-    """Forward time of the step (without offrecomp overheads)."""
+    """Forward time of the step without offrecomp's own host costs (those are the
+    ``*_host_seconds`` fields below, which the simulator adds back per unit)."""
     backward_seconds: float = 0.0
     """Backward time of the step, excluding replay."""
     d2h_gbps: float = 0.0
@@ -187,6 +197,20 @@ class Profile:
     """Extra step time per op that a replay under the runtime's dispatch mode sees (its
     host cost where the device waits on it), measured at run time; 0 = free. See the
     replay semantics above."""
+    pack_host_seconds: float = 0.0
+    """Host seconds offrecomp's pack hook adds per saved tensor in forward (0 = free).
+    The simulator adds it to the host time of the unit that saves (NOTE [Host time] in
+    ``scheduler.simulate``)."""
+    unpack_host_seconds: float = 0.0
+    """Host seconds the unpack hook adds per saved tensor in backward."""
+    offload_host_seconds: float = 0.0
+    """Host seconds to issue one group's D2H copies at its region's exit (a group: the
+    offloaded storages of one region call, or of one run of root saves)."""
+    reload_host_seconds: float = 0.0
+    """Host seconds to issue one group's reload in backward (and wait for it)."""
+    replay_host_seconds: float = 0.0
+    """Host seconds a replay costs on top of its ops (restoring RNG and autocast state,
+    entering the replay): added once per region call that replays."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Free-form facts (hardware name, versions, model description)."""
     version: int = PROFILE_VERSION

@@ -9,24 +9,46 @@ The model (see docs/planner.md for the picture):
   timeline; otherwise they run back to back and the root forward time
   (``profile.forward_seconds`` minus the regions' sum) is spread evenly over the gaps.
   Root backward time is spread over the gaps in proportion to their forward time.
-* **Forward.** Each unit runs for its forward time. A storage is saved at its unit's
-  start plus ``offset_seconds`` (root storages: step start plus ``offset_seconds``) and
-  is resident from then on unless it is dropped (RECOMPUTE).
-* **D2H.** OFFLOAD copies run FIFO in save order on one stream: a copy starts at
-  ``max(save time, end of the previous copy)`` and takes ``nbytes / (d2h_gbps * 1e9)``.
-  The device copy is freed when its copy lands.
-* **Backward.** Units run in reverse. Unit ``v`` is *reached* when the previous unit's
-  backward ends (the first at the end of forward). Reloads of unit ``x`` are issued when
-  unit ``min(x + 2 * prefetch_regions, last)`` is reached (``prefetch_regions`` regions
-  later in forward order) and run FIFO on the H2D stream in reverse forward order, each
-  no earlier than its own D2H landing. A unit's compute starts once it is reached and
-  all its reloads have landed (the wait is *stall*); it takes
-  ``replay_seconds + backward_seconds``.
+* **Forward.** Each unit runs for the longer of its device time and its host time
+  (NOTE [Host time]). A storage is saved at its unit's start plus ``offset_seconds``
+  (root storages: step start plus ``offset_seconds``, moved by the host time the units
+  before theirs add) and is resident from then on unless it is dropped (RECOMPUTE).
+* **D2H** (NOTE [Offload groups]). The OFFLOAD storages of one unit form a group: a
+  region call's, or a gap's (one run of root saves, closed by the next region call or
+  by backward). The group's copy is issued when its unit exits and runs FIFO on one
+  stream: it starts at ``max(exit, end of the previous copy)`` and takes ``sum(nbytes)
+  / (d2h_gbps * 1e9)``. The group's device storages are freed when its copy lands.
+* **Backward.** Units run in reverse from the end of forward, with no wait for copies
+  still in flight. Unit ``v`` is *reached* when the previous unit's backward ends (the
+  first at the end of forward). Reaching a unit whose group offloads reloads that group
+  unless it was issued already, and issues the reloads of the next ``prefetch_regions``
+  groups below it that offload (skipping units with nothing offloaded), where not issued
+  yet. A reload is one H2D copy of the group, FIFO in issue order, starting at
+  ``max(issue, end of the previous reload, the group's D2H landing)``. A unit's compute
+  starts once it is reached and its reload has landed (the wait is *stall*); it takes
+  the longer of ``replay_seconds + backward_seconds`` and its host time.
 * **Memory** (activation bytes only). KEEP: from save until its unit's backward ends.
-  OFFLOAD: from save until its D2H lands, and again from the reload's issue until its
-  unit's backward ends (continuously when the copy lands after the reload is issued).
-  RECOMPUTE: only during its unit's backward (the replay working set). At equal times,
-  frees are applied before allocations.
+  OFFLOAD: from save until its group's D2H lands, and again from the group's reload
+  issue until its unit's backward ends (continuously when the copy lands after the
+  reload is issued). RECOMPUTE: only during its unit's backward (the replay working
+  set). At equal times, frees are applied before allocations.
+
+NOTE [Offload groups]: this is the runtime's offload engine, step for step: pack only
+records an OFFLOAD storage in its group; at the region's exit the group is copied as
+one unit; backward does not drain the D2H stream (compute waits on a D2H copy only past
+the in-flight window, which a plan sets to its own offloaded bytes, so a planned step
+never waits there); the first unpack of a group's storage reloads the group and issues
+the next groups' reloads; the group is released when its unit's backward ends.
+
+NOTE [Host time]: a unit's time is the longer of its device time and its host time. The
+host time of a region's forward is ``RegionRecord.host_seconds`` (where measured; else
+its device time, as on CPU, where host and device are one) plus, per saved tensor,
+``Profile.pack_host_seconds``, plus ``offload_host_seconds`` when its group offloads;
+gaps take their device time plus the pack cost of their root saves. In backward: the
+unit's ``backward_host_seconds`` (or device time) plus ``unpack_host_seconds`` per save,
+``reload_host_seconds`` per group reload it issues, and ``replay_seconds`` plus
+``replay_host_seconds`` when it replays. Where no host time is measured and every host
+cost is 0, each unit takes its device time, bit for bit as without the host model.
 
 ``lower_bound`` is a relaxation of this model; its derivation is in its docstring.
 """
@@ -175,14 +197,46 @@ class FlatProfile:
     st_prod: np.ndarray
     fixed_from: np.ndarray
     fwd_start: np.ndarray
+    """Per unit its forward start when no group offloads (NOTE [Host time])."""
     fwd_dur: np.ndarray
+    """Per unit its forward device time (what a replay of a region without ops costs)."""
     bwd_dur: np.ndarray
+    """Per unit its backward time without replay or group reloads: the longer of
+    ``bwd_dev`` and ``bwd_host``."""
     t0: float
+    """End of forward when no group offloads."""
+    fwd_host: np.ndarray
+    """Per unit its forward host time: the measured host time (or the device time where
+    none was measured) plus the pack hook's cost per save."""
+    bwd_dev: np.ndarray
+    """Per unit its backward device time, without replay."""
+    bwd_host: np.ndarray
+    """Per unit its backward host time plus the unpack hook's cost per save."""
     d2h_bps: float
     h2d_bps: float
     host_limit_bytes: int
     op_host: float = 0.0
     """Seconds the replay dispatch mode adds per op it sees (``Profile.replay_op_seconds``)."""
+    offload_host: float = 0.0
+    """Host seconds to issue one group offload (``Profile.offload_host_seconds``)."""
+    reload_host: float = 0.0
+    """Host seconds to issue one group reload (``Profile.reload_host_seconds``)."""
+    replay_host: float = 0.0
+    """Host seconds of one replay beyond its ops (``Profile.replay_host_seconds``)."""
+
+    @property
+    def forward_span(self) -> np.ndarray:
+        """Per unit its forward time when its group does not offload."""
+        return np.maximum(self.fwd_dur, self.fwd_host)
+
+    def forward_end_bound(self) -> float:
+        """Latest end of forward of any plan: every unit that may offload does."""
+        may = np.zeros(self.n_units, dtype=np.bool_)
+        off = (self.legal & OFFLOAD_BIT) != 0
+        may[self.unit_of[off]] = True
+        span = self.forward_span
+        with_issue = np.maximum(self.fwd_dur, self.fwd_host + self.offload_host)
+        return self.t0 + float(np.sum(np.where(may, with_issue - span, 0.0)))
 
     @functools.cached_property
     def key_index(self) -> dict[StorageKey, int]:
@@ -495,6 +549,7 @@ _get_seconds = operator.attrgetter("seconds")
 _get_sink = operator.attrgetter("sink")
 _get_view = operator.attrgetter("view")
 _get_reads = operator.attrgetter("reads")
+_get_saves = operator.attrgetter("saves")
 
 
 def flatten(profile: Profile) -> FlatProfile:
@@ -637,9 +692,17 @@ def flatten(profile: Profile) -> FlatProfile:
     if frozen.any():  # regions that must never replay: no RECOMPUTE for their storages
         no_replay = np.concatenate((frozen[st_region], np.zeros(n_root, dtype=np.bool_)))[src]
         legal = np.where(no_replay, legal & ~RECOMPUTE_BIT, legal)
+    sv_arr = _int_array(list(map(_get_saves, sts)) + list(map(_get_saves, roots)))
+    if sv_arr is None:
+        _bad_storage(profile, "saves", "an int >= 0", lambda s: _is_count(s.saves))
+    assert sv_arr is not None
+    unit_saves = np.bincount(unit_arr, weights=sv_arr[src].astype(np.float64), minlength=n_units)
+    host_start, fwd_host, bwd_host, bwd_dev, t0 = _host_layout(profile, start, dur, bdur, t0, unit_saves)
     off_arr = np.concatenate((np.asarray(offsets, dtype=np.float64), root_t))[src]
-    # region storages: unit start + offset clamped to the unit; root: absolute, clamped above
+    # region storages: unit start + offset clamped to the unit; root: absolute, clamped
+    # above; both moved by the host time the units before theirs add (NOTE [Host time])
     save_arr = np.where(in_region, start[unit_arr] + np.minimum(off_arr, dur[unit_arr]), off_arr)
+    save_arr = save_arr + (host_start - start)[unit_arr]
     # by save time, then unit, then index: flat order is by unit, so a stable sort suffices
     order = np.argsort(save_arr, kind="stable").astype(np.int64)
 
@@ -681,15 +744,60 @@ def flatten(profile: Profile) -> FlatProfile:
         rd_idx=rd_idx,
         st_prod=st_prod[src],
         fixed_from=_fixed_from(op_ptr_arr, op_serv, sink_arr, rd_ptr, rd_idx, df_arr),
-        fwd_start=start,
+        fwd_start=host_start,
         fwd_dur=dur,
-        bwd_dur=bdur,
+        bwd_dur=np.maximum(bwd_dev, bwd_host),
         t0=float(t0),
+        fwd_host=fwd_host,
+        bwd_dev=bwd_dev,
+        bwd_host=bwd_host,
         d2h_bps=d2h,
         h2d_bps=h2d,
         host_limit_bytes=int(profile.host_limit_bytes),
         op_host=_check_number(profile.replay_op_seconds, "profile replay_op_seconds"),
+        offload_host=_check_number(profile.offload_host_seconds, "profile offload_host_seconds"),
+        reload_host=_check_number(profile.reload_host_seconds, "profile reload_host_seconds"),
+        replay_host=_check_number(profile.replay_host_seconds, "profile replay_host_seconds"),
     )
+
+
+def _host_layout(
+    profile: Profile,
+    start: np.ndarray,
+    dur: np.ndarray,
+    bdur: np.ndarray,
+    t0: float,
+    unit_saves: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+    """Host time per unit (NOTE [Host time]): forward starts and end of forward when no
+    group offloads, forward host time, backward host time, backward device time.
+
+    Where no host time was measured, and the hooks cost nothing, every unit's host time
+    equals its device time and the layout is ``_layout``'s, bit for bit.
+    """
+    pack = _check_number(profile.pack_host_seconds, "profile pack_host_seconds")
+    unpack = _check_number(profile.unpack_host_seconds, "profile unpack_host_seconds")
+    fwd_host = dur.copy()
+    bwd_host = bdur.copy()
+    for k, r in enumerate(profile.regions):
+        if r.host_seconds is not None:
+            fwd_host[2 * k + 1] = _check_number(
+                r.host_seconds, f"region {_region_label(r)} host_seconds"
+            )
+        if r.backward_host_seconds is not None:
+            bwd_host[2 * k + 1] = _check_number(
+                r.backward_host_seconds, f"region {_region_label(r)} backward_host_seconds"
+            )
+    if pack > 0:
+        fwd_host = fwd_host + pack * unit_saves
+    if unpack > 0:
+        bwd_host = bwd_host + unpack * unit_saves
+    span = np.maximum(dur, fwd_host)
+    if np.array_equal(span, dur):
+        return start, fwd_host, bwd_host, bdur, t0
+    ends = np.cumsum(span)
+    host_start = np.concatenate(([0.0], ends[:-1]))
+    return host_start, fwd_host, bwd_host, bdur, t0 + float(ends[-1] - np.cumsum(dur)[-1])
 
 
 def placement_array(flat: FlatProfile, plan: Plan) -> np.ndarray:
@@ -830,30 +938,56 @@ def replay_unit(
 def run_timeline(
     place, prefetch, save_order, st_ptr, unit_of, nbytes, save_time, last_save, st_prod,
     op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow,
-    fwd_dur, bwd_dur, t0, d2h_bps, h2d_bps, d2h_start, d2h_end, h2d_start, h2d_end, reach,
-    cstart, cend, replay, ev_t, ev_d, mark, stack, op_host, op_view
+    fwd_dur, fwd_start, fwd_host, bwd_dev, bwd_host, t0, d2h_bps, h2d_bps, off_h, rel_h, rp_h,
+    d2h_start, d2h_end, h2d_start, h2d_end, reach, cstart, cend, fstart, fend, riss, replay,
+    ev_t, ev_d, mark, stack, op_host, op_view
 ):  # type: ignore[no-untyped-def]
     """Simulate one step; fills the per-storage/per-unit arrays and the memory events.
 
-    Returns (step, peak, peak_time, stall, recompute, d2h_bytes, h2d_bytes, n_events);
-    ``ev_t[:n_events]``/``ev_d[:n_events]`` hold the memory events sorted by time,
-    frees first at equal times.
+    Returns (step, peak, peak_time, stall, recompute, d2h_bytes, h2d_bytes, n_events,
+    forward end); ``ev_t[:n_events]``/``ev_d[:n_events]`` hold the memory events sorted
+    by time, frees first at equal times. ``riss[u]`` is when unit ``u``'s group reload
+    was issued (-1: it offloads nothing).
     """
     n_st = nbytes.shape[0]
     n_u = fwd_dur.shape[0]
     top = n_u - 1
-    # D2H: FIFO in save order
+    # groups: the offloaded bytes of each unit (NOTE [Offload groups])
+    gbytes = np.zeros(n_u, dtype=np.int64)
+    goff = np.zeros(n_u, dtype=np.bool_)
+    for s in range(n_st):
+        if place[s] == 1:
+            goff[unit_of[s]] = True
+            gbytes[unit_of[s]] += nbytes[s]
+    # forward: a unit takes the longer of its device and host time; issuing its group's
+    # offload is host time at its exit (NOTE [Host time])
+    shift = 0.0
+    for u in range(n_u):
+        fstart[u] = fwd_start[u] + shift
+        span = max(fwd_dur[u], fwd_host[u])
+        if goff[u] and off_h > 0.0:
+            grown = max(fwd_dur[u], fwd_host[u] + off_h)
+            shift += grown - span
+            span = grown
+        fend[u] = fstart[u] + span
+    t_fwd = t0 + shift
+    # D2H: one copy per group, issued at its unit's exit, FIFO in forward order
     free = 0.0
     d2h_bytes = 0
-    for i in range(n_st):
-        s = save_order[i]
-        if place[s] == 1:
-            st = max(save_time[s], free)
-            en = st + nbytes[s] / d2h_bps
-            d2h_start[s] = st
-            d2h_end[s] = en
+    g_start = np.zeros(n_u)
+    g_end = np.zeros(n_u)
+    for u in range(n_u):
+        if goff[u]:
+            st = max(fend[u], free)
+            en = st + gbytes[u] / d2h_bps
+            g_start[u] = st
+            g_end[u] = en
             free = en
-            d2h_bytes += nbytes[s]
+            d2h_bytes += gbytes[u]
+    for s in range(n_st):
+        if place[s] == 1:
+            d2h_start[s] = g_start[unit_of[s]]
+            d2h_end[s] = g_end[unit_of[s]]
         else:
             d2h_start[s] = -1.0
             d2h_end[s] = -1.0
@@ -869,45 +1003,59 @@ def run_timeline(
                 )
                 break
         recompute += replay[u]
-    # backward: units in reverse, reloads FIFO in reverse forward order
+    # backward (no drain of the D2H stream first): reaching a unit whose group offloads
+    # reloads it unless prefetched, and issues the next `prefetch` offloading groups
+    # below it (NOTE [Offload groups])
     ready = np.zeros(n_u)
+    by = np.zeros(n_u, dtype=np.int64)  # the unit whose reach issued each group's reload
+    for u in range(n_u):
+        riss[u] = -1.0
     h2d_free = 0.0
     h2d_bytes = 0
     stall = 0.0
-    t = t0
+    t = t_fwd
     for v in range(top, -1, -1):
         reach[v] = t
-        if v == top:
-            lo = max(0, top - 2 * prefetch)
-            hi = top
-        else:
-            lo = v - 2 * prefetch
-            hi = lo
-        x = hi
-        while x >= lo and x >= 0:
-            for s in range(st_ptr[x + 1] - 1, st_ptr[x] - 1, -1):
-                if place[s] == 1:
-                    st = max(t, h2d_free, d2h_end[s])
-                    en = st + nbytes[s] / h2d_bps
-                    h2d_start[s] = st
-                    h2d_end[s] = en
-                    h2d_free = en
-                    h2d_bytes += nbytes[s]
-                    if en > ready[x]:
+        issued = 0
+        if goff[v]:
+            seen = -1
+            x = v
+            while x >= 0 and seen < prefetch:
+                if goff[x]:
+                    seen += 1
+                    if riss[x] < 0.0:
+                        riss[x] = t
+                        by[x] = v
+                        st = max(t, h2d_free, g_end[x])
+                        en = st + gbytes[x] / h2d_bps
+                        h2d_free = en
                         ready[x] = en
-                else:
-                    h2d_start[s] = -1.0
-                    h2d_end[s] = -1.0
-            x -= 1
+                        h2d_bytes += gbytes[x]
+                        issued += 1
+                        for s in range(st_ptr[x], st_ptr[x + 1]):
+                            if place[s] == 1:
+                                h2d_start[s] = st
+                                h2d_end[s] = en
+                x -= 1
+        for s in range(st_ptr[v], st_ptr[v + 1]):
+            if place[s] != 1:
+                h2d_start[s] = -1.0
+                h2d_end[s] = -1.0
         cs = max(t, ready[v])
         stall += cs - t
         cstart[v] = cs
-        cend[v] = cs + replay[v] + bwd_dur[v]
+        cend[v] = cs + replay[v] + bwd_dev[v]
+        host = bwd_host[v] + issued * rel_h
+        if replay[v] > 0.0:
+            host += rp_h
+        h_end = cs + replay[v] + host
+        if h_end > cend[v]:
+            cend[v] = h_end
         t = cend[v]
     step = t
     # NOTE [memory merge]: four event streams, each already sorted by time: saves (save
-    # order), D2H landings (FIFO, so in save order too), backward allocations (reloads at
-    # issue, replay working sets at compute start) and backward frees (unit ends). They
+    # order), D2H landings (groups land in forward order), backward allocations (reloads
+    # at issue, replay working sets at compute start) and backward frees (unit ends). They
     # are merged with frees first at equal times, so no sort is needed.
     inf = np.inf
     s1 = np.empty(n_st, dtype=np.int64)
@@ -920,28 +1068,21 @@ def run_timeline(
             continue
         s1[n1] = s
         n1 += 1
-        if place[s] == 1 and d2h_end[s] < reach[min(unit_of[s] + 2 * prefetch, top)]:
+    for s in range(n_st):  # flat order is forward unit order: landings in time order
+        if place[s] == 1 and nbytes[s] > 0 and d2h_end[s] < riss[unit_of[s]]:
             s2[n2] = s
             n2 += 1
     s3t = np.empty(2 * n_u)
     s3b = np.zeros(2 * n_u, dtype=np.int64)
     s4t = np.empty(n_u)
     s4b = np.zeros(n_u, dtype=np.int64)
+    for x in range(n_u):
+        # a reload allocates at its issue; a group still on the device then stays
+        if goff[x] and g_end[x] < riss[x]:
+            s3b[2 * (top - by[x])] += gbytes[x]
     n3 = 0
     for v in range(top, -1, -1):
-        if v == top:
-            lo = max(0, top - 2 * prefetch)
-            hi = top
-        else:
-            lo = v - 2 * prefetch
-            hi = lo
         s3t[n3] = reach[v]
-        x = hi
-        while x >= lo and x >= 0:
-            for s in range(st_ptr[x], st_ptr[x + 1]):
-                if place[s] == 1 and d2h_end[s] < reach[v]:
-                    s3b[n3] += nbytes[s]
-            x -= 1
         n3 += 1
         s3t[n3] = cstart[v]
         for s in range(st_ptr[v], st_ptr[v + 1]):
@@ -960,7 +1101,7 @@ def run_timeline(
     peak = 0
     peak_t = 0.0
     while True:
-        t1 = save_time[s1[i1]] if i1 < n1 else inf
+        t1 = save_time[s1[i1]] + (fstart[unit_of[s1[i1]]] - fwd_start[unit_of[s1[i1]]]) if i1 < n1 else inf
         t2 = d2h_end[s2[i2]] if i2 < n2 else inf
         t3 = s3t[i3] if i3 < n3 else inf
         t4 = s4t[i4] if i4 < n4 else inf
@@ -994,7 +1135,7 @@ def run_timeline(
         if run > peak:
             peak = run
             peak_t = t
-    return step, peak, peak_t, stall, recompute, d2h_bytes, h2d_bytes, n_ev
+    return step, peak, peak_t, stall, recompute, d2h_bytes, h2d_bytes, n_ev, t_fwd
 
 
 class SimResult(NamedTuple):
@@ -1005,6 +1146,8 @@ class SimResult(NamedTuple):
     recompute: float
     d2h_bytes: int
     h2d_bytes: int
+    forward: float = 0.0
+    """End of forward (start of backward) under the plan."""
 
 
 class Workspace:
@@ -1020,6 +1163,9 @@ class Workspace:
         self.reach = np.zeros(u)
         self.cstart = np.zeros(u)
         self.cend = np.zeros(u)
+        self.fstart = np.zeros(u)
+        self.fend = np.zeros(u)
+        self.riss = np.zeros(u)
         self.replay = np.zeros(u)
         self.ev_t = np.zeros(2 * n + 3 * u + 1)
         self.ev_d = np.zeros(2 * n + 3 * u + 1, dtype=np.int64)
@@ -1035,10 +1181,11 @@ class Workspace:
         out = run_timeline(
             place, prefetch, f.save_order, f.st_ptr, f.unit_of, f.nbytes, f.save_time,
             f.last_save, f.st_prod, f.op_ptr, f.op_sec, f.op_serv, f.op_sink, f.out_ptr,
-            f.out_idx, f.rd_ptr, f.rd_idx, f.noops, f.dataflow, f.fwd_dur, f.bwd_dur, f.t0,
-            d2h, h2d, self.d2h_start, self.d2h_end, self.h2d_start, self.h2d_end, self.reach,
-            self.cstart, self.cend, self.replay, self.ev_t, self.ev_d, self.mark, self.stack,
-            f.op_host, f.op_view
+            f.out_idx, f.rd_ptr, f.rd_idx, f.noops, f.dataflow, f.fwd_dur, f.fwd_start,
+            f.fwd_host, f.bwd_dev, f.bwd_host, f.t0, d2h, h2d, f.offload_host, f.reload_host,
+            f.replay_host, self.d2h_start, self.d2h_end, self.h2d_start, self.h2d_end,
+            self.reach, self.cstart, self.cend, self.fstart, self.fend, self.riss, self.replay,
+            self.ev_t, self.ev_d, self.mark, self.stack, f.op_host, f.op_view
         )
         self.n_events = int(out[7])
         return SimResult(
@@ -1049,6 +1196,7 @@ class Workspace:
             float(out[4]),
             int(out[5]),
             int(out[6]),
+            float(out[8]),
         )
 
 
@@ -1096,9 +1244,9 @@ class Timeline:
     compute: list[Interval]
     """Compute stream: forward, replay and backward per unit, and stalls."""
     d2h: list[Interval]
-    """Device-to-host copies, one per offloaded storage."""
+    """Device-to-host copies, one per offloading group (region call or root run)."""
     h2d: list[Interval]
-    """Host-to-device reloads, one per offloaded storage."""
+    """Host-to-device reloads, one per offloading group, in start order."""
     memory: list[tuple[float, int]]
     """(time, resident activation bytes) after all events at that time; starts at (0, 0)."""
 
@@ -1112,13 +1260,9 @@ def simulate(profile: Profile, plan: Plan, *, prefetch_regions: int = 2) -> Time
     res = ws.run(place, prefetch)
     compute: list[Interval] = []
     for u in range(flat.n_units):
-        if flat.fwd_dur[u] > 0:
+        if ws.fend[u] > ws.fstart[u]:
             compute.append(
-                Interval(
-                    float(flat.fwd_start[u]),
-                    float(flat.fwd_start[u] + flat.fwd_dur[u]),
-                    f"forward {flat.unit_names[u]}",
-                )
+                Interval(float(ws.fstart[u]), float(ws.fend[u]), f"forward {flat.unit_names[u]}")
             )
     for u in range(flat.n_units - 1, -1, -1):
         name = flat.unit_names[u]
@@ -1134,13 +1278,19 @@ def simulate(profile: Profile, plan: Plan, *, prefetch_regions: int = 2) -> Time
             compute.append(Interval(cs, cs + rp, f"replay {name}"))
         if ce > cs + rp:
             compute.append(Interval(cs + rp, ce, f"backward {name}"))
-    off = [i for i in range(flat.n_storages) if place[i] == int(Placement.OFFLOAD)]
-    d2h = sorted(
-        (Interval(float(ws.d2h_start[i]), float(ws.d2h_end[i]), str(flat.keys[i])) for i in off),
-    )
-    h2d = sorted(
-        (Interval(float(ws.h2d_start[i]), float(ws.h2d_end[i]), str(flat.keys[i])) for i in off),
-    )
+    # one copy per group each way (NOTE [Offload groups])
+    off = place == int(Placement.OFFLOAD)
+    d2h: list[Interval] = []
+    h2d: list[Interval] = []
+    for u in range(flat.n_units):
+        lo, hi = int(flat.st_ptr[u]), int(flat.st_ptr[u + 1])
+        members = np.flatnonzero(off[lo:hi])
+        if members.size:
+            first = lo + int(members[0])
+            label = flat.unit_names[u] if u % 2 else f"(root) before unit {u + 1}"
+            d2h.append(Interval(float(ws.d2h_start[first]), float(ws.d2h_end[first]), label))
+            h2d.append(Interval(float(ws.h2d_start[first]), float(ws.h2d_end[first]), label))
+    h2d.sort()
     n = ws.n_events
     memory: list[tuple[float, int]] = [(0.0, 0)]
     if n:
@@ -1155,7 +1305,7 @@ def simulate(profile: Profile, plan: Plan, *, prefetch_regions: int = 2) -> Time
                 memory.append((t, b))
     return Timeline(
         step_seconds=res.step,
-        forward_seconds=flat.t0,
+        forward_seconds=res.forward,
         peak_bytes=res.peak,
         peak_time_seconds=res.peak_time,
         stall_seconds=res.stall,
@@ -1355,7 +1505,7 @@ def _pwl(bx, by, slope, order, x):  # type: ignore[no-untyped-def]
 def _lower_bound(
     budget, st_ptr, nbytes, legal, last_save, save_time, st_prod, op_ptr, op_sec, op_serv,
     fixed_from, out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow, fwd_dur, bwd_dur, t0, d2h_bps, h2d_bps,
-    host_limit, max_groups
+    host_limit, max_groups, t_cap
 ):  # type: ignore[no-untyped-def]
     n_u = fwd_dur.shape[0]
     b_total = 0.0
@@ -1382,7 +1532,7 @@ def _lower_bound(
             if (legal[s] & 2) != 0 and nbytes[s] > 0:
                 ob += nbytes[s]
                 t_first = min(t_first, save_time[s])
-        cap = min(ob, d2h_bps * (t0 - t_first))
+        cap = min(ob, d2h_bps * (t_cap - t_first))
         if host_limit > 0:
             cap = min(cap, float(host_limit))
     seg_x = np.empty(st_ptr[top + 1] * (max_groups + 1) + n_u + 1)
@@ -1446,8 +1596,12 @@ def lower_bound(profile: Profile, budget_bytes: int | None) -> float:
       bytes ``R`` dropped plus the bytes ``O`` landed by ``T0`` must cover
       ``need = A - budget`` (``A``: the remaining bytes).
     * ``O`` is at most what the D2H link carries from the earliest offloadable save to
-      ``T0`` (and the host limit); every offloaded byte comes back after ``T0`` on the
-      H2D link before the step ends, so ``step >= F + O / h2d``.
+      the latest end of forward any plan has (every group that may offload does, each
+      adding its issue time; ``FlatProfile.forward_end_bound``), and the host limit;
+      every offloaded byte comes back after ``T0`` on the H2D link before the step ends,
+      so ``step >= F + O / h2d``. ``F`` and ``B`` include the host time every plan pays
+      (the hooks' per-save costs, NOTE [Host time]); issue and replay host time only
+      lengthen a plan, so leaving them out keeps the bound.
     * The least replay time to drop ``R`` bytes is bounded below by a fractional
       knapsack over per-region convex envelopes of ``fixed(K) + sum c_s`` (see
       ``_region_envelope``): convex, so regions combine by slope.
@@ -1491,5 +1645,6 @@ def lower_bound_flat(flat: FlatProfile, budget_bytes: int, max_groups: int = 32)
             flat.h2d_bps,
             flat.host_limit_bytes,
             max_groups,
+            flat.forward_end_bound(),
         )
     )

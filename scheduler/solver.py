@@ -51,6 +51,7 @@ from scheduler.simulate import (
     flatten,
     lower_bound_flat,
     njit,
+    njit_inline,
     replay_unit,
     served_now,
 )
@@ -304,7 +305,9 @@ def _hidden_set(
         reach0[v] = reach0[v + 1] + bwd_dur[v + 1]
     issue = np.empty(n_u)
     for x in range(n_u):
-        issue[x] = reach0[min(x + 2 * prefetch, top)]
+        # prefetched when the offloading region `prefetch` regions later is reached; the
+        # first group backward meets is reloaded when reached (NOTE [Offload groups])
+        issue[x] = reach0[x + 2 * prefetch] if x + 2 * prefetch <= top else reach0[x]
     load = np.zeros(n_u)
     comp = issue.copy()
     tmp = np.empty(n_u)
@@ -380,6 +383,16 @@ def _hidden_set(
             free = max(free, save_time[s]) + nbytes[s] / d2h_bps
             land[s] = free
     return acc, land
+
+
+@njit_inline
+def _issue_at(x, riss, reach, prefetch, top):  # type: ignore[no-untyped-def]
+    """When unit ``x``'s group reload is issued: as simulated where ``x`` offloads, else
+    when the region ``prefetch`` regions later is reached, or ``x`` itself when none is
+    (NOTE [Offload groups] in scheduler.simulate)."""
+    if riss[x] >= 0.0:
+        return riss[x]
+    return reach[x + 2 * prefetch] if x + 2 * prefetch <= top else reach[x]
 
 
 @njit
@@ -582,7 +595,7 @@ def _chain_step(
     place, new, side, tstar, delta, prefetch, h_order, h_land, legal, save_order, st_ptr,
     unit_of, nbytes, save_time, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr,
     out_idx, rd_ptr, rd_idx, noops, df_price, fwd_dur, d2h_bps, h2d_bps, d2h_end, h2d_end,
-    reach, cstart, prod_ptr, prod_ops, ctr, join, vis, ran, nvis, nran, stamp, sstamp, odrop,
+    reach, cstart, riss, fend, prod_ptr, prod_ops, ctr, join, vis, ran, nvis, nran, stamp, sstamp, odrop,
     stack, op_host, dc_code, dc_items, dc_eff, dc_f, dc_i, op_view
 ):  # type: ignore[no-untyped-def]
     """One step of the chain: free about ``delta`` bytes resident at time ``tstar``.
@@ -622,7 +635,7 @@ def _chain_step(
         if place[s] != 0 or save_time[s] > tstar or (legal[s] & 2) == 0:
             continue
         x = unit_of[s]
-        iss = reach[min(x + 2 * prefetch, top)]
+        iss = _issue_at(x, riss, reach, prefetch, top)
         if h_land[s] <= tstar < iss:
             if df_price[x] and st_prod[s] >= 0:
                 if u_tag[x] == 0:
@@ -675,7 +688,7 @@ def _chain_step(
     for u in range(n_u):
         if u % 2 == 0 or tstar >= cstart[u]:
             continue
-        iss = reach[min(u + 2 * prefetch, top)]
+        iss = _issue_at(u, riss, reach, prefetch, top)
         candidates = False
         for s in range(st_ptr[u], st_ptr[u + 1]):
             item = False
@@ -764,8 +777,8 @@ def _chain_step(
             x = unit_of[s]
             if tstar >= cstart[x]:
                 continue
-            iss = reach[min(x + 2 * prefetch, top)]
-            lands = max(save_time[s], busy) + nbytes[s] / d2h_bps
+            iss = _issue_at(x, riss, reach, prefetch, top)
+            lands = max(fend[x], busy) + nbytes[s] / d2h_bps
             room = min(tstar, lim[i]) - lands
             if room < 0 or tstar >= iss:
                 continue
@@ -1021,8 +1034,10 @@ def _build_family(
         rank = np.empty(n, dtype=np.int64)
         rank[flat.save_order] = np.arange(n)
         cand = cand[np.lexsort((rank[cand], -density[cand]))].astype(np.int64)
+        # a copy starts no earlier than its group's exit (NOTE [Offload groups])
+        exits = (flat.fwd_start + flat.forward_span)[flat.unit_of]
         h_order, h_land = _hidden_set(
-            cand, flat.nbytes, flat.save_time, flat.unit_of, rank, flat.t0,
+            cand, flat.nbytes, exits, flat.unit_of, rank, flat.t0,
             flat.d2h_bps, flat.h2d_bps, flat.bwd_dur, prefetch, flat.host_limit_bytes
         )
     span = keep_res.peak - floor if floor < keep_res.peak else keep_res.peak
@@ -1069,7 +1084,8 @@ def _build_family(
                 flat.save_time, flat.last_save, flat.st_prod, flat.op_ptr, flat.op_sec,
                 flat.op_serv, flat.op_sink, flat.out_ptr, flat.out_idx, flat.rd_ptr,
                 flat.rd_idx, flat.noops, df_price, flat.fwd_dur, flat.d2h_bps, flat.h2d_bps,
-                cur_ws.d2h_end, cur_ws.h2d_end, cur_ws.reach, cur_ws.cstart, prod_ptr, prod_ops,
+                cur_ws.d2h_end, cur_ws.h2d_end, cur_ws.reach, cur_ws.cstart, cur_ws.riss,
+                cur_ws.fend, prod_ptr, prod_ops,
                 ctr, join, vis, ran, nvis, nran, stamp, sstamp, odrop, stack, flat.op_host,
                 dc_code, dc_items, dc_eff, dc_f, dc_i, flat.op_view
             )
@@ -1168,7 +1184,7 @@ def _make_plan(
         budget_bytes=budget,
         predicted_step_seconds=res.step,
         predicted_peak_bytes=res.peak,
-        predicted_forward_seconds=flat.t0,
+        predicted_forward_seconds=res.forward,
         predicted_recompute_seconds=res.recompute,
         predicted_stall_seconds=res.stall,
         lower_bound_seconds=lb,

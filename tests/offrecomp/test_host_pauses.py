@@ -247,10 +247,9 @@ def test_one_slow_pass_moves_a_region_estimate_by_a_bounded_step() -> None:
 
 
 def test_a_plan_that_offloads_still_learns_its_forward() -> None:
-    """NOTE [Forward timeline]: regions that offload are skipped (their forward holds
-    copy waits), but the gaps around them and the clean regions are learnt, and the
-    forward total is rebuilt from them. A wrong total (as a distorted calibration
-    would leave) is corrected by later passes."""
+    """NOTE [Forward timeline]: a plan that offloads learns its regions and the gaps
+    around them, and the forward total is rebuilt from them. A wrong total (as a
+    distorted calibration would leave) is corrected by later passes."""
     model = _model()
     r = twin(model)
     ref = train(r, _batch, steps=2) + train(r, _batch, steps=4)  # the same two loops

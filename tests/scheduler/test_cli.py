@@ -119,6 +119,22 @@ def test_replay_op_cost_slows_partial_replays(tmp_path: Path) -> None:
     assert times[1] > times[0]
 
 
+def test_host_costs_from_the_command_line(tmp_path: Path) -> None:
+    """--pack-us and friends set the runtime's host costs (NOTE [Host time]): a host cost
+    per save lengthens every plan's step."""
+    p = gpt_profile(
+        layers=4, hidden=1024, heads=8, seq=4096, batch=1, device_tflops=990, d2h_gbps=50, h2d_gbps=50
+    )
+    path = tmp_path / "prof.json"
+    p.save(path)
+    times = []
+    for us in ("0", "500"):
+        rc, text = run("plan", str(path), "--budget", "2GiB", "--pack-us", us, "--offload-us", us, "--json")
+        assert rc == 0
+        times.append(json.loads(text)["predicted_step_seconds"])
+    assert times[1] > times[0]
+
+
 def test_min_budget() -> None:
     rc, text = run(
         "plan",
@@ -182,6 +198,11 @@ def test_infeasible_budget_exit_status(capsys: pytest.CaptureFixture[str]) -> No
             ["plan", "--model", MODEL, "--device-tflops", "990", "--budget", "1GiB",
              "--replay-op-us", "-3"],
             "--replay-op-us -3.0 is invalid",
+        ),
+        (
+            ["plan", "--model", MODEL, "--device-tflops", "990", "--budget", "1GiB",
+             "--offload-us", "-1"],
+            "--offload-us -1.0 is invalid",
         ),
     ],
 )

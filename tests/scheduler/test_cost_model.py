@@ -117,3 +117,26 @@ def test_predict_is_the_simulator() -> None:
     )
     assert pr.d2h_bytes == pr.h2d_bytes == p.regions[0].storages[0].nbytes
     assert pr.recompute_seconds > 0
+
+
+def test_host_costs_are_moving_averages_and_zero_is_not_measured() -> None:
+    cm = CostModel(alpha=0.5)
+    a = measured()
+    a.pack_host_seconds, a.offload_host_seconds = 10e-6, 40e-6
+    a.regions[0].host_seconds = 1.0
+    cm.update(a)
+    b = measured()
+    b.pack_host_seconds, b.reload_host_seconds = 20e-6, 30e-6  # no offload measured
+    b.regions[0].host_seconds = 3.0
+    b.regions[1].host_seconds = 2.0
+    cm.update(b)
+    est = cm.estimate()
+    assert est.pack_host_seconds == pytest.approx(15e-6)
+    assert est.offload_host_seconds == pytest.approx(40e-6)  # kept
+    assert est.reload_host_seconds == pytest.approx(30e-6)  # first measurement
+    assert est.unpack_host_seconds == 0.0
+    assert est.regions[0].host_seconds == pytest.approx(2.0)
+    assert est.regions[1].host_seconds == pytest.approx(2.0)
+    c = measured()  # host times not measured: the estimate's stand
+    cm.update(c)
+    assert cm.estimate().regions[0].host_seconds == pytest.approx(2.0)

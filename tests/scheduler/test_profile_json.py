@@ -86,3 +86,19 @@ def test_cost_model_take_keeps_the_profile_and_averages_into_it() -> None:
     got = [op.seconds for r in second.regions for op in r.ops]
     assert got == want  # averaged in place: the model holds `second` itself
     assert cm.estimate() == second and cm.estimate() is not second
+
+
+def test_host_costs_round_trip_and_older_files_read_as_free() -> None:
+    p = random_profile(3)
+    p.pack_host_seconds, p.offload_host_seconds, p.reload_host_seconds = 8e-6, 60e-6, 90e-6
+    p.regions[0].host_seconds = 0.5
+    p.regions[0].backward_host_seconds = 0.25
+    q = Profile.from_json(p.to_json())
+    assert q == p and q.regions[0].host_seconds == 0.5
+    data = p.to_dict()
+    for name in ("pack_host_seconds", "offload_host_seconds", "reload_host_seconds"):
+        del data[name]
+    for r in data["regions"]:
+        del r["host_seconds"], r["backward_host_seconds"]
+    old = Profile.from_dict(data)  # a file without them: the runtime costs nothing
+    assert old.pack_host_seconds == 0.0 and old.regions[0].host_seconds is None

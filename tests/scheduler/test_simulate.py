@@ -86,10 +86,11 @@ def test_keep_everything() -> None:
 def test_offload_and_recompute_without_prefetch() -> None:
     plan = Plan(placements={("l0", 0, 0): OFF, ("l0", 0, 1): R})
     t = simulate(two_blocks(), plan, prefetch_regions=0)
-    # D2H of l0/s0: saved at 1, lands at 2. Backward of l1: 6..12. l0 is reached at 12,
-    # its reload is issued then (prefetch 0): 12..13, so 1 s of stall. Replay of l0 runs
-    # op0 (its output is offloaded, not kept) and op1 (dropped): 3 s; then 6 s backward.
-    assert [(i.start, i.end) for i in t.d2h] == [(1.0, 2.0)]
+    # l0/s0 is saved at 1 and stays on the device until l0 exits (3): its group's copy
+    # runs 3..4. Backward of l1: 6..12. l0 is reached at 12, its unpack reloads the group
+    # then (prefetch 0): 12..13, so 1 s of stall. Replay of l0 runs op0 (its output is
+    # offloaded, not kept) and op1 (dropped): 3 s; then 6 s backward.
+    assert [(i.start, i.end) for i in t.d2h] == [(3.0, 4.0)]
     assert [(i.start, i.end) for i in t.h2d] == [(12.0, 13.0)]
     assert t.stall_seconds == 1.0
     assert t.recompute_seconds == 3.0
@@ -97,8 +98,7 @@ def test_offload_and_recompute_without_prefetch() -> None:
     assert t.memory == [
         (0.0, 0),
         (1.0, 100),
-        (2.0, 0),
-        (4.0, 100),
+        (4.0, 100),  # l0/s0's copy lands as l1/s0 is saved
         (6.0, 300),
         (12.0, 100),
         (13.0, 300),
@@ -107,7 +107,7 @@ def test_offload_and_recompute_without_prefetch() -> None:
     assert t.peak_bytes == 300
 
 
-def test_root_gaps_and_prefetch_at_end_of_forward() -> None:
+def test_root_gaps_and_reload_on_first_unpack() -> None:
     # forward 8 s: root work 0..1, l0 1..4, l1 4..7, root 7..8; backward 16 s: regions
     # 6 s each, the 4 s of root backward split like the root forward (2, 0, 2)
     profile = Profile(
@@ -121,32 +121,32 @@ def test_root_gaps_and_prefetch_at_end_of_forward() -> None:
     )
     plan = Plan(placements={("l1", 0, 0): OFF, (ROOT, 0, 0): K})
     t = simulate(profile, plan, prefetch_regions=2)
-    # l1/s0 saved at 5, copied 5..6; two regions ahead of l1 is past the last unit, so its
-    # reload is issued at the end of forward (8) and lands at 9, before l1 is reached (10)
-    assert [(i.start, i.end) for i in t.d2h] == [(5.0, 6.0)]
-    assert [(i.start, i.end) for i in t.h2d] == [(8.0, 9.0)]
-    assert t.stall_seconds == 0.0
-    assert [(i.start, i.end, i.label) for i in t.compute if i.label.startswith("backward")] == [
+    # l1/s0 saved at 5, copied as l1's group at its exit 7..8; backward starts at 8 with
+    # nothing issued: l1's group is reloaded when l1 is reached (10) and lands at 11
+    assert [(i.start, i.end) for i in t.d2h] == [(7.0, 8.0)]
+    assert [(i.start, i.end) for i in t.h2d] == [(10.0, 11.0)]
+    assert t.stall_seconds == 1.0
+    assert [(i.start, i.end, i.label) for i in t.compute if i.start >= 8.0] == [
         (8.0, 10.0, "backward (root)"),
-        (10.0, 16.0, "backward l1#0"),
-        (16.0, 22.0, "backward l0#0"),
-        (22.0, 24.0, "backward (root)"),
+        (10.0, 11.0, "stall l1#0"),
+        (11.0, 17.0, "backward l1#0"),
+        (17.0, 23.0, "backward l0#0"),
+        (23.0, 25.0, "backward (root)"),
     ]
-    assert t.step_seconds == 24.0
+    assert t.step_seconds == 25.0
     assert t.memory == [
         (0.0, 0),
         (2.0, 100),
         (4.0, 300),
         (5.0, 400),
-        (6.0, 300),
-        (7.0, 500),
-        (7.5, 550),
-        (8.0, 650),
+        (7.0, 600),
+        (7.5, 650),
+        (8.0, 550),
         (10.0, 600),
-        (16.0, 300),
-        (22.0, 0),
+        (17.0, 300),
+        (23.0, 0),
     ]
-    assert (t.peak_bytes, t.peak_time_seconds) == (650, 8.0)
+    assert (t.peak_bytes, t.peak_time_seconds) == (650, 7.5)
 
 
 def test_illegal_placements_are_rejected() -> None:

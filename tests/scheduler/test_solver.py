@@ -124,8 +124,13 @@ def test_offload_hides_under_compute_when_the_link_is_fast() -> None:
     plan = solve(fast, budget_bytes=int(keep.peak_bytes * 0.5))
     counts = plan.counts()
     assert counts[Placement.OFFLOAD] > 0 and counts[Placement.RECOMPUTE] == 0
-    assert plan.predicted_step_seconds == pytest.approx(keep.step_seconds, rel=1e-9)
-    # the last regions, whose reloads would be issued at the end of forward, stay on device
+    # every copy hides but the reload of the first group backward meets, which its
+    # unpack issues (NOTE [Offload groups]): the plan's only cost is that stall
+    assert plan.predicted_step_seconds == pytest.approx(
+        keep.step_seconds + (plan.predicted_stall_seconds or 0.0), rel=1e-9
+    )
+    assert 0 < (plan.predicted_stall_seconds or 0.0) < 0.01 * keep.step_seconds
+    # the last regions, whose reloads could not be prefetched, stay on device
     last = fast.regions[-1]
     assert all(
         plan.placement((last.name, 0, i)) != Placement.OFFLOAD for i in range(len(last.storages))

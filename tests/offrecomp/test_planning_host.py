@@ -1,0 +1,152 @@
+"""The planner's host-time learning (NOTE [Host time] in scheduler/simulate.py) and its
+bookkeeping outside the backward-done callback (NOTE [Bookkeeping off the critical
+path] in offrecomp/planning.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import offrecomp
+from offrecomp._torch_compat import current_graph_task_id
+from offrecomp.planning import OUTLIER_RATIO, Planner
+from offrecomp.state import PassState
+from scheduler import Placement, Plan
+from tests.helpers import make, train, twin
+from tests.offrecomp.test_host_pauses import _batch, _model
+
+
+def _runtime(model: object, **kw: object) -> offrecomp.Runtime:
+    return offrecomp.runtime(model, mode="auto", min_bytes=0, **kw)  # type: ignore[arg-type]
+
+
+def _measured_pass(saves: int, **costs: Any) -> PassState:
+    """A pass whose stats carry the runtime's host-cost fields given in ``costs``."""
+    p = PassState(index=0, signature="sig", mode="auto")
+    p.stats.saved_tensors = saves
+    for name in ("pack_seconds", "unpack_seconds"):
+        if name in costs:
+            setattr(p.stats, name, costs.pop(name))
+    p.offload_stats = SimpleNamespace(**costs)  # type: ignore[assignment]
+    return p
+
+
+def test_host_costs_are_learnt_per_save_and_per_group() -> None:
+    model, _ = make("gpt_dropout")
+    planner = _runtime(twin(model))._planner
+    from scheduler import Profile
+
+    measured = Profile(signature="sig")
+    p = _measured_pass(
+        100,
+        pack_seconds=1e-3,
+        unpack_seconds=5e-4,
+        groups_offloaded=4,
+        offload_host_seconds=2e-4,
+        groups_reloaded=2,
+        reload_host_seconds=1e-4,
+    )
+    planner._learn_host_costs(p, measured)
+    assert measured.pack_host_seconds == pytest.approx(1e-5)
+    assert measured.unpack_host_seconds == pytest.approx(5e-6)
+    assert measured.offload_host_seconds == pytest.approx(5e-5)
+    assert measured.reload_host_seconds == pytest.approx(5e-5)
+    # a pass that did not measure a cost (no field, no group) leaves the estimate
+    planner._learn_host_costs(_measured_pass(100, groups_offloaded=0), measured)
+    assert measured.pack_host_seconds == pytest.approx(1e-5)
+    assert measured.offload_host_seconds == pytest.approx(5e-5)
+    # one outlying pass reads as at most OUTLIER_RATIO x the estimate plus 20 us
+    planner._learn_host_costs(_measured_pass(100, pack_seconds=1.0), measured)
+    assert measured.pack_host_seconds == pytest.approx(OUTLIER_RATIO * 1e-5 + 20e-6)
+
+
+def test_learnt_host_costs_reach_the_estimate_and_the_prediction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime's fields (read with defaults: they may be absent) go through the cost
+    model into the profile that plans are solved and predicted with."""
+    per_save = 40e-6
+    learn = Planner._learn_host_costs
+
+    def with_fields(self: Planner, p: PassState, measured: Any) -> None:
+        p.stats.pack_seconds = per_save * p.stats.saved_tensors  # type: ignore[attr-defined]
+        learn(self, p, measured)
+
+    monkeypatch.setattr(Planner, "_learn_host_costs", with_fields)
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    rt = _runtime(m, budget="50%", drift=100.0)
+    train(m, batch, rt, steps=4)
+    entry = rt._planner.last_entry
+    assert entry is not None and entry.profile is not None and entry.plan is not None
+    assert entry.profile.pack_host_seconds == pytest.approx(per_save)
+    # the model adds the hooks back: the predicted forward holds them
+    saves = sum(s.saves for r in entry.profile.regions for s in r.storages)
+    saves += sum(s.saves for s in entry.profile.root)
+    bare = entry.profile.copy()
+    bare.pack_host_seconds = 0.0
+    from scheduler import predict
+
+    with_hooks = predict(entry.profile, entry.plan).forward_seconds
+    without = predict(bare, entry.plan).forward_seconds
+    assert with_hooks - without == pytest.approx(saves * per_save, rel=1e-6)
+
+
+def test_a_region_that_offloads_is_learnt_like_the_others() -> None:
+    """NOTE [Forward timeline]: the grouped engine copies a region's group after its
+    forward, so its span is compute (and the hooks): it is learnt, not skipped."""
+    m = _model()
+    rt = offrecomp.runtime(m, mode="auto", min_bytes=0, budget="50%")
+    train(m, _batch, rt, steps=2)  # measure, calibrate
+    entry = rt._planner.last_entry
+    assert entry is not None and entry.cost is not None
+    est = entry.cost._estimate
+    assert est is not None
+    block0 = next(r for r in est.regions if r.name == "stack.blocks.0")
+    block0.forward_seconds = 10.0  # an estimate no pass measured
+    offload = {
+        (block0.name, block0.call_index, i): Placement.OFFLOAD
+        for i, s in enumerate(block0.storages)
+        if s.kind == "activation"
+    }
+    assert offload
+    rt.set_plan(Plan(placements=offload))
+    train(m, _batch, rt, steps=4)
+    assert all(s.offloaded_bytes > 0 for s in rt.report().steps[2:])
+    learnt = next(r for r in entry.cost._estimate.regions if r.name == "stack.blocks.0")  # type: ignore[union-attr]
+    # each pass reads at least 1/OUTLIER_RATIO of the estimate: four passes leave
+    # (0.7 + 0.3 / 4) ** 4 of the wrong value at most (skipped, it would stay at 10 s)
+    assert learnt.forward_seconds <= 10.0 * (0.7 + 0.3 / OUTLIER_RATIO) ** 4 + 1e-9
+
+
+def test_the_backward_callback_leaves_the_planning_to_the_next_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Bookkeeping off the critical path]: the measuring pass's profile is built,
+    and each record learnt from, when the next pass begins (or the context exits), never
+    inside autograd's backward-done callback; a signature still plans from its third pass."""
+    where: list[str] = []
+    plan_from, resolve_now = Planner._plan_from, Planner._resolve
+
+    def spy_plan_from(self: Planner, *a: Any) -> None:
+        where.append("callback" if current_graph_task_id() != -1 else "plan_from")
+        plan_from(self, *a)
+
+    def spy_resolve(self: Planner, **kw: Any) -> None:
+        if self._pending:
+            where.append("callback" if current_graph_task_id() != -1 else "learn")
+        resolve_now(self, **kw)
+
+    monkeypatch.setattr(Planner, "_plan_from", spy_plan_from)
+    monkeypatch.setattr(Planner, "_resolve", spy_resolve)
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    rt = _runtime(m, budget="50%")
+    with rt:
+        loss = m(batch(0))
+        loss.backward()  # the measuring pass ends in this backward's callback
+        assert rt._planner.entries == {} or all(e.profile is None for e in rt._planner.entries.values())
+        assert rt._planner.pending_ids()  # its record is not read yet
+    assert "callback" not in where and "plan_from" in where
+    train(m, batch, rt, steps=3)
+    phases = [s.phase for s in rt.report().steps]
+    assert phases == ["measure", "calibrate", "planned", "planned"]
+    assert "callback" not in where

@@ -1,0 +1,198 @@
+"""The simulator's offload groups and host time (NOTE [Offload groups], NOTE [Host time]
+in scheduler/simulate.py), against timelines worked out by hand."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler import Placement, Plan, Profile, exhaustive_solve, lower_bound, simulate
+from tests.scheduler.instances import random_profile
+from tests.scheduler.test_simulate import block, two_blocks
+
+K, OFF, R = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
+
+
+def four_blocks() -> Profile:
+    # blocks 3 s forward, 6 s backward; links of 100 B/s
+    return Profile(
+        signature="hand",
+        forward_seconds=12.0,
+        backward_seconds=24.0,
+        d2h_gbps=1e-7,
+        h2d_gbps=1e-7,
+        regions=[block(f"l{i}", 3.0 * i) for i in range(4)],
+    )
+
+
+def test_a_group_is_copied_as_one_at_its_region_exit() -> None:
+    plan = Plan(placements={("l0", 0, 0): OFF, ("l0", 0, 1): OFF})
+    t = simulate(two_blocks(), plan)
+    # both storages stay on the device until l0 exits at 3; one 300-byte copy 3..6
+    assert [(i.start, i.end, i.label) for i in t.d2h] == [(3.0, 6.0, "l0#0")]
+    # nothing issues l0's reload before it is reached (12): its first unpack does
+    assert [(i.start, i.end) for i in t.h2d] == [(12.0, 15.0)]
+    assert t.stall_seconds == 3.0
+    assert t.step_seconds == 21.0
+    assert t.memory == [
+        (0.0, 0),
+        (1.0, 100),
+        (3.0, 300),
+        (4.0, 400),
+        (6.0, 300),  # the group lands (-300) as l1/s1 is saved (+200)
+        (12.0, 300),  # l1 released (-300), l0's group reloaded (+300)
+        (21.0, 0),
+    ]
+    assert (t.peak_bytes, t.peak_time_seconds) == (400, 4.0)
+
+
+def test_backward_starts_without_draining_the_copies() -> None:
+    p = two_blocks()
+    p.regions[0].storages[1].nbytes = 800  # an 8 s copy from l0's exit: 3..11
+    t = simulate(p, Plan(placements={("l0", 0, 1): OFF}))
+    assert [(i.start, i.end) for i in t.d2h] == [(3.0, 11.0)]
+    assert t.forward_seconds == 6.0
+    # l1's backward runs 6..12 while l0's copy is in flight
+    assert (6.0, 12.0, "backward l1#0") in [(i.start, i.end, i.label) for i in t.compute]
+    # l0's reload starts after its own copy landed and its unpack asked for it (12)
+    assert [(i.start, i.end) for i in t.h2d] == [(12.0, 20.0)]
+    assert t.stall_seconds == 8.0
+
+
+def test_first_unpack_reloads_and_prefetches_the_next_offloading_groups() -> None:
+    plan = Plan(placements={("l0", 0, 0): OFF, ("l2", 0, 0): OFF, ("l3", 0, 0): OFF})
+    t = simulate(four_blocks(), plan, prefetch_regions=1)
+    # copies at the exits of l0 (3), l2 (9), l3 (12)
+    assert [(i.start, i.end) for i in t.d2h] == [(3.0, 4.0), (9.0, 10.0), (12.0, 13.0)]
+    # reaching l3 (12): its own reload (after its copy lands at 13) and l2's; reaching
+    # l2 (20): the next group that offloads is l0's (l1 offloads nothing)
+    assert [(i.start, i.end, i.label) for i in t.h2d] == [
+        (13.0, 14.0, "l3#0"),
+        (14.0, 15.0, "l2#0"),
+        (20.0, 21.0, "l0#0"),
+    ]
+    assert t.stall_seconds == 2.0
+    assert [(i.start, i.end) for i in t.compute if i.label.startswith("backward")] == [
+        (14.0, 20.0),
+        (20.0, 26.0),
+        (26.0, 32.0),
+        (32.0, 38.0),
+    ]
+    # a reloaded group is resident from its reload's issue until its unit's backward
+    # ends, and released as a whole: l2's from 12 (its copy landed at 10), l0's from 20;
+    # l3's copy lands after its reload is issued, so it never leaves
+    assert t.memory == [
+        (0.0, 0),
+        (1.0, 100),
+        (3.0, 300),
+        (4.0, 300),
+        (6.0, 500),
+        (7.0, 600),
+        (9.0, 800),
+        (10.0, 800),
+        (12.0, 1100),
+        (20.0, 900),
+        (26.0, 600),
+        (32.0, 300),
+        (38.0, 0),
+    ]
+
+
+def test_prefetch_depth_counts_offloading_groups() -> None:
+    plan = Plan(placements={("l0", 0, 0): OFF, ("l2", 0, 0): OFF, ("l3", 0, 0): OFF})
+    t = simulate(four_blocks(), plan, prefetch_regions=2)
+    # reaching l3 issues l3, then the next two groups that offload: l2 and l0
+    assert [(i.start, i.label) for i in t.h2d] == [(13.0, "l3#0"), (14.0, "l2#0"), (15.0, "l0#0")]
+    t0 = simulate(four_blocks(), plan, prefetch_regions=0)
+    # no prefetch: every group is reloaded when reached, and waited for
+    assert [(i.start, i.label) for i in t0.h2d] == [(13.0, "l3#0"), (20.0, "l2#0"), (33.0, "l0#0")]
+    assert t0.stall_seconds == 4.0
+
+
+def test_a_root_run_is_a_group_of_its_own() -> None:
+    from scheduler import ROOT, StorageRecord
+
+    p = two_blocks(forward_seconds=8.0)  # 2 s of root work after l1: a gap 6..8
+    p.root = [StorageRecord(nbytes=100, offset_seconds=6.5), StorageRecord(nbytes=100, offset_seconds=7.0)]
+    plan = Plan(placements={(ROOT, 0, 0): OFF, (ROOT, 0, 1): OFF, ("l1", 0, 0): OFF})
+    t = simulate(p, plan)
+    # l1's group at its exit (6); the root run's when backward begins (8), one copy of 200 B
+    assert [(i.start, i.end, i.label) for i in t.d2h] == [
+        (6.0, 7.0, "l1#0"),
+        (8.0, 10.0, "(root) before unit 5"),
+    ]
+
+
+def test_host_time_makes_a_host_bound_unit_longer() -> None:
+    p = two_blocks(pack_host_seconds=0.5)  # two saves a block: 1 s of hooks each
+    p.regions[0].host_seconds = 5.0  # l0's host work outlasts its 3 s on the device
+    t = simulate(p, Plan())
+    assert [(i.start, i.end) for i in t.compute if i.label.startswith("forward")] == [
+        (0.0, 6.0),  # max(3, 5 + 1)
+        (6.0, 10.0),  # max(3, 3 + 1): on the host's own clock the hooks add
+    ]
+    assert (t.forward_seconds, t.step_seconds) == (10.0, 22.0)
+    # the saves move with their units: l1's at 6 + 1 and 6 + 3
+    assert [m for m in t.memory if m[0] < 10.0] == [(0.0, 0), (1.0, 100), (3.0, 300), (7.0, 400), (9.0, 600)]
+
+    # issuing l0's group offload costs 2 s of host at its exit; reloading it 1 s in backward
+    p.offload_host_seconds = 2.0
+    p.reload_host_seconds = 1.0
+    t = simulate(p, Plan(placements={("l0", 0, 0): OFF}))
+    assert [(i.start, i.end) for i in t.compute if i.label.startswith("forward")] == [
+        (0.0, 8.0),
+        (8.0, 12.0),
+    ]
+    assert [(i.start, i.end) for i in t.d2h] == [(8.0, 9.0)]
+    assert [(i.start, i.end) for i in t.h2d] == [(18.0, 19.0)]
+    # l0's backward: 6 s on the device, 6 + 1 on the host
+    assert (19.0, 26.0, "backward l0#0") in [(i.start, i.end, i.label) for i in t.compute]
+    assert t.step_seconds == 26.0
+
+
+def test_replay_host_time_is_paid_once_per_replaying_unit() -> None:
+    p = two_blocks(replay_host_seconds=0.5)
+    t = simulate(p, Plan(placements={("l0", 0, 1): R}))
+    # l0 replays op1 (2 s; op0's output is kept); its backward takes 2 + 6 + 0.5
+    assert t.recompute_seconds == 2.0
+    assert t.step_seconds == 18.0 + 2.0 + 0.5
+
+
+def test_no_host_costs_is_the_device_timeline() -> None:
+    p = random_profile(7)
+    q = random_profile(7)
+    for r in q.regions:
+        r.host_seconds = r.forward_seconds  # measured, and equal to the device's
+    plan = Plan()
+    assert simulate(p, plan) == simulate(q, plan)
+
+
+def _with_host_costs(profile: Profile, seed: int) -> Profile:
+    rng = random.Random(seed)
+    scale = profile.forward_seconds or 1.0
+    profile.pack_host_seconds = rng.choice([0.0, 0.01, 0.05]) * scale
+    profile.unpack_host_seconds = rng.choice([0.0, 0.01]) * scale
+    profile.offload_host_seconds = rng.choice([0.0, 0.1, 0.3]) * scale
+    profile.reload_host_seconds = rng.choice([0.0, 0.1]) * scale
+    profile.replay_host_seconds = rng.choice([0.0, 0.05]) * scale
+    for r in profile.regions:
+        if rng.random() < 0.5:
+            r.host_seconds = r.forward_seconds * rng.uniform(0.2, 2.0)
+        if rng.random() < 0.3:
+            r.backward_host_seconds = r.backward_seconds * rng.uniform(0.2, 2.0)
+    return profile
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), frac=st.floats(0.0, 1.0))
+def test_lower_bound_holds_with_host_costs(seed: int, frac: float) -> None:
+    profile = _with_host_costs(random_profile(seed), seed)
+    keep = simulate(profile, Plan())
+    budget = int(keep.peak_bytes * frac)
+    best = exhaustive_solve(profile, budget)
+    if best.feasible:
+        assert best.predicted_step_seconds is not None
+        assert lower_bound(profile, budget) <= best.predicted_step_seconds * (1 + 1e-9) + 1e-12
+    assert lower_bound(profile, None) <= keep.step_seconds * (1 + 1e-12)
