@@ -1319,17 +1319,23 @@ def _check_hidden_saves(rt: Runtime, name: str, saves: int, inputs: Any, out: An
     so offrecomp cannot place them. A call that hands an input back (LayerDrop) made
     nothing; a lone Linear saved through our hooks all its graph holds."""
     ins = [t for t in tree_leaves(inputs) if type(t) is torch.Tensor]
-    passed = {t.untyped_storage().data_ptr() for t in ins}
+    passed = {_storage_key(t) for t in ins}
     made = [
         t for t in tree_leaves(out)
         if type(t) is torch.Tensor and t.requires_grad and t.grad_fn is not None and t.numel()
-        and t.untyped_storage().data_ptr() not in passed
+        and _storage_key(t) not in passed
     ]
     if not made:
         return
     in_graph, checkpoint_node = _graph_saves(made, ins)
     if checkpoint_node or in_graph > saves:
         _warn_hidden(rt, name, "saved no activation through offrecomp")
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    """The storage a tensor views, or the tensor itself for a layout without one (sparse
+    tensors have no storage to ask for)."""
+    return int(t.untyped_storage().data_ptr()) if t.layout == torch.strided else id(t)
 
 
 def _graph_saves(outs: list[torch.Tensor], ins: list[torch.Tensor], limit: int = 4096) -> tuple[int, bool]:
@@ -1347,23 +1353,22 @@ def _graph_saves(outs: list[torch.Tensor], ins: list[torch.Tensor], limit: int =
         seen.add(id(fn))
         if type(fn).__name__ == "CheckpointFunctionBackward":
             return count, True
-        held = 0
         for attr in dir(fn):
             if attr.startswith("_raw_saved_"):
                 value = getattr(fn, attr, None)
-                held += len(value) if isinstance(value, (list, tuple)) else value is not None
-        # A save only one input's gradient needs is an empty slot when that input needs
-        # no gradient (addmm's weight slot for an input that needs none), and an empty
-        # slot cannot be told apart without unpacking it: count one less per such input.
-        count += max(0, held - sum(nxt is None for nxt, _ in fn.next_functions))
+                slots = value if isinstance(value, (list, tuple)) else (value,)
+                # only slots a hook pair took: not the empty slot of a save that only an
+                # input needing no gradient would read, nor a wrapped number (x * 2.5)
+                count += sum(s is not None and tc.saved_slot_hooked(s) for s in slots)
         todo.extend(nxt for nxt, _ in fn.next_functions)
     return count, False
 
 
 def _warn_hidden(rt: Runtime, names: str, what: str) -> None:
-    rt._hidden_warned = True  # once per runtime: the other blocks are most likely alike
-    _warn_once(
-        f"hidden:{names}",
+    if rt._hidden_warned:
+        return  # once per runtime: the other blocks are most likely alike
+    rt._hidden_warned = True
+    log.warning(
         "offrecomp: region(s) %s %s: a saved-tensor hook inside (torch.utils.checkpoint, "
         "HF gradient_checkpointing_enable(), checkpoint_wrapper, save_on_cpu) owns their "
         "activations, and only the innermost hook runs, so offrecomp cannot keep, offload "
