@@ -137,6 +137,9 @@ class PlanEntry:
     """True once a calibration pass (no recorder, no offload) has replaced the measuring
     pass's times (NOTE [Calibration])."""
     drift_strikes: int = 0
+    measured_peak_bytes: int | None = None
+    """The activation peak of the pass the profile was measured in (every droppable save
+    dropped): a budget it met is never called infeasible (NOTE [Small storages])."""
     budget_scale: float = 1.0
     """Shrinks after a device OOM in a planned step (see ``Planner.on_oom``)."""
     solved_replay_op_seconds: float = 0.0
@@ -416,7 +419,8 @@ class Planner:
                 recs = structure.storage_records
                 call.borrowed_sizes = [r.nbytes for r in recs]
                 call.placements = [
-                    KEEP if r.kind == "external" else plan.placement((call.name, call.call_index, i))
+                    KEEP if r.kind == "external" and i not in structure.small_storages
+                    else plan.placement((call.name, call.call_index, i))
                     for i, r in enumerate(recs)
                 ]
             return
@@ -505,7 +509,10 @@ class Planner:
                 recs = structure.storage_records
                 ok = index < len(recs) and recs[index].nbytes == nbytes and recs[index].kind != "external"
                 if index < len(recs) and recs[index].kind == "external" and recs[index].nbytes == nbytes:
-                    return KEEP
+                    # NOTE [Small storages]: only the most frugal plan drops one
+                    small = index in structure.small_storages and index < len(placements)
+                    small = small and placements[index] == RECOMPUTE
+                    return RECOMPUTE if small else KEEP
             if ok:
                 return placements[index]
             if not call.mismatch and not call.is_root:
@@ -571,6 +578,12 @@ class Planner:
             call.start_mark.host if call.start_mark is not None else 0.0,
             compiled=region is not None
             and (region.compiled or region.backward_in_forward or call.name in self.opaque_regions),
+        )
+        recs = call.structure.storage_records
+        call.structure.small_storages = tuple(
+            i for i, s in enumerate(call.storages)
+            if kinds[i] == "external" and s.nbytes < min_bytes and not s.aliased
+            and s.index not in used and recs[i].producer_op >= 0
         )
         call.recorded_ops = rec  # op events are resolved at the end of the pass (CUDA)
         call.saves = []
@@ -689,6 +702,7 @@ class Planner:
         entry.needs_measure = False
         entry.needs_solve = True
         entry.plan = entry.borrow_plan = None
+        entry.measured_peak_bytes = p.stats.peak_resident_bytes  # every droppable save dropped
         self.last_entry = entry
 
     def _backward_seconds(
@@ -761,7 +775,7 @@ class Planner:
             max_overhead=cfg.max_overhead,
             prefetch_regions=cfg.prefetch.regions or 2,
             allow_offload=self._allow_offload(entry, profile) if allow_offload is None else allow_offload,
-            infeasible=cfg.infeasible,
+            infeasible="warn",  # the entry's own plan raises in _solve, after the frugal end
             log_infeasible=False,
         )
         seconds = time.perf_counter() - t0
@@ -774,6 +788,66 @@ class Planner:
                 seconds,
             )
         _solved_once = True
+        return plan
+
+    # NOTE [Small storages]
+    # Storages under min_bytes are kept by every plan: a copy of one costs more than it
+    # saves, and dropping one pays for a replay that plans which keep the rest of its
+    # region would not run. With small activations (small configs, LoRA's rank-r
+    # intermediates) they are most of a region's saves, and the most frugal plan that
+    # keeps them holds more than the measuring pass, which dropped them as forced
+    # recompute and torch.utils.checkpoint do. So a budget no plan meets is solved again
+    # with those storages droppable (never offloaded: the runtime keeps a small storage a
+    # plan offloads), and the plan with the lower predicted peak runs. The budget is
+    # called infeasible only when the measuring pass did not meet it either, and the
+    # smallest feasible budget named is the lower of that pass's peak and the frugal
+    # plan's prediction; the warning waits for the first planned step, whose measured
+    # peak bounds it too (NOTE [Infeasible budgets]).
+
+    def _frugal_end(self, entry: PlanEntry, plan: Plan) -> Plan:
+        """The most frugal of ``plan`` (infeasible) and the plan solved with every small
+        storage of a replayable region droppable; raises for ``infeasible='error'``."""
+        profile = entry.profile
+        assert profile is not None
+        small = {
+            key: st.small_storages for key, st in entry.structures.items() if st.small_storages
+        }
+        convert = [
+            (r, i) for r in profile.regions if r.replayable and (r.name, r.call_index) in small
+            for i in small[(r.name, r.call_index)] if i < len(r.storages) and r.storages[i].kind == "external"
+        ]
+        if convert:
+            for r, i in convert:
+                r.storages[i].kind = "activation"
+            try:
+                frugal = self._solve_plan(entry, allow_offload=False)
+            finally:
+                for r, i in convert:
+                    r.storages[i].kind = "external"
+            if frugal.feasible or (frugal.predicted_peak_bytes or 0) < (plan.predicted_peak_bytes or 0):
+                plan = frugal
+        measured = entry.measured_peak_bytes
+        budget = plan.budget_bytes
+        if plan.feasible or budget is None:
+            return plan
+        plan.notes = [n for n in plan.notes if "cannot be met" not in n]
+        if measured is not None and measured <= budget:
+            plan.feasible = True
+            plan.min_feasible_budget_bytes = None
+            plan.notes.append(
+                f"the most frugal plan is predicted to hold {format_bytes(plan.predicted_peak_bytes or 0)}, "
+                f"above the budget {format_bytes(budget)}, but the measuring pass (every droppable "
+                f"save dropped) held {format_bytes(measured)}, within it; this is the most "
+                "memory-frugal plan"
+            )
+            return plan
+        smallest = min(x for x in (plan.min_feasible_budget_bytes, measured, plan.predicted_peak_bytes) if x)
+        plan.min_feasible_budget_bytes = smallest
+        if self.rt.config.infeasible == "error":
+            from scheduler.solver import InfeasibleBudgetError
+
+            raise InfeasibleBudgetError(budget, smallest)
+        plan.notes.append(_infeasible_note(budget, smallest))
         return plan
 
     #: Replay cost per op under the dispatch mode that makes every replay plain.
@@ -822,13 +896,8 @@ class Planner:
         plan = entry.next_plan if entry.next_plan is not None else self._solve_plan(entry)
         entry.next_plan = None
         entry.borrow_plan = None  # solved again when next lent
-        if not plan.feasible and not entry.warned_infeasible:
-            entry.warned_infeasible = True  # once per signature, not once per re-plan
-            log.warning(
-                "offrecomp: signature %s: %s. Raise the budget (budget=, OFFRECOMP_BUDGET) or "
-                "accept the most frugal plan; infeasible='error' makes this an error",
-                entry.signature, "; ".join(plan.notes),
-            )
+        if not plan.feasible:
+            plan = self._frugal_end(entry, plan)
         entry.plan = plan
         entry.needs_measure = False
         entry.needs_solve = False
@@ -965,7 +1034,9 @@ class Planner:
             rec.predicted_recompute_seconds = plan.predicted_recompute_seconds
             rec.predicted_stall_seconds = plan.predicted_stall_seconds
             budget = plan.budget_bytes
-            if (
+            if entry is not None and budget and not plan.feasible:
+                self._warn_infeasible(entry, plan, budget, rec.peak_activation_bytes)
+            elif (
                 entry is not None
                 and budget
                 and rec.peak_activation_bytes > OVER_BUDGET * budget
@@ -994,6 +1065,23 @@ class Planner:
                 rec.predicted_stall_seconds = live.stall_seconds
         self._pending.append((rec, passes))
         return rec
+
+    @staticmethod
+    def _warn_infeasible(entry: PlanEntry, plan: Plan, budget: int, held: int) -> None:
+        """NOTE [Infeasible budgets]: once per signature, at its first planned step, naming
+        a smallest feasible budget that the frugal plan's prediction, the measuring pass
+        and this step all bound (a step within the budget says nothing)."""
+        if entry.warned_infeasible or held <= budget:
+            return
+        entry.warned_infeasible = True  # once per signature, not once per re-plan
+        smallest = min(plan.min_feasible_budget_bytes or held, held)
+        plan.min_feasible_budget_bytes = smallest
+        plan.notes = [n for n in plan.notes if "cannot be met" not in n] + [_infeasible_note(budget, smallest)]
+        log.warning(
+            "offrecomp: signature %s: %s. Raise the budget (budget=, OFFRECOMP_BUDGET) or "
+            "accept the most frugal plan; infeasible='error' makes this an error",
+            entry.signature, "; ".join(plan.notes),
+        )
 
     def pending_ids(self) -> set[int]:
         return {id(r) for r, _ in self._pending}
@@ -1520,6 +1608,13 @@ class Planner:
                 + (f"  ({'; '.join(why)})" if why else "")
             )
         return "\n".join(lines)
+
+
+def _infeasible_note(budget: int, smallest: int) -> str:
+    return (
+        f"budget {format_bytes(budget)} cannot be met; the smallest feasible budget is "
+        f"{format_bytes(smallest)} ({smallest} bytes); this is the most memory-frugal plan"
+    )
 
 
 @contextlib.contextmanager
