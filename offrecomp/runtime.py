@@ -461,6 +461,7 @@ class Runtime:
             return None
 
         begin_h, fail = self._host(begin), self._host(self._on_forward_error)
+        watch_h = self._host(self._watch_unseen_backward)
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
@@ -472,10 +473,12 @@ class Runtime:
                 if p is None:
                     return original(*args, **kwargs)
                 try:
-                    return original(*args, **kwargs)
+                    out = original(*args, **kwargs)
                 except BaseException as exc:
                     fail(p, exc)
                     raise
+                watch_h(p, out)
+                return out
 
             return rt._wrapper(forward)
 
@@ -893,6 +896,35 @@ class Runtime:
         with contextlib.suppress(RuntimeError):
             tc.queue_backward_callback(functools.partial(self._backward_done, weakref.ref(p)))
 
+    # NOTE [Backward without saves]
+    # A pass learns that its backward started from the first unpack of a save it took.
+    # A pass that took none (regions that save nothing, an identity, x * 2.5; a forward
+    # under the user's own save_on_cpu(), whose hooks then take every save) would never
+    # see its backward: its measuring pass looked unfinished, and its next forwards and
+    # optimizer steps all joined it. Such a pass watches its root output's autograd
+    # nodes instead, whose pre-hooks run when a backward reaches them.
+
+    def _watch_unseen_backward(self, p: PassState, out: Any) -> None:
+        if p.stats.saved_tensors or p is not self._pass or p.backward_started:
+            return
+        call = p.root if p.root is not None else (p.calls[0] if p.calls else None)
+        if call is None:
+            return
+        hook = functools.partial(_unseen_backward, weakref.ref(self), weakref.ref(call))
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad][:8]
+        nodes = {id(t.grad_fn): t.grad_fn for t in outs if t.grad_fn is not None}
+        for fn in nodes.values():
+            fn.register_prehook(hook)
+        if not nodes:  # the output is a leaf (regions that hand their input back)
+            handles: list[Any] = []
+
+            def leaf_hook(grad: torch.Tensor) -> None:
+                while handles:
+                    handles.pop().remove()
+                hook(grad)
+
+            handles += [t.register_hook(leaf_hook) for t in outs]
+
     def _backward_done(self, pref: weakref.ref[PassState]) -> None:
         p = pref()
         if p is None:
@@ -1133,6 +1165,14 @@ class Runtime:
         if p is not None and call.replay_resident:
             p.stats.add_resident(-call.replay_resident)
             call.replay_resident = 0
+
+
+def _unseen_backward(rref: weakref.ref[Runtime], cref: weakref.ref[RegionCall], _grads: Any) -> None:
+    """NOTE [Backward without saves]: a backward reached a root output of a pass that
+    saved nothing through the runtime's hooks."""
+    rt, call = rref(), cref()
+    if rt is not None and call is not None and call.pass_state is not None and not call.pass_state.backward_started:
+        rt._backward_activity(call)
 
 
 def _first_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:
