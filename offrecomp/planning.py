@@ -28,6 +28,14 @@ import torch
 
 from offrecomp import hooks as _hooks
 from offrecomp.config import format_bytes
+from offrecomp.explain import (
+    PLACEMENT_COLUMNS,
+    CallSummary,
+    cells,
+    explain_forced,
+    summarize,
+    table,
+)
 from offrecomp.measure import device_capacity_bytes, distorts, host_available_bytes
 from offrecomp.report import StepRecord
 from offrecomp.state import PassState, RegionCall
@@ -246,6 +254,7 @@ class Planner:
         self.collective_regions: set[str] = set()  # regions seen running collectives
         self._pending: list[tuple[StepRecord, list[PassState]]] = []
         self._warned_unfinished = False
+        self.last_forced: list[CallSummary] = []  # a forced mode's last step, for explain()
         pinned = rt.config.replay_op_us
         self.replay_op_pinned = pinned is not None
         self.replay_op_seconds: float = (
@@ -1024,6 +1033,8 @@ class Planner:
                 rec.h2d_gbps = float(getattr(o, "h2d_gbps", None) or rec.h2d_gbps)
                 rec.pool_reserved_bytes = int(getattr(o, "pool_reserved_bytes", 0))
                 rec.pool_high_water_bytes = int(getattr(o, "pool_high_water_bytes", 0))
+        if rt.config.mode != "auto":
+            self.last_forced = summarize(passes, rt.config.min_bytes)
         entry = self.entries.get(first.signature)
         plan = self.active_plan(entry) if entry is not None else None
         if plan is not None and first.planned:
@@ -1554,6 +1565,12 @@ class Planner:
             entry.drift_strikes = 0
 
     def explain(self) -> str:
+        cfg = self.rt.config
+        if cfg.mode != "auto" or not cfg.active:
+            device = self.rt._device
+            return explain_forced(
+                cfg, self.rt._regions, self.last_forced, emulated=device is None or device.type != "cuda"
+            )
         entry = self.last_entry
         if entry is None or entry.profile is None or entry.plan is None:
             return (
@@ -1578,8 +1595,7 @@ class Planner:
             )
         elif trial.state == "settled" and trial.without_offload:
             lines.append(f"  note: offload trial: {trial.outcome()}")
-        header = f"  {'region':<24} {'call':>4} {'keep':>14} {'offload':>14} {'recompute':>14} {'fwd s':>9} {'bwd s':>9}"
-        lines.append(header)
+        rows = []
         for r in entry.profile.regions:
             b = {p: 0 for p in Placement}
             n = {p: 0 for p in Placement}
@@ -1587,27 +1603,33 @@ class Planner:
                 pl = plan.placement((r.name, r.call_index, i))
                 b[pl] += s.nbytes
                 n[pl] += 1
-            cells = [f"{n[p]}/{format_bytes(b[p])}" for p in (KEEP, OFFLOAD, RECOMPUTE)]
-            why = []
-            region = next((g for g in self.rt._regions if g.name == r.name), None)
-            if not r.replayable:
-                if region is not None and region.writes_state:
-                    why.append("writes its inputs or parameters in place")
-                elif region is not None and region.reaches_out:
-                    why.append("runs a backward through earlier activations")
-                else:
-                    why.append("runs collectives")
-                why[-1] += ": never recomputed"
-            elif region is not None and region.backward_in_forward:
-                why.append("runs a backward inside its forward: its replays rerun it, holding their saves")
-            elif r.opaque:
-                why.append("opaque: a replay reruns its forward")
-            lines.append(
-                f"  {r.name:<24} {r.call_index:>4} {cells[0]:>14} {cells[1]:>14} {cells[2]:>14} "
-                f"{r.forward_seconds:>9.5f} {r.backward_seconds:>9.5f}"
-                + (f"  ({'; '.join(why)})" if why else "")
-            )
+            values = [*cells(n, b), f"{r.forward_seconds:.5f}", f"{r.backward_seconds:.5f}"]
+            rows.append((r.name, r.call_index, values, self._why(r, n, plan)))
+        lines += table(rows, [*PLACEMENT_COLUMNS, ("fwd s", 9), ("bwd s", 9)])
         return "\n".join(lines)
+
+    def _why(self, r: RegionRecord, n: dict[Placement, int], plan: Plan) -> str:
+        """Why auto placed a region call's storages as it did."""
+        region = next((g for g in self.rt._regions if g.name == r.name), None)
+        if not r.replayable:
+            if region is not None and region.writes_state:
+                why = "writes its inputs or parameters in place"
+            elif region is not None and region.reaches_out:
+                why = "runs a backward through earlier activations"
+            else:
+                why = "runs collectives"
+            return why + ": never recomputed"
+        if region is not None and region.backward_in_forward:
+            return "runs a backward inside its forward: its replays rerun it, holding their saves"
+        why = "opaque: a replay reruns its forward; " if r.opaque else ""
+        if n[RECOMPUTE] == 0 and n[OFFLOAD] == 0:
+            return why + ("kept: the budget holds it" if plan.feasible else "kept: nothing here frees memory")
+        parts = []
+        if n[RECOMPUTE]:
+            parts.append("dropped where a replay costs least for the bytes it frees")
+        if n[OFFLOAD]:
+            parts.append("offloaded where the copy hides under compute")
+        return why + "; ".join(parts) + " (budget)"
 
 
 def _infeasible_note(budget: int, smallest: int) -> str:
