@@ -177,7 +177,8 @@ def test_nondeterministic_region_is_detected(mode: str) -> None:
         loss = m(x).sum()
         Flaky.flag = False
         try:
-            with pytest.raises(RuntimeError, match=r"region '1'|region '0'"):
+            # backward replays the last region first, and it diverges first
+            with pytest.raises(RuntimeError, match=r"replay of region '1'.*not a deterministic function"):
                 loss.backward()
         finally:
             Flaky.flag = True
@@ -195,7 +196,7 @@ def test_inplace_after_save_is_an_error(mode: str) -> None:
         y = m(x)
         with torch.no_grad():
             y.add_(1.0)  # modifies the tensor exp saved in region '1'
-        with pytest.raises(RuntimeError, match=r"modified by an in-place operation.*|region '1'"):
+        with pytest.raises(RuntimeError, match=r"(?s)(?=.*region '1').*modified by an in-?place operation"):
             y.sum().backward()
 
 
