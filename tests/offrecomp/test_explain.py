@@ -91,3 +91,26 @@ def test_off_and_disabled_say_that_nothing_is_installed(how: str, monkeypatch: p
     text = rt.explain()
     assert "nothing is installed" in text, text
     assert ("OFFRECOMP_DISABLE=1" if how == "disable" else "mode='off'") in text
+
+
+def test_the_report_says_cpu_offload_is_emulated() -> None:
+    torch.manual_seed(0)
+    m = LongNames()
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0)
+    train(m, _batch, rt, steps=2)
+    table = str(rt.report())
+    rows = [line for line in table.splitlines() if line.strip().startswith(("0 ", "1 "))]
+    assert len(rows) == 2 and all("(emulated)" in row for row in rows), table
+    assert "save no memory" in table
+
+
+def test_the_first_step_of_accumulation_shows_that_it_measures_and_calibrates() -> None:
+    """Gradient accumulation: the first step's first micro-batch measures and the second
+    calibrates; its record says both."""
+    torch.manual_seed(0)
+    m = LongNames()
+    rt = offrecomp.runtime(m, min_bytes=0, budget="50%", drift=100.0)
+    train(m, _batch, rt, steps=3, accumulate=2)
+    phases = [s.phase for s in rt.report().steps]
+    assert phases[0] == "measure+calibrate", phases
+    assert phases[-1] == "planned", phases
