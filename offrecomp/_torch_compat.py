@@ -97,13 +97,18 @@ def saved_slot_hooked(saved: Any) -> bool:
     saved-tensor hook pair, read without unpacking it. ``SavedTensor`` has no query, so
     this asks ``register_hooks``, which refuses a slot that has hooks and an empty slot.
     A slot saved without hooks (autograd saves wrapped Python numbers, ``x * 2.5``'s
-    ``2.5``, past every hook) accepts an identity pair, which changes nothing it returns.
+    ``2.5``, past every hook) accepts a pair that holds a detached alias (no reference
+    back to a ``grad_fn``) and hands it back, which changes nothing backward computes.
     """
     try:
-        saved.register_hooks(_same, _same)
+        saved.register_hooks(_detached, _same)
     except RuntimeError as e:
         return "already been set" in str(e)
     return False
+
+
+def _detached(t: Any) -> Any:
+    return t.detach()
 
 
 def _same(t: Any) -> Any:
