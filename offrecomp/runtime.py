@@ -1369,7 +1369,12 @@ def _check_hidden_saves(rt: Runtime, name: str, saves: int, inputs: Any, out: An
         return
     in_graph, checkpoint_node = _graph_saves(made, ins)
     if checkpoint_node or in_graph > saves:
-        _warn_hidden(rt, name, "saved no activation through offrecomp")
+        top = tc.top_saved_tensors_hooks()
+        ours = rt._hooks_ctx is not None and top is not None and top[0] is rt._hooks_ctx.pack_hook
+        if ours:
+            _warn_hidden(rt, name, "saved no activation through offrecomp")
+        else:  # the call ran under a pair entered after the runtime's, around it
+            _warn_hidden(rt, name, "saved no activation through offrecomp", where="around the model's forward")
 
 
 def _storage_key(t: torch.Tensor) -> int:
@@ -1404,16 +1409,16 @@ def _graph_saves(outs: list[torch.Tensor], ins: list[torch.Tensor], limit: int =
     return count, False
 
 
-def _warn_hidden(rt: Runtime, names: str, what: str) -> None:
+def _warn_hidden(rt: Runtime, names: str, what: str, *, where: str = "inside") -> None:
     if rt._hidden_warned:
         return  # once per runtime: the other blocks are most likely alike
     rt._hidden_warned = True
     log.warning(
-        "offrecomp: region(s) %s %s: a saved-tensor hook inside (torch.utils.checkpoint, "
+        "offrecomp: region(s) %s %s: a saved-tensor hook %s (torch.utils.checkpoint, "
         "HF gradient_checkpointing_enable(), checkpoint_wrapper, save_on_cpu) owns their "
         "activations, and only the innermost hook runs, so offrecomp cannot keep, offload "
         "or recompute them. Turn that off and let offrecomp decide.",
-        names, what,
+        names, what, where,
     )
 
 

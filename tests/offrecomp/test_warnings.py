@@ -84,3 +84,5 @@ def test_a_forward_under_the_users_save_on_cpu_is_a_step_per_optimizer_step(
     assert all(s.passes == 1 for s in steps)
     assert len({s.kept_bytes for s in steps}) == 1, [s.kept_bytes for s in steps]
     assert _unfinished(caplog) == []
+    hidden = [r.getMessage() for r in caplog.records if "owns their activations" in r.getMessage()]
+    assert len(hidden) == 1 and "a saved-tensor hook around the model's forward" in hidden[0], hidden
