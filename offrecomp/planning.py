@@ -1020,9 +1020,10 @@ class Planner:
         rt = self.rt
         first, last = passes[0], passes[-1]
         rec = StepRecord(step=step, passes=len(passes), signature=first.signature, mode=rt.config.mode)
+        rec.phase = first.phase
         # a step of several passes (gradient accumulation) shows each phase it ran: its
         # first step measures and then calibrates ("measure+calibrate")
-        rec.phase = "+".join(dict.fromkeys(p.phase for p in passes))
+        rec.phases = "+".join(dict.fromkeys(p.phase for p in passes))
         rec.plan_id = first.plan_id
         rec.wall_seconds = max(0.0, last.end_time - first.start_time)
         rec.planner_seconds = sum(p.planner_seconds for p in passes)

@@ -27,9 +27,12 @@ class StepRecord:
     """``measure`` (first pass of a signature: full recompute while timing),
     ``calibrate`` (the second: full recompute, untraced, to fit the times), ``planned``,
     ``borrowed`` (the plan of a larger signature of the same family, NOTE [Borrowed
-    plans]), ``user-plan`` (``rt.set_plan``), or the forced mode. A step of passes in
-    several phases joins them with ``+`` in order: under gradient accumulation the first
-    step measures and then calibrates (``measure+calibrate``)."""
+    plans]), ``user-plan`` (``rt.set_plan``), or the forced mode: the phase of the step's
+    first pass."""
+    phases: str = ""
+    """Every phase the step's passes ran, in order, joined by ``+``: under gradient
+    accumulation auto's first step measures and then calibrates (``measure+calibrate``).
+    The report's table shows this."""
     plan_id: str = ""
     """Id of the plan used (empty for forced modes; a borrowed plan's own id)."""
     backend: str = ""
@@ -117,7 +120,7 @@ class StepRecord:
 
 _COLUMNS = (
     ("step", "step", lambda r: str(r.step)),
-    ("phase", "phase", lambda r: r.phase),
+    ("phase", "phases", lambda r: r.phases or r.phase),
     ("peak act", "peak_activation_bytes", lambda r: format_bytes(r.peak_activation_bytes)),
     ("kept", "kept_bytes", lambda r: format_bytes(r.kept_bytes)),
     ("offloaded", "offloaded_bytes",

@@ -111,6 +111,9 @@ def test_the_first_step_of_accumulation_shows_that_it_measures_and_calibrates() 
     m = LongNames()
     rt = offrecomp.runtime(m, min_bytes=0, budget="50%", drift=100.0)
     train(m, _batch, rt, steps=3, accumulate=2)
-    phases = [s.phase for s in rt.report().steps]
+    steps = rt.report().steps
+    assert steps[0].phase == "measure"  # the first pass's
+    phases = [s.phases for s in steps]
     assert phases[0] == "measure+calibrate", phases
     assert phases[-1] == "planned", phases
+    assert "measure+calibrate" in str(rt.report())
