@@ -1566,10 +1566,10 @@ class Planner:
     # NOTE [Drift]
     # A plan's prediction is checked against the measured steps on the median of a window
     # of DRIFT_WINDOW planned steps, not step by step: on a loaded host single steps run
-    # -70% to +200% off, and three in a row drifted often enough that a signature was
-    # solved again every few steps for good, warning each time. A window whose median is
-    # more than Config.drift off solves the plan again with the measured times (warned
-    # once per signature, then logged). When DRIFT_REPLANS such re-plans in a row did not
+    # far off either way, and a check on a few steps in a row would solve a signature
+    # again every few steps for good, warning each time. A window whose median is more
+    # than Config.drift off solves the plan again with the measured times (warned once
+    # per signature, then logged). When DRIFT_REPLANS such re-plans in a row did not
     # bring the median back, the times are not the model's to predict (another process
     # shares the device or the host): the window doubles at every further drifting one,
     # up to DRIFT_WINDOW << DRIFT_MAX_BACKOFF steps, and the runtime says so once. A

@@ -900,8 +900,8 @@ class Runtime:
     # A pass learns that its backward started from the first unpack of a save it took.
     # A pass that took none (regions that save nothing, an identity, x * 2.5; a forward
     # under the user's own save_on_cpu(), whose hooks then take every save) would never
-    # see its backward: its measuring pass looked unfinished, and its next forwards and
-    # optimizer steps all joined it. Such a pass watches its root output's autograd
+    # see its backward: its measuring pass would never end, and its next forwards and
+    # optimizer steps would all join it. Such a pass watches its root output's autograd
     # nodes instead, whose pre-hooks run when a backward reaches them.
 
     def _watch_unseen_backward(self, p: PassState, out: Any) -> None:
