@@ -92,6 +92,29 @@ def top_saved_tensors_hooks() -> Any:
     return torch._C._autograd._top_saved_tensors_default_hooks(False)
 
 
+def saved_slot_hooked(saved: Any) -> bool:
+    """Whether a node's saved-tensor slot (``grad_fn._raw_saved_*``) went through a
+    saved-tensor hook pair, read without unpacking it. ``SavedTensor`` has no query, so
+    this asks ``register_hooks``, which refuses a slot that has hooks and an empty slot.
+    A slot saved without hooks (autograd saves wrapped Python numbers, ``x * 2.5``'s
+    ``2.5``, past every hook) accepts a pair that holds a detached alias (no reference
+    back to a ``grad_fn``) and hands it back, which changes nothing backward computes.
+    """
+    try:
+        saved.register_hooks(_detached, _same)
+    except RuntimeError as e:
+        return "already been set" in str(e)
+    return False
+
+
+def _detached(t: Any) -> Any:
+    return t.detach()
+
+
+def _same(t: Any) -> Any:
+    return t
+
+
 def cuda_sleep(cycles: int) -> None:
     """Busy-wait the current CUDA stream (tests only: delays a stream to expose races)."""
     torch.cuda._sleep(cycles)  # type: ignore[attr-defined]
@@ -106,6 +129,7 @@ ALL_PRIVATE_APIS: tuple[str, ...] = (
     "OpOverload._schema (alias_info.is_write)",
     "torch.cuda._sleep",
     "torch._C._autograd._top_saved_tensors_default_hooks",
+    "grad_fn._raw_saved_* (SavedTensor.register_hooks refusing a hooked slot)",
     "torch.utils._pytree.tree_map / tree_flatten",
     "torch._ops.HigherOrderOperator (TorchDispatchMode.supports_higher_order_operators)",
 )

@@ -29,6 +29,14 @@ import torch
 
 from offrecomp import hooks as _hooks
 from offrecomp.config import format_bytes
+from offrecomp.explain import (
+    PLACEMENT_COLUMNS,
+    CallSummary,
+    cells,
+    explain_forced,
+    summarize,
+    table,
+)
 from offrecomp.measure import device_capacity_bytes, distorts, host_available_bytes
 from offrecomp.offload import slot_offsets
 from offrecomp.report import StepRecord
@@ -143,6 +151,18 @@ class PlanEntry:
     """True once a calibration pass (no recorder, no offload) has replaced the measuring
     pass's times (NOTE [Calibration])."""
     drift_strikes: int = 0
+    """Planned steps in the drift window so far (NOTE [Drift])."""
+    drift_ratios: list[float] = field(default_factory=list)
+    """Measured / predicted step time of those steps."""
+    drift_replans: int = 0
+    """Re-plans for drift in a row, each after a window that drifted."""
+    drift_backoff: int = 0
+    """The drift window is ``DRIFT_WINDOW << drift_backoff`` steps long."""
+    drift_warned: bool = False
+    drift_said_backoff: bool = False
+    measured_peak_bytes: int | None = None
+    """The activation peak of the pass the profile was measured in (every droppable save
+    dropped): a budget it met is never called infeasible (NOTE [Small storages])."""
     budget_scale: float = 1.0
     """Shrinks after a device OOM in a planned step (see ``Planner.on_oom``)."""
     solved_replay_op_seconds: float = 0.0
@@ -168,6 +188,13 @@ class PlanEntry:
 
 #: A planned step whose activation peak passes its budget by more than this warns.
 OVER_BUDGET = 1.05
+
+#: NOTE [Drift]: planned steps whose median is judged against the prediction, ...
+DRIFT_WINDOW = 8
+#: ... re-plans in a row that may follow drifting windows before the window grows, ...
+DRIFT_REPLANS = 2
+#: ... and how many times it may double.
+DRIFT_MAX_BACKOFF = 8
 
 #: NOTE [Offload trial]: a plan that offloads is tried against one that does not when
 #: its measured step exceeds its prediction by more than this ...
@@ -255,6 +282,7 @@ class Planner:
         self._resolved: list[StepRecord] = []
         self._catching_up = False
         self._warned_unfinished = False
+        self.last_forced: list[CallSummary] = []  # a forced mode's last step, for explain()
         pinned = rt.config.replay_op_us
         self.replay_op_pinned = pinned is not None
         self.replay_op_seconds: float = (
@@ -471,7 +499,8 @@ class Planner:
                 recs = structure.storage_records
                 call.borrowed_sizes = [r.nbytes for r in recs]
                 call.placements = [
-                    KEEP if r.kind == "external" else plan.placement((call.name, call.call_index, i))
+                    KEEP if r.kind == "external" and i not in structure.small_storages
+                    else plan.placement((call.name, call.call_index, i))
                     for i, r in enumerate(recs)
                 ]
             return
@@ -560,7 +589,10 @@ class Planner:
                 recs = structure.storage_records
                 ok = index < len(recs) and recs[index].nbytes == nbytes and recs[index].kind != "external"
                 if index < len(recs) and recs[index].kind == "external" and recs[index].nbytes == nbytes:
-                    return KEEP
+                    # NOTE [Small storages]: only the most frugal plan drops one
+                    small = index in structure.small_storages and index < len(placements)
+                    small = small and placements[index] == RECOMPUTE
+                    return RECOMPUTE if small else KEEP
             if ok:
                 return placements[index]
             if not call.mismatch and not call.is_root:
@@ -626,6 +658,12 @@ class Planner:
             call.start_mark.host if call.start_mark is not None else 0.0,
             compiled=region is not None
             and (region.compiled or region.backward_in_forward or call.name in self.opaque_regions),
+        )
+        recs = call.structure.storage_records
+        call.structure.small_storages = tuple(
+            i for i, s in enumerate(call.storages)
+            if kinds[i] == "external" and s.nbytes < min_bytes and not s.aliased
+            and s.index not in used and recs[i].producer_op >= 0
         )
         call.recorded_ops = rec  # op events are resolved at the end of the pass (CUDA)
         call.saves = []
@@ -748,6 +786,7 @@ class Planner:
         entry.needs_measure = False
         entry.needs_solve = True
         entry.plan = entry.borrow_plan = None
+        entry.measured_peak_bytes = p.stats.peak_resident_bytes  # every droppable save dropped
         self.last_entry = entry
 
     def _backward_seconds(
@@ -820,7 +859,7 @@ class Planner:
             max_overhead=cfg.max_overhead,
             prefetch_regions=cfg.prefetch.regions or 2,
             allow_offload=self._allow_offload(entry, profile) if allow_offload is None else allow_offload,
-            infeasible=cfg.infeasible,
+            infeasible="warn",  # the entry's own plan raises in _solve, after the frugal end
             log_infeasible=False,
         )
         seconds = time.perf_counter() - t0
@@ -833,6 +872,66 @@ class Planner:
                 seconds,
             )
         _solved_once = True
+        return plan
+
+    # NOTE [Small storages]
+    # Storages under min_bytes are kept by every plan: a copy of one costs more than it
+    # saves, and dropping one pays for a replay that plans which keep the rest of its
+    # region would not run. With small activations (small configs, LoRA's rank-r
+    # intermediates) they are most of a region's saves, and the most frugal plan that
+    # keeps them holds more than the measuring pass, which dropped them as forced
+    # recompute and torch.utils.checkpoint do. So a budget no plan meets is solved again
+    # with those storages droppable (never offloaded: the runtime keeps a small storage a
+    # plan offloads), and the plan with the lower predicted peak runs. The budget is
+    # called infeasible only when the measuring pass did not meet it either, and the
+    # smallest feasible budget named is the lower of that pass's peak and the frugal
+    # plan's prediction; the warning waits for the first planned step, whose measured
+    # peak bounds it too (NOTE [Infeasible budgets]).
+
+    def _frugal_end(self, entry: PlanEntry, plan: Plan) -> Plan:
+        """The most frugal of ``plan`` (infeasible) and the plan solved with every small
+        storage of a replayable region droppable; raises for ``infeasible='error'``."""
+        profile = entry.profile
+        assert profile is not None
+        small = {
+            key: st.small_storages for key, st in entry.structures.items() if st.small_storages
+        }
+        convert = [
+            (r, i) for r in profile.regions if r.replayable and (r.name, r.call_index) in small
+            for i in small[(r.name, r.call_index)] if i < len(r.storages) and r.storages[i].kind == "external"
+        ]
+        if convert:
+            for r, i in convert:
+                r.storages[i].kind = "activation"
+            try:
+                frugal = self._solve_plan(entry, allow_offload=False)
+            finally:
+                for r, i in convert:
+                    r.storages[i].kind = "external"
+            if frugal.feasible or (frugal.predicted_peak_bytes or 0) < (plan.predicted_peak_bytes or 0):
+                plan = frugal
+        measured = entry.measured_peak_bytes
+        budget = plan.budget_bytes
+        if plan.feasible or budget is None:
+            return plan
+        plan.notes = [n for n in plan.notes if "cannot be met" not in n]
+        if measured is not None and measured <= budget:
+            plan.feasible = True
+            plan.min_feasible_budget_bytes = None
+            plan.notes.append(
+                f"the most frugal plan is predicted to hold {format_bytes(plan.predicted_peak_bytes or 0)}, "
+                f"above the budget {format_bytes(budget)}, but the measuring pass (every droppable "
+                f"save dropped) held {format_bytes(measured)}, within it; this is the most "
+                "memory-frugal plan"
+            )
+            return plan
+        smallest = min(x for x in (plan.min_feasible_budget_bytes, measured, plan.predicted_peak_bytes) if x)
+        plan.min_feasible_budget_bytes = smallest
+        if self.rt.config.infeasible == "error":
+            from scheduler.solver import InfeasibleBudgetError
+
+            raise InfeasibleBudgetError(budget, smallest)
+        plan.notes.append(_infeasible_note(budget, smallest))
         return plan
 
     #: Replay cost per op under the dispatch mode that makes every replay plain.
@@ -884,17 +983,13 @@ class Planner:
         plan = entry.next_plan if entry.next_plan is not None else self._solve_plan(entry)
         entry.next_plan = None
         entry.borrow_plan = None  # solved again when next lent
-        if not plan.feasible and not entry.warned_infeasible:
-            entry.warned_infeasible = True  # once per signature, not once per re-plan
-            log.warning(
-                "offrecomp: signature %s: %s. Raise the budget (budget=, OFFRECOMP_BUDGET) or "
-                "accept the most frugal plan; infeasible='error' makes this an error",
-                entry.signature, "; ".join(plan.notes),
-            )
+        if not plan.feasible:
+            plan = self._frugal_end(entry, plan)
         entry.plan = plan
         entry.needs_measure = False
         entry.needs_solve = False
         entry.drift_strikes = 0
+        entry.drift_ratios.clear()  # a new prediction: a new window
         entry.live = None
         entry.live_skipped = 0
         self.last_entry = entry
@@ -988,6 +1083,9 @@ class Planner:
         first, last = passes[0], passes[-1]
         rec = StepRecord(step=step, passes=len(passes), signature=first.signature, mode=rt.config.mode)
         rec.phase = first.phase
+        # a step of several passes (gradient accumulation) shows each phase it ran: its
+        # first step measures and then calibrates ("measure+calibrate")
+        rec.phases = "+".join(dict.fromkeys(p.phase for p in passes))
         rec.plan_id = first.plan_id
         rec.wall_seconds = max(0.0, last.end_time - first.start_time)
         rec.planner_seconds = sum(p.planner_seconds for p in passes)
@@ -1017,6 +1115,8 @@ class Planner:
                 rec.h2d_gbps = float(getattr(o, "h2d_gbps", None) or rec.h2d_gbps)
                 rec.pool_reserved_bytes = int(getattr(o, "pool_reserved_bytes", 0))
                 rec.pool_high_water_bytes = int(getattr(o, "pool_high_water_bytes", 0))
+        if rt.config.mode != "auto":
+            self.last_forced = summarize(passes, rt.config.min_bytes)
         entry = self.entries.get(first.signature)
         plan = self.active_plan(entry) if entry is not None else None
         if plan is not None and first.planned:
@@ -1027,7 +1127,9 @@ class Planner:
             rec.predicted_recompute_seconds = plan.predicted_recompute_seconds
             rec.predicted_stall_seconds = plan.predicted_stall_seconds
             budget = plan.budget_bytes
-            if (
+            if entry is not None and budget and not plan.feasible:
+                self._warn_infeasible(entry, plan, budget, rec.peak_activation_bytes)
+            elif (
                 entry is not None
                 and budget
                 and rec.peak_activation_bytes > OVER_BUDGET * budget
@@ -1056,6 +1158,23 @@ class Planner:
                 rec.predicted_stall_seconds = live.stall_seconds
         self._pending.append((rec, passes))
         return rec
+
+    @staticmethod
+    def _warn_infeasible(entry: PlanEntry, plan: Plan, budget: int, held: int) -> None:
+        """NOTE [Infeasible budgets]: once per signature, at its first planned step, naming
+        a smallest feasible budget that the frugal plan's prediction, the measuring pass
+        and this step all bound (a step within the budget says nothing)."""
+        if entry.warned_infeasible or held <= budget:
+            return
+        entry.warned_infeasible = True  # once per signature, not once per re-plan
+        smallest = min(plan.min_feasible_budget_bytes or held, held)
+        plan.min_feasible_budget_bytes = smallest
+        plan.notes = [n for n in plan.notes if "cannot be met" not in n] + [_infeasible_note(budget, smallest)]
+        log.warning(
+            "offrecomp: signature %s: %s. Raise the budget (budget=, OFFRECOMP_BUDGET) or "
+            "accept the most frugal plan; infeasible='error' makes this an error",
+            entry.signature, "; ".join(plan.notes),
+        )
 
     def pending_ids(self) -> set[int]:
         return {id(r) for r, _ in self._pending}
@@ -1595,28 +1714,65 @@ class Planner:
                     1e6 * self.replay_op_seconds, 1e6 * old, entry.signature,
                 )
 
+    # NOTE [Drift]
+    # A plan's prediction is checked against the measured steps on the median of a window
+    # of DRIFT_WINDOW planned steps, not step by step: on a loaded host single steps run
+    # far off either way, and a check on a few steps in a row would solve a signature
+    # again every few steps for good, warning each time. A window whose median is more
+    # than Config.drift off solves the plan again with the measured times (warned once
+    # per signature, then logged). When DRIFT_REPLANS such re-plans in a row did not
+    # bring the median back, the times are not the model's to predict (another process
+    # shares the device or the host): the window doubles at every further drifting one,
+    # up to DRIFT_WINDOW << DRIFT_MAX_BACKOFF steps, and the runtime says so once. A
+    # window within the tolerance resets both.
+
     def _check_drift(self, entry: PlanEntry, rec: StepRecord) -> None:
         pred = rec.predicted_step_seconds
         if not pred or rec.passes != 1:
             return
         if distorts(rec.pause_seconds, rec.step_seconds):
             return  # NOTE [Host pauses]: the step's time is not the plan's
-        ratio = rec.step_seconds / pred
-        if abs(ratio - 1.0) > self.rt.config.drift:
-            entry.drift_strikes += 1
-            if entry.drift_strikes >= 3:
+        entry.drift_ratios.append(rec.step_seconds / pred)
+        entry.drift_strikes = len(entry.drift_ratios)
+        if entry.drift_strikes < DRIFT_WINDOW << entry.drift_backoff:
+            return
+        ratio = statistics.median(entry.drift_ratios)
+        entry.drift_ratios.clear()
+        entry.drift_strikes = 0
+        if abs(ratio - 1.0) <= self.rt.config.drift:
+            entry.drift_replans = entry.drift_backoff = 0
+            return
+        entry.drift_replans += 1
+        window = DRIFT_WINDOW << entry.drift_backoff
+        if entry.drift_replans > DRIFT_REPLANS:
+            entry.drift_backoff = min(DRIFT_MAX_BACKOFF, entry.drift_backoff + 1)
+            if not entry.drift_said_backoff:
+                entry.drift_said_backoff = True
                 log.warning(
-                    "offrecomp: measured step time %.4fs is %+.0f%% off the predicted %.4fs for "
-                    "three steps; planning signature %s again with the measured times",
-                    rec.step_seconds, 100 * (ratio - 1), pred, entry.signature,
+                    "offrecomp: signature %s: steps still run %+.0f%% off the prediction after %d "
+                    "re-plans with the measured times, so its step times are not the model's to "
+                    "predict (another process loading the host or the device, say); re-planning "
+                    "backs off, judging windows of up to %d steps",
+                    entry.signature, 100 * (ratio - 1), DRIFT_REPLANS, DRIFT_WINDOW << DRIFT_MAX_BACKOFF,
                 )
-                rec.notes.append("drift: re-plan")
-                entry.needs_solve = True
-                entry.drift_strikes = 0
-        else:
-            entry.drift_strikes = 0
+        level = logging.INFO if entry.drift_warned else logging.WARNING
+        entry.drift_warned = True
+        log.log(
+            level,
+            "offrecomp: the median measured step time of %d steps is %+.0f%% off the predicted "
+            "%.4fs; planning signature %s again with the measured times",
+            window, 100 * (ratio - 1), pred, entry.signature,
+        )
+        rec.notes.append("drift: re-plan")
+        entry.needs_solve = True
 
     def explain(self) -> str:
+        cfg = self.rt.config
+        if cfg.mode != "auto" or not cfg.active:
+            device = self.rt._device
+            return explain_forced(
+                cfg, self.rt._regions, self.last_forced, emulated=device is None or device.type != "cuda"
+            )
         entry = self.last_entry
         if entry is None or entry.profile is None or entry.plan is None:
             return (
@@ -1641,8 +1797,7 @@ class Planner:
             )
         elif trial.state == "settled" and trial.without_offload:
             lines.append(f"  note: offload trial: {trial.outcome()}")
-        header = f"  {'region':<24} {'call':>4} {'keep':>14} {'offload':>14} {'recompute':>14} {'fwd s':>9} {'bwd s':>9}"
-        lines.append(header)
+        rows = []
         for r in entry.profile.regions:
             b = {p: 0 for p in Placement}
             n = {p: 0 for p in Placement}
@@ -1650,27 +1805,40 @@ class Planner:
                 pl = plan.placement((r.name, r.call_index, i))
                 b[pl] += s.nbytes
                 n[pl] += 1
-            cells = [f"{n[p]}/{format_bytes(b[p])}" for p in (KEEP, OFFLOAD, RECOMPUTE)]
-            why = []
-            region = next((g for g in self.rt._regions if g.name == r.name), None)
-            if not r.replayable:
-                if region is not None and region.writes_state:
-                    why.append("writes its inputs or parameters in place")
-                elif region is not None and region.reaches_out:
-                    why.append("runs a backward through earlier activations")
-                else:
-                    why.append("runs collectives")
-                why[-1] += ": never recomputed"
-            elif region is not None and region.backward_in_forward:
-                why.append("runs a backward inside its forward: its replays rerun it, holding their saves")
-            elif r.opaque:
-                why.append("opaque: a replay reruns its forward")
-            lines.append(
-                f"  {r.name:<24} {r.call_index:>4} {cells[0]:>14} {cells[1]:>14} {cells[2]:>14} "
-                f"{r.forward_seconds:>9.5f} {r.backward_seconds:>9.5f}"
-                + (f"  ({'; '.join(why)})" if why else "")
-            )
+            values = [*cells(n, b), f"{r.forward_seconds:.5f}", f"{r.backward_seconds:.5f}"]
+            rows.append((r.name, r.call_index, values, self._why(r, n, plan)))
+        lines += table(rows, [*PLACEMENT_COLUMNS, ("fwd s", 9), ("bwd s", 9)])
         return "\n".join(lines)
+
+    def _why(self, r: RegionRecord, n: dict[Placement, int], plan: Plan) -> str:
+        """Why auto placed a region call's storages as it did."""
+        region = next((g for g in self.rt._regions if g.name == r.name), None)
+        if not r.replayable:
+            if region is not None and region.writes_state:
+                why = "writes its inputs or parameters in place"
+            elif region is not None and region.reaches_out:
+                why = "runs a backward through earlier activations"
+            else:
+                why = "runs collectives"
+            return why + ": never recomputed"
+        if region is not None and region.backward_in_forward:
+            return "runs a backward inside its forward: its replays rerun it, holding their saves"
+        why = "opaque: a replay reruns its forward; " if r.opaque else ""
+        if n[RECOMPUTE] == 0 and n[OFFLOAD] == 0:
+            return why + ("kept: the budget holds it" if plan.feasible else "kept: nothing here frees memory")
+        parts = []
+        if n[RECOMPUTE]:
+            parts.append("dropped where a replay costs least for the bytes it frees")
+        if n[OFFLOAD]:
+            parts.append("offloaded where the copy hides under compute")
+        return why + "; ".join(parts) + " (budget)"
+
+
+def _infeasible_note(budget: int, smallest: int) -> str:
+    return (
+        f"budget {format_bytes(budget)} cannot be met; the smallest feasible budget is "
+        f"{format_bytes(smallest)} ({smallest} bytes); this is the most memory-frugal plan"
+    )
 
 
 @contextlib.contextmanager

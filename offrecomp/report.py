@@ -27,7 +27,12 @@ class StepRecord:
     """``measure`` (first pass of a signature: full recompute while timing),
     ``calibrate`` (the second: full recompute, untraced, to fit the times), ``planned``,
     ``borrowed`` (the plan of a larger signature of the same family, NOTE [Borrowed
-    plans]), ``user-plan`` (``rt.set_plan``), or the forced mode."""
+    plans]), ``user-plan`` (``rt.set_plan``), or the forced mode: the phase of the step's
+    first pass."""
+    phases: str = ""
+    """Every phase the step's passes ran, in order, joined by ``+``: under gradient
+    accumulation auto's first step measures and then calibrates (``measure+calibrate``).
+    The report's table shows this."""
     plan_id: str = ""
     """Id of the plan used (empty for forced modes; a borrowed plan's own id)."""
     backend: str = ""
@@ -41,7 +46,8 @@ class StepRecord:
     kept_bytes: int = 0
     """Bytes placed KEEP (region inputs included), each storage counted once."""
     offloaded_bytes: int = 0
-    """Bytes placed OFFLOAD."""
+    """Bytes placed OFFLOAD. With the ``emulated`` backend (on CPU) the copies stay in
+    host memory and save none: the report's table marks them ``(emulated)``."""
     recomputed_bytes: int = 0
     """Bytes placed RECOMPUTE (dropped in forward)."""
     input_bytes: int = 0
@@ -114,10 +120,11 @@ class StepRecord:
 
 _COLUMNS = (
     ("step", "step", lambda r: str(r.step)),
-    ("phase", "phase", lambda r: r.phase),
+    ("phase", "phases", lambda r: r.phases or r.phase),
     ("peak act", "peak_activation_bytes", lambda r: format_bytes(r.peak_activation_bytes)),
     ("kept", "kept_bytes", lambda r: format_bytes(r.kept_bytes)),
-    ("offloaded", "offloaded_bytes", lambda r: format_bytes(r.offloaded_bytes)),
+    ("offloaded", "offloaded_bytes",
+     lambda r: format_bytes(r.offloaded_bytes) + (" (emulated)" if r.backend == "emulated" and r.offloaded_bytes else "")),
     ("recomputed", "recomputed_bytes", lambda r: format_bytes(r.recomputed_bytes)),
     ("recompute s", "recompute_seconds", lambda r: f"{r.recompute_seconds:.4f}"),
     ("stall s", "stall_seconds", lambda r: f"{r.stall_seconds:.4f}"),
@@ -152,6 +159,11 @@ class Report:
                 fallbacks[k] = fallbacks.get(k, 0) + v
         if fallbacks:
             lines.append("fallbacks: " + ", ".join(f"{k}={v}" for k, v in sorted(fallbacks.items())))
+        if any(r.backend == "emulated" and r.offloaded_bytes for r in self.steps):
+            lines.append(
+                "offloaded (emulated): without a GPU the offload copies stay in host memory, so they "
+                "save no memory; they exercise the offload path only"
+            )
         return "\n".join(lines)
 
     def __repr__(self) -> str:

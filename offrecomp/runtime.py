@@ -463,6 +463,7 @@ class Runtime:
             return None
 
         begin_h, fail = self._host(begin), self._host(self._on_forward_error)
+        watch_h = self._host(self._watch_unseen_backward)
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
@@ -474,10 +475,12 @@ class Runtime:
                 if p is None:
                     return original(*args, **kwargs)
                 try:
-                    return original(*args, **kwargs)
+                    out = original(*args, **kwargs)
                 except BaseException as exc:
                     fail(p, exc)
                     raise
+                watch_h(p, out)
+                return out
 
             return rt._wrapper(forward)
 
@@ -946,6 +949,35 @@ class Runtime:
         with contextlib.suppress(RuntimeError):
             tc.queue_backward_callback(functools.partial(self._backward_done, weakref.ref(p)))
 
+    # NOTE [Backward without saves]
+    # A pass learns that its backward started from the first unpack of a save it took.
+    # A pass that took none (regions that save nothing, an identity, x * 2.5; a forward
+    # under the user's own save_on_cpu(), whose hooks then take every save) would never
+    # see its backward: its measuring pass would never end, and its next forwards and
+    # optimizer steps would all join it. Such a pass watches its root output's autograd
+    # nodes instead, whose pre-hooks run when a backward reaches them.
+
+    def _watch_unseen_backward(self, p: PassState, out: Any) -> None:
+        if p.stats.saved_tensors or p is not self._pass or p.backward_started:
+            return
+        call = p.root if p.root is not None else (p.calls[0] if p.calls else None)
+        if call is None:
+            return
+        hook = functools.partial(_unseen_backward, weakref.ref(self), weakref.ref(call))
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad][:8]
+        nodes = {id(t.grad_fn): t.grad_fn for t in outs if t.grad_fn is not None}
+        for fn in nodes.values():
+            fn.register_prehook(hook)
+        if not nodes:  # the output is a leaf (regions that hand their input back)
+            handles: list[Any] = []
+
+            def leaf_hook(grad: torch.Tensor) -> None:
+                while handles:
+                    handles.pop().remove()
+                hook(grad)
+
+            handles += [t.register_hook(leaf_hook) for t in outs]
+
     def _backward_done(self, pref: weakref.ref[PassState]) -> None:
         p = pref()
         if p is None:
@@ -1235,6 +1267,14 @@ class Runtime:
             call.replay_resident = 0
 
 
+def _unseen_backward(rref: weakref.ref[Runtime], cref: weakref.ref[RegionCall], _grads: Any) -> None:
+    """NOTE [Backward without saves]: a backward reached a root output of a pass that
+    saved nothing through the runtime's hooks."""
+    rt, call = rref(), cref()
+    if rt is not None and call is not None and call.pass_state is not None and not call.pass_state.backward_started:
+        rt._backward_activity(call)
+
+
 def _first_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:
     from torch.utils._pytree import tree_flatten
 
@@ -1419,17 +1459,28 @@ def _check_hidden_saves(rt: Runtime, name: str, saves: int, inputs: Any, out: An
     so offrecomp cannot place them. A call that hands an input back (LayerDrop) made
     nothing; a lone Linear saved through our hooks all its graph holds."""
     ins = [t for t in tree_leaves(inputs) if type(t) is torch.Tensor]
-    passed = {t.untyped_storage().data_ptr() for t in ins}
+    passed = {_storage_key(t) for t in ins}
     made = [
         t for t in tree_leaves(out)
         if type(t) is torch.Tensor and t.requires_grad and t.grad_fn is not None and t.numel()
-        and t.untyped_storage().data_ptr() not in passed
+        and _storage_key(t) not in passed
     ]
     if not made:
         return
     in_graph, checkpoint_node = _graph_saves(made, ins)
     if checkpoint_node or in_graph > saves:
-        _warn_hidden(rt, name, "saved no activation through offrecomp")
+        top = tc.top_saved_tensors_hooks()
+        ours = rt._hooks_ctx is not None and top is not None and top[0] is rt._hooks_ctx.pack_hook
+        if ours:
+            _warn_hidden(rt, name, "saved no activation through offrecomp")
+        else:  # the call ran under a pair entered after the runtime's, around it
+            _warn_hidden(rt, name, "saved no activation through offrecomp", where="around the model's forward")
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    """The storage a tensor views, or the tensor itself for a layout without one (sparse
+    tensors have no storage to ask for)."""
+    return int(t.untyped_storage().data_ptr()) if t.layout == torch.strided else id(t)
 
 
 def _graph_saves(outs: list[torch.Tensor], ins: list[torch.Tensor], limit: int = 4096) -> tuple[int, bool]:
@@ -1447,28 +1498,27 @@ def _graph_saves(outs: list[torch.Tensor], ins: list[torch.Tensor], limit: int =
         seen.add(id(fn))
         if type(fn).__name__ == "CheckpointFunctionBackward":
             return count, True
-        held = 0
         for attr in dir(fn):
             if attr.startswith("_raw_saved_"):
                 value = getattr(fn, attr, None)
-                held += len(value) if isinstance(value, (list, tuple)) else value is not None
-        # A save only one input's gradient needs is an empty slot when that input needs
-        # no gradient (addmm's weight slot for an input that needs none), and an empty
-        # slot cannot be told apart without unpacking it: count one less per such input.
-        count += max(0, held - sum(nxt is None for nxt, _ in fn.next_functions))
+                slots = value if isinstance(value, (list, tuple)) else (value,)
+                # only slots a hook pair took: not the empty slot of a save that only an
+                # input needing no gradient would read, nor a wrapped number (x * 2.5)
+                count += sum(s is not None and tc.saved_slot_hooked(s) for s in slots)
         todo.extend(nxt for nxt, _ in fn.next_functions)
     return count, False
 
 
-def _warn_hidden(rt: Runtime, names: str, what: str) -> None:
-    rt._hidden_warned = True  # once per runtime: the other blocks are most likely alike
-    _warn_once(
-        f"hidden:{names}",
-        "offrecomp: region(s) %s %s: a saved-tensor hook inside (torch.utils.checkpoint, "
+def _warn_hidden(rt: Runtime, names: str, what: str, *, where: str = "inside") -> None:
+    if rt._hidden_warned:
+        return  # once per runtime: the other blocks are most likely alike
+    rt._hidden_warned = True
+    log.warning(
+        "offrecomp: region(s) %s %s: a saved-tensor hook %s (torch.utils.checkpoint, "
         "HF gradient_checkpointing_enable(), checkpoint_wrapper, save_on_cpu) owns their "
         "activations, and only the innermost hook runs, so offrecomp cannot keep, offload "
         "or recompute them. Turn that off and let offrecomp decide.",
-        names, what,
+        names, what, where,
     )
 
 

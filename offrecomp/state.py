@@ -54,6 +54,7 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
     """
 
     __slots__ = ("__dict__", "call", "index", "nbytes", "placement", "ptr", "resident")
+    placement: Placement  # None for a "plain" record (never placed), kept out of ``storages``
 
     # defaults, overridden per instance where they apply
     aliased = False  # NOTE [Untracked aliases]: never offloaded

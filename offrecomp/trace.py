@@ -632,6 +632,9 @@ class RegionStructure:
     param_casts: dict[int, int] = field(default_factory=dict)
     """Op index -> ``id`` of the parameter it casts, for the casts autocast caches (NOTE
     [Autocast cache])."""
+    small_storages: tuple[int, ...] = ()
+    """Storages made in the region that are ``external`` only for being under the
+    runtime's ``min_bytes``: the most frugal plan may drop them (NOTE [Small storages])."""
 
     def program(self, kept: Sequence[bool], needed_saves: set[int], storage_of_save: dict[int, int]) -> list[int]:
         """What replay does with each op of the prefix it must cover.

@@ -398,7 +398,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: f
         f"torch {hardware['torch']}, python {hardware['python']}"
     )
     print(
-        f"median of {cfg.repeats} interleaved steps after {cfg.warmup} warm-up; "
+        f"median of {cfg.repeats} interleaved steps after {_warmups(result.meta.get('warmups', {}), cfg.warmup)}; "
         "memory: allocator bytes above the pre-step level (peak: whole step, act: end of forward)"
     )
     print()
@@ -415,6 +415,16 @@ def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: f
         print(f"note: {note}")
     print(f"\nwrote {', '.join(str(p) for p in written)} in {time.perf_counter() - wall0:.0f} s")
     return 0
+
+
+def _warmups(per_strategy: dict[str, int], asked: int) -> str:
+    """The untimed steps each strategy got: --warmup, or more where a strategy needs them
+    (auto measures, calibrates and plans first; a compiled one compiles)."""
+    more = {n: w for n, w in per_strategy.items() if w != asked}
+    text = f"{asked} warm-up step{'s' if asked != 1 else ''} each"
+    if more:
+        text += " (" + ", ".join(f"{n}: {w}" for n, w in sorted(more.items())) + ")"
+    return text
 
 
 if __name__ == "__main__":

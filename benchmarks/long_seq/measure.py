@@ -296,6 +296,7 @@ class _Harness:
         self.progress = progress
         self.start = time.perf_counter()
         self.notes: list[str] = []
+        self.warmups: dict[str, int] = {}  # untimed steps each strategy got (its floor, or --warmup)
         max_seq = max([*cfg.seqs, cfg.search_max if cfg.mem_budget_bytes else 0])
         self.spec = cfg.spec.with_max_seq(max_seq)
         self.model = build_model(self.spec, self.device)
@@ -465,7 +466,8 @@ class _Harness:
             self.progress(f"{name} @ {seq}")
 
         for name in list(runners):
-            visit(name, max(cfg.warmup, runners[name].warmup_floor), timed=False)
+            self.warmups[name] = max(cfg.warmup, runners[name].warmup_floor)
+            visit(name, self.warmups[name], timed=False)
         order = list(runners)
         for r in range(cfg.repeats):
             shift = r % len(order) if order else 0
@@ -646,6 +648,7 @@ def run_benchmark(
         "seqs": list(cfg.seqs),
         "dtype": "fp32" if cfg.amp_dtype is None else f"{cfg.amp_dtype} autocast",
         "warmup": cfg.warmup,
+        "warmups": dict(harness.warmups),
         "repeats": cfg.repeats,
         "mem_budget_bytes": cfg.mem_budget_bytes,
         "peak_tflops": cfg.peak_tflops,

@@ -19,10 +19,22 @@ def test_dynamic_shapes_benchmark_borrows_within_budget(tmp_path: Path, capsys: 
     assert rc == 0
     text = capsys.readouterr().out
     assert "check auto_peak_within_budget_x1.05: PASS" in text
+    assert "check auto_allocator_peak_within_budget_x1.05: PASS" in text
     res = json.loads(out.read_text())
     assert set(res["strategies"]) == {"plain", "ckpt_block", "recompute", "auto"}
     assert res["auto_phases"].get("borrowed", 0) > 0
     assert res["strategies"]["auto"]["peak_activation_bytes"] <= res["budget_bytes"] * 1.05
+    assert res["checks"]["auto_allocator_peak_within_budget_x1.05"]
+
+
+def test_dynamic_shapes_benchmark_fails_on_the_allocator_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Memory the runtime's books miss shows in the allocator's peak: the check fails,
+    and the benchmark exits non-zero."""
+    monkeypatch.setattr(bench_dynamic_shapes, "allocator_within_budget", lambda *a: False)
+    rc = bench_dynamic_shapes.main([
+        "--layers", "2", "--hidden", "32", "--min-seq", "16", "--max-seq", "32", "--steps", "6", "--rounds", "1",
+    ])
+    assert rc == 1
 
 
 def test_dynamic_shapes_benchmark_rejects_bad_lengths() -> None:

@@ -196,6 +196,8 @@ def test_cli_writes_table_csv_json(tmp_path: Path, capsys: pytest.CaptureFixture
     for name in ("none", "ckpt_block", "save_on_cpu", "offrecomp_auto@50%"):
         assert name in printed
     assert "n/a: needs a GPU" in printed
+    # each strategy's warm-up: auto measures, calibrates and plans before it is timed
+    assert "after 1 warm-up step each (offrecomp_auto@50%: 3)" in printed
     assert "longest sequence" in printed
 
     with (out / "results.csv").open() as f:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 
@@ -56,6 +57,34 @@ def test_sparse_complex_zero_sized_noncontiguous(mode: str) -> None:
     m = twin(model)
     got = train(m, batch, offrecomp.runtime(m, mode=mode, min_bytes=0))
     assert_bitwise(ref, got)
+
+
+class SparseScale(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2.5
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_sparse_coo_tensor_into_a_region(mode: str) -> None:
+    """A sparse COO tensor with ``requires_grad`` passed to the regions trains like plain
+    (the hidden-save check asks no storage of a layout without one)."""
+
+    def run(m: nn.Module, ctx: offrecomp.Runtime | None) -> list[torch.Tensor]:
+        grads = []
+        with ctx if ctx is not None else contextlib.nullcontext():
+            for seed in range(3):
+                dense = torch.randn(6, 5, generator=torch.Generator().manual_seed(seed)).relu()
+                s = dense.to_sparse().requires_grad_()
+                torch.sparse.sum(m(s)).backward()
+                grads.append(s.grad.to_dense())
+        return grads
+
+    ref = run(nn.Sequential(SparseScale(), SparseScale()), None)
+    m = nn.Sequential(SparseScale(), SparseScale())
+    got = run(m, offrecomp.runtime(m, mode=mode, min_bytes=0))
+    assert len(got) == len(ref) == 3
+    for a, b in zip(ref, got):
+        assert torch.equal(a, b)
 
 
 def test_quantized_and_meta_tensors_are_saved_as_they_are() -> None:

@@ -59,7 +59,10 @@ def test_exception_removes_hooks_and_next_step_is_correct(where: str, mode: str)
         loss = m(batch(0))
         loss.backward()
     assert tc.top_saved_tensors_hooks() is None
-    assert rt._engine is None or rt._engine_groups >= 0
+    if mode == "offload" and loss is not None:  # the graph `loss` holds keeps its offloaded storages
+        assert rt._engine is not None and rt._engine_groups > 0
+    else:  # nothing offloaded is alive: the pool is freed at the exit
+        assert rt._engine is None and rt._engine_groups == 0
     del loss
     assert rt._engine is None  # an exit by exception frees the pool once nothing needs it
     m.zero_grad(set_to_none=True)  # a backward that raised may have left partial grads

@@ -79,27 +79,33 @@ def test_autograd_grad(mode: str) -> None:
 
 
 def test_eval_and_no_grad_forward_inside_context() -> None:
+    """An eval forward under no_grad, then a training step, inside the context: the eval
+    output and the gradients equal a plain run's outside any runtime."""
     model, batch = make("gpt_dropout")
+
+    def run(mm: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        mm.eval()
+        with torch.no_grad():
+            a = mm(batch(0))
+        mm.train()
+        torch.manual_seed(3)
+        loss = mm(batch(1))
+        loss.backward()
+        return a, loss.detach()
+
     ref_model = twin(model)
+    ref_eval, ref_loss = run(ref_model)  # plain, outside the runtime
     m = twin(model)
     rt = _runtime(m, "recompute")
     with rt:
-        for mm in (ref_model, m):
-            mm.eval()
-            with torch.no_grad():
-                a = mm(batch(0))
-            mm.train()
-            torch.manual_seed(3)
-            loss = mm(batch(1))
-            loss.backward()
-            if mm is ref_model:
-                ref_eval = a
-            else:
-                got_eval = a
-        # inside the context, but eval/no_grad forwards save nothing and replay nothing
+        got_eval, got_loss = run(m)
+    # eval/no_grad forwards save nothing and replay nothing
     assert torch.equal(ref_eval, got_eval)
-    for (n, p), (_, q) in zip(ref_model.named_parameters(), m.named_parameters()):
-        assert torch.equal(p.grad, q.grad), n
+    assert torch.equal(ref_loss, got_loss)
+    grads = {n: p.grad for n, p in m.named_parameters()}
+    for n, p in ref_model.named_parameters():
+        assert p.grad is not None and grads[n] is not None, n
+        assert torch.equal(p.grad, grads[n]), n
     assert rt.report().steps[-1].replays > 0
 
 

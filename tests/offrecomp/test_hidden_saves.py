@@ -152,3 +152,49 @@ def test_a_forward_on_another_thread_passes_through(caplog: pytest.LogCaptureFix
     assert rt.report().steps == []  # nothing ran through the runtime
     for (n, a), b in zip(ref.named_parameters(), m.parameters()):
         assert torch.equal(a.grad, b.grad), n
+
+
+class Scale(nn.Module):
+    """Saves nothing but the wrapped Python number autograd keeps past every hook."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2.5
+
+
+class Alias(nn.Module):
+    """An identity that hands back a view: saves nothing."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+
+class Shift(nn.Module):
+    """Adds a wrapped Python number: saves nothing."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+
+@pytest.mark.parametrize("block", [Scale, Alias, Shift, nn.Identity], ids=["scale", "alias", "shift", "identity"])
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_regions_that_save_nothing_are_not_flagged(
+    block: Callable[[], nn.Module], mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A region that legitimately saves no activation (an identity, ``x * 2.5``, a wrapped
+    Python number) is not reported as one whose saves another hook owns."""
+    assert _run(lambda: models.Stack([models.MLPBlock(32), block(), block(), block()]), caplog, mode) == []
+
+
+def test_checkpointing_of_their_own_warns_once_per_runtime(caplog: pytest.LogCaptureFixture) -> None:
+    """Once per runtime, as documented: a second runtime over a new model whose regions
+    have the same names warns again; entering the same runtime again does not."""
+    for _ in range(2):
+        torch.manual_seed(0)
+        m = models.Stack([CkptBlock("hf_flag") for _ in range(3)])
+        with caplog.at_level(logging.WARNING, logger="offrecomp"):
+            rt = offrecomp.runtime(m, mode="recompute", min_bytes=0)
+            for s in range(2):
+                with rt:
+                    m(_batch(s)).backward()
+    msgs = [r.getMessage() for r in caplog.records if WARNING in r.getMessage()]
+    assert len(msgs) == 2 and all("run activation checkpointing of their own" in m for m in msgs), msgs

@@ -65,8 +65,8 @@ class CondBlock(nn.Module):
         self.out = nn.Linear(h, h)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.ln(x)
-        z = torch.cond(y.mean() > 0, lambda t: self.a(t).relu(), lambda t: self.b(t).sigmoid(), (y,))
+        y = self.ln(x)  # the branch reads x: y's mean is ~0 whatever x's sign
+        z = torch.cond(x.mean() > 0, lambda t: self.a(t).relu(), lambda t: self.b(t).sigmoid(), (y,))
         return x + F.dropout(self.out(z), 0.1, self.training)
 
 
@@ -79,9 +79,16 @@ def test_cond_blocks_bitwise_equal_to_plain(variant: str) -> None:
     model = models.Stack([CondBlock() for _ in range(2)])
 
     def batch(s: int) -> torch.Tensor:
-        sign = 1.0 if s % 2 else -1.0
+        sign = 1.0 if (s // 10) % 2 else -1.0  # train() asks for 10 * step
         return sign + torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(s))
 
+    # each block takes each branch in some step
+    taken: dict[int, set[bool]] = {0: set(), 1: set()}
+    probe = copy.deepcopy(model)
+    for i, blk in enumerate(probe.blocks):
+        blk.register_forward_pre_hook(lambda _m, args, i=i: taken[i].add(bool(args[0].mean() > 0)))
+    train(probe, batch, steps=4)
+    assert taken == {0: {True, False}, 1: {True, False}}, taken
     _check_opaque_blocks(model, batch, variant, train(copy.deepcopy(model), batch, steps=4))
 
 

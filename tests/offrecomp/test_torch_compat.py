@@ -55,3 +55,19 @@ def test_callback_only_inside_backward() -> None:
     y.sum().backward()
     assert seen == [1]
 
+
+
+def test_a_saved_slot_says_whether_a_hook_took_it() -> None:
+    """The hidden-save check tells a slot a hook took from an empty one and from a
+    wrapped number autograd saved past every hook, without unpacking any."""
+    x = torch.randn(3, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        scaled = x * 2.5  # saves the wrapped 2.5 without hooks, and no `self` slot
+        squared = x * x  # both slots through the hooks
+    fn = scaled.grad_fn
+    assert not tc.saved_slot_hooked(fn._raw_saved_other)
+    assert not tc.saved_slot_hooked(fn._raw_saved_self)
+    assert tc.saved_slot_hooked(squared.grad_fn._raw_saved_self)
+    assert tc.saved_slot_hooked(squared.grad_fn._raw_saved_other)
+    (scaled.sum() + squared.sum()).backward()
+    assert torch.equal(x.grad, 2.5 + 2 * x.detach())

@@ -1,0 +1,129 @@
+"""``rt.explain()`` outside auto's plans: what a forced mode did to each region call, and
+why, from the last step's storages; and the table both share.
+
+A forced mode (``keep``, ``offload``, ``recompute``) applies one placement wherever it is
+legal. A storage gets another where the rules require it: a region's inputs are its
+replay checkpoint (never dropped), storages under ``min_bytes`` are never offloaded, and
+a region that writes its state, or whose forward reads its own saves, is never dropped.
+The reason column says which of these applied. ``mode="off"`` and ``OFFRECOMP_DISABLE=1``
+install nothing, and the text says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from offrecomp.config import format_bytes
+from scheduler.plan import Placement
+
+if TYPE_CHECKING:
+    from offrecomp.config import Config
+    from offrecomp.regions import Region
+    from offrecomp.state import PassState
+
+KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
+
+
+@dataclass
+class CallSummary:
+    """The placements one region call's storages got in a pass."""
+
+    name: str
+    call_index: int
+    count: dict[Placement, int] = field(default_factory=lambda: {p: 0 for p in Placement})
+    nbytes: dict[Placement, int] = field(default_factory=lambda: {p: 0 for p in Placement})
+    inputs_kept: int = 0
+    small_kept: int = 0
+    """Activations kept for being under ``min_bytes`` (offload mode)."""
+    activations_kept: int = 0
+
+
+def summarize(passes: list[PassState], min_bytes: int) -> list[CallSummary]:
+    """Per region call of the last of ``passes``: its storages by placement."""
+    if not passes:
+        return []
+    out = []
+    for call in passes[-1].calls:
+        s = CallSummary(call.name, call.call_index)
+        for rec in call.storages:
+            s.count[rec.placement] += 1
+            s.nbytes[rec.placement] += rec.nbytes
+            if rec.placement == KEEP:
+                if rec.kind == "input":
+                    s.inputs_kept += 1
+                else:
+                    s.activations_kept += 1
+                    s.small_kept += rec.nbytes < min_bytes
+        out.append(s)
+    return out
+
+
+PLACEMENT_COLUMNS = [("keep", 14), ("offload", 14), ("recompute", 14)]
+
+
+def table(rows: list[tuple[str, int, list[str], str]], columns: list[tuple[str, int]] | None = None) -> list[str]:
+    """Rows of (region, call, cells, reason) under ``columns`` (header, width; the
+    placements by default), with the region column as wide as the longest name."""
+    columns = columns or PLACEMENT_COLUMNS
+    width = max([len("region")] + [len(r[0]) for r in rows])
+    head = f"  {'region':<{width}} {'call':>4}" + "".join(f" {h:>{w}}" for h, w in columns) + "  why"
+    lines = [head]
+    for name, call, values, why in rows:
+        body = "".join(f" {v:>{w}}" for v, (_, w) in zip(values, columns))
+        lines.append(f"  {name:<{width}} {call:>4}{body}  {why}".rstrip())
+    return lines
+
+
+def cells(count: dict[Placement, int], nbytes: dict[Placement, int]) -> list[str]:
+    return [f"{count[p]}/{format_bytes(nbytes[p])}" for p in (KEEP, OFFLOAD, RECOMPUTE)]
+
+
+def explain_forced(config: Config, regions: list[Region], calls: list[CallSummary], *, emulated: bool) -> str:
+    """What ``config.mode`` did to each region call of the last step, and why
+    (``emulated``: offload copies within host memory, on CPU)."""
+    if config.disable or config.mode == "off":
+        why = "OFFRECOMP_DISABLE=1" if config.disable else "mode='off'"
+        names = ", ".join(r.name for r in regions) if regions else "none"
+        return (
+            f"offrecomp is off ({why}): nothing is installed, no region is wrapped, and "
+            f"autograd saves every activation as it does without offrecomp. Regions: {names}"
+        )
+    mode = config.mode
+    lines = [f"mode={mode!r}: one placement wherever it is legal, no plan"]
+    if not calls:
+        lines.append("  no step has run yet; regions: " + (", ".join(r.name for r in regions) or "none"))
+        return "\n".join(lines)
+    by_name = {r.name: r for r in regions}
+    rows = [
+        (c.name, c.call_index, cells(c.count, c.nbytes), _reason(mode, c, by_name.get(c.name), config, emulated))
+        for c in calls
+    ]
+    return "\n".join(lines + table(rows))
+
+
+def _reason(mode: str, c: CallSummary, region: Region | None, config: Config, emulated: bool) -> str:
+    if mode == "keep":
+        return "mode='keep' keeps every activation"
+    if mode == "offload":
+        why = "mode='offload' copies its activations to host memory" + (
+            " (emulated on CPU: no memory saved)" if emulated else ""
+        )
+        if c.small_kept:
+            why += f"; {c.small_kept} under min_bytes ({format_bytes(config.min_bytes)}) kept: a copy costs more"
+        if c.inputs_kept:
+            why += f"; {c.inputs_kept} region input(s) kept"
+        return why
+    why = "mode='recompute' drops its activations and replays its forward in backward"
+    if c.activations_kept:
+        if region is not None and region.writes_state:
+            why = "writes its inputs or parameters in place: its activations are kept, never recomputed"
+        elif region is not None and region.reaches_out:
+            why = "runs a backward through earlier activations: kept, never recomputed"
+        elif region is not None and region.forward_used:
+            why += f"; {c.activations_kept} read by a backward inside its forward kept"
+        else:
+            why += f"; {c.activations_kept} kept (made outside the region, or saved through an alias)"
+    if c.inputs_kept or c.count[OFFLOAD]:
+        why += "; its inputs are the replay's checkpoint"
+    return why

@@ -1,0 +1,42 @@
+"""The planner benchmark checks auto's budget on the allocator's peak, rotates the order
+of its strategies each round, and exits non-zero when a check fails."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import bench_planner
+
+ARGS = ["--layers", "2", "--hidden", "32", "--seq", "32", "--warmup", "3", "--repeats", "4", "--dropout", "0"]
+
+
+def test_checks_on_the_allocator_peak_and_rotates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    firsts: list[str] = []
+    ctx = bench_planner.Strategy.ctx
+
+    def seen(self: bench_planner.Strategy) -> Any:
+        firsts.append(self.name)
+        return ctx(self)
+
+    monkeypatch.setattr(bench_planner.Strategy, "ctx", seen)
+    out = tmp_path / "planner.json"
+    rc = bench_planner.main([*ARGS, "--out", str(out)])
+    res = json.loads(out.read_text())
+    checks = res["checks"]
+    assert "auto_allocator_peak_within_budget_x1.05" in checks
+    assert rc == (0 if all(checks.values()) else 1)
+    assert "check auto_allocator_peak_within_budget_x1.05: " in capsys.readouterr().out
+    # 4 warm-up contexts, then 4 timed rounds of 4 (the first of each round), then 4 peaks
+    rounds = [firsts[4 + 4 * r : 8 + 4 * r] for r in range(4)]
+    assert [r[0] for r in rounds] == ["plain", "keep", "recompute", "auto"], rounds
+
+
+def test_a_failed_check_exits_non_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench_planner, "allocator_within_budget", lambda *a: False)
+    assert bench_planner.main(ARGS) == 1

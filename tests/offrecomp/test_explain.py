@@ -1,0 +1,119 @@
+"""rt.explain() in every mode: per region call, what was kept, offloaded or recomputed,
+and why, in columns that stay aligned for long region names."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch import nn
+
+import offrecomp
+from tests import models
+from tests.helpers import train
+
+
+class LongNames(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.decoder_layers_with_a_rather_long_attribute_name = nn.ModuleList(
+            models.MLPBlock(32) for _ in range(3)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.decoder_layers_with_a_rather_long_attribute_name:
+            x = b(x)
+        return x.square().mean()
+
+
+def _batch(s: int) -> torch.Tensor:
+    return torch.randn(4, 16, 32, generator=torch.Generator().manual_seed(s))
+
+
+def _rows(text: str, regions: list[str]) -> list[str]:
+    return [line for line in text.splitlines() if any(line.strip().startswith(r + " ") for r in regions)]
+
+
+def _assert_aligned(text: str, regions: list[str]) -> None:
+    """Every row's call number ends where the header's "call" does."""
+    lines = text.splitlines()
+    header = next(line for line in lines if " call " in line and "region" in line)
+    end = header.index(" call") + len(" call")
+    rows = _rows(text, regions)
+    assert len(rows) == len(regions), text
+    for row in rows:
+        assert row[end - 1].isdigit() and row[end] == " ", (row, header)
+
+
+@pytest.mark.parametrize(
+    ("mode", "why"),
+    [
+        ("keep", "mode='keep' keeps every activation"),
+        ("recompute", "mode='recompute' drops its activations and replays its forward in backward"),
+        ("offload", "mode='offload' copies its activations to host memory (emulated on CPU: no memory saved)"),
+    ],
+)
+def test_a_forced_mode_says_what_it_did_per_region(mode: str, why: str) -> None:
+    torch.manual_seed(0)
+    m = LongNames()
+    rt = offrecomp.runtime(m, mode=mode, min_bytes=0)
+    train(m, _batch, rt, steps=2)
+    text = rt.explain()
+    assert "no plan yet" not in text and f"mode={mode!r}" in text
+    rows = _rows(text, rt.regions)
+    assert len(rows) == 3 and all(why in row for row in rows), text
+    _assert_aligned(text, rt.regions)
+    if mode == "recompute":
+        cols = [re.split(r"\s{2,}", row.strip()) for row in rows]
+        assert all(c[3] == "0/0 B" and not c[4].startswith("0/") for c in cols), text
+
+
+def test_auto_says_why_per_region_in_aligned_columns() -> None:
+    torch.manual_seed(0)
+    m = LongNames()
+    rt = offrecomp.runtime(m, min_bytes=0, budget="50%")
+    train(m, _batch, rt, steps=3)
+    text = rt.explain()
+    rows = _rows(text, rt.regions)
+    assert len(rows) == 3 and all("kept: the budget holds it" in row for row in rows), text
+    _assert_aligned(text, rt.regions)
+
+
+@pytest.mark.parametrize("how", ["off", "disable"])
+def test_off_and_disabled_say_that_nothing_is_installed(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if how == "disable":
+        monkeypatch.setenv("OFFRECOMP_DISABLE", "1")
+    torch.manual_seed(0)
+    m = LongNames()
+    rt = offrecomp.runtime(m, mode="off" if how == "off" else "recompute")
+    train(m, _batch, rt, steps=1)
+    text = rt.explain()
+    assert "nothing is installed" in text, text
+    assert ("OFFRECOMP_DISABLE=1" if how == "disable" else "mode='off'") in text
+
+
+def test_the_report_says_cpu_offload_is_emulated() -> None:
+    torch.manual_seed(0)
+    m = LongNames()
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0)
+    train(m, _batch, rt, steps=2)
+    table = str(rt.report())
+    rows = [line for line in table.splitlines() if line.strip().startswith(("0 ", "1 "))]
+    assert len(rows) == 2 and all("(emulated)" in row for row in rows), table
+    assert "save no memory" in table
+
+
+def test_the_first_step_of_accumulation_shows_that_it_measures_and_calibrates() -> None:
+    """Gradient accumulation: the first step's first micro-batch measures and the second
+    calibrates; its record says both."""
+    torch.manual_seed(0)
+    m = LongNames()
+    rt = offrecomp.runtime(m, min_bytes=0, budget="50%", drift=100.0)
+    train(m, _batch, rt, steps=3, accumulate=2)
+    steps = rt.report().steps
+    assert steps[0].phase == "measure"  # the first pass's
+    phases = [s.phases for s in steps]
+    assert phases[0] == "measure+calibrate", phases
+    assert phases[-1] == "planned", phases
+    assert "measure+calibrate" in str(rt.report())

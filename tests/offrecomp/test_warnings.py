@@ -1,0 +1,88 @@
+"""Warnings that must not mislead: passes whose saves never reach offrecomp's hooks end
+with their backward (NOTE [Backward without saves]), so auto does not report a
+measuring pass as unfinished, and every optimizer step is a step of its own."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+import offrecomp
+
+UNFINISHED = "ended before its backward ran"
+
+
+class Identity(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class Scale(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2.5
+
+
+def _unfinished(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if UNFINISHED in r.getMessage()]
+
+
+@pytest.mark.parametrize("block", [Identity, Scale], ids=["identity", "scale"])
+def test_regions_that_save_nothing_end_their_passes(
+    block: Callable[[], nn.Module], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each backward, run inside the context, ends its pass: four steps, measured,
+    calibrated and planned, and no warning that the measuring pass was cut short."""
+    m = nn.Sequential(block(), block(), block())
+    grads = []
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), offrecomp.runtime(m) as rt:
+        for s in range(4):
+            x = torch.randn(4, 8, generator=torch.Generator().manual_seed(s)).requires_grad_()
+            m(x).sum().backward()
+            grads.append(x.grad)
+    assert _unfinished(caplog) == []
+    assert [s.phase for s in rt.report().steps] == ["measure", "calibrate", "planned", "planned"]
+    scale = 1.0 if block is Identity else 2.5**3
+    assert all(torch.equal(g, torch.full_like(g, scale)) for g in grads)
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64)) for _ in range(4)])
+
+
+def test_a_forward_under_the_users_save_on_cpu_is_a_step_per_optimizer_step(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """torchtune's placement of its offloading context: the forward runs under the
+    user's own save_on_cpu() inside the runtime. Its hooks take every save, so none
+    reaches offrecomp; each backward still ends its pass, and five optimizer steps are
+    five step records, not one that merges their bytes. Gradients equal the plain run's."""
+
+    def run(m: nn.Module, rt: offrecomp.Runtime | None) -> list[torch.Tensor]:
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        out = []
+        for s in range(5):
+            with torch.autograd.graph.save_on_cpu():
+                loss = m(torch.randn(32, 64, generator=torch.Generator().manual_seed(s))).square().mean()
+            loss.backward()
+            out.append(m[0][0].weight.grad.clone())
+            opt.step()
+            opt.zero_grad()
+        return out
+
+    ref = run(_mlp(), None)
+    m = _mlp()
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), offrecomp.runtime(m, min_bytes=0) as rt:
+        got = run(m, rt)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+    steps = rt.report().steps
+    assert len(steps) == 5, [(s.phase, s.passes) for s in steps]
+    assert all(s.passes == 1 for s in steps)
+    assert len({s.kept_bytes for s in steps}) == 1, [s.kept_bytes for s in steps]
+    assert _unfinished(caplog) == []
+    hidden = [r.getMessage() for r in caplog.records if "owns their activations" in r.getMessage()]
+    assert len(hidden) == 1 and "a saved-tensor hook around the model's forward" in hidden[0], hidden
