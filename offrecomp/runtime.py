@@ -839,8 +839,9 @@ class Runtime:
     # NOTE [Placement table]
     # A planned call's placements are known when it begins, so the pack hook should not
     # decide each new storage again: ``_placement_table`` applies ``_placement_for``'s
-    # rules to the plan once per call (a storage the profile marks external is kept; a
-    # drop the call cannot replay is kept; an offload under min_bytes is kept), and the
+    # rules to the plan once per call (a storage the profile marks external is kept,
+    # unless the most frugal plan drops it; a drop the call cannot replay is kept; an
+    # offload under min_bytes is kept), and the
     # hook reads the k-th entry when the storage has the planned size. Anything else (a
     # size the plan did not see, a region input, a borrowed plan, a region whose forward
     # runs a backward) goes through ``_placement_for``, which also handles the mismatch.
@@ -860,9 +861,12 @@ class Runtime:
             call.inputs is not None and not call.writes_state
             and not (call.collective and self.config.mode == "auto")
         )
+        small = structure.small_storages  # NOTE [Small storages] (planning.py)
         table = []
-        for pl, r in zip(placements, recs):
-            if r.kind == "external" or (pl == RECOMPUTE and not droppable) or (pl == OFFLOAD and r.nbytes < min_bytes):
+        for i, (pl, r) in enumerate(zip(placements, recs)):
+            if r.kind == "external" and not (pl == RECOMPUTE and i in small):
+                pl = KEEP
+            if (pl == RECOMPUTE and not droppable) or (pl == OFFLOAD and r.nbytes < min_bytes):
                 pl = KEEP
             table.append(pl)
         call.table = table
@@ -1006,7 +1010,10 @@ class Runtime:
         p.end_time = time.perf_counter()
         if self._device is not None and self._device.type == "cuda":
             p.device_peak = int(torch.cuda.max_memory_allocated(self._device)) - p.alloc_start
-        for call in p.calls:
+        calls = p.calls if p.root is None else [*p.calls, p.root]
+        for call in calls:  # counted here, not on the save path
+            p.stats.saved_tensors += call.pack_count
+            p.stats.storages += len(call.storages)
             p.stats.replays += call.replays
             p.stats.served_ops += call.served_ops
             p.stats.rerun_ops += call.rerun_ops

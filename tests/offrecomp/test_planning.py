@@ -213,10 +213,14 @@ def test_live_prediction_follows_the_estimate_and_a_moved_one_solves_again() -> 
     slow.forward_seconds *= f
     slow.backward_seconds *= f
     slow.replay_op_seconds *= f
+    for name in ("pack", "unpack", "offload", "reload", "replay"):  # the runtime's host costs
+        setattr(slow, f"{name}_host_seconds", getattr(slow, f"{name}_host_seconds") * f)
     for r in slow.regions:
         r.forward_seconds *= f
         r.backward_seconds *= f
         r.start_seconds *= f
+        r.host_seconds = None if r.host_seconds is None else r.host_seconds * f
+        r.backward_host_seconds = None if r.backward_host_seconds is None else r.backward_host_seconds * f
         for op in r.ops:
             op.seconds *= f
         for st in r.storages:
@@ -509,6 +513,8 @@ def _trial_runtime(monkeypatch: pytest.MonkeyPatch, alt_scale: float) -> tuple[o
     times what the solver says; trains a GPT and checks it bitwise against plain.
     Returns the runtime and the steps of the planned passes' first trial window."""
     monkeypatch.setattr(Planner, "_allow_offload", staticmethod(lambda entry, profile: entry.trial.allow_offload))
+    # the emulated backend's host costs (threads, not a link) would price offloading out
+    monkeypatch.setattr(Planner, "_learn_host_costs", lambda self, p, measured: None)
     monkeypatch.setattr(planning, "TRIAL_EXCESS", -0.5)  # every offloading plan is "slow"
     solve_plan = Planner._solve_plan
 
@@ -540,7 +546,8 @@ def test_offload_trial_runs_the_plan_without_offloading(monkeypatch: pytest.Monk
     notes = [(i, n) for i, s in enumerate(planned) for n in s.notes if n.startswith("offload trial")]
     assert len(notes) == 2, notes
     (start, first), (end, second) = notes
-    assert start == passes - 1 and "trying without offloading" in first
+    # a trial judges the offloading plan's last `passes` steps (a re-plan restarts it)
+    assert start >= passes - 1 and "trying without offloading" in first
     assert all(s.offloaded_bytes > 0 for s in planned[:start + 1])
     assert end == start + passes and all(s.offloaded_bytes == 0 for s in planned[start + 1:end + 1])
     offloading_again = "offloading again" in second
@@ -555,6 +562,7 @@ def test_offload_trial_not_run_when_the_plan_without_is_no_faster(monkeypatch: p
     rt, passes = _trial_runtime(monkeypatch, alt_scale=100.0)
     planned = rt.report().steps[2:]
     notes = [(i, n) for i, s in enumerate(planned) for n in s.notes if n.startswith("offload trial")]
-    assert len(notes) == 1 and notes[0][0] == passes - 1, notes
+    assert len(notes) == 1 and notes[0][0] >= passes - 1, notes
+    assert all(s.offloaded_bytes > 0 for s in planned[notes[0][0] - passes + 1 : notes[0][0] + 1])
     assert "offloading stays" in notes[0][1]
     assert all(s.offloaded_bytes > 0 for s in planned)

@@ -36,8 +36,20 @@ def test_a_forced_mode_decides_no_activation(mode: str, monkeypatch: pytest.Monk
     model, batch = make("gpt_dropout")
     ref = train(twin(model), batch, steps=2)
     m = twin(model)
-    assert_bitwise(ref, train(m, batch, offrecomp.runtime(m, mode=mode, min_bytes=0), steps=2))
+    rt = offrecomp.runtime(m, mode=mode, min_bytes=0)
+    assert_bitwise(ref, train(m, batch, rt, steps=2))
     assert "activation" not in kinds
+    saves = [0]
+
+    def count(t: torch.Tensor) -> torch.Tensor:
+        saves[0] += 1
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
+        torch.manual_seed(0)
+        model(batch(0)).backward()
+    rec = rt.report().steps[-1]
+    assert rec.saved_tensors == saves[0] and 0 < rec.storages <= saves[0]  # counted off the save path
 
 
 def test_planned_calls_read_their_table(monkeypatch: pytest.MonkeyPatch) -> None:
