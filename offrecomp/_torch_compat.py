@@ -18,6 +18,19 @@ import torch
 # module.
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401
 
+# pytree: flattening a call's arguments (replay inputs, signatures) and an op's arguments
+# the dispatch modes do not walk themselves (NOTE [Op leaves]). Private, and the same
+# helpers torch.utils.checkpoint uses.
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_unflatten  # noqa: F401
+
+#: The C function behind ``current_graph_task_id``, called as it is on the save path
+#: (one Python call less per saved tensor).
+graph_task_id: Callable[[], int] = torch._C._current_graph_task_id
+
+#: The slot ``nn.Module.compile()`` fills: a module compiled in place runs its calls
+#: through it, and the runtime wraps it instead of ``forward`` (NOTE [Compiled regions]).
+COMPILED_CALL_IMPL = "_compiled_call_impl"
+
 
 def current_graph_task_id() -> int:
     """-1 outside backward, else the id of the running backward.
@@ -115,6 +128,46 @@ def _same(t: Any) -> Any:
     return t
 
 
+def is_optimized_module(m: Any) -> bool:
+    """A ``torch.compile(module)`` wrapper (dynamo's private ``OptimizedModule``)? By name:
+    importing torch._dynamo to check the class costs seconds."""
+    cls = type(m)
+    return cls.__name__ == "OptimizedModule" and cls.__module__.startswith("torch._dynamo")
+
+
+def foreach_copy_(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+    """``dst.copy_(src)`` for each pair in one call (the emulated backend's group copy)."""
+    torch._foreach_copy_(dsts, srcs)
+
+
+def host_empty_cache() -> None:
+    """Hand the cached pinned host blocks back to the OS. Private (CUDA builds, torch
+    2.5+), hence the guard: without it dropped slabs stay pinned in torch's cache."""
+    empty = getattr(torch._C, "_host_emptyCache", None)
+    if empty is not None:
+        empty()
+
+
+def dynamo_skip_code(code: Any) -> None:
+    """Have dynamo run a function's own frames as they are while still compiling the
+    frames it calls. Without it, dynamo traces the wrapper (correct, only slower)."""
+    try:
+        from torch._dynamo.eval_frame import skip_code
+    except ImportError:  # pragma: no cover - older or stripped builds
+        return
+    skip_code(code)
+
+
+def eval_frame_callback_getter() -> Callable[[], Any] | None:
+    """Returns the callback dynamo's frame evaluator runs now (truthy while compiling
+    the frames below); None without it, and whole-model compilation goes undetected."""
+    try:
+        from torch._C._dynamo.eval_frame import get_eval_frame_callback
+    except ImportError:  # pragma: no cover - older or stripped builds
+        return None
+    return get_eval_frame_callback  # type: ignore[no-any-return]
+
+
 def cuda_sleep(cycles: int) -> None:
     """Busy-wait the current CUDA stream (tests only: delays a stream to expose races)."""
     torch.cuda._sleep(cycles)  # type: ignore[attr-defined]
@@ -130,6 +183,12 @@ ALL_PRIVATE_APIS: tuple[str, ...] = (
     "torch.cuda._sleep",
     "torch._C._autograd._top_saved_tensors_default_hooks",
     "grad_fn._raw_saved_* (SavedTensor.register_hooks refusing a hooked slot)",
-    "torch.utils._pytree.tree_map / tree_flatten",
+    "torch.utils._pytree.tree_flatten / tree_unflatten / tree_leaves / TreeSpec",
+    "torch._foreach_copy_",
+    "torch._C._host_emptyCache (CUDA builds)",
+    "torch._dynamo.eval_frame.skip_code",
+    "torch._C._dynamo.eval_frame.get_eval_frame_callback",
+    "nn.Module._compiled_call_impl",
+    "torch._dynamo.eval_frame.OptimizedModule (by name)",
     "torch._ops.HigherOrderOperator (TorchDispatchMode.supports_higher_order_operators)",
 )

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from offrecomp import _torch_compat as tc
+
 __all__ = [
     "Backend",
     "CudaBackend",
@@ -179,11 +181,10 @@ class CudaBackend(Backend):
         self._streams.clear()
         self._devices.clear()
         # Dropped slabs go back to torch's pinned cache, which keeps them pinned; hand
-        # them back to the OS too. Private API (CUDA builds, torch 2.5+), hence the guard;
-        # it also releases other idle cached pinned blocks of this process.
-        empty_host_cache = getattr(torch._C, "_host_emptyCache", None)
-        if used and empty_host_cache is not None:
-            empty_host_cache()
+        # them back to the OS too (it also releases other idle cached pinned blocks of
+        # this process).
+        if used:
+            tc.host_empty_cache()
 
     def canonical_device(self, device: torch.device) -> torch.device:
         if device.index is None:
@@ -387,7 +388,7 @@ class EmulatedBackend(Backend):
                         "memory would have been reused under an in-flight copy"
                     )
                 sources.append(source)
-            torch._foreach_copy_(dsts, sources)  # one call for the group
+            tc.foreach_copy_(dsts, sources)  # one call for the group
 
         self._enqueue(stream, copy)
 

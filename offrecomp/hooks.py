@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from offrecomp import _torch_compat as tc
 from offrecomp.regions import replay_arguments
 from offrecomp.replay import replay_call
 from offrecomp.state import PassState, RegionCall, SavedHandle, StorageRec
@@ -61,7 +62,7 @@ _PLACED_DTYPES = frozenset(
         torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4,
     )
 )
-_graph_task_id = torch._C._current_graph_task_id  # see _torch_compat.current_graph_task_id
+_graph_task_id = tc.graph_task_id
 
 #: Host time the replay dispatch mode adds per op it sees, until the replays that run
 #: teach the runtime its own figure. The mode itself costs about 8 us an op over plain on a

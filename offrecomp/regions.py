@@ -22,7 +22,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
+
+from offrecomp import _torch_compat as tc
+from offrecomp._torch_compat import TreeSpec, tree_flatten, tree_unflatten
 
 log = logging.getLogger(__name__)
 
@@ -200,15 +202,13 @@ def _unwrap_fsdp1(prefix: str, m: nn.Module) -> tuple[str, nn.Module]:
 
 
 def _is_compiled(m: nn.Module) -> bool:
-    """A ``torch.compile(module)`` wrapper? By name: importing torch._dynamo to check the
-    class costs seconds."""
-    cls = type(m)
-    return cls.__name__ == "OptimizedModule" and cls.__module__.startswith("torch._dynamo")
+    """A ``torch.compile(module)`` wrapper?"""
+    return tc.is_optimized_module(m)
 
 
 def _compiled_in_place(m: nn.Module) -> bool:
     """Compiled by ``module.compile()``: its calls go through ``_compiled_call_impl``."""
-    return getattr(m, "_compiled_call_impl", None) is not None
+    return getattr(m, tc.COMPILED_CALL_IMPL, None) is not None
 
 
 def compiled_module(m: nn.Module) -> bool:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from offrecomp import _torch_compat as tc
 from offrecomp.regions import (
     ArgState,
     autocast_contexts,
@@ -57,7 +58,7 @@ from offrecomp.trace import (
 __all__ = ["ReplayDivergedError", "in_replay", "replay_call"]
 
 log = logging.getLogger(__name__)
-_graph_task_id = torch._C._current_graph_task_id  # see _torch_compat.current_graph_task_id
+_graph_task_id = tc.graph_task_id
 
 _tls = ThreadDepth()  # replays running on this thread
 

@@ -36,7 +36,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.modules.module import register_module_buffer_registration_hook
-from torch.utils._pytree import tree_leaves
 
 from offrecomp import _torch_compat as tc
 from offrecomp.config import Config, apply_log_level, format_bytes
@@ -387,14 +386,15 @@ class Runtime:
     ) -> None:
         """A region compiled in place (``block.compile()``): wrap the compiled call, not the
         forward it compiles (NOTE [Compiled regions])."""
-        original = module._compiled_call_impl
+        slot = tc.COMPILED_CALL_IMPL
+        original = getattr(module, slot)
         assert original is not None
-        wrapped = _Installed(make(original), module, "_compiled_call_impl", original)
-        module._compiled_call_impl = wrapped
+        wrapped = _Installed(make(original), module, slot, original)
+        setattr(module, slot, wrapped)
 
         def restore() -> None:
-            if module._compiled_call_impl is wrapped:  # not compiled again meanwhile
-                module._compiled_call_impl = original
+            if getattr(module, slot) is wrapped:  # not compiled again meanwhile
+                setattr(module, slot, original)
 
         self._restore.append(restore)
 
@@ -968,7 +968,7 @@ class Runtime:
         if call is None:
             return
         hook = functools.partial(_unseen_backward, weakref.ref(self), weakref.ref(call))
-        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad][:8]
+        outs = [t for t in tc.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad][:8]
         nodes = {id(t.grad_fn): t.grad_fn for t in outs if t.grad_fn is not None}
         for fn in nodes.values():
             fn.register_prehook(hook)
@@ -1283,9 +1283,7 @@ def _unseen_backward(rref: weakref.ref[Runtime], cref: weakref.ref[RegionCall], 
 
 
 def _first_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:
-    from torch.utils._pytree import tree_flatten
-
-    for x in tree_flatten((args, kwargs))[0]:
+    for x in tc.tree_flatten((args, kwargs))[0]:
         if isinstance(x, torch.Tensor):
             return x.device
     return None
@@ -1296,9 +1294,7 @@ def _signature_of(
 ) -> tuple[str, str, tuple[int, ...]]:
     """The pass's signature, its family (the signature without sizes) and its sizes;
     ``name``: the model of a container root the pass began in (NOTE [Container roots])."""
-    from torch.utils._pytree import tree_flatten
-
-    leaves, _ = tree_flatten((args, kwargs))
+    leaves, _ = tc.tree_flatten((args, kwargs))
     parts, kinds = [], []
     dims: list[int] = []
     for x in leaves:
@@ -1434,22 +1430,10 @@ def _skip_frame(fn: Callable[..., Any]) -> None:
     """Have dynamo run ``fn``'s frames as they are while still compiling the frames it
     calls. ``torch.compiler.disable(recursive=False)`` alone does not: it wraps ``fn`` in
     a new function and leaves ``fn``'s own frame to dynamo, which then traces it."""
-    try:  # a private API: without it, dynamo traces the wrapper (correct, only slower)
-        from torch._dynamo.eval_frame import skip_code
-    except ImportError:  # pragma: no cover - older or stripped builds
-        return
-    skip_code(fn.__code__)
+    tc.dynamo_skip_code(fn.__code__)
 
 
-def _eval_frame_callback_getter() -> Callable[[], Any] | None:
-    try:  # a private API: without it, whole-model compilation goes undetected
-        from torch._C._dynamo.eval_frame import get_eval_frame_callback
-    except ImportError:  # pragma: no cover - older or stripped builds
-        return None
-    return get_eval_frame_callback
-
-
-_EVAL_FRAME_CALLBACK = _eval_frame_callback_getter()
+_EVAL_FRAME_CALLBACK = tc.eval_frame_callback_getter()
 
 
 #: Region calls without an activation of their own that are checked for saves another
@@ -1465,10 +1449,10 @@ def _check_hidden_saves(rt: Runtime, name: str, saves: int, inputs: Any, out: An
     gradient_checkpointing_enable, save_on_cpu) took them: only the innermost pair runs,
     so offrecomp cannot place them. A call that hands an input back (LayerDrop) made
     nothing; a lone Linear saved through our hooks all its graph holds."""
-    ins = [t for t in tree_leaves(inputs) if type(t) is torch.Tensor]
+    ins = [t for t in tc.tree_leaves(inputs) if type(t) is torch.Tensor]
     passed = {_storage_key(t) for t in ins}
     made = [
-        t for t in tree_leaves(out)
+        t for t in tc.tree_leaves(out)
         if type(t) is torch.Tensor and t.requires_grad and t.grad_fn is not None and t.numel()
         and _storage_key(t) not in passed
     ]

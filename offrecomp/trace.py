@@ -68,9 +68,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from offrecomp import _torch_compat as tc
+from offrecomp._torch_compat import tree_flatten
 from scheduler.profile import OpRecord, StorageRecord
 
 log = logging.getLogger(__name__)

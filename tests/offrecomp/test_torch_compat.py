@@ -15,7 +15,38 @@ def test_private_apis_exist() -> None:
     assert tc.top_saved_tensors_hooks() is None
     assert hasattr(torch.cuda, "_sleep")
     from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: F401
-    from torch.utils._pytree import tree_flatten, tree_map  # noqa: F401
+    assert tc.graph_task_id() == -1
+    leaves, spec = tc.tree_flatten(((1, 2), {"a": 3}))
+    assert tc.tree_unflatten(leaves, spec) == ((1, 2), {"a": 3}) and isinstance(spec, tc.TreeSpec)
+    assert tc.tree_leaves([1, (2,)]) == [1, 2]
+    dst = [torch.zeros(3), torch.zeros(2)]
+    tc.foreach_copy_(dst, [torch.ones(3), torch.full((2,), 2.0)])
+    assert dst[0].tolist() == [1, 1, 1] and dst[1].tolist() == [2, 2]
+    tc.host_empty_cache()  # a no-op without CUDA, never an error
+    assert tc.eval_frame_callback_getter() is not None
+    from torch._dynamo.eval_frame import skip_code  # noqa: F401  (dynamo_skip_code)
+    m = torch.nn.Linear(2, 2)
+    assert hasattr(m, tc.COMPILED_CALL_IMPL) and getattr(m, tc.COMPILED_CALL_IMPL) is None
+    m.compile()
+    assert getattr(m, tc.COMPILED_CALL_IMPL) is not None
+    assert tc.is_optimized_module(torch.compile(torch.nn.Linear(2, 2))) and not tc.is_optimized_module(m)
+
+
+def test_no_private_torch_api_outside_the_compat_module() -> None:
+    """Every private torch name offrecomp reaches goes through _torch_compat.py."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(tc.__file__).parent
+    pattern = re.compile(r"torch\._C\b|torch\._dynamo|torch\._foreach|torch\.utils\._|_compiled_call_impl\b")
+    found = [
+        f"{path.name}:{i}: {line.strip()}"
+        for path in sorted(root.glob("*.py"))
+        if path.name != "_torch_compat.py"
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line.split("#")[0]) and not line.lstrip().startswith(('"', "'"))
+    ]
+    assert not found, found
 
 
 def test_schema_introspection() -> None:
