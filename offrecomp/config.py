@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
+
+from scheduler.units import SIZE_FORMS, format_bytes, parse_bytes
 
 __all__ = [
     "ENV_VARS",
@@ -32,48 +32,7 @@ MODES: tuple[str, ...] = ("auto", "keep", "offload", "recompute", "off")
 INFEASIBLE_POLICIES: tuple[str, ...] = ("warn", "error")
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1024,
-    "kb": 1000,
-    "kib": 1024,
-    "m": 1024**2,
-    "mb": 1000**2,
-    "mib": 1024**2,
-    "g": 1024**3,
-    "gb": 1000**3,
-    "gib": 1024**3,
-    "t": 1024**4,
-    "tb": 1000**4,
-    "tib": 1024**4,
-}
-_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
-_SIZE_FORMS = "an integer byte count or a number with a unit (512MiB, 24GiB, 1.5GB)"
-
-
-def parse_bytes(value: object, *, name: str) -> int:
-    """Parse a byte count: an int, or a string like ``"512MiB"``/``"24GiB"``/``"1.5GB"``.
-
-    ``name`` is the variable or argument being parsed; it is named in the error.
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} is invalid; accepted: {_SIZE_FORMS}")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"{name}={value!r} is invalid; it must be >= 0 ({_SIZE_FORMS})")
-        return value
-    if isinstance(value, float) and value.is_integer() and value >= 0:
-        return int(value)
-    if isinstance(value, str):
-        m = _SIZE_RE.match(value)
-        if m is not None:
-            unit = m.group(2).lower()
-            if unit in _UNITS:
-                number = float(m.group(1))
-                if math.isfinite(number):
-                    return int(number * _UNITS[unit])
-    raise ValueError(f"{name}={value!r} is invalid; accepted: {_SIZE_FORMS}")
+_SIZE_FORMS = SIZE_FORMS
 
 
 @dataclass(frozen=True)
@@ -122,18 +81,6 @@ def parse_size_or_fraction(value: object, *, name: str) -> Budget | None:
             f"{name}={value!r} is invalid; accepted: auto, {_SIZE_FORMS}, or a percentage of "
             "the capacity (60%)"
         ) from None
-
-
-def format_bytes(n: float) -> str:
-    """``1536 -> '1.50 KiB'``."""
-    n = float(n)
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def _parse_bool(value: object, *, name: str) -> bool:

@@ -4,17 +4,13 @@ Importing it loads numba but compiles nothing: kernels compile (or load from num
 cache) on first use.
 """
 
-from typing import TYPE_CHECKING, Any
-
 from scheduler.cost_model import CostModel, Prediction, predict, replay_seconds
 from scheduler.plan import ROOT, Placement, Plan, StorageKey
 from scheduler.profile import OpRecord, Profile, RegionRecord, StorageRecord
 from scheduler.simulate import Interval, Timeline, lower_bound, simulate
-from scheduler.solver import InfeasibleBudgetError, exhaustive_solve, format_bytes, solve
+from scheduler.solver import InfeasibleBudgetError, exhaustive_solve, solve
+from scheduler.units import format_bytes, parse_bytes
 from scheduler.whatif import gpt_profile
-
-if TYPE_CHECKING:
-    from scheduler.cli import parse_bytes
 
 __all__ = [
     # plans
@@ -47,11 +43,3 @@ __all__ = [
     "parse_bytes",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    # the command line module loads on demand, so ``python -m scheduler.cli`` runs it fresh
-    if name == "parse_bytes":
-        from scheduler.cli import parse_bytes
-
-        return parse_bytes
-    raise AttributeError(f"module 'scheduler' has no attribute {name!r}")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -22,49 +21,11 @@ from typing import Any, TextIO
 from scheduler.cost_model import predict
 from scheduler.plan import ROOT, Placement, Plan
 from scheduler.profile import Profile
-from scheduler.solver import InfeasibleBudgetError, format_bytes, solve
+from scheduler.solver import InfeasibleBudgetError, solve
+from scheduler.units import format_bytes, parse_bytes
 from scheduler.whatif import gpt_profile
 
 __all__ = ["main", "parse_bytes", "parse_model"]
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-_BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_bytes(value: str | int) -> int:
-    """``'20GiB' -> 21474836480``; accepts an int, a number, or a number with a unit
-    (B, KB, MB, GB, TB in powers of 1000; KiB, MiB, GiB, TiB in powers of 1024)."""
-    if isinstance(value, bool):
-        raise TypeError("a byte size must be an int or a string, not a bool")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"byte size {value} is negative; accepted: an int >= 0")
-        return value
-    if not isinstance(value, str):
-        raise TypeError(f"a byte size must be an int or a string, got {type(value).__name__}")
-    m = _BYTES_RE.match(value)
-    unit = m.group(2).lower() if m else ""
-    if not m or unit not in _UNITS:
-        raise ValueError(
-            f"byte size {value!r} is invalid; accepted: an integer or a number with a unit, "
-            "e.g. 20GiB, 512MiB, 1.5GB, 4096 (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
-        )
-    n = float(m.group(1)) * _UNITS[unit]
-    if not math.isfinite(n):
-        raise ValueError(f"byte size {value!r} is too large")
-    return round(n)
-
 
 _MODEL_INTS = ("layers", "hidden", "heads", "seq", "batch", "dtype_bytes", "ffn_mult")
 _MODEL_BOOLS = ("fused_attention", "micro_ops", "dropout", "causal")
@@ -287,7 +248,7 @@ def _print_table(rows: list[dict[str, Any]], out: TextIO) -> None:
 
 def _run(args: argparse.Namespace, out: TextIO) -> int:
     profile = _load_profile(args)
-    budget = parse_bytes(args.budget) if args.budget is not None else None
+    budget = parse_bytes(args.budget, name="--budget") if args.budget is not None else None
     if args.min_budget:
         overhead = args.max_overhead if args.max_overhead is not None else 0.05
         plan = solve(

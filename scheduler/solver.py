@@ -55,6 +55,7 @@ from scheduler.simulate import (
     replay_unit,
     served_now,
 )
+from scheduler.units import format_bytes
 
 __all__ = ["InfeasibleBudgetError", "exhaustive_solve", "solve"]
 
@@ -93,16 +94,6 @@ class InfeasibleBudgetError(ValueError):
         )
         self.budget_bytes = budget_bytes
         self.min_feasible_bytes = min_feasible_bytes
-
-
-def format_bytes(n: float) -> str:
-    """``1536 -> '1.50 KiB'``."""
-    v = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(v) < 1024 or unit == "TiB":
-            return f"{int(v)} B" if unit == "B" else f"{v:.2f} {unit}"
-        v /= 1024
-    return f"{v:.2f} TiB"
 
 
 # ------------------------------------------------------------------------------ kernels
@@ -1133,7 +1124,7 @@ def _check_budget(budget_bytes: object) -> int | None:
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, np.integer)):
         raise TypeError(
             f"budget_bytes must be an int (bytes) or None, got {type(budget_bytes).__name__}; "
-            "parse unit strings such as '20GiB' with scheduler.cli.parse_bytes"
+            "parse unit strings such as '20GiB' with scheduler.parse_bytes"
         )
     if budget_bytes < 0:
         raise ValueError(f"budget_bytes = {budget_bytes} is invalid; accepted: an int >= 0 or None")

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from scheduler.units import format_bytes as _format_bytes
+
 from .measure import BenchResult, Row, SearchRow
 
 __all__ = [
@@ -65,15 +67,8 @@ class Progress:
 
 
 def format_bytes(n: float | None) -> str:
-    """``1536 -> '1.5 KiB'``; ``None -> '-'``."""
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"
+    """``scheduler.units.format_bytes``, and ``None -> '-'``."""
+    return "-" if n is None else _format_bytes(n)
 
 
 def _num(x: float | None, fmt: str) -> str:

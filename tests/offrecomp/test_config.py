@@ -123,3 +123,17 @@ def test_config_fields_are_frozen() -> None:
 def test_format_bytes() -> None:
     assert format_bytes(512) == "512 B"
     assert format_bytes(3 << 30) == "3.00 GiB"
+    assert format_bytes(1023.4) == "1023 B" and format_bytes(1023.7) == "1.00 KiB"
+    assert format_bytes(-2048) == "-2.00 KiB"
+
+
+def test_one_parser_and_one_formatter_for_bytes() -> None:
+    """The runtime, the planner's command line and the benchmarks share scheduler.units."""
+    import scheduler
+    import scheduler.cli
+    import scheduler.units
+    from benchmarks.long_seq import output
+
+    assert parse_bytes is scheduler.units.parse_bytes is scheduler.parse_bytes is scheduler.cli.parse_bytes
+    assert format_bytes is scheduler.units.format_bytes is scheduler.format_bytes
+    assert output.format_bytes(1536) == format_bytes(1536) and output.format_bytes(None) == "-"

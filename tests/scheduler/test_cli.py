@@ -30,6 +30,7 @@ def run(*argv: str) -> tuple[int, str]:
         ("2 tib", 2 * 2**40),
         ("1e3", 1000),
         ("10kB", 10_000),
+        ("24G", 24 * 2**30),  # accepted by the runtime's OFFRECOMP_BUDGET too (scheduler.units)
         (123, 123),
     ],
 )
@@ -39,7 +40,7 @@ def test_parse_bytes(text: str | int, value: int) -> None:
 
 @pytest.mark.parametrize("text", ["", "GiB", "20 parsecs", "-5GiB", "1..5GB", "20GiBs"])
 def test_parse_bytes_rejects(text: str) -> None:
-    with pytest.raises(ValueError, match="accepted: an integer or a number with a unit"):
+    with pytest.raises(ValueError, match="accepted: an integer byte count or a number with a unit"):
         parse_bytes(text)
 
 
@@ -186,7 +187,7 @@ def test_infeasible_budget_exit_status(capsys: pytest.CaptureFixture[str]) -> No
         (["plan", "--model", MODEL, "--budget", "1GiB"], "--model needs --device-tflops"),
         (
             ["plan", "--model", MODEL, "--device-tflops", "990", "--budget", "lots"],
-            "byte size 'lots' is invalid",
+            "--budget='lots' is invalid",
         ),
         (
             ["plan", "--device-tflops", "990", "--budget", "1GiB"],
