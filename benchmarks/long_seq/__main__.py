@@ -92,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
         "weights and optimizer state); default from the preset",
     )
     p.add_argument("--no-search", action="store_true", help="skip the longest-sequence search")
+    p.add_argument(
+        "--no-compare",
+        action="store_true",
+        help="skip the step-time comparison (run the longest-sequence search only)",
+    )
     p.add_argument("--search-start", type=int, help="first sequence length the search tries")
     p.add_argument("--search-max", type=int, help="longest sequence length the search tries")
     p.add_argument(
@@ -289,11 +294,24 @@ def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: f
                 file=sys.stderr,
             )
             return 2
+    if args.no_compare and args.no_search:
+        print("--no-compare with --no-search leaves nothing to run", file=sys.stderr)
+        return 2
+    # The budget is parsed even without the search: offrecomp_auto@budget uses it.
+    budget_text = args.mem_budget or preset.mem_budget
+    step_budget: int | None = None
+    if budget_text.lower() != "none":
+        try:
+            step_budget = parse_size(budget_text, name="--mem-budget")
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 2
     with_compile = args.with_compile if args.with_compile is not None else device.type == "cuda"
     options = Options(
         with_compile=with_compile,
         compile_budget=args.compile_budget,
         compile_backend=args.compile_backend,
+        step_budget_bytes=step_budget,
     )
 
     peak_tflops = args.peak_tflops
@@ -304,22 +322,14 @@ def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: f
         else:
             notes.append(f"MFU not reported: pass --peak-tflops for {name}")
 
-    mem_budget: int | None = None
-    if not args.no_search:
-        text = args.mem_budget or preset.mem_budget
-        if text.lower() != "none":
-            try:
-                mem_budget = parse_size(text, name="--mem-budget")
-            except ValueError as exc:
-                print(exc, file=sys.stderr)
-                return 2
+    mem_budget = None if args.no_search else step_budget
     max_seconds = args.max_seconds
     if max_seconds is None and device.type == "cpu":
         max_seconds = _CPU_MAX_SECONDS
 
     cfg = BenchConfig(
         spec=spec,
-        seqs=tuple(seqs),
+        seqs=() if args.no_compare else tuple(seqs),
         batch=args.batch or preset.batch,
         device=device,
         amp_dtype=torch.bfloat16 if (preset.bf16 and device.type == "cuda") else None,
@@ -342,7 +352,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: f
     total = len(cfg.seqs) * n_avail * (1 + cfg.repeats + (device.type == "cpu"))
     print(
         f"long_seq: preset {preset_name}, {spec.kind} {spec.n_layers}x{spec.hidden}, "
-        f"batch {cfg.batch}, seq {','.join(map(str, cfg.seqs))}, device {device} "
+        f"batch {cfg.batch}, seq {','.join(map(str, cfg.seqs)) or '-'}, device {device} "
         f"({_plural(torch.get_num_threads(), 'thread')}), "
         f"{len(strategies)} strategies ({n_avail} runnable here)",
         file=sys.stderr,
@@ -402,7 +412,8 @@ def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: f
         "memory: allocator bytes above the pre-step level (peak: whole step, act: end of forward)"
     )
     print()
-    print(render_table(result.rows))
+    if result.rows:
+        print(render_table(result.rows))
     if result.search:
         print()
         print(render_search(result.search, cfg.mem_budget_bytes))

@@ -27,6 +27,7 @@ from benchmarks.long_seq.strategies import (
     PrepareContext,
     Runner,
     Strategy,
+    activation_budget,
     get_strategies,
 )
 
@@ -302,3 +303,49 @@ def test_oom_and_failures_are_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert any(p.note == "oom" for p in search["fragile"].probes)
     assert search["none"].longest_seq == 512 and search["none"].capped
     assert search["broken"].status.startswith("failed: ValueError")
+
+
+def test_search_only_with_auto_at_the_step_budget(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --no-compare runs the search alone; offrecomp_auto@budget gets --mem-budget less
+    # the gradients (NOTE [Step budget for auto]).
+    out = tmp_path / "out"
+    argv = [
+        "--device", "cpu", "--layers", "2", "--hidden", "32", "--heads", "2", "--batch", "1",
+        "--no-compare", "--mem-budget", "2MiB", "--search-start", "64", "--search-max", "128",
+        "--strategies", "offrecomp_auto@budget", "--out", str(out), "--quiet", "--no-plots",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert data["rows"] == []
+    found = {s["strategy"]: s for s in data["search"]}
+    assert set(found) == {"none", "offrecomp_auto@budget"}
+    assert found["offrecomp_auto@budget"]["status"] == "ok"
+    assert found["offrecomp_auto@budget"]["probes"]
+    assert "longest sequence" in capsys.readouterr().out
+
+
+def test_auto_at_the_step_budget_leaves_out_the_gradients() -> None:
+    model = build_model(TINY, CPU)
+    grads = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert activation_budget(model, grads + 1000) == 1000
+    with pytest.raises(NotApplicable, match="gradients"):
+        activation_budget(model, grads)
+    (strategy,) = [s for s in get_strategies(["offrecomp_auto@budget"]) if s.name != "none"]
+    assert strategy.available(CPU) == (False, "n/a: needs --mem-budget (its budget is the search's)")
+    (strategy,) = [
+        s
+        for s in get_strategies(["offrecomp_auto@budget"], Options(step_budget_bytes=grads + 4096))
+        if s.name != "none"
+    ]
+    assert strategy.available(CPU)[0]
+    runner = strategy.prepare(model, PrepareContext(device=CPU, seq=SEQ, plain_saved_bytes=None))
+    try:
+        assert runner.runtime_kwargs == {"mode": "auto", "budget": 4096}  # type: ignore[attr-defined]
+    finally:
+        runner.close()
+
+
+def test_no_compare_needs_the_search() -> None:
+    assert main(["--device", "cpu", "--no-compare", "--no-search", "--quiet"]) == 2
