@@ -499,8 +499,7 @@ def activation_budget(model: nn.Module, step_budget_bytes: int) -> int:
     left = step_budget_bytes - grads
     if left <= 0:
         raise NotApplicable(
-            f"n/a: the step budget ({step_budget_bytes} B) does not cover the gradients "
-            f"({grads} B)"
+            f"n/a: the step budget ({step_budget_bytes} B) does not cover the gradients ({grads} B)"
         )
     return left
 

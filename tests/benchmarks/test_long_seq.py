@@ -333,7 +333,10 @@ def test_auto_at_the_step_budget_leaves_out_the_gradients() -> None:
     with pytest.raises(NotApplicable, match="gradients"):
         activation_budget(model, grads)
     (strategy,) = [s for s in get_strategies(["offrecomp_auto@budget"]) if s.name != "none"]
-    assert strategy.available(CPU) == (False, "n/a: needs --mem-budget (its budget is the search's)")
+    assert strategy.available(CPU) == (
+        False,
+        "n/a: needs --mem-budget (its budget is the search's)",
+    )
     (strategy,) = [
         s
         for s in get_strategies(["offrecomp_auto@budget"], Options(step_budget_bytes=grads + 4096))
