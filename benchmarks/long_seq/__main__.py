@@ -100,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--search-start", type=int, help="first sequence length the search tries")
     p.add_argument("--search-max", type=int, help="longest sequence length the search tries")
     p.add_argument(
+        "--search-quantum",
+        type=int,
+        default=64,
+        help="the search's resolution in tokens: it reports a multiple of this (default 64)",
+    )
+    p.add_argument(
         "--peak-tflops",
         type=float,
         help=f"device peak for MFU (default {_H100_CLASS_PEAK_TFLOPS:g} on H100/H200, else no MFU)",
@@ -209,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         ("--batch", args.batch, 1),
         ("--repeats", args.repeats, 1),
         ("--warmup", args.warmup, 0),
+        ("--search-quantum", args.search_quantum, 1),
     ):
         if value is not None and value < lowest:
             print(f"{flag}={value} is invalid; give {lowest} or more", file=sys.stderr)
@@ -340,6 +347,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: f
         mem_budget_bytes=mem_budget,
         search_start=args.search_start or preset.search_start,
         search_max=args.search_max or preset.search_max,
+        search_quantum=args.search_quantum,
         peak_tflops=peak_tflops,
         max_seconds=max_seconds,
         seed=args.seed,
@@ -407,12 +415,12 @@ def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: f
         f"{_plural(hardware['torch_threads'], 'torch thread')}; "
         f"torch {hardware['torch']}, python {hardware['python']}"
     )
-    print(
-        f"median of {cfg.repeats} interleaved steps after {cfg.warmup} warm-up; "
-        "memory: allocator bytes above the pre-step level (peak: whole step, act: end of forward)"
-    )
-    print()
     if result.rows:
+        print(
+            f"median of {cfg.repeats} interleaved steps after {cfg.warmup} warm-up; memory: "
+            "allocator bytes above the pre-step level (peak: whole step, act: end of forward)"
+        )
+        print()
         print(render_table(result.rows))
     if result.search:
         print()

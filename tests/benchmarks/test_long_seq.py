@@ -314,6 +314,7 @@ def test_search_only_with_auto_at_the_step_budget(
     argv = [
         "--device", "cpu", "--layers", "2", "--hidden", "32", "--heads", "2", "--batch", "1",
         "--no-compare", "--mem-budget", "2MiB", "--search-start", "64", "--search-max", "128",
+        "--search-quantum", "32",
         "--strategies", "offrecomp_auto@budget", "--out", str(out), "--quiet", "--no-plots",
     ]  # fmt: skip
     assert main(argv) == 0
@@ -323,6 +324,7 @@ def test_search_only_with_auto_at_the_step_budget(
     assert set(found) == {"none", "offrecomp_auto@budget"}
     assert found["offrecomp_auto@budget"]["status"] == "ok"
     assert found["offrecomp_auto@budget"]["probes"]
+    assert all(p["seq"] % 32 == 0 for s in found.values() for p in s["probes"])
     assert "longest sequence" in capsys.readouterr().out
 
 
