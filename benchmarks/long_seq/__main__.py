@@ -60,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=int, help="override the preset's head count")
     p.add_argument("--dropout", type=float, help="dropout probability (default 0)")
     p.add_argument(
+        "--max-seq",
+        type=int,
+        help="length of the position table, at least the preset's and the longest sequence "
+        "run or searched (the default); one figure across runs keeps the parameters, and so "
+        "compiled graphs, the same",
+    )
+    p.add_argument(
         "--strategies", type=_name_list, help="comma-separated subset (none is always run)"
     )
     p.add_argument("--warmup", type=int, default=1, help="untimed steps per strategy (default 1)")
@@ -74,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compile_group.add_argument(
         "--no-compile", dest="with_compile", action="store_false", help="skip compile_budget"
+    )
+    p.add_argument(
+        "--compile-dynamic",
+        action="store_true",
+        help="compile_budget compiles with dynamic=True: one graph for every sequence length",
     )
     p.add_argument(
         "--compile-budget",
@@ -216,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         ("--repeats", args.repeats, 1),
         ("--warmup", args.warmup, 0),
         ("--search-quantum", args.search_quantum, 1),
+        ("--max-seq", args.max_seq, 1),
     ):
         if value is not None and value < lowest:
             print(f"{flag}={value} is invalid; give {lowest} or more", file=sys.stderr)
@@ -292,6 +305,8 @@ def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: f
             spec = dataclasses.replace(spec, kind="gpt")
     seqs = args.seq or preset.seqs
     spec = spec.with_max_seq(max(seqs))
+    if args.max_seq is not None:
+        spec = spec.with_max_seq(args.max_seq)
 
     if args.strategies:
         unknown = [n for n in args.strategies if n not in ALL_STRATEGIES]
@@ -318,6 +333,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: f
         with_compile=with_compile,
         compile_budget=args.compile_budget,
         compile_backend=args.compile_backend,
+        compile_dynamic=args.compile_dynamic,
         step_budget_bytes=step_budget,
     )
 

@@ -55,6 +55,9 @@ class Options:
     compile_backend: str = "inductor"
     """``torch.compile`` backend; ``aot_eager_decomp_partition`` runs the same min-cut
     partitioner without generating code (fast, for tests)."""
+    compile_dynamic: bool = False
+    """Compile with ``dynamic=True`` (one graph for every sequence length) rather than
+    torch's default (a static graph first, a dynamic one once a second length is seen)."""
     step_budget_bytes: int | None = None
     """The step-memory budget (``--mem-budget``) that ``offrecomp_auto@budget`` is given,
     less the gradients' bytes; None leaves that strategy unavailable."""
@@ -322,7 +325,11 @@ class CompileBudget(Strategy):
                 import torch._inductor.config as inductor_config
 
                 inductor_config.compile_threads = 1
-            self._compiled[key] = torch.compile(model, backend=self.options.compile_backend)
+            self._compiled[key] = torch.compile(
+                model,
+                backend=self.options.compile_backend,
+                dynamic=True if self.options.compile_dynamic else None,
+            )
         return _CompiledRunner(model, self._compiled[key], self.options.compile_budget)
 
 

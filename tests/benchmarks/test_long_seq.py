@@ -22,6 +22,7 @@ from benchmarks.long_seq.measure import (
 from benchmarks.long_seq.models import ModelSpec, build_model, hf_available, make_batch
 from benchmarks.long_seq.strategies import (
     ALL_STRATEGIES,
+    CompileBudget,
     NotApplicable,
     Options,
     PrepareContext,
@@ -354,3 +355,30 @@ def test_auto_at_the_step_budget_leaves_out_the_gradients() -> None:
 
 def test_no_compare_needs_the_search() -> None:
     assert main(["--device", "cpu", "--no-compare", "--no-search", "--quiet"]) == 2
+
+
+def test_fixed_position_table_and_dynamic_compile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --max-seq fixes the parameters across runs (so compiled graphs can be reused from
+    # the on-disk cache); --compile-dynamic compiles one graph for every length.
+    out = tmp_path / "out"
+    argv = [
+        "--device", "cpu", "--layers", "2", "--hidden", "32", "--heads", "2", "--batch", "1",
+        "--seq", "32,64", "--max-seq", "4096", "--no-search", "--warmup", "0", "--repeats", "1",
+        "--strategies", "compile_budget", "--with-compile", "--compile-dynamic",
+        "--compile-backend", "aot_eager_decomp_partition", "--out", str(out), "--quiet",
+        "--no-plots",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["model"]["max_seq"] == 4096
+    assert all(r["status"] == "ok" for r in data["rows"]), data["rows"]
+    assert main([*argv, "--max-seq", "0"]) == 2
+    calls: list[dict[str, object]] = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: calls.append(kw) or model)
+    ctx = PrepareContext(device=CPU, seq=SEQ, plain_saved_bytes=None)
+    for dynamic in (False, True):
+        model = build_model(TINY, CPU)
+        CompileBudget(Options(with_compile=True, compile_dynamic=dynamic)).prepare(model, ctx)
+    assert [c["dynamic"] for c in calls] == [None, True]
