@@ -1,26 +1,28 @@
 #!/usr/bin/env bash
-# Long-context evidence on one GPU, about 8 minutes on one H200 (each step has its own
-# timeout, and the long_seq steps stop starting new work at --max-seconds):
+# Long-context evidence on one GPU, about 8-9 minutes on one H200: each long_seq step stops
+# starting new work at its --max-seconds (the peers are listed most important first) and
+# runs under a timeout 50 s longer; the others have their own timeouts.
 #   0. environment; torchtune and torchao installed from a folder of wheels (WHEELS, else
-#      shared/wheels/ or wheels/ beside the working tree, made by scripts/fetch_wheels.sh);
+#      shared/wheels/, wheels/ or ../wheels, made by scripts/fetch_wheels.sh);
 #      optional_packages.txt says what could not be installed and why;
 #   1. `python -m offrecomp warmup` (the planner's numba kernels);
-#   2. compile_budget's graphs compiled once at 16K and 32K tokens, so that step 3 times
-#      warm compiles (Inductor's on-disk cache); the cold compile is in compile_warm/;
-#   3. python -m benchmarks.long_seq at the gpu-1.3b preset, 16K and 32K tokens, every
+#   2. compile_budget compiled once, with dynamic shapes and the position table every
+#      later step uses, so later steps load it from Inductor's on-disk cache
+#      (compile_warm/: its one timed step follows the cold compile);
+#   3. python -m benchmarks.long_seq at the gpu-1.3b preset, 16K then 32K tokens, every
 #      peer: none, ckpt_block, ckpt_sqrt, sac_matmul, save_on_cpu, compile_budget,
 #      torchtune_offload, offrecomp keep / recompute / auto@50% / auto@25%;
-#   4. the same at 64K tokens (a strategy that does not fit is listed as oom);
+#   4. 64K tokens for the strategies that may fit (one that does not is listed as oom);
 #   5. the longest sequence under a step-memory budget of 32 GiB, then 64 GiB, for
 #      ckpt_block, sac_matmul, torchtune_offload, compile_budget and offrecomp auto with
 #      the same budget (offrecomp_auto@budget; NOTE [Step budget for auto] in
-#      benchmarks/long_seq/strategies.py);
+#      benchmarks/long_seq/strategies.py), none as the base;
 #   6. benchmarks/profile_step.py: one planned auto step that offloads, profiled (CPU and
-#      CUDA activities), summarised in profile_step.json, its trace in
-#      profile_trace.json.gz.
-# $OUT (default ./device_long_out) gets suite.log (what each step printed) and
-# results.tgz (every raw file), both brought up to date after every step, so a call
-# stopped early still returns what finished.
+#      CUDA activities), summarised in profile_step.json.
+# $OUT (default ./device_long_out) gets suite.log (what each step printed and its exit
+# status) and results.tgz (every raw file), both brought up to date after every step, so
+# a call stopped early still returns what finished; and profile_trace.json.gz, the
+# profiler's Chrome trace of step 6 (kept out of results.tgz, which it would swell).
 #
 # DRY_RUN=1 (or --dry-run) runs the same steps on the CPU with the cpu-tiny preset at
 # tiny sizes, the fast compile backend and budgets in MiB, to check the script anywhere.
@@ -49,26 +51,39 @@ step() {
   pack
 }
 
-ALL_PEERS=none,ckpt_block,ckpt_sqrt,sac_matmul,save_on_cpu,compile_budget,torchtune_offload
-ALL_PEERS+=,offrecomp_keep,offrecomp_recompute,offrecomp_auto@50%,offrecomp_auto@25%
-SEARCH_PEERS=ckpt_block,sac_matmul,torchtune_offload,compile_budget,offrecomp_auto@budget
+# Peers in order of importance: when --max-seconds stops a run, the last ones lose out.
+ALL_PEERS=none,ckpt_block,offrecomp_auto@25%,offrecomp_auto@50%,compile_budget,torchtune_offload
+ALL_PEERS+=,sac_matmul,ckpt_sqrt,offrecomp_recompute,offrecomp_keep,save_on_cpu
+LONGEST_PEERS=ckpt_block,offrecomp_auto@25%,offrecomp_recompute,compile_budget,torchtune_offload
+LONGEST_PEERS+=,sac_matmul,ckpt_sqrt,save_on_cpu
+SEARCH_PEERS=ckpt_block,offrecomp_auto@budget,compile_budget,torchtune_offload,sac_matmul
+# compile_budget compiles one dynamic graph (--compile-dynamic) for a model whose position
+# table is the same in every step (--max-seq), so step 2's compile serves every later step
+# from Inductor's on-disk cache.
 if [ "$DRY_RUN" = 1 ]; then
-  SIZE=(--preset cpu-tiny --device cpu --layers 2 --hidden 32 --heads 2 --batch 1)
-  SEQS=64,128 LONGEST=256 BUDGETS="3MiB 6MiB"
+  MODEL=(--preset cpu-tiny --device cpu --layers 2 --hidden 32 --heads 2 --batch 1 --max-seq 4096)
+  SEQ1=64 SEQ2=128 LONGEST=256 BUDGETS="3MiB 6MiB"
   SEARCH=(--search-start 64 --search-max 256 --search-quantum 64)
-  TIMED=(--warmup 0 --repeats 1)
-  COMPILE=(--with-compile --compile-backend aot_eager_decomp_partition)
+  COMPILE=(--with-compile --compile-dynamic --compile-backend aot_eager_decomp_partition)
   PROFILE=(--preset cpu-tiny --device cpu --layers 2 --hidden 32 --heads 2 --batch 1 --seq 64)
-  MAXS=(60 60 60)  # --max-seconds of the compare, 64K and search steps
+  REPEATS=1
 else
-  SIZE=(--preset gpu-1.3b --device cuda)
-  SEQS=16384,32768 LONGEST=65536 BUDGETS="32GiB 64GiB"
+  MODEL=(--preset gpu-1.3b --device cuda --max-seq 131072)
+  SEQ1=16384 SEQ2=32768 LONGEST=65536 BUDGETS="32GiB 64GiB"
   SEARCH=(--search-start 16384 --search-max 131072 --search-quantum 2048)
-  TIMED=(--warmup 1 --repeats 2)
-  COMPILE=(--with-compile)
+  COMPILE=(--with-compile --compile-dynamic)
   PROFILE=(--preset gpu-1.3b --device cuda --seq 16384)
-  MAXS=(150 60 55)
+  REPEATS=2
 fi
+# long_seq stops starting new work after --max-seconds; the step's timeout is that plus
+# the longest single visit it may be in the middle of (a 64K step is ~5 s on an H200).
+# lseq NAME MAX_SECONDS ARGS...: one long_seq run into $WORK/NAME.
+lseq() {
+  local name=$1 max=$2
+  shift 2
+  step "$name" $((max + 50)) "$PY" -m benchmarks.long_seq "${MODEL[@]}" "${COMPILE[@]}" \
+    --max-seconds "$max" --quiet --out "$WORK/$name" "$@"
+}
 
 log "environment (dry run: $DRY_RUN)"
 {
@@ -95,13 +110,15 @@ optional() {
     return
   fi
   "$PY" -c "import torch; print('torch==' + torch.__version__)" > "$WORK/torch_pin.txt"
-  local deps nodeps
-  deps=$(cat "$wheels/deps.txt" 2>/dev/null || echo "datasets huggingface_hub safetensors kagglehub sentencepiece tiktoken blobfile tokenizers omegaconf Pillow psutil tqdm numpy")
-  nodeps=$(cat "$wheels/nodeps.txt" 2>/dev/null || echo "torchtune torchao<0.12 torchdata")
-  # shellcheck disable=SC2086
-  timeout 120 "$PY" -m pip install --no-index --find-links "$wheels" -c "$WORK/torch_pin.txt" $deps > "$WORK/pip_install.log" 2>&1
-  # shellcheck disable=SC2086
-  timeout 60 "$PY" -m pip install --no-index --find-links "$wheels" --no-deps $nodeps >> "$WORK/pip_install.log" 2>&1
+  local deps=() nodeps=()
+  [ -f "$wheels/deps.txt" ] && mapfile -t deps < "$wheels/deps.txt"
+  [ -f "$wheels/nodeps.txt" ] && mapfile -t nodeps < "$wheels/nodeps.txt"
+  [ ${#nodeps[@]} = 0 ] && nodeps=(torchtune "torchao<0.12" torchdata)
+  {
+    [ ${#deps[@]} = 0 ] || timeout 120 "$PY" -m pip install --no-index --find-links "$wheels" \
+      -c "$WORK/torch_pin.txt" "${deps[@]}"
+    timeout 60 "$PY" -m pip install --no-index --find-links "$wheels" --no-deps "${nodeps[@]}"
+  } > "$WORK/pip_install.log" 2>&1
   if "$PY" -c "import torchtune, torchao; from torchtune.training import OffloadActivations" >> "$WORK/pip_install.log" 2>&1; then
     "$PY" -c "import torchtune, torchao; print('torchtune', torchtune.__version__, 'and torchao', torchao.__version__, 'installed from $wheels')" > "$status" 2>&1
   else
@@ -116,29 +133,27 @@ pack
 log "1. the planner's kernels (numba)"
 step warmup 90 "$PY" -m offrecomp warmup
 
-log "2. compile_budget compiled once at $SEQS tokens (later steps find Inductor's cache warm)"
-step compile_warm 150 "$PY" -m benchmarks.long_seq "${SIZE[@]}" --seq "$SEQS" --strategies compile_budget \
-  "${COMPILE[@]}" --no-search --warmup 0 --repeats 1 --no-plots --quiet --out "$WORK/compile_warm"
+log "2. compile_budget compiled once (later steps find Inductor's cache warm)"
+lseq compile_warm 130 --seq "$SEQ1" --strategies compile_budget --no-search --warmup 0 --repeats 1 \
+  --no-plots
 
-log "3. every peer at $SEQS tokens"
-step compare 170 "$PY" -m benchmarks.long_seq "${SIZE[@]}" --seq "$SEQS" --strategies "$ALL_PEERS" \
-  "${COMPILE[@]}" --no-search "${TIMED[@]}" --max-seconds "${MAXS[0]}" --quiet --out "$WORK/long_seq"
+log "3. every peer at $SEQ1 tokens"
+lseq long_seq_$SEQ1 60 --seq "$SEQ1" --strategies "$ALL_PEERS" --no-search --warmup 1 --repeats "$REPEATS"
 
-log "4. every peer at $LONGEST tokens (oom where a strategy does not fit)"
-step compare_longest 80 "$PY" -m benchmarks.long_seq "${SIZE[@]}" --seq "$LONGEST" --strategies "$ALL_PEERS" \
-  "${COMPILE[@]}" --no-search --warmup 0 --repeats 1 --max-seconds "${MAXS[1]}" --quiet \
-  --out "$WORK/long_seq_longest"
+log "3. every peer at $SEQ2 tokens"
+lseq long_seq_$SEQ2 100 --seq "$SEQ2" --strategies "$ALL_PEERS" --no-search --warmup 1 --repeats "$REPEATS"
+
+log "4. at $LONGEST tokens, the strategies that may fit (oom where one does not)"
+lseq long_seq_$LONGEST 45 --seq "$LONGEST" --strategies "$LONGEST_PEERS" --no-search --warmup 0 --repeats 1
 
 for B in $BUDGETS; do
   log "5. longest sequence with step peak <= $B"
-  step "search_$B" 75 "$PY" -m benchmarks.long_seq "${SIZE[@]}" --no-compare --mem-budget "$B" \
-    --strategies "$SEARCH_PEERS" "${COMPILE[@]}" "${SEARCH[@]}" --max-seconds "${MAXS[2]}" --quiet \
-    --out "$WORK/search_$B"
+  lseq "search_$B" 40 --no-compare --mem-budget "$B" --strategies "$SEARCH_PEERS" "${SEARCH[@]}"
 done
 
 log "6. one planned auto step that offloads, profiled"
-step profile_step 90 "$PY" benchmarks/profile_step.py "${PROFILE[@]}" --budget-fraction 0.25 \
-  --out "$WORK/profile_step.json" --trace "$WORK/profile_trace.json.gz"
+step profile_step 100 "$PY" benchmarks/profile_step.py "${PROFILE[@]}" --budget-fraction 0.25 \
+  --out "$WORK/profile_step.json" --trace "$OUT/profile_trace.json.gz"
 
 log "done"
 ls -la "$WORK" | tee -a "$OUT/suite.log"

@@ -41,8 +41,8 @@ def test_dry_run_writes_every_result(tmp_path: Path) -> None:
     log = (out / "suite.log").read_text()
     assert "== " in log and "done" in log
     assert "timed out" not in log
-    for name in ("warmup", "compile_warm", "compare", "compare_longest", "search_3MiB", "search_6MiB",
-                 "profile_step"):  # fmt: skip
+    for name in ("warmup", "compile_warm", "long_seq_64", "long_seq_128", "long_seq_256",
+                 "search_3MiB", "search_6MiB", "profile_step"):  # fmt: skip
         assert f"[{name}: exit 0]" in log, name
     assert "torchtune and torchao: NOT installed" in log  # said, not skipped silently
 
@@ -52,16 +52,16 @@ def test_dry_run_writes_every_result(tmp_path: Path) -> None:
             "env.txt",
             "optional_packages.txt",
             "compile_warm/results.json",
-            "long_seq/results.json",
-            "long_seq/results.csv",
-            "long_seq_longest/results.json",
+            "long_seq_64/results.json",
+            "long_seq_128/results.csv",
+            "long_seq_256/results.json",
             "search_3MiB/longest_seq.csv",
             "search_6MiB/results.json",
             "profile_step.json",
-            "profile_trace.json.gz",
         ):
             assert path in names, path
-        compare = json.load(tar.extractfile("./long_seq/results.json"))  # type: ignore[arg-type]
+        compare = json.load(tar.extractfile("./long_seq_128/results.json"))  # type: ignore[arg-type]
+        longest = json.load(tar.extractfile("./long_seq_256/results.json"))  # type: ignore[arg-type]
         search = json.load(tar.extractfile("./search_6MiB/results.json"))  # type: ignore[arg-type]
         profile = json.load(tar.extractfile("./profile_step.json"))  # type: ignore[arg-type]
     peers = {r["strategy"] for r in compare["rows"]}
@@ -70,9 +70,12 @@ def test_dry_run_writes_every_result(tmp_path: Path) -> None:
         "torchtune_offload", "offrecomp_keep", "offrecomp_recompute", "offrecomp_auto@50%",
         "offrecomp_auto@25%",
     }  # fmt: skip
-    assert {r["seq"] for r in compare["rows"]} == {64, 128}
+    assert {r["seq"] for r in compare["rows"]} == {128}
+    assert compare["meta"]["model"]["max_seq"] == longest["meta"]["model"]["max_seq"]
     ok = {r["strategy"] for r in compare["rows"] if r["status"].startswith("ok")}
     assert {"none", "ckpt_block", "compile_budget", "offrecomp_auto@25%"} <= ok
+    assert {r["strategy"] for r in longest["rows"]} >= {"none", "ckpt_block", "offrecomp_auto@25%"}
+    assert (out / "profile_trace.json.gz").stat().st_size > 0
     found = {s["strategy"]: s for s in search["search"]}
     assert set(found) == {"none", "ckpt_block", "sac_matmul", "torchtune_offload", "compile_budget",
                           "offrecomp_auto@budget"}  # fmt: skip
