@@ -348,7 +348,7 @@ def _host_costs(events: Sequence[Any], averages: Any) -> list[dict[str, Any]]:
             and _ancestor(e, lambda p: p.name.startswith(_EVALUATE)) is None
         )
 
-    costs = [
+    costs: list[dict[str, Any]] = [
         {
             "what": "host time between ops in forward (Python: hooks, runtime bookkeeping)",
             "ms": _between_ops_ms(events, fwd, top_level_in_forward),
@@ -400,7 +400,9 @@ def _stream_gaps(kineto: Sequence[Any]) -> dict[str, Any] | None:
     """Idle time between the device events of the stream that ran the most kernels."""
     per_stream: dict[int, list[tuple[int, int, str]]] = {}
     for e in kineto:
-        if e.device_type() != torch.autograd.DeviceType.CUDA:
+        # record_function ranges are mirrored on the device timeline as user annotations
+        # spanning many kernels; they are not device work.
+        if e.device_type() != torch.autograd.DeviceType.CUDA or e.is_user_annotation():
             continue
         start = e.start_ns()
         per_stream.setdefault(e.device_resource_id(), []).append(

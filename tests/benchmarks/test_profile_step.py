@@ -77,6 +77,9 @@ class _Kineto:
     def name(self) -> str:
         return self._v[3]
 
+    def is_user_annotation(self) -> bool:
+        return self._v[3].startswith("profile_step::")
+
 
 def _event(name: str, start: float, end: float) -> Any:
     return SimpleNamespace(
@@ -105,6 +108,7 @@ def test_cuda_summary_counts_calls_syncs_and_stream_gaps() -> None:
         _Kineto(7, 18, 2, "k3"),  # overlaps k2
         _Kineto(7, 40, 10, "k4"),  # 20 us gap
         _Kineto(9, 0, 100, "memcpy"),
+        *(_Kineto(7, 0, 60, profile_step.FORWARD) for _ in range(3)),  # not device work
     ]
     got = profile_step._cuda_summary(
         events, kineto, {"storages_offloaded": 2, "groups_offloaded": 1}
