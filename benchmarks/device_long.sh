@@ -78,8 +78,9 @@ fi
 # long_seq stops starting new work after --max-seconds; the step's timeout is that plus
 # the longest single visit it may be in the middle of (a 64K step is ~5 s on an H200).
 # lseq NAME MAX_SECONDS ARGS...: one long_seq run into $WORK/NAME.
+# TIME_SCALE=N multiplies every --max-seconds by N (an integer), for a machine held longer.
 lseq() {
-  local name=$1 max=$2
+  local name=$1 max=$(($2 * ${TIME_SCALE:-1}))
   shift 2
   step "$name" $((max + 50)) "$PY" -m benchmarks.long_seq "${MODEL[@]}" "${COMPILE[@]}" \
     --max-seconds "$max" --quiet --out "$WORK/$name" "$@"

@@ -78,6 +78,9 @@ class Runner:
 
     warmup_floor: int = 0
     """Fewest warm-up steps this runner needs before a step is representative."""
+    search_floor: int | None = None
+    """Steps before the last of a longest-sequence probe (None: ``warmup_floor``); a
+    probe takes the highest step peak of these steps and one more."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -373,6 +376,10 @@ def _jsonable(obj: Any) -> Any:
 
 class _OffrecompRunner(Runner):
     warmup_floor = 3  # step 1 measures, step 2 calibrates (both recompute everything), 3 plans
+    # A probe needs the plan's memory, not its settled speed: the offload trial's later
+    # plans are solved for the same budget (NOTE [Offload trial]), so the probe stops
+    # after two planned steps rather than the trial's 2 * TRIAL_PASSES more.
+    search_floor = 3
 
     def __init__(self, model: nn.Module, **runtime_kwargs: Any) -> None:
         super().__init__(model)

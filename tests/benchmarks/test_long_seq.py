@@ -382,3 +382,41 @@ def test_fixed_position_table_and_dynamic_compile(
         model = build_model(TINY, CPU)
         CompileBudget(Options(with_compile=True, compile_dynamic=dynamic)).prepare(model, ctx)
     assert [c["dynamic"] for c in calls] == [None, True]
+
+
+class _Counting(Strategy):
+    """Plain steps, counted; a long warm-up floor and a shorter search floor."""
+
+    name = "counting"
+    summary = "test double"
+    steps = 0
+
+    def prepare(self, model: torch.nn.Module, ctx: PrepareContext) -> Runner:
+        class _R(Runner):
+            warmup_floor = 9
+            search_floor = 3
+
+            def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+                _Counting.steps += 1
+                return self.model(idx, targets)
+
+        return _R(model)
+
+
+def test_search_probe_runs_the_search_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A probe runs search_floor + 1 steps (offrecomp auto: measure, calibrate, two planned
+    # steps), not the warm-up floor, which on a GPU includes the offload trial.
+    import benchmarks.long_seq.measure as measure
+
+    monkeypatch.setattr(measure, "get_strategies", lambda names, options: [_Counting()])
+    spec = ModelSpec(n_layers=2, hidden=32, n_heads=2, vocab=64, max_seq=64)
+    cfg = BenchConfig(
+        spec=spec, seqs=(), batch=1, device=CPU, mem_budget_bytes=1 << 40,
+        search_start=64, search_max=64,
+    )  # fmt: skip
+    (found,) = run_benchmark(cfg).search
+    assert found.longest_seq == 64 and len(found.probes) == 1
+    assert _Counting.steps == 4
+    from benchmarks.long_seq.strategies import _OffrecompRunner
+
+    assert _OffrecompRunner.search_floor == 3
