@@ -121,3 +121,26 @@ def test_cuda_summary_counts_calls_syncs_and_stream_gaps() -> None:
     assert gaps["idle_ms"] == pytest.approx(0.025) and gaps["span_ms"] == pytest.approx(0.05)
     assert gaps["gaps_over_10us"] == 1
     assert gaps["largest_gaps_us"][0] == {"us": 20.0, "before": "k4"}
+
+
+def test_auto_profiles_again_until_the_step_offloaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a GPU the step after one that offloaded may run the offload trial's plan, which
+    # does not offload: the tool profiles again (a CPU run stands in for the planner).
+    records = iter([SimpleNamespace(phase="planned", offloaded_bytes=b) for b in (0, 0, 7)])
+    profiled: list[int] = []
+    real = profile_step._profiled_step
+
+    def counting(s: Any, rt: Any) -> Any:
+        profiled.append(1)
+        return real(s, rt)
+
+    monkeypatch.setattr(profile_step, "_reach_plan", lambda s, rt, n: (True, ["planned:7"]))
+    monkeypatch.setattr(profile_step, "_last_record", lambda rt: next(records))
+    monkeypatch.setattr(profile_step, "_profiled_step", counting)
+    out = tmp_path / "p.json"
+    assert profile_step.main([*TINY, "--out", str(out)]) == 0
+    sel = json.loads(out.read_text())["selection"]
+    assert len(profiled) == 3
+    assert sel["mode"] == "auto" and sel["offloaded_bytes"] == 7
