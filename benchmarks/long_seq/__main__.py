@@ -60,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=int, help="override the preset's head count")
     p.add_argument("--dropout", type=float, help="dropout probability (default 0)")
     p.add_argument(
+        "--max-seq",
+        type=int,
+        help="length of the position table, at least the preset's and the longest sequence "
+        "run or searched (the default); one figure across runs keeps the parameters, and so "
+        "compiled graphs, the same",
+    )
+    p.add_argument(
         "--strategies", type=_name_list, help="comma-separated subset (none is always run)"
     )
     p.add_argument("--warmup", type=int, default=1, help="untimed steps per strategy (default 1)")
@@ -74,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compile_group.add_argument(
         "--no-compile", dest="with_compile", action="store_false", help="skip compile_budget"
+    )
+    p.add_argument(
+        "--compile-dynamic",
+        action="store_true",
+        help="compile_budget compiles with dynamic=True: one graph for every sequence length",
     )
     p.add_argument(
         "--compile-budget",
@@ -92,8 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
         "weights and optimizer state); default from the preset",
     )
     p.add_argument("--no-search", action="store_true", help="skip the longest-sequence search")
+    p.add_argument(
+        "--no-compare",
+        action="store_true",
+        help="skip the step-time comparison (run the longest-sequence search only)",
+    )
     p.add_argument("--search-start", type=int, help="first sequence length the search tries")
     p.add_argument("--search-max", type=int, help="longest sequence length the search tries")
+    p.add_argument(
+        "--search-quantum",
+        type=int,
+        default=64,
+        help="the search's resolution in tokens: it reports a multiple of this (default 64)",
+    )
     p.add_argument(
         "--peak-tflops",
         type=float,
@@ -204,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         ("--batch", args.batch, 1),
         ("--repeats", args.repeats, 1),
         ("--warmup", args.warmup, 0),
+        ("--search-quantum", args.search_quantum, 1),
+        ("--max-seq", args.max_seq, 1),
     ):
         if value is not None and value < lowest:
             print(f"{flag}={value} is invalid; give {lowest} or more", file=sys.stderr)
@@ -280,6 +305,8 @@ def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: f
             spec = dataclasses.replace(spec, kind="gpt")
     seqs = args.seq or preset.seqs
     spec = spec.with_max_seq(max(seqs))
+    if args.max_seq is not None:
+        spec = spec.with_max_seq(args.max_seq)
 
     if args.strategies:
         unknown = [n for n in args.strategies if n not in ALL_STRATEGIES]
@@ -289,11 +316,25 @@ def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: f
                 file=sys.stderr,
             )
             return 2
+    if args.no_compare and args.no_search:
+        print("--no-compare with --no-search leaves nothing to run", file=sys.stderr)
+        return 2
+    # The budget is parsed even without the search: offrecomp_auto@budget uses it.
+    budget_text = args.mem_budget or preset.mem_budget
+    step_budget: int | None = None
+    if budget_text.lower() != "none":
+        try:
+            step_budget = parse_size(budget_text, name="--mem-budget")
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 2
     with_compile = args.with_compile if args.with_compile is not None else device.type == "cuda"
     options = Options(
         with_compile=with_compile,
         compile_budget=args.compile_budget,
         compile_backend=args.compile_backend,
+        compile_dynamic=args.compile_dynamic,
+        step_budget_bytes=step_budget,
     )
 
     peak_tflops = args.peak_tflops
@@ -304,22 +345,14 @@ def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: f
         else:
             notes.append(f"MFU not reported: pass --peak-tflops for {name}")
 
-    mem_budget: int | None = None
-    if not args.no_search:
-        text = args.mem_budget or preset.mem_budget
-        if text.lower() != "none":
-            try:
-                mem_budget = parse_size(text, name="--mem-budget")
-            except ValueError as exc:
-                print(exc, file=sys.stderr)
-                return 2
+    mem_budget = None if args.no_search else step_budget
     max_seconds = args.max_seconds
     if max_seconds is None and device.type == "cpu":
         max_seconds = _CPU_MAX_SECONDS
 
     cfg = BenchConfig(
         spec=spec,
-        seqs=tuple(seqs),
+        seqs=() if args.no_compare else tuple(seqs),
         batch=args.batch or preset.batch,
         device=device,
         amp_dtype=torch.bfloat16 if (preset.bf16 and device.type == "cuda") else None,
@@ -330,6 +363,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: f
         mem_budget_bytes=mem_budget,
         search_start=args.search_start or preset.search_start,
         search_max=args.search_max or preset.search_max,
+        search_quantum=args.search_quantum,
         peak_tflops=peak_tflops,
         max_seconds=max_seconds,
         seed=args.seed,
@@ -342,7 +376,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: f
     total = len(cfg.seqs) * n_avail * (1 + cfg.repeats + (device.type == "cpu"))
     print(
         f"long_seq: preset {preset_name}, {spec.kind} {spec.n_layers}x{spec.hidden}, "
-        f"batch {cfg.batch}, seq {','.join(map(str, cfg.seqs))}, device {device} "
+        f"batch {cfg.batch}, seq {','.join(map(str, cfg.seqs)) or '-'}, device {device} "
         f"({_plural(torch.get_num_threads(), 'thread')}), "
         f"{len(strategies)} strategies ({n_avail} runnable here)",
         file=sys.stderr,
@@ -397,12 +431,14 @@ def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: f
         f"{_plural(hardware['torch_threads'], 'torch thread')}; "
         f"torch {hardware['torch']}, python {hardware['python']}"
     )
-    print(
-        f"median of {cfg.repeats} interleaved steps after {_warmups(result.meta.get('warmups', {}), cfg.warmup)}; "
-        "memory: allocator bytes above the pre-step level (peak: whole step, act: end of forward)"
-    )
-    print()
-    print(render_table(result.rows))
+    if result.rows:
+        print(
+            f"median of {cfg.repeats} interleaved steps after "
+            f"{_warmups(result.meta.get('warmups', {}), cfg.warmup)}; memory: allocator bytes "
+            "above the pre-step level (peak: whole step, act: end of forward)"
+        )
+        print()
+        print(render_table(result.rows))
     if result.search:
         print()
         print(render_search(result.search, cfg.mem_budget_bytes))

@@ -571,10 +571,11 @@ class _Harness:
                 runner = strat.prepare(
                     self.model, PrepareContext(device=self.device, seq=seq, plain_saved_bytes=plain)
                 )
+                floor = runner.warmup_floor if runner.search_floor is None else runner.search_floor
                 try:
                     runner.enter()
                     try:
-                        for _ in range(runner.warmup_floor + 1):
+                        for _ in range(floor + 1):
                             sample = self.step(runner, batch, measure_memory=True)
                             peak = max(peak, sample.peak_bytes or 0)
                     finally:

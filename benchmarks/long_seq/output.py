@@ -195,7 +195,35 @@ def _plots(result: BenchResult, out_dir: Path, budget_bytes: int | None) -> list
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    written = []
+    written: list[Path] = []
+    if any(r.median_ms is not None for r in result.rows):
+        written.append(_memory_plot(result, out_dir))
+    found = [s for s in result.search if s.longest_seq]
+    if found:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        ax.barh([s.strategy for s in found], [s.longest_seq or 0 for s in found])
+        for i, s in enumerate(found):
+            ax.text(
+                s.longest_seq or 0,
+                i,
+                f" {'>=' if s.capped else ''}{s.longest_seq}",
+                va="center",
+                fontsize=8,
+            )
+        ax.invert_yaxis()
+        ax.set_xlabel(f"longest sequence with step peak <= {format_bytes(budget_bytes)}")
+        ax.grid(axis="x", alpha=0.3)
+        fig.tight_layout()
+        path = out_dir / "longest_seq.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def _memory_plot(result: BenchResult, out_dir: Path) -> Path:
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(8, 5))
     colors = plt.get_cmap("tab20").colors  # type: ignore[attr-defined]
     markers = "os^Dv<>pP*hX"
@@ -224,29 +252,7 @@ def _plots(result: BenchResult, out_dir: Path, budget_bytes: int | None) -> list
     path = out_dir / "memory_vs_time.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    written.append(path)
-
-    found = [s for s in result.search if s.longest_seq]
-    if found:
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        ax.barh([s.strategy for s in found], [s.longest_seq or 0 for s in found])
-        for i, s in enumerate(found):
-            ax.text(
-                s.longest_seq or 0,
-                i,
-                f" {'>=' if s.capped else ''}{s.longest_seq}",
-                va="center",
-                fontsize=8,
-            )
-        ax.invert_yaxis()
-        ax.set_xlabel(f"longest sequence with step peak <= {format_bytes(budget_bytes)}")
-        ax.grid(axis="x", alpha=0.3)
-        fig.tight_layout()
-        path = out_dir / "longest_seq.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
-    return written
+    return path
 
 
 def write_all(

@@ -34,6 +34,7 @@ __all__ = [
     "PrepareContext",
     "Runner",
     "Strategy",
+    "activation_budget",
     "get_strategies",
     "offrecomp_importable",
 ]
@@ -54,6 +55,12 @@ class Options:
     compile_backend: str = "inductor"
     """``torch.compile`` backend; ``aot_eager_decomp_partition`` runs the same min-cut
     partitioner without generating code (fast, for tests)."""
+    compile_dynamic: bool = False
+    """Compile with ``dynamic=True`` (one graph for every sequence length) rather than
+    torch's default (a static graph first, a dynamic one once a second length is seen)."""
+    step_budget_bytes: int | None = None
+    """The step-memory budget (``--mem-budget``) that ``offrecomp_auto@budget`` is given,
+    less the gradients' bytes; None leaves that strategy unavailable."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +78,9 @@ class Runner:
 
     warmup_floor: int = 0
     """Fewest warm-up steps this runner needs before a step is representative."""
+    search_floor: int | None = None
+    """Steps before the last of a longest-sequence probe (None: ``warmup_floor``); a
+    probe takes the highest step peak of these steps and one more."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -318,7 +328,11 @@ class CompileBudget(Strategy):
                 import torch._inductor.config as inductor_config
 
                 inductor_config.compile_threads = 1
-            self._compiled[key] = torch.compile(model, backend=self.options.compile_backend)
+            self._compiled[key] = torch.compile(
+                model,
+                backend=self.options.compile_backend,
+                dynamic=True if self.options.compile_dynamic else None,
+            )
         return _CompiledRunner(model, self._compiled[key], self.options.compile_budget)
 
 
@@ -362,6 +376,10 @@ def _jsonable(obj: Any) -> Any:
 
 class _OffrecompRunner(Runner):
     warmup_floor = 3  # step 1 measures, step 2 calibrates (both recompute everything), 3 plans
+    # A probe needs the plan's memory, not its settled speed: the offload trial's later
+    # plans are solved for the same budget (NOTE [Offload trial]), so the probe stops
+    # after two planned steps rather than the trial's 2 * TRIAL_PASSES more.
+    search_floor = 3
 
     def __init__(self, model: nn.Module, **runtime_kwargs: Any) -> None:
         super().__init__(model)
@@ -431,16 +449,31 @@ class _OffrecompRunner(Runner):
 
 
 class Offrecomp(Strategy):
-    """An offrecomp mode; ``budget_fraction`` is a share of the plain run's saved bytes."""
+    """An offrecomp mode; ``budget_fraction`` is a share of the plain run's saved bytes.
+
+    ``step_budget=True`` (``offrecomp_auto@budget``) gives the runtime the step-memory
+    budget of ``--mem-budget`` instead (NOTE [Step budget for auto]).
+    """
 
     def __init__(
-        self, mode: str, budget_fraction: float | None = None, options: Options | None = None
+        self,
+        mode: str,
+        budget_fraction: float | None = None,
+        options: Options | None = None,
+        *,
+        step_budget: bool = False,
     ) -> None:
         super().__init__(options)
         self.mode = mode
         self.budget_fraction = budget_fraction
+        self.step_budget = step_budget
         self.needs_plain_bytes = budget_fraction is not None
-        if budget_fraction is None:
+        if step_budget:
+            self.name = f"offrecomp_{mode}@budget"
+            self.summary = (
+                f"offrecomp.runtime(mode={mode!r}, budget=--mem-budget less the gradients)"
+            )
+        elif budget_fraction is None:
             self.name = f"offrecomp_{mode}"
             self.summary = f"offrecomp.runtime(mode={mode!r})"
         else:
@@ -449,15 +482,40 @@ class Offrecomp(Strategy):
             self.summary = f"offrecomp.runtime(mode={mode!r}, budget={pct} of plain saved bytes)"
 
     def available(self, device: torch.device) -> tuple[bool, str]:
+        if self.step_budget and self.options.step_budget_bytes is None:
+            return False, "n/a: needs --mem-budget (its budget is the search's)"
         return offrecomp_importable()
 
     def prepare(self, model: nn.Module, ctx: PrepareContext) -> Runner:
         kwargs: dict[str, Any] = {"mode": self.mode}
-        if self.budget_fraction is not None:
+        if self.step_budget:
+            kwargs["budget"] = activation_budget(model, self.options.step_budget_bytes or 0)
+        elif self.budget_fraction is not None:
             if not ctx.plain_saved_bytes:
                 raise RuntimeError("the plain run's saved bytes are unknown at this shape")
             kwargs["budget"] = int(self.budget_fraction * ctx.plain_saved_bytes)
         return _OffrecompRunner(model, **kwargs)
+
+
+# NOTE [Step budget for auto]
+# The search's budget bounds the step's allocator peak above the resting weights and
+# optimizer state: activations, gradients and the optimizer's transients. The runtime's
+# budget bounds activations only. So ``offrecomp_auto@budget`` gets the search's figure
+# less one gradient per trainable parameter, which the step peak also holds at the end
+# of backward; what remains (the optimizer's transients, the allocator's rounding) is
+# what the planner's own margin must absorb.
+
+
+def activation_budget(model: nn.Module, step_budget_bytes: int) -> int:
+    """The runtime budget matching a step-memory budget: ``step_budget_bytes`` less the
+    gradients' bytes. Raises :class:`NotApplicable` when nothing is left."""
+    grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    left = step_budget_bytes - grads
+    if left <= 0:
+        raise NotApplicable(
+            f"n/a: the step budget ({step_budget_bytes} B) does not cover the gradients ({grads} B)"
+        )
+    return left
 
 
 def _all(options: Options | None = None) -> list[Strategy]:
@@ -475,6 +533,7 @@ def _all(options: Options | None = None) -> list[Strategy]:
         Offrecomp("offload", options=o),
         Offrecomp("auto", 0.5, options=o),
         Offrecomp("auto", 0.25, options=o),
+        Offrecomp("auto", options=o, step_budget=True),
     ]
 
 

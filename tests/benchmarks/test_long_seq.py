@@ -22,11 +22,13 @@ from benchmarks.long_seq.measure import (
 from benchmarks.long_seq.models import ModelSpec, build_model, hf_available, make_batch
 from benchmarks.long_seq.strategies import (
     ALL_STRATEGIES,
+    CompileBudget,
     NotApplicable,
     Options,
     PrepareContext,
     Runner,
     Strategy,
+    activation_budget,
     get_strategies,
 )
 
@@ -304,3 +306,119 @@ def test_oom_and_failures_are_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert any(p.note == "oom" for p in search["fragile"].probes)
     assert search["none"].longest_seq == 512 and search["none"].capped
     assert search["broken"].status.startswith("failed: ValueError")
+
+
+def test_search_only_with_auto_at_the_step_budget(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --no-compare runs the search alone; offrecomp_auto@budget gets --mem-budget less
+    # the gradients (NOTE [Step budget for auto]).
+    out = tmp_path / "out"
+    argv = [
+        "--device", "cpu", "--layers", "2", "--hidden", "32", "--heads", "2", "--batch", "1",
+        "--no-compare", "--mem-budget", "2MiB", "--search-start", "64", "--search-max", "128",
+        "--search-quantum", "32",
+        "--strategies", "offrecomp_auto@budget", "--out", str(out), "--quiet", "--no-plots",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert data["rows"] == []
+    found = {s["strategy"]: s for s in data["search"]}
+    assert set(found) == {"none", "offrecomp_auto@budget"}
+    assert found["offrecomp_auto@budget"]["status"] == "ok"
+    assert found["offrecomp_auto@budget"]["probes"]
+    assert all(p["seq"] % 32 == 0 for s in found.values() for p in s["probes"])
+    assert "longest sequence" in capsys.readouterr().out
+
+
+def test_auto_at_the_step_budget_leaves_out_the_gradients() -> None:
+    model = build_model(TINY, CPU)
+    grads = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert activation_budget(model, grads + 1000) == 1000
+    with pytest.raises(NotApplicable, match="gradients"):
+        activation_budget(model, grads)
+    (strategy,) = [s for s in get_strategies(["offrecomp_auto@budget"]) if s.name != "none"]
+    assert strategy.available(CPU) == (
+        False,
+        "n/a: needs --mem-budget (its budget is the search's)",
+    )
+    (strategy,) = [
+        s
+        for s in get_strategies(["offrecomp_auto@budget"], Options(step_budget_bytes=grads + 4096))
+        if s.name != "none"
+    ]
+    assert strategy.available(CPU)[0]
+    runner = strategy.prepare(model, PrepareContext(device=CPU, seq=SEQ, plain_saved_bytes=None))
+    try:
+        assert runner.runtime_kwargs == {"mode": "auto", "budget": 4096}  # type: ignore[attr-defined]
+    finally:
+        runner.close()
+
+
+def test_no_compare_needs_the_search() -> None:
+    assert main(["--device", "cpu", "--no-compare", "--no-search", "--quiet"]) == 2
+
+
+def test_fixed_position_table_and_dynamic_compile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --max-seq fixes the parameters across runs (so compiled graphs can be reused from
+    # the on-disk cache); --compile-dynamic compiles one graph for every length.
+    out = tmp_path / "out"
+    argv = [
+        "--device", "cpu", "--layers", "2", "--hidden", "32", "--heads", "2", "--batch", "1",
+        "--seq", "32,64", "--max-seq", "4096", "--no-search", "--warmup", "0", "--repeats", "1",
+        "--strategies", "compile_budget", "--with-compile", "--compile-dynamic",
+        "--compile-backend", "aot_eager_decomp_partition", "--out", str(out), "--quiet",
+        "--no-plots",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["model"]["max_seq"] == 4096
+    assert all(r["status"] == "ok" for r in data["rows"]), data["rows"]
+    assert main([*argv, "--max-seq", "0"]) == 2
+    calls: list[dict[str, object]] = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: calls.append(kw) or model)
+    ctx = PrepareContext(device=CPU, seq=SEQ, plain_saved_bytes=None)
+    for dynamic in (False, True):
+        model = build_model(TINY, CPU)
+        CompileBudget(Options(with_compile=True, compile_dynamic=dynamic)).prepare(model, ctx)
+    assert [c["dynamic"] for c in calls] == [None, True]
+
+
+class _Counting(Strategy):
+    """Plain steps, counted; a long warm-up floor and a shorter search floor."""
+
+    name = "counting"
+    summary = "test double"
+    steps = 0
+
+    def prepare(self, model: torch.nn.Module, ctx: PrepareContext) -> Runner:
+        class _R(Runner):
+            warmup_floor = 9
+            search_floor = 3
+
+            def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+                _Counting.steps += 1
+                return self.model(idx, targets)
+
+        return _R(model)
+
+
+def test_search_probe_runs_the_search_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A probe runs search_floor + 1 steps (offrecomp auto: measure, calibrate, two planned
+    # steps), not the warm-up floor, which on a GPU includes the offload trial.
+    import benchmarks.long_seq.measure as measure
+
+    monkeypatch.setattr(measure, "get_strategies", lambda names, options: [_Counting()])
+    spec = ModelSpec(n_layers=2, hidden=32, n_heads=2, vocab=64, max_seq=64)
+    cfg = BenchConfig(
+        spec=spec, seqs=(), batch=1, device=CPU, mem_budget_bytes=1 << 40,
+        search_start=64, search_max=64,
+    )  # fmt: skip
+    (found,) = run_benchmark(cfg).search
+    assert found.longest_seq == 64 and len(found.probes) == 1
+    assert _Counting.steps == 4
+    from benchmarks.long_seq.strategies import _OffrecompRunner
+
+    assert _OffrecompRunner.search_floor == 3

@@ -1,0 +1,634 @@
+"""Where the host time of one planned offrecomp step goes: a ``torch.profiler`` summary.
+
+    python benchmarks/profile_step.py [--preset cpu-tiny|gpu-1.3b] [--seq N] [--out f.json]
+
+Trains the long-sequence benchmark's GPT (``benchmarks/long_seq``) under
+``offrecomp.runtime(mode="auto")`` until a step ran a plan that offloads (the step
+record's ``phase`` is ``planned`` and it offloaded bytes), then profiles one more step
+(CPU activities, and CUDA ones on a GPU) and summarises it:
+
+* host time per region (the runtime's ``rt.regions``) in forward and in backward. The
+  forward share is a ``record_function`` range opened and closed by module hooks around
+  each region call (the replay calls the region's code directly, so it never opens one);
+  an autograd node's backward is charged to the region whose forward op created it (the
+  node's ``sequence_nr``), a replay to the node whose unpack started it;
+* CUDA runtime calls (``cuda*``/``cu*`` API events) per offloaded storage and per group,
+  the storages and groups coming from the offload engine's stats of the profiled step;
+* gaps on the compute stream (the stream that ran the most kernels);
+* any synchronising call inside forward (``cudaStreamSynchronize``,
+  ``cudaDeviceSynchronize``, ``cudaEventSynchronize``, a blocking ``cudaMemcpy``);
+* the three largest host costs: ops by self time, and the host time between ops in
+  forward and in backward (the Python around them: hooks, the runtime's bookkeeping).
+
+To make offloads likely the runtime gets a tight budget (``--budget-fraction`` of the
+plain run's saved bytes) and link bandwidths to plan with (``--gbps``). When no planned
+step offloads within ``--max-steps``, the profiled step runs ``mode="offload"`` instead
+and the summary's ``selection`` says so. On a CPU the CUDA figures are ``n/a`` and the
+offloads run on the emulated backend (host copies, no link).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gzip
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+if __package__ in (None, ""):  # run as a script: make the repo importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import offrecomp
+from benchmarks.long_seq.measure import _without_profiler_chatter, count_saved_bytes
+from benchmarks.long_seq.models import build_model, make_batch
+from benchmarks.long_seq.presets import PRESETS
+from offrecomp.offload import OffloadEngine, OffloadStats
+
+__all__ = ["SYNC_CALLS", "main", "summarize"]
+
+#: CUDA runtime calls that block the host until the device catches up.
+SYNC_CALLS = frozenset(
+    {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"}
+)
+FORWARD = "profile_step::forward"
+BACKWARD = "profile_step::backward"
+OPTIMIZER = "profile_step::optimizer"
+REGION_PREFIX = "region::"
+_OUTSIDE = "(outside regions)"
+_EVALUATE = "autograd::engine::evaluate_function:"
+_PROFILE_TRIES = 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python benchmarks/profile_step.py", description=__doc__)
+    p.add_argument("--preset", default="cpu-tiny", help=f"one of {', '.join(PRESETS)}")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
+    p.add_argument("--seq", type=int, help="tokens per sequence (default: the preset's first)")
+    p.add_argument("--batch", type=int, help="sequences per step (default: the preset's)")
+    p.add_argument("--layers", type=int, help="override the preset's block count")
+    p.add_argument("--hidden", type=int, help="override the preset's width")
+    p.add_argument("--heads", type=int, help="override the preset's head count")
+    p.add_argument(
+        "--budget-fraction",
+        type=float,
+        default=0.25,
+        help="auto's budget as a share of the plain run's saved bytes (default 0.25)",
+    )
+    p.add_argument(
+        "--gbps",
+        type=float,
+        default=1000.0,
+        help="d2h_gbps and h2d_gbps the runtime plans with until it measures (default 1000)",
+    )
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=16,
+        help="steps to wait for a planned step that offloads (default 16)",
+    )
+    p.add_argument(
+        "--force-offload",
+        action="store_true",
+        help="profile mode='offload' directly (no planning)",
+    )
+    p.add_argument("--out", default="profile_step.json", help="summary JSON path")
+    p.add_argument("--trace", help="also write the Chrome trace here (.json or .json.gz)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default 1 on CPU)")
+    return p
+
+
+# ---------------------------------------------------------------------------------------
+# the run
+
+
+@dataclasses.dataclass
+class _Setup:
+    model: nn.Module
+    opt: torch.optim.Optimizer
+    batch: tuple[torch.Tensor, torch.Tensor]
+    device: torch.device
+    amp: Callable[[], Any]
+
+
+def _setup(args: argparse.Namespace, device: torch.device) -> tuple[_Setup, dict[str, Any]]:
+    if args.preset not in PRESETS:
+        raise ValueError(f"--preset {args.preset!r} is invalid; accepted: {', '.join(PRESETS)}")
+    preset = PRESETS[args.preset]
+    overrides = {
+        field: value
+        for field, value in (
+            ("n_layers", args.layers),
+            ("hidden", args.hidden),
+            ("n_heads", args.heads),
+        )
+        if value is not None
+    }
+    seq = args.seq or preset.seqs[0]
+    spec = dataclasses.replace(preset.spec, **overrides).with_max_seq(seq)
+    batch_size = args.batch or preset.batch
+    model = build_model(spec, device)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=1e-5, fused=True if device.type == "cuda" else None
+    )
+    bf16 = preset.bf16 and device.type == "cuda"
+
+    def amp() -> Any:
+        if bf16:
+            return torch.autocast(device.type, dtype=torch.bfloat16)
+        return torch.autocast(device.type, enabled=False)
+
+    meta = {
+        "preset": args.preset,
+        "model": {**vars(spec)},
+        "params": sum(p.numel() for p in model.parameters()),
+        "seq": seq,
+        "batch": batch_size,
+        "dtype": "bf16 autocast" if bf16 else "fp32",
+        "device": str(device),
+        "torch": torch.__version__,
+    }
+    if device.type == "cuda":
+        meta["gpu"] = torch.cuda.get_device_name(device)
+    batch = make_batch(spec, batch_size, seq, device, seed=1)
+    return _Setup(model, opt, batch, device, amp), meta
+
+
+def _train_step(s: _Setup, *, marks: bool = False) -> None:
+    mark: Callable[[str], Any] = (
+        torch.profiler.record_function if marks else (lambda _name: contextlib.nullcontext())
+    )
+    with mark(FORWARD), s.amp():
+        loss = s.model(*s.batch)
+    with mark(BACKWARD):
+        loss.backward()
+    del loss
+    with mark(OPTIMIZER):
+        s.opt.step()
+        s.opt.zero_grad(set_to_none=True)
+    if s.device.type == "cuda":
+        torch.cuda.synchronize(s.device)
+
+
+def _last_record(rt: Any) -> Any:
+    steps = rt.report().steps
+    return steps[-1] if steps else None
+
+
+@contextlib.contextmanager
+def _region_ranges(model: nn.Module, names: Sequence[str]) -> Iterator[None]:
+    """A ``record_function`` range around every call of each region module."""
+    handles = []
+    for name in names:
+        module = model.get_submodule(name)
+        stack: list[Any] = []
+
+        def pre(_m: nn.Module, _args: Any, *, _stack: list[Any] = stack, _name: str = name) -> None:
+            rf = torch.profiler.record_function(REGION_PREFIX + _name)
+            rf.__enter__()
+            _stack.append(rf)
+
+        def post(_m: nn.Module, _args: Any, _out: Any, *, _stack: list[Any] = stack) -> None:
+            if _stack:
+                _stack.pop().__exit__(None, None, None)
+
+        handles.append(module.register_forward_pre_hook(pre))
+        handles.append(module.register_forward_hook(post))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def _engine_stats(into: list[OffloadStats]) -> Iterator[None]:
+    """Collect the offload engine's per-pass stats (``end_step`` resets them)."""
+    original = OffloadEngine.end_step
+
+    def end_step(self: OffloadEngine) -> OffloadStats:
+        stats = original(self)
+        into.append(stats)
+        return stats
+
+    OffloadEngine.end_step = end_step  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        OffloadEngine.end_step = original  # type: ignore[method-assign]
+
+
+def _reach_plan(s: _Setup, rt: Any, max_steps: int) -> tuple[bool, list[str]]:
+    """Train until a step ran a plan that offloaded; returns (reached, phases seen).
+
+    Off a GPU the planner never offloads (there is no link), so the wait ends at the
+    first planned step there.
+    """
+    phases: list[str] = []
+    for _ in range(max_steps):
+        _train_step(s)
+        rec = _last_record(rt)
+        phase = getattr(rec, "phase", "")
+        offloaded = getattr(rec, "offloaded_bytes", 0)
+        phases.append(f"{phase}:{offloaded}")
+        if phase == "planned" and (offloaded > 0 or s.device.type != "cuda"):
+            return offloaded > 0, phases
+    return False, phases
+
+
+def _profiled_step(s: _Setup, rt: Any) -> tuple[Any, list[OffloadStats]]:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if s.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    stats: list[OffloadStats] = []
+    with (
+        _region_ranges(s.model, rt.regions),
+        _engine_stats(stats),
+        _without_profiler_chatter(),
+        profile(activities=activities) as prof,
+    ):
+        _train_step(s, marks=True)
+    return prof, stats
+
+
+# ---------------------------------------------------------------------------------------
+# the summary
+
+
+def _span_us(e: Any) -> tuple[float, float]:
+    return float(e.time_range.start), float(e.time_range.end)
+
+
+def _ancestor(e: Any, pred: Callable[[Any], bool]) -> Any:
+    p = e.cpu_parent
+    while p is not None:
+        if pred(p):
+            return p
+        p = p.cpu_parent
+    return None
+
+
+def _is_runtime_call(name: str) -> bool:
+    return name.startswith("cuda") or (name.startswith("cu") and name[2:3].isupper())
+
+
+def _regions_summary(events: Sequence[Any]) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    forward: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    backward: dict[str, float] = {}
+    owner: dict[int, str] = {}  # sequence_nr of a forward op -> its region
+    for e in events:
+        if e.name.startswith(REGION_PREFIX):
+            name = e.name[len(REGION_PREFIX) :]
+            forward[name] = forward.get(name, 0.0) + e.cpu_time_total
+            calls[name] = calls.get(name, 0) + 1
+        elif e.sequence_nr >= 0 and not e.name.startswith("autograd::"):
+            region = _ancestor(e, lambda p: p.name.startswith(REGION_PREFIX))
+            if region is not None:
+                owner.setdefault(e.sequence_nr, region.name[len(REGION_PREFIX) :])
+    top_nodes = [
+        e
+        for e in events
+        if e.name.startswith(_EVALUATE)
+        and _ancestor(e, lambda p: p.name.startswith(_EVALUATE)) is None
+    ]
+    for e in top_nodes:
+        name = owner.get(e.sequence_nr, _OUTSIDE)
+        backward[name] = backward.get(name, 0.0) + e.cpu_time_total
+    names = [*forward, *(n for n in backward if n not in forward)]
+    rows = [
+        {
+            "region": n,
+            "calls": calls.get(n, 0),
+            "forward_ms": forward.get(n, 0.0) / 1e3,
+            "backward_ms": backward.get(n, 0.0) / 1e3,
+        }
+        for n in names
+    ]
+    totals = {"backward_nodes_ms": sum(e.cpu_time_total for e in top_nodes) / 1e3}
+    return rows, totals
+
+
+def _range(events: Sequence[Any], name: str) -> Any:
+    return next((e for e in events if e.name == name), None)
+
+
+def _between_ops_ms(events: Sequence[Any], outer: Any, children: Callable[[Any], bool]) -> float:
+    """Host time of ``outer`` not spent inside the events ``children`` selects."""
+    if outer is None:
+        return 0.0
+    inside = sum(e.cpu_time_total for e in events if children(e))
+    return max(0.0, outer.cpu_time_total - inside) / 1e3
+
+
+def _host_costs(events: Sequence[Any], averages: Any) -> list[dict[str, Any]]:
+    fwd = _range(events, FORWARD)
+    bwd = _range(events, BACKWARD)
+
+    def top_level_in_forward(e: Any) -> bool:
+        parent = e.cpu_parent
+        return (
+            parent is not None
+            and not e.name.startswith(REGION_PREFIX)
+            and (parent.name == FORWARD or parent.name.startswith(REGION_PREFIX))
+        )
+
+    def top_level_node(e: Any) -> bool:
+        return (
+            e.name.startswith(_EVALUATE)
+            and _ancestor(e, lambda p: p.name.startswith(_EVALUATE)) is None
+        )
+
+    costs: list[dict[str, Any]] = [
+        {
+            "what": "host time between ops in forward (Python: hooks, runtime bookkeeping)",
+            "ms": _between_ops_ms(events, fwd, top_level_in_forward),
+            "count": None,
+        },
+        {
+            "what": "host time outside autograd nodes in backward (engine, hooks)",
+            "ms": _between_ops_ms(events, bwd, top_level_node),
+            "count": None,
+        },
+    ]
+    for a in averages:
+        if a.key.startswith((REGION_PREFIX, "profile_step::", _EVALUATE)) or a.key.startswith(
+            "ProfilerStep"
+        ):
+            continue
+        costs.append({"what": a.key, "ms": a.self_cpu_time_total / 1e3, "count": a.count})
+    costs.sort(key=lambda c: -c["ms"])
+    return costs[:3]
+
+
+def _cuda_summary(
+    events: Sequence[Any], kineto: Sequence[Any] | None, stats: dict[str, int]
+) -> dict[str, Any]:
+    calls: dict[str, int] = {}
+    for e in events:
+        if e.device_type == torch.autograd.DeviceType.CPU and _is_runtime_call(e.name):
+            calls[e.name] = calls.get(e.name, 0) + 1
+    total = sum(calls.values())
+    storages, groups = stats["storages_offloaded"], stats["groups_offloaded"]
+    fwd = _range(events, FORWARD)
+    syncs: dict[str, int] = {}
+    if fwd is not None:
+        lo, hi = _span_us(fwd)
+        for e in events:
+            if e.name in SYNC_CALLS and lo <= e.time_range.start <= hi:
+                syncs[e.name] = syncs.get(e.name, 0) + 1
+    return {
+        "runtime_calls": total,
+        "by_name": dict(sorted(calls.items(), key=lambda kv: -kv[1])),
+        "per_offloaded_storage": total / storages if storages else None,
+        "per_offloaded_group": total / groups if groups else None,
+        "syncs_in_forward": syncs,
+        "compute_stream_gaps": _stream_gaps(kineto or []),
+    }
+
+
+def _stream_gaps(kineto: Sequence[Any]) -> dict[str, Any] | None:
+    """Idle time between the device events of the stream that ran the most kernels."""
+    per_stream: dict[int, list[tuple[int, int, str]]] = {}
+    for e in kineto:
+        # record_function ranges are mirrored on the device timeline as user annotations
+        # spanning many kernels; they are not device work.
+        if e.device_type() != torch.autograd.DeviceType.CUDA or e.is_user_annotation():
+            continue
+        start = e.start_ns()
+        per_stream.setdefault(e.device_resource_id(), []).append(
+            (start, start + e.duration_ns(), e.name())
+        )
+    if not per_stream:
+        return None
+    stream, spans = max(per_stream.items(), key=lambda kv: len(kv[1]))
+    spans.sort()
+    gaps: list[tuple[float, str]] = []
+    end = spans[0][1]
+    for start, stop, name in spans[1:]:
+        if start > end:
+            gaps.append(((start - end) / 1e3, name))
+        end = max(end, stop)
+    span_us = (end - spans[0][0]) / 1e3
+    idle = sum(g for g, _ in gaps)
+    return {
+        "stream": stream,
+        "device_events": len(spans),
+        "span_ms": span_us / 1e3,
+        "idle_ms": idle / 1e3,
+        "idle_share": idle / span_us if span_us else None,
+        "gaps_over_10us": sum(1 for g, _ in gaps if g > 10),
+        "median_gap_us": statistics.median(g for g, _ in gaps) if gaps else None,
+        "largest_gaps_us": [
+            {"us": round(g, 1), "before": n} for g, n in sorted(gaps, key=lambda x: -x[0])[:5]
+        ],
+    }
+
+
+def _offload_totals(stats: Sequence[OffloadStats]) -> dict[str, Any]:
+    keys = (
+        "groups_offloaded",
+        "storages_offloaded",
+        "groups_reloaded",
+        "prefetches",
+        "bytes_d2h",
+        "bytes_h2d",
+        "window_waits",
+        "offload_host_seconds",
+        "reload_host_seconds",
+        "stall_seconds",
+    )
+    out: dict[str, Any] = {k: sum(getattr(s, k) for s in stats) for k in keys}
+    out["backend"] = stats[0].backend if stats else None
+    out["passes"] = len(stats)
+    return out
+
+
+def summarize(
+    events: Sequence[Any],
+    averages: Any,
+    stats: Sequence[OffloadStats],
+    *,
+    cuda: bool,
+    kineto: Sequence[Any] | None = None,
+) -> dict[str, Any]:
+    """The summary of one profiled step (``events``: ``prof.events()``)."""
+    regions, totals = _regions_summary(events)
+    offload = _offload_totals(stats)
+    ranges = {n: _range(events, n) for n in (FORWARD, BACKWARD, OPTIMIZER)}
+    return {
+        "host_ms": {
+            n.split("::")[1]: (e.cpu_time_total / 1e3 if e is not None else None)
+            for n, e in ranges.items()
+        },
+        "regions": regions,
+        "backward_nodes_ms": totals["backward_nodes_ms"],
+        "offload": offload,
+        "cuda": _cuda_summary(events, kineto, offload) if cuda else None,
+        "top_host_costs": _host_costs(events, averages),
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# output
+
+
+def _fmt(value: Any, spec: str = ".2f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def render(summary: dict[str, Any]) -> str:
+    sel = summary["selection"]
+    lines = [
+        f"profiled step: mode {sel['mode']}, phase {sel['phase']!r}, offloaded "
+        f"{sel['offloaded_bytes']} B ({sel['why']})",
+        "host ms: " + ", ".join(f"{k} {_fmt(v)}" for k, v in summary["host_ms"].items()),
+        "",
+        f"{'region':<28} {'calls':>5} {'fwd host ms':>11} {'bwd host ms':>11}",
+    ]
+    for r in summary["regions"]:
+        lines.append(
+            f"{r['region']:<28} {r['calls']:>5} {r['forward_ms']:>11.3f} {r['backward_ms']:>11.3f}"
+        )
+    o = summary["offload"]
+    c = summary["cuda"] or {}
+    gaps = c.get("compute_stream_gaps") or {}
+    lines += [
+        "",
+        f"offloaded: {o['storages_offloaded']} storages in {o['groups_offloaded']} groups "
+        f"({o['backend'] or 'no engine'}), {o['groups_reloaded']} reloads",
+        f"CUDA runtime calls: {c.get('runtime_calls', 'n/a')}; per offloaded storage "
+        f"{_fmt(c.get('per_offloaded_storage'))}; per group {_fmt(c.get('per_offloaded_group'))}",
+        f"compute stream: idle {_fmt(gaps.get('idle_ms'), '.3f')} ms of "
+        f"{_fmt(gaps.get('span_ms'), '.3f')} ms, {gaps.get('gaps_over_10us', 'n/a')} gaps over 10 us",
+        "synchronising calls in forward: "
+        + (
+            "n/a"
+            if summary["cuda"] is None
+            else (", ".join(f"{k} x{v}" for k, v in c["syncs_in_forward"].items()) or "none")
+        ),
+        "",
+        "largest host costs:",
+    ]
+    for i, cost in enumerate(summary["top_host_costs"], 1):
+        count = "" if cost["count"] is None else f" ({cost['count']} calls)"
+        lines.append(f"  {i}. {cost['ms']:.3f} ms  {cost['what']}{count}")
+    return "\n".join(lines)
+
+
+def _write_trace(prof: Any, path: Path) -> None:
+    if path.suffix == ".gz":
+        tmp = path.with_suffix("")
+        prof.export_chrome_trace(str(tmp))
+        with tmp.open("rb") as src, gzip.open(path, "wb") as dst:
+            dst.write(src.read())
+        tmp.unlink()
+    else:
+        prof.export_chrome_trace(str(path))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    for flag, value, lowest in (("--max-steps", args.max_steps, 1), ("--seq", args.seq, 1)):
+        if value is not None and value < lowest:
+            print(f"{flag}={value} is invalid; give {lowest} or more", file=sys.stderr)
+            return 2
+    if not 0 < args.budget_fraction <= 1:
+        print(
+            f"--budget-fraction={args.budget_fraction} is invalid; give a share in (0, 1]",
+            file=sys.stderr,
+        )
+        return 2
+    if args.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    elif args.device in ("cpu", "cuda"):
+        device = torch.device(args.device)
+    else:
+        print(f"--device {args.device!r} is invalid; accepted: auto, cpu, cuda", file=sys.stderr)
+        return 2
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: no CUDA device is available here", file=sys.stderr)
+        return 2
+    threads = args.threads or (1 if device.type == "cpu" else None)
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        s, meta = _setup(args, device)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    plain = count_saved_bytes(s.model, s.batch, s.amp)
+    budget = max(1, int(args.budget_fraction * plain))
+    gbps = {"d2h_gbps": args.gbps, "h2d_gbps": args.gbps}
+    phases: list[str] = []
+    reached = False
+    if not args.force_offload:
+        rt = offrecomp.runtime(s.model, mode="auto", budget=budget, **gbps)
+        with rt:
+            reached, phases = _reach_plan(s, rt, args.max_steps)
+            if reached:
+                # The step after one that offloaded may run the offload trial's plan,
+                # which does not (NOTE [Offload trial]): profile again, a few times.
+                for _ in range(_PROFILE_TRIES):
+                    prof, stats = _profiled_step(s, rt)
+                    rec = _last_record(rt)
+                    if getattr(rec, "offloaded_bytes", 0) > 0:
+                        break
+                mode, why = (
+                    "auto",
+                    f"budget {budget} B = {args.budget_fraction:g} x plain saved bytes",
+                )
+    if not reached:
+        rt = offrecomp.runtime(s.model, mode="offload")
+        with rt:
+            _train_step(s)  # the engine's pool and the first groups
+            prof, stats = _profiled_step(s, rt)
+            rec = _last_record(rt)
+        mode = "offload"
+        if args.force_offload:
+            why = "--force-offload"
+        elif device.type != "cuda":
+            why = "fallback: the planner offloads on a GPU only (a CPU has no link)"
+        else:
+            why = f"fallback: no planned step offloaded within {args.max_steps} steps"
+    kineto = prof.profiler.kineto_results.events() if device.type == "cuda" else None  # type: ignore[union-attr]
+    summary: dict[str, Any] = {
+        "meta": {**meta, "plain_saved_bytes": plain, "gbps_to_plan_with": args.gbps},
+        "command": "python benchmarks/profile_step.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+        "selection": {
+            "mode": mode,
+            "why": why,
+            "phase": getattr(rec, "phase", None),
+            "offloaded_bytes": getattr(rec, "offloaded_bytes", 0),
+            "phases_before": phases,
+            "regions": list(rt.regions),
+        },
+        **summarize(
+            prof.events(), prof.key_averages(), stats, cuda=device.type == "cuda", kineto=kineto
+        ),
+        "elapsed_s": time.perf_counter() - t0,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    if args.trace:
+        _write_trace(prof, Path(args.trace))
+    print(render(summary))
+    print(f"\nwrote {out}" + (f" and {args.trace}" if args.trace else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

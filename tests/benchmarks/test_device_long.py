@@ -1,0 +1,83 @@
+"""benchmarks/device_long.sh runs end to end in its CPU dry-run mode."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar"
+)
+def test_dry_run_writes_every_result(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "PYTHON": sys.executable,
+        "DRY_RUN": "1",
+        "OMP_NUM_THREADS": "1",
+        "WHEELS": str(tmp_path / "no_wheels_here"),
+    }
+    res = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "device_long.sh")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    log = (out / "suite.log").read_text()
+    assert "== " in log and "done" in log
+    assert "timed out" not in log
+    for name in ("warmup", "compile_warm", "long_seq_64", "long_seq_128", "long_seq_256",
+                 "search_3MiB", "search_6MiB", "profile_step"):  # fmt: skip
+        assert f"[{name}: exit 0]" in log, name
+    assert "torchtune and torchao: NOT installed" in log  # said, not skipped silently
+
+    with tarfile.open(out / "results.tgz") as tar:
+        names = {n.removeprefix("./") for n in tar.getnames()}
+        for path in (
+            "env.txt",
+            "optional_packages.txt",
+            "compile_warm/results.json",
+            "long_seq_64/results.json",
+            "long_seq_128/results.csv",
+            "long_seq_256/results.json",
+            "search_3MiB/longest_seq.csv",
+            "search_6MiB/results.json",
+            "profile_step.json",
+        ):
+            assert path in names, path
+        compare = json.load(tar.extractfile("./long_seq_128/results.json"))  # type: ignore[arg-type]
+        longest = json.load(tar.extractfile("./long_seq_256/results.json"))  # type: ignore[arg-type]
+        search = json.load(tar.extractfile("./search_6MiB/results.json"))  # type: ignore[arg-type]
+        profile = json.load(tar.extractfile("./profile_step.json"))  # type: ignore[arg-type]
+    peers = {r["strategy"] for r in compare["rows"]}
+    assert peers == {
+        "none", "ckpt_block", "ckpt_sqrt", "sac_matmul", "save_on_cpu", "compile_budget",
+        "torchtune_offload", "offrecomp_keep", "offrecomp_recompute", "offrecomp_auto@50%",
+        "offrecomp_auto@25%",
+    }  # fmt: skip
+    assert {r["seq"] for r in compare["rows"]} == {128}
+    assert compare["meta"]["model"]["max_seq"] == longest["meta"]["model"]["max_seq"]
+    ok = {r["strategy"] for r in compare["rows"] if r["status"].startswith("ok")}
+    assert {"none", "ckpt_block", "compile_budget", "offrecomp_auto@25%"} <= ok
+    assert {r["strategy"] for r in longest["rows"]} >= {"none", "ckpt_block", "offrecomp_auto@25%"}
+    assert (out / "profile_trace.json.gz").stat().st_size > 0
+    found = {s["strategy"]: s for s in search["search"]}
+    assert set(found) == {"none", "ckpt_block", "sac_matmul", "torchtune_offload", "compile_budget",
+                          "offrecomp_auto@budget"}  # fmt: skip
+    assert found["ckpt_block"]["longest_seq"] and found["offrecomp_auto@budget"]["status"] == "ok"
+    assert profile["selection"]["offloaded_bytes"] > 0 and profile["top_host_costs"]
