@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks in one call, about 5 minutes on one H200 (each step has its own timeout):
+# The GPU checks in one call, about 6 minutes on one H200 (each step has its own timeout):
 #   0. `python -m offrecomp warmup` (the planner's numba kernels, about 20 s);
 #   1. the planner benchmark on a ~1.5B model at 8K and 4K tokens (predicted vs measured
 #      step time, budget, the offload trial);
@@ -8,7 +8,8 @@
 #   3. the offload bandwidth and overlap benchmark;
 #   4. the long-sequence comparison at the ~1.3B preset on two sequence lengths;
 #   5. dynamic padding (a new sequence length every step) under auto and its peers;
-#   6. host overhead per saved tensor and per op (the dispatch modes) on this host.
+#   6. host overhead per saved tensor and per op (the dispatch modes) on this host, and
+#      one planned offloading step at 4K tokens under torch.profiler (profile_step.py).
 # $OUT (default ./device_out) gets two files, both brought up to date after every step,
 # so a run stopped early still returns what it finished: suite.log (what each step
 # printed) and results.tgz (every raw file; bench_planner_profile_<tokens>.json is the
@@ -79,6 +80,14 @@ pack
 log "6. host overhead per saved tensor and per op"
 timeout 45 "$PY" benchmarks/bench_host_overhead.py --device cuda --out "$WORK/bench_host_overhead.json" \
   2>/dev/null | tee -a "$OUT/suite.log"
+pack
+
+log "6b. one planned auto step that offloads at 4K tokens, profiled (CPU + CUDA activities)"
+# the runtime calls per offloaded storage and per group, host time per region, any
+# synchronising call in forward, the three largest host costs (benchmarks/profile_step.py)
+timeout 90 "$PY" benchmarks/profile_step.py --preset gpu-1.3b --seq 4096 --budget-fraction 0.25 \
+  --out "$WORK/profile_step_4096.json" --trace "$OUT/profile_trace_4096.json.gz" 2>&1 | tail -n 40 \
+  | tee -a "$OUT/suite.log"
 pack
 
 log "7. CUDA tests with inductor and flex_attention"
