@@ -35,7 +35,8 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
 
 from offrecomp.backends import get_backend
 from offrecomp.config import Prefetch
-from offrecomp.offload import Group, OffloadEngine
+from offrecomp.offload import OffloadEngine
+from offrecomp.transfer import Group
 
 MiB = 1 << 20
 

@@ -51,7 +51,8 @@ import offrecomp
 from benchmarks.long_seq.measure import _without_profiler_chatter, count_saved_bytes
 from benchmarks.long_seq.models import build_model, make_batch
 from benchmarks.long_seq.presets import PRESETS
-from offrecomp.offload import OffloadEngine, OffloadStats
+from offrecomp.offload import OffloadEngine
+from offrecomp.transfer import OffloadStats
 
 __all__ = ["SYNC_CALLS", "main", "summarize"]
 

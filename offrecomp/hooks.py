@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Placer", "flat_bytes"]
+__all__ = ["Placer"]
 
 KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
 _STRIDED = torch.strided
@@ -89,13 +89,6 @@ class _Plain:
     @property
     def where(self) -> str:
         return "backward" if self.call is None else _where(self.call)
-
-
-def flat_bytes(t: torch.Tensor) -> torch.Tensor:
-    """The whole storage behind ``t`` as a flat uint8 tensor (shares memory)."""
-    flat = torch.empty(0, dtype=torch.uint8, device=t.device)
-    flat.set_(t.untyped_storage())
-    return flat
 
 
 def _modified_error(where: str, index: int | None, saved: int, now: int, t: torch.Tensor | None = None) -> RuntimeError:

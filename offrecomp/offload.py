@@ -19,22 +19,22 @@ The ordering edges are listed in NOTE [Stream ordering]; each wait goes through
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
 from offrecomp.backends import Backend, Event, Stream
 from offrecomp.config import Prefetch, format_bytes
-from offrecomp.pool import ALIGN_BYTES, Block, FailureReason, PinnedPool
+from offrecomp.pool import ALIGN_BYTES, FailureReason, PinnedPool
+from offrecomp.transfer import Group, GroupState, OffloadStats, gbps, slot_offsets
 
-__all__ = ["Group", "GroupState", "OffloadEngine", "OffloadStats", "slot_offsets"]
+__all__ = ["OffloadEngine"]
 
 logger = logging.getLogger(__name__)
 
@@ -154,149 +154,6 @@ TIME_EVERY = 4
 # backward (retain_graph) prefetches the released groups again while the first never
 # reloads what it already consumed. Ordering is per step; groups of earlier steps are
 # reloaded on demand only.
-
-
-def slot_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
-    """Offsets of consecutive slots of ``sizes`` bytes in one block, each aligned to
-    ``ALIGN_BYTES`` (a multiple of every element size), and the block's size."""
-    offsets = []
-    end = 0
-    for n in sizes:
-        offsets.append(end)
-        end += (n + ALIGN_BYTES - 1) // ALIGN_BYTES * ALIGN_BYTES
-    return offsets, end
-
-
-class GroupState(enum.Enum):
-    OPEN = "open"
-    """Collecting storages; nothing copied yet."""
-    OFFLOADED = "offloaded"
-    """The host copy is issued; the engine holds no device buffer."""
-    RELOADING = "reloading"
-    """A reload is issued and compute has not waited on it yet."""
-    FETCHED = "fetched"
-    """Compute waited on the reload; its buffer is handed out (until release_device)."""
-    FREED = "freed"
-
-
-class Group:
-    """The storages one region call (or one run of root saves) offloads; made by
-    :meth:`OffloadEngine.open_group`.
-
-    ``add`` is the only call on the save path: it appends a storage and returns its
-    slot. ``handles`` and ``uses`` are the caller's counters: saves of the group alive in
-    autograd, and unpacks since the latest reload (NOTE [Reload buffer lifetime]).
-    """
-
-    __slots__ = (
-        "__weakref__",
-        "_block",
-        "_buffer",
-        "_d2h_done",
-        "_h2d_done",
-        "_step",
-        "_waited",
-        "device",
-        "fetches",
-        "handles",
-        "nbytes",
-        "offsets",
-        "ordinal",
-        "seq",
-        "sizes",
-        "sources",
-        "state",
-        "uses",
-    )
-
-    def __init__(self, ordinal: int, device: torch.device, step: int) -> None:
-        self.ordinal = ordinal  # region-call ordinal in forward order (larger = later)
-        self.device = device
-        self.sources: list[Any] = []  # untyped storages (or flat uint8 tensors) until issue()
-        self.sizes: list[int] = []
-        self.offsets: list[int] = []
-        self.nbytes = 0  # the block's size: aligned slots
-        self.state = GroupState.OPEN
-        self.seq = -1  # issue order within the step
-        self.fetches = 0  # times a reload was handed to compute
-        self.handles = 0
-        self.uses = 0
-        self._step = step
-        self._block: Block | None = None
-        self._d2h_done: Event = None
-        self._h2d_done: Event = None
-        self._buffer: torch.Tensor | None = None
-        self._waited = False
-
-    def add(self, source: Any, nbytes: int) -> int:
-        """Append a storage (an ``UntypedStorage``, or a flat uint8 tensor over one) of
-        ``nbytes``; returns its slot. The group holds it until its copy landed."""
-        self.sources.append(source)
-        self.sizes.append(nbytes)
-        return len(self.sizes) - 1
-
-    @property
-    def ready(self) -> torch.Tensor | None:
-        """The reloaded buffer, once compute has waited on it (the fetch fast path)."""
-        return self._buffer if self.state is GroupState.FETCHED else None
-
-    @property
-    def payload_bytes(self) -> int:
-        """Bytes of the storages, without alignment."""
-        return sum(self.sizes)
-
-    def __repr__(self) -> str:
-        return (
-            f"Group(ordinal={self.ordinal}, storages={len(self.sizes)}, "
-            f"nbytes={self.nbytes}, device={self.device}, state={self.state.value})"
-        )
-
-
-@dataclass(frozen=True)
-class OffloadStats:
-    """What the engine did in one step (since the previous :meth:`OffloadEngine.end_step`)."""
-
-    backend: str
-    groups_offloaded: int
-    storages_offloaded: int
-    groups_reloaded: int
-    """Group reloads issued, prefetches included."""
-    prefetches: int
-    """Reloads issued ahead of their fetch."""
-    bytes_d2h: int
-    bytes_h2d: int
-    d2h_seconds: float
-    """Copy time of the timed D2H copies that landed (NOTE [Timing without host waits])."""
-    h2d_seconds: float
-    d2h_gbps: float | None
-    """Achieved device-to-host bandwidth (1e9 bytes/s); None when no copy was timed."""
-    h2d_gbps: float | None
-    stall_seconds: float
-    """Time compute waited for reloads."""
-    window_waits: int
-    """Times compute waited on an in-flight copy because the stash exceeded its window."""
-    offload_host_seconds: float
-    """Host time spent issuing group offloads (the region exits' share)."""
-    reload_host_seconds: float
-    """Host time spent in fetch(): reloads, prefetches and compute waits issued."""
-    fallbacks_pool_full: int
-    fallbacks_host_pressure: int
-    fallbacks_pin_failed: int
-    pool_reserved_bytes: int
-    pool_in_use_bytes: int
-    pool_high_water_bytes: int
-    live_groups: int
-    pending_timings: int
-    """Timed copies/waits not landed yet; they count in a later step."""
-
-    @property
-    def fallbacks(self) -> int:
-        return self.fallbacks_pool_full + self.fallbacks_host_pressure + self.fallbacks_pin_failed
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["fallbacks"] = self.fallbacks
-        return out
 
 
 @dataclass
@@ -579,8 +436,8 @@ class OffloadEngine:
                 bytes_h2d=self._bytes_h2d,
                 d2h_seconds=self._seconds["d2h"],
                 h2d_seconds=self._seconds["h2d"],
-                d2h_gbps=_gbps(self._timed_bytes["d2h"], self._seconds["d2h"]),
-                h2d_gbps=_gbps(self._timed_bytes["h2d"], self._seconds["h2d"]),
+                d2h_gbps=gbps(self._timed_bytes["d2h"], self._seconds["d2h"]),
+                h2d_gbps=gbps(self._timed_bytes["h2d"], self._seconds["h2d"]),
                 stall_seconds=self._seconds["stall"],
                 window_waits=self._window_waits,
                 offload_host_seconds=self._offload_host,
@@ -851,9 +708,3 @@ class OffloadEngine:
         self._seconds: dict[str, float] = {"d2h": 0.0, "h2d": 0.0, "stall": 0.0}
         self._timed_bytes: dict[str, int] = {"d2h": 0, "h2d": 0, "stall": 0}
         self._fallbacks: dict[str, int] = {"full": 0, "pressure": 0, "pin_failed": 0}
-
-
-def _gbps(nbytes: int, seconds: float) -> float | None:
-    if nbytes <= 0 or seconds <= 0:
-        return None
-    return nbytes / seconds / 1e9

@@ -38,10 +38,10 @@ from offrecomp.explain import (
     table,
 )
 from offrecomp.measure import device_capacity_bytes, distorts, host_available_bytes
-from offrecomp.offload import slot_offsets
 from offrecomp.report import StepRecord
 from offrecomp.state import PassState, RegionCall
 from offrecomp.trace import RegionStructure, build_structure
+from offrecomp.transfer import slot_offsets
 from scheduler.cost_model import CostModel, Prediction, predict
 from scheduler.plan import ROOT, Placement, Plan
 from scheduler.profile import Profile, RegionRecord, StorageRecord

@@ -23,7 +23,6 @@ import torch
 from scheduler.plan import ROOT, Placement
 
 if TYPE_CHECKING:
-    from offrecomp.offload import Group
     from offrecomp.regions import (
         ArgState,
         AutocastState,
@@ -34,6 +33,7 @@ if TYPE_CHECKING:
         RngState,
     )
     from offrecomp.trace import FirstCallWatch, OpRecorder, RegionStructure, SaveInfo
+    from offrecomp.transfer import Group
 
 __all__ = [
     "Lease",

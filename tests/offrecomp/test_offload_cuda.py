@@ -20,7 +20,8 @@ import torch
 from offrecomp._torch_compat import cuda_sleep
 from offrecomp.backends import CudaBackend
 from offrecomp.config import Prefetch
-from offrecomp.offload import Edge, Group, OffloadEngine
+from offrecomp.offload import Edge, OffloadEngine
+from offrecomp.transfer import Group
 from tests.helpers import offload_group
 
 pytestmark = [

@@ -22,8 +22,9 @@ import torch
 
 from offrecomp.backends import EmulatedBackend, _EmuStream
 from offrecomp.config import Prefetch
-from offrecomp.offload import Edge, Group, GroupState, OffloadEngine, slot_offsets
+from offrecomp.offload import Edge, OffloadEngine
 from offrecomp.pool import ALIGN_BYTES
+from offrecomp.transfer import Group, GroupState, slot_offsets
 from tests.helpers import offload_group
 
 KiB, MiB = 1 << 10, 1 << 20
