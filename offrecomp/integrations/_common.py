@@ -17,7 +17,7 @@ from offrecomp.config import Config
 from offrecomp.report import Report, StepRecord
 from offrecomp.runtime import Runtime
 
-__all__ = ["METRIC_PREFIX", "RunScope", "step_metrics", "turn_off_own_checkpointing"]
+__all__ = ["METRIC_PREFIX", "RunScope", "ScopedCallback", "step_metrics", "turn_off_own_checkpointing"]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,32 @@ class RunScope:
             return {}
         self._logged = records[-1].step
         return step_metrics(records)
+
+
+class ScopedCallback:
+    """What both trainers' callbacks share: the runtime options (checked when the
+    callback is made), the run scope, and the read-only views of its runtime."""
+
+    def __init__(
+        self,
+        *,
+        budget: int | str | None = None,
+        mode: str | None = None,
+        regions: Any = None,
+        log_metrics: bool = True,
+        **options: Any,
+    ) -> None:
+        self._scope = RunScope(runtime_options(budget, mode, regions, options))
+        self.log_metrics = log_metrics
+
+    @property
+    def runtime(self) -> Runtime | None:
+        """The runtime (None before the first run)."""
+        return self._scope.runtime
+
+    def report(self) -> Report:
+        """The runtime's report: every step of every run so far."""
+        return self._scope.report()
 
 
 def step_metrics(records: Sequence[StepRecord]) -> dict[str, float]:

@@ -32,14 +32,12 @@ try:
 except ImportError:  # the standalone distribution
     from pytorch_lightning import Callback  # type: ignore[assignment]
 
-from offrecomp.integrations._common import RunScope, runtime_options
-from offrecomp.report import Report
-from offrecomp.runtime import Runtime
+from offrecomp.integrations._common import ScopedCallback
 
 __all__ = ["OffrecompCallback"]
 
 
-class OffrecompCallback(Callback):
+class OffrecompCallback(ScopedCallback, Callback):
     """Runs a Lightning Trainer's ``fit`` inside ``offrecomp.runtime``.
 
     ``budget``, ``mode``, ``regions`` and ``options`` are those of
@@ -56,18 +54,8 @@ class OffrecompCallback(Callback):
         log_metrics: bool = True,
         **options: Any,
     ) -> None:
-        self._scope = RunScope(runtime_options(budget, mode, regions, options))
-        self.log_metrics = log_metrics
+        super().__init__(budget=budget, mode=mode, regions=regions, log_metrics=log_metrics, **options)
         self._last_step = -1  # the trainer's global_step when metrics were last logged
-
-    @property
-    def runtime(self) -> Runtime | None:
-        """The runtime (None before the first ``fit``)."""
-        return self._scope.runtime
-
-    def report(self) -> Report:
-        """The runtime's report: every step of every ``fit`` so far."""
-        return self._scope.report()
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._last_step = trainer.global_step

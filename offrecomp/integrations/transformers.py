@@ -27,9 +27,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from offrecomp.integrations._common import RunScope, runtime_options
-from offrecomp.report import Report
-from offrecomp.runtime import Runtime
+from offrecomp.integrations._common import ScopedCallback
 
 __all__ = ["OffrecompCallback"]
 
@@ -50,7 +48,7 @@ log = logging.getLogger(__name__)
 # it again.
 
 
-class OffrecompCallback(TrainerCallback):
+class OffrecompCallback(ScopedCallback, TrainerCallback):
     """Runs a Hugging Face Trainer's training loop inside ``offrecomp.runtime``.
 
     ``budget``, ``mode``, ``regions`` and ``options`` are those of
@@ -67,18 +65,8 @@ class OffrecompCallback(TrainerCallback):
         log_metrics: bool = True,
         **options: Any,
     ) -> None:
-        self._scope = RunScope(runtime_options(budget, mode, regions, options))
-        self.log_metrics = log_metrics
+        super().__init__(budget=budget, mode=mode, regions=regions, log_metrics=log_metrics, **options)
         self._step_guard: tuple[Any, Any] | None = None  # (trainer, its training_step before ours)
-
-    @property
-    def runtime(self) -> Runtime | None:
-        """The runtime (None before the first ``train()``)."""
-        return self._scope.runtime
-
-    def report(self) -> Report:
-        """The runtime's report: every step of every ``train()`` so far."""
-        return self._scope.report()
 
     # ---------------------------------------------------------------- events
 
