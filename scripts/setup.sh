@@ -25,8 +25,8 @@ fi
 # The Hugging Face model tests (tests/offrecomp/test_hf_models.py) and the trainer
 # integrations (tests/integrations/, examples/) need the optional framework extras; one
 # that cannot be installed (no network, no wheel for this Python) has its tests skipped,
-# not failed. torchtune is left out: its latest release does not import with the torchao
-# pip resolves today, so its snippet's test would only skip (docs/integrations.md).
+# not failed. The torchtune extra is left out: about twenty packages (datasets, pandas,
+# pyarrow) for one snippet's test, which is skipped without it (docs/integrations.md).
 for extra in transformers accelerate lightning; do
   "$VPY" -m pip install -q -e ".[$extra]" >/dev/null 2>&1 \
     || echo "setup: the $extra extra is not installed; the tests that need it will be skipped"
