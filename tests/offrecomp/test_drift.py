@@ -68,7 +68,9 @@ def test_a_loaded_host_replans_a_bounded_number_of_times(
     assert len(drift) == 1, drift
     backoff = [w for w in warnings if "backs off" in w]
     assert len(backoff) == 1, backoff
-    assert len(warnings) == 2, warnings
+    # nothing else, but the first solve of a fresh process compiling the kernels
+    others = [w for w in warnings if "compiling the planner's kernels" not in w]
+    assert len(others) == 2, warnings
 
 
 def test_noise_around_the_prediction_is_no_drift(loaded_host: list[float], caplog: pytest.LogCaptureFixture) -> None:
