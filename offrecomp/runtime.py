@@ -1228,7 +1228,7 @@ class Runtime:
         # runtime once per step would otherwise re-pin gigabytes every step). It is freed
         # by close(), when the runtime is garbage collected, and after an exit by
         # exception; in each case only once no saved tensor still needs it (a graph kept
-        # alive past exit): the last freed ticket closes it then.
+        # alive past exit): the last freed offload group closes it then.
         if (
             self._engine is not None
             and self._closing

@@ -87,10 +87,10 @@ def test_graph_kept_past_exit_still_backprops() -> None:
         loss = m(batch(0))
     assert tc.top_saved_tensors_hooks() is None
     rt.close()
-    assert rt._engine is not None  # tickets still referenced by the graph
+    assert rt._engine is not None  # offload groups still referenced by the graph
     loss.backward()
     del loss
-    assert rt._engine is None  # the last ticket closed it
+    assert rt._engine is None  # the last offload group closed it
     for (n, p), q in zip(ref_m.named_parameters(), m.parameters()):
         assert torch.equal(p.grad, q.grad), n
 

@@ -14,7 +14,7 @@ each variant:
   dispatch mode (serving held outputs, placeholders, the op-sequence check).
 
 The plain run of each loop is computed once per loop and shared by its variants. After
-each loop the runtime's report must still work and no offload ticket may be left held.
+each loop the runtime's report must still work and no offload group may be left held.
 The reduced failing cases are at the end of the file.
 """
 
@@ -1146,7 +1146,7 @@ def test_offload_storage_saved_again_after_its_first_saves_were_freed(where: str
     """input_grad-offload, reduced. ``lm.emb(idx).detach()`` saves ``idx`` (the
     embedding's indices) in a graph that dies at once; cross_entropy then saves ``idx``
     again in the same pass. The first save's storage record was offloaded, and freed
-    when its last handle died (ticket gone, ``released``), but it stays in
+    when its last handle died (its copy gone, ``released``), but it stays in
     ``call.by_ptr`` and its storage is still alive, so the second save is attached to
     the released record: its backward has nothing to fetch (AssertionError in
     ``Placer._unpack_offloaded``). Both a root storage and a region storage fail."""

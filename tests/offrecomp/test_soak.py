@@ -73,7 +73,7 @@ def test_offload_soak_pool_does_not_grow() -> None:
                 live[step] = (_live_tensors(), rt._engine.live_groups)
     assert max(reserved[10:]) == reserved[10] > 0
     assert live[99][0] <= live[10][0] + 5, live
-    assert live[99][1] == live[10][1] == 0, live  # every ticket freed after its backward
+    assert live[99][1] == live[10][1] == 0, live  # every offload group freed after its backward
 
 
 def test_oom_in_a_planned_step_gives_a_safer_plan(caplog: pytest.LogCaptureFixture) -> None:
