@@ -36,7 +36,7 @@ from torch import nn
 from offrecomp import _torch_compat as tc
 from offrecomp.regions import replay_arguments
 from offrecomp.replay import replay_call
-from offrecomp.state import PassState, RegionCall, SavedHandle, StorageRec
+from offrecomp.state import PassState, RegionCall, SavedHandle, StorageRec, view_on
 from offrecomp.trace import (
     PLACEHOLDER,
     RUN,
@@ -185,16 +185,14 @@ class Placer:
             # storage is a new storage.
             rec = self._new_storage(p, call, t, ptr, storage)
         placement = rec.placement
-        if placement is KEEP:
-            if recorder is not None:
-                call.saves[idx].storage = rec.index
-            if t.grad_fn is None:
-                return (rec, idx, t, t._version, None)
-            return (rec, idx, t.detach(), t._version, weakref.ref(t))  # NOTE [Saved tensor handles]
         if placement is None:
             return _Plain(t, call)
         if recorder is not None:
             call.saves[idx].storage = rec.index
+        if placement is KEEP:
+            if t.grad_fn is None:
+                return (rec, idx, t, t._version, None)
+            return (rec, idx, t.detach(), t._version, weakref.ref(t))  # NOTE [Saved tensor handles]
         h = SavedHandle(rec, idx, t, call.lease(self.release_call))
         if placement is RECOMPUTE:
             call.dropped[idx] = weakref.ref(h)
@@ -241,15 +239,10 @@ class Placer:
                 rec.sid = recorder.storage_id(t)
         if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
             rec.save_mark = rt._clock_mark()
-        stats = p.stats
         if placement is KEEP:
-            rec.resident = True
-            stats.kept_bytes += nbytes
-            resident = stats.resident_bytes = stats.resident_bytes + nbytes
-            if resident > stats.peak_resident_bytes:
-                stats.peak_resident_bytes = resident
-            return rec
-        self._apply(p, call, rec, storage, t)
+            p.stats.keep(rec)
+        else:
+            self._apply(p, call, rec, storage, t)
         return rec
 
     def _apply(self, p: PassState, call: RegionCall, rec: StorageRec, storage: Any, t: torch.Tensor) -> None:
@@ -275,9 +268,7 @@ class Placer:
                 rec.placement = RECOMPUTE if legal_drop else KEEP
                 stats.fallback("offload_to_recompute" if legal_drop else "offload_to_keep")
         if rec.placement is KEEP:
-            rec.resident = True
-            stats.kept_bytes += rec.nbytes
-            stats.add_resident(rec.nbytes)
+            stats.keep(rec)
         else:
             stats.recomputed_bytes += rec.nbytes
 
@@ -311,9 +302,7 @@ class Placer:
             rec.placement = KEEP
             p.stats.fallback("offload_to_keep")
         rec.tensor = t
-        rec.resident = True
-        p.stats.kept_bytes += nbytes
-        p.stats.add_resident(nbytes)
+        p.stats.keep(rec)
         return rec
 
     # ---------------------------------------------------------------- release
@@ -406,6 +395,9 @@ class Placer:
         inner = p is not None and (not p.backward_started or p.awaiting) and self._outside_backward(call, p, rec)
         if inner and orig is not None:
             return orig  # a backward inside a forward: the tensor is still there
+        if rec.placement is OFFLOAD and call.group is rec.group:
+            # still open: root saves made between two backwards (NOTE [Double backward])
+            self.rt._issue_group(call)
         placement = rec.placement
         if placement is OFFLOAD:
             return self._unpack_offloaded(h, rec)
@@ -477,12 +469,6 @@ class Placer:
     def _unpack_offloaded(self, h: SavedHandle, rec: StorageRec) -> torch.Tensor:
         group = rec.group
         assert group is not None
-        if rec.call.group is group:
-            # still open: root saves made between two backwards (NOTE [Double backward])
-            self.rt._issue_group(rec.call)
-            if rec.placement is KEEP:  # refused by the pool: kept instead
-                assert rec.tensor is not None
-                return h.rebuild(rec.tensor.untyped_storage())
         buf = self.rt._fetch_group(group)
         t = h.rebuild(buf.untyped_storage(), group.offsets[rec.slot])
         group.uses += 1
@@ -639,9 +625,7 @@ class Placer:
             assert group is not None
             buf = self.rt._fetch_group(group)
             size, stride, offset, dtype = meta
-            x = torch.empty(0, dtype=dtype, device=buf.device)
-            x.set_(buf.untyped_storage(), offset + group.offsets[rec.slot] // x.element_size(), size, stride)
-            out.append(x)
+            out.append(view_on(buf.untyped_storage(), group.offsets[rec.slot], dtype, size, stride, offset))
         if group is not None and group.uses >= group.handles:
             self.rt._release_group_device(group)  # the replay's inputs hold what they need
         return out

@@ -1186,10 +1186,8 @@ class Runtime:
                 rec.tensor = torch.empty(0, dtype=torch.uint8, device=source.device).set_(source)
             if p is not None:
                 p.stats.offloaded_bytes -= rec.nbytes
-                p.stats.kept_bytes += rec.nbytes
                 p.stats.fallback("offload_to_keep")
-                rec.resident = True
-                p.stats.add_resident(rec.nbytes)
+                p.stats.keep(rec)
 
     def _fetch_group(self, group: Any) -> torch.Tensor:
         buf = group.ready

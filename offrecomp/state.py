@@ -41,6 +41,7 @@ __all__ = [
     "RegionCall",
     "SavedHandle",
     "StorageRec",
+    "view_on",
 ]
 
 
@@ -166,11 +167,20 @@ class SavedHandle:
 
     def rebuild(self, storage: Any, byte_offset: int = 0) -> torch.Tensor:
         """This saved view on ``storage`` (an UntypedStorage), whose byte ``byte_offset``
-        is the saved storage's first byte (a multiple of the element size)."""
-        t = torch.empty(0, dtype=self.dtype, device=storage.device)
-        offset = self.offset + byte_offset // t.element_size() if byte_offset else self.offset
-        t.set_(storage, offset, self.size, self.stride)
-        return t
+        is the saved storage's first byte."""
+        return view_on(storage, byte_offset, self.dtype, self.size, self.stride, self.offset)
+
+
+def view_on(
+    storage: Any, byte_offset: int, dtype: torch.dtype, size: Any, stride: Any, offset: Any
+) -> torch.Tensor:
+    """A tensor of ``dtype`` with the given geometry on ``storage`` (an UntypedStorage)
+    whose byte ``byte_offset`` is the first byte of the storage the geometry was taken
+    on (a multiple of the element size: a group's slots are aligned)."""
+    t = torch.empty(0, dtype=dtype, device=storage.device)
+    if byte_offset:
+        offset += byte_offset // t.element_size()
+    return t.set_(storage, offset, size, stride)
 
 
 @dataclass(eq=False)
@@ -285,6 +295,13 @@ class PassStats:
     unpack_seconds: float = 0.0
     """Host seconds in the unpack hook for kept saves (sampled the same way)."""
     fallbacks: dict[str, int] = field(default_factory=dict)
+
+    def keep(self, rec: StorageRec) -> None:
+        """``rec`` is kept: its bytes count as kept and resident until its storage dies
+        (NOTE [Resident bytes])."""
+        rec.resident = True
+        self.kept_bytes += rec.nbytes
+        self.add_resident(rec.nbytes)
 
     def add_resident(self, n: int) -> None:
         self.resident_bytes += n
