@@ -31,7 +31,6 @@ from offrecomp import hooks as _hooks
 from offrecomp.config import format_bytes
 from offrecomp.explain import (
     PLACEMENT_COLUMNS,
-    CallSummary,
     cells,
     explain_forced,
     summarize,
@@ -282,7 +281,7 @@ class Planner:
         self._resolved: list[StepRecord] = []
         self._catching_up = False
         self._warned_unfinished = False
-        self.last_forced: list[CallSummary] = []  # a forced mode's last step, for explain()
+        self.last_forced: list[PassState] = []  # a forced mode's last step's passes, for explain()
         pinned = rt.config.replay_op_us
         self.replay_op_pinned = pinned is not None
         self.replay_op_seconds: float = (
@@ -1116,7 +1115,7 @@ class Planner:
                 rec.pool_reserved_bytes = int(getattr(o, "pool_reserved_bytes", 0))
                 rec.pool_high_water_bytes = int(getattr(o, "pool_high_water_bytes", 0))
         if rt.config.mode != "auto":
-            self.last_forced = summarize(passes, rt.config.min_bytes)
+            self.last_forced = passes[-1:]  # summarised when explain() asks, not every step
         entry = self.entries.get(first.signature)
         plan = self.active_plan(entry) if entry is not None else None
         if plan is not None and first.planned:
@@ -1771,7 +1770,8 @@ class Planner:
         if cfg.mode != "auto" or not cfg.active:
             device = self.rt._device
             return explain_forced(
-                cfg, self.rt._regions, self.last_forced, emulated=device is None or device.type != "cuda"
+                cfg, self.rt._regions, summarize(self.last_forced, cfg.min_bytes),
+                emulated=device is None or device.type != "cuda",
             )
         entry = self.last_entry
         if entry is None or entry.profile is None or entry.plan is None:

@@ -300,8 +300,11 @@ class PassStats:
         """``rec`` is kept: its bytes count as kept and resident until its storage dies
         (NOTE [Resident bytes])."""
         rec.resident = True
-        self.kept_bytes += rec.nbytes
-        self.add_resident(rec.nbytes)
+        n = rec.nbytes
+        self.kept_bytes += n
+        resident = self.resident_bytes = self.resident_bytes + n  # add_resident, inlined: the save path
+        if resident > self.peak_resident_bytes:
+            self.peak_resident_bytes = resident
 
     def add_resident(self, n: int) -> None:
         self.resident_bytes += n
