@@ -11,10 +11,10 @@ with the variants interleaved (one timing of each per round) and medians over ro
   output saved for backward; forward + backward plainly, under an identity hook pair
   (the floor), and under offrecomp with every save kept (``mode="keep"``: pack, handle,
   unpack, release), also with a dozen buffers in each region (NOTE [Buffer saves] in
-  offrecomp/runtime.py);
+  offrecomp/regions.py);
 * per offloaded storage: the same ops in regions of ``REGION_SAVES`` saves each, every
   save offloaded (``mode="offload"``; on a CPU the emulated backend: real worker threads
-  and copies, a group per region call, NOTE [Offload groups] in offrecomp/runtime.py);
+  and copies, a group per region call, NOTE [Offload groups] in offrecomp/groups.py);
 * per op: the same ops under a bare ``TorchDispatchMode`` (the floor), the replay's
   serving mode running every op (the cost each op pays in a replay under the dispatch
   mode; NOTE [Serving overhead] in offrecomp/hooks.py), and the op recorder (the

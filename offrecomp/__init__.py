@@ -8,9 +8,9 @@ Public API (everything else is private)::
 """
 
 from offrecomp.config import ENV_VARS, MODES, Config
+from offrecomp.context import Runtime, runtime
 from offrecomp.replay import ReplayDivergedError, in_replay
 from offrecomp.report import Report, StepRecord
-from offrecomp.runtime import Runtime, runtime
 from offrecomp.verify import ReplayMismatchError
 from scheduler.plan import ROOT, Placement, Plan
 

@@ -34,9 +34,11 @@ import torch
 from torch import nn
 
 from offrecomp import _torch_compat as tc
+from offrecomp.config import Config
+from offrecomp.diagnostics import kind, warn_once
 from offrecomp.regions import replay_arguments
 from offrecomp.replay import replay_call
-from offrecomp.state import PassState, RegionCall, SavedHandle, StorageRec, view_on
+from offrecomp.state import PassState, RegionCall, SavedHandle, Stage, StorageRec, view_on
 from offrecomp.trace import (
     PLACEHOLDER,
     RUN,
@@ -49,13 +51,21 @@ from offrecomp.trace import (
 from scheduler.plan import Placement
 
 if TYPE_CHECKING:
-    from offrecomp.runtime import Runtime
+    from offrecomp.groups import OffloadGroups
+    from offrecomp.lifecycle import Lifecycle
+    from offrecomp.placement import Placements
+    from offrecomp.planning import Planner
+    from offrecomp.regions import BufferPtrs
+    from offrecomp.verify import Verifier
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Placer"]
 
 KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
+FORWARD = Stage.FORWARD
+#: Stages in which an unpack is not (yet) part of the pass's running backward.
+_UNPACK_OUTSIDE = (Stage.FORWARD, Stage.AWAITING)
 _STRIDED = torch.strided
 #: Dtypes whose storages are placed; quantized and complex ones are saved as they are.
 _PLACED_DTYPES = frozenset(
@@ -127,17 +137,33 @@ HOOK_SAMPLE = 16
 
 
 class Placer:
-    """Pack/unpack for one runtime. All state lives in the runtime's pass objects."""
+    """Pack/unpack for one runtime. All state lives in the pass objects (state.py); the
+    placement of a new storage is ``Placements.decide``'s."""
 
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
+    def __init__(
+        self,
+        config: Config,
+        lifecycle: Lifecycle,
+        placements: Placements,
+        groups: OffloadGroups,
+        planner: Planner,
+        verifier: Verifier,
+        buffers: BufferPtrs,
+    ) -> None:
+        self._config = config
+        self._life = lifecycle
+        self._decide = placements.decide
+        self._groups = groups
+        self._planner = planner
+        self._verifier = verifier
+        self._buffers = buffers
         self._packs = 0
         self._unpacks = 0
 
     # ------------------------------------------------------------------- pack
 
     def pack(self, t: torch.Tensor) -> Any:
-        if self.rt._recording:
+        if self._life.recording:
             # The op recorder is active: ops issued here are ours, not the region's.
             with internal():
                 return self._pack(t)
@@ -146,25 +172,25 @@ class Placer:
             return self._pack(t)
         start = time.perf_counter()
         h = self._pack(t)
-        p = self.rt._pass
+        p = self._life.current
         if p is not None:
             p.stats.pack_seconds += (time.perf_counter() - start) * HOOK_SAMPLE
         return h
 
     def _pack(self, t: torch.Tensor) -> Any:
         # The hot path of the runtime: one call per saved tensor. Keep it lean.
-        rt = self.rt
+        life = self._life
         if _graph_task_id() != -1:
             # Saved while backward runs (create_graph / double backward): not a forward.
-            p = rt._pass
-            if p is not None and p.backward_started and not rt._forwards_running:
+            p = life.current
+            if p is not None and p.stage is not FORWARD and not life.forwards_running:
                 p.create_graph = True  # NOTE [Double backward]
             return _Plain(t, None)
-        p = rt._pass
-        if p is None or p.backward_started or p.aborted:
-            p = rt._forward_activity(between_backwards=True)
-        calls = rt._stack.calls
-        call = calls[-1] if calls else rt._current_call(p)
+        p = life.current
+        if p is None or p.stage is not FORWARD or p.aborted:
+            p = life.forward_activity(between_backwards=True)
+        calls = life.stack.calls
+        call = calls[-1] if calls else life.current_call(p)
         idx = call.pack_count
         call.pack_count = idx + 1
         recorder = call.recorder
@@ -175,7 +201,7 @@ class Placer:
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
         region = call.region
-        if region is not None and region.slots and ptr in rt._call_buffer_ptrs(call, region):
+        if region is not None and region.slots and ptr in self._buffers.of_call(call, region):
             return _Plain(t, call)
         rec = call.by_ptr.get(ptr)
         if rec is None or rec.released or rec() is not storage:
@@ -196,14 +222,13 @@ class Placer:
         h = SavedHandle(rec, idx, t, call.lease(self.release_call))
         if placement is RECOMPUTE:
             call.dropped[idx] = weakref.ref(h)
-            if rt.config.verify:
-                rt._verifier.record(call, idx, t)
+            if self._config.verify:
+                self._verifier.record(call, idx, t)
         else:
             rec.group.handles += 1  # type: ignore[union-attr]
         return h
 
     def _new_storage(self, p: PassState, call: RegionCall, t: torch.Tensor, ptr: int, storage: Any) -> StorageRec:
-        rt = self.rt
         nbytes = storage.nbytes()
         base = t._base
         if ptr == 0 or t.dtype not in _PLACED_DTYPES or (base is not None and type(base) is not torch.Tensor):
@@ -215,60 +240,38 @@ class Placer:
             call.by_ptr[ptr] = rec
             return rec
         index = len(call.storages)
-        placement = call.fixed
-        if placement is None:
-            table = call.table  # NOTE [Placement table] (runtime.py)
-            if table is not None and index < len(table) and call.table_sizes[index] == nbytes:  # type: ignore[index]
-                placement = table[index]
-            else:
-                placement = rt._placement_for(p, call, index, nbytes, kind="activation")
-        elif placement is OFFLOAD and nbytes < rt.config.min_bytes:
-            placement = KEEP
+        placement, fallback = self._decide(p, call, index, nbytes, "activation", t)
         rec = StorageRec(storage, call, index, nbytes, ptr, placement)
         call.storages.append(rec)
         call.by_ptr[ptr] = rec
         recorder = call.recorder
-        if recorder is not None or placement is OFFLOAD:
+        if recorder is not None:
             # NOTE [Untracked aliases]: a saved tensor that covers part of its storage
             # without being a view autograd tracks (unsafe_chunk/unsafe_split outputs, as
             # in the CPU GRU cell; `.data`) has siblings with their own version counters.
             # Writing those after this save is legal, and the backward reads the result; a
             # copy of the storage would miss those writes. Such a storage is never offloaded.
             rec.aliased = base is None and t.numel() * t.element_size() < nbytes
-            if recorder is not None:
-                rec.sid = recorder.storage_id(t)
+            rec.sid = recorder.storage_id(t)
+        elif fallback == "aliased_to_keep":
+            rec.aliased = True
         if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
-            rec.save_mark = rt._clock_mark()
-        if placement is KEEP:
-            p.stats.keep(rec)
-        else:
-            self._apply(p, call, rec, storage, t)
+            rec.save_mark = self._life.mark()
+        self._account(p, call, rec, storage, fallback)
         return rec
 
-    def _apply(self, p: PassState, call: RegionCall, rec: StorageRec, storage: Any, t: torch.Tensor) -> None:
-        """Carry out a new OFFLOAD or RECOMPUTE storage's placement (with fallbacks) and
-        account for it."""
+    def _account(self, p: PassState, call: RegionCall, rec: StorageRec, source: Any, fallback: str | None) -> None:
+        """Carry out a new storage's placement: an offload joins its call's group; the
+        bytes count as kept, offloaded or dropped."""
         stats = p.stats
-        if rec.placement is OFFLOAD:
-            if not self.rt._offloadable(t):
-                rec.placement = KEEP  # already in host memory (a CPU tensor of a GPU run)
-            elif rec.aliased:
-                rec.placement = KEEP  # NOTE [Untracked aliases]
-                stats.fallback("aliased_to_keep")
-            elif self.rt._group_add(call, rec, storage):
-                stats.offloaded_bytes += rec.nbytes
-                return
-            else:
-                legal_drop = (
-                    call.inputs is not None
-                    and rec.kind == "activation"
-                    and not call.collective
-                    and not call.writes_state
-                )
-                rec.placement = RECOMPUTE if legal_drop else KEEP
-                stats.fallback("offload_to_recompute" if legal_drop else "offload_to_keep")
-        if rec.placement is KEEP:
+        if fallback is not None:
+            stats.fallback(fallback)
+        placement = rec.placement
+        if placement is KEEP:
             stats.keep(rec)
+        elif placement is OFFLOAD:
+            self._groups.add(call, rec, source)
+            stats.offloaded_bytes += rec.nbytes
         else:
             stats.recomputed_bytes += rec.nbytes
 
@@ -285,7 +288,7 @@ class Placer:
             return rec if rec.placement is not None else None
         nbytes = storage.nbytes()
         index = len(call.storages)
-        placement = self.rt._placement_for(p, call, index, nbytes, kind="input")
+        placement, fallback = self._decide(p, call, index, nbytes, "input", t)
         rec = StorageRec(storage, call, index, nbytes, ptr, placement)
         rec.kind = "input"
         if call.recorder is not None:
@@ -293,16 +296,9 @@ class Placer:
         call.storages.append(rec)
         call.by_ptr[ptr] = rec
         p.stats.input_bytes += nbytes
-        if placement is OFFLOAD and not self.rt._offloadable(t):
-            placement = rec.placement = KEEP  # already in host memory
-        if placement is OFFLOAD:
-            if self.rt._group_add(call, rec, storage):
-                p.stats.offloaded_bytes += nbytes
-                return rec
-            rec.placement = KEEP
-            p.stats.fallback("offload_to_keep")
-        rec.tensor = t
-        p.stats.keep(rec)
+        if placement is KEEP:
+            rec.tensor = t
+        self._account(p, call, rec, storage, fallback)
         return rec
 
     # ---------------------------------------------------------------- release
@@ -319,7 +315,7 @@ class Placer:
                     if rec.group is not None and rec.group in groups:
                         rec.released = True  # a later save of its storage is a new storage
             for group in groups:
-                self.rt._free_group(group)
+                self._groups.free(group)
             return
         if call.released or not call.exited:
             return
@@ -330,7 +326,7 @@ class Placer:
         groups, call.groups = call.groups, []
         call.group = None
         for group in groups:
-            self.rt._free_group(group)
+            self._groups.free(group)
         call.inputs = None
         call.rng = None
         call.buffers = None
@@ -359,7 +355,7 @@ class Placer:
             rec, idx, t, version, ref = h
             call = rec.call
             p = call.pass_state
-            if p is not None and (not p.backward_started or p.awaiting):
+            if p is not None and p.stage in _UNPACK_OUTSIDE:
                 self._outside_backward(call, p, rec)
             if t._version != version:
                 raise _modified_error(_where(call), idx, version, t._version)
@@ -371,7 +367,7 @@ class Placer:
         if type(h) is _Plain:
             owner = h.call
             op = owner.pass_state if owner is not None else None
-            if owner is not None and op is not None and (not op.backward_started or op.awaiting):
+            if owner is not None and op is not None and op.stage in _UNPACK_OUTSIDE:
                 # a pass whose saves are all kept as they are (nested, complex or DTensor
                 # activations) still has a backward
                 self._outside_backward(owner, op, None)
@@ -392,12 +388,12 @@ class Placer:
             if h.grad_fn and orig.grad_fn is None:
                 raise _detached_error(_where(call), h.pack_index)
         p = call.pass_state
-        inner = p is not None and (not p.backward_started or p.awaiting) and self._outside_backward(call, p, rec)
+        inner = p is not None and p.stage in _UNPACK_OUTSIDE and self._outside_backward(call, p, rec)
         if inner and orig is not None:
             return orig  # a backward inside a forward: the tensor is still there
         if rec.placement is OFFLOAD and call.group is rec.group:
             # still open: root saves made between two backwards (NOTE [Double backward])
-            self.rt._issue_group(call)
+            self._groups.issue(call)
         placement = rec.placement
         if placement is OFFLOAD:
             return self._unpack_offloaded(h, rec)
@@ -414,10 +410,10 @@ class Placer:
         if not (call.exited or call.is_root):
             self._in_forward(call, rec)  # inside the call's own forward
             return True
-        if self.rt._forwards_running:
+        if self._life.forwards_running:
             self._reached_from_forward(p)  # inside a later region's forward
             return True
-        self.rt._backward_activity(call)
+        self._life.backward_activity(call)
         return False
 
     def _in_forward(self, call: RegionCall, rec: StorageRec | None) -> None:
@@ -451,10 +447,8 @@ class Placer:
                 continue
             region.reaches_out = True
             c.fixed = c.table = None
-            from offrecomp.runtime import _kind, _warn_once
-
-            _warn_once(
-                f"reaches_out:{_kind(region)}",
+            warn_once(
+                f"reaches_out:{kind(region)}",
                 "offrecomp: region %r (and any other like it) runs a backward through "
                 "activations from before its call; a replay starts from detached inputs and "
                 "cannot reproduce that, so its activations are kept",
@@ -469,13 +463,13 @@ class Placer:
     def _unpack_offloaded(self, h: SavedHandle, rec: StorageRec) -> torch.Tensor:
         group = rec.group
         assert group is not None
-        buf = self.rt._fetch_group(group)
+        buf = self._groups.fetch(group, rec.call)
         t = h.rebuild(buf.untyped_storage(), group.offsets[rec.slot])
         group.uses += 1
         if group.uses >= group.handles:
             # Every live save of the group has its tensor; autograd keeps them alive as
             # long as it needs them. A later backward (retain_graph) reloads the group.
-            self.rt._release_group_device(group)
+            self._groups.release_device(group)
         return t
 
     def _unpack_dropped(self, h: SavedHandle, rec: StorageRec, call: RegionCall) -> torch.Tensor:
@@ -494,16 +488,16 @@ class Placer:
                 f"{h.size} and dtype {h.dtype}; the region's forward is not a deterministic "
                 "function of its inputs. Hint: keep this region (mode='keep' or regions=)."
             )
-        if self.rt.config.verify:
-            self.rt._verifier.check(call, h.pack_index, t)
+        if self._config.verify:
+            self._verifier.check(call, h.pack_index, t)
         if not call.replayed:
-            self.rt._replay_done(call)
+            self._life.replay_done(call)
         return t
 
     # ----------------------------------------------------------------- replay
 
     def replay(self, call: RegionCall) -> None:
-        rt = self.rt
+        life = self._life
         needed = {i for i, w in call.dropped.items() if w() is not None and i not in call.replayed}
         if not needed:
             return
@@ -522,7 +516,7 @@ class Placer:
             h = call.dropped[i]()
             if h is not None and h.rec is not None:
                 storage_of_save[i] = h.rec.index
-        start = rt._clock_mark()
+        start = life.mark()
         k_seen = -1  # ops before the replay's stop (the prefix end K), where known
         if structure is None and call.structure is not None and not call.mismatch:
             k_seen = len(call.structure.program(kept, needed, storage_of_save))  # opaque: plain
@@ -549,14 +543,14 @@ class Placer:
                 )
                 break
             except torch.OutOfMemoryError:
-                rt._on_oom(call.pass_state)
+                life.on_oom(call.pass_state)
                 raise
             except ReplayDivergedError as exc:
                 if structure is not None and program is not None and isinstance(exc, CastDivergedError):
                     # NOTE [Autocast cache]: a parameter object other than the recorded one
                     # (parameters replaced since the recording): replay this region plainly
                     structure.opaque = True
-                    rt._planner.opaque_regions.add(call.name)
+                    self._planner.opaque_regions.add(call.name)
                     structure = None
                     log.warning(
                         "offrecomp: replay of region %r under the dispatch mode diverged at a cast "
@@ -578,18 +572,18 @@ class Placer:
                     "Hint: keep this region's activations (mode='keep', or exclude it with "
                     "regions=)."
                 ) from exc
-        end = rt._clock_mark()
+        end = life.mark()
         p = call.pass_state
         # a replay inside the region's own forward (NOTE [Backward inside a forward]) is
         # forward time, not a backward's replay
-        timed = call.exited and not rt._forwards_running
+        timed = call.exited and not life.forwards_running
         if p is not None and timed and program is not None:
             p.dispatch_replays.append((start, end, len(program), run_seconds))
         elif p is not None and timed and k_seen >= 0:
             p.plain_replays.append((call.ordinal, start, end, k_seen))
         call.replayed.update(captured)
         dropped = sum(r.nbytes for r in call.storages if r.placement == RECOMPUTE)
-        rt._replay_started(call, start, end, dropped, timed=timed)
+        life.replay_started(call, start, end, dropped, timed=timed)
 
     def _serving_pays(self, call: RegionCall, structure: Any, program: list[int]) -> tuple[bool, float]:
         """NOTE [Serving overhead]: replaying under the dispatch mode costs time for every
@@ -610,7 +604,7 @@ class Placer:
                 skipped += s
         if PLACEHOLDER not in program and SERVE not in program:
             return False, run
-        return skipped >= len(program) * self.rt._planner.replay_op_seconds, run
+        return skipped >= len(program) * self._planner.replay_op_seconds, run
 
     def _reloaded_inputs(self, call: RegionCall) -> list[torch.Tensor]:
         assert call.inputs is not None
@@ -623,9 +617,9 @@ class Placer:
             rec, meta = call.offloaded_inputs[i]
             group = rec.group
             assert group is not None
-            buf = self.rt._fetch_group(group)
+            buf = self._groups.fetch(group, call)
             size, stride, offset, dtype = meta
             out.append(view_on(buf.untyped_storage(), group.offsets[rec.slot], dtype, size, stride, offset))
         if group is not None and group.uses >= group.handles:
-            self.rt._release_group_device(group)  # the replay's inputs hold what they need
+            self._groups.release_device(group)  # the replay's inputs hold what they need
         return out

@@ -134,6 +134,28 @@ class Clock:
         return b.host - a.host
 
 
+class DeviceClock:
+    """The runtime's device and the clock on it, shared by the runtime's parts. A model
+    without parameters or buffers has no device until its first region call shows one
+    (``discover``)."""
+
+    def __init__(self, device: torch.device | None) -> None:
+        self.device = device
+        self.clock = Clock(device)
+
+    def discover(self, device: torch.device | None) -> None:
+        if self.device is None and device is not None:
+            self.device = device
+            self.clock = Clock(device)
+
+    def mark(self) -> Mark:
+        return self.clock.mark()
+
+    @property
+    def cuda(self) -> bool:
+        return self.device is not None and self.device.type == "cuda"
+
+
 def device_capacity_bytes(device: torch.device) -> int:
     """Total memory of ``device`` (host memory for CPU)."""
     if device.type == "cuda":

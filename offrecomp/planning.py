@@ -38,7 +38,7 @@ from offrecomp.explain import (
 )
 from offrecomp.measure import device_capacity_bytes, distorts, host_available_bytes
 from offrecomp.report import StepRecord
-from offrecomp.state import PassState, RegionCall
+from offrecomp.state import PassState, RegionCall, Stage
 from offrecomp.trace import RegionStructure, build_structure
 from offrecomp.transfer import slot_offsets
 from scheduler.cost_model import CostModel, Prediction, predict
@@ -556,23 +556,13 @@ class Planner:
         """
         return not (self.rt._user_plan is None and self.rt.config.mode in ("keep", "offload"))
 
-    def placement(self, p: PassState, call: RegionCall, index: int, nbytes: int, kind: str) -> Placement:
-        pl = self._placement(p, call, index, nbytes, kind)
-        if pl == RECOMPUTE and call.writes_state:
-            return KEEP  # NOTE [State written by its region]: no replay can start right
-        if pl == RECOMPUTE and call.collective and self.rt.config.mode == "auto":
-            return KEEP  # NOTE [Collective regions]: whatever plan (a borrowed one too) says
-        return pl
-
-    def _placement(self, p: PassState, call: RegionCall, index: int, nbytes: int, kind: str) -> Placement:
-        placements = call.placements
-        sizes = call.borrowed_sizes
-        if sizes is not None and placements is not None and not call.mismatch:
-            if index < len(sizes) and nbytes <= sizes[index]:
-                return placements[index]
-            # NOTE [Borrowed plans]: larger than the donor's: its plan does not bound
-            # this call. Drop the rest (below); the signature measures its own next time.
-            call.mismatch = True
+    def mismatch(self, p: PassState, call: RegionCall, index: int, *, borrowed: bool) -> None:
+        """``call``'s storage ``index`` is not the one its plan placed: the rest of the
+        call is placed as while measuring (placement.py), and the signature measures
+        again. ``borrowed``: the storage is larger than the donor plan's (NOTE [Borrowed
+        plans])."""
+        call.mismatch = True
+        if borrowed:
             if p.signature not in self.entries:
                 self._entry(p.signature, p)
             log.info(
@@ -581,47 +571,22 @@ class Planner:
                 "measuring signature %s next time",
                 call.name, call.call_index, index, p.plan_signature, p.signature,
             )
-        elif placements is not None and sizes is None:
-            structure = call.structure
-            ok = index < len(placements)
-            if ok and structure is not None:
-                recs = structure.storage_records
-                ok = index < len(recs) and recs[index].nbytes == nbytes and recs[index].kind != "external"
-                if index < len(recs) and recs[index].kind == "external" and recs[index].nbytes == nbytes:
-                    # NOTE [Small storages]: only the most frugal plan drops one
-                    small = index in structure.small_storages and index < len(placements)
-                    small = small and placements[index] == RECOMPUTE
-                    return RECOMPUTE if small else KEEP
-            if ok:
-                return placements[index]
-            if not call.mismatch and not call.is_root:
-                call.mismatch = True
-                entry = self.entries.get(p.signature)
-                if entry is not None:
-                    entry.needs_measure = True
-                if structure is not None and not structure.opaque:
-                    # What ran unrecorded differs from what was recorded (code that
-                    # behaves differently under a dispatch mode): never trust the
-                    # recording of this region again.
-                    structure.opaque = True
-                    self.opaque_regions.add(call.name)
-                log.info(
-                    "offrecomp: region %r call %d differs from its profile (storage %d); "
-                    "dropping its activations this pass and measuring again",
-                    call.name, call.call_index, index,
-                )
-        user = self.rt._user_plan
-        if user is not None and not p.recording:
-            return user.placement((call.name, call.call_index, index))
-        mode = self.rt.config.mode
-        if mode == "keep":
-            return KEEP
-        if mode == "offload":
-            return OFFLOAD
-        if call.collective and mode == "auto":
-            return KEEP  # NOTE [Collective regions]: no rank replays it alone
-        # recompute, and auto while measuring or off-plan: drop what may be dropped
-        return RECOMPUTE if (not call.is_root and kind == "activation") else KEEP
+            return
+        entry = self.entries.get(p.signature)
+        if entry is not None:
+            entry.needs_measure = True
+        structure = call.structure
+        if structure is not None and not structure.opaque:
+            # What ran unrecorded differs from what was recorded (code that behaves
+            # differently under a dispatch mode): never trust the recording of this
+            # region again.
+            structure.opaque = True
+            self.opaque_regions.add(call.name)
+        log.info(
+            "offrecomp: region %r call %d differs from its profile (storage %d); "
+            "dropping its activations this pass and measuring again",
+            call.name, call.call_index, index,
+        )
 
     def record_structure(self, call: RegionCall) -> None:
         """Region forward returned in a measuring pass: derive its structure."""
@@ -675,7 +640,7 @@ class Planner:
 
     def _end_pass(self, p: PassState) -> None:
         if p.recording:
-            if not p.aborted and not p.backward_done and p.calls and not self._warned_unfinished:
+            if not p.aborted and p.stage is not Stage.DONE and p.calls and not self._warned_unfinished:
                 self._warned_unfinished = True
                 log.warning(
                     "offrecomp: the measuring pass of signature %s ended before its backward "
@@ -684,9 +649,9 @@ class Planner:
                     "until one does, every pass is measured again (full recompute)",
                     p.signature,
                 )
-            if p.aborted or not p.backward_done:
+            if p.aborted or p.stage is not Stage.DONE:
                 return  # measure again next time
-        elif not (p.reprofile and not p.aborted and p.backward_done):
+        elif not (p.reprofile and not p.aborted and p.stage is Stage.DONE):
             return
         # the recorded structure now (cheap, and what rt.set_plan() users read); the
         # profile, which reads the pass's times, at the next pass's start
@@ -1256,7 +1221,7 @@ class Planner:
         shifts the timeline after it.
         """
         calibrating = p.phase == "calibrate"
-        if entry.cost is None or not (p.planned or calibrating) or p.aborted or not p.backward_done:
+        if entry.cost is None or not (p.planned or calibrating) or p.aborted or p.stage is not Stage.DONE:
             return None
         if p.reprofile:
             return None  # its end built the profile again (NOTE [Calls the profile lacks])

@@ -14,6 +14,7 @@ Saves outside every region belong to the root call (name ``""``, call index 0).
 
 from __future__ import annotations
 
+import enum
 import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Lease",
     "PassState",
+    "Stage",
     "RegionCall",
     "SavedHandle",
     "StorageRec",
@@ -320,6 +322,31 @@ class PassStats:
         self.fallbacks[what] = self.fallbacks.get(what, 0) + 1
 
 
+class Stage(enum.Enum):
+    """Where a pass is in its life (NOTE [Pass stages])."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    AWAITING = "awaiting"
+    DONE = "done"
+
+
+# NOTE [Pass stages]
+# A pass begins in FORWARD and moves to BACKWARD at the first unpack of one of its saves
+# (or, for a pass that saved nothing, when a backward reaches its output: NOTE
+# [Backward without saves]). Its backward's end makes it DONE, unless that backward
+# saved tensors for a later one (create_graph): then it is AWAITING, its saves outside a
+# forward still join it, and the next backward that reads its saves moves it back to
+# BACKWARD (NOTE [Double backward]). A forward error or a fault at exit marks the pass
+# ``aborted`` whatever its stage; the next forward activity begins a new pass.
+#
+#     FORWARD --first unpack--> BACKWARD --backward ends--> DONE
+#                                  ^   \
+#              next backward reads |    \ backward ends, its graph differentiable
+#                                  |     v
+#                                  AWAITING --next forward or optimizer step--> DONE
+
+
 @dataclass(eq=False)
 class PassState:
     """One forward + backward."""
@@ -344,14 +371,10 @@ class PassState:
     call_counts: dict[str, int] = field(default_factory=dict)
     root: RegionCall | None = None
     stats: PassStats = field(default_factory=PassStats)
-    backward_started: bool = False
-    backward_done: bool = False
+    stage: Stage = Stage.FORWARD
     create_graph: bool = False
     """Its running backward saves tensors (``create_graph=True``) outside any region's
     forward: a later backward may differentiate that graph (NOTE [Double backward])."""
-    awaiting: bool = False
-    """Its backward made a graph for a later one (a gradient penalty): the pass goes on
-    until that backward ends, or the next forward begins (NOTE [Double backward])."""
     backward_task: int = -1
     """The graph task of its latest backward."""
     double_backward: bool = False

@@ -2,7 +2,7 @@
 
 A :class:`Group` holds the storages one region call (or one run of root saves) offloads,
 at slots of one pinned block (:func:`slot_offsets`); the engine (``offload.py``) moves it
-as one unit (NOTE [Offload groups] in ``runtime.py``).
+as one unit (NOTE [Offload groups] in ``groups.py``).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ def _no_active_runtime() -> None:
     """Every test starts and ends with no runtime entered and no hooks installed."""
     import importlib
 
-    rtmod = importlib.import_module("offrecomp.runtime")  # the module, not offrecomp.runtime()
+    rtmod = importlib.import_module("offrecomp.context")
 
     assert rtmod._active is None
     yield

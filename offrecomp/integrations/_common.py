@@ -14,8 +14,8 @@ from torch import nn
 
 import offrecomp
 from offrecomp.config import Config
+from offrecomp.context import Runtime
 from offrecomp.report import Report, StepRecord
-from offrecomp.runtime import Runtime
 
 __all__ = ["METRIC_PREFIX", "RunScope", "ScopedCallback", "step_metrics", "turn_off_own_checkpointing"]
 

@@ -79,7 +79,7 @@ def test_an_infeasible_budget_names_a_budget_the_steps_met(caplog: pytest.LogCap
     named = int(re.search(r"smallest feasible budget is [^(]*\((\d+) bytes\)", msgs[0]).group(1))  # type: ignore[union-attr]
     assert named <= min(s.peak_activation_bytes for s in steps), (named, [s.peak_activation_bytes for s in steps])
     assert _messages(caplog, "a planned step held") == []
-    plan = rt._planner.last_entry.plan  # type: ignore[union-attr]
+    plan = rt.planner.last_entry.plan  # type: ignore[union-attr]
     assert not plan.feasible and plan.min_feasible_budget_bytes == named
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import offrecomp
+import offrecomp.diagnostics
 from tests import models
 from tests.helpers import (
     assert_bitwise,
@@ -46,7 +47,7 @@ def test_compiled_blocks_train_like_the_plain_compiled_model(mode: str) -> None:
     got = train(m, batch, rt, steps=3)
     assert_bitwise(ref, got)
     if mode == "auto":
-        entry = next(iter(rt._planner.entries.values()))
+        entry = next(iter(rt.planner.entries.values()))
         assert all(st.opaque for st in entry.structures.values())  # compiled code is opaque
     if mode == "recompute":
         assert rt.report().steps[-1].replays == 2
@@ -112,7 +113,7 @@ def test_blocks_compiled_in_place_replay_their_compiled_graph(variant: str) -> N
     if variant == "recompute":
         assert all(s.replays == 2 for s in steps)
     else:
-        entry = next(iter(rt._planner.entries.values()))
+        entry = next(iter(rt.planner.entries.values()))
         assert all(st.opaque for st in entry.structures.values())  # compiled code is opaque
         assert rt.explain().count("opaque: a replay reruns its forward") == 2
     if variant == "auto_serve":
@@ -151,7 +152,7 @@ def test_a_layer_compiled_in_place_inside_a_block_makes_the_block_opaque() -> No
     torch._dynamo.reset()
     m = fc1_in_place(twin(base))
     rt = train_bitwise(m, _batch, "auto_serve", tight_budget(twin(base), _batch), ref)  # copies: eager
-    entry = next(iter(rt._planner.entries.values()))
+    entry = next(iter(rt.planner.entries.values()))
     assert all(st.opaque for st in entry.structures.values())
     assert all(s.served_ops == 0 for s in rt.report().steps)
 
@@ -220,7 +221,6 @@ def test_blocks_inside_a_compiled_frame_are_kept_not_replayed(
     model's graph, whose saves a replay (eager) cannot reproduce: such a region is not a
     region. Its activations are kept (or offloaded), with a warning that says how to
     compile for recompute; gradients equal the plain compiled model's."""
-    import sys
 
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -232,7 +232,7 @@ def test_blocks_inside_a_compiled_frame_are_kept_not_replayed(
     ref = train(how(twin(base)), batch, steps=2)
     torch._dynamo.reset()
     m = how(twin(base))
-    sys.modules["offrecomp.runtime"]._warned.clear()  # the package's `runtime` is the function
+    offrecomp.diagnostics.clear_warnings()
     with caplog.at_level(logging.WARNING, logger="offrecomp"):
         rt = offrecomp.runtime(m, mode=mode, min_bytes=0, budget="50%")
         got = train(m, batch, rt, steps=2)
@@ -257,7 +257,6 @@ class _StagedGPT(models.GPT):
 def test_blocks_inside_a_compiled_stage_are_kept_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     """A stage compiled in place traces its blocks into its graph: the runtime says so
     when it is entered, and keeps their activations."""
-    import sys
 
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -270,7 +269,7 @@ def test_blocks_inside_a_compiled_stage_are_kept_with_a_warning(caplog: pytest.L
     ref = train(staged(twin(base)), _batch, steps=2)
     torch._dynamo.reset()
     m = staged(twin(base))
-    sys.modules["offrecomp.runtime"]._warned.clear()
+    offrecomp.diagnostics.clear_warnings()
     with caplog.at_level(logging.WARNING, logger="offrecomp"):
         rt = offrecomp.runtime(m, mode="recompute", min_bytes=0)
         assert rt.regions == ["blocks.0", "blocks.1"]

@@ -60,20 +60,20 @@ def test_exception_removes_hooks_and_next_step_is_correct(where: str, mode: str)
         loss.backward()
     assert tc.top_saved_tensors_hooks() is None
     if mode == "offload" and loss is not None:  # the graph `loss` holds keeps its offloaded storages
-        assert rt._engine is not None and rt._engine_groups > 0
+        assert rt.offload_engine is not None and rt.offload_groups_held > 0
     else:  # nothing offloaded is alive: the pool is freed at the exit
-        assert rt._engine is None and rt._engine_groups == 0
+        assert rt.offload_engine is None and rt.offload_groups_held == 0
     del loss
-    assert rt._engine is None  # an exit by exception frees the pool once nothing needs it
+    assert rt.offload_engine is None  # an exit by exception frees the pool once nothing needs it
     m.zero_grad(set_to_none=True)  # a backward that raised may have left partial grads
     m.arm = None
     got = train(m, batch, rt, steps=2)  # the same runtime, entered again
     assert_bitwise(ref, [{k.replace("inner.", ""): v for k, v in s.items()} for s in got])
     assert tc.top_saved_tensors_hooks() is None
     if mode == "offload":
-        assert rt._engine is not None  # a normal exit keeps the pinned pool for the next entry
+        assert rt.offload_engine is not None  # a normal exit keeps the pinned pool for the next entry
     rt.close()
-    assert rt._engine is None
+    assert rt.offload_engine is None
 
 
 def test_graph_kept_past_exit_still_backprops() -> None:
@@ -87,10 +87,10 @@ def test_graph_kept_past_exit_still_backprops() -> None:
         loss = m(batch(0))
     assert tc.top_saved_tensors_hooks() is None
     rt.close()
-    assert rt._engine is not None  # offload groups still referenced by the graph
+    assert rt.offload_engine is not None  # offload groups still referenced by the graph
     loss.backward()
     del loss
-    assert rt._engine is None  # the last offload group closed it
+    assert rt.offload_engine is None  # the last offload group closed it
     for (n, p), q in zip(ref_m.named_parameters(), m.parameters()):
         assert torch.equal(p.grad, q.grad), n
 

@@ -187,7 +187,7 @@ def test_first_planned_pass_calibrates_the_plan() -> None:
     m = twin(model)
     rt = _runtime(m, "auto", budget="50%")
     train(m, batch, rt, steps=4)
-    entry = rt._planner.last_entry
+    entry = rt.planner.last_entry
     assert entry is not None and entry.calibrated
     assert entry.cost is not None and entry.cost.samples >= 2  # replaced, then averaged
     steps = rt.report().steps

@@ -78,15 +78,14 @@ def test_hf_model_bitwise_equal_to_plain(name: str, variant: str) -> None:
 def test_hf_gradient_checkpointing_is_named(caplog: pytest.LogCaptureFixture) -> None:
     """gradient_checkpointing_enable() puts torch.utils.checkpoint inside every decoder
     layer, whose saves offrecomp then never sees: the runtime says so on entry."""
-    import sys
-
     import offrecomp
+    import offrecomp.diagnostics
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     torch.manual_seed(0)
     model = _llama().train()
     model.m.gradient_checkpointing_enable()  # type: ignore[operator]
-    sys.modules["offrecomp.runtime"]._warned.clear()  # the package's `runtime` is the function
+    offrecomp.diagnostics.clear_warnings()
     with caplog.at_level(logging.WARNING, logger="offrecomp"), offrecomp.runtime(model, min_bytes=0):
         model(_batch(0)).backward()
     msgs = [r.getMessage() for r in caplog.records if "owns their activations" in r.getMessage()]

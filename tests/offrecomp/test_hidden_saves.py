@@ -7,7 +7,6 @@ flagged."""
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -16,6 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import offrecomp
+import offrecomp.diagnostics
 from tests import models
 from tests.helpers import assert_bitwise, train, twin
 
@@ -24,7 +24,7 @@ WARNING = "owns their activations"
 
 @pytest.fixture(autouse=True)
 def _fresh_warnings() -> Iterator[None]:
-    sys.modules["offrecomp.runtime"]._warned.clear()  # the package's `runtime` is the function
+    offrecomp.diagnostics.clear_warnings()
     yield
 
 

@@ -108,7 +108,7 @@ def _runtime(m: nn.Module, **kw: object) -> offrecomp.Runtime:
 
 
 def _forward_of(rt: offrecomp.Runtime, name: str) -> float:
-    entry = rt._planner.last_entry
+    entry = rt.planner.last_entry
     assert entry is not None and entry.profile is not None
     return next(r.forward_seconds for r in entry.profile.regions if r.name == name)
 
@@ -188,7 +188,7 @@ def test_a_paused_gap_in_the_calibration_pass(gap: int) -> None:
         train(m, _batch, rt, steps=3)
     phases = [s.phase for s in rt.report().steps]
     assert phases == ["measure", "calibrate", "planned"]
-    entry = rt._planner.last_entry
+    entry = rt.planner.last_entry
     assert entry is not None and entry.profile is not None
     from offrecomp.planning import _gaps
 
@@ -211,7 +211,7 @@ def test_a_paused_region_in_a_planned_pass_keeps_its_estimate() -> None:
     rt = _runtime(m, drift=100.0)
     with _pauses(4):
         train(m, _batch, rt, steps=4)  # measure, calibrate, planned, planned
-        entry = rt._planner.last_entry
+        entry = rt.planner.last_entry
         assert entry is not None
         before = _forward_of(rt, "stack.blocks.1")
         other = _forward_of(rt, "stack.blocks.2")
@@ -256,7 +256,7 @@ def test_a_plan_that_offloads_still_learns_its_forward() -> None:
     m = twin(model)
     rt = _runtime(m)
     got = train(m, _batch, rt, steps=2)  # measure, calibrate
-    entry = rt._planner.last_entry
+    entry = rt.planner.last_entry
     assert entry is not None and entry.profile is not None and entry.cost is not None
     est = entry.cost._estimate
     assert est is not None

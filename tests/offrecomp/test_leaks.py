@@ -120,7 +120,7 @@ def test_a_dropped_runtime_frees_its_pinned_pool_at_once() -> None:
     with rt:
         for _ in range(2):
             m(x).sum().backward()
-    engine = rt._engine
+    engine = rt.offload_engine
     assert engine is not None and not engine.closed
     ref = weakref.ref(rt)
     del rt
@@ -135,7 +135,7 @@ def test_kept_bytes_end_with_the_storage() -> None:
     x = torch.randn(32, 64)
     with offrecomp.runtime(m, mode="keep", min_bytes=0) as rt:
         out = m(x).sum()
-        p = rt._pass
+        p = rt.current_pass
         assert p is not None and p.stats.resident_bytes > 0
         del out
         # the input, saved by the first block and still held here, is all that is left

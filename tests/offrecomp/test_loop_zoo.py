@@ -204,10 +204,10 @@ def _run(
 def _assert_no_leak(rt: offrecomp.Runtime) -> None:
     """Once the loop is over and its graphs are gone, nothing the runtime holds is live."""
     assert not rt.active
-    if rt._engine_groups:
+    if rt.offload_groups_held:
         gc.collect()  # a graph held by a reference cycle (a traceback) is freed by gc (slow)
-    assert rt._engine_groups == 0, f"{rt._engine_groups} offload groups still held"
-    engine = rt._engine
+    assert rt.offload_groups_held == 0, f"{rt.offload_groups_held} offload groups still held"
+    engine = rt.offload_engine
     if engine is not None:
         assert engine.stash_bytes == 0 and engine.outstanding_reload_bytes == 0
 
@@ -329,7 +329,7 @@ def test_a_covered_signature_borrows_when_the_plan_cache_is_full() -> None:
     by_sig = _phases_by_signature(rt)
     assert by_sig["train|(2, 16):int64:cpu"] == ["borrowed"] * 3
     assert by_sig["train|(2, 40):int64:cpu"] == ["measure", "calibrate", "planned"]
-    assert len(rt._planner.entries) == 2
+    assert len(rt.planner.entries) == 2
     steps = rt.report().steps
     budget = next(s.budget_bytes for s in steps if s.phase == "planned")
     assert all(s.peak_activation_bytes <= budget for s in steps if s.phase == "borrowed")
@@ -962,7 +962,7 @@ def test_gan_under_one_runtime(variant: str) -> None:
     steps = rt.report().steps
     assert len(steps) == 16  # two optimizer steps per iteration
     if variant.startswith("auto"):
-        entries = rt._planner.entries
+        entries = rt.planner.entries
         disc, gen = "train|disc:(4, 12, 32):float32:cpu", "train|gen:(4, 12, 8):float32:cpu"
         assert sorted(entries) == [disc, gen]
         assert all(e.plan is not None for e in entries.values())

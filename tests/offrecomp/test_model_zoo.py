@@ -1169,7 +1169,7 @@ def _last_dropped(rt: offrecomp.Runtime) -> Any:
     its replay must run to that save, and may serve every earlier op from what is held."""
     from scheduler import Placement, Plan
 
-    entry = rt._planner.last_entry
+    entry = rt.planner.last_entry
     assert entry is not None and entry.profile is not None
     placements = {}
     for r in entry.profile.regions:

@@ -46,7 +46,7 @@ def test_replay_cost_is_learnt_and_a_moved_cost_solves_again() -> None:
     is the mode's cost; the estimate is smoothed, and plans solved with a cost it has
     left by more than half are solved again."""
     rt, _, _ = _planned(drift=100.0)  # no re-solve from timing noise
-    planner = rt._planner
+    planner = rt.planner
     entry = planner.last_entry
     assert entry is not None and entry.plan is not None and entry.calibrated
     entry.needs_solve = False  # what follows is about the replay cost alone
@@ -68,7 +68,7 @@ def test_replay_cost_discounts_a_slow_pass_and_clips_outliers() -> None:
     replayed ops slower too: that is not the mode's cost. And one outlying pass moves the
     estimate by a bounded step."""
     rt, _, _ = _planned()
-    planner = rt._planner
+    planner = rt.planner
     entry = planner.last_entry
     assert entry is not None and entry.profile is not None and entry.calibrated
     est_fwd = entry.profile.forward_seconds
@@ -94,7 +94,7 @@ def test_replay_cost_discounts_a_slow_pass_and_clips_outliers() -> None:
 def test_a_pinned_replay_cost_is_never_learnt() -> None:
     model, _ = make("gpt_dropout")
     rt = _runtime(twin(model), replay_op_us=3.0)
-    planner = rt._planner
+    planner = rt.planner
     assert planner.replay_op_seconds == pytest.approx(3e-6)
     planner._learn_replay_cost(_pass_with_replays("s", (1.0, 10, 0.0)))
     assert planner.replay_op_seconds == pytest.approx(3e-6)
@@ -110,8 +110,8 @@ def test_dispatch_replays_teach_the_replay_cost(monkeypatch: pytest.MonkeyPatch)
     m = twin(model)
     rt = _runtime(m)
     train(m, batch, rt, steps=2)  # measure, calibrate
-    assert rt._planner.replay_op_seconds == 0.0
-    profile = rt._planner.last_entry.profile  # type: ignore[union-attr]
+    assert rt.planner.replay_op_seconds == 0.0
+    profile = rt.planner.last_entry.profile  # type: ignore[union-attr]
     names = [r.name for r in profile.regions]  # type: ignore[union-attr]
     drops = {}
     for r in profile.regions:  # type: ignore[union-attr]
@@ -128,7 +128,7 @@ def test_dispatch_replays_teach_the_replay_cost(monkeypatch: pytest.MonkeyPatch)
     )
     train(m, batch, rt, steps=1)
     assert rt.report().steps[-1].served_ops > 0  # the dispatch mode ran
-    assert rt._planner.replay_op_seconds > 0.0
+    assert rt.planner.replay_op_seconds > 0.0
 
 
 def test_calibration_fits_replays_and_logs_the_check(caplog: pytest.LogCaptureFixture) -> None:
@@ -143,7 +143,7 @@ def test_calibration_fits_replays_and_logs_the_check(caplog: pytest.LogCaptureFi
         steps = rt.report().steps
     assert [s.phase for s in steps] == ["measure", "calibrate"]
     assert any("calibration pass of signature" in r.getMessage() for r in caplog.records)
-    entry = rt._planner.last_entry
+    entry = rt.planner.last_entry
     assert entry is not None and entry.calibrated and entry.profile is not None
     every = Plan(
         placements={
@@ -181,7 +181,7 @@ def test_live_prediction_follows_the_estimate_and_a_moved_one_solves_again() -> 
     solve's by more than ``drift``, the plan is solved again."""
     # the replay cost pinned and a wide drift: re-solves from timing noise stay rare
     rt, m, batch = _planned(drift=0.5, replay_op_us=25.0)  # measure, calibrate, planned
-    planner = rt._planner
+    planner = rt.planner
     entry = planner.last_entry
     assert entry is not None and entry.plan is not None and entry.profile is not None
     for _ in range(4):  # until a pass was learnt since the last solve, refreshing each pass
@@ -296,7 +296,7 @@ def test_calls_the_profile_lacks_extend_it_instead_of_measuring_again() -> None:
     phases = [s.phase for s in rt.report().steps]
     assert phases.count("measure") == 1, phases
     assert phases[-6:] == ["planned"] * 6, phases
-    entry = rt._planner.entries[rt.report().steps[-1].signature]
+    entry = rt.planner.entries[rt.report().steps[-1].signature]
     assert {k[1] for k in entry.structures} == {0, 1}  # the profile covers the deeper pass
     assert any(s.recomputed_bytes > 0 for s in rt.report().steps[-2:])
 
@@ -382,7 +382,7 @@ def test_each_pass_of_a_step_is_learnt_by_its_own_signature() -> None:
     m = twin(model)
     rt = _runtime(m, budget="50%")
     assert_bitwise(ref, train(m, _two_lengths, rt, steps=6, accumulate=2))
-    entries = rt._planner.entries
+    entries = rt.planner.entries
     assert sorted(entries) == ["train|(2, 12):int64:cpu", "train|(2, 24):int64:cpu"]
     for sig, e in entries.items():
         assert e.calibrated and e.plan is not None, sig
@@ -451,13 +451,13 @@ def test_a_borrowing_pass_runs_the_donor_plan_priced_for_plain_replays() -> None
     assert_bitwise(ref, train(m, _long_then_short, rt, steps=5))
     steps = rt.report().steps
     assert [s.phase for s in steps] == ["measure", "calibrate", "borrowed", "borrowed", "borrowed"]
-    donor = rt._planner.entries["train|(2, 24):int64:cpu"]
+    donor = rt.planner.entries["train|(2, 24):int64:cpu"]
     assert donor.plan is not None and donor.borrow_plan is not None and donor.profile is not None
     assert all(s.plan_id == donor.borrow_plan.plan_id for s in steps[2:])
     plain = copy.deepcopy(donor.profile)
-    plain.replay_op_seconds = rt._planner.PLAIN_REPLAY_OP_SECONDS
+    plain.replay_op_seconds = rt.planner.PLAIN_REPLAY_OP_SECONDS
     borrowed, own = predict(plain, donor.borrow_plan), predict(plain, donor.plan)
-    assert borrowed.peak_bytes <= rt._planner.budget_bytes(plain)  # type: ignore[operator]
+    assert borrowed.peak_bytes <= rt.planner.budget_bytes(plain)  # type: ignore[operator]
     assert borrowed.step_seconds <= own.step_seconds * (1 + 1e-9)
 
 

@@ -77,7 +77,7 @@ def test_learnt_host_costs_reach_the_estimate_and_the_prediction(monkeypatch: py
     m = twin(model)
     rt = _runtime(m, budget="50%", drift=100.0)
     train(m, batch, rt, steps=4)
-    entry = rt._planner.last_entry
+    entry = rt.planner.last_entry
     assert entry is not None and entry.profile is not None and entry.plan is not None
     assert entry.profile.pack_host_seconds == pytest.approx(per_save)
     # the model adds the hooks back: the predicted forward holds them
@@ -98,7 +98,7 @@ def test_a_region_that_offloads_is_learnt_like_the_others() -> None:
     m = _model()
     rt = offrecomp.runtime(m, mode="auto", min_bytes=0, budget="50%")
     train(m, _batch, rt, steps=2)  # measure, calibrate
-    entry = rt._planner.last_entry
+    entry = rt.planner.last_entry
     assert entry is not None and entry.cost is not None
     est = entry.cost._estimate
     assert est is not None
@@ -143,8 +143,8 @@ def test_the_backward_callback_leaves_the_planning_to_the_next_pass(monkeypatch:
     with rt:
         loss = m(batch(0))
         loss.backward()  # the measuring pass ends in this backward's callback
-        assert rt._planner.entries == {} or all(e.profile is None for e in rt._planner.entries.values())
-        assert rt._planner.pending_ids()  # its record is not read yet
+        assert rt.planner.entries == {} or all(e.profile is None for e in rt.planner.entries.values())
+        assert rt.planner.pending_ids()  # its record is not read yet
     assert "callback" not in where and "plan_from" in where
     train(m, batch, rt, steps=3)
     phases = [s.phase for s in rt.report().steps]

@@ -38,7 +38,7 @@ def test_import_does_not_touch_cuda() -> None:
             return real_empty(*a, **k)
         torch.empty = empty
         import offrecomp, offrecomp.offload, offrecomp.backends, offrecomp.pool, scheduler
-        import offrecomp.runtime, offrecomp.hooks, offrecomp.trace, offrecomp.planning
+        import offrecomp.context, offrecomp.hooks, offrecomp.trace, offrecomp.planning
         assert not torch.cuda.is_initialized()
         print("ok")
         """

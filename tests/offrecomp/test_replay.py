@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import offrecomp
+import offrecomp.diagnostics
 from offrecomp import Placement, Plan
 from tests import models
 from tests.helpers import check_variant, tight_budget, train, train_bitwise, twin
@@ -56,7 +56,7 @@ def _backward_flops(model: nn.Module, idx: torch.Tensor) -> int:
 
 
 def _storage_of(rt: offrecomp.Runtime, region: str, op: str) -> list[int]:
-    entry = next(iter(rt._planner.entries.values()))
+    entry = next(iter(rt.planner.entries.values()))
     st = entry.structures[(region, 0)]
     return [
         i
@@ -97,7 +97,7 @@ def test_dropping_norm_output_reruns_the_norm_only() -> None:
     with offrecomp.runtime(m, mode="auto", min_bytes=0) as rt:
         _backward_flops(m, idx)
         lns = _storage_of(rt, "blocks.0", "native_layer_norm")
-        big = [i for i in lns if rt._planner.entries[next(iter(rt._planner.entries))].structures[("blocks.0", 0)].storage_records[i].nbytes >= 4096]
+        big = [i for i in lns if rt.planner.entries[next(iter(rt.planner.entries))].structures[("blocks.0", 0)].storage_records[i].nbytes >= 4096]
         assert len(big) == 2
         rt.set_plan(
             Plan(
@@ -118,7 +118,7 @@ def test_partial_plans_keep_gradients_bitwise() -> None:
     with offrecomp.runtime(m, mode="auto", min_bytes=0) as rt:
         m(idx).backward()
         m.zero_grad(set_to_none=True)
-        n = len(rt._planner.entries[next(iter(rt._planner.entries))].structures[("blocks.0", 0)].storage_records)
+        n = len(rt.planner.entries[next(iter(rt.planner.entries))].structures[("blocks.0", 0)].storage_records)
         for start in range(1, 4):
             rt.set_plan(
                 Plan(
@@ -163,7 +163,7 @@ def test_nondeterministic_region_is_detected(mode: str) -> None:
         if mode == "auto":
             # drop only what the scaling produced: replay serves the matmul and reruns the
             # scaling, where the op check sees the other factor
-            entry = next(iter(rt._planner.entries.values()))
+            entry = next(iter(rt.planner.entries.values()))
             drop = {}
             for (name, ci), st in entry.structures.items():
                 for i, rec in enumerate(st.storage_records):
@@ -288,7 +288,7 @@ def test_a_region_that_branches_on_data_replays_plainly(branch: bool) -> None:
     m = nn.Sequential(_Branchy(branch), _Branchy(branch))
     with offrecomp.runtime(m, mode="auto", min_bytes=0) as rt:
         m(torch.randn(4, 8)).sum().backward()
-    entry = rt._planner.last_entry
+    entry = rt.planner.last_entry
     assert entry is not None and entry.profile is not None
     assert [r.opaque for r in entry.profile.regions] == [branch, branch]
 
@@ -387,7 +387,7 @@ def test_a_region_that_writes_its_state_replays_from_a_copy_then_keeps(
     replay used to start from the written input, or read the written parameter and write
     it again); from then on the region's activations are kept (or offloaded) and one
     warning says why."""
-    sys.modules["offrecomp.runtime"]._warned.clear()  # the package's `runtime` is the function
+    offrecomp.diagnostics.clear_warnings()
     torch.manual_seed(0)
     base = models.Stack([block() for _ in range(3)])
     batch = lambda s: torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(s))  # noqa: E731
@@ -408,7 +408,7 @@ def test_the_state_warning_comes_once_per_kind_of_block(caplog: pytest.LogCaptur
     """One warning for a model's blocks that are alike; another model trained later in
     the same process, whose blocks are of another kind, gets its own (a process-wide
     "once" had silenced it)."""
-    sys.modules["offrecomp.runtime"]._warned.clear()
+    offrecomp.diagnostics.clear_warnings()
     batch = lambda s: torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(s))  # noqa: E731
     with caplog.at_level(logging.WARNING, logger="offrecomp"):
         for block in (WritesItsInput, RunningMeanInAParameter, WritesItsInput):

@@ -1,32 +1,31 @@
 """The pack hook's fast paths: a forced mode's fixed placement and a planned call's
-placement table (NOTE [Placement table] in offrecomp/runtime.py) decide exactly what the
-full decision would."""
+placement table (NOTE [Placement table] in offrecomp/placement.py) decide exactly what the
+placement rules would."""
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import pytest
 import torch
 
 import offrecomp
+from offrecomp.placement import Placements
 from tests.helpers import assert_bitwise, make, tight_budget, train, twin
-
-RUNTIME = sys.modules["offrecomp.runtime"]
 
 
 def _count_decisions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The kinds of the storages of region calls (not the root) decided one by one."""
+    """The kinds of the storages of region calls (not the root) that the placement rules
+    decided one by one."""
     kinds: list[str] = []
-    original = RUNTIME.Runtime._placement_for
+    original = Placements._rules
 
-    def spy(self: Any, p: Any, call: Any, index: int, nbytes: int, *, kind: str) -> Any:
+    def spy(self: Any, p: Any, call: Any, index: int, nbytes: int, kind: str) -> Any:
         if not call.is_root:
             kinds.append(kind)
-        return original(self, p, call, index, nbytes, kind=kind)
+        return original(self, p, call, index, nbytes, kind)
 
-    monkeypatch.setattr(RUNTIME.Runtime, "_placement_for", spy)
+    monkeypatch.setattr(Placements, "_rules", spy)
     return kinds
 
 
@@ -53,27 +52,28 @@ def test_a_forced_mode_decides_no_activation(mode: str, monkeypatch: pytest.Monk
 
 
 def test_planned_calls_read_their_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every entry of a planned call's table is what the full decision says for a
-    storage of that size; a planned pass decides only its region inputs one by one;
-    gradients stay bitwise."""
+    """Every entry of a planned call's table is what the placement rules say for a
+    storage of that size and kind; a planned pass applies the rules one by one only to
+    its region inputs; gradients stay bitwise."""
     model, batch = make("gpt_dropout")
     steps = 6
     ref = train(twin(model), batch, steps=steps)
     m = twin(model)
     rt = offrecomp.runtime(m, mode="auto", min_bytes=0, budget=tight_budget(model, batch))
     checked = [0]
-    original, decide = RUNTIME.Runtime._placement_table, RUNTIME.Runtime._placement_for
+    original, rules = Placements.build_table, Placements._rules
 
     def spy_table(self: Any, call: Any) -> None:
         original(self, call)
         if call.table is None:
             return
+        kinds = [r.kind for r in call.structure.storage_records]
         for i, (pl, n) in enumerate(zip(call.table, call.table_sizes)):
-            if i >= len(call.storages):  # the inputs are decided one by one, before
-                assert decide(self, call.pass_state, call, i, n, kind="activation") == pl
-                checked[0] += 1
+            kind = "input" if kinds[i] == "input" else "activation"
+            assert rules(self, call.pass_state, call, i, n, kind) == pl
+            checked[0] += 1
 
-    monkeypatch.setattr(RUNTIME.Runtime, "_placement_table", spy_table)
+    monkeypatch.setattr(Placements, "build_table", spy_table)
     assert_bitwise(ref, train(m, batch, rt, steps=steps))
     assert checked[0] > 0, "no planned call had a table"
     planned = [s for s in rt.report().steps if s.phase == "planned"]
@@ -83,7 +83,7 @@ def test_planned_calls_read_their_table(monkeypatch: pytest.MonkeyPatch) -> None
     with rt:
         m(batch(99)).backward()
     assert rt.report().steps[-1].phase == "planned"
-    assert kinds and set(kinds) == {"input"}
+    assert kinds and set(kinds) == {"input"}  # captured before the call's table is built
 
 
 def test_a_planned_call_with_another_size_takes_the_full_decision(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -92,14 +92,14 @@ def test_a_planned_call_with_another_size_takes_the_full_decision(monkeypatch: p
     rt = offrecomp.runtime(m, mode="auto", min_bytes=0, budget=tight_budget(model, batch))
     train(m, batch, rt, steps=4)
     kinds = _count_decisions(monkeypatch)
-    tables = RUNTIME.Runtime._placement_table
+    tables = Placements.build_table
 
     def shrunk(self: Any, call: Any) -> None:
         tables(self, call)
         if call.table_sizes:
             call.table_sizes = [n + 1 for n in call.table_sizes]  # no storage matches
 
-    monkeypatch.setattr(RUNTIME.Runtime, "_placement_table", shrunk)
+    monkeypatch.setattr(Placements, "build_table", shrunk)
     with rt:
         m(batch(9)).backward()
     assert "activation" in kinds

@@ -36,7 +36,7 @@ def test_200_step_soak_with_varying_sequence_lengths() -> None:
             model(idx).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            assert len(rt._planner.entries) <= 3
+            assert len(rt.planner.entries) <= 3
             if step in (40, 199):
                 marks[step] = (proc.memory_info().rss, _live_tensors())
     (rss0, live0), (rss1, live1) = marks[40], marks[199]
@@ -54,7 +54,7 @@ def test_200_step_soak_with_varying_sequence_lengths() -> None:
     # recompute under the op recorder.
     assert phases.count("measure") <= 6, phases
     assert phases.count("borrowed") > 100, phases
-    assert rt._engine is None
+    assert rt.offload_engine is None
 
 
 @pytest.mark.slow
@@ -70,7 +70,7 @@ def test_offload_soak_pool_does_not_grow() -> None:
             model.zero_grad(set_to_none=True)
             reserved.append(rt.report().steps[-1].pool_reserved_bytes)
             if step in (10, 99):
-                live[step] = (_live_tensors(), rt._engine.live_groups)
+                live[step] = (_live_tensors(), rt.offload_engine.live_groups)
     assert max(reserved[10:]) == reserved[10] > 0
     assert live[99][0] <= live[10][0] + 5, live
     assert live[99][1] == live[10][1] == 0, live  # every offload group freed after its backward
@@ -94,13 +94,13 @@ def test_oom_in_a_planned_step_gives_a_safer_plan(caplog: pytest.LogCaptureFixtu
     with rt:
         for _ in range(3):  # measure, calibrate, plan
             m(batch(0)).backward()
-        before = rt._planner.last_entry.plan
+        before = rt.planner.last_entry.plan
         state["arm"] = True
         with caplog.at_level(logging.WARNING, logger="offrecomp"), pytest.raises(torch.OutOfMemoryError):
             m(batch(0)).backward()
         m.zero_grad(set_to_none=True)
         m(batch(0)).backward()  # the next step: solved again for a smaller budget
-        after = rt._planner.last_entry.plan
+        after = rt.planner.last_entry.plan
     assert "out of memory" in caplog.text
     assert after.budget_bytes is not None and before.budget_bytes is not None
     assert after.budget_bytes < before.budget_bytes
@@ -148,7 +148,7 @@ def test_the_report_holds_the_most_recent_steps(monkeypatch: pytest.MonkeyPatch,
     import importlib
     import json
 
-    rtmod = importlib.import_module("offrecomp.runtime")
+    rtmod = importlib.import_module("offrecomp.lifecycle")
     monkeypatch.setattr(rtmod, "REPORT_MAX_STEPS", 5)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

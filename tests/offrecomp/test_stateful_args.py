@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import offrecomp
+import offrecomp.diagnostics
 from offrecomp.regions import ARG_STATE_MAX_ITEMS, ArgState
 from tests.helpers import ZOO_VARIANTS, check_variant
 
@@ -139,9 +140,8 @@ class BigModel(nn.Module):
 def test_state_too_large_to_record_is_named_in_a_warning_when_it_changes(
     changes: bool, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sys
 
-    sys.modules["offrecomp.runtime"]._warned.clear()  # the package's `runtime` is the function
+    offrecomp.diagnostics.clear_warnings()
     if not changes:
         monkeypatch.setattr(BigBlock, "forward", lambda self, x, state: torch.tanh(self.fc(x)))
     m = BigModel()

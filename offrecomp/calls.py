@@ -1,0 +1,287 @@
+"""Region calls: what the runtime does when a region's forward begins and returns.
+
+At entry a call joins its pass, gets its plan, captures what a replay needs (inputs,
+RNG, autocast, buffers, parameters: regions.py) and, in a measuring pass, starts its op
+recorder. At exit it checks whether the forward wrote state a replay would need as it
+was, issues its offload group, and derives the region's structure from the recording.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from offrecomp.config import Config
+from offrecomp.diagnostics import kind, runs_collectives, warn_collective, warn_once
+from offrecomp.measure import DeviceClock
+from offrecomp.regions import (
+    ARG_STATE_MAX_ITEMS,
+    ArgState,
+    Region,
+    buffer_of,
+    capture_autocast,
+    capture_buffers,
+    capture_inputs,
+    capture_params,
+    capture_rng,
+    finish_buffers,
+    finish_params,
+)
+from offrecomp.state import PassState, RegionCall
+from offrecomp.trace import FirstCallWatch, OpRecorder
+from scheduler.plan import Placement
+
+if TYPE_CHECKING:
+    from offrecomp.groups import OffloadGroups
+    from offrecomp.hooks import Placer
+    from offrecomp.lifecycle import Lifecycle
+    from offrecomp.placement import Placements
+    from offrecomp.planning import Planner
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RegionCalls", "first_device"]
+
+OFFLOAD = Placement.OFFLOAD
+
+
+class RegionCalls:
+    """Entry and exit of region calls for one runtime."""
+
+    def __init__(
+        self,
+        config: Config,
+        device: DeviceClock,
+        lifecycle: Lifecycle,
+        planner: Planner,
+        placements: Placements,
+        groups: OffloadGroups,
+        model_storages: Callable[[], frozenset[int]],
+    ) -> None:
+        self._config = config
+        self._device = device
+        self._life = lifecycle
+        self._planner = planner
+        self._placements = placements
+        self._groups = groups
+        self._model_storages = model_storages
+        self.placer: Placer | None = None  # while installed
+        self.distributed = False  # more than one rank (set at install)
+
+    def enter(
+        self, region: Region, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> RegionCall:
+        p = self._life.forward_activity()
+        if p.root is not None and p.root.group is not None:
+            self._groups.issue(p.root)  # NOTE [Offload groups]: the root's run ends here
+        n = p.call_counts.get(region.name, 0)
+        p.call_counts[region.name] = n + 1
+        call = RegionCall(name=region.name, call_index=n, ordinal=len(p.calls), region=region, forward_fn=original)
+        call.pass_state = p
+        if self.distributed and (
+            region.name in self._planner.collective_regions or runs_collectives(region.module)
+        ):
+            call.collective = True
+            warn_collective(region, self._config.mode)
+        p.calls.append(call)
+        self._planner.assign(p, call)
+        call.fixed = self._placements.fixed(call)
+        self._device.discover(first_device(args, kwargs))
+        if self._planner.needs_capture(p, call):
+            self._capture(p, call, region, args, kwargs)
+        if region.writes_state:
+            call.writes_state = True
+        elif region.writes_state is None and call.inputs is not None and not region.compiled:
+            call.watch = FirstCallWatch(call.inputs, call.params)  # NOTE [State written by its region]
+        self._placements.build_table(call)
+        self._life.call_started(call)
+        call.start_mark = self._device.mark()
+        return call
+
+    def _capture(
+        self, p: PassState, call: RegionCall, region: Region, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        """Keep what a replay of this call needs (see regions.py)."""
+        cap = capture_inputs(args, kwargs)
+        call.inputs = cap
+        devices = cap.devices()
+        if self._device.device is not None:
+            devices.add(self._device.device)
+        call.rng = capture_rng(devices)
+        call.autocast = capture_autocast({d.type for d in devices})
+        call.buffers = capture_buffers(region.slots)
+        call.params = capture_params(region.param_slots)
+        call.training = tuple(m.training for m in region.modules)
+        if region.generators:  # NOTE [Private generators]
+            call.generators = [(g, g.get_state()) for g in region.generators]
+        if cap.objects:  # NOTE [Stateful arguments]
+            call.arg_state = ArgState.capture(cap.objects)
+        if p.recording or call.record:
+            cuda_devs = sorted({d.index or 0 for d in devices if d.type == "cuda"})
+            if p.known_ptrs is None:
+                p.known_ptrs = self._model_storages()  # once per measuring pass
+            call.recorder = OpRecorder(
+                use_cuda_events=bool(cuda_devs),
+                cuda_devices=cuda_devs,
+                known_ptrs=p.known_ptrs,
+                passive=region.compiled,  # NOTE [Compiled regions]
+            )
+        placer = self.placer
+        assert placer is not None
+        for i, t in enumerate(cap.tensors):
+            if t is None:
+                continue
+            rec = placer.add_input_storage(p, call, t)
+            if rec is not None and rec.placement == OFFLOAD and rec.group is not None:
+                call.offloaded_inputs[i] = (rec, (tuple(t.shape), tuple(t.stride()), int(t.storage_offset()), t.dtype))
+
+    def exit(self, call: RegionCall) -> None:
+        call.end_mark = self._device.mark()
+        self._life.call_ended(call)
+        region = call.region
+        written: list[int] = []
+        if region is not None:
+            finish_buffers(call.buffers)
+            written = finish_params(call.params)
+            _warn_big_buffers(call, region)
+        if call.watch is not None and region is not None:
+            region.generators = [g for g, _ in call.watch.generators.values()]
+            call.generators = list(call.watch.generators.values())
+        if region is not None and call.inputs is not None and not call.writes_state:
+            _check_state_writes(region, call, written)
+        if call.arg_state is not None and call.inputs is not None:
+            _check_arg_state(call)
+        if call.group is not None:
+            self._groups.issue(call)
+        if call.offloaded_inputs and call.inputs is not None:
+            for i, (rec, _) in call.offloaded_inputs.items():
+                if rec.placement is OFFLOAD:  # its copy is on the way: the group holds it
+                    call.inputs.tensors[i] = None
+        if call.recorder is not None:
+            self._planner.record_structure(call)
+        call.exited = True
+        if not call.leased and self.placer is not None:
+            self.placer.release_call(call)
+
+
+def first_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:
+    from offrecomp import _torch_compat as tc
+
+    for x in tc.tree_flatten((args, kwargs))[0]:
+        if isinstance(x, torch.Tensor):
+            return x.device
+    return None
+
+
+def model_storage_ptrs(model: nn.Module | None) -> frozenset[int]:
+    """Data pointers of every parameter and buffer (recorded passes only)."""
+    if model is None:
+        return frozenset()
+    ptrs = set()
+    for t in list(model.parameters()) + list(model.buffers()):
+        # Sharded parameters (FSDP2's DTensor) have no plain storage: skip them.
+        if type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided and t.device.type != "meta":
+            ptrs.add(int(t.untyped_storage().data_ptr()))
+    return frozenset(ptrs)
+
+
+def _warn_big_buffers(call: RegionCall, region: Region) -> None:
+    if call.buffers is None or not call.buffers.mutated:
+        return
+    big = [
+        i
+        for i in call.buffers.mutated
+        if call.buffers.snapshots[i] is None and call.buffers.objects[i] is buffer_of(*call.buffers.slots[i])
+    ]
+    if big:
+        warn_once(
+            f"bigbuf:{region.name}",
+            "offrecomp: region %r mutates buffers larger than 1 MiB in its forward; "
+            "replay sees their post-forward values",
+            region.name,
+        )
+
+
+# NOTE [State written by its region]
+# A forward may write its own inputs in place: an in-place activation applied to the
+# block's input first thing (F.leaky_relu_(x)), x.mul_(scale). Autograd allows it when
+# nothing saved the input before the write. A replay starts from the captured inputs,
+# which alias the written tensors: it would start from the written values. A forward
+# may also write its parameters: a running average kept in a frozen parameter (as
+# some VQ codebooks are), nn.Embedding(max_norm=...) renormalising its weight; a replay
+# would read the written values and write them a second time, silently (buffers are
+# snapshotted for this, NOTE [Replay and module state]; weights are too large to copy
+# at every call). The first call of each region therefore runs under FirstCallWatch
+# (trace), which copies an input or a parameter just before an op writes it. That call
+# replays from the copies: an input as a fresh non-leaf, so that the write is legal and
+# the copy stays intact, and a parameter as a fresh parameter in its slot, the written
+# one put back afterwards. From then on the region is known to write its state, and its
+# activations are kept (or offloaded under a plan), never dropped. (Copying the written
+# state at every call would let it recompute, for its bytes per call; the planner does
+# not model such a copy.) A write the watch cannot see (compiled code, a higher-order
+# operator, a later call that writes when the first did not) is found by versions at
+# exit; that call's replay raises, and the region is kept from then on.
+
+
+def _check_state_writes(region: Region, call: RegionCall, params: list[int]) -> None:
+    """NOTE [State written by its region]: did this forward write its inputs, or the
+    region's parameters (``params``: the slots it wrote)?"""
+    cap = call.inputs
+    assert cap is not None
+    watched, call.watch = call.watch is not None, None
+    unseen = [
+        i for i, t in enumerate(cap.tensors)
+        if t is not None and i not in cap.copied and int(t._version) != cap.versions[i]
+    ]
+    if not (cap.copied or unseen or params):
+        if watched:
+            region.writes_state = False
+        return
+    region.writes_state = True
+    inputs = bool(cap.copied or unseen)
+    what = " and ".join(w for w, hit in (("its own inputs", inputs), ("its parameters", params)) if hit)
+    missed = bool(unseen) or (call.params is not None and bool(call.params.unseen))
+    warn_once(
+        f"writes-state:{kind(region)}" if not missed else f"writes-state-unseen:{region.name}",
+        "offrecomp: region %r (and any other like it) writes %s in place in its forward "
+        "(an in-place activation applied to its input first thing; a running average "
+        "kept in a frozen parameter); a replay needs them as they were, so its "
+        "activations are kept or offloaded from now on, never recomputed. An out-of-place "
+        "op, or a buffer for such state, lets offrecomp recompute it.%s",
+        region.name, what,
+        "" if not missed else " This call's replay cannot be done: the write was not seen "
+        "as it happened (compiled code, a higher-order operator, or a call that writes "
+        "when the region's first call did not), so backward raises.",
+    )
+
+
+def _check_arg_state(call: RegionCall) -> None:
+    """NOTE [Stateful arguments]: keep the entry bindings only when the forward changed
+    them."""
+    entry = call.arg_state
+    assert entry is not None and call.inputs is not None
+    now = ArgState.capture(call.inputs.objects)
+    if entry.same(now):  # for state too large to record, the part recorded
+        call.arg_state = None
+        return
+    types = ", ".join(sorted({type(o).__name__ for o in call.inputs.objects}))
+    if not (entry.complete and now.complete):
+        call.arg_state = None
+        warn_once(
+            f"argstate-big:{call.name}",
+            "offrecomp: region %r changes the state of its arguments (%s) in its forward, "
+            "and they hold more than %d bindings to track: a replay sees them as the "
+            "forward left them. Hint: keep such state out of the block's arguments "
+            "(for a transformers model in training: use_cache=False)",
+            call.name, types, ARG_STATE_MAX_ITEMS,
+        )
+        return
+    log.debug(
+        "offrecomp: region %r changes the state of its arguments (%s); replays run on "
+        "the state its forward saw",
+        call.name, types,
+    )

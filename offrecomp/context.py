@@ -1,0 +1,357 @@
+"""The runtime: one context manager that owns every activation autograd saves.
+
+``offrecomp.runtime(model, ...)`` returns a :class:`Runtime`. Entering it installs one
+saved-tensor hook pair, wraps the forward of every region module (and of the model, to
+read input shapes), and registers a global optimizer step hook that marks step
+boundaries. Leaving it, normally or by exception, removes all of that and frees the
+offload pool as soon as no saved tensor needs it. A Runtime can be entered and left
+many times (e.g. once per step); what it learned (plans, timings) survives.
+
+The Runtime is a facade over its parts, each with the narrow interface it needs:
+
+- ``Installer`` (install.py): hooks and wrappers in and out of the model;
+- ``Lifecycle`` (lifecycle.py): passes, the running region calls, steps, the report;
+- ``RegionCalls`` (calls.py): what a region call's entry and exit do;
+- ``Placements`` (placement.py): the one placement decision per storage;
+- ``Placer`` (hooks.py): the saved-tensor hook pair;
+- ``OffloadGroups`` (groups.py): offload groups and the engine's lifetime;
+- ``Planner`` (planning): plans, profiles, learning;
+- ``Diagnostics`` (diagnostics.py): what the runtime warns about.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from offrecomp.calls import RegionCalls, model_storage_ptrs
+from offrecomp.config import Config, apply_log_level
+from offrecomp.diagnostics import Diagnostics, warn_collective
+from offrecomp.groups import OffloadGroups
+from offrecomp.hooks import Placer
+from offrecomp.install import Installer
+from offrecomp.lifecycle import REPORT_MAX_STEPS, Lifecycle
+from offrecomp.measure import DeviceClock
+from offrecomp.placement import Placements
+from offrecomp.planning import Planner
+from offrecomp.regions import BufferPtrs, Region, discover_regions
+from offrecomp.report import Report
+from offrecomp.state import PassState
+from offrecomp.verify import Verifier
+from scheduler.plan import Plan
+
+if TYPE_CHECKING:
+    from offrecomp.offload import OffloadEngine
+
+log = logging.getLogger(__name__)
+
+__all__ = ["REPORT_MAX_STEPS", "Runtime", "runtime"]
+
+_active_lock = threading.Lock()
+_active: Runtime | None = None
+
+
+def runtime(
+    model: nn.Module | None = None,
+    *,
+    budget: int | str | None = None,
+    mode: str | None = None,
+    regions: Any = None,
+    **options: Any,
+) -> Runtime:
+    """Create a :class:`Runtime` for ``model``; use it as a context manager.
+
+    ``budget``: device bytes for activations (int), a unit string (``"24GiB"``), a
+    percentage of device memory (``"60%"``) or None (automatic). ``mode``: ``auto``
+    (default), ``keep``, ``offload``, ``recompute`` or ``off``. ``regions``: None
+    (repeated children of ``nn.ModuleList``/``nn.Sequential``/``nn.ModuleDict``), module types, or
+    ``fn(module, qualified_name) -> bool``. Other options are :class:`Config` fields
+    (``min_bytes``, ``host_limit``, ``prefetch``, ``verify``, ``max_overhead``, ...).
+    Keyword arguments win over ``OFFRECOMP_*`` variables, which win over defaults;
+    ``OFFRECOMP_DISABLE=1`` always wins.
+    """
+    overrides = dict(options)
+    if budget is not None:
+        overrides["budget"] = budget
+    if mode is not None:
+        overrides["mode"] = mode
+    if regions is not None:
+        overrides["regions"] = regions
+    return Runtime(model, Config.resolve(overrides))
+
+
+class Runtime:
+    """Owns the hooks, the per-pass state, the plans and the report. See module doc."""
+
+    def __init__(self, model: nn.Module | None, config: Config) -> None:
+        if model is not None and not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
+        self.model = model
+        self.config = config
+        apply_log_level(config)
+        self._regions = _regions_of(model, config)
+        self._plan = _PlanSlot()
+        self._entered = False
+        self._device = DeviceClock(_model_device(model))
+        self._groups = OffloadGroups(config, self._device)
+        self._planner_host = _PlannerHost(config, self._device, self._regions, self._groups, self._plan)
+        self._planner = Planner(self._planner_host)
+        self._placements = Placements(config, self._planner, self._groups, self._plan.get)
+        self._life = Lifecycle(config, self._device, self._planner, self._groups, self._placements)
+        self._calls = RegionCalls(
+            config, self._device, self._life, self._planner, self._placements, self._groups,
+            functools.partial(model_storage_ptrs, model),
+        )
+        self._planner_host.calls = self._calls
+        self._verifier = Verifier()
+        self._buffers = BufferPtrs()
+        self._diag = Diagnostics()
+        self._installer = Installer(model, self._regions, config, self._life, self._calls, self._diag)
+        self._diag.own_pack = self._installer.own_pack
+        self._lock = threading.RLock()
+        if config.active:
+            log.info("offrecomp: %s", config.describe())
+            if self._regions:
+                log.info(
+                    "offrecomp: %d regions (%s%s)",
+                    len(self._regions),
+                    ", ".join(r.name for r in self._regions[:4]),
+                    ", ..." if len(self._regions) > 4 else "",
+                )
+
+    # ------------------------------------------------------------- public API
+
+    @property
+    def regions(self) -> list[str]:
+        """Qualified names of the modules this runtime replays."""
+        return [r.name for r in self._regions]
+
+    @property
+    def active(self) -> bool:
+        """True while entered and installed (False when disabled or mode='off')."""
+        return self._entered and self.config.active
+
+    @property
+    def planner(self) -> Planner:
+        """The planner (read-only view for inspection: its ``entries`` per signature,
+        ``last_entry``, learnt figures). Changing it changes what the runtime does."""
+        return self._planner
+
+    @property
+    def current_pass(self) -> PassState | None:
+        """The pass forward activity joins now (None between passes); for inspection."""
+        return self._life.current
+
+    @property
+    def offload_engine(self) -> OffloadEngine | None:
+        """The offload engine, None until a storage was offloaded or once closed."""
+        return self._groups.engine
+
+    @property
+    def offload_groups_held(self) -> int:
+        """Offload groups opened and not yet freed (saved tensors that still need them)."""
+        return self._groups.live_groups
+
+    def report(self) -> Report:
+        """Per-step statistics so far (a completed step appears once it has ended): the
+        last ``REPORT_MAX_STEPS`` (10,000) steps; ``OFFRECOMP_REPORT`` writes every step.
+
+        Waits for the device times of finished steps (a host sync on GPU)."""
+        with self._lock:
+            self._life.resolve(wait=True)
+            cfg = {k: str(v) for k, v in vars(self.config).items() if k != "sources"}
+            return Report(steps=list(self._life.steps), config=cfg)
+
+    def set_plan(self, plan: Plan | None) -> None:
+        """Use ``plan`` for every pass (None: back to the configured mode).
+
+        Storages the plan does not name get ``plan.default``; illegal placements (dropping
+        a region input or a root storage) fall back to KEEP.
+        """
+        if plan is not None and not isinstance(plan, Plan):
+            raise TypeError(f"plan must be a scheduler.Plan or None, got {type(plan).__name__}")
+        self._plan.plan = plan
+
+    def explain(self) -> str:
+        """Per region call: placements, bytes, predicted and measured times."""
+        return self._planner.explain()
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[Runtime]:
+        """One explicit step, for loops automatic detection cannot follow.
+
+        ``with rt.step(): ...`` closes a step when the block ends, whatever ran in it. It
+        works inside ``with rt:`` (only the boundary) and on its own (it also enters and
+        leaves the runtime around the block).
+        """
+        self._life.explicit_steps = True  # from now on only rt.step() closes steps
+        if self._entered:
+            yield self
+            self._life.end_step(explicit=True)
+            return
+        with self:
+            yield self
+            self._life.end_step(explicit=True)
+
+    def close(self) -> None:
+        """Free the pinned host pool (now, or once no saved tensor needs it any more)."""
+        self._groups.closing = True
+        self._groups.maybe_close()
+
+    # -------------------------------------------------------- enter and exit
+
+    def __enter__(self) -> Runtime:
+        global _active
+        self._groups.closing = False
+        if not self.config.active:
+            self._entered = True
+            return self
+        with _active_lock:
+            if _active is not None:
+                which = "this runtime is" if _active is self else "another offrecomp runtime is"
+                raise RuntimeError(
+                    f"offrecomp: {which} already active; runtimes must not nest. Enter one "
+                    "runtime around the whole training loop (or exit the first one before "
+                    "entering another). For several models trained together, give one "
+                    "runtime a container of them: offrecomp.runtime(nn.ModuleDict("
+                    "{'gen': gen, 'disc': disc}))."
+                )
+            _active = self
+        try:
+            self._install()
+        except BaseException:
+            self._uninstall()
+            with _active_lock:
+                _active = None
+            raise
+        self._entered = True
+        self._groups.entered = True
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        global _active
+        if not self.config.active:
+            self._entered = False
+            return
+        try:
+            if exc_type is not None:
+                self._groups.closing = True  # a fault: start the next entry from scratch
+                self._life.abort(self._life.current, exc_type)
+            self._life.close_steps()
+        finally:
+            self._uninstall()
+            self._entered = False
+            self._groups.entered = False
+            with _active_lock:
+                if _active is self:
+                    _active = None
+            self._life.reset_calls()
+            self._groups.maybe_close()
+
+    def _install(self) -> None:
+        placer = Placer(
+            self.config, self._life, self._placements, self._groups, self._planner, self._verifier, self._buffers
+        )
+        self._calls.placer = placer
+        assert self._installer is not None
+        self._installer.install(placer.pack, placer.unpack)
+
+    def _uninstall(self) -> None:
+        self._calls.placer = None  # saved handles still reach theirs; the runtime no longer does
+        assert self._installer is not None
+        self._installer.uninstall()
+
+    def __del__(self) -> None:
+        groups = getattr(self, "_groups", None)
+        if groups is not None:
+            try:  # noqa: SIM105 - never raise from a finaliser
+                groups.close_now()
+            except Exception:
+                pass
+
+
+class _PlanSlot:
+    """The user's plan (``Runtime.set_plan``), read by the parts that place storages."""
+
+    def __init__(self) -> None:
+        self.plan: Plan | None = None
+
+    def get(self) -> Plan | None:
+        return self.plan
+
+
+class _PlannerHost:
+    """What the planner reads of its runtime (planning.PlannerHost)."""
+
+    def __init__(
+        self, config: Config, device: DeviceClock, regions: list[Region], groups: OffloadGroups, plan: _PlanSlot
+    ) -> None:
+        self.config = config
+        self._dev = device
+        self._regions = regions
+        self._groups = groups
+        self._plan = plan
+        self.calls: RegionCalls | None = None
+
+    @property
+    def _user_plan(self) -> Plan | None:
+        return self._plan.plan
+
+    @property
+    def _clock(self) -> Any:
+        return self._dev.clock
+
+    @property
+    def _device(self) -> torch.device | None:
+        return self._dev.device
+
+    @property
+    def _distributed(self) -> bool:
+        return self.calls is not None and self.calls.distributed
+
+    def _warn_collective(self, region: Region) -> None:
+        warn_collective(region, self.config.mode)
+
+    def _get_engine(self) -> Any:
+        return self._groups.get_engine()
+
+
+def _regions_of(model: nn.Module | None, config: Config) -> list[Region]:
+    if model is None:
+        if config.regions is not None:
+            raise ValueError("regions= needs a model: offrecomp.runtime(model, regions=...)")
+        return []
+    if not config.active:
+        return []
+    regions = discover_regions(model, config.regions)
+    if not regions:
+        if config.regions is not None:
+            raise ValueError(
+                f"regions={config.regions!r} matched no module of {type(model).__name__}; "
+                "pass module types that occur in the model, a filter fn(module, name) -> bool "
+                "that selects some, or None for automatic discovery"
+            )
+        log.warning(
+            "offrecomp: %s has no repeated blocks (children of nn.ModuleList/Sequential/ModuleDict "
+            "sharing a class), so nothing can be recomputed; activations can still be kept or "
+            "offloaded. Pass regions= to choose the modules to replay.",
+            type(model).__name__,
+        )
+    return regions
+
+
+def _model_device(model: nn.Module | None) -> torch.device | None:
+    if model is None:
+        return None
+    for p in model.parameters():
+        return p.device
+    for b in model.buffers():
+        return b.device
+    return None

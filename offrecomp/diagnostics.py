@@ -1,0 +1,215 @@
+"""What the runtime finds out about a model and tells its user: saves another hook
+took, regions traced into a compiled graph, regions that run collectives.
+
+Each finding is a warning given once (per kind of block in the process, or per
+runtime), never an error: the runtime still trains correctly, it only places less.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from offrecomp import _torch_compat as tc
+from offrecomp.regions import Region, compiled_module
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "HIDDEN_CHECKS",
+    "Diagnostics",
+    "checkpoints_itself",
+    "inside_compiled",
+    "kind",
+    "runs_collectives",
+    "warn_compiled",
+    "warn_once",
+    "world_size",
+]
+
+_warned: set[str] = set()
+
+#: Region calls without an activation of their own that are checked for saves another
+#: hook took; blocks are alike, so the first calls tell (the check walks the graph).
+HIDDEN_CHECKS = 64
+
+
+def warn_once(key: str, msg: str, *args: Any) -> None:
+    """Log ``msg`` as a warning the first time ``key`` is seen in this process."""
+    if key in _warned:
+        return
+    _warned.add(key)
+    log.warning(msg, *args)
+
+
+def clear_warnings() -> None:
+    """Forget the warnings given (each is given again once)."""
+    _warned.clear()
+
+
+def kind(region: Region) -> str:
+    """The class of a region's module: warnings about "a region and any other like it"
+    come once per kind of block in the process, so another model's blocks still warn."""
+    cls = type(region.module)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+# NOTE [Collective regions]
+# Under auto, every rank solves its plans from its own timings, so two ranks may place a
+# region differently. That is harmless for data parallelism: a replay there runs local
+# ops (FSDP2's gathers happen in hooks outside the region, and its pre-forward hook
+# does nothing during backward). A region whose forward runs collectives (tensor
+# parallelism: its parameters are DTensors while it runs) is another matter: a replay
+# on one rank alone would issue a collective that no other rank joins, and training
+# would hang. Such a region is known before its first call when it holds DTensor
+# parameters, and from the measuring pass when its recording saw a torch.distributed op
+# (dist.all_reduce and the functional collectives dispatch as c10d ops); the measuring
+# pass itself drops everything on every rank alike. From then on auto mode never drops
+# its activations, in any pass or fallback, and plans it as KEEP or OFFLOAD
+# (RegionRecord.replayable). mode="recompute" is symmetric: every rank replays every
+# region.
+
+
+def world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def runs_collectives(module: nn.Module) -> bool:
+    """Does the module hold DTensor parameters while it runs (tensor parallelism)? By
+    name: FSDP2's sharded DTensors are swapped for plain tensors during the forward."""
+    return any(type(p).__name__ == "DTensor" for p in module.parameters())
+
+
+def warn_collective(region: Region, mode: str) -> None:
+    if mode == "auto":
+        warn_once(
+            f"collective:{kind(region)}",
+            "offrecomp: region %r (and any other like it) runs collectives (tensor-parallel "
+            "DTensor parameters, or torch.distributed calls); each rank plans from its own "
+            "timings, and a replay on one rank alone would wait forever, so auto mode keeps "
+            "or offloads its activations. mode='recompute' recomputes every region on every "
+            "rank.",
+            region.name,
+        )
+
+
+def inside_compiled(model: nn.Module, regions: list[Region]) -> list[str]:
+    """Regions below a compiled module (the model, or a stage holding several blocks):
+    dynamo traces them into that module's graph (NOTE [Compiled regions])."""
+    tops = [(name, m) for name, m in model.named_modules() if compiled_module(m)]
+    return [
+        r.name
+        for r in regions
+        if any(m is not r.module and (not name or r.name.startswith(name + ".")) for name, m in tops)
+    ]
+
+
+def warn_compiled(names: str) -> None:
+    warn_once(
+        f"compiled:{names}",
+        "offrecomp: region(s) %s run inside a torch.compile'd frame (torch.compile(model) or "
+        "model.compile()): a replay could not reproduce the compiled graph's saves, so their "
+        "activations are kept or offloaded, never recomputed. To recompute with "
+        "torch.compile, compile each block instead: block.compile(), or "
+        "model.blocks[i] = torch.compile(model.blocks[i])",
+        names,
+    )
+
+
+def checkpoints_itself(m: nn.Module) -> bool:
+    """HF layers after gradient_checkpointing_enable(), or torch's checkpoint_wrapper."""
+    return any(
+        getattr(x, "gradient_checkpointing", False) is True or type(x).__name__ == "CheckpointWrapper"
+        for x in m.modules()
+    )
+
+
+class Diagnostics:
+    """Saves another saved-tensor hook took: warned once per runtime. ``own_pack``
+    returns the runtime's installed pack hook (None while not installed)."""
+
+    def __init__(self) -> None:
+        self.own_pack: Callable[[], Any] = lambda: None
+        self.hidden_warned = False
+        self.hidden_checks = 0  # region calls checked (the first few tell)
+
+    def wants_hidden_check(self) -> bool:
+        return not self.hidden_warned and self.hidden_checks < HIDDEN_CHECKS
+
+    def check_hidden_saves(self, name: str, saves: int, inputs: Any, out: Any) -> None:
+        """A region call saved no activation through our hooks (at most its inputs). If
+        it returns a tensor it made that needs grad, and the autograd graph between its
+        inputs and that tensor holds more saved tensors than went through our hooks (or
+        a reentrant checkpoint node), a saved-tensor hook pair inside it
+        (torch.utils.checkpoint, HF gradient_checkpointing_enable, save_on_cpu) took
+        them: only the innermost pair runs, so offrecomp cannot place them. A call that
+        hands an input back (LayerDrop) made nothing; a lone Linear saved through our
+        hooks all its graph holds."""
+        self.hidden_checks += 1
+        ins = [t for t in tc.tree_leaves(inputs) if type(t) is torch.Tensor]
+        passed = {_storage_key(t) for t in ins}
+        made = [
+            t for t in tc.tree_leaves(out)
+            if type(t) is torch.Tensor and t.requires_grad and t.grad_fn is not None and t.numel()
+            and _storage_key(t) not in passed
+        ]
+        if not made:
+            return
+        in_graph, checkpoint_node = _graph_saves(made, ins)
+        if checkpoint_node or in_graph > saves:
+            top = tc.top_saved_tensors_hooks()
+            own = self.own_pack()
+            if own is not None and top is not None and top[0] is own:
+                self.warn_hidden(name, "saved no activation through offrecomp")
+            else:  # the call ran under a pair entered after the runtime's, around it
+                self.warn_hidden(name, "saved no activation through offrecomp", where="around the model's forward")
+
+    def warn_hidden(self, names: str, what: str, *, where: str = "inside") -> None:
+        if self.hidden_warned:
+            return  # once per runtime: the other blocks are most likely alike
+        self.hidden_warned = True
+        log.warning(
+            "offrecomp: region(s) %s %s: a saved-tensor hook %s (torch.utils.checkpoint, "
+            "HF gradient_checkpointing_enable(), checkpoint_wrapper, save_on_cpu) owns their "
+            "activations, and only the innermost hook runs, so offrecomp cannot keep, offload "
+            "or recompute them. Turn that off and let offrecomp decide.",
+            names, what, where,
+        )
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    """The storage a tensor views, or the tensor itself for a layout without one (sparse
+    tensors have no storage to ask for)."""
+    return int(t.untyped_storage().data_ptr()) if t.layout == torch.strided else id(t)
+
+
+def _graph_saves(outs: list[torch.Tensor], ins: list[torch.Tensor], limit: int = 4096) -> tuple[int, bool]:
+    """Saved tensors held by the autograd nodes between a region's inputs and its
+    outputs (read as SavedTensor objects, never unpacked), and whether a reentrant
+    checkpoint node is among them. Visits at most ``limit`` nodes."""
+    stop = {id(t.grad_fn) for t in ins if t.grad_fn is not None}
+    todo = [t.grad_fn for t in outs]
+    seen: set[int] = set()
+    count = 0
+    while todo and len(seen) < limit:
+        fn = todo.pop()
+        if fn is None or id(fn) in seen or id(fn) in stop:
+            continue
+        seen.add(id(fn))
+        if type(fn).__name__ == "CheckpointFunctionBackward":
+            return count, True
+        for attr in dir(fn):
+            if attr.startswith("_raw_saved_"):
+                value = getattr(fn, attr, None)
+                slots = value if isinstance(value, (list, tuple)) else (value,)
+                # only slots a hook pair took: not the empty slot of a save that only an
+                # input needing no gradient would read, nor a wrapped number (x * 2.5)
+                count += sum(s is not None and tc.saved_slot_hooked(s) for s in slots)
+        todo.extend(nxt for nxt, _ in fn.next_functions)
+    return count, False

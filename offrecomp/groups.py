@@ -1,0 +1,180 @@
+"""Offload groups as the runtime uses them: the open group of each region call, its
+issue at the call's exit, its reload on the first unpack, and its release.
+
+The engine (offload.py) moves bytes; this part ties its groups to region calls and to
+the pass's statistics, and owns the engine's lifetime (NOTE [Pool lifetime]).
+
+NOTE [Offload groups]
+The unit of transfer is a region call's group of offloaded storages (as in
+TransformerEngine's and Megatron's offloaders), never a single tensor: the pack hook
+appends a storage to its call's open group, the group is copied to host at the call's
+exit under one event, reloaded in backward as one buffer on the first unpack of any of
+its saves (with the next groups prefetched), and released as a whole once each of its
+saves was unpacked. Saves outside every region form runs: the run since the last region
+call is issued when the next region call begins, or when backward begins, so it never
+joins a region's group. A group the pinned pool refuses at issue keeps its storages
+(fallback offload_to_keep).
+
+NOTE [Pool lifetime]
+Pinning host memory is slow (cudaHostAlloc, and it synchronises the device), so the
+pinned pool is the runtime's, not the context's: a normal exit keeps it for the next
+entry (loops that enter the runtime once per step would otherwise re-pin gigabytes every
+step). It is freed by close(), when the runtime is garbage collected, and after an exit
+by exception; in each case only once no saved tensor still needs it (a graph kept alive
+past exit): the last freed offload group closes it then.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from offrecomp.config import Config, format_bytes
+from offrecomp.measure import DeviceClock
+from offrecomp.state import RegionCall, StorageRec
+from scheduler.plan import Placement
+
+if TYPE_CHECKING:
+    from offrecomp.offload import OffloadEngine, OffloadStats
+    from offrecomp.transfer import Group
+
+log = logging.getLogger(__name__)
+
+__all__ = ["OffloadGroups"]
+
+KEEP = Placement.KEEP
+
+
+class OffloadGroups:
+    """The runtime's offload engine (created on first use) and its region-call groups."""
+
+    def __init__(self, config: Config, device: DeviceClock) -> None:
+        self._config = config
+        self._device = device
+        self.engine: OffloadEngine | None = None
+        self.live_groups = 0  # opened and not yet freed
+        self.closing = False  # free the pool once nothing needs it
+        self.entered = False  # the runtime is entered (its pool stays)
+
+    # ------------------------------------------------------------ the engine
+
+    def get_engine(self) -> OffloadEngine:
+        if self.engine is None:
+            from offrecomp.backends import get_backend
+            from offrecomp.offload import OffloadEngine
+            from offrecomp.pool import default_host_limit
+
+            device = self._device.device or torch.device("cpu")
+            limit = self._config.host_limit
+            if limit is None:
+                host_limit = default_host_limit()
+            elif limit.nbytes is not None:
+                host_limit = limit.nbytes
+            else:
+                from offrecomp.config import local_world_size
+                from offrecomp.measure import host_available_bytes
+
+                host_limit = limit.resolve(host_available_bytes()) // local_world_size()
+            self.engine = OffloadEngine(
+                backend=get_backend(device), host_limit_bytes=host_limit, prefetch=self._config.prefetch
+            )
+            log.info("offrecomp: offload engine on %s, host limit %s", device, format_bytes(host_limit))
+        return self.engine
+
+    def offloadable(self, t: torch.Tensor) -> bool:
+        """Offload moves tensors of the runtime's device (on CPU: the emulated path)."""
+        device = self._device.device
+        return t.device.type == (device.type if device is not None else "cpu")
+
+    def admit(self, nbytes: int) -> bool:
+        """Room in the pinned pool for a storage of ``nbytes``? On True the caller adds it
+        to a group (``add``)."""
+        return self.get_engine().admit(nbytes)
+
+    def end_step(self) -> OffloadStats | None:
+        return self.engine.end_step() if self.engine is not None else None
+
+    @property
+    def device_bytes(self) -> int:
+        """Device bytes the engine holds: copies not landed yet and reloads in use."""
+        return self.engine.device_bytes if self.engine is not None else 0
+
+    # ---------------------------------------------------------------- groups
+
+    def add(self, call: RegionCall, rec: StorageRec, source: Any) -> None:
+        """Add an admitted OFFLOAD storage to ``call``'s open group."""
+        engine = self.get_engine()
+        group = call.group
+        p = call.pass_state
+        if group is None:
+            group = call.group = engine.open_group(len(p.calls) if p is not None else 0, source.device)
+            call.groups.append(group)
+            self.live_groups += 1
+        rec.group = group
+        rec.slot = group.add(source, rec.nbytes)
+        if p is not None:
+            p.stats.sample(engine.device_bytes)  # a copy not landed yet is device bytes too
+
+    def issue(self, call: RegionCall) -> None:
+        """Copy ``call``'s open group to host (its exit, or the end of a root run); a group
+        the pool refuses keeps its storages."""
+        group, call.group = call.group, None
+        if group is None:
+            return
+        sources = list(group.sources)
+        if self.engine is not None and self.engine.issue(group):
+            return
+        p = call.pass_state
+        for rec in call.storages:
+            if rec.group is not group:
+                continue
+            rec.group = None
+            rec.placement = KEEP
+            source = sources[rec.slot]
+            if isinstance(source, torch.Tensor):
+                rec.tensor = source
+            else:
+                rec.tensor = torch.empty(0, dtype=torch.uint8, device=source.device).set_(source)
+            if p is not None:
+                p.stats.offloaded_bytes -= rec.nbytes
+                p.stats.fallback("offload_to_keep")
+                p.stats.keep(rec)
+
+    def fetch(self, group: Group, call: RegionCall) -> torch.Tensor:
+        """The device buffer of ``group`` (one of ``call``'s), reloaded on first use."""
+        buf = group.ready
+        if buf is not None:  # compute already waited on this reload
+            return buf
+        engine = self.engine
+        assert engine is not None
+        buf = engine.fetch(group)
+        p = call.pass_state
+        if p is not None:
+            p.stats.sample(engine.device_bytes)
+        return buf
+
+    def release_device(self, group: Group) -> None:
+        if self.engine is not None:
+            self.engine.release_device(group)
+
+    def free(self, group: Group) -> None:
+        if self.engine is None:
+            return
+        self.engine.free(group)
+        self.live_groups -= 1
+        self.maybe_close()
+
+    def maybe_close(self) -> None:
+        """Close the engine when the runtime is closing, not entered, and no saved tensor
+        needs the pool (NOTE [Pool lifetime])."""
+        if self.engine is not None and self.closing and not self.entered and self.live_groups <= 0:
+            engine, self.engine = self.engine, None
+            engine.close()
+
+    def close_now(self) -> None:
+        """Close the engine at once (the runtime is being collected)."""
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.close()

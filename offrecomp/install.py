@@ -1,0 +1,398 @@
+"""Installing the runtime into a model: the saved-tensor hook pair, a wrapper around
+every region's forward and around the model's (or, for a container, each model's) own,
+and torch's global optimizer-step and buffer-registration hooks. Uninstalling puts every
+slot back as it was.
+
+NOTE [Compiled regions]
+A region's saves must be the same in the forward and in its replay. That holds for a
+block compiled on its own: wrapped (``torch.compile(block)``: the wrapper wraps the
+compiled forward) or in place (``block.compile()``, as torchtune compiles its layers:
+the runtime wraps the compiled call (``tc.COMPILED_CALL_IMPL``), not the forward inside
+it, so the module's own hooks run inside the region). Either way the replay calls the same compiled graph.
+Such a region is opaque, replayed whole, and its measuring pass runs no op recorder:
+under a dispatch mode dynamo does not compile, and for a block it had not compiled yet
+it gives up on that code for good, so the block would run eagerly in every later step.
+One op stands for the compiled forward (trace.COMPILED_FORWARD). A block traced into a
+larger compiled graph (``torch.compile(model)``, ``model.compile()``) saves what that
+graph chose, which an eager replay cannot reproduce: its wrapper returns the plain
+forward while dynamo traces it, so the model compiles to the graph it compiles to
+without the runtime, and its activations are kept or offloaded (a warning names the
+regions). In a model that holds compiled code, the runtime's own frames are kept from
+dynamo: the bookkeeping runs under ``torch.compiler.disable``, and the root wrapper's
+frame is skipped (dynamo still compiles the forward it calls); otherwise dynamo would
+trace the bookkeeping, break the graph at each of its calls and compile pieces of it.
+
+NOTE [Container roots]
+Several models trained together (a GAN, distillation) go to one runtime in a container,
+nn.ModuleDict({"gen": gen, "disc": disc}), whose forward the loop never calls: it calls
+the models. The models inside a container are each wrapped as a root: a pass's signature
+names the model it began in ("train|gen:(4, 12, 8):float32:cpu"), and each kind of pass
+gets its own profile and plan (one shared signature would let the longest pass type
+extend one profile that every pass type then runs).
+
+NOTE [Copies of a managed model]
+While the runtime is entered, a region's (and the root's) forward slot holds the
+runtime's wrapper. A copy of the module made meanwhile (copy.deepcopy(model) for an EMA
+or a teacher) would copy that slot too, and a plain function is shared by deepcopy: the
+copy would run the original module's forward with the original weights, silently, also
+after the runtime exited, and torch.save(model) would fail on it. The slot holds an
+_Installed instead: it calls the wrapper, and a deep copy or a pickle of it is what the
+slot held before (the module's own forward, bound to the copy), so the copy is a plain
+module the runtime does not manage. inspect.signature still sees the forward's signature
+through __wrapped__.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules.module import register_module_buffer_registration_hook
+
+from offrecomp import _torch_compat as tc
+from offrecomp.calls import RegionCalls
+from offrecomp.config import Config
+from offrecomp.diagnostics import (
+    Diagnostics,
+    checkpoints_itself,
+    inside_compiled,
+    warn_compiled,
+    world_size,
+)
+from offrecomp.lifecycle import Lifecycle
+from offrecomp.regions import Region, _is_compiled, compiled_module, count_buffer_assignment
+from offrecomp.replay import in_replay
+from offrecomp.state import PassState, RegionCall
+
+__all__ = ["Installer", "holds_compiled", "signature_of"]
+
+_EVAL_FRAME_CALLBACK = tc.eval_frame_callback_getter()
+
+Make = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+class Installer:
+    """Puts the runtime's hooks and wrappers into a model and takes them out."""
+
+    def __init__(
+        self,
+        model: nn.Module | None,
+        regions: list[Region],
+        config: Config,
+        lifecycle: Lifecycle,
+        calls: RegionCalls,
+        diagnostics: Diagnostics,
+    ) -> None:
+        self._model = model
+        self._regions = regions
+        self._config = config
+        self._life = lifecycle
+        self._calls = calls
+        self._diag = diagnostics
+        self.active = False  # installed: region wrappers act
+        self.compiled_model = False  # the model holds torch.compile'd code
+        self.hooks_ctx: Any = None
+        self._restore: list[Callable[[], None]] = []
+        self._opt_hook: Any = None
+        self._buffer_hook: Any = None
+
+    def own_pack(self) -> Any:
+        """The installed pack hook (None while not installed)."""
+        return self.hooks_ctx.pack_hook if self.hooks_ctx is not None else None
+
+    def install(self, pack: Callable[[torch.Tensor], Any], unpack: Callable[[Any], torch.Tensor]) -> None:
+        model = self._model
+        self.compiled_model = model is not None and holds_compiled(model)
+        self._calls.distributed = world_size() > 1
+        if self.compiled_model:
+            # Saved-tensor hooks run inside compiled frames too: never compile them (nor
+            # the replays they run), or dynamo traces the bookkeeping, guards on every
+            # tensor's dtype and pointer, and recompiles until it gives up. Only for a
+            # model that holds compiled code: the exclusion costs ~5 us per hook call.
+            pack = torch.compiler.disable(pack, recursive=True)
+            unpack = torch.compiler.disable(unpack, recursive=True)
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+        hooks.__enter__()
+        self.hooks_ctx = hooks
+        for region in self._regions:
+            region.refresh()
+            if region.in_place:
+                self._wrap_compiled_call(region.module, self._region_forward(region))
+            else:
+                self._wrap_forward(region.module, self._region_forward(region))
+        own = [r.name for r in self._regions if checkpoints_itself(r.module)]
+        if own:
+            self._diag.warn_hidden(", ".join(own), "run activation checkpointing of their own")
+        if self.compiled_model and model is not None:
+            inside = inside_compiled(model, self._regions)
+            if inside:
+                warn_compiled(", ".join(inside))
+        self._wrap_roots()
+        self._opt_hook = tc.register_optimizer_step_post_hook(self._life.on_optimizer_step)
+        self._buffer_hook = register_module_buffer_registration_hook(count_buffer_assignment)
+        if self._config.report_path and self._life.report_file is None:
+            self._life.report_file = open(self._config.report_path, "a", encoding="utf-8")  # noqa: SIM115
+        self.active = True
+
+    def _wrap_roots(self) -> None:
+        model = self._model
+        region_modules = {id(r.module) for r in self._regions}
+        if model is None or id(model) in region_modules:
+            return
+        if is_container(model):
+            # NOTE [Container roots]: the models inside are what the loop calls
+            for name, child in model.named_children():
+                if id(child) not in region_modules and not is_container(child):
+                    self._wrap_forward(child, self._root_forward(child, name))
+        else:
+            self._wrap_forward(model, self._root_forward(model))
+
+    def uninstall(self) -> None:
+        self.active = False
+        if self.hooks_ctx is not None:
+            hooks, self.hooks_ctx = self.hooks_ctx, None
+            hooks.__exit__(None, None, None)
+        while self._restore:
+            self._restore.pop()()
+        if self._opt_hook is not None:
+            self._opt_hook.remove()
+            self._opt_hook = None
+        if self._buffer_hook is not None:
+            self._buffer_hook.remove()
+            self._buffer_hook = None
+        if self._life.report_file is not None:
+            self._life.report_file.close()
+            self._life.report_file = None
+
+    # --------------------------------------------------------------- slots
+
+    def _wrap_forward(self, module: nn.Module, make: Make) -> None:
+        had_instance_attr = "forward" in module.__dict__
+        previous = module.__dict__.get("forward")
+        original = module.forward
+        wrapped = _Installed(make(original), module, "forward", previous)
+        module.forward = wrapped  # type: ignore[method-assign]
+
+        def restore() -> None:
+            if had_instance_attr:
+                module.forward = previous  # type: ignore[method-assign,assignment]
+            else:
+                module.__dict__.pop("forward", None)
+
+        self._restore.append(restore)
+
+    def _wrap_compiled_call(self, module: nn.Module, make: Make) -> None:
+        """A region compiled in place (``block.compile()``): wrap the compiled call, not the
+        forward it compiles (NOTE [Compiled regions])."""
+        slot = tc.COMPILED_CALL_IMPL
+        original = getattr(module, slot)
+        assert original is not None
+        wrapped = _Installed(make(original), module, slot, original)
+        setattr(module, slot, wrapped)
+
+        def restore() -> None:
+            if getattr(module, slot) is wrapped:  # not compiled again meanwhile
+                setattr(module, slot, original)
+
+        self._restore.append(restore)
+
+    def _host(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Bookkeeping a wrapper runs around a forward: never traced by dynamo in a model
+        that holds compiled code (NOTE [Compiled regions])."""
+        return torch.compiler.disable(fn, recursive=True) if self.compiled_model else fn
+
+    def _wrapper(self, forward: Callable[..., Any]) -> Callable[..., Any]:
+        """A wrapper's own frame: in a model that holds compiled code, dynamo neither
+        inlines it into a compiled caller (a clean graph break) nor traces it, and still
+        compiles the forward it calls."""
+        if not self.compiled_model:
+            return forward
+        tc.dynamo_skip_code(forward.__code__)  # torch.compiler.disable alone leaves it to dynamo
+        return torch.compiler.disable(forward, recursive=False)
+
+    # ------------------------------------------------------------ wrappers
+
+    def _root_forward(self, module: nn.Module, name: str = "") -> Make:
+        life, regions = self._life, self._regions
+
+        def begin(args: tuple[Any, ...], kwargs: dict[str, Any], compiling: bool) -> PassState | None:
+            if (
+                torch.is_grad_enabled()
+                and not torch.is_inference_mode_enabled()
+                and not in_replay()
+                and tc.current_graph_task_id() == -1
+                and tc.top_saved_tensors_hooks() is not None  # not another thread
+            ):
+                if (compiling or _is_compiled(module)) and regions:
+                    warn_compiled(", ".join(r.name for r in regions))
+                life.signature, life.family, life.dims = signature_of(args, kwargs, module.training, name)
+                return life.forward_activity()
+            return None
+
+        begin_h, fail = self._host(begin), self._host(life.abort)
+        watch_h = self._host(life.watch_unseen_backward)
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def forward(*args: Any, **kwargs: Any) -> Any:
+                # In a model that holds compiled code this frame runs eagerly (see
+                # _wrapper); the evaluator says whether the forward it calls is compiled.
+                compiling = _EVAL_FRAME_CALLBACK is not None and bool(_EVAL_FRAME_CALLBACK())
+                p = begin_h(args, kwargs, compiling)
+                if p is None:
+                    return original(*args, **kwargs)
+                try:
+                    out = original(*args, **kwargs)
+                except BaseException as exc:
+                    fail(p, exc)
+                    raise
+                watch_h(p, out)
+                return out
+
+            return self._wrapper(forward)
+
+        return make
+
+    def _region_forward(self, region: Region) -> Make:
+        begin_h, end_h = self._host(self._begin_region), self._host(self._end_region)
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def forward(*args: Any, **kwargs: Any) -> Any:
+                if torch.compiler.is_compiling():
+                    # traced into a compiled caller's graph (torch.compile(model)): the
+                    # block's saves are the graph's, kept or offloaded (NOTE [Compiled regions])
+                    return original(*args, **kwargs)
+                # Run eagerly while the forward it calls will be compiled (a frame dynamo
+                # gave up tracing)? Only the evaluator tells.
+                compiling = _EVAL_FRAME_CALLBACK is not None and bool(_EVAL_FRAME_CALLBACK())
+                call = begin_h(region, original, args, kwargs, compiling)
+                if call is None:
+                    return original(*args, **kwargs)
+                try:
+                    out = original(*args, **kwargs)
+                except BaseException as exc:
+                    end_h(call, exc)
+                    raise
+                end_h(call, None, out, (args, kwargs))
+                return out
+
+            return forward
+
+        return make
+
+    def _begin_region(
+        self, region: Region, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+        compiling: bool,
+    ) -> RegionCall | None:
+        if (
+            not self.active
+            or not torch.is_grad_enabled()
+            or torch.is_inference_mode_enabled()
+            or in_replay()
+            or self._life.stack.calls
+            or tc.current_graph_task_id() != -1
+            # another thread: saved-tensor hooks are per thread, ours are not there
+            or tc.top_saved_tensors_hooks() is None
+        ):
+            return None
+        if compiling:
+            warn_compiled(region.name)
+            return None
+        call = self._calls.enter(region, original, args, kwargs)
+        if call.watch is not None:
+            call.watch.__enter__()  # beneath the recorder: its copies are not recorded
+        if call.recorder is not None:
+            call.recorder.start()
+        return call
+
+    def _end_region(self, call: RegionCall, exc: BaseException | None, out: Any = None, inputs: Any = None) -> None:
+        try:
+            if call.recorder is not None:
+                call.recorder.stop()
+            if call.watch is not None:
+                call.watch.__exit__(None, None, None)
+                if exc is not None:
+                    call.watch = None  # a forward cut short shows nothing: watch the next
+            if exc is not None:
+                self._life.abort(call.pass_state, exc)
+            elif self._diag.wants_hidden_check() and not any(r.kind == "activation" for r in call.storages):
+                self._diag.check_hidden_saves(call.name, call.pack_count, inputs, out)
+        finally:
+            self._calls.exit(call)
+
+
+def signature_of(
+    args: tuple[Any, ...], kwargs: dict[str, Any], training: bool, name: str = ""
+) -> tuple[str, str, tuple[int, ...]]:
+    """The pass's signature, its family (the signature without sizes) and its sizes;
+    ``name``: the model of a container root the pass began in (NOTE [Container roots])."""
+    leaves, _ = tc.tree_flatten((args, kwargs))
+    parts, kinds = [], []
+    dims: list[int] = []
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            if x.is_nested and x.layout == torch.jagged:
+                # the ragged dimension is a symbol new to every nested tensor built: the
+                # components and the packed values decide the memory instead
+                sizes = (int(x.size(0)), *x.values().shape)
+                shape = f"{x.size(0)}x{tuple(x.values().shape)}"
+            else:
+                sizes = tuple(x.shape)
+                shape = str(sizes)
+            kind = f"{str(x.dtype).replace('torch.', '')}:{x.device.type}"
+            parts.append(f"{shape}:{kind}")
+            kinds.append(f"{'n' if x.is_nested else ''}{len(sizes)}:{kind}")
+            dims += [int(d) for d in sizes]
+    mode = ("train|" if training else "eval|") + (f"{name}:" if name else "")
+    return mode + ",".join(parts), mode + ",".join(kinds), tuple(dims)
+
+
+def is_container(m: nn.Module) -> bool:
+    """A module whose own forward is not defined (ModuleDict, ModuleList, a plain
+    nn.Module holding models): the loop calls the modules inside it."""
+    return isinstance(m, (nn.ModuleDict, nn.ModuleList)) or type(m).forward is nn.Module.forward
+
+
+def holds_compiled(model: nn.Module) -> bool:
+    """Does the model hold torch.compile'd code (itself, or any submodule, wrapped or
+    compiled in place)? Then the runtime's hooks and wrappers are excluded from dynamo's
+    tracing: their own frames run for real, once per call (the frames they call are still
+    compiled)."""
+    return any(map(compiled_module, model.modules()))
+
+
+class _Installed:
+    """The runtime's wrapper in a module's ``forward`` (or ``_compiled_call_impl``) slot
+    (NOTE [Copies of a managed model])."""
+
+    def __init__(self, fn: Callable[..., Any], module: nn.Module, attr: str, previous: Any) -> None:
+        functools.update_wrapper(self, fn)  # __wrapped__, __name__, __doc__: introspection
+        self.fn = fn
+        self.module = module
+        self.attr = attr
+        self.previous = previous  # the slot's instance value before, None for the class's
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        copy_of = memo.get(id(self.module))
+        if copy_of is None:
+            return self  # copied on its own, not as part of its module
+        return _slot_as_before(copy_of, self.attr, copy.deepcopy(self.previous, memo))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_slot_as_before, (self.module, self.attr, self.previous))
+
+
+def _slot_as_before(module: nn.Module, attr: str, previous: Any) -> Any:
+    """What a copy's slot holds: the value before the runtime, or the class's method
+    bound to the copy (NOTE [Copies of a managed model])."""
+    if previous is not None:
+        return previous
+    return getattr(type(module), attr).__get__(module)

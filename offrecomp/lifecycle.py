@@ -1,0 +1,388 @@
+"""The pass and step lifecycle: which pass a save or a forward belongs to, when its
+backward begins and ends, and when a step ends.
+
+NOTE [Passes and steps]
+A *pass* is a forward and its backward. The runtime starts a pass at the first forward
+activity (a save, a region call) after the previous pass's backward began, and ends it
+when the next one starts, when an optimizer steps, or when the context exits. A *step*
+is what lies between optimizer steps (several passes under gradient accumulation); when
+no torch optimizer ever steps, every pass is a step. An optimizer that steps inside
+backward (one optimizer per parameter, stepped from a post-accumulate-grad hook, as
+torchtune's ``optimizer_in_bwd`` does) ends the step when that backward ends: ending the
+pass at the first parameter's update would cut its backward in two. Plans, call indices
+and the memory budget are per pass: activations of one micro-batch are freed by its
+backward before the next forward starts. A pass's stages: NOTE [Pass stages].
+
+NOTE [Double backward]
+A gradient penalty (WGAN-GP, StyleGAN's R1) differentiates the forward's graph with
+create_graph=True, then the loss that holds the penalty is differentiated again: two
+backwards of one pass. A backward that saves tensors outside any region's forward
+(create_graph) leaves its pass AWAITING: saves outside a forward still belong to it, the
+next backward that reads its saves ends it, and a new forward or an optimizer step ends
+it if none does. The pass's backward then spans both, as its step does, so the plan sees
+the penalty's ops and the second backward's replays as part of the pass they belong to.
+
+NOTE [Backward without saves]
+A pass learns that its backward started from the first unpack of a save it took. A pass
+that took none (regions that save nothing, an identity, x * 2.5; a forward under the
+user's own save_on_cpu(), whose hooks then take every save) would never see its
+backward: its measuring pass would never end, and its next forwards and optimizer steps
+would all join it. Such a pass watches its root output's autograd nodes instead, whose
+pre-hooks run when a backward reaches them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import threading
+import time
+import weakref
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from offrecomp import _torch_compat as tc
+from offrecomp.config import Config
+from offrecomp.measure import DeviceClock, Mark
+from offrecomp.report import StepRecord
+from offrecomp.state import PassState, RegionCall, Stage
+from scheduler.plan import ROOT
+
+if TYPE_CHECKING:
+    from offrecomp.groups import OffloadGroups
+    from offrecomp.placement import Placements
+    from offrecomp.planning import Planner
+
+log = logging.getLogger(__name__)
+
+__all__ = ["REPORT_MAX_STEPS", "Lifecycle"]
+
+_MAX_PROVISIONAL = 16  # passes without an optimizer step before every pass counts as a step
+#: Step records ``report()`` holds (the most recent; about 2 KB each). A run of a million
+#: steps would otherwise hold gigabytes of host memory; OFFRECOMP_REPORT writes every step.
+REPORT_MAX_STEPS = 10_000
+
+FORWARD, BACKWARD, AWAITING, DONE = Stage.FORWARD, Stage.BACKWARD, Stage.AWAITING, Stage.DONE
+
+
+class _CallStack(threading.local):
+    def __init__(self) -> None:
+        self.calls: list[RegionCall] = []
+
+
+class Lifecycle:
+    """Passes, the region calls running now, and steps (NOTE [Passes and steps])."""
+
+    def __init__(
+        self,
+        config: Config,
+        device: DeviceClock,
+        planner: Planner,
+        groups: OffloadGroups,
+        placements: Placements,
+    ) -> None:
+        self._config = config
+        self._device = device
+        self._planner = planner
+        self._groups = groups
+        self._placements = placements
+        self.current: PassState | None = None  # the pass forward activity joins
+        self.stack = _CallStack()  # region calls whose forward runs (this thread)
+        self.forwards_running = 0  # region calls whose forward has not returned (any thread)
+        self.recording = False  # an op recorder is active (measuring pass, inside a region)
+        self.signature: str | None = None  # the next pass's, set by the root forward
+        self.family = ""  # the next pass's signature without sizes (NOTE [Borrowed plans])
+        self.dims: tuple[int, ...] = ()
+        self.steps: deque[StepRecord] = deque(maxlen=REPORT_MAX_STEPS)
+        self.explicit_steps = False  # only rt.step() closes steps
+        self.report_file: Any = None
+        self._passes = 0
+        self._step_passes: list[PassState] = []
+        self._step_count = 0  # steps recorded (the next record's number)
+        self._saw_optimizer = False
+        self._stepped_in_backward = False  # an optimizer stepped inside the running backward
+        self._no_optimizer = False
+        self._provisional: list[tuple[StepRecord, list[PassState]]] = []
+        self._unwritten: list[StepRecord] = []  # confirmed steps not yet written to the report file
+
+    # ----------------------------------------------------------------- calls
+
+    def current_call(self, p: PassState) -> RegionCall:
+        """The region call running now, or the pass's root call."""
+        stack = self.stack.calls
+        if stack:
+            return stack[-1]
+        if p.root is None:
+            p.root = RegionCall(name=ROOT, call_index=0, ordinal=-1)
+            p.root.pass_state = p
+            self._planner.assign(p, p.root)
+            p.root.fixed = self._placements.fixed(p.root)
+        return p.root
+
+    def call_started(self, call: RegionCall) -> None:
+        self.stack.calls.append(call)
+        self.forwards_running += 1
+        self.recording = call.recorder is not None
+
+    def call_ended(self, call: RegionCall) -> None:
+        self.forwards_running = max(0, self.forwards_running - 1)
+        self.recording = False
+        stack = self.stack.calls
+        if stack and stack[-1] is call:
+            stack.pop()
+
+    def reset_calls(self) -> None:
+        """The runtime exits: no region call runs any more."""
+        self.stack.calls.clear()
+        self.forwards_running = 0
+
+    def mark(self) -> Mark:
+        return self._device.mark()
+
+    # ---------------------------------------------------------------- passes
+
+    def forward_activity(self, *, between_backwards: bool = False) -> PassState:
+        """The pass a save or a forward belongs to; a new one after a backward.
+        ``between_backwards``: a save outside any forward (the root's ops), which belongs
+        to a pass awaiting its second backward (NOTE [Double backward])."""
+        p = self.current
+        if between_backwards and p is not None and p.stage is AWAITING and not p.aborted:
+            return p
+        if p is None or p.stage is not FORWARD or p.aborted:
+            if p is not None and self._stepped_in_backward:
+                self._optimizer_stepped()  # its backward's end went unseen: end the step now
+            elif p is not None:
+                self.finish_pass()
+            p = self._begin_pass()
+        return p
+
+    def _begin_pass(self) -> PassState:
+        sig = self.signature or "unknown"
+        p = PassState(index=self._passes, signature=sig, mode=self._config.mode)
+        if self.signature is not None:
+            p.family, p.dims = self.family, self.dims
+        self.signature, self.family, self.dims = None, "", ()
+        self._passes += 1
+        self._planner.begin_pass(p)
+        p.start_time = time.perf_counter()
+        p.start_mark = self._device.mark()
+        device = self._device.device
+        if self._device.cuda:
+            p.alloc_start = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        self.current = p
+        return p
+
+    def backward_activity(self, call: RegionCall) -> None:
+        """An unpack of ``call``'s save in a backward (or a backward reached its pass's
+        output): its pass's backward began, or a later one of it (NOTE [Double
+        backward])."""
+        p = call.pass_state
+        if p is None:
+            return
+        if p.stage is not FORWARD:
+            task = tc.current_graph_task_id()
+            if p.stage is AWAITING and task != p.backward_task:  # NOTE [Double backward]: the next one
+                p.stage = BACKWARD
+                p.backward_task = task
+                with contextlib.suppress(RuntimeError):
+                    tc.queue_backward_callback(functools.partial(self._backward_done, weakref.ref(p)))
+            return
+        p.stage = BACKWARD
+        p.backward_task = tc.current_graph_task_id()
+        p.backward_start_mark = self._device.mark()
+        if p.root is not None and p.root.group is not None:
+            self._groups.issue(p.root)  # NOTE [Offload groups]: the last run of root saves
+        with contextlib.suppress(RuntimeError):
+            tc.queue_backward_callback(functools.partial(self._backward_done, weakref.ref(p)))
+
+    def watch_unseen_backward(self, p: PassState, out: Any) -> None:
+        """NOTE [Backward without saves]: watch the root output of a pass that saved
+        nothing through the hooks."""
+        if p.stats.saved_tensors or p is not self.current or p.stage is not FORWARD:
+            return
+        call = p.root if p.root is not None else (p.calls[0] if p.calls else None)
+        if call is None:
+            return
+        hook = functools.partial(_unseen_backward, weakref.ref(self), weakref.ref(call))
+        outs = [t for t in tc.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad][:8]
+        nodes = {id(t.grad_fn): t.grad_fn for t in outs if t.grad_fn is not None}
+        for fn in nodes.values():
+            fn.register_prehook(hook)
+        if not nodes:  # the output is a leaf (regions that hand their input back)
+            handles: list[Any] = []
+
+            def leaf_hook(grad: torch.Tensor) -> None:
+                while handles:
+                    handles.pop().remove()
+                hook(grad)
+
+            handles += [t.register_hook(leaf_hook) for t in outs]
+
+    def _backward_done(self, pref: weakref.ref[PassState]) -> None:
+        p = pref()
+        if p is None:
+            return
+        p.backward_end_mark = self._device.mark()
+        if p.create_graph and p is self.current:
+            p.create_graph = False
+            p.stage = AWAITING  # NOTE [Double backward]: a later backward differentiates it
+            p.double_backward = True
+            return
+        p.stage = DONE
+        if p is self.current:
+            if self._stepped_in_backward:
+                self._optimizer_stepped()  # NOTE [Passes and steps]: optimizer in backward
+            else:
+                self.finish_pass()  # the pass is over: plan, account, maybe close the step
+
+    def finish_pass(self) -> None:
+        p = self.current
+        if p is None:
+            return
+        if p.stage is AWAITING:  # NOTE [Double backward]: no second backward came
+            p.stage = DONE
+        self.current = None
+        p.end_time = time.perf_counter()
+        if self._device.cuda:
+            p.device_peak = int(torch.cuda.max_memory_allocated(self._device.device)) - p.alloc_start
+        calls = p.calls if p.root is None else [*p.calls, p.root]
+        for call in calls:  # counted here, not on the save path
+            p.stats.saved_tensors += call.pack_count
+            p.stats.storages += len(call.storages)
+            p.stats.replays += call.replays
+            p.stats.served_ops += call.served_ops
+            p.stats.rerun_ops += call.rerun_ops
+        p.offload_stats = self._groups.end_step()
+        self._planner.end_pass(p)
+        self._step_passes.append(p)
+        if not self._saw_optimizer and not self.explicit_steps:
+            self.end_step(explicit=False, provisional=not self._no_optimizer)
+
+    def abort(self, p: PassState | None, exc: BaseException | type[BaseException] | None = None) -> None:
+        """A forward error (or a fault at exit) ends the pass; the next forward starts
+        anew. An out-of-memory error tells the planner."""
+        if p is None:
+            return
+        p.aborted = True
+        oom = isinstance(exc, torch.OutOfMemoryError) or (
+            isinstance(exc, type) and issubclass(exc, torch.OutOfMemoryError)
+        )
+        if oom:
+            self.on_oom(p)
+
+    def on_oom(self, p: PassState | None) -> None:
+        if p is not None and not p.oom_seen:
+            p.oom_seen = True
+            self._planner.on_oom(p)
+
+    # ----------------------------------------------------------------- steps
+
+    def on_optimizer_step(self, *_: Any) -> None:
+        if self.explicit_steps:
+            return  # the user marks steps with rt.step()
+        if tc.current_graph_task_id() != -1:
+            self._stepped_in_backward = True  # the step ends with this backward
+            return
+        self._optimizer_stepped()
+
+    def _optimizer_stepped(self) -> None:
+        self._stepped_in_backward = False
+        p = self.current
+        if p is not None and p.stage is not FORWARD:
+            self.finish_pass()
+        if not self._saw_optimizer and self._provisional:
+            # NOTE [Passes and steps]: until the first optimizer step every pass was a
+            # provisional step; they were micro-batches of this one.
+            merged: list[PassState] = []
+            for rec, passes in self._provisional:
+                with contextlib.suppress(ValueError):  # already out of the bounded report
+                    self.steps.remove(rec)
+                self._step_count -= 1
+                self._planner.discard(rec)
+                merged += passes
+            self._provisional = []
+            self._step_passes = merged + self._step_passes
+        self._saw_optimizer = True
+        self.end_step(explicit=False)
+
+    def end_step(self, *, explicit: bool, provisional: bool = False) -> None:
+        if explicit and self.current is not None:
+            self.finish_pass()
+        passes, self._step_passes = self._step_passes, []
+        if not passes:
+            return
+        rec = self._planner.step_record(self._step_count, passes)
+        self._step_count += 1
+        if self._step_count == REPORT_MAX_STEPS + 1:
+            log.info(
+                "offrecomp: the report holds the last %d steps; older ones leave it from now "
+                "on (OFFRECOMP_REPORT=path writes every step)",
+                REPORT_MAX_STEPS,
+            )
+        self.steps.append(rec)
+        if provisional:
+            self._provisional.append((rec, passes))
+            if len(self._provisional) > _MAX_PROVISIONAL:
+                self._no_optimizer = True  # no torch optimizer in this loop: a pass is a step
+                self._confirm_provisional()
+            else:
+                self.resolve(wait=False)  # times and learning now; writing once confirmed
+            return
+        self._unwritten.append(rec)
+        self.resolve(wait=False)
+
+    def close_steps(self) -> None:
+        """The runtime exits: the running pass and step end here."""
+        if self._stepped_in_backward:
+            self._optimizer_stepped()
+        self.finish_pass()
+        self.end_step(explicit=False, provisional=not self._saw_optimizer and not self._no_optimizer)
+        self._confirm_provisional()
+        self.resolve(wait=True)
+
+    def _confirm_provisional(self) -> None:
+        self._unwritten += [rec for rec, _ in self._provisional]
+        self._provisional = []
+        self.resolve(wait=False)
+
+    def resolve(self, *, wait: bool) -> None:
+        """Fill step times whose events landed; write confirmed, timed records in order."""
+        self._planner.resolve(wait=wait)
+        untimed = self._planner.pending_ids()
+        while self._unwritten and id(self._unwritten[0]) not in untimed:
+            rec = self._unwritten.pop(0)
+            if self.report_file is not None:
+                self.report_file.write(json.dumps(rec.to_dict()) + "\n")
+                self.report_file.flush()
+
+    # ---------------------------------------------------------------- replays
+
+    def replay_started(
+        self, call: RegionCall, start: Mark, end: Mark, dropped_bytes: int, *, timed: bool = True
+    ) -> None:
+        p = call.pass_state
+        if p is None:
+            return
+        if timed:
+            p.replay_marks.append((call.ordinal, start, end))
+        p.stats.add_resident(dropped_bytes)
+        call.replay_resident = dropped_bytes
+
+    def replay_done(self, call: RegionCall) -> None:
+        p = call.pass_state
+        if p is not None and call.replay_resident:
+            p.stats.add_resident(-call.replay_resident)
+            call.replay_resident = 0
+
+
+def _unseen_backward(lref: weakref.ref[Lifecycle], cref: weakref.ref[RegionCall], _grads: Any) -> None:
+    """NOTE [Backward without saves]: a backward reached a root output of a pass that
+    saved nothing through the runtime's hooks."""
+    life, call = lref(), cref()
+    if life is not None and call is not None and call.pass_state is not None and call.pass_state.stage is FORWARD:
+        life.backward_activity(call)

@@ -1,0 +1,204 @@
+"""The one placement decision: what a new storage of a region call gets.
+
+``Placements.decide`` answers, for every storage the pack hook (or a region's input
+capture) meets for the first time, the placement it gets and the fallback that led
+there, if any, in the spirit of torch.utils.checkpoint's policy functions. It applies,
+in order: the forced mode or the plan (a borrowed one, the user's, or the mode's
+default while measuring); the legality rules; then, for OFFLOAD, whether the storage
+can move at all and whether the pinned pool admits it.
+
+NOTE [Placement rules]
+- KEEP whatever the plan says: a storage read by a backward run inside its region's
+  forward, or any storage of a region such a backward reaches out of (NOTE [Backward
+  inside a forward]); a storage the profile marks external (another call's), unless the
+  most frugal plan drops it (NOTE [Small storages]).
+- RECOMPUTE only what a replay can regenerate: an activation (not a region input, not
+  a root save) of a call with a replay checkpoint, whose region writes no state of its
+  own (NOTE [State written by its region]), and, under auto, runs no collective (NOTE
+  [Collective regions]).
+- OFFLOAD only a storage of at least ``min_bytes`` (a copy costs more than it saves),
+  on the runtime's device (a CPU tensor of a GPU run is in host memory already), that
+  is not an untracked alias (NOTE [Untracked aliases]), and that the pinned pool admits;
+  a refused one is dropped when it may be, on any rank alike only where dropping is
+  symmetric (never in a collective region), else kept.
+
+NOTE [Placement table]
+A planned call's placements are known when it begins, so the pack hook should not apply
+the rules to each new storage again: ``build_table`` applies them to the plan once per
+call and ``decide`` reads the k-th entry when the storage has the planned size. Anything
+else (a size the plan did not see, a borrowed plan, a region whose forward runs a
+backward) goes through the rules, which also handle the mismatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from offrecomp.config import Config
+from offrecomp.state import PassState, RegionCall
+from scheduler.plan import Placement, Plan
+
+if TYPE_CHECKING:
+    from offrecomp.groups import OffloadGroups
+    from offrecomp.planning import Planner
+
+__all__ = ["Decision", "Placements"]
+
+KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
+
+#: A placement and the fallback that led to it (None: the one wanted).
+Decision = tuple[Placement, "str | None"]
+_KEPT: Decision = (KEEP, None)
+_DROPPED: Decision = (RECOMPUTE, None)
+_OFFLOADED: Decision = (OFFLOAD, None)
+
+
+class Placements:
+    """The placement decision of one runtime (NOTE [Placement rules])."""
+
+    def __init__(
+        self,
+        config: Config,
+        planner: Planner,
+        groups: OffloadGroups,
+        user_plan: Callable[[], Plan | None],
+    ) -> None:
+        self._config = config
+        self._planner = planner
+        self._groups = groups
+        self._user_plan = user_plan
+
+    # ------------------------------------------------------- once per call
+
+    def fixed(self, call: RegionCall) -> Placement | None:
+        """The placement every new storage of ``call`` gets whatever its index (a forced
+        keep or offload) when no plan and no rule can vary it; None: ``decide`` asks the
+        rules."""
+        region = call.region
+        if self._user_plan() is not None or (
+            region is not None and (region.reaches_out or region.backward_in_forward)
+        ):
+            return None
+        mode = self._config.mode
+        return KEEP if mode == "keep" else OFFLOAD if mode == "offload" else None
+
+    def droppable(self, call: RegionCall, *, symmetric: bool = True) -> bool:
+        """May ``call``'s activations be dropped? ``symmetric``: every rank drops alike
+        (a plan or a mode); a rank-local fallback never drops in a collective region."""
+        if call.inputs is None or call.writes_state:
+            return False
+        if call.collective:
+            return symmetric and self._config.mode != "auto"
+        return True
+
+    def build_table(self, call: RegionCall) -> None:
+        """Fill ``call.table`` (NOTE [Placement table]) for a planned call."""
+        placements, structure, region = call.placements, call.structure, call.region
+        if (
+            placements is None or structure is None or region is None or call.fixed is not None
+            or call.borrowed_sizes is not None or call.mismatch
+            or region.reaches_out or region.backward_in_forward
+        ):
+            return
+        recs = structure.storage_records
+        min_bytes = self._config.min_bytes
+        droppable = self.droppable(call)
+        small = structure.small_storages  # NOTE [Small storages]
+        table = []
+        for i, (pl, r) in enumerate(zip(placements, recs)):
+            if r.kind == "external" and not (pl == RECOMPUTE and i in small):
+                pl = KEEP
+            if pl == RECOMPUTE and (not droppable or r.kind == "input"):
+                pl = KEEP
+            if pl == OFFLOAD and r.nbytes < min_bytes:
+                pl = KEEP
+            table.append(pl)
+        call.table = table
+        call.table_sizes = [r.nbytes for r in recs[: len(table)]]
+
+    # ---------------------------------------------------- once per storage
+
+    def decide(
+        self, p: PassState, call: RegionCall, index: int, nbytes: int, kind: str, t: torch.Tensor
+    ) -> Decision:
+        """The placement of ``call``'s new storage ``index`` (``nbytes``, behind ``t``;
+        ``kind``: "activation" or "input") and the fallback that led to it. An OFFLOAD
+        answer is admitted by the pool: the caller adds the storage to its group."""
+        pl = call.fixed
+        if pl is None:
+            table = call.table
+            if table is not None and index < len(table) and call.table_sizes[index] == nbytes:  # type: ignore[index]
+                pl = table[index]
+            else:
+                pl = self._rules(p, call, index, nbytes, kind)
+        elif pl is OFFLOAD and nbytes < self._config.min_bytes:
+            return _KEPT
+        if pl is KEEP:
+            return _KEPT
+        if pl is RECOMPUTE:
+            return _DROPPED
+        return self._offload(call, nbytes, kind, t)
+
+    def _offload(self, call: RegionCall, nbytes: int, kind: str, t: torch.Tensor) -> Decision:
+        groups = self._groups
+        if not groups.offloadable(t):
+            return _KEPT  # already in host memory (a CPU tensor of a GPU run)
+        if kind == "activation" and t._base is None and t.numel() * t.element_size() < nbytes:
+            return KEEP, "aliased_to_keep"  # NOTE [Untracked aliases]
+        if groups.admit(nbytes):
+            return _OFFLOADED
+        if kind == "activation" and self.droppable(call, symmetric=False):
+            return RECOMPUTE, "offload_to_recompute"
+        return KEEP, "offload_to_keep"
+
+    def _rules(self, p: PassState, call: RegionCall, index: int, nbytes: int, kind: str) -> Placement:
+        """The plan or the mode, then legality (NOTE [Placement rules])."""
+        region = call.region
+        if region is not None and (region.reaches_out or (region.forward_used and index in region.forward_used)):
+            return KEEP  # NOTE [Backward inside a forward]: read in the forward, or not replayable
+        wanted = self._wanted(p, call, index, nbytes, kind)
+        if wanted is RECOMPUTE and (kind != "activation" or not self.droppable(call)):
+            return KEEP  # the root, a region input, or a call without a replay checkpoint
+        if wanted is OFFLOAD and nbytes < self._config.min_bytes:
+            return KEEP
+        return wanted
+
+    def _wanted(self, p: PassState, call: RegionCall, index: int, nbytes: int, kind: str) -> Placement:
+        """What the plan (or, without one, the mode) asks for the storage."""
+        placements = call.placements
+        sizes = call.borrowed_sizes
+        if sizes is not None and placements is not None and not call.mismatch:
+            if index < len(sizes) and nbytes <= sizes[index]:
+                return placements[index]
+            # NOTE [Borrowed plans]: larger than the donor's, so its plan does not bound
+            # this call: drop the rest (below); the signature measures its own next time.
+            self._planner.mismatch(p, call, index, borrowed=True)
+        elif placements is not None and sizes is None:
+            structure = call.structure
+            ok = index < len(placements)
+            if ok and structure is not None:
+                recs = structure.storage_records
+                ok = index < len(recs) and recs[index].nbytes == nbytes and recs[index].kind != "external"
+                if index < len(recs) and recs[index].kind == "external" and recs[index].nbytes == nbytes:
+                    # NOTE [Small storages]: only the most frugal plan drops one
+                    small = index in structure.small_storages and index < len(placements)
+                    return RECOMPUTE if small and placements[index] == RECOMPUTE else KEEP
+            if ok:
+                return placements[index]
+            if not call.mismatch and not call.is_root:
+                self._planner.mismatch(p, call, index, borrowed=False)
+        user = self._user_plan()
+        if user is not None and not p.recording:
+            return user.placement((call.name, call.call_index, index))
+        mode = self._config.mode
+        if mode == "keep":
+            return KEEP
+        if mode == "offload":
+            return OFFLOAD
+        if call.collective and mode == "auto":
+            return KEEP  # NOTE [Collective regions]: no rank replays it alone
+        # recompute, and auto while measuring or off-plan: drop what may be dropped
+        return RECOMPUTE if (not call.is_root and kind == "activation") else KEEP
