@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
-from scheduler.units import SIZE_FORMS, format_bytes, parse_bytes
+from scheduler.units import INFEASIBLE_POLICIES, SIZE_FORMS, format_bytes, parse_bytes
 
 __all__ = [
     "ENV_VARS",
@@ -29,7 +29,6 @@ __all__ = [
 
 Mode = Literal["auto", "keep", "offload", "recompute", "off"]
 MODES: tuple[str, ...] = ("auto", "keep", "offload", "recompute", "off")
-INFEASIBLE_POLICIES: tuple[str, ...] = ("warn", "error")
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 _SIZE_FORMS = SIZE_FORMS

@@ -63,9 +63,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Placer"]
 
 KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
-FORWARD = Stage.FORWARD
-#: Stages in which an unpack is not (yet) part of the pass's running backward.
-_UNPACK_OUTSIDE = (Stage.FORWARD, Stage.AWAITING)
+FORWARD, AWAITING = Stage.FORWARD, Stage.AWAITING  # an unpack then is not (yet) the pass's backward
 _STRIDED = torch.strided
 #: Dtypes whose storages are placed; quantized and complex ones are saved as they are.
 _PLACED_DTYPES = frozenset(
@@ -240,7 +238,11 @@ class Placer:
             call.by_ptr[ptr] = rec
             return rec
         index = len(call.storages)
-        placement, fallback = self._decide(p, call, index, nbytes, "activation", t)
+        placement = call.fixed
+        if placement is KEEP:
+            fallback = None  # the call's forced keep (Placements.fixed): nothing to decide
+        else:
+            placement, fallback = self._decide(p, call, index, nbytes, "activation", t)
         rec = StorageRec(storage, call, index, nbytes, ptr, placement)
         call.storages.append(rec)
         call.by_ptr[ptr] = rec
@@ -257,7 +259,10 @@ class Placer:
             rec.aliased = True
         if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
             rec.save_mark = self._life.mark()
-        self._account(p, call, rec, storage, fallback)
+        if placement is KEEP and fallback is None:
+            p.stats.keep(rec)
+        else:
+            self._account(p, call, rec, storage, fallback)
         return rec
 
     def _account(self, p: PassState, call: RegionCall, rec: StorageRec, source: Any, fallback: str | None) -> None:
@@ -355,7 +360,7 @@ class Placer:
             rec, idx, t, version, ref = h
             call = rec.call
             p = call.pass_state
-            if p is not None and p.stage in _UNPACK_OUTSIDE:
+            if p is not None and (p.stage is FORWARD or p.stage is AWAITING):
                 self._outside_backward(call, p, rec)
             if t._version != version:
                 raise _modified_error(_where(call), idx, version, t._version)
@@ -367,7 +372,7 @@ class Placer:
         if type(h) is _Plain:
             owner = h.call
             op = owner.pass_state if owner is not None else None
-            if owner is not None and op is not None and op.stage in _UNPACK_OUTSIDE:
+            if owner is not None and op is not None and (op.stage is FORWARD or op.stage is AWAITING):
                 # a pass whose saves are all kept as they are (nested, complex or DTensor
                 # activations) still has a backward
                 self._outside_backward(owner, op, None)
@@ -388,7 +393,9 @@ class Placer:
             if h.grad_fn and orig.grad_fn is None:
                 raise _detached_error(_where(call), h.pack_index)
         p = call.pass_state
-        inner = p is not None and p.stage in _UNPACK_OUTSIDE and self._outside_backward(call, p, rec)
+        inner = (
+            p is not None and (p.stage is FORWARD or p.stage is AWAITING) and self._outside_backward(call, p, rec)
+        )
         if inner and orig is not None:
             return orig  # a backward inside a forward: the tensor is still there
         if rec.placement is OFFLOAD and call.group is rec.group:

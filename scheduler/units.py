@@ -11,7 +11,12 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["SIZE_FORMS", "UNITS", "format_bytes", "parse_bytes"]
+__all__ = ["INFEASIBLE_POLICIES", "SIZE_FORMS", "UNITS", "format_bytes", "parse_bytes"]
+
+#: What to do when a memory budget cannot be met: ``warn`` (plan the most frugal
+#: placement and say so) or ``error`` (raise). The runtime's OFFRECOMP_INFEASIBLE, the
+#: planner's ``--infeasible`` and the solver accept exactly these.
+INFEASIBLE_POLICIES: tuple[str, ...] = ("warn", "error")
 
 #: Unit suffixes (case-insensitive): IEC binary (KiB...), SI decimal (KB...), and the
 #: bare letters as binary (``24G`` is 24 GiB, as in most tools' flags).
