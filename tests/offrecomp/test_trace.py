@@ -1,4 +1,4 @@
-"""The op recorder's and the serving mode's argument walk (NOTE [Op leaves] in trace.py):
+"""The op recorder's and the serving mode's argument walk (NOTE [Op leaves] in trace/ops.py):
 the same leaves, in the same order, as pytree, for what the dispatcher hands a mode and
 for anything else."""
 
