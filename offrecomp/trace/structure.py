@@ -59,12 +59,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from offrecomp.trace.ops import _returns_rebuildable
-from offrecomp.trace.recorder import COMPILED_FORWARD, OpRecorder, _OutMeta, _Value
+from offrecomp.trace.recorder import COMPILED_FORWARD, OpRecorder, _Op, _OutMeta, _Value
 from scheduler.profile import OpRecord, StorageRecord
 
 _DATA_TAGS = tuple(
@@ -195,113 +195,194 @@ class SaveInfo:
     time: float
 
 
-def build_structure(
-    rec: OpRecorder,
-    saves: Sequence[SaveInfo],
-    storage_sids: Sequence[int | None],
-    storage_nbytes: Sequence[int],
-    storage_kinds: Sequence[str],
-    op_seconds: Sequence[float],
-    region_start: float,
-    *,
-    compiled: bool = False,
-) -> RegionStructure:
-    """Combine the op trace with the saves into a ``RegionStructure``.
+@dataclass
+class _OpTable:
+    """Per op of the recording, what ``build_structure`` hands the planner and replay."""
 
-    ``storage_sids[i]`` is the recorder's storage id of the region call's storage i
-    (inputs first, then activations in order of first save).
-    """
-    sid_to_storage = {sid: i for i, sid in enumerate(storage_sids) if sid is not None}
-    written: set[int] = set()
-    for op in rec.ops:
-        written.update(op.written_sids)
-    opaque = (
-        compiled
-        or any(op.higher_order for op in rec.ops)
+    records: list[OpRecord] = field(default_factory=list)
+    outputs: list[list[ServedEntry] | None] = field(default_factory=list)
+    servable: list[bool] = field(default_factory=list)
+    view_ops: list[bool] = field(default_factory=list)
+
+    def add(self, record: OpRecord, outputs: list[ServedEntry] | None, servable: bool, view: bool) -> None:
+        self.records.append(record)
+        self.outputs.append(outputs)
+        self.servable.append(servable)
+        self.view_ops.append(view)
+
+
+@dataclass
+class _Outputs:
+    """Where one op's flattened return lives."""
+
+    storages: list[int]
+    """Per tensor output, the region call's storage index it lives in (-1: none)."""
+    entries: list[ServedEntry]
+    """How replay rebuilds the return without running the op."""
+    rebuildable: bool
+    """The return can be rebuilt at all (simple return types, every tensor describable)."""
+    held: bool
+    """Every tensor output lives in one of the call's storages, never written in place."""
+
+
+class _Role(NamedTuple):
+    """What one op is to replay (NOTE [Which ops replay runs])."""
+
+    aliasing: bool  # a return shares an input's storage
+    view: bool  # a pure view: always runs, reads no values
+    sink: bool  # its effects must happen as in the forward: always runs
+    servable: bool  # may be served from held storages
+
+
+def _is_opaque(rec: OpRecorder) -> bool:
+    """The recording may not show all the region's dataflow, or the path every pass takes
+    through its code (NOTE [Which ops replay runs])."""
+    return (
+        any(op.higher_order for op in rec.ops)
         or (not rec.grad_enabled_at_entry)
         or any(not op.grad_enabled for op in rec.ops)
         or any(_branches_on_data(op) for op in rec.ops)
     )
 
+
+def _reads(op: _Op, creator: dict[int, int], known_sids: set[int]) -> tuple[list[int], bool]:
+    """The ops whose allocations ``op`` reads, and whether it reads an allocation that no
+    op of the region made and that is not one of the region's inputs, parameters or
+    buffers (a value from a path the dispatcher cannot see)."""
+    reads: list[int] = []
+    unseen = False
+    for sid in op.read_sids:
+        c = creator.get(sid)
+        if c is not None:
+            reads.append(c)
+        elif sid not in known_sids:
+            unseen = True
+    return reads, unseen
+
+
+def _outputs(
+    op: _Op,
+    k: int,
+    creator: dict[int, int],
+    producer: list[int],
+    sid_to_storage: dict[int, int],
+    written: set[int],
+) -> _Outputs:
+    """Where op ``k``'s outputs live. An allocation it makes is entered in ``creator``
+    (recording's storage id -> op) and, the first time one of the call's storages is
+    made, in ``producer`` (storage index -> op)."""
+    storages: list[int] = []
+    entries: list[ServedEntry] = []
+    rebuildable = _returns_rebuildable(op.func)
+    held = True
+    for o in op.outputs:
+        if isinstance(o, _Value):
+            entries.append(o)
+            continue
+        if not isinstance(o, _OutMeta):
+            rebuildable = False
+            storages.append(-1)
+            continue
+        sidx = sid_to_storage.get(o.sid, -1)
+        storages.append(sidx)
+        fresh = o.sid not in op.input_sids and o.sid not in creator
+        if fresh:
+            creator[o.sid] = k
+            if sidx >= 0 and producer[sidx] < 0:
+                producer[sidx] = k
+        if o.numel == 0 or sidx < 0 or o.sid in written:
+            held = False
+        entries.append(ServedOutput(sidx if (o.numel and sidx >= 0) else -1, o.size, o.stride,
+                                    o.offset if sidx >= 0 else 0, o.dtype, o.device))
+    return _Outputs(storages, entries, rebuildable, held)
+
+
+def _role(op: _Op, out: _Outputs, writes_foreign: bool, opaque: bool) -> _Role:
+    """Whether ``op`` is a view, a sink, or servable (NOTE [Which ops replay runs])."""
+    # _unsafe_view and friends alias an input without saying so in their schema.
+    aliasing = op.view or any(isinstance(o, _OutMeta) and o.sid in op.input_sids for o in op.outputs)
+    has_value_out = any(isinstance(e, _Value) for e in out.entries) and not any(
+        isinstance(e, ServedOutput) for e in out.entries
+    )
+    pure_view = aliasing and not op.writes
+    sink = not pure_view and (op.random or op.writes or writes_foreign or has_value_out or not out.rebuildable)
+    can_serve = (
+        not opaque and out.rebuildable and not aliasing and not op.writes and not op.random and out.held
+        and any(isinstance(e, ServedOutput) and e.storage >= 0 for e in out.entries)
+    )
+    return _Role(aliasing=aliasing, view=pure_view, sink=sink, servable=can_serve)
+
+
+def _add_compiled_forward(
+    table: _OpTable, producer: list[int], storage_kinds: Sequence[str], seconds: float
+) -> None:
+    """NOTE [Compiled regions]: op 0 is the compiled forward; it makes every activation."""
+    made = tuple(i for i, kind in enumerate(storage_kinds) if kind == "activation")
+    for i in made:
+        producer[i] = 0
+    table.add(
+        OpRecord(seconds=float(seconds), skippable=False, outputs=made, name=COMPILED_FORWARD,
+                 reads=None, sink=True, view=False),
+        None,
+        False,
+        False,
+    )
+
+
+def _add_recorded_ops(
+    table: _OpTable,
+    producer: list[int],
+    rec: OpRecorder,
+    storage_sids: Sequence[int | None],
+    op_seconds: Sequence[float],
+    opaque: bool,
+) -> bool:
+    """Enter every recorded op in ``table`` (and the ops that make the call's storages in
+    ``producer``); return whether replay may hand out placeholders (NOTE [Which ops
+    replay runs])."""
+    sid_to_storage = {sid: i for i, sid in enumerate(storage_sids) if sid is not None}
+    written: set[int] = set()
+    for op in rec.ops:
+        written.update(op.written_sids)
     creator: dict[int, int] = {}  # sid -> op that allocated it
-    producer = [-1] * len(storage_sids)
     placeholders_ok = not opaque
-    op_records: list[OpRecord] = []
-    outputs_all: list[list[ServedEntry] | None] = []
-    servable: list[bool] = []
-    view_ops: list[bool] = []
-    if rec.passive:  # NOTE [Compiled regions]: op 0 is the compiled forward; it makes every activation
-        made = tuple(i for i, kind in enumerate(storage_kinds) if kind == "activation")
-        for i in made:
-            producer[i] = 0
-        op_records.append(
-            OpRecord(seconds=float(op_seconds[0]), skippable=False, outputs=made, name=COMPILED_FORWARD,
-                     reads=None, sink=True, view=False)
-        )
-        outputs_all.append(None)
-        servable.append(False)
-        view_ops.append(False)
-    for k, op in enumerate(() if rec.passive else rec.ops):
-        reads: list[int] = []
-        for sid in op.read_sids:
-            c = creator.get(sid)
-            if c is not None:
-                reads.append(c)
-            elif sid not in rec.known_sids:
-                placeholders_ok = False  # a value from a path the dispatcher cannot see
-        outputs: list[int] = []
-        entries: list[ServedEntry] = []
-        rebuildable = _returns_rebuildable(op.func)
-        held = True
+    for k, op in enumerate(rec.ops):
+        reads, unseen = _reads(op, creator, rec.known_sids)
+        if unseen:
+            placeholders_ok = False  # a value from a path the dispatcher cannot see
         writes_foreign = any(sid not in creator or sid in rec.known_sids for sid in op.written_sids)
-        for o in op.outputs:
-            if isinstance(o, _Value):
-                entries.append(o)
-                continue
-            if not isinstance(o, _OutMeta):
-                rebuildable = False
-                outputs.append(-1)
-                continue
-            sidx = sid_to_storage.get(o.sid, -1)
-            outputs.append(sidx)
-            fresh = o.sid not in op.input_sids and o.sid not in creator
-            if fresh:
-                creator[o.sid] = k
-                if sidx >= 0 and producer[sidx] < 0:
-                    producer[sidx] = k
-            if o.numel == 0 or sidx < 0 or o.sid in written:
-                held = False
-            entries.append(ServedOutput(sidx if (o.numel and sidx >= 0) else -1, o.size, o.stride,
-                                        o.offset if sidx >= 0 else 0, o.dtype, o.device))
-        # _unsafe_view and friends alias an input without saying so in their schema.
-        aliasing = op.view or any(isinstance(o, _OutMeta) and o.sid in op.input_sids for o in op.outputs)
-        has_value_out = any(isinstance(e, _Value) for e in entries) and not any(
-            isinstance(e, ServedOutput) for e in entries
-        )
-        pure_view = aliasing and not op.writes
-        sink = not pure_view and (op.random or op.writes or writes_foreign or has_value_out or not rebuildable)
-        can_serve = (
-            not opaque and rebuildable and not aliasing and not op.writes and not op.random and held
-            and any(isinstance(e, ServedOutput) and e.storage >= 0 for e in entries)
-        )
-        op_records.append(
+        out = _outputs(op, k, creator, producer, sid_to_storage, written)
+        role = _role(op, out, writes_foreign, opaque)
+        table.add(
             OpRecord(
                 seconds=float(op_seconds[k]),
-                skippable=can_serve,
-                outputs=tuple(outputs),
+                skippable=role.servable,
+                outputs=tuple(out.storages),
                 name=op.name,
                 reads=None if opaque else tuple(sorted(set(reads))),
-                sink=sink,
-                view=pure_view,
-            )
+                sink=role.sink,
+                view=role.view,
+            ),
+            out.entries if out.rebuildable and not role.aliasing else None,
+            role.servable,
+            role.view,
         )
-        outputs_all.append(entries if rebuildable and not aliasing else None)
-        servable.append(can_serve)
-        view_ops.append(pure_view)
+    return placeholders_ok
 
+
+def _storage_records(
+    saves: Sequence[SaveInfo],
+    producer: Sequence[int],
+    storage_nbytes: Sequence[int],
+    storage_kinds: Sequence[str],
+    region_start: float,
+) -> list[StorageRecord]:
+    """Per storage of the region call: its size, kind, producing op and saves. An
+    activation no recorded op made is ``external``."""
+    n = len(producer)
     first: dict[int, SaveInfo] = {}
     last: dict[int, SaveInfo] = {}
-    counts = [0] * len(storage_sids)
+    counts = [0] * n
     for s in saves:
         if s.storage < 0:
             continue
@@ -309,7 +390,7 @@ def build_structure(
         last[s.storage] = s
         counts[s.storage] += 1
     storages: list[StorageRecord] = []
-    for i in range(len(storage_sids)):
+    for i in range(n):
         kind = storage_kinds[i]
         if kind == "activation" and producer[i] < 0:
             kind = "external"
@@ -326,19 +407,47 @@ def build_structure(
                 saves=counts[i],
             )
         )
+    return storages
+
+
+def build_structure(
+    rec: OpRecorder,
+    saves: Sequence[SaveInfo],
+    storage_sids: Sequence[int | None],
+    storage_nbytes: Sequence[int],
+    storage_kinds: Sequence[str],
+    op_seconds: Sequence[float],
+    region_start: float,
+    *,
+    compiled: bool = False,
+) -> RegionStructure:
+    """Combine the op trace with the saves into a ``RegionStructure``.
+
+    ``storage_sids[i]`` is the recorder's storage id of the region call's storage i
+    (inputs first, then activations in order of first save).
+    """
+    opaque = compiled or _is_opaque(rec)
+    table = _OpTable()
+    producer = [-1] * len(storage_sids)
+    if rec.passive:
+        _add_compiled_forward(table, producer, storage_kinds, op_seconds[0])
+        placeholders_ok = not opaque
+    else:
+        placeholders_ok = _add_recorded_ops(table, producer, rec, storage_sids, op_seconds, opaque)
+    storages = _storage_records(saves, producer, storage_nbytes, storage_kinds, region_start)
     if not placeholders_ok and not opaque:
-        for r in op_records:
+        for r in table.records:
             r.reads = None  # planner: prefix semantics
     return RegionStructure(
         op_names=[op.name for op in rec.ops],
         op_scalars=[op.scalars for op in rec.ops],
-        op_records=op_records,
+        op_records=table.records,
         storage_records=storages,
         opaque=opaque,
         placeholders_ok=placeholders_ok,
-        outputs=outputs_all,
-        servable=servable,
-        view_ops=view_ops,
+        outputs=table.outputs,
+        servable=table.servable,
+        view_ops=table.view_ops,
         save_ops=[s.ops_before for s in saves],
         param_casts={k: op.cast_of for k, op in enumerate(rec.ops) if op.cast_of},
     )
