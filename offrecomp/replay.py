@@ -17,8 +17,8 @@ The first backward access to a dropped tensor of a region call replays that call
      last of them it stops the forward by raising a private exception, so nothing past
      it is recomputed (early stop);
   6. when the region has a recorded structure, ``ServingMode`` returns held outputs for
-     ops replay may skip (NOTE [Which ops replay may skip]) and checks that replay
-     dispatches the same ops as the forward.
+     the ops replay need not run (NOTE [Which ops replay runs] in trace/structure.py)
+     and checks that replay dispatches the same ops as the forward.
 Each replayed tensor is handed out once and forgotten, so replayed memory lives only
 until autograd is done with it; a second backward (retain_graph) replays again.
 """
@@ -116,9 +116,9 @@ def _no_unpack(_: Any) -> Any:
 #   later call (Region.forward_used), and its recording is opaque (it may hold the ops
 #   of that regeneration), so its replays run plainly.
 # - A replay throws its graph away, so its pack hook holds nothing but what it captures,
-#   and the inner backward of the replayed forward found nothing to unpack. The replays
-#   of a marked region hold every save (their working set is their whole prefix's
-#   saves); a replay that meets an inner backward first starts again, holding.
+#   and the inner backward of the replayed forward would find nothing to unpack. The
+#   replays of a marked region hold every save (their working set is their whole
+#   prefix's saves); a replay that meets an inner backward first starts again, holding.
 # - Saves made while the inner backward runs (another graph task than the one the replay
 #   began in) are not forward saves: the forward's pack hook does not count them
 #   (hooks.Placer._pack), and neither does the replay's, or every later index would shift.
@@ -134,14 +134,14 @@ def _no_unpack(_: Any) -> Any:
 # NOTE [Private generators]
 # A block may draw from a torch.Generator of its own (noise injection with a seeded
 # generator, a sampler): `torch.randn(shape, generator=self.g)`. Restoring the global
-# RNG states does not restore it, and a replay drew the next numbers from it: other
-# activations than the forward's, silently (torch.utils.checkpoint does the same). The
-# first call of each region runs under FirstCallWatch (trace.py), which records every
-# generator an op draws from, with its state at that first draw: the state at entry.
-# Later calls capture those generators' states at entry (a few KiB each). A replay sets
-# them, and sets back afterwards what it found, as for the global RNG. A generator the
-# first call did not draw from is not known; one created inside the forward needs
-# nothing (the replay creates it again).
+# RNG states does not restore it, and a replay would draw the next numbers from it:
+# other activations than the forward's, silently (as torch.utils.checkpoint does). The
+# first call of each region runs under FirstCallWatch (trace/recorder.py), which records
+# every generator an op draws from, with its state at that first draw: the state at
+# entry. Later calls capture those generators' states at entry (a few KiB each). A
+# replay sets them, and sets back afterwards what it found, as for the global RNG. A
+# generator the first call did not draw from is not known; one created inside the
+# forward needs nothing (the replay creates it again).
 
 
 @contextlib.contextmanager
@@ -223,9 +223,10 @@ def _param_guard(call: RegionCall) -> ParamGuard | None:
 
 @contextlib.contextmanager
 def _training_as_forward(call: RegionCall) -> Iterator[None]:
-    """The replay runs in the train/eval mode of the forward: a ``model.eval()`` between
-    forward and backward (an evaluation forward for logging) turned dropout off in the
-    replay, and code that branches on ``self.training`` took the other branch."""
+    """The replay runs in the train/eval mode of the forward. Otherwise a ``model.eval()``
+    between forward and backward (an evaluation forward for logging) would turn dropout
+    off in the replay, and code that branches on ``self.training`` would take the other
+    branch."""
     flags = call.training
     region = call.region
     if flags is None or region is None or len(flags) != len(region.modules):

@@ -179,17 +179,17 @@ def written_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
 # replay that casts again dispatches one op more than the recording. Replays run with
 # the cache off (``regions.autocast_contexts``), so they dispatch every cast: never
 # fewer than the recording, even inside the forward's context (backward called under
-# autocast, where the cache still holds the forward's casts). There the cache also
-# kept, until the context exited, a cast of each replay's inputs (fresh leaves that
+# autocast, where the cache still holds the forward's casts). There the cache would
+# also keep, until the context exits, a cast of each replay's inputs (fresh leaves that
 # require grad, which autocast caches): a bf16 copy of every replayed block's input.
 # Replays of compiled code keep the forward's setting, which the compiled graph guards
 # on (as do replays of forwards without autocast, where it decides nothing; a compiled
 # function called in a block under autocast compiles once more for its replays). The
 # recording marks each parameter cast with its parameter; the serving mode runs a
 # parameter cast that is not the recorded op at its place without consuming that op
-# (never serving it: running it is always right). Matching by name alone was not enough: an extra cast of a bias took
-# the place of the recorded cast of the input and was served the input's bytes. Plain
-# replays check nothing.
+# (never serving it: running it is always right). Matching by name alone is not
+# enough: an extra cast of a bias would take the place of the recorded cast of the input
+# and be served the input's bytes. Plain replays check nothing.
 _TO_COPY = "aten._to_copy.default"
 
 

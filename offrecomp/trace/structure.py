@@ -24,7 +24,7 @@ because nothing that runs reads them. View ops always run (they cost nothing and
 Python-level metadata right).
 
 That is only sound when the recording saw all the dataflow, and when every pass takes
-the recorded path through the region's Python code. It did not, or may not, when:
+the recorded path through the region's Python code. It does not, or may not, when:
   * the region holds torch.compile'd modules: under a dispatch mode dynamo does not
     compile them (and may give up on them for good), so a recording would show other ops
     and saves than the compiled forward runs. Such a region is *opaque* from the start
