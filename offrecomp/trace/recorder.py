@@ -1,4 +1,4 @@
-"""The recorder: what a region's first call and its measured call dispatch.
+"""The recorders: the modes that watch a region's forward, and what they record.
 
 ``OpRecorder`` runs over a region call of the measuring pass and records, per ATen op,
 its time, the allocations it reads, writes and creates, the view geometry of its

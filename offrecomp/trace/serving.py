@@ -2,8 +2,9 @@
 
 ``ServingMode`` carries out a ``RegionStructure.program``: it runs, serves from held
 storages, or hands out placeholders for each op, and checks that the replay dispatches
-what the recording saw (NOTE [Which ops replay runs] in structure.py). ``ParamGuard``
-stops a replay that would read a parameter modified since the forward.
+what the recording saw (NOTE [Which ops replay runs] in structure.py), raising
+``ReplayDivergedError`` where it does not. ``ParamGuard`` stops a replay that would read
+a parameter modified since the forward.
 """
 
 from __future__ import annotations
