@@ -17,8 +17,8 @@ The first backward access to a dropped tensor of a region call replays that call
      last of them it stops the forward by raising a private exception, so nothing past
      it is recomputed (early stop);
   6. when the region has a recorded structure, ``ServingMode`` returns held outputs for
-     ops replay may skip (NOTE [Which ops replay may skip]) and checks that replay
-     dispatches the same ops as the forward.
+     the ops replay need not run (NOTE [Which ops replay runs] in trace/structure.py)
+     and checks that replay dispatches the same ops as the forward.
 Each replayed tensor is handed out once and forgotten, so replayed memory lives only
 until autograd is done with it; a second backward (retain_graph) replays again.
 """
@@ -116,9 +116,9 @@ def _no_unpack(_: Any) -> Any:
 #   later call (Region.forward_used), and its recording is opaque (it may hold the ops
 #   of that regeneration), so its replays run plainly.
 # - A replay throws its graph away, so its pack hook holds nothing but what it captures,
-#   and the inner backward of the replayed forward found nothing to unpack. The replays
-#   of a marked region hold every save (their working set is their whole prefix's
-#   saves); a replay that meets an inner backward first starts again, holding.
+#   and the inner backward of the replayed forward would find nothing to unpack. The
+#   replays of a marked region hold every save (their working set is their whole
+#   prefix's saves); a replay that meets an inner backward first starts again, holding.
 # - Saves made while the inner backward runs (another graph task than the one the replay
 #   began in) are not forward saves: the forward's pack hook does not count them
 #   (hooks.Placer._pack), and neither does the replay's, or every later index would shift.
@@ -134,14 +134,14 @@ def _no_unpack(_: Any) -> Any:
 # NOTE [Private generators]
 # A block may draw from a torch.Generator of its own (noise injection with a seeded
 # generator, a sampler): `torch.randn(shape, generator=self.g)`. Restoring the global
-# RNG states does not restore it, and a replay drew the next numbers from it: other
-# activations than the forward's, silently (torch.utils.checkpoint does the same). The
-# first call of each region runs under FirstCallWatch (trace.py), which records every
-# generator an op draws from, with its state at that first draw: the state at entry.
-# Later calls capture those generators' states at entry (a few KiB each). A replay sets
-# them, and sets back afterwards what it found, as for the global RNG. A generator the
-# first call did not draw from is not known; one created inside the forward needs
-# nothing (the replay creates it again).
+# RNG states does not restore it, and a replay would draw the next numbers from it:
+# other activations than the forward's, silently (as torch.utils.checkpoint does). The
+# first call of each region runs under FirstCallWatch (trace/recorder.py), which records
+# every generator an op draws from, with its state at that first draw: the state at
+# entry. Later calls capture those generators' states at entry (a few KiB each). A
+# replay sets them, and sets back afterwards what it found, as for the global RNG. A
+# generator the first call did not draw from is not known; one created inside the
+# forward needs nothing (the replay creates it again).
 
 
 @contextlib.contextmanager
@@ -223,9 +223,10 @@ def _param_guard(call: RegionCall) -> ParamGuard | None:
 
 @contextlib.contextmanager
 def _training_as_forward(call: RegionCall) -> Iterator[None]:
-    """The replay runs in the train/eval mode of the forward: a ``model.eval()`` between
-    forward and backward (an evaluation forward for logging) turned dropout off in the
-    replay, and code that branches on ``self.training`` took the other branch."""
+    """The replay runs in the train/eval mode of the forward. Otherwise a ``model.eval()``
+    between forward and backward (an evaluation forward for logging) would turn dropout
+    off in the replay, and code that branches on ``self.training`` would take the other
+    branch."""
     flags = call.training
     region = call.region
     if flags is None or region is None or len(flags) != len(region.modules):
@@ -289,6 +290,144 @@ def _replay_forward(
         call.forward_fn(*args, **kwargs)
 
 
+class _SaveCapture:
+    """The replay's saved-tensor hook pair (NOTE [Replay], step 5): numbers the saves as
+    the forward did, captures the needed ones, and stops the forward right after the
+    last of them."""
+
+    def __init__(self, region_name: str, needed: set[int], *, hold: bool) -> None:
+        self.region_name = region_name
+        self.needed = needed
+        self.last = max(needed)
+        self.hold = hold
+        """Hold every save, not only the needed ones (NOTE [Backward inside a forward])."""
+        self.task = _graph_task_id()  # the backward the replay runs in (-1 outside one)
+        self.captured: dict[int, torch.Tensor] = {}
+        self.counter = 0  # saves numbered so far in this run of the forward
+        self.stopped = False  # the last needed save is captured: the forward was stopped
+        self.running = False  # the replayed forward is running
+        self.wants_hold = False  # the forward unpacked a save of its own: run it again, holding
+        self.mode: ServingMode | None = None
+
+    def begin(self, mode: ServingMode | None) -> None:
+        """A run of the forward starts (again) from its first save."""
+        self.counter = 0
+        self.captured.clear()
+        self.mode = mode
+
+    def pack(self, t: torch.Tensor) -> Any:
+        if _graph_task_id() != self.task:
+            return t  # NOTE [Backward inside a forward]: saved by an inner backward
+        i = self.counter
+        self.counter += 1
+        if i in self.needed:
+            with internal():
+                mode = self.mode
+                if mode is not None and mode.is_placeholder(t):  # NOTE [Placeholder guard]
+                    raise mode.diverge(
+                        f"offrecomp: replay of region {self.region_name!r} diverged at save #{i}: "
+                        "it saves a tensor the recording did not compute"
+                    )
+                self.captured[i] = t.detach()
+            if i >= self.last:
+                self.stopped = True
+                raise _StopReplay
+        return t if self.hold else _THROWAWAY
+
+    def unpack(self, x: Any) -> Any:
+        if x is not _THROWAWAY:
+            return x
+        if self.running and not self.hold:
+            self.wants_hold = True  # judged by this flag: C++ may hand the exception back as its own
+            raise _HoldSaves  # NOTE [Backward inside a forward]
+        return _no_unpack(x)
+
+
+class _RngStates:
+    """The random states a replay draws from (NOTE [Replay], step 2; NOTE [Private
+    generators]): the forward's, set before each run of the forward, and the caller's,
+    set back afterwards."""
+
+    def __init__(self, call: RegionCall, devices: set[torch.device]) -> None:
+        self.call = call
+        self.caller = capture_rng(devices) if call.rng is not None else None
+        self.generators = call.generators or []
+        self.caller_generators = [(g, g.get_state()) for g, _ in self.generators]
+
+    def set_forward(self) -> None:
+        if self.call.rng is not None:
+            restore_rng(self.call.rng)
+        for g, state in self.generators:
+            g.set_state(state)
+
+    def set_caller(self) -> None:
+        if self.caller is not None:
+            restore_rng(self.caller)
+        for g, state in self.caller_generators:
+            g.set_state(state)
+
+
+def _hold_saves_from_now_on(call: RegionCall) -> None:
+    """NOTE [Backward inside a forward]: the region's replays, this one included, hold what
+    they save and run plainly."""
+    if call.region is not None:
+        call.region.backward_in_forward = True
+    if call.structure is not None:
+        call.structure.opaque = True  # its recording holds an inner backward
+    log.info(
+        "offrecomp: region %r runs a backward inside its forward; its replays "
+        "hold what they save and run plainly",
+        call.name,
+    )
+
+
+def _replay_until_captured(
+    call: RegionCall,
+    saves: _SaveCapture,
+    rng: _RngStates,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    program: list[int] | None,
+    storage_tensors: dict[int, Any] | None,
+) -> ServingMode | None:
+    """Run the forward until the last needed save is captured; run it again, plainly and
+    holding its saves, when it turns out to run a backward of its own. Returns the
+    serving mode of the last run (None: a plain replay)."""
+    while True:
+        mode: ServingMode | None = None
+        if call.structure is not None and program is not None:
+            mode = ServingMode(
+                region_name=call.name,
+                structure=call.structure,
+                program=program,
+                storage_tensors=storage_tensors or {},
+            )
+        saves.begin(mode)
+        rng.set_forward()
+        try:
+            saves.running = True
+            _replay_forward(call, args, kwargs, saves.pack, saves.unpack, mode)
+            return mode
+        except BaseException as exc:
+            # Early stop (NOTE [Replay]), a replay that must hold its saves, or a
+            # divergence. Code that runs in C++ (TorchScript) hands any of them back
+            # as a RuntimeError of its own: judge by what was raised, not by what
+            # arrives.
+            if saves.stopped:
+                return mode
+            if saves.wants_hold and not saves.hold:
+                saves.hold = True
+                _hold_saves_from_now_on(call)
+                program = None  # this replay, too, runs plainly
+                continue
+            first = mode.diverged if mode is not None else None
+            if first is not None and exc is not first:
+                raise first from exc
+            raise
+        finally:
+            saves.running = False
+
+
 def replay_call(
     call: RegionCall,
     needed: set[int],
@@ -307,111 +446,23 @@ def replay_call(
         return {}
     if call.inputs is None or call.forward_fn is None:
         raise RuntimeError(f"offrecomp: region {call.name!r} has no captured inputs to replay from")
-    last = max(needed)
-    captured: dict[int, torch.Tensor] = {}
-    counter = 0
-    stopped = False
-    running = False
-    wants_hold = False
     region = call.region
-    hold = region is not None and region.backward_in_forward
-    task = _graph_task_id()  # the backward the replay runs in (-1 outside one)
-
-    def pack(t: torch.Tensor) -> Any:
-        nonlocal counter, stopped
-        if _graph_task_id() != task:
-            return t  # NOTE [Backward inside a forward]: saved by an inner backward
-        i = counter
-        counter += 1
-        if i in needed:
-            with internal():
-                if mode is not None and mode.is_placeholder(t):  # NOTE [Placeholder guard]
-                    raise mode.diverge(
-                        f"offrecomp: replay of region {call.name!r} diverged at save #{i}: it "
-                        "saves a tensor the recording did not compute"
-                    )
-                captured[i] = t.detach()
-            if i >= last:
-                stopped = True
-                raise _StopReplay
-        return t if hold else _THROWAWAY
-
-    def unpack(x: Any) -> Any:
-        nonlocal wants_hold
-        if x is not _THROWAWAY:
-            return x
-        if running and not hold:
-            wants_hold = True  # judged by this flag: C++ may hand the exception back as its own
-            raise _HoldSaves  # NOTE [Backward inside a forward]
-        return _no_unpack(x)
-
+    saves = _SaveCapture(call.name, needed, hold=region is not None and region.backward_in_forward)
     args, kwargs = inputs if inputs is not None else replay_arguments(call.inputs, call.name)
-    devices = call.inputs.devices()
-    before = capture_rng(devices) if call.rng is not None else None
-    gens = call.generators or []
-    gens_before = [(g, g.get_state()) for g, _ in gens]
-    mode: ServingMode | None = None
+    rng = _RngStates(call, call.inputs.devices())
     t0 = time.perf_counter()
     try:
-        while True:
-            counter = 0
-            captured.clear()
-            if call.structure is not None and program is not None:
-                mode = ServingMode(
-                    region_name=call.name,
-                    structure=call.structure,
-                    program=program,
-                    storage_tensors=storage_tensors or {},
-                )
-            if call.rng is not None:
-                restore_rng(call.rng)
-            for g, state in gens:
-                g.set_state(state)
-            try:
-                running = True
-                _replay_forward(call, args, kwargs, pack, unpack, mode)
-                break
-            except BaseException as exc:
-                # Early stop (NOTE [Replay]), a replay that must hold its saves, or a
-                # divergence. Code that runs in C++ (TorchScript) hands any of them back
-                # as a RuntimeError of its own: judge by what was raised, not by what
-                # arrives.
-                if stopped:
-                    break
-                if wants_hold and not hold:
-                    hold = True
-                    if region is not None:
-                        region.backward_in_forward = True
-                    if call.structure is not None:
-                        call.structure.opaque = True  # its recording holds an inner backward
-                    program = None  # this replay, too, runs plainly
-                    mode = None
-                    log.info(
-                        "offrecomp: region %r runs a backward inside its forward; its replays "
-                        "hold what they save and run plainly",
-                        call.name,
-                    )
-                    continue
-                first = mode.diverged if mode is not None else None
-                if first is not None and exc is not first:
-                    raise first from exc
-                raise
-            finally:
-                running = False
+        mode = _replay_until_captured(call, saves, rng, args, kwargs, program, storage_tensors)
     finally:
-        if before is not None:
-            restore_rng(before)
-        for g, state in gens_before:
-            g.set_state(state)
+        rng.set_caller()
     call.replay_seconds += time.perf_counter() - t0
     call.replays += 1
     if mode is not None:
         call.served_ops += mode.served + mode.stubbed
         call.rerun_ops += mode.ran
-    missing = needed - captured.keys()
-    if missing:
+    if needed - saves.captured.keys():
         raise ReplayDivergedError(
-            f"offrecomp: replay of region {call.name!r} (call {call.call_index}) saved {counter} "
-            f"tensors but the forward saved at least {last + 1}"
+            f"offrecomp: replay of region {call.name!r} (call {call.call_index}) saved "
+            f"{saves.counter} tensors but the forward saved at least {saves.last + 1}"
         )
-    return captured
+    return saves.captured

@@ -184,6 +184,35 @@ def test_nondeterministic_region_is_detected(mode: str) -> None:
             Flaky.flag = True
 
 
+class SavesLess(nn.Module):
+    """Its second exp (and the save it makes) depends on a flag that changes between
+    forward and backward."""
+
+    flag = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.exp()
+        return y.exp() if SavesLess.flag else y
+
+
+def test_a_replay_that_saves_less_than_its_forward_is_an_error() -> None:
+    torch.manual_seed(0)
+    m = nn.Sequential(SavesLess(), SavesLess())
+    x = torch.randn(4, 16, requires_grad=True)
+    with offrecomp.runtime(m, min_bytes=0, mode="recompute"):
+        m(x).sum().backward()
+        loss = m(x).sum()
+        SavesLess.flag = False
+        try:
+            with pytest.raises(
+                offrecomp.ReplayDivergedError,
+                match=r"replay of region '1' \(call 0\) saved 1 tensors but the forward saved at least 2",
+            ):
+                loss.backward()
+        finally:
+            SavesLess.flag = True
+
+
 @pytest.mark.parametrize("mode", ["keep", "recompute", "offload"])
 def test_inplace_after_save_is_an_error(mode: str) -> None:
     class Exp(nn.Module):

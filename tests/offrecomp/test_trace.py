@@ -1,6 +1,7 @@
-"""The op recorder's and the serving mode's argument walk (NOTE [Op leaves] in trace.py):
+"""The op recorder's and the serving mode's argument walk (NOTE [Op leaves] in trace/ops.py):
 the same leaves, in the same order, as pytree, for what the dispatcher hands a mode and
-for anything else."""
+for anything else; and what ``build_structure`` makes of a recording (NOTE [Which ops
+replay runs] in trace/structure.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,17 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from offrecomp.trace import _is_internal, internal, op_leaves, op_name, user_code
+from offrecomp.trace import (
+    OpRecorder,
+    RegionStructure,
+    SaveInfo,
+    _is_internal,
+    build_structure,
+    internal,
+    op_leaves,
+    op_name,
+    user_code,
+)
 
 Pair = collections.namedtuple("Pair", "a b")
 
@@ -105,3 +116,60 @@ def test_internal_depth_is_per_thread() -> None:
         t.join()
     assert not _is_internal()
     assert seen == [False]
+
+
+def _structure(*, w_known: bool) -> RegionStructure:
+    """A recorded region ``(x @ w) * rand_like`` viewed and written in place; its
+    storages are x and w (inputs) and the matmul's output (saved after op 1)."""
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    known = [x] + ([w] if w_known else [])
+    rec = OpRecorder(
+        use_cuda_events=False,
+        cuda_devices=[],
+        known_ptrs=frozenset(t.untyped_storage().data_ptr() for t in known),
+    )
+    with rec:
+        h = x @ w
+        r = torch.rand_like(h)
+        v = (h * r).view(-1)
+        v.add_(1)
+    sids = [rec.storage_id(t) for t in (x, w, h)]
+    saves = [SaveInfo(storage=2, ops_before=1, time=0.5)]
+    kinds = ["input", "input", "activation"]
+    return build_structure(rec, saves, sids, [128, 256, 128], kinds, [1e-6] * len(rec.ops), 0.25)
+
+
+def test_build_structure_tells_sinks_views_and_servable_ops_apart() -> None:
+    st = _structure(w_known=True)
+    assert st.op_names == [
+        "aten.mm.default",
+        "aten.rand_like.default",
+        "aten.mul.Tensor",
+        "aten.view.default",
+        "aten.add_.Tensor",
+    ]
+    assert not st.opaque and st.placeholders_ok
+    ops = st.op_records
+    # the matmul's output is a saved storage never written in place: servable
+    assert ops[0].skippable and not ops[0].sink and ops[0].outputs == (2,)
+    assert ops[1].sink and not ops[1].skippable and ops[1].reads == ()  # random; reads shape only
+    assert not ops[2].sink and not ops[2].skippable and ops[2].reads == (0, 1)
+    assert ops[3].view and not ops[3].sink
+    assert ops[4].sink and ops[4].reads == (2,)  # in place, on the view of the mul's storage
+    assert st.servable == [True, False, False, False, False]
+    assert st.view_ops == [False, False, False, True, False]
+    assert st.outputs[3] is None and st.outputs[4] is None  # an alias cannot be rebuilt
+    act = st.storage_records[2]
+    assert (act.kind, act.producer_op, act.first_save_op, act.saves) == ("activation", 0, 1, 1)
+    assert act.offset_seconds == 0.25
+    assert [s.kind for s in st.storage_records[:2]] == ["input", "input"]
+    assert st.save_ops == [1]
+
+
+def test_build_structure_without_placeholders_when_a_read_comes_from_outside() -> None:
+    """A tensor read that is neither made in the region nor a known input: replay may
+    still serve, but hands out no placeholders, and the planner sees no dataflow."""
+    st = _structure(w_known=False)
+    assert not st.opaque and not st.placeholders_ok
+    assert all(r.reads is None for r in st.op_records)
+    assert st.servable[0]

@@ -1,0 +1,274 @@
+"""The recorders: the modes that watch a region's forward, and what they record.
+
+``OpRecorder`` runs over a region call of the measuring pass and records, per ATen op,
+its time, the allocations it reads, writes and creates, the view geometry of its
+outputs, its non-tensor arguments and results, whether it draws random numbers, and
+whether it ran with grad disabled (``_Op``). ``FirstCallWatch`` runs over a region's
+first call and records what a replay needs that the capture cannot see at entry.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from offrecomp.trace.ops import (
+    _describable,
+    _param_cast,
+    _scalars_of,
+    _traits,
+    op_leaves,
+    written_tensors,
+)
+from offrecomp.trace.scope import _is_internal, _RegionMode
+
+COMPILED_FORWARD = "<compiled forward>"
+"""The one op of a compiled region's recording (NOTE [Compiled regions])."""
+
+
+@dataclass
+class _OutMeta:
+    sid: int  # storage id within the recording (see OpRecorder.storage_id)
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
+    device: torch.device
+    numel: int
+
+
+@dataclass
+class _Value:
+    value: Any
+
+
+_OPAQUE = object()
+
+
+@dataclass
+class _Op:
+    name: str
+    func: Any
+    start: float
+    end: float
+    start_ev: Any = None
+    end_ev: Any = None
+    outputs: list[Any] = field(default_factory=list)
+    """Flattened return value: ``_OutMeta`` per describable tensor, ``_OPAQUE`` for a
+    tensor we cannot rebuild, ``_Value(v)`` for a non-tensor return."""
+    input_sids: tuple[int, ...] = ()
+    read_sids: tuple[int, ...] = ()
+    written_sids: tuple[int, ...] = ()
+    scalars: tuple[Any, ...] = ()
+    view: bool = False
+    writes: bool = False
+    random: bool = False
+    factory: bool = False
+    grad_enabled: bool = True
+    higher_order: bool = False
+    """A higher-order operator: its subgraphs' ops are not seen, so the region is opaque."""
+    cast_of: int = 0
+    """``id`` of the parameter a cast autocast caches converts, else 0 (NOTE [Autocast
+    cache])."""
+
+
+def _gen_states(devices: Sequence[int]) -> tuple[Any, ...]:
+    cpu = torch.default_generator.get_state()
+    cuda = tuple(torch.cuda.default_generators[i].get_offset() for i in devices) if devices else ()
+    return (cpu, cuda)
+
+
+def _same_gen(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return bool(torch.equal(a[0], b[0])) and a[1] == b[1]
+
+
+class FirstCallWatch(_RegionMode):
+    """The first call of a region runs under this mode, which learns two things a replay
+    needs and the capture cannot see at entry:
+
+    * an op about to write one of the call's captured inputs, or one of its region's
+      parameters, makes the capture keep a copy of it as it was (NOTE [State written by
+      its region] in runtime.py);
+    * a random op drawing from a ``torch.Generator`` of the region's own (not the global
+      one) records that generator and its state at its first draw, the state it had when
+      the call entered (NOTE [Private generators] in replay.py)."""
+
+    def __init__(self, cap: Any, params: Any) -> None:
+        super().__init__()
+        # storage -> (holder, index): regions.CapturedInputs and regions.ParamState, each
+        # with keep_copy(index)
+        self.by_ptr: dict[int, list[tuple[Any, int]]] = {}
+        for holder, tensors in ((cap, cap.tensors), (params, params.objects if params is not None else ())):
+            for i, t in enumerate(tensors):
+                if t is not None and _describable(t):
+                    self.by_ptr.setdefault(int(t.untyped_storage().data_ptr()), []).append((holder, i))
+        self.generators: dict[int, tuple[torch.Generator, torch.Tensor]] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        gen = kwargs.get("generator")
+        if isinstance(gen, torch.Generator) and id(gen) not in self.generators:
+            self.generators[id(gen)] = (gen, gen.get_state())
+        if self.by_ptr:
+            for x in written_tensors(func, args, kwargs):  # none for a higher-order op
+                for holder, i in self.by_ptr.get(int(x.untyped_storage().data_ptr()), ()):
+                    holder.keep_copy(i)
+        return func(*args, **kwargs)
+
+
+class OpRecorder(_RegionMode):
+    """Records the ATen ops of one region call (measuring pass only)."""
+
+    def __init__(
+        self,
+        *,
+        use_cuda_events: bool,
+        cuda_devices: Sequence[int],
+        known_ptrs: frozenset[int] = frozenset(),
+        passive: bool = False,
+    ) -> None:
+        super().__init__()
+        self.passive = passive
+        """A compiled region: never a dispatch mode; one op stands for its whole forward
+        (NOTE [Compiled regions])."""
+        self.ops: list[_Op] = []
+        self.grad_enabled_at_entry = torch.is_grad_enabled()
+        self._events = use_cuda_events
+        self._cuda_devices = tuple(cuda_devices)
+        self._live: dict[int, tuple[weakref.ref[Any], int]] = {}
+        self._next_sid = 0
+        self._known_ptrs = known_ptrs
+        self.known_sids: set[int] = set()
+        """Storages legitimately from outside the region: inputs, parameters, buffers."""
+        self.collective = False
+        """A collective ran in the region (NOTE [Collective regions] in runtime.py)."""
+
+    def start(self) -> None:
+        """The region's forward begins: record its ops (or, passive, start its one op)."""
+        if not self.passive:
+            self.__enter__()
+            return
+        op = _Op(name=COMPILED_FORWARD, func=None, start=time.perf_counter(), end=0.0)
+        if self._events:
+            op.start_ev = torch.cuda.Event(enable_timing=True)
+            op.start_ev.record()
+        self.ops.append(op)
+
+    def stop(self) -> None:
+        """The region's forward returned (or raised)."""
+        if not self.passive:
+            self.__exit__(None, None, None)
+            return
+        op = self.ops[0]
+        op.end = time.perf_counter()
+        if self._events:
+            op.end_ev = torch.cuda.Event(enable_timing=True)
+            op.end_ev.record()
+
+    def storage_id(self, t: torch.Tensor, *, known: bool = False) -> int:
+        """A number for the allocation behind ``t``, unique within this recording.
+
+        NOTE: data pointers are reused as soon as an allocation is freed, so they are no
+        identity over a region's forward. The storage object is (torch keeps one Python
+        object per live allocation): an id is handed out per storage object, and a data
+        pointer seen again with another storage object gets a new id.
+        """
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        entry = self._live.get(ptr)
+        if entry is not None and entry[0]() is storage:
+            sid = entry[1]
+        else:
+            sid = self._next_sid
+            self._next_sid += 1
+            self._live[ptr] = (weakref.ref(storage), sid)
+            if ptr in self._known_ptrs:
+                known = True
+        if known:
+            self.known_sids.add(sid)
+        return sid
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if _is_internal():
+            return func(*args, **kwargs)
+        flat_in = op_leaves((args, kwargs))
+        in_tensors = [x for x in flat_in if isinstance(x, torch.Tensor)]
+        input_sids = tuple(self.storage_id(x) for x in in_tensors if _describable(x))
+        tr = _traits(func)
+        higher_order = tr.higher_order
+        random = higher_order or tr.seeded  # a subgraph may draw
+        before = _gen_states(self._cuda_devices) if random else None
+        start_ev = end_ev = None
+        if self._events:
+            start_ev = torch.cuda.Event(enable_timing=True)
+            end_ev = torch.cuda.Event(enable_timing=True)
+            start_ev.record()
+        t0 = time.perf_counter()
+        out = func(*args, **kwargs)
+        t1 = time.perf_counter()
+        if end_ev is not None:
+            end_ev.record()
+        if before is not None:
+            random = not _same_gen(before, _gen_states(self._cuda_devices))
+        written: tuple[int, ...] = ()
+        if tr.writes and not higher_order:  # no schema to name them: opaque anyway
+            written = tuple(self.storage_id(x) for x in written_tensors(func, args, kwargs))
+        outs: list[Any] = []
+        for x in op_leaves(out):
+            if isinstance(x, torch.Tensor):
+                if _describable(x):
+                    outs.append(
+                        _OutMeta(
+                            sid=self.storage_id(x),
+                            size=tuple(x.shape),
+                            stride=x.stride(),
+                            offset=int(x.storage_offset()),
+                            dtype=x.dtype,
+                            device=x.device,
+                            numel=x.numel(),
+                        )
+                    )
+                else:
+                    outs.append(_OPAQUE)
+            else:
+                outs.append(_Value(x))
+        if tr.collective:
+            self.collective = True
+        self.ops.append(
+            _Op(
+                name=tr.name,
+                func=func,
+                start=t0,
+                end=t1,
+                start_ev=start_ev,
+                end_ev=end_ev,
+                outputs=outs,
+                input_sids=input_sids,
+                read_sids=() if tr.metadata_only else input_sids,
+                written_sids=written,
+                scalars=() if higher_order else _scalars_of(flat_in),  # callables, masks: opaque anyway
+                view=tr.view,
+                writes=tr.writes,
+                random=random,
+                factory=not in_tensors,
+                grad_enabled=torch.is_grad_enabled(),
+                higher_order=higher_order,
+                cast_of=_param_cast(tr.name, args, kwargs),
+            )
+        )
+        return out
+
+    def op_seconds(self) -> list[float]:
+        out = []
+        for op in self.ops:
+            if op.start_ev is not None:
+                out.append(op.start_ev.elapsed_time(op.end_ev) / 1e3)
+            else:
+                out.append(op.end - op.start)
+        return out

@@ -1,0 +1,72 @@
+"""What the region's dispatch modes see, and the base they share.
+
+Ops offrecomp issues itself (inside its hooks) are hidden from the modes (``internal``),
+and user code offrecomp runs on the user's behalf (a replayed forward) is seen again
+(``user_code``). ``_RegionMode`` is the base of every mode that watches a region's ops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+from offrecomp import _torch_compat as tc
+
+
+class ThreadDepth(threading.local):
+    """A per-thread nesting depth. The class default answers threads that never set it
+    (``getattr`` with a default costs an exception on every miss, on every op)."""
+
+    depth = 0
+
+
+_tls = ThreadDepth()  # internal() nesting on this thread
+
+
+@contextlib.contextmanager
+def internal() -> Iterator[None]:
+    """Ops offrecomp itself issues (inside its hooks) are invisible to the modes below."""
+    _tls.depth = _tls.depth + 1
+    try:
+        yield
+    finally:
+        _tls.depth -= 1
+
+
+@contextlib.contextmanager
+def user_code() -> Iterator[None]:
+    """Undo ``internal()`` while offrecomp runs user code (a replayed forward)."""
+    saved = _tls.depth
+    _tls.depth = 0
+    try:
+        yield
+    finally:
+        _tls.depth = saved
+
+
+def _is_internal() -> bool:
+    return _tls.depth > 0
+
+
+class _RegionMode(tc.TorchDispatchMode):
+    """What the recorder and the replay's serving mode share about code they do not see
+    op by op.
+
+    Higher-order operators (flex_attention, cond) reach the mode as one op; without
+    ``supports_higher_order_operators`` they raise NotImplementedError. The recorder
+    records one as one op, which makes the region opaque (see build_structure); the
+    serving mode, which never runs on an opaque region, reports one as a divergence.
+
+    Both step aside while dynamo compiles (``ignore_compile_internals``). Otherwise
+    dynamo falls back to eager under the mode, gives up on that code for good, and code
+    compiled with fullgraph=True raises (eager flex_attention compiles its own wrapper
+    that way). Compiled code then runs compiled in the recording and the replay alike:
+    the kernels of a compiled graph are seen by neither, and a value they make is read
+    from outside the recording, which turns placeholders off."""
+
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True

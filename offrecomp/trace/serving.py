@@ -1,0 +1,182 @@
+"""Serving: the modes a replay runs under.
+
+``ServingMode`` carries out a ``RegionStructure.program``: it runs, serves from held
+storages, or hands out placeholders for each op, and checks that the replay dispatches
+what the recording saw (NOTE [Which ops replay runs] in structure.py), raising
+``ReplayDivergedError`` where it does not. ``ParamGuard`` stops a replay that would read
+a parameter modified since the forward.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from offrecomp.trace.ops import (
+    _TO_COPY,
+    _describable,
+    _param_cast,
+    _scalars_of,
+    _traits,
+    _unflatten_like,
+    op_leaves,
+    op_name,
+)
+from offrecomp.trace.recorder import _Value
+from offrecomp.trace.scope import _is_internal, _RegionMode
+from offrecomp.trace.structure import RUN, SERVE, RegionStructure
+
+
+class ReplayDivergedError(RuntimeError):
+    """A replay did not dispatch what the forward dispatched."""
+
+
+class CastDivergedError(ReplayDivergedError):
+    """A replay under the serving mode diverged at a cast of a parameter, which autocast's
+    weight cache explains (NOTE [Autocast cache]): a plain replay is right."""
+
+
+class ParamGuard(_RegionMode):
+    """Raises when an op of the replay reads a parameter modified in place since the
+    forward (NOTE [Replay and parameters] in regions.py); ops the serving mode serves
+    are not seen."""
+
+    def __init__(self, region_name: str, modified: dict[int, str]) -> None:
+        super().__init__()
+        self.region_name = region_name
+        self.modified = modified
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        for t in op_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor) and _describable(t):
+                what = self.modified.get(int(t.untyped_storage().data_ptr()))
+                if what is not None:
+                    raise RuntimeError(
+                        f"offrecomp: {what} in region {self.region_name!r} was modified in place "
+                        f"after the region's forward, and replaying the region reads it ({func}), "
+                        "so it would produce other activations than the forward's. Hint: update "
+                        "parameters after backward (optimizer.step()), not between forward and "
+                        "backward, or keep this region's activations (regions=)."
+                    )
+        return func(*args, **(kwargs or {}))
+
+
+class ServingMode(_RegionMode):
+    """During replay: run, serve or stub each op per the program; check the op sequence."""
+
+    def __init__(
+        self,
+        *,
+        region_name: str,
+        structure: RegionStructure,
+        program: Sequence[int],
+        storage_tensors: dict[int, Any],
+    ) -> None:
+        super().__init__()
+        self.region_name = region_name
+        self.structure = structure
+        self.program = program
+        self.storage_tensors = storage_tensors
+        self.index = 0
+        self.ran = 0  # compute ops run (views excluded)
+        self.served = 0
+        self.stubbed = 0
+        # NOTE [Placeholder guard]: addresses of the placeholders' storages while they
+        # live (each leaves the set when its storage is freed, so a later allocation at
+        # that address is not mistaken for one; holding them instead would grow the
+        # replay's memory). No op that runs may read one's values (ops that read only
+        # shape and dtype, like empty_like in dropout, may take one), and no save may
+        # capture one: if either happens, this pass took another path through the
+        # region's code than the recording, and the replay is redone plainly.
+        self._placeholders: set[int] = set()
+        self.diverged: ReplayDivergedError | None = None
+        """The divergence this replay raised (here or in its pack hook), in case code
+        between it and the replay (as TorchScript does) turns it into another error."""
+
+    def diverge(self, msg: str, *, cast: bool = False) -> ReplayDivergedError:
+        """Record a divergence; the caller raises what it returns. ``cast``: at a parameter
+        cast (NOTE [Autocast cache])."""
+        self.diverged = (CastDivergedError if cast else ReplayDivergedError)(msg)
+        return self.diverged
+
+    def is_placeholder(self, t: torch.Tensor) -> bool:
+        """True when ``t`` lies in a placeholder's storage (its values are garbage)."""
+        if not self._placeholders or t.numel() == 0 or not _describable(t):
+            return False
+        return t.untyped_storage().data_ptr() in self._placeholders
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if _is_internal():
+            return func(*args, **kwargs)
+        k = self.index
+        self.index += 1
+        st = self.structure
+        expected = st.op_names[k] if k < len(st.op_names) else None
+        name = op_name(func)
+        if name == _TO_COPY:
+            cast_of = _param_cast(name, args, kwargs)
+            recorded = st.param_casts.get(k, 0)
+            if cast_of and cast_of != recorded:
+                # NOTE [Autocast cache]: the forward found this cast in autocast's cache
+                self.index = k
+                return func(*args, **kwargs)
+            if recorded and not cast_of:
+                raise self.diverge(
+                    f"offrecomp: replay of region {self.region_name!r} diverged at op {k}: the "
+                    "forward cast a parameter there, the replay casts another tensor",
+                    cast=True,
+                )
+        if expected != name:
+            raise self.diverge(
+                f"offrecomp: replay of region {self.region_name!r} diverged at op {k}: the forward "
+                f"ran {expected or '<nothing>'}, the replay ran {name}",
+                cast=k in st.param_casts,  # a recorded parameter cast the replay does not make
+            )
+        action = self.program[k] if k < len(self.program) else RUN
+        if action == RUN:
+            leaves = op_leaves((args, kwargs))
+            scalars = _scalars_of(leaves)
+            if scalars != st.op_scalars[k]:
+                raise self.diverge(
+                    f"offrecomp: replay of region {self.region_name!r} diverged at op {k} ({name}): "
+                    f"non-tensor arguments {scalars} differ from the forward's "
+                    f"{st.op_scalars[k]}"
+                )
+            if not st.view_ops[k]:
+                self.ran += 1
+                if self._placeholders and not _traits(func).metadata_only:  # NOTE [Placeholder guard]
+                    for x in leaves:
+                        if isinstance(x, torch.Tensor) and self.is_placeholder(x):
+                            raise self.diverge(
+                                f"offrecomp: replay of region {self.region_name!r} diverged at "
+                                f"op {k} ({name}): it reads a tensor the recording did not need"
+                            )
+            return func(*args, **kwargs)
+        outs = st.outputs[k]
+        assert outs is not None
+        rebuilt: list[Any] = []
+        for o in outs:
+            if isinstance(o, _Value):
+                rebuilt.append(o.value)
+            elif action == SERVE and o.storage >= 0:
+                base = self.storage_tensors[o.storage]  # an UntypedStorage
+                t = torch.empty(0, dtype=o.dtype, device=base.device)
+                t.set_(base, o.offset, o.size, o.stride)
+                rebuilt.append(t)
+            else:
+                t = torch.empty_strided(o.size, o.stride, dtype=o.dtype, device=o.device)
+                if t.numel():
+                    storage = t.untyped_storage()
+                    ptr = storage.data_ptr()
+                    self._placeholders.add(ptr)
+                    weakref.finalize(storage, self._placeholders.discard, ptr)
+                rebuilt.append(t)
+        if action == SERVE:
+            self.served += 1
+        else:
+            self.stubbed += 1
+        return _unflatten_like(func, rebuilt)
