@@ -66,7 +66,7 @@ class Region:
     """(module, parameter name) of every parameter under the region: ``functional_call``
     puts other tensors into these slots for one call only (NOTE [Replay and parameters])."""
     compiled: bool = False
-    """Holds torch.compile'd modules (its op recording cannot be trusted: see trace.py)."""
+    """Holds torch.compile'd modules (its op recording cannot be trusted: NOTE [Compiled regions])."""
     compiled_self: bool = False
     """The region module is compiled itself, wrapped (``torch.compile(block)``) or in place
     (``block.compile()``): a replay runs the same compiled graph (NOTE [Compiled regions])."""
@@ -528,7 +528,7 @@ def capture_autocast(device_types: Iterable[str]) -> AutocastState:
 
 def autocast_contexts(state: AutocastState, *, cache: bool = True) -> list[Any]:
     """The forward's autocast state, for a replay. ``cache=False`` turns autocast's weight
-    cache off (NOTE [Autocast cache] in trace.py): a replay under the serving mode then
+    cache off (NOTE [Autocast cache]): a replay under the serving mode then
     dispatches every cast, whatever casts the forward found cached, and a replay run
     inside the forward's context (backward under autocast) leaves no casts of its
     inputs, fresh leaves that require grad, held in that context's cache until it exits.
@@ -578,7 +578,7 @@ def autocast_contexts(state: AutocastState, *, cache: bool = True) -> list[Any]:
 # complete, i.e. after the backward of every op that used it, and the saves a later
 # replay regenerates come from ops before those. So the check is by use, not by version:
 # when a parameter's version moved since the forward returned, the replay runs under
-# ParamGuard (trace.py), which raises if an op it runs reads that parameter's storage.
+# ParamGuard (trace/serving.py), which raises if an op it runs reads that parameter's storage.
 # Compiled regions run their graph unseen by the guard, and are not checked.
 
 

@@ -93,7 +93,7 @@ class FirstCallWatch(_RegionMode):
 
     * an op about to write one of the call's captured inputs, or one of its region's
       parameters, makes the capture keep a copy of it as it was (NOTE [State written by
-      its region] in runtime.py);
+      its region]);
     * a random op drawing from a ``torch.Generator`` of the region's own (not the global
       one) records that generator and its state at its first draw, the state it had when
       the call entered (NOTE [Private generators] in replay.py)."""
@@ -146,7 +146,7 @@ class OpRecorder(_RegionMode):
         self.known_sids: set[int] = set()
         """Storages legitimately from outside the region: inputs, parameters, buffers."""
         self.collective = False
-        """A collective ran in the region (NOTE [Collective regions] in runtime.py)."""
+        """A collective ran in the region (NOTE [Collective regions])."""
 
     def start(self) -> None:
         """The region's forward begins: record its ops (or, passive, start its one op)."""

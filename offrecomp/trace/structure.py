@@ -28,8 +28,8 @@ the recorded path through the region's Python code. It does not, or may not, whe
   * the region holds torch.compile'd modules: under a dispatch mode dynamo does not
     compile them (and may give up on them for good), so a recording would show other ops
     and saves than the compiled forward runs. Such a region is *opaque* from the start
-    and is never recorded: one op stands for its whole forward (NOTE [Compiled regions]
-    in runtime.py);
+    and is never recorded: one op stands for its whole forward (NOTE [Compiled
+    regions]);
   * a higher-order operator ran (flex_attention, cond): it reaches the recorder as one
     op whose subgraphs it never sees. The region is *opaque*. Both modes (``_RegionMode``)
     accept such operators (without that they raise), and both step aside while dynamo

@@ -1160,7 +1160,7 @@ def test_serving_falls_back_to_plain_replay_when_a_cast_parameter_was_replaced(
 #: serve no op, whatever the plan: a branch on data (``.item()`` in branch_item, MoE
 #: routing by ``nonzero``, a PackedSequence's batch sizes read on the host) or ops run
 #: with grad disabled in the forward (ema_buffer's update, spectral_norm's power
-#: iteration in parametrizations). ``build_structure`` in offrecomp/trace.py decides.
+#: iteration in parametrizations). ``build_structure`` in offrecomp/trace/structure.py decides.
 PLAIN_REPLAYS = {"branch_item", "moe_top2", "packed_sequence", "ema_buffer", "parametrizations"}
 
 
