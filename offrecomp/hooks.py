@@ -160,23 +160,13 @@ class Placer:
 
     # ------------------------------------------------------------------- pack
 
-    def pack(self, t: torch.Tensor) -> Any:
-        if self._life.recording:
-            # The op recorder is active: ops issued here are ours, not the region's.
-            with internal():
-                return self._pack(t)
-        n = self._packs = self._packs + 1
-        if n % HOOK_SAMPLE:
-            return self._pack(t)
-        start = time.perf_counter()
-        h = self._pack(t)
-        p = self._life.current
-        if p is not None:
-            p.stats.pack_seconds += (time.perf_counter() - start) * HOOK_SAMPLE
-        return h
-
-    def _pack(self, t: torch.Tensor) -> Any:
-        # The hot path of the runtime: one call per saved tensor. Keep it lean.
+    def pack(self, t: torch.Tensor, aside: bool = False) -> Any:
+        # The hot path of the runtime: one call per saved tensor. Keep it lean: the
+        # sampled and recorded calls go aside and come back with ``aside``.
+        if not aside:
+            n = self._packs = self._packs + 1
+            if not n % HOOK_SAMPLE or self._life.recording:
+                return self._pack_aside(t)
         life = self._life
         if _graph_task_id() != -1:
             # Saved while backward runs (create_graph / double backward): not a forward.
@@ -224,6 +214,19 @@ class Placer:
                 self._verifier.record(call, idx, t)
         else:
             rec.group.handles += 1  # type: ignore[union-attr]
+        return h
+
+    def _pack_aside(self, t: torch.Tensor) -> Any:
+        """A pack while an op recorder runs (its ops are the runtime's, not the
+        region's), or one timed (NOTE [Hook timing])."""
+        if self._life.recording:
+            with internal():
+                return self.pack(t, True)
+        start = time.perf_counter()
+        h = self.pack(t, True)
+        p = self._life.current
+        if p is not None:
+            p.stats.pack_seconds += (time.perf_counter() - start) * HOOK_SAMPLE
         return h
 
     def _new_storage(self, p: PassState, call: RegionCall, t: torch.Tensor, ptr: int, storage: Any) -> StorageRec:
@@ -344,19 +347,12 @@ class Placer:
 
     # ----------------------------------------------------------------- unpack
 
-    def unpack(self, h: Any) -> torch.Tensor:
-        n = self._unpacks = self._unpacks + 1
-        if n % HOOK_SAMPLE or type(h) is not tuple:
-            return self._unpack(h)
-        start = time.perf_counter()
-        t = self._unpack(h)
-        p = h[0].call.pass_state
-        if p is not None:
-            p.stats.unpack_seconds += (time.perf_counter() - start) * HOOK_SAMPLE
-        return t
-
-    def _unpack(self, h: Any) -> torch.Tensor:
+    def unpack(self, h: Any, aside: bool = False) -> torch.Tensor:
         if type(h) is tuple:  # KEEP: (rec, pack index, tensor, version, weak original)
+            if not aside:
+                n = self._unpacks = self._unpacks + 1
+                if not n % HOOK_SAMPLE:
+                    return self._unpack_timed(h)
             rec, idx, t, version, ref = h
             call = rec.call
             p = call.pass_state
@@ -408,6 +404,15 @@ class Placer:
             assert rec.tensor is not None
             return h.rebuild(rec.tensor.untyped_storage())
         return self._unpack_dropped(h, rec, call)
+
+    def _unpack_timed(self, h: Any) -> torch.Tensor:
+        """A kept save's unpack, timed (NOTE [Hook timing])."""
+        start = time.perf_counter()
+        t = self.unpack(h, True)
+        p = h[0].call.pass_state
+        if p is not None:
+            p.stats.unpack_seconds += (time.perf_counter() - start) * HOOK_SAMPLE
+        return t
 
     def _outside_backward(self, call: RegionCall, p: PassState, rec: StorageRec | None) -> bool:
         """An unpack of ``call``'s save (``rec``'s) before its pass's backward ran, or while

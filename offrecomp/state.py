@@ -58,6 +58,11 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
 
     __slots__ = ("__dict__", "call", "index", "nbytes", "placement", "ptr", "resident")
     placement: Placement  # None for a "plain" record (never placed), kept out of ``storages``
+    call: RegionCall
+    index: int
+    nbytes: int
+    ptr: int
+    resident: bool
 
     # defaults, overridden per instance where they apply
     aliased = False  # NOTE [Untracked aliases]: never offloaded
@@ -73,17 +78,18 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
     def __new__(
         cls, storage: Any, call: RegionCall, index: int, nbytes: int, ptr: int, placement: Placement | None
     ) -> StorageRec:
-        return weakref.ref.__new__(cls, storage, _storage_died)
-
-    def __init__(
-        self, storage: Any, call: RegionCall, index: int, nbytes: int, ptr: int, placement: Placement | None
-    ) -> None:
+        self = weakref.ref.__new__(cls, storage, _storage_died)
         self.call = call
         self.index = index
         self.nbytes = nbytes
         self.ptr = ptr
         self.placement = placement  # type: ignore[assignment]
         self.resident = False  # counted in the pass's resident bytes (NOTE [Resident bytes])
+        return self
+
+    # Everything is set in __new__ (one Python call per record on the save path);
+    # weakref.ref's own __init__ would reject the extra arguments.
+    __init__ = object.__init__  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         name = self.placement.name if self.placement is not None else "PLAIN"
