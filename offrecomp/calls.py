@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from offrecomp import _torch_compat as tc
 from offrecomp.config import Config
 from offrecomp.diagnostics import kind, runs_collectives, warn_collective, warn_once
 from offrecomp.measure import DeviceClock
@@ -90,7 +91,8 @@ class RegionCalls:
         p.calls.append(call)
         self._planner.assign(p, call)
         call.fixed = self._placements.fixed(call)
-        self._device.discover(first_device(args, kwargs))
+        if self._device.device is None:  # a model without parameters: its first input tells
+            self._device.discover(first_device(args, kwargs))
         if self._planner.needs_capture(p, call):
             self._capture(p, call, region, args, kwargs)
         if region.writes_state:
@@ -169,8 +171,6 @@ class RegionCalls:
 
 
 def first_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:
-    from offrecomp import _torch_compat as tc
-
     for x in tc.tree_flatten((args, kwargs))[0]:
         if isinstance(x, torch.Tensor):
             return x.device

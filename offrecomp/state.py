@@ -110,7 +110,7 @@ def _storage_died(rec: StorageRec) -> None:
         rec.resident = False
         p = rec.call.pass_state
         if p is not None:
-            p.stats.add_resident(-rec.nbytes)
+            p.stats.resident_bytes -= rec.nbytes  # a decrease sets no peak
 
 
 # NOTE [Saved tensor handles]
@@ -306,7 +306,7 @@ class PassStats:
 
     def keep(self, rec: StorageRec) -> None:
         """``rec`` is kept: its bytes count as kept and resident until its storage dies
-        (NOTE [Resident bytes])."""
+        (NOTE [Resident bytes]). The pack hook inlines this for a new kept storage."""
         rec.resident = True
         n = rec.nbytes
         self.kept_bytes += n
