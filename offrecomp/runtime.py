@@ -151,7 +151,7 @@ class Runtime:
         self._buffer_ptr_cache: dict[int, tuple[tuple[int, ...], frozenset[int]]] = {}
         self._placer: Placer | None = None  # while entered: it holds the runtime
         self._verifier = Verifier()
-        self._planner = Planner(self)
+        self._planner = Planner(_PlannerHost(self))
         self._user_plan: Plan | None = None
         self._plans: OrderedDict[str, PlanEntry] = OrderedDict()
         self._stack = _CallStack()
@@ -1544,3 +1544,39 @@ def _warn_once(key: str, msg: str, *args: Any) -> None:
     _warned.add(key)
     log.warning(msg, *args)
 
+
+class _PlannerHost:
+    """The runtime as its planner sees it (``offrecomp.planning.PlannerHost``), read live.
+    Holds the runtime weakly: the runtime owns its planner, which holds this."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self._rt = weakref.proxy(rt)
+
+    @property
+    def config(self) -> Config:
+        return self._rt.config
+
+    @property
+    def clock(self) -> Clock:
+        return self._rt._clock
+
+    @property
+    def regions(self) -> list[Region]:
+        return self._rt._regions
+
+    @property
+    def distributed(self) -> bool:
+        return self._rt._distributed
+
+    @property
+    def user_plan(self) -> Plan | None:
+        return self._rt._user_plan
+
+    def device(self) -> torch.device:
+        return self._rt._device or torch.device("cpu")
+
+    def engine(self) -> Any:
+        return self._rt._get_engine()
+
+    def warn_collective(self, region: Region) -> None:
+        self._rt._warn_collective(region)
