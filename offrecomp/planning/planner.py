@@ -380,7 +380,7 @@ class Planner:
         log.warning(
             "offrecomp: device out of memory in a %s pass of signature %s; later passes plan "
             "for %.0f%% of the budget",
-            p.phase or "planned", p.signature, 100 * entry.budget_scale,
+            p.phase or Phase.PLANNED, p.signature, 100 * entry.budget_scale,
         )
 
     # ------------------------------------------------------------- reports

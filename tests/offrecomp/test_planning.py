@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import ast
 import copy
+import json
 import logging
+import pathlib
 from typing import Any
 
 import pytest
 import torch
 
 import offrecomp
-from offrecomp.measure import Mark
+from offrecomp.measure import Clock, Mark
 from offrecomp.planning import (
     TRIAL_EXCESS,
     TRIAL_PASSES,
@@ -580,3 +583,130 @@ def test_offload_trial_not_run_when_the_plan_without_is_no_faster(monkeypatch: p
     assert all(s.offloaded_bytes > 0 for s in planned[notes[0][0] - passes + 1 : notes[0][0] + 1])
     assert "offloading stays" in notes[0][1]
     assert all(s.offloaded_bytes > 0 for s in planned)
+
+
+def test_phases_read_as_the_strings_reports_show() -> None:
+    """``Phase`` members are the strings step records, the report's table and its JSON
+    lines carry: compared, formatted and serialised as those strings."""
+    from offrecomp.phases import Phase
+
+    want = {"measure", "calibrate", "planned", "borrowed", "user-plan", "recompute", "keep", "offload"}
+    assert {p.value for p in Phase} == want
+    for p in Phase:
+        assert p == p.value and hash(p) == hash(p.value) and Phase(p.value) is p
+        assert str(p) == f"{p}" == "%s" % p == p.value  # noqa: UP031 (log messages format so)
+        assert f"{p:>10}" == f"{p.value:>10}"
+        assert json.dumps([p]) == json.dumps([p.value])
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    rt = _runtime(m, budget="50%")
+    train(m, batch, rt, steps=3)
+    report = rt.report()
+    assert [s.phase for s in report.steps] == ["measure", "calibrate", "planned"]
+    assert all(isinstance(s.phase, Phase) for s in report.steps)
+    for text in (report.to_json(), report.to_json(indent=2)):
+        assert [s["phase"] for s in json.loads(text)["steps"]] == ["measure", "calibrate", "planned"]
+    rows = str(report).splitlines()[2:5]  # under the header and its rule
+    assert [row.split()[1] for row in rows] == ["measure", "calibrate", "planned"]
+
+
+def _imports(path: pathlib.Path, submodules: set[str]) -> set[str]:
+    """The modules ``path`` imports when it runs (not those under TYPE_CHECKING); a name
+    imported from a package counts as its submodule where it is one of ``submodules``."""
+    tree = ast.parse(path.read_text())
+    skip = {
+        id(n) for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                out.add(sub if sub in submodules else node.module)
+    return out
+
+
+def test_the_planning_package_imports_one_way() -> None:
+    """The planner needs neither the runtime nor the hooks (it reads the runtime through
+    ``PlannerHost``), and its modules import each other without a circle (none imports
+    the package itself, whose ``__init__`` imports them)."""
+    root = pathlib.Path(offrecomp.__file__).parent / "planning"
+    modules = {f"offrecomp.planning.{p.stem}": p for p in root.glob("*.py") if p.stem != "__init__"}
+    assert {"offrecomp.planning.host", "offrecomp.planning.planner"} <= set(modules)
+    deps = {}
+    for name, path in modules.items():
+        imported = _imports(path, set(modules))
+        assert not imported & {"offrecomp.runtime", "offrecomp.hooks", "offrecomp.planning"}, (name, imported)
+        deps[name] = {m for m in imported if m in modules and m != name}
+    done: set[str] = set()
+    while len(done) < len(deps):  # peel the modules whose imports are all peeled: a circle stalls
+        ready = {m for m, d in deps.items() if m not in done and d <= done}
+        assert ready, {m: d - done for m, d in deps.items() if m not in done}
+        done |= ready
+
+
+class _Host:
+    """A ``PlannerHost`` that is no runtime: what a planner needs, and nothing else."""
+
+    def __init__(self, **config: Any) -> None:
+        self.config = offrecomp.Config.resolve(config)
+        self.clock = Clock(None)
+        self.regions: list[Any] = []
+        self.distributed = False
+        self.user_plan: Plan | None = None
+
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def engine(self) -> Any:
+        raise AssertionError("no plan here offloads")
+
+    def warn_collective(self, region: Any) -> None:
+        raise AssertionError("no region here runs collectives")
+
+
+def test_a_planner_runs_over_any_planner_host() -> None:
+    """``Planner`` reads only ``PlannerHost``: over a stand-in host it gives a forced
+    mode's phase and placements and a user plan's, and explains a forced mode."""
+    from offrecomp.state import RegionCall
+
+    host = _Host(mode="keep")
+    planner = Planner(host)
+    p = PassState(index=0, signature="sig", mode="keep")
+    planner.begin_pass(p)
+    assert p.phase == "keep"
+    call = RegionCall(name="blocks.0", call_index=0, ordinal=0)
+    assert planner.placement(p, call, 0, 1 << 20, "activation") == Placement.KEEP
+    assert not planner.needs_capture(p, call)
+    host.user_plan = Plan(placements={("blocks.0", 0, 0): Placement.RECOMPUTE})
+    p = PassState(index=1, signature="sig", mode="keep")
+    planner.begin_pass(p)
+    assert p.phase == "user-plan" and p.plan_id == host.user_plan.plan_id
+    assert planner.placement(p, call, 0, 1 << 20, "activation") == Placement.RECOMPUTE
+    assert planner.needs_capture(p, call)
+    assert "mode='keep'" in planner.explain()
+
+
+def test_the_runtime_hands_its_planner_exactly_the_planner_host() -> None:
+    """The runtime's adapter has the public names of ``PlannerHost``, no more."""
+    from offrecomp.planning import PlannerHost
+
+    def public(cls: type) -> set[str]:
+        return {n for n in vars(cls) if not n.startswith("_")}
+
+    assert public(PlannerHost) == {
+        "config", "clock", "regions", "distributed", "user_plan", "device", "engine", "warn_collective"
+    }
+    model, _ = make("gpt_dropout")
+    rt = _runtime(twin(model))
+    assert public(type(rt._planner.host)) == public(PlannerHost)
+    assert rt._planner.host.config is rt.config and rt._planner.host.device().type == "cpu"
+    plan = Plan(placements={})
+    rt.set_plan(plan)
+    assert rt._planner.host.user_plan is plan  # read live
