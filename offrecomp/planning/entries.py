@@ -149,9 +149,6 @@ class PlanCache:
         self.entries: OrderedDict[str, PlanEntry] = OrderedDict()
         self.sightings: OrderedDict[str, int] = OrderedDict()
 
-    def get(self, signature: str) -> PlanEntry | None:
-        return self.entries.get(signature)
-
     def entry(self, signature: str, p: PassState | None = None) -> PlanEntry:
         """The entry of ``signature`` (made for ``p``'s family and sizes when new), now
         the most recently used; a full cache drops its least recently used."""

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from offrecomp.planning.host import PlannerHost
     from offrecomp.report import StepRecord
     from offrecomp.state import PassState, RegionCall
+    from scheduler.profile import Profile
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class Planner:
     def __init__(self, host: PlannerHost) -> None:
         self.host = host
         self.cache = PlanCache(lambda: host.config.plan_cache_size)
-        self.entries = self.cache.entries
+        self.entries = self.cache.entries  # the cache's entries by signature (one dict)
         self.last_entry: PlanEntry | None = None
         self.opaque_regions: set[str] = set()  # regions whose recording proved untrustworthy
         self.collective_regions: set[str] = set()  # regions seen running collectives
@@ -351,7 +352,7 @@ class Planner:
             log.info("offrecomp: profile of signature %s saved to %s", p.signature, cfg.profile_path)
         self.last_entry = entry
 
-    def budget_bytes(self, profile: Any) -> int | None:
+    def budget_bytes(self, profile: Profile) -> int | None:
         """The activation budget plans of ``profile`` are solved for."""
         return self.solver.budget_bytes(profile)
 
@@ -450,6 +451,7 @@ class Planner:
             done.append(rec)
 
     def explain(self) -> str:
+        """``rt.explain()``: the latest plan of auto, or what a forced mode did."""
         host = self.host
         cfg = host.config
         if cfg.mode != "auto" or not cfg.active:
