@@ -38,7 +38,7 @@ from offrecomp.groups import OffloadGroups
 from offrecomp.hooks import Placer
 from offrecomp.install import Installer
 from offrecomp.lifecycle import REPORT_MAX_STEPS, Lifecycle
-from offrecomp.measure import DeviceClock
+from offrecomp.measure import Clock, DeviceClock
 from offrecomp.placement import Placements
 from offrecomp.planning import Planner
 from offrecomp.regions import BufferPtrs, Region, discover_regions
@@ -109,7 +109,7 @@ class Runtime:
             config, self._device, self._life, self._planner, self._placements, self._groups,
             functools.partial(model_storage_ptrs, model),
         )
-        self._planner_host.calls = self._calls
+        self._planner_host._bind(self._calls)
         self._verifier = Verifier()
         self._buffers = BufferPtrs()
         self._diag = Diagnostics()
@@ -288,39 +288,50 @@ class _PlanSlot:
 
 
 class _PlannerHost:
-    """What the planner reads of its runtime (planning.PlannerHost)."""
+    """What the planner reads of its runtime (``planning.PlannerHost``): the parts
+    themselves, never the Runtime, so the planner holds no reference back to it."""
 
     def __init__(
         self, config: Config, device: DeviceClock, regions: list[Region], groups: OffloadGroups, plan: _PlanSlot
     ) -> None:
-        self.config = config
+        self._config = config
         self._dev = device
         self._regions = regions
         self._groups = groups
         self._plan = plan
-        self.calls: RegionCalls | None = None
+        self._calls: RegionCalls | None = None  # bound once the parts exist
+
+    def _bind(self, calls: RegionCalls) -> None:
+        self._calls = calls
 
     @property
-    def _user_plan(self) -> Plan | None:
-        return self._plan.plan
+    def config(self) -> Config:
+        return self._config
 
     @property
-    def _clock(self) -> Any:
+    def clock(self) -> Clock:
         return self._dev.clock
 
     @property
-    def _device(self) -> torch.device | None:
-        return self._dev.device
+    def regions(self) -> list[Region]:
+        return self._regions
 
     @property
-    def _distributed(self) -> bool:
-        return self.calls is not None and self.calls.distributed
+    def distributed(self) -> bool:
+        return self._calls is not None and self._calls.distributed
 
-    def _warn_collective(self, region: Region) -> None:
-        warn_collective(region, self.config.mode)
+    @property
+    def user_plan(self) -> Plan | None:
+        return self._plan.plan
 
-    def _get_engine(self) -> Any:
+    def device(self) -> torch.device:
+        return self._dev.device or torch.device("cpu")
+
+    def engine(self) -> OffloadEngine:
         return self._groups.get_engine()
+
+    def warn_collective(self, region: Region) -> None:
+        warn_collective(region, self._config.mode)
 
 
 def _regions_of(model: nn.Module | None, config: Config) -> list[Region]:

@@ -1,5 +1,6 @@
-"""``rt.explain()`` outside auto's plans: what a forced mode did to each region call, and
-why, from the last step's storages; and the table both share.
+"""``rt.explain()``: what auto's plan places in each region call and why, or what a
+forced mode did to each region call, and why, from the last step's storages; and the
+table both share.
 
 A forced mode (``keep``, ``offload``, ``recompute``) applies one placement wherever it is
 legal. A storage gets another where the rules require it: a region's inputs are its
@@ -11,6 +12,7 @@ install nothing, and the text says so.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -21,6 +23,8 @@ if TYPE_CHECKING:
     from offrecomp.config import Config
     from offrecomp.regions import Region
     from offrecomp.state import PassState
+    from scheduler.plan import Plan
+    from scheduler.profile import Profile, RegionRecord
 
 KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
 
@@ -79,7 +83,65 @@ def cells(count: dict[Placement, int], nbytes: dict[Placement, int]) -> list[str
     return [f"{count[p]}/{format_bytes(nbytes[p])}" for p in (KEEP, OFFLOAD, RECOMPUTE)]
 
 
-def explain_forced(config: Config, regions: list[Region], calls: list[CallSummary], *, emulated: bool) -> str:
+NO_PLAN_YET = (
+    "offrecomp: no plan yet (auto measures the first pass of each input signature, "
+    "calibrates the second and plans from the third; a signature that a larger, "
+    "measured one covers runs that one's plan)"
+)
+
+
+def explain_plan(
+    signature: str, plan: Plan, profile: Profile, regions: Sequence[Region], notes: Sequence[str] = ()
+) -> str:
+    """What auto's ``plan`` for ``signature`` places in each region call of ``profile``,
+    with the region's measured times and why; ``notes`` follow the plan's own."""
+    lines = [
+        f"plan {plan.plan_id} for signature {signature}",
+        f"  budget {format_bytes(plan.budget_bytes) if plan.budget_bytes is not None else 'none'}, "
+        f"predicted peak {format_bytes(plan.predicted_peak_bytes or 0)}, "
+        f"predicted step {plan.predicted_step_seconds or 0.0:.4f}s, "
+        f"lower bound {plan.lower_bound_seconds or 0.0:.4f}s",
+    ]
+    lines += [f"  note: {n}" for n in [*plan.notes, *notes]]
+    rows = []
+    for r in profile.regions:
+        b = {p: 0 for p in Placement}
+        n = {p: 0 for p in Placement}
+        for i, s in enumerate(r.storages):
+            pl = plan.placement((r.name, r.call_index, i))
+            b[pl] += s.nbytes
+            n[pl] += 1
+        values = [*cells(n, b), f"{r.forward_seconds:.5f}", f"{r.backward_seconds:.5f}"]
+        rows.append((r.name, r.call_index, values, _why(r, n, plan, regions)))
+    lines += table(rows, [*PLACEMENT_COLUMNS, ("fwd s", 9), ("bwd s", 9)])
+    return "\n".join(lines)
+
+
+def _why(r: RegionRecord, n: dict[Placement, int], plan: Plan, regions: Sequence[Region]) -> str:
+    """Why auto placed a region call's storages as it did."""
+    region = next((g for g in regions if g.name == r.name), None)
+    if not r.replayable:
+        if region is not None and region.writes_state:
+            why = "writes its inputs or parameters in place"
+        elif region is not None and region.reaches_out:
+            why = "runs a backward through earlier activations"
+        else:
+            why = "runs collectives"
+        return why + ": never recomputed"
+    if region is not None and region.backward_in_forward:
+        return "runs a backward inside its forward: its replays rerun it, holding their saves"
+    why = "opaque: a replay reruns its forward; " if r.opaque else ""
+    if n[RECOMPUTE] == 0 and n[OFFLOAD] == 0:
+        return why + ("kept: the budget holds it" if plan.feasible else "kept: nothing here frees memory")
+    parts = []
+    if n[RECOMPUTE]:
+        parts.append("dropped where a replay costs least for the bytes it frees")
+    if n[OFFLOAD]:
+        parts.append("offloaded where the copy hides under compute")
+    return why + "; ".join(parts) + " (budget)"
+
+
+def explain_forced(config: Config, regions: Sequence[Region], calls: list[CallSummary], *, emulated: bool) -> str:
     """What ``config.mode`` did to each region call of the last step, and why
     (``emulated``: offload copies within host memory, on CPU)."""
     if config.disable or config.mode == "off":

@@ -74,12 +74,6 @@ _PLACED_DTYPES = frozenset(
 )
 _graph_task_id = tc.graph_task_id
 
-#: Host time the replay dispatch mode adds per op it sees, until the replays that run
-#: teach the runtime its own figure. The mode itself costs about 8 us an op over plain on a
-#: CPU host (benchmarks/bench_host_overhead.py); what replays show, learnt, was about 40
-#: (the forward's Python around skipped ops included). See NOTE [Serving overhead].
-SERVING_OVERHEAD_SECONDS = 25e-6
-
 
 class _Plain:
     """Handle of a tensor saved as it is (NOTE [What is never placed])."""
@@ -608,8 +602,8 @@ class Placer:
         op it sees (host work the device may wait on). It pays only when the ops it skips
         (served or stubbed) take longer than that; otherwise a plain replay, which runs
         the whole prefix at full launch speed, is faster. The cost per op starts at
-        SERVING_OVERHEAD_SECONDS and is learnt from the dispatch-mode replays that run
-        (``Planner.replay_op_seconds``); the planner prices replays with the same rule
+        SERVING_OVERHEAD_SECONDS (planning/replay_cost.py) and is learnt from the
+        dispatch-mode replays that run (``Planner.replay_op_seconds``); the planner prices replays with the same rule
         (``Profile.replay_op_seconds``), so the plan it predicts is the replay that runs.
         Op times are the calibrated ones where the plan has them, else the recording's.
         Returns (dispatch mode pays, seconds of the ops it would run)."""

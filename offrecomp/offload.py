@@ -615,7 +615,7 @@ class OffloadEngine:
         self._bytes_h2d += group.payload_bytes
 
     def _prefetch_for(self, group: Group, compute: Stream) -> None:
-        # NOTE [Prefetch order]
+        # see NOTE [Prefetch order]
         if group._step != self._step or group.seq < 0 or (
             self.prefetch.regions is None and self.prefetch.nbytes is None
         ):
@@ -673,7 +673,7 @@ class OffloadEngine:
             self._resolve_timings()
 
     def _resolve_timings(self) -> None:
-        # NOTE [Timing without host waits]
+        # see NOTE [Timing without host waits]
         pending = []
         for kind, start, end, nbytes in self._timings:
             if self.backend.query(end):

@@ -105,23 +105,47 @@ def test_imports_run_one_way() -> None:
     assert not cycles, "import circles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
-_DEFINITION = re.compile(r'^\s*(?:#\s*|""")?NOTE \[([^\]]+)\](?::|\s*$)')
+#: A NOTE block's header: the name alone on its line (a comment or a docstring line).
+_HEADER = re.compile(r"^\s*(?:#\s*)?NOTE \[([^\]]+)\]\s*$")
+#: A paragraph led by the name (``NOTE [Name]: ...``): a docstring-style block.
+_LEAD = re.compile(r'^\s*(?:#\s*|""")?NOTE \[([^\]]+)\]:')
 _CITATION = re.compile(r"NOTE \[([^\]]+)\]")
 
 
 def test_note_citations_resolve() -> None:
-    """Every ``NOTE [Name]`` cited in the code is defined exactly once."""
-    defined: dict[str, list[str]] = {}
+    """Every ``NOTE [Name]`` cited in the code has a block, and no two blocks share a
+    name."""
+    headers: dict[str, list[str]] = {}
+    leads: set[str] = set()
     cited: dict[str, str] = {}
     for path in _sources():
         for i, line in enumerate(path.read_text().splitlines(), 1):
             where = f"{path.relative_to(ROOT)}:{i}"
-            m = _DEFINITION.match(line)
+            m = _HEADER.match(line)
             if m:
-                defined.setdefault(m.group(1), []).append(where)
+                headers.setdefault(m.group(1), []).append(where)
+            m = _LEAD.match(line)
+            if m:
+                leads.add(m.group(1))
             for name in _CITATION.findall(line):
                 cited.setdefault(name, where)
-    missing = {n: w for n, w in cited.items() if n not in defined}
-    twice = {n: ws for n, ws in defined.items() if len(ws) > 1}
+    missing = {n: w for n, w in cited.items() if n not in headers and n not in leads}
+    twice = {n: ws for n, ws in headers.items() if len(ws) > 1}
     assert not missing, f"cited but never defined: {missing}"
     assert not twice, f"defined more than once: {twice}"
+
+
+def test_the_design_doc_indexes_every_note() -> None:
+    """docs/design.md's NOTE index names exactly the NOTE blocks in the code."""
+    names: set[str] = set()
+    for path in _sources():
+        for line in path.read_text().splitlines():
+            for pattern in (_HEADER, _LEAD):
+                m = pattern.match(line)
+                if m:
+                    names.add(m.group(1))
+    doc = (ROOT / "docs" / "design.md").read_text()
+    index = doc[doc.index("## NOTE index"):]
+    listed = {m.group(1) for m in re.finditer(r"^- ([^:]+):", index, re.M)}
+    assert names - listed == set(), f"NOTE blocks missing from the index: {sorted(names - listed)}"
+    assert listed - names == set(), f"index entries with no NOTE block: {sorted(listed - names)}"

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import offrecomp
-from offrecomp.planning import DRIFT_REPLANS, DRIFT_WINDOW, Planner
+from offrecomp.planning import DRIFT_REPLANS, DRIFT_WINDOW, PlanEntry, drift
 from offrecomp.report import StepRecord
 from tests.helpers import train
 from tests.models import MLPBlock, stack
@@ -31,14 +31,14 @@ def loaded_host(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
     (set by the test), as a host loaded by other work makes it."""
     bounds = [1.0, 1.0]
     rng = random.Random(0)
-    check = Planner._check_drift
+    check = drift.check_drift
 
-    def noisy(self: Planner, entry: object, rec: StepRecord) -> None:
+    def noisy(entry: PlanEntry, rec: StepRecord, tolerance: float) -> None:
         if rec.predicted_step_seconds:
             rec.step_seconds = rec.predicted_step_seconds * rng.uniform(*bounds)
-        check(self, entry, rec)  # type: ignore[arg-type]
+        check(entry, rec, tolerance)
 
-    monkeypatch.setattr(Planner, "_check_drift", noisy)
+    monkeypatch.setattr(drift, "check_drift", noisy)
     yield bounds
 
 

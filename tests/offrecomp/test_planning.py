@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+import ast
 import copy
+import json
 import logging
+import pathlib
 from typing import Any
 
 import pytest
 import torch
 
 import offrecomp
-from offrecomp import planning
-from offrecomp.measure import Mark
-from offrecomp.planning import TRIAL_EXCESS, TRIAL_PASSES, OffloadTrial, Planner
+from offrecomp.measure import Clock, Mark
+from offrecomp.planning import (
+    TRIAL_EXCESS,
+    TRIAL_PASSES,
+    OffloadTrial,
+    Planner,
+    Solver,
+    drift,
+    learning,
+    replay_cost,
+    solving,
+    trial,
+)
 from offrecomp.state import PassState
 from scheduler import Placement, Plan, predict
 from tests.helpers import assert_bitwise, make, tight_budget, train, train_bitwise, twin
@@ -30,6 +43,10 @@ def _pass_with_replays(signature: str, *replays: tuple[float, int, float]) -> Pa
     for secs, k, run in replays:
         p.dispatch_replays.append((Mark(0.0), Mark(secs), k, run))
     return p
+
+
+def _learn_replay_cost(planner: Planner, p: PassState) -> None:
+    planner.replay_cost.learn(p, planner.entries, planner.host.clock)
 
 
 def _planned(**kw: object) -> tuple[offrecomp.Runtime, torch.nn.Module, object]:
@@ -50,15 +67,15 @@ def test_replay_cost_is_learnt_and_a_moved_cost_solves_again() -> None:
     entry = planner.last_entry
     assert entry is not None and entry.plan is not None and entry.calibrated
     entry.needs_solve = False  # what follows is about the replay cost alone
-    start = planner.replay_op_seconds = entry.solved_replay_op_seconds = 25e-6
+    start = planner.replay_cost.seconds = entry.solved_replay_op_seconds = 25e-6
     # 100 ops seen, 5 ms of them run, 10 ms measured: 50 us per op
-    planner._learn_replay_cost(_pass_with_replays(entry.signature, (0.010, 100, 0.005)))
+    _learn_replay_cost(planner, _pass_with_replays(entry.signature, (0.010, 100, 0.005)))
     assert planner.replay_op_seconds == pytest.approx(0.7 * start + 0.3 * 50e-6)
     assert not entry.needs_solve  # moved by less than half
     # faster than predicted: never below zero
-    planner._learn_replay_cost(_pass_with_replays(entry.signature, (0.001, 100, 0.005)))
+    _learn_replay_cost(planner, _pass_with_replays(entry.signature, (0.001, 100, 0.005)))
     assert planner.replay_op_seconds == pytest.approx(0.7 * (0.7 * start + 0.3 * 50e-6))
-    planner._learn_replay_cost(_pass_with_replays(entry.signature, (0.100, 100, 0.0)))  # 1 ms per op
+    _learn_replay_cost(planner, _pass_with_replays(entry.signature, (0.100, 100, 0.0)))  # 1 ms per op
     assert planner.replay_op_seconds > 1.5 * start
     assert entry.needs_solve
 
@@ -73,21 +90,21 @@ def test_replay_cost_discounts_a_slow_pass_and_clips_outliers() -> None:
     assert entry is not None and entry.profile is not None and entry.calibrated
     est_fwd = entry.profile.forward_seconds
     assert est_fwd > 0
-    start = planner.replay_op_seconds = entry.solved_replay_op_seconds = 25e-6
+    start = planner.replay_cost.seconds = entry.solved_replay_op_seconds = 25e-6
     # forward ran 2x the estimate; the replay's 5 ms of predicted ops took 10 ms, plus
     # 100 ops x 25 us of mode: 12.5 ms measured is exactly the current cost per op
     p = _pass_with_replays(entry.signature, (0.0125, 100, 0.005))
     p.start_mark, p.backward_start_mark = Mark(0.0), Mark(2.0 * est_fwd)
-    planner._learn_replay_cost(p)
+    _learn_replay_cost(planner, p)
     assert planner.replay_op_seconds == pytest.approx(start)
     # without the slowdown it would have read 75 us per op
     p = _pass_with_replays(entry.signature, (0.0125, 100, 0.005))
     p.start_mark, p.backward_start_mark = Mark(0.0), Mark(est_fwd)
-    planner._learn_replay_cost(p)
+    _learn_replay_cost(planner, p)
     assert planner.replay_op_seconds == pytest.approx(0.7 * start + 0.3 * 75e-6)
     # 10 ms per op in one pass counts as 4x the current value plus 20 us
     cur = planner.replay_op_seconds
-    planner._learn_replay_cost(_pass_with_replays(entry.signature, (1.0, 100, 0.0)))
+    _learn_replay_cost(planner, _pass_with_replays(entry.signature, (1.0, 100, 0.0)))
     assert planner.replay_op_seconds == pytest.approx(0.7 * cur + 0.3 * (4 * cur + 20e-6))
 
 
@@ -96,7 +113,7 @@ def test_a_pinned_replay_cost_is_never_learnt() -> None:
     rt = _runtime(twin(model), replay_op_us=3.0)
     planner = rt.planner
     assert planner.replay_op_seconds == pytest.approx(3e-6)
-    planner._learn_replay_cost(_pass_with_replays("s", (1.0, 10, 0.0)))
+    _learn_replay_cost(planner, _pass_with_replays("s", (1.0, 10, 0.0)))
     assert planner.replay_op_seconds == pytest.approx(3e-6)
 
 
@@ -105,7 +122,7 @@ def test_dispatch_replays_teach_the_replay_cost(monkeypatch: pytest.MonkeyPatch)
     what those replays measure replaces the starting guess."""
     import offrecomp.hooks
 
-    monkeypatch.setattr(offrecomp.hooks, "SERVING_OVERHEAD_SECONDS", 0.0)  # the mode always pays
+    monkeypatch.setattr(replay_cost, "SERVING_OVERHEAD_SECONDS", 0.0)  # the mode always pays
     model, batch = make("gpt_dropout")
     m = twin(model)
     rt = _runtime(m)
@@ -228,7 +245,7 @@ def test_live_prediction_follows_the_estimate_and_a_moved_one_solves_again() -> 
     for st in slow.root:
         st.offset_seconds *= f
     entry.profile = slow
-    planner._refresh_live(entry, 1.0)
+    drift.refresh_live(entry, 1.0, prefetch_regions=2, drift=0.5)
     assert entry.live is not None
     assert entry.live.step_seconds == pytest.approx(2.0 * solved, rel=1e-6)
     assert entry.needs_solve
@@ -455,7 +472,7 @@ def test_a_borrowing_pass_runs_the_donor_plan_priced_for_plain_replays() -> None
     assert donor.plan is not None and donor.borrow_plan is not None and donor.profile is not None
     assert all(s.plan_id == donor.borrow_plan.plan_id for s in steps[2:])
     plain = copy.deepcopy(donor.profile)
-    plain.replay_op_seconds = rt.planner.PLAIN_REPLAY_OP_SECONDS
+    plain.replay_op_seconds = Solver.PLAIN_REPLAY_OP_SECONDS
     borrowed, own = predict(plain, donor.borrow_plan), predict(plain, donor.plan)
     assert borrowed.peak_bytes <= rt.planner.budget_bytes(plain)  # type: ignore[operator]
     assert borrowed.step_seconds <= own.step_seconds * (1 + 1e-9)
@@ -464,8 +481,8 @@ def test_a_borrowing_pass_runs_the_donor_plan_priced_for_plain_replays() -> None
 def test_a_slow_first_solve_says_why_once(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first plan of a process compiles the planner's kernels (about 20 s where numba
     has no cache yet): a warning names the cause and the warmup command, once."""
-    monkeypatch.setattr(planning, "SLOW_FIRST_SOLVE_SECONDS", 0.0)
-    monkeypatch.setattr(planning, "_solved_once", False)
+    monkeypatch.setattr(solving, "SLOW_FIRST_SOLVE_SECONDS", 0.0)
+    monkeypatch.setattr(solving, "_solved_once", False)
     model, batch = make("gpt_dropout")
     with caplog.at_level(logging.WARNING, logger="offrecomp"):
         for _ in range(2):
@@ -512,19 +529,19 @@ def _trial_runtime(monkeypatch: pytest.MonkeyPatch, alt_scale: float) -> tuple[o
     offloads taken for slow, and the plan without offloading predicted ``alt_scale``
     times what the solver says; trains a GPT and checks it bitwise against plain.
     Returns the runtime and the steps of the planned passes' first trial window."""
-    monkeypatch.setattr(Planner, "_allow_offload", staticmethod(lambda entry, profile: entry.trial.allow_offload))
+    monkeypatch.setattr(solving, "offload_allowed", lambda entry, profile: entry.trial.allow_offload)
     # the emulated backend's host costs (threads, not a link) would price offloading out
-    monkeypatch.setattr(Planner, "_learn_host_costs", lambda self, p, measured: None)
-    monkeypatch.setattr(planning, "TRIAL_EXCESS", -0.5)  # every offloading plan is "slow"
-    solve_plan = Planner._solve_plan
+    monkeypatch.setattr(learning, "learn_host_costs", lambda p, measured: None)
+    monkeypatch.setattr(trial, "TRIAL_EXCESS", -0.5)  # every offloading plan is "slow"
+    solve_plan = Solver.solve_plan
 
-    def scaled(self: Planner, entry: Any, *, allow_offload: bool | None = None) -> Plan:
+    def scaled(self: Solver, entry: Any, *, allow_offload: bool | None = None) -> Plan:
         plan = solve_plan(self, entry, allow_offload=allow_offload)
         if allow_offload is False and plan.predicted_step_seconds is not None:
             plan.predicted_step_seconds *= alt_scale  # the trial's own solve only
         return plan
 
-    monkeypatch.setattr(Planner, "_solve_plan", scaled)
+    monkeypatch.setattr(Solver, "solve_plan", scaled)
     model, batch = make("gpt_dropout")
     steps = 4 + 3 * TRIAL_PASSES
     ref = train(twin(model), batch, steps=steps)
@@ -566,3 +583,132 @@ def test_offload_trial_not_run_when_the_plan_without_is_no_faster(monkeypatch: p
     assert all(s.offloaded_bytes > 0 for s in planned[notes[0][0] - passes + 1 : notes[0][0] + 1])
     assert "offloading stays" in notes[0][1]
     assert all(s.offloaded_bytes > 0 for s in planned)
+
+
+def test_phases_read_as_the_strings_reports_show() -> None:
+    """``Phase`` members are the strings step records, the report's table and its JSON
+    lines carry: compared, formatted and serialised as those strings."""
+    from offrecomp.phases import Phase
+
+    want = {"measure", "calibrate", "planned", "borrowed", "user-plan", "recompute", "keep", "offload"}
+    assert {p.value for p in Phase} == want
+    for p in Phase:
+        assert p == p.value and hash(p) == hash(p.value) and Phase(p.value) is p
+        assert str(p) == f"{p}" == "%s" % p == p.value  # noqa: UP031 (log messages format so)
+        assert f"{p:>10}" == f"{p.value:>10}"
+        assert json.dumps([p]) == json.dumps([p.value])
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    rt = _runtime(m, budget="50%")
+    train(m, batch, rt, steps=3)
+    report = rt.report()
+    assert [s.phase for s in report.steps] == ["measure", "calibrate", "planned"]
+    assert all(isinstance(s.phase, Phase) for s in report.steps)
+    for text in (report.to_json(), report.to_json(indent=2)):
+        assert [s["phase"] for s in json.loads(text)["steps"]] == ["measure", "calibrate", "planned"]
+    rows = str(report).splitlines()[2:5]  # under the header and its rule
+    assert [row.split()[1] for row in rows] == ["measure", "calibrate", "planned"]
+
+
+def _imports(path: pathlib.Path, submodules: set[str]) -> set[str]:
+    """The modules ``path`` imports when it runs (not those under TYPE_CHECKING); a name
+    imported from a package counts as its submodule where it is one of ``submodules``."""
+    tree = ast.parse(path.read_text())
+    skip = {
+        id(n) for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                out.add(sub if sub in submodules else node.module)
+    return out
+
+
+def test_the_planning_package_imports_one_way() -> None:
+    """The planner needs neither the runtime nor the hooks (it reads the runtime through
+    ``PlannerHost``), and its modules import each other without a circle (none imports
+    the package itself, whose ``__init__`` imports them)."""
+    root = pathlib.Path(offrecomp.__file__).parent / "planning"
+    modules = {f"offrecomp.planning.{p.stem}": p for p in root.glob("*.py") if p.stem != "__init__"}
+    assert {"offrecomp.planning.host", "offrecomp.planning.planner"} <= set(modules)
+    deps = {}
+    for name, path in modules.items():
+        imported = _imports(path, set(modules))
+        assert not imported & {"offrecomp.runtime", "offrecomp.hooks", "offrecomp.planning"}, (name, imported)
+        deps[name] = {m for m in imported if m in modules and m != name}
+    done: set[str] = set()
+    while len(done) < len(deps):  # peel the modules whose imports are all peeled: a circle stalls
+        ready = {m for m, d in deps.items() if m not in done and d <= done}
+        assert ready, {m: d - done for m, d in deps.items() if m not in done}
+        done |= ready
+
+
+class _Host:
+    """A ``PlannerHost`` that is no runtime: what a planner needs, and nothing else."""
+
+    def __init__(self, **config: Any) -> None:
+        self.config = offrecomp.Config.resolve(config)
+        self.clock = Clock(None)
+        self.regions: list[Any] = []
+        self.distributed = False
+        self.user_plan: Plan | None = None
+
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def engine(self) -> Any:
+        raise AssertionError("no plan here offloads")
+
+    def warn_collective(self, region: Any) -> None:
+        raise AssertionError("no region here runs collectives")
+
+
+def test_a_planner_runs_over_any_planner_host() -> None:
+    """``Planner`` reads only ``PlannerHost``: over a stand-in host it gives a forced
+    mode's phase and placements and a user plan's, and explains a forced mode."""
+    from offrecomp.placement import Placements
+    from offrecomp.state import RegionCall
+
+    host = _Host(mode="keep")
+    planner = Planner(host)
+    wanted = Placements(host.config, planner, None, lambda: host.user_plan)._wanted  # type: ignore[arg-type]
+    p = PassState(index=0, signature="sig", mode="keep")
+    planner.begin_pass(p)
+    assert p.phase == "keep"
+    call = RegionCall(name="blocks.0", call_index=0, ordinal=0)
+    assert wanted(p, call, 0, 1 << 20, "activation") == Placement.KEEP
+    assert not planner.needs_capture(p, call)
+    host.user_plan = Plan(placements={("blocks.0", 0, 0): Placement.RECOMPUTE})
+    p = PassState(index=1, signature="sig", mode="keep")
+    planner.begin_pass(p)
+    assert p.phase == "user-plan" and p.plan_id == host.user_plan.plan_id
+    assert wanted(p, call, 0, 1 << 20, "activation") == Placement.RECOMPUTE
+    assert planner.needs_capture(p, call)
+    assert "mode='keep'" in planner.explain()
+
+
+def test_the_runtime_hands_its_planner_exactly_the_planner_host() -> None:
+    """The runtime's adapter has the public names of ``PlannerHost``, no more."""
+    from offrecomp.planning import PlannerHost
+
+    def public(cls: type) -> set[str]:
+        return {n for n in vars(cls) if not n.startswith("_")}
+
+    assert public(PlannerHost) == {
+        "config", "clock", "regions", "distributed", "user_plan", "device", "engine", "warn_collective"
+    }
+    model, _ = make("gpt_dropout")
+    rt = _runtime(twin(model))
+    assert public(type(rt.planner.host)) == public(PlannerHost)
+    assert rt.planner.host.config is rt.config and rt.planner.host.device().type == "cpu"
+    plan = Plan(placements={})
+    rt.set_plan(plan)
+    assert rt.planner.host.user_plan is plan  # read live

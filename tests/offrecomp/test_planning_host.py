@@ -1,6 +1,6 @@
 """The planner's host-time learning (NOTE [Host time] in scheduler/simulate.py) and its
 bookkeeping outside the backward-done callback (NOTE [Bookkeeping off the critical
-path] in offrecomp/planning.py)."""
+path] in offrecomp/planning/planner.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 import offrecomp
 from offrecomp._torch_compat import current_graph_task_id
-from offrecomp.planning import OUTLIER_RATIO, Planner
+from offrecomp.planning import OUTLIER_RATIO, Planner, learning
 from offrecomp.state import PassState
 from scheduler import Placement, Plan
 from tests.helpers import make, train, twin
@@ -34,8 +34,6 @@ def _measured_pass(saves: int, **costs: Any) -> PassState:
 
 
 def test_host_costs_are_learnt_per_save_and_per_group() -> None:
-    model, _ = make("gpt_dropout")
-    planner = _runtime(twin(model))._planner
     from scheduler import Profile
 
     measured = Profile(signature="sig")
@@ -48,17 +46,17 @@ def test_host_costs_are_learnt_per_save_and_per_group() -> None:
         groups_reloaded=2,
         reload_host_seconds=1e-4,
     )
-    planner._learn_host_costs(p, measured)
+    learning.learn_host_costs(p, measured)
     assert measured.pack_host_seconds == pytest.approx(1e-5)
     assert measured.unpack_host_seconds == pytest.approx(5e-6)
     assert measured.offload_host_seconds == pytest.approx(5e-5)
     assert measured.reload_host_seconds == pytest.approx(5e-5)
     # a pass that did not measure a cost (no field, no group) leaves the estimate
-    planner._learn_host_costs(_measured_pass(100, groups_offloaded=0), measured)
+    learning.learn_host_costs(_measured_pass(100, groups_offloaded=0), measured)
     assert measured.pack_host_seconds == pytest.approx(1e-5)
     assert measured.offload_host_seconds == pytest.approx(5e-5)
     # one outlying pass reads as at most OUTLIER_RATIO x the estimate plus 20 us
-    planner._learn_host_costs(_measured_pass(100, pack_seconds=1.0), measured)
+    learning.learn_host_costs(_measured_pass(100, pack_seconds=1.0), measured)
     assert measured.pack_host_seconds == pytest.approx(OUTLIER_RATIO * 1e-5 + 20e-6)
 
 
@@ -66,13 +64,13 @@ def test_learnt_host_costs_reach_the_estimate_and_the_prediction(monkeypatch: py
     """The runtime's fields (read with defaults: they may be absent) go through the cost
     model into the profile that plans are solved and predicted with."""
     per_save = 40e-6
-    learn = Planner._learn_host_costs
+    learn = learning.learn_host_costs
 
-    def with_fields(self: Planner, p: PassState, measured: Any) -> None:
+    def with_fields(p: PassState, measured: Any) -> None:
         p.stats.pack_seconds = per_save * p.stats.saved_tensors  # type: ignore[attr-defined]
-        learn(self, p, measured)
+        learn(p, measured)
 
-    monkeypatch.setattr(Planner, "_learn_host_costs", with_fields)
+    monkeypatch.setattr(learning, "learn_host_costs", with_fields)
     model, batch = make("gpt_dropout")
     m = twin(model)
     rt = _runtime(m, budget="50%", drift=100.0)

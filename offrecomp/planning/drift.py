@@ -1,0 +1,119 @@
+"""When measured times leave a plan behind: the plan predicted again under the latest
+estimate (NOTE [Live prediction]) and the measured steps judged against the prediction
+(NOTE [Drift]); either marks the signature to be solved again."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from typing import TYPE_CHECKING
+
+from offrecomp.measure import distorts
+from scheduler.cost_model import predict
+
+if TYPE_CHECKING:
+    from offrecomp.planning.entries import PlanEntry
+    from offrecomp.report import StepRecord
+
+log = logging.getLogger(__name__)
+
+#: NOTE [Drift]: planned steps whose median is judged against the prediction, ...
+DRIFT_WINDOW = 8
+#: ... re-plans in a row that may follow drifting windows before the window grows, ...
+DRIFT_REPLANS = 2
+#: ... and how many times it may double.
+DRIFT_MAX_BACKOFF = 8
+
+
+def refresh_live(entry: PlanEntry, step_seconds: float | None, *, prefetch_regions: int, drift: float) -> None:
+    """NOTE [Live prediction]: predict the plan again under the estimate that now
+    includes this pass, for the next step's record and for the re-plan check.
+
+    The plan's own prediction dates from its solve; the estimate moves with every
+    pass (warm-up, clocks, other work on the machine), so the step after a pass is
+    predicted from the estimate after it. When that prediction has moved from the
+    solve's by more than ``drift``, the plan was chosen for costs that no longer
+    hold: it is solved again.
+    """
+    plan, profile = entry.plan, entry.profile
+    if plan is None or profile is None or entry.needs_solve:
+        return
+    entry.live_skipped += 1
+    if entry.live_skipped < entry.live_every:
+        return
+    entry.live_skipped = 0
+    t0 = time.perf_counter()
+    try:
+        live = predict(profile, plan, prefetch_regions=prefetch_regions)
+    except ValueError as exc:  # the plan no longer places on this profile
+        log.debug("offrecomp: live prediction skipped (%s)", exc)
+        return
+    spent = time.perf_counter() - t0
+    if step_seconds and step_seconds > 0:
+        entry.live_every = max(1, min(64, int(spent / (0.02 * step_seconds)) + 1))
+    entry.live = live
+    solved = plan.predicted_step_seconds
+    if solved and abs(live.step_seconds / solved - 1.0) > drift:
+        log.info(
+            "offrecomp: the plan of signature %s was solved for a %.4fs step; under the "
+            "measured times it now predicts %.4fs (%+.0f%%): solving again",
+            entry.signature, solved, live.step_seconds, 100 * (live.step_seconds / solved - 1.0),
+        )
+        entry.needs_solve = True
+
+
+# NOTE [Drift]
+# A plan's prediction is checked against the measured steps on the median of a window
+# of DRIFT_WINDOW planned steps, not step by step: on a loaded host single steps run
+# far off either way, and a check on a few steps in a row would solve a signature
+# again every few steps for good, warning each time. A window whose median is more
+# than Config.drift off solves the plan again with the measured times (warned once
+# per signature, then logged). When DRIFT_REPLANS such re-plans in a row did not
+# bring the median back, the times are not the model's to predict (another process
+# shares the device or the host): the window doubles at every further drifting one,
+# up to DRIFT_WINDOW << DRIFT_MAX_BACKOFF steps, and the runtime says so once. A
+# window within the tolerance resets both.
+
+
+def check_drift(entry: PlanEntry, rec: StepRecord, drift: float) -> None:
+    """NOTE [Drift]: count a planned step of ``entry`` into its window; at the window's
+    end, judge its median against ``drift`` and mark a re-plan."""
+    pred = rec.predicted_step_seconds
+    if not pred or rec.passes != 1:
+        return
+    if distorts(rec.pause_seconds, rec.step_seconds):
+        return  # NOTE [Host pauses]: the step's time is not the plan's
+    entry.drift_ratios.append(rec.step_seconds / pred)
+    entry.drift_strikes = len(entry.drift_ratios)
+    if entry.drift_strikes < DRIFT_WINDOW << entry.drift_backoff:
+        return
+    ratio = statistics.median(entry.drift_ratios)
+    entry.drift_ratios.clear()
+    entry.drift_strikes = 0
+    if abs(ratio - 1.0) <= drift:
+        entry.drift_replans = entry.drift_backoff = 0
+        return
+    entry.drift_replans += 1
+    window = DRIFT_WINDOW << entry.drift_backoff
+    if entry.drift_replans > DRIFT_REPLANS:
+        entry.drift_backoff = min(DRIFT_MAX_BACKOFF, entry.drift_backoff + 1)
+        if not entry.drift_said_backoff:
+            entry.drift_said_backoff = True
+            log.warning(
+                "offrecomp: signature %s: steps still run %+.0f%% off the prediction after %d "
+                "re-plans with the measured times, so its step times are not the model's to "
+                "predict (another process loading the host or the device, say); re-planning "
+                "backs off, judging windows of up to %d steps",
+                entry.signature, 100 * (ratio - 1), DRIFT_REPLANS, DRIFT_WINDOW << DRIFT_MAX_BACKOFF,
+            )
+    level = logging.INFO if entry.drift_warned else logging.WARNING
+    entry.drift_warned = True
+    log.log(
+        level,
+        "offrecomp: the median measured step time of %d steps is %+.0f%% off the predicted "
+        "%.4fs; planning signature %s again with the measured times",
+        window, 100 * (ratio - 1), pred, entry.signature,
+    )
+    rec.notes.append("drift: re-plan")
+    entry.needs_solve = True

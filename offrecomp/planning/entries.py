@@ -1,0 +1,247 @@
+"""The plan cache: what the runtime knows about each input signature (``PlanEntry``),
+bounded LRU, and which profiled signature a new one may borrow a plan from (NOTE
+[Borrowed plans]); the placements a region call gets from its entry's plan."""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from offrecomp.phases import Phase
+from offrecomp.planning.trial import OffloadTrial
+from scheduler.cost_model import CostModel
+from scheduler.plan import ROOT, Placement, Plan
+
+if TYPE_CHECKING:
+    from offrecomp.state import PassState, RegionCall
+    from offrecomp.trace import RegionStructure
+    from scheduler.cost_model import Prediction
+    from scheduler.profile import Profile, RegionRecord
+
+log = logging.getLogger(__name__)
+
+KEEP = Placement.KEEP
+
+#: NOTE [Borrowed plans]: a new signature at most this much larger, in every dimension,
+#: than a profiled one of its family runs a plain full recompute instead of measuring.
+GROWTH = 1.25
+
+
+@dataclass
+class PlanEntry:
+    """What the runtime knows about one signature."""
+
+    signature: str
+    family: str = ""
+    """The signature without sizes (NOTE [Borrowed plans])."""
+    dims: tuple[int, ...] = ()
+    """The sizes of the signature's input tensors."""
+    structures: dict[tuple[str, int], RegionStructure] = field(default_factory=dict)
+    profile: Profile | None = None
+    plan: Plan | None = None
+    borrow_plan: Plan | None = None
+    """The plan with every replay priced plainly: what passes that borrow this signature's
+    plan run (NOTE [Borrowed plans]). Solved when first lent, dropped at every solve."""
+    needs_measure: bool = True
+    needs_solve: bool = False
+    cost: CostModel | None = None
+    """Smoothed timings of the signature, updated by every planned pass."""
+    warned_infeasible: bool = False
+    warned_over_budget: bool = False
+    """A planned step's activations went over the budget (warned once per signature)."""
+    calibration_ran: bool = False
+    calibration_tries: int = 0
+    """Calibration passes sent back for a host pause (NOTE [Host pauses])."""
+    calibrated: bool = False
+    """True once a calibration pass (no recorder, no offload) has replaced the measuring
+    pass's times (NOTE [Calibration])."""
+    drift_strikes: int = 0
+    """Planned steps in the drift window so far (NOTE [Drift])."""
+    drift_ratios: list[float] = field(default_factory=list)
+    """Measured / predicted step time of those steps."""
+    drift_replans: int = 0
+    """Re-plans for drift in a row, each after a window that drifted."""
+    drift_backoff: int = 0
+    """The drift window is ``DRIFT_WINDOW << drift_backoff`` steps long."""
+    drift_warned: bool = False
+    drift_said_backoff: bool = False
+    measured_peak_bytes: int | None = None
+    """The activation peak of the pass the profile was measured in (every droppable save
+    dropped): a budget it met is never called infeasible (NOTE [Small storages])."""
+    budget_scale: float = 1.0
+    """Shrinks after a device OOM in a planned step (see ``Planner.on_oom``)."""
+    solved_replay_op_seconds: float = 0.0
+    """``Planner.replay_op_seconds`` when the plan was solved."""
+    live: Prediction | None = None
+    """NOTE [Live prediction]: the plan predicted under the latest estimate (None until a
+    planned pass has been learnt since the plan was solved)."""
+    live_every: int = 1
+    """Refresh ``live`` every this many learnt passes (keeps the refresh under ~2% of
+    step time on profiles large enough for it to matter)."""
+    live_skipped: int = 0
+    trial: OffloadTrial = field(default_factory=lambda: OffloadTrial())
+    """NOTE [Offload trial]: whether plans of this signature may offload."""
+    next_plan: Plan | None = None
+    """A plan already solved for the next solve to install (the trial's)."""
+    regions_of: Profile | None = None
+    regions_by_key: dict[tuple[str, int], RegionRecord] = field(default_factory=dict)
+    """``regions_of``'s region records by call key (``assign``)."""
+    placements_of: Plan | None = None
+    placements_by_key: dict[tuple[str, int], list[Placement]] = field(default_factory=dict)
+    """``placements_of``'s placements of each call's storages (``assign``)."""
+
+    def take_profile(
+        self, profile: Profile, structures: dict[tuple[str, int], RegionStructure], measured_peak_bytes: int
+    ) -> None:
+        """A measuring (or re-profiling) pass built ``profile``, whose activations peaked
+        at ``measured_peak_bytes``: it replaces what the entry knew, and the next pass
+        calibrates it (NOTE [Calibration])."""
+        self.structures = structures
+        self.calibrated = False
+        self.calibration_ran = False
+        self.calibration_tries = 0
+        self.cost = CostModel()
+        self.cost.update(profile, take=True)
+        self.profile = profile
+        self.needs_measure = False
+        self.needs_solve = True
+        self.plan = self.borrow_plan = None
+        self.measured_peak_bytes = measured_peak_bytes  # every droppable save dropped
+
+
+# NOTE [Borrowed plans]
+# Batches padded to their longest sequence (dynamic padding, a smaller last batch)
+# give a new signature at almost every step. Measuring each (a full recompute under
+# the op recorder) and calibrating it would keep auto at measuring speed for good,
+# slower than plain full recompute. A new signature whose family (the signature
+# without sizes) has a profiled signature at least as large in every input dimension
+# runs that donor's plan instead: the same code saves the same storages, in the same
+# order, each no larger than the donor's, so the donor's peak bounds this pass's.
+# Each storage is checked against the donor's size; a larger one (code whose saves
+# depend on the shape) drops the rest of its call's activations, and the signature
+# measures its own profile at its next pass. Replays run plainly: the donor's op
+# recording is another shape's. So the plan a borrowing pass runs is the donor's
+# profile solved again with every replay priced plainly (``PlanEntry.borrow_plan``):
+# the donor's own plan may drop a few late outputs of every block, cheap when served,
+# which plain replays pay for with each block's whole prefix. A signature seen before
+# measures its own profile while the plan cache has room (bucketed lengths get their
+# own plans); otherwise it borrows. A donor without a plan yet (measured, not calibrated) is solved from
+# its measured profile. Borrowed passes teach no cost model and predict nothing.
+# A new signature that no profiled one covers, but that exceeds one by at most
+# GROWTH (25%) in every dimension, runs a plain full recompute on first sight rather
+# than a measuring pass: a sequence-length warmup grows the length a little at every
+# step, and measured at every step (1.9x full recompute); now it measures each time
+# the length has grown by a quarter. Seen again, such a signature measures.
+
+
+class PlanCache:
+    """The entries of the signatures seen, least recently used first, at most
+    ``size()`` of them; and the new signatures seen, for NOTE [Borrowed plans]."""
+
+    SIGHTINGS = 256  # new signatures remembered for the "seen before" rule
+
+    def __init__(self, size: Callable[[], int]) -> None:
+        self.size = size
+        """The cache's bound (``Config.plan_cache_size``), read at every insertion."""
+        self.entries: OrderedDict[str, PlanEntry] = OrderedDict()
+        self.sightings: OrderedDict[str, int] = OrderedDict()
+
+    def entry(self, signature: str, p: PassState | None = None) -> PlanEntry:
+        """The entry of ``signature`` (made for ``p``'s family and sizes when new), now
+        the most recently used; a full cache drops its least recently used."""
+        entry = self.entries.get(signature)
+        if entry is None:
+            entry = PlanEntry(signature)
+            if p is not None:
+                entry.family, entry.dims = p.family, p.dims
+            self.entries[signature] = entry
+            while len(self.entries) > self.size():
+                old, _ = self.entries.popitem(last=False)
+                log.info("offrecomp: plan cache full, dropped the plan of signature %s", old)
+        else:
+            self.entries.move_to_end(signature)
+        return entry
+
+    def donor(self, p: PassState) -> tuple[PlanEntry | None, int]:
+        """The profiled signature whose plan ``p`` may run (NOTE [Borrowed plans]), made
+        the most recently used, and how often ``p``'s signature was seen before. The
+        caller solves the donor's plans where it has none."""
+        if not p.family or not p.dims:
+            return None, 0
+        seen = self.sightings.pop(p.signature, 0)
+        self.sightings[p.signature] = seen + 1
+        while len(self.sightings) > self.SIGHTINGS:
+            self.sightings.popitem(last=False)
+        if seen and len(self.entries) < self.size():
+            return None, seen  # seen before, and room for a plan of its own
+        covering = [
+            e for e in self._profiled_kin(p)
+            if not e.needs_measure and all(a >= b for a, b in zip(e.dims, p.dims))
+        ]
+        best = min(covering, key=lambda e: sum(e.dims), default=None)
+        if best is None:
+            return None, seen
+        self.entries.move_to_end(best.signature)  # a donor in use stays cached
+        return best, seen
+
+    def grows_from_profiled(self, p: PassState) -> bool:
+        """``p`` exceeds a profiled signature of its family by at most GROWTH in every
+        dimension: too close to be worth a measuring pass of its own on first sight."""
+        return any(all(b <= GROWTH * a for a, b in zip(e.dims, p.dims)) for e in self._profiled_kin(p))
+
+    def _profiled_kin(self, p: PassState) -> Iterator[PlanEntry]:
+        """Profiled signatures of ``p``'s family, sizes comparable dimension by dimension."""
+        if not p.family or not p.dims:
+            return
+        for e in self.entries.values():
+            if e.family == p.family and len(e.dims) == len(p.dims) and e.profile is not None:
+                yield e
+
+
+def assign(entry: PlanEntry, plan: Plan, p: PassState, call: RegionCall) -> bool:
+    """Give a region call of planned pass ``p`` its placements from ``plan`` (``entry``'s,
+    or for a borrowing pass the donor's) and its structure; False when ``entry`` has no
+    structure for the call (NOTE [Calls the profile lacks])."""
+    if call.is_root:
+        n = len(entry.profile.root) if entry.profile is not None else 0
+        call.placements = [plan.placement((ROOT, 0, i)) for i in range(n)]
+        return True
+    structure = entry.structures.get(call.key)
+    if p.phase == Phase.BORROWED:
+        # NOTE [Borrowed plans]: the donor's placements, checked against its sizes;
+        # no structure, so replays run plainly (the recording is another shape's).
+        # A call the donor lacks drops its activations (the measuring pass's rule).
+        if structure is not None:
+            recs = structure.storage_records
+            call.borrowed_sizes = [r.nbytes for r in recs]
+            call.placements = [
+                KEEP if r.kind == "external" and i not in structure.small_storages
+                else plan.placement((call.name, call.call_index, i))
+                for i, r in enumerate(recs)
+            ]
+        return True
+    if structure is None:
+        return False
+    call.structure = structure
+    key = call.key
+    if entry.profile is not None:
+        if entry.regions_of is not entry.profile:  # one index per profile, not a scan per call
+            entry.regions_of = entry.profile
+            entry.regions_by_key = {r.key: r for r in entry.profile.regions}
+        r = entry.regions_by_key.get(key)
+        if r is not None and len(r.ops) == len(structure.op_records):
+            call.op_seconds = [op.seconds for op in r.ops]
+    n = len(structure.storage_records)
+    if entry.placements_of is not plan:
+        entry.placements_of = plan
+        entry.placements_by_key = {}
+    placements = entry.placements_by_key.get(key)
+    if placements is None or len(placements) != n:
+        placements = entry.placements_by_key[key] = [
+            plan.placement((call.name, call.call_index, i)) for i in range(n)
+        ]
+    call.placements = list(placements)  # a call may change its own (fallbacks)
+    return True

@@ -1,0 +1,498 @@
+"""Learning from calibration and planned passes: their measured times into the
+signature's cost model (region spans, the gaps around them, the backward, the runtime's
+host costs, the link), the calibration pass's fit of op times to its plain replays, and
+what each pass means for the plan (NOTE [Live prediction], NOTE [Offload trial])."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import TYPE_CHECKING, Any
+
+from offrecomp.measure import distorts
+from offrecomp.phases import Phase
+from offrecomp.planning.drift import refresh_live
+from offrecomp.planning.trial import offload_trial
+from offrecomp.state import Stage
+from scheduler.cost_model import CostModel, predict
+from scheduler.plan import Placement, Plan
+
+if TYPE_CHECKING:
+    from offrecomp.measure import Clock
+    from offrecomp.planning.entries import PlanEntry
+    from offrecomp.planning.host import PlannerHost
+    from offrecomp.planning.replay_cost import ReplayCost
+    from offrecomp.planning.solving import Solver
+    from offrecomp.state import PassState, RegionCall
+    from scheduler.profile import Profile, RegionRecord
+
+log = logging.getLogger(__name__)
+
+OFFLOAD, RECOMPUTE = Placement.OFFLOAD, Placement.RECOMPUTE
+
+OUTLIER_RATIO = 4.0
+"""A planned pass reads a region's forward time, or the backward, as at most this many
+times (and at least its inverse) the estimate: one pass slowed by something else on the
+machine (a preempted thread, a busy neighbour) moves the average (weight 0.3) by 1.9x
+at most, and a real change is followed within a few passes."""
+
+MAX_CALIBRATION_TRIES = 2
+"""Calibration passes a host pause may send back (NOTE [Host pauses]); the pass after
+the last of them is taken as it is."""
+
+
+class Learner:
+    """Feeds the passes of the planner's signatures into their cost models."""
+
+    def __init__(self, host: PlannerHost, replay_cost: ReplayCost, solver: Solver) -> None:
+        self.host = host
+        self.replay_cost = replay_cost
+        self.solver = solver
+
+    def learn(self, entry: PlanEntry, p: PassState) -> str | None:
+        """Feed a calibration or planned pass's measured times into the cost model; a
+        note for the step record when the pass taught less than usual.
+
+        NOTE [Forward timeline]: the forward is learnt piece by piece: each region's
+        span and each gap around the regions (the root's work: embedding, head, loss).
+        A piece is taken from this pass only when it timed compute alone: in a pass
+        whose compute waited on the offload window, the regions that offloaded and the
+        gaps may hold that wait, and a span a host pause distorted (NOTE [Host pauses])
+        holds the pause. A region that offloads is learnt like the others otherwise:
+        its group is copied after its forward, and the hooks' and the group issue's
+        host time come off its span (NOTE [Host time] in scheduler/simulate.py).
+        Skipped pieces keep the estimate's value; the region starts, the root saves'
+        offsets and the forward total are rebuilt from the pieces, so one pause never
+        shifts the timeline after it.
+        """
+        calibrating = p.phase == Phase.CALIBRATE
+        if entry.cost is None or not (p.planned or calibrating) or p.aborted or p.stage is not Stage.DONE:
+            return None
+        if p.reprofile:
+            return None  # its end built the profile again (NOTE [Calls the profile lacks])
+        host = self.host
+        clock = host.clock
+        measured = entry.cost.estimate()
+        learn_host_costs(p, measured)
+        alone: list[str] = []
+        skipped = learn_forward(
+            p, measured, clock=clock, on_device=host.device().type == "cuda", calibrating=calibrating, alone=alone
+        )
+        if calibrating and alone and entry.calibration_tries < MAX_CALIBRATION_TRIES:
+            entry.calibration_tries += 1
+            entry.calibration_ran = False  # the next pass calibrates again
+            pause = clock.pause(p.start_mark, p.backward_end_mark)
+            log.info(
+                "offrecomp: calibration pass of signature %s: %.1f ms of garbage collection "
+                "distorted %s, with no repeated peer to take times from; calibrating again",
+                p.signature, 1e3 * pause, ", ".join(alone),
+            )
+            return f"host pause {1e3 * pause:.1f} ms in {', '.join(alone)}; calibrating again"
+        if not learn_backward(p, measured, clock=clock, calibrating=calibrating):
+            skipped.append("backward")
+        # the link as the engine's copies achieved it (per-copy overheads included)
+        o = p.offload_stats
+        for name in ("d2h_gbps", "h2d_gbps"):
+            achieved = float(getattr(o, name, 0.0) or 0.0) if o is not None else 0.0
+            if achieved > 0 and getattr(host.config, name) is None:
+                setattr(measured, name, achieved)
+        if calibrating:
+            self.calibrate_replays(p, measured)
+            # NOTE [Calibration]: replace the recorder-inflated times outright; the plan
+            # is solved with these before the next pass. Later passes average in.
+            entry.cost = CostModel()
+            entry.calibrated = True
+            entry.needs_solve = True
+        # `measured` is this pass's own copy: the model keeps it as the new estimate, and
+        # the entry reads it (the next pass learns on a fresh copy, so it stays as is).
+        measured.replay_op_seconds = self.replay_cost.seconds
+        entry.cost.update(measured, take=True)
+        entry.profile = measured
+        if not calibrating:
+            step = clock.seconds(p.start_mark, p.backward_end_mark)
+            if host.user_plan is None:
+                cfg = host.config
+                refresh_live(entry, step, prefetch_regions=cfg.prefetch.regions or 2, drift=cfg.drift)
+            if step is not None and p.phase == Phase.PLANNED and host.user_plan is None:
+                trial_note = offload_trial(entry, step, self.solver.solve_without_offload)
+                if trial_note is not None:
+                    return trial_note
+        if skipped:  # only distorted spans are skipped, so the pass paused
+            pause = clock.pause(p.start_mark, p.backward_end_mark)
+            note = f"host pause {1e3 * pause:.1f} ms: not learnt from " + ", ".join(skipped)
+            if calibrating and any("#" in x for x in skipped):
+                note += " (regions: their repeated peers' times)"
+            return note
+        return None
+
+    def calibrate_replays(self, p: PassState, measured: Profile) -> None:
+        """NOTE [Calibration]: fit each region's op times to the plain replay the
+        calibration pass measured, then compare the whole pass with its prediction.
+
+        Recorded op times miss what runs between ops (Python module code; on GPU, launch
+        gaps), so their sum falls short of a real replay. The calibration pass replays
+        each region plainly (every op before its stop K runs), so the shortfall against
+        that measured replay, spread over those K ops, is a time per op. The check at
+        the end logs the breakdown, so that a model that still disagrees with
+        the device says where (forward, backward, replay).
+        """
+        clock = self.host.clock
+        by_key = {r.key: r for r in measured.regions}
+        _fit_replays(p, by_key, clock)
+        placements: dict[tuple[str, int, int], Placement] = {}
+        for c in p.calls:
+            for rec in c.storages:
+                if rec.placement == RECOMPUTE and not c.is_root and c.key in by_key:
+                    placements[(c.name, c.call_index, rec.index)] = RECOMPUTE
+        plan = Plan(placements=placements)
+        measured.replay_op_seconds = self.replay_cost.seconds  # the rule the pass replayed by
+        cfg = self.host.config
+        try:
+            pred = predict(measured, plan, prefetch_regions=cfg.prefetch.regions or 2)
+        except ValueError as exc:  # a structure the profile cannot place as the pass did
+            log.debug("offrecomp: calibration check skipped (%s)", exc)
+            return
+        step = clock.seconds(p.start_mark, p.backward_end_mark)
+        fwd = clock.seconds(p.start_mark, p.backward_start_mark)
+        replay = sum(clock.seconds(a, b) or 0.0 for _, a, b in p.replay_marks)
+        if step is None or fwd is None or step <= 0:
+            return
+        off = pred.step_seconds / step - 1.0
+        level = logging.WARNING if abs(off) > cfg.drift else logging.INFO
+        log.log(
+            level,
+            "offrecomp: calibration pass of signature %s: measured step %.4fs (forward %.4fs, "
+            "replay %.4fs, backward without replay %.4fs), the model predicts %.4fs (%+.0f%%; "
+            "forward %.4fs, replay %.4fs)",
+            p.signature, step, fwd, replay, step - fwd - replay, pred.step_seconds, 100 * off,
+            pred.forward_seconds, pred.recompute_seconds,
+        )
+
+
+def _fit_replays(p: PassState, by_key: dict[tuple[str, int], RegionRecord], clock: Clock) -> None:
+    """NOTE [Calibration]: each region's op times fitted to the calibration pass's plain
+    replay of it; a replay a host pause distorted takes a fitted peer's times."""
+    by_ordinal = {c.ordinal: c for c in p.calls}
+    seen: set[tuple[str, int]] = set()
+    paused: set[tuple[str, int]] = set()
+    for ordinal, a, b, k in p.plain_replays:
+        call = by_ordinal.get(ordinal)
+        secs = clock.seconds(a, b)
+        if call is None or secs is None or secs <= 0 or call.key in seen:
+            continue
+        if clock.distorted(a, b, secs):
+            paused.add(call.key)  # NOTE [Host pauses]: fitted from a peer below
+            continue
+        seen.add(call.key)
+        r = by_key.get(call.key)
+        k = min(k, len(r.ops)) if r is not None else 0
+        if r is None or k <= 0:
+            continue
+        plain = sum(op.seconds for op in r.ops[:k])  # a plain replay runs every op before K
+        if plain <= 0:
+            continue
+        if secs >= plain:
+            gap = (secs - plain) / k  # time between ops: per op, not per second of op
+            for op in r.ops:
+                op.seconds += gap
+        else:
+            ratio = max(0.1, secs / plain)
+            for op in r.ops:
+                op.seconds *= ratio
+    fitted: dict[tuple[Any, ...], RegionRecord] = {}
+    for key in seen:
+        if key in by_key:
+            fitted.setdefault(_shape(by_key[key]), by_key[key])
+    for key in paused - seen:
+        r = by_key.get(key)
+        peer = fitted.get(_shape(r)) if r is not None else None
+        if r is not None and peer is not None:
+            for op, q in zip(r.ops, peer.ops):
+                op.seconds = q.seconds
+
+
+def learn_backward(p: PassState, measured: Profile, *, clock: Clock, calibrating: bool) -> bool:
+    """``p``'s backward, less its replays, stalls and the runtime's host time, into
+    ``measured`` (each region's share scaled alike); False when a host pause distorted
+    it (nothing learnt)."""
+    fwd_total = clock.seconds(p.start_mark, p.backward_start_mark)
+    bwd_total = clock.seconds(p.backward_start_mark, p.backward_end_mark)
+    if fwd_total is None or bwd_total is None:
+        return True
+    replay = sum(clock.seconds(a, b) or 0.0 for _, a, b in p.replay_marks)
+    stall = float(getattr(p.offload_stats, "stall_seconds", 0.0) or 0.0)
+    # NOTE [Host time]: the hooks' and the reloads' host time is the model's to add
+    bwd = max(0.0, bwd_total - replay - stall - _backward_host_extra(p, measured))
+    # pauses inside replays went out with the replays' time
+    paused = clock.pause(p.backward_start_mark, p.backward_end_mark) - sum(
+        clock.pause(a, b) for _, a, b in p.replay_marks
+    )
+    if distorts(paused, bwd):
+        return False
+    est = sum(r.backward_seconds for r in measured.regions)
+    if est > 0 and bwd > 0:
+        scale = bwd / (est + max(0.0, measured.backward_seconds - est))
+        if not calibrating:
+            scale = min(OUTLIER_RATIO, max(1.0 / OUTLIER_RATIO, scale))
+            bwd = scale * max(est, measured.backward_seconds)
+        for r in measured.regions:
+            r.backward_seconds *= scale
+    measured.backward_seconds = bwd
+    return True
+
+
+def learn_forward(
+    p: PassState, measured: Profile, *, clock: Clock, on_device: bool, calibrating: bool, alone: list[str]
+) -> list[str]:
+    """NOTE [Forward timeline]: learn the forward's pieces from ``p`` into
+    ``measured`` (the estimate's copy); the pieces a host pause made it skip.
+
+    A planned pass moves a region's time by at most ``OUTLIER_RATIO`` either way.
+    A calibration pass replaces the recorder's times, which a skipped region would
+    keep (NOTE [Host pauses]): a repeated block takes its clean peers' times, and
+    the regions without one go into ``alone`` (the caller sends the pass back).
+    """
+    calls = [c for c in p.calls if not c.is_root]
+    skipped: list[str] = []
+    o = p.offload_stats
+    waited = int(getattr(o, "window_waits", 0) or 0) if o is not None else 0
+    skipped_regions = _learn_regions(
+        calls, measured, clock=clock, on_device=on_device, calibrating=calibrating, waited=waited, skipped=skipped
+    )
+    if calibrating and skipped_regions:
+        alone += _fill_from_peers(measured, skipped_regions)
+    if not _aligned(calls, measured.regions):
+        # The pass's calls are not the profile's regions one for one (a structure
+        # the next measuring pass will settle): the whole forward, when clean.
+        _learn_whole_forward(p, measured, clock=clock, on_device=on_device, waited=waited, skipped=skipped)
+    else:
+        _learn_gaps(p, calls, measured, clock=clock, calibrating=calibrating, waited=waited, skipped=skipped)
+    return skipped
+
+
+def _learn_regions(
+    calls: list[RegionCall], measured: Profile, *, clock: Clock, on_device: bool, calibrating: bool,
+    waited: int, skipped: list[str],
+) -> set[tuple[str, int]]:
+    """Each region call's forward span into its region record (scaling its ops and its
+    storages' offsets alike); the regions a host pause distorted (added to ``skipped``)."""
+    by_key = {r.key: r for r in measured.regions}
+    seen: set[tuple[str, int]] = set()
+    skipped_regions: set[tuple[str, int]] = set()
+    for call in calls:
+        r = by_key.get(call.key)
+        if r is None or call.key in seen:
+            continue
+        seen.add(call.key)
+        offloads = any(rec.placement == OFFLOAD for rec in call.storages)
+        if offloads and waited:
+            continue  # NOTE [Source lifetime]: a window wait stalls compute anywhere
+        fwd = clock.seconds(call.start_mark, call.end_mark)
+        if fwd is None or fwd <= 0 or r.forward_seconds <= 0:
+            continue
+        if clock.distorted(call.start_mark, call.end_mark, fwd):
+            skipped.append(f"{call.name}#{call.call_index}")
+            skipped_regions.add(call.key)
+            continue
+        # NOTE [Host time]: the span holds the pack hooks' and the group offload's host
+        # time, which the model adds per unit: on CPU (host and device are one) it
+        # comes off the region's time; on GPU the events time the device, and the
+        # host's own span, less that time, is the region's host time
+        extra = _forward_host_extra(measured, r, offloads)
+        if on_device:
+            host = call.end_mark.host - call.start_mark.host - extra
+            if host > 0:
+                old = r.host_seconds
+                if old is not None and old > 0 and not calibrating:
+                    host = min(OUTLIER_RATIO * old, max(old / OUTLIER_RATIO, host))
+                r.host_seconds = host
+        elif fwd - extra > 0:
+            fwd -= extra
+        ratio = fwd / r.forward_seconds
+        if not calibrating:
+            ratio = min(OUTLIER_RATIO, max(1.0 / OUTLIER_RATIO, ratio))
+        r.forward_seconds *= ratio
+        for op in r.ops:
+            op.seconds *= ratio
+        for st in r.storages:
+            st.offset_seconds *= ratio
+    return skipped_regions
+
+
+def _learn_whole_forward(
+    p: PassState, measured: Profile, *, clock: Clock, on_device: bool, waited: int, skipped: list[str]
+) -> None:
+    """The forward total of a pass whose calls are not the profile's regions, when no
+    window wait or host pause is in it."""
+    fwd_total = clock.seconds(p.start_mark, p.backward_start_mark)
+    if fwd_total is None or waited != 0:
+        return
+    if clock.distorted(p.start_mark, p.backward_start_mark, fwd_total):
+        skipped.append("forward")
+        return
+    # NOTE [Host time]: on CPU the total holds the hooks and the group
+    # offloads, which the model adds back per unit
+    o = p.offload_stats
+    groups = int(getattr(o, "groups_offloaded", 0) or 0) if o is not None else 0
+    extra = (
+        0.0
+        if on_device
+        else int(p.stats.saved_tensors) * measured.pack_host_seconds
+        + groups * measured.offload_host_seconds
+    )
+    measured.forward_seconds = fwd_total - extra if extra < fwd_total else fwd_total
+
+
+def _learn_gaps(
+    p: PassState, calls: list[RegionCall], measured: Profile, *, clock: Clock, calibrating: bool,
+    waited: int, skipped: list[str],
+) -> None:
+    """The gaps before the first region, between regions and after the last one; the
+    timeline (region starts, the root saves' offsets, the forward) rebuilt from them."""
+    regions = measured.regions
+    bounds = [p.start_mark]
+    for c in calls:
+        bounds += [c.start_mark, c.end_mark]
+    bounds.append(p.backward_start_mark)
+    at = [clock.seconds(p.start_mark, m) for m in bounds]
+    times = [t for t in at if t is not None]
+    if len(times) != len(at) or any(b < a for a, b in itertools.pairwise(times)):
+        return  # unresolved marks, or regions that overlap: no timeline
+    gaps = _gaps(measured)  # the estimate's, replaced by what this pass measured cleanly
+    gap_learnt = [False] * len(gaps)
+    unpaused = list(gaps)  # a distorted gap's time less its pause
+    if waited == 0:  # NOTE [Source lifetime]: a window wait stalls compute anywhere
+        for j in range(len(gaps)):
+            a, b = bounds[2 * j], bounds[2 * j + 1]
+            g = times[2 * j + 1] - times[2 * j]
+            if clock.distorted(a, b, g):
+                skipped.append(f"gap {j}")
+                unpaused[j] = max(0.0, g - clock.pause(a, b))
+                continue
+            gaps[j] = g
+            gap_learnt[j] = True
+    if calibrating and waited == 0 and not all(gap_learnt):
+        # The estimate's gaps are the measuring pass's, which hold the recorder's
+        # setup: a paused gap between blocks takes the median of the clean ones. The
+        # first and the last (the root's own work) have no peers: their time less
+        # the pause (exact on CPU; on GPU at most the queued work short, and later
+        # passes learn gaps without bounds).
+        inner = sorted(gaps[j] for j in range(1, len(gaps) - 1) if gap_learnt[j])
+        for j, ok in enumerate(gap_learnt):
+            if not ok:
+                gaps[j] = inner[len(inner) // 2] if 0 < j < len(gaps) - 1 and inner else unpaused[j]
+    t = 0.0
+    gap_start = []
+    for j, r in enumerate(regions):
+        gap_start.append(t)
+        t += gaps[j]
+        r.start_seconds = t
+        t += r.forward_seconds
+    gap_start.append(t)
+    measured.forward_seconds = t + gaps[-1]
+    # root saves: at their place within their gap, on the rebuilt timeline
+    if p.root is not None and len(p.root.storages) == len(measured.root):
+        for rec_s, st in zip(p.root.storages, measured.root):
+            off = clock.seconds(p.start_mark, rec_s.save_mark)
+            if off is None:
+                continue
+            for j in range(len(gaps)):
+                if times[2 * j] <= off <= times[2 * j + 1]:
+                    if gap_learnt[j]:
+                        st.offset_seconds = gap_start[j] + min(off - times[2 * j], gaps[j])
+                    break
+
+
+def learn_host_costs(p: PassState, measured: Profile) -> None:
+    """NOTE [Host time]: the runtime's own host costs as ``p`` measured them, into
+    ``measured`` (the cost model averages them): per saved tensor in the pack and
+    the unpack hook (``PassStats.pack_seconds``, ``unpack_seconds``), per group
+    offload and per group reload issued (``OffloadStats.offload_host_seconds`` over
+    ``groups_offloaded``, ``reload_host_seconds`` over ``groups_reloaded``). A cost
+    the pass did not measure keeps the estimate; one pass moves a cost by at most
+    ``OUTLIER_RATIO`` times the estimate (plus 20 us)."""
+    st, o = p.stats, p.offload_stats
+    saves = int(st.saved_tensors)
+    costs = {
+        "pack_host_seconds": (getattr(st, "pack_seconds", None), saves),
+        "unpack_host_seconds": (getattr(st, "unpack_seconds", None), saves),
+        "offload_host_seconds": (
+            getattr(o, "offload_host_seconds", None),
+            int(getattr(o, "groups_offloaded", 0) or 0),
+        ),
+        "reload_host_seconds": (
+            getattr(o, "reload_host_seconds", None),
+            int(getattr(o, "groups_reloaded", 0) or 0),
+        ),
+    }
+    for name, (total, count) in costs.items():
+        if total is None or count <= 0 or not total > 0:
+            continue  # not measured: the estimate stands
+        per = float(total) / count
+        old = getattr(measured, name)
+        if old > 0:
+            per = min(per, OUTLIER_RATIO * old + 20e-6)
+        setattr(measured, name, per)
+
+
+def _forward_host_extra(measured: Profile, r: RegionRecord, offloads: bool) -> float:
+    """Host time the runtime added to region ``r``'s forward span: its saves' pack
+    hooks and, when it offloads, its group's offload issue (NOTE [Host time])."""
+    saves = sum(st.saves for st in r.storages)
+    return saves * measured.pack_host_seconds + (measured.offload_host_seconds if offloads else 0.0)
+
+
+def _backward_host_extra(p: PassState, measured: Profile) -> float:
+    """Host time the runtime added to ``p``'s backward: the unpack hooks and the group
+    reloads it issued (NOTE [Host time])."""
+    saves = int(p.stats.saved_tensors)
+    groups = int(getattr(p.offload_stats, "groups_reloaded", 0) or 0)
+    return saves * measured.unpack_host_seconds + groups * measured.reload_host_seconds
+
+
+def _aligned(calls: list[RegionCall], regions: list[RegionRecord]) -> bool:
+    """The pass's region calls are the profile's regions, one for one and in order."""
+    return len(calls) == len(regions) and all(
+        c.key == r.key and c.start_mark is not None and c.end_mark is not None
+        for c, r in zip(calls, regions)
+    )
+
+
+def _shape(r: RegionRecord) -> tuple[Any, ...]:
+    """What repeated blocks share: the same ops and the same storage sizes."""
+    return (tuple(op.name for op in r.ops), tuple(s.nbytes for s in r.storages))
+
+
+def _fill_from_peers(profile: Profile, skipped: set[tuple[str, int]]) -> list[str]:
+    """Give each skipped region the forward time and op times of the median of its clean
+    peers (regions of the same shape, NOTE [Host pauses]); the names of those with none."""
+    clean: dict[tuple[Any, ...], list[RegionRecord]] = {}
+    for r in profile.regions:
+        if r.key not in skipped and r.ops:
+            clean.setdefault(_shape(r), []).append(r)
+    alone = []
+    for r in profile.regions:
+        if r.key not in skipped:
+            continue
+        peers = sorted(clean.get(_shape(r), []), key=lambda q: q.forward_seconds)
+        if not peers:
+            alone.append(f"{r.name}#{r.call_index}")
+            continue
+        peer = peers[len(peers) // 2]
+        r.forward_seconds = peer.forward_seconds
+        for op, q in zip(r.ops, peer.ops):
+            op.seconds = q.seconds
+        for st, qs in zip(r.storages, peer.storages):
+            st.offset_seconds = qs.offset_seconds
+    return alone
+
+
+def _gaps(profile: Profile) -> list[float]:
+    """The estimate's forward gaps: before the first region, between regions (from their
+    start times) and after the last one, none below 0 (NOTE [Forward timeline])."""
+    gaps, end = [], 0.0
+    for r in profile.regions:
+        gaps.append(max(0.0, r.start_seconds - end))
+        end = max(end, r.start_seconds) + r.forward_seconds
+    gaps.append(max(0.0, profile.forward_seconds - end))
+    return gaps

@@ -1,0 +1,441 @@
+"""The planner: what the runtime asks at each pass, region call and step, answered by
+the planning parts (NOTE [Bookkeeping off the critical path] on when they run)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from offrecomp.explain import NO_PLAN_YET, explain_forced, explain_plan, summarize
+from offrecomp.phases import Phase
+from offrecomp.planning import drift, profiling, records
+from offrecomp.planning.entries import PlanCache, PlanEntry, assign
+from offrecomp.planning.learning import Learner
+from offrecomp.planning.profiling import ReplayMarks
+from offrecomp.planning.replay_cost import ReplayCost
+from offrecomp.planning.solving import Solver
+from offrecomp.state import Stage
+from scheduler.plan import Placement, Plan
+
+if TYPE_CHECKING:
+    from offrecomp.planning.host import PlannerHost
+    from offrecomp.report import StepRecord
+    from offrecomp.state import PassState, RegionCall
+    from scheduler.profile import Profile
+
+log = logging.getLogger(__name__)
+
+KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
+
+CATCH_UP_SECONDS = 0.02
+"""At a pass's start, deferred record reading and learning stops after this long (one
+record is always read): NOTE [Bookkeeping off the critical path]."""
+
+
+class Planner:
+    """Profiles in, placements out, plans cached per signature; over a ``PlannerHost``."""
+
+    def __init__(self, host: PlannerHost) -> None:
+        self.host = host
+        self.cache = PlanCache(lambda: host.config.plan_cache_size)
+        self.entries = self.cache.entries  # the cache's entries by signature (one dict)
+        self.last_entry: PlanEntry | None = None
+        self.opaque_regions: set[str] = set()  # regions whose recording proved untrustworthy
+        self.collective_regions: set[str] = set()  # regions seen running collectives
+        self.replay_cost = ReplayCost(host.config.replay_op_us)
+        self.solver = Solver(host, self.replay_cost)
+        self.learner = Learner(host, self.replay_cost, self.solver)
+        self._pending: list[tuple[StepRecord, list[PassState]]] = []
+        # NOTE [Bookkeeping off the critical path]: passes whose profile is still to be
+        # built, with their replay marks and backward end as they were when they ended (a
+        # later backward may still replay their regions and add marks)
+        self._unplanned: list[tuple[PassState, ReplayMarks, Any]] = []
+        self._resolved: list[StepRecord] = []
+        self._catching_up = False
+        self._warned_unfinished = False
+        self.last_forced: list[PassState] = []  # a forced mode's last step's passes, for explain()
+
+    @property
+    def replay_op_seconds(self) -> float:
+        """Time a replay under the dispatch mode costs per op it sees (NOTE [Serving
+        overhead]): learnt from the replays that run unless the config pins it."""
+        return self.replay_cost.seconds
+
+    # ------------------------------------------------------------ per pass
+
+    def begin_pass(self, p: PassState) -> None:
+        # a record's learning counts in that record's planner time, a profile build in p's
+        self._catch_up(CATCH_UP_SECONDS, p)
+        with _planner_time(p):
+            self._begin_pass(p)
+
+    # NOTE [Bookkeeping off the critical path]
+    # A pass ends in autograd's backward-done callback, where the runtime closes the pass
+    # and the step. Building a profile from a measuring pass, reading a step's times and
+    # learning from them (the cost model, the replay cost, the live prediction, the
+    # offload trial, the re-plan check) are not needed until the next pass begins: done in
+    # the callback, they sit between the backward and whatever the training loop does
+    # next (the optimizer step, the next batch's forward) and, on GPU, the event reads
+    # there may wait for the device. So the callback only queues that work;
+    # `_catch_up` does it at the next pass's start (`begin_pass`, before the pass's first
+    # mark, so outside its timing), or when the runtime waits for its records
+    # (`resolve(wait=True)`: `report()`, leaving the context). A profile is built before
+    # the next pass is placed (it decides whether that pass calibrates); the records are
+    # read in order, and at a pass's start only those whose events have landed and only
+    # for `CATCH_UP_SECONDS` (one record at least). A calibration a record still holds
+    # back is read with a wait before the pass that needs its plan
+    # (`_begin_pass`, NOTE [Calibration]), so plans are ready as before: a signature
+    # measures, calibrates and plans from its third pass.
+
+    def _catch_up(self, seconds: float | None, holder: PassState | None = None) -> None:
+        """Deferred end-of-pass work (NOTE [Bookkeeping off the critical path]): every
+        queued profile build (its time counted in ``holder``'s planner time), then the
+        records whose times can be read, for at most ``seconds`` (None: all of them,
+        waiting for their events)."""
+        if self._catching_up:
+            return
+        self._catching_up = True
+        try:
+            while self._unplanned:
+                p, marks, end = self._unplanned.pop(0)
+                try:
+                    with _planner_time(holder if holder is not None else p):
+                        self._plan_from(p, marks, end)
+                except Exception:
+                    entry = self.entries.get(p.signature)
+                    if entry is not None:
+                        entry.needs_measure = True
+                    raise
+            self._resolve(wait=seconds is None, seconds=seconds)
+        finally:
+            self._catching_up = False
+
+    def _begin_pass(self, p: PassState) -> None:
+        cfg = self.host.config
+        user = self.host.user_plan
+        if cfg.mode != "auto":
+            p.phase = Phase.USER_PLAN if user is not None else Phase(cfg.mode)
+            p.plan_id = user.plan_id if user is not None else ""
+            return
+        p.plan_signature = p.signature
+        if user is None and p.signature not in self.entries:
+            donor, seen = self.cache.donor(p)
+            if donor is not None:
+                if donor.plan is None or donor.needs_solve:
+                    self._solve(donor)
+                if donor.borrow_plan is None:
+                    self.solver.solve_borrow_plan(donor)
+            if donor is not None and donor.borrow_plan is not None:
+                p.planned = True
+                p.phase = Phase.BORROWED
+                p.plan_signature = donor.signature
+                p.plan_id = donor.borrow_plan.plan_id
+                return
+            if not seen and self.cache.grows_from_profiled(p):
+                # NOTE [Borrowed plans]: a little larger than a profiled signature (a
+                # sequence-length warmup): a plain full recompute, not a measuring pass
+                p.phase = Phase.RECOMPUTE
+                return
+        entry = self.cache.entry(p.signature, p)
+        if entry.needs_measure or entry.profile is None:
+            p.recording = True
+            p.phase = Phase.MEASURE
+            return
+        if user is None and not entry.calibrated and entry.calibration_ran:
+            # A calibration pass ran but its (device) times were not read yet: read them
+            # now, once per signature, rather than calibrating twice.
+            self.resolve(wait=True)
+        if user is None and not entry.calibrated:
+            # NOTE [Calibration]: the measuring pass ran under the op recorder, whose
+            # overhead inflates every time it saw (on GPU the device starves while the
+            # host records). The next pass drops the same activations without the
+            # recorder and without offload; its region times replace the recorded ones
+            # before the first plan is solved.
+            p.phase = Phase.CALIBRATE
+            entry.calibration_ran = True
+            return
+        if user is None and (entry.needs_solve or entry.plan is None):
+            self._solve(entry)
+        p.planned = True
+        p.phase = Phase.USER_PLAN if user is not None else Phase.PLANNED
+        plan = self.active_plan(entry)
+        p.plan_id = plan.plan_id if plan is not None else ""
+
+    def active_plan(self, entry: PlanEntry) -> Plan | None:
+        """The user's plan when one is set, else the solver's."""
+        user = self.host.user_plan
+        return user if user is not None else entry.plan
+
+    def _solve(self, entry: PlanEntry) -> None:
+        self.solver.solve(entry)
+        self.last_entry = entry
+
+    def assign(self, p: PassState, call: RegionCall) -> None:
+        """Give a new region call its planned placements and structure."""
+        if p.phase == Phase.CALIBRATE and not call.is_root:
+            # NOTE [Calibration]: no placements (everything drops), but the structure,
+            # so that each plain replay knows where it stops
+            entry = self.entries.get(p.signature)
+            if entry is not None:
+                call.structure = entry.structures.get(call.key)
+                if call.structure is None:
+                    self._record_unprofiled(p, call)
+            return
+        if not p.planned:
+            return
+        entry = self.entries.get(p.plan_signature or p.signature)
+        plan = self.active_plan(entry) if entry is not None else None
+        if entry is not None and p.phase == Phase.BORROWED:
+            plan = entry.borrow_plan
+        if entry is None or plan is None:
+            return
+        if not assign(entry, plan, p, call):
+            self._record_unprofiled(p, call)
+
+    # NOTE [Calls the profile lacks]
+    # The number of calls of a region may depend on the data (adaptive depth, a loop that
+    # runs until a halting score is reached) while the input shapes, and so the
+    # signature, stay the same. A planned pass that reaches a call its profile lacks
+    # drops that call's activations (the measuring pass's rule, safe for memory) and
+    # records its ops, as a measuring pass would; the pass's end builds the profile
+    # again from all of its calls (the planned ones keep their structures) and the next
+    # pass calibrates. A profile built so covers the longer pass, and a plan solved from
+    # it also serves the shorter ones: calls that do not run leave their share of the
+    # budget unused. Measuring again instead would measure a profile without those
+    # calls at the next pass, often a shorter one: depths that alternate would
+    # re-measure (full recompute) every few steps, for good.
+
+    def _record_unprofiled(self, p: PassState, call: RegionCall) -> None:
+        call.record = True
+        p.reprofile = True
+        log.info(
+            "offrecomp: region %r call %d is not in the profile of signature %s; recording "
+            "it in this pass (its activations dropped) to extend the profile",
+            call.name, call.call_index, p.signature,
+        )
+
+    def needs_capture(self, p: PassState, call: RegionCall) -> bool:
+        """Keep a replay checkpoint for this call? Not when nothing can ever be dropped.
+
+        Under a plan the checkpoint is always taken: region inputs are storages 0..m-1
+        of every call (NOTE [Identity of a saved tensor]), and the plan may place them.
+        """
+        return not (self.host.user_plan is None and self.host.config.mode in ("keep", "offload"))
+
+    def mismatch(self, p: PassState, call: RegionCall, index: int, *, borrowed: bool) -> None:
+        """``call``'s storage ``index`` is not the one its plan placed: the rest of the
+        call is placed as while measuring (placement.py), and the signature measures
+        again. ``borrowed``: the storage is larger than the donor plan's (NOTE [Borrowed
+        plans])."""
+        call.mismatch = True
+        if borrowed:
+            if p.signature not in self.entries:
+                self.cache.entry(p.signature, p)
+            log.info(
+                "offrecomp: region %r call %d saves storage %d larger than in the plan of "
+                "signature %s that this pass borrowed; dropping its activations this pass, "
+                "measuring signature %s next time",
+                call.name, call.call_index, index, p.plan_signature, p.signature,
+            )
+            return
+        entry = self.entries.get(p.signature)
+        if entry is not None:
+            entry.needs_measure = True
+        structure = call.structure
+        if structure is not None and not structure.opaque:
+            # What ran unrecorded differs from what was recorded (code that behaves
+            # differently under a dispatch mode): never trust the recording of this
+            # region again.
+            structure.opaque = True
+            self.opaque_regions.add(call.name)
+        log.info(
+            "offrecomp: region %r call %d differs from its profile (storage %d); "
+            "dropping its activations this pass and measuring again",
+            call.name, call.call_index, index,
+        )
+
+    def record_structure(self, call: RegionCall) -> None:
+        """Region forward returned in a measuring pass: derive its structure."""
+        rec = call.recorder
+        if rec is None:
+            return
+        if rec.collective and self.host.distributed:  # NOTE [Collective regions]
+            self.collective_regions.add(call.name)
+            call.collective = True
+            if call.region is not None:
+                self.host.warn_collective(call.region)
+        profiling.record_structure(
+            call, min_bytes=self.host.config.min_bytes, opaque=call.name in self.opaque_regions
+        )
+
+    def end_pass(self, p: PassState) -> None:
+        """Queue the pass's profile build, when it has one to make (NOTE [Bookkeeping off
+        the critical path])."""
+        with _planner_time(p):
+            self._end_pass(p)
+
+    def _end_pass(self, p: PassState) -> None:
+        if p.recording:
+            if not p.aborted and p.stage is not Stage.DONE and p.calls and not self._warned_unfinished:
+                self._warned_unfinished = True
+                log.warning(
+                    "offrecomp: the measuring pass of signature %s ended before its backward "
+                    "ran (the runtime's context exited after the forward). auto plans only "
+                    "from passes whose forward and backward both run inside `with rt:`; "
+                    "until one does, every pass is measured again (full recompute)",
+                    p.signature,
+                )
+            if p.aborted or p.stage is not Stage.DONE:
+                return  # measure again next time
+        elif not (p.reprofile and not p.aborted and p.stage is Stage.DONE):
+            return
+        # the recorded structure now (cheap, and what rt.set_plan() users read); the
+        # profile, which reads the pass's times, at the next pass's start
+        self.cache.entry(p.signature, p).structures = {
+            c.key: c.structure for c in p.calls if c.structure is not None
+        }
+        self._unplanned.append((p, list(p.replay_marks), p.backward_end_mark))
+
+    # ------------------------------------------------------------ planning
+
+    def _plan_from(self, p: PassState, replay_marks: ReplayMarks, end_mark: Any) -> None:
+        """Build the signature's profile from the measuring (or re-profiling) pass ``p``,
+        whose replay marks and backward end were ``replay_marks`` and ``end_mark`` when it
+        ended."""
+        host = self.host
+        cfg = host.config
+        entry = self.cache.entry(p.signature, p)
+        profile, structures = profiling.build_profile(
+            p, replay_marks, end_mark, clock=host.clock, config=cfg, device=host.device()
+        )
+        entry.take_profile(profile, structures, p.stats.peak_resident_bytes)
+        if cfg.profile_path:
+            # the measured profile now; each solve overwrites it with the calibrated one
+            profile.save(cfg.profile_path)
+            log.info("offrecomp: profile of signature %s saved to %s", p.signature, cfg.profile_path)
+        self.last_entry = entry
+
+    def budget_bytes(self, profile: Profile) -> int | None:
+        """The activation budget plans of ``profile`` are solved for."""
+        return self.solver.budget_bytes(profile)
+
+    def on_oom(self, p: PassState | None) -> None:
+        """A device OOM escaped a pass: the next pass of its signature gets a safer plan.
+
+        Each OOM shrinks the signature's budget to 70%; the plan is solved again before
+        the next pass. An OOM in a measuring pass (everything already dropped) can only
+        be helped by a smaller budget for the plan that follows.
+        """
+        if p is None:
+            return
+        entry = self.entries.get(p.signature)
+        if entry is None:
+            if p.phase == Phase.BORROWED:  # NOTE [Borrowed plans]: its own profile from now on
+                self.cache.entry(p.signature, p)
+                log.warning(
+                    "offrecomp: device out of memory in a pass of signature %s that ran the "
+                    "plan of %s; it measures its own profile next time",
+                    p.signature, p.plan_signature,
+                )
+            return
+        entry.budget_scale *= 0.7
+        entry.needs_solve = entry.profile is not None
+        entry.next_plan = None  # solved for the old budget
+        log.warning(
+            "offrecomp: device out of memory in a %s pass of signature %s; later passes plan "
+            "for %.0f%% of the budget",
+            p.phase or Phase.PLANNED, p.signature, 100 * entry.budget_scale,
+        )
+
+    # ------------------------------------------------------------- reports
+
+    def step_record(self, step: int, passes: list[PassState]) -> StepRecord:
+        """The record of one step; its times are filled by :meth:`resolve` (NOTE [Lazy
+        timing])."""
+        mode = self.host.config.mode
+        rec = records.step_record(step, passes, mode)
+        if mode != "auto":
+            self.last_forced = passes[-1:]  # summarised when explain() asks, not every step
+        first = passes[0]
+        entry = self.entries.get(first.signature)
+        plan = self.active_plan(entry) if entry is not None else None
+        if plan is not None and first.planned:
+            records.add_prediction(rec, entry, plan, passes)
+        self._pending.append((rec, passes))
+        return rec
+
+    def pending_ids(self) -> set[int]:
+        return {id(r) for r, _ in self._pending}
+
+    def discard(self, rec: StepRecord) -> None:
+        """Forget a provisional record (its passes were merged into a later step)."""
+        self._pending = [(r, ps) for r, ps in self._pending if r is not rec]
+
+    def resolve(self, *, wait: bool) -> list[StepRecord]:
+        """With ``wait``: do every deferred end-of-pass job and fill the times of every
+        pending record, in order, waiting for their events. Without: nothing now; the
+        next pass's start does it (NOTE [Bookkeeping off the critical path])."""
+        if not wait:
+            return []
+        self._catch_up(None)
+        return list(self._resolved)
+
+    def _resolve(self, *, wait: bool, seconds: float | None = None) -> None:
+        """Fill the times of pending records whose events have landed (all of them with
+        ``wait``), in order, and learn from their passes; stop after ``seconds``."""
+        clock = self.host.clock
+        start = time.perf_counter()
+        done: list[StepRecord] = []
+        self._resolved = done
+        while self._pending:
+            rec, passes = self._pending[0]
+            if not wait and not records.times_ready(clock, passes):
+                break
+            if seconds is not None and done and time.perf_counter() - start > seconds:
+                break
+            self._pending.pop(0)
+            records.fill_times(rec, passes, clock)
+            with _planner_time(rec):
+                first = passes[0]
+                rec.pause_seconds = sum(clock.pause(p.start_mark, p.backward_end_mark) for p in passes)
+                for p in passes:
+                    self.replay_cost.learn(p, self.entries, clock)
+                rec.replay_op_us = 1e6 * self.replay_cost.seconds
+                for p in passes:
+                    # each pass by its own signature: micro-batches of other lengths in
+                    # one step are other signatures, with other times
+                    pe = self.entries.get(p.signature)
+                    note = self.learner.learn(pe, p) if pe is not None else None
+                    if note is not None:
+                        rec.notes.append(note)
+                entry = self.entries.get(first.signature)
+                if entry is not None and first.planned and rec.predicted_step_seconds:
+                    drift.check_drift(entry, rec, self.host.config.drift)
+            done.append(rec)
+
+    def explain(self) -> str:
+        """``rt.explain()``: the latest plan of auto, or what a forced mode did."""
+        host = self.host
+        cfg = host.config
+        if cfg.mode != "auto" or not cfg.active:
+            return explain_forced(
+                cfg, host.regions, summarize(self.last_forced, cfg.min_bytes),
+                emulated=host.device().type != "cuda",
+            )
+        entry = self.last_entry
+        if entry is None or entry.profile is None or entry.plan is None:
+            return NO_PLAN_YET
+        return explain_plan(entry.signature, entry.plan, entry.profile, host.regions, entry.trial.notes())
+
+
+@contextlib.contextmanager
+def _planner_time(holder: PassState | StepRecord) -> Iterator[None]:
+    """Count the planner's host time in a pass or a step record (planner_seconds)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        holder.planner_seconds += time.perf_counter() - t0

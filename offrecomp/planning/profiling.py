@@ -1,0 +1,206 @@
+"""A measuring pass into a ``scheduler.Profile``: each region call's structure when its
+forward returns (from the op recording), and at the pass's end the profile (region and
+root storage records, forward and backward times, the host link's bandwidth)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from offrecomp.measure import device_capacity_bytes
+from offrecomp.trace import RegionStructure, build_structure
+from scheduler.profile import Profile, RegionRecord, StorageRecord
+
+if TYPE_CHECKING:
+    from offrecomp.config import Config
+    from offrecomp.measure import Clock
+    from offrecomp.state import PassState, RegionCall
+    from offrecomp.trace import OpRecorder
+
+log = logging.getLogger(__name__)
+
+ReplayMarks = list[tuple[int, Any, Any]]
+"""A pass's replay marks: (region call ordinal, start mark, end mark) per replay."""
+
+
+def timed_on_device(rec: OpRecorder) -> bool:
+    """The recording timed its ops with CUDA events, which can be read only once the
+    device has run them (at the end of the pass)."""
+    return any(op.start_ev is not None for op in rec.ops)
+
+
+def record_structure(call: RegionCall, *, min_bytes: int, opaque: bool) -> None:
+    """The region call's forward returned in a measuring pass: derive its structure from
+    its recording (``opaque``: its region's recording proved untrustworthy before)."""
+    rec = call.recorder
+    assert rec is not None
+    call.recorder = None
+    region = call.region
+    used = region.forward_used if region is not None else ()
+    kinds = []
+    for s in call.storages:
+        if s.kind == "input":
+            kinds.append("input")
+        elif s.nbytes < min_bytes or s.aliased or s.index in used:
+            # always kept: planned as fixed (aliased: NOTE [Untracked aliases]; read
+            # in the forward: NOTE [Backward inside a forward])
+            kinds.append("external")
+        else:
+            kinds.append("activation")
+    call.structure = build_structure(
+        rec,
+        call.saves,
+        [s.sid for s in call.storages],
+        [s.nbytes for s in call.storages],
+        kinds,
+        rec.op_seconds() if not timed_on_device(rec) else [0.0] * len(rec.ops),
+        call.start_mark.host if call.start_mark is not None else 0.0,
+        compiled=region is not None and (region.compiled or region.backward_in_forward or opaque),
+    )
+    recs = call.structure.storage_records
+    call.structure.small_storages = tuple(
+        i for i, s in enumerate(call.storages)
+        if kinds[i] == "external" and s.nbytes < min_bytes and not s.aliased
+        and s.index not in used and recs[i].producer_op >= 0
+    )
+    call.recorded_ops = rec  # op events are resolved at the end of the pass (CUDA)
+    call.saves = []
+
+
+def build_profile(
+    p: PassState, replay_marks: ReplayMarks, end_mark: Any, *, clock: Clock, config: Config, device: torch.device
+) -> tuple[Profile, dict[tuple[str, int], RegionStructure]]:
+    """The profile of the measuring (or re-profiling) pass ``p``, whose replay marks and
+    backward end were ``replay_marks`` and ``end_mark`` when it ended, and the region
+    structures it was built from."""
+    replay_by_ordinal: dict[int, tuple[Any, Any]] = {}
+    total_replay = 0.0
+    for ordinal, a, b in replay_marks:
+        replay_by_ordinal.setdefault(ordinal, (a, b))
+        total_replay += clock.seconds(a, b, wait=True) or 0.0
+    regions, structures = _region_records(p, replay_by_ordinal, end_mark, clock)
+    root_records: list[StorageRecord] = []
+    if p.root is not None:
+        for s in p.root.storages:
+            root_records.append(
+                StorageRecord(
+                    nbytes=s.nbytes,
+                    kind="activation" if s.nbytes >= config.min_bytes and not s.aliased else "external",
+                    offset_seconds=clock.seconds(p.start_mark, s.save_mark, wait=True) or 0.0,
+                )
+            )
+    fwd_total = clock.seconds(p.start_mark, p.backward_start_mark, wait=True) or 0.0
+    bwd_total = clock.seconds(p.backward_start_mark, end_mark, wait=True) or 0.0
+    d2h, h2d = link_gbps(config, device)
+    profile = Profile(
+        signature=p.signature,
+        device=device.type,
+        forward_seconds=fwd_total,
+        backward_seconds=max(0.0, bwd_total - total_replay),
+        d2h_gbps=d2h,
+        h2d_gbps=h2d,
+        regions=regions,
+        root=root_records,
+        device_capacity_bytes=device_capacity_bytes(device),
+        meta={"torch": torch.__version__},
+    )
+    if p.device_peak is not None:
+        profile.fixed_bytes = max(0, p.alloc_start + p.device_peak - p.stats.peak_resident_bytes)
+    return profile, structures
+
+
+def _region_records(
+    p: PassState, replay_by_ordinal: dict[int, tuple[Any, Any]], end_mark: Any, clock: Clock
+) -> tuple[list[RegionRecord], dict[tuple[str, int], RegionStructure]]:
+    """A record per region call of ``p`` that has a structure, with its times."""
+    regions: list[RegionRecord] = []
+    structures: dict[tuple[str, int], RegionStructure] = {}
+    order = sorted(replay_by_ordinal)  # backward replays in descending ordinal
+    for call in p.calls:
+        st = call.structure
+        if st is None:
+            continue
+        rec = getattr(call, "recorded_ops", None)
+        if rec is not None and timed_on_device(rec):
+            secs = rec.op_seconds()  # CUDA events: resolved now, after backward
+            for op, s in zip(st.op_records, secs):
+                op.seconds = float(s)
+        fwd = clock.seconds(call.start_mark, call.end_mark, wait=True) or 0.0
+        bwd = _backward_seconds(clock, end_mark, call.ordinal, order, replay_by_ordinal)
+        storages = [StorageRecord(**vars(s)) for s in st.storage_records]
+        regions.append(
+            RegionRecord(
+                name=call.name,
+                call_index=call.call_index,
+                start_seconds=clock.seconds(p.start_mark, call.start_mark, wait=True) or 0.0,
+                forward_seconds=fwd,
+                backward_seconds=bwd if bwd is not None else 2.0 * fwd,
+                ops=list(st.op_records),
+                storages=storages,
+                opaque=st.opaque,
+                replayable=not call.collective
+                and not (call.region is not None and (call.region.writes_state or call.region.reaches_out)),
+            )
+        )
+        structures[call.key] = st
+    return regions, structures
+
+
+def _backward_seconds(
+    clock: Clock, end_mark: Any, ordinal: int, order: list[int], marks: dict[int, tuple[Any, Any]]
+) -> float | None:
+    """Backward time of one region call, from the replay marks of the measuring pass."""
+    if ordinal not in marks:
+        return None
+    _, end = marks[ordinal]
+    i = order.index(ordinal)
+    nxt = marks[order[i - 1]][0] if i > 0 else end_mark
+    return clock.seconds(end, nxt, wait=True)
+
+
+def link_gbps(config: Config, device: torch.device) -> tuple[float, float]:
+    """The host link's D2H and H2D bandwidth: configured, else measured once per GPU
+    (none off a GPU unless configured)."""
+    if device.type != "cuda":
+        return (config.d2h_gbps or 0.0, config.h2d_gbps or 0.0)
+    d2h = config.d2h_gbps
+    h2d = config.h2d_gbps
+    if d2h is None or h2d is None:
+        md2h, mh2d = _probe_link(device)
+        d2h = d2h if d2h is not None else md2h
+        h2d = h2d if h2d is not None else mh2d
+    return (d2h, h2d)
+
+
+_link_cache: dict[int, tuple[float, float]] = {}
+
+
+def _probe_link(device: torch.device) -> tuple[float, float]:
+    """Measure pinned D2H/H2D bandwidth once per device (64 MiB each way)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx in _link_cache:
+        return _link_cache[idx]
+    n = 64 << 20
+    try:
+        host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        dev = torch.empty(n, dtype=torch.uint8, device=device)
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        host.copy_(dev, non_blocking=True)  # warm-up
+        torch.cuda.synchronize(device)
+        s.record()
+        host.copy_(dev, non_blocking=True)
+        e.record()
+        e.synchronize()
+        d2h = n / (s.elapsed_time(e) / 1e3) / 1e9
+        s.record()
+        dev.copy_(host, non_blocking=True)
+        e.record()
+        e.synchronize()
+        h2d = n / (s.elapsed_time(e) / 1e3) / 1e9
+    except RuntimeError as exc:
+        log.warning("offrecomp: could not measure the host link (%s); planning without offload", exc)
+        d2h = h2d = 0.0
+    _link_cache[idx] = (d2h, h2d)
+    return d2h, h2d

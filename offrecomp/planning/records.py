@@ -1,0 +1,156 @@
+"""Step records: a step's passes summed into a ``StepRecord`` when the step ends, with
+the plan's prediction beside them, and its device times filled once they can be read
+(NOTE [Lazy timing])."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from offrecomp.config import format_bytes
+from offrecomp.planning.solving import infeasible_note
+from offrecomp.report import StepRecord
+
+if TYPE_CHECKING:
+    from offrecomp.measure import Clock
+    from offrecomp.planning.entries import PlanEntry
+    from offrecomp.state import PassState
+    from scheduler.plan import Plan
+
+log = logging.getLogger(__name__)
+
+#: A planned step whose activation peak passes its budget by more than this warns.
+OVER_BUDGET = 1.05
+
+
+def step_record(step: int, passes: list[PassState], mode: str) -> StepRecord:
+    """The record of one step of ``passes`` under ``mode``: what its passes placed and
+    moved; its times are filled by ``fill_times``.
+
+    NOTE [Lazy timing]: on GPU, times come from CUDA events that complete after the
+    host has moved on. A record waits in the planner's pending records until its events
+    have landed (checked with ``query()``, never a host sync in the training loop);
+    ``report()`` and leaving the context wait for the rest.
+    """
+    first, last = passes[0], passes[-1]
+    rec = StepRecord(step=step, passes=len(passes), signature=first.signature, mode=mode)
+    rec.phase = first.phase
+    # a step of several passes (gradient accumulation) shows each phase it ran: its
+    # first step measures and then calibrates ("measure+calibrate")
+    rec.phases = "+".join(dict.fromkeys(p.phase for p in passes))
+    rec.plan_id = first.plan_id
+    rec.wall_seconds = max(0.0, last.end_time - first.start_time)
+    rec.planner_seconds = sum(p.planner_seconds for p in passes)
+    for p in passes:
+        s = p.stats
+        rec.peak_activation_bytes = max(rec.peak_activation_bytes, s.peak_resident_bytes)
+        rec.kept_bytes += s.kept_bytes
+        rec.offloaded_bytes += s.offloaded_bytes
+        rec.recomputed_bytes += s.recomputed_bytes
+        rec.input_bytes += s.input_bytes
+        rec.replays += s.replays
+        rec.served_ops += s.served_ops
+        rec.rerun_ops += s.rerun_ops
+        rec.saved_tensors += s.saved_tensors
+        rec.storages += s.storages
+        for k, v in s.fallbacks.items():
+            rec.fallbacks[k] = rec.fallbacks.get(k, 0) + v
+        if p.device_peak is not None:
+            rec.device_peak_bytes = max(rec.device_peak_bytes or 0, p.device_peak)
+        o = p.offload_stats
+        if o is not None:
+            rec.backend = getattr(o, "backend", "")
+            rec.d2h_bytes += int(getattr(o, "bytes_d2h", 0))
+            rec.h2d_bytes += int(getattr(o, "bytes_h2d", 0))
+            rec.stall_seconds += float(getattr(o, "stall_seconds", 0.0))
+            rec.d2h_gbps = float(getattr(o, "d2h_gbps", None) or rec.d2h_gbps)
+            rec.h2d_gbps = float(getattr(o, "h2d_gbps", None) or rec.h2d_gbps)
+            rec.pool_reserved_bytes = int(getattr(o, "pool_reserved_bytes", 0))
+            rec.pool_high_water_bytes = int(getattr(o, "pool_high_water_bytes", 0))
+    return rec
+
+
+def add_prediction(rec: StepRecord, entry: PlanEntry | None, plan: Plan, passes: list[PassState]) -> None:
+    """A planned step ran ``plan`` (``entry``'s, if any): its prediction into ``rec`` (the
+    live one where there is one, NOTE [Live prediction]), and a warning, once per
+    signature, when the step went over the budget."""
+    rec.predicted_step_seconds = plan.predicted_step_seconds
+    rec.predicted_peak_bytes = plan.predicted_peak_bytes
+    rec.budget_bytes = plan.budget_bytes
+    rec.predicted_forward_seconds = plan.predicted_forward_seconds
+    rec.predicted_recompute_seconds = plan.predicted_recompute_seconds
+    rec.predicted_stall_seconds = plan.predicted_stall_seconds
+    budget = plan.budget_bytes
+    if entry is not None and budget and not plan.feasible:
+        warn_infeasible(entry, plan, budget, rec.peak_activation_bytes)
+    elif (
+        entry is not None
+        and budget
+        and rec.peak_activation_bytes > OVER_BUDGET * budget
+        and not entry.warned_over_budget
+    ):
+        entry.warned_over_budget = True
+        double = any(p.double_backward for p in passes)
+        log.warning(
+            "offrecomp: signature %s: a planned step held %s of activations for a "
+            "budget of %s (%+.0f%%).%s",
+            rec.signature, format_bytes(rec.peak_activation_bytes), format_bytes(budget),
+            100 * (rec.peak_activation_bytes / budget - 1),
+            " Its backward made a graph that a second backward differentiates (a "
+            "gradient penalty); that graph holds the tensors the first backward's "
+            "replays regenerate, which the plan does not count: expect this margin, "
+            "or keep those regions (regions=, mode='keep')." if double else
+            " Plan with a budget lower by that margin; rt.explain() and the step "
+            "records show where the memory went.",
+        )
+    live = entry.live if entry is not None and plan is entry.plan else None
+    if live is not None:  # NOTE [Live prediction]
+        rec.predicted_step_seconds = live.step_seconds
+        rec.predicted_peak_bytes = live.peak_bytes
+        rec.predicted_forward_seconds = live.forward_seconds
+        rec.predicted_recompute_seconds = live.recompute_seconds
+        rec.predicted_stall_seconds = live.stall_seconds
+
+
+def warn_infeasible(entry: PlanEntry, plan: Plan, budget: int, held: int) -> None:
+    """NOTE [Infeasible budgets]: once per signature, at its first planned step, naming
+    a smallest feasible budget that the frugal plan's prediction, the measuring pass
+    and this step all bound (a step within the budget says nothing)."""
+    if entry.warned_infeasible or held <= budget:
+        return
+    entry.warned_infeasible = True  # once per signature, not once per re-plan
+    smallest = min(plan.min_feasible_budget_bytes or held, held)
+    plan.min_feasible_budget_bytes = smallest
+    plan.notes = [n for n in plan.notes if "cannot be met" not in n] + [infeasible_note(budget, smallest)]
+    log.warning(
+        "offrecomp: signature %s: %s. Raise the budget (budget=, OFFRECOMP_BUDGET) or "
+        "accept the most frugal plan; infeasible='error' makes this an error",
+        entry.signature, "; ".join(plan.notes),
+    )
+
+
+def times_ready(clock: Clock, passes: list[PassState]) -> bool:
+    """The events of every mark the step's times are read from have landed."""
+    first, last = passes[0], passes[-1]
+    marks = [first.start_mark, last.backward_end_mark]
+    for p in passes:
+        marks += [m for _, a, b in p.replay_marks for m in (a, b)]
+    return clock.ready(*marks)
+
+
+def fill_times(rec: StepRecord, passes: list[PassState], clock: Clock) -> None:
+    """The step's measured times into ``rec``, waiting for their events."""
+    first, last = passes[0], passes[-1]
+    secs = clock.seconds(first.start_mark, last.backward_end_mark, wait=True)
+    rec.step_seconds = secs if secs is not None else rec.wall_seconds
+    rec.recompute_seconds = sum(
+        clock.seconds(a, b, wait=True) or 0.0 for p in passes for _, a, b in p.replay_marks
+    )
+    rec.forward_seconds = sum(
+        clock.seconds(p.start_mark, p.backward_start_mark, wait=True) or 0.0 for p in passes
+    )
+    rec.forward_host_seconds = sum(
+        p.backward_start_mark.host - p.start_mark.host
+        for p in passes
+        if p.start_mark is not None and p.backward_start_mark is not None
+    )
