@@ -7,7 +7,7 @@ then) under each strategy, and prints per strategy the total and median step tim
 ratio to full recompute, the largest activation peak by the runtime's books against
 auto's budget, the allocator's peak of one more step on the longest batch under full
 recompute and auto (checked against the budget independently of the runtime's books), and auto's phases (``borrowed``: the pass ran the plan of a larger
-signature of its family, NOTE [Borrowed plans] in ``offrecomp/planning.py``).
+signature of its family, NOTE [Borrowed plans] in ``offrecomp/planning/entries.py``).
 
 Each strategy trains its own copy of the model from the same weights. An untimed plain
 pass over every batch shape comes first (``--no-warmup`` skips it), so that no

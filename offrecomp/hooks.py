@@ -13,7 +13,7 @@ region's own buffers are saved as they are (a plain handle that still checks the
 version counter); such a storage's record is kept out of the call's storage indices.
 Storages under ``min_bytes`` are never offloaded; plans keep them (they take part in the
 bookkeeping, so replay can serve ops from them) unless the most frugal plan drops them
-(NOTE [Small storages] in planning.py); forced recompute drops them with their region.
+(NOTE [Small storages]); forced recompute drops them with their region.
 
 NOTE [In-place modification after save]
 autograd's own version check does not run for tensors that go through saved-tensor

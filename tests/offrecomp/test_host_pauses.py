@@ -3,7 +3,7 @@
 NOTE [Host pauses] (``offrecomp/measure.py``): a garbage collection inside a timed span
 is time the span's work did not take. The planner learns nothing from a distorted span,
 sends a distorted calibration pass back, and keeps the step out of the drift check.
-NOTE [Forward timeline] (``offrecomp/planning.py``): the forward is learnt piece by
+NOTE [Forward timeline] (``offrecomp/planning/learning.py``): the forward is learnt piece by
 piece, so a plan that offloads still learns it.
 
 Pauses are simulated: a block sleeps and books the sleep as a collection, so each test
