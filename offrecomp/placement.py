@@ -18,9 +18,9 @@ NOTE [Placement rules]
   [Collective regions]).
 - OFFLOAD only a storage of at least ``min_bytes`` (a copy costs more than it saves),
   on the runtime's device (a CPU tensor of a GPU run is in host memory already), that
-  is not an untracked alias (NOTE [Untracked aliases]), and that the pinned pool admits;
-  a refused one is dropped when it may be, on any rank alike only where dropping is
-  symmetric (never in a collective region), else kept.
+  is not an untracked alias (NOTE [Untracked aliases]), and that the pinned pool admits.
+  A storage the pool refuses is dropped where a replay can regenerate it and its region
+  runs no collective (a refusal is this rank's alone), else kept.
 
 NOTE [Placement table]
 A planned call's placements are known when it begins, so the pack hook should not apply
