@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from scheduler.plan import Placement, Plan
 from scheduler.profile import Profile, RegionRecord
-from scheduler.simulate import simulate
+from scheduler.timeline import simulate
 
 __all__ = ["CostModel", "Prediction", "predict", "replay_seconds"]
 

@@ -38,23 +38,12 @@ import math
 
 import numpy as np
 
+from scheduler.bound import lower_bound_flat
+from scheduler.flat import OFFLOAD_BIT, RECOMPUTE_BIT, FlatProfile, flatten
+from scheduler.kernels import argsort, njit, njit_inline, replay_unit, served_now
 from scheduler.plan import Placement, Plan
 from scheduler.profile import Profile
-from scheduler.simulate import (
-    OFFLOAD_BIT,
-    RECOMPUTE_BIT,
-    FlatProfile,
-    SimResult,
-    Workspace,
-    argsort,
-    check_prefetch,
-    flatten,
-    lower_bound_flat,
-    njit,
-    njit_inline,
-    replay_unit,
-    served_now,
-)
+from scheduler.timeline import SimResult, Workspace, check_prefetch
 from scheduler.units import format_bytes
 
 __all__ = ["InfeasibleBudgetError", "exhaustive_solve", "solve"]
