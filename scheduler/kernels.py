@@ -1,4 +1,6 @@
-"""numba helpers shared by the simulator, the lower bound and the solver.
+"""numba helpers shared by the simulator, the lower bound and the solver, and the
+legend of the kernels' array names (the comment block below).
+"""
 
 # ----------------------------------------------------------------------------- legend
 #
@@ -29,32 +31,35 @@
 #   st_prod    int64  producer as a global op index, -1 when unknown
 #   save_order int64  flat storages by save time (a permutation of 0..n_st-1)
 #   save_rank  int64  position of each storage in save_order
+#   prod_ptr/prod_ops the ops listing it among their outputs (CSR, n_st + 1 pointers)
 # Per unit (shape n_u; st_ptr and op_ptr n_u + 1, CSR row pointers):
 #   st_ptr     int64  storages of unit u are st_ptr[u]:st_ptr[u + 1]
 #   op_ptr     int64  ops of unit u are op_ptr[u]:op_ptr[u + 1]
 #   noops      bool   a region recorded without ops (a replay costs fwd_dur[u])
 #   dataflow   bool   replays demand-driven (ops have reads); else by prefix
-#   fwd_start  f64    forward start, seconds, no group offloading
+#   fwd_start  f64    forward start (s) when no group offloads, host time included
 #   fwd_dur    f64    forward device seconds
 #   fwd_host   f64    forward host seconds (NOTE [Host time] in scheduler.timeline)
 #   bwd_dev    f64    backward device seconds, without replay
-#   bwd_host   f64    backward host seconds, without reloads or replay
+#   bwd_host   f64    backward host seconds with the unpack cost per save, without
+#                     reload issues or replay
 #   bwd_dur    f64    max(bwd_dev, bwd_host)
 # Per op (shape n_ops; out_ptr and rd_ptr n_ops + 1):
 #   op_sec     f64    seconds
-#   op_serv    bool   replay may skip it (servable) when all its outputs are kept
+#   op_serv    bool   servable: skippable, in a region that is not opaque, every output
+#                     saved; a replay skips it when those are all KEEP and it is no sink
 #   op_sink    bool   has effects beyond its outputs: runs in every replay reaching it
 #   op_view    bool   a view: a demand-driven replay runs it whenever it lies before K
 #   out_ptr/out_idx   its outputs as flat storages (-1: an output that is not saved)
 #   rd_ptr/rd_idx     the earlier ops it reads, global op indices (dataflow units)
-#   fixed_from int64  smallest K from which it runs in every replay (n_ops + 1: never)
-#   prod_ptr/prod_ops per storage (n_st + 1 pointers), the ops listing it as output
+#   fixed_from int64  smallest K from which it runs in every replay of its unit
+#                     (n_ops + 1: not in every one)
 # Scalars: t0 end of forward (s) with no group offloading; d2h_bps, h2d_bps link
 #   bytes/s (0: no link); op_host dispatch-mode seconds per replayed op; off_h, rel_h,
 #   rp_h host seconds per group offload, group reload and replay; host_limit pinned
 #   host bytes (0: unlimited); prefetch groups reloaded ahead.
 #
-# Simulation results (``scheduler.timeline.Workspace``; seconds, -1 where none):
+# Simulation results (``scheduler.timeline.Workspace``; seconds, -1: none):
 #   d2h_start, d2h_end, h2d_start, h2d_end  per storage, its group's copies
 #   fstart, fend          per unit, forward start and end under the plan
 #   reach                 per unit, when backward reaches it
@@ -64,12 +69,54 @@
 #   ev_t, ev_d            memory events: time (s), change of resident bytes (int64)
 #   gbytes, goff, g_end   per unit, its group's bytes, whether it offloads, its D2H end
 # Scratch: mark (bool per op, left all False) and stack (int64, at least the largest
-#   unit's op count); the solver's tag arrays (join, vis, ran, nvis, nran, stamp,
-#   sstamp per op, odrop per storage) hold tags drawn from ``ctr`` (a one-element
-#   counter), never reset; the drop cache arrays dc_* (NOTE [drop cache] in
-#   scheduler.solver.chain).
+#   unit's op count).
+#
+# Lower bound (``scheduler.bound``):
+#   seg_x, seg_y  f64 per segment of the regions' drop-cost envelopes: bytes, seconds
+#   share      f64 per storage of one region (index s - lo, lo = st_ptr[u]): replay
+#              seconds charged to dropping it
+#   fixed      f64 (n_ops + 1) by K: seconds that every replay with prefix end K runs
+#   px, py     f64 points (bytes dropped, replay seconds) of one region's curve
+#   bx, by, slope  breakpoints (bytes, seconds) and slopes (s/byte) of the combined curve
+#   budget bytes; max_groups prefix-end groups per region; t_cap latest end of forward
+#   of any plan (s)
+# Hidden set (``scheduler.solver.hidden``):
+#   cand       int64 storages to try, in order
+#   h_order    int64 accepted storages, in acceptance order
+#   h_land     f64 per storage: when its hidden copy lands (s; inf outside the set)
+#   reach0, issue  f64 per unit: backward reaches it without replay or stall; its
+#              group's reload is issued (s)
+#   load, comp f64 per unit: reload seconds queued; when they complete (s)
+#   t, add, size, fen  max-segment tree (values, lazy adds, leaf count) and Fenwick tree
+#              over save ranks, in copy seconds
+# Chain step (``scheduler.solver.chain``):
+#   tstar      the current plan's memory peak time (s); delta bytes to free there; need
+#              bytes left after the hidden moves
+#   df_price   bool per unit: its drops are priced by the dataflow rule
+#   u_tag      int64 per unit: tag of its replay marks (nvis reached, nran runs), 0: none
+#   codes      int8 per storage: its placement in ``new``, +3 when dropping it frees
+#              bytes at tstar (NOTE [drop cache])
+#   way        int64 per unit: its drop-cache way; listed, todo int64 units with a drop
+#              option, and those to price
+#   opt_*      per option (n_u + n_st slots): opt_ratio f64 seconds per byte, opt_bytes
+#              f64, opt_room f64 D2H seconds of room (offloads), opt_kind int64 (0 drop,
+#              1 offload), opt_ref int64 (unit or storage), opt_k, opt_cnt int64 (K, items)
+#   side_f     f64 [seconds, bytes], side_i int64 [unit, K, items]: the side plan's drop
+# Drop pricing (``scheduler.solver.drops``):
+#   base, plain  f64 (n_ops + 1) by K: a replay's seconds under the dispatch mode (the
+#              ops that run) and plainly (every op before K) (NOTE [replay base])
+#   join       int64 per op: smallest K at which it runs under ``new`` (n_ops + 1: never)
+#   vis, ran, nvis, nran, stamp, sstamp (per op), odrop (per storage)  int64 tags drawn
+#              from ctr (a one-element counter), never reset; a mark is current when it
+#              equals the tag at hand
+# Drop cache (NOTE [drop cache] in scheduler.solver.chain; first index the way w):
+#   dc_code    int8 (ways, n_st): codes when the way was priced (-1: never)
+#   dc_items   int64 (ways, n_st): per region from st_ptr[u], the storages it may drop,
+#              cheapest per byte first (``items`` is one way's row)
+#   dc_eff     int64 (ways, n_st): per storage its prefix end K (``eff``: one way's row)
+#   dc_f       f64 (ways, n_u, 2): the region's best option, seconds per byte and bytes
+#   dc_i       int64 (ways, n_u, 4): item count, K, items dropped, tag of last use
 # ------------------------------------------------------------------------------------
-"""
 
 from __future__ import annotations
 

@@ -374,6 +374,7 @@ def _chain_step(
     for s in range(n_st):
         new[s] = place[s]
     u_tag = np.zeros(n_u, dtype=np.int64)  # NOTE [offload vs replay]
+    # 1. hidden offloads that are off the device at tstar (free)
     freed = _hidden_moves(
         place, new, tstar, delta, prefetch, h_order, h_land, legal, unit_of, nbytes, save_time,
         st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr,
