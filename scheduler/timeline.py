@@ -62,7 +62,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scheduler.flat import FlatProfile, flatten, placement_array
-from scheduler.kernels import njit, replay_unit
+from scheduler.kernels import njit, njit_inline, replay_unit
 from scheduler.plan import Placement, Plan
 from scheduler.profile import Profile
 
@@ -79,7 +79,7 @@ __all__ = [
 # ------------------------------------------------------------------------------ kernels
 
 
-@njit
+@njit_inline
 def _groups(place, unit_of, nbytes, n_u):  # type: ignore[no-untyped-def]
     """Per unit its group's offloaded bytes and whether it offloads (NOTE [Offload groups])."""
     gbytes = np.zeros(n_u, dtype=np.int64)
@@ -91,7 +91,7 @@ def _groups(place, unit_of, nbytes, n_u):  # type: ignore[no-untyped-def]
     return gbytes, goff
 
 
-@njit
+@njit_inline
 def _forward(goff, fwd_start, fwd_dur, fwd_host, t0, off_h, fstart, fend):  # type: ignore[no-untyped-def]
     """Forward start and end of each unit into ``fstart``/``fend``; returns the end of
     forward. A unit takes the longer of its device and host time; issuing its group's
@@ -108,7 +108,7 @@ def _forward(goff, fwd_start, fwd_dur, fwd_host, t0, off_h, fstart, fend):  # ty
     return t0 + shift
 
 
-@njit
+@njit_inline
 def _offload_copies(place, unit_of, gbytes, goff, fend, d2h_bps, d2h_start, d2h_end):  # type: ignore[no-untyped-def]
     """D2H: one copy per group, issued at its unit's exit, FIFO in forward order. Fills
     each storage's copy times (-1: not offloaded); returns each group's landing time and
@@ -136,7 +136,7 @@ def _offload_copies(place, unit_of, gbytes, goff, fend, d2h_bps, d2h_start, d2h_
     return g_end, d2h_bytes
 
 
-@njit
+@njit_inline
 def _replays(
     place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx,
     rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack, op_host, op_view, replay
@@ -157,46 +157,17 @@ def _replays(
     return recompute
 
 
-@njit
-def _issue_reloads(
-    v, t, prefetch, place, st_ptr, gbytes, goff, g_end, h2d_bps, h2d_free, h2d_bytes, ready,
-    riss, by, h2d_start, h2d_end
-):  # type: ignore[no-untyped-def]
-    """Backward reaches unit ``v`` (whose group offloads) at ``t``: reload its group
-    unless issued already, and the next ``prefetch`` offloading groups below it, one H2D
-    copy each, FIFO (NOTE [Offload groups]). Returns (reloads issued, when the H2D
-    stream is free, bytes reloaded so far)."""
-    issued = 0
-    seen = -1
-    x = v
-    while x >= 0 and seen < prefetch:
-        if goff[x]:
-            seen += 1
-            if riss[x] < 0.0:
-                riss[x] = t
-                by[x] = v
-                st = max(t, h2d_free, g_end[x])
-                en = st + gbytes[x] / h2d_bps
-                h2d_free = en
-                ready[x] = en
-                h2d_bytes += gbytes[x]
-                issued += 1
-                for s in range(st_ptr[x], st_ptr[x + 1]):
-                    if place[s] == 1:
-                        h2d_start[s] = st
-                        h2d_end[s] = en
-        x -= 1
-    return issued, h2d_free, h2d_bytes
-
-
-@njit
+@njit_inline
 def _backward(
     place, prefetch, st_ptr, gbytes, goff, g_end, replay, bwd_dev, bwd_host, rel_h, rp_h,
     h2d_bps, t_fwd, h2d_start, h2d_end, reach, cstart, cend, riss
 ):  # type: ignore[no-untyped-def]
     """Backward, units in reverse from ``t_fwd``, with no drain of the D2H stream first.
-    Fills reach, cstart, cend, riss and the storages' reload times; returns (step end,
-    stall, bytes reloaded, per unit the unit whose reach issued its group's reload)."""
+    Reaching a unit whose group offloads reloads that group unless issued already, and
+    the next ``prefetch`` offloading groups below it, one H2D copy each, FIFO (NOTE
+    [Offload groups]). Fills reach, cstart, cend, riss and the storages' reload times;
+    returns (step end, stall, bytes reloaded, per unit the unit whose reach issued its
+    group's reload)."""
     n_u = gbytes.shape[0]
     top = n_u - 1
     ready = np.zeros(n_u)
@@ -211,10 +182,25 @@ def _backward(
         reach[v] = t
         issued = 0
         if goff[v]:
-            issued, h2d_free, h2d_bytes = _issue_reloads(
-                v, t, prefetch, place, st_ptr, gbytes, goff, g_end, h2d_bps, h2d_free,
-                h2d_bytes, ready, riss, by, h2d_start, h2d_end
-            )
+            seen = -1
+            x = v
+            while x >= 0 and seen < prefetch:
+                if goff[x]:
+                    seen += 1
+                    if riss[x] < 0.0:
+                        riss[x] = t
+                        by[x] = v
+                        st = max(t, h2d_free, g_end[x])
+                        en = st + gbytes[x] / h2d_bps
+                        h2d_free = en
+                        ready[x] = en
+                        h2d_bytes += gbytes[x]
+                        issued += 1
+                        for s in range(st_ptr[x], st_ptr[x + 1]):
+                            if place[s] == 1:
+                                h2d_start[s] = st
+                                h2d_end[s] = en
+                x -= 1
         for s in range(st_ptr[v], st_ptr[v + 1]):
             if place[s] != 1:
                 h2d_start[s] = -1.0
@@ -233,7 +219,7 @@ def _backward(
     return t, stall, h2d_bytes, by
 
 
-@njit
+@njit_inline
 def _event_streams(
     place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, g_end, by, d2h_end, reach,
     cstart, cend, riss
@@ -280,7 +266,7 @@ def _event_streams(
     return s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b
 
 
-@njit
+@njit_inline
 def _merge_events(
     s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b, unit_of, nbytes, save_time, fstart, fwd_start,
     d2h_end, ev_t, ev_d

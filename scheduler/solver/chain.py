@@ -45,25 +45,23 @@ def _issue_at(x, riss, reach, prefetch, top):  # type: ignore[no-untyped-def]
 
 
 @njit
-def _producer_runs(
-    x, s, u_tag, ctr, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink,
-    out_ptr, out_idx, rd_ptr, rd_idx, nvis, nran, stack
+def _mark_unit(
+    x, u_tag, ctr, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr,
+    out_idx, rd_ptr, rd_idx, nvis, nran, stack
 ):  # type: ignore[no-untyped-def]
-    """Whether offloading ``s`` (of dataflow unit ``x``, with a producer) makes its
-    producer run: the current replay reaches it but does not run it (NOTE [offload vs
-    replay])."""
-    if u_tag[x] == 0:
-        ctr[0] += 1
-        u_tag[x] = ctr[0]
-        _mark_replay(
-            x, u_tag[x], place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv,
-            op_sink, out_ptr, out_idx, rd_ptr, rd_idx, nvis, nran, stack
-        )
-    p = st_prod[s]
-    return nvis[p] == u_tag[x] and nran[p] != u_tag[x]
+    """Give unit ``x`` its replay marks under ``place`` (NOTE [offload vs replay]): a new
+    tag in ``u_tag[x]``, ``nvis``/``nran`` set to it on the ops the replay reaches/runs.
+    A storage's producer ``p`` then starts to run when offloaded where ``nvis[p] ==
+    u_tag[x] and nran[p] != u_tag[x]``."""
+    ctr[0] += 1
+    u_tag[x] = ctr[0]
+    _mark_replay(
+        x, u_tag[x], place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv,
+        op_sink, out_ptr, out_idx, rd_ptr, rd_idx, nvis, nran, stack
+    )
 
 
-@njit
+@njit_inline
 def _hidden_moves(
     place, new, tstar, delta, prefetch, h_order, h_land, legal, unit_of, nbytes, save_time,
     st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr,
@@ -82,61 +80,27 @@ def _hidden_moves(
         x = unit_of[s]
         iss = _issue_at(x, riss, reach, prefetch, top)
         if h_land[s] <= tstar < iss:
-            if df_price[x] and st_prod[s] >= 0 and _producer_runs(
-                x, s, u_tag, ctr, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv,
-                op_sink, out_ptr, out_idx, rd_ptr, rd_idx, nvis, nran, stack
-            ):
-                continue  # not free: replay would run its producer
+            if df_price[x] and st_prod[s] >= 0:
+                if u_tag[x] == 0:
+                    _mark_unit(
+                        x, u_tag, ctr, place, st_ptr, last_save, st_prod, op_ptr, op_sec,
+                        op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, nvis, nran, stack
+                    )
+                p = st_prod[s]
+                if nvis[p] == u_tag[x] and nran[p] != u_tag[x]:
+                    continue  # not free: replay would run its producer
             new[s] = 1
             freed += nbytes[s]
     return freed
 
 
-@njit
-def _drop_codes(u, tstar, iss, place, new, legal, nbytes, save_time, d2h_end, st_ptr, codes):  # type: ignore[no-untyped-def]
-    """The codes of unit ``u``'s storages (NOTE [drop cache]); returns whether one of
-    them could be dropped at all (droppable, not dropped, saved by ``tstar``)."""
-    candidates = False
-    for s in range(st_ptr[u], st_ptr[u + 1]):
-        item = False
-        if (legal[s] & 4) == 0 or nbytes[s] == 0 or new[s] == 2:
-            item = False
-        elif new[s] == 0:
-            item = save_time[s] <= tstar
-        elif place[s] == 1:
-            lands = d2h_end[s]
-            if lands >= iss:
-                item = save_time[s] <= tstar
-            else:
-                item = (save_time[s] <= tstar and tstar < lands) or iss <= tstar
-        if new[s] != 2 and (legal[s] & 4) != 0 and nbytes[s] > 0 and save_time[s] <= tstar:
-            candidates = True
-        codes[s] = new[s] + 3 if item else new[s]
-    return candidates
-
-
-@njit
-def _cache_way(u, codes, st_ptr, dc_code):  # type: ignore[no-untyped-def]
-    """The first way of the drop cache whose codes equal ``codes`` on unit ``u``'s
-    storages, -1 when none does."""
-    for k in range(dc_code.shape[0]):
-        hit = True
-        for s in range(st_ptr[u], st_ptr[u + 1]):
-            if codes[s] != dc_code[k, s]:
-                hit = False
-                break
-        if hit:
-            return k
-    return -1
-
-
-@njit
+@njit_inline
 def _regions_to_price(
     place, new, tstar, prefetch, legal, st_ptr, nbytes, save_time, d2h_end, reach, cstart,
     riss, codes, way, listed, todo, dc_code, dc_i, now
 ):  # type: ignore[no-untyped-def]
-    """Step 2's regions: those whose backward starts after ``tstar`` with a storage to
-    drop go to ``listed``, each with its cache way in ``way``; those whose codes no way
+    """Step 2's regions: those whose backward starts after ``tstar`` with a storage that
+    could be dropped go to ``listed``, each with its cache way in ``way``; those whose codes no way
     holds also go to ``todo``, their codes stored in the least recently used way (NOTE
     [drop cache]; ``now`` is this step's tag). Returns (listed, todo) counts."""
     n_u = reach.shape[0]
@@ -147,9 +111,36 @@ def _regions_to_price(
         if u % 2 == 0 or tstar >= cstart[u]:
             continue
         iss = _issue_at(u, riss, reach, prefetch, top)
-        if not _drop_codes(u, tstar, iss, place, new, legal, nbytes, save_time, d2h_end, st_ptr, codes):
+        # the codes of u's storages; skip u when none could be dropped at all
+        # (droppable, not dropped, saved by tstar)
+        candidates = False
+        for s in range(st_ptr[u], st_ptr[u + 1]):
+            item = False
+            if (legal[s] & 4) == 0 or nbytes[s] == 0 or new[s] == 2:
+                item = False
+            elif new[s] == 0:
+                item = save_time[s] <= tstar
+            elif place[s] == 1:
+                lands = d2h_end[s]
+                if lands >= iss:
+                    item = save_time[s] <= tstar
+                else:
+                    item = (save_time[s] <= tstar and tstar < lands) or iss <= tstar
+            if new[s] != 2 and (legal[s] & 4) != 0 and nbytes[s] > 0 and save_time[s] <= tstar:
+                candidates = True
+            codes[s] = new[s] + 3 if item else new[s]
+        if not candidates:
             continue
-        w = _cache_way(u, codes, st_ptr, dc_code)
+        w = -1  # the first way whose codes equal u's
+        for k in range(dc_code.shape[0]):
+            hit = True
+            for s in range(st_ptr[u], st_ptr[u + 1]):
+                if codes[s] != dc_code[k, s]:
+                    hit = False
+                    break
+            if hit:
+                w = k
+                break
         if w < 0:  # price it into the least recently used way
             w = 0
             for k in range(1, dc_code.shape[0]):
@@ -166,7 +157,7 @@ def _regions_to_price(
     return n_listed, n_todo
 
 
-@njit
+@njit_inline
 def _drop_options(listed, way, dc_f, dc_i, opt_ratio, opt_bytes, opt_kind, opt_ref, opt_k, opt_cnt):  # type: ignore[no-untyped-def]
     """Each listed region's best drop option as an option of kind 0 (ref: the unit);
     returns the option count."""
@@ -186,7 +177,7 @@ def _drop_options(listed, way, dc_f, dc_i, opt_ratio, opt_bytes, opt_kind, opt_r
     return n_opt
 
 
-@njit
+@njit_inline
 def _d2h_room(save_order, place, d2h_end, nbytes, tstar, d2h_bps):  # type: ignore[no-untyped-def]
     """``lim`` of NOTE [D2H room], per save position."""
     n_st = place.shape[0]
@@ -243,11 +234,15 @@ def _offload_options(
             continue
         late = max(ready[x], iss) + nbytes[s] / h2d_bps
         cost = max(0.0, late - reach[x]) - max(0.0, ready[x] - reach[x])
-        if df_price[x] and st_prod[s] >= 0 and _producer_runs(
-            x, s, u_tag, ctr, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv,
-            op_sink, out_ptr, out_idx, rd_ptr, rd_idx, nvis, nran, stack
-        ):
-            cost += op_sec[st_prod[s]]
+        if df_price[x] and st_prod[s] >= 0:  # NOTE [offload vs replay]
+            if u_tag[x] == 0:
+                _mark_unit(
+                    x, u_tag, ctr, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv,
+                    op_sink, out_ptr, out_idx, rd_ptr, rd_idx, nvis, nran, stack
+                )
+            p = st_prod[s]
+            if nvis[p] == u_tag[x] and nran[p] != u_tag[x]:
+                cost += op_sec[p]
         opt_ratio[n_opt] = cost / nbytes[s]
         opt_bytes[n_opt] = nbytes[s]
         opt_room[n_opt] = room
@@ -263,7 +258,7 @@ def _offload_options(
     return n_opt, off_cost, off_bytes, off_ref
 
 
-@njit
+@njit_inline
 def _apply_drop(plan, u, k, n, way, st_ptr, dc_items, dc_eff, dc_i):  # type: ignore[no-untyped-def]
     """Drop in ``plan`` the first ``n`` of region ``u``'s cached items whose prefix end
     is at most ``k``."""
@@ -276,7 +271,7 @@ def _apply_drop(plan, u, k, n, way, st_ptr, dc_items, dc_eff, dc_i):  # type: ig
             cnt += 1
 
 
-@njit
+@njit_inline
 def _apply_options(
     n_opt, freed, delta, new, opt_ratio, opt_bytes, opt_room, opt_kind, opt_ref, opt_k, opt_cnt,
     way, st_ptr, nbytes, d2h_bps, dc_items, dc_eff, dc_i
@@ -310,7 +305,7 @@ def _apply_options(
     return freed, first, n_applied
 
 
-@njit
+@njit_inline
 def _side_plan(
     side, first, n_applied, side_f, side_i, off_cost, off_bytes, off_ref, opt_kind, opt_ref,
     opt_k, opt_cnt, way, st_ptr, dc_items, dc_eff, dc_i

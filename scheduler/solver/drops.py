@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from scheduler.kernels import argsort, njit, served_now
+from scheduler.kernels import argsort, njit, njit_inline, served_now
 
 __all__: list[str] = []
 
@@ -117,7 +117,7 @@ def _walk(
 # just past it too, and the closure never enters it.
 
 
-@njit
+@njit_inline
 def _dataflow_base(
     u, new, st_ptr, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr,
     rd_idx, op_view, ctr, join, vis, stack, base
@@ -157,7 +157,7 @@ def _dataflow_base(
             )
 
 
-@njit
+@njit_inline
 def _prefix_base(j0, n_ops, new, op_sec, op_serv, out_ptr, out_idx, join, base):  # type: ignore[no-untyped-def]
     """``base`` and ``join`` of a unit replayed by prefix under ``new`` (NOTE [replay
     base]): an op runs unless it is served."""
@@ -174,7 +174,7 @@ def _prefix_base(j0, n_ops, new, op_sec, op_serv, out_ptr, out_idx, join, base):
         base[jj + 1] = base[jj] + (op_sec[j] if unserved else 0.0)
 
 
-@njit
+@njit_inline
 def _drop_items(
     u, k_cur, n_ops, dfu, codes, new, st_ptr, nbytes, last_save, st_prod, noops, op_sec,
     op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, prod_ptr, prod_ops, ctr, join, stamp,

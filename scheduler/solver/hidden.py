@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from scheduler.flat import OFFLOAD_BIT, FlatProfile
-from scheduler.kernels import njit, replay_unit
+from scheduler.kernels import njit, njit_inline, replay_unit
 from scheduler.timeline import Workspace
 
 __all__ = ["hidden_offloads"]
@@ -93,7 +93,7 @@ def _seg_set(t, add, size, i, value):  # type: ignore[no-untyped-def]
 
 
 
-@njit
+@njit_inline
 def _fen_add(fen, i, v):  # type: ignore[no-untyped-def]
     """Add ``v`` at position ``i`` (1-based) of the Fenwick tree ``fen``."""
     n = fen.shape[0] - 1
@@ -102,7 +102,7 @@ def _fen_add(fen, i, v):  # type: ignore[no-untyped-def]
         i += i & (-i)
 
 
-@njit
+@njit_inline
 def _fen_sum(fen, i):  # type: ignore[no-untyped-def]
     """Sum of positions 1..``i`` of the Fenwick tree ``fen``."""
     out = 0.0
@@ -112,7 +112,7 @@ def _fen_sum(fen, i):  # type: ignore[no-untyped-def]
     return out
 
 
-@njit
+@njit_inline
 def _reload_issue(bwd_dur, t0, prefetch):  # type: ignore[no-untyped-def]
     """Per unit when backward reaches it (without replay or stall) and when its group's
     reload is issued."""
@@ -130,7 +130,7 @@ def _reload_issue(bwd_dur, t0, prefetch):  # type: ignore[no-untyped-def]
     return reach0, issue
 
 
-@njit
+@njit_inline
 def _h2d_fits(k, p_h, issue, reach0, load, comp, tmp, tol):  # type: ignore[no-untyped-def]
     """(b) of NOTE [hidden offload]: whether adding ``p_h`` reload seconds to unit ``k``
     keeps every unit's reloads landing by its reach. ``comp[x]``: when unit x's reloads
@@ -151,7 +151,7 @@ def _h2d_fits(k, p_h, issue, reach0, load, comp, tmp, tol):  # type: ignore[no-u
     return True, last
 
 
-@njit
+@njit_inline
 def _d2h_fits(r, p_d, save_s, t0, tol, neg, t, add, size, fen, total):  # type: ignore[no-untyped-def]
     """(a) of NOTE [hidden offload]: add a copy of ``p_d`` seconds saved at ``save_s``
     with save rank ``r``; undone when some copy would then land after ``t0``. Returns
@@ -170,7 +170,7 @@ def _d2h_fits(r, p_d, save_s, t0, tol, neg, t, add, size, fen, total):  # type: 
     return True, total
 
 
-@njit
+@njit_inline
 def _landing_times(acc, nbytes, save_time, save_rank, d2h_bps):  # type: ignore[no-untyped-def]
     """When each accepted copy lands (D2H FIFO in save order; inf outside the set)."""
     n = nbytes.shape[0]
