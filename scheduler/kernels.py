@@ -103,8 +103,10 @@ legend of the kernels' array names (the comment block below).
 #              1 offload), opt_ref int64 (unit or storage), opt_k, opt_cnt int64 (K, items)
 #   side_f     f64 [seconds, bytes], side_i int64 [unit, K, items]: the side plan's drop
 # Drop pricing (``scheduler.solver.drops``):
-#   base, plain  f64 (n_ops + 1) by K: a replay's seconds under the dispatch mode (the
-#              ops that run) and plainly (every op before K) (NOTE [replay base])
+#   base, plain  f64 (n_ops_total + n_u), region u's at op_ptr[u] + u + K: its replay's
+#              seconds with prefix end K under the dispatch mode (the ops that run) and
+#              plainly (every op before K) (NOTE [replay base])
+#   k_cur, any_drop  per unit: the prefix end its current drops share; whether it drops
 #   join       int64 per op: smallest K at which it runs under ``new`` (n_ops + 1: never)
 #   vis, ran, nvis, nran, stamp, sstamp (per op), odrop (per storage)  int64 tags drawn
 #              from ctr (a one-element counter), never reset; a mark is current when it
