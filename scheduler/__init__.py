@@ -4,6 +4,9 @@ Importing it loads numba but compiles nothing: kernels compile (or load from num
 cache) on first use.
 """
 
+# ``scheduler.simulate`` names the function: it is imported from the module of that name
+# (loading the module before the name is bound), so a later ``import scheduler.simulate``
+# does not replace it with the module
 from scheduler.cost_model import CostModel, Prediction, predict, replay_seconds
 from scheduler.plan import ROOT, Placement, Plan, StorageKey
 from scheduler.profile import OpRecord, Profile, RegionRecord, StorageRecord

@@ -159,7 +159,7 @@ def _load_profile(args: argparse.Namespace) -> Profile:
     return profile
 
 
-#: Profile field -> (flag, what it costs): NOTE [Host time] in scheduler/simulate.py.
+#: Profile field -> (flag, what it costs): NOTE [Host time] in scheduler/timeline.py.
 _HOST_FLAGS = {
     "pack_host_seconds": ("--pack-us", "per saved tensor in forward"),
     "unpack_host_seconds": ("--unpack-us", "per saved tensor in backward"),

@@ -4,7 +4,7 @@
 step (op, region and step times, offsets, link bandwidths) for one input-shape
 signature; ``estimate()`` hands the smoothed numbers to the solver as a ``Profile``.
 ``replay_seconds`` is the replay cost rule of ``scheduler.profile``; ``predict`` runs
-the simulator (``scheduler.simulate``) and keeps its headline numbers.
+the simulator (``scheduler.timeline``) and keeps its headline numbers.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from scheduler.plan import Placement, Plan
 from scheduler.profile import Profile, RegionRecord
-from scheduler.simulate import simulate
+from scheduler.timeline import simulate
 
 __all__ = ["CostModel", "Prediction", "predict", "replay_seconds"]
 
@@ -160,7 +160,7 @@ HOST_COSTS = (
     "replay_host_seconds",
 )
 """The profile's per-save, per-group and per-replay host costs (NOTE [Host time] in
-``scheduler.simulate``): averaged like the bandwidths, 0 meaning not measured."""
+``scheduler.timeline``): averaged like the bandwidths, 0 meaning not measured."""
 
 
 def _ema(old: float, new: float, alpha: float) -> float:

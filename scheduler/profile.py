@@ -155,7 +155,7 @@ class RegionRecord:
     """Host time of the region's forward without offrecomp's own host costs (the hooks,
     the group offload), where measured. None: the host runs in step with the device (as
     on CPU), so the runtime's host costs add to ``forward_seconds``. See NOTE [Host time]
-    in ``scheduler.simulate``."""
+    in ``scheduler.timeline``."""
     backward_host_seconds: float | None = None
     """Host time of the region's backward without offrecomp's own host costs and replay,
     where measured; None: in step with the device, as ``host_seconds``."""
@@ -200,7 +200,7 @@ class Profile:
     pack_host_seconds: float = 0.0
     """Host seconds offrecomp's pack hook adds per saved tensor in forward (0 = free).
     The simulator adds it to the host time of the unit that saves (NOTE [Host time] in
-    ``scheduler.simulate``)."""
+    ``scheduler.timeline``)."""
     unpack_host_seconds: float = 0.0
     """Host seconds the unpack hook adds per saved tensor in backward."""
     offload_host_seconds: float = 0.0

@@ -95,6 +95,198 @@ def _positive(value: object, name: str) -> float:
     return float(value)
 
 
+@dataclass(frozen=True)
+class _BlockSpec:
+    """One GPT block's sizes and the rates its op times come from."""
+
+    h: int
+    """Hidden size."""
+    a: int
+    """Attention heads."""
+    s: int
+    """Sequence length."""
+    b: int
+    """Batch size."""
+    d: int
+    """Bytes per element of activations."""
+    f: int
+    """FFN multiplier."""
+    flops_per_s: float
+    """Achieved matmul and attention FLOP/s."""
+    hbm: float
+    """HBM bytes per second (elementwise ops)."""
+    launch_seconds: float
+    fused_attention: bool
+    micro_ops: bool
+    dropout: bool
+    causal: bool
+
+    @property
+    def e(self) -> int:
+        """Elements of one hidden-state tensor."""
+        return self.s * self.b * self.h
+
+    @property
+    def rows(self) -> int:
+        return self.s * self.b
+
+    def mm(self, m_in: int, n_out: int) -> tuple[float, float]:
+        """Seconds and FLOPs of a (rows x m_in) @ (m_in x n_out) matmul."""
+        fl = 2.0 * self.rows * m_in * n_out
+        return fl / self.flops_per_s, fl
+
+    def mem(self, nbytes: float) -> float:
+        """Seconds of an elementwise op moving ``nbytes``."""
+        return nbytes / self.hbm
+
+
+# reads: the ops that created the values an op consumes (the block input is no op of
+# the region, so reading it lists nothing); views create nothing, so an op reading a
+# view lists the view's base creator. Dropout draws random numbers: a sink.
+
+
+def _layernorm(blk: _Block, g: _BlockSpec, reads: tuple[int, ...]) -> tuple[int, int]:
+    """A layernorm saving its output (and with micro ops its fp32 mean/rstd per row);
+    returns (output storage, op)."""
+    ln = blk.storage(g.d * g.e)
+    stats: tuple[int, ...] = ()
+    if g.micro_ops:
+        stats = (blk.storage(4 * g.rows), blk.storage(4 * g.rows))
+    op = blk.op("aten::native_layer_norm", g.mem(2 * g.d * g.e), (ln, *stats), reads=reads)
+    if stats:
+        blk.saved_as_output(*stats)
+    return ln, op
+
+
+def _dropout(blk: _Block, g: _BlockSpec, op_in: int) -> int:
+    """A dropout of a hidden state saving its 1-byte mask (its output is not saved)."""
+    mask = blk.storage(g.e)
+    op = blk.op(
+        "aten::native_dropout",
+        g.mem(2 * g.d * g.e + g.e),
+        (-1, mask),
+        skippable=False,
+        reads=(op_in,),
+        sink=True,
+    )
+    blk.saved_as_output(mask)
+    return op
+
+
+def _flash_attention(blk: _Block, g: _BlockSpec, qkv: int, op_qkv: int) -> tuple[int, int]:
+    """Fused attention saving q, k, v as one QKV storage, its output and logsumexp;
+    returns (output storage, op)."""
+    b, s, h = g.b, g.s, g.h
+    blk.saved_as_input(qkv)
+    out = blk.storage(g.d * g.e)
+    lse = blk.storage(4 * b * g.a * s)
+    fl = 4.0 * b * s * s * h * (0.5 if g.causal else 1.0)
+    op_ctx = blk.op(
+        "aten::_scaled_dot_product_flash_attention",
+        fl / g.flops_per_s,
+        (out, lse),
+        flops=fl,
+        reads=(op_qkv,),
+    )
+    blk.saved_as_output(out, lse)
+    return out, op_ctx
+
+
+def _unfused_attention(blk: _Block, g: _BlockSpec, qkv: int, op_qkv: int) -> tuple[int, int]:
+    """QK^T, softmax, dropout (with dropout on) and AV; returns (output storage, op)."""
+    b, s, h, d = g.b, g.s, g.h, g.d
+    scores = g.a * s * s * b
+    blk.saved_as_input(qkv)
+    fl = 2.0 * b * s * s * h
+    op_qk = blk.op("aten::bmm", fl / g.flops_per_s, (-1,), flops=fl, reads=(op_qkv,))
+    probs = blk.storage(d * scores)
+    op_v_in = blk.op("aten::_softmax", g.mem(2 * d * scores), (probs,), reads=(op_qk,))
+    blk.saved_as_output(probs)
+    v_in = probs
+    if g.dropout:
+        mask = blk.storage(scores)
+        dropped = blk.storage(d * scores)
+        op_v_in = blk.op(
+            "aten::native_dropout",
+            g.mem(2 * d * scores + scores),
+            (dropped, mask),
+            skippable=False,
+            reads=(op_v_in,),
+            sink=True,
+        )
+        blk.saved_as_output(mask)
+        v_in = dropped
+    blk.saved_as_input(v_in, qkv)
+    ctx = blk.storage(d * g.e)
+    op_ctx = blk.op("aten::bmm", fl / g.flops_per_s, (ctx,), flops=fl, reads=(op_v_in, op_qkv))
+    return ctx, op_ctx
+
+
+def _attention_half(blk: _Block, g: _BlockSpec, x: int) -> tuple[int, int]:
+    """Layernorm, QKV matmul, attention, output projection (output not saved), dropout,
+    residual add; returns (residual storage, its op)."""
+    blk.saved_as_input(x)
+    ln1, op_ln1 = _layernorm(blk, g, ())
+    blk.saved_as_input(ln1)
+    qkv = blk.storage(3 * g.d * g.e)
+    sec, fl = g.mm(g.h, 3 * g.h)
+    op_qkv = blk.op("aten::addmm", sec, (qkv,), flops=fl, reads=(op_ln1,))
+    if g.micro_ops:
+        blk.op("aten::split", 0.0, (qkv, qkv, qkv), skippable=False, reads=(op_qkv,))
+    attention = _flash_attention if g.fused_attention else _unfused_attention
+    ctx, op_ctx = attention(blk, g, qkv, op_qkv)
+    if g.micro_ops:
+        blk.op("aten::view", 0.0, (ctx,), skippable=False, reads=(op_ctx,), view=True)
+    blk.saved_as_input(ctx)
+    sec, fl = g.mm(g.h, g.h)
+    op_attn = blk.op("aten::addmm", sec, (-1,), flops=fl, reads=(op_ctx,))
+    if g.dropout:
+        op_attn = _dropout(blk, g, op_attn)
+    res1 = blk.storage(g.d * g.e)
+    op_res1 = blk.op("aten::add", g.mem(3 * g.d * g.e), (res1,), reads=(op_attn,))
+    return res1, op_res1
+
+
+def _mlp_half(blk: _Block, g: _BlockSpec, res1: int, op_res1: int) -> None:
+    """Layernorm, fc1, GELU, fc2 (output not saved), dropout, residual add."""
+    d, e, f = g.d, g.e, g.f
+    blk.saved_as_input(res1)
+    ln2, op_ln2 = _layernorm(blk, g, (op_res1,))
+    blk.saved_as_input(ln2)
+    fc1 = blk.storage(f * d * e)
+    sec, fl = g.mm(g.h, f * g.h)
+    op_fc1 = blk.op("aten::addmm", sec, (fc1,), flops=fl, reads=(op_ln2,))
+    blk.saved_as_input(fc1)
+    act = blk.storage(f * d * e)
+    op_act = blk.op("aten::gelu", g.mem(2 * f * d * e), (act,), reads=(op_fc1,))
+    blk.saved_as_input(act)
+    sec, fl = g.mm(f * g.h, g.h)
+    op_mlp = blk.op("aten::addmm", sec, (-1,), flops=fl, reads=(op_act,))
+    if g.dropout:
+        op_mlp = _dropout(blk, g, op_mlp)
+    blk.op("aten::add", g.mem(3 * d * e), (-1,), reads=(op_mlp, op_res1))
+
+
+def _gpt_block(g: _BlockSpec, layer: int, start_seconds: float) -> RegionRecord:
+    """Region ``layers.<layer>``: one block's ops and saved storages (the block input is
+    a storage of kind ``input``); backward is taken as twice the forward."""
+    blk = _Block(launch_seconds=g.launch_seconds)
+    x = blk.storage(g.d * g.e, kind="input")
+    res1, op_res1 = _attention_half(blk, g, x)
+    _mlp_half(blk, g, res1, op_res1)
+    blk.finish()
+    fwd = sum(o.seconds for o in blk.ops)
+    return RegionRecord(
+        name=f"layers.{layer}",
+        call_index=0,
+        start_seconds=start_seconds,
+        forward_seconds=fwd,
+        backward_seconds=2.0 * fwd,
+        ops=blk.ops,
+        storages=blk.storages,
+    )
+
+
 def gpt_profile(
     *,
     layers: int,
@@ -153,143 +345,26 @@ def gpt_profile(
     if d2h < 0 or h2d < 0:
         raise ValueError("d2h_gbps and h2d_gbps must be >= 0 (0 = no host link)")
 
-    e = s * b * h  # elements of one hidden-state tensor
-    rows = s * b
-
-    def mm(m_in: int, n_out: int) -> tuple[float, float]:
-        fl = 2.0 * rows * m_in * n_out
-        return fl / flops_per_s, fl
-
-    def mem(nbytes: float) -> float:
-        return nbytes / hbm
-
+    g = _BlockSpec(
+        h=h,
+        a=a,
+        s=s,
+        b=b,
+        d=d,
+        f=f,
+        flops_per_s=flops_per_s,
+        hbm=hbm,
+        launch_seconds=launch_seconds,
+        fused_attention=fused_attention,
+        micro_ops=micro_ops,
+        dropout=dropout,
+        causal=causal,
+    )
     regions: list[RegionRecord] = []
     t = 0.0
     for layer in range(layers):
-        blk = _Block(launch_seconds=launch_seconds)
-        x = blk.storage(d * e, kind="input")
-        # --- attention half
-        blk.saved_as_input(x)
-        ln1 = blk.storage(d * e)
-        stats1: tuple[int, ...] = ()
-        if micro_ops:
-            stats1 = (blk.storage(4 * rows), blk.storage(4 * rows))
-        # reads: the ops that created the values an op consumes (the block input is no op
-        # of the region, so reading it lists nothing); views create nothing, so an op
-        # reading a view lists the view's base creator. Dropout draws random numbers: a sink.
-        op_ln1 = blk.op("aten::native_layer_norm", mem(2 * d * e), (ln1, *stats1))
-        if stats1:
-            blk.saved_as_output(*stats1)
-        blk.saved_as_input(ln1)
-        qkv = blk.storage(3 * d * e)
-        sec, fl = mm(h, 3 * h)
-        op_qkv = blk.op("aten::addmm", sec, (qkv,), flops=fl, reads=(op_ln1,))
-        if micro_ops:
-            blk.op("aten::split", 0.0, (qkv, qkv, qkv), skippable=False, reads=(op_qkv,))
-        if fused_attention:
-            blk.saved_as_input(qkv)
-            out = blk.storage(d * e)
-            lse = blk.storage(4 * b * a * s)
-            fl = 4.0 * b * s * s * h * (0.5 if causal else 1.0)
-            op_ctx = blk.op(
-                "aten::_scaled_dot_product_flash_attention",
-                fl / flops_per_s,
-                (out, lse),
-                flops=fl,
-                reads=(op_qkv,),
-            )
-            blk.saved_as_output(out, lse)
-            ctx = out
-        else:
-            scores = a * s * s * b
-            blk.saved_as_input(qkv)
-            fl = 2.0 * b * s * s * h
-            op_qk = blk.op("aten::bmm", fl / flops_per_s, (-1,), flops=fl, reads=(op_qkv,))
-            probs = blk.storage(d * scores)
-            op_v_in = blk.op("aten::_softmax", mem(2 * d * scores), (probs,), reads=(op_qk,))
-            blk.saved_as_output(probs)
-            v_in = probs
-            if dropout:
-                mask = blk.storage(scores)
-                dropped = blk.storage(d * scores)
-                op_v_in = blk.op(
-                    "aten::native_dropout",
-                    mem(2 * d * scores + scores),
-                    (dropped, mask),
-                    skippable=False,
-                    reads=(op_v_in,),
-                    sink=True,
-                )
-                blk.saved_as_output(mask)
-                v_in = dropped
-            blk.saved_as_input(v_in, qkv)
-            ctx = blk.storage(d * e)
-            op_ctx = blk.op(
-                "aten::bmm", fl / flops_per_s, (ctx,), flops=fl, reads=(op_v_in, op_qkv)
-            )
-        if micro_ops:
-            blk.op("aten::view", 0.0, (ctx,), skippable=False, reads=(op_ctx,), view=True)
-        blk.saved_as_input(ctx)
-        sec, fl = mm(h, h)
-        op_attn = blk.op("aten::addmm", sec, (-1,), flops=fl, reads=(op_ctx,))
-        if dropout:
-            mask1 = blk.storage(e)
-            op_attn = blk.op(
-                "aten::native_dropout",
-                mem(2 * d * e + e),
-                (-1, mask1),
-                skippable=False,
-                reads=(op_attn,),
-                sink=True,
-            )
-            blk.saved_as_output(mask1)
-        res1 = blk.storage(d * e)
-        op_res1 = blk.op("aten::add", mem(3 * d * e), (res1,), reads=(op_attn,))
-        # --- MLP half
-        blk.saved_as_input(res1)
-        ln2 = blk.storage(d * e)
-        stats2: tuple[int, ...] = ()
-        if micro_ops:
-            stats2 = (blk.storage(4 * rows), blk.storage(4 * rows))
-        op_ln2 = blk.op("aten::native_layer_norm", mem(2 * d * e), (ln2, *stats2), reads=(op_res1,))
-        if stats2:
-            blk.saved_as_output(*stats2)
-        blk.saved_as_input(ln2)
-        fc1 = blk.storage(f * d * e)
-        sec, fl = mm(h, f * h)
-        op_fc1 = blk.op("aten::addmm", sec, (fc1,), flops=fl, reads=(op_ln2,))
-        blk.saved_as_input(fc1)
-        act = blk.storage(f * d * e)
-        op_act = blk.op("aten::gelu", mem(2 * f * d * e), (act,), reads=(op_fc1,))
-        blk.saved_as_input(act)
-        sec, fl = mm(f * h, h)
-        op_mlp = blk.op("aten::addmm", sec, (-1,), flops=fl, reads=(op_act,))
-        if dropout:
-            mask2 = blk.storage(e)
-            op_mlp = blk.op(
-                "aten::native_dropout",
-                mem(2 * d * e + e),
-                (-1, mask2),
-                skippable=False,
-                reads=(op_mlp,),
-                sink=True,
-            )
-            blk.saved_as_output(mask2)
-        blk.op("aten::add", mem(3 * d * e), (-1,), reads=(op_mlp, op_res1))
-        blk.finish()
-        fwd = sum(o.seconds for o in blk.ops)
-        regions.append(
-            RegionRecord(
-                name=f"layers.{layer}",
-                call_index=0,
-                start_seconds=t,
-                forward_seconds=fwd,
-                backward_seconds=2.0 * fwd,
-                ops=blk.ops,
-                storages=blk.storages,
-            )
-        )
-        t += fwd
+        regions.append(_gpt_block(g, layer, t))
+        t += regions[-1].forward_seconds
     return Profile(
         signature=f"gpt:s={s},b={b}",
         device=f"what-if {device_tflops:g} TFLOP/s",

@@ -1,4 +1,4 @@
-"""The chain's drop cache (NOTE [drop cache] in scheduler/solver.py) changes no plan."""
+"""The chain's drop cache (NOTE [drop cache] in scheduler/solver/chain.py) changes no plan."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-import scheduler.solver as solver_mod
+import scheduler.solver.chain as chain_mod
+import scheduler.solver.family as family_mod
 from scheduler import Plan, Profile, gpt_profile, solve
 from scheduler.simulate import OFFLOAD_BIT, SimResult, Workspace, flatten
 from scheduler.solver import _build_family
@@ -74,9 +75,9 @@ def _gpt_profiles() -> Iterator[Profile]:
 def _with_and_without_cache(
     monkeypatch: pytest.MonkeyPatch, profile: Profile, **kw: object
 ) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
-    monkeypatch.setattr(solver_mod, "_DROP_CACHE", True)
+    monkeypatch.setattr(family_mod, "_DROP_CACHE", True)
     cached = _plans(profile, **kw)
-    monkeypatch.setattr(solver_mod, "_DROP_CACHE", False)
+    monkeypatch.setattr(family_mod, "_DROP_CACHE", False)
     fresh = _plans(profile, **kw)
     return cached, fresh
 
@@ -97,12 +98,12 @@ def test_random_profiles_same_family_with_and_without_cache(
 ) -> None:
     """Every chain step is the same: the whole family, with and without offloads. The
     local search is off (it would only add members and take time)."""
-    monkeypatch.setattr(solver_mod, "REFINE_MAX_STORAGES", 0)
+    monkeypatch.setattr(family_mod, "REFINE_MAX_STORAGES", 0)
     for profile in _random_profiles():
         for allow_offload in (True, False):
-            monkeypatch.setattr(solver_mod, "_DROP_CACHE", True)
+            monkeypatch.setattr(family_mod, "_DROP_CACHE", True)
             cached = _family(profile, allow_offload)
-            monkeypatch.setattr(solver_mod, "_DROP_CACHE", False)
+            monkeypatch.setattr(family_mod, "_DROP_CACHE", False)
             assert cached == _family(profile, allow_offload), (profile.signature, allow_offload)
 
 
@@ -110,7 +111,7 @@ def test_random_profiles_same_plans_with_and_without_cache(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Every third random profile through ``solve`` (local search off, as above)."""
-    monkeypatch.setattr(solver_mod, "REFINE_MAX_STORAGES", 0)
+    monkeypatch.setattr(family_mod, "REFINE_MAX_STORAGES", 0)
     for profile in itertools.islice(_random_profiles(), 0, None, 3):
         cached, fresh = _with_and_without_cache(monkeypatch, profile)
         assert cached == fresh, profile.signature
@@ -130,7 +131,7 @@ def test_cache_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
     as Python here so that its calls of ``_region_drops`` can be counted)."""
     profile = list(_gpt_profiles())[1]
     keep = solve(profile, budget_bytes=None).predicted_peak_bytes or 0
-    inner = solver_mod._region_drops
+    inner = chain_mod._region_drops
     priced = [0]
 
     def counting(todo, *args):  # type: ignore[no-untyped-def]
@@ -138,11 +139,11 @@ def test_cache_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
             priced[0] += len(todo)
         return inner(todo, *args)
 
-    monkeypatch.setattr(solver_mod, "_chain_step", solver_mod._chain_step.py_func)
-    monkeypatch.setattr(solver_mod, "_region_drops", counting)
+    monkeypatch.setattr(family_mod, "_chain_step", chain_mod._chain_step.py_func)
+    monkeypatch.setattr(chain_mod, "_region_drops", counting)
     counts = {}
     for enabled in (True, False):
-        monkeypatch.setattr(solver_mod, "_DROP_CACHE", enabled)
+        monkeypatch.setattr(family_mod, "_DROP_CACHE", enabled)
         priced[0] = 0
         solve(profile, budget_bytes=int(keep * 0.3))
         counts[enabled] = priced[0]

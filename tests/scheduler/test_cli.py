@@ -227,12 +227,12 @@ def test_warmup_compiles_what_a_solve_runs() -> None:
     code = """
 import io
 from numba.core.registry import CPUDispatcher
-import scheduler.simulate, scheduler.solver
+import sys
 from scheduler import gpt_profile, solve
 from scheduler.cli import warmup
 def sigs():
-    mods = (scheduler.simulate, scheduler.solver)
-    return {n: len(f.signatures) for m in mods for n, f in vars(m).items() if isinstance(f, CPUDispatcher)}
+    mods = [m for n, m in sys.modules.items() if n == "scheduler" or n.startswith("scheduler.")]
+    return {(m.__name__, n): len(f.signatures) for m in mods for n, f in vars(m).items() if isinstance(f, CPUDispatcher)}
 before = sigs()
 out = io.StringIO()
 warmup(out)

@@ -58,7 +58,7 @@ def test_works_when_no_numba_cache_location_is_usable(tmp_path: Path) -> None:
         "import scheduler\n"
         "from numba.core.caching import NullCache\n"
         f"assert scheduler.__file__.startswith({str(site)!r}), scheduler.__file__\n"
-        "kernel = sys.modules['scheduler.simulate'].run_timeline\n"
+        "kernel = sys.modules['scheduler.timeline'].run_timeline\n"
         "assert isinstance(kernel._cache, NullCache), type(kernel._cache)\n"
         "p = scheduler.gpt_profile(layers=2, hidden=256, heads=4, seq=128, batch=1, device_tflops=100, d2h_gbps=10, h2d_gbps=10)\n"
         "t = scheduler.simulate(p, scheduler.Plan())\n"  # compiles the simulator kernels, uncached

@@ -1,5 +1,5 @@
 """The simulator's offload groups and host time (NOTE [Offload groups], NOTE [Host time]
-in scheduler/simulate.py), against timelines worked out by hand."""
+in scheduler/timeline.py), against timelines worked out by hand."""
 
 from __future__ import annotations
 

@@ -1,0 +1,98 @@
+"""Checks of profile values for flattening.
+
+A column of values is checked as one array; only when that check fails is the profile
+walked value by value, to name the first bad one in the error.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from scheduler.profile import Profile, RegionRecord
+
+__all__ = [
+    "bad_storage",
+    "check_number",
+    "int_array",
+    "int_column",
+    "is_count",
+    "is_time",
+    "region_label",
+    "times_ok",
+]
+
+
+def check_number(value: float, what: str) -> float:
+    """``value`` as a float; ValueError naming ``what`` unless finite and >= 0."""
+    v = float(value)
+    if not math.isfinite(v) or v < 0.0:
+        raise ValueError(f"{what} = {value!r} is invalid; accepted: a finite number >= 0")
+    return v
+
+
+def region_label(r: RegionRecord) -> str:
+    return f"{r.name}#{r.call_index}"
+
+
+def bad_storage(profile: Profile, what: str, accepted: str, check: Any) -> None:
+    """Raise ValueError for the first storage failing ``check`` (slow path)."""
+    for r in profile.regions:
+        for i, s in enumerate(r.storages):
+            if not check(s):
+                raise ValueError(
+                    f"storage {i} of region {region_label(r)} {what} = {getattr(s, what)!r} is "
+                    f"invalid; accepted: {accepted}"
+                )
+    for i, s in enumerate(profile.root):
+        if not check(s):
+            raise ValueError(
+                f"root storage {i} {what} = {getattr(s, what)!r} is invalid; accepted: {accepted}"
+            )
+
+
+def is_count(v: Any) -> bool:
+    return bool(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0)
+
+
+def is_time(v: Any) -> bool:
+    return bool(
+        isinstance(v, (int, float, np.number))
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+        and v >= 0
+    )
+
+
+def int_array(values: list[Any]) -> np.ndarray | None:
+    """``values`` as int64 when all are ints >= 0, else None."""
+    if not values:
+        return np.zeros(0, dtype=np.int64)
+    try:
+        arr = np.asarray(values)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if arr.ndim != 1 or arr.dtype.kind not in "iu" or int(arr.min()) < 0:
+        return None
+    return arr.astype(np.int64)
+
+
+def int_column(raw: list[Any]) -> tuple[np.ndarray, bool]:
+    """``raw`` as an array, and whether it is a 1-D array of ints (bounds are the caller's)."""
+    arr = np.asarray(raw) if raw else np.zeros(0, dtype=np.int64)
+    return arr, bool(arr.ndim == 1 and (arr.size == 0 or arr.dtype.kind in "iu"))
+
+
+def times_ok(values: list[Any]) -> bool:
+    """All of ``values`` are finite numbers >= 0."""
+    if not values:
+        return True
+    try:
+        arr = np.asarray(values)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    if arr.ndim != 1 or arr.dtype.kind not in "iuf":
+        return False
+    return bool(np.all(np.isfinite(arr)) and np.all(arr >= 0))

@@ -1,0 +1,717 @@
+"""A profile as flat arrays: the form the numba kernels work on.
+
+``flatten`` validates a ``Profile`` and lays it out by unit (the array names are the
+legend's in ``scheduler.kernels``); ``placement_array`` turns a ``Plan`` into one
+placement per flat storage and checks it against the storages' legality masks.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import operator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from scheduler.checks import (
+    bad_storage,
+    check_number,
+    int_array,
+    int_column,
+    is_count,
+    is_time,
+    region_label,
+    times_ok,
+)
+from scheduler.kernels import njit
+from scheduler.layout import host_times, unit_times
+from scheduler.plan import ROOT, Placement, Plan, StorageKey
+from scheduler.profile import Profile, RegionRecord
+
+__all__ = [
+    "KEEP_BIT",
+    "OFFLOAD_BIT",
+    "RECOMPUTE_BIT",
+    "FlatProfile",
+    "check_legal",
+    "flatten",
+    "placement_array",
+]
+
+#: Bit of each placement in a legality mask.
+KEEP_BIT, OFFLOAD_BIT, RECOMPUTE_BIT = 1, 2, 4
+KIND_ACTIVATION, KIND_INPUT, KIND_EXTERNAL, KIND_ROOT = 0, 1, 2, 3
+_KIND_CODES = {"activation": KIND_ACTIVATION, "input": KIND_INPUT, "external": KIND_EXTERNAL}
+_LEGAL = {
+    KIND_ACTIVATION: KEEP_BIT | OFFLOAD_BIT | RECOMPUTE_BIT,
+    KIND_INPUT: KEEP_BIT | OFFLOAD_BIT,
+    KIND_EXTERNAL: KEEP_BIT,
+    KIND_ROOT: KEEP_BIT | OFFLOAD_BIT,
+}
+
+
+@dataclass
+class FlatProfile:
+    """A profile as flat arrays (the form the numba kernels work on).
+
+    Storages are grouped by unit (``st_ptr``); ``keys[i]`` is the plan key of flat
+    storage ``i``. Ops are grouped by unit (``op_ptr``; gaps have none), their outputs
+    in CSR form (``out_ptr``/``out_idx``, flat storage indices, -1 kept as -1).
+
+    Dataflow (see scheduler.profile, replay semantics): ``dataflow[u]`` says unit ``u``
+    replays demand-driven (a region, not opaque, with ops that all have ``reads``);
+    ``op_sink`` marks sinks; ``rd_ptr``/``rd_idx`` hold each op's ``reads`` as global op
+    indices (empty rows in other units); ``st_prod[i]`` is storage ``i``'s producer as a
+    global op index, -1 when unknown (root storages, regions without ops).
+    ``fixed_from[j]`` is the smallest prefix end ``K`` from which op ``j`` runs in every
+    replay of its unit with that prefix, whatever is dropped (``n_ops + 1``: not
+    always): outside dataflow units ``j + 1`` for ops that can never be served; in
+    dataflow units the ops reached from a never-servable sink before ``K`` through
+    never-servable ops only.
+    """
+
+    keys: list[StorageKey]
+    unit_names: list[str]
+    st_ptr: np.ndarray
+    unit_of: np.ndarray
+    nbytes: np.ndarray
+    save_time: np.ndarray
+    kind: np.ndarray
+    legal: np.ndarray
+    last_save: np.ndarray
+    save_order: np.ndarray
+    op_ptr: np.ndarray
+    op_sec: np.ndarray
+    op_serv: np.ndarray
+    out_ptr: np.ndarray
+    out_idx: np.ndarray
+    noops: np.ndarray
+    dataflow: np.ndarray
+    op_sink: np.ndarray
+    op_view: np.ndarray
+    """Per op: a view (not a sink), which a demand-driven replay runs whenever it lies
+    before the stop, without following its reads."""
+    rd_ptr: np.ndarray
+    rd_idx: np.ndarray
+    st_prod: np.ndarray
+    fixed_from: np.ndarray
+    fwd_start: np.ndarray
+    """Per unit its forward start when no group offloads (NOTE [Host time])."""
+    fwd_dur: np.ndarray
+    """Per unit its forward device time (what a replay of a region without ops costs)."""
+    bwd_dur: np.ndarray
+    """Per unit its backward time without replay or group reloads: the longer of
+    ``bwd_dev`` and ``bwd_host``."""
+    t0: float
+    """End of forward when no group offloads."""
+    fwd_host: np.ndarray
+    """Per unit its forward host time: the measured host time (or the device time where
+    none was measured) plus the pack hook's cost per save."""
+    bwd_dev: np.ndarray
+    """Per unit its backward device time, without replay."""
+    bwd_host: np.ndarray
+    """Per unit its backward host time plus the unpack hook's cost per save."""
+    d2h_bps: float
+    h2d_bps: float
+    host_limit_bytes: int
+    op_host: float = 0.0
+    """Seconds the replay dispatch mode adds per op it sees (``Profile.replay_op_seconds``)."""
+    offload_host: float = 0.0
+    """Host seconds to issue one group offload (``Profile.offload_host_seconds``)."""
+    reload_host: float = 0.0
+    """Host seconds to issue one group reload (``Profile.reload_host_seconds``)."""
+    replay_host: float = 0.0
+    """Host seconds of one replay beyond its ops (``Profile.replay_host_seconds``)."""
+
+    @property
+    def forward_span(self) -> np.ndarray:
+        """Per unit its forward time when its group does not offload."""
+        return np.maximum(self.fwd_dur, self.fwd_host)
+
+    def forward_end_bound(self) -> float:
+        """Latest end of forward of any plan: every unit that may offload does."""
+        may = np.zeros(self.n_units, dtype=np.bool_)
+        off = (self.legal & OFFLOAD_BIT) != 0
+        may[self.unit_of[off]] = True
+        span = self.forward_span
+        with_issue = np.maximum(self.fwd_dur, self.fwd_host + self.offload_host)
+        return self.t0 + float(np.sum(np.where(may, with_issue - span, 0.0)))
+
+    @functools.cached_property
+    def key_index(self) -> dict[StorageKey, int]:
+        """Flat index of each plan key (built on first use: only plan checks need it)."""
+        return dict(zip(self.keys, range(len(self.keys))))
+
+    @property
+    def n_storages(self) -> int:
+        return int(self.nbytes.shape[0])
+
+    @property
+    def n_units(self) -> int:
+        return int(self.fwd_dur.shape[0])
+
+    @property
+    def has_link(self) -> bool:
+        return self.d2h_bps > 0.0 and self.h2d_bps > 0.0
+
+    @property
+    def max_unit_ops(self) -> int:
+        return int(np.max(np.diff(self.op_ptr))) if self.op_ptr.shape[0] > 1 else 0
+
+
+# ------------------------------------------------------------------------------ op graph
+
+
+def _csr_rows(lens: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Row pointers for rows of these lengths, and the row of each entry."""
+    lens_arr = np.asarray(lens, dtype=np.int64)
+    ptr = np.zeros(lens_arr.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lens_arr, out=ptr[1:])
+    return ptr, np.repeat(np.arange(lens_arr.shape[0], dtype=np.int64), lens_arr)
+
+
+def _outputs(
+    profile: Profile,
+    raw: list[Any],
+    lens: list[int],
+    op_base: np.ndarray,
+    op_m: np.ndarray,
+    skip: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Op outputs in CSR form (flat storage indices, -1 kept) and which ops replay may serve."""
+    n_ops = len(lens)
+    out_ptr, owner = _csr_rows(lens)
+    arr, ok = int_column(raw)
+    m = np.asarray(op_m, dtype=np.int64)[owner] if n_ops else np.zeros(0, dtype=np.int64)
+    if ok and arr.size:
+        ok = bool(np.all((arr >= -1) & (arr < m)))
+    if not ok:
+        for r in profile.regions:
+            k = len(r.storages)
+            for j, op in enumerate(r.ops):
+                for o in op.outputs:
+                    if (
+                        isinstance(o, bool)
+                        or not isinstance(o, (int, np.integer))
+                        or not -1 <= o < k
+                    ):
+                        raise ValueError(
+                            f"op {j} of region {region_label(r)} has output {o!r}; accepted: -1 or "
+                            f"a storage index in 0..{k - 1}"
+                        )
+    arr = arr.astype(np.int64)
+    base = np.asarray(op_base, dtype=np.int64)[owner] if n_ops else np.zeros(0, dtype=np.int64)
+    out_idx = np.where(arr >= 0, arr + base, -1).astype(np.int64)
+    has_unsaved = np.bincount(owner[arr < 0], minlength=n_ops) > 0
+    op_serv = (
+        np.asarray(skip, dtype=np.bool_) & ~has_unsaved if n_ops else np.zeros(0, dtype=np.bool_)
+    )
+    return out_ptr, out_idx, op_serv
+
+
+def _reads(
+    profile: Profile,
+    raw: list[Any],
+    lens: np.ndarray,
+    op_start: np.ndarray,
+    op_count: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Op reads in CSR form as global op indices (rows of non-dataflow units are empty)."""
+    rd_ptr, owner = _csr_rows(lens)
+    arr, ok = int_column(raw)
+    if ok and arr.size:
+        ok = bool(np.all((arr >= 0) & (arr < op_count[owner])))
+    if not ok:
+        for r in profile.regions:
+            k = len(r.ops)
+            for j, op in enumerate(r.ops):
+                for x in op.reads or ():
+                    if (
+                        isinstance(x, bool)
+                        or not isinstance(x, (int, np.integer))
+                        or not 0 <= x < k
+                    ):
+                        raise ValueError(
+                            f"op {j} of region {region_label(r)} reads op {x!r}; accepted: an op "
+                            f"index in 0..{k - 1}"
+                        )
+    rd_idx = (arr.astype(np.int64) + op_start[owner]).astype(np.int64)
+    return rd_ptr, rd_idx
+
+
+def _producer_ops(
+    profile: Profile, raw: list[Any], base: np.ndarray, n_arr: np.ndarray
+) -> np.ndarray:
+    """Per flat storage its producer as a global op index, -1 when unknown (``base``, ``n_arr``:
+    per storage the first global op index and the op count of its unit)."""
+    arr, ok = int_column(raw)
+    if ok and arr.size:
+        ok = bool(np.all((arr >= -1) & ((arr < n_arr) | (n_arr == 0))))
+    if not ok:
+
+        def good(s: Any, k: int) -> bool:
+            p = s.producer_op
+            return bool(
+                isinstance(p, (int, np.integer))
+                and not isinstance(p, bool)
+                and p >= -1
+                and (p < k or k == 0)
+            )
+
+        for r in profile.regions:
+            k = len(r.ops)
+            for i, st in enumerate(r.storages):
+                if not good(st, k):
+                    raise ValueError(
+                        f"storage {i} of region {region_label(r)} producer_op = "
+                        f"{st.producer_op!r} is invalid; accepted: -1 or an op index in "
+                        f"0..{k - 1}"
+                    )
+    arr = arr.astype(np.int64)
+    return np.where((arr >= 0) & (n_arr > 0), arr + base, -1).astype(np.int64)
+
+
+@njit
+def _fixed_from(op_ptr, op_serv, op_sink, rd_ptr, rd_idx, dataflow):  # type: ignore[no-untyped-def]
+    """``FlatProfile.fixed_from``: per op the prefix end from which it always runs."""
+    n_u = op_ptr.shape[0] - 1
+    out = np.empty(op_serv.shape[0], dtype=np.int64)
+    stack = np.empty(op_serv.shape[0], dtype=np.int64)
+    for u in range(n_u):
+        j0 = op_ptr[u]
+        n = op_ptr[u + 1] - j0
+        for jj in range(n):
+            out[j0 + jj] = n + 1
+        if not dataflow[u]:
+            for jj in range(n):
+                if not op_serv[j0 + jj]:
+                    out[j0 + jj] = jj + 1
+            continue
+        # a never-servable sink runs whenever it lies in the prefix (served or not, under
+        # both replay rules); so does every never-servable op it reaches through reads of
+        # earlier ops (the profile contract; a read of a later op is not followed here)
+        for jj in range(n):
+            j = j0 + jj
+            if not op_sink[j] or op_serv[j] or out[j] <= n:
+                continue
+            out[j] = jj + 1
+            top = 1
+            stack[0] = j
+            while top > 0:
+                top -= 1
+                i = stack[top]
+                for q in range(rd_ptr[i], rd_ptr[i + 1]):
+                    r = rd_idx[q]
+                    if r >= i or op_serv[r] or out[r] <= n:
+                        continue
+                    out[r] = jj + 1
+                    stack[top] = r
+                    top += 1
+    return out
+
+
+# ----------------------------------------------------------------------------- flatten
+
+_get_nbytes = operator.attrgetter("nbytes")
+_get_offset = operator.attrgetter("offset_seconds")
+_get_kind = operator.attrgetter("kind")
+_get_last_save = operator.attrgetter("last_save_op")
+_get_producer = operator.attrgetter("producer_op")
+_get_outputs = operator.attrgetter("outputs")
+_get_skippable = operator.attrgetter("skippable")
+_get_seconds = operator.attrgetter("seconds")
+_get_sink = operator.attrgetter("sink")
+_get_view = operator.attrgetter("view")
+_get_reads = operator.attrgetter("reads")
+_get_saves = operator.attrgetter("saves")
+
+
+class _Units(NamedTuple):
+    """Where each region's storages and ops go in flat order (storages grouped by unit:
+    a gap's root storages, by root index, then a region's storages)."""
+
+    n_units: int
+    sts: list[Any]
+    """Region storages, in region order."""
+    ops: list[Any]
+    """Ops, in region order (global op index order)."""
+    reg_st: np.ndarray
+    """Per region its storage count."""
+    reg_ops: np.ndarray
+    """Per region its op count."""
+    opaque: np.ndarray
+    st_counts: np.ndarray
+    op_counts: np.ndarray
+    st_ptr: np.ndarray
+    op_ptr: np.ndarray
+    unit_of: np.ndarray
+    op_unit: np.ndarray
+    op_region: np.ndarray
+    st_region: np.ndarray
+    """Per region storage (region order) its region."""
+    in_region: np.ndarray
+    """Per flat storage: saved in a region (not a root storage)."""
+    src: np.ndarray
+    """Flat storage i is region storage src[i] (region order), or root src[i] - len(sts)."""
+
+
+def _root_gaps(profile: Profile, start: np.ndarray, t0: float) -> tuple[np.ndarray, ...]:
+    """Root storages' save times (clamped to the end of forward), the gap each goes to
+    (the last gap started by its save time), and root indices in gap order."""
+    roots = profile.root
+    root_off = list(map(_get_offset, roots))
+    if not times_ok(root_off):
+        root_off = [
+            check_number(s.offset_seconds, f"root storage {i} offset_seconds")
+            for i, s in enumerate(roots)
+        ]
+    root_t = np.minimum(np.asarray(root_off, dtype=np.float64), t0)
+    root_gap = np.searchsorted(start[0::2], root_t, side="right") - 1
+    return root_t, root_gap, np.argsort(root_gap, kind="stable")
+
+
+def _check_region_keys(regions: list[RegionRecord]) -> None:
+    """ValueError for a (name, call_index) seen twice or a region named ROOT."""
+    names = [r.name for r in regions]
+    calls = [r.call_index for r in regions]
+    if ROOT not in names and len(set(zip(names, calls))) == len(regions):
+        return
+    seen: set[tuple[str, int]] = set()
+    for r in regions:
+        if r.key in seen:
+            raise ValueError(
+                f"region {region_label(r)} appears twice in the profile; each (name, call_index) must be unique"
+            )
+        if r.name == ROOT:
+            raise ValueError(
+                f"region name {r.name!r} is reserved for root storages; give the region a name"
+            )
+        seen.add(r.key)
+
+
+def _units(profile: Profile, root_gap: np.ndarray, root_order: np.ndarray) -> _Units:
+    regions = profile.regions
+    n = len(regions)
+    n_units = 2 * n + 1
+    st_lists = [r.storages for r in regions]
+    op_lists = [r.ops for r in regions]
+    sts = list(itertools.chain.from_iterable(st_lists))
+    n_reg_st, n_root = len(sts), len(profile.root)
+    reg_st = np.fromiter(map(len, st_lists), dtype=np.int64, count=n)
+    reg_ops = np.fromiter(map(len, op_lists), dtype=np.int64, count=n)
+    st_counts = np.empty(n_units, dtype=np.int64)
+    st_counts[0::2] = np.bincount(root_gap, minlength=n + 1)
+    st_counts[1::2] = reg_st
+    op_counts = np.zeros(n_units, dtype=np.int64)
+    op_counts[1::2] = reg_ops
+    st_ptr = np.zeros(n_units + 1, dtype=np.int64)
+    np.cumsum(st_counts, out=st_ptr[1:])
+    op_ptr = np.zeros(n_units + 1, dtype=np.int64)
+    np.cumsum(op_counts, out=op_ptr[1:])
+    unit_of = np.repeat(np.arange(n_units, dtype=np.int64), st_counts)
+    op_unit = np.repeat(np.arange(n_units, dtype=np.int64), op_counts)
+    in_region = (unit_of % 2) == 1
+    src = np.empty(n_reg_st + n_root, dtype=np.int64)
+    src[in_region] = np.arange(n_reg_st, dtype=np.int64)
+    src[~in_region] = n_reg_st + root_order
+    return _Units(
+        n_units=n_units,
+        sts=sts,
+        ops=list(itertools.chain.from_iterable(op_lists)),
+        reg_st=reg_st,
+        reg_ops=reg_ops,
+        opaque=np.asarray([bool(r.opaque) for r in regions], dtype=np.bool_),
+        st_counts=st_counts,
+        op_counts=op_counts,
+        st_ptr=st_ptr,
+        op_ptr=op_ptr,
+        unit_of=unit_of,
+        op_unit=op_unit,
+        op_region=op_unit // 2,
+        st_region=np.repeat(np.arange(n, dtype=np.int64), reg_st),
+        in_region=in_region,
+        src=src,
+    )
+
+
+class _OpArrays(NamedTuple):
+    out_ptr: np.ndarray
+    out_idx: np.ndarray
+    op_serv: np.ndarray
+    df_region: np.ndarray
+    """Per region: replays demand-driven (not opaque, and every op has reads)."""
+    rd_ptr: np.ndarray
+    rd_idx: np.ndarray
+    st_prod: np.ndarray
+    """Per storage, region storages first then roots (not yet in flat order)."""
+    op_sink: np.ndarray
+    op_view: np.ndarray
+
+
+def _op_arrays(profile: Profile, un: _Units) -> _OpArrays:
+    """Ops' outputs, reads (dataflow regions only) and flags, storages' producers."""
+    ops = un.ops
+    n = un.reg_st.shape[0]
+    n_ops = len(ops)
+    outs = list(map(_get_outputs, ops))
+    op_skip = np.asarray(list(map(_get_skippable, ops)), dtype=np.bool_) & ~un.opaque[un.op_region]
+    out_ptr, out_idx, op_serv = _outputs(
+        profile,
+        list(itertools.chain.from_iterable(outs)),
+        list(map(len, outs)),
+        un.st_ptr[un.op_unit],
+        un.st_counts[un.op_unit],
+        op_skip,
+    )
+    # a region replays demand-driven when it is not opaque and every op has reads
+    rds = list(map(_get_reads, ops))
+    df_region = ~un.opaque & (un.reg_ops > 0)
+    if None in rds:
+        unknown = np.asarray([x is None for x in rds], dtype=np.bool_)
+        df_region &= np.bincount(un.op_region[unknown], minlength=n) == 0
+    df_op = df_region[un.op_region]
+    if not bool(df_op.all()):
+        rds = list(itertools.compress(rds, df_op.tolist()))
+    rd_lens = np.zeros(n_ops, dtype=np.int64)
+    rd_lens[df_op] = list(map(len, rds))
+    op_start = np.repeat(un.op_ptr[:-1], un.op_counts)
+    op_count = np.repeat(un.op_counts, un.op_counts)
+    rd_ptr, rd_idx = _reads(
+        profile, list(itertools.chain.from_iterable(rds)), rd_lens, op_start, op_count
+    )
+    n_reg_st = len(un.sts)
+    st_prod = np.full(n_reg_st + len(profile.root), -1, dtype=np.int64)
+    st_prod[:n_reg_st] = _producer_ops(
+        profile,
+        list(map(_get_producer, un.sts)),
+        un.op_ptr[1::2][un.st_region],
+        un.reg_ops[un.st_region],
+    )
+    sink_arr = np.asarray(list(map(_get_sink, ops)), dtype=np.bool_)
+    return _OpArrays(
+        out_ptr=out_ptr,
+        out_idx=out_idx,
+        op_serv=op_serv,
+        df_region=df_region,
+        rd_ptr=rd_ptr,
+        rd_idx=rd_idx,
+        st_prod=st_prod,
+        op_sink=sink_arr,
+        op_view=np.asarray(list(map(_get_view, ops)), dtype=np.bool_) & ~sink_arr,
+    )
+
+
+class _StorageColumns(NamedTuple):
+    """Checked storage attributes, region storages first then roots (``last_save``,
+    ``offsets`` and ``kind``: region storages only)."""
+
+    nbytes: np.ndarray | None
+    """None where a value is bad and ``bad_storage`` found none to name."""
+    last_save: np.ndarray | None
+    offsets: list[Any]
+    kind: np.ndarray
+
+
+def _storage_columns(profile: Profile, sts: list[Any]) -> _StorageColumns:
+    nb_arr = int_array(list(map(_get_nbytes, sts)) + list(map(_get_nbytes, profile.root)))
+    if nb_arr is None:
+        bad_storage(profile, "nbytes", "an int >= 0", lambda s: is_count(s.nbytes))
+    ls_arr = int_array(list(map(_get_last_save, sts)))
+    if ls_arr is None:
+        bad_storage(profile, "last_save_op", "an int >= 0", lambda s: is_count(s.last_save_op))
+    offsets = list(map(_get_offset, sts))
+    if not times_ok(offsets):
+        bad_storage(
+            profile, "offset_seconds", "a finite number >= 0", lambda s: is_time(s.offset_seconds)
+        )
+    try:
+        kind_reg = np.fromiter(
+            map(_KIND_CODES.__getitem__, map(_get_kind, sts)), dtype=np.int64, count=len(sts)
+        )
+    except (KeyError, TypeError):
+        bad_storage(profile, "kind", ", ".join(_KIND_CODES), lambda s: s.kind in _KIND_CODES)
+        raise
+    return _StorageColumns(nbytes=nb_arr, last_save=ls_arr, offsets=offsets, kind=kind_reg)
+
+
+def _op_seconds(profile: Profile, ops: list[Any]) -> list[Any]:
+    """Each op's seconds, checked."""
+    op_sec = list(map(_get_seconds, ops))
+    if not times_ok(op_sec):
+        for r in profile.regions:
+            for j, op in enumerate(r.ops):
+                check_number(op.seconds, f"op {j} of region {region_label(r)} seconds")
+    return op_sec
+
+
+def _legality(profile: Profile, un: _Units, kind_reg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per flat storage its kind code and the placements it allows: by kind, and no
+    RECOMPUTE in a region that must never replay."""
+    n_root = len(profile.root)
+    src = un.src
+    kind_arr = np.concatenate((kind_reg, np.full(n_root, KIND_ROOT, dtype=np.int64)))[src]
+    legal_of = np.asarray([_LEGAL[k] for k in range(4)], dtype=np.int64)
+    legal = legal_of[kind_arr]
+    frozen = np.asarray([not r.replayable for r in profile.regions], dtype=np.bool_)
+    if frozen.any():
+        no_replay = np.concatenate((frozen[un.st_region], np.zeros(n_root, dtype=np.bool_)))[src]
+        legal = np.where(no_replay, legal & ~RECOMPUTE_BIT, legal)
+    return kind_arr, legal
+
+
+def _unit_saves(profile: Profile, un: _Units) -> np.ndarray:
+    """Per unit the tensors saved (each storage's ``saves``), as float64."""
+    sv_arr = int_array(list(map(_get_saves, un.sts)) + list(map(_get_saves, profile.root)))
+    if sv_arr is None:
+        bad_storage(profile, "saves", "an int >= 0", lambda s: is_count(s.saves))
+    assert sv_arr is not None
+    return np.bincount(
+        un.unit_of, weights=sv_arr[un.src].astype(np.float64), minlength=un.n_units
+    )
+
+
+def _keys(
+    regions: list[RegionRecord], un: _Units, root_order: np.ndarray
+) -> tuple[list[StorageKey], list[str]]:
+    """Plan key of each flat storage, and each unit's name."""
+    n = len(regions)
+    unit_names = ["(root)"] * un.n_units
+    unit_names[1::2] = [f"{r.name}#{r.call_index}" for r in regions]
+    # gap k's root storages: root_keys[gap_ptr[k]:gap_ptr[k + 1]]
+    root_keys = [(ROOT, 0, i) for i in root_order.tolist()]
+    gap_ptr = [0, *np.cumsum(un.st_counts[0::2]).tolist()]
+    keys: list[StorageKey] = []
+    for k, (r, m) in enumerate(zip(regions, un.reg_st.tolist())):
+        name, call = r.name, r.call_index
+        keys += root_keys[gap_ptr[k] : gap_ptr[k + 1]]
+        keys.extend(zip(itertools.repeat(name, m), itertools.repeat(call, m), range(m)))
+    keys += root_keys[gap_ptr[n] :]
+    return keys, unit_names
+
+
+def _per_region_unit(values: np.ndarray, n_units: int) -> np.ndarray:
+    """A per-region bool array as a per-unit one (False in gaps)."""
+    out = np.zeros(n_units, dtype=np.bool_)
+    out[1::2] = values
+    return out
+
+
+def flatten(profile: Profile) -> FlatProfile:
+    """Validate ``profile`` and lay it out as flat arrays.
+
+    Each attribute is gathered in one pass over all storages (ops) of all regions and
+    checked as an array; only a failed check walks the profile again, to name the first
+    bad value. Flat storage order is by unit: a gap's root storages (by root index),
+    then a region's storages.
+    """
+    if not isinstance(profile, Profile):
+        raise TypeError(f"expected a scheduler.Profile, got {type(profile).__name__}")
+    regions = profile.regions
+    start, dur, bdur, t0 = unit_times(profile)
+    d2h = check_number(profile.d2h_gbps, "profile d2h_gbps") * 1e9
+    h2d = check_number(profile.h2d_gbps, "profile h2d_gbps") * 1e9
+    root_t, root_gap, root_order = _root_gaps(profile, start, t0)
+    _check_region_keys(regions)
+    un = _units(profile, root_gap, root_order)
+    ops = _op_arrays(profile, un)
+    cols = _storage_columns(profile, un.sts)
+    op_sec = _op_seconds(profile, un.ops)
+    assert cols.nbytes is not None and cols.last_save is not None  # bad_storage raised
+    kind_arr, legal = _legality(profile, un, cols.kind)
+    unit_saves = _unit_saves(profile, un)
+    host_start, fwd_host, bwd_host, bwd_dev, t0 = host_times(
+        profile, start, dur, bdur, t0, unit_saves
+    )
+    src, unit_arr = un.src, un.unit_of
+    off_arr = np.concatenate((np.asarray(cols.offsets, dtype=np.float64), root_t))[src]
+    # region storages: unit start + offset clamped to the unit; root: absolute, clamped
+    # above; both moved by the host time the units before theirs add (NOTE [Host time])
+    save_arr = np.where(un.in_region, start[unit_arr] + np.minimum(off_arr, dur[unit_arr]), off_arr)
+    save_arr = save_arr + (host_start - start)[unit_arr]
+    # by save time, then unit, then index: flat order is by unit, so a stable sort suffices
+    order = np.argsort(save_arr, kind="stable").astype(np.int64)
+    keys, unit_names = _keys(regions, un, root_order)
+    df_arr = _per_region_unit(ops.df_region, un.n_units)
+    n_root = len(profile.root)
+    return FlatProfile(
+        keys=keys,
+        unit_names=unit_names,
+        st_ptr=un.st_ptr,
+        unit_of=unit_arr,
+        nbytes=cols.nbytes[src],
+        save_time=save_arr,
+        kind=kind_arr,
+        legal=legal,
+        last_save=np.concatenate((cols.last_save, np.zeros(n_root, dtype=np.int64)))[src],
+        save_order=order,
+        op_ptr=un.op_ptr,
+        op_sec=np.asarray(op_sec, dtype=np.float64),
+        op_serv=ops.op_serv,
+        out_ptr=ops.out_ptr,
+        out_idx=ops.out_idx,
+        noops=_per_region_unit(un.reg_ops == 0, un.n_units),
+        dataflow=df_arr,
+        op_sink=ops.op_sink,
+        op_view=ops.op_view,
+        rd_ptr=ops.rd_ptr,
+        rd_idx=ops.rd_idx,
+        st_prod=ops.st_prod[src],
+        fixed_from=_fixed_from(un.op_ptr, ops.op_serv, ops.op_sink, ops.rd_ptr, ops.rd_idx, df_arr),
+        fwd_start=host_start,
+        fwd_dur=dur,
+        bwd_dur=np.maximum(bwd_dev, bwd_host),
+        t0=float(t0),
+        fwd_host=fwd_host,
+        bwd_dev=bwd_dev,
+        bwd_host=bwd_host,
+        d2h_bps=d2h,
+        h2d_bps=h2d,
+        host_limit_bytes=int(profile.host_limit_bytes),
+        op_host=check_number(profile.replay_op_seconds, "profile replay_op_seconds"),
+        offload_host=check_number(profile.offload_host_seconds, "profile offload_host_seconds"),
+        reload_host=check_number(profile.reload_host_seconds, "profile reload_host_seconds"),
+        replay_host=check_number(profile.replay_host_seconds, "profile replay_host_seconds"),
+    )
+
+
+# ---------------------------------------------------------------------------- placements
+
+
+def placement_array(flat: FlatProfile, plan: Plan) -> np.ndarray:
+    """The plan as one int8 per flat storage, checked for unknown keys and legality."""
+    if not isinstance(plan, Plan):
+        raise TypeError(f"expected a scheduler.Plan, got {type(plan).__name__}")
+    default = Placement.parse(plan.default)
+    place = np.full(flat.n_storages, int(default), dtype=np.int8)
+    for key, p in plan.placements.items():
+        idx = flat.key_index.get(key)
+        if idx is None:
+            raise ValueError(
+                f"plan names storage {key!r}, which the profile does not have; keys are "
+                "(region name, call index, storage index), root storages ('', 0, i)"
+            )
+        place[idx] = int(Placement.parse(p))
+    check_legal(flat, place)
+    return place
+
+
+def check_legal(flat: FlatProfile, place: np.ndarray) -> None:
+    """Raise ValueError naming the first storage whose placement is not allowed."""
+    bits = np.left_shift(1, place.astype(np.int64))
+    bad = np.flatnonzero((bits & flat.legal) == 0)
+    if bad.size:
+        i = int(bad[0])
+        accepted = ", ".join(p.name for p in Placement if flat.legal[i] & (1 << int(p)))
+        kind = ["activation", "input", "external", "root"][int(flat.kind[i])]
+        raise ValueError(
+            f"placement {Placement(int(place[i])).name} is not allowed for storage {flat.keys[i]!r} "
+            f"(kind {kind}); accepted: {accepted}"
+        )
+    if not flat.has_link and bool(np.any(place == int(Placement.OFFLOAD))):
+        raise ValueError(
+            "the plan offloads but the profile has no host link (d2h_gbps and h2d_gbps must "
+            "both be > 0); use KEEP or RECOMPUTE, or give the link bandwidths"
+        )
+

@@ -1,0 +1,550 @@
+"""Timeline of a plan: compute stream, D2H copy stream, H2D copy stream, memory over time.
+
+The model (see docs/planner.md for the picture):
+
+* **Units.** The step's forward is cut into units in forward order: a root gap (work
+  saved outside every region, e.g. embedding), region 0, gap, region 1, ..., region n-1,
+  and a final gap (e.g. LM head and loss). Unit ``2k`` is gap ``k``, unit ``2r+1`` is
+  region ``r``. Regions keep their measured start times when those form a consistent
+  timeline; otherwise they run back to back and the root forward time
+  (``profile.forward_seconds`` minus the regions' sum) is spread evenly over the gaps.
+  Root backward time is spread over the gaps in proportion to their forward time.
+* **Forward.** Each unit runs for the longer of its device time and its host time
+  (NOTE [Host time]). A storage is saved at its unit's start plus ``offset_seconds``
+  (root storages: step start plus ``offset_seconds``, moved by the host time the units
+  before theirs add) and is resident from then on unless it is dropped (RECOMPUTE).
+* **D2H** (NOTE [Offload groups]). The OFFLOAD storages of one unit form a group: a
+  region call's, or a gap's (one run of root saves, closed by the next region call or
+  by backward). The group's copy is issued when its unit exits and runs FIFO on one
+  stream: it starts at ``max(exit, end of the previous copy)`` and takes ``sum(nbytes)
+  / (d2h_gbps * 1e9)``. The group's device storages are freed when its copy lands.
+* **Backward.** Units run in reverse from the end of forward, with no wait for copies
+  still in flight. Unit ``v`` is *reached* when the previous unit's backward ends (the
+  first at the end of forward). Reaching a unit whose group offloads reloads that group
+  unless it was issued already, and issues the reloads of the next ``prefetch_regions``
+  groups below it that offload (skipping units with nothing offloaded), where not issued
+  yet. A reload is one H2D copy of the group, FIFO in issue order, starting at
+  ``max(issue, end of the previous reload, the group's D2H landing)``. A unit's compute
+  starts once it is reached and its reload has landed (the wait is *stall*); it takes
+  the longer of ``replay_seconds + backward_seconds`` and its host time.
+* **Memory** (activation bytes only). KEEP: from save until its unit's backward ends.
+  OFFLOAD: from save until its group's D2H lands, and again from the group's reload
+  issue until its unit's backward ends (continuously when the copy lands after the
+  reload is issued). RECOMPUTE: only during its unit's backward (the replay working
+  set). At equal times, frees are applied before allocations.
+
+NOTE [Offload groups]: this is the runtime's offload engine, step for step: pack only
+records an OFFLOAD storage in its group; at the region's exit the group is copied as
+one unit; backward does not drain the D2H stream (compute waits on a D2H copy only past
+the in-flight window, which a plan sets to its own offloaded bytes, so a planned step
+never waits there); the first unpack of a group's storage reloads the group and issues
+the next groups' reloads; the group is released when its unit's backward ends.
+
+NOTE [Host time]: a unit's time is the longer of its device time and its host time. The
+host time of a region's forward is ``RegionRecord.host_seconds`` (where measured; else
+its device time, as on CPU, where host and device are one) plus, per saved tensor,
+``Profile.pack_host_seconds``, plus ``offload_host_seconds`` when its group offloads;
+gaps take their device time plus the pack cost of their root saves. In backward: the
+unit's ``backward_host_seconds`` (or device time) plus ``unpack_host_seconds`` per save,
+``reload_host_seconds`` per group reload it issues, and ``replay_seconds`` plus
+``replay_host_seconds`` when it replays. Where no host time is measured and every host
+cost is 0, each unit takes its device time, bit for bit as without the host model.
+
+``lower_bound`` (scheduler.bound) is a relaxation of this model; its derivation is in
+its docstring. The kernels' array names are the legend's in ``scheduler.kernels``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from scheduler.flat import FlatProfile, flatten, placement_array
+from scheduler.kernels import njit, njit_inline, replay_unit
+from scheduler.plan import Placement, Plan
+from scheduler.profile import Profile
+
+__all__ = [
+    "Interval",
+    "SimResult",
+    "Timeline",
+    "Workspace",
+    "check_prefetch",
+    "simulate",
+]
+
+
+# ------------------------------------------------------------------------------ kernels
+
+
+@njit_inline
+def _groups(place, unit_of, nbytes, n_u):  # type: ignore[no-untyped-def]
+    """Per unit its group's offloaded bytes and whether it offloads (NOTE [Offload groups])."""
+    gbytes = np.zeros(n_u, dtype=np.int64)
+    goff = np.zeros(n_u, dtype=np.bool_)
+    for s in range(nbytes.shape[0]):
+        if place[s] == 1:
+            goff[unit_of[s]] = True
+            gbytes[unit_of[s]] += nbytes[s]
+    return gbytes, goff
+
+
+@njit_inline
+def _forward(goff, fwd_start, fwd_dur, fwd_host, t0, off_h, fstart, fend):  # type: ignore[no-untyped-def]
+    """Forward start and end of each unit into ``fstart``/``fend``; returns the end of
+    forward. A unit takes the longer of its device and host time; issuing its group's
+    offload is host time at its exit (NOTE [Host time])."""
+    shift = 0.0
+    for u in range(fwd_dur.shape[0]):
+        fstart[u] = fwd_start[u] + shift
+        span = max(fwd_dur[u], fwd_host[u])
+        if goff[u] and off_h > 0.0:
+            grown = max(fwd_dur[u], fwd_host[u] + off_h)
+            shift += grown - span
+            span = grown
+        fend[u] = fstart[u] + span
+    return t0 + shift
+
+
+@njit_inline
+def _offload_copies(place, unit_of, gbytes, goff, fend, d2h_bps, d2h_start, d2h_end):  # type: ignore[no-untyped-def]
+    """D2H: one copy per group, issued at its unit's exit, FIFO in forward order. Fills
+    each storage's copy times (-1: not offloaded); returns each group's landing time and
+    the bytes copied."""
+    n_u = gbytes.shape[0]
+    free = 0.0
+    d2h_bytes = 0
+    g_start = np.zeros(n_u)
+    g_end = np.zeros(n_u)
+    for u in range(n_u):
+        if goff[u]:
+            st = max(fend[u], free)
+            en = st + gbytes[u] / d2h_bps
+            g_start[u] = st
+            g_end[u] = en
+            free = en
+            d2h_bytes += gbytes[u]
+    for s in range(place.shape[0]):
+        if place[s] == 1:
+            d2h_start[s] = g_start[unit_of[s]]
+            d2h_end[s] = g_end[unit_of[s]]
+        else:
+            d2h_start[s] = -1.0
+            d2h_end[s] = -1.0
+    return g_end, d2h_bytes
+
+
+@njit_inline
+def _replays(
+    place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx,
+    rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack, op_host, op_view, replay
+):  # type: ignore[no-untyped-def]
+    """Replay seconds of each unit into ``replay``; returns their sum."""
+    recompute = 0.0
+    for u in range(fwd_dur.shape[0]):
+        replay[u] = 0.0
+        for s in range(st_ptr[u], st_ptr[u + 1]):
+            if place[s] == 2:  # the call is not free: only where something is dropped
+                replay[u] = replay_unit(
+                    u, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink,
+                    out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack,
+                    op_host, op_view
+                )
+                break
+        recompute += replay[u]
+    return recompute
+
+
+@njit_inline
+def _backward(
+    place, prefetch, st_ptr, gbytes, goff, g_end, replay, bwd_dev, bwd_host, rel_h, rp_h,
+    h2d_bps, t_fwd, h2d_start, h2d_end, reach, cstart, cend, riss
+):  # type: ignore[no-untyped-def]
+    """Backward, units in reverse from ``t_fwd``, with no drain of the D2H stream first.
+    Reaching a unit whose group offloads reloads that group unless issued already, and
+    the next ``prefetch`` offloading groups below it, one H2D copy each, FIFO (NOTE
+    [Offload groups]). Fills reach, cstart, cend, riss and the storages' reload times;
+    returns (step end, stall, bytes reloaded, per unit the unit whose reach issued its
+    group's reload)."""
+    n_u = gbytes.shape[0]
+    top = n_u - 1
+    ready = np.zeros(n_u)
+    by = np.zeros(n_u, dtype=np.int64)
+    for u in range(n_u):
+        riss[u] = -1.0
+    h2d_free = 0.0
+    h2d_bytes = 0
+    stall = 0.0
+    t = t_fwd
+    for v in range(top, -1, -1):
+        reach[v] = t
+        issued = 0
+        if goff[v]:
+            seen = -1
+            x = v
+            while x >= 0 and seen < prefetch:
+                if goff[x]:
+                    seen += 1
+                    if riss[x] < 0.0:
+                        riss[x] = t
+                        by[x] = v
+                        st = max(t, h2d_free, g_end[x])
+                        en = st + gbytes[x] / h2d_bps
+                        h2d_free = en
+                        ready[x] = en
+                        h2d_bytes += gbytes[x]
+                        issued += 1
+                        for s in range(st_ptr[x], st_ptr[x + 1]):
+                            if place[s] == 1:
+                                h2d_start[s] = st
+                                h2d_end[s] = en
+                x -= 1
+        for s in range(st_ptr[v], st_ptr[v + 1]):
+            if place[s] != 1:
+                h2d_start[s] = -1.0
+                h2d_end[s] = -1.0
+        cs = max(t, ready[v])
+        stall += cs - t
+        cstart[v] = cs
+        cend[v] = cs + replay[v] + bwd_dev[v]
+        host = bwd_host[v] + issued * rel_h
+        if replay[v] > 0.0:
+            host += rp_h
+        h_end = cs + replay[v] + host
+        if h_end > cend[v]:
+            cend[v] = h_end
+        t = cend[v]
+    return t, stall, h2d_bytes, by
+
+
+@njit_inline
+def _event_streams(
+    place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, g_end, by, d2h_end, reach,
+    cstart, cend, riss
+):  # type: ignore[no-untyped-def]
+    """The four memory event streams of NOTE [memory merge], each sorted by time: saves
+    (storages ``s1[:n1]``), D2H landings (storages ``s2[:n2]``), backward allocations
+    (``s3t``/``s3b``: time, bytes) and backward frees (``s4t``/``s4b``)."""
+    n_st = nbytes.shape[0]
+    n_u = gbytes.shape[0]
+    top = n_u - 1
+    s1 = np.empty(n_st, dtype=np.int64)
+    s2 = np.empty(n_st, dtype=np.int64)
+    n1 = 0
+    n2 = 0
+    for i in range(n_st):
+        s = save_order[i]
+        if nbytes[s] == 0 or place[s] == 2:
+            continue
+        s1[n1] = s
+        n1 += 1
+    for s in range(n_st):  # flat order is forward unit order: landings in time order
+        if place[s] == 1 and nbytes[s] > 0 and d2h_end[s] < riss[unit_of[s]]:
+            s2[n2] = s
+            n2 += 1
+    s3t = np.empty(2 * n_u)
+    s3b = np.zeros(2 * n_u, dtype=np.int64)
+    s4t = np.empty(n_u)
+    s4b = np.zeros(n_u, dtype=np.int64)
+    for x in range(n_u):
+        # a reload allocates at its issue; a group still on the device then stays
+        if goff[x] and g_end[x] < riss[x]:
+            s3b[2 * (top - by[x])] += gbytes[x]
+    n3 = 0
+    for v in range(top, -1, -1):
+        s3t[n3] = reach[v]
+        n3 += 1
+        s3t[n3] = cstart[v]
+        for s in range(st_ptr[v], st_ptr[v + 1]):
+            if place[s] == 2:
+                s3b[n3] += nbytes[s]
+            s4b[top - v] += nbytes[s]
+        n3 += 1
+        s4t[top - v] = cend[v]
+    return s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b
+
+
+@njit_inline
+def _merge_events(
+    s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b, unit_of, nbytes, save_time, fstart, fwd_start,
+    d2h_end, ev_t, ev_d
+):  # type: ignore[no-untyped-def]
+    """Merge the event streams into ``ev_t``/``ev_d``, frees first at equal times (a
+    save's time moves with its unit's forward start). Returns (events, peak bytes, when
+    the peak is first reached)."""
+    inf = np.inf
+    n4 = s4t.shape[0]
+    i1 = 0
+    i2 = 0
+    i3 = 0
+    i4 = 0
+    n_ev = 0
+    run = 0
+    peak = 0
+    peak_t = 0.0
+    while True:
+        t1 = save_time[s1[i1]] + (fstart[unit_of[s1[i1]]] - fwd_start[unit_of[s1[i1]]]) if i1 < n1 else inf
+        t2 = d2h_end[s2[i2]] if i2 < n2 else inf
+        t3 = s3t[i3] if i3 < n3 else inf
+        t4 = s4t[i4] if i4 < n4 else inf
+        tf = min(t2, t4)
+        ta = min(t1, t3)
+        if tf == inf and ta == inf:
+            break
+        if tf <= ta:
+            if t2 <= t4:
+                t = t2
+                d = -nbytes[s2[i2]]
+                i2 += 1
+            else:
+                t = t4
+                d = -s4b[i4]
+                i4 += 1
+        elif t1 <= t3:
+            t = t1
+            d = nbytes[s1[i1]]
+            i1 += 1
+        else:
+            t = t3
+            d = s3b[i3]
+            i3 += 1
+        if d == 0:
+            continue
+        run += d
+        ev_t[n_ev] = t
+        ev_d[n_ev] = d
+        n_ev += 1
+        if run > peak:
+            peak = run
+            peak_t = t
+    return n_ev, peak, peak_t
+
+
+@njit
+def run_timeline(
+    place, prefetch, save_order, st_ptr, unit_of, nbytes, save_time, last_save, st_prod,
+    op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow,
+    fwd_dur, fwd_start, fwd_host, bwd_dev, bwd_host, t0, d2h_bps, h2d_bps, off_h, rel_h, rp_h,
+    d2h_start, d2h_end, h2d_start, h2d_end, reach, cstart, cend, fstart, fend, riss, replay,
+    ev_t, ev_d, mark, stack, op_host, op_view
+):  # type: ignore[no-untyped-def]
+    """Simulate one step; fills the per-storage/per-unit arrays and the memory events.
+
+    Returns (step, peak, peak_time, stall, recompute, d2h_bytes, h2d_bytes, n_events,
+    forward end); ``ev_t[:n_events]``/``ev_d[:n_events]`` hold the memory events sorted
+    by time, frees first at equal times. ``riss[u]`` is when unit ``u``'s group reload
+    was issued (-1: it offloads nothing).
+    """
+    gbytes, goff = _groups(place, unit_of, nbytes, fwd_dur.shape[0])
+    t_fwd = _forward(goff, fwd_start, fwd_dur, fwd_host, t0, off_h, fstart, fend)
+    g_end, d2h_bytes = _offload_copies(
+        place, unit_of, gbytes, goff, fend, d2h_bps, d2h_start, d2h_end
+    )
+    recompute = _replays(
+        place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx,
+        rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack, op_host, op_view, replay
+    )
+    step, stall, h2d_bytes, by = _backward(
+        place, prefetch, st_ptr, gbytes, goff, g_end, replay, bwd_dev, bwd_host, rel_h, rp_h,
+        h2d_bps, t_fwd, h2d_start, h2d_end, reach, cstart, cend, riss
+    )
+    # NOTE [memory merge]: four event streams, each already sorted by time: saves (save
+    # order), D2H landings (groups land in forward order), backward allocations (reloads
+    # at issue, replay working sets at compute start) and backward frees (unit ends). They
+    # are merged with frees first at equal times, so no sort is needed.
+    s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b = _event_streams(
+        place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, g_end, by, d2h_end, reach,
+        cstart, cend, riss
+    )
+    n_ev, peak, peak_t = _merge_events(
+        s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b, unit_of, nbytes, save_time, fstart, fwd_start,
+        d2h_end, ev_t, ev_d
+    )
+    return step, peak, peak_t, stall, recompute, d2h_bytes, h2d_bytes, n_ev, t_fwd
+
+
+# ------------------------------------------------------------------------------- driver
+
+
+class SimResult(NamedTuple):
+    step: float
+    peak: int
+    peak_time: float
+    stall: float
+    recompute: float
+    d2h_bytes: int
+    h2d_bytes: int
+    forward: float = 0.0
+    """End of forward (start of backward) under the plan."""
+
+
+class Workspace:
+    """Preallocated arrays for repeated simulations of one flat profile."""
+
+    def __init__(self, flat: FlatProfile) -> None:
+        n, u = flat.n_storages, flat.n_units
+        self.flat = flat
+        self.d2h_start = np.zeros(n)
+        self.d2h_end = np.zeros(n)
+        self.h2d_start = np.zeros(n)
+        self.h2d_end = np.zeros(n)
+        self.reach = np.zeros(u)
+        self.cstart = np.zeros(u)
+        self.cend = np.zeros(u)
+        self.fstart = np.zeros(u)
+        self.fend = np.zeros(u)
+        self.riss = np.zeros(u)
+        self.replay = np.zeros(u)
+        self.ev_t = np.zeros(2 * n + 3 * u + 1)
+        self.ev_d = np.zeros(2 * n + 3 * u + 1, dtype=np.int64)
+        self.mark = np.zeros(flat.op_sec.shape[0], dtype=np.bool_)
+        self.stack = np.zeros(max(flat.max_unit_ops, 1), dtype=np.int64)
+        self.n_events = 0
+
+    def run(self, place: np.ndarray, prefetch: int) -> SimResult:
+        f = self.flat
+        # a link of 0 is only reachable with no OFFLOAD placement (check_legal)
+        d2h = f.d2h_bps if f.d2h_bps > 0 else 1.0
+        h2d = f.h2d_bps if f.h2d_bps > 0 else 1.0
+        out = run_timeline(
+            place, prefetch, f.save_order, f.st_ptr, f.unit_of, f.nbytes, f.save_time,
+            f.last_save, f.st_prod, f.op_ptr, f.op_sec, f.op_serv, f.op_sink, f.out_ptr,
+            f.out_idx, f.rd_ptr, f.rd_idx, f.noops, f.dataflow, f.fwd_dur, f.fwd_start,
+            f.fwd_host, f.bwd_dev, f.bwd_host, f.t0, d2h, h2d, f.offload_host, f.reload_host,
+            f.replay_host, self.d2h_start, self.d2h_end, self.h2d_start, self.h2d_end,
+            self.reach, self.cstart, self.cend, self.fstart, self.fend, self.riss, self.replay,
+            self.ev_t, self.ev_d, self.mark, self.stack, f.op_host, f.op_view
+        )
+        self.n_events = int(out[7])
+        return SimResult(
+            float(out[0]),
+            int(out[1]),
+            float(out[2]),
+            float(out[3]),
+            float(out[4]),
+            int(out[5]),
+            int(out[6]),
+            float(out[8]),
+        )
+
+
+def check_prefetch(prefetch_regions: int) -> int:
+    if (
+        isinstance(prefetch_regions, bool)
+        or not isinstance(prefetch_regions, (int, np.integer))
+        or prefetch_regions < 0
+    ):
+        raise ValueError(
+            f"prefetch_regions = {prefetch_regions!r} is invalid; accepted: an int >= 0"
+        )
+    return int(prefetch_regions)
+
+
+# ----------------------------------------------------------------------------- timeline
+
+
+class Interval(NamedTuple):
+    """Busy time of one stream."""
+
+    start: float
+    end: float
+    label: str
+
+
+@dataclass(kw_only=True)
+class Timeline:
+    """What one step looks like under a plan."""
+
+    step_seconds: float
+    """End of the last backward compute (start of forward = 0)."""
+    forward_seconds: float
+    """End of forward (start of backward)."""
+    peak_bytes: int
+    """Largest device-resident activation total."""
+    peak_time_seconds: float
+    """When the peak is first reached."""
+    stall_seconds: float
+    """Time backward compute waited for reloads."""
+    recompute_seconds: float
+    """Replay time summed over regions."""
+    d2h_bytes: int
+    h2d_bytes: int
+    compute: list[Interval]
+    """Compute stream: forward, replay and backward per unit, and stalls."""
+    d2h: list[Interval]
+    """Device-to-host copies, one per offloading group (region call or root run)."""
+    h2d: list[Interval]
+    """Host-to-device reloads, one per offloading group, in start order."""
+    memory: list[tuple[float, int]]
+    """(time, resident activation bytes) after all events at that time; starts at (0, 0)."""
+
+
+def simulate(profile: Profile, plan: Plan, *, prefetch_regions: int = 2) -> Timeline:
+    """Timeline of ``plan`` on ``profile`` (model in this module's docstring)."""
+    prefetch = check_prefetch(prefetch_regions)
+    flat = flatten(profile)
+    place = placement_array(flat, plan)
+    ws = Workspace(flat)
+    res = ws.run(place, prefetch)
+    compute: list[Interval] = []
+    for u in range(flat.n_units):
+        if ws.fend[u] > ws.fstart[u]:
+            compute.append(
+                Interval(float(ws.fstart[u]), float(ws.fend[u]), f"forward {flat.unit_names[u]}")
+            )
+    for u in range(flat.n_units - 1, -1, -1):
+        name = flat.unit_names[u]
+        r, cs, ce, rp = (
+            float(ws.reach[u]),
+            float(ws.cstart[u]),
+            float(ws.cend[u]),
+            float(ws.replay[u]),
+        )
+        if cs > r:
+            compute.append(Interval(r, cs, f"stall {name}"))
+        if rp > 0:
+            compute.append(Interval(cs, cs + rp, f"replay {name}"))
+        if ce > cs + rp:
+            compute.append(Interval(cs + rp, ce, f"backward {name}"))
+    # one copy per group each way (NOTE [Offload groups])
+    off = place == int(Placement.OFFLOAD)
+    d2h: list[Interval] = []
+    h2d: list[Interval] = []
+    for u in range(flat.n_units):
+        lo, hi = int(flat.st_ptr[u]), int(flat.st_ptr[u + 1])
+        members = np.flatnonzero(off[lo:hi])
+        if members.size:
+            first = lo + int(members[0])
+            label = flat.unit_names[u] if u % 2 else f"(root) before unit {u + 1}"
+            d2h.append(Interval(float(ws.d2h_start[first]), float(ws.d2h_end[first]), label))
+            h2d.append(Interval(float(ws.h2d_start[first]), float(ws.h2d_end[first]), label))
+    h2d.sort()
+    n = ws.n_events
+    memory: list[tuple[float, int]] = [(0.0, 0)]
+    if n:
+        times = ws.ev_t[:n]
+        levels = np.cumsum(ws.ev_d[:n])
+        last = np.flatnonzero(np.append(times[1:] != times[:-1], True))
+        for i in last:
+            t, b = float(times[i]), int(levels[i])
+            if t == 0.0 and memory[0][0] == 0.0 and len(memory) == 1:
+                memory[0] = (t, b)
+            else:
+                memory.append((t, b))
+    return Timeline(
+        step_seconds=res.step,
+        forward_seconds=res.forward,
+        peak_bytes=res.peak,
+        peak_time_seconds=res.peak_time,
+        stall_seconds=res.stall,
+        recompute_seconds=res.recompute,
+        d2h_bytes=res.d2h_bytes,
+        h2d_bytes=res.h2d_bytes,
+        compute=compute,
+        d2h=d2h,
+        h2d=h2d,
+        memory=memory,
+    )
+
