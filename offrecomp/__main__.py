@@ -16,7 +16,7 @@ USAGE = """usage: python -m offrecomp plan PROFILE.json --budget 20GiB [--d2h-gb
 Commands:
   plan    print the plan, predicted step time and memory, and the lower bound
           (python -m offrecomp plan --help for every option)
-  warmup  compile the planner's kernels ahead (about 20 s, once per machine: numba caches
+  warmup  compile the planner's kernels ahead (about 30 s, once per machine: numba caches
           them on disk), e.g. when a container image is built; otherwise the first plan
           of a training run pays for it
   report  summarize a report written with OFFRECOMP_REPORT=run.jsonl: phases, peak

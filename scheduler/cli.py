@@ -22,7 +22,7 @@ from scheduler.cost_model import predict
 from scheduler.plan import ROOT, Placement, Plan
 from scheduler.profile import Profile
 from scheduler.solver import InfeasibleBudgetError, solve
-from scheduler.units import format_bytes, parse_bytes
+from scheduler.units import INFEASIBLE_POLICIES, format_bytes, parse_bytes
 from scheduler.whatif import gpt_profile
 
 __all__ = ["main", "parse_bytes", "parse_model"]
@@ -118,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--no-offload", action="store_true", help="plan with KEEP and RECOMPUTE only")
     plan.add_argument(
         "--infeasible",
-        choices=("warn", "error"),
+        choices=INFEASIBLE_POLICIES,
         default="warn",
         help="when the budget cannot be met",
     )
@@ -349,7 +349,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
 
 def warmup(out: TextIO | None = None) -> float:
     """Compile the planner's kernels (numba) by planning a small synthetic model, so that
-    the first plan of a training run does not (about 20 s on one CPU core). numba keeps
+    the first plan of a training run does not (about 30 s on one CPU core). numba keeps
     the compiled code on disk, next to the package or under ``NUMBA_CACHE_DIR``, for
     later processes on machines with the same CPU; a container image can run this once
     when it is built. Returns the seconds it took."""

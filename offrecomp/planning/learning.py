@@ -60,7 +60,7 @@ class Learner:
         gaps may hold that wait, and a span a host pause distorted (NOTE [Host pauses])
         holds the pause. A region that offloads is learnt like the others otherwise:
         its group is copied after its forward, and the hooks' and the group issue's
-        host time come off its span (NOTE [Host time] in scheduler/simulate.py).
+        host time come off its span (NOTE [Host time] in scheduler/timeline.py).
         Skipped pieces keep the estimate's value; the region starts, the root saves'
         offsets and the forward total are rebuilt from the pieces, so one pause never
         shifts the timeline after it.

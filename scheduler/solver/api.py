@@ -16,14 +16,14 @@ from scheduler.plan import Placement, Plan
 from scheduler.profile import Profile
 from scheduler.solver.family import _build_family
 from scheduler.timeline import SimResult, Workspace, check_prefetch
-from scheduler.units import format_bytes
+from scheduler.units import INFEASIBLE_POLICIES, format_bytes
 
 __all__ = ["InfeasibleBudgetError", "exhaustive_solve", "solve"]
 
 # named for the package: the logger users configure the solver's warnings on
 logger = logging.getLogger("scheduler.solver")
 
-_INFEASIBLE_MODES = ("warn", "error")
+
 
 
 class InfeasibleBudgetError(ValueError):
@@ -157,9 +157,9 @@ def solve(
     budget = _check_budget(budget_bytes)
     overhead = _check_overhead(max_overhead)
     prefetch = check_prefetch(prefetch_regions)
-    if infeasible not in _INFEASIBLE_MODES:
+    if infeasible not in INFEASIBLE_POLICIES:
         raise ValueError(
-            f"infeasible={infeasible!r} is invalid; accepted: " + ", ".join(_INFEASIBLE_MODES)
+            f"infeasible={infeasible!r} is invalid; accepted: " + ", ".join(INFEASIBLE_POLICIES)
         )
     flat = flatten(profile)
     ws = Workspace(flat)

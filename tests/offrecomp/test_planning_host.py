@@ -1,4 +1,4 @@
-"""The planner's host-time learning (NOTE [Host time] in scheduler/simulate.py) and its
+"""The planner's host-time learning (NOTE [Host time] in scheduler/timeline.py) and its
 bookkeeping outside the backward-done callback (NOTE [Bookkeeping off the critical
 path] in offrecomp/planning/planner.py)."""
 
