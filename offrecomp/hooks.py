@@ -36,6 +36,7 @@ from torch import nn
 from offrecomp import _torch_compat as tc
 from offrecomp.config import Config
 from offrecomp.diagnostics import kind, warn_once
+from offrecomp.placement import Placements, untracked_alias
 from offrecomp.regions import replay_arguments
 from offrecomp.replay import replay_call
 from offrecomp.state import PassState, RegionCall, SavedHandle, Stage, StorageRec, view_on
@@ -53,7 +54,6 @@ from scheduler.plan import Placement
 if TYPE_CHECKING:
     from offrecomp.groups import OffloadGroups
     from offrecomp.lifecycle import Lifecycle
-    from offrecomp.placement import Placements
     from offrecomp.planning import Planner
     from offrecomp.regions import BufferPtrs
     from offrecomp.verify import Verifier
@@ -250,7 +250,7 @@ class Placer:
             # in the CPU GRU cell; `.data`) has siblings with their own version counters.
             # Writing those after this save is legal, and the backward reads the result; a
             # copy of the storage would miss those writes. Such a storage is never offloaded.
-            rec.aliased = base is None and t.numel() * t.element_size() < nbytes
+            rec.aliased = untracked_alias(t, nbytes)
             rec.sid = recorder.storage_id(t)
         elif fallback == "aliased_to_keep":
             rec.aliased = True

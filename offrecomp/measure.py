@@ -153,7 +153,7 @@ class DeviceClock:
 
     @property
     def cuda(self) -> bool:
-        return self.device is not None and self.device.type == "cuda"
+        return self.clock.cuda
 
 
 def device_capacity_bytes(device: torch.device) -> int:

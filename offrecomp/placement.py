@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from offrecomp.groups import OffloadGroups
     from offrecomp.planning import Planner
 
-__all__ = ["Decision", "Placements"]
+__all__ = ["Decision", "Placements", "untracked_alias"]
 
 KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
 
@@ -54,6 +54,12 @@ Decision = tuple[Placement, "str | None"]
 _KEPT: Decision = (KEEP, None)
 _DROPPED: Decision = (RECOMPUTE, None)
 _OFFLOADED: Decision = (OFFLOAD, None)
+
+
+def untracked_alias(t: torch.Tensor, nbytes: int) -> bool:
+    """Does ``t`` cover only part of its ``nbytes`` storage without being a view autograd
+    tracks? NOTE [Untracked aliases]: such a storage is never offloaded."""
+    return t._base is None and t.numel() * t.element_size() < nbytes
 
 
 class Placements:
@@ -146,8 +152,8 @@ class Placements:
         groups = self._groups
         if not groups.offloadable(t):
             return _KEPT  # already in host memory (a CPU tensor of a GPU run)
-        if kind == "activation" and t._base is None and t.numel() * t.element_size() < nbytes:
-            return KEEP, "aliased_to_keep"  # NOTE [Untracked aliases]
+        if kind == "activation" and untracked_alias(t, nbytes):
+            return KEEP, "aliased_to_keep"
         if groups.admit(nbytes):
             return _OFFLOADED
         if kind == "activation" and self.droppable(call, symmetric=False):
