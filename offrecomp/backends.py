@@ -195,20 +195,32 @@ class CudaBackend(Backend):
 # ----------------------------------------------------------------------- emulated
 
 _GARBAGE = 0xFF  # bytes of a fresh buffer: NaN for every float dtype
-_HOST_WAIT_TIMEOUT_S = 300.0  # a host wait this long means a stream can never reach the event
+_HOST_WAIT_TIMEOUT_S = 300.0
+START_DELAY_S = 0.005
+"""A side stream's worker starts a job this long after it was queued (NOTE [Emulated waits])."""  # a host wait this long means a stream can never reach the event
 
 
 class _EmuEvent:
-    __slots__ = ("done", "stamp", "stream")
+    """A point in an emulated stream: fired by the stream's jobs, in order. Waiting on it
+    uses its stream's condition, so an event costs one small object (NOTE [Emulated
+    events])."""
+
+    __slots__ = ("fired", "stamp", "stream")
 
     def __init__(self, stream: _EmuStream | None = None) -> None:
-        self.done = threading.Event()
+        self.fired = False
         self.stamp = 0.0
         self.stream = stream  # the side stream that fires it (None: the host, fired)
 
     def fire(self) -> None:
         self.stamp = time.perf_counter()
-        self.done.set()
+        self.fired = True
+        stream = self.stream
+        # ``fired`` is set before ``waiters`` is read, and a waiter counts itself before
+        # it reads ``fired``: one of the two sees the other (NOTE [Emulated events]).
+        if stream is not None and stream.waiters:
+            with stream.landed:
+                stream.landed.notify_all()
 
 
 def _host_wait(event: _EmuEvent, run: Callable[[_EmuStream], bool] | None = None) -> None:
@@ -217,27 +229,46 @@ def _host_wait(event: _EmuEvent, run: Callable[[_EmuStream], bool] | None = None
     [Emulated waits])."""
     deadline = time.monotonic() + _HOST_WAIT_TIMEOUT_S
     stream = event.stream
-    while not event.done.is_set():
-        if run is not None and stream is not None and run(stream):
+    while not event.fired:
+        if stream is None:
+            raise RuntimeError("offrecomp: an emulated host event that never fired")
+        if run is not None and run(stream):
             continue
-        if event.done.wait(0.001 if run is not None else _HOST_WAIT_TIMEOUT_S):
-            return
-        if time.monotonic() > deadline:
+        with stream.landed:
+            stream.waiters += 1
+            try:
+                if not event.fired:
+                    stream.landed.wait(0.001 if run is not None else _HOST_WAIT_TIMEOUT_S)
+            finally:
+                stream.waiters -= 1
+        if not event.fired and time.monotonic() > deadline:
             raise RuntimeError(
                 f"offrecomp: emulated event not reached after {_HOST_WAIT_TIMEOUT_S:.0f} s; "
                 "its stream was closed or is blocked"
             )
 
 
+# NOTE [Emulated events]
+# An event is a flag and a time stamp; its stream holds one condition for every thread
+# that waits on any of its events. A CUDA event costs the host about a microsecond, so
+# the emulation must not cost much more (a lock and a condition per event did, several
+# times the engine's own work per group). A wait on an event that already fired enqueues
+# nothing: the stream would run past it at once.
+
+
 # NOTE [Emulated waits]
-# A side stream is a worker thread, and a worker needs the GIL to start a job: while the
-# host runs Python (a forward), a job queued on a side stream could wait for the
-# interpreter's switch interval (5 ms) before it ran, and a host wait on it paid that
-# latency, a cost no GPU has. A thread that waits on a side stream's event therefore runs
-# the jobs queued ahead of it itself, one at a time, under the stream's execution lock
-# and in FIFO order, as the worker would; the worker runs whatever nobody waits on. Jobs
-# still run exactly once and in order, so a missing ordering edge still shows up: a
-# copy nobody waited on has not run, and its destination still holds 0xFF bytes.
+# A side stream is a worker thread, and a worker needs the GIL to run a job: while the
+# host runs Python (a forward), each job would take the interpreter lock from the host at
+# its next torch call and hand it back later, a cost of the emulation that no GPU has
+# (it was a third of the host time per offloaded storage). So a worker starts a job only
+# START_DELAY_S after it was queued, and a thread that waits on a side stream's event
+# runs the jobs queued ahead of it itself, one at a time, under the stream's execution
+# lock and in FIFO order, as the worker would. In a step shorter than the delay the host
+# runs the copies it waits for and the worker stays asleep; in a longer one the worker
+# runs what nobody waited on, concurrently with the host. Jobs still run exactly once
+# and in order, and never before their ordering edges, so a missing edge still shows up,
+# and more reliably: a copy nobody waited on has not run yet, and its destination still
+# holds 0xFF bytes.
 
 
 class _EmuStream:
@@ -245,9 +276,11 @@ class _EmuStream:
 
     def __init__(self, label: str, backend: EmulatedBackend | None) -> None:
         self.label = label
-        self.jobs: deque[Callable[[], None] | None] = deque()
+        self.jobs: deque[tuple[float, Callable[[], None] | None]] = deque()  # (due, job)
         self.ready = threading.Condition(threading.Lock())  # a job was queued
         self.running = threading.Lock()  # held while one of its jobs runs (NOTE [Emulated waits])
+        self.landed = threading.Condition(threading.Lock())  # one of its events fired
+        self.waiters = 0  # threads waiting on ``landed``
         self.worker: threading.Thread | None = None
         if backend is not None:
             self.worker = threading.Thread(
@@ -270,8 +303,10 @@ class EmulatedBackend(Backend):
       recorded on it are complete, and ``wait_event(compute, e)`` blocks the host until
       ``e`` fired (that time is what the engine reports as stall).
     - Each side stream is a daemon worker thread running copies, waits and event records
-      in FIFO order. ``copy_delay_s`` (read when a copy is enqueued) sleeps before each
-      copy so a test can make copies slow on purpose.
+      in FIFO order, each ``start_delay_s`` after it was queued at the earliest, unless a
+      thread waiting on the stream runs it first (NOTE [Emulated waits]).
+      ``copy_delay_s`` (read when a copy is enqueued) sleeps before each copy so a test
+      can make copies slow on purpose.
     - :meth:`alloc_device` and :meth:`alloc_host` return buffers full of 0xFF bytes, so a
       read that skipped its wait sees NaNs rather than plausible data.
     - A queued copy holds its *source* only through a weak reference. A source that died
@@ -284,8 +319,9 @@ class EmulatedBackend(Backend):
     name = "emulated"
     device_type = "cpu"
 
-    def __init__(self, copy_delay_s: float = 0.0) -> None:
+    def __init__(self, copy_delay_s: float = 0.0, start_delay_s: float = START_DELAY_S) -> None:
         self.copy_delay_s = copy_delay_s
+        self.start_delay_s = start_delay_s
         self._compute = _EmuStream("compute", None)
         self._workers: list[_EmuStream] = []
         self._errors: list[str] = []
@@ -297,10 +333,15 @@ class EmulatedBackend(Backend):
             with stream.ready:
                 while not stream.jobs:
                     stream.ready.wait()
+                due = stream.jobs[0][0]
+            early = due - time.perf_counter()
+            if early > 0:
+                time.sleep(early)  # a thread that waits on the stream may run it meanwhile
+                continue
             with stream.running:
-                if not stream.jobs:
+                if not stream.jobs or stream.jobs[0][0] > due:
                     continue  # a waiting thread ran it (NOTE [Emulated waits])
-                job = stream.jobs.popleft()
+                job = stream.jobs.popleft()[1]
                 if job is None:
                     return
                 self._run(stream, job)
@@ -317,9 +358,9 @@ class EmulatedBackend(Backend):
         if not stream.running.acquire(blocking=False):
             return False
         try:
-            if not stream.jobs or stream.jobs[0] is None:
+            if not stream.jobs or stream.jobs[0][1] is None:
                 return False
-            self._run(stream, stream.jobs.popleft())  # type: ignore[arg-type]
+            self._run(stream, stream.jobs.popleft()[1])  # type: ignore[arg-type]
             return True
         finally:
             stream.running.release()
@@ -332,8 +373,9 @@ class EmulatedBackend(Backend):
         if stream.worker is not None and not stream.worker.is_alive():
             raise RuntimeError(f"offrecomp: emulated stream {stream.label} was closed")
         with stream.ready:
-            stream.jobs.append(job)
-            stream.ready.notify()
+            stream.jobs.append((time.perf_counter() + self.start_delay_s, job))
+            if len(stream.jobs) == 1:
+                stream.ready.notify()
 
     # -- interface
     def current_stream(self, device: torch.device) -> _EmuStream:
@@ -347,23 +389,26 @@ class EmulatedBackend(Backend):
     def record_event(self, stream: _EmuStream, timing: bool = False) -> _EmuEvent:
         if stream.is_compute:
             event = _EmuEvent()
-            event.fire()
+            event.stamp = time.perf_counter()
+            event.fired = True
         else:
             event = _EmuEvent(stream)
             self._enqueue(stream, event.fire)
         return event
 
     def wait_event(self, stream: _EmuStream, event: _EmuEvent) -> None:
+        if event.fired:
+            return  # the stream would run past it at once (NOTE [Emulated events])
         if stream.is_compute:
             _host_wait(event, self._help)
         else:
             self._enqueue(stream, functools.partial(_host_wait, event, self._help))
 
     def query(self, event: _EmuEvent) -> bool:
-        return event.done.is_set()
+        return event.fired
 
     def elapsed_seconds(self, start: _EmuEvent, end: _EmuEvent) -> float:
-        if not (start.done.is_set() and end.done.is_set()):
+        if not (start.fired and end.fired):
             raise RuntimeError("offrecomp: elapsed time of an event that has not completed")
         return max(0.0, end.stamp - start.stamp)
 
@@ -404,6 +449,8 @@ class EmulatedBackend(Backend):
                 _host_wait(self.record_event(stream), self._help)
 
     def check(self) -> None:
+        if not self._errors:
+            return
         with self._lock:
             if not self._errors:
                 return
@@ -418,7 +465,7 @@ class EmulatedBackend(Backend):
         workers, self._workers = self._workers, []
         for stream in workers:
             with stream.ready:
-                stream.jobs.append(None)
+                stream.jobs.append((0.0, None))
                 stream.ready.notify()
         for stream in workers:
             assert stream.worker is not None

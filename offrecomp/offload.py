@@ -18,12 +18,11 @@ The ordering edges are listed in NOTE [Stream ordering]; each wait goes through
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -31,8 +30,8 @@ import torch
 
 from offrecomp.backends import Backend, Event, Stream
 from offrecomp.config import Prefetch, format_bytes
-from offrecomp.pool import ALIGN_BYTES, FailureReason, PinnedPool
-from offrecomp.transfer import Group, GroupState, OffloadStats, gbps, slot_offsets
+from offrecomp.pool import ALIGN_BYTES, Block, FailureReason, PinnedPool
+from offrecomp.transfer import Group, GroupState, OffloadStats, gbps
 
 __all__ = ["OffloadEngine"]
 
@@ -167,12 +166,53 @@ class _InFlight:
 _TimingKind = Literal["d2h", "h2d", "stall"]
 
 
+def _slot_views(block: Block, group: Group) -> list[torch.Tensor]:
+    """The host views of ``group``'s slots in ``block``, sliced once per block and layout
+    (NOTE [Idle blocks]: a step's groups get back the blocks, and views, of the last)."""
+    layout = group.sizes
+    slots = block.slots
+    if slots is not None and slots[0] == layout:
+        return slots[1]  # type: ignore[no-any-return]
+    view = block.view
+    views = [view[o : o + n] for o, n in zip(group.offsets, layout)]
+    block.slots = (list(layout), views)
+    return views
+
+
 def _flat(source: Any, empty: torch.Tensor) -> torch.Tensor:
     """A flat uint8 tensor over a whole storage (a tensor given is taken as one);
     ``empty``: a uint8 tensor of the storage's device (new_empty is the cheap way)."""
     if isinstance(source, torch.Tensor):
         return source
     return empty.new_empty(0).set_(source)
+
+
+class _Held:
+    """The engine's lock, held (``with engine._locked():``): it counts the depth of
+    engine calls and frees the groups finalisers queued (NOTE [Free from finalisers]).
+    One object per engine; a plain class, as this runs twice per group."""
+
+    __slots__ = ("engine",)
+
+    def __init__(self, engine: OffloadEngine) -> None:
+        self.engine = engine
+
+    def __enter__(self) -> None:
+        engine = self.engine
+        engine._lock.acquire()
+        engine._busy += 1
+        if engine._busy == 1 and engine._pending_frees and not engine._closed:
+            try:
+                while engine._pending_frees:
+                    engine._free_now(engine._pending_frees.popleft())
+            except BaseException:
+                self.__exit__(None, None, None)
+                raise
+
+    def __exit__(self, *exc: object) -> None:
+        engine = self.engine
+        engine._busy -= 1
+        engine._lock.release()
 
 
 class OffloadEngine:
@@ -222,6 +262,7 @@ class OffloadEngine:
             pressure_bytes=host_pressure_bytes,
         )
         self._lock = threading.RLock()
+        self._held = _Held(self)
         self._closed = False
         self._streams: dict[tuple[torch.device, str], Stream] = {}
         self._empties: dict[torch.device, torch.Tensor] = {}
@@ -288,7 +329,7 @@ class OffloadEngine:
             self._enter()
             payload = group.payload_bytes
             self._open_bytes -= payload
-            offsets, total = slot_offsets(group.sizes)
+            total = group.nbytes
             self._open_reserved -= total
             if not group.sizes:
                 group.state = GroupState.FREED
@@ -305,7 +346,7 @@ class OffloadEngine:
                 empty = self._empties[device] = torch.empty(0, dtype=torch.uint8, device=device)
             sources = [_flat(s, empty) for s in group.sources]
             group.sources = []
-            dsts = [block.view[o : o + n] for o, n in zip(offsets, group.sizes)]
+            dsts = _slot_views(block, group)
             # NOTE [Stream ordering]: live lookup, before any side-stream context.
             compute = backend.current_stream(device)
             d2h = self._side_stream(device, "d2h")
@@ -317,8 +358,6 @@ class OffloadEngine:
             landed = backend.record_event(d2h, timing=timed)
             if start is not None:
                 self._timings.append(("d2h", start, landed, payload))
-            group.offsets = offsets
-            group.nbytes = total
             group._block = block
             group._d2h_done = landed
             group.state = GroupState.OFFLOADED
@@ -338,7 +377,7 @@ class OffloadEngine:
         if group.state is GroupState.OPEN:
             payload = group.payload_bytes
             self._open_bytes -= payload
-            self._open_reserved -= slot_offsets(group.sizes)[1]
+            self._open_reserved -= group.nbytes
             group.sources = []
             group.state = GroupState.FREED
 
@@ -531,17 +570,8 @@ class OffloadEngine:
 
     # ---------------------------------------------------------------- internals
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self._lock:
-            self._busy += 1
-            try:
-                if self._busy == 1 and not self._closed:
-                    while self._pending_frees:  # NOTE [Free from finalisers]
-                        self._free_now(self._pending_frees.popleft())
-                yield
-            finally:
-                self._busy -= 1
+    def _locked(self) -> _Held:
+        return self._held
 
     def _release_device(self, group: Group) -> None:
         if group.state is GroupState.RELOADING:
@@ -663,7 +693,7 @@ class OffloadEngine:
             for group in deferred:
                 if query(group._d2h_done) and (group._h2d_done is None or query(group._h2d_done)):
                     assert group._block is not None
-                    self.pool.free(group._block)
+                    self.pool.release(group._block)  # NOTE [Idle blocks]
                     group._block = None
                     group._h2d_done = None
                 else:

@@ -7,6 +7,14 @@ larger), carves them with 512-byte alignment and no rounding beyond that, coales
 neighbours on free, and keeps the slabs across steps. Nothing is pinned until the first
 allocation.
 
+NOTE [Idle blocks]
+A training step offloads the same groups every step, so a block returned with
+:meth:`PinnedPool.release` stays carved, idle, for the next request of exactly its size:
+that request is a dictionary lookup, and the block keeps what its user attached to it
+(the engine's slot views, so a group's layout is sliced once, not every step). Idle bytes
+count as free, not in use. When a request finds no room, the idle blocks go back to the
+free ranges first, so they never cost the pool room it needs.
+
 The pool never reserves more than ``limit_bytes`` and refuses a new slab when the host is
 short of memory (``pressure_bytes`` of available memory must remain) or after pinning
 failed once (WSL caps pinned memory at 1-2 GB and reports it as a misleading CUDA OOM).
@@ -19,7 +27,7 @@ import bisect
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import psutil
 import torch
@@ -75,7 +83,7 @@ class PoolStats:
 class Block:
     """One carved range of a slab. ``view`` is the flat uint8 host tensor of ``nbytes``."""
 
-    __slots__ = ("freed", "generation", "nbytes", "offset", "size", "slab", "view")
+    __slots__ = ("freed", "generation", "nbytes", "offset", "size", "slab", "slots", "view")
 
     def __init__(
         self, slab: int, offset: int, size: int, nbytes: int, view: torch.Tensor, generation: int
@@ -87,6 +95,8 @@ class Block:
         self.nbytes = nbytes
         self.view = view
         self.freed = False
+        self.slots: Any = None
+        """What the block's user attached to it (kept while the block is idle)."""
 
     def __repr__(self) -> str:
         return f"Block(slab={self.slab}, offset={self.offset}, size={self.size})"
@@ -130,6 +140,8 @@ class PinnedPool:
         self._allocs = 0
         self._failures = 0
         self._pin_disabled = False
+        self._idle: dict[int, list[Block]] = {}  # nbytes -> released blocks (NOTE [Idle blocks])
+        self._idle_bytes = 0
         self._warned: set[str] = set()
         self._generation = 0  # bumped by close(): blocks from before are stale
         self.last_failure: FailureReason | None = None
@@ -141,11 +153,21 @@ class PinnedPool:
         """A block of at least ``nbytes``; ``None`` when the pool cannot serve it."""
         if nbytes <= 0:
             raise ValueError(f"nbytes={nbytes!r} is invalid; it must be > 0")
+        idle = self._idle.get(nbytes)
+        if idle:
+            block = idle.pop()
+            block.freed = False
+            self._idle_bytes -= block.size
+            self._use(block.size)
+            return block
         size = _align(nbytes)
         for index, slab in enumerate(self._slabs):
             block = self._carve(index, slab, size, nbytes)
             if block is not None:
                 return block
+        if self._idle_bytes:  # NOTE [Idle blocks]: give them back, then try again
+            self.flush_idle()
+            return self.alloc(nbytes)
         new = self._grow(size)
         if new is None:
             self._failures += 1
@@ -185,20 +207,48 @@ class PinnedPool:
                 del slab.free[i]
             else:
                 slab.free[i] = (offset + size, free - size)
-            self._in_use += size
-            self._high_water = max(self._high_water, self._in_use)
-            self._allocs += 1
+            self._use(size)
             view = slab.tensor[offset : offset + nbytes]
             return Block(index, offset, size, nbytes, view, self._generation)
         return None
 
+    def _use(self, size: int) -> None:
+        self._in_use += size
+        if self._in_use > self._high_water:
+            self._high_water = self._in_use
+        self._allocs += 1
+
     def free(self, block: Block) -> None:
         """Return ``block``; neighbouring free ranges merge into one."""
+        self._check_owned(block)
+        block.freed = True
+        self._in_use -= block.size
+        self._merge(block)
+
+    def release(self, block: Block) -> None:
+        """Return ``block`` to be handed out again, carved as it is, to the next request
+        of exactly its ``nbytes`` (NOTE [Idle blocks])."""
+        self._check_owned(block)
+        block.freed = True
+        self._in_use -= block.size
+        self._idle.setdefault(block.nbytes, []).append(block)
+        self._idle_bytes += block.size
+
+    def flush_idle(self) -> None:
+        """Give every idle block back to the free ranges."""
+        idle, self._idle = self._idle, {}
+        self._idle_bytes = 0
+        for blocks in idle.values():
+            for block in blocks:
+                self._merge(block)
+
+    def _check_owned(self, block: Block) -> None:
         if block.freed:
             raise RuntimeError(f"offrecomp: {block!r} was freed twice")
         if block.generation != self._generation:
             raise RuntimeError(f"offrecomp: {block!r} does not belong to this pool (closed?)")
-        block.freed = True
+
+    def _merge(self, block: Block) -> None:
         free = self._slabs[block.slab].free
         offset, size = block.offset, block.size
         i = bisect.bisect_left(free, (offset, 0))
@@ -210,7 +260,6 @@ class PinnedPool:
             i -= 1
             del free[i]
         free.insert(i, (offset, size))
-        self._in_use -= block.size
 
     # ------------------------------------------------------------------ growing
 
@@ -284,13 +333,21 @@ class PinnedPool:
     def reset_high_water(self) -> None:
         self._high_water = self._in_use
 
+    @property
+    def idle_bytes(self) -> int:
+        """Bytes of released blocks kept carved for reuse (NOTE [Idle blocks])."""
+        return self._idle_bytes
+
     def free_ranges(self) -> list[list[tuple[int, int]]]:
-        """Each slab's free ``(offset, size)`` ranges, for tests and debugging."""
+        """Each slab's free ``(offset, size)`` ranges (idle blocks are not in them), for
+        tests and debugging."""
         return [list(slab.free) for slab in self._slabs]
 
     def close(self) -> None:
         """Drop every slab. Blocks still out become invalid; the pool can grow again."""
         self._slabs.clear()
+        self._idle = {}
+        self._idle_bytes = 0
         self._generation += 1
         self._reserved = 0
         self._in_use = 0

@@ -78,7 +78,7 @@ class Group:
         self.device = device
         self.sources: list[Any] = []  # untyped storages (or flat uint8 tensors) until issue()
         self.sizes: list[int] = []
-        self.offsets: list[int] = []
+        self.offsets: list[int] = []  # slot_offsets(sizes), kept as storages are added
         self.nbytes = 0  # the block's size: aligned slots
         self.state = GroupState.OPEN
         self.seq = -1  # issue order within the step
@@ -97,6 +97,9 @@ class Group:
         ``nbytes``; returns its slot. The group holds it until its copy landed."""
         self.sources.append(source)
         self.sizes.append(nbytes)
+        end = self.nbytes
+        self.offsets.append(end)
+        self.nbytes = end + (nbytes + ALIGN_BYTES - 1) // ALIGN_BYTES * ALIGN_BYTES
         return len(self.sizes) - 1
 
     @property

@@ -176,3 +176,46 @@ def test_host_wait_is_measurable(emu: EmulatedBackend) -> None:
     waited = time.perf_counter() - t0
     assert emu.elapsed_seconds(before, after) == pytest.approx(waited, abs=0.02)
     assert waited >= 0.08
+
+
+def test_worker_starts_a_job_after_its_delay_and_a_waiter_runs_it_first() -> None:
+    # NOTE [Emulated waits]: the worker leaves a job alone for start_delay_s; a host wait
+    # runs it at once, in order.
+    emu = EmulatedBackend(start_delay_s=0.5)
+    side = emu.new_stream(torch.device("cpu"))
+    src, dst = torch.arange(8.0), torch.full((8,), float("nan"))
+    try:
+        emu.copy_many([dst], [src], side)
+        landed = emu.record_event(side)
+        time.sleep(0.1)
+        assert not emu.query(landed) and dst.isnan().all()  # the worker has not started it
+        start = time.perf_counter()
+        emu.wait_event(emu.current_stream(torch.device("cpu")), landed)
+        assert time.perf_counter() - start < 0.4 and torch.equal(dst, src)
+
+        emu.start_delay_s = 0.0
+        src = src + 1  # held: a queued copy holds its source weakly
+        emu.copy_many([dst], [src], side)
+        landed = emu.record_event(side)
+        deadline = time.monotonic() + 10
+        while not emu.query(landed) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert emu.query(landed) and torch.equal(dst, src)  # the worker ran it unasked
+    finally:
+        emu.close()
+
+
+def test_a_wait_on_a_fired_event_queues_nothing() -> None:
+    emu = EmulatedBackend()
+    side = emu.new_stream(torch.device("cpu"))
+    try:
+        fired = emu.record_event(emu.current_stream(torch.device("cpu")))
+        assert emu.query(fired)
+        emu.wait_event(side, fired)
+        assert not side.jobs
+        pending = emu.record_event(side)
+        assert len(side.jobs) == 1
+        emu.synchronize()
+        assert emu.query(pending) and not side.jobs
+    finally:
+        emu.close()

@@ -300,3 +300,41 @@ def test_engine_prepare_widens_the_window() -> None:
             engine.prepare([], window_bytes=-1)
     finally:
         engine.close()
+
+
+def test_released_block_is_handed_back_to_its_size() -> None:
+    # NOTE [Idle blocks]: a released block stays carved for the next request of its size,
+    # with what its user attached; it counts as free, not in use.
+    pool = make_pool(limit=1 * MiB, slab=1 * MiB)
+    a = pool.alloc(10 * KiB)
+    assert a is not None
+    a.slots = "views"
+    pool.release(a)
+    assert pool.stats().in_use_bytes == 0 and pool.idle_bytes == 10 * KiB
+    assert pool.free_ranges() == [[(10 * KiB, 1014 * KiB)]]
+    with pytest.raises(RuntimeError, match="freed twice"):
+        pool.release(a)
+    other = pool.alloc(12 * KiB)  # another size carves fresh memory
+    again = pool.alloc(10 * KiB)
+    assert again is a and again.slots == "views" and not again.freed
+    assert other is not None and other.offset == 10 * KiB
+    assert pool.stats().in_use_bytes == 22 * KiB and pool.idle_bytes == 0
+
+
+def test_idle_blocks_give_way_to_a_request_that_needs_their_room() -> None:
+    pool = make_pool(limit=1 * MiB, slab=1 * MiB)
+    blocks = [pool.alloc(256 * KiB) for _ in range(4)]
+    for b in blocks:
+        assert b is not None
+        pool.release(b)
+    assert pool.idle_bytes == 1 * MiB and pool.free_ranges() == [[]]
+    big = pool.alloc(512 * KiB)  # no free range fits: the idle blocks go back first
+    assert big is not None and pool.stats().reserved_bytes == 1 * MiB
+    assert pool.idle_bytes == 0 and pool.stats().in_use_bytes == 512 * KiB
+    pool.free(big)
+    assert pool.free_ranges() == [[(0, 1 * MiB)]]
+    b = pool.alloc(256 * KiB)
+    assert b is not None
+    pool.release(b)
+    pool.close()
+    assert pool.idle_bytes == 0
