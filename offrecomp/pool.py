@@ -155,11 +155,11 @@ class PinnedPool:
             raise ValueError(f"nbytes={nbytes!r} is invalid; it must be > 0")
         idle = self._idle.get(nbytes)
         if idle:
-            block = idle.pop()
-            block.freed = False
-            self._idle_bytes -= block.size
-            self._use(block.size)
-            return block
+            reused = idle.pop()
+            reused.freed = False
+            self._idle_bytes -= reused.size
+            self._use(reused.size)
+            return reused
         size = _align(nbytes)
         for index, slab in enumerate(self._slabs):
             block = self._carve(index, slab, size, nbytes)
