@@ -197,7 +197,8 @@ class CudaBackend(Backend):
 _GARBAGE = 0xFF  # bytes of a fresh buffer: NaN for every float dtype
 _HOST_WAIT_TIMEOUT_S = 300.0
 START_DELAY_S = 0.005
-"""A side stream's worker starts a job this long after it was queued (NOTE [Emulated waits])."""  # a host wait this long means a stream can never reach the event
+"""A side stream's worker starts a job this long after it was queued (NOTE [Emulated waits])."""
+_IDLE_POLLS = 20  # a worker idle this many delays parks until a job is queued  # a host wait this long means a stream can never reach the event
 
 
 class _EmuEvent:
@@ -261,7 +262,9 @@ def _host_wait(event: _EmuEvent, run: Callable[[_EmuStream], bool] | None = None
 # host runs Python (a forward), each job would take the interpreter lock from the host at
 # its next torch call and hand it back later, a cost of the emulation that no GPU has
 # (it was a third of the host time per offloaded storage). So a worker starts a job only
-# START_DELAY_S after it was queued, and a thread that waits on a side stream's event
+# START_DELAY_S after it was queued (it looks for jobs every START_DELAY_S rather than
+# being woken by each, which also took the lock; it parks after 20 idle looks), and a
+# thread that waits on a side stream's event
 # runs the jobs queued ahead of it itself, one at a time, under the stream's execution
 # lock and in FIFO order, as the worker would. In a step shorter than the delay the host
 # runs the copies it waits for and the worker stays asleep; in a longer one the worker
@@ -281,6 +284,7 @@ class _EmuStream:
         self.running = threading.Lock()  # held while one of its jobs runs (NOTE [Emulated waits])
         self.landed = threading.Condition(threading.Lock())  # one of its events fired
         self.waiters = 0  # threads waiting on ``landed``
+        self.parked = False  # the worker waits for a job to be queued (NOTE [Emulated waits])
         self.worker: threading.Thread | None = None
         if backend is not None:
             self.worker = threading.Thread(
@@ -331,8 +335,15 @@ class EmulatedBackend(Backend):
     def _drain(self, stream: _EmuStream) -> None:
         while True:
             with stream.ready:
+                polls = 0
                 while not stream.jobs:
-                    stream.ready.wait()
+                    if self.start_delay_s <= 0 or polls >= _IDLE_POLLS:
+                        stream.parked = True  # long idle: the next job wakes it
+                        stream.ready.wait()
+                        stream.parked = False
+                    else:
+                        stream.ready.wait(self.start_delay_s)
+                        polls += 1
                 due = stream.jobs[0][0]
             early = due - time.perf_counter()
             if early > 0:
@@ -374,7 +385,7 @@ class EmulatedBackend(Backend):
             raise RuntimeError(f"offrecomp: emulated stream {stream.label} was closed")
         with stream.ready:
             stream.jobs.append((time.perf_counter() + self.start_delay_s, job))
-            if len(stream.jobs) == 1:
+            if stream.parked:
                 stream.ready.notify()
 
     # -- interface
@@ -419,20 +430,18 @@ class EmulatedBackend(Backend):
             return
         delay = self.copy_delay_s
         refs = [weakref.ref(src) for src in srcs]
-        sizes = [src.numel() * src.element_size() for src in srcs]
 
         def copy() -> None:
             if delay > 0:
                 time.sleep(delay)
-            sources = []
-            for ref, nbytes in zip(refs, sizes):
-                source = ref()
+            sources = [ref() for ref in refs]
+            for source, dst in zip(sources, dsts):
                 if source is None:
                     raise RuntimeError(
-                        f"copy source ({nbytes} bytes) was freed before its copy ran: device "
-                        "memory would have been reused under an in-flight copy"
+                        f"copy source ({dst.numel() * dst.element_size()} bytes) was freed "
+                        "before its copy ran: device memory would have been reused under an "
+                        "in-flight copy"
                     )
-                sources.append(source)
             tc.foreach_copy_(dsts, sources)  # one call for the group
 
         self._enqueue(stream, copy)

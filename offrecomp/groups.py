@@ -91,7 +91,7 @@ class OffloadGroups:
     def admit(self, nbytes: int) -> bool:
         """Room in the pinned pool for a storage of ``nbytes``? On True the caller adds it
         to a group (``add``)."""
-        return self.get_engine().admit(nbytes)
+        return (self.engine or self.get_engine()).admit(nbytes)
 
     def end_step(self) -> OffloadStats | None:
         return self.engine.end_step() if self.engine is not None else None
@@ -105,7 +105,8 @@ class OffloadGroups:
 
     def add(self, call: RegionCall, rec: StorageRec, source: Any) -> None:
         """Add an admitted OFFLOAD storage to ``call``'s open group."""
-        engine = self.get_engine()
+        engine = self.engine
+        assert engine is not None  # it admitted the storage
         group = call.group
         p = call.pass_state
         if group is None:
@@ -114,8 +115,11 @@ class OffloadGroups:
             self.live_groups += 1
         rec.group = group
         rec.slot = group.add(source, rec.nbytes)
-        if p is not None:
-            p.stats.sample(engine.device_bytes)  # a copy not landed yet is device bytes too
+        if p is not None:  # a copy not landed yet is device bytes too
+            stats = p.stats
+            held = stats.resident_bytes + engine.device_bytes
+            if held > stats.peak_resident_bytes:
+                stats.peak_resident_bytes = held
 
     def issue(self, call: RegionCall) -> None:
         """Copy ``call``'s open group to host (its exit, or the end of a root run); a group

@@ -256,7 +256,9 @@ class Placer:
             rec.aliased = True
         if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
             rec.save_mark = self._life.mark()
-        if placement is KEEP and fallback is None:
+        if fallback is not None:
+            self._account(p, call, rec, storage, fallback)
+        elif placement is KEEP:
             # PassStats.keep, inlined: one call less on the hottest path
             stats = p.stats
             rec.resident = True
@@ -264,8 +266,11 @@ class Placer:
             resident = stats.resident_bytes = stats.resident_bytes + nbytes
             if resident > stats.peak_resident_bytes:
                 stats.peak_resident_bytes = resident
+        elif placement is OFFLOAD:
+            self._groups.add(call, rec, storage)
+            p.stats.offloaded_bytes += nbytes
         else:
-            self._account(p, call, rec, storage, fallback)
+            p.stats.recomputed_bytes += nbytes
         return rec
 
     def _account(self, p: PassState, call: RegionCall, rec: StorageRec, source: Any, fallback: str | None) -> None:
@@ -475,8 +480,10 @@ class Placer:
     def _unpack_offloaded(self, h: SavedHandle, rec: StorageRec) -> torch.Tensor:
         group = rec.group
         assert group is not None
-        buf = self._groups.fetch(group, rec.call)
-        t = h.rebuild(buf.untyped_storage(), group.offsets[rec.slot])
+        self._groups.fetch(group, rec.call)
+        dtype = h.dtype
+        # a view of the reload buffer; autograd wraps what unpack returns in a new tensor
+        t = group.typed(dtype).as_strided(h.size, h.stride, h.offset + group.offsets[rec.slot] // dtype.itemsize)
         group.uses += 1
         if group.uses >= group.handles:
             # Every live save of the group has its tensor; autograd keeps them alive as

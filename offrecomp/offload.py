@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -177,14 +177,6 @@ def _slot_views(block: Block, group: Group) -> list[torch.Tensor]:
     views = [view[o : o + n] for o, n in zip(group.offsets, layout)]
     block.slots = (list(layout), views)
     return views
-
-
-def _flat(source: Any, empty: torch.Tensor) -> torch.Tensor:
-    """A flat uint8 tensor over a whole storage (a tensor given is taken as one);
-    ``empty``: a uint8 tensor of the storage's device (new_empty is the cheap way)."""
-    if isinstance(source, torch.Tensor):
-        return source
-    return empty.new_empty(0).set_(source)
 
 
 class _Held:
@@ -344,7 +336,8 @@ class OffloadEngine:
             empty = self._empties.get(device)
             if empty is None:
                 empty = self._empties[device] = torch.empty(0, dtype=torch.uint8, device=device)
-            sources = [_flat(s, empty) for s in group.sources]
+            new_empty = empty.new_empty  # a flat uint8 tensor over each whole storage
+            sources = [s if isinstance(s, torch.Tensor) else new_empty(0).set_(s) for s in group.sources]
             group.sources = []
             dsts = _slot_views(block, group)
             # NOTE [Stream ordering]: live lookup, before any side-stream context.
@@ -515,7 +508,7 @@ class OffloadEngine:
             finally:
                 self._pending_frees.clear()
                 for group in list(self._groups) + self._deferred:
-                    group._buffer = None
+                    group.set_buffer(None)
                     group._block = None
                     group.state = GroupState.FREED
                 self._groups.clear()
@@ -582,7 +575,7 @@ class OffloadEngine:
             if not group._waited:  # NOTE [Stream ordering]: edge 6
                 compute = self.backend.current_stream(group.device)
                 self._wait_edge("free_after_h2d", compute, group._h2d_done)
-            group._buffer = None  # NOTE [Reload buffer lifetime]
+            group.set_buffer(None)  # NOTE [Reload buffer lifetime]
             group.state = GroupState.OFFLOADED
         group.uses = 0
 
@@ -635,7 +628,7 @@ class OffloadEngine:
         done = backend.record_event(h2d, timing=timed)
         if start is not None:
             self._timings.append(("h2d", start, done, group.payload_bytes))
-        group._buffer = buffer
+        group.set_buffer(buffer)
         group._h2d_done = done  # NOTE [Host slot lifetime]: the latest reload
         group._waited = False
         group.uses = 0

@@ -146,14 +146,12 @@ class Placements:
             return _KEPT
         if pl is RECOMPUTE:
             return _DROPPED
-        return self._offload(call, nbytes, kind, t)
-
-    def _offload(self, call: RegionCall, nbytes: int, kind: str, t: torch.Tensor) -> Decision:
+        # OFFLOAD: can the storage move, and does the pool take it?
         groups = self._groups
         if not groups.offloadable(t):
             return _KEPT  # already in host memory (a CPU tensor of a GPU run)
-        if kind == "activation" and untracked_alias(t, nbytes):
-            return KEEP, "aliased_to_keep"
+        if kind == "activation" and t._base is None and t.numel() * t.element_size() < nbytes:
+            return KEEP, "aliased_to_keep"  # untracked_alias(t, nbytes), inlined
         if groups.admit(nbytes):
             return _OFFLOADED
         if kind == "activation" and self.droppable(call, symmetric=False):

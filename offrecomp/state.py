@@ -185,10 +185,17 @@ def view_on(
     """A tensor of ``dtype`` with the given geometry on ``storage`` (an UntypedStorage)
     whose byte ``byte_offset`` is the first byte of the storage the geometry was taken
     on (a multiple of the element size: a group's slots are aligned)."""
-    t = torch.empty(0, dtype=dtype, device=storage.device)
+    key = (dtype, storage.device)
+    empty = _EMPTIES.get(key)
+    if empty is None:
+        empty = _EMPTIES[key] = torch.empty(0, dtype=dtype, device=storage.device)
     if byte_offset:
-        offset += byte_offset // t.element_size()
-    return t.set_(storage, offset, size, stride)
+        offset += byte_offset // empty.element_size()
+    return empty.new_empty(0).set_(storage, offset, size, stride)
+
+
+#: An empty tensor per (dtype, device): ``new_empty`` on it is the cheapest new tensor.
+_EMPTIES: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
 
 @dataclass(eq=False)

@@ -59,6 +59,7 @@ class Group:
         "_d2h_done",
         "_h2d_done",
         "_step",
+        "_typed",
         "_waited",
         "device",
         "fetches",
@@ -90,6 +91,7 @@ class Group:
         self._d2h_done: Event = None
         self._h2d_done: Event = None
         self._buffer: torch.Tensor | None = None
+        self._typed: dict[torch.dtype, torch.Tensor] = {}  # views of _buffer, by dtype
         self._waited = False
 
     def add(self, source: Any, nbytes: int) -> int:
@@ -106,6 +108,21 @@ class Group:
     def ready(self) -> torch.Tensor | None:
         """The reloaded buffer, once compute has waited on it (the fetch fast path)."""
         return self._buffer if self.state is GroupState.FETCHED else None
+
+    def typed(self, dtype: torch.dtype) -> torch.Tensor:
+        """The fetched buffer viewed as ``dtype`` (made once per reload and dtype): a
+        saved tensor is one ``as_strided`` of it."""
+        view = self._typed.get(dtype)
+        if view is None:
+            buffer = self.ready
+            if buffer is None:
+                raise RuntimeError(f"offrecomp: {self!r} is not fetched")
+            view = self._typed[dtype] = buffer.view(dtype)
+        return view
+
+    def set_buffer(self, buffer: torch.Tensor | None) -> None:
+        self._buffer = buffer
+        self._typed = {}
 
     @property
     def payload_bytes(self) -> int:
