@@ -442,7 +442,7 @@ class EmulatedBackend(Backend):
                         "before its copy ran: device memory would have been reused under an "
                         "in-flight copy"
                     )
-            tc.foreach_copy_(dsts, sources)  # one call for the group
+            tc.foreach_copy_(dsts, sources)  # type: ignore[arg-type]  # one call for the group
 
         self._enqueue(stream, copy)
 
