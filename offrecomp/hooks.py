@@ -333,9 +333,9 @@ class Placer:
         if call.released or not call.exited:
             return
         call.released = True
-        for rec in call.storages:
-            rec.released = True
-            rec.tensor = None
+        for rec in call.storages:  # no later save finds them: by_ptr is cleared below
+            if rec.tensor is not None:
+                rec.tensor = None
         groups, call.groups = call.groups, []
         call.group = None
         for group in groups:
