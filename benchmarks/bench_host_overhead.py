@@ -1,6 +1,7 @@
 """Host overhead: what offrecomp's Python adds per saved tensor and per op.
 
     python benchmarks/bench_host_overhead.py [--ops 200] [--rounds 7] [--device cpu|cuda]
+        [--clock wall|thread]
 
 A GPU step whose kernels are short waits on the host, so the host time a runtime adds
 per saved tensor and per op matters on its own. This benchmark measures it against the
@@ -22,7 +23,8 @@ with the variants interleaved (one timing of each per round) and medians over ro
 
 Each figure is the time over plain divided by the number of saves or ops: the median over
 rounds, and beside it the figure of the fastest rounds (on a shared machine the least
-disturbed one, the steadier figure to compare runs by).
+disturbed one, the steadier figure to compare runs by). ``--clock thread`` reads the main
+thread's CPU time instead of wall time: the host's own work, blind to other processes.
 """
 
 from __future__ import annotations
@@ -85,15 +87,20 @@ class _Bare(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _seconds(fn: Callable[[], Any], device: torch.device) -> float:
-    """Wall time of ``fn`` from an idle device to an idle device."""
+#: The clocks a figure can be read on: wall time, or the calling thread's CPU time (what
+#: the host spends, blind to other processes on a shared machine and to device waits).
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "thread": time.thread_time}
+
+
+def _seconds(fn: Callable[[], Any], device: torch.device, clock: Callable[[], float]) -> float:
+    """Time of ``fn`` on ``clock``, from an idle device to an idle device."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
+    t0 = clock()
     fn()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,10 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--reps", type=int, default=20, help="timings per variant per round (median)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--clock", default="wall", help="wall (default) or thread: the main thread's CPU time")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
     if args.ops < 2 or args.rounds < 1 or args.reps < 1:
         ap.error(f"--ops {args.ops}, --rounds {args.rounds}, --reps {args.reps}: need ops >= 2 and rounds, reps >= 1")
+    if args.clock not in CLOCKS:
+        ap.error(f"--clock {args.clock!r} is invalid; accepted: {', '.join(CLOCKS)}")
+    clock = CLOCKS[args.clock]
     device = torch.device(args.device)
     n = args.ops
     torch.manual_seed(0)
@@ -191,10 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     samples: dict[str, list[float]] = {k: [] for k in [*per_step, *loops]}
     for r in range(args.rounds):
         for name, fn in per_step.items():
-            samples[name].append(statistics.median(_seconds(fn, device) for _ in range(args.reps)))
+            samples[name].append(statistics.median(_seconds(fn, device, clock) for _ in range(args.reps)))
         # the runtime entered once around the round's steps, as around a loop
         for name, fn in loops.items():
-            samples[name].append(_seconds(fn, device) / args.reps)
+            samples[name].append(_seconds(fn, device, clock) / args.reps)
         print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
     med = {k: statistics.median(v) for k, v in samples.items()}
     low = {k: min(v) for k, v in samples.items()}  # the round least disturbed by other work
@@ -212,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [(kind, name, (med[v] - med[b]) / k * us, (low[v] - low[b]) / k * us) for kind, name, v, b, k in spec]
     print(
         f"{saves[0]} saves and {n} ops per step, device {device}, torch {torch.__version__}, "
-        f"{args.rounds} interleaved rounds of {args.reps} timings"
+        f"{args.rounds} interleaved rounds of {args.reps} timings, {args.clock} clock"
     )
     print(f"plain: {med['plain step'] * 1e3:.3f} ms per step, {med['ops plain'] / n * us:.2f} us per op")
     print(f"{'':18s}{'variant':42s}{'us over plain':>14s}{'(fastest round)':>17s}")
@@ -227,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                     "saves": saves[0],
                     "ops": n,
                     "rounds": args.rounds,
+                    "clock": args.clock,
                     "median_seconds": med,
                     "min_seconds": low,
                     "us_over_plain": {f"{k}: {name}": v for k, name, v, _ in rows},

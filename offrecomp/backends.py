@@ -259,19 +259,18 @@ def _host_wait(event: _EmuEvent, run: Callable[[_EmuStream], bool] | None = None
 
 # NOTE [Emulated waits]
 # A side stream is a worker thread, and a worker needs the GIL to run a job: while the
-# host runs Python (a forward), each job would take the interpreter lock from the host at
-# its next torch call and hand it back later, a cost of the emulation that no GPU has
-# (it was a third of the host time per offloaded storage). So a worker starts a job only
-# START_DELAY_S after it was queued (it looks for jobs every START_DELAY_S rather than
-# being woken by each, which also took the lock; it parks after 20 idle looks), and a
-# thread that waits on a side stream's event
-# runs the jobs queued ahead of it itself, one at a time, under the stream's execution
-# lock and in FIFO order, as the worker would. In a step shorter than the delay the host
-# runs the copies it waits for and the worker stays asleep; in a longer one the worker
-# runs what nobody waited on, concurrently with the host. Jobs still run exactly once
-# and in order, and never before their ordering edges, so a missing edge still shows up,
-# and more reliably: a copy nobody waited on has not run yet, and its destination still
-# holds 0xFF bytes.
+# host runs Python (a forward), each job takes the interpreter lock from the host at its
+# next torch call and hands it back later, a cost of the emulation that no GPU has (a
+# third of the host time per offloaded storage, measured). So a worker starts a job only
+# START_DELAY_S after it was queued, looking for jobs every START_DELAY_S rather than
+# being woken by each (it parks after _IDLE_POLLS empty looks, and the next job wakes
+# it). A thread that waits on a side stream's event runs the jobs queued ahead of it
+# itself, one at a time, under the stream's execution lock and in FIFO order, as the
+# worker would. In a step shorter than the delay the host runs the copies it waits for
+# and the worker stays asleep; in a longer one the worker runs what nobody waited on,
+# concurrently with the host. Jobs still run exactly once, in order, and never before
+# their ordering edges, so a missing edge still shows up, and more reliably: a copy
+# nobody waited on has not run yet, and its destination still holds 0xFF bytes.
 
 
 class _EmuStream:
