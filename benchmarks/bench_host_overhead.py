@@ -13,7 +13,7 @@ with the variants interleaved (one timing of each per round) and medians over ro
   (the floor), and under offrecomp with every save kept (``mode="keep"``: pack, handle,
   unpack, release), also with a dozen buffers in each region (NOTE [Buffer saves] in
   offrecomp/regions.py);
-* per offloaded storage: the same ops in regions of ``REGION_SAVES`` saves each, every
+* per offloaded storage: the same ops in regions of ``--region-saves`` saves each, every
   save offloaded (``mode="offload"``; on a CPU the emulated backend: real worker threads
   and copies, a group per region call, NOTE [Offload groups] in offrecomp/groups.py);
 * per op: the same ops under a bare ``TorchDispatchMode`` (the floor), the replay's
@@ -48,7 +48,8 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
 import offrecomp
 from offrecomp.trace import RUN, OpRecorder, ServingMode, build_structure
 
-#: Saves per region call in the offload variant (the amortisation the target names).
+#: Saves per region call in the offload variant by default (the amortisation the target
+#: names); a run at 4 and one at 64 split the figure into per-storage and per-group costs.
 REGION_SAVES = 16
 
 
@@ -109,11 +110,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--reps", type=int, default=20, help="timings per variant per round (median)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--region-saves", type=int, default=REGION_SAVES,
+                    help=f"saves per region in the offload variant (default {REGION_SAVES})")
     ap.add_argument("--clock", default="wall", help="wall (default) or thread: the main thread's CPU time")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
-    if args.ops < 2 or args.rounds < 1 or args.reps < 1:
-        ap.error(f"--ops {args.ops}, --rounds {args.rounds}, --reps {args.reps}: need ops >= 2 and rounds, reps >= 1")
+    if args.ops < 2 or args.rounds < 1 or args.reps < 1 or args.region_saves < 1:
+        ap.error(
+            f"--ops {args.ops}, --rounds {args.rounds}, --reps {args.reps}, --region-saves "
+            f"{args.region_saves}: need ops >= 2 and rounds, reps, region saves >= 1"
+        )
     if args.clock not in CLOCKS:
         ap.error(f"--clock {args.clock!r} is invalid; accepted: {', '.join(CLOCKS)}")
     clock = CLOCKS[args.clock]
@@ -143,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
     keep = keep_loop(model)
     keep_buffered = keep_loop(_Model(n, buffers=12).to(device))
-    grouped = _Model(n, blocks=max(1, n // REGION_SAVES)).to(device)
+    grouped = _Model(n, blocks=max(1, n // args.region_saves)).to(device)
     offload = keep_loop(grouped, mode="offload")
 
     def grouped_plain() -> None:
@@ -210,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     med = {k: statistics.median(v) for k, v in samples.items()}
     low = {k: min(v) for k, v in samples.items()}  # the round least disturbed by other work
     us = 1e6
-    small = f"offrecomp offload, {REGION_SAVES} saves per region"
+    small = f"offrecomp offload, {args.region_saves} saves per region"
     spec = [  # (kind, row, variant, its baseline, count)
         ("per saved tensor", "identity hook pair (floor)", "identity hooks", "plain step", saves[0]),
         ("per saved tensor", "offrecomp keep", "offrecomp keep", "plain step", saves[0]),
@@ -239,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                     "ops": n,
                     "rounds": args.rounds,
                     "clock": args.clock,
+                    "region_saves": args.region_saves,
                     "median_seconds": med,
                     "min_seconds": low,
                     "us_over_plain": {f"{k}: {name}": v for k, name, v, _ in rows},

@@ -29,3 +29,5 @@ def test_host_overhead_benchmark_rejects_bad_arguments() -> None:
         bench_host_overhead.main(["--ops", "1"])
     with pytest.raises(SystemExit):
         bench_host_overhead.main(["--clock", "gpu"])
+    with pytest.raises(SystemExit):
+        bench_host_overhead.main(["--region-saves", "0"])
