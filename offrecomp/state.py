@@ -198,9 +198,14 @@ def view_on(
 _EMPTIES: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
 
-@dataclass(eq=False)
-class RegionCall:
-    """One call of a region (or the root pseudo-call) within a pass."""
+class _WeakReferable:
+    __slots__ = ("__weakref__",)
+
+
+@dataclass(eq=False, slots=True)
+class RegionCall(_WeakReferable):
+    """One call of a region (or the root pseudo-call) within a pass. Slots: one is made
+    per region call, and the save path reads its fields at every save."""
 
     name: str
     call_index: int
@@ -290,7 +295,7 @@ class RegionCall:
         return (self.name, self.call_index)
 
 
-@dataclass
+@dataclass(slots=True)
 class PassStats:
     """Counters of one pass (summed into the step record)."""
 
@@ -360,8 +365,8 @@ class Stage(enum.Enum):
 #                                  AWAITING --next forward or optimizer step--> DONE
 
 
-@dataclass(eq=False)
-class PassState:
+@dataclass(eq=False, slots=True)
+class PassState(_WeakReferable):
     """One forward + backward."""
 
     index: int
