@@ -83,7 +83,7 @@ class _Plain:
     def __init__(self, t: torch.Tensor, call: RegionCall | None) -> None:
         self.version = t._version
         self.call = call
-        if t.grad_fn is None:
+        if t.is_leaf:  # no grad_fn (is_leaf reads it without making its Python object)
             self.t = t
             self.orig: weakref.ref[torch.Tensor] | None = None
         else:  # NOTE [Saved tensor handles] (state.py)
@@ -198,7 +198,7 @@ class Placer:
         if recorder is not None:
             call.saves[idx].storage = rec.index
         if placement is KEEP:
-            if t.grad_fn is None:
+            if t.is_leaf:  # no grad_fn, read without making its Python object
                 return (rec, idx, t, t._version, None)
             return (rec, idx, t.detach(), t._version, weakref.ref(t))  # NOTE [Saved tensor handles]
         h = SavedHandle(rec, idx, t, call.lease(self.release_call))
@@ -367,7 +367,7 @@ class Placer:
                 raise _modified_error(_where(call), idx, version, t._version)
             if ref is not None:
                 o = ref()
-                if o is not None and o.grad_fn is None:
+                if o is not None and o.is_leaf:
                     raise _detached_error(_where(call), idx)
             return t
         if type(h) is _Plain:
@@ -381,7 +381,7 @@ class Placer:
                 raise _modified_error(h.where, None, h.version, h.t._version, h.t)
             if h.orig is not None:
                 o = h.orig()
-                if o is not None and o.grad_fn is None:
+                if o is not None and o.is_leaf:
                     raise _detached_error(h.where, None)
             return h.t
         assert isinstance(h, SavedHandle)
@@ -391,7 +391,7 @@ class Placer:
         if orig is not None:
             if int(orig._version) != h.version:
                 raise _modified_error(_where(call), h.pack_index, h.version, int(orig._version))
-            if h.grad_fn and orig.grad_fn is None:
+            if h.grad_fn and orig.is_leaf:
                 raise _detached_error(_where(call), h.pack_index)
         p = call.pass_state
         inner = (
@@ -500,11 +500,11 @@ class Placer:
                 raise RuntimeError(
                     f"offrecomp: replay of {_where(call)} did not regenerate save #{h.pack_index}"
                 )
-        if tuple(t.shape) != h.size or t.dtype != h.dtype:
+        if t.shape != h.size or t.dtype != h.dtype:
             raise RuntimeError(
                 f"offrecomp: replay of {_where(call)} regenerated save #{h.pack_index} with "
                 f"shape {tuple(t.shape)} and dtype {t.dtype}, but the forward saved shape "
-                f"{h.size} and dtype {h.dtype}; the region's forward is not a deterministic "
+                f"{tuple(h.size)} and dtype {h.dtype}; the region's forward is not a deterministic "
                 "function of its inputs. Hint: keep this region (mode='keep' or regions=)."
             )
         if self._config.verify:

@@ -167,8 +167,8 @@ class SavedHandle:
         self.lease = lease
         self.version = t._version
         self.weak: weakref.ref[torch.Tensor] = weakref.ref(t)  # the original may outlive us
-        self.grad_fn = t.grad_fn is not None  # to see a detach_() after the save
-        self.size = tuple(t.shape)
+        self.grad_fn = not t.is_leaf  # to see a detach_() after the save
+        self.size = t.shape
         self.stride = t.stride()
         self.offset = t.storage_offset()
         self.dtype = t.dtype
