@@ -336,8 +336,8 @@ class OffloadEngine:
             empty = self._empties.get(device)
             if empty is None:
                 empty = self._empties[device] = torch.empty(0, dtype=torch.uint8, device=device)
-            new_empty = empty.new_empty  # a flat uint8 tensor over each whole storage
-            sources = [s if isinstance(s, torch.Tensor) else new_empty(0).set_(s) for s in group.sources]
+            new = empty.new  # a flat uint8 tensor over each whole storage (new() is the cheapest)
+            sources = [s if isinstance(s, torch.Tensor) else new().set_(s) for s in group.sources]
             group.sources = []
             dsts = _slot_views(block, group)
             # NOTE [Stream ordering]: live lookup, before any side-stream context.

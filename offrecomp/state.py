@@ -56,23 +56,23 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
     slots, the rest class defaults that an instance overrides when it needs to.
     """
 
-    __slots__ = ("__dict__", "call", "index", "nbytes", "placement", "ptr", "resident")
+    __slots__ = ("__dict__", "call", "group", "index", "nbytes", "placement", "ptr", "resident", "slot")
     placement: Placement  # None for a "plain" record (never placed), kept out of ``storages``
     call: RegionCall
     index: int
     nbytes: int
     ptr: int
     resident: bool
+    group: Group | None  # OFFLOAD: the group it travels in, at ``slot``
+    slot: int
 
     # defaults, overridden per instance where they apply
     aliased = False  # NOTE [Untracked aliases]: never offloaded
     device: torch.device | None = None
-    group: Group | None = None  # OFFLOAD: the group it travels in, at ``slot``
     kind = "activation"  # "activation", "input" (a region input) or "plain" (never placed)
     released = False
     save_mark: Any = None  # clock mark of the first save (root storages)
     sid: int | None = None  # storage id in the op recording (measuring pass only)
-    slot = -1
     tensor: torch.Tensor | None = None  # held strongly: a region input, or a fallback to KEEP
 
     def __new__(
@@ -85,6 +85,8 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
         self.ptr = ptr
         self.placement = placement  # type: ignore[assignment]
         self.resident = False  # counted in the pass's resident bytes (NOTE [Resident bytes])
+        self.group = None
+        self.slot = -1
         return self
 
     # Everything is set in __new__ (one Python call per record on the save path);
