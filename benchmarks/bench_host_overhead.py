@@ -1,7 +1,7 @@
 """Host overhead: what offrecomp's Python adds per saved tensor and per op.
 
     python benchmarks/bench_host_overhead.py [--ops 200] [--rounds 7] [--device cpu|cuda]
-        [--clock wall|thread]
+        [--clock wall|thread] [--region-saves 16] [--gc-freeze]
 
 A GPU step whose kernels are short waits on the host, so the host time a runtime adds
 per saved tensor and per op matters on its own. This benchmark measures it against the
@@ -25,11 +25,16 @@ Each figure is the time over plain divided by the number of saves or ops: the me
 rounds, and beside it the figure of the fastest rounds (on a shared machine the least
 disturbed one, the steadier figure to compare runs by). ``--clock thread`` reads the main
 thread's CPU time instead of wall time: the host's own work, blind to other processes.
+The runtime keeps a few Python objects alive per saved tensor through the forward, so
+collections run where plain runs none, and a full one walks the whole heap (torch,
+numba: about 0.1 s here); ``--gc-freeze`` freezes the heap after the warm-up, as a
+training loop may.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -112,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--region-saves", type=int, default=REGION_SAVES,
                     help=f"saves per region in the offload variant (default {REGION_SAVES})")
+    ap.add_argument("--gc-freeze", action="store_true",
+                    help="gc.freeze() after the warm-up, as a training loop may (docs/tuning.md)")
     ap.add_argument("--clock", default="wall", help="wall (default) or thread: the main thread's CPU time")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
@@ -204,15 +211,21 @@ def main(argv: list[str] | None = None) -> int:
     keep()
     keep_buffered()
     offload()
+    if args.gc_freeze:
+        gc.freeze()  # full collections then walk only what the steps allocate
     loops = {"offrecomp keep": keep, "offrecomp keep, buffers": keep_buffered, "offrecomp offload": offload}
     samples: dict[str, list[float]] = {k: [] for k in [*per_step, *loops]}
-    for r in range(args.rounds):
-        for name, fn in per_step.items():
-            samples[name].append(statistics.median(_seconds(fn, device, clock) for _ in range(args.reps)))
-        # the runtime entered once around the round's steps, as around a loop
-        for name, fn in loops.items():
-            samples[name].append(_seconds(fn, device, clock) / args.reps)
-        print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
+    try:
+        for r in range(args.rounds):
+            for name, fn in per_step.items():
+                samples[name].append(statistics.median(_seconds(fn, device, clock) for _ in range(args.reps)))
+            # the runtime entered once around the round's steps, as around a loop
+            for name, fn in loops.items():
+                samples[name].append(_seconds(fn, device, clock) / args.reps)
+            print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
+    finally:
+        if args.gc_freeze:
+            gc.unfreeze()
     med = {k: statistics.median(v) for k, v in samples.items()}
     low = {k: min(v) for k, v in samples.items()}  # the round least disturbed by other work
     us = 1e6
@@ -230,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{saves[0]} saves and {n} ops per step, device {device}, torch {torch.__version__}, "
         f"{args.rounds} interleaved rounds of {args.reps} timings, {args.clock} clock"
+        + (", gc frozen" if args.gc_freeze else "")
     )
     print(f"plain: {med['plain step'] * 1e3:.3f} ms per step, {med['ops plain'] / n * us:.2f} us per op")
     print(f"{'':18s}{'variant':42s}{'us over plain':>14s}{'(fastest round)':>17s}")
@@ -246,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                     "rounds": args.rounds,
                     "clock": args.clock,
                     "region_saves": args.region_saves,
+                    "gc_freeze": args.gc_freeze,
                     "median_seconds": med,
                     "min_seconds": low,
                     "us_over_plain": {f"{k}: {name}": v for k, name, v, _ in rows},

@@ -13,7 +13,7 @@ from benchmarks import bench_host_overhead
 def test_host_overhead_benchmark_reports_every_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "host.json"
     assert bench_host_overhead.main(["--ops", "20", "--rounds", "1", "--reps", "2", "--clock", "thread",
-                                     "--out", str(out)]) == 0
+                                     "--gc-freeze", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     for row in ("identity hook pair (floor)", "offrecomp keep", "offrecomp keep, 12 buffers per region",
                 "offrecomp offload, 16 saves per region", "bare dispatch mode (floor)",
@@ -21,7 +21,7 @@ def test_host_overhead_benchmark_reports_every_row(tmp_path: Path, capsys: pytes
         assert row in text
     res = json.loads(out.read_text())
     assert res["ops"] == 20 and res["saves"] == 21  # 20 tanh outputs and the scaled input
-    assert len(res["us_over_plain"]) == 7 and res["clock"] == "thread"
+    assert len(res["us_over_plain"]) == 7 and res["clock"] == "thread" and res["gc_freeze"]
 
 
 def test_host_overhead_benchmark_rejects_bad_arguments() -> None:
