@@ -109,6 +109,21 @@ def _seconds(fn: Callable[[], Any], device: torch.device, clock: Callable[[], fl
     return clock() - t0
 
 
+class _GcTime:
+    """A ``gc.callbacks`` entry: the time collections take, by the variant running."""
+
+    def __init__(self) -> None:
+        self.variant = ""
+        self.seconds: dict[str, float] = {}
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds[self.variant] = self.seconds.get(self.variant, 0.0) + time.perf_counter() - self._start
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ops", type=int, default=200, help="ops (and saves) per step (default 200)")
@@ -215,17 +230,24 @@ def main(argv: list[str] | None = None) -> int:
         gc.freeze()  # full collections then walk only what the steps allocate
     loops = {"offrecomp keep": keep, "offrecomp keep, buffers": keep_buffered, "offrecomp offload": offload}
     samples: dict[str, list[float]] = {k: [] for k in [*per_step, *loops]}
+    collecting = _GcTime()
+    gc.callbacks.append(collecting)
     try:
         for r in range(args.rounds):
             for name, fn in per_step.items():
+                collecting.variant = name
                 samples[name].append(statistics.median(_seconds(fn, device, clock) for _ in range(args.reps)))
             # the runtime entered once around the round's steps, as around a loop
             for name, fn in loops.items():
+                collecting.variant = name
                 samples[name].append(_seconds(fn, device, clock) / args.reps)
             print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
     finally:
+        gc.callbacks.remove(collecting)
         if args.gc_freeze:
             gc.unfreeze()
+    steps = args.rounds * args.reps
+    gc_us = {k: collecting.seconds.get(k, 0.0) / steps * 1e6 for k in samples}
     med = {k: statistics.median(v) for k, v in samples.items()}
     low = {k: min(v) for k, v in samples.items()}  # the round least disturbed by other work
     us = 1e6
@@ -246,9 +268,11 @@ def main(argv: list[str] | None = None) -> int:
         + (", gc frozen" if args.gc_freeze else "")
     )
     print(f"plain: {med['plain step'] * 1e3:.3f} ms per step, {med['ops plain'] / n * us:.2f} us per op")
-    print(f"{'':18s}{'variant':42s}{'us over plain':>14s}{'(fastest round)':>17s}")
-    for kind, name, v, lo in rows:
-        print(f"{kind:18s}{name:42s}{v:14.2f}{lo:17.2f}")
+    print(f"{'':18s}{'variant':42s}{'us over plain':>14s}{'(fastest round)':>17s}{'gc us/step':>12s}")
+    for (kind, name, v, lo), (_, _, variant, _, _) in zip(rows, spec):
+        print(f"{kind:18s}{name:42s}{v:14.2f}{lo:17.2f}{gc_us[variant]:12.0f}")
+    print(f"gc us/step: time in Python's collections per step of the variant; plain steps: "
+          f"{gc_us['plain step']:.0f}")
     if args.out:
         Path(args.out).write_text(
             json.dumps(
@@ -265,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                     "min_seconds": low,
                     "us_over_plain": {f"{k}: {name}": v for k, name, v, _ in rows},
                     "us_over_plain_fastest_round": {f"{k}: {name}": lo for k, name, _, lo in rows},
+                    "gc_us_per_step": gc_us,
                 },
                 indent=2,
             )

@@ -22,6 +22,7 @@ def test_host_overhead_benchmark_reports_every_row(tmp_path: Path, capsys: pytes
     res = json.loads(out.read_text())
     assert res["ops"] == 20 and res["saves"] == 21  # 20 tanh outputs and the scaled input
     assert len(res["us_over_plain"]) == 7 and res["clock"] == "thread" and res["gc_freeze"]
+    assert set(res["gc_us_per_step"]) >= {"plain step", "offrecomp keep", "offrecomp offload"}
 
 
 def test_host_overhead_benchmark_rejects_bad_arguments() -> None:
