@@ -39,7 +39,7 @@ from offrecomp.diagnostics import kind, warn_once
 from offrecomp.placement import Placements, untracked_alias
 from offrecomp.regions import replay_arguments
 from offrecomp.replay import replay_call
-from offrecomp.state import PassState, RegionCall, SavedHandle, Stage, StorageRec, view_on
+from offrecomp.state import KeptRef, PassState, RegionCall, SavedHandle, Stage, StorageRec, view_on
 from offrecomp.trace import (
     PLACEHOLDER,
     RUN,
@@ -199,8 +199,13 @@ class Placer:
             call.saves[idx].storage = rec.index
         if placement is KEEP:
             if t.is_leaf:  # no grad_fn, read without making its Python object
-                return (rec, idx, t, t._version, None)
-            return (rec, idx, t.detach(), t._version, weakref.ref(t))  # NOTE [Saved tensor handles]
+                return (rec, idx, t, t._version)
+            kept = KeptRef(t)  # NOTE [Saved tensor handles]
+            kept.rec = rec
+            kept.index = idx
+            kept.alias = t.detach()
+            kept.version = t._version
+            return kept
         h = SavedHandle(rec, idx, t, call.lease(self.release_call))
         if placement is RECOMPUTE:
             call.dropped[idx] = weakref.ref(h)
@@ -353,20 +358,24 @@ class Placer:
     # ----------------------------------------------------------------- unpack
 
     def unpack(self, h: Any, aside: bool = False) -> torch.Tensor:
-        if type(h) is tuple:  # KEEP: (rec, pack index, tensor, version, weak original)
+        kind = type(h)
+        if kind is KeptRef or kind is tuple:  # KEEP
             if not aside:
                 n = self._unpacks = self._unpacks + 1
                 if not n % HOOK_SAMPLE:
                     return self._unpack_timed(h)
-            rec, idx, t, version, ref = h
+            if kind is KeptRef:
+                rec, idx, t, version = h.rec, h.index, h.alias, h.version
+            else:
+                rec, idx, t, version = h
             call = rec.call
             p = call.pass_state
             if p is not None and (p.stage is FORWARD or p.stage is AWAITING):
                 self._outside_backward(call, p, rec)
             if t._version != version:
                 raise _modified_error(_where(call), idx, version, t._version)
-            if ref is not None:
-                o = ref()
+            if kind is KeptRef:
+                o = h()
                 if o is not None and o.is_leaf:
                     raise _detached_error(_where(call), idx)
             return t
@@ -414,7 +423,7 @@ class Placer:
         """A kept save's unpack, timed (NOTE [Hook timing])."""
         start = time.perf_counter()
         t = self.unpack(h, True)
-        p = h[0].call.pass_state
+        p = (h.rec if type(h) is KeptRef else h[0]).call.pass_state
         if p is not None:
             p.stats.unpack_seconds += (time.perf_counter() - start) * HOOK_SAMPLE
         return t

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from offrecomp.transfer import Group
 
 __all__ = [
+    "KeptRef",
     "Lease",
     "PassState",
     "Stage",
@@ -121,15 +122,28 @@ def _storage_died(rec: StorageRec) -> None:
 # op's saved output, a tensor whose grad_fn is that node: a cycle through C++ that
 # Python's collector cannot see, so a graph dropped without backward would never be
 # freed. A KEEP handle holds a detached alias instead (same storage, same version counter,
-# no grad_fn) when the tensor has a grad_fn, and the original weakly, to see a detach_()
-# after the save; unpack hands the alias back and autograd attaches the gradient edge
-# itself. OFFLOAD and RECOMPUTE handles hold the geometry and the original weakly, and the
+# no grad_fn) when the tensor has a grad_fn, and is a weak reference to the original, to
+# see a detach_() after the save (KeptRef); unpack hands the alias back and autograd
+# attaches the gradient edge itself. OFFLOAD and RECOMPUTE handles hold the geometry and the original weakly, and the
 # region call's lease (NOTE [Call leases]).
 
 
-#: A KEEP handle is a plain tuple, the cheapest object to make and to take apart:
-#: (record, pack index, tensor or its detached alias, version at save, weak original or None).
+#: A KEEP handle of a tensor without a grad_fn is a plain tuple, the cheapest object to
+#: make and to take apart: (record, pack index, tensor, version at save).
 KeptHandle = tuple
+
+
+class KeptRef(weakref.ref):  # type: ignore[type-arg]
+    """The KEEP handle of a saved tensor that has a grad_fn: a weak reference to the
+    original (to see a detach_() after the save) that carries the record, the pack index,
+    the detached alias and the version at save. One object where a tuple and a weak
+    reference would be two: the collector walks every object a forward keeps alive."""
+
+    __slots__ = ("alias", "index", "rec", "version")
+    alias: torch.Tensor
+    index: int
+    rec: StorageRec
+    version: int
 
 
 # NOTE [Call leases]
