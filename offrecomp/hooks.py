@@ -396,7 +396,7 @@ class Placer:
         assert isinstance(h, SavedHandle)
         rec = h.rec
         call = rec.call
-        orig = h.weak()
+        orig = h()
         if orig is not None:
             if int(orig._version) != h.version:
                 raise _modified_error(_where(call), h.pack_index, h.version, int(orig._version))
@@ -482,7 +482,7 @@ class Placer:
             )
             for idx, w in list(c.dropped.items()):
                 h = w()
-                orig = h.weak() if h is not None else None
+                orig = h() if h is not None else None
                 if orig is not None and idx not in c.replayed:
                     c.replayed[idx] = orig  # handed out as if replayed
 

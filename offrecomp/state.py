@@ -171,23 +171,38 @@ class Lease:
             pass
 
 
-class SavedHandle:
-    """A saved tensor placed OFFLOAD or RECOMPUTE: its geometry, not its data."""
+class SavedHandle(weakref.ref):  # type: ignore[type-arg]
+    """A saved tensor placed OFFLOAD or RECOMPUTE: its geometry, not its data. It is a weak
+    reference to the original (which may outlive the handle): ``h()`` is the original or
+    None; one object where a handle and a weak reference would be two."""
 
     __slots__ = ("__weakref__", "dtype", "grad_fn", "lease", "offset", "pack_index", "rec",
-                 "size", "stride", "version", "weak")
+                 "size", "stride", "version")
+    dtype: torch.dtype
+    grad_fn: bool
+    lease: Lease
+    offset: int | torch.SymInt
+    pack_index: int
+    rec: StorageRec
+    size: torch.Size
+    stride: tuple[int, ...]
+    version: int
 
-    def __init__(self, rec: StorageRec, pack_index: int, t: torch.Tensor, lease: Lease) -> None:
+    def __new__(cls, rec: StorageRec, pack_index: int, t: torch.Tensor, lease: Lease) -> SavedHandle:
+        self = weakref.ref.__new__(cls, t)
         self.rec = rec
         self.pack_index = pack_index
         self.lease = lease
         self.version = t._version
-        self.weak: weakref.ref[torch.Tensor] = weakref.ref(t)  # the original may outlive us
         self.grad_fn = not t.is_leaf  # to see a detach_() after the save
         self.size = t.shape
         self.stride = t.stride()
         self.offset = t.storage_offset()
         self.dtype = t.dtype
+        return self
+
+    # Everything is set in __new__; weakref.ref's own __init__ would reject the arguments.
+    __init__ = object.__init__  # type: ignore[assignment]
 
     def rebuild(self, storage: Any, byte_offset: int = 0) -> torch.Tensor:
         """This saved view on ``storage`` (an UntypedStorage), whose byte ``byte_offset``
