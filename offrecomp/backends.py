@@ -195,10 +195,10 @@ class CudaBackend(Backend):
 # ----------------------------------------------------------------------- emulated
 
 _GARBAGE = 0xFF  # bytes of a fresh buffer: NaN for every float dtype
-_HOST_WAIT_TIMEOUT_S = 300.0
+_HOST_WAIT_TIMEOUT_S = 300.0  # a host wait this long means a stream can never reach the event
 START_DELAY_S = 0.005
 """A side stream's worker starts a job this long after it was queued (NOTE [Emulated waits])."""
-_IDLE_POLLS = 20  # a worker idle this many delays parks until a job is queued  # a host wait this long means a stream can never reach the event
+_IDLE_POLLS = 20  # a worker idle this many delays parks until a job is queued
 
 
 class _EmuEvent:
@@ -252,9 +252,9 @@ def _host_wait(event: _EmuEvent, run: Callable[[_EmuStream], bool] | None = None
 # NOTE [Emulated events]
 # An event is a flag and a time stamp; its stream holds one condition for every thread
 # that waits on any of its events. A CUDA event costs the host about a microsecond, so
-# the emulation must not cost much more (a lock and a condition per event did, several
-# times the engine's own work per group). A wait on an event that already fired enqueues
-# nothing: the stream would run past it at once.
+# the emulation must not cost much more (a lock and a condition per event would cost
+# several times the engine's own work per group). A wait on an event that already fired
+# enqueues nothing: the stream would run past it at once.
 
 
 # NOTE [Emulated waits]
