@@ -77,9 +77,11 @@ timeout 75 "$PY" benchmarks/bench_dynamic_shapes.py --device cuda --layers 16 --
   | tee -a "$OUT/suite.log"
 pack
 
-log "6. host overhead per saved tensor and per op"
+log "6. host overhead per saved tensor and per op (wall clock, then the host thread's CPU time)"
 timeout 45 "$PY" benchmarks/bench_host_overhead.py --device cuda --out "$WORK/bench_host_overhead.json" \
   2>/dev/null | tee -a "$OUT/suite.log"
+timeout 45 "$PY" benchmarks/bench_host_overhead.py --device cuda --clock thread \
+  --out "$WORK/bench_host_overhead_thread.json" 2>/dev/null | tee -a "$OUT/suite.log"
 pack
 
 log "6b. one planned auto step that offloads at 4K tokens, profiled (CPU + CUDA activities)"
