@@ -284,6 +284,7 @@ class _EmuStream:
         self.landed = threading.Condition(threading.Lock())  # one of its events fired
         self.waiters = 0  # threads waiting on ``landed``
         self.parked = False  # the worker waits for a job to be queued (NOTE [Emulated waits])
+        self.closed = False  # its worker was told to stop
         self.worker: threading.Thread | None = None
         if backend is not None:
             self.worker = threading.Thread(
@@ -380,7 +381,7 @@ class EmulatedBackend(Backend):
             self._errors.append(message)
 
     def _enqueue(self, stream: _EmuStream, job: Callable[[], None] | None) -> None:
-        if stream.worker is not None and not stream.worker.is_alive():
+        if stream.closed:
             raise RuntimeError(f"offrecomp: emulated stream {stream.label} was closed")
         with stream.ready:
             stream.jobs.append((time.perf_counter() + self.start_delay_s, job))
@@ -473,6 +474,7 @@ class EmulatedBackend(Backend):
         workers, self._workers = self._workers, []
         for stream in workers:
             with stream.ready:
+                stream.closed = True
                 stream.jobs.append((0.0, None))
                 stream.ready.notify()
         for stream in workers:
