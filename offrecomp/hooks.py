@@ -489,10 +489,13 @@ class Placer:
     def _unpack_offloaded(self, h: SavedHandle, rec: StorageRec) -> torch.Tensor:
         group = rec.group
         assert group is not None
-        self._groups.fetch(group, rec.call)
         dtype = h.dtype
+        typed = group.typed_if_fetched(dtype)
+        if typed is None:
+            self._groups.fetch(group, rec.call)
+            typed = group.typed(dtype)
         # a view of the reload buffer; autograd wraps what unpack returns in a new tensor
-        t = group.typed(dtype).as_strided(h.size, h.stride, h.offset + group.offsets[rec.slot] // dtype.itemsize)
+        t = typed.as_strided(h.size, h.stride, h.offset + group.offsets[rec.slot] // dtype.itemsize)
         group.uses += 1
         if group.uses >= group.handles:
             # Every live save of the group has its tensor; autograd keeps them alive as

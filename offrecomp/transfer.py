@@ -120,6 +120,11 @@ class Group:
             view = self._typed[dtype] = buffer.view(dtype)
         return view
 
+    def typed_if_fetched(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """``typed(dtype)`` when compute already waited on the reload and a save of
+        ``dtype`` was handed out since; None otherwise (the unpack's fast path)."""
+        return self._typed.get(dtype)
+
     def set_buffer(self, buffer: torch.Tensor | None) -> None:
         self._buffer = buffer
         self._typed = {}
