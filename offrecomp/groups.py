@@ -115,11 +115,8 @@ class OffloadGroups:
             self.live_groups += 1
         rec.group = group
         rec.slot = group.add(source, rec.nbytes)
-        if p is not None:  # a copy not landed yet is device bytes too
-            stats = p.stats
-            held = stats.resident_bytes + engine.device_bytes
-            if held > stats.peak_resident_bytes:
-                stats.peak_resident_bytes = held
+        if p is not None:
+            p.stats.sample(engine.device_bytes)  # a copy not landed yet is device bytes too
 
     def issue(self, call: RegionCall) -> None:
         """Copy ``call``'s open group to host (its exit, or the end of a root run); a group

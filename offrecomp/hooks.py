@@ -261,9 +261,7 @@ class Placer:
             rec.aliased = True
         if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
             rec.save_mark = self._life.mark()
-        if fallback is not None:
-            self._account(p, call, rec, storage, fallback)
-        elif placement is KEEP:
+        if placement is KEEP and fallback is None:
             # PassStats.keep, inlined: one call less on the hottest path
             stats = p.stats
             rec.resident = True
@@ -271,11 +269,8 @@ class Placer:
             resident = stats.resident_bytes = stats.resident_bytes + nbytes
             if resident > stats.peak_resident_bytes:
                 stats.peak_resident_bytes = resident
-        elif placement is OFFLOAD:
-            self._groups.add(call, rec, storage)
-            p.stats.offloaded_bytes += nbytes
         else:
-            p.stats.recomputed_bytes += nbytes
+            self._account(p, call, rec, storage, fallback)
         return rec
 
     def _account(self, p: PassState, call: RegionCall, rec: StorageRec, source: Any, fallback: str | None) -> None:

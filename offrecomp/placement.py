@@ -150,8 +150,8 @@ class Placements:
         groups = self._groups
         if not groups.offloadable(t):
             return _KEPT  # already in host memory (a CPU tensor of a GPU run)
-        if kind == "activation" and t._base is None and t.numel() * t.element_size() < nbytes:
-            return KEEP, "aliased_to_keep"  # untracked_alias(t, nbytes), inlined
+        if kind == "activation" and untracked_alias(t, nbytes):
+            return KEEP, "aliased_to_keep"
         if groups.admit(nbytes):
             return _OFFLOADED
         if kind == "activation" and self.droppable(call, symmetric=False):

@@ -35,7 +35,7 @@ import torch
 from offrecomp.backends import Backend
 from offrecomp.config import local_world_size as config_local_world_size
 
-__all__ = ["ALIGN_BYTES", "Block", "PinnedPool", "PoolStats", "default_host_limit",
+__all__ = ["ALIGN_BYTES", "Block", "aligned", "PinnedPool", "PoolStats", "default_host_limit",
            "default_pressure_bytes"]
 
 logger = logging.getLogger(__name__)
@@ -47,7 +47,8 @@ HOST_SHARE = 0.5
 FailureReason = Literal["full", "pressure", "pin_failed"]
 
 
-def _align(nbytes: int) -> int:
+def aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to ``ALIGN_BYTES``: what a slot or block of it takes."""
     return (nbytes + ALIGN_BYTES - 1) // ALIGN_BYTES * ALIGN_BYTES
 
 
@@ -160,7 +161,7 @@ class PinnedPool:
             self._idle_bytes -= reused.size
             self._use(reused.size)
             return reused
-        size = _align(nbytes)
+        size = aligned(nbytes)
         for index, slab in enumerate(self._slabs):
             block = self._carve(index, slab, size, nbytes)
             if block is not None:

@@ -124,8 +124,9 @@ def _storage_died(rec: StorageRec) -> None:
 # freed. A KEEP handle holds a detached alias instead (same storage, same version counter,
 # no grad_fn) when the tensor has a grad_fn, and is a weak reference to the original, to
 # see a detach_() after the save (KeptRef); unpack hands the alias back and autograd
-# attaches the gradient edge itself. OFFLOAD and RECOMPUTE handles hold the geometry and the original weakly, and the
-# region call's lease (NOTE [Call leases]).
+# attaches the gradient edge itself. OFFLOAD and RECOMPUTE handles hold the geometry,
+# are weak references to the original, and hold the region call's lease (NOTE [Call
+# leases]).
 
 
 #: A KEEP handle of a tensor without a grad_fn is a plain tuple, the cheapest object to
@@ -216,17 +217,10 @@ def view_on(
     """A tensor of ``dtype`` with the given geometry on ``storage`` (an UntypedStorage)
     whose byte ``byte_offset`` is the first byte of the storage the geometry was taken
     on (a multiple of the element size: a group's slots are aligned)."""
-    key = (dtype, storage.device)
-    empty = _EMPTIES.get(key)
-    if empty is None:
-        empty = _EMPTIES[key] = torch.empty(0, dtype=dtype, device=storage.device)
+    t = torch.empty(0, dtype=dtype, device=storage.device)
     if byte_offset:
-        offset += byte_offset // empty.element_size()
-    return empty.new_empty(0).set_(storage, offset, size, stride)
-
-
-#: An empty tensor per (dtype, device): ``new_empty`` on it is the cheapest new tensor.
-_EMPTIES: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+        offset += byte_offset // t.element_size()
+    return t.set_(storage, offset, size, stride)
 
 
 class _WeakReferable:

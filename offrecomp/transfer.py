@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from offrecomp.backends import Event
-from offrecomp.pool import ALIGN_BYTES, Block
+from offrecomp.pool import Block, aligned
 
 __all__ = ["Group", "GroupState", "OffloadStats", "gbps", "slot_offsets"]
 
@@ -27,7 +27,7 @@ def slot_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
     end = 0
     for n in sizes:
         offsets.append(end)
-        end += (n + ALIGN_BYTES - 1) // ALIGN_BYTES * ALIGN_BYTES
+        end += aligned(n)
     return offsets, end
 
 
@@ -101,7 +101,7 @@ class Group:
         self.sizes.append(nbytes)
         end = self.nbytes
         self.offsets.append(end)
-        self.nbytes = end + (nbytes + ALIGN_BYTES - 1) // ALIGN_BYTES * ALIGN_BYTES
+        self.nbytes = end + aligned(nbytes)
         return len(self.sizes) - 1
 
     @property
