@@ -10,9 +10,12 @@ with the variants interleaved (one timing of each per round) and medians over ro
 
 * per saved tensor: a region of ``--ops`` elementwise ops on a 16-element tensor, each
   output saved for backward; forward + backward plainly, under an identity hook pair
-  (the floor), and under offrecomp with every save kept (``mode="keep"``: pack, handle,
-  unpack, release), also with a dozen buffers in each region (NOTE [Buffer saves] in
-  offrecomp/regions.py);
+  (the floor), and under offrecomp with every save kept (``mode="keep"``: after each
+  signature's first pass the regions save natively, NOTE [Native keep] in
+  offrecomp/native.py), also with a dozen buffers in each region (NOTE [Buffer saves]
+  in offrecomp/regions.py), and with the hooks kept on (``native_keep=False``: pack,
+  handle, unpack, release for every save, as a kept save of a region that also offloads
+  or drops pays);
 * per offloaded storage: the same ops in regions of ``--region-saves`` saves each, every
   save offloaded (``mode="offload"``; on a CPU the emulated backend: real worker threads
   and copies, a group per region call, NOTE [Offload groups] in offrecomp/groups.py);
@@ -158,9 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
             step()
 
-    def keep_loop(m: nn.Module, mode: str = "keep") -> Callable[[], None]:
+    def keep_loop(m: nn.Module, mode: str = "keep", **kw: Any) -> Callable[[], None]:
         """``--reps`` steps of ``m`` inside its runtime, entered once, as around a loop."""
-        rt = offrecomp.runtime(m, mode=mode, min_bytes=0)
+        rt = offrecomp.runtime(m, mode=mode, min_bytes=0, **kw)
 
         def run() -> None:
             with rt:
@@ -171,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
     keep = keep_loop(model)
     keep_buffered = keep_loop(_Model(n, buffers=12).to(device))
+    keep_hooked = keep_loop(model, native_keep=False)
     grouped = _Model(n, blocks=max(1, n // args.region_saves)).to(device)
     offload = keep_loop(grouped, mode="offload")
 
@@ -225,10 +229,16 @@ def main(argv: list[str] | None = None) -> int:
         fn()
     keep()
     keep_buffered()
+    keep_hooked()
     offload()
     if args.gc_freeze:
         gc.freeze()  # full collections then walk only what the steps allocate
-    loops = {"offrecomp keep": keep, "offrecomp keep, buffers": keep_buffered, "offrecomp offload": offload}
+    loops = {
+        "offrecomp keep": keep,
+        "offrecomp keep, buffers": keep_buffered,
+        "offrecomp keep, hooks on": keep_hooked,
+        "offrecomp offload": offload,
+    }
     samples: dict[str, list[float]] = {k: [] for k in [*per_step, *loops]}
     collecting = _GcTime()
     gc.callbacks.append(collecting)
@@ -256,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         ("per saved tensor", "identity hook pair (floor)", "identity hooks", "plain step", saves[0]),
         ("per saved tensor", "offrecomp keep", "offrecomp keep", "plain step", saves[0]),
         ("per saved tensor", "offrecomp keep, 12 buffers per region", "offrecomp keep, buffers", "plain step", saves[0]),
+        ("per saved tensor", "offrecomp keep, hooks on", "offrecomp keep, hooks on", "plain step", saves[0]),
         ("per saved tensor", small, "offrecomp offload", "plain step, small regions", saves[0]),
         ("per op", "bare dispatch mode (floor)", "bare dispatch mode", "ops plain", n),
         ("per op", "replay dispatch mode, every op run", "replay dispatch mode", "ops plain", n),

@@ -105,6 +105,18 @@ def top_saved_tensors_hooks() -> Any:
     return torch._C._autograd._top_saved_tensors_default_hooks(False)
 
 
+def pop_saved_tensors_hooks() -> None:
+    """Take the innermost hook pair off this thread's stack (NOTE [Native keep]: a call
+    that keeps everything saves natively; ``push_saved_tensors_hooks`` puts it back).
+    The context manager that pushed the pair pops whatever is on top at its exit."""
+    torch._C._autograd._pop_saved_tensors_default_hooks()
+
+
+def push_saved_tensors_hooks(pack: Callable[..., Any], unpack: Callable[..., Any]) -> None:
+    """Put a hook pair back on this thread's stack (NOTE [Native keep])."""
+    torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
+
+
 def saved_slot_hooked(saved: Any) -> bool:
     """Whether a node's saved-tensor slot (``grad_fn._raw_saved_*``) went through a
     saved-tensor hook pair, read without unpacking it. ``SavedTensor`` has no query, so
@@ -182,6 +194,7 @@ ALL_PRIVATE_APIS: tuple[str, ...] = (
     "OpOverload._schema (alias_info.is_write)",
     "torch.cuda._sleep",
     "torch._C._autograd._top_saved_tensors_default_hooks",
+    "torch._C._autograd._pop_saved_tensors_default_hooks / _push_saved_tensors_default_hooks",
     "grad_fn._raw_saved_* (SavedTensor.register_hooks refusing a hooked slot)",
     "torch.utils._pytree.tree_flatten / tree_unflatten / tree_leaves / TreeSpec",
     "torch._foreach_copy_",

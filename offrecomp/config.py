@@ -190,6 +190,9 @@ class Config:
     verify: bool = False
     """Check that replayed tensors equal the originals (debug; costs a checksum per save).
     ``OFFRECOMP_VERIFY``."""
+    native_keep: bool = True
+    """Region calls the forced ``keep`` mode keeps whole save through autograd's own
+    saved variables, the runtime's hooks off (NOTE [Native keep]). ``OFFRECOMP_NATIVE_KEEP``."""
     log_level: str | None = None
     """Level of the ``offrecomp`` logger (None: leave it alone). ``OFFRECOMP_LOG``."""
     max_overhead: float | None = None
@@ -317,6 +320,7 @@ _FIELD_PARSERS: dict[str, tuple[str, Callable[..., Any]]] = {
     "prefetch": ("OFFRECOMP_PREFETCH", _parse_prefetch),
     "report_path": ("OFFRECOMP_REPORT", _opt_path),
     "verify": ("OFFRECOMP_VERIFY", _parse_bool),
+    "native_keep": ("OFFRECOMP_NATIVE_KEEP", _parse_bool),
     "log_level": (
         "OFFRECOMP_LOG",
         lambda v, name: _parse_choice(v, name=name, choices=LOG_LEVELS, upper=True),

@@ -64,6 +64,7 @@ from offrecomp.diagnostics import (
     world_size,
 )
 from offrecomp.lifecycle import Lifecycle
+from offrecomp.native import NativeKeep
 from offrecomp.regions import Region, _is_compiled, compiled_module, count_buffer_assignment
 from offrecomp.replay import in_replay
 from offrecomp.state import PassState, RegionCall
@@ -96,9 +97,15 @@ class Installer:
         self.active = False  # installed: region wrappers act
         self.compiled_model = False  # the model holds torch.compile'd code
         self.hooks_ctx: Any = None
+        self._native = NativeKeep(config, self._own_hooks)
         self._restore: list[Callable[[], None]] = []
         self._opt_hook: Any = None
         self._buffer_hook: Any = None
+
+    def _own_hooks(self) -> tuple[Any, Any] | None:
+        """The installed hook pair (None while not installed)."""
+        h = self.hooks_ctx
+        return (h.pack_hook, h.unpack_hook) if h is not None else None
 
     def own_pack(self) -> Any:
         """The installed pack hook (None while not installed)."""
@@ -308,10 +315,13 @@ class Installer:
             call.watch.__enter__()  # beneath the recorder: its copies are not recorded
         if call.recorder is not None:
             call.recorder.start()
+        else:
+            self._native.enter(call)  # last: from here the hooks may be off (NOTE [Native keep])
         return call
 
     def _end_region(self, call: RegionCall, exc: BaseException | None, out: Any = None, inputs: Any = None) -> None:
         try:
+            self._native.exit(call, exc is not None)  # first: the hooks go back on
             if call.recorder is not None:
                 call.recorder.stop()
             if call.watch is not None:
@@ -320,7 +330,11 @@ class Installer:
                     call.watch = None  # a forward cut short shows nothing: watch the next
             if exc is not None:
                 self._life.abort(call.pass_state, exc)
-            elif self._diag.wants_hidden_check() and not any(r.kind == "activation" for r in call.storages):
+            elif (
+                not call.native
+                and self._diag.wants_hidden_check()
+                and not any(r.kind == "activation" for r in call.storages)
+            ):
                 self._diag.check_hidden_saves(call.name, call.pack_count, inputs, out)
         finally:
             self._calls.exit(call)

@@ -253,6 +253,8 @@ class RegionCall(_WeakReferable):
     fixed: Placement | None = None
     """The placement of every new storage of this call when no plan or rule can vary it
     (forced keep or offload): the pack hook's fast path skips the decision."""
+    native: bool = False
+    """Saves natively, the runtime's hooks off (NOTE [Native keep])."""
     table: list[Placement] | None = None
     """NOTE [Placement table]: the planned placement of each activation storage, the
     rules applied, valid for a storage of the size in ``table_sizes``."""

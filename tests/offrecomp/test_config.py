@@ -115,7 +115,7 @@ def test_config_fields_are_frozen() -> None:
     """A change of the public knobs shows up here, in review."""
     assert [f.name for f in dataclasses.fields(Config)] == [
         "disable", "mode", "budget", "host_limit", "min_bytes", "prefetch", "report_path",
-        "verify", "log_level", "max_overhead", "profile_path", "d2h_gbps", "h2d_gbps",
+        "verify", "native_keep", "log_level", "max_overhead", "profile_path", "d2h_gbps", "h2d_gbps",
         "budget_margin", "infeasible", "drift", "plan_cache_size", "replay_op_us", "regions", "sources",
     ]
 

@@ -13,6 +13,11 @@ def test_private_apis_exist() -> None:
     assert hasattr(torch.autograd.Variable._execution_engine, "queue_callback")
     assert callable(torch._C._autograd._top_saved_tensors_default_hooks)
     assert tc.top_saved_tensors_hooks() is None
+    pair = (lambda t: t, lambda t: t)
+    tc.push_saved_tensors_hooks(*pair)
+    assert tc.top_saved_tensors_hooks() == pair
+    tc.pop_saved_tensors_hooks()
+    assert tc.top_saved_tensors_hooks() is None
     assert hasattr(torch.cuda, "_sleep")
     from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: F401
     assert tc.graph_task_id() == -1

@@ -1,0 +1,104 @@
+"""Region calls that keep every save run with autograd's own saved variables.
+
+NOTE [Native keep]
+A region call whose every storage is kept by the forced mode (``mode="keep"``) leaves
+the pack hook nothing to decide, and its handles only repeat what autograd's own saved
+variables check (the version counter, a detach_()). Such a call runs with the runtime's
+hook pair taken off the thread's stack, so autograd saves and reads its tensors natively
+and the runtime adds nothing per save (the pair costs a few microseconds per save,
+benchmarks/bench_host_overhead.py). The pair goes back on at the call's exit, whether
+the forward returned or raised.
+
+What the hooks would have counted (saves, storages, kept bytes) comes from the same
+call (region, call index) in an earlier pass of the same signature that ran with the
+hooks: the first pass of each signature does, and leaves that record. The call's bytes
+count as kept and resident from its exit to the end of its pass: a kept storage lives
+until backward has read it, past the forward's peak.
+
+The hooks stay on when anything else needs to see the saves: the op recorder, a region's
+first-call watch, a replay checkpoint, another hook pair beneath the runtime's (taking
+the runtime's off would hand it the call's saves), and ``native_keep=False``
+(``OFFRECOMP_NATIVE_KEEP=0``), which also keeps the runtime's own error messages and
+exact per-step books. A call whose forced keep was lifted during its forward (a backward
+ran inside it, NOTE [Backward inside a forward]) leaves no record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from offrecomp import _torch_compat as tc
+from offrecomp.config import Config
+from offrecomp.state import RegionCall
+from scheduler.plan import Placement
+
+__all__ = ["NativeKeep"]
+
+KEEP = Placement.KEEP
+
+#: Calls remembered across signatures; past this the memory starts again (a run whose
+#: every step has new shapes gains nothing from it).
+MAX_RECORDS = 4096
+
+#: What a call saved with the hooks on: (saves, storages, kept bytes).
+CallBooks = tuple[int, int, int]
+
+
+class NativeKeep:
+    """NOTE [Native keep] for one runtime. ``own_hooks`` returns the installed pair
+    (pack, unpack), or None while nothing is installed."""
+
+    def __init__(self, config: Config, own_hooks: Callable[[], tuple[Any, Any] | None]) -> None:
+        self._config = config
+        self._own_hooks = own_hooks
+        self._books: dict[tuple[str, str, int], CallBooks] = {}
+
+    def enter(self, call: RegionCall) -> bool:
+        """Take the runtime's hooks off for ``call`` if it may save natively; True if
+        they came off (``exit`` puts them back)."""
+        p = call.pass_state
+        if (
+            call.fixed is not KEEP
+            or p is None
+            or not self._config.native_keep
+            or call.recorder is not None
+            or call.watch is not None
+            or call.inputs is not None
+            or (p.signature, call.name, call.call_index) not in self._books
+        ):
+            return False
+        own = self._own_hooks()
+        top = tc.top_saved_tensors_hooks()
+        if own is None or top is None or top[0] is not own[0]:
+            return False
+        tc.pop_saved_tensors_hooks()
+        if tc.top_saved_tensors_hooks() is not None:  # another pair beneath ours
+            tc.push_saved_tensors_hooks(*own)
+            return False
+        call.native = True
+        return True
+
+    def exit(self, call: RegionCall, failed: bool) -> None:
+        """``call`` ends: put the hooks back and count its saves from its record, or
+        record what it saved with the hooks on."""
+        p = call.pass_state
+        if call.native:
+            own = self._own_hooks()
+            if own is not None:
+                tc.push_saved_tensors_hooks(*own)
+            if failed or p is None:
+                return
+            saves, storages, nbytes = self._books[(p.signature, call.name, call.call_index)]
+            call.pack_count += saves
+            stats = p.stats
+            stats.storages += storages  # finish_pass adds len(call.storages): none here
+            stats.kept_bytes += nbytes
+            stats.add_resident(nbytes)
+            return
+        if failed or p is None or call.fixed is not KEEP or not self._config.native_keep:
+            return
+        if len(self._books) >= MAX_RECORDS:
+            self._books.clear()
+        nbytes = sum(rec.nbytes for rec in call.storages)
+        self._books[(p.signature, call.name, call.call_index)] = (call.pack_count, len(call.storages), nbytes)
