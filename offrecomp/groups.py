@@ -86,7 +86,13 @@ class OffloadGroups:
     def offloadable(self, t: torch.Tensor) -> bool:
         """Offload moves tensors of the runtime's device (on CPU: the emulated path)."""
         device = self._device.device
-        return t.device.type == (device.type if device is not None else "cpu")
+        kind = device.type if device is not None else "cpu"
+        # is_cuda and is_cpu are flags; t.device makes a device object (a third of a µs)
+        if kind == "cuda":
+            return t.is_cuda
+        if kind == "cpu":
+            return t.is_cpu
+        return t.device.type == kind
 
     def admit(self, nbytes: int) -> bool:
         """Room in the pinned pool for a storage of ``nbytes``? On True the caller adds it
