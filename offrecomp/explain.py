@@ -50,6 +50,12 @@ def summarize(passes: list[PassState], min_bytes: int) -> list[CallSummary]:
     out = []
     for call in passes[-1].calls:
         s = CallSummary(call.name, call.call_index)
+        if call.books is not None:  # NOTE [Native keep]: booked as its hooked call saved
+            _, storages, nbytes, small = call.books
+            s.count[KEEP] += storages
+            s.nbytes[KEEP] += nbytes
+            s.activations_kept += storages
+            s.small_kept += small
         for rec in call.storages:
             s.count[rec.placement] += 1
             s.nbytes[rec.placement] += rec.nbytes

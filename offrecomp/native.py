@@ -41,8 +41,9 @@ KEEP = Placement.KEEP
 #: every step has new shapes gains nothing from it).
 MAX_RECORDS = 4096
 
-#: What a call saved with the hooks on: (saves, storages, kept bytes).
-CallBooks = tuple[int, int, int]
+#: What a call saved with the hooks on: (saves, storages, kept bytes, storages under
+#: ``min_bytes``).
+CallBooks = tuple[int, int, int, int]
 
 
 class NativeKeep:
@@ -65,8 +66,10 @@ class NativeKeep:
             or call.recorder is not None
             or call.watch is not None
             or call.inputs is not None
-            or (p.signature, call.name, call.call_index) not in self._books
         ):
+            return False
+        books = self._books.get((p.signature, call.name, call.call_index))
+        if books is None:
             return False
         own = self._own_hooks()
         top = tc.top_saved_tensors_hooks()
@@ -77,6 +80,7 @@ class NativeKeep:
             tc.push_saved_tensors_hooks(*own)
             return False
         call.native = True
+        call.books = books
         return True
 
     def exit(self, call: RegionCall, failed: bool) -> None:
@@ -87,9 +91,9 @@ class NativeKeep:
             own = self._own_hooks()
             if own is not None:
                 tc.push_saved_tensors_hooks(*own)
-            if failed or p is None:
+            if failed or p is None or call.books is None:
                 return
-            saves, storages, nbytes = self._books[(p.signature, call.name, call.call_index)]
+            saves, storages, nbytes, _ = call.books
             call.pack_count += saves
             stats = p.stats
             stats.storages += storages  # finish_pass adds len(call.storages): none here
@@ -100,5 +104,7 @@ class NativeKeep:
             return
         if len(self._books) >= MAX_RECORDS:
             self._books.clear()
-        nbytes = sum(rec.nbytes for rec in call.storages)
-        self._books[(p.signature, call.name, call.call_index)] = (call.pack_count, len(call.storages), nbytes)
+        recs = call.storages
+        nbytes = sum(rec.nbytes for rec in recs)
+        small = sum(rec.nbytes < self._config.min_bytes for rec in recs)
+        self._books[(p.signature, call.name, call.call_index)] = (call.pack_count, len(recs), nbytes, small)

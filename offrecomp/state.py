@@ -255,6 +255,9 @@ class RegionCall(_WeakReferable):
     (forced keep or offload): the pack hook's fast path skips the decision."""
     native: bool = False
     """Saves natively, the runtime's hooks off (NOTE [Native keep])."""
+    books: tuple[int, int, int, int] | None = None
+    """A native call's saves, storages, kept bytes and storages under ``min_bytes``, as
+    the same call recorded them with the hooks on (NOTE [Native keep])."""
     table: list[Placement] | None = None
     """NOTE [Placement table]: the planned placement of each activation storage, the
     rules applied, valid for a storage of the size in ``table_sizes``."""
