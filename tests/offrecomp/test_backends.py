@@ -174,7 +174,9 @@ def test_host_wait_is_measurable(emu: EmulatedBackend) -> None:
     emu.wait_event(compute, landed)
     after = emu.record_event(compute, timing=True)
     waited = time.perf_counter() - t0
-    assert emu.elapsed_seconds(before, after) == pytest.approx(waited, abs=0.02)
+    # the events bracket the wait: their span holds it (and, on a loaded machine, what
+    # else the host ran between them)
+    assert waited - 1e-3 <= emu.elapsed_seconds(before, after) <= waited + 0.5
     assert waited >= 0.08
 
 
