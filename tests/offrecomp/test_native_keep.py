@@ -161,3 +161,19 @@ def test_other_modes_keep_the_hooks_on() -> None:
         m = _probed_gpt(seen)
         train(m, batch, offrecomp.runtime(m, mode=mode, regions=[_Probe], min_bytes=0), steps=3)
         assert seen and all(seen), mode
+
+
+@pytest.mark.parametrize("case", ["gpt_dropout", "cnn_batchnorm", "kwargs_tuple", "views_inplace", "shared_block"])
+def test_every_model_family_books_and_trains_alike(case: str) -> None:
+    """Gradient accumulation (two passes a step, the second native), buffers, keyword
+    arguments, views and a block shared by two calls: bitwise gradients, and the books of
+    a hooked run."""
+    model, batch = make(case)
+    ref = train(twin(model), batch, steps=3, accumulate=2)
+    books = []
+    for native_keep in (True, False):
+        m = twin(model)
+        rt = offrecomp.runtime(m, mode="keep", native_keep=native_keep)
+        assert_bitwise(ref, train(m, batch, rt, steps=3, accumulate=2))
+        books.append([[getattr(r, k) for k in BOOKS] for r in rt.report().steps])
+    assert books[0] == books[1]
