@@ -110,18 +110,13 @@ class Placements:
         ):
             return
         recs = structure.storage_records
-        min_bytes = self._config.min_bytes
         droppable = self.droppable(call)
         small = structure.small_storages  # NOTE [Small storages]
         table = []
         for i, (pl, r) in enumerate(zip(placements, recs)):
             if r.kind == "external" and not (pl == RECOMPUTE and i in small):
                 pl = KEEP
-            if pl == RECOMPUTE and (not droppable or r.kind == "input"):
-                pl = KEEP
-            if pl == OFFLOAD and r.nbytes < min_bytes:
-                pl = KEEP
-            table.append(pl)
+            table.append(self._legal(pl, r.kind, r.nbytes, call, droppable))
         call.table = table
         call.table_sizes = [r.nbytes for r in recs[: len(table)]]
 
@@ -163,12 +158,20 @@ class Placements:
         region = call.region
         if region is not None and (region.reaches_out or (region.forward_used and index in region.forward_used)):
             return KEEP  # NOTE [Backward inside a forward]: read in the forward, or not replayable
-        wanted = self._wanted(p, call, index, nbytes, kind)
-        if wanted is RECOMPUTE and (kind != "activation" or not self.droppable(call)):
-            return KEEP  # the root, a region input, or a call without a replay checkpoint
-        if wanted is OFFLOAD and nbytes < self._config.min_bytes:
+        return self._legal(self._wanted(p, call, index, nbytes, kind), kind, nbytes, call)
+
+    def _legal(
+        self, pl: Placement, kind: str, nbytes: int, call: RegionCall, droppable: bool | None = None
+    ) -> Placement:
+        """``pl`` where NOTE [Placement rules] allow it, else KEEP: RECOMPUTE not for a
+        region input (``kind``) nor in a call that may not drop (the root, a call without
+        a replay checkpoint; ``droppable``, asked when None), OFFLOAD not under
+        ``min_bytes``."""
+        if pl == RECOMPUTE and (kind == "input" or not (self.droppable(call) if droppable is None else droppable)):
             return KEEP
-        return wanted
+        if pl == OFFLOAD and nbytes < self._config.min_bytes:
+            return KEEP
+        return pl
 
     def _wanted(self, p: PassState, call: RegionCall, index: int, nbytes: int, kind: str) -> Placement:
         """What the plan (or, without one, the mode) asks for the storage."""
