@@ -11,6 +11,7 @@ Nothing here touches CUDA at import: streams are created on first use.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import threading
@@ -395,6 +396,7 @@ class EmulatedBackend(Backend):
     def new_stream(self, device: torch.device) -> _EmuStream:
         stream = _EmuStream(f"side{len(self._workers)}", self)
         self._workers.append(stream)
+        _WITH_WORKERS.add(self)
         return stream
 
     def record_event(self, stream: _EmuStream, timing: bool = False) -> _EmuEvent:
@@ -480,6 +482,25 @@ class EmulatedBackend(Backend):
         for stream in workers:
             assert stream.worker is not None
             stream.worker.join(timeout=5.0)
+
+
+# NOTE [Workers at exit]
+# A side stream's worker is a daemon thread, and an engine stays open after its runtime
+# exits (the pool is reused by the next entry). At interpreter exit such a worker may
+# still hold queued jobs; run then, during finalization, a job inside torch's C++ ends
+# the process with "terminate called without an active exception". So every emulated
+# backend with workers is closed at exit: its queued jobs run, its workers stop and are
+# joined, before finalization begins.
+_WITH_WORKERS: weakref.WeakSet[EmulatedBackend] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for backend in list(_WITH_WORKERS):
+        try:
+            backend.close()
+        except Exception as exc:  # exiting: say it, never raise
+            logger.error("offrecomp: closing an emulated backend at exit: %s", exc)
 
 
 def get_backend(device: torch.device | str) -> Backend:
