@@ -108,6 +108,7 @@ class Lifecycle:
         self._no_optimizer = False
         self._provisional: list[tuple[StepRecord, list[PassState]]] = []
         self._unwritten: list[StepRecord] = []  # confirmed steps not yet written to the report file
+        self._retiring: list[PassState] = []  # ended steps' passes (NOTE [Pass retirement])
 
     # ----------------------------------------------------------------- calls
 
@@ -334,6 +335,7 @@ class Lifecycle:
                 self.resolve(wait=False)  # times and learning now; writing once confirmed
             return
         self._unwritten.append(rec)
+        self._retiring += passes
         self.resolve(wait=False)
 
     def close_steps(self) -> None:
@@ -347,6 +349,8 @@ class Lifecycle:
 
     def _confirm_provisional(self) -> None:
         self._unwritten += [rec for rec, _ in self._provisional]
+        for _, passes in self._provisional:
+            self._retiring += passes
         self._provisional = []
         self.resolve(wait=False)
 
@@ -359,6 +363,18 @@ class Lifecycle:
             if self.report_file is not None:
                 self.report_file.write(json.dumps(rec.to_dict()) + "\n")
                 self.report_file.flush()
+        self._retire()
+
+    def _retire(self) -> None:
+        """Retire the ended steps' passes the planner holds no longer; one that cannot
+        retire is left to the collector (NOTE [Pass retirement])."""
+        held = []
+        for p in self._retiring:
+            if self._planner.holds(p):
+                held.append(p)
+            else:
+                p.retire()
+        self._retiring = held
 
     # ---------------------------------------------------------------- replays
 

@@ -448,3 +448,40 @@ class PassState(_WeakReferable):
     planner_seconds: float = 0.0
     """Host seconds the planner spent on this pass outside its timed span (solving before
     it, building the profile after it)."""
+
+    def retire(self) -> bool:
+        """Cut the pass's edges to its calls and the calls' edges to their storages, so
+        that refcounting frees them (NOTE [Pass retirement]); False, changing nothing,
+        when a saved tensor may still reload or replay one of its calls."""
+        calls = self.calls if self.root is None else [*self.calls, self.root]
+        if self.stage is not Stage.DONE or any(c.leased for c in calls):
+            return False
+        for c in calls:
+            c.storages = []
+            c.by_ptr = {}
+            c.dropped = {}
+            c.replayed = {}
+            c.saves = []
+            c.offloaded_inputs = {}
+        self.calls = []
+        self.root = None
+        return True
+
+
+# NOTE [Pass retirement]
+# A pass's records are reference cycles: a storage record names its call and the call
+# lists its records; a call names its pass and the pass lists its calls. Refcounting never
+# frees a cycle, so a finished pass waits for the collector; by then it has usually
+# survived a younger collection into the oldest generation, whose collections walk the
+# whole heap (torch and its friends: about 0.1 s). A few hundred objects per step pile up
+# there and bring those collections on sooner. Once nothing reads a pass's calls any
+# more, ``retire`` cuts the forward edges (pass -> calls, call -> records) and
+# refcounting frees the lot at once. Nothing reads them when the planner holds the pass
+# no longer (it has learnt from it and built any profile from it, and it is not the
+# forced mode's last pass, which ``explain()`` summarises), it is not a provisional
+# step's pass (a later step may take it over), its backward is done, and none of its
+# calls is leased (no offloaded or dropped save alive: a retained graph can still reload
+# or replay them; NOTE [Call leases]). Kept saves need no lease: their handles name the
+# record and the record its call, back edges, which stay. The lifecycle sweeps passes at
+# each step's end, one step behind the planner; a pass that cannot retire then is left to
+# the collector.

@@ -367,6 +367,15 @@ class Planner:
         self._pending.append((rec, passes))
         return rec
 
+    def holds(self, p: PassState) -> bool:
+        """Will the planner still read ``p``'s calls: to build a profile, to learn from
+        its step, or for ``explain()`` of a forced mode (NOTE [Pass retirement])?"""
+        return (
+            any(q is p for q in self.last_forced)
+            or any(q is p for _, passes in self._pending for q in passes)
+            or any(q is p for q, _, _ in self._unplanned)
+        )
+
     def pending_ids(self) -> set[int]:
         return {id(r) for r, _ in self._pending}
 

@@ -8,6 +8,7 @@ Python's collector cannot see (NOTE [Saved tensor handles] in offrecomp/state.py
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
 from collections.abc import Iterator
@@ -140,3 +141,71 @@ def test_kept_bytes_end_with_the_storage() -> None:
         del out
         # the input, saved by the first block and still held here, is all that is left
         assert p.stats.resident_bytes == x.untyped_storage().nbytes()
+
+
+def _alive(kind: type) -> int:
+    return sum(type(o) is kind for o in gc.get_objects())
+
+
+def _sgd_steps(m: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, n: int) -> None:
+    for _ in range(n):
+        opt.zero_grad()
+        m(x).pow(2).mean().backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("mode", ["keep", "recompute", "offload", "auto", "auto_tight"])
+def test_finished_passes_are_freed_without_the_collector(mode: str) -> None:
+    """NOTE [Pass retirement]: a finished pass's records (reference cycles) are freed by
+    reference counting once the planner is done with them, so with the collector off
+    the runtime's records do not pile up step after step."""
+    from offrecomp.state import RegionCall, StorageRec
+
+    m = _model()
+    x = torch.randn(8, 64, requires_grad=True)
+    kw: dict = {}
+    if mode == "auto_tight":
+        mode, kw["budget"] = "auto", 2 * 8 * 64 * 4  # a little over two activations
+    rt = offrecomp.runtime(m, mode=mode, min_bytes=0, **kw)
+    opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+    with rt:
+        _sgd_steps(m, opt, x, 6)  # measure, calibrate, plan (auto)
+        calls, recs = _alive(RegionCall), _alive(StorageRec)
+        _sgd_steps(m, opt, x, 12)
+        # at most the planner's last step and the one it has not read yet stay
+        assert _alive(RegionCall) <= calls + 2 * 5, (calls, _alive(RegionCall))
+        assert _alive(StorageRec) <= recs + 2 * 30, (recs, _alive(StorageRec))
+        # explain() still reads the last pass (forced modes): every block has its row
+        rows = [line.split()[:2] for line in rt.explain().splitlines()]
+        assert all([str(i), "0"] in rows for i in range(4)), rt.explain()
+    assert rt.report().steps[-1].storages > 0
+
+
+@pytest.mark.parametrize("mode", ["keep", "recompute", "offload"])
+def test_a_graph_retained_across_steps_still_backpropagates(mode: str) -> None:
+    """A graph kept (``retain_graph=True``) while later steps run and retire their passes
+    still backpropagates again, bitwise as plainly: its calls are leased (offload,
+    recompute) or its kept saves reach their records through back edges (keep)."""
+
+    def run(mode: str | None) -> list[torch.Tensor]:
+        m = _model()
+        rt = offrecomp.runtime(m, mode=mode, min_bytes=0) if mode is not None else None
+        step = rt.step if rt is not None else contextlib.nullcontext
+        x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))
+        with rt if rt is not None else contextlib.nullcontext():
+            with step():
+                loss = m(x).pow(2).mean()
+                loss.backward(retain_graph=True)
+            grads = [p.grad.clone() for p in m.parameters()]
+            for i in range(4):  # later steps (rt.step(): no optimizer may change the weights)
+                m.zero_grad()
+                with step():
+                    m(x * (i + 2)).pow(2).mean().backward()
+                grads += [p.grad.clone() for p in m.parameters()]
+            m.zero_grad()
+            loss.backward()  # the first graph again
+            return grads + [p.grad.clone() for p in m.parameters()]
+
+    ref = run(None)
+    got = run(mode)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
