@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
+import sys
 import threading
 import time
 import weakref
@@ -301,6 +302,21 @@ class _EmuStream:
         return f"<emulated stream {self.label}>"
 
 
+class _Alone:
+    """A reference-count probe: an object only one list holds."""
+
+
+# NOTE [Emulated sources]
+# On a GPU, a copy's source is device memory its owner must keep until the copy landed;
+# freed earlier, the allocator hands it to the next kernel under the copy. The emulated
+# copy job holds its sources itself (it must, to copy them), so it tells "freed by the
+# owner" by reference counts: a source that only the job's list still references was
+# dropped by everyone else. The list ends with a probe object that nothing else
+# references, whose count is the bar. This costs the host no object per source (a weak
+# reference per source would be one more object for the collector to track per
+# offloaded storage, in emulation only).
+
+
 class EmulatedBackend(Backend):
     """Host emulation of CUDA streams for machines without a GPU.
 
@@ -314,9 +330,9 @@ class EmulatedBackend(Backend):
       can make copies slow on purpose.
     - :meth:`alloc_device` and :meth:`alloc_host` return buffers full of 0xFF bytes, so a
       read that skipped its wait sees NaNs rather than plausible data.
-    - A queued copy holds its *source* only through a weak reference. A source that died
-      before the copy ran models device memory reused before the copy landed; the error
-      is recorded and raised by the next :meth:`check`. Destinations are held strongly:
+    - A source of a queued copy that its owner dropped before the copy ran models device
+      memory reused before the copy landed (NOTE [Emulated sources]); the error is
+      recorded and raised by the next :meth:`check`. Destinations are held strongly:
       on CUDA they are allocated on (or owned by) the copying stream, so their reuse is
       already ordered after the copy.
     """
@@ -431,20 +447,23 @@ class EmulatedBackend(Backend):
                 dst.copy_(src)
             return
         delay = self.copy_delay_s
-        refs = [weakref.ref(src) for src in srcs]
+        # The job holds the sources, and a source nothing else holds any more was freed by
+        # its owner before the copy ran (NOTE [Emulated sources]).
+        held = [*srcs, _Alone()]
 
         def copy() -> None:
             if delay > 0:
                 time.sleep(delay)
-            sources = [ref() for ref in refs]
-            for source, dst in zip(sources, dsts):
-                if source is None:
+            counts = [sys.getrefcount(x) for x in held]  # each read the same way
+            alone = counts[-1]  # the probe: only this list holds it
+            for n, dst in zip(counts, dsts):
+                if n <= alone:
                     raise RuntimeError(
                         f"copy source ({dst.numel() * dst.element_size()} bytes) was freed "
                         "before its copy ran: device memory would have been reused under an "
                         "in-flight copy"
                     )
-            tc.foreach_copy_(dsts, sources)  # type: ignore[arg-type]  # one call for the group
+            tc.foreach_copy_(dsts, held[:-1])  # type: ignore[arg-type]  # one call for the group
 
         self._enqueue(stream, copy)
 
