@@ -62,6 +62,7 @@ class NativeKeep:
         if (
             call.fixed is not KEEP
             or p is None
+            or self._config.mode != "keep"
             or not self._config.native_keep
             or call.recorder is not None
             or call.watch is not None
@@ -100,7 +101,7 @@ class NativeKeep:
             stats.kept_bytes += nbytes
             stats.add_resident(nbytes)
             return
-        if failed or p is None or call.fixed is not KEEP or not self._config.native_keep:
+        if failed or p is None or call.fixed is not KEEP or self._config.mode != "keep" or not self._config.native_keep:
             return
         if len(self._books) >= MAX_RECORDS:
             self._books.clear()

@@ -28,6 +28,15 @@ the rules to each new storage again: ``build_table`` applies them to the plan on
 call and ``decide`` reads the k-th entry when the storage has the planned size. Anything
 else (a size the plan did not see, a borrowed plan, a region whose forward runs a
 backward) goes through the rules, which also handle the mismatch.
+
+NOTE [Kept planned calls]
+A call of a planned pass whose plan keeps every one of its storages has nothing to
+decide and nothing to replay: ``fixed`` gives it KEEP, as a forced keep, so it takes no
+replay checkpoint (inputs, RNG, autocast, buffers and parameters: tens of microseconds
+of host time per call) and no table, and every storage it saves is kept. Its region
+inputs are then not storages of its own (a kept input an op saves is one, as in keep
+mode), and a structure that changed since the profile is not noticed in such a call:
+nothing of it can be dropped wrongly, and the booked bytes stay exact.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from offrecomp.config import Config
+from offrecomp.phases import Phase
 from offrecomp.state import PassState, RegionCall
 from scheduler.plan import Placement, Plan
 
@@ -89,7 +99,20 @@ class Placements:
         ):
             return None
         mode = self._config.mode
-        return KEEP if mode == "keep" else OFFLOAD if mode == "offload" else None
+        if mode == "keep":
+            return KEEP
+        if mode == "offload":
+            return OFFLOAD
+        p, placements = call.pass_state, call.placements
+        if (
+            placements
+            and p is not None
+            and p.phase == Phase.PLANNED
+            and not call.record
+            and all(pl is KEEP for pl in placements)
+        ):
+            return KEEP  # NOTE [Kept planned calls]
+        return None
 
     def droppable(self, call: RegionCall, *, symmetric: bool = True) -> bool:
         """May ``call``'s activations be dropped? ``symmetric``: every rank drops alike

@@ -220,9 +220,12 @@ class Planner:
     def needs_capture(self, p: PassState, call: RegionCall) -> bool:
         """Keep a replay checkpoint for this call? Not when nothing can ever be dropped.
 
-        Under a plan the checkpoint is always taken: region inputs are storages 0..m-1
-        of every call (NOTE [Identity of a saved tensor]), and the plan may place them.
+        Under a plan the checkpoint is taken unless the plan keeps all of the call
+        (NOTE [Kept planned calls]): region inputs are storages 0..m-1 of every call
+        (NOTE [Identity of a saved tensor]), and the plan may place them.
         """
+        if call.fixed is Placement.KEEP:
+            return False
         return not (self.host.user_plan is None and self.host.config.mode in ("keep", "offload"))
 
     def mismatch(self, p: PassState, call: RegionCall, index: int, *, borrowed: bool) -> None:

@@ -134,3 +134,28 @@ def test_planned_auto_steps_stay_within_the_budget_by_the_allocator(case: str) -
     allowed = peaks["recompute"] + (budget - acts["recompute"]) + 0.05 * budget
     assert ours <= allowed, (ours, allowed, peaks, acts, budget)
     assert ours < peaks["keep"], (ours, peaks)
+
+
+@pytest.mark.parametrize("budget", ["ample", "half"])
+def test_calls_a_plan_keeps_whole_take_no_checkpoint(budget: str) -> None:
+    """NOTE [Kept planned calls]: a planned call whose plan keeps all of it takes no
+    replay checkpoint (its region inputs are not booked), the others still do, and the
+    gradients equal the plain run's."""
+    model = _mlp_blocks()
+    ref = train(copy.deepcopy(model), _batch, steps=6)
+    kw = {}
+    if budget == "half":
+        probe = copy.deepcopy(model)
+        keep = offrecomp.runtime(probe, mode="keep", min_bytes=0)
+        train(probe, _batch, keep, steps=1)
+        kw["budget"] = keep.report().steps[0].peak_activation_bytes // 2
+    rt = offrecomp.runtime(model, mode="auto", min_bytes=0, **kw)
+    assert_bitwise(ref, train(model, _batch, rt, steps=6))
+    steps = rt.report().steps
+    measured = steps[0].input_bytes  # the measuring pass checkpoints every call
+    planned = [(s.input_bytes, s.recomputed_bytes) for s in steps if s.phase == "planned"]
+    assert measured > 0 and planned, [(s.phase, s.input_bytes) for s in steps]
+    if budget == "ample":
+        assert planned == [(0, 0)] * len(planned), planned
+    else:  # some calls drop (and checkpoint), the others are kept whole
+        assert all(0 < b < measured and r > 0 for b, r in planned), (measured, planned)

@@ -82,7 +82,10 @@ def test_a_forward_under_the_users_save_on_cpu_is_a_step_per_optimizer_step(
     steps = rt.report().steps
     assert len(steps) == 5, [(s.phase, s.passes) for s in steps]
     assert all(s.passes == 1 for s in steps)
-    assert len({s.kept_bytes for s in steps}) == 1, [s.kept_bytes for s in steps]
+    # no record merges several passes' bytes: at most the region inputs one pass
+    # checkpoints (planned passes keep every call whole and take no checkpoint: NOTE
+    # [Kept planned calls])
+    assert max(s.kept_bytes for s in steps) == steps[0].kept_bytes > 0, [s.kept_bytes for s in steps]
     assert _unfinished(caplog) == []
     hidden = [r.getMessage() for r in caplog.records if "owns their activations" in r.getMessage()]
     assert len(hidden) == 1 and "a saved-tensor hook around the model's forward" in hidden[0], hidden
