@@ -82,6 +82,10 @@ class PlanEntry:
     """Refresh ``live`` every this many learnt passes (keeps the refresh under ~2% of
     step time on profiles large enough for it to matter)."""
     live_skipped: int = 0
+    learn_every: int = 1
+    """Learn from one planned pass in this many (NOTE [Learning cadence])."""
+    learn_skipped: int = 0
+    learnt_since_solve: int = 0
     trial: OffloadTrial = field(default_factory=lambda: OffloadTrial())
     """NOTE [Offload trial]: whether plans of this signature may offload."""
     next_plan: Plan | None = None

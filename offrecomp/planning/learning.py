@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from offrecomp.measure import distorts
@@ -40,6 +41,16 @@ MAX_CALIBRATION_TRIES = 2
 """Calibration passes a host pause may send back (NOTE [Host pauses]); the pass after
 the last of them is taken as it is."""
 
+LEARN_SHARE = 0.02
+"""Learning from planned passes takes at most this share of step time (NOTE [Learning
+cadence])."""
+
+MAX_LEARN_EVERY = 16
+"""A settled plan still learns from one planned pass in this many at least."""
+
+FIRST_LEARNT = 2
+"""Planned passes of a new plan always learnt, before the cadence applies."""
+
 
 class Learner:
     """Feeds the passes of the planner's signatures into their cost models."""
@@ -70,6 +81,53 @@ class Learner:
             return None
         if p.reprofile:
             return None  # its end built the profile again (NOTE [Calls the profile lacks])
+        host = self.host
+        clock = host.clock
+        if p.phase == Phase.PLANNED and self._skip(entry):
+            return self._trial(entry, p)  # the step time still reaches the offload trial
+        t0 = time.perf_counter()
+        note = self._learn(entry, p, calibrating)
+        if p.phase == Phase.PLANNED:
+            entry.learnt_since_solve += 1
+            step = clock.seconds(p.start_mark, p.backward_end_mark)
+            if step is not None and step > 0:
+                share = (time.perf_counter() - t0) / (LEARN_SHARE * step)
+                entry.learn_every = max(1, min(MAX_LEARN_EVERY, int(share) + 1))
+        return note
+
+    # NOTE [Learning cadence]
+    # Learning from a planned pass (copying the estimate, fitting the forward and the
+    # backward, averaging into the cost model, the live prediction) takes host time in
+    # proportion to the profile: about a millisecond a step for two dozen small blocks
+    # on the CPU machine, at the start of the next pass, where a host-bound GPU step pays
+    # it in full. The passes of a settled plan teach little each, so after a plan's first
+    # FIRST_LEARNT passes the planner learns from one planned pass in ``learn_every``,
+    # set after each learnt pass so that learning takes at most LEARN_SHARE of the step
+    # time (one pass in MAX_LEARN_EVERY at least). The passes between still feed the
+    # offload trial their step times, and the drift check reads every step's record, so
+    # a plan that stops fitting is still caught. Calibration passes, and passes under a
+    # user's plan (``rt.set_plan``), are always learnt.
+
+    @staticmethod
+    def _skip(entry: PlanEntry) -> bool:
+        """Skip learning from this planned pass (NOTE [Learning cadence])?"""
+        if entry.learnt_since_solve < FIRST_LEARNT:
+            return False
+        entry.learn_skipped += 1
+        if entry.learn_skipped < entry.learn_every:
+            return True
+        entry.learn_skipped = 0
+        return False
+
+    def _trial(self, entry: PlanEntry, p: PassState) -> str | None:
+        """Planned pass ``p``'s step time into the offload trial; the trial's note."""
+        step = self.host.clock.seconds(p.start_mark, p.backward_end_mark)
+        if step is None or p.phase != Phase.PLANNED or self.host.user_plan is not None:
+            return None
+        return offload_trial(entry, step, self.solver.solve_without_offload)
+
+    def _learn(self, entry: PlanEntry, p: PassState, calibrating: bool) -> str | None:
+        assert entry.cost is not None
         host = self.host
         clock = host.clock
         measured = entry.cost.estimate()
@@ -113,10 +171,9 @@ class Learner:
             if host.user_plan is None:
                 cfg = host.config
                 refresh_live(entry, step, prefetch_regions=cfg.prefetch.regions or 2, drift=cfg.drift)
-            if step is not None and p.phase == Phase.PLANNED and host.user_plan is None:
-                trial_note = offload_trial(entry, step, self.solver.solve_without_offload)
-                if trial_note is not None:
-                    return trial_note
+            trial_note = self._trial(entry, p)
+            if trial_note is not None:
+                return trial_note
         if skipped:  # only distorted spans are skipped, so the pass paused
             pause = clock.pause(p.start_mark, p.backward_end_mark)
             note = f"host pause {1e3 * pause:.1f} ms: not learnt from " + ", ".join(skipped)

@@ -230,6 +230,7 @@ class Solver:
         entry.drift_ratios.clear()  # a new prediction: a new window
         entry.live = None
         entry.live_skipped = 0
+        entry.learnt_since_solve = entry.learn_skipped = 0  # NOTE [Learning cadence]
         if cfg.profile_path:
             # the profile this plan was solved with (calibrated, smoothed): the latest wins
             profile.save(cfg.profile_path)

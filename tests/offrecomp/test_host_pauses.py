@@ -206,6 +206,16 @@ def test_calibration_is_sent_back_a_bounded_number_of_times() -> None:
     assert phases == ["measure"] + ["calibrate"] * (MAX_CALIBRATION_TRIES + 1) + ["planned"]
 
 
+@pytest.fixture
+def _learn_every_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every planned pass is learnt (NOTE [Learning cadence]): these tests read what one
+    given pass taught."""
+    from offrecomp.planning import learning
+
+    monkeypatch.setattr(learning, "LEARN_SHARE", 1e12)
+
+
+@pytest.mark.usefixtures("_learn_every_pass")
 def test_a_paused_region_in_a_planned_pass_keeps_its_estimate() -> None:
     m = _model()
     rt = _runtime(m, drift=100.0)
@@ -225,6 +235,7 @@ def test_a_paused_region_in_a_planned_pass_keeps_its_estimate() -> None:
     assert entry.drift_strikes == strikes  # a paused step is no evidence of drift
 
 
+@pytest.mark.usefixtures("_learn_every_pass")
 def test_one_slow_pass_moves_a_region_estimate_by_a_bounded_step() -> None:
     """A pause that is no collection (a preempted thread, a busy neighbour) cannot be
     told from the work; one pass reads as at most OUTLIER_RATIO x the estimate, so the

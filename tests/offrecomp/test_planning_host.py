@@ -14,7 +14,7 @@ from offrecomp._torch_compat import current_graph_task_id
 from offrecomp.planning import OUTLIER_RATIO, Planner, learning
 from offrecomp.state import PassState
 from scheduler import Placement, Plan
-from tests.helpers import make, train, twin
+from tests.helpers import assert_bitwise, make, train, twin
 from tests.offrecomp.test_host_pauses import _batch, _model
 
 
@@ -148,3 +148,33 @@ def test_the_backward_callback_leaves_the_planning_to_the_next_pass(monkeypatch:
     phases = [s.phase for s in rt.report().steps]
     assert phases == ["measure", "calibrate", "planned", "planned"]
     assert "callback" not in where
+
+
+@pytest.mark.parametrize(("share", "every"), [(1e-12, learning.MAX_LEARN_EVERY), (1e12, 1)])
+def test_a_settled_plan_learns_from_one_pass_in_learn_every(
+    monkeypatch: pytest.MonkeyPatch, share: float, every: int
+) -> None:
+    """NOTE [Learning cadence]: a plan's first FIRST_LEARNT passes are learnt, then one
+    planned pass in ``learn_every``, sized so that learning keeps to LEARN_SHARE of the
+    step (a share no learning meets: one in MAX_LEARN_EVERY; one every pass meets:
+    every pass); gradients stay bitwise."""
+    monkeypatch.setattr(learning, "LEARN_SHARE", share)
+    m = _model()
+    ref = train(twin(m), _batch, steps=2 + 40)
+    rt = _runtime(m, drift=100.0)  # no re-plan (a new plan restarts the cadence)
+    learnt: list[int] = []
+    original = learning.Learner._learn
+
+    def spy(self: learning.Learner, entry: Any, p: PassState, calibrating: bool) -> str | None:
+        learnt.append(p.index)
+        return original(self, entry, p, calibrating)
+
+    monkeypatch.setattr(learning.Learner, "_learn", spy)
+    got = train(m, _batch, rt, steps=2 + 40)  # measure, calibrate, 40 planned
+    assert [s.phase for s in rt.report().steps].count("planned") == 40
+    planned = [i for i in learnt if i >= 2]  # pass 1 is the calibration
+    first = learning.FIRST_LEARNT
+    assert planned[:first] == [2, 3]
+    gaps = {b - a for a, b in zip(planned[first - 1 :], planned[first:])}
+    assert gaps == {every}, planned
+    assert_bitwise(ref, got)
