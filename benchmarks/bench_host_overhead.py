@@ -19,6 +19,10 @@ with the variants interleaved (one timing of each per round) and medians over ro
 * per offloaded storage: the same ops in regions of ``--region-saves`` saves each, every
   save offloaded (``mode="offload"``; on a CPU the emulated backend: real worker threads
   and copies, a group per region call, NOTE [Offload groups] in offrecomp/groups.py);
+* auto under an ample budget, in the same regions: after its measuring and calibration
+  passes the plan keeps every call whole (NOTE [Kept planned calls] in
+  offrecomp/placement.py); the figure holds the hooks, the region calls and the
+  planner's own work per step (NOTE [Learning cadence] in offrecomp/planning/learning.py);
 * per op: the same ops under a bare ``TorchDispatchMode`` (the floor), the replay's
   serving mode running every op (the cost each op pays in a replay under the dispatch
   mode; NOTE [Serving overhead] in offrecomp/hooks.py), and the op recorder (the
@@ -177,6 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     keep_hooked = keep_loop(model, native_keep=False)
     grouped = _Model(n, blocks=max(1, n // args.region_saves)).to(device)
     offload = keep_loop(grouped, mode="offload")
+    auto_model = _Model(n, blocks=max(1, n // args.region_saves)).to(device)
+    auto_rt = offrecomp.runtime(auto_model, mode="auto", min_bytes=0)  # an ample budget
+
+    def auto() -> None:
+        with auto_rt:
+            for _ in range(args.reps):
+                auto_model(x).backward()
 
     def grouped_plain() -> None:
         grouped(x).backward()
@@ -231,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     keep_buffered()
     keep_hooked()
     offload()
+    auto()  # measure, calibrate, solve: later steps run the plan
     if args.gc_freeze:
         gc.freeze()  # full collections then walk only what the steps allocate
     loops = {
@@ -238,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         "offrecomp keep, buffers": keep_buffered,
         "offrecomp keep, hooks on": keep_hooked,
         "offrecomp offload": offload,
+        "offrecomp auto": auto,
     }
     samples: dict[str, list[float]] = {k: [] for k in [*per_step, *loops]}
     collecting = _GcTime()
@@ -268,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         ("per saved tensor", "offrecomp keep, 12 buffers per region", "offrecomp keep, buffers", "plain step", saves[0]),
         ("per saved tensor", "offrecomp keep, hooks on", "offrecomp keep, hooks on", "plain step", saves[0]),
         ("per saved tensor", small, "offrecomp offload", "plain step, small regions", saves[0]),
+        ("per saved tensor", f"offrecomp auto, {args.region_saves} per region, kept", "offrecomp auto",
+         "plain step, small regions", saves[0]),
         ("per op", "bare dispatch mode (floor)", "bare dispatch mode", "ops plain", n),
         ("per op", "replay dispatch mode, every op run", "replay dispatch mode", "ops plain", n),
         ("per op", "op recorder (measuring pass)", "op recorder", "ops plain", n),
@@ -301,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                     "us_over_plain": {f"{k}: {name}": v for k, name, v, _ in rows},
                     "us_over_plain_fastest_round": {f"{k}: {name}": lo for k, name, _, lo in rows},
                     "gc_us_per_step": gc_us,
+                    "auto_phases": sorted({s.phase for s in auto_rt.report().steps}),
                 },
                 indent=2,
             )

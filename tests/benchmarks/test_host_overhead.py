@@ -17,13 +17,15 @@ def test_host_overhead_benchmark_reports_every_row(tmp_path: Path, capsys: pytes
     text = capsys.readouterr().out
     for row in ("identity hook pair (floor)", "offrecomp keep", "offrecomp keep, 12 buffers per region",
                 "offrecomp keep, hooks on",
-                "offrecomp offload, 16 saves per region", "bare dispatch mode (floor)",
+                "offrecomp offload, 16 saves per region", "offrecomp auto, 16 per region, kept",
+                "bare dispatch mode (floor)",
                 "replay dispatch mode, every op run", "op recorder (measuring pass)"):
         assert row in text
     res = json.loads(out.read_text())
     assert res["ops"] == 20 and res["saves"] == 21  # 20 tanh outputs and the scaled input
-    assert len(res["us_over_plain"]) == 8 and res["clock"] == "thread" and res["gc_freeze"]
-    assert set(res["gc_us_per_step"]) >= {"plain step", "offrecomp keep", "offrecomp offload"}
+    assert len(res["us_over_plain"]) == 9 and res["clock"] == "thread" and res["gc_freeze"]
+    assert set(res["gc_us_per_step"]) >= {"plain step", "offrecomp keep", "offrecomp offload", "offrecomp auto"}
+    assert "measure" in res["auto_phases"]
 
 
 def test_host_overhead_benchmark_rejects_bad_arguments() -> None:
