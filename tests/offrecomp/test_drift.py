@@ -68,8 +68,13 @@ def test_a_loaded_host_replans_a_bounded_number_of_times(
     assert len(drift) == 1, drift
     backoff = [w for w in warnings if "backs off" in w]
     assert len(backoff) == 1, backoff
-    # nothing else, but the first solve of a fresh process compiling the kernels
-    others = [w for w in warnings if "compiling the planner's kernels" not in w]
+    # nothing else, but the first solve of a fresh process compiling the kernels and the
+    # calibration check, which reads the calibration pass's real times (a loaded machine
+    # can put it 25% off; the fixture noises planned steps only)
+    others = [
+        w for w in warnings
+        if "compiling the planner's kernels" not in w and "offrecomp: calibration pass of signature" not in w
+    ]
     assert len(others) == 2, warnings
 
 
