@@ -55,15 +55,18 @@ class NativeKeep:
         self._own_hooks = own_hooks
         self._books: dict[tuple[str, str, int], CallBooks] = {}
 
+    def _forced_keep(self, call: RegionCall) -> bool:
+        """``call`` keeps everything by the forced keep mode (not by a plan: NOTE [Kept
+        planned calls]) and native keep is on."""
+        return call.fixed is KEEP and self._config.mode == "keep" and self._config.native_keep
+
     def enter(self, call: RegionCall) -> bool:
         """Take the runtime's hooks off for ``call`` if it may save natively; True if
         they came off (``exit`` puts them back)."""
         p = call.pass_state
         if (
-            call.fixed is not KEEP
-            or p is None
-            or self._config.mode != "keep"
-            or not self._config.native_keep
+            p is None
+            or not self._forced_keep(call)
             or call.recorder is not None
             or call.watch is not None
             or call.inputs is not None
@@ -101,7 +104,7 @@ class NativeKeep:
             stats.kept_bytes += nbytes
             stats.add_resident(nbytes)
             return
-        if failed or p is None or call.fixed is not KEEP or self._config.mode != "keep" or not self._config.native_keep:
+        if failed or p is None or not self._forced_keep(call):
             return
         if len(self._books) >= MAX_RECORDS:
             self._books.clear()
