@@ -251,8 +251,7 @@ class Lifecycle:
         p.end_time = time.perf_counter()
         if self._device.cuda:
             p.device_peak = int(torch.cuda.max_memory_allocated(self._device.device)) - p.alloc_start
-        calls = p.calls if p.root is None else [*p.calls, p.root]
-        for call in calls:  # counted here, not on the save path
+        for call in p.all_calls():  # counted here, not on the save path
             p.stats.saved_tensors += call.pack_count
             p.stats.storages += len(call.storages)
             p.stats.replays += call.replays

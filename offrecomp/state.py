@@ -449,11 +449,15 @@ class PassState(_WeakReferable):
     """Host seconds the planner spent on this pass outside its timed span (solving before
     it, building the profile after it)."""
 
+    def all_calls(self) -> list[RegionCall]:
+        """The pass's region calls, and its root call last if it has one."""
+        return self.calls if self.root is None else [*self.calls, self.root]
+
     def retire(self) -> bool:
         """Cut the pass's edges to its calls and the calls' edges to their storages, so
         that refcounting frees them (NOTE [Pass retirement]); False, changing nothing,
         when a saved tensor may still reload or replay one of its calls."""
-        calls = self.calls if self.root is None else [*self.calls, self.root]
+        calls = self.all_calls()
         if self.stage is not Stage.DONE or any(c.leased for c in calls):
             return False
         for c in calls:
