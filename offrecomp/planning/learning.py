@@ -81,15 +81,13 @@ class Learner:
             return None
         if p.reprofile:
             return None  # its end built the profile again (NOTE [Calls the profile lacks])
-        host = self.host
-        clock = host.clock
+        step = None if calibrating else self.host.clock.seconds(p.start_mark, p.backward_end_mark)
         if p.phase == Phase.PLANNED and self._skip(entry):
-            return self._trial(entry, p)  # the step time still reaches the offload trial
+            return self._trial(entry, p, step)  # the step time still reaches the offload trial
         t0 = time.perf_counter()
-        note = self._learn(entry, p, calibrating)
+        note = self._learn(entry, p, calibrating, step)
         if p.phase == Phase.PLANNED:
             entry.learnt_since_solve += 1
-            step = clock.seconds(p.start_mark, p.backward_end_mark)
             if step is not None and step > 0:
                 share = (time.perf_counter() - t0) / (LEARN_SHARE * step)
                 entry.learn_every = max(1, min(MAX_LEARN_EVERY, int(share) + 1))
@@ -119,14 +117,15 @@ class Learner:
         entry.learn_skipped = 0
         return False
 
-    def _trial(self, entry: PlanEntry, p: PassState) -> str | None:
-        """Planned pass ``p``'s step time into the offload trial; the trial's note."""
-        step = self.host.clock.seconds(p.start_mark, p.backward_end_mark)
+    def _trial(self, entry: PlanEntry, p: PassState, step: float | None) -> str | None:
+        """Planned pass ``p``'s step time (``step`` seconds) into the offload trial; the
+        trial's note."""
         if step is None or p.phase != Phase.PLANNED or self.host.user_plan is not None:
             return None
         return offload_trial(entry, step, self.solver.solve_without_offload)
 
-    def _learn(self, entry: PlanEntry, p: PassState, calibrating: bool) -> str | None:
+    def _learn(self, entry: PlanEntry, p: PassState, calibrating: bool, step: float | None) -> str | None:
+        """Learn from ``p`` (``step``: its measured seconds, None while calibrating)."""
         assert entry.cost is not None
         host = self.host
         clock = host.clock
@@ -167,11 +166,10 @@ class Learner:
         entry.cost.update(measured, take=True)
         entry.profile = measured
         if not calibrating:
-            step = clock.seconds(p.start_mark, p.backward_end_mark)
             if host.user_plan is None:
                 cfg = host.config
                 refresh_live(entry, step, prefetch_regions=cfg.prefetch.regions or 2, drift=cfg.drift)
-            trial_note = self._trial(entry, p)
+            trial_note = self._trial(entry, p, step)
             if trial_note is not None:
                 return trial_note
         if skipped:  # only distorted spans are skipped, so the pass paused

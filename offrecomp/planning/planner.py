@@ -224,7 +224,7 @@ class Planner:
         (NOTE [Kept planned calls]): region inputs are storages 0..m-1 of every call
         (NOTE [Identity of a saved tensor]), and the plan may place them.
         """
-        if call.fixed is Placement.KEEP:
+        if call.fixed is KEEP:
             return False
         return not (self.host.user_plan is None and self.host.config.mode in ("keep", "offload"))
 

@@ -165,9 +165,11 @@ def test_a_settled_plan_learns_from_one_pass_in_learn_every(
     learnt: list[int] = []
     original = learning.Learner._learn
 
-    def spy(self: learning.Learner, entry: Any, p: PassState, calibrating: bool) -> str | None:
+    def spy(
+        self: learning.Learner, entry: Any, p: PassState, calibrating: bool, step: float | None
+    ) -> str | None:
         learnt.append(p.index)
-        return original(self, entry, p, calibrating)
+        return original(self, entry, p, calibrating, step)
 
     monkeypatch.setattr(learning.Learner, "_learn", spy)
     got = train(m, _batch, rt, steps=2 + 40)  # measure, calibrate, 40 planned
