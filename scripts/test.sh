@@ -10,11 +10,12 @@ echo "== mypy"; mypy offrecomp scheduler
 # small models whose time goes to Python, so two single-threaded workers on two cores run
 # the tier in about 60% of the time one two-threaded process takes.
 # At most 8 workers by default (each holds its own torch import); PYTEST_WORKERS=N
-# sets the number, PYTEST_WORKERS=0 runs them in this process.
+# sets the number, PYTEST_WORKERS=0 runs them in this process. Workers steal queued tests
+# from each other (--dist worksteal), and tests/conftest.py hands out the slow ones first.
 WORKERS=${PYTEST_WORKERS:-$(python -c "import os; print(min(8, len(os.sched_getaffinity(0))))")}
 if [ "$WORKERS" != "0" ] && python -c "import xdist" >/dev/null 2>&1; then
   echo "== pytest (workers: $WORKERS)"
-  OMP_NUM_THREADS=1 python -m pytest -q -n "$WORKERS" "$@"
+  OMP_NUM_THREADS=1 python -m pytest -q -n "$WORKERS" --dist worksteal "$@"
 else
   echo "== pytest"
   python -m pytest -q "$@"
