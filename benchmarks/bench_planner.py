@@ -181,12 +181,11 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
     auto = next(r for r in rows if r["strategy"] == "auto")
-    recompute = next(r for r in rows if r["strategy"] == "recompute")
+    keep = next(r for r in rows if r["strategy"] == "keep")
     checks = {
         "auto_peak_within_budget_x1.05": (auto["peak_activation_bytes"] or 0) <= budget * 1.05,
         "auto_allocator_peak_within_budget_x1.05": allocator_within_budget(
-            auto["allocator_peak_bytes"], recompute["allocator_peak_bytes"],
-            recompute["peak_activation_bytes"] or 0, budget,
+            auto["allocator_peak_bytes"], keep["allocator_peak_bytes"], keep["peak_activation_bytes"] or 0, budget
         ),
         "auto_step_le_0.9x_recompute": auto["vs_recompute"] <= 0.9,
     }
@@ -236,12 +235,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(checks.values()) else 1
 
 
-def allocator_within_budget(auto_peak: int, recompute_peak: int, recompute_activations: int, budget: int) -> bool:
+def allocator_within_budget(auto_peak: int, base_peak: int, base_activations: int, budget: int) -> bool:
     """The allocator's peak of an auto step against its budget, independently of the
-    runtime's books: above full recompute's allocator peak by at most what the budget
-    allows over recompute's activations, plus 5% of the budget. The rest of a step's
-    memory (weights, gradients, the loss's temporaries) is the same in both."""
-    return auto_peak - recompute_peak <= budget - recompute_activations + 0.05 * budget
+    runtime's books: a baseline strategy's allocator peak less its activations is the rest
+    of a step's memory (weights, gradients, the loss's temporaries); auto may add its budget
+    to that, plus 5% of the budget. The baseline should peak where auto does: keep and
+    auto peak at the end of the forward, with the loss's temporaries alive, while full
+    recompute peaks inside a replay in the backward with less of the rest alive (here
+    7 MiB less), a baseline only for plans that drop most of what they save."""
+    return auto_peak - (base_peak - base_activations) <= budget * 1.05
 
 
 def print_breakdown(steps: list[dict[str, Any]]) -> None:
