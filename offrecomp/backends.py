@@ -281,22 +281,20 @@ class _EmuStream:
     def __init__(self, label: str, backend: EmulatedBackend | None) -> None:
         self.label = label
         self.jobs: deque[tuple[float, Callable[[], None] | None]] = deque()  # (due, job)
-        self.ready = threading.Condition(threading.Lock())  # a job was queued
+        self.queue_lock = threading.Lock()  # guards ``jobs`` (``with`` it directly: no Python call)
+        self.ready = threading.Condition(self.queue_lock)  # a job was queued
         self.running = threading.Lock()  # held while one of its jobs runs (NOTE [Emulated waits])
         self.landed = threading.Condition(threading.Lock())  # one of its events fired
         self.waiters = 0  # threads waiting on ``landed``
         self.parked = False  # the worker waits for a job to be queued (NOTE [Emulated waits])
         self.closed = False  # its worker was told to stop
         self.worker: threading.Thread | None = None
+        self.is_compute = backend is None  # the host thread: no worker
         if backend is not None:
             self.worker = threading.Thread(
                 target=backend._drain, args=(self,), name=f"offrecomp-{label}", daemon=True
             )
             self.worker.start()
-
-    @property
-    def is_compute(self) -> bool:
-        return self.worker is None
 
     def __repr__(self) -> str:
         return f"<emulated stream {self.label}>"
@@ -400,7 +398,7 @@ class EmulatedBackend(Backend):
     def _enqueue(self, stream: _EmuStream, job: Callable[[], None] | None) -> None:
         if stream.closed:
             raise RuntimeError(f"offrecomp: emulated stream {stream.label} was closed")
-        with stream.ready:
+        with stream.queue_lock:
             stream.jobs.append((time.perf_counter() + self.start_delay_s, job))
             if stream.parked:
                 stream.ready.notify()

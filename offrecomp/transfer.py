@@ -67,6 +67,7 @@ class Group:
         "nbytes",
         "offsets",
         "ordinal",
+        "payload_bytes",
         "seq",
         "sizes",
         "sources",
@@ -81,6 +82,7 @@ class Group:
         self.sizes: list[int] = []
         self.offsets: list[int] = []  # slot_offsets(sizes), kept as storages are added
         self.nbytes = 0  # the block's size: aligned slots
+        self.payload_bytes = 0  # bytes of the storages, without alignment
         self.state = GroupState.OPEN
         self.seq = -1  # issue order within the step
         self.fetches = 0  # times a reload was handed to compute
@@ -98,11 +100,13 @@ class Group:
         """Append a storage (an ``UntypedStorage``, or a flat uint8 tensor over one) of
         ``nbytes``; returns its slot. The group holds it until its copy landed."""
         self.sources.append(source)
-        self.sizes.append(nbytes)
+        sizes = self.sizes
+        sizes.append(nbytes)
         end = self.nbytes
         self.offsets.append(end)
         self.nbytes = end + aligned(nbytes)
-        return len(self.sizes) - 1
+        self.payload_bytes += nbytes
+        return len(sizes) - 1
 
     @property
     def ready(self) -> torch.Tensor | None:
@@ -128,11 +132,6 @@ class Group:
     def set_buffer(self, buffer: torch.Tensor | None) -> None:
         self._buffer = buffer
         self._typed = {}
-
-    @property
-    def payload_bytes(self) -> int:
-        """Bytes of the storages, without alignment."""
-        return sum(self.sizes)
 
     def __repr__(self) -> str:
         return (
