@@ -621,7 +621,8 @@ class Placer:
         (``Profile.replay_op_seconds``), so the plan it predicts is the replay that runs.
         Op times are the calibrated ones where the plan has them, else the recording's.
         Returns (dispatch mode pays, seconds of the ops it would run)."""
-        seconds = call.op_seconds or [op.seconds for op in structure.op_records]
+        ops = call.op_times.ops if call.op_times is not None else structure.op_records
+        seconds = [op.seconds for op in ops]
         run = skipped = 0.0
         for a, s in zip(program, seconds):
             if a == RUN:

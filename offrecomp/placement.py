@@ -103,14 +103,8 @@ class Placements:
             return KEEP
         if mode == "offload":
             return OFFLOAD
-        p, placements = call.pass_state, call.placements
-        if (
-            placements
-            and p is not None
-            and p.phase == Phase.PLANNED
-            and not call.record
-            and all(pl is KEEP for pl in placements)
-        ):
+        p = call.pass_state
+        if call.kept_whole and call.placements and p is not None and p.phase == Phase.PLANNED and not call.record:
             return KEEP  # NOTE [Kept planned calls]
         return None
 

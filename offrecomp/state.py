@@ -24,6 +24,8 @@ import torch
 from scheduler.plan import ROOT, Placement
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from offrecomp.regions import (
         ArgState,
         AutocastState,
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     )
     from offrecomp.trace import FirstCallWatch, OpRecorder, RegionStructure, SaveInfo
     from offrecomp.transfer import Group
+    from scheduler.profile import RegionRecord
 
 __all__ = [
     "KeptRef",
@@ -249,7 +252,8 @@ class RegionCall(_WeakReferable):
     arg_state: ArgState | None = None
     """Bindings of the object arguments at entry, kept when the forward changed them
     (NOTE [Stateful arguments])."""
-    placements: list[Placement] | None = None  # planned placement per storage index
+    placements: Sequence[Placement] | None = None  # planned placement per storage index
+    kept_whole: bool = False  # the plan keeps every storage of ``placements``
     fixed: Placement | None = None
     """The placement of every new storage of this call when no plan or rule can vary it
     (forced keep or offload): the pack hook's fast path skips the decision."""
@@ -263,7 +267,7 @@ class RegionCall(_WeakReferable):
     rules applied, valid for a storage of the size in ``table_sizes``."""
     table_sizes: list[int] | None = None
     structure: RegionStructure | None = None
-    op_seconds: list[float] | None = None  # calibrated op times of this call, from the plan's profile
+    op_times: RegionRecord | None = None  # the plan's profile's record of this call: calibrated op times
     storages: list[StorageRec] = field(default_factory=list)
     by_ptr: dict[int, StorageRec] = field(default_factory=dict)  # data_ptr -> storage (checked by identity)
     pack_count: int = 0

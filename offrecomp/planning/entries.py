@@ -94,8 +94,9 @@ class PlanEntry:
     regions_by_key: dict[tuple[str, int], RegionRecord] = field(default_factory=dict)
     """``regions_of``'s region records by call key (``assign``)."""
     placements_of: Plan | None = None
-    placements_by_key: dict[tuple[str, int], list[Placement]] = field(default_factory=dict)
-    """``placements_of``'s placements of each call's storages (``assign``)."""
+    placements_by_key: dict[tuple[str, int], tuple[tuple[Placement, ...], bool]] = field(default_factory=dict)
+    """``placements_of``'s placements of each call's storages, and whether they keep every
+    one (``assign``); shared by the calls, which never change them."""
 
     def take_profile(
         self, profile: Profile, structures: dict[tuple[str, int], RegionStructure], measured_peak_bytes: int
@@ -211,7 +212,8 @@ def assign(entry: PlanEntry, plan: Plan, p: PassState, call: RegionCall) -> bool
     structure for the call (NOTE [Calls the profile lacks])."""
     if call.is_root:
         n = len(entry.profile.root) if entry.profile is not None else 0
-        call.placements = [plan.placement((ROOT, 0, i)) for i in range(n)]
+        root = [plan.placement((ROOT, 0, i)) for i in range(n)]
+        call.placements, call.kept_whole = root, all(pl is KEEP for pl in root)
         return True
     structure = entry.structures.get(call.key)
     if p.phase == Phase.BORROWED:
@@ -237,15 +239,14 @@ def assign(entry: PlanEntry, plan: Plan, p: PassState, call: RegionCall) -> bool
             entry.regions_by_key = {r.key: r for r in entry.profile.regions}
         r = entry.regions_by_key.get(key)
         if r is not None and len(r.ops) == len(structure.op_records):
-            call.op_seconds = [op.seconds for op in r.ops]
+            call.op_times = r  # read by a replay, if one runs
     n = len(structure.storage_records)
     if entry.placements_of is not plan:
         entry.placements_of = plan
         entry.placements_by_key = {}
-    placements = entry.placements_by_key.get(key)
-    if placements is None or len(placements) != n:
-        placements = entry.placements_by_key[key] = [
-            plan.placement((call.name, call.call_index, i)) for i in range(n)
-        ]
-    call.placements = list(placements)  # a call may change its own (fallbacks)
+    cached = entry.placements_by_key.get(key)
+    if cached is None or len(cached[0]) != n:
+        planned = tuple(plan.placement((call.name, call.call_index, i)) for i in range(n))
+        cached = entry.placements_by_key[key] = (planned, all(pl is KEEP for pl in planned))
+    call.placements, call.kept_whole = cached
     return True

@@ -44,6 +44,16 @@ class OffloadTrial:
     allow_offload: bool = True
     with_offload: list[float] = field(default_factory=list)
     without_offload: list[float] = field(default_factory=list)
+    _plan: Plan | None = field(default=None, repr=False, compare=False)
+    _plan_offloads: bool = field(default=False, repr=False, compare=False)
+
+    def offloads(self, plan: Plan) -> bool:
+        """Does ``plan`` offload a storage? Read once per plan (a step reads it every
+        pass; a plan's placements do not change once solved)."""
+        if self._plan is not plan:
+            self._plan = plan
+            self._plan_offloads = any(pl == Placement.OFFLOAD for _, pl in plan)
+        return self._plan_offloads
 
     def observe(self, offloads: bool, measured: float, predicted: float | None) -> str | None:
         """One planned pass of a plan that ``offloads`` (or not), ``measured`` seconds
@@ -104,7 +114,7 @@ def offload_trial(
     plan, profile, trial = entry.plan, entry.profile, entry.trial
     if plan is None or profile is None or trial.state == "settled":
         return None
-    offloads = any(pl == Placement.OFFLOAD for _, pl in plan)
+    offloads = trial.offloads(plan)
     predicted = entry.live.step_seconds if entry.live is not None else plan.predicted_step_seconds
     action = trial.observe(offloads, step_seconds, predicted)
     if action == "try":
