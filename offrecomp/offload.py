@@ -67,7 +67,7 @@ TIME_EVERY = 4
 #      on compute after the allocation.
 #   5. compute_after_h2d: fetch() makes the live compute stream wait on the reload's
 #      event once per reload, before it returns, so the caller's kernels read the buffer
-#      only after the H2D copy landed.
+#      only after the H2D copy landed (unless query() says it landed already).
 #   6. free_after_h2d: a reload the caller never fetched (a prefetch past the end of
 #      backward) is waited on by compute before the engine drops its buffer, so the
 #      allocator cannot hand that block to compute work while the copy still writes it.
@@ -135,7 +135,9 @@ TIME_EVERY = 4
 # Link rates come from timing events recorded around one group copy in TIME_EVERY on
 # each side stream; the other copies use untimed events, the cheap ones for ordering.
 # Stall time comes from a pair of timing events around fetch()'s compute-stream wait
-# (on the emulated backend these are host timestamps around the host wait). Elapsed
+# (on the emulated backend these are host timestamps around the host wait); a reload
+# whose event query() already reports complete costs compute no wait (5 below is
+# skipped too), so it takes no events and books no stall. Elapsed
 # times are read only once query() says the end event completed, so a step's stats
 # include the copies that landed by end_step() and carry the rest into the next step
 # (`pending_timings`). Bandwidth is computed from the bytes whose time is known. Host
