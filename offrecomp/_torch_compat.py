@@ -41,6 +41,17 @@ def current_graph_task_id() -> int:
     return int(torch._C._current_graph_task_id())
 
 
+def _no_sequence_nr() -> int:
+    return -1
+
+
+#: The thread's next autograd sequence number: every saved tensor of one op reads the
+#: same value in the pack hook (the op's node takes its number before it saves), the
+#: next op's a larger one. Where torch lacks it, -1 for every op: a replay then runs its
+#: forward to the end (NOTE [Replay], step 5).
+sequence_nr: Callable[[], int] = getattr(torch._C._autograd, "_get_sequence_nr", _no_sequence_nr)
+
+
 def queue_backward_callback(fn: Callable[[], None]) -> None:
     """Run ``fn`` when the current backward finishes (only valid inside backward).
 

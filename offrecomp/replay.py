@@ -15,7 +15,13 @@ The first backward access to a dropped tensor of a region call replays that call
   5. an inner saved-tensor hook pair numbers the saves exactly as the forward did and
      captures only the ones that were dropped and are still needed; right after the
      last of them it stops the forward by raising a private exception, so nothing past
-     it is recomputed (early stop);
+     it is recomputed (early stop). Autograd saves an op's inputs before its kernel
+     runs, and an op may fill an input it saves (``rrelu_with_noise`` writes its
+     ``noise``); such an input cannot require grad (autograd would see a write to it),
+     so when the op that made the last needed save also made a needed save that does
+     not require grad, that op finishes first: the replay stops at the first save, or
+     under the serving mode the first op, of a later op (the saves of one op read one
+     autograd sequence number, a later op's a larger one);
   6. when the region has a recorded structure, ``ServingMode`` returns held outputs for
      the ops replay need not run (NOTE [Which ops replay runs] in trace/structure.py)
      and checks that replay dispatches the same ops as the forward.
@@ -59,6 +65,7 @@ __all__ = ["ReplayDivergedError", "in_replay", "replay_call"]
 
 log = logging.getLogger(__name__)
 _graph_task_id = tc.graph_task_id
+_sequence_nr = tc.sequence_nr
 
 _tls = ThreadDepth()  # replays running on this thread
 
@@ -290,10 +297,26 @@ def _replay_forward(
         call.forward_fn(*args, **kwargs)
 
 
+_WRITES: dict[Any, bool] = {}
+
+
+def _writes_an_argument(func: Any) -> bool:
+    """Does the ATen op ``func`` write one of its arguments (its schema marks one ``!``)?"""
+    writes = _WRITES.get(func)
+    if writes is None:
+        schema = getattr(func, "_schema", None)
+        writes = schema is None or any(
+            a.alias_info is not None and a.alias_info.is_write for a in schema.arguments
+        )
+        _WRITES[func] = writes
+    return writes
+
+
 class _SaveCapture:
     """The replay's saved-tensor hook pair (NOTE [Replay], step 5): numbers the saves as
     the forward did, captures the needed ones, and stops the forward right after the
-    last of them."""
+    last of them (after its op, when that op also saved a needed tensor that does not
+    require grad)."""
 
     def __init__(self, region_name: str, needed: set[int], *, hold: bool) -> None:
         self.region_name = region_name
@@ -304,7 +327,9 @@ class _SaveCapture:
         self.task = _graph_task_id()  # the backward the replay runs in (-1 outside one)
         self.captured: dict[int, torch.Tensor] = {}
         self.counter = 0  # saves numbered so far in this run of the forward
-        self.stopped = False  # the last needed save is captured: the forward was stopped
+        self.complete = -2  # once every needed save is captured: the sequence number of its op
+        self.unfilled = -2  # the sequence number of the last op with a needed save not requiring grad
+        self.stopped = False  # the forward was stopped
         self.running = False  # the replayed forward is running
         self.wants_hold = False  # the forward unpacked a save of its own: run it again, holding
         self.mode: ServingMode | None = None
@@ -313,11 +338,15 @@ class _SaveCapture:
         """A run of the forward starts (again) from its first save."""
         self.counter = 0
         self.captured.clear()
+        self.complete = -2
+        self.unfilled = -2
         self.mode = mode
 
     def pack(self, t: torch.Tensor) -> Any:
         if _graph_task_id() != self.task:
             return t  # NOTE [Backward inside a forward]: saved by an inner backward
+        if self.complete != -2:
+            self.stop_after_its_op()
         i = self.counter
         self.counter += 1
         if i in self.needed:
@@ -329,10 +358,25 @@ class _SaveCapture:
                         "it saves a tensor the recording did not compute"
                     )
                 self.captured[i] = t.detach()
+            seq = _sequence_nr()
+            if not t.requires_grad:
+                self.unfilled = seq  # its op may still write it (NOTE [Replay], step 5)
             if i >= self.last:
-                self.stopped = True
-                raise _StopReplay
+                if self.unfilled != seq:
+                    self.stopped = True
+                    raise _StopReplay
+                self.complete = seq  # stop at a later op
+                if mode is not None:
+                    mode.before_op = self.stop_after_its_op
         return t if self.hold else _THROWAWAY
+
+    def stop_after_its_op(self, func: Any = None) -> None:
+        """Stop the forward if the op running now (saving, or ``func`` dispatched under
+        the serving mode) is a later one than the op that made the last needed save, or
+        is that op and writes none of its arguments."""
+        if _sequence_nr() != self.complete or (func is not None and not _writes_an_argument(func)):
+            self.stopped = True
+            raise _StopReplay
 
     def unpack(self, x: Any) -> Any:
         if x is not _THROWAWAY:

@@ -10,7 +10,7 @@ a parameter modified since the forward.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -81,6 +81,9 @@ class ServingMode(_RegionMode):
         self.program = program
         self.storage_tensors = storage_tensors
         self.index = 0
+        self.before_op: Callable[[Any], None] | None = None
+        """Called with each op before it runs, once set: the replay's early stop (NOTE
+        [Replay] in offrecomp/replay.py) raises from it."""
         self.ran = 0  # compute ops run (views excluded)
         self.served = 0
         self.stubbed = 0
@@ -112,6 +115,8 @@ class ServingMode(_RegionMode):
         kwargs = kwargs or {}
         if _is_internal():
             return func(*args, **kwargs)
+        if self.before_op is not None:
+            self.before_op(func)
         k = self.index
         self.index += 1
         st = self.structure

@@ -498,3 +498,35 @@ def test_replay_runs_in_the_train_mode_of_its_forward(mode: str) -> None:
     assert rt.report().steps[-1].replays > 0
     for a, b in zip(ref, got):
         assert torch.equal(a, b)
+
+
+class _FilledSaveBlock(nn.Module):
+    """Its last save is ``rrelu_with_noise``'s ``noise``: an input autograd saves before
+    the op's kernel fills it (``F.rrelu`` makes it with ``empty_like``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.act = nn.RReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.fc(x))
+
+
+class _FilledSaveModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([_FilledSaveBlock() for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto_tight", "auto_serve"])
+def test_a_replay_stops_after_the_op_that_made_the_last_needed_save(variant: str) -> None:
+    """NOTE [Replay], step 5: stopped inside the pack of the last needed save, the replay
+    would hand back ``noise`` before rrelu's kernel wrote it (uninitialised memory)."""
+    torch.manual_seed(0)
+    check_variant(_FilledSaveModel(), lambda s: torch.randn(4, 8, generator=torch.Generator().manual_seed(s)), variant)
