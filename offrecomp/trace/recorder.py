@@ -9,6 +9,7 @@ first call and records what a replay needs that the capture cannot see at entry.
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from collections.abc import Sequence
@@ -121,6 +122,59 @@ class FirstCallWatch(_RegionMode):
         return func(*args, **kwargs)
 
 
+# NOTE [Host reads]
+# ``.tolist()`` and ``.numpy()`` (and ``np.asarray``, through ``__array__``) hand Python a
+# CPU tensor's values without dispatching an ATen op, so the recorder cannot see them,
+# while the region's code may branch on them as on ``.item()``'s. While a recorder runs
+# on a thread, those two methods of torch.Tensor are wrapped (once for all threads,
+# counted, and put back when the last recorder stops) to tell it; the region is then
+# opaque (NOTE [Which ops replay runs] in structure.py). Not a function mode: torch.compile
+# guards on the function-mode stack, so one would recompile every compiled function the
+# region calls. A CUDA tensor's values reach Python through a copy to the CPU, an op.
+
+_HOST_READ_METHODS = ("tolist", "numpy")
+_host_read_lock = threading.Lock()
+_host_read_users = 0
+_recording = threading.local()
+
+
+def _wrap_host_read(name: str) -> Any:
+    original = getattr(torch._C.TensorBase, name)
+
+    def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        recorder = getattr(_recording, "recorder", None)
+        if recorder is not None and not _is_internal():
+            while recorder is not None:  # nested regions: each outer one read it too
+                recorder.host_reads = True
+                recorder = recorder.outer_recorder
+        return original(self, *args, **kwargs)
+
+    read.__name__ = name
+    read.__doc__ = original.__doc__
+    return read
+
+
+def _watch_host_reads(recorder: OpRecorder, start: bool) -> None:
+    """Start or stop telling ``recorder`` (this thread's innermost) of host reads."""
+    global _host_read_users
+    with _host_read_lock:
+        if start:
+            if _host_read_users == 0:
+                for name in _HOST_READ_METHODS:
+                    setattr(torch.Tensor, name, _wrap_host_read(name))
+            _host_read_users += 1
+        else:
+            _host_read_users -= 1
+            if _host_read_users == 0:
+                for name in _HOST_READ_METHODS:
+                    delattr(torch.Tensor, name)
+    if start:
+        recorder.outer_recorder = getattr(_recording, "recorder", None)
+        _recording.recorder = recorder
+    else:
+        _recording.recorder = recorder.outer_recorder
+
+
 class OpRecorder(_RegionMode):
     """Records the ATen ops of one region call (measuring pass only)."""
 
@@ -147,11 +201,16 @@ class OpRecorder(_RegionMode):
         """Storages legitimately from outside the region: inputs, parameters, buffers."""
         self.collective = False
         """A collective ran in the region (NOTE [Collective regions])."""
+        self.outer_recorder: OpRecorder | None = None  # the recorder of an enclosing region
+        self.host_reads = False
+        """The region's code read tensor values through a method no ATen op stands for
+        (NOTE [Host reads])."""
 
     def start(self) -> None:
         """The region's forward begins: record its ops (or, passive, start its one op)."""
         if not self.passive:
             self.__enter__()
+            _watch_host_reads(self, True)
             return
         op = _Op(name=COMPILED_FORWARD, func=None, start=time.perf_counter(), end=0.0)
         if self._events:
@@ -162,6 +221,7 @@ class OpRecorder(_RegionMode):
     def stop(self) -> None:
         """The region's forward returned (or raised)."""
         if not self.passive:
+            _watch_host_reads(self, False)
             self.__exit__(None, None, None)
             return
         op = self.ops[0]

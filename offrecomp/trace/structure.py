@@ -41,7 +41,9 @@ the recorded path through the region's Python code. It does not, or may not, whe
     the dispatcher never sees. The region is *opaque*: replay runs its whole prefix, as
     torch.utils.checkpoint does, and serves nothing;
   * an op handed Python a value or a shape that depends on the data (``.item()``,
-    ``bool(t)``, ``nonzero``, ``unique``): the code may branch on it, so another pass may
+    ``bool(t)``, ``nonzero``, ``unique``), or the code read tensor values through a
+    method no op stands for (``.tolist()``, ``.numpy()``, ``np.asarray``; NOTE [Host
+    reads] in recorder.py): the code may branch on it, so another pass may
     run other ops, or the same ops on other tensors, than the recording. The region is
     *opaque*: replay reruns the prefix plainly, following this pass's own branches;
   * an op read a tensor that no op of the region created and that is neither a region
@@ -242,6 +244,7 @@ def _is_opaque(rec: OpRecorder) -> bool:
         or (not rec.grad_enabled_at_entry)
         or any(not op.grad_enabled for op in rec.ops)
         or any(_branches_on_data(op) for op in rec.ops)
+        or rec.host_reads
     )
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -530,3 +532,61 @@ def test_a_replay_stops_after_the_op_that_made_the_last_needed_save(variant: str
     would hand back ``noise`` before rrelu's kernel wrote it (uninitialised memory)."""
     torch.manual_seed(0)
     check_variant(_FilledSaveModel(), lambda s: torch.randn(4, 8, generator=torch.Generator().manual_seed(s)), variant)
+
+
+class _HostReadBlock(nn.Module):
+    """Branches on a value read through ``.tolist()`` or ``np.asarray``: no ATen op hands
+    it to Python, unlike ``.item()``."""
+
+    def __init__(self, read: str) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 16)
+        self.read = read
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        m = h.mean().reshape(1)
+        v = float(m.tolist()[0]) if self.read == "tolist" else float(np.asarray(m.detach())[0])
+        return x + (torch.tanh(self.b(h)) if v > 0 else torch.sigmoid(self.b(h))) * v
+
+
+class _Sum(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("read", ["tolist", "numpy"])
+def test_a_region_reading_values_without_an_op_is_replayed_plainly(read: str) -> None:
+    """NOTE [Which ops replay runs]: under the dispatch mode a replay would hand that read
+    a placeholder's garbage, and the branch it picks may be the recorded one and not this
+    pass's, which no divergence check sees."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_HostReadBlock(read) for _ in range(3)], _Sum())
+    rt, _ = check_variant(model, lambda s: torch.randn(4, 16, generator=torch.Generator().manual_seed(s)), "auto_serve", steps=6)
+    entry = next(iter(rt.planner.entries.values()))
+    assert entry.structures and all(st.opaque for st in entry.structures.values())
+    assert "tolist" not in vars(torch.Tensor) and "numpy" not in vars(torch.Tensor)  # NOTE [Host reads]
+
+
+def test_host_read_watch_ends_with_a_recorded_forward_that_raised() -> None:
+    class Failing(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList([_HostReadBlock("tolist") for _ in range(2)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for b in self.blocks:
+                x = b(x)
+            return x.sum()
+
+    def boom(module: nn.Module, args: Any, out: Any) -> None:
+        assert "tolist" in vars(torch.Tensor)  # the measuring pass's recorder watches
+        raise ValueError("boom")  # inside the region's call, after its host read
+
+    m = Failing()
+    m.blocks[1].b.register_forward_hook(boom)
+    with offrecomp.runtime(m, mode="auto"), pytest.raises(ValueError, match="boom"):
+        m(torch.randn(2, 16))
+    assert "tolist" not in vars(torch.Tensor) and "numpy" not in vars(torch.Tensor)
+    assert torch.tensor([1.5]).tolist() == [1.5]
