@@ -52,6 +52,12 @@ def _no_sequence_nr() -> int:
 sequence_nr: Callable[[], int] = getattr(torch._C._autograd, "_get_sequence_nr", _no_sequence_nr)
 
 
+def is_functorch_wrapped(t: torch.Tensor) -> bool:
+    """Is ``t`` a tensor wrapped by a functorch transform (vmap's batched tensors)?"""
+    check = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+    return bool(check(t)) if check is not None else False
+
+
 def queue_backward_callback(fn: Callable[[], None]) -> None:
     """Run ``fn`` when the current backward finishes (only valid inside backward).
 

@@ -107,8 +107,21 @@ class RegionCalls:
     def _capture(
         self, p: PassState, call: RegionCall, region: Region, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        """Keep what a replay of this call needs (see regions.py)."""
+        """Keep what a replay of this call needs (see regions.py). Not for a call under a
+        functorch transform (``torch.func.vmap``): its inputs are wrapped tensors of a
+        transform level that is gone when backward runs, so no replay could start from
+        them; the call keeps its activations."""
         cap = capture_inputs(args, kwargs)
+        if any(t is not None and tc.is_functorch_wrapped(t) for t in cap.tensors):
+            warn_once(
+                f"functorch:{kind(region)}",
+                "offrecomp: region %r (and any other like it) runs under a functorch "
+                "transform (torch.func.vmap); "
+                "its calls there keep their activations (no replay can start from "
+                "transform-wrapped inputs)",
+                region.name,
+            )
+            return
         call.inputs = cap
         devices = cap.devices()
         if self._device.device is not None:

@@ -177,3 +177,34 @@ def test_flex_attention_blocks_on_cuda(variant: str) -> None:
     if not all(torch.equal(a[k], b[k]) for a, b in zip(ref, again) for k in a):
         pytest.skip("plain CUDA runs differ run to run (nondeterministic kernels)")
     _check_opaque_blocks(model, batch, variant, ref)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "auto", "offload"])
+def test_blocks_called_under_vmap_keep_their_activations(mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A forward under ``torch.func.vmap``, then an ordinary backward: the region inputs
+    are batched tensors of a vmap level that is gone by backward, so no replay can start
+    from them; the calls keep their activations (a warning says so) and the gradients are
+    plain's."""
+    import offrecomp
+    import offrecomp.diagnostics
+
+    offrecomp.diagnostics.clear_warnings()  # it comes once per kind of block in a process
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(3)])
+    x = torch.randn(5, 4, 8)
+
+    def step(m: nn.Module) -> dict[str, torch.Tensor]:
+        torch.func.vmap(m)(x).square().sum().backward()
+        grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+        m.zero_grad(set_to_none=True)
+        return grads
+
+    ref = copy.deepcopy(model)
+    want = [step(ref) for _ in range(3)]
+    m = copy.deepcopy(model)
+    with offrecomp.runtime(m, mode=mode, min_bytes=0):
+        got = [step(m) for _ in range(3)]
+    for a, b in zip(want, got):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    if mode != "offload":
+        assert any("functorch transform" in r.getMessage() for r in caplog.records)
