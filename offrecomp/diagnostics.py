@@ -8,6 +8,7 @@ runtime), never an error: the runtime still trains correctly, it only places les
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +45,18 @@ def warn_once(key: str, msg: str, *args: Any) -> None:
         return
     _warned.add(key)
     log.warning(msg, *args)
+
+
+def warn_other_thread() -> None:
+    """A forward with grad runs on a thread without the runtime's saved-tensor hooks."""
+    warn_once(
+        "other_thread",
+        "offrecomp: the model's forward runs on a thread (%r) that did not enter the "
+        "runtime; saved-tensor hooks are per thread, so it runs plainly (nothing kept, "
+        "offloaded or recomputed by offrecomp, no step recorded). Enter "
+        "offrecomp.runtime(...) on the thread that runs the forward.",
+        threading.current_thread().name,
+    )
 
 
 def clear_warnings() -> None:

@@ -61,6 +61,7 @@ from offrecomp.diagnostics import (
     checkpoints_itself,
     inside_compiled,
     warn_compiled,
+    warn_other_thread,
     world_size,
 )
 from offrecomp.lifecycle import Lifecycle
@@ -232,8 +233,10 @@ class Installer:
                 and not torch.is_inference_mode_enabled()
                 and not in_replay()
                 and tc.current_graph_task_id() == -1
-                and tc.top_saved_tensors_hooks() is not None  # not another thread
             ):
+                if tc.top_saved_tensors_hooks() is None:
+                    warn_other_thread()
+                    return None
                 if (compiling or _is_compiled(module)) and regions:
                     warn_compiled(", ".join(r.name for r in regions))
                 life.signature, life.family, life.dims = signature_of(args, kwargs, module.training, name)

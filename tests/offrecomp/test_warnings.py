@@ -89,3 +89,22 @@ def test_a_forward_under_the_users_save_on_cpu_is_a_step_per_optimizer_step(
     assert _unfinished(caplog) == []
     hidden = [r.getMessage() for r in caplog.records if "owns their activations" in r.getMessage()]
     assert len(hidden) == 1 and "a saved-tensor hook around the model's forward" in hidden[0], hidden
+
+
+def test_a_forward_on_a_thread_that_did_not_enter_says_it_runs_plainly(caplog: pytest.LogCaptureFixture) -> None:
+    """Saved-tensor hooks are per thread: a forward on another thread is not the runtime's
+    (its gradients are plain's, it records no step), and a warning says so."""
+    import threading
+
+    import offrecomp.diagnostics
+
+    offrecomp.diagnostics.clear_warnings()
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(3)])
+    x = torch.randn(4, 8)
+    with offrecomp.runtime(model, mode="recompute", min_bytes=0) as rt:
+        worker = threading.Thread(target=lambda: model(x).sum().backward(), name="trainer")
+        worker.start()
+        worker.join()
+    assert not rt.report().steps
+    assert any("thread ('trainer')" in r.getMessage() for r in caplog.records)
