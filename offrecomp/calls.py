@@ -98,11 +98,25 @@ class RegionCalls:
         if region.writes_state:
             call.writes_state = True
         elif region.writes_state is None and call.inputs is not None and not region.compiled:
-            call.watch = FirstCallWatch(call.inputs, call.params)  # NOTE [State written by its region]
+            # NOTE [State written by its region]
+            call.watch = FirstCallWatch(
+                call.inputs, call.params, self._foreign_storages(region, call), lambda: _writes_foreign(call)
+            )
         self._placements.build_table(call)
         self._life.call_started(call)
         call.start_mark = self._device.mark()
         return call
+
+    def _foreign_storages(self, region: Region, call: RegionCall) -> frozenset[int]:
+        """Storages of the model that ``call`` neither owns (its region's parameters and
+        buffers) nor takes as an argument."""
+        own = {
+            int(t.untyped_storage().data_ptr())
+            for t in [*region.module.parameters(), *region.module.buffers(), *(call.inputs.tensors if call.inputs else ())]
+            if t is not None and type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided
+            and t.device.type != "meta"
+        }
+        return self._model_storages() - own
 
     def _capture(
         self, p: PassState, call: RegionCall, region: Region, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -166,6 +180,17 @@ class RegionCalls:
         if call.watch is not None and region is not None:
             region.generators = [g for g, _ in call.watch.generators.values()]
             call.generators = list(call.watch.generators.values())
+        if region is not None and call.watch is not None and call.watch.foreign_written:
+            call.watch = None
+            region.writes_state = True
+            warn_once(
+                f"foreign:{kind(region)}",
+                "offrecomp: region %r (and any other like it) writes in place a tensor of the "
+                "model that it neither "
+                "owns nor takes as an argument (a buffer reached through a plain attribute, "
+                "say); a replay would write it again, so its activations are kept",
+                region.name,
+            )
         if region is not None and call.inputs is not None and not call.writes_state:
             _check_state_writes(region, call, written)
         if call.arg_state is not None and call.inputs is not None:
@@ -237,7 +262,19 @@ def _warn_big_buffers(call: RegionCall, region: Region) -> None:
 # state at every call would let it recompute, for its bytes per call; the planner does
 # not model such a copy.) A write the watch cannot see (compiled code, a higher-order
 # operator, a later call that writes when the first did not) is found by versions at
-# exit; that call's replay raises, and the region is kept from then on.
+# exit; that call's replay raises, and the region is kept from then on. A write to a
+# tensor of the model the call neither owns nor takes as an argument (a buffer of a
+# module the block reaches through a plain attribute) has no copy to replay from: from
+# that op on, the watched call keeps what it saves, so its replay stops before the
+# write, and the region is kept from then on, with a warning.
+
+
+def _writes_foreign(call: RegionCall) -> None:
+    """NOTE [State written by its region]: ``call``'s forward is about to write a tensor
+    of the model it does not own: what it saves from now on is kept (a replay stops
+    before that write: everything after it needs none)."""
+    call.writes_state = True
+    call.fixed = call.table = None
 
 
 def _check_state_writes(region: Region, call: RegionCall, params: list[int]) -> None:

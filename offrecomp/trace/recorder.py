@@ -97,10 +97,18 @@ class FirstCallWatch(_RegionMode):
       its region]);
     * a random op drawing from a ``torch.Generator`` of the region's own (not the global
       one) records that generator and its state at its first draw, the state it had when
-      the call entered (NOTE [Private generators] in replay.py)."""
+      the call entered (NOTE [Private generators] in replay.py);
+    * an op about to write a tensor of the model that the call neither owns nor takes
+      as an argument (``foreign``: a buffer reached through a plain attribute) calls
+      ``on_foreign``, once."""
 
-    def __init__(self, cap: Any, params: Any) -> None:
+    def __init__(self, cap: Any, params: Any, foreign: frozenset[int] = frozenset(), on_foreign: Any = None) -> None:
         super().__init__()
+        self.foreign = foreign
+        """Storages of the model the call neither owns nor takes as an argument."""
+        self.on_foreign = on_foreign
+        """Called at the first write to one of them (NOTE [State written by its region])."""
+        self.foreign_written = False
         # storage -> (holder, index): regions.CapturedInputs and regions.ParamState, each
         # with keep_copy(index)
         self.by_ptr: dict[int, list[tuple[Any, int]]] = {}
@@ -115,10 +123,15 @@ class FirstCallWatch(_RegionMode):
         gen = kwargs.get("generator")
         if isinstance(gen, torch.Generator) and id(gen) not in self.generators:
             self.generators[id(gen)] = (gen, gen.get_state())
-        if self.by_ptr:
+        if self.by_ptr or (self.foreign and not self.foreign_written):
             for x in written_tensors(func, args, kwargs):  # none for a higher-order op
-                for holder, i in self.by_ptr.get(int(x.untyped_storage().data_ptr()), ()):
+                ptr = int(x.untyped_storage().data_ptr())
+                for holder, i in self.by_ptr.get(ptr, ()):
                     holder.keep_copy(i)
+                if ptr in self.foreign and not self.foreign_written:
+                    self.foreign_written = True
+                    if self.on_foreign is not None:
+                        self.on_foreign()
         return func(*args, **kwargs)
 
 

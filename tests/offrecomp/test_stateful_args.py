@@ -5,6 +5,7 @@ must leave the object as it found it."""
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import pytest
@@ -15,7 +16,7 @@ from torch import nn
 import offrecomp
 import offrecomp.diagnostics
 from offrecomp.regions import ARG_STATE_MAX_ITEMS, ArgState
-from tests.helpers import ZOO_VARIANTS, check_variant
+from tests.helpers import ZOO_VARIANTS, check_variant, tight_budget, train, train_bitwise
 
 STEPS = 4
 
@@ -152,3 +153,59 @@ def test_state_too_large_to_record_is_named_in_a_warning_when_it_changes(
         assert msgs and "Big" in msgs[0] and "use_cache=False" in msgs[0]
     else:
         assert not msgs
+
+
+class _SharedStats(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("ema", torch.zeros(16))
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        self.ema.mul_(0.9).add_(0.1 * y.detach().mean(0))
+        return y + self.ema
+
+
+class _ForeignWriter(nn.Module):
+    """Updates a buffer of a module it reaches through a plain attribute, not one of its
+    own submodules nor an argument: no snapshot of it exists for a replay."""
+
+    def __init__(self, stats: _SharedStats) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 16)
+        self.stats = [stats]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        return x + self.b(self.stats[0](h))
+
+
+class _ForeignModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stats = _SharedStats()
+        self.blocks = nn.ModuleList([_ForeignWriter(self.stats) for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto_tight", "auto_serve"])
+def test_a_region_writing_a_tensor_it_does_not_own_is_kept(variant: str, caplog: pytest.LogCaptureFixture) -> None:
+    """NOTE [State written by its region]: a replay would update the shared buffer a second
+    time and read its later value. The watched first call keeps what it saves from the
+    write on (its replay stops before it), and the region is kept from then on."""
+    offrecomp.diagnostics.clear_warnings()
+    torch.manual_seed(0)
+    model = _ForeignModel()
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(4, 16, generator=torch.Generator().manual_seed(s))
+
+    ref = train(copy.deepcopy(model), batch, steps=4)
+    budget = tight_budget(model, batch) if variant != "recompute" else None
+    m = copy.deepcopy(model)
+    train_bitwise(m, batch, variant, budget, ref, steps=4)  # the buffer is compared too
+    assert any("neither owns nor takes" in r.getMessage() for r in caplog.records)
