@@ -597,6 +597,9 @@ class ParamState:
     first call's watch; NOTE [State written by its region])."""
     unseen: list[int] = field(default_factory=list)
     """Slots the forward wrote with no copy taken before: a replay cannot be right."""
+    requires_grad: tuple[bool, ...] = ()
+    """Their ``requires_grad`` at region entry (a replay saves what the forward saved
+    only with the same flags)."""
 
     def keep_copy(self, i: int) -> None:
         """Parameter ``i`` is about to be written by the forward: keep its values."""
@@ -614,7 +617,8 @@ def capture_params(slots: tuple[tuple[nn.Module, str], ...]) -> ParamState | Non
     if not slots:
         return None
     objects = tuple(param_of(m, n) for m, n in slots)
-    return ParamState(slots, objects, _versions(objects))
+    flags = tuple(t is not None and t.requires_grad for t in objects)
+    return ParamState(slots, objects, _versions(objects), requires_grad=flags)
 
 
 def finish_params(state: ParamState | None) -> list[int]:

@@ -185,7 +185,8 @@ def _swap_buffers(call: RegionCall) -> Iterator[None]:
 @contextlib.contextmanager
 def _swap_params(call: RegionCall) -> Iterator[None]:
     """NOTE [Replay and parameters]: the replay runs with the parameters the forward ran
-    with; the slots hold what they held before it afterwards."""
+    with, and their ``requires_grad`` as it was; the slots and flags are as they were
+    before it afterwards."""
     entry = call.params
     if entry is None:
         yield
@@ -200,6 +201,12 @@ def _swap_params(call: RegionCall) -> Iterator[None]:
             "computed. Hint: keep such state in a buffer, or keep this region (regions=)."
         )
     swapped: list[tuple[nn.Module, str, torch.Tensor | None]] = []
+    flipped = [
+        p for p, flag in zip(entry.objects, entry.requires_grad)
+        if p is not None and p.is_leaf and p.requires_grad != flag
+    ]  # requires_grad switched since the forward: as it was for the replay, then back
+    for p in flipped:
+        p.requires_grad_(not p.requires_grad)
     for i, ((m, n), t) in enumerate(zip(slots, entry.objects)):
         now = param_of(m, n)
         before = entry.snapshots.get(i)
@@ -218,6 +225,8 @@ def _swap_params(call: RegionCall) -> Iterator[None]:
     finally:
         for m, n, now in reversed(swapped):
             m._parameters[n] = now  # type: ignore[assignment]
+        for p in flipped:
+            p.requires_grad_(not p.requires_grad)
 
 
 def _param_guard(call: RegionCall) -> ParamGuard | None:

@@ -5,8 +5,10 @@ must leave the object as it found it."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
+from typing import Any
 
 import pytest
 import torch
@@ -209,3 +211,36 @@ def test_a_region_writing_a_tensor_it_does_not_own_is_kept(variant: str, caplog:
     m = copy.deepcopy(model)
     train_bitwise(m, batch, variant, budget, ref, steps=4)  # the buffer is compared too
     assert any("neither owns nor takes" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto_frugal"])
+def test_requires_grad_switched_between_forward_and_backward(variant: str) -> None:
+    """NOTE [Replay and parameters]: a block frozen after its forward and before the
+    backward is replayed with the flags the forward saw (it saves what the forward saved),
+    and the flags are the user's again afterwards."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(3)])
+
+    def run(m: nn.Module, ctx: Any) -> list[torch.Tensor | None]:
+        grads: list[torch.Tensor | None] = []
+        with ctx:
+            for s in range(4):
+                x = torch.randn(4, 8, generator=torch.Generator().manual_seed(s))
+                loss = m(x).square().sum()
+                for p in m[1].parameters():
+                    p.requires_grad_(False)
+                loss.backward()
+                assert not any(p.requires_grad for p in m[1].parameters())
+                for p in m[1].parameters():
+                    p.requires_grad_(True)
+                grads += [None if p.grad is None else p.grad.clone() for p in m.parameters()]
+                m.zero_grad(set_to_none=True)
+        return grads
+
+    want = run(copy.deepcopy(model), contextlib.nullcontext())
+    m = copy.deepcopy(model)
+    # auto under a budget it cannot meet: its most frugal plan drops what it can
+    kw: dict[str, Any] = {"mode": "recompute"} if variant == "recompute" else {"mode": "auto", "budget": 1}
+    got = run(m, offrecomp.runtime(m, min_bytes=0, **kw))
+    assert len(want) == len(got)
+    assert all((a is None and b is None) or (a is not None and b is not None and torch.equal(a, b)) for a, b in zip(want, got))
