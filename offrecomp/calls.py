@@ -98,7 +98,7 @@ class RegionCalls:
         if region.writes_state:
             call.writes_state = True
         elif region.writes_state is None and call.inputs is not None and not region.compiled:
-            # NOTE [State written by its region]
+            # see NOTE [State written by its region]
             call.watch = FirstCallWatch(
                 call.inputs, call.params, self._foreign_storages(region, call), lambda: _writes_foreign(call)
             )
