@@ -18,10 +18,12 @@ The first backward access to a dropped tensor of a region call replays that call
      it is recomputed (early stop). Autograd saves an op's inputs before its kernel
      runs, and an op may fill an input it saves (``rrelu_with_noise`` writes its
      ``noise``); such an input cannot require grad (autograd would see a write to it),
-     so when the op that made the last needed save also made a needed save that does
-     not require grad, that op finishes first: the replay stops at the first save, or
-     under the serving mode the first op, of a later op (the saves of one op read one
-     autograd sequence number, a later op's a larger one);
+     and no op wrote it yet (version 0: ``empty_like`` made it). So when the op that made
+     the last needed save also made a needed save like that, that op finishes first:
+     the replay stops at the first op after it (the saves of one op read one autograd
+     sequence number, a later op's a larger one), under the serving mode before the op
+     itself when it writes none of its arguments. A dropout mask (written by
+     ``bernoulli_``) or a tensor that requires grad stops the replay at once;
   6. when the region has a recorded structure, ``ServingMode`` returns held outputs for
      the ops replay need not run (NOTE [Which ops replay runs] in trace/structure.py)
      and checks that replay dispatches the same ops as the forward.
@@ -321,6 +323,28 @@ def _writes_an_argument(func: Any) -> bool:
     return writes
 
 
+class _StopAtALaterOp(tc.TorchDispatchMode):
+    """Pushed by a plain replay's save hook once every needed save is captured but the op
+    that made the last of them may still fill one (NOTE [Replay], step 5): stops the
+    forward at the first op dispatched with another autograd sequence number. The op
+    being saved for took its dispatch keys before the push; ops its kernel calls, and ops
+    without grad, carry its number or none new, and run."""
+
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+    def __init__(self, saves: _SaveCapture) -> None:
+        super().__init__()
+        self.saves = saves
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.saves.stop_after_its_op()
+        return func(*args, **(kwargs or {}))
+
+
 class _SaveCapture:
     """The replay's saved-tensor hook pair (NOTE [Replay], step 5): numbers the saves as
     the forward did, captures the needed ones, and stops the forward right after the
@@ -338,6 +362,7 @@ class _SaveCapture:
         self.counter = 0  # saves numbered so far in this run of the forward
         self.complete = -2  # once every needed save is captured: the sequence number of its op
         self.unfilled = -2  # the sequence number of the last op with a needed save not requiring grad
+        self.stop_mode: _StopAtALaterOp | None = None
         self.stopped = False  # the forward was stopped
         self.running = False  # the replayed forward is running
         self.wants_hold = False  # the forward unpacked a save of its own: run it again, holding
@@ -347,6 +372,7 @@ class _SaveCapture:
         """A run of the forward starts (again) from its first save."""
         self.counter = 0
         self.captured.clear()
+        self.end_stop_mode()
         self.complete = -2
         self.unfilled = -2
         self.mode = mode
@@ -368,8 +394,8 @@ class _SaveCapture:
                     )
                 self.captured[i] = t.detach()
             seq = _sequence_nr()
-            if not t.requires_grad:
-                self.unfilled = seq  # its op may still write it (NOTE [Replay], step 5)
+            if not t.requires_grad and t._version == 0:
+                self.unfilled = seq  # its op may still fill it (NOTE [Replay], step 5)
             if i >= self.last:
                 if self.unfilled != seq:
                     self.stopped = True
@@ -377,7 +403,16 @@ class _SaveCapture:
                 self.complete = seq  # stop at a later op
                 if mode is not None:
                     mode.before_op = self.stop_after_its_op
+                else:
+                    self.stop_mode = _StopAtALaterOp(self)
+                    self.stop_mode.__enter__()
         return t if self.hold else _THROWAWAY
+
+    def end_stop_mode(self) -> None:
+        """Pop the plain replay's stop mode, if one was pushed."""
+        stop_mode, self.stop_mode = self.stop_mode, None
+        if stop_mode is not None:
+            stop_mode.__exit__(None, None, None)
 
     def stop_after_its_op(self, func: Any = None) -> None:
         """Stop the forward if the op running now (saving, or ``func`` dispatched under
@@ -479,6 +514,7 @@ def _replay_until_captured(
             raise
         finally:
             saves.running = False
+            saves.end_stop_mode()
 
 
 def replay_call(
