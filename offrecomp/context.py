@@ -45,7 +45,7 @@ from offrecomp.regions import BufferPtrs, Region, discover_regions
 from offrecomp.report import Report
 from offrecomp.state import PassState
 from offrecomp.verify import Verifier
-from scheduler.plan import Plan
+from scheduler.plan import ROOT, Placement, Plan
 
 if TYPE_CHECKING:
     from offrecomp.offload import OffloadEngine
@@ -177,6 +177,8 @@ class Runtime:
         """
         if plan is not None and not isinstance(plan, Plan):
             raise TypeError(f"plan must be a scheduler.Plan or None, got {type(plan).__name__}")
+        if plan is not None:
+            _check_plan(plan, self.regions)
         self._plan.plan = plan
 
     def explain(self) -> str:
@@ -332,6 +334,29 @@ class _PlannerHost:
 
     def warn_collective(self, region: Region) -> None:
         warn_collective(region, self._config.mode)
+
+
+def _check_plan(plan: Plan, regions: list[str]) -> None:
+    """A plan's placements are ``Placement`` members and its regions this runtime's: a
+    string or a number would be taken for OFFLOAD (the placement is compared by identity
+    on the save path), a region name the model lacks is never used."""
+    accepted = ", ".join(f"Placement.{p.name}" for p in Placement)
+    for key, pl in [(None, plan.default), *plan.placements.items()]:
+        if type(pl) is not Placement:
+            where = "plan.default" if key is None else f"plan.placements[{key!r}]"
+            raise TypeError(
+                f"{where}={pl!r} is not a placement; accepted: {accepted} "
+                "(Placement.parse turns a name into one)"
+            )
+    known = {*regions, ROOT}
+    unknown = sorted({key[0] for key in plan.placements if key[0] not in known})
+    if unknown:
+        log.warning(
+            "offrecomp: the plan names regions this runtime does not have, which it ignores: %s "
+            "(its regions: %s)",
+            ", ".join(map(repr, unknown[:5])) + (", ..." if len(unknown) > 5 else ""),
+            ", ".join(map(repr, regions[:5])) + (", ..." if len(regions) > 5 else ""),
+        )
 
 
 def _regions_of(model: nn.Module | None, config: Config) -> list[Region]:

@@ -84,15 +84,19 @@ class OffloadGroups:
         return self.engine
 
     def offloadable(self, t: torch.Tensor) -> bool:
-        """Offload moves tensors of the runtime's device (on CPU: the emulated path)."""
+        """Offload moves tensors of the runtime's device (on CPU: the emulated path), and
+        only their bytes: a view that reads its storage negated or conjugated
+        (``z.conj().imag``) would come back without that bit, so it stays."""
         device = self._device.device
         kind = device.type if device is not None else "cpu"
         # is_cuda and is_cpu are flags; t.device makes a device object (a third of a µs)
         if kind == "cuda":
-            return t.is_cuda
-        if kind == "cpu":
-            return t.is_cpu
-        return t.device.type == kind
+            here = t.is_cuda
+        elif kind == "cpu":
+            here = t.is_cpu
+        else:
+            here = t.device.type == kind
+        return here and not (t.is_neg() or t.is_conj())
 
     def admit(self, nbytes: int) -> bool:
         """Room in the pinned pool for a storage of ``nbytes``? On True the caller adds it

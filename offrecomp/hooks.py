@@ -178,7 +178,7 @@ class Placer:
         recorder = call.recorder
         if recorder is not None:
             call.saves.append(SaveInfo(-1, len(recorder.ops), time.perf_counter()))
-        if type(t) is not torch.Tensor or t.layout is not _STRIDED:
+        if type(t) is not torch.Tensor or t.layout is not _STRIDED or t.is_nested:
             return _Plain(t, call)
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
@@ -290,7 +290,7 @@ class Placer:
 
     def add_input_storage(self, p: PassState, call: RegionCall, t: torch.Tensor) -> StorageRec | None:
         """Register a region input (the replay checkpoint) as a placeable storage."""
-        if type(t) is not torch.Tensor or t.layout != torch.strided or t.device.type == "meta":
+        if type(t) is not torch.Tensor or t.layout != torch.strided or t.is_nested or t.device.type == "meta":
             return None
         if t._base is not None and isinstance(t._base, nn.Parameter):
             return None
@@ -397,6 +397,10 @@ class Placer:
                 raise _modified_error(_where(call), h.pack_index, h.version, int(orig._version))
             if h.grad_fn and orig.is_leaf:
                 raise _detached_error(_where(call), h.pack_index)
+        elif h.base is not None:
+            base = h.base()
+            if base is not None and base._version != h.version:
+                raise _modified_error(_where(call), h.pack_index, h.version, base._version)
         p = call.pass_state
         inner = (
             p is not None and (p.stage is FORWARD or p.stage is AWAITING) and self._outside_backward(call, p, rec)

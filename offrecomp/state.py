@@ -178,10 +178,13 @@ class Lease:
 class SavedHandle(weakref.ref):  # type: ignore[type-arg]
     """A saved tensor placed OFFLOAD or RECOMPUTE: its geometry, not its data. It is a weak
     reference to the original (which may outlive the handle): ``h()`` is the original or
-    None; one object where a handle and a weak reference would be two."""
+    None; one object where a handle and a weak reference would be two. For a view, also
+    a weak reference to its base: a write to the base after the save (``h.t()`` saved,
+    ``h.add_(1)`` later) shows in the shared version counter after the view died."""
 
-    __slots__ = ("__weakref__", "dtype", "grad_fn", "lease", "offset", "pack_index", "rec",
+    __slots__ = ("__weakref__", "base", "dtype", "grad_fn", "lease", "offset", "pack_index", "rec",
                  "size", "stride", "version")
+    base: weakref.ref[torch.Tensor] | None
     dtype: torch.dtype
     grad_fn: bool
     lease: Lease
@@ -203,6 +206,8 @@ class SavedHandle(weakref.ref):  # type: ignore[type-arg]
         self.stride = t.stride()
         self.offset = t.storage_offset()
         self.dtype = t.dtype
+        base = t._base  # a view's base shares its version counter and may outlive it
+        self.base = weakref.ref(base) if base is not None else None
         return self
 
     # Everything is set in __new__; weakref.ref's own __init__ would reject the arguments.

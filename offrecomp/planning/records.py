@@ -81,11 +81,11 @@ def add_prediction(rec: StepRecord, entry: PlanEntry | None, plan: Plan, passes:
     rec.predicted_recompute_seconds = plan.predicted_recompute_seconds
     rec.predicted_stall_seconds = plan.predicted_stall_seconds
     budget = plan.budget_bytes
-    if entry is not None and budget and not plan.feasible:
+    if entry is not None and budget is not None and not plan.feasible:
         warn_infeasible(entry, plan, budget, rec.peak_activation_bytes)
     elif (
         entry is not None
-        and budget
+        and budget is not None
         and rec.peak_activation_bytes > OVER_BUDGET * budget
         and not entry.warned_over_budget
     ):

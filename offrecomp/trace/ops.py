@@ -64,7 +64,8 @@ def _describable(t: torch.Tensor) -> bool:
     # parallelism) is a wrapper whose storage has no data pointer.
     if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
         return False
-    return t.layout == torch.strided and not t.is_meta
+    # a nested tensor of the strided layout has no single size or stride
+    return t.layout == torch.strided and not t.is_meta and not t.is_nested
 
 
 # NOTE [Op leaves]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,7 @@ from tests.helpers import (
     deterministic_plain,
     tight_budget,
     train,
+    train_bitwise,
     variant_runtime,
 )
 from tests.models import Stack, stack
@@ -1150,3 +1152,83 @@ def test_layout_on_cuda(case: str, variant: str) -> None:
     m = copy.deepcopy(model)
     got = train(m, batch, variant_runtime(m, variant, budget, **kw), steps=STEPS)
     assert_bitwise(ref, got)
+
+
+class _NegViewBlock(nn.Module):
+    """Saves ``z.conj().imag``: a real view whose storage reads negated (the neg bit), and
+    a strided-layout nested tensor, which has no single size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        neg = torch.complex(h, h.flip(-1)).conj().imag
+        nt = torch.nested.as_nested_tensor([h[0:2], h[2:4, :4]])
+        ragged = (nt * nt).to_padded_tensor(0.0).mean()
+        return x + 0.1 * neg.sin() + 0.01 * torch.tanh(ragged)
+
+
+class _NegViewModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([_NegViewBlock() for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("variant", ["keep", "recompute", "offload", "auto", "auto_serve"])
+def test_neg_bit_views_and_nested_tensors_saved_in_a_region(variant: str) -> None:
+    """An offload moves bytes: the neg-bit view stays kept (rebuilt from its geometry it
+    would read the bytes un-negated); a nested tensor is saved as it is."""
+    torch.manual_seed(0)
+    model = _NegViewModel()
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(4, 8, generator=torch.Generator().manual_seed(s))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nested tensors are a prototype
+        ref = train(copy.deepcopy(model), batch, steps=4)
+        budget = tight_budget(model, batch) if variant == "auto_serve" else None
+        train_bitwise(copy.deepcopy(model), batch, variant, budget, ref, steps=4)
+
+
+class _TempViewBlock(nn.Module):
+    """Saves ``h.t()``, a view that dies at once, and keeps its base ``h`` for the caller."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.h: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        y = torch.sin(h.t()).t()
+        self.h = h
+        return x + y
+
+
+@pytest.mark.parametrize("variant", ["keep", "recompute", "offload"])
+def test_a_write_to_the_base_of_a_saved_view_that_died_raises_like_plain(variant: str) -> None:
+    """The saved view's object is gone by backward, its base is not: the shared version
+    counter shows the write, as plain autograd's check sees it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_TempViewBlock() for _ in range(3)])
+    x = torch.randn(4, 8)
+
+    def step(m: nn.Module) -> None:
+        loss = m(x).sum()
+        with torch.no_grad():
+            m[1].h.add_(1)  # type: ignore[union-attr]
+        loss.backward()
+
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        step(copy.deepcopy(model))
+    m = copy.deepcopy(model)
+    with variant_runtime(m, variant), pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        step(m)
