@@ -9,6 +9,7 @@ the accepted forms.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -265,6 +266,7 @@ class Config:
         if "regions" in overrides:
             values["regions"] = overrides["regions"]
             sources["regions"] = "argument"
+        _warn_unknown_variables(env)
         # OFFRECOMP_DISABLE always wins, whatever the arguments say.
         raw_disable = env.get("OFFRECOMP_DISABLE", "").strip()
         if raw_disable and _parse_bool(raw_disable, name="OFFRECOMP_DISABLE"):
@@ -297,10 +299,20 @@ _NULLABLE = {"budget", "host_limit", "report_path", "log_level", "max_overhead",
 
 
 def _opt_path(value: object, *, name: str) -> str | None:
+    """A file the runtime writes: its folder must exist, and it must not be a folder (told
+    now, not in the middle of a step)."""
     text = os.fspath(value) if isinstance(value, os.PathLike) else value
     if not isinstance(text, str):
         raise ValueError(f"{name}={value!r} is invalid; accepted: a file path")
-    return text.strip() or None
+    path = text.strip()
+    if not path:
+        return None
+    if os.path.isdir(path):
+        raise ValueError(f"{name}={value!r} is a directory; accepted: a file path")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{name}={value!r} is invalid: its directory {folder!r} does not exist")
+    return path
 
 
 def _budget(value: object, *, name: str) -> Budget | None:
@@ -380,3 +392,21 @@ def local_world_size(environ: Mapping[str, str] | None = None) -> int:
 def apply_log_level(cfg: Config) -> None:
     if cfg.log_level is not None:
         logging.getLogger("offrecomp").setLevel(cfg.log_level)
+
+
+_warned_variables: set[str] = set()
+
+
+def _warn_unknown_variables(env: Mapping[str, str]) -> None:
+    """An ``OFFRECOMP_*`` variable no option reads (a typo, say) is named once, with the
+    closest known one."""
+    known = {var for var, _ in _FIELD_PARSERS.values()} | {"OFFRECOMP_DISABLE"}
+    for var in sorted(env):
+        if var.startswith("OFFRECOMP_") and var not in known and var not in _warned_variables:
+            _warned_variables.add(var)
+            close = difflib.get_close_matches(var, sorted(known), n=1)
+            logging.getLogger("offrecomp").warning(
+                "offrecomp: environment variable %s is not an offrecomp setting and is ignored%s "
+                "(docs/tuning.md lists them)",
+                var, f"; did you mean {close[0]}?" if close else "",
+            )

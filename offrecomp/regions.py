@@ -134,6 +134,12 @@ def discover_regions(
     type or types: every module of those types. A callable: every module for which
     ``fn(module, name)`` is true. Only the outermost match counts: regions never nest.
     """
+    if isinstance(spec, nn.Module):  # callable, but not a filter
+        raise TypeError(
+            f"regions= got a module instance ({type(spec).__name__}); accepted: None, a module "
+            f"type (regions={type(spec).__name__}), a list of module types, or "
+            "fn(module, qualified_name) -> bool (lambda m, name: m is block, for one module)"
+        )
     if spec is None:
         pick = _pick_repeated_children(model)
     elif isinstance(spec, type):

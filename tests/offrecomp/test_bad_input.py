@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from typing import Any
 
 import pytest
 import torch
@@ -171,3 +172,64 @@ def test_profile_saved_by_a_run_plans_with_the_cli(tmp_path, monkeypatch: pytest
     assert main(["plan", str(path), "--budget", str(half), "--json"]) in (0, 1)
     assert main(["plan", str(path), "--budget", str(prof.activation_bytes)]) == 0
     assert main(["bogus"]) == 2
+
+
+def _two_blocks() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+
+
+def test_set_plan_rejects_a_placement_that_is_not_one() -> None:
+    """A string or a number would be taken for OFFLOAD on the save path."""
+    from offrecomp import Placement, Plan
+
+    rt = offrecomp.runtime(_two_blocks())
+    with pytest.raises(TypeError, match=r"plan.default='recompute' is not a placement; accepted: Placement.KEEP"):
+        rt.set_plan(Plan(default="recompute"))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"plan.placements\[\('0', 0, 1\)\]=2 is not a placement"):
+        rt.set_plan(Plan(placements={("0", 0, 1): 2}))  # type: ignore[dict-item]
+    rt.set_plan(Plan(placements={("0", 0, 1): Placement.RECOMPUTE}))
+
+
+def test_set_plan_names_regions_the_runtime_lacks(caplog: pytest.LogCaptureFixture) -> None:
+    from offrecomp import Placement, Plan
+
+    rt = offrecomp.runtime(_two_blocks())
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        rt.set_plan(Plan(placements={("nope", 0, 0): Placement.KEEP}))
+    assert any("'nope'" in r.getMessage() and "does not have" in r.getMessage() for r in caplog.records)
+
+
+def test_an_unknown_offrecomp_variable_is_named(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("OFFRECOMP_BUDGT_TEST", "1KiB")
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        offrecomp.runtime(_two_blocks())
+    msgs = [r.getMessage() for r in caplog.records if "OFFRECOMP_BUDGT_TEST" in r.getMessage()]
+    assert msgs and "did you mean OFFRECOMP_BUDGET" in msgs[0]
+
+
+def test_a_module_instance_as_regions_says_to_pass_its_type() -> None:
+    m = _two_blocks()
+    with pytest.raises(TypeError, match=r"module instance \(Linear\).*regions=Linear"):
+        offrecomp.runtime(m, regions=m[0])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("var", ["OFFRECOMP_PROFILE", "OFFRECOMP_REPORT"])
+def test_a_file_setting_in_a_missing_folder_or_on_a_folder_fails_at_once(
+    var: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.setenv(var, str(tmp_path / "no" / "such" / "file.json"))
+    with pytest.raises(ValueError, match=rf"{var}=.*does not exist"):
+        offrecomp.runtime(_two_blocks())
+    monkeypatch.setenv(var, str(tmp_path))
+    with pytest.raises(ValueError, match=rf"{var}=.*is a directory"):
+        offrecomp.runtime(_two_blocks())
+
+
+def test_a_budget_of_zero_warns_it_cannot_be_met(caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    m = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(3)])
+    x = torch.randn(4, 8)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), offrecomp.runtime(m, budget=0, min_bytes=0):
+        for _ in range(3):
+            m(x).sum().backward()
+    assert any("budget 0 B cannot be met" in r.getMessage() for r in caplog.records)
