@@ -104,7 +104,7 @@ def _parse_choice(value: object, *, name: str, choices: tuple[str, ...], upper: 
 
 def _parse_float(value: object, *, name: str, lo: float, hi: float, forms: str) -> float:
     try:
-        x = float(value)  # type: ignore[arg-type]
+        x = float("nan") if isinstance(value, bool) else float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         x = float("nan")
     if not (lo <= x <= hi):
@@ -139,7 +139,9 @@ def _parse_prefetch(value: object, *, name: str) -> Prefetch:
     if isinstance(value, Prefetch):
         return value
     forms = "a number of regions (1, 2, ...) or a byte window with a unit (256MiB)"
-    if isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(value, (bool, float)):  # a float is neither a count nor a size with a unit
+        raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
+    if isinstance(value, int):
         if value < 1:
             raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
         return Prefetch(regions=value)
@@ -147,6 +149,8 @@ def _parse_prefetch(value: object, *, name: str) -> Prefetch:
         if int(value.strip()) < 1:
             raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
         return Prefetch(regions=int(value.strip()))
+    if isinstance(value, str) and not value.strip().rstrip("0123456789.eE+-").strip():
+        raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")  # a number without a unit
     try:
         nbytes = parse_bytes(value, name=name)
     except ValueError:
@@ -400,7 +404,7 @@ _warned_variables: set[str] = set()
 def _warn_unknown_variables(env: Mapping[str, str]) -> None:
     """An ``OFFRECOMP_*`` variable no option reads (a typo, say) is named once, with the
     closest known one."""
-    known = {var for var, _ in _FIELD_PARSERS.values()} | {"OFFRECOMP_DISABLE"}
+    known = {*ENV_VARS, "OFFRECOMP_DISABLE"}
     for var in sorted(env):
         if var.startswith("OFFRECOMP_") and var not in known and var not in _warned_variables:
             _warned_variables.add(var)

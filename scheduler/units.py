@@ -60,8 +60,8 @@ def parse_bytes(value: object, *, name: str = "byte size") -> int:
             unit = m.group(2).lower()
             if unit in UNITS:
                 number = float(m.group(1)) * UNITS[unit]
-                if math.isfinite(number):
-                    return round(number)
+                if math.isfinite(number) and (unit or number.is_integer()):
+                    return round(number)  # a bare number is a whole count of bytes
     raise ValueError(f"{name}={value!r} is invalid; accepted: {SIZE_FORMS}")
 
 

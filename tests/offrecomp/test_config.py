@@ -137,3 +137,17 @@ def test_one_parser_and_one_formatter_for_bytes() -> None:
     assert parse_bytes is scheduler.units.parse_bytes is scheduler.parse_bytes is scheduler.cli.parse_bytes
     assert format_bytes is scheduler.units.format_bytes is scheduler.format_bytes
     assert output.format_bytes(1536) == format_bytes(1536) and output.format_bytes(None) == "-"
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"budget": "0.5"}, {"min_bytes": "1.5"}, {"prefetch": 2.0}, {"prefetch": "1.5"}, {"drift": True}, {"d2h_gbps": False}],
+    ids=["budget_fraction_of_a_byte", "min_bytes_fraction", "prefetch_float", "prefetch_bare_fraction", "drift_bool", "gbps_bool"],
+)
+def test_values_that_would_be_rounded_or_misread_are_rejected(kw: dict[str, object]) -> None:
+    """A bare number of bytes must be whole ("0.5" was read as 0 B); a float prefetch is
+    neither a count of regions nor a size with a unit (2.0 was read as 2 bytes); a bool
+    is no number."""
+    name, value = next(iter(kw.items()))
+    with pytest.raises(ValueError, match=rf"{name}={value!r} is invalid; accepted: "):
+        Config.resolve(kw)
