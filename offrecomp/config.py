@@ -271,6 +271,7 @@ class Config:
             values["regions"] = overrides["regions"]
             sources["regions"] = "argument"
         _warn_unknown_variables(env)
+        local_world_size(env)  # a bad LOCAL_WORLD_SIZE is told now, not when the pool is made
         # OFFRECOMP_DISABLE always wins, whatever the arguments say.
         raw_disable = env.get("OFFRECOMP_DISABLE", "").strip()
         if raw_disable and _parse_bool(raw_disable, name="OFFRECOMP_DISABLE"):

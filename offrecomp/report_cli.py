@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import statistics
 import sys
 from collections.abc import Sequence
@@ -31,21 +32,47 @@ class ReportFileError(ValueError):
     """A report file that cannot be read: names the file, the line and what is wrong."""
 
 
+def _kind(f: dataclasses.Field[Any]) -> tuple[type, ...] | None:
+    """The JSON types a step record field accepts (None: any); a field whose default is
+    None also takes null."""
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    if f.name == "step" or (isinstance(default, int) and not isinstance(default, bool)):
+        return (int,)
+    for kinds in ((bool,), (float, int), (str,), (dict,), (list,)):
+        if isinstance(default, kinds[0]):
+            return kinds
+    return None
+
+
+_KINDS = {f.name: _kind(f) for f in dataclasses.fields(StepRecord)}
+
+
 def _record(data: Any, where: str) -> StepRecord:
-    if not isinstance(data, dict) or not isinstance(data.get("step"), int):
+    if not isinstance(data, dict) or type(data.get("step")) is not int:
         raise ReportFileError(f"{where}: expected a step record (a JSON object with an integer 'step'), got {str(data)[:80]!r}")
     # fields a later offrecomp added are skipped, fields it dropped keep their defaults
-    return StepRecord(**{k: v for k, v in data.items() if k in _FIELDS})
+    fields = {k: v for k, v in data.items() if k in _FIELDS}
+    for k, v in fields.items():
+        kinds = _KINDS[k]
+        ok = kinds is None or (v is None and k != "step") or (
+            isinstance(v, kinds) and (bool in kinds or not isinstance(v, bool))
+        )
+        if not ok or (isinstance(v, float) and not math.isfinite(v) and kinds == (int,)):
+            raise ReportFileError(f"{where}: field {k!r} is {v!r}; expected {' or '.join(t.__name__ for t in kinds or ())}")
+    return StepRecord(**fields)
 
 
-def load_runs(path: str | Path) -> list[list[StepRecord]]:
+def load_runs(path: str | Path, notes: list[str] | None = None) -> list[list[StepRecord]]:
     """The step records in ``path``, split into runs (a step number that does not grow
-    starts a new one)."""
+    starts a new one). A last line that is not JSON (a run killed while writing it) is
+    skipped, and said in ``notes``."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ReportFileError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ReportFileError(f"{path} is not UTF-8 text; expected JSON step records") from None
     try:
         whole = json.loads(text)  # a Report.to_json() file is one JSON object
     except json.JSONDecodeError:
@@ -53,12 +80,14 @@ def load_runs(path: str | Path) -> list[list[StepRecord]]:
     if isinstance(whole, dict) and isinstance(whole.get("steps"), list):
         return _split([_record(d, f"{path}: steps[{i}]") for i, d in enumerate(whole["steps"])])
     records: list[StepRecord] = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    for n, line in lines:
         try:
             data = json.loads(line)
         except json.JSONDecodeError as exc:
+            if n == lines[-1][0] and records and notes is not None:
+                notes.append(f"{path}:{n}: skipped a last line that is not JSON ({exc.msg}): cut short?")
+                break
             raise ReportFileError(f"{path}:{n}: not JSON ({exc.msg}); expected one step record per line") from None
         records.append(_record(data, f"{path}:{n}"))
     return _split(records)
@@ -203,24 +232,34 @@ def main(argv: Sequence[str], out: TextIO | None = None, err: TextIO | None = No
     parser.add_argument("--plot", metavar="OUT.png", help="also draw peak activation memory and step times per step")
     parser.add_argument("--table", action="store_true", help="also print every step (the table print(rt.report()) shows)")
     args = parser.parse_args(list(argv))
+    notes: list[str] = []
     try:
-        runs = load_runs(args.path)
+        runs = load_runs(args.path, notes)
     except ReportFileError as exc:
         print(f"offrecomp report: {exc}", file=err)
         return 2
+    for note in notes:
+        print(f"offrecomp report: {note}", file=err)
     if not runs:
         print(f"offrecomp report: {args.path} holds no steps", file=err)
         return 2
     for i, run in enumerate(runs, 1):
         title = f"{args.path}" if len(runs) == 1 else f"{args.path}, run {i} of {len(runs)}"
-        print(summarize(run, title), file=out)
-        if args.table:
-            print(Report(steps=list(run)), file=out)
+        try:
+            print(summarize(run, title), file=out)
+            if args.table:
+                print(Report(steps=list(run)), file=out)
+        except (TypeError, ValueError) as exc:  # a field of a type the file should not hold
+            print(f"offrecomp report: {args.path}: a step record holds a value of the wrong type ({exc})", file=err)
+            return 2
     if args.plot:
         try:
             plot_runs(runs, args.plot, title=Path(args.path).name)
         except ImportError as exc:
             print(f"offrecomp report: {exc}", file=err)
+            return 2
+        except OSError as exc:
+            print(f"offrecomp report: cannot write {args.plot!r}: {exc.strerror or exc}", file=err)
             return 2
         print(f"wrote {args.plot}", file=out)
     return 0

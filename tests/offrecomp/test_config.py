@@ -151,3 +151,10 @@ def test_values_that_would_be_rounded_or_misread_are_rejected(kw: dict[str, obje
     name, value = next(iter(kw.items()))
     with pytest.raises(ValueError, match=rf"{name}={value!r} is invalid; accepted: "):
         Config.resolve(kw)
+
+
+def test_a_bad_local_world_size_fails_when_the_runtime_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not at the first offload of the first step, where the pool reads it."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "abc")
+    with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE='abc' is invalid"):
+        offrecomp.runtime(None)

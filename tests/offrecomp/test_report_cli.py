@@ -67,9 +67,20 @@ def test_report_reads_to_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 def test_report_bad_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"step": 0}) + "\nnot json\n")
+    bad.write_text(json.dumps({"step": 0}) + "\nnot json\n" + json.dumps({"step": 1}) + "\n")
     code, _, err = _run(["report", str(bad)], capsys)
     assert code == 2 and f"{bad}:2: not JSON" in err
+    bad.write_text(json.dumps({"step": 0}) + "\n" + json.dumps({"step": 1})[:7] + "\n")  # a run killed mid-line
+    code, out, err = _run(["report", str(bad)], capsys)
+    assert code == 0 and f"{bad}:2: skipped a last line that is not JSON" in err and "1 step" in out
+    for line, field in (({"step": 0, "peak_activation_bytes": "abc"}, "peak_activation_bytes"),
+                        ({"step": True}, "step"), ({"step": 0, "fallbacks": []}, "fallbacks")):  # fmt: skip
+        bad.write_text(json.dumps(line) + "\n")
+        code, _, err = _run(["report", str(bad)], capsys)
+        assert code == 2 and (f"field {field!r}" in err or "an integer 'step'" in err), err
+    bad.write_bytes(b"\xff\xfe{}")
+    code, _, err = _run(["report", str(bad)], capsys)
+    assert code == 2 and "not UTF-8" in err
     bad.write_text(json.dumps({"loss": 1.0}) + "\n")
     code, _, err = _run(["report", str(bad)], capsys)
     assert code == 2 and f"{bad}:1: expected a step record" in err
