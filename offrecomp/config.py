@@ -360,7 +360,7 @@ _FIELD_PARSERS: dict[str, tuple[str, Callable[..., Any]]] = {
     ),
     "drift": (
         "OFFRECOMP_DRIFT",
-        lambda v, name: _parse_float(v, name=name, lo=0.01, hi=100.0, forms="a fraction > 0.01 (0.25)"),
+        lambda v, name: _parse_float(v, name=name, lo=0.01, hi=100.0, forms="a fraction from 0.01 to 100 (0.25)"),
     ),
     "plan_cache_size": (
         "OFFRECOMP_PLAN_CACHE",

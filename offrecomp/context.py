@@ -219,7 +219,8 @@ class Runtime:
             if _active is not None:
                 which = "this runtime is" if _active is self else "another offrecomp runtime is"
                 raise RuntimeError(
-                    f"offrecomp: {which} already active; runtimes must not nest. Enter one "
+                    f"offrecomp: {which} already active; one runtime is active at a time in a "
+                    "process (on any thread), so runtimes neither nest nor run side by side. Enter one "
                     "runtime around the whole training loop (or exit the first one before "
                     "entering another). For several models trained together, give one "
                     "runtime a container of them: offrecomp.runtime(nn.ModuleDict("
