@@ -52,10 +52,15 @@ def _no_sequence_nr() -> int:
 sequence_nr: Callable[[], int] = getattr(torch._C._autograd, "_get_sequence_nr", _no_sequence_nr)
 
 
-def is_functorch_wrapped(t: torch.Tensor) -> bool:
-    """Is ``t`` a tensor wrapped by a functorch transform (vmap's batched tensors)?"""
-    check = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
-    return bool(check(t)) if check is not None else False
+def _never_wrapped(t: torch.Tensor) -> bool:
+    return False
+
+
+#: Is a tensor wrapped by a functorch transform (vmap's batched tensors)? Where torch
+#: lacks the check, no tensor is.
+is_functorch_wrapped: Callable[[torch.Tensor], bool] = getattr(
+    torch._C._functorch, "is_functorch_wrapped_tensor", _never_wrapped
+)
 
 
 def queue_backward_callback(fn: Callable[[], None]) -> None:

@@ -9,7 +9,7 @@ was, issues its offload group, and derives the region's structure from the recor
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -110,12 +110,8 @@ class RegionCalls:
     def _foreign_storages(self, region: Region, call: RegionCall) -> frozenset[int]:
         """Storages of the model that ``call`` neither owns (its region's parameters and
         buffers) nor takes as an argument."""
-        own = {
-            int(t.untyped_storage().data_ptr())
-            for t in [*region.module.parameters(), *region.module.buffers(), *(call.inputs.tensors if call.inputs else ())]
-            if t is not None and type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided
-            and t.device.type != "meta"
-        }
+        inputs = call.inputs.tensors if call.inputs is not None else ()
+        own = _storage_ptrs([*region.module.parameters(), *region.module.buffers(), *inputs])
         return self._model_storages() - own
 
     def _capture(
@@ -216,15 +212,21 @@ def first_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device 
 
 
 def model_storage_ptrs(model: nn.Module | None) -> frozenset[int]:
-    """Data pointers of every parameter and buffer (recorded passes only)."""
+    """Data pointers of every parameter and buffer (recorded passes and first calls)."""
     if model is None:
         return frozenset()
-    ptrs = set()
-    for t in list(model.parameters()) + list(model.buffers()):
-        # Sharded parameters (FSDP2's DTensor) have no plain storage: skip them.
-        if type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided and t.device.type != "meta":
-            ptrs.add(int(t.untyped_storage().data_ptr()))
-    return frozenset(ptrs)
+    return frozenset(_storage_ptrs([*model.parameters(), *model.buffers()]))
+
+
+def _storage_ptrs(tensors: Iterable[torch.Tensor | None]) -> set[int]:
+    """The data pointers of the plain tensors among ``tensors``. Sharded parameters
+    (FSDP2's DTensor) have no plain storage: skipped."""
+    return {
+        int(t.untyped_storage().data_ptr())
+        for t in tensors
+        if t is not None and type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided
+        and t.device.type != "meta"
+    }
 
 
 def _warn_big_buffers(call: RegionCall, region: Region) -> None:

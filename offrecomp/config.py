@@ -135,6 +135,14 @@ class Prefetch:
         return f"{self.regions} regions" if self.regions is not None else format_bytes(self.nbytes or 0)
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _parse_prefetch(value: object, *, name: str) -> Prefetch:
     if isinstance(value, Prefetch):
         return value
@@ -149,8 +157,8 @@ def _parse_prefetch(value: object, *, name: str) -> Prefetch:
         if int(value.strip()) < 1:
             raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
         return Prefetch(regions=int(value.strip()))
-    if isinstance(value, str) and not value.strip().rstrip("0123456789.eE+-").strip():
-        raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")  # a number without a unit
+    if isinstance(value, str) and _is_number(value):  # not a count of regions, and no unit
+        raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
     try:
         nbytes = parse_bytes(value, name=name)
     except ValueError:

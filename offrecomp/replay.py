@@ -308,21 +308,6 @@ def _replay_forward(
         call.forward_fn(*args, **kwargs)
 
 
-_WRITES: dict[Any, bool] = {}
-
-
-def _writes_an_argument(func: Any) -> bool:
-    """Does the ATen op ``func`` write one of its arguments (its schema marks one ``!``)?"""
-    writes = _WRITES.get(func)
-    if writes is None:
-        schema = getattr(func, "_schema", None)
-        writes = schema is None or any(
-            a.alias_info is not None and a.alias_info.is_write for a in schema.arguments
-        )
-        _WRITES[func] = writes
-    return writes
-
-
 class _StopAtALaterOp(tc.TorchDispatchMode):
     """Pushed by a plain replay's save hook once every needed save is captured but the op
     that made the last of them may still fill one (NOTE [Replay], step 5): stops the
@@ -418,7 +403,7 @@ class _SaveCapture:
         """Stop the forward if the op running now (saving, or ``func`` dispatched under
         the serving mode) is a later one than the op that made the last needed save, or
         is that op and writes none of its arguments."""
-        if _sequence_nr() != self.complete or (func is not None and not _writes_an_argument(func)):
+        if _sequence_nr() != self.complete or (func is not None and not tc.op_writes_inputs(func)):
             self.stopped = True
             raise _StopReplay
 

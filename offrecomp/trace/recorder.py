@@ -167,14 +167,17 @@ def _wrap_host_read(name: str) -> Any:
     return read
 
 
+_HOST_READ_WRAPPERS = {name: _wrap_host_read(name) for name in _HOST_READ_METHODS}
+
+
 def _watch_host_reads(recorder: OpRecorder, start: bool) -> None:
     """Start or stop telling ``recorder`` (this thread's innermost) of host reads."""
     global _host_read_users
     with _host_read_lock:
         if start:
             if _host_read_users == 0:
-                for name in _HOST_READ_METHODS:
-                    setattr(torch.Tensor, name, _wrap_host_read(name))
+                for name, read in _HOST_READ_WRAPPERS.items():
+                    setattr(torch.Tensor, name, read)
             _host_read_users += 1
         else:
             _host_read_users -= 1

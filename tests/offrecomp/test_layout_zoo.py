@@ -1170,23 +1170,12 @@ class _NegViewBlock(nn.Module):
         return x + 0.1 * neg.sin() + 0.01 * torch.tanh(ragged)
 
 
-class _NegViewModel(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList([_NegViewBlock() for _ in range(3)])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for b in self.blocks:
-            x = b(x)
-        return x.square().mean()
-
-
 @pytest.mark.parametrize("variant", ["keep", "recompute", "offload", "auto", "auto_serve"])
 def test_neg_bit_views_and_nested_tensors_saved_in_a_region(variant: str) -> None:
     """An offload moves bytes: the neg-bit view stays kept (rebuilt from its geometry it
     would read the bytes un-negated); a nested tensor is saved as it is."""
     torch.manual_seed(0)
-    model = _NegViewModel()
+    model = stack(_NegViewBlock)()
 
     def batch(s: int) -> torch.Tensor:
         return torch.randn(4, 8, generator=torch.Generator().manual_seed(s))

@@ -515,23 +515,12 @@ class _FilledSaveBlock(nn.Module):
         return x + self.act(self.fc(x))
 
 
-class _FilledSaveModel(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList([_FilledSaveBlock() for _ in range(3)])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for b in self.blocks:
-            x = b(x)
-        return x.square().mean()
-
-
 @pytest.mark.parametrize("variant", ["recompute", "auto_tight", "auto_serve"])
 def test_a_replay_stops_after_the_op_that_made_the_last_needed_save(variant: str) -> None:
     """NOTE [Replay], step 5: stopped inside the pack of the last needed save, the replay
     would hand back ``noise`` before rrelu's kernel wrote it (uninitialised memory)."""
     torch.manual_seed(0)
-    check_variant(_FilledSaveModel(), lambda s: torch.randn(4, 8, generator=torch.Generator().manual_seed(s)), variant)
+    check_variant(models.stack(_FilledSaveBlock)(), lambda s: torch.randn(4, 8, generator=torch.Generator().manual_seed(s)), variant)
 
 
 class _HostReadBlock(nn.Module):
@@ -551,18 +540,13 @@ class _HostReadBlock(nn.Module):
         return x + (torch.tanh(self.b(h)) if v > 0 else torch.sigmoid(self.b(h))) * v
 
 
-class _Sum(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.square().mean()
-
-
 @pytest.mark.parametrize("read", ["tolist", "numpy"])
 def test_a_region_reading_values_without_an_op_is_replayed_plainly(read: str) -> None:
     """NOTE [Which ops replay runs]: under the dispatch mode a replay would hand that read
     a placeholder's garbage, and the branch it picks may be the recorded one and not this
     pass's, which no divergence check sees."""
     torch.manual_seed(0)
-    model = nn.Sequential(*[_HostReadBlock(read) for _ in range(3)], _Sum())
+    model = models.Stack([_HostReadBlock(read) for _ in range(3)])
     rt, _ = check_variant(model, lambda s: torch.randn(4, 16, generator=torch.Generator().manual_seed(s)), "auto_serve", steps=6)
     entry = next(iter(rt.planner.entries.values()))
     assert entry.structures and all(st.opaque for st in entry.structures.values())
@@ -570,21 +554,11 @@ def test_a_region_reading_values_without_an_op_is_replayed_plainly(read: str) ->
 
 
 def test_host_read_watch_ends_with_a_recorded_forward_that_raised() -> None:
-    class Failing(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.blocks = nn.ModuleList([_HostReadBlock("tolist") for _ in range(2)])
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            for b in self.blocks:
-                x = b(x)
-            return x.sum()
-
     def boom(module: nn.Module, args: Any, out: Any) -> None:
         assert "tolist" in vars(torch.Tensor)  # the measuring pass's recorder watches
         raise ValueError("boom")  # inside the region's call, after its host read
 
-    m = Failing()
+    m = models.Stack([_HostReadBlock("tolist") for _ in range(2)])
     m.blocks[1].b.register_forward_hook(boom)
     with offrecomp.runtime(m, mode="auto"), pytest.raises(ValueError, match="boom"):
         m(torch.randn(2, 16))
