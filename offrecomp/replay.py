@@ -169,12 +169,13 @@ def _swap_buffers(call: RegionCall) -> Iterator[None]:
             post = buffer_of(m, n)
             saved.append((i, post))
             entry = state.snapshots[i]
-            if entry is None:
-                obj = state.objects[i]
+            obj = state.objects[i]
+            if entry is None and obj is not None:
                 # reassigned: the entry tensor itself still holds the entry values
                 # unless it was also written; a large buffer mutated in place: only its
                 # post-forward value is known (logged at region exit)
-                entry = obj if obj is not None and obj is not post and int(obj._version) == state.versions[i] else post
+                entry = obj if obj is not post and int(obj._version) == state.versions[i] else post
+            # obj None: the slot was None at entry (a memory the forward sets), and is again
             m._buffers[n] = None if entry is None else entry.detach().clone()
     try:
         yield

@@ -244,3 +244,52 @@ def test_requires_grad_switched_between_forward_and_backward(variant: str) -> No
     got = run(m, offrecomp.runtime(m, min_bytes=0, **kw))
     assert len(want) == len(got)
     assert all((a is None and b is None) or (a is not None and b is not None and torch.equal(a, b)) for a, b in zip(want, got))
+
+
+class _MemoryBlock(nn.Module):
+    """A recurrent memory kept as a buffer that starts as None (Transformer-XL style):
+    the forward reads the previous step's memory, then sets this step's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 16)
+        self.register_buffer("mem", None, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x if self.mem is None else x + self.mem
+        self.mem = x.detach()
+        return x + self.fc2(torch.tanh(self.fc1(h)))
+
+
+class _MemoryModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_MemoryBlock() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto_tight", "auto_serve"])
+def test_a_buffer_none_at_entry_replays_as_none(variant: str) -> None:
+    """NOTE [Replay and module state]: a buffer slot that was None when the forward began
+    is None in its replay, not the tensor the forward set; also when the loop resets the
+    memory to None between steps (a document boundary)."""
+    torch.manual_seed(0)
+    model = _MemoryModel()
+    training: list[nn.Module] = []
+
+    def batch(s: int) -> torch.Tensor:
+        if s == 30 and training:
+            for b in training[0].blocks:  # type: ignore[union-attr]
+                b.mem = None
+        return torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(s))
+
+    budget = tight_budget(copy.deepcopy(model), batch) if variant != "recompute" else None
+    training.append(copy.deepcopy(model))
+    ref = train(training[0], batch, steps=5)
+    training[0] = copy.deepcopy(model)
+    train_bitwise(training[0], batch, variant, budget, ref, steps=5)
