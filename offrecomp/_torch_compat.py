@@ -7,7 +7,8 @@ training run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -202,12 +203,71 @@ def eval_frame_callback_getter() -> Callable[[], Any] | None:
     return get_eval_frame_callback  # type: ignore[no-any-return]
 
 
+# NOTE [Torch function state]
+# ``__torch_function__`` overrides change what a forward computes: a TorchFunctionMode
+# around the forward (``with torch.device(...)``, a mode rewriting calls), or a tensor
+# subclass whose override backward bypasses (``loss.backward()`` on a subclass runs
+# under DisableTorchFunctionSubclass). A replay runs inside backward, so it takes on the
+# forward's state: whether overrides run, and the stack of function modes.
+
+_tf_state = getattr(torch._C, "_get_torch_function_state", None)
+_tf_set = getattr(torch._C, "_set_torch_function_state", None)
+_tf_len = getattr(torch._C, "_len_torch_function_stack", None)
+_tf_pop = getattr(torch._C, "_pop_torch_function_stack", None)
+_tf_push = getattr(torch._C, "_push_on_torch_function_stack", None)
+_TF_ENABLED = torch._C._TorchFunctionState.ENABLED if hasattr(torch._C, "_TorchFunctionState") else None
+_TF_API = None not in (_tf_state, _tf_set, _tf_len, _tf_pop, _tf_push, _TF_ENABLED)
+
+
+def torch_function_state() -> tuple[Any, tuple[Any, ...]] | None:
+    """The torch-function state to replay a forward under: (enabled state, function
+    modes, innermost last); None for the usual one (enabled, no modes), and where the
+    private API is missing."""
+    if not _TF_API:
+        return None
+    state = _tf_state()  # type: ignore[misc]
+    n = _tf_len()  # type: ignore[misc]
+    if n == 0 and state == _TF_ENABLED:
+        return None
+    modes = tuple(torch.overrides._get_current_function_mode_stack()) if n else ()
+    return state, modes
+
+
+@contextlib.contextmanager
+def torch_function_as(captured: tuple[Any, tuple[Any, ...]] | None) -> Iterator[None]:
+    """Run the block under ``captured`` (from ``torch_function_state``), then restore the
+    state and the mode stack found (NOTE [Torch function state])."""
+    if not _TF_API:
+        yield
+        return
+    state, modes = captured if captured is not None else (_TF_ENABLED, ())
+    found = _tf_state()  # type: ignore[misc]
+    n = _tf_len()  # type: ignore[misc]
+    if n == 0 and not modes and found == state:
+        yield
+        return
+    popped = [_tf_pop() for _ in range(n)]  # type: ignore[misc]  # innermost first
+    for m in modes:
+        _tf_push(m)  # type: ignore[misc]
+    _tf_set(state)  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        _tf_set(found)  # type: ignore[misc]
+        for _ in modes:
+            _tf_pop()  # type: ignore[misc]
+        for m in reversed(popped):
+            _tf_push(m)  # type: ignore[misc]
+
+
 def cuda_sleep(cycles: int) -> None:
     """Busy-wait the current CUDA stream (tests only: delays a stream to expose races)."""
     torch.cuda._sleep(cycles)  # type: ignore[attr-defined]
 
 
 ALL_PRIVATE_APIS: tuple[str, ...] = (
+    "torch._C._get_torch_function_state / _set_torch_function_state / _len_torch_function_stack / "
+    "_pop_torch_function_stack / _push_on_torch_function_stack, torch.overrides._get_current_function_mode_stack",
     "torch.utils._python_dispatch.TorchDispatchMode",
     "torch._C._current_graph_task_id",
     "torch.autograd.Variable._execution_engine.queue_callback",

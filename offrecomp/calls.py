@@ -138,6 +138,7 @@ class RegionCalls:
             devices.add(self._device.device)
         call.rng = capture_rng(devices)
         call.autocast = capture_autocast({d.type for d in devices})
+        call.torch_function = tc.torch_function_state()
         call.buffers = capture_buffers(region.slots)
         call.params = capture_params(region.param_slots)
         call.training = tuple(m.training for m in region.modules)

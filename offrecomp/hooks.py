@@ -342,6 +342,7 @@ class Placer:
             self._groups.free(group)
         call.inputs = None
         call.rng = None
+        call.torch_function = None
         call.buffers = None
         call.params = None
         call.generators = None

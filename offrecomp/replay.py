@@ -523,13 +523,15 @@ def replay_call(
         raise RuntimeError(f"offrecomp: region {call.name!r} has no captured inputs to replay from")
     region = call.region
     saves = _SaveCapture(call.name, needed, hold=region is not None and region.backward_in_forward)
-    args, kwargs = inputs if inputs is not None else replay_arguments(call.inputs, call.name)
     rng = _RngStates(call, call.inputs.devices())
     t0 = time.perf_counter()
-    try:
-        mode = _replay_until_captured(call, saves, rng, args, kwargs, program, storage_tensors)
-    finally:
-        rng.set_caller()
+    # NOTE [Torch function state]: the leaves too (a subclass's detach stays a subclass)
+    with tc.torch_function_as(call.torch_function):
+        args, kwargs = inputs if inputs is not None else replay_arguments(call.inputs, call.name)
+        try:
+            mode = _replay_until_captured(call, saves, rng, args, kwargs, program, storage_tensors)
+        finally:
+            rng.set_caller()
     call.replay_seconds += time.perf_counter() - t0
     call.replays += 1
     if mode is not None:

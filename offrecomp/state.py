@@ -248,6 +248,9 @@ class RegionCall(_WeakReferable):
     inputs: CapturedInputs | None = None
     rng: RngState | None = None
     autocast: AutocastState | None = None
+    torch_function: Any = None
+    """The torch-function state at entry, None for the usual one (NOTE [Torch function
+    state] in _torch_compat.py)."""
     buffers: BufferState | None = None
     training: tuple[bool, ...] | None = None
     """The ``training`` flag of each of the region's modules at entry."""

@@ -59,10 +59,16 @@ def _returns_rebuildable(func: Any) -> bool:
     return not (len(types) > 1 and "Tensor[]" in types)
 
 
+#: What a tensor subclass without its own ``__torch_dispatch__`` inherits.
+_PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
+
+
 def _describable(t: torch.Tensor) -> bool:
-    # By exact type: a tensor subclass (DTensor, also as a parameter under tensor
-    # parallelism) is a wrapper whose storage has no data pointer.
-    if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
+    # A subclass with its own __torch_dispatch__ (DTensor, also as a parameter under
+    # tensor parallelism) is a wrapper whose storage has no data pointer; one with only
+    # __torch_function__ (a tagged tensor) holds its own storage, as a plain tensor does.
+    cls = type(t)
+    if cls is not torch.Tensor and cls is not torch.nn.Parameter and cls.__torch_dispatch__ is not _PLAIN_DISPATCH:
         return False
     # a nested tensor of the strided layout has no single size or stride
     return t.layout == torch.strided and not t.is_meta and not t.is_nested

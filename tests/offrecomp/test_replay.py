@@ -564,3 +564,78 @@ def test_host_read_watch_ends_with_a_recorded_forward_that_raised() -> None:
         m(torch.randn(2, 16))
     assert "tolist" not in vars(torch.Tensor) and "numpy" not in vars(torch.Tensor)
     assert torch.tensor([1.5]).tolist() == [1.5]
+
+
+class _Tagged(torch.Tensor):
+    """A tensor subclass with only ``__torch_function__`` (a tagged activation)."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+class _TanhGelu(torch.Tensor):
+    """A subclass whose override changes what a block computes: gelu's tanh form."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func is torch.nn.functional.gelu:
+            kwargs["approximate"] = "tanh"
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+class _TanhGeluMode(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func is torch.nn.functional.gelu:
+            kwargs["approximate"] = "tanh"
+        return func(*args, **kwargs)
+
+
+class _GeluBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
+class _SubclassModel(nn.Module):
+    """Blocks run on ``kind`` of activations: a subclass (the loss a plain tensor, or the
+    subclass as well), or plain tensors under a function mode around the forward only."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.blocks = nn.ModuleList(_GeluBlock() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "mode":
+            with _TanhGeluMode():
+                return self._blocks(x).square().mean()
+        x = x.as_subclass(_Tagged if self.kind == "tagged" else _TanhGelu)
+        out = self._blocks(x)
+        return (out.as_subclass(torch.Tensor) if self.kind == "tagged" else out).square().mean()
+
+    def _blocks(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+@pytest.mark.parametrize("kind", ["tagged", "tanh_gelu", "mode"])
+@pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
+def test_torch_function_overrides_replay_as_in_the_forward(kind: str, variant: str) -> None:
+    """NOTE [Torch function state]: a replay runs under the forward's torch-function
+    state, though backward entered through a subclass's override (which disables them)
+    or outside the forward's function mode; and a subclass's reads are seen by the
+    recording (no placeholder of a storage a subclass instance reads is handed out)."""
+    torch.manual_seed(0)
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(s))
+
+    check_variant(_SubclassModel(kind), batch, variant, steps=4)
