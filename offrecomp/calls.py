@@ -72,6 +72,7 @@ class RegionCalls:
         self._model_storages = model_storages
         self.placer: Placer | None = None  # while installed
         self.distributed = False  # more than one rank (set at install)
+        self.arg_state_limit = ARG_STATE_MAX_ITEMS  # NOTE [Stateful arguments] (set at install)
 
     def enter(
         self, region: Region, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -145,7 +146,9 @@ class RegionCalls:
         if region.generators:  # NOTE [Private generators]
             call.generators = [(g, g.get_state()) for g in region.generators]
         if cap.objects:  # NOTE [Stateful arguments]
-            call.arg_state = ArgState.capture(cap.objects)
+            call.arg_state = ArgState.capture(cap.objects, self.arg_state_limit)
+            if not call.arg_state.complete and region.untracked_state is not False:
+                call.writes_state = True  # a replay might not restore it: kept until seen
         if p.recording or call.record:
             cuda_devs = sorted({d.index or 0 for d in devices if d.type == "cuda"})
             if p.known_ptrs is None:
@@ -317,21 +320,27 @@ def _check_arg_state(call: RegionCall) -> None:
     them."""
     entry = call.arg_state
     assert entry is not None and call.inputs is not None
-    now = ArgState.capture(call.inputs.objects)
+    now = ArgState.capture(call.inputs.objects, entry.limit)
+    region = call.region
     if entry.same(now):  # for state too large to record, the part recorded
         call.arg_state = None
+        if not entry.complete and region is not None and region.untracked_state is None:
+            region.untracked_state = False  # later calls replay (this one keeps)
         return
     types = ", ".join(sorted({type(o).__name__ for o in call.inputs.objects}))
     if not (entry.complete and now.complete):
         call.arg_state = None
-        warn_once(
-            f"argstate-big:{call.name}",
-            "offrecomp: region %r changes the state of its arguments (%s) in its forward, "
-            "and they hold more than %d bindings to track: a replay sees them as the "
-            "forward left them. Hint: keep such state out of the block's arguments "
-            "(for a transformers model in training: use_cache=False)",
-            call.name, types, ARG_STATE_MAX_ITEMS,
-        )
+        if region is not None:
+            region.untracked_state = region.writes_state = True  # kept or offloaded from now on
+            warn_once(
+                f"argstate-big:{kind(region)}",
+                "offrecomp: region %r (and any other like it) changes the state of its "
+                "arguments (%s) in its forward, and they hold more than %d bindings to "
+                "track, so no replay could see them as the forward did: its activations "
+                "are kept or offloaded, never recomputed. Hint: keep such state out of the "
+                "block's arguments (for a transformers model in training: use_cache=False)",
+                region.name, types, entry.limit,
+            )
         return
     log.debug(
         "offrecomp: region %r changes the state of its arguments (%s); replays run on "

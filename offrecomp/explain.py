@@ -127,7 +127,9 @@ def _why(r: RegionRecord, n: dict[Placement, int], plan: Plan, regions: Sequence
     """Why auto placed a region call's storages as it did."""
     region = next((g for g in regions if g.name == r.name), None)
     if not r.replayable:
-        if region is not None and region.writes_state:
+        if region is not None and region.untracked_state:
+            why = "changes argument state too large to track"
+        elif region is not None and region.writes_state:
             why = "writes its inputs or parameters in place"
         elif region is not None and region.reaches_out:
             why = "runs a backward through earlier activations"
@@ -184,7 +186,9 @@ def _reason(mode: str, c: CallSummary, region: Region | None, config: Config, em
         return why
     why = "mode='recompute' drops its activations and replays its forward in backward"
     if c.activations_kept:
-        if region is not None and region.writes_state:
+        if region is not None and region.untracked_state:
+            why = "changes argument state too large to track: its activations are kept, never recomputed"
+        elif region is not None and region.writes_state:
             why = "writes its inputs or parameters in place: its activations are kept, never recomputed"
         elif region is not None and region.reaches_out:
             why = "runs a backward through earlier activations: kept, never recomputed"

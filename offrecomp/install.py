@@ -66,7 +66,14 @@ from offrecomp.diagnostics import (
 )
 from offrecomp.lifecycle import Lifecycle
 from offrecomp.native import NativeKeep
-from offrecomp.regions import Region, _is_compiled, compiled_module, count_buffer_assignment
+from offrecomp.regions import (
+    ARG_STATE_MAX_ITEMS,
+    ARG_STATE_PER_REGION,
+    Region,
+    _is_compiled,
+    compiled_module,
+    count_buffer_assignment,
+)
 from offrecomp.replay import in_replay
 from offrecomp.state import PassState, RegionCall
 
@@ -116,6 +123,7 @@ class Installer:
         model = self._model
         self.compiled_model = model is not None and holds_compiled(model)
         self._calls.distributed = world_size() > 1
+        self._calls.arg_state_limit = ARG_STATE_MAX_ITEMS + ARG_STATE_PER_REGION * len(self._regions)
         if self.compiled_model:
             # Saved-tensor hooks run inside compiled frames too: never compile them (nor
             # the replays they run), or dynamo traces the bookkeeping, guards on every

@@ -78,6 +78,10 @@ class Region:
     writes_state: bool | None = None
     """Its forward writes its own inputs or parameters in place; None until a call has
     shown whether it does (NOTE [State written by its region])."""
+    untracked_state: bool | None = None
+    """Its calls take argument objects with more state than the runtime tracks: True
+    once a call changed it (never replayed from then on), False once a call left it as
+    it was; None before (NOTE [Stateful arguments])."""
     backward_in_forward: bool = False
     """Its forward runs a backward of its own (NOTE [Backward inside a forward] in
     replay.py): its replays hold what they save and run plainly."""
@@ -360,10 +364,14 @@ def _flatten_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[l
 # reference: no tensor is copied). When the bindings at the region's exit differ from
 # those at its entry, the replay puts the entry bindings back, runs, then restores the
 # bindings it found. Changes inside a tensor (in place) are the version check's
-# business (NOTE [Replay inputs]); an object too large to record (more than
-# ARG_STATE_MAX_ITEMS bindings) is left as it is, with a warning once if it changed.
+# business (NOTE [Replay inputs]). The walk records at most ARG_STATE_MAX_ITEMS bindings
+# plus ARG_STATE_PER_REGION per region of the model: a key/value cache passed to every
+# block holds about 8 per block. A call whose state is larger than that is never
+# replayed: it keeps (or offloads) what it saves, and when the state did change, its
+# region does so from then on, with a warning.
 
 ARG_STATE_MAX_ITEMS = 512
+ARG_STATE_PER_REGION = 16
 _ARG_STATE_DEPTH = 4
 _ATOMIC = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device, torch.Size)
 
@@ -385,9 +393,11 @@ class ArgState:
 
     entries: list[tuple[Any, str, Any]]
     complete: bool
+    limit: int = ARG_STATE_MAX_ITEMS
 
     @staticmethod
-    def capture(roots: list[Any]) -> ArgState:
+    def capture(roots: list[Any], limit: int = ARG_STATE_MAX_ITEMS) -> ArgState:
+        """At most ``limit`` bindings; ``complete`` False when there were more."""
         entries: list[tuple[Any, str, Any]] = []
         seen: set[int] = set()
         count = 0
@@ -407,7 +417,7 @@ class ArgState:
                 d = vars(obj)
                 kind, content, children = "attrs", dict(d), list(d.values())
             count += len(content)
-            if count > ARG_STATE_MAX_ITEMS:
+            if count > limit:
                 complete = False
                 break
             entries.append((obj, kind, content))
@@ -415,7 +425,7 @@ class ArgState:
                 for c in children:
                     if isinstance(c, (list, dict)) or _stateful(c):
                         todo.append((c, depth + 1))
-        return ArgState(entries, complete)
+        return ArgState(entries, complete, limit)
 
     def same(self, other: ArgState) -> bool:
         """The same containers with the same contents, by identity."""

@@ -269,7 +269,7 @@ def _entry_arg_state(call: RegionCall) -> Iterator[None]:
     if entry is None or call.inputs is None:
         yield
         return
-    found = ArgState.capture(call.inputs.objects)
+    found = ArgState.capture(call.inputs.objects, entry.limit)
     entry.restore()
     try:
         yield
