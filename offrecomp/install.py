@@ -76,6 +76,7 @@ from offrecomp.regions import (
 )
 from offrecomp.replay import in_replay
 from offrecomp.state import PassState, RegionCall
+from offrecomp.trace import PassiveMode
 
 __all__ = ["Installer", "holds_compiled", "signature_of"]
 
@@ -322,6 +323,11 @@ class Installer:
             warn_compiled(region.name)
             return None
         call = self._calls.enter(region, original, args, kwargs)
+        call.under_mode = call.watch is not None or call.recorder is not None
+        if region.mode_sensitive and not call.under_mode:
+            call.passive = PassiveMode()  # NOTE [Replay], step 7: save what the recorder saw
+            call.passive.__enter__()
+            call.under_mode = True
         if call.watch is not None:
             call.watch.__enter__()  # beneath the recorder: its copies are not recorded
         if call.recorder is not None:
@@ -339,6 +345,9 @@ class Installer:
                 call.watch.__exit__(None, None, None)
                 if exc is not None:
                     call.watch = None  # a forward cut short shows nothing: watch the next
+            if call.passive is not None:
+                call.passive.__exit__(None, None, None)
+                call.passive = None
             if exc is not None:
                 self._life.abort(call.pass_state, exc)
             elif (

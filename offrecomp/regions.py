@@ -78,6 +78,10 @@ class Region:
     writes_state: bool | None = None
     """Its forward writes its own inputs or parameters in place; None until a call has
     shown whether it does (NOTE [State written by its region])."""
+    mode_sensitive: bool = False
+    """A planned call of it saved other storages than its recording: its code behaves
+    otherwise under a dispatch mode, so every call runs under one (NOTE [Replay], step
+    7) and saves what the recorder saw."""
     untracked_state: bool | None = None
     """Its calls take argument objects with more state than the runtime tracks: True
     once a call changed it (never replayed from then on), False once a call left it as

@@ -26,8 +26,13 @@ The first backward access to a dropped tensor of a region call replays that call
      ``bernoulli_``) or a tensor that requires grad stops the replay at once;
   6. when the region has a recorded structure, ``ServingMode`` returns held outputs for
      the ops replay need not run (NOTE [Which ops replay runs] in trace/structure.py)
-     and checks that replay dispatches the same ops as the forward.
-Each replayed tensor is handed out once and forgotten, so replayed memory lives only
+     and checks that replay dispatches the same ops as the forward;
+  7. a plain replay of a forward that ran under one of the runtime's dispatch modes (the
+     first call's watch, a measuring pass's recorder) runs under a passive mode: some
+     composite ops take another path, saving other tensors, whenever any dispatch mode
+     is active (``ctc_loss`` with tensor lengths saves them too).
+The torch-function state is the forward's as well (NOTE [Torch function state] in
+_torch_compat.py). Each replayed tensor is handed out once and forgotten, so replayed memory lives only
 until autograd is done with it; a second backward (retain_graph) replays again.
 """
 
@@ -56,6 +61,7 @@ from offrecomp.regions import (
 from offrecomp.state import RegionCall
 from offrecomp.trace import (
     ParamGuard,
+    PassiveMode,
     ReplayDivergedError,
     ServingMode,
     ThreadDepth,
@@ -305,6 +311,8 @@ def _replay_forward(
             stack.enter_context(guard)  # outside the serving mode: sees the ops that run
         if mode is not None:
             stack.enter_context(mode)
+        elif call.under_mode:
+            stack.enter_context(PassiveMode())
         assert call.forward_fn is not None
         call.forward_fn(*args, **kwargs)
 

@@ -248,6 +248,10 @@ class RegionCall(_WeakReferable):
     inputs: CapturedInputs | None = None
     rng: RngState | None = None
     autocast: AutocastState | None = None
+    under_mode: bool = False
+    """Its forward ran under one of the runtime's dispatch modes (a watch or a recorder):
+    its plain replay runs under a passive one (NOTE [Replay], step 7)."""
+    passive: Any = None  # the PassiveMode its forward runs under, while it runs
     torch_function: Any = None
     """The torch-function state at entry, None for the usual one (NOTE [Torch function
     state] in _torch_compat.py)."""

@@ -254,6 +254,8 @@ class Planner:
             # region again.
             structure.opaque = True
             self.opaque_regions.add(call.name)
+        if call.region is not None and not call.under_mode:
+            call.region.mode_sensitive = True  # NOTE [Replay], step 7
         log.info(
             "offrecomp: region %r call %d differs from its profile (storage %d); "
             "dropping its activations this pass and measuring again",

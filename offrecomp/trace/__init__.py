@@ -20,7 +20,7 @@ One module per mechanism; imports run one way, top to bottom:
 
 from offrecomp.trace.ops import op_leaves, op_name
 from offrecomp.trace.recorder import COMPILED_FORWARD, FirstCallWatch, OpRecorder
-from offrecomp.trace.scope import ThreadDepth, internal, user_code
+from offrecomp.trace.scope import PassiveMode, ThreadDepth, internal, user_code
 from offrecomp.trace.scope import _is_internal as _is_internal
 from offrecomp.trace.serving import CastDivergedError, ParamGuard, ReplayDivergedError, ServingMode
 from offrecomp.trace.structure import (
@@ -50,6 +50,7 @@ __all__ = [
     "ReplayDivergedError",
     "ServingMode",
     # what the modes see, and of an op
+    "PassiveMode",
     "ThreadDepth",
     "internal",
     "op_leaves",

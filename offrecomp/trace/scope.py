@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 from offrecomp import _torch_compat as tc
 
@@ -70,3 +71,13 @@ class _RegionMode(tc.TorchDispatchMode):
     @classmethod
     def ignore_compile_internals(cls) -> bool:
         return True
+
+
+class PassiveMode(_RegionMode):
+    """Runs every op as it is. Some composite ops take another path, saving other
+    tensors, whenever any dispatch mode is active (``ctc_loss`` with tensor lengths saves
+    them too); a forward or replay that must save what one under the recorder or the
+    watch saved runs under this (NOTE [Replay], step 7)."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))

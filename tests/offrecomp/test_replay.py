@@ -639,3 +639,38 @@ def test_torch_function_overrides_replay_as_in_the_forward(kind: str, variant: s
         return torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(s))
 
     check_variant(_SubclassModel(kind), batch, variant, steps=4)
+
+
+class _CtcBlock(nn.Module):
+    """``ctc_loss`` with tensor lengths: under any dispatch mode its composite path runs,
+    which saves the lengths too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        lp = torch.nn.functional.log_softmax(h.transpose(0, 1), -1)
+        loss = torch.nn.functional.ctc_loss(
+            lp, torch.tensor([[1, 2, 3], [4, 5, 5]]), torch.tensor([8, 8]), torch.tensor([3, 2]), reduction="none"
+        )
+        return x + torch.tanh(h) * loss.reshape(2, 1, 1) * 0.01
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto_tight", "auto_serve"])
+def test_a_plain_replay_of_a_forward_under_a_mode_runs_under_one(variant: str) -> None:
+    """NOTE [Replay], step 7: the first call's watch and the measuring pass's recorder are
+    dispatch modes; a plain replay of such a call runs under a passive one, so an op whose
+    path depends on that saves the same tensors. A planned call that saved other storages
+    than its recording makes its region's forwards run under one too: after one more
+    measuring pass, auto stays planned."""
+    torch.manual_seed(0)
+    model = models.Stack([_CtcBlock() for _ in range(3)])
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(s))
+
+    rt, _ = check_variant(model, batch, variant, steps=7)
+    phases = [s.phase for s in rt.report().steps]
+    assert variant == "recompute" or (phases[-2:] == ["planned"] * 2 and phases.count("measure") == 2), phases

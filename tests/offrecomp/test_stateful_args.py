@@ -18,7 +18,14 @@ from torch import nn
 import offrecomp
 import offrecomp.diagnostics
 from offrecomp.regions import ARG_STATE_MAX_ITEMS, ARG_STATE_PER_REGION, ArgState
-from tests.helpers import ZOO_VARIANTS, assert_bitwise, check_variant, tight_budget, train, train_bitwise
+from tests.helpers import (
+    ZOO_VARIANTS,
+    assert_bitwise,
+    check_variant,
+    tight_budget,
+    train,
+    train_bitwise,
+)
 
 STEPS = 4
 
