@@ -248,7 +248,10 @@ class Installer:
                     return None
                 if (compiling or _is_compiled(module)) and regions:
                     warn_compiled(", ".join(r.name for r in regions))
-                life.signature, life.family, life.dims = signature_of(args, kwargs, module.training, name)
+                first = next(module.parameters(), None)
+                life.signature, life.family, life.dims = signature_of(
+                    args, kwargs, module.training, name, first.dtype if first is not None else None
+                )
                 return life.forward_activity()
             return None
 
@@ -361,15 +364,19 @@ class Installer:
 
 
 def signature_of(
-    args: tuple[Any, ...], kwargs: dict[str, Any], training: bool, name: str = ""
+    args: tuple[Any, ...], kwargs: dict[str, Any], training: bool, name: str = "", dtype: torch.dtype | None = None
 ) -> tuple[str, str, tuple[int, ...]]:
     """The pass's signature, its family (the signature without sizes) and its sizes;
-    ``name``: the model of a container root the pass began in (NOTE [Container roots])."""
+    ``name``: the model of a container root the pass began in (NOTE [Container roots]);
+    ``dtype``: its parameters' (a model cast between steps saves other bytes). Autocast,
+    on for the inputs' devices, is part of it too: it changes every save."""
     leaves, _ = tc.tree_flatten((args, kwargs))
     parts, kinds = [], []
     dims: list[int] = []
+    devices: set[str] = set()
     for x in leaves:
         if isinstance(x, torch.Tensor):
+            devices.add(x.device.type)
             if x.is_nested and x.layout == torch.jagged:
                 # the ragged dimension is a symbol new to every nested tensor built: the
                 # components and the packed values decide the memory instead
@@ -383,6 +390,11 @@ def signature_of(
             kinds.append(f"{'n' if x.is_nested else ''}{len(sizes)}:{kind}")
             dims += [int(d) for d in sizes]
     mode = ("train|" if training else "eval|") + (f"{name}:" if name else "")
+    if dtype is not None and dtype != torch.float32:
+        mode += f"params:{str(dtype).replace('torch.', '')}|"
+    for d in sorted(devices):
+        if d in ("cpu", "cuda") and torch.is_autocast_enabled(d):
+            mode += f"autocast:{d}:{str(torch.get_autocast_dtype(d)).replace('torch.', '')}|"
     return mode + ",".join(parts), mode + ",".join(kinds), tuple(dims)
 
 

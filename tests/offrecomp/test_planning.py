@@ -390,6 +390,34 @@ def test_jagged_batches_of_the_same_size_share_a_signature() -> None:
     assert [s.phase for s in steps] == ["measure", "calibrate", "planned", "planned"]
 
 
+def test_autocast_and_the_parameters_dtype_are_part_of_the_signature() -> None:
+    """A step under bf16 autocast saves other bytes than one without, as does a model cast
+    to another dtype: each is its own signature, measured once and planned from then on
+    (before, the two states alternated under one plan, which each found differing from
+    its profile, and measured again)."""
+    torch.manual_seed(0)
+    model = make("gpt_dropout")[0]
+    batch = make("gpt_dropout")[1]
+    m = twin(model)
+    budget = tight_budget(m, batch)
+    rt = _runtime(m, budget=budget)
+    with rt:
+        for step in range(10):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=step % 2 == 1):
+                loss = m(batch(step))
+            loss.backward()
+            m.zero_grad(set_to_none=True)
+    steps = rt.report().steps
+    signatures = sorted({s.signature for s in steps})
+    assert len(signatures) == 2 and "autocast:cpu:bfloat16|" in signatures[1], signatures
+    assert [s.phase for s in steps].count("measure") == 2, [s.phase for s in steps]
+    assert [s.phase for s in steps][-4:] == ["planned"] * 4
+    m.double()
+    with rt:
+        m(batch(0)).backward()
+    assert "params:float64|" in rt.report().steps[-1].signature
+
+
 def _two_lengths(s: int) -> torch.Tensor:
     """Micro-batch 0 of each step has 24 tokens, micro-batch 1 has 12 (train(): 10*step + micro)."""
     return torch.randint(0, 64, (2, 24 if s % 10 == 0 else 12), generator=torch.Generator().manual_seed(s))
