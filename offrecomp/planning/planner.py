@@ -206,7 +206,10 @@ class Planner:
     # it also serves the shorter ones: calls that do not run leave their share of the
     # budget unused. Measuring again instead would measure a profile without those
     # calls at the next pass, often a shorter one: depths that alternate would
-    # re-measure (full recompute) every few steps, for good.
+    # re-measure (full recompute) every few steps, for good. The profile also keeps the
+    # calls of the last one that the re-profiling pass did not run (passes alternating
+    # between task heads run disjoint calls), each after the call it followed: a
+    # profile only grows.
 
     def _record_unprofiled(self, p: PassState, call: RegionCall) -> None:
         call.record = True
@@ -299,9 +302,12 @@ class Planner:
             return
         # the recorded structure now (cheap, and what rt.set_plan() users read); the
         # profile, which reads the pass's times, at the next pass's start
-        self.cache.entry(p.signature, p).structures = {
-            c.key: c.structure for c in p.calls if c.structure is not None
-        }
+        entry = self.cache.entry(p.signature, p)
+        structures = {c.key: c.structure for c in p.calls if c.structure is not None}
+        if p.reprofile:  # NOTE [Calls the profile lacks]: a profile only grows
+            for key, st in entry.structures.items():
+                structures.setdefault(key, st)
+        entry.structures = structures
         self._unplanned.append((p, list(p.replay_marks), p.backward_end_mark))
 
     # ------------------------------------------------------------ planning
@@ -316,6 +322,13 @@ class Planner:
         profile, structures = profiling.build_profile(
             p, replay_marks, end_mark, clock=host.clock, config=cfg, device=host.device()
         )
+        if p.reprofile and entry.profile is not None and entry.structures:
+            added = profiling.keep_missing_calls(profile, structures, entry.profile, entry.structures)
+            if added:
+                log.info(
+                    "offrecomp: signature %s's profile keeps %d call(s) this pass did not run",
+                    p.signature, added,
+                )
         entry.take_profile(profile, structures, p.stats.peak_resident_bytes)
         if cfg.profile_path:
             # the measured profile now; each solve overwrites it with the calibrated one

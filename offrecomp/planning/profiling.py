@@ -111,6 +111,43 @@ def build_profile(
     return profile, structures
 
 
+def keep_missing_calls(
+    profile: Profile,
+    structures: dict[tuple[str, int], RegionStructure],
+    old: Profile,
+    old_structures: dict[tuple[str, int], RegionStructure],
+) -> int:
+    """Put the calls of ``old`` (the signature's previous profile) that the re-profiling
+    pass behind ``profile`` did not run into it, each after the call it followed, with
+    the times it had: a profile only grows (NOTE [Calls the profile lacks]). Returns how
+    many were put in."""
+    have = {r.key for r in profile.regions}
+    order = [r.key for r in old.regions]
+    added = 0
+    for i, rec in enumerate(old.regions):
+        if rec.key in have or rec.key not in old_structures:
+            continue
+        regions = profile.regions
+        pos = 0
+        for k in reversed(order[:i]):  # after the nearest earlier call the new one has
+            j = next((j for j, r in enumerate(regions) if r.key == k), None)
+            if j is not None:
+                pos = j + 1
+                break
+        start = regions[pos - 1].start_seconds + regions[pos - 1].forward_seconds if pos else 0.0
+        shift = max(0.0, start + rec.forward_seconds - (regions[pos].start_seconds if pos < len(regions) else start))
+        for r in regions[pos:]:
+            r.start_seconds += shift
+        copy = RegionRecord(**{**vars(rec), "start_seconds": start})
+        regions.insert(pos, copy)
+        profile.forward_seconds += rec.forward_seconds
+        profile.backward_seconds += rec.backward_seconds
+        structures[rec.key] = old_structures[rec.key]
+        have.add(rec.key)
+        added += 1
+    return added
+
+
 def _region_records(
     p: PassState, replay_by_ordinal: dict[int, tuple[Any, Any]], end_mark: Any, clock: Clock
 ) -> tuple[list[RegionRecord], dict[tuple[str, int], RegionStructure]]:
