@@ -113,20 +113,23 @@ class OffloadGroups:
 
     # ---------------------------------------------------------------- groups
 
-    def add(self, call: RegionCall, rec: StorageRec, source: Any) -> None:
-        """Add an admitted OFFLOAD storage to ``call``'s open group."""
+    def add(self, call: RegionCall, rec: StorageRec, storage: Any, t: torch.Tensor) -> None:
+        """Add an admitted OFFLOAD storage (``t``'s) to ``call``'s open group."""
         engine = self.engine
         assert engine is not None  # it admitted the storage
         group = call.group
         p = call.pass_state
         if group is None:
-            group = call.group = engine.open_group(len(p.calls) if p is not None else 0, source.device)
+            group = call.group = engine.open_group(len(p.calls) if p is not None else 0, storage.device)
             call.groups.append(group)
             self.live_groups += 1
         rec.group = group
-        rec.slot = group.add(source, rec.nbytes)
-        if p is not None:
-            p.stats.sample(engine.device_bytes)  # a copy not landed yet is device bytes too
+        nbytes = rec.nbytes
+        if t.nbytes == nbytes and t._base is None and t.is_contiguous() and not t.storage_offset():
+            # NOTE [Typed sources]: t covers its storage in order
+            rec.slot = group.add(t.detach(), nbytes, (t.dtype, t.shape))
+        else:
+            rec.slot = group.add(storage, nbytes)
 
     def issue(self, call: RegionCall) -> None:
         """Copy ``call``'s open group to host (its exit, or the end of a root run); a group
@@ -134,10 +137,14 @@ class OffloadGroups:
         group, call.group = call.group, None
         if group is None:
             return
+        p = call.pass_state
+        if p is not None and self.engine is not None:
+            # the open group's storages are device bytes until their copy lands: the
+            # most they were, as nothing the engine holds shrinks while a group fills
+            p.stats.sample(self.engine.device_bytes)
         sources = list(group.sources)
         if self.engine is not None and self.engine.issue(group):
             return
-        p = call.pass_state
         for rec in call.storages:
             if rec.group is not group:
                 continue

@@ -69,7 +69,7 @@ _OFFLOADED: Decision = (OFFLOAD, None)
 def untracked_alias(t: torch.Tensor, nbytes: int) -> bool:
     """Does ``t`` cover only part of its ``nbytes`` storage without being a view autograd
     tracks? NOTE [Untracked aliases]: such a storage is never offloaded."""
-    return t._base is None and t.numel() * t.element_size() < nbytes
+    return t._base is None and t.nbytes < nbytes
 
 
 class Placements:

@@ -396,6 +396,24 @@ def _learn_whole_forward(
         + groups * measured.offload_host_seconds
     )
     measured.forward_seconds = fwd_total - extra if extra < fwd_total else fwd_total
+    _fit_timeline(measured)
+
+
+def _fit_timeline(profile: Profile) -> None:
+    """Shrink the gaps between the regions' start times so that the timeline ends within
+    the learnt forward total: starts left from a measuring pass that a one-off pause
+    lengthened would otherwise outweigh every later total (NOTE [Forward timeline])."""
+    gaps = _gaps(profile)
+    inner = sum(gaps[:-1])
+    busy = sum(r.forward_seconds for r in profile.regions)
+    if not profile.regions or inner + busy <= profile.forward_seconds:
+        return
+    scale = max(0.0, profile.forward_seconds - busy) / inner if inner > 0 else 0.0
+    t = 0.0
+    for gap, r in zip(gaps, profile.regions):
+        t += gap * scale
+        r.start_seconds = t
+        t += r.forward_seconds
 
 
 def _learn_gaps(

@@ -113,13 +113,14 @@ def add_prediction(rec: StepRecord, entry: PlanEntry | None, plan: Plan, passes:
 
 
 def warn_infeasible(entry: PlanEntry, plan: Plan, budget: int, held: int) -> None:
-    """NOTE [Infeasible budgets]: once per signature, at its first planned step, naming
-    a smallest feasible budget that the frugal plan's prediction, the measuring pass
-    and this step all bound (a step within the budget says nothing)."""
+    """NOTE [Infeasible budgets]: once per signature, at its first planned step (a step
+    within the budget says nothing), naming the smallest budget the solver accepts: the
+    lower of the frugal plan's prediction and the measuring pass's peak, so that the
+    same budget with infeasible='error' runs."""
     if entry.warned_infeasible or held <= budget:
         return
     entry.warned_infeasible = True  # once per signature, not once per re-plan
-    smallest = min(plan.min_feasible_budget_bytes or held, held)
+    smallest = plan.min_feasible_budget_bytes or held
     plan.min_feasible_budget_bytes = smallest
     plan.notes = [n for n in plan.notes if "cannot be met" not in n] + [infeasible_note(budget, smallest)]
     log.warning(

@@ -70,8 +70,9 @@ def offloaded_sizes(profile: Profile, plan: Plan) -> list[int]:
 # plan offloads), and the plan with the lower predicted peak runs. The budget is
 # called infeasible only when the measuring pass did not meet it either, and the
 # smallest feasible budget named is the lower of that pass's peak and the frugal
-# plan's prediction; the warning waits for the first planned step, whose measured
-# peak bounds it too (NOTE [Infeasible budgets]).
+# plan's prediction, the budget this check accepts; the warning waits for the first
+# planned step, and is not given when that step met the budget (NOTE [Infeasible
+# budgets]).
 
 
 class Solver:

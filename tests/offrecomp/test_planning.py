@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import copy
 import gc
+import itertools
 import json
 import logging
 import pathlib
@@ -786,3 +787,27 @@ def test_the_runtime_hands_its_planner_exactly_the_planner_host() -> None:
     plan = Plan(placements={})
     rt.set_plan(plan)
     assert rt.planner.host.user_plan is plan  # read live
+
+
+def test_a_learnt_forward_total_shrinks_a_stale_timeline() -> None:
+    """NOTE [Forward timeline]: a pass whose calls are not the profile's learns only the
+    forward total; region starts left from a measuring pass that a one-off pause
+    lengthened are fitted into it (their gaps shrink, the regions' own times stay), so
+    the layout no longer takes the stale timeline's end for the forward (before, the
+    prediction stayed 30x the measured step through every re-plan)."""
+    from scheduler.profile import Profile, RegionRecord
+
+    regions = [
+        RegionRecord(name=f"b.{i}", call_index=0, start_seconds=s, forward_seconds=0.001, backward_seconds=0.002)
+        for i, s in enumerate([0.0, 0.3, 0.301])  # a 0.3 s pause before b.1 when measured
+    ]
+    profile = Profile(signature="s", forward_seconds=0.01, regions=regions)
+    learning._fit_timeline(profile)
+    ends = [r.start_seconds + r.forward_seconds for r in profile.regions]
+    assert ends[-1] <= 0.01 + 1e-12, ends
+    assert all(b.start_seconds >= a.start_seconds + a.forward_seconds - 1e-12 for a, b in itertools.pairwise(regions))
+    assert [r.forward_seconds for r in regions] == [0.001] * 3
+    late = RegionRecord(name="b", call_index=0, start_seconds=0.2, forward_seconds=0.1, backward_seconds=0.2)
+    kept = Profile(signature="s", forward_seconds=1.0, regions=[late])
+    learning._fit_timeline(kept)
+    assert kept.regions[0].start_seconds == 0.2  # a timeline within the total stays

@@ -39,12 +39,16 @@ def test_regions_that_save_nothing_end_their_passes(
     m = nn.Sequential(block(), block(), block())
     grads = []
     with caplog.at_level(logging.WARNING, logger="offrecomp"), offrecomp.runtime(m) as rt:
-        for s in range(4):
+        for s in range(5):
             x = torch.randn(4, 8, generator=torch.Generator().manual_seed(s)).requires_grad_()
             m(x).sum().backward()
             grads.append(x.grad)
     assert _unfinished(caplog) == []
-    assert [s.phase for s in rt.report().steps] == ["measure", "calibrate", "planned", "planned"]
+    steps = rt.report().steps
+    # NOTE [Host pauses]: a calibration a collection distorted runs again (a loaded host)
+    again = [s for s in steps[2:] if s.phase == "calibrate"]
+    assert [s.phase for s in steps][:2] == ["measure", "calibrate"] and steps[-1].phase == "planned"
+    assert len(again) <= 1 and all(s.pause_seconds > 0 for s in [steps[1], *again][: len(again)]), steps
     scale = 1.0 if block is Identity else 2.5**3
     assert all(torch.equal(g, torch.full_like(g, scale)) for g in grads)
 
