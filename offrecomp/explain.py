@@ -129,6 +129,8 @@ def _why(r: RegionRecord, n: dict[Placement, int], plan: Plan, regions: Sequence
     if not r.replayable:
         if region is not None and region.untracked_state:
             why = "changes argument state too large to track"
+        elif region is not None and region.variable:
+            why = "saves other tensors from pass to pass (branches on the data)"
         elif region is not None and region.writes_state:
             why = "writes its inputs or parameters in place"
         elif region is not None and region.reaches_out:

@@ -111,7 +111,7 @@ class Placements:
     def droppable(self, call: RegionCall, *, symmetric: bool = True) -> bool:
         """May ``call``'s activations be dropped? ``symmetric``: every rank drops alike
         (a plan or a mode); a rank-local fallback never drops in a collective region."""
-        if call.inputs is None or call.writes_state:
+        if call.inputs is None or call.writes_state or (call.region is not None and call.region.variable):
             return False
         if call.collective:
             return symmetric and self._config.mode != "auto"

@@ -78,10 +78,16 @@ class Region:
     writes_state: bool | None = None
     """Its forward writes its own inputs or parameters in place; None until a call has
     shown whether it does (NOTE [State written by its region])."""
-    mode_sensitive: bool = False
-    """A planned call of it saved other storages than its recording: its code behaves
-    otherwise under a dispatch mode, so every call runs under one (NOTE [Replay], step
-    7) and saves what the recorder saw."""
+    mode_sensitive: bool | None = None
+    """True once a planned call saved other storages than its recording: its code may
+    behave otherwise under a dispatch mode, so every call runs under one (NOTE [Replay],
+    step 7) and saves what the recorder saw; False once a call under one differed too
+    (its saves depend on the data), for good; None before."""
+    mismatches: int = 0
+    """Planned calls of it that saved other storages than their recording."""
+    variable: bool = False
+    """Its saves changed from pass to pass more than once (code that branches on the
+    data): never recomputed from then on, as no one recording describes its calls."""
     untracked_state: bool | None = None
     """Its calls take argument objects with more state than the runtime tracks: True
     once a call changed it (never replayed from then on), False once a call left it as

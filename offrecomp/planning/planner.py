@@ -257,8 +257,22 @@ class Planner:
             # region again.
             structure.opaque = True
             self.opaque_regions.add(call.name)
-        if call.region is not None and not call.under_mode:
-            call.region.mode_sensitive = True  # NOTE [Replay], step 7
+        region = call.region
+        if region is not None:
+            if call.passive is not None:  # NOTE [Replay], step 7
+                region.mode_sensitive = False  # differs under a mode too: the data decides
+            elif region.mode_sensitive is None and not call.under_mode:
+                region.mode_sensitive = True
+            region.mismatches += 1
+            if region.mismatches >= 2 and not region.variable:
+                region.variable = True  # measured again, it differed again
+                log.warning(
+                    "offrecomp: region %r saved other tensors than its profile in two planned "
+                    "passes (code that branches on the data); no one recording describes its "
+                    "calls, so its activations are kept or offloaded from now on, never "
+                    "recomputed",
+                    region.name,
+                )
         log.info(
             "offrecomp: region %r call %d differs from its profile (storage %d); "
             "dropping its activations this pass and measuring again",

@@ -178,7 +178,10 @@ def _region_records(
                 storages=storages,
                 opaque=st.opaque,
                 replayable=not call.collective
-                and not (call.region is not None and (call.region.writes_state or call.region.reaches_out)),
+                and not (
+                    call.region is not None
+                    and (call.region.writes_state or call.region.reaches_out or call.region.variable)
+                ),
             )
         )
         structures[call.key] = st

@@ -365,6 +365,44 @@ def test_a_profile_keeps_the_calls_a_reprofiling_pass_did_not_run() -> None:
     assert {r.name for r in entry.profile.regions} >= {"heads.a", "heads.b"}
 
 
+class _BranchBlock(torch.nn.Module):
+    """Takes one of two activations by the sign of its input's mean: gelu saves its
+    input, tanh its output, so the two branches save different storages."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(16, 32)
+        self.fc2 = torch.nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc1(x)
+        y = torch.nn.functional.gelu(y) if x.mean() > 0 else torch.tanh(y)
+        return x + self.fc2(y)
+
+
+def test_a_region_whose_saves_change_with_the_data_is_kept_instead_of_measured_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A branch on the data that flips every step: a planned call saving other storages
+    than its recording measures again (its forwards then run under a passive dispatch
+    mode, NOTE [Replay] step 7); when it differs again, its region is kept from then
+    on, named in a warning, and auto stays planned (before: measure, calibrate and two
+    planned steps, over and over, the planned ones over the budget)."""
+    torch.manual_seed(0)
+    base = stack(_BranchBlock, 3)()
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(4, 16, generator=torch.Generator().manual_seed(s)) + (1.0 if (s // 10) % 2 else -1.0)
+
+    ref = train(twin(base), batch, steps=16)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        rt = train_bitwise(twin(base), batch, "auto_tight", tight_budget(base, batch), ref, steps=16)
+    phases = [s.phase for s in rt.report().steps]
+    assert phases.count("measure") <= 3 and phases[-6:] == ["planned"] * 6, phases
+    assert any("branches on the data" in r.getMessage() for r in caplog.records)
+    assert "branches on the data" in rt.explain()
+
+
 class ComplexBlock(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
