@@ -121,7 +121,18 @@ class RegionCalls:
         """Keep what a replay of this call needs (see regions.py). Not for a call under a
         functorch transform (``torch.func.vmap``): its inputs are wrapped tensors of a
         transform level that is gone when backward runs, so no replay could start from
-        them; the call keeps its activations."""
+        them; nor under forward-mode AD, whose tangents' graph a replay outside the dual
+        level would not rebuild. Such a call keeps its activations."""
+        if tc.forward_ad_active():
+            warn_once(
+                f"forward-ad:{kind(region)}",
+                "offrecomp: region %r (and any other like it) runs under forward-mode AD "
+                "(torch.autograd.forward_ad.dual_level); its calls there keep their "
+                "activations (a replay in backward, outside the dual level, would not rebuild "
+                "the tangents' graph)",
+                region.name,
+            )
+            return
         cap = capture_inputs(args, kwargs)
         if any(t is not None and tc.is_functorch_wrapped(t) for t in cap.tensors):
             warn_once(

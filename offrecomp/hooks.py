@@ -181,7 +181,10 @@ class Placer:
         if type(t) is not torch.Tensor or t.layout is not _STRIDED or t.is_nested:
             return _Plain(t, call)
         storage = t.untyped_storage()
-        ptr = storage.data_ptr()
+        try:
+            ptr = storage.data_ptr()
+        except RuntimeError:  # no data: a ZeroTensor (forward AD's zero tangents)
+            return _Plain(t, call)
         region = call.region
         if region is not None and region.slots and ptr in self._buffers.of_call(call, region):
             return _Plain(t, call)

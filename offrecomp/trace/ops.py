@@ -70,8 +70,9 @@ def _describable(t: torch.Tensor) -> bool:
     cls = type(t)
     if cls is not torch.Tensor and cls is not torch.nn.Parameter and cls.__torch_dispatch__ is not _PLAIN_DISPATCH:
         return False
-    # a nested tensor of the strided layout has no single size or stride
-    return t.layout == torch.strided and not t.is_meta and not t.is_nested
+    # a nested tensor of the strided layout has no single size or stride; a ZeroTensor
+    # (forward AD's zero tangents) has a storage without data
+    return t.layout == torch.strided and not t.is_meta and not t.is_nested and not t._is_zerotensor()
 
 
 # NOTE [Op leaves]

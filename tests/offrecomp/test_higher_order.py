@@ -208,3 +208,48 @@ def test_blocks_called_under_vmap_keep_their_activations(mode: str, caplog: pyte
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     if mode != "offload":
         assert any("functorch transform" in r.getMessage() for r in caplog.records)
+
+
+class _NormBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(16)
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc(self.ln(x))
+
+
+@pytest.mark.parametrize("mode", ["keep", "recompute", "offload", "auto"])
+def test_blocks_run_under_forward_ad_keep_their_activations(mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Dual numbers through the blocks with grad enabled, then a backward of the primal:
+    forward AD saves ZeroTensors (storages without data), saved as they are, and a
+    replay outside the dual level would not rebuild the tangents' graph, so the calls keep
+    their activations with a warning; tangents and gradients are plain's."""
+    import torch.autograd.forward_ad as fwad
+
+    import offrecomp
+    import offrecomp.diagnostics
+
+    offrecomp.diagnostics.clear_warnings()
+    torch.manual_seed(0)
+    model = nn.Sequential(_NormBlock(), _NormBlock(), _NormBlock())
+    x = torch.randn(2, 8, 16)
+
+    def step(m: nn.Module) -> list[torch.Tensor]:
+        with fwad.dual_level():
+            out = m(fwad.make_dual(x, torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(1))))
+            primal, tangent = fwad.unpack_dual(out)
+        primal.square().mean().backward()
+        grads = [tangent.clone(), *(p.grad.clone() for p in m.parameters() if p.grad is not None)]
+        m.zero_grad(set_to_none=True)
+        return grads
+
+    want = [step(copy.deepcopy(model)) for _ in range(1)] * 3
+    m = copy.deepcopy(model)
+    with offrecomp.runtime(m, mode=mode, min_bytes=0):
+        got = [step(m) for _ in range(3)]
+    for a, b in zip(want, got):
+        assert len(a) == len(b) and all(torch.equal(u, v) for u, v in zip(a, b))
+    if mode in ("recompute", "auto"):
+        assert any("forward-mode AD" in r.getMessage() for r in caplog.records)
