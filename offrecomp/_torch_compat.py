@@ -260,6 +260,11 @@ def torch_function_as(captured: tuple[Any, tuple[Any, ...]] | None) -> Iterator[
             _tf_push(m)  # type: ignore[misc]
 
 
+def dispatch_modes_active() -> bool:
+    """Is any TorchDispatchMode on the stack (a caller's, around backward)?"""
+    return bool(torch._C._len_torch_dispatch_stack())
+
+
 def forward_ad_active() -> bool:
     """Is a forward-mode AD level open (``torch.autograd.forward_ad.dual_level``)? A
     forward under one computes tangents whose graph a replay outside it cannot rebuild."""
@@ -275,6 +280,7 @@ def cuda_sleep(cycles: int) -> None:
 
 ALL_PRIVATE_APIS: tuple[str, ...] = (
     "torch.autograd.forward_ad._current_level",
+    "torch._C._len_torch_dispatch_stack",
     "torch._C._get_torch_function_state / _set_torch_function_state / _len_torch_function_stack / "
     "_pop_torch_function_stack / _push_on_torch_function_stack, torch.overrides._get_current_function_mode_stack",
     "torch.utils._python_dispatch.TorchDispatchMode",

@@ -545,8 +545,11 @@ class Placer:
                     storage_tensors[r.index] = held
         kept = [r.index in storage_tensors for r in call.storages]
         structure = call.structure if not call.mismatch else None
-        if structure is not None and structure.opaque:
-            structure = None  # replay the forward as it is, under no dispatch mode
+        if structure is not None and (structure.opaque or tc.dispatch_modes_active()):
+            # replay the forward as it is, under no dispatch mode of ours: also under a
+            # mode of the caller's (FlopCounterMode around backward decomposes ops, so
+            # the serving mode would see others than the recording)
+            structure = None
         storage_of_save: dict[int, int] = {}
         for i in needed:
             h = call.dropped[i]()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -674,3 +675,46 @@ def test_a_plain_replay_of_a_forward_under_a_mode_runs_under_one(variant: str) -
     rt, _ = check_variant(model, batch, variant, steps=7)
     phases = [s.phase for s in rt.report().steps]
     assert variant == "recompute" or (phases[-2:] == ["planned"] * 2 and phases.count("measure") == 2), phases
+
+
+class _FlopBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(16)
+        self.fc = nn.Linear(16, 64)
+        self.fc2 = nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.nn.functional.gelu(self.fc(self.ln(x))))
+
+
+def test_a_replay_under_a_callers_dispatch_mode_runs_plainly() -> None:
+    """A FlopCounterMode around backward decomposes ops it has no formula for, so a
+    serving replay under it would see other ops than its recording (a divergence blamed
+    on the model): a replay under a caller's dispatch mode runs plainly."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    model = models.Stack([_FlopBlock() for _ in range(3)])
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(s))
+
+    def run(m: nn.Module, ctx: Any) -> list[torch.Tensor]:
+        grads = []
+        with ctx:
+            for s in range(5):
+                loss = m(batch(s))
+                with FlopCounterMode(display=False):
+                    loss.backward()
+                grads += [p.grad.clone() for p in m.parameters()]
+                m.zero_grad(set_to_none=True)
+        return grads
+
+    want = run(twin(model), contextlib.nullcontext())
+    m = twin(model)
+    budget = tight_budget(model, batch)
+    rt = offrecomp.runtime(m, mode="auto", budget=budget, replay_op_us=0, min_bytes=0)
+    got = run(m, rt)
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    assert rt.report().steps[-1].phase == "planned" and rt.report().steps[-1].recomputed_bytes > 0
