@@ -305,9 +305,11 @@ class Planner:
                 self._warned_unfinished = True
                 log.warning(
                     "offrecomp: the measuring pass of signature %s ended before its backward "
-                    "ran (the runtime's context exited after the forward). auto plans only "
-                    "from passes whose forward and backward both run inside `with rt:`; "
-                    "until one does, every pass is measured again (full recompute)",
+                    "ran (a forward with grad whose graph was dropped without backward, as a "
+                    "metric or logging forward is, or the runtime's context exited after the "
+                    "forward). auto plans only from passes whose forward and backward both run "
+                    "inside `with rt:`; until one does, every pass of that signature is "
+                    "measured again (full recompute). Run such forwards under torch.no_grad()",
                     p.signature,
                 )
             if p.aborted or p.stage is not Stage.DONE:
