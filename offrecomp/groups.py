@@ -113,23 +113,18 @@ class OffloadGroups:
 
     # ---------------------------------------------------------------- groups
 
-    def add(self, call: RegionCall, rec: StorageRec, storage: Any, t: torch.Tensor) -> None:
-        """Add an admitted OFFLOAD storage (``t``'s) to ``call``'s open group."""
+    def add(self, call: RegionCall, rec: StorageRec, source: Any) -> None:
+        """Add an admitted OFFLOAD storage to ``call``'s open group."""
         engine = self.engine
         assert engine is not None  # it admitted the storage
         group = call.group
         p = call.pass_state
         if group is None:
-            group = call.group = engine.open_group(len(p.calls) if p is not None else 0, storage.device)
+            group = call.group = engine.open_group(len(p.calls) if p is not None else 0, source.device)
             call.groups.append(group)
             self.live_groups += 1
         rec.group = group
-        nbytes = rec.nbytes
-        if t.nbytes == nbytes and t._base is None and t.is_contiguous() and not t.storage_offset():
-            # NOTE [Typed sources]: t covers its storage in order
-            rec.slot = group.add(t.detach(), nbytes, (t.dtype, t.shape))
-        else:
-            rec.slot = group.add(storage, nbytes)
+        rec.slot = group.add(source, rec.nbytes)
 
     def issue(self, call: RegionCall) -> None:
         """Copy ``call``'s open group to host (its exit, or the end of a root run); a group

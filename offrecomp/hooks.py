@@ -273,12 +273,10 @@ class Placer:
             if resident > stats.peak_resident_bytes:
                 stats.peak_resident_bytes = resident
         else:
-            self._account(p, call, rec, storage, t, fallback)
+            self._account(p, call, rec, storage, fallback)
         return rec
 
-    def _account(
-        self, p: PassState, call: RegionCall, rec: StorageRec, source: Any, t: torch.Tensor, fallback: str | None
-    ) -> None:
+    def _account(self, p: PassState, call: RegionCall, rec: StorageRec, source: Any, fallback: str | None) -> None:
         """Carry out a new storage's placement: an offload joins its call's group; the
         bytes count as kept, offloaded or dropped."""
         stats = p.stats
@@ -288,7 +286,7 @@ class Placer:
         if placement is KEEP:
             stats.keep(rec)
         elif placement is OFFLOAD:
-            self._groups.add(call, rec, source, t)
+            self._groups.add(call, rec, source)
             stats.offloaded_bytes += rec.nbytes
         else:
             stats.recomputed_bytes += rec.nbytes
@@ -316,7 +314,7 @@ class Placer:
         p.stats.input_bytes += nbytes
         if placement is KEEP:
             rec.tensor = t
-        self._account(p, call, rec, storage, t, fallback)
+        self._account(p, call, rec, storage, fallback)
         return rec
 
     # ---------------------------------------------------------------- release

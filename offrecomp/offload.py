@@ -98,17 +98,6 @@ TIME_EVERY = 4
 # A group larger than the window is waited on at once: its offload still frees device
 # memory, but compute no longer overlaps that copy.
 
-# NOTE [Typed sources]
-# A D2H copy needs a tensor over each source. For a saved tensor that covers its whole
-# storage in order (contiguous, offset 0, as most activations are), the pack hook hands
-# the group a detached alias of it (``t.detach()``: a few hundred ns, no dispatch of
-# arguments) with its dtype and shape, and the slot's host view is cast and shaped to
-# match once per block layout (NOTE [Idle blocks]); any other storage goes as an
-# UntypedStorage, and issue() makes a flat uint8 tensor over it (``set_``: about 2 us on
-# the CPU machine, most of a storage's issue cost). Both copy the same bytes. The alias
-# has no grad_fn, so the group holding it until the copy lands makes no reference
-# cycle through autograd (NOTE [Saved tensor handles]).
-
 # NOTE [Window under a plan]
 # The window is the backpressure of forced offload, where nothing else bounds what
 # copies in flight hold. Under a plan the planner has already counted every in-flight
@@ -181,22 +170,14 @@ _TimingKind = Literal["d2h", "h2d", "stall"]
 
 def _slot_views(block: Block, group: Group) -> list[torch.Tensor]:
     """The host views of ``group``'s slots in ``block``, sliced once per block and layout
-    (NOTE [Idle blocks]: a step's groups get back the blocks, and views, of the last): a
-    flat uint8 slice per storage source, the source's dtype and shape for a typed one
-    (NOTE [Typed sources])."""
+    (NOTE [Idle blocks]: a step's groups get back the blocks, and views, of the last)."""
     layout = group.sizes
-    shapes = group.shapes
     slots = block.slots
-    if slots is not None and slots[0] == layout and slots[1] == shapes:
-        return slots[2]  # type: ignore[no-any-return]
+    if slots is not None and slots[0] == layout:
+        return slots[1]  # type: ignore[no-any-return]
     view = block.view
-    views = []
-    for o, n, shape in zip(group.offsets, layout, shapes):
-        v = view[o : o + n]
-        if shape is not None:
-            v = v.view(shape[0]).view(shape[1])
-        views.append(v)
-    block.slots = (list(layout), list(shapes), views)
+    views = [view[o : o + n] for o, n in zip(group.offsets, layout)]
+    block.slots = (list(layout), views)
     return views
 
 
@@ -358,7 +339,7 @@ class OffloadEngine:
             if empty is None:
                 empty = self._empties[device] = torch.empty(0, dtype=torch.uint8, device=device)
             new = empty.new  # a flat uint8 tensor over each whole storage (new() is the cheapest)
-            sources = [new().set_(s) if shape is None else s for s, shape in zip(group.sources, group.shapes)]
+            sources = [s if isinstance(s, torch.Tensor) else new().set_(s) for s in group.sources]
             group.sources = []
             dsts = _slot_views(block, group)
             # NOTE [Stream ordering]: live lookup, before any side-stream context.

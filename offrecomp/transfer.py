@@ -69,7 +69,6 @@ class Group:
         "ordinal",
         "payload_bytes",
         "seq",
-        "shapes",
         "sizes",
         "sources",
         "state",
@@ -81,7 +80,6 @@ class Group:
         self.device = device
         self.sources: list[Any] = []  # untyped storages (or flat uint8 tensors) until issue()
         self.sizes: list[int] = []
-        self.shapes: list[Any] = []  # per slot: (dtype, shape) of a typed source, or None
         self.offsets: list[int] = []  # slot_offsets(sizes), kept as storages are added
         self.nbytes = 0  # the block's size: aligned slots
         self.payload_bytes = 0  # bytes of the storages, without alignment
@@ -98,12 +96,10 @@ class Group:
         self._typed: dict[torch.dtype, torch.Tensor] = {}  # views of _buffer, by dtype
         self._waited = False
 
-    def add(self, source: Any, nbytes: int, shape: Any = None) -> int:
-        """Append a source of ``nbytes``: an ``UntypedStorage``, or a tensor covering its
-        whole storage in order, ``shape`` its ``(dtype, shape)`` (NOTE [Typed sources]);
-        returns its slot. The group holds it until its copy landed."""
+    def add(self, source: Any, nbytes: int) -> int:
+        """Append a storage (an ``UntypedStorage``, or a flat uint8 tensor over one) of
+        ``nbytes``; returns its slot. The group holds it until its copy landed."""
         self.sources.append(source)
-        self.shapes.append(shape)
         sizes = self.sizes
         sizes.append(nbytes)
         end = self.nbytes
