@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["RegionCalls", "first_device"]
 
-OFFLOAD = Placement.OFFLOAD
+KEEP, OFFLOAD = Placement.KEEP, Placement.OFFLOAD
 
 
 class RegionCalls:
@@ -206,6 +206,15 @@ class RegionCalls:
             _check_state_writes(region, call, written)
         if call.arg_state is not None and call.inputs is not None:
             _check_arg_state(call)
+        structure = call.structure
+        if (
+            call.kept_whole
+            and call.fixed is KEEP
+            and structure is not None
+            and len(call.storages) > len(structure.storage_records)
+            and call.pass_state is not None
+        ):
+            self._planner.grew(call.pass_state, call)  # NOTE [Kept planned calls]
         if call.group is not None:
             self._groups.issue(call)
         if call.offloaded_inputs and call.inputs is not None:

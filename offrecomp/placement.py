@@ -35,8 +35,9 @@ decide and nothing to replay: ``fixed`` gives it KEEP, as a forced keep, so it t
 replay checkpoint (inputs, RNG, autocast, buffers and parameters: tens of microseconds
 of host time per call) and no table, and every storage it saves is kept. Its region
 inputs are then not storages of its own (a kept input an op saves is one, as in keep
-mode), and a structure that changed since the profile is not noticed in such a call:
-nothing of it can be dropped wrongly, and the booked bytes stay exact.
+mode). Nothing of such a call can be dropped wrongly, and the booked bytes stay exact;
+one that saved more storages than its profile (a mixture of experts running more of
+them) is seen at its exit, and the signature measures again (``Planner.grew``).
 """
 
 from __future__ import annotations

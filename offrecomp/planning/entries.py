@@ -46,6 +46,8 @@ class PlanEntry:
     """The plan with every replay priced plainly: what passes that borrow this signature's
     plan run (NOTE [Borrowed plans]). Solved when first lent, dropped at every solve."""
     needs_measure: bool = True
+    growths: int = 0
+    """Times a call its plan kept whole saved more storages than its profile."""
     needs_solve: bool = False
     cost: CostModel | None = None
     """Smoothed timings of the signature, updated by every planned pass."""

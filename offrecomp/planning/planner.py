@@ -22,6 +22,7 @@ from scheduler.plan import Placement, Plan
 
 if TYPE_CHECKING:
     from offrecomp.planning.host import PlannerHost
+    from offrecomp.regions import Region
     from offrecomp.report import StepRecord
     from offrecomp.state import PassState, RegionCall
     from scheduler.profile import Profile
@@ -31,6 +32,10 @@ log = logging.getLogger(__name__)
 KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
 
 CATCH_UP_SECONDS = 0.02
+
+#: Times a signature measures again because a call its plan keeps whole saved more than
+#: its profile (``Planner.grew``).
+MAX_GROWTH_MEASURES = 3
 """At a pass's start, deferred record reading and learning stops after this long (one
 record is always read): NOTE [Bookkeeping off the critical path]."""
 
@@ -263,20 +268,37 @@ class Planner:
                 region.mode_sensitive = False  # differs under a mode too: the data decides
             elif region.mode_sensitive is None and not call.under_mode:
                 region.mode_sensitive = True
-            region.mismatches += 1
-            if region.mismatches >= 2 and not region.variable:
-                region.variable = True  # measured again, it differed again
-                log.warning(
-                    "offrecomp: region %r saved other tensors than its profile in two planned "
-                    "passes (code that branches on the data); no one recording describes its "
-                    "calls, so its activations are kept or offloaded from now on, never "
-                    "recomputed",
-                    region.name,
-                )
+            _differed(region)
         log.info(
             "offrecomp: region %r call %d differs from its profile (storage %d); "
             "dropping its activations this pass and measuring again",
             call.name, call.call_index, index,
+        )
+
+    def grew(self, p: PassState, call: RegionCall) -> None:
+        """A planned call its plan keeps whole (NOTE [Kept planned calls]) saved more
+        storages than its recording (a mixture of experts running more of them): the
+        profile underestimates it, so the signature measures again, up to
+        MAX_GROWTH_MEASURES times; then a warning says its steps may exceed the budget."""
+        entry = self.entries.get(p.signature)
+        if entry is None or entry.needs_measure or (call.region is not None and call.region.variable):
+            return  # a variable region is known to save more some times
+        entry.growths += 1
+        if entry.growths > MAX_GROWTH_MEASURES:
+            if entry.growths == MAX_GROWTH_MEASURES + 1:
+                log.warning(
+                    "offrecomp: signature %s: region %r and others save more than their "
+                    "profile from step to step (it was measured again %d times); planned steps "
+                    "may hold more than the budget. Hint: keep such regions (regions=), or "
+                    "lower the budget",
+                    p.signature, call.name, MAX_GROWTH_MEASURES,
+                )
+            return
+        entry.needs_measure = True
+        log.info(
+            "offrecomp: region %r call %d saved more storages than its profile; measuring "
+            "signature %s again",
+            call.name, call.call_index, p.signature,
         )
 
     def record_structure(self, call: RegionCall) -> None:
@@ -482,3 +504,17 @@ def _planner_time(holder: PassState | StepRecord) -> Iterator[None]:
         yield
     finally:
         holder.planner_seconds += time.perf_counter() - t0
+
+
+def _differed(region: Region) -> None:
+    """One more planned call of ``region`` differed from its recording; the second makes
+    it variable: kept or offloaded, never recomputed, from then on."""
+    region.mismatches += 1
+    if region.mismatches >= 2 and not region.variable:
+        region.variable = True  # measured again, it differed again
+        log.warning(
+            "offrecomp: region %r saved other tensors than its profile in two planned passes "
+            "(code that branches on the data); no one recording describes its calls, so its "
+            "activations are kept or offloaded from now on, never recomputed",
+            region.name,
+        )

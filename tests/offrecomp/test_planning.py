@@ -403,6 +403,53 @@ def test_a_region_whose_saves_change_with_the_data_is_kept_instead_of_measured_a
     assert "branches on the data" in rt.explain()
 
 
+class _Experts(torch.nn.Module):
+    """Runs the first ``k`` of four experts (``k`` set on the model between steps)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 16)) for _ in range(4)
+        )
+        self.k = 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + sum(e(x) for e in self.experts[: self.k])  # type: ignore[return-value]
+
+
+def test_a_call_kept_whole_that_saves_more_than_its_profile_measures_again() -> None:
+    """NOTE [Kept planned calls]: a plan that keeps a call whole places nothing in it, so
+    before, a call saving more than its profile (a mixture of experts running more of
+    them) went unseen, and every later step held more than its budget. Such a call now
+    sends its signature to measure again, and the new plan meets the budget."""
+    torch.manual_seed(0)
+    base = stack(_Experts, 3)()
+
+    def set_k(m: torch.nn.Module, k: int) -> None:
+        for blk in m.blocks:  # type: ignore[union-attr]
+            blk.k = k
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(8, 16, generator=torch.Generator().manual_seed(s))
+
+    probe = twin(base)
+    set_k(probe, 2)
+    budget = int(tight_budget(probe, batch) * 1.2)  # between k=1's whole keep and k=2's
+    m = twin(base)
+    rt = _runtime(m, budget=budget)
+    with rt:
+        for step in range(12):
+            set_k(m, 1 if step < 4 else 2)
+            m(batch(step)).square().mean().backward()
+    steps = rt.report().steps
+    phases = [s.phase for s in steps]
+    assert phases[:4] == ["measure", "calibrate", "planned", "planned"] and steps[3].recomputed_bytes == 0
+    assert "measure" in phases[5:7], phases  # the first step at k=2 sends it back
+    assert phases[-3:] == ["planned"] * 3 and all(s.peak_activation_bytes <= budget * 1.05 for s in steps[-3:]), [
+        (s.phase, s.peak_activation_bytes, budget) for s in steps
+    ]
+
+
 class ComplexBlock(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
