@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.autograd.forward_ad as _fwad
 
 # TorchDispatchMode: the replay serves held op outputs instead of rerunning ops, and the
 # measuring pass records every ATen op of a region (timings, outputs, aliasing). The same
@@ -268,9 +269,7 @@ def dispatch_modes_active() -> bool:
 def forward_ad_active() -> bool:
     """Is a forward-mode AD level open (``torch.autograd.forward_ad.dual_level``)? A
     forward under one computes tangents whose graph a replay outside it cannot rebuild."""
-    import torch.autograd.forward_ad as fwad
-
-    return int(getattr(fwad, "_current_level", -1)) >= 0
+    return int(getattr(_fwad, "_current_level", -1)) >= 0
 
 
 def cuda_sleep(cycles: int) -> None:

@@ -45,6 +45,7 @@ from offrecomp.trace import (
     RUN,
     SERVE,
     CastDivergedError,
+    PlaceholderReadError,
     ReplayDivergedError,
     SaveInfo,
     internal,
@@ -543,11 +544,11 @@ class Placer:
                     storage_tensors[r.index] = held
         kept = [r.index in storage_tensors for r in call.storages]
         structure = call.structure if not call.mismatch else None
-        if structure is not None and (structure.opaque or tc.dispatch_modes_active()):
-            # replay the forward as it is, under no dispatch mode of ours: also under a
-            # mode of the caller's (FlopCounterMode around backward decomposes ops, so
-            # the serving mode would see others than the recording)
-            structure = None
+        if structure is not None and structure.opaque:
+            structure = None  # replay the forward as it is, under no dispatch mode
+        # a caller's dispatch mode around backward (FlopCounterMode decomposes the ops it
+        # has no formula for) may show the serving mode other ops than the recording
+        callers_mode = tc.dispatch_modes_active()
         storage_of_save: dict[int, int] = {}
         for i in needed:
             h = call.dropped[i]()
@@ -595,7 +596,10 @@ class Placer:
                         call.name, exc,
                     )
                     continue
-                if structure is not None and program is not None and PLACEHOLDER in program:
+                if structure is not None and program is not None and callers_mode:
+                    structure = None  # this replay runs plainly (see callers_mode)
+                    continue
+                if structure is not None and program is not None and isinstance(exc, PlaceholderReadError):
                     structure.placeholders_ok = False
                     log.warning(
                         "offrecomp: replay of region %r with placeholders diverged (%s); "

@@ -240,7 +240,8 @@ def compiled_module(m: nn.Module) -> bool:
 
 def _pick_repeated_children(model: nn.Module) -> set[int]:
     """Children whose class repeats among their siblings in an ``nn.ModuleList`` or
-    ``nn.Sequential`` (the outermost win: regions never nest), and in an
+    ``nn.Sequential`` (also one module held several times, as ALBERT's shared layer; the
+    outermost win: regions never nest), and in an
     ``nn.ModuleDict``, which holds a model's layers (torchtitan) but also whole models
     (a runtime over two models): its repeated children count only when nothing inside
     them does."""
@@ -250,8 +251,9 @@ def _pick_repeated_children(model: nn.Module) -> set[int]:
         if not isinstance(m, (nn.ModuleList, nn.Sequential, nn.ModuleDict)):
             continue
         by_type: dict[type, list[nn.Module]] = {}
-        for child in m.children():
-            by_type.setdefault(type(child), []).append(child)
+        for child in m._modules.values():  # not children(): one block held n times repeats
+            if child is not None:
+                by_type.setdefault(type(child), []).append(child)
         for same in by_type.values():
             if len(same) >= 2:
                 if isinstance(m, nn.ModuleDict):

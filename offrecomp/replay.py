@@ -384,7 +384,8 @@ class _SaveCapture:
                 if mode is not None and mode.is_placeholder(t):  # NOTE [Placeholder guard]
                     raise mode.diverge(
                         f"offrecomp: replay of region {self.region_name!r} diverged at save #{i}: "
-                        "it saves a tensor the recording did not compute"
+                        "it saves a tensor the recording did not compute",
+                        placeholder=True,
                     )
                 self.captured[i] = t.detach()
             seq = _sequence_nr()

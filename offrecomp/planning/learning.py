@@ -213,7 +213,9 @@ class Learner:
         if step is None or fwd is None or step <= 0:
             return
         off = pred.step_seconds / step - 1.0
-        level = logging.WARNING if abs(off) > cfg.drift else logging.INFO
+        ran = {c.key for c in p.calls if not c.is_root}
+        same_calls = ran == set(by_key)  # else the profile holds calls this pass did not run
+        level = logging.WARNING if abs(off) > cfg.drift and same_calls else logging.INFO
         log.log(
             level,
             "offrecomp: calibration pass of signature %s: measured step %.4fs (forward %.4fs, "

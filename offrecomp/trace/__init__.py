@@ -22,7 +22,13 @@ from offrecomp.trace.ops import op_leaves, op_name
 from offrecomp.trace.recorder import COMPILED_FORWARD, FirstCallWatch, OpRecorder
 from offrecomp.trace.scope import PassiveMode, ThreadDepth, internal, user_code
 from offrecomp.trace.scope import _is_internal as _is_internal
-from offrecomp.trace.serving import CastDivergedError, ParamGuard, ReplayDivergedError, ServingMode
+from offrecomp.trace.serving import (
+    CastDivergedError,
+    ParamGuard,
+    PlaceholderReadError,
+    ReplayDivergedError,
+    ServingMode,
+)
 from offrecomp.trace.structure import (
     PLACEHOLDER,
     RUN,
@@ -46,6 +52,7 @@ __all__ = [
     "build_structure",
     # serving
     "CastDivergedError",
+    "PlaceholderReadError",
     "ParamGuard",
     "ReplayDivergedError",
     "ServingMode",

@@ -34,6 +34,12 @@ class ReplayDivergedError(RuntimeError):
     """A replay did not dispatch what the forward dispatched."""
 
 
+class PlaceholderReadError(ReplayDivergedError):
+    """A replay under the serving mode read or saved a placeholder (NOTE [Placeholder
+    guard]): the recording missed a value path, and a replay without placeholders is
+    right."""
+
+
 class CastDivergedError(ReplayDivergedError):
     """A replay under the serving mode diverged at a cast of a parameter, which autocast's
     weight cache explains (NOTE [Autocast cache]): a plain replay is right."""
@@ -99,10 +105,11 @@ class ServingMode(_RegionMode):
         """The divergence this replay raised (here or in its pack hook), in case code
         between it and the replay (as TorchScript does) turns it into another error."""
 
-    def diverge(self, msg: str, *, cast: bool = False) -> ReplayDivergedError:
+    def diverge(self, msg: str, *, cast: bool = False, placeholder: bool = False) -> ReplayDivergedError:
         """Record a divergence; the caller raises what it returns. ``cast``: at a parameter
-        cast (NOTE [Autocast cache])."""
-        self.diverged = (CastDivergedError if cast else ReplayDivergedError)(msg)
+        cast (NOTE [Autocast cache]); ``placeholder``: a placeholder read or saved."""
+        kind = CastDivergedError if cast else PlaceholderReadError if placeholder else ReplayDivergedError
+        self.diverged = kind(msg)
         return self.diverged
 
     def is_placeholder(self, t: torch.Tensor) -> bool:
@@ -158,7 +165,8 @@ class ServingMode(_RegionMode):
                         if isinstance(x, torch.Tensor) and self.is_placeholder(x):
                             raise self.diverge(
                                 f"offrecomp: replay of region {self.region_name!r} diverged at "
-                                f"op {k} ({name}): it reads a tensor the recording did not need"
+                                f"op {k} ({name}): it reads a tensor the recording did not need",
+                                placeholder=True,
                             )
             return func(*args, **kwargs)
         outs = st.outputs[k]

@@ -172,3 +172,22 @@ def test_argument_flattening_matches_pytree() -> None:
             assert all(a is b for a, b in zip(flat, ref_flat))
             back_args, back_kwargs = tree_unflatten(flat, spec)
             assert len(back_args) == len(args) and list(back_kwargs) == list(kwargs)
+
+
+def test_one_block_held_several_times_is_a_region() -> None:
+    """ALBERT's layout, ``nn.ModuleList([block] * n)``: ``children()`` names the block once,
+    but it repeats in the list, so it is a region (one, as a shared module is), and
+    recompute trains it bitwise."""
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 16))
+    model = Stack([block] * 4)
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(4, 16, generator=torch.Generator().manual_seed(s))
+
+    ref = train(copy.deepcopy(model), batch, steps=2)
+    m = copy.deepcopy(model)
+    rt = offrecomp.runtime(m, mode="recompute", min_bytes=0)
+    assert_bitwise(ref, train(m, batch, rt, steps=2))
+    assert rt.regions == ["blocks.0"]
+    assert all(s.recomputed_bytes > 0 for s in rt.report().steps)

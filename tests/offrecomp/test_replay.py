@@ -688,10 +688,10 @@ class _FlopBlock(nn.Module):
         return x + self.fc2(torch.nn.functional.gelu(self.fc(self.ln(x))))
 
 
-def test_a_replay_under_a_callers_dispatch_mode_runs_plainly() -> None:
+def test_a_serving_replay_diverging_under_a_callers_dispatch_mode_runs_plainly() -> None:
     """A FlopCounterMode around backward decomposes ops it has no formula for, so a
     serving replay under it would see other ops than its recording (a divergence blamed
-    on the model): a replay under a caller's dispatch mode runs plainly."""
+    on the model): such a replay is redone plainly."""
     from torch.utils.flop_counter import FlopCounterMode
 
     torch.manual_seed(0)
@@ -718,3 +718,54 @@ def test_a_replay_under_a_callers_dispatch_mode_runs_plainly() -> None:
     got = run(m, rt)
     assert all(torch.equal(a, b) for a, b in zip(want, got))
     assert rt.report().steps[-1].phase == "planned" and rt.report().steps[-1].recomputed_bytes > 0
+
+
+class _StashBlock(nn.Module):
+    """The first block stashes a tensor on the model, later blocks read it: a replay of
+    the first block (the stash already set) takes the other branch."""
+
+    def __init__(self, owner: dict[str, Any]) -> None:
+        super().__init__()
+        self.owner = owner
+        self.ln = nn.LayerNorm(32)
+        self.fc1 = nn.Linear(32, 64)
+        self.fc2 = nn.Linear(64, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first = self.owner.get("first")
+        if first is None:
+            self.owner["first"] = x * 2
+            return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x + first))))
+
+
+class _StashModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.owner: dict[str, Any] = {}
+        self.blocks = nn.ModuleList(_StashBlock(self.owner) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.owner.clear()
+        for b in self.blocks:
+            x = b(x)
+        return x.square().mean()
+
+
+def test_a_serving_replay_that_runs_other_ops_raises_whatever_its_program() -> None:
+    """A serving replay whose ops differ from the recording's (Python state the replay
+    does not restore) raises, also when its program hands out placeholders; before, any
+    divergence under such a program was taken for a placeholder read, the replay redone
+    plainly, unchecked, and wrong gradients handed out."""
+    torch.manual_seed(0)
+    model = _StashModel()
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(s))
+
+    budget = tight_budget(model, batch)
+    m = twin(model)
+    rt = offrecomp.runtime(m, mode="auto", budget=budget, replay_op_us=0, min_bytes=0)
+    with pytest.raises(offrecomp.ReplayDivergedError, match="not a deterministic function"), rt:
+        for s in range(4):
+            m(batch(s)).backward()
