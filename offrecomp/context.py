@@ -349,6 +349,15 @@ def _check_plan(plan: Plan, regions: list[str]) -> None:
                 f"{where}={pl!r} is not a placement; accepted: {accepted} "
                 "(Placement.parse turns a name into one)"
             )
+    for key in plan.placements:
+        if not (
+            isinstance(key, tuple) and len(key) == 3 and isinstance(key[0], str)
+            and all(type(k) is int and k >= 0 for k in key[1:])
+        ):
+            raise TypeError(
+                f"plan.placements key {key!r} is not (region name, call index, storage index): "
+                "a str and two ints >= 0, as ('blocks.3', 0, 2)"
+            )
     known = {*regions, ROOT}
     unknown = sorted({key[0] for key in plan.placements if key[0] not in known})
     if unknown:

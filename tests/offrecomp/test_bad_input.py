@@ -190,6 +190,17 @@ def test_set_plan_rejects_a_placement_that_is_not_one() -> None:
     rt.set_plan(Plan(placements={("0", 0, 1): Placement.RECOMPUTE}))
 
 
+@pytest.mark.parametrize("key", [("0",), ("0", "0", 1), ("0", 0, -1), (0, 0, 1), "0"])
+def test_set_plan_rejects_a_key_that_is_not_a_storage(key: object) -> None:
+    """A key other than (region name, call index, storage index) would never be looked up:
+    the placement meant for it silently not applied."""
+    from offrecomp import Placement, Plan
+
+    rt = offrecomp.runtime(_two_blocks())
+    with pytest.raises(TypeError, match=r"is not \(region name, call index, storage index\)"):
+        rt.set_plan(Plan(placements={key: Placement.RECOMPUTE}))  # type: ignore[dict-item]
+
+
 def test_set_plan_names_regions_the_runtime_lacks(caplog: pytest.LogCaptureFixture) -> None:
     from offrecomp import Placement, Plan
 
