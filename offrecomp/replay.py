@@ -495,7 +495,10 @@ def _replay_until_captured(
             # Early stop (NOTE [Replay]), a replay that must hold its saves, or a
             # divergence. Code that runs in C++ (TorchScript) hands any of them back
             # as a RuntimeError of its own: judge by what was raised, not by what
-            # arrives.
+            # arrives. An interrupt (KeyboardInterrupt, SystemExit) is the user's, even
+            # when it lands while the early stop unwinds: it goes on.
+            if not isinstance(exc, Exception) and not isinstance(exc, _StopReplay):
+                raise
             if saves.stopped:
                 return mode
             if saves.wants_hold and not saves.hold:

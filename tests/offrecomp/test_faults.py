@@ -157,3 +157,37 @@ def test_a_copy_made_inside_the_runtime_is_a_plain_model(mode: str) -> None:
     buf.seek(0)
     loaded = torch.load(buf, weights_only=False)
     assert torch.equal(loaded(x), model(x))
+
+
+class _InterruptedInReplay(nn.Module):
+    """Raises KeyboardInterrupt from a ``finally`` of its forward during a replay: where a
+    Ctrl-C lands while the replay's early stop unwinds the forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 16)
+        self.arm = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            return x + self.fc2(torch.relu(self.fc1(x)))
+        finally:
+            if self.arm and offrecomp.in_replay():
+                self.arm = False
+                raise KeyboardInterrupt
+
+
+def test_an_interrupt_during_a_replays_early_stop_reaches_the_loop() -> None:
+    """A KeyboardInterrupt replacing the replay's private early-stop exception as it
+    unwinds the forward goes on to the loop; before, the stopped replay returned as if
+    finished and the interrupt was lost."""
+    torch.manual_seed(0)
+    m = nn.Sequential(*[_InterruptedInReplay() for _ in range(3)])
+    x = torch.randn(4, 16)
+    with offrecomp.runtime(m, mode="recompute", min_bytes=0):
+        m(x).square().mean().backward()
+        for b in m:
+            b.arm = True  # type: ignore[assignment]
+        with pytest.raises(KeyboardInterrupt):
+            m(x).square().mean().backward()
