@@ -12,8 +12,10 @@ Nothing here touches CUDA at import: streams are created on first use.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import logging
+import os
 import sys
 import threading
 import time
@@ -280,6 +282,13 @@ class _EmuStream:
 
     def __init__(self, label: str, backend: EmulatedBackend | None) -> None:
         self.label = label
+        self.closed = False  # its worker was told to stop
+        self.is_compute = backend is None  # the host thread: no worker
+        self._start(backend)
+
+    def _start(self, backend: EmulatedBackend | None) -> None:
+        """Fresh queue, locks and worker (also in a forked child: NOTE [Emulated streams
+        across fork])."""
         self.jobs: deque[tuple[float, Callable[[], None] | None]] = deque()  # (due, job)
         self.queue_lock = threading.Lock()  # guards ``jobs`` (``with`` it directly: no Python call)
         self.ready = threading.Condition(self.queue_lock)  # a job was queued
@@ -287,12 +296,10 @@ class _EmuStream:
         self.landed = threading.Condition(threading.Lock())  # one of its events fired
         self.waiters = 0  # threads waiting on ``landed``
         self.parked = False  # the worker waits for a job to be queued (NOTE [Emulated waits])
-        self.closed = False  # its worker was told to stop
         self.worker: threading.Thread | None = None
-        self.is_compute = backend is None  # the host thread: no worker
         if backend is not None:
             self.worker = threading.Thread(
-                target=backend._drain, args=(self,), name=f"offrecomp-{label}", daemon=True
+                target=backend._drain, args=(self,), name=f"offrecomp-{self.label}", daemon=True
             )
             self.worker.start()
 
@@ -518,6 +525,31 @@ def _close_at_exit() -> None:
             backend.close()
         except Exception as exc:  # exiting: say it, never raise
             logger.error("offrecomp: closing an emulated backend at exit: %s", exc)
+
+
+# NOTE [Emulated streams across fork]
+# A forked child inherits the streams' queues and locks but not their worker threads: a
+# job the worker was running at the fork never finishes there, its lock stays held, and
+# a host wait on its event spins until the wait's timeout. So the parent drains every
+# emulated backend before a fork, and the child gives each worker stream a fresh queue,
+# fresh locks and a worker thread of its own.
+
+
+def _drain_before_fork() -> None:
+    for backend in list(_WITH_WORKERS):
+        with contextlib.suppress(Exception):  # forking: never raise here
+            backend.synchronize()
+
+
+def _restart_in_child() -> None:
+    for backend in list(_WITH_WORKERS):
+        for stream in backend._workers:
+            if not stream.closed:
+                stream._start(backend)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_drain_before_fork, after_in_child=_restart_in_child)
 
 
 def get_backend(device: torch.device | str) -> Backend:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -251,3 +253,42 @@ def test_process_with_queued_emulated_copies_exits_cleanly() -> None:
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
         assert out.stdout.strip() == "ok"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_copies_on_the_emulated_streams(emu: EmulatedBackend) -> None:
+    """NOTE [Emulated streams across fork]: a fork while a copy runs on a worker. The
+    parent drains first, so the child sees the copy landed, and the child's streams have
+    workers of their own: its own copies land (before, a job running at the fork held its
+    stream's lock forever in the child, and a wait on it spun until its timeout)."""
+    cpu = torch.device("cpu")
+    side = emu.new_stream(cpu)
+    emu.copy_delay_s = 0.3
+    src = torch.ones(64, dtype=torch.uint8)
+    dst = torch.zeros(64, dtype=torch.uint8)
+    emu.copy_many([dst], [src], side)
+    emu.record_event(side)
+    time.sleep(0.05)  # the worker is inside the copy now
+    pid = os.fork()
+    if pid == 0:  # the child: exit status only, never back into pytest
+        code = 3
+        try:
+            emu.copy_delay_s = 0.0
+            out = torch.zeros(8, dtype=torch.uint8)
+            sevens = torch.full((8,), 7, dtype=torch.uint8)
+            emu.copy_many([out], [sevens], side)
+            emu.wait_event(emu.current_stream(cpu), emu.record_event(side))
+            code = 0 if torch.equal(dst, src) and bool((out == 7).all()) else 1
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 30
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung on an emulated stream")
+        time.sleep(0.05)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
