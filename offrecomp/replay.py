@@ -497,7 +497,7 @@ def _replay_until_captured(
             # as a RuntimeError of its own: judge by what was raised, not by what
             # arrives. An interrupt (KeyboardInterrupt, SystemExit) is the user's, even
             # when it lands while the early stop unwinds: it goes on.
-            if not isinstance(exc, Exception) and not isinstance(exc, _StopReplay):
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             if saves.stopped:
                 return mode
