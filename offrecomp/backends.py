@@ -404,7 +404,11 @@ class EmulatedBackend(Backend):
 
     def _enqueue(self, stream: _EmuStream, job: Callable[[], None] | None) -> None:
         if stream.closed:
-            raise RuntimeError(f"offrecomp: emulated stream {stream.label} was closed")
+            # closed at interpreter exit (NOTE [Workers at exit]) while an atexit handler
+            # of the user's still trains or backprops: its jobs run on this thread
+            if job is not None:
+                self._run(stream, job)
+            return
         with stream.queue_lock:
             stream.jobs.append((time.perf_counter() + self.start_delay_s, job))
             if stream.parked:
@@ -514,7 +518,8 @@ class EmulatedBackend(Backend):
 # still hold queued jobs; run then, during finalization, a job inside torch's C++ ends
 # the process with "terminate called without an active exception". So every emulated
 # backend with workers is closed at exit: its queued jobs run, its workers stop and are
-# joined, before finalization begins.
+# joined, before finalization begins. A stream closed so runs what is still enqueued on
+# it (a user's atexit handler backpropagating a graph that offloaded) on the caller.
 _WITH_WORKERS: weakref.WeakSet[EmulatedBackend] = weakref.WeakSet()
 
 

@@ -292,3 +292,18 @@ def test_a_forked_child_copies_on_the_emulated_streams(emu: EmulatedBackend) -> 
             pytest.fail("the forked child hung on an emulated stream")
         time.sleep(0.05)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+def test_a_closed_emulated_stream_runs_its_jobs_on_the_caller(emu: EmulatedBackend) -> None:
+    """NOTE [Workers at exit]: the exit-time close stops the workers, but a user's atexit
+    handler may still backprop a graph that offloaded: jobs of a closed stream run on the
+    calling thread (before, they raised that the stream was closed)."""
+    cpu = torch.device("cpu")
+    side = emu.new_stream(cpu)
+    emu.close()
+    src = torch.arange(16, dtype=torch.uint8)
+    dst = torch.zeros(16, dtype=torch.uint8)
+    emu.copy_many([dst], [src], side)
+    landed = emu.record_event(side)
+    emu.wait_event(emu.current_stream(cpu), landed)
+    assert emu.query(landed) and torch.equal(dst, src)
