@@ -204,8 +204,10 @@ class Planner:
     # The number of calls of a region may depend on the data (adaptive depth, a loop that
     # runs until a halting score is reached) while the input shapes, and so the
     # signature, stay the same. A planned pass that reaches a call its profile lacks
-    # drops that call's activations (the measuring pass's rule, safe for memory) and
-    # records its ops, as a measuring pass would; the pass's end builds the profile
+    # drops that call's activations (the measuring pass's rule) and records its ops, as
+    # a measuring pass would. That pass can still exceed the budget: the extra call,
+    # last in the forward, replays first in backward, while everything the plan kept is
+    # resident, so its replay's working set comes on top. The pass's end builds the profile
     # again from all of its calls (the planned ones keep their structures) and the next
     # pass calibrates. A profile built so covers the longer pass, and a plan solved from
     # it also serves the shorter ones: calls that do not run leave their share of the
