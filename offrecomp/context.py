@@ -170,7 +170,9 @@ class Runtime:
             return Report(steps=list(self._life.steps), config=cfg)
 
     def set_plan(self, plan: Plan | None) -> None:
-        """Use ``plan`` for every pass (None: back to the configured mode).
+        """Use ``plan`` for every pass (None: back to the configured mode); under
+        ``mode="auto"``, every pass but a new signature's measuring pass, which drops
+        what it may to record the regions' ops.
 
         Storages the plan does not name get ``plan.default``; illegal placements (dropping
         a region input or a root storage) fall back to KEEP.
