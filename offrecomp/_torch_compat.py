@@ -261,6 +261,17 @@ def torch_function_as(captured: tuple[Any, tuple[Any, ...]] | None) -> Iterator[
             _tf_push(m)  # type: ignore[misc]
 
 
+def version_watch(t: torch.Tensor) -> torch.Tensor:
+    """An alias of ``t`` without storage that shares its version counter: it shows later
+    in-place writes to ``t`` and holds none of its memory. ``set_()`` bumps the shared
+    counter; the private setter puts it back (autograd compares saved versions to it)."""
+    version = t._version
+    watch = t.detach()
+    watch.set_()  # type: ignore[call-overload]  # no argument: an empty storage
+    torch._C._autograd._unsafe_set_version_counter((watch,), (version,))
+    return watch
+
+
 def dispatch_modes_active() -> bool:
     """Is any TorchDispatchMode on the stack (a caller's, around backward)?"""
     return bool(torch._C._len_torch_dispatch_stack())
@@ -280,6 +291,7 @@ def cuda_sleep(cycles: int) -> None:
 ALL_PRIVATE_APIS: tuple[str, ...] = (
     "torch.autograd.forward_ad._current_level",
     "torch._C._len_torch_dispatch_stack",
+    "torch._C._autograd._unsafe_set_version_counter",
     "torch._C._get_torch_function_state / _set_torch_function_state / _len_torch_function_stack / "
     "_pop_torch_function_stack / _push_on_torch_function_stack, torch.overrides._get_current_function_mode_stack",
     "torch.utils._python_dispatch.TorchDispatchMode",

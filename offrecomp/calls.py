@@ -220,6 +220,9 @@ class RegionCalls:
         if call.offloaded_inputs and call.inputs is not None:
             for i, (rec, _) in call.offloaded_inputs.items():
                 if rec.placement is OFFLOAD:  # its copy is on the way: the group holds it
+                    held = call.inputs.tensors[i]
+                    if held is not None:  # a later write to it must still show at replay
+                        call.inputs.watches[i] = tc.version_watch(held)
                     call.inputs.tensors[i] = None
         if call.recorder is not None:
             self._planner.record_structure(call)

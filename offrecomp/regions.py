@@ -291,6 +291,9 @@ class CapturedInputs:
     devices_seen: set[torch.device]
     objects: list[Any]
     """The plain Python objects among the arguments (NOTE [Stateful arguments])."""
+    watches: dict[int, torch.Tensor] = field(default_factory=dict)
+    """For an input sent to host memory (no longer held), a storage-free alias that shares
+    its version counter: a later write to it still shows (``tc.version_watch``)."""
     copied: set[int] = field(default_factory=set)
     """Inputs the forward wrote: ``tensors`` holds a copy of their entry values (NOTE
     [State written by its region])."""
@@ -477,15 +480,16 @@ def replay_arguments(
     ``tensors`` replaces the captured tensors (inputs that came back from host memory).
     """
     src = tensors if tensors is not None else cap.tensors
-    if tensors is None:
-        for i, t in enumerate(src):
-            if t is not None and int(t._version) != cap.versions[i]:
-                raise RuntimeError(
-                    f"offrecomp: input {i} of region {region_name!r} was modified in place after "
-                    f"the region's forward began (version {cap.versions[i]} -> {int(t._version)}), "
-                    "so replaying it would produce wrong activations. Hint: avoid in-place ops "
-                    "on a block's inputs, or exclude the block with regions=."
-                )
+    for i, t in enumerate(cap.tensors):
+        if t is None and i not in cap.copied:
+            t = cap.watches.get(i)  # sent to host memory: its version watch
+        if t is not None and int(t._version) != cap.versions[i]:
+            raise RuntimeError(
+                f"offrecomp: input {i} of region {region_name!r} was modified in place after "
+                f"the region's forward began (version {cap.versions[i]} -> {int(t._version)}), "
+                "so replaying it would produce wrong activations. Hint: avoid in-place ops "
+                "on a block's inputs, or exclude the block with regions=."
+            )
 
     def fresh(x: Any) -> Any:
         if isinstance(x, _Slot):

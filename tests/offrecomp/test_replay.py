@@ -769,3 +769,41 @@ def test_a_serving_replay_that_runs_other_ops_raises_whatever_its_program() -> N
     with pytest.raises(offrecomp.ReplayDivergedError, match="not a deterministic function"), rt:
         for s in range(4):
             m(batch(s)).backward()
+
+
+class _TwiceBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(16, 32)
+        self.l2 = nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l2(torch.nn.functional.gelu(self.l1(x * 2)))  # x itself is never saved
+
+
+class _WritesABlockInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_TwiceBlock() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks[0](x)
+        y = self.blocks[1](x)
+        x.add_(1.0)  # legal in a plain run: no op saved x
+        return (self.blocks[2](y) ** 2).sum() + x.sum()
+
+
+@pytest.mark.parametrize("inputs", [Placement.KEEP, Placement.OFFLOAD])
+def test_a_region_input_written_after_its_region_is_an_error_also_when_offloaded(inputs: Placement) -> None:
+    """A replay would start from the written values: an error, whether the input was kept
+    or sent to host memory (before, an offloaded input was no longer held, nothing saw
+    the write, and the gradients were silently wrong). The offloaded one leaves a
+    storage-free alias sharing its version counter."""
+    torch.manual_seed(0)
+    m = _WritesABlockInput()
+    plan = Plan(placements={(f"blocks.{b}", 0, 0): inputs for b in range(3)}, default=Placement.RECOMPUTE)
+    with offrecomp.runtime(m, mode="recompute", min_bytes=0) as rt:
+        rt.set_plan(plan)
+        loss = m(torch.randn(8, 16))
+        with pytest.raises(RuntimeError, match=r"input 0 of region 'blocks.1' was modified in place"):
+            loss.backward()
