@@ -274,10 +274,14 @@ class Runtime:
         self._installer.uninstall()
 
     def __del__(self) -> None:
+        # NOTE [Pool lifetime]: a graph kept past the runtime still reaches its groups
+        # (the handles hold them): the last one freed closes the engine then
         groups = getattr(self, "_groups", None)
         if groups is not None:
-            try:  # noqa: SIM105 - never raise from a finaliser
-                groups.close_now()
+            try:  # never raise from a finaliser
+                groups.closing = True
+                groups.entered = False
+                groups.maybe_close()
             except Exception:
                 pass
 

@@ -161,7 +161,11 @@ class OffloadGroups:
         if buf is not None:  # compute already waited on this reload
             return buf
         engine = self.engine
-        assert engine is not None
+        if engine is None:
+            raise RuntimeError(
+                "offrecomp: the offload engine of this saved tensor's runtime was closed while "
+                "the tensor still needed it"
+            )
         buf = engine.fetch(group)
         p = call.pass_state
         if p is not None:
@@ -184,10 +188,4 @@ class OffloadGroups:
         needs the pool (NOTE [Pool lifetime])."""
         if self.engine is not None and self.closing and not self.entered and self.live_groups <= 0:
             engine, self.engine = self.engine, None
-            engine.close()
-
-    def close_now(self) -> None:
-        """Close the engine at once (the runtime is being collected)."""
-        engine, self.engine = self.engine, None
-        if engine is not None:
             engine.close()

@@ -320,7 +320,8 @@ class CapturedInputs:
 # version recorded here is compared before replay: an input modified in place after the
 # region ran would replay wrong, so that is an error, never a silent difference. Inputs
 # placed OFFLOAD are dropped from the capture once the region's forward returns and come
-# back from host memory for the replay.
+# back from host memory for the replay; each leaves a storage-free alias sharing its
+# version counter (``watches``), so a write after the region is still an error.
 
 
 def capture_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> CapturedInputs:

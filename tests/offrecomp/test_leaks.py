@@ -9,6 +9,7 @@ Python's collector cannot see (NOTE [Saved tensor handles] in offrecomp/state.py
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import weakref
 from collections.abc import Iterator
@@ -127,6 +128,29 @@ def test_a_dropped_runtime_frees_its_pinned_pool_at_once() -> None:
     del rt
     assert ref() is None, "the runtime sits in a reference cycle"
     assert engine.closed
+
+
+def test_a_runtime_collected_under_a_live_graph_closes_its_pool_after_the_backward() -> None:
+    """NOTE [Pool lifetime]: the runtime dropped while a graph kept past its exit still
+    needs the pool (a helper making the runtime and returning the loss): that backward
+    reloads its groups, and the engine closes when the last one is freed (before, the
+    engine closed at once and the backward failed)."""
+    m = _model()
+    x = torch.randn(32, 64)
+    ref_model = copy.deepcopy(m)
+    ref_model(x).sum().backward()
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0)
+    with rt:
+        loss = m(x).sum()
+    engine = rt.offload_engine
+    del rt
+    gc.collect()
+    assert engine is not None and not engine.closed
+    loss.backward()
+    del loss
+    gc.collect()
+    assert engine.closed
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(ref_model.parameters(), m.parameters()))
 
 
 def test_kept_bytes_end_with_the_storage() -> None:
