@@ -115,15 +115,28 @@ class Solver:
 
         global _solved_once
         t0 = time.perf_counter()
-        plan = solve(
-            profile,
-            budget_bytes=self.entry_budget(entry),
-            max_overhead=cfg.max_overhead,
-            prefetch_regions=cfg.prefetch.regions or 2,
-            allow_offload=offload_allowed(entry, profile) if allow_offload is None else allow_offload,
-            infeasible="warn",  # the entry's own plan raises in solve, after the frugal end
-            log_infeasible=False,
-        )
+        budget = self.entry_budget(entry)
+
+        def solved(budget_bytes: int | None) -> Plan:
+            return solve(
+                profile,
+                budget_bytes=budget_bytes,
+                max_overhead=cfg.max_overhead,
+                prefetch_regions=cfg.prefetch.regions or 2,
+                allow_offload=offload_allowed(entry, profile) if allow_offload is None else allow_offload,
+                infeasible="warn",  # the entry's own plan raises in solve, after the frugal end
+                log_infeasible=False,
+            )
+
+        plan = None
+        if cfg.budget is None and cfg.max_overhead is not None and entry.budget_scale >= 1.0:
+            # the automatic budget and an overhead: as much memory as the overhead buys,
+            # unless that peak is over the automatic budget
+            plan = solved(None)
+            if budget is not None and (plan.predicted_peak_bytes or 0) > budget:
+                plan = None
+        if plan is None:
+            plan = solved(budget)
         seconds = time.perf_counter() - t0
         if not _solved_once and seconds > SLOW_FIRST_SOLVE_SECONDS:
             log.warning(

@@ -163,3 +163,22 @@ def test_calls_a_plan_keeps_whole_take_no_checkpoint(budget: str) -> None:
         assert planned == [(0, 0)] * len(planned), planned
     else:  # some calls drop (and checkpoint), the others are kept whole
         assert all(0 < b < measured and r > 0 for b, r in planned), (measured, planned)
+
+
+def test_max_overhead_with_the_automatic_budget_buys_memory() -> None:
+    """docs/tuning.md: with ``budget=None``, ``max_overhead`` buys as much memory as that
+    step-time overhead allows (before, the automatic budget took the budgeted path, which
+    keeps everything that fits, and the overhead bought nothing)."""
+    model = _mlp_blocks()
+    runs = {}
+    for overhead in (None, 1.0):
+        m = copy.deepcopy(model)
+        rt = offrecomp.runtime(m, max_overhead=overhead, drift=100.0, min_bytes=0)
+        train(m, _batch, rt, steps=4)
+        runs[overhead] = rt.report().steps[-1]
+    assert runs[None].phase == "planned" and runs[None].recomputed_bytes == 0
+    bought = runs[1.0]
+    assert bought.phase == "planned" and bought.recomputed_bytes > 0
+    assert bought.peak_activation_bytes < runs[None].peak_activation_bytes
+    plan = rt.planner.last_entry.plan  # type: ignore[union-attr]
+    assert plan is not None and any("within max_overhead" in n for n in plan.notes), plan.notes
