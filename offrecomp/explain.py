@@ -151,9 +151,13 @@ def _why(r: RegionRecord, n: dict[Placement, int], plan: Plan, regions: Sequence
     return why + "; ".join(parts) + " (budget)"
 
 
-def explain_forced(config: Config, regions: Sequence[Region], calls: list[CallSummary], *, emulated: bool) -> str:
-    """What ``config.mode`` did to each region call of the last step, and why
-    (``emulated``: offload copies within host memory, on CPU)."""
+def explain_forced(
+    config: Config, regions: Sequence[Region], calls: list[CallSummary], *, emulated: bool,
+    user_plan: Plan | None = None,
+) -> str:
+    """What ``config.mode`` (or ``user_plan``, set with ``rt.set_plan()``) did to each
+    region call of the last step, and why (``emulated``: offload copies within host
+    memory, on CPU)."""
     if config.disable or config.mode == "off":
         why = "OFFRECOMP_DISABLE=1" if config.disable else "mode='off'"
         names = ", ".join(r.name for r in regions) if regions else "none"
@@ -163,12 +167,22 @@ def explain_forced(config: Config, regions: Sequence[Region], calls: list[CallSu
         )
     mode = config.mode
     lines = [f"mode={mode!r}: one placement wherever it is legal, no plan"]
+    if user_plan is not None:
+        lines = [
+            (f"plan {user_plan.plan_id}" if user_plan.plan_id else "a plan")
+            + " set with rt.set_plan(): the placements it names, "
+            f"{user_plan.default.name} for the rest, wherever legal"
+            + (" (a new signature's measuring pass records as auto does)" if mode == "auto" else "")
+        ]
     if not calls:
         lines.append("  no step has run yet; regions: " + (", ".join(r.name for r in regions) or "none"))
         return "\n".join(lines)
     by_name = {r.name: r for r in regions}
     rows = [
-        (c.name, c.call_index, cells(c.count, c.nbytes), _reason(mode, c, by_name.get(c.name), config, emulated))
+        (
+            c.name, c.call_index, cells(c.count, c.nbytes),
+            "rt.set_plan()" if user_plan is not None else _reason(mode, c, by_name.get(c.name), config, emulated),
+        )
         for c in calls
     ]
     return "\n".join(lines + table(rows))

@@ -415,7 +415,7 @@ class Planner:
         timing])."""
         mode = self.host.config.mode
         rec = records.step_record(step, passes, mode)
-        if mode != "auto":
+        if mode != "auto" or self.host.user_plan is not None:
             self.last_forced = passes[-1:]  # summarised when explain() asks, not every step
         first = passes[0]
         entry = self.entries.get(first.signature)
@@ -487,10 +487,11 @@ class Planner:
         """``rt.explain()``: the latest plan of auto, or what a forced mode did."""
         host = self.host
         cfg = host.config
-        if cfg.mode != "auto" or not cfg.active:
+        user = host.user_plan if cfg.active else None
+        if cfg.mode != "auto" or not cfg.active or user is not None:
             return explain_forced(
                 cfg, host.regions, summarize(self.last_forced, cfg.min_bytes),
-                emulated=host.device().type != "cuda",
+                emulated=host.device().type != "cuda", user_plan=user,
             )
         entry = self.last_entry
         if entry is None or entry.profile is None or entry.plan is None:

@@ -117,3 +117,22 @@ def test_the_first_step_of_accumulation_shows_that_it_measures_and_calibrates() 
     assert phases[0] == "measure+calibrate", phases
     assert phases[-1] == "planned", phases
     assert "measure+calibrate" in str(rt.report())
+
+
+@pytest.mark.parametrize("mode", ["keep", "auto"])
+def test_a_plan_set_by_the_user_is_what_explain_shows(mode: str) -> None:
+    """``rt.set_plan()`` places the storages under any mode: explain says so, with what
+    the last step did (before: a forced mode's reason beside the plan's recomputed bytes,
+    or auto's "no plan yet")."""
+    torch.manual_seed(0)
+    m = LongNames()
+    rt = offrecomp.runtime(m, mode=mode, min_bytes=0)
+    rt.set_plan(offrecomp.Plan(default=offrecomp.Placement.RECOMPUTE, plan_id="mine"))
+    train(m, _batch, rt, steps=2)
+    text = rt.explain()
+    assert "plan mine set with rt.set_plan()" in text and "RECOMPUTE for the rest" in text, text
+    assert "no plan yet" not in text and "keeps every activation" not in text, text
+    rows = _rows(text, rt.regions)
+    cols = [re.split(r"\s{2,}", row.strip()) for row in rows]
+    assert len(rows) == 3 and all(c[-1] == "rt.set_plan()" and not c[4].startswith("0/") for c in cols), text
+    _assert_aligned(text, rt.regions)
