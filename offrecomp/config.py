@@ -228,8 +228,9 @@ class Config:
     ``error``. ``OFFRECOMP_INFEASIBLE``."""
     drift: float = 0.25
     """Relative change that triggers a re-plan: of the plan's prediction under the
-    latest estimate from the one it was solved with, or of measured step time from its
-    prediction for three steps in a row. ``OFFRECOMP_DRIFT``."""
+    latest estimate from the one it was solved with, or of the median measured step
+    time of a window of steps (8, doubling after each re-plan) from its prediction
+    (NOTE [Drift]). ``OFFRECOMP_DRIFT``."""
     plan_cache_size: int = 8
     """Most input signatures whose plans are cached. ``OFFRECOMP_PLAN_CACHE``."""
     replay_op_us: float | None = None
@@ -264,11 +265,8 @@ class Config:
         values: dict[str, Any] = {}
         sources: dict[str, str] = {}
         for fname, (var, parser) in _FIELD_PARSERS.items():
-            if fname in overrides and overrides[fname] is not None:
+            if fname in overrides and overrides[fname] is not None:  # None: not given
                 values[fname] = parser(overrides[fname], name=fname)
-                sources[fname] = "argument"
-            elif fname in overrides and fname in _NULLABLE:
-                values[fname] = None
                 sources[fname] = "argument"
             elif var in env and env[var].strip() != "":
                 values[fname] = parser(env[var], name=var)
@@ -305,10 +303,6 @@ class Config:
                 val = getattr(val, "__name__", "fn")
             parts.append(f"{f.name}={val} ({self.sources.get(f.name, 'default')})")
         return ", ".join(parts)
-
-
-_NULLABLE = {"budget", "host_limit", "report_path", "log_level", "max_overhead", "profile_path",
-             "d2h_gbps", "h2d_gbps", "replay_op_us"}
 
 
 def _opt_path(value: object, *, name: str) -> str | None:

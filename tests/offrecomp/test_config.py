@@ -158,3 +158,13 @@ def test_a_bad_local_world_size_fails_when_the_runtime_is_made(monkeypatch: pyte
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "abc")
     with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE='abc' is invalid"):
         offrecomp.runtime(None)
+
+
+def test_an_argument_given_as_none_leaves_the_setting_to_the_environment() -> None:
+    """``runtime(m, max_overhead=args.max_overhead)`` with an argparse default of None must
+    not discard ``OFFRECOMP_MAX_OVERHEAD`` (before, None was an argument for some options)."""
+    env = {"OFFRECOMP_MAX_OVERHEAD": "0.05", "OFFRECOMP_HOST_LIMIT": "1GiB"}
+    cfg = Config.resolve({"max_overhead": None, "host_limit": None, "budget": None}, environ=env)
+    assert cfg.max_overhead == 0.05 and cfg.sources["max_overhead"] == "env"
+    assert cfg.host_limit is not None and cfg.host_limit.nbytes == 1 << 30 and cfg.sources["host_limit"] == "env"
+    assert cfg.budget is None and cfg.sources["budget"] == "default"
