@@ -92,8 +92,14 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--min-budget", action="store_true", help="print the smallest budget within --max-overhead"
     )
-    plan.add_argument("--d2h-gbps", type=float, help="device-to-host GB/s (overrides the profile)")
-    plan.add_argument("--h2d-gbps", type=float, help="host-to-device GB/s (overrides the profile)")
+    plan.add_argument(
+        "--d2h-gbps", type=float,
+        help="device-to-host GB/s (overrides the profile; with --model, without it: no host link, no offload)",
+    )
+    plan.add_argument(
+        "--h2d-gbps", type=float,
+        help="host-to-device GB/s (overrides the profile; with --model, without it: no host link, no offload)",
+    )
     plan.add_argument(
         "--device-tflops", type=float, help="dense 16-bit TFLOP/s of the device (--model)"
     )
