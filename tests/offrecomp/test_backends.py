@@ -149,8 +149,7 @@ def test_close_stops_workers_and_backend_is_reusable() -> None:
     assert side.worker is not None and side.worker.daemon
     emu.close()
     assert not side.worker.is_alive()
-    with pytest.raises(RuntimeError, match="closed"):
-        emu.record_event(side)
+    assert emu.query(emu.record_event(side))  # a closed stream runs it on the caller
     emu.close()  # idempotent
     again = emu.new_stream(torch.device("cpu"))
     assert emu.query(emu.record_event(again)) in (True, False)

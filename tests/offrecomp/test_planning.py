@@ -846,13 +846,14 @@ def test_a_planner_runs_over_any_planner_host() -> None:
     call = RegionCall(name="blocks.0", call_index=0, ordinal=0)
     assert wanted(p, call, 0, 1 << 20, "activation") == Placement.KEEP
     assert not planner.needs_capture(p, call)
+    assert "mode='keep'" in planner.explain()
     host.user_plan = Plan(placements={("blocks.0", 0, 0): Placement.RECOMPUTE})
     p = PassState(index=1, signature="sig", mode="keep")
     planner.begin_pass(p)
     assert p.phase == "user-plan" and p.plan_id == host.user_plan.plan_id
     assert wanted(p, call, 0, 1 << 20, "activation") == Placement.RECOMPUTE
     assert planner.needs_capture(p, call)
-    assert "mode='keep'" in planner.explain()
+    assert "set with rt.set_plan()" in planner.explain()
 
 
 def test_the_runtime_hands_its_planner_exactly_the_planner_host() -> None:

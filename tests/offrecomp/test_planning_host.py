@@ -109,11 +109,12 @@ def test_a_region_that_offloads_is_learnt_like_the_others() -> None:
     }
     assert offload
     rt.set_plan(Plan(placements=offload))
-    train(m, _batch, rt, steps=4)
+    train(m, _batch, rt, steps=6)
     assert all(s.offloaded_bytes > 0 for s in rt.report().steps[2:])
     learnt = next(r for r in entry.cost._estimate.regions if r.name == "stack.blocks.0")  # type: ignore[union-attr]
     # each pass reads at least 1/OUTLIER_RATIO of the estimate: four passes leave
-    # (0.7 + 0.3 / 4) ** 4 of the wrong value at most (skipped, it would stay at 10 s)
+    # (0.7 + 0.3 / 4) ** 4 of the wrong value at most (skipped, it would stay at 10 s);
+    # six run, as a pass a collection paused is not learnt from (NOTE [Host pauses])
     assert learnt.forward_seconds <= 10.0 * (0.7 + 0.3 / OUTLIER_RATIO) ** 4 + 1e-9
 
 
