@@ -42,7 +42,7 @@ def test_dry_run_writes_every_result(tmp_path: Path) -> None:
     assert "== " in log and "done" in log
     assert "timed out" not in log
     for name in ("warmup", "compile_warm", "long_seq_64", "long_seq_128", "long_seq_256",
-                 "search_3MiB", "search_6MiB", "profile_step"):  # fmt: skip
+                 "search_6MiB", "profile_step"):  # fmt: skip
         assert f"[{name}: exit 0]" in log, name
     assert "torchtune and torchao: NOT installed" in log  # said, not skipped silently
 
@@ -55,7 +55,7 @@ def test_dry_run_writes_every_result(tmp_path: Path) -> None:
             "long_seq_64/results.json",
             "long_seq_128/results.csv",
             "long_seq_256/results.json",
-            "search_3MiB/longest_seq.csv",
+            "search_6MiB/longest_seq.csv",
             "search_6MiB/results.json",
             "profile_step.json",
         ):
