@@ -261,14 +261,20 @@ def torch_function_as(captured: tuple[Any, tuple[Any, ...]] | None) -> Iterator[
             _tf_push(m)  # type: ignore[misc]
 
 
-def version_watch(t: torch.Tensor) -> torch.Tensor:
+_set_version = getattr(torch._C._autograd, "_unsafe_set_version_counter", None)
+
+
+def version_watch(t: torch.Tensor) -> torch.Tensor | None:
     """An alias of ``t`` without storage that shares its version counter: it shows later
-    in-place writes to ``t`` and holds none of its memory. ``set_()`` bumps the shared
-    counter; the private setter puts it back (autograd compares saved versions to it)."""
+    in-place writes to ``t`` and holds none of its memory (None where the private setter
+    is missing). ``set_()`` bumps the shared counter; the setter puts it back (autograd
+    compares saved versions to it)."""
+    if _set_version is None:
+        return None
     version = t._version
     watch = t.detach()
     watch.set_()  # type: ignore[call-overload]  # no argument: an empty storage
-    torch._C._autograd._unsafe_set_version_counter((watch,), (version,))
+    _set_version((watch,), (version,))
     return watch
 
 

@@ -221,8 +221,9 @@ class RegionCalls:
             for i, (rec, _) in call.offloaded_inputs.items():
                 if rec.placement is OFFLOAD:  # its copy is on the way: the group holds it
                     held = call.inputs.tensors[i]
-                    if held is not None:  # a later write to it must still show at replay
-                        call.inputs.watches[i] = tc.version_watch(held)
+                    watch = tc.version_watch(held) if held is not None else None
+                    if watch is not None:  # a later write to it must still show at replay
+                        call.inputs.watches[i] = watch
                     call.inputs.tensors[i] = None
         if call.recorder is not None:
             self._planner.record_structure(call)
