@@ -123,21 +123,26 @@ def explain_plan(
     return "\n".join(lines)
 
 
+def _never_replayed(region: Region | None) -> str | None:
+    """Why ``region``'s calls are never replayed, if they are not."""
+    if region is None:
+        return None
+    if region.untracked_state:
+        return "changes argument state too large to track"
+    if region.variable:
+        return "saves other tensors from pass to pass (branches on the data)"
+    if region.writes_state:
+        return "writes its inputs or parameters in place"
+    if region.reaches_out:
+        return "runs a backward through earlier activations"
+    return None
+
+
 def _why(r: RegionRecord, n: dict[Placement, int], plan: Plan, regions: Sequence[Region]) -> str:
     """Why auto placed a region call's storages as it did."""
     region = next((g for g in regions if g.name == r.name), None)
     if not r.replayable:
-        if region is not None and region.untracked_state:
-            why = "changes argument state too large to track"
-        elif region is not None and region.variable:
-            why = "saves other tensors from pass to pass (branches on the data)"
-        elif region is not None and region.writes_state:
-            why = "writes its inputs or parameters in place"
-        elif region is not None and region.reaches_out:
-            why = "runs a backward through earlier activations"
-        else:
-            why = "runs collectives"
-        return why + ": never recomputed"
+        return (_never_replayed(region) or "runs collectives") + ": never recomputed"
     if region is not None and region.backward_in_forward:
         return "runs a backward inside its forward: its replays rerun it, holding their saves"
     why = "opaque: a replay reruns its forward; " if r.opaque else ""
@@ -202,12 +207,9 @@ def _reason(mode: str, c: CallSummary, region: Region | None, config: Config, em
         return why
     why = "mode='recompute' drops its activations and replays its forward in backward"
     if c.activations_kept:
-        if region is not None and region.untracked_state:
-            why = "changes argument state too large to track: its activations are kept, never recomputed"
-        elif region is not None and region.writes_state:
-            why = "writes its inputs or parameters in place: its activations are kept, never recomputed"
-        elif region is not None and region.reaches_out:
-            why = "runs a backward through earlier activations: kept, never recomputed"
+        cause = _never_replayed(region)
+        if cause is not None:
+            why = cause + ": its activations are kept, never recomputed"
         elif region is not None and region.forward_used:
             why += f"; {c.activations_kept} read by a backward inside its forward kept"
         else:

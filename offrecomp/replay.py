@@ -32,8 +32,9 @@ The first backward access to a dropped tensor of a region call replays that call
      composite ops take another path, saving other tensors, whenever any dispatch mode
      is active (``ctc_loss`` with tensor lengths saves them too).
 The torch-function state is the forward's as well (NOTE [Torch function state] in
-_torch_compat.py). Each replayed tensor is handed out once and forgotten, so replayed memory lives only
-until autograd is done with it; a second backward (retain_graph) replays again.
+_torch_compat.py). Each replayed tensor is handed out once and forgotten, so replayed
+memory lives only until autograd is done with it; a second backward (retain_graph)
+replays again.
 """
 
 from __future__ import annotations
@@ -317,18 +318,12 @@ def _replay_forward(
         call.forward_fn(*args, **kwargs)
 
 
-class _StopAtALaterOp(tc.TorchDispatchMode):
+class _StopAtALaterOp(PassiveMode):
     """Pushed by a plain replay's save hook once every needed save is captured but the op
     that made the last of them may still fill one (NOTE [Replay], step 5): stops the
-    forward at the first op dispatched with another autograd sequence number. The op
-    being saved for took its dispatch keys before the push; ops its kernel calls, and ops
-    without grad, carry its number or none new, and run."""
-
-    supports_higher_order_operators = True
-
-    @classmethod
-    def ignore_compile_internals(cls) -> bool:
-        return True
+    forward at the first op dispatched with another autograd sequence number, and runs
+    the others as they are. The op being saved for took its dispatch keys before the
+    push; ops its kernel calls, and ops without grad, carry its number or none new."""
 
     def __init__(self, saves: _SaveCapture) -> None:
         super().__init__()
@@ -336,7 +331,7 @@ class _StopAtALaterOp(tc.TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         self.saves.stop_after_its_op()
-        return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
 
 class _SaveCapture:

@@ -32,12 +32,12 @@ log = logging.getLogger(__name__)
 KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
 
 CATCH_UP_SECONDS = 0.02
+"""At a pass's start, deferred record reading and learning stops after this long (one
+record is always read): NOTE [Bookkeeping off the critical path]."""
 
 #: Times a signature measures again because a call its plan keeps whole saved more than
 #: its profile (``Planner.grew``).
 MAX_GROWTH_MEASURES = 3
-"""At a pass's start, deferred record reading and learning stops after this long (one
-record is always read): NOTE [Bookkeeping off the critical path]."""
 
 
 class Planner:
