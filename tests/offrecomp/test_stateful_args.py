@@ -26,6 +26,7 @@ from tests.helpers import (
     train,
     train_bitwise,
 )
+from tests.models import Stack
 
 STEPS = 4
 
@@ -285,24 +286,13 @@ class _MemoryBlock(nn.Module):
         return x + self.fc2(torch.tanh(self.fc1(h)))
 
 
-class _MemoryModel(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(_MemoryBlock() for _ in range(3))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for b in self.blocks:
-            x = b(x)
-        return x.square().mean()
-
-
 @pytest.mark.parametrize("variant", ["recompute", "auto_tight", "auto_serve"])
 def test_a_buffer_none_at_entry_replays_as_none(variant: str) -> None:
     """NOTE [Replay and module state]: a buffer slot that was None when the forward began
     is None in its replay, not the tensor the forward set; also when the loop resets the
     memory to None between steps (a document boundary)."""
     torch.manual_seed(0)
-    model = _MemoryModel()
+    model = Stack([_MemoryBlock() for _ in range(3)])
     training: list[nn.Module] = []
 
     def batch(s: int) -> torch.Tensor:
