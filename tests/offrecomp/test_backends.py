@@ -258,8 +258,9 @@ def test_process_with_queued_emulated_copies_exits_cleanly() -> None:
 def test_a_forked_child_copies_on_the_emulated_streams(emu: EmulatedBackend) -> None:
     """NOTE [Emulated streams across fork]: a fork while a copy runs on a worker. The
     parent drains first, so the child sees the copy landed, and the child's streams have
-    workers of their own: its own copies land (before, a job running at the fork held its
-    stream's lock forever in the child, and a wait on it spun until its timeout)."""
+    workers of their own: its own copies land. A job running at the fork would
+    otherwise hold its stream's lock forever in the child, and a wait on it would spin
+    until its timeout."""
     cpu = torch.device("cpu")
     side = emu.new_stream(cpu)
     emu.copy_delay_s = 0.3
@@ -296,7 +297,7 @@ def test_a_forked_child_copies_on_the_emulated_streams(emu: EmulatedBackend) -> 
 def test_a_closed_emulated_stream_runs_its_jobs_on_the_caller(emu: EmulatedBackend) -> None:
     """NOTE [Workers at exit]: the exit-time close stops the workers, but a user's atexit
     handler may still backprop a graph that offloaded: jobs of a closed stream run on the
-    calling thread (before, they raised that the stream was closed)."""
+    calling thread."""
     cpu = torch.device("cpu")
     side = emu.new_stream(cpu)
     emu.close()

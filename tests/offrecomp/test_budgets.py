@@ -66,9 +66,8 @@ def test_the_most_frugal_plan_drops_small_storages(caplog: pytest.LogCaptureFixt
 def test_an_infeasible_budget_names_a_budget_the_steps_met(caplog: pytest.LogCaptureFixture) -> None:
     """A budget no plan meets warns once, naming the smallest budget the solver accepts
     (no larger than what the measuring step held), and not also as a planned step over
-    its budget; that budget runs with infeasible='error' (before, the warning named the
-    planned step's peak, which can be a little under the frugal plan's prediction, and
-    'error' rejected it)."""
+    its budget; that budget runs with infeasible='error' (the planned step's peak can be
+    a little under the frugal plan's prediction, which 'error' would reject)."""
     model = _mlp_blocks()
     m = copy.deepcopy(model)
     with caplog.at_level(logging.WARNING, logger="offrecomp"):
@@ -167,8 +166,8 @@ def test_calls_a_plan_keeps_whole_take_no_checkpoint(budget: str) -> None:
 
 def test_max_overhead_with_the_automatic_budget_buys_memory() -> None:
     """docs/tuning.md: with ``budget=None``, ``max_overhead`` buys as much memory as that
-    step-time overhead allows (before, the automatic budget took the budgeted path, which
-    keeps everything that fits, and the overhead bought nothing)."""
+    step-time overhead allows, not only what the automatic budget needs (it keeps
+    everything that fits)."""
     model = _mlp_blocks()
     runs = {}
     for overhead in (None, 1.0):

@@ -162,7 +162,7 @@ def test_a_bad_local_world_size_fails_when_the_runtime_is_made(monkeypatch: pyte
 
 def test_an_argument_given_as_none_leaves_the_setting_to_the_environment() -> None:
     """``runtime(m, max_overhead=args.max_overhead)`` with an argparse default of None must
-    not discard ``OFFRECOMP_MAX_OVERHEAD`` (before, None was an argument for some options)."""
+    not discard ``OFFRECOMP_MAX_OVERHEAD``: None is never an argument."""
     env = {"OFFRECOMP_MAX_OVERHEAD": "0.05", "OFFRECOMP_HOST_LIMIT": "1GiB"}
     cfg = Config.resolve({"max_overhead": None, "host_limit": None, "budget": None}, environ=env)
     assert cfg.max_overhead == 0.05 and cfg.sources["max_overhead"] == "env"

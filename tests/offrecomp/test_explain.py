@@ -122,8 +122,7 @@ def test_the_first_step_of_accumulation_shows_that_it_measures_and_calibrates() 
 @pytest.mark.parametrize("mode", ["keep", "auto"])
 def test_a_plan_set_by_the_user_is_what_explain_shows(mode: str) -> None:
     """``rt.set_plan()`` places the storages under any mode: explain says so, with what
-    the last step did (before: a forced mode's reason beside the plan's recomputed bytes,
-    or auto's "no plan yet")."""
+    the last step did, not a forced mode's reason nor auto's "no plan yet"."""
     torch.manual_seed(0)
     m = LongNames()
     rt = offrecomp.runtime(m, mode=mode, min_bytes=0)

@@ -180,8 +180,7 @@ class _InterruptedInReplay(nn.Module):
 
 def test_an_interrupt_during_a_replays_early_stop_reaches_the_loop() -> None:
     """A KeyboardInterrupt replacing the replay's private early-stop exception as it
-    unwinds the forward goes on to the loop; before, the stopped replay returned as if
-    finished and the interrupt was lost."""
+    unwinds the forward goes on to the loop, not taken for the early stop."""
     torch.manual_seed(0)
     m = nn.Sequential(*[_InterruptedInReplay() for _ in range(3)])
     x = torch.randn(4, 16)

@@ -133,8 +133,7 @@ def test_a_dropped_runtime_frees_its_pinned_pool_at_once() -> None:
 def test_a_runtime_collected_under_a_live_graph_closes_its_pool_after_the_backward() -> None:
     """NOTE [Pool lifetime]: the runtime dropped while a graph kept past its exit still
     needs the pool (a helper making the runtime and returning the loss): that backward
-    reloads its groups, and the engine closes when the last one is freed (before, the
-    engine closed at once and the backward failed)."""
+    reloads its groups, and the engine closes when the last one is freed."""
     m = _model()
     x = torch.randn(32, 64)
     ref_model = copy.deepcopy(m)

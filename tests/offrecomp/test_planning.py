@@ -348,8 +348,9 @@ class _TwoHeads(torch.nn.Module):
 def test_a_profile_keeps_the_calls_a_reprofiling_pass_did_not_run() -> None:
     """NOTE [Calls the profile lacks]: passes alternating between two task heads run
     disjoint sets of calls. A pass reaching a head the profile lacks records it, and the
-    profile it builds keeps the other head's calls; before, each such profile lost the
-    head the previous one had, and every pass calibrated (a full recompute), for good."""
+    profile it builds keeps the other head's calls, so auto plans; a profile of only the
+    pass's own calls would lack the other head each time, and every pass would calibrate
+    (a full recompute), for good."""
     torch.manual_seed(0)
     base = _TwoHeads()
 
@@ -386,8 +387,8 @@ def test_a_region_whose_saves_change_with_the_data_is_kept_instead_of_measured_a
     """A branch on the data that flips every step: a planned call saving other storages
     than its recording measures again (its forwards then run under a passive dispatch
     mode, NOTE [Replay] step 7); when it differs again, its region is kept from then
-    on, named in a warning, and auto stays planned (before: measure, calibrate and two
-    planned steps, over and over, the planned ones over the budget)."""
+    on, named in a warning, and auto stays planned instead of measuring every four
+    steps with the planned ones over the budget."""
     torch.manual_seed(0)
     base = stack(_BranchBlock, 3)()
 
@@ -418,10 +419,10 @@ class _Experts(torch.nn.Module):
 
 
 def test_a_call_kept_whole_that_saves_more_than_its_profile_measures_again() -> None:
-    """NOTE [Kept planned calls]: a plan that keeps a call whole places nothing in it, so
-    before, a call saving more than its profile (a mixture of experts running more of
-    them) went unseen, and every later step held more than its budget. Such a call now
-    sends its signature to measure again, and the new plan meets the budget."""
+    """NOTE [Kept planned calls]: a plan that keeps a call whole places nothing in it;
+    such a call saving more than its profile (a mixture of experts running more of
+    them) is seen at its exit and sends its signature to measure again, and the new plan
+    meets the budget, where every later step would hold more than it."""
     torch.manual_seed(0)
     base = stack(_Experts, 3)()
 
@@ -516,9 +517,9 @@ def test_jagged_batches_of_the_same_size_share_a_signature() -> None:
 
 def test_autocast_and_the_parameters_dtype_are_part_of_the_signature() -> None:
     """A step under bf16 autocast saves other bytes than one without, as does a model cast
-    to another dtype: each is its own signature, measured once and planned from then on
-    (before, the two states alternated under one plan, which each found differing from
-    its profile, and measured again)."""
+    to another dtype: each is its own signature, measured once and planned from then on,
+    not two states alternating under one plan that each finds differing from its
+    profile."""
     torch.manual_seed(0)
     model = make("gpt_dropout")[0]
     batch = make("gpt_dropout")[1]
@@ -879,8 +880,8 @@ def test_a_learnt_forward_total_shrinks_a_stale_timeline() -> None:
     """NOTE [Forward timeline]: a pass whose calls are not the profile's learns only the
     forward total; region starts left from a measuring pass that a one-off pause
     lengthened are fitted into it (their gaps shrink, the regions' own times stay), so
-    the layout no longer takes the stale timeline's end for the forward (before, the
-    prediction stayed 30x the measured step through every re-plan)."""
+    the layout takes the learnt total, not the stale timeline's end, for the forward
+    (which kept the prediction at 30x the measured step through every re-plan)."""
     from scheduler.profile import Profile, RegionRecord
 
     regions = [

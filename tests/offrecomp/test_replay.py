@@ -755,9 +755,9 @@ class _StashModel(nn.Module):
 
 def test_a_serving_replay_that_runs_other_ops_raises_whatever_its_program() -> None:
     """A serving replay whose ops differ from the recording's (Python state the replay
-    does not restore) raises, also when its program hands out placeholders; before, any
-    divergence under such a program was taken for a placeholder read, the replay redone
-    plainly, unchecked, and wrong gradients handed out."""
+    does not restore) raises, also when its program hands out placeholders: only a
+    placeholder read or save is redone without placeholders, as a plain replay is not
+    checked and would hand out wrong activations."""
     torch.manual_seed(0)
     model = _StashModel()
 
@@ -772,14 +772,9 @@ def test_a_serving_replay_that_runs_other_ops_raises_whatever_its_program() -> N
             m(batch(s)).backward()
 
 
-class _TwiceBlock(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.l1 = nn.Linear(16, 32)
-        self.l2 = nn.Linear(32, 16)
-
+class _TwiceBlock(_GeluBlock):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.l2(torch.nn.functional.gelu(self.l1(x * 2)))  # x itself is never saved
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x * 2)))  # x itself is never saved
 
 
 class _WritesABlockInput(nn.Module):
@@ -797,9 +792,8 @@ class _WritesABlockInput(nn.Module):
 @pytest.mark.parametrize("inputs", [Placement.KEEP, Placement.OFFLOAD])
 def test_a_region_input_written_after_its_region_is_an_error_also_when_offloaded(inputs: Placement) -> None:
     """A replay would start from the written values: an error, whether the input was kept
-    or sent to host memory (before, an offloaded input was no longer held, nothing saw
-    the write, and the gradients were silently wrong). The offloaded one leaves a
-    storage-free alias sharing its version counter."""
+    or sent to host memory. The offloaded one is no longer held, so it leaves a
+    storage-free alias sharing its version counter that sees the write."""
     torch.manual_seed(0)
     m = _WritesABlockInput()
     plan = Plan(placements={(f"blocks.{b}", 0, 0): inputs for b in range(3)}, default=Placement.RECOMPUTE)
