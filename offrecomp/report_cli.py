@@ -45,6 +45,7 @@ def _kind(f: dataclasses.Field[Any]) -> tuple[type, ...] | None:
 
 
 _KINDS = {f.name: _kind(f) for f in dataclasses.fields(StepRecord)}
+_NULLABLE = {f.name for f in dataclasses.fields(StepRecord) if f.default is None}
 
 
 def _record(data: Any, where: str) -> StepRecord:
@@ -54,11 +55,12 @@ def _record(data: Any, where: str) -> StepRecord:
     fields = {k: v for k, v in data.items() if k in _FIELDS}
     for k, v in fields.items():
         kinds = _KINDS[k]
-        ok = kinds is None or (v is None and k != "step") or (
+        ok = kinds is None or (v is None and k in _NULLABLE) or (
             isinstance(v, kinds) and (bool in kinds or not isinstance(v, bool))
         )
         if not ok or (isinstance(v, float) and not math.isfinite(v) and kinds == (int,)):
-            raise ReportFileError(f"{where}: field {k!r} is {v!r}; expected {' or '.join(t.__name__ for t in kinds or ())}")
+            expected = " or ".join(t.__name__ for t in kinds or ())
+            raise ReportFileError(f"{where}: field {k!r} is {v!r}; expected {expected}")
     return StepRecord(**fields)
 
 

@@ -3,9 +3,8 @@ replay.py): a force field computed as -d energy / d x with create_graph, as in
 Hamiltonian and energy-based networks; flex_attention's autograd rule does the same
 internally on every call (its CUDA test is in test_higher_order.py).
 
-The inner backward used to end the pass in the middle of the forward, and a replay of
-such a block raised: its pack hook held nothing, so the replayed inner backward had
-nothing to unpack."""
+The inner backward must not end the pass in the middle of the forward, and a replay of
+such a block must hold what its inner backward unpacks."""
 
 from __future__ import annotations
 

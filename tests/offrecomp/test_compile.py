@@ -329,10 +329,10 @@ class _CompiledFnBlock(torch.nn.Module):
 @pytest.mark.parametrize("variant", ["recompute", "auto", "auto_serve", "offload"])
 def test_a_compiled_function_inside_a_block_stays_compiled(variant: str) -> None:
     """The measuring pass's op recorder and the replay's serving mode are dispatch
-    modes; dynamo does not compile under one unless the mode steps aside. They used to
-    make the compiled function run eagerly in that pass, and dynamo then skipped its
-    code for good: every later step ran it eagerly (with inductor, other numerics
-    than the plain compiled run's)."""
+    modes; dynamo does not compile under one unless the mode steps aside. Were the
+    compiled function run eagerly in that pass, dynamo would skip its code for good:
+    every later step would run it eagerly (with inductor, other numerics than the plain
+    compiled run's)."""
     counting = _Counting()
 
     def mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Higher-order operators (flex_attention, cond) and compiled code under the measuring
 pass's op recorder, a dispatch mode: such an operator reaches the mode as one op that
 runs subgraphs the mode never sees, and torch.compile refuses to compile under a mode
-unless the mode steps aside. Either used to raise inside the user's forward."""
+unless the mode steps aside. Neither may raise inside the user's forward."""
 
 from __future__ import annotations
 

@@ -1234,10 +1234,10 @@ def _r1_model() -> nn.Module:
 
 @pytest.mark.parametrize("mode", ["recompute", "auto"])
 def test_gradient_penalty_is_one_pass_with_two_backwards(mode: str) -> None:
-    """NOTE [Double backward]: the penalty's first backward used to end the pass; the
-    penalty's ops and the second backward, with its replays, then made a pass the plan
-    never saw. Now each step is one pass, and its replays (one per region in each
-    backward under recompute) are counted."""
+    """NOTE [Double backward]: the penalty's first backward does not end the pass, so
+    the penalty's ops and the second backward, with its replays, belong to the pass the
+    plan saw: each step is one pass, and its replays (one per region in each backward
+    under recompute) are counted."""
     model = _r1_model()
     ref = _r1_loop(copy.deepcopy(model))
     m = copy.deepcopy(model)

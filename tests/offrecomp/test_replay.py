@@ -417,8 +417,8 @@ def test_a_region_that_writes_its_state_replays_from_a_copy_then_keeps(
 ) -> None:
     """NOTE [State written by its region]: the first call of each region copies an input
     or a parameter just before its forward writes it, so that call replays right (a
-    replay used to start from the written input, or read the written parameter and write
-    it again); from then on the region's activations are kept (or offloaded) and one
+    replay must not start from the written input, or read the written parameter and
+    write it again); from then on the region's activations are kept (or offloaded) and one
     warning says why."""
     offrecomp.diagnostics.clear_warnings()
     torch.manual_seed(0)

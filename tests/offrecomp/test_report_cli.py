@@ -74,10 +74,14 @@ def test_report_bad_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     code, out, err = _run(["report", str(bad)], capsys)
     assert code == 0 and f"{bad}:2: skipped a last line that is not JSON" in err and "1 step" in out
     for line, field in (({"step": 0, "peak_activation_bytes": "abc"}, "peak_activation_bytes"),
-                        ({"step": True}, "step"), ({"step": 0, "fallbacks": []}, "fallbacks")):  # fmt: skip
+                        ({"step": True}, "step"), ({"step": 0, "fallbacks": []}, "fallbacks"),
+                        ({"step": 0, "step_seconds": None}, "step_seconds")):  # fmt: skip
         bad.write_text(json.dumps(line) + "\n")
         code, _, err = _run(["report", str(bad)], capsys)
-        assert code == 2 and (f"field {field!r}" in err or "an integer 'step'" in err), err
+        assert code == 2 and (f"{bad}:1: field {field!r}" in err or "an integer 'step'" in err), err
+    bad.write_text(json.dumps({"step": 0, "predicted_step_seconds": None}) + "\n")  # None: no prediction
+    code, out, err = _run(["report", str(bad)], capsys)
+    assert code == 0 and "no step had a prediction" in out, err
     bad.write_bytes(b"\xff\xfe{}")
     code, _, err = _run(["report", str(bad)], capsys)
     assert code == 2 and "not UTF-8" in err
