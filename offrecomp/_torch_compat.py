@@ -18,6 +18,7 @@ import torch.autograd.forward_ad as _fwad
 # measuring pass records every ATen op of a region (timings, outputs, aliasing). The same
 # mechanism torch.utils.checkpoint's selective checkpointing uses; it lives in a private
 # module.
+from torch.utils import _python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401
 
 # pytree: flattening a call's arguments (replay inputs, signatures) and an op's arguments
@@ -127,6 +128,11 @@ def written_arg_names(func: Any) -> tuple[str, ...]:
 def top_saved_tensors_hooks() -> Any:
     """The innermost saved-tensor hook pair installed on this thread, or None."""
     return torch._C._autograd._top_saved_tensors_default_hooks(False)
+
+
+def mutation_on_saved_tensors_allowed() -> bool:
+    """Is ``torch.autograd.graph.allow_mutation_on_saved_tensors()`` active?"""
+    return bool(getattr(torch.autograd.graph, "_allow_mutation_on_saved_tensors_enabled", False))
 
 
 def pop_saved_tensors_hooks() -> None:
@@ -283,6 +289,11 @@ def dispatch_modes_active() -> bool:
     return bool(torch._C._len_torch_dispatch_stack())
 
 
+def dispatch_mode_stack() -> list[Any]:
+    """The TorchDispatchModes active now, outermost first."""
+    return list(_python_dispatch._get_current_dispatch_mode_stack())
+
+
 def forward_ad_active() -> bool:
     """Is a forward-mode AD level open (``torch.autograd.forward_ad.dual_level``)? A
     forward under one computes tangents whose graph a replay outside it cannot rebuild."""
@@ -300,7 +311,7 @@ ALL_PRIVATE_APIS: tuple[str, ...] = (
     "torch._C._autograd._unsafe_set_version_counter",
     "torch._C._get_torch_function_state / _set_torch_function_state / _len_torch_function_stack / "
     "_pop_torch_function_stack / _push_on_torch_function_stack, torch.overrides._get_current_function_mode_stack",
-    "torch.utils._python_dispatch.TorchDispatchMode",
+    "torch.utils._python_dispatch.TorchDispatchMode / _get_current_dispatch_mode_stack",
     "torch._C._current_graph_task_id",
     "torch.autograd.Variable._execution_engine.queue_callback",
     "torch.optim.optimizer.register_optimizer_step_post_hook",
@@ -308,6 +319,7 @@ ALL_PRIVATE_APIS: tuple[str, ...] = (
     "OpOverload._schema (alias_info.is_write)",
     "torch.cuda._sleep",
     "torch._C._autograd._top_saved_tensors_default_hooks",
+    "torch.autograd.graph._allow_mutation_on_saved_tensors_enabled",
     "torch._C._autograd._pop_saved_tensors_default_hooks / _push_saved_tensors_default_hooks",
     "grad_fn._raw_saved_* (SavedTensor.register_hooks refusing a hooked slot)",
     "torch.utils._pytree.tree_flatten / tree_unflatten / tree_leaves / TreeSpec",

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from offrecomp import _torch_compat as tc
+from offrecomp.changes import structure_epoch
 from offrecomp.config import Config
 from offrecomp.diagnostics import kind, runs_collectives, warn_collective, warn_once
 from offrecomp.measure import DeviceClock
@@ -33,7 +34,7 @@ from offrecomp.regions import (
     finish_params,
 )
 from offrecomp.state import PassState, RegionCall
-from offrecomp.trace import FirstCallWatch, OpRecorder
+from offrecomp.trace import FirstCallWatch, OpRecorder, user_dispatch_modes
 from scheduler.plan import Placement
 
 if TYPE_CHECKING:
@@ -78,6 +79,10 @@ class RegionCalls:
         self, region: Region, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> RegionCall:
         p = self._life.forward_activity()
+        if region.epoch != structure_epoch():  # NOTE [Region refresh] (changes.py)
+            region.refresh()
+            if region.writes_state is False:
+                region.writes_state = None  # watch a call again: new state may be written
         if p.root is not None and p.root.group is not None:
             self._groups.issue(p.root)  # NOTE [Offload groups]: the root's run ends here
         n = p.call_counts.get(region.name, 0)
@@ -133,6 +138,16 @@ class RegionCalls:
                 region.name,
             )
             return
+        modes = user_dispatch_modes()
+        if modes:
+            warn_once(
+                f"dispatch-mode:{kind(region)}:{modes[0]}",
+                "offrecomp: region %r (and any other like it) runs under a dispatch mode of "
+                "the caller's (%s); its calls there keep their activations (a replay in "
+                "backward, outside that mode, could compute other values)",
+                region.name, ", ".join(modes),
+            )
+            return
         cap = capture_inputs(args, kwargs)
         if any(t is not None and tc.is_functorch_wrapped(t) for t in cap.tensors):
             warn_once(
@@ -176,7 +191,7 @@ class RegionCalls:
             if t is None:
                 continue
             rec = placer.add_input_storage(p, call, t)
-            if rec is not None and rec.placement == OFFLOAD and rec.group is not None:
+            if rec is not None and rec.placement == OFFLOAD and rec.group is not None and not (t.is_neg() or t.is_conj()):
                 call.offloaded_inputs[i] = (rec, (tuple(t.shape), tuple(t.stride()), int(t.storage_offset()), t.dtype))
 
     def exit(self, call: RegionCall) -> None:

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from offrecomp.calls import RegionCalls, model_storage_ptrs
+from offrecomp.changes import BufferPtrs
 from offrecomp.config import Config, apply_log_level
 from offrecomp.diagnostics import Diagnostics, warn_collective
 from offrecomp.groups import OffloadGroups
@@ -41,7 +42,7 @@ from offrecomp.lifecycle import REPORT_MAX_STEPS, Lifecycle
 from offrecomp.measure import Clock, DeviceClock
 from offrecomp.placement import Placements
 from offrecomp.planning import Planner
-from offrecomp.regions import BufferPtrs, Region, discover_regions
+from offrecomp.regions import Region, discover_regions
 from offrecomp.report import Report
 from offrecomp.state import PassState
 from offrecomp.verify import Verifier
@@ -191,18 +192,23 @@ class Runtime:
     def step(self) -> Iterator[Runtime]:
         """One explicit step, for loops automatic detection cannot follow.
 
-        ``with rt.step(): ...`` closes a step when the block ends, whatever ran in it. It
-        works inside ``with rt:`` (only the boundary) and on its own (it also enters and
-        leaves the runtime around the block).
+        ``with rt.step(): ...`` closes a step when the block ends, whatever ran in it
+        (optimizer steps inside it close none). It works inside ``with rt:`` (only the
+        boundary) and on its own (it also enters and leaves the runtime around the
+        block). Outside such blocks steps are found automatically.
         """
-        self._life.explicit_steps = True  # from now on only rt.step() closes steps
-        if self._entered:
-            yield self
-            self._life.end_step(explicit=True)
-            return
-        with self:
-            yield self
-            self._life.end_step(explicit=True)
+        life = self._life
+        outer, life.explicit_steps = life.explicit_steps, True
+        try:
+            if self._entered:
+                yield self
+                life.end_step(explicit=True)
+                return
+            with self:
+                yield self
+                life.end_step(explicit=True)
+        finally:
+            life.explicit_steps = outer
 
     def close(self) -> None:
         """Free the pinned host pool (now, or once no saved tensor needs it any more)."""
@@ -258,6 +264,7 @@ class Runtime:
                 if _active is self:
                     _active = None
             self._life.reset_calls()
+            self._groups.settle()
             self._groups.maybe_close()
 
     def _install(self) -> None:

@@ -183,6 +183,13 @@ class OffloadGroups:
         self.live_groups -= 1
         self.maybe_close()
 
+    def settle(self) -> None:
+        """At exit: drop the device sources the engine still holds for copies in flight
+        (a last forward whose graph was dropped without backward), waiting for them."""
+        engine = self.engine
+        if engine is not None and not engine.closed and engine.stash_bytes:
+            engine.synchronize()
+
     def maybe_close(self) -> None:
         """Close the engine when the runtime is closing, not entered, and no saved tensor
         needs the pool (NOTE [Pool lifetime])."""

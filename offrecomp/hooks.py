@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from offrecomp import _torch_compat as tc
+from offrecomp.changes import module_state
 from offrecomp.config import Config
 from offrecomp.diagnostics import kind, warn_once
 from offrecomp.placement import Placements, untracked_alias
@@ -53,10 +54,10 @@ from offrecomp.trace import (
 from scheduler.plan import Placement
 
 if TYPE_CHECKING:
+    from offrecomp.changes import BufferPtrs
     from offrecomp.groups import OffloadGroups
     from offrecomp.lifecycle import Lifecycle
     from offrecomp.planning import Planner
-    from offrecomp.regions import BufferPtrs
     from offrecomp.verify import Verifier
 
 log = logging.getLogger(__name__)
@@ -196,6 +197,10 @@ class Placer:
             # record whose call was released (its copy freed): a new save of the same
             # storage is a new storage.
             rec = self._new_storage(p, call, t, ptr, storage)
+        elif rec.placement is OFFLOAD and (t.is_neg() or t.is_conj()):
+            # a view reading the offloaded storage negated or conjugated: offload moves
+            # bytes only (OffloadGroups.offloadable), so this save stays as it is
+            return _Plain(t, call)
         placement = rec.placement
         if placement is None:
             return _Plain(t, call)
@@ -443,6 +448,8 @@ class Placer:
         if self._life.forwards_running:
             self._reached_from_forward(p)  # inside a later region's forward
             return True
+        if _graph_task_id() == -1:
+            return False  # read outside any backward (``grad_fn._saved_self``): none begins
         self._life.backward_activity(call)
         return False
 
@@ -531,6 +538,29 @@ class Placer:
 
     # ----------------------------------------------------------------- replay
 
+    # NOTE [Stale recordings]
+    # A serving replay follows the op recording of its signature's measuring pass: it
+    # serves outputs from held storages with the recorded geometry and checks the op
+    # sequence. Two things can make that recording describe another forward than the
+    # one being replayed while the signature stays the same:
+    # - state the forward reads changed between steps (a dropout rate schedule, a
+    #   momentum, a hook added): the replay dispatches other ops or arguments than the
+    #   recording. When the region's ``module_state`` (its modules' scalar attributes and
+    #   hooks, and torch's global module hooks) differs from the recording's, the replay
+    #   is redone plainly, as recompute does, and the region replays plainly from then
+    #   on (such state may change every step). A divergence the modules do not explain
+    #   (state outside them, changed since this pass's forward) raises
+    #   ``ReplayDivergedError``, as a plain replay would compute other values;
+    # - inputs or parameters of another layout at the same sizes (a transposed input, a
+    #   model moved to channels_last): every op dispatches as recorded, but served
+    #   outputs would read held storages with the recorded strides. Each call's
+    #   ``RegionCall.layout()`` is compared with the recording's before a serving
+    #   replay; on a difference the replay runs plainly and the signature measures
+    #   again. A non-contiguous input's strides are part of the signature, so layouts
+    #   that alternate get a recording each.
+    # A plain replay is right in both cases: it reruns this pass's forward from its own
+    # checkpoint.
+
     def replay(self, call: RegionCall) -> None:
         life = self._life
         needed = {i for i, w in call.dropped.items() if w() is not None and i not in call.replayed}
@@ -546,6 +576,10 @@ class Placer:
         structure = call.structure if not call.mismatch else None
         if structure is not None and structure.opaque:
             structure = None  # replay the forward as it is, under no dispatch mode
+        if structure is not None and structure.layout is not None and call.layout() != structure.layout:
+            # NOTE [Stale recordings]: inputs or parameters of another layout
+            self._planner.relaid(call)
+            structure = None
         # a caller's dispatch mode around backward (FlopCounterMode decomposes the ops it
         # has no formula for) may show the serving mode other ops than the recording
         callers_mode = tc.dispatch_modes_active()
@@ -607,6 +641,14 @@ class Placer:
                         call.name, exc,
                     )
                     continue
+                if (
+                    structure is not None and program is not None and call.region is not None
+                    and module_state(call.region.modules) != structure.state
+                ):
+                    # NOTE [Stale recordings]: the region's modules changed since the recording
+                    self._stale_recording(call, structure, str(exc).removeprefix("offrecomp: "))
+                    structure = None
+                    continue
                 raise ReplayDivergedError(
                     f"{exc}. The region's forward is not a deterministic function of its inputs "
                     "(data-dependent control flow, or state that changed since the forward). "
@@ -625,6 +667,18 @@ class Placer:
         call.replayed.update(captured)
         dropped = sum(r.nbytes for r in call.storages if r.placement == RECOMPUTE)
         life.replay_started(call, start, end, dropped, timed=timed)
+
+    def _stale_recording(self, call: RegionCall, structure: Any, why: str) -> None:
+        """NOTE [Stale recordings]: ``call``'s region replays plainly from now on."""
+        structure.opaque = True
+        self._planner.opaque_regions.add(call.name)
+        warn_once(
+            f"stale:{call.name}",
+            "offrecomp: region %r no longer runs the ops its measuring pass recorded (%s): "
+            "state its forward reads changed since (a dropout rate, a hook, a momentum); it "
+            "replays plainly from now on",
+            call.name, why,
+        )
 
     def _serving_pays(self, call: RegionCall, structure: Any, program: list[int]) -> tuple[bool, float]:
         """NOTE [Serving overhead]: replaying under the dispatch mode costs time for every

@@ -51,16 +51,27 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.module import register_module_buffer_registration_hook
+from torch.nn.modules.module import (
+    register_module_buffer_registration_hook,
+    register_module_module_registration_hook,
+    register_module_parameter_registration_hook,
+)
 
 from offrecomp import _torch_compat as tc
 from offrecomp.calls import RegionCalls
+from offrecomp.changes import (
+    count_buffer_assignment,
+    count_module_assignment,
+    count_parameter_assignment,
+    structure_epoch,
+)
 from offrecomp.config import Config
 from offrecomp.diagnostics import (
     Diagnostics,
     checkpoints_itself,
     inside_compiled,
     warn_compiled,
+    warn_once,
     warn_other_thread,
     world_size,
 )
@@ -72,7 +83,6 @@ from offrecomp.regions import (
     Region,
     _is_compiled,
     compiled_module,
-    count_buffer_assignment,
 )
 from offrecomp.replay import in_replay
 from offrecomp.state import PassState, RegionCall
@@ -109,7 +119,8 @@ class Installer:
         self._native = NativeKeep(config, self._own_hooks)
         self._restore: list[Callable[[], None]] = []
         self._opt_hook: Any = None
-        self._buffer_hook: Any = None
+        self._registration_hooks: list[Any] = []
+        self._regions_epoch = -1  # structure_epoch() at the last _check_regions
 
     def _own_hooks(self) -> tuple[Any, Any] | None:
         """The installed hook pair (None while not installed)."""
@@ -122,6 +133,8 @@ class Installer:
 
     def install(self, pack: Callable[[torch.Tensor], Any], unpack: Callable[[Any], torch.Tensor]) -> None:
         model = self._model
+        self._check_outer_hooks()
+        self._check_regions()
         self.compiled_model = model is not None and holds_compiled(model)
         self._calls.distributed = world_size() > 1
         self._calls.arg_state_limit = ARG_STATE_MAX_ITEMS + ARG_STATE_PER_REGION * len(self._regions)
@@ -150,10 +163,61 @@ class Installer:
                 warn_compiled(", ".join(inside))
         self._wrap_roots()
         self._opt_hook = tc.register_optimizer_step_post_hook(self._life.on_optimizer_step)
-        self._buffer_hook = register_module_buffer_registration_hook(count_buffer_assignment)
+        self._registration_hooks = [  # NOTE [Buffer saves], NOTE [Region refresh] (changes.py)
+            register_module_buffer_registration_hook(count_buffer_assignment),
+            register_module_parameter_registration_hook(count_parameter_assignment),
+            register_module_module_registration_hook(count_module_assignment),
+        ]
         if self._config.report_path and self._life.report_file is None:
             self._life.report_file = open(self._config.report_path, "a", encoding="utf-8")  # noqa: SIM115
         self.active = True
+
+    def _check_outer_hooks(self) -> None:
+        """A saved-tensor hook pair entered around the runtime never sees a save while the
+        runtime's pair is on top of it: say so, and refuse
+        ``allow_mutation_on_saved_tensors``, whose exact gradients depend on its pair."""
+        if tc.top_saved_tensors_hooks() is None:
+            return
+        if tc.mutation_on_saved_tensors_allowed():
+            raise RuntimeError(
+                "offrecomp: torch.autograd.graph.allow_mutation_on_saved_tensors() is active "
+                "around the runtime; it works through saved-tensor hooks of its own, which the "
+                "runtime's would replace. Enter the runtime outside it, or write the saved "
+                "tensors out of place"
+            )
+        warn_once(
+            "outer_hooks",
+            "offrecomp: a saved-tensor hook pair (torch.autograd.graph.saved_tensors_hooks, "
+            "save_on_cpu, an activation offloader) is active around the runtime; while the "
+            "runtime is entered its own pair receives every save and that one none. Enter "
+            "that pair inside a region's forward to apply it there, or leave it out",
+        )
+
+    def _check_regions(self) -> None:
+        """Warn once when a region is no longer the model's module at its name (NOTE
+        [Region refresh] in changes.py); read again only after a module assignment."""
+        epoch = structure_epoch()
+        model = self._model
+        if epoch == self._regions_epoch or model is None:
+            return
+        self._regions_epoch = epoch
+        gone = []
+        for r in self._regions:
+            try:
+                now = model.get_submodule(r.name) if r.name else model
+            except AttributeError:
+                now = None
+            if now is not r.module:
+                gone.append(r.name)
+        if gone:
+            warn_once(
+                f"regions_replaced:{id(self)}",
+                "offrecomp: region(s) %s are no longer the model's modules at those names "
+                "(replaced since the runtime was made); the runtime manages the modules it "
+                "found then, so the new ones run plainly and their activations are kept. "
+                "Make a new runtime for the model as it is now",
+                ", ".join(gone[:4]) + (f" and {len(gone) - 4} more" if len(gone) > 4 else ""),
+            )
 
     def _wrap_roots(self) -> None:
         model = self._model
@@ -178,9 +242,9 @@ class Installer:
         if self._opt_hook is not None:
             self._opt_hook.remove()
             self._opt_hook = None
-        if self._buffer_hook is not None:
-            self._buffer_hook.remove()
-            self._buffer_hook = None
+        for hook in self._registration_hooks:
+            hook.remove()
+        self._registration_hooks = []
         if self._life.report_file is not None:
             self._life.report_file.close()
             self._life.report_file = None
@@ -195,6 +259,8 @@ class Installer:
         module.forward = wrapped  # type: ignore[method-assign]
 
         def restore() -> None:
+            if module.__dict__.get("forward") is not wrapped:
+                return  # patched while entered (an adapter's forward): the user's now
             if had_instance_attr:
                 module.forward = previous  # type: ignore[method-assign,assignment]
             else:
@@ -238,7 +304,8 @@ class Installer:
 
         def begin(args: tuple[Any, ...], kwargs: dict[str, Any], compiling: bool) -> PassState | None:
             if (
-                torch.is_grad_enabled()
+                self.active  # not a wrapper a patched forward kept past exit
+                and torch.is_grad_enabled()
                 and not torch.is_inference_mode_enabled()
                 and not in_replay()
                 and tc.current_graph_task_id() == -1
@@ -248,6 +315,7 @@ class Installer:
                     return None
                 if (compiling or _is_compiled(module)) and regions:
                     warn_compiled(", ".join(r.name for r in regions))
+                self._check_regions()
                 first = next(module.parameters(), None)
                 life.signature, life.family, life.dims = signature_of(
                     args, kwargs, module.training, name, first.dtype if first is not None else None
@@ -311,13 +379,18 @@ class Installer:
         self, region: Region, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
         compiling: bool,
     ) -> RegionCall | None:
+        if tc.current_graph_task_id() != -1:
+            if self.active and torch.is_grad_enabled() and not in_replay():
+                # a forward inside a backward: a reentrant checkpoint around the region
+                # recomputing it (its first forward ran without grad, unseen)
+                self._diag.warn_hidden(region.name, "run their forward inside a backward", where="around")
+            return None
         if (
             not self.active
             or not torch.is_grad_enabled()
             or torch.is_inference_mode_enabled()
             or in_replay()
             or self._life.stack.calls
-            or tc.current_graph_task_id() != -1
             # another thread: saved-tensor hooks are per thread, ours are not there
             or tc.top_saved_tensors_hooks() is None
         ):
@@ -385,6 +458,8 @@ def signature_of(
             else:
                 sizes = tuple(x.shape)
                 shape = str(sizes)
+                if x.layout is torch.strided and not x.is_contiguous():
+                    shape += f"s{tuple(x.stride())}"  # NOTE [Stale recordings] in hooks.py
             kind = f"{str(x.dtype).replace('torch.', '')}:{x.device.type}"
             parts.append(f"{shape}:{kind}")
             kinds.append(f"{'n' if x.is_nested else ''}{len(sizes)}:{kind}")

@@ -98,7 +98,7 @@ class Lifecycle:
         self.family = ""  # the next pass's signature without sizes (NOTE [Borrowed plans])
         self.dims: tuple[int, ...] = ()
         self.steps: deque[StepRecord] = deque(maxlen=REPORT_MAX_STEPS)
-        self.explicit_steps = False  # only rt.step() closes steps
+        self.explicit_steps = False  # inside rt.step(): only the block's end closes the step
         self.report_file: Any = None
         self._passes = 0
         self._step_passes: list[PassState] = []
@@ -284,7 +284,7 @@ class Lifecycle:
 
     def on_optimizer_step(self, *_: Any) -> None:
         if self.explicit_steps:
-            return  # the user marks steps with rt.step()
+            return  # inside rt.step(): the block's end closes the step
         if tc.current_graph_task_id() != -1:
             self._stepped_in_backward = True  # the step ends with this backward
             return

@@ -25,6 +25,7 @@ from torch import nn
 
 from offrecomp import _torch_compat as tc
 from offrecomp._torch_compat import TreeSpec, tree_flatten, tree_unflatten
+from offrecomp.changes import structure_epoch
 
 log = logging.getLogger(__name__)
 
@@ -32,15 +33,14 @@ __all__ = [
     "ArgState",
     "ParamState",
     "Region",
-    "BufferPtrs",
     "buffer_of",
-    "count_buffer_assignment",
     "capture_autocast",
     "capture_inputs",
     "capture_params",
     "compiled_module",
     "discover_regions",
     "finish_params",
+    "modified_buffers",
     "modified_params",
     "param_of",
 ]
@@ -101,11 +101,14 @@ class Region:
     """Its forward runs a backward through activations from before its call (NOTE
     [Backward inside a forward]): a replay, which starts from detached inputs, cannot
     reproduce it, so its activations are kept."""
+    epoch: int = -1
+    """``structure_epoch()`` when it was last read (NOTE [Region refresh] in changes.py)."""
 
     def refresh(self) -> None:
         """Read the slots and the compiled flags again: a block may gain modules (LoRA
         adapters injected) or be compiled after the runtime was built (torchtune
         compiles its layers in place)."""
+        self.epoch = structure_epoch()
         mods = list(self.module.modules())
         self.modules = tuple(mods)
         self.slots = tuple((sub, n) for sub in mods for n in sub._buffers.keys())  # noqa: SIM118 (a ScriptModule's buffers iterate by index)
@@ -691,6 +694,9 @@ class BufferState:
     versions: list[int]
     snapshots: list[torch.Tensor | None]
     mutated: list[int] | None = None  # slot indices, filled at region exit
+    untouched: list[tuple[int, int]] | None = None
+    """(slot index, version at region exit) of the buffers the forward left as they were,
+    filled at region exit: a replay must not read one written since (``modified_buffers``)."""
 
 
 def capture_buffers(slots: tuple[tuple[nn.Module, str], ...]) -> BufferState | None:
@@ -732,59 +738,27 @@ def finish_buffers(state: BufferState | None) -> None:
             mutated.append(i)
     state.mutated = mutated
     # Snapshots of buffers the forward did not touch are not needed for replay.
+    untouched = []
     for i in range(len(slots)):
         if i not in mutated:
+            b = state.objects[i]
+            if b is not None:
+                untouched.append((i, int(b._version)))
             state.snapshots[i] = None
             state.objects[i] = None
+    state.untouched = untouched
 
 
-#: Buffer assignments seen while a runtime is entered (NOTE [Buffer saves]).
-_buffer_assignments = [0]
-
-
-def count_buffer_assignment(module: nn.Module, name: str, buffer: Any) -> None:
-    """torch's global buffer-registration hook while a runtime is entered."""
-    _buffer_assignments[0] += 1
-
-
-# NOTE [Buffer saves]
-# A save of one of the region's own buffers is saved as it is (NOTE [What is never
-# placed]), so every save in a region with buffers asks whether its storage is one of
-# theirs. Reading the buffer slots at every save cost about 0.4 us per slot (5-6 us a
-# save in a block with a dozen, as BatchNorm layers give). A call reads them at its first
-# save, and again only after a buffer was assigned (``module.buf = t`` and
-# ``register_buffer`` run torch's global buffer-registration hook, which counts them
-# while a runtime is entered). ``BufferPtrs`` checks the slots' tensors at each such
-# read, so a buffer replaced before the call, even through ``_buffers`` directly, is seen.
-
-
-class BufferPtrs:
-    """Storages of regions' buffers, per region call (NOTE [Buffer saves])."""
-
-    def __init__(self) -> None:
-        self._cache: dict[int, tuple[tuple[int, ...], frozenset[int]]] = {}
-
-    def of_call(self, call: Any, region: Region) -> frozenset[int]:
-        """The storages of ``region``'s buffers as ``call`` (a RegionCall) sees them."""
-        epoch = _buffer_assignments[0]
-        ptrs = call.buffer_ptrs
-        if ptrs is None or call.buffer_epoch != epoch:
-            ptrs = call.buffer_ptrs = self.of_region(region)
-            call.buffer_epoch = epoch
-        return ptrs
-
-    def of_region(self, region: Region) -> frozenset[int]:
-        """Cached while the same tensors fill its slots (a forward may replace a buffer
-        by assignment)."""
-        bufs = region.buffers
-        key = tuple(map(id, bufs))
-        hit = self._cache.get(id(region))
-        if hit is not None and hit[0] == key:
-            return hit[1]
-        ptrs = frozenset(
-            int(b.untyped_storage().data_ptr())
-            for b in bufs
-            if type(b) is torch.Tensor and b.layout == torch.strided  # a subclass has no data pointer
-        )
-        self._cache[id(region)] = (key, ptrs)
-        return ptrs
+def modified_buffers(state: BufferState) -> dict[int, str]:
+    """Storages (data pointer -> description) of the buffers the forward read and left
+    as they were that were written in place since it returned (an average a tensor hook
+    updates in backward): a replay reading one would differ from the forward."""
+    out: dict[int, str] = {}
+    for i, v in state.untouched or ():
+        m, n = state.slots[i]
+        b = buffer_of(m, n)
+        if b is not None and b.layout == torch.strided and int(b._version) != v:
+            out[int(b.untyped_storage().data_ptr())] = (
+                f"buffer {n!r} of {type(m).__name__} (version {v} -> {int(b._version)})"
+            )
+    return out

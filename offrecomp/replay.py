@@ -54,6 +54,7 @@ from offrecomp.regions import (
     autocast_contexts,
     buffer_of,
     capture_rng,
+    modified_buffers,
     modified_params,
     param_of,
     replay_arguments,
@@ -240,10 +241,14 @@ def _swap_params(call: RegionCall) -> Iterator[None]:
 
 
 def _param_guard(call: RegionCall) -> ParamGuard | None:
+    """Stops a replay that reads a parameter, or a buffer its forward left as it was,
+    written in place since the forward (NOTE [Replay and parameters])."""
     region = call.region
-    if call.params is None or region is None or region.compiled:
+    if region is None or region.compiled:
         return None
-    modified = modified_params(call.params)
+    modified = modified_params(call.params) if call.params is not None else {}
+    if call.buffers is not None:
+        modified.update(modified_buffers(call.buffers))
     return ParamGuard(call.name, modified) if modified else None
 
 

@@ -330,6 +330,26 @@ class RegionCall(_WeakReferable):
             self.lease_ref = weakref.ref(lease)
         return lease
 
+    def layout(self) -> tuple[Any, ...]:
+        """The strides (and for inputs, storage offsets) of the call's tensor inputs and
+        parameters at entry: with the signature's sizes and dtypes they fix every
+        intermediate's geometry (NOTE [Stale recordings] in hooks.py)."""
+        out: list[Any] = []
+        if self.inputs is not None:
+            for i, t in enumerate(self.inputs.tensors):
+                if t is None:  # sent to host memory: its geometry went with it
+                    sent = self.offloaded_inputs.get(i)
+                    out.append((sent[1][1], sent[1][2]) if sent is not None else None)
+                elif t.layout is torch.strided and not t.is_nested:
+                    out.append((t.stride(), t.storage_offset()))
+                else:
+                    out.append(None)
+        if self.params is not None:
+            out.extend(
+                t.stride() if t is not None and t.layout is torch.strided else None for t in self.params.objects
+            )
+        return tuple(out)
+
     @property
     def leased(self) -> bool:
         """Does a dropped or offloaded save of this call still live?"""

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from offrecomp.explain import NO_PLAN_YET, explain_forced, explain_plan, summarize
 from offrecomp.phases import Phase
 from offrecomp.planning import drift, profiling, records
-from offrecomp.planning.entries import PlanCache, PlanEntry, assign
+from offrecomp.planning.entries import WARMUP_SIGHTINGS, PlanCache, PlanEntry, assign
 from offrecomp.planning.learning import Learner
 from offrecomp.planning.profiling import ReplayMarks
 from offrecomp.planning.replay_cost import ReplayCost
@@ -139,7 +139,7 @@ class Planner:
                 p.plan_signature = donor.signature
                 p.plan_id = donor.borrow_plan.plan_id
                 return
-            if not seen and self.cache.grows_from_profiled(p):
+            if seen < WARMUP_SIGHTINGS and self.cache.grows_from_profiled(p):
                 # NOTE [Borrowed plans]: a little larger than a profiled signature (a
                 # sequence-length warmup): a plain full recompute, not a measuring pass
                 p.phase = Phase.RECOMPUTE
@@ -277,6 +277,19 @@ class Planner:
             call.name, call.call_index, index,
         )
 
+    def relaid(self, call: RegionCall) -> None:
+        """``call``'s inputs or parameters have another layout than its recording's (NOTE
+        [Stale recordings] in hooks.py): its signature measures again."""
+        p = call.pass_state
+        entry = self.entries.get(p.signature) if p is not None else None
+        if entry is not None and not entry.needs_measure:
+            entry.needs_measure = True
+            log.info(
+                "offrecomp: region %r call %d has inputs or parameters of another layout than "
+                "its recording; it replays plainly, and signature %s measures again",
+                call.name, call.call_index, p.signature if p is not None else "",
+            )
+
     def grew(self, p: PassState, call: RegionCall) -> None:
         """A planned call its plan keeps whole (NOTE [Kept planned calls]) saved more
         storages than its recording (a mixture of experts running more of them): the
@@ -325,7 +338,13 @@ class Planner:
 
     def _end_pass(self, p: PassState) -> None:
         if p.recording:
-            if not p.aborted and p.stage is not Stage.DONE and p.calls and not self._warned_unfinished:
+            if not p.aborted and p.stage is Stage.BACKWARD and p.calls:
+                log.info(
+                    "offrecomp: the backward of the measuring pass of signature %s did not "
+                    "finish (it raised); the signature measures again",
+                    p.signature,
+                )
+            elif not p.aborted and p.stage is not Stage.DONE and p.calls and not self._warned_unfinished:
                 self._warned_unfinished = True
                 log.warning(
                     "offrecomp: the measuring pass of signature %s ended before its backward "

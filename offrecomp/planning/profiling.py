@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from offrecomp.changes import module_state
 from offrecomp.measure import device_capacity_bytes
 from offrecomp.trace import RegionStructure, build_structure
 from scheduler.profile import Profile, RegionRecord, StorageRecord
@@ -59,6 +60,9 @@ def record_structure(call: RegionCall, *, min_bytes: int, opaque: bool) -> None:
         call.start_mark.host if call.start_mark is not None else 0.0,
         compiled=region is not None and (region.compiled or region.backward_in_forward or opaque),
     )
+    call.structure.layout = call.layout()
+    if region is not None:
+        call.structure.state = module_state(region.modules)
     recs = call.structure.storage_records
     call.structure.small_storages = tuple(
         i for i, s in enumerate(call.storages)

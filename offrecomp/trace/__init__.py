@@ -20,7 +20,7 @@ One module per mechanism; imports run one way, top to bottom:
 
 from offrecomp.trace.ops import op_leaves, op_name
 from offrecomp.trace.recorder import COMPILED_FORWARD, FirstCallWatch, OpRecorder
-from offrecomp.trace.scope import PassiveMode, ThreadDepth, internal, user_code
+from offrecomp.trace.scope import PassiveMode, ThreadDepth, internal, user_code, user_dispatch_modes
 from offrecomp.trace.scope import _is_internal as _is_internal
 from offrecomp.trace.serving import (
     CastDivergedError,
@@ -63,4 +63,5 @@ __all__ = [
     "op_leaves",
     "op_name",
     "user_code",
+    "user_dispatch_modes",
 ]

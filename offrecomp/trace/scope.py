@@ -81,3 +81,10 @@ class PassiveMode(_RegionMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         return func(*args, **(kwargs or {}))
+
+
+def user_dispatch_modes() -> list[str]:
+    """Class names of the dispatch modes active now that are not the runtime's."""
+    if not tc.dispatch_modes_active():
+        return []
+    return [type(m).__name__ for m in tc.dispatch_mode_stack() if not isinstance(m, _RegionMode)]

@@ -31,7 +31,7 @@ from offrecomp.trace.structure import RUN, SERVE, RegionStructure
 
 
 class ReplayDivergedError(RuntimeError):
-    """A replay did not dispatch what the forward dispatched."""
+    """A replay did not dispatch what the recorded forward dispatched."""
 
 
 class PlaceholderReadError(ReplayDivergedError):
@@ -64,8 +64,8 @@ class ParamGuard(_RegionMode):
                         f"offrecomp: {what} in region {self.region_name!r} was modified in place "
                         f"after the region's forward, and replaying the region reads it ({func}), "
                         "so it would produce other activations than the forward's. Hint: update "
-                        "parameters after backward (optimizer.step()), not between forward and "
-                        "backward, or keep this region's activations (regions=)."
+                        "parameters and buffers after backward (optimizer.step()), not between "
+                        "forward and backward, or keep this region's activations (regions=)."
                     )
         return func(*args, **(kwargs or {}))
 
@@ -139,13 +139,13 @@ class ServingMode(_RegionMode):
             if recorded and not cast_of:
                 raise self.diverge(
                     f"offrecomp: replay of region {self.region_name!r} diverged at op {k}: the "
-                    "forward cast a parameter there, the replay casts another tensor",
+                    "recorded forward cast a parameter there, the replay casts another tensor",
                     cast=True,
                 )
         if expected != name:
             raise self.diverge(
-                f"offrecomp: replay of region {self.region_name!r} diverged at op {k}: the forward "
-                f"ran {expected or '<nothing>'}, the replay ran {name}",
+                f"offrecomp: replay of region {self.region_name!r} diverged at op {k}: the recorded "
+                f"forward ran {expected or '<nothing>'}, the replay ran {name}",
                 cast=k in st.param_casts,  # a recorded parameter cast the replay does not make
             )
         action = self.program[k] if k < len(self.program) else RUN
@@ -155,7 +155,7 @@ class ServingMode(_RegionMode):
             if scalars != st.op_scalars[k]:
                 raise self.diverge(
                     f"offrecomp: replay of region {self.region_name!r} diverged at op {k} ({name}): "
-                    f"non-tensor arguments {scalars} differ from the forward's "
+                    f"non-tensor arguments {scalars} differ from the recorded forward's "
                     f"{st.op_scalars[k]}"
                 )
             if not st.view_ops[k]:

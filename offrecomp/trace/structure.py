@@ -122,6 +122,12 @@ class RegionStructure:
     param_casts: dict[int, int] = field(default_factory=dict)
     """Op index -> ``id`` of the parameter it casts, for the casts autocast caches (NOTE
     [Autocast cache])."""
+    state: tuple[Any, ...] | None = None
+    """``module_state`` of the recorded call's region at its exit (NOTE [Stale
+    recordings] in hooks.py)."""
+    layout: tuple[Any, ...] | None = None
+    """The recorded call's ``RegionCall.layout()``: the geometry its served outputs
+    assume (NOTE [Stale recordings] in hooks.py)."""
     small_storages: tuple[int, ...] = ()
     """Storages made in the region that are ``external`` only for being under the
     runtime's ``min_bytes``: the most frugal plan may drop them (NOTE [Small storages])."""

@@ -216,6 +216,28 @@ def test_explicit_steps_inside_and_outside_the_context() -> None:
             assert torch.equal(p.grad, q.grad), n
 
 
+def test_steps_outside_explicit_ones_are_found_automatically() -> None:
+    """An rt.step() block closes its own step; iterations outside such blocks are closed
+    by their optimizer step as before, so passes do not pile up unretired and auto goes
+    on to plan."""
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    rt = _runtime(m, "auto")
+    with rt:
+        with rt.step():
+            m(batch(0)).backward()
+            opt.step()
+            opt.step()  # inside the block: closes nothing
+        for s in range(1, 6):
+            m(batch(s)).backward()
+            opt.step()
+            opt.zero_grad()
+    steps = rt.report().steps
+    assert [s.passes for s in steps] == [1] * 6
+    assert steps[-1].phase == "planned", [s.phase for s in steps]
+
+
 def test_offloaded_inputs_with_recomputed_internals() -> None:
     """The checkpoint itself goes to host memory; the block replays from the reload."""
     model, batch = make("gpt_dropout")

@@ -6,6 +6,7 @@ flagged."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterator
 
@@ -117,19 +118,23 @@ def test_ordinary_regions_are_not_flagged(factory: Callable[[], nn.Module], capl
 class CallerCheckpoints(nn.Module):
     """The model checkpoints each block at the call (the region runs inside it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, reentrant: bool = False) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(models.Block(32, 4, 0.0) for _ in range(3))
+        self.reentrant = reentrant
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for blk in self.blocks:
-            x = checkpoint(blk, x, use_reentrant=False)
+            x = checkpoint(blk, x, use_reentrant=self.reentrant)
         return x.square().mean()
 
 
-def test_a_checkpoint_around_the_call_is_named(caplog: pytest.LogCaptureFixture) -> None:
-    msgs = _run(CallerCheckpoints, caplog)
-    assert len(msgs) == 1 and "blocks.0" in msgs[0], msgs
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_checkpoint_around_the_call_is_named(reentrant: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """Reentrant: the region's forward runs without grad, then again inside the
+    backward, where it is seen."""
+    msgs = _run(lambda: CallerCheckpoints(reentrant), caplog)
+    assert len(msgs) == 1 and "blocks." in msgs[0], msgs
 
 
 def test_a_forward_on_another_thread_passes_through(caplog: pytest.LogCaptureFixture) -> None:
@@ -198,3 +203,63 @@ def test_checkpointing_of_their_own_warns_once_per_runtime(caplog: pytest.LogCap
                     m(_batch(s)).backward()
     msgs = [r.getMessage() for r in caplog.records if WARNING in r.getMessage()]
     assert len(msgs) == 2 and all("run activation checkpointing of their own" in m for m in msgs), msgs
+
+
+def test_a_hook_pair_around_the_runtime_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    """The runtime's pair goes on top of it: that pair sees no save while entered."""
+    torch.manual_seed(0)
+    m = models.Stack([models.MLPBlock(32) for _ in range(2)])
+    packs = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        packs.append(1)
+        return t
+
+    outer = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), outer, offrecomp.runtime(m, mode="recompute"):
+        m(_batch(0)).backward()
+    assert not packs and "is active around the runtime" in caplog.text
+
+
+def test_allow_mutation_on_saved_tensors_around_the_runtime_is_refused() -> None:
+    m = models.Stack([models.MLPBlock(32) for _ in range(2)])
+    with torch.autograd.graph.allow_mutation_on_saved_tensors(), pytest.raises(
+        RuntimeError, match="allow_mutation_on_saved_tensors"
+    ):
+        offrecomp.runtime(m, mode="recompute").__enter__()
+    assert offrecomp.runtime(m, mode="recompute").__enter__().__exit__(None, None, None) is None  # not left active
+
+
+class _RoundMatmuls(torch.utils._python_dispatch.TorchDispatchMode):
+    """Changes values: matmul outputs rounded to bfloat16, as fp8 or int8 emulation does."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default):
+            out = out.to(torch.bfloat16).to(out.dtype)
+        return out
+
+
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_calls_under_a_callers_dispatch_mode_keep(mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A mode around the forward only: a replay in backward would run outside it and
+    compute other values, so such calls keep their activations (bitwise, with a warning
+    naming the mode)."""
+    torch.manual_seed(0)
+    base = models.Stack([models.MLPBlock(32) for _ in range(3)])
+
+    def loop(m: nn.Module, rt: object = None) -> list[torch.Tensor]:
+        with rt if rt is not None else contextlib.nullcontext():  # type: ignore[attr-defined]
+            for s in range(3):
+                with _RoundMatmuls():
+                    loss = m(_batch(s))
+                loss.backward()
+        return [p.grad.clone() for p in m.parameters()]
+
+    ref = loop(twin(base))
+    m = twin(base)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        rt = offrecomp.runtime(m, mode=mode, min_bytes=0, budget=1 if mode == "auto" else None)
+        got = loop(m, rt)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+    assert "dispatch mode of the caller's (_RoundMatmuls)" in caplog.text

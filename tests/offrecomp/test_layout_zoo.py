@@ -1155,25 +1155,30 @@ def test_layout_on_cuda(case: str, variant: str) -> None:
 
 
 class _NegViewBlock(nn.Module):
-    """Saves ``z.conj().imag``: a real view whose storage reads negated (the neg bit), and
-    a strided-layout nested tensor, which has no single size."""
+    """Saves ``z.imag``, then ``z.conj().imag`` of the same storage: a real view whose
+    storage reads negated (the neg bit) after a plain one, and a strided-layout nested
+    tensor, which has no single size."""
 
     def __init__(self) -> None:
         super().__init__()
         self.a = nn.Linear(8, 8)
+        self.w = nn.Parameter(torch.linspace(-1.0, 1.0, 8))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.a(x)
-        neg = torch.complex(h, h.flip(-1)).conj().imag
+        z = torch.complex(h, h.flip(-1))
+        plain = z.imag * self.w  # the storage's first save: no neg bit
+        neg = z.conj().imag
         nt = torch.nested.as_nested_tensor([h[0:2], h[2:4, :4]])
         ragged = (nt * nt).to_padded_tensor(0.0).mean()
-        return x + 0.1 * neg.sin() + 0.01 * torch.tanh(ragged)
+        return x + 0.1 * (neg * self.w).sin() + 0.1 * torch.tanh(plain) + 0.01 * torch.tanh(ragged)
 
 
 @pytest.mark.parametrize("variant", ["keep", "recompute", "offload", "auto", "auto_serve"])
 def test_neg_bit_views_and_nested_tensors_saved_in_a_region(variant: str) -> None:
     """An offload moves bytes: the neg-bit view stays kept (rebuilt from its geometry it
-    would read the bytes un-negated); a nested tensor is saved as it is."""
+    would read the bytes un-negated), also when its storage was offloaded for an earlier
+    plain view; a nested tensor is saved as it is."""
     torch.manual_seed(0)
     model = stack(_NegViewBlock)()
 

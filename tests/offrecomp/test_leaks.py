@@ -78,7 +78,8 @@ def _live(refs: list[weakref.ref]) -> int:
 def test_graphs_without_backward_are_freed_inside_and_after_the_context(mode: str) -> None:
     m = _model()
     x = torch.randn(32, 64)
-    with offrecomp.runtime(m, mode=mode, min_bytes=0):
+    rt = offrecomp.runtime(m, mode=mode, min_bytes=0)
+    with rt:
         m(x).sum().backward()  # one ordinary step first: the runtime is warm
         markers, saved = [], []
         for _ in range(10):
@@ -96,6 +97,8 @@ def test_graphs_without_backward_are_freed_inside_and_after_the_context(mode: st
         assert ref() is None
         late = _forward_without_backward(m, x, saved)
     assert late() is None and _live(saved) == 0
+    engine = rt.offload_engine  # the last forward's copies in flight: let go at exit
+    assert engine is None or engine.stash_bytes == 0
     markers = [_forward_without_backward(m, x, saved) for _ in range(3)]  # after the exit
     assert _live(markers) == 0 and _live(saved) == 0
 

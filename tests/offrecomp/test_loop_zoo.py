@@ -359,6 +359,50 @@ def test_sequence_length_warmup_measures_only_when_grown_by_a_quarter(variant: s
     assert all(s.replays > 0 for s, ph in zip(rt.report().steps, phases) if ph == "recompute")
 
 
+def _read_saved(t: torch.Tensor) -> None:
+    """Read every saved tensor of ``t``'s graph, as torchviz's ``show_saved`` does."""
+    seen: set[Any] = set()
+    stack = [t.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        for name in dir(fn):
+            if name.startswith("_saved_"):
+                getattr(fn, name)
+        stack.extend(f for f, _ in fn.next_functions)
+
+
+def loop_read_saved(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+    def step(i: int, out: list[Snap]) -> None:
+        loss = model(_tokens(i))
+        _read_saved(loss)
+        loss.backward()
+        out.append(_snap(model, loss))
+
+    return _sgd_loop(model, rt, 6, step)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_saved_tensors_read_between_forward_and_backward(variant: str) -> None:
+    """Reading a graph's saved tensors outside any backward begins no backward: the
+    step's own backward still ends the pass, and auto goes on to plan."""
+    _run("read_saved", loop_read_saved, variant)
+
+
+def test_a_warmup_holding_each_length_for_a_few_steps_measures_only_when_grown() -> None:
+    """A length within 25% of a profiled one runs plain full recompute for its first
+    WARMUP_SIGHTINGS steps, then measures (a length it stays at)."""
+
+    def loop(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+        return loop_variable_length(model, rt, [16, 16, 18, 18] + [20] * 7, last_batch=2)
+
+    rt = _run("warmup_held", loop, "auto_tight")
+    phases = [s.phase for s in rt.report().steps]
+    assert phases == ["measure", "calibrate"] + ["recompute"] * 6 + ["measure", "calibrate", "planned"], phases
+
+
 def loop_accumulate_mixed_lengths(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
     def step(i: int, out: list[Snap]) -> None:
         losses = []

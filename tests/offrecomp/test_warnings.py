@@ -112,3 +112,35 @@ def test_a_forward_on_a_thread_that_did_not_enter_says_it_runs_plainly(caplog: p
         worker.join()
     assert not rt.report().steps
     assert any("thread ('trainer')" in r.getMessage() for r in caplog.records)
+
+
+class _Guard(torch.autograd.Function):
+    """Raises in backward while ``on`` (a gradient guard, a NaN check)."""
+
+    on = False
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: object, g: torch.Tensor) -> torch.Tensor:
+        if _Guard.on:
+            raise ArithmeticError("guard")
+        return g
+
+
+def test_a_measuring_pass_whose_backward_raised_is_not_called_unfinished(caplog: pytest.LogCaptureFixture) -> None:
+    """Its backward ran and raised: no advice to run the forward under no_grad."""
+    m = _mlp()
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), offrecomp.runtime(m, min_bytes=0):
+        for s in range(3):
+            _Guard.on = s == 0
+            x = torch.randn(4, 64, generator=torch.Generator().manual_seed(s))
+            loss = m[2:](_Guard.apply(m[:2](x))).sum()  # raises after blocks 3 and 2 replayed
+            try:
+                loss.backward()
+            except ArithmeticError:
+                assert s == 0
+    _Guard.on = False
+    assert _unfinished(caplog) == []

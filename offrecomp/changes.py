@@ -1,0 +1,129 @@
+"""Changes to modules while a runtime is entered, as torch's global registration hooks
+report them: buffer assignments (NOTE [Buffer saves]) and new slots (NOTE [Region
+refresh]).
+
+NOTE [Region refresh]
+A region's modules, buffer slots and parameter slots are read when the runtime is
+entered, and a replay restores exactly those (NOTE [Replay and module state]). A
+module added to a block while the runtime is entered (a LoRA adapter, ``spectral_norm``,
+a BatchNorm) would otherwise go unseen: its buffers updated twice, its train flag not
+restored, a parameter its forward writes not watched. Assigning a module, and
+registering a buffer or a parameter under a new name, bump ``structure_epoch``; a region
+call that finds the epoch moved since its region was read reads it again
+(``Region.refresh``), and a region the first-call watch cleared is watched again.
+Replacing a region itself (``model.blocks = ...``) is not followed: the runtime
+manages the modules it found when it was made (a warning says so at the next entry).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from offrecomp.regions import Region
+
+__all__ = [
+    "BufferPtrs",
+    "count_buffer_assignment",
+    "count_module_assignment",
+    "count_parameter_assignment",
+    "module_state",
+    "structure_epoch",
+]
+
+#: Buffer assignments seen while a runtime is entered (NOTE [Buffer saves]).
+_buffer_assignments = [0]
+
+#: New module, buffer and parameter slots seen while a runtime is entered (NOTE [Region
+#: refresh]).
+_structure_changes = [0]
+
+
+def structure_epoch() -> int:
+    """Bumped by every module assignment and every buffer or parameter registered under
+    a new name while a runtime is entered (NOTE [Region refresh])."""
+    return _structure_changes[0]
+
+
+_SCALARS = (int, float, bool, str, type(None))
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks")
+
+
+def module_state(modules: tuple[nn.Module, ...]) -> tuple[Any, ...]:
+    """What a forward reads of its modules besides tensors: their plain scalar attributes
+    (a dropout rate, a momentum, a flag) and which hooks they and torch's global module
+    hooks hold. Taken when a region call is recorded and compared only when a replay
+    diverges from that recording (NOTE [Stale recordings] in hooks.py)."""
+    out: list[Any] = []
+    for m in modules:
+        out.append(tuple((k, v) for k, v in m.__dict__.items() if type(v) in _SCALARS))
+        out.append(tuple(tuple(getattr(m, d, ())) for d in _HOOK_DICTS))
+    out.append(tuple(tuple(getattr(torch.nn.modules.module, d, ())) for d in _GLOBAL_HOOKS))
+    return tuple(out)
+
+
+def count_buffer_assignment(module: nn.Module, name: str, buffer: Any) -> None:
+    """torch's global buffer-registration hook while a runtime is entered (it runs before
+    the slot is set)."""
+    _buffer_assignments[0] += 1
+    if name not in module._buffers:
+        _structure_changes[0] += 1
+
+
+def count_parameter_assignment(module: nn.Module, name: str, param: Any) -> None:
+    """torch's global parameter-registration hook while a runtime is entered."""
+    if name not in module._parameters:
+        _structure_changes[0] += 1
+
+
+def count_module_assignment(module: nn.Module, name: str, child: Any) -> None:
+    """torch's global module-registration hook while a runtime is entered."""
+    _structure_changes[0] += 1
+
+
+# NOTE [Buffer saves]
+# A save of one of the region's own buffers is saved as it is (NOTE [What is never
+# placed]), so every save in a region with buffers asks whether its storage is one of
+# theirs. Reading the buffer slots at every save cost about 0.4 us per slot (5-6 us a
+# save in a block with a dozen, as BatchNorm layers give). A call reads them at its first
+# save, and again only after a buffer was assigned (``module.buf = t`` and
+# ``register_buffer`` run torch's global buffer-registration hook, which counts them
+# while a runtime is entered). ``BufferPtrs`` checks the slots' tensors at each such
+# read, so a buffer replaced before the call, even through ``_buffers`` directly, is seen.
+
+
+class BufferPtrs:
+    """Storages of regions' buffers, per region call (NOTE [Buffer saves])."""
+
+    def __init__(self) -> None:
+        self._cache: dict[int, tuple[tuple[int, ...], frozenset[int]]] = {}
+
+    def of_call(self, call: Any, region: Region) -> frozenset[int]:
+        """The storages of ``region``'s buffers as ``call`` (a RegionCall) sees them."""
+        epoch = _buffer_assignments[0]
+        ptrs = call.buffer_ptrs
+        if ptrs is None or call.buffer_epoch != epoch:
+            ptrs = call.buffer_ptrs = self.of_region(region)
+            call.buffer_epoch = epoch
+        return ptrs
+
+    def of_region(self, region: Region) -> frozenset[int]:
+        """Cached while the same tensors fill its slots (a forward may replace a buffer
+        by assignment)."""
+        bufs = region.buffers
+        key = tuple(map(id, bufs))
+        hit = self._cache.get(id(region))
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        ptrs = frozenset(
+            int(b.untyped_storage().data_ptr())
+            for b in bufs
+            if type(b) is torch.Tensor and b.layout == torch.strided  # a subclass has no data pointer
+        )
+        self._cache[id(region)] = (key, ptrs)
+        return ptrs

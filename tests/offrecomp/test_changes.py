@@ -1,0 +1,125 @@
+"""NOTE [Region refresh] (offrecomp/changes.py): modules, buffers and parameters added to
+a block while the runtime is entered, regions replaced, and forwards patched meanwhile."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import offrecomp
+from tests.helpers import assert_bitwise, tight_budget, variant_runtime
+from tests.models import Stack
+
+H = 16
+
+
+class _Growing(nn.Module):
+    """Uses whatever was added to it: a BatchNorm, a running average buffer (read and
+    updated in place by its forward), an adapter with dropout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(H, 2 * H)
+        self.fc2 = nn.Linear(2 * H, H)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(self.fc1(x))
+        if "norm" in self._modules:
+            h = self.norm(h.flatten(0, 1)).view_as(h)
+        if "avg" in self._buffers:
+            self.avg.mul_(0.9).add_(0.1 * h.detach().mean((0, 1)))
+            h = h * self.avg
+        if "adapter" in self._modules:
+            h = h + self.adapter(h)
+        return x + self.fc2(torch.tanh(h))
+
+
+def _add(block: nn.Module, what: str) -> None:
+    if what == "batchnorm":
+        block.norm = nn.BatchNorm1d(2 * H)
+    elif what == "buffer":
+        block.register_buffer("avg", torch.ones(2 * H))
+    else:
+        block.adapter = nn.Sequential(nn.Linear(2 * H, 2 * H), nn.Dropout(0.3))
+
+
+def _batch(s: int) -> torch.Tensor:
+    return torch.randn(4, 6, H, generator=torch.Generator().manual_seed(s))
+
+
+def _loop(model: nn.Module, rt: Any, what: str, steps: int = 6) -> list[dict[str, torch.Tensor]]:
+    """Adds ``what`` to every block before step 2, inside the runtime; the adapter's run
+    also switches to eval mode between each forward and its backward."""
+    out = []
+    with rt if rt is not None else contextlib.nullcontext():
+        for step in range(steps):
+            if step == 2:
+                torch.manual_seed(99)
+                for b in model.blocks:
+                    _add(b, what)
+            opt = torch.optim.SGD(model.parameters(), lr=0.05)
+            torch.manual_seed(step)
+            loss = model(_batch(step))
+            if what == "adapter":
+                model.eval()  # the replay must run the forward's train flags
+            loss.backward()
+            model.train()
+            snap = {f"grad.{n}": p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+            snap.update({f"buf.{n}": b.clone() for n, b in model.named_buffers()})
+            out.append(snap)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return out
+
+
+@pytest.mark.parametrize("what", ["batchnorm", "buffer", "adapter"])
+@pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
+def test_modules_added_to_blocks_while_entered_replay_right(what: str, variant: str) -> None:
+    """The replays of later calls restore the new buffers and train flags, as for blocks
+    built with them: bitwise equal to plain."""
+    torch.manual_seed(0)
+    model = Stack([_Growing() for _ in range(3)])
+    ref = _loop(copy.deepcopy(model), None, what)
+    budget = tight_budget(model, _batch) if variant == "auto_serve" else None
+    m = copy.deepcopy(model)
+    assert_bitwise(ref, _loop(m, variant_runtime(m, variant, budget), what))
+
+
+def test_a_region_replaced_while_entered_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    """The runtime manages the modules it found; the new ones run plainly, with a warning
+    naming the regions."""
+    torch.manual_seed(0)
+    model = Stack([_Growing() for _ in range(2)])
+    rt = offrecomp.runtime(model, mode="recompute", min_bytes=0)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), rt:
+        model(_batch(0)).backward()
+        model.blocks = nn.ModuleList(copy.deepcopy(list(model.blocks)))
+        model(_batch(1)).backward()
+    assert "blocks.0, blocks.1 are no longer the model's modules" in caplog.text
+    steps = rt.report().steps
+    assert steps[0].recomputed_bytes > 0 and steps[1].recomputed_bytes == 0
+
+
+@pytest.mark.parametrize("where", ["block", "model"])
+def test_a_forward_patched_while_entered_outlives_the_exit(where: str) -> None:
+    """A forward set while the runtime is entered (an adapter library's) is the user's:
+    leaving the runtime does not take it away, and the model runs it without the
+    runtime afterwards."""
+    torch.manual_seed(0)
+    model = Stack([_Growing() for _ in range(2)])
+    target: nn.Module = model.blocks[0] if where == "block" else model
+    x = _batch(0)
+    with offrecomp.runtime(model, mode="recompute", min_bytes=0):
+        inner: Callable[..., torch.Tensor] = target.forward
+        target.forward = lambda *a: inner(*a) * 2.0  # type: ignore[method-assign]
+        inside = model(x).detach()
+    assert "forward" in target.__dict__
+    assert torch.equal(model(x).detach(), inside)

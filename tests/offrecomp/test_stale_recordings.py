@@ -1,0 +1,132 @@
+"""NOTE [Stale recordings] (offrecomp/hooks.py): a signature's op recording no longer
+describes its forward (state changed between steps, another layout at the same sizes);
+replays under the dispatch mode then replay plainly, bitwise equal to plain."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import offrecomp
+from tests.helpers import assert_bitwise, tight_budget, variant_runtime
+from tests.models import Stack
+
+
+class _DropNormBlock(nn.Module):
+    def __init__(self, h: int = 16) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(h, 4 * h)
+        self.norm = nn.BatchNorm1d(4 * h)
+        self.drop = nn.Dropout(0.1)
+        self.fc2 = nn.Linear(4 * h, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x)
+        h = self.norm(h.flatten(0, 1)).view_as(h)
+        return x + self.fc2(self.drop(F.gelu(h)))
+
+
+class _ConvBlock(nn.Module):
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+        self.norm = nn.BatchNorm2d(c)
+        self.mix = nn.Conv2d(c, c, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.norm(self.conv(x)))
+        return x + self.mix(torch.sin(h) * h)
+
+
+Mutate = Callable[[Stack, int], None]
+
+
+def _loop(
+    model: Stack, batch: Callable[[int], torch.Tensor], rt: Any, mutate: Mutate, steps: int = 7
+) -> list[dict[str, torch.Tensor]]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    out = []
+    with rt if rt is not None else contextlib.nullcontext():
+        for step in range(steps):
+            mutate(model, step)
+            torch.manual_seed(step)
+            model(batch(step)).backward()
+            snap = {f"grad.{n}": p.grad.clone() for n, p in model.named_parameters()}
+            snap.update({f"buf.{n}": b.clone() for n, b in model.named_buffers()})
+            out.append(snap)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return out
+
+
+def _check(model: Stack, batch: Callable[[int], torch.Tensor], mutate: Mutate) -> Any:
+    """Plain against auto with every replay under the dispatch mode (``replay_op_us=0``)
+    under half of keep's peak; returns the runtime."""
+    ref = _loop(copy.deepcopy(model), batch, None, mutate)
+    budget = tight_budget(model, batch)
+    m = copy.deepcopy(model)
+    rt = variant_runtime(m, "auto_serve", budget)
+    assert_bitwise(ref, _loop(m, batch, rt, mutate))
+    assert rt.report().steps[-1].recomputed_bytes > 0
+    return rt
+
+
+def _change(what: str) -> Mutate:
+    handles: list[Any] = []
+
+    def mutate(model: Stack, step: int) -> None:
+        for b in model.blocks:
+            if what == "dropout":  # a dropout-rate schedule
+                b.drop.p = 0.1 + 0.05 * step
+            elif what == "momentum":
+                b.norm.momentum = 0.1 + 0.1 * step
+            elif step == 3:  # a forward hook changing the layer's output
+                handles.append(b.fc1.register_forward_hook(lambda m, i, o: torch.tanh(o)))
+
+    return mutate
+
+
+@pytest.mark.parametrize("what", ["dropout", "momentum", "hook"])
+def test_state_changed_between_steps_replays_plainly(what: str, caplog: pytest.LogCaptureFixture) -> None:
+    offrecomp.diagnostics.clear_warnings()
+    torch.manual_seed(0)
+    model = Stack([_DropNormBlock() for _ in range(3)])
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(4, 12, 16, generator=torch.Generator().manual_seed(s))
+
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        _check(model, batch, _change(what))
+    assert "no longer runs the ops its measuring pass recorded" in caplog.text
+
+
+@pytest.mark.parametrize("what", ["parameters", "input"])
+def test_another_layout_at_the_same_sizes_replays_plainly(what: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Parameters moved to channels_last after the recording (the replay sees another
+    layout, replays plainly and the signature measures again), or inputs whose layout
+    alternates (a signature each)."""
+    torch.manual_seed(0)
+    model = Stack([_ConvBlock() for _ in range(3)])
+
+    def batch(s: int) -> torch.Tensor:
+        x = torch.randn(4, 8, 10, 10, generator=torch.Generator().manual_seed(s))
+        return x.contiguous(memory_format=torch.channels_last) if what == "input" and s % 2 else x
+
+    def mutate(model: Stack, step: int) -> None:
+        if what == "parameters" and step == 4:
+            model.to(memory_format=torch.channels_last)
+
+    with caplog.at_level(logging.INFO, logger="offrecomp"):
+        rt = _check(model, batch, mutate)
+    if what == "input":
+        assert len(rt.planner.entries) == 2
+    else:
+        assert "has inputs or parameters of another layout than its recording" in caplog.text
