@@ -232,7 +232,8 @@ class Runtime:
                     "runtime around the whole training loop (or exit the first one before "
                     "entering another). For several models trained together, give one "
                     "runtime a container of them: offrecomp.runtime(nn.ModuleDict("
-                    "{'gen': gen, 'disc': disc}))."
+                    "{'gen': gen, 'disc': disc})). A runtime entered with rt.__enter__() "
+                    "stays active until rt.__exit__(None, None, None)."
                 )
             _active = self
         try:

@@ -29,11 +29,6 @@ KEEP = Placement.KEEP
 #: than a profiled one of its family runs a plain full recompute instead of measuring.
 GROWTH = 1.25
 
-#: NOTE [Borrowed plans]: sightings of a signature within GROWTH of a profiled one that
-#: run a plain full recompute before it measures (a warmup that holds each length for a
-#: few steps).
-WARMUP_SIGHTINGS = 4
-
 
 @dataclass
 class PlanEntry:
@@ -144,10 +139,9 @@ class PlanEntry:
 # its measured profile. Borrowed passes teach no cost model and predict nothing.
 # A new signature that no profiled one covers, but that exceeds one by at most
 # GROWTH (25%) in every dimension, runs a plain full recompute on first sight rather
-# than a measuring pass: a sequence-length warmup grows the length a little every step
-# or every few steps, and measured at each new length (1.9x full recompute); now it
-# measures each time the length has grown by a quarter. Seen more than
-# WARMUP_SIGHTINGS times, such a signature measures.
+# than a measuring pass: a sequence-length warmup grows the length a little at every
+# step, and measured at every step (1.9x full recompute); now it measures each time
+# the length has grown by a quarter. Seen again, such a signature measures.
 
 
 class PlanCache:

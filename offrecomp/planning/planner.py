@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from offrecomp.explain import NO_PLAN_YET, explain_forced, explain_plan, summarize
 from offrecomp.phases import Phase
 from offrecomp.planning import drift, profiling, records
-from offrecomp.planning.entries import WARMUP_SIGHTINGS, PlanCache, PlanEntry, assign
+from offrecomp.planning.entries import PlanCache, PlanEntry, assign
 from offrecomp.planning.learning import Learner
 from offrecomp.planning.profiling import ReplayMarks
 from offrecomp.planning.replay_cost import ReplayCost
@@ -139,7 +139,7 @@ class Planner:
                 p.plan_signature = donor.signature
                 p.plan_id = donor.borrow_plan.plan_id
                 return
-            if seen < WARMUP_SIGHTINGS and self.cache.grows_from_profiled(p):
+            if not seen and self.cache.grows_from_profiled(p):
                 # NOTE [Borrowed plans]: a little larger than a profiled signature (a
                 # sequence-length warmup): a plain full recompute, not a measuring pass
                 p.phase = Phase.RECOMPUTE

@@ -391,18 +391,6 @@ def test_saved_tensors_read_between_forward_and_backward(variant: str) -> None:
     _run("read_saved", loop_read_saved, variant)
 
 
-def test_a_warmup_holding_each_length_for_a_few_steps_measures_only_when_grown() -> None:
-    """A length within 25% of a profiled one runs plain full recompute for its first
-    WARMUP_SIGHTINGS steps, then measures (a length it stays at)."""
-
-    def loop(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
-        return loop_variable_length(model, rt, [16, 16, 18, 18] + [20] * 7, last_batch=2)
-
-    rt = _run("warmup_held", loop, "auto_tight")
-    phases = [s.phase for s in rt.report().steps]
-    assert phases == ["measure", "calibrate"] + ["recompute"] * 6 + ["measure", "calibrate", "planned"], phases
-
-
 def loop_accumulate_mixed_lengths(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
     def step(i: int, out: list[Snap]) -> None:
         losses = []
