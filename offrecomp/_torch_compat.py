@@ -130,6 +130,13 @@ def top_saved_tensors_hooks() -> Any:
     return torch._C._autograd._top_saved_tensors_default_hooks(False)
 
 
+def autocast_cache_active() -> bool:
+    """Is a CPU or CUDA autocast context with its weight cache on active?"""
+    return torch.is_autocast_cache_enabled() and (
+        torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
+    )
+
+
 def mutation_on_saved_tensors_allowed() -> bool:
     """Is ``torch.autograd.graph.allow_mutation_on_saved_tensors()`` active?"""
     return bool(getattr(torch.autograd.graph, "_allow_mutation_on_saved_tensors_enabled", False))

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from offrecomp import _torch_compat as tc
-from offrecomp.changes import structure_epoch
+from offrecomp.changes import ATTR_QUIET, changed_attrs, module_attrs, structure_epoch
 from offrecomp.config import Config
 from offrecomp.diagnostics import kind, runs_collectives, warn_collective, warn_once
 from offrecomp.measure import DeviceClock
@@ -169,6 +169,8 @@ class RegionCalls:
         call.buffers = capture_buffers(region.slots)
         call.params = capture_params(region.param_slots)
         call.training = tuple(m.training for m in region.modules)
+        if p.new_signature or region.attr_quiet >= 0:  # NOTE [Module attributes]
+            call.attrs = module_attrs(region.modules)
         if region.generators:  # NOTE [Private generators]
             call.generators = [(g, g.get_state()) for g in region.generators]
         if cap.objects:  # NOTE [Stateful arguments]
@@ -203,6 +205,8 @@ class RegionCalls:
             finish_buffers(call.buffers)
             written = finish_params(call.params)
             _warn_big_buffers(call, region)
+            if call.attrs is not None:
+                _finish_attrs(call, region)
         if call.watch is not None and region is not None:
             region.generators = [g for g, _ in call.watch.generators.values()]
             call.generators = list(call.watch.generators.values())
@@ -270,6 +274,24 @@ def _storage_ptrs(tensors: Iterable[torch.Tensor | None]) -> set[int]:
         if t is not None and type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided
         and t.device.type != "meta"
     }
+
+
+def _finish_attrs(call: RegionCall, region: Region) -> None:
+    """NOTE [Module attributes]: keep the attributes the forward changed, if any."""
+    changed = changed_attrs(region.modules, call.attrs)
+    call.attrs = changed or None
+    if changed:
+        if region.attr_quiet < 0:
+            log.info(
+                "offrecomp: region %r changes attributes of its modules in its forward (%s); "
+                "its replays see them as they were at each call's entry",
+                region.name, ", ".join(sorted({k for _, d in changed for k in d}))[:200],
+            )
+        region.attr_quiet = 0
+    elif region.attr_quiet >= 0:
+        region.attr_quiet += 1
+        if region.attr_quiet >= ATTR_QUIET:
+            region.attr_quiet = -1  # copies again at its next new signature
 
 
 def _warn_big_buffers(call: RegionCall, region: Region) -> None:

@@ -1,6 +1,6 @@
 """Changes to modules while a runtime is entered, as torch's global registration hooks
 report them: buffer assignments (NOTE [Buffer saves]) and new slots (NOTE [Region
-refresh]).
+refresh]); and the plain attributes a forward changes (NOTE [Module attributes]).
 
 NOTE [Region refresh]
 A region's modules, buffer slots and parameter slots are read when the runtime is
@@ -26,12 +26,16 @@ if TYPE_CHECKING:
     from offrecomp.regions import Region
 
 __all__ = [
+    "ATTR_QUIET",
     "BufferPtrs",
+    "changed_attrs",
     "count_buffer_assignment",
     "count_module_assignment",
     "count_parameter_assignment",
+    "module_attrs",
     "module_state",
     "structure_epoch",
+    "swap_attrs",
 ]
 
 #: Buffer assignments seen while a runtime is entered (NOTE [Buffer saves]).
@@ -65,6 +69,72 @@ def module_state(modules: tuple[nn.Module, ...]) -> tuple[Any, ...]:
         out.append(tuple(tuple(getattr(m, d, ())) for d in _HOOK_DICTS))
     out.append(tuple(tuple(getattr(torch.nn.modules.module, d, ())) for d in _GLOBAL_HOOKS))
     return tuple(out)
+
+
+# NOTE [Module attributes]
+# A forward may set plain attributes of its modules: a lazily filled cache and the int
+# that says how far it is filled (rotary-embedding-torch, older Hugging Face rotary
+# embeddings), a flag set on first use, a counter. A replay restores the region's
+# buffers to their values at the call's entry, so it must see those attributes as they
+# were at entry too, or it skips filling a cache it was handed empty. A call takes a
+# shallow copy of its modules' attribute tables (``module_attrs``, a few microseconds
+# per module) when its pass is the first of its signature (where caches grow: a longer
+# sequence is a new signature) and while its region is known to change attributes; at
+# its exit it keeps only what changed (``changed_attrs``), and its replay runs with
+# those attributes as they were (replay.py), then puts back the values after the
+# forward. A region that changed none in ATTR_QUIET calls in a row stops copying until
+# its next new signature.
+
+#: Calls in a row without an attribute change after which a region stops copying them.
+ATTR_QUIET = 64
+
+_SKIP_ATTRS = frozenset({"training"})  # the replay sets train flags itself
+
+
+def module_attrs(modules: tuple[nn.Module, ...]) -> list[dict[str, Any]]:
+    """A shallow copy of each module's attribute table (NOTE [Module attributes])."""
+    return [dict(m.__dict__) for m in modules]
+
+
+_MISSING = object()
+
+
+def changed_attrs(
+    modules: tuple[nn.Module, ...], entry: list[dict[str, Any]]
+) -> list[tuple[nn.Module, dict[str, Any]]]:
+    """The attributes each module holds now that differ from ``entry`` (a value of
+    another identity, or added or removed), with their entry values (``MISSING`` for
+    one added since)."""
+    out: list[tuple[nn.Module, dict[str, Any]]] = []
+    for m, before in zip(modules, entry):
+        now = m.__dict__
+        diff = {
+            k: v for k, v in before.items()
+            if k not in _SKIP_ATTRS and (now.get(k, _MISSING) is not v and not _same_scalar(now.get(k, _MISSING), v))
+        }
+        diff.update((k, _MISSING) for k in now.keys() - before.keys() if k not in _SKIP_ATTRS)
+        if diff:
+            out.append((m, diff))
+    return out
+
+
+def _same_scalar(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and type(a) in _SCALARS and a == b
+
+
+def swap_attrs(changed: list[tuple[nn.Module, dict[str, Any]]]) -> list[tuple[nn.Module, dict[str, Any]]]:
+    """Put ``changed``'s values into the modules' tables (``MISSING``: remove); returns
+    what they held, in the same form, to put back."""
+    back: list[tuple[nn.Module, dict[str, Any]]] = []
+    for m, values in changed:
+        table = m.__dict__
+        back.append((m, {k: table.get(k, _MISSING) for k in values}))
+        for k, v in values.items():
+            if v is _MISSING:
+                table.pop(k, None)
+            else:
+                table[k] = v
+    return back
 
 
 def count_buffer_assignment(module: nn.Module, name: str, buffer: Any) -> None:

@@ -541,8 +541,8 @@ class Placer:
     # NOTE [Stale recordings]
     # A serving replay follows the op recording of its signature's measuring pass: it
     # serves outputs from held storages with the recorded geometry and checks the op
-    # sequence. Two things can make that recording describe another forward than the
-    # one being replayed while the signature stays the same:
+    # sequence. Three things can make that recording describe another forward than
+    # the one being replayed while the signature stays the same:
     # - state the forward reads changed between steps (a dropout rate schedule, a
     #   momentum, a hook added): the replay dispatches other ops or arguments than the
     #   recording. When the region's ``module_state`` (its modules' scalar attributes and
@@ -558,7 +558,11 @@ class Placer:
     #   replay; on a difference the replay runs plainly and the signature measures
     #   again. A non-contiguous input's strides are part of the signature, so layouts
     #   that alternate get a recording each.
-    # A plain replay is right in both cases: it reruns this pass's forward from its own
+    # - a recording of a call that built state on first use (a cache made and kept in
+    #   an attribute or a buffer; ``RegionStructure.self_changing``): later calls run
+    #   other ops. The first divergence replays plainly and measures the signature
+    #   again; one after that replays the region plainly from then on.
+    # A plain replay is right in all cases: it reruns this pass's forward from its own
     # checkpoint.
 
     def replay(self, call: RegionCall) -> None:
@@ -578,7 +582,7 @@ class Placer:
             structure = None  # replay the forward as it is, under no dispatch mode
         if structure is not None and structure.layout is not None and call.layout() != structure.layout:
             # NOTE [Stale recordings]: inputs or parameters of another layout
-            self._planner.relaid(call)
+            self._planner.remeasure(call, "its inputs or parameters have another layout than its recording")
             structure = None
         # a caller's dispatch mode around backward (FlopCounterMode decomposes the ops it
         # has no formula for) may show the serving mode other ops than the recording
@@ -641,14 +645,18 @@ class Placer:
                         call.name, exc,
                     )
                     continue
-                if (
-                    structure is not None and program is not None and call.region is not None
-                    and module_state(call.region.modules) != structure.state
-                ):
-                    # NOTE [Stale recordings]: the region's modules changed since the recording
-                    self._stale_recording(call, structure, str(exc).removeprefix("offrecomp: "))
-                    structure = None
-                    continue
+                region = call.region
+                if structure is not None and program is not None and region is not None:
+                    # see NOTE [Stale recordings]
+                    if structure.self_changing and not region.remeasured:
+                        region.remeasured = True  # recorded at its state's first use: again
+                        self._planner.remeasure(call, "its recording built state on first use")
+                        structure = None
+                        continue
+                    if structure.self_changing or module_state(region.modules) != structure.state:
+                        self._stale_recording(call, structure, str(exc).removeprefix("offrecomp: "))
+                        structure = None
+                        continue
                 raise ReplayDivergedError(
                     f"{exc}. The region's forward is not a deterministic function of its inputs "
                     "(data-dependent control flow, or state that changed since the forward). "
@@ -657,9 +665,9 @@ class Placer:
                 ) from exc
         end = life.mark()
         p = call.pass_state
-        # a replay inside the region's own forward (NOTE [Backward inside a forward]) is
-        # forward time, not a backward's replay
-        timed = call.exited and not life.forwards_running
+        # a replay inside the region's own forward (NOTE [Backward inside a forward]), or
+        # outside any backward (a saved tensor read before it), is not a backward's replay
+        timed = call.exited and not life.forwards_running and _graph_task_id() != -1
         if p is not None and timed and program is not None:
             p.dispatch_replays.append((start, end, len(program), run_seconds))
         elif p is not None and timed and k_seen >= 0:

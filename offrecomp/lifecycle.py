@@ -40,13 +40,14 @@ import logging
 import threading
 import time
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from offrecomp import _torch_compat as tc
 from offrecomp.config import Config
+from offrecomp.diagnostics import warn_once
 from offrecomp.measure import DeviceClock, Mark
 from offrecomp.report import StepRecord
 from offrecomp.state import PassState, RegionCall, Stage
@@ -62,6 +63,7 @@ log = logging.getLogger(__name__)
 __all__ = ["REPORT_MAX_STEPS", "Lifecycle"]
 
 _MAX_PROVISIONAL = 16  # passes without an optimizer step before every pass counts as a step
+_SIGNATURES_SEEN = 1024  # signatures remembered for PassState.new_signature
 #: Step records ``report()`` holds (the most recent; about 2 KB each). A run of a million
 #: steps would otherwise hold gigabytes of host memory; OFFRECOMP_REPORT writes every step.
 REPORT_MAX_STEPS = 10_000
@@ -101,6 +103,7 @@ class Lifecycle:
         self.explicit_steps = False  # inside rt.step(): only the block's end closes the step
         self.report_file: Any = None
         self._passes = 0
+        self._signatures_seen: OrderedDict[str, None] = OrderedDict()  # NOTE [Module attributes]
         self._step_passes: list[PassState] = []
         self._step_count = 0  # steps recorded (the next record's number)
         self._saw_optimizer = False
@@ -159,7 +162,23 @@ class Lifecycle:
             elif p is not None:
                 self.finish_pass()
             p = self._begin_pass()
+        elif self.signature is not None:
+            # a root forward joining the running pass: its signature is this pass's only
+            # when the pass began at a save before any forward (``model(model.embed(x))``);
+            # it must not become the next pass's
+            if p.signature == "unknown" and not p.calls:
+                self._adopt_signature(p)
+            self.signature, self.family, self.dims = None, "", ()
         return p
+
+    def _adopt_signature(self, p: PassState) -> None:
+        """``p`` began at a save before the model's forward, without a signature: it takes
+        the forward's, and is planned for it."""
+        p.signature, p.family, p.dims = self.signature or "unknown", self.family, self.dims
+        p.recording = p.planned = False
+        p.phase = p.plan_id = p.plan_signature = ""
+        self._note_signature(p)
+        self._planner.begin_pass(p)
 
     def _begin_pass(self) -> PassState:
         sig = self.signature or "unknown"
@@ -168,6 +187,7 @@ class Lifecycle:
             p.family, p.dims = self.family, self.dims
         self.signature, self.family, self.dims = None, "", ()
         self._passes += 1
+        self._note_signature(p)
         self._planner.begin_pass(p)
         p.start_time = time.perf_counter()
         p.start_mark = self._device.mark()
@@ -177,6 +197,14 @@ class Lifecycle:
             torch.cuda.reset_peak_memory_stats(device)
         self.current = p
         return p
+
+    def _note_signature(self, p: PassState) -> None:
+        seen = self._signatures_seen
+        p.new_signature = p.signature not in seen
+        seen[p.signature] = None
+        seen.move_to_end(p.signature)
+        if len(seen) > _SIGNATURES_SEEN:
+            seen.popitem(last=False)
 
     def backward_activity(self, call: RegionCall) -> None:
         """An unpack of ``call``'s save in a backward (or a backward reached its pass's
@@ -283,6 +311,15 @@ class Lifecycle:
     # ----------------------------------------------------------------- steps
 
     def on_optimizer_step(self, *_: Any) -> None:
+        if self._config.mode != "keep" and tc.autocast_cache_active():
+            warn_once(
+                "autocast_step",
+                "offrecomp: an optimizer stepped inside a torch.autocast context whose weight "
+                "cache is on: the forwards after it in that context run on casts made before "
+                "the step, which a replay cannot reproduce (it casts the updated weights). "
+                "Enter autocast around each forward (the AMP recipe), or pass "
+                "cache_enabled=False",
+            )
         if self.explicit_steps:
             return  # inside rt.step(): the block's end closes the step
         if tc.current_graph_task_id() != -1:

@@ -397,7 +397,6 @@ class OffloadEngine:
             compute = backend.current_stream(group.device)
             if group.state is GroupState.OFFLOADED:
                 self._reload(group, compute)
-            group.state = GroupState.FETCHED
             group.fetches += 1
             self._outstanding_bytes -= group.nbytes
             self._fetched_bytes += group.nbytes
@@ -409,6 +408,9 @@ class OffloadEngine:
                 after = backend.record_event(compute, timing=True)
                 self._timings.append(("stall", before, after, 0))
             group._waited = True
+            # FETCHED only now: another thread's fetch takes the buffer without the lock
+            # (Group.ready), and must find compute already waiting on the reload
+            group.state = GroupState.FETCHED
             backend.check()
             self._reload_host += time.perf_counter() - t0
             buffer = group._buffer

@@ -101,6 +101,12 @@ class Region:
     """Its forward runs a backward through activations from before its call (NOTE
     [Backward inside a forward]): a replay, which starts from detached inputs, cannot
     reproduce it, so its activations are kept."""
+    remeasured: bool = False
+    """A serving replay diverged from a recording its call's own first use of state had
+    shaped, and its signature measured again (NOTE [Stale recordings] in hooks.py)."""
+    attr_quiet: int = -1
+    """Calls in a row whose forward changed no module attribute since one did; -1 while
+    none has (NOTE [Module attributes] in changes.py)."""
     epoch: int = -1
     """``structure_epoch()`` when it was last read (NOTE [Region refresh] in changes.py)."""
 
@@ -255,7 +261,9 @@ def _pick_repeated_children(model: nn.Module) -> set[int]:
             continue
         by_type: dict[type, list[nn.Module]] = {}
         for child in m._modules.values():  # not children(): one block held n times repeats
-            if child is not None:
+            # a ModuleList or ModuleDict is never called (x-transformers keeps each layer's
+            # norm, block and residual in one): what it holds is looked at on its own
+            if child is not None and not isinstance(child, (nn.ModuleList, nn.ModuleDict)):
                 by_type.setdefault(type(child), []).append(child)
         for same in by_type.values():
             if len(same) >= 2:

@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from offrecomp import _torch_compat as tc
+from offrecomp.changes import swap_attrs
 from offrecomp.regions import (
     ArgState,
     autocast_contexts,
@@ -253,6 +254,21 @@ def _param_guard(call: RegionCall) -> ParamGuard | None:
 
 
 @contextlib.contextmanager
+def _attrs_as_entry(call: RegionCall) -> Iterator[None]:
+    """NOTE [Module attributes] (changes.py): the attributes the forward changed, as they
+    were at its entry; the forward's values go back afterwards."""
+    changed = call.attrs if call.exited else None
+    if not changed:
+        yield
+        return
+    back = swap_attrs(changed)
+    try:
+        yield
+    finally:
+        swap_attrs(back)
+
+
+@contextlib.contextmanager
 def _training_as_forward(call: RegionCall) -> Iterator[None]:
     """The replay runs in the train/eval mode of the forward. Otherwise a ``model.eval()``
     between forward and backward (an evaluation forward for logging) would turn dropout
@@ -301,6 +317,7 @@ def _replay_forward(
     with contextlib.ExitStack() as stack:
         stack.enter_context(_replaying())
         stack.enter_context(user_code())
+        stack.enter_context(torch.inference_mode(False))  # a backward may run under inference_mode
         stack.enter_context(torch.enable_grad())
         if call.autocast is not None:
             # NOTE [Autocast cache]: the weight cache off, but for compiled code
@@ -310,6 +327,7 @@ def _replay_forward(
         stack.enter_context(_swap_buffers(call))
         stack.enter_context(_swap_params(call))
         stack.enter_context(_training_as_forward(call))
+        stack.enter_context(_attrs_as_entry(call))
         stack.enter_context(_entry_arg_state(call))
         stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, unpack))
         guard = _param_guard(call)

@@ -293,6 +293,9 @@ class RegionCall(_WeakReferable):
     writes_state: bool = False  # its region writes its inputs or parameters: never replayed (NOTE [State written by its region])
     record: bool = False  # recorded outside a measuring pass (NOTE [Calls the profile lacks])
     watch: FirstCallWatch | None = None  # the region's first call (see FirstCallWatch)
+    attrs: Any = None
+    """Its modules' attribute tables at entry; from its exit, only the attributes its
+    forward changed, with their entry values (NOTE [Module attributes] in changes.py)."""
     generators: list[tuple[torch.Generator, torch.Tensor]] | None = None
     """The region's own generators and their states at entry (NOTE [Private generators])."""
     recorder: OpRecorder | None = None
@@ -445,6 +448,8 @@ class PassState(_WeakReferable):
     the signature's profile again (NOTE [Calls the profile lacks])."""
     phase: str = ""
     plan_id: str = ""
+    new_signature: bool = False
+    """The first pass of its signature the runtime has seen (NOTE [Module attributes])."""
     family: str = ""
     """The signature without its sizes: passes of one family differ only in tensor sizes."""
     dims: tuple[int, ...] = ()

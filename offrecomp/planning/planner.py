@@ -277,17 +277,17 @@ class Planner:
             call.name, call.call_index, index,
         )
 
-    def relaid(self, call: RegionCall) -> None:
-        """``call``'s inputs or parameters have another layout than its recording's (NOTE
-        [Stale recordings] in hooks.py): its signature measures again."""
+    def remeasure(self, call: RegionCall, why: str) -> None:
+        """``call``'s recording does not describe it (``why``; NOTE [Stale recordings] in
+        hooks.py): it replays plainly, and its signature measures again."""
         p = call.pass_state
         entry = self.entries.get(p.signature) if p is not None else None
         if entry is not None and not entry.needs_measure:
             entry.needs_measure = True
             log.info(
-                "offrecomp: region %r call %d has inputs or parameters of another layout than "
-                "its recording; it replays plainly, and signature %s measures again",
-                call.name, call.call_index, p.signature if p is not None else "",
+                "offrecomp: region %r call %d: %s; it replays plainly, and signature %s "
+                "measures again",
+                call.name, call.call_index, why, p.signature if p is not None else "",
             )
 
     def grew(self, p: PassState, call: RegionCall) -> None:

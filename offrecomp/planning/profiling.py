@@ -11,6 +11,7 @@ import torch
 
 from offrecomp.changes import module_state
 from offrecomp.measure import device_capacity_bytes
+from offrecomp.regions import buffer_of
 from offrecomp.trace import RegionStructure, build_structure
 from scheduler.profile import Profile, RegionRecord, StorageRecord
 
@@ -63,6 +64,10 @@ def record_structure(call: RegionCall, *, min_bytes: int, opaque: bool) -> None:
     call.structure.layout = call.layout()
     if region is not None:
         call.structure.state = module_state(region.modules)
+    bufs = call.buffers
+    call.structure.self_changing = bool(call.attrs) or (
+        bufs is not None and any(bufs.objects[i] is not buffer_of(*bufs.slots[i]) for i in bufs.mutated or ())
+    )
     recs = call.structure.storage_records
     call.structure.small_storages = tuple(
         i for i, s in enumerate(call.storages)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import torch
+from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]
 
 from offrecomp import _torch_compat as tc
 from offrecomp._torch_compat import tree_flatten
@@ -60,6 +61,7 @@ def _returns_rebuildable(func: Any) -> bool:
 
 
 #: What a tensor subclass without its own ``__torch_dispatch__`` inherits.
+_UNINITIALIZED: type = UninitializedTensorMixin
 _PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
 
 
@@ -68,8 +70,10 @@ def _describable(t: torch.Tensor) -> bool:
     # tensor parallelism) is a wrapper whose storage has no data pointer; one with only
     # __torch_function__ (a tagged tensor) holds its own storage, as a plain tensor does.
     cls = type(t)
-    if cls is not torch.Tensor and cls is not torch.nn.Parameter and cls.__torch_dispatch__ is not _PLAIN_DISPATCH:
-        return False
+    if cls is not torch.Tensor and cls is not torch.nn.Parameter and (
+        cls.__torch_dispatch__ is not _PLAIN_DISPATCH or issubclass(cls, _UNINITIALIZED)
+    ):
+        return False  # a lazy module's parameter before its first forward has no data either
     # a nested tensor of the strided layout has no single size or stride; a ZeroTensor
     # (forward AD's zero tangents) has a storage without data
     return t.layout == torch.strided and not t.is_meta and not t.is_nested and not t._is_zerotensor()

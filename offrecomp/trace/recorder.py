@@ -84,6 +84,18 @@ def _gen_states(devices: Sequence[int]) -> tuple[Any, ...]:
     return (cpu, cuda)
 
 
+def _generator_of(args: Any, kwargs: dict[str, Any]) -> torch.Generator | None:
+    """The ``torch.Generator`` an op draws from, passed by keyword or, as ``poisson``
+    and ``binomial`` take it, by position."""
+    gen = kwargs.get("generator")
+    if isinstance(gen, torch.Generator):
+        return gen
+    for a in args:
+        if isinstance(a, torch.Generator):
+            return a
+    return None
+
+
 def _same_gen(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     return bool(torch.equal(a[0], b[0])) and a[1] == b[1]
 
@@ -120,8 +132,8 @@ class FirstCallWatch(_RegionMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        gen = kwargs.get("generator")
-        if isinstance(gen, torch.Generator) and id(gen) not in self.generators:
+        gen = _generator_of(args, kwargs)
+        if gen is not None and id(gen) not in self.generators:
             self.generators[id(gen)] = (gen, gen.get_state())
         if self.by_ptr or (self.foreign and not self.foreign_written):
             for x in written_tensors(func, args, kwargs):  # none for a higher-order op
@@ -291,7 +303,10 @@ class OpRecorder(_RegionMode):
         if end_ev is not None:
             end_ev.record()
         if before is not None:
-            random = not _same_gen(before, _gen_states(self._cuda_devices))
+            # a draw from a generator of the region's own leaves the global ones as they were
+            random = _generator_of(args, kwargs) is not None or not _same_gen(
+                before, _gen_states(self._cuda_devices)
+            )
         written: tuple[int, ...] = ()
         if tr.writes and not higher_order:  # no schema to name them: opaque anyway
             written = tuple(self.storage_id(x) for x in written_tensors(func, args, kwargs))

@@ -125,6 +125,9 @@ class RegionStructure:
     state: tuple[Any, ...] | None = None
     """``module_state`` of the recorded call's region at its exit (NOTE [Stale
     recordings] in hooks.py)."""
+    self_changing: bool = False
+    """The recorded call changed its modules' attributes or replaced a buffer (a cache
+    built on first use): later calls may run other ops (NOTE [Stale recordings])."""
     layout: tuple[Any, ...] | None = None
     """The recorded call's ``RegionCall.layout()``: the geometry its served outputs
     assume (NOTE [Stale recordings] in hooks.py)."""

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import offrecomp
-from tests.helpers import assert_bitwise, tight_budget, variant_runtime
+from tests.helpers import assert_bitwise, tight_budget, train, variant_runtime
 from tests.models import Stack
 
 H = 16
@@ -123,3 +123,52 @@ def test_a_forward_patched_while_entered_outlives_the_exit(where: str) -> None:
         inside = model(x).detach()
     assert "forward" in target.__dict__
     assert torch.equal(model(x).detach(), inside)
+
+
+class _Rotary(nn.Module):
+    """A cache filled in place on first use, guarded by a plain int (rotary-embedding-
+    torch's pattern), grown when a longer sequence comes."""
+
+    def __init__(self, d: int = H) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d)), persistent=False)
+        self.register_buffer("cached", torch.zeros(32, d), persistent=False)
+        self.cached_len = 0
+
+    def forward(self, t: int) -> torch.Tensor:
+        if t <= self.cached_len:
+            return self.cached[:t]
+        f = torch.outer(torch.arange(t, dtype=torch.float32), self.inv_freq)
+        f = torch.cat([f, f], -1)
+        self.cached[:t] = f
+        self.cached_len = t
+        return f
+
+
+class _RotaryBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rot = _Rotary()
+        self.lin = nn.Linear(H, H)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        f = self.rot(x.shape[1])
+        return x + torch.tanh(h * f.cos() + h.flip(-1) * f.sin())
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
+def test_attributes_a_forward_sets_are_as_at_entry_in_its_replay(variant: str) -> None:
+    """NOTE [Module attributes]: the replay gets the cache as it was at entry (empty)
+    and the int guard too, so it fills the cache again; lengths grow at steps 2 and 4."""
+    torch.manual_seed(0)
+    model = Stack([_RotaryBlock() for _ in range(3)])
+    lengths = [6, 6, 9, 9, 12, 12]
+
+    def batch(s: int) -> torch.Tensor:  # train() asks for seeds 0, 10, 20, ...
+        return torch.randn(2, lengths[s // 10], H, generator=torch.Generator().manual_seed(s))
+
+    ref = train(copy.deepcopy(model), batch, steps=6)
+    budget = tight_budget(model, batch) if variant == "auto_serve" else None
+    m = copy.deepcopy(model)
+    assert_bitwise(ref, train(m, batch, variant_runtime(m, variant, budget), steps=6))

@@ -375,20 +375,67 @@ def _read_saved(t: torch.Tensor) -> None:
 
 
 def loop_read_saved(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+    first: list[torch.Tensor] = []
+    hook = model.blocks[0].register_forward_hook(lambda m, a, o: first.append(o))  # type: ignore[index]
+
     def step(i: int, out: list[Snap]) -> None:
         loss = model(_tokens(i))
+        _read_saved(first.pop())  # the first block's saves, before the later ones
         _read_saved(loss)
         loss.backward()
         out.append(_snap(model, loss))
 
-    return _sgd_loop(model, rt, 6, step)
+    try:
+        return _sgd_loop(model, rt, 6, step)
+    finally:
+        hook.remove()
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_saved_tensors_read_between_forward_and_backward(variant: str) -> None:
-    """Reading a graph's saved tensors outside any backward begins no backward: the
-    step's own backward still ends the pass, and auto goes on to plan."""
+    """Reading a graph's saved tensors outside any backward (the first block's first,
+    replaying it out of backward order) begins no backward and times no backward
+    replay: the step's own backward still ends the pass, and auto goes on to plan."""
     _run("read_saved", loop_read_saved, variant)
+
+
+EMBEDS_OUTSIDE = [16, 16, 16, 24, 12, 24, 16, 12]
+
+
+def loop_embeds_outside(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+    """The embeddings computed before the model's forward (``inputs_embeds=``): the
+    pass begins at their save, before the forward that names its signature."""
+
+    def step(i: int, out: list[Snap]) -> None:
+        idx = _tokens(i, EMBEDS_OUTSIDE[i])
+        loss = model(idx, embeds=model.emb(idx))
+        loss.backward()
+        out.append(_snap(model, loss))
+
+    return _sgd_loop(model, rt, len(EMBEDS_OUTSIDE), step)
+
+
+@pytest.mark.parametrize("variant", ["auto", "auto_tight"])
+def test_a_pass_begun_before_its_forward_takes_the_forwards_signature(variant: str) -> None:
+    """Never the previous batch's: each step is planned for its own length."""
+    rt = _run("embeds_outside", loop_embeds_outside, variant)
+    sigs = [s.signature for s in rt.report().steps]
+    assert all(f"(2, {t})" in sig for sig, t in zip(sigs, EMBEDS_OUTSIDE)), sigs
+
+
+def loop_backward_in_inference_mode(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+    def step(i: int, out: list[Snap]) -> None:
+        loss = model(_tokens(i))
+        with torch.inference_mode():
+            loss.backward()  # backward runs; the replays inside it must save
+        out.append(_snap(model, loss))
+
+    return _sgd_loop(model, rt, 4, step)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_backward_under_inference_mode(variant: str) -> None:
+    _run("backward_inference_mode", loop_backward_in_inference_mode, variant)
 
 
 def loop_accumulate_mixed_lengths(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:

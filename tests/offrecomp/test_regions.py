@@ -191,3 +191,46 @@ def test_one_block_held_several_times_is_a_region() -> None:
     assert_bitwise(ref, train(m, batch, rt, steps=2))
     assert rt.regions == ["blocks.0"]
     assert all(s.recomputed_bytes > 0 for s in rt.report().steps)
+
+
+def test_lists_that_are_never_called_are_not_regions() -> None:
+    """x-transformers keeps each layer's norm, block and residual in a ModuleList the
+    forward unpacks: those lists repeat but never run, so they are not regions (the
+    blocks inside are found by their own repeats, or named with regions=)."""
+
+    class Layered(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(
+                nn.ModuleList([nn.LayerNorm(8), models.MLPBlock(8)]) for _ in range(3)
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for norm, block in self.layers:
+                x = block(norm(x))
+            return x.sum()
+
+    assert [r.name for r in discover_regions(Layered(), None)] == []
+    assert [r.name for r in discover_regions(Layered(), [models.MLPBlock])] == [f"layers.{i}.1" for i in range(3)]
+
+
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_lazy_modules_materialised_by_a_forward_inside_the_runtime(mode: str) -> None:
+    """A dry-run forward with grad materialises LazyLinear parameters inside the
+    runtime: nothing reads an uninitialised parameter."""
+
+    class LazyBlock(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.LazyLinear(16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + torch.tanh(self.fc(x))
+
+    torch.manual_seed(0)
+    m = models.Stack([LazyBlock() for _ in range(2)])
+    with offrecomp.runtime(m, mode=mode, min_bytes=0):
+        m(torch.zeros(1, 16))
+        for s in range(3):
+            m(torch.randn(4, 16, generator=torch.Generator().manual_seed(s))).backward()
+    assert all(p.grad is not None for p in m.parameters())

@@ -462,7 +462,8 @@ def test_the_state_warning_comes_once_per_kind_of_block(caplog: pytest.LogCaptur
 
 
 class NoisyBlock(nn.Module):
-    """Injects noise drawn from a generator of its own (not the global RNG)."""
+    """Draws from a generator of its own (not the global RNG) twice: first noise no op
+    saves (a serving replay need not run it), then a scale an op saves."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -470,16 +471,32 @@ class NoisyBlock(nn.Module):
         self.gen = torch.Generator().manual_seed(7)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        noise = torch.randn(x.shape, generator=self.gen) * 0.1
-        return x + torch.tanh(self.fc(x + noise))
+        noise = torch.randn(x.shape, generator=self.gen)
+        h = torch.tanh(self.fc(x))
+        return x + 0.1 * noise + h * torch.rand(x.shape, generator=self.gen)
 
 
+class PoissonBlock(nn.Module):
+    """Draws from its own generator through ``poisson``, which takes it by position."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+        self.gen = torch.Generator().manual_seed(7)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        counts = torch.poisson(torch.full(x.shape, 2.0), self.gen)
+        return x + torch.tanh(self.fc(x)) * counts
+
+
+@pytest.mark.parametrize("block", [NoisyBlock, PoissonBlock])
 @pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
-def test_a_region_drawing_from_its_own_generator_replays_the_same_draws(variant: str) -> None:
+def test_a_region_drawing_from_its_own_generator_replays_the_same_draws(variant: str, block: type) -> None:
     """NOTE [Private generators]: the replay sets the block's generator to its state at
-    entry, as it does the global RNG; before, the replay drew the next numbers."""
+    entry, as it does the global RNG, whether an op takes it by keyword or by position;
+    a serving replay runs every draw from it (skipping one would shift the next)."""
     torch.manual_seed(0)
-    base = models.Stack([NoisyBlock() for _ in range(3)])
+    base = models.Stack([block() for _ in range(3)])
     batch = lambda s: torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(s))  # noqa: E731
     check_variant(base, batch, variant)
 

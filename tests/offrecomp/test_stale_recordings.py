@@ -129,4 +129,33 @@ def test_another_layout_at_the_same_sizes_replays_plainly(what: str, caplog: pyt
     if what == "input":
         assert len(rt.planner.entries) == 2
     else:
-        assert "has inputs or parameters of another layout than its recording" in caplog.text
+        assert "its inputs or parameters have another layout than its recording" in caplog.text
+
+
+class _LazyCacheBlock(nn.Module):
+    """Builds a position table on its first call and keeps it in a plain attribute;
+    later calls slice it: the measuring pass records the building call."""
+
+    def __init__(self, h: int = 16) -> None:
+        super().__init__()
+        self.lin = nn.Linear(h, h)
+        self.table: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.table is None:
+            self.table = torch.arange(64, dtype=torch.float32).unsqueeze(1) / 64
+        h = self.lin(x) * torch.cos(self.table[: x.shape[1]])
+        return x + torch.tanh(h)
+
+
+def test_a_recording_of_a_call_that_built_its_cache_measures_again() -> None:
+    """The serving replay of a later call diverges from the recording (it slices where
+    the recording built): it replays plainly and the signature measures again."""
+    torch.manual_seed(0)
+    model = Stack([_LazyCacheBlock() for _ in range(3)])
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(2, 12, 16, generator=torch.Generator().manual_seed(s))
+
+    rt = _check(model, batch, lambda m, s: None)
+    assert [s.phase for s in rt.report().steps][:5] == ["measure", "calibrate", "planned", "measure", "calibrate"]

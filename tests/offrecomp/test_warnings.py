@@ -144,3 +144,16 @@ def test_a_measuring_pass_whose_backward_raised_is_not_called_unfinished(caplog:
                 assert s == 0
     _Guard.on = False
     assert _unfinished(caplog) == []
+
+
+def test_an_optimizer_step_inside_an_autocast_context_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    """Autocast's weight cache serves the casts from before the step to the forwards
+    after it in the same context; a replay casts the updated weights."""
+    m = _mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    amp = torch.autocast("cpu", dtype=torch.bfloat16)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), offrecomp.runtime(m, mode="recompute"), amp:
+        for s in range(2):
+            m(torch.randn(4, 64, generator=torch.Generator().manual_seed(s))).float().sum().backward()
+            opt.step()
+    assert "stepped inside a torch.autocast context" in caplog.text
