@@ -32,6 +32,7 @@ from offrecomp.regions import (
     capture_rng,
     finish_buffers,
     finish_params,
+    has_lazy_parameters,
 )
 from offrecomp.state import PassState, RegionCall
 from offrecomp.trace import FirstCallWatch, OpRecorder, user_dispatch_modes
@@ -99,7 +100,9 @@ class RegionCalls:
         call.fixed = self._placements.fixed(call)
         if self._device.device is None:  # a model without parameters: its first input tells
             self._device.discover(first_device(args, kwargs))
-        if self._planner.needs_capture(p, call):
+        if region.lazy:
+            region.lazy = has_lazy_parameters(region.modules)
+        if not region.lazy and self._planner.needs_capture(p, call):
             self._capture(p, call, region, args, kwargs)
         if region.writes_state:
             call.writes_state = True

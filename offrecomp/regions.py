@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.lazy import LazyModuleMixin
 
 from offrecomp import _torch_compat as tc
 from offrecomp._torch_compat import TreeSpec, tree_flatten, tree_unflatten
@@ -41,6 +42,7 @@ __all__ = [
     "discover_regions",
     "finish_params",
     "modified_buffers",
+    "has_lazy_parameters",
     "modified_params",
     "param_of",
 ]
@@ -101,6 +103,10 @@ class Region:
     """Its forward runs a backward through activations from before its call (NOTE
     [Backward inside a forward]): a replay, which starts from detached inputs, cannot
     reproduce it, so its activations are kept."""
+    lazy: bool = False
+    """Holds lazy modules (``nn.LazyLinear``) whose parameters are not materialised yet:
+    its calls keep their activations until they are (the call that materialises them
+    writes them)."""
     remeasured: bool = False
     """A serving replay diverged from a recording its call's own first use of state had
     shaped, and its signature measured again (NOTE [Stale recordings] in hooks.py)."""
@@ -122,6 +128,7 @@ class Region:
         self.in_place = _compiled_in_place(self.module)
         self.compiled_self = _is_compiled(self.module) or self.in_place
         self.compiled = any(map(compiled_module, mods))
+        self.lazy = has_lazy_parameters(mods)
 
     @property
     def buffers(self) -> tuple[torch.Tensor, ...]:
@@ -130,6 +137,11 @@ class Region:
 
     def __repr__(self) -> str:
         return f"Region({self.name!r}, {type(self.module).__name__})"
+
+
+def has_lazy_parameters(modules: Iterable[nn.Module]) -> bool:
+    """Does a lazy module among ``modules`` still have uninitialised parameters?"""
+    return any(isinstance(m, LazyModuleMixin) and m.has_uninitialized_params() for m in modules)
 
 
 def buffer_of(m: nn.Module, name: str) -> torch.Tensor | None:
