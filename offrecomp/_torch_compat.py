@@ -327,6 +327,7 @@ ALL_PRIVATE_APIS: tuple[str, ...] = (
     "torch.cuda._sleep",
     "torch._C._autograd._top_saved_tensors_default_hooks",
     "torch.autograd.graph._allow_mutation_on_saved_tensors_enabled",
+    "torch.utils.flop_counter._FlopCounterMode (by name, in offrecomp/trace/scope.py)",
     "torch._C._autograd._pop_saved_tensors_default_hooks / _push_saved_tensors_default_hooks",
     "grad_fn._raw_saved_* (SavedTensor.register_hooks refusing a hooked slot)",
     "torch.utils._pytree.tree_flatten / tree_unflatten / tree_leaves / TreeSpec",

@@ -12,6 +12,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from torch.utils import flop_counter
+
 from offrecomp import _torch_compat as tc
 
 
@@ -83,8 +85,19 @@ class PassiveMode(_RegionMode):
         return func(*args, **(kwargs or {}))
 
 
+#: Dispatch modes known to leave every value as it is (they count): a replay outside one
+#: computes what the forward under it did. ``FlopCounterMode`` pushes a private mode.
+_VALUE_PRESERVING: tuple[type, ...] = tuple(
+    getattr(flop_counter, n) for n in ("_FlopCounterMode", "FlopCounterMode") if hasattr(flop_counter, n)
+)
+
+
 def user_dispatch_modes() -> list[str]:
-    """Class names of the dispatch modes active now that are not the runtime's."""
+    """Class names of the dispatch modes active now that are not the runtime's and may
+    change values."""
     if not tc.dispatch_modes_active():
         return []
-    return [type(m).__name__ for m in tc.dispatch_mode_stack() if not isinstance(m, _RegionMode)]
+    return [
+        type(m).__name__ for m in tc.dispatch_mode_stack()
+        if not isinstance(m, _RegionMode) and not isinstance(m, _VALUE_PRESERVING)
+    ]

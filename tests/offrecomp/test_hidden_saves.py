@@ -263,3 +263,21 @@ def test_calls_under_a_callers_dispatch_mode_keep(mode: str, caplog: pytest.LogC
         got = loop(m, rt)
     assert all(torch.equal(a, b) for a, b in zip(ref, got))
     assert "dispatch mode of the caller's (_RoundMatmuls)" in caplog.text
+
+
+def test_a_flop_counter_around_the_forward_only_still_recomputes() -> None:
+    """FlopCounterMode only counts: a replay outside it computes what the forward did."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    base = models.Stack([models.MLPBlock(32) for _ in range(3)])
+    m = twin(base)
+    rt = offrecomp.runtime(m, mode="recompute", min_bytes=0)
+    with rt:
+        with FlopCounterMode(display=False):
+            loss = m(_batch(0))
+        loss.backward()
+    ref = twin(base)
+    ref(_batch(0)).backward()
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(ref.parameters(), m.parameters()))
+    assert rt.report().steps[-1].recomputed_bytes > 0
