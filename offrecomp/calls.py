@@ -172,6 +172,7 @@ class RegionCalls:
         call.buffers = capture_buffers(region.slots)
         call.params = capture_params(region.param_slots)
         call.training = tuple(m.training for m in region.modules)
+        call.default_dtype = torch.get_default_dtype()
         if p.new_signature or region.attr_quiet >= 0:  # NOTE [Module attributes]
             call.attrs = module_attrs(region.modules)
         if region.generators:  # NOTE [Private generators]

@@ -254,6 +254,22 @@ def _param_guard(call: RegionCall) -> ParamGuard | None:
 
 
 @contextlib.contextmanager
+def _default_dtype_as_forward(call: RegionCall) -> Iterator[None]:
+    """Factory ops (``torch.ones``, ``linspace``) in the replay make the dtype they made
+    in the forward, whatever the default is when backward runs."""
+    dtype = call.default_dtype
+    now = torch.get_default_dtype()
+    if dtype is None or dtype == now:
+        yield
+        return
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(now)
+
+
+@contextlib.contextmanager
 def _attrs_as_entry(call: RegionCall) -> Iterator[None]:
     """NOTE [Module attributes] (changes.py): the attributes the forward changed, as they
     were at its entry; the forward's values go back afterwards."""
@@ -328,6 +344,7 @@ def _replay_forward(
         stack.enter_context(_swap_params(call))
         stack.enter_context(_training_as_forward(call))
         stack.enter_context(_attrs_as_entry(call))
+        stack.enter_context(_default_dtype_as_forward(call))
         stack.enter_context(_entry_arg_state(call))
         stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, unpack))
         guard = _param_guard(call)

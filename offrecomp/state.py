@@ -293,6 +293,8 @@ class RegionCall(_WeakReferable):
     writes_state: bool = False  # its region writes its inputs or parameters: never replayed (NOTE [State written by its region])
     record: bool = False  # recorded outside a measuring pass (NOTE [Calls the profile lacks])
     watch: FirstCallWatch | None = None  # the region's first call (see FirstCallWatch)
+    default_dtype: torch.dtype | None = None
+    """``torch.get_default_dtype()`` at entry: a replay's factory ops make that dtype."""
     attrs: Any = None
     """Its modules' attribute tables at entry; from its exit, only the attributes its
     forward changed, with their entry values (NOTE [Module attributes] in changes.py)."""

@@ -828,3 +828,38 @@ def test_a_region_input_written_after_its_region_is_an_error_also_when_offloaded
         loss = m(torch.randn(8, 16))
         with pytest.raises(RuntimeError, match=r"input 0 of region 'blocks.1' was modified in place"):
             loss.backward()
+
+
+class _FactoryBlock(nn.Module):
+    """Makes a tensor with a factory op (default dtype) that an op saves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ramp = torch.linspace(0.0, 1.0, 16).to(x.dtype)
+        return x + torch.tanh(self.fc(x)) * torch.sin(ramp)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_a_default_dtype_changed_before_backward_is_the_forwards_in_replay(mode: str) -> None:
+    torch.manual_seed(0)
+    base = models.Stack([_FactoryBlock() for _ in range(3)])
+
+    def step(m: nn.Module, rt: Any = None) -> list[torch.Tensor]:
+        with rt if rt is not None else contextlib.nullcontext():
+            for s in range(3):
+                loss = m(torch.randn(4, 16, generator=torch.Generator().manual_seed(s)))
+                old = torch.get_default_dtype()
+                torch.set_default_dtype(torch.float64)
+                try:
+                    loss.backward()
+                finally:
+                    torch.set_default_dtype(old)
+        return [p.grad.clone() for p in m.parameters()]
+
+    ref = step(twin(base))
+    m = twin(base)
+    got = step(m, offrecomp.runtime(m, mode=mode, min_bytes=0, budget=1 if mode == "auto" else None))
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
