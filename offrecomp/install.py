@@ -325,6 +325,7 @@ class Installer:
 
         begin_h, fail = self._host(begin), self._host(life.abort)
         watch_h = self._host(life.watch_unseen_backward)
+        graphs_h = self._host(life.watch_graphs)
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
@@ -341,6 +342,7 @@ class Installer:
                     fail(p, exc)
                     raise
                 watch_h(p, out)
+                graphs_h(p, out)
                 return out
 
             return self._wrapper(forward)

@@ -162,6 +162,12 @@ class Lifecycle:
             elif p is not None:
                 self.finish_pass()
             p = self._begin_pass()
+        elif self.signature is not None and p.graphs and all(r() is None for r in p.graphs):
+            # NOTE [Dropped graphs]: a root forward after every graph of the running pass
+            # was dropped without backward (a metric forward with grad): a pass of its own
+            p.aborted = True
+            self.finish_pass()
+            p = self._begin_pass()
         elif self.signature is not None:
             # a root forward joining the running pass: its signature is this pass's only
             # when the pass began at a save before any forward (``model(model.embed(x))``);
@@ -228,6 +234,16 @@ class Lifecycle:
             self._groups.issue(p.root)  # NOTE [Offload groups]: the last run of root saves
         with contextlib.suppress(RuntimeError):
             tc.queue_backward_callback(functools.partial(self._backward_done, weakref.ref(p)))
+
+    def watch_graphs(self, p: PassState, out: Any) -> None:
+        """NOTE [Dropped graphs]: mark the graphs a root forward of ``p`` returned."""
+        if p is not self.current or p.stage is not FORWARD:
+            return
+        for t in tc.tree_leaves(out)[:8]:
+            if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+                marker = _GraphMarker()
+                t.grad_fn.metadata["offrecomp_graph"] = marker  # type: ignore[index]
+                p.graphs.append(weakref.ref(marker))
 
     def watch_unseen_backward(self, p: PassState, out: Any) -> None:
         """NOTE [Backward without saves]: watch the root output of a pass that saved
@@ -430,6 +446,24 @@ class Lifecycle:
         if p is not None and call.replay_resident:
             p.stats.add_resident(-call.replay_resident)
             call.replay_resident = 0
+
+
+class _GraphMarker:
+    """Held by a root output's autograd node only (NOTE [Dropped graphs])."""
+
+    __slots__ = ("__weakref__",)
+
+
+# NOTE [Dropped graphs]
+# A forward with grad whose graph is dropped without backward (a metric or validation
+# forward, an EMA model evaluated with grad on) leaves its pass in the forward stage; the
+# next training forward would join it, and run under the metric's signature and plan.
+# Each root forward hangs a marker object on the autograd nodes of the tensors it returns
+# (``grad_fn.metadata``), and the pass keeps weak references to them: once all are dead,
+# every graph the pass's forwards returned is gone, so a root forward that begins then
+# ends that pass (as aborted: it taught nothing) and begins its own. A graph still
+# referenced (two forwards, then one backward of both) keeps its marker, and the forward
+# joins the pass as before.
 
 
 def _unseen_backward(lref: weakref.ref[Lifecycle], cref: weakref.ref[RegionCall], _grads: Any) -> None:

@@ -436,7 +436,7 @@ class Planner:
         rec = records.step_record(step, passes, mode)
         if mode != "auto" or self.host.user_plan is not None:
             self.last_forced = passes[-1:]  # summarised when explain() asks, not every step
-        first = passes[0]
+        first = next((q for q in passes if not q.aborted), passes[0])  # as records.step_record
         entry = self.entries.get(first.signature)
         plan = self.active_plan(entry) if entry is not None else None
         if plan is not None and first.planned:

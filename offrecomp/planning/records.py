@@ -32,7 +32,10 @@ def step_record(step: int, passes: list[PassState], mode: str) -> StepRecord:
     have landed (checked with ``query()``, never a host sync in the training loop);
     ``report()`` and leaving the context wait for the rest.
     """
-    first, last = passes[0], passes[-1]
+    # the step is its first pass with a backward, not a dropped graph's (NOTE [Dropped
+    # graphs]) or a failed forward's
+    first = next((q for q in passes if not q.aborted), passes[0])
+    last = passes[-1]
     rec = StepRecord(step=step, passes=len(passes), signature=first.signature, mode=mode)
     rec.phase = first.phase
     # a step of several passes (gradient accumulation) shows each phase it ran: its

@@ -423,6 +423,42 @@ def test_a_pass_begun_before_its_forward_takes_the_forwards_signature(variant: s
     assert all(f"(2, {t})" in sig for sig, t in zip(sigs, EMBEDS_OUTSIDE)), sigs
 
 
+METRIC_LENGTHS = [16, 24, 16, 12, 24, 16, 12, 24, 16]
+
+
+def loop_metric_forward_with_grad(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+    """After each optimizer step, a metric forward in eval mode with grad left on, whose
+    graph is dropped at once."""
+    val = _tokens(999, 20)
+
+    def step(i: int, out: list[Snap]) -> None:
+        loss = model(_tokens(i, METRIC_LENGTHS[i]))
+        loss.backward()
+        out.append(_snap(model, loss))
+
+    torch.manual_seed(1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    snaps: list[Snap] = []
+    with _ctx(rt):
+        for i in range(len(METRIC_LENGTHS)):
+            step(i, snaps)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            model.eval()
+            model(val).item()
+            model.train()
+    return [*snaps, _final(model)]
+
+
+@pytest.mark.parametrize("variant", ["auto", "auto_tight"])
+def test_a_dropped_metric_forward_does_not_become_the_next_steps_pass(variant: str) -> None:
+    """NOTE [Dropped graphs]: the training forward after it begins a pass of its own,
+    under its own signature, not the metric's."""
+    rt = _run("metric_forward", loop_metric_forward_with_grad, variant)
+    sigs = [s.signature for s in rt.report().steps][: len(METRIC_LENGTHS)]
+    assert all(sig.startswith("train|") and f"(2, {t})" in sig for sig, t in zip(sigs, METRIC_LENGTHS)), sigs
+
+
 def loop_backward_in_inference_mode(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
     def step(i: int, out: list[Snap]) -> None:
         loss = model(_tokens(i))
