@@ -463,7 +463,7 @@ class _GraphMarker:
 # every graph the pass's forwards returned is gone, so a root forward that begins then
 # ends that pass (as aborted: it taught nothing) and begins its own. A graph still
 # referenced (two forwards, then one backward of both) keeps its marker, and the forward
-# joins the pass as before.
+# joins the pass.
 
 
 def _unseen_backward(lref: weakref.ref[Lifecycle], cref: weakref.ref[RegionCall], _grads: Any) -> None:

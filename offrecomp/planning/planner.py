@@ -92,7 +92,7 @@ class Planner:
     # read in order, and at a pass's start only those whose events have landed and only
     # for `CATCH_UP_SECONDS` (one record at least). A calibration a record still holds
     # back is read with a wait before the pass that needs its plan
-    # (`_begin_pass`, NOTE [Calibration]), so plans are ready as before: a signature
+    # (`_begin_pass`, NOTE [Calibration]), so plans are ready on time: a signature
     # measures, calibrates and plans from its third pass.
 
     def _catch_up(self, seconds: float | None, holder: PassState | None = None) -> None:

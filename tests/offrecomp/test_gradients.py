@@ -218,7 +218,7 @@ def test_explicit_steps_inside_and_outside_the_context() -> None:
 
 def test_steps_outside_explicit_ones_are_found_automatically() -> None:
     """An rt.step() block closes its own step; iterations outside such blocks are closed
-    by their optimizer step as before, so passes do not pile up unretired and auto goes
+    by their optimizer step, so passes do not pile up unretired and auto goes
     on to plan."""
     model, batch = make("gpt_dropout")
     m = twin(model)

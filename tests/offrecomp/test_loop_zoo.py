@@ -347,9 +347,8 @@ def loop_length_warmup(model: nn.Module, rt: offrecomp.Runtime | None) -> list[S
 @pytest.mark.parametrize("variant", ["auto", "auto_tight"])
 def test_sequence_length_warmup_measures_only_when_grown_by_a_quarter(variant: str) -> None:
     """NOTE [Borrowed plans]: a new length within 25% of a profiled one runs a plain
-    full recompute on first sight; one grown further measures; the final length plans.
-    Before, each new length was a measuring pass (a full recompute under the op
-    recorder)."""
+    full recompute on first sight, not a measuring pass (a full recompute under the op
+    recorder); one grown further measures; the final length plans."""
     rt = _run("warmup", loop_length_warmup, variant)
     phases = [s.phase for s in rt.report().steps]
     assert phases == [
@@ -1071,8 +1070,8 @@ def loop_gan(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_gan_under_one_runtime(variant: str) -> None:
     """NOTE [Container roots]: each kind of pass has its own signature, named by the
-    model it began in, and its own plan. Before, all three were "unknown": one profile
-    that each pass type extended, and one plan solved for the longest."""
+    model it began in, and its own plan, rather than one "unknown" profile that each
+    pass type extends and one plan solved for the longest."""
     rt = _run("gan", loop_gan, variant, factory=_gan)
     steps = rt.report().steps
     assert len(steps) == 16  # two optimizer steps per iteration

@@ -313,8 +313,8 @@ def _alternating(s: int) -> torch.Tensor:
 
 def test_calls_the_profile_lacks_extend_it_instead_of_measuring_again() -> None:
     """NOTE [Calls the profile lacks]: depths that alternate step by step are recorded
-    within the planned pass that runs the extra calls, once; before, each such pass sent
-    the signature back to a measuring pass (full recompute), for good."""
+    within the planned pass that runs the extra calls, once; sending the signature back
+    to a measuring pass (full recompute) at each such pass would do so for good."""
     torch.manual_seed(0)
     base = AdaptiveDepth()
     ref = train(twin(base), _alternating, steps=10)
@@ -474,8 +474,8 @@ class ComplexModel(torch.nn.Module):
 
 
 def test_a_pass_whose_saves_are_all_kept_as_they_are_still_ends() -> None:
-    """The backward of a pass is seen through any save, also one kept as it is; before,
-    such a pass never ended: one step for the whole loop, measured forever."""
+    """The backward of a pass is seen through any save, also one kept as it is; otherwise
+    such a pass would never end: one step for the whole loop, measured forever."""
     torch.manual_seed(0)
     m = ComplexModel()
     batch = lambda s: torch.randn(4, 8, dtype=torch.cfloat, generator=torch.Generator().manual_seed(s))  # noqa: E731
@@ -551,9 +551,9 @@ def _two_lengths(s: int) -> torch.Tensor:
 def test_each_pass_of_a_step_is_learnt_by_its_own_signature() -> None:
     """Gradient accumulation over micro-batches of two lengths: two signatures in every
     step. Each pass's times go to its own signature's cost model, so both calibrate once
-    and plan; before, every pass of a step was learnt into the first pass's signature
-    (whose model then mixed both lengths' times), and the second signature calibrated (a
-    full recompute) at every step."""
+    and plan. Learnt into the first pass's signature, the second's times would mix both
+    lengths in one model, and the second signature would calibrate (a full recompute) at
+    every step."""
     torch.manual_seed(0)
     model = make("gpt_dropout")[0]
     ref = train(twin(model), _two_lengths, steps=6, accumulate=2)

@@ -504,9 +504,9 @@ def test_a_region_drawing_from_its_own_generator_replays_the_same_draws(variant:
 @pytest.mark.parametrize("mode", ["recompute", "auto"])
 def test_replay_runs_in_the_train_mode_of_its_forward(mode: str) -> None:
     """A ``model.eval()`` between forward and backward (an evaluation forward for
-    logging): the replay still runs in training mode, dropout included; before, it ran
-    in eval mode and diverged (or, with a branch on ``self.training`` that saves the same
-    tensors, computed other values)."""
+    logging): the replay still runs in training mode, dropout included; in eval mode it
+    would diverge (or, with a branch on ``self.training`` that saves the same tensors,
+    compute other values)."""
 
     def step(m: nn.Module) -> list[torch.Tensor]:
         torch.manual_seed(5)

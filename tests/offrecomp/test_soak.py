@@ -50,8 +50,8 @@ def test_200_step_soak_with_varying_sequence_lengths() -> None:
     # most once: when it is the longest so far (a plain full recompute instead when it
     # is within a quarter of a profiled one, the first time), or when seen again with no
     # cached length covering it; the shorter ones run the plan of the shortest cached
-    # length covering them. Before, the cache thrashed: most steps measured, a full
-    # recompute under the op recorder.
+    # length covering them, so the cache does not thrash (most steps measuring, a full
+    # recompute under the op recorder).
     assert phases.count("measure") <= 6, phases
     assert phases.count("borrowed") > 100, phases
     assert rt.offload_engine is None
