@@ -19,6 +19,7 @@ from offrecomp import _torch_compat as tc
 from offrecomp.changes import ATTR_QUIET, changed_attrs, module_attrs, structure_epoch
 from offrecomp.config import Config
 from offrecomp.diagnostics import kind, runs_collectives, warn_collective, warn_once
+from offrecomp.groups import reads_bytes_as_stored
 from offrecomp.measure import DeviceClock
 from offrecomp.regions import (
     ARG_STATE_MAX_ITEMS,
@@ -197,7 +198,7 @@ class RegionCalls:
             if t is None:
                 continue
             rec = placer.add_input_storage(p, call, t)
-            if rec is not None and rec.placement == OFFLOAD and rec.group is not None and not (t.is_neg() or t.is_conj()):
+            if rec is not None and rec.placement == OFFLOAD and rec.group is not None and reads_bytes_as_stored(t):
                 call.offloaded_inputs[i] = (rec, (tuple(t.shape), tuple(t.stride()), int(t.storage_offset()), t.dtype))
 
     def exit(self, call: RegionCall) -> None:

@@ -103,15 +103,16 @@ def changed_attrs(
     modules: tuple[nn.Module, ...], entry: list[dict[str, Any]]
 ) -> list[tuple[nn.Module, dict[str, Any]]]:
     """The attributes each module holds now that differ from ``entry`` (a value of
-    another identity, or added or removed), with their entry values (``MISSING`` for
+    another identity, or added or removed), with their entry values (``_MISSING`` for
     one added since)."""
     out: list[tuple[nn.Module, dict[str, Any]]] = []
     for m, before in zip(modules, entry):
         now = m.__dict__
-        diff = {
-            k: v for k, v in before.items()
-            if k not in _SKIP_ATTRS and (now.get(k, _MISSING) is not v and not _same_scalar(now.get(k, _MISSING), v))
-        }
+        diff: dict[str, Any] = {}
+        for k, v in before.items():
+            cur = now.get(k, _MISSING)
+            if cur is not v and not _same_scalar(cur, v) and k not in _SKIP_ATTRS:
+                diff[k] = v
         diff.update((k, _MISSING) for k in now.keys() - before.keys() if k not in _SKIP_ATTRS)
         if diff:
             out.append((m, diff))

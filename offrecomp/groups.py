@@ -42,9 +42,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["OffloadGroups"]
+__all__ = ["OffloadGroups", "reads_bytes_as_stored"]
 
 KEEP = Placement.KEEP
+
+
+def reads_bytes_as_stored(t: torch.Tensor) -> bool:
+    """Offload moves bytes only: a view that reads its storage negated or conjugated
+    (``z.conj().imag``) would come back without that bit, so such a save or region input
+    stays as it is, also when its storage is offloaded for another view."""
+    return not (t.is_neg() or t.is_conj())
 
 
 class OffloadGroups:
@@ -96,7 +103,7 @@ class OffloadGroups:
             here = t.is_cpu
         else:
             here = t.device.type == kind
-        return here and not (t.is_neg() or t.is_conj())
+        return here and reads_bytes_as_stored(t)
 
     def admit(self, nbytes: int) -> bool:
         """Room in the pinned pool for a storage of ``nbytes``? On True the caller adds it

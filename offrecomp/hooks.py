@@ -37,6 +37,7 @@ from offrecomp import _torch_compat as tc
 from offrecomp.changes import module_state
 from offrecomp.config import Config
 from offrecomp.diagnostics import kind, warn_once
+from offrecomp.groups import reads_bytes_as_stored
 from offrecomp.placement import Placements, untracked_alias
 from offrecomp.regions import replay_arguments
 from offrecomp.replay import replay_call
@@ -197,10 +198,8 @@ class Placer:
             # record whose call was released (its copy freed): a new save of the same
             # storage is a new storage.
             rec = self._new_storage(p, call, t, ptr, storage)
-        elif rec.placement is OFFLOAD and (t.is_neg() or t.is_conj()):
-            # a view reading the offloaded storage negated or conjugated: offload moves
-            # bytes only (OffloadGroups.offloadable), so this save stays as it is
-            return _Plain(t, call)
+        elif rec.placement is OFFLOAD and not reads_bytes_as_stored(t):
+            return _Plain(t, call)  # another view of an offloaded storage, negated: as it is
         placement = rec.placement
         if placement is None:
             return _Plain(t, call)
@@ -625,8 +624,7 @@ class Placer:
                 if structure is not None and program is not None and isinstance(exc, CastDivergedError):
                     # NOTE [Autocast cache]: a parameter object other than the recorded one
                     # (parameters replaced since the recording): replay this region plainly
-                    structure.opaque = True
-                    self._planner.opaque_regions.add(call.name)
+                    self._planner.distrust(call.name, structure)
                     structure = None
                     log.warning(
                         "offrecomp: replay of region %r under the dispatch mode diverged at a cast "
@@ -678,8 +676,7 @@ class Placer:
 
     def _stale_recording(self, call: RegionCall, structure: Any, why: str) -> None:
         """NOTE [Stale recordings]: ``call``'s region replays plainly from now on."""
-        structure.opaque = True
-        self._planner.opaque_regions.add(call.name)
+        self._planner.distrust(call.name, structure)
         warn_once(
             f"stale:{call.name}",
             "offrecomp: region %r no longer runs the ops its measuring pass recorded (%s): "

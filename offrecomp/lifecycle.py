@@ -156,17 +156,18 @@ class Lifecycle:
         p = self.current
         if between_backwards and p is not None and p.stage is AWAITING and not p.aborted:
             return p
+        if (
+            self.signature is not None and p is not None and p.stage is FORWARD and p.graphs
+            and all(r() is None for r in p.graphs)
+        ):
+            # NOTE [Dropped graphs]: a root forward after every graph of the running pass
+            # was dropped without backward (a metric forward with grad): a pass of its own
+            p.aborted = True
         if p is None or p.stage is not FORWARD or p.aborted:
             if p is not None and self._stepped_in_backward:
                 self._optimizer_stepped()  # its backward's end went unseen: end the step now
             elif p is not None:
                 self.finish_pass()
-            p = self._begin_pass()
-        elif self.signature is not None and p.graphs and all(r() is None for r in p.graphs):
-            # NOTE [Dropped graphs]: a root forward after every graph of the running pass
-            # was dropped without backward (a metric forward with grad): a pass of its own
-            p.aborted = True
-            self.finish_pass()
             p = self._begin_pass()
         elif self.signature is not None:
             # a root forward joining the running pass: its signature is this pass's only

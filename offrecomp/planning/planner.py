@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from offrecomp.regions import Region
     from offrecomp.report import StepRecord
     from offrecomp.state import PassState, RegionCall
+    from offrecomp.trace import RegionStructure
     from scheduler.profile import Profile
 
 log = logging.getLogger(__name__)
@@ -262,8 +263,7 @@ class Planner:
             # What ran unrecorded differs from what was recorded (code that behaves
             # differently under a dispatch mode): never trust the recording of this
             # region again.
-            structure.opaque = True
-            self.opaque_regions.add(call.name)
+            self.distrust(call.name, structure)
         region = call.region
         if region is not None:
             if call.passive is not None:  # NOTE [Replay], step 7
@@ -276,6 +276,12 @@ class Planner:
             "dropping its activations this pass and measuring again",
             call.name, call.call_index, index,
         )
+
+    def distrust(self, name: str, structure: RegionStructure) -> None:
+        """Region ``name``'s recording proved untrustworthy: its replays run plainly from
+        now on, and profiles made later treat it as opaque."""
+        structure.opaque = True
+        self.opaque_regions.add(name)
 
     def remeasure(self, call: RegionCall, why: str) -> None:
         """``call``'s recording does not describe it (``why``; NOTE [Stale recordings] in
