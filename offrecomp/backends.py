@@ -463,15 +463,15 @@ class EmulatedBackend(Backend):
         def copy() -> None:
             if delay > 0:
                 time.sleep(delay)
-            counts = [sys.getrefcount(x) for x in held]  # each read the same way
-            alone = counts[-1]  # the probe: only this list holds it
-            for n, dst in zip(counts, dsts):
-                if n <= alone:
-                    raise RuntimeError(
-                        f"copy source ({dst.numel() * dst.element_size()} bytes) was freed "
-                        "before its copy ran: device memory would have been reused under an "
-                        "in-flight copy"
-                    )
+            counts = list(map(sys.getrefcount, held))  # each read the same way
+            alone = counts.pop()  # the probe: only this list holds it
+            if counts and min(counts) <= alone:
+                dst = dsts[next(i for i, n in enumerate(counts) if n <= alone)]
+                raise RuntimeError(
+                    f"copy source ({dst.numel() * dst.element_size()} bytes) was freed "
+                    "before its copy ran: device memory would have been reused under an "
+                    "in-flight copy"
+                )
             tc.foreach_copy_(dsts, held[:-1])  # type: ignore[arg-type]  # one call for the group
 
         self._enqueue(stream, copy)

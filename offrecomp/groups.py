@@ -27,6 +27,8 @@ past exit): the last freed offload group closes it then.
 from __future__ import annotations
 
 import logging
+import operator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -45,6 +47,8 @@ log = logging.getLogger(__name__)
 __all__ = ["OffloadGroups", "reads_bytes_as_stored"]
 
 KEEP = Placement.KEEP
+_IS_CUDA = operator.attrgetter("is_cuda")
+_IS_CPU = operator.attrgetter("is_cpu")
 
 
 def reads_bytes_as_stored(t: torch.Tensor) -> bool:
@@ -64,6 +68,7 @@ class OffloadGroups:
         self.live_groups = 0  # opened and not yet freed
         self.closing = False  # free the pool once nothing needs it
         self.entered = False  # the runtime is entered (its pool stays)
+        self._on_device: Callable[[torch.Tensor], bool] | None = None  # set at the first admit
 
     # ------------------------------------------------------------ the engine
 
@@ -90,24 +95,22 @@ class OffloadGroups:
             log.info("offrecomp: offload engine on %s, host limit %s", device, format_bytes(host_limit))
         return self.engine
 
-    def offloadable(self, t: torch.Tensor) -> bool:
-        """Offload moves tensors of the runtime's device (on CPU: the emulated path), and
-        only their bytes: a view that reads its storage negated or conjugated
-        (``z.conj().imag``) would come back without that bit, so it stays."""
-        device = self._device.device
-        kind = device.type if device is not None else "cpu"
-        # is_cuda and is_cpu are flags; t.device makes a device object (a third of a µs)
-        if kind == "cuda":
-            here = t.is_cuda
-        elif kind == "cpu":
-            here = t.is_cpu
-        else:
-            here = t.device.type == kind
-        return here and reads_bytes_as_stored(t)
-
-    def admit(self, nbytes: int) -> bool:
-        """Room in the pinned pool for a storage of ``nbytes``? On True the caller adds it
-        to a group (``add``)."""
+    def admit(self, t: torch.Tensor, nbytes: int) -> bool | None:
+        """May the ``nbytes`` storage behind ``t`` go to host memory? None: it cannot move
+        (not of the runtime's device: on a GPU run, a CPU tensor is in host memory
+        already; or a view that reads it negated or conjugated, as offload moves bytes
+        only); False: the pinned pool has no room; True: admitted, and the caller adds
+        it to a group (``add``)."""
+        on_device = self._on_device
+        if on_device is None:
+            device = self._device.device
+            kind = device.type if device is not None else "cpu"
+            # is_cuda and is_cpu are flags; t.device makes a device object (a third of a µs)
+            on_device = self._on_device = (
+                _IS_CUDA if kind == "cuda" else _IS_CPU if kind == "cpu" else lambda x: x.device.type == kind
+            )
+        if not on_device(t) or t.is_neg() or t.is_conj():
+            return None
         return (self.engine or self.get_engine()).admit(nbytes)
 
     def end_step(self) -> OffloadStats | None:
@@ -120,18 +123,24 @@ class OffloadGroups:
 
     # ---------------------------------------------------------------- groups
 
-    def add(self, call: RegionCall, rec: StorageRec, source: Any) -> None:
-        """Add an admitted OFFLOAD storage to ``call``'s open group."""
+    def add(self, call: RegionCall, rec: StorageRec, t: torch.Tensor, storage: Any) -> None:
+        """Add an admitted OFFLOAD storage (behind ``t``) to ``call``'s open group: as an
+        alias of ``t`` when ``t`` covers it (NOTE [Typed sources] in offload.py), else as
+        the storage."""
         engine = self.engine
         assert engine is not None  # it admitted the storage
         group = call.group
-        p = call.pass_state
         if group is None:
-            group = call.group = engine.open_group(len(p.calls) if p is not None else 0, source.device)
+            p = call.pass_state
+            group = call.group = engine.open_group(len(p.calls) if p is not None else 0, storage.device)
             call.groups.append(group)
             self.live_groups += 1
         rec.group = group
-        rec.slot = group.add(source, rec.nbytes)
+        nbytes = rec.nbytes
+        if t.nbytes == nbytes and t.is_contiguous():
+            rec.slot = group.add(t.data, nbytes, (t.dtype, t.shape))
+        else:
+            rec.slot = group.add(storage, nbytes)
 
     def issue(self, call: RegionCall) -> None:
         """Copy ``call``'s open group to host (its exit, or the end of a root run); a group

@@ -154,6 +154,7 @@ class Placer:
         self._buffers = buffers
         self._packs = 0
         self._unpacks = 0
+        self._release = self.release_call  # one bound method, not one per save
 
     # ------------------------------------------------------------------- pack
 
@@ -214,7 +215,7 @@ class Placer:
             kept.alias = t.detach()
             kept.version = t._version
             return kept
-        h = SavedHandle(rec, idx, t, call.lease(self.release_call))
+        h = SavedHandle(rec, idx, t, call.lease(self._release))
         if placement is RECOMPUTE:
             call.dropped[idx] = weakref.ref(h)
             if self._config.verify:
@@ -269,7 +270,9 @@ class Placer:
             rec.aliased = True
         if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
             rec.save_mark = self._life.mark()
-        if placement is KEEP and fallback is None:
+        if fallback is not None:
+            self._account(p, call, rec, t, storage, fallback)
+        elif placement is KEEP:
             # PassStats.keep, inlined: one call less on the hottest path
             stats = p.stats
             rec.resident = True
@@ -277,11 +280,16 @@ class Placer:
             resident = stats.resident_bytes = stats.resident_bytes + nbytes
             if resident > stats.peak_resident_bytes:
                 stats.peak_resident_bytes = resident
+        elif placement is OFFLOAD:
+            self._groups.add(call, rec, t, storage)
+            p.stats.offloaded_bytes += nbytes
         else:
-            self._account(p, call, rec, storage, fallback)
+            self._account(p, call, rec, t, storage, fallback)
         return rec
 
-    def _account(self, p: PassState, call: RegionCall, rec: StorageRec, source: Any, fallback: str | None) -> None:
+    def _account(
+        self, p: PassState, call: RegionCall, rec: StorageRec, t: torch.Tensor, storage: Any, fallback: str | None
+    ) -> None:
         """Carry out a new storage's placement: an offload joins its call's group; the
         bytes count as kept, offloaded or dropped."""
         stats = p.stats
@@ -291,7 +299,7 @@ class Placer:
         if placement is KEEP:
             stats.keep(rec)
         elif placement is OFFLOAD:
-            self._groups.add(call, rec, source)
+            self._groups.add(call, rec, t, storage)
             stats.offloaded_bytes += rec.nbytes
         else:
             stats.recomputed_bytes += rec.nbytes
@@ -319,7 +327,7 @@ class Placer:
         p.stats.input_bytes += nbytes
         if placement is KEEP:
             rec.tensor = t
-        self._account(p, call, rec, storage, fallback)
+        self._account(p, call, rec, t, storage, fallback)
         return rec
 
     # ---------------------------------------------------------------- release
@@ -402,7 +410,7 @@ class Placer:
         call = rec.call
         orig = h()
         if orig is not None:
-            if int(orig._version) != h.version:
+            if orig._version != h.version:
                 raise _modified_error(_where(call), h.pack_index, h.version, int(orig._version))
             if h.grad_fn and orig.is_leaf:
                 raise _detached_error(_where(call), h.pack_index)
@@ -500,7 +508,7 @@ class Placer:
         group = rec.group
         assert group is not None
         dtype = h.dtype
-        typed = group.typed_if_fetched(dtype)
+        typed = group.typed_views.get(dtype)  # fetched, and a save of this dtype handed out
         if typed is None:
             self._groups.fetch(group, rec.call)
             typed = group.typed(dtype)

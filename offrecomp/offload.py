@@ -30,7 +30,7 @@ import torch
 
 from offrecomp.backends import Backend, Event, Stream
 from offrecomp.config import Prefetch, format_bytes
-from offrecomp.pool import Block, FailureReason, PinnedPool, aligned
+from offrecomp.pool import ALIGN_BYTES, Block, FailureReason, PinnedPool
 from offrecomp.transfer import Group, GroupState, OffloadStats, gbps
 
 __all__ = ["OffloadEngine"]
@@ -97,6 +97,16 @@ TIME_EVERY = 4
 # of the last groups land while backward starts, and their sources go at the next poll.
 # A group larger than the window is waited on at once: its offload still frees device
 # memory, but compute no longer overlaps that copy.
+
+# NOTE [Typed sources]
+# A copy needs a tensor on each side. A saved tensor that is contiguous and covers its
+# whole storage (most activations) joins its group as ``t.data``, an alias outside
+# autograd (the cheapest tensor torch makes: no dispatcher call, no view record), and
+# its slot's host view takes the same dtype and size: the copy then moves the storage's
+# bytes with no tensor made at issue. Any other storage (a view of part of it, a
+# permuted layout, a region input) joins as the storage, and issue() makes one flat
+# uint8 tensor over it. Slot views are made once per block and layout (sizes and
+# geometries), so a step that repeats the last one's groups makes none.
 
 # NOTE [Window under a plan]
 # The window is the backpressure of forced offload, where nothing else bounds what
@@ -169,15 +179,21 @@ _TimingKind = Literal["d2h", "h2d", "stall"]
 
 
 def _slot_views(block: Block, group: Group) -> list[torch.Tensor]:
-    """The host views of ``group``'s slots in ``block``, sliced once per block and layout
-    (NOTE [Idle blocks]: a step's groups get back the blocks, and views, of the last)."""
-    layout = group.sizes
+    """The host views of ``group``'s slots in ``block``, each flat or of its typed
+    source's geometry (NOTE [Typed sources]), made once per block and layout (NOTE [Idle
+    blocks]: a step's groups get back the blocks, and views, of the last)."""
+    sizes, shapes = group.sizes, group.shapes
     slots = block.slots
-    if slots is not None and slots[0] == layout:
-        return slots[1]  # type: ignore[no-any-return]
+    if slots is not None and slots[0] == sizes and slots[1] == shapes:
+        return slots[2]  # type: ignore[no-any-return]
     view = block.view
-    views = [view[o : o + n] for o, n in zip(group.offsets, layout)]
-    block.slots = (list(layout), views)
+    views = []
+    for o, n, shape in zip(group.offsets, sizes, shapes):
+        v = view[o : o + n]
+        if shape is not None:
+            v = v.view(shape[0]).view(shape[1])
+        views.append(v)
+    block.slots = (list(sizes), list(shapes), views)
     return views
 
 
@@ -300,7 +316,7 @@ class OffloadEngine:
         the pool's limit, so a storage the pool cannot hold falls back before its handle
         is made (a refusal at issue() keeps the whole group). On True the caller adds it
         to a group; its bytes count as the engine's until the group is issued."""
-        need = aligned(nbytes)
+        need = -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES  # aligned(nbytes), inlined: once per save
         pool = self.pool
         if pool.refusing or pool.in_use_bytes + self._open_reserved + need > pool.limit_bytes:
             with self._locked():
@@ -335,11 +351,13 @@ class OffloadEngine:
                 return False
             device = group.device
             backend = self.backend
-            empty = self._empties.get(device)
-            if empty is None:
-                empty = self._empties[device] = torch.empty(0, dtype=torch.uint8, device=device)
-            new = empty.new  # a flat uint8 tensor over each whole storage (new() is the cheapest)
-            sources = [s if isinstance(s, torch.Tensor) else new().set_(s) for s in group.sources]
+            sources = group.sources
+            if group.flat:  # a flat uint8 tensor over each storage (new() is the cheapest)
+                empty = self._empties.get(device)
+                if empty is None:
+                    empty = self._empties[device] = torch.empty(0, dtype=torch.uint8, device=device)
+                new = empty.new
+                sources = [s if isinstance(s, torch.Tensor) else new().set_(s) for s in sources]
             group.sources = []
             dsts = _slot_views(block, group)
             # NOTE [Stream ordering]: live lookup, before any side-stream context.

@@ -160,13 +160,13 @@ class Placements:
         if pl is RECOMPUTE:
             return _DROPPED
         # OFFLOAD: can the storage move, and does the pool take it?
-        groups = self._groups
-        if not groups.offloadable(t):
-            return _KEPT  # already in host memory (a CPU tensor of a GPU run)
-        if kind == "activation" and untracked_alias(t, nbytes):
+        if kind == "activation" and t._base is None and t.nbytes < nbytes:  # untracked_alias, inlined
             return KEEP, "aliased_to_keep"
-        if groups.admit(nbytes):
+        admitted = self._groups.admit(t, nbytes)
+        if admitted:
             return _OFFLOADED
+        if admitted is None:
+            return _KEPT  # it cannot move (a CPU tensor of a GPU run is in host memory already)
         if kind == "activation" and self.droppable(call, symmetric=False):
             return RECOMPUTE, "offload_to_recompute"
         return KEEP, "offload_to_keep"

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from offrecomp.backends import Event
-from offrecomp.pool import Block, aligned
+from offrecomp.pool import ALIGN_BYTES, Block, aligned
 
 __all__ = ["Group", "GroupState", "OffloadStats", "gbps", "slot_offsets"]
 
@@ -59,27 +59,31 @@ class Group:
         "_d2h_done",
         "_h2d_done",
         "_step",
-        "_typed",
         "_waited",
         "device",
         "fetches",
+        "flat",
         "handles",
         "nbytes",
         "offsets",
         "ordinal",
         "payload_bytes",
         "seq",
+        "shapes",
         "sizes",
         "sources",
         "state",
+        "typed_views",
         "uses",
     )
 
     def __init__(self, ordinal: int, device: torch.device, step: int) -> None:
         self.ordinal = ordinal  # region-call ordinal in forward order (larger = later)
         self.device = device
-        self.sources: list[Any] = []  # untyped storages (or flat uint8 tensors) until issue()
+        self.sources: list[Any] = []  # until issue(): see ``add``
         self.sizes: list[int] = []
+        self.shapes: list[tuple[torch.dtype, torch.Size] | None] = []  # a typed source's geometry
+        self.flat = 0  # sources that are storages (issue() makes a flat tensor of each)
         self.offsets: list[int] = []  # slot_offsets(sizes), kept as storages are added
         self.nbytes = 0  # the block's size: aligned slots
         self.payload_bytes = 0  # bytes of the storages, without alignment
@@ -93,18 +97,25 @@ class Group:
         self._d2h_done: Event = None
         self._h2d_done: Event = None
         self._buffer: torch.Tensor | None = None
-        self._typed: dict[torch.dtype, torch.Tensor] = {}  # views of _buffer, by dtype
+        self.typed_views: dict[torch.dtype, torch.Tensor] = {}
+        """Views of the fetched buffer by dtype, made since the latest reload: the unpack's
+        fast path reads them without a call."""
         self._waited = False
 
-    def add(self, source: Any, nbytes: int) -> int:
-        """Append a storage (an ``UntypedStorage``, or a flat uint8 tensor over one) of
-        ``nbytes``; returns its slot. The group holds it until its copy landed."""
+    def add(self, source: Any, nbytes: int, shape: tuple[torch.dtype, torch.Size] | None = None) -> int:
+        """Append a storage of ``nbytes``; returns its slot. The source is an
+        ``UntypedStorage`` or a flat uint8 tensor over one (``shape`` None), or a contiguous
+        tensor that covers the whole storage, of ``shape`` (its dtype and size): NOTE
+        [Typed sources] in offload.py. The group holds it until its copy landed."""
         self.sources.append(source)
+        self.shapes.append(shape)
+        if shape is None and not isinstance(source, torch.Tensor):
+            self.flat += 1
         sizes = self.sizes
         sizes.append(nbytes)
         end = self.nbytes
         self.offsets.append(end)
-        self.nbytes = end + aligned(nbytes)
+        self.nbytes = end - (-nbytes // ALIGN_BYTES) * ALIGN_BYTES  # end + aligned(nbytes), inlined
         self.payload_bytes += nbytes
         return len(sizes) - 1
 
@@ -116,22 +127,17 @@ class Group:
     def typed(self, dtype: torch.dtype) -> torch.Tensor:
         """The fetched buffer viewed as ``dtype`` (made once per reload and dtype): a
         saved tensor is one ``as_strided`` of it."""
-        view = self._typed.get(dtype)
+        view = self.typed_views.get(dtype)
         if view is None:
             buffer = self.ready
             if buffer is None:
                 raise RuntimeError(f"offrecomp: {self!r} is not fetched")
-            view = self._typed[dtype] = buffer.view(dtype)
+            view = self.typed_views[dtype] = buffer.view(dtype)
         return view
-
-    def typed_if_fetched(self, dtype: torch.dtype) -> torch.Tensor | None:
-        """``typed(dtype)`` when compute already waited on the reload and a save of
-        ``dtype`` was handed out since; None otherwise (the unpack's fast path)."""
-        return self._typed.get(dtype)
 
     def set_buffer(self, buffer: torch.Tensor | None) -> None:
         self._buffer = buffer
-        self._typed = {}
+        self.typed_views = {}
 
     def __repr__(self) -> str:
         return (

@@ -655,3 +655,55 @@ def test_free_never_blocks_and_is_safe_to_reenter(engine: OffloadEngine,
     assert a.state is b.state is GroupState.FREED
     assert engine.live_groups == 2 and {c, d} == engine._groups
     assert engine.pool.stats().in_use_bytes == 2 * 4 * KiB
+
+
+def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
+
+
+def _round_trip(engine: OffloadEngine, sources: list[tuple[torch.Tensor, bool]]) -> Any:
+    """Offload ``sources`` as one group, each typed (a contiguous tensor covering its
+    storage, added as ``t.data`` with its geometry) or flat (its storage), reload it and
+    compare every slot's bytes; return the group's block."""
+    group = engine.open_group(0, CPU)
+    for t, typed in sources:
+        nbytes = t.untyped_storage().nbytes()
+        assert engine.admit(nbytes)
+        if typed:
+            group.add(t.data, nbytes, (t.dtype, t.shape))
+        else:
+            group.add(t.untyped_storage(), nbytes)
+    assert engine.issue(group)
+    buf = engine.fetch(group)
+    for i, (t, _) in enumerate(sources):
+        assert torch.equal(slot(buf, group, i), _storage_bytes(t)), f"slot {i}"
+    block = group._block
+    engine.release_device(group)
+    engine.free(group)
+    engine.synchronize()
+    engine.end_step()
+    return block
+
+
+def test_typed_and_flat_sources_share_a_group_and_each_layout_gets_its_slot_views(engine: OffloadEngine) -> None:
+    """NOTE [Typed sources]: typed and flat sources of several dtypes in one group come
+    back byte for byte; a later group of the same sizes but other dtypes and shapes, in
+    the same block, gets slot views of its own geometry (a view of the old dtype would
+    convert the values)."""
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(8, 8, generator=g)
+    first = [
+        (torch.randn(4, 8, generator=g), True),
+        (base[2:6], False),  # a view of part of its storage: flat
+        (torch.randn(8, generator=g).to(torch.bfloat16), True),
+        (torch.randn(4, 4, generator=g).t(), False),  # covers its storage, not contiguous: flat
+    ]
+    block = _round_trip(engine, first)
+    second = [
+        (torch.randint(-(2**30), 2**30, (8, 4), dtype=torch.int32, generator=g), True),
+        (torch.randn(8, 8, generator=g)[4:8], False),
+        (torch.randint(-(2**14), 2**14, (2, 4), dtype=torch.int16, generator=g), True),
+        (torch.randn(16, generator=g), True),
+    ]
+    assert [t.untyped_storage().nbytes() for t, _ in second] == [t.untyped_storage().nbytes() for t, _ in first]
+    assert _round_trip(engine, second) is block  # the idle block, handed back with its views

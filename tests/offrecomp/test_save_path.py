@@ -104,3 +104,30 @@ def test_a_planned_call_with_another_size_takes_the_full_decision(monkeypatch: p
         m(batch(9)).backward()
     assert "activation" in kinds
     assert torch.isfinite(next(m.parameters()).grad).all()  # type: ignore[union-attr]
+
+
+def test_offloaded_saves_that_cover_their_storage_join_their_group_typed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Typed sources]: a contiguous save that covers its storage joins its group as
+    an alias of itself with its geometry, any other as its storage; gradients stay
+    bitwise."""
+    from offrecomp.transfer import Group
+
+    added: list[tuple[bool, bool]] = []  # (typed, the source covers its storage contiguously)
+    original = Group.add
+
+    def spy(self: Group, source: Any, nbytes: int, shape: Any = None) -> int:
+        if isinstance(source, torch.Tensor):
+            covers = source.is_contiguous() and source.nbytes == nbytes
+            assert shape is None or shape == (source.dtype, source.shape)
+        else:
+            covers = False
+        added.append((shape is not None, covers))
+        return original(self, source, nbytes, shape)
+
+    monkeypatch.setattr(Group, "add", spy)
+    model, batch = make("gpt_dropout")
+    ref = train(twin(model), batch, steps=2)
+    m = twin(model)
+    assert_bitwise(ref, train(m, batch, offrecomp.runtime(m, mode="offload", min_bytes=0), steps=2))
+    assert added and all(typed == covers for typed, covers in added)
+    assert any(typed for typed, _ in added)
