@@ -26,9 +26,10 @@ NOTE [Container roots]
 Several models trained together (a GAN, distillation) go to one runtime in a container,
 nn.ModuleDict({"gen": gen, "disc": disc}), whose forward the loop never calls: it calls
 the models. The models inside a container are each wrapped as a root: a pass's signature
-names the model it began in ("train|gen:(4, 12, 8):float32:cpu"), and each kind of pass
-gets its own profile and plan (one shared signature would let the longest pass type
-extend one profile that every pass type then runs).
+names the models it ran ("train|gen:(4, 12, 8):float32:cpu", and for a pass that runs
+the generator and then the discriminator both, joined by " + ": NOTE [Pass
+signatures]), and each kind of pass gets its own profile and plan (one shared signature
+would let the longest pass type extend one profile that every pass type then runs).
 
 NOTE [Copies of a managed model]
 While the runtime is entered, a region's (and the root's) forward slot holds the
@@ -85,6 +86,7 @@ from offrecomp.regions import (
     compiled_module,
 )
 from offrecomp.replay import in_replay
+from offrecomp.signatures import signature_of
 from offrecomp.state import PassState, RegionCall
 from offrecomp.trace import PassiveMode
 
@@ -316,16 +318,17 @@ class Installer:
                 if (compiling or _is_compiled(module)) and regions:
                     warn_compiled(", ".join(r.name for r in regions))
                 self._check_regions()
-                first = next(module.parameters(), None)
-                life.signature, life.family, life.dims = signature_of(
-                    args, kwargs, module.training, name, first.dtype if first is not None else None
-                )
-                return life.forward_activity()
+                if not life.stack.roots:  # one inside another is part of it (NOTE [Pass signatures])
+                    first = next(module.parameters(), None)
+                    life.signature, life.family, life.dims = signature_of(
+                        args, kwargs, module.training, name, first.dtype if first is not None else None
+                    )
+                p = life.forward_activity()
+                life.stack.roots += 1
+                return p
             return None
 
-        begin_h, fail = self._host(begin), self._host(life.abort)
-        watch_h = self._host(life.watch_unseen_backward)
-        graphs_h = self._host(life.watch_graphs)
+        begin_h, fail, returned_h = self._host(begin), self._host(life.root_failed), self._host(life.root_returned)
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
@@ -341,8 +344,7 @@ class Installer:
                 except BaseException as exc:
                     fail(p, exc)
                     raise
-                watch_h(p, out)
-                graphs_h(p, out)
+                returned_h(p, out)
                 return out
 
             return self._wrapper(forward)
@@ -436,43 +438,6 @@ class Installer:
                 self._diag.check_hidden_saves(call.name, call.pack_count, inputs, out)
         finally:
             self._calls.exit(call)
-
-
-def signature_of(
-    args: tuple[Any, ...], kwargs: dict[str, Any], training: bool, name: str = "", dtype: torch.dtype | None = None
-) -> tuple[str, str, tuple[int, ...]]:
-    """The pass's signature, its family (the signature without sizes) and its sizes;
-    ``name``: the model of a container root the pass began in (NOTE [Container roots]);
-    ``dtype``: its parameters' (a model cast between steps saves other bytes). Autocast,
-    on for the inputs' devices, is part of it too: it changes every save."""
-    leaves, _ = tc.tree_flatten((args, kwargs))
-    parts, kinds = [], []
-    dims: list[int] = []
-    devices: set[str] = set()
-    for x in leaves:
-        if isinstance(x, torch.Tensor):
-            devices.add(x.device.type)
-            if x.is_nested and x.layout == torch.jagged:
-                # the ragged dimension is a symbol new to every nested tensor built: the
-                # components and the packed values decide the memory instead
-                sizes = (int(x.size(0)), *x.values().shape)
-                shape = f"{x.size(0)}x{tuple(x.values().shape)}"
-            else:
-                sizes = tuple(x.shape)
-                shape = str(sizes)
-                if x.layout is torch.strided and not x.is_contiguous():
-                    shape += f"s{tuple(x.stride())}"  # NOTE [Stale recordings] in hooks.py
-            kind = f"{str(x.dtype).replace('torch.', '')}:{x.device.type}"
-            parts.append(f"{shape}:{kind}")
-            kinds.append(f"{'n' if x.is_nested else ''}{len(sizes)}:{kind}")
-            dims += [int(d) for d in sizes]
-    mode = ("train|" if training else "eval|") + (f"{name}:" if name else "")
-    if dtype is not None and dtype != torch.float32:
-        mode += f"params:{str(dtype).replace('torch.', '')}|"
-    for d in sorted(devices):
-        if d in ("cpu", "cuda") and torch.is_autocast_enabled(d):
-            mode += f"autocast:{d}:{str(torch.get_autocast_dtype(d)).replace('torch.', '')}|"
-    return mode + ",".join(parts), mode + ",".join(kinds), tuple(dims)
 
 
 def is_container(m: nn.Module) -> bool:

@@ -50,6 +50,7 @@ from offrecomp.config import Config
 from offrecomp.diagnostics import warn_once
 from offrecomp.measure import DeviceClock, Mark
 from offrecomp.report import StepRecord
+from offrecomp.signatures import Combinations, Part, combine
 from offrecomp.state import PassState, RegionCall, Stage
 from scheduler.plan import ROOT
 
@@ -74,6 +75,7 @@ FORWARD, BACKWARD, AWAITING, DONE = Stage.FORWARD, Stage.BACKWARD, Stage.AWAITIN
 class _CallStack(threading.local):
     def __init__(self) -> None:
         self.calls: list[RegionCall] = []
+        self.roots = 0  # root forwards running (NOTE [Pass signatures]: an inner one adds nothing)
 
 
 class Lifecycle:
@@ -96,9 +98,12 @@ class Lifecycle:
         self.stack = _CallStack()  # region calls whose forward runs (this thread)
         self.forwards_running = 0  # region calls whose forward has not returned (any thread)
         self.recording = False  # an op recorder is active (measuring pass, inside a region)
-        self.signature: str | None = None  # the next pass's, set by the root forward
-        self.family = ""  # the next pass's signature without sizes (NOTE [Borrowed plans])
+        # the next root forward's signature (or a first region call's), its family (NOTE
+        # [Borrowed plans]) and sizes: set before its forward_activity, which takes them
+        self.signature: str | None = None
+        self.family = ""
         self.dims: tuple[int, ...] = ()
+        self._combinations = Combinations()  # NOTE [Pass signatures]
         self.steps: deque[StepRecord] = deque(maxlen=REPORT_MAX_STEPS)
         self.explicit_steps = False  # inside rt.step(): only the block's end closes the step
         self.report_file: Any = None
@@ -142,6 +147,7 @@ class Lifecycle:
     def reset_calls(self) -> None:
         """The runtime exits: no region call runs any more."""
         self.stack.calls.clear()
+        self.stack.roots = 0
         self.forwards_running = 0
 
     def mark(self) -> Mark:
@@ -170,29 +176,61 @@ class Lifecycle:
                 self.finish_pass()
             p = self._begin_pass()
         elif self.signature is not None:
-            # a root forward joining the running pass: its signature is this pass's only
-            # when the pass began at a save before any forward (``model(model.embed(x))``);
-            # it must not become the next pass's
-            if p.signature == "unknown" and not p.calls:
-                self._adopt_signature(p)
-            self.signature, self.family, self.dims = None, "", ()
+            # a root forward joining the running pass (taken here: it must not become the
+            # next pass's): the pass's first when the pass began at a save before any
+            # forward (``model(model.embed(x))``), else one more (NOTE [Pass signatures])
+            part = self._take_part()
+            if p.parts:
+                self._join(p, part)
+            elif not p.calls:
+                self._adopt_signature(p, part)
         return p
 
-    def _adopt_signature(self, p: PassState) -> None:
+    def _take_part(self) -> Part:
+        part = (self.signature or "unknown", self.family, self.dims)
+        self.signature, self.family, self.dims = None, "", ()
+        return part
+
+    def _choose(self, p: PassState, part: Part) -> None:
+        """``p``'s first root forward had ``part``: the combination it is planned for
+        (NOTE [Pass signatures])."""
+        p.parts = [part]
+        p.expected = self._combinations.choose(part)
+        p.signature, p.family, p.dims = combine(p.expected)
+
+    def _adopt_signature(self, p: PassState, part: Part) -> None:
         """``p`` began at a save before the model's forward, without a signature: it takes
         the forward's, and is planned for it."""
-        p.signature, p.family, p.dims = self.signature or "unknown", self.family, self.dims
+        self._choose(p, part)
         p.recording = p.planned = False
         p.phase = p.plan_id = p.plan_signature = ""
         self._note_signature(p)
         self._planner.begin_pass(p)
 
+    def _join(self, p: PassState, part: Part) -> None:
+        """One more root forward of ``p``, with ``part``: does it run what ``p`` was
+        planned for (NOTE [Pass signatures])?"""
+        p.parts.append(part)
+        if tuple(p.parts) != p.expected[: len(p.parts)]:
+            self._resign(p)
+
+    def _settle(self, p: PassState) -> None:
+        """``p``'s forwards are over (its backward begins, or it ends): its signature is
+        what ran (NOTE [Pass signatures])."""
+        if p.parts and tuple(p.parts) != p.expected:
+            self._resign(p)
+
+    def _resign(self, p: PassState) -> None:
+        chosen = p.signature
+        p.expected = tuple(p.parts)
+        p.signature, p.family, p.dims = combine(p.expected)
+        self._note_signature(p)
+        self._planner.resign(p, chosen)
+
     def _begin_pass(self) -> PassState:
-        sig = self.signature or "unknown"
-        p = PassState(index=self._passes, signature=sig, mode=self._config.mode)
+        p = PassState(index=self._passes, signature="unknown", mode=self._config.mode)
         if self.signature is not None:
-            p.family, p.dims = self.family, self.dims
-        self.signature, self.family, self.dims = None, "", ()
+            self._choose(p, self._take_part())
         self._passes += 1
         self._note_signature(p)
         self._planner.begin_pass(p)
@@ -228,6 +266,9 @@ class Lifecycle:
                 with contextlib.suppress(RuntimeError):
                     tc.queue_backward_callback(functools.partial(self._backward_done, weakref.ref(p)))
             return
+        self._settle(p)
+        if p.parts and not p.aborted:
+            self._combinations.note(p.expected)
         p.stage = BACKWARD
         p.backward_task = tc.current_graph_task_id()
         p.backward_start_mark = self._device.mark()
@@ -292,6 +333,8 @@ class Lifecycle:
             return
         if p.stage is AWAITING:  # NOTE [Double backward]: no second backward came
             p.stage = DONE
+        elif p.stage is FORWARD:
+            self._settle(p)
         self.current = None
         p.end_time = time.perf_counter()
         if self._device.cuda:
@@ -307,6 +350,17 @@ class Lifecycle:
         self._step_passes.append(p)
         if not self._saw_optimizer and not self.explicit_steps:
             self.end_step(explicit=False, provisional=not self._no_optimizer)
+
+    def root_returned(self, p: PassState, out: Any) -> None:
+        """A root forward of ``p`` returned ``out``."""
+        self.stack.roots = max(0, self.stack.roots - 1)
+        self.watch_unseen_backward(p, out)
+        self.watch_graphs(p, out)
+
+    def root_failed(self, p: PassState, exc: BaseException) -> None:
+        """A root forward of ``p`` raised ``exc``."""
+        self.stack.roots = max(0, self.stack.roots - 1)
+        self.abort(p, exc)
 
     def abort(self, p: PassState | None, exc: BaseException | type[BaseException] | None = None) -> None:
         """A forward error (or a fault at exit) ends the pass; the next forward starts

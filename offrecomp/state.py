@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         Region,
         RngState,
     )
+    from offrecomp.signatures import Part
     from offrecomp.trace import FirstCallWatch, OpRecorder, RegionStructure, SaveInfo
     from offrecomp.transfer import Group
     from scheduler.profile import RegionRecord
@@ -458,6 +459,16 @@ class PassState(_WeakReferable):
     """Every input tensor's sizes, in signature order (NOTE [Borrowed plans])."""
     plan_signature: str = ""
     """The signature whose plan this pass runs: its own, or a borrowed one's."""
+    parts: list[Part] = field(default_factory=list)
+    """Its root forwards' signatures, families and sizes so far (NOTE [Pass signatures])."""
+    expected: tuple[Part, ...] = ()
+    """The root forwards ``signature`` names: chosen at the first, then what ran."""
+    made_entry: bool = False
+    """Its planning made the plan entry of ``signature`` (dropped if that was a choice
+    the pass departed from: NOTE [Pass signatures])."""
+    resigned_from: str = ""
+    """The phase it began in when its forwards departed from the combination it was
+    planned for (NOTE [Pass signatures]); a planned one borrows its own plan after."""
     calls: list[RegionCall] = field(default_factory=list)
     call_counts: dict[str, int] = field(default_factory=dict)
     root: RegionCall | None = None

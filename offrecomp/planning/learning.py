@@ -79,6 +79,8 @@ class Learner:
         calibrating = p.phase == Phase.CALIBRATE
         if entry.cost is None or not (p.planned or calibrating) or p.aborted or p.stage is not Stage.DONE:
             return None
+        if p.phase == Phase.BORROWED:
+            return None  # it ran another signature's plan (NOTE [Borrowed plans], [Pass signatures])
         if p.reprofile:
             return None  # its end built the profile again (NOTE [Calls the profile lacks])
         step = None if calibrating else self.host.clock.seconds(p.start_mark, p.backward_end_mark)

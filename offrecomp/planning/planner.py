@@ -145,6 +145,7 @@ class Planner:
                 # sequence-length warmup): a plain full recompute, not a measuring pass
                 p.phase = Phase.RECOMPUTE
                 return
+        p.made_entry = p.signature not in self.entries
         entry = self.cache.entry(p.signature, p)
         if entry.needs_measure or entry.profile is None:
             p.recording = True
@@ -194,8 +195,8 @@ class Planner:
             return
         entry = self.entries.get(p.plan_signature or p.signature)
         plan = self.active_plan(entry) if entry is not None else None
-        if entry is not None and p.phase == Phase.BORROWED:
-            plan = entry.borrow_plan
+        if entry is not None and p.phase == Phase.BORROWED and p.resigned_from != Phase.PLANNED:
+            plan = entry.borrow_plan  # not a pass that borrows the plan it began with
         if entry is None or plan is None:
             return
         if not assign(entry, plan, p, call):
@@ -227,6 +228,41 @@ class Planner:
             "it in this pass (its activations dropped) to extend the profile",
             call.name, call.call_index, p.signature,
         )
+
+    def resign(self, p: PassState, chosen: str) -> None:
+        """NOTE [Pass signatures]: ``p`` was planned for signature ``chosen``, and its root
+        forwards departed from it; ``p.signature`` now names what ran. The rest of the
+        pass goes on as its phase allows, and the pass teaches no cost model."""
+        with _planner_time(p):
+            entry = self.entries.get(chosen)
+            if entry is not None and p.made_entry and entry.profile is None:
+                del self.entries[chosen]  # made for the choice alone
+                entry = None
+            p.made_entry = False
+            if self.host.config.mode != "auto":
+                return
+            p.reprofile = False  # its calls are not all the signature's
+            if not p.resigned_from:
+                p.resigned_from = p.phase
+            if p.phase == Phase.MEASURE:
+                own = self.entries.get(p.signature)
+                if own is None or own.needs_measure or own.profile is None:
+                    p.plan_signature = p.signature  # its recordings hold every call
+                    return
+                p.recording = False
+                p.phase = Phase.RECOMPUTE
+            elif p.phase == Phase.CALIBRATE:
+                if entry is not None:
+                    entry.calibration_ran = False  # it calibrates at its next pass
+                p.phase = Phase.RECOMPUTE
+            elif p.phase == Phase.PLANNED:
+                p.phase = Phase.BORROWED  # the plan it began with: NOTE [Borrowed plans]
+            if p.phase == Phase.RECOMPUTE:
+                p.plan_signature = p.plan_id = ""
+            log.info(
+                "offrecomp: a pass planned for signature %s ran %s; it goes on as a %s pass",
+                chosen, p.signature, p.phase,
+            )
 
     def needs_capture(self, p: PassState, call: RegionCall) -> bool:
         """Keep a replay checkpoint for this call? Not when nothing can ever be dropped.
@@ -414,7 +450,8 @@ class Planner:
         """
         if p is None:
             return
-        entry = self.entries.get(p.signature)
+        # the plan that ran: a pass that departed from its plan's signature borrowed it
+        entry = self.entries.get(p.plan_signature if p.resigned_from == Phase.PLANNED else p.signature)
         if entry is None:
             if p.phase == Phase.BORROWED:  # NOTE [Borrowed plans]: its own profile from now on
                 self.cache.entry(p.signature, p)
@@ -445,7 +482,7 @@ class Planner:
         first = next((q for q in passes if not q.aborted), passes[0])  # as records.step_record
         entry = self.entries.get(first.signature)
         plan = self.active_plan(entry) if entry is not None else None
-        if plan is not None and first.planned:
+        if plan is not None and first.planned and first.phase != Phase.BORROWED:
             records.add_prediction(rec, entry, plan, passes)
         self._pending.append((rec, passes))
         return rec

@@ -46,8 +46,9 @@ class ReplayCost:
         if self.pinned or not p.dispatch_replays:
             return
         entry = entries.get(p.signature)
-        if p.phase == Phase.MEASURE or entry is None or not entry.calibrated:
-            return  # the op times are the recorder's: not comparable with a replay
+        if p.phase == Phase.MEASURE or p.resigned_from or entry is None or not entry.calibrated:
+            # the op times are the recorder's, or (NOTE [Pass signatures]) another signature's
+            return
         # The ops' predicted times come from the estimate before this pass. When the
         # whole pass ran slower or faster (another process on the machine, clocks), so
         # did the ops it replayed: scale them by the pass's forward against the

@@ -1070,14 +1070,16 @@ def loop_gan(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_gan_under_one_runtime(variant: str) -> None:
     """NOTE [Container roots]: each kind of pass has its own signature, named by the
-    model it began in, and its own plan, rather than one "unknown" profile that each
+    models it ran (NOTE [Pass signatures]: the pass on generated data runs the generator,
+    then the discriminator), and its own plan, rather than one "unknown" profile that each
     pass type extends and one plan solved for the longest."""
     rt = _run("gan", loop_gan, variant, factory=_gan)
     steps = rt.report().steps
     assert len(steps) == 16  # two optimizer steps per iteration
     if variant.startswith("auto"):
         entries = rt.planner.entries
-        disc, gen = "train|disc:(4, 12, 32):float32:cpu", "train|gen:(4, 12, 8):float32:cpu"
+        disc = "train|disc:(4, 12, 32):float32:cpu"
+        gen = f"train|gen:(4, 12, 8):float32:cpu + {disc}"
         assert sorted(entries) == [disc, gen]
         assert all(e.plan is not None for e in entries.values())
         assert {k[0] for k in entries[disc].structures} == {"disc.blocks.0", "disc.blocks.1", "disc.blocks.2"}

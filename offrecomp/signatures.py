@@ -1,0 +1,149 @@
+"""Pass signatures: what the inputs of a root forward say about the saves of a pass, and
+the signature of a pass whose root forwards are several.
+
+NOTE [Pass signatures]
+A pass's signature is the signatures of its root forwards, in order, joined by " + "
+(its family and sizes likewise); a pass with one forward has that forward's. A siamese
+or query/document loop (``q = model(a); d = model(b); (q + d).backward()``) runs the
+calls of both forwards in one pass, numbered on from the first's, so each combination
+of shapes saves other storages: each is a signature of its own, with its own profile
+and plan.
+
+Placements are decided while a forward runs, before a later forward shows its
+inputs, so the first forward chooses the combination the pass is planned for
+(``Combinations.choose``): of the combinations that the last WINDOW passes beginning
+with the same forward had, the largest (by the sum of their sizes; the most recent
+among equals); for a first forward not seen before, those of passes whose first forward
+was of its family, with its own sizes first (NOTE [Borrowed plans] then finds a plan
+that covers them); else the forward alone. Each later root forward, and the start of
+the backward, checks the choice; a pass whose forwards depart from it takes the
+signature of what ran and goes on by the phase it began in (``Planner.resign``):
+
+- planned: it borrows the plan it began with (NOTE [Borrowed plans]): each later
+  storage is checked against the size that plan placed, a larger one drops the rest of
+  its call, and a call the plan lacks drops everything (the measuring pass's rule).
+  Where the chosen combination covers what ran (the same family, no size larger) that
+  plan's peak bounds the pass's: the reason the choice is the largest seen. A pass
+  larger than every combination seen may go over the budget, once: the next pass that
+  begins like it chooses it, and measures it.
+- measuring: it goes on measuring for the signature of what ran when that one has no
+  profile yet (its recordings hold every call), else stops recording;
+- calibrating: a plain full recompute; the chosen signature calibrates at its next pass.
+
+Such a pass teaches no cost model (one that goes on measuring profiles what ran), and a
+plan entry made for the choice alone is dropped.
+Forwards whose sizes cannot be ordered (one larger in one forward, smaller in another)
+have no covering choice: a pass that departs from the one chosen may go over the budget
+whenever it does. A root forward called inside another (a model calling itself) is part
+of the outer forward and adds nothing.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from offrecomp import _torch_compat as tc
+
+__all__ = ["Combinations", "Part", "combine", "signature_of"]
+
+Part = tuple[str, str, tuple[int, ...]]
+"""One root forward's signature, family (the signature without sizes) and sizes."""
+
+#: Passes remembered per first forward (and per first forward's family) for the choice.
+WINDOW = 16
+#: First forwards (and families) remembered.
+FIRSTS = 1024
+
+
+def signature_of(
+    args: tuple[Any, ...], kwargs: dict[str, Any], training: bool, name: str = "", dtype: torch.dtype | None = None
+) -> Part:
+    """A forward's signature, its family (the signature without sizes) and its sizes;
+    ``name``: the model of a container root (NOTE [Container roots]); ``dtype``: its parameters' (a model cast between steps saves
+    other bytes). Autocast, on for the inputs' devices, is part of it too: it changes
+    every save."""
+    leaves, _ = tc.tree_flatten((args, kwargs))
+    parts, kinds = [], []
+    dims: list[int] = []
+    devices: set[str] = set()
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            devices.add(x.device.type)
+            if x.is_nested and x.layout == torch.jagged:
+                # the ragged dimension is a symbol new to every nested tensor built: the
+                # components and the packed values decide the memory instead
+                sizes = (int(x.size(0)), *x.values().shape)
+                shape = f"{x.size(0)}x{tuple(x.values().shape)}"
+            else:
+                sizes = tuple(x.shape)
+                shape = str(sizes)
+                if x.layout is torch.strided and not x.is_contiguous():
+                    shape += f"s{tuple(x.stride())}"  # NOTE [Stale recordings] in hooks.py
+            kind = f"{str(x.dtype).replace('torch.', '')}:{x.device.type}"
+            parts.append(f"{shape}:{kind}")
+            kinds.append(f"{'n' if x.is_nested else ''}{len(sizes)}:{kind}")
+            dims += [int(d) for d in sizes]
+    mode = ("train|" if training else "eval|") + (f"{name}:" if name else "")
+    if dtype is not None and dtype != torch.float32:
+        mode += f"params:{str(dtype).replace('torch.', '')}|"
+    for d in sorted(devices):
+        if d in ("cpu", "cuda") and torch.is_autocast_enabled(d):
+            mode += f"autocast:{d}:{str(torch.get_autocast_dtype(d)).replace('torch.', '')}|"
+    return mode + ",".join(parts), mode + ",".join(kinds), tuple(dims)
+
+
+def combine(parts: Sequence[Part]) -> Part:
+    """The signature, family and sizes of a pass whose root forwards had ``parts``
+    (NOTE [Pass signatures]); one forward's own."""
+    if len(parts) == 1:
+        return parts[0]
+    return (
+        " + ".join(p[0] for p in parts),
+        " + ".join(p[1] for p in parts),
+        tuple(d for p in parts for d in p[2]),
+    )
+
+
+class Combinations:
+    """The root forwards of recent passes, by their first forward and by its family;
+    the combination a new pass is planned for (NOTE [Pass signatures])."""
+
+    def __init__(self) -> None:
+        self._by_first: OrderedDict[str, deque[tuple[Part, ...]]] = OrderedDict()
+        self._by_family: OrderedDict[str, deque[tuple[Part, ...]]] = OrderedDict()
+
+    def note(self, parts: tuple[Part, ...]) -> None:
+        """A pass's backward began after root forwards ``parts``."""
+        _remember(self._by_first, parts[0][0], parts)
+        _remember(self._by_family, parts[0][1], parts)
+
+    def choose(self, first: Part) -> tuple[Part, ...]:
+        """The root forwards a pass that begins with ``first`` is planned for."""
+        seen = self._by_first.get(first[0])
+        if seen:
+            candidates = list(seen)
+        else:
+            kin = self._by_family.get(first[1])
+            if not kin:
+                return (first,)
+            candidates = [(first, *c[1:]) for c in kin]
+        return max(reversed(candidates), key=_size)  # the first maximum: the most recent
+
+
+def _size(parts: tuple[Part, ...]) -> int:
+    return sum(sum(p[2]) for p in parts)
+
+
+def _remember(seen: OrderedDict[str, deque[tuple[Part, ...]]], key: str, parts: tuple[Part, ...]) -> None:
+    passes = seen.get(key)
+    if passes is None:
+        passes = seen[key] = deque(maxlen=WINDOW)
+        if len(seen) > FIRSTS:
+            seen.popitem(last=False)
+    else:
+        seen.move_to_end(key)
+    passes.append(parts)
