@@ -402,6 +402,13 @@ class Installer:
         if compiling:
             warn_compiled(region.name)
             return None
+        life = self._life
+        if life.signature is None and life.wants_signature():
+            # a pass without a root forward (NOTE [Pass signatures]): its first call's inputs
+            first = next(region.module.parameters(), None)
+            life.signature, life.family, life.dims = signature_of(
+                args, kwargs, region.module.training, region.name, first.dtype if first is not None else None
+            )
         call = self._calls.enter(region, original, args, kwargs)
         call.under_mode = call.watch is not None or call.recorder is not None
         if region.mode_sensitive and not call.under_mode:

@@ -186,6 +186,12 @@ class Lifecycle:
                 self._adopt_signature(p, part)
         return p
 
+    def wants_signature(self) -> bool:
+        """Would forward activity now begin a pass, or join one that has no signature yet
+        (NOTE [Pass signatures]: a region call then names it)?"""
+        p = self.current
+        return p is None or p.stage is not FORWARD or p.aborted or not p.parts
+
     def _take_part(self) -> Part:
         part = (self.signature or "unknown", self.family, self.dims)
         self.signature, self.family, self.dims = None, "", ()

@@ -1,5 +1,6 @@
-"""Pass signatures: what the inputs of a root forward say about the saves of a pass, and
-the signature of a pass whose root forwards are several.
+"""Pass signatures: what the inputs of a root forward (or of a pass's first region call)
+say about the saves of a pass, and the signature of a pass whose root forwards are
+several.
 
 NOTE [Pass signatures]
 A pass's signature is the signatures of its root forwards, in order, joined by " + "
@@ -35,7 +36,10 @@ plan entry made for the choice alone is dropped.
 Forwards whose sizes cannot be ordered (one larger in one forward, smaller in another)
 have no covering choice: a pass that departs from the one chosen may go over the budget
 whenever it does. A root forward called inside another (a model calling itself) is part
-of the outer forward and adds nothing.
+of the outer forward and adds nothing. A pass that begins at a region call, with no root
+forward (a loop calling ``model.compute_loss(batch)``, which calls the blocks itself),
+takes the signature of that call's inputs, named by its region
+("train|blocks.0:(2, 16, 32):float32:cpu").
 """
 
 from __future__ import annotations
@@ -63,7 +67,9 @@ def signature_of(
     args: tuple[Any, ...], kwargs: dict[str, Any], training: bool, name: str = "", dtype: torch.dtype | None = None
 ) -> Part:
     """A forward's signature, its family (the signature without sizes) and its sizes;
-    ``name``: the model of a container root (NOTE [Container roots]); ``dtype``: its parameters' (a model cast between steps saves
+    ``name``: what the pass began in when it is not the model's own forward (the model of
+    a container root, NOTE [Container roots]; the region of a pass without a root forward,
+    NOTE [Pass signatures]); ``dtype``: its parameters' (a model cast between steps saves
     other bytes). Autocast, on for the inputs' devices, is part of it too: it changes
     every save."""
     leaves, _ = tc.tree_flatten((args, kwargs))

@@ -1,4 +1,5 @@
-"""NOTE [Pass signatures]: a pass of several root forwards is planned for all of them."""
+"""NOTE [Pass signatures]: a pass of several root forwards is planned for all of them;
+a pass without a root forward is named by its first region call."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import offrecomp
@@ -151,6 +153,46 @@ def test_a_root_forward_inside_another_adds_nothing_to_the_signature() -> None:
     rt, _ = _run_auto(model, lambda m, i: m(_tokens(i, 16)), 3)
     assert [s.signature for s in rt.report().steps] == [_sig(16)] * 3
     assert [s.phase for s in rt.report().steps] == ["measure", "calibrate", "planned"]
+
+
+class _LossOnly(nn.Module):
+    """A model trained through ``compute_loss``, which calls the submodules itself: the
+    model's forward never runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gpt = make("gpt_dropout")[0]
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("the loop never calls it")
+
+    def compute_loss(self, idx: torch.Tensor) -> torch.Tensor:
+        g = self.gpt
+        x = g.emb(idx)
+        for blk in g.blocks:
+            x = blk(x)
+        return F.cross_entropy(g.head(g.ln(x)).flatten(0, 1), idx.flatten())
+
+
+def test_a_loop_without_a_root_forward_is_named_by_its_first_region_call() -> None:
+    """Not "unknown" for every pass: each length is its own signature, read from the
+    first block's inputs, and plans."""
+    model = _LossOnly()
+    lengths = [16, 24] * 4
+    rt, budget = _run_auto(model, lambda m, i: m.compute_loss(_tokens(i, lengths[i])), len(lengths))
+    steps = rt.report().steps
+    sig = "train|gpt.blocks.0:(2, {}, 32):float32:cpu"
+    assert [s.signature for s in steps] == [sig.format(t) for t in lengths]
+    assert [s.phase for s in steps] == ["measure"] * 2 + ["calibrate"] * 2 + ["planned"] * 4
+    assert all(s.peak_activation_bytes <= budget for s in steps[4:])
+
+
+def test_a_region_named_signature_under_a_forced_mode() -> None:
+    """Under keep too (no planner): the step records name the signature."""
+    model = _LossOnly()
+    rt = offrecomp.runtime(model, mode="keep", min_bytes=0)
+    _train(model, lambda m, i: m.compute_loss(_tokens(i, 16)), 2, rt)
+    assert [s.signature for s in rt.report().steps] == ["train|gpt.blocks.0:(2, 16, 32):float32:cpu"] * 2
 
 
 def test_the_choice_is_the_largest_recent_combination() -> None:
