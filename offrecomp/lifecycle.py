@@ -104,6 +104,7 @@ class Lifecycle:
         self.family = ""
         self.dims: tuple[int, ...] = ()
         self._combinations = Combinations()  # NOTE [Pass signatures]
+        self._ooms: int | None = None  # the allocator's OOM count when the last pass ended
         self.steps: deque[StepRecord] = deque(maxlen=REPORT_MAX_STEPS)
         self.explicit_steps = False  # inside rt.step(): only the block's end closes the step
         self.report_file: Any = None
@@ -240,6 +241,8 @@ class Lifecycle:
         self._passes += 1
         self._note_signature(p)
         self._planner.begin_pass(p)
+        if self._ooms is None:
+            self._ooms = self._device.oom_count()  # those before the first pass are not ours
         p.start_time = time.perf_counter()
         p.start_mark = self._device.mark()
         device = self._device.device
@@ -345,6 +348,7 @@ class Lifecycle:
         p.end_time = time.perf_counter()
         if self._device.cuda:
             p.device_peak = int(torch.cuda.max_memory_allocated(self._device.device)) - p.alloc_start
+        self._count_ooms(p)
         for call in p.all_calls():  # counted here, not on the save path
             p.stats.saved_tensors += call.pack_count
             p.stats.storages += len(call.storages)
@@ -378,6 +382,14 @@ class Lifecycle:
             isinstance(exc, type) and issubclass(exc, torch.OutOfMemoryError)
         )
         if oom:
+            self.on_oom(p)
+
+    def _count_ooms(self, p: PassState) -> None:
+        """NOTE [Unseen out-of-memory errors]: did the allocator raise one since the last
+        pass ended?"""
+        ooms = self._device.oom_count()
+        seen, self._ooms = self._ooms, ooms
+        if seen is not None and ooms > seen:
             self.on_oom(p)
 
     def on_oom(self, p: PassState | None) -> None:
@@ -507,6 +519,17 @@ class Lifecycle:
         if p is not None and call.replay_resident:
             p.stats.add_resident(-call.replay_resident)
             call.replay_resident = 0
+
+
+# NOTE [Unseen out-of-memory errors]
+# An out-of-memory error raised where the runtime has no wrapper (the loss or the LM
+# head computed in the loop, the backward, the optimizer's first step that allocates its
+# state) is caught by the loop's retry logic and never reaches the planner, which then
+# runs the same plan into the same wall. The CUDA caching allocator counts every OOM it
+# raises (``num_ooms``): each pass, as it ends, compares the count with the one at the
+# last pass's end, and a rise tells the planner as an OOM inside the pass would (a
+# smaller budget for its signature). A pass whose graph was dropped after an error ends
+# when the next root forward finds it so (NOTE [Dropped graphs]), and counts then.
 
 
 class _GraphMarker:

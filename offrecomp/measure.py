@@ -155,6 +155,13 @@ class DeviceClock:
     def cuda(self) -> bool:
         return self.clock.cuda
 
+    def oom_count(self) -> int:
+        """Out-of-memory errors the device's caching allocator has raised in this process
+        (NOTE [Unseen out-of-memory errors] in lifecycle.py); 0 off CUDA."""
+        if not self.clock.cuda:
+            return 0
+        return int(torch.cuda.memory_stats(self.device).get("num_ooms", 0))
+
 
 def device_capacity_bytes(device: torch.device) -> int:
     """Total memory of ``device`` (host memory for CPU)."""

@@ -107,6 +107,39 @@ def test_oom_in_a_planned_step_gives_a_safer_plan(caplog: pytest.LogCaptureFixtu
     assert (after.predicted_peak_bytes or 0) <= (before.predicted_peak_bytes or 0)
 
 
+def test_an_oom_raised_outside_the_model_gives_a_safer_plan(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NOTE [Unseen out-of-memory errors]: the loss raises the OOM, outside every wrapper
+    of the runtime, and the loop retries; the allocator's count tells the planner."""
+    from offrecomp.measure import DeviceClock
+
+    ooms = {"n": 3}  # raised before the runtime's first pass: not its own
+    monkeypatch.setattr(DeviceClock, "oom_count", lambda self: ooms["n"])
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    rt = offrecomp.runtime(m, mode="auto", budget="80%", min_bytes=0)
+    with rt:
+        for _ in range(3):  # measure, calibrate, plan
+            m(batch(0)).backward()
+        before = rt.planner.last_entry.plan
+        with caplog.at_level(logging.WARNING, logger="offrecomp"):
+            try:
+                out = m(batch(0))
+                ooms["n"] += 1
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated, in the loss)")
+            except torch.OutOfMemoryError:
+                del out  # the loop drops the graph and retries
+            m.zero_grad(set_to_none=True)
+            for _ in range(2):
+                m(batch(0)).backward()
+        after = rt.planner.last_entry.plan
+    assert "out of memory" in caplog.text
+    assert before.budget_bytes is not None and after.budget_bytes is not None
+    assert after.budget_bytes < before.budget_bytes
+    assert caplog.text.count("device out of memory") == 1
+
+
 def test_host_memory_pressure_stops_offloading(monkeypatch: pytest.MonkeyPatch) -> None:
     model, batch = make("gpt_dropout")
     ref = train(twin(model), batch, steps=2)
