@@ -47,6 +47,13 @@ log = logging.getLogger(__name__)
 __all__ = ["OffloadGroups", "reads_bytes_as_stored"]
 
 KEEP = Placement.KEEP
+#: Dtypes whose copy moves every byte as it is (NOTE [Typed sources] in offload.py): a
+#: bool copy writes 1 for every nonzero byte, and sub-byte and other shell dtypes have
+#: no copy kernel.
+_TYPED = frozenset({
+    torch.float16, torch.bfloat16, torch.float32, torch.float64,
+    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
+})
 _IS_CUDA = operator.attrgetter("is_cuda")
 _IS_CPU = operator.attrgetter("is_cpu")
 
@@ -137,7 +144,7 @@ class OffloadGroups:
             self.live_groups += 1
         rec.group = group
         nbytes = rec.nbytes
-        if t.nbytes == nbytes and t.is_contiguous():
+        if t.dtype in _TYPED and t.nbytes == nbytes and t.is_contiguous():
             rec.slot = group.add(t.data, nbytes, (t.dtype, t.shape))
         else:
             rec.slot = group.add(storage, nbytes)

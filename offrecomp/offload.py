@@ -99,12 +99,15 @@ TIME_EVERY = 4
 # memory, but compute no longer overlaps that copy.
 
 # NOTE [Typed sources]
-# A copy needs a tensor on each side. A saved tensor that is contiguous and covers its
-# whole storage (most activations) joins its group as ``t.data``, an alias outside
+# A copy needs a tensor on each side. A saved tensor (or region input) that is
+# contiguous, covers its whole storage (most activations) and has a dtype whose copy
+# moves bytes as they are (floating point and integers of 8 to 64 bits: a bool copy
+# writes 1 for any nonzero byte, which another view of the storage would read, and
+# sub-byte dtypes have no copy kernel) joins its group as ``t.data``, an alias outside
 # autograd (the cheapest tensor torch makes: no dispatcher call, no view record), and
 # its slot's host view takes the same dtype and size: the copy then moves the storage's
 # bytes with no tensor made at issue. Any other storage (a view of part of it, a
-# permuted layout, a region input) joins as the storage, and issue() makes one flat
+# permuted layout, another dtype) joins as the storage, and issue() makes one flat
 # uint8 tensor over it. Slot views are made once per block and layout (sizes and
 # geometries), so a step that repeats the last one's groups makes none.
 

@@ -131,3 +131,48 @@ def test_offloaded_saves_that_cover_their_storage_join_their_group_typed(monkeyp
     assert_bitwise(ref, train(m, batch, offrecomp.runtime(m, mode="offload", min_bytes=0), steps=2))
     assert added and all(typed == covers for typed, covers in added)
     assert any(typed for typed, _ in added)
+
+
+class _ByteViews(torch.autograd.Function):
+    """Saves two views of one uint8 storage whose bytes are not 0/1: a ``view_dtype`` of
+    it first, then the uint8 tensor the backward reads."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, first: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(first, u)
+        return x * u.float()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        first, u = ctx.saved_tensors
+        return g * u.float() * first.view(torch.uint8).float(), None, None
+
+
+class _ByteViewBlock(torch.nn.Module):
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        u = (h.detach().abs() * 40).to(torch.uint8)  # bytes 0..255
+        return _ByteViews.apply(h, u.view(self.dtype), u)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint4])
+def test_a_save_whose_dtype_copy_changes_or_lacks_bytes_travels_flat(dtype: torch.dtype) -> None:
+    """NOTE [Typed sources]: a bool copy writes 1 for every nonzero byte (the uint8 view
+    of the same storage would come back changed) and a sub-byte dtype has no copy
+    kernel; such a save's storage is copied as bytes, and gradients stay bitwise."""
+    from tests.models import Stack
+
+    torch.manual_seed(0)
+    model = Stack([_ByteViewBlock(dtype) for _ in range(2)])
+
+    def batch(step: int) -> torch.Tensor:
+        return torch.randn(4, 16, generator=torch.Generator().manual_seed(step), requires_grad=True)
+
+    ref = train(twin(model), batch, steps=2)
+    m = twin(model)
+    assert_bitwise(ref, train(m, batch, offrecomp.runtime(m, mode="offload", min_bytes=0), steps=2))
