@@ -13,7 +13,9 @@ and plan.
 Placements are decided while a forward runs, before a later forward shows its
 inputs, so the first forward chooses the combination the pass is planned for
 (``Combinations.choose``): of the combinations that the last WINDOW passes beginning
-with the same forward had, the largest (by the sum of their sizes; the most recent
+with the same forward had, the largest (by the product of each forward's input sizes,
+summed over its forwards: a forward of one input counts its elements, which is what its
+saves grow with; a sum of sizes would rank 2 x 24 tokens over 8 x 16; the most recent
 among equals); for a first forward not seen before, those of passes whose first forward
 was of its family, with its own sizes first (NOTE [Borrowed plans] then finds a plan
 that covers them); else the forward alone. Each later root forward, and the start of
@@ -44,6 +46,7 @@ takes the signature of that call's inputs, named by its region
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Any
@@ -141,7 +144,7 @@ class Combinations:
 
 
 def _size(parts: tuple[Part, ...]) -> int:
-    return sum(sum(p[2]) for p in parts)
+    return sum(math.prod(p[2]) for p in parts)
 
 
 def _remember(seen: OrderedDict[str, deque[tuple[Part, ...]]], key: str, parts: tuple[Part, ...]) -> None:

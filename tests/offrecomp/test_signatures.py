@@ -210,3 +210,16 @@ def test_the_choice_is_the_largest_recent_combination() -> None:
     sig, family, dims = combine((a, b24))
     assert sig == f"{a[0]} + {b24[0]}" and family == f"{a[1]} + {b24[1]}" and dims == (2, 16, 2, 24)
     assert combine((a,)) == a
+
+
+def test_the_largest_combination_is_the_one_with_more_elements() -> None:
+    """NOTE [Pass signatures]: 8 x 16 tokens save more than 2 x 24, though their sizes sum
+    to less; the choice must cover the larger, or that pass runs over the budget on a
+    plan made for the smaller one."""
+    a = signature_of((torch.zeros(2, 16),), {}, True)
+    wide = signature_of((torch.zeros(2, 24),), {}, True)
+    tall = signature_of((torch.zeros(8, 16),), {}, True)
+    combos = Combinations()
+    combos.note((a, tall))
+    combos.note((a, wide))  # the most recent
+    assert combos.choose(a) == (a, tall)
