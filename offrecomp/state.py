@@ -463,6 +463,9 @@ class PassState(_WeakReferable):
     """Its root forwards' signatures, families and sizes so far (NOTE [Pass signatures])."""
     expected: tuple[Part, ...] = ()
     """The root forwards ``signature`` names: chosen at the first, then what ran."""
+    wants_entry: bool = False
+    """A storage outgrew the plan it borrowed: its own signature gets an entry (and
+    measures) when the pass ends (NOTE [Borrowed plans])."""
     made_entry: bool = False
     """Its planning made the plan entry of ``signature`` (dropped if that was a choice
     the pass departed from: NOTE [Pass signatures])."""

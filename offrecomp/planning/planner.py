@@ -282,13 +282,14 @@ class Planner:
         plans])."""
         call.mismatch = True
         if borrowed:
-            if p.signature not in self.entries:
-                self.cache.entry(p.signature, p)
+            # its own entry is made when the pass ends: a later root forward may still
+            # change its signature (NOTE [Pass signatures])
+            p.wants_entry = True
             log.info(
                 "offrecomp: region %r call %d saves storage %d larger than in the plan of "
                 "signature %s that this pass borrowed; dropping its activations this pass, "
-                "measuring signature %s next time",
-                call.name, call.call_index, index, p.plan_signature, p.signature,
+                "and its own signature measures next time",
+                call.name, call.call_index, index, p.plan_signature,
             )
             return
         entry = self.entries.get(p.signature)
@@ -379,6 +380,8 @@ class Planner:
             self._end_pass(p)
 
     def _end_pass(self, p: PassState) -> None:
+        if p.wants_entry and not p.aborted and p.signature not in self.entries:
+            self.cache.entry(p.signature, p)  # NOTE [Borrowed plans]: it measures next time
         if p.recording:
             if not p.aborted and p.stage is Stage.BACKWARD and p.calls:
                 log.info(

@@ -4,6 +4,7 @@ a pass without a root forward is named by its first region call."""
 from __future__ import annotations
 
 import gc
+import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -223,3 +224,35 @@ def test_the_largest_combination_is_the_one_with_more_elements() -> None:
     combos.note((a, tall))
     combos.note((a, wide))  # the most recent
     assert combos.choose(a) == (a, tall)
+
+
+def test_a_pass_outgrowing_its_borrowed_plan_mid_way_makes_no_entry_for_its_first_forwards() -> None:
+    """Three forwards in a changing order: a pass that departs from its choice at its
+    second forward borrows, and one of its storages outgrows that plan; the entry it
+    measures under next is made when the pass ends, for all three forwards, never for
+    the two it had run so far (such entries would evict real ones from the plan cache;
+    a first pass's entry for its first forward alone is made, and dropped when it
+    departs)."""
+    model, _ = make("gpt_dropout")
+    shuffle = random.Random(5)
+    orders = [shuffle.sample([8, 16, 24], 3) for _ in range(24)]
+
+    def body(model: nn.Module, i: int) -> torch.Tensor:
+        return sum((model(_tokens(10 * i + k, t)) for k, t in enumerate(orders[i])), torch.zeros(()))
+
+    made: list[str] = []
+    from offrecomp.planning.entries import PlanCache
+
+    original = PlanCache.entry
+
+    def spy(self: PlanCache, signature: str, p: Any = None) -> Any:
+        if signature not in self.entries:
+            made.append(signature)
+        return original(self, signature, p)
+
+    PlanCache.entry = spy  # type: ignore[method-assign]
+    try:
+        _run_auto(model, body, 24, plan_cache_size=32)
+    finally:
+        PlanCache.entry = original  # type: ignore[method-assign]
+    assert made and not [sig for sig in made if sig.count(" + ") == 1], made
