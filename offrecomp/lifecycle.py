@@ -208,11 +208,17 @@ class Lifecycle:
     def _adopt_signature(self, p: PassState, part: Part) -> None:
         """``p`` began at a save before the model's forward, without a signature: it takes
         the forward's, and is planned for it."""
+        guess = p.signature
         self._choose(p, part)
         p.recording = p.planned = False
         p.phase = p.plan_id = p.plan_signature = ""
         self._note_signature(p)
+        self._planner.left(p, guess)
         self._planner.begin_pass(p)
+        root = p.root
+        if root is not None:  # its saves so far were placed unplanned; the rest by the plan
+            self._planner.assign(p, root)
+            root.fixed = self._placements.fixed(root)
 
     def _join(self, p: PassState, part: Part) -> None:
         """One more root forward of ``p``, with ``part``: does it run what ``p`` was

@@ -229,16 +229,23 @@ class Planner:
             call.name, call.call_index, p.signature,
         )
 
+    def left(self, p: PassState, signature: str) -> PlanEntry | None:
+        """``p`` no longer runs under ``signature``, a guess it began with: the entry its
+        planning made for that guess alone goes (it would hold a slot of the plan cache
+        for good); the entry, if it stays."""
+        entry = self.entries.get(signature)
+        if entry is not None and p.made_entry and entry.profile is None:
+            del self.entries[signature]
+            entry = None
+        p.made_entry = False
+        return entry
+
     def resign(self, p: PassState, chosen: str) -> None:
         """NOTE [Pass signatures]: ``p`` was planned for signature ``chosen``, and its root
         forwards departed from it; ``p.signature`` now names what ran. The rest of the
         pass goes on as its phase allows, and the pass teaches no cost model."""
         with _planner_time(p):
-            entry = self.entries.get(chosen)
-            if entry is not None and p.made_entry and entry.profile is None:
-                del self.entries[chosen]  # made for the choice alone
-                entry = None
-            p.made_entry = False
+            entry = self.left(p, chosen)
             if self.host.config.mode != "auto":
                 return
             p.reprofile = False  # its calls are not all the signature's
