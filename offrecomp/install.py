@@ -403,12 +403,12 @@ class Installer:
             warn_compiled(region.name)
             return None
         life = self._life
-        if life.signature is None and life.wants_signature():
-            # a pass without a root forward (NOTE [Pass signatures]): its first call's inputs
+        if life.signature is None and life.wants_signature(region.name):
+            # a pass without a root forward (NOTE [Pass signatures]): its calls' inputs
             first = next(region.module.parameters(), None)
-            life.signature, life.family, life.dims = signature_of(
+            life.name_by_region(region.name, signature_of(
                 args, kwargs, region.module.training, region.name, first.dtype if first is not None else None
-            )
+            ))
         call = self._calls.enter(region, original, args, kwargs)
         call.under_mode = call.watch is not None or call.recorder is not None
         if region.mode_sensitive and not call.under_mode:

@@ -104,6 +104,8 @@ class Lifecycle:
         self.family = ""
         self.dims: tuple[int, ...] = ()
         self._combinations = Combinations()  # NOTE [Pass signatures]
+        self._naming = ""  # the region whose call names the next part ("": a root forward)
+        self._taken = ""  # the same, for the part taken last
         self._ooms: int | None = None  # the allocator's OOM count when the last pass ended
         self.steps: deque[StepRecord] = deque(maxlen=REPORT_MAX_STEPS)
         self.explicit_steps = False  # inside rt.step(): only the block's end closes the step
@@ -187,21 +189,32 @@ class Lifecycle:
                 self._adopt_signature(p, part)
         return p
 
-    def wants_signature(self) -> bool:
-        """Would forward activity now begin a pass, or join one that has no signature yet
-        (NOTE [Pass signatures]: a region call then names it)?"""
+    def wants_signature(self, region: str) -> bool:
+        """Does a call of ``region`` outside every root forward name a part of the pass
+        (NOTE [Pass signatures])? Yes when it begins a pass, joins one that has no
+        signature yet, or is one more call of the region that named its pass (a loop
+        calling ``model.compute_loss`` twice)."""
         p = self.current
-        return p is None or p.stage is not FORWARD or p.aborted or not p.parts
+        if p is None or p.stage is not FORWARD or p.aborted or not p.parts:
+            return True
+        return p.named_by == region and not self.stack.roots
+
+    def name_by_region(self, region: str, part: Part) -> None:
+        """The next forward activity is a call of ``region`` that names a part."""
+        self.signature, self.family, self.dims = part
+        self._naming = region
 
     def _take_part(self) -> Part:
         part = (self.signature or "unknown", self.family, self.dims)
         self.signature, self.family, self.dims = None, "", ()
+        self._taken, self._naming = self._naming, ""
         return part
 
     def _choose(self, p: PassState, part: Part) -> None:
         """``p``'s first root forward had ``part``: the combination it is planned for
         (NOTE [Pass signatures])."""
         p.parts = [part]
+        p.named_by = self._taken
         p.expected = self._combinations.choose(part)
         p.signature, p.family, p.dims = combine(p.expected)
 

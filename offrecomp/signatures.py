@@ -41,7 +41,8 @@ whenever it does. A root forward called inside another (a model calling itself) 
 of the outer forward and adds nothing. A pass that begins at a region call, with no root
 forward (a loop calling ``model.compute_loss(batch)``, which calls the blocks itself),
 takes the signature of that call's inputs, named by its region
-("train|blocks.0:(2, 16, 32):float32:cpu").
+("train|blocks.0:(2, 16, 32):float32:cpu"); each later call of that region outside
+every root forward (``compute_loss`` called twice in a pass) is one more part.
 """
 
 from __future__ import annotations

@@ -463,6 +463,9 @@ class PassState(_WeakReferable):
     """Its root forwards' signatures, families and sizes so far (NOTE [Pass signatures])."""
     expected: tuple[Part, ...] = ()
     """The root forwards ``signature`` names: chosen at the first, then what ran."""
+    named_by: str = ""
+    """The region whose call named its first part, when no root forward did: its later
+    calls outside every root forward are parts too (NOTE [Pass signatures])."""
     wants_entry: bool = False
     """A storage outgrew the plan it borrowed: its own signature gets an entry (and
     measures) when the pass ends (NOTE [Borrowed plans])."""

@@ -188,6 +188,24 @@ def test_a_loop_without_a_root_forward_is_named_by_its_first_region_call() -> No
     assert all(s.peak_activation_bytes <= budget for s in steps[4:])
 
 
+def test_each_call_of_the_naming_region_outside_a_forward_is_a_part() -> None:
+    """``compute_loss`` called twice in a pass (a fixed query, a document of alternating
+    length): both calls name the pass, so each combination plans instead of every pass
+    measuring again because its second call outgrew the profile."""
+    model = _LossOnly()
+    lengths = [24, 12] * 6
+
+    def body(m: nn.Module, i: int) -> torch.Tensor:
+        return m.compute_loss(_tokens(i, 16)) + m.compute_loss(_tokens(100 + i, lengths[i]))
+
+    rt, budget = _run_auto(model, body, len(lengths))
+    steps = rt.report().steps
+    sig = "train|gpt.blocks.0:(2, {}, 32):float32:cpu"
+    assert steps[-1].signature == f"{sig.format(16)} + {sig.format(lengths[-1])}"
+    assert {s.phase for s in steps[6:]} <= {"planned", "borrowed"}, [s.phase for s in steps]
+    assert all(s.peak_activation_bytes <= budget for s in steps[6:])
+
+
 def test_a_region_named_signature_under_a_forced_mode() -> None:
     """Under keep too (no planner): the step records name the signature."""
     model = _LossOnly()
