@@ -435,9 +435,14 @@ class Installer:
             if call.passive is not None:
                 call.passive.__exit__(None, None, None)
                 call.passive = None
+            life = self._life
+            p = call.pass_state
             if exc is not None:
-                self._life.abort(call.pass_state, exc)
-            elif (
+                life.abort(p, exc)
+                return
+            if p is not None and p.named_by == call.name and not life.stack.roots:
+                life.watch_graphs(p, out)  # a call that names a pass: NOTE [Dropped graphs]
+            if (
                 not call.native
                 and self._diag.wants_hidden_check()
                 and not any(r.kind == "activation" for r in call.storages)

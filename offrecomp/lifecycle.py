@@ -183,6 +183,8 @@ class Lifecycle:
             # next pass's): the pass's first when the pass began at a save before any
             # forward (``model(model.embed(x))``), else one more (NOTE [Pass signatures])
             part = self._take_part()
+            if self._taken and not p.named_by:
+                p.named_by = self._taken  # its later calls outside a forward are parts too
             if p.parts:
                 self._join(p, part)
             elif not p.calls:
@@ -197,7 +199,7 @@ class Lifecycle:
         p = self.current
         if p is None or p.stage is not FORWARD or p.aborted or not p.parts:
             return True
-        return p.named_by == region and not self.stack.roots
+        return not self.stack.roots and p.named_by in ("", region)
 
     def name_by_region(self, region: str, part: Part) -> None:
         """The next forward activity is a call of ``region`` that names a part."""
@@ -306,7 +308,8 @@ class Lifecycle:
             tc.queue_backward_callback(functools.partial(self._backward_done, weakref.ref(p)))
 
     def watch_graphs(self, p: PassState, out: Any) -> None:
-        """NOTE [Dropped graphs]: mark the graphs a root forward of ``p`` returned."""
+        """NOTE [Dropped graphs]: mark the graphs a root forward of ``p`` returned (or a
+        call of the region that names a pass without one)."""
         if p is not self.current or p.stage is not FORWARD:
             return
         for t in tc.tree_leaves(out)[:8]:
@@ -412,6 +415,8 @@ class Lifecycle:
             self.on_oom(p)
 
     def on_oom(self, p: PassState | None) -> None:
+        if self._ooms is not None:
+            self._ooms = self._device.oom_count()  # this one is told: the pass end must not count it again
         if p is not None and not p.oom_seen:
             p.oom_seen = True
             self._planner.on_oom(p)
@@ -561,7 +566,8 @@ class _GraphMarker:
 # A forward with grad whose graph is dropped without backward (a metric or validation
 # forward, an EMA model evaluated with grad on) leaves its pass in the forward stage; the
 # next training forward would join it, and run under the metric's signature and plan.
-# Each root forward hangs a marker object on the autograd nodes of the tensors it returns
+# Each root forward (and, in a pass without one, each call of the region that names it:
+# NOTE [Pass signatures]) hangs a marker object on the autograd nodes of the tensors it returns
 # (``grad_fn.metadata``), and the pass keeps weak references to them: once all are dead,
 # every graph the pass's forwards returned is gone, so a root forward that begins then
 # ends that pass (as aborted: it taught nothing) and begins its own. A graph still

@@ -42,7 +42,9 @@ of the outer forward and adds nothing. A pass that begins at a region call, with
 forward (a loop calling ``model.compute_loss(batch)``, which calls the blocks itself),
 takes the signature of that call's inputs, named by its region
 ("train|blocks.0:(2, 16, 32):float32:cpu"); each later call of that region outside
-every root forward (``compute_loss`` called twice in a pass) is one more part.
+every root forward (``compute_loss`` called twice in a pass) is one more part. In a pass
+named by its root forward, the first region called outside every root forward (a
+``compute_loss`` after ``model(q)``) names a part, and so do its later calls there.
 """
 
 from __future__ import annotations

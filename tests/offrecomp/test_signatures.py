@@ -206,6 +206,45 @@ def test_each_call_of_the_naming_region_outside_a_forward_is_a_part() -> None:
     assert all(s.peak_activation_bytes <= budget for s in steps[6:])
 
 
+class _LossAndForward(_LossOnly):
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.compute_loss(idx)
+
+
+def test_a_region_call_outside_the_forward_after_it_is_a_part() -> None:
+    """``model(q) + model.compute_loss(d)``: the blocks called after the root forward,
+    outside it, are a part of the signature, so each length of ``d`` plans within the
+    budget instead of running on the plan of another."""
+    model = _LossAndForward()
+    lengths = [12, 12, 12, 20] * 4
+
+    def body(m: nn.Module, i: int) -> torch.Tensor:
+        return m(_tokens(i, 16)) + m.compute_loss(_tokens(100 + i, lengths[i]))
+
+    rt, budget = _run_auto(model, body, len(lengths), fraction=0.8)
+    steps = rt.report().steps
+    assert all(s.signature.endswith(f"blocks.0:(2, {t}, 32):float32:cpu") for s, t in zip(steps, lengths)), [
+        s.signature for s in steps
+    ]
+    assert all(s.peak_activation_bytes <= budget for s in steps), [s.peak_activation_bytes for s in steps]
+
+
+def test_a_dropped_graph_of_a_region_named_pass_ends_it() -> None:
+    """NOTE [Dropped graphs] for a pass without a root forward: a metric
+    ``compute_loss`` with grad whose graph is dropped is a pass of its own, not the first
+    part of the training pass that follows."""
+    model = _LossOnly()
+
+    def body(m: nn.Module, i: int) -> torch.Tensor:
+        m.compute_loss(_tokens(500 + i, 16)).detach()  # the metric: its graph goes at once
+        return m.compute_loss(_tokens(i, 16))
+
+    rt, _ = _run_auto(model, body, 8)
+    steps = rt.report().steps
+    assert all(" + " not in s.signature for s in steps), [s.signature for s in steps]
+    assert {s.phase for s in steps[4:]} == {"planned"}, [s.phase for s in steps]
+
+
 def test_a_region_named_signature_under_a_forced_mode() -> None:
     """Under keep too (no planner): the step records name the signature."""
     model = _LossOnly()

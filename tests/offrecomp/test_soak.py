@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -12,7 +13,7 @@ import torch
 
 import offrecomp
 from tests import models
-from tests.helpers import assert_bitwise, make, train, twin
+from tests.helpers import assert_bitwise, make, tight_budget, train, twin
 
 
 def _live_tensors() -> int:
@@ -138,6 +139,44 @@ def test_an_oom_raised_outside_the_model_gives_a_safer_plan(
     assert before.budget_bytes is not None and after.budget_bytes is not None
     assert after.budget_bytes < before.budget_bytes
     assert caplog.text.count("device out of memory") == 1
+
+
+def test_an_oom_a_replay_raised_is_counted_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Unseen out-of-memory errors]: a replay's OOM, told to the planner where it
+    is caught, is not counted again by the next pass's end (one shrink, to 70%)."""
+    from offrecomp import hooks
+    from offrecomp.measure import DeviceClock
+
+    ooms = {"n": 0, "arm": False}
+    monkeypatch.setattr(DeviceClock, "oom_count", lambda self: ooms["n"])
+    original = hooks.replay_call
+
+    def replay(*args: Any, **kwargs: Any) -> Any:
+        if ooms["arm"]:
+            ooms["arm"] = False
+            ooms["n"] += 1
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated, in a replay)")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(hooks, "replay_call", replay)
+    model, batch = make("gpt_dropout")
+    budget = tight_budget(model, batch)
+    m = twin(model)
+    rt = offrecomp.runtime(m, mode="auto", budget=budget, min_bytes=0)
+    with rt:
+        for _ in range(3):  # measure, calibrate, plan
+            m(batch(0)).backward()
+        loss = m(batch(0))
+        loss.backward(retain_graph=True)
+        ooms["arm"] = True
+        with pytest.raises(torch.OutOfMemoryError):
+            loss.backward()
+        assert not ooms["arm"], "no replay ran in the second backward"
+        del loss
+        m.zero_grad(set_to_none=True)
+        for _ in range(2):
+            m(batch(0)).backward()
+    assert sorted(round(e.budget_scale, 3) for e in rt.planner.entries.values()) == [0.7]
 
 
 def test_host_memory_pressure_stops_offloading(monkeypatch: pytest.MonkeyPatch) -> None:
