@@ -116,7 +116,7 @@ class OffloadGroups:
             on_device = self._on_device = (
                 _IS_CUDA if kind == "cuda" else _IS_CPU if kind == "cpu" else lambda x: x.device.type == kind
             )
-        if not on_device(t) or t.is_neg() or t.is_conj():
+        if not (on_device(t) and reads_bytes_as_stored(t)):
             return None
         return (self.engine or self.get_engine()).admit(nbytes)
 

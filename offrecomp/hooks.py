@@ -270,9 +270,7 @@ class Placer:
             rec.aliased = True
         if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
             rec.save_mark = self._life.mark()
-        if fallback is not None:
-            self._account(p, call, rec, t, storage, fallback)
-        elif placement is KEEP:
+        if placement is KEEP and fallback is None:
             # PassStats.keep, inlined: one call less on the hottest path
             stats = p.stats
             rec.resident = True
@@ -280,9 +278,6 @@ class Placer:
             resident = stats.resident_bytes = stats.resident_bytes + nbytes
             if resident > stats.peak_resident_bytes:
                 stats.peak_resident_bytes = resident
-        elif placement is OFFLOAD:
-            self._groups.add(call, rec, t, storage)
-            p.stats.offloaded_bytes += nbytes
         else:
             self._account(p, call, rec, t, storage, fallback)
         return rec

@@ -30,7 +30,7 @@ import torch
 
 from offrecomp.backends import Backend, Event, Stream
 from offrecomp.config import Prefetch, format_bytes
-from offrecomp.pool import ALIGN_BYTES, Block, FailureReason, PinnedPool
+from offrecomp.pool import Block, FailureReason, PinnedPool, aligned
 from offrecomp.transfer import Group, GroupState, OffloadStats, gbps
 
 __all__ = ["OffloadEngine"]
@@ -319,7 +319,7 @@ class OffloadEngine:
         the pool's limit, so a storage the pool cannot hold falls back before its handle
         is made (a refusal at issue() keeps the whole group). On True the caller adds it
         to a group; its bytes count as the engine's until the group is issued."""
-        need = -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES  # aligned(nbytes), inlined: once per save
+        need = aligned(nbytes)
         pool = self.pool
         if pool.refusing or pool.in_use_bytes + self._open_reserved + need > pool.limit_bytes:
             with self._locked():
@@ -355,7 +355,7 @@ class OffloadEngine:
             device = group.device
             backend = self.backend
             sources = group.sources
-            if group.flat:  # a flat uint8 tensor over each storage (new() is the cheapest)
+            if None in group.shapes:  # a flat uint8 tensor over each storage (new() is the cheapest)
                 empty = self._empties.get(device)
                 if empty is None:
                     empty = self._empties[device] = torch.empty(0, dtype=torch.uint8, device=device)

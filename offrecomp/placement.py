@@ -160,7 +160,7 @@ class Placements:
         if pl is RECOMPUTE:
             return _DROPPED
         # OFFLOAD: can the storage move, and does the pool take it?
-        if kind == "activation" and t._base is None and t.nbytes < nbytes:  # untracked_alias, inlined
+        if kind == "activation" and untracked_alias(t, nbytes):
             return KEEP, "aliased_to_keep"
         admitted = self._groups.admit(t, nbytes)
         if admitted:

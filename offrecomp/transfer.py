@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from offrecomp.backends import Event
-from offrecomp.pool import ALIGN_BYTES, Block, aligned
+from offrecomp.pool import Block, aligned
 
 __all__ = ["Group", "GroupState", "OffloadStats", "gbps", "slot_offsets"]
 
@@ -62,7 +62,6 @@ class Group:
         "_waited",
         "device",
         "fetches",
-        "flat",
         "handles",
         "nbytes",
         "offsets",
@@ -83,7 +82,6 @@ class Group:
         self.sources: list[Any] = []  # until issue(): see ``add``
         self.sizes: list[int] = []
         self.shapes: list[tuple[torch.dtype, torch.Size] | None] = []  # a typed source's geometry
-        self.flat = 0  # sources that are storages (issue() makes a flat tensor of each)
         self.offsets: list[int] = []  # slot_offsets(sizes), kept as storages are added
         self.nbytes = 0  # the block's size: aligned slots
         self.payload_bytes = 0  # bytes of the storages, without alignment
@@ -109,13 +107,11 @@ class Group:
         [Typed sources] in offload.py. The group holds it until its copy landed."""
         self.sources.append(source)
         self.shapes.append(shape)
-        if shape is None and not isinstance(source, torch.Tensor):
-            self.flat += 1
         sizes = self.sizes
         sizes.append(nbytes)
         end = self.nbytes
         self.offsets.append(end)
-        self.nbytes = end - (-nbytes // ALIGN_BYTES) * ALIGN_BYTES  # end + aligned(nbytes), inlined
+        self.nbytes = end + aligned(nbytes)
         self.payload_bytes += nbytes
         return len(sizes) - 1
 
