@@ -86,7 +86,7 @@ from offrecomp.regions import (
     compiled_module,
 )
 from offrecomp.replay import in_replay
-from offrecomp.signatures import signature_of
+from offrecomp.signatures import Part, signature_of
 from offrecomp.state import PassState, RegionCall
 from offrecomp.trace import PassiveMode
 
@@ -319,10 +319,7 @@ class Installer:
                     warn_compiled(", ".join(r.name for r in regions))
                 self._check_regions()
                 if not life.stack.roots:  # one inside another is part of it (NOTE [Pass signatures])
-                    first = next(module.parameters(), None)
-                    life.signature, life.family, life.dims = signature_of(
-                        args, kwargs, module.training, name, first.dtype if first is not None else None
-                    )
+                    life.next_part(_part(module, name, args, kwargs))
                 p = life.forward_activity()
                 life.stack.roots += 1
                 return p
@@ -403,12 +400,9 @@ class Installer:
             warn_compiled(region.name)
             return None
         life = self._life
-        if life.signature is None and life.wants_signature(region.name):
+        if life.wants_signature(region.name):
             # a pass without a root forward (NOTE [Pass signatures]): its calls' inputs
-            first = next(region.module.parameters(), None)
-            life.name_by_region(region.name, signature_of(
-                args, kwargs, region.module.training, region.name, first.dtype if first is not None else None
-            ))
+            life.next_part(_part(region.module, region.name, args, kwargs), region.name)
         call = self._calls.enter(region, original, args, kwargs)
         call.under_mode = call.watch is not None or call.recorder is not None
         if region.mode_sensitive and not call.under_mode:
@@ -450,6 +444,13 @@ class Installer:
                 self._diag.check_hidden_saves(call.name, call.pack_count, inputs, out)
         finally:
             self._calls.exit(call)
+
+
+def _part(module: nn.Module, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Part:
+    """The signature part of a call of ``module`` (a root or a region named ``name``):
+    its inputs, its training flag and its parameters' dtype."""
+    first = next(module.parameters(), None)
+    return signature_of(args, kwargs, module.training, name, first.dtype if first is not None else None)
 
 
 def is_container(m: nn.Module) -> bool:

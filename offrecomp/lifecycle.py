@@ -98,14 +98,10 @@ class Lifecycle:
         self.stack = _CallStack()  # region calls whose forward runs (this thread)
         self.forwards_running = 0  # region calls whose forward has not returned (any thread)
         self.recording = False  # an op recorder is active (measuring pass, inside a region)
-        # the next root forward's signature (or a first region call's), its family (NOTE
-        # [Borrowed plans]) and sizes: set before its forward_activity, which takes them
-        self.signature: str | None = None
-        self.family = ""
-        self.dims: tuple[int, ...] = ()
+        # the part the next forward activity takes (``next_part``) and the region whose
+        # call named it ("": a root forward)
+        self._next: tuple[Part, str] | None = None
         self._combinations = Combinations()  # NOTE [Pass signatures]
-        self._naming = ""  # the region whose call names the next part ("": a root forward)
-        self._taken = ""  # the same, for the part taken last
         self._ooms: int | None = None  # the allocator's OOM count when the last pass ended
         self.steps: deque[StepRecord] = deque(maxlen=REPORT_MAX_STEPS)
         self.explicit_steps = False  # inside rt.step(): only the block's end closes the step
@@ -165,8 +161,9 @@ class Lifecycle:
         p = self.current
         if between_backwards and p is not None and p.stage is AWAITING and not p.aborted:
             return p
+        pending = self._next
         if (
-            self.signature is not None and p is not None and p.stage is FORWARD and p.graphs
+            pending is not None and p is not None and p.stage is FORWARD and p.graphs
             and all(r() is None for r in p.graphs)
         ):
             # NOTE [Dropped graphs]: a root forward after every graph of the running pass
@@ -178,17 +175,17 @@ class Lifecycle:
             elif p is not None:
                 self.finish_pass()
             p = self._begin_pass()
-        elif self.signature is not None:
+        elif pending is not None:
             # a root forward joining the running pass (taken here: it must not become the
             # next pass's): the pass's first when the pass began at a save before any
             # forward (``model(model.embed(x))``), else one more (NOTE [Pass signatures])
-            part = self._take_part()
-            if self._taken and not p.named_by:
-                p.named_by = self._taken  # its later calls outside a forward are parts too
+            self._next = None
+            part, region = pending
             if p.parts:
+                p.named_by = p.named_by or region  # its later calls outside a forward are parts too
                 self._join(p, part)
             elif not p.calls:
-                self._adopt_signature(p, part)
+                self._adopt_signature(p, part, region)
         return p
 
     def wants_signature(self, region: str) -> bool:
@@ -196,35 +193,31 @@ class Lifecycle:
         (NOTE [Pass signatures])? Yes when it begins a pass, joins one that has no
         signature yet, or is one more call of the region that named its pass (a loop
         calling ``model.compute_loss`` twice)."""
+        if self._next is not None:
+            return False  # a root forward named it already
         p = self.current
         if p is None or p.stage is not FORWARD or p.aborted or not p.parts:
             return True
         return not self.stack.roots and p.named_by in ("", region)
 
-    def name_by_region(self, region: str, part: Part) -> None:
-        """The next forward activity is a call of ``region`` that names a part."""
-        self.signature, self.family, self.dims = part
-        self._naming = region
+    def next_part(self, part: Part, region: str = "") -> None:
+        """The next forward activity is a root forward (or a call of ``region``) whose
+        inputs have signature, family and sizes ``part``."""
+        self._next = (part, region)
 
-    def _take_part(self) -> Part:
-        part = (self.signature or "unknown", self.family, self.dims)
-        self.signature, self.family, self.dims = None, "", ()
-        self._taken, self._naming = self._naming, ""
-        return part
-
-    def _choose(self, p: PassState, part: Part) -> None:
-        """``p``'s first root forward had ``part``: the combination it is planned for
-        (NOTE [Pass signatures])."""
+    def _choose(self, p: PassState, part: Part, region: str) -> None:
+        """``p``'s first root forward (or call of ``region``) had ``part``: the
+        combination it is planned for (NOTE [Pass signatures])."""
         p.parts = [part]
-        p.named_by = self._taken
+        p.named_by = region
         p.expected = self._combinations.choose(part)
         p.signature, p.family, p.dims = combine(p.expected)
 
-    def _adopt_signature(self, p: PassState, part: Part) -> None:
+    def _adopt_signature(self, p: PassState, part: Part, region: str) -> None:
         """``p`` began at a save before the model's forward, without a signature: it takes
         the forward's, and is planned for it."""
         guess = p.signature
-        self._choose(p, part)
+        self._choose(p, part, region)
         p.recording = p.planned = False
         p.phase = p.plan_id = p.plan_signature = ""
         self._note_signature(p)
@@ -257,8 +250,9 @@ class Lifecycle:
 
     def _begin_pass(self) -> PassState:
         p = PassState(index=self._passes, signature="unknown", mode=self._config.mode)
-        if self.signature is not None:
-            self._choose(p, self._take_part())
+        pending, self._next = self._next, None
+        if pending is not None:
+            self._choose(p, *pending)
         self._passes += 1
         self._note_signature(p)
         self._planner.begin_pass(p)
@@ -368,9 +362,10 @@ class Lifecycle:
             self._settle(p)
         self.current = None
         p.end_time = time.perf_counter()
-        if self._device.cuda:
-            p.device_peak = int(torch.cuda.max_memory_allocated(self._device.device)) - p.alloc_start
-        self._count_ooms(p)
+        stats = self._device.allocator_stats()
+        if self._device.cuda:  # torch.cuda.max_memory_allocated reads the same counter
+            p.device_peak = int(stats.get("allocated_bytes.all.peak", 0)) - p.alloc_start
+        self._count_ooms(p, stats)
         for call in p.all_calls():  # counted here, not on the save path
             p.stats.saved_tensors += call.pack_count
             p.stats.storages += len(call.storages)
@@ -406,10 +401,10 @@ class Lifecycle:
         if oom:
             self.on_oom(p)
 
-    def _count_ooms(self, p: PassState) -> None:
+    def _count_ooms(self, p: PassState, stats: dict[str, Any]) -> None:
         """NOTE [Unseen out-of-memory errors]: did the allocator raise one since the last
-        pass ended?"""
-        ooms = self._device.oom_count()
+        pass ended (``stats``: its counters now)?"""
+        ooms = self._device.oom_count(stats)
         seen, self._ooms = self._ooms, ooms
         if seen is not None and ooms > seen:
             self.on_oom(p)

@@ -155,12 +155,20 @@ class DeviceClock:
     def cuda(self) -> bool:
         return self.clock.cuda
 
-    def oom_count(self) -> int:
-        """Out-of-memory errors the device's caching allocator has raised in this process
-        (NOTE [Unseen out-of-memory errors] in lifecycle.py); 0 off CUDA."""
+    def allocator_stats(self) -> dict[str, Any]:
+        """The CUDA caching allocator's counters (``torch.cuda.memory_stats``: one read
+        gives a pass's peak and OOM count); empty off CUDA."""
         if not self.clock.cuda:
-            return 0
-        return int(torch.cuda.memory_stats(self.device).get("num_ooms", 0))
+            return {}
+        return dict(torch.cuda.memory_stats(self.device))
+
+    def oom_count(self, stats: dict[str, Any] | None = None) -> int:
+        """Out-of-memory errors the device's caching allocator has raised in this process
+        (NOTE [Unseen out-of-memory errors] in lifecycle.py), read from ``stats`` (an
+        ``allocator_stats()``) or now; 0 off CUDA."""
+        if stats is None:
+            stats = self.allocator_stats()
+        return int(stats.get("num_ooms", 0))
 
 
 def device_capacity_bytes(device: torch.device) -> int:

@@ -116,7 +116,7 @@ def test_an_oom_raised_outside_the_model_gives_a_safer_plan(
     from offrecomp.measure import DeviceClock
 
     ooms = {"n": 3}  # raised before the runtime's first pass: not its own
-    monkeypatch.setattr(DeviceClock, "oom_count", lambda self: ooms["n"])
+    monkeypatch.setattr(DeviceClock, "oom_count", lambda self, stats=None: ooms["n"])
     model, batch = make("gpt_dropout")
     m = twin(model)
     rt = offrecomp.runtime(m, mode="auto", budget="80%", min_bytes=0)
@@ -148,7 +148,7 @@ def test_an_oom_a_replay_raised_is_counted_once(monkeypatch: pytest.MonkeyPatch)
     from offrecomp.measure import DeviceClock
 
     ooms = {"n": 0, "arm": False}
-    monkeypatch.setattr(DeviceClock, "oom_count", lambda self: ooms["n"])
+    monkeypatch.setattr(DeviceClock, "oom_count", lambda self, stats=None: ooms["n"])
     original = hooks.replay_call
 
     def replay(*args: Any, **kwargs: Any) -> Any:
