@@ -345,9 +345,11 @@ class EmulatedBackend(Backend):
     name = "emulated"
     device_type = "cpu"
 
-    def __init__(self, copy_delay_s: float = 0.0, start_delay_s: float = START_DELAY_S) -> None:
+    def __init__(self, copy_delay_s: float = 0.0, start_delay_s: float | None = None) -> None:
         self.copy_delay_s = copy_delay_s
-        self.start_delay_s = start_delay_s
+        # read at construction: a tool may set the module's START_DELAY_S before a runtime
+        # makes its engine (benchmarks/count_hot_path.py)
+        self.start_delay_s = START_DELAY_S if start_delay_s is None else start_delay_s
         self._compute = _EmuStream("compute", None)
         self._workers: list[_EmuStream] = []
         self._errors: list[str] = []

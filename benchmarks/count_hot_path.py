@@ -1,0 +1,198 @@
+"""Bytecodes per saved tensor: the save path counted, not timed.
+
+    python benchmarks/count_hot_path.py [--ops 200] [--region-saves 16] [--steps 3]
+        [--top 25] [--out counts.json]
+
+On a shared machine the timed figures of bench_host_overhead.py move by 10-20% between
+runs, so a change of a few percent to the save path cannot be ranked by timing. The
+Python bytecodes a step executes are the same on every run: this script counts them with
+an opcode tracer (``sys.settrace`` with ``f_trace_opcodes``) over a few steps of each
+variant of bench_host_overhead.py, subtracts the plain step's count, and divides by the
+saves. For the offload variant it also lists the functions those bytecodes run in, with
+their bytecodes and calls per saved tensor.
+
+A bytecode count is not a time: a bytecode that calls into torch costs more than one that
+adds two integers, and C work (torch ops, the copies, allocation, the collector) is not
+counted. Rank changes of the Python path by it; quote the timed benchmark for the figure.
+
+Collections are off while counting (a collection runs Python callbacks at points that
+depend on the allocator's history). The emulated offload backend's workers start a copy
+``START_DELAY_S`` after it was queued, and a thread that waits for it first runs it
+itself (NOTE [Emulated waits] in offrecomp/backends.py); which thread runs it depends on
+timing, so this script sets the delay beyond any step: the counted thread runs every copy
+it waits for, on every run alike. Two windows are counted per variant and the second is
+reported; periodic work (one hook call in 16 timed, one copy in N timed, the planner's
+cadence) can make them differ, and the script says by how much.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import CodeType, FrameType
+from typing import Any
+
+import torch
+
+if __package__ in (None, ""):  # run as a script: make the repo importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import offrecomp
+from benchmarks.bench_host_overhead import REGION_SAVES, _Model
+from offrecomp import backends
+
+ROOT = Path(__file__).resolve().parents[1]
+WARMUP_STEPS = 20  # auto's measuring and calibration passes, then its plan
+
+
+class _Counter:
+    """Bytecodes and calls per code object while installed as the trace function."""
+
+    def __init__(self) -> None:
+        self.ops: collections.Counter[CodeType] = collections.Counter()
+        self.calls: collections.Counter[CodeType] = collections.Counter()
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "call":
+            frame.f_trace_opcodes = True
+            frame.f_trace_lines = False
+            self.calls[frame.f_code] += 1
+            return self._local
+        return None
+
+    def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "opcode":
+            self.ops[frame.f_code] += 1
+        return self._local
+
+    @property
+    def total(self) -> int:
+        return sum(self.ops.values())
+
+
+def _count(fn: Callable[[], None]) -> _Counter:
+    counter = _Counter()
+    enabled = gc.isenabled()
+    gc.disable()
+    sys.settrace(counter)
+    try:
+        fn()
+    finally:
+        sys.settrace(None)
+        if enabled:
+            gc.enable()
+    return counter
+
+
+def _where(code: CodeType) -> str:
+    path = Path(code.co_filename)
+    try:
+        name = str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        name = path.name
+    return f"{name}:{code.co_firstlineno}:{code.co_qualname}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ops", type=int, default=200, help="ops (and saves) per step (default 200)")
+    ap.add_argument("--region-saves", type=int, default=REGION_SAVES,
+                    help=f"saves per region call in the offload and auto variants (default {REGION_SAVES})")
+    ap.add_argument("--steps", type=int, default=3, help="steps counted per window (default 3)")
+    ap.add_argument("--top", type=int, default=25, help="functions listed for the offload variant (default 25)")
+    ap.add_argument("--out", default=None, help="write the counts as JSON here")
+    args = ap.parse_args(argv)
+    if args.ops < 2 or args.region_saves < 1 or args.steps < 1 or args.top < 0:
+        ap.error(
+            f"--ops {args.ops}, --region-saves {args.region_saves}, --steps {args.steps}, --top {args.top}: "
+            "need ops >= 2, region saves and steps >= 1, top >= 0"
+        )
+    backends.START_DELAY_S = 3600.0  # before any runtime makes its engine (see the docstring)
+    torch.manual_seed(0)
+    n, steps = args.ops, args.steps
+    x = torch.randn(16)
+    blocks = max(1, n // args.region_saves)
+    plain_model, grouped = _Model(n), _Model(n, blocks=blocks)
+
+    def plain(m: torch.nn.Module) -> Callable[[], None]:
+        def run() -> None:
+            for _ in range(steps):
+                m(x).backward()
+
+        return run
+
+    def identity_hooks() -> None:
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            plain(plain_model)()
+
+    def in_runtime(m: torch.nn.Module, **kw: Any) -> Callable[[], None]:
+        rt = offrecomp.runtime(m, min_bytes=0, **kw)
+        with rt:  # warm up: first passes, engine, auto's plan
+            for _ in range(WARMUP_STEPS):
+                m(x).backward()
+
+        def run() -> None:
+            with rt:
+                plain(m)()
+
+        return run
+
+    saves = [0]
+
+    def count_save(t: torch.Tensor) -> torch.Tensor:
+        saves[0] += 1
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(count_save, lambda t: t):
+        plain_model(x).backward()
+    variants: dict[str, tuple[Callable[[], None], str]] = {  # name: (run, its baseline)
+        "identity hook pair (floor)": (identity_hooks, "plain"),
+        "offrecomp keep": (in_runtime(plain_model, mode="keep"), "plain"),
+        "offrecomp keep, hooks on": (in_runtime(_Model(n), mode="keep", native_keep=False), "plain"),
+        f"offrecomp offload, {args.region_saves} saves per region": (in_runtime(grouped, mode="offload"), "grouped"),
+        f"offrecomp auto, {args.region_saves} per region, kept": (
+            in_runtime(_Model(n, blocks=blocks), mode="auto"), "grouped"),
+    }
+    base = {"plain": _count(plain(plain_model)).total, "grouped": _count(plain(grouped)).total}
+    per_save: dict[str, float] = {}
+    unsteady: dict[str, float] = {}  # variant: relative difference of its two windows
+    detail: _Counter | None = None
+    for name, (run, baseline) in variants.items():
+        first, second = _count(run), _count(run)
+        if first.total != second.total:  # periodic work: sampled hook timing, timed copies, learning
+            unsteady[name] = abs(second.total - first.total) / max(first.total, second.total)
+        per_save[name] = (second.total - base[baseline]) / (steps * saves[0])
+        if name.startswith("offrecomp offload"):
+            detail = second
+    print(f"{saves[0]} saves and {n} ops per step, {steps} steps per window, torch {torch.__version__}, "
+          f"Python {sys.version.split()[0]}")
+    print(f"plain: {base['plain'] / steps:.0f} bytecodes per step")
+    print(f"{'variant':48s}{'bytecodes per save over plain':>32s}")
+    for name, v in per_save.items():
+        print(f"{name:48s}{v:32.1f}")
+    for name, diff in unsteady.items():
+        print(f"note: {name}: the two windows differ by {100 * diff:.1f}%")
+    top: list[dict[str, Any]] = []
+    if detail is not None and args.top:
+        unit = steps * saves[0]
+        print("\noffload variant, by function (bytecodes and calls per saved tensor):")
+        for code, ops in detail.ops.most_common(args.top):
+            top.append({"function": _where(code), "bytecodes": ops / unit, "calls": detail.calls[code] / unit})
+            print(f"{ops / unit:9.1f} {detail.calls[code] / unit:7.2f}  {_where(code)}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({
+            "ops": n, "saves": saves[0], "steps": steps, "region_saves": args.region_saves,
+            "torch": torch.__version__, "python": sys.version.split()[0],
+            "plain_bytecodes_per_step": base["plain"] / steps,
+            "bytecodes_per_save_over_plain": per_save, "unsteady": unsteady, "offload_functions": top,
+        }, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
