@@ -64,8 +64,9 @@ def _offload(engine: OffloadEngine, sources: list[torch.Tensor], ordinal: int) -
     group = engine.open_group(ordinal, sources[0].device)
     for src in sources:
         nbytes = src.untyped_storage().nbytes()
-        assert engine.admit(nbytes), "the pool refused a benchmark tensor"
-        group.add(src.untyped_storage(), nbytes)
+        need = engine.admit(nbytes)
+        assert need, "the pool refused a benchmark tensor"
+        group.add(src.untyped_storage(), nbytes, need)
     assert engine.issue(group), "the pool refused a benchmark group"
     return group
 

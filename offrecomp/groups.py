@@ -102,24 +102,6 @@ class OffloadGroups:
             log.info("offrecomp: offload engine on %s, host limit %s", device, format_bytes(host_limit))
         return self.engine
 
-    def admit(self, t: torch.Tensor, nbytes: int) -> bool | None:
-        """May the ``nbytes`` storage behind ``t`` go to host memory? None: it cannot move
-        (not of the runtime's device: on a GPU run, a CPU tensor is in host memory
-        already; or a view that reads it negated or conjugated, as offload moves bytes
-        only); False: the pinned pool has no room; True: admitted, and the caller adds
-        it to a group (``add``)."""
-        on_device = self._on_device
-        if on_device is None:
-            device = self._device.device
-            kind = device.type if device is not None else "cpu"
-            # is_cuda and is_cpu are flags; t.device makes a device object (a third of a µs)
-            on_device = self._on_device = (
-                _IS_CUDA if kind == "cuda" else _IS_CPU if kind == "cpu" else lambda x: x.device.type == kind
-            )
-        if not (on_device(t) and reads_bytes_as_stored(t)):
-            return None
-        return (self.engine or self.get_engine()).admit(nbytes)
-
     def end_step(self) -> OffloadStats | None:
         return self.engine.end_step() if self.engine is not None else None
 
@@ -130,12 +112,28 @@ class OffloadGroups:
 
     # ---------------------------------------------------------------- groups
 
-    def add(self, call: RegionCall, rec: StorageRec, t: torch.Tensor, storage: Any) -> None:
-        """Add an admitted OFFLOAD storage (behind ``t``) to ``call``'s open group: as an
-        alias of ``t`` when ``t`` covers it (NOTE [Typed sources] in offload.py), else as
-        the storage."""
-        engine = self.engine
-        assert engine is not None  # it admitted the storage
+    def join(self, call: RegionCall, rec: StorageRec, t: torch.Tensor, storage: Any) -> bool | None:
+        """Add the OFFLOAD storage ``rec`` (behind ``t``) to ``call``'s open group, if it
+        can move and the pinned pool has room. None: it cannot move (not of the runtime's
+        device: on a GPU run, a CPU tensor is in host memory already; or a view that
+        reads it negated or conjugated, as offload moves bytes only); False: the pool
+        has no room; True: it joined, as an alias of ``t`` when ``t`` covers it (NOTE
+        [Typed sources] in offload.py), else as the storage."""
+        on_device = self._on_device
+        if on_device is None:
+            device = self._device.device
+            kind = device.type if device is not None else "cpu"
+            # is_cuda and is_cpu are flags; t.device makes a device object (a third of a µs)
+            on_device = self._on_device = (
+                _IS_CUDA if kind == "cuda" else _IS_CPU if kind == "cpu" else lambda x: x.device.type == kind
+            )
+        if not (on_device(t) and reads_bytes_as_stored(t)):
+            return None
+        engine = self.engine or self.get_engine()
+        nbytes = rec.nbytes
+        need = engine.admit(nbytes)
+        if not need:
+            return False
         group = call.group
         if group is None:
             p = call.pass_state
@@ -143,11 +141,11 @@ class OffloadGroups:
             call.groups.append(group)
             self.live_groups += 1
         rec.group = group
-        nbytes = rec.nbytes
         if t.dtype in _TYPED and t.nbytes == nbytes and t.is_contiguous():
-            rec.slot = group.add(t.data, nbytes, (t.dtype, t.shape))
+            rec.slot = group.add(t.data, nbytes, need, (t.dtype, t.shape))
         else:
-            rec.slot = group.add(storage, nbytes)
+            rec.slot = group.add(storage, nbytes, need)
+        return True
 
     def issue(self, call: RegionCall) -> None:
         """Copy ``call``'s open group to host (its exit, or the end of a root run); a group

@@ -122,6 +122,17 @@ def _where(call: RegionCall) -> str:
     return "the root (outside every region)" if call.is_root else f"region {call.name!r} (call {call.call_index})"
 
 
+# NOTE [Known placements]
+# Most new storages have a placement before any rule runs: their call's fixed placement
+# (a forced mode) or its placement table's entry (NOTE [Placement table] in
+# placement.py). ``_new_storage`` reads it there and asks ``Placements.decide`` only for
+# the rest. A known OFFLOAD still meets the rules that look at the tensor (min_bytes under
+# a forced mode, which the table applied already; an untracked alias; a recording pass
+# sends it to the rules), then joins its call's group directly (``OffloadGroups.join``:
+# device, neg/conj bits, the pool's room); one that cannot join falls back as the rules
+# would (``Placements.not_joined``). An offloaded save so runs no decision frame and no
+# check twice: a tenth of its Python (benchmarks/count_hot_path.py).
+
 #: One pack or unpack call in HOOK_SAMPLE is timed (NOTE [Hook timing]).
 HOOK_SAMPLE = 16
 
@@ -147,6 +158,7 @@ class Placer:
     ) -> None:
         self._config = config
         self._life = lifecycle
+        self._placements = placements
         self._decide = placements.decide
         self._groups = groups
         self._planner = planner
@@ -215,7 +227,9 @@ class Placer:
             kept.alias = t.detach()
             kept.version = t._version
             return kept
-        h = SavedHandle(rec, idx, t, call.lease(self._release))
+        ref = call.lease_ref  # the call's live lease, or a new one (RegionCall.lease)
+        lease = ref() if ref is not None else None
+        h = SavedHandle(rec, idx, t, lease if lease is not None else call.lease(self._release))
         if placement is RECOMPUTE:
             call.dropped[idx] = weakref.ref(h)
             if self._config.verify:
@@ -250,14 +264,35 @@ class Placer:
             return rec
         index = len(call.storages)
         placement = call.fixed
-        if placement is KEEP:
-            fallback = None  # the call's forced keep (Placements.fixed): nothing to decide
+        recorder = call.recorder
+        fallback = None
+        if placement is KEEP:  # the call's forced keep (Placements.fixed): nothing to decide
+            rec = StorageRec(storage, call, index, nbytes, ptr, KEEP)
         else:
-            placement, fallback = self._decide(p, call, index, nbytes, "activation", t)
-        rec = StorageRec(storage, call, index, nbytes, ptr, placement)
+            if placement is None:
+                table = call.table  # NOTE [Placement table]
+                if table is not None and index < len(table) and call.table_sizes[index] == nbytes:  # type: ignore[index]
+                    placement = table[index]
+            if placement is OFFLOAD:  # NOTE [Known placements]
+                if recorder is None and nbytes >= self._config.min_bytes and not untracked_alias(t, nbytes):
+                    rec = StorageRec(storage, call, index, nbytes, ptr, OFFLOAD)
+                    joined = self._groups.join(call, rec, t, storage)
+                    if joined:
+                        call.storages.append(rec)
+                        call.by_ptr[ptr] = rec
+                        if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
+                            rec.save_mark = self._life.mark()
+                        p.stats.offloaded_bytes += nbytes  # _account's, inlined
+                        return rec
+                    placement, fallback = self._placements.not_joined(call, "activation", joined)
+                else:
+                    placement = None  # the rules keep it (NOTE [Placement rules])
+            rec = StorageRec(storage, call, index, nbytes, ptr, placement)
+            if placement is None:
+                placement, fallback = self._decide(p, call, rec, "activation", t, storage)
+                rec.placement = placement
         call.storages.append(rec)
         call.by_ptr[ptr] = rec
-        recorder = call.recorder
         if recorder is not None:
             # NOTE [Untracked aliases]: a saved tensor that covers part of its storage
             # without being a view autograd tracks (unsafe_chunk/unsafe_split outputs, as
@@ -279,14 +314,12 @@ class Placer:
             if resident > stats.peak_resident_bytes:
                 stats.peak_resident_bytes = resident
         else:
-            self._account(p, call, rec, t, storage, fallback)
+            self._account(p, rec, fallback)
         return rec
 
-    def _account(
-        self, p: PassState, call: RegionCall, rec: StorageRec, t: torch.Tensor, storage: Any, fallback: str | None
-    ) -> None:
-        """Carry out a new storage's placement: an offload joins its call's group; the
-        bytes count as kept, offloaded or dropped."""
+    def _account(self, p: PassState, rec: StorageRec, fallback: str | None) -> None:
+        """Count a new storage's bytes as kept, offloaded (it joined its call's group in
+        ``Placements.decide``) or dropped, and its fallback if any."""
         stats = p.stats
         if fallback is not None:
             stats.fallback(fallback)
@@ -294,7 +327,6 @@ class Placer:
         if placement is KEEP:
             stats.keep(rec)
         elif placement is OFFLOAD:
-            self._groups.add(call, rec, t, storage)
             stats.offloaded_bytes += rec.nbytes
         else:
             stats.recomputed_bytes += rec.nbytes
@@ -311,10 +343,10 @@ class Placer:
         if rec is not None and not rec.released and rec() is storage:
             return rec if rec.placement is not None else None
         nbytes = storage.nbytes()
-        index = len(call.storages)
-        placement, fallback = self._decide(p, call, index, nbytes, "input", t)
-        rec = StorageRec(storage, call, index, nbytes, ptr, placement)
+        rec = StorageRec(storage, call, len(call.storages), nbytes, ptr, None)
         rec.kind = "input"
+        placement, fallback = self._decide(p, call, rec, "input", t, storage)
+        rec.placement = placement
         if call.recorder is not None:
             rec.sid = call.recorder.storage_id(t, known=True)
         call.storages.append(rec)
@@ -322,7 +354,7 @@ class Placer:
         p.stats.input_bytes += nbytes
         if placement is KEEP:
             rec.tensor = t
-        self._account(p, call, rec, t, storage, fallback)
+        self._account(p, rec, fallback)
         return rec
 
     # ---------------------------------------------------------------- release
@@ -424,7 +456,21 @@ class Placer:
             self._groups.issue(call)
         placement = rec.placement
         if placement is OFFLOAD:
-            return self._unpack_offloaded(h, rec)
+            group = rec.group
+            assert group is not None
+            dtype = h.dtype
+            typed = group.typed_views.get(dtype)  # fetched, and a save of this dtype handed out
+            if typed is None:
+                self._groups.fetch(group, call)
+                typed = group.typed(dtype)
+            # a view of the reload buffer; autograd wraps what unpack returns in a new tensor
+            t = typed.as_strided(h.size, h.stride, h.offset + group.offsets[rec.slot] // dtype.itemsize)
+            uses = group.uses = group.uses + 1
+            if uses >= group.handles:
+                # Every live save of the group has its tensor; autograd keeps them alive
+                # as long as it needs them. A later backward (retain_graph) reloads it.
+                self._groups.release_device(group)
+            return t
         if placement is KEEP:  # an offload the pool refused at issue
             assert rec.tensor is not None
             return h.rebuild(rec.tensor.untyped_storage())
@@ -498,23 +544,6 @@ class Placer:
                 orig = h() if h is not None else None
                 if orig is not None and idx not in c.replayed:
                     c.replayed[idx] = orig  # handed out as if replayed
-
-    def _unpack_offloaded(self, h: SavedHandle, rec: StorageRec) -> torch.Tensor:
-        group = rec.group
-        assert group is not None
-        dtype = h.dtype
-        typed = group.typed_views.get(dtype)  # fetched, and a save of this dtype handed out
-        if typed is None:
-            self._groups.fetch(group, rec.call)
-            typed = group.typed(dtype)
-        # a view of the reload buffer; autograd wraps what unpack returns in a new tensor
-        t = typed.as_strided(h.size, h.stride, h.offset + group.offsets[rec.slot] // dtype.itemsize)
-        group.uses += 1
-        if group.uses >= group.handles:
-            # Every live save of the group has its tensor; autograd keeps them alive as
-            # long as it needs them. A later backward (retain_graph) reloads the group.
-            self._groups.release_device(group)
-        return t
 
     def _unpack_dropped(self, h: SavedHandle, rec: StorageRec, call: RegionCall) -> torch.Tensor:
         t = call.replayed.pop(h.pack_index, None)

@@ -314,20 +314,22 @@ class OffloadEngine:
             )
         return Group(ordinal, device, self._step)
 
-    def admit(self, nbytes: int) -> bool:
+    def admit(self, nbytes: int) -> int:
         """Room for a storage of ``nbytes`` in an open group? Checked at save time against
         the pool's limit, so a storage the pool cannot hold falls back before its handle
-        is made (a refusal at issue() keeps the whole group). On True the caller adds it
-        to a group; its bytes count as the engine's until the group is issued."""
+        is made (a refusal at issue() keeps the whole group). Returns the bytes its slot
+        takes (``aligned(nbytes)``), which the caller passes to ``Group.add``, or 0 when
+        refused; an admitted storage's bytes count as the engine's until its group is
+        issued."""
         need = aligned(nbytes)
         pool = self.pool
         if pool.refusing or pool.in_use_bytes + self._open_reserved + need > pool.limit_bytes:
             with self._locked():
                 self._fallback(nbytes, "pin_failed" if pool.refusing else "full")
-            return False
+            return 0
         self._open_bytes += nbytes
         self._open_reserved += need
-        return True
+        return need
 
     def issue(self, group: Group) -> bool:
         """Copy ``group`` to host: one block, one ordering event, one copy per storage, one

@@ -43,13 +43,13 @@ them) is seen at its exit, and the signature measures again (``Planner.grew``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from offrecomp.config import Config
 from offrecomp.phases import Phase
-from offrecomp.state import PassState, RegionCall
+from offrecomp.state import PassState, RegionCall, StorageRec
 from scheduler.plan import Placement, Plan
 
 if TYPE_CHECKING:
@@ -141,11 +141,12 @@ class Placements:
     # ---------------------------------------------------- once per storage
 
     def decide(
-        self, p: PassState, call: RegionCall, index: int, nbytes: int, kind: str, t: torch.Tensor
+        self, p: PassState, call: RegionCall, rec: StorageRec, kind: str, t: torch.Tensor, storage: Any
     ) -> Decision:
-        """The placement of ``call``'s new storage ``index`` (``nbytes``, behind ``t``;
-        ``kind``: "activation" or "input") and the fallback that led to it. An OFFLOAD
-        answer is admitted by the pool: the caller adds the storage to its group."""
+        """The placement of ``call``'s new storage ``rec`` (behind ``t``; ``kind``:
+        "activation" or "input") and the fallback that led to it. An OFFLOAD answer has
+        joined the call's group (``OffloadGroups.join``: the pool admitted it)."""
+        index, nbytes = rec.index, rec.nbytes
         pl = call.fixed
         if pl is None:
             table = call.table
@@ -162,10 +163,13 @@ class Placements:
         # OFFLOAD: can the storage move, and does the pool take it?
         if kind == "activation" and untracked_alias(t, nbytes):
             return KEEP, "aliased_to_keep"
-        admitted = self._groups.admit(t, nbytes)
-        if admitted:
-            return _OFFLOADED
-        if admitted is None:
+        joined = self._groups.join(call, rec, t, storage)
+        return _OFFLOADED if joined else self.not_joined(call, kind, joined)
+
+    def not_joined(self, call: RegionCall, kind: str, joined: bool | None) -> Decision:
+        """The placement of an OFFLOAD storage that did not join its group
+        (``OffloadGroups.join``: None, it cannot move; False, the pool is full)."""
+        if joined is None:
             return _KEPT  # it cannot move (a CPU tensor of a GPU run is in host memory already)
         if kind == "activation" and self.droppable(call, symmetric=False):
             return RECOMPUTE, "offload_to_recompute"

@@ -100,8 +100,11 @@ class Group:
         fast path reads them without a call."""
         self._waited = False
 
-    def add(self, source: Any, nbytes: int, shape: tuple[torch.dtype, torch.Size] | None = None) -> int:
-        """Append a storage of ``nbytes``; returns its slot. The source is an
+    def add(
+        self, source: Any, nbytes: int, need: int, shape: tuple[torch.dtype, torch.Size] | None = None
+    ) -> int:
+        """Append a storage of ``nbytes`` whose slot takes ``need`` bytes (``aligned(nbytes)``,
+        as ``OffloadEngine.admit`` returned it); returns its slot. The source is an
         ``UntypedStorage`` or a flat uint8 tensor over one (``shape`` None), or a contiguous
         tensor that covers the whole storage, of ``shape`` (its dtype and size): NOTE
         [Typed sources] in offload.py. The group holds it until its copy landed."""
@@ -111,7 +114,7 @@ class Group:
         sizes.append(nbytes)
         end = self.nbytes
         self.offsets.append(end)
-        self.nbytes = end + aligned(nbytes)
+        self.nbytes = end + need
         self.payload_bytes += nbytes
         return len(sizes) - 1
 

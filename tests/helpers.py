@@ -202,8 +202,9 @@ def offload_group(engine: Any, sources: list[torch.Tensor], ordinal: int = 0) ->
     group = engine.open_group(ordinal, sources[0].device)
     for src in sources:
         nbytes = src.untyped_storage().nbytes()
-        if not engine.admit(nbytes):
+        need = engine.admit(nbytes)
+        if not need:
             engine.discard(group)
             return None
-        group.add(src.untyped_storage(), nbytes)
+        group.add(src.untyped_storage(), nbytes, need)
     return group if engine.issue(group) else None

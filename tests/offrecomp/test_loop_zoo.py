@@ -1268,7 +1268,7 @@ def test_offload_storage_saved_again_after_its_first_saves_were_freed(where: str
     when its last handle died (its copy gone, ``released``), but it stays in
     ``call.by_ptr`` and its storage is still alive, so the second save is attached to
     the released record: its backward has nothing to fetch (AssertionError in
-    ``Placer._unpack_offloaded``). Both a root storage and a region storage fail."""
+    ``Placer.unpack``). Both a root storage and a region storage fail."""
     torch.manual_seed(0)
     if where == "root":
         model: nn.Module = nn.Linear(8, 8)

@@ -594,8 +594,9 @@ def test_a_group_the_pool_refuses_at_issue_is_freed() -> None:
     try:
         group = eng.open_group(0, CPU)
         src = random_bytes(2 * KiB)
-        assert eng.admit(src.numel())
-        group.add(src.untyped_storage(), src.numel())
+        need = eng.admit(src.numel())
+        assert need
+        group.add(src.untyped_storage(), src.numel(), need)
         eng.pool.limit_bytes = 0  # the pool shrank under the open group
         assert not eng.issue(group)
         assert group.state is GroupState.FREED and group.sources  # the caller keeps them
@@ -668,11 +669,12 @@ def _round_trip(engine: OffloadEngine, sources: list[tuple[torch.Tensor, bool]])
     group = engine.open_group(0, CPU)
     for t, typed in sources:
         nbytes = t.untyped_storage().nbytes()
-        assert engine.admit(nbytes)
+        need = engine.admit(nbytes)
+        assert need
         if typed:
-            group.add(t.data, nbytes, (t.dtype, t.shape))
+            group.add(t.data, nbytes, need, (t.dtype, t.shape))
         else:
-            group.add(t.untyped_storage(), nbytes)
+            group.add(t.untyped_storage(), nbytes, need)
     assert engine.issue(group)
     buf = engine.fetch(group)
     for i, (t, _) in enumerate(sources):

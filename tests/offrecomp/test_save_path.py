@@ -51,6 +51,74 @@ def test_a_forced_mode_decides_no_activation(mode: str, monkeypatch: pytest.Monk
     assert rec.saved_tensors == saves[0] and 0 < rec.storages <= saves[0]  # counted off the save path
 
 
+@pytest.mark.parametrize("mode", ["offload", "auto"])
+def test_known_placements_skip_the_decision(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Known placements]: a forced offload's activations, and a planned call's whose
+    table has their size, are placed without ``Placements.decide``; gradients bitwise."""
+    decided: list[str] = []
+    original = Placements.decide
+
+    def spy(self: Any, p: Any, call: Any, rec: Any, kind: str, t: Any, storage: Any) -> Any:
+        if kind == "activation" and not call.is_root and call.recorder is None:
+            decided.append(call.name)
+        return original(self, p, call, rec, kind, t, storage)
+
+    model, batch = make("gpt_dropout")
+    steps = 6
+    ref = train(twin(model), batch, steps=steps)
+    m = twin(model)
+    budget = tight_budget(model, batch) if mode == "auto" else None
+    rt = offrecomp.runtime(m, mode=mode, min_bytes=0, budget=budget)
+    assert_bitwise(ref, train(m, batch, rt, steps=steps))
+    monkeypatch.setattr(Placements, "decide", spy)
+    with rt:
+        m(batch(99)).backward()
+    last = rt.report().steps[-1]
+    assert last.phase == ("planned" if mode == "auto" else "offload")
+    assert last.storages > 0 and (last.offloaded_bytes > 0 if mode == "offload" else last.recomputed_bytes > 0)
+    assert decided == []
+
+
+def test_a_storage_the_pool_refuses_asks_it_once_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forced offload whose pinned pool is too small: each storage asks the pool once
+    (joined, or refused and counted as a fallback once); gradients bitwise."""
+    from offrecomp.offload import OffloadEngine
+    from offrecomp.transfer import Group
+
+    asked, added, refused = [0], [0], [0]
+    admit, add, not_joined = OffloadEngine.admit, Group.add, Placements.not_joined
+
+    def spy_admit(self: Any, nbytes: int) -> int:
+        asked[0] += 1
+        return admit(self, nbytes)
+
+    def spy_add(self: Any, *args: Any) -> int:
+        added[0] += 1
+        return add(self, *args)
+
+    def spy_not_joined(self: Any, call: Any, kind: str, joined: bool | None) -> Any:
+        refused[0] += joined is False
+        return not_joined(self, call, kind, joined)
+
+    monkeypatch.setattr(OffloadEngine, "admit", spy_admit)
+    monkeypatch.setattr(Group, "add", spy_add)
+    monkeypatch.setattr(Placements, "not_joined", spy_not_joined)
+    model, _ = make("gpt_dropout")
+
+    def batch(s: int) -> torch.Tensor:  # about 3 MiB of activations: more than the pool takes
+        return torch.randint(0, 64, (8, 48), generator=torch.Generator().manual_seed(s))
+
+    ref = train(twin(model), batch, steps=2)
+    m = twin(model)
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0, host_limit="1MiB")
+    assert_bitwise(ref, train(m, batch, rt, steps=2))
+    assert added[0] > 0 and refused[0] > 0
+    assert asked[0] == added[0] + refused[0]
+    fallbacks = sum(sum(s.fallbacks.get(k, 0) for k in ("offload_to_recompute", "offload_to_keep"))
+                    for s in rt.report().steps)
+    assert fallbacks >= refused[0]  # each refusal counted (issue-time refusals add to it)
+
+
 def test_planned_calls_read_their_table(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every entry of a planned call's table is what the placement rules say for a
     storage of that size and kind; a planned pass applies the rules one by one only to
@@ -115,14 +183,14 @@ def test_offloaded_saves_that_cover_their_storage_join_their_group_typed(monkeyp
     added: list[tuple[bool, bool]] = []  # (typed, the source covers its storage contiguously)
     original = Group.add
 
-    def spy(self: Group, source: Any, nbytes: int, shape: Any = None) -> int:
+    def spy(self: Group, source: Any, nbytes: int, need: int, shape: Any = None) -> int:
         if isinstance(source, torch.Tensor):
             covers = source.is_contiguous() and source.nbytes == nbytes
             assert shape is None or shape == (source.dtype, source.shape)
         else:
             covers = False
         added.append((shape is not None, covers))
-        return original(self, source, nbytes, shape)
+        return original(self, source, nbytes, need, shape)
 
     monkeypatch.setattr(Group, "add", spy)
     model, batch = make("gpt_dropout")
