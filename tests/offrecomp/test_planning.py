@@ -693,7 +693,7 @@ def _trial_runtime(monkeypatch: pytest.MonkeyPatch, alt_scale: float) -> tuple[o
     monkeypatch.setattr(solving, "offload_allowed", lambda entry, profile: entry.trial.allow_offload)
     # the emulated backend's host costs (threads, not a link) would price offloading out
     monkeypatch.setattr(learning, "learn_host_costs", lambda p, measured: None)
-    monkeypatch.setattr(trial, "TRIAL_EXCESS", -0.5)  # every offloading plan is "slow"
+    monkeypatch.setattr(trial, "TRIAL_EXCESS", -1.0)  # every offloading plan is "slow", whatever it predicts
     solve_plan = Solver.solve_plan
 
     def scaled(self: Solver, entry: Any, *, allow_offload: bool | None = None) -> Plan:
@@ -708,7 +708,8 @@ def _trial_runtime(monkeypatch: pytest.MonkeyPatch, alt_scale: float) -> tuple[o
     ref = train(twin(model), batch, steps=steps)
     budget = tight_budget(model, batch)
     m = twin(model)
-    rt = offrecomp.runtime(m, mode="auto", min_bytes=0, budget=budget, d2h_gbps=5, h2d_gbps=5)
+    # drift=100: a loaded host's step times must not re-plan (and so restart the trial)
+    rt = offrecomp.runtime(m, mode="auto", min_bytes=0, budget=budget, d2h_gbps=5, h2d_gbps=5, drift=100.0)
     assert_bitwise(ref, train(m, batch, rt, steps=steps))
     return rt, TRIAL_PASSES
 
