@@ -418,21 +418,8 @@ class Placer:
                 if o is not None and o.is_leaf:
                     raise _detached_error(_where(call), idx)
             return t
-        if type(h) is _Plain:
-            owner = h.call
-            op = owner.pass_state if owner is not None else None
-            if owner is not None and op is not None and (op.stage is FORWARD or op.stage is AWAITING):
-                # a pass whose saves are all kept as they are (nested, complex or DTensor
-                # activations) still has a backward
-                self._outside_backward(owner, op, None)
-            if h.t._version != h.version:
-                raise _modified_error(h.where, None, h.version, h.t._version, h.t)
-            if h.orig is not None:
-                o = h.orig()
-                if o is not None and o.is_leaf:
-                    raise _detached_error(h.where, None)
-            return h.t
-        assert isinstance(h, SavedHandle)
+        if kind is not SavedHandle:
+            return self._unpack_plain(h)
         rec = h.rec
         call = rec.call
         orig = h()
@@ -475,6 +462,21 @@ class Placer:
             assert rec.tensor is not None
             return h.rebuild(rec.tensor.untyped_storage())
         return self._unpack_dropped(h, rec, call)
+
+    def _unpack_plain(self, h: _Plain) -> torch.Tensor:
+        owner = h.call
+        op = owner.pass_state if owner is not None else None
+        if owner is not None and op is not None and (op.stage is FORWARD or op.stage is AWAITING):
+            # a pass whose saves are all kept as they are (nested, complex or DTensor
+            # activations) still has a backward
+            self._outside_backward(owner, op, None)
+        if h.t._version != h.version:
+            raise _modified_error(h.where, None, h.version, h.t._version, h.t)
+        if h.orig is not None:
+            o = h.orig()
+            if o is not None and o.is_leaf:
+                raise _detached_error(h.where, None)
+        return h.t
 
     def _unpack_timed(self, h: Any) -> torch.Tensor:
         """A kept save's unpack, timed (NOTE [Hook timing])."""
