@@ -75,7 +75,7 @@ class OffloadGroups:
         self.live_groups = 0  # opened and not yet freed
         self.closing = False  # free the pool once nothing needs it
         self.entered = False  # the runtime is entered (its pool stays)
-        self._on_device: Callable[[torch.Tensor], bool] | None = None  # set at the first admit
+        self._on_device: Callable[[torch.Tensor], bool] | None = None  # set at the first join
 
     # ------------------------------------------------------------ the engine
 
