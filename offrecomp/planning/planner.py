@@ -456,7 +456,8 @@ class Planner:
 
         Each OOM shrinks the signature's budget to 70%; the plan is solved again before
         the next pass. An OOM in a measuring pass (everything already dropped) can only
-        be helped by a smaller budget for the plan that follows.
+        be helped by a smaller budget for the plan that follows. An OOM under the most
+        frugal plan (an infeasible budget) keeps the budget: no smaller one drops more.
         """
         if p is None:
             return
@@ -470,6 +471,18 @@ class Planner:
                     "plan of %s; it measures its own profile next time",
                     p.signature, p.plan_signature,
                 )
+            return
+        plan = entry.plan
+        if plan is not None and not plan.feasible and p.phase == Phase.PLANNED:
+            # the frugal plan ran (NOTE [Infeasible budgets]): no smaller budget drops more
+            log.warning(
+                "offrecomp: device out of memory in a planned pass of signature %s, whose "
+                "plan already drops and offloads all it can (the budget is below what the "
+                "solver can meet); a smaller budget would not help: free memory outside the "
+                "activations (a smaller batch, the optimizer's state) or let more regions "
+                "be replayed (regions=)",
+                p.signature,
+            )
             return
         entry.budget_scale *= 0.7
         entry.needs_solve = entry.profile is not None

@@ -108,6 +108,39 @@ def test_oom_in_a_planned_step_gives_a_safer_plan(caplog: pytest.LogCaptureFixtu
     assert (after.predicted_peak_bytes or 0) <= (before.predicted_peak_bytes or 0)
 
 
+def test_an_oom_under_the_frugal_plan_leaves_the_budget(caplog: pytest.LogCaptureFixture) -> None:
+    """A planned pass that runs the most frugal plan (the budget is below what the solver
+    can meet) and runs out of memory: no smaller budget drops more, so the budget stays
+    and the warning says so (each OOM used to cut it by 30% with no effect)."""
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    rt = offrecomp.runtime(m, mode="auto", budget="1KiB", min_bytes=0)
+    blk = m.blocks[1]
+    orig = blk.forward
+    state = {"arm": False}
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if state["arm"]:
+            state["arm"] = False
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return orig(x)
+
+    blk.forward = forward
+    with rt, caplog.at_level(logging.WARNING, logger="offrecomp"):
+        for _ in range(3):  # measure, calibrate, plan
+            m(batch(0)).backward()
+        entry = rt.planner.last_entry
+        assert entry.plan is not None and not entry.plan.feasible
+        for _ in range(2):
+            state["arm"] = True
+            with pytest.raises(torch.OutOfMemoryError):
+                m(batch(0)).backward()
+            m.zero_grad(set_to_none=True)
+        m(batch(0)).backward()
+    assert entry.budget_scale == 1.0
+    assert caplog.text.count("a smaller budget would not help") == 2
+
+
 def test_an_oom_raised_outside_the_model_gives_a_safer_plan(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
