@@ -273,9 +273,9 @@ class Placer:
                 table = call.table  # NOTE [Placement table]
                 if table is not None and index < len(table) and call.table_sizes[index] == nbytes:  # type: ignore[index]
                     placement = table[index]
+            rec = StorageRec(storage, call, index, nbytes, ptr, placement)
             if placement is OFFLOAD:  # NOTE [Known placements]
                 if recorder is None and nbytes >= self._config.min_bytes and not untracked_alias(t, nbytes):
-                    rec = StorageRec(storage, call, index, nbytes, ptr, OFFLOAD)
                     joined = self._groups.join(call, rec, t, storage)
                     if joined:
                         call.storages.append(rec)
@@ -287,10 +287,9 @@ class Placer:
                     placement, fallback = self._placements.not_joined(call, "activation", joined)
                 else:
                     placement = None  # the rules keep it (NOTE [Placement rules])
-            rec = StorageRec(storage, call, index, nbytes, ptr, placement)
             if placement is None:
                 placement, fallback = self._decide(p, call, rec, "activation", t, storage)
-                rec.placement = placement
+            rec.placement = placement
         call.storages.append(rec)
         call.by_ptr[ptr] = rec
         if recorder is not None:
