@@ -77,12 +77,10 @@ def test_offload_soak_pool_does_not_grow() -> None:
     assert live[99][1] == live[10][1] == 0, live  # every offload group freed after its backward
 
 
-def test_oom_in_a_planned_step_gives_a_safer_plan(caplog: pytest.LogCaptureFixture) -> None:
-    model, batch = make("gpt_dropout")
-    m = twin(model)
-    rt = offrecomp.runtime(m, mode="auto", budget="80%", min_bytes=0)
-    blk = m.blocks[1]
-    orig = blk.forward
+def _arm_oom(block: torch.nn.Module) -> dict[str, bool]:
+    """``block``'s forward raises a (simulated) device OOM once each time the returned
+    state's "arm" is set."""
+    orig = block.forward
     state = {"arm": False}
 
     def forward(x: torch.Tensor) -> torch.Tensor:
@@ -91,7 +89,15 @@ def test_oom_in_a_planned_step_gives_a_safer_plan(caplog: pytest.LogCaptureFixtu
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return orig(x)
 
-    blk.forward = forward
+    block.forward = forward
+    return state
+
+
+def test_oom_in_a_planned_step_gives_a_safer_plan(caplog: pytest.LogCaptureFixture) -> None:
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    rt = offrecomp.runtime(m, mode="auto", budget="80%", min_bytes=0)
+    state = _arm_oom(m.blocks[1])
     with rt:
         for _ in range(3):  # measure, calibrate, plan
             m(batch(0)).backward()
@@ -111,21 +117,11 @@ def test_oom_in_a_planned_step_gives_a_safer_plan(caplog: pytest.LogCaptureFixtu
 def test_an_oom_under_the_frugal_plan_leaves_the_budget(caplog: pytest.LogCaptureFixture) -> None:
     """A planned pass that runs the most frugal plan (the budget is below what the solver
     can meet) and runs out of memory: no smaller budget drops more, so the budget stays
-    and the warning says so (each OOM used to cut it by 30% with no effect)."""
+    and the warning says so."""
     model, batch = make("gpt_dropout")
     m = twin(model)
     rt = offrecomp.runtime(m, mode="auto", budget="1KiB", min_bytes=0)
-    blk = m.blocks[1]
-    orig = blk.forward
-    state = {"arm": False}
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        if state["arm"]:
-            state["arm"] = False
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return orig(x)
-
-    blk.forward = forward
+    state = _arm_oom(m.blocks[1])
     with rt, caplog.at_level(logging.WARNING, logger="offrecomp"):
         for _ in range(3):  # measure, calibrate, plan
             m(batch(0)).backward()
