@@ -64,10 +64,11 @@ def _offload(engine: OffloadEngine, sources: list[torch.Tensor], ordinal: int) -
     group = engine.open_group(ordinal, sources[0].device)
     for src in sources:
         nbytes = src.untyped_storage().nbytes()
-        need = engine.admit(nbytes)
-        assert need, "the pool refused a benchmark tensor"
-        group.add(src.untyped_storage(), nbytes, need)
-    assert engine.issue(group), "the pool refused a benchmark group"
+        if not engine.admit(nbytes):
+            raise RuntimeError("the pool refused a benchmark tensor")
+        group.add(src.untyped_storage(), nbytes)
+    if not engine.issue(group):
+        raise RuntimeError("the pool refused a benchmark group")
     return group
 
 

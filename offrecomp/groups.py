@@ -127,12 +127,13 @@ class OffloadGroups:
             on_device = self._on_device = (
                 _IS_CUDA if kind == "cuda" else _IS_CPU if kind == "cpu" else lambda x: x.device.type == kind
             )
-        if not (on_device(t) and reads_bytes_as_stored(t)):
+        # reads_bytes_as_stored(t), inline: a conjugate bit only ever sits on a complex tensor
+        dtype = t.dtype
+        if not on_device(t) or t.is_neg() or (dtype.is_complex and t.is_conj()):
             return None
         engine = self.engine or self.get_engine()
         nbytes = rec.nbytes
-        need = engine.admit(nbytes)
-        if not need:
+        if not engine.admit(nbytes):
             return False
         group = call.group
         if group is None:
@@ -141,10 +142,10 @@ class OffloadGroups:
             call.groups.append(group)
             self.live_groups += 1
         rec.group = group
-        if t.dtype in _TYPED and t.nbytes == nbytes and t.is_contiguous():
-            rec.slot = group.add(t.data, nbytes, need, (t.dtype, t.shape))
+        if dtype in _TYPED and t.nbytes == nbytes and t.is_contiguous():
+            rec.slot = group.add(t.data, nbytes, (dtype, t.shape))
         else:
-            rec.slot = group.add(storage, nbytes, need)
+            rec.slot = group.add(storage, nbytes)
         return True
 
     def issue(self, call: RegionCall) -> None:

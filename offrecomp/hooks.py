@@ -273,20 +273,23 @@ class Placer:
                 table = call.table  # NOTE [Placement table]
                 if table is not None and index < len(table) and call.table_sizes[index] == nbytes:  # type: ignore[index]
                     placement = table[index]
-            rec = StorageRec(storage, call, index, nbytes, ptr, placement)
             if placement is OFFLOAD:  # NOTE [Known placements]
-                if recorder is None and nbytes >= self._config.min_bytes and not untracked_alias(t, nbytes):
+                # not untracked_alias(t, nbytes), inline
+                if recorder is None and nbytes >= self._config.min_bytes and (base is not None or t.nbytes >= nbytes):
+                    rec = StorageRec(storage, call, index, nbytes, ptr, OFFLOAD, None)  # no death callback
                     joined = self._groups.join(call, rec, t, storage)
+                    call.storages.append(rec)
+                    call.by_ptr[ptr] = rec
+                    if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
+                        rec.save_mark = self._life.mark()
                     if joined:
-                        call.storages.append(rec)
-                        call.by_ptr[ptr] = rec
-                        if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
-                            rec.save_mark = self._life.mark()
                         p.stats.offloaded_bytes += nbytes  # _account's, inlined
                         return rec
-                    placement, fallback = self._placements.not_joined(call, "activation", joined)
-                else:
-                    placement = None  # the rules keep it (NOTE [Placement rules])
+                    rec.placement, fallback = self._placements.not_joined(call, "activation", joined)
+                    self._account(p, rec, fallback)  # a kept one watches its storage from here on
+                    return rec
+                placement = None  # the rules keep it (NOTE [Placement rules])
+            rec = StorageRec(storage, call, index, nbytes, ptr, placement)
             if placement is None:
                 placement, fallback = self._decide(p, call, rec, "activation", t, storage)
             rec.placement = placement
@@ -432,18 +435,17 @@ class Placer:
             if base is not None and base._version != h.version:
                 raise _modified_error(_where(call), h.pack_index, h.version, base._version)
         p = call.pass_state
-        inner = (
-            p is not None and (p.stage is FORWARD or p.stage is AWAITING) and self._outside_backward(call, p, rec)
-        )
-        if inner and orig is not None:
-            return orig  # a backward inside a forward: the tensor is still there
-        if rec.placement is OFFLOAD and call.group is rec.group:
-            # still open: root saves made between two backwards (NOTE [Double backward])
-            self._groups.issue(call)
+        if p is not None:
+            stage = p.stage
+            if (stage is FORWARD or stage is AWAITING) and self._outside_backward(call, p, rec) and orig is not None:
+                return orig  # a backward inside a forward: the tensor is still there
         placement = rec.placement
         if placement is OFFLOAD:
             group = rec.group
             assert group is not None
+            if call.group is group:
+                # still open: root saves made between two backwards (NOTE [Double backward])
+                self._groups.issue(call)
             dtype = h.dtype
             typed = group.typed_views.get(dtype)  # fetched, and a save of this dtype handed out
             if typed is None:

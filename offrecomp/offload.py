@@ -30,7 +30,7 @@ import torch
 
 from offrecomp.backends import Backend, Event, Stream
 from offrecomp.config import Prefetch, format_bytes
-from offrecomp.pool import Block, FailureReason, PinnedPool, aligned
+from offrecomp.pool import ALIGN_BYTES, Block, FailureReason, PinnedPool
 from offrecomp.transfer import Group, GroupState, OffloadStats, gbps
 
 __all__ = ["OffloadEngine"]
@@ -48,6 +48,7 @@ Edge = Literal[
 
 #: Copies timed per link: one group in TIME_EVERY (NOTE [Timing without host waits]).
 TIME_EVERY = 4
+_ALIGN_LESS = ALIGN_BYTES - 1
 
 # NOTE [Stream ordering]
 # Six edges make a group's round trip race-free. Each one is enqueued as a GPU-side
@@ -318,17 +319,17 @@ class OffloadEngine:
         """Room for a storage of ``nbytes`` in an open group? Checked at save time against
         the pool's limit, so a storage the pool cannot hold falls back before its handle
         is made (a refusal at issue() keeps the whole group). Returns the bytes its slot
-        takes (``aligned(nbytes)``), which the caller passes to ``Group.add``, or 0 when
-        refused; an admitted storage's bytes count as the engine's until its group is
-        issued."""
-        need = aligned(nbytes)
+        takes (``aligned(nbytes)``), or 0 when refused; an admitted storage's bytes count
+        as the engine's until its group is issued."""
+        need = (nbytes + _ALIGN_LESS) // ALIGN_BYTES * ALIGN_BYTES  # aligned(nbytes), inline: once per save
+        reserved = self._open_reserved + need
         pool = self.pool
-        if pool.refusing or pool.in_use_bytes + self._open_reserved + need > pool.limit_bytes:
+        if pool.refusing or pool.in_use_bytes + reserved > pool.limit_bytes:
             with self._locked():
                 self._fallback(nbytes, "pin_failed" if pool.refusing else "full")
             return 0
         self._open_bytes += nbytes
-        self._open_reserved += need
+        self._open_reserved = reserved
         return need
 
     def issue(self, group: Group) -> bool:
@@ -342,6 +343,7 @@ class OffloadEngine:
         t0 = time.perf_counter()
         with self._locked():
             self._enter()
+            group.seal()
             payload = group.payload_bytes
             self._open_bytes -= payload
             total = group.nbytes
@@ -393,6 +395,7 @@ class OffloadEngine:
     def discard(self, group: Group) -> None:
         """An open group that will not be issued (its pass was abandoned)."""
         if group.state is GroupState.OPEN:
+            group.seal()
             payload = group.payload_bytes
             self._open_bytes -= payload
             self._open_reserved -= group.nbytes

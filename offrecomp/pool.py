@@ -136,11 +136,14 @@ class PinnedPool:
         self.pressure_bytes = default_pressure_bytes() if pressure_bytes is None else pressure_bytes
         self._slabs: list[_Slab] = []
         self._reserved = 0
-        self._in_use = 0
+        self.in_use_bytes = 0
+        """Bytes carved out of the slabs right now (aligned sizes). Read, never written,
+        outside the pool: a plain attribute, as the engine reads it at every save."""
         self._high_water = 0
         self._allocs = 0
         self._failures = 0
-        self._pin_disabled = False
+        self.refusing = False
+        """True once pinning failed: the pool keeps its slabs and never grows again."""
         self._idle: dict[int, list[Block]] = {}  # nbytes -> released blocks (NOTE [Idle blocks])
         self._idle_bytes = 0
         self._warned: set[str] = set()
@@ -197,7 +200,7 @@ class PinnedPool:
             for block in blocks:
                 self.free(block)
             self._allocs, self._failures = counters
-        self._high_water = self._in_use
+        self._high_water = self.in_use_bytes
         return self._reserved
 
     def _carve(self, index: int, slab: _Slab, size: int, nbytes: int) -> Block | None:
@@ -214,16 +217,16 @@ class PinnedPool:
         return None
 
     def _use(self, size: int) -> None:
-        self._in_use += size
-        if self._in_use > self._high_water:
-            self._high_water = self._in_use
+        self.in_use_bytes += size
+        if self.in_use_bytes > self._high_water:
+            self._high_water = self.in_use_bytes
         self._allocs += 1
 
     def free(self, block: Block) -> None:
         """Return ``block``; neighbouring free ranges merge into one."""
         self._check_owned(block)
         block.freed = True
-        self._in_use -= block.size
+        self.in_use_bytes -= block.size
         self._merge(block)
 
     def release(self, block: Block) -> None:
@@ -231,7 +234,7 @@ class PinnedPool:
         of exactly its ``nbytes`` (NOTE [Idle blocks])."""
         self._check_owned(block)
         block.freed = True
-        self._in_use -= block.size
+        self.in_use_bytes -= block.size
         self._idle.setdefault(block.nbytes, []).append(block)
         self._idle_bytes += block.size
 
@@ -275,7 +278,7 @@ class PinnedPool:
         if size is None:
             self._refuse("full", None)
             return None
-        if self._pin_disabled:
+        if self.refusing:
             self._refuse("pin_failed", None)
             return None
         available = psutil.virtual_memory().available
@@ -290,7 +293,7 @@ class PinnedPool:
         try:
             tensor = self._backend.alloc_host(size)
         except RuntimeError as exc:
-            self._pin_disabled = True
+            self.refusing = True
             self._refuse(
                 "pin_failed",
                 f"offrecomp: pinning {size / 2**20:.0f} MiB of host memory failed ({exc}); the "
@@ -314,25 +317,15 @@ class PinnedPool:
     def stats(self) -> PoolStats:
         return PoolStats(
             reserved_bytes=self._reserved,
-            in_use_bytes=self._in_use,
+            in_use_bytes=self.in_use_bytes,
             high_water_bytes=self._high_water,
             slabs=len(self._slabs),
             allocs=self._allocs,
             failures=self._failures,
         )
 
-    @property
-    def in_use_bytes(self) -> int:
-        """Bytes carved out of the slabs right now (aligned sizes)."""
-        return self._in_use
-
-    @property
-    def refusing(self) -> bool:
-        """True once pinning failed: the pool keeps its slabs and never grows again."""
-        return self._pin_disabled
-
     def reset_high_water(self) -> None:
-        self._high_water = self._in_use
+        self._high_water = self.in_use_bytes
 
     @property
     def idle_bytes(self) -> int:
@@ -351,6 +344,6 @@ class PinnedPool:
         self._idle_bytes = 0
         self._generation += 1
         self._reserved = 0
-        self._in_use = 0
+        self.in_use_bytes = 0
         self._high_water = 0
-        self._pin_disabled = False
+        self.refusing = False

@@ -10,12 +10,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from itertools import accumulate
 from typing import Any
 
 import torch
 
 from offrecomp.backends import Event
-from offrecomp.pool import Block, aligned
+from offrecomp.pool import ALIGN_BYTES, Block
 
 __all__ = ["Group", "GroupState", "OffloadStats", "gbps", "slot_offsets"]
 
@@ -23,11 +24,9 @@ __all__ = ["Group", "GroupState", "OffloadStats", "gbps", "slot_offsets"]
 def slot_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
     """Offsets of consecutive slots of ``sizes`` bytes in one block, each aligned to
     ``ALIGN_BYTES`` (a multiple of every element size), and the block's size."""
-    offsets = []
-    end = 0
-    for n in sizes:
-        offsets.append(end)
-        end += aligned(n)
+    less = ALIGN_BYTES - 1
+    offsets = list(accumulate([(n + less) // ALIGN_BYTES * ALIGN_BYTES for n in sizes], initial=0))
+    end = offsets.pop()
     return offsets, end
 
 
@@ -82,9 +81,9 @@ class Group:
         self.sources: list[Any] = []  # until issue(): see ``add``
         self.sizes: list[int] = []
         self.shapes: list[tuple[torch.dtype, torch.Size] | None] = []  # a typed source's geometry
-        self.offsets: list[int] = []  # slot_offsets(sizes), kept as storages are added
-        self.nbytes = 0  # the block's size: aligned slots
-        self.payload_bytes = 0  # bytes of the storages, without alignment
+        self.offsets: list[int] = []  # slot_offsets(sizes), from ``seal``
+        self.nbytes = 0  # the block's size: aligned slots (from ``seal``)
+        self.payload_bytes = 0  # bytes of the storages, without alignment (from ``seal``)
         self.state = GroupState.OPEN
         self.seq = -1  # issue order within the step
         self.fetches = 0  # times a reload was handed to compute
@@ -100,23 +99,24 @@ class Group:
         fast path reads them without a call."""
         self._waited = False
 
-    def add(
-        self, source: Any, nbytes: int, need: int, shape: tuple[torch.dtype, torch.Size] | None = None
-    ) -> int:
-        """Append a storage of ``nbytes`` whose slot takes ``need`` bytes (``aligned(nbytes)``,
-        as ``OffloadEngine.admit`` returned it); returns its slot. The source is an
-        ``UntypedStorage`` or a flat uint8 tensor over one (``shape`` None), or a contiguous
-        tensor that covers the whole storage, of ``shape`` (its dtype and size): NOTE
-        [Typed sources] in offload.py. The group holds it until its copy landed."""
+    def add(self, source: Any, nbytes: int, shape: tuple[torch.dtype, torch.Size] | None = None) -> int:
+        """Append a storage of ``nbytes`` (admitted by ``OffloadEngine.admit``); returns its
+        slot. The source is an ``UntypedStorage`` or a flat uint8 tensor over one
+        (``shape`` None), or a contiguous tensor that covers the whole storage, of
+        ``shape`` (its dtype and size): NOTE [Typed sources] in offload.py. The group
+        holds it until its copy landed. The slots' offsets are laid out once, when the
+        group closes (``seal``)."""
         self.sources.append(source)
         self.shapes.append(shape)
         sizes = self.sizes
         sizes.append(nbytes)
-        end = self.nbytes
-        self.offsets.append(end)
-        self.nbytes = end + need
-        self.payload_bytes += nbytes
         return len(sizes) - 1
+
+    def seal(self) -> None:
+        """Lay out the slots (``offsets``, ``nbytes``, ``payload_bytes``): the group takes
+        no more storages (its issue, or its discard)."""
+        self.offsets, self.nbytes = slot_offsets(self.sizes)
+        self.payload_bytes = sum(self.sizes)
 
     @property
     def ready(self) -> torch.Tensor | None:

@@ -202,9 +202,8 @@ def offload_group(engine: Any, sources: list[torch.Tensor], ordinal: int = 0) ->
     group = engine.open_group(ordinal, sources[0].device)
     for src in sources:
         nbytes = src.untyped_storage().nbytes()
-        need = engine.admit(nbytes)
-        if not need:
+        if not engine.admit(nbytes):
             engine.discard(group)
             return None
-        group.add(src.untyped_storage(), nbytes, need)
+        group.add(src.untyped_storage(), nbytes)
     return group if engine.issue(group) else None

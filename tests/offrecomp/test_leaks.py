@@ -235,3 +235,34 @@ def test_a_graph_retained_across_steps_still_backpropagates(mode: str) -> None:
     ref = run(None)
     got = run(mode)
     assert all(torch.equal(a, b) for a, b in zip(ref, got))
+
+
+class _NegativeView(nn.Module):
+    """Saves ``z.conj().imag``: a real view that reads its storage negated, which offload
+    cannot move (it moves bytes only), so it is kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(64))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return z.conj().imag * self.w
+
+
+def test_an_offload_kept_instead_ends_with_its_storage() -> None:
+    """NOTE [Resident bytes]: a storage planned to offload that cannot move falls back
+    to KEEP; its bytes stop counting when it dies, although its record was made without
+    the death callback an offload needs none of."""
+    m = nn.Sequential(_NegativeView())
+    z = torch.randn(64, dtype=torch.complex64)
+    with offrecomp.runtime(m, mode="offload", min_bytes=0, regions=_NegativeView) as rt:
+        out = m(z).sum()
+        p = rt.current_pass
+        assert p is not None
+        assert p.stats.resident_bytes == z.untyped_storage().nbytes() == p.stats.kept_bytes
+        assert p.stats.offloaded_bytes == 0
+        del out
+        assert p.stats.resident_bytes == z.untyped_storage().nbytes()  # still held here
+        del z
+        gc.collect()
+        assert p.stats.resident_bytes == 0

@@ -596,7 +596,7 @@ def test_a_group_the_pool_refuses_at_issue_is_freed() -> None:
         src = random_bytes(2 * KiB)
         need = eng.admit(src.numel())
         assert need
-        group.add(src.untyped_storage(), src.numel(), need)
+        group.add(src.untyped_storage(), src.numel())
         eng.pool.limit_bytes = 0  # the pool shrank under the open group
         assert not eng.issue(group)
         assert group.state is GroupState.FREED and group.sources  # the caller keeps them
@@ -672,9 +672,9 @@ def _round_trip(engine: OffloadEngine, sources: list[tuple[torch.Tensor, bool]])
         need = engine.admit(nbytes)
         assert need
         if typed:
-            group.add(t.data, nbytes, need, (t.dtype, t.shape))
+            group.add(t.data, nbytes, (t.dtype, t.shape))
         else:
-            group.add(t.untyped_storage(), nbytes, need)
+            group.add(t.untyped_storage(), nbytes)
     assert engine.issue(group)
     buf = engine.fetch(group)
     for i, (t, _) in enumerate(sources):

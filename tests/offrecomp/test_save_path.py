@@ -183,14 +183,14 @@ def test_offloaded_saves_that_cover_their_storage_join_their_group_typed(monkeyp
     added: list[tuple[bool, bool]] = []  # (typed, the source covers its storage contiguously)
     original = Group.add
 
-    def spy(self: Group, source: Any, nbytes: int, need: int, shape: Any = None) -> int:
+    def spy(self: Group, source: Any, nbytes: int, shape: Any = None) -> int:
         if isinstance(source, torch.Tensor):
             covers = source.is_contiguous() and source.nbytes == nbytes
             assert shape is None or shape == (source.dtype, source.shape)
         else:
             covers = False
         added.append((shape is not None, covers))
-        return original(self, source, nbytes, need, shape)
+        return original(self, source, nbytes, shape)
 
     monkeypatch.setattr(Group, "add", spy)
     model, batch = make("gpt_dropout")
