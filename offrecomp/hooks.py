@@ -276,7 +276,7 @@ class Placer:
             if placement is OFFLOAD:  # NOTE [Known placements]
                 # not untracked_alias(t, nbytes), inline
                 if recorder is None and nbytes >= self._config.min_bytes and (base is not None or t.nbytes >= nbytes):
-                    rec = StorageRec(storage, call, index, nbytes, ptr, OFFLOAD, None)  # no death callback
+                    rec = StorageRec(storage, call, index, nbytes, ptr, OFFLOAD)
                     joined = self._groups.join(call, rec, t, storage)
                     call.storages.append(rec)
                     call.by_ptr[ptr] = rec
@@ -286,7 +286,7 @@ class Placer:
                         p.stats.offloaded_bytes += nbytes  # _account's, inlined
                         return rec
                     rec.placement, fallback = self._placements.not_joined(call, "activation", joined)
-                    self._account(p, rec, fallback)  # a kept one watches its storage from here on
+                    self._account(p, rec, fallback)
                     return rec
                 placement = None  # the rules keep it (NOTE [Placement rules])
             rec = StorageRec(storage, call, index, nbytes, ptr, placement)
@@ -439,13 +439,14 @@ class Placer:
             stage = p.stage
             if (stage is FORWARD or stage is AWAITING) and self._outside_backward(call, p, rec) and orig is not None:
                 return orig  # a backward inside a forward: the tensor is still there
+        if rec.placement is OFFLOAD and call.group is rec.group:
+            # still open: root saves made between two backwards (NOTE [Double backward]);
+            # a group the pool refuses keeps its storages, so the placement is read after
+            self._groups.issue(call)
         placement = rec.placement
         if placement is OFFLOAD:
             group = rec.group
             assert group is not None
-            if call.group is group:
-                # still open: root saves made between two backwards (NOTE [Double backward])
-                self._groups.issue(call)
             dtype = h.dtype
             typed = group.typed_views.get(dtype)  # fetched, and a save of this dtype handed out
             if typed is None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import enum
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -53,14 +52,6 @@ __all__ = [
 ]
 
 
-def _storage_died(rec: StorageRec) -> None:
-    if rec.resident:
-        rec.resident = False
-        p = rec.call.pass_state
-        if p is not None:
-            p.stats.resident_bytes -= rec.nbytes  # a decrease sets no peak
-
-
 class StorageRec(weakref.ref):  # type: ignore[type-arg]
     """One saved allocation of one region call (or of the root).
 
@@ -90,17 +81,9 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
     tensor: torch.Tensor | None = None  # held strongly: a region input, or a fallback to KEEP
 
     def __new__(
-        cls,
-        storage: Any,
-        call: RegionCall,
-        index: int,
-        nbytes: int,
-        ptr: int,
-        placement: Placement | None,
-        died: Callable[[StorageRec], None] | None = _storage_died,
+        cls, storage: Any, call: RegionCall, index: int, nbytes: int, ptr: int, placement: Placement | None
     ) -> StorageRec:
-        # ``died`` None: a record made to offload, which needs no callback (NOTE [Resident bytes])
-        self = weakref.ref.__new__(cls, storage, died)
+        self = weakref.ref.__new__(cls, storage, _storage_died)
         self.call = call
         self.index = index
         self.nbytes = nbytes
@@ -115,15 +98,6 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
     # weakref.ref's own __init__ would reject the extra arguments.
     __init__ = object.__init__  # type: ignore[assignment]
 
-    def watch(self) -> None:
-        """Take the bytes off when the storage dies, for a record made without the
-        callback (an offload's) that became resident (NOTE [Resident bytes])."""
-        storage = self()
-        if storage is None:
-            _storage_died(self)
-        else:
-            weakref.finalize(storage, _storage_died, self)
-
     def __repr__(self) -> str:
         name = self.placement.name if self.placement is not None else "PLAIN"
         return f"StorageRec({self.call.name!r}#{self.call.call_index}[{self.index}], {name}, {self.nbytes} B)"
@@ -135,9 +109,15 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
 # saved-tensor handles (a detached alias, NOTE [Saved tensor handles]) and the storage
 # only weakly, so the storage dies when autograd and the program drop it, as in a plain
 # run; the weak reference's callback takes its bytes off then. No finaliser runs per
-# handle. A record made for an offload has no callback (its bytes are never resident,
-# and the call would run for every offloaded storage); one that falls back to KEEP
-# watches its storage from then on (StorageRec.watch).
+# handle.
+
+
+def _storage_died(rec: StorageRec) -> None:
+    if rec.resident:
+        rec.resident = False
+        p = rec.call.pass_state
+        if p is not None:
+            p.stats.resident_bytes -= rec.nbytes  # a decrease sets no peak
 
 
 # NOTE [Saved tensor handles]
@@ -417,8 +397,6 @@ class PassStats:
         resident = self.resident_bytes = self.resident_bytes + n  # add_resident, inlined: the save path
         if resident > self.peak_resident_bytes:
             self.peak_resident_bytes = resident
-        if rec.__callback__ is None:  # made for an offload that fell back
-            rec.watch()
 
     def add_resident(self, n: int) -> None:
         self.resident_bytes += n

@@ -13,6 +13,7 @@ import copy
 import gc
 import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -266,3 +267,26 @@ def test_an_offload_kept_instead_ends_with_its_storage() -> None:
         del z
         gc.collect()
         assert p.stats.resident_bytes == 0
+
+
+def test_root_saves_kept_by_a_refused_group_are_freed() -> None:
+    """A root group the pool refuses at issue keeps its storages (offload_to_keep); once
+    the runtime and the graph are gone, so are they."""
+    m = _model(depth=2)
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0)
+    watched: list[weakref.ref[Any]] = []
+    with rt:
+        engine = rt._groups.get_engine()
+        engine.pool.pressure_bytes = 1 << 62  # every new slab would leave too little host memory
+        for _ in range(3):
+            loss = (m(torch.randn(32, 64)) * 2).cos().sum()
+            p = rt.current_pass
+            assert p is not None
+            watched += [weakref.ref(r()) for c in p.all_calls() for r in c.storages if r() is not None]
+            loss.backward()
+            del loss, p
+            m.zero_grad()
+    assert rt.report().steps[-1].fallbacks.get("offload_to_keep", 0) >= 1
+    del rt
+    gc.collect()
+    assert watched and not [w for w in watched if w() is not None]

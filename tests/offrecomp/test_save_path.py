@@ -244,3 +244,41 @@ def test_a_save_whose_dtype_copy_changes_or_lacks_bytes_travels_flat(dtype: torc
     ref = train(twin(model), batch, steps=2)
     m = twin(model)
     assert_bitwise(ref, train(m, batch, offrecomp.runtime(m, mode="offload", min_bytes=0), steps=2))
+
+
+class _TanhBlock(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.l = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.l(x))
+
+
+def test_a_double_backward_reads_a_root_group_the_pool_refused() -> None:
+    """NOTE [Double backward]: the root saves made between two backwards form a group that
+    the first unpack issues; when the pool refuses it (host memory short), its storages
+    are kept and the unpack must read them as kept, not fetch the freed group."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(_TanhBlock(16), _TanhBlock(16))
+    x = torch.randn(4, 16)
+
+    def step() -> torch.Tensor:
+        loss = m(x).pow(2).sum()
+        (g,) = torch.autograd.grad(loss, [m[0].l.weight], create_graph=True)
+        (g * g).sum().backward()
+        grad = m[0].l.weight.grad
+        assert grad is not None
+        m.zero_grad(set_to_none=True)
+        return grad
+
+    ref = step()
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0, regions=_TanhBlock)
+    with rt:
+        engine = rt._groups.get_engine()
+        engine.pool.pressure_bytes = 1 << 62  # every new slab would leave too little host memory
+        got = step()
+        assert engine.pool.in_use_bytes == 0
+    assert torch.equal(ref, got)
+    fallbacks = rt.report().steps[-1].fallbacks
+    assert fallbacks.get("offload_to_keep", 0) >= 1, fallbacks
