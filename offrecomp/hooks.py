@@ -273,23 +273,21 @@ class Placer:
                 table = call.table  # NOTE [Placement table]
                 if table is not None and index < len(table) and call.table_sizes[index] == nbytes:  # type: ignore[index]
                     placement = table[index]
+            rec = StorageRec(storage, call, index, nbytes, ptr, placement)
             if placement is OFFLOAD:  # NOTE [Known placements]
                 # not untracked_alias(t, nbytes), inline
                 if recorder is None and nbytes >= self._config.min_bytes and (base is not None or t.nbytes >= nbytes):
-                    rec = StorageRec(storage, call, index, nbytes, ptr, OFFLOAD)
                     joined = self._groups.join(call, rec, t, storage)
-                    call.storages.append(rec)
-                    call.by_ptr[ptr] = rec
-                    if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
-                        rec.save_mark = self._life.mark()
                     if joined:
+                        call.storages.append(rec)
+                        call.by_ptr[ptr] = rec
+                        if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
+                            rec.save_mark = self._life.mark()
                         p.stats.offloaded_bytes += nbytes  # _account's, inlined
                         return rec
-                    rec.placement, fallback = self._placements.not_joined(call, "activation", joined)
-                    self._account(p, rec, fallback)
-                    return rec
-                placement = None  # the rules keep it (NOTE [Placement rules])
-            rec = StorageRec(storage, call, index, nbytes, ptr, placement)
+                    placement, fallback = self._placements.not_joined(call, "activation", joined)
+                else:
+                    placement = None  # the rules keep it (NOTE [Placement rules])
             if placement is None:
                 placement, fallback = self._decide(p, call, rec, "activation", t, storage)
             rec.placement = placement

@@ -48,7 +48,6 @@ Edge = Literal[
 
 #: Copies timed per link: one group in TIME_EVERY (NOTE [Timing without host waits]).
 TIME_EVERY = 4
-_ALIGN_LESS = ALIGN_BYTES - 1
 
 # NOTE [Stream ordering]
 # Six edges make a group's round trip race-free. Each one is enqueued as a GPU-side
@@ -315,22 +314,20 @@ class OffloadEngine:
             )
         return Group(ordinal, device, self._step)
 
-    def admit(self, nbytes: int) -> int:
+    def admit(self, nbytes: int) -> bool:
         """Room for a storage of ``nbytes`` in an open group? Checked at save time against
         the pool's limit, so a storage the pool cannot hold falls back before its handle
-        is made (a refusal at issue() keeps the whole group). Returns the bytes its slot
-        takes (``aligned(nbytes)``), or 0 when refused; an admitted storage's bytes count
-        as the engine's until its group is issued."""
-        need = (nbytes + _ALIGN_LESS) // ALIGN_BYTES * ALIGN_BYTES  # aligned(nbytes), inline: once per save
-        reserved = self._open_reserved + need
+        is made (a refusal at issue() keeps the whole group). On True the caller adds it
+        to a group; its bytes count as the engine's until the group is issued."""
+        reserved = self._open_reserved - (-nbytes // ALIGN_BYTES) * ALIGN_BYTES  # + aligned(nbytes), inline: once per save
         pool = self.pool
         if pool.refusing or pool.in_use_bytes + reserved > pool.limit_bytes:
             with self._locked():
                 self._fallback(nbytes, "pin_failed" if pool.refusing else "full")
-            return 0
+            return False
         self._open_bytes += nbytes
         self._open_reserved = reserved
-        return need
+        return True
 
     def issue(self, group: Group) -> bool:
         """Copy ``group`` to host: one block, one ordering event, one copy per storage, one

@@ -24,8 +24,8 @@ __all__ = ["Group", "GroupState", "OffloadStats", "gbps", "slot_offsets"]
 def slot_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
     """Offsets of consecutive slots of ``sizes`` bytes in one block, each aligned to
     ``ALIGN_BYTES`` (a multiple of every element size), and the block's size."""
-    less = ALIGN_BYTES - 1
-    offsets = list(accumulate([(n + less) // ALIGN_BYTES * ALIGN_BYTES for n in sizes], initial=0))
+    # aligned(n), inline: once per storage
+    offsets = list(accumulate([-(-n // ALIGN_BYTES) * ALIGN_BYTES for n in sizes], initial=0))
     end = offsets.pop()
     return offsets, end
 

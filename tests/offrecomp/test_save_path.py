@@ -88,7 +88,7 @@ def test_a_storage_the_pool_refuses_asks_it_once_and_falls_back(monkeypatch: pyt
     asked, added, refused = [0], [0], [0]
     admit, add, not_joined = OffloadEngine.admit, Group.add, Placements.not_joined
 
-    def spy_admit(self: Any, nbytes: int) -> int:
+    def spy_admit(self: Any, nbytes: int) -> bool:
         asked[0] += 1
         return admit(self, nbytes)
 
