@@ -59,14 +59,12 @@ def _wall(fn: Callable[[], None], device: torch.device, reps: int) -> float:
 
 
 def _offload(engine: OffloadEngine, sources: list[torch.Tensor], ordinal: int) -> Group:
-    """One region call's offloads, as the runtime makes them: each storage admitted and
-    added to the call's group, the group issued at the call's exit."""
+    """One region call's offloads, as the runtime makes them: each storage added to the
+    call's group if the pool has room, the group issued at the call's exit."""
     group = engine.open_group(ordinal, sources[0].device)
     for src in sources:
-        nbytes = src.untyped_storage().nbytes()
-        if not engine.admit(nbytes):
+        if engine.add(group, src.untyped_storage(), src.untyped_storage().nbytes()) < 0:
             raise RuntimeError("the pool refused a benchmark tensor")
-        group.add(src.untyped_storage(), nbytes)
     if not engine.issue(group):
         raise RuntimeError("the pool refused a benchmark group")
     return group

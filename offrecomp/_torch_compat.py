@@ -189,6 +189,14 @@ def foreach_copy_(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
     torch._foreach_copy_(dsts, srcs)
 
 
+def storage_use_count(storage: Any) -> int:
+    """How many tensors (and storage objects) share ``storage``'s allocation: a reused
+    reload buffer is emptied only when none but its own cached views do (NOTE [Reused
+    reload buffers] in offrecomp/transfer.py). Private: ``torch._C._storage_Use_Count``."""
+    return int(torch._C._storage_Use_Count(storage._cdata))
+
+
+
 def host_empty_cache() -> None:
     """Hand the cached pinned host blocks back to the OS. Private (CUDA builds, torch
     2.5+), hence the guard: without it dropped slabs stay pinned in torch's cache."""
@@ -332,6 +340,7 @@ ALL_PRIVATE_APIS: tuple[str, ...] = (
     "grad_fn._raw_saved_* (SavedTensor.register_hooks refusing a hooked slot)",
     "torch.utils._pytree.tree_flatten / tree_unflatten / tree_leaves / TreeSpec",
     "torch._foreach_copy_",
+    "torch._C._storage_Use_Count",
     "torch._C._host_emptyCache (CUDA builds)",
     "torch._dynamo.eval_frame.skip_code",
     "torch._C._dynamo.eval_frame.get_eval_frame_callback",

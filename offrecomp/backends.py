@@ -94,9 +94,13 @@ class Backend(ABC):
         return nbytes
 
     @abstractmethod
-    def alloc_device(self, nbytes: int, device: torch.device, stream: Stream) -> torch.Tensor:
+    def alloc_device(
+        self, nbytes: int, device: torch.device, stream: Stream, storage: Any = None
+    ) -> torch.Tensor:
         """A flat uint8 device buffer owned by ``stream`` (its memory is reused only in
-        ``stream``'s order)."""
+        ``stream``'s order). With ``storage`` (an empty ``UntypedStorage`` on ``device``),
+        that storage is grown to ``nbytes`` instead and the buffer is over it (NOTE
+        [Reused reload buffers] in transfer.py)."""
 
     @abstractmethod
     def synchronize(self) -> None:
@@ -170,10 +174,13 @@ class CudaBackend(Backend):
         return 1 << max(0, nbytes - 1).bit_length()
 
     def alloc_device(
-        self, nbytes: int, device: torch.device, stream: torch.cuda.Stream
+        self, nbytes: int, device: torch.device, stream: torch.cuda.Stream, storage: Any = None
     ) -> torch.Tensor:
         with torch.cuda.stream(stream):
-            return torch.empty(nbytes, dtype=torch.uint8, device=device)
+            if storage is None:
+                return torch.empty(nbytes, dtype=torch.uint8, device=device)
+            storage.resize_(nbytes)  # allocated on ``stream``, as torch.empty would be
+            return torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
 
     def synchronize(self) -> None:
         for index in sorted(self._devices):
@@ -380,6 +387,7 @@ class EmulatedBackend(Backend):
                 if job is None:
                     return
                 self._run(stream, job)
+                job = None  # what it holds (a reload buffer) is free to go now
 
     def _run(self, stream: _EmuStream, job: Callable[[], None]) -> None:
         try:
@@ -481,8 +489,13 @@ class EmulatedBackend(Backend):
     def alloc_host(self, nbytes: int) -> torch.Tensor:
         return torch.full((nbytes,), _GARBAGE, dtype=torch.uint8)
 
-    def alloc_device(self, nbytes: int, device: torch.device, stream: _EmuStream) -> torch.Tensor:
-        return torch.full((nbytes,), _GARBAGE, dtype=torch.uint8)
+    def alloc_device(
+        self, nbytes: int, device: torch.device, stream: _EmuStream, storage: Any = None
+    ) -> torch.Tensor:
+        if storage is None:
+            return torch.full((nbytes,), _GARBAGE, dtype=torch.uint8)
+        storage.resize_(nbytes)
+        return torch.empty(0, dtype=torch.uint8).set_(storage).fill_(_GARBAGE)
 
     def synchronize(self) -> None:
         for stream in self._workers:

@@ -132,20 +132,21 @@ class OffloadGroups:
         if not on_device(t) or t.is_neg() or (dtype.is_complex and t.is_conj()):
             return None
         engine = self.engine or self.get_engine()
-        nbytes = rec.nbytes
-        if not engine.admit(nbytes):
-            return False
         group = call.group
         if group is None:
             p = call.pass_state
             group = call.group = engine.open_group(len(p.calls) if p is not None else 0, storage.device)
             call.groups.append(group)
             self.live_groups += 1
-        rec.group = group
+        nbytes = rec.nbytes
         if dtype in _TYPED and t.nbytes == nbytes and t.is_contiguous():
-            rec.slot = group.add(t.data, nbytes, (dtype, t.shape))
+            slot = engine.add(group, t.data, nbytes, (dtype, t.shape))  # NOTE [Typed sources]
         else:
-            rec.slot = group.add(storage, nbytes)
+            slot = engine.add(group, storage, nbytes)
+        if slot < 0:
+            return False
+        rec.group = group
+        rec.slot = slot
         return True
 
     def issue(self, call: RegionCall) -> None:

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from offrecomp.groups import OffloadGroups
     from offrecomp.lifecycle import Lifecycle
     from offrecomp.planning import Planner
+    from offrecomp.transfer import Group
     from offrecomp.verify import Verifier
 
 log = logging.getLogger(__name__)
@@ -445,13 +446,15 @@ class Placer:
         if placement is OFFLOAD:
             group = rec.group
             assert group is not None
-            dtype = h.dtype
-            typed = group.typed_views.get(dtype)  # fetched, and a save of this dtype handed out
-            if typed is None:
-                self._groups.fetch(group, call)
-                typed = group.typed(dtype)
-            # a view of the reload buffer; autograd wraps what unpack returns in a new tensor
-            t = typed.as_strided(h.size, h.stride, h.offset + group.offsets[rec.slot] // dtype.itemsize)
+            views = group.views  # fetched into a reused buffer (NOTE [Reused reload buffers] in transfer.py)
+            if views is not None:
+                hit = views.get(h.pack_index)
+                if hit is not None and hit[0] == (group.offsets[rec.slot], h.offset, h.size, h.stride, h.dtype):
+                    t = hit[1].data  # the cached alias's geometry is this save's
+                else:
+                    t = self._reload_view(h, rec, group, call)
+            else:
+                t = self._reload_view(h, rec, group, call)
             uses = group.uses = group.uses + 1
             if uses >= group.handles:
                 # Every live save of the group has its tensor; autograd keeps them alive
@@ -462,6 +465,22 @@ class Placer:
             assert rec.tensor is not None
             return h.rebuild(rec.tensor.untyped_storage())
         return self._unpack_dropped(h, rec, call)
+
+    def _reload_view(self, h: SavedHandle, rec: StorageRec, group: Group, call: RegionCall) -> torch.Tensor:
+        """An offloaded save as a view of its group's reload, fetched on first use (and
+        cached on a reused buffer: NOTE [Reused reload buffers] in transfer.py). Autograd
+        wraps what unpack returns in a new tensor."""
+        dtype = h.dtype
+        typed = group.typed_views.get(dtype)  # fetched, and a save of this dtype handed out
+        if typed is None:
+            self._groups.fetch(group, call)
+            typed = group.typed(dtype)
+        slot_offset = group.offsets[rec.slot]
+        t = typed.as_strided(h.size, h.stride, h.offset + slot_offset // dtype.itemsize)
+        reuse = group.reuse
+        if reuse is not None:
+            reuse.remember(h.pack_index, (slot_offset, h.offset, h.size, h.stride, dtype), t)
+        return t
 
     def _unpack_plain(self, h: _Plain) -> torch.Tensor:
         owner = h.call

@@ -2,7 +2,7 @@
 
 The unit of transfer is a :class:`Group`: the storages one region call offloads (or one
 run of saves outside every region). The saved-tensor hook only appends a storage to its
-group (:meth:`Group.add`); at the region's exit the caller hands the group to
+group (:meth:`OffloadEngine.add`); at the region's exit the caller hands the group to
 :meth:`OffloadEngine.issue`, which copies all of it into one block of the pinned pool
 under one ordering event; in backward :meth:`OffloadEngine.fetch` reloads the whole
 group into one device buffer with one copy, makes the compute stream wait on it once,
@@ -24,14 +24,14 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 from offrecomp.backends import Backend, Event, Stream
 from offrecomp.config import Prefetch, format_bytes
 from offrecomp.pool import ALIGN_BYTES, Block, FailureReason, PinnedPool
-from offrecomp.transfer import Group, GroupState, OffloadStats, gbps
+from offrecomp.transfer import Group, GroupState, OffloadStats, ReloadBuffer, gbps
 
 __all__ = ["OffloadEngine"]
 
@@ -48,6 +48,8 @@ Edge = Literal[
 
 #: Copies timed per link: one group in TIME_EVERY (NOTE [Timing without host waits]).
 TIME_EVERY = 4
+#: Group positions with a reusable reload buffer, at most (NOTE [Reused reload buffers]).
+MAX_RELOAD_BUFFERS = 4096
 
 # NOTE [Stream ordering]
 # Six edges make a group's round trip race-free. Each one is enqueued as a GPU-side
@@ -294,6 +296,8 @@ class OffloadEngine:
         self._busy = 0  # depth of engine calls on the thread holding the lock
         self._pending_frees: deque[Group] = deque()
         self._open_reserved = 0  # the same, aligned as the pool will carve them
+        self._reload_buffers: dict[int, ReloadBuffer] = {}  # by group ordinal (NOTE [Reused reload buffers])
+        self._draining: list[ReloadBuffer] = []  # released, emptied once unused
         self._reset_counters()
         logger.debug(
             "offrecomp: offload engine on the %s backend: host limit %s, in-flight window %s, "
@@ -314,20 +318,28 @@ class OffloadEngine:
             )
         return Group(ordinal, device, self._step)
 
-    def admit(self, nbytes: int) -> bool:
-        """Room for a storage of ``nbytes`` in an open group? Checked at save time against
-        the pool's limit, so a storage the pool cannot hold falls back before its handle
-        is made (a refusal at issue() keeps the whole group). On True the caller adds it
-        to a group; its bytes count as the engine's until the group is issued."""
+    def add(self, group: Group, source: Any, nbytes: int, shape: tuple[torch.dtype, torch.Size] | None = None) -> int:
+        """Add a storage of ``nbytes`` to the open ``group`` if the pool has room for it;
+        returns its slot, or -1 (nothing added). Checked at save time against the pool's
+        limit, so a storage the pool cannot hold falls back before its handle is made (a
+        refusal at issue() keeps the whole group); its bytes count as the engine's until
+        the group is issued. ``source`` is an ``UntypedStorage`` or a flat uint8 tensor
+        over one (``shape`` None), or a contiguous tensor that covers the whole storage,
+        of ``shape`` (its dtype and size): NOTE [Typed sources]. The group holds it until
+        its copy landed; the slots' offsets are laid out when it closes (``Group.seal``)."""
         reserved = self._open_reserved - (-nbytes // ALIGN_BYTES) * ALIGN_BYTES  # + aligned(nbytes), inline: once per save
         pool = self.pool
         if pool.refusing or pool.in_use_bytes + reserved > pool.limit_bytes:
             with self._locked():
                 self._fallback(nbytes, "pin_failed" if pool.refusing else "full")
-            return False
+            return -1
         self._open_bytes += nbytes
         self._open_reserved = reserved
-        return True
+        group.sources.append(source)
+        group.shapes.append(shape)
+        sizes = group.sizes
+        sizes.append(nbytes)
+        return len(sizes) - 1
 
     def issue(self, group: Group) -> bool:
         """Copy ``group`` to host: one block, one ordering event, one copy per storage, one
@@ -433,6 +445,8 @@ class OffloadEngine:
             group._waited = True
             # FETCHED only now: another thread's fetch takes the buffer without the lock
             # (Group.ready), and must find compute already waiting on the reload
+            if group.reuse is not None:
+                group.views = group.reuse.views
             group.state = GroupState.FETCHED
             backend.check()
             self._reload_host += time.perf_counter() - t0
@@ -552,6 +566,8 @@ class OffloadEngine:
                 self._open_reserved = 0
                 self._streams.clear()
                 self._empties.clear()
+                self._reload_buffers.clear()  # their storages go with the last tensor on them
+                self._draining.clear()
                 self.pool.close()
                 self.backend.close()
             try:
@@ -604,6 +620,8 @@ class OffloadEngine:
             if not group._waited:  # NOTE [Stream ordering]: edge 6
                 compute = self.backend.current_stream(group.device)
                 self._wait_edge("free_after_h2d", compute, group._h2d_done)
+            if group.reuse is not None:  # emptied once nothing uses it (NOTE [Reused reload buffers])
+                self._draining.append(group.reuse)
             group.set_buffer(None)  # NOTE [Reload buffer lifetime]
             group.state = GroupState.OFFLOADED
         group.uses = 0
@@ -648,7 +666,8 @@ class OffloadEngine:
         assert block is not None
         h2d = self._side_stream(group.device, "h2d")
         self._wait_edge("h2d_after_d2h", h2d, group._d2h_done)  # NOTE [Stream ordering]
-        buffer = backend.alloc_device(group.nbytes, group.device, compute)  # NOTE [Reload buffer lifetime]
+        reuse = self._reload_buffer(group)  # on compute: NOTE [Reload buffer lifetime]
+        buffer = backend.alloc_device(group.nbytes, group.device, compute, reuse.storage if reuse else None)
         allocated = backend.record_event(compute)
         self._wait_edge("h2d_after_alloc", h2d, allocated)
         timed = self._time_this("h2d")
@@ -657,7 +676,7 @@ class OffloadEngine:
         done = backend.record_event(h2d, timing=timed)
         if start is not None:
             self._timings.append(("h2d", start, done, group.payload_bytes))
-        group.set_buffer(buffer)
+        group.set_buffer(buffer, reuse)
         group._h2d_done = done  # NOTE [Host slot lifetime]: the latest reload
         group._waited = False
         group.uses = 0
@@ -665,6 +684,20 @@ class OffloadEngine:
         self._outstanding_bytes += group.nbytes
         self._reloads += 1
         self._bytes_h2d += group.payload_bytes
+
+    def _reload_buffer(self, group: Group) -> ReloadBuffer | None:
+        """The busy buffer of ``group``'s position; None while another reload uses it."""
+        buffers = self._reload_buffers
+        reuse = buffers.get(group.ordinal)
+        if reuse is None:
+            if len(buffers) >= MAX_RELOAD_BUFFERS:  # positions of many shapes: forget the idle ones
+                for ordinal in [o for o, b in buffers.items() if not b.busy]:
+                    del buffers[ordinal]
+            reuse = buffers[group.ordinal] = ReloadBuffer(torch.UntypedStorage(0, device=group.device))
+        elif reuse.busy:
+            return None
+        reuse.busy = True
+        return reuse
 
     def _prefetch_for(self, group: Group, compute: Stream) -> None:
         # see NOTE [Prefetch order]
@@ -721,6 +754,8 @@ class OffloadEngine:
                 else:
                     waiting.append(group)
             self._deferred.extend(waiting)
+        if self._draining:  # NOTE [Reused reload buffers]
+            self._draining = [reuse for reuse in self._draining if not reuse.empty_if_unused()]
         if len(self._timings) > 4096:
             self._resolve_timings()
 

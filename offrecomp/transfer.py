@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
+from offrecomp import _torch_compat as tc
 from offrecomp.backends import Event
 from offrecomp.pool import ALIGN_BYTES, Block
 
-__all__ = ["Group", "GroupState", "OffloadStats", "gbps", "slot_offsets"]
+__all__ = ["Group", "GroupState", "OffloadStats", "ReloadBuffer", "gbps", "slot_offsets"]
 
 
 def slot_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
@@ -46,8 +47,7 @@ class Group:
     """The storages one region call (or one run of root saves) offloads; made by
     :meth:`OffloadEngine.open_group`.
 
-    ``add`` is the only call on the save path: it appends a storage and returns its
-    slot. ``handles`` and ``uses`` are the caller's counters: saves of the group alive in
+    ``OffloadEngine.add`` appends its storages on the save path. ``handles`` and ``uses`` are the caller's counters: saves of the group alive in
     autograd, and unpacks since the latest reload (NOTE [Reload buffer lifetime]).
     """
 
@@ -66,6 +66,7 @@ class Group:
         "offsets",
         "ordinal",
         "payload_bytes",
+        "reuse",
         "seq",
         "shapes",
         "sizes",
@@ -73,12 +74,13 @@ class Group:
         "state",
         "typed_views",
         "uses",
+        "views",
     )
 
     def __init__(self, ordinal: int, device: torch.device, step: int) -> None:
         self.ordinal = ordinal  # region-call ordinal in forward order (larger = later)
         self.device = device
-        self.sources: list[Any] = []  # until issue(): see ``add``
+        self.sources: list[Any] = []  # until issue(): see ``OffloadEngine.add``
         self.sizes: list[int] = []
         self.shapes: list[tuple[torch.dtype, torch.Size] | None] = []  # a typed source's geometry
         self.offsets: list[int] = []  # slot_offsets(sizes), from ``seal``
@@ -98,19 +100,10 @@ class Group:
         """Views of the fetched buffer by dtype, made since the latest reload: the unpack's
         fast path reads them without a call."""
         self._waited = False
-
-    def add(self, source: Any, nbytes: int, shape: tuple[torch.dtype, torch.Size] | None = None) -> int:
-        """Append a storage of ``nbytes`` (admitted by ``OffloadEngine.admit``); returns its
-        slot. The source is an ``UntypedStorage`` or a flat uint8 tensor over one
-        (``shape`` None), or a contiguous tensor that covers the whole storage, of
-        ``shape`` (its dtype and size): NOTE [Typed sources] in offload.py. The group
-        holds it until its copy landed. The slots' offsets are laid out once, when the
-        group closes (``seal``)."""
-        self.sources.append(source)
-        self.shapes.append(shape)
-        sizes = self.sizes
-        sizes.append(nbytes)
-        return len(sizes) - 1
+        self.reuse: ReloadBuffer | None = None  # the reload's buffer, when it is a reused one
+        self.views: dict[int, tuple[tuple[Any, ...], torch.Tensor]] | None = None
+        """``reuse.views`` once the reload into a reused buffer is fetched (the unpack's
+        fast path reads it)."""
 
     def seal(self) -> None:
         """Lay out the slots (``offsets``, ``nbytes``, ``payload_bytes``): the group takes
@@ -134,15 +127,70 @@ class Group:
             view = self.typed_views[dtype] = buffer.view(dtype)
         return view
 
-    def set_buffer(self, buffer: torch.Tensor | None) -> None:
+    def set_buffer(self, buffer: torch.Tensor | None, reuse: ReloadBuffer | None = None) -> None:
         self._buffer = buffer
         self.typed_views = {}
+        self.reuse = reuse
+        self.views = None  # ``reuse.views`` once compute waited on the reload (OffloadEngine.fetch)
 
     def __repr__(self) -> str:
         return (
             f"Group(ordinal={self.ordinal}, storages={len(self.sizes)}, "
             f"nbytes={self.nbytes}, device={self.device}, state={self.state.value})"
         )
+
+
+# NOTE [Reused reload buffers]
+# Handing out a saved tensor as a view of its group's reload (``as_strided``) costs the
+# host a dispatcher call and a view record per unpack, more than all the rest of the
+# unpack. ``.data`` of a tensor of the right geometry costs a quarter of that (no
+# dispatcher, no view record), but needs such a tensor on the reload's storage first.
+# So a reload reuses one device storage per group position (the region call's ordinal)
+# from step to step: the storage is grown (``resize_``) on the compute stream for the
+# reload, as a fresh buffer would be allocated there (NOTE [Reload buffer lifetime] in
+# offload.py), and emptied again once no tensor uses it; the unpack caches, per pack
+# index, a ``.data`` alias of the view it made, and hands out ``.data`` of that alias
+# when the next reload's save has the same geometry. Emptying needs proof that nothing
+# outside still reads the storage: its use count (every tensor on it holds one) must be
+# exactly the storage object's and the cached aliases'. A storage that autograd, a user
+# or a pending copy still uses stays as it is (busy): its position's next reload takes a
+# fresh buffer, as without reuse. The check runs at every engine call, so the memory of
+# a released group goes at the next fetch or at the step's end, not at its last tensor's
+# death; in backward the next group's fetch follows at once.
+
+
+class ReloadBuffer:
+    """A reusable device storage for the reloads of one group position, with the saved
+    tensors' aliases on it (NOTE [Reused reload buffers])."""
+
+    __slots__ = ("busy", "storage", "views")
+
+    #: Cached aliases per buffer beyond which a miss clears them (a position whose
+    #: saves keep changing).
+    MAX_VIEWS = 4096
+
+    def __init__(self, storage: Any) -> None:
+        self.storage = storage  # an UntypedStorage on the device; empty while not busy
+        self.views: dict[int, tuple[tuple[Any, ...], torch.Tensor]] = {}
+        """Per pack index: the saved tensor's slot offset in bytes, storage offset, size,
+        stride and dtype, and a ``.data`` alias of that geometry on ``storage``."""
+        self.busy = False
+
+    def remember(self, pack_index: int, key: tuple[Any, ...], view: torch.Tensor) -> None:
+        """Cache an alias of ``view`` (of geometry ``key``) for the save at ``pack_index``."""
+        views = self.views
+        if pack_index not in views and len(views) >= self.MAX_VIEWS:
+            views.clear()
+        views[pack_index] = (key, view.data)
+
+    def empty_if_unused(self) -> bool:
+        """Empty the storage if no tensor but the cached aliases is on it (True), making
+        the buffer free for the next reload of its position."""
+        if tc.storage_use_count(self.storage) != 1 + len(self.views):
+            return False
+        self.storage.resize_(0)
+        self.busy = False
+        return True
 
 
 @dataclass(frozen=True)

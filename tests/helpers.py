@@ -197,13 +197,12 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
 
 
 def offload_group(engine: Any, sources: list[torch.Tensor], ordinal: int = 0) -> Any:
-    """What the runtime does for one region call's offloads: admit each storage, add it
-    to a new group, issue the group at the call's exit. None when the pool refuses."""
+    """What the runtime does for one region call's offloads: add each storage to a new
+    group if the pool has room, issue the group at the call's exit. None when the pool
+    refuses."""
     group = engine.open_group(ordinal, sources[0].device)
     for src in sources:
-        nbytes = src.untyped_storage().nbytes()
-        if not engine.admit(nbytes):
+        if engine.add(group, src.untyped_storage(), src.untyped_storage().nbytes()) < 0:
             engine.discard(group)
             return None
-        group.add(src.untyped_storage(), nbytes)
     return group if engine.issue(group) else None

@@ -263,9 +263,11 @@ class SpyBackend(EmulatedBackend):
         self.log.append(("copy", stream, len(srcs)))
         super().copy_many(dsts, srcs, stream)
 
-    def alloc_device(self, nbytes: int, device: torch.device, stream: _EmuStream) -> torch.Tensor:
+    def alloc_device(
+        self, nbytes: int, device: torch.device, stream: _EmuStream, storage: Any = None
+    ) -> torch.Tensor:
         self.log.append(("alloc", stream, nbytes))
-        return super().alloc_device(nbytes, device, stream)
+        return super().alloc_device(nbytes, device, stream, storage)
 
 
 def side_waits_on_compute_event(log: list[tuple[str, Any, Any]], copy_at: int, since: int) -> bool:
@@ -578,12 +580,14 @@ def test_stats_are_plausible(engine: OffloadEngine) -> None:
     assert empty.bytes_d2h == 0 and empty.d2h_gbps is None and empty.stall_seconds == 0
 
 
-def test_admit_refuses_past_the_host_limit() -> None:
+def test_add_refuses_past_the_host_limit() -> None:
     eng = make_engine(host_limit_bytes=4 * KiB)
     try:
-        assert eng.admit(2 * KiB) and eng.admit(2 * KiB)
-        assert not eng.admit(1)  # 4 KiB promised to open groups already
-        assert eng.device_bytes == 4 * KiB
+        group = eng.open_group(0, CPU)
+        sources = [random_bytes(2 * KiB), random_bytes(2 * KiB), random_bytes(1)]
+        assert [eng.add(group, s.untyped_storage(), s.numel()) for s in sources] == [0, 1, -1]
+        assert len(group.sources) == 2  # the refused one was not added
+        assert eng.device_bytes == 4 * KiB  # promised to open groups already
         assert eng.end_step().fallbacks_pool_full == 1
     finally:
         eng.close()
@@ -594,8 +598,7 @@ def test_a_group_the_pool_refuses_at_issue_is_freed() -> None:
     try:
         group = eng.open_group(0, CPU)
         src = random_bytes(2 * KiB)
-        assert eng.admit(src.numel())
-        group.add(src.untyped_storage(), src.numel())
+        assert eng.add(group, src.untyped_storage(), src.numel()) == 0
         eng.pool.limit_bytes = 0  # the pool shrank under the open group
         assert not eng.issue(group)
         assert group.state is GroupState.FREED and group.sources  # the caller keeps them
@@ -668,11 +671,10 @@ def _round_trip(engine: OffloadEngine, sources: list[tuple[torch.Tensor, bool]])
     group = engine.open_group(0, CPU)
     for t, typed in sources:
         nbytes = t.untyped_storage().nbytes()
-        assert engine.admit(nbytes)
         if typed:
-            group.add(t.data, nbytes, (t.dtype, t.shape))
+            assert engine.add(group, t.data, nbytes, (t.dtype, t.shape)) >= 0
         else:
-            group.add(t.untyped_storage(), nbytes)
+            assert engine.add(group, t.untyped_storage(), nbytes) >= 0
     assert engine.issue(group)
     buf = engine.fetch(group)
     for i, (t, _) in enumerate(sources):
@@ -707,3 +709,30 @@ def test_typed_and_flat_sources_share_a_group_and_each_layout_gets_its_slot_view
     ]
     assert [t.untyped_storage().nbytes() for t, _ in second] == [t.untyped_storage().nbytes() for t, _ in first]
     assert _round_trip(engine, second) is block  # the idle block, handed back with its views
+
+
+def test_a_reload_reuses_its_positions_storage_once_nothing_else_uses_it(engine: OffloadEngine) -> None:
+    """NOTE [Reused reload buffers]: a reload grows its position's storage, and the engine
+    empties it only when no tensor but its cached aliases is on it. One still on it keeps
+    it and its data; the position's next reload then takes a fresh buffer."""
+    src, other = random_bytes(2 * KiB), random_bytes(2 * KiB, seed=1)
+    first = offload(engine, [src], ordinal=3)
+    buf = engine.fetch(first)
+    reuse = first.reuse
+    assert reuse is not None and buf.untyped_storage() is reuse.storage
+    held = buf[: 2 * KiB]  # outlives the group's release, as a tensor autograd kept would
+    engine.release_device(first)
+    engine.synchronize()  # polls
+    assert reuse.busy and reuse.storage.nbytes() == first.nbytes
+    second = offload(engine, [other], ordinal=3)
+    assert torch.equal(engine.fetch(second)[: 2 * KiB], other)
+    assert second.reuse is None  # a fresh buffer
+    assert torch.equal(held, src)
+    engine.release_device(second)
+    del held, buf
+    engine.synchronize()
+    assert not reuse.busy and reuse.storage.nbytes() == 0
+    third = offload(engine, [other], ordinal=3)
+    buf = engine.fetch(third)
+    assert third.reuse is reuse and torch.equal(buf[: 2 * KiB], other)
+    engine.release_device(third)

@@ -4,6 +4,7 @@ placement rules would."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -83,25 +84,21 @@ def test_a_storage_the_pool_refuses_asks_it_once_and_falls_back(monkeypatch: pyt
     """A forced offload whose pinned pool is too small: each storage asks the pool once
     (joined, or refused and counted as a fallback once); gradients bitwise."""
     from offrecomp.offload import OffloadEngine
-    from offrecomp.transfer import Group
 
     asked, added, refused = [0], [0], [0]
-    admit, add, not_joined = OffloadEngine.admit, Group.add, Placements.not_joined
-
-    def spy_admit(self: Any, nbytes: int) -> bool:
-        asked[0] += 1
-        return admit(self, nbytes)
+    add, not_joined = OffloadEngine.add, Placements.not_joined
 
     def spy_add(self: Any, *args: Any) -> int:
-        added[0] += 1
-        return add(self, *args)
+        asked[0] += 1
+        slot = add(self, *args)
+        added[0] += slot >= 0
+        return slot
 
     def spy_not_joined(self: Any, call: Any, kind: str, joined: bool | None) -> Any:
         refused[0] += joined is False
         return not_joined(self, call, kind, joined)
 
-    monkeypatch.setattr(OffloadEngine, "admit", spy_admit)
-    monkeypatch.setattr(Group, "add", spy_add)
+    monkeypatch.setattr(OffloadEngine, "add", spy_add)
     monkeypatch.setattr(Placements, "not_joined", spy_not_joined)
     model, _ = make("gpt_dropout")
 
@@ -178,21 +175,22 @@ def test_offloaded_saves_that_cover_their_storage_join_their_group_typed(monkeyp
     """NOTE [Typed sources]: a contiguous save that covers its storage joins its group as
     an alias of itself with its geometry, any other as its storage; gradients stay
     bitwise."""
+    from offrecomp.offload import OffloadEngine
     from offrecomp.transfer import Group
 
     added: list[tuple[bool, bool]] = []  # (typed, the source covers its storage contiguously)
-    original = Group.add
+    original = OffloadEngine.add
 
-    def spy(self: Group, source: Any, nbytes: int, shape: Any = None) -> int:
+    def spy(self: OffloadEngine, group: Group, source: Any, nbytes: int, shape: Any = None) -> int:
         if isinstance(source, torch.Tensor):
             covers = source.is_contiguous() and source.nbytes == nbytes
             assert shape is None or shape == (source.dtype, source.shape)
         else:
             covers = False
         added.append((shape is not None, covers))
-        return original(self, source, nbytes, shape)
+        return original(self, group, source, nbytes, shape)
 
-    monkeypatch.setattr(Group, "add", spy)
+    monkeypatch.setattr(OffloadEngine, "add", spy)
     model, batch = make("gpt_dropout")
     ref = train(twin(model), batch, steps=2)
     m = twin(model)
@@ -282,3 +280,58 @@ def test_a_double_backward_reads_a_root_group_the_pool_refused() -> None:
     assert torch.equal(ref, got)
     fallbacks = rt.report().steps[-1].fallbacks
     assert fallbacks.get("offload_to_keep", 0) >= 1, fallbacks
+
+
+class _HoldSaved(torch.autograd.Function):
+    """tanh whose backward also keeps the saved output it unpacked (in ``held``)."""
+
+    held: list[torch.Tensor] = []
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        if _HoldSaved.held is not None:
+            _HoldSaved.held.append(y)
+        return g * (1 - y * y)
+
+
+class _HoldBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _HoldSaved.apply(self.l(x))
+
+
+def test_an_unpacked_tensor_kept_past_backward_keeps_its_reload() -> None:
+    """NOTE [Reused reload buffers]: saved tensors a backward keeps beyond the step stay
+    intact while later steps reload the same positions; gradients stay bitwise."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[_HoldBlock() for _ in range(3)])
+    xs = [torch.randn(4, 16) for _ in range(4)]
+
+    def steps(rt: Any = None) -> list[torch.Tensor]:
+        grads = []
+        with rt if rt is not None else contextlib.nullcontext():
+            for i, x in enumerate(xs):
+                _HoldSaved.held = [] if i == 0 else None  # type: ignore[assignment]
+                m(x).sum().backward()
+                if i == 0:
+                    kept = [(t, t.clone()) for t in _HoldSaved.held]
+                grads += [p.grad.clone() for p in m.parameters()]  # type: ignore[union-attr]
+                m.zero_grad(set_to_none=True)
+        assert len(kept) == 3 and all(torch.equal(t, c) for t, c in kept)
+        return grads
+
+    ref = steps()
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0, regions=_HoldBlock)
+    got = steps(rt)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+    assert rt.report().steps[-1].offloaded_bytes > 0

@@ -28,6 +28,13 @@ def test_private_apis_exist() -> None:
     tc.foreach_copy_(dst, [torch.ones(3), torch.full((2,), 2.0)])
     assert dst[0].tolist() == [1, 1, 1] and dst[1].tolist() == [2, 2]
     tc.host_empty_cache()  # a no-op without CUDA, never an error
+    storage = torch.UntypedStorage(8)
+    assert tc.storage_use_count(storage) == 1
+    view = torch.empty(0, dtype=torch.uint8).set_(storage)
+    alias = view.data
+    assert tc.storage_use_count(storage) == 3  # the storage object and each tensor
+    del view, alias
+    assert tc.storage_use_count(storage) == 1
     assert tc.eval_frame_callback_getter() is not None
     from torch._dynamo.eval_frame import skip_code  # noqa: F401  (dynamo_skip_code)
     m = torch.nn.Linear(2, 2)
