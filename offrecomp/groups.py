@@ -140,7 +140,7 @@ class OffloadGroups:
             self.live_groups += 1
         nbytes = rec.nbytes
         if dtype in _TYPED and t.nbytes == nbytes and t.is_contiguous():
-            slot = engine.add(group, t.data, nbytes, (dtype, t.shape))  # NOTE [Typed sources]
+            slot = engine.add(group, t.data, nbytes, t.shape, dtype)  # NOTE [Typed sources]
         else:
             slot = engine.add(group, storage, nbytes)
         if slot < 0:

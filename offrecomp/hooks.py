@@ -212,6 +212,15 @@ class Placer:
             # record whose call was released (its copy freed): a new save of the same
             # storage is a new storage.
             rec = self._new_storage(p, call, t, ptr, storage)
+            group = rec.group
+            if group is not None and recorder is None:  # it joined its call's group just now
+                size = group.shapes[rec.slot]
+                if size is not None:  # typed: the save covers its storage (NOTE [Typed sources])
+                    ref = call.lease_ref
+                    lease = ref() if ref is not None else None
+                    h = SavedHandle(rec, idx, t, lease if lease is not None else call.lease(self._release), size)
+                    group.handles += 1
+                    return h
         elif rec.placement is OFFLOAD and not reads_bytes_as_stored(t):
             return _Plain(t, call)  # another view of an offloaded storage, negated: as it is
         placement = rec.placement

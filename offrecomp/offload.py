@@ -187,18 +187,18 @@ def _slot_views(block: Block, group: Group) -> list[torch.Tensor]:
     """The host views of ``group``'s slots in ``block``, each flat or of its typed
     source's geometry (NOTE [Typed sources]), made once per block and layout (NOTE [Idle
     blocks]: a step's groups get back the blocks, and views, of the last)."""
-    sizes, shapes = group.sizes, group.shapes
+    sizes, shapes, dtypes = group.sizes, group.shapes, group.dtypes
     slots = block.slots
-    if slots is not None and slots[0] == sizes and slots[1] == shapes:
-        return slots[2]  # type: ignore[no-any-return]
+    if slots is not None and slots[0] == sizes and slots[1] == shapes and slots[2] == dtypes:
+        return slots[3]  # type: ignore[no-any-return]
     view = block.view
     views = []
-    for o, n, shape in zip(group.offsets, sizes, shapes):
+    for o, n, shape, dtype in zip(group.offsets, sizes, shapes, dtypes):
         v = view[o : o + n]
         if shape is not None:
-            v = v.view(shape[0]).view(shape[1])
+            v = v.view(dtype).view(shape)  # type: ignore[arg-type]  # set with the shape
         views.append(v)
-    block.slots = (list(sizes), list(shapes), views)
+    block.slots = (list(sizes), list(shapes), list(dtypes), views)
     return views
 
 
@@ -318,14 +318,16 @@ class OffloadEngine:
             )
         return Group(ordinal, device, self._step)
 
-    def add(self, group: Group, source: Any, nbytes: int, shape: tuple[torch.dtype, torch.Size] | None = None) -> int:
+    def add(
+        self, group: Group, source: Any, nbytes: int, shape: torch.Size | None = None, dtype: torch.dtype | None = None
+    ) -> int:
         """Add a storage of ``nbytes`` to the open ``group`` if the pool has room for it;
         returns its slot, or -1 (nothing added). Checked at save time against the pool's
         limit, so a storage the pool cannot hold falls back before its handle is made (a
         refusal at issue() keeps the whole group); its bytes count as the engine's until
         the group is issued. ``source`` is an ``UntypedStorage`` or a flat uint8 tensor
         over one (``shape`` None), or a contiguous tensor that covers the whole storage,
-        of ``shape`` (its dtype and size): NOTE [Typed sources]. The group holds it until
+        of ``shape`` and ``dtype``: NOTE [Typed sources]. The group holds it until
         its copy landed; the slots' offsets are laid out when it closes (``Group.seal``)."""
         reserved = self._open_reserved - (-nbytes // ALIGN_BYTES) * ALIGN_BYTES  # + aligned(nbytes), inline: once per save
         pool = self.pool
@@ -337,6 +339,7 @@ class OffloadEngine:
         self._open_reserved = reserved
         group.sources.append(source)
         group.shapes.append(shape)
+        group.dtypes.append(dtype)
         sizes = group.sizes
         sizes.append(nbytes)
         return len(sizes) - 1

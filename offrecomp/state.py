@@ -196,16 +196,24 @@ class SavedHandle(weakref.ref):  # type: ignore[type-arg]
     stride: tuple[int, ...]
     version: int
 
-    def __new__(cls, rec: StorageRec, pack_index: int, t: torch.Tensor, lease: Lease) -> SavedHandle:
+    def __new__(
+        cls, rec: StorageRec, pack_index: int, t: torch.Tensor, lease: Lease, size: torch.Size | None = None
+    ) -> SavedHandle:
+        """``size``: ``t.shape`` already read, for a ``t`` that covers its storage from its
+        first element (its storage offset is 0)."""
         self = weakref.ref.__new__(cls, t)
         self.rec = rec
         self.pack_index = pack_index
         self.lease = lease
         self.version = t._version
         self.grad_fn = not t.is_leaf  # to see a detach_() after the save
-        self.size = t.shape
+        if size is None:
+            self.size = t.shape
+            self.offset = t.storage_offset()
+        else:
+            self.size = size
+            self.offset = 0
         self.stride = t.stride()
-        self.offset = t.storage_offset()
         self.dtype = t.dtype
         base = t._base  # a view's base shares its version counter and may outlive it
         self.base = weakref.ref(base) if base is not None else None

@@ -60,6 +60,7 @@ class Group:
         "_step",
         "_waited",
         "device",
+        "dtypes",
         "fetches",
         "handles",
         "nbytes",
@@ -82,7 +83,8 @@ class Group:
         self.device = device
         self.sources: list[Any] = []  # until issue(): see ``OffloadEngine.add``
         self.sizes: list[int] = []
-        self.shapes: list[tuple[torch.dtype, torch.Size] | None] = []  # a typed source's geometry
+        self.shapes: list[torch.Size | None] = []  # a typed source's size, and its dtype:
+        self.dtypes: list[torch.dtype | None] = []
         self.offsets: list[int] = []  # slot_offsets(sizes), from ``seal``
         self.nbytes = 0  # the block's size: aligned slots (from ``seal``)
         self.payload_bytes = 0  # bytes of the storages, without alignment (from ``seal``)

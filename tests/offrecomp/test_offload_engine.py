@@ -672,7 +672,7 @@ def _round_trip(engine: OffloadEngine, sources: list[tuple[torch.Tensor, bool]])
     for t, typed in sources:
         nbytes = t.untyped_storage().nbytes()
         if typed:
-            assert engine.add(group, t.data, nbytes, (t.dtype, t.shape)) >= 0
+            assert engine.add(group, t.data, nbytes, t.shape, t.dtype) >= 0
         else:
             assert engine.add(group, t.untyped_storage(), nbytes) >= 0
     assert engine.issue(group)

@@ -181,14 +181,14 @@ def test_offloaded_saves_that_cover_their_storage_join_their_group_typed(monkeyp
     added: list[tuple[bool, bool]] = []  # (typed, the source covers its storage contiguously)
     original = OffloadEngine.add
 
-    def spy(self: OffloadEngine, group: Group, source: Any, nbytes: int, shape: Any = None) -> int:
+    def spy(self: OffloadEngine, group: Group, source: Any, nbytes: int, shape: Any = None, dtype: Any = None) -> int:
         if isinstance(source, torch.Tensor):
             covers = source.is_contiguous() and source.nbytes == nbytes
-            assert shape is None or shape == (source.dtype, source.shape)
+            assert shape is None or (shape, dtype) == (source.shape, source.dtype)
         else:
             covers = False
         added.append((shape is not None, covers))
-        return original(self, group, source, nbytes, shape)
+        return original(self, group, source, nbytes, shape, dtype)
 
     monkeypatch.setattr(OffloadEngine, "add", spy)
     model, batch = make("gpt_dropout")
@@ -335,3 +335,45 @@ def test_an_unpacked_tensor_kept_past_backward_keeps_its_reload() -> None:
     got = steps(rt)
     assert all(torch.equal(a, b) for a, b in zip(ref, got))
     assert rt.report().steps[-1].offloaded_bytes > 0
+
+
+class _SaveOddStrides(torch.autograd.Function):
+    """Saves a contiguous tensor that covers its storage but whose size-1 dimension has
+    a stride no contiguous layout would give it; backward checks what comes back."""
+
+    seen: list[tuple[tuple[int, ...], tuple[int, ...], int]] = []
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        odd = torch.empty_strided((4, 1, 8), (8, 99, 1)).copy_(x.view(4, 1, 8))
+        assert odd.is_contiguous() and odd.nbytes == odd.untyped_storage().nbytes()
+        ctx.save_for_backward(odd)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (odd,) = ctx.saved_tensors
+        _SaveOddStrides.seen.append((tuple(odd.shape), odd.stride(), odd.storage_offset()))
+        return g * 2 + odd.reshape(32) * 0
+
+
+class _OddBlock(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _SaveOddStrides.apply(x)
+
+
+def test_an_offloaded_save_comes_back_with_its_own_strides() -> None:
+    """NOTE [Typed sources]: a save that joins its group typed comes back with its size,
+    strides and storage offset as saved, step after step (NOTE [Reused reload
+    buffers])."""
+    m = torch.nn.Sequential(_OddBlock(), _OddBlock())
+    _SaveOddStrides.seen = []
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0, regions=_OddBlock)
+    with rt:
+        for _ in range(3):
+            x = torch.randn(32, requires_grad=True)
+            m(x).sum().backward()
+            assert torch.equal(x.grad, torch.full((32,), 4.0))  # type: ignore[arg-type]
+    assert rt.report().steps[-1].offloaded_bytes >= 2 * 128
+    assert len(_SaveOddStrides.seen) == 6
+    assert set(_SaveOddStrides.seen) == {((4, 1, 8), (8, 99, 1), 0)}

@@ -23,11 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
-import torch  # noqa: E402
+import torch
 
-import offrecomp  # noqa: E402
-from benchmarks.bench_host_overhead import _Model  # noqa: E402
-from offrecomp.offload import OffloadEngine  # noqa: E402
+import offrecomp
+from benchmarks.bench_host_overhead import _Model
+from offrecomp.offload import OffloadEngine
 
 
 def main() -> None:
