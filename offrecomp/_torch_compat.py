@@ -8,6 +8,7 @@ training run.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -187,6 +188,31 @@ def is_optimized_module(m: Any) -> bool:
 def foreach_copy_(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
     """``dst.copy_(src)`` for each pair in one call (the emulated backend's group copy)."""
     torch._foreach_copy_(dsts, srcs)
+
+
+def _torch_holds_shared_storage_object() -> int:
+    """1 where torch keeps a storage's Python object alive while tensors share the storage
+    (a reference of its own to the object), else 0: measured once."""
+    storage = torch.UntypedStorage(1)
+    alone = sys.getrefcount(storage)
+    shared = torch.empty(0, dtype=torch.uint8).set_(storage)
+    held = sys.getrefcount(storage) - alone
+    del shared
+    return held
+
+
+_TORCH_HOLDS: list[int] = []
+
+
+def storage_object_refs(storage: Any) -> int:
+    """References to ``storage`` (an ``UntypedStorage`` object) from Python, the caller's
+    included and torch's own not: every tensor on a storage hands out this one object
+    from ``untyped_storage()``, so a holder of it adds no use to the storage (NOTE
+    [Reused reload buffers] in offrecomp/transfer.py)."""
+    if not _TORCH_HOLDS:
+        _TORCH_HOLDS.append(_torch_holds_shared_storage_object())
+    held = _TORCH_HOLDS[0] if storage_use_count(storage) > 1 else 0
+    return sys.getrefcount(storage) - 2 - held  # less this frame's argument and getrefcount's
 
 
 def storage_use_count(storage: Any) -> int:

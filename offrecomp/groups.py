@@ -132,7 +132,7 @@ class OffloadGroups:
         if not on_device(t) or t.is_neg() or (dtype.is_complex and t.is_conj()):
             return None
         engine = self.engine or self.get_engine()
-        group = call.group
+        group = opened = call.group
         if group is None:
             p = call.pass_state
             group = call.group = engine.open_group(len(p.calls) if p is not None else 0, storage.device)
@@ -144,6 +144,10 @@ class OffloadGroups:
         else:
             slot = engine.add(group, storage, nbytes)
         if slot < 0:
+            if opened is None:  # the group opened for it stays empty: a root call may never release it
+                call.group = None
+                call.groups.remove(group)
+                self.free(group)
             return False
         rec.group = group
         rec.slot = slot

@@ -460,6 +460,8 @@ class Placer:
                 hit = views.get(h.pack_index)
                 if hit is not None and hit[0] == (group.offsets[rec.slot], h.offset, h.size, h.stride, h.dtype):
                     t = hit[1].data  # the cached alias's geometry is this save's
+                    if group.views is not views:  # released meanwhile (another thread): t may be on nothing
+                        t = self._reload_view(h, rec, group, call)
                 else:
                     t = self._reload_view(h, rec, group, call)
             else:

@@ -31,7 +31,7 @@ import torch
 from offrecomp.backends import Backend, Event, Stream
 from offrecomp.config import Prefetch, format_bytes
 from offrecomp.pool import ALIGN_BYTES, Block, FailureReason, PinnedPool
-from offrecomp.transfer import Group, GroupState, OffloadStats, ReloadBuffer, gbps
+from offrecomp.transfer import Group, GroupState, OffloadStats, ReloadBuffers, gbps
 
 __all__ = ["OffloadEngine"]
 
@@ -48,8 +48,6 @@ Edge = Literal[
 
 #: Copies timed per link: one group in TIME_EVERY (NOTE [Timing without host waits]).
 TIME_EVERY = 4
-#: Group positions with a reusable reload buffer, at most (NOTE [Reused reload buffers]).
-MAX_RELOAD_BUFFERS = 4096
 
 # NOTE [Stream ordering]
 # Six edges make a group's round trip race-free. Each one is enqueued as a GPU-side
@@ -296,8 +294,7 @@ class OffloadEngine:
         self._busy = 0  # depth of engine calls on the thread holding the lock
         self._pending_frees: deque[Group] = deque()
         self._open_reserved = 0  # the same, aligned as the pool will carve them
-        self._reload_buffers: dict[int, ReloadBuffer] = {}  # by group ordinal (NOTE [Reused reload buffers])
-        self._draining: list[ReloadBuffer] = []  # released, emptied once unused
+        self._reuse = ReloadBuffers()
         self._reset_counters()
         logger.debug(
             "offrecomp: offload engine on the %s backend: host limit %s, in-flight window %s, "
@@ -569,8 +566,7 @@ class OffloadEngine:
                 self._open_reserved = 0
                 self._streams.clear()
                 self._empties.clear()
-                self._reload_buffers.clear()  # their storages go with the last tensor on them
-                self._draining.clear()
+                self._reuse.clear()
                 self.pool.close()
                 self.backend.close()
             try:
@@ -623,8 +619,8 @@ class OffloadEngine:
             if not group._waited:  # NOTE [Stream ordering]: edge 6
                 compute = self.backend.current_stream(group.device)
                 self._wait_edge("free_after_h2d", compute, group._h2d_done)
-            if group.reuse is not None:  # emptied once nothing uses it (NOTE [Reused reload buffers])
-                self._draining.append(group.reuse)
+            if group.reuse is not None:
+                self._reuse.release(group.reuse)
             group.set_buffer(None)  # NOTE [Reload buffer lifetime]
             group.state = GroupState.OFFLOADED
         group.uses = 0
@@ -669,8 +665,7 @@ class OffloadEngine:
         assert block is not None
         h2d = self._side_stream(group.device, "h2d")
         self._wait_edge("h2d_after_d2h", h2d, group._d2h_done)  # NOTE [Stream ordering]
-        reuse = self._reload_buffer(group)  # on compute: NOTE [Reload buffer lifetime]
-        buffer = backend.alloc_device(group.nbytes, group.device, compute, reuse.storage if reuse else None)
+        buffer, reuse = self._reuse.alloc(backend, group, compute)  # on compute: NOTE [Reload buffer lifetime]
         allocated = backend.record_event(compute)
         self._wait_edge("h2d_after_alloc", h2d, allocated)
         timed = self._time_this("h2d")
@@ -687,20 +682,6 @@ class OffloadEngine:
         self._outstanding_bytes += group.nbytes
         self._reloads += 1
         self._bytes_h2d += group.payload_bytes
-
-    def _reload_buffer(self, group: Group) -> ReloadBuffer | None:
-        """The busy buffer of ``group``'s position; None while another reload uses it."""
-        buffers = self._reload_buffers
-        reuse = buffers.get(group.ordinal)
-        if reuse is None:
-            if len(buffers) >= MAX_RELOAD_BUFFERS:  # positions of many shapes: forget the idle ones
-                for ordinal in [o for o, b in buffers.items() if not b.busy]:
-                    del buffers[ordinal]
-            reuse = buffers[group.ordinal] = ReloadBuffer(torch.UntypedStorage(0, device=group.device))
-        elif reuse.busy:
-            return None
-        reuse.busy = True
-        return reuse
 
     def _prefetch_for(self, group: Group, compute: Stream) -> None:
         # see NOTE [Prefetch order]
@@ -757,8 +738,7 @@ class OffloadEngine:
                 else:
                     waiting.append(group)
             self._deferred.extend(waiting)
-        if self._draining:  # NOTE [Reused reload buffers]
-            self._draining = [reuse for reuse in self._draining if not reuse.empty_if_unused()]
+        self._reuse.poll()
         if len(self._timings) > 4096:
             self._resolve_timings()
 

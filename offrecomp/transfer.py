@@ -16,10 +16,10 @@ from typing import Any
 import torch
 
 from offrecomp import _torch_compat as tc
-from offrecomp.backends import Event
+from offrecomp.backends import Backend, Event, Stream
 from offrecomp.pool import ALIGN_BYTES, Block
 
-__all__ = ["Group", "GroupState", "OffloadStats", "ReloadBuffer", "gbps", "slot_offsets"]
+__all__ = ["Group", "GroupState", "OffloadStats", "ReloadBuffer", "ReloadBuffers", "gbps", "slot_offsets"]
 
 
 def slot_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
@@ -147,18 +147,24 @@ class Group:
 # host a dispatcher call and a view record per unpack, more than all the rest of the
 # unpack. ``.data`` of a tensor of the right geometry costs a quarter of that (no
 # dispatcher, no view record), but needs such a tensor on the reload's storage first.
-# So a reload reuses one device storage per group position (the region call's ordinal)
-# from step to step: the storage is grown (``resize_``) on the compute stream for the
-# reload, as a fresh buffer would be allocated there (NOTE [Reload buffer lifetime] in
-# offload.py), and emptied again once no tensor uses it; the unpack caches, per pack
+# So a reload reuses one device storage per group position (its device and its place in
+# its step's issue order, which a step that repeats the last one's calls repeats) from
+# step to step: the storage is grown (``resize_``) on the compute stream for the reload,
+# as a fresh buffer would be allocated there (NOTE [Reload buffer lifetime] in
+# offload.py), and emptied again once nothing uses it; the unpack caches, per pack
 # index, a ``.data`` alias of the view it made, and hands out ``.data`` of that alias
 # when the next reload's save has the same geometry. Emptying needs proof that nothing
 # outside still reads the storage: its use count (every tensor on it holds one) must be
-# exactly the storage object's and the cached aliases'. A storage that autograd, a user
-# or a pending copy still uses stays as it is (busy): its position's next reload takes a
-# fresh buffer, as without reuse. The check runs at every engine call, so the memory of
-# a released group goes at the next fetch or at the step's end, not at its last tensor's
-# death; in backward the next group's fetch follows at once.
+# exactly the storage object's and the cached aliases', and no one but the buffer may
+# hold the storage object (``untyped_storage()`` of every tensor on it returns that one
+# object, and holding it adds no use). A storage that autograd, a user or a pending copy
+# still uses stays as it is (busy): its position's next reload takes a fresh buffer, as
+# without reuse. The check runs at every engine call, so the memory of a released group
+# goes at the next fetch or at the step's end, not at its last tensor's death; in
+# backward the next group's fetch follows at once. A reload whose allocation fails
+# leaves its position free. An unpack that finds its group released after it took an
+# alias (another thread's backward) makes its view again, from a new fetch. Emptied, the
+# cached aliases describe tensors on a storage of no bytes: nothing hands them out then.
 
 
 class ReloadBuffer:
@@ -186,13 +192,66 @@ class ReloadBuffer:
         views[pack_index] = (key, view.data)
 
     def empty_if_unused(self) -> bool:
-        """Empty the storage if no tensor but the cached aliases is on it (True), making
-        the buffer free for the next reload of its position."""
-        if tc.storage_use_count(self.storage) != 1 + len(self.views):
+        """Empty the storage if no tensor but the cached aliases is on it and nothing
+        else holds its storage object (True), making the buffer free for the next reload
+        of its position."""
+        storage = self.storage
+        # the storage object is the one ``untyped_storage()`` of every tensor on it
+        # returns, and holding it adds no use: only this attribute and the local may
+        if tc.storage_use_count(storage) != 1 + len(self.views) or tc.storage_object_refs(storage) != 2:
             return False
+        self.empty()
+        return True
+
+    def empty(self) -> None:
         self.storage.resize_(0)
         self.busy = False
-        return True
+
+
+class ReloadBuffers:
+    """The engine's reusable reload buffers, by group position (NOTE [Reused reload
+    buffers])."""
+
+    #: Positions with a buffer, at most: past it, the idle ones are forgotten (positions
+    #: of many shapes).
+    MAX_POSITIONS = 4096
+
+    def __init__(self) -> None:
+        self._by_position: dict[tuple[torch.device, int], ReloadBuffer] = {}
+        self._draining: list[ReloadBuffer] = []  # released, emptied once unused
+
+    def alloc(self, backend: Backend, group: Group, stream: Stream) -> tuple[torch.Tensor, ReloadBuffer | None]:
+        """A device buffer of ``group.nbytes`` for ``group``'s reload, allocated on
+        ``stream``: its position's storage grown, or a fresh one while that is busy."""
+        position = (group.device, group.seq)
+        reuse = self._by_position.get(position)
+        if reuse is None:
+            if len(self._by_position) >= self.MAX_POSITIONS:
+                for idle in [k for k, b in self._by_position.items() if not b.busy]:
+                    del self._by_position[idle]
+            reuse = self._by_position[position] = ReloadBuffer(torch.UntypedStorage(0, device=group.device))
+        elif reuse.busy:
+            return backend.alloc_device(group.nbytes, group.device, stream), None
+        reuse.busy = True
+        try:
+            return backend.alloc_device(group.nbytes, group.device, stream, reuse.storage), reuse
+        except BaseException:  # out of memory: the position stays free for the next reload
+            reuse.empty()
+            raise
+
+    def release(self, reuse: ReloadBuffer) -> None:
+        """Its group let go of it: emptied by a later ``poll`` once nothing uses it."""
+        self._draining.append(reuse)
+
+    def poll(self) -> None:
+        if self._draining:
+            self._draining = [reuse for reuse in self._draining if not reuse.empty_if_unused()]
+
+    def clear(self) -> None:
+        """Forget every buffer (the engine closes): their storages go with the last
+        tensor on them."""
+        self._by_position.clear()
+        self._draining.clear()
 
 
 @dataclass(frozen=True)

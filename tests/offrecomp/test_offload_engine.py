@@ -712,27 +712,56 @@ def test_typed_and_flat_sources_share_a_group_and_each_layout_gets_its_slot_view
 
 
 def test_a_reload_reuses_its_positions_storage_once_nothing_else_uses_it(engine: OffloadEngine) -> None:
-    """NOTE [Reused reload buffers]: a reload grows its position's storage, and the engine
-    empties it only when no tensor but its cached aliases is on it. One still on it keeps
-    it and its data; the position's next reload then takes a fresh buffer."""
+    """NOTE [Reused reload buffers]: a reload grows its position's storage (the group's
+    place in its step's issue order), and the engine empties it only when no tensor but
+    its cached aliases is on it. One still on it keeps it and its data; the position's
+    next reload then takes a fresh buffer."""
     src, other = random_bytes(2 * KiB), random_bytes(2 * KiB, seed=1)
-    first = offload(engine, [src], ordinal=3)
+    first = offload(engine, [src])
     buf = engine.fetch(first)
     reuse = first.reuse
     assert reuse is not None and buf.untyped_storage() is reuse.storage
     held = buf[: 2 * KiB]  # outlives the group's release, as a tensor autograd kept would
     engine.release_device(first)
-    engine.synchronize()  # polls
+    engine.end_step()  # polls; the next step's first group has the same position
     assert reuse.busy and reuse.storage.nbytes() == first.nbytes
-    second = offload(engine, [other], ordinal=3)
+    second = offload(engine, [other])
     assert torch.equal(engine.fetch(second)[: 2 * KiB], other)
     assert second.reuse is None  # a fresh buffer
     assert torch.equal(held, src)
     engine.release_device(second)
     del held, buf
-    engine.synchronize()
+    engine.end_step()
     assert not reuse.busy and reuse.storage.nbytes() == 0
-    third = offload(engine, [other], ordinal=3)
+    third = offload(engine, [other])
     buf = engine.fetch(third)
     assert third.reuse is reuse and torch.equal(buf[: 2 * KiB], other)
     engine.release_device(third)
+
+
+def test_a_failed_reload_allocation_leaves_its_position_free() -> None:
+    """A reload whose allocation fails (out of memory) raises, and its position's buffer
+    is free for the next reload (NOTE [Reused reload buffers])."""
+    backend = SpyBackend()
+    eng = make_engine(backend=backend)
+    fail = [True]
+    alloc = backend.alloc_device
+
+    def failing(nbytes: int, device: torch.device, stream: Any, storage: Any = None) -> torch.Tensor:
+        if fail[0]:
+            fail[0] = False
+            raise RuntimeError("out of memory")
+        return alloc(nbytes, device, stream, storage)
+
+    backend.alloc_device = failing  # type: ignore[method-assign]
+    try:
+        src = random_bytes(1 * KiB)
+        group = offload(eng, [src])
+        with pytest.raises(RuntimeError, match="out of memory"):
+            eng.fetch(group)
+        again = offload(eng, [src])
+        assert torch.equal(eng.fetch(again)[: 1 * KiB], src)
+        assert again.reuse is not None  # the position's buffer, not a fresh one
+        eng.release_device(again)
+    finally:
+        eng.close()

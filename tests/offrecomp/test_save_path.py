@@ -283,9 +283,11 @@ def test_a_double_backward_reads_a_root_group_the_pool_refused() -> None:
 
 
 class _HoldSaved(torch.autograd.Function):
-    """tanh whose backward also keeps the saved output it unpacked (in ``held``)."""
+    """tanh whose backward also keeps the saved output it unpacked (in ``held``), or
+    with ``storage`` set only its storage object and bytes."""
 
-    held: list[torch.Tensor] = []
+    held: list[Any] = []
+    storage = False
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
@@ -297,7 +299,7 @@ class _HoldSaved(torch.autograd.Function):
     def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
         (y,) = ctx.saved_tensors
         if _HoldSaved.held is not None:
-            _HoldSaved.held.append(y)
+            _HoldSaved.held.append((y.untyped_storage(), bytes(y.untyped_storage())) if _HoldSaved.storage else y)
         return g * (1 - y * y)
 
 
@@ -377,3 +379,51 @@ def test_an_offloaded_save_comes_back_with_its_own_strides() -> None:
     assert rt.report().steps[-1].offloaded_bytes >= 2 * 128
     assert len(_SaveOddStrides.seen) == 6
     assert set(_SaveOddStrides.seen) == {((4, 1, 8), (8, 99, 1), 0)}
+
+
+def test_a_storage_object_kept_past_backward_keeps_its_reload() -> None:
+    """NOTE [Reused reload buffers]: holding only the storage object of an unpacked saved
+    tensor (which adds no use to the storage) still keeps its reload buffer from being
+    emptied or reloaded into by later steps."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[_HoldBlock() for _ in range(3)])
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0, regions=_HoldBlock)
+    _HoldSaved.storage = True
+    try:
+        with rt:
+            for i in range(4):
+                _HoldSaved.held = [] if i == 0 else None  # type: ignore[assignment]
+                m(torch.randn(4, 16)).sum().backward()
+                if i == 0:
+                    kept = _HoldSaved.held
+    finally:
+        _HoldSaved.storage = False
+    assert rt.report().steps[-1].offloaded_bytes > 0
+    assert len(kept) == 3
+    assert all(s.nbytes() == len(b) and bytes(s) == b for s, b in kept)
+
+
+def test_every_reload_reuses_its_positions_buffer_step_after_step() -> None:
+    """NOTE [Reused reload buffers]: once warm, no reload takes a fresh buffer, also with
+    root saves between the region calls (their groups have positions of their own)."""
+    from offrecomp.backends import EmulatedBackend
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[_TanhBlock(16) for _ in range(4)])
+    fresh = [0]
+    alloc = EmulatedBackend.alloc_device
+
+    def counting(self: Any, nbytes: int, device: Any, stream: Any, storage: Any = None) -> torch.Tensor:
+        fresh[0] += storage is None
+        return alloc(self, nbytes, device, stream, storage)
+
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0, regions=_TanhBlock)
+    with rt, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(EmulatedBackend, "alloc_device", counting)
+        for i in range(4):
+            x = torch.randn(4, 16)
+            m(x * 2).exp().sum().backward()  # root saves before, between none, and after
+            if i == 1:
+                fresh[0] = 0
+    assert rt.report().steps[-1].offloaded_bytes > 0
+    assert fresh[0] == 0

@@ -33,8 +33,11 @@ def test_private_apis_exist() -> None:
     view = torch.empty(0, dtype=torch.uint8).set_(storage)
     alias = view.data
     assert tc.storage_use_count(storage) == 3  # the storage object and each tensor
-    del view, alias
-    assert tc.storage_use_count(storage) == 1
+    assert tc.storage_object_refs(storage) == 1  # this frame's; tensors on it add none
+    held = alias.untyped_storage()
+    assert held is storage and tc.storage_object_refs(storage) == 2
+    del view, alias, held
+    assert tc.storage_use_count(storage) == 1 and tc.storage_object_refs(storage) == 1
     assert tc.eval_frame_callback_getter() is not None
     from torch._dynamo.eval_frame import skip_code  # noqa: F401  (dynamo_skip_code)
     m = torch.nn.Linear(2, 2)
