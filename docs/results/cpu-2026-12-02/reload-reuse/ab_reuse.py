@@ -27,7 +27,7 @@ import torch
 
 import offrecomp
 from benchmarks.bench_host_overhead import _Model
-from offrecomp.offload import OffloadEngine
+from offrecomp.transfer import ReloadBuffers
 
 
 def main() -> None:
@@ -58,16 +58,17 @@ def main() -> None:
                 m(x).backward()
         return rt
 
-    reuse = OffloadEngine._reload_buffer
+    reuse = ReloadBuffers.alloc
     plain_m, on_m, off_m = _Model(200, blocks=12), _Model(200, blocks=12), _Model(200, blocks=12)
     on, off = steps(on_m, warm(on_m)), steps(off_m, warm(off_m))
 
     def without_reuse() -> None:
-        OffloadEngine._reload_buffer = lambda self, group: None  # type: ignore[method-assign]
+        ReloadBuffers.alloc = lambda self, backend, group, stream: (  # type: ignore[method-assign]
+            backend.alloc_device(group.nbytes, group.device, stream), None)
         try:
             off()
         finally:
-            OffloadEngine._reload_buffer = reuse  # type: ignore[method-assign]
+            ReloadBuffers.alloc = reuse  # type: ignore[method-assign]
 
     variants = {"plain": steps(plain_m, None), "reuse on": on, "reuse off": without_reuse}
     times: dict[str, list[float]] = {k: [] for k in variants}
