@@ -8,6 +8,7 @@ training run.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -190,6 +191,7 @@ def foreach_copy_(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
     torch._foreach_copy_(dsts, srcs)
 
 
+@functools.cache
 def _torch_holds_shared_storage_object() -> int:
     """1 where torch keeps a storage's Python object alive while tensors share the storage
     (a reference of its own to the object), else 0: measured once."""
@@ -201,17 +203,12 @@ def _torch_holds_shared_storage_object() -> int:
     return held
 
 
-_TORCH_HOLDS: list[int] = []
-
-
 def storage_object_refs(storage: Any) -> int:
     """References to ``storage`` (an ``UntypedStorage`` object) from Python, the caller's
     included and torch's own not: every tensor on a storage hands out this one object
     from ``untyped_storage()``, so a holder of it adds no use to the storage (NOTE
     [Reused reload buffers] in offrecomp/transfer.py)."""
-    if not _TORCH_HOLDS:
-        _TORCH_HOLDS.append(_torch_holds_shared_storage_object())
-    held = _TORCH_HOLDS[0] if storage_use_count(storage) > 1 else 0
+    held = _torch_holds_shared_storage_object() if storage_use_count(storage) > 1 else 0
     return sys.getrefcount(storage) - 2 - held  # less this frame's argument and getrefcount's
 
 

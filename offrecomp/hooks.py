@@ -456,13 +456,10 @@ class Placer:
             group = rec.group
             assert group is not None
             views = group.views  # fetched into a reused buffer (NOTE [Reused reload buffers] in transfer.py)
-            if views is not None:
-                hit = views.get(h.pack_index)
-                if hit is not None and hit[0] == (group.offsets[rec.slot], h.offset, h.size, h.stride, h.dtype):
-                    t = hit[1].data  # the cached alias's geometry is this save's
-                    if group.views is not views:  # released meanwhile (another thread): t may be on nothing
-                        t = self._reload_view(h, rec, group, call)
-                else:
+            hit = views.get(h.pack_index) if views is not None else None
+            if hit is not None and hit[0] == (group.offsets[rec.slot], h.offset, h.size, h.stride, h.dtype):
+                t = hit[1].data  # the cached alias's geometry is this save's
+                if group.views is not views:  # released meanwhile (another thread): t may be on nothing
                     t = self._reload_view(h, rec, group, call)
             else:
                 t = self._reload_view(h, rec, group, call)

@@ -47,8 +47,9 @@ class Group:
     """The storages one region call (or one run of root saves) offloads; made by
     :meth:`OffloadEngine.open_group`.
 
-    ``OffloadEngine.add`` appends its storages on the save path. ``handles`` and ``uses`` are the caller's counters: saves of the group alive in
-    autograd, and unpacks since the latest reload (NOTE [Reload buffer lifetime]).
+    ``OffloadEngine.add`` appends its storages on the save path. ``handles`` and
+    ``uses`` are the caller's counters: saves of the group alive in autograd, and unpacks
+    since the latest reload (NOTE [Reload buffer lifetime]).
     """
 
     __slots__ = (
@@ -83,8 +84,8 @@ class Group:
         self.device = device
         self.sources: list[Any] = []  # until issue(): see ``OffloadEngine.add``
         self.sizes: list[int] = []
-        self.shapes: list[torch.Size | None] = []  # a typed source's size, and its dtype:
-        self.dtypes: list[torch.dtype | None] = []
+        self.shapes: list[torch.Size | None] = []  # a typed source's size (None: flat)
+        self.dtypes: list[torch.dtype | None] = []  # and its dtype
         self.offsets: list[int] = []  # slot_offsets(sizes), from ``seal``
         self.nbytes = 0  # the block's size: aligned slots (from ``seal``)
         self.payload_bytes = 0  # bytes of the storages, without alignment (from ``seal``)

@@ -292,21 +292,11 @@ def test_root_saves_kept_by_a_refused_group_are_freed() -> None:
     assert watched and not [w for w in watched if w() is not None]
 
 
-class _TanhTimes(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.fc = nn.Linear(width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.fc(x)) * x
-
-
 def test_root_saves_the_pool_refuses_leave_no_group_behind() -> None:
     """Region groups fill a small pool and the root saves after them fall back to keep:
     no empty root group stays counted, so close() frees the pool and its copy threads."""
-    torch.manual_seed(0)
-    m = nn.Sequential(*[_TanhTimes(256) for _ in range(4)])
-    rt = offrecomp.runtime(m, mode="offload", min_bytes=0, regions=_TanhTimes, host_limit="1MiB")
+    m = _model(width=256)
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0, regions=Block, host_limit="1MiB")
     with rt:
         for _ in range(3):
             (m(torch.randn(128, 256)).exp() * 2).sum().backward()
