@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -18,17 +18,23 @@ from torch import nn
 from offrecomp import _torch_compat as tc
 from offrecomp.regions import Region, compiled_module
 
+if TYPE_CHECKING:
+    from offrecomp.state import RegionCall
+
 log = logging.getLogger(__name__)
 
 __all__ = [
     "HIDDEN_CHECKS",
     "Diagnostics",
     "checkpoints_itself",
+    "detached_error",
     "inside_compiled",
     "kind",
+    "modified_error",
     "runs_collectives",
     "warn_compiled",
     "warn_once",
+    "where_saved",
     "world_size",
 ]
 
@@ -226,3 +232,33 @@ def _graph_saves(outs: list[torch.Tensor], ins: list[torch.Tensor], limit: int =
                 count += sum(s is not None and tc.saved_slot_hooked(s) for s in slots)
         todo.extend(nxt for nxt, _ in fn.next_functions)
     return count, False
+
+
+# ------------------------------------------------------------ saved tensors
+
+
+def modified_error(where: str, index: int | None, saved: int, now: int, t: torch.Tensor | None = None) -> RuntimeError:
+    """A saved tensor written in place after its save (autograd's own wording first)."""
+    what = f"save #{index}" if index is not None or t is None else f"shape {list(t.shape)}, {t.dtype}"
+    return RuntimeError(
+        "one of the variables needed for gradient computation has been modified by an "
+        f"inplace operation: offrecomp: a tensor saved for backward in {where} ({what}) is "
+        f"at version {now}; expected version {saved} instead. Its gradient would be wrong. "
+        "Hint: replace the in-place op (x.add_(...), x[...] = ...) with its out-of-place "
+        "form, as plain autograd would also require."
+    )
+
+
+def detached_error(where: str, index: int | None) -> RuntimeError:
+    """A saved tensor detached in place after its save."""
+    what = f" (save #{index})" if index is not None else ""
+    return RuntimeError(
+        "Trying to use a saved tensor that has been detached in-place, i.e. with .detach_(). "
+        f"offrecomp: the tensor was saved for backward in {where}{what}. Hint: use the "
+        "out-of-place .detach(), as plain autograd would also require."
+    )
+
+
+def where_saved(call: RegionCall) -> str:
+    """Where ``call``'s saves were made, for messages."""
+    return "the root (outside every region)" if call.is_root else f"region {call.name!r} (call {call.call_index})"

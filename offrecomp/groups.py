@@ -112,13 +112,16 @@ class OffloadGroups:
 
     # ---------------------------------------------------------------- groups
 
-    def join(self, call: RegionCall, rec: StorageRec, t: torch.Tensor, storage: Any) -> bool | None:
-        """Add the OFFLOAD storage ``rec`` (behind ``t``) to ``call``'s open group, if it
-        can move and the pinned pool has room. None: it cannot move (not of the runtime's
-        device: on a GPU run, a CPU tensor is in host memory already; or a view that
-        reads it negated or conjugated, as offload moves bytes only); False: the pool
-        has no room; True: it joined, as an alias of ``t`` when ``t`` covers it (NOTE
-        [Typed sources] in offload.py), else as the storage."""
+    def join(
+        self, call: RegionCall, rec: StorageRec, t: torch.Tensor, storage: Any, dtype: torch.dtype, covers: bool
+    ) -> bool | None:
+        """Add the OFFLOAD storage ``rec`` (behind ``t``, of ``dtype``; ``covers``: ``t``
+        has every byte of it) to ``call``'s open group, if it can move and the pinned
+        pool has room. None: it cannot move (not of the runtime's device: on a GPU run,
+        a CPU tensor is in host memory already; or a view that reads it negated or
+        conjugated, as offload moves bytes only); False: the pool has no room; True: it
+        joined, as an alias of ``t`` when ``t`` covers it contiguously (NOTE [Typed
+        sources] in offload.py), else as the storage."""
         on_device = self._on_device
         if on_device is None:
             device = self._device.device
@@ -128,7 +131,6 @@ class OffloadGroups:
                 _IS_CUDA if kind == "cuda" else _IS_CPU if kind == "cpu" else lambda x: x.device.type == kind
             )
         # reads_bytes_as_stored(t), inline: a conjugate bit only ever sits on a complex tensor
-        dtype = t.dtype
         if not on_device(t) or t.is_neg() or (dtype.is_complex and t.is_conj()):
             return None
         engine = self.engine or self.get_engine()
@@ -139,7 +141,7 @@ class OffloadGroups:
             call.groups.append(group)
             self.live_groups += 1
         nbytes = rec.nbytes
-        if dtype in _TYPED and t.nbytes == nbytes and t.is_contiguous():
+        if covers and dtype in _TYPED and t.is_contiguous():
             slot = engine.add(group, t.data, nbytes, t.shape, dtype)  # NOTE [Typed sources]
         else:
             slot = engine.add(group, storage, nbytes)

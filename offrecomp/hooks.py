@@ -36,12 +36,21 @@ from torch import nn
 from offrecomp import _torch_compat as tc
 from offrecomp.changes import module_state
 from offrecomp.config import Config
-from offrecomp.diagnostics import kind, warn_once
+from offrecomp.diagnostics import detached_error, kind, modified_error, warn_once, where_saved
 from offrecomp.groups import reads_bytes_as_stored
 from offrecomp.placement import Placements, untracked_alias
 from offrecomp.regions import replay_arguments
 from offrecomp.replay import replay_call
-from offrecomp.state import KeptRef, PassState, RegionCall, SavedHandle, Stage, StorageRec, view_on
+from offrecomp.state import (
+    KeptRef,
+    PassState,
+    RegionCall,
+    SavedHandle,
+    Stage,
+    StorageRec,
+    TypedHandle,
+    view_on,
+)
 from offrecomp.trace import (
     PLACEHOLDER,
     RUN,
@@ -96,31 +105,7 @@ class _Plain:
 
     @property
     def where(self) -> str:
-        return "backward" if self.call is None else _where(self.call)
-
-
-def _modified_error(where: str, index: int | None, saved: int, now: int, t: torch.Tensor | None = None) -> RuntimeError:
-    what = f"save #{index}" if index is not None or t is None else f"shape {list(t.shape)}, {t.dtype}"
-    return RuntimeError(
-        "one of the variables needed for gradient computation has been modified by an "
-        f"inplace operation: offrecomp: a tensor saved for backward in {where} ({what}) is "
-        f"at version {now}; expected version {saved} instead. Its gradient would be wrong. "
-        "Hint: replace the in-place op (x.add_(...), x[...] = ...) with its out-of-place "
-        "form, as plain autograd would also require."
-    )
-
-
-def _detached_error(where: str, index: int | None) -> RuntimeError:
-    what = f" (save #{index})" if index is not None else ""
-    return RuntimeError(
-        "Trying to use a saved tensor that has been detached in-place, i.e. with .detach_(). "
-        f"offrecomp: the tensor was saved for backward in {where}{what}. Hint: use the "
-        "out-of-place .detach(), as plain autograd would also require."
-    )
-
-
-def _where(call: RegionCall) -> str:
-    return "the root (outside every region)" if call.is_root else f"region {call.name!r} (call {call.call_index})"
+        return "backward" if self.call is None else where_saved(self.call)
 
 
 # NOTE [Known placements]
@@ -211,16 +196,17 @@ class Placer:
             # storage object (preserved by torch while the allocation lives) decides. A
             # record whose call was released (its copy freed): a new save of the same
             # storage is a new storage.
-            rec = self._new_storage(p, call, t, ptr, storage)
+            base = t._base
+            rec = self._new_storage(p, call, t, ptr, storage, base)
             group = rec.group
-            if group is not None and recorder is None:  # it joined its call's group just now
-                size = group.shapes[rec.slot]
-                if size is not None:  # typed: the save covers its storage (NOTE [Typed sources])
-                    ref = call.lease_ref
-                    lease = ref() if ref is not None else None
-                    h = SavedHandle(rec, idx, t, lease if lease is not None else call.lease(self._release), size)
-                    group.handles += 1
-                    return h
+            if group is not None and recorder is None and group.shapes[rec.slot] is not None:
+                # it joined its call's group just now, typed: its geometry is its slot's
+                # (NOTE [Typed sources] in offload.py)
+                ref = call.lease_ref
+                lease = ref() if ref is not None else None
+                h = TypedHandle(rec, idx, t, lease if lease is not None else call.lease(self._release), base)
+                group.handles += 1
+                return h
         elif rec.placement is OFFLOAD and not reads_bytes_as_stored(t):
             return _Plain(t, call)  # another view of an offloaded storage, negated: as it is
         placement = rec.placement
@@ -261,10 +247,13 @@ class Placer:
             p.stats.pack_seconds += (time.perf_counter() - start) * HOOK_SAMPLE
         return h
 
-    def _new_storage(self, p: PassState, call: RegionCall, t: torch.Tensor, ptr: int, storage: Any) -> StorageRec:
+    def _new_storage(
+        self, p: PassState, call: RegionCall, t: torch.Tensor, ptr: int, storage: Any, base: torch.Tensor | None
+    ) -> StorageRec:
+        """The record of ``t``'s storage, new in ``call``, placed (``base``: ``t._base``)."""
         nbytes = storage.nbytes()
-        base = t._base
-        if ptr == 0 or t.dtype not in _PLACED_DTYPES or (base is not None and type(base) is not torch.Tensor):
+        dtype = t.dtype
+        if ptr == 0 or dtype not in _PLACED_DTYPES or (base is not None and type(base) is not torch.Tensor):
             # NOTE [What is never placed]: saved as it is, every time (no storage index).
             # A zero pointer: a meta tensor or an empty storage; quantized and complex
             # dtypes; a view of a parameter (or of another tensor subclass).
@@ -285,9 +274,9 @@ class Placer:
                     placement = table[index]
             rec = StorageRec(storage, call, index, nbytes, ptr, placement)
             if placement is OFFLOAD:  # NOTE [Known placements]
-                # not untracked_alias(t, nbytes), inline
-                if recorder is None and nbytes >= self._config.min_bytes and (base is not None or t.nbytes >= nbytes):
-                    joined = self._groups.join(call, rec, t, storage)
+                covers = t.nbytes == nbytes  # not untracked_alias(t, nbytes), inline, below
+                if recorder is None and nbytes >= self._config.min_bytes and (covers or base is not None):
+                    joined = self._groups.join(call, rec, t, storage, dtype, covers)
                     if joined:
                         call.storages.append(rec)
                         call.by_ptr[ptr] = rec
@@ -422,26 +411,26 @@ class Placer:
             if p is not None and (p.stage is FORWARD or p.stage is AWAITING):
                 self._outside_backward(call, p, rec)
             if t._version != version:
-                raise _modified_error(_where(call), idx, version, t._version)
+                raise modified_error(where_saved(call), idx, version, t._version)
             if kind is KeptRef:
                 o = h()
                 if o is not None and o.is_leaf:
-                    raise _detached_error(_where(call), idx)
+                    raise detached_error(where_saved(call), idx)
             return t
-        if kind is not SavedHandle:
+        if kind is not SavedHandle and kind is not TypedHandle:
             return self._unpack_plain(h)
         rec = h.rec
         call = rec.call
         orig = h()
         if orig is not None:
             if orig._version != h.version:
-                raise _modified_error(_where(call), h.pack_index, h.version, int(orig._version))
+                raise modified_error(where_saved(call), h.pack_index, h.version, int(orig._version))
             if h.grad_fn and orig.is_leaf:
-                raise _detached_error(_where(call), h.pack_index)
+                raise detached_error(where_saved(call), h.pack_index)
         elif h.base is not None:
             base = h.base()
             if base is not None and base._version != h.version:
-                raise _modified_error(_where(call), h.pack_index, h.version, base._version)
+                raise modified_error(where_saved(call), h.pack_index, h.version, base._version)
         p = call.pass_state
         if p is not None:
             stage = p.stage
@@ -457,7 +446,15 @@ class Placer:
             assert group is not None
             views = group.views  # fetched into a reused buffer (NOTE [Reused reload buffers] in transfer.py)
             hit = views.get(h.pack_index) if views is not None else None
-            if hit is not None and hit[0] == (group.offsets[rec.slot], h.offset, h.size, h.stride, h.dtype):
+            if hit is not None:
+                slot = rec.slot
+                if kind is TypedHandle:  # its slot's size and dtype, offset 0
+                    key = (group.offsets[slot], 0, group.shapes[slot], h.stride, group.dtypes[slot])
+                else:
+                    key = (group.offsets[slot], h.offset, h.size, h.stride, h.dtype)
+                if hit[0] != key:
+                    hit = None
+            if hit is not None:
                 t = hit[1].data  # the cached alias's geometry is this save's
                 if group.views is not views:  # released meanwhile (another thread): t may be on nothing
                     t = self._reload_view(h, rec, group, call)
@@ -474,16 +471,20 @@ class Placer:
             return h.rebuild(rec.tensor.untyped_storage())
         return self._unpack_dropped(h, rec, call)
 
-    def _reload_view(self, h: SavedHandle, rec: StorageRec, group: Group, call: RegionCall) -> torch.Tensor:
+    def _reload_view(self, h: SavedHandle | TypedHandle, rec: StorageRec, group: Group, call: RegionCall) -> torch.Tensor:
         """An offloaded save as a view of its group's reload, fetched on first use (and
         cached on a reused buffer: NOTE [Reused reload buffers] in transfer.py). Autograd
         wraps what unpack returns in a new tensor."""
         dtype = h.dtype
+        slot_offset = group.offsets[rec.slot]
         typed = group.typed_views.get(dtype)  # fetched, and a save of this dtype handed out
         if typed is None:
             self._groups.fetch(group, call)
+            views = group.views  # the first unpack of a reload into a reused buffer
+            hit = views.get(h.pack_index) if views is not None else None
+            if hit is not None and hit[0] == (slot_offset, h.offset, h.size, h.stride, dtype):
+                return hit[1].data
             typed = group.typed(dtype)
-        slot_offset = group.offsets[rec.slot]
         t = typed.as_strided(h.size, h.stride, h.offset + slot_offset // dtype.itemsize)
         reuse = group.reuse
         if reuse is not None:
@@ -498,11 +499,11 @@ class Placer:
             # activations) still has a backward
             self._outside_backward(owner, op, None)
         if h.t._version != h.version:
-            raise _modified_error(h.where, None, h.version, h.t._version, h.t)
+            raise modified_error(h.where, None, h.version, h.t._version, h.t)
         if h.orig is not None:
             o = h.orig()
             if o is not None and o.is_leaf:
-                raise _detached_error(h.where, None)
+                raise detached_error(h.where, None)
         return h.t
 
     def _unpack_timed(self, h: Any) -> torch.Tensor:
@@ -581,11 +582,11 @@ class Placer:
             t = call.replayed.pop(h.pack_index, None)
             if t is None:
                 raise RuntimeError(
-                    f"offrecomp: replay of {_where(call)} did not regenerate save #{h.pack_index}"
+                    f"offrecomp: replay of {where_saved(call)} did not regenerate save #{h.pack_index}"
                 )
         if t.shape != h.size or t.dtype != h.dtype:
             raise RuntimeError(
-                f"offrecomp: replay of {_where(call)} regenerated save #{h.pack_index} with "
+                f"offrecomp: replay of {where_saved(call)} regenerated save #{h.pack_index} with "
                 f"shape {tuple(t.shape)} and dtype {t.dtype}, but the forward saved shape "
                 f"{tuple(h.size)} and dtype {h.dtype}; the region's forward is not a deterministic "
                 "function of its inputs. Hint: keep this region (mode='keep' or regions=)."

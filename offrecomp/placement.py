@@ -163,7 +163,7 @@ class Placements:
         # OFFLOAD: can the storage move, and does the pool take it?
         if kind == "activation" and untracked_alias(t, nbytes):
             return KEEP, "aliased_to_keep"
-        joined = self._groups.join(call, rec, t, storage)
+        joined = self._groups.join(call, rec, t, storage, t.dtype, t.nbytes == nbytes)
         return _OFFLOADED if joined else self.not_joined(call, kind, joined)
 
     def not_joined(self, call: RegionCall, kind: str, joined: bool | None) -> Decision:

@@ -48,6 +48,7 @@ __all__ = [
     "RegionCall",
     "SavedHandle",
     "StorageRec",
+    "TypedHandle",
     "view_on",
 ]
 
@@ -226,6 +227,65 @@ class SavedHandle(weakref.ref):  # type: ignore[type-arg]
         """This saved view on ``storage`` (an UntypedStorage), whose byte ``byte_offset``
         is the saved storage's first byte."""
         return view_on(storage, byte_offset, self.dtype, self.size, self.stride, self.offset)
+
+
+class TypedHandle(weakref.ref):  # type: ignore[type-arg]
+    """An OFFLOAD save that joined its group typed (NOTE [Typed sources] in offload.py):
+    it covers its storage from its first element, so its size and dtype are its slot's
+    (``group.shapes`` and ``group.dtypes`` at ``rec.slot``) and its storage offset 0;
+    it keeps only its strides (a contiguous tensor's strides of size-1 dimensions are
+    free). Otherwise as :class:`SavedHandle`: a weak reference to the original, the
+    version at save, the detach check, a weak reference to a view's base, the lease."""
+
+    __slots__ = ("base", "grad_fn", "lease", "pack_index", "rec", "stride", "version")
+    base: weakref.ref[torch.Tensor] | None
+    grad_fn: bool
+    lease: Lease
+    pack_index: int
+    rec: StorageRec
+    stride: tuple[int, ...]
+    version: int
+    offset = 0
+
+    def __new__(
+        cls, rec: StorageRec, pack_index: int, t: torch.Tensor, lease: Lease, base: torch.Tensor | None
+    ) -> TypedHandle:
+        """``base``: ``t._base``, already read."""
+        self = weakref.ref.__new__(cls, t)
+        self.rec = rec
+        self.pack_index = pack_index
+        self.lease = lease
+        self.version = t._version
+        self.grad_fn = not t.is_leaf  # to see a detach_() after the save
+        self.stride = t.stride()
+        self.base = weakref.ref(base) if base is not None else None
+        return self
+
+    __init__ = object.__init__  # type: ignore[assignment]
+
+    # The slow paths' geometry: from the group, or from the source the group kept when
+    # its pool refused it (``rec.tensor``, of this geometry).
+    @property
+    def size(self) -> torch.Size:
+        rec = self.rec
+        group = rec.group
+        if group is not None:
+            return group.shapes[rec.slot]  # type: ignore[return-value]  # typed: set
+        assert rec.tensor is not None
+        return rec.tensor.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        rec = self.rec
+        group = rec.group
+        if group is not None:
+            return group.dtypes[rec.slot]  # type: ignore[return-value]  # typed: set
+        assert rec.tensor is not None
+        return rec.tensor.dtype
+
+    def rebuild(self, storage: Any, byte_offset: int = 0) -> torch.Tensor:
+        """As :meth:`SavedHandle.rebuild`."""
+        return view_on(storage, byte_offset, self.dtype, self.size, self.stride, 0)
 
 
 def view_on(

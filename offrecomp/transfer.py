@@ -31,6 +31,11 @@ def slot_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
     return offsets, end
 
 
+#: Slot layouts by the sizes they lay out: offsets, block size, payload bytes.
+_LAYOUTS: dict[tuple[int, ...], tuple[tuple[int, ...], int, int]] = {}
+_MAX_LAYOUTS = 4096
+
+
 class GroupState(enum.Enum):
     OPEN = "open"
     """Collecting storages; nothing copied yet."""
@@ -86,7 +91,7 @@ class Group:
         self.sizes: list[int] = []
         self.shapes: list[torch.Size | None] = []  # a typed source's size (None: flat)
         self.dtypes: list[torch.dtype | None] = []  # and its dtype
-        self.offsets: list[int] = []  # slot_offsets(sizes), from ``seal``
+        self.offsets: Sequence[int] = ()  # slot_offsets(sizes), from ``seal``
         self.nbytes = 0  # the block's size: aligned slots (from ``seal``)
         self.payload_bytes = 0  # bytes of the storages, without alignment (from ``seal``)
         self.state = GroupState.OPEN
@@ -110,9 +115,16 @@ class Group:
 
     def seal(self) -> None:
         """Lay out the slots (``offsets``, ``nbytes``, ``payload_bytes``): the group takes
-        no more storages (its issue, or its discard)."""
-        self.offsets, self.nbytes = slot_offsets(self.sizes)
-        self.payload_bytes = sum(self.sizes)
+        no more storages (its issue, or its discard). A step's groups repeat the last
+        one's sizes, so layouts are computed once per sizes."""
+        sizes = tuple(self.sizes)
+        layout = _LAYOUTS.get(sizes)
+        if layout is None:
+            if len(_LAYOUTS) >= _MAX_LAYOUTS:
+                _LAYOUTS.clear()
+            offsets, end = slot_offsets(sizes)
+            layout = _LAYOUTS[sizes] = (tuple(offsets), end, sum(sizes))
+        self.offsets, self.nbytes, self.payload_bytes = layout
 
     @property
     def ready(self) -> torch.Tensor | None:
