@@ -446,15 +446,12 @@ class Placer:
             assert group is not None
             views = group.views  # fetched into a reused buffer (NOTE [Reused reload buffers] in transfer.py)
             hit = views.get(h.pack_index) if views is not None else None
-            if hit is not None:
-                slot = rec.slot
-                if kind is TypedHandle:  # its slot's size and dtype, offset 0
-                    key = (group.offsets[slot], 0, group.shapes[slot], h.stride, group.dtypes[slot])
-                else:
-                    key = (group.offsets[slot], h.offset, h.size, h.stride, h.dtype)
-                if hit[0] != key:
-                    hit = None
-            if hit is not None:
+            slot = rec.slot
+            if hit is not None and hit[0] == (
+                (group.offsets[slot], 0, group.shapes[slot], h.stride, group.dtypes[slot])
+                if kind is TypedHandle  # its slot's size and dtype, offset 0
+                else (group.offsets[slot], h.offset, h.size, h.stride, h.dtype)
+            ):
                 t = hit[1].data  # the cached alias's geometry is this save's
                 if group.views is not views:  # released meanwhile (another thread): t may be on nothing
                     t = self._reload_view(h, rec, group, call)
