@@ -206,6 +206,7 @@ class CudaBackend(Backend):
 # ----------------------------------------------------------------------- emulated
 
 _GARBAGE = 0xFF  # bytes of a fresh buffer: NaN for every float dtype
+_EMPTY_BYTES = torch.empty(0, dtype=torch.uint8)
 _HOST_WAIT_TIMEOUT_S = 300.0  # a host wait this long means a stream can never reach the event
 START_DELAY_S = 0.005
 """A side stream's worker starts a job this long after it was queued (NOTE [Emulated waits])."""
@@ -495,7 +496,8 @@ class EmulatedBackend(Backend):
         if storage is None:
             return torch.full((nbytes,), _GARBAGE, dtype=torch.uint8)
         storage.resize_(nbytes)
-        return torch.empty(0, dtype=torch.uint8).set_(storage).fill_(_GARBAGE)
+        storage.fill_(_GARBAGE)
+        return _EMPTY_BYTES.new().set_(storage)  # new(): the cheapest empty tensor
 
     def synchronize(self) -> None:
         for stream in self._workers:

@@ -13,7 +13,11 @@ its saves (with the next groups prefetched), and released as a whole once each o
 saves was unpacked. Saves outside every region form runs: the run since the last region
 call is issued when the next region call begins, or when backward begins, so it never
 joins a region's group. A group the pinned pool refuses at issue keeps its storages
-(fallback offload_to_keep).
+(fallback offload_to_keep). A root storage saved again after its run was issued is a new
+storage: the copy holds its bytes of then, and a legal in-place write may have come
+since. Backwards on two threads may both reach the root's last run: its issue runs once,
+under a lock, and the group stays the call's until its storages' placements are final,
+so the other thread waits for it rather than reading a group not laid out yet.
 
 NOTE [Pool lifetime]
 Pinning host memory is slow (cudaHostAlloc, and it synchronises the device), so the
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +81,7 @@ class OffloadGroups:
         self.closing = False  # free the pool once nothing needs it
         self.entered = False  # the runtime is entered (its pool stays)
         self._on_device: Callable[[torch.Tensor], bool] | None = None  # set at the first join
+        self._issuing = threading.RLock()  # one issue at a time (two threads' backwards)
 
     # ------------------------------------------------------------ the engine
 
@@ -157,10 +163,19 @@ class OffloadGroups:
 
     def issue(self, call: RegionCall) -> None:
         """Copy ``call``'s open group to host (its exit, or the end of a root run); a group
-        the pool refuses keeps its storages."""
-        group, call.group = call.group, None
-        if group is None:
-            return
+        the pool refuses keeps its storages. The group stays ``call.group`` until its
+        storages' placements are final: a backward on another thread that unpacks one of
+        them meanwhile calls this too, and waits here (NOTE [Offload groups])."""
+        with self._issuing:
+            group = call.group
+            if group is None:
+                return
+            try:
+                self._issue(call, group)
+            finally:
+                call.group = None
+
+    def _issue(self, call: RegionCall, group: Group) -> None:
         p = call.pass_state
         if p is not None and self.engine is not None:
             # the open group's storages are device bytes until their copy lands: the

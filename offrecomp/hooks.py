@@ -191,11 +191,12 @@ class Placer:
         if region is not None and region.slots and ptr in self._buffers.of_call(call, region):
             return _Plain(t, call)
         rec = call.by_ptr.get(ptr)
-        if rec is None or rec.released or rec() is not storage:
+        if rec is None or rec.released or rec() is not storage or (rec.group is not call.group and rec.placement is OFFLOAD):
             # NOTE: a data pointer is only an identity while its allocation lives; the
             # storage object (preserved by torch while the allocation lives) decides. A
-            # record whose call was released (its copy freed): a new save of the same
-            # storage is a new storage.
+            # record whose call was released (its copy freed), or whose group was issued
+            # (a root run's: the copy holds the bytes of then, and the storage may have
+            # been written since): a new save of the same storage is a new storage.
             base = t._base
             rec = self._new_storage(p, call, t, ptr, storage, base)
             group = rec.group

@@ -109,7 +109,10 @@ TIME_EVERY = 4
 # bytes with no tensor made at issue. Any other storage (a view of part of it, a
 # permuted layout, another dtype) joins as the storage, and issue() makes one flat
 # uint8 tensor over it. Slot views are made once per block and layout (sizes and
-# geometries), so a step that repeats the last one's groups makes none.
+# geometries), so a step that repeats the last one's groups makes none. The first save
+# of such a storage gets a TypedHandle (state.py): its size and dtype are its slot's,
+# so the handle keeps only the strides (a contiguous tensor's size-1 dimensions may
+# have any stride, and the reload must give back the saved ones).
 
 # NOTE [Window under a plan]
 # The window is the backpressure of forced offload, where nothing else bounds what

@@ -427,3 +427,116 @@ def test_every_reload_reuses_its_positions_buffer_step_after_step() -> None:
                 fresh[0] = 0
     assert rt.report().steps[-1].offloaded_bytes > 0
     assert fresh[0] == 0
+
+
+class _LinTanh(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.l(x))
+
+
+class _RootResave(torch.nn.Module):
+    """Saves ``x`` at the root, lets a region call issue that root run, writes ``x`` in
+    place (legal: the node that saved it is gone) and saves it again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.b1, self.b2 = _LinTanh(), _LinTanh()
+        self.engine: Any = None
+
+    def forward(self, a: torch.Tensor) -> torch.Tensor:
+        x = a * 2
+        k = (a * 5).tanh()  # another root save of the run
+        u = x.sin()  # saves x
+        h = self.b1(a)  # issues the root run
+        if self.engine is not None:
+            self.engine.synchronize()  # its copy lands, as on a GPU it may
+        x.mul_(3)
+        del u
+        v = x.cos()  # saves x again, at version 1
+        return (self.b2(h) * v * k).sum()
+
+
+def test_a_root_storage_saved_again_after_its_run_was_issued_is_copied_again() -> None:
+    """NOTE [Offload groups]: the first copy holds the bytes of before the write; the
+    second save must not come back from it."""
+    torch.manual_seed(0)
+    m = _RootResave()
+    a = torch.randn(4, 8, requires_grad=True)
+
+    def grads(rt: Any = None) -> list[torch.Tensor]:
+        m.zero_grad(set_to_none=True)
+        a.grad = None
+        with rt if rt is not None else contextlib.nullcontext():
+            m(a).backward()
+        return [a.grad.clone()] + [p.grad.clone() for p in m.parameters()]  # type: ignore[union-attr]
+
+    ref = grads()
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0, regions=_LinTanh)
+    m.engine = rt._groups.get_engine()
+    for _ in range(3):
+        got = grads(rt)
+        assert [torch.equal(r, g) for r, g in zip(ref, got)] == [True] * len(ref)
+    assert rt.report().steps[-1].offloaded_bytes > 0
+
+
+@pytest.mark.parametrize("slow", ["seal", "refused"])
+def test_backwards_on_two_threads_wait_for_the_root_runs_issue(slow: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Offload groups]: one thread's backward issues the forward's last root run
+    while another's unpacks a save of it. The second waits for the issue (slowed here:
+    its layout, or a pool that refuses it) instead of reading a group not laid out yet,
+    or a freed one under a placement not final yet."""
+    import threading
+    import time
+
+    from offrecomp import pool, transfer
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(_LinTanh(), _LinTanh())
+    params = list(m.parameters())
+    x = torch.randn(4, 8)
+
+    def losses() -> tuple[torch.Tensor, torch.Tensor]:
+        h = m(x)
+        return h.exp().sum(), h.sin().sum()  # root saves after the last region call
+
+    ref = [torch.autograd.grad(loss, params, retain_graph=True) for loss in losses()]
+    if slow == "seal":
+        seal = transfer.Group.seal
+
+        def slow_seal(self: Any) -> None:
+            time.sleep(0.2)
+            seal(self)
+
+        monkeypatch.setattr(transfer.Group, "seal", slow_seal)
+    else:
+
+        def refusing_alloc(self: Any, nbytes: int) -> None:
+            time.sleep(0.2)
+            self.last_failure = "pressure"
+
+        monkeypatch.setattr(pool.PinnedPool, "alloc", refusing_alloc)
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0, regions=_LinTanh)
+    got: list[Any] = [None, None]
+    errors: list[BaseException] = []
+    with rt:
+        pair = losses()
+
+        def backward(j: int, delay: float) -> None:
+            time.sleep(delay)
+            try:
+                got[j] = torch.autograd.grad(pair[j], params, retain_graph=True)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=backward, args=(j, 0.05 * j)) for j in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    for r, g in zip(ref, got):
+        assert g is not None and all(torch.equal(a, b) for a, b in zip(r, g))
