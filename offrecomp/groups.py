@@ -148,7 +148,9 @@ class OffloadGroups:
             self.live_groups += 1
         nbytes = rec.nbytes
         if covers and dtype in _TYPED and t.is_contiguous():
-            slot = engine.add(group, t.data, nbytes, t.shape, dtype)  # NOTE [Typed sources]
+            # NOTE [Typed sources]; a detached alias shares t's version counter (NOTE
+            # [Writes after a save] in state.py)
+            slot = engine.add(group, t.detach(), nbytes, t.shape, dtype)
         else:
             slot = engine.add(group, storage, nbytes)
         if slot < 0:

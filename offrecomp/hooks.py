@@ -458,6 +458,8 @@ class Placer:
                     t = self._reload_view(h, rec, group, call)
             else:
                 t = self._reload_view(h, rec, group, call)
+            if kind is TypedHandle and group.versions[slot] != h.version:  # NOTE [Writes after a save], after the fetch
+                raise modified_error(where_saved(call), h.pack_index, h.version, group.versions[slot])
             uses = group.uses = group.uses + 1
             if uses >= group.handles:
                 # Every live save of the group has its tensor; autograd keeps them alive
@@ -465,8 +467,11 @@ class Placer:
                 self._groups.release_device(group)
             return t
         if placement is KEEP:  # an offload the pool refused at issue
-            assert rec.tensor is not None
-            return h.rebuild(rec.tensor.untyped_storage())
+            kept = rec.tensor
+            assert kept is not None
+            if kind is TypedHandle and kept._version != h.version:  # NOTE [Writes after a save]
+                raise modified_error(where_saved(call), h.pack_index, h.version, kept._version)
+            return h.rebuild(kept.untyped_storage())
         return self._unpack_dropped(h, rec, call)
 
     def _reload_view(self, h: SavedHandle | TypedHandle, rec: StorageRec, group: Group, call: RegionCall) -> torch.Tensor:

@@ -103,10 +103,10 @@ TIME_EVERY = 4
 # contiguous, covers its whole storage (most activations) and has a dtype whose copy
 # moves bytes as they are (floating point and integers of 8 to 64 bits: a bool copy
 # writes 1 for any nonzero byte, which another view of the storage would read, and
-# sub-byte dtypes have no copy kernel) joins its group as ``t.data``, an alias outside
-# autograd (the cheapest tensor torch makes: no dispatcher call, no view record), and
-# its slot's host view takes the same dtype and size: the copy then moves the storage's
-# bytes with no tensor made at issue. Any other storage (a view of part of it, a
+# sub-byte dtypes have no copy kernel) joins its group as ``t.detach()``, an alias
+# outside autograd that shares t's version counter (NOTE [Writes after a save] in
+# state.py), and its slot's host view takes the same dtype and size: the copy moves
+# the storage's bytes with no tensor made at issue. Any other storage (a view of part of it, a
 # permuted layout, another dtype) joins as the storage, and issue() makes one flat
 # uint8 tensor over it. Slot views are made once per block and layout (sizes and
 # geometries), so a step that repeats the last one's groups makes none. The first save
@@ -179,6 +179,7 @@ class _InFlight:
     landed: Event
     stream: Stream  # the stream that produced the sources
     nbytes: int
+    group: Group  # the sources' group (``Group.see_writes``)
 
 
 _TimingKind = Literal["d2h", "h2d", "stall"]
@@ -394,7 +395,7 @@ class OffloadEngine:
             group._d2h_done = landed
             group.state = GroupState.OFFLOADED
             group.seq = len(self._order)
-            self._keep_sources(_InFlight(sources, landed, compute, payload))
+            self._keep_sources(_InFlight(sources, landed, compute, payload, group))
             self._bound_stash()
             self._order.append(group)
             self._groups.add(group)
@@ -446,6 +447,7 @@ class OffloadEngine:
                 after = backend.record_event(compute, timing=True)
                 self._timings.append(("stall", before, after, 0))
             group._waited = True
+            group.see_writes()  # so far, as the copy may have read them
             # FETCHED only now: another thread's fetch takes the buffer without the lock
             # (Group.ready), and must find compute already waiting on the reload
             if group.reuse is not None:
@@ -646,13 +648,21 @@ class OffloadEngine:
 
     def _keep_sources(self, entry: _InFlight) -> None:
         self._stash.append(entry)
+        entry.group.in_flight = entry.sources
         self._stash_bytes += entry.nbytes
+
+    def _drop(self, entry: _InFlight) -> None:
+        """Let go of a group's sources (NOTE [Source lifetime]), their writes since issue
+        seen first."""
+        self._stash_bytes -= entry.nbytes
+        entry.group.see_writes()  # NOTE [Writes after a save] (state.py)
+        entry.group.in_flight = None
 
     def _bound_stash(self) -> None:
         # NOTE [Source lifetime]: beyond the window, the producer waits on the oldest copy.
         while self._stash_bytes > self.window_bytes and self._stash:
             entry = self._stash.popleft()
-            self._stash_bytes -= entry.nbytes
+            self._drop(entry)
             if not self.backend.query(entry.landed):
                 self._wait_edge("compute_after_d2h", entry.stream, entry.landed)
                 self._window_waits += 1
@@ -727,7 +737,7 @@ class OffloadEngine:
         """Drop landed sources and return host blocks whose copies landed; never waits."""
         query = self.backend.query
         while self._stash and query(self._stash[0].landed):
-            self._stash_bytes -= self._stash.popleft().nbytes
+            self._drop(self._stash.popleft())
         if self._deferred:
             # Swap first: a free() re-entering from a finaliser appends to the new list.
             deferred, self._deferred = self._deferred, []

@@ -229,6 +229,20 @@ class SavedHandle(weakref.ref):  # type: ignore[type-arg]
         return view_on(storage, byte_offset, self.dtype, self.size, self.stride, self.offset)
 
 
+# NOTE [Writes after a save]
+# Autograd raises at unpack when a saved tensor was written in place after its save. An
+# offload or recompute handle sees such a write only while the original (or a view's
+# base) lives, as it holds them weakly; an activation written inside its region and then
+# dropped at the region's exit would otherwise come back from a copy taken after the
+# write. A typed save (NOTE [Typed sources] in offload.py) joins its group as a detached
+# alias, which shares its version counter: the group records its sources' versions when
+# the engine lets go of them once their copy landed, or at a fetch before that (what the
+# copy may have read), and unpacking the save raises when that version is not the one
+# at its save, as plain autograd would. A write after the sources are dropped is
+# ordered after the copy, which holds the saved value. Other offloaded saves and dropped
+# ones still see writes only through a live original.
+
+
 class TypedHandle(weakref.ref):  # type: ignore[type-arg]
     """An OFFLOAD save that joined its group typed (NOTE [Typed sources] in offload.py):
     it covers its storage from its first element, so its size and dtype are its slot's

@@ -8,6 +8,7 @@ as one unit (NOTE [Offload groups] in ``groups.py``).
 from __future__ import annotations
 
 import enum
+import operator
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from itertools import accumulate
@@ -19,7 +20,7 @@ from offrecomp import _torch_compat as tc
 from offrecomp.backends import Backend, Event, Stream
 from offrecomp.pool import ALIGN_BYTES, Block
 
-__all__ = ["Group", "GroupState", "OffloadStats", "ReloadBuffer", "ReloadBuffers", "gbps", "slot_offsets"]
+__all__ = ["VERSION", "Group", "GroupState", "OffloadStats", "ReloadBuffer", "ReloadBuffers", "gbps", "slot_offsets"]
 
 
 def slot_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
@@ -30,6 +31,8 @@ def slot_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
     end = offsets.pop()
     return offsets, end
 
+
+VERSION = operator.attrgetter("_version")
 
 #: Slot layouts by the sizes they lay out: offsets, block size, payload bytes.
 _LAYOUTS: dict[tuple[int, ...], tuple[tuple[int, ...], int, int]] = {}
@@ -69,6 +72,7 @@ class Group:
         "dtypes",
         "fetches",
         "handles",
+        "in_flight",
         "nbytes",
         "offsets",
         "ordinal",
@@ -81,6 +85,7 @@ class Group:
         "state",
         "typed_views",
         "uses",
+        "versions",
         "views",
     )
 
@@ -92,6 +97,10 @@ class Group:
         self.shapes: list[torch.Size | None] = []  # a typed source's size (None: flat)
         self.dtypes: list[torch.dtype | None] = []  # and its dtype
         self.offsets: Sequence[int] = ()  # slot_offsets(sizes), from ``seal``
+        self.in_flight: list[torch.Tensor] | None = None  # its sources, issued and not dropped yet
+        self.versions: list[int] = []
+        """Each source's version when the engine let go of the sources, or at a fetch
+        before that (NOTE [Writes after a save] in state.py)."""
         self.nbytes = 0  # the block's size: aligned slots (from ``seal``)
         self.payload_bytes = 0  # bytes of the storages, without alignment (from ``seal``)
         self.state = GroupState.OPEN
@@ -125,6 +134,12 @@ class Group:
             offsets, end = slot_offsets(sizes)
             layout = _LAYOUTS[sizes] = (tuple(offsets), end, sum(sizes))
         self.offsets, self.nbytes, self.payload_bytes = layout
+
+    def see_writes(self) -> None:
+        """Record the versions of the sources still held (NOTE [Writes after a save] in
+        state.py)."""
+        if self.in_flight is not None:
+            self.versions = list(map(VERSION, self.in_flight))
 
     @property
     def ready(self) -> torch.Tensor | None:

@@ -540,3 +540,108 @@ def test_backwards_on_two_threads_wait_for_the_root_runs_issue(slow: str, monkey
     assert not errors, errors
     for r, g in zip(ref, got):
         assert g is not None and all(torch.equal(a, b) for a, b in zip(r, g))
+
+
+class _WritesSaved(torch.nn.Module):
+    """Writes in place a tensor tanh saved, which dies at the region's exit (plain
+    autograd raises in backward); with ``legal`` the node that saved it is gone first."""
+
+    legal = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.l(x))  # tanh saves h
+        out = (self.l(x) if self.legal else h) * 3  # legal: the loss does not reach tanh
+        h.mul_(0.5)  # h dies at the region's exit
+        return out
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["offloaded", "refused_at_issue"])
+@pytest.mark.parametrize("legal", [False, True], ids=["illegal", "legal"])
+def test_a_write_to_a_typed_offloaded_save_after_it_died_raises_like_plain(refused: bool, legal: bool) -> None:
+    """NOTE [Writes after a save]: the saved tensor is gone by backward, its group's
+    source still shows the write; a write after every node that saved it is gone is
+    legal and trains as plain does."""
+    torch.manual_seed(0)
+    _WritesSaved.legal = legal
+    try:
+        m = torch.nn.Sequential(_WritesSaved(), _WritesSaved())
+        x = torch.randn(4, 8)
+        plain_error = None
+        try:
+            m(x).sum().backward()
+        except RuntimeError as exc:
+            plain_error = exc
+        assert (plain_error is None) == legal
+        ref = [p.grad.clone() for p in m.parameters()] if legal else None  # type: ignore[union-attr]
+        m.zero_grad(set_to_none=True)
+        rt = offrecomp.runtime(m, mode="offload", min_bytes=0, regions=_WritesSaved)
+        with rt:
+            if refused:
+                rt._groups.get_engine().pool.pressure_bytes = 1 << 62
+            if legal:
+                m(x).sum().backward()
+                assert [torch.equal(r, p.grad) for r, p in zip(ref, m.parameters())] == [True] * 4  # type: ignore[arg-type]
+            else:
+                with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                    m(x).sum().backward()
+        step = rt.report().steps[-1] if rt.report().steps else None
+        if refused and step is not None:
+            assert step.fallbacks.get("offload_to_keep", 0) >= 1
+    finally:
+        _WritesSaved.legal = False
+
+
+class _SaveKeepAlias(torch.autograd.Function):
+    """Saves ``2x`` and hands out a detached alias of it (same version counter); the
+    saved tensor itself dies at the region's exit."""
+
+    aliases: list[torch.Tensor] = []
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        t = x * 2
+        ctx.save_for_backward(t)
+        _SaveKeepAlias.aliases.append(t.detach())
+        return x * 3
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (t,) = ctx.saved_tensors
+        return g * t
+
+
+class _AliasBlock(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _SaveKeepAlias.apply(x)
+
+
+def test_a_write_to_a_typed_offloaded_save_while_its_copy_is_in_flight_raises_like_plain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NOTE [Writes after a save]: a write after the region's exit, through an alias
+    that outlives the saved tensor, while the group's sources are still held (emulated
+    copies that start only when the host waits for them): the fetch sees it."""
+    from offrecomp import backends
+
+    monkeypatch.setattr(backends, "START_DELAY_S", 3600.0)
+    m = torch.nn.Sequential(_AliasBlock(), _AliasBlock())
+    x = torch.randn(4, 8, requires_grad=True)
+    _SaveKeepAlias.aliases = []
+    loss = m(x).sum()
+    _SaveKeepAlias.aliases[0].add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()  # plain
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0, regions=_AliasBlock)
+    with rt:
+        _SaveKeepAlias.aliases = []
+        m(x).sum().backward()  # clean: no write
+        _SaveKeepAlias.aliases = []
+        loss = m(x).sum()
+        _SaveKeepAlias.aliases[-1].add_(1)  # the last group's: fetched first, its copy not run yet
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+    _SaveKeepAlias.aliases = []
