@@ -478,20 +478,21 @@ class Placer:
         """An offloaded save as a view of its group's reload, fetched on first use (and
         cached on a reused buffer: NOTE [Reused reload buffers] in transfer.py). Autograd
         wraps what unpack returns in a new tensor."""
-        dtype = h.dtype
+        dtype, size = h.dtype, h.size
         slot_offset = group.offsets[rec.slot]
+        key = (slot_offset, h.offset, size, h.stride, dtype)  # the alias cache's (NOTE [Reused reload buffers])
         typed = group.typed_views.get(dtype)  # fetched, and a save of this dtype handed out
         if typed is None:
             self._groups.fetch(group, call)
             views = group.views  # the first unpack of a reload into a reused buffer
             hit = views.get(h.pack_index) if views is not None else None
-            if hit is not None and hit[0] == (slot_offset, h.offset, h.size, h.stride, dtype):
+            if hit is not None and hit[0] == key:
                 return hit[1].data
             typed = group.typed(dtype)
-        t = typed.as_strided(h.size, h.stride, h.offset + slot_offset // dtype.itemsize)
+        t = typed.as_strided(size, h.stride, h.offset + slot_offset // dtype.itemsize)
         reuse = group.reuse
         if reuse is not None:
-            reuse.remember(h.pack_index, (slot_offset, h.offset, h.size, h.stride, dtype), t)
+            reuse.remember(h.pack_index, key, t)
         return t
 
     def _unpack_plain(self, h: _Plain) -> torch.Tensor:

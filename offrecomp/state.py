@@ -279,25 +279,23 @@ class TypedHandle(weakref.ref):  # type: ignore[type-arg]
 
     __init__ = object.__init__  # type: ignore[assignment]
 
-    # The slow paths' geometry: from the group, or from the source the group kept when
-    # its pool refused it (``rec.tensor``, of this geometry).
-    @property
-    def size(self) -> torch.Size:
+    def _slot(self) -> tuple[torch.Size, torch.dtype]:
+        """The slow paths' size and dtype: the slot's, or those of the source the group
+        kept when its pool refused it (``rec.tensor``, of this geometry)."""
         rec = self.rec
         group = rec.group
         if group is not None:
-            return group.shapes[rec.slot]  # type: ignore[return-value]  # typed: set
+            return group.shapes[rec.slot], group.dtypes[rec.slot]  # type: ignore[return-value]  # typed: set
         assert rec.tensor is not None
-        return rec.tensor.shape
+        return rec.tensor.shape, rec.tensor.dtype
+
+    @property
+    def size(self) -> torch.Size:
+        return self._slot()[0]
 
     @property
     def dtype(self) -> torch.dtype:
-        rec = self.rec
-        group = rec.group
-        if group is not None:
-            return group.dtypes[rec.slot]  # type: ignore[return-value]  # typed: set
-        assert rec.tensor is not None
-        return rec.tensor.dtype
+        return self._slot()[1]
 
     def rebuild(self, storage: Any, byte_offset: int = 0) -> torch.Tensor:
         """As :meth:`SavedHandle.rebuild`."""

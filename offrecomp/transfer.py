@@ -20,7 +20,7 @@ from offrecomp import _torch_compat as tc
 from offrecomp.backends import Backend, Event, Stream
 from offrecomp.pool import ALIGN_BYTES, Block
 
-__all__ = ["VERSION", "Group", "GroupState", "OffloadStats", "ReloadBuffer", "ReloadBuffers", "gbps", "slot_offsets"]
+__all__ = ["Group", "GroupState", "OffloadStats", "ReloadBuffer", "ReloadBuffers", "gbps", "slot_offsets"]
 
 
 def slot_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
@@ -32,7 +32,7 @@ def slot_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
     return offsets, end
 
 
-VERSION = operator.attrgetter("_version")
+_VERSION = operator.attrgetter("_version")
 
 #: Slot layouts by the sizes they lay out: offsets, block size, payload bytes.
 _LAYOUTS: dict[tuple[int, ...], tuple[tuple[int, ...], int, int]] = {}
@@ -139,7 +139,7 @@ class Group:
         """Record the versions of the sources still held (NOTE [Writes after a save] in
         state.py)."""
         if self.in_flight is not None:
-            self.versions = list(map(VERSION, self.in_flight))
+            self.versions = list(map(_VERSION, self.in_flight))
 
     @property
     def ready(self) -> torch.Tensor | None:

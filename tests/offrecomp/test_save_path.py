@@ -429,22 +429,13 @@ def test_every_reload_reuses_its_positions_buffer_step_after_step() -> None:
     assert fresh[0] == 0
 
 
-class _LinTanh(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.l = torch.nn.Linear(8, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.l(x))
-
-
 class _RootResave(torch.nn.Module):
     """Saves ``x`` at the root, lets a region call issue that root run, writes ``x`` in
     place (legal: the node that saved it is gone) and saves it again."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.b1, self.b2 = _LinTanh(), _LinTanh()
+        self.b1, self.b2 = _TanhBlock(8), _TanhBlock(8)
         self.engine: Any = None
 
     def forward(self, a: torch.Tensor) -> torch.Tensor:
@@ -475,7 +466,7 @@ def test_a_root_storage_saved_again_after_its_run_was_issued_is_copied_again() -
         return [a.grad.clone()] + [p.grad.clone() for p in m.parameters()]  # type: ignore[union-attr]
 
     ref = grads()
-    rt = offrecomp.runtime(m, mode="offload", min_bytes=0, regions=_LinTanh)
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0, regions=_TanhBlock)
     m.engine = rt._groups.get_engine()
     for _ in range(3):
         got = grads(rt)
@@ -495,7 +486,7 @@ def test_backwards_on_two_threads_wait_for_the_root_runs_issue(slow: str, monkey
     from offrecomp import pool, transfer
 
     torch.manual_seed(0)
-    m = torch.nn.Sequential(_LinTanh(), _LinTanh())
+    m = torch.nn.Sequential(_TanhBlock(8), _TanhBlock(8))
     params = list(m.parameters())
     x = torch.randn(4, 8)
 
@@ -519,7 +510,7 @@ def test_backwards_on_two_threads_wait_for_the_root_runs_issue(slow: str, monkey
             self.last_failure = "pressure"
 
         monkeypatch.setattr(pool.PinnedPool, "alloc", refusing_alloc)
-    rt = offrecomp.runtime(m, mode="offload", min_bytes=0, regions=_LinTanh)
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0, regions=_TanhBlock)
     got: list[Any] = [None, None]
     errors: list[BaseException] = []
     with rt:
