@@ -10,7 +10,9 @@ with the variants interleaved (one timing of each per round) and medians over ro
 
 * per saved tensor: a region of ``--ops`` elementwise ops on a 16-element tensor, each
   output saved for backward; forward + backward plainly, under an identity hook pair
-  (the floor), and under offrecomp with every save kept (``mode="keep"``: after each
+  (the floor; entered around the step, it stays on the stack through the backward,
+  where the runtime's pair comes off: NOTE [Hooks off in backward] in
+  offrecomp/backward_entry.py, so keep may read under it), and under offrecomp with every save kept (``mode="keep"``: after each
   signature's first pass the regions save natively, NOTE [Native keep] in
   offrecomp/native.py), also with a dozen buffers in each region (NOTE [Buffer saves]
   in offrecomp/regions.py), and with the hooks kept on (``native_keep=False``: pack,

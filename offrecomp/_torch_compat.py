@@ -156,6 +156,30 @@ def push_saved_tensors_hooks(pack: Callable[..., Any], unpack: Callable[..., Any
     torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
 
 
+def backward_entry() -> Callable[..., Any]:
+    """The function every Python backward goes through: ``torch.autograd.backward`` and
+    ``torch.autograd.grad`` call ``torch.autograd._engine_run_backward(outputs, *args,
+    **kwargs)``, looked up in ``torch.autograd`` at each call (NOTE [Hooks off in
+    backward] in offrecomp/backward_entry.py). ``torch.compiler`` patches it the same way
+    while it traces a backward."""
+    return torch.autograd._engine_run_backward  # type: ignore[attr-defined,no-any-return]
+
+
+def set_backward_entry(fn: Callable[..., Any]) -> None:
+    """Replace :func:`backward_entry` (a wrapper that calls the one it replaced)."""
+    torch.autograd._engine_run_backward = fn  # type: ignore[attr-defined]
+
+
+def backward_creates_graph(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a backward entered as ``backward_entry()(outputs, *args, **kwargs)`` makes
+    a graph of its own: ``backward`` and ``grad`` pass ``(grad_outputs, retain_graph,
+    create_graph, inputs, ...)`` positionally. Anything else there that is true reads as
+    a graph, the side that changes nothing."""
+    if "create_graph" in kwargs:
+        return bool(kwargs["create_graph"])
+    return len(args) > 2 and (type(args[2]) is not bool or args[2])
+
+
 def saved_slot_hooked(saved: Any) -> bool:
     """Whether a node's saved-tensor slot (``grad_fn._raw_saved_*``) went through a
     saved-tensor hook pair, read without unpacking it. ``SavedTensor`` has no query, so
@@ -360,6 +384,7 @@ ALL_PRIVATE_APIS: tuple[str, ...] = (
     "torch.autograd.graph._allow_mutation_on_saved_tensors_enabled",
     "torch.utils.flop_counter._FlopCounterMode (by name, in offrecomp/trace/scope.py)",
     "torch._C._autograd._pop_saved_tensors_default_hooks / _push_saved_tensors_default_hooks",
+    "torch.autograd._engine_run_backward (wrapped while a runtime is installed, and its arguments' order)",
     "grad_fn._raw_saved_* (SavedTensor.register_hooks refusing a hooked slot)",
     "torch.utils._pytree.tree_flatten / tree_unflatten / tree_leaves / TreeSpec",
     "torch._foreach_copy_",

@@ -59,6 +59,7 @@ from torch.nn.modules.module import (
 )
 
 from offrecomp import _torch_compat as tc
+from offrecomp import backward_entry
 from offrecomp.calls import RegionCalls
 from offrecomp.changes import (
     count_buffer_assignment,
@@ -150,6 +151,7 @@ class Installer:
         hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
         hooks.__enter__()
         self.hooks_ctx = hooks
+        backward_entry.own(hooks.pack_hook)  # NOTE [Hooks off in backward]
         for region in self._regions:
             region.refresh()
             if region.in_place:
@@ -238,6 +240,7 @@ class Installer:
         self.active = False
         if self.hooks_ctx is not None:
             hooks, self.hooks_ctx = self.hooks_ctx, None
+            backward_entry.disown(hooks.pack_hook)
             hooks.__exit__(None, None, None)
         while self._restore:
             self._restore.pop()()

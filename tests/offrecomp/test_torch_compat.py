@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 import torch
 
 from offrecomp import _torch_compat as tc
@@ -117,3 +120,26 @@ def test_a_saved_slot_says_whether_a_hook_took_it() -> None:
     assert tc.saved_slot_hooked(squared.grad_fn._raw_saved_other)
     (scaled.sum() + squared.sum()).backward()
     assert torch.equal(x.grad, 2.5 + 2 * x.detach())
+
+
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
+def test_backward_entry_and_its_arguments() -> None:
+    """``backward`` and ``grad`` go through ``backward_entry()``, with create_graph where
+    ``backward_creates_graph`` reads it (NOTE [Hooks off in backward])."""
+    original = tc.backward_entry()
+    seen: list[bool] = []
+
+    def spy(outputs: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(tc.backward_creates_graph(args, kwargs))
+        return original(outputs, *args, **kwargs)
+
+    x = torch.ones(3, requires_grad=True)
+    tc.set_backward_entry(spy)
+    try:
+        x.pow(2).sum().backward()
+        torch.autograd.grad(x.pow(2).sum(), x)
+        torch.autograd.grad(x.pow(2).sum(), x, create_graph=True)
+        torch.autograd.backward(x.pow(2).sum(), inputs=[x], create_graph=True)
+    finally:
+        tc.set_backward_entry(original)
+    assert seen == [False, False, True, True]

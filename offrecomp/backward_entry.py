@@ -1,0 +1,87 @@
+"""The runtime's saved-tensor hooks come off the thread's stack while a backward runs.
+
+NOTE [Hooks off in backward]
+Autograd's engine evaluates each node of a backward under the thread-local state it
+captured when the backward began, the saved-tensor hook stack included, and puts the
+thread's previous state back after the node. Each of those copies takes a reference to
+every hook on the stack, and each reference is taken under the GIL, which the engine's
+threads do not hold: about 1 µs per node per hook pair on a CPU host
+(benchmarks/bench_host_overhead.py, the ``keep`` row), in every backward the runtime's
+pair is installed around. A backward does not need the pair on the stack: the saved
+tensors of the forward are unpacked through the hooks each saved variable holds. The
+stack is read only for tensors saved while the backward runs, which the pack hook takes
+as they are (a tensor saved inside backward belongs to no forward).
+
+So while a runtime is installed, the function every Python backward goes through
+(``torch.autograd.backward`` and ``torch.autograd.grad`` call it, ``backward_entry`` in
+_torch_compat.py) is wrapped: when the runtime's pair is the only pair on the calling
+thread's stack and the backward makes no graph, the pair comes off for the backward and
+goes back on when it returns or raises. The pair stays on
+- for a backward that makes a graph (``create_graph=True``): its saves belong to the pass
+  it differentiates (NOTE [Double backward] in lifecycle.py);
+- when another pair lies beneath the runtime's: with the runtime's off, that pair would
+  take the saves of the backward (a reentrant checkpoint's recomputation);
+- on a thread whose top pair is not a runtime's (a runtime entered on another thread,
+  a region call saving natively, NOTE [Native keep]).
+A backward entered another way (C++, TorchScript) runs with the pair on, as before. The
+wrapper goes when the last runtime is uninstalled, unless something wrapped it in turn:
+then it stays in that chain and passes every call through while no runtime is installed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from offrecomp import _torch_compat as tc
+
+__all__ = ["disown", "own", "owned"]
+
+_lock = threading.Lock()
+#: The pack hooks of the installed runtimes' pairs (a runtime installed twice: twice).
+_packs: list[Any] = []
+#: The backward entry the wrapper calls; None while the wrapper is in no chain.
+_inner: Callable[..., Any] | None = None
+
+
+def _entry(outputs: Any, *args: Any, **kwargs: Any) -> Any:
+    inner = _inner
+    assert inner is not None
+    top = tc.top_saved_tensors_hooks()
+    if top is None or top[0] not in _packs or tc.backward_creates_graph(args, kwargs):
+        return inner(outputs, *args, **kwargs)
+    tc.pop_saved_tensors_hooks()
+    if tc.top_saved_tensors_hooks() is not None:  # a pair beneath would take the saves
+        tc.push_saved_tensors_hooks(*top)
+        return inner(outputs, *args, **kwargs)
+    try:
+        return inner(outputs, *args, **kwargs)
+    finally:
+        tc.push_saved_tensors_hooks(*top)
+
+
+def own(pack: Any) -> None:
+    """A runtime installed a pair with ``pack``: backwards run with it off."""
+    global _inner
+    with _lock:
+        _packs.append(pack)
+        if _inner is None:
+            _inner = tc.backward_entry()
+            tc.set_backward_entry(_entry)
+
+
+def disown(pack: Any) -> None:
+    """The pair with ``pack`` is uninstalled; the last one takes the wrapper out."""
+    global _inner
+    with _lock:
+        if pack in _packs:
+            _packs.remove(pack)
+        if not _packs and _inner is not None and tc.backward_entry() is _entry:
+            tc.set_backward_entry(_inner)
+            _inner = None
+
+
+def owned() -> bool:
+    """Is the wrapper in place (some runtime installed)?"""
+    return bool(_packs) and _inner is not None
