@@ -25,7 +25,8 @@ goes back on when it returns or raises. The pair stays on
   a region call saving natively, NOTE [Native keep]).
 A backward entered another way (C++, TorchScript) runs with the pair on, as before. The
 wrapper goes when the last runtime is uninstalled, unless something wrapped it in turn:
-then it stays in that chain and passes every call through while no runtime is installed.
+then it stays in that chain and passes every call through while no runtime is installed,
+as it does for a backward on another thread that looked it up just before it went.
 """
 
 from __future__ import annotations
@@ -41,8 +42,13 @@ __all__ = ["disown", "own", "owned"]
 _lock = threading.Lock()
 #: The pack hooks of the installed runtimes' pairs (a runtime installed twice: twice).
 _packs: list[Any] = []
-#: The backward entry the wrapper calls; None while the wrapper is in no chain.
+#: The backward entry the wrapper calls. Never cleared: a backward on another thread may
+#: have looked the wrapper up just before the last runtime took it out.
 _inner: Callable[..., Any] | None = None
+#: The wrapper is torch's entry now, or lies inside another wrapper of it.
+_placed = False
+#: Another wrapper took the entry over the runtime's and still calls it.
+_chained = False
 
 
 def _entry(outputs: Any, *args: Any, **kwargs: Any) -> Any:
@@ -63,25 +69,34 @@ def _entry(outputs: Any, *args: Any, **kwargs: Any) -> Any:
 
 def own(pack: Any) -> None:
     """A runtime installed a pair with ``pack``: backwards run with it off."""
-    global _inner
+    global _inner, _placed
     with _lock:
         _packs.append(pack)
-        if _inner is None:
-            _inner = tc.backward_entry()
-            tc.set_backward_entry(_entry)
+        if not _placed:
+            if not _chained and tc.backward_entry() is not _entry:
+                _inner = tc.backward_entry()
+                tc.set_backward_entry(_entry)
+            _placed = True
 
 
 def disown(pack: Any) -> None:
-    """The pair with ``pack`` is uninstalled; the last one takes the wrapper out."""
-    global _inner
+    """The pair with ``pack`` is uninstalled; the last one takes the wrapper out, or
+    leaves it inside another wrapper that took the entry over it."""
+    global _placed, _chained
     with _lock:
         if pack in _packs:
             _packs.remove(pack)
-        if not _packs and _inner is not None and tc.backward_entry() is _entry:
+        if _packs or not _placed:
+            return
+        _placed = False
+        if tc.backward_entry() is _entry:
+            assert _inner is not None
             tc.set_backward_entry(_inner)
-            _inner = None
+            _chained = False
+        else:
+            _chained = True
 
 
 def owned() -> bool:
     """Is the wrapper in place (some runtime installed)?"""
-    return bool(_packs) and _inner is not None
+    return bool(_packs) and _placed

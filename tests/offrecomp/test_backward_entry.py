@@ -127,7 +127,20 @@ def test_a_wrapper_put_around_the_entry_keeps_working_after_exit() -> None:
         assert len(calls) == 3
     finally:
         tc.set_backward_entry(original)
-        backward_entry._inner = None  # the chain is gone: as after a clean exit
+        backward_entry._chained = False  # the chain is gone: as after a clean exit
+
+
+def test_a_backward_that_found_the_wrapper_after_the_last_exit_passes_through() -> None:
+    """Another thread may look the wrapper up just before the last runtime takes it out."""
+    torch.manual_seed(0)
+    m = _mlp()
+    x = torch.randn(4, 16)
+    with offrecomp.runtime(m, mode="keep"):
+        stale = tc.backward_entry()
+    assert stale is not tc.backward_entry()
+    loss = m(x)
+    stale((loss,), (torch.ones_like(loss),), False, False, (), allow_unreachable=True, accumulate_grad=True)
+    assert all(p.grad is not None for p in m.parameters())
 
 
 class _Reentrant(nn.Module):
