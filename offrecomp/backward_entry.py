@@ -26,7 +26,10 @@ goes back on when it returns or raises. The pair stays on
 A backward entered another way (C++, TorchScript) runs with the pair on, as before. The
 wrapper goes when the last runtime is uninstalled, unless something wrapped it in turn:
 then it stays in that chain and passes every call through while no runtime is installed,
-as it does for a backward on another thread that looked it up just before it went.
+as it does for a backward on another thread that looked it up just before it went. A
+runtime installed after another patch dropped or wrapped the wrapper places a new one.
+The pair goes back on from what the stack holds, not from a flag, so an interrupt
+(Ctrl-C) between the pop and the push cannot leave it off.
 """
 
 from __future__ import annotations
@@ -42,61 +45,70 @@ __all__ = ["disown", "own", "owned"]
 _lock = threading.Lock()
 #: The pack hooks of the installed runtimes' pairs (a runtime installed twice: twice).
 _packs: list[Any] = []
-#: The backward entry the wrapper calls. Never cleared: a backward on another thread may
-#: have looked the wrapper up just before the last runtime took it out.
-_inner: Callable[..., Any] | None = None
-#: The wrapper is torch's entry now, or lies inside another wrapper of it.
-_placed = False
-#: Another wrapper took the entry over the runtime's and still calls it.
-_chained = False
+#: The wrapper this module last made torch's entry, while some runtime is installed.
+_placed: Callable[..., Any] | None = None
 
 
-def _entry(outputs: Any, *args: Any, **kwargs: Any) -> Any:
-    inner = _inner
-    assert inner is not None
-    top = tc.top_saved_tensors_hooks()
-    if top is None or top[0] not in _packs or tc.backward_creates_graph(args, kwargs):
-        return inner(outputs, *args, **kwargs)
-    tc.pop_saved_tensors_hooks()
-    if tc.top_saved_tensors_hooks() is not None:  # a pair beneath would take the saves
-        tc.push_saved_tensors_hooks(*top)
-        return inner(outputs, *args, **kwargs)
-    try:
-        return inner(outputs, *args, **kwargs)
-    finally:
-        tc.push_saved_tensors_hooks(*top)
+def _wrap(inner: Callable[..., Any]) -> Callable[..., Any]:
+    """A wrapper of ``inner``. Each holds its own: a backward on another thread that
+    looked one up just before the last runtime took it out still has its entry, and a
+    wrapper placed over a chain that holds an earlier one never calls itself."""
+
+    def entry(outputs: Any, *args: Any, **kwargs: Any) -> Any:
+        top = tc.top_saved_tensors_hooks()
+        if top is None or top[0] not in _packs or tc.backward_creates_graph(args, kwargs):
+            return inner(outputs, *args, **kwargs)
+        try:
+            tc.pop_saved_tensors_hooks()
+            if tc.top_saved_tensors_hooks() is not None:  # a pair beneath would take the saves
+                tc.push_saved_tensors_hooks(*top)
+            return inner(outputs, *args, **kwargs)
+        finally:
+            # From the stack, not from a flag, and again after an interrupt (Ctrl-C, a
+            # signal handler's exception) that lands on the way: one may come anywhere
+            # between the pop and the push.
+            interrupt: BaseException | None = None
+            while True:
+                try:
+                    now = tc.top_saved_tensors_hooks()
+                    if now is None or now[0] is not top[0]:
+                        tc.push_saved_tensors_hooks(*top)
+                    break
+                except BaseException as e:  # raised once the pair is back
+                    interrupt = e
+            if interrupt is not None:
+                raise interrupt
+
+    entry.inner = inner  # type: ignore[attr-defined]
+    return entry
 
 
 def own(pack: Any) -> None:
     """A runtime installed a pair with ``pack``: backwards run with it off."""
-    global _inner, _placed
+    global _placed
     with _lock:
         _packs.append(pack)
-        if not _placed:
-            if not _chained and tc.backward_entry() is not _entry:
-                _inner = tc.backward_entry()
-                tc.set_backward_entry(_entry)
-            _placed = True
+        if _placed is None or tc.backward_entry() is not _placed:
+            # none placed, or another patch of the entry dropped or wrapped ours
+            _placed = _wrap(tc.backward_entry())
+            tc.set_backward_entry(_placed)
 
 
 def disown(pack: Any) -> None:
-    """The pair with ``pack`` is uninstalled; the last one takes the wrapper out, or
-    leaves it inside another wrapper that took the entry over it."""
-    global _placed, _chained
+    """The pair with ``pack`` is uninstalled; the last one takes the wrapper out, unless
+    another wrapper took the entry over it (that one keeps calling it, and it passes
+    every call through while no runtime is installed)."""
+    global _placed
     with _lock:
         if pack in _packs:
             _packs.remove(pack)
-        if _packs or not _placed:
+        if _packs or _placed is None:
             return
-        _placed = False
-        if tc.backward_entry() is _entry:
-            assert _inner is not None
-            tc.set_backward_entry(_inner)
-            _chained = False
-        else:
-            _chained = True
+        if tc.backward_entry() is _placed:
+            tc.set_backward_entry(_placed.inner)  # type: ignore[attr-defined]
+        _placed = None
 
 
 def owned() -> bool:
-    """Is the wrapper in place (some runtime installed)?"""
-    return bool(_packs) and _placed
+    """Is a runtime installed, with this module's wrapper torch's entry?"""
+    return bool(_packs) and _placed is not None and tc.backward_entry() is _placed

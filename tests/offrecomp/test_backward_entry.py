@@ -102,8 +102,8 @@ def test_the_pair_is_back_after_a_backward_that_raises() -> None:
 
 def test_a_wrapper_put_around_the_entry_keeps_working_after_exit() -> None:
     """Something that wraps the entry while a runtime is installed keeps its wrapper at
-    the runtime's exit; the runtime's passes calls through, and a later runtime uses it
-    again, without wrapping twice."""
+    the runtime's exit; the runtime's passes calls through, and a later runtime places a
+    new one over both."""
     original = tc.backward_entry()
     calls: list[int] = []
     torch.manual_seed(0)
@@ -122,12 +122,53 @@ def test_a_wrapper_put_around_the_entry_keeps_working_after_exit() -> None:
         assert tc.backward_entry() is theirs
         m(x).sum().backward()  # no runtime: passed through
         with offrecomp.runtime(m, mode="keep"):
-            assert tc.backward_entry() is theirs
+            assert tc.backward_entry() is not theirs and backward_entry.owned()
             assert _stack_during_backward(m(x).sum()) == [None]
+        assert tc.backward_entry() is theirs
         assert len(calls) == 3
     finally:
         tc.set_backward_entry(original)
-        backward_entry._chained = False  # the chain is gone: as after a clean exit
+
+
+def test_a_wrapper_another_patch_dropped_is_placed_again() -> None:
+    """A patch that puts torch's own entry back while a runtime is installed (as
+    torch.compiler's does at its exit) drops the wrapper; the next runtime places one."""
+    original = tc.backward_entry()
+    torch.manual_seed(0)
+    m = _mlp()
+    x = torch.randn(4, 16)
+    with offrecomp.runtime(m, mode="keep"):
+        tc.set_backward_entry(original)
+        assert not backward_entry.owned()
+        own = tc.top_saved_tensors_hooks()
+        assert _stack_during_backward(m(x).sum()) == [own]  # the old behaviour, still right
+    assert tc.backward_entry() is original
+    with offrecomp.runtime(m, mode="keep"):
+        assert backward_entry.owned()
+        assert _stack_during_backward(m(x).sum()) == [None]
+    assert tc.backward_entry() is original
+
+
+def test_an_interrupt_between_the_pop_and_the_backward_leaves_the_pair_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C may land right after the pair came off: it goes back on all the same."""
+    torch.manual_seed(0)
+    m = _mlp()
+    x = torch.randn(4, 16)
+    pop = tc.pop_saved_tensors_hooks
+
+    def pop_then_interrupt() -> None:
+        pop()
+        raise KeyboardInterrupt
+
+    with offrecomp.runtime(m, mode="offload", min_bytes=0):
+        own = tc.top_saved_tensors_hooks()
+        monkeypatch.setattr(tc, "pop_saved_tensors_hooks", pop_then_interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            m(x).sum().backward()
+        monkeypatch.setattr(tc, "pop_saved_tensors_hooks", pop)
+        assert tc.top_saved_tensors_hooks() == own
+        assert _stack_during_backward(m(x).sum()) == [None]
+    assert tc.top_saved_tensors_hooks() is None
 
 
 def test_a_backward_that_found_the_wrapper_after_the_last_exit_passes_through() -> None:
