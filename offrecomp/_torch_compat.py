@@ -156,6 +156,17 @@ def push_saved_tensors_hooks(pack: Callable[..., Any], unpack: Callable[..., Any
     torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
 
 
+def pop_sole_saved_tensors_hooks(top: tuple[Any, Any]) -> bool:
+    """Take ``top`` (the innermost pair) off this thread's stack if no pair lies beneath
+    it; otherwise leave the stack as it was. True if it came off (NOTE [Native keep],
+    NOTE [Hooks off in backward]: a pair beneath would take the saves)."""
+    pop_saved_tensors_hooks()
+    if top_saved_tensors_hooks() is not None:
+        push_saved_tensors_hooks(*top)
+        return False
+    return True
+
+
 def backward_entry() -> Callable[..., Any]:
     """The function every Python backward goes through: ``torch.autograd.backward`` and
     ``torch.autograd.grad`` call ``torch.autograd._engine_run_backward(outputs, *args,

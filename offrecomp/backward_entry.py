@@ -23,7 +23,7 @@ goes back on when it returns or raises. The pair stays on
   take the saves of the backward (a reentrant checkpoint's recomputation);
 - on a thread whose top pair is not a runtime's (a runtime entered on another thread,
   a region call saving natively, NOTE [Native keep]).
-A backward entered another way (C++, TorchScript) runs with the pair on, as before. The
+A backward entered another way (C++, TorchScript) runs with the pair on. The
 wrapper goes when the last runtime is uninstalled, unless something wrapped it in turn:
 then it stays in that chain and passes every call through while no runtime is installed,
 as it does for a backward on another thread that looked it up just before it went. A
@@ -59,9 +59,7 @@ def _wrap(inner: Callable[..., Any]) -> Callable[..., Any]:
         if top is None or top[0] not in _packs or tc.backward_creates_graph(args, kwargs):
             return inner(outputs, *args, **kwargs)
         try:
-            tc.pop_saved_tensors_hooks()
-            if tc.top_saved_tensors_hooks() is not None:  # a pair beneath would take the saves
-                tc.push_saved_tensors_hooks(*top)
+            tc.pop_sole_saved_tensors_hooks(top)
             return inner(outputs, *args, **kwargs)
         finally:
             # From the stack, not from a flag, and again after an interrupt (Ctrl-C, a

@@ -349,7 +349,7 @@ class Placer:
         if rec is not None and not rec.released and rec() is storage:
             return rec if rec.placement is not None else None
         nbytes = storage.nbytes()
-        rec = StorageRec(storage, call, len(call.storages), nbytes, ptr, None)
+        rec = _new_rec(StorageRec, storage, call, len(call.storages), nbytes, ptr, None)
         rec.kind = "input"
         placement, fallback = self._decide(p, call, rec, "input", t, storage)
         rec.placement = placement

@@ -79,9 +79,7 @@ class NativeKeep:
         top = tc.top_saved_tensors_hooks()
         if own is None or top is None or top[0] is not own[0]:
             return False
-        tc.pop_saved_tensors_hooks()
-        if tc.top_saved_tensors_hooks() is not None:  # another pair beneath ours
-            tc.push_saved_tensors_hooks(*own)
+        if not tc.pop_sole_saved_tensors_hooks(own):  # another pair beneath ours
             return False
         call.native = True
         call.books = books

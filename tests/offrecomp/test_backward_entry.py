@@ -141,7 +141,7 @@ def test_a_wrapper_another_patch_dropped_is_placed_again() -> None:
         tc.set_backward_entry(original)
         assert not backward_entry.owned()
         own = tc.top_saved_tensors_hooks()
-        assert _stack_during_backward(m(x).sum()) == [own]  # the old behaviour, still right
+        assert _stack_during_backward(m(x).sum()) == [own]  # the pair stays on: still right
     assert tc.backward_entry() is original
     with offrecomp.runtime(m, mode="keep"):
         assert backward_entry.owned()
