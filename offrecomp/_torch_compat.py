@@ -191,6 +191,15 @@ def backward_creates_graph(args: tuple[Any, ...], kwargs: dict[str, Any]) -> boo
     return len(args) > 2 and (type(args[2]) is not bool or args[2])
 
 
+def backward_accumulates(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a backward entered as ``backward_entry()(outputs, *args, **kwargs)``
+    accumulates into ``.grad`` (``backward`` passes ``accumulate_grad=True``, ``grad``
+    False). Anything else there that is true, or nothing, reads as accumulating."""
+    if "accumulate_grad" in kwargs:
+        return bool(kwargs["accumulate_grad"])
+    return len(args) <= 5 or type(args[5]) is not bool or args[5]
+
+
 def saved_slot_hooked(saved: Any) -> bool:
     """Whether a node's saved-tensor slot (``grad_fn._raw_saved_*``) went through a
     saved-tensor hook pair, read without unpacking it. ``SavedTensor`` has no query, so

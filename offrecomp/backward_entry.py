@@ -30,6 +30,11 @@ as it does for a backward on another thread that looked it up just before it wen
 runtime installed after another patch dropped or wrapped the wrapper places a new one.
 The pair goes back on from what the stack holds, not from a flag, so an interrupt
 (Ctrl-C) between the pop and the push cannot leave it off.
+
+The wrapper also tells each installed runtime, before it runs, of every backward that
+accumulates into ``.grad`` (``backward()``, not ``autograd.grad``), whatever the stack
+holds: one run inside a region's forward must never run again in a replay (NOTE
+[Accumulating backward in a forward] in calls.py).
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ __all__ = ["disown", "own", "owned"]
 _lock = threading.Lock()
 #: The pack hooks of the installed runtimes' pairs (a runtime installed twice: twice).
 _packs: list[Any] = []
+#: What each installed runtime runs before a backward that accumulates (as ``_packs``).
+_watchers: list[Callable[[], None]] = []
 #: The wrapper this module last made torch's entry, while some runtime is installed.
 _placed: Callable[..., Any] | None = None
 
@@ -55,6 +62,9 @@ def _wrap(inner: Callable[..., Any]) -> Callable[..., Any]:
     wrapper placed over a chain that holds an earlier one never calls itself."""
 
     def entry(outputs: Any, *args: Any, **kwargs: Any) -> Any:
+        if _watchers and tc.backward_accumulates(args, kwargs):
+            for watch in list(_watchers):
+                watch()
         top = tc.top_saved_tensors_hooks()
         if top is None or top[0] not in _packs or tc.backward_creates_graph(args, kwargs):
             return inner(outputs, *args, **kwargs)
@@ -81,25 +91,29 @@ def _wrap(inner: Callable[..., Any]) -> Callable[..., Any]:
     return entry
 
 
-def own(pack: Any) -> None:
-    """A runtime installed a pair with ``pack``: backwards run with it off."""
+def own(pack: Any, watch: Callable[[], None]) -> None:
+    """A runtime installed a pair with ``pack``: backwards run with it off, and ``watch``
+    runs before each backward that accumulates into ``.grad``."""
     global _placed
     with _lock:
         _packs.append(pack)
+        _watchers.append(watch)
         if _placed is None or tc.backward_entry() is not _placed:
             # none placed, or another patch of the entry dropped or wrapped ours
             _placed = _wrap(tc.backward_entry())
             tc.set_backward_entry(_placed)
 
 
-def disown(pack: Any) -> None:
-    """The pair with ``pack`` is uninstalled; the last one takes the wrapper out, unless
-    another wrapper took the entry over it (that one keeps calling it, and it passes
-    every call through while no runtime is installed)."""
+def disown(pack: Any, watch: Callable[[], None]) -> None:
+    """The pair with ``pack`` (and ``watch``) is uninstalled; the last one takes the
+    wrapper out, unless another wrapper took the entry over it (that one keeps calling
+    it, and it passes every call through while no runtime is installed)."""
     global _placed
     with _lock:
         if pack in _packs:
             _packs.remove(pack)
+        if watch in _watchers:
+            _watchers.remove(watch)
         if _packs or _placed is None:
             return
         if tc.backward_entry() is _placed:

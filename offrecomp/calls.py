@@ -35,6 +35,7 @@ from offrecomp.regions import (
     finish_params,
     has_lazy_parameters,
 )
+from offrecomp.replay import replayed_regions
 from offrecomp.state import PassState, RegionCall
 from offrecomp.trace import FirstCallWatch, OpRecorder, user_dispatch_modes
 from scheduler.plan import Placement
@@ -254,6 +255,48 @@ class RegionCalls:
         call.exited = True
         if not call.leased and self.placer is not None:
             self.placer.release_call(call)
+
+    # NOTE [Accumulating backward in a forward]
+    # A forward may train something of its own mid-forward: a probe or a local loss whose
+    # ``loss.backward()`` accumulates into ``.grad`` (greedy layer-wise and local-learning
+    # setups). A replay of that forward would run the backward again and add its
+    # gradients a second time, with no error (as under torch.utils.checkpoint). The
+    # backward entry tells the runtime of every such backward before it runs (NOTE [Hooks
+    # off in backward] in backward_entry.py): each region call whose forward runs on this
+    # thread keeps (or offloads) every storage it saves from then on, and its region is
+    # never recomputed again (``Region.accumulates``, read by ``Placements.droppable`` and
+    # by the planner's profile). What those calls dropped before needs nothing more: a
+    # replay stops right after the last save it regenerates (NOTE [Replay], step 5),
+    # before the backward. A replay that meets such a backward all the same (a forward
+    # that ran it only in the replay: it reads a Python counter, say) raises rather than
+    # add twice.
+
+    def accumulating_backward(self) -> None:
+        """A backward that accumulates into ``.grad`` is about to run on this thread (NOTE
+        [Accumulating backward in a forward])."""
+        replayed = replayed_regions()
+        if replayed:
+            raise RuntimeError(
+                f"offrecomp: a replay of region {replayed[-1]!r} runs a backward that accumulates into "
+                ".grad, which its forward did not run: the gradients would be added twice. "
+                "Hint: keep this region (mode='keep' or regions=), or skip the backward when "
+                "offrecomp.in_replay() is true."
+            )
+        for call in self._life.stack.calls:
+            region = call.region
+            if call.exited or region is None:
+                continue
+            call.fixed = call.table = None  # its later saves go to the rules: kept or offloaded
+            if region.accumulates:
+                continue
+            region.accumulates = True
+            warn_once(
+                f"accumulates:{kind(region)}",
+                "offrecomp: region %r (and any other like it) runs a backward that accumulates "
+                "into .grad inside its forward; a replay would add those gradients again, so "
+                "it is never recomputed",
+                call.name,
+            )
 
 
 def first_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:

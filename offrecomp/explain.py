@@ -135,6 +135,8 @@ def _never_replayed(region: Region | None) -> str | None:
         return "writes its inputs or parameters in place"
     if region.reaches_out:
         return "runs a backward through earlier activations"
+    if region.accumulates:
+        return "runs a backward that accumulates into .grad"
     return None
 
 

@@ -151,7 +151,7 @@ class Installer:
         hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
         hooks.__enter__()
         self.hooks_ctx = hooks
-        backward_entry.own(hooks.pack_hook)  # NOTE [Hooks off in backward]
+        backward_entry.own(hooks.pack_hook, self._calls.accumulating_backward)  # NOTE [Hooks off in backward]
         for region in self._regions:
             region.refresh()
             if region.in_place:
@@ -240,7 +240,7 @@ class Installer:
         self.active = False
         if self.hooks_ctx is not None:
             hooks, self.hooks_ctx = self.hooks_ctx, None
-            backward_entry.disown(hooks.pack_hook)
+            backward_entry.disown(hooks.pack_hook, self._calls.accumulating_backward)
             hooks.__exit__(None, None, None)
         while self._restore:
             self._restore.pop()()

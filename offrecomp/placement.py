@@ -112,7 +112,8 @@ class Placements:
     def droppable(self, call: RegionCall, *, symmetric: bool = True) -> bool:
         """May ``call``'s activations be dropped? ``symmetric``: every rank drops alike
         (a plan or a mode); a rank-local fallback never drops in a collective region."""
-        if call.inputs is None or call.writes_state or (call.region is not None and call.region.variable):
+        region = call.region
+        if call.inputs is None or call.writes_state or (region is not None and (region.variable or region.accumulates)):
             return False
         if call.collective:
             return symmetric and self._config.mode != "auto"

@@ -99,6 +99,10 @@ class Region:
     replay.py): its replays hold what they save and run plainly."""
     forward_used: set[int] = field(default_factory=set)
     """Indices of the storages of its calls that a backward inside the forward read: kept."""
+    accumulates: bool = False
+    """Its forward runs a backward that accumulates into ``.grad`` (NOTE [Accumulating
+    backward in a forward] in calls.py): a replay would add those gradients again, so its
+    calls are never recomputed."""
     reaches_out: bool = False
     """Its forward runs a backward through activations from before its call (NOTE
     [Backward inside a forward]): a replay, which starts from detached inputs, cannot

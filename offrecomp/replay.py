@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -72,7 +73,7 @@ from offrecomp.trace import (
     user_code,
 )
 
-__all__ = ["ReplayDivergedError", "in_replay", "replay_call"]
+__all__ = ["ReplayDivergedError", "in_replay", "replay_call", "replayed_regions"]
 
 log = logging.getLogger(__name__)
 _graph_task_id = tc.graph_task_id
@@ -90,13 +91,28 @@ def in_replay() -> bool:
     return _tls.depth > 0
 
 
+class _Replayed(threading.local):
+    names: tuple[str, ...] = ()  # the class default answers threads that never set it
+
+
+_replayed = _Replayed()
+
+
+def replayed_regions() -> tuple[str, ...]:
+    """The regions whose forwards replays run now on this thread, outermost first."""
+    return _replayed.names
+
+
 @contextlib.contextmanager
-def _replaying() -> Iterator[None]:
+def _replaying(name: str) -> Iterator[None]:
     _tls.depth = _tls.depth + 1
+    names = _replayed.names
+    _replayed.names = (*names, name)
     try:
         yield
     finally:
         _tls.depth -= 1
+        _replayed.names = names
 
 
 class _StopReplay(BaseException):
@@ -331,7 +347,7 @@ def _replay_forward(
 ) -> None:
     """Run the region's forward once, as the replay sees it (NOTE [Replay])."""
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_replaying())
+        stack.enter_context(_replaying(call.name))
         stack.enter_context(user_code())
         stack.enter_context(torch.inference_mode(False))  # a backward may run under inference_mode
         stack.enter_context(torch.enable_grad())

@@ -189,7 +189,10 @@ def _region_records(
                 replayable=not call.collective
                 and not (
                     call.region is not None
-                    and (call.region.writes_state or call.region.reaches_out or call.region.variable)
+                    and (
+                        call.region.writes_state or call.region.reaches_out or call.region.variable
+                        or call.region.accumulates
+                    )
                 ),
             )
         )

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import offrecomp
 from offrecomp.hooks import Placer
 from tests import models
 from tests.helpers import (
@@ -170,3 +171,65 @@ def test_force_field_blocks_on_cuda(variant: str) -> None:
     assert len(rt.report().steps) == STEPS
     if variant != "offload":
         assert all(r.backward_in_forward for r in rt._regions)
+
+
+class LocalLossBlock(nn.Module):
+    """Trains a probe of its own on a local loss inside its forward (as greedy
+    layer-wise and local-learning setups do): ``loss.backward()`` mid-forward
+    accumulates into the probe's ``.grad``, and the block goes on computing after it."""
+
+    def __init__(self, h: int = 32) -> None:
+        super().__init__()
+        self.fc = nn.Linear(h, h)
+        self.probe = nn.Linear(h, 4)
+        self.out = nn.Linear(h, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.fc(x))
+        if torch.is_grad_enabled():
+            local = self.probe(F.dropout(h.detach(), 0.1, self.training)).square().mean()
+            local.backward()
+        return x + self.out(F.dropout(torch.relu(h), 0.1, self.training))
+
+
+def _local_model() -> nn.Module:
+    torch.manual_seed(0)
+    return models.Stack([LocalLossBlock(), models.MLPBlock(32), LocalLossBlock(), models.MLPBlock(32)])
+
+
+@pytest.mark.parametrize("variant", ZOO_VARIANTS)
+def test_a_backward_accumulating_inside_a_forward_runs_once(variant: str) -> None:
+    """NOTE [Accumulating backward in a forward]: a replay would run the local loss's
+    backward again and add the probe's gradients twice; such blocks are never
+    recomputed, and the others still are."""
+    rt, _ = check_variant(_local_model(), _batch, variant, steps=STEPS)
+    local = [r for r in rt._regions if isinstance(r.module, LocalLossBlock)]
+    assert len(local) == 2
+    assert all(r.accumulates for r in local)
+    assert not any(r.accumulates for r in rt._regions if r not in local)
+    if variant.startswith("auto"):
+        assert rt.explain().count("runs a backward that accumulates into .grad: never recomputed") == 2
+
+
+class ReplayOnlyLossBlock(LocalLossBlock):
+    """Runs its local loss's backward only in a replay: the forward never showed it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.fc(x))
+        if offrecomp.in_replay():
+            self.probe.weight.sum().backward()  # saves nothing: the replay's saves line up
+        return x + self.out(torch.relu(h))
+
+
+def test_a_replay_meeting_an_accumulating_backward_raises() -> None:
+    """NOTE [Accumulating backward in a forward]: a replay that runs such a backward its
+    forward did not run raises rather than add the gradients twice."""
+    torch.manual_seed(0)
+    m = models.Stack([ReplayOnlyLossBlock() for _ in range(2)])
+    x = _batch(0)
+    with offrecomp.runtime(m, mode="recompute") as rt:
+        loss = m(x)
+        with pytest.raises(RuntimeError, match=r"runs a backward that accumulates into \.grad.*added twice"):
+            loss.backward()
+    assert not any(r.accumulates for r in rt._regions)
+    assert all(p.grad is None for n, p in m.named_parameters() if "probe" in n)

@@ -125,12 +125,15 @@ def test_a_saved_slot_says_whether_a_hook_took_it() -> None:
 @pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
 def test_backward_entry_and_its_arguments() -> None:
     """``backward`` and ``grad`` go through ``backward_entry()``, with create_graph where
-    ``backward_creates_graph`` reads it (NOTE [Hooks off in backward])."""
+    ``backward_creates_graph`` reads it and accumulate_grad where ``backward_accumulates``
+    does (NOTE [Hooks off in backward])."""
     original = tc.backward_entry()
     seen: list[bool] = []
+    accumulates: list[bool] = []
 
     def spy(outputs: Any, *args: Any, **kwargs: Any) -> Any:
         seen.append(tc.backward_creates_graph(args, kwargs))
+        accumulates.append(tc.backward_accumulates(args, kwargs))
         return original(outputs, *args, **kwargs)
 
     x = torch.ones(3, requires_grad=True)
@@ -143,3 +146,9 @@ def test_backward_entry_and_its_arguments() -> None:
     finally:
         tc.set_backward_entry(original)
     assert seen == [False, False, True, True]
+    assert accumulates == [True, False, False, True]
+    # positionally, and anything but a bool False reads as accumulating
+    assert not tc.backward_accumulates((None, False, False, (), True, False), {})
+    assert tc.backward_accumulates((None, False, False, (), True, True), {})
+    assert tc.backward_accumulates((None, False, False, (), True, None), {})
+    assert tc.backward_accumulates((None, False, False), {})
