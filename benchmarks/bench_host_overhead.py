@@ -27,7 +27,7 @@ with the variants interleaved (one timing of each per round) and medians over ro
   planner's own work per step (NOTE [Learning cadence] in offrecomp/planning/learning.py);
 * per op: the same ops under a bare ``TorchDispatchMode`` (the floor), the replay's
   serving mode running every op (the cost each op pays in a replay under the dispatch
-  mode; NOTE [Serving overhead] in offrecomp/hooks.py), and the op recorder (the
+  mode; NOTE [Serving overhead] in offrecomp/regenerate.py), and the op recorder (the
   measuring pass).
 
 Each figure is the time over plain divided by the number of saves or ops: the median over

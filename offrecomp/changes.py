@@ -62,7 +62,7 @@ def module_state(modules: tuple[nn.Module, ...]) -> tuple[Any, ...]:
     """What a forward reads of its modules besides tensors: their plain scalar attributes
     (a dropout rate, a momentum, a flag) and which hooks they and torch's global module
     hooks hold. Taken when a region call is recorded and compared only when a replay
-    diverges from that recording (NOTE [Stale recordings] in hooks.py)."""
+    diverges from that recording (NOTE [Stale recordings] in regenerate.py)."""
     out: list[Any] = []
     for m in modules:
         out.append(tuple((k, v) for k, v in m.__dict__.items() if type(v) in _SCALARS))

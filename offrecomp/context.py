@@ -13,7 +13,7 @@ The Runtime is a facade over its parts, each with the narrow interface it needs:
 - ``Lifecycle`` (lifecycle.py): passes, the running region calls, steps, the report;
 - ``RegionCalls`` (calls.py): what a region call's entry and exit do;
 - ``Placements`` (placement.py): the one placement decision per storage;
-- ``Placer`` (hooks.py): the saved-tensor hook pair;
+- ``Placer`` (hooks.py): the saved-tensor hook pair (its replays: ``Regenerator``, regenerate.py);
 - ``OffloadGroups`` (groups.py): offload groups and the engine's lifetime;
 - ``Planner`` (planning): plans, profiles, learning;
 - ``Diagnostics`` (diagnostics.py): what the runtime warns about.

@@ -113,7 +113,7 @@ class Region:
     writes them)."""
     remeasured: bool = False
     """A serving replay diverged from a recording its call's own first use of state had
-    shaped, and its signature measured again (NOTE [Stale recordings] in hooks.py)."""
+    shaped, and its signature measured again (NOTE [Stale recordings] in regenerate.py)."""
     attr_quiet: int = -1
     """Calls in a row whose forward changed no module attribute since one did; -1 while
     none has (NOTE [Module attributes] in changes.py)."""

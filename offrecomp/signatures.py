@@ -94,7 +94,7 @@ def signature_of(
                 sizes = tuple(x.shape)
                 shape = str(sizes)
                 if x.layout is torch.strided and not x.is_contiguous():
-                    shape += f"s{tuple(x.stride())}"  # NOTE [Stale recordings] in hooks.py
+                    shape += f"s{tuple(x.stride())}"  # NOTE [Stale recordings] in regenerate.py
             kind = f"{str(x.dtype).replace('torch.', '')}:{x.device.type}"
             parts.append(f"{shape}:{kind}")
             kinds.append(f"{'n' if x.is_nested else ''}{len(sizes)}:{kind}")

@@ -421,7 +421,7 @@ class RegionCall(_WeakReferable):
     def layout(self) -> tuple[Any, ...]:
         """The strides (and for inputs, storage offsets) of the call's tensor inputs and
         parameters at entry: with the signature's sizes and dtypes they fix every
-        intermediate's geometry (NOTE [Stale recordings] in hooks.py)."""
+        intermediate's geometry (NOTE [Stale recordings] in regenerate.py)."""
         out: list[Any] = []
         if self.inputs is not None:
             for i, t in enumerate(self.inputs.tensors):

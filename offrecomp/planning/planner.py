@@ -329,7 +329,7 @@ class Planner:
 
     def remeasure(self, call: RegionCall, why: str) -> None:
         """``call``'s recording does not describe it (``why``; NOTE [Stale recordings] in
-        hooks.py): it replays plainly, and its signature measures again."""
+        regenerate.py): it replays plainly, and its signature measures again."""
         p = call.pass_state
         entry = self.entries.get(p.signature) if p is not None else None
         if entry is not None and not entry.needs_measure:

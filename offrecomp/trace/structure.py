@@ -130,7 +130,7 @@ class RegionStructure:
     built on first use): later calls may run other ops (NOTE [Stale recordings])."""
     layout: tuple[Any, ...] | None = None
     """The recorded call's ``RegionCall.layout()``: the geometry its served outputs
-    assume (NOTE [Stale recordings] in hooks.py)."""
+    assume (NOTE [Stale recordings] in regenerate.py)."""
     small_storages: tuple[int, ...] = ()
     """Storages made in the region that are ``external`` only for being under the
     runtime's ``min_bytes``: the most frugal plan may drop them (NOTE [Small storages])."""

@@ -122,7 +122,7 @@ def test_a_pinned_replay_cost_is_never_learnt() -> None:
 def test_dispatch_replays_teach_the_replay_cost(monkeypatch: pytest.MonkeyPatch) -> None:
     """A plan that drops one cheap tensor per block replays under the dispatch mode;
     what those replays measure replaces the starting guess."""
-    import offrecomp.hooks
+    from offrecomp.regenerate import Regenerator
 
     monkeypatch.setattr(replay_cost, "SERVING_OVERHEAD_SECONDS", 0.0)  # the mode always pays
     model, batch = make("gpt_dropout")
@@ -141,10 +141,8 @@ def test_dispatch_replays_teach_the_replay_cost(monkeypatch: pytest.MonkeyPatch)
     rt.set_plan(Plan(placements=drops))
     # Price the ops the replays run at 0 s, so that the whole replay is the mode's cost
     # whatever the machine's timing noise (the estimate comes from two small passes).
-    pays = offrecomp.hooks.Placer._serving_pays
-    monkeypatch.setattr(
-        offrecomp.hooks.Placer, "_serving_pays", lambda self, *a: (pays(self, *a)[0], 0.0)
-    )
+    pays = Regenerator._serving_pays
+    monkeypatch.setattr(Regenerator, "_serving_pays", lambda self, *a: (pays(self, *a)[0], 0.0))
     train(m, batch, rt, steps=1)
     assert rt.report().steps[-1].served_ops > 0  # the dispatch mode ran
     assert rt.planner.replay_op_seconds > 0.0

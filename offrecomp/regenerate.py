@@ -1,0 +1,240 @@
+"""Regenerating dropped saves: the replay of a region call that the unpack of a dropped
+save asks for, plain or under the serving dispatch mode, and what a divergence means.
+
+``Regenerator.replay`` picks the replay's program from the call's recording (the ops it
+runs, serves or stubs: NOTE [Which ops replay runs]), runs it (replay.py), and falls back
+to a plain replay where the recording no longer describes the call. It records each
+replay's marks for the planner.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from offrecomp import _torch_compat as tc
+from offrecomp.changes import module_state
+from offrecomp.diagnostics import warn_once
+from offrecomp.regions import replay_arguments
+from offrecomp.replay import replay_call
+from offrecomp.state import RegionCall, view_on
+from offrecomp.trace import (
+    PLACEHOLDER,
+    RUN,
+    SERVE,
+    CastDivergedError,
+    PlaceholderReadError,
+    ReplayDivergedError,
+)
+from scheduler.plan import Placement
+
+if TYPE_CHECKING:
+    from offrecomp.groups import OffloadGroups
+    from offrecomp.lifecycle import Lifecycle
+    from offrecomp.planning import Planner
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Regenerator"]
+
+KEEP, RECOMPUTE = Placement.KEEP, Placement.RECOMPUTE
+_graph_task_id = tc.graph_task_id
+
+
+class Regenerator:
+    """Replays region calls for one runtime."""
+
+    def __init__(self, lifecycle: Lifecycle, planner: Planner, groups: OffloadGroups) -> None:
+        self._life = lifecycle
+        self._planner = planner
+        self._groups = groups
+
+    # NOTE [Stale recordings]
+    # A serving replay follows the op recording of its signature's measuring pass: it
+    # serves outputs from held storages with the recorded geometry and checks the op
+    # sequence. Three things can make that recording describe another forward than
+    # the one being replayed while the signature stays the same:
+    # - state the forward reads changed between steps (a dropout rate schedule, a
+    #   momentum, a hook added): the replay dispatches other ops or arguments than the
+    #   recording. When the region's ``module_state`` (its modules' scalar attributes and
+    #   hooks, and torch's global module hooks) differs from the recording's, the replay
+    #   is redone plainly, as recompute does, and the region replays plainly from then
+    #   on (such state may change every step). A divergence the modules do not explain
+    #   (state outside them, changed since this pass's forward) raises
+    #   ``ReplayDivergedError``, as a plain replay would compute other values;
+    # - inputs or parameters of another layout at the same sizes (a transposed input, a
+    #   model moved to channels_last): every op dispatches as recorded, but served
+    #   outputs would read held storages with the recorded strides. Each call's
+    #   ``RegionCall.layout()`` is compared with the recording's before a serving
+    #   replay; on a difference the replay runs plainly and the signature measures
+    #   again. A non-contiguous input's strides are part of the signature, so layouts
+    #   that alternate get a recording each.
+    # - a recording of a call that built state on first use (a cache made and kept in
+    #   an attribute or a buffer; ``RegionStructure.self_changing``): later calls run
+    #   other ops. The first divergence replays plainly and measures the signature
+    #   again; one after that replays the region plainly from then on.
+    # A plain replay is right in all cases: it reruns this pass's forward from its own
+    # checkpoint.
+
+    def replay(self, call: RegionCall) -> None:
+        life = self._life
+        needed = {i for i, w in call.dropped.items() if w() is not None and i not in call.replayed}
+        if not needed:
+            return
+        storage_tensors: dict[int, Any] = {}
+        for r in call.storages:
+            if r.placement is KEEP:
+                held = r.tensor.untyped_storage() if r.tensor is not None else r()
+                if held is not None:
+                    storage_tensors[r.index] = held
+        kept = [r.index in storage_tensors for r in call.storages]
+        structure = call.structure if not call.mismatch else None
+        if structure is not None and structure.opaque:
+            structure = None  # replay the forward as it is, under no dispatch mode
+        if structure is not None and structure.layout is not None and call.layout() != structure.layout:
+            # NOTE [Stale recordings]: inputs or parameters of another layout
+            self._planner.remeasure(call, "its inputs or parameters have another layout than its recording")
+            structure = None
+        # a caller's dispatch mode around backward (FlopCounterMode decomposes the ops it
+        # has no formula for) may show the serving mode other ops than the recording
+        callers_mode = tc.dispatch_modes_active()
+        storage_of_save: dict[int, int] = {}
+        for i in needed:
+            h = call.dropped[i]()
+            if h is not None and h.rec is not None:
+                storage_of_save[i] = h.rec.index
+        start = life.mark()
+        k_seen = -1  # ops before the replay's stop (the prefix end K), where known
+        if structure is None and call.structure is not None and not call.mismatch:
+            k_seen = len(call.structure.program(kept, needed, storage_of_save))  # opaque: plain
+        # NOTE [Calibration]: the calibration pass times plain replays
+        calibrating = call.pass_state is not None and call.pass_state.phase == "calibrate"
+        while True:
+            program = None
+            run_seconds = 0.0
+            if structure is not None:
+                program = structure.program(kept, needed, storage_of_save)
+                k_seen = len(program)
+                if calibrating:
+                    program = None
+                else:
+                    pays, run_seconds = self._serving_pays(call, structure, program)
+                    if not pays:
+                        program = None  # replay as it is: cheaper than the dispatch mode here
+            inputs = None
+            if call.inputs is not None and any(x is None for x in call.inputs.tensors):
+                inputs = replay_arguments(call.inputs, call.name, self._reloaded_inputs(call))
+            try:
+                captured = replay_call(
+                    call, needed, inputs=inputs, program=program, storage_tensors=storage_tensors
+                )
+                break
+            except torch.OutOfMemoryError:
+                life.on_oom(call.pass_state)
+                raise
+            except ReplayDivergedError as exc:
+                if structure is not None and program is not None and isinstance(exc, CastDivergedError):
+                    # NOTE [Autocast cache]: a parameter object other than the recorded one
+                    # (parameters replaced since the recording): replay this region plainly
+                    self._planner.distrust(call.name, structure)
+                    structure = None
+                    log.warning(
+                        "offrecomp: replay of region %r under the dispatch mode diverged at a cast "
+                        "of a parameter (%s); replaying it plainly from now on",
+                        call.name, exc,
+                    )
+                    continue
+                if structure is not None and program is not None and callers_mode:
+                    structure = None  # this replay runs plainly (see callers_mode)
+                    continue
+                if structure is not None and program is not None and isinstance(exc, PlaceholderReadError):
+                    structure.placeholders_ok = False
+                    log.warning(
+                        "offrecomp: replay of region %r with placeholders diverged (%s); "
+                        "replaying it without placeholders from now on",
+                        call.name, exc,
+                    )
+                    continue
+                region = call.region
+                if structure is not None and program is not None and region is not None:
+                    # see NOTE [Stale recordings]
+                    if structure.self_changing and not region.remeasured:
+                        region.remeasured = True  # recorded at its state's first use: again
+                        self._planner.remeasure(call, "its recording built state on first use")
+                        structure = None
+                        continue
+                    if structure.self_changing or module_state(region.modules) != structure.state:
+                        self._stale_recording(call, structure, str(exc).removeprefix("offrecomp: "))
+                        structure = None
+                        continue
+                raise ReplayDivergedError(
+                    f"{exc}. The region's forward is not a deterministic function of its inputs "
+                    "(data-dependent control flow, or state that changed since the forward). "
+                    "Hint: keep this region's activations (mode='keep', or exclude it with "
+                    "regions=)."
+                ) from exc
+        end = life.mark()
+        p = call.pass_state
+        # a replay inside the region's own forward (NOTE [Backward inside a forward]), or
+        # outside any backward (a saved tensor read before it), is not a backward's replay
+        timed = call.exited and not life.forwards_running and _graph_task_id() != -1
+        if p is not None and timed and program is not None:
+            p.dispatch_replays.append((start, end, len(program), run_seconds))
+        elif p is not None and timed and k_seen >= 0:
+            p.plain_replays.append((call.ordinal, start, end, k_seen))
+        call.replayed.update(captured)
+        dropped = sum(r.nbytes for r in call.storages if r.placement == RECOMPUTE)
+        life.replay_started(call, start, end, dropped, timed=timed)
+
+    def _stale_recording(self, call: RegionCall, structure: Any, why: str) -> None:
+        """NOTE [Stale recordings]: ``call``'s region replays plainly from now on."""
+        self._planner.distrust(call.name, structure)
+        warn_once(
+            f"stale:{call.name}",
+            "offrecomp: region %r no longer runs the ops its measuring pass recorded (%s): "
+            "state its forward reads changed since (a dropout rate, a hook, a momentum); it "
+            "replays plainly from now on",
+            call.name, why,
+        )
+
+    def _serving_pays(self, call: RegionCall, structure: Any, program: list[int]) -> tuple[bool, float]:
+        """NOTE [Serving overhead]: replaying under the dispatch mode costs time for every
+        op it sees (host work the device may wait on). It pays only when the ops it skips
+        (served or stubbed) take longer than that; otherwise a plain replay, which runs
+        the whole prefix at full launch speed, is faster. The cost per op starts at
+        SERVING_OVERHEAD_SECONDS (planning/replay_cost.py) and is learnt from the
+        dispatch-mode replays that run (``Planner.replay_op_seconds``); the planner prices replays with the same rule
+        (``Profile.replay_op_seconds``), so the plan it predicts is the replay that runs.
+        Op times are the calibrated ones where the plan has them, else the recording's.
+        Returns (dispatch mode pays, seconds of the ops it would run)."""
+        ops = call.op_times.ops if call.op_times is not None else structure.op_records
+        seconds = [op.seconds for op in ops]
+        run = skipped = 0.0
+        for a, s in zip(program, seconds):
+            if a == RUN:
+                run += s
+            else:
+                skipped += s
+        if PLACEHOLDER not in program and SERVE not in program:
+            return False, run
+        return skipped >= len(program) * self._planner.replay_op_seconds, run
+
+    def _reloaded_inputs(self, call: RegionCall) -> list[torch.Tensor]:
+        assert call.inputs is not None
+        out: list[torch.Tensor] = []
+        group = None
+        for i, t in enumerate(call.inputs.tensors):
+            if t is not None:
+                out.append(t)
+                continue
+            rec, meta = call.offloaded_inputs[i]
+            group = rec.group
+            assert group is not None
+            buf = self._groups.fetch(group, call)
+            size, stride, offset, dtype = meta
+            out.append(view_on(buf.untyped_storage(), group.offsets[rec.slot], dtype, size, stride, offset))
+        if group is not None and group.uses >= group.handles:
+            self._groups.release_device(group)  # the replay's inputs hold what they need
+        return out
