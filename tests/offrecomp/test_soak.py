@@ -173,12 +173,12 @@ def test_an_oom_raised_outside_the_model_gives_a_safer_plan(
 def test_an_oom_a_replay_raised_is_counted_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """NOTE [Unseen out-of-memory errors]: a replay's OOM, told to the planner where it
     is caught, is not counted again by the next pass's end (one shrink, to 70%)."""
-    from offrecomp import hooks
+    from offrecomp import regenerate
     from offrecomp.measure import DeviceClock
 
     ooms = {"n": 0, "arm": False}
     monkeypatch.setattr(DeviceClock, "oom_count", lambda self, stats=None: ooms["n"])
-    original = hooks.replay_call
+    original = regenerate.replay_call
 
     def replay(*args: Any, **kwargs: Any) -> Any:
         if ooms["arm"]:
@@ -187,7 +187,7 @@ def test_an_oom_a_replay_raised_is_counted_once(monkeypatch: pytest.MonkeyPatch)
             raise torch.OutOfMemoryError("CUDA out of memory (simulated, in a replay)")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(hooks, "replay_call", replay)
+    monkeypatch.setattr(regenerate, "replay_call", replay)
     model, batch = make("gpt_dropout")
     budget = tight_budget(model, batch)
     m = twin(model)
