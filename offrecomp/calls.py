@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["RegionCalls", "first_device"]
 
-KEEP, OFFLOAD = Placement.KEEP, Placement.OFFLOAD
+KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
 
 
 class RegionCalls:
@@ -265,11 +265,13 @@ class RegionCalls:
     # off in backward] in backward_entry.py): each region call whose forward runs on this
     # thread keeps (or offloads) every storage it saves from then on, and its region is
     # never recomputed again (``Region.accumulates``, read by ``Placements.droppable`` and
-    # by the planner's profile). What those calls dropped before needs nothing more: a
-    # replay stops right after the last save it regenerates (NOTE [Replay], step 5),
-    # before the backward. A replay that meets such a backward all the same (a forward
-    # that ran it only in the replay: it reads a Python counter, say) raises rather than
-    # add twice.
+    # by the planner's profile). What those calls dropped before and still exists is
+    # held from then on (a later save of the same storage, after the backward, would
+    # otherwise need a replay through it); what they dropped and freed is regenerated
+    # by a replay that stops right after its last save (NOTE [Replay], step 5), before
+    # the backward. A replay that reaches such a backward all the same (a forward that
+    # runs it only in some calls, on a Python counter, say) raises rather than add
+    # twice.
 
     def accumulating_backward(self) -> None:
         """A backward that accumulates into ``.grad`` is about to run on this thread (NOTE
@@ -277,16 +279,16 @@ class RegionCalls:
         replayed = replayed_regions()
         if replayed:
             raise RuntimeError(
-                f"offrecomp: a replay of region {replayed[-1]!r} runs a backward that accumulates into "
-                ".grad, which its forward did not run: the gradients would be added twice. "
-                "Hint: keep this region (mode='keep' or regions=), or skip the backward when "
-                "offrecomp.in_replay() is true."
+                f"offrecomp: a replay of region {replayed[-1]!r} reached a backward that "
+                "accumulates into .grad; running it again would add its gradients twice. "
+                "Hint: keep this region (mode='keep', or leave it out with regions=)."
             )
         for call in self._life.stack.calls:
             region = call.region
             if call.exited or region is None:
                 continue
             call.fixed = call.table = None  # its later saves go to the rules: kept or offloaded
+            _hold_dropped(call)
             if region.accumulates:
                 continue
             region.accumulates = True
@@ -297,6 +299,27 @@ class RegionCalls:
                 "it is never recomputed",
                 call.name,
             )
+
+
+def _hold_dropped(call: RegionCall) -> None:
+    """Keep every storage ``call`` dropped so far that still exists (NOTE [Accumulating
+    backward in a forward]): its saves, made and to come, read it as kept."""
+    p = call.pass_state
+    for rec in call.storages:
+        if rec.placement is not RECOMPUTE:
+            continue
+        storage = rec()
+        if storage is None:  # freed: a later save at its pointer is another storage
+            continue
+        rec.placement = KEEP
+        rec.tensor = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+        if p is not None:
+            p.stats.recomputed_bytes -= rec.nbytes
+            p.stats.keep(rec)
+    for idx, ref in list(call.dropped.items()):
+        h = ref()
+        if h is None or h.rec.placement is KEEP:
+            del call.dropped[idx]
 
 
 def first_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:

@@ -461,7 +461,7 @@ class Placer:
                 # as long as it needs them. A later backward (retain_graph) reloads it.
                 self._groups.release_device(group)
             return t
-        if placement is KEEP:  # an offload the pool refused at issue
+        if placement is KEEP:  # an offload the pool refused at issue, or a drop held since
             kept = rec.tensor
             assert kept is not None
             if kind is TypedHandle and kept._version != h.version:  # NOTE [Writes after a save]

@@ -70,7 +70,11 @@ class Regenerator:
     #   ``RegionCall.layout()`` is compared with the recording's before a serving
     #   replay; on a difference the replay runs plainly and the signature measures
     #   again. A non-contiguous input's strides are part of the signature, so layouts
-    #   that alternate get a recording each.
+    #   that alternate get a recording each. Storage offsets are not compared: an op
+    #   whose output shares a storage with one of its inputs is a view, which a replay
+    #   runs and never serves (NOTE [Which ops replay runs]), and every output it
+    #   serves is on a storage of its own. So micro-batches sliced from one batch
+    #   (``x[i * b:(i + 1) * b]``) replay as their recording does.
     # - a recording of a call that built state on first use (a cache made and kept in
     #   an attribute or a buffer; ``RegionStructure.self_changing``): later calls run
     #   other ops. The first divergence replays plainly and measures the signature

@@ -86,7 +86,8 @@ def in_replay() -> bool:
     """True while offrecomp replays a region's forward on this thread.
 
     Region code with side effects that must happen once (logging, counters, caches) can
-    skip them when this is true.
+    skip them when this is true. Skip nothing that saves tensors for backward (ops on
+    tensors that require grad): a replay numbers its saves as the forward did.
     """
     return _tls.depth > 0
 

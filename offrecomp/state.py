@@ -419,17 +419,17 @@ class RegionCall(_WeakReferable):
         return lease
 
     def layout(self) -> tuple[Any, ...]:
-        """The strides (and for inputs, storage offsets) of the call's tensor inputs and
-        parameters at entry: with the signature's sizes and dtypes they fix every
-        intermediate's geometry (NOTE [Stale recordings] in regenerate.py)."""
+        """The strides of the call's tensor inputs and parameters at entry: with the
+        signature's sizes and dtypes they fix the geometry of every output a replay serves
+        (NOTE [Stale recordings] in regenerate.py). Storage offsets are no part of it."""
         out: list[Any] = []
         if self.inputs is not None:
             for i, t in enumerate(self.inputs.tensors):
                 if t is None:  # sent to host memory: its geometry went with it
                     sent = self.offloaded_inputs.get(i)
-                    out.append((sent[1][1], sent[1][2]) if sent is not None else None)
+                    out.append(sent[1][1] if sent is not None else None)
                 elif t.layout is torch.strided and not t.is_nested:
-                    out.append((t.stride(), t.storage_offset()))
+                    out.append(t.stride())
                 else:
                     out.append(None)
         if self.params is not None:

@@ -124,7 +124,7 @@ class RegionStructure:
     [Autocast cache])."""
     state: tuple[Any, ...] | None = None
     """``module_state`` of the recorded call's region at its exit (NOTE [Stale
-    recordings] in hooks.py)."""
+    recordings] in regenerate.py)."""
     self_changing: bool = False
     """The recorded call changed its modules' attributes or replaced a buffer (a cache
     built on first use): later calls may run other ops (NOTE [Stale recordings])."""

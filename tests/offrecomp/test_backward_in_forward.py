@@ -176,7 +176,8 @@ def test_force_field_blocks_on_cuda(variant: str) -> None:
 class LocalLossBlock(nn.Module):
     """Trains a probe of its own on a local loss inside its forward (as greedy
     layer-wise and local-learning setups do): ``loss.backward()`` mid-forward
-    accumulates into the probe's ``.grad``, and the block goes on computing after it."""
+    accumulates into the probe's ``.grad``, and the block goes on computing after it,
+    saving again a tensor it saved before."""
 
     def __init__(self, h: int = 32) -> None:
         super().__init__()
@@ -189,7 +190,8 @@ class LocalLossBlock(nn.Module):
         if torch.is_grad_enabled():
             local = self.probe(F.dropout(h.detach(), 0.1, self.training)).square().mean()
             local.backward()
-        return x + self.out(F.dropout(torch.relu(h), 0.1, self.training))
+        # ``out`` saves h again, after the backward
+        return x + self.out(h) + F.dropout(torch.relu(h), 0.1, self.training)
 
 
 def _local_model() -> nn.Module:
@@ -229,7 +231,7 @@ def test_a_replay_meeting_an_accumulating_backward_raises() -> None:
     x = _batch(0)
     with offrecomp.runtime(m, mode="recompute") as rt:
         loss = m(x)
-        with pytest.raises(RuntimeError, match=r"runs a backward that accumulates into \.grad.*added twice"):
+        with pytest.raises(RuntimeError, match=r"reached a backward that accumulates into \.grad.*twice"):
             loss.backward()
     assert not any(r.accumulates for r in rt._regions)
     assert all(p.grad is None for n, p in m.named_parameters() if "probe" in n)

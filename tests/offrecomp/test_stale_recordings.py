@@ -1,4 +1,4 @@
-"""NOTE [Stale recordings] (offrecomp/hooks.py): a signature's op recording no longer
+"""NOTE [Stale recordings] (offrecomp/regenerate.py): a signature's op recording no longer
 describes its forward (state changed between steps, another layout at the same sizes);
 replays under the dispatch mode then replay plainly, bitwise equal to plain."""
 
@@ -159,3 +159,35 @@ def test_a_recording_of_a_call_that_built_its_cache_measures_again() -> None:
 
     rt = _check(model, batch, lambda m, s: None)
     assert [s.phase for s in rt.report().steps][:5] == ["measure", "calibrate", "planned", "measure", "calibrate"]
+
+
+def test_micro_batches_sliced_from_one_batch_replay_as_recorded() -> None:
+    """Gradient accumulation over slices of one batch: each micro-batch's input has
+    another storage offset, which no served output depends on, so the signature plans
+    and its replays serve (NOTE [Stale recordings])."""
+    torch.manual_seed(0)
+    model = Stack([_DropNormBlock() for _ in range(3)])
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(8, 12, 16, generator=torch.Generator().manual_seed(s))
+
+    def loop(m: Stack, rt: Any) -> list[dict[str, torch.Tensor]]:
+        out = []
+        with rt if rt is not None else contextlib.nullcontext():
+            for step in range(6):
+                torch.manual_seed(step)
+                x = batch(step)
+                with rt.step() if rt is not None else contextlib.nullcontext():
+                    for k in range(2):
+                        m(x[4 * k : 4 * (k + 1)]).backward()
+                out.append({f"grad.{n}": p.grad.clone() for n, p in m.named_parameters()})
+                m.zero_grad(set_to_none=True)
+        return out
+
+    ref = loop(copy.deepcopy(model), None)
+    m = copy.deepcopy(model)
+    rt = variant_runtime(m, "auto_serve", tight_budget(model, lambda s: batch(s)[:4]))
+    assert_bitwise(ref, loop(m, rt))
+    steps = rt.report().steps
+    assert steps[-1].phase == "planned", [s.phases for s in steps]
+    assert steps[-1].served_ops > 0 and steps[-1].recomputed_bytes > 0
