@@ -74,7 +74,9 @@ class Regenerator:
     #   whose output shares a storage with one of its inputs is a view, which a replay
     #   runs and never serves (NOTE [Which ops replay runs]), and every output it
     #   serves is on a storage of its own. So micro-batches sliced from one batch
-    #   (``x[i * b:(i + 1) * b]``) replay as their recording does.
+    #   (``x[i * b:(i + 1) * b]``) replay as their recording does. Which inputs share a
+    #   storage is compared: each input storage takes one storage index, so inputs that
+    #   are views of one tensor in one pass and not in another shift every index after.
     # - a recording of a call that built state on first use (a cache made and kept in
     #   an attribute or a buffer; ``RegionStructure.self_changing``): later calls run
     #   other ops. The first divergence replays plainly and measures the signature

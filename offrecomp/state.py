@@ -419,11 +419,17 @@ class RegionCall(_WeakReferable):
         return lease
 
     def layout(self) -> tuple[Any, ...]:
-        """The strides of the call's tensor inputs and parameters at entry: with the
-        signature's sizes and dtypes they fix the geometry of every output a replay serves
-        (NOTE [Stale recordings] in regenerate.py). Storage offsets are no part of it."""
+        """Which of the call's tensor inputs share a storage, and the strides of its inputs
+        and parameters at entry: with the signature's sizes and dtypes they fix the call's
+        storage indices and the geometry of every output a replay serves (NOTE [Stale
+        recordings] in regenerate.py). Storage offsets are no part of it."""
         out: list[Any] = []
         if self.inputs is not None:
+            # which inputs share a storage: it fixes the call's storage indices
+            first: dict[int, int] = {}
+            for i, t in enumerate(self.inputs.tensors):
+                if t is not None and t.layout is torch.strided and not t.is_nested:
+                    out.append(first.setdefault(t.untyped_storage().data_ptr(), i))
             for i, t in enumerate(self.inputs.tensors):
                 if t is None:  # sent to host memory: its geometry went with it
                     sent = self.offloaded_inputs.get(i)
