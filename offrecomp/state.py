@@ -426,9 +426,14 @@ class RegionCall(_WeakReferable):
         out: list[Any] = []
         if self.inputs is not None:
             # which inputs share a storage: it fixes the call's storage indices
+            # (one sent to host memory answers with its record's pointer at entry)
             first: dict[int, int] = {}
             for i, t in enumerate(self.inputs.tensors):
-                if t is not None and t.layout is torch.strided and not t.is_nested:
+                if t is None:
+                    sent = self.offloaded_inputs.get(i)
+                    if sent is not None:
+                        out.append(first.setdefault(sent[0].ptr, i))
+                elif t.layout is torch.strided and not t.is_nested:
                     out.append(first.setdefault(t.untyped_storage().data_ptr(), i))
             for i, t in enumerate(self.inputs.tensors):
                 if t is None:  # sent to host memory: its geometry went with it
