@@ -19,6 +19,12 @@ since. Backwards on two threads may both reach the root's last run: its issue ru
 under a lock, and the group stays the call's until its storages' placements are final,
 so the other thread waits for it rather than reading a group not laid out yet.
 
+NOTE [Copies under inference mode]
+A backward run under ``torch.inference_mode()`` issues reloads (and a root run's copy)
+there: buffers and views made in inference mode are inference tensors, and a copy into
+them outside it (the emulated side stream's worker thread, a reused reload buffer in a
+later step) raises. The engine is entered with inference mode off.
+
 NOTE [Pool lifetime]
 Pinning host memory is slow (cudaHostAlloc, and it synchronises the device), so the
 pinned pool is the runtime's, not the context's: a normal exit keeps it for the next
@@ -173,7 +179,11 @@ class OffloadGroups:
             if group is None:
                 return
             try:
-                self._issue(call, group)
+                if torch.is_inference_mode_enabled():  # NOTE [Copies under inference mode]
+                    with torch.inference_mode(False):
+                        self._issue(call, group)
+                else:
+                    self._issue(call, group)
             finally:
                 call.group = None
 
@@ -212,7 +222,11 @@ class OffloadGroups:
                 "offrecomp: the offload engine of this saved tensor's runtime was closed while "
                 "the tensor still needed it"
             )
-        buf = engine.fetch(group)
+        if torch.is_inference_mode_enabled():  # NOTE [Copies under inference mode]
+            with torch.inference_mode(False):
+                buf = engine.fetch(group)
+        else:
+            buf = engine.fetch(group)
         p = call.pass_state
         if p is not None:
             p.stats.sample(engine.device_bytes)

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import offrecomp
+from offrecomp import backends
 from tests import models
 from tests.helpers import ZOO_VARIANTS, assert_bitwise, variant_runtime
 
@@ -474,6 +475,15 @@ def loop_backward_in_inference_mode(model: nn.Module, rt: offrecomp.Runtime | No
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_backward_under_inference_mode(variant: str) -> None:
     _run("backward_inference_mode", loop_backward_in_inference_mode, variant)
+
+
+def test_reloads_of_a_backward_under_inference_mode_copied_on_another_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The emulated side stream's worker runs every copy (the thread that waits never
+    does, and nothing is delayed): buffers and views made for a reload are ordinary
+    tensors, as the thread copying into them is not in inference mode."""
+    monkeypatch.setattr(backends, "START_DELAY_S", 0.0)
+    monkeypatch.setattr(backends.EmulatedBackend, "_help", lambda self, stream: False)
+    _run("backward_inference_mode", loop_backward_in_inference_mode, "offload")
 
 
 def loop_accumulate_mixed_lengths(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
