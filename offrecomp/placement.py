@@ -29,6 +29,15 @@ call and ``decide`` reads the k-th entry when the storage has the planned size. 
 else (a size the plan did not see, a borrowed plan, a region whose forward runs a
 backward) goes through the rules, which also handle the mismatch.
 
+NOTE [Region inputs of another storage size]
+A region input's storage is the whole tensor it views: micro-batches sliced from one
+batch have the batch's storage, whose size is the loop's, not the region's. An input
+storage of another size than in the recording is therefore no sign that the call ran
+other ops (the signature fixes the inputs' sizes; ``RegionCall.layout`` their strides):
+it takes the plan's placement when smaller than the recorded one, and is kept when
+larger (an offload of it would copy more than the plan booked), and the call stays
+planned.
+
 NOTE [Kept planned calls]
 A call of a planned pass whose plan keeps every one of its storages has nothing to
 decide and nothing to replay: ``fixed`` gives it KEEP, as a forced keep, so it takes no
@@ -211,6 +220,9 @@ class Placements:
             ok = index < len(placements)
             if ok and structure is not None:
                 recs = structure.storage_records
+                if kind == "input" and index < len(recs) and recs[index].kind == "input" and recs[index].nbytes != nbytes:
+                    # a sliced batch of another size (NOTE [Region inputs of another storage size])
+                    return placements[index] if nbytes < recs[index].nbytes else KEEP
                 ok = index < len(recs) and recs[index].nbytes == nbytes and recs[index].kind != "external"
                 if index < len(recs) and recs[index].kind == "external" and recs[index].nbytes == nbytes:
                     # NOTE [Small storages]: only the most frugal plan drops one

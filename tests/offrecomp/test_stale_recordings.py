@@ -161,15 +161,18 @@ def test_a_recording_of_a_call_that_built_its_cache_measures_again() -> None:
     assert [s.phase for s in rt.report().steps][:5] == ["measure", "calibrate", "planned", "measure", "calibrate"]
 
 
-def test_micro_batches_sliced_from_one_batch_replay_as_recorded() -> None:
+@pytest.mark.parametrize("batches", ["one_size", "sizes_varying"])
+def test_micro_batches_sliced_from_one_batch_replay_as_recorded(batches: str, caplog: pytest.LogCaptureFixture) -> None:
     """Gradient accumulation over slices of one batch: each micro-batch's input has
     another storage offset, which no served output depends on, so the signature plans
-    and its replays serve (NOTE [Stale recordings])."""
+    and its replays serve (NOTE [Stale recordings]); also when the batch they are sliced
+    from has another size each step (NOTE [Region inputs of another storage size])."""
     torch.manual_seed(0)
     model = Stack([_DropNormBlock() for _ in range(3)])
 
     def batch(s: int) -> torch.Tensor:
-        return torch.randn(8, 12, 16, generator=torch.Generator().manual_seed(s))
+        rows = 8 + 4 * (s % 2) if batches == "sizes_varying" else 8
+        return torch.randn(rows, 12, 16, generator=torch.Generator().manual_seed(s))
 
     def loop(m: Stack, rt: Any) -> list[dict[str, torch.Tensor]]:
         out = []
@@ -191,6 +194,7 @@ def test_micro_batches_sliced_from_one_batch_replay_as_recorded() -> None:
     steps = rt.report().steps
     assert steps[-1].phase == "planned", [s.phases for s in steps]
     assert steps[-1].served_ops > 0 and steps[-1].recomputed_bytes > 0
+    assert not any("saved other tensors" in r.getMessage() for r in caplog.records)
 
 
 class _TwoInputBlock(nn.Module):
