@@ -64,8 +64,8 @@ class Regenerator:
     #   on (such state may change every step). A divergence the modules do not explain
     #   (state outside them, changed since this pass's forward) raises
     #   ``ReplayDivergedError``, as a plain replay would compute other values;
-    # - inputs or parameters of another layout at the same sizes (a transposed input, a
-    #   model moved to channels_last): every op dispatches as recorded, but served
+    # - inputs, parameters or buffers of another layout at the same sizes (a transposed
+    #   input, a model moved to channels_last): every op dispatches as recorded, but served
     #   outputs would read held storages with the recorded strides. Each call's
     #   ``RegionCall.layout()`` is compared with the recording's before a serving
     #   replay; on a difference the replay runs plainly and the signature measures
@@ -77,6 +77,10 @@ class Regenerator:
     #   (``x[i * b:(i + 1) * b]``) replay as their recording does. Which inputs share a
     #   storage is compared: each input storage takes one storage index, so inputs that
     #   are views of one tensor in one pass and not in another shift every index after.
+    #   A buffer's strides are those of the tensor the replay reads: as at entry if the
+    #   forward changed it, else as its slot holds it. Tensors the forward reads from
+    #   elsewhere (a module attribute, an argument object) have no entry to compare: no
+    #   op their geometry may reach is served (NOTE [Which ops replay runs]).
     # - a recording of a call that built state on first use (a cache made and kept in
     #   an attribute or a buffer; ``RegionStructure.self_changing``): later calls run
     #   other ops. The first divergence replays plainly and measures the signature
@@ -100,8 +104,8 @@ class Regenerator:
         if structure is not None and structure.opaque:
             structure = None  # replay the forward as it is, under no dispatch mode
         if structure is not None and structure.layout is not None and call.layout() != structure.layout:
-            # NOTE [Stale recordings]: inputs or parameters of another layout
-            self._planner.remeasure(call, "its inputs or parameters have another layout than its recording")
+            # NOTE [Stale recordings]: inputs, parameters or buffers of another layout
+            self._planner.remeasure(call, "its inputs, parameters or buffers have another layout than its recording")
             structure = None
         # a caller's dispatch mode around backward (FlopCounterMode decomposes the ops it
         # has no formula for) may show the serving mode other ops than the recording

@@ -722,6 +722,16 @@ class BufferState:
     """(slot index, version at region exit) of the buffers the forward left as they were,
     filled at region exit: a replay must not read one written since (``modified_buffers``)."""
 
+    def strides(self) -> list[tuple[int, ...] | None]:
+        """The strides of the buffers a replay reads: a buffer the forward changed as at
+        entry (the replay restores it), any other as its slot holds it now."""
+        out: list[tuple[int, ...] | None] = []
+        for (m, n), b in zip(self.slots, self.objects):
+            if b is None:
+                b = buffer_of(m, n)
+            out.append(b.stride() if b is not None and b.layout is torch.strided else None)
+        return out
+
 
 def capture_buffers(slots: tuple[tuple[nn.Module, str], ...]) -> BufferState | None:
     if not slots:

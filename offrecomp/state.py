@@ -419,8 +419,8 @@ class RegionCall(_WeakReferable):
         return lease
 
     def layout(self) -> tuple[Any, ...]:
-        """Which of the call's tensor inputs share a storage, and the strides of its inputs
-        and parameters at entry: with the signature's sizes and dtypes they fix the call's
+        """Which of the call's tensor inputs share a storage, and the strides of its inputs,
+        parameters and buffers at entry: with the signature's sizes and dtypes they fix the call's
         storage indices and the geometry of every output a replay serves (NOTE [Stale
         recordings] in regenerate.py). Storage offsets are no part of it."""
         out: list[Any] = []
@@ -447,6 +447,8 @@ class RegionCall(_WeakReferable):
             out.extend(
                 t.stride() if t is not None and t.layout is torch.strided else None for t in self.params.objects
             )
+        if self.buffers is not None:  # a model moved to channels_last restrides its buffers
+            out.extend(self.buffers.strides())
         return tuple(out)
 
     @property

@@ -48,8 +48,12 @@ the recorded path through the region's Python code. It does not, or may not, whe
     *opaque*: replay reruns the prefix plainly, following this pass's own branches;
   * an op read a tensor that no op of the region created and that is neither a region
     input nor a parameter or buffer (``torch.tensor(x.tolist())``, ``from_numpy``): a
-    Python-side value path the dispatcher cannot see. Then replay serves held outputs but
-    hands out no placeholders (every op in the prefix runs or is served).
+    Python-side value path the dispatcher cannot see, or a tensor held in a module
+    attribute or inside an argument object). Then replay hands out no placeholders, and
+    serves no output of that op nor of any op that reads, directly or through other ops,
+    what it produced: a served output takes the recorded strides, and an op's output
+    strides follow its inputs', which for such a tensor nothing at the call's entry
+    fixes (``RegionCall.layout`` holds those of its inputs, parameters and buffers).
 Replay checks that it dispatches the same ops with the same non-tensor arguments as the
 forward. If a replay with placeholders diverges anyway, it is redone without
 placeholders and the region never uses them again (logged once); a replay without
@@ -358,13 +362,18 @@ def _add_recorded_ops(
         written.update(op.written_sids)
     creator: dict[int, int] = {}  # sid -> op that allocated it
     placeholders_ok = not opaque
+    unfixed: set[int] = set()  # ops whose output geometry an unseen tensor may set
     for k, op in enumerate(rec.ops):
         reads, unseen = _reads(op, creator, rec.known_sids)
         if unseen:
             placeholders_ok = False  # a value from a path the dispatcher cannot see
+        if unseen or any(r in unfixed for r in reads):
+            unfixed.add(k)
         writes_foreign = any(sid not in creator or sid in rec.known_sids for sid in op.written_sids)
         out = _outputs(op, k, creator, producer, sid_to_storage, written)
         role = _role(op, out, writes_foreign, opaque)
+        if k in unfixed and role.servable:
+            role = role._replace(servable=False)
         table.add(
             OpRecord(
                 seconds=float(op_seconds[k]),

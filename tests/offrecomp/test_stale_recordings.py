@@ -129,7 +129,7 @@ def test_another_layout_at_the_same_sizes_replays_plainly(what: str, caplog: pyt
     if what == "input":
         assert len(rt.planner.entries) == 2
     else:
-        assert "its inputs or parameters have another layout than its recording" in caplog.text
+        assert "its inputs, parameters or buffers have another layout than its recording" in caplog.text
 
 
 class _LazyCacheBlock(nn.Module):
@@ -251,3 +251,83 @@ def test_inputs_sharing_a_storage_in_some_passes_only_replay_plainly() -> None:
     rt = variant_runtime(m, "auto_serve", budget)
     assert_bitwise(ref, loop(m, rt))
     assert rt.report().steps[-1].recomputed_bytes > 0
+
+
+class _Holder:
+    def __init__(self, c: torch.Tensor) -> None:
+        self.c = c
+
+
+class _ScaledBlock(nn.Module):
+    """``c * h`` takes its strides from ``c``, which reaches the block as a buffer, a
+    module attribute or an argument object's attribute (``where``)."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.where = where
+        self.w = nn.Parameter(torch.randn(16, 16) / 4)
+        self.ctx: torch.Tensor | None = None
+        if where == "buffer":
+            self.register_buffer("c", torch.linspace(-1, 1, 96).view(6, 16))
+
+    def forward(self, x: torch.Tensor, holder: _Holder | None = None) -> torch.Tensor:
+        c = self.c if self.where == "buffer" else self.ctx if self.where == "attribute" else holder.c  # type: ignore[union-attr]
+        g = c * torch.sin(x @ self.w)
+        return x + torch.exp(torch.cos(torch.sin(g)))
+
+
+class _ScaledModel(nn.Module):
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.where = where
+        self.blocks = nn.ModuleList(_ScaledBlock(where) for _ in range(3))
+        self.restrided = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = torch.linspace(-1, 1, 96).view(6, 16)
+        c = c.t().contiguous().t() if self.restrided else c
+        for b in self.blocks:
+            if self.where == "buffer":
+                if self.restrided and b.c.is_contiguous():
+                    b.c = b.c.t().contiguous().t()  # the same values, other strides
+                x = b(x)
+            elif self.where == "attribute":
+                b.ctx = c
+                x = b(x)
+            else:
+                x = b(x, _Holder(c))
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("where", ["buffer", "attribute", "argument_object"])
+def test_a_tensor_read_beside_the_inputs_restrided_between_steps(where: str) -> None:
+    """A buffer (NOTE [Stale recordings]: its strides are part of the layout), or a
+    tensor from a module attribute or an argument object (NOTE [Which ops replay runs]:
+    no op its geometry may reach is served), of other strides from step 4: the op
+    ``c * h`` makes its output in those strides, so serving it with the recorded ones
+    would hand backward another tensor. A plan drops a storage of every block."""
+    from scheduler.plan import Placement, Plan
+
+    def loop(m: _ScaledModel, rt: Any) -> list[dict[str, torch.Tensor]]:
+        out = []
+        opt = torch.optim.SGD(m.parameters(), lr=0.05)
+        with rt if rt is not None else contextlib.nullcontext():
+            for step in range(8):
+                m.restrided = step >= 4
+                m(torch.randn(4, 6, 16, generator=torch.Generator().manual_seed(step))).backward()
+                out.append({n: p.grad.clone() for n, p in m.named_parameters()})
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        return out
+
+    torch.manual_seed(0)
+    model = _ScaledModel(where)
+    ref = loop(copy.deepcopy(model), None)
+    m = copy.deepcopy(model)
+    rt = offrecomp.runtime(m, mode="auto", min_bytes=0, replay_op_us=0)
+    drop = {(f"blocks.{i}", 0, 4): Placement.RECOMPUTE for i in range(3)}
+    rt.set_plan(Plan(placements=drop, default=Placement.KEEP))
+    assert_bitwise(ref, loop(m, rt))
+    steps = rt.report().steps
+    assert all(s.recomputed_bytes > 0 for s in steps)
+    assert steps[1].served_ops > 0  # what no such tensor reaches is still served
