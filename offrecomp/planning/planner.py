@@ -602,7 +602,8 @@ def _differed(region: Region) -> None:
         region.variable = True  # measured again, it differed again
         log.warning(
             "offrecomp: region %r saved other tensors than its profile in two planned passes "
-            "(code that branches on the data); no one recording describes its calls, so its "
-            "activations are kept or offloaded from now on, never recomputed",
+            "(code that branches on the data or on Python state, or tensors of other "
+            "layouts); no one recording describes its calls, so its activations are kept "
+            "or offloaded from now on, never recomputed",
             region.name,
         )
