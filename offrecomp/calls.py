@@ -1,7 +1,7 @@
 """Region calls: what the runtime does when a region's forward begins and returns.
 
 At entry a call joins its pass, gets its plan, captures what a replay needs (inputs,
-RNG, autocast, buffers, parameters: regions.py) and, in a measuring pass, starts its op
+RNG, autocast, buffers, parameters: regions.py and arguments.py) and, in a measuring pass, starts its op
 recorder. At exit it checks whether the forward wrote state a replay would need as it
 was, issues its offload group, and derives the region's structure from the recording.
 """
@@ -16,19 +16,17 @@ import torch
 from torch import nn
 
 from offrecomp import _torch_compat as tc
+from offrecomp.arguments import ARG_STATE_MAX_ITEMS, ArgState, capture_inputs
 from offrecomp.changes import ATTR_QUIET, changed_attrs, module_attrs, structure_epoch
 from offrecomp.config import Config
 from offrecomp.diagnostics import kind, runs_collectives, warn_collective, warn_once
 from offrecomp.groups import reads_bytes_as_stored
 from offrecomp.measure import DeviceClock
 from offrecomp.regions import (
-    ARG_STATE_MAX_ITEMS,
-    ArgState,
     Region,
     buffer_of,
     capture_autocast,
     capture_buffers,
-    capture_inputs,
     capture_params,
     capture_rng,
     finish_buffers,
@@ -177,8 +175,8 @@ class RegionCalls:
         call.default_dtype = torch.get_default_dtype()
         if p.new_signature or region.attr_quiet >= 0:  # NOTE [Module attributes]
             call.attrs = module_attrs(region.modules)
-        if region.generators:  # NOTE [Private generators]
-            call.generators = [(g, g.get_state()) for g in region.generators]
+        if region.generators or region.generator_slots or cap.generators:  # NOTE [Private generators]
+            call.generators = _entry_generators(region, cap.generators)
         if cap.objects:  # NOTE [Stateful arguments]
             call.arg_state = ArgState.capture(cap.objects, self.arg_state_limit)
             if not call.arg_state.complete and region.untracked_state is not False:
@@ -215,6 +213,9 @@ class RegionCalls:
                 _finish_attrs(call, region)
         if call.watch is not None and region is not None:
             region.generators = [g for g, _ in call.watch.generators.values()]
+            region.generator_slots = tuple(
+                (m, n) for m in region.modules for n, v in vars(m).items() if isinstance(v, torch.Generator)
+            )
             call.generators = list(call.watch.generators.values())
         if region is not None and call.watch is not None and call.watch.foreign_written:
             call.watch = None
@@ -479,3 +480,18 @@ def _check_arg_state(call: RegionCall) -> None:
         "the state its forward saw",
         call.name, types,
     )
+
+
+def _entry_generators(region: Region, arguments: list[torch.Generator]) -> list[tuple[torch.Generator, torch.Tensor]]:
+    """The states at entry of the generators a call may draw from (NOTE [Private
+    generators] in replay.py): those its region's first call drew from, those its
+    modules' generator attributes hold now (one assigned since, each step, say), and
+    those among its arguments."""
+    seen: dict[int, torch.Generator] = {id(g): g for g in region.generators}
+    for m, n in region.generator_slots:
+        g = vars(m).get(n)
+        if isinstance(g, torch.Generator):
+            seen.setdefault(id(g), g)
+    for g in arguments:
+        seen.setdefault(id(g), g)
+    return [(g, g.get_state()) for g in seen.values()]

@@ -301,6 +301,9 @@ class Placer:
         if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
             rec.save_mark = self._life.mark()
         if placement is KEEP and fallback is None:
+            if call.inputs is not None and call.fixed is None:  # NOTE [Served storages written since]
+                rec.watch = tc.version_watch(t)
+                rec.version = t._version
             # PassStats.keep, inlined: one call less on the hottest path
             stats = p.stats
             rec.resident = True
@@ -374,6 +377,8 @@ class Placer:
         for rec in call.storages:  # no later save finds them: by_ptr is cleared below
             if rec.tensor is not None:
                 rec.tensor = None
+            if rec.watch is not None:
+                rec.watch = None
         groups, call.groups = call.groups, []
         call.group = None
         for group in groups:

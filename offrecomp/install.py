@@ -60,6 +60,7 @@ from torch.nn.modules.module import (
 
 from offrecomp import _torch_compat as tc
 from offrecomp import backward_entry
+from offrecomp.arguments import ARG_STATE_MAX_ITEMS, ARG_STATE_PER_REGION
 from offrecomp.calls import RegionCalls
 from offrecomp.changes import (
     count_buffer_assignment,
@@ -80,8 +81,6 @@ from offrecomp.diagnostics import (
 from offrecomp.lifecycle import Lifecycle
 from offrecomp.native import NativeKeep
 from offrecomp.regions import (
-    ARG_STATE_MAX_ITEMS,
-    ARG_STATE_PER_REGION,
     Region,
     _is_compiled,
     compiled_module,

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from offrecomp import _torch_compat as tc
+from offrecomp.arguments import replay_arguments
 from offrecomp.changes import module_state
 from offrecomp.diagnostics import warn_once
-from offrecomp.regions import replay_arguments
 from offrecomp.replay import replay_call
 from offrecomp.state import RegionCall, view_on
 from offrecomp.trace import (
@@ -81,12 +81,26 @@ class Regenerator:
     #   forward changed it, else as its slot holds it. Tensors the forward reads from
     #   elsewhere (a module attribute, an argument object) have no entry to compare: no
     #   op their geometry may reach is served (NOTE [Which ops replay runs]).
+    # - plain arguments (numbers, strings) other than the recording's: a temperature
+    #   annealed per step, a window length. The ops may take other scalars or shapes; the
+    #   replay runs plainly (the call captured its own arguments), and the signature keeps
+    #   its recording, as such arguments may change every step.
     # - a recording of a call that built state on first use (a cache made and kept in
     #   an attribute or a buffer; ``RegionStructure.self_changing``): later calls run
     #   other ops. The first divergence replays plainly and measures the signature
     #   again; one after that replays the region plainly from then on.
     # A plain replay is right in all cases: it reruns this pass's forward from its own
     # checkpoint.
+
+    # NOTE [Served storages written since]
+    # A serving replay rebuilds outputs on the storages the call kept, so they must hold
+    # what the forward wrote. Writes inside the region are in the recording (such an op
+    # is never served); a write after the region returned is legal for autograd when no
+    # node that saved the storage runs in backward (an auxiliary output the loss never
+    # reaches, written in place). A kept activation of a call that may drop therefore
+    # keeps a storage-free alias sharing its version counter (``tc.version_watch``) and
+    # its version at save: one written since is not served from, and the op that made it
+    # runs in the replay.
 
     def replay(self, call: RegionCall) -> None:
         life = self._life
@@ -97,8 +111,9 @@ class Regenerator:
         for r in call.storages:
             if r.placement is KEEP:
                 held = r.tensor.untyped_storage() if r.tensor is not None else r()
-                if held is not None:
-                    storage_tensors[r.index] = held
+                watch = r.watch
+                if held is not None and (watch is None or watch._version == r.version):
+                    storage_tensors[r.index] = held  # NOTE [Served storages written since]
         kept = [r.index in storage_tensors for r in call.storages]
         structure = call.structure if not call.mismatch else None
         if structure is not None and structure.opaque:
@@ -107,6 +122,11 @@ class Regenerator:
             # NOTE [Stale recordings]: inputs, parameters or buffers of another layout
             self._planner.remeasure(call, "its inputs, parameters or buffers have another layout than its recording")
             structure = None
+        if (
+            structure is not None and structure.arguments is not None and call.inputs is not None
+            and call.inputs.plain_values() != structure.arguments
+        ):
+            structure = None  # NOTE [Stale recordings]: other plain arguments, this replay plainly
         # a caller's dispatch mode around backward (FlopCounterMode decomposes the ops it
         # has no formula for) may show the serving mode other ops than the recording
         callers_mode = tc.dispatch_modes_active()

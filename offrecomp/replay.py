@@ -50,16 +50,15 @@ import torch
 from torch import nn
 
 from offrecomp import _torch_compat as tc
+from offrecomp.arguments import ArgState, replay_arguments
 from offrecomp.changes import swap_attrs
 from offrecomp.regions import (
-    ArgState,
     autocast_contexts,
     buffer_of,
     capture_rng,
     modified_buffers,
     modified_params,
     param_of,
-    replay_arguments,
     restore_rng,
 )
 from offrecomp.state import RegionCall
@@ -173,10 +172,13 @@ def _no_unpack(_: Any) -> Any:
 # other activations than the forward's, silently (as torch.utils.checkpoint does). The
 # first call of each region runs under FirstCallWatch (trace/recorder.py), which records
 # every generator an op draws from, with its state at that first draw: the state at
-# entry. Later calls capture those generators' states at entry (a few KiB each). A
-# replay sets them, and sets back afterwards what it found, as for the global RNG. A
-# generator the first call did not draw from is not known; one created inside the
-# forward needs nothing (the replay creates it again).
+# entry. Later calls capture at entry the states of those generators, of the generators
+# their modules' attributes hold (one assigned anew each step), and of the generators
+# among their arguments (a few KiB each). A replay sets them, and sets back afterwards
+# what it found, as for the global RNG. A generator reached otherwise (through another
+# object) is not known: a serving replay drawing from it diverges, a plain one draws
+# other numbers. One created inside the forward needs nothing (the replay creates it
+# again).
 
 
 @contextlib.contextmanager
@@ -536,6 +538,7 @@ def _replay_until_captured(
                 structure=call.structure,
                 program=program,
                 storage_tensors=storage_tensors or {},
+                generators=[g for g, _ in call.generators or ()],
             )
         saves.begin(mode)
         rng.set_forward()

@@ -26,11 +26,10 @@ from scheduler.plan import ROOT, Placement
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from offrecomp.arguments import ArgState, CapturedInputs
     from offrecomp.regions import (
-        ArgState,
         AutocastState,
         BufferState,
-        CapturedInputs,
         ParamState,
         Region,
         RngState,
@@ -80,6 +79,8 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
     save_mark: Any = None  # clock mark of the first save (root storages)
     sid: int | None = None  # storage id in the op recording (measuring pass only)
     tensor: torch.Tensor | None = None  # held strongly: a region input, or a fallback to KEEP
+    watch: torch.Tensor | None = None  # KEEP in a call that may drop: shares the version counter (NOTE [Served storages written since])
+    version = 0  # the version at its first save, with ``watch``
 
     def __new__(
         cls, storage: Any, call: RegionCall, index: int, nbytes: int, ptr: int, placement: Placement | None

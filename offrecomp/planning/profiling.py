@@ -62,6 +62,7 @@ def record_structure(call: RegionCall, *, min_bytes: int, opaque: bool) -> None:
         compiled=region is not None and (region.compiled or region.backward_in_forward or opaque),
     )
     call.structure.layout = call.layout()
+    call.structure.arguments = call.inputs.plain_values() if call.inputs is not None else None
     if region is not None:
         call.structure.state = module_state(region.modules)
     bufs = call.buffers

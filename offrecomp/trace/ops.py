@@ -163,6 +163,8 @@ def _scalars_of(leaves: list[Any]) -> tuple[Any, ...]:
             out.append(None)
         elif isinstance(x, (int, float, bool, str)) or x is None:
             out.append(x)
+        elif isinstance(x, torch.Generator):
+            out.append("<generator>")  # which one: the serving mode checks it is the call's
         else:
             out.append(str(x))
     return tuple(out)

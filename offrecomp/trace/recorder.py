@@ -121,7 +121,7 @@ class FirstCallWatch(_RegionMode):
         self.on_foreign = on_foreign
         """Called at the first write to one of them (NOTE [State written by its region])."""
         self.foreign_written = False
-        # storage -> (holder, index): regions.CapturedInputs and regions.ParamState, each
+        # storage -> (holder, index): arguments.CapturedInputs and regions.ParamState, each
         # with keep_copy(index)
         self.by_ptr: dict[int, list[tuple[Any, int]]] = {}
         for holder, tensors in ((cap, cap.tensors), (params, params.objects if params is not None else ())):

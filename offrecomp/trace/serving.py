@@ -80,9 +80,13 @@ class ServingMode(_RegionMode):
         structure: RegionStructure,
         program: Sequence[int],
         storage_tensors: dict[int, Any],
+        generators: Sequence[torch.Generator] = (),
     ) -> None:
         super().__init__()
         self.region_name = region_name
+        self.generators = generators
+        """The generators whose states the call captured at entry, set by the replay: an
+        op drawing from another one would draw other numbers than the forward did."""
         self.structure = structure
         self.program = program
         self.storage_tensors = storage_tensors
@@ -111,6 +115,12 @@ class ServingMode(_RegionMode):
         kind = CastDivergedError if cast else PlaceholderReadError if placeholder else ReplayDivergedError
         self.diverged = kind(msg)
         return self.diverged
+
+    def _known(self, g: torch.Generator) -> bool:
+        """Is ``g`` one of the call's captured generators? The dispatcher hands a mode a new
+        Python object for a generator, so it is told by its state, which the replay set."""
+        state = g.get_state()
+        return any(c.device == g.device and torch.equal(c.get_state(), state) for c in self.generators)
 
     def is_placeholder(self, t: torch.Tensor) -> bool:
         """True when ``t`` lies in a placeholder's storage (its values are garbage)."""
@@ -157,6 +167,14 @@ class ServingMode(_RegionMode):
                     f"offrecomp: replay of region {self.region_name!r} diverged at op {k} ({name}): "
                     f"non-tensor arguments {scalars} differ from the recorded forward's "
                     f"{st.op_scalars[k]}"
+                )
+            if "<generator>" in scalars and not all(
+                self._known(x) for x in leaves if isinstance(x, torch.Generator)
+            ):
+                raise self.diverge(
+                    f"offrecomp: replay of region {self.region_name!r} diverged at op {k} ({name}): "
+                    "it draws from a generator that is neither an argument of the call nor an "
+                    "attribute of its modules, whose state at the forward is not known"
                 )
             if not st.view_ops[k]:
                 self.ran += 1

@@ -135,6 +135,9 @@ class RegionStructure:
     layout: tuple[Any, ...] | None = None
     """The recorded call's ``RegionCall.layout()``: the geometry its served outputs
     assume (NOTE [Stale recordings] in regenerate.py)."""
+    arguments: tuple[Any, ...] | None = None
+    """The recorded call's ``CapturedInputs.plain_values()``: a call with others (a
+    temperature annealed per step) may run other ops or scalars, and replays plainly."""
     small_storages: tuple[int, ...] = ()
     """Storages made in the region that are ``external`` only for being under the
     runtime's ``min_bytes``: the most frugal plan may drop them (NOTE [Small storages])."""

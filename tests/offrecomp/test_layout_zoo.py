@@ -990,7 +990,7 @@ def test_inplace_write_to_a_region_input_autograd_allows(
     is written). Inside the region, the first call copies the input before the write and
     the region is kept from then on (NOTE [State written by its region]). After the
     region ran, the runtime holds the input as the replay checkpoint and compares its
-    version at replay (regions.replay_arguments): a false error under recompute/auto."""
+    version at replay (arguments.replay_arguments): a false error under recompute/auto."""
     factory: Callable[[], nn.Module] = (lambda: Chain(WriteInput)) if where == "inside_region" else InputWrittenAfter
     xs = [torch.randn(3, 4), torch.randn(3, 4)]
     if mode in ("recompute", "auto") and where == "after_region":

@@ -150,7 +150,7 @@ def test_argument_flattening_matches_pytree() -> None:
     pytree's own answer."""
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
-    from offrecomp.regions import _flatten_arguments
+    from offrecomp.arguments import _flatten_arguments
 
     t, u = torch.randn(2), torch.randn(3)
     p = nn.Parameter(torch.randn(1))

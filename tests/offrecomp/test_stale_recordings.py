@@ -253,6 +253,22 @@ def test_inputs_sharing_a_storage_in_some_passes_only_replay_plainly() -> None:
     assert rt.report().steps[-1].recomputed_bytes > 0
 
 
+def _sgd_steps(
+    m: nn.Module, rt: Any, steps: int, loss: Callable[[nn.Module, int], torch.Tensor]
+) -> list[dict[str, torch.Tensor]]:
+    """``steps`` SGD steps on ``loss(m, step)`` (inside ``rt`` unless None); the
+    gradients of each."""
+    out = []
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    with rt if rt is not None else contextlib.nullcontext():
+        for step in range(steps):
+            loss(m, step).backward()
+            out.append({n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None})
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return out
+
+
 class _Holder:
     def __init__(self, c: torch.Tensor) -> None:
         self.c = c
@@ -308,17 +324,12 @@ def test_a_tensor_read_beside_the_inputs_restrided_between_steps(where: str) -> 
     would hand backward another tensor. A plan drops a storage of every block."""
     from scheduler.plan import Placement, Plan
 
-    def loop(m: _ScaledModel, rt: Any) -> list[dict[str, torch.Tensor]]:
-        out = []
-        opt = torch.optim.SGD(m.parameters(), lr=0.05)
-        with rt if rt is not None else contextlib.nullcontext():
-            for step in range(8):
-                m.restrided = step >= 4
-                m(torch.randn(4, 6, 16, generator=torch.Generator().manual_seed(step))).backward()
-                out.append({n: p.grad.clone() for n, p in m.named_parameters()})
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-        return out
+    def loss(m: nn.Module, step: int) -> torch.Tensor:
+        m.restrided = step >= 4
+        return m(torch.randn(4, 6, 16, generator=torch.Generator().manual_seed(step)))
+
+    def loop(m: nn.Module, rt: Any) -> list[dict[str, torch.Tensor]]:
+        return _sgd_steps(m, rt, 8, loss)
 
     torch.manual_seed(0)
     model = _ScaledModel(where)
@@ -331,3 +342,108 @@ def test_a_tensor_read_beside_the_inputs_restrided_between_steps(where: str) -> 
     steps = rt.report().steps
     assert all(s.recomputed_bytes > 0 for s in steps)
     assert steps[1].served_ops > 0  # what no such tensor reaches is still served
+
+
+class _NoiseBlock(nn.Module):
+    """Draws a mask from a generator passed in (``where="argument"``) or held in an
+    attribute the loop assigns anew each step (``"attribute"``), and scales by a plain
+    number argument."""
+
+    def __init__(self, where: str, h: int = 32) -> None:
+        super().__init__()
+        self.where = where
+        self.fc1 = nn.Linear(h, 4 * h)
+        self.fc2 = nn.Linear(4 * h, h)
+        self.gen: torch.Generator | None = None
+
+    def forward(self, x: torch.Tensor, gen: torch.Generator, scale: float) -> torch.Tensor:
+        u = F.gelu(self.fc1(x)) * scale
+        g = gen if self.where == "argument" else self.gen
+        mask = (torch.rand(u.shape, generator=g) > 0.2).to(u.dtype)
+        return x + self.fc2(u * mask)
+
+
+class _NoiseModel(nn.Module):
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_NoiseBlock(where) for _ in range(3))
+
+    def forward(self, x: torch.Tensor, step: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(100 + step)  # a new generator each step
+        for b in self.blocks:
+            b.gen = gen
+            x = b(x, gen, 1.0 + 0.1 * (step % 3))  # an annealed scale
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
+@pytest.mark.parametrize("where", ["argument", "attribute"])
+def test_a_new_generator_and_other_plain_arguments_each_step(where: str, variant: str) -> None:
+    """NOTE [Private generators]: a generator made each step, passed in or assigned to
+    an attribute, has its state captured at entry (replays drew on from where the
+    forward left it); plain arguments other than the recording's replay plainly (a
+    serving replay raised ReplayDivergedError), NOTE [Stale recordings]."""
+
+    def loss(m: nn.Module, step: int) -> torch.Tensor:
+        return m(torch.randn(3, 8, 32, generator=torch.Generator().manual_seed(step)), step)
+
+    def loop(m: nn.Module, rt: Any) -> list[dict[str, torch.Tensor]]:
+        return _sgd_steps(m, rt, 8, loss)
+
+    torch.manual_seed(0)
+    model = _NoiseModel(where)
+    ref = loop(copy.deepcopy(model), None)
+    probe = copy.deepcopy(model)
+    keep = variant_runtime(probe, "keep")
+    loop(probe, keep)
+    m = copy.deepcopy(model)
+    rt = variant_runtime(m, variant, keep.report().steps[0].peak_activation_bytes // 2)
+    assert_bitwise(ref, loop(m, rt))
+    assert rt.report().steps[-1].recomputed_bytes > 0
+
+
+class _AuxBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+        self.w2 = nn.Parameter(torch.randn(8))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        h = self.a(x)  # storage 1, kept
+        aux = h * self.w2  # saves h; the loss never reaches aux
+        return x + self.b(torch.tanh(h)), h, aux  # tanh's output: storage 2, dropped
+
+
+class _AuxModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([_AuxBlock() for _ in range(2)])
+        self.stash: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.stash = []
+        for b in self.blocks:
+            x, h, aux = b(x)
+            self.stash.append(aux)
+            h.mul_(3.0)  # legal: the node that saved h never runs in backward
+        return (x**2).mean()
+
+
+def test_a_kept_storage_written_after_its_region_is_not_served_from() -> None:
+    """NOTE [Served storages written since] (regenerate.py): the replay runs the op that
+    made a kept storage written in place since, rather than rebuilding an output on its
+    new bytes."""
+    from scheduler.plan import Placement, Plan
+
+    def loss(m: nn.Module, step: int) -> torch.Tensor:
+        return m(torch.randn(4, 8, generator=torch.Generator().manual_seed(step)))
+
+    torch.manual_seed(0)
+    model = _AuxModel()
+    ref = _sgd_steps(copy.deepcopy(model), None, 3, loss)
+    m = copy.deepcopy(model)
+    rt = offrecomp.runtime(m, mode="auto", min_bytes=0, replay_op_us=0)
+    rt.set_plan(Plan(placements={(f"blocks.{i}", 0, 2): Placement.RECOMPUTE for i in range(2)}, default=Placement.KEEP))
+    assert_bitwise(ref, _sgd_steps(m, rt, 3, loss))
+    assert all(s.served_ops > 0 for s in rt.report().steps)

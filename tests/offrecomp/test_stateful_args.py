@@ -1,5 +1,5 @@
 """Regions whose forward changes the state of an argument object (NOTE [Stateful
-arguments] in ``offrecomp/regions.py``): the key/value cache of a decoder trained with
+arguments] in ``offrecomp/arguments.py``): the key/value cache of a decoder trained with
 ``use_cache=True`` is the common case. A replay must see the state the forward saw, and
 must leave the object as it found it."""
 
@@ -17,7 +17,7 @@ from torch import nn
 
 import offrecomp
 import offrecomp.diagnostics
-from offrecomp.regions import ARG_STATE_MAX_ITEMS, ARG_STATE_PER_REGION, ArgState
+from offrecomp.arguments import ARG_STATE_MAX_ITEMS, ARG_STATE_PER_REGION, ArgState
 from tests.helpers import (
     ZOO_VARIANTS,
     assert_bitwise,

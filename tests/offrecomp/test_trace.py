@@ -167,9 +167,11 @@ def test_build_structure_tells_sinks_views_and_servable_ops_apart() -> None:
 
 
 def test_build_structure_without_placeholders_when_a_read_comes_from_outside() -> None:
-    """A tensor read that is neither made in the region nor a known input: replay may
-    still serve, but hands out no placeholders, and the planner sees no dataflow."""
+    """A tensor read that is neither made in the region nor a known input: replay hands
+    out no placeholders, serves no op its geometry may reach (the op reading it, and
+    those reading what that made: NOTE [Which ops replay runs]), and the planner sees
+    no dataflow."""
     st = _structure(w_known=False)
     assert not st.opaque and not st.placeholders_ok
     assert all(r.reads is None for r in st.op_records)
-    assert st.servable[0]
+    assert not st.servable[0]
