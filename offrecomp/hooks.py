@@ -40,6 +40,7 @@ from offrecomp.groups import reads_bytes_as_stored
 from offrecomp.placement import Placements, untracked_alias
 from offrecomp.regenerate import Regenerator
 from offrecomp.state import (
+    PENDING_WATCH,
     KeptRef,
     PassState,
     RegionCall,
@@ -212,12 +213,16 @@ class Placer:
             call.saves[idx].storage = rec.index
         if placement is KEEP:
             if t.is_leaf:  # no grad_fn, read without making its Python object
+                if rec.watch is PENDING_WATCH:
+                    rec.watch = weakref.ref(t)
                 return (rec, idx, t, t._version)
             kept = KeptRef(t)  # NOTE [Saved tensor handles]
             kept.rec = rec
             kept.index = idx
-            kept.alias = t.detach()
+            alias = kept.alias = t.detach()
             kept.version = t._version
+            if rec.watch is PENDING_WATCH:
+                rec.watch = weakref.ref(alias)
             return kept
         ref = call.lease_ref  # the call's live lease, or a new one (RegionCall.lease)
         lease = ref() if ref is not None else None
@@ -302,7 +307,7 @@ class Placer:
             rec.save_mark = self._life.mark()
         if placement is KEEP and fallback is None:
             if call.inputs is not None and call.fixed is None:  # NOTE [Served storages written since]
-                rec.watch = tc.version_watch(t)
+                rec.watch = PENDING_WATCH
                 rec.version = t._version
             # PassStats.keep, inlined: one call less on the hottest path
             stats = p.stats

@@ -19,7 +19,7 @@ from offrecomp.arguments import replay_arguments
 from offrecomp.changes import module_state
 from offrecomp.diagnostics import warn_once
 from offrecomp.replay import replay_call
-from offrecomp.state import RegionCall, view_on
+from offrecomp.state import PENDING_WATCH, RegionCall, view_on
 from offrecomp.trace import (
     PLACEHOLDER,
     RUN,
@@ -98,9 +98,10 @@ class Regenerator:
     # is never served); a write after the region returned is legal for autograd when no
     # node that saved the storage runs in backward (an auxiliary output the loss never
     # reaches, written in place). A kept activation of a call that may drop therefore
-    # keeps a storage-free alias sharing its version counter (``tc.version_watch``) and
-    # its version at save: one written since is not served from, and the op that made it
-    # runs in the replay.
+    # keeps its version at save and a weak reference to the alias its first save's handle
+    # holds (sharing the saved tensor's version counter): one written since, or whose
+    # first save's handle is gone, is not served from, and the op that made it runs in
+    # the replay.
 
     def replay(self, call: RegionCall) -> None:
         life = self._life
@@ -112,8 +113,12 @@ class Regenerator:
             if r.placement is KEEP:
                 held = r.tensor.untyped_storage() if r.tensor is not None else r()
                 watch = r.watch
-                if held is not None and (watch is None or watch._version == r.version):
-                    storage_tensors[r.index] = held  # NOTE [Served storages written since]
+                if watch is not None:  # NOTE [Served storages written since]
+                    seen = watch() if watch is not PENDING_WATCH else None
+                    if seen is None or seen._version != r.version:
+                        continue  # written since, or nothing left to tell: the op runs
+                if held is not None:
+                    storage_tensors[r.index] = held
         kept = [r.index in storage_tensors for r in call.storages]
         structure = call.structure if not call.mismatch else None
         if structure is not None and structure.opaque:

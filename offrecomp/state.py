@@ -52,6 +52,10 @@ __all__ = [
 ]
 
 
+#: ``StorageRec.watch`` of a kept storage whose first save's handle is not made yet.
+PENDING_WATCH: Any = object()
+
+
 class StorageRec(weakref.ref):  # type: ignore[type-arg]
     """One saved allocation of one region call (or of the root).
 
@@ -79,7 +83,10 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
     save_mark: Any = None  # clock mark of the first save (root storages)
     sid: int | None = None  # storage id in the op recording (measuring pass only)
     tensor: torch.Tensor | None = None  # held strongly: a region input, or a fallback to KEEP
-    watch: torch.Tensor | None = None  # KEEP in a call that may drop: shares the version counter (NOTE [Served storages written since])
+    watch: Any = None
+    """KEEP in a call that may drop: ``PENDING_WATCH`` until its first save's handle is
+    made, then a weak reference to the tensor that handle holds, which shares the saved
+    tensor's version counter (NOTE [Served storages written since] in regenerate.py)."""
     version = 0  # the version at its first save, with ``watch``
 
     def __new__(
