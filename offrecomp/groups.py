@@ -40,7 +40,7 @@ import logging
 import operator
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 __all__ = ["OffloadGroups", "reads_bytes_as_stored"]
 
 KEEP = Placement.KEEP
+_T = TypeVar("_T")
 #: Dtypes whose copy moves every byte as it is (NOTE [Typed sources] in offload.py): a
 #: bool copy writes 1 for every nonzero byte, and sub-byte and other shell dtypes have
 #: no copy kernel.
@@ -179,11 +180,7 @@ class OffloadGroups:
             if group is None:
                 return
             try:
-                if torch.is_inference_mode_enabled():  # NOTE [Copies under inference mode]
-                    with torch.inference_mode(False):
-                        self._issue(call, group)
-                else:
-                    self._issue(call, group)
+                _inference_mode_off(self._issue, call, group)
             finally:
                 call.group = None
 
@@ -222,11 +219,7 @@ class OffloadGroups:
                 "offrecomp: the offload engine of this saved tensor's runtime was closed while "
                 "the tensor still needed it"
             )
-        if torch.is_inference_mode_enabled():  # NOTE [Copies under inference mode]
-            with torch.inference_mode(False):
-                buf = engine.fetch(group)
-        else:
-            buf = engine.fetch(group)
+        buf = _inference_mode_off(engine.fetch, group)
         p = call.pass_state
         if p is not None:
             p.stats.sample(engine.device_bytes)
@@ -256,3 +249,12 @@ class OffloadGroups:
         if self.engine is not None and self.closing and not self.entered and self.live_groups <= 0:
             engine, self.engine = self.engine, None
             engine.close()
+
+
+def _inference_mode_off(fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(*args)`` with inference mode off (NOTE [Copies under inference mode]); no
+    context is entered when it is off already."""
+    if torch.is_inference_mode_enabled():
+        with torch.inference_mode(False):
+            return fn(*args)
+    return fn(*args)

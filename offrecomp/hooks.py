@@ -382,8 +382,6 @@ class Placer:
         for rec in call.storages:  # no later save finds them: by_ptr is cleared below
             if rec.tensor is not None:
                 rec.tensor = None
-            if rec.watch is not None:
-                rec.watch = None
         groups, call.groups = call.groups, []
         call.group = None
         for group in groups:

@@ -433,24 +433,23 @@ class RegionCall(_WeakReferable):
         recordings] in regenerate.py). Storage offsets are no part of it."""
         out: list[Any] = []
         if self.inputs is not None:
-            # which inputs share a storage: it fixes the call's storage indices
-            # (one sent to host memory answers with its record's pointer at entry)
+            # which inputs share a storage (it fixes the call's storage indices), then
+            # their strides; one sent to host memory answers with its record's pointer
+            # and the geometry that went with it
             first: dict[int, int] = {}
+            strides: list[Any] = []
             for i, t in enumerate(self.inputs.tensors):
                 if t is None:
                     sent = self.offloaded_inputs.get(i)
                     if sent is not None:
                         out.append(first.setdefault(sent[0].ptr, i))
+                    strides.append(sent[1][1] if sent is not None else None)
                 elif t.layout is torch.strided and not t.is_nested:
                     out.append(first.setdefault(t.untyped_storage().data_ptr(), i))
-            for i, t in enumerate(self.inputs.tensors):
-                if t is None:  # sent to host memory: its geometry went with it
-                    sent = self.offloaded_inputs.get(i)
-                    out.append(sent[1][1] if sent is not None else None)
-                elif t.layout is torch.strided and not t.is_nested:
-                    out.append(t.stride())
+                    strides.append(t.stride())
                 else:
-                    out.append(None)
+                    strides.append(None)
+            out.extend(strides)
         if self.params is not None:
             out.extend(
                 t.stride() if t is not None and t.layout is torch.strided else None for t in self.params.objects
