@@ -25,8 +25,8 @@
 # profiler's Chrome trace of step 6 (kept out of results.tgz, which it would swell).
 #
 # DRY_RUN=1 (or --dry-run) runs the same steps on the CPU with the cpu-tiny preset at
-# tiny sizes, the fast compile backend, one budget in MiB and two peers at the first
-# length, to check the script anywhere.
+# tiny sizes, the fast compile backend, one budget in MiB, and two peers at the first
+# length and at the longest, to check the script anywhere.
 # Usage: OUT=/some/dir bash benchmarks/device_long.sh [--dry-run]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -65,6 +65,7 @@ if [ "$DRY_RUN" = 1 ]; then
   MODEL=(--preset cpu-tiny --device cpu --layers 2 --hidden 32 --heads 2 --batch 1 --max-seq 4096)
   SEQ1=64 SEQ2=128 LONGEST=256 BUDGETS="6MiB"
   SEQ1_PEERS=none,offrecomp_auto@25%  # every peer runs at SEQ2: the script is what is checked
+  LONGEST_PEERS=ckpt_block,offrecomp_auto@25%
   SEARCH=(--search-start 64 --search-max 256 --search-quantum 64)
   COMPILE=(--with-compile --compile-dynamic --compile-backend aot_eager_decomp_partition)
   PROFILE=(--preset cpu-tiny --device cpu --layers 2 --hidden 32 --heads 2 --batch 1 --seq 64)

@@ -64,6 +64,7 @@ def _run_auto(model: nn.Module, body: Body, steps: int, fraction: float = 0.4, *
     _train(probe, body, 2, keep)
     budget = int(fraction * max(s.peak_activation_bytes for s in keep.report().steps))
     m = twin(model)
+    kw.setdefault("drift", 100.0)  # a loaded host's step times must not re-plan: plans are asserted
     rt = offrecomp.runtime(m, mode="auto", budget=budget, min_bytes=0, **kw)
     # a collection in a calibration pass would send it back (NOTE [Host pauses]): the
     # phases asserted are the ones planning alone decides
