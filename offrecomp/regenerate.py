@@ -88,7 +88,9 @@ class Regenerator:
     # - a recording of a call that built state on first use (a cache made and kept in
     #   an attribute or a buffer; ``RegionStructure.self_changing``): later calls run
     #   other ops. The first divergence replays plainly and measures the signature
-    #   again; one after that replays the region plainly from then on.
+    #   again; one after that replays the region plainly from then on. A build made of
+    #   factory ops is no divergence: the serving mode passes over it (NOTE [Skipped
+    #   builds] in trace/structure.py).
     # A plain replay is right in all cases: it reruns this pass's forward from its own
     # checkpoint.
 

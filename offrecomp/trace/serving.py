@@ -9,6 +9,7 @@ a parameter modified since the forward.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,6 +29,8 @@ from offrecomp.trace.ops import (
 from offrecomp.trace.recorder import _Value
 from offrecomp.trace.scope import _is_internal, _RegionMode
 from offrecomp.trace.structure import RUN, SERVE, RegionStructure
+
+log = logging.getLogger(__name__)
 
 
 class ReplayDivergedError(RuntimeError):
@@ -152,6 +155,19 @@ class ServingMode(_RegionMode):
                     "recorded forward cast a parameter there, the replay casts another tensor",
                     cast=True,
                 )
+        if expected != name:
+            j = st.skip_build(k, name)  # NOTE [Skipped builds] in structure.py
+            if j >= 0:
+                if not st.skipped_builds:
+                    log.info(
+                        "offrecomp: a serving replay of region %r skips recorded ops %d-%d (%s ...): "
+                        "they built a tensor its forward now takes from a cache",
+                        self.region_name, k, j - 1, expected,
+                    )
+                st.skipped_builds += j - k
+                k = j
+                self.index = j + 1
+                expected = name
         if expected != name:
             raise self.diverge(
                 f"offrecomp: replay of region {self.region_name!r} diverged at op {k}: the recorded "

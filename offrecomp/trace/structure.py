@@ -59,6 +59,22 @@ forward. If a replay with placeholders diverges anyway, it is redone without
 placeholders and the region never uses them again (logged once); a replay without
 placeholders that diverges is an error: the region's forward is not a deterministic
 function of its inputs.
+
+NOTE [Skipped builds]
+A tensor built on first use and kept where the runtime does not look (a
+``functools.lru_cache`` function returning a mask, a dict filled per length) is built in
+the call the measuring pass records and taken from the cache by every later call: a
+serving replay of that call does not dispatch the recorded ops that built it. Where the
+replay dispatches another op than the recording's next one, the serving mode looks past
+a run of recorded ops that reads nothing from outside the run (factory ops such as
+``full``, ``arange``, ``triu`` and what they feed one another), draws no random numbers,
+writes nothing it did not make and saves nothing, and goes on at the first op after it
+that the replay's op matches. The skipped ops' outputs are what the cached tensor holds:
+the forward of this pass took the tensor from the same cache, and the replay reruns that
+forward. A run that reads an input, a parameter or a buffer (a tensor computed from the
+data and stashed) is never skipped, so a replay that Python state sends down another
+branch still raises. ``RegionStructure.build_roots`` holds, per op, the first op of the
+run it may belong to.
 """
 
 from __future__ import annotations
@@ -141,6 +157,26 @@ class RegionStructure:
     small_storages: tuple[int, ...] = ()
     """Storages made in the region that are ``external`` only for being under the
     runtime's ``min_bytes``: the most frugal plan may drop them (NOTE [Small storages])."""
+    build_roots: list[int] = field(default_factory=list)
+    """Per op: the first op whose output it reads (itself when it reads no tensor), or -1
+    when it reads a tensor no op of the region made, draws random numbers or writes what
+    it did not make (NOTE [Skipped builds])."""
+    skipped_builds: int = 0
+    """Recorded ops serving replays have skipped as builds of a cached tensor."""
+
+    def skip_build(self, k: int, name: str) -> int:
+        """NOTE [Skipped builds]: the index of the first op named ``name`` after a run of
+        recorded ops from ``k`` that reads nothing from outside itself, or -1."""
+        roots = self.build_roots
+        n = min(len(roots), len(self.op_names))
+        j = k
+        while j < n and roots[j] >= k:
+            j += 1
+            if j < n and self.op_names[j] == name:
+                if j in self.param_casts or any(k < s <= j for s in self.save_ops):
+                    return -1
+                return j
+        return -1
 
     def program(self, kept: Sequence[bool], needed_saves: set[int], storage_of_save: dict[int, int]) -> list[int]:
         """What replay does with each op of the prefix it must cover.
@@ -221,12 +257,16 @@ class _OpTable:
     outputs: list[list[ServedEntry] | None] = field(default_factory=list)
     servable: list[bool] = field(default_factory=list)
     view_ops: list[bool] = field(default_factory=list)
+    build_roots: list[int] = field(default_factory=list)
 
-    def add(self, record: OpRecord, outputs: list[ServedEntry] | None, servable: bool, view: bool) -> None:
+    def add(
+        self, record: OpRecord, outputs: list[ServedEntry] | None, servable: bool, view: bool, root: int = -1
+    ) -> None:
         self.records.append(record)
         self.outputs.append(outputs)
         self.servable.append(servable)
         self.view_ops.append(view)
+        self.build_roots.append(root)
 
 
 @dataclass
@@ -368,6 +408,7 @@ def _add_recorded_ops(
     unfixed: set[int] = set()  # ops whose output geometry an unseen tensor may set
     for k, op in enumerate(rec.ops):
         reads, unseen = _reads(op, creator, rec.known_sids)
+        outside = any(sid not in creator for sid in op.read_sids)  # before _outputs enters op k's
         if unseen:
             placeholders_ok = False  # a value from a path the dispatcher cannot see
         if unseen or any(r in unfixed for r in reads):
@@ -377,6 +418,7 @@ def _add_recorded_ops(
         role = _role(op, out, writes_foreign, opaque)
         if k in unfixed and role.servable:
             role = role._replace(servable=False)
+        root = -1 if outside or op.random or writes_foreign or op.higher_order else min(reads, default=k)
         table.add(
             OpRecord(
                 seconds=float(op_seconds[k]),
@@ -390,6 +432,7 @@ def _add_recorded_ops(
             out.entries if out.rebuildable and not role.aliasing else None,
             role.servable,
             role.view,
+            root,
         )
     return placeholders_ok
 
@@ -474,4 +517,5 @@ def build_structure(
         view_ops=table.view_ops,
         save_ops=[s.ops_before for s in saves],
         param_casts={k: op.cast_of for k, op in enumerate(rec.ops) if op.cast_of},
+        build_roots=table.build_roots,
     )

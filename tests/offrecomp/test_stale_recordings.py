@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -134,31 +135,43 @@ def test_another_layout_at_the_same_sizes_replays_plainly(what: str, caplog: pyt
 
 class _LazyCacheBlock(nn.Module):
     """Builds a position table on its first call and keeps it in a plain attribute;
-    later calls slice it: the measuring pass records the building call."""
+    later calls slice it: the measuring pass records the building call. The table is
+    made by factory ops, or from a parameter."""
 
-    def __init__(self, h: int = 16) -> None:
+    def __init__(self, source: str, h: int = 16) -> None:
         super().__init__()
+        self.source = source
         self.lin = nn.Linear(h, h)
         self.table: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.table is None:
-            self.table = torch.arange(64, dtype=torch.float32).unsqueeze(1) / 64
+            if self.source == "factory":
+                self.table = torch.arange(64, dtype=torch.float32).unsqueeze(1) / 64
+            else:
+                self.table = self.lin.bias.detach().repeat(4).unsqueeze(1)
         h = self.lin(x) * torch.cos(self.table[: x.shape[1]])
         return x + torch.tanh(h)
 
 
-def test_a_recording_of_a_call_that_built_its_cache_measures_again() -> None:
+@pytest.mark.parametrize("source", ["factory", "parameter"])
+def test_a_recording_of_a_call_that_built_its_cache(source: str) -> None:
     """The serving replay of a later call diverges from the recording (it slices where
-    the recording built): it replays plainly and the signature measures again."""
+    the recording built). A table of factory ops is a skipped build (NOTE [Skipped
+    builds] in trace/structure.py); one computed from a parameter is not: the replay
+    runs plainly and the signature measures again."""
     torch.manual_seed(0)
-    model = Stack([_LazyCacheBlock() for _ in range(3)])
+    model = Stack([_LazyCacheBlock(source) for _ in range(3)])
 
     def batch(s: int) -> torch.Tensor:
         return torch.randn(2, 12, 16, generator=torch.Generator().manual_seed(s))
 
     rt = _check(model, batch, lambda m, s: None)
-    assert [s.phase for s in rt.report().steps][:5] == ["measure", "calibrate", "planned", "measure", "calibrate"]
+    phases = [s.phase for s in rt.report().steps]
+    if source == "factory":
+        assert phases == ["measure", "calibrate"] + ["planned"] * 5
+    else:
+        assert phases[:5] == ["measure", "calibrate", "planned", "measure", "calibrate"]
 
 
 @pytest.mark.parametrize("batches", ["one_size", "sizes_varying"])
@@ -447,3 +460,87 @@ def test_a_kept_storage_written_after_its_region_is_not_served_from() -> None:
     rt.set_plan(Plan(placements={(f"blocks.{i}", 0, 2): Placement.RECOMPUTE for i in range(2)}, default=Placement.KEEP))
     assert_bitwise(ref, _sgd_steps(m, rt, 3, loss))
     assert all(s.served_ops > 0 for s in rt.report().steps)
+
+
+_MASKS: dict[int, torch.Tensor] = {}
+
+
+@functools.lru_cache(maxsize=4)
+def _lru_bias(n: int) -> torch.Tensor:
+    return torch.full((n, n), float("-inf")).triu(1)
+
+
+def _dict_bias(n: int) -> torch.Tensor:
+    if n not in _MASKS:
+        _MASKS[n] = torch.ones(n, n).tril().log()
+    return _MASKS[n]
+
+
+def _random_bias(n: int) -> torch.Tensor:
+    if n not in _MASKS:
+        _MASKS[n] = torch.rand(n, n)
+    return _MASKS[n]
+
+
+_BIASES = {"lru_cache": _lru_bias, "dict": _dict_bias, "random": _random_bias}
+
+
+class _CachedBiasBlock(nn.Module):
+    """Attention whose bias comes from a cache outside the modules, built by the first
+    call that needs it: the measuring pass records the build in blocks.0 only."""
+
+    def __init__(self, bias: str, h: int = 16) -> None:
+        super().__init__()
+        self.bias = _BIASES[bias]
+        self.f1 = nn.Linear(h, 4 * h)
+        self.f2 = nn.Linear(4 * h, h)
+        self.q = nn.Linear(h, h)
+        self.k = nn.Linear(h, h)
+        self.o = nn.Linear(h, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.sin(self.f2(torch.tanh(self.f1(x)) ** 2))
+        q, k = self.q(h), self.k(h)
+        att = torch.softmax(q @ k.transpose(-1, -2) + self.bias(x.shape[1]), -1)
+        y = x + self.o(torch.tanh(att @ q))
+        return y + torch.tanh(self.f2(torch.tanh(self.f1(y))))
+
+
+def _bias_steps(bias: str) -> tuple[list[dict[str, torch.Tensor]], Any]:
+    """Plain, then auto under a plan that drops the last storages of every block and keeps
+    the rest (every replay serves), each run with cold caches: the gradients of both and
+    the runtime."""
+    from scheduler.plan import Placement, Plan
+
+    def loss(m: nn.Module, step: int) -> torch.Tensor:
+        if step == 0:  # each run builds the bias in its first forward
+            _lru_bias.cache_clear()
+            _MASKS.clear()
+        return m(torch.randn(2, 12, 16, generator=torch.Generator().manual_seed(step)))
+
+    torch.manual_seed(0)
+    model = Stack([_CachedBiasBlock(bias) for _ in range(3)])
+    ref = _sgd_steps(copy.deepcopy(model), None, 5, loss)
+    m = copy.deepcopy(model)
+    rt = offrecomp.runtime(m, mode="auto", min_bytes=0, replay_op_us=0)
+    drop = {(f"blocks.{b}", 0, i): Placement.RECOMPUTE for b in range(3) for i in range(10, 14)}
+    rt.set_plan(Plan(placements=drop, default=Placement.KEEP))
+    return ref, (rt, _sgd_steps(m, rt, 5, loss))
+
+
+@pytest.mark.parametrize("bias", ["lru_cache", "dict"])
+def test_a_tensor_cached_outside_the_modules_is_a_skipped_build(bias: str, caplog: pytest.LogCaptureFixture) -> None:
+    """NOTE [Skipped builds]: serving replays of blocks.0 skip the recorded ops that built
+    the bias, and match the ops after them; bitwise equal to plain."""
+    with caplog.at_level(logging.INFO, logger="offrecomp.trace.serving"):
+        ref, (rt, got) = _bias_steps(bias)
+    assert_bitwise(ref, got)
+    assert "they built a tensor its forward now takes from a cache" in caplog.text
+    assert all(s.served_ops > 0 and s.recomputed_bytes > 0 for s in rt.report().steps[1:])
+
+
+def test_a_cached_random_tensor_is_not_a_skipped_build() -> None:
+    """A run of ops that draws random numbers is never skipped (the replay would draw
+    others after it): the serving replay that misses it raises."""
+    with pytest.raises(offrecomp.ReplayDivergedError, match=r"ran aten\.rand\.default, the replay ran"):
+        _bias_steps("random")
