@@ -156,6 +156,10 @@ def _no_unpack(_: Any) -> Any:
 # - Saves made while the inner backward runs (another graph task than the one the replay
 #   began in) are not forward saves: the forward's pack hook does not count them
 #   (hooks.Placer._pack), and neither does the replay's, or every later index would shift.
+# - What a replay holds is a detached alias of each saved tensor (a leaf as it is), as
+#   a kept save is: the tensor itself, saved by the node that made it (tanh saves its
+#   output), would close a cycle through C++ (tensor, node, saved variable, tensor) that
+#   Python's collector cannot see, and every replay's saves would stay alive for good.
 # - An inner backward that reaches activations from before the call (the gradient with
 #   respect to an earlier block's output) reads other calls' saves while a region's
 #   forward runs (hooks.Placer._reached_from_forward). That is not the pass's backward
@@ -426,8 +430,8 @@ class _SaveCapture:
         self.mode = mode
 
     def pack(self, t: torch.Tensor) -> Any:
-        if _graph_task_id() != self.task:
-            return t  # NOTE [Backward inside a forward]: saved by an inner backward
+        if _graph_task_id() != self.task:  # NOTE [Backward inside a forward]: saved by an inner backward
+            return t if t.is_leaf else t.detach()
         if self.complete != -2:
             self.stop_after_its_op()
         i = self.counter
@@ -455,7 +459,9 @@ class _SaveCapture:
                 else:
                     self.stop_mode = _StopAtALaterOp(self)
                     self.stop_mode.__enter__()
-        return t if self.hold else _THROWAWAY
+        if not self.hold:
+            return _THROWAWAY
+        return t if t.is_leaf else t.detach()  # NOTE [Backward inside a forward]: no cycle
 
     def end_stop_mode(self) -> None:
         """Pop the plain replay's stop mode, if one was pushed."""
