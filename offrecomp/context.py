@@ -102,6 +102,8 @@ class Runtime:
         self._entered = False
         self._device = DeviceClock(_model_device(model))
         self._groups = OffloadGroups(config, self._device)
+        if model is not None:
+            self._groups.parameters = model.parameters
         self._planner_host = _PlannerHost(config, self._device, self._regions, self._groups, self._plan)
         self._planner = Planner(self._planner_host)
         self._placements = Placements(config, self._planner, self._groups, self._plan.get)

@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import operator
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -89,6 +89,9 @@ class OffloadGroups:
         self.entered = False  # the runtime is entered (its pool stays)
         self._on_device: Callable[[torch.Tensor], bool] | None = None  # set at the first join
         self._issuing = threading.RLock()  # one issue at a time (two threads' backwards)
+        self.parameters: Callable[[], Iterable[torch.Tensor]] = tuple
+        """The model's parameters (set by the runtime): NOTE [Parameter storages]."""
+        self._param_ptrs: tuple[int, frozenset[int]] = (-1, frozenset())  # (pass index, storages)
 
     # ------------------------------------------------------------ the engine
 
@@ -146,6 +149,8 @@ class OffloadGroups:
         # reads_bytes_as_stored(t), inline: a conjugate bit only ever sits on a complex tensor
         if not on_device(t) or t.is_neg() or (dtype.is_complex and t.is_conj()):
             return None
+        if t.is_leaf and rec.ptr in self._param_storages(call):  # NOTE [Parameter storages]
+            return None
         engine = self.engine or self.get_engine()
         group = opened = call.group
         if group is None:
@@ -169,6 +174,30 @@ class OffloadGroups:
         rec.group = group
         rec.slot = slot
         return True
+
+    def _param_storages(self, call: RegionCall) -> frozenset[int]:
+        """The storages of the model's parameters, read once per pass."""
+        p = call.pass_state
+        index = p.index if p is not None else -1
+        if index >= 0 and self._param_ptrs[0] == index:
+            return self._param_ptrs[1]
+        ptrs = set()
+        for q in self.parameters():
+            try:
+                ptrs.add(int(q.untyped_storage().data_ptr()))
+            except (RuntimeError, NotImplementedError):  # a subclass or layout without one
+                continue
+        self._param_ptrs = (index, frozenset(ptrs))
+        return self._param_ptrs[1]
+
+    # NOTE [Parameter storages]
+    # A tensor over a parameter's storage that is not a view of it (``weight.data``,
+    # ``weight.data.t()``) has its own version counter: a parameter updated in place
+    # between forward and backward (an optimizer or EMA step under no_grad) is legal for
+    # autograd, and backward reads the new values. A copy to host would hold the values
+    # of whenever it ran. Such a save is never offloaded: it is kept, as it is in plain
+    # autograd. Only leaves (no grad_fn) can be such aliases, so only they look up the
+    # parameters' storages, read once per pass.
 
     def issue(self, call: RegionCall) -> None:
         """Copy ``call``'s open group to host (its exit, or the end of a root run); a group

@@ -1031,6 +1031,40 @@ def test_write_through_data_after_save(mode: str, request: pytest.FixtureRequest
     _plain_vs_runtime(lambda: Chain(WriteThroughData), xs, mode)
 
 
+class SavesParameterData(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(x @ self.fc.weight.data.t() + self.fc.bias)  # mm saves the .data view
+
+
+@pytest.mark.parametrize("mode", ["keep", "offload"])
+def test_a_saved_parameter_alias_sees_an_update_before_backward(mode: str) -> None:
+    """NOTE [Parameter storages] (groups.py): ``weight.data`` has its own version counter,
+    so a parameter updated in place between forward and backward is legal and backward
+    reads the new values; the save is kept, never copied to host with the old ones (the
+    copies are made to run before the update)."""
+
+    def run(m: nn.Module, rt: Any) -> list[Snap]:
+        with rt if rt is not None else contextlib.nullcontext():
+            loss = m(torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+            if rt is not None and rt.offload_engine is not None:
+                rt.offload_engine.synchronize()
+            with torch.no_grad():
+                for p in m.parameters():
+                    p.mul_(0.5)  # an EMA-like update before backward
+            loss.backward()
+        return [{n: p.grad for n, p in m.named_parameters() if p.grad is not None}]
+
+    torch.manual_seed(0)
+    model = Chain(SavesParameterData)
+    ref = run(copy.deepcopy(model), None)
+    m = copy.deepcopy(model)
+    assert_bitwise(ref, run(m, offrecomp.runtime(m, mode=mode, min_bytes=0)))
+
+
 class ReassignedBuffer(nn.Module):
     """A buffer replaced (not updated in place) in forward, then saved by a mul."""
 
