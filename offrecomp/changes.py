@@ -11,6 +11,10 @@ restored, a parameter its forward writes not watched. Assigning a module, and
 registering a buffer or a parameter under a new name, bump ``structure_epoch``; a region
 call that finds the epoch moved since its region was read reads it again
 (``Region.refresh``), and a region the first-call watch cleared is watched again.
+A region whose modules or parameter slots changed so runs another forward: the planned
+calls that saved other storages than their recordings before (``Region.mismatches``,
+two of which mark it variable, never recomputed) are forgotten, or an adapter added and
+merged away later would keep every activation of its region for good.
 Replacing a region itself (``model.blocks = ...``) is not followed: the runtime
 manages the modules it found when it was made (a warning says so at the next entry).
 """

@@ -126,10 +126,16 @@ class Region:
         adapters injected) or be compiled after the runtime was built (torchtune
         compiles its layers in place)."""
         self.epoch = structure_epoch()
-        mods = list(self.module.modules())
-        self.modules = tuple(mods)
+        mods = tuple(self.module.modules())
+        param_slots = tuple((sub, n) for sub in mods for n in sub._parameters.keys())  # noqa: SIM118
+        if mods != self.modules or param_slots != self.param_slots:
+            # another forward (an adapter added, merged away): what earlier calls showed
+            # of its saves no longer says anything about it
+            self.mismatches = 0
+            self.variable = False
+        self.modules = mods
         self.slots = tuple((sub, n) for sub in mods for n in sub._buffers.keys())  # noqa: SIM118 (a ScriptModule's buffers iterate by index)
-        self.param_slots = tuple((sub, n) for sub in mods for n in sub._parameters.keys())  # noqa: SIM118
+        self.param_slots = param_slots
         self.in_place = _compiled_in_place(self.module)
         self.compiled_self = _is_compiled(self.module) or self.in_place
         self.compiled = any(map(compiled_module, mods))

@@ -172,3 +172,53 @@ def test_attributes_a_forward_sets_are_as_at_entry_in_its_replay(variant: str) -
     budget = tight_budget(model, batch) if variant == "auto_serve" else None
     m = copy.deepcopy(model)
     assert_bitwise(ref, train(m, batch, variant_runtime(m, variant, budget), steps=6))
+
+
+
+class _LoRA(nn.Module):
+    def __init__(self, base: nn.Linear, r: int = 4) -> None:
+        super().__init__()
+        self.base = base
+        self.a = nn.Parameter(torch.randn(r, base.in_features) * 0.1)
+        self.b = nn.Parameter(torch.zeros(base.out_features, r))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + x @ self.a.t() @ self.b.t()
+
+
+class _MlpBlock(nn.Module):
+    def __init__(self, h: int = 32) -> None:
+        super().__init__()
+        self.fc1: nn.Module = nn.Linear(h, 4 * h)
+        self.fc2 = nn.Linear(4 * h, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_an_adapter_added_then_merged_away_is_planned_again_each_time() -> None:
+    """NOTE [Region refresh]: a region whose modules changed (an adapter wrapped around a
+    layer at step 3, merged away at step 7) runs another forward, and what its earlier
+    calls showed is forgotten: each change measures again, and no region is taken for
+    one whose saves vary with the data (which would keep every activation from then on,
+    twice the budget)."""
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(4, 64, 32, generator=torch.Generator().manual_seed(s))
+
+    torch.manual_seed(0)
+    model = Stack([_MlpBlock() for _ in range(4)])
+    budget = tight_budget(model, batch)
+    rt = offrecomp.runtime(model, mode="auto", budget=budget, min_bytes=0, drift=100.0)
+    with rt:
+        for step in range(12):
+            for b in model.blocks:
+                if step == 3:
+                    b.fc1 = _LoRA(b.fc1)
+                elif step == 7:
+                    b.fc1 = b.fc1.base
+            model(batch(step)).backward()
+    steps = rt.report().steps
+    assert not any(r.variable for r in rt._regions)  # type: ignore[attr-defined]
+    assert steps[-1].phase == "planned"
+    assert all(s.peak_activation_bytes <= 1.05 * budget for s in steps[-3:]), [s.peak_activation_bytes for s in steps]
