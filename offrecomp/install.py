@@ -86,7 +86,7 @@ from offrecomp.regions import (
     compiled_module,
 )
 from offrecomp.replay import in_replay
-from offrecomp.signatures import Part, signature_of
+from offrecomp.signatures import Frozen, Part, signature_of
 from offrecomp.state import PassState, RegionCall
 from offrecomp.trace import PassiveMode
 
@@ -113,6 +113,7 @@ class Installer:
         self._regions = regions
         self._config = config
         self._life = lifecycle
+        self._frozen = Frozen()  # NOTE [Frozen parameters] in signatures.py
         self._calls = calls
         self._diag = diagnostics
         self.active = False  # installed: region wrappers act
@@ -135,6 +136,7 @@ class Installer:
 
     def install(self, pack: Callable[[torch.Tensor], Any], unpack: Callable[[Any], torch.Tensor]) -> None:
         model = self._model
+        self._frozen.clear()  # parameters registered while not entered move no epoch
         self._check_outer_hooks()
         self._check_regions()
         self.compiled_model = model is not None and holds_compiled(model)
@@ -321,7 +323,7 @@ class Installer:
                     warn_compiled(", ".join(r.name for r in regions))
                 self._check_regions()
                 if not life.stack.roots:  # one inside another is part of it (NOTE [Pass signatures])
-                    life.next_part(_part(module, name, args, kwargs))
+                    life.next_part(_part(module, name, args, kwargs, self._frozen))
                 p = life.forward_activity()
                 life.stack.roots += 1
                 return p
@@ -404,7 +406,7 @@ class Installer:
         life = self._life
         if life.wants_signature(region.name):
             # a pass without a root forward (NOTE [Pass signatures]): its calls' inputs
-            life.next_part(_part(region.module, region.name, args, kwargs), region.name)
+            life.next_part(_part(region.module, region.name, args, kwargs, self._frozen), region.name)
         call = self._calls.enter(region, original, args, kwargs)
         call.under_mode = call.watch is not None or call.recorder is not None
         if region.mode_sensitive and not call.under_mode:
@@ -448,11 +450,14 @@ class Installer:
             self._calls.exit(call)
 
 
-def _part(module: nn.Module, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Part:
+def _part(module: nn.Module, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], frozen: Frozen) -> Part:
     """The signature part of a call of ``module`` (a root or a region named ``name``):
-    its inputs, its training flag and its parameters' dtype."""
+    its inputs, its training flag, its parameters' dtype and which of them are frozen."""
     first = next(module.parameters(), None)
-    return signature_of(args, kwargs, module.training, name, first.dtype if first is not None else None)
+    return signature_of(
+        args, kwargs, module.training, name, first.dtype if first is not None else None,
+        frozen.of(module, structure_epoch()),
+    )
 
 
 def is_container(m: nn.Module) -> bool:

@@ -314,3 +314,46 @@ def test_a_pass_outgrowing_its_borrowed_plan_mid_way_makes_no_entry_for_its_firs
     finally:
         PlanCache.entry = original  # type: ignore[method-assign]
     assert made and not [sig for sig in made if sig.count(" + ") == 1], made
+
+
+class _Mlp(nn.Module):
+    def __init__(self, h: int = 32) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(h, 4 * h)
+        self.fc2 = nn.Linear(4 * h, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+def _unfrozen_at(step: int, mode: str, steps: int, **kw: Any) -> offrecomp.Runtime:
+    """A stack of four blocks frozen until ``step`` (only the head trains), then trained
+    whole, under ``mode``."""
+    torch.manual_seed(0)
+    blocks = nn.Sequential(*[_Mlp() for _ in range(4)])
+    model = nn.Sequential(blocks, nn.Linear(32, 1))
+    blocks.requires_grad_(False)
+    rt = offrecomp.runtime(model, mode=mode, min_bytes=0, **kw)
+    with rt:
+        for i in range(steps):
+            if i == step:
+                blocks.requires_grad_(True)
+            model(torch.randn(4, 64, 32, generator=torch.Generator().manual_seed(i))).sum().backward()
+    return rt
+
+
+def test_unfreezing_between_steps_is_a_new_signature() -> None:
+    """NOTE [Frozen parameters]: the frozen passes save a sixteenth of what the trained
+    ones do at the same input shapes. Keep's books of a frozen pass (NOTE [Native keep])
+    would report the trained passes' bytes that low, and auto would run the frozen
+    passes' plan on the first trained one (everything kept, twice the budget)."""
+    keep = _unfrozen_at(2, "keep", 4).report().steps
+    whole = _unfrozen_at(0, "keep", 2).report().steps
+    assert keep[0].peak_activation_bytes < whole[0].peak_activation_bytes
+    assert [s.peak_activation_bytes for s in keep[2:]] == [whole[0].peak_activation_bytes] * 2
+    assert "frozen:" in keep[0].signature and "frozen:" not in keep[2].signature
+
+    budget = whole[0].peak_activation_bytes // 2
+    steps = _unfrozen_at(4, "auto", 9, budget=budget, drift=100.0).report().steps
+    assert [s.phase for s in steps[4:6]] == ["measure", "calibrate"]
+    assert all(s.peak_activation_bytes <= 1.05 * budget for s in steps), [s.peak_activation_bytes for s in steps]
