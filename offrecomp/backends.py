@@ -404,7 +404,15 @@ class EmulatedBackend(Backend):
         try:
             if not stream.jobs or stream.jobs[0][1] is None:
                 return False
-            self._run(stream, stream.jobs.popleft()[1])  # type: ignore[arg-type]
+            entry = stream.jobs.popleft()
+            try:
+                self._run(stream, entry[1])  # type: ignore[arg-type]
+            except BaseException:
+                # a KeyboardInterrupt inside the job: it goes back in its place and runs
+                # again (a copy, an event's firing and a wait can all run twice), or an
+                # event it was to fire would never fire and every later wait would hang
+                stream.jobs.appendleft(entry)
+                raise
             return True
         finally:
             stream.running.release()

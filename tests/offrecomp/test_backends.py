@@ -307,3 +307,27 @@ def test_a_closed_emulated_stream_runs_its_jobs_on_the_caller(emu: EmulatedBacke
     landed = emu.record_event(side)
     emu.wait_event(emu.current_stream(cpu), landed)
     assert emu.query(landed) and torch.equal(dst, src)
+
+
+def test_a_job_interrupted_on_the_waiting_thread_runs_again() -> None:
+    """A Ctrl-C inside a job the waiting thread runs (NOTE [Emulated waits]) puts it back
+    in its place: the event after it still fires, and a later wait returns."""
+    emu = EmulatedBackend(start_delay_s=60.0)  # the worker never starts it first
+    side = emu.new_stream(torch.device("cpu"))
+    compute = emu.current_stream(torch.device("cpu"))
+    runs = []
+
+    def job() -> None:
+        runs.append(1)
+        if len(runs) == 1:
+            raise KeyboardInterrupt
+
+    try:
+        emu._enqueue(side, job)
+        landed = emu.record_event(side)
+        with pytest.raises(KeyboardInterrupt):
+            emu.wait_event(compute, landed)
+        emu.wait_event(compute, landed)
+        assert emu.query(landed) and len(runs) == 2
+    finally:
+        emu.close()
