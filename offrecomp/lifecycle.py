@@ -457,6 +457,15 @@ class Lifecycle:
 
     def end_step(self, *, explicit: bool, provisional: bool = False) -> None:
         if explicit and self.current is not None:
+            p = self.current
+            if p.stage is FORWARD and any(c.pack_count for c in p.all_calls()):
+                warn_once(
+                    "step-before-backward",
+                    "offrecomp: rt.step() closed a step whose forward saved tensors for a backward "
+                    "that had not begun: a backward after the block belongs to no step, so its "
+                    "pass never shows a whole step (auto measures it again every time). Put the "
+                    "backward inside the `with rt.step():` block.",
+                )
             self.finish_pass()
         passes, self._step_passes = self._step_passes, []
         if not passes:

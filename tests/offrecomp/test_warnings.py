@@ -157,3 +157,18 @@ def test_an_optimizer_step_inside_an_autocast_context_is_named(caplog: pytest.Lo
             m(torch.randn(4, 64, generator=torch.Generator().manual_seed(s))).float().sum().backward()
             opt.step()
     assert "stepped inside a torch.autocast context" in caplog.text
+
+
+def test_a_step_closed_before_its_backward_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    """``with rt.step():`` around the forward only: the backward after the block belongs to
+    no step, and auto would measure every such pass again; said once."""
+    offrecomp.diagnostics.clear_warnings()
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(3)])
+    rt = offrecomp.runtime(model, min_bytes=0)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), rt:
+        for _ in range(3):
+            with rt.step():
+                loss = model(torch.randn(4, 8)).sum()
+            loss.backward()
+    assert caplog.text.count("rt.step() closed a step whose forward saved tensors") == 1
