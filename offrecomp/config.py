@@ -8,6 +8,7 @@ the accepted forms.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import logging
@@ -306,8 +307,9 @@ class Config:
 
 
 def _opt_path(value: object, *, name: str) -> str | None:
-    """A file the runtime writes: its folder must exist, and it must not be a folder (told
-    now, not in the middle of a step)."""
+    """A file the runtime writes: its folder must exist, it must not be a folder, and it
+    must open for writing (told now, not in the middle of a step; a file this check
+    creates is removed again)."""
     text = os.fspath(value) if isinstance(value, os.PathLike) else value
     if not isinstance(text, str):
         raise ValueError(f"{name}={value!r} is invalid; accepted: a file path")
@@ -319,6 +321,15 @@ def _opt_path(value: object, *, name: str) -> str | None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise ValueError(f"{name}={value!r} is invalid: its directory {folder!r} does not exist")
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{name}={value!r} cannot be written: {exc.strerror or exc}") from exc
+    if not existed:
+        with contextlib.suppress(OSError):
+            os.remove(path)
     return path
 
 
@@ -327,7 +338,7 @@ def _budget(value: object, *, name: str) -> Budget | None:
 
 
 def _gbps(value: object, *, name: str) -> float:
-    return _parse_float(value, name=name, lo=1e-6, hi=1e6, forms="a positive number of GB/s (50)")
+    return _parse_float(value, name=name, lo=1e-6, hi=1e6, forms="a number of GB/s from 1e-6 to 1e6 (50)")
 
 
 _FIELD_PARSERS: dict[str, tuple[str, Callable[..., Any]]] = {
@@ -371,7 +382,7 @@ _FIELD_PARSERS: dict[str, tuple[str, Callable[..., Any]]] = {
     "replay_op_us": (
         "OFFRECOMP_REPLAY_OP_US",
         lambda v, name: _parse_float(v, name=name, lo=0.0, hi=1e6,
-                                     forms="microseconds per op, a number >= 0 (25)"),
+                                     forms="microseconds per op, a number from 0 to 1e6 (25)"),
     ),
 }
 

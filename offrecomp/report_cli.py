@@ -234,6 +234,9 @@ def main(argv: Sequence[str], out: TextIO | None = None, err: TextIO | None = No
     parser.add_argument("--plot", metavar="OUT.png", help="also draw peak activation memory and step times per step")
     parser.add_argument("--table", action="store_true", help="also print every step (the table print(rt.report()) shows)")
     args = parser.parse_args(list(argv))
+    if args.plot is not None and not args.plot.strip():
+        print("offrecomp report: --plot '' is invalid; accepted: a file name (out.png, out.pdf, out.svg)", file=err)
+        return 2
     notes: list[str] = []
     try:
         runs = load_runs(args.path, notes)
@@ -255,13 +258,19 @@ def main(argv: Sequence[str], out: TextIO | None = None, err: TextIO | None = No
             print(f"offrecomp report: {args.path}: a step record holds a value of the wrong type ({exc})", file=err)
             return 2
     if args.plot:
+        # a name without a suffix gets matplotlib's default format, added here so that
+        # the name said is the file written
+        target = args.plot if Path(args.plot).suffix else args.plot + ".png"
         try:
-            plot_runs(runs, args.plot, title=Path(args.path).name)
+            plot_runs(runs, target, title=Path(args.path).name)
         except ImportError as exc:
             print(f"offrecomp report: {exc}", file=err)
             return 2
         except OSError as exc:
-            print(f"offrecomp report: cannot write {args.plot!r}: {exc.strerror or exc}", file=err)
+            print(f"offrecomp report: cannot write {target!r}: {exc.strerror or exc}", file=err)
             return 2
-        print(f"wrote {args.plot}", file=out)
+        except ValueError as exc:  # a suffix matplotlib has no writer for
+            print(f"offrecomp report: cannot write {target!r}: {exc}", file=err)
+            return 2
+        print(f"wrote {target}", file=out)
     return 0

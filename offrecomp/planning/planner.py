@@ -443,8 +443,7 @@ class Planner:
         entry.take_profile(profile, structures, p.stats.peak_resident_bytes)
         if cfg.profile_path:
             # the measured profile now; each solve overwrites it with the calibrated one
-            profile.save(cfg.profile_path)
-            log.info("offrecomp: profile of signature %s saved to %s", p.signature, cfg.profile_path)
+            profiling.save_profile(profile, cfg.profile_path, p.signature)
         self.last_entry = entry
 
     def budget_bytes(self, profile: Profile) -> int | None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from offrecomp.changes import module_state
+from offrecomp.diagnostics import warn_once
 from offrecomp.measure import device_capacity_bytes
 from offrecomp.regions import buffer_of
 from offrecomp.trace import RegionStructure, build_structure
@@ -257,3 +258,19 @@ def _probe_link(device: torch.device) -> tuple[float, float]:
         d2h = h2d = 0.0
     _link_cache[idx] = (d2h, h2d)
     return d2h, h2d
+
+
+def save_profile(profile: Profile, path: str, signature: str) -> None:
+    """Write ``profile`` to ``OFFRECOMP_PROFILE``'s ``path``; a failure (the disk filled,
+    the folder removed since the runtime checked it) is logged once and training goes on."""
+    try:
+        profile.save(path)
+    except OSError as exc:
+        warn_once(
+            f"profile-path:{path}",
+            "offrecomp: cannot write the profile to OFFRECOMP_PROFILE=%r (%s); training goes on "
+            "without it",
+            path, exc,
+        )
+        return
+    log.info("offrecomp: profile of signature %s saved to %s", signature, path)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from offrecomp.config import format_bytes
 from offrecomp.measure import host_available_bytes
+from offrecomp.planning.profiling import save_profile
 from offrecomp.transfer import slot_offsets
 from scheduler.plan import ROOT, Placement, Plan
 
@@ -247,8 +248,7 @@ class Solver:
         entry.learnt_since_solve = entry.learn_skipped = 0  # NOTE [Learning cadence]
         if cfg.profile_path:
             # the profile this plan was solved with (calibrated, smoothed): the latest wins
-            profile.save(cfg.profile_path)
-            log.info("offrecomp: profile of signature %s saved to %s", entry.signature, cfg.profile_path)
+            save_profile(profile, cfg.profile_path, entry.signature)
         self.pin_ahead(offloaded_sizes(profile, plan))
         _log_plan(entry, plan, profile)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 from typing import Any
 
 import pytest
@@ -234,6 +235,32 @@ def test_a_file_setting_in_a_missing_folder_or_on_a_folder_fails_at_once(
     monkeypatch.setenv(var, str(tmp_path))
     with pytest.raises(ValueError, match=rf"{var}=.*is a directory"):
         offrecomp.runtime(_two_blocks())
+    if os.path.isdir("/proc"):  # a folder no file can be made in, even by root
+        monkeypatch.setenv(var, "/proc/offrecomp-probe.json")
+        with pytest.raises(ValueError, match=rf"{var}=.*cannot be written"):
+            offrecomp.runtime(_two_blocks())
+    monkeypatch.setenv(var, str(tmp_path / "fresh.json"))
+    offrecomp.runtime(_two_blocks())
+    assert not (tmp_path / "fresh.json").exists()  # the check leaves nothing behind
+
+
+def test_a_profile_that_cannot_be_written_later_is_said_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """OFFRECOMP_PROFILE's folder removed after the runtime checked it: training goes on,
+    and the failure is logged once."""
+    offrecomp.diagnostics.clear_warnings()
+    folder = tmp_path / "gone"
+    folder.mkdir()
+    monkeypatch.setenv("OFFRECOMP_PROFILE", str(folder / "p.json"))
+    m = _two_blocks()
+    rt = offrecomp.runtime(m, mode="auto", min_bytes=0)
+    folder.rmdir()
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), rt:
+        for _ in range(4):
+            m(torch.randn(4, 4)).sum().backward()
+    assert caplog.text.count("cannot write the profile to OFFRECOMP_PROFILE") == 1
+    assert [s.phase for s in rt.report().steps][-1] == "planned"
 
 
 def test_a_budget_of_zero_warns_it_cannot_be_met(caplog: pytest.LogCaptureFixture) -> None:

@@ -69,7 +69,7 @@ def test_each_variable(var: str, value: str, field: str, expected: object) -> No
         ("OFFRECOMP_VERIFY", "maybe", "true, false"),
         ("OFFRECOMP_LOG", "LOUD", "DEBUG, INFO"),
         ("OFFRECOMP_MAX_OVERHEAD", "-1", "fraction"),
-        ("OFFRECOMP_D2H_GBPS", "0", "positive"),
+        ("OFFRECOMP_D2H_GBPS", "0", "from 1e-6 to 1e6"),
         ("OFFRECOMP_INFEASIBLE", "ignore", "warn, error"),
         ("OFFRECOMP_PLAN_CACHE", "0", ">= 1"),
         ("OFFRECOMP_DISABLE", "2", "1, 0"),

@@ -111,3 +111,18 @@ def test_report_in_usage() -> None:
     finally:
         sys.stderr = sys_stderr
     assert "accepted: plan, warmup, report" in err.getvalue()
+
+
+def test_report_plot_names_the_file_it_writes_or_why_not(
+    report_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A name without a suffix gets .png (matplotlib's default), said as written; a suffix
+    without a writer and an empty name are errors naming them."""
+    pytest.importorskip("matplotlib", reason="--plot needs matplotlib (the bench extra)")
+    code, out, err = _run(["report", str(report_file), "--plot", str(tmp_path / "noext")], capsys)
+    assert code == 0, err
+    assert f"wrote {tmp_path / 'noext.png'}" in out and (tmp_path / "noext.png").exists()
+    code, out, err = _run(["report", str(report_file), "--plot", str(tmp_path / "out.xyz")], capsys)
+    assert code == 2 and "cannot write" in err and "xyz" in err
+    code, out, err = _run(["report", str(report_file), "--plot", ""], capsys)
+    assert code == 2 and "--plot '' is invalid" in err
