@@ -358,6 +358,11 @@ def _check_plan(plan: Plan, regions: list[str]) -> None:
     string or a number would be taken for OFFLOAD (the placement is compared by identity
     on the save path), a region name the model lacks is never used."""
     accepted = ", ".join(f"Placement.{p.name}" for p in Placement)
+    if not isinstance(plan.placements, dict):
+        raise TypeError(
+            f"plan.placements={plan.placements!r} is invalid; accepted: a dict "
+            "{(region name, call index, storage index): Placement}"
+        )
     for key, pl in [(None, plan.default), *plan.placements.items()]:
         if type(pl) is not Placement:
             where = "plan.default" if key is None else f"plan.placements[{key!r}]"

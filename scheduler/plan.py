@@ -34,12 +34,17 @@ class Placement(enum.IntEnum):
         """Parse ``"keep"``/``"offload"``/``"recompute"`` (any case) or an int."""
         if isinstance(value, Placement):
             return value
-        if isinstance(value, int):
-            return cls(value)
+        accepted = ", ".join(p.name.lower() for p in cls)
+        if isinstance(value, int) and not isinstance(value, bool):  # True would be OFFLOAD
+            if value in {p.value for p in cls}:
+                return cls(value)
+            raise ValueError(
+                f"placement {value!r} is invalid; accepted: {accepted}, or their numbers "
+                f"({', '.join(str(p.value) for p in cls)})"
+            )
         try:
             return cls[str(value).strip().upper()]
         except KeyError:
-            accepted = ", ".join(p.name.lower() for p in cls)
             raise ValueError(f"placement {value!r} is invalid; accepted: {accepted}") from None
 
 

@@ -271,3 +271,16 @@ def test_a_budget_of_zero_warns_it_cannot_be_met(caplog: pytest.LogCaptureFixtur
         for _ in range(3):
             m(x).sum().backward()
     assert any("budget 0 B cannot be met" in r.getMessage() for r in caplog.records)
+
+
+def test_a_plan_of_the_wrong_shape_or_placement_names_it() -> None:
+    from scheduler.plan import Placement, Plan
+
+    rt = offrecomp.runtime(_two_blocks(), mode="keep")
+    with pytest.raises(TypeError, match=r"plan\.placements=\[.*accepted: a dict"):
+        rt.set_plan(Plan(placements=[(("0", 0, 0), Placement.RECOMPUTE)]))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"placement True is invalid; accepted: keep, offload, recompute"):
+        Placement.parse(True)
+    with pytest.raises(ValueError, match=r"placement 5 is invalid; accepted: keep, offload, recompute, or their numbers"):
+        Placement.parse(5)
+    assert Placement.parse(2) is Placement(2) and Placement.parse(" Keep ") is Placement.KEEP
