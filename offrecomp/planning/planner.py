@@ -62,6 +62,7 @@ class Planner:
         self._resolved: list[StepRecord] = []
         self._catching_up = False
         self._warned_unfinished = False
+        self._plans_checked: set[int] = set()  # ids of the user plans checked (_check_user_plan)
         self.last_forced: list[PassState] = []  # a forced mode's last step's passes, for explain()
 
     @property
@@ -387,6 +388,9 @@ class Planner:
             self._end_pass(p)
 
     def _end_pass(self, p: PassState) -> None:
+        user = self.host.user_plan
+        if user is not None and user.placements and not p.aborted and id(user) not in self._plans_checked:
+            self._check_user_plan(user, p)
         if p.wants_entry and not p.aborted and p.signature not in self.entries:
             self.cache.entry(p.signature, p)  # NOTE [Borrowed plans]: it measures next time
         if p.recording:
@@ -445,6 +449,21 @@ class Planner:
             # the measured profile now; each solve overwrites it with the calibrated one
             profiling.save_profile(profile, cfg.profile_path, p.signature)
         self.last_entry = entry
+
+    def _check_user_plan(self, user: Plan, p: PassState) -> None:
+        """Once per plan (``rt.set_plan``), at the end of its first pass: name the keys that
+        matched no storage of it (a call or storage index the model never reaches)."""
+        self._plans_checked.add(id(user))
+        seen = {(c.name, c.call_index, r.index) for c in p.all_calls() for r in c.storages if r.index >= 0}
+        missed = sorted(set(user.placements) - seen)
+        if missed:
+            log.warning(
+                "offrecomp: %d key(s) of the plan set with rt.set_plan() matched no storage of "
+                "its first pass (signature %s), which places them by the plan's default: %s; "
+                "rt.explain() names the (region, call, storage) keys a pass has",
+                len(missed), p.signature,
+                ", ".join(map(repr, missed[:5])) + (", ..." if len(missed) > 5 else ""),
+            )
 
     def budget_bytes(self, profile: Profile) -> int | None:
         """The activation budget plans of ``profile`` are solved for."""

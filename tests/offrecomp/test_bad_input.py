@@ -284,3 +284,19 @@ def test_a_plan_of_the_wrong_shape_or_placement_names_it() -> None:
     with pytest.raises(ValueError, match=r"placement 5 is invalid; accepted: keep, offload, recompute, or their numbers"):
         Placement.parse(5)
     assert Placement.parse(2) is Placement(2) and Placement.parse(" Keep ") is Placement.KEEP
+
+
+def test_plan_keys_that_match_no_storage_are_named(caplog: pytest.LogCaptureFixture) -> None:
+    """A key of a known region whose call or storage index the model never reaches is
+    named once, at the end of the plan's first pass."""
+    from scheduler.plan import Placement, Plan
+
+    m = nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.Tanh()), nn.Sequential(nn.Linear(4, 4), nn.Tanh()))
+    rt = offrecomp.runtime(m, mode="keep", min_bytes=0)
+    rt.set_plan(Plan(placements={("0", 0, 99): Placement.RECOMPUTE, ("0", 7, 0): Placement.RECOMPUTE,
+                                 ("1", 0, 1): Placement.RECOMPUTE}))
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), rt:
+        for _ in range(3):
+            m(torch.randn(2, 4)).sum().backward()
+    assert caplog.text.count("matched no storage of its first pass") == 1
+    assert "('0', 0, 99), ('0', 7, 0)" in caplog.text and "('1', 0, 1)" not in caplog.text
