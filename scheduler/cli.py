@@ -138,6 +138,12 @@ def _load_profile(args: argparse.Namespace) -> Profile:
     if args.model is not None:
         if args.device_tflops is None:
             raise ValueError("--model needs --device-tflops (e.g. 990 for H100/H200 bf16 dense)")
+        if (args.d2h_gbps is None) != (args.h2d_gbps is None):
+            given = "--d2h-gbps" if args.d2h_gbps is not None else "--h2d-gbps"
+            raise ValueError(
+                f"--model with {given} alone: a host link needs both --d2h-gbps and --h2d-gbps "
+                "(neither: no host link, no offload)"
+            )
         kwargs = parse_model(args.model)
         if args.mfu is not None:
             kwargs["mfu"] = args.mfu

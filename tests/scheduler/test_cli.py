@@ -205,6 +205,11 @@ def test_infeasible_budget_exit_status(capsys: pytest.CaptureFixture[str]) -> No
              "--offload-us", "-1"],
             "--offload-us -1.0 is invalid",
         ),
+        (
+            ["plan", "--model", MODEL, "--device-tflops", "990", "--budget", "1GiB",
+             "--d2h-gbps", "10"],
+            "--model with --d2h-gbps alone",
+        ),
     ],
 )
 def test_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
