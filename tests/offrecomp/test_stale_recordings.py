@@ -282,6 +282,21 @@ def _sgd_steps(
     return out
 
 
+
+def _plain_then_planned(
+    model: nn.Module, loss: Callable[[nn.Module, int], torch.Tensor], steps: int, drop: dict[Any, Any]
+) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, torch.Tensor]], Any]:
+    """``steps`` SGD steps of a copy of ``model`` plainly, then of another under auto with
+    every replay served (``replay_op_us=0``) and a plan dropping the storages ``drop``
+    names (RECOMPUTE), keeping the rest: the gradients of both runs and the runtime."""
+    from scheduler.plan import Placement, Plan
+
+    ref = _sgd_steps(copy.deepcopy(model), None, steps, loss)
+    m = copy.deepcopy(model)
+    rt = offrecomp.runtime(m, mode="auto", min_bytes=0, replay_op_us=0)
+    rt.set_plan(Plan(placements=drop, default=Placement.KEEP))
+    return ref, _sgd_steps(m, rt, steps, loss), rt
+
 class _Holder:
     def __init__(self, c: torch.Tensor) -> None:
         self.c = c
@@ -335,23 +350,16 @@ def test_a_tensor_read_beside_the_inputs_restrided_between_steps(where: str) -> 
     no op its geometry may reach is served), of other strides from step 4: the op
     ``c * h`` makes its output in those strides, so serving it with the recorded ones
     would hand backward another tensor. A plan drops a storage of every block."""
-    from scheduler.plan import Placement, Plan
+    from scheduler.plan import Placement
 
     def loss(m: nn.Module, step: int) -> torch.Tensor:
         m.restrided = step >= 4
         return m(torch.randn(4, 6, 16, generator=torch.Generator().manual_seed(step)))
 
-    def loop(m: nn.Module, rt: Any) -> list[dict[str, torch.Tensor]]:
-        return _sgd_steps(m, rt, 8, loss)
-
     torch.manual_seed(0)
-    model = _ScaledModel(where)
-    ref = loop(copy.deepcopy(model), None)
-    m = copy.deepcopy(model)
-    rt = offrecomp.runtime(m, mode="auto", min_bytes=0, replay_op_us=0)
     drop = {(f"blocks.{i}", 0, 4): Placement.RECOMPUTE for i in range(3)}
-    rt.set_plan(Plan(placements=drop, default=Placement.KEEP))
-    assert_bitwise(ref, loop(m, rt))
+    ref, got, rt = _plain_then_planned(_ScaledModel(where), loss, 8, drop)
+    assert_bitwise(ref, got)
     steps = rt.report().steps
     assert all(s.recomputed_bytes > 0 for s in steps)
     assert steps[1].served_ops > 0  # what no such tensor reaches is still served
@@ -447,18 +455,15 @@ def test_a_kept_storage_written_after_its_region_is_not_served_from() -> None:
     """NOTE [Served storages written since] (regenerate.py): the replay runs the op that
     made a kept storage written in place since, rather than rebuilding an output on its
     new bytes."""
-    from scheduler.plan import Placement, Plan
+    from scheduler.plan import Placement
 
     def loss(m: nn.Module, step: int) -> torch.Tensor:
         return m(torch.randn(4, 8, generator=torch.Generator().manual_seed(step)))
 
     torch.manual_seed(0)
-    model = _AuxModel()
-    ref = _sgd_steps(copy.deepcopy(model), None, 3, loss)
-    m = copy.deepcopy(model)
-    rt = offrecomp.runtime(m, mode="auto", min_bytes=0, replay_op_us=0)
-    rt.set_plan(Plan(placements={(f"blocks.{i}", 0, 2): Placement.RECOMPUTE for i in range(2)}, default=Placement.KEEP))
-    assert_bitwise(ref, _sgd_steps(m, rt, 3, loss))
+    drop = {(f"blocks.{i}", 0, 2): Placement.RECOMPUTE for i in range(2)}
+    ref, got, rt = _plain_then_planned(_AuxModel(), loss, 3, drop)
+    assert_bitwise(ref, got)
     assert all(s.served_ops > 0 for s in rt.report().steps)
 
 
@@ -506,11 +511,11 @@ class _CachedBiasBlock(nn.Module):
         return y + torch.tanh(self.f2(torch.tanh(self.f1(y))))
 
 
-def _bias_steps(bias: str) -> tuple[list[dict[str, torch.Tensor]], Any]:
+def _bias_steps(bias: str) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, torch.Tensor]], Any]:
     """Plain, then auto under a plan that drops the last storages of every block and keeps
     the rest (every replay serves), each run with cold caches: the gradients of both and
     the runtime."""
-    from scheduler.plan import Placement, Plan
+    from scheduler.plan import Placement
 
     def loss(m: nn.Module, step: int) -> torch.Tensor:
         if step == 0:  # each run builds the bias in its first forward
@@ -519,13 +524,8 @@ def _bias_steps(bias: str) -> tuple[list[dict[str, torch.Tensor]], Any]:
         return m(torch.randn(2, 12, 16, generator=torch.Generator().manual_seed(step)))
 
     torch.manual_seed(0)
-    model = Stack([_CachedBiasBlock(bias) for _ in range(3)])
-    ref = _sgd_steps(copy.deepcopy(model), None, 5, loss)
-    m = copy.deepcopy(model)
-    rt = offrecomp.runtime(m, mode="auto", min_bytes=0, replay_op_us=0)
     drop = {(f"blocks.{b}", 0, i): Placement.RECOMPUTE for b in range(3) for i in range(10, 14)}
-    rt.set_plan(Plan(placements=drop, default=Placement.KEEP))
-    return ref, (rt, _sgd_steps(m, rt, 5, loss))
+    return _plain_then_planned(Stack([_CachedBiasBlock(bias) for _ in range(3)]), loss, 5, drop)
 
 
 @pytest.mark.parametrize("bias", ["lru_cache", "dict"])
@@ -533,7 +533,7 @@ def test_a_tensor_cached_outside_the_modules_is_a_skipped_build(bias: str, caplo
     """NOTE [Skipped builds]: serving replays of blocks.0 skip the recorded ops that built
     the bias, and match the ops after them; bitwise equal to plain."""
     with caplog.at_level(logging.INFO, logger="offrecomp.trace.serving"):
-        ref, (rt, got) = _bias_steps(bias)
+        ref, got, rt = _bias_steps(bias)
     assert_bitwise(ref, got)
     assert "they built a tensor its forward now takes from a cache" in caplog.text
     assert all(s.served_ops > 0 and s.recomputed_bytes > 0 for s in rt.report().steps[1:])
