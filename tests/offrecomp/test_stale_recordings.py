@@ -401,9 +401,9 @@ class _NoiseModel(nn.Module):
 @pytest.mark.parametrize("where", ["argument", "attribute"])
 def test_a_new_generator_and_other_plain_arguments_each_step(where: str, variant: str) -> None:
     """NOTE [Private generators]: a generator made each step, passed in or assigned to
-    an attribute, has its state captured at entry (replays drew on from where the
-    forward left it); plain arguments other than the recording's replay plainly (a
-    serving replay raised ReplayDivergedError), NOTE [Stale recordings]."""
+    an attribute, has its state captured at entry, so a replay draws what the forward
+    drew; plain arguments other than the recording's replay plainly (a serving replay
+    would meet other scalars than recorded), NOTE [Stale recordings]."""
 
     def loss(m: nn.Module, step: int) -> torch.Tensor:
         return m(torch.randn(3, 8, 32, generator=torch.Generator().manual_seed(step)), step)
