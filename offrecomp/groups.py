@@ -55,14 +55,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["OffloadGroups", "reads_bytes_as_stored"]
+__all__ = ["TYPED_DTYPES", "OffloadGroups", "reads_bytes_as_stored"]
 
 KEEP = Placement.KEEP
 _T = TypeVar("_T")
 #: Dtypes whose copy moves every byte as it is (NOTE [Typed sources] in offload.py): a
 #: bool copy writes 1 for every nonzero byte, and sub-byte and other shell dtypes have
 #: no copy kernel.
-_TYPED = frozenset({
+TYPED_DTYPES = _TYPED = frozenset({
     torch.float16, torch.bfloat16, torch.float32, torch.float64,
     torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
 })
@@ -138,14 +138,7 @@ class OffloadGroups:
         conjugated, as offload moves bytes only); False: the pool has no room; True: it
         joined, as an alias of ``t`` when ``t`` covers it contiguously (NOTE [Typed
         sources] in offload.py), else as the storage."""
-        on_device = self._on_device
-        if on_device is None:
-            device = self._device.device
-            kind = device.type if device is not None else "cpu"
-            # is_cuda and is_cpu are flags; t.device makes a device object (a third of a µs)
-            on_device = self._on_device = (
-                _IS_CUDA if kind == "cuda" else _IS_CPU if kind == "cpu" else lambda x: x.device.type == kind
-            )
+        on_device = self._on_device or self._device_check()
         # reads_bytes_as_stored(t), inline: a conjugate bit only ever sits on a complex tensor
         if not on_device(t) or t.is_neg() or (dtype.is_complex and t.is_conj()):
             return None
@@ -154,10 +147,7 @@ class OffloadGroups:
         engine = self.engine or self.get_engine()
         group = opened = call.group
         if group is None:
-            p = call.pass_state
-            group = call.group = engine.open_group(len(p.calls) if p is not None else 0, storage.device)
-            call.groups.append(group)
-            self.live_groups += 1
+            group = self._open(call, engine, storage.device)
         nbytes = rec.nbytes
         if covers and dtype in _TYPED and t.is_contiguous():
             # NOTE [Typed sources]; a detached alias shares t's version counter (NOTE
@@ -166,14 +156,64 @@ class OffloadGroups:
         else:
             slot = engine.add(group, storage, nbytes)
         if slot < 0:
-            if opened is None:  # the group opened for it stays empty: a root call may never release it
-                call.group = None
-                call.groups.remove(group)
-                self.free(group)
+            if opened is None:
+                self._close_empty(call, group)
             return False
         rec.group = group
         rec.slot = slot
         return True
+
+    def join_typed(self, call: RegionCall, rec: StorageRec, t: torch.Tensor, dtype: torch.dtype) -> bool | None:
+        """``join`` for a contiguous ``t`` of a dtype of ``TYPED_DTYPES`` that covers its
+        storage (``rec``'s) from its first byte, typed. As ``join``, True: it joined;
+        False: the pool has no room (counted); None, having changed nothing: ``join``
+        must decide (a tensor that cannot move or over a parameter's storage, or no
+        engine yet: NOTE [Offload fast path] in hooks.py)."""
+        on_device = self._on_device
+        engine = self.engine
+        if (
+            on_device is None or engine is None or not on_device(t) or t.is_neg()
+            or (t.is_leaf and rec.ptr in self._param_storages(call))  # NOTE [Parameter storages]
+        ):
+            return None
+        group = opened = call.group
+        if group is None:
+            group = self._open(call, engine, t.device)
+        # NOTE [Typed sources]; a detached alias shares t's version counter (NOTE [Writes
+        # after a save] in state.py)
+        slot = engine.add(group, t.detach(), rec.nbytes, t.shape, dtype)
+        if slot < 0:
+            if opened is None:
+                self._close_empty(call, group)
+            return False
+        rec.group = group
+        rec.slot = slot
+        return True
+
+    def _device_check(self) -> Callable[[torch.Tensor], bool]:
+        """Is a tensor on the runtime's device (so in device memory, for a GPU run)?"""
+        device = self._device.device
+        kind = device.type if device is not None else "cpu"
+        # is_cuda and is_cpu are flags; t.device makes a device object (a third of a µs)
+        self._on_device = (
+            _IS_CUDA if kind == "cuda" else _IS_CPU if kind == "cpu" else lambda x: x.device.type == kind
+        )
+        return self._on_device
+
+    def _open(self, call: RegionCall, engine: OffloadEngine, device: torch.device) -> Group:
+        """A new open group for ``call``'s offloaded storages."""
+        p = call.pass_state
+        group = call.group = engine.open_group(len(p.calls) if p is not None else 0, device)
+        call.groups.append(group)
+        self.live_groups += 1
+        return group
+
+    def _close_empty(self, call: RegionCall, group: Group) -> None:
+        """A group opened for a storage that did not join stays empty: a root call may
+        never release it."""
+        call.group = None
+        call.groups.remove(group)
+        self.free(group)
 
     def _param_storages(self, call: RegionCall) -> frozenset[int]:
         """The storages of the model's parameters, read once per pass."""

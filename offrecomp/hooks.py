@@ -36,6 +36,7 @@ from torch import nn
 from offrecomp import _torch_compat as tc
 from offrecomp.config import Config
 from offrecomp.diagnostics import detached_error, kind, modified_error, warn_once, where_saved
+from offrecomp.groups import TYPED_DTYPES as _TYPED
 from offrecomp.groups import reads_bytes_as_stored
 from offrecomp.placement import Placements, untracked_alias
 from offrecomp.regenerate import Regenerator
@@ -66,6 +67,7 @@ __all__ = ["Placer"]
 
 KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
 FORWARD, AWAITING = Stage.FORWARD, Stage.AWAITING  # an unpack then is not (yet) the pass's backward
+BACKWARD = Stage.BACKWARD
 _STRIDED = torch.strided
 #: Dtypes whose storages are placed; quantized and complex ones are saved as they are.
 _PLACED_DTYPES = frozenset(
@@ -106,13 +108,31 @@ class _Plain:
 # NOTE [Known placements]
 # Most new storages have a placement before any rule runs: their call's fixed placement
 # (a forced mode) or its placement table's entry (NOTE [Placement table] in
-# placement.py). ``_new_storage`` reads it there and asks ``Placements.decide`` only for
-# the rest. A known OFFLOAD still meets the rules that look at the tensor (min_bytes under
-# a forced mode, which the table applied already; an untracked alias; a recording pass
-# sends it to the rules), then joins its call's group directly (``OffloadGroups.join``:
-# device, neg/conj bits, the pool's room); one that cannot join falls back as the rules
-# would (``Placements.not_joined``). An offloaded save so runs no decision frame and no
-# check twice: a tenth of its Python (benchmarks/count_hot_path.py).
+# placement.py). The pack hook reads it there and asks ``Placements.decide`` only for the
+# rest. A known OFFLOAD still meets the rules that look at the tensor (min_bytes under a
+# forced mode, which the table applied already; an untracked alias; a recording pass
+# sends it to the rules), then joins its call's group directly (NOTE [Offload fast
+# path]; ``OffloadGroups.join``: device, neg/conj bits, the pool's room); one that cannot
+# join falls back as the rules would (``Placements.not_joined``). An offloaded save so
+# runs no decision frame and no check twice (benchmarks/count_hot_path.py).
+
+# NOTE [Offload fast path]
+# Most offloaded saves are the first save of a contiguous tensor that covers its storage,
+# of a dtype whose copy moves its bytes as they are (NOTE [Typed sources] in
+# offload.py), in a call whose placement sends that storage to host memory. Such a save
+# takes one path through the pack hook: ``_offload_new`` checks what the tensor tells
+# (dtype, ``min_bytes``, the whole storage, contiguity, not a view of a parameter),
+# ``OffloadGroups.join_typed`` what the group and the engine do (device, negation bit,
+# parameter storages, the pool's room), and the record and handle are made. Anything
+# else (a recording pass, part of a storage, a tensor that cannot move, no engine yet)
+# goes to ``_new_storage`` and the rules having changed nothing; a pool without room
+# places the storage by the fallback at once, so the pool is asked once per storage.
+# The unpack hook likewise takes a typed save in one path when its group was fetched into
+# a reused buffer holding an alias of its geometry (NOTE [Reused reload buffers] in
+# transfer.py), its pass is in backward, its group issued, and neither its original nor
+# its base lives (there is nothing to check against them): the alias, the group's
+# version check (NOTE [Writes after a save] in state.py), the group's release at its last
+# save. Every other unpack takes the general path, which checks the same one by one.
 
 #: One pack or unpack call in HOOK_SAMPLE is timed (NOTE [Hook timing]).
 HOOK_SAMPLE = 16
@@ -194,16 +214,24 @@ class Placer:
             # (a root run's: the copy holds the bytes of then, and the storage may have
             # been written since): a new save of the same storage is a new storage.
             base = t._base
-            rec = self._new_storage(p, call, t, ptr, storage, base)
-            group = rec.group
-            if group is not None and recorder is None and group.shapes[rec.slot] is not None:
-                # it joined its call's group just now, typed: its geometry is its slot's
-                # (NOTE [Typed sources] in offload.py)
-                ref = call.lease_ref
-                lease = ref() if ref is not None else None
-                h = _new_typed(TypedHandle, rec, idx, t, lease if lease is not None else call.lease(self._release), base)
-                group.handles += 1
-                return h
+            nbytes = storage.nbytes()
+            placement = call.fixed
+            if placement is None:
+                table = call.table  # NOTE [Placement table]
+                if table is not None:
+                    index = len(call.storages)
+                    if index < len(table) and call.table_sizes[index] == nbytes:  # type: ignore[index]
+                        placement = table[index]
+            if placement is OFFLOAD and recorder is None:
+                fast = self._offload_new(p, call, t, idx, ptr, storage, base, nbytes)
+                if type(fast) is TypedHandle:
+                    return fast
+                new: StorageRec = fast if fast is not None else self._new_storage(  # type: ignore[assignment]
+                    p, call, t, ptr, storage, base, nbytes, OFFLOAD
+                )  # a record placed by a fallback (the pool had no room), or the rules'
+                rec = new
+            else:
+                rec = self._new_storage(p, call, t, ptr, storage, base, nbytes, placement)
         elif rec.placement is OFFLOAD and not reads_bytes_as_stored(t):
             return _Plain(t, call)  # another view of an offloaded storage, negated: as it is
         placement = rec.placement
@@ -248,11 +276,46 @@ class Placer:
             p.stats.pack_seconds += (time.perf_counter() - start) * HOOK_SAMPLE
         return h
 
+    def _offload_new(
+        self, p: PassState, call: RegionCall, t: torch.Tensor, idx: int, ptr: int, storage: Any,
+        base: torch.Tensor | None, nbytes: int,
+    ) -> TypedHandle | StorageRec | None:
+        """``t`` is the ``idx``-th save of ``call`` and the first of its storage (``ptr``,
+        ``nbytes``; ``base``: ``t._base``), and the call's placement sends that storage to
+        host memory: its handle, joined to the call's group typed; or its record, placed
+        by the fallback when the pool has no room; or None, having changed nothing, where
+        ``_new_storage`` must decide (NOTE [Offload fast path])."""
+        dtype = t.dtype
+        if (
+            dtype not in _TYPED or not ptr or nbytes < self._config.min_bytes or t.nbytes != nbytes
+            or (base is not None and type(base) is not torch.Tensor) or not t.is_contiguous()
+        ):
+            return None
+        rec = _new_rec(StorageRec, storage, call, len(call.storages), nbytes, ptr, OFFLOAD)
+        joined = self._groups.join_typed(call, rec, t, dtype)
+        if joined is None:
+            return None
+        call.storages.append(rec)
+        call.by_ptr[ptr] = rec
+        if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
+            rec.save_mark = self._life.mark()
+        if not joined:
+            rec.placement, fallback = self._placements.not_joined(call, "activation", False)
+            self._account(p, rec, fallback)
+            return rec
+        p.stats.offloaded_bytes += nbytes
+        ref = call.lease_ref  # the call's live lease, or a new one (RegionCall.lease)
+        lease = ref() if ref is not None else None
+        h = _new_typed(TypedHandle, rec, idx, t, lease if lease is not None else call.lease(self._release), base)
+        rec.group.handles += 1  # type: ignore[union-attr]  # joined: set
+        return h
+
     def _new_storage(
-        self, p: PassState, call: RegionCall, t: torch.Tensor, ptr: int, storage: Any, base: torch.Tensor | None
+        self, p: PassState, call: RegionCall, t: torch.Tensor, ptr: int, storage: Any, base: torch.Tensor | None,
+        nbytes: int, placement: Placement | None,
     ) -> StorageRec:
-        """The record of ``t``'s storage, new in ``call``, placed (``base``: ``t._base``)."""
-        nbytes = storage.nbytes()
+        """The record of ``t``'s storage, new in ``call``, placed (``base``: ``t._base``;
+        ``placement``: the call's fixed one or its table's, None if neither knows)."""
         dtype = t.dtype
         if ptr == 0 or dtype not in _PLACED_DTYPES or (base is not None and type(base) is not torch.Tensor):
             # NOTE [What is never placed]: saved as it is, every time (no storage index).
@@ -263,16 +326,11 @@ class Placer:
             call.by_ptr[ptr] = rec
             return rec
         index = len(call.storages)
-        placement = call.fixed
         recorder = call.recorder
         fallback = None
-        if placement is KEEP:  # the call's forced keep (Placements.fixed): nothing to decide
+        if placement is KEEP:  # the call's forced keep, or its table's: nothing to decide
             rec = _new_rec(StorageRec, storage, call, index, nbytes, ptr, KEEP)
         else:
-            if placement is None:
-                table = call.table  # NOTE [Placement table]
-                if table is not None and index < len(table) and call.table_sizes[index] == nbytes:  # type: ignore[index]
-                    placement = table[index]
             rec = _new_rec(StorageRec, storage, call, index, nbytes, ptr, placement)
             if placement is OFFLOAD:  # NOTE [Known placements]
                 covers = t.nbytes == nbytes  # not untracked_alias(t, nbytes), inline, below
@@ -401,6 +459,28 @@ class Placer:
 
     def unpack(self, h: Any, aside: bool = False) -> torch.Tensor:
         kind = type(h)
+        if kind is TypedHandle:  # NOTE [Offload fast path]: a save of a group fetched into a reused buffer
+            rec = h.rec
+            group = rec.group  # set: OFFLOAD (a fallback to KEEP clears it)
+            call = rec.call
+            p = call.pass_state
+            views = group.views if group is not None else None
+            if (
+                views is not None and p is not None and p.stage is BACKWARD and call.group is not group
+                and h() is None and h.base is None
+            ):
+                hit = views.get(h.pack_index)
+                slot = rec.slot
+                if (
+                    hit is not None and hit[0] == (group.offsets[slot], 0, group.shapes[slot], h.stride, group.dtypes[slot])
+                    and group.views is views  # not released meanwhile (another thread's backward)
+                ):
+                    if group.versions[slot] != h.version:  # NOTE [Writes after a save]
+                        raise modified_error(where_saved(call), h.pack_index, h.version, group.versions[slot])
+                    uses = group.uses = group.uses + 1
+                    if uses >= group.handles:
+                        self._groups.release_device(group)
+                    return hit[1]  # autograd wraps it anew (NOTE [Reused reload buffers] in transfer.py)
         if kind is KeptRef or kind is tuple:  # KEEP
             if not aside:
                 n = self._unpacks = self._unpacks + 1
@@ -456,7 +536,7 @@ class Placer:
                 if kind is TypedHandle  # its slot's size and dtype, offset 0
                 else (group.offsets[slot], h.offset, h.size, h.stride, h.dtype)
             ):
-                t = hit[1].data  # the cached alias's geometry is this save's
+                t = hit[1]  # the cached alias's geometry is this save's (autograd wraps it anew)
                 if group.views is not views:  # released meanwhile (another thread): t may be on nothing
                     t = self._reload_view(h, rec, group, call)
             else:
@@ -490,7 +570,7 @@ class Placer:
             views = group.views  # the first unpack of a reload into a reused buffer
             hit = views.get(h.pack_index) if views is not None else None
             if hit is not None and hit[0] == key:
-                return hit[1].data
+                return hit[1]
             typed = group.typed(dtype)
         t = typed.as_strided(size, h.stride, h.offset + slot_offset // dtype.itemsize)
         reuse = group.reuse

@@ -636,3 +636,55 @@ def test_a_write_to_a_typed_offloaded_save_while_its_copy_is_in_flight_raises_li
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             loss.backward()
     _SaveKeepAlias.aliases = []
+
+
+class _TwoAliasBlock(torch.nn.Module):
+    """Two saves in one group; backward reads the second first."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _SaveKeepAlias.apply(_SaveKeepAlias.apply(x))  # type: ignore[no-any-return]
+
+
+def test_warm_offloaded_saves_take_the_fast_paths_and_still_see_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Offload fast path]: once reload buffers are reused, no save of a region goes
+    to the general pack path and only each group's first unpack (its fetch) to the
+    general unpack path; a save handed out on the fast path still raises on a write
+    after it (through an alias that outlives it), as plain autograd does."""
+    from offrecomp import backends
+    from offrecomp.hooks import Placer
+
+    monkeypatch.setattr(backends, "START_DELAY_S", 3600.0)  # copies run when a wait needs them
+    general = {"pack": 0, "unpack": 0}
+    new_storage, reload_view = Placer._new_storage, Placer._reload_view
+
+    def spy_pack(self: Any, *args: Any) -> Any:
+        general["pack"] += 1
+        return new_storage(self, *args)
+
+    def spy_unpack(self: Any, *args: Any) -> Any:
+        general["unpack"] += 1
+        return reload_view(self, *args)
+
+    monkeypatch.setattr(Placer, "_new_storage", spy_pack)
+    monkeypatch.setattr(Placer, "_reload_view", spy_unpack)
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(_TwoAliasBlock(), _TwoAliasBlock())
+    x = torch.randn(4, 8, requires_grad=True)
+    m(x).sum().backward()
+    ref = x.grad.clone()  # type: ignore[union-attr]
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0, regions=_TwoAliasBlock)
+    with rt:
+        for _ in range(3):
+            x.grad = None
+            _SaveKeepAlias.aliases = []
+            general["pack"] = general["unpack"] = 0
+            m(x).sum().backward()
+            assert torch.equal(x.grad, ref)  # type: ignore[arg-type]
+        assert rt.report().steps[-1].offloaded_bytes > 0
+        assert general == {"pack": 0, "unpack": 2}  # four saves in two groups
+        _SaveKeepAlias.aliases = []
+        loss = m(x).sum()
+        _SaveKeepAlias.aliases[0].add_(1)  # the first block's first save: unpacked second in its group
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+    _SaveKeepAlias.aliases = []
