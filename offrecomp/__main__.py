@@ -1,5 +1,9 @@
 """``python -m offrecomp``: what-if planning (``plan``), compiling the planner ahead
-(``warmup``), and reading a run's report file (``report``)."""
+(``warmup``), and reading a run's report file (``report``).
+
+As argparse does: ``-h``/``--help`` (after the command too) prints help to stdout and
+exits 0; a missing or unknown command prints the usage to stderr and exits 2.
+"""
 
 from __future__ import annotations
 
@@ -15,25 +19,48 @@ USAGE = """usage: python -m offrecomp plan PROFILE.json --budget 20GiB [--d2h-gb
 
 Commands:
   plan    print the plan, predicted step time and memory, and the lower bound
-          (python -m offrecomp plan --help for every option)
   warmup  compile the planner's kernels ahead (about 30 s, once per machine: numba caches
           them on disk), e.g. when a container image is built; otherwise the first plan
           of a training run pays for it
   report  summarize a report written with OFFRECOMP_REPORT=run.jsonl: phases, peak
           activation memory, placements, measured against predicted step time; --plot
           draws them per step (needs matplotlib, the bench extra)
+
+python -m offrecomp COMMAND --help lists a command's options.
 """
+
+WARMUP_USAGE = """usage: python -m offrecomp warmup [-h]
+
+Compile the planner's kernels (numba) ahead by planning a small synthetic model, so that
+the first plan of a training run does not (about 30 s on one CPU core). numba caches
+them on disk, next to the package or under NUMBA_CACHE_DIR, for later processes on
+machines with the same CPU; a container image can run this once when it is built.
+
+options:
+  -h, --help  show this help message and exit
+"""
+
+COMMANDS = ("plan", "warmup", "report")
+_HELP = ("-h", "--help")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help", "help"):
-        print(USAGE)
-        return 0 if args else 2
+    if not args:
+        print(f"offrecomp: a command is required; accepted: {', '.join(COMMANDS)}\n\n{USAGE}", file=sys.stderr)
+        return 2
     command, rest = args[0], args[1:]
+    if command in (*_HELP, "help"):
+        if command == "help" and rest:  # `help plan` is `plan --help`
+            return main([rest[0], "--help"])
+        print(USAGE)
+        return 0
     if command == "warmup":
+        if any(a in _HELP for a in rest):
+            print(WARMUP_USAGE)
+            return 0
         if rest:
-            print(f"offrecomp warmup: takes no arguments, got {' '.join(rest)!r}", file=sys.stderr)
+            print(f"offrecomp warmup: takes no arguments, got {' '.join(rest)!r}\n\n{WARMUP_USAGE}", file=sys.stderr)
             return 2
         from scheduler.cli import warmup
 
@@ -44,7 +71,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return report_main(rest)
     if command != "plan":
-        print(f"offrecomp: unknown command {command!r}; accepted: plan, warmup, report\n\n{USAGE}", file=sys.stderr)
+        print(
+            f"offrecomp: unknown command {command!r}; accepted: {', '.join(COMMANDS)}\n\n{USAGE}",
+            file=sys.stderr,
+        )
         return 2
     from scheduler.cli import main as plan_main  # never imports torch
 

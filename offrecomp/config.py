@@ -17,7 +17,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
-from scheduler.units import INFEASIBLE_POLICIES, SIZE_FORMS, format_bytes, parse_bytes
+from scheduler.units import (
+    GBPS,
+    INFEASIBLE_POLICIES,
+    MAX_OVERHEAD,
+    MIN_PREFETCH_REGIONS,
+    REPLAY_OP_US,
+    SIZE_FORMS,
+    NumberRange,
+    format_bytes,
+    parse_bytes,
+)
 
 __all__ = [
     "ENV_VARS",
@@ -32,9 +42,6 @@ __all__ = [
 Mode = Literal["auto", "keep", "offload", "recompute", "off"]
 MODES: tuple[str, ...] = ("auto", "keep", "offload", "recompute", "off")
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-_SIZE_FORMS = SIZE_FORMS
-
 
 @dataclass(frozen=True)
 class Budget:
@@ -55,8 +62,15 @@ class Budget:
         return f"{(self.fraction or 0.0) * 100:g}%"
 
 
+#: What ``parse_size_or_fraction`` accepts, for its errors.
+SIZE_OR_FRACTION_FORMS = (
+    f"auto or none (automatic), {SIZE_FORMS}, or a percentage of the capacity in (0%, 100%] (60%)"
+)
+
+
 def parse_size_or_fraction(value: object, *, name: str) -> Budget | None:
-    """Parse ``None``/``"auto"``, a byte count, a unit string, or a percentage ``"60%"``."""
+    """Parse ``None``/``"auto"``/``"none"`` (automatic), a byte count, a unit string, or
+    a percentage ``"60%"``."""
     if value is None:
         return None
     if isinstance(value, Budget):
@@ -71,17 +85,12 @@ def parse_size_or_fraction(value: object, *, name: str) -> Budget | None:
             except ValueError:
                 pct = float("nan")
             if not (0.0 < pct <= 100.0):
-                raise ValueError(
-                    f"{name}={value!r} is invalid; a percentage must be in (0%, 100%]"
-                )
+                raise ValueError(f"{name}={value!r} is invalid; accepted: {SIZE_OR_FRACTION_FORMS}")
             return Budget(fraction=pct / 100.0)
     try:
         return Budget(nbytes=parse_bytes(value, name=name))
     except ValueError:
-        raise ValueError(
-            f"{name}={value!r} is invalid; accepted: auto, {_SIZE_FORMS}, or a percentage of "
-            "the capacity (60%)"
-        ) from None
+        raise ValueError(f"{name}={value!r} is invalid; accepted: {SIZE_OR_FRACTION_FORMS}") from None
 
 
 def _parse_bool(value: object, *, name: str) -> bool:
@@ -95,22 +104,32 @@ def _parse_bool(value: object, *, name: str) -> bool:
     raise ValueError(f"{name}={value!r} is invalid; accepted: 1, 0, true, false, yes, no, on, off")
 
 
-def _parse_choice(value: object, *, name: str, choices: tuple[str, ...], upper: bool = False) -> str:
-    text = str(value).strip()
-    text = text.upper() if upper else text.lower()
+def _parse_choice(value: object, *, name: str, choices: tuple[str, ...]) -> str:
+    text = str(value).strip().lower()
     if text not in choices:
         raise ValueError(f"{name}={value!r} is invalid; accepted: {', '.join(choices)}")
     return text
 
 
+def _parse_log_level(value: object, *, name: str) -> str:
+    """A level as ``logging`` knows it: a name in any case (``"info"``) or a number
+    (``logging.INFO``, ``"20"``; a level registered with ``logging.addLevelName`` too),
+    stored as its name."""
+    forms = f"{', '.join(LOG_LEVELS)} (any case), or a level number such as logging.INFO (20)"
+    text = str(value).strip()
+    if (isinstance(value, int) and not isinstance(value, bool)) or text.isdigit():
+        level_name = logging.getLevelName(int(text))  # "Level 15" for a number without a name
+        if isinstance(level_name, str) and level_name != "NOTSET" and not level_name.startswith("Level "):
+            return level_name
+    elif isinstance(value, str) and text.upper() in LOG_LEVELS:
+        return text.upper()
+    elif isinstance(value, str) and text and text != "NOTSET" and isinstance(logging.getLevelName(text), int):
+        return text  # a name registered with logging.addLevelName
+    raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
+
+
 def _parse_float(value: object, *, name: str, lo: float, hi: float, forms: str) -> float:
-    try:
-        x = float("nan") if isinstance(value, bool) else float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        x = float("nan")
-    if not (lo <= x <= hi):
-        raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
-    return x
+    return NumberRange(lo, hi, forms).parse(value, name=name)
 
 
 def _parse_int(value: object, *, name: str, lo: int, forms: str) -> int:
@@ -147,15 +166,15 @@ def _is_number(text: str) -> bool:
 def _parse_prefetch(value: object, *, name: str) -> Prefetch:
     if isinstance(value, Prefetch):
         return value
-    forms = "a number of regions (1, 2, ...) or a byte window with a unit (256MiB)"
+    forms = f"a number of regions, {MIN_PREFETCH_REGIONS} or more (2), or a byte window with a unit (256MiB)"
     if isinstance(value, (bool, float)):  # a float is neither a count nor a size with a unit
         raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
     if isinstance(value, int):
-        if value < 1:
+        if value < MIN_PREFETCH_REGIONS:
             raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
         return Prefetch(regions=value)
     if isinstance(value, str) and value.strip().isdigit():
-        if int(value.strip()) < 1:
+        if int(value.strip()) < MIN_PREFETCH_REGIONS:
             raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
         return Prefetch(regions=int(value.strip()))
     if isinstance(value, str) and _is_number(value):  # not a count of regions, and no unit
@@ -189,7 +208,8 @@ class Config:
     wherever legal) or ``off`` (hooks not installed). ``OFFRECOMP_MODE``."""
     budget: Budget | None = None
     """Device bytes allowed for activations: bytes, unit string or a percentage of device
-    memory; None = automatic. ``OFFRECOMP_BUDGET``."""
+    memory; None = automatic (as an argument, ``"auto"`` or ``"none"`` chooses automatic
+    over ``OFFRECOMP_BUDGET``; None or ``""`` leaves it to the variable). ``OFFRECOMP_BUDGET``."""
     host_limit: Budget | None = None
     """Most pinned host memory the offload pool may hold: bytes, unit string or a percentage
     of available host memory; None = a safe share of available memory divided by the ranks
@@ -208,7 +228,8 @@ class Config:
     """Region calls the forced ``keep`` mode keeps whole save through autograd's own
     saved variables, the runtime's hooks off (NOTE [Native keep]). ``OFFRECOMP_NATIVE_KEEP``."""
     log_level: str | None = None
-    """Level of the ``offrecomp`` logger (None: leave it alone). ``OFFRECOMP_LOG``."""
+    """Level of the ``offrecomp`` logger: a name (``"INFO"``, any case) or a number
+    (``logging.INFO``), kept as its name; None: leave the logger alone. ``OFFRECOMP_LOG``."""
     max_overhead: float | None = None
     """Step-time overhead the user accepts (0.05 = 5%); with ``budget=None`` the planner buys
     as much memory as this overhead allows. ``OFFRECOMP_MAX_OVERHEAD``."""
@@ -266,7 +287,7 @@ class Config:
         values: dict[str, Any] = {}
         sources: dict[str, str] = {}
         for fname, (var, parser) in _FIELD_PARSERS.items():
-            if fname in overrides and overrides[fname] is not None:  # None: not given
+            if fname in overrides and not _not_given(overrides[fname]):
                 values[fname] = parser(overrides[fname], name=fname)
                 sources[fname] = "argument"
             elif var in env and env[var].strip() != "":
@@ -306,6 +327,12 @@ class Config:
         return ", ".join(parts)
 
 
+def _not_given(value: object) -> bool:
+    """An argument of None or an empty string is not given, as an empty variable is unset:
+    ``runtime(m, budget=args.budget or "")`` leaves ``OFFRECOMP_BUDGET`` in force."""
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
 def _opt_path(value: object, *, name: str) -> str | None:
     """A file the runtime writes: its folder must exist, it must not be a folder, and it
     must open for writing (told now, not in the middle of a step; a file this check
@@ -337,10 +364,6 @@ def _budget(value: object, *, name: str) -> Budget | None:
     return parse_size_or_fraction(value, name=name)
 
 
-def _gbps(value: object, *, name: str) -> float:
-    return _parse_float(value, name=name, lo=1e-6, hi=1e6, forms="a number of GB/s from 1e-6 to 1e6 (50)")
-
-
 _FIELD_PARSERS: dict[str, tuple[str, Callable[..., Any]]] = {
     "disable": ("OFFRECOMP_DISABLE", _parse_bool),
     "mode": ("OFFRECOMP_MODE", lambda v, name: _parse_choice(v, name=name, choices=MODES)),
@@ -351,18 +374,11 @@ _FIELD_PARSERS: dict[str, tuple[str, Callable[..., Any]]] = {
     "report_path": ("OFFRECOMP_REPORT", _opt_path),
     "verify": ("OFFRECOMP_VERIFY", _parse_bool),
     "native_keep": ("OFFRECOMP_NATIVE_KEEP", _parse_bool),
-    "log_level": (
-        "OFFRECOMP_LOG",
-        lambda v, name: _parse_choice(v, name=name, choices=LOG_LEVELS, upper=True),
-    ),
-    "max_overhead": (
-        "OFFRECOMP_MAX_OVERHEAD",
-        lambda v, name: _parse_float(v, name=name, lo=0.0, hi=10.0,
-                                     forms="a fraction of step time between 0 and 10 (0.05 = 5%)"),
-    ),
+    "log_level": ("OFFRECOMP_LOG", _parse_log_level),
+    "max_overhead": ("OFFRECOMP_MAX_OVERHEAD", MAX_OVERHEAD.parse),
     "profile_path": ("OFFRECOMP_PROFILE", _opt_path),
-    "d2h_gbps": ("OFFRECOMP_D2H_GBPS", _gbps),
-    "h2d_gbps": ("OFFRECOMP_H2D_GBPS", _gbps),
+    "d2h_gbps": ("OFFRECOMP_D2H_GBPS", GBPS.parse),
+    "h2d_gbps": ("OFFRECOMP_H2D_GBPS", GBPS.parse),
     "budget_margin": (
         "OFFRECOMP_BUDGET_MARGIN",
         lambda v, name: _parse_float(v, name=name, lo=0.0, hi=0.9, forms="a fraction between 0 and 0.9"),
@@ -379,11 +395,7 @@ _FIELD_PARSERS: dict[str, tuple[str, Callable[..., Any]]] = {
         "OFFRECOMP_PLAN_CACHE",
         lambda v, name: _parse_int(v, name=name, lo=1, forms="an integer >= 1"),
     ),
-    "replay_op_us": (
-        "OFFRECOMP_REPLAY_OP_US",
-        lambda v, name: _parse_float(v, name=name, lo=0.0, hi=1e6,
-                                     forms="microseconds per op, a number from 0 to 1e6 (25)"),
-    ),
+    "replay_op_us": ("OFFRECOMP_REPLAY_OP_US", REPLAY_OP_US.parse),
 }
 
 #: Every environment variable the runtime reads, for docs and tests.

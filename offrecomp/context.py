@@ -70,7 +70,8 @@ def runtime(
     """Create a :class:`Runtime` for ``model``; use it as a context manager.
 
     ``budget``: device bytes for activations (int), a unit string (``"24GiB"``), a
-    percentage of device memory (``"60%"``) or None (automatic). ``mode``: ``auto``
+    percentage of device memory (``"60%"``), or ``"auto"``/``"none"`` (automatic; None
+    or ``""``: ``OFFRECOMP_BUDGET``, else automatic). ``mode``: ``auto``
     (default), ``keep``, ``offload``, ``recompute`` or ``off``. ``regions``: None
     (repeated children of ``nn.ModuleList``/``nn.Sequential``/``nn.ModuleDict``), module types, or
     ``fn(module, qualified_name) -> bool``. Other options are :class:`Config` fields
@@ -178,7 +179,9 @@ class Runtime:
         what it may to record the regions' ops.
 
         Storages the plan does not name get ``plan.default``; illegal placements (dropping
-        a region input or a root storage) fall back to KEEP.
+        a region input or a root storage, offloading one under ``min_bytes``) fall back to
+        KEEP: those the plan names are logged once, at the end of its first pass, and
+        marked in :meth:`explain`.
         """
         if plan is not None and not isinstance(plan, Plan):
             raise TypeError(f"plan must be a scheduler.Plan or None, got {type(plan).__name__}")
@@ -395,8 +398,9 @@ def _regions_of(model: nn.Module | None, config: Config) -> list[Region]:
         if config.regions is not None:
             raise ValueError("regions= needs a model: offrecomp.runtime(model, regions=...)")
         return []
-    if not config.active:
+    if not config.active and config.regions is None:
         return []
+    # a bad regions= fails alike when the runtime is off (mode="off", OFFRECOMP_DISABLE=1)
     regions = discover_regions(model, config.regions)
     if not regions:
         if config.regions is not None:
@@ -411,7 +415,7 @@ def _regions_of(model: nn.Module | None, config: Config) -> list[Region]:
             "offloaded. Pass regions= to choose the modules to replay.",
             type(model).__name__,
         )
-    return regions
+    return regions if config.active else []
 
 
 def _model_device(model: nn.Module | None) -> torch.device | None:

@@ -6,7 +6,9 @@ A forced mode (``keep``, ``offload``, ``recompute``) applies one placement where
 legal. A storage gets another where the rules require it: a region's inputs are its
 replay checkpoint (never dropped), storages under ``min_bytes`` are never offloaded, and
 a region that writes its state, or whose forward reads its own saves, is never dropped.
-The reason column says which of these applied. ``mode="off"`` and ``OFFRECOMP_DISABLE=1``
+The reason column says which of these applied. A plan set with ``rt.set_plan()`` meets
+the same rules: a storage it asks to drop or offload that they refuse is kept, and the
+reason column names the storage and the rule. ``mode="off"`` and ``OFFRECOMP_DISABLE=1``
 install nothing, and the text says so.
 """
 
@@ -17,12 +19,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from offrecomp.config import format_bytes
+from offrecomp.placement import never_replayed, refusals
 from scheduler.plan import Placement
 
 if TYPE_CHECKING:
     from offrecomp.config import Config
     from offrecomp.regions import Region
-    from offrecomp.state import PassState
+    from offrecomp.state import PassState, RegionCall
     from scheduler.plan import Plan
     from scheduler.profile import Profile, RegionRecord
 
@@ -41,6 +44,8 @@ class CallSummary:
     small_kept: int = 0
     """Activations kept for being under ``min_bytes`` (offload mode)."""
     activations_kept: int = 0
+    call: RegionCall | None = field(default=None, repr=False)
+    """The call summed up, for what a plan asked of its storages."""
 
 
 def summarize(passes: list[PassState], min_bytes: int) -> list[CallSummary]:
@@ -49,7 +54,7 @@ def summarize(passes: list[PassState], min_bytes: int) -> list[CallSummary]:
         return []
     out = []
     for call in passes[-1].calls:
-        s = CallSummary(call.name, call.call_index)
+        s = CallSummary(call.name, call.call_index, call=call)
         if call.books is not None:  # NOTE [Native keep]: booked as its hooked call saved
             _, storages, nbytes, small = call.books
             s.count[KEEP] += storages
@@ -123,28 +128,11 @@ def explain_plan(
     return "\n".join(lines)
 
 
-def _never_replayed(region: Region | None) -> str | None:
-    """Why ``region``'s calls are never replayed, if they are not."""
-    if region is None:
-        return None
-    if region.untracked_state:
-        return "changes argument state too large to track"
-    if region.variable:
-        return "saves other tensors from pass to pass (branches on the data)"
-    if region.writes_state:
-        return "writes its inputs or parameters in place"
-    if region.reaches_out:
-        return "runs a backward through earlier activations"
-    if region.accumulates:
-        return "runs a backward that accumulates into .grad"
-    return None
-
-
 def _why(r: RegionRecord, n: dict[Placement, int], plan: Plan, regions: Sequence[Region]) -> str:
     """Why auto placed a region call's storages as it did."""
     region = next((g for g in regions if g.name == r.name), None)
     if not r.replayable:
-        return (_never_replayed(region) or "runs collectives") + ": never recomputed"
+        return (never_replayed(region) or "runs collectives") + ": never recomputed"
     if region is not None and region.backward_in_forward:
         return "runs a backward inside its forward: its replays rerun it, holding their saves"
     why = "opaque: a replay reruns its forward; " if r.opaque else ""
@@ -188,11 +176,23 @@ def explain_forced(
     rows = [
         (
             c.name, c.call_index, cells(c.count, c.nbytes),
-            "rt.set_plan()" if user_plan is not None else _reason(mode, c, by_name.get(c.name), config, emulated),
+            _plan_reason(user_plan, c, config.min_bytes) if user_plan is not None
+            else _reason(mode, c, by_name.get(c.name), config, emulated),
         )
         for c in calls
     ]
     return "\n".join(lines + table(rows))
+
+
+def _plan_reason(plan: Plan, c: CallSummary, min_bytes: int) -> str:
+    """``rt.set_plan()``, and the storages of the call it asked to drop or offload that
+    the rules kept (NOTE [Placement rules] in placement.py)."""
+    refused = refusals(plan, [c.call], min_bytes) if c.call is not None and plan.placements else []
+    if not refused:
+        return "rt.set_plan()"
+    return f"rt.set_plan(); {len(refused)} kept against it: " + ", ".join(
+        f"storage {key[2]} {what}" for key, what in refused
+    )
 
 
 def _reason(mode: str, c: CallSummary, region: Region | None, config: Config, emulated: bool) -> str:
@@ -209,7 +209,7 @@ def _reason(mode: str, c: CallSummary, region: Region | None, config: Config, em
         return why
     why = "mode='recompute' drops its activations and replays its forward in backward"
     if c.activations_kept:
-        cause = _never_replayed(region)
+        cause = never_replayed(region)
         if cause is not None:
             why = cause + ": its activations are kept, never recomputed"
         elif region is not None and region.forward_used:

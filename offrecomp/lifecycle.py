@@ -373,6 +373,7 @@ class Lifecycle:
             p.stats.served_ops += call.served_ops
             p.stats.rerun_ops += call.rerun_ops
         p.offload_stats = self._groups.end_step()
+        self._placements.end_pass(p)
         self._planner.end_pass(p)
         self._step_passes.append(p)
         if not self._saw_optimizer and not self.explicit_steps:

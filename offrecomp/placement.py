@@ -21,6 +21,11 @@ NOTE [Placement rules]
   is not an untracked alias (NOTE [Untracked aliases]), and that the pinned pool admits.
   A storage the pool refuses is dropped where a replay can regenerate it and its region
   runs no collective (a refusal is this rank's alone), else kept.
+- A plan that asks for a placement these rules refuse gets KEEP. That is decided on the
+  save path, so it is said afterwards: ``Placements.end_pass`` names the storages a plan
+  set with ``rt.set_plan()`` asked to drop or offload and the rules kept, once per plan,
+  and ``rt.explain()`` counts them per call; a solved plan never asks (the solver knows
+  the rules), and ``build_table`` says so, once per region, if one does.
 
 NOTE [Placement table]
 A planned call's placements are known when it begins, so the pack hook should not apply
@@ -51,12 +56,14 @@ them) is seen at its exit, and the signature measures again (``Planner.grew``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from offrecomp.config import Config
+from offrecomp.config import Config, format_bytes
+from offrecomp.diagnostics import warn_once
 from offrecomp.phases import Phase
 from offrecomp.state import PassState, RegionCall, StorageRec
 from scheduler.plan import Placement, Plan
@@ -64,8 +71,11 @@ from scheduler.plan import Placement, Plan
 if TYPE_CHECKING:
     from offrecomp.groups import OffloadGroups
     from offrecomp.planning import Planner
+    from offrecomp.regions import Region
 
-__all__ = ["Decision", "Placements", "untracked_alias"]
+log = logging.getLogger(__name__)
+
+__all__ = ["Decision", "Placements", "never_replayed", "refusal", "refusals", "untracked_alias"]
 
 KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
 
@@ -74,6 +84,61 @@ Decision = tuple[Placement, "str | None"]
 _KEPT: Decision = (KEEP, None)
 _DROPPED: Decision = (RECOMPUTE, None)
 _OFFLOADED: Decision = (OFFLOAD, None)
+
+
+def never_replayed(region: Region | None) -> str | None:
+    """Why ``region``'s calls are never replayed, if they are not."""
+    if region is None:
+        return None
+    if region.untracked_state:
+        return "changes argument state too large to track"
+    if region.variable:
+        return "saves other tensors from pass to pass (branches on the data)"
+    if region.writes_state:
+        return "writes its inputs or parameters in place"
+    if region.reaches_out:
+        return "runs a backward through earlier activations"
+    if region.accumulates:
+        return "runs a backward that accumulates into .grad"
+    return None
+
+
+def refusal(call: RegionCall, rec: StorageRec, asked: Placement, min_bytes: int) -> str | None:
+    """Why NOTE [Placement rules] kept storage ``rec`` of ``call`` where a plan asked for
+    ``asked``; None where they did not (it got ``asked``, or the pool's fallback moved it:
+    the report counts those)."""
+    if asked is KEEP or rec.placement is not KEEP:
+        return None
+    region = call.region
+    if region is not None and (region.reaches_out or rec.index in region.forward_used):
+        return "read by a backward inside its region's forward"
+    if asked is RECOMPUTE:
+        if rec.kind == "input":
+            return "a region input is the replay's checkpoint, never dropped"
+        if call.ordinal < 0:
+            return "saved outside every region, so no replay regenerates it"
+        cause = never_replayed(region) or ("runs collectives" if call.collective else None)
+        if call.writes_state and cause is None:
+            cause = "writes its inputs or parameters in place"
+        return f"its region {cause or 'is not replayed'}: never dropped"
+    if rec.nbytes < min_bytes:
+        return f"under min_bytes ({format_bytes(min_bytes)}), never offloaded"
+    if rec.aliased:
+        return "covers part of its storage without being a view autograd tracks, never offloaded"
+    return None
+
+
+def refusals(plan: Plan, calls: Iterable[RegionCall], min_bytes: int) -> list[tuple[tuple[str, int, int], str]]:
+    """The keys ``plan`` names whose storage in ``calls`` the rules kept, and why."""
+    out = []
+    for call in calls:
+        for rec in call.storages:
+            key = (call.name, call.call_index, rec.index)
+            asked = plan.placements.get(key)
+            why = None if asked is None else refusal(call, rec, asked, min_bytes)
+            if asked is not None and why is not None:
+                out.append((key, f"{asked.name} ({why})"))
+    return out
 
 
 def untracked_alias(t: torch.Tensor, nbytes: int) -> bool:
@@ -96,6 +161,7 @@ class Placements:
         self._planner = planner
         self._groups = groups
         self._user_plan = user_plan
+        self._told: Plan | None = None  # the user's plan end_pass last checked
 
     # ------------------------------------------------------- once per call
 
@@ -141,12 +207,40 @@ class Placements:
         droppable = self.droppable(call)
         small = structure.small_storages  # NOTE [Small storages]
         table = []
+        refused = 0
         for i, (pl, r) in enumerate(zip(placements, recs)):
             if r.kind == "external" and not (pl == RECOMPUTE and i in small):
                 pl = KEEP
-            table.append(self._legal(pl, r.kind, r.nbytes, call, droppable))
+            legal = self._legal(pl, r.kind, r.nbytes, call, droppable)
+            refused += legal is not pl
+            table.append(legal)
         call.table = table
         call.table_sizes = [r.nbytes for r in recs[: len(table)]]
+        if refused and self._user_plan() is None:  # the user's: end_pass names them
+            warn_once(
+                f"refused:{region.name}",
+                "offrecomp: the solved plan for region %r asks to drop or offload %d storage(s) of call %d "
+                "that the placement rules keep (a region input, a region that may not be replayed, "
+                "or a storage under min_bytes); they are kept",
+                region.name, refused, call.call_index,
+            )
+
+    def end_pass(self, p: PassState) -> None:
+        """At the end of the first pass a plan set with ``rt.set_plan()`` placed, name
+        the storages it asked to drop or offload that the rules kept (NOTE [Placement
+        rules]); once per plan."""
+        user = self._user_plan()
+        if user is None or user is self._told or p.recording or p.aborted:
+            return
+        self._told = user
+        refused = refusals(user, p.all_calls(), self._config.min_bytes) if user.placements else []
+        if refused:
+            log.warning(
+                "offrecomp: the plan set with rt.set_plan() asks for %d placement(s) the rules do "
+                "not allow, which are kept instead: %s; rt.explain() counts them per region call",
+                len(refused),
+                "; ".join(f"{key!r} {what}" for key, what in refused[:5]) + ("; ..." if len(refused) > 5 else ""),
+            )
 
     # ---------------------------------------------------- once per storage
 

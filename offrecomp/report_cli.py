@@ -32,20 +32,19 @@ class ReportFileError(ValueError):
     """A report file that cannot be read: names the file, the line and what is wrong."""
 
 
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,), "float": (float, int), "bool": (bool,), "str": (str,), "dict": (dict,), "list": (list,),
+}
+
+
 def _kind(f: dataclasses.Field[Any]) -> tuple[type, ...] | None:
-    """The JSON types a step record field accepts (None: any); a field whose default is
-    None also takes null."""
-    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-    if f.name == "step" or (isinstance(default, int) and not isinstance(default, bool)):
-        return (int,)
-    for kinds in ((bool,), (float, int), (str,), (dict,), (list,)):
-        if isinstance(default, kinds[0]):
-            return kinds
-    return None
+    """The JSON types a step record field accepts, from its annotation (None: any)."""
+    return _JSON_TYPES.get(str(f.type).replace(" | None", "").split("[")[0])
 
 
 _KINDS = {f.name: _kind(f) for f in dataclasses.fields(StepRecord)}
-_NULLABLE = {f.name for f in dataclasses.fields(StepRecord) if f.default is None}
+_NULLABLE = {f.name for f in dataclasses.fields(StepRecord) if str(f.type).endswith("| None")}
+_NUMBERS = ((int,), (float, int))
 
 
 def _record(data: Any, where: str) -> StepRecord:
@@ -58,9 +57,18 @@ def _record(data: Any, where: str) -> StepRecord:
         ok = kinds is None or (v is None and k in _NULLABLE) or (
             isinstance(v, kinds) and (bool in kinds or not isinstance(v, bool))
         )
-        if not ok or (isinstance(v, float) and not math.isfinite(v) and kinds == (int,)):
+        if not ok:
             expected = " or ".join(t.__name__ for t in kinds or ())
             raise ReportFileError(f"{where}: field {k!r} is {v!r}; expected {expected}")
+        if kinds in _NUMBERS and v is not None and not (math.isfinite(v) and v >= 0):
+            raise ReportFileError(
+                f"{where}: field {k!r} is {v!r}; expected a finite number >= 0 (no step record "
+                "holds a negative count, size or time, nor NaN or Infinity: the file is damaged or was edited)"
+            )
+        if k == "fallbacks":
+            bad = next(((n, c) for n, c in v.items() if isinstance(c, bool) or not isinstance(c, int) or c < 0), None)
+            if bad is not None:
+                raise ReportFileError(f"{where}: field 'fallbacks' counts {bad[1]!r} for {bad[0]!r}; expected an integer >= 0")
     return StepRecord(**fields)
 
 
@@ -233,7 +241,10 @@ def main(argv: Sequence[str], out: TextIO | None = None, err: TextIO | None = No
     parser.add_argument("path", help="the report file (JSON lines, or a Report.to_json() file)")
     parser.add_argument("--plot", metavar="OUT.png", help="also draw peak activation memory and step times per step")
     parser.add_argument("--table", action="store_true", help="also print every step (the table print(rt.report()) shows)")
-    args = parser.parse_args(list(argv))
+    try:
+        args = parser.parse_args(list(argv))
+    except SystemExit as exc:  # --help (0), or a usage error argparse has printed (2)
+        return exc.code if isinstance(exc.code, int) else 2
     if args.plot is not None and not args.plot.strip():
         print("offrecomp report: --plot '' is invalid; accepted: a file name (out.png, out.pdf, out.svg)", file=err)
         return 2

@@ -22,7 +22,16 @@ from scheduler.cost_model import predict
 from scheduler.plan import ROOT, Placement, Plan
 from scheduler.profile import Profile
 from scheduler.solver import InfeasibleBudgetError, solve
-from scheduler.units import INFEASIBLE_POLICIES, format_bytes, parse_bytes
+from scheduler.units import (
+    GBPS,
+    INFEASIBLE_POLICIES,
+    MAX_OVERHEAD,
+    MIN_PREFETCH_REGIONS,
+    REPLAY_OP_US,
+    NumberRange,
+    format_bytes,
+    parse_bytes,
+)
 from scheduler.whatif import gpt_profile
 
 __all__ = ["main", "parse_bytes", "parse_model"]
@@ -76,7 +85,7 @@ def parse_model(spec: str) -> dict[str, Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="offrecomp", description="offrecomp activation planner")
+    p = argparse.ArgumentParser(prog="python -m offrecomp", description="offrecomp activation planner")
     sub = p.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="plan placements for a profile or a model description")
     plan.add_argument(
@@ -88,48 +97,89 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--budget", help="activation budget: bytes or with a unit (20GiB, 512MiB, 1.5GB)"
     )
-    plan.add_argument("--max-overhead", type=float, help="accepted step-time overhead, 0.05 = 5%%")
+    plan.add_argument(
+        "--max-overhead", type=float, help="accepted step-time overhead, 0 to 10 (0.05 = 5%%)"
+    )
     plan.add_argument(
         "--min-budget", action="store_true", help="print the smallest budget within --max-overhead"
     )
     plan.add_argument(
         "--d2h-gbps", type=float,
-        help="device-to-host GB/s (overrides the profile; with --model, without it: no host link, no offload)",
+        help="device-to-host GB/s, 1e-6 to 1e6 (overrides the profile; with --model, without "
+        "--d2h-gbps and --h2d-gbps: no host link, no offload)",
     )
     plan.add_argument(
         "--h2d-gbps", type=float,
-        help="host-to-device GB/s (overrides the profile; with --model, without it: no host link, no offload)",
+        help="host-to-device GB/s, 1e-6 to 1e6 (overrides the profile; with --model, without "
+        "--d2h-gbps and --h2d-gbps: no host link, no offload)",
     )
     plan.add_argument(
         "--device-tflops", type=float, help="dense 16-bit TFLOP/s of the device (--model)"
     )
     plan.add_argument(
-        "--mfu", type=float, help="model FLOP utilisation of matmuls (--model), default 0.5"
+        "--mfu", type=float, help="model FLOP utilisation of matmuls (--model), in (0, 1], default 0.5"
     )
     plan.add_argument(
-        "--prefetch-regions", type=int, default=2, help="regions reloads run ahead (default 2)"
+        "--prefetch-regions", type=int, default=2,
+        help=f"regions reloads run ahead, {MIN_PREFETCH_REGIONS} or more (default 2)",
     )
     plan.add_argument(
         "--replay-op-us",
         type=float,
-        help="what a replay under the runtime's dispatch mode costs per op, in microseconds "
-        "(overrides the profile; --model default 0)",
+        help="what a replay under the runtime's dispatch mode costs per op, in microseconds, "
+        "0 to 1e6 (overrides the profile; --model default 0)",
     )
     for flag, what in _HOST_FLAGS.values():
         plan.add_argument(
             flag,
             type=float,
-            help=f"offrecomp's host time {what}, in microseconds (overrides the profile; --model default 0)",
+            help=f"offrecomp's host time {what}, in microseconds, 0 to 1e6 (overrides the "
+            "profile; --model default 0)",
         )
     plan.add_argument("--no-offload", action="store_true", help="plan with KEEP and RECOMPUTE only")
     plan.add_argument(
         "--infeasible",
+        type=lambda text: text.strip().lower(),  # any case, as OFFRECOMP_INFEASIBLE
         choices=INFEASIBLE_POLICIES,
         default="warn",
-        help="when the budget cannot be met",
+        help="when the budget cannot be met (exit 1): warn prints the most frugal plan, error "
+        "the smallest feasible budget",
     )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     return p
+
+
+#: The runtime's ranges for the knobs it shares with the command line (scheduler.units),
+#: and the command line's own.
+_RANGES: dict[str, NumberRange] = {
+    "--max-overhead": MAX_OVERHEAD,
+    "--d2h-gbps": GBPS,
+    "--h2d-gbps": GBPS,
+    "--replay-op-us": REPLAY_OP_US,
+    "--device-tflops": NumberRange(1e-6, 1e9, "dense TFLOP/s, a number from 1e-6 to 1e9 (990)"),
+    "--mfu": NumberRange(1e-6, 1.0, "a fraction of peak FLOP/s from 1e-6 to 1 (0.5)"),
+}
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Every number against its range, each error naming its flag (not the Python
+    parameter the value goes on to)."""
+    for flag, rng in [*_RANGES.items(), *((f, _HOST_US) for f, _ in _HOST_FLAGS.values())]:
+        dest = flag[2:].replace("-", "_")
+        value = getattr(args, dest)
+        if value is None:
+            continue
+        try:
+            setattr(args, dest, rng.parse(value, name=flag))
+        except ValueError as e:
+            if rng is GBPS:  # the runtime takes no 0 either: a plan without the link is this
+                raise ValueError(f"{e}; --no-offload plans without the host link") from None
+            raise
+    if args.prefetch_regions < MIN_PREFETCH_REGIONS:
+        raise ValueError(
+            f"--prefetch-regions={args.prefetch_regions} is invalid; accepted: a number of "
+            f"regions, {MIN_PREFETCH_REGIONS} or more (2)"
+        )
 
 
 def _load_profile(args: argparse.Namespace) -> Profile:
@@ -147,12 +197,15 @@ def _load_profile(args: argparse.Namespace) -> Profile:
         kwargs = parse_model(args.model)
         if args.mfu is not None:
             kwargs["mfu"] = args.mfu
-        profile = gpt_profile(
-            device_tflops=args.device_tflops,
-            d2h_gbps=args.d2h_gbps if args.d2h_gbps is not None else 0.0,
-            h2d_gbps=args.h2d_gbps if args.h2d_gbps is not None else 0.0,
-            **kwargs,
-        )
+        try:
+            profile = gpt_profile(
+                device_tflops=args.device_tflops,
+                d2h_gbps=args.d2h_gbps if args.d2h_gbps is not None else 0.0,
+                h2d_gbps=args.h2d_gbps if args.h2d_gbps is not None else 0.0,
+                **kwargs,
+            )
+        except ValueError as e:  # a key of the spec: say where it came from
+            raise ValueError(f"--model {args.model!r}: {e}") from None
         _set_replay_op(profile, args.replay_op_us)
         _set_host_costs(profile, args)
         return profile
@@ -181,22 +234,19 @@ _HOST_FLAGS = {
 }
 
 
+_HOST_US = NumberRange(0.0, 1e6, "microseconds, a number from 0 to 1e6")
+
+
 def _set_host_costs(profile: Profile, args: argparse.Namespace) -> None:
     for field, (flag, _) in _HOST_FLAGS.items():
         us = getattr(args, flag[2:].replace("-", "_"))
-        if us is None:
-            continue
-        if not math.isfinite(us) or us < 0:
-            raise ValueError(f"{flag} {us!r} is invalid; accepted: a number >= 0 (microseconds)")
-        setattr(profile, field, us * 1e-6)
+        if us is not None:
+            setattr(profile, field, us * 1e-6)
 
 
 def _set_replay_op(profile: Profile, us: float | None) -> None:
-    if us is None:
-        return
-    if not math.isfinite(us) or us < 0:
-        raise ValueError(f"--replay-op-us {us!r} is invalid; accepted: a number >= 0 (microseconds)")
-    profile.replay_op_seconds = us * 1e-6
+    if us is not None:
+        profile.replay_op_seconds = us * 1e-6
 
 
 def _region_rows(profile: Profile, plan: Plan) -> list[dict[str, Any]]:
@@ -259,6 +309,7 @@ def _print_table(rows: list[dict[str, Any]], out: TextIO) -> None:
 
 
 def _run(args: argparse.Namespace, out: TextIO) -> int:
+    _check_args(args)
     profile = _load_profile(args)
     budget = parse_bytes(args.budget, name="--budget") if args.budget is not None else None
     if args.min_budget:
@@ -391,7 +442,13 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     try:
         return _run(args, stream)
     except InfeasibleBudgetError as e:
-        print(f"offrecomp plan: {e}", file=sys.stderr)
+        print(
+            f"offrecomp plan: activation budget {format_bytes(e.budget_bytes)} ({e.budget_bytes} bytes) "
+            f"cannot be met; the smallest feasible budget is {format_bytes(e.min_feasible_bytes)} "
+            f"({e.min_feasible_bytes} bytes). Raise --budget, or leave out --infeasible error to "
+            "get the most memory-frugal plan",
+            file=sys.stderr,
+        )
         return 1
     except (ValueError, TypeError) as e:
         print(f"offrecomp plan: error: {e}", file=sys.stderr)

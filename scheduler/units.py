@@ -1,22 +1,66 @@
-"""Byte counts as people write them, in one torch-free place.
+"""Byte counts as people write them, and the knobs the runtime and the planner's
+command line share, in one torch-free place.
 
 The runtime's configuration (``OFFRECOMP_BUDGET=24GiB``), the planner's command line
 (``offrecomp plan --budget 24G``) and the benchmarks parse and print bytes through these
 two functions, so a size one of them accepts the others accept too, and a figure prints
-the same everywhere.
+the same everywhere. The same holds for the ranges of the numbers both take
+(``OFFRECOMP_MAX_OVERHEAD`` and ``--max-overhead``, ...): :class:`NumberRange`.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
-__all__ = ["INFEASIBLE_POLICIES", "SIZE_FORMS", "UNITS", "format_bytes", "parse_bytes"]
+__all__ = [
+    "GBPS",
+    "INFEASIBLE_POLICIES",
+    "MAX_OVERHEAD",
+    "MIN_PREFETCH_REGIONS",
+    "REPLAY_OP_US",
+    "SIZE_FORMS",
+    "UNITS",
+    "NumberRange",
+    "format_bytes",
+    "parse_bytes",
+]
 
 #: What to do when a memory budget cannot be met: ``warn`` (plan the most frugal
 #: placement and say so) or ``error`` (raise). The runtime's OFFRECOMP_INFEASIBLE, the
 #: planner's ``--infeasible`` and the solver accept exactly these.
 INFEASIBLE_POLICIES: tuple[str, ...] = ("warn", "error")
+
+
+@dataclass(frozen=True)
+class NumberRange:
+    """The numbers a knob accepts, ``lo`` to ``hi`` inclusive, and how an error says so."""
+
+    lo: float
+    hi: float
+    forms: str
+
+    def parse(self, value: object, *, name: str) -> float:
+        """``value`` (a number or its text) as a float; a ValueError naming ``name``, the
+        value and ``forms`` unless it lies in the range (a bool is no number)."""
+        try:
+            x = math.nan if isinstance(value, bool) else float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            x = math.nan
+        if not (self.lo <= x <= self.hi):
+            raise ValueError(f"{name}={value!r} is invalid; accepted: {self.forms}")
+        return x
+
+
+#: Step-time overhead a user accepts: ``OFFRECOMP_MAX_OVERHEAD``, ``--max-overhead``.
+MAX_OVERHEAD = NumberRange(0.0, 10.0, "a fraction of step time from 0 to 10 (0.05 = 5%)")
+#: Host link bandwidths to plan with: ``OFFRECOMP_D2H_GBPS``/``--d2h-gbps`` and the H2D pair.
+GBPS = NumberRange(1e-6, 1e6, "a number of GB/s from 1e-6 to 1e6 (50)")
+#: Cost per op of a replay under the dispatch mode: ``OFFRECOMP_REPLAY_OP_US``, ``--replay-op-us``.
+REPLAY_OP_US = NumberRange(0.0, 1e6, "microseconds per op, a number from 0 to 1e6 (25)")
+#: Fewest regions backward reloads run ahead: ``OFFRECOMP_PREFETCH``, ``--prefetch-regions``.
+MIN_PREFETCH_REGIONS = 1
 
 #: Unit suffixes (case-insensitive): IEC binary (KiB...), SI decimal (KB...), and the
 #: bare letters as binary (``24G`` is 24 GiB, as in most tools' flags).

@@ -225,6 +225,33 @@ def test_a_module_instance_as_regions_says_to_pass_its_type() -> None:
         offrecomp.runtime(m, regions=m[0])  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("how", ["mode_off", "disabled"])
+def test_a_bad_regions_argument_fails_when_the_runtime_is_off(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error in the configuration does not depend on the runtime being on: mode="off"
+    and OFFRECOMP_DISABLE=1 check regions= as an active runtime does, and install nothing."""
+    kw: dict[str, Any] = {"mode": "off"} if how == "mode_off" else {}
+    if how == "disabled":
+        monkeypatch.setenv("OFFRECOMP_DISABLE", "1")
+    m = _two_blocks()
+    with pytest.raises(TypeError, match=r"module instance \(Linear\).*regions=Linear"):
+        offrecomp.runtime(m, regions=m[0], **kw)
+    with pytest.raises(TypeError, match=r"regions=\[1\] is invalid; accepted: None, a module type"):
+        offrecomp.runtime(m, regions=[1], **kw)
+    with pytest.raises(ValueError, match=r"regions=<class '.*Conv2d'> matched no module of Sequential"):
+        offrecomp.runtime(m, regions=nn.Conv2d, **kw)
+
+    def broken(module: nn.Module, name: str) -> bool:
+        raise RuntimeError("boom")
+
+    with pytest.raises(TypeError, match=r"regions= filter 'broken' raised RuntimeError\('boom'\)"):
+        offrecomp.runtime(m, regions=broken, **kw)
+    rt = offrecomp.runtime(m, regions=nn.Linear, **kw)
+    assert rt.regions == [] and not rt.config.active
+    with rt:
+        m(torch.randn(2, 4)).sum().backward()
+    assert rt.report().steps == []
+
+
 @pytest.mark.parametrize("var", ["OFFRECOMP_PROFILE", "OFFRECOMP_REPORT"])
 def test_a_file_setting_in_a_missing_folder_or_on_a_folder_fails_at_once(
     var: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any

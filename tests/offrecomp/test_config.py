@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import pathlib
 
 import pytest
 
@@ -168,3 +170,105 @@ def test_an_argument_given_as_none_leaves_the_setting_to_the_environment() -> No
     assert cfg.max_overhead == 0.05 and cfg.sources["max_overhead"] == "env"
     assert cfg.host_limit is not None and cfg.host_limit.nbytes == 1 << 30 and cfg.sources["host_limit"] == "env"
     assert cfg.budget is None and cfg.sources["budget"] == "default"
+
+
+def test_an_empty_budget_argument_leaves_the_setting_to_the_environment() -> None:
+    """``budget=""`` is not given, as an empty variable is unset; ``"none"`` and ``"auto"``
+    choose the automatic budget, over ``OFFRECOMP_BUDGET`` too (an argument wins)."""
+    env = {"OFFRECOMP_BUDGET": "2GiB"}
+    for empty in ("", "  "):
+        cfg = Config.resolve({"budget": empty}, environ=env)
+        assert cfg.budget == Budget(nbytes=2 << 30) and cfg.sources["budget"] == "env"
+    assert Config.resolve({"budget": ""}, environ={}).sources["budget"] == "default"
+    for auto in ("none", "None", "auto", "AUTO"):
+        cfg = Config.resolve({"budget": auto}, environ=env)
+        assert cfg.budget is None and cfg.sources["budget"] == "argument"
+        assert Config.resolve({}, environ={"OFFRECOMP_BUDGET": auto}).budget is None
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "tuning.md").read_text()
+    assert "`none`" in text and 'budget=""' in text
+
+
+@pytest.mark.parametrize("value", ["150%", "0%", "-5%", "x%", "lots"])
+def test_a_bad_budget_lists_every_accepted_form(value: str) -> None:
+    """A bad percentage names the other forms too: bytes, a unit, auto."""
+    with pytest.raises(ValueError) as err:
+        Config.resolve({"budget": value}, environ={})
+    msg = str(err.value)
+    assert msg.startswith(f"budget={value!r} is invalid; accepted: ")
+    for form in ("auto", "none", "integer byte count", "24GiB", "percentage", "(0%, 100%]", "60%"):
+        assert form in msg, msg
+
+
+@pytest.mark.parametrize(
+    ("value", "stored"),
+    [(logging.INFO, "INFO"), (logging.DEBUG, "DEBUG"), (40, "ERROR"), ("20", "INFO"), ("warning", "WARNING"),
+     (" Critical ", "CRITICAL")],
+)
+def test_log_level_takes_logging_numbers_and_names(value: object, stored: str) -> None:
+    cfg = Config.resolve({"log_level": value}, environ={})
+    assert cfg.log_level == stored and cfg.sources["log_level"] == "argument"
+    assert Config.resolve({}, environ={"OFFRECOMP_LOG": str(value)}).log_level == stored
+
+
+@pytest.mark.parametrize("value", [15, -10, 0, True, 20.0, "LOUD", "NOTSET"])
+def test_log_level_rejects_what_logging_does_not_name(value: object) -> None:
+    with pytest.raises(ValueError, match=r"log_level=.* is invalid; accepted: DEBUG, INFO, WARNING, ERROR, "
+                                         r"CRITICAL \(any case\), or a level number such as logging.INFO \(20\)"):
+        Config.resolve({"log_level": value}, environ={})
+
+
+def test_a_log_level_number_sets_the_logger() -> None:
+    logger = logging.getLogger("offrecomp")
+    before = logger.level
+    try:
+        offrecomp.runtime(None, log_level=logging.ERROR)
+        assert logger.level == logging.ERROR
+    finally:
+        logger.setLevel(before)
+
+
+# (runtime argument, plan flag, value, whether both accept it): one range each
+_SHARED_KNOBS = [
+    ("max_overhead", "--max-overhead", value, ok)
+    for value, ok in (("0", True), ("0.05", True), ("10", True), ("50", False), ("-1", False), ("nan", False),
+                      ("inf", False))
+] + [
+    (field, flag, value, ok)
+    for field, flag in (("d2h_gbps", "--d2h-gbps"), ("h2d_gbps", "--h2d-gbps"))
+    for value, ok in (("50", True), ("1e-6", True), ("0", False), ("-1", False), ("2e6", False))
+] + [
+    ("replay_op_us", "--replay-op-us", value, ok)
+    for value, ok in (("0", True), ("25", True), ("-1", False), ("2e6", False))
+] + [
+    ("prefetch", "--prefetch-regions", value, ok) for value, ok in (("1", True), ("3", True), ("0", False))
+] + [
+    ("infeasible", "--infeasible", value, ok)
+    for value, ok in (("warn", True), ("ERROR", True), ("Warn", True), ("ignore", False))
+]
+
+
+@pytest.mark.parametrize(("field", "flag", "value", "ok"), _SHARED_KNOBS)
+def test_runtime_and_plan_command_accept_the_same_values(
+    field: str, flag: str, value: str, ok: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A knob both take (OFFRECOMP_MAX_OVERHEAD and --max-overhead, ...) has one range,
+    and either names itself when the value is out of it."""
+    import io
+
+    from scheduler.cli import main as plan_main
+
+    if ok:
+        Config.resolve({field: value}, environ={})
+    else:
+        with pytest.raises(ValueError, match=rf"{field}={value!r} is invalid; accepted: "):
+            Config.resolve({field: value}, environ={})
+    argv = ["plan", "--model", "layers=2,hidden=64,heads=2,seq=64,batch=1", "--device-tflops", "10",
+            "--budget", "1GiB", flag, value]
+    if flag in ("--d2h-gbps", "--h2d-gbps"):  # with --model, the link needs both
+        other = "--h2d-gbps" if flag == "--d2h-gbps" else "--d2h-gbps"
+        argv += [other, "50"]
+    rc = plan_main(argv, out=io.StringIO())
+    err = capsys.readouterr().err
+    assert rc == (0 if ok else 2), err
+    if not ok:
+        assert flag in err and f"{field}=" not in err and f"{field} =" not in err and "None" not in err, err

@@ -3,6 +3,7 @@ and why, in columns that stay aligned for long region names."""
 
 from __future__ import annotations
 
+import logging
 import re
 
 import pytest
@@ -135,3 +136,29 @@ def test_a_plan_set_by_the_user_is_what_explain_shows(mode: str) -> None:
     cols = [re.split(r"\s{2,}", row.strip()) for row in rows]
     assert len(rows) == 3 and all(c[-1] == "rt.set_plan()" and not c[4].startswith("0/") for c in cols), text
     _assert_aligned(text, rt.regions)
+
+
+@pytest.mark.parametrize("mode", ["keep", "auto"])
+def test_a_placement_the_rules_refuse_is_logged_once_and_marked(mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A plan that asks to drop a region input (the replay's checkpoint) or to offload a
+    storage under min_bytes gets KEEP there: one warning names each such key and why, and
+    explain() marks the call; a legal ask of the same plan is carried out."""
+    from offrecomp import Placement, Plan
+
+    torch.manual_seed(0)
+    m = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(2)])
+    rt = offrecomp.runtime(m, mode=mode, min_bytes=1024)
+    asks = {("0", 0, 0): Placement.RECOMPUTE, ("0", 0, 1): Placement.OFFLOAD, ("1", 0, 1): Placement.RECOMPUTE}
+    rt.set_plan(Plan(placements=asks))
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), rt:
+        for _ in range(4):
+            m(torch.randn(4, 8)).sum().backward()
+    said = [r.getMessage() for r in caplog.records if "the rules do not allow" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert "asks for 2 placement(s)" in said[0]
+    assert "('0', 0, 0) RECOMPUTE (a region input is the replay's checkpoint, never dropped)" in said[0]
+    assert "('0', 0, 1) OFFLOAD (under min_bytes (1.00 KiB), never offloaded)" in said[0]
+    rows = {row.split()[0]: row for row in _rows(rt.explain(), ["0", "1"])}
+    assert "2 kept against it: storage 0 RECOMPUTE (a region input" in rows["0"], rt.explain()
+    recompute, why = re.split(r"\s{2,}", rows["1"].strip())[4:]
+    assert why == "rt.set_plan()" and recompute == "1/128 B", rt.explain()

@@ -126,3 +126,54 @@ def test_report_plot_names_the_file_it_writes_or_why_not(
     assert code == 2 and "cannot write" in err and "xyz" in err
     code, out, err = _run(["report", str(report_file), "--plot", ""], capsys)
     assert code == 2 and "--plot '' is invalid" in err
+
+
+@pytest.mark.parametrize(
+    ("field", "raw"),
+    [("step_seconds", "NaN"), ("recompute_seconds", "-0.5"), ("predicted_step_seconds", "Infinity"),
+     ("peak_activation_bytes", "-1"), ("device_peak_bytes", "-4096"), ("budget_bytes", "-1"), ("step", "-3")],
+)
+def test_report_rejects_nan_and_negative_fields(
+    field: str, raw: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No step record holds NaN, Infinity or a negative count, size or time (Python's json
+    writes and reads NaN): such a file is damaged, and the line and field are named."""
+    path = tmp_path / "run.jsonl"
+    fields = f'"step": 0, "{field}": {raw}' if field != "step" else f'"step": {raw}'
+    path.write_text(json.dumps({"step": 0}) + "\n{" + fields + "}\n")
+    code, out, err = _run(["report", str(path)], capsys)
+    assert code == 2 and out == "", out
+    assert f"{path}:2: field {field!r} is {json.loads(raw)!r}; expected a finite number >= 0" in err, err
+
+
+def test_report_rejects_a_bad_fallback_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "run.jsonl"
+    path.write_text(json.dumps({"step": 0, "fallbacks": {"offload_to_keep": -2}}) + "\n")
+    code, _, err = _run(["report", str(path)], capsys)
+    assert code == 2 and "field 'fallbacks' counts -2 for 'offload_to_keep'; expected an integer >= 0" in err, err
+
+
+def test_no_command_is_a_usage_error_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    """As argparse: no command prints the usage to stderr and exits 2; help goes to stdout
+    and exits 0."""
+    code, out, err = _run([], capsys)
+    assert code == 2 and out == "" and "a command is required; accepted: plan, warmup, report" in err
+    assert "usage: python -m offrecomp" in err
+    for argv in (["--help"], ["-h"], ["help"]):
+        code, out, err = _run(argv, capsys)
+        assert code == 0 and err == "" and "usage: python -m offrecomp" in out, argv
+
+
+@pytest.mark.parametrize("command", ["plan", "warmup", "report"])
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_every_command_takes_help(command: str, flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run([command, flag], capsys)
+    assert code == 0 and err == "", err
+    assert f"usage: python -m offrecomp {command}" in out, out
+    code, out, _ = _run(["help", command], capsys)
+    assert code == 0 and f"usage: python -m offrecomp {command}" in out
+
+
+def test_a_bad_report_option_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(["report"], capsys)
+    assert code == 2 and "the following arguments are required: path" in err

@@ -198,12 +198,12 @@ def test_infeasible_budget_exit_status(capsys: pytest.CaptureFixture[str]) -> No
         (
             ["plan", "--model", MODEL, "--device-tflops", "990", "--budget", "1GiB",
              "--replay-op-us", "-3"],
-            "--replay-op-us -3.0 is invalid",
+            "--replay-op-us=-3.0 is invalid",
         ),
         (
             ["plan", "--model", MODEL, "--device-tflops", "990", "--budget", "1GiB",
              "--offload-us", "-1"],
-            "--offload-us -1.0 is invalid",
+            "--offload-us=-1.0 is invalid",
         ),
         (
             ["plan", "--model", MODEL, "--device-tflops", "990", "--budget", "1GiB",
@@ -216,6 +216,42 @@ def test_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixtu
     rc, _ = run(*argv)
     assert rc == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--max-overhead", "-1"], "--max-overhead=-1.0 is invalid; accepted: a fraction of step time from 0 to 10"),
+        (["--max-overhead", "50"], "--max-overhead=50.0 is invalid"),
+        (["--d2h-gbps", "0", "--h2d-gbps", "50"],
+         "--d2h-gbps=0.0 is invalid; accepted: a number of GB/s from 1e-6 to 1e6 (50); --no-offload plans without"),
+        (["--h2d-gbps", "-1", "--d2h-gbps", "50"], "--h2d-gbps=-1.0 is invalid"),
+        (["--prefetch-regions", "0"], "--prefetch-regions=0 is invalid; accepted: a number of regions, 1 or more"),
+        (["--mfu", "2"], "--mfu=2.0 is invalid; accepted: a fraction of peak FLOP/s"),
+        (["--device-tflops", "-990"], "--device-tflops=-990.0 is invalid; accepted: dense TFLOP/s"),
+        (["--infeasible", "ignore"], "argument --infeasible: invalid choice: 'ignore'"),
+    ],
+)
+def test_errors_name_the_flag(extra: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Not the Python parameter the value goes on to (``max_overhead``), nor ``None``."""
+    rc, _ = run("plan", "--model", MODEL, "--device-tflops", "990", "--budget", "1GiB", *extra)
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err, err
+    for word in ("max_overhead", "d2h_gbps", "h2d_gbps", "prefetch_regions", "device_tflops", "None"):
+        assert word not in err, err
+
+
+def test_a_model_spec_error_names_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _ = run("plan", "--model", "layers=2,hidden=100,heads=3,seq=64,batch=1", "--device-tflops", "990",
+                "--budget", "1GiB")
+    assert rc == 2 and "--model 'layers=2,hidden=100,heads=3,seq=64,batch=1': hidden = 100" in capsys.readouterr().err
+
+
+def test_an_infeasible_budget_error_names_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _ = run("plan", "--model", MODEL, "--device-tflops", "990", "--budget", "1MiB", "--infeasible", "ERROR")
+    err = capsys.readouterr().err
+    assert rc == 1 and "Raise --budget, or leave out --infeasible error" in err, err
+    assert "infeasible='warn'" not in err
 
 
 def test_unknown_option_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
