@@ -163,9 +163,12 @@ class OffloadGroups:
         rec.slot = slot
         return True
 
-    def join_typed(self, call: RegionCall, rec: StorageRec, t: torch.Tensor, dtype: torch.dtype) -> bool | None:
+    def join_typed(
+        self, call: RegionCall, rec: StorageRec, t: torch.Tensor, dtype: torch.dtype, leaf: bool
+    ) -> bool | None:
         """``join`` for a contiguous ``t`` of a dtype of ``TYPED_DTYPES`` that covers its
-        storage (``rec``'s) from its first byte, typed. As ``join``, True: it joined;
+        storage (``rec``'s) from its first byte, typed (``leaf``: ``t.is_leaf``). As
+        ``join``, True: it joined;
         False: the pool has no room (counted); None, having changed nothing: ``join``
         must decide (a tensor that cannot move or over a parameter's storage, or no
         engine yet: NOTE [Offload fast path] in hooks.py)."""
@@ -173,7 +176,7 @@ class OffloadGroups:
         engine = self.engine
         if (
             on_device is None or engine is None or not on_device(t) or t.is_neg()
-            or (t.is_leaf and rec.ptr in self._param_storages(call))  # NOTE [Parameter storages]
+            or (leaf and rec.ptr in self._param_storages(call))  # NOTE [Parameter storages]
         ):
             return None
         group = opened = call.group

@@ -292,7 +292,8 @@ class Placer:
         ):
             return None
         rec = _new_rec(StorageRec, storage, call, len(call.storages), nbytes, ptr, OFFLOAD)
-        joined = self._groups.join_typed(call, rec, t, dtype)
+        leaf = t.is_leaf
+        joined = self._groups.join_typed(call, rec, t, dtype, leaf)
         if joined is None:
             return None
         call.storages.append(rec)
@@ -306,7 +307,7 @@ class Placer:
         p.stats.offloaded_bytes += nbytes
         ref = call.lease_ref  # the call's live lease, or a new one (RegionCall.lease)
         lease = ref() if ref is not None else None
-        h = _new_typed(TypedHandle, rec, idx, t, lease if lease is not None else call.lease(self._release), base)
+        h = _new_typed(TypedHandle, rec, idx, t, lease if lease is not None else call.lease(self._release), base, leaf)
         rec.group.handles += 1  # type: ignore[union-attr]  # joined: set
         return h
 
@@ -561,8 +562,14 @@ class Placer:
         """An offloaded save as a view of its group's reload, fetched on first use (and
         cached on a reused buffer: NOTE [Reused reload buffers] in transfer.py). Autograd
         wraps what unpack returns in a new tensor."""
-        dtype, size = h.dtype, h.size
-        slot_offset = group.offsets[rec.slot]
+        slot = rec.slot
+        dtype: torch.dtype
+        size: torch.Size
+        if type(h) is TypedHandle:  # its slot's size and dtype (TypedHandle.size, .dtype)
+            dtype, size = group.dtypes[slot], group.shapes[slot]  # type: ignore[assignment]  # typed: set
+        else:
+            dtype, size = h.dtype, h.size
+        slot_offset = group.offsets[slot]
         key = (slot_offset, h.offset, size, h.stride, dtype)  # the alias cache's (NOTE [Reused reload buffers])
         typed = group.typed_views.get(dtype)  # fetched, and a save of this dtype handed out
         if typed is None:

@@ -272,15 +272,15 @@ class TypedHandle(weakref.ref):  # type: ignore[type-arg]
     offset = 0
 
     def __new__(
-        cls, rec: StorageRec, pack_index: int, t: torch.Tensor, lease: Lease, base: torch.Tensor | None
+        cls, rec: StorageRec, pack_index: int, t: torch.Tensor, lease: Lease, base: torch.Tensor | None, leaf: bool
     ) -> TypedHandle:
-        """``base``: ``t._base``, already read."""
+        """``base``: ``t._base``, and ``leaf``: ``t.is_leaf``, already read."""
         self = weakref.ref.__new__(cls, t)
         self.rec = rec
         self.pack_index = pack_index
         self.lease = lease
         self.version = t._version
-        self.grad_fn = not t.is_leaf  # to see a detach_() after the save
+        self.grad_fn = not leaf  # to see a detach_() after the save
         self.stride = t.stride()
         self.base = weakref.ref(base) if base is not None else None
         return self
