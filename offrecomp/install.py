@@ -78,6 +78,7 @@ from offrecomp.diagnostics import (
     warn_other_thread,
     world_size,
 )
+from offrecomp.interrupts import finish
 from offrecomp.lifecycle import Lifecycle
 from offrecomp.native import NativeKeep
 from offrecomp.regions import (
@@ -150,8 +151,8 @@ class Installer:
             pack = torch.compiler.disable(pack, recursive=True)
             unpack = torch.compiler.disable(unpack, recursive=True)
         hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+        self.hooks_ctx = hooks  # first: uninstall takes the pair off if it is on top
         hooks.__enter__()
-        self.hooks_ctx = hooks
         backward_entry.own(hooks.pack_hook, self._calls.accumulating_backward)  # NOTE [Hooks off in backward]
         for region in self._regions:
             region.refresh()
@@ -238,13 +239,23 @@ class Installer:
             self._wrap_forward(model, self._root_forward(model))
 
     def uninstall(self) -> None:
+        """Take every hook and wrapper out, to the end through interrupts (NOTE
+        [Interrupts in cleanup]): each part redoes nothing when run again."""
         self.active = False
-        if self.hooks_ctx is not None:
-            hooks, self.hooks_ctx = self.hooks_ctx, None
+        finish(self._uninstall)
+
+    def _uninstall(self) -> None:
+        hooks = self.hooks_ctx
+        if hooks is not None:
+            self._native.hooks_back()  # a native call cut short before its wrapper's try
+            top = tc.top_saved_tensors_hooks()
+            if top is not None and top[0] is hooks.pack_hook:
+                hooks.__exit__(None, None, None)
             backward_entry.disown(hooks.pack_hook, self._calls.accumulating_backward)
-            hooks.__exit__(None, None, None)
+            self.hooks_ctx = None  # last: a run cut short before it does the rest again
         while self._restore:
-            self._restore.pop()()
+            self._restore[-1]()  # then dropped: a restore run twice finds its slot restored
+            self._restore.pop()
         if self._opt_hook is not None:
             self._opt_hook.remove()
             self._opt_hook = None
@@ -329,7 +340,11 @@ class Installer:
                 return p
             return None
 
-        begin_h, fail, returned_h = self._host(begin), self._host(life.root_failed), self._host(life.root_returned)
+        def failed(p: PassState, exc: BaseException) -> None:
+            self._native.hooks_back()  # NOTE [Native keep]: an interrupt at a region call's start
+            life.root_failed(p, exc)
+
+        begin_h, fail, returned_h = self._host(begin), self._host(failed), self._host(life.root_returned)
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
@@ -354,6 +369,7 @@ class Installer:
 
     def _region_forward(self, region: Region) -> Make:
         begin_h, end_h = self._host(self._begin_region), self._host(self._end_region)
+        hooks_back = self._host(self._native.hooks_back)
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
@@ -373,7 +389,11 @@ class Installer:
                 except BaseException as exc:
                     end_h(call, exc)
                     raise
-                end_h(call, None, out, (args, kwargs))
+                else:
+                    end_h(call, None, out, (args, kwargs))
+                finally:
+                    if call.native:  # the hooks back, also when an interrupt cut end_h short
+                        hooks_back()
                 return out
 
             return forward

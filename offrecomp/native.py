@@ -15,6 +15,12 @@ hooks: the first pass of each signature does, and leaves that record. The call's
 count as kept and resident from its exit to the end of its pass: a kept storage lives
 until backward has read it, past the forward's peak.
 
+The pair goes back from what the stack holds, through an interrupt (Ctrl-C) landing on
+the way (NOTE [Interrupts in cleanup]): at the call's exit, again in the ``finally`` of
+the region's wrapper when an interrupt cut the exit short at its start, and at the end
+of the runtime's model forward and at the runtime's exit when one landed between the
+call's start and its wrapper's ``try``.
+
 The hooks stay on when anything else needs to see the saves: the op recorder, a region's
 first-call watch, a replay checkpoint, another hook pair beneath the runtime's (taking
 the runtime's off would hand it the call's saves), and ``native_keep=False``
@@ -30,6 +36,7 @@ from typing import Any
 
 from offrecomp import _torch_compat as tc
 from offrecomp.config import Config
+from offrecomp.interrupts import finish
 from offrecomp.state import RegionCall
 from scheduler.plan import Placement
 
@@ -54,6 +61,8 @@ class NativeKeep:
         self._config = config
         self._own_hooks = own_hooks
         self._books: dict[tuple[str, str, int], CallBooks] = {}
+        self.off = False
+        """A native call may have taken the pair off the stack (``hooks_back`` puts it back)."""
 
     def _forced_keep(self, call: RegionCall) -> bool:
         """``call`` keeps everything by the forced keep mode (not by a plan: NOTE [Kept
@@ -79,20 +88,35 @@ class NativeKeep:
         top = tc.top_saved_tensors_hooks()
         if own is None or top is None or top[0] is not own[0]:
             return False
-        if not tc.pop_sole_saved_tensors_hooks(own):  # another pair beneath ours
+        self.off = True  # first: hooks_back reads the stack, so it never pushes the pair twice
+        try:
+            popped = tc.pop_sole_saved_tensors_hooks(own)
+        except BaseException:  # an interrupt between the pop and the look beneath
+            self.hooks_back()
+            raise
+        if not popped:  # another pair beneath ours
+            self.off = False
             return False
         call.native = True
         call.books = books
         return True
+
+    def hooks_back(self) -> None:
+        """Put the runtime's pair back on the stack if a native call took it off, through
+        interrupts (NOTE [Interrupts in cleanup])."""
+        if not self.off:
+            return
+        own = self._own_hooks()
+        if own is not None:
+            finish(lambda: _on_top(own))
+        self.off = False
 
     def exit(self, call: RegionCall, failed: bool) -> None:
         """``call`` ends: put the hooks back and count its saves from its record, or
         record what it saved with the hooks on."""
         p = call.pass_state
         if call.native:
-            own = self._own_hooks()
-            if own is not None:
-                tc.push_saved_tensors_hooks(*own)
+            self.hooks_back()  # first: the rest of the call's exit runs with the hooks on
             if failed or p is None or call.books is None:
                 return
             saves, storages, nbytes, _ = call.books
@@ -110,3 +134,10 @@ class NativeKeep:
         nbytes = sum(rec.nbytes for rec in recs)
         small = sum(rec.nbytes < self._config.min_bytes for rec in recs)
         self._books[(p.signature, call.name, call.call_index)] = (call.pack_count, len(recs), nbytes, small)
+
+
+def _on_top(pair: tuple[Any, Any]) -> None:
+    """``pair`` on top of this thread's stack: pushed unless it is there already."""
+    top = tc.top_saved_tensors_hooks()
+    if top is None or top[0] is not pair[0]:
+        tc.push_saved_tensors_hooks(*pair)

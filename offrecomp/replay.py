@@ -52,6 +52,7 @@ from torch import nn
 from offrecomp import _torch_compat as tc
 from offrecomp.arguments import ArgState, replay_arguments
 from offrecomp.changes import swap_attrs
+from offrecomp.interrupts import finish
 from offrecomp.regions import (
     autocast_contexts,
     buffer_of,
@@ -101,18 +102,6 @@ _replayed = _Replayed()
 def replayed_regions() -> tuple[str, ...]:
     """The regions whose forwards replays run now on this thread, outermost first."""
     return _replayed.names
-
-
-@contextlib.contextmanager
-def _replaying(name: str) -> Iterator[None]:
-    _tls.depth = _tls.depth + 1
-    names = _replayed.names
-    _replayed.names = (*names, name)
-    try:
-        yield
-    finally:
-        _tls.depth -= 1
-        _replayed.names = names
 
 
 class _StopReplay(BaseException):
@@ -352,11 +341,30 @@ def _replay_forward(
     unpack: Callable[[Any], Any],
     mode: ServingMode | None,
 ) -> None:
-    """Run the region's forward once, as the replay sees it (NOTE [Replay])."""
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(_replaying(call.name))
+    """Run the region's forward once, as the replay sees it (NOTE [Replay]).
+
+    Every context it enters exits, in order, also when an interrupt (Ctrl-C) lands in
+    the exits; grad mode and the replay depth are set back as found, also when an
+    interrupt came between a context's entry and the stack (NOTE [Interrupts in
+    cleanup]). The depth is set, not counted down by a context: one an interrupt kept off
+    the stack would count it down when collected, at any later time."""
+    grad, depth, names = torch.is_grad_enabled(), _tls.depth, _replayed.names
+    stack = contextlib.ExitStack()
+
+    def unwind() -> None:
+        stack.close()  # the exits not yet run, innermost first
+        torch.set_grad_enabled(grad)
+        _tls.depth = depth
+        _replayed.names = names
+
+    try:
+        _tls.depth = depth + 1
+        _replayed.names = (*names, call.name)
         stack.enter_context(user_code())
-        stack.enter_context(torch.inference_mode(False))  # a backward may run under inference_mode
+        if torch.is_inference_mode_enabled():
+            # a backward may run under inference_mode; the guard is entered only then: one
+            # whose exit an interrupt skipped sets the grad mode it found when collected
+            stack.enter_context(torch.inference_mode(False))
         stack.enter_context(torch.enable_grad())
         if call.autocast is not None:
             # NOTE [Autocast cache]: the weight cache off, but for compiled code
@@ -379,6 +387,11 @@ def _replay_forward(
             stack.enter_context(PassiveMode())
         assert call.forward_fn is not None
         call.forward_fn(*args, **kwargs)
+    finally:
+        try:
+            unwind()
+        except BaseException as e:  # NOTE [Interrupts in cleanup]: an interrupt, the rest to run
+            finish(unwind, e)
 
 
 class _StopAtALaterOp(PassiveMode):
@@ -604,7 +617,10 @@ def replay_call(
         try:
             mode = _replay_until_captured(call, saves, rng, args, kwargs, program, storage_tensors)
         finally:
-            rng.set_caller()
+            try:
+                rng.set_caller()
+            except BaseException as e:  # NOTE [Interrupts in cleanup]: it sets states, so runs again
+                finish(rng.set_caller, e)
     call.replay_seconds += time.perf_counter() - t0
     call.replays += 1
     if mode is not None:

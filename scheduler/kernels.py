@@ -1,5 +1,6 @@
-"""numba helpers shared by the simulator, the lower bound and the solver, and the
-legend of the kernels' array names (the comment block below).
+"""numba helpers shared by the simulator, the lower bound and the solver, the legend of
+the kernels' array names (the comment block below), and the hold of Ctrl-C while numba
+refreshes its contexts for a kernel load (NOTE [kernel loads]).
 """
 
 # ----------------------------------------------------------------------------- legend
@@ -122,12 +123,61 @@ legend of the kernels' array names (the comment block below).
 
 from __future__ import annotations
 
+import signal
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import numba
 import numpy as np
+from numba.core.registry import cpu_target
 
 __all__ = ["argsort", "njit", "njit_inline", "replay_unit", "served_now"]
+
+
+def _refresh_whole(refresh: Callable[[], None]) -> Callable[[], None]:
+    """``refresh`` of one of numba's contexts, run with SIGINT held on the main thread.
+
+    NOTE [kernel loads]: before it loads or compiles a kernel, numba refreshes
+    its typing and target contexts. The first refresh in a process imports numba's
+    implementation modules and installs their registries; each later one installs what
+    was registered since, reading every registry through a generator. An interrupt
+    (Ctrl-C) landing in a refresh leaves a module half imported, whose import then fails
+    for good ("duplicate registration"), or a registry's generator ended by the
+    exception ("generator raised StopIteration"), and every later kernel load in the
+    process fails. Neither can be undone from outside numba, so a Ctrl-C arriving during
+    a refresh is held and raised as soon as the refresh ends (the first in a process
+    takes about half a second, a later one a fraction of a millisecond); the loading or
+    compiling around it may be interrupted, and the next call of the kernel loads it
+    again. Signals reach Python
+    only on the main thread, and only there can a handler be set: elsewhere the refresh
+    runs as it is. A SIGINT handler that is not a Python function (ignored, the default
+    action) is left in place.
+    """
+
+    def run() -> None:
+        if threading.current_thread() is not threading.main_thread():
+            refresh()
+            return
+        handler = signal.getsignal(signal.SIGINT)
+        if not callable(handler):
+            refresh()
+            return
+        held: list[tuple[int, Any]] = []
+        signal.signal(signal.SIGINT, lambda signum, frame: held.append((signum, frame)))
+        try:
+            refresh()
+        finally:
+            signal.signal(signal.SIGINT, handler)
+            if held:
+                handler(*held[0])  # the default handler raises KeyboardInterrupt
+
+    return run
+
+
+# the contexts every kernel is typed and compiled with (NOTE [kernel loads])
+for _context in (cpu_target.typing_context, cpu_target.target_context):
+    _context.refresh = _refresh_whole(_context.refresh)
 
 
 def njit(fn: Any) -> Any:
