@@ -130,7 +130,7 @@ class _Plain:
 # The unpack hook likewise takes a typed save in one path when its group was fetched into
 # a reused buffer holding an alias of its geometry (NOTE [Reused reload buffers] in
 # transfer.py), its pass is in backward, its group issued, and neither its original nor
-# its base lives (there is nothing to check against them): the alias, the group's
+# its base lives (there is nothing to check against them): ``.data`` of the alias, the group's
 # version check (NOTE [Writes after a save] in state.py), the group's release at its last
 # save. Every other unpack takes the general path, which checks the same one by one.
 
@@ -481,7 +481,7 @@ class Placer:
                     uses = group.uses = group.uses + 1
                     if uses >= group.handles:
                         self._groups.release_device(group)
-                    return hit[1]  # autograd wraps it anew (NOTE [Reused reload buffers] in transfer.py)
+                    return hit[1].data  # a tensor of its own (NOTE [Reused reload buffers] in transfer.py)
         if kind is KeptRef or kind is tuple:  # KEEP
             if not aside:
                 n = self._unpacks = self._unpacks + 1
@@ -537,7 +537,7 @@ class Placer:
                 if kind is TypedHandle  # its slot's size and dtype, offset 0
                 else (group.offsets[slot], h.offset, h.size, h.stride, h.dtype)
             ):
-                t = hit[1]  # the cached alias's geometry is this save's (autograd wraps it anew)
+                t = hit[1].data  # the cached alias's geometry is this save's
                 if group.views is not views:  # released meanwhile (another thread): t may be on nothing
                     t = self._reload_view(h, rec, group, call)
             else:
@@ -577,7 +577,7 @@ class Placer:
             views = group.views  # the first unpack of a reload into a reused buffer
             hit = views.get(h.pack_index) if views is not None else None
             if hit is not None and hit[0] == key:
-                return hit[1]
+                return hit[1].data
             typed = group.typed(dtype)
         t = typed.as_strided(size, h.stride, h.offset + slot_offset // dtype.itemsize)
         reuse = group.reuse

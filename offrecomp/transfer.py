@@ -173,16 +173,18 @@ class Group:
 # NOTE [Reused reload buffers]
 # Handing out a saved tensor as a view of its group's reload (``as_strided``) costs the
 # host a dispatcher call and a view record per unpack, more than all the rest of the
-# unpack. A tensor of the right geometry already on the reload's storage costs none of
-# that: autograd makes its own tensor of what unpack returns (a shallow copy, with a
-# version counter of its own, of one the caller still holds).
+# unpack. ``.data`` of a tensor of the right geometry costs a quarter of that (no
+# dispatcher, no view record), but needs such a tensor on the reload's storage first.
+# Each unpack hands out a tensor of its own: autograd passes what unpack returns on as
+# it is where the saved variable needs no gradient edge, and the cached alias itself,
+# handed out, would hold no use of the storage of its own (emptying counts uses).
 # So a reload reuses one device storage per group position (its device and its place in
 # its step's issue order, which a step that repeats the last one's calls repeats) from
 # step to step: the storage is grown (``resize_``) on the compute stream for the reload,
 # as a fresh buffer would be allocated there (NOTE [Reload buffer lifetime] in
 # offload.py), and emptied again once nothing uses it; the unpack caches, per pack
-# index, a ``.data`` alias of the view it made, and hands out that alias itself when the
-# next reload's save has the same geometry. Emptying needs proof that nothing
+# index, a ``.data`` alias of the view it made, and hands out ``.data`` of that alias
+# when the next reload's save has the same geometry. Emptying needs proof that nothing
 # outside still reads the storage: its use count (every tensor on it holds one) must be
 # exactly the storage object's and the cached aliases', and no one but the buffer may
 # hold the storage object (``untyped_storage()`` of every tensor on it returns that one

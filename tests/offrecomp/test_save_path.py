@@ -688,3 +688,44 @@ def test_warm_offloaded_saves_take_the_fast_paths_and_still_see_writes(monkeypat
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             loss.backward()
     _SaveKeepAlias.aliases = []
+
+
+class _SavesMask(torch.autograd.Function):
+    """Saves a tensor that needs no gradient and, as AOT autograd's compiled backward
+    does, frees its saved variables right after reading them."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        mask = (x > 0).to(x.dtype)
+        ctx.save_for_backward(mask)
+        return x * mask
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (mask,) = ctx.saved_tensors
+        ctx.maybe_clear_saved_tensors()  # the handles die: the call's group is freed now
+        return g * mask
+
+
+class _MaskBlock(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _SavesMask.apply(x)  # type: ignore[no-any-return]
+
+
+def test_an_unpacked_save_keeps_its_reused_buffer_after_its_handles_die() -> None:
+    """NOTE [Reused reload buffers]: autograd passes a saved tensor that needs no gradient
+    on as unpack returned it; each unpack hands out a tensor of its own, whose use of the
+    reload's storage keeps the buffer from being emptied while the backward still reads
+    it, also once the saved variables are freed early."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(_MaskBlock(), _MaskBlock())
+    x = torch.randn(4, 8, requires_grad=True)
+    m(x).sum().backward()
+    ref = x.grad.clone()  # type: ignore[union-attr]
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0, regions=_MaskBlock)
+    with rt:
+        for _ in range(4):  # from the second step on, the reloads reuse their buffers
+            x.grad = None
+            m(x).sum().backward()
+            assert torch.equal(x.grad, ref)  # type: ignore[arg-type]
+    assert rt.report().steps[-1].offloaded_bytes > 0
