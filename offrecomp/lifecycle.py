@@ -34,6 +34,7 @@ pre-hooks run when a backward reaches them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -50,7 +51,7 @@ from offrecomp.config import Config
 from offrecomp.diagnostics import warn_once
 from offrecomp.measure import DeviceClock, Mark
 from offrecomp.report import StepRecord
-from offrecomp.signatures import Combinations, Part, combine
+from offrecomp.signatures import Combinations, Part, combine, shown
 from offrecomp.state import PassState, RegionCall, Stage
 from scheduler.plan import ROOT
 
@@ -65,6 +66,8 @@ __all__ = ["REPORT_MAX_STEPS", "Lifecycle"]
 
 _MAX_PROVISIONAL = 16  # passes without an optimizer step before every pass counts as a step
 _SIGNATURES_SEEN = 1024  # signatures remembered for PassState.new_signature
+#: Root forwards one pass joins at most (NOTE [Dropped graphs]); the next begins a new pass.
+MAX_FORWARDS = 64
 #: Step records ``report()`` holds (the most recent; about 2 KB each). A run of a million
 #: steps would otherwise hold gigabytes of host memory; OFFRECOMP_REPORT writes every step.
 REPORT_MAX_STEPS = 10_000
@@ -116,6 +119,13 @@ class Lifecycle:
         self._provisional: list[tuple[StepRecord, list[PassState]]] = []
         self._unwritten: list[StepRecord] = []  # confirmed steps not yet written to the report file
         self._retiring: list[PassState] = []  # ended steps' passes (NOTE [Pass retirement])
+        self._step_folded = 0  # passes folded into the running step's others (NOTE [Dropped graphs])
+        self._warned_forwards = False
+        # per optimizer: its parameter lists' identities, and whether it steps the model's
+        # parameters (NOTE [Optimizers of other models])
+        self._optimizers: weakref.WeakKeyDictionary[Any, tuple[tuple[tuple[int, int], ...], bool]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     # ----------------------------------------------------------------- calls
 
@@ -162,13 +172,8 @@ class Lifecycle:
         if between_backwards and p is not None and p.stage is AWAITING and not p.aborted:
             return p
         pending = self._next
-        if (
-            pending is not None and p is not None and p.stage is FORWARD and p.graphs
-            and all(r() is None for r in p.graphs)
-        ):
-            # NOTE [Dropped graphs]: a root forward after every graph of the running pass
-            # was dropped without backward (a metric forward with grad): a pass of its own
-            p.aborted = True
+        if pending is not None and p is not None and p.stage is FORWARD and not p.aborted and self._ends_here(p):
+            p.aborted = True  # NOTE [Dropped graphs]: the root forward begins a pass of its own
         if p is None or p.stage is not FORWARD or p.aborted:
             if p is not None and self._stepped_in_backward:
                 self._optimizer_stepped()  # its backward's end went unseen: end the step now
@@ -187,6 +192,25 @@ class Lifecycle:
             elif not p.calls:
                 self._adopt_signature(p, part, region)
         return p
+
+    def _ends_here(self, p: PassState) -> bool:
+        """NOTE [Dropped graphs]: does a root forward that begins now end the running pass
+        ``p`` and begin one of its own, rather than join it?"""
+        if p.graphs and all(r() is None for r in p.graphs[0]):
+            return True  # its first forward's graphs are gone: dropped without backward
+        if len(p.parts) < MAX_FORWARDS:
+            return False
+        if not self._warned_forwards:
+            self._warned_forwards = True
+            log.warning(
+                "offrecomp: %d root forwards joined one pass (signature %s) and no backward "
+                "began; a pass holds at most %d, so the next begins a new one. Gradients are "
+                "unchanged, but step records and auto's plans see such a pass in pieces. A "
+                "forward with grad whose output is kept but never differentiated "
+                "(predictions collected in a list) belongs under torch.no_grad()",
+                len(p.parts), shown(p.signature), MAX_FORWARDS,
+            )
+        return True
 
     def wants_signature(self, region: str) -> bool:
         """Does a call of ``region`` outside every root forward name a part of the pass
@@ -233,7 +257,7 @@ class Lifecycle:
         planned for (NOTE [Pass signatures])?"""
         p.parts.append(part)
         if tuple(p.parts) != p.expected[: len(p.parts)]:
-            self._resign(p)
+            self._resign(p, final=False)
 
     def _settle(self, p: PassState) -> None:
         """``p``'s forwards are over (its backward begins, or it ends): its signature is
@@ -241,11 +265,16 @@ class Lifecycle:
         if p.parts and tuple(p.parts) != p.expected:
             self._resign(p)
 
-    def _resign(self, p: PassState) -> None:
+    def _resign(self, p: PassState, *, final: bool = True) -> None:
+        """``p`` takes the signature of what ran; one that more forwards may extend
+        (``final=False``) is not remembered: only the last of them names a pass."""
         chosen = p.signature
         p.expected = tuple(p.parts)
         p.signature, p.family, p.dims = combine(p.expected)
-        self._note_signature(p)
+        if final:
+            self._note_signature(p)
+        else:
+            p.new_signature = p.signature not in self._signatures_seen
         self._planner.resign(p, chosen)
 
     def _begin_pass(self) -> PassState:
@@ -275,13 +304,15 @@ class Lifecycle:
         if len(seen) > _SIGNATURES_SEEN:
             seen.popitem(last=False)
 
-    def backward_activity(self, call: RegionCall) -> None:
-        """An unpack of ``call``'s save in a backward (or a backward reached its pass's
-        output): its pass's backward began, or a later one of it (NOTE [Double
-        backward])."""
+    def backward_activity(self, call: RegionCall, *, reached: bool = False) -> None:
+        """An unpack of ``call``'s save in a backward (or, ``reached``, a backward reached
+        its pass's output): its pass's backward began, or a later one of it (NOTE
+        [Double backward])."""
         p = call.pass_state
         if p is None:
             return
+        if p.stage is FORWARD and call is p.root and p.graphs and not reached:
+            return  # NOTE [Saves outside the forward]: maybe another model's backward
         if p.stage is not FORWARD:
             task = tc.current_graph_task_id()
             if p.stage is AWAITING and task != p.backward_task:  # NOTE [Double backward]: the next one
@@ -306,11 +337,22 @@ class Lifecycle:
         call of the region that names a pass without one)."""
         if p is not self.current or p.stage is not FORWARD:
             return
+        refs = []
+        nodes: dict[int, Any] = {}
         for t in tc.tree_leaves(out)[:8]:
             if isinstance(t, torch.Tensor) and t.grad_fn is not None:
-                marker = _GraphMarker()
-                t.grad_fn.metadata["offrecomp_graph"] = marker  # type: ignore[index]
-                p.graphs.append(weakref.ref(marker))
+                fn = t.grad_fn
+                meta: dict[str, Any] = fn.metadata  # type: ignore[assignment]
+                marker = meta.get("offrecomp_graph")  # a node returned twice keeps its one
+                if marker is None:
+                    marker = meta["offrecomp_graph"] = _GraphMarker()
+                refs.append(weakref.ref(marker))
+                nodes[id(fn)] = fn
+        if refs:
+            p.graphs.append(tuple(refs))  # one entry per forward
+            hook = functools.partial(_output_reached, weakref.ref(self), weakref.ref(p))
+            for fn in nodes.values():  # NOTE [Saves outside the forward]
+                fn.register_prehook(hook)
 
     def watch_unseen_backward(self, p: PassState, out: Any) -> None:
         """NOTE [Backward without saves]: watch the root output of a pass that saved
@@ -375,9 +417,23 @@ class Lifecycle:
         p.offload_stats = self._groups.end_step()
         self._placements.end_pass(p)
         self._planner.end_pass(p)
-        self._step_passes.append(p)
+        step = self._step_passes
+        if step and _unfinished(step[-1]) and _unfinished(p):
+            self._fold(step[-1], p)
+        else:
+            step.append(p)
         if not self._saw_optimizer and not self.explicit_steps:
             self.end_step(explicit=False, provisional=not self._no_optimizer)
+
+    def _fold(self, into: PassState, p: PassState) -> None:
+        """NOTE [Dropped graphs]: ``p`` and the step's last pass ``into`` both ended
+        before a backward: ``into`` takes ``p``'s counts for the step record, and ``p``
+        retires now unless a saved tensor still leases one of its calls."""
+        _add_counts(into, p)
+        self._step_folded += 1
+        if not self._planner.holds(p) and not any(c.leased for c in p.all_calls()):
+            p.stage = DONE  # no backward can replay or reload it, and it was counted
+            p.retire()
 
     def root_returned(self, p: PassState, out: Any) -> None:
         """A root forward of ``p`` returned ``out``."""
@@ -419,7 +475,10 @@ class Lifecycle:
 
     # ----------------------------------------------------------------- steps
 
-    def on_optimizer_step(self, *_: Any) -> None:
+    def on_optimizer_step(self, optimizer: Any, *_: Any) -> None:
+        p = self.current
+        if p is not None and p.stage is FORWARD and p.parts and not self._steps_model(optimizer):
+            return  # NOTE [Optimizers of other models]: between a forward and its backward
         if self._config.mode != "keep" and tc.autocast_cache_active():
             warn_once(
                 "autocast_step",
@@ -435,6 +494,24 @@ class Lifecycle:
             self._stepped_in_backward = True  # the step ends with this backward
             return
         self._optimizer_stepped()
+
+    def _steps_model(self, optimizer: Any) -> bool:
+        """NOTE [Optimizers of other models]: does ``optimizer`` step a parameter of the
+        model (or is there no model whose parameters tell)? Answered again only when its
+        parameter lists change."""
+        groups = getattr(optimizer, "param_groups", None)
+        try:
+            key = tuple((id(g["params"]), len(g["params"])) for g in groups or ())
+        except (KeyError, TypeError):
+            return True
+        hit = self._optimizers.get(optimizer)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        model = {id(q) for q in self._groups.parameters()}
+        ours = not model or any(id(q) in model for g in groups or () for q in g["params"])
+        with contextlib.suppress(TypeError):  # an optimizer without weak references: asked each time
+            self._optimizers[optimizer] = (key, ours)
+        return ours
 
     def _optimizer_stepped(self) -> None:
         self._stepped_in_backward = False
@@ -469,9 +546,11 @@ class Lifecycle:
                 )
             self.finish_pass()
         passes, self._step_passes = self._step_passes, []
+        folded, self._step_folded = self._step_folded, 0
         if not passes:
             return
         rec = self._planner.step_record(self._step_count, passes)
+        rec.passes += folded  # NOTE [Dropped graphs]
         self._step_count += 1
         if self._step_count == REPORT_MAX_STEPS + 1:
             log.info(
@@ -572,12 +651,94 @@ class _GraphMarker:
 # forward, an EMA model evaluated with grad on) leaves its pass in the forward stage; the
 # next training forward would join it, and run under the metric's signature and plan.
 # Each root forward (and, in a pass without one, each call of the region that names it:
-# NOTE [Pass signatures]) hangs a marker object on the autograd nodes of the tensors it returns
-# (``grad_fn.metadata``), and the pass keeps weak references to them: once all are dead,
-# every graph the pass's forwards returned is gone, so a root forward that begins then
-# ends that pass (as aborted: it taught nothing) and begins its own. A graph still
-# referenced (two forwards, then one backward of both) keeps its marker, and the forward
-# joins the pass.
+# NOTE [Pass signatures]) hangs a marker object on the autograd nodes of the tensors it
+# returns (``grad_fn.metadata``), and the pass keeps weak references to them, per forward.
+# A root forward that begins while the running pass's first forward has no graph left
+# ends that pass (as aborted: it taught nothing) and begins its own. Graphs still
+# referenced (two forwards, then one backward of both) keep their markers, and the
+# forward joins the pass. The first forward decides, not every one: in an evaluation
+# loop without no_grad (``out = model(x)``), the previous batch's graph lives until
+# ``out`` is rebound, after the next forward ran, so every forward finds a live graph;
+# its oldest is always gone, and the loop runs as passes of two forwards. A loss of
+# several forwards whose middle one is detached (a target) keeps its first graph, and
+# stays one pass. A forward that left a graph alive in an ended pass may still be
+# differentiated: its backward reads its own saves and replays its own calls, and counts
+# in no step (the pass was recorded when it ended).
+#
+# A pass joins at most MAX_FORWARDS root forwards; the next begins a new pass, with one
+# warning per runtime. That bounds a pass whose every graph is held and never
+# differentiated (predictions collected with grad on), and one whose forwards return no
+# graph at all (a frozen model evaluated with grad on), as their records and joined
+# signature (NOTE [Pass signatures]) would otherwise grow with every forward.
+#
+# A step keeps one pass for a run of passes that ended before a backward (dropped
+# graphs, failed forwards): each later one adds its counts to it (its record counts them
+# all) and retires at once when no saved tensor leases one of its calls, so an
+# evaluation loop with grad on between two optimizer steps holds one pass's records,
+# not one per batch.
+
+
+def _unfinished(p: PassState) -> bool:
+    """``p`` ended before a backward began (NOTE [Dropped graphs])."""
+    return p.aborted and p.stage is FORWARD
+
+
+def _add_counts(into: PassState, p: PassState) -> None:
+    """``p``'s counts into ``into``, as a step record sums them (NOTE [Dropped graphs])."""
+    a, b = into.stats, p.stats
+    for f in dataclasses.fields(a):
+        name = f.name
+        if name == "peak_resident_bytes":
+            a.peak_resident_bytes = max(a.peak_resident_bytes, b.peak_resident_bytes)
+        elif name == "fallbacks":
+            for k, v in b.fallbacks.items():
+                a.fallbacks[k] = a.fallbacks.get(k, 0) + v
+        else:
+            setattr(a, name, getattr(a, name) + getattr(b, name))
+    into.end_time = p.end_time
+    into.planner_seconds += p.planner_seconds
+    if p.device_peak is not None:
+        into.device_peak = max(into.device_peak or 0, p.device_peak)
+    o, q = into.offload_stats, p.offload_stats
+    if o is None or q is None:
+        into.offload_stats = q if o is None else o
+    else:  # the sums a step record reads; the rest is the latest's
+        into.offload_stats = dataclasses.replace(
+            q,
+            bytes_d2h=o.bytes_d2h + q.bytes_d2h,
+            bytes_h2d=o.bytes_h2d + q.bytes_h2d,
+            stall_seconds=o.stall_seconds + q.stall_seconds,
+        )
+
+
+# NOTE [Optimizers of other models]
+# Steps end at an optimizer step, seen through torch's global post-step hook, which every
+# optimizer in the process calls. An optimizer that steps while the running pass is
+# between its forward and its backward is another model's (the model's own parameters
+# stepped there would change what its backward reads): a GAN's discriminator, trained
+# between the generator's forward and its backward. Ending the step there would cut a
+# step of several micro-batches in two, so there only an optimizer with a parameter of
+# the runtime's model among its parameters ends the step; the answer is kept per
+# optimizer until its parameter lists change (a group added, a list replaced or grown),
+# so the hook reads one tuple per step. A runtime whose model has no parameters (or none
+# given) counts every optimizer. Anywhere else every optimizer ends the step: one over
+# parameters outside the model (a prompt or input embeddings trained while the model is
+# frozen, fp32 master copies of the weights) is the loop's.
+
+
+# NOTE [Saves outside the forward]
+# Ops between a pass's forward and its backward (the loss) save through the runtime's
+# hooks into the pass's root call, and so do another model's trained in the same loop
+# without a runtime of its own (the discriminator's forward between the generator's
+# forward and its backward). Were a backward that reads a root call's save to begin the
+# pass's backward, the other model's backward would begin and end the pass before the
+# pass's own backward ran, whose replays would then count in no step. So while a pass
+# watches outputs of its root forwards (NOTE [Dropped graphs]), a backward that reads its
+# root call's saves does not begin it; one that reaches one of those outputs does (a
+# pre-hook on each output's node, which runs before any save behind that output is
+# read), and so does one that reads a region call's save. The other model's saves still
+# count in the pass's resident bytes and peak while they live: nothing tells them from
+# the loss's.
 
 
 def _unseen_backward(lref: weakref.ref[Lifecycle], cref: weakref.ref[RegionCall], _grads: Any) -> None:
@@ -585,4 +746,15 @@ def _unseen_backward(lref: weakref.ref[Lifecycle], cref: weakref.ref[RegionCall]
     saved nothing through the runtime's hooks."""
     life, call = lref(), cref()
     if life is not None and call is not None and call.pass_state is not None and call.pass_state.stage is FORWARD:
-        life.backward_activity(call)
+        life.backward_activity(call, reached=True)
+
+
+def _output_reached(lref: weakref.ref[Lifecycle], pref: weakref.ref[PassState], _grads: Any) -> None:
+    """NOTE [Saves outside the forward]: a backward reached an output of a root forward
+    of a pass (or of the region call that names it)."""
+    life, p = lref(), pref()
+    if life is None or p is None or p.stage is not FORWARD:
+        return
+    call = p.root if p.root is not None else (p.calls[0] if p.calls else None)
+    if call is not None:
+        life.backward_activity(call, reached=True)

@@ -59,7 +59,7 @@ import torch
 
 from offrecomp import _torch_compat as tc
 
-__all__ = ["Combinations", "Frozen", "Part", "combine", "signature_of"]
+__all__ = ["Combinations", "Frozen", "Part", "combine", "shown", "signature_of"]
 
 Part = tuple[str, str, tuple[int, ...]]
 """One root forward's signature, family (the signature without sizes) and sizes."""
@@ -68,6 +68,8 @@ Part = tuple[str, str, tuple[int, ...]]
 WINDOW = 16
 #: First forwards (and families) remembered.
 FIRSTS = 1024
+#: Root forwards a message shows of a joined signature; it counts the rest.
+SHOWN_PARTS = 3
 
 
 class Frozen:
@@ -159,6 +161,16 @@ def combine(parts: Sequence[Part]) -> Part:
         " + ".join(p[1] for p in parts),
         tuple(d for p in parts for d in p[2]),
     )
+
+
+def shown(signature: str) -> str:
+    """``signature`` as a message shows it: of a pass of many root forwards, the first
+    ``SHOWN_PARTS`` and how many more."""
+    parts = signature.split(" + ", SHOWN_PARTS + 1)
+    if len(parts) <= SHOWN_PARTS + 1:
+        return signature
+    more = signature.count(" + ") + 1 - SHOWN_PARTS
+    return " + ".join(parts[:SHOWN_PARTS]) + f" + ... {more} more"
 
 
 class Combinations:

@@ -583,8 +583,9 @@ class PassState(_WeakReferable):
     stats: PassStats = field(default_factory=PassStats)
     stage: Stage = Stage.FORWARD
     graphs: list[Any] = field(default_factory=list)
-    """Weak references to one object per graph its root forwards returned, held by the
-    graphs' output nodes: all dead, no backward can come (NOTE [Dropped graphs])."""
+    """Per root forward that returned a graph, weak references to one object per graph
+    it returned, held by the graphs' output nodes: all dead, no backward can come
+    through them (NOTE [Dropped graphs])."""
     create_graph: bool = False
     """Its running backward saves tensors (``create_graph=True``) outside any region's
     forward: a later backward may differentiate that graph (NOTE [Double backward])."""

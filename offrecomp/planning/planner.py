@@ -17,6 +17,7 @@ from offrecomp.planning.learning import Learner
 from offrecomp.planning.profiling import ReplayMarks
 from offrecomp.planning.replay_cost import ReplayCost
 from offrecomp.planning.solving import Solver
+from offrecomp.signatures import shown
 from offrecomp.state import Stage
 from scheduler.plan import Placement, Plan
 
@@ -227,7 +228,7 @@ class Planner:
         log.info(
             "offrecomp: region %r call %d is not in the profile of signature %s; recording "
             "it in this pass (its activations dropped) to extend the profile",
-            call.name, call.call_index, p.signature,
+            call.name, call.call_index, shown(p.signature),
         )
 
     def left(self, p: PassState, signature: str) -> PlanEntry | None:
@@ -250,7 +251,8 @@ class Planner:
             if self.host.config.mode != "auto":
                 return
             p.reprofile = False  # its calls are not all the signature's
-            if not p.resigned_from:
+            first, before = not p.resigned_from, p.phase
+            if first:
                 p.resigned_from = p.phase
             if p.phase == Phase.MEASURE:
                 own = self.entries.get(p.signature)
@@ -267,10 +269,11 @@ class Planner:
                 p.phase = Phase.BORROWED  # the plan it began with: NOTE [Borrowed plans]
             if p.phase == Phase.RECOMPUTE:
                 p.plan_signature = p.plan_id = ""
-            log.info(
-                "offrecomp: a pass planned for signature %s ran %s; it goes on as a %s pass",
-                chosen, p.signature, p.phase,
-            )
+            if first or p.phase != before:  # once per pass, not once per forward it joins
+                log.info(
+                    "offrecomp: a pass planned for signature %s ran %s; it goes on as a %s pass",
+                    shown(chosen), shown(p.signature), p.phase,
+                )
 
     def needs_capture(self, p: PassState, call: RegionCall) -> bool:
         """Keep a replay checkpoint for this call? Not when nothing can ever be dropped.
@@ -297,7 +300,7 @@ class Planner:
                 "offrecomp: region %r call %d saves storage %d larger than in the plan of "
                 "signature %s that this pass borrowed; dropping its activations this pass, "
                 "and its own signature measures next time",
-                call.name, call.call_index, index, p.plan_signature,
+                call.name, call.call_index, index, shown(p.plan_signature),
             )
             return
         entry = self.entries.get(p.signature)
@@ -338,7 +341,7 @@ class Planner:
             log.info(
                 "offrecomp: region %r call %d: %s; it replays plainly, and signature %s "
                 "measures again",
-                call.name, call.call_index, why, p.signature if p is not None else "",
+                call.name, call.call_index, why, shown(p.signature) if p is not None else "",
             )
 
     def grew(self, p: PassState, call: RegionCall) -> None:
@@ -357,14 +360,14 @@ class Planner:
                     "profile from step to step (it was measured again %d times); planned steps "
                     "may hold more than the budget. Hint: keep such regions (regions=), or "
                     "lower the budget",
-                    p.signature, call.name, MAX_GROWTH_MEASURES,
+                    shown(p.signature), call.name, MAX_GROWTH_MEASURES,
                 )
             return
         entry.needs_measure = True
         log.info(
             "offrecomp: region %r call %d saved more storages than its profile; measuring "
             "signature %s again",
-            call.name, call.call_index, p.signature,
+            call.name, call.call_index, shown(p.signature),
         )
 
     def record_structure(self, call: RegionCall) -> None:
@@ -398,7 +401,7 @@ class Planner:
                 log.info(
                     "offrecomp: the backward of the measuring pass of signature %s did not "
                     "finish (it raised); the signature measures again",
-                    p.signature,
+                    shown(p.signature),
                 )
             elif not p.aborted and p.stage is not Stage.DONE and p.calls and not self._warned_unfinished:
                 self._warned_unfinished = True
@@ -409,7 +412,7 @@ class Planner:
                     "forward). auto plans only from passes whose forward and backward both run "
                     "inside `with rt:`; until one does, every pass of that signature is "
                     "measured again (full recompute). Run such forwards under torch.no_grad()",
-                    p.signature,
+                    shown(p.signature),
                 )
             if p.aborted or p.stage is not Stage.DONE:
                 return  # measure again next time
@@ -442,7 +445,7 @@ class Planner:
             if added:
                 log.info(
                     "offrecomp: signature %s's profile keeps %d call(s) this pass did not run",
-                    p.signature, added,
+                    shown(p.signature), added,
                 )
         entry.take_profile(profile, structures, p.stats.peak_resident_bytes)
         if cfg.profile_path:
@@ -461,7 +464,7 @@ class Planner:
                 "offrecomp: %d key(s) of the plan set with rt.set_plan() matched no storage of "
                 "its first pass (signature %s), which places them by the plan's default: %s; "
                 "rt.explain() names the (region, call, storage) keys a pass has",
-                len(missed), p.signature,
+                len(missed), shown(p.signature),
                 ", ".join(map(repr, missed[:5])) + (", ..." if len(missed) > 5 else ""),
             )
 
@@ -487,7 +490,7 @@ class Planner:
                 log.warning(
                     "offrecomp: device out of memory in a pass of signature %s that ran the "
                     "plan of %s; it measures its own profile next time",
-                    p.signature, p.plan_signature,
+                    shown(p.signature), shown(p.plan_signature),
                 )
             return
         plan = entry.plan
@@ -499,7 +502,7 @@ class Planner:
                 "solver can meet); a smaller budget would not help: free memory outside the "
                 "activations (a smaller batch, the optimizer's state) or let more regions "
                 "be replayed (regions=)",
-                p.signature,
+                shown(p.signature),
             )
             return
         entry.budget_scale *= 0.7
@@ -508,7 +511,7 @@ class Planner:
         log.warning(
             "offrecomp: device out of memory in a %s pass of signature %s; later passes plan "
             "for %.0f%% of the budget",
-            p.phase or Phase.PLANNED, p.signature, 100 * entry.budget_scale,
+            p.phase or Phase.PLANNED, shown(p.signature), 100 * entry.budget_scale,
         )
 
     # ------------------------------------------------------------- reports

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from offrecomp.config import format_bytes
 from offrecomp.planning.solving import infeasible_note
 from offrecomp.report import StepRecord
+from offrecomp.signatures import shown
 
 if TYPE_CHECKING:
     from offrecomp.measure import Clock
@@ -97,7 +98,7 @@ def add_prediction(rec: StepRecord, entry: PlanEntry | None, plan: Plan, passes:
         log.warning(
             "offrecomp: signature %s: a planned step held %s of activations for a "
             "budget of %s (%+.0f%%).%s",
-            rec.signature, format_bytes(rec.peak_activation_bytes), format_bytes(budget),
+            shown(rec.signature), format_bytes(rec.peak_activation_bytes), format_bytes(budget),
             100 * (rec.peak_activation_bytes / budget - 1),
             " Its backward made a graph that a second backward differentiates (a "
             "gradient penalty); that graph holds the tensors the first backward's "
@@ -129,7 +130,7 @@ def warn_infeasible(entry: PlanEntry, plan: Plan, budget: int, held: int) -> Non
     log.warning(
         "offrecomp: signature %s: %s. Raise the budget (budget=, OFFRECOMP_BUDGET) or "
         "accept the most frugal plan; infeasible='error' makes this an error",
-        entry.signature, "; ".join(plan.notes),
+        shown(entry.signature), "; ".join(plan.notes),
     )
 
 

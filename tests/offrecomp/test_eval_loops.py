@@ -1,0 +1,304 @@
+"""Forwards with grad that are never (or only partly) differentiated, and other models
+trained in the same loop: what a pass and a step are made of, and that the runtime's
+books stay bounded.
+
+An evaluation loop that forgets ``torch.no_grad()`` (``out = model(x)``: the previous
+batch's graph lives until ``out`` is rebound, after the next forward) must not make
+one pass of every batch (NOTE [Dropped graphs]); passes joined by forwards whose graphs
+are all held stop at ``MAX_FORWARDS``; another model's optimizer stepping between a
+forward and its backward ends no step (NOTE [Optimizers of other models]), and another
+model's backward begins no pass (NOTE [Saves outside the forward]). Gradients are
+compared bitwise with a plain run of the same loop; growth is counted in passes and
+objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import logging
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import offrecomp
+from offrecomp import lifecycle
+from offrecomp.signatures import shown
+from offrecomp.state import PassState, RegionCall
+from tests.helpers import assert_bitwise, variant_runtime
+
+Snap = dict[str, torch.Tensor]
+H = 16
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(H, 2 * H)
+        self.fc2 = nn.Linear(2 * H, H)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.dropout(self.fc2(F.gelu(self.fc1(x))), 0.1, self.training)
+
+
+class Net(nn.Module):
+    """Blocks (the regions), then a head; returns a tensor, as an evaluation forward does."""
+
+    def __init__(self, layers: int = 2) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(layers))
+        self.head = nn.Linear(H, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def _x(seed: int, b: int = 2, t: int = 8) -> torch.Tensor:
+    return torch.randn(b, t, H, generator=torch.Generator().manual_seed(seed))
+
+
+def _snap(model: nn.Module, **extra: torch.Tensor) -> Snap:
+    s = {f"grad.{n}": p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    s.update({k: v.detach().clone() for k, v in extra.items()})
+    return s
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _live(kind: type) -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if type(o) is kind)
+
+
+def _bitwise(loop: Callable[[nn.Module, offrecomp.Runtime | None], list[Snap]], variant: str) -> offrecomp.Runtime:
+    """``loop`` plain and under ``variant``, from the same weights: bitwise equal."""
+    torch.manual_seed(0)
+    model = Net()
+    ref = loop(copy.deepcopy(model), None)
+    rt = variant_runtime(model, variant)
+    assert_bitwise(ref, loop(model, rt))
+    return rt
+
+
+def _train_step(model: nn.Module, opt: torch.optim.Optimizer, seed: int) -> None:
+    model.train()
+    model(_x(seed)).mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+# ------------------------------------------------------------------ evaluation loops
+
+
+@pytest.mark.parametrize("mode", ["keep", "recompute", "auto"])
+def test_an_eval_loop_without_no_grad_holds_the_same_books_every_batch(mode: str) -> None:
+    """NOTE [Dropped graphs]: each forward finds the previous batch's graph alive, and
+    the oldest of its pass's gone: passes of two forwards, one kept per step, the rest
+    retired as they end; the step after counts them all."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rt = offrecomp.runtime(model, mode=mode, min_bytes=0)
+    live: list[tuple[int, int]] = []
+    with rt:
+        for i in range(2):
+            _train_step(model, opt, i)
+        model.eval()
+        for i in range(60):
+            out = model(_x(100 + i))
+            out.mean().item()
+            p = rt.current_pass
+            assert p is not None and len(p.parts) <= 2 and p.signature.count(" + ") <= 1
+            if i in (19, 59):
+                live.append((_live(PassState), _live(RegionCall)))
+        del out
+        _train_step(model, opt, 2)
+    assert live[0] == live[1], live  # 40 more batches, no more passes or calls held
+    steps = rt.report().steps
+    assert [s.passes for s in steps] == [1, 1, 30 + 1]  # 60 forwards in 30 passes, then training
+    assert steps[-1].signature.startswith("train|")
+
+
+@pytest.mark.parametrize("variant", ["keep", "recompute", "offload", "auto"])
+def test_a_graph_left_in_an_ended_pass_is_differentiated_later(variant: str) -> None:
+    """The first forward's graph is dropped, the second's kept: the third forward begins
+    a pass of its own, and a backward of the second and third reads both passes' saves
+    (and replays their calls) as a plain run does."""
+
+    def loop(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+        torch.manual_seed(1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        out = []
+        with rt if rt is not None else contextlib.nullcontext():
+            for i in range(4):
+                a = model(_x(10 * i))
+                b = model(_x(10 * i + 1))
+                del a
+                c = model(_x(10 * i + 2))
+                (b.square().mean() + c.mean()).backward()
+                out.append(_snap(model, b=b, c=c))
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        return out
+
+    rt = _bitwise(loop, variant)
+    steps = rt.report().steps
+    assert [s.passes for s in steps] == [2] * 4
+    if variant == "recompute":
+        assert all(s.replays > 0 for s in steps)
+
+
+@pytest.mark.parametrize("variant", ["keep", "recompute", "auto"])
+def test_several_forwards_with_a_detached_middle_one_are_one_pass(variant: str) -> None:
+    """The documented case NOTE [Dropped graphs] keeps: forwards whose first graph lives
+    join one pass, though a middle one's output was detached (a target)."""
+
+    def loop(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+        torch.manual_seed(1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        out = []
+        with rt if rt is not None else contextlib.nullcontext():
+            for i in range(4):
+                q = model(_x(10 * i))
+                k = model(_x(10 * i + 1)).detach()
+                r = model(_x(10 * i + 2))
+                ((q - k).square().mean() + r.mean()).backward()
+                out.append(_snap(model, q=q, r=r))
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        return out
+
+    rt = _bitwise(loop, variant)
+    steps = rt.report().steps
+    assert [s.passes for s in steps] == [1] * 4
+    assert steps[-1].signature.count(" + ") == 2
+
+
+@pytest.mark.parametrize("variant", ["keep", "recompute", "auto"])
+def test_a_pass_joins_at_most_max_forwards(variant: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Forwards whose graphs all live, past MAX_FORWARDS: a new pass begins (one warning,
+    its signature shortened), and one backward of them all is a plain run's."""
+    n = lifecycle.MAX_FORWARDS + 6
+
+    def loop(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+        torch.manual_seed(1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        out = []
+        with rt if rt is not None else contextlib.nullcontext():
+            for i in range(2):
+                outs = [model(_x(1000 * i + j, b=1, t=2)) for j in range(n)]
+                torch.stack(outs).mean().backward()
+                out.append(_snap(model))
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        return out
+
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        rt = _bitwise(loop, variant)
+    warned = [r.getMessage() for r in caplog.records if "root forwards joined one pass" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert f"... {lifecycle.MAX_FORWARDS - 3} more" in warned[0] and len(warned[0]) < 1000
+    assert [s.passes for s in rt.report().steps] == [2, 2]
+
+
+def test_messages_show_a_joined_signature_shortened() -> None:
+    part = "train|(2, 8, 16):float32:cpu"
+    assert shown(part) == part
+    assert shown(" + ".join([part] * 4)) == " + ".join([part] * 4)
+    assert shown(" + ".join([part] * 400)) == " + ".join([part] * 3) + " + ... 397 more"
+
+
+# ------------------------------------------------------------ optimizers of other models
+
+
+def _other() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(5)
+    other = nn.Linear(H, H)
+    return other, torch.optim.SGD(other.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("variant", ["keep", "recompute", "auto"])
+def test_an_optimizer_over_another_model_ends_no_step_between_a_forward_and_its_backward(variant: str) -> None:
+    """NOTE [Optimizers of other models]: another model's optimizer steps between the
+    second micro-batch's forward and its backward; the step holds both micro-batches.
+    Given a parameter of this model, that optimizer ends the step there."""
+
+    def loop(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+        torch.manual_seed(1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        other, other_opt = _other()
+        out = []
+        with rt if rt is not None else contextlib.nullcontext():
+            for i in range(4):
+                model(_x(10 * i)).mean().backward()
+                loss = model(_x(10 * i + 1)).mean()
+                for q in other.parameters():
+                    q.grad = torch.full_like(q, 0.01 * (i + 1))
+                other_opt.step()
+                loss.backward()
+                out.append(_snap(model))
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            if rt is not None:
+                assert [s.passes for s in rt.report().steps] == [2] * 4
+            other_opt.add_param_group({"params": [model.head.bias]})  # it steps this model's now
+            model(_x(98)).mean().backward()
+            opt.zero_grad(set_to_none=True)  # nothing for it to update
+            loss = model(_x(99)).mean()
+            other_opt.step()
+            if rt is not None:
+                assert [s.passes for s in rt.report().steps] == [2] * 4 + [1]
+            loss.backward()
+        return out
+
+    _bitwise(loop, variant)
+
+
+def _gan_loop(gen: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+    """A DCGAN-style loop with the runtime around the generator only: the
+    discriminator's forward, backward and step run between the generator's forward and
+    its backward."""
+    torch.manual_seed(1)
+    disc = nn.Sequential(nn.Linear(1, H), nn.GELU(), nn.Linear(H, 1))
+    opt_g = torch.optim.SGD(gen.parameters(), lr=0.05)
+    opt_d = torch.optim.SGD(disc.parameters(), lr=0.05)
+    out = []
+    with rt if rt is not None else contextlib.nullcontext():
+        for i in range(4):
+            fake = gen(_x(10 * i))
+            real = _x(10 * i + 1)[..., :1]
+            d_loss = F.softplus(-disc(real)).mean() + F.softplus(disc(fake.detach())).mean()
+            d_loss.backward()
+            opt_d.step()
+            opt_d.zero_grad(set_to_none=True)
+            g_loss = F.softplus(-disc(fake)).mean()
+            g_loss.backward()
+            out.append(_snap(gen, g=g_loss))
+            opt_g.step()
+            opt_g.zero_grad(set_to_none=True)
+            disc.zero_grad(set_to_none=True)
+    return out
+
+
+@pytest.mark.parametrize("variant", ["keep", "recompute", "offload", "auto"])
+def test_a_gan_with_the_runtime_around_the_generator_only(variant: str) -> None:
+    """NOTE [Saves outside the forward]: the discriminator's backward reads saves that
+    joined the generator's pass and ends nothing; the generator's backward, reaching its
+    output, begins the pass, whose replays count in its step."""
+    rt = _bitwise(_gan_loop, variant)
+    steps = rt.report().steps
+    assert [s.passes for s in steps] == [1] * 4
+    if variant == "recompute":
+        assert all(s.replays > 0 for s in steps), [s.replays for s in steps]
