@@ -145,23 +145,11 @@ class OffloadGroups:
         if t.is_leaf and rec.ptr in self._param_storages(call):  # NOTE [Parameter storages]
             return None
         engine = self.engine or self.get_engine()
-        group = opened = call.group
-        if group is None:
-            group = self._open(call, engine, storage.device)
-        nbytes = rec.nbytes
         if covers and dtype in _TYPED and t.is_contiguous():
             # NOTE [Typed sources]; a detached alias shares t's version counter (NOTE
             # [Writes after a save] in state.py)
-            slot = engine.add(group, t.detach(), nbytes, t.shape, dtype)
-        else:
-            slot = engine.add(group, storage, nbytes)
-        if slot < 0:
-            if opened is None:
-                self._close_empty(call, group)
-            return False
-        rec.group = group
-        rec.slot = slot
-        return True
+            return self._add(call, rec, engine, t.detach(), t.shape, dtype)
+        return self._add(call, rec, engine, storage, None, None)
 
     def join_typed(
         self, call: RegionCall, rec: StorageRec, t: torch.Tensor, dtype: torch.dtype, leaf: bool
@@ -179,12 +167,21 @@ class OffloadGroups:
             or (leaf and rec.ptr in self._param_storages(call))  # NOTE [Parameter storages]
         ):
             return None
-        group = opened = call.group
-        if group is None:
-            group = self._open(call, engine, t.device)
         # NOTE [Typed sources]; a detached alias shares t's version counter (NOTE [Writes
         # after a save] in state.py)
-        slot = engine.add(group, t.detach(), rec.nbytes, t.shape, dtype)
+        return self._add(call, rec, engine, t.detach(), t.shape, dtype)
+
+    def _add(
+        self, call: RegionCall, rec: StorageRec, engine: OffloadEngine, source: Any,
+        shape: torch.Size | None, dtype: torch.dtype | None,
+    ) -> bool:
+        """Add ``rec``'s storage (``source``: a typed alias of ``shape`` and ``dtype``, or
+        the storage) to ``call``'s open group, opened now if it has none: True, or False
+        where the pool has no room (a group opened for it is closed again)."""
+        group = opened = call.group
+        if group is None:
+            group = self._open(call, engine, source.device)
+        slot = engine.add(group, source, rec.nbytes, shape, dtype)
         if slot < 0:
             if opened is None:
                 self._close_empty(call, group)

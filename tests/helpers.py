@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -206,3 +206,12 @@ def offload_group(engine: Any, sources: list[torch.Tensor], ordinal: int = 0) ->
             engine.discard(group)
             return None
     return group if engine.issue(group) else None
+
+
+def one_intra_op_thread() -> Iterator[None]:
+    """A fixture body: torch on one intra-op thread (tiny ops on a busy host otherwise
+    wait at an OpenMP barrier each), the count restored after."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

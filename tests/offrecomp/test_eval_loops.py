@@ -18,7 +18,7 @@ import contextlib
 import copy
 import gc
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -29,7 +29,7 @@ import offrecomp
 from offrecomp import lifecycle
 from offrecomp.signatures import shown
 from offrecomp.state import PassState, RegionCall
-from tests.helpers import assert_bitwise, variant_runtime
+from tests.helpers import assert_bitwise, one_intra_op_thread, variant_runtime
 
 Snap = dict[str, torch.Tensor]
 H = 16
@@ -69,17 +69,34 @@ def _snap(model: nn.Module, **extra: torch.Tensor) -> Snap:
     return s
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+_one_thread = pytest.fixture(autouse=True, scope="module")(one_intra_op_thread)
 
 
 def _live(kind: type) -> int:
     gc.collect()
     return sum(1 for o in gc.get_objects() if type(o) is kind)
+
+
+def _steps(
+    step: Callable[[nn.Module, int], tuple[torch.Tensor, dict[str, torch.Tensor]]],
+) -> Callable[[nn.Module, offrecomp.Runtime | None], list[Snap]]:
+    """A loop of four training steps whose forwards and loss ``step`` makes (its loss,
+    and tensors to compare besides the gradients)."""
+
+    def loop(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+        torch.manual_seed(1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        out = []
+        with rt if rt is not None else contextlib.nullcontext():
+            for i in range(4):
+                loss, extra = step(model, i)
+                loss.backward()
+                out.append(_snap(model, **extra))
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        return out
+
+    return loop
 
 
 def _bitwise(loop: Callable[[nn.Module, offrecomp.Runtime | None], list[Snap]], variant: str) -> offrecomp.Runtime:
@@ -137,23 +154,14 @@ def test_a_graph_left_in_an_ended_pass_is_differentiated_later(variant: str) -> 
     a pass of its own, and a backward of the second and third reads both passes' saves
     (and replays their calls) as a plain run does."""
 
-    def loop(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
-        torch.manual_seed(1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        out = []
-        with rt if rt is not None else contextlib.nullcontext():
-            for i in range(4):
-                a = model(_x(10 * i))
-                b = model(_x(10 * i + 1))
-                del a
-                c = model(_x(10 * i + 2))
-                (b.square().mean() + c.mean()).backward()
-                out.append(_snap(model, b=b, c=c))
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-        return out
+    def step(model: nn.Module, i: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        a = model(_x(10 * i))
+        b = model(_x(10 * i + 1))
+        del a
+        c = model(_x(10 * i + 2))
+        return b.square().mean() + c.mean(), {"b": b, "c": c}
 
-    rt = _bitwise(loop, variant)
+    rt = _bitwise(_steps(step), variant)
     steps = rt.report().steps
     assert [s.passes for s in steps] == [2] * 4
     if variant == "recompute":
@@ -165,22 +173,13 @@ def test_several_forwards_with_a_detached_middle_one_are_one_pass(variant: str) 
     """The documented case NOTE [Dropped graphs] keeps: forwards whose first graph lives
     join one pass, though a middle one's output was detached (a target)."""
 
-    def loop(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
-        torch.manual_seed(1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        out = []
-        with rt if rt is not None else contextlib.nullcontext():
-            for i in range(4):
-                q = model(_x(10 * i))
-                k = model(_x(10 * i + 1)).detach()
-                r = model(_x(10 * i + 2))
-                ((q - k).square().mean() + r.mean()).backward()
-                out.append(_snap(model, q=q, r=r))
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-        return out
+    def step(model: nn.Module, i: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        q = model(_x(10 * i))
+        k = model(_x(10 * i + 1)).detach()
+        r = model(_x(10 * i + 2))
+        return (q - k).square().mean() + r.mean(), {"q": q, "r": r}
 
-    rt = _bitwise(loop, variant)
+    rt = _bitwise(_steps(step), variant)
     steps = rt.report().steps
     assert [s.passes for s in steps] == [1] * 4
     assert steps[-1].signature.count(" + ") == 2

@@ -638,6 +638,18 @@ def test_a_write_to_a_typed_offloaded_save_while_its_copy_is_in_flight_raises_li
     _SaveKeepAlias.aliases = []
 
 
+def _offloaded_pair(block: type[torch.nn.Module]) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, offrecomp.Runtime]:
+    """Two ``block``s in sequence, an input, its gradient from a plain run, and a forced
+    offload runtime with the blocks as regions."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(block(), block())
+    x = torch.randn(4, 8, requires_grad=True)
+    m(x).sum().backward()
+    ref = x.grad.clone()  # type: ignore[union-attr]
+    x.grad = None
+    return m, x, ref, offrecomp.runtime(m, mode="offload", min_bytes=0, regions=block)
+
+
 class _TwoAliasBlock(torch.nn.Module):
     """Two saves in one group; backward reads the second first."""
 
@@ -667,12 +679,7 @@ def test_warm_offloaded_saves_take_the_fast_paths_and_still_see_writes(monkeypat
 
     monkeypatch.setattr(Placer, "_new_storage", spy_pack)
     monkeypatch.setattr(Placer, "_reload_view", spy_unpack)
-    torch.manual_seed(0)
-    m = torch.nn.Sequential(_TwoAliasBlock(), _TwoAliasBlock())
-    x = torch.randn(4, 8, requires_grad=True)
-    m(x).sum().backward()
-    ref = x.grad.clone()  # type: ignore[union-attr]
-    rt = offrecomp.runtime(m, mode="offload", min_bytes=0, regions=_TwoAliasBlock)
+    m, x, ref, rt = _offloaded_pair(_TwoAliasBlock)
     with rt:
         for _ in range(3):
             x.grad = None
@@ -717,12 +724,7 @@ def test_an_unpacked_save_keeps_its_reused_buffer_after_its_handles_die() -> Non
     on as unpack returned it; each unpack hands out a tensor of its own, whose use of the
     reload's storage keeps the buffer from being emptied while the backward still reads
     it, also once the saved variables are freed early."""
-    torch.manual_seed(0)
-    m = torch.nn.Sequential(_MaskBlock(), _MaskBlock())
-    x = torch.randn(4, 8, requires_grad=True)
-    m(x).sum().backward()
-    ref = x.grad.clone()  # type: ignore[union-attr]
-    rt = offrecomp.runtime(m, mode="offload", min_bytes=0, regions=_MaskBlock)
+    m, x, ref, rt = _offloaded_pair(_MaskBlock)
     with rt:
         for _ in range(4):  # from the second step on, the reloads reuse their buffers
             x.grad = None
