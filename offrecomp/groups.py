@@ -156,10 +156,9 @@ class OffloadGroups:
     ) -> bool | None:
         """``join`` for a contiguous ``t`` of a dtype of ``TYPED_DTYPES`` that covers its
         storage (``rec``'s) from its first byte, typed (``leaf``: ``t.is_leaf``). As
-        ``join``, True: it joined;
-        False: the pool has no room (counted); None, having changed nothing: ``join``
-        must decide (a tensor that cannot move or over a parameter's storage, or no
-        engine yet: NOTE [Offload fast path] in hooks.py)."""
+        ``join``, True: it joined; False: the pool has no room (counted); None, having
+        changed nothing: ``join`` must decide (a tensor that cannot move or over a
+        parameter's storage, or no engine yet: NOTE [Offload fast path] in hooks.py)."""
         on_device = self._on_device
         engine = self.engine
         if (

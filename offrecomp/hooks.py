@@ -130,9 +130,10 @@ class _Plain:
 # The unpack hook likewise takes a typed save in one path when its group was fetched into
 # a reused buffer holding an alias of its geometry (NOTE [Reused reload buffers] in
 # transfer.py), its pass is in backward, its group issued, and neither its original nor
-# its base lives (there is nothing to check against them): ``.data`` of the alias, the group's
-# version check (NOTE [Writes after a save] in state.py), the group's release at its last
-# save. Every other unpack takes the general path, which checks the same one by one.
+# its base lives (there is nothing to check against them): ``.data`` of the alias, the
+# group's version check (NOTE [Writes after a save] in state.py), the group's release at
+# its last save. Every other unpack takes the general path, which checks the same one by
+# one.
 
 #: One pack or unpack call in HOOK_SAMPLE is timed (NOTE [Hook timing]).
 HOOK_SAMPLE = 16
@@ -560,8 +561,8 @@ class Placer:
 
     def _reload_view(self, h: SavedHandle | TypedHandle, rec: StorageRec, group: Group, call: RegionCall) -> torch.Tensor:
         """An offloaded save as a view of its group's reload, fetched on first use (and
-        cached on a reused buffer: NOTE [Reused reload buffers] in transfer.py). Autograd
-        wraps what unpack returns in a new tensor."""
+        cached on a reused buffer: NOTE [Reused reload buffers] in transfer.py): a tensor
+        of its own, as autograd may pass what unpack returns on as it is."""
         slot = rec.slot
         dtype: torch.dtype
         size: torch.Size

@@ -685,16 +685,7 @@ def _unfinished(p: PassState) -> bool:
 
 def _add_counts(into: PassState, p: PassState) -> None:
     """``p``'s counts into ``into``, as a step record sums them (NOTE [Dropped graphs])."""
-    a, b = into.stats, p.stats
-    for f in dataclasses.fields(a):
-        name = f.name
-        if name == "peak_resident_bytes":
-            a.peak_resident_bytes = max(a.peak_resident_bytes, b.peak_resident_bytes)
-        elif name == "fallbacks":
-            for k, v in b.fallbacks.items():
-                a.fallbacks[k] = a.fallbacks.get(k, 0) + v
-        else:
-            setattr(a, name, getattr(a, name) + getattr(b, name))
+    into.stats.add(p.stats)
     into.end_time = p.end_time
     into.planner_seconds += p.planner_seconds
     if p.device_peak is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -512,6 +512,19 @@ class PassStats:
 
     def fallback(self, what: str) -> None:
         self.fallbacks[what] = self.fallbacks.get(what, 0) + 1
+
+    def add(self, other: PassStats) -> None:
+        """``other``'s counters into these, as a step sums its passes': the peak is the
+        larger one, the rest add up."""
+        for f in fields(self):
+            name = f.name
+            if name == "peak_resident_bytes":
+                self.peak_resident_bytes = max(self.peak_resident_bytes, other.peak_resident_bytes)
+            elif name == "fallbacks":
+                for k, v in other.fallbacks.items():
+                    self.fallbacks[k] = self.fallbacks.get(k, 0) + v
+            else:
+                setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 class Stage(enum.Enum):

@@ -11,11 +11,11 @@ from offrecomp.config import format_bytes
 from offrecomp.planning.solving import infeasible_note
 from offrecomp.report import StepRecord
 from offrecomp.signatures import shown
+from offrecomp.state import PassState, PassStats
 
 if TYPE_CHECKING:
     from offrecomp.measure import Clock
     from offrecomp.planning.entries import PlanEntry
-    from offrecomp.state import PassState
     from scheduler.plan import Plan
 
 log = logging.getLogger(__name__)
@@ -45,20 +45,9 @@ def step_record(step: int, passes: list[PassState], mode: str) -> StepRecord:
     rec.plan_id = first.plan_id
     rec.wall_seconds = max(0.0, last.end_time - first.start_time)
     rec.planner_seconds = sum(p.planner_seconds for p in passes)
+    total = PassStats()
     for p in passes:
-        s = p.stats
-        rec.peak_activation_bytes = max(rec.peak_activation_bytes, s.peak_resident_bytes)
-        rec.kept_bytes += s.kept_bytes
-        rec.offloaded_bytes += s.offloaded_bytes
-        rec.recomputed_bytes += s.recomputed_bytes
-        rec.input_bytes += s.input_bytes
-        rec.replays += s.replays
-        rec.served_ops += s.served_ops
-        rec.rerun_ops += s.rerun_ops
-        rec.saved_tensors += s.saved_tensors
-        rec.storages += s.storages
-        for k, v in s.fallbacks.items():
-            rec.fallbacks[k] = rec.fallbacks.get(k, 0) + v
+        total.add(p.stats)
         if p.device_peak is not None:
             rec.device_peak_bytes = max(rec.device_peak_bytes or 0, p.device_peak)
         o = p.offload_stats
@@ -71,6 +60,17 @@ def step_record(step: int, passes: list[PassState], mode: str) -> StepRecord:
             rec.h2d_gbps = float(getattr(o, "h2d_gbps", None) or rec.h2d_gbps)
             rec.pool_reserved_bytes = int(getattr(o, "pool_reserved_bytes", 0))
             rec.pool_high_water_bytes = int(getattr(o, "pool_high_water_bytes", 0))
+    rec.peak_activation_bytes = total.peak_resident_bytes
+    rec.kept_bytes = total.kept_bytes
+    rec.offloaded_bytes = total.offloaded_bytes
+    rec.recomputed_bytes = total.recomputed_bytes
+    rec.input_bytes = total.input_bytes
+    rec.replays = total.replays
+    rec.served_ops = total.served_ops
+    rec.rerun_ops = total.rerun_ops
+    rec.saved_tensors = total.saved_tensors
+    rec.storages = total.storages
+    rec.fallbacks = dict(total.fallbacks)
     return rec
 
 
