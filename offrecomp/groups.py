@@ -46,7 +46,7 @@ import torch
 
 from offrecomp.config import Config, format_bytes
 from offrecomp.measure import DeviceClock
-from offrecomp.state import RegionCall, StorageRec
+from offrecomp.state import INTERNED_SHAPES, RegionCall, StorageRec, interned_shape
 from scheduler.plan import Placement
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ class OffloadGroups:
         if covers and dtype in _TYPED and t.is_contiguous():
             # NOTE [Typed sources]; a detached alias shares t's version counter (NOTE
             # [Writes after a save] in state.py)
-            return self._add(call, rec, engine, t.detach(), t.shape, dtype)
+            return self._add(call, rec, engine, t.detach(), interned_shape(t.shape), dtype)
         return self._add(call, rec, engine, storage, None, None)
 
     def join_typed(
@@ -167,8 +167,9 @@ class OffloadGroups:
         ):
             return None
         # NOTE [Typed sources]; a detached alias shares t's version counter (NOTE [Writes
-        # after a save] in state.py)
-        return self._add(call, rec, engine, t.detach(), t.shape, dtype)
+        # after a save] in state.py); one Size per geometry (NOTE [Interned geometry])
+        shape = t.shape
+        return self._add(call, rec, engine, t.detach(), INTERNED_SHAPES.get(shape) or interned_shape(shape), dtype)
 
     def _add(
         self, call: RegionCall, rec: StorageRec, engine: OffloadEngine, source: Any,

@@ -217,12 +217,12 @@ class SavedHandle(weakref.ref):  # type: ignore[type-arg]
         self.version = t._version
         self.grad_fn = not t.is_leaf  # to see a detach_() after the save
         if size is None:
-            self.size = t.shape
+            self.size = interned_shape(t.shape)  # NOTE [Interned geometry]
             self.offset = t.storage_offset()
         else:
             self.size = size
             self.offset = 0
-        self.stride = t.stride()
+        self.stride = interned_stride(t.stride())
         self.dtype = t.dtype
         base = t._base  # a view's base shares its version counter and may outlive it
         self.base = weakref.ref(base) if base is not None else None
@@ -253,6 +253,56 @@ class SavedHandle(weakref.ref):  # type: ignore[type-arg]
 # an engine call that records it (another region's exit, say) raises where plain does not.
 
 
+# NOTE [Interned geometry]
+# Each offloaded save keeps its shape and strides until its backward. A fresh tuple per
+# save would be two more objects per save for the collector to count and walk (a
+# collection runs once the live allocations it tracks grow by 700 since the last, and a
+# long-sequence forward keeps thousands of saves). A model saves the same few
+# geometries every step, so the save path keeps one tuple per distinct geometry
+# (``interned_shape``, ``interned_stride``) and drops the fresh one; so do dropped saves'
+# handles. The tables are cleared once they hold INTERNED_MAX entries (shapes that keep
+# changing).
+
+#: Distinct geometries kept per table before it is cleared.
+INTERNED_MAX = 4096
+_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+
+#: The kept shapes (read inline on the typed save path: ``INTERNED_SHAPES.get(s) or
+#: interned_shape(s)``).
+INTERNED_SHAPES: dict[torch.Size, torch.Size] = {}
+
+
+def interned_shape(shape: torch.Size) -> torch.Size:
+    """The one kept ``torch.Size`` equal to ``shape`` (NOTE [Interned geometry]);
+    symbolic shapes, which do not hash, as they are."""
+    try:
+        kept = INTERNED_SHAPES.get(shape)
+    except TypeError:
+        return shape
+    if kept is not None:
+        return kept
+    if len(INTERNED_SHAPES) >= INTERNED_MAX:
+        INTERNED_SHAPES.clear()
+    INTERNED_SHAPES[shape] = shape
+    return shape
+
+
+def interned_stride(stride: tuple[int, ...]) -> tuple[int, ...]:
+    """The one kept tuple equal to ``stride`` (NOTE [Interned geometry]); symbolic
+    strides, which do not hash, as they are."""
+    try:
+        kept = _STRIDES.get(stride)
+    except TypeError:
+        return stride
+    if kept is not None:
+        return kept
+    if len(_STRIDES) >= INTERNED_MAX:
+        _STRIDES.clear()
+    _STRIDES[stride] = stride
+    return stride
+
+
 class TypedHandle(weakref.ref):  # type: ignore[type-arg]
     """An OFFLOAD save that joined its group typed (NOTE [Typed sources] in offload.py):
     it covers its storage from its first element, so its size and dtype are its slot's
@@ -281,7 +331,8 @@ class TypedHandle(weakref.ref):  # type: ignore[type-arg]
         self.lease = lease
         self.version = t._version
         self.grad_fn = not leaf  # to see a detach_() after the save
-        self.stride = t.stride()
+        stride = t.stride()
+        self.stride = _STRIDES.get(stride) or interned_stride(stride)  # NOTE [Interned geometry]
         self.base = weakref.ref(base) if base is not None else None
         return self
 

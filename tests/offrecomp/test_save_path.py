@@ -697,6 +697,56 @@ def test_warm_offloaded_saves_take_the_fast_paths_and_still_see_writes(monkeypat
     _SaveKeepAlias.aliases = []
 
 
+def test_offloaded_saves_share_one_tuple_per_geometry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Interned geometry]: the typed saves of every step hold the same shape and
+    stride objects (the fresh ones die at once), and gradients stay bitwise."""
+    from offrecomp import hooks
+
+    handles: list[Any] = []
+    new_typed = hooks._new_typed
+
+    def spy(*args: Any) -> Any:
+        h = new_typed(*args)
+        handles.append(h)
+        return h
+
+    monkeypatch.setattr(hooks, "_new_typed", spy)
+    m, x, ref, rt = _offloaded_pair(_TwoAliasBlock)
+    steps = []
+    with rt:
+        for _ in range(3):
+            x.grad = None
+            handles.clear()
+            _SaveKeepAlias.aliases = []
+            loss = m(x).sum()
+            steps.append([(h.size, h.stride) for h in handles])
+            loss.backward()
+            assert torch.equal(x.grad, ref)  # type: ignore[arg-type]
+    _SaveKeepAlias.aliases = []
+    assert [len(step) for step in steps[1:]] == [4, 4]  # every warm save typed: two per block
+    for step in steps:
+        for size, stride in step:
+            assert size is step[0][0] and stride is step[0][1]  # one geometry, one pair of objects
+    assert steps[2][0][0] is steps[0][0][0] and steps[2][0][1] is steps[0][0][1]
+
+
+def test_interned_geometry_tables_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from offrecomp import state
+
+    monkeypatch.setattr(state, "INTERNED_MAX", 2)
+    monkeypatch.setattr(state, "_STRIDES", {})
+    monkeypatch.setattr(state, "INTERNED_SHAPES", {})
+    first = state.interned_stride((4, 1))
+    assert state.interned_stride(tuple([4, 1])) is first
+    for i in range(5):
+        state.interned_stride((i, 7))
+        state.interned_shape(torch.Size([i, 7]))
+        assert len(state._STRIDES) <= 2 and len(state.INTERNED_SHAPES) <= 2
+    assert type(state.interned_shape(torch.Size([3]))) is torch.Size
+    unhashable = [[1], 2]  # as a symbolic size is: kept as it is
+    assert state.interned_stride(unhashable) is unhashable  # type: ignore[arg-type]
+
+
 class _SavesMask(torch.autograd.Function):
     """Saves a tensor that needs no gradient and, as AOT autograd's compiled backward
     does, frees its saved variables right after reading them."""
