@@ -38,6 +38,14 @@ The runtime keeps a few Python objects alive per saved tensor through the forwar
 collections run where plain runs none, and a full one walks the whole heap (torch,
 numba: about 0.1 s here); ``--gc-freeze`` freezes the heap after the warm-up, as a
 training loop may.
+
+On a CPU the offload variant's copies run on the emulated backend, whose device work
+(the copies, their events and waits, and the poisoned device buffers of reloads) partly
+runs on the timed thread: a host that waits on a copy runs it itself (NOTE [Emulated
+waits] in offrecomp/backends.py). A GPU does that work on its copy engines.
+``--emulated-split`` adds a column with the part of each figure that is such work, timed
+on the main thread's CPU clock around the backend's jobs and device allocations (the
+timing adds two clock reads per job to the figure).
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ import gc
 import json
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -133,6 +142,43 @@ class _GcTime:
             self.seconds[self.variant] = self.seconds.get(self.variant, 0.0) + time.perf_counter() - self._start
 
 
+class _EmulatedWork:
+    """The main thread's CPU time in the emulated backend's device work, by the variant
+    running: the side-stream jobs it runs itself while it waits on them, and the device
+    buffers it allocates (filled with poison bytes)."""
+
+    def __init__(self) -> None:
+        self.variant = ""
+        self.seconds: dict[str, float] = {}
+        self._main = threading.main_thread()
+
+    def install(self) -> Callable[[], None]:
+        """Wrap the backend's job runner and device allocation; returns the undo."""
+        from offrecomp.backends import EmulatedBackend
+
+        run, alloc = EmulatedBackend._run, EmulatedBackend.alloc_device
+
+        def timed(fn: Callable[..., Any]) -> Callable[..., Any]:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                if threading.current_thread() is not self._main:
+                    return fn(*args, **kwargs)
+                start = time.thread_time()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    self.seconds[self.variant] = self.seconds.get(self.variant, 0.0) + time.thread_time() - start
+            return wrapper
+
+        EmulatedBackend._run = timed(run)  # type: ignore[method-assign]
+        EmulatedBackend.alloc_device = timed(alloc)  # type: ignore[method-assign]
+
+        def undo() -> None:
+            EmulatedBackend._run = run  # type: ignore[method-assign]
+            EmulatedBackend.alloc_device = alloc  # type: ignore[method-assign]
+
+        return undo
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ops", type=int, default=200, help="ops (and saves) per step (default 200)")
@@ -144,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gc-freeze", action="store_true",
                     help="gc.freeze() after the warm-up, as a training loop may (docs/tuning.md)")
     ap.add_argument("--clock", default="wall", help="wall (default) or thread: the main thread's CPU time")
+    ap.add_argument("--emulated-split", action="store_true",
+                    help="add the part of each figure that is the emulated backend's device work")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
     if args.ops < 2 or args.rounds < 1 or args.reps < 1 or args.region_saves < 1:
@@ -256,19 +304,23 @@ def main(argv: list[str] | None = None) -> int:
     }
     samples: dict[str, list[float]] = {k: [] for k in [*per_step, *loops]}
     collecting = _GcTime()
+    emulated = _EmulatedWork()
+    undo = emulated.install() if args.emulated_split else None
     gc.callbacks.append(collecting)
     try:
         for r in range(args.rounds):
             for name, fn in per_step.items():
-                collecting.variant = name
+                collecting.variant = emulated.variant = name
                 samples[name].append(statistics.median(_seconds(fn, device, clock) for _ in range(args.reps)))
             # the runtime entered once around the round's steps, as around a loop
             for name, fn in loops.items():
-                collecting.variant = name
+                collecting.variant = emulated.variant = name
                 samples[name].append(_seconds(fn, device, clock) / args.reps)
             print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
     finally:
         gc.callbacks.remove(collecting)
+        if undo is not None:
+            undo()
         if args.gc_freeze:
             gc.unfreeze()
     steps = args.rounds * args.reps
@@ -290,17 +342,26 @@ def main(argv: list[str] | None = None) -> int:
         ("per op", "op recorder (measuring pass)", "op recorder", "ops plain", n),
     ]
     rows = [(kind, name, (med[v] - med[b]) / k * us, (low[v] - low[b]) / k * us) for kind, name, v, b, k in spec]
+    # every variant runs rounds x reps steps
+    emu_us = {
+        name: emulated.seconds.get(v, 0.0) / (args.rounds * args.reps) / k * us for _, name, v, _, k in spec
+    }
     print(
         f"{saves[0]} saves and {n} ops per step, device {device}, torch {torch.__version__}, "
         f"{args.rounds} interleaved rounds of {args.reps} timings, {args.clock} clock"
         + (", gc frozen" if args.gc_freeze else "")
     )
     print(f"plain: {med['plain step'] * 1e3:.3f} ms per step, {med['ops plain'] / n * us:.2f} us per op")
-    print(f"{'':18s}{'variant':42s}{'us over plain':>14s}{'(fastest round)':>17s}{'gc us/step':>12s}")
+    split = f"{'emulated':>10s}" if args.emulated_split else ""
+    print(f"{'':18s}{'variant':42s}{'us over plain':>14s}{'(fastest round)':>17s}{'gc us/step':>12s}{split}")
     for (kind, name, v, lo), (_, _, variant, _, _) in zip(rows, spec):
-        print(f"{kind:18s}{name:42s}{v:14.2f}{lo:17.2f}{gc_us[variant]:12.0f}")
+        part = f"{emu_us[name]:10.2f}" if args.emulated_split else ""
+        print(f"{kind:18s}{name:42s}{v:14.2f}{lo:17.2f}{gc_us[variant]:12.0f}{part}")
     print(f"gc us/step: time in Python's collections per step of the variant; plain steps: "
           f"{gc_us['plain step']:.0f}")
+    if args.emulated_split:
+        print("emulated: of the figure, the main thread's time in the emulated backend's device work "
+              "(jobs it ran while waiting, device buffers): a mean over every round, not a median")
     if args.out:
         Path(args.out).write_text(
             json.dumps(
@@ -318,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
                     "us_over_plain": {f"{k}: {name}": v for k, name, v, _ in rows},
                     "us_over_plain_fastest_round": {f"{k}: {name}": lo for k, name, _, lo in rows},
                     "gc_us_per_step": gc_us,
+                    "emulated_device_work_us": {f"{k}: {name}": emu_us[name] for k, name, _, _ in rows}
+                    if args.emulated_split else None,
                     "auto_phases": sorted({s.phase for s in auto_rt.report().steps}),
                 },
                 indent=2,

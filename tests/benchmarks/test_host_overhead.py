@@ -26,6 +26,25 @@ def test_host_overhead_benchmark_reports_every_row(tmp_path: Path, capsys: pytes
     assert len(res["us_over_plain"]) == 9 and res["clock"] == "thread" and res["gc_freeze"]
     assert set(res["gc_us_per_step"]) >= {"plain step", "offrecomp keep", "offrecomp offload", "offrecomp auto"}
     assert "measure" in res["auto_phases"]
+    assert res["emulated_device_work_us"] is None
+
+
+def test_host_overhead_emulated_split_names_the_offload_rows_device_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The offload variant waits on its copies, so some of the emulated backend's work
+    runs on the timed thread; keep offloads nothing, and the backend is left unwrapped."""
+    from offrecomp.backends import EmulatedBackend
+
+    run = EmulatedBackend._run
+    out = tmp_path / "host.json"
+    assert bench_host_overhead.main(["--ops", "32", "--rounds", "1", "--reps", "3", "--clock", "thread",
+                                     "--emulated-split", "--out", str(out)]) == 0
+    assert "emulated" in capsys.readouterr().out
+    assert EmulatedBackend._run is run
+    work = json.loads(out.read_text())["emulated_device_work_us"]
+    assert work["per saved tensor: offrecomp offload, 16 saves per region"] > 0
+    assert work["per saved tensor: offrecomp keep"] == 0
 
 
 def test_host_overhead_benchmark_rejects_bad_arguments() -> None:
