@@ -300,7 +300,7 @@ class Placer:
         call.storages.append(rec)
         call.by_ptr[ptr] = rec
         if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
-            rec.save_mark = self._life.mark()
+            self._root_storage(rec)
         if not joined:
             rec.placement, fallback = self._placements.not_joined(call, "activation", False)
             self._account(p, rec, fallback)
@@ -342,7 +342,7 @@ class Placer:
                         call.storages.append(rec)
                         call.by_ptr[ptr] = rec
                         if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
-                            rec.save_mark = self._life.mark()
+                            self._root_storage(rec)
                         p.stats.offloaded_bytes += nbytes  # _account's, inlined
                         return rec
                     placement, fallback = self._placements.not_joined(call, "activation", joined)
@@ -364,7 +364,7 @@ class Placer:
         elif fallback == "aliased_to_keep":
             rec.aliased = True
         if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
-            rec.save_mark = self._life.mark()
+            self._root_storage(rec)
         if placement is KEEP and fallback is None:
             if call.inputs is not None and call.fixed is None:  # NOTE [Served storages written since]
                 rec.watch = PENDING_WATCH
@@ -379,6 +379,15 @@ class Placer:
         else:
             self._account(p, rec, fallback)
         return rec
+
+    def _root_storage(self, rec: StorageRec) -> None:
+        """A new storage of a root call: when it was saved, for the planner's timeline,
+        and whether inside a root forward (NOTE [Saves outside the forward] in
+        lifecycle.py)."""
+        life = self._life
+        rec.save_mark = life.mark()
+        if life.stack.roots:
+            rec.in_forward = True
 
     def _account(self, p: PassState, rec: StorageRec, fallback: str | None) -> None:
         """Count a new storage's bytes as kept, offloaded (it joined its call's group in
@@ -621,9 +630,13 @@ class Placer:
         if self._life.forwards_running:
             self._reached_from_forward(p)  # inside a later region's forward
             return True
+        if p.roots_running:
+            return True  # inside a root forward of the pass, between its regions' calls
         if _graph_task_id() == -1:
             return False  # read outside any backward (``grad_fn._saved_self``): none begins
-        self._life.backward_activity(call)
+        # a root save made inside a root forward of the pass is its own backward's (NOTE
+        # [Saves outside the forward])
+        self._life.backward_activity(call, reached=rec is not None and rec.in_forward)
         return False
 
     def _in_forward(self, call: RegionCall, rec: StorageRec | None) -> None:

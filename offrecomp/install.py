@@ -337,6 +337,7 @@ class Installer:
                     life.next_part(_part(module, name, args, kwargs, self._frozen))
                 p = life.forward_activity()
                 life.stack.roots += 1
+                p.roots_running += 1
                 return p
             return None
 

@@ -438,12 +438,14 @@ class Lifecycle:
     def root_returned(self, p: PassState, out: Any) -> None:
         """A root forward of ``p`` returned ``out``."""
         self.stack.roots = max(0, self.stack.roots - 1)
+        p.roots_running = max(0, p.roots_running - 1)
         self.watch_unseen_backward(p, out)
         self.watch_graphs(p, out)
 
     def root_failed(self, p: PassState, exc: BaseException) -> None:
         """A root forward of ``p`` raised ``exc``."""
         self.stack.roots = max(0, self.stack.roots - 1)
+        p.roots_running = max(0, p.roots_running - 1)
         self.abort(p, exc)
 
     def abort(self, p: PassState | None, exc: BaseException | type[BaseException] | None = None) -> None:
@@ -727,9 +729,12 @@ def _add_counts(into: PassState, p: PassState) -> None:
 # watches outputs of its root forwards (NOTE [Dropped graphs]), a backward that reads its
 # root call's saves does not begin it; one that reaches one of those outputs does (a
 # pre-hook on each output's node, which runs before any save behind that output is
-# read), and so does one that reads a region call's save. The other model's saves still
-# count in the pass's resident bytes and peak while they live: nothing tells them from
-# the loss's.
+# read), and so does one that reads a region call's save, or a root save made inside a
+# root forward of the pass once every such forward returned (another model's forward
+# runs outside the wrapped one; a backward run inside a root forward is not the pass's).
+# A model may return more tensors than are watched, and a backward through one of the
+# others reads such saves only. The other model's saves still count in the pass's
+# resident bytes and peak while they live: nothing tells them from the loss's.
 
 
 def _unseen_backward(lref: weakref.ref[Lifecycle], cref: weakref.ref[RegionCall], _grads: Any) -> None:

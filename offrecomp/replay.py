@@ -156,6 +156,10 @@ def _no_unpack(_: Any) -> Any:
 #   detached inputs, cannot run such a backward: the running regions keep their
 #   activations from then on (Region.reaches_out), and what their calls dropped before
 #   is held while its tensors live.
+# - An inner backward run by the model's own forward between its regions' calls (an
+#   input-gradient penalty in the root forward) reads the root call's saves or exited
+#   calls' ones while a root forward of the pass runs (PassState.roots_running): not
+#   the pass's backward either; a dropped save it reads is regenerated then.
 
 
 # NOTE [Private generators]

@@ -81,6 +81,7 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
     kind = "activation"  # "activation", "input" (a region input) or "plain" (never placed)
     released = False
     save_mark: Any = None  # clock mark of the first save (root storages)
+    in_forward = False  # a root storage first saved inside a root forward (NOTE [Saves outside the forward])
     sid: int | None = None  # storage id in the op recording (measuring pass only)
     tensor: torch.Tensor | None = None  # held strongly: a region input, or a fallback to KEEP
     watch: Any = None
@@ -650,6 +651,8 @@ class PassState(_WeakReferable):
     """Per root forward that returned a graph, weak references to one object per graph
     it returned, held by the graphs' output nodes: all dead, no backward can come
     through them (NOTE [Dropped graphs])."""
+    roots_running: int = 0
+    """Its root forwards that have not returned (any thread)."""
     create_graph: bool = False
     """Its running backward saves tensors (``create_graph=True``) outside any region's
     forward: a later backward may differentiate that graph (NOTE [Double backward])."""

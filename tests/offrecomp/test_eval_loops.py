@@ -301,3 +301,81 @@ def test_a_gan_with_the_runtime_around_the_generator_only(variant: str) -> None:
     assert [s.passes for s in steps] == [1] * 4
     if variant == "recompute":
         assert all(s.replays > 0 for s in steps), [s.replays for s in steps]
+
+
+class _ManyOutputs(nn.Module):
+    """No repeated blocks (the root call saves everything) and ten outputs, more than
+    the runtime watches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.w = nn.Parameter(torch.randn(H, H) / H**0.5)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.tanh(x @ self.w + i) for i in range(10))
+
+
+@pytest.mark.parametrize("variant", ["keep", "offload", "auto"])
+def test_a_backward_through_an_unwatched_output_of_a_root_only_model_is_its_step(variant: str) -> None:
+    """NOTE [Saves outside the forward]: the backward through the tenth output reads only
+    root saves made inside the forward; each begins its pass, so every step knows where
+    its forward ended and auto gets past its measuring pass."""
+
+    def loop(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        out = []
+        with rt if rt is not None else contextlib.nullcontext():
+            for i in range(6):
+                model(_x(10 * i))[9].mean().backward()
+                out.append(_snap(model))
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        return out
+
+    ref = loop(_ManyOutputs(), None)
+    model = _ManyOutputs()
+    rt = variant_runtime(model, variant, native_keep=False)
+    assert_bitwise(loop(model, rt), ref)
+    steps = rt.report().steps
+    assert [s.passes for s in steps] == [1] * 6
+    assert all(s.forward_seconds > 0 for s in steps)  # where its backward began
+    if variant == "auto":
+        assert steps[-1].phase.value == "planned", [s.phase for s in steps]
+
+
+class _GradInForward(nn.Module):
+    """A forward that differentiates part of itself (an input-gradient penalty): that
+    backward reads root saves made inside the forward and is not the pass's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(4)
+        self.w = nn.Parameter(torch.randn(H, H) / H**0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.requires_grad_()
+        y = torch.tanh(x @ self.w)
+        (g,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+        return (y * y).mean() + (g * g).mean()
+
+
+@pytest.mark.parametrize("variant", ["keep", "recompute", "offload"])
+def test_a_backward_inside_a_root_forward_begins_no_pass(variant: str) -> None:
+    def loop(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        out = []
+        with rt if rt is not None else contextlib.nullcontext():
+            for i in range(4):
+                first = model(_x(10 * i))  # the second forward's inner backward comes after it
+                (first + model(_x(10 * i + 1))).backward()
+                out.append(_snap(model))
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        return out
+
+    ref = loop(_GradInForward(), None)
+    model = _GradInForward()
+    rt = variant_runtime(model, variant)
+    assert_bitwise(loop(model, rt), ref)
+    assert [s.passes for s in rt.report().steps] == [1] * 4
