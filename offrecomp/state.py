@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import weakref
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -218,12 +218,14 @@ class SavedHandle(weakref.ref):  # type: ignore[type-arg]
         self.version = t._version
         self.grad_fn = not t.is_leaf  # to see a detach_() after the save
         if size is None:
-            self.size = interned_shape(t.shape)  # NOTE [Interned geometry]
+            size = t.shape
+            self.size = INTERNED_SHAPES.get(size) or interned_shape(size)  # NOTE [Interned geometry]
             self.offset = t.storage_offset()
         else:
             self.size = size
             self.offset = 0
-        self.stride = interned_stride(t.stride())
+        stride = t.stride()
+        self.stride = INTERNED_STRIDES.get(stride) or interned_stride(stride)
         self.dtype = t.dtype
         base = t._base  # a view's base shares its version counter and may outlive it
         self.base = weakref.ref(base) if base is not None else None
@@ -266,42 +268,36 @@ class SavedHandle(weakref.ref):  # type: ignore[type-arg]
 
 #: Distinct geometries kept per table before it is cleared.
 INTERNED_MAX = 4096
-_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}
-
-
-#: The kept shapes (read inline on the typed save path: ``INTERNED_SHAPES.get(s) or
-#: interned_shape(s)``).
+#: The kept shapes and strides (read inline on the save path: ``INTERNED_SHAPES.get(s)
+#: or interned_shape(s)``).
 INTERNED_SHAPES: dict[torch.Size, torch.Size] = {}
+INTERNED_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}
+_G = TypeVar("_G", bound=tuple)  # type: ignore[type-arg]
+
+
+def _interned(table: dict[_G, _G], key: _G) -> _G:
+    """The one kept object equal to ``key`` in ``table``; a symbolic geometry, which does
+    not hash, as it is (NOTE [Interned geometry])."""
+    try:
+        kept = table.get(key)
+    except TypeError:
+        return key
+    if kept is not None:
+        return kept
+    if len(table) >= INTERNED_MAX:
+        table.clear()
+    table[key] = key
+    return key
 
 
 def interned_shape(shape: torch.Size) -> torch.Size:
-    """The one kept ``torch.Size`` equal to ``shape`` (NOTE [Interned geometry]);
-    symbolic shapes, which do not hash, as they are."""
-    try:
-        kept = INTERNED_SHAPES.get(shape)
-    except TypeError:
-        return shape
-    if kept is not None:
-        return kept
-    if len(INTERNED_SHAPES) >= INTERNED_MAX:
-        INTERNED_SHAPES.clear()
-    INTERNED_SHAPES[shape] = shape
-    return shape
+    """The one kept ``torch.Size`` equal to ``shape``."""
+    return _interned(INTERNED_SHAPES, shape)
 
 
 def interned_stride(stride: tuple[int, ...]) -> tuple[int, ...]:
-    """The one kept tuple equal to ``stride`` (NOTE [Interned geometry]); symbolic
-    strides, which do not hash, as they are."""
-    try:
-        kept = _STRIDES.get(stride)
-    except TypeError:
-        return stride
-    if kept is not None:
-        return kept
-    if len(_STRIDES) >= INTERNED_MAX:
-        _STRIDES.clear()
-    _STRIDES[stride] = stride
-    return stride
+    """The one kept tuple equal to ``stride``."""
+    return _interned(INTERNED_STRIDES, stride)
 
 
 class TypedHandle(weakref.ref):  # type: ignore[type-arg]
@@ -333,7 +329,7 @@ class TypedHandle(weakref.ref):  # type: ignore[type-arg]
         self.version = t._version
         self.grad_fn = not leaf  # to see a detach_() after the save
         stride = t.stride()
-        self.stride = _STRIDES.get(stride) or interned_stride(stride)  # NOTE [Interned geometry]
+        self.stride = INTERNED_STRIDES.get(stride) or interned_stride(stride)  # NOTE [Interned geometry]
         self.base = weakref.ref(base) if base is not None else None
         return self
 

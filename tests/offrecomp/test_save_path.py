@@ -734,14 +734,14 @@ def test_interned_geometry_tables_are_bounded(monkeypatch: pytest.MonkeyPatch) -
     from offrecomp import state
 
     monkeypatch.setattr(state, "INTERNED_MAX", 2)
-    monkeypatch.setattr(state, "_STRIDES", {})
+    monkeypatch.setattr(state, "INTERNED_STRIDES", {})
     monkeypatch.setattr(state, "INTERNED_SHAPES", {})
     first = state.interned_stride((4, 1))
     assert state.interned_stride(tuple([4, 1])) is first
     for i in range(5):
         state.interned_stride((i, 7))
         state.interned_shape(torch.Size([i, 7]))
-        assert len(state._STRIDES) <= 2 and len(state.INTERNED_SHAPES) <= 2
+        assert len(state.INTERNED_STRIDES) <= 2 and len(state.INTERNED_SHAPES) <= 2
     assert type(state.interned_shape(torch.Size([3]))) is torch.Size
     unhashable = [[1], 2]  # as a symbolic size is: kept as it is
     assert state.interned_stride(unhashable) is unhashable  # type: ignore[arg-type]
