@@ -316,27 +316,40 @@ class _ManyOutputs(nn.Module):
         return tuple(torch.tanh(x @ self.w + i) for i in range(10))
 
 
+def _sgd_steps(
+    make: Callable[[], nn.Module], variant: str, steps: int, backward: Callable[[nn.Module, int], None], **kw: object
+) -> offrecomp.Runtime:
+    """``steps`` SGD steps of ``backward(model, i)``, plainly and under the variant's
+    runtime, gradients compared bitwise; returns the runtime."""
+
+    def loop(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        out = []
+        with rt if rt is not None else contextlib.nullcontext():
+            for i in range(steps):
+                backward(model, i)
+                out.append(_snap(model))
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        return out
+
+    ref = loop(make(), None)
+    model = make()
+    rt = variant_runtime(model, variant, **kw)
+    assert_bitwise(loop(model, rt), ref)
+    return rt
+
+
 @pytest.mark.parametrize("variant", ["keep", "offload", "auto"])
 def test_a_backward_through_an_unwatched_output_of_a_root_only_model_is_its_step(variant: str) -> None:
     """NOTE [Saves outside the forward]: the backward through the tenth output reads only
     root saves made inside the forward; each begins its pass, so every step knows where
     its forward ended and auto gets past its measuring pass."""
 
-    def loop(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        out = []
-        with rt if rt is not None else contextlib.nullcontext():
-            for i in range(6):
-                model(_x(10 * i))[9].mean().backward()
-                out.append(_snap(model))
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-        return out
+    def backward(model: nn.Module, i: int) -> None:
+        model(_x(10 * i))[9].mean().backward()
 
-    ref = loop(_ManyOutputs(), None)
-    model = _ManyOutputs()
-    rt = variant_runtime(model, variant, native_keep=False)
-    assert_bitwise(loop(model, rt), ref)
+    rt = _sgd_steps(_ManyOutputs, variant, 6, backward, native_keep=False)
     steps = rt.report().steps
     assert [s.passes for s in steps] == [1] * 6
     assert all(s.forward_seconds > 0 for s in steps)  # where its backward began
@@ -362,20 +375,9 @@ class _GradInForward(nn.Module):
 
 @pytest.mark.parametrize("variant", ["keep", "recompute", "offload"])
 def test_a_backward_inside_a_root_forward_begins_no_pass(variant: str) -> None:
-    def loop(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        out = []
-        with rt if rt is not None else contextlib.nullcontext():
-            for i in range(4):
-                first = model(_x(10 * i))  # the second forward's inner backward comes after it
-                (first + model(_x(10 * i + 1))).backward()
-                out.append(_snap(model))
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-        return out
+    def backward(model: nn.Module, i: int) -> None:
+        first = model(_x(10 * i))  # the second forward's inner backward comes after it
+        (first + model(_x(10 * i + 1))).backward()
 
-    ref = loop(_GradInForward(), None)
-    model = _GradInForward()
-    rt = variant_runtime(model, variant)
-    assert_bitwise(loop(model, rt), ref)
+    rt = _sgd_steps(_GradInForward, variant, 4, backward)
     assert [s.passes for s in rt.report().steps] == [1] * 4
