@@ -339,8 +339,8 @@ class Lifecycle:
             return
         refs = []
         nodes: dict[int, Any] = {}
-        for t in tc.tree_leaves(out)[:8]:
-            if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+        for t in output_tensors(out):
+            if t.grad_fn is not None:
                 fn = t.grad_fn
                 meta: dict[str, Any] = fn.metadata  # type: ignore[assignment]
                 marker = meta.get("offrecomp_graph")  # a node returned twice keeps its one
@@ -363,7 +363,7 @@ class Lifecycle:
         if call is None:
             return
         hook = functools.partial(_unseen_backward, weakref.ref(self), weakref.ref(call))
-        outs = [t for t in tc.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad][:8]
+        outs = output_tensors(out)
         nodes = {id(t.grad_fn): t.grad_fn for t in outs if t.grad_fn is not None}
         for fn in nodes.values():
             fn.register_prehook(hook)
@@ -648,13 +648,41 @@ class _GraphMarker:
     __slots__ = ("__weakref__",)
 
 
+#: Output tensors of a root forward that the runtime watches (NOTE [Dropped graphs]).
+WATCHED_OUTPUTS = 64
+
+
+def output_tensors(out: Any, limit: int = WATCHED_OUTPUTS) -> list[torch.Tensor]:
+    """The first ``limit`` tensors requiring grad in a forward's output: through the
+    containers pytree knows, and dataclass instances field by field. (No closure: a
+    recursive one would be a cycle holding the tensors, and so the graphs, until a
+    collection.)"""
+    found: list[torch.Tensor] = []
+    _collect(out, found, limit, 0)
+    return found
+
+
+def _collect(obj: Any, found: list[torch.Tensor], limit: int, depth: int) -> None:
+    for leaf in tc.tree_leaves(obj):
+        if len(found) >= limit:
+            return
+        if isinstance(leaf, torch.Tensor):
+            if leaf.requires_grad:
+                found.append(leaf)
+        elif depth < 4 and dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
+            _collect([getattr(leaf, f.name, None) for f in dataclasses.fields(leaf)], found, limit, depth + 1)
+
+
 # NOTE [Dropped graphs]
 # A forward with grad whose graph is dropped without backward (a metric or validation
 # forward, an EMA model evaluated with grad on) leaves its pass in the forward stage; the
 # next training forward would join it, and run under the metric's signature and plan.
 # Each root forward (and, in a pass without one, each call of the region that names it:
 # NOTE [Pass signatures]) hangs a marker object on the autograd nodes of the tensors it
-# returns (``grad_fn.metadata``), and the pass keeps weak references to them, per forward.
+# returns (``grad_fn.metadata``; the first WATCHED_OUTPUTS tensors that require grad, in
+# any container pytree flattens and in dataclass fields), and the pass keeps weak
+# references to them, per forward; a backward reaching one of those nodes begins the
+# pass (NOTE [Saves outside the forward]).
 # A root forward that begins while the running pass's first forward has no graph left
 # ends that pass (as aborted: it taught nothing) and begins its own. Graphs still
 # referenced (two forwards, then one backward of both) keep their markers, and the

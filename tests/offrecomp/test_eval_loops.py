@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import gc
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -146,6 +148,39 @@ def test_an_eval_loop_without_no_grad_holds_the_same_books_every_batch(mode: str
     steps = rt.report().steps
     assert [s.passes for s in steps] == [1, 1, 30 + 1]  # 60 forwards in 30 passes, then training
     assert steps[-1].signature.startswith("train|")
+
+
+@dataclasses.dataclass
+class _Out:
+    y: torch.Tensor
+
+
+class _WrappedNet(Net):
+    """``Net`` returning a dataclass, or a dict whose first eight leaves are numbers."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, x: torch.Tensor) -> Any:  # type: ignore[override]
+        y = super().forward(x)
+        return _Out(y) if self.kind == "dataclass" else {**{f"m{i}": i for i in range(8)}, "y": y}
+
+
+@pytest.mark.parametrize("kind", ["dataclass", "dict"])
+def test_an_eval_loop_watches_outputs_inside_dataclasses_and_past_other_leaves(kind: str) -> None:
+    """NOTE [Dropped graphs]: the watched tensors are found inside a dataclass and past
+    leaves that are not tensors, so each batch's dropped graph ends its pass."""
+    torch.manual_seed(0)
+    model = _WrappedNet(kind)
+    rt = offrecomp.runtime(model, mode="recompute", min_bytes=0)
+    with rt:
+        model.eval()
+        for i in range(20):
+            out = model(_x(100 + i))
+            p = rt.current_pass
+            assert p is not None and len(p.parts) <= 2, (i, len(p.parts) if p is not None else None)
+        del out
 
 
 @pytest.mark.parametrize("variant", ["keep", "recompute", "offload", "auto"])
@@ -353,6 +388,37 @@ def test_a_backward_through_an_unwatched_output_of_a_root_only_model_is_its_step
     steps = rt.report().steps
     assert [s.passes for s in steps] == [1] * 6
     assert all(s.forward_seconds > 0 for s in steps)  # where its backward began
+    if variant == "auto":
+        assert steps[-1].phase.value == "planned", [s.phase for s in steps]
+
+
+class _BypassOutput(_ManyOutputs):
+    """The tenth output's path saves nothing in the forward (an add, a scalar product):
+    its backward reads only the loss's saves, made after the forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.b = nn.Parameter(torch.zeros(H))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (*super().forward(x)[:9], x + self.b * 2)
+
+
+@pytest.mark.parametrize("variant", ["keep", "auto"])
+def test_a_backward_through_an_unwatched_output_that_saved_nothing_is_its_step(variant: str) -> None:
+    """NOTE [Dropped graphs]: the first WATCHED_OUTPUTS outputs are watched, so the
+    backward reaching the tenth begins the pass; the output is held until the next
+    forward, as ``out = model(x)`` holds it."""
+    held: list[Any] = []
+
+    def backward(model: nn.Module, i: int) -> None:
+        held[:] = [model(_x(10 * i))]
+        held[0][9].square().sum().backward()
+
+    rt = _sgd_steps(_BypassOutput, variant, 6, backward, native_keep=False)
+    steps = rt.report().steps
+    assert [s.passes for s in steps] == [1] * 6
+    assert all(s.forward_seconds > 0 for s in steps)
     if variant == "auto":
         assert steps[-1].phase.value == "planned", [s.phase for s in steps]
 
