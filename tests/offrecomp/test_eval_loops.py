@@ -447,3 +447,21 @@ def test_a_backward_inside_a_root_forward_begins_no_pass(variant: str) -> None:
 
     rt = _sgd_steps(_GradInForward, variant, 4, backward)
     assert [s.passes for s in rt.report().steps] == [1] * 4
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a pass's record ends at its first backward")
+def test_two_backwards_of_one_pass_count_every_replay() -> None:
+    """Two forwards, then each loss's backward on its own (multi-task losses): the step
+    replays every block twice, and its record should say so (docs/reliability.md)."""
+    torch.manual_seed(0)
+    model = Net(layers=4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rt = offrecomp.runtime(model, mode="recompute", min_bytes=0)
+    with rt:
+        for i in range(3):
+            big, small = model(_x(i, b=4, t=16)).mean(), model(_x(i + 8)).mean()
+            small.backward()
+            big.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    assert [s.replays for s in rt.report().steps] == [8] * 3
