@@ -50,6 +50,7 @@ from offrecomp import _torch_compat as tc
 from offrecomp.config import Config
 from offrecomp.diagnostics import warn_once
 from offrecomp.measure import DeviceClock, Mark
+from offrecomp.outputs import GraphMarker, output_tensors
 from offrecomp.report import StepRecord
 from offrecomp.signatures import Combinations, Part, combine, shown
 from offrecomp.state import PassState, RegionCall, Stage
@@ -345,7 +346,7 @@ class Lifecycle:
                 meta: dict[str, Any] = fn.metadata  # type: ignore[assignment]
                 marker = meta.get("offrecomp_graph")  # a node returned twice keeps its one
                 if marker is None:
-                    marker = meta["offrecomp_graph"] = _GraphMarker()
+                    marker = meta["offrecomp_graph"] = GraphMarker()
                 refs.append(weakref.ref(marker))
                 nodes[id(fn)] = fn
         if refs:
@@ -640,37 +641,6 @@ class Lifecycle:
 # last pass's end, and a rise tells the planner as an OOM inside the pass would (a
 # smaller budget for its signature). A pass whose graph was dropped after an error ends
 # when the next root forward finds it so (NOTE [Dropped graphs]), and counts then.
-
-
-class _GraphMarker:
-    """Held by a root output's autograd node only (NOTE [Dropped graphs])."""
-
-    __slots__ = ("__weakref__",)
-
-
-#: Output tensors of a root forward that the runtime watches (NOTE [Dropped graphs]).
-WATCHED_OUTPUTS = 64
-
-
-def output_tensors(out: Any, limit: int = WATCHED_OUTPUTS) -> list[torch.Tensor]:
-    """The first ``limit`` tensors requiring grad in a forward's output: through the
-    containers pytree knows, and dataclass instances field by field. (No closure: a
-    recursive one would be a cycle holding the tensors, and so the graphs, until a
-    collection.)"""
-    found: list[torch.Tensor] = []
-    _collect(out, found, limit, 0)
-    return found
-
-
-def _collect(obj: Any, found: list[torch.Tensor], limit: int, depth: int) -> None:
-    for leaf in tc.tree_leaves(obj):
-        if len(found) >= limit:
-            return
-        if isinstance(leaf, torch.Tensor):
-            if leaf.requires_grad:
-                found.append(leaf)
-        elif depth < 4 and dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
-            _collect([getattr(leaf, f.name, None) for f in dataclasses.fields(leaf)], found, limit, depth + 1)
 
 
 # NOTE [Dropped graphs]

@@ -406,7 +406,7 @@ class _BypassOutput(_ManyOutputs):
 
 @pytest.mark.parametrize("variant", ["keep", "auto"])
 def test_a_backward_through_an_unwatched_output_that_saved_nothing_is_its_step(variant: str) -> None:
-    """NOTE [Dropped graphs]: the first WATCHED_OUTPUTS outputs are watched, so the
+    """NOTE [Dropped graphs]: the first WATCHED_OUTPUTS (outputs.py) are watched, so the
     backward reaching the tenth begins the pass; the output is held until the next
     forward, as ``out = model(x)`` holds it."""
     held: list[Any] = []
