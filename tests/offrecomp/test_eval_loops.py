@@ -80,17 +80,17 @@ def _live(kind: type) -> int:
 
 
 def _steps(
-    step: Callable[[nn.Module, int], tuple[torch.Tensor, dict[str, torch.Tensor]]],
+    step: Callable[[nn.Module, int], tuple[torch.Tensor, dict[str, torch.Tensor]]], steps: int = 4
 ) -> Callable[[nn.Module, offrecomp.Runtime | None], list[Snap]]:
-    """A loop of four training steps whose forwards and loss ``step`` makes (its loss,
-    and tensors to compare besides the gradients)."""
+    """A loop of ``steps`` training steps whose forwards and loss ``step`` makes (its
+    loss, and tensors to compare besides the gradients)."""
 
     def loop(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
         torch.manual_seed(1)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         out = []
         with rt if rt is not None else contextlib.nullcontext():
-            for i in range(4):
+            for i in range(steps):
                 loss, extra = step(model, i)
                 loss.backward()
                 out.append(_snap(model, **extra))
@@ -101,12 +101,16 @@ def _steps(
     return loop
 
 
-def _bitwise(loop: Callable[[nn.Module, offrecomp.Runtime | None], list[Snap]], variant: str) -> offrecomp.Runtime:
-    """``loop`` plain and under ``variant``, from the same weights: bitwise equal."""
+def _bitwise(
+    loop: Callable[[nn.Module, offrecomp.Runtime | None], list[Snap]], variant: str,
+    make: Callable[[], nn.Module] = Net, **kw: Any,
+) -> offrecomp.Runtime:
+    """``loop`` plain and under ``variant`` (``kw``: more runtime options), from the same
+    weights of a ``make()`` model: bitwise equal."""
     torch.manual_seed(0)
-    model = Net()
+    model = make()
     ref = loop(copy.deepcopy(model), None)
-    rt = variant_runtime(model, variant)
+    rt = variant_runtime(model, variant, **kw)
     assert_bitwise(ref, loop(model, rt))
     return rt
 
@@ -226,21 +230,11 @@ def test_a_pass_joins_at_most_max_forwards(variant: str, caplog: pytest.LogCaptu
     its signature shortened), and one backward of them all is a plain run's."""
     n = lifecycle.MAX_FORWARDS + 6
 
-    def loop(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
-        torch.manual_seed(1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        out = []
-        with rt if rt is not None else contextlib.nullcontext():
-            for i in range(2):
-                outs = [model(_x(1000 * i + j, b=1, t=2)) for j in range(n)]
-                torch.stack(outs).mean().backward()
-                out.append(_snap(model))
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-        return out
+    def step(model: nn.Module, i: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return torch.stack([model(_x(1000 * i + j, b=1, t=2)) for j in range(n)]).mean(), {}
 
     with caplog.at_level(logging.WARNING, logger="offrecomp"):
-        rt = _bitwise(loop, variant)
+        rt = _bitwise(_steps(step, 2), variant)
     warned = [r.getMessage() for r in caplog.records if "root forwards joined one pass" in r.getMessage()]
     assert len(warned) == 1, warned
     assert f"... {lifecycle.MAX_FORWARDS - 3} more" in warned[0] and len(warned[0]) < 1000
@@ -351,40 +345,16 @@ class _ManyOutputs(nn.Module):
         return tuple(torch.tanh(x @ self.w + i) for i in range(10))
 
 
-def _sgd_steps(
-    make: Callable[[], nn.Module], variant: str, steps: int, backward: Callable[[nn.Module, int], None], **kw: object
-) -> offrecomp.Runtime:
-    """``steps`` SGD steps of ``backward(model, i)``, plainly and under the variant's
-    runtime, gradients compared bitwise; returns the runtime."""
-
-    def loop(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        out = []
-        with rt if rt is not None else contextlib.nullcontext():
-            for i in range(steps):
-                backward(model, i)
-                out.append(_snap(model))
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-        return out
-
-    ref = loop(make(), None)
-    model = make()
-    rt = variant_runtime(model, variant, **kw)
-    assert_bitwise(loop(model, rt), ref)
-    return rt
-
-
 @pytest.mark.parametrize("variant", ["keep", "offload", "auto"])
 def test_a_backward_through_an_unwatched_output_of_a_root_only_model_is_its_step(variant: str) -> None:
     """NOTE [Saves outside the forward]: the backward through the tenth output reads only
     root saves made inside the forward; each begins its pass, so every step knows where
     its forward ended and auto gets past its measuring pass."""
 
-    def backward(model: nn.Module, i: int) -> None:
-        model(_x(10 * i))[9].mean().backward()
+    def step(model: nn.Module, i: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return model(_x(10 * i))[9].mean(), {}
 
-    rt = _sgd_steps(_ManyOutputs, variant, 6, backward, native_keep=False)
+    rt = _bitwise(_steps(step, 6), variant, _ManyOutputs, native_keep=False)
     steps = rt.report().steps
     assert [s.passes for s in steps] == [1] * 6
     assert all(s.forward_seconds > 0 for s in steps)  # where its backward began
@@ -411,11 +381,11 @@ def test_a_backward_through_an_unwatched_output_that_saved_nothing_is_its_step(v
     forward, as ``out = model(x)`` holds it."""
     held: list[Any] = []
 
-    def backward(model: nn.Module, i: int) -> None:
+    def step(model: nn.Module, i: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         held[:] = [model(_x(10 * i))]
-        held[0][9].square().sum().backward()
+        return held[0][9].square().sum(), {}
 
-    rt = _sgd_steps(_BypassOutput, variant, 6, backward, native_keep=False)
+    rt = _bitwise(_steps(step, 6), variant, _BypassOutput, native_keep=False)
     steps = rt.report().steps
     assert [s.passes for s in steps] == [1] * 6
     assert all(s.forward_seconds > 0 for s in steps)
@@ -441,11 +411,11 @@ class _GradInForward(nn.Module):
 
 @pytest.mark.parametrize("variant", ["keep", "recompute", "offload"])
 def test_a_backward_inside_a_root_forward_begins_no_pass(variant: str) -> None:
-    def backward(model: nn.Module, i: int) -> None:
+    def step(model: nn.Module, i: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         first = model(_x(10 * i))  # the second forward's inner backward comes after it
-        (first + model(_x(10 * i + 1))).backward()
+        return first + model(_x(10 * i + 1)), {}
 
-    rt = _sgd_steps(_GradInForward, variant, 4, backward)
+    rt = _bitwise(_steps(step), variant, _GradInForward)
     assert [s.passes for s in rt.report().steps] == [1] * 4
 
 
