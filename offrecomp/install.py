@@ -81,6 +81,7 @@ from offrecomp.diagnostics import (
 from offrecomp.interrupts import finish
 from offrecomp.lifecycle import Lifecycle
 from offrecomp.native import NativeKeep
+from offrecomp.outputs import output_tensors
 from offrecomp.regions import (
     Region,
     _is_compiled,
@@ -460,7 +461,7 @@ class Installer:
                 life.abort(p, exc)
                 return
             if p is not None and p.named_by == call.name and not life.stack.roots:
-                life.watch_graphs(p, out)  # a call that names a pass: NOTE [Dropped graphs]
+                life.watch_graphs(p, output_tensors(out))  # a call that names a pass: NOTE [Dropped graphs]
             if (
                 not call.native
                 and self._diag.wants_hidden_check()

@@ -333,14 +333,15 @@ class Lifecycle:
         with contextlib.suppress(RuntimeError):
             tc.queue_backward_callback(functools.partial(self._backward_done, weakref.ref(p)))
 
-    def watch_graphs(self, p: PassState, out: Any) -> None:
+    def watch_graphs(self, p: PassState, outs: list[torch.Tensor]) -> None:
         """NOTE [Dropped graphs]: mark the graphs a root forward of ``p`` returned (or a
-        call of the region that names a pass without one)."""
+        call of the region that names a pass without one): ``outs``, its
+        ``output_tensors``."""
         if p is not self.current or p.stage is not FORWARD:
             return
         refs = []
         nodes: dict[int, Any] = {}
-        for t in output_tensors(out):
+        for t in outs:
             if t.grad_fn is not None:
                 fn = t.grad_fn
                 meta: dict[str, Any] = fn.metadata  # type: ignore[assignment]
@@ -355,16 +356,15 @@ class Lifecycle:
             for fn in nodes.values():  # NOTE [Saves outside the forward]
                 fn.register_prehook(hook)
 
-    def watch_unseen_backward(self, p: PassState, out: Any) -> None:
-        """NOTE [Backward without saves]: watch the root output of a pass that saved
-        nothing through the hooks."""
+    def watch_unseen_backward(self, p: PassState, outs: list[torch.Tensor]) -> None:
+        """NOTE [Backward without saves]: watch the root output (``outs``, its
+        ``output_tensors``) of a pass that saved nothing through the hooks."""
         if p.stats.saved_tensors or p is not self.current or p.stage is not FORWARD:
             return
         call = p.root if p.root is not None else (p.calls[0] if p.calls else None)
         if call is None:
             return
         hook = functools.partial(_unseen_backward, weakref.ref(self), weakref.ref(call))
-        outs = output_tensors(out)
         nodes = {id(t.grad_fn): t.grad_fn for t in outs if t.grad_fn is not None}
         for fn in nodes.values():
             fn.register_prehook(hook)
@@ -440,8 +440,9 @@ class Lifecycle:
         """A root forward of ``p`` returned ``out``."""
         self.stack.roots = max(0, self.stack.roots - 1)
         p.roots_running = max(0, p.roots_running - 1)
-        self.watch_unseen_backward(p, out)
-        self.watch_graphs(p, out)
+        outs = output_tensors(out)
+        self.watch_unseen_backward(p, outs)
+        self.watch_graphs(p, outs)
 
     def root_failed(self, p: PassState, exc: BaseException) -> None:
         """A root forward of ``p`` raised ``exc``."""
