@@ -167,9 +167,20 @@ class OffloadGroups:
         ):
             return None
         # NOTE [Typed sources]; a detached alias shares t's version counter (NOTE [Writes
-        # after a save] in state.py); one Size per geometry (NOTE [Interned geometry])
+        # after a save] in state.py); one Size per geometry (NOTE [Interned geometry]).
+        # As ``_add``, inline: once per save.
         shape = t.shape
-        return self._add(call, rec, engine, t.detach(), INTERNED_SHAPES.get(shape) or interned_shape(shape), dtype)
+        group = opened = call.group
+        if group is None:
+            group = self._open(call, engine, t.device)
+        slot = engine.add(group, t.detach(), rec.nbytes, INTERNED_SHAPES.get(shape) or interned_shape(shape), dtype)
+        if slot < 0:
+            if opened is None:
+                self._close_empty(call, group)
+            return False
+        rec.group = group
+        rec.slot = slot
+        return True
 
     def _add(
         self, call: RegionCall, rec: StorageRec, engine: OffloadEngine, source: Any,

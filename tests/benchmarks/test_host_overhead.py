@@ -16,14 +16,14 @@ def test_host_overhead_benchmark_reports_every_row(tmp_path: Path, capsys: pytes
                                      "--gc-freeze", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     for row in ("identity hook pair (floor)", "offrecomp keep", "offrecomp keep, 12 buffers per region",
-                "offrecomp keep, hooks on",
+                "offrecomp keep, hooks on", "grouped hook pair, no copies (floor)",
                 "offrecomp offload, 16 saves per region", "offrecomp auto, 16 per region, kept",
                 "bare dispatch mode (floor)",
                 "replay dispatch mode, every op run", "op recorder (measuring pass)"):
         assert row in text
     res = json.loads(out.read_text())
     assert res["ops"] == 20 and res["saves"] == 21  # 20 tanh outputs and the scaled input
-    assert len(res["us_over_plain"]) == 9 and res["clock"] == "thread" and res["gc_freeze"]
+    assert len(res["us_over_plain"]) == 10 and res["clock"] == "thread" and res["gc_freeze"]
     assert set(res["gc_us_per_step"]) >= {"plain step", "offrecomp keep", "offrecomp offload", "offrecomp auto"}
     assert "measure" in res["auto_phases"]
     assert res["emulated_device_work_us"] is None
