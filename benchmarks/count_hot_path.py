@@ -43,7 +43,7 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import offrecomp
-from benchmarks.bench_host_overhead import REGION_SAVES, _Model
+from benchmarks.bench_host_overhead import REGION_SAVES, _GroupedFloor, _Model
 from offrecomp import backends
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,6 +142,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return run
 
+    floor_model = _Model(n, blocks=blocks)
+    floor_pair = _GroupedFloor(floor_model)
+
+    def grouped_floor() -> None:
+        with torch.autograd.graph.saved_tensors_hooks(floor_pair.pack, floor_pair.unpack):
+            plain(floor_model)()
+
     saves = [0]
 
     def count_save(t: torch.Tensor) -> torch.Tensor:
@@ -152,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         plain_model(x).backward()
     variants: dict[str, tuple[Callable[[], None], str]] = {  # name: (run, its baseline)
         "identity hook pair (floor)": (identity_hooks, "plain"),
+        "grouped hook pair, no copies (floor)": (grouped_floor, "grouped"),
         "offrecomp keep": (in_runtime(plain_model, mode="keep"), "plain"),
         "offrecomp keep, hooks on": (in_runtime(_Model(n), mode="keep", native_keep=False), "plain"),
         f"offrecomp offload, {args.region_saves} saves per region": (in_runtime(grouped, mode="offload"), "grouped"),

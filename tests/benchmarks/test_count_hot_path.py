@@ -15,7 +15,7 @@ def test_count_hot_path_reports_every_variant(tmp_path: Path, capsys: pytest.Cap
     out = tmp_path / "counts.json"
     assert count_hot_path.main(["--ops", "32", "--steps", "2", "--top", "10", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    for row in ("identity hook pair (floor)", "offrecomp keep", "offrecomp keep, hooks on",
+    for row in ("identity hook pair (floor)", "grouped hook pair, no copies (floor)", "offrecomp keep", "offrecomp keep, hooks on",
                 "offrecomp offload, 16 saves per region", "offrecomp auto, 16 per region, kept"):
         assert row in text
     res = json.loads(out.read_text())
@@ -23,6 +23,10 @@ def test_count_hot_path_reports_every_variant(tmp_path: Path, capsys: pytest.Cap
     per_save = res["bytecodes_per_save_over_plain"]
     # the floor runs two one-line lambdas; offload runs the save path in Python
     assert per_save["identity hook pair (floor)"] < 10 < per_save["offrecomp offload, 16 saves per region"]
+    # the grouped floor detaches, appends and indexes: more than the identity pair, and
+    # far less than the runtime's save path
+    grouped = per_save["grouped hook pair, no copies (floor)"]
+    assert per_save["identity hook pair (floor)"] < grouped < per_save["offrecomp offload, 16 saves per region"] / 4
     # periodic work aside, two windows count alike
     assert res["unsteady"].get("offrecomp offload, 16 saves per region", 0.0) < 0.02
     names = [f["function"] for f in res["offload_functions"]]
