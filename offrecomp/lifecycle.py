@@ -22,6 +22,21 @@ next backward that reads its saves ends it, and a new forward or an optimizer st
 it if none does. The pass's backward then spans both, as its step does, so the plan sees
 the penalty's ops and the second backward's replays as part of the pass they belong to.
 
+NOTE [Several backwards]
+Two forwards whose losses are differentiated one at a time (multi-task losses, a loop
+that backwards each micro-batch's loss only after all forwards ran) make one pass with
+two backwards. Each root forward's output nodes carry a marker that a backward running
+them sets (``GraphMarker.reached``); a backward that ends while a forward of its pass
+has an output graph alive that no backward reached leaves the pass AWAITING, as a
+double backward does: the next backward that reads its saves runs as the pass's, and a
+new forward or an optimizer step ends it if none comes. The pass's record and its step
+then hold every backward's replays and time (the time between the backwards included,
+as for a double backward). A measuring pass times each call's backward from its
+replay's end to what came next in time, the next replay or its backward's end
+(``backward_ends``), since the backwards run the calls out of reverse forward order.
+``retain_graph=True`` twice, or two losses over one output, reach the output on the
+first backward: that pass ends there, and the second backward counts in no step.
+
 NOTE [Backward without saves]
 A pass learns that its backward started from the first unpack of a save it took. A pass
 that took none (regions that save nothing, an identity, x * 2.5; a forward under the
@@ -50,7 +65,7 @@ from offrecomp import _torch_compat as tc
 from offrecomp.config import Config
 from offrecomp.diagnostics import warn_once
 from offrecomp.measure import DeviceClock, Mark
-from offrecomp.outputs import GraphMarker, output_tensors
+from offrecomp.outputs import GraphMarker, awaits_backward, output_tensors
 from offrecomp.report import StepRecord
 from offrecomp.signatures import Combinations, Part, combine, shown
 from offrecomp.state import PassState, RegionCall, Stage
@@ -340,7 +355,7 @@ class Lifecycle:
         if p is not self.current or p.stage is not FORWARD:
             return
         refs = []
-        nodes: dict[int, Any] = {}
+        nodes: dict[int, tuple[Any, GraphMarker]] = {}
         for t in outs:
             if t.grad_fn is not None:
                 fn = t.grad_fn
@@ -349,12 +364,12 @@ class Lifecycle:
                 if marker is None:
                     marker = meta["offrecomp_graph"] = GraphMarker()
                 refs.append(weakref.ref(marker))
-                nodes[id(fn)] = fn
+                nodes[id(fn)] = (fn, marker)
         if refs:
             p.graphs.append(tuple(refs))  # one entry per forward
-            hook = functools.partial(_output_reached, weakref.ref(self), weakref.ref(p))
-            for fn in nodes.values():  # NOTE [Saves outside the forward]
-                fn.register_prehook(hook)
+            lref, pref = weakref.ref(self), weakref.ref(p)
+            for fn, marker in nodes.values():  # NOTE [Saves outside the forward], [Several backwards]
+                fn.register_prehook(functools.partial(_output_reached, lref, pref, weakref.ref(marker)))
 
     def watch_unseen_backward(self, p: PassState, outs: list[torch.Tensor]) -> None:
         """NOTE [Backward without saves]: watch the root output (``outs``, its
@@ -382,11 +397,15 @@ class Lifecycle:
         p = pref()
         if p is None:
             return
-        p.backward_end_mark = self._device.mark()
+        p.backward_end_mark = end = self._device.mark()
+        p.backward_ends.append(end)
         if p.create_graph and p is self.current:
             p.create_graph = False
             p.stage = AWAITING  # NOTE [Double backward]: a later backward differentiates it
             p.double_backward = True
+            return
+        if p is self.current and not self._stepped_in_backward and awaits_backward(p.graphs):
+            p.stage = AWAITING  # NOTE [Several backwards]: a forward's graph still waits for one
             return
         p.stage = DONE
         if p is self.current:
@@ -744,9 +763,15 @@ def _unseen_backward(lref: weakref.ref[Lifecycle], cref: weakref.ref[RegionCall]
         life.backward_activity(call, reached=True)
 
 
-def _output_reached(lref: weakref.ref[Lifecycle], pref: weakref.ref[PassState], _grads: Any) -> None:
+def _output_reached(
+    lref: weakref.ref[Lifecycle], pref: weakref.ref[PassState], mref: weakref.ref[GraphMarker], _grads: Any
+) -> None:
     """NOTE [Saves outside the forward]: a backward reached an output of a root forward
-    of a pass (or of the region call that names it)."""
+    of a pass (or of the region call that names it): its marker ``mref`` says so (NOTE
+    [Several backwards])."""
+    marker = mref()
+    if marker is not None:
+        marker.reached = True
     life, p = lref(), pref()
     if life is None or p is None or p.stage is not FORWARD:
         return

@@ -14,13 +14,27 @@ import torch
 
 from offrecomp import _torch_compat as tc
 
-__all__ = ["WATCHED_OUTPUTS", "GraphMarker", "output_tensors"]
+__all__ = ["WATCHED_OUTPUTS", "GraphMarker", "awaits_backward", "output_tensors"]
 
 
 class GraphMarker:
-    """Held by a root output's autograd node only (NOTE [Dropped graphs])."""
+    """Held by a root output's autograd node only (NOTE [Dropped graphs]); ``reached``
+    once a backward ran that node (NOTE [Several backwards])."""
 
-    __slots__ = ("__weakref__",)
+    __slots__ = ("__weakref__", "reached")
+
+    def __init__(self) -> None:
+        self.reached = False
+
+
+def awaits_backward(graphs: list[tuple[Any, ...]]) -> bool:
+    """Does a root forward of a pass (``graphs``: ``PassState.graphs``) have an output
+    graph alive that no backward reached yet (NOTE [Several backwards] in lifecycle.py)?"""
+    for refs in graphs:
+        markers = [m for m in (r() for r in refs) if m is not None]
+        if markers and not any(m.reached for m in markers):
+            return True
+    return False
 
 
 #: Output tensors of a root forward that the runtime watches (NOTE [Dropped graphs]).

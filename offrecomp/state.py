@@ -661,6 +661,8 @@ class PassState(_WeakReferable):
     start_mark: Any = None
     backward_start_mark: Any = None
     backward_end_mark: Any = None
+    backward_ends: list[Any] = field(default_factory=list)
+    """The end mark of each of its backwards, in order (NOTE [Several backwards])."""
     replay_marks: list[tuple[int, Any, Any]] = field(default_factory=list)
     dispatch_replays: list[tuple[Any, Any, int, float]] = field(default_factory=list)
     """Replays run under the dispatch mode: (start mark, end mark, ops it saw, predicted

@@ -4,6 +4,7 @@ root storage records, forward and backward times, the host link's bandwidth)."""
 
 from __future__ import annotations
 
+import bisect
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -91,7 +92,8 @@ def build_profile(
     for ordinal, a, b in replay_marks:
         replay_by_ordinal.setdefault(ordinal, (a, b))
         total_replay += clock.seconds(a, b, wait=True) or 0.0
-    regions, structures = _region_records(p, replay_by_ordinal, end_mark, clock)
+    ends = [m for m in p.backward_ends if m is not None and m.host < end_mark.host] if end_mark is not None else []
+    regions, structures = _region_records(p, replay_by_ordinal, [*ends, end_mark], clock)
     root_records: list[StorageRecord] = []
     if p.root is not None:
         for s in p.root.storages:
@@ -160,12 +162,13 @@ def keep_missing_calls(
 
 
 def _region_records(
-    p: PassState, replay_by_ordinal: dict[int, tuple[Any, Any]], end_mark: Any, clock: Clock
+    p: PassState, replay_by_ordinal: dict[int, tuple[Any, Any]], ends: list[Any], clock: Clock
 ) -> tuple[list[RegionRecord], dict[tuple[str, int], RegionStructure]]:
-    """A record per region call of ``p`` that has a structure, with its times."""
+    """A record per region call of ``p`` that has a structure, with its times (``ends``:
+    the end mark of each of its backwards)."""
     regions: list[RegionRecord] = []
     structures: dict[tuple[str, int], RegionStructure] = {}
-    order = sorted(replay_by_ordinal)  # backward replays in descending ordinal
+    timeline = _timeline(replay_by_ordinal, ends)
     for call in p.calls:
         st = call.structure
         if st is None:
@@ -176,7 +179,7 @@ def _region_records(
             for op, s in zip(st.op_records, secs):
                 op.seconds = float(s)
         fwd = clock.seconds(call.start_mark, call.end_mark, wait=True) or 0.0
-        bwd = _backward_seconds(clock, end_mark, call.ordinal, order, replay_by_ordinal)
+        bwd = _backward_seconds(clock, call.ordinal, replay_by_ordinal, timeline)
         storages = [StorageRecord(**vars(s)) for s in st.storage_records]
         regions.append(
             RegionRecord(
@@ -202,16 +205,31 @@ def _region_records(
     return regions, structures
 
 
+def _timeline(marks: dict[int, tuple[Any, Any]], ends: list[Any]) -> tuple[list[float], list[Any]]:
+    """The replays' start marks and the backwards' end marks in time order (their host
+    times, and the marks), for ``_backward_seconds``."""
+    points = sorted(
+        [(a.host, i, a) for i, (a, _) in enumerate(marks.values())]
+        + [(m.host, len(marks) + i, m) for i, m in enumerate(ends) if m is not None]
+    )
+    return [t for t, _, _ in points], [m for _, _, m in points]
+
+
 def _backward_seconds(
-    clock: Clock, end_mark: Any, ordinal: int, order: list[int], marks: dict[int, tuple[Any, Any]]
+    clock: Clock, ordinal: int, marks: dict[int, tuple[Any, Any]], timeline: tuple[list[float], list[Any]]
 ) -> float | None:
-    """Backward time of one region call, from the replay marks of the measuring pass."""
+    """Backward time of one region call in the measuring pass: from the end of its replay
+    to what came next in time, the next replay's start or its backward's end. (Not the
+    next call in reverse forward order: a pass's backwards may run its calls in another
+    order, NOTE [Several backwards] in lifecycle.py.)"""
     if ordinal not in marks:
         return None
     _, end = marks[ordinal]
-    i = order.index(ordinal)
-    nxt = marks[order[i - 1]][0] if i > 0 else end_mark
-    return clock.seconds(end, nxt, wait=True)
+    hosts, points = timeline
+    i = bisect.bisect_left(hosts, end.host)
+    if i == len(points):
+        return None
+    return clock.seconds(end, points[i], wait=True)
 
 
 def link_gbps(config: Config, device: torch.device) -> tuple[float, float]:

@@ -596,7 +596,7 @@ def loop_two_forwards_two_backwards(model: nn.Module, rt: offrecomp.Runtime | No
         lb = model(_tokens(100 + i, 16))
         la.backward()
         out.append(_snap(model, la))
-        lb.backward()  # the first backward ended the pass; this one reads it still
+        lb.backward()  # the pass awaited it (NOTE [Several backwards])
         out.append(_snap(model, lb))
 
     return _sgd_loop(model, rt, 5, step)

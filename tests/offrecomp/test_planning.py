@@ -897,3 +897,20 @@ def test_a_learnt_forward_total_shrinks_a_stale_timeline() -> None:
     kept = Profile(signature="s", forward_seconds=1.0, regions=[late])
     learning._fit_timeline(kept)
     assert kept.regions[0].start_seconds == 0.2  # a timeline within the total stays
+
+
+def test_backward_seconds_follow_time_not_forward_order() -> None:
+    """NOTE [Several backwards]: two forwards' losses backwarded one at a time, the first
+    forward's first: each call's backward runs from its replay's end to what came next in
+    time (the next replay, or its backward's end), never to a replay of the other
+    backward."""
+    from offrecomp.planning.profiling import _backward_seconds, _timeline
+
+    m = {t: Mark(float(t)) for t in range(10, 25)}
+    # forward A: calls 0 and 1; forward B: calls 2 and 3; A's backward first, then B's
+    marks = {1: (m[10], m[11]), 0: (m[12], m[13]), 3: (m[20], m[21]), 2: (m[22], m[23])}
+    timeline = _timeline(marks, [m[14], m[24]])
+    clock = Clock(None)
+    got = {k: _backward_seconds(clock, k, marks, timeline) for k in range(4)}
+    assert got == {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}
+    assert _backward_seconds(clock, 4, marks, timeline) is None  # not replayed
