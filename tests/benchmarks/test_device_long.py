@@ -35,7 +35,7 @@ def test_dry_run_writes_every_result(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=900,  # the script's own step limits come first (doubled in a dry run)
     )
     assert res.returncode == 0, res.stderr[-2000:]
     log = (out / "suite.log").read_text()
