@@ -34,8 +34,11 @@ then hold every backward's replays and time (the time between the backwards incl
 as for a double backward). A measuring pass times each call's backward from its
 replay's end to what came next in time, the next replay or its backward's end
 (``backward_ends``), since the backwards run the calls out of reverse forward order.
-``retain_graph=True`` twice, or two losses over one output, reach the output on the
-first backward: that pass ends there, and the second backward counts in no step.
+A backward with ``retain_graph=True`` leaves its saves alive: while a dropped or
+offloaded save of the pass outlives the backward and an output graph is alive, the pass
+awaits the next backward too, so a second backward through the same output counts in its
+step. A pass that keeps every save has no such lease to see: its second backward through
+one output counts in no step (nothing is replayed or reloaded in it).
 
 NOTE [Backward without saves]
 A pass learns that its backward started from the first unpack of a save it took. A pass
@@ -404,8 +407,10 @@ class Lifecycle:
             p.stage = AWAITING  # NOTE [Double backward]: a later backward differentiates it
             p.double_backward = True
             return
-        if p is self.current and not self._stepped_in_backward and awaits_backward(p.graphs):
-            p.stage = AWAITING  # NOTE [Several backwards]: a forward's graph still waits for one
+        if p is self.current and not self._stepped_in_backward and (
+            awaits_backward(p.graphs) or _retained(p)
+        ):
+            p.stage = AWAITING  # NOTE [Several backwards]: a graph still waits for one
             return
         p.stage = DONE
         if p is self.current:
@@ -761,6 +766,15 @@ def _unseen_backward(lref: weakref.ref[Lifecycle], cref: weakref.ref[RegionCall]
     life, call = lref(), cref()
     if life is not None and call is not None and call.pass_state is not None and call.pass_state.stage is FORWARD:
         life.backward_activity(call, reached=True)
+
+
+def _retained(p: PassState) -> bool:
+    """Does a dropped or offloaded save of ``p`` outlive the backward that just ended,
+    with an output graph of ``p`` still alive (``retain_graph=True``: NOTE [Several
+    backwards])?"""
+    if not any(r() is not None for refs in p.graphs for r in refs):
+        return False
+    return any(c.leased for c in p.all_calls())
 
 
 def _output_reached(

@@ -452,3 +452,21 @@ def test_a_forward_kept_and_never_differentiated_ends_its_pass_at_the_step(varia
     assert [s.passes for s in steps] == [1] * 4
     if variant == "recompute":
         assert [s.replays for s in steps] == [2] * 4  # the first forward's two blocks
+
+
+def test_a_retained_graph_backwarded_twice_counts_both_backwards() -> None:
+    """``backward(retain_graph=True)``, then a second backward through the same output:
+    the dropped saves outlive the first backward, so the pass awaits the second, and the
+    step counts both backwards' replays (NOTE [Several backwards])."""
+    torch.manual_seed(0)
+    model = Net(layers=4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rt = offrecomp.runtime(model, mode="recompute", min_bytes=0)
+    with rt:
+        for i in range(3):
+            loss = model(_x(i)).mean()
+            loss.backward(retain_graph=True)
+            (0.5 * loss).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    assert [(s.passes, s.replays) for s in rt.report().steps] == [(1, 8)] * 3
