@@ -167,20 +167,9 @@ class OffloadGroups:
         ):
             return None
         # NOTE [Typed sources]; a detached alias shares t's version counter (NOTE [Writes
-        # after a save] in state.py); one Size per geometry (NOTE [Interned geometry]).
-        # As ``_add``, inline: once per save.
+        # after a save] in state.py); one Size per geometry (NOTE [Interned geometry])
         shape = t.shape
-        group = opened = call.group
-        if group is None:
-            group = self._open(call, engine, t.device)
-        slot = engine.add(group, t.detach(), rec.nbytes, INTERNED_SHAPES.get(shape) or interned_shape(shape), dtype)
-        if slot < 0:
-            if opened is None:
-                self._close_empty(call, group)
-            return False
-        rec.group = group
-        rec.slot = slot
-        return True
+        return self._add(call, rec, engine, t.detach(), INTERNED_SHAPES.get(shape) or interned_shape(shape), dtype)
 
     def _add(
         self, call: RegionCall, rec: StorageRec, engine: OffloadEngine, source: Any,

@@ -419,21 +419,33 @@ def test_a_backward_inside_a_root_forward_begins_no_pass(variant: str) -> None:
     assert [s.passes for s in rt.report().steps] == [1] * 4
 
 
-def test_two_backwards_of_one_pass_count_every_replay() -> None:
-    """Two forwards, then each loss's backward on its own (multi-task losses): the step
-    replays every block twice, and its record should say so (docs/reliability.md)."""
+def _two_forwards_two_backwards(model: nn.Module, i: int) -> None:
+    big, small = model(_x(i, b=4, t=16)).mean(), model(_x(i + 8)).mean()
+    small.backward()
+    big.backward()
+
+
+def _retained_backward_twice(model: nn.Module, i: int) -> None:
+    loss = model(_x(i)).mean()
+    loss.backward(retain_graph=True)
+    (0.5 * loss).backward()  # the same output again
+
+
+@pytest.mark.parametrize("backwards", [_two_forwards_two_backwards, _retained_backward_twice])
+def test_several_backwards_of_one_pass_count_every_replay(backwards: Callable[[nn.Module, int], None]) -> None:
+    """Two forwards, then each loss's backward on its own (multi-task losses), or one
+    retained graph backwarded twice: each step replays every block twice, in one pass,
+    and its record says so (NOTE [Several backwards])."""
     torch.manual_seed(0)
     model = Net(layers=4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     rt = offrecomp.runtime(model, mode="recompute", min_bytes=0)
     with rt:
         for i in range(3):
-            big, small = model(_x(i, b=4, t=16)).mean(), model(_x(i + 8)).mean()
-            small.backward()
-            big.backward()
+            backwards(model, i)
             opt.step()
             opt.zero_grad(set_to_none=True)
-    assert [s.replays for s in rt.report().steps] == [8] * 3
+    assert [(s.passes, s.replays) for s in rt.report().steps] == [(1, 8)] * 3
 
 
 @pytest.mark.parametrize("variant", ["keep", "recompute", "auto"])
@@ -453,20 +465,3 @@ def test_a_forward_kept_and_never_differentiated_ends_its_pass_at_the_step(varia
     if variant == "recompute":
         assert [s.replays for s in steps] == [2] * 4  # the first forward's two blocks
 
-
-def test_a_retained_graph_backwarded_twice_counts_both_backwards() -> None:
-    """``backward(retain_graph=True)``, then a second backward through the same output:
-    the dropped saves outlive the first backward, so the pass awaits the second, and the
-    step counts both backwards' replays (NOTE [Several backwards])."""
-    torch.manual_seed(0)
-    model = Net(layers=4)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    rt = offrecomp.runtime(model, mode="recompute", min_bytes=0)
-    with rt:
-        for i in range(3):
-            loss = model(_x(i)).mean()
-            loss.backward(retain_graph=True)
-            (0.5 * loss).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    assert [(s.passes, s.replays) for s in rt.report().steps] == [(1, 8)] * 3
