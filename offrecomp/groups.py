@@ -142,7 +142,7 @@ class OffloadGroups:
         # reads_bytes_as_stored(t), inline: a conjugate bit only ever sits on a complex tensor
         if not on_device(t) or t.is_neg() or (dtype.is_complex and t.is_conj()):
             return None
-        if t.is_leaf and rec.ptr in self._param_storages(call):  # NOTE [Parameter storages]
+        if (t.is_leaf or t._base is not None) and rec.ptr in self._param_storages(call):  # NOTE [Parameter storages]
             return None
         engine = self.engine or self.get_engine()
         if covers and dtype in _TYPED and t.is_contiguous():
@@ -152,10 +152,11 @@ class OffloadGroups:
         return self._add(call, rec, engine, storage, None, None)
 
     def join_typed(
-        self, call: RegionCall, rec: StorageRec, t: torch.Tensor, dtype: torch.dtype, leaf: bool
+        self, call: RegionCall, rec: StorageRec, t: torch.Tensor, dtype: torch.dtype, may_alias: bool
     ) -> bool | None:
         """``join`` for a contiguous ``t`` of a dtype of ``TYPED_DTYPES`` that covers its
-        storage (``rec``'s) from its first byte, typed (``leaf``: ``t.is_leaf``). As
+        storage (``rec``'s) from its first byte, typed (``may_alias``: ``t`` is a leaf or a view,
+        which may alias a parameter's storage). As
         ``join``, True: it joined; False: the pool has no room (counted); None, having
         changed nothing: ``join`` must decide (a tensor that cannot move or over a
         parameter's storage, or no engine yet: NOTE [Offload fast path] in hooks.py)."""
@@ -163,7 +164,7 @@ class OffloadGroups:
         engine = self.engine
         if (
             on_device is None or engine is None or not on_device(t) or t.is_neg()
-            or (leaf and rec.ptr in self._param_storages(call))  # NOTE [Parameter storages]
+            or (may_alias and rec.ptr in self._param_storages(call))  # NOTE [Parameter storages]
         ):
             return None
         # NOTE [Typed sources]; a detached alias shares t's version counter (NOTE [Writes
@@ -236,8 +237,9 @@ class OffloadGroups:
     # between forward and backward (an optimizer or EMA step under no_grad) is legal for
     # autograd, and backward reads the new values. A copy to host would hold the values
     # of whenever it ran. Such a save is never offloaded: it is kept, as it is in plain
-    # autograd. Only leaves (no grad_fn) can be such aliases, so only they look up the
-    # parameters' storages, read once per pass.
+    # autograd. Such an alias is a leaf (no grad_fn), or a view of one
+    # (``weight.data.requires_grad_().t()``: a grad_fn, and a plain tensor as its base), so
+    # leaves and views look up the parameters' storages, read once per pass.
 
     def issue(self, call: RegionCall) -> None:
         """Copy ``call``'s open group to host (its exit, or the end of a root run); a group

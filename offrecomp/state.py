@@ -250,7 +250,9 @@ class SavedHandle(weakref.ref):  # type: ignore[type-arg]
 # the engine lets go of them once their copy landed, or at a fetch before that (what the
 # copy may have read), and unpacking the save raises when that version is not the one
 # at its save, as plain autograd would. A write after the sources are dropped is
-# ordered after the copy, which holds the saved value. Other offloaded saves and dropped
+# ordered after the copy, which holds the saved value: backward reads that value, where
+# plain raises if the tensor's object is gone (a known limit: holding the version
+# counter longer would hold the device memory). Other offloaded saves and dropped
 # ones still see writes only through a live original. The check assumes a version never
 # goes down: a bump undone with torch.autograd._unsafe_preserve_version_counter around
 # an engine call that records it (another region's exit, say) raises where plain does not.
