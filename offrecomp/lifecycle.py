@@ -34,11 +34,14 @@ then hold every backward's replays and time (the time between the backwards incl
 as for a double backward). A measuring pass times each call's backward from its
 replay's end to what came next in time, the next replay or its backward's end
 (``backward_ends``), since the backwards run the calls out of reverse forward order.
-A backward with ``retain_graph=True`` leaves its saves alive: while a dropped or
-offloaded save of the pass outlives the backward and an output graph is alive, the pass
-awaits the next backward too, so a second backward through the same output counts in its
-step. A pass that keeps every save has no such lease to see: its second backward through
-one output counts in no step (nothing is replayed or reloaded in it).
+While it awaits, a save outside any forward begins the next pass (the next step's
+work before its forward; a double backward's pass takes such saves instead), and a pass
+ended so ends at its last backward's end (its wall time holds no idle wait). A loop
+without an optimizer sees such a step's record only once the next forward began.
+``retain_graph=True`` twice, or two losses over one output, reach the output on the
+first backward: the pass ends there, and the second backward counts in no step (the
+planner models one backward per pass; a pass with several through one graph would
+calibrate against replays it does not predict).
 
 NOTE [Backward without saves]
 A pass learns that its backward started from the first unpack of a save it took. A pass
@@ -188,8 +191,8 @@ class Lifecycle:
         ``between_backwards``: a save outside any forward (the root's ops), which belongs
         to a pass awaiting its second backward (NOTE [Double backward])."""
         p = self.current
-        if between_backwards and p is not None and p.stage is AWAITING and not p.aborted:
-            return p
+        if between_backwards and p is not None and p.stage is AWAITING and not p.aborted and not p.awaits_other:
+            return p  # NOTE [Double backward]; not [Several backwards]: the next pass's
         pending = self._next
         if pending is not None and p is not None and p.stage is FORWARD and not p.aborted and self._ends_here(p):
             p.aborted = True  # NOTE [Dropped graphs]: the root forward begins a pass of its own
@@ -336,6 +339,7 @@ class Lifecycle:
             task = tc.current_graph_task_id()
             if p.stage is AWAITING and task != p.backward_task:  # NOTE [Double backward]: the next one
                 p.stage = BACKWARD
+                p.awaits_other = False
                 p.backward_task = task
                 with contextlib.suppress(RuntimeError):
                     tc.queue_backward_callback(functools.partial(self._backward_done, weakref.ref(p)))
@@ -407,10 +411,9 @@ class Lifecycle:
             p.stage = AWAITING  # NOTE [Double backward]: a later backward differentiates it
             p.double_backward = True
             return
-        if p is self.current and not self._stepped_in_backward and (
-            awaits_backward(p.graphs) or _retained(p)
-        ):
-            p.stage = AWAITING  # NOTE [Several backwards]: a graph still waits for one
+        if p is self.current and not self._stepped_in_backward and awaits_backward(p.graphs):
+            p.stage = AWAITING  # NOTE [Several backwards]: a forward's graph still waits for one
+            p.awaits_other = True
             return
         p.stage = DONE
         if p is self.current:
@@ -423,12 +426,15 @@ class Lifecycle:
         p = self.current
         if p is None:
             return
-        if p.stage is AWAITING:  # NOTE [Double backward]: no second backward came
+        end = time.perf_counter()
+        if p.stage is AWAITING:  # NOTE [Double backward], [Several backwards]: no other backward came
             p.stage = DONE
+            if p.backward_end_mark is not None:
+                end = p.backward_end_mark.host  # its work ended there, not at this call
         elif p.stage is FORWARD:
             self._settle(p)
         self.current = None
-        p.end_time = time.perf_counter()
+        p.end_time = end
         stats = self._device.allocator_stats()
         if self._device.cuda:  # torch.cuda.max_memory_allocated reads the same counter
             p.device_peak = int(stats.get("allocated_bytes.all.peak", 0)) - p.alloc_start
@@ -766,15 +772,6 @@ def _unseen_backward(lref: weakref.ref[Lifecycle], cref: weakref.ref[RegionCall]
     life, call = lref(), cref()
     if life is not None and call is not None and call.pass_state is not None and call.pass_state.stage is FORWARD:
         life.backward_activity(call, reached=True)
-
-
-def _retained(p: PassState) -> bool:
-    """Does a dropped or offloaded save of ``p`` outlive the backward that just ended,
-    with an output graph of ``p`` still alive (``retain_graph=True``: NOTE [Several
-    backwards])?"""
-    if not any(r() is not None for refs in p.graphs for r in refs):
-        return False
-    return any(c.leased for c in p.all_calls())
 
 
 def _output_reached(

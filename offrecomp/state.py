@@ -654,6 +654,9 @@ class PassState(_WeakReferable):
     create_graph: bool = False
     """Its running backward saves tensors (``create_graph=True``) outside any region's
     forward: a later backward may differentiate that graph (NOTE [Double backward])."""
+    awaits_other: bool = False
+    """AWAITING because another forward's graph waits for a backward (NOTE [Several
+    backwards]), not for a double backward."""
     backward_task: int = -1
     """The graph task of its latest backward."""
     double_backward: bool = False

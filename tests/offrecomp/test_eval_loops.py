@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import gc
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -425,17 +426,17 @@ def _two_forwards_two_backwards(model: nn.Module, i: int) -> None:
     big.backward()
 
 
-def _retained_backward_twice(model: nn.Module, i: int) -> None:
-    loss = model(_x(i)).mean()
-    loss.backward(retain_graph=True)
-    (0.5 * loss).backward()  # the same output again
+def _two_forwards_two_backwards_reversed(model: nn.Module, i: int) -> None:
+    big, small = model(_x(i, b=4, t=16)).mean(), model(_x(i + 8)).mean()
+    big.backward()  # in forward order: the replays run out of reverse forward order
+    small.backward()
 
 
-@pytest.mark.parametrize("backwards", [_two_forwards_two_backwards, _retained_backward_twice])
+@pytest.mark.parametrize("backwards", [_two_forwards_two_backwards, _two_forwards_two_backwards_reversed])
 def test_several_backwards_of_one_pass_count_every_replay(backwards: Callable[[nn.Module, int], None]) -> None:
-    """Two forwards, then each loss's backward on its own (multi-task losses), or one
-    retained graph backwarded twice: each step replays every block twice, in one pass,
-    and its record says so (NOTE [Several backwards])."""
+    """Two forwards, then each loss's backward on its own (multi-task losses): each step
+    replays every block twice, in one pass, and its record says so (NOTE [Several
+    backwards])."""
     torch.manual_seed(0)
     model = Net(layers=4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -465,3 +466,28 @@ def test_a_forward_kept_and_never_differentiated_ends_its_pass_at_the_step(varia
     if variant == "recompute":
         assert [s.replays for s in steps] == [2] * 4  # the first forward's two blocks
 
+
+
+def test_saves_before_the_next_forward_begin_the_next_pass() -> None:
+    """A loop without an optimizer whose forward kept for logging leaves each pass
+    awaiting (NOTE [Several backwards]): the next step's saves made before its forward
+    (an input transform with a weight outside the model) begin the next pass, rather
+    than join the one that awaits, and each step ends at its backward's end."""
+    torch.manual_seed(0)
+    model = Net()
+    w = nn.Parameter(torch.eye(H))
+    rt = offrecomp.runtime(model, mode="recompute", min_bytes=0)
+    logged: list[torch.Tensor] = []
+    with rt:
+        for i in range(5):
+            loss = model(torch.tanh(_x(i) @ w)).mean()  # tanh and mm save before the forward
+            logged[:] = [model(_x(100 + i))]  # kept, never differentiated
+            loss.backward()
+            with torch.no_grad():
+                for p in [*model.parameters(), w]:
+                    p -= 0.01 * p.grad
+                    p.grad = None
+            time.sleep(0.2)  # work between steps: in no step's wall time
+    steps = rt.report().steps
+    assert len({(s.passes, s.saved_tensors, s.replays) for s in steps}) == 1, steps
+    assert all(s.wall_seconds < 0.2 for s in steps[1:]), [s.wall_seconds for s in steps]
