@@ -142,8 +142,9 @@ class OffloadGroups:
         # reads_bytes_as_stored(t), inline: a conjugate bit only ever sits on a complex tensor
         if not on_device(t) or t.is_neg() or (dtype.is_complex and t.is_conj()):
             return None
-        if (t.is_leaf or t._base is not None) and rec.ptr in self._param_storages(call):  # NOTE [Parameter storages]
-            return None
+        base = t._base
+        if (t.is_leaf or (base is not None and base.is_leaf)) and rec.ptr in self._param_storages(call):
+            return None  # NOTE [Parameter storages]
         engine = self.engine or self.get_engine()
         if covers and dtype in _TYPED and t.is_contiguous():
             # NOTE [Typed sources]; a detached alias shares t's version counter (NOTE
@@ -155,8 +156,8 @@ class OffloadGroups:
         self, call: RegionCall, rec: StorageRec, t: torch.Tensor, dtype: torch.dtype, may_alias: bool
     ) -> bool | None:
         """``join`` for a contiguous ``t`` of a dtype of ``TYPED_DTYPES`` that covers its
-        storage (``rec``'s) from its first byte, typed (``may_alias``: ``t`` is a leaf or a view,
-        which may alias a parameter's storage). As
+        storage (``rec``'s) from its first byte, typed (``may_alias``: ``t`` is a leaf or a view of
+        one, which may alias a parameter's storage). As
         ``join``, True: it joined; False: the pool has no room (counted); None, having
         changed nothing: ``join`` must decide (a tensor that cannot move or over a
         parameter's storage, or no engine yet: NOTE [Offload fast path] in hooks.py)."""
@@ -238,8 +239,9 @@ class OffloadGroups:
     # autograd, and backward reads the new values. A copy to host would hold the values
     # of whenever it ran. Such a save is never offloaded: it is kept, as it is in plain
     # autograd. Such an alias is a leaf (no grad_fn), or a view of one
-    # (``weight.data.requires_grad_().t()``: a grad_fn, and a plain tensor as its base), so
-    # leaves and views look up the parameters' storages, read once per pass.
+    # (``weight.data.requires_grad_().t()``: a grad_fn, and a plain leaf as its base), so
+    # leaves and views of leaves look up the parameters' storages, read once per pass; an
+    # activation and its views (a base with a grad_fn) never do.
 
     def issue(self, call: RegionCall) -> None:
         """Copy ``call``'s open group to host (its exit, or the end of a root run); a group

@@ -294,7 +294,7 @@ class Placer:
             return None
         rec = _new_rec(StorageRec, storage, call, len(call.storages), nbytes, ptr, OFFLOAD)
         leaf = t.is_leaf
-        joined = self._groups.join_typed(call, rec, t, dtype, leaf or base is not None)
+        joined = self._groups.join_typed(call, rec, t, dtype, leaf or (base is not None and base.is_leaf))
         if joined is None:
             return None
         call.storages.append(rec)
