@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TYPED_DTYPES", "OffloadGroups", "reads_bytes_as_stored"]
+__all__ = ["TYPED_DTYPES", "OffloadGroups", "may_alias_parameter", "reads_bytes_as_stored"]
 
 KEEP = Placement.KEEP
 _T = TypeVar("_T")
@@ -75,6 +75,12 @@ def reads_bytes_as_stored(t: torch.Tensor) -> bool:
     (``z.conj().imag``) would come back without that bit, so such a save or region input
     stays as it is, also when its storage is offloaded for another view."""
     return not (t.is_neg() or t.is_conj())
+
+
+def may_alias_parameter(t: torch.Tensor, base: torch.Tensor | None) -> bool:
+    """Can ``t`` (``base``: ``t._base``) lie over a parameter's storage without being a
+    view of the parameter: a leaf, or a view of one (NOTE [Parameter storages])?"""
+    return t.is_leaf or (base is not None and base.is_leaf)
 
 
 class OffloadGroups:
@@ -142,8 +148,7 @@ class OffloadGroups:
         # reads_bytes_as_stored(t), inline: a conjugate bit only ever sits on a complex tensor
         if not on_device(t) or t.is_neg() or (dtype.is_complex and t.is_conj()):
             return None
-        base = t._base
-        if (t.is_leaf or (base is not None and base.is_leaf)) and rec.ptr in self._param_storages(call):
+        if may_alias_parameter(t, t._base) and rec.ptr in self._param_storages(call):
             return None  # NOTE [Parameter storages]
         engine = self.engine or self.get_engine()
         if covers and dtype in _TYPED and t.is_contiguous():
@@ -156,8 +161,8 @@ class OffloadGroups:
         self, call: RegionCall, rec: StorageRec, t: torch.Tensor, dtype: torch.dtype, may_alias: bool
     ) -> bool | None:
         """``join`` for a contiguous ``t`` of a dtype of ``TYPED_DTYPES`` that covers its
-        storage (``rec``'s) from its first byte, typed (``may_alias``: ``t`` is a leaf or a view of
-        one, which may alias a parameter's storage). As
+        storage (``rec``'s) from its first byte, typed (``may_alias``:
+        ``may_alias_parameter(t, t._base)``). As
         ``join``, True: it joined; False: the pool has no room (counted); None, having
         changed nothing: ``join`` must decide (a tensor that cannot move or over a
         parameter's storage, or no engine yet: NOTE [Offload fast path] in hooks.py)."""

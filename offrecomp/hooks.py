@@ -294,6 +294,7 @@ class Placer:
             return None
         rec = _new_rec(StorageRec, storage, call, len(call.storages), nbytes, ptr, OFFLOAD)
         leaf = t.is_leaf
+        # may_alias_parameter(t, base), inline: the hot path (it reads t.is_leaf once)
         joined = self._groups.join_typed(call, rec, t, dtype, leaf or (base is not None and base.is_leaf))
         if joined is None:
             return None

@@ -404,8 +404,7 @@ class Lifecycle:
         p = pref()
         if p is None:
             return
-        p.backward_end_mark = end = self._device.mark()
-        p.backward_ends.append(end)
+        p.backward_ends.append(self._device.mark())
         if p.create_graph and p is self.current:
             p.create_graph = False
             p.stage = AWAITING  # NOTE [Double backward]: a later backward differentiates it

@@ -665,7 +665,6 @@ class PassState(_WeakReferable):
     end_time: float = 0.0
     start_mark: Any = None
     backward_start_mark: Any = None
-    backward_end_mark: Any = None
     backward_ends: list[Any] = field(default_factory=list)
     """The end mark of each of its backwards, in order (NOTE [Several backwards])."""
     replay_marks: list[tuple[int, Any, Any]] = field(default_factory=list)
@@ -684,6 +683,12 @@ class PassState(_WeakReferable):
     planner_seconds: float = 0.0
     """Host seconds the planner spent on this pass outside its timed span (solving before
     it, building the profile after it)."""
+
+    @property
+    def backward_end_mark(self) -> Any:
+        """The end mark of its latest backward (None before any ended)."""
+        ends = self.backward_ends
+        return ends[-1] if ends else None
 
     def all_calls(self) -> list[RegionCall]:
         """The pass's region calls, and its root call last if it has one."""
