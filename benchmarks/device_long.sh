@@ -30,31 +30,9 @@
 # doubled.
 # Usage: OUT=/some/dir bash benchmarks/device_long.sh [--dry-run]
 set -uo pipefail
-cd "$(dirname "$0")/.."
 [ "${1:-}" = "--dry-run" ] && DRY_RUN=1
-DRY_RUN=${DRY_RUN:-0}
 OUT=${OUT:-device_long_out}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-WORK=$(mktemp -d)
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-PY=${PYTHON:-python3}
-log() { echo "== $(date +%H:%M:%S) $*" | tee -a "$OUT/suite.log"; }
-pack() { tar czf "$OUT/results.tgz.part" -C "$WORK" . && mv "$OUT/results.tgz.part" "$OUT/results.tgz"; }
-# step NAME SECONDS CMD...: run CMD under `timeout`, its output in $WORK/NAME.log, its
-# tail and exit status in suite.log, then refresh results.tgz.
-# A dry run gets twice the time: it checks the script on a CPU that may be shared (the
-# test tier runs it beside other tests), not how fast anything is.
-step() {
-  local name=$1 limit=$2
-  shift 2
-  [ "$DRY_RUN" = 1 ] && limit=$((limit * 2))
-  timeout "$limit" "$@" > "$WORK/$name.log" 2>&1
-  local rc=$?
-  grep -v "^STAGE:\|profiler_st\|^USDT:" "$WORK/$name.log" | tail -n 45 | tee -a "$OUT/suite.log"
-  echo "   [$name: exit $rc$([ $rc = 124 ] && echo ', timed out')]" | tee -a "$OUT/suite.log"
-  pack
-}
+source "$(dirname "$0")/device_lib.sh"
 
 # Peers in order of importance: when --max-seconds stops a run, the last ones lose out.
 ALL_PEERS=none,ckpt_block,offrecomp_auto@25%,offrecomp_auto@50%,compile_budget,torchtune_offload
@@ -94,12 +72,7 @@ lseq() {
 }
 
 log "environment (dry run: $DRY_RUN)"
-{
-  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
-  "$PY" -c "import torch, sys; print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda); print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
-  git rev-parse HEAD 2>/dev/null
-} > "$WORK/env.txt" 2>&1
-tee -a "$OUT/suite.log" < "$WORK/env.txt"
+environment
 
 log "0. torchtune and torchao from a folder of wheels"
 # The GPU machine reaches no registry: install from WHEELS (scripts/fetch_wheels.sh), with

@@ -17,24 +17,13 @@
 # bench_planner_profile_8192.json --budget ...` replays it).
 # Usage: OUT=/some/dir bash benchmarks/device_suite.sh
 set -uo pipefail
-cd "$(dirname "$0")/.."
 OUT=${OUT:-device_out}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-WORK=$(mktemp -d)
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-PY=${PYTHON:-python3}
-log() { echo "== $(date +%H:%M:%S) $*" | tee -a "$OUT/suite.log"; }
-pack() { tar czf "$OUT/results.tgz.part" -C "$WORK" . && mv "$OUT/results.tgz.part" "$OUT/results.tgz"; }
+source "$(dirname "$0")/device_lib.sh"
 
 log "environment"
-{
-  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
-  "$PY" -c "import torch, sys; print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda); print(torch.cuda.get_device_name())"
-  "$PY" -m pip list 2>/dev/null | grep -iE '^(torch|numba|numpy|psutil|nvidia-ml-py|pytest|hypothesis) '
-  git rev-parse HEAD 2>/dev/null
-} > "$WORK/env.txt" 2>&1
-tee -a "$OUT/suite.log" < "$WORK/env.txt"
+environment
+"$PY" -m pip list 2>/dev/null | grep -iE '^(torch|numba|numpy|psutil|nvidia-ml-py|pytest|hypothesis) ' \
+  | tee -a "$WORK/env.txt" "$OUT/suite.log"
 pack
 
 log "0. the planner's kernels (numba), compiled once for every step below"

@@ -200,11 +200,12 @@ def _load_average() -> float | None:
 
 def _list() -> None:
     from .presets import PRESETS
-    from .strategies import get_strategies
+    from .strategies import ALL_STRATEGIES, ON_REQUEST, get_strategies
 
-    print("strategies:")
-    for s in get_strategies():
-        print(f"  {s.name:<22} {s.summary}")
+    print("strategies (* runs only when named in --strategies):")
+    for s in get_strategies(list(ALL_STRATEGIES)):
+        mark = "*" if s.name in ON_REQUEST else " "
+        print(f" {mark}{s.name:<30} {s.summary}")
     print("presets:")
     for p in PRESETS.values():
         seqs = ",".join(map(str, p.seqs))

@@ -29,6 +29,8 @@ from .models import GPT, blocks_of
 
 __all__ = [
     "ALL_STRATEGIES",
+    "NO_LINK_GBPS",
+    "ON_REQUEST",
     "NotApplicable",
     "Options",
     "PrepareContext",
@@ -448,11 +450,19 @@ class _OffrecompRunner(Runner):
         return out
 
 
+#: The link figure (GB/s, the least the runtime accepts) that leaves a planner no offload
+#: worth making: ``offload=False`` plans keep and recompute only, at the same budget.
+NO_LINK_GBPS = 1e-6
+
+
 class Offrecomp(Strategy):
     """An offrecomp mode; ``budget_fraction`` is a share of the plain run's saved bytes.
 
     ``step_budget=True`` (``offrecomp_auto@budget``) gives the runtime the step-memory
-    budget of ``--mem-budget`` instead (NOTE [Step budget for auto]).
+    budget of ``--mem-budget`` instead (NOTE [Step budget for auto]). ``offload=False``
+    (``offrecomp_auto_no_offload@50%``) tells the planner the link moves nothing, so its
+    plans keep and recompute only: the best plan without offloading at that budget, the
+    figure an offloading plan has to beat.
     """
 
     def __init__(
@@ -462,13 +472,22 @@ class Offrecomp(Strategy):
         options: Options | None = None,
         *,
         step_budget: bool = False,
+        offload: bool = True,
     ) -> None:
         super().__init__(options)
         self.mode = mode
         self.budget_fraction = budget_fraction
         self.step_budget = step_budget
+        self.offload = offload
         self.needs_plain_bytes = budget_fraction is not None
-        if step_budget:
+        if not offload:
+            pct = f"{(budget_fraction or 0) * 100:g}%"
+            self.name = f"offrecomp_{mode}_no_offload@{pct}"
+            self.summary = (
+                f"offrecomp.runtime(mode={mode!r}, budget={pct} of plain saved bytes), its "
+                "planner told the link moves nothing: keep and recompute only"
+            )
+        elif step_budget:
             self.name = f"offrecomp_{mode}@budget"
             self.summary = (
                 f"offrecomp.runtime(mode={mode!r}, budget=--mem-budget less the gradients)"
@@ -494,6 +513,8 @@ class Offrecomp(Strategy):
             if not ctx.plain_saved_bytes:
                 raise RuntimeError("the plain run's saved bytes are unknown at this shape")
             kwargs["budget"] = int(self.budget_fraction * ctx.plain_saved_bytes)
+        if not self.offload:
+            kwargs["d2h_gbps"] = kwargs["h2d_gbps"] = NO_LINK_GBPS
         return _OffrecompRunner(model, **kwargs)
 
 
@@ -533,23 +554,30 @@ def _all(options: Options | None = None) -> list[Strategy]:
         Offrecomp("offload", options=o),
         Offrecomp("auto", 0.5, options=o),
         Offrecomp("auto", 0.25, options=o),
+        Offrecomp("auto", 0.5, options=o, offload=False),
+        Offrecomp("auto", 0.25, options=o, offload=False),
         Offrecomp("auto", options=o, step_budget=True),
     ]
 
 
 ALL_STRATEGIES: tuple[str, ...] = tuple(s.name for s in _all())
+#: Comparisons run only when named: the baselines an offloading plan is read against.
+ON_REQUEST: frozenset[str] = frozenset(
+    s.name for s in _all() if isinstance(s, Offrecomp) and not s.offload
+)
 
 
 def get_strategies(
     names: list[str] | None = None, options: Options | None = None
 ) -> list[Strategy]:
-    """Fresh strategy objects by name, in the order given (all of them when ``None``).
+    """Fresh strategy objects by name, in the order given (when ``None``, all of them but
+    those in ``ON_REQUEST``).
 
     ``none`` is always included (first) since every ratio is taken against it.
     """
     table = {s.name: s for s in _all(options)}
     if names is None:
-        return list(table.values())
+        return [s for name, s in table.items() if name not in ON_REQUEST]
     unknown = [n for n in names if n not in table]
     if unknown:
         raise ValueError(

@@ -22,6 +22,8 @@ from benchmarks.long_seq.measure import (
 from benchmarks.long_seq.models import ModelSpec, build_model, hf_available, make_batch
 from benchmarks.long_seq.strategies import (
     ALL_STRATEGIES,
+    NO_LINK_GBPS,
+    ON_REQUEST,
     CompileBudget,
     NotApplicable,
     Options,
@@ -31,6 +33,7 @@ from benchmarks.long_seq.strategies import (
     activation_budget,
     get_strategies,
 )
+from scheduler import Placement, Plan, Profile, gpt_profile, simulate, solve
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
@@ -422,3 +425,30 @@ def test_search_probe_runs_the_search_floor(monkeypatch: pytest.MonkeyPatch) -> 
     from benchmarks.long_seq.strategies import _OffrecompRunner
 
     assert _OffrecompRunner.search_floor == 3
+
+
+def test_no_offload_baselines_run_only_when_named() -> None:
+    assert {"offrecomp_auto_no_offload@50%", "offrecomp_auto_no_offload@25%"} == ON_REQUEST
+    assert not ON_REQUEST & {s.name for s in get_strategies(None)}
+    model = build_model(TINY, CPU)
+    (strategy,) = [s for s in get_strategies(["offrecomp_auto_no_offload@25%"]) if s.name != "none"]
+    runner = strategy.prepare(model, PrepareContext(device=CPU, seq=SEQ, plain_saved_bytes=4000))
+    try:
+        assert runner.runtime_kwargs == {  # type: ignore[attr-defined]
+            "mode": "auto", "budget": 1000, "d2h_gbps": NO_LINK_GBPS, "h2d_gbps": NO_LINK_GBPS,
+        }
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize("frac", [0.5, 0.25])
+def test_no_link_leaves_the_planner_no_offload_where_a_fast_one_offloads(frac: float) -> None:
+    # the baseline's premise: the same budget, a link that moves nothing, no offloads
+    def profile(gbps: float) -> Profile:
+        return gpt_profile(layers=8, hidden=1024, heads=8, seq=4096, batch=1, device_tflops=990,
+                           d2h_gbps=gbps, h2d_gbps=gbps)
+
+    budget = int(simulate(profile(50.0), Plan()).peak_bytes * frac)
+    assert solve(profile(50.0), budget_bytes=budget).counts()[Placement.OFFLOAD] > 0
+    plan = solve(profile(NO_LINK_GBPS), budget_bytes=budget)
+    assert plan.counts()[Placement.OFFLOAD] == 0 and plan.feasible

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Does offloading pay on this GPU? The checks of an offloading plan in one call, planned
+# to fit 8 minutes on one H200 (each step stops starting new work at its --max-seconds
+# and runs under a timeout 60 s longer):
+#   1. `python -m offrecomp warmup` (the planner's numba kernels);
+#   2. one planned auto step that offloads at 4K tokens, profiled (CPU and CUDA
+#      activities): CUDA runtime calls per offloaded storage, host time per region, any
+#      synchronising call in forward (benchmarks/profile_step.py; profile_step.json, and
+#      the Chrome trace profile_trace_4096.json.gz beside results.tgz);
+#   3. python -m benchmarks.long_seq at the gpu-1.3b preset, 8K then 16K tokens: plain,
+#      keep, auto at 50% and 25% of plain's saved bytes, the same budgets with nothing
+#      offloadable (offrecomp_auto_no_offload@X: the best plan without offloading), and
+#      the peers ckpt_block, sac_matmul, ckpt_sqrt, save_on_cpu (last: it is link-bound);
+#   4. the same at 4K tokens without the peers (the prediction of offloading plans);
+#   each long_seq run is judged by benchmarks/offload_checks.py (checks_<tokens>.txt:
+#   keep within 1% of plain; auto's offloading steps within 10% of prediction, 5% faster
+#   than the no-offload plan, faster than every peer at or below its memory).
+# $OUT (default ./device_offload_out) gets suite.log (what each step printed and its exit
+# status) and results.tgz (every raw file), both brought up to date after every step.
+#
+# DRY_RUN=1 (or --dry-run) runs the same steps on the CPU at the cpu-tiny preset, tiny
+# sizes and budgets, to check the script anywhere; every step's timeout is doubled.
+# Usage: OUT=/some/dir bash benchmarks/device_offload.sh [--dry-run]
+set -uo pipefail
+[ "${1:-}" = "--dry-run" ] && DRY_RUN=1
+OUT=${OUT:-device_offload_out}
+source "$(dirname "$0")/device_lib.sh"
+
+AUTO=offrecomp_auto@50%,offrecomp_auto@25%,offrecomp_auto_no_offload@50%,offrecomp_auto_no_offload@25%
+PEERS=ckpt_block,sac_matmul,ckpt_sqrt,save_on_cpu
+if [ "$DRY_RUN" = 1 ]; then
+  MODEL=(--preset cpu-tiny --device cpu --layers 2 --hidden 32 --heads 2 --batch 1)
+  SEQS="128" SHORT=64 REPEATS=1 MAXS=40 SHORT_MAXS=30
+  PEERS=ckpt_block  # save_on_cpu needs a GPU; the script is what is checked
+  PROFILE=(--preset cpu-tiny --device cpu --layers 2 --hidden 32 --heads 2 --batch 1 --seq 64)
+else
+  MODEL=(--preset gpu-1.3b --device cuda)
+  SEQS="8192 16384" SHORT=4096 REPEATS=3 MAXS=110 SHORT_MAXS=50
+  PROFILE=(--preset gpu-1.3b --device cuda --seq 4096)
+fi
+
+# judge NAME: offload_checks.py over long_seq run NAME, into checks_NAME.txt
+judge() {
+  "$PY" benchmarks/offload_checks.py "$WORK/$1/results.json" --out "$WORK/checks_$1.json" \
+    > "$WORK/checks_$1.txt" 2>&1
+  tee -a "$OUT/suite.log" < "$WORK/checks_$1.txt"
+  pack
+}
+
+log "environment (dry run: $DRY_RUN)"
+environment
+pack
+
+log "1. the planner's kernels (numba)"
+step warmup 90 "$PY" -m offrecomp warmup
+
+log "2. one planned auto step that offloads at $SHORT tokens, profiled"
+step profile_step 90 "$PY" benchmarks/profile_step.py "${PROFILE[@]}" --budget-fraction 0.25 \
+  --out "$WORK/profile_step.json" --trace "$OUT/profile_trace_$SHORT.json.gz"
+
+for S in $SEQS; do
+  log "3. auto against the plan without offloading and the peers at $S tokens"
+  step "long_seq_$S" $((MAXS + 60)) "$PY" -m benchmarks.long_seq "${MODEL[@]}" --seq "$S" \
+    --strategies "none,offrecomp_keep,$AUTO,$PEERS" --no-search --no-plots --quiet --warmup 1 \
+    --repeats "$REPEATS" --max-seconds "$MAXS" --out "$WORK/long_seq_$S"
+  judge "long_seq_$S"
+done
+
+log "4. offloading plans against their prediction at $SHORT tokens"
+step "long_seq_$SHORT" $((SHORT_MAXS + 60)) "$PY" -m benchmarks.long_seq "${MODEL[@]}" --seq "$SHORT" \
+  --strategies "none,offrecomp_keep,$AUTO" --no-search --no-plots --quiet --warmup 1 \
+  --repeats "$REPEATS" --max-seconds "$SHORT_MAXS" --out "$WORK/long_seq_$SHORT"
+judge "long_seq_$SHORT"
+
+log "done"
+ls -la "$WORK" | tee -a "$OUT/suite.log"

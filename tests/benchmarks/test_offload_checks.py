@@ -1,0 +1,113 @@
+"""benchmarks/offload_checks.py judges each criterion by its figures, and
+benchmarks/device_offload.sh runs end to end in its CPU dry-run mode."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.offload_checks import checks, main
+
+ROOT = Path(__file__).resolve().parents[2]
+GIB = 2**30
+
+
+def _row(strategy: str, ms: float, peak_gib: float, steps: list[tuple[float, float, int]] | None = None) -> dict[str, Any]:
+    """A long_seq row; ``steps``: (measured s, predicted s, offloaded bytes) per planned step."""
+    extras: dict[str, Any] = {}
+    if steps is not None:
+        records = [{"phase": "measure", "step_seconds": 1.0, "predicted_step_seconds": None, "offloaded_bytes": 0}]
+        records += [
+            {"phase": "planned", "step_seconds": m, "predicted_step_seconds": p, "offloaded_bytes": b}
+            for m, p, b in steps
+        ]
+        extras = {"report": {"config": {}, "steps": records}, "median_offloaded_bytes": max((b for *_, b in steps), default=0)}
+    return {"strategy": strategy, "seq": 8192, "status": "ok", "median_ms": ms, "peak_bytes": int(peak_gib * GIB),
+            "extras": extras}
+
+
+def _verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
+    return {c.name: c.verdict for c in checks({"rows": rows})}
+
+
+def test_every_criterion_passes_and_fails_by_its_threshold() -> None:
+    good = [
+        _row("none", 100.0, 20),
+        _row("offrecomp_keep", 100.9, 20, []),
+        _row("offrecomp_auto@50%", 110.0, 12, [(0.11, 0.105, GIB), (0.11, 0.104, GIB), (0.2, 0.1, 0)]),
+        _row("offrecomp_auto_no_offload@50%", 116.0, 12, [(0.116, 0.11, 0)]),
+        _row("ckpt_block", 122.0, 8),  # below auto's memory, slower
+        _row("sac_matmul", 105.0, 15),  # faster, but above auto's memory: not a rival
+    ]
+    assert _verdicts(good) == {
+        "keep": "pass",
+        "auto@50% offloads": "pass",
+        "auto@50% prediction": "pass",  # the non-offloading step is not judged
+        "auto@50% vs no offload": "pass",
+        "auto@50% vs peers": "pass",
+    }
+    bad = [
+        _row("none", 100.0, 20),
+        _row("offrecomp_keep", 101.5, 20, []),
+        _row("offrecomp_auto@50%", 110.0, 12, [(0.13, 0.1, GIB), (0.13, 0.1, GIB)]),
+        _row("offrecomp_auto_no_offload@50%", 114.0, 12, [(0.114, 0.11, 0)]),
+        _row("ckpt_block", 109.0, 8),
+    ]
+    assert _verdicts(bad) == {
+        "keep": "fail",
+        "auto@50% offloads": "pass",
+        "auto@50% prediction": "fail",
+        "auto@50% vs no offload": "fail",  # 0.965: not 5% faster
+        "auto@50% vs peers": "fail",
+    }
+
+
+def test_a_plan_that_never_offloads_and_missing_runs() -> None:
+    rows = [_row("none", 100.0, 20), _row("offrecomp_auto@25%", 120.0, 6, [(0.12, 0.12, 0)])]
+    found = {c.name: (c.verdict, c.detail) for c in checks({"rows": rows})}
+    assert found["auto@25% offloads"][0] == "fail"
+    assert found["auto@25% prediction"][0] == "n/a"
+    assert found["auto@25% vs no offload"] == ("n/a", "offrecomp_auto_no_offload@25% did not run")
+    assert found["auto@25% vs peers"] == ("n/a", "no peer ran")
+    assert found["keep"][0] == "n/a"
+
+
+def test_cli_prints_and_exits_by_the_verdicts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"rows": [_row("none", 100.0, 20), _row("offrecomp_keep", 100.5, 20, [])]}))
+    assert main([str(path), "--out", str(tmp_path / "c.json")]) == 0
+    assert "2 checks: 1 pass, 0 fail, 1 n/a" in capsys.readouterr().out
+    assert json.loads((tmp_path / "c.json").read_text())[0]["verdict"] == "pass"
+    path.write_text(json.dumps({"rows": [_row("none", 100.0, 20), _row("offrecomp_keep", 103.0, 20, [])]}))
+    assert main([str(path)]) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar"
+)
+def test_device_offload_dry_run_writes_every_result(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "DRY_RUN": "1", "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "device_offload.sh")],
+        cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=600,  # the script's own step limits come first (doubled in a dry run)
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    log = (out / "suite.log").read_text()
+    assert "timed out" not in log and "exit 1" not in log, log[-3000:]
+    with tarfile.open(out / "results.tgz") as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    for seq in (64, 128):
+        assert f"checks_long_seq_{seq}.json" in names
+    assert {"profile_step.json", "env.txt"} <= names
+    assert (out / "profile_trace_64.json.gz").exists()
