@@ -25,7 +25,8 @@ with the variants interleaved (one timing of each per round) and medians over ro
   and copies, a group per region call, NOTE [Offload groups] in offrecomp/groups.py);
 * auto under an ample budget, in the same regions: after its measuring and calibration
   passes the plan keeps every call whole (NOTE [Kept planned calls] in
-  offrecomp/placement.py); the figure holds the hooks, the region calls and the
+  offrecomp/placement.py), and such calls save natively but one pass in eight (NOTE
+  [Native keep]); the figure holds those passes' hooks, the region calls and the
   planner's own work per step (NOTE [Learning cadence] in offrecomp/planning/learning.py);
 * per op: the same ops under a bare ``TorchDispatchMode`` (the floor), the replay's
   serving mode running every op (the cost each op pays in a replay under the dispatch

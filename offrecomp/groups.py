@@ -300,6 +300,7 @@ class OffloadGroups:
         buf = _inference_mode_off(engine.fetch, group)
         p = call.pass_state
         if p is not None:
+            p.backward_reached(call.ordinal)
             p.stats.sample(engine.device_bytes)
         return buf
 

@@ -652,6 +652,7 @@ class Lifecycle:
             return
         if timed:
             p.replay_marks.append((call.ordinal, start, end))
+        p.backward_reached(call.ordinal)
         p.stats.add_resident(dropped_bytes)
         call.replay_resident = dropped_bytes
 

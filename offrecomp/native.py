@@ -1,19 +1,31 @@
 """Region calls that keep every save run with autograd's own saved variables.
 
 NOTE [Native keep]
-A region call whose every storage is kept by the forced mode (``mode="keep"``) leaves
-the pack hook nothing to decide, and its handles only repeat what autograd's own saved
+A region call whose every storage is kept, by the forced mode (``mode="keep"``) or by a
+plan that keeps the call whole (NOTE [Kept planned calls] in placement.py), leaves the
+pack hook nothing to decide, and its handles only repeat what autograd's own saved
 variables check (the version counter, a detach_()). Such a call runs with the runtime's
 hook pair taken off the thread's stack, so autograd saves and reads its tensors natively
-and the runtime adds nothing per save (the pair costs a few microseconds per save,
+and the runtime adds nothing per save (the pair costs several microseconds per save,
 benchmarks/bench_host_overhead.py). The pair goes back on at the call's exit, whether
 the forward returned or raised.
 
 What the hooks would have counted (saves, storages, kept bytes) comes from the same
 call (region, call index) in an earlier pass of the same signature that ran with the
-hooks: the first pass of each signature does, and leaves that record. The call's bytes
-count as kept and resident from its exit to the end of its pass: a kept storage lives
-until backward has read it, past the forward's peak.
+hooks: the first pass of each signature does (under auto, the first planned pass that
+keeps the call whole), and leaves that record. The call's bytes count as kept and
+resident from its exit: a kept storage lives until backward has read it, past the
+forward's peak. They leave the count when the backward replays or reloads an earlier
+call (``PassState.backward_reached``), as the storages would have died by then, or at
+the end of the pass: a plan's booked peak in backward, where replays and reloads add
+bytes, is then what the hooks would have booked.
+
+A planned call is kept whole because its profile says what it saves; one that saves
+more (a mixture of experts running more of them) is seen only with the hooks on
+(``Planner.grew``). So under a plan, each kept-whole call (signature, region, call
+index) runs with the hooks on once in ``AUDIT_EVERY`` passes: its record is made again,
+and a call that grew sends its signature to measure again within that many passes
+(before, its steps may hold more than the budget).
 
 The pair goes back from what the stack holds, through an interrupt (Ctrl-C) landing on
 the way (NOTE [Interrupts in cleanup]): at the call's exit, again in the ``finally`` of
@@ -48,6 +60,10 @@ KEEP = Placement.KEEP
 #: every step has new shapes gains nothing from it).
 MAX_RECORDS = 4096
 
+#: Under a plan, a kept-whole call runs with the hooks on once in this many passes
+#: (NOTE [Native keep]).
+AUDIT_EVERY = 8
+
 #: What a call saved with the hooks on: (saves, storages, kept bytes, storages under
 #: ``min_bytes``).
 CallBooks = tuple[int, int, int, int]
@@ -61,13 +77,20 @@ class NativeKeep:
         self._config = config
         self._own_hooks = own_hooks
         self._books: dict[tuple[str, str, int], CallBooks] = {}
+        self._runs: dict[tuple[str, str, int], int] = {}  # a planned call's native runs since its audit
         self.off = False
         """A native call may have taken the pair off the stack (``hooks_back`` puts it back)."""
 
-    def _forced_keep(self, call: RegionCall) -> bool:
-        """``call`` keeps everything by the forced keep mode (not by a plan: NOTE [Kept
-        planned calls]) and native keep is on."""
-        return call.fixed is KEEP and self._config.mode == "keep" and self._config.native_keep
+    def _keeps_whole(self, call: RegionCall) -> bool:
+        """``call`` keeps everything, by the forced keep mode or by its plan (NOTE [Kept
+        planned calls]), and native keep is on: its record may be made or used."""
+        return call.fixed is KEEP and self._config.native_keep and (self._config.mode == "keep" or call.kept_whole)
+
+    def _audited(self, key: tuple[str, str, int]) -> bool:
+        """A planned call's turn to run with the hooks on (NOTE [Native keep])."""
+        n = self._runs.get(key, 0) + 1
+        self._runs[key] = 0 if n >= AUDIT_EVERY else n
+        return n >= AUDIT_EVERY
 
     def enter(self, call: RegionCall) -> bool:
         """Take the runtime's hooks off for ``call`` if it may save natively; True if
@@ -75,14 +98,15 @@ class NativeKeep:
         p = call.pass_state
         if (
             p is None
-            or not self._forced_keep(call)
+            or not self._keeps_whole(call)
             or call.recorder is not None
             or call.watch is not None
             or call.inputs is not None
         ):
             return False
-        books = self._books.get((p.signature, call.name, call.call_index))
-        if books is None:
+        key = (p.signature, call.name, call.call_index)
+        books = self._books.get(key)
+        if books is None or (self._config.mode != "keep" and self._audited(key)):
             return False
         own = self._own_hooks()
         top = tc.top_saved_tensors_hooks()
@@ -125,11 +149,13 @@ class NativeKeep:
             stats.storages += storages  # finish_pass adds len(call.storages): none here
             stats.kept_bytes += nbytes
             stats.add_resident(nbytes)
+            p.native_held.append((call.ordinal, nbytes))
             return
-        if failed or p is None or not self._forced_keep(call):
+        if failed or p is None or not self._keeps_whole(call):
             return
         if len(self._books) >= MAX_RECORDS:
             self._books.clear()
+            self._runs.clear()
         recs = call.storages
         nbytes = sum(rec.nbytes for rec in recs)
         small = sum(rec.nbytes < self._config.min_bytes for rec in recs)

@@ -47,7 +47,9 @@ NOTE [Kept planned calls]
 A call of a planned pass whose plan keeps every one of its storages has nothing to
 decide and nothing to replay: ``fixed`` gives it KEEP, as a forced keep, so it takes no
 replay checkpoint (inputs, RNG, autocast, buffers and parameters: tens of microseconds
-of host time per call) and no table, and every storage it saves is kept. Its region
+of host time per call) and no table, and every storage it saves is kept; with native
+keep on, it saves through autograd's own saved variables, the hooks off (NOTE [Native
+keep] in native.py). Its region
 inputs are then not storages of its own (a kept input an op saves is one, as in keep
 mode). Nothing of such a call can be dropped wrongly, and the booked bytes stay exact;
 one that saved more storages than its profile (a mixture of experts running more of

@@ -668,6 +668,9 @@ class PassState(_WeakReferable):
     backward_ends: list[Any] = field(default_factory=list)
     """The end mark of each of its backwards, in order (NOTE [Several backwards])."""
     replay_marks: list[tuple[int, Any, Any]] = field(default_factory=list)
+    native_held: list[tuple[int, int]] = field(default_factory=list)
+    """(call ordinal, bytes) of its native calls whose booked bytes are still resident,
+    in forward order (NOTE [Native keep] in native.py)."""
     dispatch_replays: list[tuple[Any, Any, int, float]] = field(default_factory=list)
     """Replays run under the dispatch mode: (start mark, end mark, ops it saw, predicted
     seconds of the ops it ran), to learn the mode's cost per op (NOTE [Serving overhead])."""
@@ -689,6 +692,14 @@ class PassState(_WeakReferable):
         """The end mark of its latest backward (None before any ended)."""
         ends = self.backward_ends
         return ends[-1] if ends else None
+
+    def backward_reached(self, ordinal: int) -> None:
+        """Its backward regenerates or reloads call ``ordinal``'s saves: the native calls
+        after it were differentiated, so their booked bytes are no longer resident, as
+        their storages would have died (NOTE [Native keep] in native.py)."""
+        held = self.native_held
+        while held and held[-1][0] > ordinal:
+            self.stats.resident_bytes -= held.pop()[1]  # a decrease sets no peak
 
     def all_calls(self) -> list[RegionCall]:
         """The pass's region calls, and its root call last if it has one."""

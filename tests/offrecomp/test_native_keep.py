@@ -1,6 +1,6 @@
-"""NOTE [Native keep]: region calls the forced keep mode keeps whole save through
-autograd's own saved variables, the runtime's hooks off, and are booked as the same call
-was when it last ran with the hooks at that signature."""
+"""NOTE [Native keep]: region calls the forced keep mode or auto's plan keeps whole save
+through autograd's own saved variables, the runtime's hooks off, and are booked as the
+same call was when it last ran with the hooks at that signature."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from torch import nn
 
 import offrecomp
 from offrecomp import _torch_compat as tc
+from offrecomp.native import AUDIT_EVERY
 from tests import models
 from tests.helpers import assert_bitwise, make, train, twin
 
@@ -156,11 +157,110 @@ def test_write_after_save_in_a_native_call_raises_like_plain() -> None:
 
 def test_other_modes_keep_the_hooks_on() -> None:
     _, batch = make("gpt_dropout")
-    for mode in ("offload", "recompute", "auto"):
+    for mode in ("offload", "recompute"):
         seen: list[bool] = []
         m = _probed_gpt(seen)
-        train(m, batch, offrecomp.runtime(m, mode=mode, regions=[_Probe], min_bytes=0), steps=3)
+        train(m, batch, offrecomp.runtime(m, mode=mode, regions=[_Probe], min_bytes=0), steps=4)
         assert seen and all(seen), mode
+
+
+def test_auto_calls_kept_whole_save_natively_but_for_audits() -> None:
+    """auto at an ample budget keeps every call whole: its measuring, calibration and
+    first planned passes run hooked (the last leaves the records), then the calls save
+    natively but once in AUDIT_EVERY passes, with bitwise gradients and the books of the
+    hooked passes."""
+    _, batch = make("gpt_dropout")
+    seen: list[bool] = []
+    m = _probed_gpt(seen)
+    steps = 3 + 2 * AUDIT_EVERY
+    ref = train(twin(m), batch, steps=steps)
+    rt = offrecomp.runtime(m, mode="auto", regions=[_Probe], min_bytes=0)
+    assert_bitwise(ref, train(m, batch, rt, steps=steps))
+    n = len(m.blocks)
+    per_step = [seen[i * n : (i + 1) * n] for i in range(steps)]
+    assert all(len(set(s)) == 1 for s in per_step)  # a pass's calls go native alike
+    hooked = [s[0] for s in per_step]
+    first = hooked.index(False)  # after the passes that measure, calibrate and record
+    assert first <= 6 and all(hooked[:first]), hooked
+    cadence = ([False] * (AUDIT_EVERY - 1) + [True]) * 2
+    assert hooked[first:] == cadence[: steps - first], hooked
+    records = rt.report().steps
+    assert all(r.phase == "planned" for r in records[2:])
+    planned = [[getattr(r, k) for k in BOOKS] for r in records[2:]]
+    assert all(b == planned[0] for b in planned), planned  # native steps as the hooked ones
+    assert tc.top_saved_tensors_hooks() is None
+
+
+class _Light(nn.Module):
+    """Cheap to replay, many bytes saved."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(12):
+            x = torch.tanh(x)
+        return x
+
+
+class _Heavy(nn.Module):
+    """Dear to replay, few bytes saved: a plan keeps it whole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.ModuleList(nn.Linear(512, 512) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for f in self.fc:
+            x = torch.relu(f(x))
+        return x
+
+
+class _Mixed(nn.Module):
+    def __init__(self, seen: list[bool]) -> None:
+        super().__init__()
+        self.inp = nn.Linear(512, 512)
+        self.blocks = nn.ModuleList([_Probe(_Light(), seen), _Probe(_Light(), seen), _Probe(_Heavy(), seen)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for b in self.blocks:
+            x = b(x)
+        return x.square().mean()
+
+
+def test_native_calls_of_a_mixed_plan_are_booked_as_hooked_passes() -> None:
+    """Under a plan that recomputes some calls and keeps others whole, a kept one saves
+    natively (when the planner does not capture its inputs to learn from); its bytes
+    leave the booked count when backward replays an earlier call
+    (PassState.backward_reached), so a pass with native calls books the peak that a
+    pass of the same plan with every call hooked books."""
+
+    def batch(step: int) -> torch.Tensor:
+        return torch.randn(64, 512, generator=torch.Generator().manual_seed(step))
+
+    torch.manual_seed(0)
+    seen: list[bool] = []
+    m = _Mixed(seen)
+    probe = _Mixed([])
+    probe.load_state_dict(m.state_dict())
+    keep = offrecomp.runtime(probe, mode="keep", regions=[_Probe], min_bytes=0)
+    train(probe, batch, keep, steps=1)
+    budget = int(keep.report().steps[0].peak_activation_bytes * 0.6)
+    steps = 6 + AUDIT_EVERY
+    ref = train(twin(m), batch, steps=steps)
+    rt = offrecomp.runtime(m, mode="auto", regions=[_Probe], min_bytes=0, budget=budget)
+    assert_bitwise(ref, train(m, batch, rt, steps=steps))
+    n = len(m.blocks)
+    books: dict[tuple[str, bool], set[tuple[int, int, int]]] = {}
+    for i, r in enumerate(rt.report().steps):
+        if r.phase == "planned":
+            native = not all(seen[i * n : (i + 1) * n])
+            books.setdefault((r.plan_id, native), set()).add(
+                (r.peak_activation_bytes, r.kept_bytes, r.recomputed_bytes)
+            )
+    compared = [plan for plan, native in books if native and (plan, False) in books]
+    assert compared, books  # a plan ran with native calls and without
+    for plan in compared:
+        assert books[(plan, True)] == books[(plan, False)] and len(books[(plan, True)]) == 1, books
+        assert next(iter(books[(plan, True)]))[2] > 0  # it recomputes: a mixed plan
 
 
 @pytest.mark.parametrize("case", ["gpt_dropout", "cnn_batchnorm", "kwargs_tuple", "views_inplace", "shared_block"])

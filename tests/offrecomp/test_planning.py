@@ -16,6 +16,7 @@ import torch
 
 import offrecomp
 from offrecomp.measure import Clock, Mark
+from offrecomp.native import AUDIT_EVERY
 from offrecomp.planning import (
     TRIAL_EXCESS,
     TRIAL_PASSES,
@@ -416,11 +417,15 @@ class _Experts(torch.nn.Module):
         return x + sum(e(x) for e in self.experts[: self.k])  # type: ignore[return-value]
 
 
-def test_a_call_kept_whole_that_saves_more_than_its_profile_measures_again() -> None:
+@pytest.mark.parametrize("native", [True, False])
+def test_a_call_kept_whole_that_saves_more_than_its_profile_measures_again(native: bool) -> None:
     """NOTE [Kept planned calls]: a plan that keeps a call whole places nothing in it;
     such a call saving more than its profile (a mixture of experts running more of
     them) is seen at its exit and sends its signature to measure again, and the new plan
-    meets the budget, where every later step would hold more than it."""
+    meets the budget, where every later step would hold more than it. With native keep
+    the call saves without the hooks but once in AUDIT_EVERY passes (NOTE [Native
+    keep]), so the growth is seen within that many steps; with the hooks always on, at
+    once."""
     torch.manual_seed(0)
     base = stack(_Experts, 3)()
 
@@ -435,15 +440,17 @@ def test_a_call_kept_whole_that_saves_more_than_its_profile_measures_again() -> 
     set_k(probe, 2)
     budget = int(tight_budget(probe, batch) * 1.2)  # between k=1's whole keep and k=2's
     m = twin(base)
-    rt = _runtime(m, budget=budget)
+    rt = _runtime(m, budget=budget, native_keep=native)
     with rt:
-        for step in range(12):
+        for step in range(8 + AUDIT_EVERY):
             set_k(m, 1 if step < 4 else 2)
             m(batch(step)).square().mean().backward()
     steps = rt.report().steps
     phases = [s.phase for s in steps]
     assert phases[:4] == ["measure", "calibrate", "planned", "planned"] and steps[3].recomputed_bytes == 0
-    assert "measure" in phases[5:7], phases  # the first step at k=2 sends it back
+    # with the hooks on, the first step at k=2 sends it back; natively, the call's audit
+    seen = 4 if not native else 2 + AUDIT_EVERY
+    assert "measure" not in phases[4:seen] and phases[seen + 1] == "measure", phases
     assert phases[-3:] == ["planned"] * 3 and all(s.peak_activation_bytes <= budget * 1.05 for s in steps[-3:]), [
         (s.phase, s.peak_activation_bytes, budget) for s in steps
     ]
