@@ -479,11 +479,13 @@ class BufferState:
     mutated: list[int] | None = None  # slot indices, filled at region exit
     untouched: list[tuple[int, int]] | None = None
     """(slot index, version at region exit) of the buffers the forward left as they were,
-    filled at region exit: a replay must not read one written since (``modified_buffers``)."""
+    filled at region exit: a replay reads the tensor the forward read (``objects``), which
+    must not have been written since (``modified_buffers``)."""
 
     def strides(self) -> list[tuple[int, ...] | None]:
-        """The strides of the buffers a replay reads: a buffer the forward changed as at
-        entry (the replay restores it), any other as its slot holds it now."""
+        """The strides of the buffers a replay reads: the tensor each slot held at entry
+        (the replay restores a changed one, and puts back one the slot no longer holds),
+        or, for a slot empty at entry, as the slot holds it now."""
         out: list[tuple[int, ...] | None] = []
         for (m, n), b in zip(self.slots, self.objects):
             if b is None:
@@ -530,7 +532,8 @@ def finish_buffers(state: BufferState | None) -> None:
         ):
             mutated.append(i)
     state.mutated = mutated
-    # Snapshots of buffers the forward did not touch are not needed for replay.
+    # Snapshots of buffers the forward did not touch are not needed for replay; the
+    # tensors it read are (NOTE [Replay and buffer slots]).
     untouched = []
     for i in range(len(slots)):
         if i not in mutated:
@@ -538,8 +541,17 @@ def finish_buffers(state: BufferState | None) -> None:
             if b is not None:
                 untouched.append((i, int(b._version)))
             state.snapshots[i] = None
-            state.objects[i] = None
     state.untouched = untouched
+
+
+# NOTE [Replay and buffer slots]
+# As parameter slots (NOTE [Replay and parameters]), a buffer slot may hold another
+# tensor for one call only (``torch.func.functional_call(model, {"bn.running_mean": t}
+# ...)``, fast-weight libraries that set ``module._buffers``): the forward read that
+# tensor, and backward runs when the slot holds the module's own again. So the state
+# keeps the tensor each slot held at entry, and a replay puts it back into a slot that
+# now holds another (``replay._swap_buffers``), and the current one afterwards; the
+# version check of a buffer the forward left as it was reads that tensor, not the slot.
 
 
 def modified_buffers(state: BufferState) -> dict[int, str]:
@@ -549,7 +561,7 @@ def modified_buffers(state: BufferState) -> dict[int, str]:
     out: dict[int, str] = {}
     for i, v in state.untouched or ():
         m, n = state.slots[i]
-        b = buffer_of(m, n)
+        b = state.objects[i]  # what the forward read, and the replay reads
         if b is not None and b.layout == torch.strided and int(b._version) != v:
             out[int(b.untyped_storage().data_ptr())] = (
                 f"buffer {n!r} of {type(m).__name__} (version {v} -> {int(b._version)})"

@@ -181,15 +181,23 @@ def _no_unpack(_: Any) -> Any:
 @contextlib.contextmanager
 def _swap_buffers(call: RegionCall) -> Iterator[None]:
     """NOTE [Replay and module state]: the replay runs on copies of the entry values; the
-    post-forward tensors go back into their slots afterwards, untouched."""
+    post-forward tensors go back into their slots afterwards, untouched. A buffer the
+    forward left as it was is read as the tensor the forward read (NOTE [Replay and
+    buffer slots] in regions.py)."""
     state = call.buffers
-    if state is None or not state.mutated:
+    if state is None or not (state.mutated or state.untouched):
         yield
         return
     slots = state.slots
     saved: list[tuple[int, torch.Tensor | None]] = []
+    for i, _ in state.untouched or ():
+        m, n = slots[i]
+        now, read = buffer_of(m, n), state.objects[i]
+        if now is not read:
+            saved.append((i, now))
+            m._buffers[n] = read
     with torch.no_grad():
-        for i in state.mutated:
+        for i in state.mutated or ():
             m, n = slots[i]
             post = buffer_of(m, n)
             saved.append((i, post))
@@ -329,7 +337,11 @@ def _entry_arg_state(call: RegionCall) -> Iterator[None]:
     if entry is None or call.inputs is None:
         yield
         return
+    entry.check(call.name)
     found = ArgState.capture(call.inputs.objects, entry.limit)
+    if found.same(entry):
+        yield
+        return
     entry.restore()
     try:
         yield

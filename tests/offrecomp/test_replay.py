@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 from typing import Any
 
@@ -355,6 +356,62 @@ def test_functional_call_replays_with_the_weights_of_its_forward(mode: str) -> N
                 assert torch.equal(a, b)
     assert rt.report().steps[-1].replays > 0
     assert dict(model.named_parameters()) == own  # the slots hold the module's own again
+
+
+class _Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("scale", torch.ones(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.lin(x) * self.scale)
+
+
+@pytest.mark.parametrize("how", ["functional_call", "slot_set", "deepcopy"])
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_a_replay_reads_the_buffer_its_forward_read(mode: str, how: str) -> None:
+    """NOTE [Replay and buffer slots]: a buffer slot that held another tensor for the
+    forward only (functional_call's buffers, or a fast-weight library setting
+    ``_buffers``) holds the module's own again when backward replays the block: the
+    replay reads the forward's tensor, so gradients are plain's, and no write is
+    reported where none was made (a deep copy's buffers start at version 1)."""
+    from torch.func import functional_call
+
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        m = nn.Sequential(_Scaled(), _Scaled())
+        return copy.deepcopy(m) if how == "deepcopy" else m
+
+    def steps(m: nn.Module) -> list[list[torch.Tensor]]:
+        out = []
+        for s in range(3):  # auto: measure, calibrate, planned
+            g = torch.Generator().manual_seed(100 + s)
+            x = torch.randn(4, 8, generator=g)
+            bufs = {f"{j}.scale": torch.rand(8, generator=g) + 0.5 for j in range(2)}
+            if how == "slot_set":
+                own = [blk._buffers["scale"] for blk in m]
+                for j, blk in enumerate(m):
+                    blk._buffers["scale"] = bufs[f"{j}.scale"]
+                loss = m(x).pow(2).mean()
+                for blk, b in zip(m, own):
+                    blk._buffers["scale"] = b
+            else:
+                loss = functional_call(m, bufs, (x,)).pow(2).mean()
+            loss.backward()
+            out.append([p.grad.clone() for p in m.parameters()])
+            m.zero_grad()
+        return out
+
+    ref = steps(build())
+    m = build()
+    rt = offrecomp.runtime(m, mode=mode, min_bytes=0, budget=1 if mode == "auto" else None)
+    with rt:
+        got = steps(m)
+    for a, b in zip(ref, got):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert rt.report().steps[-1].replays > 0
+    assert all(torch.equal(blk.scale, torch.ones(8)) for blk in m)  # the module's own, as they were
 
 
 @pytest.mark.parametrize("kind", ["parameter", "buffer"])
