@@ -144,10 +144,11 @@ def _flatten_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[l
 # the dispatch-mode replay finds another op sequence than the recorded one. The capture
 # therefore records the attribute bindings of such objects (their `__dict__`, and the
 # items of the lists, dicts and objects reachable from it, a few levels deep, by
-# reference: no tensor is copied). When the bindings at the region's exit differ from
-# those at its entry, the replay puts the entry bindings back, runs, then restores the
-# bindings it found. Changes inside a tensor (in place) are the version check's
-# business (NOTE [Replay inputs]). The walk records at most ARG_STATE_MAX_ITEMS bindings
+# reference: no tensor is copied). The caller may change them too after the region
+# returned (a memory carried to the next block, `state.mem = x`). So the replay puts the
+# entry bindings back where the bindings it finds differ, runs, then restores the
+# bindings it found. A tensor among the bindings written in place after the forward
+# returned is an error at replay, as for a tensor argument (NOTE [Replay inputs]). The walk records at most ARG_STATE_MAX_ITEMS bindings
 # plus ARG_STATE_PER_REGION per region of the model: a key/value cache passed to every
 # block holds about 8 per block. A call whose state is larger than that is never
 # replayed: it keeps (or offloads) what it saves, and when the state did change, its
@@ -177,6 +178,9 @@ class ArgState:
     entries: list[tuple[Any, str, Any]]
     complete: bool
     limit: int = ARG_STATE_MAX_ITEMS
+    versions: list[tuple[torch.Tensor, int, str]] = field(default_factory=list)
+    """The tensors among the recorded bindings, with their versions when the forward
+    returned and where they were found (``seal``)."""
 
     @staticmethod
     def capture(roots: list[Any], limit: int = ARG_STATE_MAX_ITEMS) -> ArgState:
@@ -223,6 +227,31 @@ class ArgState:
             elif ca.keys() != cb.keys() or any(ca[k] is not cb[k] for k in ca):
                 return False
         return True
+
+    def seal(self) -> None:
+        """The forward returned: note the versions of the tensors among the bindings, which
+        a replay reads as the forward did (``check``)."""
+        out = []
+        for obj, kind, content in self.entries:
+            items = enumerate(content) if kind == "list" else content.items()
+            for key, v in items:
+                if isinstance(v, torch.Tensor):
+                    out.append((v, int(v._version), f"{type(obj).__name__}[{key!r}]" if kind != "attrs" else f"{type(obj).__name__}.{key}"))
+        self.versions = out
+
+    def check(self, region_name: str) -> None:
+        """Raise if a tensor among the bindings was written in place since the forward
+        returned: a replay reading it would differ from the forward (NOTE [Replay
+        inputs])."""
+        for t, v, where in self.versions:
+            if int(t._version) != v:
+                raise RuntimeError(
+                    f"offrecomp: {where}, a tensor reached through an argument of region "
+                    f"{region_name!r}, was modified in place after the region's forward "
+                    f"(version {v} -> {int(t._version)}), so replaying it would produce wrong "
+                    "activations. Hint: avoid in-place ops on state a block reads, or exclude "
+                    "the block with regions=."
+                )
 
     def restore(self) -> None:
         """Put every recorded binding back."""

@@ -449,16 +449,19 @@ def _check_state_writes(region: Region, call: RegionCall, params: list[int]) -> 
 
 
 def _check_arg_state(call: RegionCall) -> None:
-    """NOTE [Stateful arguments]: keep the entry bindings only when the forward changed
-    them."""
+    """NOTE [Stateful arguments]: keep the entry bindings, for a replay after the forward
+    or the caller changed them, and the versions of their tensors now."""
     entry = call.arg_state
     assert entry is not None and call.inputs is not None
     now = ArgState.capture(call.inputs.objects, entry.limit)
     region = call.region
     if entry.same(now):  # for state too large to record, the part recorded
-        call.arg_state = None
-        if not entry.complete and region is not None and region.untracked_state is None:
-            region.untracked_state = False  # later calls replay (this one keeps)
+        if not entry.complete:
+            call.arg_state = None
+            if region is not None and region.untracked_state is None:
+                region.untracked_state = False  # later calls replay (this one keeps)
+        else:
+            entry.seal()
         return
     types = ", ".join(sorted({type(o).__name__ for o in call.inputs.objects}))
     if not (entry.complete and now.complete):
@@ -475,6 +478,7 @@ def _check_arg_state(call: RegionCall) -> None:
                 region.name, types, entry.limit,
             )
         return
+    entry.seal()
     log.debug(
         "offrecomp: region %r changes the state of its arguments (%s); replays run on "
         "the state its forward saw",

@@ -306,3 +306,73 @@ def test_a_buffer_none_at_entry_replays_as_none(variant: str) -> None:
     ref = train(training[0], batch, steps=5)
     training[0] = copy.deepcopy(model)
     train_bitwise(training[0], batch, variant, budget, ref, steps=5)
+
+
+class _Carried:
+    def __init__(self, mem: torch.Tensor) -> None:
+        self.mem = mem
+
+
+class _CarriedBlock(nn.Module):
+    """Reads a memory the caller carries from block to block through an object."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(32, 32), nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor, st: _Carried) -> torch.Tensor:
+        return x + self.l2(torch.tanh(self.l1(x) * torch.sigmoid(st.mem)))
+
+
+class _CarriedModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_CarriedBlock() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        st = _Carried(x)
+        for b in self.blocks:
+            x = b(x, st)
+            st.mem = x  # the caller rebinds it after the call: the next block reads this one's output
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("variant", ZOO_VARIANTS)
+def test_a_binding_the_caller_changes_after_the_call_replays_as_the_forward_saw_it(variant: str) -> None:
+    """NOTE [Stateful arguments]: the replay puts back the bindings the forward read,
+    also where the caller changed them after the call returned."""
+    torch.manual_seed(0)
+    check_variant(_CarriedModel(), _batch, variant, steps=STEPS)
+
+
+def test_a_tensor_in_an_argument_object_written_after_the_call_is_an_error() -> None:
+    """A tensor reached through an argument object and written in place after the
+    region's forward: a replay would read other values than the forward did, so the
+    replay raises, naming it (a tensor argument raises alike)."""
+
+    class Biased(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(32, 32)
+
+        def forward(self, x: torch.Tensor, st: _Carried) -> torch.Tensor:
+            return x + torch.tanh(self.lin(x) + st.mem)
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(Biased() for _ in range(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            st = _Carried(torch.zeros(32))
+            for b in self.blocks:
+                x = b(x, st)
+            with torch.no_grad():
+                st.mem.add_(1)  # after every call read it
+            return x.square().mean()
+
+    m = Model()
+    with offrecomp.runtime(m, mode="recompute", min_bytes=0):
+        loss = m(_batch(0))
+        with pytest.raises(RuntimeError, match=r"_Carried\.mem, a tensor reached through an argument of region"):
+            loss.backward()
