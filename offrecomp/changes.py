@@ -108,7 +108,8 @@ def changed_attrs(
 ) -> list[tuple[nn.Module, dict[str, Any]]]:
     """The attributes each module holds now that differ from ``entry`` (a value of
     another identity, or added or removed), with their entry values (``_MISSING`` for
-    one added since)."""
+    one added since; a tensor with a graph as a detached alias, NOTE [Attributes with a
+    graph])."""
     out: list[tuple[nn.Module, dict[str, Any]]] = []
     for m, before in zip(modules, entry):
         now = m.__dict__
@@ -116,11 +117,30 @@ def changed_attrs(
         for k, v in before.items():
             cur = now.get(k, _MISSING)
             if cur is not v and not _same_scalar(cur, v) and k not in _SKIP_ATTRS:
-                diff[k] = v
+                diff[k] = _without_graph(v)
         diff.update((k, _MISSING) for k in now.keys() - before.keys() if k not in _SKIP_ATTRS)
         if diff:
             out.append((m, diff))
     return out
+
+
+# NOTE [Attributes with a graph]
+# An attribute a forward sets to one of its tensors (``self.last = out``: a feature kept
+# for a probe, a recurrent memory) holds, at the next call's entry, the previous call's
+# output and so its graph, whose saved tensors' handles hold the previous call and its
+# entry values: a chain through autograd's C++ nodes, which Python's collector cannot
+# see, grown by every forward and never freed (not even by a backward). The entry value
+# a replay needs is the tensor's values and its ``requires_grad`` (autograd saves by
+# it), not its graph: it is kept as a detached alias (same storage and version
+# counter), a leaf that requires grad where the tensor did.
+
+
+def _without_graph(v: Any) -> Any:
+    """``v``, or for a tensor with a graph a detached alias (NOTE [Attributes with a
+    graph])."""
+    if type(v) is torch.Tensor and v.grad_fn is not None:
+        return v.detach().requires_grad_(v.requires_grad)
+    return v
 
 
 def _same_scalar(a: Any, b: Any) -> bool:

@@ -464,6 +464,7 @@ class Placer:
         call.generators = None
         call.training = None
         call.arg_state = None
+        call.attrs = None
         call.replayed.clear()
         call.by_ptr.clear()
 

@@ -341,3 +341,34 @@ def test_replays_holding_their_saves_leave_nothing_behind(mode: str) -> None:
         _sgd_steps(m, opt, x, 6)
         assert _alive(torch.Tensor) + _alive(nn.Parameter) == tensors
     assert rt.report().steps[-1].recomputed_bytes > 0
+
+
+class _KeepsLast(nn.Module):
+    """Keeps its latest output on itself (a feature for a probe, a recurrent memory)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.last: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x + torch.tanh(self.fc(x))
+        self.last = out
+        return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_attribute_holding_the_output_keeps_one_graph_not_every_one(mode: str) -> None:
+    """NOTE [Attributes with a graph] (changes.py): a block that sets ``self.last = out``
+    holds its latest graph, as in plain autograd; the entry values a call keeps for its
+    replay hold no graph, so forwards dropped without backward free theirs, as plain's
+    do, and no earlier output outlives its forward."""
+    m = nn.Sequential(*[_KeepsLast(32) for _ in range(3)])
+    outs: list[weakref.ref] = []
+    with offrecomp.runtime(m, mode=mode, min_bytes=0):
+        for _ in range(12):
+            out = m(torch.randn(4, 32))
+            outs.append(weakref.ref(out))
+            del out
+            gc.collect()
+    assert [r() is None for r in outs] == [True] * 11 + [False]  # the last held by blocks[2].last
