@@ -47,6 +47,9 @@ __all__ = [
 
 # Buffers larger than this are not snapshotted at region entry (see NOTE below).
 BUFFER_SNAPSHOT_MAX_BYTES = 1 << 20
+#: Snapshots of buffers a forward only read are kept for its replay up to this size
+#: (NOTE [Buffers written unseen]).
+READ_SNAPSHOT_MAX_BYTES = 64 << 10
 
 
 @dataclass(eq=False)
@@ -532,16 +535,33 @@ def finish_buffers(state: BufferState | None) -> None:
         ):
             mutated.append(i)
     state.mutated = mutated
-    # Snapshots of buffers the forward did not touch are not needed for replay; the
-    # tensors it read are (NOTE [Replay and buffer slots]).
+    # The tensors the forward read are needed for replay (NOTE [Replay and buffer
+    # slots]); of the snapshots of buffers it only read, the small ones (NOTE [Buffers
+    # written unseen]).
     untouched = []
     for i in range(len(slots)):
         if i not in mutated:
             b = state.objects[i]
             if b is not None:
                 untouched.append((i, int(b._version)))
-            state.snapshots[i] = None
+            snap = state.snapshots[i]
+            if snap is not None and snap.numel() * snap.element_size() > READ_SNAPSHOT_MAX_BYTES:
+                state.snapshots[i] = None
     state.untouched = untouched
+
+
+# NOTE [Buffers written unseen]
+# A buffer a forward only read may be written before that forward's replay without its
+# version counter moving: the CPU BatchNorm kernel updates its running statistics in
+# place without a bump, so a model evaluated (BatchNorm reading the statistics) and then
+# trained before one backward of both has the eval call's statistics changed under it.
+# Plain autograd keeps what that forward saved; a replay would recompute it from the
+# new statistics. So the snapshot of each small buffer (up to READ_SNAPSHOT_MAX_BYTES) a
+# forward only read is kept, and a replay finding the buffer's values changed runs on a
+# copy of the snapshot, the buffer back after (``replay._swap_buffers``), whether the
+# write moved the version or not. A larger one is checked by its version only: a write
+# that moved it stops the replay with an error (``modified_buffers``), one that did not
+# goes unseen.
 
 
 # NOTE [Replay and buffer slots]
@@ -562,6 +582,8 @@ def modified_buffers(state: BufferState) -> dict[int, str]:
     for i, v in state.untouched or ():
         m, n = state.slots[i]
         b = state.objects[i]  # what the forward read, and the replay reads
+        if state.snapshots[i] is not None:
+            continue  # the replay reads its snapshot where it changed (NOTE [Buffers written unseen])
         if b is not None and b.layout == torch.strided and int(b._version) != v:
             out[int(b.untyped_storage().data_ptr())] = (
                 f"buffer {n!r} of {type(m).__name__} (version {v} -> {int(b._version)})"

@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import offrecomp
 import offrecomp.diagnostics
 from offrecomp import Placement, Plan
+from offrecomp.regions import READ_SNAPSHOT_MAX_BYTES
 from tests import models
 from tests.helpers import check_variant, tight_budget, train, train_bitwise, twin
 
@@ -414,32 +415,84 @@ def test_a_replay_reads_the_buffer_its_forward_read(mode: str, how: str) -> None
     assert all(torch.equal(blk.scale, torch.ones(8)) for blk in m)  # the module's own, as they were
 
 
-@pytest.mark.parametrize("kind", ["parameter", "buffer"])
-def test_a_parameter_or_buffer_modified_before_its_replay_reads_it_is_an_error(kind: str) -> None:
+@pytest.mark.parametrize("kind", ["parameter", "buffer", "small buffer"])
+def test_a_parameter_or_buffer_modified_before_its_replay_reads_it(kind: str) -> None:
     """The forward read it and left it as it was; written after the forward, a replay
     reading it would differ from the forward (a buffer: an average a hook updates in
-    backward), so the replay stops with an error naming it."""
+    backward). A small buffer's values at the forward are kept, and the replay reads
+    them (NOTE [Buffers written unseen]): plain's gradients. A parameter or a larger
+    buffer stops the replay with an error naming it."""
+    width = 16 if kind != "buffer" else READ_SNAPSHOT_MAX_BYTES // 4 + 1
 
     class Biased(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             if kind == "parameter":
-                self.b = nn.Parameter(torch.zeros(16))
+                self.b = nn.Parameter(torch.zeros(width))
             else:
-                self.register_buffer("b", torch.zeros(16))
-            self.lin = nn.Linear(16, 16)
+                self.register_buffer("b", torch.zeros(width))
+            self.w = nn.Parameter(torch.randn(width))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.lin(torch.relu(x + self.b))  # the relu mask depends on b
+            return torch.relu(x + self.b) * self.w  # the relu mask depends on b
+
+    def grads(m: nn.Module, rt: offrecomp.Runtime | None) -> list[torch.Tensor]:
+        with rt if rt is not None else contextlib.nullcontext():
+            loss = m(torch.randn(4, width, generator=torch.Generator().manual_seed(1))).square().sum()
+            with torch.no_grad():
+                m[0].b.add_(1.0)  # plain autograd still uses the forward's relu mask
+            loss.backward()
+        return [blk.w.grad for blk in m]  # type: ignore[misc]
 
     torch.manual_seed(0)
     m = nn.Sequential(Biased(), Biased())
-    with offrecomp.runtime(m, mode="recompute", min_bytes=0):
-        loss = m(torch.randn(4, 16)).square().sum()
-        with torch.no_grad():
-            m[0].b.add_(1.0)  # plain autograd would still use the forward's relu mask
-        with pytest.raises(RuntimeError, match=rf"{kind} 'b' of Biased .* in region '0' was modified in place"):
-            loss.backward()
+    ref = grads(copy.deepcopy(m), None)
+    rt = offrecomp.runtime(m, mode="recompute", min_bytes=0)
+    if kind == "small buffer":
+        assert all(torch.equal(a, b) for a, b in zip(ref, grads(m, rt)))
+        return
+    name = "parameter" if kind == "parameter" else "buffer"
+    with pytest.raises(RuntimeError, match=rf"{name} 'b' of Biased .* in region '0' was modified in place"):
+        grads(m, rt)
+
+
+def test_batchnorm_statistics_updated_between_an_eval_forward_and_its_backward() -> None:
+    """NOTE [Buffers written unseen]: an eval forward with grad, then a train forward
+    (the CPU BatchNorm kernel updates the running statistics without moving their
+    version), then one backward of both: the eval call's replay reads the statistics it
+    read, so gradients and statistics are plain's."""
+
+    class ConvBlock(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(8, 8, 3, padding=1)
+            self.bn = nn.BatchNorm2d(8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + torch.relu(self.bn(self.conv(x)))
+
+    def step(m: nn.Module, s: int) -> list[torch.Tensor]:
+        g = torch.Generator().manual_seed(s)
+        x1, x2 = torch.randn(4, 8, 6, 6, generator=g), torch.randn(4, 8, 6, 6, generator=g)
+        m.eval()
+        l1 = m(x1).square().mean()
+        m.train()
+        l2 = m(x2).square().mean()
+        (l1 + l2).backward()
+        out = [p.grad.clone() for p in m.parameters()] + [b.clone() for b in m.buffers()]  # type: ignore[union-attr]
+        m.zero_grad()
+        return out
+
+    torch.manual_seed(0)
+    base = nn.Sequential(*[ConvBlock() for _ in range(3)])
+    ref_m = copy.deepcopy(base)
+    ref = [step(ref_m, s) for s in range(3)]
+    for mode in ("recompute", "auto"):
+        m = copy.deepcopy(base)
+        with offrecomp.runtime(m, mode=mode, min_bytes=0, budget=1 if mode == "auto" else None):
+            got = [step(m, s) for s in range(3)]
+        for a, b in zip(ref, got):
+            assert all(torch.equal(x, y) for x, y in zip(a, b)), mode
 
 
 class WritesItsInput(nn.Module):
