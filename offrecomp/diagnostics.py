@@ -189,7 +189,9 @@ class Diagnostics:
             else:  # the call ran under a pair entered after the runtime's, around it
                 self.warn_hidden(name, "saved no activation through offrecomp", where="around the model's forward")
 
-    def warn_hidden(self, names: str, what: str, *, where: str = "inside") -> None:
+    def warn_hidden(self, names: str, what: str, *, where: str = "inside", rerun: bool = False) -> None:
+        """Once per runtime. ``rerun``: the regions ran inside a backward, which a custom
+        ``autograd.Function`` rerunning them also does."""
         if self.hidden_warned:
             return  # once per runtime: the other blocks are most likely alike
         self.hidden_warned = True
@@ -197,8 +199,11 @@ class Diagnostics:
             "offrecomp: region(s) %s %s: a saved-tensor hook %s (torch.utils.checkpoint, "
             "HF gradient_checkpointing_enable(), checkpoint_wrapper, save_on_cpu) owns their "
             "activations, and only the innermost hook runs, so offrecomp cannot keep, offload "
-            "or recompute them. Turn that off and let offrecomp decide.",
+            "or recompute them. Turn that off and let offrecomp decide.%s",
             names, what, where,
+            " If instead a custom autograd.Function reruns them in its backward (a reversible "
+            "network), that Function owns their activations by design: nothing is wrong, and "
+            "those regions are better left out (regions=)." if rerun else "",
         )
 
 

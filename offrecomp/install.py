@@ -410,7 +410,7 @@ class Installer:
             if self.active and torch.is_grad_enabled() and not in_replay():
                 # a forward inside a backward: a reentrant checkpoint around the region
                 # recomputing it (its first forward ran without grad, unseen)
-                self._diag.warn_hidden(region.name, "run their forward inside a backward", where="around")
+                self._diag.warn_hidden(region.name, "run their forward inside a backward", where="around", rerun=True)
             return None
         if (
             not self.active

@@ -281,3 +281,49 @@ def test_a_flop_counter_around_the_forward_only_still_recomputes() -> None:
     ref(_batch(0)).backward()
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(ref.parameters(), m.parameters()))
     assert rt.report().steps[-1].recomputed_bytes > 0
+
+
+class _Rerun(torch.autograd.Function):
+    """A reversible step: the forward runs the block without grad, the backward runs it
+    again with grad and differentiates that."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, block: nn.Module, *params: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.block = block
+        ctx.save_for_backward(x)
+        with torch.no_grad():
+            return block(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            x = x.detach().requires_grad_()
+            out = ctx.block(x)
+        params = list(ctx.block.parameters())
+        grads = torch.autograd.grad(out, [x, *params], grad)
+        return (grads[0], None, *grads[1:])
+
+
+def test_a_function_rerunning_blocks_in_its_backward_is_named_in_the_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Blocks a custom autograd.Function runs again in its backward (a reversible
+    network) run their forward inside a backward, as under a reentrant checkpoint; the
+    warning says that such a Function owns their activations by design."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for b in self.blocks:
+                x = _Rerun.apply(x, b, *b.parameters())
+            return x.square().sum()
+
+    m = Net()
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), offrecomp.runtime(m, mode="recompute", min_bytes=0):
+        m(torch.randn(4, 8, requires_grad=True)).backward()
+    hidden = [r.getMessage() for r in caplog.records if WARNING in r.getMessage()]
+    assert len(hidden) == 1 and "reversible network" in hidden[0], hidden
