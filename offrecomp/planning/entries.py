@@ -48,6 +48,9 @@ class PlanEntry:
     needs_measure: bool = True
     growths: int = 0
     """Times a call its plan kept whole saved more storages than its profile."""
+    relayouts: int = 0
+    """Times a call's inputs, parameters or buffers had another layout than its recording
+    (NOTE [Stale recordings] in regenerate.py)."""
     needs_solve: bool = False
     cost: CostModel | None = None
     """Smoothed timings of the signature, updated by every planned pass."""

@@ -40,6 +40,9 @@ record is always read): NOTE [Bookkeeping off the critical path]."""
 #: Times a signature measures again because a call its plan keeps whole saved more than
 #: its profile (``Planner.grew``).
 MAX_GROWTH_MEASURES = 3
+#: Times a signature measures again because a call's layout differs from its recording
+#: (``Planner.remeasure``).
+MAX_RELAYOUT_MEASURES = 3
 
 
 class Planner:
@@ -333,10 +336,28 @@ class Planner:
 
     def remeasure(self, call: RegionCall, why: str) -> None:
         """``call``'s recording does not describe it (``why``; NOTE [Stale recordings] in
-        regenerate.py): it replays plainly, and its signature measures again."""
+        regenerate.py): it replays plainly, and its signature measures again, up to
+        MAX_RELAYOUT_MEASURES times; after that its steps alternate between layouts the
+        signature does not tell apart, and such calls replay plainly under the plan, with
+        one warning."""
         p = call.pass_state
         entry = self.entries.get(p.signature) if p is not None else None
         if entry is not None and not entry.needs_measure:
+            entry.relayouts += 1
+            if entry.relayouts > MAX_RELAYOUT_MEASURES:
+                if entry.relayouts == MAX_RELAYOUT_MEASURES + 1:
+                    log.warning(
+                        "offrecomp: signature %s: region %r call %d and others run on inputs "
+                        "of another layout or size than its recording from step to step (it "
+                        "was measured again %d times), which the signature of the model's "
+                        "inputs does not tell apart; auto plans from the last recording, and "
+                        "such calls replay plainly. Hint: make the blocks' input shapes a "
+                        "function of the model's (for a slice taken in the forward: pass it "
+                        "in), or keep such regions (regions=)",
+                        shown(p.signature) if p is not None else "", call.name, call.call_index,
+                        MAX_RELAYOUT_MEASURES,
+                    )
+                return
             entry.needs_measure = True
             log.info(
                 "offrecomp: region %r call %d: %s; it replays plainly, and signature %s "
