@@ -45,6 +45,20 @@ MAX_GROWTH_MEASURES = 3
 MAX_RELAYOUT_MEASURES = 3
 
 
+def _measure_again(entry: PlanEntry, counter: str, limit: int, refused: str, *args: Any) -> bool:
+    """Send ``entry``'s signature to measure again for one more reason of the kind
+    ``counter`` (a count in ``entry``), up to ``limit`` times: True if it will; past the
+    limit False, and the first time the warning ``refused`` (with ``args``)."""
+    n = getattr(entry, counter) + 1
+    setattr(entry, counter, n)
+    if n > limit:
+        if n == limit + 1:
+            log.warning(refused, *args)
+        return False
+    entry.needs_measure = True
+    return True
+
+
 class Planner:
     """Profiles in, placements out, plans cached per signature; over a ``PlannerHost``."""
 
@@ -342,27 +356,22 @@ class Planner:
         one warning."""
         p = call.pass_state
         entry = self.entries.get(p.signature) if p is not None else None
-        if entry is not None and not entry.needs_measure:
-            entry.relayouts += 1
-            if entry.relayouts > MAX_RELAYOUT_MEASURES:
-                if entry.relayouts == MAX_RELAYOUT_MEASURES + 1:
-                    log.warning(
-                        "offrecomp: signature %s: region %r call %d and others run on inputs "
-                        "of another layout or size than its recording from step to step (it "
-                        "was measured again %d times), which the signature of the model's "
-                        "inputs does not tell apart; auto plans from the last recording, and "
-                        "such calls replay plainly. Hint: make the blocks' input shapes a "
-                        "function of the model's (for a slice taken in the forward: pass it "
-                        "in), or keep such regions (regions=)",
-                        shown(p.signature) if p is not None else "", call.name, call.call_index,
-                        MAX_RELAYOUT_MEASURES,
-                    )
-                return
-            entry.needs_measure = True
+        if entry is None or entry.needs_measure:
+            return
+        if _measure_again(
+            entry, "relayouts", MAX_RELAYOUT_MEASURES,
+            "offrecomp: signature %s: region %r call %d and others run on inputs of another "
+            "layout or size than its recording from step to step (it was measured again %d "
+            "times), which the signature of the model's inputs does not tell apart; auto "
+            "plans from the last recording, and such calls replay plainly. Hint: make the "
+            "blocks' input shapes a function of the model's (for a slice taken in the "
+            "forward: pass it in), or keep such regions (regions=)",
+            shown(entry.signature), call.name, call.call_index, MAX_RELAYOUT_MEASURES,
+        ):
             log.info(
                 "offrecomp: region %r call %d: %s; it replays plainly, and signature %s "
                 "measures again",
-                call.name, call.call_index, why, shown(p.signature) if p is not None else "",
+                call.name, call.call_index, why, shown(entry.signature),
             )
 
     def grew(self, p: PassState, call: RegionCall) -> None:
@@ -373,23 +382,18 @@ class Planner:
         entry = self.entries.get(p.signature)
         if entry is None or entry.needs_measure or (call.region is not None and call.region.variable):
             return  # a variable region is known to save more some times
-        entry.growths += 1
-        if entry.growths > MAX_GROWTH_MEASURES:
-            if entry.growths == MAX_GROWTH_MEASURES + 1:
-                log.warning(
-                    "offrecomp: signature %s: region %r and others save more than their "
-                    "profile from step to step (it was measured again %d times); planned steps "
-                    "may hold more than the budget. Hint: keep such regions (regions=), or "
-                    "lower the budget",
-                    shown(p.signature), call.name, MAX_GROWTH_MEASURES,
-                )
-            return
-        entry.needs_measure = True
-        log.info(
-            "offrecomp: region %r call %d saved more storages than its profile; measuring "
-            "signature %s again",
-            call.name, call.call_index, shown(p.signature),
-        )
+        if _measure_again(
+            entry, "growths", MAX_GROWTH_MEASURES,
+            "offrecomp: signature %s: region %r and others save more than their profile "
+            "from step to step (it was measured again %d times); planned steps may hold more "
+            "than the budget. Hint: keep such regions (regions=), or lower the budget",
+            shown(p.signature), call.name, MAX_GROWTH_MEASURES,
+        ):
+            log.info(
+                "offrecomp: region %r call %d saved more storages than its profile; measuring "
+                "signature %s again",
+                call.name, call.call_index, shown(p.signature),
+            )
 
     def record_structure(self, call: RegionCall) -> None:
         """Region forward returned in a measuring pass: derive its structure."""
