@@ -191,6 +191,16 @@ def backward_creates_graph(args: tuple[Any, ...], kwargs: dict[str, Any]) -> boo
     return len(args) > 2 and (type(args[2]) is not bool or args[2])
 
 
+def backward_keeps_graph(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a backward entered as ``backward_entry()(outputs, *args, **kwargs)`` keeps
+    the graph it runs (``retain_graph``, which defaults to ``create_graph``). Anything
+    else there that is true reads as keeping it."""
+    retain = kwargs["retain_graph"] if "retain_graph" in kwargs else (args[1] if len(args) > 1 else None)
+    if retain is None:
+        return backward_creates_graph(args, kwargs)
+    return type(retain) is not bool or retain
+
+
 def backward_accumulates(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether a backward entered as ``backward_entry()(outputs, *args, **kwargs)``
     accumulates into ``.grad`` (``backward`` passes ``accumulate_grad=True``, ``grad``

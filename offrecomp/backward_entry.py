@@ -31,6 +31,9 @@ runtime installed after another patch dropped or wrapped the wrapper places a ne
 The pair goes back on from what the stack holds, not from a flag, so an interrupt
 (Ctrl-C) between the pop and the push cannot leave it off.
 
+The wrapper also notes, per thread, while a backward that keeps its graph runs
+(``retain_graph``, ``create_graph``): its saved tensors outlive it (``keeping_graph``).
+
 The wrapper also tells each installed runtime, before it runs, of every backward that
 accumulates into ``.grad`` (``backward()``, not ``autograd.grad``), whatever the stack
 holds: one run inside a region's forward must never run again in a replay (NOTE
@@ -45,7 +48,15 @@ from typing import Any
 
 from offrecomp import _torch_compat as tc
 
-__all__ = ["disown", "own", "owned"]
+__all__ = ["disown", "keeping_graph", "own", "owned"]
+
+_thread = threading.local()
+
+
+def keeping_graph() -> bool:
+    """A backward that keeps its graph runs on this thread, entered through the
+    wrapper."""
+    return getattr(_thread, "keeping", 0) > 0
 
 _lock = threading.Lock()
 #: The pack hooks of the installed runtimes' pairs (a runtime installed twice: twice).
@@ -62,6 +73,15 @@ def _wrap(inner: Callable[..., Any]) -> Callable[..., Any]:
     wrapper placed over a chain that holds an earlier one never calls itself."""
 
     def entry(outputs: Any, *args: Any, **kwargs: Any) -> Any:
+        if not tc.backward_keeps_graph(args, kwargs):
+            return run(outputs, *args, **kwargs)
+        _thread.keeping = getattr(_thread, "keeping", 0) + 1
+        try:
+            return run(outputs, *args, **kwargs)
+        finally:
+            _thread.keeping -= 1
+
+    def run(outputs: Any, *args: Any, **kwargs: Any) -> Any:
         if _watchers and tc.backward_accumulates(args, kwargs):
             for watch in list(_watchers):
                 watch()

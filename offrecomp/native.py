@@ -16,8 +16,9 @@ hooks: the first pass of each signature does (under auto, the first planned pass
 keeps the call whole), and leaves that record. The call's bytes count as kept and
 resident from its exit: a kept storage lives until backward has read it, past the
 forward's peak. They leave the count when the backward replays or reloads an earlier
-call (``PassState.backward_reached``), as the storages would have died by then, or at
-the end of the pass: a plan's booked peak in backward, where replays and reloads add
+call (``PassState.backward_reached``), as the storages would have died by then (not in a
+backward that keeps its graph: ``retain_graph``, a gradient penalty's), or at the end of
+the pass: a plan's booked peak in backward, where replays and reloads add
 bytes, is then what the hooks would have booked.
 
 A planned call is kept whole because its profile says what it saves; one that saves

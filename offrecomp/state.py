@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from offrecomp.backward_entry import keeping_graph
 from scheduler.plan import ROOT, Placement
 
 if TYPE_CHECKING:
@@ -696,7 +697,11 @@ class PassState(_WeakReferable):
     def backward_reached(self, ordinal: int) -> None:
         """Its backward regenerates or reloads call ``ordinal``'s saves: the native calls
         after it were differentiated, so their booked bytes are no longer resident, as
-        their storages would have died (NOTE [Native keep] in native.py)."""
+        their storages would have died (NOTE [Native keep] in native.py); not in a
+        backward that keeps its graph (``retain_graph``, a gradient penalty's), whose saved
+        tensors live on."""
+        if self.create_graph or keeping_graph():
+            return
         held = self.native_held
         while held and held[-1][0] > ordinal:
             self.stats.resident_bytes -= held.pop()[1]  # a decrease sets no peak

@@ -277,3 +277,22 @@ def test_every_model_family_books_and_trains_alike(case: str) -> None:
         assert_bitwise(ref, train(m, batch, rt, steps=3, accumulate=2))
         books.append([[getattr(r, k) for k in BOOKS] for r in rt.report().steps])
     assert books[0] == books[1]
+
+
+@pytest.mark.parametrize("keep_graph", [False, True])
+def test_booked_native_bytes_stay_through_a_backward_that_keeps_its_graph(keep_graph: bool) -> None:
+    """PassState.backward_reached takes a native call's bytes off the count as backward
+    passes it, as its storages die then; a backward that keeps its graph
+    (``retain_graph``) keeps them, so the bytes stay booked."""
+    from offrecomp.state import PassState
+
+    p = PassState(index=0, signature="s", mode="auto")
+    p.native_held.append((2, 100))
+    p.stats.resident_bytes = 100
+    m = nn.Linear(2, 2)
+    x = torch.randn(3, 2, requires_grad=True)
+    with offrecomp.runtime(m, mode="keep"):  # installs the backward entry's wrapper
+        y = (x * 2).sum()
+        x.register_hook(lambda g: p.backward_reached(0))
+        y.backward(retain_graph=keep_graph)
+    assert (p.stats.resident_bytes, len(p.native_held)) == ((100, 1) if keep_graph else (0, 0))
