@@ -148,7 +148,8 @@ def _flatten_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[l
 # returned (a memory carried to the next block, `state.mem = x`). So the replay puts the
 # entry bindings back where the bindings it finds differ, runs, then restores the
 # bindings it found. A tensor among the bindings written in place after the forward
-# returned is an error at replay, as for a tensor argument (NOTE [Replay inputs]). The walk records at most ARG_STATE_MAX_ITEMS bindings
+# returned is an error at replay, as for a tensor argument (NOTE [Replay inputs]). The
+# walk records at most ARG_STATE_MAX_ITEMS bindings
 # plus ARG_STATE_PER_REGION per region of the model: a key/value cache passed to every
 # block holds about 8 per block. A call whose state is larger than that is never
 # replayed: it keeps (or offloads) what it saves, and when the state did change, its
@@ -236,7 +237,8 @@ class ArgState:
             items = enumerate(content) if kind == "list" else content.items()
             for key, v in items:
                 if isinstance(v, torch.Tensor):
-                    out.append((v, int(v._version), f"{type(obj).__name__}[{key!r}]" if kind != "attrs" else f"{type(obj).__name__}.{key}"))
+                    name = type(obj).__name__
+                    out.append((v, int(v._version), f"{name}.{key}" if kind == "attrs" else f"{name}[{key!r}]"))
         self.versions = out
 
     def check(self, region_name: str) -> None:

@@ -16,17 +16,17 @@ hooks: the first pass of each signature does (under auto, the first planned pass
 keeps the call whole), and leaves that record. The call's bytes count as kept and
 resident from its exit: a kept storage lives until backward has read it, past the
 forward's peak. They leave the count when the backward replays or reloads an earlier
-call (``PassState.backward_reached``), as the storages would have died by then (not in a
-backward that keeps its graph: ``retain_graph``, a gradient penalty's), or at the end of
-the pass: a plan's booked peak in backward, where replays and reloads add
-bytes, is then what the hooks would have booked.
+call (``PassState.backward_reached``), as the storages would have died by then (not in
+a backward that keeps its graph: ``retain_graph``, a gradient penalty's), or at the end
+of the pass: a plan's booked peak in backward, where replays and reloads add bytes, is
+then what the hooks would have booked.
 
 A planned call is kept whole because its profile says what it saves; one that saves
 more (a mixture of experts running more of them) is seen only with the hooks on
 (``Planner.grew``). So under a plan, each kept-whole call (signature, region, call
 index) runs with the hooks on once in ``AUDIT_EVERY`` passes: its record is made again,
 and a call that grew sends its signature to measure again within that many passes
-(before, its steps may hold more than the budget).
+(until then its steps may hold more than the budget, and book the record's bytes).
 
 The pair goes back from what the stack holds, through an interrupt (Ctrl-C) landing on
 the way (NOTE [Interrupts in cleanup]): at the call's exit, again in the ``finally`` of

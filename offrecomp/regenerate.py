@@ -72,8 +72,9 @@ class Regenerator:
     #   again, up to MAX_RELAYOUT_MEASURES times (steps that alternate between two
     #   layouts the signature does not tell apart, as blocks run on half the sequence
     #   every other step, would otherwise measure and calibrate for good); then the plan
-    #   runs, and such calls replay plainly, with one warning. A non-contiguous input's strides are part of the signature, so layouts
-    #   that alternate get a recording each. Storage offsets are not compared: an op
+    #   runs, and such calls replay plainly, with one warning. A non-contiguous input's
+    #   strides are part of the signature, so layouts that alternate get a recording
+    #   each. Storage offsets are not compared: an op
     #   whose output shares a storage with one of its inputs is a view, which a replay
     #   runs and never serves (NOTE [Which ops replay runs]), and every output it
     #   serves is on a storage of its own. So micro-batches sliced from one batch

@@ -193,7 +193,10 @@ def _swap_buffers(call: RegionCall) -> Iterator[None]:
     for i, _ in state.untouched or ():
         m, n = slots[i]
         now, read, snap = buffer_of(m, n), state.objects[i], state.snapshots[i]
-        if snap is not None and read is not None and snap.layout == torch.strided and not torch.equal(snap, read.detach()):
+        if (
+            snap is not None and read is not None and snap.layout == torch.strided
+            and not torch.equal(snap, read.detach())
+        ):
             read = snap.clone()  # written since, seen or not (NOTE [Buffers written unseen])
         if now is not read:
             saved.append((i, now))

@@ -700,9 +700,9 @@ class PassState(_WeakReferable):
         their storages would have died (NOTE [Native keep] in native.py); not in a
         backward that keeps its graph (``retain_graph``, a gradient penalty's), whose saved
         tensors live on."""
-        if self.create_graph or keeping_graph():
-            return
         held = self.native_held
+        if not held or self.create_graph or keeping_graph():
+            return
         while held and held[-1][0] > ordinal:
             self.stats.resident_bytes -= held.pop()[1]  # a decrease sets no peak
 
