@@ -440,6 +440,8 @@ class Lifecycle:
         self._count_ooms(p, stats)
         for call in p.all_calls():  # counted here, not on the save path
             p.stats.saved_tensors += call.pack_count
+            if not call.native:
+                p.stats.hooked_saves += call.pack_count
             p.stats.storages += len(call.storages)
             p.stats.replays += call.replays
             p.stats.served_ops += call.served_ops

@@ -525,6 +525,9 @@ class PassStats:
     """Counters of one pass (summed into the step record)."""
 
     saved_tensors: int = 0
+    hooked_saves: int = 0
+    """Of ``saved_tensors``, those that went through the hooks (not a native call's:
+    NOTE [Native keep])."""
     storages: int = 0
     kept_bytes: int = 0
     offloaded_bytes: int = 0
@@ -536,9 +539,13 @@ class PassStats:
     served_ops: int = 0
     rerun_ops: int = 0
     pack_seconds: float = 0.0
-    """Host seconds in the pack hook (sampled, scaled to every save; NOTE [Hook timing])."""
+    """Host seconds in the pack calls timed (one in HOOK_SAMPLE; NOTE [Hook timing])."""
+    pack_timed: int = 0
+    """Pack calls timed."""
     unpack_seconds: float = 0.0
-    """Host seconds in the unpack hook for kept saves (sampled the same way)."""
+    """Host seconds in the unpack calls of kept saves timed (sampled the same way)."""
+    unpack_timed: int = 0
+    """Unpack calls timed."""
     fallbacks: dict[str, int] = field(default_factory=dict)
 
     def keep(self, rec: StorageRec) -> None:

@@ -136,6 +136,13 @@ def _parser() -> argparse.ArgumentParser:
             help=f"offrecomp's host time {what}, in microseconds, 0 to 1e6 (overrides the "
             "profile; --model default 0)",
         )
+    plan.add_argument(
+        "--native-keep",
+        action=argparse.BooleanOptionalAction,
+        help="regions a plan keeps whole save without the hooks, as the runtime's default "
+        "native_keep does, so --pack-us and --unpack-us charge only the others and the root "
+        "(overrides the profile; --model default off)",
+    )
     plan.add_argument("--no-offload", action="store_true", help="plan with KEEP and RECOMPUTE only")
     plan.add_argument(
         "--infeasible",
@@ -242,6 +249,8 @@ def _set_host_costs(profile: Profile, args: argparse.Namespace) -> None:
         us = getattr(args, flag[2:].replace("-", "_"))
         if us is not None:
             setattr(profile, field, us * 1e-6)
+    if args.native_keep is not None:
+        profile.native_keep = args.native_keep
 
 
 def _set_replay_op(profile: Profile, us: float | None) -> None:

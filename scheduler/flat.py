@@ -108,11 +108,18 @@ class FlatProfile:
     """End of forward when no group offloads."""
     fwd_host: np.ndarray
     """Per unit its forward host time: the measured host time (or the device time where
-    none was measured) plus the pack hook's cost per save."""
+    none was measured) plus the pack hook's cost per save (a region's under
+    ``Profile.native_keep``: in ``fwd_hook``)."""
     bwd_dev: np.ndarray
     """Per unit its backward device time, without replay."""
     bwd_host: np.ndarray
-    """Per unit its backward host time plus the unpack hook's cost per save."""
+    """Per unit its backward host time plus the unpack hook's cost per save (a region's
+    under ``Profile.native_keep``: in ``bwd_hook``)."""
+    fwd_hook: np.ndarray
+    """Per unit the pack hooks' host time it adds to ``fwd_host`` under a plan that does
+    not keep it whole (non-zero only for regions, under ``Profile.native_keep``)."""
+    bwd_hook: np.ndarray
+    """Per unit the unpack hooks' host time, likewise."""
     d2h_bps: float
     h2d_bps: float
     host_limit_bytes: int
@@ -127,17 +134,19 @@ class FlatProfile:
 
     @property
     def forward_span(self) -> np.ndarray:
-        """Per unit its forward time when its group does not offload."""
+        """Per unit its forward time when its group does not offload (and, under
+        ``Profile.native_keep``, a plan keeps it whole)."""
         return np.maximum(self.fwd_dur, self.fwd_host)
 
     def forward_end_bound(self) -> float:
-        """Latest end of forward of any plan: every unit that may offload does."""
+        """Latest end of forward of any plan: every unit that may offload does, and every
+        unit runs its hooks."""
         may = np.zeros(self.n_units, dtype=np.bool_)
         off = (self.legal & OFFLOAD_BIT) != 0
         may[self.unit_of[off]] = True
-        span = self.forward_span
-        with_issue = np.maximum(self.fwd_dur, self.fwd_host + self.offload_host)
-        return self.t0 + float(np.sum(np.where(may, with_issue - span, 0.0)))
+        host = self.fwd_host + self.fwd_hook
+        longest = np.maximum(self.fwd_dur, np.where(may, host + self.offload_host, host))
+        return self.t0 + float(np.sum(longest - self.forward_span))
 
     @functools.cached_property
     def key_index(self) -> dict[StorageKey, int]:
@@ -621,7 +630,7 @@ def flatten(profile: Profile) -> FlatProfile:
     assert cols.nbytes is not None and cols.last_save is not None  # bad_storage raised
     kind_arr, legal = _legality(profile, un, cols.kind)
     unit_saves = _unit_saves(profile, un)
-    host_start, fwd_host, bwd_host, bwd_dev, t0 = host_times(
+    host_start, fwd_host, bwd_host, bwd_dev, t0, fwd_hook, bwd_hook = host_times(
         profile, start, dur, bdur, t0, unit_saves
     )
     src, unit_arr = un.src, un.unit_of
@@ -666,6 +675,8 @@ def flatten(profile: Profile) -> FlatProfile:
         fwd_host=fwd_host,
         bwd_dev=bwd_dev,
         bwd_host=bwd_host,
+        fwd_hook=fwd_hook,
+        bwd_hook=bwd_hook,
         d2h_bps=d2h,
         h2d_bps=h2d,
         host_limit_bytes=int(profile.host_limit_bytes),

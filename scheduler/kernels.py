@@ -45,6 +45,10 @@ refreshes its contexts for a kernel load (NOTE [kernel loads]).
 #   bwd_host   f64    backward host seconds with the unpack cost per save, without
 #                     reload issues or replay
 #   bwd_dur    f64    max(bwd_dev, bwd_host)
+#   fwd_hook, bwd_hook f64  the hooks' host seconds a unit adds to fwd_host/bwd_host
+#                     when a plan places any of its storages other than KEEP (0 but
+#                     for regions under native keep)
+#   hooked     bool   a plan places some storage of the unit other than KEEP
 # Per op (shape n_ops; out_ptr and rd_ptr n_ops + 1):
 #   op_sec     f64    seconds
 #   op_serv    bool   servable: skippable, in a region that is not opaque, every output

@@ -77,9 +77,12 @@ def host_times(
     bdur: np.ndarray,
     t0: float,
     unit_saves: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, np.ndarray, np.ndarray]:
     """Host time per unit (NOTE [Host time]): forward starts and end of forward when no
-    group offloads, forward host time, backward host time, backward device time.
+    group offloads, forward host time, backward host time, backward device time, and
+    the hooks' forward and backward host time a region unit adds on top when a plan
+    does not keep it whole (zero but under ``Profile.native_keep``, where the first two
+    leave it out).
 
     Where no host time was measured, and the hooks cost nothing, every unit's host time
     equals its device time and the layout is ``unit_times``'s, bit for bit.
@@ -97,14 +100,22 @@ def host_times(
             bwd_host[2 * k + 1] = check_number(
                 r.backward_host_seconds, f"region {region_label(r)} backward_host_seconds"
             )
+    fwd_hook = np.zeros_like(dur)
+    bwd_hook = np.zeros_like(bdur)
+    # gaps (the root's saves) always run the hooks; region units too without native keep
+    hooked = unit_saves.copy()
+    if profile.native_keep:
+        hooked[1::2] = 0.0
+        fwd_hook[1::2] = pack * unit_saves[1::2]
+        bwd_hook[1::2] = unpack * unit_saves[1::2]
     if pack > 0:
-        fwd_host = fwd_host + pack * unit_saves
+        fwd_host = fwd_host + pack * hooked
     if unpack > 0:
-        bwd_host = bwd_host + unpack * unit_saves
+        bwd_host = bwd_host + unpack * hooked
     span = np.maximum(dur, fwd_host)
     if np.array_equal(span, dur):
-        return start, fwd_host, bwd_host, bdur, t0
+        return start, fwd_host, bwd_host, bdur, t0, fwd_hook, bwd_hook
     ends = np.cumsum(span)
     host_start = np.concatenate(([0.0], ends[:-1]))
-    return host_start, fwd_host, bwd_host, bdur, t0 + float(ends[-1] - np.cumsum(dur)[-1])
-
+    t_end = t0 + float(ends[-1] - np.cumsum(dur)[-1])
+    return host_start, fwd_host, bwd_host, bdur, t_end, fwd_hook, bwd_hook

@@ -203,6 +203,11 @@ class Profile:
     ``scheduler.timeline``)."""
     unpack_host_seconds: float = 0.0
     """Host seconds the unpack hook adds per saved tensor in backward."""
+    native_keep: bool = False
+    """A region call whose every storage a plan keeps saves through autograd's own saved
+    variables, without the hooks (the runtime's NOTE [Native keep]): the simulator
+    charges the pack and unpack costs of a region's saves only under plans that offload
+    or drop some of its storages (the root's saves always pay them)."""
     offload_host_seconds: float = 0.0
     """Host seconds to issue one group's D2H copies at its region's exit (a group: the
     offloaded storages of one region call, or of one run of root saves)."""

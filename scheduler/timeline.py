@@ -47,8 +47,11 @@ its device time, as on CPU, where host and device are one) plus, per saved tenso
 gaps take their device time plus the pack cost of their root saves. In backward: the
 unit's ``backward_host_seconds`` (or device time) plus ``unpack_host_seconds`` per save,
 ``reload_host_seconds`` per group reload it issues, and ``replay_seconds`` plus
-``replay_host_seconds`` when it replays. Where no host time is measured and every host
-cost is 0, each unit takes its device time, bit for bit as without the host model.
+``replay_host_seconds`` when it replays. Under ``Profile.native_keep`` a region that the
+plan keeps whole pays neither hook: its saves go through autograd's own saved
+variables (the runtime's NOTE [Native keep]); the root's saves always pay them. Where
+no host time is measured and every host cost is 0, each unit takes its device time,
+bit for bit as without the host model.
 
 ``lower_bound`` (scheduler.bound) is a relaxation of this model; its derivation is in
 its docstring. The kernels' array names are the legend's in ``scheduler.kernels``.
@@ -81,27 +84,38 @@ __all__ = [
 
 @njit_inline
 def _groups(place, unit_of, nbytes, n_u):  # type: ignore[no-untyped-def]
-    """Per unit its group's offloaded bytes and whether it offloads (NOTE [Offload groups])."""
+    """Per unit its group's offloaded bytes, whether it offloads (NOTE [Offload
+    groups]) and whether it places any storage other than KEEP (its saves then run the
+    hooks under native keep)."""
     gbytes = np.zeros(n_u, dtype=np.int64)
     goff = np.zeros(n_u, dtype=np.bool_)
+    hooked = np.zeros(n_u, dtype=np.bool_)
     for s in range(nbytes.shape[0]):
-        if place[s] == 1:
-            goff[unit_of[s]] = True
-            gbytes[unit_of[s]] += nbytes[s]
-    return gbytes, goff
+        if place[s] != 0:
+            hooked[unit_of[s]] = True
+            if place[s] == 1:
+                goff[unit_of[s]] = True
+                gbytes[unit_of[s]] += nbytes[s]
+    return gbytes, goff, hooked
 
 
 @njit_inline
-def _forward(goff, fwd_start, fwd_dur, fwd_host, t0, off_h, fstart, fend):  # type: ignore[no-untyped-def]
+def _forward(goff, hooked, fwd_start, fwd_dur, fwd_host, fwd_hook, t0, off_h, fstart, fend):  # type: ignore[no-untyped-def]
     """Forward start and end of each unit into ``fstart``/``fend``; returns the end of
     forward. A unit takes the longer of its device and host time; issuing its group's
-    offload is host time at its exit (NOTE [Host time])."""
+    offload is host time at its exit, and the hooks of a unit not kept whole are host
+    time under native keep (NOTE [Host time])."""
     shift = 0.0
     for u in range(fwd_dur.shape[0]):
         fstart[u] = fwd_start[u] + shift
         span = max(fwd_dur[u], fwd_host[u])
-        if goff[u] and off_h > 0.0:
-            grown = max(fwd_dur[u], fwd_host[u] + off_h)
+        host = fwd_host[u]
+        if hooked[u]:
+            host += fwd_hook[u]
+        if goff[u]:
+            host += off_h
+        if host > fwd_host[u]:
+            grown = max(fwd_dur[u], host)
             shift += grown - span
             span = grown
         fend[u] = fstart[u] + span
@@ -159,8 +173,8 @@ def _replays(
 
 @njit_inline
 def _backward(
-    place, prefetch, st_ptr, gbytes, goff, g_end, replay, bwd_dev, bwd_host, rel_h, rp_h,
-    h2d_bps, t_fwd, h2d_start, h2d_end, reach, cstart, cend, riss
+    place, prefetch, st_ptr, gbytes, goff, hooked, g_end, replay, bwd_dev, bwd_host, bwd_hook,
+    rel_h, rp_h, h2d_bps, t_fwd, h2d_start, h2d_end, reach, cstart, cend, riss
 ):  # type: ignore[no-untyped-def]
     """Backward, units in reverse from ``t_fwd``, with no drain of the D2H stream first.
     Reaching a unit whose group offloads reloads that group unless issued already, and
@@ -210,6 +224,8 @@ def _backward(
         cstart[v] = cs
         cend[v] = cs + replay[v] + bwd_dev[v]
         host = bwd_host[v] + issued * rel_h
+        if hooked[v]:
+            host += bwd_hook[v]
         if replay[v] > 0.0:
             host += rp_h
         h_end = cs + replay[v] + host
@@ -326,8 +342,8 @@ def _merge_events(
 def run_timeline(
     place, prefetch, save_order, st_ptr, unit_of, nbytes, save_time, last_save, st_prod,
     op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow,
-    fwd_dur, fwd_start, fwd_host, bwd_dev, bwd_host, t0, d2h_bps, h2d_bps, off_h, rel_h, rp_h,
-    d2h_start, d2h_end, h2d_start, h2d_end, reach, cstart, cend, fstart, fend, riss, replay,
+    fwd_dur, fwd_start, fwd_host, fwd_hook, bwd_dev, bwd_host, bwd_hook, t0, d2h_bps, h2d_bps,
+    off_h, rel_h, rp_h, d2h_start, d2h_end, h2d_start, h2d_end, reach, cstart, cend, fstart, fend, riss, replay,
     ev_t, ev_d, mark, stack, op_host, op_view
 ):  # type: ignore[no-untyped-def]
     """Simulate one step; fills the per-storage/per-unit arrays and the memory events.
@@ -337,8 +353,8 @@ def run_timeline(
     by time, frees first at equal times. ``riss[u]`` is when unit ``u``'s group reload
     was issued (-1: it offloads nothing).
     """
-    gbytes, goff = _groups(place, unit_of, nbytes, fwd_dur.shape[0])
-    t_fwd = _forward(goff, fwd_start, fwd_dur, fwd_host, t0, off_h, fstart, fend)
+    gbytes, goff, hooked = _groups(place, unit_of, nbytes, fwd_dur.shape[0])
+    t_fwd = _forward(goff, hooked, fwd_start, fwd_dur, fwd_host, fwd_hook, t0, off_h, fstart, fend)
     g_end, d2h_bytes = _offload_copies(
         place, unit_of, gbytes, goff, fend, d2h_bps, d2h_start, d2h_end
     )
@@ -347,8 +363,8 @@ def run_timeline(
         rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack, op_host, op_view, replay
     )
     step, stall, h2d_bytes, by = _backward(
-        place, prefetch, st_ptr, gbytes, goff, g_end, replay, bwd_dev, bwd_host, rel_h, rp_h,
-        h2d_bps, t_fwd, h2d_start, h2d_end, reach, cstart, cend, riss
+        place, prefetch, st_ptr, gbytes, goff, hooked, g_end, replay, bwd_dev, bwd_host, bwd_hook,
+        rel_h, rp_h, h2d_bps, t_fwd, h2d_start, h2d_end, reach, cstart, cend, riss
     )
     # NOTE [memory merge]: four event streams, each already sorted by time: saves (save
     # order), D2H landings (groups land in forward order), backward allocations (reloads
@@ -412,7 +428,8 @@ class Workspace:
             place, prefetch, f.save_order, f.st_ptr, f.unit_of, f.nbytes, f.save_time,
             f.last_save, f.st_prod, f.op_ptr, f.op_sec, f.op_serv, f.op_sink, f.out_ptr,
             f.out_idx, f.rd_ptr, f.rd_idx, f.noops, f.dataflow, f.fwd_dur, f.fwd_start,
-            f.fwd_host, f.bwd_dev, f.bwd_host, f.t0, d2h, h2d, f.offload_host, f.reload_host,
+            f.fwd_host, f.fwd_hook, f.bwd_dev, f.bwd_host, f.bwd_hook, f.t0, d2h, h2d,
+            f.offload_host, f.reload_host,
             f.replay_host, self.d2h_start, self.d2h_end, self.h2d_start, self.h2d_end,
             self.reach, self.cstart, self.cend, self.fstart, self.fend, self.riss, self.replay,
             self.ev_t, self.ev_d, self.mark, self.stack, f.op_host, f.op_view

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from offrecomp.measure import distorts
 from offrecomp.phases import Phase
-from offrecomp.planning.drift import refresh_live
+from offrecomp.planning.drift import DRIFT_REPLANS, refresh_live
 from offrecomp.planning.trial import offload_trial
 from offrecomp.state import Stage
 from scheduler.cost_model import CostModel, predict
@@ -105,13 +105,16 @@ class Learner:
     # set after each learnt pass so that learning takes at most LEARN_SHARE of the step
     # time (one pass in MAX_LEARN_EVERY at least). The passes between still feed the
     # offload trial their step times, and the drift check reads every step's record, so
-    # a plan that stops fitting is still caught. Calibration passes, and passes under a
-    # user's plan (``rt.set_plan``), are always learnt.
+    # a plan that stops fitting is still caught. Calibration passes, passes under a
+    # user's plan (``rt.set_plan``), and the passes of a plan solved again for drift
+    # (until a window fits, or re-planning backs off: NOTE [Drift]) are always learnt:
+    # learning one pass in 16 would give such a plan two passes of each window of
+    # DRIFT_WINDOW to correct the times it missed by.
 
     @staticmethod
     def _skip(entry: PlanEntry) -> bool:
         """Skip learning from this planned pass (NOTE [Learning cadence])?"""
-        if entry.learnt_since_solve < FIRST_LEARNT:
+        if entry.learnt_since_solve < FIRST_LEARNT or 0 < entry.drift_replans <= DRIFT_REPLANS:
             return False
         entry.learn_skipped += 1
         if entry.learn_skipped < entry.learn_every:
@@ -357,7 +360,7 @@ def _learn_regions(
         # time, which the model adds per unit: on CPU (host and device are one) it
         # comes off the region's time; on GPU the events time the device, and the
         # host's own span, less that time, is the region's host time
-        extra = _forward_host_extra(measured, r, offloads)
+        extra = 0.0 if call.native else _forward_host_extra(measured, r, offloads)
         if on_device:
             host = call.end_mark.host - call.start_mark.host - extra
             if host > 0:
@@ -396,7 +399,7 @@ def _learn_whole_forward(
     extra = (
         0.0
         if on_device
-        else int(p.stats.saved_tensors) * measured.pack_host_seconds
+        else int(p.stats.hooked_saves) * measured.pack_host_seconds
         + groups * measured.offload_host_seconds
     )
     measured.forward_seconds = fwd_total - extra if extra < fwd_total else fwd_total
@@ -483,16 +486,17 @@ def _learn_gaps(
 def learn_host_costs(p: PassState, measured: Profile) -> None:
     """NOTE [Host time]: the runtime's own host costs as ``p`` measured them, into
     ``measured`` (the cost model averages them): per saved tensor in the pack and
-    the unpack hook (``PassStats.pack_seconds``, ``unpack_seconds``), per group
-    offload and per group reload issued (``OffloadStats.offload_host_seconds`` over
-    ``groups_offloaded``, ``reload_host_seconds`` over ``groups_reloaded``). A cost
-    the pass did not measure keeps the estimate; one pass moves a cost by at most
-    ``OUTLIER_RATIO`` times the estimate (plus 20 us)."""
+    the unpack hook (``PassStats.pack_seconds`` over ``pack_timed``, the calls timed:
+    a native call's saves run no hook, so a pass's timed calls are not a fixed share
+    of its saves), per group offload and per group reload issued
+    (``OffloadStats.offload_host_seconds`` over ``groups_offloaded``,
+    ``reload_host_seconds`` over ``groups_reloaded``). A cost the pass did not measure
+    keeps the estimate; one pass moves a cost by at most ``OUTLIER_RATIO`` times the
+    estimate (plus 20 us)."""
     st, o = p.stats, p.offload_stats
-    saves = int(st.saved_tensors)
     costs = {
-        "pack_host_seconds": (getattr(st, "pack_seconds", None), saves),
-        "unpack_host_seconds": (getattr(st, "unpack_seconds", None), saves),
+        "pack_host_seconds": (st.pack_seconds, st.pack_timed),
+        "unpack_host_seconds": (st.unpack_seconds, st.unpack_timed),
         "offload_host_seconds": (
             getattr(o, "offload_host_seconds", None),
             int(getattr(o, "groups_offloaded", 0) or 0),
@@ -520,9 +524,9 @@ def _forward_host_extra(measured: Profile, r: RegionRecord, offloads: bool) -> f
 
 
 def _backward_host_extra(p: PassState, measured: Profile) -> float:
-    """Host time the runtime added to ``p``'s backward: the unpack hooks and the group
-    reloads it issued (NOTE [Host time])."""
-    saves = int(p.stats.saved_tensors)
+    """Host time the runtime added to ``p``'s backward: the unpack hooks of the saves
+    that went through them and the group reloads it issued (NOTE [Host time])."""
+    saves = int(p.stats.hooked_saves)
     groups = int(getattr(p.offload_stats, "groups_reloaded", 0) or 0)
     return saves * measured.unpack_host_seconds + groups * measured.reload_host_seconds
 

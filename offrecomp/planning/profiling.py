@@ -117,6 +117,7 @@ def build_profile(
         regions=regions,
         root=root_records,
         device_capacity_bytes=device_capacity_bytes(device),
+        native_keep=config.native_keep,  # NOTE [Native keep]: kept-whole calls run no hooks
         meta={"torch": torch.__version__},
     )
     if p.device_peak is not None:

@@ -262,8 +262,9 @@ def hidden_offloads(
     rank = np.empty(n, dtype=np.int64)
     rank[flat.save_order] = np.arange(n)
     cand = cand[np.lexsort((rank[cand], -density[cand]))].astype(np.int64)
-    # a copy starts no earlier than its group's exit (NOTE [Offload groups])
-    exits = (flat.fwd_start + flat.forward_span)[flat.unit_of]
+    # a copy starts no earlier than its group's exit (NOTE [Offload groups]), where the
+    # unit ran its hooks
+    exits = (flat.fwd_start + np.maximum(flat.fwd_dur, flat.fwd_host + flat.fwd_hook))[flat.unit_of]
     return _hidden_set(
         cand, flat.nbytes, exits, flat.unit_of, rank, flat.t0,
         flat.d2h_bps, flat.h2d_bps, flat.bwd_dur, prefetch, flat.host_limit_bytes

@@ -11,6 +11,7 @@ import pytest
 
 import offrecomp
 from offrecomp._torch_compat import current_graph_task_id
+from offrecomp.hooks import HOOK_SAMPLE
 from offrecomp.planning import OUTLIER_RATIO, Planner, learning
 from offrecomp.state import PassState
 from scheduler import Placement, Plan
@@ -23,10 +24,12 @@ def _runtime(model: object, **kw: object) -> offrecomp.Runtime:
 
 
 def _measured_pass(saves: int, **costs: Any) -> PassState:
-    """A pass whose stats carry the runtime's host-cost fields given in ``costs``."""
+    """A pass whose stats carry the runtime's host-cost fields given in ``costs``, every
+    save hooked (the timed calls' counts default to one in HOOK_SAMPLE saves)."""
     p = PassState(index=0, signature="sig", mode="auto")
-    p.stats.saved_tensors = saves
-    for name in ("pack_seconds", "unpack_seconds"):
+    p.stats.saved_tensors = p.stats.hooked_saves = saves
+    p.stats.pack_timed = p.stats.unpack_timed = max(1, saves // HOOK_SAMPLE)
+    for name in ("pack_seconds", "unpack_seconds", "pack_timed", "unpack_timed"):
         if name in costs:
             setattr(p.stats, name, costs.pop(name))
     p.offload_stats = SimpleNamespace(**costs)  # type: ignore[assignment]
@@ -39,8 +42,10 @@ def test_host_costs_are_learnt_per_save_and_per_group() -> None:
     measured = Profile(signature="sig")
     p = _measured_pass(
         100,
-        pack_seconds=1e-3,
-        unpack_seconds=5e-4,
+        pack_seconds=1e-4,
+        pack_timed=10,
+        unpack_seconds=5e-5,
+        unpack_timed=10,
         groups_offloaded=4,
         offload_host_seconds=2e-4,
         groups_reloaded=2,
@@ -60,6 +65,92 @@ def test_host_costs_are_learnt_per_save_and_per_group() -> None:
     assert measured.pack_host_seconds == pytest.approx(OUTLIER_RATIO * 1e-5 + 20e-6)
 
 
+def test_host_costs_are_per_hooked_save() -> None:
+    """NOTE [Native keep]: a native call's saves run no hook. The per-save costs are the
+    mean of the calls timed, and the backward's hook time is the hooked saves', however
+    few of the pass's saves ran the hooks."""
+    from scheduler import Profile
+
+    measured = Profile(signature="sig", unpack_host_seconds=2e-6)
+    p = _measured_pass(201, pack_seconds=3e-6, pack_timed=1, unpack_seconds=0.0, unpack_timed=0)
+    p.stats.hooked_saves = 1  # the root's save; 200 saved natively
+    learning.learn_host_costs(p, measured)
+    assert measured.pack_host_seconds == pytest.approx(3e-6)
+    assert measured.unpack_host_seconds == pytest.approx(2e-6)  # none timed: the estimate stands
+    assert learning._backward_host_extra(p, measured) == pytest.approx(2e-6)
+
+
+def test_a_native_call_is_learnt_without_the_hooks_and_predicted_without_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Calls that a plan keeps whole save natively: their spans hold no hook time, so
+    none comes off them when learnt, and the profile the runtime builds says so
+    (``Profile.native_keep``), so the model charges their saves no hook time either;
+    gradients stay bitwise."""
+    m = _model()
+    ref = train(twin(m), _batch, steps=2 + 12)
+    rt = _runtime(m, drift=100.0, budget="100%")
+    taken: list[tuple[bool, float]] = []
+    original = learning._forward_host_extra
+    natives: set[tuple[str, int]] = set()
+    learn_forward = learning.learn_forward
+
+    def spy_forward(p: PassState, measured: Any, **kw: Any) -> list[str]:
+        natives.clear()
+        natives.update(c.key for c in p.calls if c.native)
+        return learn_forward(p, measured, **kw)
+
+    def spy_extra(measured: Any, r: Any, offloads: bool) -> float:
+        taken.append((r.key in natives, original(measured, r, offloads)))
+        return taken[-1][1]
+
+    monkeypatch.setattr(learning, "learn_forward", spy_forward)
+    monkeypatch.setattr(learning, "_forward_host_extra", spy_extra)
+    got = train(m, _batch, rt, steps=2 + 12)
+    assert_bitwise(ref, got)
+    entry = rt.planner.last_entry
+    assert entry is not None and entry.profile is not None and entry.plan is not None
+    assert entry.profile.native_keep
+    assert all(pl is Placement.KEEP for pl in entry.plan.placements.values())
+    passes = rt.report().steps
+    assert [s.phase for s in passes].count("planned") == 12
+    assert taken and not any(native for native, _ in taken)  # hooked calls only (audits)
+    # the plan keeps every region whole: only the root's saves pay the pack hook
+    from scheduler import predict
+
+    profile = entry.profile.copy()
+    profile.pack_host_seconds, profile.unpack_host_seconds = 1e-3, 0.0
+    bare = profile.copy()
+    bare.pack_host_seconds = 0.0
+    root_saves = sum(s.saves for s in profile.root)
+    region_saves = sum(s.saves for r in profile.regions for s in r.storages)
+    assert region_saves > 0
+    got_extra = predict(profile, entry.plan).forward_seconds - predict(bare, entry.plan).forward_seconds
+    assert got_extra == pytest.approx(root_saves * 1e-3, abs=1e-9)
+    profile.native_keep = bare.native_keep = False  # with the hooks on, every save pays
+    got_extra = predict(profile, entry.plan).forward_seconds - predict(bare, entry.plan).forward_seconds
+    assert got_extra == pytest.approx((root_saves + region_saves) * 1e-3, rel=1e-6)
+
+
+def test_a_plan_solved_again_for_drift_learns_every_pass() -> None:
+    """NOTE [Learning cadence]: after a re-plan for drift, until a window fits or
+    re-planning backs off, every planned pass is learnt."""
+    from offrecomp.planning.drift import DRIFT_REPLANS
+    from offrecomp.planning.entries import PlanEntry
+
+    entry = PlanEntry(signature="sig")
+    entry.learnt_since_solve = learning.FIRST_LEARNT
+    entry.learn_every = learning.MAX_LEARN_EVERY
+    skips = [learning.Learner._skip(entry) for _ in range(learning.MAX_LEARN_EVERY)]
+    assert skips.count(False) == 1
+    for replans in range(1, DRIFT_REPLANS + 1):
+        entry.drift_replans = replans
+        assert not any(learning.Learner._skip(entry) for _ in range(learning.MAX_LEARN_EVERY))
+    entry.drift_replans = DRIFT_REPLANS + 1  # backed off: the cadence again
+    skips = [learning.Learner._skip(entry) for _ in range(learning.MAX_LEARN_EVERY)]
+    assert skips.count(False) == 1
+
+
 def test_learnt_host_costs_reach_the_estimate_and_the_prediction(monkeypatch: pytest.MonkeyPatch) -> None:
     """The runtime's fields (read with defaults: they may be absent) go through the cost
     model into the profile that plans are solved and predicted with."""
@@ -67,13 +158,14 @@ def test_learnt_host_costs_reach_the_estimate_and_the_prediction(monkeypatch: py
     learn = learning.learn_host_costs
 
     def with_fields(p: PassState, measured: Any) -> None:
-        p.stats.pack_seconds = per_save * p.stats.saved_tensors  # type: ignore[attr-defined]
+        p.stats.pack_seconds = per_save * p.stats.saved_tensors
+        p.stats.pack_timed = p.stats.saved_tensors
         learn(p, measured)
 
     monkeypatch.setattr(learning, "learn_host_costs", with_fields)
     model, batch = make("gpt_dropout")
     m = twin(model)
-    rt = _runtime(m, budget="50%", drift=100.0)
+    rt = _runtime(m, budget="50%", drift=100.0, native_keep=False)  # every save hooked
     train(m, batch, rt, steps=4)
     entry = rt.planner.last_entry
     assert entry is not None and entry.profile is not None and entry.plan is not None

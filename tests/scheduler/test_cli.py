@@ -136,6 +136,25 @@ def test_host_costs_from_the_command_line(tmp_path: Path) -> None:
     assert times[1] > times[0]
 
 
+def test_native_keep_from_the_command_line(tmp_path: Path) -> None:
+    """--native-keep: a plan that keeps every region whole pays no pack cost for their
+    saves, so with an ample budget the step is the one without hooks."""
+    p = gpt_profile(
+        layers=4, hidden=1024, heads=8, seq=4096, batch=1, device_tflops=990, d2h_gbps=50, h2d_gbps=50
+    )
+    path = tmp_path / "prof.json"
+    p.save(path)
+
+    def step(*flags: str) -> float:
+        rc, text = run("plan", str(path), "--budget", "1TiB", *flags, "--json")
+        assert rc == 0
+        return float(json.loads(text)["predicted_step_seconds"])
+
+    bare = step()
+    assert step("--pack-us", "500", "--no-native-keep") > bare
+    assert step("--pack-us", "500", "--native-keep") == pytest.approx(bare)
+
+
 def test_min_budget() -> None:
     rc, text = run(
         "plan",

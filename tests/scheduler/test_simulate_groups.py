@@ -152,6 +152,33 @@ def test_host_time_makes_a_host_bound_unit_longer() -> None:
     assert t.step_seconds == 26.0
 
 
+def test_native_keep_charges_the_hooks_only_to_regions_not_kept_whole() -> None:
+    """Under ``Profile.native_keep`` a region the plan keeps whole saves without the
+    hooks (the runtime's NOTE [Native keep]); one that drops or offloads a storage pays
+    them for all its saves, in forward and in backward."""
+    p = two_blocks(pack_host_seconds=0.5, unpack_host_seconds=1.0)  # two saves a block
+    p.native_keep = True
+    t = simulate(p, Plan())
+    assert [(i.start, i.end) for i in t.compute if i.label.startswith("forward")] == [(0.0, 3.0), (3.0, 6.0)]
+    bare = two_blocks()
+    assert (t.forward_seconds, t.step_seconds) == (6.0, simulate(bare, Plan()).step_seconds)
+    # l0 drops a storage: its two saves pay 1 s of pack on its 3 s of forward and 2 s of
+    # unpack on its 6 s of backward; l1, kept whole, pays neither
+    p.regions[0].host_seconds = 3.0
+    t = simulate(p, Plan(placements={("l0", 0, 1): R}))
+    assert [(i.start, i.end, i.label) for i in t.compute] == [
+        (0.0, 4.0, "forward l0#0"),
+        (4.0, 7.0, "forward l1#0"),
+        (7.0, 13.0, "backward l1#0"),
+        (13.0, 15.0, "replay l0#0"),
+        (15.0, 23.0, "backward l0#0"),
+    ]
+    # without native keep every region pays: l1 too
+    p.native_keep = False
+    t = simulate(p, Plan(placements={("l0", 0, 1): R}))
+    assert [(i.start, i.end) for i in t.compute if i.label.startswith("forward")] == [(0.0, 4.0), (4.0, 8.0)]
+
+
 def test_replay_host_time_is_paid_once_per_replaying_unit() -> None:
     p = two_blocks(replay_host_seconds=0.5)
     t = simulate(p, Plan(placements={("l0", 0, 1): R}))
@@ -177,6 +204,7 @@ def _with_host_costs(profile: Profile, seed: int) -> Profile:
     profile.offload_host_seconds = rng.choice([0.0, 0.1, 0.3]) * scale
     profile.reload_host_seconds = rng.choice([0.0, 0.1]) * scale
     profile.replay_host_seconds = rng.choice([0.0, 0.05]) * scale
+    profile.native_keep = rng.random() < 0.5
     for r in profile.regions:
         if rng.random() < 0.5:
             r.host_seconds = r.forward_seconds * rng.uniform(0.2, 2.0)
