@@ -51,6 +51,9 @@ class PlanEntry:
     relayouts: int = 0
     """Times a call's inputs, parameters or buffers had another layout than its recording
     (NOTE [Stale recordings] in regenerate.py)."""
+    replaced: tuple[Plan, Profile] | None = None
+    """The plan and profile a measuring pass replaced (``rt.explain()`` shows them until
+    the signature plans again)."""
     needs_solve: bool = False
     cost: CostModel | None = None
     """Smoothed timings of the signature, updated by every planned pass."""
@@ -109,6 +112,8 @@ class PlanEntry:
         """A measuring (or re-profiling) pass built ``profile``, whose activations peaked
         at ``measured_peak_bytes``: it replaces what the entry knew, and the next pass
         calibrates it (NOTE [Calibration])."""
+        if self.plan is not None and self.profile is not None:
+            self.replaced = (self.plan, self.profile)
         self.structures = structures
         self.calibrated = False
         self.calibration_ran = False

@@ -625,6 +625,15 @@ class Planner:
                 emulated=host.device().type != "cuda", user_plan=user,
             )
         entry = self.last_entry
+        if entry is not None and entry.plan is None and entry.replaced is not None:
+            plan, profile = entry.replaced
+            head = (
+                f"offrecomp: signature {shown(entry.signature)} is measured and calibrated again "
+                f"(calls that saved more than its profile: {entry.growths} time(s); calls on "
+                f"inputs of another layout: {entry.relayouts} time(s)); it plans again after "
+                "that, and ran this plan before:"
+            )
+            return head + "\n" + explain_plan(entry.signature, plan, profile, host.regions)
         if entry is None or entry.profile is None or entry.plan is None:
             return NO_PLAN_YET
         return explain_plan(entry.signature, entry.plan, entry.profile, host.regions, entry.trial.notes())

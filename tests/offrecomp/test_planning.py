@@ -457,6 +457,27 @@ def test_a_call_kept_whole_that_saves_more_than_its_profile_measures_again(nativ
     ]
 
 
+def test_explain_shows_the_replaced_plan_while_a_signature_measures_again() -> None:
+    """A signature measuring again has no plan until it plans again: ``rt.explain()``
+    says why, and shows the plan it ran before (not "no plan yet")."""
+    torch.manual_seed(0)
+    base = stack(_Experts, 3)()
+    m = twin(base)
+    rt = _runtime(m, budget="50%", native_keep=False)
+    with rt:
+        for step in range(6):  # measure, calibrate, planned at k=1; k=2 grows: measure
+            for blk in m.blocks:  # type: ignore[union-attr]
+                blk.k = 1 if step < 4 else 2
+            m(torch.randn(8, 16, generator=torch.Generator().manual_seed(step))).square().mean().backward()
+            if step == 3:
+                before = rt.explain()
+    assert [s.phase for s in rt.report().steps] == ["measure", "calibrate", "planned", "planned", "planned", "measure"]
+    text = rt.explain()
+    assert "is measured and calibrated again" in text and "saved more than its profile: 1 time(s)" in text, text
+    assert before.splitlines()[0] in text.splitlines()[1], (before, text)
+    assert "no plan yet" not in text
+
+
 class ComplexBlock(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
