@@ -291,6 +291,9 @@ class Lifecycle:
         """``p`` takes the signature of what ran; one that more forwards may extend
         (``final=False``) is not remembered: only the last of them names a pass."""
         chosen = p.signature
+        if not p.departed:  # once per pass, from what its first forward chose
+            p.departed = True
+            self._combinations.departed(p.expected)
         p.expected = tuple(p.parts)
         p.signature, p.family, p.dims = combine(p.expected)
         if final:

@@ -18,7 +18,13 @@ summed over its forwards: a forward of one input counts its elements, which is w
 saves grow with; a sum of sizes would rank 2 x 24 tokens over 8 x 16; the most recent
 among equals); for a first forward not seen before, those of passes whose first forward
 was of its family, with its own sizes first (NOTE [Borrowed plans] then finds a plan
-that covers them); else the forward alone. Each later root forward, and the start of
+that covers them); else the forward alone. A combination seen once among those passes
+that MAX_DEPARTURES passes in a row departed from, none running it, is left out until it
+runs again: such a one-off (a loss kept and never differentiated joins the next step's
+forwards) would otherwise be chosen by every pass beginning like it for WINDOW passes,
+each departing from a choice that never calibrates (a full recompute). A combination
+seen twice or more stays chosen however many passes depart from it between its runs
+(the inner passes of a meta-learning step, then its outer pass of two forwards). Each later root forward, and the start of
 the backward, checks the choice; a pass whose forwards depart from it takes the
 signature of what ran and goes on by the phase it began in (``Planner.resign``):
 
@@ -70,6 +76,9 @@ WINDOW = 16
 FIRSTS = 1024
 #: Root forwards a message shows of a joined signature; it counts the rest.
 SHOWN_PARTS = 3
+#: Passes in a row that departed from a combination, none running it, after which passes
+#: beginning like them choose it no more until it runs again.
+MAX_DEPARTURES = 4
 
 
 class Frozen:
@@ -180,11 +189,19 @@ class Combinations:
     def __init__(self) -> None:
         self._by_first: OrderedDict[str, deque[tuple[Part, ...]]] = OrderedDict()
         self._by_family: OrderedDict[str, deque[tuple[Part, ...]]] = OrderedDict()
+        self._departures: dict[tuple[Part, ...], int] = {}
 
     def note(self, parts: tuple[Part, ...]) -> None:
         """A pass's backward began after root forwards ``parts``."""
         _remember(self._by_first, parts[0][0], parts)
         _remember(self._by_family, parts[0][1], parts)
+        self._departures.pop(parts, None)
+
+    def departed(self, chosen: tuple[Part, ...]) -> None:
+        """A pass planned for ``chosen`` ran other root forwards."""
+        if len(self._departures) >= FIRSTS:
+            self._departures.clear()
+        self._departures[chosen] = self._departures.get(chosen, 0) + 1
 
     def choose(self, first: Part) -> tuple[Part, ...]:
         """The root forwards a pass that begins with ``first`` is planned for."""
@@ -196,6 +213,11 @@ class Combinations:
             if not kin:
                 return (first,)
             candidates = [(first, *c[1:]) for c in kin]
+        gone = self._departures
+        if gone:  # a one-off departed from often enough (NOTE [Pass signatures])
+            candidates = [
+                c for c in candidates if gone.get(c, 0) < MAX_DEPARTURES or candidates.count(c) > 1
+            ] or [(first,)]
         return max(reversed(candidates), key=_size)  # the first maximum: the most recent
 
 

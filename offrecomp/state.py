@@ -636,6 +636,8 @@ class PassState(_WeakReferable):
     """Its root forwards' signatures, families and sizes so far (NOTE [Pass signatures])."""
     expected: tuple[Part, ...] = ()
     """The root forwards ``signature`` names: chosen at the first, then what ran."""
+    departed: bool = False
+    """Its root forwards departed from the choice (NOTE [Pass signatures])."""
     named_by: str = ""
     """The region whose call named its first part, when no root forward did: its later
     calls outside every root forward are parts too (NOTE [Pass signatures])."""

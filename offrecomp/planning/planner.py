@@ -553,6 +553,13 @@ class Planner:
         plan = self.active_plan(entry) if entry is not None else None
         if plan is not None and first.planned and first.phase != Phase.BORROWED:
             records.add_prediction(rec, entry, plan, passes)
+        elif first.phase == Phase.BORROWED:  # no prediction of its own; still the budget
+            donor = self.entries.get(first.plan_signature)
+            ran = donor.borrow_plan if donor is not None and first.resigned_from != Phase.PLANNED else None
+            if donor is not None and ran is None:
+                ran = self.active_plan(donor)  # the plan it began with
+            if donor is not None and ran is not None:
+                records.check_budget(rec, donor, ran, passes)
         self._pending.append((rec, passes))
         return rec
 

@@ -87,12 +87,22 @@ def add_prediction(rec: StepRecord, entry: PlanEntry | None, plan: Plan, passes:
     budget = plan.budget_bytes
     if entry is not None and budget is not None and not plan.feasible:
         warn_infeasible(entry, plan, budget, rec.peak_activation_bytes)
-    elif (
-        entry is not None
-        and budget is not None
-        and rec.peak_activation_bytes > OVER_BUDGET * budget
-        and not entry.warned_over_budget
-    ):
+    elif entry is not None:
+        check_budget(rec, entry, plan, passes)
+    live = entry.live if entry is not None and plan is entry.plan else None
+    if live is not None:  # NOTE [Live prediction]
+        rec.predicted_step_seconds = live.step_seconds
+        rec.predicted_peak_bytes = live.peak_bytes
+        rec.predicted_forward_seconds = live.forward_seconds
+        rec.predicted_recompute_seconds = live.recompute_seconds
+        rec.predicted_stall_seconds = live.stall_seconds
+
+
+def check_budget(rec: StepRecord, entry: PlanEntry, plan: Plan, passes: list[PassState]) -> None:
+    """A step that ran ``plan`` (``entry``'s own, or borrowed from it): its budget into
+    ``rec``, and a warning, once per entry, when the step held more than it."""
+    budget = rec.budget_bytes = plan.budget_bytes
+    if budget is not None and rec.peak_activation_bytes > OVER_BUDGET * budget and not entry.warned_over_budget:
         entry.warned_over_budget = True
         double = any(p.double_backward for p in passes)
         log.warning(
@@ -107,13 +117,6 @@ def add_prediction(rec: StepRecord, entry: PlanEntry | None, plan: Plan, passes:
             " Plan with a budget lower by that margin; rt.explain() and the step "
             "records show where the memory went.",
         )
-    live = entry.live if entry is not None and plan is entry.plan else None
-    if live is not None:  # NOTE [Live prediction]
-        rec.predicted_step_seconds = live.step_seconds
-        rec.predicted_peak_bytes = live.peak_bytes
-        rec.predicted_forward_seconds = live.forward_seconds
-        rec.predicted_recompute_seconds = live.recompute_seconds
-        rec.predicted_stall_seconds = live.stall_seconds
 
 
 def warn_infeasible(entry: PlanEntry, plan: Plan, budget: int, held: int) -> None:

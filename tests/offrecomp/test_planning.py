@@ -1001,3 +1001,57 @@ def test_steps_alternating_block_layouts_under_one_signature_plan_after_a_bound(
     assert phases[-4:] == ["planned"] * 4, phases
     warned = [r for r in caplog.records if "another layout or size than its recording" in r.getMessage()]
     assert len(warned) == 1
+
+
+def _maml(model: torch.nn.Module, rt: offrecomp.Runtime | None, steps: int) -> list[dict[str, torch.Tensor]]:
+    """MAML: two tasks, two inner steps of fast weights (``functional_call``, gradients
+    made with ``create_graph``), the outer loss backwarded through them."""
+    from torch.func import functional_call
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(1000 + s))
+
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    out = []
+    with rt if rt is not None else contextlib.nullcontext():
+        for s in range(steps):
+            torch.manual_seed(s)
+            meta: Any = 0
+            for task in range(2):
+                params = dict(model.named_parameters())
+                for i in range(2):
+                    inner = functional_call(model, params, (batch(100 * s + 10 * task + i),))
+                    grads = torch.autograd.grad(inner, list(params.values()), create_graph=True)
+                    params = {n: p - 0.1 * g for (n, p), g in zip(params.items(), grads)}
+                meta = meta + functional_call(model, params, (batch(100 * s + 10 * task + 9),))
+            meta.backward()
+            out.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return out
+
+
+def test_meta_learning_steps_are_held_to_the_budget_or_warned(caplog: pytest.LogCaptureFixture) -> None:
+    """MAML under auto: its steps begin with passes that borrow a plan, and its blocks save
+    parameters in one inner forward and fast weights in the next (a known limit: they
+    end up kept). Gradients are bitwise; every step past the first plans names its
+    budget, and one that held more says so."""
+    from tests import models
+
+    torch.manual_seed(0)
+    base = models.GPT(layers=4, h=16, heads=2, p=0.1)
+    ref = _maml(twin(base), None, 11)
+    probe = twin(base)
+    keep = offrecomp.runtime(probe, mode="keep", min_bytes=0)
+    _maml(probe, keep, 1)
+    budget = keep.report().steps[0].peak_activation_bytes // 2
+    m = twin(base)
+    rt = offrecomp.runtime(m, mode="auto", budget=budget, min_bytes=0)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        got = _maml(m, rt, 11)
+    assert_bitwise(ref, got)
+    steps = rt.report().steps
+    assert steps[-1].budget_bytes == budget, [(s.phases, s.budget_bytes) for s in steps]
+    over = [s for s in steps if s.budget_bytes is not None and s.peak_activation_bytes > 1.05 * budget]
+    if over:
+        assert any("of activations for a budget of" in r.getMessage() for r in caplog.records)

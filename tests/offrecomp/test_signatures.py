@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import offrecomp
-from offrecomp.signatures import Combinations, combine, signature_of
+from offrecomp.signatures import MAX_DEPARTURES, Combinations, combine, signature_of
 from tests.helpers import assert_bitwise, make, twin
 
 Snap = dict[str, torch.Tensor]
@@ -269,6 +269,50 @@ def test_the_choice_is_the_largest_recent_combination() -> None:
     sig, family, dims = combine((a, b24))
     assert sig == f"{a[0]} + {b24[0]}" and family == f"{a[1]} + {b24[1]}" and dims == (2, 16, 2, 24)
     assert combine((a,)) == a
+
+
+def test_a_combination_passes_keep_departing_from_is_chosen_no_more_until_it_runs() -> None:
+    a = signature_of((torch.zeros(2, 16),), {}, True)
+    b = signature_of((torch.zeros(2, 24),), {}, True)
+    combos = Combinations()
+    combos.note((a, b))
+    combos.note((a,))
+    for _ in range(MAX_DEPARTURES):
+        assert combos.choose(a) == (a, b)
+        combos.departed((a, b))
+        combos.note((a,))
+    assert combos.choose(a) == (a,)
+    combos.note((a, b))  # it ran again: chosen again
+    assert combos.choose(a) == (a, b)
+    # seen twice in the window: chosen however many passes depart from it between runs
+    for _ in range(2 * MAX_DEPARTURES):
+        combos.departed((a, b))
+        combos.note((a,))
+    assert combos.choose(a) == (a, b)
+
+
+def test_a_loss_kept_once_without_backward_costs_a_few_passes_not_a_window() -> None:
+    """A forward whose loss is kept and never differentiated (a step skipped on a NaN
+    check, its loss held for logging) joins the next step's forwards: one pass of two
+    forwards, never seen again. Passes beginning like it stop choosing it after
+    MAX_DEPARTURES departures, not after WINDOW passes, and plan again; gradients stay
+    bitwise."""
+    model = make("gpt_dropout")[0]
+    held: list[torch.Tensor] = []
+
+    def body(m: nn.Module, i: int) -> torch.Tensor:
+        if i == 4:
+            held.append(m(_tokens(900, 16)))  # kept, never differentiated
+        elif i == 6:
+            held.clear()
+        return m(_tokens(i, 16))
+
+    steps = 4 + 1 + MAX_DEPARTURES + 6
+    rt, _ = _run_auto(model, body, steps)
+    phases = [s.phase for s in rt.report().steps]
+    assert phases[:4] == ["measure", "calibrate", "planned", "planned"], phases
+    assert phases[-4:] == ["planned"] * 4, phases
+    assert phases.count("recompute") <= MAX_DEPARTURES, phases
 
 
 def test_the_largest_combination_is_the_one_with_more_elements() -> None:
