@@ -81,6 +81,8 @@ class FlatProfile:
     kind: np.ndarray
     legal: np.ndarray
     last_save: np.ndarray
+    first_save: np.ndarray
+    """Per storage the ops of its unit dispatched before its first save (0 for roots)."""
     save_order: np.ndarray
     op_ptr: np.ndarray
     op_sec: np.ndarray
@@ -327,6 +329,7 @@ _get_nbytes = operator.attrgetter("nbytes")
 _get_offset = operator.attrgetter("offset_seconds")
 _get_kind = operator.attrgetter("kind")
 _get_last_save = operator.attrgetter("last_save_op")
+_get_first_save = operator.attrgetter("first_save_op")
 _get_producer = operator.attrgetter("producer_op")
 _get_outputs = operator.attrgetter("outputs")
 _get_skippable = operator.attrgetter("skippable")
@@ -519,6 +522,7 @@ class _StorageColumns(NamedTuple):
     nbytes: np.ndarray | None
     """None where a value is bad and ``bad_storage`` found none to name."""
     last_save: np.ndarray | None
+    first_save: np.ndarray | None
     offsets: list[Any]
     kind: np.ndarray
 
@@ -530,6 +534,9 @@ def _storage_columns(profile: Profile, sts: list[Any]) -> _StorageColumns:
     ls_arr = int_array(list(map(_get_last_save, sts)))
     if ls_arr is None:
         bad_storage(profile, "last_save_op", "an int >= 0", lambda s: is_count(s.last_save_op))
+    fs_arr = int_array(list(map(_get_first_save, sts)))
+    if fs_arr is None:
+        bad_storage(profile, "first_save_op", "an int >= 0", lambda s: is_count(s.first_save_op))
     offsets = list(map(_get_offset, sts))
     if not times_ok(offsets):
         bad_storage(
@@ -542,7 +549,7 @@ def _storage_columns(profile: Profile, sts: list[Any]) -> _StorageColumns:
     except (KeyError, TypeError):
         bad_storage(profile, "kind", ", ".join(_KIND_CODES), lambda s: s.kind in _KIND_CODES)
         raise
-    return _StorageColumns(nbytes=nb_arr, last_save=ls_arr, offsets=offsets, kind=kind_reg)
+    return _StorageColumns(nbytes=nb_arr, last_save=ls_arr, first_save=fs_arr, offsets=offsets, kind=kind_reg)
 
 
 def _op_seconds(profile: Profile, ops: list[Any]) -> list[Any]:
@@ -627,7 +634,7 @@ def flatten(profile: Profile) -> FlatProfile:
     ops = _op_arrays(profile, un)
     cols = _storage_columns(profile, un.sts)
     op_sec = _op_seconds(profile, un.ops)
-    assert cols.nbytes is not None and cols.last_save is not None  # bad_storage raised
+    assert cols.nbytes is not None and cols.last_save is not None and cols.first_save is not None  # bad_storage raised
     kind_arr, legal = _legality(profile, un, cols.kind)
     unit_saves = _unit_saves(profile, un)
     host_start, fwd_host, bwd_host, bwd_dev, t0, fwd_hook, bwd_hook = host_times(
@@ -654,6 +661,7 @@ def flatten(profile: Profile) -> FlatProfile:
         kind=kind_arr,
         legal=legal,
         last_save=np.concatenate((cols.last_save, np.zeros(n_root, dtype=np.int64)))[src],
+        first_save=np.concatenate((cols.first_save, np.zeros(n_root, dtype=np.int64)))[src],
         save_order=order,
         op_ptr=un.op_ptr,
         op_sec=np.asarray(op_sec, dtype=np.float64),

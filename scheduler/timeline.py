@@ -27,11 +27,22 @@ The model (see docs/planner.md for the picture):
   ``max(issue, end of the previous reload, the group's D2H landing)``. A unit's compute
   starts once it is reached and its reload has landed (the wait is *stall*); it takes
   the longer of ``replay_seconds + backward_seconds`` and its host time.
-* **Memory** (activation bytes only). KEEP: from save until its unit's backward ends.
-  OFFLOAD: from save until its group's D2H lands, and again from the group's reload
-  issue until its unit's backward ends (continuously when the copy lands after the
-  reload is issued). RECOMPUTE: only during its unit's backward (the replay working
-  set). At equal times, frees are applied before allocations.
+* **Memory** (activation bytes only). KEEP: from save until its unit's backward ends,
+  or until its replay starts when every save of it came after the replay's prefix
+  (NOTE [Frees before a replay]). OFFLOAD: from save until its group's D2H lands, and
+  again from the group's reload issue until its unit's backward ends (continuously when
+  the copy lands after the reload is issued). RECOMPUTE: only during its unit's backward
+  (the replay working set). At equal times, frees are applied before allocations.
+
+NOTE [Frees before a replay]: a unit that drops storages replays ops ``0..K-1``, ``K`` the
+largest ``last_save_op`` among them, when backward first reads one of them: at the node
+of op ``K-1``. Autograd has run the nodes of the ops after it by then and freed what
+they saved, so under a plain replay a KEEP storage whose first save came after the
+prefix (``first_save_op > K``) is gone before the replay's working set arrives. A
+serving replay (the cheaper one where ``replay_unit`` says so) serves from the call's
+kept storages, which the runtime holds until the call's backward ends, as it does every
+storage of a unit that replays nothing. A profile that leaves ``first_save_op`` at 0
+frees nothing early.
 
 NOTE [Offload groups]: this is the runtime's offload engine, step for step: pack only
 records an OFFLOAD storage in its group; at the region's exit the group is copied as
@@ -238,11 +249,12 @@ def _backward(
 @njit_inline
 def _event_streams(
     place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, g_end, by, d2h_end, reach,
-    cstart, cend, riss
+    cstart, cend, riss, last_save, first_save, replay, op_ptr, op_sec, noops
 ):  # type: ignore[no-untyped-def]
     """The four memory event streams of NOTE [memory merge], each sorted by time: saves
     (storages ``s1[:n1]``), D2H landings (storages ``s2[:n2]``), backward allocations
-    (``s3t``/``s3b``: time, bytes) and backward frees (``s4t``/``s4b``)."""
+    (``s3t``/``s3b``: time, bytes) and backward frees (``s4t``/``s4b``; NOTE [Frees
+    before a replay])."""
     n_st = nbytes.shape[0]
     n_u = gbytes.shape[0]
     top = n_u - 1
@@ -260,24 +272,43 @@ def _event_streams(
         if place[s] == 1 and nbytes[s] > 0 and d2h_end[s] < riss[unit_of[s]]:
             s2[n2] = s
             n2 += 1
-    s3t = np.empty(2 * n_u)
-    s3b = np.zeros(2 * n_u, dtype=np.int64)
+    s3t = np.empty(3 * n_u)
+    s3b = np.zeros(3 * n_u, dtype=np.int64)
     s4t = np.empty(n_u)
     s4b = np.zeros(n_u, dtype=np.int64)
     for x in range(n_u):
         # a reload allocates at its issue; a group still on the device then stays
         if goff[x] and g_end[x] < riss[x]:
-            s3b[2 * (top - by[x])] += gbytes[x]
+            s3b[3 * (top - by[x])] += gbytes[x]
     n3 = 0
     for v in range(top, -1, -1):
         s3t[n3] = reach[v]
-        n3 += 1
-        s3t[n3] = cstart[v]
+        k = 0  # the replay's prefix: ops 0..k-1
         for s in range(st_ptr[v], st_ptr[v + 1]):
             if place[s] == 2:
-                s3b[n3] += nbytes[s]
-            s4b[top - v] += nbytes[s]
-        n3 += 1
+                s3b[n3 + 2] += nbytes[s]
+                k = max(k, last_save[s])
+        if k > 0 and not noops[v]:
+            # a plain replay (the cheaper one, as replay_unit chose): nothing holds the
+            # kept storages past its prefix; a serving replay holds them to serve from
+            j0 = op_ptr[v]
+            plain = 0.0
+            for j in range(j0, j0 + min(k, op_ptr[v + 1] - j0)):
+                plain += op_sec[j]
+            if replay[v] < plain:
+                k = 0
+        else:
+            k = 0
+        for s in range(st_ptr[v], st_ptr[v + 1]):
+            if k > 0 and place[s] == 0 and first_save[s] > k:
+                # read by backward before the replay starts; a free in this stream, so
+                # that it follows saves at the same time (the last unit's, at T0)
+                s3b[n3 + 1] -= nbytes[s]
+            else:
+                s4b[top - v] += nbytes[s]
+        s3t[n3 + 1] = cstart[v]
+        s3t[n3 + 2] = cstart[v]
+        n3 += 3
         s4t[top - v] = cend[v]
     return s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b
 
@@ -340,7 +371,7 @@ def _merge_events(
 
 @njit
 def run_timeline(
-    place, prefetch, save_order, st_ptr, unit_of, nbytes, save_time, last_save, st_prod,
+    place, prefetch, save_order, st_ptr, unit_of, nbytes, save_time, last_save, first_save, st_prod,
     op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow,
     fwd_dur, fwd_start, fwd_host, fwd_hook, bwd_dev, bwd_host, bwd_hook, t0, d2h_bps, h2d_bps,
     off_h, rel_h, rp_h, d2h_start, d2h_end, h2d_start, h2d_end, reach, cstart, cend, fstart, fend, riss, replay,
@@ -372,7 +403,7 @@ def run_timeline(
     # are merged with frees first at equal times, so no sort is needed.
     s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b = _event_streams(
         place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, g_end, by, d2h_end, reach,
-        cstart, cend, riss
+        cstart, cend, riss, last_save, first_save, replay, op_ptr, op_sec, noops
     )
     n_ev, peak, peak_t = _merge_events(
         s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b, unit_of, nbytes, save_time, fstart, fwd_start,
@@ -413,8 +444,8 @@ class Workspace:
         self.fend = np.zeros(u)
         self.riss = np.zeros(u)
         self.replay = np.zeros(u)
-        self.ev_t = np.zeros(2 * n + 3 * u + 1)
-        self.ev_d = np.zeros(2 * n + 3 * u + 1, dtype=np.int64)
+        self.ev_t = np.zeros(2 * n + 4 * u + 1)
+        self.ev_d = np.zeros(2 * n + 4 * u + 1, dtype=np.int64)
         self.mark = np.zeros(flat.op_sec.shape[0], dtype=np.bool_)
         self.stack = np.zeros(max(flat.max_unit_ops, 1), dtype=np.int64)
         self.n_events = 0
@@ -426,7 +457,7 @@ class Workspace:
         h2d = f.h2d_bps if f.h2d_bps > 0 else 1.0
         out = run_timeline(
             place, prefetch, f.save_order, f.st_ptr, f.unit_of, f.nbytes, f.save_time,
-            f.last_save, f.st_prod, f.op_ptr, f.op_sec, f.op_serv, f.op_sink, f.out_ptr,
+            f.last_save, f.first_save, f.st_prod, f.op_ptr, f.op_sec, f.op_serv, f.op_sink, f.out_ptr,
             f.out_idx, f.rd_ptr, f.rd_idx, f.noops, f.dataflow, f.fwd_dur, f.fwd_start,
             f.fwd_host, f.fwd_hook, f.bwd_dev, f.bwd_host, f.bwd_hook, f.t0, d2h, h2d,
             f.offload_host, f.reload_host,

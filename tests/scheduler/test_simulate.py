@@ -188,11 +188,13 @@ def test_lower_bound_by_hand() -> None:
     p = two_blocks(d2h_gbps=0.0, h2d_gbps=0.0)
     assert lower_bound(p, None) == 18.0
     assert lower_bound(p, 600) == 18.0
-    # 100 bytes must go: the cheapest is l0/s0 at 1 s (op0), and that plan exists
+    # 100 bytes must go: the cheapest is an s0 at 1 s (op0), and that plan exists (l0's
+    # or l1's: the same time and the same peak, at the end of forward)
     assert lower_bound(p, 500) == 19.0
     best = exhaustive_solve(p, 500)
     assert best.predicted_step_seconds == 19.0
-    assert best.placement(("l0", 0, 0)) == R
+    dropped = [k for k in (("l0", 0, 0), ("l0", 0, 1), ("l1", 0, 0), ("l1", 0, 1)) if best.placement(k) == R]
+    assert dropped in ([("l0", 0, 0)], [("l1", 0, 0)]), dropped
     # everything droppable dropped still leaves the region inputs: nothing else to drop
     assert math.isinf(lower_bound(p, -1))
     # with a link that carries 500 bytes before backward, offload covers the need

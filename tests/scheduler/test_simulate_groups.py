@@ -179,6 +179,26 @@ def test_native_keep_charges_the_hooks_only_to_regions_not_kept_whole() -> None:
     assert [(i.start, i.end) for i in t.compute if i.label.startswith("forward")] == [(0.0, 4.0), (4.0, 8.0)]
 
 
+def test_storages_saved_after_a_replays_prefix_are_freed_before_it() -> None:
+    """NOTE [Frees before a replay]: l0 drops s0 (saved after op0): its replay, plain (no
+    dispatch mode is cheaper for one op), runs op0 when backward first reads s0, after
+    the node that saved s1 ran and freed it. So at
+    l0's backward only the replayed 100 B are resident, not s1's 200 B with them; a
+    profile without first saves (0) keeps the old, later free."""
+    p = two_blocks(d2h_gbps=0.0, h2d_gbps=0.0)
+    plan = Plan(placements={("l0", 0, 0): R})
+    t = simulate(p, plan)
+    assert t.memory == [(0.0, 0), (3.0, 200), (4.0, 300), (6.0, 500), (12.0, 100), (19.0, 0)]
+    for rec in p.regions[0].storages:
+        rec.first_save_op = 0
+    assert simulate(p, plan).memory[-2] == (12.0, 300)
+    # saved at the very end of the forward, at T0: counted before it is freed again
+    q = two_blocks(d2h_gbps=0.0, h2d_gbps=0.0)
+    q.regions[1].storages[1].offset_seconds = 3.0
+    t = simulate(q, Plan(placements={("l1", 0, 0): R}))
+    assert t.peak_bytes == 500  # l0 300 + l1 s1 200 at T0, then s1 goes and the replay comes
+
+
 def test_replay_host_time_is_paid_once_per_replaying_unit() -> None:
     p = two_blocks(replay_host_seconds=0.5)
     t = simulate(p, Plan(placements={("l0", 0, 1): R}))
