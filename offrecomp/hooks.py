@@ -146,6 +146,35 @@ HOOK_SAMPLE = 16
 # run no hook (NOTE [Native keep] in native.py).
 
 
+# NOTE [Inputs counted once]
+# A region input is often a storage another record of the pass counts already: the
+# previous block's output that its last op saved (a ReLU's), an encoder output the root
+# saved and a decoder block takes later (a UNet's skip), a feature map several blocks
+# take (a DenseNet's). Counted by each record, its bytes would count twice in the pass's
+# resident bytes and peak, where the device holds them once. A KEEP input whose storage
+# a resident record of the root or of the INPUT_LOOKBACK calls before its own holds is
+# marked ``shared`` and not counted again; it is still placed and held as the others.
+# Further back it is counted twice (the lookup is bounded: it runs per input per call).
+# The profile still has both records (docs/planner.md).
+
+#: Calls before a region call whose records a KEEP input of it is looked up in.
+INPUT_LOOKBACK = 8
+
+
+def _counted(p: PassState, call: RegionCall, ptr: int, storage: Any) -> bool:
+    """Does a resident record of ``p``'s root, or of the calls just before ``call``, count
+    ``storage`` (at ``ptr``) already?"""
+    calls = p.calls
+    end = call.ordinal if 0 <= call.ordinal <= len(calls) else len(calls)
+    for c in (*calls[max(0, end - INPUT_LOOKBACK) : end], p.root):
+        if c is None or c is call:
+            continue
+        rec = c.by_ptr.get(ptr)
+        if rec is not None and rec.resident and rec() is storage:
+            return True
+    return False
+
+
 class Placer:
     """Pack/unpack for one runtime. All state lives in the pass objects (state.py); the
     placement of a new storage is ``Placements.decide``'s."""
@@ -431,6 +460,10 @@ class Placer:
         p.stats.input_bytes += nbytes
         if placement is KEEP:
             rec.tensor = t
+            if fallback is None and _counted(p, call, ptr, storage):
+                rec.shared = True  # NOTE [Inputs counted once]
+                p.stats.kept_bytes += nbytes
+                return rec
         self._account(p, rec, fallback)
         return rec
 

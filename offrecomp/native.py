@@ -158,7 +158,7 @@ class NativeKeep:
             self._books.clear()
             self._runs.clear()
         recs = call.storages
-        nbytes = sum(rec.nbytes for rec in recs)
+        nbytes = sum(rec.nbytes for rec in recs if not rec.shared)  # NOTE [Inputs counted once]
         small = sum(rec.nbytes < self._config.min_bytes for rec in recs)
         self._books[(p.signature, call.name, call.call_index)] = (call.pack_count, len(recs), nbytes, small)
 

@@ -90,6 +90,9 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
     made, then a weak reference to the tensor that handle holds, which shares the saved
     tensor's version counter (NOTE [Served storages written since] in regenerate.py)."""
     version = 0  # the version at its first save, with ``watch``
+    shared = False
+    """A KEEP region input whose storage another record of the pass counts resident
+    already (NOTE [Inputs counted once] in hooks.py): its bytes are not counted again."""
 
     def __new__(
         cls, storage: Any, call: RegionCall, index: int, nbytes: int, ptr: int, placement: Placement | None

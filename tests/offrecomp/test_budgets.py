@@ -181,3 +181,38 @@ def test_max_overhead_with_the_automatic_budget_buys_memory() -> None:
     assert bought.peak_activation_bytes < runs[None].peak_activation_bytes
     plan = rt.planner.last_entry.plan  # type: ignore[union-attr]
     assert plan is not None and any("within max_overhead" in n for n in plan.notes), plan.notes
+
+
+def test_a_kept_input_that_the_block_before_kept_counts_once() -> None:
+    """NOTE [Inputs counted once] (hooks.py): each block's input is the block before's
+    last ReLU output, which that block keeps too. Under a plan that drops each block's
+    first ReLU output, the pass holds the model's input and the four blocks' outputs at
+    the end of its forward, once each: 5 x 8 KiB, not 8 KiB more per shared input."""
+
+    class Chain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(
+                nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU()) for _ in range(4)
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for b in self.blocks:
+                x = b(x)
+            return x.sum()
+
+    from scheduler import Placement, Plan
+
+    torch.manual_seed(0)
+    base = Chain()
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(64, 32, generator=torch.Generator().manual_seed(s))
+
+    m = copy.deepcopy(base)
+    rt = offrecomp.runtime(m, mode="auto", min_bytes=0)
+    rt.set_plan(Plan(placements={(f"blocks.{i}", 0, 1): Placement.RECOMPUTE for i in range(4)}))
+    assert_bitwise(train(copy.deepcopy(base), batch, steps=3), train(m, batch, rt, steps=3))
+    planned = [s for s in rt.report().steps if s.phase == "user-plan"]
+    assert planned and all(s.recomputed_bytes == 4 * 8 * KIB for s in planned)
+    assert {s.peak_activation_bytes for s in planned} == {5 * 8 * KIB}, [s.peak_activation_bytes for s in planned]
