@@ -155,24 +155,29 @@ HOOK_SAMPLE = 16
 # a resident record of the root or of the INPUT_LOOKBACK calls before its own holds is
 # marked ``shared`` and not counted again; it is still placed and held as the others.
 # Further back it is counted twice (the lookup is bounded: it runs per input per call).
-# The profile still has both records (docs/planner.md).
+# Only calls that take a replay checkpoint have input records, and only calls that run
+# the hooks have records to find: a call a plan keeps whole has neither when it saves
+# natively. An input's record names the other (``same_as``, whatever its placement), and
+# so does its profile record (``StorageRecord.shared_with``): the model counts the input
+# nothing where the books do, under a plan that keeps both records in units that have
+# them (docs/planner.md).
 
 #: Calls before a region call whose records a KEEP input of it is looked up in.
 INPUT_LOOKBACK = 8
 
 
-def _counted(p: PassState, call: RegionCall, ptr: int, storage: Any) -> bool:
-    """Does a resident record of ``p``'s root, or of the calls just before ``call``, count
-    ``storage`` (at ``ptr``) already?"""
+def _same_storage(p: PassState, call: RegionCall, ptr: int, storage: Any) -> StorageRec | None:
+    """The placed record of ``p``'s root, or of the calls just before ``call``, of
+    ``storage`` (at ``ptr``), if any."""
     calls = p.calls
     end = call.ordinal if 0 <= call.ordinal <= len(calls) else len(calls)
     for c in (*calls[max(0, end - INPUT_LOOKBACK) : end], p.root):
         if c is None or c is call:
             continue
         rec = c.by_ptr.get(ptr)
-        if rec is not None and rec.resident and rec() is storage:
-            return True
-    return False
+        if rec is not None and rec.index >= 0 and rec() is storage:
+            return rec
+    return None
 
 
 class Placer:
@@ -458,9 +463,11 @@ class Placer:
         call.storages.append(rec)
         call.by_ptr[ptr] = rec
         p.stats.input_bytes += nbytes
+        other = _same_storage(p, call, ptr, storage)
+        rec.same_as = other
         if placement is KEEP:
             rec.tensor = t
-            if fallback is None and _counted(p, call, ptr, storage):
+            if fallback is None and other is not None and other.resident:
                 rec.shared = True  # NOTE [Inputs counted once]
                 p.stats.kept_bytes += nbytes
                 return rec

@@ -93,6 +93,8 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
     shared = False
     """A KEEP region input whose storage another record of the pass counts resident
     already (NOTE [Inputs counted once] in hooks.py): its bytes are not counted again."""
+    same_as: StorageRec | None = None
+    """A region input's: the record of an earlier call (or the root) of the same storage."""
 
     def __new__(
         cls, storage: Any, call: RegionCall, index: int, nbytes: int, ptr: int, placement: Placement | None

@@ -83,6 +83,9 @@ class FlatProfile:
     last_save: np.ndarray
     first_save: np.ndarray
     """Per storage the ops of its unit dispatched before its first save (0 for roots)."""
+    shared: np.ndarray
+    """Per storage the flat index of the earlier record of the same allocation
+    (``StorageRecord.shared_with``), -1 for none."""
     save_order: np.ndarray
     op_ptr: np.ndarray
     op_sec: np.ndarray
@@ -133,6 +136,8 @@ class FlatProfile:
     """Host seconds to issue one group reload (``Profile.reload_host_seconds``)."""
     replay_host: float = 0.0
     """Host seconds of one replay beyond its ops (``Profile.replay_host_seconds``)."""
+    native_keep: bool = False
+    """``Profile.native_keep``: a region a plan keeps whole has no records to be found."""
 
     @property
     def forward_span(self) -> np.ndarray:
@@ -607,6 +612,26 @@ def _keys(
     return keys, unit_names
 
 
+def _shared(sts: list[Any], n_root: int, src: np.ndarray, keys: list[StorageKey]) -> np.ndarray:
+    """Per flat storage the flat index of the record ``shared_with`` names (-1: none, or
+    a key the profile lacks)."""
+    out = np.full(len(keys), -1, dtype=np.int64)
+    named = [getattr(st, "shared_with", None) for st in sts] + [None] * n_root
+    if not any(k is not None for k in named):
+        return out
+    index = {k: i for i, k in enumerate(keys)}
+    for i, j in enumerate(src.tolist()):
+        k = named[j]
+        if k is not None:
+            try:
+                out[i] = index.get((str(k[0]), int(k[1]), int(k[2])), -1)
+            except (TypeError, ValueError, IndexError):
+                raise ValueError(
+                    f"storage shared_with = {k!r} is invalid; accepted: None or a (region, call, index) key"
+                ) from None
+    return out
+
+
 def _per_region_unit(values: np.ndarray, n_units: int) -> np.ndarray:
     """A per-region bool array as a per-unit one (False in gaps)."""
     out = np.zeros(n_units, dtype=np.bool_)
@@ -651,6 +676,7 @@ def flatten(profile: Profile) -> FlatProfile:
     keys, unit_names = _keys(regions, un, root_order)
     df_arr = _per_region_unit(ops.df_region, un.n_units)
     n_root = len(profile.root)
+    shared = _shared(un.sts, n_root, src, keys)
     return FlatProfile(
         keys=keys,
         unit_names=unit_names,
@@ -662,6 +688,7 @@ def flatten(profile: Profile) -> FlatProfile:
         legal=legal,
         last_save=np.concatenate((cols.last_save, np.zeros(n_root, dtype=np.int64)))[src],
         first_save=np.concatenate((cols.first_save, np.zeros(n_root, dtype=np.int64)))[src],
+        shared=shared,
         save_order=order,
         op_ptr=un.op_ptr,
         op_sec=np.asarray(op_sec, dtype=np.float64),
@@ -692,6 +719,7 @@ def flatten(profile: Profile) -> FlatProfile:
         offload_host=check_number(profile.offload_host_seconds, "profile offload_host_seconds"),
         reload_host=check_number(profile.reload_host_seconds, "profile reload_host_seconds"),
         replay_host=check_number(profile.replay_host_seconds, "profile replay_host_seconds"),
+        native_keep=bool(profile.native_keep),
     )
 
 

@@ -123,6 +123,10 @@ class StorageRecord:
     backward_offset_seconds: float | None = None
     """Time from the start of backward to the first use of this storage in backward,
     where measured (None: the simulator derives it from region backward times)."""
+    shared_with: tuple[str, int, int] | None = None
+    """A region input's: the plan key of the record of an earlier region call (or of the
+    root, ``(ROOT, 0, i)``) that is the same allocation (the runtime's NOTE [Inputs
+    counted once]); where the runtime counts it once, so does the simulator."""
 
 
 @dataclass(kw_only=True)
@@ -274,10 +278,10 @@ class Profile:
                 )
                 for o in r.get("ops", [])
             ]
-            storages = [StorageRecord(**s) for s in r.get("storages", [])]
+            storages = [_storage_record(s) for s in r.get("storages", [])]
             fields = {k: v for k, v in r.items() if k not in ("ops", "storages")}
             regions.append(RegionRecord(ops=ops, storages=storages, **fields))
-        root = [StorageRecord(**s) for s in data.get("root", [])]
+        root = [_storage_record(s) for s in data.get("root", [])]
         rest = {k: v for k, v in data.items() if k not in ("regions", "root")}
         return cls(regions=regions, root=root, **rest)
 
@@ -292,6 +296,13 @@ class Profile:
 
 
 _T = TypeVar("_T")
+
+
+def _storage_record(data: dict[str, Any]) -> StorageRecord:
+    shared = data.get("shared_with")
+    if shared is not None:  # a JSON list
+        data = {**data, "shared_with": (str(shared[0]), int(shared[1]), int(shared[2]))}
+    return StorageRecord(**data)
 
 
 def _clone(obj: _T) -> _T:

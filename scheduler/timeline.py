@@ -247,9 +247,24 @@ def _backward(
 
 
 @njit_inline
+def _counted_once(s, place, shared, hooked, unit_of, native):  # type: ignore[no-untyped-def]
+    """Storage ``s`` is a kept region input whose allocation a kept record of an earlier
+    call counts, as the runtime's books do (NOTE [Inputs counted once] in
+    offrecomp/hooks.py): only in a unit with a replay checkpoint (one the plan does not
+    keep whole) and where the earlier record exists (the root's always; a region's kept
+    whole saves natively under native keep, without records)."""
+    t = shared[s]
+    if t < 0 or place[s] != 0 or place[t] != 0 or not hooked[unit_of[s]]:
+        return False
+    u = unit_of[t]
+    return u % 2 == 0 or hooked[u] or not native
+
+
+@njit_inline
 def _event_streams(
     place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, g_end, by, d2h_end, reach,
-    cstart, cend, riss, last_save, first_save, replay, op_ptr, op_sec, noops
+    cstart, cend, riss, last_save, first_save, replay, op_ptr, op_sec, noops, shared, hooked,
+    native
 ):  # type: ignore[no-untyped-def]
     """The four memory event streams of NOTE [memory merge], each sorted by time: saves
     (storages ``s1[:n1]``), D2H landings (storages ``s2[:n2]``), backward allocations
@@ -264,7 +279,7 @@ def _event_streams(
     n2 = 0
     for i in range(n_st):
         s = save_order[i]
-        if nbytes[s] == 0 or place[s] == 2:
+        if nbytes[s] == 0 or place[s] == 2 or _counted_once(s, place, shared, hooked, unit_of, native):
             continue
         s1[n1] = s
         n1 += 1
@@ -300,6 +315,8 @@ def _event_streams(
         else:
             k = 0
         for s in range(st_ptr[v], st_ptr[v + 1]):
+            if _counted_once(s, place, shared, hooked, unit_of, native):
+                continue
             if k > 0 and place[s] == 0 and first_save[s] > k:
                 # read by backward before the replay starts; a free in this stream, so
                 # that it follows saves at the same time (the last unit's, at T0)
@@ -374,8 +391,8 @@ def run_timeline(
     place, prefetch, save_order, st_ptr, unit_of, nbytes, save_time, last_save, first_save, st_prod,
     op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow,
     fwd_dur, fwd_start, fwd_host, fwd_hook, bwd_dev, bwd_host, bwd_hook, t0, d2h_bps, h2d_bps,
-    off_h, rel_h, rp_h, d2h_start, d2h_end, h2d_start, h2d_end, reach, cstart, cend, fstart, fend, riss, replay,
-    ev_t, ev_d, mark, stack, op_host, op_view
+    off_h, rel_h, rp_h, shared, native, d2h_start, d2h_end, h2d_start, h2d_end, reach, cstart,
+    cend, fstart, fend, riss, replay, ev_t, ev_d, mark, stack, op_host, op_view
 ):  # type: ignore[no-untyped-def]
     """Simulate one step; fills the per-storage/per-unit arrays and the memory events.
 
@@ -403,7 +420,8 @@ def run_timeline(
     # are merged with frees first at equal times, so no sort is needed.
     s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b = _event_streams(
         place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, g_end, by, d2h_end, reach,
-        cstart, cend, riss, last_save, first_save, replay, op_ptr, op_sec, noops
+        cstart, cend, riss, last_save, first_save, replay, op_ptr, op_sec, noops, shared, hooked,
+        native
     )
     n_ev, peak, peak_t = _merge_events(
         s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b, unit_of, nbytes, save_time, fstart, fwd_start,
@@ -461,7 +479,7 @@ class Workspace:
             f.out_idx, f.rd_ptr, f.rd_idx, f.noops, f.dataflow, f.fwd_dur, f.fwd_start,
             f.fwd_host, f.fwd_hook, f.bwd_dev, f.bwd_host, f.bwd_hook, f.t0, d2h, h2d,
             f.offload_host, f.reload_host,
-            f.replay_host, self.d2h_start, self.d2h_end, self.h2d_start, self.h2d_end,
+            f.replay_host, f.shared, f.native_keep, self.d2h_start, self.d2h_end, self.h2d_start, self.h2d_end,
             self.reach, self.cstart, self.cend, self.fstart, self.fend, self.riss, self.replay,
             self.ev_t, self.ev_d, self.mark, self.stack, f.op_host, f.op_view
         )
