@@ -463,7 +463,8 @@ class Placer:
         call.storages.append(rec)
         call.by_ptr[ptr] = rec
         p.stats.input_bytes += nbytes
-        other = _same_storage(p, call, ptr, storage)
+        # the books need the other record of a kept input; a profile, of any input
+        other = _same_storage(p, call, ptr, storage) if placement is KEEP or call.recorder is not None else None
         rec.same_as = other
         if placement is KEEP:
             rec.tensor = t

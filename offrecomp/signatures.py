@@ -24,9 +24,10 @@ runs again: such a one-off (a loss kept and never differentiated joins the next 
 forwards) would otherwise be chosen by every pass beginning like it for WINDOW passes,
 each departing from a choice that never calibrates (a full recompute). A combination
 seen twice or more stays chosen however many passes depart from it between its runs
-(the inner passes of a meta-learning step, then its outer pass of two forwards). Each later root forward, and the start of
-the backward, checks the choice; a pass whose forwards depart from it takes the
-signature of what ran and goes on by the phase it began in (``Planner.resign``):
+(the inner passes of a meta-learning step, then its outer pass of two forwards). Each
+later root forward, and the start of the backward, checks the choice; a pass whose
+forwards depart from it takes the signature of what ran and goes on by the phase it
+began in (``Planner.resign``):
 
 - planned: it borrows the plan it began with (NOTE [Borrowed plans]): each later
   storage is checked against the size that plan placed, a larger one drops the rest of

@@ -612,14 +612,13 @@ def _keys(
     return keys, unit_names
 
 
-def _shared(sts: list[Any], n_root: int, src: np.ndarray, keys: list[StorageKey]) -> np.ndarray:
-    """Per flat storage the flat index of the record ``shared_with`` names (-1: none, or
-    a key the profile lacks)."""
-    out = np.full(len(keys), -1, dtype=np.int64)
+def _link_shared(flat: FlatProfile, sts: list[Any], n_root: int, src: np.ndarray) -> None:
+    """Fill ``flat.shared``: per flat storage the flat index of the record its
+    ``shared_with`` names (left -1: none, or a key the profile lacks)."""
     named = [getattr(st, "shared_with", None) for st in sts] + [None] * n_root
     if not any(k is not None for k in named):
-        return out
-    index = {k: i for i, k in enumerate(keys)}
+        return
+    out, index = flat.shared, flat.key_index
     for i, j in enumerate(src.tolist()):
         k = named[j]
         if k is not None:
@@ -629,7 +628,6 @@ def _shared(sts: list[Any], n_root: int, src: np.ndarray, keys: list[StorageKey]
                 raise ValueError(
                     f"storage shared_with = {k!r} is invalid; accepted: None or a (region, call, index) key"
                 ) from None
-    return out
 
 
 def _per_region_unit(values: np.ndarray, n_units: int) -> np.ndarray:
@@ -676,8 +674,7 @@ def flatten(profile: Profile) -> FlatProfile:
     keys, unit_names = _keys(regions, un, root_order)
     df_arr = _per_region_unit(ops.df_region, un.n_units)
     n_root = len(profile.root)
-    shared = _shared(un.sts, n_root, src, keys)
-    return FlatProfile(
+    flat = FlatProfile(
         keys=keys,
         unit_names=unit_names,
         st_ptr=un.st_ptr,
@@ -688,7 +685,7 @@ def flatten(profile: Profile) -> FlatProfile:
         legal=legal,
         last_save=np.concatenate((cols.last_save, np.zeros(n_root, dtype=np.int64)))[src],
         first_save=np.concatenate((cols.first_save, np.zeros(n_root, dtype=np.int64)))[src],
-        shared=shared,
+        shared=np.full(len(keys), -1, dtype=np.int64),
         save_order=order,
         op_ptr=un.op_ptr,
         op_sec=np.asarray(op_sec, dtype=np.float64),
@@ -721,6 +718,8 @@ def flatten(profile: Profile) -> FlatProfile:
         replay_host=check_number(profile.replay_host_seconds, "profile replay_host_seconds"),
         native_keep=bool(profile.native_keep),
     )
+    _link_shared(flat, un.sts, n_root, src)
+    return flat
 
 
 # ---------------------------------------------------------------------------- placements

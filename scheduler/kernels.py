@@ -136,7 +136,7 @@ import numba
 import numpy as np
 from numba.core.registry import cpu_target
 
-__all__ = ["argsort", "njit", "njit_inline", "replay_unit", "served_now"]
+__all__ = ["argsort", "njit", "njit_inline", "replay_costs", "replay_unit", "served_now"]
 
 
 def _refresh_whole(refresh: Callable[[], None]) -> Callable[[], None]:
@@ -271,13 +271,26 @@ def replay_unit(
     u, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx,
     rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack, op_host, op_view
 ):  # type: ignore[no-untyped-def]
-    """Replay seconds of unit ``u`` under ``place`` (see scheduler.profile, replay semantics).
+    """Replay seconds of unit ``u`` under ``place`` (see scheduler.profile, replay
+    semantics): the cheaper of ``replay_costs``."""
+    plain, dispatch = replay_costs(
+        u, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr,
+        out_idx, rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack, op_host, op_view
+    )
+    return min(plain, dispatch)
 
-    The cheaper of the two ways the runtime replays: under the dispatch mode (the ops
-    that run plus ``op_host`` seconds for each of the ``K`` ops the mode sees) or plainly
-    (every op before ``K``). ``mark`` (one bool per op, all False) and ``stack`` (at least
-    the unit's op count) are scratch for the demand-driven closure; ``mark`` is left all
-    False.
+
+@njit_inline
+def replay_costs(
+    u, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx,
+    rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack, op_host, op_view
+):  # type: ignore[no-untyped-def]
+    """The seconds of the two ways the runtime replays unit ``u`` under ``place``: plainly
+    (every op before ``K``) and under the dispatch mode (the ops that run plus
+    ``op_host`` seconds for each of the ``K`` ops the mode sees); the runtime takes the
+    cheaper, the plain one at a tie. ``mark`` (one bool per op, all False) and ``stack``
+    (at least the unit's op count) are scratch for the demand-driven closure; ``mark`` is
+    left all False.
     """
     k = 0
     dropped = False
@@ -290,9 +303,9 @@ def replay_unit(
             if st_prod[s] < 0:
                 unknown = True
     if not dropped:
-        return 0.0
+        return 0.0, 0.0
     if noops[u]:
-        return fwd_dur[u]
+        return fwd_dur[u], fwd_dur[u]
     n = op_ptr[u + 1] - op_ptr[u]
     if k > n:
         k = n
@@ -307,7 +320,7 @@ def replay_unit(
         for j in range(j0, end):
             if not served_now(j, place, op_serv, op_sink, out_ptr, out_idx):
                 total += op_sec[j]
-        return min(plain, total + k * op_host)
+        return plain, total + k * op_host
     # demand-driven: closure of the dropped storages' producers and the sinks before K;
     # the views before K run too, and the closure never enters them
     for j in range(j0, end):
@@ -346,4 +359,4 @@ def replay_unit(
         if op_view[j]:
             mark[j] = False
             views += op_sec[j]
-    return min(plain, total + views + k * op_host)
+    return plain, total + views + k * op_host

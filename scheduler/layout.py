@@ -103,15 +103,15 @@ def host_times(
     fwd_hook = np.zeros_like(dur)
     bwd_hook = np.zeros_like(bdur)
     # gaps (the root's saves) always run the hooks; region units too without native keep
-    hooked = unit_saves.copy()
+    hooked_saves = unit_saves.copy()
     if profile.native_keep:
-        hooked[1::2] = 0.0
+        hooked_saves[1::2] = 0.0
         fwd_hook[1::2] = pack * unit_saves[1::2]
         bwd_hook[1::2] = unpack * unit_saves[1::2]
     if pack > 0:
-        fwd_host = fwd_host + pack * hooked
+        fwd_host = fwd_host + pack * hooked_saves
     if unpack > 0:
-        bwd_host = bwd_host + unpack * hooked
+        bwd_host = bwd_host + unpack * hooked_saves
     span = np.maximum(dur, fwd_host)
     if np.array_equal(span, dur):
         return start, fwd_host, bwd_host, bdur, t0, fwd_hook, bwd_hook

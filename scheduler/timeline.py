@@ -39,7 +39,7 @@ largest ``last_save_op`` among them, when backward first reads one of them: at t
 of op ``K-1``. Autograd has run the nodes of the ops after it by then and freed what
 they saved, so under a plain replay a KEEP storage whose first save came after the
 prefix (``first_save_op > K``) is gone before the replay's working set arrives. A
-serving replay (the cheaper one where ``replay_unit`` says so) serves from the call's
+serving replay (the cheaper one where ``replay_costs`` says so) serves from the call's
 kept storages, which the runtime holds until the call's backward ends, as it does every
 storage of a unit that replays nothing. A profile that leaves ``first_save_op`` at 0
 frees nothing early.
@@ -76,7 +76,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scheduler.flat import FlatProfile, flatten, placement_array
-from scheduler.kernels import njit, njit_inline, replay_unit
+from scheduler.kernels import njit, njit_inline, replay_costs
 from scheduler.plan import Placement, Plan
 from scheduler.profile import Profile
 
@@ -164,19 +164,23 @@ def _offload_copies(place, unit_of, gbytes, goff, fend, d2h_bps, d2h_start, d2h_
 @njit_inline
 def _replays(
     place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx,
-    rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack, op_host, op_view, replay
+    rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack, op_host, op_view, replay, plain
 ):  # type: ignore[no-untyped-def]
-    """Replay seconds of each unit into ``replay``; returns their sum."""
+    """Replay seconds of each unit into ``replay``, and whether it replays plainly into
+    ``plain``; returns their sum."""
     recompute = 0.0
     for u in range(fwd_dur.shape[0]):
         replay[u] = 0.0
+        plain[u] = False
         for s in range(st_ptr[u], st_ptr[u + 1]):
             if place[s] == 2:  # the call is not free: only where something is dropped
-                replay[u] = replay_unit(
+                seconds, dispatch = replay_costs(
                     u, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink,
                     out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack,
                     op_host, op_view
                 )
+                plain[u] = seconds <= dispatch
+                replay[u] = seconds if plain[u] else dispatch
                 break
         recompute += replay[u]
     return recompute
@@ -263,8 +267,7 @@ def _counted_once(s, place, shared, hooked, unit_of, native):  # type: ignore[no
 @njit_inline
 def _event_streams(
     place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, g_end, by, d2h_end, reach,
-    cstart, cend, riss, last_save, first_save, replay, op_ptr, op_sec, noops, shared, hooked,
-    native
+    cstart, cend, riss, last_save, first_save, plain, noops, shared, hooked, native
 ):  # type: ignore[no-untyped-def]
     """The four memory event streams of NOTE [memory merge], each sorted by time: saves
     (storages ``s1[:n1]``), D2H landings (storages ``s2[:n2]``), backward allocations
@@ -303,16 +306,9 @@ def _event_streams(
             if place[s] == 2:
                 s3b[n3 + 2] += nbytes[s]
                 k = max(k, last_save[s])
-        if k > 0 and not noops[v]:
-            # a plain replay (the cheaper one, as replay_unit chose): nothing holds the
-            # kept storages past its prefix; a serving replay holds them to serve from
-            j0 = op_ptr[v]
-            plain = 0.0
-            for j in range(j0, j0 + min(k, op_ptr[v + 1] - j0)):
-                plain += op_sec[j]
-            if replay[v] < plain:
-                k = 0
-        else:
+        if noops[v] or not plain[v]:
+            # only a plain replay leaves the kept storages past its prefix to autograd;
+            # a serving replay holds them to serve from
             k = 0
         for s in range(st_ptr[v], st_ptr[v + 1]):
             if _counted_once(s, place, shared, hooked, unit_of, native):
@@ -392,9 +388,10 @@ def run_timeline(
     op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow,
     fwd_dur, fwd_start, fwd_host, fwd_hook, bwd_dev, bwd_host, bwd_hook, t0, d2h_bps, h2d_bps,
     off_h, rel_h, rp_h, shared, native, d2h_start, d2h_end, h2d_start, h2d_end, reach, cstart,
-    cend, fstart, fend, riss, replay, ev_t, ev_d, mark, stack, op_host, op_view
+    cend, fstart, fend, riss, replay, plain, ev_t, ev_d, mark, stack, op_host, op_view
 ):  # type: ignore[no-untyped-def]
-    """Simulate one step; fills the per-storage/per-unit arrays and the memory events.
+    """Simulate one step; fills the per-storage/per-unit arrays (``plain[u]``: unit ``u``
+    replays plainly) and the memory events.
 
     Returns (step, peak, peak_time, stall, recompute, d2h_bytes, h2d_bytes, n_events,
     forward end); ``ev_t[:n_events]``/``ev_d[:n_events]`` hold the memory events sorted
@@ -408,7 +405,7 @@ def run_timeline(
     )
     recompute = _replays(
         place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx,
-        rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack, op_host, op_view, replay
+        rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack, op_host, op_view, replay, plain
     )
     step, stall, h2d_bytes, by = _backward(
         place, prefetch, st_ptr, gbytes, goff, hooked, g_end, replay, bwd_dev, bwd_host, bwd_hook,
@@ -420,8 +417,7 @@ def run_timeline(
     # are merged with frees first at equal times, so no sort is needed.
     s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b = _event_streams(
         place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, g_end, by, d2h_end, reach,
-        cstart, cend, riss, last_save, first_save, replay, op_ptr, op_sec, noops, shared, hooked,
-        native
+        cstart, cend, riss, last_save, first_save, plain, noops, shared, hooked, native
     )
     n_ev, peak, peak_t = _merge_events(
         s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b, unit_of, nbytes, save_time, fstart, fwd_start,
@@ -462,6 +458,7 @@ class Workspace:
         self.fend = np.zeros(u)
         self.riss = np.zeros(u)
         self.replay = np.zeros(u)
+        self.plain = np.zeros(u, dtype=np.bool_)
         self.ev_t = np.zeros(2 * n + 4 * u + 1)
         self.ev_d = np.zeros(2 * n + 4 * u + 1, dtype=np.int64)
         self.mark = np.zeros(flat.op_sec.shape[0], dtype=np.bool_)
@@ -480,7 +477,7 @@ class Workspace:
             f.fwd_host, f.fwd_hook, f.bwd_dev, f.bwd_host, f.bwd_hook, f.t0, d2h, h2d,
             f.offload_host, f.reload_host,
             f.replay_host, f.shared, f.native_keep, self.d2h_start, self.d2h_end, self.h2d_start, self.h2d_end,
-            self.reach, self.cstart, self.cend, self.fstart, self.fend, self.riss, self.replay,
+            self.reach, self.cstart, self.cend, self.fstart, self.fend, self.riss, self.replay, self.plain,
             self.ev_t, self.ev_d, self.mark, self.stack, f.op_host, f.op_view
         )
         self.n_events = int(out[7])

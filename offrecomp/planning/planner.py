@@ -190,6 +190,16 @@ class Planner:
         plan = self.active_plan(entry)
         p.plan_id = plan.plan_id if plan is not None else ""
 
+    def _plan_of(self, p: PassState) -> tuple[PlanEntry | None, Plan | None]:
+        """The entry whose plan the planned pass ``p`` runs, and that plan: a borrowed
+        pass that did not begin planned runs the entry's borrow plan."""
+        entry = self.entries.get(p.plan_signature or p.signature)
+        if entry is None:
+            return None, None
+        if p.phase == Phase.BORROWED and p.resigned_from != Phase.PLANNED:
+            return entry, entry.borrow_plan  # not a pass that borrows the plan it began with
+        return entry, self.active_plan(entry)
+
     def active_plan(self, entry: PlanEntry) -> Plan | None:
         """The user's plan when one is set, else the solver's."""
         user = self.host.user_plan
@@ -212,10 +222,7 @@ class Planner:
             return
         if not p.planned:
             return
-        entry = self.entries.get(p.plan_signature or p.signature)
-        plan = self.active_plan(entry) if entry is not None else None
-        if entry is not None and p.phase == Phase.BORROWED and p.resigned_from != Phase.PLANNED:
-            plan = entry.borrow_plan  # not a pass that borrows the plan it began with
+        entry, plan = self._plan_of(p)
         if entry is None or plan is None:
             return
         if not assign(entry, plan, p, call):
@@ -554,10 +561,7 @@ class Planner:
         if plan is not None and first.planned and first.phase != Phase.BORROWED:
             records.add_prediction(rec, entry, plan, passes)
         elif first.phase == Phase.BORROWED:  # no prediction of its own; still the budget
-            donor = self.entries.get(first.plan_signature)
-            ran = donor.borrow_plan if donor is not None and first.resigned_from != Phase.PLANNED else None
-            if donor is not None and ran is None:
-                ran = self.active_plan(donor)  # the plan it began with
+            donor, ran = self._plan_of(first)
             if donor is not None and ran is not None:
                 records.check_budget(rec, donor, ran, passes)
         self._pending.append((rec, passes))
