@@ -1071,10 +1071,9 @@ def test_meta_learning_steps_are_held_to_the_budget_or_warned(caplog: pytest.Log
 def test_the_most_frugal_plans_peak_is_predicted_as_measured(case: str) -> None:
     """NOTE [Frees before a replay] (scheduler/timeline.py): at a budget no plan meets,
     with plain replays (a dispatch mode priced out of every replay), the most frugal
-    plan's predicted peak is the peak its steps book. The model freed a unit's kept
-    storages only when its backward ended, so a replay's working set came on top of
-    storages autograd had freed already: up to 22% over on these models, and budgets
-    such plans meet were called infeasible. ``kwargs_tuple``'s blocks take as input a
+    plan's predicted peak is the peak its steps book: a replay's working set does not
+    come on top of the kept storages autograd freed before it, so budgets such plans
+    meet are not called infeasible. ``kwargs_tuple``'s blocks take as input a
     storage the block before keeps: one allocation, counted once by the books and the
     model (NOTE [Inputs counted once] in hooks.py)."""
     model, batch = make(case)
