@@ -9,6 +9,7 @@ was, issues its offload group, and derives the region's structure from the recor
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -102,8 +103,14 @@ class RegionCalls:
             self._device.discover(first_device(args, kwargs))
         if region.lazy:
             region.lazy = has_lazy_parameters(region.modules)
+        call.start_mark = self._device.mark()  # the checkpoint's host time is the call's
         if not region.lazy and self._planner.needs_capture(p, call):
+            t0 = time.perf_counter()
             self._capture(p, call, region, args, kwargs)
+            if call.inputs is not None:  # else it keeps its activations: no checkpoint
+                call.capture_seconds = dt = time.perf_counter() - t0
+                p.stats.capture_seconds += dt
+                p.stats.captures += 1
         if region.writes_state:
             call.writes_state = True
         elif region.writes_state is None and call.inputs is not None and not region.compiled:
@@ -113,7 +120,6 @@ class RegionCalls:
             )
         self._placements.build_table(call)
         self._life.call_started(call)
-        call.start_mark = self._device.mark()
         return call
 
     def _foreign_storages(self, region: Region, call: RegionCall) -> frozenset[int]:

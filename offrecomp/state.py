@@ -452,6 +452,9 @@ class RegionCall(_WeakReferable):
     saves: list[SaveInfo] = field(default_factory=list)
     start_mark: Any = None
     end_mark: Any = None
+    capture_seconds: float = 0.0
+    """Host seconds its entry spent keeping what a replay needs (0: none kept); inside
+    its span, from ``start_mark``."""
     replay_seconds: float = 0.0
     replays: int = 0
     served_ops: int = 0
@@ -551,6 +554,10 @@ class PassStats:
     """Host seconds in the unpack calls of kept saves timed (sampled the same way)."""
     unpack_timed: int = 0
     """Unpack calls timed."""
+    capture_seconds: float = 0.0
+    """Host seconds region calls' entries spent keeping what a replay needs."""
+    captures: int = 0
+    """Region calls that kept it (each timed)."""
     fallbacks: dict[str, int] = field(default_factory=dict)
 
     def keep(self, rec: StorageRec) -> None:

@@ -346,8 +346,8 @@ def lower_bound(profile: Profile, budget_bytes: int | None) -> float:
       every offloaded byte comes back after ``T0`` on the H2D link before the step ends,
       so ``step >= F + O / h2d``. ``F`` and ``B`` include the host time every plan pays
       (the hooks' per-save costs, but a region's under native keep, which a plan keeping
-      it whole does not pay: NOTE [Host time]); issue and replay host time only lengthen
-      a plan, so leaving them out keeps the bound.
+      it whole does not pay: NOTE [Host time]); issue, checkpoint and replay host time
+      only lengthen a plan, so leaving them out keeps the bound.
     * The least replay time to drop ``R`` bytes is bounded below by a fractional
       knapsack over per-region convex envelopes of ``fixed(K) + sum c_s`` (see
       ``_region_envelope``): convex, so regions combine by slope.

@@ -235,6 +235,7 @@ def _load_profile(args: argparse.Namespace) -> Profile:
 _HOST_FLAGS = {
     "pack_host_seconds": ("--pack-us", "per saved tensor in forward"),
     "unpack_host_seconds": ("--unpack-us", "per saved tensor in backward"),
+    "capture_host_seconds": ("--capture-us", "per region call a plan does not keep whole"),
     "offload_host_seconds": ("--offload-us", "per group offload issued at a region's exit"),
     "reload_host_seconds": ("--reload-us", "per group reload issued in backward"),
     "replay_host_seconds": ("--replay-us", "per replay, beyond its ops"),

@@ -155,11 +155,12 @@ def predict(profile: Profile, plan: Plan, *, prefetch_regions: int = 2) -> Predi
 HOST_COSTS = (
     "pack_host_seconds",
     "unpack_host_seconds",
+    "capture_host_seconds",
     "offload_host_seconds",
     "reload_host_seconds",
     "replay_host_seconds",
 )
-"""The profile's per-save, per-group and per-replay host costs (NOTE [Host time] in
+"""The profile's per-save, per-call, per-group and per-replay host costs (NOTE [Host time] in
 ``scheduler.timeline``): averaged like the bandwidths, 0 meaning not measured."""
 
 

@@ -121,8 +121,10 @@ class FlatProfile:
     """Per unit its backward host time plus the unpack hook's cost per save (a region's
     under ``Profile.native_keep``: in ``bwd_hook``)."""
     fwd_hook: np.ndarray
-    """Per unit the pack hooks' host time it adds to ``fwd_host`` under a plan that does
-    not keep it whole (non-zero only for regions, under ``Profile.native_keep``)."""
+    """Per unit the host time it adds to ``fwd_host`` under a plan that does not keep it
+    whole (non-zero only for regions): its replay checkpoint
+    (``Profile.capture_host_seconds``) and, under ``Profile.native_keep``, its pack
+    hooks."""
     bwd_hook: np.ndarray
     """Per unit the unpack hooks' host time, likewise."""
     d2h_bps: float
@@ -147,7 +149,7 @@ class FlatProfile:
 
     def forward_end_bound(self) -> float:
         """Latest end of forward of any plan: every unit that may offload does, and every
-        unit runs its hooks."""
+        unit runs its hooks and takes its checkpoint."""
         may = np.zeros(self.n_units, dtype=np.bool_)
         off = (self.legal & OFFLOAD_BIT) != 0
         may[self.unit_of[off]] = True

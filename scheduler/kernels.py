@@ -45,9 +45,10 @@ refreshes its contexts for a kernel load (NOTE [kernel loads]).
 #   bwd_host   f64    backward host seconds with the unpack cost per save, without
 #                     reload issues or replay
 #   bwd_dur    f64    max(bwd_dev, bwd_host)
-#   fwd_hook, bwd_hook f64  the hooks' host seconds a unit adds to fwd_host/bwd_host
-#                     when a plan places any of its storages other than KEEP (0 but
-#                     for regions under native keep)
+#   fwd_hook, bwd_hook f64  the host seconds a unit adds to fwd_host/bwd_host when a
+#                     plan places any of its storages other than KEEP: a region's
+#                     replay checkpoint (forward) and, under native keep, its hooks
+#                     (0 for the root's units)
 #   hooked     bool   a plan places some storage of the unit other than KEEP
 # Per op (shape n_ops; out_ptr and rd_ptr n_ops + 1):
 #   op_sec     f64    seconds

@@ -80,9 +80,9 @@ def host_times(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, np.ndarray, np.ndarray]:
     """Host time per unit (NOTE [Host time]): forward starts and end of forward when no
     group offloads, forward host time, backward host time, backward device time, and
-    the hooks' forward and backward host time a region unit adds on top when a plan
-    does not keep it whole (zero but under ``Profile.native_keep``, where the first two
-    leave it out).
+    the host time a region unit adds on top when a plan does not keep it whole: its
+    replay checkpoint (``Profile.capture_host_seconds``) and, under
+    ``Profile.native_keep`` (where the first two leave them out), its hooks.
 
     Where no host time was measured, and the hooks cost nothing, every unit's host time
     equals its device time and the layout is ``unit_times``'s, bit for bit.
@@ -100,13 +100,15 @@ def host_times(
             bwd_host[2 * k + 1] = check_number(
                 r.backward_host_seconds, f"region {region_label(r)} backward_host_seconds"
             )
+    capture = check_number(profile.capture_host_seconds, "profile capture_host_seconds")
     fwd_hook = np.zeros_like(dur)
     bwd_hook = np.zeros_like(bdur)
+    fwd_hook[1::2] = capture  # a region call not kept whole takes a replay checkpoint
     # gaps (the root's saves) always run the hooks; region units too without native keep
     hooked_saves = unit_saves.copy()
     if profile.native_keep:
         hooked_saves[1::2] = 0.0
-        fwd_hook[1::2] = pack * unit_saves[1::2]
+        fwd_hook[1::2] += pack * unit_saves[1::2]
         bwd_hook[1::2] = unpack * unit_saves[1::2]
     if pack > 0:
         fwd_host = fwd_host + pack * hooked_saves

@@ -212,6 +212,10 @@ class Profile:
     variables, without the hooks (the runtime's NOTE [Native keep]): the simulator
     charges the pack and unpack costs of a region's saves only under plans that offload
     or drop some of its storages (the root's saves always pay them)."""
+    capture_host_seconds: float = 0.0
+    """Host seconds a region call's entry spends keeping what a replay of it needs (its
+    inputs, generator, autocast and module state): paid by each region call a plan does
+    not keep whole, whether or not it replays (a call kept whole takes no checkpoint)."""
     offload_host_seconds: float = 0.0
     """Host seconds to issue one group's D2H copies at its region's exit (a group: the
     offloaded storages of one region call, or of one run of root saves)."""

@@ -54,13 +54,15 @@ the next groups' reloads; the group is released when its unit's backward ends.
 NOTE [Host time]: a unit's time is the longer of its device time and its host time. The
 host time of a region's forward is ``RegionRecord.host_seconds`` (where measured; else
 its device time, as on CPU, where host and device are one) plus, per saved tensor,
-``Profile.pack_host_seconds``, plus ``offload_host_seconds`` when its group offloads;
-gaps take their device time plus the pack cost of their root saves. In backward: the
-unit's ``backward_host_seconds`` (or device time) plus ``unpack_host_seconds`` per save,
-``reload_host_seconds`` per group reload it issues, and ``replay_seconds`` plus
-``replay_host_seconds`` when it replays. Under ``Profile.native_keep`` a region that the
-plan keeps whole pays neither hook: its saves go through autograd's own saved
-variables (the runtime's NOTE [Native keep]); the root's saves always pay them. Where
+``Profile.pack_host_seconds``, plus ``offload_host_seconds`` when its group offloads,
+plus ``capture_host_seconds`` when the plan does not keep it whole (its entry takes a
+replay checkpoint); gaps take their device time plus the pack cost of their root
+saves. In backward: the unit's ``backward_host_seconds`` (or device time) plus
+``unpack_host_seconds`` per save, ``reload_host_seconds`` per group reload it issues,
+and ``replay_seconds`` plus ``replay_host_seconds`` when it replays. Under
+``Profile.native_keep`` a region that the plan keeps whole pays neither hook: its
+saves go through autograd's own saved variables (the runtime's NOTE [Native keep]);
+the root's saves always pay them. Where
 no host time is measured and every host cost is 0, each unit takes its device time,
 bit for bit as without the host model.
 

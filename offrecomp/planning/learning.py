@@ -356,11 +356,11 @@ def _learn_regions(
             skipped.append(f"{call.name}#{call.call_index}")
             skipped_regions.add(call.key)
             continue
-        # NOTE [Host time]: the span holds the pack hooks' and the group offload's host
-        # time, which the model adds per unit: on CPU (host and device are one) it
+        # NOTE [Host time]: the span holds the checkpoint's, the pack hooks' and the
+        # group offload's host time, which the model adds per unit: on CPU (host and device are one) it
         # comes off the region's time; on GPU the events time the device, and the
         # host's own span, less that time, is the region's host time
-        extra = 0.0 if call.native else _forward_host_extra(measured, r, offloads)
+        extra = call.capture_seconds + (0.0 if call.native else _forward_host_extra(measured, r, offloads))
         if on_device:
             host = call.end_mark.host - call.start_mark.host - extra
             if host > 0:
@@ -392,14 +392,15 @@ def _learn_whole_forward(
     if clock.distorted(p.start_mark, p.backward_start_mark, fwd_total):
         skipped.append("forward")
         return
-    # NOTE [Host time]: on CPU the total holds the hooks and the group
-    # offloads, which the model adds back per unit
+    # NOTE [Host time]: on CPU the total holds the checkpoints, the hooks and the
+    # group offloads, which the model adds back per unit
     o = p.offload_stats
     groups = int(getattr(o, "groups_offloaded", 0) or 0) if o is not None else 0
     extra = (
         0.0
         if on_device
-        else int(p.stats.hooked_saves) * measured.pack_host_seconds
+        else p.stats.capture_seconds
+        + int(p.stats.hooked_saves) * measured.pack_host_seconds
         + groups * measured.offload_host_seconds
     )
     measured.forward_seconds = fwd_total - extra if extra < fwd_total else fwd_total
@@ -488,7 +489,8 @@ def learn_host_costs(p: PassState, measured: Profile) -> None:
     ``measured`` (the cost model averages them): per saved tensor in the pack and
     the unpack hook (``PassStats.pack_seconds`` over ``pack_timed``, the calls timed:
     a native call's saves run no hook, so a pass's timed calls are not a fixed share
-    of its saves), per group offload and per group reload issued
+    of its saves), per region call's replay checkpoint (``capture_seconds`` over
+    ``captures``), per group offload and per group reload issued
     (``OffloadStats.offload_host_seconds`` over ``groups_offloaded``,
     ``reload_host_seconds`` over ``groups_reloaded``). A cost the pass did not measure
     keeps the estimate; one pass moves a cost by at most ``OUTLIER_RATIO`` times the
@@ -497,6 +499,7 @@ def learn_host_costs(p: PassState, measured: Profile) -> None:
     costs = {
         "pack_host_seconds": (st.pack_seconds, st.pack_timed),
         "unpack_host_seconds": (st.unpack_seconds, st.unpack_timed),
+        "capture_host_seconds": (st.capture_seconds, st.captures),
         "offload_host_seconds": (
             getattr(o, "offload_host_seconds", None),
             int(getattr(o, "groups_offloaded", 0) or 0),

@@ -60,7 +60,8 @@ def record_structure(call: RegionCall, *, min_bytes: int, opaque: bool) -> None:
         [s.nbytes for s in call.storages],
         kinds,
         rec.op_seconds() if not timed_on_device(rec) else [0.0] * len(rec.ops),
-        call.start_mark.host if call.start_mark is not None else 0.0,
+        # the ops' times count from the end of the call's checkpoint (NOTE [Host time])
+        call.start_mark.host + call.capture_seconds if call.start_mark is not None else 0.0,
         compiled=region is not None and (region.compiled or region.backward_in_forward or opaque),
     )
     call.structure.layout = call.layout()

@@ -4,6 +4,7 @@ path] in offrecomp/planning/planner.py)."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -29,7 +30,7 @@ def _measured_pass(saves: int, **costs: Any) -> PassState:
     p = PassState(index=0, signature="sig", mode="auto")
     p.stats.saved_tensors = p.stats.hooked_saves = saves
     p.stats.pack_timed = p.stats.unpack_timed = max(1, saves // HOOK_SAMPLE)
-    for name in ("pack_seconds", "unpack_seconds", "pack_timed", "unpack_timed"):
+    for name in ("pack_seconds", "unpack_seconds", "pack_timed", "unpack_timed", "capture_seconds", "captures"):
         if name in costs:
             setattr(p.stats, name, costs.pop(name))
     p.offload_stats = SimpleNamespace(**costs)  # type: ignore[assignment]
@@ -50,8 +51,11 @@ def test_host_costs_are_learnt_per_save_and_per_group() -> None:
         offload_host_seconds=2e-4,
         groups_reloaded=2,
         reload_host_seconds=1e-4,
+        capture_seconds=6e-4,
+        captures=3,
     )
     learning.learn_host_costs(p, measured)
+    assert measured.capture_host_seconds == pytest.approx(2e-4)
     assert measured.pack_host_seconds == pytest.approx(1e-5)
     assert measured.unpack_host_seconds == pytest.approx(5e-6)
     assert measured.offload_host_seconds == pytest.approx(5e-5)
@@ -130,6 +134,42 @@ def test_a_native_call_is_learnt_without_the_hooks_and_predicted_without_them(
     profile.native_keep = bare.native_keep = False  # with the hooks on, every save pays
     got_extra = predict(profile, entry.plan).forward_seconds - predict(bare, entry.plan).forward_seconds
     assert got_extra == pytest.approx((root_saves + region_saves) * 1e-3, rel=1e-6)
+
+
+def test_a_replay_checkpoint_is_learnt_apart_from_the_gaps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A region call's entry keeps what a replay needs (a checkpoint) unless the plan
+    keeps the call whole. The calibration pass checkpoints every call: the checkpoints'
+    time is learnt per call (``Profile.capture_host_seconds``), not as time between the
+    regions or in them, so a plan keeping every call whole is predicted without it."""
+    from offrecomp.calls import RegionCalls
+    from scheduler import predict
+
+    slow = 0.2  # well above what a loaded machine makes of a tiny block
+    original = RegionCalls._capture
+
+    def slow_capture(self: RegionCalls, *args: Any) -> None:
+        time.sleep(slow)
+        original(self, *args)
+
+    monkeypatch.setattr(RegionCalls, "_capture", slow_capture)
+    m, batch = make("gpt_dropout")
+    ref = train(twin(m), batch, steps=4)
+    rt = _runtime(m, drift=100.0, budget="100%")
+    got = train(m, batch, rt, steps=4)
+    assert_bitwise(ref, got)
+    steps = rt.report().steps
+    assert [s.phase for s in steps] == ["measure", "calibrate", "planned", "planned"]
+    entry = rt.planner.last_entry
+    assert entry is not None and entry.profile is not None and entry.plan is not None
+    profile = entry.profile
+    assert slow <= profile.capture_host_seconds < 3 * slow
+    assert max(learning._gaps(profile)[1:-1]) < slow / 2  # between the blocks
+    assert max(r.forward_seconds for r in profile.regions) < slow / 2
+    # kept whole, no call checkpoints: the prediction holds none of them
+    assert all(pl is Placement.KEEP for pl in entry.plan.placements.values())
+    bare = profile.copy()
+    bare.capture_host_seconds = 0.0
+    assert predict(profile, entry.plan).step_seconds == predict(bare, entry.plan).step_seconds
 
 
 def test_a_plan_solved_again_for_drift_learns_every_pass() -> None:

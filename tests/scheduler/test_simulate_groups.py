@@ -179,6 +179,19 @@ def test_native_keep_charges_the_hooks_only_to_regions_not_kept_whole() -> None:
     assert [(i.start, i.end) for i in t.compute if i.label.startswith("forward")] == [(0.0, 4.0), (4.0, 8.0)]
 
 
+def test_a_checkpoint_is_paid_by_each_region_not_kept_whole() -> None:
+    """``Profile.capture_host_seconds``: a region call a plan keeps whole takes no replay
+    checkpoint; one that drops or offloads any storage pays it in its forward, with or
+    without native keep."""
+    for native in (True, False):
+        p = two_blocks(capture_host_seconds=1.5)
+        p.native_keep = native
+        assert simulate(p, Plan()).step_seconds == simulate(two_blocks(), Plan()).step_seconds
+        t = simulate(p, Plan(placements={("l0", 0, 1): R}))
+        assert [(i.start, i.end) for i in t.compute if i.label.startswith("forward")] == [(0.0, 4.5), (4.5, 7.5)]
+        assert t.forward_seconds == 7.5
+
+
 def test_storages_saved_after_a_replays_prefix_are_freed_before_it() -> None:
     """NOTE [Frees before a replay]: l0 drops s0 (saved after op0): its replay, plain (no
     dispatch mode is cheaper for one op), runs op0 when backward first reads s0, after
@@ -221,6 +234,7 @@ def _with_host_costs(profile: Profile, seed: int) -> Profile:
     scale = profile.forward_seconds or 1.0
     profile.pack_host_seconds = rng.choice([0.0, 0.01, 0.05]) * scale
     profile.unpack_host_seconds = rng.choice([0.0, 0.01]) * scale
+    profile.capture_host_seconds = rng.choice([0.0, 0.02, 0.2]) * scale
     profile.offload_host_seconds = rng.choice([0.0, 0.1, 0.3]) * scale
     profile.reload_host_seconds = rng.choice([0.0, 0.1]) * scale
     profile.replay_host_seconds = rng.choice([0.0, 0.05]) * scale
