@@ -196,7 +196,8 @@ class Diagnostics:
             return  # once per runtime: the other blocks are most likely alike
         self.hidden_warned = True
         log.warning(
-            "offrecomp: region(s) %s %s: a saved-tensor hook %s (torch.utils.checkpoint, "
+            "offrecomp: region(s) %s (and any other like it: this is said once) %s: a "
+            "saved-tensor hook %s (torch.utils.checkpoint, "
             "HF gradient_checkpointing_enable(), checkpoint_wrapper, save_on_cpu) owns their "
             "activations, and only the innermost hook runs, so offrecomp cannot keep, offload "
             "or recompute them. Turn that off and let offrecomp decide.%s",

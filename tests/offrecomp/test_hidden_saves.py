@@ -203,6 +203,7 @@ def test_checkpointing_of_their_own_warns_once_per_runtime(caplog: pytest.LogCap
                     m(_batch(s)).backward()
     msgs = [r.getMessage() for r in caplog.records if WARNING in r.getMessage()]
     assert len(msgs) == 2 and all("run activation checkpointing of their own" in m for m in msgs), msgs
+    assert all("and any other like it: this is said once" in m for m in msgs)  # not named again
 
 
 def test_a_hook_pair_around_the_runtime_is_named(caplog: pytest.LogCaptureFixture) -> None:
