@@ -45,6 +45,9 @@ class PlanEntry:
     borrow_plan: Plan | None = None
     """The plan with every replay priced plainly: what passes that borrow this signature's
     plan run (NOTE [Borrowed plans]). Solved when first lent, dropped at every solve."""
+    said_borrow_infeasible: str = ""
+    """The id of the borrow plan whose passes were said to run a full recompute instead
+    (it fits no budget)."""
     needs_measure: bool = True
     growths: int = 0
     """Times a call its plan kept whole saved more storages than its profile."""
@@ -145,6 +148,11 @@ class PlanEntry:
 # measures its own profile while the plan cache has room (bucketed lengths get their
 # own plans); otherwise it borrows. A donor without a plan yet (measured, not calibrated) is solved from
 # its measured profile. Borrowed passes teach no cost model and predict nothing.
+# Where no plan with plain replays is predicted to fit the budget (the donor's own
+# plan may fit only with served replays), a pass that would borrow runs a plain full
+# recompute instead: it drops what the donor's measuring pass dropped, at a shape no
+# larger, so that pass's peak bounds it, where the infeasible borrow plan would run
+# over the budget.
 # A new signature that no profiled one covers, but that exceeds one by at most
 # GROWTH (25%) in every dimension, runs a plain full recompute on first sight rather
 # than a measuring pass: a sequence-length warmup grows the length a little at every

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from offrecomp.config import format_bytes
 from offrecomp.explain import NO_PLAN_YET, explain_forced, explain_plan, summarize
 from offrecomp.phases import Phase
 from offrecomp.planning import drift, profiling, records
@@ -153,6 +154,12 @@ class Planner:
                     self._solve(donor)
                 if donor.borrow_plan is None:
                     self.solver.solve_borrow_plan(donor)
+            if donor is not None and donor.borrow_plan is not None and not donor.borrow_plan.feasible:
+                # NOTE [Borrowed plans]: no plan with plain replays is predicted to fit
+                # the budget: drop every droppable save, as the donor's measuring pass did
+                self._say_borrow_infeasible(donor)
+                p.phase = Phase.RECOMPUTE
+                return
             if donor is not None and donor.borrow_plan is not None:
                 p.planned = True
                 p.phase = Phase.BORROWED
@@ -189,6 +196,21 @@ class Planner:
         p.phase = Phase.USER_PLAN if user is not None else Phase.PLANNED
         plan = self.active_plan(entry)
         p.plan_id = plan.plan_id if plan is not None else ""
+
+    @staticmethod
+    def _say_borrow_infeasible(donor: PlanEntry) -> None:
+        """Once per donor plan: why the passes borrowing it run a full recompute."""
+        plan = donor.borrow_plan
+        if plan is None or donor.said_borrow_infeasible == plan.plan_id:
+            return
+        donor.said_borrow_infeasible = plan.plan_id
+        log.info(
+            "offrecomp: no plan with plain replays is predicted to fit the budget of signature "
+            "%s (the most frugal holds %s); passes that would borrow it drop every droppable "
+            "save instead, as its measuring pass did (which held %s)",
+            shown(donor.signature), format_bytes(plan.predicted_peak_bytes or 0),
+            format_bytes(donor.measured_peak_bytes or 0),
+        )
 
     def _plan_of(self, p: PassState) -> tuple[PlanEntry | None, Plan | None]:
         """The entry whose plan the planned pass ``p`` runs, and that plan: a borrowed

@@ -102,6 +102,8 @@ def check_budget(rec: StepRecord, entry: PlanEntry, plan: Plan, passes: list[Pas
     """A step that ran ``plan`` (``entry``'s own, or borrowed from it): its budget into
     ``rec``, and a warning, once per entry, when the step held more than it."""
     budget = rec.budget_bytes = plan.budget_bytes
+    if entry.warned_infeasible:
+        return  # the budget was said to be out of reach: a lower one would not help
     if budget is not None and rec.peak_activation_bytes > OVER_BUDGET * budget and not entry.warned_over_budget:
         entry.warned_over_budget = True
         double = any(p.double_backward for p in passes)

@@ -676,6 +676,54 @@ def test_a_borrowing_pass_runs_the_donor_plan_priced_for_plain_replays() -> None
     assert borrowed.step_seconds <= own.step_seconds * (1 + 1e-9)
 
 
+def test_passes_borrowing_a_plan_that_fits_no_budget_drop_every_droppable_save(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NOTE [Borrowed plans]: where no plan with plain replays is predicted to fit the
+    donor's budget (its own plan fits with served replays), a pass that would borrow it
+    runs a plain full recompute instead: it holds no more than the donor's measuring
+    pass, which dropped the same saves at a larger shape. Said once, at INFO."""
+    original = Solver.solve_borrow_plan
+
+    def infeasible(self: Solver, entry: Any) -> None:
+        original(self, entry)
+        entry.borrow_plan.feasible = False
+
+    monkeypatch.setattr(Solver, "solve_borrow_plan", infeasible)
+    torch.manual_seed(0)
+    model = make("gpt_dropout")[0]
+    ref = train(twin(model), _long_then_short, steps=5)
+    m = twin(model)
+    rt = _runtime(m, budget="40%", plan_cache_size=1)
+    with caplog.at_level(logging.INFO, logger="offrecomp"):
+        assert_bitwise(ref, train(m, _long_then_short, rt, steps=5))
+    steps = rt.report().steps
+    assert [s.phase for s in steps] == ["measure", "calibrate", "recompute", "recompute", "recompute"]
+    donor = rt.planner.entries["train|(2, 24):int64:cpu"]
+    assert donor.measured_peak_bytes is not None
+    assert all(0 < s.peak_activation_bytes <= donor.measured_peak_bytes for s in steps[2:])
+    said = [r for r in caplog.records if "drop every droppable save instead" in r.getMessage()]
+    assert len(said) == 1
+
+
+def test_a_step_over_a_budget_said_to_be_out_of_reach_gives_no_advice(caplog: pytest.LogCaptureFixture) -> None:
+    """records.check_budget: over the budget by more than OVER_BUDGET, a step warns once
+    to plan with a lower budget, unless the budget was already said to be infeasible."""
+    from offrecomp.planning import records
+    from offrecomp.planning.entries import PlanEntry
+    from offrecomp.report import StepRecord
+
+    plan = Plan(budget_bytes=1000)
+    for infeasible in (True, False):
+        entry = PlanEntry(signature="sig", warned_infeasible=infeasible)
+        rec = StepRecord(step=0, signature="sig", peak_activation_bytes=2000)
+        with caplog.at_level(logging.WARNING, logger="offrecomp"):
+            caplog.clear()
+            records.check_budget(rec, entry, plan, [])
+        advice = [r for r in caplog.records if "Plan with a budget lower" in r.getMessage()]
+        assert rec.budget_bytes == 1000 and len(advice) == (0 if infeasible else 1)
+
+
 def test_a_slow_first_solve_says_why_once(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first plan of a process compiles the planner's kernels (about 20 s where numba
     has no cache yet): a warning names the cause and the warmup command, once."""
