@@ -149,8 +149,9 @@ class PlanEntry:
 # own plans); otherwise it borrows. A donor without a plan yet (measured, not calibrated) is solved from
 # its measured profile. Borrowed passes teach no cost model and predict nothing.
 # Where no plan with plain replays is predicted to fit the budget (the donor's own
-# plan may fit only with served replays), a pass that would borrow runs a plain full
-# recompute instead: it drops what the donor's measuring pass dropped, at a shape no
+# plan may fit only with served replays), it is solved again with small storages
+# droppable, as the donor's own frugal end is (NOTE [Small storages]); where that does
+# not fit either, a pass that would borrow runs a plain full recompute instead: it drops what the donor's measuring pass dropped, at a shape no
 # larger, so that pass's peak bounds it, where the infeasible borrow plan would run
 # over the budget.
 # A new signature that no profiled one covers, but that exceeds one by at most

@@ -158,25 +158,7 @@ class Solver:
         """NOTE [Small storages]: the most frugal of ``plan`` (infeasible) and the plan
         solved with every small storage of a replayable region droppable; raises for
         ``infeasible='error'``."""
-        profile = entry.profile
-        assert profile is not None
-        small = {
-            key: st.small_storages for key, st in entry.structures.items() if st.small_storages
-        }
-        convert = [
-            (r, i) for r in profile.regions if r.replayable and (r.name, r.call_index) in small
-            for i in small[(r.name, r.call_index)] if i < len(r.storages) and r.storages[i].kind == "external"
-        ]
-        if convert:
-            for r, i in convert:
-                r.storages[i].kind = "activation"
-            try:
-                frugal = self.solve_plan(entry, allow_offload=False)
-            finally:
-                for r, i in convert:
-                    r.storages[i].kind = "external"
-            if frugal.feasible or (frugal.predicted_peak_bytes or 0) < (plan.predicted_peak_bytes or 0):
-                plan = frugal
+        plan = self.with_small_dropped(entry, plan)
         measured = entry.measured_peak_bytes
         budget = plan.budget_bytes
         if plan.feasible or budget is None:
@@ -201,6 +183,32 @@ class Solver:
         plan.notes.append(infeasible_note(budget, smallest))
         return plan
 
+    def with_small_dropped(self, entry: PlanEntry, plan: Plan) -> Plan:
+        """NOTE [Small storages]: ``plan`` (infeasible), or the plan solved with every
+        small storage of a replayable region droppable where that one fits or holds
+        less (solved as replays are priced now)."""
+        profile = entry.profile
+        assert profile is not None
+        small = {
+            key: st.small_storages for key, st in entry.structures.items() if st.small_storages
+        }
+        convert = [
+            (r, i) for r in profile.regions if r.replayable and (r.name, r.call_index) in small
+            for i in small[(r.name, r.call_index)] if i < len(r.storages) and r.storages[i].kind == "external"
+        ]
+        if not convert:
+            return plan
+        for r, i in convert:
+            r.storages[i].kind = "activation"
+        try:
+            frugal = self.solve_plan(entry, allow_offload=False)
+        finally:
+            for r, i in convert:
+                r.storages[i].kind = "external"
+        if frugal.feasible or (frugal.predicted_peak_bytes or 0) < (plan.predicted_peak_bytes or 0):
+            return frugal
+        return plan
+
     def solve_borrow_plan(self, entry: PlanEntry) -> None:
         """NOTE [Borrowed plans]: a borrowing pass replays plainly (the donor's recording is
         another shape's, so nothing is served), running each replayed block up to its
@@ -213,6 +221,8 @@ class Solver:
         profile.replay_op_seconds = self.PLAIN_REPLAY_OP_SECONDS
         try:
             plan = self.solve_plan(entry)
+            if not plan.feasible:
+                plan = self.with_small_dropped(entry, plan)
         finally:
             profile.replay_op_seconds = saved
         entry.borrow_plan = plan

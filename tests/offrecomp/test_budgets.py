@@ -63,6 +63,28 @@ def test_the_most_frugal_plan_drops_small_storages(caplog: pytest.LogCaptureFixt
     assert _messages(caplog, "a planned step held") == []
 
 
+def test_passes_borrowing_a_plan_may_drop_small_storages_too() -> None:
+    """NOTE [Small storages], NOTE [Borrowed plans]: the plan that passes of a smaller
+    batch borrow is solved with plain replays; where that does not fit the budget while
+    small storages stay, it is solved again with them droppable, as the donor's own
+    frugal end is, so the smaller batches borrow within the budget."""
+    model = _mlp_blocks()
+    budget = 392 * KIB
+
+    def batches(s: int) -> torch.Tensor:
+        return torch.randn(32 if s < 30 else 24, 64, generator=torch.Generator().manual_seed(s))  # s: 10 x step
+
+    ref = train(copy.deepcopy(model), batches, steps=6)
+    m = copy.deepcopy(model)
+    rt = offrecomp.runtime(m, budget=budget, drift=100.0, plan_cache_size=1)  # a seen signature borrows again
+    assert_bitwise(ref, train(m, batches, rt, steps=6))
+    steps = rt.report().steps
+    assert [s.phase for s in steps] == ["measure", "calibrate", "planned", "borrowed", "borrowed", "borrowed"]
+    assert all(s.peak_activation_bytes <= budget for s in steps[2:]), [s.peak_activation_bytes for s in steps]
+    donor = rt.planner.entries[steps[0].signature]
+    assert donor.borrow_plan is not None and donor.borrow_plan.feasible
+
+
 def test_an_infeasible_budget_names_a_budget_the_steps_met(caplog: pytest.LogCaptureFixture) -> None:
     """A budget no plan meets warns once, naming the smallest budget the solver accepts
     (no larger than what the measuring step held), and not also as a planned step over
