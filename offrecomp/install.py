@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -94,6 +95,8 @@ from offrecomp.trace import PassiveMode
 
 __all__ = ["Installer", "holds_compiled", "signature_of"]
 
+log = logging.getLogger(__name__)
+
 _EVAL_FRAME_CALLBACK = tc.eval_frame_callback_getter()
 
 Make = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -126,6 +129,7 @@ class Installer:
         self._opt_hook: Any = None
         self._registration_hooks: list[Any] = []
         self._regions_epoch = -1  # structure_epoch() at the last _check_regions
+        self._warned_replaced = False  # _check_regions warned (once per runtime)
 
     def _own_hooks(self) -> tuple[Any, Any] | None:
         """The installed hook pair (None while not installed)."""
@@ -216,9 +220,9 @@ class Installer:
                 now = None
             if now is not r.module:
                 gone.append(r.name)
-        if gone:
-            warn_once(
-                f"regions_replaced:{id(self)}",
+        if gone and not self._warned_replaced:
+            self._warned_replaced = True
+            log.warning(
                 "offrecomp: region(s) %s are no longer the model's modules at those names "
                 "(replaced since the runtime was made); the runtime manages the modules it "
                 "found then, so the new ones run plainly and their activations are kept. "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -81,7 +82,9 @@ class Planner:
         self._resolved: list[StepRecord] = []
         self._catching_up = False
         self._warned_unfinished = False
-        self._plans_checked: set[int] = set()  # ids of the user plans checked (_check_user_plan)
+        # the user plans checked (_check_user_plan), by id while each lives: a new plan may
+        # take a collected one's id
+        self._plans_checked: weakref.WeakValueDictionary[int, Plan] = weakref.WeakValueDictionary()
         self.last_forced: list[PassState] = []  # a forced mode's last step's passes, for explain()
 
     @property
@@ -446,7 +449,7 @@ class Planner:
 
     def _end_pass(self, p: PassState) -> None:
         user = self.host.user_plan
-        if user is not None and user.placements and not p.aborted and id(user) not in self._plans_checked:
+        if user is not None and user.placements and not p.aborted and self._plans_checked.get(id(user)) is not user:
             self._check_user_plan(user, p)
         if p.wants_entry and not p.aborted and p.signature not in self.entries:
             self.cache.entry(p.signature, p)  # NOTE [Borrowed plans]: it measures next time
@@ -510,7 +513,7 @@ class Planner:
     def _check_user_plan(self, user: Plan, p: PassState) -> None:
         """Once per plan (``rt.set_plan``), at the end of its first pass: name the keys that
         matched no storage of it (a call or storage index the model never reaches)."""
-        self._plans_checked.add(id(user))
+        self._plans_checked[id(user)] = user
         seen = {(c.name, c.call_index, r.index) for c in p.all_calls() for r in c.storages if r.index >= 0}
         missed = sorted(set(user.placements) - seen)
         if missed:

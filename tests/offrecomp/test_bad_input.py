@@ -327,3 +327,23 @@ def test_plan_keys_that_match_no_storage_are_named(caplog: pytest.LogCaptureFixt
             m(torch.randn(2, 4)).sum().backward()
     assert caplog.text.count("matched no storage of its first pass") == 1
     assert "('0', 0, 99), ('0', 7, 0)" in caplog.text and "('1', 0, 1)" not in caplog.text
+
+
+def test_every_new_plan_is_checked_even_at_a_collected_plans_address(caplog: pytest.LogCaptureFixture) -> None:
+    """Plans set one after another, each dropped after its pass: a new plan often takes
+    a collected one's id, and is checked all the same; the planner holds none of them."""
+    import gc
+
+    from scheduler.plan import Placement, Plan
+
+    m = nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.Tanh()), nn.Sequential(nn.Linear(4, 4), nn.Tanh()))
+    rt = offrecomp.runtime(m, mode="keep", min_bytes=0)
+    n = 40
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), rt:
+        for k in range(n):
+            rt.set_plan(Plan(placements={("1", 9, k): Placement.RECOMPUTE}))
+            m(torch.randn(2, 4)).sum().backward()
+            rt.set_plan(None)
+            gc.collect()
+    assert caplog.text.count("matched no storage of its first pass") == n
+    assert len(rt.planner._plans_checked) <= 1  # the last pass, kept for explain(), holds its plan

@@ -108,6 +108,30 @@ def test_a_region_replaced_while_entered_is_named(caplog: pytest.LogCaptureFixtu
     assert steps[0].recomputed_bytes > 0 and steps[1].recomputed_bytes == 0
 
 
+def test_each_runtime_names_its_replaced_regions_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Once per runtime, however many runtimes a process makes (a new one often takes a
+    collected one's address)."""
+    import gc
+
+    n = 12
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        for _ in range(n):
+            torch.manual_seed(0)
+            model = Stack([_Growing() for _ in range(2)])
+            rt = offrecomp.runtime(model, mode="recompute", min_bytes=0)
+            with rt:
+                model(_batch(0)).backward()
+                model.blocks[1] = copy.deepcopy(model.blocks[1])
+                model(_batch(1)).backward()
+                model(_batch(2)).backward()
+            del model, rt
+            gc.collect()
+    assert caplog.text.count("are no longer the model's modules") == n
+    from offrecomp import diagnostics  # nothing process-wide, keyed by an address, says it was said
+
+    assert not any("replaced" in key for key in diagnostics._warned)
+
+
 @pytest.mark.parametrize("where", ["block", "model"])
 def test_a_forward_patched_while_entered_outlives_the_exit(where: str) -> None:
     """A forward set while the runtime is entered (an adapter library's) is the user's:
