@@ -129,7 +129,10 @@ class Installer:
         self._opt_hook: Any = None
         self._registration_hooks: list[Any] = []
         self._regions_epoch = -1  # structure_epoch() at the last _check_regions
-        self._warned_replaced = False  # _check_regions warned (once per runtime)
+        self._warned_replaced = False  # _check_regions warned (once per runtime) of replaced regions
+        self._warned_added = False  # ... of modules added beside them
+        # the regions' kin not chosen as regions when the runtime was made (regions=)
+        self._unchosen = frozenset(_added_regions(model, regions)) if model is not None else frozenset()
 
     def _own_hooks(self) -> tuple[Any, Any] | None:
         """The installed hook pair (None while not installed)."""
@@ -227,7 +230,18 @@ class Installer:
                 "(replaced since the runtime was made); the runtime manages the modules it "
                 "found then, so the new ones run plainly and their activations are kept. "
                 "Make a new runtime for the model as it is now",
-                ", ".join(gone[:4]) + (f" and {len(gone) - 4} more" if len(gone) > 4 else ""),
+                _names(gone),
+            )
+        added = [] if self._warned_added else [
+            n for n in _added_regions(model, self._regions) if n not in self._unchosen
+        ]
+        if added:
+            self._warned_added = True
+            log.warning(
+                "offrecomp: module(s) %s, added beside the regions since the runtime was made, "
+                "are not regions of it: they run plainly and their activations are kept. "
+                "Make a new runtime for the model as it is now",
+                _names(added),
             )
 
     def _wrap_roots(self) -> None:
@@ -530,3 +544,26 @@ def _slot_as_before(module: nn.Module, attr: str, previous: Any) -> Any:
     if previous is not None:
         return previous
     return getattr(type(module), attr).__get__(module)
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
+def _added_regions(model: nn.Module, regions: list[Region]) -> list[str]:
+    """Children of the regions' containers, of a region's class, that are no region: a
+    block appended to the ``ModuleList`` of blocks after the runtime was made, or one
+    that ``regions=`` left out."""
+    known = {r.name for r in regions}
+    kinds = {type(r.module) for r in regions}
+    added = []
+    for parent in sorted({r.name.rpartition(".")[0] for r in regions if r.name}):
+        try:
+            container = model.get_submodule(parent) if parent else model
+        except AttributeError:
+            continue
+        for child_name, child in container.named_children():
+            name = f"{parent}.{child_name}" if parent else child_name
+            if type(child) in kinds and name not in known:
+                added.append(name)
+    return added

@@ -108,6 +108,40 @@ def test_a_region_replaced_while_entered_is_named(caplog: pytest.LogCaptureFixtu
     assert steps[0].recomputed_bytes > 0 and steps[1].recomputed_bytes == 0
 
 
+def test_a_block_appended_while_entered_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    """A block appended beside the regions runs plainly, named once; gradients stay
+    bitwise. Blocks that ``regions=`` left out when the runtime was made are not named."""
+    torch.manual_seed(0)
+    model = Stack([_Growing() for _ in range(2)])
+
+    def loop(m: nn.Module, rt: offrecomp.Runtime | None) -> list[torch.Tensor]:
+        grads = []
+        with rt if rt is not None else contextlib.nullcontext():
+            for s in range(4):
+                if s == 2:
+                    torch.manual_seed(1)
+                    m.blocks.append(_Growing())
+                m(_batch(s)).backward()
+                grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
+                m.zero_grad()
+        return grads
+
+    ref = loop(copy.deepcopy(model), None)
+    m = copy.deepcopy(model)
+    rt = offrecomp.runtime(m, mode="recompute", min_bytes=0)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        got = loop(m, rt)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+    assert caplog.text.count("module(s) blocks.2, added beside the regions") == 1
+    assert list(rt.regions) == ["blocks.0", "blocks.1"]
+    caplog.clear()
+    m = copy.deepcopy(model)
+    only = offrecomp.runtime(m, mode="recompute", min_bytes=0, regions=lambda mod, name: name == "blocks.0")
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), only:
+        m(_batch(0)).backward()
+    assert "added beside the regions" not in caplog.text
+
+
 def test_each_runtime_names_its_replaced_regions_once(caplog: pytest.LogCaptureFixture) -> None:
     """Once per runtime, however many runtimes a process makes (a new one often takes a
     collected one's address)."""
