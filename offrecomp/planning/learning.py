@@ -357,9 +357,9 @@ def _learn_regions(
             skipped_regions.add(call.key)
             continue
         # NOTE [Host time]: the span holds the checkpoint's, the pack hooks' and the
-        # group offload's host time, which the model adds per unit: on CPU (host and device are one) it
-        # comes off the region's time; on GPU the events time the device, and the
-        # host's own span, less that time, is the region's host time
+        # group offload's host time, which the model adds per unit: on CPU (host and
+        # device are one) it comes off the region's time; on GPU the events time the
+        # device, and the host's own span, less that time, is the region's host time
         extra = call.capture_seconds + (0.0 if call.native else _forward_host_extra(measured, r, offloads))
         if on_device:
             host = call.end_mark.host - call.start_mark.host - extra
