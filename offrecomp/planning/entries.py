@@ -151,9 +151,10 @@ class PlanEntry:
 # Where no plan with plain replays is predicted to fit the budget (the donor's own
 # plan may fit only with served replays), it is solved again with small storages
 # droppable, as the donor's own frugal end is (NOTE [Small storages]); where that does
-# not fit either, a pass that would borrow runs a plain full recompute instead: it
-# drops what the donor's measuring pass dropped, at a shape no larger, so that pass's
-# peak bounds it, where the infeasible borrow plan would run over the budget.
+# not fit either, and the donor's measuring pass held no more than it is predicted to,
+# a pass that would borrow runs a plain full recompute instead: it drops what that
+# measuring pass dropped, at a shape no larger, so that pass's peak bounds it, where the
+# infeasible borrow plan would run over the budget.
 # A new signature that no profiled one covers, but that exceeds one by at most
 # GROWTH (25%) in every dimension, runs a plain full recompute on first sight rather
 # than a measuring pass: a sequence-length warmup grows the length a little at every

@@ -157,7 +157,7 @@ class Planner:
                     self._solve(donor)
                 if donor.borrow_plan is None:
                     self.solver.solve_borrow_plan(donor)
-            if donor is not None and donor.borrow_plan is not None and not donor.borrow_plan.feasible:
+            if donor is not None and _recompute_instead(donor):
                 # NOTE [Borrowed plans]: no plan with plain replays is predicted to fit
                 # the budget: drop every droppable save, as the donor's measuring pass did
                 self._say_borrow_infeasible(donor)
@@ -673,6 +673,18 @@ class Planner:
         if entry is None or entry.profile is None or entry.plan is None:
             return NO_PLAN_YET
         return explain_plan(entry.signature, entry.plan, entry.profile, host.regions, entry.trial.notes())
+
+
+def _recompute_instead(donor: PlanEntry) -> bool:
+    """NOTE [Borrowed plans]: do passes that would borrow ``donor``'s plan run a plain full
+    recompute instead? When the borrow plan fits no budget and the donor's measuring pass
+    (every droppable save dropped) held no more than that plan is predicted to (a plan
+    that offloads root saves may hold less)."""
+    plan = donor.borrow_plan
+    if plan is None or plan.feasible:
+        return False
+    measured, predicted = donor.measured_peak_bytes, plan.predicted_peak_bytes
+    return measured is None or predicted is None or measured <= predicted
 
 
 @contextlib.contextmanager

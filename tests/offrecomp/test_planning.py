@@ -688,6 +688,7 @@ def test_passes_borrowing_a_plan_that_fits_no_budget_drop_every_droppable_save(
     def infeasible(self: Solver, entry: Any) -> None:
         original(self, entry)
         entry.borrow_plan.feasible = False
+        entry.borrow_plan.predicted_peak_bytes = entry.measured_peak_bytes + 1  # above full recompute's
 
     monkeypatch.setattr(Solver, "solve_borrow_plan", infeasible)
     torch.manual_seed(0)
@@ -704,6 +705,22 @@ def test_passes_borrowing_a_plan_that_fits_no_budget_drop_every_droppable_save(
     assert all(0 < s.peak_activation_bytes <= donor.measured_peak_bytes for s in steps[2:])
     said = [r for r in caplog.records if "drop every droppable save instead" in r.getMessage()]
     assert len(said) == 1
+
+
+def test_a_borrow_plan_predicted_below_full_recompute_runs_even_if_it_does_not_fit() -> None:
+    """NOTE [Borrowed plans]: full recompute replaces an infeasible borrow plan only where
+    the donor's measuring pass held no more than that plan is predicted to; a plan that
+    holds less (offloading root saves, say) still runs."""
+    from offrecomp.planning.entries import PlanEntry
+    from offrecomp.planning.planner import _recompute_instead
+
+    entry = PlanEntry(signature="sig", measured_peak_bytes=1000)
+    entry.borrow_plan = Plan(feasible=True, predicted_peak_bytes=2000)
+    assert not _recompute_instead(entry)
+    entry.borrow_plan = Plan(feasible=False, predicted_peak_bytes=2000)
+    assert _recompute_instead(entry)
+    entry.borrow_plan = Plan(feasible=False, predicted_peak_bytes=900)
+    assert not _recompute_instead(entry)
 
 
 def test_a_step_over_a_budget_said_to_be_out_of_reach_gives_no_advice(caplog: pytest.LogCaptureFixture) -> None:
