@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Does offloading pay on this GPU? The checks of an offloading plan in one call, planned
 # to fit 8 minutes on one H200 (each step stops starting new work at its --max-seconds
-# and runs under a timeout 60 s longer):
-#   1. `python -m offrecomp warmup` (the planner's numba kernels);
+# and runs under a timeout 45 s longer):
+#   1. `python -m offrecomp warmup` (the planner's numba kernels), then the CUDA-marked
+#      tests but the inductor and flex_attention ones, four workers (cuda_tests.log);
 #   2. one planned auto step that offloads at 4K tokens, profiled (CPU and CUDA
 #      activities): CUDA runtime calls per offloaded storage, host time per region, any
 #      synchronising call in forward (benchmarks/profile_step.py; profile_step.json, and
@@ -35,7 +36,7 @@ if [ "$DRY_RUN" = 1 ]; then
   PROFILE=(--preset cpu-tiny --device cpu --layers 2 --hidden 32 --heads 2 --batch 1 --seq 64)
 else
   MODEL=(--preset gpu-1.3b --device cuda)
-  SEQS="8192 16384" SHORT=4096 REPEATS=3 MAXS=110 SHORT_MAXS=50
+  SEQS="8192 16384" SHORT=4096 REPEATS=3 MAXS=90 SHORT_MAXS=40
   PROFILE=(--preset gpu-1.3b --device cuda --seq 4096)
 fi
 
@@ -53,6 +54,8 @@ pack
 
 log "1. the planner's kernels (numba)"
 step warmup 90 "$PY" -m offrecomp warmup
+step cuda_tests 90 "$PY" -m pytest -q -p no:cacheprovider -n 4 -m cuda -k "not inductor and not flex" \
+  -rfE --durations=5 tests
 
 log "2. one planned auto step that offloads at $SHORT tokens, profiled"
 step profile_step 90 "$PY" benchmarks/profile_step.py "${PROFILE[@]}" --budget-fraction 0.25 \
@@ -60,14 +63,14 @@ step profile_step 90 "$PY" benchmarks/profile_step.py "${PROFILE[@]}" --budget-f
 
 for S in $SEQS; do
   log "3. auto against the plan without offloading and the peers at $S tokens"
-  step "long_seq_$S" $((MAXS + 60)) "$PY" -m benchmarks.long_seq "${MODEL[@]}" --seq "$S" \
+  step "long_seq_$S" $((MAXS + 45)) "$PY" -m benchmarks.long_seq "${MODEL[@]}" --seq "$S" \
     --strategies "none,offrecomp_keep,$AUTO,$PEERS" --no-search --no-plots --quiet --warmup 1 \
     --repeats "$REPEATS" --max-seconds "$MAXS" --out "$WORK/long_seq_$S"
   judge "long_seq_$S"
 done
 
 log "4. offloading plans against their prediction at $SHORT tokens"
-step "long_seq_$SHORT" $((SHORT_MAXS + 60)) "$PY" -m benchmarks.long_seq "${MODEL[@]}" --seq "$SHORT" \
+step "long_seq_$SHORT" $((SHORT_MAXS + 45)) "$PY" -m benchmarks.long_seq "${MODEL[@]}" --seq "$SHORT" \
   --strategies "none,offrecomp_keep,$AUTO" --no-search --no-plots --quiet --warmup 1 \
   --repeats "$REPEATS" --max-seconds "$SHORT_MAXS" --out "$WORK/long_seq_$SHORT"
 judge "long_seq_$SHORT"
