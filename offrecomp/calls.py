@@ -87,6 +87,8 @@ class RegionCalls:
                 region.writes_state = None  # watch a call again: new state may be written
         if p.root is not None and p.root.group is not None:
             self._groups.issue(p.root)  # NOTE [Offload groups]: the root's run ends here
+        if p.releases:  # NOTE [Planned release] (groups.py): the gap before this call ends
+            self._groups.release_due(p, 2 * len(p.calls))
         n = p.call_counts.get(region.name, 0)
         p.call_counts[region.name] = n + 1
         call = RegionCall(name=region.name, call_index=n, ordinal=len(p.calls), region=region, forward_fn=original)
@@ -249,6 +251,9 @@ class RegionCalls:
             self._planner.grew(call.pass_state, call)  # NOTE [Kept planned calls]
         if call.group is not None:
             self._groups.issue(call)
+        p = call.pass_state
+        if p is not None and p.releases:  # NOTE [Planned release] (groups.py)
+            self._groups.release_due(p, 2 * call.ordinal + 1)
         if call.offloaded_inputs and call.inputs is not None:
             for i, (rec, _) in call.offloaded_inputs.items():
                 if rec.placement is OFFLOAD:  # its copy is on the way: the group holds it

@@ -19,6 +19,24 @@ since. Backwards on two threads may both reach the root's last run: its issue ru
 under a lock, and the group stays the call's until its storages' placements are final,
 so the other thread waits for it rather than reading a group not laid out yet.
 
+NOTE [Planned release]
+The engine's polls let go of a group's sources once query() says its copy landed, in
+host time: when the host runs ahead of the device (a device-bound forward), the last
+poll of forward comes before most copies land, and their sources stay allocated deep
+into backward, over the budget the plan was solved for. Under a plan each group
+carries ``release_at``: the unit of the step at whose end the simulator frees it, the
+first unit to end after its copy is predicted to land, or backward's start, which then
+waits for the last copies (scheduler.timeline). The runtime calls release_due() at the
+end of each unit (a region call's entry ends a gap, its exit ends the call, and
+backward's start ends forward): the due groups' sources go there, and where query()
+says a copy has not landed yet, compute first waits on it (edge 2 of NOTE [Stream
+ordering] in offload.py), which costs the device nothing when the prediction holds.
+The memory is then free, in the allocator's stream order, where the plan counted on
+it, whatever the host's lead. Units are numbered as the profile's (``2k`` the gap
+before region call ``k``, ``2k + 1`` the call), which a pass that follows its
+profile's calls matches; on any other pass a release comes early or late, never
+unsafely.
+
 NOTE [Copies under inference mode]
 A backward run under ``torch.inference_mode()`` issues reloads (and a root run's copy)
 there: buffers and views made in inference mode are inference tensors, and a copy into
@@ -46,7 +64,8 @@ import torch
 
 from offrecomp.config import Config, format_bytes
 from offrecomp.measure import DeviceClock
-from offrecomp.state import INTERNED_SHAPES, RegionCall, StorageRec, interned_shape
+from offrecomp.state import INTERNED_SHAPES, PassState, RegionCall, StorageRec, interned_shape
+from offrecomp.transfer import BACKWARD_START, NOT_PLANNED
 from scheduler.plan import Placement
 
 if TYPE_CHECKING:
@@ -269,7 +288,7 @@ class OffloadGroups:
             # most they were, as nothing the engine holds shrinks while a group fills
             p.stats.sample(self.engine.device_bytes)
         sources = list(group.sources)
-        if self.engine is not None and self.engine.issue(group):
+        if self.engine is not None and self.engine.issue(group, _release_at(p, call)):
             return
         for rec in call.storages:
             if rec.group is not group:
@@ -285,6 +304,12 @@ class OffloadGroups:
                 p.stats.offloaded_bytes -= rec.nbytes
                 p.stats.fallback("offload_to_keep")
                 p.stats.keep(rec)
+
+    def release_due(self, p: PassState, boundary: int) -> None:
+        """The end of unit ``boundary`` of planned pass ``p``: let go of the groups its
+        plan frees there (NOTE [Planned release])."""
+        if p.releases and self.engine is not None:
+            self.engine.release_due(boundary)
 
     def fetch(self, group: Group, call: RegionCall) -> torch.Tensor:
         """The device buffer of ``group`` (one of ``call``'s), reloaded on first use."""
@@ -337,3 +362,14 @@ def _inference_mode_off(fn: Callable[..., _T], *args: Any) -> _T:
         with torch.inference_mode(False):
             return fn(*args)
     return fn(*args)
+
+
+def _release_at(p: PassState | None, call: RegionCall) -> int:
+    """The unit at whose end the plan of ``p`` lets go of ``call``'s group being issued
+    (NOTE [Planned release]): a region call's own unit, or for the root's run the gap
+    it closes, the one before the next call."""
+    releases = p.releases if p is not None else ()
+    if not releases:
+        return NOT_PLANNED
+    unit = 2 * len(p.calls) if call.is_root else 2 * call.ordinal + 1  # type: ignore[union-attr]
+    return releases[unit] if unit < len(releases) else BACKWARD_START

@@ -75,6 +75,7 @@ from offrecomp.outputs import GraphMarker, awaits_backward, output_tensors
 from offrecomp.report import StepRecord
 from offrecomp.signatures import Combinations, Part, combine, shown
 from offrecomp.state import PassState, RegionCall, Stage
+from offrecomp.transfer import BACKWARD_START
 from scheduler.plan import ROOT
 
 if TYPE_CHECKING:
@@ -355,6 +356,8 @@ class Lifecycle:
         p.backward_start_mark = self._device.mark()
         if p.root is not None and p.root.group is not None:
             self._groups.issue(p.root)  # NOTE [Offload groups]: the last run of root saves
+        if p.releases:  # NOTE [Planned release] (groups.py): forward's last unit ends
+            self._groups.release_due(p, BACKWARD_START)
         with contextlib.suppress(RuntimeError):
             tc.queue_backward_callback(functools.partial(self._backward_done, weakref.ref(p)))
 

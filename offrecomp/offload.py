@@ -23,15 +23,23 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
 from offrecomp.backends import Backend, Event, Stream
 from offrecomp.config import Prefetch, format_bytes
-from offrecomp.pool import ALIGN_BYTES, Block, FailureReason, PinnedPool
-from offrecomp.transfer import Group, GroupState, OffloadStats, ReloadBuffers, gbps
+from offrecomp.pool import ALIGN_BYTES, FailureReason, PinnedPool
+from offrecomp.transfer import (
+    NOT_PLANNED,
+    Group,
+    GroupState,
+    InFlight,
+    OffloadStats,
+    ReloadBuffers,
+    gbps,
+    slot_views,
+)
 
 __all__ = ["OffloadEngine"]
 
@@ -93,10 +101,10 @@ TIME_EVERY = 4
 # point when the link is slower than compute, and the emulated backend can check the
 # lifetime (it holds copy sources weakly). The wait goes on the stream the sources were
 # produced on (looked up live at issue), because the caching allocator reuses a freed
-# block on the stream that allocated it. Backward does not drain the stash: the copies
-# of the last groups land while backward starts, and their sources go at the next poll.
-# A group larger than the window is waited on at once: its offload still frees device
-# memory, but compute no longer overlaps that copy.
+# block on the stream that allocated it. Outside a plan, backward does not drain the
+# stash: the copies of the last groups land while backward starts, and their sources go
+# at the next poll. A group larger than the window is waited on at once: its offload
+# still frees device memory, but compute no longer overlaps that copy.
 
 # NOTE [Typed sources]
 # A copy needs a tensor on each side. A saved tensor (or region input) that is
@@ -117,9 +125,9 @@ TIME_EVERY = 4
 # NOTE [Window under a plan]
 # The window is the backpressure of forced offload, where nothing else bounds what
 # copies in flight hold. Under a plan the planner has already counted every in-flight
-# byte in its simulated peak (a source stays resident until its group's copy lands) and
-# timed the copies at the measured link rate, so the window would only stall forward
-# where the plan expects overlap. `prepare()` widens it to the plan's offloaded bytes.
+# byte in its simulated peak and timed the copies at the measured link rate, so the
+# window would only stall forward where the plan expects overlap. `prepare()` widens it
+# to the plan's offloaded bytes; the plan says when each group's sources go instead.
 
 # NOTE [Reload buffer lifetime]
 # A group is reloaded into one device buffer allocated on the compute stream, the stream
@@ -173,35 +181,7 @@ TIME_EVERY = 4
 # reloaded on demand only.
 
 
-@dataclass
-class _InFlight:
-    sources: list[torch.Tensor]
-    landed: Event
-    stream: Stream  # the stream that produced the sources
-    nbytes: int
-    group: Group  # the sources' group (``Group.see_writes``)
-
-
 _TimingKind = Literal["d2h", "h2d", "stall"]
-
-
-def _slot_views(block: Block, group: Group) -> list[torch.Tensor]:
-    """The host views of ``group``'s slots in ``block``, each flat or of its typed
-    source's geometry (NOTE [Typed sources]), made once per block and layout (NOTE [Idle
-    blocks]: a step's groups get back the blocks, and views, of the last)."""
-    sizes, shapes, dtypes = group.sizes, group.shapes, group.dtypes
-    slots = block.slots
-    if slots is not None and slots[0] == sizes and slots[1] == shapes and slots[2] == dtypes:
-        return slots[3]  # type: ignore[no-any-return]
-    view = block.view
-    views = []
-    for o, n, shape, dtype in zip(group.offsets, sizes, shapes, dtypes):
-        v = view[o : o + n]
-        if shape is not None:
-            v = v.view(dtype).view(shape)  # type: ignore[arg-type]  # set with the shape
-        views.append(v)
-    block.slots = (list(sizes), list(shapes), list(dtypes), views)
-    return views
 
 
 class _Held:
@@ -283,7 +263,7 @@ class OffloadEngine:
         self._closed = False
         self._streams: dict[tuple[torch.device, str], Stream] = {}
         self._empties: dict[torch.device, torch.Tensor] = {}
-        self._stash: deque[_InFlight] = deque()
+        self._stash: deque[InFlight] = deque()
         self._stash_bytes = 0
         self._deferred: list[Group] = []
         self._groups: set[Group] = set()
@@ -345,12 +325,13 @@ class OffloadEngine:
         sizes.append(nbytes)
         return len(sizes) - 1
 
-    def issue(self, group: Group) -> bool:
+    def issue(self, group: Group, release_at: int = NOT_PLANNED) -> bool:
         """Copy ``group`` to host: one block, one ordering event, one copy per storage, one
         event. Returns False when the pool cannot take it (full, host memory pressure,
         or pinning failed): the caller keeps its storages instead, and the group is
         freed. The engine keeps the sources alive until their copy landed (NOTE [Source
-        lifetime])."""
+        lifetime]) or until ``release_due(release_at)`` (NOTE [Planned release] in
+        groups.py)."""
         if group.state is not GroupState.OPEN:
             raise RuntimeError(f"offrecomp: {group!r} was issued already")
         t0 = time.perf_counter()
@@ -379,7 +360,7 @@ class OffloadEngine:
                 new = empty.new
                 sources = [s if isinstance(s, torch.Tensor) else new().set_(s) for s in sources]
             group.sources = []
-            dsts = _slot_views(block, group)
+            dsts = slot_views(block, group)
             # NOTE [Stream ordering]: live lookup, before any side-stream context.
             compute = backend.current_stream(device)
             d2h = self._side_stream(device, "d2h")
@@ -395,7 +376,7 @@ class OffloadEngine:
             group._d2h_done = landed
             group.state = GroupState.OFFLOADED
             group.seq = len(self._order)
-            self._keep_sources(_InFlight(sources, landed, compute, payload, group))
+            self._keep_sources(InFlight(sources, landed, compute, payload, group, release_at))
             self._bound_stash()
             self._order.append(group)
             self._groups.add(group)
@@ -404,6 +385,25 @@ class OffloadEngine:
             self._bytes_d2h += payload
             self._offload_host += time.perf_counter() - t0
             return True
+
+    def release_due(self, boundary: int) -> None:
+        """Let go of the sources of the issued groups the plan releases at the end of unit
+        ``boundary`` or earlier (NOTE [Planned release] in groups.py); compute first waits on a copy
+        that has not landed."""
+        stash = self._stash
+        try:  # unlocked: another thread's backward may empty it meanwhile
+            if stash[0].release_at > boundary:
+                return
+        except IndexError:
+            return
+        with self._locked():
+            self._enter()
+            while stash and stash[0].release_at <= boundary:
+                entry = stash.popleft()
+                self._drop(entry)
+                if not self.backend.query(entry.landed):
+                    self._wait_edge("compute_after_d2h", entry.stream, entry.landed)
+                    self._release_waits += 1
 
     def discard(self, group: Group) -> None:
         """An open group that will not be issued (its pass was abandoned)."""
@@ -530,6 +530,7 @@ class OffloadEngine:
                 pool_high_water_bytes=pool.high_water_bytes,
                 live_groups=len(self._groups),
                 pending_timings=len(self._timings),
+                release_waits=self._release_waits,
             )
             self._reset_counters()
             self.pool.reset_high_water()
@@ -646,12 +647,12 @@ class OffloadEngine:
         """Enqueue one ordering edge of NOTE [Stream ordering] (``edge`` names it)."""
         self.backend.wait_event(stream, event)
 
-    def _keep_sources(self, entry: _InFlight) -> None:
+    def _keep_sources(self, entry: InFlight) -> None:
         self._stash.append(entry)
         entry.group.in_flight = entry.sources
         self._stash_bytes += entry.nbytes
 
-    def _drop(self, entry: _InFlight) -> None:
+    def _drop(self, entry: InFlight) -> None:
         """Let go of a group's sources (NOTE [Source lifetime]), their writes since issue
         seen first."""
         self._stash_bytes -= entry.nbytes
@@ -786,6 +787,7 @@ class OffloadEngine:
         self._bytes_d2h = 0
         self._bytes_h2d = 0
         self._window_waits = 0
+        self._release_waits = 0
         self._offload_host = 0.0
         self._reload_host = 0.0
         self._seconds: dict[str, float] = {"d2h": 0.0, "h2d": 0.0, "stall": 0.0}

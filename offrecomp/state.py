@@ -636,6 +636,8 @@ class PassState(_WeakReferable):
     the signature's profile again (NOTE [Calls the profile lacks])."""
     phase: str = ""
     plan_id: str = ""
+    releases: tuple[int, ...] = ()
+    """Per unit, where its plan frees its offload group (NOTE [Planned release] in groups.py)."""
     new_signature: bool = False
     """The first pass of its signature the runtime has seen (NOTE [Module attributes])."""
     family: str = ""

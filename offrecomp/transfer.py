@@ -20,7 +20,9 @@ from offrecomp import _torch_compat as tc
 from offrecomp.backends import Backend, Event, Stream
 from offrecomp.pool import ALIGN_BYTES, Block
 
-__all__ = ["Group", "GroupState", "OffloadStats", "ReloadBuffer", "ReloadBuffers", "gbps", "slot_offsets"]
+__all__ = [
+    "BACKWARD_START", "NOT_PLANNED", "Group", "GroupState", "InFlight", "OffloadStats", "ReloadBuffer", "ReloadBuffers", "gbps", "slot_offsets", "slot_views",
+]
 
 
 def slot_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
@@ -33,6 +35,12 @@ def slot_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
 
 
 _VERSION = operator.attrgetter("_version")
+
+#: ``InFlight.release_at`` of a group issued outside a plan: only its landed copy lets
+#: go of its sources (NOTE [Planned release] in groups.py).
+NOT_PLANNED = 1 << 62
+#: The end of the last unit of forward, backward's start: every planned group goes there.
+BACKWARD_START = NOT_PLANNED - 1
 
 #: Slot layouts by the sizes they lay out: offsets, block size, payload bytes.
 _LAYOUTS: dict[tuple[int, ...], tuple[tuple[int, ...], int, int]] = {}
@@ -321,6 +329,9 @@ class OffloadStats:
     live_groups: int
     pending_timings: int
     """Timed copies/waits not landed yet; they count in a later step."""
+    release_waits: int = 0
+    """Groups a plan let go of before query() saw their copy land, compute waiting on it
+    (NOTE [Planned release] in groups.py; a wait the device has often passed already)."""
 
     @property
     def fallbacks(self) -> int:
@@ -336,3 +347,35 @@ def gbps(nbytes: int, seconds: float) -> float | None:
     if nbytes <= 0 or seconds <= 0:
         return None
     return nbytes / seconds / 1e9
+
+
+@dataclass
+class InFlight:
+    """An issued group's device sources, held until the engine lets go of them (NOTE
+    [Source lifetime] in offload.py)."""
+
+    sources: list[torch.Tensor]
+    landed: Event
+    stream: Stream  # the stream that produced the sources
+    nbytes: int
+    group: Group  # the sources' group (``Group.see_writes``)
+    release_at: int = 0  # the unit at whose end a plan lets go of them, or NOT_PLANNED
+
+
+def slot_views(block: Block, group: Group) -> list[torch.Tensor]:
+    """The host views of ``group``'s slots in ``block``, each flat or of its typed
+    source's geometry (NOTE [Typed sources]), made once per block and layout (NOTE [Idle
+    blocks]: a step's groups get back the blocks, and views, of the last)."""
+    sizes, shapes, dtypes = group.sizes, group.shapes, group.dtypes
+    slots = block.slots
+    if slots is not None and slots[0] == sizes and slots[1] == shapes and slots[2] == dtypes:
+        return slots[3]  # type: ignore[no-any-return]
+    view = block.view
+    views = []
+    for o, n, shape, dtype in zip(group.offsets, sizes, shapes, dtypes):
+        v = view[o : o + n]
+        if shape is not None:
+            v = v.view(dtype).view(shape)  # type: ignore[arg-type]  # set with the shape
+        views.append(v)
+    block.slots = (list(sizes), list(shapes), list(dtypes), views)
+    return views

@@ -74,6 +74,7 @@ refreshes its contexts for a kernel load (NOTE [kernel loads]).
 #   replay                per unit, replay seconds
 #   ev_t, ev_d            memory events: time (s), change of resident bytes (int64)
 #   gbytes, goff, g_end   per unit, its group's bytes, whether it offloads, its D2H end
+#   rel_u, rel_t          per unit, the unit at whose end its group is freed, and when
 # Scratch: mark (bool per op, left all False) and stack (int64, at least the largest
 #   unit's op count).
 #

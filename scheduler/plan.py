@@ -83,6 +83,12 @@ class Plan:
     """Smallest budget the planner could meet (set when ``feasible`` is False)."""
     plan_id: str = ""
     """Short stable id of this plan (for reports)."""
+    releases: tuple[int, ...] = ()
+    """Per unit of the profile (``2k`` the gap before region ``k``, ``2k + 1`` region
+    ``k``), the unit at whose end its offload group's device storages are freed: the first
+    to end after the group's copy lands, the last unit when backward's start waits for it
+    (NOTE [Offload groups] in ``scheduler.timeline``); the unit itself where it offloads
+    nothing. Empty: the plan offloads nothing, or was not simulated (a user's plan)."""
     notes: list[str] = field(default_factory=list)
     """Human-readable remarks from the planner (infeasibility, overhead cap, ...)."""
 

@@ -17,10 +17,13 @@ The model (see docs/planner.md for the picture):
   region call's, or a gap's (one run of root saves, closed by the next region call or
   by backward). The group's copy is issued when its unit exits and runs FIFO on one
   stream: it starts at ``max(exit, end of the previous copy)`` and takes ``sum(nbytes)
-  / (d2h_gbps * 1e9)``. The group's device storages are freed when its copy lands.
-* **Backward.** Units run in reverse from the end of forward, with no wait for copies
-  still in flight. Unit ``v`` is *reached* when the previous unit's backward ends (the
-  first at the end of forward). Reaching a unit whose group offloads reloads that group
+  / (d2h_gbps * 1e9)``. The group's device storages are freed at the end of the first
+  unit of forward to end once its copy landed (the runtime lets go of them at unit
+  ends: NOTE [Planned release] in offrecomp/groups.py); a copy that lands after the
+  last unit's end is waited for at backward's start, which frees its group.
+* **Backward.** Units run in reverse from backward's start: the end of forward, or the
+  landing of the last copy, when later. Unit ``v`` is *reached* when the previous
+  unit's backward ends (the first at backward's start). Reaching a unit whose group offloads reloads that group
   unless it was issued already, and issues the reloads of the next ``prefetch_regions``
   groups below it that offload (skipping units with nothing offloaded), where not issued
   yet. A reload is one H2D copy of the group, FIFO in issue order, starting at
@@ -29,9 +32,9 @@ The model (see docs/planner.md for the picture):
   the longer of ``replay_seconds + backward_seconds`` and its host time.
 * **Memory** (activation bytes only). KEEP: from save until its unit's backward ends,
   or until its replay starts when every save of it came after the replay's prefix
-  (NOTE [Frees before a replay]). OFFLOAD: from save until its group's D2H lands, and
-  again from the group's reload issue until its unit's backward ends (continuously when
-  the copy lands after the reload is issued). RECOMPUTE: only during its unit's backward
+  (NOTE [Frees before a replay]). OFFLOAD: from save until its group is freed (above),
+  and again from the group's reload issue until its unit's backward ends (continuously
+  when it is freed no earlier than the reload is issued). RECOMPUTE: only during its unit's backward
   (the replay working set). At equal times, frees are applied before allocations.
 
 NOTE [Frees before a replay]: a unit that drops storages replays ops ``0..K-1``, ``K`` the
@@ -46,10 +49,13 @@ frees nothing early.
 
 NOTE [Offload groups]: this is the runtime's offload engine, step for step: pack only
 records an OFFLOAD storage in its group; at the region's exit the group is copied as
-one unit; backward does not drain the D2H stream (compute waits on a D2H copy only past
-the in-flight window, which a plan sets to its own offloaded bytes, so a planned step
-never waits there); the first unpack of a group's storage reloads the group and issues
-the next groups' reloads; the group is released when its unit's backward ends.
+one unit; the plan's ``releases`` (the units whose ends free each group, computed here)
+tell the runtime where to let go of a group's device storages, with compute waiting
+on its copy there, which costs nothing where the copy landed as predicted; backward's
+start waits only for the copies this model has still in flight then (the in-flight
+window, which a plan sets to its own offloaded bytes, never binds); the first unpack
+of a group's storage reloads the group and issues the next groups' reloads; the group
+is released when its unit's backward ends.
 
 NOTE [Host time]: a unit's time is the longer of its device time and its host time. The
 host time of a region's forward is ``RegionRecord.host_seconds`` (where measured; else
@@ -164,6 +170,34 @@ def _offload_copies(place, unit_of, gbytes, goff, fend, d2h_bps, d2h_start, d2h_
 
 
 @njit_inline
+def _releases(goff, g_end, fend, t_fwd, rel_u, rel_t):  # type: ignore[no-untyped-def]
+    """Where each offloading unit's group is freed (NOTE [Offload groups]): at the end
+    of the first unit to end once its copy landed, or at backward's start, which waits
+    for the copies still in flight then. Fills ``rel_u`` (the unit; a unit that offloads
+    nothing: itself) and ``rel_t`` (the time); returns backward's start."""
+    n_u = goff.shape[0]
+    top = n_u - 1
+    t_b = t_fwd
+    v = 0
+    for u in range(n_u):
+        rel_u[u] = u
+        rel_t[u] = fend[u]
+        if goff[u]:
+            v = max(v, u)
+            while v < top and fend[v] < g_end[u]:
+                v += 1
+            rel_u[u] = v
+            if v == top:
+                t_b = max(t_b, g_end[u])
+            else:
+                rel_t[u] = fend[v]
+    for u in range(n_u):
+        if goff[u] and rel_u[u] == top:
+            rel_t[u] = t_b
+    return t_b
+
+
+@njit_inline
 def _replays(
     place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx,
     rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack, op_host, op_view, replay, plain
@@ -193,7 +227,7 @@ def _backward(
     place, prefetch, st_ptr, gbytes, goff, hooked, g_end, replay, bwd_dev, bwd_host, bwd_hook,
     rel_h, rp_h, h2d_bps, t_fwd, h2d_start, h2d_end, reach, cstart, cend, riss
 ):  # type: ignore[no-untyped-def]
-    """Backward, units in reverse from ``t_fwd``, with no drain of the D2H stream first.
+    """Backward, units in reverse from ``t_fwd`` (backward's start: ``_releases``).
     Reaching a unit whose group offloads reloads that group unless issued already, and
     the next ``prefetch`` offloading groups below it, one H2D copy each, FIFO (NOTE
     [Offload groups]). Fills reach, cstart, cend, riss and the storages' reload times;
@@ -268,11 +302,11 @@ def _counted_once(s, place, shared, hooked, unit_of, native):  # type: ignore[no
 
 @njit_inline
 def _event_streams(
-    place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, g_end, by, d2h_end, reach,
+    place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, rel_t, by, reach,
     cstart, cend, riss, last_save, first_save, plain, noops, shared, hooked, native
 ):  # type: ignore[no-untyped-def]
     """The four memory event streams of NOTE [memory merge], each sorted by time: saves
-    (storages ``s1[:n1]``), D2H landings (storages ``s2[:n2]``), backward allocations
+    (storages ``s1[:n1]``), group releases (storages ``s2[:n2]``), backward allocations
     (``s3t``/``s3b``: time, bytes) and backward frees (``s4t``/``s4b``; NOTE [Frees
     before a replay])."""
     n_st = nbytes.shape[0]
@@ -288,8 +322,8 @@ def _event_streams(
             continue
         s1[n1] = s
         n1 += 1
-    for s in range(n_st):  # flat order is forward unit order: landings in time order
-        if place[s] == 1 and nbytes[s] > 0 and d2h_end[s] < riss[unit_of[s]]:
+    for s in range(n_st):  # flat order is forward unit order: releases in time order
+        if place[s] == 1 and nbytes[s] > 0 and rel_t[unit_of[s]] < riss[unit_of[s]]:
             s2[n2] = s
             n2 += 1
     s3t = np.empty(3 * n_u)
@@ -298,7 +332,7 @@ def _event_streams(
     s4b = np.zeros(n_u, dtype=np.int64)
     for x in range(n_u):
         # a reload allocates at its issue; a group still on the device then stays
-        if goff[x] and g_end[x] < riss[x]:
+        if goff[x] and rel_t[x] < riss[x]:
             s3b[3 * (top - by[x])] += gbytes[x]
     n3 = 0
     for v in range(top, -1, -1):
@@ -331,7 +365,7 @@ def _event_streams(
 @njit_inline
 def _merge_events(
     s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b, unit_of, nbytes, save_time, fstart, fwd_start,
-    d2h_end, ev_t, ev_d
+    rel_t, ev_t, ev_d
 ):  # type: ignore[no-untyped-def]
     """Merge the event streams into ``ev_t``/``ev_d``, frees first at equal times (a
     save's time moves with its unit's forward start). Returns (events, peak bytes, when
@@ -348,7 +382,7 @@ def _merge_events(
     peak_t = 0.0
     while True:
         t1 = save_time[s1[i1]] + (fstart[unit_of[s1[i1]]] - fwd_start[unit_of[s1[i1]]]) if i1 < n1 else inf
-        t2 = d2h_end[s2[i2]] if i2 < n2 else inf
+        t2 = rel_t[unit_of[s2[i2]]] if i2 < n2 else inf
         t3 = s3t[i3] if i3 < n3 else inf
         t4 = s4t[i4] if i4 < n4 else inf
         tf = min(t2, t4)
@@ -390,7 +424,7 @@ def run_timeline(
     op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow,
     fwd_dur, fwd_start, fwd_host, fwd_hook, bwd_dev, bwd_host, bwd_hook, t0, d2h_bps, h2d_bps,
     off_h, rel_h, rp_h, shared, native, d2h_start, d2h_end, h2d_start, h2d_end, reach, cstart,
-    cend, fstart, fend, riss, replay, plain, ev_t, ev_d, mark, stack, op_host, op_view
+    cend, fstart, fend, riss, replay, plain, ev_t, ev_d, mark, stack, op_host, op_view, rel_u, rel_t
 ):  # type: ignore[no-untyped-def]
     """Simulate one step; fills the per-storage/per-unit arrays (``plain[u]``: unit ``u``
     replays plainly) and the memory events.
@@ -405,25 +439,26 @@ def run_timeline(
     g_end, d2h_bytes = _offload_copies(
         place, unit_of, gbytes, goff, fend, d2h_bps, d2h_start, d2h_end
     )
+    t_b = _releases(goff, g_end, fend, t_fwd, rel_u, rel_t)
     recompute = _replays(
         place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx,
         rd_ptr, rd_idx, noops, dataflow, fwd_dur, mark, stack, op_host, op_view, replay, plain
     )
     step, stall, h2d_bytes, by = _backward(
         place, prefetch, st_ptr, gbytes, goff, hooked, g_end, replay, bwd_dev, bwd_host, bwd_hook,
-        rel_h, rp_h, h2d_bps, t_fwd, h2d_start, h2d_end, reach, cstart, cend, riss
+        rel_h, rp_h, h2d_bps, t_b, h2d_start, h2d_end, reach, cstart, cend, riss
     )
     # NOTE [memory merge]: four event streams, each already sorted by time: saves (save
-    # order), D2H landings (groups land in forward order), backward allocations (reloads
+    # order), group releases (in forward order), backward allocations (reloads
     # at issue, replay working sets at compute start) and backward frees (unit ends). They
     # are merged with frees first at equal times, so no sort is needed.
     s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b = _event_streams(
-        place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, g_end, by, d2h_end, reach,
+        place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, rel_t, by, reach,
         cstart, cend, riss, last_save, first_save, plain, noops, shared, hooked, native
     )
     n_ev, peak, peak_t = _merge_events(
         s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b, unit_of, nbytes, save_time, fstart, fwd_start,
-        d2h_end, ev_t, ev_d
+        rel_t, ev_t, ev_d
     )
     return step, peak, peak_t, stall, recompute, d2h_bytes, h2d_bytes, n_ev, t_fwd
 
@@ -461,6 +496,8 @@ class Workspace:
         self.riss = np.zeros(u)
         self.replay = np.zeros(u)
         self.plain = np.zeros(u, dtype=np.bool_)
+        self.rel_u = np.zeros(u, dtype=np.int64)
+        self.rel_t = np.zeros(u)
         self.ev_t = np.zeros(2 * n + 4 * u + 1)
         self.ev_d = np.zeros(2 * n + 4 * u + 1, dtype=np.int64)
         self.mark = np.zeros(flat.op_sec.shape[0], dtype=np.bool_)
@@ -480,7 +517,7 @@ class Workspace:
             f.offload_host, f.reload_host,
             f.replay_host, f.shared, f.native_keep, self.d2h_start, self.d2h_end, self.h2d_start, self.h2d_end,
             self.reach, self.cstart, self.cend, self.fstart, self.fend, self.riss, self.replay, self.plain,
-            self.ev_t, self.ev_d, self.mark, self.stack, f.op_host, f.op_view
+            self.ev_t, self.ev_d, self.mark, self.stack, f.op_host, f.op_view, self.rel_u, self.rel_t
         )
         self.n_events = int(out[7])
         return SimResult(
@@ -544,6 +581,8 @@ class Timeline:
     """Host-to-device reloads, one per offloading group, in start order."""
     memory: list[tuple[float, int]]
     """(time, resident activation bytes) after all events at that time; starts at (0, 0)."""
+    releases: tuple[int, ...] = ()
+    """Per unit, the unit at whose end its offload group is freed (``Plan.releases``)."""
 
 
 def simulate(profile: Profile, plan: Plan, *, prefetch_regions: int = 2) -> Timeline:
@@ -559,6 +598,9 @@ def simulate(profile: Profile, plan: Plan, *, prefetch_regions: int = 2) -> Time
             compute.append(
                 Interval(float(ws.fstart[u]), float(ws.fend[u]), f"forward {flat.unit_names[u]}")
             )
+    top = flat.n_units - 1
+    if ws.reach[top] > res.forward:
+        compute.append(Interval(res.forward, float(ws.reach[top]), "wait for copies"))
     for u in range(flat.n_units - 1, -1, -1):
         name = flat.unit_names[u]
         r, cs, ce, rp = (
@@ -611,5 +653,6 @@ def simulate(profile: Profile, plan: Plan, *, prefetch_regions: int = 2) -> Time
         d2h=d2h,
         h2d=h2d,
         memory=memory,
+        releases=tuple(ws.rel_u.tolist()),
     )
 

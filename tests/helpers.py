@@ -196,16 +196,17 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
     return t.to_dense() if t.layout != torch.strided else t
 
 
-def offload_group(engine: Any, sources: list[torch.Tensor], ordinal: int = 0) -> Any:
+def offload_group(engine: Any, sources: list[torch.Tensor], ordinal: int = 0, release_at: int | None = None) -> Any:
     """What the runtime does for one region call's offloads: add each storage to a new
-    group if the pool has room, issue the group at the call's exit. None when the pool
-    refuses."""
+    group if the pool has room, issue the group at the call's exit (``release_at``: the
+    unit at whose end a plan lets go of it). None when the pool refuses."""
     group = engine.open_group(ordinal, sources[0].device)
     for src in sources:
         if engine.add(group, src.untyped_storage(), src.untyped_storage().nbytes()) < 0:
             engine.discard(group)
             return None
-    return group if engine.issue(group) else None
+    issued = engine.issue(group) if release_at is None else engine.issue(group, release_at)
+    return group if issued else None
 
 
 def one_intra_op_thread() -> Iterator[None]:

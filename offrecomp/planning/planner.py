@@ -21,6 +21,7 @@ from offrecomp.planning.replay_cost import ReplayCost
 from offrecomp.planning.solving import Solver
 from offrecomp.signatures import shown
 from offrecomp.state import Stage
+from offrecomp.transfer import BACKWARD_START
 from scheduler.plan import Placement, Plan
 
 if TYPE_CHECKING:
@@ -168,6 +169,7 @@ class Planner:
                 p.phase = Phase.BORROWED
                 p.plan_signature = donor.signature
                 p.plan_id = donor.borrow_plan.plan_id
+                p.releases = pass_releases(donor.borrow_plan)
                 return
             if not seen and self.cache.grows_from_profiled(p):
                 # NOTE [Borrowed plans]: a little larger than a profiled signature (a
@@ -199,6 +201,7 @@ class Planner:
         p.phase = Phase.USER_PLAN if user is not None else Phase.PLANNED
         plan = self.active_plan(entry)
         p.plan_id = plan.plan_id if plan is not None else ""
+        p.releases = pass_releases(plan)
 
     @staticmethod
     def _say_borrow_infeasible(donor: PlanEntry) -> None:
@@ -318,6 +321,7 @@ class Planner:
                 p.phase = Phase.BORROWED  # the plan it began with: NOTE [Borrowed plans]
             if p.phase == Phase.RECOMPUTE:
                 p.plan_signature = p.plan_id = ""
+                p.releases = ()
             if first or p.phase != before:  # once per pass, not once per forward it joins
                 log.info(
                     "offrecomp: a pass planned for signature %s ran %s; it goes on as a %s pass",
@@ -710,3 +714,12 @@ def _differed(region: Region) -> None:
             "or offloaded from now on, never recomputed",
             region.name,
         )
+
+
+def pass_releases(plan: Plan | None) -> tuple[int, ...]:
+    """``plan.releases`` as a pass uses them: the last unit ends at backward's start
+    (NOTE [Planned release] in groups.py)."""
+    if plan is None or not plan.releases:
+        return ()
+    top = len(plan.releases) - 1
+    return tuple(BACKWARD_START if v >= top else v for v in plan.releases)

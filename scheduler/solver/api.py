@@ -93,6 +93,11 @@ def _make_plan(
 ) -> Plan:
     lb_budget = budget if (budget is not None and feasible) else res.peak
     lb = lower_bound_flat(flat, lb_budget)
+    releases: tuple[int, ...] = ()
+    if (place == int(Placement.OFFLOAD)).any():
+        ws = Workspace(flat)
+        ws.run(place, 0)  # the releases are forward's: no prefetch depth changes them
+        releases = tuple(ws.rel_u.tolist())
     return Plan(
         placements=dict(zip(flat.keys, map(_PLACEMENTS.__getitem__, place.tolist()))),
         budget_bytes=budget,
@@ -106,6 +111,7 @@ def _make_plan(
         min_feasible_budget_bytes=min_feasible,
         plan_id=_plan_id(flat, place),
         notes=list(notes or []),
+        releases=releases,
     )
 
 

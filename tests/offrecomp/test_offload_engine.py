@@ -24,7 +24,7 @@ from offrecomp.backends import EmulatedBackend, _EmuStream
 from offrecomp.config import Prefetch
 from offrecomp.offload import Edge, OffloadEngine
 from offrecomp.pool import ALIGN_BYTES
-from offrecomp.transfer import Group, GroupState, slot_offsets
+from offrecomp.transfer import BACKWARD_START, Group, GroupState, slot_offsets
 from tests.helpers import offload_group
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -201,6 +201,49 @@ def test_edge_compute_waits_on_d2h_before_source_release() -> None:
         eng.close()
     expect_race(scenario_window_release, "compute_after_d2h", window_bytes=0,
                 match="freed before its copy ran")
+
+
+def scenario_planned_release(eng: OffloadEngine) -> None:
+    """A plan lets go of a group's sources at the end of its unit 3 (NOTE [Planned
+    release] in groups.py), before the slow copy landed: compute waits on it first."""
+    data = random_bytes(64 * KiB, seed=5)
+    emu(eng).copy_delay_s = SLOW
+    src = data.clone()
+    group = offload_group(eng, [src], ordinal=1, release_at=3)
+    del src  # only the engine keeps the source alive now
+    eng.release_due(2)
+    assert eng.stash_bytes == 64 * KiB  # not due yet, and the copy has not landed
+    eng.release_due(3)
+    assert eng.stash_bytes == 0
+    emu(eng).copy_delay_s = 0.0
+    assert torch.equal(slot(eng.fetch(group), group, 0).clone(), data)
+
+
+def test_edge_compute_waits_on_d2h_before_a_planned_release() -> None:
+    eng = make_engine()
+    try:
+        scenario_planned_release(eng)
+        stats = eng.end_step()
+        assert (stats.release_waits, stats.window_waits) == (1, 0)
+    finally:
+        eng.close()
+    expect_race(scenario_planned_release, "compute_after_d2h", match="freed before its copy ran")
+
+
+def test_planned_release_leaves_unplanned_groups_to_the_polls(engine: OffloadEngine) -> None:
+    """Backward's start lets go of every planned group, none issued outside a plan; a
+    landed planned group costs compute no wait."""
+    planned = offload_group(engine, [random_bytes(16 * KiB, seed=6)], ordinal=0, release_at=1)
+    engine.synchronize()  # landed; the poll inside synchronize dropped it already
+    assert planned is not None and engine.stash_bytes == 0
+    emu(engine).copy_delay_s = SLOW / 3
+    free = offload(engine, [random_bytes(16 * KiB, seed=7)], ordinal=1)
+    engine.release_due(BACKWARD_START)
+    assert engine.stash_bytes == 16 * KiB  # not a plan's: the copy's landing lets go of it
+    emu(engine).copy_delay_s = 0.0
+    engine.synchronize()
+    assert engine.stash_bytes == 0 and engine.end_step().release_waits == 0
+    assert free.state is GroupState.OFFLOADED
 
 
 def test_backward_does_not_drain_the_copies(engine: OffloadEngine) -> None:

@@ -94,7 +94,10 @@ def test_offload_and_recompute_hold_little_after_forward() -> None:
             del loss
         del m
         torch.cuda.empty_cache()
-    assert held["offload"] < 0.35 * held["keep"], held  # in-flight window + small saves
+    # forced offload: the engine holds the sources of copies in flight up to its window
+    # (256 MiB) plus the newest group, at most a block's saves (NOTE [Source lifetime]
+    # in offload.py); small saves stay
+    assert held["offload"] < (256 << 20) + held["keep"] / 6, held
     assert held["recompute"] < 0.35 * held["keep"], held
     assert peaks["offload"] < peaks["keep"] and peaks["recompute"] < peaks["keep"], peaks
 

@@ -98,7 +98,9 @@ def test_offload_and_recompute_without_prefetch() -> None:
     assert t.memory == [
         (0.0, 0),
         (1.0, 100),
-        (4.0, 100),  # l0/s0's copy lands as l1/s0 is saved
+        # l0/s0's copy lands at 4, as l1/s0 is saved; its group is freed at the end of
+        # the first unit to end after that, l1 (6), as l1/s1 is saved
+        (4.0, 200),
         (6.0, 300),
         (12.0, 100),
         (13.0, 300),

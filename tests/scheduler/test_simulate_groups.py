@@ -48,17 +48,39 @@ def test_a_group_is_copied_as_one_at_its_region_exit() -> None:
     assert (t.peak_bytes, t.peak_time_seconds) == (400, 4.0)
 
 
-def test_backward_starts_without_draining_the_copies() -> None:
+def test_backward_start_waits_for_the_copies_still_in_flight() -> None:
+    """A copy that lands after forward's end is waited for at backward's start, where
+    its group is freed (NOTE [Planned release] in offrecomp/groups.py)."""
     p = two_blocks()
     p.regions[0].storages[1].nbytes = 800  # an 8 s copy from l0's exit: 3..11
-    t = simulate(p, Plan(placements={("l0", 0, 1): OFF}))
+    plan = Plan(placements={("l0", 0, 1): OFF})
+    t = simulate(p, plan)
     assert [(i.start, i.end) for i in t.d2h] == [(3.0, 11.0)]
     assert t.forward_seconds == 6.0
-    # l1's backward runs 6..12 while l0's copy is in flight
-    assert (6.0, 12.0, "backward l1#0") in [(i.start, i.end, i.label) for i in t.compute]
-    # l0's reload starts after its own copy landed and its unpack asked for it (12)
-    assert [(i.start, i.end) for i in t.h2d] == [(12.0, 20.0)]
+    compute = [(i.start, i.end, i.label) for i in t.compute]
+    assert (6.0, 11.0, "wait for copies") in compute
+    assert (11.0, 17.0, "backward l1#0") in compute
+    # l0's reload is issued when backward reaches it (17): 17..25, all of it stall
+    assert [(i.start, i.end) for i in t.h2d] == [(17.0, 25.0)]
     assert t.stall_seconds == 8.0
+    # l0/s1 (800 B) is on the device from its save (2) until backward's start (11)
+    assert (11.0, 400) in t.memory and max(b for _, b in t.memory) == 1200
+    # the plan's releases: every unit frees its own (nothing), l0's group at the last unit
+    assert t.releases[1] == len(t.releases) - 1
+
+
+def test_a_group_is_freed_at_the_end_of_the_first_unit_after_its_copy_lands() -> None:
+    """Not at the landing itself: the runtime lets go of sources at unit ends."""
+    p = two_blocks()
+    p.regions[0].storages[1].nbytes = 150  # a 1.5 s copy from l0's exit: 3..4.5
+    plan = Plan(placements={("l0", 0, 1): OFF})
+    t = simulate(p, plan)
+    assert [(i.start, i.end) for i in t.d2h] == [(3.0, 4.5)]
+    assert not any(i.label == "wait for copies" for i in t.compute)
+    assert not any(when == 4.5 for when, _ in t.memory)  # nothing happens at the landing
+    before = dict(t.memory)[4.0]  # l1/s0 saved
+    assert dict(t.memory)[6.0] == before - 150 + 200  # l1's end: l0's group goes, l1/s1 comes
+    assert t.releases == (0, 3, 2, 3, 4)  # l0's group at l1's end; the rest their own
 
 
 def test_first_unpack_reloads_and_prefetches_the_next_offloading_groups() -> None:
@@ -66,33 +88,41 @@ def test_first_unpack_reloads_and_prefetches_the_next_offloading_groups() -> Non
     t = simulate(four_blocks(), plan, prefetch_regions=1)
     # copies at the exits of l0 (3), l2 (9), l3 (12)
     assert [(i.start, i.end) for i in t.d2h] == [(3.0, 4.0), (9.0, 10.0), (12.0, 13.0)]
-    # reaching l3 (12): its own reload (after its copy lands at 13) and l2's; reaching
-    # l2 (20): the next group that offloads is l0's (l1 offloads nothing)
+    # backward's start waits for l3's copy (12..13); reaching l3 (13): its own reload
+    # and l2's; reaching l2 (20): the next group that offloads is l0's (l1 offloads
+    # nothing)
     assert [(i.start, i.end, i.label) for i in t.h2d] == [
         (13.0, 14.0, "l3#0"),
         (14.0, 15.0, "l2#0"),
         (20.0, 21.0, "l0#0"),
     ]
-    assert t.stall_seconds == 2.0
+    assert t.stall_seconds == 1.0
+    assert [(i.start, i.end, i.label) for i in t.compute if i.start >= 12.0][:2] == [
+        (12.0, 13.0, "wait for copies"),
+        (13.0, 14.0, "stall l3#0"),
+    ]
     assert [(i.start, i.end) for i in t.compute if i.label.startswith("backward")] == [
         (14.0, 20.0),
         (20.0, 26.0),
         (26.0, 32.0),
         (32.0, 38.0),
     ]
-    # a reloaded group is resident from its reload's issue until its unit's backward
-    # ends, and released as a whole: l2's from 12 (its copy landed at 10), l0's from 20;
-    # l3's copy lands after its reload is issued, so it never leaves
+    # a group is freed at the end of the first unit to end after its copy lands: l0's
+    # (landed at 4) at l1's end (6), l2's (10) at l3's end (12), l3's at backward's start
+    # (13), where its reload begins, so it never leaves. A reloaded group is resident
+    # from its reload's issue until its unit's backward ends: l2's from 13, l0's from 20
+    assert t.releases == (0, 3, 2, 3, 4, 7, 6, 8, 8)
     assert t.memory == [
         (0.0, 0),
         (1.0, 100),
         (3.0, 300),
-        (4.0, 300),
+        (4.0, 400),
         (6.0, 500),
         (7.0, 600),
         (9.0, 800),
-        (10.0, 800),
-        (12.0, 1100),
+        (10.0, 900),
+        (12.0, 1000),
+        (13.0, 1100),
         (20.0, 900),
         (26.0, 600),
         (32.0, 300),
@@ -106,9 +136,10 @@ def test_prefetch_depth_counts_offloading_groups() -> None:
     # reaching l3 issues l3, then the next two groups that offload: l2 and l0
     assert [(i.start, i.label) for i in t.h2d] == [(13.0, "l3#0"), (14.0, "l2#0"), (15.0, "l0#0")]
     t0 = simulate(four_blocks(), plan, prefetch_regions=0)
-    # no prefetch: every group is reloaded when reached, and waited for
+    # no prefetch: every group is reloaded when reached, and waited for (l3's after
+    # backward's start waited 12..13 for its copy)
     assert [(i.start, i.label) for i in t0.h2d] == [(13.0, "l3#0"), (20.0, "l2#0"), (33.0, "l0#0")]
-    assert t0.stall_seconds == 4.0
+    assert t0.stall_seconds == 3.0
 
 
 def test_a_root_run_is_a_group_of_its_own() -> None:

@@ -1,0 +1,59 @@
+"""A plan's offload groups are let go of at the unit ends the simulator freed them at
+(NOTE [Planned release] in offrecomp/groups.py), on the emulated offload backend."""
+
+from __future__ import annotations
+
+import pytest
+
+import offrecomp
+from offrecomp.backends import EmulatedBackend
+from offrecomp.offload import OffloadEngine
+from offrecomp.planning import learning, solving
+from offrecomp.planning.planner import pass_releases
+from offrecomp.transfer import BACKWARD_START
+from scheduler import Plan
+from tests.helpers import assert_bitwise, make, tight_budget, train, twin
+
+
+def test_planned_passes_let_go_of_every_group_by_backward_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offloading plans on CPU (a 5 GB/s link configured, the emulated backend moving
+    the bytes): each planned pass calls release_due at its unit ends in order, ending
+    with backward's start, after which the engine holds no copy source; gradients stay
+    bitwise equal to plain."""
+    monkeypatch.setattr(solving, "offload_allowed", lambda entry, profile: True)
+    # the emulated backend's host costs (threads, not a link) would price offloading out
+    monkeypatch.setattr(learning, "learn_host_costs", lambda p, measured: None)
+    calls: list[tuple[int, int]] = []  # (boundary, stash bytes after)
+    original = OffloadEngine.release_due
+
+    def spy(self: OffloadEngine, boundary: int) -> None:
+        original(self, boundary)
+        calls.append((boundary, self.stash_bytes))
+
+    monkeypatch.setattr(OffloadEngine, "release_due", spy)
+    # slow copies: the last ones are still in flight when backward starts
+    init = EmulatedBackend.__init__
+    monkeypatch.setattr(EmulatedBackend, "__init__", lambda self: init(self, copy_delay_s=0.01))
+    model, batch = make("gpt_dropout")
+    ref = train(twin(model), batch, steps=5)
+    m = twin(model)
+    rt = offrecomp.runtime(
+        m, mode="auto", min_bytes=0, budget=tight_budget(model, batch), d2h_gbps=5, h2d_gbps=5, drift=100.0
+    )
+    assert_bitwise(ref, train(m, batch, rt, steps=5))
+    planned = [s for s in rt.report().steps if s.phase == "planned"]
+    assert planned and all(s.offloaded_bytes > 0 for s in planned), [s.offloaded_bytes for s in planned]
+    ends = [i for i, (b, _) in enumerate(calls) if b == BACKWARD_START]
+    assert len(ends) == len(planned)
+    start = 0
+    for end in ends:
+        boundaries = [b for b, _ in calls[start:end]]
+        assert boundaries == sorted(boundaries) and len(boundaries) > 1  # every unit end, in order
+        assert calls[end][1] == 0  # nothing left in flight holding device memory
+        start = end + 1
+
+
+def test_a_pass_reads_the_last_unit_as_backward_start() -> None:
+    assert pass_releases(Plan()) == ()
+    assert pass_releases(None) == ()
+    assert pass_releases(Plan(releases=(0, 3, 2, 3, 4))) == (0, 3, 2, 3, BACKWARD_START)
