@@ -13,9 +13,11 @@
 #      offloadable (offrecomp_auto_no_offload@X: the best plan without offloading), and
 #      the peers ckpt_block, sac_matmul, ckpt_sqrt, save_on_cpu (last: it is link-bound);
 #   4. the same at 4K tokens without the peers (the prediction of offloading plans);
-#   each long_seq run is judged by benchmarks/offload_checks.py (checks_<tokens>.txt:
-#   keep within 1% of plain; auto's offloading steps within 10% of prediction, 5% faster
-#   than the no-offload plan, faster than every peer at or below its memory).
+#   each long_seq run saves the profile its last plan was solved with (profile_<tokens>.json,
+#   for `python -m scheduler plan` offline) and is judged by benchmarks/offload_checks.py
+#   (checks_<tokens>.txt: keep within 1% of plain; auto's offloading steps within 10% of
+#   prediction, 5% faster than the no-offload plan, faster than every peer at or below
+#   its memory).
 # $OUT (default ./device_offload_out) gets suite.log (what each step printed and its exit
 # status) and results.tgz (every raw file), both brought up to date after every step.
 #
@@ -63,14 +65,16 @@ step profile_step 90 "$PY" benchmarks/profile_step.py "${PROFILE[@]}" --budget-f
 
 for S in $SEQS; do
   log "3. auto against the plan without offloading and the peers at $S tokens"
-  step "long_seq_$S" $((MAXS + 45)) "$PY" -m benchmarks.long_seq "${MODEL[@]}" --seq "$S" \
+  step "long_seq_$S" $((MAXS + 45)) env OFFRECOMP_PROFILE="$WORK/profile_$S.json" \
+    "$PY" -m benchmarks.long_seq "${MODEL[@]}" --seq "$S" \
     --strategies "none,offrecomp_keep,$AUTO,$PEERS" --no-search --no-plots --quiet --warmup 1 \
     --repeats "$REPEATS" --max-seconds "$MAXS" --out "$WORK/long_seq_$S"
   judge "long_seq_$S"
 done
 
 log "4. offloading plans against their prediction at $SHORT tokens"
-step "long_seq_$SHORT" $((SHORT_MAXS + 45)) "$PY" -m benchmarks.long_seq "${MODEL[@]}" --seq "$SHORT" \
+step "long_seq_$SHORT" $((SHORT_MAXS + 45)) env OFFRECOMP_PROFILE="$WORK/profile_$SHORT.json" \
+  "$PY" -m benchmarks.long_seq "${MODEL[@]}" --seq "$SHORT" \
   --strategies "none,offrecomp_keep,$AUTO" --no-search --no-plots --quiet --warmup 1 \
   --repeats "$REPEATS" --max-seconds "$SHORT_MAXS" --out "$WORK/long_seq_$SHORT"
 judge "long_seq_$SHORT"
