@@ -114,17 +114,7 @@ class Regenerator:
         needed = {i for i, w in call.dropped.items() if w() is not None and i not in call.replayed}
         if not needed:
             return
-        storage_tensors: dict[int, Any] = {}
-        for r in call.storages:
-            if r.placement is KEEP:
-                held = r.tensor.untyped_storage() if r.tensor is not None else r()
-                watch = r.watch
-                if watch is not None:  # NOTE [Served storages written since]
-                    seen = watch() if watch is not PENDING_WATCH else None
-                    if seen is None or seen._version != r.version:
-                        continue  # written since, or nothing left to tell: the op runs
-                if held is not None:
-                    storage_tensors[r.index] = held
+        storage_tensors = _servable_storages(call)
         kept = [r.index in storage_tensors for r in call.storages]
         structure = call.structure if not call.mismatch else None
         if structure is not None and structure.opaque:
@@ -150,7 +140,8 @@ class Regenerator:
         k_seen = -1  # ops before the replay's stop (the prefix end K), where known
         if structure is None and call.structure is not None and not call.mismatch:
             k_seen = len(call.structure.program(kept, needed, storage_of_save))  # opaque: plain
-        # NOTE [Calibration]: the calibration pass times plain replays
+        # NOTE [Calibration]: the calibration pass times plain replays (and one under the
+        # dispatch mode: NOTE [Dispatch probe])
         calibrating = call.pass_state is not None and call.pass_state.phase == "calibrate"
         while True:
             program = None
@@ -159,7 +150,8 @@ class Regenerator:
                 program = structure.program(kept, needed, storage_of_save)
                 k_seen = len(program)
                 if calibrating:
-                    program = None
+                    if not self._planner.wants_dispatch_probe(call):
+                        program = None
                 else:
                     pays, run_seconds = self._serving_pays(call, structure, program)
                     if not pays:
@@ -176,6 +168,9 @@ class Regenerator:
                 life.on_oom(call.pass_state)
                 raise
             except ReplayDivergedError as exc:
+                if calibrating and program is not None:
+                    structure = None  # NOTE [Dispatch probe]: a probe only; this replay plainly
+                    continue
                 if structure is not None and program is not None and isinstance(exc, CastDivergedError):
                     # NOTE [Autocast cache]: a parameter object other than the recorded one
                     # (parameters replaced since the recording): replay this region plainly
@@ -221,7 +216,9 @@ class Regenerator:
         # a replay inside the region's own forward (NOTE [Backward inside a forward]), or
         # outside any backward (a saved tensor read before it), is not a backward's replay
         timed = call.exited and not life.forwards_running and _graph_task_id() != -1
-        if p is not None and timed and program is not None:
+        if p is not None and timed and program is not None and calibrating:
+            p.dispatch_probe = (call.ordinal, start, end, program)  # NOTE [Dispatch probe]
+        elif p is not None and timed and program is not None:
             p.dispatch_replays.append((start, end, len(program), run_seconds))
         elif p is not None and timed and k_seen >= 0:
             p.plain_replays.append((call.ordinal, start, end, k_seen))
@@ -279,3 +276,20 @@ class Regenerator:
         if group is not None and group.uses >= group.handles:
             self._groups.release_device(group)  # the replay's inputs hold what they need
         return out
+
+
+def _servable_storages(call: RegionCall) -> dict[int, Any]:
+    """The storages ``call`` kept that a serving replay may serve from, by index: those
+    still held and not written since (NOTE [Served storages written since])."""
+    out: dict[int, Any] = {}
+    for r in call.storages:
+        if r.placement is KEEP:
+            held = r.tensor.untyped_storage() if r.tensor is not None else r()
+            watch = r.watch
+            if watch is not None:
+                seen = watch() if watch is not PENDING_WATCH else None
+                if seen is None or seen._version != r.version:
+                    continue  # written since, or nothing left to tell: the op runs
+            if held is not None:
+                out[r.index] = held
+    return out

@@ -15,10 +15,13 @@ from offrecomp.phases import Phase
 from offrecomp.planning.drift import DRIFT_REPLANS, refresh_live
 from offrecomp.planning.trial import offload_trial
 from offrecomp.state import Stage
+from offrecomp.trace import RUN
 from scheduler.cost_model import CostModel, predict
 from scheduler.plan import Placement, Plan
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from offrecomp.measure import Clock
     from offrecomp.planning.entries import PlanEntry
     from offrecomp.planning.host import PlannerHost
@@ -55,10 +58,13 @@ FIRST_LEARNT = 2
 class Learner:
     """Feeds the passes of the planner's signatures into their cost models."""
 
-    def __init__(self, host: PlannerHost, replay_cost: ReplayCost, solver: Solver) -> None:
+    def __init__(
+        self, host: PlannerHost, replay_cost: ReplayCost, solver: Solver, entries: Mapping[str, PlanEntry]
+    ) -> None:
         self.host = host
         self.replay_cost = replay_cost
         self.solver = solver
+        self._entries = entries  # the planner's, by signature (a plan the probe moves is solved again)
 
     def learn(self, entry: PlanEntry, p: PassState) -> str | None:
         """Feed a calibration or planned pass's measured times into the cost model; a
@@ -199,6 +205,13 @@ class Learner:
         clock = self.host.clock
         by_key = {r.key: r for r in measured.regions}
         _fit_replays(p, by_key, clock)
+        probe = _probe_seconds(p, by_key, clock)
+        if probe is not None:
+            self.replay_cost.observe(probe, self._entries)
+            log.info(
+                "offrecomp: calibration pass of signature %s: a replay under the dispatch mode "
+                "costs %.1f us per op it sees", p.signature, 1e6 * probe,
+            )
         placements: dict[tuple[str, int, int], Placement] = {}
         for c in p.calls:
             for rec in c.storages:
@@ -237,6 +250,8 @@ def _fit_replays(p: PassState, by_key: dict[tuple[str, int], RegionRecord], cloc
     by_ordinal = {c.ordinal: c for c in p.calls}
     seen: set[tuple[str, int]] = set()
     paused: set[tuple[str, int]] = set()
+    if p.dispatch_probe is not None and p.dispatch_probe[0] in by_ordinal:
+        paused.add(by_ordinal[p.dispatch_probe[0]].key)  # NOTE [Dispatch probe]: a peer's times
     for ordinal, a, b, k in p.plain_replays:
         call = by_ordinal.get(ordinal)
         secs = clock.seconds(a, b)
@@ -271,6 +286,21 @@ def _fit_replays(p: PassState, by_key: dict[tuple[str, int], RegionRecord], cloc
         if r is not None and peer is not None:
             for op, q in zip(r.ops, peer.ops):
                 op.seconds = q.seconds
+
+
+def _probe_seconds(p: PassState, by_key: dict[tuple[str, int], RegionRecord], clock: Clock) -> float | None:
+    """NOTE [Dispatch probe]: the dispatch mode's cost per op the calibration pass's probe
+    showed over its ops' fitted times; None without a clean probe."""
+    if p.dispatch_probe is None:
+        return None
+    ordinal, a, b, program = p.dispatch_probe
+    call = next((c for c in p.calls if c.ordinal == ordinal), None)
+    secs = clock.seconds(a, b)
+    r = by_key.get(call.key) if call is not None else None
+    if r is None or secs is None or secs <= 0 or not program or clock.distorted(a, b, secs):
+        return None  # NOTE [Host pauses]
+    run = sum(op.seconds for op, act in zip(r.ops, program) if act == RUN)
+    return max(0.0, (secs - run) / len(program))
 
 
 def learn_backward(p: PassState, measured: Profile, *, clock: Clock, calibrating: bool) -> bool:

@@ -74,7 +74,7 @@ class Planner:
         self.collective_regions: set[str] = set()  # regions seen running collectives
         self.replay_cost = ReplayCost(host.config.replay_op_us)
         self.solver = Solver(host, self.replay_cost)
-        self.learner = Learner(host, self.replay_cost, self.solver)
+        self.learner = Learner(host, self.replay_cost, self.solver, self.entries)
         self._pending: list[tuple[StepRecord, list[PassState]]] = []
         # NOTE [Bookkeeping off the critical path]: passes whose profile is still to be
         # built, with their replay marks and backward end as they were when they ended (a
@@ -93,6 +93,28 @@ class Planner:
         """Time a replay under the dispatch mode costs per op it sees (NOTE [Serving
         overhead]): learnt from the replays that run unless the config pins it."""
         return self.replay_cost.seconds
+
+    def wants_dispatch_probe(self, call: RegionCall) -> bool:
+        """Whether the calibration pass replays ``call`` under the dispatch mode (NOTE
+        [Dispatch probe]): the pass's first replay of a region whose repeated peer it
+        replayed plainly already, until a probe has taught the cost."""
+        p = call.pass_state
+        cost = self.replay_cost
+        if p is None or cost.pinned or cost.probed or p.dispatch_probe is not None:
+            return False
+        region, structure = call.region, call.structure
+        if region is None or structure is None:
+            return False
+        n = len(structure.op_records)
+        for ordinal, _, _, _ in p.plain_replays:
+            peer = p.calls[ordinal] if ordinal < len(p.calls) else None
+            if (
+                peer is not None and peer.region is not None and peer.structure is not None
+                and type(peer.region.module) is type(region.module)
+                and len(peer.structure.op_records) == n
+            ):
+                return True
+        return False
 
     # ------------------------------------------------------------ per pass
 

@@ -30,6 +30,28 @@ class ReplayCost:
         self.pinned = pinned_us is not None
         """``Config.replay_op_us`` set it: never learnt."""
         self.seconds: float = pinned_us * 1e-6 if pinned_us is not None else SERVING_OVERHEAD_SECONDS
+        self.probed = False
+        """A calibration pass's probe replaced the starting guess (NOTE [Dispatch probe])."""
+
+    # NOTE [Dispatch probe]
+    # The cost per op is learnt from the dispatch-mode replays that run, but a plan runs
+    # them only where the figure says they pay: with a starting guess too high for the
+    # device (a long sequence on a GPU, whose replays are device-bound and hide the
+    # mode's host work), no plan serves, nothing is learnt, and the guess prices serving
+    # replays out for good. So the calibration pass, which replays every region plainly
+    # to fit op times, replays one region under the dispatch mode, one whose repeated
+    # peer it replayed plainly before: the probe's time, less its ops' times fitted from
+    # that peer, per op it saw, replaces the guess before the first plan is solved (and
+    # any plan solved with a figure it moves by more than half is solved again). Models
+    # without repeated regions, and a pinned ``replay_op_us``, keep the guess.
+
+    def observe(self, seconds: float, entries: Mapping[str, PlanEntry]) -> None:
+        """NOTE [Dispatch probe]: a probe's cost per op replaces the current figure."""
+        if self.pinned:
+            return
+        self.seconds = max(0.0, seconds)
+        self.probed = True
+        self._solve_moved(entries)
 
     def learn(self, p: PassState, entries: Mapping[str, PlanEntry], clock: Clock) -> None:
         """NOTE [Serving overhead]: learn what the dispatch mode costs per op it sees.
@@ -76,6 +98,11 @@ class ReplayCost:
         # one outlying pass moves the estimate by at most 4x the current value (plus 20 us)
         observed = min(max(0.0, extra / ops), 4.0 * self.seconds + 20e-6)
         self.seconds = 0.7 * self.seconds + 0.3 * observed
+        self._solve_moved(entries)
+
+    def _solve_moved(self, entries: Mapping[str, PlanEntry]) -> None:
+        """Solve again the plans solved with a figure the current one moved by more than
+        half (and 5 us)."""
         for entry in entries.values():
             if entry.plan is None or entry.needs_solve:
                 continue

@@ -128,6 +128,8 @@ def test_dispatch_replays_teach_the_replay_cost(monkeypatch: pytest.MonkeyPatch)
     from offrecomp.regenerate import Regenerator
 
     monkeypatch.setattr(replay_cost, "SERVING_OVERHEAD_SECONDS", 0.0)  # the mode always pays
+    # the calibration pass's probe (NOTE [Dispatch probe]) would replace the guess first
+    monkeypatch.setattr(Planner, "wants_dispatch_probe", lambda self, call: False)
     model, batch = make("gpt_dropout")
     m = twin(model)
     rt = _runtime(m)
@@ -151,10 +153,14 @@ def test_dispatch_replays_teach_the_replay_cost(monkeypatch: pytest.MonkeyPatch)
     assert rt.planner.replay_op_seconds > 0.0
 
 
-def test_calibration_fits_replays_and_logs_the_check(caplog: pytest.LogCaptureFixture) -> None:
+def test_calibration_fits_replays_and_logs_the_check(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """NOTE [Calibration]: after the calibration pass the ops before each region's stop
     add up to its measured plain replay, and the whole pass is compared with its
     prediction."""
+    # every region replays plainly: no probe under the dispatch mode (NOTE [Dispatch probe])
+    monkeypatch.setattr(Planner, "wants_dispatch_probe", lambda self, call: False)
     model, batch = make("gpt_dropout")
     m = twin(model)
     rt = _runtime(m, budget="50%")

@@ -1,0 +1,98 @@
+"""The calibration pass's replay under the dispatch mode teaches the planner what that
+mode costs per op before the first plan (NOTE [Dispatch probe] in
+offrecomp/planning/replay_cost.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import offrecomp
+from offrecomp.planning.replay_cost import SERVING_OVERHEAD_SECONDS, ReplayCost
+from tests.helpers import assert_bitwise, make, tight_budget, train, twin
+
+
+@pytest.fixture()
+def observed(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Each cost per op a probe reported."""
+    seen: list[float] = []
+    original = ReplayCost.observe
+
+    def spy(self: ReplayCost, seconds: float, entries: object) -> None:
+        seen.append(seconds)
+        original(self, seconds, entries)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ReplayCost, "observe", spy)
+    return seen
+
+
+def test_the_calibration_pass_probes_the_dispatch_cost_once(observed: list[float]) -> None:
+    """A GPT of repeated blocks: the calibration pass replays one block under the
+    dispatch mode, after its peer replayed plainly; its cost per op replaces the
+    starting guess before the first plan, and gradients stay bitwise equal to plain."""
+    model, batch = make("gpt_dropout")
+    ref = train(twin(model), batch, steps=5)
+    m = twin(model)
+    rt = offrecomp.runtime(m, mode="auto", min_bytes=0, budget=tight_budget(model, batch))
+    assert_bitwise(ref, train(m, batch, rt, steps=5))
+    assert len(observed) == 1 and 0.0 <= observed[0] < 1e-3, observed
+    steps = rt.report().steps
+    assert [s.phase for s in steps[:2]] == ["measure", "calibrate"]
+    assert steps[1].served_ops + steps[1].rerun_ops > 0  # the probe ran under the mode
+    first = steps[2]
+    assert first.phase == "planned" and first.served_ops == 0  # no serving replay: nothing else learnt
+    assert first.replay_op_us == pytest.approx(1e6 * observed[0])
+
+
+def test_a_pinned_cost_is_not_probed(observed: list[float]) -> None:
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    rt = offrecomp.runtime(m, mode="auto", min_bytes=0, budget=tight_budget(model, batch), replay_op_us=25.0)
+    train(m, batch, rt, steps=3)
+    steps = rt.report().steps
+    assert observed == [] and steps[1].served_ops + steps[1].rerun_ops == 0
+    assert all(s.replay_op_us == pytest.approx(25.0) for s in steps)
+
+
+class _Widen(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+class _Squash(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(16, 64), nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.down(torch.tanh(self.up(x))))
+
+
+class _TwoKinds(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = _Widen(), _Squash()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.b(self.a(x))
+        return (y * y).mean()
+
+
+def test_a_model_without_repeated_regions_keeps_the_guess(observed: list[float]) -> None:
+    """Two regions of different kinds: none has a peer replayed plainly before it, so
+    no probe runs and the starting guess stays."""
+    torch.manual_seed(0)
+    model = _TwoKinds()
+    gen = torch.Generator().manual_seed(1)
+    data = torch.randn(8, 16, generator=gen)
+    rt = offrecomp.runtime(model, mode="auto", min_bytes=0, budget=1, regions=lambda m, name: name in ("a", "b"))
+    train(model, lambda s: data, rt, steps=3)
+    steps = rt.report().steps
+    assert steps[1].phase == "calibrate" and steps[1].replays == 2
+    assert observed == [] and steps[1].served_ops + steps[1].rerun_ops == 0
+    assert all(s.replay_op_us == pytest.approx(1e6 * SERVING_OVERHEAD_SECONDS) for s in steps)
