@@ -138,14 +138,6 @@ TIME_EVERY = 4
 # buffer; the engine drops its own reference when every save of the group has been
 # unpacked once (release_device) and the views keep the memory as long as autograd does.
 
-# NOTE [Host slot lifetime]
-# A group's pinned block is written by its D2H copy and read by every reload of it
-# (retain_graph fetches it again). free() therefore does not return the block at once:
-# the group waits in `_deferred` until query() says its D2H copy and its latest H2D copy
-# landed (one H2D stream per device runs in order, so the latest implies the earlier
-# ones). Returning it earlier would let the next group's D2H copy overwrite data a
-# reload is still reading.
-
 # NOTE [Free from finalisers]
 # Callers free groups from finalisers (when autograd drops the last saved tensor of a
 # region call), which can run at any allocation: on another thread while this one holds
@@ -314,8 +306,10 @@ class OffloadEngine:
         pool = self.pool
         if pool.refusing or pool.in_use_bytes + reserved > pool.limit_bytes:
             with self._locked():
-                self._fallback(nbytes, "pin_failed" if pool.refusing else "full")
-            return -1
+                self._return_blocks()  # freed groups' blocks may be back by now
+                if pool.refusing or pool.in_use_bytes + reserved > pool.limit_bytes:
+                    self._fallback(nbytes, "pin_failed" if pool.refusing else "full")
+                    return -1
         self._open_bytes += nbytes
         self._open_reserved = reserved
         group.sources.append(source)
@@ -337,6 +331,7 @@ class OffloadEngine:
         t0 = time.perf_counter()
         with self._locked():
             self._enter()
+            self._return_blocks()
             group.seal()
             payload = group.payload_bytes
             self._open_bytes -= payload
@@ -496,6 +491,7 @@ class OffloadEngine:
             raise ValueError(f"window_bytes={window_bytes!r} is invalid; it must be >= 0")
         with self._locked():
             self._enter()
+            self._return_blocks()
             if window_bytes is not None:
                 self.window_bytes = window_bytes
             return self.pool.reserve(sizes)
@@ -504,6 +500,7 @@ class OffloadEngine:
         """This step's stats; resets the counters and the prefetch ordering."""
         with self._locked():
             self._enter()
+            self._return_blocks()
             self._resolve_timings()
             pool = self.pool.stats()
             stats = OffloadStats(
@@ -544,6 +541,7 @@ class OffloadEngine:
             self._enter()
             self.backend.synchronize()
             self._poll()
+            self._return_blocks()
             self.backend.check()
 
     def close(self) -> None:
@@ -735,11 +733,19 @@ class OffloadEngine:
         self._poll()
 
     def _poll(self) -> None:
-        """Drop landed sources and return host blocks whose copies landed; never waits."""
+        """Drop landed sources; never waits."""
         query = self.backend.query
         while self._stash and query(self._stash[0].landed):
             self._drop(self._stash.popleft())
+        self._reuse.poll()
+        if len(self._timings) > 4096:
+            self._resolve_timings()
+
+    def _return_blocks(self) -> None:
+        """Return the host blocks of freed groups whose copies landed (NOTE [Host slot
+        lifetime] in transfer.py); never waits."""
         if self._deferred:
+            query = self.backend.query
             # Swap first: a free() re-entering from a finaliser appends to the new list.
             deferred, self._deferred = self._deferred, []
             waiting = []
@@ -752,9 +758,6 @@ class OffloadEngine:
                 else:
                     waiting.append(group)
             self._deferred.extend(waiting)
-        self._reuse.poll()
-        if len(self._timings) > 4096:
-            self._resolve_timings()
 
     def _resolve_timings(self) -> None:
         # see NOTE [Timing without host waits]

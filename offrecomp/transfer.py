@@ -25,6 +25,18 @@ __all__ = [
 ]
 
 
+# NOTE [Host slot lifetime]
+# A group's pinned block is written by its D2H copy and read by every reload of it
+# (retain_graph fetches it again). The engine's free() therefore does not return the
+# block at once: the group waits in the engine's `_deferred` until query() says its D2H
+# copy and its latest H2D copy landed (one H2D stream per device runs in order, so the
+# latest implies the earlier ones). Returning it earlier would let the next group's D2H
+# copy overwrite data a reload is still reading. The waiting groups are checked (two
+# queries each) only where blocks are handed out (issue, prepare) and at end_step and
+# synchronize, not at each engine call: backward frees every group while the last
+# reloads are still in flight.
+
+
 def slot_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
     """Offsets of consecutive slots of ``sizes`` bytes in one block, each aligned to
     ``ALIGN_BYTES`` (a multiple of every element size), and the block's size."""
