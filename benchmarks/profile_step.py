@@ -3,8 +3,9 @@
     python benchmarks/profile_step.py [--preset cpu-tiny|gpu-1.3b] [--seq N] [--out f.json]
 
 Trains the long-sequence benchmark's GPT (``benchmarks/long_seq``) under
-``offrecomp.runtime(mode="auto")`` until a step ran a plan that offloads (the step
-record's ``phase`` is ``planned`` and it offloaded bytes), then profiles one more step
+``offrecomp.runtime(mode="auto")`` until two steps in a row ran the same plan that
+offloads with the same pinned pool (step records: ``phase`` ``planned``, offloaded bytes,
+one ``plan_id``; on a CPU, the first planned step), then profiles one more step
 (CPU activities, and CUDA ones on a GPU) and summarises it:
 
 * host time per region (the runtime's ``rt.regions``) in forward and in backward. The
@@ -228,20 +229,31 @@ def _engine_stats(into: list[OffloadStats]) -> Iterator[None]:
 
 
 def _reach_plan(s: _Setup, rt: Any, max_steps: int) -> tuple[bool, list[str]]:
-    """Train until a step ran a plan that offloaded; returns (reached, phases seen).
+    """Train until two steps in a row ran the same plan, offloading, with the same
+    pinned pool; returns (reached, phases seen). The step profiled next then neither
+    solves a plan nor pins host memory (a re-plan does both at its first step's start,
+    inside the model's forward), which would stand for the step's own host time.
 
     Off a GPU the planner never offloads (there is no link), so the wait ends at the
     first planned step there.
     """
     phases: list[str] = []
+    last: tuple[str, int] | None = None
     for _ in range(max_steps):
         _train_step(s)
         rec = _last_record(rt)
         phase = getattr(rec, "phase", "")
         offloaded = getattr(rec, "offloaded_bytes", 0)
         phases.append(f"{phase}:{offloaded}")
-        if phase == "planned" and (offloaded > 0 or s.device.type != "cuda"):
+        if phase == "planned" and s.device.type != "cuda":
             return offloaded > 0, phases
+        if phase != "planned" or offloaded <= 0:
+            last = None
+            continue
+        key = (str(getattr(rec, "plan_id", "")), int(getattr(rec, "pool_reserved_bytes", 0) or 0))
+        if key == last:
+            return True, phases
+        last = key
     return False, phases
 
 

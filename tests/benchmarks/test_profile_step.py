@@ -144,3 +144,25 @@ def test_auto_profiles_again_until_the_step_offloaded(
     sel = json.loads(out.read_text())["selection"]
     assert len(profiled) == 3
     assert sel["mode"] == "auto" and sel["offloaded_bytes"] == 7
+
+
+def test_the_profiled_step_follows_two_steps_of_one_plan_and_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the profiled step comes after two offloading steps in a row with one plan
+    and one pinned pool: a re-plan solves and pins at its first step's start."""
+    records = iter([
+        ("measure", 0, "", 0), ("calibrate", 0, "", 0),
+        ("planned", 5, "a", 10), ("planned", 5, "b", 10),  # re-planned
+        ("planned", 5, "b", 20),  # the pool grew
+        ("planned", 5, "b", 20), ("planned", 5, "b", 20),
+    ])
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(profile_step, "_train_step", lambda s, **kw: seen.update(rec=next(records)))
+    monkeypatch.setattr(profile_step, "_last_record", lambda rt: SimpleNamespace(
+        phase=seen["rec"][0], offloaded_bytes=seen["rec"][1], plan_id=seen["rec"][2],
+        pool_reserved_bytes=seen["rec"][3],
+    ))
+    setup: Any = SimpleNamespace(device=torch.device("cuda"))
+    reached, phases = profile_step._reach_plan(setup, None, 10)
+    assert reached and len(phases) == 6, phases
+    records = iter([("planned", 0, "a", 0)] * 3)  # never offloads: not reached
+    assert profile_step._reach_plan(setup, None, 3) == (False, ["planned:0"] * 3)
