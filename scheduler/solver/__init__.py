@@ -21,10 +21,12 @@ How it works (details in docs/planner.md):
    its moves banned; when the chain stalls it continues with drops only.
 3. **Frugal plans.** Dropping every droppable storage, with and without offloading
    every offloadable one.
-4. **Local search** (profiles of at most ``REFINE_MAX_STORAGES`` storages): every plan
+4. **Peak descent** (NOTE [peak descent] in ``family``): from the lowest-peak plan,
+   single storage changes near the peak that lower it, while one does.
+5. **Local search** (profiles of at most ``REFINE_MAX_STORAGES`` storages): every plan
    one storage change (two on tiny profiles) away from a plan on the time/peak Pareto
    frontier is simulated, until the frontier stops changing.
-5. **Pick.** Every plan of that family has been simulated once; the answer is the
+6. **Pick.** Every plan of that family has been simulated once; the answer is the
    fastest one whose peak fits the budget (and whose offloads fit the host limit). The
    family does not depend on the budget, so a larger budget never gives a slower plan.
 

@@ -1,4 +1,4 @@
-"""The family of candidate plans (steps 1-4 of scheduler.solver): budget-independent,
+"""The family of candidate plans (steps 1-5 of scheduler.solver): budget-independent,
 each simulated once, so that the solver only picks among them."""
 
 from __future__ import annotations
@@ -27,6 +27,12 @@ REFINE_PAIRS_MAX_STORAGES = 12
 REFINE_TRIPLES_MAX_STORAGES = 10
 #: Most simulations the local search may spend.
 REFINE_MAX_SIMULATIONS = 20_000
+#: Most simulations the peak descent may spend (NOTE [peak descent]) ...
+DESCENT_MAX_SIMULATIONS = 1_000
+#: ... and at most this many storages simulated in all (a simulation's cost grows with them).
+DESCENT_MAX_WORK = 300_000
+#: The descent changes storages of the unit at the peak and of this many units each side.
+DESCENT_UNITS = 2
 #: The chain reuses a region's drop options while the region is unchanged (NOTE [drop
 #: cache]); False prices every region at every step, with the same plans.
 _DROP_CACHE = True
@@ -123,6 +129,62 @@ class _Family:
                 return
             for i, d in work:
                 expand(self.places[i], d)
+
+
+def _descend(fam: _Family) -> None:
+    """Walk down from the family's lowest-peak member, one storage change at a time
+    (NOTE [peak descent])."""
+    legal, st_ptr = fam.legal, fam.flat.st_ptr
+    i = min(range(len(fam.results)), key=lambda j: (fam.results[j].peak, fam.results[j].step))
+    cur, res = fam.places[i].copy(), fam.results[i]
+    allowance = min(DESCENT_MAX_SIMULATIONS, DESCENT_MAX_WORK // max(fam.flat.n_storages, 1))
+    ws = Workspace(fam.flat)
+    improved = True
+    while improved:
+        improved = False
+        ws.run(cur, fam.prefetch)
+        u = _unit_at(ws, res.peak_time)
+        near = range(int(st_ptr[max(u - DESCENT_UNITS, 0)]), int(st_ptr[min(u + DESCENT_UNITS + 1, len(st_ptr) - 1)]))
+        for s, q in itertools.product(near, (0, 2, 1)):
+            if q == cur[s] or not legal[s] & (1 << q):
+                continue
+            if allowance <= 0:
+                return
+            allowance -= 1
+            old, cur[s] = cur[s], q
+            step = fam.ws.run(cur, fam.prefetch)
+            if step.peak < res.peak:
+                fam.places.append(cur.copy())
+                fam.results.append(step)
+                res, improved = step, True
+                break  # the peak moved: look around its new place
+            cur[s] = old
+
+
+def _unit_at(ws: Workspace, t: float) -> int:
+    """The unit computing at time ``t`` in the simulation ``ws`` holds: in backward the
+    one whose reach-to-end span holds it, else in forward."""
+    n = ws.cend.shape[0]
+    for v in range(n):
+        if ws.reach[v] <= t <= ws.cend[v]:
+            return v
+    for v in range(n):
+        if ws.fstart[v] <= t <= ws.fend[v]:
+            return v
+    return n - 1
+
+
+# NOTE [peak descent]: dropping a storage can raise the peak (its region's replay brings
+# it back with a working set; a plain replay's early frees depend on what it keeps), so
+# dropping every droppable storage is not always the most frugal plan, and the chain's
+# way down follows measured times: two solves of one model could find a budget near the
+# frugal end met and not. So the family also walks down from its lowest-peak member:
+# among the storages of the unit computing at the peak and of DESCENT_UNITS units each
+# side (the ones whose placement moves that peak), the first single change (keep, drop,
+# offload) that lowers the peak is taken, and the search starts again where the peak
+# now is, until no such change lowers it or the allowance is spent (fewer simulations
+# the more storages a profile has, as each costs more). It depends on no budget, so a
+# larger budget still never gets a slower plan.
 
 
 def _producers(flat: FlatProfile) -> tuple[np.ndarray, np.ndarray]:
@@ -296,13 +358,14 @@ def _run_chain(fam: _Family, chain: _Chain, cur_ws: Workspace, keep_res: SimResu
 def _build_family(
     flat: FlatProfile, ws: Workspace, legal: np.ndarray, prefetch: int, keep_res: SimResult
 ) -> _Family:
-    """The family (scheduler.solver, steps 1-4); ``ws`` holds the all-KEEP simulation."""
+    """The family (scheduler.solver, steps 1-5); ``ws`` holds the all-KEEP simulation."""
     fam = _Family(flat, Workspace(flat), legal, prefetch)
     keep = np.zeros(flat.n_storages, dtype=np.int8)
     fam.places.append(keep.copy())
     fam.results.append(keep_res)
     floor = _frugal_plans(fam, legal)
     _run_chain(fam, _Chain(flat, ws, legal, prefetch), ws, keep_res, floor)
+    _descend(fam)
     if flat.n_storages <= REFINE_MAX_STORAGES:
         fam.refine()
     return fam

@@ -24,7 +24,7 @@ from scheduler import (
     solve,
 )
 from scheduler.simulate import SimResult, Workspace, flatten
-from scheduler.solver import _build_family
+from scheduler.solver import _build_family, family
 from tests.scheduler.instances import random_profile
 
 #: Stated optimality gap on tiny profiles: none beyond rounding.
@@ -273,6 +273,7 @@ def test_family_members_carry_their_own_simulation(monkeypatch: pytest.MonkeyPat
         return run(self, place, prefetch)
 
     monkeypatch.setattr(Workspace, "run", counted)
+    monkeypatch.setattr(family, "_descend", lambda fam: None)  # it simulates plans it drops
     fam = _build_family(flat, ws, flat.legal.copy(), 2, keep_res)
     monkeypatch.undo()
     assert len(fam.places) > 10
