@@ -308,8 +308,11 @@ class OffloadGroups:
     def release_due(self, p: PassState, boundary: int) -> None:
         """The end of unit ``boundary`` of planned pass ``p``: let go of the groups its
         plan frees there (NOTE [Planned release])."""
-        if p.releases and self.engine is not None:
-            self.engine.release_due(boundary)
+        engine = self.engine
+        if p.releases and engine is not None:
+            # what the sources held until now counts in the pass's peak, as the plan's does
+            p.stats.sample(engine.device_bytes)
+            engine.release_due(boundary)
 
     def fetch(self, group: Group, call: RegionCall) -> torch.Tensor:
         """The device buffer of ``group`` (one of ``call``'s), reloaded on first use."""
