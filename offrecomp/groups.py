@@ -371,8 +371,7 @@ def _release_at(p: PassState | None, call: RegionCall) -> int:
     """The unit at whose end the plan of ``p`` lets go of ``call``'s group being issued
     (NOTE [Planned release]): a region call's own unit, or for the root's run the gap
     it closes, the one before the next call."""
-    releases = p.releases if p is not None else ()
-    if not releases:
+    if p is None or not p.releases:
         return NOT_PLANNED
-    unit = 2 * len(p.calls) if call.is_root else 2 * call.ordinal + 1  # type: ignore[union-attr]
-    return releases[unit] if unit < len(releases) else BACKWARD_START
+    unit = 2 * len(p.calls) if call.is_root else 2 * call.ordinal + 1
+    return p.releases[unit] if unit < len(p.releases) else BACKWARD_START
