@@ -217,7 +217,7 @@ class Regenerator:
         # outside any backward (a saved tensor read before it), is not a backward's replay
         timed = call.exited and not life.forwards_running and _graph_task_id() != -1
         if p is not None and timed and program is not None and calibrating:
-            p.dispatch_probe = (call.ordinal, start, end, program)  # NOTE [Dispatch probe]
+            p.dispatch_probes.append((call.ordinal, start, end, program))  # NOTE [Dispatch probe]
         elif p is not None and timed and program is not None:
             p.dispatch_replays.append((start, end, len(program), run_seconds))
         elif p is not None and timed and k_seen >= 0:

@@ -698,9 +698,9 @@ class PassState(_WeakReferable):
     dispatch_replays: list[tuple[Any, Any, int, float]] = field(default_factory=list)
     """Replays run under the dispatch mode: (start mark, end mark, ops it saw, predicted
     seconds of the ops it ran), to learn the mode's cost per op (NOTE [Serving overhead])."""
-    dispatch_probe: tuple[int, Any, Any, list[int]] | None = None
-    """A calibration pass's replay under the dispatch mode: (call ordinal, start mark, end
-    mark, its program), to learn the mode's cost per op (NOTE [Dispatch probe])."""
+    dispatch_probes: list[tuple[int, Any, Any, list[int]]] = field(default_factory=list)
+    """A calibration pass's replays under the dispatch mode: (call ordinal, start mark,
+    end mark, its program), to learn the mode's cost per op (NOTE [Dispatch probe])."""
     plain_replays: list[tuple[int, Any, Any, int]] = field(default_factory=list)
     """Replays run plainly, with a known prefix end: (call ordinal, start mark, end mark,
     ops before the stop K), to fit op times (NOTE [Calibration])."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import statistics
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -210,7 +211,8 @@ class Learner:
             self.replay_cost.observe(probe, self._entries)
             log.info(
                 "offrecomp: calibration pass of signature %s: a replay under the dispatch mode "
-                "costs %.1f us per op it sees", p.signature, 1e6 * probe,
+                "costs %.1f us per op it sees (the probes' median; taken as %.1f)",
+                p.signature, 1e6 * probe, 1e6 * self.replay_cost.seconds,
             )
         placements: dict[tuple[str, int, int], Placement] = {}
         for c in p.calls:
@@ -250,8 +252,9 @@ def _fit_replays(p: PassState, by_key: dict[tuple[str, int], RegionRecord], cloc
     by_ordinal = {c.ordinal: c for c in p.calls}
     seen: set[tuple[str, int]] = set()
     paused: set[tuple[str, int]] = set()
-    if p.dispatch_probe is not None and p.dispatch_probe[0] in by_ordinal:
-        paused.add(by_ordinal[p.dispatch_probe[0]].key)  # NOTE [Dispatch probe]: a peer's times
+    for ordinal, *_ in p.dispatch_probes:  # NOTE [Dispatch probe]: their peers' times
+        if ordinal in by_ordinal:
+            paused.add(by_ordinal[ordinal].key)
     for ordinal, a, b, k in p.plain_replays:
         call = by_ordinal.get(ordinal)
         secs = clock.seconds(a, b)
@@ -289,18 +292,20 @@ def _fit_replays(p: PassState, by_key: dict[tuple[str, int], RegionRecord], cloc
 
 
 def _probe_seconds(p: PassState, by_key: dict[tuple[str, int], RegionRecord], clock: Clock) -> float | None:
-    """NOTE [Dispatch probe]: the dispatch mode's cost per op the calibration pass's probe
-    showed over its ops' fitted times; None without a clean probe."""
-    if p.dispatch_probe is None:
-        return None
-    ordinal, a, b, program = p.dispatch_probe
-    call = next((c for c in p.calls if c.ordinal == ordinal), None)
-    secs = clock.seconds(a, b)
-    r = by_key.get(call.key) if call is not None else None
-    if r is None or secs is None or secs <= 0 or not program or clock.distorted(a, b, secs):
-        return None  # NOTE [Host pauses]
-    run = sum(op.seconds for op, act in zip(r.ops, program) if act == RUN)
-    return max(0.0, (secs - run) / len(program))
+    """NOTE [Dispatch probe]: the median of the dispatch mode's cost per op that the
+    calibration pass's probes showed over their ops' fitted times; None without a clean
+    probe."""
+    calls = {c.ordinal: c for c in p.calls}
+    seen: list[float] = []
+    for ordinal, a, b, program in p.dispatch_probes:
+        call = calls.get(ordinal)
+        secs = clock.seconds(a, b)
+        r = by_key.get(call.key) if call is not None else None
+        if r is None or secs is None or secs <= 0 or not program or clock.distorted(a, b, secs):
+            continue  # NOTE [Host pauses]
+        run = sum(op.seconds for op, act in zip(r.ops, program) if act == RUN)
+        seen.append(max(0.0, (secs - run) / len(program)))
+    return statistics.median(seen) if seen else None
 
 
 def learn_backward(p: PassState, measured: Profile, *, clock: Clock, calibrating: bool) -> bool:

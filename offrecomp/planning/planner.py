@@ -17,7 +17,7 @@ from offrecomp.planning import drift, profiling, records
 from offrecomp.planning.entries import PlanCache, PlanEntry, assign
 from offrecomp.planning.learning import Learner
 from offrecomp.planning.profiling import ReplayMarks
-from offrecomp.planning.replay_cost import ReplayCost
+from offrecomp.planning.replay_cost import DISPATCH_PROBES, ReplayCost
 from offrecomp.planning.solving import Solver
 from offrecomp.signatures import shown
 from offrecomp.state import Stage
@@ -96,11 +96,11 @@ class Planner:
 
     def wants_dispatch_probe(self, call: RegionCall) -> bool:
         """Whether the calibration pass replays ``call`` under the dispatch mode (NOTE
-        [Dispatch probe]): the pass's first replay of a region whose repeated peer it
-        replayed plainly already, until a probe has taught the cost."""
+        [Dispatch probe]): the pass's first DISPATCH_PROBES replays of regions whose
+        repeated peer it replayed plainly already, until a probe has taught the cost."""
         p = call.pass_state
         cost = self.replay_cost
-        if p is None or cost.pinned or cost.probed or p.dispatch_probe is not None:
+        if p is None or cost.pinned or cost.probed or len(p.dispatch_probes) >= DISPATCH_PROBES:
             return False
         region, structure = call.region, call.structure
         if region is None or structure is None:

@@ -21,6 +21,10 @@ log = logging.getLogger(__name__)
 #: CPU host (benchmarks/bench_host_overhead.py); what replays show, learnt, was about 40
 #: (the forward's Python around skipped ops included). See NOTE [Serving overhead].
 SERVING_OVERHEAD_SECONDS = 25e-6
+#: Regions a calibration pass replays under the dispatch mode (NOTE [Dispatch probe]) ...
+DISPATCH_PROBES = 3
+#: ... and the bounds of what they teach, as multiples of the starting guess.
+PROBE_RANGE = (0.125, 4.0)
 
 
 class ReplayCost:
@@ -39,17 +43,20 @@ class ReplayCost:
     # device (a long sequence on a GPU, whose replays are device-bound and hide the
     # mode's host work), no plan serves, nothing is learnt, and the guess prices serving
     # replays out for good. So the calibration pass, which replays every region plainly
-    # to fit op times, replays one region under the dispatch mode, one whose repeated
-    # peer it replayed plainly before: the probe's time, less its ops' times fitted from
-    # that peer, per op it saw, replaces the guess before the first plan is solved (and
-    # any plan solved with a figure it moves by more than half is solved again). Models
+    # to fit op times, replays up to DISPATCH_PROBES regions under the dispatch mode,
+    # each one whose repeated peer it replayed plainly before: a probe's time, less its
+    # ops' times fitted from that peer, per op it saw, is one sample; their median,
+    # bounded to PROBE_RANGE times the guess (a single small replay on a loaded host can
+    # read 0 or 40 times the truth), replaces the guess before the first plan (and any
+    # plan solved with a figure it moves by more than half is solved again). Models
     # without repeated regions, and a pinned ``replay_op_us``, keep the guess.
 
     def observe(self, seconds: float, entries: Mapping[str, PlanEntry]) -> None:
-        """NOTE [Dispatch probe]: a probe's cost per op replaces the current figure."""
+        """NOTE [Dispatch probe]: the probes' cost per op, bounded, replaces the figure."""
         if self.pinned:
             return
-        self.seconds = max(0.0, seconds)
+        low, high = PROBE_RANGE
+        self.seconds = min(max(seconds, low * SERVING_OVERHEAD_SECONDS), high * SERVING_OVERHEAD_SECONDS)
         self.probed = True
         self._solve_moved(entries)
 
