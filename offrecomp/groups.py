@@ -35,7 +35,8 @@ The memory is then free, in the allocator's stream order, where the plan counted
 it, whatever the host's lead. Units are numbered as the profile's (``2k`` the gap
 before region call ``k``, ``2k + 1`` the call), which a pass that follows its
 profile's calls matches; on any other pass a release comes early or late, never
-unsafely.
+unsafely. A user's plan (``rt.set_plan``) gets its releases from its timeline on the
+signature's profile.
 
 NOTE [Copies under inference mode]
 A backward run under ``torch.inference_mode()`` issues reloads (and a root run's copy)

@@ -48,6 +48,8 @@ class PlanEntry:
     said_borrow_infeasible: str = ""
     """The id of the borrow plan whose passes were said to run a full recompute instead
     (it fits no budget)."""
+    user_releases: tuple[Plan, Profile, tuple[int, ...]] | None = None
+    """(user plan, profile, its releases): NOTE [Planned release] for ``rt.set_plan``."""
     needs_measure: bool = True
     growths: int = 0
     """Times a call its plan kept whole saved more storages than its profile."""

@@ -23,6 +23,7 @@ from offrecomp.signatures import shown
 from offrecomp.state import Stage
 from offrecomp.transfer import BACKWARD_START
 from scheduler.plan import Placement, Plan
+from scheduler.timeline import simulate
 
 if TYPE_CHECKING:
     from offrecomp.planning.host import PlannerHost
@@ -223,7 +224,7 @@ class Planner:
         p.phase = Phase.USER_PLAN if user is not None else Phase.PLANNED
         plan = self.active_plan(entry)
         p.plan_id = plan.plan_id if plan is not None else ""
-        p.releases = pass_releases(plan)
+        p.releases = pass_releases(plan) if user is None else _user_releases(entry, user)
 
     @staticmethod
     def _say_borrow_infeasible(donor: PlanEntry) -> None:
@@ -745,3 +746,22 @@ def pass_releases(plan: Plan | None) -> tuple[int, ...]:
         return ()
     top = len(plan.releases) - 1
     return tuple(BACKWARD_START if v >= top else v for v in plan.releases)
+
+
+def _user_releases(entry: PlanEntry, plan: Plan) -> tuple[int, ...]:
+    """A user's plan carries no releases (NOTE [Planned release] in groups.py): where it
+    offloads, its timeline on the signature's profile gives them, once per plan and
+    profile; none where that profile has no link to offload over."""
+    profile = entry.profile
+    offloads = plan.default is Placement.OFFLOAD or any(pl is Placement.OFFLOAD for _, pl in plan)
+    if profile is None or not offloads:
+        return ()
+    cached = entry.user_releases
+    if cached is not None and cached[0] is plan and cached[1] is profile:
+        return cached[2]
+    try:
+        releases = pass_releases(Plan(releases=simulate(profile, plan).releases))
+    except ValueError:  # no link in the profile: the plan's offloads fall back anyway
+        releases = ()
+    entry.user_releases = (plan, profile, releases)
+    return releases

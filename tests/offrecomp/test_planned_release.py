@@ -11,7 +11,7 @@ from offrecomp.offload import OffloadEngine
 from offrecomp.planning import learning, solving
 from offrecomp.planning.planner import pass_releases
 from offrecomp.transfer import BACKWARD_START
-from scheduler import Plan
+from scheduler import Placement, Plan
 from tests.helpers import assert_bitwise, make, tight_budget, train, twin
 
 
@@ -81,3 +81,25 @@ def test_a_pass_reads_the_last_unit_as_backward_start() -> None:
     assert pass_releases(Plan()) == ()
     assert pass_releases(None) == ()
     assert pass_releases(Plan(releases=(0, 3, 2, 3, 4))) == (0, 3, 2, 3, BACKWARD_START)
+
+
+def test_a_users_plan_that_offloads_gets_its_releases_from_the_timeline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``rt.set_plan`` with offloads (a 5 GB/s link configured): its passes let go of
+    their groups at the unit ends the simulator frees them at, as a solved plan's do."""
+    calls: list[int] = []
+    original = OffloadEngine.release_due
+
+    def spy(self: OffloadEngine, boundary: int) -> None:
+        calls.append(boundary)
+        original(self, boundary)
+
+    monkeypatch.setattr(OffloadEngine, "release_due", spy)
+    model, batch = make("gpt_dropout")
+    ref = train(twin(model), batch, steps=4)
+    m = twin(model)
+    rt = offrecomp.runtime(m, mode="auto", min_bytes=0, d2h_gbps=5, h2d_gbps=5)
+    rt.set_plan(Plan(default=Placement.OFFLOAD))
+    assert_bitwise(ref, train(m, batch, rt, steps=4))
+    steps = [s for s in rt.report().steps if s.phase == "user-plan"]
+    assert steps and all(s.offloaded_bytes > 0 for s in steps)
+    assert calls.count(BACKWARD_START) == len(steps)
