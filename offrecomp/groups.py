@@ -307,10 +307,10 @@ class OffloadGroups:
                 p.stats.keep(rec)
 
     def release_due(self, p: PassState, boundary: int) -> None:
-        """The end of unit ``boundary`` of planned pass ``p``: let go of the groups its
-        plan frees there (NOTE [Planned release])."""
+        """The end of unit ``boundary`` of pass ``p``, whose plan has releases: let go of
+        the groups it frees there (NOTE [Planned release])."""
         engine = self.engine
-        if p.releases and engine is not None:
+        if engine is not None:
             # what the sources held until now counts in the pass's peak, as the plan's does
             p.stats.sample(engine.device_bytes)
             engine.release_due(boundary)

@@ -383,8 +383,8 @@ class OffloadEngine:
 
     def release_due(self, boundary: int) -> None:
         """Let go of the sources of the issued groups the plan releases at the end of unit
-        ``boundary`` or earlier (NOTE [Planned release] in groups.py); compute first waits on a copy
-        that has not landed."""
+        ``boundary`` or earlier (NOTE [Planned release] in groups.py); compute first waits
+        on a copy that has not landed."""
         stash = self._stash
         try:  # unlocked: another thread's backward may empty it meanwhile
             if stash[0].release_at > boundary:

@@ -140,8 +140,8 @@ class Regenerator:
         k_seen = -1  # ops before the replay's stop (the prefix end K), where known
         if structure is None and call.structure is not None and not call.mismatch:
             k_seen = len(call.structure.program(kept, needed, storage_of_save))  # opaque: plain
-        # NOTE [Calibration]: the calibration pass times plain replays (and one under the
-        # dispatch mode: NOTE [Dispatch probe])
+        # NOTE [Calibration]: the calibration pass times plain replays (and up to three
+        # under the dispatch mode: NOTE [Dispatch probe])
         calibrating = call.pass_state is not None and call.pass_state.phase == "calibrate"
         while True:
             program = None

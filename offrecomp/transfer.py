@@ -371,7 +371,7 @@ class InFlight:
     stream: Stream  # the stream that produced the sources
     nbytes: int
     group: Group  # the sources' group (``Group.see_writes``)
-    release_at: int = 0  # the unit at whose end a plan lets go of them, or NOT_PLANNED
+    release_at: int = NOT_PLANNED  # the unit at whose end a plan lets go of them
 
 
 def slot_views(block: Block, group: Group) -> list[torch.Tensor]:

@@ -23,10 +23,10 @@ The model (see docs/planner.md for the picture):
   last unit's end is waited for at backward's start, which frees its group.
 * **Backward.** Units run in reverse from backward's start: the end of forward, or the
   landing of the last copy, when later. Unit ``v`` is *reached* when the previous
-  unit's backward ends (the first at backward's start). Reaching a unit whose group offloads reloads that group
-  unless it was issued already, and issues the reloads of the next ``prefetch_regions``
-  groups below it that offload (skipping units with nothing offloaded), where not issued
-  yet. A reload is one H2D copy of the group, FIFO in issue order, starting at
+  unit's backward ends (the first at backward's start). Reaching a unit whose group
+  offloads reloads that group unless it was issued already, and issues the reloads of
+  the next ``prefetch_regions`` groups below it that offload (skipping units with
+  nothing offloaded), where not issued yet. A reload is one H2D copy of the group, FIFO in issue order, starting at
   ``max(issue, end of the previous reload, the group's D2H landing)``. A unit's compute
   starts once it is reached and its reload has landed (the wait is *stall*); it takes
   the longer of ``replay_seconds + backward_seconds`` and its host time.
@@ -34,8 +34,9 @@ The model (see docs/planner.md for the picture):
   or until its replay starts when every save of it came after the replay's prefix
   (NOTE [Frees before a replay]). OFFLOAD: from save until its group is freed (above),
   and again from the group's reload issue until its unit's backward ends (continuously
-  when it is freed no earlier than the reload is issued). RECOMPUTE: only during its unit's backward
-  (the replay working set). At equal times, frees are applied before allocations.
+  when it is freed no earlier than the reload is issued). RECOMPUTE: only during its
+  unit's backward (the replay working set). At equal times, frees are applied before
+  allocations.
 
 NOTE [Frees before a replay]: a unit that drops storages replays ops ``0..K-1``, ``K`` the
 largest ``last_save_op`` among them, when backward first reads one of them: at the node

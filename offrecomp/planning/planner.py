@@ -192,7 +192,7 @@ class Planner:
                 p.phase = Phase.BORROWED
                 p.plan_signature = donor.signature
                 p.plan_id = donor.borrow_plan.plan_id
-                p.releases = pass_releases(donor.borrow_plan)
+                p.releases = pass_releases(donor.borrow_plan.releases)
                 return
             if not seen and self.cache.grows_from_profiled(p):
                 # NOTE [Borrowed plans]: a little larger than a profiled signature (a
@@ -224,7 +224,10 @@ class Planner:
         p.phase = Phase.USER_PLAN if user is not None else Phase.PLANNED
         plan = self.active_plan(entry)
         p.plan_id = plan.plan_id if plan is not None else ""
-        p.releases = pass_releases(plan) if user is None else _user_releases(entry, user)
+        if user is not None:
+            p.releases = _user_releases(entry, user)
+        elif plan is not None:
+            p.releases = pass_releases(plan.releases)
 
     @staticmethod
     def _say_borrow_infeasible(donor: PlanEntry) -> None:
@@ -739,13 +742,11 @@ def _differed(region: Region) -> None:
         )
 
 
-def pass_releases(plan: Plan | None) -> tuple[int, ...]:
-    """``plan.releases`` as a pass uses them: the last unit ends at backward's start
+def pass_releases(releases: tuple[int, ...]) -> tuple[int, ...]:
+    """A plan's ``releases`` as a pass uses them: the last unit ends at backward's start
     (NOTE [Planned release] in groups.py)."""
-    if plan is None or not plan.releases:
-        return ()
-    top = len(plan.releases) - 1
-    return tuple(BACKWARD_START if v >= top else v for v in plan.releases)
+    top = len(releases) - 1
+    return tuple(BACKWARD_START if v >= top else v for v in releases)
 
 
 def _user_releases(entry: PlanEntry, plan: Plan) -> tuple[int, ...]:
@@ -760,7 +761,7 @@ def _user_releases(entry: PlanEntry, plan: Plan) -> tuple[int, ...]:
     if cached is not None and cached[0] is plan and cached[1] is profile:
         return cached[2]
     try:
-        releases = pass_releases(Plan(releases=simulate(profile, plan).releases))
+        releases = pass_releases(simulate(profile, plan).releases)
     except ValueError:  # no link in the profile: the plan's offloads fall back anyway
         releases = ()
     entry.user_releases = (plan, profile, releases)

@@ -144,7 +144,8 @@ def _descend(fam: _Family) -> None:
         improved = False
         ws.run(cur, fam.prefetch)
         u = _unit_at(ws, res.peak_time)
-        near = range(int(st_ptr[max(u - DESCENT_UNITS, 0)]), int(st_ptr[min(u + DESCENT_UNITS + 1, len(st_ptr) - 1)]))
+        lo, hi = max(u - DESCENT_UNITS, 0), min(u + DESCENT_UNITS + 1, len(st_ptr) - 1)
+        near = range(int(st_ptr[lo]), int(st_ptr[hi]))
         for s, q in itertools.product(near, (0, 2, 1)):
             if q == cur[s] or not legal[s] & (1 << q):
                 continue
