@@ -647,7 +647,7 @@ class OffloadEngine:
 
     def _keep_sources(self, entry: InFlight) -> None:
         self._stash.append(entry)
-        entry.group.in_flight = entry.sources
+        entry.group.hold(entry.sources)
         self._stash_bytes += entry.nbytes
 
     def _drop(self, entry: InFlight) -> None:

@@ -28,6 +28,7 @@ from offrecomp.trace import (
     PlaceholderReadError,
     ReplayDivergedError,
 )
+from offrecomp.transfer import Group, GroupState
 from scheduler.plan import Placement
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Regenerator"]
 
-KEEP, RECOMPUTE = Placement.KEEP, Placement.RECOMPUTE
+KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
 _graph_task_id = tc.graph_task_id
 
 
@@ -109,16 +110,37 @@ class Regenerator:
     # first save's handle is gone, is not served from, and the op that made it runs in
     # the replay.
 
+    # NOTE [Serving from reloads]
+    # A storage the call offloaded is held in backward too: its group's reload. A replay
+    # in a backward serves from it as from a kept storage (the view at the storage's slot
+    # in the reloaded buffer), fetching the group first, so compute waits for the reload
+    # before the replay, as the simulator orders a unit's replay after its reload. Without
+    # it, dropping GELU's output in a block whose matmul outputs are offloaded reruns the
+    # matmul, and the planner, pricing that, could not mix offloads and drops in a region.
+    # The copy holds the storage as the region left it (a write inside the region makes
+    # its producer unservable in the recording); a slot whose source was written while
+    # its copy was in flight (its version when the engine let go of it, or at the fetch,
+    # is not the one at issue) is not served from. Sources that share no version counter
+    # with the saved tensor (flat, untyped ones) show no such writes, as in NOTE [Writes
+    # after a save] in state.py. Only groups this backward reloads anyway are fetched:
+    # issued or fetched and not released, or never handed to compute yet; a group
+    # released after its unpacks (a replay reached after them, a second backward) is not
+    # reloaded again for a replay, whose ops then run.
+
     def replay(self, call: RegionCall) -> None:
         life = self._life
         needed = {i for i, w in call.dropped.items() if w() is not None and i not in call.replayed}
         if not needed:
             return
-        storage_tensors = _servable_storages(call)
-        kept = [r.index in storage_tensors for r in call.storages]
         structure = call.structure if not call.mismatch else None
         if structure is not None and structure.opaque:
             structure = None  # replay the forward as it is, under no dispatch mode
+        # NOTE [Serving from reloads]: only where a replay may serve, and in a backward
+        in_backward = call.exited and not life.forwards_running and _graph_task_id() != -1
+        storage_tensors = _servable_storages(
+            call, self._groups if structure is not None and in_backward else None
+        )
+        kept = [r.index in storage_tensors for r in call.storages]
         if structure is not None and structure.layout is not None and call.layout() != structure.layout:
             # NOTE [Stale recordings]: inputs, parameters or buffers of another layout
             self._planner.remeasure(call, "its inputs, parameters or buffers have another layout than its recording")
@@ -215,7 +237,7 @@ class Regenerator:
         p = call.pass_state
         # a replay inside the region's own forward (NOTE [Backward inside a forward]), or
         # outside any backward (a saved tensor read before it), is not a backward's replay
-        timed = call.exited and not life.forwards_running and _graph_task_id() != -1
+        timed = in_backward
         if p is not None and timed and program is not None and calibrating:
             p.dispatch_probes.append((call.ordinal, start, end, program))  # NOTE [Dispatch probe]
         elif p is not None and timed and program is not None:
@@ -278,12 +300,22 @@ class Regenerator:
         return out
 
 
-def _servable_storages(call: RegionCall) -> dict[int, Any]:
-    """The storages ``call`` kept that a serving replay may serve from, by index: those
-    still held and not written since (NOTE [Served storages written since])."""
-    out: dict[int, Any] = {}
+def _servable_storages(call: RegionCall, groups: OffloadGroups | None) -> dict[int, tuple[Any, int]]:
+    """The storages of ``call`` a serving replay may serve from, by index, as (an
+    UntypedStorage, the byte where the storage starts in it): those it kept, still held
+    and not written since (NOTE [Served storages written since]), and with ``groups``
+    those it offloaded whose group is reloaded for this backward (NOTE [Serving from
+    reloads])."""
+    out: dict[int, tuple[Any, int]] = {}
     for r in call.storages:
-        if r.placement is KEEP:
+        group = r.group
+        if groups is not None and r.placement is OFFLOAD and group is not None and _reload_due(group):
+            buf = groups.fetch(group, call)
+            slot = r.slot
+            issued, versions = group.issue_versions, group.versions
+            if slot < len(issued) and slot < len(versions) and issued[slot] == versions[slot]:
+                out[r.index] = (buf.untyped_storage(), group.offsets[slot])
+        elif r.placement is KEEP:
             held = r.tensor.untyped_storage() if r.tensor is not None else r()
             watch = r.watch
             if watch is not None:
@@ -291,5 +323,15 @@ def _servable_storages(call: RegionCall) -> dict[int, Any]:
                 if seen is None or seen._version != r.version:
                     continue  # written since, or nothing left to tell: the op runs
             if held is not None:
-                out[r.index] = held
+                out[r.index] = (held, 0)
     return out
+
+
+def _reload_due(group: Group) -> bool:
+    """This backward reloads ``group`` anyway: its reload is issued and not released yet,
+    or it was never handed to compute (a group released after its unpacks is not
+    reloaded again for a replay)."""
+    state = group.state
+    return state is GroupState.RELOADING or state is GroupState.FETCHED or (
+        state is GroupState.OFFLOADED and group.fetches == 0
+    )

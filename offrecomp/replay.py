@@ -565,7 +565,7 @@ def _replay_until_captured(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     program: list[int] | None,
-    storage_tensors: dict[int, Any] | None,
+    storage_tensors: dict[int, tuple[Any, int]] | None,
 ) -> ServingMode | None:
     """Run the forward until the last needed save is captured; run it again, plainly and
     holding its saves, when it turns out to run a backward of its own. Returns the
@@ -616,13 +616,14 @@ def replay_call(
     *,
     inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
     program: list[int] | None = None,
-    storage_tensors: dict[int, Any] | None = None,
+    storage_tensors: dict[int, tuple[Any, int]] | None = None,
 ) -> dict[int, torch.Tensor]:
     """Replay ``call`` and return ``{pack index: tensor}`` for every index in ``needed``.
 
     ``inputs``: the arguments to use (default: the captured ones, as fresh leaves).
     ``program`` / ``storage_tensors``: what to do with each op and the held storages to
-    serve from (see ``trace.RegionStructure.program``); requires ``call.structure``.
+    serve from, by storage index: (an UntypedStorage, the byte in it where the storage
+    starts) (see ``trace.RegionStructure.program``); requires ``call.structure``.
     """
     if not needed:
         return {}

@@ -93,6 +93,7 @@ class Group:
         "fetches",
         "handles",
         "in_flight",
+        "issue_versions",
         "nbytes",
         "offsets",
         "ordinal",
@@ -121,6 +122,10 @@ class Group:
         self.versions: list[int] = []
         """Each source's version when the engine let go of the sources, or at a fetch
         before that (NOTE [Writes after a save] in state.py)."""
+        self.issue_versions: list[int] = []
+        """Each source's version when its copy was issued: a slot whose ``versions`` entry
+        differs was written while the copy was in flight (NOTE [Serving from reloads] in
+        regenerate.py)."""
         self.nbytes = 0  # the block's size: aligned slots (from ``seal``)
         self.payload_bytes = 0  # bytes of the storages, without alignment (from ``seal``)
         self.state = GroupState.OPEN
@@ -154,6 +159,11 @@ class Group:
             offsets, end = slot_offsets(sizes)
             layout = _LAYOUTS[sizes] = (tuple(offsets), end, sum(sizes))
         self.offsets, self.nbytes, self.payload_bytes = layout
+
+    def hold(self, sources: list[torch.Tensor]) -> None:
+        """The engine holds these sources of the issued copy until it lets go of them."""
+        self.in_flight = sources
+        self.issue_versions = list(map(_VERSION, sources))
 
     def see_writes(self) -> None:
         """Record the versions of the sources still held (NOTE [Writes after a save] in

@@ -33,7 +33,7 @@ def replay_seconds(
     With ``D`` the dropped (RECOMPUTE) storages and ``K = max(last_save_op over D)``
     (clamped to the op count), only ops ``0 .. K-1`` are considered. An op is *served*
     (free) when the region is not opaque, the op is skippable and every output is a
-    storage placed KEEP.
+    storage placed KEEP or OFFLOAD (held: the replay runs after the region's reload).
 
     * Dataflow (the region is not opaque and every op has ``reads``): the ops that run
       are the closure of the producers of ``D`` and the sinks before ``K`` under
@@ -89,7 +89,7 @@ def replay_seconds(
             not region.opaque
             and op.skippable
             and not op.sink
-            and all(0 <= o < n and place[o] == Placement.KEEP for o in op.outputs)
+            and all(0 <= o < n and place[o] != Placement.RECOMPUTE for o in op.outputs)
         )
 
     plain = sum((op.seconds for op in ops[:k]), 0.0)

@@ -259,11 +259,13 @@ def argsort(keys):  # type: ignore[no-untyped-def]
 
 @njit_inline
 def served_now(j, place, op_serv, op_sink, out_ptr, out_idx):  # type: ignore[no-untyped-def]
-    """Replay skips op ``j`` under ``place``: servable, not a sink, every output KEEP."""
+    """Replay skips op ``j`` under ``place``: servable, not a sink, every output held (KEEP,
+    or OFFLOAD: a unit's replay runs after its group's reload, NOTE [Serving from reloads]
+    in offrecomp/regenerate.py)."""
     if not op_serv[j] or op_sink[j]:
         return False
     for q in range(out_ptr[j], out_ptr[j + 1]):  # noqa: SIM110 - numba: no generators
-        if place[out_idx[q]] != 0:
+        if place[out_idx[q]] == 2:
             return False
     return True
 

@@ -26,13 +26,14 @@ after the last save it needs). Which of those ops actually execute:
   demand-driven. The set R of ops that run is the closure of
   ``{producer_op of each dropped storage} | {k < K with ops[k].sink}`` under ``reads``:
   for an op in the worklist, if it is *served* (not a sink, ``skippable``, and every
-  entry of its ``outputs`` is ``>= 0`` and placed KEEP) it costs nothing and its reads
+  entry of its ``outputs`` is ``>= 0`` and placed KEEP or OFFLOAD: held, as the replay
+  runs after the region's reload) it costs nothing and its reads
   are not followed; otherwise it runs, costs ``seconds``, and every op index in its ``reads``
   joins the worklist. Every ``view`` op before ``K`` runs too (it costs ``seconds``, its
   reads are not followed, and the closure never enters it). Other ops outside R cost
   nothing (replay hands out placeholders).
 * otherwise (``reads`` unknown): an op in the prefix is served when it is not a sink,
-  ``skippable`` and all outputs are ``>= 0`` and KEEP, and runs (costs ``seconds``) in
+  ``skippable`` and all outputs are ``>= 0`` and KEEP or OFFLOAD, and runs (costs ``seconds``) in
   every other case.
 
 The runtime replays a region in one of two ways and picks the cheaper: under its

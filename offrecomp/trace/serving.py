@@ -82,7 +82,7 @@ class ServingMode(_RegionMode):
         region_name: str,
         structure: RegionStructure,
         program: Sequence[int],
-        storage_tensors: dict[int, Any],
+        storage_tensors: dict[int, tuple[Any, int]],
         generators: Sequence[torch.Generator] = (),
     ) -> None:
         super().__init__()
@@ -210,9 +210,9 @@ class ServingMode(_RegionMode):
             if isinstance(o, _Value):
                 rebuilt.append(o.value)
             elif action == SERVE and o.storage >= 0:
-                base = self.storage_tensors[o.storage]  # an UntypedStorage
+                base, byte_offset = self.storage_tensors[o.storage]
                 t = torch.empty(0, dtype=o.dtype, device=base.device)
-                t.set_(base, o.offset, o.size, o.stride)
+                t.set_(base, o.offset + byte_offset // t.element_size(), o.size, o.stride)
                 rebuilt.append(t)
             else:
                 t = torch.empty_strided(o.size, o.stride, dtype=o.dtype, device=o.device)

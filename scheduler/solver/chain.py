@@ -6,10 +6,8 @@ priced per region knowing the shared replay prefix (scheduler.solver.drops), and
 offloads that may stall, priced by the stall they add to their region. The array names
 are the legend's in ``scheduler.kernels``.
 
-NOTE [offload vs replay]: in a dataflow unit, offloading a storage makes its producer
-unservable; if the current replay reaches that producer (a running op reads it), the
-producer starts to run. ``u_tag[x]`` is the tag of unit x's replay marks (``nvis``:
-reached, ``nran``: runs) under ``place``, computed on first use.
+An offload changes no replay: a region's replay serves what it offloaded from the
+reload (NOTE [Serving from reloads] in offrecomp/regenerate.py), as what it kept.
 
 NOTE [drop cache]: a step changes few regions. A region's options depend only on its
 storages' codes: ``new[s]``, plus 3 when dropping s frees its bytes at ``tstar``
@@ -29,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from scheduler.kernels import argsort, njit, njit_inline
-from scheduler.solver.drops import _mark_replay, _region_drops
+from scheduler.solver.drops import _region_drops
 
 __all__: list[str] = []
 
@@ -44,28 +42,10 @@ def _issue_at(x, riss, reach, prefetch, top):  # type: ignore[no-untyped-def]
     return reach[x + 2 * prefetch] if x + 2 * prefetch <= top else reach[x]
 
 
-@njit
-def _mark_unit(
-    x, u_tag, ctr, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr,
-    out_idx, rd_ptr, rd_idx, nvis, nran, stack
-):  # type: ignore[no-untyped-def]
-    """Give unit ``x`` its replay marks under ``place`` (NOTE [offload vs replay]): a new
-    tag in ``u_tag[x]``, ``nvis``/``nran`` set to it on the ops the replay reaches/runs.
-    A storage's producer ``p`` then starts to run when offloaded where ``nvis[p] ==
-    u_tag[x] and nran[p] != u_tag[x]``."""
-    ctr[0] += 1
-    u_tag[x] = ctr[0]
-    _mark_replay(
-        x, u_tag[x], place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv,
-        op_sink, out_ptr, out_idx, rd_ptr, rd_idx, nvis, nran, stack
-    )
-
-
 @njit_inline
 def _hidden_moves(
     place, new, tstar, delta, prefetch, h_order, h_land, legal, unit_of, nbytes, save_time,
-    st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr,
-    rd_idx, df_price, reach, riss, ctr, nvis, nran, stack, u_tag
+    reach, riss
 ):  # type: ignore[no-untyped-def]
     """Step 1: offload in ``new`` the hidden-set members that are off the device at
     ``tstar`` (free), in set order, until ``delta`` bytes are freed; returns the bytes."""
@@ -80,15 +60,6 @@ def _hidden_moves(
         x = unit_of[s]
         iss = _issue_at(x, riss, reach, prefetch, top)
         if h_land[s] <= tstar < iss:
-            if df_price[x] and st_prod[s] >= 0:
-                if u_tag[x] == 0:
-                    _mark_unit(
-                        x, u_tag, ctr, place, st_ptr, last_save, st_prod, op_ptr, op_sec,
-                        op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, nvis, nran, stack
-                    )
-                p = st_prod[s]
-                if nvis[p] == u_tag[x] and nran[p] != u_tag[x]:
-                    continue  # not free: replay would run its producer
             new[s] = 1
             freed += nbytes[s]
     return freed
@@ -195,13 +166,12 @@ def _d2h_room(save_order, place, d2h_end, nbytes, tstar, d2h_bps):  # type: igno
 @njit
 def _offload_options(
     n_opt, need, place, new, tstar, prefetch, legal, save_order, unit_of, nbytes, save_time,
-    st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr,
-    rd_idx, df_price, d2h_bps, h2d_bps, d2h_end, h2d_end, reach, cstart, riss, fend, ctr, nvis,
-    nran, stack, u_tag, opt_ratio, opt_bytes, opt_room, opt_kind, opt_ref
+    d2h_bps, h2d_bps, d2h_end, h2d_end, reach, cstart, riss, fend, opt_ratio, opt_bytes,
+    opt_room, opt_kind, opt_ref
 ):  # type: ignore[no-untyped-def]
     """Step 3: offloads that are not hidden, options of kind 1 (ref: the storage) from
-    ``n_opt`` on. Each is priced by the stall it adds to its unit's reload queue (and its
-    producer, NOTE [offload vs replay]); ``opt_room`` is the D2H seconds of room it
+    ``n_opt`` on. Each is priced by the stall it adds to its unit's reload queue;
+    ``opt_room`` is the D2H seconds of room it
     leaves before ``tstar`` (NOTE [D2H room]). Returns (option count, and the cheapest
     offload freeing ``need`` bytes, the most bytes among equals: its seconds, bytes and
     storage, -1 when none)."""
@@ -234,15 +204,6 @@ def _offload_options(
             continue
         late = max(ready[x], iss) + nbytes[s] / h2d_bps
         cost = max(0.0, late - reach[x]) - max(0.0, ready[x] - reach[x])
-        if df_price[x] and st_prod[s] >= 0:  # NOTE [offload vs replay]
-            if u_tag[x] == 0:
-                _mark_unit(
-                    x, u_tag, ctr, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv,
-                    op_sink, out_ptr, out_idx, rd_ptr, rd_idx, nvis, nran, stack
-                )
-            p = st_prod[s]
-            if nvis[p] == u_tag[x] and nran[p] != u_tag[x]:
-                cost += op_sec[p]
         opt_ratio[n_opt] = cost / nbytes[s]
         opt_bytes[n_opt] = nbytes[s]
         opt_room[n_opt] = room
@@ -341,7 +302,7 @@ def _chain_step(
     place, new, side, tstar, delta, prefetch, h_order, h_land, legal, save_order, st_ptr,
     unit_of, nbytes, save_time, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr,
     out_idx, rd_ptr, rd_idx, noops, df_price, fwd_dur, d2h_bps, h2d_bps, d2h_end, h2d_end,
-    reach, cstart, riss, fend, prod_ptr, prod_ops, ctr, join, vis, ran, nvis, nran, stamp, sstamp, odrop,
+    reach, cstart, riss, fend, prod_ptr, prod_ops, ctr, join, vis, ran, stamp, sstamp, odrop,
     stack, op_host, dc_code, dc_items, dc_eff, dc_f, dc_i, op_view
 ):  # type: ignore[no-untyped-def]
     """One step of the chain: free about ``delta`` bytes resident at time ``tstar``.
@@ -351,7 +312,7 @@ def _chain_step(
 
     ``df_price[u]``: price unit ``u``'s drops with the dataflow rule (a dataflow unit
     whose droppable storages all have a producer). ``ctr`` (a one-element counter) and
-    the per-op arrays ``join``, ``vis``, ``ran``, ``nvis``, ``nran``, ``stamp``,
+    the per-op arrays ``join``, ``vis``, ``ran``, ``stamp``,
     ``sstamp``, the per-storage ``odrop`` and ``stack`` (the largest unit's op count)
     are scratch kept between calls; marks are tags drawn from ``ctr``, never reset.
     ``op_host``: seconds the replay dispatch mode adds per op it sees; a region's replay
@@ -364,16 +325,12 @@ def _chain_step(
     """
     n_u = fwd_dur.shape[0]
     n_st = place.shape[0]
-    n_u = fwd_dur.shape[0]
-    n_st = place.shape[0]
     for s in range(n_st):
         new[s] = place[s]
-    u_tag = np.zeros(n_u, dtype=np.int64)  # NOTE [offload vs replay]
     # 1. hidden offloads that are off the device at tstar (free)
     freed = _hidden_moves(
         place, new, tstar, delta, prefetch, h_order, h_land, legal, unit_of, nbytes, save_time,
-        st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr,
-        rd_idx, df_price, reach, riss, ctr, nvis, nran, stack, u_tag
+        reach, riss
     )
     for s in range(n_st):
         side[s] = new[s]
@@ -418,10 +375,8 @@ def _chain_step(
     if d2h_bps > 0 and h2d_bps > 0:
         n_opt, off_cost, off_bytes, off_ref = _offload_options(
             n_opt, need, place, new, tstar, prefetch, legal, save_order, unit_of, nbytes,
-            save_time, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr,
-            out_idx, rd_ptr, rd_idx, df_price, d2h_bps, h2d_bps, d2h_end, h2d_end, reach, cstart,
-            riss, fend, ctr, nvis, nran, stack, u_tag, opt_ratio, opt_bytes, opt_room, opt_kind,
-            opt_ref
+            save_time, d2h_bps, h2d_bps, d2h_end, h2d_end, reach, cstart, riss, fend, opt_ratio,
+            opt_bytes, opt_room, opt_kind, opt_ref
         )
     # 4. apply options cheapest per byte first
     freed, first, n_applied = _apply_options(

@@ -6,7 +6,7 @@ in scheduler.solver.chain) in three passes over them: their replay bases
 (``_region_items``) and each one's cheapest option (``_region_options``). A region's
 passes read only its own storages and ops, so they give each region what one pass per
 region would; each pass is one loop over the regions (NOTE [kernel parts] in
-scheduler.kernels). ``_close``, ``_mark_replay`` and ``_walk`` follow a demand-driven
+scheduler.kernels). ``_close`` and ``_walk`` follow a demand-driven
 replay through its ops' reads. The array names are the legend's in
 ``scheduler.kernels``.
 """
@@ -46,36 +46,6 @@ def _close(
 
 
 @njit
-def _mark_replay(
-    u, tag, place, st_ptr, last_save, st_prod, op_ptr, op_sec, op_serv, op_sink, out_ptr,
-    out_idx, rd_ptr, rd_idx, vis, ran, stack
-):  # type: ignore[no-untyped-def]
-    """Mark the ops the replay of dataflow unit ``u`` reaches under ``place`` (``vis =
-    tag``) and those it runs (``ran = tag``)."""
-    j0 = op_ptr[u]
-    n_ops = op_ptr[u + 1] - j0
-    k = 0
-    top = np.int64(0)  # not an int literal: one compiled _close for all calls
-    for s in range(st_ptr[u], st_ptr[u + 1]):
-        if place[s] == 2:
-            k = max(k, min(last_save[s], n_ops))
-            p = st_prod[s]
-            if p >= 0 and vis[p] != tag:
-                vis[p] = tag
-                stack[top] = p
-                top += 1
-    for j in range(j0, j0 + k):
-        if op_sink[j] and vis[j] != tag:
-            vis[j] = tag
-            stack[top] = j
-            top += 1
-    _close(
-        stack, top, tag, tag, place, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx,
-        vis, ran
-    )
-
-
-@njit
 def _walk(
     p, kp, wtag, new, odrop, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, join,
     stamp, sstamp, stack
@@ -102,7 +72,7 @@ def _walk(
                 served = True
                 for q2 in range(out_ptr[r], out_ptr[r + 1]):
                     o = out_idx[q2]
-                    if new[o] != 0 or odrop[o] == wtag:
+                    if new[o] == 2 or odrop[o] == wtag:
                         served = False
                         break
                 if served:
@@ -186,7 +156,7 @@ def _region_bases(
                 unserved = not op_serv[j]
                 if not unserved:
                     for q in range(out_ptr[j], out_ptr[j + 1]):
-                        if new[out_idx[q]] != 0:
+                        if new[out_idx[q]] == 2:
                             unserved = True
                             break
                 if unserved:

@@ -1,4 +1,4 @@
-"""The family of candidate plans (steps 1-5 of scheduler.solver): budget-independent,
+"""The family of candidate plans (steps 1-6 of scheduler.solver): budget-independent,
 each simulated once, so that the solver only picks among them."""
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ __all__: list[str] = []
 CHAIN_STEPS = 40
 #: The chain stops after this many steps without lowering the peak.
 CHAIN_PATIENCE = 8
+#: Shares of the hidden set's bytes (in its order) offloaded at the start of the chains
+#: of drops a family that may offload also walks (NOTE [Offload families]).
+HIDDEN_START_SHARES = (0.5, 1.0)
 #: Profiles with at most this many storages also get a Pareto local search.
 REFINE_MAX_STORAGES = 48
 #: Profiles with at most this many storages also try changing two storages at once.
@@ -218,8 +221,8 @@ class _ChainScratch:
         n = flat.n_storages
         n_ops = flat.op_sec.shape[0]
         self.ctr = np.zeros(1, dtype=np.int64)
-        self.join, self.vis, self.ran, self.nvis, self.nran, self.stamp, self.sstamp = (
-            np.zeros(n_ops, dtype=np.int64) for _ in range(7)
+        self.join, self.vis, self.ran, self.stamp, self.sstamp = (
+            np.zeros(n_ops, dtype=np.int64) for _ in range(5)
         )
         self.odrop = np.zeros(n, dtype=np.int64)
         self.stack = np.zeros(max(flat.max_unit_ops, 1), dtype=np.int64)
@@ -268,7 +271,7 @@ class _Chain:
             f.rd_idx, f.noops, self.df_price, f.fwd_dur, f.d2h_bps, f.h2d_bps,
             cur_ws.d2h_end, cur_ws.h2d_end, cur_ws.reach, cur_ws.cstart, cur_ws.riss,
             cur_ws.fend, self.prod_ptr, self.prod_ops,
-            c.ctr, c.join, c.vis, c.ran, c.nvis, c.nran, c.stamp, c.sstamp, c.odrop, c.stack,
+            c.ctr, c.join, c.vis, c.ran, c.stamp, c.sstamp, c.odrop, c.stack,
             f.op_host, c.dc_code, c.dc_items, c.dc_eff, c.dc_f, c.dc_i, f.op_view
         )
         return int(freed), bool(has_side)
@@ -287,9 +290,13 @@ def _frugal_plans(fam: _Family, legal: np.ndarray) -> int:
     return floor
 
 
-def _run_chain(fam: _Family, chain: _Chain, cur_ws: Workspace, keep_res: SimResult, floor: int) -> None:
-    """Walk the chain of plans from all-KEEP (``cur_ws`` holds its simulation), adding
-    each step's plans to ``fam``.
+def _run_chain(
+    fam: _Family, chain: _Chain, cur_ws: Workspace, keep_res: SimResult, floor: int,
+    legal: np.ndarray, start: int = 0,
+) -> None:
+    """Walk the chain of plans from member ``start`` of ``fam`` (all-KEEP; ``cur_ws``
+    holds its simulation), moving storages as ``legal`` allows, adding each step's plans
+    to ``fam``.
 
     NOTE [chain workspaces]: the chain step reads the simulation of the chain's current
     plan. ``cur_ws`` keeps that one while new members are simulated in the family's own
@@ -310,14 +317,14 @@ def _run_chain(fam: _Family, chain: _Chain, cur_ws: Workspace, keep_res: SimResu
     prefetch = fam.prefetch
     span = keep_res.peak - floor if floor < keep_res.peak else keep_res.peak
     delta = max(1, span // CHAIN_STEPS)
-    cur = fam.places[0]
-    res = keep_res
+    cur = fam.places[start]
+    res = fam.results[start]
     new = np.empty(n, dtype=np.int8)
     side = np.empty(n, dtype=np.int8)
     banned = np.zeros(n, dtype=np.int64)
     stale = 0  # steps since the peak last went down
     drops_only = False
-    mask = fam.legal
+    mask = legal
     allowed = mask  # mask & ~banned, rebuilt only when a move is banned
     best_place, best_res = cur, res
     for _ in range(3 * CHAIN_STEPS + 16):
@@ -328,7 +335,7 @@ def _run_chain(fam: _Family, chain: _Chain, cur_ws: Workspace, keep_res: SimResu
             if drops_only:
                 break
             drops_only = True
-            mask = allowed = fam.legal & ~OFFLOAD_BIT
+            mask = allowed = legal & ~OFFLOAD_BIT
             chain.h_order = chain.h_order[:0]
             if best_place is not cur:
                 cur = best_place
@@ -356,17 +363,65 @@ def _run_chain(fam: _Family, chain: _Chain, cur_ws: Workspace, keep_res: SimResu
             allowed = mask & ~banned
 
 
-def _build_family(
+def _members(
     flat: FlatProfile, ws: Workspace, legal: np.ndarray, prefetch: int, keep_res: SimResult
 ) -> _Family:
-    """The family (scheduler.solver, steps 1-5); ``ws`` holds the all-KEEP simulation."""
+    """Steps 2-5 of scheduler.solver with the moves ``legal`` allows; ``ws`` holds the
+    all-KEEP simulation."""
     fam = _Family(flat, Workspace(flat), legal, prefetch)
     keep = np.zeros(flat.n_storages, dtype=np.int8)
     fam.places.append(keep.copy())
     fam.results.append(keep_res)
     floor = _frugal_plans(fam, legal)
-    _run_chain(fam, _Chain(flat, ws, legal, prefetch), ws, keep_res, floor)
+    _run_chain(fam, _Chain(flat, ws, legal, prefetch), ws, keep_res, floor, legal)
     _descend(fam)
     if flat.n_storages <= REFINE_MAX_STORAGES:
         fam.refine()
     return fam
+
+
+def _hidden_starts(fam: _Family, ws: Workspace, keep_res: SimResult) -> None:
+    """Chains of drops from plans that offload a share of the hidden set (NOTE [Offload
+    families]); ``ws`` holds the all-KEEP simulation."""
+    flat, prefetch = fam.flat, fam.prefetch
+    h_order, _ = hidden_offloads(flat, ws, fam.legal, prefetch)
+    if h_order.shape[0] == 0:
+        return
+    drops = fam.legal & ~OFFLOAD_BIT
+    cum = np.cumsum(flat.nbytes[h_order])
+    for share in HIDDEN_START_SHARES:
+        k = min(int(np.searchsorted(cum, share * cum[-1])) + 1, h_order.shape[0])
+        start = np.zeros(flat.n_storages, dtype=np.int8)
+        start[h_order[:k]] = 1
+        fam.add(start)
+        ws.run(start, prefetch)
+        chain = _Chain(flat, ws, drops, prefetch)
+        _run_chain(fam, chain, ws, keep_res, 0, drops, start=len(fam.places) - 1)
+
+
+def _build_family(
+    flat: FlatProfile, ws: Workspace, legal: np.ndarray, prefetch: int, keep_res: SimResult
+) -> _Family:
+    """The family (scheduler.solver, steps 1-6); ``ws`` holds the all-KEEP simulation."""
+    fam = _members(flat, ws, legal, prefetch, keep_res)
+    if not bool(np.any(legal & OFFLOAD_BIT)):
+        return fam
+    keep = np.zeros(flat.n_storages, dtype=np.int8)
+    ws.run(keep, prefetch)
+    sub = _members(flat, ws, legal & ~OFFLOAD_BIT, prefetch, keep_res)
+    fam.places += sub.places
+    fam.results += sub.results
+    ws.run(keep, prefetch)
+    _hidden_starts(fam, ws, keep_res)
+    return fam
+
+
+# NOTE [Offload families]: the chain that may offload takes the hidden set's members
+# first (free in the model) and then pays for what it frees next at the peak, one greedy
+# step at a time; at some budgets its path ends slower than the chain that only drops
+# (on a GPT block stack at 25% of keep's bytes, 2-5% slower), and a plan that may offload
+# must never be predicted slower than the best one that does not. So a family that may
+# offload also holds every member of the family that only drops (the same steps with
+# offloads off: the plan solve(allow_offload=False) picks is among them), and the chains
+# of drops that start from all-KEEP with the first HIDDEN_START_SHARES of the hidden
+# set's bytes offloaded (drops on top of copies the link hides).

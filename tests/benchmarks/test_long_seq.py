@@ -448,7 +448,7 @@ def test_no_link_leaves_the_planner_no_offload_where_a_fast_one_offloads(frac: f
         return gpt_profile(layers=8, hidden=1024, heads=8, seq=4096, batch=1, device_tflops=990,
                            d2h_gbps=gbps, h2d_gbps=gbps)
 
-    budget = int(simulate(profile(50.0), Plan()).peak_bytes * frac)
-    assert solve(profile(50.0), budget_bytes=budget).counts()[Placement.OFFLOAD] > 0
+    budget = int(simulate(profile(200.0), Plan()).peak_bytes * frac)
+    assert solve(profile(200.0), budget_bytes=budget).counts()[Placement.OFFLOAD] > 0
     plan = solve(profile(NO_LINK_GBPS), budget_bytes=budget)
     assert plan.counts()[Placement.OFFLOAD] == 0 and plan.feasible

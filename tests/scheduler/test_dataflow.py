@@ -140,10 +140,11 @@ def test_views_before_the_stop_always_run() -> None:
 
 def test_producer_reading_an_unheld_value_pulls_its_creator_in() -> None:
     r = block()
-    # s1 offloaded: gelu reads mm2's output, which is not held, so mm2 runs too (ln is served)
-    assert replay_seconds(r, drop(2, s1=OFF)) == 2.0 + 0.5 + 20.0
-    # s1 and s2 both dropped: the same ops
+    # s1 and s2 both dropped: gelu reads mm2's output, which is not held, so mm2 runs
+    # too (ln is served)
     assert replay_seconds(r, drop(1, 2)) == 2.0 + 0.5 + 20.0
+    # s1 offloaded instead: held at replay time (after the reload), so mm2 is served
+    assert replay_seconds(r, drop(2, s1=OFF)) == 2.0 + 0.5
     # ln's output dropped: ln runs and reads mm1, whose output is never saved
     assert replay_seconds(r, drop(0)) == 1.0 + 10.0
 
@@ -155,8 +156,10 @@ def test_a_sink_in_the_prefix_always_runs() -> None:
     assert replay_seconds(r, drop(4)) == 4.0 + 0.5 + 3.0 + 30.0
     # the dropout mask: its producer is the sink itself
     assert replay_seconds(r, drop(3)) == 0.5 + 3.0 + 30.0
-    # with gelu's output offloaded the dropout's chain reaches gelu and mm2 stays served
-    assert replay_seconds(r, drop(4, s2=OFF)) == 4.0 + 0.5 + 3.0 + 30.0 + 2.0
+    # gelu's output offloaded: held after the reload, gelu stays served
+    assert replay_seconds(r, drop(4, s2=OFF)) == 4.0 + 0.5 + 3.0 + 30.0
+    # dropped: the dropout's chain reaches gelu and mm2 stays served
+    assert replay_seconds(r, drop(4, 2)) == 4.0 + 0.5 + 3.0 + 30.0 + 2.0
 
 
 def test_unknown_producer_falls_back_to_the_prefix_rule() -> None:

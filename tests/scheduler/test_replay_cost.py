@@ -61,11 +61,13 @@ def test_prefix_stops_at_last_save_of_last_dropped_storage() -> None:
     assert replay_seconds(r, [K, K, K, R]) == 2.0 + 4.0 + 8.0
 
 
-def test_served_needs_every_output_kept() -> None:
+def test_served_needs_every_output_held() -> None:
     r = region(OPS, SAVES)
-    # s0 offloaded: op0 is no longer served although s0 is not dropped
-    assert replay_seconds(r, [OFF, K, R, K]) == 1.0 + 2.0 + 4.0
+    # s0 offloaded: op0 is served from the region's reload, as when s0 is kept
+    assert replay_seconds(r, [OFF, K, R, K]) == 2.0 + 4.0
     assert replay_seconds(r, [K, K, R, K]) == 2.0 + 4.0
+    # s0 dropped too: op0 runs
+    assert replay_seconds(r, [R, K, R, K]) == 1.0 + 2.0 + 4.0
 
 
 def test_unsaved_output_always_runs_inside_the_prefix() -> None:

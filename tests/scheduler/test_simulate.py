@@ -88,13 +88,13 @@ def test_offload_and_recompute_without_prefetch() -> None:
     t = simulate(two_blocks(), plan, prefetch_regions=0)
     # l0/s0 is saved at 1 and stays on the device until l0 exits (3): its group's copy
     # runs 3..4. Backward of l1: 6..12. l0 is reached at 12, its unpack reloads the group
-    # then (prefetch 0): 12..13, so 1 s of stall. Replay of l0 runs op0 (its output is
-    # offloaded, not kept) and op1 (dropped): 3 s; then 6 s backward.
+    # then (prefetch 0): 12..13, so 1 s of stall. Replay of l0, after the reload, serves
+    # op0 (its output is held) and runs op1 (dropped): 2 s; then 6 s backward.
     assert [(i.start, i.end) for i in t.d2h] == [(3.0, 4.0)]
     assert [(i.start, i.end) for i in t.h2d] == [(12.0, 13.0)]
     assert t.stall_seconds == 1.0
-    assert t.recompute_seconds == 3.0
-    assert t.step_seconds == 22.0
+    assert t.recompute_seconds == 2.0
+    assert t.step_seconds == 21.0
     assert t.memory == [
         (0.0, 0),
         (1.0, 100),
@@ -104,7 +104,7 @@ def test_offload_and_recompute_without_prefetch() -> None:
         (6.0, 300),
         (12.0, 100),
         (13.0, 300),
-        (22.0, 0),
+        (21.0, 0),
     ]
     assert t.peak_bytes == 300
 

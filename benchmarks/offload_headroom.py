@@ -1,0 +1,61 @@
+"""What offloading buys in the planner's own model: the predicted step of the plan that
+may offload against the plan without offloads, at the same budget, on what-if GPT
+profiles (scheduler.whatif) of the benchmark's ``gpu-1.3b`` shape.
+
+    python benchmarks/offload_headroom.py [--gbps 55] [--tflops 989] [--mfu 0.5]
+
+Budgets are shares of all-KEEP's predicted peak. The lower bound (``Plan.lower_bound_seconds``)
+is what no plan within the budget can beat in this model. A model figure, not a
+measurement: ``benchmarks/device_offload.sh`` measures the same comparison on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scheduler import Placement, Plan, gpt_profile, simulate, solve
+
+SEQS = (4096, 8192, 16384)
+SHARES = (0.5, 0.25)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gbps", type=float, default=55.0, help="D2H and H2D GB/s (default 55)")
+    ap.add_argument("--tflops", type=float, default=989.0, help="dense 16-bit TFLOP/s (default 989)")
+    ap.add_argument("--mfu", type=float, default=0.5, help="matmul FLOP utilisation (default 0.5)")
+    args = ap.parse_args(argv)
+    if not (args.gbps > 0 and args.tflops > 0 and 0 < args.mfu <= 1):
+        ap.error(f"--gbps {args.gbps}, --tflops {args.tflops}, --mfu {args.mfu}: accepted > 0, > 0, (0, 1]")
+    print(f"gpt 24x2048, 16 heads, batch 1; link {args.gbps:g} GB/s, {args.tflops:g} TFLOP/s, mfu {args.mfu:g}")
+    print(f"{'tokens':>6} {'budget':>6} {'keep ms':>8} {'no offload ms':>13} {'auto ms':>8} "
+          f"{'auto/no':>7} {'offloaded':>9} {'bound ms':>8}")
+    for seq in SEQS:
+        profile = gpt_profile(
+            layers=24, hidden=2048, heads=16, seq=seq, batch=1, device_tflops=args.tflops,
+            d2h_gbps=args.gbps, h2d_gbps=args.gbps, mfu=args.mfu,
+        )
+        keep = simulate(profile, Plan())
+        for share in SHARES:
+            budget = int(keep.peak_bytes * share)
+            auto = solve(profile, budget_bytes=budget)
+            drops = solve(profile, budget_bytes=budget, allow_offload=False)
+            off = sum(
+                s.nbytes for r in profile.regions for i, s in enumerate(r.storages)
+                if auto.placement((r.name, r.call_index, i)) is Placement.OFFLOAD
+            )
+            print(
+                f"{seq:>6} {share:>6.0%} {keep.step_seconds * 1e3:>8.1f} "
+                f"{drops.predicted_step_seconds * 1e3:>13.1f} {auto.predicted_step_seconds * 1e3:>8.1f} "
+                f"{auto.predicted_step_seconds / drops.predicted_step_seconds:>7.3f} "
+                f"{off / 2**30:>7.2f} GiB {auto.lower_bound_seconds * 1e3:>8.1f}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

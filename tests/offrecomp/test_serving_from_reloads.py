@@ -1,0 +1,93 @@
+"""A replay serves ops whose outputs its region offloaded from the region's reload (NOTE
+[Serving from reloads] in offrecomp/regenerate.py), on the emulated offload backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import offrecomp
+from offrecomp import Placement, Plan, regenerate
+from offrecomp.transfer import Group, GroupState
+from tests import models
+from tests.helpers import assert_bitwise, train, twin
+from tests.offrecomp.test_replay import _backward_flops, _storage_of
+
+
+@pytest.fixture(autouse=True)
+def _always_serve(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiny models: let the dispatch mode pay off whatever it skips."""
+    monkeypatch.setenv("OFFRECOMP_REPLAY_OP_US", "0")
+
+
+def _gpt() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return models.GPT(layers=3, h=32, heads=4, p=0.0), torch.randint(0, 64, (2, 32))
+
+
+def _gelu_dropped_rest_offloaded(rt: offrecomp.Runtime) -> Plan:
+    gelu = _storage_of(rt, "blocks.1", "gelu")
+    assert len(gelu) == 1
+    return Plan(
+        placements={(f"blocks.{b}", 0, gelu[0]): Placement.RECOMPUTE for b in range(3)},
+        default=Placement.OFFLOAD,
+        plan_id="gelu-offload",
+    )
+
+
+def test_a_dropped_gelu_among_offloaded_storages_reruns_the_gelu_only() -> None:
+    """GELU's output dropped, every other storage offloaded: the replay serves the first
+    MLP matmul (its output offloaded) from the reload and runs GELU alone, so backward
+    computes no matmul more than plain; without serving from the reload it reruns that
+    matmul in every block."""
+    model, idx = _gpt()
+    plain = _backward_flops(twin(model), idx)
+    m = twin(model)
+    with offrecomp.runtime(m, mode="auto", min_bytes=0, d2h_gbps=5, h2d_gbps=5) as rt:
+        _backward_flops(m, idx)  # measuring pass
+        rt.set_plan(_gelu_dropped_rest_offloaded(rt))
+        partial = _backward_flops(m, idx)
+    last = rt.report().steps[-1]
+    assert last.offloaded_bytes > 0 and last.replays == 3
+    assert last.rerun_ops == 3  # one GELU per block
+    assert partial == plain
+
+
+def test_the_gradients_of_serving_from_reloads_are_bitwise() -> None:
+    model, idx = _gpt()
+
+    def batch(step: int) -> torch.Tensor:
+        return idx
+
+    r = twin(model)
+    ref = train(r, batch, steps=1) + train(r, batch, steps=3)
+    m = twin(model)
+    rt = offrecomp.runtime(m, mode="auto", min_bytes=0, d2h_gbps=5, h2d_gbps=5)
+    got = train(m, batch, rt, steps=1)  # the measuring pass
+    with rt:
+        rt.set_plan(_gelu_dropped_rest_offloaded(rt))
+    got += train(m, batch, rt, steps=3)
+    assert_bitwise(ref, got)
+    steps = [s for s in rt.report().steps if s.phase == "user-plan"]
+    assert len(steps) == 3 and all(s.offloaded_bytes > 0 and s.rerun_ops == 3 for s in steps)
+
+
+@pytest.mark.parametrize(
+    ("state", "fetches", "due"),
+    [
+        (GroupState.RELOADING, 0, True),
+        (GroupState.FETCHED, 1, True),
+        (GroupState.OFFLOADED, 0, True),  # this backward has not reached it yet
+        (GroupState.OFFLOADED, 1, False),  # released after its unpacks: not reloaded again
+        (GroupState.FREED, 0, False),
+        (GroupState.OPEN, 0, False),
+    ],
+)
+def test_a_replay_serves_from_a_group_this_backward_reloads_anyway(
+    state: GroupState, fetches: int, due: bool
+) -> None:
+    group = Group.__new__(Group)
+    group.state = state
+    group.fetches = fetches
+    assert regenerate._reload_due(group) is due
