@@ -28,16 +28,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gbps", type=float, default=55.0, help="D2H and H2D GB/s (default 55)")
     ap.add_argument("--tflops", type=float, default=989.0, help="dense 16-bit TFLOP/s (default 989)")
     ap.add_argument("--mfu", type=float, default=0.5, help="matmul FLOP utilisation (default 0.5)")
+    ap.add_argument(
+        "--dropout", action="store_true", help="dropout layers (the gpu-1.3b preset has none)"
+    )
     args = ap.parse_args(argv)
     if not (args.gbps > 0 and args.tflops > 0 and 0 < args.mfu <= 1):
         ap.error(f"--gbps {args.gbps}, --tflops {args.tflops}, --mfu {args.mfu}: accepted > 0, > 0, (0, 1]")
-    print(f"gpt 24x2048, 16 heads, batch 1; link {args.gbps:g} GB/s, {args.tflops:g} TFLOP/s, mfu {args.mfu:g}")
+    print(f"gpt 24x2048, 16 heads, batch 1, {'with' if args.dropout else 'no'} dropout; link {args.gbps:g} GB/s, {args.tflops:g} TFLOP/s, mfu {args.mfu:g}")
     print(f"{'tokens':>6} {'budget':>6} {'keep ms':>8} {'no offload ms':>13} {'auto ms':>8} "
-          f"{'auto/no':>7} {'offloaded':>9} {'bound ms':>8}")
+          f"{'auto/no':>7} {'offloaded':>11} {'bound ms':>8} {'bound/no':>8}")
     for seq in SEQS:
         profile = gpt_profile(
             layers=24, hidden=2048, heads=16, seq=seq, batch=1, device_tflops=args.tflops,
-            d2h_gbps=args.gbps, h2d_gbps=args.gbps, mfu=args.mfu,
+            d2h_gbps=args.gbps, h2d_gbps=args.gbps, mfu=args.mfu, dropout=args.dropout,
         )
         keep = simulate(profile, Plan())
         for share in SHARES:
@@ -52,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{seq:>6} {share:>6.0%} {keep.step_seconds * 1e3:>8.1f} "
                 f"{drops.predicted_step_seconds * 1e3:>13.1f} {auto.predicted_step_seconds * 1e3:>8.1f} "
                 f"{auto.predicted_step_seconds / drops.predicted_step_seconds:>7.3f} "
-                f"{off / 2**30:>7.2f} GiB {auto.lower_bound_seconds * 1e3:>8.1f}"
+                f"{off / 2**30:>7.2f} GiB {auto.lower_bound_seconds * 1e3:>8.1f} "
+                f"{auto.lower_bound_seconds / drops.predicted_step_seconds:>8.3f}"
             )
     return 0
 
