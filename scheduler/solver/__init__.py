@@ -29,7 +29,7 @@ How it works (details in docs/planner.md):
 6. **Offload families** (NOTE [Offload families] in ``family``): where offloads are
    legal, steps 2-5 run again with drops only (the plan without offloads is then a
    member), and chains of drops start from all-KEEP with the first half and all of
-   the hidden set offloaded.
+   a hidden set (ranked by producer op seconds per byte) offloaded.
 7. **Pick.** Every plan of that family has been simulated once; the answer is the
    fastest one whose peak fits the budget (and whose offloads fit the host limit). The
    family does not depend on the budget, so a larger budget never gives a slower plan.

@@ -240,22 +240,27 @@ def _hidden_set(
 
 
 def hidden_offloads(
-    flat: FlatProfile, ws: Workspace, legal: np.ndarray, prefetch: int
+    flat: FlatProfile, ws: Workspace, legal: np.ndarray, prefetch: int, *, by_producer: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """The hidden offload set in acceptance order, and each storage's copy landing time
     (inf outside the set). Candidates go most expensive to recompute per byte first
     (region inputs and root storages, which cannot be recomputed, lead), earlier saves
-    first among equals. ``ws`` lends its replay scratch."""
+    first among equals; ``by_producer``: by the producer op's seconds per byte instead, the
+    cost of dropping a storage in a region that replays anyway (NOTE [Offload families]).
+    ``ws`` lends its replay scratch."""
     n = flat.n_storages
     can_off = (legal & OFFLOAD_BIT) != 0
     if not bool(np.any(can_off)):
         return np.zeros(0, dtype=np.int64), np.full(n, np.inf)
-    rho = _standalone_replay(
-        flat.st_ptr, legal, flat.last_save, flat.st_prod, flat.op_ptr, flat.op_sec,
-        flat.op_serv, flat.op_sink, flat.out_ptr, flat.out_idx, flat.rd_ptr, flat.rd_idx,
-        flat.noops, flat.dataflow, flat.fwd_dur, ws.mark, ws.stack, flat.op_host,
-        flat.op_view
-    )
+    if by_producer:
+        rho = np.where(flat.st_prod >= 0, flat.op_sec[np.maximum(flat.st_prod, 0)], np.inf)
+    else:
+        rho = _standalone_replay(
+            flat.st_ptr, legal, flat.last_save, flat.st_prod, flat.op_ptr, flat.op_sec,
+            flat.op_serv, flat.op_sink, flat.out_ptr, flat.out_idx, flat.rd_ptr, flat.rd_idx,
+            flat.noops, flat.dataflow, flat.fwd_dur, ws.mark, ws.stack, flat.op_host,
+            flat.op_view
+        )
     with np.errstate(divide="ignore", invalid="ignore"):
         density = np.where(flat.nbytes > 0, rho / np.maximum(flat.nbytes, 1), 0.0)
     cand = np.flatnonzero(can_off & (flat.nbytes > 0))
