@@ -14,7 +14,9 @@
 #      the peers ckpt_block, sac_matmul, ckpt_sqrt, save_on_cpu (last: it is link-bound);
 #   4. the same at 4K tokens without the peers (the prediction of offloading plans);
 #   each long_seq run saves the profile its last plan was solved with (profile_<tokens>.json,
-#   for `python -m scheduler plan` offline) and is judged by benchmarks/offload_checks.py
+#   for `python -m offrecomp plan` offline, and headroom_<tokens>.log: the planner's
+#   predicted auto / no-offload and lower bound on it, benchmarks/offload_headroom.py)
+#   and is judged by benchmarks/offload_checks.py
 #   (checks_<tokens>.txt: keep within 1% of plain; auto's offloading steps within 10% of
 #   prediction, 5% faster than the no-offload plan, faster than every peer at or below
 #   its memory).
@@ -31,6 +33,7 @@ source "$(dirname "$0")/device_lib.sh"
 
 AUTO=offrecomp_auto@50%,offrecomp_auto@25%,offrecomp_auto_no_offload@50%,offrecomp_auto_no_offload@25%
 PEERS=ckpt_block,sac_matmul,ckpt_sqrt,save_on_cpu
+HEADROOM_GBPS=55  # the H200's measured link (docs/results/h200-2026-12-04)
 if [ "$DRY_RUN" = 1 ]; then
   MODEL=(--preset cpu-tiny --device cpu --layers 2 --hidden 32 --heads 2 --batch 1)
   SEQS="128" SHORT=64 REPEATS=1 MAXS="128:40" SHORT_MAXS=30
@@ -42,6 +45,15 @@ else
   SEQS="8192 16384" SHORT=4096 REPEATS=3 MAXS="8192:90 16384:150" SHORT_MAXS=40
   PROFILE=(--preset gpu-1.3b --device cuda --seq 4096)
 fi
+
+# headroom TOKENS: benchmarks/offload_headroom.py on that length's saved profile, the link
+# at HEADROOM_GBPS (the last plan saved may be the no-offload runner's, told of no link):
+# the planner's predicted auto / no-offload and lower bound / no-offload at 50% and 25%
+headroom() {
+  [ -f "$WORK/profile_$1.json" ] || return 0
+  step "headroom_$1" 60 "$PY" benchmarks/offload_headroom.py --profile "$WORK/profile_$1.json" \
+    --gbps "$HEADROOM_GBPS"
+}
 
 # judge NAME: offload_checks.py over long_seq run NAME, into checks_NAME.txt
 judge() {
@@ -72,6 +84,7 @@ for S in $SEQS; do
     --strategies "none,offrecomp_keep,$AUTO,$PEERS" --no-search --no-plots --quiet --warmup 1 \
     --repeats "$REPEATS" --max-seconds "$M" --out "$WORK/long_seq_$S"
   judge "long_seq_$S"
+  headroom "$S"
 done
 
 log "4. offloading plans against their prediction at $SHORT tokens"
@@ -80,6 +93,7 @@ step "long_seq_$SHORT" $((SHORT_MAXS + 45)) env OFFRECOMP_PROFILE="$WORK/profile
   --strategies "none,offrecomp_keep,$AUTO" --no-search --no-plots --quiet --warmup 1 \
   --repeats "$REPEATS" --max-seconds "$SHORT_MAXS" --out "$WORK/long_seq_$SHORT"
 judge "long_seq_$SHORT"
+headroom "$SHORT"
 
 log "done"
 ls -la "$WORK" | tee -a "$OUT/suite.log"

@@ -1,8 +1,10 @@
 """What offloading buys in the planner's own model: the predicted step of the plan that
 may offload against the plan without offloads, at the same budget, on what-if GPT
-profiles (scheduler.whatif) of the benchmark's ``gpu-1.3b`` shape.
+profiles (scheduler.whatif) of the benchmark's ``gpu-1.3b`` shape, or on a profile a run
+saved (``OFFRECOMP_PROFILE``; ``benchmarks/device_offload.sh`` saves one per length).
 
-    python benchmarks/offload_headroom.py [--gbps 55] [--tflops 989] [--mfu 0.5]
+    python benchmarks/offload_headroom.py [--gbps 55] [--tflops 989] [--mfu 0.5] [--dropout]
+    python benchmarks/offload_headroom.py --profile profile_8192.json [--gbps 55]
 
 Budgets are shares of all-KEEP's predicted peak. The lower bound (``Plan.lower_bound_seconds``)
 is what no plan within the budget can beat in this model. A model figure, not a
@@ -17,7 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scheduler import Placement, Plan, gpt_profile, simulate, solve
+from scheduler import Placement, Plan, Profile, gpt_profile, simulate, solve
+from scheduler.units import format_bytes
 
 SEQS = (4096, 8192, 16384)
 SHARES = (0.5, 0.25)
@@ -25,38 +28,58 @@ SHARES = (0.5, 0.25)
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gbps", type=float, default=55.0, help="D2H and H2D GB/s (default 55)")
+    ap.add_argument(
+        "--gbps", type=float,
+        help="D2H and H2D GB/s (default 55; with --profile, the profile's own link)",
+    )
+    ap.add_argument("--profile", type=Path, help="a saved profile instead of the what-if GPTs")
     ap.add_argument("--tflops", type=float, default=989.0, help="dense 16-bit TFLOP/s (default 989)")
     ap.add_argument("--mfu", type=float, default=0.5, help="matmul FLOP utilisation (default 0.5)")
     ap.add_argument(
         "--dropout", action="store_true", help="dropout layers (the gpu-1.3b preset has none)"
     )
     args = ap.parse_args(argv)
-    if not (args.gbps > 0 and args.tflops > 0 and 0 < args.mfu <= 1):
+    if not ((args.gbps is None or args.gbps > 0) and args.tflops > 0 and 0 < args.mfu <= 1):
         ap.error(f"--gbps {args.gbps}, --tflops {args.tflops}, --mfu {args.mfu}: accepted > 0, > 0, (0, 1]")
-    print(f"gpt 24x2048, 16 heads, batch 1, {'with' if args.dropout else 'no'} dropout; link {args.gbps:g} GB/s, {args.tflops:g} TFLOP/s, mfu {args.mfu:g}")
+    if args.profile is not None:
+        saved = Profile.load(args.profile)
+        if args.gbps is not None:
+            saved.d2h_gbps = saved.h2d_gbps = args.gbps
+        print(f"profile {args.profile} ({saved.signature}); link {saved.d2h_gbps:g}/{saved.h2d_gbps:g} GB/s")
+        cases = [("-", saved)]
+    else:
+        gbps = args.gbps if args.gbps is not None else 55.0
+        print(f"gpt 24x2048, 16 heads, batch 1, {'with' if args.dropout else 'no'} dropout; link {gbps:g} GB/s, {args.tflops:g} TFLOP/s, mfu {args.mfu:g}")
+        cases = [
+            (str(seq), gpt_profile(
+                layers=24, hidden=2048, heads=16, seq=seq, batch=1, device_tflops=args.tflops,
+                d2h_gbps=gbps, h2d_gbps=gbps, mfu=args.mfu, dropout=args.dropout,
+            ))
+            for seq in SEQS
+        ]
     print(f"{'tokens':>6} {'budget':>6} {'keep ms':>8} {'no offload ms':>13} {'auto ms':>8} "
           f"{'auto/no':>7} {'offloaded':>11} {'bound ms':>8} {'bound/no':>8}")
-    for seq in SEQS:
-        profile = gpt_profile(
-            layers=24, hidden=2048, heads=16, seq=seq, batch=1, device_tflops=args.tflops,
-            d2h_gbps=args.gbps, h2d_gbps=args.gbps, mfu=args.mfu, dropout=args.dropout,
-        )
+    for seq, profile in cases:
         keep = simulate(profile, Plan())
         for share in SHARES:
             budget = int(keep.peak_bytes * share)
-            auto = solve(profile, budget_bytes=budget)
-            drops = solve(profile, budget_bytes=budget, allow_offload=False)
+            auto = solve(profile, budget_bytes=budget, log_infeasible=False)
+            drops = solve(profile, budget_bytes=budget, allow_offload=False, log_infeasible=False)
+            if not (auto.feasible and drops.feasible):
+                print(f"{seq:>6} {share:>6.0%} {keep.step_seconds * 1e3:>8.1f}  infeasible: "
+                      f"the most frugal plans hold {format_bytes(auto.predicted_peak_bytes or 0)} "
+                      f"(may offload), {format_bytes(drops.predicted_peak_bytes or 0)} (no offload)")
+                continue
             off = sum(
                 s.nbytes for r in profile.regions for i, s in enumerate(r.storages)
                 if auto.placement((r.name, r.call_index, i)) is Placement.OFFLOAD
             )
+            a = auto.predicted_step_seconds or 0.0
+            n = drops.predicted_step_seconds or 0.0
+            lb = auto.lower_bound_seconds or 0.0
             print(
-                f"{seq:>6} {share:>6.0%} {keep.step_seconds * 1e3:>8.1f} "
-                f"{drops.predicted_step_seconds * 1e3:>13.1f} {auto.predicted_step_seconds * 1e3:>8.1f} "
-                f"{auto.predicted_step_seconds / drops.predicted_step_seconds:>7.3f} "
-                f"{off / 2**30:>7.2f} GiB {auto.lower_bound_seconds * 1e3:>8.1f} "
-                f"{auto.lower_bound_seconds / drops.predicted_step_seconds:>8.3f}"
+                f"{seq:>6} {share:>6.0%} {keep.step_seconds * 1e3:>8.1f} {n * 1e3:>13.1f} "
+                f"{a * 1e3:>8.1f} {a / n:>7.3f} {off / 2**30:>7.2f} GiB {lb * 1e3:>8.1f} {lb / n:>8.3f}"
             )
     return 0
 

@@ -110,4 +110,6 @@ def test_device_offload_dry_run_writes_every_result(tmp_path: Path) -> None:
     for seq in (64, 128):
         assert f"checks_long_seq_{seq}.json" in names
     assert {"profile_step.json", "env.txt"} <= names
+    for seq in (64, 128):
+        assert f"headroom_{seq}.log" in names and f"[headroom_{seq}: exit 0]" in log
     assert (out / "profile_trace_64.json.gz").exists()
