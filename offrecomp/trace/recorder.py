@@ -264,17 +264,21 @@ class OpRecorder(_RegionMode):
         NOTE: data pointers are reused as soon as an allocation is freed, so they are no
         identity over a region's forward. The storage object is (torch keeps one Python
         object per live allocation): an id is handed out per storage object, and a data
-        pointer seen again with another storage object gets a new id.
+        pointer seen again with another storage object gets a new id. Every empty
+        allocation has pointer 0, so those are told apart by their objects alone (keyed by
+        ``-id``, which no pointer is): two of them live at once, as a cache's first keys
+        and values (``torch.tensor([])`` each), keep their ids.
         """
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
-        entry = self._live.get(ptr)
+        key = ptr if ptr else -id(storage)
+        entry = self._live.get(key)
         if entry is not None and entry[0]() is storage:
             sid = entry[1]
         else:
             sid = self._next_sid
             self._next_sid += 1
-            self._live[ptr] = (weakref.ref(storage), sid)
+            self._live[key] = (weakref.ref(storage), sid)
             if ptr in self._known_ptrs:
                 known = True
         if known:

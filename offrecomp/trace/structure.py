@@ -304,6 +304,21 @@ def _is_opaque(rec: OpRecorder) -> bool:
     )
 
 
+#: The ops ``torch.tensor(data)`` and friends dispatch on the tensor they built from
+#: Python data outside the dispatcher (NOTE [Lifted constants]).
+_LIFTS = frozenset({"aten.lift_fresh.default", "aten.lift_fresh_copy.default"})
+
+# NOTE [Lifted constants]
+# ``torch.tensor([])`` (a Hugging Face cache's first keys, a mask built from a list) makes
+# its tensor outside the dispatcher and hands it to ``lift_fresh``, so the recording sees
+# a read of an allocation no op made: an unseen value, which turns placeholders off for
+# the whole region (every op before the replay's stop then runs but served ones). That
+# data comes from Python, not from the region's tensors: a region that reads tensor
+# values on the host (``.tolist()``, ``.item()``) is opaque and never gets here. So the
+# lift counts as the op that made its tensor: what reads it reads the lift, a view that
+# replay always runs, where the region's Python code builds the tensor again.
+
+
 def _reads(op: _Op, creator: dict[int, int], known_sids: set[int]) -> tuple[list[int], bool]:
     """The ops whose allocations ``op`` reads, and whether it reads an allocation that no
     op of the region made and that is not one of the region's inputs, parameters or
@@ -407,7 +422,13 @@ def _add_recorded_ops(
     placeholders_ok = not opaque
     unfixed: set[int] = set()  # ops whose output geometry an unseen tensor may set
     for k, op in enumerate(rec.ops):
+        lift = op.name in _LIFTS
+        if lift:  # NOTE [Lifted constants]: the op makes what it lifts
+            for sid in op.read_sids:
+                creator.setdefault(sid, k)
         reads, unseen = _reads(op, creator, rec.known_sids)
+        if lift:
+            reads = [r for r in reads if r != k]
         outside = any(sid not in creator for sid in op.read_sids)  # before _outputs enters op k's
         if unseen:
             placeholders_ok = False  # a value from a path the dispatcher cannot see

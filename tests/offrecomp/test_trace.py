@@ -175,3 +175,37 @@ def test_build_structure_without_placeholders_when_a_read_comes_from_outside() -
     assert not st.opaque and not st.placeholders_ok
     assert all(r.reads is None for r in st.op_records)
     assert not st.servable[0]
+
+
+def test_empty_allocations_alive_at_once_keep_their_ids() -> None:
+    """Every empty allocation has data pointer 0: two alive at once (a cache's first keys
+    and values) must not take each other's ids, or a later read of the first looks like
+    a value from outside the region."""
+    rec = OpRecorder(use_cuda_events=False, cuda_devices=[], known_ptrs=frozenset())
+    a, b = torch.empty(0), torch.empty(0, 3)
+    ia, ib = rec.storage_id(a), rec.storage_id(b)
+    assert ia != ib
+    assert rec.storage_id(a) == ia and rec.storage_id(b) == ib
+
+
+def test_a_tensor_built_from_python_data_leaves_placeholders_on() -> None:
+    """NOTE [Lifted constants]: ``torch.tensor([])`` twice, then concatenated to values of
+    the region (a Hugging Face cache's first update): the lifts make what they lift, so
+    no read comes from outside and replay keeps its placeholders and dataflow."""
+    x = torch.randn(4, 8)
+    rec = OpRecorder(
+        use_cuda_events=False, cuda_devices=[], known_ptrs=frozenset({x.untyped_storage().data_ptr()})
+    )
+    with rec:
+        h = x * 2
+        keys = torch.tensor([], dtype=x.dtype)
+        values = torch.tensor([], dtype=x.dtype)
+        keys = torch.cat([keys, h])
+        values = torch.cat([values, h + 1])
+        out = keys * values
+    assert [n for n in (op.name for op in rec.ops) if "lift" in n] == ["aten.lift_fresh.default"] * 2
+    sids = [rec.storage_id(t) for t in (x, out)]
+    saves = [SaveInfo(storage=1, ops_before=len(rec.ops), time=0.5)]
+    st = build_structure(rec, saves, sids, [128, 128], ["input", "activation"], [1e-6] * len(rec.ops), 0.25)
+    assert not st.opaque and st.placeholders_ok
+    assert all(r.reads is not None for r in st.op_records)
