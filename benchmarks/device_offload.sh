@@ -24,7 +24,8 @@
 # status) and results.tgz (every raw file), both brought up to date after every step.
 #
 # DRY_RUN=1 (or --dry-run) runs the same steps on the CPU at the cpu-tiny preset, tiny
-# sizes and budgets, to check the script anywhere; every step's timeout is doubled.
+# sizes and budgets, and the CUDA tests of one file (all skip), to check the script
+# anywhere; every step's timeout is doubled.
 # Usage: OUT=/some/dir bash benchmarks/device_offload.sh [--dry-run]
 set -uo pipefail
 [ "${1:-}" = "--dry-run" ] && DRY_RUN=1
@@ -39,11 +40,13 @@ if [ "$DRY_RUN" = 1 ]; then
   SEQS="128" SHORT=64 REPEATS=1 MAXS="128:40" SHORT_MAXS=30
   PEERS=ckpt_block  # save_on_cpu needs a GPU; the script is what is checked
   PROFILE=(--preset cpu-tiny --device cpu --layers 2 --hidden 32 --heads 2 --batch 1 --seq 64)
+  CUDA_TESTS=(tests/offrecomp/test_offload_cuda.py)  # the invocation is what is checked: all skip
 else
   MODEL=(--preset gpu-1.3b --device cuda)
   # 16384 needs about 150 s for every runner (90 s skipped plain, keep and two peers)
   SEQS="8192 16384" SHORT=4096 REPEATS=3 MAXS="8192:90 16384:150" SHORT_MAXS=40
   PROFILE=(--preset gpu-1.3b --device cuda --seq 4096)
+  CUDA_TESTS=(tests)
 fi
 
 # headroom TOKENS: benchmarks/offload_headroom.py on that length's saved profile, the link
@@ -70,7 +73,7 @@ pack
 log "1. the planner's kernels (numba)"
 step warmup 90 "$PY" -m offrecomp warmup
 step cuda_tests 90 "$PY" -m pytest -q -p no:cacheprovider -n 4 -m cuda -k "not inductor and not flex" \
-  -rfE --durations=5 tests
+  -rfE --durations=5 "${CUDA_TESTS[@]}"
 
 log "2. one planned auto step that offloads at $SHORT tokens, profiled"
 step profile_step 90 "$PY" benchmarks/profile_step.py "${PROFILE[@]}" --budget-fraction 0.25 \
