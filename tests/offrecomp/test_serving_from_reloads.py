@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
@@ -91,3 +93,40 @@ def test_a_replay_serves_from_a_group_this_backward_reloads_anyway(
     group.state = state
     group.fetches = fetches
     assert regenerate._reload_due(group) is due
+
+
+class _Groups:
+    """The one call ``_servable_storages`` makes of the runtime's offload groups."""
+
+    def __init__(self, buf: torch.Tensor) -> None:
+        self.buf = buf
+        self.fetched = 0
+
+    def fetch(self, group: Group, call: object) -> torch.Tensor:
+        self.fetched += 1
+        return self.buf
+
+
+def _offloaded(slot: int, group: Group) -> SimpleNamespace:
+    return SimpleNamespace(index=slot, placement=Placement.OFFLOAD, group=group, slot=slot)
+
+
+@pytest.mark.parametrize(("versions", "served"), [([3, 5], [0, 1]), ([3, 6], [0]), ([], [])])
+def test_a_slot_written_while_its_copy_was_in_flight_is_not_served_from(
+    versions: list[int], served: list[int]
+) -> None:
+    """Slot 1's source was written after its copy was issued (version 5 at issue, 6 when
+    the engine let go of it): the copy may hold either value, so replay runs the op that
+    made it. Without versions seen since issue nothing is served."""
+    group = Group.__new__(Group)
+    group.state, group.fetches = GroupState.FETCHED, 1
+    group.issue_versions, group.versions, group.offsets = [3, 5], versions, [0, 64]
+    buf = torch.zeros(128, dtype=torch.uint8)
+    groups = _Groups(buf)
+    call = SimpleNamespace(storages=[_offloaded(0, group), _offloaded(1, group)])
+    out = regenerate._servable_storages(call, groups)  # type: ignore[arg-type]
+    assert sorted(out) == served
+    for i in served:
+        storage, offset = out[i]
+        assert storage.data_ptr() == buf.untyped_storage().data_ptr() and offset == 64 * i
+    assert regenerate._servable_storages(call, None) == {}  # outside a backward: kept only
