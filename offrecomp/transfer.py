@@ -21,7 +21,17 @@ from offrecomp.backends import Backend, Event, Stream
 from offrecomp.pool import ALIGN_BYTES, Block
 
 __all__ = [
-    "BACKWARD_START", "NOT_PLANNED", "Group", "GroupState", "InFlight", "OffloadStats", "ReloadBuffer", "ReloadBuffers", "gbps", "slot_offsets", "slot_views",
+    "BACKWARD_START",
+    "NOT_PLANNED",
+    "Group",
+    "GroupState",
+    "InFlight",
+    "OffloadStats",
+    "ReloadBuffer",
+    "ReloadBuffers",
+    "gbps",
+    "slot_offsets",
+    "slot_views",
 ]
 
 

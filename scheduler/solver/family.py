@@ -294,9 +294,9 @@ def _run_chain(
     fam: _Family, chain: _Chain, cur_ws: Workspace, keep_res: SimResult, floor: int,
     legal: np.ndarray, start: int = 0,
 ) -> None:
-    """Walk the chain of plans from member ``start`` of ``fam`` (all-KEEP; ``cur_ws``
-    holds its simulation), moving storages as ``legal`` allows, adding each step's plans
-    to ``fam``.
+    """Walk the chain of plans from member ``start`` of ``fam`` (by default all-KEEP),
+    whose simulation ``cur_ws`` holds, moving storages as ``legal`` allows, adding each
+    step's plans to ``fam``.
 
     NOTE [chain workspaces]: the chain step reads the simulation of the chain's current
     plan. ``cur_ws`` keeps that one while new members are simulated in the family's own
@@ -382,7 +382,7 @@ def _members(
 
 def _hidden_starts(fam: _Family, ws: Workspace, keep_res: SimResult) -> None:
     """Chains of drops from plans that offload a share of the hidden set (NOTE [Offload
-    families]); ``ws`` holds the all-KEEP simulation."""
+    families]); each chain walks in ``ws``, which this simulates its start in."""
     flat, prefetch = fam.flat, fam.prefetch
     h_order, _ = hidden_offloads(flat, ws, fam.legal, prefetch, by_producer=True)
     if h_order.shape[0] == 0:
@@ -411,7 +411,6 @@ def _build_family(
     sub = _members(flat, ws, legal & ~OFFLOAD_BIT, prefetch, keep_res)
     fam.places += sub.places
     fam.results += sub.results
-    ws.run(keep, prefetch)
     _hidden_starts(fam, ws, keep_res)
     return fam
 
