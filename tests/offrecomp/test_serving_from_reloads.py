@@ -7,25 +7,18 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
 
 import offrecomp
 from offrecomp import Placement, Plan, regenerate
+from offrecomp.backends import EmulatedBackend
 from offrecomp.transfer import Group, GroupState
-from tests import models
 from tests.helpers import assert_bitwise, train, twin
-from tests.offrecomp.test_replay import _backward_flops, _storage_of
-
-
-@pytest.fixture(autouse=True)
-def _always_serve(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tiny models: let the dispatch mode pay off whatever it skips."""
-    monkeypatch.setenv("OFFRECOMP_REPLAY_OP_US", "0")
-
-
-def _gpt() -> tuple[nn.Module, torch.Tensor]:
-    torch.manual_seed(0)
-    return models.GPT(layers=3, h=32, heads=4, p=0.0), torch.randint(0, 64, (2, 32))
+from tests.offrecomp.test_replay import (  # noqa: F401 - _always_serve: an autouse fixture
+    _always_serve,
+    _backward_flops,
+    _gpt,
+    _storage_of,
+)
 
 
 def _gelu_dropped_rest_offloaded(rt: offrecomp.Runtime) -> Plan:
@@ -56,7 +49,15 @@ def test_a_dropped_gelu_among_offloaded_storages_reruns_the_gelu_only() -> None:
     assert partial == plain
 
 
-def test_the_gradients_of_serving_from_reloads_are_bitwise() -> None:
+@pytest.mark.parametrize("copy_delay_s", [0.0, 0.02])
+def test_the_gradients_of_serving_from_reloads_are_bitwise(
+    copy_delay_s: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With slow copies some groups are still reloading (issued, not waited on) when a
+    replay fetches them; gradients stay bitwise. That the replay waits at all is the
+    fetch count below and the engine's compute_after_h2d edge (test_offload_engine)."""
+    init = EmulatedBackend.__init__
+    monkeypatch.setattr(EmulatedBackend, "__init__", lambda self: init(self, copy_delay_s=copy_delay_s))
     model, idx = _gpt()
 
     def batch(step: int) -> torch.Tensor:
@@ -117,7 +118,8 @@ def test_a_slot_written_while_its_copy_was_in_flight_is_not_served_from(
 ) -> None:
     """Slot 1's source was written after its copy was issued (version 5 at issue, 6 when
     the engine let go of it): the copy may hold either value, so replay runs the op that
-    made it. Without versions seen since issue nothing is served."""
+    made it. Without versions seen since issue nothing is served. Each offloaded storage
+    goes through ``OffloadGroups.fetch``, which makes compute wait on the reload."""
     group = Group.__new__(Group)
     group.state, group.fetches = GroupState.FETCHED, 1
     group.issue_versions, group.versions, group.offsets = [3, 5], versions, [0, 64]
@@ -125,6 +127,7 @@ def test_a_slot_written_while_its_copy_was_in_flight_is_not_served_from(
     groups = _Groups(buf)
     call = SimpleNamespace(storages=[_offloaded(0, group), _offloaded(1, group)])
     out = regenerate._servable_storages(call, groups)  # type: ignore[arg-type]
+    assert groups.fetched == 2
     assert sorted(out) == served
     for i in served:
         storage, offset = out[i]
