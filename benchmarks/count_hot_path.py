@@ -11,6 +11,12 @@ variant of bench_host_overhead.py, subtracts the plain step's count, and divides
 saves. For the offload variant it also lists the functions those bytecodes run in, with
 their bytecodes and calls per saved tensor.
 
+It also counts the emulated backend's device calls per offload group in one more window
+of the offload variant: event records (timed ones apart), stream waits, event queries,
+copies (one per tensor), reload buffers and elapsed-time reads, each a CUDA runtime call
+of the CUDA backend (an event record also creates its event, and later destroys it). With the copies held back (below) every fetch finds its reload still
+in flight and times the wait, which a GPU whose prefetch landed skips.
+
 A bytecode count is not a time: a bytecode that calls into torch costs more than one that
 adds two integers, and C work (torch ops, the copies, allocation, the collector) is not
 counted. Rank changes of the Python path by it; quote the timed benchmark for the figure.
@@ -87,6 +93,45 @@ def _count(fn: Callable[[], None]) -> _Counter:
         if enabled:
             gc.enable()
     return counter
+
+
+#: The emulated backend's calls that stand for CUDA runtime calls of the CUDA backend
+#: (an event record, a stream wait, an event query, one copy per tensor, an allocation
+#: on a stream, an elapsed time).
+BACKEND_CALLS = ("record_event", "wait_event", "query", "copy_many", "alloc_device", "elapsed_seconds")
+
+
+class _BackendCalls:
+    """Counts the emulated backend's device calls and the groups the engine issues while
+    entered: a CPU stand-in for the CUDA runtime calls per offload group."""
+
+    def __init__(self) -> None:
+        self.calls: collections.Counter[str] = collections.Counter()
+        self._undo: list[tuple[type, str, Any]] = []
+
+    def __enter__(self) -> _BackendCalls:
+        from offrecomp.offload import OffloadEngine
+
+        for cls, names in ((backends.EmulatedBackend, BACKEND_CALLS), (OffloadEngine, ("issue",))):
+            for name in names:
+                fn = getattr(cls, name)
+                self._undo.append((cls, name, fn))
+
+                def counted(*a: Any, _fn: Any = fn, _name: str = name, **k: Any) -> Any:
+                    if _name == "copy_many":  # one copy per tensor on a CUDA stream
+                        self.calls["copy (per tensor)"] += len(a[1])
+                    elif _name == "record_event" and (a[2] if len(a) > 2 else k.get("timing", False)):
+                        self.calls["record_event (timed)"] += 1
+                    else:
+                        self.calls[_name] += 1
+                    return _fn(*a, **k)
+
+                setattr(cls, name, counted)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for cls, name, fn in reversed(self._undo):
+            setattr(cls, name, fn)
 
 
 def _where(code: CodeType) -> str:
@@ -187,6 +232,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:48s}{v:32.1f}")
     for name, diff in unsteady.items():
         print(f"note: {name}: the two windows differ by {100 * diff:.1f}%")
+    offload_run = next(run for name, (run, _) in variants.items() if name.startswith("offrecomp offload"))
+    with _BackendCalls() as device_calls:
+        offload_run()
+    groups = device_calls.calls.pop("issue", 0)
+    per_group = {k: v / groups for k, v in sorted(device_calls.calls.items())} if groups else {}
+    if per_group:
+        print(f"\noffload variant, emulated device calls per group ({groups / steps:.0f} groups per step; "
+              f"each a CUDA runtime call on a GPU): {sum(per_group.values()):.1f}")
+        print("  " + ", ".join(f"{k} {v:.2f}" for k, v in per_group.items()))
     top: list[dict[str, Any]] = []
     if detail is not None and args.top:
         unit = steps * saves[0]
@@ -200,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__, "python": sys.version.split()[0],
             "plain_bytecodes_per_step": base["plain"] / steps,
             "bytecodes_per_save_over_plain": per_save, "unsteady": unsteady, "offload_functions": top,
+            "offload_device_calls_per_group": per_group,
         }, indent=2))
     return 0
 

@@ -29,6 +29,12 @@ def test_count_hot_path_reports_every_variant(tmp_path: Path, capsys: pytest.Cap
     assert per_save["identity hook pair (floor)"] < grouped < per_save["offrecomp offload, 16 saves per region"] / 4
     # periodic work aside, two windows count alike
     assert res["unsteady"].get("offrecomp offload, 16 saves per region", 0.0) < 0.02
+    # the grouped engine's device calls per group: one copy per storage out (two groups of
+    # 16 saves and the root's few) and one back per reload, one reload buffer, a handful
+    # of events and waits
+    calls = res["offload_device_calls_per_group"]
+    assert 8 < calls["copy (per tensor)"] <= 18 and calls["alloc_device"] == 1.0, calls
+    assert sum(calls.values()) - calls["copy (per tensor)"] < 30, calls
     names = [f["function"] for f in res["offload_functions"]]
     assert any(name.endswith("Placer.pack") for name in names)
 
