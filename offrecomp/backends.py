@@ -69,6 +69,12 @@ class Backend(ABC):
     def record_event(self, stream: Stream, timing: bool = False) -> Event:
         """Mark the current end of ``stream``'s queue."""
 
+    def record_ordering_event(self, stream: Stream) -> Event:
+        """``record_event`` for an event the caller only makes another stream wait on, at
+        once, and never holds (NOTE [Ordering events]): a backend may hand out the same
+        event again at its next call for ``stream``."""
+        return self.record_event(stream)
+
     @abstractmethod
     def wait_event(self, stream: Stream, event: Event) -> None:
         """Make work enqueued later on ``stream`` start only after ``event`` completed."""
@@ -121,6 +127,16 @@ class Backend(ABC):
 
 # --------------------------------------------------------------------------- CUDA
 
+# NOTE [Ordering events]
+# Two of the engine's edges order a side stream after the compute stream at one point
+# (a group's copies after the ops that produced its storages; a reload after its buffer
+# was allocated): record an event on compute, make the side stream wait on it, drop the
+# event. A CUDA stream wait takes the event's latest record at the time of the wait, so
+# one event per stream, recorded again for each edge, orders every later edge as a fresh
+# one would, without creating and destroying an event (two more runtime calls and a
+# Python object) per edge. Events the engine holds (a copy's landing, queried and waited
+# on later) stay one per record.
+
 
 class CudaBackend(Backend):
     """Real CUDA streams, events and pinned memory (torch 2.5+ public APIs)."""
@@ -131,6 +147,7 @@ class CudaBackend(Backend):
     def __init__(self) -> None:
         self._streams: list[torch.cuda.Stream] = []
         self._devices: set[int] = set()
+        self._ordering: dict[tuple[int, int], torch.cuda.Event] = {}  # NOTE [Ordering events]
 
     def current_stream(self, device: torch.device) -> torch.cuda.Stream:
         return torch.cuda.current_stream(device)
@@ -143,6 +160,16 @@ class CudaBackend(Backend):
 
     def record_event(self, stream: torch.cuda.Stream, timing: bool = False) -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=timing)
+        event.record(stream)
+        return event
+
+    def record_ordering_event(self, stream: torch.cuda.Stream) -> torch.cuda.Event:
+        # torch.cuda.current_stream() makes a new Stream object per call: key by device
+        # and the raw stream handle (NOTE [Ordering events])
+        key = (stream.device_index, stream.cuda_stream)
+        event = self._ordering.get(key)
+        if event is None:
+            event = self._ordering[key] = torch.cuda.Event()
         event.record(stream)
         return event
 

@@ -359,7 +359,7 @@ class OffloadEngine:
             # NOTE [Stream ordering]: live lookup, before any side-stream context.
             compute = backend.current_stream(device)
             d2h = self._side_stream(device, "d2h")
-            produced = backend.record_event(compute)
+            produced = backend.record_ordering_event(compute)  # NOTE [Ordering events] in backends.py
             self._wait_edge("d2h_after_produce", d2h, produced)
             timed = self._time_this("d2h")
             start = backend.record_event(d2h, timing=True) if timed else None
@@ -678,7 +678,7 @@ class OffloadEngine:
         h2d = self._side_stream(group.device, "h2d")
         self._wait_edge("h2d_after_d2h", h2d, group._d2h_done)  # NOTE [Stream ordering]
         buffer, reuse = self._reuse.alloc(backend, group, compute)  # on compute: NOTE [Reload buffer lifetime]
-        allocated = backend.record_event(compute)
+        allocated = backend.record_ordering_event(compute)  # NOTE [Ordering events] in backends.py
         self._wait_edge("h2d_after_alloc", h2d, allocated)
         timed = self._time_this("h2d")
         start = backend.record_event(h2d, timing=True) if timed else None

@@ -73,6 +73,36 @@ def test_cuda_host_alloc_size_matches_the_caching_host_allocator() -> None:
     assert backend.host_alloc_size(1) == 1
 
 
+def test_cuda_ordering_events_are_one_per_stream_recorded_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Ordering events]: one event per (device, stream handle), recorded at each
+    call; torch.cuda.current_stream() hands out a new Stream object for the same stream."""
+
+    class FakeEvent:
+        made = 0
+
+        def __init__(self, enable_timing: bool = False) -> None:
+            FakeEvent.made += 1
+            self.records: list[object] = []
+
+        def record(self, stream: object) -> None:
+            self.records.append(stream)
+
+    class FakeStream:
+        def __init__(self, device_index: int, handle: int) -> None:
+            self.device_index, self.cuda_stream = device_index, handle
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    backend = CudaBackend()
+    a1, a2, b, other_device = FakeStream(0, 7), FakeStream(0, 7), FakeStream(0, 9), FakeStream(1, 7)
+    first = backend.record_ordering_event(a1)
+    assert backend.record_ordering_event(a2) is first and first.records == [a1, a2]
+    assert backend.record_ordering_event(b) is not first
+    assert backend.record_ordering_event(other_device) is not first
+    assert FakeEvent.made == 3
+    # events the engine holds stay one per record
+    assert backend.record_event(a1) is not backend.record_event(a1) and FakeEvent.made == 5
+
+
 @pytest.fixture()
 def emu() -> Iterator[EmulatedBackend]:
     backend = EmulatedBackend()

@@ -840,3 +840,35 @@ def test_backward_frees_do_not_rescan_the_waiting_groups() -> None:
         assert eng.pool.stats().in_use_bytes > 0  # nothing said the copies landed
     finally:
         eng.close()
+
+
+def test_only_the_edges_waited_on_at_once_use_ordering_events(engine: OffloadEngine) -> None:
+    """NOTE [Ordering events] in backends.py: edges 1 and 4 of NOTE [Stream ordering]
+    wait on an event of ``record_ordering_event`` (which a CUDA backend records again for
+    the next edge); every other edge waits on an event the engine holds."""
+    backend = emu(engine)
+    ordering: list[Any] = []
+    record = backend.record_ordering_event
+
+    def tracked(stream: Any) -> Any:
+        event = record(stream)
+        ordering.append(event)
+        return event
+
+    waits: list[tuple[str, Any]] = []
+    original = engine._wait_edge
+
+    def logged(edge: Edge, stream: Any, event: Any) -> None:
+        waits.append((edge, event))
+        original(edge, stream, event)
+
+    backend.record_ordering_event = tracked  # type: ignore[method-assign]
+    setattr(engine, "_wait_edge", logged)  # noqa: B010 (an instance attribute shadows the method)
+    src = random_bytes(8192)
+    group = offload(engine, [src])
+    buf = engine.fetch(group)
+    assert torch.equal(slot(buf, group, 0), src)
+    by_edge = {edge: event for edge, event in waits}
+    assert {"d2h_after_produce", "h2d_after_alloc"} <= by_edge.keys()
+    assert [by_edge["d2h_after_produce"], by_edge["h2d_after_alloc"]] == ordering
+    assert all(event not in ordering for edge, event in waits if edge not in ("d2h_after_produce", "h2d_after_alloc"))
