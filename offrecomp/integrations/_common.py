@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 import statistics
+import threading
 import warnings
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +39,16 @@ def runtime_options(
     return kwargs
 
 
+# NOTE [Runs left open]
+# A trainer may end a run by an exception without calling any callback (NOTE [Leaving on
+# an exception] in transformers.py): the runtime stays entered, and one runtime is active
+# at a time in a process. The scope's next run leaves it first; so does the start of
+# another scope's run on the same thread, since one thread runs one training loop at a
+# time: a scope still inside there belongs to a run that is over. (A run on another
+# thread may still be going: that start fails as runtimes do, naming the active one.)
+_INSIDE: weakref.WeakSet[RunScope] = weakref.WeakSet()
+
+
 class RunScope:
     """One runtime for a trainer's runs: entered when a run starts, left once when it
     ends, however it ends. The same runtime serves every run on the same model, so
@@ -46,6 +58,7 @@ class RunScope:
         self._options = options
         self.runtime: Runtime | None = None
         self._inside = False
+        self._thread = 0  # the thread that entered it
         self._logged = -1  # the last step number put into a trainer's logs
 
     @property
@@ -59,12 +72,22 @@ class RunScope:
             # offers no hook for, NOTE [Leaving on an exception]): close it now.
             log.warning("offrecomp: the previous training run ended without leaving the runtime; leaving it now")
             self.exit(None)
+        thread = threading.get_ident()
+        for other in list(_INSIDE):
+            if other._inside and other._thread == thread:  # NOTE [Runs left open]
+                log.warning(
+                    "offrecomp: another callback's training run on this thread ended without leaving its "
+                    "runtime; leaving it now"
+                )
+                other.exit(None)
         turn_off_own_checkpointing(model)
         if self.runtime is None or self.runtime.model is not model:
             self.runtime = offrecomp.runtime(model, **self._options)
             self._logged = -1
         self.runtime.__enter__()
         self._inside = True
+        self._thread = thread
+        _INSIDE.add(self)
         return self.runtime
 
     def exit(self, exc: BaseException | None) -> None:
@@ -72,6 +95,7 @@ class RunScope:
         if not self._inside or self.runtime is None:
             return
         self._inside = False
+        _INSIDE.discard(self)
         if exc is None:
             self.runtime.__exit__(None, None, None)
         else:

@@ -42,10 +42,22 @@ log = logging.getLogger(__name__)
 # Trainer; _calling_trainer finds it as the caller of the event that called us. A
 # callback the Trainer was built with wraps train() in on_init_end, before any run. One
 # added later (trainer.add_callback) is first seen inside a run, in on_train_begin: it
-# wraps train() for the runs after it and, for this one, training_step, where the
-# forwards and backwards run. Whatever still ends a run unseen (or a Trainer the lookup
-# cannot find, which is logged), the next run's start leaves the runtime before entering
-# it again.
+# wraps train() for the runs after it and, for this one, the methods the loop calls
+# through the instance at every step (RUN_GUARDS: the forwards and backwards, the batches
+# with their collator, logging, evaluation and saving, and every callback's events),
+# each put back when the run ends. Whatever still ends a run unseen (an optimizer's step
+# raising, or a Trainer the lookup cannot find, which is logged), the next run's start
+# leaves the runtime before entering it again, also the start of another callback's run
+# on the same thread (NOTE [Runs left open] in _common.py).
+
+#: (attribute path from the Trainer, method) the loop calls at each step, guarded for a
+#: run that started before the callback was added; a method a version lacks is skipped.
+RUN_GUARDS = (
+    ("", "training_step"),
+    ("", "get_batch_samples"),
+    ("", "_maybe_log_save_evaluate"),
+    ("callback_handler", "call_event"),
+)
 
 
 class OffrecompCallback(ScopedCallback, TrainerCallback):
@@ -66,7 +78,7 @@ class OffrecompCallback(ScopedCallback, TrainerCallback):
         **options: Any,
     ) -> None:
         super().__init__(budget=budget, mode=mode, regions=regions, log_metrics=log_metrics, **options)
-        self._step_guard: tuple[Any, Any] | None = None  # (trainer, its training_step before ours)
+        self._run_guards: list[tuple[Any, str, Any]] = []  # (owner, method name, its attribute before ours)
 
     # ---------------------------------------------------------------- events
 
@@ -84,7 +96,7 @@ class OffrecompCallback(ScopedCallback, TrainerCallback):
             )
         elif not _guarded(trainer.train, self):
             self._attach(trainer)
-            self._guard_step(trainer)  # this run started unguarded
+            self._guard_run(trainer)  # this run started unguarded
         if model is None:
             raise ValueError("offrecomp: the Trainer passed no model to on_train_begin")
         self._scope.enter(model)
@@ -107,13 +119,12 @@ class OffrecompCallback(ScopedCallback, TrainerCallback):
     # --------------------------------------------------------------- helpers
 
     def _leave(self, exc: BaseException | None) -> None:
-        if self._step_guard is not None:
-            trainer, previous = self._step_guard
-            self._step_guard = None
+        guards, self._run_guards = self._run_guards, []
+        for owner, name, previous in reversed(guards):
             if previous is None:
-                vars(trainer).pop("training_step", None)
+                vars(owner).pop(name, None)
             else:
-                trainer.training_step = previous
+                setattr(owner, name, previous)
         self._scope.exit(exc)
 
     def _attach(self, trainer: Any) -> None:
@@ -129,10 +140,16 @@ class OffrecompCallback(ScopedCallback, TrainerCallback):
             callbacks.remove(self)
             callbacks.insert(0, self)
 
-    def _guard_step(self, trainer: Any) -> None:
-        previous = vars(trainer).get("training_step")
-        trainer.training_step = _guard(trainer.training_step, self)
-        self._step_guard = (trainer, previous)
+    def _guard_run(self, trainer: Any) -> None:
+        """Guard the methods of RUN_GUARDS for the run under way (NOTE [Leaving on an
+        exception])."""
+        for path, name in RUN_GUARDS:
+            owner = getattr(trainer, path, None) if path else trainer
+            method = getattr(owner, name, None)
+            if not callable(method) or _guarded(method, self):
+                continue
+            self._run_guards.append((owner, name, vars(owner).get(name)))
+            setattr(owner, name, _guard(method, self))
 
 
 def _guard(fn: Any, callback: OffrecompCallback) -> Any:

@@ -87,3 +87,30 @@ def test_run_scope_leaves_once_and_recovers_a_run_that_ended_unseen(caplog: pyte
     assert scope.new_metrics() == {}  # nothing new since
     with pytest.raises(ValueError, match="fast"):
         runtime_options(None, "fast", None, {})
+
+
+def test_a_run_on_the_same_thread_leaves_another_scope_left_open(caplog: pytest.LogCaptureFixture) -> None:
+    """NOTE [Runs left open]: another scope still inside on this thread belongs to a run
+    that is over; on another thread it may still be going, and the start fails."""
+    import threading
+
+    stale, fresh = (RunScope(runtime_options(None, "recompute", None, {})) for _ in range(2))
+    stale_rt = stale.enter(models.GPT())
+    errors: list[BaseException] = []
+
+    def elsewhere() -> None:
+        try:
+            fresh.enter(models.GPT())
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert len(errors) == 1 and "already active" in str(errors[0]) and stale.inside and not fresh.inside
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        fresh_rt = fresh.enter(models.GPT())
+    assert "another callback's training run on this thread ended" in caplog.text
+    assert not stale.inside and not stale_rt.active and fresh_rt.active
+    fresh.exit(None)
+    assert tc.top_saved_tensors_hooks() is None and not fresh_rt.active

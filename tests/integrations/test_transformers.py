@@ -118,6 +118,42 @@ def test_exception_in_training_step_leaves_no_hooks(tmp_path: Any, added: str) -
     assert tc.top_saved_tensors_hooks() is None and not cb.runtime.active
 
 
+class _FailingCallback(tf.TrainerCallback):  # type: ignore[misc]
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == 1:
+            raise RuntimeError("boom in another callback")
+
+
+@pytest.mark.parametrize("source", ["collator", "callback"])
+def test_exception_outside_training_step_of_a_run_the_callback_joined_late_leaves_no_hooks(
+    tmp_path: Any, source: str
+) -> None:
+    """NOTE [Leaving on an exception]: a callback added to a Trainer that already ran
+    guards the loop's methods for its first run too; a new callback starts after it."""
+    cb = OffrecompCallback(mode="recompute", min_bytes=0)
+    trainer = _trainer(tmp_path, [_FailingCallback()] if source == "callback" else [])
+    if source == "collator":
+        batches = [0]
+
+        def collate(features: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+            batches[0] += 1
+            if batches[0] == 3:
+                raise RuntimeError("boom in the collator")
+            return tf.default_data_collator(features)
+
+        trainer.data_collator = collate
+    trainer.add_callback(cb)
+    with pytest.raises(RuntimeError, match="boom in"):
+        trainer.train()
+    assert tc.top_saved_tensors_hooks() is None
+    assert cb.runtime is not None and not cb.runtime.active
+    assert "training_step" not in vars(trainer) and "call_event" not in vars(trainer.callback_handler)
+    other = OffrecompCallback(mode="recompute", min_bytes=0)
+    fresh = _trainer(tmp_path, [other])
+    fresh.train()
+    assert tc.top_saved_tensors_hooks() is None and other.runtime is not None and not other.runtime.active
+
+
 def test_bad_option_is_an_error_at_construction() -> None:
     with pytest.raises(ValueError, match="fast"):
         OffrecompCallback(mode="fast")
