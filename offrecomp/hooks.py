@@ -154,7 +154,10 @@ HOOK_SAMPLE = 16
 # resident bytes and peak, where the device holds them once. A KEEP input whose storage
 # a resident record of the root or of the INPUT_LOOKBACK calls before its own holds is
 # marked ``shared`` and not counted again; it is still placed and held as the others.
-# Further back it is counted twice (the lookup is bounded: it runs per input per call).
+# A shared record found there stands for the record it shares (``same_as``), however far
+# back: a cell called at every time step on one sequence counts it once. A storage no
+# call of the window holds is counted again (the lookup is bounded: it runs per input
+# per call).
 # Only calls that take a replay checkpoint have input records, and only calls that run
 # the hooks have records to find: a call a plan keeps whole has neither when it saves
 # natively. An input's record names the other (``same_as``, whatever its placement), and
@@ -465,6 +468,8 @@ class Placer:
         p.stats.input_bytes += nbytes
         # the books need the other record of a kept input; a profile, of any input
         other = _same_storage(p, call, ptr, storage) if placement is KEEP or call.recorder is not None else None
+        while other is not None and other.shared and other.same_as is not None:
+            other = other.same_as  # the record that counts the bytes (NOTE [Inputs counted once])
         rec.same_as = other
         if placement is KEEP:
             rec.tensor = t

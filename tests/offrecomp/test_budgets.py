@@ -238,3 +238,42 @@ def test_a_kept_input_that_the_block_before_kept_counts_once() -> None:
     planned = [s for s in rt.report().steps if s.phase == "user-plan"]
     assert planned and all(s.recomputed_bytes == 4 * 8 * KIB for s in planned)
     assert {s.peak_activation_bytes for s in planned} == {5 * 8 * KIB}, [s.peak_activation_bytes for s in planned]
+
+
+def test_an_input_every_call_takes_counts_once_however_many_calls() -> None:
+    """NOTE [Inputs counted once]: two cells called in turn on one tensor (as an RNN's
+    cells read its embedded sequence): each call's input record finds an earlier call's,
+    which counts nothing itself beyond the first, and follows it to the record that
+    counts the bytes. Under recompute every call keeps its input, and the pass counts
+    the tensor once at any number of calls (also beyond INPUT_LOOKBACK)."""
+
+    class Cell(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(32, 32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(self.lin(x))
+
+    class Over(nn.Module):
+        def __init__(self, calls: int) -> None:
+            super().__init__()
+            self.inp = nn.Linear(8, 32)
+            self.cells = nn.ModuleList([Cell(), Cell()])
+            self.calls = calls
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            e = self.inp(x)
+            out = e
+            for i in range(self.calls):
+                out = out + self.cells[i % 2](e)
+            return out.sum()
+
+    peaks = {}
+    for calls in (3, 12):
+        torch.manual_seed(0)
+        m = Over(calls)
+        rt = offrecomp.runtime(m, mode="recompute", min_bytes=0)
+        train(m, lambda s: torch.randn(64, 8, generator=torch.Generator().manual_seed(s)), rt, steps=2)
+        peaks[calls] = rt.report().steps[-1].peak_activation_bytes
+    assert peaks[3] == peaks[12], peaks
