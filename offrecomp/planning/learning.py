@@ -241,7 +241,7 @@ class Learner:
             "offrecomp: calibration pass of signature %s: measured step %.4fs (forward %.4fs, "
             "replay %.4fs, backward without replay %.4fs), the model predicts %.4fs (%+.0f%%; "
             "forward %.4fs, replay %.4fs)",
-            p.signature, step, fwd, replay, step - fwd - replay, pred.step_seconds, 100 * off,
+            p.signature, step, fwd, replay, max(0.0, step - fwd - replay), pred.step_seconds, 100 * off,
             pred.forward_seconds, pred.recompute_seconds,
         )
 
