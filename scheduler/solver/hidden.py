@@ -253,7 +253,9 @@ def hidden_offloads(
     if not bool(np.any(can_off)):
         return np.zeros(0, dtype=np.int64), np.full(n, np.inf)
     if by_producer:
-        rho = np.where(flat.st_prod >= 0, flat.op_sec[np.maximum(flat.st_prod, 0)], np.inf)
+        rho = np.full(n, np.inf)  # a storage no op made (an input, a root's) first
+        made = flat.st_prod >= 0
+        rho[made] = flat.op_sec[flat.st_prod[made]]  # a profile may have no ops at all
     else:
         rho = _standalone_replay(
             flat.st_ptr, legal, flat.last_save, flat.st_prod, flat.op_ptr, flat.op_sec,

@@ -356,3 +356,14 @@ def test_a_plan_that_may_offload_is_never_predicted_slower(seed: int, share: flo
     if drops.feasible:
         assert auto.feasible
         assert auto.predicted_step_seconds <= drops.predicted_step_seconds
+
+
+def test_a_profile_without_ops_solves_where_offloads_are_legal() -> None:
+    """The hidden set ranked by producer ops (NOTE [Offload families]) of a profile whose
+    regions record no ops (storages no op made): every budget solves."""
+    profile = random_profile(5076, max_regions=4, max_storages=4)
+    assert not any(r.ops for r in profile.regions) and profile.d2h_gbps and profile.d2h_gbps > 0
+    keep = simulate(profile, Plan()).peak_bytes
+    for frac in (0.0, 0.5, 1.0):
+        plan = solve(profile, budget_bytes=int(frac * keep), log_infeasible=False)
+        assert plan.predicted_step_seconds is not None
