@@ -165,6 +165,23 @@ HOOK_SAMPLE = 16
 # nothing where the books do, under a plan that keeps both records in units that have
 # them (docs/planner.md).
 
+# NOTE [Activations counted once]
+# A call may save a storage an earlier call saved too without taking it as an input:
+# under autocast the bf16 cast of a weight the calls share (a cell called at every time
+# step, a block called twice), made by the first call that needs it and cached for the
+# rest; a tensor cached on a module by its first call. Each call's record of it would
+# count its bytes again. The pass keeps the first kept record of each storage
+# (``first_records``, by data pointer, checked by identity); a later call's kept record
+# of that storage names it (``same_as``) and is ``shared``: held as the others, not
+# counted. A measuring pass keeps the first record of any placement and names it from
+# every later one, so the profile says which records are one allocation
+# (``StorageRecord.shared_with``) and the simulator counts the first kept one under any
+# plan, as these books do. A call kept whole (forced keep, or a plan's) saves natively
+# in most passes under native keep (NOTE [Native keep]), without records, so its records
+# neither join the table nor share, native keep on or off: its books are the same in
+# every pass, and the simulator counts a unit kept whole alike. Region inputs are looked
+# up as in NOTE [Inputs counted once]; a counted one joins the table.
+
 #: Calls before a region call whose records a KEEP input of it is looked up in.
 INPUT_LOOKBACK = 8
 
@@ -407,6 +424,24 @@ class Placer:
             rec.aliased = True
         if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
             self._root_storage(rec)
+        if (placement is KEEP or recorder is not None) and not (
+            call.fixed is KEEP and (call.kept_whole or self._config.mode == "keep")
+        ):  # NOTE [Activations counted once]; not a call kept whole
+            first = p.first_records.get(ptr)
+            if first is None or first() is not storage:
+                p.first_records[ptr] = rec
+            elif first.call is not call:
+                rec.same_as = first
+                if placement is KEEP and first.resident:
+                    rec.shared = True
+                    stats = p.stats
+                    stats.kept_bytes += nbytes
+                    if fallback is not None:
+                        stats.fallback(fallback)
+                    elif call.inputs is not None and call.fixed is None:  # NOTE [Served storages written since]
+                        rec.watch = PENDING_WATCH
+                        rec.version = t._version
+                    return rec
         if placement is KEEP and fallback is None:
             if call.inputs is not None and call.fixed is None:  # NOTE [Served storages written since]
                 rec.watch = PENDING_WATCH
@@ -478,6 +513,10 @@ class Placer:
                 p.stats.kept_bytes += nbytes
                 return rec
         self._account(p, rec, fallback)
+        if rec.resident or call.recorder is not None:  # NOTE [Activations counted once]
+            first = p.first_records.get(ptr)
+            if first is None or first() is not storage:
+                p.first_records[ptr] = rec
         return rec
 
     # ---------------------------------------------------------------- release

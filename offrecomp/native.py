@@ -66,8 +66,9 @@ MAX_RECORDS = 4096
 AUDIT_EVERY = 8
 
 #: What a call saved with the hooks on: (saves, storages, kept bytes, storages under
-#: ``min_bytes``).
-CallBooks = tuple[int, int, int, int]
+#: ``min_bytes``, kept bytes no earlier record counts: NOTE [Inputs counted once],
+#: NOTE [Activations counted once] in hooks.py).
+CallBooks = tuple[int, int, int, int, int]
 
 
 class NativeKeep:
@@ -144,13 +145,13 @@ class NativeKeep:
             self.hooks_back()  # first: the rest of the call's exit runs with the hooks on
             if failed or p is None or call.books is None:
                 return
-            saves, storages, nbytes, _ = call.books
+            saves, storages, kept, _, resident = call.books
             call.pack_count += saves
             stats = p.stats
             stats.storages += storages  # finish_pass adds len(call.storages): none here
-            stats.kept_bytes += nbytes
-            stats.add_resident(nbytes)
-            p.native_held.append((call.ordinal, nbytes))
+            stats.kept_bytes += kept
+            stats.add_resident(resident)
+            p.native_held.append((call.ordinal, resident))
             return
         if failed or p is None or not self._keeps_whole(call):
             return
@@ -158,9 +159,10 @@ class NativeKeep:
             self._books.clear()
             self._runs.clear()
         recs = call.storages
-        nbytes = sum(rec.nbytes for rec in recs if not rec.shared)  # NOTE [Inputs counted once]
+        kept = sum(rec.nbytes for rec in recs)
+        resident = sum(rec.nbytes for rec in recs if not rec.shared)  # NOTE [Activations counted once] in hooks.py
         small = sum(rec.nbytes < self._config.min_bytes for rec in recs)
-        self._books[(p.signature, call.name, call.call_index)] = (call.pack_count, len(recs), nbytes, small)
+        self._books[(p.signature, call.name, call.call_index)] = (call.pack_count, len(recs), kept, small, resident)
 
 
 def _on_top(pair: tuple[Any, Any]) -> None:

@@ -418,9 +418,10 @@ class RegionCall(_WeakReferable):
     (forced keep or offload): the pack hook's fast path skips the decision."""
     native: bool = False
     """Saves natively, the runtime's hooks off (NOTE [Native keep])."""
-    books: tuple[int, int, int, int] | None = None
-    """A native call's saves, storages, kept bytes and storages under ``min_bytes``, as
-    the same call recorded them with the hooks on (NOTE [Native keep])."""
+    books: tuple[int, int, int, int, int] | None = None
+    """A native call's saves, storages, kept bytes, storages under ``min_bytes`` and the
+    kept bytes no earlier record counts, as the same call recorded them with the hooks
+    on (NOTE [Native keep])."""
     table: list[Placement] | None = None
     """NOTE [Placement table]: the planned placement of each activation storage, the
     rules applied, valid for a storage of the size in ``table_sizes``."""
@@ -667,6 +668,10 @@ class PassState(_WeakReferable):
     calls: list[RegionCall] = field(default_factory=list)
     call_counts: dict[str, int] = field(default_factory=dict)
     root: RegionCall | None = None
+    first_records: dict[int, StorageRec] = field(default_factory=dict)
+    """Data pointer -> the first kept record of that storage in the pass (in a measuring
+    pass, the first record of any placement): the record a later call's save of the same
+    storage shares (NOTE [Activations counted once] in hooks.py)."""
     stats: PassStats = field(default_factory=PassStats)
     stage: Stage = Stage.FORWARD
     graphs: list[Any] = field(default_factory=list)
@@ -752,6 +757,7 @@ class PassState(_WeakReferable):
             c.offloaded_inputs = {}
         self.calls = []
         self.root = None
+        self.first_records = {}
         return True
 
 

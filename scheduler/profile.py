@@ -125,9 +125,11 @@ class StorageRecord:
     """Time from the start of backward to the first use of this storage in backward,
     where measured (None: the simulator derives it from region backward times)."""
     shared_with: tuple[str, int, int] | None = None
-    """A region input's: the plan key of the record of an earlier region call (or of the
-    root, ``(ROOT, 0, i)``) that is the same allocation (the runtime's NOTE [Inputs
-    counted once]); where the runtime counts it once, so does the simulator."""
+    """The plan key of the record of an earlier region call (or of the root, ``(ROOT, 0,
+    i)``) that is the same allocation: a region input's (the runtime's NOTE [Inputs
+    counted once]), or a storage a call saves that an earlier call saved first (NOTE
+    [Activations counted once]); where the runtime counts it once, so does the
+    simulator."""
 
 
 @dataclass(kw_only=True)

@@ -288,23 +288,50 @@ def _backward(
 
 
 @njit_inline
-def _counted_once(s, place, shared, hooked, unit_of, native):  # type: ignore[no-untyped-def]
-    """Storage ``s`` is a kept region input whose allocation a kept record of an earlier
-    call counts, as the runtime's books do (NOTE [Inputs counted once] in
-    offrecomp/hooks.py): only in a unit with a replay checkpoint (one the plan does not
-    keep whole) and where the earlier record exists (the root's always; a region's kept
-    whole saves natively under native keep, without records)."""
-    t = shared[s]
-    if t < 0 or place[s] != 0 or place[t] != 0 or not hooked[unit_of[s]]:
-        return False
-    u = unit_of[t]
-    return u % 2 == 0 or hooked[u] or not native
+def _counted_once(place, save_order, shared, kind, hooked, unit_of, native):  # type: ignore[no-untyped-def]
+    """Per storage: a kept record whose allocation another record counts, as the
+    runtime's books do. The records of one allocation name an earlier one (``shared``).
+
+    * A kept region input (NOTE [Inputs counted once] in offrecomp/hooks.py) whose
+      named record is kept: in a unit with a replay checkpoint (one the plan does not
+      keep whole), and where that record exists (the root's always; a region's kept
+      whole saves natively under native keep, without records).
+    * Any other kept record (NOTE [Activations counted once]) after a counted kept
+      record of the same allocation, both in the root or in units the plan does not
+      keep whole (a region kept whole may save natively, so its records share nothing
+      under native keep or not).
+    """
+    n = place.shape[0]
+    once = np.zeros(n, dtype=np.bool_)
+    seen = np.zeros(n, dtype=np.bool_)
+    for i in range(n):
+        s = save_order[i]
+        u = unit_of[s]
+        if place[s] != 0:
+            continue
+        t = shared[s]
+        if kind[s] == 1:
+            if t >= 0 and place[t] == 0 and hooked[u]:
+                v = unit_of[t]
+                if v % 2 == 0 or hooked[v] or not native:
+                    once[s] = True
+                    continue
+        elif not (u % 2 == 0 or hooked[u]):
+            continue
+        first = s
+        while shared[first] >= 0:
+            first = shared[first]
+        if seen[first] and kind[s] != 1:
+            once[s] = True
+        else:
+            seen[first] = True
+    return once
 
 
 @njit_inline
 def _event_streams(
     place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, rel_t, by, reach,
-    cstart, cend, riss, last_save, first_save, plain, noops, shared, hooked, native
+    cstart, cend, riss, last_save, first_save, plain, noops, shared, kind, hooked, native
 ):  # type: ignore[no-untyped-def]
     """The four memory event streams of NOTE [memory merge], each sorted by time: saves
     (storages ``s1[:n1]``), group releases (storages ``s2[:n2]``), backward allocations
@@ -317,9 +344,10 @@ def _event_streams(
     s2 = np.empty(n_st, dtype=np.int64)
     n1 = 0
     n2 = 0
+    once = _counted_once(place, save_order, shared, kind, hooked, unit_of, native)
     for i in range(n_st):
         s = save_order[i]
-        if nbytes[s] == 0 or place[s] == 2 or _counted_once(s, place, shared, hooked, unit_of, native):
+        if nbytes[s] == 0 or place[s] == 2 or once[s]:
             continue
         s1[n1] = s
         n1 += 1
@@ -348,7 +376,7 @@ def _event_streams(
             # a serving replay holds them to serve from
             k = 0
         for s in range(st_ptr[v], st_ptr[v + 1]):
-            if _counted_once(s, place, shared, hooked, unit_of, native):
+            if once[s]:
                 continue
             if k > 0 and place[s] == 0 and first_save[s] > k:
                 # read by backward before the replay starts; a free in this stream, so
@@ -424,7 +452,7 @@ def run_timeline(
     place, prefetch, save_order, st_ptr, unit_of, nbytes, save_time, last_save, first_save, st_prod,
     op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow,
     fwd_dur, fwd_start, fwd_host, fwd_hook, bwd_dev, bwd_host, bwd_hook, t0, d2h_bps, h2d_bps,
-    off_h, rel_h, rp_h, shared, native, d2h_start, d2h_end, h2d_start, h2d_end, reach, cstart,
+    off_h, rel_h, rp_h, shared, kind, native, d2h_start, d2h_end, h2d_start, h2d_end, reach, cstart,
     cend, fstart, fend, riss, replay, plain, ev_t, ev_d, mark, stack, op_host, op_view, rel_u, rel_t
 ):  # type: ignore[no-untyped-def]
     """Simulate one step; fills the per-storage/per-unit arrays (``plain[u]``: unit ``u``
@@ -455,7 +483,7 @@ def run_timeline(
     # are merged with frees first at equal times, so no sort is needed.
     s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b = _event_streams(
         place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, rel_t, by, reach,
-        cstart, cend, riss, last_save, first_save, plain, noops, shared, hooked, native
+        cstart, cend, riss, last_save, first_save, plain, noops, shared, kind, hooked, native
     )
     n_ev, peak, peak_t = _merge_events(
         s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b, unit_of, nbytes, save_time, fstart, fwd_start,
@@ -516,7 +544,7 @@ class Workspace:
             f.out_idx, f.rd_ptr, f.rd_idx, f.noops, f.dataflow, f.fwd_dur, f.fwd_start,
             f.fwd_host, f.fwd_hook, f.bwd_dev, f.bwd_host, f.bwd_hook, f.t0, d2h, h2d,
             f.offload_host, f.reload_host,
-            f.replay_host, f.shared, f.native_keep, self.d2h_start, self.d2h_end, self.h2d_start, self.h2d_end,
+            f.replay_host, f.shared, f.kind, f.native_keep, self.d2h_start, self.d2h_end, self.h2d_start, self.h2d_end,
             self.reach, self.cstart, self.cend, self.fstart, self.fend, self.riss, self.replay, self.plain,
             self.ev_t, self.ev_d, self.mark, self.stack, f.op_host, f.op_view, self.rel_u, self.rel_t
         )

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import offrecomp
+from offrecomp import Placement
 from tests import models
 from tests.helpers import assert_bitwise, train
 from tests.offrecomp.test_memory import allocator_peak
@@ -277,3 +278,68 @@ def test_an_input_every_call_takes_counts_once_however_many_calls() -> None:
         train(m, lambda s: torch.randn(64, 8, generator=torch.Generator().manual_seed(s)), rt, steps=2)
         peaks[calls] = rt.report().steps[-1].peak_activation_bytes
     assert peaks[3] == peaks[12], peaks
+
+
+def test_a_weight_cast_the_calls_share_counts_once() -> None:
+    """NOTE [Activations counted once]: under autocast each cell's bf16 weight casts are
+    made by its first call and saved by every call over the time steps; the pass counts
+    each cast once (its later records are shared), under recompute as under a plan that
+    drops in every call, and the planner's model counts them as the books do."""
+    h, steps = 32, 6
+
+    class Cell(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.x = nn.Linear(h, 3 * h)
+            self.h = nn.Linear(h, 3 * h)
+
+        def forward(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+            r, z, n = (self.x(x) + self.h(state)).chunk(3, -1)
+            return (1 - torch.sigmoid(z)) * torch.tanh(n * torch.sigmoid(r)) + torch.sigmoid(z) * state
+
+    class Recurrent(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp = nn.Linear(8, h)
+            self.cells = nn.ModuleList([Cell(), Cell()])
+
+        def forward(self, seq: torch.Tensor) -> torch.Tensor:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                states = [torch.zeros(seq.shape[0], h) for _ in self.cells]
+                e = self.inp(seq)
+                for t in range(steps):
+                    x = e[:, t]
+                    for i, cell in enumerate(self.cells):
+                        states[i] = x = cell(x, states[i])
+                return x.float().square().mean()
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(4, steps, 8, generator=torch.Generator().manual_seed(s))
+
+    cast = 3 * h * h * 2  # a bf16 weight of one cell's Linear
+    torch.manual_seed(0)
+    base = Recurrent()
+    probe = copy.deepcopy(base)
+    keep = offrecomp.runtime(probe, mode="keep", min_bytes=0)
+    train(probe, batch, keep, steps=1)
+    budget = keep.report().steps[0].peak_activation_bytes // 2
+    ref = train(copy.deepcopy(base), batch, steps=5)
+    m = copy.deepcopy(base)
+    rt = offrecomp.runtime(m, mode="auto", budget=budget, min_bytes=0)
+    assert_bitwise(ref, train(m, batch, rt, steps=5))
+    with rt:
+        loss = m(batch(9))
+        p = rt.current_pass
+        assert p is not None
+        # a replay casts again (NOTE [Autocast cache]): the first call's cast may drop, the
+        # later calls' (made outside them) only keep; calls the plan keeps whole save
+        # natively, without records
+        kept = [rec for c in p.calls for rec in c.storages if rec.nbytes == cast and rec.placement is Placement.KEEP]
+        loss.backward()
+    assert len(kept) > 8, kept
+    assert sum(not rec.shared for rec in kept) <= 4, kept
+    planned = [r for r in rt.report().steps if r.phase == "planned"]
+    assert planned and all(r.peak_activation_bytes <= budget for r in planned), (budget, planned)
+    for r in planned:
+        assert r.predicted_peak_bytes is not None
+        assert abs(r.peak_activation_bytes - r.predicted_peak_bytes) <= 0.05 * r.predicted_peak_bytes, r
