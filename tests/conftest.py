@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from hypothesis import settings
+
+# The property tests draw the same examples on every run (a CI run is never the one that
+# happens on a new counterexample); HYPOTHESIS_PROFILE=explore draws new ones each run.
+settings.register_profile("default", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
