@@ -173,10 +173,10 @@ HOOK_SAMPLE = 16
 # count its bytes again. The pass keeps the first kept record of each storage
 # (``first_records``, by data pointer, checked by identity); a later call's kept record
 # of that storage names it (``same_as``) and is ``shared``: held as the others, not
-# counted. A measuring pass keeps the first record of any placement and names it from
-# every later one, so the profile says which records are one allocation
-# (``StorageRecord.shared_with``) and the simulator counts the first kept one under any
-# plan, as these books do. A call kept whole (forced keep, or a plan's) saves natively
+# counted. A measuring pass also keeps the first record of any placement
+# (``first_named``) and names it from every later one, so the profile says which records
+# are one allocation (``StorageRecord.shared_with``) and the simulator counts the first
+# kept one under any plan, as these books do. A call kept whole (forced keep, or a plan's) saves natively
 # in most passes under native keep (NOTE [Native keep]), without records, so its records
 # neither join the table nor share, native keep on or off: its books are the same in
 # every pass, and the simulator counts a unit kept whole alike. Region inputs are looked
@@ -427,13 +427,20 @@ class Placer:
         if (placement is KEEP or recorder is not None) and not (
             call.fixed is KEEP and (call.kept_whole or self._config.mode == "keep")
         ):  # NOTE [Activations counted once]; not a call kept whole
-            first = p.first_records.get(ptr)
-            if first is None or first() is not storage:
-                p.first_records[ptr] = rec
-            elif first.call is not call:
-                rec.same_as = first
-                if placement is KEEP and first.resident:
+            if recorder is not None:  # the profile names the first record, whatever its placement
+                named = p.first_named.get(ptr)
+                if named is None or named() is not storage:
+                    p.first_named[ptr] = rec
+                elif named.call is not call:
+                    rec.same_as = named
+            if placement is KEEP:
+                first = p.first_records.get(ptr)
+                if first is None or first() is not storage:
+                    p.first_records[ptr] = rec  # counted below
+                elif first.call is not call and first.resident:
                     rec.shared = True
+                    if rec.same_as is None:
+                        rec.same_as = first
                     stats = p.stats
                     stats.kept_bytes += nbytes
                     if fallback is not None:
@@ -513,7 +520,7 @@ class Placer:
                 p.stats.kept_bytes += nbytes
                 return rec
         self._account(p, rec, fallback)
-        if rec.resident or call.recorder is not None:  # NOTE [Activations counted once]
+        if rec.resident:  # NOTE [Activations counted once]
             first = p.first_records.get(ptr)
             if first is None or first() is not storage:
                 p.first_records[ptr] = rec

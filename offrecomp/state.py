@@ -669,9 +669,12 @@ class PassState(_WeakReferable):
     call_counts: dict[str, int] = field(default_factory=dict)
     root: RegionCall | None = None
     first_records: dict[int, StorageRec] = field(default_factory=dict)
-    """Data pointer -> the first kept record of that storage in the pass (in a measuring
-    pass, the first record of any placement): the record a later call's save of the same
-    storage shares (NOTE [Activations counted once] in hooks.py)."""
+    """Data pointer -> the first kept record of that storage in the pass: the record a
+    later call's kept save of the same storage shares (NOTE [Activations counted once]
+    in hooks.py)."""
+    first_named: dict[int, StorageRec] = field(default_factory=dict)
+    """In a measuring pass, data pointer -> the first record of that storage of any
+    placement, which the later ones name for the profile."""
     stats: PassStats = field(default_factory=PassStats)
     stage: Stage = Stage.FORWARD
     graphs: list[Any] = field(default_factory=list)
@@ -758,6 +761,7 @@ class PassState(_WeakReferable):
         self.calls = []
         self.root = None
         self.first_records = {}
+        self.first_named = {}
         return True
 
 
