@@ -40,6 +40,7 @@ from offrecomp.groups import TYPED_DTYPES as _TYPED
 from offrecomp.groups import reads_bytes_as_stored
 from offrecomp.placement import Placements, untracked_alias
 from offrecomp.regenerate import Regenerator
+from offrecomp.shared import counting_record, join_counted, share_kept
 from offrecomp.state import (
     PENDING_WATCH,
     KeptRef,
@@ -144,60 +145,6 @@ HOOK_SAMPLE = 16
 # HOOK_SAMPLE is timed, and the pass's figure per save is the mean of the calls timed
 # (PassStats.pack_timed): not their sum over the pass's saves, of which a native call's
 # run no hook (NOTE [Native keep] in native.py).
-
-
-# NOTE [Inputs counted once]
-# A region input is often a storage another record of the pass counts already: the
-# previous block's output that its last op saved (a ReLU's), an encoder output the root
-# saved and a decoder block takes later (a UNet's skip), a feature map several blocks
-# take (a DenseNet's). Counted by each record, its bytes would count twice in the pass's
-# resident bytes and peak, where the device holds them once. A KEEP input whose storage
-# a resident record of the root or of the INPUT_LOOKBACK calls before its own holds is
-# marked ``shared`` and not counted again; it is still placed and held as the others.
-# A shared record found there stands for the record it shares (``same_as``), however far
-# back: a cell called at every time step on one sequence counts it once. A storage no
-# call of the window holds is counted again (the lookup is bounded: it runs per input
-# per call).
-# Only calls that take a replay checkpoint have input records, and only calls that run
-# the hooks have records to find: a call a plan keeps whole has neither when it saves
-# natively. An input's record names the other (``same_as``, whatever its placement), and
-# so does its profile record (``StorageRecord.shared_with``): the model counts the input
-# nothing where the books do, under a plan that keeps both records in units that have
-# them (docs/planner.md).
-
-# NOTE [Activations counted once]
-# A call may save a storage an earlier call saved too without taking it as an input:
-# under autocast the bf16 cast of a weight the calls share (a cell called at every time
-# step, a block called twice), made by the first call that needs it and cached for the
-# rest; a tensor cached on a module by its first call. Each call's record of it would
-# count its bytes again. The pass keeps the first kept record of each storage
-# (``first_records``, by data pointer, checked by identity); a later call's kept record
-# of that storage names it (``same_as``) and is ``shared``: held as the others, not
-# counted. A measuring pass also keeps the first record of any placement
-# (``first_named``) and names it from every later one, so the profile says which records
-# are one allocation (``StorageRecord.shared_with``) and the simulator counts the first
-# kept one under any plan, as these books do. A call kept whole (forced keep, or a plan's) saves natively
-# in most passes under native keep (NOTE [Native keep]), without records, so its records
-# neither join the table nor share, native keep on or off: its books are the same in
-# every pass, and the simulator counts a unit kept whole alike. Region inputs are looked
-# up as in NOTE [Inputs counted once]; a counted one joins the table.
-
-#: Calls before a region call whose records a KEEP input of it is looked up in.
-INPUT_LOOKBACK = 8
-
-
-def _same_storage(p: PassState, call: RegionCall, ptr: int, storage: Any) -> StorageRec | None:
-    """The placed record of ``p``'s root, or of the calls just before ``call``, of
-    ``storage`` (at ``ptr``), if any."""
-    calls = p.calls
-    end = call.ordinal if 0 <= call.ordinal <= len(calls) else len(calls)
-    for c in (*calls[max(0, end - INPUT_LOOKBACK) : end], p.root):
-        if c is None or c is call:
-            continue
-        rec = c.by_ptr.get(ptr)
-        if rec is not None and rec.index >= 0 and rec() is storage:
-            return rec
-    return None
 
 
 class Placer:
@@ -426,29 +373,15 @@ class Placer:
             self._root_storage(rec)
         if (placement is KEEP or recorder is not None) and not (
             call.fixed is KEEP and (call.kept_whole or self._config.mode == "keep")
-        ):  # NOTE [Activations counted once]; not a call kept whole
-            if recorder is not None:  # the profile names the first record, whatever its placement
-                named = p.first_named.get(ptr)
-                if named is None or named() is not storage:
-                    p.first_named[ptr] = rec
-                elif named.call is not call:
-                    rec.same_as = named
-            if placement is KEEP:
-                first = p.first_records.get(ptr)
-                if first is None or first() is not storage:
-                    p.first_records[ptr] = rec  # counted below
-                elif first.call is not call and first.resident:
-                    rec.shared = True
-                    if rec.same_as is None:
-                        rec.same_as = first
-                    stats = p.stats
-                    stats.kept_bytes += nbytes
-                    if fallback is not None:
-                        stats.fallback(fallback)
-                    elif call.inputs is not None and call.fixed is None:  # NOTE [Served storages written since]
-                        rec.watch = PENDING_WATCH
-                        rec.version = t._version
-                    return rec
+        ) and share_kept(p, call, rec, ptr, storage, placement is KEEP):  # NOTE [Activations counted once]
+            stats = p.stats
+            stats.kept_bytes += nbytes
+            if fallback is not None:
+                stats.fallback(fallback)
+            elif call.inputs is not None and call.fixed is None:  # NOTE [Served storages written since]
+                rec.watch = PENDING_WATCH
+                rec.version = t._version
+            return rec
         if placement is KEEP and fallback is None:
             if call.inputs is not None and call.fixed is None:  # NOTE [Served storages written since]
                 rec.watch = PENDING_WATCH
@@ -509,9 +442,7 @@ class Placer:
         call.by_ptr[ptr] = rec
         p.stats.input_bytes += nbytes
         # the books need the other record of a kept input; a profile, of any input
-        other = _same_storage(p, call, ptr, storage) if placement is KEEP or call.recorder is not None else None
-        while other is not None and other.shared and other.same_as is not None:
-            other = other.same_as  # the record that counts the bytes (NOTE [Inputs counted once])
+        other = counting_record(p, call, ptr, storage) if placement is KEEP or call.recorder is not None else None
         rec.same_as = other
         if placement is KEEP:
             rec.tensor = t
@@ -521,9 +452,7 @@ class Placer:
                 return rec
         self._account(p, rec, fallback)
         if rec.resident:  # NOTE [Activations counted once]
-            first = p.first_records.get(ptr)
-            if first is None or first() is not storage:
-                p.first_records[ptr] = rec
+            join_counted(p, rec, ptr, storage)
         return rec
 
     # ---------------------------------------------------------------- release

@@ -67,7 +67,7 @@ AUDIT_EVERY = 8
 
 #: What a call saved with the hooks on: (saves, storages, kept bytes, storages under
 #: ``min_bytes``, kept bytes no earlier record counts: NOTE [Inputs counted once],
-#: NOTE [Activations counted once] in hooks.py).
+#: NOTE [Activations counted once] in shared.py).
 CallBooks = tuple[int, int, int, int, int]
 
 
@@ -160,7 +160,7 @@ class NativeKeep:
             self._runs.clear()
         recs = call.storages
         kept = sum(rec.nbytes for rec in recs)
-        resident = sum(rec.nbytes for rec in recs if not rec.shared)  # NOTE [Activations counted once] in hooks.py
+        resident = sum(rec.nbytes for rec in recs if not rec.shared)  # NOTE [Activations counted once] in shared.py
         small = sum(rec.nbytes < self._config.min_bytes for rec in recs)
         self._books[(p.signature, call.name, call.call_index)] = (call.pack_count, len(recs), kept, small, resident)
 

@@ -92,7 +92,7 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
     version = 0  # the version at its first save, with ``watch``
     shared = False
     """A KEEP region input whose storage another record of the pass counts resident
-    already (NOTE [Inputs counted once] in hooks.py): its bytes are not counted again."""
+    already (NOTE [Inputs counted once] in shared.py): its bytes are not counted again."""
     same_as: StorageRec | None = None
     """A region input's: the record of an earlier call (or the root) of the same storage."""
 

@@ -369,8 +369,9 @@ def lower_bound_flat(flat: FlatProfile, budget_bytes: int, max_groups: int = 32)
         _lower_bound(
             float(budget_bytes),
             flat.st_ptr,
-            # a region input an earlier kept record holds may add nothing (NOTE [Inputs
-            # counted once] in offrecomp/hooks.py): left out, the bound stays one
+            # a storage an earlier kept record holds may add nothing (NOTE [Inputs
+            # counted once], [Activations counted once] in offrecomp/shared.py): left
+            # out, the bound stays one
             np.where(flat.shared >= 0, 0, flat.nbytes),
             flat.legal,
             flat.last_save,

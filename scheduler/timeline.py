@@ -292,7 +292,7 @@ def _counted_once(place, save_order, shared, kind, hooked, unit_of, native):  # 
     """Per storage: a kept record whose allocation another record counts, as the
     runtime's books do. The records of one allocation name an earlier one (``shared``).
 
-    * A kept region input (NOTE [Inputs counted once] in offrecomp/hooks.py) whose
+    * A kept region input (NOTE [Inputs counted once] in offrecomp/shared.py) whose
       named record is kept: in a unit with a replay checkpoint (one the plan does not
       keep whole), and where that record exists (the root's always; a region's kept
       whole saves natively under native keep, without records).

@@ -183,7 +183,7 @@ def _region_records(
         fwd = clock.seconds(call.start_mark, call.end_mark, wait=True) or 0.0
         bwd = _backward_seconds(clock, call.ordinal, replay_by_ordinal, timeline)
         storages = [StorageRecord(**vars(s)) for s in st.storage_records]
-        for r in call.storages:  # NOTE [Inputs counted once]
+        for r in call.storages:  # NOTE [Inputs counted once], [Activations counted once] (shared.py)
             other = r.same_as
             if other is not None and 0 <= r.index < len(storages):
                 storages[r.index].shared_with = (other.call.name, other.call.call_index, other.index)

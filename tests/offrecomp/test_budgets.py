@@ -207,7 +207,7 @@ def test_max_overhead_with_the_automatic_budget_buys_memory() -> None:
 
 
 def test_a_kept_input_that_the_block_before_kept_counts_once() -> None:
-    """NOTE [Inputs counted once] (hooks.py): each block's input is the block before's
+    """NOTE [Inputs counted once] (shared.py): each block's input is the block before's
     last ReLU output, which that block keeps too. Under a plan that drops each block's
     first ReLU output, the pass holds the model's input and the four blocks' outputs at
     the end of its forward, once each: 5 x 8 KiB, not 8 KiB more per shared input."""

@@ -1146,7 +1146,7 @@ def test_the_most_frugal_plans_peak_is_predicted_as_measured(case: str) -> None:
     come on top of the kept storages autograd freed before it, so budgets such plans
     meet are not called infeasible. ``kwargs_tuple``'s blocks take as input a
     storage the block before keeps: one allocation, counted once by the books and the
-    model (NOTE [Inputs counted once] in hooks.py)."""
+    model (NOTE [Inputs counted once] in shared.py)."""
     model, batch = make(case)
     budget = tight_budget(model, batch) // 2
     m = twin(model)

@@ -1,0 +1,109 @@
+"""Storages several records of a pass hold, counted once in its books: a region input
+another record keeps (NOTE [Inputs counted once]) and a kept storage an earlier call kept
+(NOTE [Activations counted once])."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from offrecomp.state import PassState, RegionCall, StorageRec
+
+__all__ = ["INPUT_LOOKBACK", "counting_record", "join_counted", "share_kept"]
+
+# NOTE [Inputs counted once]
+# A region input is often a storage another record of the pass counts already: the
+# previous block's output that its last op saved (a ReLU's), an encoder output the root
+# saved and a decoder block takes later (a UNet's skip), a feature map several blocks
+# take (a DenseNet's). Counted by each record, its bytes would count twice in the pass's
+# resident bytes and peak, where the device holds them once. A KEEP input whose storage
+# a resident record of the root or of the INPUT_LOOKBACK calls before its own holds is
+# marked ``shared`` and not counted again; it is still placed and held as the others.
+# A shared record found there stands for the record it shares (``same_as``), however far
+# back: a cell called at every time step on one sequence counts it once. A storage no
+# call of the window holds is counted again (the lookup is bounded: it runs per input
+# per call).
+# Only calls that take a replay checkpoint have input records, and only calls that run
+# the hooks have records to find: a call a plan keeps whole has neither when it saves
+# natively. An input's record names the other (``same_as``, whatever its placement), and
+# so does its profile record (``StorageRecord.shared_with``): the model counts the input
+# nothing where the books do, under a plan that keeps both records in units that have
+# them (docs/planner.md).
+
+# NOTE [Activations counted once]
+# A call may save a storage an earlier call saved too without taking it as an input:
+# under autocast the bf16 cast of a weight the calls share (a cell called at every time
+# step, a block called twice), made by the first call that needs it and cached for the
+# rest; a tensor cached on a module by its first call. Each call's record of it would
+# count its bytes again. The pass keeps the first kept record of each storage
+# (``first_records``, by data pointer, checked by identity); a later call's kept record
+# of that storage names it (``same_as``) and is ``shared``: held as the others, not
+# counted. A measuring pass also keeps the first record of any placement
+# (``first_named``) and names it from every later one, so the profile says which records
+# are one allocation (``StorageRecord.shared_with``) and the simulator counts the first
+# kept one under any plan, as these books do. A call kept whole (forced keep, or a
+# plan's) saves natively in most passes under native keep (NOTE [Native keep] in
+# native.py), without records, so its records neither join the table nor share, native
+# keep on or off: its books are the same in every pass, and the simulator counts a unit
+# kept whole alike. Region inputs are looked up as in NOTE [Inputs counted once]; a
+# counted one joins the table.
+
+#: Calls before a region call whose records a KEEP input of it is looked up in.
+INPUT_LOOKBACK = 8
+
+
+def _same_storage(p: PassState, call: RegionCall, ptr: int, storage: Any) -> StorageRec | None:
+    """The placed record of ``p``'s root, or of the calls just before ``call``, of
+    ``storage`` (at ``ptr``), if any."""
+    calls = p.calls
+    end = call.ordinal if 0 <= call.ordinal <= len(calls) else len(calls)
+    for c in (*calls[max(0, end - INPUT_LOOKBACK) : end], p.root):
+        if c is None or c is call:
+            continue
+        rec = c.by_ptr.get(ptr)
+        if rec is not None and rec.index >= 0 and rec() is storage:
+            return rec
+    return None
+
+
+def counting_record(p: PassState, call: RegionCall, ptr: int, storage: Any) -> StorageRec | None:
+    """The record of ``storage`` (at ``ptr``) that a region input of ``call`` names: one
+    of the root's or of the INPUT_LOOKBACK calls before, or, where that one shares the
+    storage, the record it shares, however far back (NOTE [Inputs counted once])."""
+    other = _same_storage(p, call, ptr, storage)
+    while other is not None and other.shared and other.same_as is not None:
+        other = other.same_as
+    return other
+
+
+def join_counted(p: PassState, rec: StorageRec, ptr: int, storage: Any) -> None:
+    """``rec`` counts ``storage``'s bytes: the first kept record a later call's kept save
+    of it shares, unless an earlier one lives (NOTE [Activations counted once])."""
+    first = p.first_records.get(ptr)
+    if first is None or first() is not storage:
+        p.first_records[ptr] = rec
+
+
+def share_kept(p: PassState, call: RegionCall, rec: StorageRec, ptr: int, storage: Any, kept: bool) -> bool:
+    """Name the first record of ``storage`` from ``rec``, a new record of ``call`` (in a
+    measuring pass, whatever its placement), and, where ``rec`` is ``kept`` and an
+    earlier call's kept record counts the storage, mark it ``shared``: True, the caller
+    counts nothing. Otherwise a kept ``rec`` becomes the storage's counting record if it
+    is the first (NOTE [Activations counted once])."""
+    if call.recorder is not None:  # the profile names the first record, whatever its placement
+        named = p.first_named.get(ptr)
+        if named is None or named() is not storage:
+            p.first_named[ptr] = rec
+        elif named.call is not call:
+            rec.same_as = named
+    if not kept:
+        return False
+    first = p.first_records.get(ptr)
+    if first is None or first() is not storage:
+        p.first_records[ptr] = rec  # the caller counts it
+        return False
+    if first.call is call or not first.resident:
+        return False
+    rec.shared = True
+    if rec.same_as is None:
+        rec.same_as = first
+    return True
