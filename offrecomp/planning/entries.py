@@ -65,6 +65,9 @@ class PlanEntry:
     warned_infeasible: bool = False
     warned_over_budget: bool = False
     """A planned step's activations went over the budget (warned once per signature)."""
+    frugal_plan_id: str | None = None
+    """The plan id of the most frugal plan, run because the measuring pass met a budget no
+    plan is predicted to meet (NOTE [Small storages] in solving.py)."""
     calibration_ran: bool = False
     calibration_tries: int = 0
     """Calibration passes sent back for a host pause (NOTE [Host pauses])."""

@@ -116,6 +116,9 @@ def check_budget(rec: StepRecord, entry: PlanEntry, plan: Plan, passes: list[Pas
             "gradient penalty); that graph holds the tensors the first backward's "
             "replays regenerate, which the plan does not count: expect this margin, "
             "or keep those regions (regions=, mode='keep')." if double else
+            " This is the most memory-frugal plan: the measuring pass held less by "
+            "dropping saves no plan drops (saves under min_bytes, saves a region did not "
+            "make); raise the budget, or lower min_bytes." if plan.plan_id == entry.frugal_plan_id else
             " Plan with a budget lower by that margin; rt.explain() and the step "
             "records show where the memory went.",
         )

@@ -73,7 +73,8 @@ def offloaded_sizes(profile: Profile, plan: Plan) -> list[int]:
 # smallest feasible budget named is the lower of that pass's peak and the frugal
 # plan's prediction, the budget this check accepts; the warning waits for the first
 # planned step, and is not given when that step met the budget (NOTE [Infeasible
-# budgets]).
+# budgets]). A budget the measuring pass met, where the most frugal plan runs over it,
+# gets the over-budget warning, saying that no plan holds less.
 
 
 class Solver:
@@ -167,6 +168,7 @@ class Solver:
         if measured is not None and measured <= budget:
             plan.feasible = True
             plan.min_feasible_budget_bytes = None
+            entry.frugal_plan_id = plan.plan_id
             plan.notes.append(
                 f"the most frugal plan is predicted to hold {format_bytes(plan.predicted_peak_bytes or 0)}, "
                 f"above the budget {format_bytes(budget)}, but the measuring pass (every droppable "

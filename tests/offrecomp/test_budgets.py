@@ -343,3 +343,54 @@ def test_a_weight_cast_the_calls_share_counts_once() -> None:
     for r in planned:
         assert r.predicted_peak_bytes is not None
         assert abs(r.peak_activation_bytes - r.predicted_peak_bytes) <= 0.05 * r.predicted_peak_bytes, r
+
+
+def test_the_most_frugal_plan_over_its_budget_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """NOTE [Small storages] (solving.py): under bf16 autocast an LSTM/GRU stack's
+    measuring pass drops saves no plan may drop (each block's weight casts, made outside
+    its call), so a budget it met runs the most frugal plan, which holds more. The warning
+    says that this plan is already the most frugal, not to plan with a lower budget."""
+
+    class Block(nn.Module):
+        def __init__(self, kind: type[nn.Module]) -> None:
+            super().__init__()
+            self.rnn = kind(16, 16, batch_first=True)
+            self.ln = nn.LayerNorm(16)
+            self.ff = nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y, _ = self.rnn(self.ln(x))
+            return x + torch.tanh(self.ff(y))
+
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp = nn.Linear(8, 16)
+            self.blocks = nn.ModuleList([Block(k) for k in (nn.LSTM, nn.GRU, nn.LSTM, nn.GRU)])
+
+        def forward(self, seq: torch.Tensor) -> torch.Tensor:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                h = self.inp(seq)
+                for b in self.blocks:
+                    h = b(h)
+                return h[:, -1].float().square().mean()
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(3, 6, 8, generator=torch.Generator().manual_seed(s))
+
+    torch.manual_seed(0)
+    base = Stack()
+    probe = copy.deepcopy(base)
+    keep = offrecomp.runtime(probe, mode="keep", min_bytes=0)
+    train(probe, batch, keep, steps=1)
+    budget = int(0.3 * keep.report().steps[0].peak_activation_bytes)
+    m = copy.deepcopy(base)
+    rt = offrecomp.runtime(m, mode="auto", budget=budget, min_bytes=0)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        assert_bitwise(train(copy.deepcopy(base), batch, steps=4), train(m, batch, rt, steps=4))
+    steps = rt.report().steps
+    assert steps[0].peak_activation_bytes <= budget  # the measuring pass met it
+    planned = [s for s in steps if s.phase == "planned"]
+    assert planned and all(s.peak_activation_bytes > budget for s in planned)
+    assert "This is the most memory-frugal plan" in caplog.text
+    assert "Plan with a budget lower" not in caplog.text
