@@ -451,8 +451,7 @@ class Placer:
                 p.stats.kept_bytes += nbytes
                 return rec
         self._account(p, rec, fallback)
-        if rec.resident:  # NOTE [Activations counted once]
-            join_counted(p, rec, ptr, storage)
+        join_counted(p, rec, ptr, storage)  # NOTE [Activations counted once]
         return rec
 
     # ---------------------------------------------------------------- release

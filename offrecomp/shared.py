@@ -76,11 +76,18 @@ def counting_record(p: PassState, call: RegionCall, ptr: int, storage: Any) -> S
 
 
 def join_counted(p: PassState, rec: StorageRec, ptr: int, storage: Any) -> None:
-    """``rec`` counts ``storage``'s bytes: the first kept record a later call's kept save
-    of it shares, unless an earlier one lives (NOTE [Activations counted once])."""
-    first = p.first_records.get(ptr)
-    if first is None or first() is not storage:
-        p.first_records[ptr] = rec
+    """``rec``, a region input's record, joins the tables of NOTE [Activations counted
+    once]: where it counts ``storage``'s bytes, as the first kept record a later call's
+    kept save of it shares; in a measuring pass, as the record later ones name, unless an
+    earlier record of it lives."""
+    if rec.resident:
+        first = p.first_records.get(ptr)
+        if first is None or first() is not storage:
+            p.first_records[ptr] = rec
+    if rec.call.recorder is not None:
+        named = p.first_named.get(ptr)
+        if named is None or named() is not storage:
+            p.first_named[ptr] = rec
 
 
 def share_kept(p: PassState, call: RegionCall, rec: StorageRec, ptr: int, storage: Any, kept: bool) -> bool:
