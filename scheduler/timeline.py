@@ -311,7 +311,9 @@ def _counted_once(place, save_order, shared, kind, hooked, unit_of, native):  # 
             continue
         t = shared[s]
         if kind[s] == 1:
-            if t >= 0 and place[t] == 0 and hooked[u]:
+            if not hooked[u]:
+                continue  # a unit kept whole takes no replay checkpoint: no input record
+            if t >= 0 and place[t] == 0:
                 v = unit_of[t]
                 if v % 2 == 0 or hooked[v] or not native:
                     once[s] = True
