@@ -371,21 +371,20 @@ class Placer:
             rec.aliased = True
         if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
             self._root_storage(rec)
-        if (placement is KEEP or recorder is not None) and not (
-            call.fixed is KEEP and (call.kept_whole or self._config.mode == "keep")
-        ) and share_kept(p, call, rec, ptr, storage, placement is KEEP):  # NOTE [Activations counted once]
-            stats = p.stats
-            stats.kept_bytes += nbytes
-            if fallback is not None:
-                stats.fallback(fallback)
-            elif call.inputs is not None and call.fixed is None:  # NOTE [Served storages written since]
-                rec.watch = PENDING_WATCH
-                rec.version = t._version
-            return rec
+        # NOTE [Activations counted once]: an earlier call's record counts it; not in a
+        # call kept whole (keeps_whole(call, mode), inline: the save path)
+        shared = (
+            (placement is KEEP or recorder is not None)
+            and not (call.fixed is KEEP and (call.kept_whole or self._config.mode == "keep"))
+            and share_kept(p, call, rec, ptr, storage, placement is KEEP)
+        )
         if placement is KEEP and fallback is None:
             if call.inputs is not None and call.fixed is None:  # NOTE [Served storages written since]
                 rec.watch = PENDING_WATCH
                 rec.version = t._version
+            if shared:
+                p.stats.kept_bytes += nbytes
+                return rec
             # PassStats.keep, inlined: one call less on the hottest path
             stats = p.stats
             rec.resident = True
@@ -393,6 +392,10 @@ class Placer:
             resident = stats.resident_bytes = stats.resident_bytes + nbytes
             if resident > stats.peak_resident_bytes:
                 stats.peak_resident_bytes = resident
+        elif shared and fallback is not None:  # kept by a fallback
+            stats = p.stats
+            stats.fallback(fallback)
+            stats.kept_bytes += nbytes
         else:
             self._account(p, rec, fallback)
         return rec

@@ -50,6 +50,7 @@ from typing import Any
 from offrecomp import _torch_compat as tc
 from offrecomp.config import Config
 from offrecomp.interrupts import finish
+from offrecomp.shared import keeps_whole
 from offrecomp.state import RegionCall
 from scheduler.plan import Placement
 
@@ -86,7 +87,7 @@ class NativeKeep:
     def _keeps_whole(self, call: RegionCall) -> bool:
         """``call`` keeps everything, by the forced keep mode or by its plan (NOTE [Kept
         planned calls]), and native keep is on: its record may be made or used."""
-        return call.fixed is KEEP and self._config.native_keep and (self._config.mode == "keep" or call.kept_whole)
+        return self._config.native_keep and keeps_whole(call, self._config.mode)
 
     def _audited(self, key: tuple[str, str, int]) -> bool:
         """A planned call's turn to run with the hooks on (NOTE [Native keep])."""

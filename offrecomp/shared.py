@@ -7,8 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from offrecomp.state import PassState, RegionCall, StorageRec
+from scheduler.plan import Placement
 
-__all__ = ["INPUT_LOOKBACK", "counting_record", "join_counted", "share_kept"]
+KEEP = Placement.KEEP
+
+__all__ = ["INPUT_LOOKBACK", "counting_record", "join_counted", "keeps_whole", "share_kept"]
 
 # NOTE [Inputs counted once]
 # A region input is often a storage another record of the pass counts already: the
@@ -75,19 +78,31 @@ def counting_record(p: PassState, call: RegionCall, ptr: int, storage: Any) -> S
     return other
 
 
+def keeps_whole(call: RegionCall, mode: str) -> bool:
+    """``call`` keeps every storage, by the forced keep mode or by its plan (NOTE [Kept
+    planned calls] in placement.py): under native keep it saves natively in most passes,
+    without records (NOTE [Native keep] in native.py)."""
+    return call.fixed is KEEP and (mode == "keep" or call.kept_whole)
+
+
+def _first(table: dict[int, StorageRec], ptr: int, storage: Any, rec: StorageRec) -> StorageRec:
+    """The live record of ``storage`` (at ``ptr``) in ``table``, or ``rec``, put there
+    now as its first."""
+    first = table.get(ptr)
+    if first is None or first() is not storage:
+        table[ptr] = first = rec
+    return first
+
+
 def join_counted(p: PassState, rec: StorageRec, ptr: int, storage: Any) -> None:
     """``rec``, a region input's record, joins the tables of NOTE [Activations counted
     once]: where it counts ``storage``'s bytes, as the first kept record a later call's
     kept save of it shares; in a measuring pass, as the record later ones name, unless an
     earlier record of it lives."""
     if rec.resident:
-        first = p.first_records.get(ptr)
-        if first is None or first() is not storage:
-            p.first_records[ptr] = rec
+        _first(p.first_records, ptr, storage, rec)
     if rec.call.recorder is not None:
-        named = p.first_named.get(ptr)
-        if named is None or named() is not storage:
-            p.first_named[ptr] = rec
+        _first(p.first_named, ptr, storage, rec)
 
 
 def share_kept(p: PassState, call: RegionCall, rec: StorageRec, ptr: int, storage: Any, kept: bool) -> bool:
@@ -97,17 +112,12 @@ def share_kept(p: PassState, call: RegionCall, rec: StorageRec, ptr: int, storag
     counts nothing. Otherwise a kept ``rec`` becomes the storage's counting record if it
     is the first (NOTE [Activations counted once])."""
     if call.recorder is not None:  # the profile names the first record, whatever its placement
-        named = p.first_named.get(ptr)
-        if named is None or named() is not storage:
-            p.first_named[ptr] = rec
-        elif named.call is not call:
+        named = _first(p.first_named, ptr, storage, rec)
+        if named.call is not call:
             rec.same_as = named
     if not kept:
         return False
-    first = p.first_records.get(ptr)
-    if first is None or first() is not storage:
-        p.first_records[ptr] = rec  # the caller counts it
-        return False
+    first = _first(p.first_records, ptr, storage, rec)  # rec: the caller counts it
     if first.call is call or not first.resident:
         return False
     rec.shared = True

@@ -91,10 +91,13 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
     tensor's version counter (NOTE [Served storages written since] in regenerate.py)."""
     version = 0  # the version at its first save, with ``watch``
     shared = False
-    """A KEEP region input whose storage another record of the pass counts resident
-    already (NOTE [Inputs counted once] in shared.py): its bytes are not counted again."""
+    """A KEEP record whose storage another record of the pass counts resident already (a
+    region input: NOTE [Inputs counted once]; a storage an earlier call kept: NOTE
+    [Activations counted once], in shared.py): its bytes are not counted again."""
     same_as: StorageRec | None = None
-    """A region input's: the record of an earlier call (or the root) of the same storage."""
+    """The record of an earlier call (or the root) of the same storage: a region input's
+    (NOTE [Inputs counted once]); a shared record's, or in a measuring pass any later
+    record's, the first record of it (NOTE [Activations counted once])."""
 
     def __new__(
         cls, storage: Any, call: RegionCall, index: int, nbytes: int, ptr: int, placement: Placement | None
@@ -671,7 +674,7 @@ class PassState(_WeakReferable):
     first_records: dict[int, StorageRec] = field(default_factory=dict)
     """Data pointer -> the first kept record of that storage in the pass: the record a
     later call's kept save of the same storage shares (NOTE [Activations counted once]
-    in hooks.py)."""
+    in shared.py)."""
     first_named: dict[int, StorageRec] = field(default_factory=dict)
     """In a measuring pass, data pointer -> the first record of that storage of any
     placement, which the later ones name for the profile."""
