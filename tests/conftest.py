@@ -10,9 +10,13 @@ from hypothesis import settings
 
 # The property tests draw the same examples on every run (a CI run is never the one that
 # happens on a new counterexample); HYPOTHESIS_PROFILE=explore draws new ones each run.
-settings.register_profile("default", derandomize=True)
-settings.register_profile("explore", derandomize=False)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+_PROFILES = {"default": True, "explore": False}  # name: derandomize
+for _name, _fixed in _PROFILES.items():
+    settings.register_profile(_name, derandomize=_fixed)
+_profile = os.environ.get("HYPOTHESIS_PROFILE", "default")
+if _profile not in _PROFILES:
+    raise pytest.UsageError(f"HYPOTHESIS_PROFILE={_profile!r} is invalid; accepted: {', '.join(_PROFILES)}")
+settings.load_profile(_profile)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
