@@ -59,7 +59,7 @@ them) is seen at its exit, and the signature measures again (``Planner.grew``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -69,6 +69,7 @@ from offrecomp.diagnostics import warn_once
 from offrecomp.phases import Phase
 from offrecomp.state import PassState, RegionCall, StorageRec
 from scheduler.plan import Placement, Plan
+from scheduler.profile import StorageRecord
 
 if TYPE_CHECKING:
     from offrecomp.groups import OffloadGroups
@@ -103,6 +104,16 @@ def never_replayed(region: Region | None) -> str | None:
     if region.accumulates:
         return "runs a backward that accumulates into .grad"
     return None
+
+
+def _differs(recs: Sequence[StorageRecord], index: int, nbytes: int, kind: str) -> bool:
+    """Is the ``index``-th storage of a call (``nbytes``, of ``kind``) another than its
+    recording's (``recs``)? A region input of another size is not (NOTE [Region inputs
+    of another storage size])."""
+    if index >= len(recs):
+        return True
+    r = recs[index]
+    return r.nbytes != nbytes and not (kind == "input" and r.kind == "input")
 
 
 def refusal(call: RegionCall, rec: StorageRec, asked: Placement, min_bytes: int) -> str | None:
@@ -328,6 +339,13 @@ class Placements:
                 return placements[index]
             if not call.mismatch and not call.is_root:
                 self._planner.mismatch(p, call, index, borrowed=False)
+        structure = call.structure
+        if (
+            structure is not None and not call.mismatch and p.phase == Phase.CALIBRATE
+            and _differs(structure.storage_records, index, nbytes, kind)
+            and (structure.layout is None or call.layout() == structure.layout)  # else NOTE [Stale recordings]
+        ):
+            self._planner.calibration_differs(p, call, index)  # NOTE [Calibration sizes] in differences.py
         user = self._user_plan()
         if user is not None and not p.recording:
             return user.placement((call.name, call.call_index, index))

@@ -56,6 +56,9 @@ class PlanEntry:
     relayouts: int = 0
     """Times a call's inputs, parameters or buffers had another layout than its recording
     (NOTE [Stale recordings] in regenerate.py)."""
+    recalibrations: int = 0
+    """Times a calibration pass's call saved storages of other sizes than its recording
+    (NOTE [Calibration sizes] in differences.py)."""
     replaced: tuple[Plan, Profile] | None = None
     """The plan and profile a measuring pass replaced (``rt.explain()`` shows them until
     the signature plans again)."""

@@ -90,6 +90,10 @@ class Learner:
             return None  # it ran another signature's plan (NOTE [Borrowed plans], [Pass signatures])
         if p.reprofile:
             return None  # its end built the profile again (NOTE [Calls the profile lacks])
+        if calibrating and (entry.needs_measure or _calibrated_another(entry, p)):
+            # its calls differed from the recording (NOTE [Calibration sizes] in
+            # differences.py): the signature measures again, or has since (a new profile)
+            return None
         step = None if calibrating else self.host.clock.seconds(p.start_mark, p.backward_end_mark)
         if p.phase == Phase.PLANNED and self._skip(entry):
             return self._trial(entry, p, step)  # the step time still reaches the offload trial
@@ -615,3 +619,10 @@ def _gaps(profile: Profile) -> list[float]:
         end = max(end, r.start_seconds) + r.forward_seconds
     gaps.append(max(0.0, profile.forward_seconds - end))
     return gaps
+
+
+def _calibrated_another(entry: PlanEntry, p: PassState) -> bool:
+    """The calibration pass ``p`` ran on recordings that ``entry`` no longer holds (it
+    measured again since: NOTE [Calibration sizes] in differences.py)."""
+    structures = entry.structures
+    return any(c.structure is not None and structures.get(c.key) is not c.structure for c in p.calls)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from offrecomp.config import format_bytes
 from offrecomp.explain import NO_PLAN_YET, explain_forced, explain_plan, summarize
 from offrecomp.phases import Phase
-from offrecomp.planning import drift, profiling, records
+from offrecomp.planning import differences, drift, profiling, records
 from offrecomp.planning.entries import PlanCache, PlanEntry, assign
 from offrecomp.planning.learning import Learner
 from offrecomp.planning.profiling import ReplayMarks
@@ -27,7 +27,6 @@ from scheduler.timeline import simulate
 
 if TYPE_CHECKING:
     from offrecomp.planning.host import PlannerHost
-    from offrecomp.regions import Region
     from offrecomp.report import StepRecord
     from offrecomp.state import PassState, RegionCall
     from offrecomp.trace import RegionStructure
@@ -40,28 +39,6 @@ KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUT
 CATCH_UP_SECONDS = 0.02
 """At a pass's start, deferred record reading and learning stops after this long (one
 record is always read): NOTE [Bookkeeping off the critical path]."""
-
-#: Times a signature measures again because a call its plan keeps whole saved more than
-#: its profile (``Planner.grew``).
-MAX_GROWTH_MEASURES = 3
-#: Times a signature measures again because a call's layout differs from its recording
-#: (``Planner.remeasure``).
-MAX_RELAYOUT_MEASURES = 3
-
-
-def _measure_again(entry: PlanEntry, counter: str, limit: int, refused: str, *args: Any) -> bool:
-    """Send ``entry``'s signature to measure again for one more reason of the kind
-    ``counter`` (a count in ``entry``), up to ``limit`` times: True if it will; past the
-    limit False, and the first time the warning ``refused`` (with ``args``)."""
-    n = getattr(entry, counter) + 1
-    setattr(entry, counter, n)
-    if n > limit:
-        if n == limit + 1:
-            log.warning(refused, *args)
-        return False
-    entry.needs_measure = True
-    return True
-
 
 class Planner:
     """Profiles in, placements out, plans cached per signature; over a ``PlannerHost``."""
@@ -260,6 +237,8 @@ class Planner:
         return user if user is not None else entry.plan
 
     def _solve(self, entry: PlanEntry) -> None:
+        if entry.profile is not None:
+            profiling.mark_unreplayable(entry.profile, self.host.regions)
         self.solver.solve(entry)
         self.last_entry = entry
 
@@ -393,11 +372,8 @@ class Planner:
             self.distrust(call.name, structure)
         region = call.region
         if region is not None:
-            if call.passive is not None:  # NOTE [Replay], step 7
-                region.mode_sensitive = False  # differs under a mode too: the data decides
-            elif region.mode_sensitive is None and not call.under_mode:
-                region.mode_sensitive = True
-            _differed(region)
+            differences.suspect_mode(call, region)
+            differences.differed(region)
         log.info(
             "offrecomp: region %r call %d differs from its profile (storage %d); "
             "dropping its activations this pass and measuring again",
@@ -410,52 +386,22 @@ class Planner:
         structure.opaque = True
         self.opaque_regions.add(name)
 
+    def calibration_differs(self, p: PassState, call: RegionCall, index: int) -> None:
+        """A calibration pass's ``call`` saved its storage ``index`` with another size
+        than its recording, or one the recording lacks (NOTE [Calibration sizes] in
+        differences.py)."""
+        differences.calibration_differs(self.entries.get(p.signature), p, call, index)
+
     def remeasure(self, call: RegionCall, why: str) -> None:
         """``call``'s recording does not describe it (``why``; NOTE [Stale recordings] in
-        regenerate.py): it replays plainly, and its signature measures again, up to
-        MAX_RELAYOUT_MEASURES times; after that its steps alternate between layouts the
-        signature does not tell apart, and such calls replay plainly under the plan, with
-        one warning."""
+        regenerate.py): ``differences.relayout``."""
         p = call.pass_state
-        entry = self.entries.get(p.signature) if p is not None else None
-        if entry is None or entry.needs_measure:
-            return
-        if _measure_again(
-            entry, "relayouts", MAX_RELAYOUT_MEASURES,
-            "offrecomp: signature %s: region %r call %d and others run on inputs of another "
-            "layout or size than its recording from step to step (it was measured again %d "
-            "times), which the signature of the model's inputs does not tell apart; auto "
-            "plans from the last recording, and such calls replay plainly. Hint: make the "
-            "blocks' input shapes a function of the model's (for a slice taken in the "
-            "forward: pass it in), or keep such regions (regions=)",
-            shown(entry.signature), call.name, call.call_index, MAX_RELAYOUT_MEASURES,
-        ):
-            log.info(
-                "offrecomp: region %r call %d: %s; it replays plainly, and signature %s "
-                "measures again",
-                call.name, call.call_index, why, shown(entry.signature),
-            )
+        differences.relayout(self.entries.get(p.signature) if p is not None else None, call, why)
 
     def grew(self, p: PassState, call: RegionCall) -> None:
-        """A planned call its plan keeps whole (NOTE [Kept planned calls]) saved more
-        storages than its recording (a mixture of experts running more of them): the
-        profile underestimates it, so the signature measures again, up to
-        MAX_GROWTH_MEASURES times; then a warning says its steps may exceed the budget."""
-        entry = self.entries.get(p.signature)
-        if entry is None or entry.needs_measure or (call.region is not None and call.region.variable):
-            return  # a variable region is known to save more some times
-        if _measure_again(
-            entry, "growths", MAX_GROWTH_MEASURES,
-            "offrecomp: signature %s: region %r and others save more than their profile "
-            "from step to step (it was measured again %d times); planned steps may hold more "
-            "than the budget. Hint: keep such regions (regions=), or lower the budget",
-            shown(p.signature), call.name, MAX_GROWTH_MEASURES,
-        ):
-            log.info(
-                "offrecomp: region %r call %d saved more storages than its profile; measuring "
-                "signature %s again",
-                call.name, call.call_index, shown(p.signature),
-            )
+        """A planned call its plan keeps whole saved more storages than its recording:
+        ``differences.grew``."""
+        differences.grew(self.entries.get(p.signature), p, call)
 
     def record_structure(self, call: RegionCall) -> None:
         """Region forward returned in a measuring pass: derive its structure."""
@@ -725,21 +671,6 @@ def _planner_time(holder: PassState | StepRecord) -> Iterator[None]:
         yield
     finally:
         holder.planner_seconds += time.perf_counter() - t0
-
-
-def _differed(region: Region) -> None:
-    """One more planned call of ``region`` differed from its recording; the second makes
-    it variable: kept or offloaded, never recomputed, from then on."""
-    region.mismatches += 1
-    if region.mismatches >= 2 and not region.variable:
-        region.variable = True  # measured again, it differed again
-        log.warning(
-            "offrecomp: region %r saved other tensors than its profile in two planned passes "
-            "(code that branches on the data or on Python state, or tensors of other "
-            "layouts); no one recording describes its calls, so its activations are kept "
-            "or offloaded from now on, never recomputed",
-            region.name,
-        )
 
 
 def pass_releases(releases: tuple[int, ...]) -> tuple[int, ...]:

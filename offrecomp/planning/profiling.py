@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -20,6 +21,7 @@ from scheduler.profile import Profile, RegionRecord, StorageRecord
 if TYPE_CHECKING:
     from offrecomp.config import Config
     from offrecomp.measure import Clock
+    from offrecomp.regions import Region
     from offrecomp.state import PassState, RegionCall
     from offrecomp.trace import OpRecorder
 
@@ -33,6 +35,27 @@ def timed_on_device(rec: OpRecorder) -> bool:
     """The recording timed its ops with CUDA events, which can be read only once the
     device has run them (at the end of the pass)."""
     return any(op.start_ev is not None for op in rec.ops)
+
+
+def never_replayable(region: Region) -> bool:
+    """A replay of ``region``'s calls must not run (it writes state of its own, runs a
+    backward through earlier activations or into ``.grad``, or branches on the data)."""
+    return region.writes_state or region.reaches_out or region.variable or region.accumulates
+
+
+def mark_unreplayable(profile: Profile, regions: Iterable[Region]) -> int:
+    """Regions found never replayable since ``profile`` was built (a region whose calls
+    differed from their recording twice, NOTE [Calibration sizes] in differences.py) are not
+    replayable in it from now on, so a plan solved from it keeps or offloads their
+    storages, as the placement rules will: the number of region records changed."""
+    names = {r.name for r in regions if never_replayable(r)}
+    changed = 0
+    if names:
+        for rec in profile.regions:
+            if rec.replayable and rec.name in names:
+                rec.replayable = False
+                changed += 1
+    return changed
 
 
 def record_structure(call: RegionCall, *, min_bytes: int, opaque: bool) -> None:
@@ -197,14 +220,7 @@ def _region_records(
                 ops=list(st.op_records),
                 storages=storages,
                 opaque=st.opaque,
-                replayable=not call.collective
-                and not (
-                    call.region is not None
-                    and (
-                        call.region.writes_state or call.region.reaches_out or call.region.variable
-                        or call.region.accumulates
-                    )
-                ),
+                replayable=not call.collective and not (call.region is not None and never_replayable(call.region)),
             )
         )
         structures[call.key] = st

@@ -394,3 +394,136 @@ def test_the_most_frugal_plan_over_its_budget_says_so(caplog: pytest.LogCaptureF
     assert planned and all(s.peak_activation_bytes > budget for s in planned)
     assert "This is the most memory-frugal plan" in caplog.text
     assert "Plan with a budget lower" not in caplog.text
+
+
+class _MemoryBlock(nn.Module):
+    """Transformer-XL style: attends over the previous step's hidden states (``self.mem``,
+    detached), which the first step lacks; the signature cannot tell the steps apart."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.q, self.kv, self.o = nn.Linear(d, d), nn.Linear(d, 2 * d), nn.Linear(d, d)
+        self.mem: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ctx = x if self.mem is None else torch.cat([self.mem, x], 1)
+        k, v = self.kv(ctx).chunk(2, -1)
+        att = torch.softmax(self.q(x) @ k.transpose(1, 2), -1)
+        self.mem = x[:, -8:].detach()
+        return x + self.o(torch.tanh(att @ v))
+
+
+def _memory_model() -> nn.Module:
+    torch.manual_seed(0)
+    return models.Stack([_MemoryBlock() for _ in range(4)])
+
+
+def _tokens(s: int) -> torch.Tensor:
+    return torch.randn(2, 32, 32, generator=torch.Generator().manual_seed(s))
+
+
+def test_a_calibration_pass_with_larger_saves_measures_again_before_planning() -> None:
+    """NOTE [Calibration sizes]: the measuring pass of step 0 saw no memory, the
+    calibration pass does; planning from step 0's recording booked too little (the first
+    planned step over the budget), so the signature measures again, and every planned
+    step keeps to the budget; gradients bitwise."""
+    model = _memory_model()
+    keep = copy.deepcopy(model)
+    with offrecomp.runtime(keep, mode="keep", min_bytes=0) as rt:
+        for s in range(2):
+            keep(_tokens(s)).backward()
+    budget = int(0.7 * rt.report().steps[-1].peak_activation_bytes)
+    ref = train(copy.deepcopy(model), _tokens, steps=7)
+    rt = offrecomp.runtime(model, budget=budget, min_bytes=0, drift=100.0)
+    assert_bitwise(ref, train(model, _tokens, rt, steps=7))
+    steps = rt.report().steps
+    assert [s.phase for s in steps[:5]] == ["measure", "calibrate", "measure", "calibrate", "planned"]
+    planned = [s for s in steps if s.phase == "planned"]
+    assert len(planned) == 3
+    for s in planned:
+        assert s.peak_activation_bytes <= budget, (s.step, s.peak_activation_bytes, budget)
+        assert s.peak_activation_bytes == s.predicted_peak_bytes
+
+
+class _RoutedBlock(nn.Module):
+    """Runs its second layer on the rows the data picks (a mixture of experts' routing):
+    the sizes of its saves change from step to step under one signature."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.gate, self.up, self.down = nn.Linear(d, 1), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = (self.gate(x).squeeze(-1) > 0).nonzero().squeeze(-1)
+        y = torch.zeros_like(x).index_add(0, rows, self.down(torch.relu(self.up(x[rows]))))
+        return x + y
+
+
+def test_calls_that_differ_at_every_calibration_are_kept_and_the_signature_plans(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Routing that changes every step: the signature measures again once for its
+    calibration (NOTE [Calibration sizes]); the second calibration that differs counts
+    toward the regions' mismatches, so the first planned pass that differs makes them
+    keep or offload (never recompute), and the signature plans for good; gradients
+    bitwise."""
+    torch.manual_seed(0)
+    model = models.Stack([_RoutedBlock() for _ in range(3)])
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(64, 32, generator=torch.Generator().manual_seed(s))
+
+    ref = train(copy.deepcopy(model), batch, steps=12)
+    rt = offrecomp.runtime(model, budget=1, min_bytes=0)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        assert_bitwise(ref, train(model, batch, rt, steps=12))
+    phases = [s.phase for s in rt.report().steps]
+    assert phases.count("measure") == 3 and phases[-5:] == ["planned"] * 5, phases
+    assert len(_messages(caplog, "saved other tensors than its profile")) == 3
+
+
+class _ScheduledBlock(nn.Module):
+    """Its hidden width is set by the loop before each step (``width``): its saves change
+    size at the steps the schedule says, under one signature."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.width = 4 * d
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(torch.relu(self.up(x)[..., : self.width]))
+        return x + self.down(nn.functional.pad(y, (0, 4 * x.shape[-1] - self.width)))
+
+
+def test_a_region_found_variable_by_a_calibration_is_kept_by_the_plan_after_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A planned pass that differs (step 4), then a calibration that differs (step 6):
+    the regions branch on their state, found after the profile of step 5 was measured.
+    The plan of step 7 is solved with them not replayable (NOTE [Calibration sizes]), so
+    it books what the step holds, where a plan that drops their saves booked 106 KB for
+    254 KB held; gradients bitwise."""
+    torch.manual_seed(0)
+    model = models.Stack([_ScheduledBlock() for _ in range(3)])
+    widths = [64, 96, 96, 96, 112, 112, 80, 80, 80, 80]
+
+    def batches(m: nn.Module) -> Callable[[int], torch.Tensor]:
+        def batch(s: int) -> torch.Tensor:
+            for b in m.blocks:  # type: ignore[union-attr]
+                b.width = widths[s // 10]  # train() draws batch 10 * step
+            return torch.randn(64, 32, generator=torch.Generator().manual_seed(s))
+
+        return batch
+
+    plain = copy.deepcopy(model)
+    ref = train(plain, batches(plain), steps=10)
+    rt = offrecomp.runtime(model, budget=100_000, min_bytes=0, drift=100.0)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        assert_bitwise(ref, train(model, batches(model), rt, steps=10))
+    steps = rt.report().steps
+    assert [s.phase for s in steps[4:]] == ["planned", "measure", "calibrate"] + ["planned"] * 3
+    assert len(_messages(caplog, "saved other tensors than its profile")) == 3
+    assert not _messages(caplog, "that the placement rules keep")
+    for s in steps[7:]:
+        assert s.predicted_peak_bytes is not None and s.peak_activation_bytes <= s.predicted_peak_bytes, s

@@ -1054,7 +1054,7 @@ def test_steps_alternating_block_layouts_under_one_signature_plan_after_a_bound(
     when that keeps happening (steps alternate between two layouts the signature does not
     tell apart) it stops after MAX_RELAYOUT_MEASURES times, with one warning, and the
     plan runs, such calls replaying plainly: gradients stay plain's."""
-    from offrecomp.planning.planner import MAX_RELAYOUT_MEASURES
+    from offrecomp.planning.differences import MAX_RELAYOUT_MEASURES
 
     torch.manual_seed(0)
     base = _HalfEveryOther()
