@@ -8,6 +8,7 @@ from typing import Any
 
 from offrecomp.state import PassState, RegionCall, StorageRec
 from scheduler.plan import Placement
+from scheduler.profile import INPUT_LOOKBACK
 
 KEEP = Placement.KEEP
 
@@ -29,8 +30,8 @@ __all__ = ["INPUT_LOOKBACK", "counting_record", "join_counted", "keeps_whole", "
 # the hooks have records to find: a call a plan keeps whole has neither when it saves
 # natively. An input's record names the other (``same_as``, whatever its placement), and
 # so does its profile record (``StorageRecord.shared_with``): the model counts the input
-# nothing where the books do, under a plan that keeps both records in units that have
-# them (docs/planner.md).
+# nothing where its allocation's latest record in that window is kept, in a unit that
+# has records, and an input no op saves nothing in a call kept whole (docs/planner.md).
 
 # NOTE [Activations counted once]
 # A call may save a storage an earlier call saved too without taking it as an input:
@@ -50,8 +51,6 @@ __all__ = ["INPUT_LOOKBACK", "counting_record", "join_counted", "keeps_whole", "
 # kept whole alike. Region inputs are looked up as in NOTE [Inputs counted once]; a
 # counted one joins the table.
 
-#: Calls before a region call whose records a KEEP input of it is looked up in.
-INPUT_LOOKBACK = 8
 
 
 def _same_storage(p: PassState, call: RegionCall, ptr: int, storage: Any) -> StorageRec | None:

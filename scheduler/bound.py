@@ -370,9 +370,10 @@ def lower_bound_flat(flat: FlatProfile, budget_bytes: int, max_groups: int = 32)
             float(budget_bytes),
             flat.st_ptr,
             # a storage an earlier kept record holds may add nothing (NOTE [Inputs
-            # counted once], [Activations counted once] in offrecomp/shared.py): left
-            # out, the bound stays one
-            np.where(flat.shared >= 0, 0, flat.nbytes),
+            # counted once], [Activations counted once] in offrecomp/shared.py), nor an
+            # input no op saves (a unit kept whole holds none): left out, the bound
+            # stays one
+            np.where((flat.shared >= 0) | flat.unsaved, 0, flat.nbytes),
             flat.legal,
             flat.last_save,
             flat.save_time,

@@ -86,6 +86,10 @@ class FlatProfile:
     shared: np.ndarray
     """Per storage the flat index of the earlier record of the same allocation
     (``StorageRecord.shared_with``), -1 for none."""
+    unsaved: np.ndarray
+    """Per storage: a region input no op of its region saves (``saves`` 0), held for a
+    replay only; a unit kept whole holds no record of it (NOTE [Inputs counted once] in
+    offrecomp/shared.py)."""
     save_order: np.ndarray
     op_ptr: np.ndarray
     op_sec: np.ndarray
@@ -584,15 +588,14 @@ def _legality(profile: Profile, un: _Units, kind_reg: np.ndarray) -> tuple[np.nd
     return kind_arr, legal
 
 
-def _unit_saves(profile: Profile, un: _Units) -> np.ndarray:
-    """Per unit the tensors saved (each storage's ``saves``), as float64."""
+def _saves(profile: Profile, un: _Units) -> tuple[np.ndarray, np.ndarray]:
+    """Per flat storage its ``saves``, and per unit their sum as float64."""
     sv_arr = int_array(list(map(_get_saves, un.sts)) + list(map(_get_saves, profile.root)))
     if sv_arr is None:
         bad_storage(profile, "saves", "an int >= 0", lambda s: is_count(s.saves))
     assert sv_arr is not None
-    return np.bincount(
-        un.unit_of, weights=sv_arr[un.src].astype(np.float64), minlength=un.n_units
-    )
+    saves = sv_arr[un.src]
+    return saves, np.bincount(un.unit_of, weights=saves.astype(np.float64), minlength=un.n_units)
 
 
 def _keys(
@@ -661,7 +664,7 @@ def flatten(profile: Profile) -> FlatProfile:
     op_sec = _op_seconds(profile, un.ops)
     assert cols.nbytes is not None and cols.last_save is not None and cols.first_save is not None  # bad_storage raised
     kind_arr, legal = _legality(profile, un, cols.kind)
-    unit_saves = _unit_saves(profile, un)
+    saves, unit_saves = _saves(profile, un)
     host_start, fwd_host, bwd_host, bwd_dev, t0, fwd_hook, bwd_hook = host_times(
         profile, start, dur, bdur, t0, unit_saves
     )
@@ -688,6 +691,7 @@ def flatten(profile: Profile) -> FlatProfile:
         last_save=np.concatenate((cols.last_save, np.zeros(n_root, dtype=np.int64)))[src],
         first_save=np.concatenate((cols.first_save, np.zeros(n_root, dtype=np.int64)))[src],
         shared=np.full(len(keys), -1, dtype=np.int64),
+        unsaved=(kind_arr == KIND_INPUT) & (saves == 0),
         save_order=order,
         op_ptr=un.op_ptr,
         op_sec=np.asarray(op_sec, dtype=np.float64),

@@ -59,6 +59,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeVar
 
 __all__ = [
+    "INPUT_LOOKBACK",
     "PROFILE_VERSION",
     "OpRecord",
     "Profile",
@@ -68,6 +69,11 @@ __all__ = [
 ]
 
 PROFILE_VERSION = 1
+
+#: Region calls before a call whose records the runtime looks a kept region input of it
+#: up in (with the root's), to count the input's allocation once (NOTE [Inputs counted
+#: once] in offrecomp/shared.py); the simulator counts the same way.
+INPUT_LOOKBACK = 8
 
 StorageKind = Literal["activation", "input", "external"]
 

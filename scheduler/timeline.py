@@ -87,7 +87,7 @@ import numpy as np
 from scheduler.flat import FlatProfile, flatten, placement_array
 from scheduler.kernels import njit, njit_inline, replay_costs
 from scheduler.plan import Placement, Plan
-from scheduler.profile import Profile
+from scheduler.profile import INPUT_LOOKBACK, Profile
 
 __all__ = [
     "Interval",
@@ -288,14 +288,18 @@ def _backward(
 
 
 @njit_inline
-def _counted_once(place, save_order, shared, kind, hooked, unit_of, native):  # type: ignore[no-untyped-def]
+def _counted_once(place, save_order, shared, kind, unsaved, hooked, unit_of, native):  # type: ignore[no-untyped-def]
     """Per storage: a kept record whose allocation another record counts, as the
     runtime's books do. The records of one allocation name an earlier one (``shared``).
 
-    * A kept region input (NOTE [Inputs counted once] in offrecomp/shared.py) whose
-      named record is kept: in a unit with a replay checkpoint (one the plan does not
-      keep whole), and where that record exists (the root's always; a region's kept
-      whole saves natively under native keep, without records).
+    * A kept region input of a unit kept whole that no op of it saves (``unsaved``): the
+      unit takes no replay checkpoint, and its ops hold no such storage.
+    * A kept region input (NOTE [Inputs counted once] in offrecomp/shared.py) of a unit
+      with a replay checkpoint (one the plan does not keep whole) whose allocation's
+      latest record before it is kept, in the root or in one of the INPUT_LOOKBACK
+      region calls before: the runtime finds such a record and the one it shares, which
+      counts. A record exists in the root and in units with hooks (a region kept whole
+      saves natively under native keep, without records, and takes no checkpoint).
     * Any other kept record (NOTE [Activations counted once]) after a counted kept
       record of the same allocation, both in the root or in units the plan does not
       keep whole (a region kept whole may save natively, so its records share nothing
@@ -304,36 +308,40 @@ def _counted_once(place, save_order, shared, kind, hooked, unit_of, native):  # 
     n = place.shape[0]
     once = np.zeros(n, dtype=np.bool_)
     seen = np.zeros(n, dtype=np.bool_)
+    last_unit = np.full(n, -1, dtype=np.int64)  # per allocation: the unit of its latest record
+    last_kept = np.zeros(n, dtype=np.bool_)  # ... and whether that record is kept
     for i in range(n):
         s = save_order[i]
         u = unit_of[s]
-        if place[s] != 0:
-            continue
-        t = shared[s]
-        if kind[s] == 1:
-            if not hooked[u]:
-                continue  # a unit kept whole takes no replay checkpoint: no input record
-            if t >= 0 and place[t] == 0:
-                v = unit_of[t]
-                if v % 2 == 0 or hooked[v] or not native:
-                    once[s] = True
-                    continue
-        elif not (u % 2 == 0 or hooked[u]):
-            continue
         first = s
         while shared[first] >= 0:
             first = shared[first]
-        if seen[first] and kind[s] != 1:
-            once[s] = True
-        else:
-            seen[first] = True
+        if kind[s] == 1 and not hooked[u]:  # no checkpoint: no input record
+            if unsaved[s]:
+                once[s] = True
+            elif not native:  # an op saves it, through the hooks: a record of it
+                last_unit[first] = u
+                last_kept[first] = True
+            continue
+        if place[s] == 0 and (kind[s] == 1 or u % 2 == 0 or hooked[u]):
+            if kind[s] == 1:
+                v = last_unit[first]
+                if v >= 0 and last_kept[first] and (v % 2 == 0 or u - v <= 2 * INPUT_LOOKBACK):
+                    once[s] = True
+            elif seen[first]:
+                once[s] = True
+            if not once[s]:
+                seen[first] = True
+        if u % 2 == 0 or hooked[u] or not native:  # a record the runtime holds
+            last_unit[first] = u
+            last_kept[first] = place[s] == 0
     return once
 
 
 @njit_inline
 def _event_streams(
     place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, rel_t, by, reach,
-    cstart, cend, riss, last_save, first_save, plain, noops, shared, kind, hooked, native
+    cstart, cend, riss, last_save, first_save, plain, noops, shared, kind, unsaved, hooked, native
 ):  # type: ignore[no-untyped-def]
     """The four memory event streams of NOTE [memory merge], each sorted by time: saves
     (storages ``s1[:n1]``), group releases (storages ``s2[:n2]``), backward allocations
@@ -346,7 +354,7 @@ def _event_streams(
     s2 = np.empty(n_st, dtype=np.int64)
     n1 = 0
     n2 = 0
-    once = _counted_once(place, save_order, shared, kind, hooked, unit_of, native)
+    once = _counted_once(place, save_order, shared, kind, unsaved, hooked, unit_of, native)
     for i in range(n_st):
         s = save_order[i]
         if nbytes[s] == 0 or place[s] == 2 or once[s]:
@@ -454,7 +462,7 @@ def run_timeline(
     place, prefetch, save_order, st_ptr, unit_of, nbytes, save_time, last_save, first_save, st_prod,
     op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow,
     fwd_dur, fwd_start, fwd_host, fwd_hook, bwd_dev, bwd_host, bwd_hook, t0, d2h_bps, h2d_bps,
-    off_h, rel_h, rp_h, shared, kind, native, d2h_start, d2h_end, h2d_start, h2d_end, reach, cstart,
+    off_h, rel_h, rp_h, shared, kind, unsaved, native, d2h_start, d2h_end, h2d_start, h2d_end, reach, cstart,
     cend, fstart, fend, riss, replay, plain, ev_t, ev_d, mark, stack, op_host, op_view, rel_u, rel_t
 ):  # type: ignore[no-untyped-def]
     """Simulate one step; fills the per-storage/per-unit arrays (``plain[u]``: unit ``u``
@@ -485,7 +493,7 @@ def run_timeline(
     # are merged with frees first at equal times, so no sort is needed.
     s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b = _event_streams(
         place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, rel_t, by, reach,
-        cstart, cend, riss, last_save, first_save, plain, noops, shared, kind, hooked, native
+        cstart, cend, riss, last_save, first_save, plain, noops, shared, kind, unsaved, hooked, native
     )
     n_ev, peak, peak_t = _merge_events(
         s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b, unit_of, nbytes, save_time, fstart, fwd_start,
@@ -546,7 +554,7 @@ class Workspace:
             f.out_idx, f.rd_ptr, f.rd_idx, f.noops, f.dataflow, f.fwd_dur, f.fwd_start,
             f.fwd_host, f.fwd_hook, f.bwd_dev, f.bwd_host, f.bwd_hook, f.t0, d2h, h2d,
             f.offload_host, f.reload_host,
-            f.replay_host, f.shared, f.kind, f.native_keep, self.d2h_start, self.d2h_end, self.h2d_start, self.h2d_end,
+            f.replay_host, f.shared, f.kind, f.unsaved, f.native_keep, self.d2h_start, self.d2h_end, self.h2d_start, self.h2d_end,
             self.reach, self.cstart, self.cend, self.fstart, self.fend, self.riss, self.replay, self.plain,
             self.ev_t, self.ev_d, self.mark, self.stack, f.op_host, f.op_view, self.rel_u, self.rel_t
         )

@@ -5,10 +5,20 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler import Placement, Plan, Profile, exhaustive_solve, lower_bound, simulate
+from scheduler import (
+    Placement,
+    Plan,
+    Profile,
+    StorageRecord,
+    exhaustive_solve,
+    lower_bound,
+    simulate,
+)
+from scheduler.profile import INPUT_LOOKBACK
 from tests.scheduler.instances import random_profile
 from tests.scheduler.test_simulate import block, two_blocks
 
@@ -344,3 +354,48 @@ def test_a_kept_input_of_a_kept_earlier_record_counts_once_where_the_runtime_doe
     p.native_keep = True
     assert simulate(p, drop).peak_bytes == 700  # l0 kept whole saves natively: no record to count it
     assert simulate(p, Plan(placements={("l1", 0, 1): R, ("l0", 0, 0): R})).peak_bytes == 400
+
+
+def test_an_input_no_op_saves_counts_nothing_in_a_unit_kept_whole() -> None:
+    """A region input held only for a replay (``saves`` 0): a unit kept whole takes no
+    checkpoint, so nothing holds it there (the runtime has no record); a unit that drops
+    something holds it."""
+    p = two_blocks(d2h_gbps=0.0, h2d_gbps=0.0)
+    s0 = p.regions[1].storages[0]
+    s0.kind, s0.saves, s0.nbytes = "input", 0, 200
+    assert simulate(p, Plan()).peak_bytes == 500  # l1 kept whole: l0's 300 and l1's s1
+    s0.saves = 1  # an op saves it: held
+    assert simulate(p, Plan()).peak_bytes == 700
+
+
+def _feature_chain(n: int, native: bool) -> Profile:
+    """A DenseNet's feature map: block l0's input (50 B, no op saves it) is an input of
+    every later block too, each of which names l0's record (``shared_with``)."""
+    blocks = [block(f"l{i}", 3.0 * i) for i in range(n)]
+    for b in blocks:
+        b.storages.append(StorageRecord(nbytes=50, kind="input", saves=0, shared_with=("l0", 0, 2)))
+    blocks[0].storages[-1].shared_with = None
+    return Profile(
+        signature="chain", regions=blocks, forward_seconds=3.0 * n, backward_seconds=6.0 * n,
+        native_keep=native,
+    )
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_an_input_every_block_takes_counts_once_after_a_block_kept_whole(native: bool) -> None:
+    """The runtime looks a kept input up in the records of the INPUT_LOOKBACK calls
+    before (and the root): l0, kept whole, has none, so l1's input record counts the
+    feature map, and every later block's finds a record of it that counts: 50 bytes once,
+    however many blocks (beyond INPUT_LOOKBACK too)."""
+    n = INPUT_LOOKBACK + 4
+    p = _feature_chain(n, native)
+    drop = Plan(placements={(f"l{i}", 0, 1): R for i in range(1, n)})
+    without = p.copy()
+    for r in without.regions:
+        r.storages[-1].nbytes = 0
+    assert simulate(p, drop).peak_bytes - simulate(without, drop).peak_bytes == 50
+
+    def in_l0(profile: Profile) -> int:  # the most held while l0 runs its forward
+        return max(b for t, b in simulate(profile, drop).memory if t < 3.0)
+
+    assert in_l0(p) == in_l0(without)  # l0 holds no record of it
