@@ -85,8 +85,8 @@ class Region:
     """Its forward writes its own inputs or parameters in place; None until a call has
     shown whether it does (NOTE [State written by its region])."""
     mode_sensitive: bool | None = None
-    """True once a planned or calibration call saved other storages than its recording
-    (NOTE [Calibration sizes] in planning/differences.py): its code may
+    """True once a planned call, or a second calibration call (NOTE [Calibration sizes]
+    in planning/differences.py), saved other storages than its recording: its code may
     behave otherwise under a dispatch mode, so every call runs under one (NOTE [Replay],
     step 7) and saves what the recorder saw; False once a call under one differed too
     (its saves depend on the data), for good; None before."""

@@ -51,16 +51,17 @@ def measure_again(entry: PlanEntry, counter: str, limit: int, refused: str, *arg
 # sizes the recording missed: a region activation of another size than recorded, or one
 # more than the recording has, sends the signature to measure again at the next pass
 # instead of planning from it, and that call replays plainly, without its recording, as
-# a planned call that differs does, and its region runs its calls under a passive
-# dispatch mode from then on, as after a planned call that differs (the recorder's mode
-# may have made the difference). Region inputs are not compared (NOTE [Region inputs of
-# another storage size] in placement.py), nor the calls of a region known to branch on
-# the data (``Region.variable``). A signature measures again for this once
+# a planned call that differs does. Region inputs are not compared (NOTE [Region inputs
+# of another storage size] in placement.py), nor the calls of a region known to branch
+# on the data (``Region.variable``). A signature measures again for this once
 # (MAX_CALIBRATION_MEASURES): state the first step lacks is there from the second on,
 # and a calibration that differs again means calls that differ from step to step (a
-# mixture of experts' routing): each such call counts as a planned call that differs
-# (``differed``; the second makes its region keep or offload, never recompute), and the
-# signature plans. A region found never replayable after the profile was built is not
+# mixture of experts' routing) or under the recorder's dispatch mode (an op whose path
+# depends on one): each such call counts as a planned call that differs, its region's
+# calls run under a passive mode from then on (``suspect_mode``, NOTE [Replay], step 7)
+# and count one mismatch (``differed``; the second makes the region keep or offload,
+# never recompute), and the signature plans. State the first step lacks so costs no
+# passive mode. A region found never replayable after the profile was built is not
 # replayable in it when a plan is solved (``profiling.mark_unreplayable``).
 
 
@@ -70,13 +71,12 @@ def calibration_differs(entry: PlanEntry | None, p: PassState, call: RegionCall,
     (NOTE [Calibration sizes])."""
     call.mismatch = True
     region = call.region
-    if region is not None and not region.variable:
-        suspect_mode(call, region)
     if entry is None or entry.needs_measure or (region is not None and region.variable):
         return
     if entry.recalibrations >= MAX_CALIBRATION_MEASURES:
-        if region is not None:
-            differed(region)  # it differs from step to step
+        if region is not None:  # it differs again: the recorder's mode, or the data
+            suspect_mode(call, region)
+            differed(region)
         return
     entry.recalibrations += 1
     entry.needs_measure = True

@@ -426,7 +426,8 @@ def test_a_calibration_pass_with_larger_saves_measures_again_before_planning() -
     """NOTE [Calibration sizes]: the measuring pass of step 0 saw no memory, the
     calibration pass does; planning from step 0's recording booked too little (the first
     planned step over the budget), so the signature measures again, and every planned
-    step keeps to the budget; gradients bitwise."""
+    step keeps to the budget, its calls without a passive dispatch mode; gradients
+    bitwise."""
     model = _memory_model()
     keep = copy.deepcopy(model)
     with offrecomp.runtime(keep, mode="keep", min_bytes=0) as rt:
@@ -443,6 +444,8 @@ def test_a_calibration_pass_with_larger_saves_measures_again_before_planning() -
     for s in planned:
         assert s.peak_activation_bytes <= budget, (s.step, s.peak_activation_bytes, budget)
         assert s.peak_activation_bytes == s.predicted_peak_bytes
+    # the second calibration matched: no region runs its calls under a passive mode
+    assert not any(r.mode_sensitive for r in rt.planner.host.regions)
 
 
 class _RoutedBlock(nn.Module):
