@@ -152,6 +152,9 @@ def test_an_interrupt_in_a_replays_contexts_leaves_grad_mode_on(mode: str, point
 
 _CHILD = """
 import signal, sys
+# a parent run in the background by a non-interactive shell ignores SIGINT, and a child
+# inherits that: the Ctrl-C below needs Python's own handler
+signal.signal(signal.SIGINT, signal.default_int_handler)
 {setup}
 file, name, n = {file!r}, {name!r}, {n}
 seen = 0
