@@ -43,6 +43,16 @@ it takes the plan's placement when smaller than the recorded one, and is kept wh
 larger (an offload of it would copy more than the plan booked), and the call stays
 planned.
 
+NOTE [Regions that vary]
+A region whose calls saved other storages than their recording twice (``Region.variable``:
+a mixture of experts' routing, a branch on the data) is never recomputed, so a plan keeps
+or offloads its storages, which any storage may be whatever its size: a planned call of
+it takes the plan's placement of each storage by position, and one past the plan's is
+kept. Its calls differing from the recording is what is known of it, so it never sends
+the signature to measure again (a plan that offloads such a region would otherwise
+measure every other step for good); its steps hold what the routing gives, around the
+prediction.
+
 NOTE [Kept planned calls]
 A call of a planned pass whose plan keeps every one of its storages has nothing to
 decide and nothing to replay: ``fixed`` gives it KEEP, as a forced keep, so it takes no
@@ -325,6 +335,9 @@ class Placements:
         elif placements is not None and sizes is None:
             structure = call.structure
             ok = index < len(placements)
+            region = call.region
+            if ok and region is not None and region.variable:
+                return placements[index]  # NOTE [Regions that vary]
             if ok and structure is not None:
                 recs = structure.storage_records
                 if kind == "input" and index < len(recs) and recs[index].kind == "input" and recs[index].nbytes != nbytes:
@@ -337,7 +350,7 @@ class Placements:
                     return RECOMPUTE if small and placements[index] == RECOMPUTE else KEEP
             if ok:
                 return placements[index]
-            if not call.mismatch and not call.is_root:
+            if not call.mismatch and not call.is_root and not (region is not None and region.variable):
                 self._planner.mismatch(p, call, index, borrowed=False)
         structure = call.structure
         if (

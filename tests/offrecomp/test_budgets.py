@@ -583,3 +583,25 @@ def test_feature_maps_every_later_layer_takes_are_predicted_as_booked(frac: floa
     assert len(planned) >= 2  # a host pause may send the calibration back once
     for s in planned:
         assert s.peak_activation_bytes == s.predicted_peak_bytes <= budget, (s.peak_activation_bytes, s.predicted_peak_bytes, budget)
+
+
+def test_a_plan_that_offloads_regions_that_vary_stops_measuring() -> None:
+    """NOTE [Regions that vary] (placement.py): a plan that offloads blocks whose routing
+    changes every step sent the signature to measure again at every planned step (every
+    other step a measuring pass, for good). Once the blocks are known to vary, their
+    storages take the plan's placements by position and the plan runs; gradients
+    bitwise."""
+    torch.manual_seed(0)
+    model = models.Stack([_RoutedBlock() for _ in range(3)])
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(64, 32, generator=torch.Generator().manual_seed(s))
+
+    ref = train(copy.deepcopy(model), batch, steps=14)
+    rt = offrecomp.runtime(model, min_bytes=0, d2h_gbps=5, h2d_gbps=5)
+    rt.set_plan(offrecomp.Plan(default=Placement.OFFLOAD))
+    assert_bitwise(ref, train(model, batch, rt, steps=14))
+    steps = rt.report().steps
+    assert all(r.variable for r in rt.planner.host.regions)
+    assert [s.phase for s in steps[-5:]] == ["user-plan"] * 5, [s.phase for s in steps]
+    assert all(s.offloaded_bytes > 0 for s in steps[-5:])
