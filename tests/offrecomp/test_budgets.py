@@ -462,6 +462,17 @@ class _RoutedBlock(nn.Module):
         return x + y
 
 
+def _routed() -> tuple[nn.Module, Callable[[int], torch.Tensor]]:
+    """Three routed blocks and their batches."""
+    torch.manual_seed(0)
+    model = models.Stack([_RoutedBlock() for _ in range(3)])
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(64, 32, generator=torch.Generator().manual_seed(s))
+
+    return model, batch
+
+
 def test_calls_that_differ_at_every_calibration_are_kept_and_the_signature_plans(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -470,12 +481,7 @@ def test_calls_that_differ_at_every_calibration_are_kept_and_the_signature_plans
     toward the regions' mismatches, so the first planned pass that differs makes them
     keep or offload (never recompute), and the signature plans for good; gradients
     bitwise."""
-    torch.manual_seed(0)
-    model = models.Stack([_RoutedBlock() for _ in range(3)])
-
-    def batch(s: int) -> torch.Tensor:
-        return torch.randn(64, 32, generator=torch.Generator().manual_seed(s))
-
+    model, batch = _routed()
     ref = train(copy.deepcopy(model), batch, steps=12)
     rt = offrecomp.runtime(model, budget=1, min_bytes=0)
     with caplog.at_level(logging.WARNING, logger="offrecomp"):
@@ -591,12 +597,7 @@ def test_a_plan_that_offloads_regions_that_vary_stops_measuring() -> None:
     other step a measuring pass, for good). Once the blocks are known to vary, their
     storages take the plan's placements by position and the plan runs; gradients
     bitwise."""
-    torch.manual_seed(0)
-    model = models.Stack([_RoutedBlock() for _ in range(3)])
-
-    def batch(s: int) -> torch.Tensor:
-        return torch.randn(64, 32, generator=torch.Generator().manual_seed(s))
-
+    model, batch = _routed()
     ref = train(copy.deepcopy(model), batch, steps=14)
     rt = offrecomp.runtime(model, min_bytes=0, d2h_gbps=5, h2d_gbps=5)
     rt.set_plan(offrecomp.Plan(default=Placement.OFFLOAD))
