@@ -343,7 +343,7 @@ class Placements:
                 if kind == "input" and index < len(recs) and recs[index].kind == "input" and recs[index].nbytes != nbytes:
                     # a sliced batch of another size (NOTE [Region inputs of another storage size])
                     return placements[index] if nbytes < recs[index].nbytes else KEEP
-                ok = index < len(recs) and recs[index].nbytes == nbytes and recs[index].kind != "external"
+                ok = not _differs(recs, index, nbytes, kind) and recs[index].kind != "external"
                 if index < len(recs) and recs[index].kind == "external" and recs[index].nbytes == nbytes:
                     # NOTE [Small storages]: only the most frugal plan drops one
                     small = index in structure.small_storages and index < len(placements)

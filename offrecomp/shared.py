@@ -52,7 +52,6 @@ __all__ = ["INPUT_LOOKBACK", "counting_record", "join_counted", "keeps_whole", "
 # counted one joins the table.
 
 
-
 def _same_storage(p: PassState, call: RegionCall, ptr: int, storage: Any) -> StorageRec | None:
     """The placed record of ``p``'s root, or of the calls just before ``call``, of
     ``storage`` (at ``ptr``), if any."""

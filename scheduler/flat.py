@@ -86,6 +86,9 @@ class FlatProfile:
     shared: np.ndarray
     """Per storage the flat index of the earlier record of the same allocation
     (``StorageRecord.shared_with``), -1 for none."""
+    allocation: np.ndarray
+    """Per storage the flat index of the first record of its allocation: ``shared``
+    followed to its end, the storage itself where it names none."""
     unsaved: np.ndarray
     """Per storage: a region input no op of its region saves (``saves`` 0), held for a
     replay only; a unit kept whole holds no record of it (NOTE [Inputs counted once] in
@@ -619,7 +622,8 @@ def _keys(
 
 def _link_shared(flat: FlatProfile, sts: list[Any], n_root: int, src: np.ndarray) -> None:
     """Fill ``flat.shared``: per flat storage the flat index of the record its
-    ``shared_with`` names (left -1: none, or a key the profile lacks)."""
+    ``shared_with`` names (left -1: none, or a key the profile lacks); and from it
+    ``flat.allocation``."""
     named = [getattr(st, "shared_with", None) for st in sts] + [None] * n_root
     if not any(k is not None for k in named):
         return
@@ -633,6 +637,7 @@ def _link_shared(flat: FlatProfile, sts: list[Any], n_root: int, src: np.ndarray
                 raise ValueError(
                     f"storage shared_with = {k!r} is invalid; accepted: None or a (region, call, index) key"
                 ) from None
+    _first_records(out, flat.allocation)
 
 
 def _per_region_unit(values: np.ndarray, n_units: int) -> np.ndarray:
@@ -691,6 +696,7 @@ def flatten(profile: Profile) -> FlatProfile:
         last_save=np.concatenate((cols.last_save, np.zeros(n_root, dtype=np.int64)))[src],
         first_save=np.concatenate((cols.first_save, np.zeros(n_root, dtype=np.int64)))[src],
         shared=np.full(len(keys), -1, dtype=np.int64),
+        allocation=np.arange(len(keys), dtype=np.int64),
         unsaved=(kind_arr == KIND_INPUT) & (saves == 0),
         save_order=order,
         op_ptr=un.op_ptr,
@@ -726,6 +732,17 @@ def flatten(profile: Profile) -> FlatProfile:
     )
     _link_shared(flat, un.sts, n_root, src)
     return flat
+
+
+def _first_records(shared: np.ndarray, allocation: np.ndarray) -> None:
+    """Fill ``allocation`` (each storage's own index on entry) with the first record of
+    each storage's allocation, following ``shared`` (-1: none) to its end."""
+    for _ in range(shared.shape[0]):  # a chain is at most that long
+        nxt = shared[allocation]
+        step = nxt >= 0
+        if not step.any():
+            return
+        allocation[step] = nxt[step]
 
 
 # ---------------------------------------------------------------------------- placements

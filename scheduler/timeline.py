@@ -288,9 +288,9 @@ def _backward(
 
 
 @njit_inline
-def _counted_once(place, save_order, shared, kind, unsaved, hooked, unit_of, native):  # type: ignore[no-untyped-def]
+def _counted_once(place, save_order, allocation, kind, unsaved, hooked, unit_of, native):  # type: ignore[no-untyped-def]
     """Per storage: a kept record whose allocation another record counts, as the
-    runtime's books do. The records of one allocation name an earlier one (``shared``).
+    runtime's books do. ``allocation``: each storage's first record of its allocation.
 
     * A kept region input of a unit kept whole that no op of it saves (``unsaved``): the
       unit takes no replay checkpoint, and its ops hold no such storage.
@@ -313,9 +313,7 @@ def _counted_once(place, save_order, shared, kind, unsaved, hooked, unit_of, nat
     for i in range(n):
         s = save_order[i]
         u = unit_of[s]
-        first = s
-        while shared[first] >= 0:
-            first = shared[first]
+        first = allocation[s]
         if kind[s] == 1 and not hooked[u]:  # no checkpoint: no input record
             if unsaved[s]:
                 once[s] = True
@@ -341,7 +339,7 @@ def _counted_once(place, save_order, shared, kind, unsaved, hooked, unit_of, nat
 @njit_inline
 def _event_streams(
     place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, rel_t, by, reach,
-    cstart, cend, riss, last_save, first_save, plain, noops, shared, kind, unsaved, hooked, native
+    cstart, cend, riss, last_save, first_save, plain, noops, allocation, kind, unsaved, hooked, native
 ):  # type: ignore[no-untyped-def]
     """The four memory event streams of NOTE [memory merge], each sorted by time: saves
     (storages ``s1[:n1]``), group releases (storages ``s2[:n2]``), backward allocations
@@ -354,7 +352,7 @@ def _event_streams(
     s2 = np.empty(n_st, dtype=np.int64)
     n1 = 0
     n2 = 0
-    once = _counted_once(place, save_order, shared, kind, unsaved, hooked, unit_of, native)
+    once = _counted_once(place, save_order, allocation, kind, unsaved, hooked, unit_of, native)
     for i in range(n_st):
         s = save_order[i]
         if nbytes[s] == 0 or place[s] == 2 or once[s]:
@@ -462,7 +460,7 @@ def run_timeline(
     place, prefetch, save_order, st_ptr, unit_of, nbytes, save_time, last_save, first_save, st_prod,
     op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow,
     fwd_dur, fwd_start, fwd_host, fwd_hook, bwd_dev, bwd_host, bwd_hook, t0, d2h_bps, h2d_bps,
-    off_h, rel_h, rp_h, shared, kind, unsaved, native, d2h_start, d2h_end, h2d_start, h2d_end, reach, cstart,
+    off_h, rel_h, rp_h, allocation, kind, unsaved, native, d2h_start, d2h_end, h2d_start, h2d_end, reach, cstart,
     cend, fstart, fend, riss, replay, plain, ev_t, ev_d, mark, stack, op_host, op_view, rel_u, rel_t
 ):  # type: ignore[no-untyped-def]
     """Simulate one step; fills the per-storage/per-unit arrays (``plain[u]``: unit ``u``
@@ -493,7 +491,7 @@ def run_timeline(
     # are merged with frees first at equal times, so no sort is needed.
     s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b = _event_streams(
         place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, rel_t, by, reach,
-        cstart, cend, riss, last_save, first_save, plain, noops, shared, kind, unsaved, hooked, native
+        cstart, cend, riss, last_save, first_save, plain, noops, allocation, kind, unsaved, hooked, native
     )
     n_ev, peak, peak_t = _merge_events(
         s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b, unit_of, nbytes, save_time, fstart, fwd_start,
@@ -554,7 +552,7 @@ class Workspace:
             f.out_idx, f.rd_ptr, f.rd_idx, f.noops, f.dataflow, f.fwd_dur, f.fwd_start,
             f.fwd_host, f.fwd_hook, f.bwd_dev, f.bwd_host, f.bwd_hook, f.t0, d2h, h2d,
             f.offload_host, f.reload_host,
-            f.replay_host, f.shared, f.kind, f.unsaved, f.native_keep, self.d2h_start, self.d2h_end, self.h2d_start, self.h2d_end,
+            f.replay_host, f.allocation, f.kind, f.unsaved, f.native_keep, self.d2h_start, self.d2h_end, self.h2d_start, self.h2d_end,
             self.reach, self.cstart, self.cend, self.fstart, self.fend, self.riss, self.replay, self.plain,
             self.ev_t, self.ev_d, self.mark, self.stack, f.op_host, f.op_view, self.rel_u, self.rel_t
         )

@@ -43,19 +43,15 @@ def never_replayable(region: Region) -> bool:
     return region.writes_state or region.reaches_out or region.variable or region.accumulates
 
 
-def mark_unreplayable(profile: Profile, regions: Iterable[Region]) -> int:
+def mark_unreplayable(profile: Profile, regions: Iterable[Region]) -> None:
     """Regions found never replayable since ``profile`` was built (a region whose calls
-    differed from their recording twice, NOTE [Calibration sizes] in differences.py) are not
-    replayable in it from now on, so a plan solved from it keeps or offloads their
-    storages, as the placement rules will: the number of region records changed."""
+    differed from their recording twice, NOTE [Calibration sizes] in differences.py) are
+    not replayable in it from now on, so a plan solved from it keeps or offloads their
+    storages, as the placement rules will."""
     names = {r.name for r in regions if never_replayable(r)}
-    changed = 0
-    if names:
-        for rec in profile.regions:
-            if rec.replayable and rec.name in names:
-                rec.replayable = False
-                changed += 1
-    return changed
+    for rec in profile.regions:
+        if rec.name in names:
+            rec.replayable = False
 
 
 def record_structure(call: RegionCall, *, min_bytes: int, opaque: bool) -> None:
