@@ -569,9 +569,9 @@ class _DenseNet(nn.Module):
 @pytest.mark.parametrize("frac", [0.5, 0.7])
 def test_feature_maps_every_later_layer_takes_are_predicted_as_booked(frac: float) -> None:
     """A DenseNet's planned steps book what the model predicts (NOTE [Inputs counted
-    once]): a feature map counts once however many layers take it, and not in a layer
-    kept whole, which holds no input. The model counted it again in every layer after
-    one kept whole (predictions 1.2-1.4x the books)."""
+    once]): a feature map counts once however many layers take it, also after a layer
+    kept whole (which holds no record to find), and not in a layer kept whole, which
+    holds no input."""
     torch.manual_seed(0)
     model = _DenseNet()
 
@@ -592,11 +592,10 @@ def test_feature_maps_every_later_layer_takes_are_predicted_as_booked(frac: floa
 
 
 def test_a_plan_that_offloads_regions_that_vary_stops_measuring() -> None:
-    """NOTE [Regions that vary] (placement.py): a plan that offloads blocks whose routing
-    changes every step sent the signature to measure again at every planned step (every
-    other step a measuring pass, for good). Once the blocks are known to vary, their
-    storages take the plan's placements by position and the plan runs; gradients
-    bitwise."""
+    """NOTE [Regions that vary] (placement.py): under a plan that offloads blocks whose
+    routing changes every step, once the blocks are known to vary their storages take
+    the plan's placements by position and never send the signature to measure again, so
+    the plan runs every step from then on; gradients bitwise."""
     model, batch = _routed()
     ref = train(copy.deepcopy(model), batch, steps=14)
     rt = offrecomp.runtime(model, min_bytes=0, d2h_gbps=5, h2d_gbps=5)
