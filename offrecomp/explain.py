@@ -135,7 +135,10 @@ def _why(r: RegionRecord, n: dict[Placement, int], plan: Plan, regions: Sequence
         return (never_replayed(region) or "runs collectives") + ": never recomputed"
     if region is not None and region.backward_in_forward:
         return "runs a backward inside its forward: its replays rerun it, holding their saves"
-    why = "opaque: a replay reruns its forward; " if r.opaque else ""
+    if region is not None and region.variable:  # NOTE [Regions that vary] (placement.py)
+        why = "saves other tensors from pass to pass (branches on the data): placed by position, a replay reruns its forward; "
+    else:
+        why = "opaque: a replay reruns its forward; " if r.opaque else ""
     if n[RECOMPUTE] == 0 and n[OFFLOAD] == 0:
         return why + ("kept: the budget holds it" if plan.feasible else "kept: nothing here frees memory")
     parts = []

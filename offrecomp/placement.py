@@ -45,13 +45,17 @@ planned.
 
 NOTE [Regions that vary]
 A region whose calls saved other storages than their recording twice (``Region.variable``:
-a mixture of experts' routing, a branch on the data) is never recomputed, so a plan keeps
-or offloads its storages, which any storage may be whatever its size: a planned call of
-it takes the plan's placement of each storage by position, and one past the plan's is
-kept. Its calls differing from the recording is what is known of it, so it never sends
-the signature to measure again (a plan that offloads such a region would otherwise
-measure every other step for good); its steps hold what the routing gives, around the
-prediction.
+a mixture of experts' routing, a branch on the data) has no one recording that describes
+its calls. A planned call of it takes the plan's placement of each storage by position,
+whatever its size, and a storage past the plan's takes that of the plan's last
+activation of the call (or what a user's plan names). Its replays run plainly (no served ops: the recording is not
+this call's), the whole prefix up to the last save they regenerate, as
+torch.utils.checkpoint reruns a forward, and check each regenerated save's shape and
+dtype against the forward's; the planner models it as opaque from then on
+(``profiling.mark_found``). Its calls differing from the recording is what is known of
+it, so it never sends the signature to measure again (a plan that drops or offloads
+such a region would otherwise measure every other step for good); its steps hold what
+the routing gives, around the prediction.
 
 NOTE [Kept planned calls]
 A call of a planned pass whose plan keeps every one of its storages has nothing to
@@ -105,8 +109,6 @@ def never_replayed(region: Region | None) -> str | None:
         return None
     if region.untracked_state:
         return "changes argument state too large to track"
-    if region.variable:
-        return "saves other tensors from pass to pass (branches on the data)"
     if region.writes_state:
         return "writes its inputs or parameters in place"
     if region.reaches_out:
@@ -114,6 +116,17 @@ def never_replayed(region: Region | None) -> str | None:
     if region.accumulates:
         return "runs a backward that accumulates into .grad"
     return None
+
+
+def _last_activation(placements: Sequence[Placement], structure: Any) -> Placement:
+    """The placement a plan gives the last activation of a call's recording (KEEP if it
+    has none): a variable region's storage past the plan's takes it (NOTE [Regions that
+    vary])."""
+    recs = structure.storage_records if structure is not None else ()
+    for i in range(min(len(placements), len(recs)) - 1, -1, -1):
+        if recs[i].kind == "activation":
+            return placements[i]
+    return KEEP
 
 
 def _differs(recs: Sequence[StorageRecord], index: int, nbytes: int, kind: str) -> bool:
@@ -211,7 +224,7 @@ class Placements:
         """May ``call``'s activations be dropped? ``symmetric``: every rank drops alike
         (a plan or a mode); a rank-local fallback never drops in a collective region."""
         region = call.region
-        if call.inputs is None or call.writes_state or (region is not None and (region.variable or region.accumulates)):
+        if call.inputs is None or call.writes_state or (region is not None and region.accumulates):
             return False
         if call.collective:
             return symmetric and self._config.mode != "auto"
@@ -336,8 +349,11 @@ class Placements:
             structure = call.structure
             ok = index < len(placements)
             region = call.region
-            if ok and region is not None and region.variable:
-                return placements[index]  # NOTE [Regions that vary]
+            if region is not None and region.variable:  # NOTE [Regions that vary]
+                if ok:
+                    return placements[index]
+                if self._user_plan() is None:  # a user's plan names its own (below)
+                    return _last_activation(placements, structure)
             if ok and structure is not None:
                 recs = structure.storage_records
                 if kind == "input" and index < len(recs) and recs[index].kind == "input" and recs[index].nbytes != nbytes:

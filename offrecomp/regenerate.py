@@ -26,6 +26,7 @@ from offrecomp.trace import (
     SERVE,
     CastDivergedError,
     PlaceholderReadError,
+    RegionStructure,
     ReplayDivergedError,
 )
 from offrecomp.transfer import Group, GroupState
@@ -132,9 +133,9 @@ class Regenerator:
         needed = {i for i, w in call.dropped.items() if w() is not None and i not in call.replayed}
         if not needed:
             return
-        structure = call.structure if not call.mismatch else None
-        if structure is not None and structure.opaque:
-            structure = None  # replay the forward as it is, under no dispatch mode
+        recording = _recording(call)
+        # an opaque one: replay the forward as it is, under no dispatch mode
+        structure = recording if recording is not None and not recording.opaque else None
         # NOTE [Serving from reloads]: only where a replay may serve, and in a backward
         in_backward = call.exited and not life.forwards_running and _graph_task_id() != -1
         storage_tensors = _servable_storages(
@@ -160,8 +161,8 @@ class Regenerator:
                 storage_of_save[i] = h.rec.index
         start = life.mark()
         k_seen = -1  # ops before the replay's stop (the prefix end K), where known
-        if structure is None and call.structure is not None and not call.mismatch:
-            k_seen = len(call.structure.program(kept, needed, storage_of_save))  # opaque: plain
+        if structure is None and recording is not None:
+            k_seen = len(recording.program(kept, needed, storage_of_save))  # opaque: plain
         # NOTE [Calibration]: the calibration pass times plain replays (and up to three
         # under the dispatch mode: NOTE [Dispatch probe])
         calibrating = call.pass_state is not None and call.pass_state.phase == "calibrate"
@@ -298,6 +299,16 @@ class Regenerator:
         if group is not None and group.uses >= group.handles:
             self._groups.release_device(group)  # the replay's inputs hold what they need
         return out
+
+
+def _recording(call: RegionCall) -> RegionStructure | None:
+    """``call``'s recorded structure where it describes the call: not for a call that
+    differed from it, nor for a region whose calls vary (NOTE [Regions that vary] in
+    placement.py)."""
+    region = call.region
+    if call.mismatch or (region is not None and region.variable):
+        return None
+    return call.structure
 
 
 def _servable_storages(call: RegionCall, groups: OffloadGroups | None) -> dict[int, tuple[Any, int]]:

@@ -59,10 +59,10 @@ def measure_again(entry: PlanEntry, counter: str, limit: int, refused: str, *arg
 # mixture of experts' routing) or under the recorder's dispatch mode (an op whose path
 # depends on one): each such call counts as a planned call that differs, its region's
 # calls run under a passive mode from then on (``suspect_mode``, NOTE [Replay], step 7)
-# and count one mismatch (``differed``; the second makes the region keep or offload,
-# never recompute), and the signature plans. State the first step lacks so costs no
-# passive mode. A region found never replayable after the profile was built is not
-# replayable in it when a plan is solved (``profiling.mark_unreplayable``).
+# and count one mismatch (``differed``; the second makes the region variable: NOTE
+# [Regions that vary] in placement.py), and the signature plans. State the first step
+# lacks so costs no passive mode. What is found of a region after the profile was built
+# goes into it when a plan is solved (``profiling.mark_found``).
 
 
 def calibration_differs(entry: PlanEntry | None, p: PassState, call: RegionCall, index: int) -> None:
@@ -146,15 +146,16 @@ def suspect_mode(call: RegionCall, region: Region) -> None:
 
 def differed(region: Region) -> None:
     """One more planned call of ``region`` (or calibration call, NOTE [Calibration sizes])
-    differed from its recording; the second makes
-    it variable: kept or offloaded, never recomputed, from then on."""
+    differed from its recording; the second makes it variable from then on (NOTE
+    [Regions that vary] in placement.py)."""
     region.mismatches += 1
     if region.mismatches >= 2 and not region.variable:
         region.variable = True  # measured again, it differed again
         log.warning(
             "offrecomp: region %r saved other tensors than its profile in two planned passes "
             "(code that branches on the data or on Python state, or tensors of other "
-            "layouts); no one recording describes its calls, so its activations are kept "
-            "or offloaded from now on, never recomputed",
+            "layouts); no one recording describes its calls, so from now on its planned "
+            "calls take the plan's placements by position and its replays rerun its forward "
+            "plainly, up to what they regenerate",
             region.name,
         )

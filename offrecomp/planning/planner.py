@@ -238,7 +238,7 @@ class Planner:
 
     def _solve(self, entry: PlanEntry) -> None:
         if entry.profile is not None:
-            profiling.mark_unreplayable(entry.profile, self.host.regions)
+            profiling.mark_found(entry.profile, self.host.regions)
         self.solver.solve(entry)
         self.last_entry = entry
 
@@ -413,8 +413,10 @@ class Planner:
             call.collective = True
             if call.region is not None:
                 self.host.warn_collective(call.region)
-        profiling.record_structure(
-            call, min_bytes=self.host.config.min_bytes, opaque=call.name in self.opaque_regions
+        region = call.region
+        profiling.record_structure(  # a variable region's recording is one routing of many
+            call, min_bytes=self.host.config.min_bytes,
+            opaque=call.name in self.opaque_regions or (region is not None and region.variable),
         )
 
     def end_pass(self, p: PassState) -> None:

@@ -38,20 +38,24 @@ def timed_on_device(rec: OpRecorder) -> bool:
 
 
 def never_replayable(region: Region) -> bool:
-    """A replay of ``region``'s calls must not run (it writes state of its own, runs a
-    backward through earlier activations or into ``.grad``, or branches on the data)."""
-    return region.writes_state or region.reaches_out or region.variable or region.accumulates
+    """A replay of ``region``'s calls must not run (it writes state of its own, or runs a
+    backward through earlier activations or into ``.grad``)."""
+    return region.writes_state or region.reaches_out or region.accumulates
 
 
-def mark_unreplayable(profile: Profile, regions: Iterable[Region]) -> None:
-    """Regions found never replayable since ``profile`` was built (a region whose calls
-    differed from their recording twice, NOTE [Calibration sizes] in differences.py) are
-    not replayable in it from now on, so a plan solved from it keeps or offloads their
-    storages, as the placement rules will."""
-    names = {r.name for r in regions if never_replayable(r)}
+def mark_found(profile: Profile, regions: Iterable[Region]) -> None:
+    """What is known of ``regions`` since ``profile`` was built goes into it before a plan
+    is solved from it: a region found never replayable is not replayable in it, so the
+    plan keeps or offloads its storages, as the placement rules will; a region found to
+    vary (NOTE [Regions that vary] in placement.py) is opaque in it, as its replays run
+    plainly, the whole prefix up to what they regenerate."""
+    unreplayable = {r.name for r in regions if never_replayable(r)}
+    variable = {r.name for r in regions if r.variable}
     for rec in profile.regions:
-        if rec.name in names:
+        if rec.name in unreplayable:
             rec.replayable = False
+        if rec.name in variable:
+            rec.opaque = True
 
 
 def record_structure(call: RegionCall, *, min_bytes: int, opaque: bool) -> None:

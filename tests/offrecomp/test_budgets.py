@@ -473,14 +473,14 @@ def _routed() -> tuple[nn.Module, Callable[[int], torch.Tensor]]:
     return model, batch
 
 
-def test_calls_that_differ_at_every_calibration_are_kept_and_the_signature_plans(
+def test_calls_that_differ_at_every_calibration_vary_and_the_signature_plans(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Routing that changes every step: the signature measures again once for its
     calibration (NOTE [Calibration sizes]); the second calibration that differs counts
     toward the regions' mismatches, so the first planned pass that differs makes them
-    keep or offload (never recompute), and the signature plans for good; gradients
-    bitwise."""
+    variable (placed by position, replayed plainly: NOTE [Regions that vary]), and the
+    signature plans for good; gradients bitwise."""
     model, batch = _routed()
     ref = train(copy.deepcopy(model), batch, steps=12)
     rt = offrecomp.runtime(model, budget=1, min_bytes=0)
@@ -489,6 +489,30 @@ def test_calls_that_differ_at_every_calibration_are_kept_and_the_signature_plans
     phases = [s.phase for s in rt.report().steps]
     assert phases.count("measure") == 3 and phases[-5:] == ["planned"] * 5, phases
     assert len(_messages(caplog, "saved other tensors than its profile")) == 3
+
+
+def test_regions_that_vary_are_recomputed_to_hold_the_budget(caplog: pytest.LogCaptureFixture) -> None:
+    """NOTE [Regions that vary] (placement.py): once the routed blocks are known to vary,
+    a budget between recompute's peak and keep's is held by dropping their saves by
+    position and replaying them plainly (keeping them whole held keep's peak, 1.6x this
+    budget, under the infeasible-budget warning); planned steps hold about the
+    prediction; gradients bitwise."""
+    model, batch = _routed()
+    ref = train(copy.deepcopy(model), batch, steps=14)
+    budget = 70_000  # keep holds 93-110 KB, recompute 49-54 KB
+    rt = offrecomp.runtime(model, budget=budget, min_bytes=0)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        assert_bitwise(ref, train(model, batch, rt, steps=14))
+    assert all(r.variable for r in rt.planner.host.regions)
+    assert not _messages(caplog, "cannot be met")
+    planned = [s for s in rt.report().steps[-5:] if s.phase == "planned"]
+    assert len(planned) == 5, [s.phase for s in rt.report().steps]
+    for s in planned:
+        assert s.recomputed_bytes > 0 and s.replays > 0, s
+        assert s.predicted_peak_bytes is not None
+        assert s.peak_activation_bytes <= 1.1 * budget, (s.peak_activation_bytes, budget)
+        assert abs(s.peak_activation_bytes - s.predicted_peak_bytes) <= 0.1 * s.predicted_peak_bytes, s
+    assert "placed by position, a replay reruns its forward" in rt.explain()
 
 
 class _ScheduledBlock(nn.Module):

@@ -397,14 +397,15 @@ class _BranchBlock(torch.nn.Module):
         return x + self.fc2(y)
 
 
-def test_a_region_whose_saves_change_with_the_data_is_kept_instead_of_measured_again(
+def test_a_region_whose_saves_change_with_the_data_is_placed_by_position_instead_of_measured_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A branch on the data that flips every step: a planned call saving other storages
     than its recording measures again (its forwards then run under a passive dispatch
-    mode, NOTE [Replay] step 7); when it differs again, its region is kept from then
-    on, named in a warning, and auto stays planned instead of measuring every four
-    steps with the planned ones over the budget."""
+    mode, NOTE [Replay] step 7); when it differs again, its region is placed by position
+    and replayed plainly from then on (NOTE [Regions that vary]), named in a warning and
+    in explain(), and auto stays planned instead of measuring every four steps with the
+    planned ones over the budget; gradients bitwise."""
     torch.manual_seed(0)
     base = stack(_BranchBlock, 3)()
 
