@@ -245,10 +245,10 @@ class RegionCalls:
             call.kept_whole
             and call.fixed is KEEP
             and structure is not None
-            and len(call.storages) > len(structure.storage_records)
+            and call.storages  # hooked (NOTE [Native keep])
             and call.pass_state is not None
         ):
-            self._planner.grew(call.pass_state, call)  # NOTE [Kept planned calls]
+            self._planner.grew(call.pass_state, call)  # NOTE [Kept planned calls]: if it saved more
         if call.group is not None:
             self._groups.issue(call)
         p = call.pass_state

@@ -22,9 +22,12 @@ of the pass: a plan's booked peak in backward, where replays and reloads add byt
 then what the hooks would have booked.
 
 A planned call is kept whole because its profile says what it saves; one that saves
-more (a mixture of experts running more of them) is seen only with the hooks on
-(``Planner.grew``). So under a plan, each kept-whole call (signature, region, call
-index) runs with the hooks on once in ``AUDIT_EVERY`` passes: its record is made again,
+more (a mixture of experts running more of them, or on more tokens: more or larger
+storages) is seen only with the hooks on (``Planner.grew``), so the calls of a region
+known to vary (NOTE [Regions that vary] in placement.py) always run with them. So under a plan, each kept-whole call (signature, region, call
+index) runs with the hooks on once in ``AUDIT_EVERY`` passes, on average (``audit_gap``:
+scattered gaps after the first, so that a routing that repeats every few steps meets an
+audit): its record is made again,
 and a call that grew sends its signature to measure again within that many passes
 (until then its steps may hold more than the budget, and book the record's bytes).
 
@@ -66,6 +69,16 @@ MAX_RECORDS = 4096
 #: (NOTE [Native keep]).
 AUDIT_EVERY = 8
 
+def audit_gap(audits: int) -> int:
+    """Passes from a planned call's audit number ``audits`` to its next (NOTE [Native
+    keep]): AUDIT_EVERY to the first, then AUDIT_EVERY on average, scattered over
+    [AUDIT_EVERY / 2, 3 * AUDIT_EVERY / 2] by a hash of the number. The same for every
+    call, so the calls of a pass stay native alike."""
+    if audits <= 0:
+        return AUDIT_EVERY
+    return AUDIT_EVERY // 2 + ((audits * 0x9E3779B1) >> 16) % (AUDIT_EVERY + 1)
+
+
 #: What a call saved with the hooks on: (saves, storages, kept bytes, storages under
 #: ``min_bytes``, kept bytes no earlier record counts: NOTE [Inputs counted once],
 #: NOTE [Activations counted once] in shared.py).
@@ -80,7 +93,8 @@ class NativeKeep:
         self._config = config
         self._own_hooks = own_hooks
         self._books: dict[tuple[str, str, int], CallBooks] = {}
-        self._runs: dict[tuple[str, str, int], int] = {}  # a planned call's native runs since its audit
+        self._runs: dict[tuple[str, str, int], tuple[int, int]] = {}
+        """Per planned call: the passes left to its next audit, and its audits so far."""
         self.off = False
         """A native call may have taken the pair off the stack (``hooks_back`` puts it back)."""
 
@@ -91,9 +105,12 @@ class NativeKeep:
 
     def _audited(self, key: tuple[str, str, int]) -> bool:
         """A planned call's turn to run with the hooks on (NOTE [Native keep])."""
-        n = self._runs.get(key, 0) + 1
-        self._runs[key] = 0 if n >= AUDIT_EVERY else n
-        return n >= AUDIT_EVERY
+        left, audits = self._runs.get(key, (AUDIT_EVERY, 0))
+        if left > 1:
+            self._runs[key] = (left - 1, audits)
+            return False
+        self._runs[key] = (audit_gap(audits + 1), audits + 1)
+        return True
 
     def enter(self, call: RegionCall) -> bool:
         """Take the runtime's hooks off for ``call`` if it may save natively; True if
@@ -102,6 +119,7 @@ class NativeKeep:
         if (
             p is None
             or not self._keeps_whole(call)
+            or (call.region is not None and call.region.variable)
             or call.recorder is not None
             or call.watch is not None
             or call.inputs is not None

@@ -66,8 +66,9 @@ keep on, it saves through autograd's own saved variables, the hooks off (NOTE [N
 keep] in native.py). Its region
 inputs are then not storages of its own (a kept input an op saves is one, as in keep
 mode). Nothing of such a call can be dropped wrongly, and the booked bytes stay exact;
-one that saved more storages than its profile (a mixture of experts running more of
-them) is seen at its exit, and the signature measures again (``Planner.grew``).
+one that saved more or larger storages than its profile (a mixture of experts running
+more of them, or on more tokens) is seen at its exit, and the signature measures again
+(``Planner.grew``).
 """
 
 from __future__ import annotations

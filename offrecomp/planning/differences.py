@@ -4,6 +4,8 @@ region is taken to branch on its data, and the warnings when neither helps."""
 from __future__ import annotations
 
 import logging
+import math
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from offrecomp.signatures import shown
@@ -12,6 +14,7 @@ if TYPE_CHECKING:
     from offrecomp.planning.entries import PlanEntry
     from offrecomp.regions import Region
     from offrecomp.state import PassState, RegionCall
+    from scheduler.profile import Profile, StorageRecord
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +27,9 @@ MAX_RELAYOUT_MEASURES = 3
 #: Times a signature measures again because its calibration pass saved storages of other
 #: sizes than its measuring pass (``calibration_differs``).
 MAX_CALIBRATION_MEASURES = 1
+#: Learnt passes a plan solved because sizes grew waits at most before the next such
+#: solve (``settle_growth``).
+MAX_GROWTH_WAIT = 31
 
 
 def measure_again(entry: PlanEntry, counter: str, limit: int, refused: str, *args: Any) -> bool:
@@ -112,14 +118,34 @@ def relayout(entry: PlanEntry | None, call: RegionCall, why: str) -> None:
         )
 
 
+def saved_more(call: RegionCall) -> bool:
+    """Did ``call``, kept whole, save more than its recording: more storages, or more
+    bytes (NOTE [Sizes of regions that vary])? The recording holds every region input,
+    the call only those its ops save (it takes no replay checkpoint: NOTE [Kept planned
+    calls] in placement.py), so a call that saved what was recorded never has more."""
+    assert call.structure is not None
+    recs = call.structure.storage_records
+    storages = call.storages
+    return len(storages) > len(recs) or sum(s.nbytes for s in storages) > sum(r.nbytes for r in recs)
+
+
 def grew(entry: PlanEntry | None, p: PassState, call: RegionCall) -> None:
-    """A planned call its plan keeps whole (NOTE [Kept planned calls] in placement.py)
-    saved more storages than its recording (a mixture of experts running more of them):
-    the profile underestimates it, so the signature (``entry``) measures again, up to
-    MAX_GROWTH_MEASURES times; then a warning says its steps may exceed the budget."""
-    if entry is None or entry.needs_measure or (call.region is not None and call.region.variable):
-        return  # a variable region is known to save more some times
-    if measure_again(
+    """A planned call its plan keeps whole (NOTE [Kept planned calls] in placement.py),
+    run with the hooks on, may have saved more than its recording (``saved_more``: a
+    mixture of experts running more of them, or on more tokens): then the profile
+    underestimates it, so the signature (``entry``) measures again, up to
+    MAX_GROWTH_MEASURES times; then a warning says its steps may exceed the budget. It
+    counts as a planned call that differs (``differed``): a region that saves more again
+    after measuring again varies, and its profile grows instead (NOTE [Sizes of regions
+    that vary])."""
+    region = call.region
+    if entry is None or (region is not None and region.variable) or not saved_more(call):
+        return
+    if region is not None:
+        differed(region)
+        if region.variable:
+            return
+    if not entry.needs_measure and measure_again(
         entry, "growths", MAX_GROWTH_MEASURES,
         "offrecomp: signature %s: region %r and others save more than their profile "
         "from step to step (it was measured again %d times); planned steps may hold more "
@@ -127,8 +153,8 @@ def grew(entry: PlanEntry | None, p: PassState, call: RegionCall) -> None:
         shown(p.signature), call.name, MAX_GROWTH_MEASURES,
     ):
         log.info(
-            "offrecomp: region %r call %d saved more storages than its profile; measuring "
-            "signature %s again",
+            "offrecomp: region %r call %d saved more or larger storages than its profile; "
+            "measuring signature %s again",
             call.name, call.call_index, shown(p.signature),
         )
 
@@ -159,3 +185,86 @@ def differed(region: Region) -> None:
             "plainly, up to what they regenerate",
             region.name,
         )
+
+
+# NOTE [Sizes of regions that vary]
+# A variable region's profile holds one step's routing (NOTE [Regions that vary] in
+# placement.py): a planned step whose routing saves more holds more than predicted, and
+# a budget set near the device's capacity must hold all the same. So each planned pass
+# compares every call of such a region with its profile, storage by storage in order:
+# an activation larger than the profile's, or activations past the profile's (they take
+# the placement of its last activation, so they count with it), grow the profile's sizes
+# to what the pass saved (``variable_sizes``). A call its plan keeps whole takes no replay checkpoint, so it
+# holds only the region inputs its ops save, where they save them (NOTE [Kept planned
+# calls] in placement.py): for it only the totals are compared (a storage of a recorded
+# input's size taken for that input), and where it saved more than the profile's
+# activations, each of them grows by that ratio (an upper bound: the storages that did
+# not grow grow too). Either way the profile's sizes grow,
+# and the plan is solved again (``settle_growth``): at once the first time, then after
+# 1, 3, 7, ... learnt passes since the last solve (at most MAX_GROWTH_WAIT), as a random
+# routing sets a new largest size somewhere for many steps, and a solve costs the host
+# tens of milliseconds at the next step's start. The sizes only grow: the profile tends
+# to the largest routing seen, and planned steps to at most their prediction. A pass that grew them is
+# always learnt (NOTE [Learning cadence] in learning.py), and the calls of such a region
+# always run with the hooks on (NOTE [Native keep] in native.py), so that their sizes
+# are seen. The same comparison tells a call its plan keeps whole that saved more than
+# its recording (``saved_more``, ``grew``).
+
+
+def variable_sizes(p: PassState, profile: Profile, *, grow: bool) -> bool:
+    """Did a call of a variable region in pass ``p`` save more than ``profile`` says
+    (NOTE [Sizes of regions that vary])? With ``grow``, the profile's sizes grow to what
+    it saved."""
+    by_key = None
+    grew = False
+    for call in p.calls:
+        region = call.region
+        if region is None or not region.variable:
+            continue
+        if by_key is None:
+            by_key = {r.key: r for r in profile.regions}
+        r = by_key.get((call.name, call.call_index))
+        if r is None:
+            continue
+        recs = r.storages
+        if call.kept_whole:  # its inputs where its ops saved them, if at all: the totals only
+            recorded = sum(x.nbytes for x in recs if x.kind == "activation")
+            ratio = _activation_bytes(call, recs) / recorded if recorded else 0.0
+            pairs = [(x, math.ceil(x.nbytes * ratio)) for x in recs]
+        else:  # a region input of another size is no sign (NOTE [Region inputs of another storage size])
+            pairs = [(x, s.nbytes) for x, s in zip(recs, call.storages) if s.kind == x.kind]
+            last = max((i for i, (x, _) in enumerate(pairs) if x.kind == "activation"), default=-1)
+            extra = sum(s.nbytes for s in call.storages[len(recs) :])
+            if last >= 0 and extra:
+                pairs[last] = (pairs[last][0], pairs[last][1] + extra)
+        for rec, n in pairs:
+            if rec.kind == "activation" and n > rec.nbytes:
+                if not grow:
+                    return True
+                rec.nbytes = n
+                grew = True
+    return grew
+
+
+def _activation_bytes(call: RegionCall, recs: list[StorageRecord]) -> int:
+    """The bytes ``call``, kept whole, saved but for its region inputs: a storage of the
+    size of a recorded input is taken for it (NOTE [Sizes of regions that vary])."""
+    sizes = Counter(s.nbytes for s in call.storages)
+    total = sum(s.nbytes for s in call.storages)
+    for x in recs:
+        if x.kind == "input" and sizes[x.nbytes] > 0:
+            sizes[x.nbytes] -= 1
+            total -= x.nbytes
+    return total
+
+
+def settle_growth(entry: PlanEntry, grew: bool) -> None:
+    """A learnt planned pass of ``entry``'s signature grew its variable regions' sizes
+    (``grew``), or did not: solve the plan again if its turn came (NOTE [Sizes of
+    regions that vary])."""
+    if grew:
+        entry.growth_pending = True
+    if entry.growth_pending and entry.learnt_since_solve >= min(2**entry.growth_solves - 1, MAX_GROWTH_WAIT):
+        entry.growth_pending = False
+        entry.growth_solves += 1
+        entry.needs_solve = True

@@ -52,7 +52,12 @@ class PlanEntry:
     """(user plan, profile, its releases): NOTE [Planned release] for ``rt.set_plan``."""
     needs_measure: bool = True
     growths: int = 0
-    """Times a call its plan kept whole saved more storages than its profile."""
+    """Times a call its plan kept whole saved more or larger storages than its profile."""
+    growth_solves: int = 0
+    """Plans solved because a variable region's sizes grew (NOTE [Sizes of regions that
+    vary] in differences.py)."""
+    growth_pending: bool = False
+    """Sizes grew since the last plan, which is not solved again yet."""
     relayouts: int = 0
     """Times a call's inputs, parameters or buffers had another layout than its recording
     (NOTE [Stale recordings] in regenerate.py)."""

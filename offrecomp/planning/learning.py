@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from offrecomp.measure import distorts
 from offrecomp.phases import Phase
+from offrecomp.planning.differences import settle_growth, variable_sizes
 from offrecomp.planning.drift import DRIFT_REPLANS, refresh_live
 from offrecomp.planning.trial import offload_trial
 from offrecomp.state import Stage
@@ -95,7 +96,8 @@ class Learner:
             # differences.py): the signature measures again, or has since (a new profile)
             return None
         step = None if calibrating else self.host.clock.seconds(p.start_mark, p.backward_end_mark)
-        if p.phase == Phase.PLANNED and self._skip(entry):
+        grew = p.phase == Phase.PLANNED and entry.profile is not None and variable_sizes(p, entry.profile, grow=False)
+        if p.phase == Phase.PLANNED and not grew and self._skip(entry):
             return self._trial(entry, p, step)  # the step time still reaches the offload trial
         t0 = time.perf_counter()
         note = self._learn(entry, p, calibrating, step)
@@ -176,6 +178,8 @@ class Learner:
             entry.cost = CostModel()
             entry.calibrated = True
             entry.needs_solve = True
+        if not calibrating:  # NOTE [Sizes of regions that vary] (differences.py)
+            settle_growth(entry, variable_sizes(p, measured, grow=True))
         # `measured` is this pass's own copy: the model keeps it as the new estimate, and
         # the entry reads it (the next pass learns on a fresh copy, so it stays as is).
         measured.replay_op_seconds = self.replay_cost.seconds

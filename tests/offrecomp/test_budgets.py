@@ -511,8 +511,57 @@ def test_regions_that_vary_are_recomputed_to_hold_the_budget(caplog: pytest.LogC
         assert s.recomputed_bytes > 0 and s.replays > 0, s
         assert s.predicted_peak_bytes is not None
         assert s.peak_activation_bytes <= 1.1 * budget, (s.peak_activation_bytes, budget)
-        assert abs(s.peak_activation_bytes - s.predicted_peak_bytes) <= 0.1 * s.predicted_peak_bytes, s
+        assert s.peak_activation_bytes <= 1.1 * s.predicted_peak_bytes, s
     assert "placed by position, a replay reruns its forward" in rt.explain()
+
+
+class _RowsBlock(nn.Module):
+    """Runs a wide layer on the rows whose first feature is positive (a routing the
+    batch sets), and leaves that feature as it is, so every block routes the same rows."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(d, 32 * d), nn.Linear(32 * d, d)
+        self.register_buffer("others", torch.ones(d).index_fill(0, torch.tensor([0]), 0.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = (x[:, 0] > 0).nonzero().squeeze(-1)
+        y = torch.zeros_like(x).index_add(0, rows, self.down(torch.tanh(self.up(x[rows]))))
+        return x + y * self.others
+
+
+def test_calls_kept_whole_whose_routing_grows_vary_and_the_profile_grows_to_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """NOTE [Sizes of regions that vary] (differences.py): the routing takes 8 rows of 64
+    but every fourth step 32, so the plan of the profile (8 rows) keeps the blocks whole
+    and a 32-row step holds 3.8x its prediction. A call kept whole that saved more bytes
+    than its recording counts as a call that differs: the second makes its region vary,
+    and each planned pass then grows the profile to what the blocks saved, so from then
+    on the 32-row steps hold at most their prediction and the budget (they held 3.8x
+    for good when only the count of storages was compared); gradients bitwise."""
+    torch.manual_seed(0)
+    model = models.Stack([_RowsBlock() for _ in range(3)])
+
+    def batch(s: int) -> torch.Tensor:
+        x = torch.randn(64, 16, generator=torch.Generator().manual_seed(s))
+        x[:, 0] = -1.0
+        x[: 32 if (s // 10) % 4 == 3 else 8, 0] = 1.0  # train() draws batch 10 * step
+        return x
+
+    budget = 100_000  # keep: 55 KB at 8 rows, 209 KB at 32; recompute: 82 KB at 32
+    ref = train(copy.deepcopy(model), batch, steps=24)
+    rt = offrecomp.runtime(model, budget=budget, min_bytes=0, native_keep=False)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        assert_bitwise(ref, train(model, batch, rt, steps=24))
+    assert all(r.variable for r in rt.planner.host.regions)
+    steps = rt.report().steps
+    assert steps[3].peak_activation_bytes > 3 * steps[3].predicted_peak_bytes  # the profile's routing, kept whole
+    late = [s for s in steps[12:] if s.step % 4 == 3]
+    assert late and all(s.phase == "planned" for s in steps[12:]), [s.phase for s in steps]
+    for s in late:
+        assert s.predicted_peak_bytes is not None
+        assert s.peak_activation_bytes <= min(budget, s.predicted_peak_bytes), (s.step, s.peak_activation_bytes, s.predicted_peak_bytes)
 
 
 class _ScheduledBlock(nn.Module):

@@ -12,7 +12,7 @@ from torch import nn
 
 import offrecomp
 from offrecomp import _torch_compat as tc
-from offrecomp.native import AUDIT_EVERY
+from offrecomp.native import AUDIT_EVERY, audit_gap
 from tests import models
 from tests.helpers import assert_bitwise, make, train, twin
 
@@ -167,8 +167,9 @@ def test_other_modes_keep_the_hooks_on() -> None:
 def test_auto_calls_kept_whole_save_natively_but_for_audits() -> None:
     """auto at an ample budget keeps every call whole: its measuring, calibration and
     first planned passes run hooked (the last leaves the records), then the calls save
-    natively but once in AUDIT_EVERY passes, with bitwise gradients and the books of the
-    hooked passes."""
+    natively but at their audits (the AUDIT_EVERY-th pass, then at ``audit_gap``'s
+    gaps), all calls of a pass alike, with bitwise gradients and the books of the hooked
+    passes."""
     _, batch = make("gpt_dropout")
     seen: list[bool] = []
     m = _probed_gpt(seen)
@@ -182,7 +183,8 @@ def test_auto_calls_kept_whole_save_natively_but_for_audits() -> None:
     hooked = [s[0] for s in per_step]
     first = hooked.index(False)  # after the passes that measure, calibrate and record
     assert first <= 6 and all(hooked[:first]), hooked
-    cadence = ([False] * (AUDIT_EVERY - 1) + [True]) * 2
+    cadence = [False] * (AUDIT_EVERY - 1) + [True] + [False] * (audit_gap(1) - 1) + [True]
+    assert audit_gap(0) == AUDIT_EVERY and len(cadence) >= steps - first
     assert hooked[first:] == cadence[: steps - first], hooked
     records = rt.report().steps
     assert all(r.phase == "planned" for r in records[2:])
@@ -296,3 +298,18 @@ def test_booked_native_bytes_stay_through_a_backward_that_keeps_its_graph(keep_g
         x.register_hook(lambda g: p.backward_reached(0))
         y.backward(retain_graph=keep_graph)
     assert (p.stats.resident_bytes, len(p.native_held)) == ((100, 1) if keep_graph else (0, 0))
+
+
+def test_audit_gaps_average_the_cadence_and_meet_every_phase_of_a_short_period() -> None:
+    """NOTE [Native keep]: after the first, audits come at scattered gaps that average
+    AUDIT_EVERY passes, so a routing that grows every few steps (a period that divides
+    AUDIT_EVERY) is met by an audit at every phase of its period."""
+    gaps = [audit_gap(k) for k in range(1, 401)]
+    assert min(gaps) >= AUDIT_EVERY // 2 and max(gaps) <= AUDIT_EVERY + AUDIT_EVERY // 2
+    assert abs(sum(gaps) / len(gaps) - AUDIT_EVERY) < 0.5
+    at = AUDIT_EVERY
+    phases = {at % 4}
+    for g in gaps[:10]:
+        at += g
+        phases.add(at % 4)
+    assert phases == {0, 1, 2, 3}
