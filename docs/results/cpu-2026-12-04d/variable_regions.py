@@ -2,6 +2,8 @@
 
     python docs/results/cpu-2026-12-04d/variable_regions.py
 
+The models are the tests' (``tests/offrecomp/test_budgets.py``).
+
 1. Six routed blocks (each runs its MLP on the rows its gate picks: a mixture of
    experts' routing, sizes that change every step), 4096 x 64 tokens: the activation
    peak of the last planned steps, its prediction, and the step time over plain
@@ -27,42 +29,10 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import offrecomp  # noqa: E402
+from tests.models import Stack  # noqa: E402
+from tests.offrecomp.test_budgets import _RoutedBlock, _RowsBlock  # noqa: E402
 
 logging.basicConfig(level=logging.ERROR)
-
-
-class Routed(nn.Module):
-    def __init__(self, d: int = 64) -> None:
-        super().__init__()
-        self.gate, self.up, self.down = nn.Linear(d, 1), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = (self.gate(x).squeeze(-1) > 0).nonzero().squeeze(-1)
-        y = torch.zeros_like(x).index_add(0, rows, self.down(torch.relu(self.up(x[rows]))))
-        return x + torch.tanh(y)
-
-
-class Rows(nn.Module):
-    def __init__(self, d: int = 16) -> None:
-        super().__init__()
-        self.up, self.down = nn.Linear(d, 32 * d), nn.Linear(32 * d, d)
-        self.register_buffer("others", torch.ones(d).index_fill(0, torch.tensor([0]), 0.0))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = (x[:, 0] > 0).nonzero().squeeze(-1)
-        y = torch.zeros_like(x).index_add(0, rows, self.down(torch.tanh(self.up(x[rows]))))
-        return x + y * self.others
-
-
-class Stack(nn.Module):
-    def __init__(self, blocks: list[nn.Module]) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(blocks)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for b in self.blocks:
-            x = b(x)
-        return x.sum()
 
 
 def run(model: nn.Module, batch, steps: int, **kw):  # type: ignore[no-untyped-def]
@@ -78,7 +48,7 @@ def routed() -> None:
     """The variants interleaved, a step of each in turn, so that the machine's drift
     reaches them alike."""
     torch.manual_seed(0)
-    base = Stack([Routed() for _ in range(6)])
+    base = Stack([_RoutedBlock(64) for _ in range(6)])
 
     def batch(s: int) -> torch.Tensor:
         return torch.randn(4096, 64, generator=torch.Generator().manual_seed(s))
@@ -122,7 +92,7 @@ def routed() -> None:
 
 def periodic() -> None:
     torch.manual_seed(0)
-    base = Stack([Rows() for _ in range(3)])
+    base = Stack([_RowsBlock() for _ in range(3)])
 
     def batch(s: int) -> torch.Tensor:
         x = torch.randn(64, 16, generator=torch.Generator().manual_seed(s))
