@@ -23,11 +23,12 @@ then what the hooks would have booked.
 
 A planned call is kept whole because its profile says what it saves; one that saves
 more (a mixture of experts running more of them, or on more tokens: more or larger
-storages) is seen only with the hooks on (``Planner.grew``), so the calls of a region
-known to vary (NOTE [Regions that vary] in placement.py) always run with them. So under a plan, each kept-whole call (signature, region, call
+storages) is seen only with the hooks on (``Planner.grew``). So under a plan, each kept-whole call (signature, region, call
 index) runs with the hooks on once in ``AUDIT_EVERY`` passes, on average (``audit_gap``:
 scattered gaps after the first, so that a routing that repeats every few steps meets an
-audit): its record is made again,
+audit; four times as often for a region known to vary, whose profile grows to what its
+audits see: NOTE [Sizes of regions that vary] in differences.py): its record is made
+again,
 and a call that grew sends its signature to measure again within that many passes
 (until then its steps may hold more than the budget, and book the record's bytes).
 
@@ -103,13 +104,15 @@ class NativeKeep:
         planned calls]), and native keep is on: its record may be made or used."""
         return self._config.native_keep and keeps_whole(call, self._config.mode)
 
-    def _audited(self, key: tuple[str, str, int]) -> bool:
-        """A planned call's turn to run with the hooks on (NOTE [Native keep])."""
-        left, audits = self._runs.get(key, (AUDIT_EVERY, 0))
+    def _audited(self, key: tuple[str, str, int], varies: bool) -> bool:
+        """A planned call's turn to run with the hooks on (NOTE [Native keep]); a call of
+        a region that varies (``varies``) has it four times as often."""
+        left, audits = self._runs.get(key, (AUDIT_EVERY // 4 if varies else AUDIT_EVERY, 0))
         if left > 1:
             self._runs[key] = (left - 1, audits)
             return False
-        self._runs[key] = (audit_gap(audits + 1), audits + 1)
+        gap = audit_gap(audits + 1)
+        self._runs[key] = (max(1, gap // 4) if varies else gap, audits + 1)
         return True
 
     def enter(self, call: RegionCall) -> bool:
@@ -119,7 +122,6 @@ class NativeKeep:
         if (
             p is None
             or not self._keeps_whole(call)
-            or (call.region is not None and call.region.variable)
             or call.recorder is not None
             or call.watch is not None
             or call.inputs is not None
@@ -127,7 +129,8 @@ class NativeKeep:
             return False
         key = (p.signature, call.name, call.call_index)
         books = self._books.get(key)
-        if books is None or (self._config.mode != "keep" and self._audited(key)):
+        varies = call.region is not None and call.region.variable
+        if books is None or (self._config.mode != "keep" and self._audited(key, varies)):
             return False
         own = self._own_hooks()
         top = tc.top_saved_tensors_hooks()

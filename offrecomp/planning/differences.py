@@ -205,8 +205,9 @@ def differed(region: Region) -> None:
 # routing sets a new largest size somewhere for many steps, and a solve costs the host
 # tens of milliseconds at the next step's start. The sizes only grow: the profile tends
 # to the largest routing seen, and planned steps to at most their prediction. A pass that grew them is
-# always learnt (NOTE [Learning cadence] in learning.py), and the calls of such a region
-# always run with the hooks on (NOTE [Native keep] in native.py), so that their sizes
+# always learnt (NOTE [Learning cadence] in learning.py). A call of such a region kept
+# whole saves natively but at its audits, which come four times as often as other
+# calls' (every other pass on average: NOTE [Native keep] in native.py), so its sizes
 # are seen. The same comparison tells a call its plan keeps whole that saved more than
 # its recording (``saved_more``, ``grew``).
 
