@@ -8,7 +8,7 @@ import torch
 import offrecomp
 from offrecomp import _torch_compat as tc
 from tests import models
-from tests.helpers import twin
+from tests.helpers import assert_bitwise, train, twin
 
 pytestmark = pytest.mark.cuda
 
@@ -161,3 +161,35 @@ def test_mixed_device_saves_in_one_region(mode: str) -> None:
         got = run(m)  # auto: a planned pass
     for a, b in zip(ref, got):
         torch.testing.assert_close(a * 2, b, rtol=1e-5, atol=1e-6)  # grads accumulated twice
+
+
+def test_routed_blocks_that_vary_hold_the_budget_on_cuda() -> None:
+    """NOTE [Regions that vary]: routed blocks (the rows a gate picks change every step)
+    under auto at a budget between recompute's and keep's: once known to vary, their
+    saves are dropped or offloaded by position on the device, the planned steps hold
+    about the budget (the profile grows to the routing seen: NOTE [Sizes of regions
+    that vary]), and gradients match plain bitwise."""
+    from tests.offrecomp.test_budgets import _RoutedBlock
+
+    torch.manual_seed(0)
+    model = models.Stack([_RoutedBlock(256) for _ in range(4)]).cuda()
+
+    def batch(s: int) -> torch.Tensor:
+        g = torch.Generator(device="cuda").manual_seed(s)
+        return torch.randn(8192, 256, device="cuda", generator=g)
+
+    probe = twin(model)
+    with offrecomp.runtime(probe, mode="keep", min_bytes=1 << 16) as rt:
+        probe(batch(0)).backward()
+    budget = rt.report().steps[0].peak_activation_bytes // 2
+    del probe
+    ref = train(twin(model), batch, steps=16)
+    rt = offrecomp.runtime(model, budget=budget, min_bytes=1 << 16)
+    got = train(model, batch, rt, steps=16)
+    assert_bitwise(ref, got)
+    assert all(r.variable for r in rt.planner.host.regions)
+    planned = [s for s in rt.report().steps[-4:] if s.phase == "planned"]
+    assert planned, [s.phase for s in rt.report().steps]
+    for s in planned:
+        assert s.recomputed_bytes + s.offloaded_bytes > 0, s
+        assert s.peak_activation_bytes <= budget * 1.1, (s.peak_activation_bytes, budget)
