@@ -23,14 +23,14 @@ then what the hooks would have booked.
 
 A planned call is kept whole because its profile says what it saves; one that saves
 more (a mixture of experts running more of them, or on more tokens: more or larger
-storages) is seen only with the hooks on (``Planner.grew``). So under a plan, each kept-whole call (signature, region, call
-index) runs with the hooks on once in ``AUDIT_EVERY`` passes, on average (``audit_gap``:
-scattered gaps after the first, so that a routing that repeats every few steps meets an
-audit; four times as often for a region known to vary, whose profile grows to what its
-audits see: NOTE [Sizes of regions that vary] in differences.py): its record is made
-again,
-and a call that grew sends its signature to measure again within that many passes
-(until then its steps may hold more than the budget, and book the record's bytes).
+storages) is seen only with the hooks on (``Planner.grew``). So under a plan, each
+kept-whole call (signature, region, call index) runs with the hooks on once in
+``AUDIT_EVERY`` passes on average (``audit_gap``: scattered gaps after the first, so
+that a routing that repeats every few steps meets an audit; four times as often for a
+region known to vary, whose profile grows to what its audits see: NOTE [Sizes of
+regions that vary] in differences.py): its record is made again, and a call that grew
+sends its signature to measure again within that many passes (until then its steps may
+hold more than the budget, and book the record's bytes).
 
 The pair goes back from what the stack holds, through an interrupt (Ctrl-C) landing on
 the way (NOTE [Interrupts in cleanup]): at the call's exit, again in the ``finally`` of
@@ -74,7 +74,8 @@ def audit_gap(audits: int) -> int:
     """Passes from a planned call's audit number ``audits`` to its next (NOTE [Native
     keep]): AUDIT_EVERY to the first, then AUDIT_EVERY on average, scattered over
     [AUDIT_EVERY / 2, 3 * AUDIT_EVERY / 2] by a hash of the number. The same for every
-    call, so the calls of a pass stay native alike."""
+    call (a region that varies divides it by four), so the calls of a pass stay native
+    alike."""
     if audits <= 0:
         return AUDIT_EVERY
     return AUDIT_EVERY // 2 + ((audits * 0x9E3779B1) >> 16) % (AUDIT_EVERY + 1)
