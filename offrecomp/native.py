@@ -27,7 +27,7 @@ storages) is seen only with the hooks on (``Planner.grew``). So under a plan, ea
 kept-whole call (signature, region, call index) runs with the hooks on once in
 ``AUDIT_EVERY`` passes on average (``audit_gap``: scattered gaps after the first, so
 that a routing that repeats every few steps meets an audit; four times as often for a
-region known to vary, whose profile grows to what its audits see: NOTE [Sizes of
+region known to vary whose profile still grows to what its audits see: NOTE [Sizes of
 regions that vary] in differences.py): its record is made again, and a call that grew
 sends its signature to measure again within that many passes (until then its steps may
 hold more than the budget, and book the record's bytes).
@@ -54,6 +54,7 @@ from typing import Any
 from offrecomp import _torch_compat as tc
 from offrecomp.config import Config
 from offrecomp.interrupts import finish
+from offrecomp.regions import SETTLED
 from offrecomp.shared import keeps_whole
 from offrecomp.state import RegionCall
 from scheduler.plan import Placement
@@ -130,7 +131,8 @@ class NativeKeep:
             return False
         key = (p.signature, call.name, call.call_index)
         books = self._books.get(key)
-        varies = call.region is not None and call.region.variable
+        region = call.region
+        varies = region is not None and region.variable and region.settled < SETTLED
         if books is None or (self._config.mode != "keep" and self._audited(key, varies)):
             return False
         own = self._own_hooks()

@@ -50,6 +50,10 @@ BUFFER_SNAPSHOT_MAX_BYTES = 1 << 20
 #: Snapshots of buffers a forward only read are kept for its replay up to this size
 #: (NOTE [Buffers written unseen]).
 READ_SNAPSHOT_MAX_BYTES = 64 << 10
+#: Calls of a variable region in a row, seen with the hooks on, that saved no more than
+#: its profile, after which its audits come at the usual cadence (``Region.settled``;
+#: NOTE [Sizes of regions that vary] in planning/differences.py).
+SETTLED = 8
 
 
 @dataclass(eq=False)
@@ -94,7 +98,11 @@ class Region:
     """Planned calls of it that saved other storages than their recording."""
     variable: bool = False
     """Its saves changed from pass to pass more than once (code that branches on the
-    data): never recomputed from then on, as no one recording describes its calls."""
+    data): no one recording describes its calls, which are placed by position and replay
+    plainly from then on (NOTE [Regions that vary] in placement.py)."""
+    settled: int = 0
+    """Calls of it, seen with the hooks on since it varies, in a row that saved no more
+    than its profile (NOTE [Sizes of regions that vary] in planning/differences.py)."""
     untracked_state: bool | None = None
     """Its calls take argument objects with more state than the runtime tracks: True
     once a call changed it (never replayed from then on), False once a call left it as
@@ -137,6 +145,7 @@ class Region:
             # of its saves no longer says anything about it
             self.mismatches = 0
             self.variable = False
+            self.settled = 0
         self.modules = mods
         self.slots = tuple((sub, n) for sub in mods for n in sub._buffers.keys())  # noqa: SIM118 (a ScriptModule's buffers iterate by index)
         self.param_slots = param_slots

@@ -207,21 +207,23 @@ def differed(region: Region) -> None:
 # to the largest routing seen, and planned steps to at most their prediction. A pass that grew them is
 # always learnt (NOTE [Learning cadence] in learning.py). A call of such a region kept
 # whole saves natively but at its audits, which come four times as often as other
-# calls' (every other pass on average: NOTE [Native keep] in native.py), so its sizes
-# are seen. The same comparison tells a call its plan keeps whole that saved more than
+# calls' (every other pass on average: NOTE [Native keep] in native.py) until SETTLED
+# (regions.py) of its calls in a row, seen with the hooks on, saved no more than the profile
+# (``Region.settled``), so that its sizes are seen while they still grow. The same comparison tells a call its plan keeps whole that saved more than
 # its recording (``saved_more``, ``grew``).
 
 
 def variable_sizes(p: PassState, profile: Profile, *, grow: bool) -> bool:
     """Did a call of a variable region in pass ``p`` save more than ``profile`` says
     (NOTE [Sizes of regions that vary])? With ``grow``, the profile's sizes grow to what
-    it saved."""
+    it saved; without, each such region's ``settled`` count follows the pass's calls
+    seen with the hooks on (the check runs once for every planned pass)."""
     by_key = None
     grew = False
     for call in p.calls:
         region = call.region
-        if region is None or not region.variable:
-            continue
+        if region is None or not region.variable or not call.storages:
+            continue  # (no storages: it saved natively, NOTE [Native keep])
         if by_key is None:
             by_key = {r.key: r for r in profile.regions}
         r = by_key.get((call.name, call.call_index))
@@ -238,12 +240,15 @@ def variable_sizes(p: PassState, profile: Profile, *, grow: bool) -> bool:
             extra = sum(s.nbytes for s in call.storages[len(recs) :])
             if last >= 0 and extra:
                 pairs[last] = (pairs[last][0], pairs[last][1] + extra)
+        grown = False
         for rec, n in pairs:
             if rec.kind == "activation" and n > rec.nbytes:
+                grown = grew = True
                 if not grow:
-                    return True
+                    break
                 rec.nbytes = n
-                grew = True
+        if not grow:
+            region.settled = 0 if grown else region.settled + 1
     return grew
 
 

@@ -13,6 +13,7 @@ from torch import nn
 import offrecomp
 from offrecomp import _torch_compat as tc
 from offrecomp.native import AUDIT_EVERY, audit_gap
+from offrecomp.regions import SETTLED
 from tests import models
 from tests.helpers import assert_bitwise, make, train, twin
 
@@ -313,3 +314,33 @@ def test_audit_gaps_average_the_cadence_and_meet_every_phase_of_a_short_period()
         at += g
         phases.add(at % 4)
     assert phases == {0, 1, 2, 3}
+
+
+def test_a_region_that_varies_is_audited_often_until_its_sizes_settle() -> None:
+    """NOTE [Sizes of regions that vary] (planning/differences.py): routed blocks kept
+    whole under an ample budget, their routing one of three (the gates do not train),
+    once known to vary run with
+    the hooks on every other pass on average while their profile grows, then at the
+    usual cadence once SETTLED of their hooked calls in a row saved no more than it;
+    gradients bitwise."""
+    from tests.offrecomp.test_budgets import _routed
+
+    model, _ = _routed()
+
+    def batch(s: int) -> torch.Tensor:  # train() draws batch 10 * step: three routings in turn
+        return torch.randn(64, 32, generator=torch.Generator().manual_seed(s % 3))
+
+    seen: list[bool] = []
+    probed = models.Stack([_Probe(b, seen) for b in model.blocks])  # type: ignore[union-attr]
+    steps = 48
+    ref = train(twin(probed), batch, steps=steps, lr=0.0)  # no step moves the gates
+    rt = offrecomp.runtime(probed, budget=10_000_000, regions=[_Probe], min_bytes=0)
+    assert_bitwise(ref, train(probed, batch, rt, steps=steps, lr=0.0))
+    variable = [i for i, r in enumerate(rt.planner.host.regions) if r.variable]
+    assert variable and all(rt.planner.host.regions[i].settled >= SETTLED for i in variable)
+    n = len(model.blocks)  # type: ignore[arg-type]
+    for i in variable:
+        hooked = [seen[step * n + i] for step in range(steps)]
+        # settled: audits 4-12 passes apart; growing: every other pass on average
+        assert sum(hooked[-20:]) <= 20 // (AUDIT_EVERY // 2) + 1, hooked
+        assert sum(hooked[4:24]) > 20 // (AUDIT_EVERY // 2) + 1, hooked
