@@ -3,7 +3,8 @@ configurations of a decoder with learned positions (GPT-2), one with rotary posi
 and grouped-query attention (Llama) and an encoder-decoder (T5), each in training mode
 with the library's defaults (``use_cache=True``: every decoder layer appends to a
 key/value cache, NOTE [Stateful arguments]). Gradients are compared bitwise with the
-plain run under every variant of the model zoo."""
+plain run under every variant of the model zoo. Also a Switch Transformer, whose routed
+layers save other tensors every step."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from tests.helpers import ZOO_VARIANTS, check_variant
+import offrecomp
+from tests.helpers import ZOO_VARIANTS, assert_bitwise, check_variant, train, twin
 
 tf = pytest.importorskip("transformers", reason="transformers is an optional extra (pip install -e '.[transformers]')")
 
@@ -152,3 +154,33 @@ def test_hf_llama_two_forwards_in_one_autocast_context() -> None:
     assert isinstance(base, CausalLM)
     rt, _ = check_variant(TwoForwardsUnderAutocast(base.m), _batch, "auto_serve", steps=STEPS)
     assert all(s.replays > 0 for s in rt.report().steps[2:])  # planned passes replayed
+
+
+def test_hf_switch_transformer_routing_is_recomputed_under_auto() -> None:
+    """A Switch Transformer routes each token to one expert (with a capacity): its sparse
+    layers save other tensors every step, so auto finds them variable (NOTE [Regions
+    that vary]); at half of keep's peak they are still dropped and replayed, planned
+    steps hold the budget, and gradients match plain bitwise."""
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    torch.manual_seed(0)
+    cfg = tf.SwitchTransformersConfig(
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+        num_experts=4, expert_capacity=8, num_sparse_encoder_layers=1, num_sparse_decoder_layers=1,
+        decoder_start_token_id=0, pad_token_id=0,
+    )
+    model = CausalLM(tf.SwitchTransformersForConditionalGeneration(cfg)).train()
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1000 + s))
+
+    probe = twin(model)
+    with offrecomp.runtime(probe, mode="keep", min_bytes=0) as rt:
+        probe(batch(0)).backward()
+    budget = rt.report().steps[0].peak_activation_bytes // 2
+    ref = train(twin(model), batch, steps=14)
+    rt = offrecomp.runtime(model, budget=budget, min_bytes=0)
+    assert_bitwise(ref, train(model, batch, rt, steps=14))
+    assert any(r.variable for r in rt.planner.host.regions)
+    last = rt.report().steps[-3:]
+    assert all(s.phase == "planned" and s.recomputed_bytes > 0 for s in last), [s.phase for s in rt.report().steps]
+    assert all(s.peak_activation_bytes <= budget for s in last), [(s.peak_activation_bytes, budget) for s in last]
