@@ -71,15 +71,15 @@ MAX_RECORDS = 4096
 #: (NOTE [Native keep]).
 AUDIT_EVERY = 8
 
-def audit_gap(audits: int) -> int:
+
+def audit_gap(audits: int, varies: bool = False) -> int:
     """Passes from a planned call's audit number ``audits`` to its next (NOTE [Native
     keep]): AUDIT_EVERY to the first, then AUDIT_EVERY on average, scattered over
-    [AUDIT_EVERY / 2, 3 * AUDIT_EVERY / 2] by a hash of the number. The same for every
-    call (a region that varies divides it by four), so the calls of a pass stay native
-    alike."""
-    if audits <= 0:
-        return AUDIT_EVERY
-    return AUDIT_EVERY // 2 + ((audits * 0x9E3779B1) >> 16) % (AUDIT_EVERY + 1)
+    [AUDIT_EVERY / 2, 3 * AUDIT_EVERY / 2] by a hash of the number; a quarter of that,
+    at least 1, for a region that varies (``varies``). The same for every call of a kind,
+    so the calls of a pass stay native alike."""
+    gap = AUDIT_EVERY if audits <= 0 else AUDIT_EVERY // 2 + ((audits * 0x9E3779B1) >> 16) % (AUDIT_EVERY + 1)
+    return max(1, gap // 4) if varies else gap
 
 
 #: What a call saved with the hooks on: (saves, storages, kept bytes, storages under
@@ -109,12 +109,11 @@ class NativeKeep:
     def _audited(self, key: tuple[str, str, int], varies: bool) -> bool:
         """A planned call's turn to run with the hooks on (NOTE [Native keep]); a call of
         a region that varies (``varies``) has it four times as often."""
-        left, audits = self._runs.get(key, (AUDIT_EVERY // 4 if varies else AUDIT_EVERY, 0))
+        left, audits = self._runs.get(key, (audit_gap(0, varies), 0))
         if left > 1:
             self._runs[key] = (left - 1, audits)
             return False
-        gap = audit_gap(audits + 1)
-        self._runs[key] = (max(1, gap // 4) if varies else gap, audits + 1)
+        self._runs[key] = (audit_gap(audits + 1, varies), audits + 1)
         return True
 
     def enter(self, call: RegionCall) -> bool:

@@ -399,8 +399,8 @@ class Planner:
         differences.relayout(self.entries.get(p.signature) if p is not None else None, call, why)
 
     def grew(self, p: PassState, call: RegionCall) -> None:
-        """A planned call its plan keeps whole saved more storages than its recording:
-        ``differences.grew``."""
+        """A planned call its plan keeps whole ran with the hooks on: ``differences.grew``
+        (if it saved more than its recording)."""
         differences.grew(self.entries.get(p.signature), p, call)
 
     def record_structure(self, call: RegionCall) -> None:

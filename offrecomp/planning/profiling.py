@@ -14,6 +14,7 @@ import torch
 from offrecomp.changes import module_state
 from offrecomp.diagnostics import warn_once
 from offrecomp.measure import device_capacity_bytes
+from offrecomp.placement import never_replayed
 from offrecomp.regions import buffer_of
 from offrecomp.trace import RegionStructure, build_structure
 from scheduler.profile import Profile, RegionRecord, StorageRecord
@@ -37,19 +38,13 @@ def timed_on_device(rec: OpRecorder) -> bool:
     return any(op.start_ev is not None for op in rec.ops)
 
 
-def never_replayable(region: Region) -> bool:
-    """A replay of ``region``'s calls must not run (it writes state of its own, or runs a
-    backward through earlier activations or into ``.grad``)."""
-    return region.writes_state or region.reaches_out or region.accumulates
-
-
 def mark_found(profile: Profile, regions: Iterable[Region]) -> None:
     """What is known of ``regions`` since ``profile`` was built goes into it before a plan
     is solved from it: a region found never replayable is not replayable in it, so the
     plan keeps or offloads its storages, as the placement rules will; a region found to
     vary (NOTE [Regions that vary] in placement.py) is opaque in it, as its replays run
     plainly, the whole prefix up to what they regenerate."""
-    unreplayable = {r.name for r in regions if never_replayable(r)}
+    unreplayable = {r.name for r in regions if never_replayed(r) is not None}
     variable = {r.name for r in regions if r.variable}
     for rec in profile.regions:
         if rec.name in unreplayable:
@@ -220,7 +215,7 @@ def _region_records(
                 ops=list(st.op_records),
                 storages=storages,
                 opaque=st.opaque,
-                replayable=not call.collective and not (call.region is not None and never_replayable(call.region)),
+                replayable=not call.collective and never_replayed(call.region) is None,
             )
         )
         structures[call.key] = st
