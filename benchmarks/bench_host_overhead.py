@@ -21,8 +21,11 @@ with the variants interleaved (one timing of each per round) and medians over ro
 * per offloaded storage: the same ops in regions of ``--region-saves`` saves each, under
   the least any grouped hook pair does in Python (the floor of a grouped offload without
   its copies: pack detaches each save into its region call's list, unpack indexes it),
-  and every save offloaded (``mode="offload"``; on a CPU the emulated backend: real worker threads
-  and copies, a group per region call, NOTE [Offload groups] in offrecomp/groups.py);
+  the least such a pair does with its copies (the lean bound: each block's storages
+  copied with one call into a host block kept from step to step, reloaded as one
+  buffer, one view per unpack; no check, event or record), and every save offloaded
+  (``mode="offload"``; on a CPU the emulated backend: real worker threads and copies, a
+  group per region call, NOTE [Offload groups] in offrecomp/groups.py);
 * auto under an ample budget, in the same regions: after its measuring and calibration
   passes the plan keeps every call whole (NOTE [Kept planned calls] in
   offrecomp/placement.py), and such calls save natively but one pass in eight (NOTE
@@ -137,6 +140,64 @@ class _GroupedFloor:
     def unpack(self, h: tuple[Any, int]) -> torch.Tensor:
         group, i = h
         return group if i < 0 else group[i]
+
+
+class _GroupedCopies(_GroupedFloor):
+    """The least a grouped offload hook pair does with its copies: at each block's exit
+    the saves' storages (each once) are copied with one call into a host block of the
+    block's own, kept from step to step with its slot views; in backward the first
+    unpack of a group copies the block back into one buffer, and each unpack hands out
+    one view of it. No check, record, ordering event, side stream or accounting, so a
+    lower bound for any Python pair that moves the bytes (the runtime's figure minus
+    this one is what its checks, ordering and books cost)."""
+
+    def __init__(self, model: _Model) -> None:
+        super().__init__(model)
+        self._blocks: dict[tuple[Any, ...], tuple[torch.Tensor, list[int], list[torch.Tensor]]] = {}
+
+    def _exit(self, module: nn.Module, args: Any, out: Any) -> None:
+        saved, self._group = self._group, None
+        if not saved:
+            return
+        slots: dict[int, int] = {}
+        sources: list[torch.Tensor] = []
+        index = []
+        for t in saved:
+            ptr = t.untyped_storage().data_ptr()
+            slot = slots.get(ptr)
+            if slot is None:
+                slot = slots[ptr] = len(sources)
+                sources.append(t)
+            index.append(slot)
+        key = (id(module), *((s.shape, s.dtype) for s in sources))
+        block = self._blocks.get(key)
+        if block is None:
+            offsets, end = [], 0
+            for s in sources:
+                offsets.append(end)
+                end += -(-s.untyped_storage().nbytes() // 512) * 512
+            host = torch.empty(end, dtype=torch.uint8, pin_memory=sources[0].is_cuda)
+            views = [host[o : o + s.nbytes].view(s.dtype).view(s.shape) for o, s in zip(offsets, sources)]
+            block = self._blocks[key] = (host, offsets, views)
+        torch._foreach_copy_(block[2], sources, non_blocking=True)
+        device = sources[0].device
+        # the list the handles hold becomes the group: its host block, slots and layout
+        saved[:] = [block, index, [(s.dtype, s.stride()) for s in sources], device, None, 0]
+
+    def unpack(self, h: tuple[Any, int]) -> torch.Tensor:
+        group, i = h
+        if i < 0:
+            return group  # type: ignore[no-any-return]
+        (host, offsets, views), index, layouts, device, buffer, uses = group
+        if buffer is None:
+            buffer = group[4] = host.to(device, non_blocking=True)
+        slot = index[i]
+        dtype, stride = layouts[slot]
+        t = buffer.view(dtype).as_strided(views[slot].shape, stride, offsets[slot] // dtype.itemsize)
+        group[5] = uses = uses + 1
+        if uses == len(index):
+            group[4] = None
+        return t
 
 
 class _Bare(TorchDispatchMode):
@@ -282,10 +343,19 @@ def main(argv: list[str] | None = None) -> int:
         with torch.autograd.graph.saved_tensors_hooks(floor_pair.pack, floor_pair.unpack):
             floor_model(x).backward()
 
-    grouped_floor()  # the floor computes what plain does
+    copies_model = _Model(n, blocks=max(1, n // args.region_saves)).to(device)
+    copies_pair = _GroupedCopies(copies_model)
+
+    def grouped_copies() -> None:
+        with torch.autograd.graph.saved_tensors_hooks(copies_pair.pack, copies_pair.unpack):
+            copies_model(x).backward()
+
+    grouped_floor()  # the floors compute what plain does
+    grouped_copies()
     grouped_plain()
-    if not torch.equal(floor_model.w.grad, grouped.w.grad):
-        raise RuntimeError("the grouped floor's gradient differs from plain's")
+    for name, m in (("grouped floor", floor_model), ("grouped pair with copies", copies_model)):
+        if not torch.equal(m.w.grad, grouped.w.grad):
+            raise RuntimeError(f"the {name}'s gradient differs from plain's")
 
     saves = [0]
 
@@ -327,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         "plain step, small regions": grouped_plain,
         "identity hooks": identity_hooks,
         "grouped floor": grouped_floor,
+        "grouped copies": grouped_copies,
         "ops plain": ops_plain,
         "bare dispatch mode": ops_bare,
         "replay dispatch mode": ops_serving,
@@ -382,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
         ("per saved tensor", "offrecomp keep, hooks on", "offrecomp keep, hooks on", "plain step", saves[0]),
         ("per saved tensor", "grouped hook pair, no copies (floor)", "grouped floor", "plain step, small regions",
          saves[0]),
+        ("per saved tensor", "grouped hook pair, copies (lean bound)", "grouped copies",
+         "plain step, small regions", saves[0]),
         ("per saved tensor", small, "offrecomp offload", "plain step, small regions", saves[0]),
         ("per saved tensor", f"offrecomp auto, {args.region_saves} per region, kept", "offrecomp auto",
          "plain step, small regions", saves[0]),

@@ -17,13 +17,14 @@ def test_host_overhead_benchmark_reports_every_row(tmp_path: Path, capsys: pytes
     text = capsys.readouterr().out
     for row in ("identity hook pair (floor)", "offrecomp keep", "offrecomp keep, 12 buffers per region",
                 "offrecomp keep, hooks on", "grouped hook pair, no copies (floor)",
+                "grouped hook pair, copies (lean bound)",
                 "offrecomp offload, 16 saves per region", "offrecomp auto, 16 per region, kept",
                 "bare dispatch mode (floor)",
                 "replay dispatch mode, every op run", "op recorder (measuring pass)"):
         assert row in text
     res = json.loads(out.read_text())
     assert res["ops"] == 20 and res["saves"] == 21  # 20 tanh outputs and the scaled input
-    assert len(res["us_over_plain"]) == 10 and res["clock"] == "thread" and res["gc_freeze"]
+    assert len(res["us_over_plain"]) == 11 and res["clock"] == "thread" and res["gc_freeze"]
     assert set(res["gc_us_per_step"]) >= {"plain step", "offrecomp keep", "offrecomp offload", "offrecomp auto"}
     assert "measure" in res["auto_phases"]
     assert res["emulated_device_work_us"] is None
@@ -45,6 +46,27 @@ def test_host_overhead_emulated_split_names_the_offload_rows_device_work(
     work = json.loads(out.read_text())["emulated_device_work_us"]
     assert work["per saved tensor: offrecomp offload, 16 saves per region"] > 0
     assert work["per saved tensor: offrecomp keep"] == 0
+
+
+def test_the_lean_bound_pair_moves_the_bytes_and_gives_plains_gradients_step_after_step() -> None:
+    """The lean bound copies each block's storages out and back through a host block it
+    keeps from step to step: its gradients are plain's at every step, so its figure is
+    that of a pair that really moves the bytes."""
+    import torch
+
+    torch.manual_seed(0)
+    plain = bench_host_overhead._Model(48, blocks=3)
+    lean = bench_host_overhead._Model(48, blocks=3)
+    lean.load_state_dict(plain.state_dict())
+    pair = bench_host_overhead._GroupedCopies(lean)
+    for step in range(3):
+        x = torch.randn(16, generator=torch.Generator().manual_seed(step))
+        plain.w.grad = lean.w.grad = None
+        plain(x).backward()
+        with torch.autograd.graph.saved_tensors_hooks(pair.pack, pair.unpack):
+            lean(x).backward()
+        assert torch.equal(plain.w.grad, lean.w.grad)
+    assert len(pair._blocks) == 3  # one host block per block, kept from step to step
 
 
 def test_host_overhead_benchmark_rejects_bad_arguments() -> None:
