@@ -157,6 +157,7 @@ class Diagnostics:
         self.own_pack: Callable[[], Any] = lambda: None
         self.hidden_warned = False
         self.hidden_checks = 0  # region calls checked (the first few tell)
+        self.grad_off_warned = False  # NOTE [Regions with gradients off]
 
     def wants_hidden_check(self) -> bool:
         return not self.hidden_warned and self.hidden_checks < HIDDEN_CHECKS
@@ -206,6 +207,39 @@ class Diagnostics:
             "network), that Function owns their activations by design: nothing is wrong, and "
             "those regions are better left out (regions=)." if rerun else "",
         )
+
+
+    def warn_grad_off(self, names: list[str]) -> None:
+        """NOTE [Regions with gradients off]: once per runtime, and not after the warning
+        of regions whose forward ran inside a backward (a reentrant checkpoint)."""
+        if self.grad_off_warned or self.hidden_warned:
+            return
+        self.grad_off_warned = True
+        log.warning(
+            "offrecomp: region(s) %s ran their forward with gradients off inside a forward "
+            "that trains, and no region call saved anything for its backward: autograd saved "
+            "nothing of those calls, so offrecomp has nothing to keep, offload or recompute. "
+            "A custom autograd.Function whose forward runs them under no_grad and reruns them "
+            "in its backward (a reversible network) owns their memory by design; a frozen "
+            "part under torch.no_grad() needs no activations. If they should train, run them "
+            "with gradients on.",
+            ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else ""),
+        )
+
+
+# NOTE [Regions with gradients off]
+# A region whose forward runs with gradients off inside a root forward that trains (the
+# root began with them on) saves nothing for backward: a reversible network runs its
+# blocks inside a custom autograd.Function's forward, which autograd runs under no_grad,
+# and reruns them in its backward (calling their parts, not the blocks); a frozen encoder
+# runs under torch.no_grad(). Such a call is not a region call of the pass: nothing of it
+# is placed, in any mode. The region remembers it (``Region.grad_off``); when a root
+# forward returns and no region call of its pass ran with gradients on, the runtime is
+# doing nothing for the model, which it says once, at the next root forward: a
+# reentrant checkpoint around the blocks also runs them with gradients off, then again
+# in the backward, where the warning of ``warn_hidden`` names the checkpoint, and
+# this one stays quiet. ``explain()`` names those regions. A pass whose other regions
+# train (a student beside a frozen teacher) is quiet.
 
 
 def _storage_key(t: torch.Tensor) -> int:

@@ -151,11 +151,11 @@ def _why(r: RegionRecord, n: dict[Placement, int], plan: Plan, regions: Sequence
 
 def explain_forced(
     config: Config, regions: Sequence[Region], calls: list[CallSummary], *, emulated: bool,
-    user_plan: Plan | None = None,
+    user_plan: Plan | None = None, ran: bool = True,
 ) -> str:
     """What ``config.mode`` (or ``user_plan``, set with ``rt.set_plan()``) did to each
     region call of the last step, and why (``emulated``: offload copies within host
-    memory, on CPU)."""
+    memory, on CPU; ``ran``: a step has run)."""
     if config.disable or config.mode == "off":
         why = "OFFRECOMP_DISABLE=1" if config.disable else "mode='off'"
         names = ", ".join(r.name for r in regions) if regions else "none"
@@ -173,7 +173,18 @@ def explain_forced(
             + (" (a new signature's measuring pass records as auto does)" if mode == "auto" else "")
         ]
     if not calls:
-        lines.append("  no step has run yet; regions: " + (", ".join(r.name for r in regions) or "none"))
+        names = ", ".join(r.name for r in regions) or "none"
+        off = [r.name for r in regions if r.grad_off]
+        if not ran:
+            lines.append("  no step has run yet; regions: " + names)
+        elif off:  # NOTE [Regions with gradients off] in diagnostics.py
+            lines.append(
+                f"  the last step ran no region call with gradients on: {', '.join(off)} ran "
+                "their forward with gradients off (an autograd.Function's forward, as a "
+                "reversible network's, or torch.no_grad()), saving nothing to place"
+            )
+        else:
+            lines.append("  the last step called no region; regions: " + names)
         return "\n".join(lines)
     by_name = {r.name: r for r in regions}
     rows = [

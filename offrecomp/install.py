@@ -131,6 +131,7 @@ class Installer:
         self._regions_epoch = -1  # structure_epoch() at the last _check_regions
         self._warned_replaced = False  # _check_regions warned (once per runtime) of replaced regions
         self._warned_added = False  # ... of modules added beside them
+        self._grad_off: list[str] = []  # NOTE [Regions with gradients off]: to say at the next root forward
         # the regions' kin not chosen as regions when the runtime was made (regions=)
         self._unchosen = frozenset(_added_regions(model, regions)) if model is not None else frozenset()
 
@@ -352,6 +353,9 @@ class Installer:
                 if (compiling or _is_compiled(module)) and regions:
                     warn_compiled(", ".join(r.name for r in regions))
                 self._check_regions()
+                if self._grad_off:  # NOTE [Regions with gradients off]
+                    self._diag.warn_grad_off(self._grad_off)
+                    self._grad_off = []
                 if not life.stack.roots:  # one inside another is part of it (NOTE [Pass signatures])
                     life.next_part(_part(module, name, args, kwargs, self._frozen))
                 p = life.forward_activity()
@@ -364,7 +368,14 @@ class Installer:
             self._native.hooks_back()  # NOTE [Native keep]: an interrupt at a region call's start
             life.root_failed(p, exc)
 
-        begin_h, fail, returned_h = self._host(begin), self._host(failed), self._host(life.root_returned)
+        def returned(p: PassState, out: Any) -> None:
+            if not p.calls and life.stack.roots == 1:  # NOTE [Regions with gradients off]
+                off = [r.name for r in regions if r.grad_off]
+                if off:
+                    self._grad_off = off  # said at the next root forward, past this backward
+            life.root_returned(p, out)
+
+        begin_h, fail, returned_h = self._host(begin), self._host(failed), self._host(returned)
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
@@ -430,15 +441,13 @@ class Installer:
                 # recomputing it (its first forward ran without grad, unseen)
                 self._diag.warn_hidden(region.name, "run their forward inside a backward", where="around", rerun=True)
             return None
-        if (
-            not self.active
-            or not torch.is_grad_enabled()
-            or torch.is_inference_mode_enabled()
-            or in_replay()
-            or self._life.stack.calls
-            # another thread: saved-tensor hooks are per thread, ours are not there
-            or tc.top_saved_tensors_hooks() is None
-        ):
+        if not self.active or in_replay() or self._life.stack.calls:
+            return None
+        if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+            if self._life.stack.roots:  # NOTE [Regions with gradients off]
+                region.grad_off = True
+            return None
+        if tc.top_saved_tensors_hooks() is None:  # another thread: hooks are per thread, ours are not there
             return None
         if compiling:
             warn_compiled(region.name)

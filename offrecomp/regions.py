@@ -107,6 +107,9 @@ class Region:
     """Its calls take argument objects with more state than the runtime tracks: True
     once a call changed it (never replayed from then on), False once a call left it as
     it was; None before (NOTE [Stateful arguments])."""
+    grad_off: bool = False
+    """A call of it ran with gradients off inside a root forward that trains (NOTE
+    [Regions with gradients off] in diagnostics.py): autograd saved nothing of it."""
     backward_in_forward: bool = False
     """Its forward runs a backward of its own (NOTE [Backward inside a forward] in
     replay.py): its replays hold what they save and run plainly."""

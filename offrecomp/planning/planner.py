@@ -636,7 +636,7 @@ class Planner:
         if cfg.mode != "auto" or not cfg.active or user is not None:
             return explain_forced(
                 cfg, host.regions, summarize(self.last_forced, cfg.min_bytes),
-                emulated=host.device().type != "cuda", user_plan=user,
+                emulated=host.device().type != "cuda", user_plan=user, ran=bool(self.last_forced),
             )
         entry = self.last_entry
         if entry is not None and entry.plan is None and entry.replaced is not None:

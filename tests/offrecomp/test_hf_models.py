@@ -184,3 +184,34 @@ def test_hf_switch_transformer_routing_is_recomputed_under_auto() -> None:
     last = rt.report().steps[-3:]
     assert all(s.phase == "planned" and s.recomputed_bytes > 0 for s in last), [s.phase for s in rt.report().steps]
     assert all(s.peak_activation_bytes <= budget for s in last), [(s.peak_activation_bytes, budget) for s in last]
+
+
+def test_hf_reformer_reversible_layers_are_named_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A Reformer runs its layers inside a reversible autograd.Function (no grad in the
+    forward, the layers' parts again in the backward): nothing is saved there for
+    offrecomp to place, which it says once, and gradients match plain bitwise (NOTE
+    [Regions with gradients off])."""
+    import offrecomp.diagnostics
+
+    offrecomp.diagnostics.clear_warnings()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    torch.manual_seed(0)
+    cfg = tf.ReformerConfig(
+        hidden_size=32, attention_head_size=8, num_attention_heads=4, feed_forward_size=64, vocab_size=VOCAB,
+        axial_pos_shape=[4, 4], axial_pos_embds_dim=[16, 16], attn_layers=["local", "local"], is_decoder=True,
+        max_position_embeddings=16, local_attn_chunk_length=4, num_hashes=1,
+        # its dropout reseeds from torch.seed() at every step: plain runs differ from each other
+        hidden_dropout_prob=0.0, local_attention_probs_dropout_prob=0.0, lsh_attention_probs_dropout_prob=0.0,
+    )
+    model = CausalLM(tf.ReformerModelWithLMHead(cfg)).train()
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1000 + s))
+
+    ref = train(twin(model), batch, steps=3)
+    rt = offrecomp.runtime(model, mode="recompute", min_bytes=0)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        assert_bitwise(ref, train(model, batch, rt, steps=3))
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("offrecomp")]
+    assert len(said) == 1 and "gradients off" in said[0] and "layers.0" in said[0], said
+    assert "no region call with gradients on" in rt.explain()
