@@ -286,11 +286,12 @@ def test_a_flop_counter_around_the_forward_only_still_recomputes() -> None:
 
 class _Rerun(torch.autograd.Function):
     """A reversible step: the forward runs the block without grad, the backward runs it
-    again with grad and differentiates that."""
+    again with grad and differentiates that: the block itself, or (``parts``, as a
+    Hugging Face Reformer's layers do) its parts one after another, never the block."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, block: nn.Module, *params: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        ctx.block = block
+    def forward(ctx, x: torch.Tensor, block: nn.Sequential, parts: bool, *params: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.block, ctx.parts = block, parts
         ctx.save_for_backward(x)
         with torch.no_grad():
             return block(x)
@@ -300,10 +301,28 @@ class _Rerun(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         with torch.enable_grad():
             x = x.detach().requires_grad_()
-            out = ctx.block(x)
-        params = list(ctx.block.parameters())
-        grads = torch.autograd.grad(out, [x, *params], grad)
-        return (grads[0], None, *grads[1:])
+            if ctx.parts:
+                out = x
+                for part in ctx.block:
+                    out = part(out)
+            else:
+                out = ctx.block(x)
+        grads = torch.autograd.grad(out, [x, *ctx.block.parameters()], grad)
+        return (grads[0], None, None, *grads[1:])
+
+
+class _ReversibleNet(nn.Module):
+    """Blocks each run by ``_Rerun`` (``parts``: its backward runs their parts)."""
+
+    def __init__(self, blocks: int = 3, parts: bool = True) -> None:
+        super().__init__()
+        self.parts = parts
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(blocks))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = _Rerun.apply(x, b, self.parts, *b.parameters())
+        return x.square().sum()
 
 
 def test_a_function_rerunning_blocks_in_its_backward_is_named_in_the_warning(
@@ -313,55 +332,11 @@ def test_a_function_rerunning_blocks_in_its_backward_is_named_in_the_warning(
     network) run their forward inside a backward, as under a reentrant checkpoint; the
     warning says that such a Function owns their activations by design."""
 
-    class Net(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(2))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            for b in self.blocks:
-                x = _Rerun.apply(x, b, *b.parameters())
-            return x.square().sum()
-
-    m = Net()
+    m = _ReversibleNet(blocks=2, parts=False)
     with caplog.at_level(logging.WARNING, logger="offrecomp"), offrecomp.runtime(m, mode="recompute", min_bytes=0):
         m(torch.randn(4, 8, requires_grad=True)).backward()
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and "reversible network" in said[0], said
-
-
-class _Reversible(torch.autograd.Function):
-    """As a reversible network's layers (Hugging Face's Reformer): the forward runs the
-    block without grad; the backward runs the block's parts again with grad, never the
-    block itself."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, block: nn.Sequential, *params: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        ctx.block = block
-        ctx.save_for_backward(x)
-        return block(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
-        (x,) = ctx.saved_tensors
-        with torch.enable_grad():
-            x = x.detach().requires_grad_()
-            out = x
-            for part in ctx.block:
-                out = part(out)
-        grads = torch.autograd.grad(out, [x, *ctx.block.parameters()], grad)
-        return (grads[0], None, *grads[1:])
-
-
-class _ReversibleNet(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(3))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for b in self.blocks:
-            x = _Reversible.apply(x, b, *b.parameters())
-        return x.square().sum()
 
 
 def _rows(s: int) -> torch.Tensor:
