@@ -411,8 +411,9 @@ def _regions_of(model: nn.Module | None, config: Config) -> list[Region]:
             )
         log.warning(
             "offrecomp: %s has no repeated blocks (children of nn.ModuleList/Sequential/ModuleDict "
-            "sharing a class), so nothing can be recomputed; activations can still be kept or "
-            "offloaded. Pass regions= to choose the modules to replay.",
+            "sharing a class, or any child of an nn.ModuleList), so nothing can be "
+            "recomputed; activations can still be kept or offloaded. Pass regions= to choose "
+            "the modules to replay.",
             type(model).__name__,
         )
     return regions if config.active else []

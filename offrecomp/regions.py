@@ -192,7 +192,8 @@ def discover_regions(
 
     ``spec`` None: the repeated children of every ``nn.ModuleList``/``nn.Sequential`` (a
     child whose class occurs at least twice among its siblings), and of an
-    ``nn.ModuleDict`` where nothing inside them is one (see _pick_repeated_children). A
+    ``nn.ModuleDict`` where nothing inside them is one (see _pick_repeated_children); where
+    none repeats, the children of every ``nn.ModuleList`` (NOTE [Stacks without repeats]). A
     type or types: every module of those types. A callable: every module for which
     ``fn(module, name)`` is true. Only the outermost match counts: regions never nest.
     """
@@ -295,6 +296,7 @@ def _pick_repeated_children(model: nn.Module) -> set[int]:
     them does."""
     pick: set[int] = set()
     keyed: list[nn.Module] = []
+    stacked: set[int] = set()  # NOTE [Stacks without repeats]
     for m in model.modules():
         if not isinstance(m, (nn.ModuleList, nn.Sequential, nn.ModuleDict)):
             continue
@@ -304,6 +306,8 @@ def _pick_repeated_children(model: nn.Module) -> set[int]:
             # norm, block and residual in one): what it holds is looked at on its own
             if child is not None and not isinstance(child, (nn.ModuleList, nn.ModuleDict)):
                 by_type.setdefault(type(child), []).append(child)
+        if isinstance(m, nn.ModuleList):
+            stacked.update(id(c) for same in by_type.values() for c in same)
         for same in by_type.values():
             if len(same) >= 2:
                 if isinstance(m, nn.ModuleDict):
@@ -312,7 +316,19 @@ def _pick_repeated_children(model: nn.Module) -> set[int]:
                     pick.update(id(c) for c in same)
     candidates = pick | {id(c) for c in keyed}
     pick.update(id(c) for c in keyed if not any(id(x) in candidates for x in c.modules() if x is not c))
-    return pick
+    return pick or stacked
+
+
+# NOTE [Stacks without repeats]
+# A model with no repeated blocks may still hold its layers in an nn.ModuleList: ALBERT
+# keeps one layer group and calls it once per layer (num_hidden_groups=1), a model
+# configured with one layer holds one block, and a hybrid with few layers (Jamba's Mamba
+# and attention layers) holds one of each class. Where nothing repeats, the children of
+# every ModuleList are regions (outermost wins): a shared one's calls are region calls
+# as any shared block's are. Without this such a model had no region, and nothing could
+# be recomputed. A ModuleList holds a stack of layers far more often than a Sequential
+# without repeats does (a pipeline of unlike stages, or a wrapper around a whole model,
+# whose replay would rerun every op), which stays as it is.
 
 
 # ------------------------------------------------------------------------ RNG state

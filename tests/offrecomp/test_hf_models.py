@@ -1,6 +1,7 @@
 """Hugging Face models as users train them (``transformers``, the optional extra): tiny
 configurations of a decoder with learned positions (GPT-2), one with rotary positions
-and grouped-query attention (Llama) and an encoder-decoder (T5), each in training mode
+and grouped-query attention (Llama), an encoder-decoder (T5) and an encoder whose one
+layer group runs once per layer (ALBERT), each in training mode
 with the library's defaults (``use_cache=True``: every decoder layer appends to a
 key/value cache, NOTE [Stateful arguments]). Gradients are compared bitwise with the
 plain run under every variant of the model zoo. Also a Switch Transformer, whose routed
@@ -62,7 +63,16 @@ def _t5() -> nn.Module:
     return Seq2Seq(tf.T5ForConditionalGeneration(cfg))
 
 
-MODELS: dict[str, Callable[[], nn.Module]] = {"gpt2": _gpt2, "llama": _llama, "t5": _t5}
+def _albert() -> nn.Module:
+    """One layer group called once per layer (NOTE [Stacks without repeats])."""
+    cfg = tf.AlbertConfig(
+        hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, embedding_size=16,
+        vocab_size=VOCAB, max_position_embeddings=64,
+    )
+    return CausalLM(tf.AlbertForMaskedLM(cfg))
+
+
+MODELS: dict[str, Callable[[], nn.Module]] = {"gpt2": _gpt2, "llama": _llama, "t5": _t5, "albert": _albert}
 
 
 def _batch(seed: int) -> torch.Tensor:

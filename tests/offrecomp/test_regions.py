@@ -195,8 +195,9 @@ def test_one_block_held_several_times_is_a_region() -> None:
 
 def test_lists_that_are_never_called_are_not_regions() -> None:
     """x-transformers keeps each layer's norm, block and residual in a ModuleList the
-    forward unpacks: those lists repeat but never run, so they are not regions (the
-    blocks inside are found by their own repeats, or named with regions=)."""
+    forward unpacks: those lists repeat but never run, so they are not regions; where
+    nothing repeats inside them, their children are (NOTE [Stacks without repeats]), or
+    the ones named with regions=."""
 
     class Layered(nn.Module):
         def __init__(self) -> None:
@@ -210,8 +211,68 @@ def test_lists_that_are_never_called_are_not_regions() -> None:
                 x = block(norm(x))
             return x.sum()
 
-    assert [r.name for r in discover_regions(Layered(), None)] == []
+    assert [r.name for r in discover_regions(Layered(), None)] == [f"layers.{i}.{j}" for i in range(3) for j in (0, 1)]
     assert [r.name for r in discover_regions(Layered(), [models.MLPBlock])] == [f"layers.{i}.1" for i in range(3)]
+
+
+class _Stacked(nn.Module):
+    """Layers held in an nn.ModuleList, none of whose classes repeat: one layer (a model
+    configured with one), unlike layers (a small hybrid), or one layer group called
+    ``calls`` times (ALBERT's shared group)."""
+
+    def __init__(self, layers: list[nn.Module], calls: int = 1) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.calls = calls
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.calls):
+            for layer in self.layers:
+                x = layer(x)
+        return x.square().sum()
+
+
+class _Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(16, 32)
+        self.down = nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.tanh(self.up(x)))
+
+
+def test_stacks_without_repeats_are_regions_where_nothing_repeats() -> None:
+    """NOTE [Stacks without repeats]: the children of a ModuleList are regions where no
+    block repeats anywhere, the outermost ones; a Sequential without repeats (a wrapper
+    around a whole model) is not, nor is a ModuleList beside repeated blocks."""
+    assert [r.name for r in discover_regions(_Stacked([_Mlp()]), None)] == ["layers.0"]
+    unlike = _Stacked([_Mlp(), models.MLPBlock(16), nn.GRU(16, 16)])
+    assert [r.name for r in discover_regions(unlike, None)] == ["layers.0", "layers.1", "layers.2"]
+    nested = _Stacked([_Stacked([_Mlp()])])
+    assert [r.name for r in discover_regions(nested, None)] == ["layers.0"]
+    assert discover_regions(nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.Tanh())), None) == []
+    beside = nn.ModuleDict({"gpt": models.GPT(layers=2), "heads": nn.ModuleList([nn.Linear(4, 4), nn.Tanh()])})
+    assert [r.name for r in discover_regions(beside, None)] == ["gpt.blocks.0", "gpt.blocks.1"]
+
+
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_a_lone_layer_group_called_once_per_layer_is_recomputed(mode: str) -> None:
+    """ALBERT's default layout: one layer group in a ModuleList, called once per layer.
+    It is the region, each call a region call, dropped and replayed bitwise."""
+    torch.manual_seed(0)
+    model = _Stacked([_Mlp()], calls=4)
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(4, 16, generator=torch.Generator().manual_seed(s))
+
+    ref = train(copy.deepcopy(model), batch, steps=4)
+    m = copy.deepcopy(model)
+    rt = offrecomp.runtime(m, mode=mode, min_bytes=0, **({"budget": 1} if mode == "auto" else {}))
+    assert_bitwise(ref, train(m, batch, rt, steps=4))
+    assert rt.regions == ["layers.0"]
+    last = rt.report().steps[-1]
+    assert last.recomputed_bytes > 0 and last.replays == 4, (last.recomputed_bytes, last.replays)
 
 
 @pytest.mark.parametrize("mode", ["recompute", "auto"])
