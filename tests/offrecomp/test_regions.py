@@ -51,17 +51,20 @@ def test_bad_regions_argument() -> None:
         offrecomp.runtime(models.GPT(), regions=lambda m, n: 1 / 0)
 
 
+class _Mlp(nn.Module):
+    """Two layers held as attributes: nothing repeats, and no list holds them."""
+
+    def __init__(self, d: int = 16, out: int = 16) -> None:
+        super().__init__()
+        self.up = nn.Linear(d, 2 * d)
+        self.down = nn.Linear(2 * d, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.tanh(self.up(x)))
+
+
 def test_model_without_repeated_blocks_warns_and_still_trains(caplog: pytest.LogCaptureFixture) -> None:
-    class Mlp(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.up = nn.Linear(8, 16)
-            self.down = nn.Linear(16, 1)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.down(torch.relu(self.up(x)))
-
-    model = Mlp()
+    model = _Mlp(8, 1)
     with caplog.at_level(logging.WARNING, logger="offrecomp"):
         rt = offrecomp.runtime(model, mode="recompute", min_bytes=0)
     assert "no repeated blocks" in caplog.text
@@ -230,16 +233,6 @@ class _Stacked(nn.Module):
             for layer in self.layers:
                 x = layer(x)
         return x.square().sum()
-
-
-class _Mlp(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.up = nn.Linear(16, 32)
-        self.down = nn.Linear(32, 16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(torch.tanh(self.up(x)))
 
 
 def test_stacks_without_repeats_are_regions_where_nothing_repeats() -> None:
