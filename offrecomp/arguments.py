@@ -6,7 +6,9 @@ arguments]); and the arguments a replay runs with.
 
 from __future__ import annotations
 
+import contextlib
 import enum
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +17,10 @@ from torch import nn
 
 from offrecomp._torch_compat import TreeSpec, tree_flatten, tree_unflatten
 
-__all__ = ["ARG_STATE_MAX_ITEMS", "ARG_STATE_PER_REGION", "ArgState", "CapturedInputs", "capture_inputs", "replay_arguments"]
+__all__ = [
+    "ARG_COPY_MAX_BYTES", "ARG_STATE_MAX_ITEMS", "ARG_STATE_PER_REGION", "ArgState", "CapturedInputs", "Position",
+    "capture_inputs", "replay_arguments",
+]
 
 
 # ---------------------------------------------------------------------------- inputs
@@ -135,6 +140,33 @@ def _flatten_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[l
     return tree_flatten((args, kwargs))
 
 
+# NOTE [State written by the forward]
+# A forward may write in place a tensor its argument objects hold: a Mamba-2 layer adds
+# its tokens to its cache layer's counter, a block advances an offset it read. A replay
+# runs that forward again: it would read the written value where the forward read the
+# one before, and write it a second time. So, as for the region's buffers (NOTE [Replay
+# and module state] in regions.py), the tensors the forward wrote hold their values of
+# its entry while a replay runs, and the values found are put back afterwards (their
+# versions move with the swap; a later write still shows). The values of entry come
+# from a copy: at each call's entry, of the tensors at the positions (container and key
+# in the capture) that the region's earlier calls wrote, up to ARG_COPY_MAX_BYTES each
+# (counters and offsets; a larger one keeps the call's activations); on a region's
+# first call, taken by its watch just before the write (NOTE [State written by its
+# region] in calls.py). A tensor written with no copy (state of another layout, a call
+# the watch did not see) stops the call's replay with an error rather than a replay of
+# other values; its position is copied at the region's later calls.
+
+# NOTE [State written after the forward]
+# The objects a region call's arguments hold are often shared by every call: a cache
+# passed to each layer holds each layer's state, and the calls after this one write
+# theirs in place (a Mamba-2 layer adds its tokens to its cache layer's counter, a 0-dim
+# tensor). Such a write comes after this call's forward returned, yet this call's replay
+# never reads that tensor. So a tensor among the bindings written since the forward
+# returned stops a replay only if the replay reads it: the replay runs under the guard
+# that watches parameters written since the forward (NOTE [Replay and parameters] in
+# regions.py), which raises at the first op that reads one. Compiled code runs unseen by
+# the guard, so for a compiled region any such write is an error at the replay's start.
+
 # NOTE [Stateful arguments]
 # A region may receive a plain Python object whose state its forward changes: the
 # key/value cache a transformers decoder layer appends its keys to (training with
@@ -158,6 +190,19 @@ def _flatten_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[l
 ARG_STATE_MAX_ITEMS = 512
 ARG_STATE_PER_REGION = 16
 _ARG_STATE_DEPTH = 4
+#: Tensors among the bindings up to this size are copied at entry where the region's
+#: forward wrote them before (NOTE [State written by the forward]); a larger one keeps
+#: the call's activations.
+ARG_COPY_MAX_BYTES = 64 << 10
+
+Position = tuple[int, Any]
+"""Where a binding is in a capture: its container's index among the entries, and its key
+or index there (the same for each call of a region over state of the same layout)."""
+
+
+def _where(obj: Any, kind: str, key: Any) -> str:
+    name = type(obj).__name__
+    return f"{name}.{key}" if kind == "attrs" else f"{name}[{key!r}]"
 _ATOMIC = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device, torch.Size)
 
 
@@ -182,11 +227,30 @@ class ArgState:
     versions: list[tuple[torch.Tensor, int, str]] = field(default_factory=list)
     """The tensors among the recorded bindings, with their versions when the forward
     returned and where they were found (``seal``)."""
+    tensors: list[tuple[torch.Tensor, int, Position]] = field(default_factory=list)
+    """The tensors among the bindings at entry, with their versions then and their
+    positions (NOTE [State written by the forward])."""
+    copies: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Entry values of tensors (by index in ``tensors``) the forward may write: taken at
+    entry for the positions its region's calls wrote before, or by the first call's
+    watch just before the write."""
+    swapped: list[int] = field(default_factory=list)
+    """Tensors the forward wrote that a replay runs on their entry values (``seal``)."""
+    unseen: list[str] = field(default_factory=list)
+    """Tensors the forward wrote with no entry value kept: no replay can run (``seal``)."""
+    uncopied: bool = False
+    """A tensor at a position the region's forward wrote before is larger than
+    ARG_COPY_MAX_BYTES: not copied, so the call keeps its activations."""
 
     @staticmethod
-    def capture(roots: list[Any], limit: int = ARG_STATE_MAX_ITEMS) -> ArgState:
-        """At most ``limit`` bindings; ``complete`` False when there were more."""
+    def capture(
+        roots: list[Any], limit: int = ARG_STATE_MAX_ITEMS, written: frozenset[Position] = frozenset()
+    ) -> ArgState:
+        """At most ``limit`` bindings; ``complete`` False when there were more. The
+        tensors at ``written`` positions are copied as they are now (NOTE [State written
+        by the forward])."""
         entries: list[tuple[Any, str, Any]] = []
+        tensors: list[tuple[torch.Tensor, int, Position]] = []
         seen: set[int] = set()
         count = 0
         complete = True
@@ -208,12 +272,30 @@ class ArgState:
             if count > limit:
                 complete = False
                 break
+            at = len(entries)
             entries.append((obj, kind, content))
+            for key, v in enumerate(content) if kind == "list" else content.items():
+                if isinstance(v, torch.Tensor):
+                    tensors.append((v, int(v._version), (at, key)))
             if depth + 1 < _ARG_STATE_DEPTH:
                 for c in children:
                     if isinstance(c, (list, dict)) or _stateful(c):
                         todo.append((c, depth + 1))
-        return ArgState(entries, complete, limit)
+        state = ArgState(entries, complete, limit, tensors=tensors)
+        if written:
+            for i, (t, _, position) in enumerate(tensors):
+                if position in written:
+                    if t.nbytes <= ARG_COPY_MAX_BYTES:
+                        state.keep_copy(i)
+                    else:
+                        state.uncopied = True
+        return state
+
+    def keep_copy(self, i: int) -> None:
+        """Tensor ``i`` may be written by the forward: hold its value as it is (once)."""
+        if i not in self.copies:
+            with torch.no_grad():
+                self.copies[i] = self.tensors[i][0].clone(memory_format=torch.preserve_format)
 
     def same(self, other: ArgState) -> bool:
         """The same containers with the same contents, by identity."""
@@ -229,22 +311,66 @@ class ArgState:
                 return False
         return True
 
-    def seal(self) -> None:
+    def seal(self) -> set[Position]:
         """The forward returned: note the versions of the tensors among the bindings, which
-        a replay reads as the forward did (``check``)."""
+        a replay reads as the forward did (``check``), and those the forward wrote
+        (``swapped``, or ``unseen`` where no entry value was kept); returns the positions
+        it wrote (NOTE [State written by the forward])."""
         out = []
         for obj, kind, content in self.entries:
             items = enumerate(content) if kind == "list" else content.items()
             for key, v in items:
                 if isinstance(v, torch.Tensor):
-                    name = type(obj).__name__
-                    out.append((v, int(v._version), f"{name}.{key}" if kind == "attrs" else f"{name}[{key!r}]"))
+                    out.append((v, int(v._version), _where(obj, kind, key)))
         self.versions = out
+        written: set[Position] = set()
+        for i, (t, v, position) in enumerate(self.tensors):
+            if int(t._version) != v:
+                written.add(position)
+                if i in self.copies:
+                    self.swapped.append(i)
+                else:
+                    obj, kind, _ = self.entries[position[0]]
+                    self.unseen.append(_where(obj, kind, position[1]))
+        for i in [i for i in self.copies if i not in self.swapped]:
+            del self.copies[i]  # not written: its value is the forward's
+        return written
+
+    @contextlib.contextmanager
+    def as_entry(self, region_name: str) -> Iterator[None]:
+        """The tensors the forward wrote hold their entry values while a replay runs, and
+        the values found afterwards (NOTE [State written by the forward])."""
+        if self.unseen:
+            raise RuntimeError(
+                f"offrecomp: {', '.join(self.unseen[:3])}, reached through an argument of "
+                f"region {region_name!r}, was written in place by the region's forward where no "
+                "copy of its value before the write was kept, so a replay would read the "
+                "written value. Hint: exclude the block with regions=, or keep such state out "
+                "of its arguments (for a transformers model in training: use_cache=False)."
+            )
+        if not self.swapped:
+            yield
+            return
+        found = []
+        with torch.no_grad():
+            for i in self.swapped:
+                t = self.tensors[i][0]
+                found.append(t.clone(memory_format=torch.preserve_format))
+                t.copy_(self.copies[i])
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for i, now in zip(self.swapped, found):
+                    self.tensors[i][0].copy_(now)
+            swapped = {id(self.tensors[i][0]) for i in self.swapped}
+            # the swap wrote them: their versions now are the ones after the forward
+            self.versions = [(t, int(t._version) if id(t) in swapped else v, w) for t, v, w in self.versions]
 
     def check(self, region_name: str) -> None:
         """Raise if a tensor among the bindings was written in place since the forward
         returned: a replay reading it would differ from the forward (NOTE [Replay
-        inputs])."""
+        inputs]). For a replay no guard watches (compiled code): ``modified`` otherwise."""
         for t, v, where in self.versions:
             if int(t._version) != v:
                 raise RuntimeError(
@@ -254,6 +380,19 @@ class ArgState:
                     "activations. Hint: avoid in-place ops on state a block reads, or exclude "
                     "the block with regions=."
                 )
+
+    def modified(self) -> dict[int, str]:
+        """Storages (data pointer -> description) of the tensors among the bindings written
+        in place since the forward returned: a replay that reads one stops (NOTE [State
+        written after the forward]); one that does not read it replays as the forward ran."""
+        out: dict[int, str] = {}
+        swapped = {id(self.tensors[i][0]) for i in self.swapped}  # a replay reads their entry values
+        for t, v, where in self.versions:
+            if int(t._version) != v and t.layout == torch.strided and id(t) not in swapped:
+                out[int(t.untyped_storage().data_ptr())] = (
+                    f"{where} (a tensor reached through an argument, version {v} -> {int(t._version)})"
+                )
+        return out
 
     def restore(self) -> None:
         """Put every recorded binding back."""

@@ -118,7 +118,8 @@ class RegionCalls:
         elif region.writes_state is None and call.inputs is not None and not region.compiled:
             # see NOTE [State written by its region]
             call.watch = FirstCallWatch(
-                call.inputs, call.params, self._foreign_storages(region, call), lambda: _writes_foreign(call)
+                call.inputs, call.params, self._foreign_storages(region, call), lambda: _writes_foreign(call),
+                call.arg_state,
             )
         self._placements.build_table(call)
         self._life.call_started(call)
@@ -186,9 +187,11 @@ class RegionCalls:
         if region.generators or region.generator_slots or cap.generators:  # NOTE [Private generators]
             call.generators = _entry_generators(region, cap.generators)
         if cap.objects:  # NOTE [Stateful arguments]
-            call.arg_state = ArgState.capture(cap.objects, self.arg_state_limit)
+            call.arg_state = ArgState.capture(cap.objects, self.arg_state_limit, region.arg_writes)
             if not call.arg_state.complete and region.untracked_state is not False:
                 call.writes_state = True  # a replay might not restore it: kept until seen
+            if call.arg_state.uncopied:
+                call.writes_state = True  # NOTE [State written by the forward]: too large to copy
         if p.recording or call.record:
             cuda_devs = sorted({d.index or 0 for d in devices if d.type == "cuda"})
             if p.known_ptrs is None:
@@ -472,7 +475,7 @@ def _check_arg_state(call: RegionCall) -> None:
             if region is not None and region.untracked_state is None:
                 region.untracked_state = False  # later calls replay (this one keeps)
         else:
-            entry.seal()
+            _seal(call, entry)
         return
     types = ", ".join(sorted({type(o).__name__ for o in call.inputs.objects}))
     if not (entry.complete and now.complete):
@@ -489,12 +492,22 @@ def _check_arg_state(call: RegionCall) -> None:
                 region.name, types, entry.limit,
             )
         return
-    entry.seal()
+    _seal(call, entry)
     log.debug(
         "offrecomp: region %r changes the state of its arguments (%s); replays run on "
         "the state its forward saw",
         call.name, types,
     )
+
+
+def _seal(call: RegionCall, entry: ArgState) -> None:
+    """The call's argument state as its forward left it; the positions its forward wrote
+    are copied at the entry of its region's later calls (NOTE [State written by the
+    forward])."""
+    written = entry.seal()
+    region = call.region
+    if region is not None and not written <= region.arg_writes:
+        region.arg_writes = region.arg_writes | written
 
 
 def _entry_generators(region: Region, arguments: list[torch.Generator]) -> list[tuple[torch.Generator, torch.Tensor]]:

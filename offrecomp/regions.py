@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -27,6 +27,9 @@ from torch.nn.modules.lazy import LazyModuleMixin
 
 from offrecomp import _torch_compat as tc
 from offrecomp.changes import structure_epoch
+
+if TYPE_CHECKING:
+    from offrecomp.arguments import Position
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +106,10 @@ class Region:
     settled: int = 0
     """Calls of it, seen with the hooks on since it varies, in a row that saved no more
     than its profile (NOTE [Sizes of regions that vary] in planning/differences.py)."""
+    arg_writes: frozenset[Position] = frozenset()
+    """Positions of the tensors among its calls' argument state that a forward wrote in
+    place (NOTE [State written by the forward] in arguments.py): copied at each call's
+    entry from then on."""
     untracked_state: bool | None = None
     """Its calls take argument objects with more state than the runtime tracks: True
     once a call changed it (never replayed from then on), False once a call left it as

@@ -279,6 +279,8 @@ def _param_guard(call: RegionCall) -> ParamGuard | None:
     modified = modified_params(call.params) if call.params is not None else {}
     if call.buffers is not None:
         modified.update(modified_buffers(call.buffers))
+    if call.arg_state is not None and call.inputs is not None:
+        modified.update(call.arg_state.modified())  # NOTE [State written after the forward]
     return ParamGuard(call.name, modified) if modified else None
 
 
@@ -342,16 +344,18 @@ def _entry_arg_state(call: RegionCall) -> Iterator[None]:
     if entry is None or call.inputs is None:
         yield
         return
-    entry.check(call.name)
+    if call.region is not None and call.region.compiled:
+        entry.check(call.name)  # no guard sees its ops (NOTE [State written after the forward])
     found = ArgState.capture(call.inputs.objects, entry.limit)
-    if found.same(entry):
-        yield
-        return
-    entry.restore()
-    try:
-        yield
-    finally:
-        found.restore()
+    with entry.as_entry(call.name):  # NOTE [State written by the forward]
+        if found.same(entry):
+            yield
+            return
+        entry.restore()
+        try:
+            yield
+        finally:
+            found.restore()
 
 
 def _replay_forward(

@@ -114,17 +114,23 @@ class FirstCallWatch(_RegionMode):
       as an argument (``foreign``: a buffer reached through a plain attribute) calls
       ``on_foreign``, once."""
 
-    def __init__(self, cap: Any, params: Any, foreign: frozenset[int] = frozenset(), on_foreign: Any = None) -> None:
+    def __init__(
+        self, cap: Any, params: Any, foreign: frozenset[int] = frozenset(), on_foreign: Any = None, state: Any = None
+    ) -> None:
         super().__init__()
         self.foreign = foreign
         """Storages of the model the call neither owns nor takes as an argument."""
         self.on_foreign = on_foreign
         """Called at the first write to one of them (NOTE [State written by its region])."""
         self.foreign_written = False
-        # storage -> (holder, index): arguments.CapturedInputs and regions.ParamState, each
-        # with keep_copy(index)
+        # storage -> (holder, index): arguments.CapturedInputs, regions.ParamState and
+        # arguments.ArgState (``state``: NOTE [State written by the forward]), each with
+        # keep_copy(index)
         self.by_ptr: dict[int, list[tuple[Any, int]]] = {}
-        for holder, tensors in ((cap, cap.tensors), (params, params.objects if params is not None else ())):
+        held = [t for t, _, _ in state.tensors] if state is not None else ()
+        for holder, tensors in (
+            (cap, cap.tensors), (params, params.objects if params is not None else ()), (state, held)
+        ):
             for i, t in enumerate(tensors):
                 if t is not None and _describable(t):
                     self.by_ptr.setdefault(int(t.untyped_storage().data_ptr()), []).append((holder, i))

@@ -49,9 +49,10 @@ class CastDivergedError(ReplayDivergedError):
 
 
 class ParamGuard(_RegionMode):
-    """Raises when an op of the replay reads a parameter modified in place since the
-    forward (NOTE [Replay and parameters] in regions.py); ops the serving mode serves
-    are not seen."""
+    """Raises when an op of the replay reads a parameter, buffer or tensor of the
+    argument state modified in place since the forward (NOTE [Replay and parameters] in
+    regions.py, NOTE [State written after the forward] in arguments.py); ops the serving
+    mode serves are not seen."""
 
     def __init__(self, region_name: str, modified: dict[int, str]) -> None:
         super().__init__()
@@ -67,8 +68,9 @@ class ParamGuard(_RegionMode):
                         f"offrecomp: {what} in region {self.region_name!r} was modified in place "
                         f"after the region's forward, and replaying the region reads it ({func}), "
                         "so it would produce other activations than the forward's. Hint: update "
-                        "parameters and buffers after backward (optimizer.step()), not between "
-                        "forward and backward, or keep this region's activations (regions=)."
+                        "parameters, buffers and the state a block's arguments hold after backward "
+                        "(optimizer.step()), not between forward and backward, or keep this "
+                        "region's activations (regions=)."
                     )
         return func(*args, **(kwargs or {}))
 

@@ -1,7 +1,8 @@
 """Hugging Face models as users train them (``transformers``, the optional extra): tiny
 configurations of a decoder with learned positions (GPT-2), one with rotary positions
-and grouped-query attention (Llama), an encoder-decoder (T5) and an encoder whose one
-layer group runs once per layer (ALBERT), each in training mode
+and grouped-query attention (Llama), an encoder-decoder (T5), an encoder whose one
+layer group runs once per layer (ALBERT) and a state-space model (Mamba-2), each in
+training mode
 with the library's defaults (``use_cache=True``: every decoder layer appends to a
 key/value cache, NOTE [Stateful arguments]). Gradients are compared bitwise with the
 plain run under every variant of the model zoo. Also a Switch Transformer, whose routed
@@ -72,7 +73,19 @@ def _albert() -> nn.Module:
     return CausalLM(tf.AlbertForMaskedLM(cfg))
 
 
-MODELS: dict[str, Callable[[], nn.Module]] = {"gpt2": _gpt2, "llama": _llama, "t5": _t5, "albert": _albert}
+def _mamba2() -> nn.Module:
+    """A state-space model whose layers add their tokens, in place, to a counter their
+    cache layer holds (NOTE [State written by the forward])."""
+    cfg = tf.Mamba2Config(
+        hidden_size=32, num_hidden_layers=2, vocab_size=VOCAB, state_size=4, num_heads=4, head_dim=16, n_groups=1,
+        expand=2, chunk_size=4,
+    )
+    return CausalLM(tf.Mamba2ForCausalLM(cfg))
+
+
+MODELS: dict[str, Callable[[], nn.Module]] = {
+    "gpt2": _gpt2, "llama": _llama, "t5": _t5, "albert": _albert, "mamba2": _mamba2,
+}
 
 
 def _batch(seed: int) -> torch.Tensor:

@@ -347,8 +347,9 @@ def test_a_binding_the_caller_changes_after_the_call_replays_as_the_forward_saw_
 
 def test_a_tensor_in_an_argument_object_written_after_the_call_is_an_error() -> None:
     """A tensor reached through an argument object and written in place after the
-    region's forward: a replay would read other values than the forward did, so the
-    replay raises, naming it (a tensor argument raises alike)."""
+    region's forward: a replay that reads it would read other values than the forward
+    did, so the replay raises at that read, naming it (a tensor argument raises alike;
+    NOTE [State written after the forward])."""
 
     class Biased(nn.Module):
         def __init__(self) -> None:
@@ -374,5 +375,101 @@ def test_a_tensor_in_an_argument_object_written_after_the_call_is_an_error() -> 
     m = Model()
     with offrecomp.runtime(m, mode="recompute", min_bytes=0):
         loss = m(_batch(0))
-        with pytest.raises(RuntimeError, match=r"_Carried\.mem, a tensor reached through an argument of region"):
+        with pytest.raises(RuntimeError, match=r"_Carried\.mem \(a tensor reached through an argument, version 0 -> 1\) in region 'blocks\.1' was modified in place after the region's forward, and replaying the region reads it"):
+            loss.backward()
+
+
+class _Offsets:
+    """Per-block offsets in one object every block takes (as a Mamba-2 cache holds each
+    layer's token counter), or one offset they all share (``shared``)."""
+
+    def __init__(self, n: int, shared: bool, numel: int = 1) -> None:
+        one = torch.zeros(numel)
+        self.offsets = [one if shared else torch.zeros(numel) for _ in range(n)]
+
+
+class _OffsetBlock(nn.Module):
+    """Reads its offset, then advances it in place (NOTE [State written by the forward]);
+    from call ``writes_from`` of the model on (counted by the model)."""
+
+    def __init__(self, i: int) -> None:
+        super().__init__()
+        self.i = i
+        self.lin = nn.Linear(32, 32)
+        self.writes = True
+
+    def forward(self, x: torch.Tensor, st: _Offsets) -> torch.Tensor:
+        off = st.offsets[self.i]
+        h = torch.tanh(self.lin(x) + off.mean())
+        if self.writes:
+            off.add_(1.0)
+        return x + h
+
+
+class _OffsetModel(nn.Module):
+    def __init__(self, shared: bool = False, numel: int = 1, writes_from: int = 0) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_OffsetBlock(i) for i in range(3))
+        self.shared, self.numel, self.writes_from = shared, numel, writes_from
+        self.calls = 0
+        self.state: _Offsets | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.state = st = _Offsets(len(self.blocks), self.shared, self.numel)
+        for b in self.blocks:
+            b.writes = self.calls >= self.writes_from
+            x = b(x, st)
+        self.calls += 1
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("variant", ZOO_VARIANTS)
+@pytest.mark.parametrize("shared", [False, True])
+def test_state_the_forward_writes_replays_from_its_entry_value(variant: str, shared: bool) -> None:
+    """NOTE [State written by the forward]: each block reads its offset and advances it
+    in place (its own, or one all share, which the later blocks advance again). A replay
+    reads the offset the forward read, never the advanced one; the gradients are plain's."""
+    torch.manual_seed(0)
+    check_variant(_OffsetModel(shared), _batch, variant, steps=STEPS)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_a_replay_leaves_the_state_as_the_forward_left_it(mode: str) -> None:
+    """The offsets after backward are the forward's: a replay writes them again, and the
+    values it found go back (plain runs advance each once per step)."""
+    torch.manual_seed(0)
+    m = _OffsetModel()
+    rt = offrecomp.runtime(m, mode=mode, min_bytes=0, **({"budget": 1} if mode == "auto" else {}))
+    with rt:
+        for step in range(STEPS):
+            m(_batch(step)).backward()
+            assert m.state is not None
+            assert [float(o) for o in m.state.offsets] == [1.0, 1.0, 1.0], (step, m.state.offsets)
+    assert rt.report().steps[-1].replays == 3
+
+
+def test_state_written_too_large_to_copy_keeps_the_calls_activations() -> None:
+    """An offset larger than ARG_COPY_MAX_BYTES: the first call's watch copies it before
+    the write; the region's later calls keep their activations rather than copy it."""
+    from offrecomp.arguments import ARG_COPY_MAX_BYTES
+
+    torch.manual_seed(0)
+    m = _OffsetModel(numel=ARG_COPY_MAX_BYTES // 4 + 1)
+    ref = train(copy.deepcopy(m), _batch, steps=3)
+    rt = offrecomp.runtime(m, mode="recompute", min_bytes=0)
+    assert_bitwise(ref, train(m, _batch, rt, steps=3))
+    steps = rt.report().steps
+    assert steps[0].replays == 3 and steps[-1].replays == 0, [s.replays for s in steps]
+
+
+def test_state_a_later_call_first_writes_stops_its_replay() -> None:
+    """A block that writes its offset only from the second step on: the first call's
+    watch saw no write, so nothing was copied, and that step's replay would read the
+    advanced offset. It raises instead, naming the tensor."""
+    torch.manual_seed(0)
+    m = _OffsetModel(writes_from=1)
+    with offrecomp.runtime(m, mode="recompute", min_bytes=0):
+        m(_batch(0)).backward()
+        loss = m(_batch(1))
+        with pytest.raises(RuntimeError, match=r"list\[2\], reached through an argument of region 'blocks\.2', was written in place by the region's forward where no copy"):
             loss.backward()
