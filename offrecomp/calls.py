@@ -118,19 +118,19 @@ class RegionCalls:
         elif region.writes_state is None and call.inputs is not None and not region.compiled:
             # see NOTE [State written by its region]
             call.watch = FirstCallWatch(
-                call.inputs, call.params, self._foreign_storages(region, call), lambda: _writes_foreign(call),
+                call.inputs, call.params, self._own_storages(region, call), lambda: _writes_foreign(call),
                 call.arg_state,
             )
         self._placements.build_table(call)
         self._life.call_started(call)
         return call
 
-    def _foreign_storages(self, region: Region, call: RegionCall) -> frozenset[int]:
-        """Storages of the model that ``call`` neither owns (its region's parameters and
-        buffers) nor takes as an argument."""
+    def _own_storages(self, region: Region, call: RegionCall) -> frozenset[int]:
+        """Storages ``call`` owns (its region's parameters and buffers) or takes as an
+        argument: what its forward may write besides what it makes (NOTE [State written
+        by its region])."""
         inputs = call.inputs.tensors if call.inputs is not None else ()
-        own = _storage_ptrs([*region.module.parameters(), *region.module.buffers(), *inputs])
-        return self._model_storages() - own
+        return frozenset(_storage_ptrs([*region.module.parameters(), *region.module.buffers(), *inputs]))
 
     def _capture(
         self, p: PassState, call: RegionCall, region: Region, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -229,14 +229,15 @@ class RegionCalls:
             )
             call.generators = list(call.watch.generators.values())
         if region is not None and call.watch is not None and call.watch.foreign_written:
+            call.external = list(call.watch.external.values())  # its replay runs on them as they were
             call.watch = None
             region.writes_state = True
             warn_once(
                 f"foreign:{kind(region)}",
-                "offrecomp: region %r (and any other like it) writes in place a tensor of the "
-                "model that it neither "
-                "owns nor takes as an argument (a buffer reached through a plain attribute, "
-                "say); a replay would write it again, so its activations are kept",
+                "offrecomp: region %r (and any other like it) writes in place a tensor that "
+                "it neither owns nor takes as an argument (a buffer or tensor attribute "
+                "reached through a plain attribute, a global, say); a replay would write it "
+                "again, so its activations are kept",
                 region.name,
             )
         if region is not None and call.inputs is not None and not call.writes_state:
@@ -416,10 +417,16 @@ def _warn_big_buffers(call: RegionCall, region: Region) -> None:
 # not model such a copy.) A write the watch cannot see (compiled code, a higher-order
 # operator, a later call that writes when the first did not) is found by versions at
 # exit; that call's replay raises, and the region is kept from then on. A write to a
-# tensor of the model the call neither owns nor takes as an argument (a buffer of a
-# module the block reaches through a plain attribute) has no copy to replay from: from
-# that op on, the watched call keeps what it saves, so its replay stops before the
-# write, and the region is kept from then on, with a warning.
+# tensor from outside the call, one it did not make and neither owns nor takes as an
+# argument (a buffer of another module or a tensor attribute reached through a plain
+# attribute, a global): from that op on, the watched call keeps what it saves, so its
+# replay stops before the write, and the region is kept from then on, with a warning.
+# What the replay runs before the write may read that tensor: where the call read it
+# before writing it, or writes only part of it, the watch copies its storage just
+# before the first write (up to EXTERNAL_COPY_MAX_BYTES in trace/recorder.py; a larger
+# one stops the replay with an error), and the replay runs on that copy, the storage's
+# later bytes put back afterwards. A storage overwritten whole before any read (a
+# scratch buffer) needs no copy.
 
 
 def _writes_foreign(call: RegionCall) -> None:

@@ -492,6 +492,7 @@ class Placer:
         call.training = None
         call.arg_state = None
         call.attrs = None
+        call.external = None
         call.replayed.clear()
         call.by_ptr.clear()
 

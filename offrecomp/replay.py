@@ -358,6 +358,32 @@ def _entry_arg_state(call: RegionCall) -> Iterator[None]:
             found.restore()
 
 
+@contextlib.contextmanager
+def _external_as_entry(call: RegionCall) -> Iterator[None]:
+    """NOTE [State written by its region] (calls.py): storages from outside the call that
+    its forward wrote (its region's first call, seen by the watch) hold their bytes of
+    before the write while the replay runs, and the bytes found afterwards."""
+    external = call.external
+    if not external:
+        yield
+        return
+    if any(before is None for _, before in external):
+        raise RuntimeError(
+            f"offrecomp: region {call.name!r} wrote in place, in its forward, a tensor it "
+            "neither owns nor takes as an argument, too large to copy before the write, so "
+            "a replay would read the written values. Hint: keep such state in a buffer of "
+            "the block, or exclude the block with regions=."
+        )
+    found = [storage.clone() for storage, _ in external]
+    for storage, before in external:
+        storage.copy_(before)
+    try:
+        yield
+    finally:
+        for (storage, _), now in zip(external, found):
+            storage.copy_(now)
+
+
 def _replay_forward(
     call: RegionCall,
     args: tuple[Any, ...],
@@ -402,6 +428,7 @@ def _replay_forward(
         stack.enter_context(_attrs_as_entry(call))
         stack.enter_context(_default_dtype_as_forward(call))
         stack.enter_context(_entry_arg_state(call))
+        stack.enter_context(_external_as_entry(call))
         stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, unpack))
         guard = _param_guard(call)
         if guard is not None:

@@ -444,6 +444,9 @@ class RegionCall(_WeakReferable):
     writes_state: bool = False  # its region writes its inputs or parameters: never replayed (NOTE [State written by its region])
     record: bool = False  # recorded outside a measuring pass (NOTE [Calls the profile lacks])
     watch: FirstCallWatch | None = None  # the region's first call (see FirstCallWatch)
+    external: list[tuple[Any, Any]] | None = None
+    """Storages from outside the call its forward wrote, with their bytes before (None:
+    too large to copy): a replay runs on those (NOTE [State written by its region])."""
     default_dtype: torch.dtype | None = None
     """``torch.get_default_dtype()`` at entry: a replay's factory ops make that dtype."""
     attrs: Any = None

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from offrecomp import _torch_compat as tc
 from offrecomp.trace.ops import (
     _describable,
     _param_cast,
@@ -100,6 +101,42 @@ def _same_gen(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     return bool(torch.equal(a[0], b[0])) and a[1] == b[1]
 
 
+#: Storages from outside a region call that its first call's watch copies before the
+#: call writes them (NOTE [State written by its region] in offrecomp/calls.py).
+EXTERNAL_COPY_MAX_BYTES = 64 << 20
+
+#: In-place ops that overwrite their ``self`` without reading it.
+_OVERWRITES = frozenset(
+    getattr(torch.ops.aten, name) for name in (
+        "copy_", "fill_", "zero_", "uniform_", "normal_", "bernoulli_", "random_", "exponential_", "geometric_",
+        "log_normal_", "cauchy_",
+    ) if hasattr(torch.ops.aten, name)
+)
+
+
+def _writes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[torch.Tensor, bool]]:
+    """The tensors ``func`` writes, each with whether the op overwrites all of its
+    storage without reading it (an ``out=`` argument, or the ``self`` of a copy or fill,
+    covering the storage from its start)."""
+    names = tc.written_arg_names(func)
+    if not names:
+        return []
+    overwrites = getattr(func, "overloadpacket", None) in _OVERWRITES
+    out = []
+    for i, a in enumerate(func._schema.arguments):
+        if a.name not in names:
+            continue
+        val = kwargs.get(a.name, args[i] if i < len(args) else None)
+        pure = a.name.startswith("out") or (overwrites and a.name == "self")
+        for x in op_leaves(val):
+            if isinstance(x, torch.Tensor) and _describable(x):
+                whole = pure and x.is_contiguous() and x.storage_offset() == 0 and (
+                    x.numel() * x.element_size() == x.untyped_storage().nbytes()
+                )
+                out.append((x, whole))
+    return out
+
+
 class FirstCallWatch(_RegionMode):
     """The first call of a region runs under this mode, which learns two things a replay
     needs and the capture cannot see at entry:
@@ -110,19 +147,31 @@ class FirstCallWatch(_RegionMode):
     * a random op drawing from a ``torch.Generator`` of the region's own (not the global
       one) records that generator and its state at its first draw, the state it had when
       the call entered (NOTE [Private generators] in replay.py);
-    * an op about to write a tensor of the model that the call neither owns nor takes
-      as an argument (``foreign``: a buffer reached through a plain attribute) calls
-      ``on_foreign``, once."""
+    * an op about to write a tensor that existed before the call, that the call neither
+      owns nor takes as an argument (a buffer of another module or a tensor attribute
+      reached through a plain attribute, a global) copies its storage first (up to
+      EXTERNAL_COPY_MAX_BYTES; ``external``) and calls ``on_foreign``, once (NOTE
+      [State written by its region])."""
 
     def __init__(
-        self, cap: Any, params: Any, foreign: frozenset[int] = frozenset(), on_foreign: Any = None, state: Any = None
+        self, cap: Any, params: Any, own: frozenset[int] = frozenset(), on_foreign: Any = None, state: Any = None
     ) -> None:
         super().__init__()
-        self.foreign = foreign
-        """Storages of the model the call neither owns nor takes as an argument."""
+        self.own = own
+        """Storages the call owns or takes: its region's parameters and buffers, its inputs."""
         self.on_foreign = on_foreign
-        """Called at the first write to one of them (NOTE [State written by its region])."""
+        """Called at the first write to a storage outside them (NOTE [State written by its region])."""
         self.foreign_written = False
+        self.made: set[int] = set()
+        """Storages of the tensors the call's ops made: written freely."""
+        self.external: dict[int, tuple[Any, Any]] = {}
+        """Storages outside the call it read, or partly wrote, before writing them:
+        (storage, its bytes before the first write, or None where larger than
+        EXTERNAL_COPY_MAX_BYTES)."""
+        self.read: set[int] = set()
+        """Storages outside the call its ops read."""
+        self.written: set[int] = set()
+        """Storages outside the call its ops wrote."""
         # storage -> (holder, index): arguments.CapturedInputs, regions.ParamState and
         # arguments.ArgState (``state``: NOTE [State written by the forward]), each with
         # keep_copy(index)
@@ -141,16 +190,41 @@ class FirstCallWatch(_RegionMode):
         gen = _generator_of(args, kwargs)
         if gen is not None and id(gen) not in self.generators:
             self.generators[id(gen)] = (gen, gen.get_state())
-        if self.by_ptr or (self.foreign and not self.foreign_written):
-            for x in written_tensors(func, args, kwargs):  # none for a higher-order op
+        writes = _writes(func, args, kwargs)  # none for a higher-order op
+        overwritten = {id(t) for t, whole in writes if whole}
+        for x in op_leaves((args, kwargs)):
+            if isinstance(x, torch.Tensor) and id(x) not in overwritten and _describable(x):
                 ptr = int(x.untyped_storage().data_ptr())
-                for holder, i in self.by_ptr.get(ptr, ()):
+                if ptr not in self.made and ptr not in self.own and ptr not in self.by_ptr:
+                    self.read.add(ptr)  # from outside the call, read before any write of it
+        for x, whole in writes:
+            storage = x.untyped_storage()
+            ptr = int(storage.data_ptr())
+            held = self.by_ptr.get(ptr)
+            if held:
+                for holder, i in held:
                     holder.keep_copy(i)
-                if ptr in self.foreign and not self.foreign_written:
-                    self.foreign_written = True
-                    if self.on_foreign is not None:
-                        self.on_foreign()
-        return func(*args, **kwargs)
+            elif ptr and ptr not in self.made and ptr not in self.own:
+                self._external(ptr, storage, whole)
+        out = func(*args, **kwargs)
+        for t in op_leaves(out):
+            if isinstance(t, torch.Tensor) and _describable(t):
+                self.made.add(int(t.untyped_storage().data_ptr()))
+        return out
+
+    def _external(self, ptr: int, storage: Any, whole: bool) -> None:
+        """A write to a storage from outside the call (``whole``: an overwrite of all of
+        it that reads nothing of it): its bytes as they are where the call read them or
+        keeps some, the call told (NOTE [State written by its region])."""
+        if ptr not in self.written:
+            self.written.add(ptr)
+            if ptr in self.read or not whole:  # a replay must read them as they were
+                small = storage.nbytes() <= EXTERNAL_COPY_MAX_BYTES
+                self.external[ptr] = (storage, storage.clone() if small else None)
+        if not self.foreign_written:
+            self.foreign_written = True
+            if self.on_foreign is not None:
+                self.on_foreign()
 
 
 # NOTE [Host reads]

@@ -473,3 +473,81 @@ def test_state_a_later_call_first_writes_stops_its_replay() -> None:
         loss = m(_batch(1))
         with pytest.raises(RuntimeError, match=r"list\[2\], reached through an argument of region 'blocks\.2', was written in place by the region's forward where no copy"):
             loss.backward()
+
+
+_GLOBAL_OFFSET = [torch.zeros(())]
+
+
+class _OutsideWriter(nn.Module):
+    """Reads a tensor it neither owns nor takes as an argument, then advances it in place
+    (``how``: a plain tensor attribute of its own, a global, one reached through a plain
+    attribute list); or (``workspace``) overwrites all of one it shares, then reads it."""
+
+    def __init__(self, how: str, shared: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.lin = nn.Linear(32, 32)
+        self.how = how
+        self.pos = torch.zeros(())  # not a buffer
+        self.shared = shared
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.how == "workspace":
+            ws = self.shared[0]
+            ws.copy_(x.detach() * 2)  # every block overwrites it, then reads it (unsaved)
+            return x + torch.tanh(self.lin(x) + ws)
+        t = {"attribute": self.pos, "global": _GLOBAL_OFFSET[0], "reached": self.shared[0]}[self.how]
+        h = torch.tanh(self.lin(x) + t)
+        t.add_(1.0)
+        return x + h
+
+
+class _OutsideModel(nn.Module):
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        shared = [torch.zeros(2, 6, 32) if how == "workspace" else torch.zeros(())]
+        self.blocks = nn.ModuleList(_OutsideWriter(how, shared) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto_tight"])
+@pytest.mark.parametrize("how", ["attribute", "global", "reached", "workspace"])
+def test_a_tensor_from_outside_the_call_read_then_written_replays_as_read(
+    how: str, variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NOTE [State written by its region]: the first call reads a tensor from outside it,
+    then writes it; its watch copied the tensor before the write, and the replay reads the
+    copy (it read the written value before: wrong gradients at the first step). A
+    workspace overwritten whole before it is read needs no copy, even one too large to
+    copy (the call keeps what it saves from its first write on, so no replay passes it).
+    Later calls keep their activations."""
+    from offrecomp.trace import recorder
+
+    monkeypatch.setattr(recorder, "EXTERNAL_COPY_MAX_BYTES", 16)  # the workspace is larger
+    _GLOBAL_OFFSET[0] = torch.zeros(())
+    torch.manual_seed(0)
+    model = _OutsideModel(how)
+    ref = train(copy.deepcopy(model), _batch, steps=3)
+    _GLOBAL_OFFSET[0] = torch.zeros(())
+    budget = tight_budget(copy.deepcopy(model), _batch) if variant != "recompute" else None
+    _GLOBAL_OFFSET[0] = torch.zeros(())
+    rt = train_bitwise(model, _batch, variant, budget, ref, steps=3)
+    if how != "workspace":  # written first thing: the call keeps everything from there
+        assert rt.report().steps[0].recomputed_bytes > 0
+
+
+def test_a_tensor_from_outside_the_call_too_large_to_copy_stops_the_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read, then written, and larger than the watch copies: the replay would read the
+    written value, so it raises instead."""
+    from offrecomp.trace import recorder
+
+    monkeypatch.setattr(recorder, "EXTERNAL_COPY_MAX_BYTES", 0)
+    torch.manual_seed(0)
+    m = _OutsideModel("attribute")
+    with offrecomp.runtime(m, mode="recompute", min_bytes=0):
+        loss = m(_batch(0))
+        with pytest.raises(RuntimeError, match="too large to copy before the write"):
+            loss.backward()
