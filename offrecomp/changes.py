@@ -17,10 +17,16 @@ two of which mark it variable, never recomputed) are forgotten, or an adapter ad
 merged away later would keep every activation of its region for good.
 Replacing a region itself (``model.blocks = ...``) is not followed: the runtime
 manages the modules it found when it was made (a warning says so at the next entry).
+Only changes to the model's modules count (those it holds when the runtime is
+entered, and those assigned into it since): a Hugging Face decoder slices its layer
+list at every forward (``self.layers[:n]``, a new ModuleList each time), and modules
+built inside a forward register their parameters; counted, either would refresh every
+region and watch every call again at every step.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,6 +42,7 @@ __all__ = [
     "count_buffer_assignment",
     "count_module_assignment",
     "count_parameter_assignment",
+    "track_structure",
     "module_attrs",
     "module_state",
     "structure_epoch",
@@ -162,23 +169,45 @@ def swap_attrs(changed: list[tuple[nn.Module, dict[str, Any]]]) -> list[tuple[nn
     return back
 
 
+#: The modules of the entered runtime's model, and those assigned into it since (None:
+#: every assignment counts). NOTE [Region refresh]: an assignment into another module
+#: changes nothing a region holds.
+_model_modules: list[weakref.WeakSet[nn.Module] | None] = [None]
+
+
+def track_structure(model: nn.Module | None) -> None:
+    """Count the structure changes of ``model`` only (None: of every module)."""
+    _model_modules[0] = weakref.WeakSet(model.modules()) if model is not None else None
+
+
+def _in_model(module: nn.Module) -> bool:
+    known = _model_modules[0]
+    return known is None or module in known
+
+
 def count_buffer_assignment(module: nn.Module, name: str, buffer: Any) -> None:
     """torch's global buffer-registration hook while a runtime is entered (it runs before
     the slot is set)."""
     _buffer_assignments[0] += 1
-    if name not in module._buffers:
+    if name not in module._buffers and _in_model(module):
         _structure_changes[0] += 1
 
 
 def count_parameter_assignment(module: nn.Module, name: str, param: Any) -> None:
     """torch's global parameter-registration hook while a runtime is entered."""
-    if name not in module._parameters:
+    if name not in module._parameters and _in_model(module):
         _structure_changes[0] += 1
 
 
 def count_module_assignment(module: nn.Module, name: str, child: Any) -> None:
     """torch's global module-registration hook while a runtime is entered."""
-    _structure_changes[0] += 1
+    known = _model_modules[0]
+    if known is None:
+        _structure_changes[0] += 1
+    elif module in known:
+        _structure_changes[0] += 1
+        if isinstance(child, nn.Module):
+            known.update(child.modules())  # assigned into the model: its own changes count
 
 
 # NOTE [Buffer saves]

@@ -68,6 +68,7 @@ from offrecomp.changes import (
     count_module_assignment,
     count_parameter_assignment,
     structure_epoch,
+    track_structure,
 )
 from offrecomp.config import Config
 from offrecomp.diagnostics import (
@@ -178,6 +179,7 @@ class Installer:
                 warn_compiled(", ".join(inside))
         self._wrap_roots()
         self._opt_hook = tc.register_optimizer_step_post_hook(self._life.on_optimizer_step)
+        track_structure(model)  # NOTE [Region refresh] (changes.py)
         self._registration_hooks = [  # NOTE [Buffer saves], NOTE [Region refresh] (changes.py)
             register_module_buffer_registration_hook(count_buffer_assignment),
             register_module_parameter_registration_hook(count_parameter_assignment),
@@ -282,6 +284,7 @@ class Installer:
         for hook in self._registration_hooks:
             hook.remove()
         self._registration_hooks = []
+        track_structure(None)
         if self._life.report_file is not None:
             self._life.report_file.close()
             self._life.report_file = None

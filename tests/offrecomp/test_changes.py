@@ -280,3 +280,45 @@ def test_an_adapter_added_then_merged_away_is_planned_again_each_time() -> None:
     assert not any(r.variable for r in rt._regions)  # type: ignore[attr-defined]
     assert steps[-1].phase == "planned"
     assert all(s.peak_activation_bytes <= 1.05 * budget for s in steps[-3:]), [s.peak_activation_bytes for s in steps]
+
+
+class _Sliced(nn.Module):
+    """As a Hugging Face decoder: its forward slices its layer list (a new ModuleList at
+    every call) and builds a module it uses once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_Growing() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks[: len(self.blocks)]:
+            x = b(x)
+        return nn.Identity()(x).square().mean()
+
+
+def test_modules_made_outside_the_model_change_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Region refresh]: the slice and the module built in the forward are not the
+    model's: no region is read again, nor its first-call watch run again, at later steps
+    (every call ran under the watch before: the recompute steps of a Hugging Face Llama
+    took 1.85x as long); a module assigned into a block still counts."""
+    import offrecomp.calls
+
+    watched: list[str] = []
+
+    class Counting(offrecomp.calls.FirstCallWatch):  # type: ignore[misc, name-defined]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            watched.append("watch")
+
+    monkeypatch.setattr(offrecomp.calls, "FirstCallWatch", Counting)
+    torch.manual_seed(0)
+    model = _Sliced()
+    ref = train(copy.deepcopy(model), _batch, steps=4)
+    m = copy.deepcopy(model)
+    rt = offrecomp.runtime(m, mode="recompute", min_bytes=0)
+    assert_bitwise(ref, train(m, _batch, rt, steps=4))
+    assert len(watched) == 3, watched  # each region's first call
+    with rt:
+        _add(m.blocks[0], "adapter")
+        m(_batch(9)).backward()
+    assert len(watched) == 6, watched  # a module assigned into the model: every region is read again
