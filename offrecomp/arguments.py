@@ -19,7 +19,7 @@ from offrecomp._torch_compat import TreeSpec, tree_flatten, tree_unflatten
 
 __all__ = [
     "ARG_COPY_MAX_BYTES", "ARG_STATE_MAX_ITEMS", "ARG_STATE_PER_REGION", "ArgState", "CapturedInputs", "Position",
-    "capture_inputs", "replay_arguments",
+    "capture_inputs", "holding", "replay_arguments",
 ]
 
 
@@ -200,6 +200,26 @@ Position = tuple[int, Any]
 or index there (the same for each call of a region over state of the same layout)."""
 
 
+@contextlib.contextmanager
+def holding(pairs: list[tuple[Any, Any]]) -> Iterator[None]:
+    """Each target of ``pairs`` (a tensor or a storage) holds the value paired with it
+    while the block runs, and its own again afterwards (a replay's view of state its
+    forward saw)."""
+    if not pairs:
+        yield
+        return
+    with torch.no_grad():
+        found = [t.clone() for t, _ in pairs]
+        for t, value in pairs:
+            t.copy_(value)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for (t, _), now in zip(pairs, found):
+                t.copy_(now)
+
+
 def _where(obj: Any, kind: str, key: Any) -> str:
     name = type(obj).__name__
     return f"{name}.{key}" if kind == "attrs" else f"{name}[{key!r}]"
@@ -351,18 +371,10 @@ class ArgState:
         if not self.swapped:
             yield
             return
-        found = []
-        with torch.no_grad():
-            for i in self.swapped:
-                t = self.tensors[i][0]
-                found.append(t.clone(memory_format=torch.preserve_format))
-                t.copy_(self.copies[i])
         try:
-            yield
+            with holding([(self.tensors[i][0], self.copies[i]) for i in self.swapped]):
+                yield
         finally:
-            with torch.no_grad():
-                for i, now in zip(self.swapped, found):
-                    self.tensors[i][0].copy_(now)
             swapped = {id(self.tensors[i][0]) for i in self.swapped}
             # the swap wrote them: their versions now are the ones after the forward
             self.versions = [(t, int(t._version) if id(t) in swapped else v, w) for t, v, w in self.versions]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,7 @@ from offrecomp.regions import (
 from offrecomp.replay import replayed_regions
 from offrecomp.state import PassState, RegionCall
 from offrecomp.trace import FirstCallWatch, OpRecorder, user_dispatch_modes
+from offrecomp.trace.recorder import READ_COPY_MAX_BYTES
 from scheduler.plan import Placement
 
 if TYPE_CHECKING:
@@ -186,6 +188,8 @@ class RegionCalls:
             call.attrs = module_attrs(region.modules)
         if region.generators or region.generator_slots or cap.generators:  # NOTE [Private generators]
             call.generators = _entry_generators(region, cap.generators)
+        if region.external_reads:  # NOTE [State read from outside]
+            call.external_reads = _external_reads(region.external_reads)
         if cap.objects:  # NOTE [Stateful arguments]
             call.arg_state = ArgState.capture(cap.objects, self.arg_state_limit, region.arg_writes)
             if not call.arg_state.complete and region.untracked_state is not False:
@@ -223,6 +227,9 @@ class RegionCalls:
             if call.attrs is not None:
                 _finish_attrs(call, region)
         if call.watch is not None and region is not None:
+            read = call.watch.read  # NOTE [State read from outside]
+            call.external_reads = [r for ptr, r in read.items() if ptr not in call.watch.written] or None
+            region.external_reads = tuple(weakref.ref(t) for t, _, _ in call.external_reads or ())
             region.generators = [g for g, _ in call.watch.generators.values()]
             region.generator_slots = tuple(
                 (m, n) for m in region.modules for n, v in vars(m).items() if isinstance(v, torch.Generator)
@@ -427,6 +434,34 @@ def _warn_big_buffers(call: RegionCall, region: Region) -> None:
 # one stops the replay with an error), and the replay runs on that copy, the storage's
 # later bytes put back afterwards. A storage overwritten whole before any read (a
 # scratch buffer) needs no copy.
+
+
+# NOTE [State read from outside]
+# A forward may read a tensor from outside its call that it does not write: a plain
+# tensor attribute, a global, another module's buffer. Plain autograd does not care when
+# the op that read it saved nothing of it (an add), and the loop may write it between
+# the forward and the backward (a temperature, a schedule's scale). A replay would then
+# read the written value. The first call's watch sees which such tensors the call reads
+# (trace/recorder.py: a storage that existed before the call, that it does not own,
+# take or write); the region remembers them (weakly), and each of its later calls notes
+# their versions, and copies those up to READ_COPY_MAX_BYTES (trace/recorder.py). A
+# replay finds one written since: it runs on the copy, the written values put back
+# afterwards; a larger one stops the replay at its first read (the parameters' guard,
+# NOTE [Replay and parameters] in regions.py). A tensor the first call did not read is
+# not seen (a global rebound to a new tensor at each step reads as another tensor).
+
+
+def _external_reads(refs: tuple[weakref.ref[torch.Tensor], ...]) -> list[tuple[torch.Tensor, int, torch.Tensor | None]] | None:
+    """What a call notes of the tensors from outside it its region reads (NOTE [State
+    read from outside]): each one alive, its version, a copy where small."""
+    out = []
+    with torch.no_grad():
+        for ref in refs:
+            t = ref()
+            if t is not None:
+                small = t.untyped_storage().nbytes() <= READ_COPY_MAX_BYTES
+                out.append((t, int(t._version), t.clone() if small else None))
+    return out or None
 
 
 def _writes_foreign(call: RegionCall) -> None:

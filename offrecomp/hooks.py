@@ -493,6 +493,7 @@ class Placer:
         call.arg_state = None
         call.attrs = None
         call.external = None
+        call.external_reads = None
         call.replayed.clear()
         call.by_ptr.clear()
 

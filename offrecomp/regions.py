@@ -17,6 +17,7 @@ The capture of the arguments themselves is in arguments.py.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -106,6 +107,9 @@ class Region:
     settled: int = 0
     """Calls of it, seen with the hooks on since it varies, in a row that saved no more
     than its profile (NOTE [Sizes of regions that vary] in planning/differences.py)."""
+    external_reads: tuple[weakref.ref[torch.Tensor], ...] = ()
+    """Tensors from outside its calls that its first call read (NOTE [State read from
+    outside] in calls.py): each later call notes their versions and copies the small ones."""
     arg_writes: frozenset[Position] = frozenset()
     """Positions of the tensors among its calls' argument state that a forward wrote in
     place (NOTE [State written by the forward] in arguments.py): copied at each call's

@@ -50,7 +50,7 @@ import torch
 from torch import nn
 
 from offrecomp import _torch_compat as tc
-from offrecomp.arguments import ArgState, replay_arguments
+from offrecomp.arguments import ArgState, holding, replay_arguments
 from offrecomp.changes import swap_attrs
 from offrecomp.interrupts import finish
 from offrecomp.regions import (
@@ -281,7 +281,21 @@ def _param_guard(call: RegionCall) -> ParamGuard | None:
         modified.update(modified_buffers(call.buffers))
     if call.arg_state is not None and call.inputs is not None:
         modified.update(call.arg_state.modified())  # NOTE [State written after the forward]
+    for t, v, copy in call.external_reads or ():  # NOTE [State read from outside] (calls.py)
+        if copy is None and int(t._version) != v:
+            modified[int(t.untyped_storage().data_ptr())] = (
+                f"a {tuple(t.shape)} tensor from outside the call (version {v} -> {int(t._version)})"
+            )
     return ParamGuard(call.name, modified) if modified else None
+
+
+@contextlib.contextmanager
+def _reads_as_forward(call: RegionCall) -> Iterator[None]:
+    """NOTE [State read from outside] (calls.py): tensors from outside the call that its
+    forward read and something wrote since hold the values it read while the replay
+    runs (from their copies), and the written values afterwards."""
+    with holding([(t, copy) for t, v, copy in call.external_reads or () if copy is not None and int(t._version) != v]):
+        yield
 
 
 @contextlib.contextmanager
@@ -374,14 +388,8 @@ def _external_as_entry(call: RegionCall) -> Iterator[None]:
             "a replay would read the written values. Hint: keep such state in a buffer of "
             "the block, or exclude the block with regions=."
         )
-    found = [storage.clone() for storage, _ in external]
-    for storage, before in external:
-        storage.copy_(before)
-    try:
+    with holding(external):
         yield
-    finally:
-        for (storage, _), now in zip(external, found):
-            storage.copy_(now)
 
 
 def _replay_forward(
@@ -429,6 +437,7 @@ def _replay_forward(
         stack.enter_context(_default_dtype_as_forward(call))
         stack.enter_context(_entry_arg_state(call))
         stack.enter_context(_external_as_entry(call))
+        stack.enter_context(_reads_as_forward(call))
         stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, unpack))
         guard = _param_guard(call)
         if guard is not None:

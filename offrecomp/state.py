@@ -444,6 +444,9 @@ class RegionCall(_WeakReferable):
     writes_state: bool = False  # its region writes its inputs or parameters: never replayed (NOTE [State written by its region])
     record: bool = False  # recorded outside a measuring pass (NOTE [Calls the profile lacks])
     watch: FirstCallWatch | None = None  # the region's first call (see FirstCallWatch)
+    external_reads: list[tuple[torch.Tensor, int, torch.Tensor | None]] | None = None
+    """Tensors from outside the call its forward reads, with their versions when it did and
+    copies of the small ones (NOTE [State read from outside] in calls.py)."""
     external: list[tuple[Any, Any]] | None = None
     """Storages from outside the call its forward wrote, with their bytes before (None:
     too large to copy): a replay runs on those (NOTE [State written by its region])."""

@@ -105,6 +105,10 @@ def _same_gen(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
 #: call writes them (NOTE [State written by its region] in offrecomp/calls.py).
 EXTERNAL_COPY_MAX_BYTES = 64 << 20
 
+#: Tensors from outside a region call that its calls copy when they read them (NOTE
+#: [State read from outside] in offrecomp/calls.py); a larger one is only watched.
+READ_COPY_MAX_BYTES = 64 << 10
+
 #: In-place ops that overwrite their ``self`` without reading it.
 _OVERWRITES = frozenset(
     getattr(torch.ops.aten, name) for name in (
@@ -168,8 +172,9 @@ class FirstCallWatch(_RegionMode):
         """Storages outside the call it read, or partly wrote, before writing them:
         (storage, its bytes before the first write, or None where larger than
         EXTERNAL_COPY_MAX_BYTES)."""
-        self.read: set[int] = set()
-        """Storages outside the call its ops read."""
+        self.read: dict[int, tuple[torch.Tensor, int, torch.Tensor | None]] = {}
+        """Storages outside the call its ops read before any write of them: the tensor
+        first read, its version then, and a copy of its values where small."""
         self.written: set[int] = set()
         """Storages outside the call its ops wrote."""
         # storage -> (holder, index): arguments.CapturedInputs, regions.ParamState and
@@ -192,11 +197,16 @@ class FirstCallWatch(_RegionMode):
             self.generators[id(gen)] = (gen, gen.get_state())
         writes = _writes(func, args, kwargs)  # none for a higher-order op
         overwritten = {id(t) for t, whole in writes if whole}
+        inputs: set[int] = set()
         for x in op_leaves((args, kwargs)):
-            if isinstance(x, torch.Tensor) and id(x) not in overwritten and _describable(x):
+            if isinstance(x, torch.Tensor) and _describable(x):
                 ptr = int(x.untyped_storage().data_ptr())
-                if ptr not in self.made and ptr not in self.own and ptr not in self.by_ptr:
-                    self.read.add(ptr)  # from outside the call, read before any write of it
+                inputs.add(ptr)
+                if (
+                    id(x) not in overwritten and ptr not in self.read and ptr not in self.made
+                    and ptr not in self.own and ptr not in self.by_ptr
+                ):
+                    self._read(ptr, x)
         for x, whole in writes:
             storage = x.untyped_storage()
             ptr = int(storage.data_ptr())
@@ -209,8 +219,19 @@ class FirstCallWatch(_RegionMode):
         out = func(*args, **kwargs)
         for t in op_leaves(out):
             if isinstance(t, torch.Tensor) and _describable(t):
-                self.made.add(int(t.untyped_storage().data_ptr()))
+                ptr = int(t.untyped_storage().data_ptr())
+                if ptr not in inputs:  # a view of an input is the input's storage, not a new one
+                    self.made.add(ptr)
         return out
+
+    def _read(self, ptr: int, x: torch.Tensor) -> None:
+        """The call reads a tensor from outside it, first (NOTE [State read from outside]
+        in offrecomp/calls.py): its version now, and its values where small."""
+        if ptr in self.written:
+            return  # written by the call before: the call's own from there
+        small = x.untyped_storage().nbytes() <= READ_COPY_MAX_BYTES
+        with torch.no_grad():
+            self.read[ptr] = (x, int(x._version), x.clone() if small else None)
 
     def _external(self, ptr: int, storage: Any, whole: bool) -> None:
         """A write to a storage from outside the call (``whole``: an overwrite of all of

@@ -551,3 +551,78 @@ def test_a_tensor_from_outside_the_call_too_large_to_copy_stops_the_replay(monke
         loss = m(_batch(0))
         with pytest.raises(RuntimeError, match="too large to copy before the write"):
             loss.backward()
+
+
+class _OutsideReader(nn.Module):
+    """Reads a tensor from outside its call without writing it (a global scale), or
+    (``view``) advances one entry of an outside counter through a view after reading it."""
+
+    def __init__(self, scale: list[torch.Tensor], view: bool = False) -> None:
+        super().__init__()
+        self.lin = nn.Linear(32, 32)
+        self.scale = scale
+        self.view = view
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.scale[0]
+        h = torch.tanh(self.lin(x) + s[0])  # an add: plain autograd saves nothing of s
+        if self.view:
+            s[0] += 1.0  # a select, then an in-place add on the view
+        return x + h
+
+
+def _outside_readers(view: bool, numel: int = 1) -> nn.Module:
+    scale = [torch.zeros(numel)]
+    return Stack([_OutsideReader(scale, view) for _ in range(3)])
+
+
+def _train_writing_between(model: nn.Module, rt: Any, steps: int = 3) -> list[dict[str, torch.Tensor]]:
+    """Each step writes the readers' shared tensor after the forward, before the backward."""
+    out = []
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with rt if rt is not None else contextlib.nullcontext():
+        for step in range(steps):
+            loss = model(_batch(step))
+            with torch.no_grad():
+                model.blocks[0].scale[0].add_(0.5)
+            loss.backward()
+            out.append({f"grad.{n}": p.grad.clone() for n, p in model.named_parameters()})
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+@pytest.mark.parametrize("view", [False, True])
+def test_a_tensor_from_outside_written_between_forward_and_backward_replays_as_read(mode: str, view: bool) -> None:
+    """NOTE [State read from outside]: the loop writes a tensor the blocks read (and do
+    not save) after the forward: each replay runs on the values its forward read (wrong
+    gradients before, at every step). Also where the blocks advance it through a view
+    (NOTE [State written by its region]: a view of an outside tensor is not the call's)."""
+    torch.manual_seed(0)
+    model = _outside_readers(view)
+    ref = _train_writing_between(copy.deepcopy(model), None)
+    m = copy.deepcopy(model)
+    rt = offrecomp.runtime(m, mode=mode, min_bytes=0, **({"budget": 1} if mode == "auto" else {}))
+    assert_bitwise(ref, _train_writing_between(m, rt))
+    assert rt.report().steps[0].recomputed_bytes > 0
+
+
+def test_a_large_tensor_from_outside_written_before_the_backward_stops_the_replay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Too large to copy at each call: only its version is noted, and a replay that
+    reads it after it was written raises, naming it."""
+    import offrecomp.calls
+    from offrecomp.trace import recorder
+
+    monkeypatch.setattr(recorder, "READ_COPY_MAX_BYTES", 0)
+    monkeypatch.setattr(offrecomp.calls, "READ_COPY_MAX_BYTES", 0)
+    torch.manual_seed(0)
+    m = _outside_readers(False, numel=4)
+    with offrecomp.runtime(m, mode="recompute", min_bytes=0):
+        loss = m(_batch(0))
+        with torch.no_grad():
+            m.blocks[0].scale[0].add_(0.5)
+        with pytest.raises(RuntimeError, match=r"a \(4,\) tensor from outside the call \(version 0 -> 1\)"):
+            loss.backward()
