@@ -224,6 +224,7 @@ def _where(obj: Any, kind: str, key: Any) -> str:
     name = type(obj).__name__
     return f"{name}.{key}" if kind == "attrs" else f"{name}[{key!r}]"
 _ATOMIC = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device, torch.Size)
+_PLAIN = frozenset(_ATOMIC)  # exact types a capture passes over at once
 
 
 def _stateful(x: Any) -> bool:
@@ -282,25 +283,25 @@ class ArgState:
             seen.add(id(obj))
             content: Any
             if isinstance(obj, list):
-                kind, content, children = "list", list(obj), list(obj)
+                kind, content = "list", list(obj)
             elif isinstance(obj, dict):
-                kind, content, children = "dict", dict(obj), list(obj.values())
+                kind, content = "dict", dict(obj)
             else:
-                d = vars(obj)
-                kind, content, children = "attrs", dict(d), list(d.values())
+                kind, content = "attrs", dict(vars(obj))
             count += len(content)
             if count > limit:
                 complete = False
                 break
             at = len(entries)
             entries.append((obj, kind, content))
+            deeper = depth + 1 < _ARG_STATE_DEPTH
             for key, v in enumerate(content) if kind == "list" else content.items():
+                if type(v) in _PLAIN:
+                    continue
                 if isinstance(v, torch.Tensor):
                     tensors.append((v, int(v._version), (at, key)))
-            if depth + 1 < _ARG_STATE_DEPTH:
-                for c in children:
-                    if isinstance(c, (list, dict)) or _stateful(c):
-                        todo.append((c, depth + 1))
+                elif deeper and (isinstance(v, (list, dict)) or _stateful(v)):
+                    todo.append((v, depth + 1))
         state = ArgState(entries, complete, limit, tensors=tensors)
         if written:
             for i, (t, _, position) in enumerate(tensors):

@@ -336,8 +336,8 @@ def _pick_repeated_children(model: nn.Module) -> set[int]:
 # configured with one layer holds one block, and a hybrid with few layers (Jamba's Mamba
 # and attention layers) holds one of each class. Where nothing repeats, the children of
 # every ModuleList are regions (outermost wins): a shared one's calls are region calls
-# as any shared block's are. Without this such a model had no region, and nothing could
-# be recomputed. A ModuleList holds a stack of layers far more often than a Sequential
+# as any shared block's are; otherwise such a model would have no region, and nothing
+# could be recomputed. A ModuleList holds a stack of layers far more often than a Sequential
 # without repeats does (a pipeline of unlike stages, or a wrapper around a whole model,
 # whose replay would rerun every op), which stays as it is.
 

@@ -299,8 +299,8 @@ class _Sliced(nn.Module):
 def test_modules_made_outside_the_model_change_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """NOTE [Region refresh]: the slice and the module built in the forward are not the
     model's: no region is read again, nor its first-call watch run again, at later steps
-    (every call ran under the watch before: the recompute steps of a Hugging Face Llama
-    took 1.85x as long); a module assigned into a block still counts."""
+    (a watch over every call of a Hugging Face decoder would double its recompute steps'
+    host time); a module assigned into a block still counts."""
     import offrecomp.calls
 
     watched: list[str] = []

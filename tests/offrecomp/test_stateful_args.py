@@ -520,10 +520,9 @@ def test_a_tensor_from_outside_the_call_read_then_written_replays_as_read(
 ) -> None:
     """NOTE [State written by its region]: the first call reads a tensor from outside it,
     then writes it; its watch copied the tensor before the write, and the replay reads the
-    copy (it read the written value before: wrong gradients at the first step). A
-    workspace overwritten whole before it is read needs no copy, even one too large to
-    copy (the call keeps what it saves from its first write on, so no replay passes it).
-    Later calls keep their activations."""
+    copy, not the written value. A workspace overwritten whole before it is read needs no
+    copy, even one too large to copy (the call keeps what it saves from its first write
+    on, so no replay passes it). Later calls keep their activations."""
     from offrecomp.trace import recorder
 
     monkeypatch.setattr(recorder, "EXTERNAL_COPY_MAX_BYTES", 16)  # the workspace is larger
@@ -596,8 +595,8 @@ def _train_writing_between(model: nn.Module, rt: Any, steps: int = 3) -> list[di
 @pytest.mark.parametrize("view", [False, True])
 def test_a_tensor_from_outside_written_between_forward_and_backward_replays_as_read(mode: str, view: bool) -> None:
     """NOTE [State read from outside]: the loop writes a tensor the blocks read (and do
-    not save) after the forward: each replay runs on the values its forward read (wrong
-    gradients before, at every step). Also where the blocks advance it through a view
+    not save) after the forward: each replay runs on the values its forward read, not
+    the written ones. Also where the blocks advance it through a view
     (NOTE [State written by its region]: a view of an outside tensor is not the call's)."""
     torch.manual_seed(0)
     model = _outside_readers(view)
