@@ -220,9 +220,6 @@ def holding(pairs: list[tuple[Any, Any]]) -> Iterator[None]:
                 t.copy_(now)
 
 
-def _where(obj: Any, kind: str, key: Any) -> str:
-    name = type(obj).__name__
-    return f"{name}.{key}" if kind == "attrs" else f"{name}[{key!r}]"
 _ATOMIC = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device, torch.Size)
 _PLAIN = frozenset(_ATOMIC)  # exact types a capture passes over at once
 
@@ -337,13 +334,7 @@ class ArgState:
         a replay reads as the forward did (``check``), and those the forward wrote
         (``swapped``, or ``unseen`` where no entry value was kept); returns the positions
         it wrote (NOTE [State written by the forward])."""
-        out = []
-        for obj, kind, content in self.entries:
-            items = enumerate(content) if kind == "list" else content.items()
-            for key, v in items:
-                if isinstance(v, torch.Tensor):
-                    out.append((v, int(v._version), _where(obj, kind, key)))
-        self.versions = out
+        self.versions = [(t, int(t._version), self._where(position)) for t, _, position in self.tensors]
         written: set[Position] = set()
         for i, (t, v, position) in enumerate(self.tensors):
             if int(t._version) != v:
@@ -351,11 +342,16 @@ class ArgState:
                 if i in self.copies:
                     self.swapped.append(i)
                 else:
-                    obj, kind, _ = self.entries[position[0]]
-                    self.unseen.append(_where(obj, kind, position[1]))
+                    self.unseen.append(self._where(position))
         for i in [i for i in self.copies if i not in self.swapped]:
             del self.copies[i]  # not written: its value is the forward's
         return written
+
+    def _where(self, position: Position) -> str:
+        """The binding at ``position``, as a message names it."""
+        obj, kind, _ = self.entries[position[0]]
+        key = position[1]
+        return f"{type(obj).__name__}.{key}" if kind == "attrs" else f"{type(obj).__name__}[{key!r}]"
 
     @contextlib.contextmanager
     def as_entry(self, region_name: str) -> Iterator[None]:

@@ -25,6 +25,7 @@ from offrecomp.diagnostics import kind, runs_collectives, warn_collective, warn_
 from offrecomp.groups import reads_bytes_as_stored
 from offrecomp.measure import DeviceClock
 from offrecomp.regions import (
+    READ_SNAPSHOT_MAX_BYTES,
     Region,
     buffer_of,
     capture_autocast,
@@ -38,7 +39,6 @@ from offrecomp.regions import (
 from offrecomp.replay import replayed_regions
 from offrecomp.state import PassState, RegionCall
 from offrecomp.trace import FirstCallWatch, OpRecorder, user_dispatch_modes
-from offrecomp.trace.recorder import READ_COPY_MAX_BYTES
 from scheduler.plan import Placement
 
 if TYPE_CHECKING:
@@ -227,9 +227,10 @@ class RegionCalls:
             if call.attrs is not None:
                 _finish_attrs(call, region)
         if call.watch is not None and region is not None:
-            read = call.watch.read  # NOTE [State read from outside]
-            call.external_reads = [r for ptr, r in read.items() if ptr not in call.watch.written] or None
-            region.external_reads = tuple(weakref.ref(t) for t, _, _ in call.external_reads or ())
+            # NOTE [State read from outside]: those the call did not write are as it read them
+            wrote = call.watch.written
+            region.external_reads = tuple(weakref.ref(t) for ptr, t in call.watch.read.items() if ptr not in wrote)
+            call.external_reads = _external_reads(region.external_reads)
             region.generators = [g for g, _ in call.watch.generators.values()]
             region.generator_slots = tuple(
                 (m, n) for m in region.modules for n, v in vars(m).items() if isinstance(v, torch.Generator)
@@ -443,8 +444,9 @@ def _warn_big_buffers(call: RegionCall, region: Region) -> None:
 # the forward and the backward (a temperature, a schedule's scale). A replay would then
 # read the written value. The first call's watch sees which such tensors the call reads
 # (trace/recorder.py: a storage that existed before the call, that it does not own,
-# take or write); the region remembers them (weakly), and each of its later calls notes
-# their versions, and copies those up to READ_COPY_MAX_BYTES (trace/recorder.py). A
+# take or write); the region remembers them (weakly), and the call, at its exit, and
+# each later call, at its entry, notes their versions, and copies those up to
+# READ_SNAPSHOT_MAX_BYTES (regions.py, as for buffers a forward only read). A
 # replay finds one written since: it runs on the copy, the written values put back
 # afterwards; a larger one stops the replay at its first read (the parameters' guard,
 # NOTE [Replay and parameters] in regions.py). A tensor the first call did not read is
@@ -459,7 +461,7 @@ def _external_reads(refs: tuple[weakref.ref[torch.Tensor], ...]) -> list[tuple[t
         for ref in refs:
             t = ref()
             if t is not None:
-                small = t.untyped_storage().nbytes() <= READ_COPY_MAX_BYTES
+                small = t.untyped_storage().nbytes() <= READ_SNAPSHOT_MAX_BYTES
                 out.append((t, int(t._version), t.clone() if small else None))
     return out or None
 

@@ -42,11 +42,11 @@ __all__ = [
     "count_buffer_assignment",
     "count_module_assignment",
     "count_parameter_assignment",
-    "track_structure",
     "module_attrs",
     "module_state",
     "structure_epoch",
     "swap_attrs",
+    "track_structure",
 ]
 
 #: Buffer assignments seen while a runtime is entered (NOTE [Buffer saves]).

@@ -208,7 +208,6 @@ class Diagnostics:
             "those regions are better left out (regions=)." if rerun else "",
         )
 
-
     def warn_grad_off(self, names: list[str]) -> None:
         """NOTE [Regions with gradients off]: once per runtime, and not after the warning
         of regions whose forward ran inside a backward (a reentrant checkpoint)."""

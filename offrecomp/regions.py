@@ -52,7 +52,8 @@ __all__ = [
 # Buffers larger than this are not snapshotted at region entry (see NOTE below).
 BUFFER_SNAPSHOT_MAX_BYTES = 1 << 20
 #: Snapshots of buffers a forward only read are kept for its replay up to this size
-#: (NOTE [Buffers written unseen]).
+#: (NOTE [Buffers written unseen]), and so are copies of the tensors from outside its
+#: call it read (NOTE [State read from outside] in calls.py).
 READ_SNAPSHOT_MAX_BYTES = 64 << 10
 #: Calls of a variable region in a row, seen with the hooks on, that saved no more than
 #: its profile, after which its audits come at the usual cadence (``Region.settled``;

@@ -170,8 +170,9 @@ def _scalars_of(leaves: list[Any]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def written_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
-    """The plain tensors an op writes (in-place and ``out=`` arguments), by its schema."""
+def written_arguments(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
+    """The plain tensors an op writes (in-place and ``out=`` arguments), by its schema,
+    each with the name of the argument that passes it."""
     names = tc.written_arg_names(func)
     if not names:
         return []
@@ -180,8 +181,13 @@ def written_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         if a.name not in names:
             continue
         val = kwargs.get(a.name, args[i] if i < len(args) else None)
-        out += [x for x in op_leaves(val) if isinstance(x, torch.Tensor) and _describable(x)]
+        out += [(a.name, x) for x in op_leaves(val) if isinstance(x, torch.Tensor) and _describable(x)]
     return out
+
+
+def written_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The plain tensors an op writes (in-place and ``out=`` arguments), by its schema."""
+    return [x for _, x in written_arguments(func, args, kwargs)]
 
 
 # NOTE [Autocast cache]

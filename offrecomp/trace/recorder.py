@@ -18,13 +18,13 @@ from typing import Any
 
 import torch
 
-from offrecomp import _torch_compat as tc
 from offrecomp.trace.ops import (
     _describable,
     _param_cast,
     _scalars_of,
     _traits,
     op_leaves,
+    written_arguments,
     written_tensors,
 )
 from offrecomp.trace.scope import _is_internal, _RegionMode
@@ -105,10 +105,6 @@ def _same_gen(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
 #: call writes them (NOTE [State written by its region] in offrecomp/calls.py).
 EXTERNAL_COPY_MAX_BYTES = 64 << 20
 
-#: Tensors from outside a region call that its calls copy when they read them (NOTE
-#: [State read from outside] in offrecomp/calls.py); a larger one is only watched.
-READ_COPY_MAX_BYTES = 64 << 10
-
 #: In-place ops that overwrite their ``self`` without reading it.
 _OVERWRITES = frozenset(
     getattr(torch.ops.aten, name) for name in (
@@ -122,23 +118,19 @@ def _writes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tu
     """The tensors ``func`` writes, each with whether the op overwrites all of its
     storage without reading it (an ``out=`` argument, or the ``self`` of a copy or fill,
     covering the storage from its start)."""
-    names = tc.written_arg_names(func)
-    if not names:
+    written = written_arguments(func, args, kwargs)
+    if not written:
         return []
     overwrites = getattr(func, "overloadpacket", None) in _OVERWRITES
-    out = []
-    for i, a in enumerate(func._schema.arguments):
-        if a.name not in names:
-            continue
-        val = kwargs.get(a.name, args[i] if i < len(args) else None)
-        pure = a.name.startswith("out") or (overwrites and a.name == "self")
-        for x in op_leaves(val):
-            if isinstance(x, torch.Tensor) and _describable(x):
-                whole = pure and x.is_contiguous() and x.storage_offset() == 0 and (
-                    x.numel() * x.element_size() == x.untyped_storage().nbytes()
-                )
-                out.append((x, whole))
-    return out
+    return [
+        (x, (name.startswith("out") or (overwrites and name == "self")) and _covers(x))
+        for name, x in written
+    ]
+
+
+def _covers(x: torch.Tensor) -> bool:
+    """Does ``x`` lie over all of its storage, contiguously from its start?"""
+    return x.is_contiguous() and x.storage_offset() == 0 and x.numel() * x.element_size() == x.untyped_storage().nbytes()
 
 
 class FirstCallWatch(_RegionMode):
@@ -172,9 +164,9 @@ class FirstCallWatch(_RegionMode):
         """Storages outside the call it read, or partly wrote, before writing them:
         (storage, its bytes before the first write, or None where larger than
         EXTERNAL_COPY_MAX_BYTES)."""
-        self.read: dict[int, tuple[torch.Tensor, int, torch.Tensor | None]] = {}
-        """Storages outside the call its ops read before any write of them: the tensor
-        first read, its version then, and a copy of its values where small."""
+        self.read: dict[int, torch.Tensor] = {}
+        """Storages outside the call its ops read before any write of them, and the tensor
+        first read of each (NOTE [State read from outside] in offrecomp/calls.py)."""
         self.written: set[int] = set()
         """Storages outside the call its ops wrote."""
         # storage -> (holder, index): arguments.CapturedInputs, regions.ParamState and
@@ -204,9 +196,9 @@ class FirstCallWatch(_RegionMode):
                 inputs.add(ptr)
                 if (
                     id(x) not in overwritten and ptr not in self.read and ptr not in self.made
-                    and ptr not in self.own and ptr not in self.by_ptr
+                    and ptr not in self.own and ptr not in self.by_ptr and ptr not in self.written
                 ):
-                    self._read(ptr, x)
+                    self.read[ptr] = x  # from outside the call, read before any write of it
         for x, whole in writes:
             storage = x.untyped_storage()
             ptr = int(storage.data_ptr())
@@ -223,15 +215,6 @@ class FirstCallWatch(_RegionMode):
                 if ptr not in inputs:  # a view of an input is the input's storage, not a new one
                     self.made.add(ptr)
         return out
-
-    def _read(self, ptr: int, x: torch.Tensor) -> None:
-        """The call reads a tensor from outside it, first (NOTE [State read from outside]
-        in offrecomp/calls.py): its version now, and its values where small."""
-        if ptr in self.written:
-            return  # written by the call before: the call's own from there
-        small = x.untyped_storage().nbytes() <= READ_COPY_MAX_BYTES
-        with torch.no_grad():
-            self.read[ptr] = (x, int(x._version), x.clone() if small else None)
 
     def _external(self, ptr: int, storage: Any, whole: bool) -> None:
         """A write to a storage from outside the call (``whole``: an overwrite of all of
