@@ -205,8 +205,9 @@ def discover_regions(
     ``spec`` None: the repeated children of every ``nn.ModuleList``/``nn.Sequential`` (a
     child whose class occurs at least twice among its siblings), and of an
     ``nn.ModuleDict`` where nothing inside them is one (see _pick_repeated_children); where
-    none repeats, the children of every ``nn.ModuleList`` (NOTE [Stacks without repeats]). A
-    type or types: every module of those types. A callable: every module for which
+    none repeats, the children of every ``nn.ModuleList`` (NOTE [Stacks without repeats]);
+    with no such list, repeated blocks held as attributes (NOTE [Blocks held as
+    attributes]). A type or types: every module of those types. A callable: every module for which
     ``fn(module, name)`` is true. Only the outermost match counts: regions never nest.
     """
     if isinstance(spec, nn.Module):  # callable, but not a filter
@@ -328,7 +329,22 @@ def _pick_repeated_children(model: nn.Module) -> set[int]:
                     pick.update(id(c) for c in same)
     candidates = pick | {id(c) for c in keyed}
     pick.update(id(c) for c in keyed if not any(id(x) in candidates for x in c.modules() if x is not c))
-    return pick or stacked
+    return pick or stacked or _repeated_attributes(model)
+
+
+def _repeated_attributes(model: nn.Module) -> set[int]:
+    """NOTE [Blocks held as attributes]: children of any module whose class repeats among
+    its siblings, a class of the model's own code (not torch's) that holds modules."""
+    pick: set[int] = set()
+    for m in model.modules():
+        by_type: dict[type, list[nn.Module]] = {}
+        for child in m._modules.values():
+            if child is not None and next(iter(child._modules.values()), None) is not None:
+                by_type.setdefault(type(child), []).append(child)
+        for cls, same in by_type.items():
+            if len(same) >= 2 and not cls.__module__.startswith("torch."):
+                pick.update(id(c) for c in same)
+    return pick
 
 
 # NOTE [Stacks without repeats]
@@ -341,6 +357,17 @@ def _pick_repeated_children(model: nn.Module) -> set[int]:
 # could be recomputed. A ModuleList holds a stack of layers far more often than a Sequential
 # without repeats does (a pipeline of unlike stages, or a wrapper around a whole model,
 # whose replay would rerun every op), which stays as it is.
+
+
+# NOTE [Blocks held as attributes]
+# Where no container holds a block, a model may still repeat blocks as attributes: timm's
+# RegNet holds its stages as s1..s4 and each stage's blocks as b1, b2, ...; DLA holds its
+# levels as level0..level5; hand-written models hold block1, block2. Where neither of the
+# tiers above finds a region, the children of any module whose class repeats among their
+# siblings are regions (outermost wins), if the class holds modules of its own and is
+# not one of torch's: two nn.Linear siblings are a layer's projections, not blocks, and
+# a module without children is one op, which a region's bookkeeping would cost more
+# than its replay saves.
 
 
 # ------------------------------------------------------------------------ RNG state

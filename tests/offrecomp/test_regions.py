@@ -249,6 +249,63 @@ def test_stacks_without_repeats_are_regions_where_nothing_repeats() -> None:
     assert [r.name for r in discover_regions(beside, None)] == ["gpt.blocks.0", "gpt.blocks.1"]
 
 
+class _Stage(nn.Module):
+    """Blocks held as attributes (timm's RegStage: b1, b2, ...), no container."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.b1 = models.MLPBlock(d)
+        self.b2 = models.MLPBlock(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b2(self.b1(x))
+
+
+class _Staged(nn.Module):
+    """Stages held as attributes (timm's RegNet: s1..s4), a head of two Linear layers,
+    and two activation modules of a user class without children."""
+
+    class Act(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(x)
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.s1, self.s2 = _Stage(d), _Stage(d)
+        self.a1, self.a2 = self.Act(), self.Act()
+        self.fc1, self.fc2 = nn.Linear(d, d), nn.Linear(d, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.a2(self.fc1(self.a1(self.s2(self.s1(x)))))).square().sum()
+
+
+def test_blocks_held_as_attributes_are_regions_where_no_container_holds_any() -> None:
+    """NOTE [Blocks held as attributes]: same-class siblings of a class that holds
+    modules, outermost first; torch's own layers and childless modules are never
+    regions this way, and a container's repeated children win over attributes."""
+    assert [r.name for r in discover_regions(_Staged(), None)] == ["s1", "s2"]
+    assert [r.name for r in discover_regions(_Stage(), None)] == ["b1", "b2"]
+    assert discover_regions(_Mlp(), None) == []  # two nn.Linear siblings
+    beside = nn.ModuleDict({"staged": _Staged(), "stack": Stack([models.MLPBlock(16) for _ in range(2)])})
+    assert [r.name for r in discover_regions(beside, None)] == ["stack.blocks.0", "stack.blocks.1"]
+
+
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_blocks_held_as_attributes_are_recomputed_bitwise(mode: str) -> None:
+    torch.manual_seed(0)
+    model = _Staged()
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(4, 16, generator=torch.Generator().manual_seed(s))
+
+    ref = train(copy.deepcopy(model), batch, steps=4)
+    m = copy.deepcopy(model)
+    rt = offrecomp.runtime(m, mode=mode, min_bytes=0, **({"budget": 1} if mode == "auto" else {}))
+    assert_bitwise(ref, train(m, batch, rt, steps=4))
+    last = rt.report().steps[-1]
+    assert last.recomputed_bytes > 0 and last.replays == 2, (last.recomputed_bytes, last.replays)
+
+
 @pytest.mark.parametrize("mode", ["recompute", "auto"])
 def test_a_lone_layer_group_called_once_per_layer_is_recomputed(mode: str) -> None:
     """ALBERT's default layout: one layer group in a ModuleList, called once per layer.
