@@ -242,9 +242,9 @@ class ArgState:
     entries: list[tuple[Any, str, Any]]
     complete: bool
     limit: int = ARG_STATE_MAX_ITEMS
-    versions: list[tuple[torch.Tensor, int, str]] = field(default_factory=list)
+    versions: list[tuple[torch.Tensor, int, Position]] = field(default_factory=list)
     """The tensors among the recorded bindings, with their versions when the forward
-    returned and where they were found (``seal``)."""
+    returned and their positions (``seal``; ``_where`` names one for a message)."""
     tensors: list[tuple[torch.Tensor, int, Position]] = field(default_factory=list)
     """The tensors among the bindings at entry, with their versions then and their
     positions (NOTE [State written by the forward])."""
@@ -334,7 +334,7 @@ class ArgState:
         a replay reads as the forward did (``check``), and those the forward wrote
         (``swapped``, or ``unseen`` where no entry value was kept); returns the positions
         it wrote (NOTE [State written by the forward])."""
-        self.versions = [(t, int(t._version), self._where(position)) for t, _, position in self.tensors]
+        self.versions = [(t, int(t._version), position) for t, _, position in self.tensors]
         written: set[Position] = set()
         for i, (t, v, position) in enumerate(self.tensors):
             if int(t._version) != v:
@@ -380,10 +380,10 @@ class ArgState:
         """Raise if a tensor among the bindings was written in place since the forward
         returned: a replay reading it would differ from the forward (NOTE [Replay
         inputs]). For a replay no guard watches (compiled code): ``modified`` otherwise."""
-        for t, v, where in self.versions:
+        for t, v, position in self.versions:
             if int(t._version) != v:
                 raise RuntimeError(
-                    f"offrecomp: {where}, a tensor reached through an argument of region "
+                    f"offrecomp: {self._where(position)}, a tensor reached through an argument of region "
                     f"{region_name!r}, was modified in place after the region's forward "
                     f"(version {v} -> {int(t._version)}), so replaying it would produce wrong "
                     "activations. Hint: avoid in-place ops on state a block reads, or exclude "
@@ -396,10 +396,10 @@ class ArgState:
         written after the forward]); one that does not read it replays as the forward ran."""
         out: dict[int, str] = {}
         swapped = {id(self.tensors[i][0]) for i in self.swapped}  # a replay reads their entry values
-        for t, v, where in self.versions:
+        for t, v, position in self.versions:
             if int(t._version) != v and t.layout == torch.strided and id(t) not in swapped:
                 out[int(t.untyped_storage().data_ptr())] = (
-                    f"{where} (a tensor reached through an argument, version {v} -> {int(t._version)})"
+                    f"{self._where(position)} (a tensor reached through an argument, version {v} -> {int(t._version)})"
                 )
         return out
 

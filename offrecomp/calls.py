@@ -124,6 +124,7 @@ class RegionCalls:
                 call.arg_state,
             )
         self._placements.build_table(call)
+        call.drops = self._placements.drops(call)
         self._life.call_started(call)
         return call
 
@@ -311,7 +312,7 @@ class RegionCalls:
             region = call.region
             if call.exited or region is None:
                 continue
-            call.fixed = call.table = None  # its later saves go to the rules: kept or offloaded
+            call.forget_placements()  # its later saves go to the rules: kept or offloaded
             _hold_dropped(call)
             if region.accumulates:
                 continue
@@ -471,7 +472,7 @@ def _writes_foreign(call: RegionCall) -> None:
     of the model it does not own: what it saves from now on is kept (a replay stops
     before that write: everything after it needs none)."""
     call.writes_state = True
-    call.fixed = call.table = None
+    call.forget_placements()
 
 
 def _check_state_writes(region: Region, call: RegionCall, params: list[int]) -> None:

@@ -108,9 +108,10 @@ class _Plain:
 
 # NOTE [Known placements]
 # Most new storages have a placement before any rule runs: their call's fixed placement
-# (a forced mode) or its placement table's entry (NOTE [Placement table] in
-# placement.py). The pack hook reads it there and asks ``Placements.decide`` only for the
-# rest. A known OFFLOAD still meets the rules that look at the tensor (min_bytes under a
+# (a forced keep or offload), RECOMPUTE for a call whose activations a forced recompute
+# drops whatever their index (``RegionCall.drops``: ``Placements.drops``), or its
+# placement table's entry (NOTE [Placement table] in placement.py). The pack hook reads
+# it there and asks ``Placements.decide`` only for the rest. A known OFFLOAD still meets the rules that look at the tensor (min_bytes under a
 # forced mode, which the table applied already; an untracked alias; a recording pass
 # sends it to the rules), then joins its call's group directly (NOTE [Offload fast
 # path]; ``OffloadGroups.join``: device, neg/conj bits, the pool's room); one that cannot
@@ -222,7 +223,9 @@ class Placer:
             placement = call.fixed
             if placement is None:
                 table = call.table  # NOTE [Placement table]
-                if table is not None:
+                if call.drops:
+                    placement = RECOMPUTE
+                elif table is not None:
                     index = len(call.storages)
                     if index < len(table) and call.table_sizes[index] == nbytes:  # type: ignore[index]
                         placement = table[index]
@@ -678,7 +681,7 @@ class Placer:
         region = call.region
         if region is None:
             return
-        call.fixed = call.table = None  # the storages it reads are kept from now on
+        call.forget_placements()  # the storages it reads are kept from now on
         if not region.backward_in_forward:
             region.backward_in_forward = True
             log.info(
@@ -702,7 +705,7 @@ class Placer:
             if c.exited or region is None or region.reaches_out:
                 continue
             region.reaches_out = True
-            c.fixed = c.table = None
+            c.forget_placements()
             warn_once(
                 f"reaches_out:{kind(region)}",
                 "offrecomp: region %r (and any other like it) runs a backward through "

@@ -221,6 +221,20 @@ class Placements:
             return KEEP  # NOTE [Kept planned calls]
         return None
 
+    def drops(self, call: RegionCall) -> bool:
+        """Does every new activation storage of ``call`` get RECOMPUTE from the rules
+        whatever its index and size (a forced recompute: no plan, no user's plan, a
+        droppable region call that no rule keeps by index)? Asked once the call has
+        captured its inputs; ``RegionCall.forget_placements`` undoes it when a rule starts
+        to vary."""
+        region = call.region
+        return (
+            self._config.mode == "recompute" and region is not None and not call.is_root
+            and call.placements is None and call.borrowed_sizes is None and self._user_plan() is None
+            and not region.reaches_out and not region.backward_in_forward and not region.forward_used
+            and self.droppable(call)
+        )
+
     def droppable(self, call: RegionCall, *, symmetric: bool = True) -> bool:
         """May ``call``'s activations be dropped? ``symmetric``: every rank drops alike
         (a plan or a mode); a rank-local fallback never drops in a collective region."""

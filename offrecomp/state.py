@@ -419,6 +419,8 @@ class RegionCall(_WeakReferable):
     fixed: Placement | None = None
     """The placement of every new storage of this call when no plan or rule can vary it
     (forced keep or offload): the pack hook's fast path skips the decision."""
+    drops: bool = False
+    """Every new activation storage is dropped (``Placements.drops``): no decision per save."""
     native: bool = False
     """Saves natively, the runtime's hooks off (NOTE [Native keep])."""
     books: tuple[int, int, int, int, int] | None = None
@@ -485,6 +487,11 @@ class RegionCall(_WeakReferable):
     @property
     def is_root(self) -> bool:
         return self.name == ROOT
+
+    def forget_placements(self) -> None:
+        """Its later storages go to the rules (a rule that now varies them: kept)."""
+        self.fixed = self.table = None
+        self.drops = False
 
     def lease(self, release: Any) -> Lease:
         """The call's live lease, a new one if none is alive (NOTE [Call leases])."""

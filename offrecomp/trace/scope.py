@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 from torch.utils import flop_counter
@@ -27,25 +26,32 @@ class ThreadDepth(threading.local):
 _tls = ThreadDepth()  # internal() nesting on this thread
 
 
-@contextlib.contextmanager
-def internal() -> Iterator[None]:
+class _Depth:
+    """``internal()``'s and ``user_code()``'s context: a class, not a generator, as the
+    replay's save hook enters one per save."""
+
+    __slots__ = ("saved", "to")
+
+    def __init__(self, to: int | None) -> None:
+        self.to = to  # None: one level deeper; else the depth to set
+        self.saved = 0
+
+    def __enter__(self) -> None:
+        self.saved = depth = _tls.depth
+        _tls.depth = depth + 1 if self.to is None else self.to
+
+    def __exit__(self, *exc: object) -> None:
+        _tls.depth = self.saved
+
+
+def internal() -> contextlib.AbstractContextManager[None]:
     """Ops offrecomp itself issues (inside its hooks) are invisible to the modes below."""
-    _tls.depth = _tls.depth + 1
-    try:
-        yield
-    finally:
-        _tls.depth -= 1
+    return _Depth(None)
 
 
-@contextlib.contextmanager
-def user_code() -> Iterator[None]:
+def user_code() -> contextlib.AbstractContextManager[None]:
     """Undo ``internal()`` while offrecomp runs user code (a replayed forward)."""
-    saved = _tls.depth
-    _tls.depth = 0
-    try:
-        yield
-    finally:
-        _tls.depth = saved
+    return _Depth(0)
 
 
 def _is_internal() -> bool:

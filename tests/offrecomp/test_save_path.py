@@ -30,7 +30,7 @@ def _count_decisions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return kinds
 
 
-@pytest.mark.parametrize("mode", ["keep", "offload"])
+@pytest.mark.parametrize("mode", ["keep", "offload", "recompute"])
 def test_a_forced_mode_decides_no_activation(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     kinds = _count_decisions(monkeypatch)
     model, batch = make("gpt_dropout")
@@ -52,10 +52,11 @@ def test_a_forced_mode_decides_no_activation(mode: str, monkeypatch: pytest.Monk
     assert rec.saved_tensors == saves[0] and 0 < rec.storages <= saves[0]  # counted off the save path
 
 
-@pytest.mark.parametrize("mode", ["offload", "auto"])
+@pytest.mark.parametrize("mode", ["offload", "recompute", "auto"])
 def test_known_placements_skip_the_decision(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """NOTE [Known placements]: a forced offload's activations, and a planned call's whose
-    table has their size, are placed without ``Placements.decide``; gradients bitwise."""
+    """NOTE [Known placements]: a forced offload's or recompute's activations, and a
+    planned call's whose table has their size, are placed without ``Placements.decide``;
+    gradients bitwise."""
     decided: list[str] = []
     original = Placements.decide
 
@@ -75,7 +76,7 @@ def test_known_placements_skip_the_decision(mode: str, monkeypatch: pytest.Monke
     with rt:
         m(batch(99)).backward()
     last = rt.report().steps[-1]
-    assert last.phase == ("planned" if mode == "auto" else "offload")
+    assert last.phase == ("planned" if mode == "auto" else mode)
     assert last.storages > 0 and (last.offloaded_bytes > 0 if mode == "offload" else last.recomputed_bytes > 0)
     assert decided == []
 
