@@ -340,11 +340,18 @@ def _repeated_attributes(model: nn.Module) -> set[int]:
         by_type: dict[type, list[nn.Module]] = {}
         for child in m._modules.values():
             if child is not None and next(iter(child._modules.values()), None) is not None:
-                by_type.setdefault(type(child), []).append(child)
+                by_type.setdefault(type(_wrapped(child)), []).append(child)
         for cls, same in by_type.items():
             if len(same) >= 2 and not cls.__module__.startswith("torch."):
                 pick.update(id(c) for c in same)
     return pick
+
+
+def _wrapped(m: nn.Module) -> nn.Module:
+    """The block inside a ``torch.compile`` wrapper or an FSDP1 unit (whose own classes
+    are torch's), else ``m``."""
+    inner = m._modules.get("_orig_mod") if _is_compiled(m) else _unwrap_fsdp1("", m)[1]
+    return inner if isinstance(inner, nn.Module) else m
 
 
 # NOTE [Stacks without repeats]
@@ -367,7 +374,8 @@ def _repeated_attributes(model: nn.Module) -> set[int]:
 # siblings are regions (outermost wins), if the class holds modules of its own and is
 # not one of torch's: two nn.Linear siblings are a layer's projections, not blocks, and
 # a module without children is one op, which a region's bookkeeping would cost more
-# than its replay saves.
+# than its replay saves. A compiled block (``torch.compile(block)``) or an FSDP1 unit
+# counts by the class of the block it wraps.
 
 
 # ------------------------------------------------------------------------ RNG state

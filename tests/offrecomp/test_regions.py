@@ -288,6 +288,9 @@ def test_blocks_held_as_attributes_are_regions_where_no_container_holds_any() ->
     assert discover_regions(_Mlp(), None) == []  # two nn.Linear siblings
     beside = nn.ModuleDict({"staged": _Staged(), "stack": Stack([models.MLPBlock(16) for _ in range(2)])})
     assert [r.name for r in discover_regions(beside, None)] == ["stack.blocks.0", "stack.blocks.1"]
+    compiled = _Staged()
+    compiled.s1, compiled.s2 = torch.compile(compiled.s1), torch.compile(compiled.s2)  # type: ignore[assignment]
+    assert [r.name for r in discover_regions(compiled, None)] == ["s1", "s2"]
 
 
 @pytest.mark.parametrize("mode", ["recompute", "auto"])
