@@ -293,10 +293,9 @@ def test_blocks_held_as_attributes_are_regions_where_no_container_holds_any() ->
     assert [r.name for r in discover_regions(compiled, None)] == ["s1", "s2"]
 
 
-@pytest.mark.parametrize("mode", ["recompute", "auto"])
-def test_blocks_held_as_attributes_are_recomputed_bitwise(mode: str) -> None:
-    torch.manual_seed(0)
-    model = _Staged()
+def _recomputed_bitwise(model: nn.Module, mode: str, replays: int) -> offrecomp.Runtime:
+    """Train ``model`` (4 x 16 inputs) plainly and under ``mode`` (auto at a budget that
+    drops all it can): bitwise equal, the last step replaying ``replays`` region calls."""
 
     def batch(s: int) -> torch.Tensor:
         return torch.randn(4, 16, generator=torch.Generator().manual_seed(s))
@@ -306,7 +305,14 @@ def test_blocks_held_as_attributes_are_recomputed_bitwise(mode: str) -> None:
     rt = offrecomp.runtime(m, mode=mode, min_bytes=0, **({"budget": 1} if mode == "auto" else {}))
     assert_bitwise(ref, train(m, batch, rt, steps=4))
     last = rt.report().steps[-1]
-    assert last.recomputed_bytes > 0 and last.replays == 2, (last.recomputed_bytes, last.replays)
+    assert last.recomputed_bytes > 0 and last.replays == replays, (last.recomputed_bytes, last.replays)
+    return rt
+
+
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_blocks_held_as_attributes_are_recomputed_bitwise(mode: str) -> None:
+    torch.manual_seed(0)
+    assert _recomputed_bitwise(_Staged(), mode, replays=2).regions == ["s1", "s2"]
 
 
 @pytest.mark.parametrize("mode", ["recompute", "auto"])
@@ -314,18 +320,7 @@ def test_a_lone_layer_group_called_once_per_layer_is_recomputed(mode: str) -> No
     """ALBERT's default layout: one layer group in a ModuleList, called once per layer.
     It is the region, each call a region call, dropped and replayed bitwise."""
     torch.manual_seed(0)
-    model = _Stacked([_Mlp()], calls=4)
-
-    def batch(s: int) -> torch.Tensor:
-        return torch.randn(4, 16, generator=torch.Generator().manual_seed(s))
-
-    ref = train(copy.deepcopy(model), batch, steps=4)
-    m = copy.deepcopy(model)
-    rt = offrecomp.runtime(m, mode=mode, min_bytes=0, **({"budget": 1} if mode == "auto" else {}))
-    assert_bitwise(ref, train(m, batch, rt, steps=4))
-    assert rt.regions == ["layers.0"]
-    last = rt.report().steps[-1]
-    assert last.recomputed_bytes > 0 and last.replays == 4, (last.recomputed_bytes, last.replays)
+    assert _recomputed_bitwise(_Stacked([_Mlp()], calls=4), mode, replays=4).regions == ["layers.0"]
 
 
 @pytest.mark.parametrize("mode", ["recompute", "auto"])

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
@@ -22,7 +20,7 @@ import torch
 import transformers as tf
 from torch import nn
 
-from tests.helpers import ZOO_VARIANTS, check_variant
+from sweep import run
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 V = 100
@@ -195,30 +193,18 @@ def _diffusers() -> dict[str, tuple[object, object]]:
 
 
 def main() -> int:
-    only = sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] else None
-    variants = sys.argv[2].split(",") if len(sys.argv) > 2 else ZOO_VARIANTS
     models = {name: (f, None) for name, f in ZOO.items()}
     models.update(_diffusers())
-    failed = 0
-    for name, (factory, batch) in models.items():
-        if only and name not in only:
-            continue
-        for v in variants:
-            if name == "reformer" and v not in ("keep", "offload", "auto"):
-                continue  # its reversible layers save nothing to drop (NOTE [Regions with gradients off])
-            t0 = time.time()
-            try:
-                torch.manual_seed(0)
-                model = factory().train()
-                b = batch or BATCHES.get(getattr(model, "kind", ""), _ids16 if name == "reformer" else _ids)
-                check_variant(model, b, v, steps=4)
-                print(f"PASS {name:16s} {v:12s} {time.time() - t0:5.1f}s", flush=True)
-            except Exception as e:
-                failed += 1
-                print(f"FAIL {name:16s} {v:12s} {type(e).__name__}: {str(e)[:300]}", flush=True)
-                if "-v" in sys.argv:
-                    traceback.print_exc()
-    return 1 if failed else 0
+
+    def batch(name: str, model: nn.Module) -> object:
+        given = models[name][1]
+        return given or BATCHES.get(getattr(model, "kind", ""), _ids16 if name == "reformer" else _ids)
+
+    # the Reformer's reversible layers save nothing to drop (NOTE [Regions with gradients off])
+    return run(
+        {name: f for name, (f, _) in models.items()}, batch,  # type: ignore[misc]
+        skip=lambda name, v: name == "reformer" and v not in ("keep", "offload", "auto"),
+    )
 
 
 if __name__ == "__main__":

@@ -12,8 +12,6 @@ once): its ``recompute`` and tight ``auto`` runs find nothing to drop, by design
 
 import logging
 import sys
-import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
@@ -22,7 +20,7 @@ import torch
 import transformers as tf
 from torch import nn
 
-from tests.helpers import ZOO_VARIANTS, check_variant
+from sweep import run
 logging.getLogger("transformers").setLevel(logging.ERROR)
 V = 100
 small = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, vocab_size=V, max_position_embeddings=64)
@@ -64,26 +62,9 @@ def _gc(m):
     m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return m
 
-def main():
-    only = sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] != "all" else None
-    variants = sys.argv[2].split(",") if len(sys.argv) > 2 else ZOO_VARIANTS
-    failed = 0
-    for name, f in Z.items():
-        if only and name not in only:
-            continue
-        for v in variants:
-            t0 = time.time()
-            try:
-                torch.manual_seed(0)
-                model = f().train()
-                check_variant(model, ids, v, steps=4)
-                print(f"PASS {name:16s} {v:12s} {time.time() - t0:5.1f}s", flush=True)
-            except Exception as e:
-                failed += 1
-                print(f"FAIL {name:16s} {v:12s} {type(e).__name__}: {str(e)[:300]}", flush=True)
-                if "-v" in sys.argv:
-                    traceback.print_exc()
-    return 1 if failed else 0
+def main() -> int:
+    return run(Z, lambda name, model: ids)
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -14,8 +14,6 @@ owns their blocks' activations (offrecomp says so once): their ``recompute`` and
 """
 import enum
 import sys
-import time
-import traceback
 import types
 from pathlib import Path
 
@@ -69,7 +67,7 @@ def _torchvision_stand_in() -> None:
 _torchvision_stand_in()
 import timm  # noqa: E402
 
-from tests.helpers import ZOO_VARIANTS, check_variant  # noqa: E402
+from sweep import run  # noqa: E402
 
 
 
@@ -150,25 +148,7 @@ Z = {
 
 
 def main() -> int:
-    only = sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] != "all" else None
-    variants = sys.argv[2].split(",") if len(sys.argv) > 2 else ZOO_VARIANTS
-    failed = 0
-    for name, (f, n) in Z.items():
-        if only and name not in only:
-            continue
-        for v in variants:
-            t0 = time.time()
-            try:
-                torch.manual_seed(0)
-                model = Cls(f()).train()
-                check_variant(model, img(n), v, steps=4)
-                print(f"PASS {name:16s} {v:12s} {time.time() - t0:5.1f}s", flush=True)
-            except Exception as e:
-                failed += 1
-                print(f"FAIL {name:16s} {v:12s} {type(e).__name__}: {str(e)[:300]}", flush=True)
-                if "-v" in sys.argv:
-                    traceback.print_exc()
-    return 1 if failed else 0
+    return run({name: (lambda f=f: Cls(f())) for name, (f, _) in Z.items()}, lambda name, model: img(Z[name][1]))
 
 
 if __name__ == "__main__":
