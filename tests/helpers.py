@@ -81,7 +81,7 @@ def assert_bitwise(ref: list[dict[str, torch.Tensor]], got: list[dict[str, torch
         bad = []
         for k in a:
             x, y = _dense(a[k]), _dense(b[k])
-            if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(x, y):
+            if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(_bits(x), _bits(y)):
                 diff = (x.double() - y.double()).abs().max().item() if x.shape == y.shape else float("nan")
                 bad.append(f"{k} (max abs diff {diff:.3g})")
         assert not bad, f"step {step}: " + ", ".join(bad)
@@ -194,6 +194,16 @@ def deterministic_plain(
 
 def _dense(t: torch.Tensor) -> torch.Tensor:
     return t.to_dense() if t.layout != torch.strided else t
+
+
+_BITS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bits as integers for a float dtype: equal where the floats are bit for bit
+    (a NaN equals the same NaN; -0.0 differs from 0.0)."""
+    ints = _BITS.get(t.dtype)
+    return t.contiguous().view(ints) if ints is not None else t
 
 
 def offload_group(engine: Any, sources: list[torch.Tensor], ordinal: int = 0, release_at: int | None = None) -> Any:

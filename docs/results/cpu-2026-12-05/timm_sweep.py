@@ -134,6 +134,7 @@ Z = {
  "cspdarknet": (lambda: timm.create_model("cspresnet50", num_classes=3), 64),
  "hgnetv2": (lambda: timm.create_model("hgnetv2_b0", num_classes=3), 64),
  "repvgg": (lambda: timm.create_model("repvgg_a0", num_classes=3), 32),
+ "rexnet": (lambda: timm.create_model("rexnet_100", num_classes=3), 32),  # plain training reaches NaN at step 1
  "vovnet": (lambda: timm.create_model("ese_vovnet19b_slim", num_classes=3), 64),
  "twins": (lambda: timm.create_model("twins_pcpvt_small", num_classes=3, depths=(1, 1, 1, 1)), 64),
  "gcvit": (lambda: timm.create_model("gcvit_xxtiny", num_classes=3, img_size=64, window_size=(2, 2, 2, 1)), 64),
