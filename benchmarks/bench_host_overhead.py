@@ -26,6 +26,9 @@ with the variants interleaved (one timing of each per round) and medians over ro
   buffer, one view per unpack; no check, event or record), and every save offloaded
   (``mode="offload"``; on a CPU the emulated backend: real worker threads and copies, a
   group per region call, NOTE [Offload groups] in offrecomp/groups.py);
+* every save dropped (``mode="recompute"``), in the same regions: the figure holds the
+  replays, which run the region's ops again (the op's own time, about one plain op per
+  save here, is part of it) under the replay's save hook;
 * auto under an ample budget, in the same regions: after its measuring and calibration
   passes the plan keeps every call whole (NOTE [Kept planned calls] in
   offrecomp/placement.py), and such calls save natively but one pass in eight (NOTE
@@ -325,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     keep_hooked = keep_loop(model, native_keep=False)
     grouped = _Model(n, blocks=max(1, n // args.region_saves)).to(device)
     offload = keep_loop(grouped, mode="offload")
+    recompute = keep_loop(_Model(n, blocks=max(1, n // args.region_saves)).to(device), mode="recompute")
     auto_model = _Model(n, blocks=max(1, n // args.region_saves)).to(device)
     auto_rt = offrecomp.runtime(auto_model, mode="auto", min_bytes=0)  # an ample budget
 
@@ -409,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     keep_buffered()
     keep_hooked()
     offload()
+    recompute()
     auto()  # measure, calibrate, solve: later steps run the plan
     if args.gc_freeze:
         gc.freeze()  # full collections then walk only what the steps allocate
@@ -417,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         "offrecomp keep, buffers": keep_buffered,
         "offrecomp keep, hooks on": keep_hooked,
         "offrecomp offload": offload,
+        "offrecomp recompute": recompute,
         "offrecomp auto": auto,
     }
     samples: dict[str, list[float]] = {k: [] for k in [*per_step, *loops]}
@@ -456,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
         ("per saved tensor", "grouped hook pair, copies (lean bound)", "grouped copies",
          "plain step, small regions", saves[0]),
         ("per saved tensor", small, "offrecomp offload", "plain step, small regions", saves[0]),
+        ("per saved tensor", f"offrecomp recompute, {args.region_saves} per region, replays", "offrecomp recompute",
+         "plain step, small regions", saves[0]),
         ("per saved tensor", f"offrecomp auto, {args.region_saves} per region, kept", "offrecomp auto",
          "plain step, small regions", saves[0]),
         ("per op", "bare dispatch mode (floor)", "bare dispatch mode", "ops plain", n),

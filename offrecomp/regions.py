@@ -424,6 +424,18 @@ def capture_autocast(device_types: Iterable[str]) -> AutocastState:
     return AutocastState(tuple(entries), bool(torch.is_autocast_cache_enabled()))
 
 
+def autocast_as_now(state: AutocastState) -> bool:
+    """Autocast is off in the forward's state and now, for each of its device types, with
+    the same dtype and weight cache settings (which an autocast a block enters itself
+    takes as its defaults): a replay needs no autocast context."""
+    if torch.is_autocast_cache_enabled() != state.cache_enabled:
+        return False
+    return not any(
+        enabled or torch.is_autocast_enabled(dt) or torch.get_autocast_dtype(dt) != dtype
+        for dt, enabled, dtype in state.entries
+    )
+
+
 def autocast_contexts(state: AutocastState, *, cache: bool = True) -> list[Any]:
     """The forward's autocast state, for a replay. ``cache=False`` turns autocast's weight
     cache off (NOTE [Autocast cache]): a replay under the serving mode then

@@ -54,6 +54,7 @@ from offrecomp.arguments import ArgState, holding, replay_arguments
 from offrecomp.changes import swap_attrs
 from offrecomp.interrupts import finish
 from offrecomp.regions import (
+    autocast_as_now,
     autocast_contexts,
     buffer_of,
     capture_rng,
@@ -425,19 +426,27 @@ def _replay_forward(
             # whose exit an interrupt skipped sets the grad mode it found when collected
             stack.enter_context(torch.inference_mode(False))
         stack.enter_context(torch.enable_grad())
-        if call.autocast is not None:
+        if call.autocast is not None and not autocast_as_now(call.autocast):
             # NOTE [Autocast cache]: the weight cache off, but for compiled code
             compiled = call.region is not None and call.region.compiled
             for ctx in autocast_contexts(call.autocast, cache=compiled):
                 stack.enter_context(ctx)
-        stack.enter_context(_swap_buffers(call))
-        stack.enter_context(_swap_params(call))
+        # each context below does nothing where its state is empty: entered only where not
+        if call.buffers is not None and (call.buffers.mutated or call.buffers.untouched):
+            stack.enter_context(_swap_buffers(call))
+        if call.params is not None:
+            stack.enter_context(_swap_params(call))
         stack.enter_context(_training_as_forward(call))
-        stack.enter_context(_attrs_as_entry(call))
-        stack.enter_context(_default_dtype_as_forward(call))
-        stack.enter_context(_entry_arg_state(call))
-        stack.enter_context(_external_as_entry(call))
-        stack.enter_context(_reads_as_forward(call))
+        if call.attrs and call.exited:
+            stack.enter_context(_attrs_as_entry(call))
+        if call.default_dtype is not None and call.default_dtype != torch.get_default_dtype():
+            stack.enter_context(_default_dtype_as_forward(call))
+        if call.arg_state is not None and call.inputs is not None:
+            stack.enter_context(_entry_arg_state(call))
+        if call.external:
+            stack.enter_context(_external_as_entry(call))
+        if call.external_reads:
+            stack.enter_context(_reads_as_forward(call))
         stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, unpack))
         guard = _param_guard(call)
         if guard is not None:

@@ -18,14 +18,17 @@ def test_host_overhead_benchmark_reports_every_row(tmp_path: Path, capsys: pytes
     for row in ("identity hook pair (floor)", "offrecomp keep", "offrecomp keep, 12 buffers per region",
                 "offrecomp keep, hooks on", "grouped hook pair, no copies (floor)",
                 "grouped hook pair, copies (lean bound)",
-                "offrecomp offload, 16 saves per region", "offrecomp auto, 16 per region, kept",
+                "offrecomp offload, 16 saves per region", "offrecomp recompute, 16 per region, replays",
+                "offrecomp auto, 16 per region, kept",
                 "bare dispatch mode (floor)",
                 "replay dispatch mode, every op run", "op recorder (measuring pass)"):
         assert row in text
     res = json.loads(out.read_text())
     assert res["ops"] == 20 and res["saves"] == 21  # 20 tanh outputs and the scaled input
-    assert len(res["us_over_plain"]) == 11 and res["clock"] == "thread" and res["gc_freeze"]
-    assert set(res["gc_us_per_step"]) >= {"plain step", "offrecomp keep", "offrecomp offload", "offrecomp auto"}
+    assert len(res["us_over_plain"]) == 12 and res["clock"] == "thread" and res["gc_freeze"]
+    assert set(res["gc_us_per_step"]) >= {
+        "plain step", "offrecomp keep", "offrecomp offload", "offrecomp recompute", "offrecomp auto"
+    }
     assert "measure" in res["auto_phases"]
     assert res["emulated_device_work_us"] is None
 

@@ -131,6 +131,34 @@ def test_bf16_autocast_cpu(mode: str) -> None:
     assert_bitwise(ref, got)
 
 
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_replay_runs_in_the_forwards_autocast_state_not_the_backwards(where: str) -> None:
+    """Autocast on around the forward only, or around the backward only: each replay runs
+    as its forward did (a replay of a forward without autocast enters no context only
+    where autocast is off when it runs too: ``regions.autocast_as_now``); gradients
+    bitwise."""
+    model, batch = make("gpt_dropout")
+
+    def run(m: torch.nn.Module, rt: offrecomp.Runtime | None) -> list[dict[str, torch.Tensor]]:
+        out = []
+        with rt if rt is not None else contextlib.nullcontext():
+            for step in range(3):
+                torch.manual_seed(step)
+                m.zero_grad(set_to_none=True)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=where == "forward"):
+                    loss = m(batch(step))
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=where == "backward"):
+                    loss.backward()
+                out.append({n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None})
+        return out
+
+    ref = run(twin(model), None)
+    m = twin(model)
+    rt = _runtime(m, "recompute")
+    assert_bitwise(ref, run(m, rt))
+    assert rt.report().steps[-1].replays > 0
+
+
 def test_mixed_placements_in_one_region() -> None:
     """Some storages kept, some offloaded, some dropped, in the same block."""
     model, batch = make("gpt_dropout")
