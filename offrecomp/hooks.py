@@ -111,12 +111,13 @@ class _Plain:
 # (a forced keep or offload), RECOMPUTE for a call whose activations a forced recompute
 # drops whatever their index (``RegionCall.drops``: ``Placements.drops``), or its
 # placement table's entry (NOTE [Placement table] in placement.py). The pack hook reads
-# it there and asks ``Placements.decide`` only for the rest. A known OFFLOAD still meets the rules that look at the tensor (min_bytes under a
-# forced mode, which the table applied already; an untracked alias; a recording pass
-# sends it to the rules), then joins its call's group directly (NOTE [Offload fast
-# path]; ``OffloadGroups.join``: device, neg/conj bits, the pool's room); one that cannot
-# join falls back as the rules would (``Placements.not_joined``). An offloaded save so
-# runs no decision frame and no check twice (benchmarks/count_hot_path.py).
+# it there and asks ``Placements.decide`` only for the rest. A known OFFLOAD still meets
+# the rules that look at the tensor (min_bytes under a forced mode, which the table
+# applied already; an untracked alias; a recording pass sends it to the rules), then
+# joins its call's group directly (NOTE [Offload fast path]; ``OffloadGroups.join``:
+# device, neg/conj bits, the pool's room); one that cannot join falls back as the rules
+# would (``Placements.not_joined``). An offloaded save so runs no decision frame and no
+# check twice (benchmarks/count_hot_path.py).
 
 # NOTE [Offload fast path]
 # Most offloaded saves are the first save of a contiguous tensor that covers its storage,

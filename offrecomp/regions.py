@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "BufferState",
     "ParamState",
     "Region",
     "buffer_of",

@@ -54,6 +54,8 @@ from offrecomp.arguments import ArgState, holding, replay_arguments
 from offrecomp.changes import swap_attrs
 from offrecomp.interrupts import finish
 from offrecomp.regions import (
+    BufferState,
+    ParamState,
     autocast_as_now,
     autocast_contexts,
     buffer_of,
@@ -180,15 +182,11 @@ def _no_unpack(_: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _swap_buffers(call: RegionCall) -> Iterator[None]:
+def _swap_buffers(state: BufferState) -> Iterator[None]:
     """NOTE [Replay and module state]: the replay runs on copies of the entry values; the
     post-forward tensors go back into their slots afterwards, untouched. A buffer the
     forward left as it was is read as the tensor the forward read (NOTE [Replay and
     buffer slots] in regions.py)."""
-    state = call.buffers
-    if state is None or not (state.mutated or state.untouched):
-        yield
-        return
     slots = state.slots
     saved: list[tuple[int, torch.Tensor | None]] = []
     for i, _ in state.untouched or ():
@@ -225,14 +223,10 @@ def _swap_buffers(call: RegionCall) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _swap_params(call: RegionCall) -> Iterator[None]:
+def _swap_params(call: RegionCall, entry: ParamState) -> Iterator[None]:
     """NOTE [Replay and parameters]: the replay runs with the parameters the forward ran
-    with, and their ``requires_grad`` as it was; the slots and flags are as they were
-    before it afterwards."""
-    entry = call.params
-    if entry is None:
-        yield
-        return
+    with (``entry``, the call's), and their ``requires_grad`` as it was; the slots and
+    flags are as they were before it afterwards."""
     slots = entry.slots
     if entry.unseen:
         m, n = slots[entry.unseen[0]]
@@ -300,14 +294,9 @@ def _reads_as_forward(call: RegionCall) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _default_dtype_as_forward(call: RegionCall) -> Iterator[None]:
+def _default_dtype_as_forward(dtype: torch.dtype, now: torch.dtype) -> Iterator[None]:
     """Factory ops (``torch.ones``, ``linspace``) in the replay make the dtype they made
-    in the forward, whatever the default is when backward runs."""
-    dtype = call.default_dtype
-    now = torch.get_default_dtype()
-    if dtype is None or dtype == now:
-        yield
-        return
+    in the forward (``dtype``), whatever the default is when backward runs (``now``)."""
     torch.set_default_dtype(dtype)
     try:
         yield
@@ -316,13 +305,9 @@ def _default_dtype_as_forward(call: RegionCall) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _attrs_as_entry(call: RegionCall) -> Iterator[None]:
+def _attrs_as_entry(changed: Any) -> Iterator[None]:
     """NOTE [Module attributes] (changes.py): the attributes the forward changed, as they
     were at its entry; the forward's values go back afterwards."""
-    changed = call.attrs if call.exited else None
-    if not changed:
-        yield
-        return
     back = swap_attrs(changed)
     try:
         yield
@@ -352,16 +337,13 @@ def _training_as_forward(call: RegionCall) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _entry_arg_state(call: RegionCall) -> Iterator[None]:
-    """NOTE [Stateful arguments]: the replay sees the object arguments as the forward
-    saw them; afterwards they are as the replay found them."""
-    entry = call.arg_state
-    if entry is None or call.inputs is None:
-        yield
-        return
+def _entry_arg_state(call: RegionCall, entry: ArgState, objects: list[Any]) -> Iterator[None]:
+    """NOTE [Stateful arguments]: the replay sees the object arguments (``objects``) as
+    the forward saw them (``entry``, the call's); afterwards they are as the replay found
+    them."""
     if call.region is not None and call.region.compiled:
         entry.check(call.name)  # no guard sees its ops (NOTE [State written after the forward])
-    found = ArgState.capture(call.inputs.objects, entry.limit)
+    found = ArgState.capture(objects, entry.limit)
     with entry.as_entry(call.name):  # NOTE [State written by the forward]
         if found.same(entry):
             yield
@@ -374,17 +356,13 @@ def _entry_arg_state(call: RegionCall) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _external_as_entry(call: RegionCall) -> Iterator[None]:
+def _external_as_entry(region_name: str, external: list[tuple[Any, Any]]) -> Iterator[None]:
     """NOTE [State written by its region] (calls.py): storages from outside the call that
     its forward wrote (its region's first call, seen by the watch) hold their bytes of
     before the write while the replay runs, and the bytes found afterwards."""
-    external = call.external
-    if not external:
-        yield
-        return
     if any(before is None for _, before in external):
         raise RuntimeError(
-            f"offrecomp: region {call.name!r} wrote in place, in its forward, a tensor it "
+            f"offrecomp: region {region_name!r} wrote in place, in its forward, a tensor it "
             "neither owns nor takes as an argument, too large to copy before the write, so "
             "a replay would read the written values. Hint: keep such state in a buffer of "
             "the block, or exclude the block with regions=."
@@ -431,20 +409,22 @@ def _replay_forward(
             compiled = call.region is not None and call.region.compiled
             for ctx in autocast_contexts(call.autocast, cache=compiled):
                 stack.enter_context(ctx)
-        # each context below does nothing where its state is empty: entered only where not
-        if call.buffers is not None and (call.buffers.mutated or call.buffers.untouched):
-            stack.enter_context(_swap_buffers(call))
-        if call.params is not None:
-            stack.enter_context(_swap_params(call))
+        # each context below is entered only where the call has state for it to restore
+        buffers, params = call.buffers, call.params
+        if buffers is not None and (buffers.mutated or buffers.untouched):
+            stack.enter_context(_swap_buffers(buffers))
+        if params is not None:
+            stack.enter_context(_swap_params(call, params))
         stack.enter_context(_training_as_forward(call))
         if call.attrs and call.exited:
-            stack.enter_context(_attrs_as_entry(call))
-        if call.default_dtype is not None and call.default_dtype != torch.get_default_dtype():
-            stack.enter_context(_default_dtype_as_forward(call))
+            stack.enter_context(_attrs_as_entry(call.attrs))
+        dtype, now = call.default_dtype, torch.get_default_dtype()
+        if dtype is not None and dtype != now:
+            stack.enter_context(_default_dtype_as_forward(dtype, now))
         if call.arg_state is not None and call.inputs is not None:
-            stack.enter_context(_entry_arg_state(call))
+            stack.enter_context(_entry_arg_state(call, call.arg_state, call.inputs.objects))
         if call.external:
-            stack.enter_context(_external_as_entry(call))
+            stack.enter_context(_external_as_entry(call.name, call.external))
         if call.external_reads:
             stack.enter_context(_reads_as_forward(call))
         stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, unpack))
