@@ -323,13 +323,17 @@ def main(argv: list[str] | None = None) -> int:
 
         return run
 
+    def small_regions() -> _Model:
+        """A model of regions of ``--region-saves`` saves, on the device."""
+        return _Model(n, blocks=max(1, n // args.region_saves)).to(device)
+
     keep = keep_loop(model)
     keep_buffered = keep_loop(_Model(n, buffers=12).to(device))
     keep_hooked = keep_loop(model, native_keep=False)
-    grouped = _Model(n, blocks=max(1, n // args.region_saves)).to(device)
+    grouped = small_regions()
     offload = keep_loop(grouped, mode="offload")
-    recompute = keep_loop(_Model(n, blocks=max(1, n // args.region_saves)).to(device), mode="recompute")
-    auto_model = _Model(n, blocks=max(1, n // args.region_saves)).to(device)
+    recompute = keep_loop(small_regions(), mode="recompute")
+    auto_model = small_regions()
     auto_rt = offrecomp.runtime(auto_model, mode="auto", min_bytes=0)  # an ample budget
 
     def auto() -> None:
@@ -340,14 +344,14 @@ def main(argv: list[str] | None = None) -> int:
     def grouped_plain() -> None:
         grouped(x).backward()
 
-    floor_model = _Model(n, blocks=max(1, n // args.region_saves)).to(device)
+    floor_model = small_regions()
     floor_pair = _GroupedFloor(floor_model)
 
     def grouped_floor() -> None:
         with torch.autograd.graph.saved_tensors_hooks(floor_pair.pack, floor_pair.unpack):
             floor_model(x).backward()
 
-    copies_model = _Model(n, blocks=max(1, n // args.region_saves)).to(device)
+    copies_model = small_regions()
     copies_pair = _GroupedCopies(copies_model)
 
     def grouped_copies() -> None:

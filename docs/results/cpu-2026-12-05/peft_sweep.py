@@ -18,22 +18,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 import peft
 import torch
 import transformers as tf
-from torch import nn
 
+from hf_zoo_sweep import LM  # a causal LM's loss
 from sweep import run
+
 logging.getLogger("transformers").setLevel(logging.ERROR)
 V = 100
 small = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, vocab_size=V, max_position_embeddings=64)
-
-
-
-class LM(nn.Module):
-    def __init__(self, m: nn.Module) -> None:
-        super().__init__()
-        self.m = m
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.m(input_ids=x, labels=x).loss
 
 
 def ids(s): return torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(1000 + s))
