@@ -412,8 +412,9 @@ def _regions_of(model: nn.Module | None, config: Config) -> list[Region]:
         log.warning(
             "offrecomp: %s has no repeated blocks (children of nn.ModuleList/Sequential/ModuleDict "
             "sharing a class, any child of an nn.ModuleList, or sibling attributes of one class "
-            "that holds modules), so nothing can be recomputed; activations can still be kept "
-            "or offloaded. Pass regions= to choose the modules to replay.",
+            "that holds modules; torch's own layers, such as nn.Linear or nn.ReLU, are not blocks), "
+            "so nothing can be recomputed; activations can still be kept or offloaded. Pass "
+            "regions= to choose the modules to replay.",
             type(model).__name__,
         )
     return regions if config.active else []

@@ -16,6 +16,7 @@ The capture of the arguments themselves is in arguments.py.
 
 from __future__ import annotations
 
+import enum
 import logging
 import weakref
 from collections.abc import Callable, Iterable
@@ -207,6 +208,7 @@ def discover_regions(
     child whose class occurs at least twice among its siblings), and of an
     ``nn.ModuleDict`` where nothing inside them is one (see _pick_repeated_children); where
     none repeats, the children of every ``nn.ModuleList`` (NOTE [Stacks without repeats]);
+    in both, modules of one op never (NOTE [One-op modules]);
     with no such list, repeated blocks held as attributes (NOTE [Blocks held as
     attributes]). A type or types: every module of those types. A callable: every module for which
     ``fn(module, name)`` is true. Only the outermost match counts: regions never nest.
@@ -302,15 +304,40 @@ def compiled_module(m: nn.Module) -> bool:
 
 
 def _pick_repeated_children(model: nn.Module) -> set[int]:
-    """Children whose class repeats among their siblings in an ``nn.ModuleList`` or
-    ``nn.Sequential`` (also one module held several times, as ALBERT's shared layer; the
-    outermost win: regions never nest), and in an
+    """The blocks of ``model`` (NOTE [One-op modules]): held in containers, else as
+    attributes, else the childless modules of the model's own code in containers."""
+    return _in_containers(model, _Kind.BLOCK) or _repeated_attributes(model) or _in_containers(model, _Kind.LEAF)
+
+
+class _Kind(enum.Enum):
+    """What a module is to region discovery (NOTE [One-op modules])."""
+
+    BLOCK = "block"  # holds modules, or is one of torch's recurrent layers
+    LEAF = "leaf"  # no children, the model's own code
+    ONE_OP = "one op"  # one of torch's layers, or a module holding just one
+
+
+def _kind(m: nn.Module) -> _Kind:
+    if isinstance(m, nn.RNNBase):
+        return _Kind.BLOCK
+    inner = [x for _, x in zip(range(2), (x for x in m.modules() if x is not m))]
+    if not inner:
+        return _Kind.ONE_OP if type(m).__module__.startswith("torch.nn.") else _Kind.LEAF
+    # a wrapper of one of torch's layers (a norm holding an nn.LayerNorm) is one op too
+    return _Kind.ONE_OP if len(inner) == 1 and _kind(inner[0]) is _Kind.ONE_OP else _Kind.BLOCK
+
+
+def _in_containers(model: nn.Module, kind: _Kind) -> set[int]:
+    """Children of ``kind`` whose class repeats among their siblings in an
+    ``nn.ModuleList`` or ``nn.Sequential`` (also one module held several times, as
+    ALBERT's shared layer; the outermost win: regions never nest), and in an
     ``nn.ModuleDict``, which holds a model's layers (torchtitan) but also whole models
     (a runtime over two models): its repeated children count only when nothing inside
-    them does."""
+    them does. Where none repeats, the children of ``kind`` of every ``nn.ModuleList``
+    (NOTE [Stacks without repeats])."""
     pick: set[int] = set()
     keyed: list[nn.Module] = []
-    stacked: set[int] = set()  # NOTE [Stacks without repeats]
+    stacked: set[int] = set()
     for m in model.modules():
         if not isinstance(m, (nn.ModuleList, nn.Sequential, nn.ModuleDict)):
             continue
@@ -318,7 +345,7 @@ def _pick_repeated_children(model: nn.Module) -> set[int]:
         for child in m._modules.values():  # not children(): one block held n times repeats
             # a ModuleList or ModuleDict is never called (x-transformers keeps each layer's
             # norm, block and residual in one): what it holds is looked at on its own
-            if child is not None and not isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            if child is not None and not isinstance(child, (nn.ModuleList, nn.ModuleDict)) and _kind(child) is kind:
                 by_type.setdefault(type(child), []).append(child)
         if isinstance(m, nn.ModuleList):
             stacked.update(id(c) for same in by_type.values() for c in same)
@@ -330,7 +357,7 @@ def _pick_repeated_children(model: nn.Module) -> set[int]:
                     pick.update(id(c) for c in same)
     candidates = pick | {id(c) for c in keyed}
     pick.update(id(c) for c in keyed if not any(id(x) in candidates for x in c.modules() if x is not c))
-    return pick or stacked or _repeated_attributes(model)
+    return pick or stacked
 
 
 def _repeated_attributes(model: nn.Module) -> set[int]:
@@ -365,6 +392,31 @@ def _wrapped(m: nn.Module) -> nn.Module:
 # could be recomputed. A ModuleList holds a stack of layers far more often than a Sequential
 # without repeats does (a pipeline of unlike stages, or a wrapper around a whole model,
 # whose replay would rerun every op), which stays as it is.
+
+
+# NOTE [One-op modules]
+# A region pays for its bookkeeping at every call (its inputs captured, its RNG and
+# module state, a replay's entry), and saves only what its forward saves beyond its
+# inputs and outputs, which a replay cannot drop: its inputs are held for the replay and
+# its outputs are the next region's inputs. One of torch's layers saves nothing else (a
+# Linear its input, a ReLU its output) or little (a norm's statistics, a dropout mask).
+# Yet models repeat such layers among their siblings all the time: an MLP is a
+# Sequential of two Linear layers, a patch embedding a Sequential of two LayerNorms and
+# a Linear, a VGG stage convs and ReLUs, x-transformers a ModuleList of norms per layer.
+# Taken as regions, they were all the regions found where the blocks themselves do not
+# repeat among their siblings (vit-pytorch and x-transformers keep theirs in a
+# ModuleList of [attention, feedforward] per layer), and nothing could be recomputed.
+# So discovery sorts modules in three kinds:
+# - one op: one of torch's layers without children, or a module holding just one (a
+#   norm of the model's own around an nn.LayerNorm). Never a region unless named with
+#   regions=.
+# - block: a module holding modules, or one of torch's recurrent layers (an LSTM's
+#   forward saves each step's gates).
+# - leaf: a childless module of the model's own code (a chain of functional ops, an
+#   einops Rearrange, an attention written with raw parameters).
+# The container tiers and the attributes tier look for blocks; only where none finds
+# any do the container tiers look for leaves, which may be blocks written without
+# submodules or may be glue, as a model without blocks has nothing better to offer.
 
 
 # NOTE [Blocks held as attributes]

@@ -27,7 +27,10 @@ def test_regions_never_nest_and_shared_module_is_one_region() -> None:
     shared = models.SharedModel()
     names = [r.name for r in discover_regions(shared, None)]
     assert names == ["blocks.0", "blocks.1"]
-    inner = nn.Sequential(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)), nn.Sequential(nn.Linear(2, 2)))
+    def layer() -> nn.Module:
+        return nn.Sequential(nn.Linear(2, 2), nn.Tanh())
+
+    inner = nn.Sequential(nn.Sequential(layer(), layer()), layer())
     assert [r.name for r in discover_regions(inner, None)] == ["0", "1"]
 
 
@@ -199,8 +202,8 @@ def test_one_block_held_several_times_is_a_region() -> None:
 def test_lists_that_are_never_called_are_not_regions() -> None:
     """x-transformers keeps each layer's norm, block and residual in a ModuleList the
     forward unpacks: those lists repeat but never run, so they are not regions; where
-    nothing repeats inside them, their children are (NOTE [Stacks without repeats]), or
-    the ones named with regions=."""
+    nothing repeats inside them, their children are (NOTE [Stacks without repeats]) but
+    for the norm, one op (NOTE [One-op modules]), or the ones named with regions=."""
 
     class Layered(nn.Module):
         def __init__(self) -> None:
@@ -214,8 +217,98 @@ def test_lists_that_are_never_called_are_not_regions() -> None:
                 x = block(norm(x))
             return x.sum()
 
-    assert [r.name for r in discover_regions(Layered(), None)] == [f"layers.{i}.{j}" for i in range(3) for j in (0, 1)]
-    assert [r.name for r in discover_regions(Layered(), [models.MLPBlock])] == [f"layers.{i}.1" for i in range(3)]
+    assert [r.name for r in discover_regions(Layered(), None)] == [f"layers.{i}.1" for i in range(3)]
+    named = discover_regions(Layered(), lambda m, name: isinstance(m, nn.LayerNorm) and name.endswith(".0"))
+    assert [r.name for r in named] == [f"layers.{i}.0" for i in range(3)]
+
+
+class _Attention(nn.Module):
+    """An attention block: a norm, projections, a Sequential out projection."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Sequential(nn.Linear(d, d), nn.Dropout(0.1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(self.norm(x)).chunk(3, dim=-1)
+        return x + self.out(torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v)
+
+
+class _FeedForward(nn.Module):
+    """A feedforward block whose layers are one Sequential: Linear and Dropout repeat."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 2 * d), nn.GELU(), nn.Dropout(0.1),
+                                 nn.Linear(2 * d, d), nn.Dropout(0.1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.net(x)
+
+
+class _Rearrange(nn.Module):
+    """A reshaping layer of a library's own (einops' Rearrange): no children, no parameters."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(-1, -2)
+
+
+class _ViT(nn.Module):
+    """vit-pytorch's layout: layers in a ModuleList of [attention, feedforward] lists
+    (no class repeats there), beside a patch embedding and head of one-op layers that do
+    repeat (two LayerNorms, two Rearranges), and norms in a list: one of the model's own
+    without children (an RMSNorm written with a raw parameter), one of torch's."""
+
+    class RMSNorm(nn.Module):
+        def __init__(self, d: int) -> None:
+            super().__init__()
+            self.g = nn.Parameter(torch.ones(d))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6) * self.g
+
+    def __init__(self, d: int = 16, depth: int = 3) -> None:
+        super().__init__()
+        self.embed = nn.Sequential(_Rearrange(), nn.LayerNorm(d), nn.Linear(d, d), nn.LayerNorm(d), _Rearrange())
+        self.layers = nn.ModuleList(nn.ModuleList([_Attention(d), _FeedForward(d)]) for _ in range(depth))
+        self.norms = nn.ModuleList([self.RMSNorm(d), nn.LayerNorm(d)])
+        self.head = nn.Sequential(nn.Linear(d, d), nn.Tanh(), nn.Linear(d, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x).transpose(-1, -2)
+        for attn, ff in self.layers:
+            x = ff(attn(x))
+        return self.head(self.norms[1](self.norms[0](x))).square().sum()
+
+
+def test_modules_of_one_op_are_not_regions() -> None:
+    """NOTE [One-op modules]: torch's layers, and modules holding just one, are never
+    regions; childless modules of the model's own are not where blocks exist, in
+    Sequentials where they repeat nor in lists. The blocks they would crowd out are
+    found, and recompute drops and replays them bitwise. torch's recurrent layers are
+    blocks; where a model has no blocks, its childless modules are its regions."""
+    vit = _ViT()
+    blocks = [f"layers.{i}.{j}" for i in range(3) for j in (0, 1)]
+    assert [r.name for r in discover_regions(vit, None)] == blocks
+    mlp = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 1))
+    assert discover_regions(mlp, None) == []
+    norms = nn.ModuleList(nn.Sequential(nn.LayerNorm(4)) for _ in range(3))
+    assert discover_regions(norms, None) == []
+    rnn = nn.ModuleList([nn.LSTM(4, 4), nn.LSTM(4, 4), nn.Linear(4, 4)])
+    assert [r.name for r in discover_regions(rnn, None)] == ["0", "1"]
+    leaves = nn.Sequential(_ViT.RMSNorm(4), _ViT.RMSNorm(4), nn.Linear(4, 4))
+    assert [r.name for r in discover_regions(leaves, None)] == ["0", "1"]
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(2, 16, 6, generator=torch.Generator().manual_seed(s))
+
+    torch.manual_seed(0)
+    ref = train(copy.deepcopy(vit), batch, steps=3)
+    rt = offrecomp.runtime(vit, mode="recompute", min_bytes=0)
+    assert_bitwise(ref, train(vit, batch, rt, steps=3))
+    assert all(s.recomputed_bytes > 0 and s.replays == len(blocks) for s in rt.report().steps)
 
 
 class _Stacked(nn.Module):
