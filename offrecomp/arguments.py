@@ -109,7 +109,7 @@ def capture_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> CapturedInp
             return _Slot(len(tensors) - 1)
         if isinstance(x, torch.Generator):
             generators.append(x)
-        elif _stateful(x):
+        elif _stateful(x) or isinstance(x, nn.Module):  # NOTE [Modules among the arguments]
             objects.append(x)
         return x
 
@@ -187,6 +187,21 @@ def _flatten_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[l
 # replayed: it keeps (or offloads) what it saves, and when the state did change, its
 # region does so from then on, with a warning.
 
+# NOTE [Modules among the arguments]
+# A region may be handed a module to call: x-transformers passes each attention layer
+# the model's ALiBi bias module, which computes its bias at its first call and keeps it
+# in a buffer it rebinds (register_buffer), so later calls slice the kept bias. The
+# first layer's first forward builds the bias; a replay of that call would find it
+# built and run other ops than its forward did. So the capture records, for a module
+# among the arguments, the buffer tables of it and its submodules (their bindings, by
+# reference), and a replay puts them back as at entry, as for any other argument
+# object. Their tensors' values are left to the first-call watch of writes to tensors
+# the region does not own (NOTE [State written by its region] in calls.py). A call
+# whose forward rebinds such a buffer built state on first use: a serving replay that
+# follows its recording would diverge in the later steps, which find the state built,
+# so such a recording is measured again at the first divergence (NOTE [Stale
+# recordings] in regenerate.py).
+
 ARG_STATE_MAX_ITEMS = 512
 ARG_STATE_PER_REGION = 16
 _ARG_STATE_DEPTH = 4
@@ -259,6 +274,9 @@ class ArgState:
     uncopied: bool = False
     """A tensor at a position the region's forward wrote before is larger than
     ARG_COPY_MAX_BYTES: not copied, so the call keeps its activations."""
+    rebound: bool = False
+    """The forward rebound a buffer of a module among the arguments (``seal``): state
+    built on first use (NOTE [Modules among the arguments])."""
 
     @staticmethod
     def capture(
@@ -279,6 +297,19 @@ class ArgState:
                 continue
             seen.add(id(obj))
             content: Any
+            if isinstance(obj, nn.Module):  # NOTE [Modules among the arguments]
+                for m in obj.modules():
+                    if m is not obj and id(m) in seen:
+                        continue
+                    seen.add(id(m))
+                    count += len(m._buffers)
+                    if count > limit:
+                        complete = False
+                        break
+                    entries.append((m._buffers, "buffers", dict(m._buffers)))
+                if not complete:
+                    break
+                continue
             if isinstance(obj, list):
                 kind, content = "list", list(obj)
             elif isinstance(obj, dict):
@@ -329,11 +360,17 @@ class ArgState:
                 return False
         return True
 
-    def seal(self) -> set[Position]:
+    def seal(self, now: ArgState | None = None) -> set[Position]:
         """The forward returned: note the versions of the tensors among the bindings, which
         a replay reads as the forward did (``check``), and those the forward wrote
         (``swapped``, or ``unseen`` where no entry value was kept); returns the positions
-        it wrote (NOTE [State written by the forward])."""
+        it wrote (NOTE [State written by the forward]). ``now``: the bindings as the
+        forward left them, where they differ from these."""
+        if now is not None:
+            self.rebound = any(
+                kind == "buffers" and (len(content) != len(later) or any(content.get(k) is not v for k, v in later.items()))
+                for (_, kind, content), (_, _, later) in zip(self.entries, now.entries)
+            )
         self.versions = [(t, int(t._version), position) for t, _, position in self.tensors]
         written: set[Position] = set()
         for i, (t, v, position) in enumerate(self.tensors):
@@ -408,7 +445,7 @@ class ArgState:
         for obj, kind, content in self.entries:
             if kind == "list":
                 obj[:] = content
-            elif kind == "dict":
+            elif kind in ("dict", "buffers"):
                 obj.clear()
                 obj.update(content)
             else:

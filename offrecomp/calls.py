@@ -537,7 +537,7 @@ def _check_arg_state(call: RegionCall) -> None:
                 region.name, types, entry.limit,
             )
         return
-    _seal(call, entry)
+    _seal(call, entry, now)
     log.debug(
         "offrecomp: region %r changes the state of its arguments (%s); replays run on "
         "the state its forward saw",
@@ -545,11 +545,11 @@ def _check_arg_state(call: RegionCall) -> None:
     )
 
 
-def _seal(call: RegionCall, entry: ArgState) -> None:
-    """The call's argument state as its forward left it; the positions its forward wrote
-    are copied at the entry of its region's later calls (NOTE [State written by the
-    forward])."""
-    written = entry.seal()
+def _seal(call: RegionCall, entry: ArgState, now: ArgState | None = None) -> None:
+    """The call's argument state as its forward left it (``now``, where it differs from
+    ``entry``); the positions its forward wrote are copied at the entry of its region's
+    later calls (NOTE [State written by the forward])."""
+    written = entry.seal(now)
     region = call.region
     if region is not None and not written <= region.arg_writes:
         region.arg_writes = region.arg_writes | written

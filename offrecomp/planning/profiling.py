@@ -87,8 +87,10 @@ def record_structure(call: RegionCall, *, min_bytes: int, opaque: bool) -> None:
     if region is not None:
         call.structure.state = module_state(region.modules)
     bufs = call.buffers
-    call.structure.self_changing = bool(call.attrs) or (
-        bufs is not None and any(bufs.objects[i] is not buffer_of(*bufs.slots[i]) for i in bufs.mutated or ())
+    call.structure.self_changing = (
+        bool(call.attrs)
+        or (bufs is not None and any(bufs.objects[i] is not buffer_of(*bufs.slots[i]) for i in bufs.mutated or ()))
+        or (call.arg_state is not None and call.arg_state.rebound)  # NOTE [Modules among the arguments]
     )
     recs = call.structure.storage_records
     call.structure.small_storages = tuple(

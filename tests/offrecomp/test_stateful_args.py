@@ -623,3 +623,107 @@ def test_a_large_tensor_from_outside_written_before_the_backward_stops_the_repla
             m.blocks[0].scale[0].add_(0.5)
         with pytest.raises(RuntimeError, match=r"a \(4,\) tensor from outside the call \(version 0 -> 1\)"):
             loss.backward()
+
+
+class _Bias(nn.Module):
+    """x-transformers' ALiBi bias: computed at the first call with arange, kept in a
+    buffer (rebound, not written), sliced at later calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("bias", None, persistent=False)
+
+    def forward(self, n: int) -> torch.Tensor:
+        if self.bias is not None and self.bias.shape[-1] >= n:
+            return self.bias[:n, :n]
+        pos = torch.arange(n, dtype=torch.float32)
+        self.register_buffer("bias", -(pos[None, :] - pos[:, None]).abs(), persistent=False)
+        return self.bias
+
+
+class _BiasedBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qk = nn.Linear(16, 32)
+        self.fc1 = nn.Linear(16, 64)
+        self.fc2 = nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor, rel_pos: nn.Module) -> torch.Tensor:
+        q, k = self.qk(x).chunk(2, dim=-1)
+        x = x + torch.softmax(q @ k.transpose(-1, -2) + rel_pos(x.shape[1]), dim=-1) @ x
+        return x + self.fc2(F.gelu(self.fc1(x)))
+
+
+class _BiasedModel(nn.Module):
+    """The blocks take the model's bias module as an argument (x-transformers' rel_pos)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rel_pos = _Bias()
+        self.blocks = nn.ModuleList(_BiasedBlock() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x, rel_pos=self.rel_pos)
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto_tight", "auto_serve"])
+def test_a_module_argument_whose_buffer_the_forward_rebinds_replays_as_the_forward_saw_it(variant: str) -> None:
+    """NOTE [Modules among the arguments]: the first block's first forward fills the
+    bias module's buffer; its replay runs with the buffer as that forward found it (None:
+    the same ops) and leaves it filled. The recording of that call ran ops the later
+    calls do not (they slice the bias): serving replays measure again instead of
+    raising, then serve."""
+    torch.manual_seed(0)
+    rt, m = check_variant(
+        _BiasedModel(), lambda s: torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(s)), variant, steps=8
+    )
+    assert m.rel_pos.bias is not None and m.rel_pos.bias.shape == (6, 6)
+    if variant == "auto_serve":
+        assert rt.report().steps[-1].served_ops > 0
+
+
+class _Steps(nn.Module):
+    """Counts its calls in a buffer it rebinds (``self.count = self.count + 1``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros(()), persistent=False)
+
+    def forward(self) -> torch.Tensor:
+        self.count = self.count + 1
+        return self.count
+
+
+class _CountedBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, steps: nn.Module) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x)) / steps()
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto_tight", "auto_serve"])
+def test_a_replay_sees_a_module_arguments_buffers_as_its_forward_did(variant: str) -> None:
+    """NOTE [Modules among the arguments]: each block's forward rebinds the counter's
+    buffer; a replay reading the count after every block ran would scale by another
+    number (gradients silently off), and would count once more."""
+    torch.manual_seed(0)
+    steps = _Steps()
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.steps = steps
+            self.blocks = nn.ModuleList(_CountedBlock() for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for b in self.blocks:
+                x = b(x, self.steps)
+            return x.square().mean()
+
+    _, m = check_variant(Model(), lambda s: torch.randn(4, 16, generator=torch.Generator().manual_seed(s)), variant,
+                         steps=6)
+    assert int(m.steps.count) == 3 * 6
