@@ -304,27 +304,32 @@ def compiled_module(m: nn.Module) -> bool:
 
 
 def _pick_repeated_children(model: nn.Module) -> set[int]:
-    """The blocks of ``model`` (NOTE [One-op modules]): held in containers, else as
-    attributes, else the childless modules of the model's own code in containers."""
-    return _in_containers(model, _Kind.BLOCK) or _repeated_attributes(model) or _in_containers(model, _Kind.LEAF)
+    """The blocks of ``model`` held in containers, else as attributes; where there are
+    none, its small modules, held in containers, else as attributes (NOTE [One-op
+    modules])."""
+    return (
+        _in_containers(model, _Kind.BLOCK)
+        or _repeated_attributes(model, _Kind.BLOCK)
+        or _in_containers(model, _Kind.SMALL)
+        or _repeated_attributes(model, _Kind.SMALL)
+    )
 
 
 class _Kind(enum.Enum):
     """What a module is to region discovery (NOTE [One-op modules])."""
 
-    BLOCK = "block"  # holds modules, or is one of torch's recurrent layers
-    LEAF = "leaf"  # no children, the model's own code
-    ONE_OP = "one op"  # one of torch's layers, or a module holding just one
+    BLOCK = "block"  # holds modules beyond one of torch's layers, or is a recurrent one
+    SMALL = "small"  # of the model's own code: no children, or just one of torch's layers
+    ONE_OP = "one op"  # one of torch's layers, or a torch container holding just one
 
 
 def _kind(m: nn.Module) -> _Kind:
     if isinstance(m, nn.RNNBase):
         return _Kind.BLOCK
     inner = [x for _, x in zip(range(2), (x for x in m.modules() if x is not m))]
-    if not inner:
-        return _Kind.ONE_OP if type(m).__module__.startswith("torch.nn.") else _Kind.LEAF
-    # a wrapper of one of torch's layers (a norm holding an nn.LayerNorm) is one op too
-    return _Kind.ONE_OP if len(inner) == 1 and _kind(inner[0]) is _Kind.ONE_OP else _Kind.BLOCK
+    if inner and (len(inner) > 1 or _kind(inner[0]) is not _Kind.ONE_OP):
+        return _Kind.BLOCK
+    return _Kind.ONE_OP if type(m).__module__.startswith("torch.nn.") else _Kind.SMALL
 
 
 def _in_containers(model: nn.Module, kind: _Kind) -> set[int]:
@@ -360,17 +365,25 @@ def _in_containers(model: nn.Module, kind: _Kind) -> set[int]:
     return pick or stacked
 
 
-def _repeated_attributes(model: nn.Module) -> set[int]:
-    """NOTE [Blocks held as attributes]: children of any module whose class repeats among
-    its siblings, a class of the model's own code (not torch's) that holds modules."""
+def _repeated_attributes(model: nn.Module, kind: _Kind) -> set[int]:
+    """NOTE [Blocks held as attributes]: children of ``kind`` of any module that repeat
+    among their siblings: the same class, and for torch's containers the same classes
+    inside (a ResNet's one-block stages, not a model's features and classifier);
+    lists and dicts of modules aside."""
     pick: set[int] = set()
     for m in model.modules():
-        by_type: dict[type, list[nn.Module]] = {}
+        by_type: dict[Any, list[nn.Module]] = {}
         for child in m._modules.values():
-            if child is not None and next(iter(child._modules.values()), None) is not None:
-                by_type.setdefault(type(_wrapped(child)), []).append(child)
-        for cls, same in by_type.items():
-            if len(same) >= 2 and not cls.__module__.startswith("torch."):
+            if child is None:
+                continue
+            inner = _wrapped(child)
+            if not isinstance(inner, (nn.ModuleList, nn.ModuleDict)) and _kind(inner) is kind:
+                key: Any = type(inner)
+                if isinstance(inner, nn.Sequential):
+                    key = (key, *(type(x) for x in inner._modules.values()))
+                by_type.setdefault(key, []).append(child)
+        for same in by_type.values():
+            if len(same) >= 2:
                 pick.update(id(c) for c in same)
     return pick
 
@@ -407,28 +420,31 @@ def _wrapped(m: nn.Module) -> nn.Module:
 # repeat among their siblings (vit-pytorch and x-transformers keep theirs in a
 # ModuleList of [attention, feedforward] per layer), and nothing could be recomputed.
 # So discovery sorts modules in three kinds:
-# - one op: one of torch's layers without children, or a module holding just one (a
-#   norm of the model's own around an nn.LayerNorm). Never a region unless named with
-#   regions=.
-# - block: a module holding modules, or one of torch's recurrent layers (an LSTM's
-#   forward saves each step's gates).
-# - leaf: a childless module of the model's own code (a chain of functional ops, an
-#   einops Rearrange, an attention written with raw parameters).
+# - one op: one of torch's layers without children, or a torch container holding just
+#   one (a Sequential around a LayerNorm). Never a region unless named with regions=.
+# - small: a module of the model's own code without children (a chain of functional
+#   ops, an einops Rearrange, an attention written with raw parameters) or holding just
+#   one of torch's layers (a norm around an nn.LayerNorm, as x-transformers keeps per
+#   layer; a block of one Linear and a few functional ops).
+# - block: any other module holding modules, or one of torch's recurrent layers (an
+#   LSTM's forward saves each step's gates).
 # The container tiers and the attributes tier look for blocks; only where none finds
-# any do the container tiers look for leaves, which may be blocks written without
-# submodules or may be glue, as a model without blocks has nothing better to offer.
+# any do the container tiers look for small modules, which may be blocks written with
+# few submodules or may be glue, as a model without blocks has nothing better to offer.
 
 
 # NOTE [Blocks held as attributes]
 # Where no container holds a block, a model may still repeat blocks as attributes: timm's
 # RegNet holds its stages as s1..s4 and each stage's blocks as b1, b2, ...; DLA holds its
-# levels as level0..level5; hand-written models hold block1, block2. Where neither of the
-# tiers above finds a region, the children of any module whose class repeats among their
-# siblings are regions (outermost wins), if the class holds modules of its own and is
-# not one of torch's: two nn.Linear siblings are a layer's projections, not blocks, and
-# a module without children is one op, which a region's bookkeeping would cost more
-# than its replay saves. A compiled block (``torch.compile(block)``) or an FSDP1 unit
-# counts by the class of the block it wraps.
+# levels as level0..level5; a ResNet with one block per stage holds its stages as
+# layer1..layer4 (Sequentials); hand-written models hold block1, block2. Where neither
+# of the tiers above finds a region, the children of any module whose class repeats
+# among their siblings are regions (outermost wins), if they are blocks (NOTE [One-op
+# modules]): two nn.Linear siblings are a layer's projections, not blocks, and a module
+# without children of the model's own may be one op, which a region's bookkeeping would
+# cost more than its replay saves. Lists and dicts of modules are never called. A
+# compiled block (``torch.compile(block)``) or an FSDP1 unit counts by the block it
+# wraps.
 
 
 # ------------------------------------------------------------------------ RNG state

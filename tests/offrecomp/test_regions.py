@@ -284,9 +284,10 @@ class _ViT(nn.Module):
 
 
 def test_modules_of_one_op_are_not_regions() -> None:
-    """NOTE [One-op modules]: torch's layers, and modules holding just one, are never
-    regions; childless modules of the model's own are not where blocks exist, in
-    Sequentials where they repeat nor in lists. The blocks they would crowd out are
+    """NOTE [One-op modules]: torch's layers, and torch containers holding just one,
+    are never regions; small modules of the model's own (childless, or holding one of
+    torch's layers) are not where blocks exist, in Sequentials where they repeat nor in
+    lists. The blocks they would crowd out are
     found, and recompute drops and replays them bitwise. torch's recurrent layers are
     blocks; where a model has no blocks, its childless modules are its regions."""
     vit = _ViT()
@@ -373,12 +374,15 @@ class _Staged(nn.Module):
 
 
 def test_blocks_held_as_attributes_are_regions_where_no_container_holds_any() -> None:
-    """NOTE [Blocks held as attributes]: same-class siblings of a class that holds
-    modules, outermost first; torch's own layers and childless modules are never
-    regions this way, and a container's repeated children win over attributes."""
+    """NOTE [Blocks held as attributes]: same-class sibling blocks (torch's Sequentials
+    too), outermost first; torch's own layers and childless modules are never regions
+    this way, and a container's repeated children win over attributes."""
     assert [r.name for r in discover_regions(_Staged(), None)] == ["s1", "s2"]
     assert [r.name for r in discover_regions(_Stage(), None)] == ["b1", "b2"]
     assert discover_regions(_Mlp(), None) == []  # two nn.Linear siblings
+    stages = nn.Module()  # a ResNet with one block per stage: Sequential stages
+    stages.layer1, stages.layer2 = nn.Sequential(models.MLPBlock(16)), nn.Sequential(models.MLPBlock(16))
+    assert [r.name for r in discover_regions(stages, None)] == ["layer1", "layer2"]
     beside = nn.ModuleDict({"staged": _Staged(), "stack": Stack([models.MLPBlock(16) for _ in range(2)])})
     assert [r.name for r in discover_regions(beside, None)] == ["stack.blocks.0", "stack.blocks.1"]
     compiled = _Staged()
