@@ -318,7 +318,7 @@ def _pick_repeated_children(model: nn.Module) -> set[int]:
 class _Kind(enum.Enum):
     """What a module is to region discovery (NOTE [One-op modules])."""
 
-    BLOCK = "block"  # holds modules beyond one of torch's layers, or is a recurrent one
+    BLOCK = "block"  # holds modules beyond one of torch's layers, or is torch's attention or recurrent layer
     SMALL = "small"  # of the model's own code: no children, or just one of torch's layers
     ONE_OP = "one op"  # one of torch's layers, or a torch container holding just one
 
@@ -329,7 +329,11 @@ def _kind(m: nn.Module) -> _Kind:
     inner = [x for _, x in zip(range(2), (x for x in m.modules() if x is not m))]
     if inner and (len(inner) > 1 or _kind(inner[0]) is not _Kind.ONE_OP):
         return _Kind.BLOCK
-    return _Kind.ONE_OP if type(m).__module__.startswith("torch.nn.") else _Kind.SMALL
+    if not type(m).__module__.startswith("torch.nn."):
+        return _Kind.SMALL
+    # torch's: a layer, or a Sequential around one; nn.MultiheadAttention holds only its
+    # out_proj beside raw projections and is a block
+    return _Kind.ONE_OP if not inner or isinstance(m, nn.Sequential) else _Kind.BLOCK
 
 
 def _in_containers(model: nn.Module, kind: _Kind) -> set[int]:
@@ -426,8 +430,9 @@ def _wrapped(m: nn.Module) -> nn.Module:
 #   ops, an einops Rearrange, an attention written with raw parameters) or holding just
 #   one of torch's layers (a norm around an nn.LayerNorm, as x-transformers keeps per
 #   layer; a block of one Linear and a few functional ops).
-# - block: any other module holding modules, or one of torch's recurrent layers (an
-#   LSTM's forward saves each step's gates).
+# - block: any other module holding modules (nn.MultiheadAttention, which holds its
+#   out_proj beside raw projections, too), or one of torch's recurrent layers (an LSTM's
+#   forward saves each step's gates).
 # The container tiers and the attributes tier look for blocks; only where none finds
 # any do the container tiers look for small modules, which may be blocks written with
 # few submodules or may be glue, as a model without blocks has nothing better to offer.

@@ -288,8 +288,9 @@ def test_modules_of_one_op_are_not_regions() -> None:
     are never regions; small modules of the model's own (childless, or holding one of
     torch's layers) are not where blocks exist, in Sequentials where they repeat nor in
     lists. The blocks they would crowd out are
-    found, and recompute drops and replays them bitwise. torch's recurrent layers are
-    blocks; where a model has no blocks, its childless modules are its regions."""
+    found, and recompute drops and replays them bitwise. torch's recurrent layers and
+    attention are blocks; where a model has no blocks, its small modules are its
+    regions."""
     vit = _ViT()
     blocks = [f"layers.{i}.{j}" for i in range(3) for j in (0, 1)]
     assert [r.name for r in discover_regions(vit, None)] == blocks
@@ -299,6 +300,8 @@ def test_modules_of_one_op_are_not_regions() -> None:
     assert discover_regions(norms, None) == []
     rnn = nn.ModuleList([nn.LSTM(4, 4), nn.LSTM(4, 4), nn.Linear(4, 4)])
     assert [r.name for r in discover_regions(rnn, None)] == ["0", "1"]
+    attention = nn.ModuleList([nn.MultiheadAttention(4, 2), nn.MultiheadAttention(4, 2), nn.LayerNorm(4)])
+    assert [r.name for r in discover_regions(attention, None)] == ["0", "1"]
     leaves = nn.Sequential(_ViT.RMSNorm(4), _ViT.RMSNorm(4), nn.Linear(4, 4))
     assert [r.name for r in discover_regions(leaves, None)] == ["0", "1"]
 
