@@ -324,7 +324,7 @@ class _Kind(enum.Enum):
 
 
 def _kind(m: nn.Module) -> _Kind:
-    if isinstance(m, nn.RNNBase):
+    if isinstance(m, (nn.RNNBase, nn.RNNCellBase)):
         return _Kind.BLOCK
     inner = [x for _, x in zip(range(2), (x for x in m.modules() if x is not m))]
     if inner and (len(inner) > 1 or _kind(inner[0]) is not _Kind.ONE_OP):
@@ -431,8 +431,8 @@ def _wrapped(m: nn.Module) -> nn.Module:
 #   one of torch's layers (a norm around an nn.LayerNorm, as x-transformers keeps per
 #   layer; a block of one Linear and a few functional ops).
 # - block: any other module holding modules (nn.MultiheadAttention, which holds its
-#   out_proj beside raw projections, too), or one of torch's recurrent layers (an LSTM's
-#   forward saves each step's gates).
+#   out_proj beside raw projections, too), or one of torch's recurrent layers or cells
+#   (an LSTM's forward saves each step's gates).
 # The container tiers and the attributes tier look for blocks; only where none finds
 # any do the container tiers look for small modules, which may be blocks written with
 # few submodules or may be glue, as a model without blocks has nothing better to offer.

@@ -300,6 +300,8 @@ def test_modules_of_one_op_are_not_regions() -> None:
     assert discover_regions(norms, None) == []
     rnn = nn.ModuleList([nn.LSTM(4, 4), nn.LSTM(4, 4), nn.Linear(4, 4)])
     assert [r.name for r in discover_regions(rnn, None)] == ["0", "1"]
+    gates = nn.ModuleList([nn.GRUCell(4, 4), nn.GRUCell(4, 4)])
+    assert [r.name for r in discover_regions(gates, None)] == ["0", "1"]
     attention = nn.ModuleList([nn.MultiheadAttention(4, 2), nn.MultiheadAttention(4, 2), nn.LayerNorm(4)])
     assert [r.name for r in discover_regions(attention, None)] == ["0", "1"]
     leaves = nn.Sequential(_ViT.RMSNorm(4), _ViT.RMSNorm(4), nn.Linear(4, 4))
