@@ -129,8 +129,6 @@ def rnnt_batch(s: int) -> tuple[torch.Tensor, ...]:
     )
 
 
-
-
 Z: dict[str, tuple[Callable[[], nn.Module], Callable[[int], Any]]] = {
     # classification
     "resnet18": (lambda: tv.resnet18(num_classes=3), img(32)),
