@@ -1,6 +1,7 @@
 """What the trainer callbacks share: one runtime entered per training run and left once,
-the model's own activation checkpointing turned off, and the step records summed up as
-scalars for the trainer's loggers."""
+the model's own activation checkpointing turned off, its key/value cache paused
+(NOTE [Cache paused in training]), and the step records summed up as scalars for the
+trainer's loggers."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from offrecomp.config import Config
 from offrecomp.context import Runtime
 from offrecomp.report import Report, StepRecord
 
-__all__ = ["METRIC_PREFIX", "RunScope", "ScopedCallback", "step_metrics", "turn_off_own_checkpointing"]
+__all__ = [
+    "METRIC_PREFIX", "RunScope", "ScopedCallback", "pause_training_cache", "step_metrics", "turn_off_own_checkpointing",
+]
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +63,16 @@ class RunScope:
         self._inside = False
         self._thread = 0  # the thread that entered it
         self._logged = -1  # the last step number put into a trainer's logs
+        self._paused: list[Any] = []  # configs whose use_cache the run set to False
 
     @property
     def inside(self) -> bool:
         """True between :meth:`enter` and :meth:`exit`."""
         return self._inside
 
-    def enter(self, model: nn.Module) -> Runtime:
+    def enter(self, model: nn.Module, *, pause_cache: bool = True) -> Runtime:
+        """Enter the runtime for a run on ``model``; ``pause_cache``: NOTE [Cache paused
+        in training]."""
         if self._inside:
             # A run ended without a word to the callback (an exception the trainer
             # offers no hook for, NOTE [Leaving on an exception]): close it now.
@@ -81,6 +87,7 @@ class RunScope:
                 )
                 other.exit(None)
         turn_off_own_checkpointing(model)
+        self._paused = pause_training_cache(model) if pause_cache else []
         if self.runtime is None or self.runtime.model is not model:
             self.runtime = offrecomp.runtime(model, **self._options)
             self._logged = -1
@@ -96,6 +103,8 @@ class RunScope:
             return
         self._inside = False
         _INSIDE.discard(self)
+        resume_cache(self._paused)
+        self._paused = []
         if exc is None:
             self.runtime.__exit__(None, None, None)
         else:
@@ -211,6 +220,49 @@ def turn_off_own_checkpointing(model: nn.Module) -> list[str]:
             shown,
         )
     return turned
+
+
+# NOTE [Cache paused in training]
+# A Hugging Face decoder called without ``use_cache`` takes it from its config, True by
+# default, and in training too builds a key/value cache and hands it to every layer,
+# which the training loop never reads. A replay must see that cache as its forward did,
+# so each layer call records the bindings the cache holds (NOTE [Stateful arguments] in
+# arguments.py), all layers' so far: host time that grows with depth squared (a 48-layer
+# Llama on the CPU under recompute, 269 against 197 ms per step). Hugging Face's own
+# gradient checkpointing sets ``use_cache=False`` in training for the same reason, as
+# does the Trainer of transformers 5 from ``TrainingArguments.use_cache`` (False unless
+# asked). The callbacks, which turn that checkpointing off, do as it does: for each
+# distinct config among the model's modules whose ``use_cache`` is True, it is False
+# while a run lasts, with a logged notice, and True again when the run ends; except
+# under a Trainer with that argument, which has set the config as its user asked. A
+# forward passed ``use_cache=True`` explicitly (generation inside a training step) is
+# left as asked.
+
+
+def pause_training_cache(model: nn.Module) -> list[Any]:
+    """Set ``use_cache`` False in the configs of ``model``'s modules where it is True
+    (NOTE [Cache paused in training]); return those configs."""
+    paused: list[Any] = []
+    for m in model.modules():
+        config = getattr(m, "config", None)
+        if config is not None and getattr(config, "use_cache", None) is True and all(c is not config for c in paused):
+            config.use_cache = False
+            paused.append(config)
+    if paused:
+        log.warning(
+            "offrecomp: set use_cache=False in the model's config while training runs (restored at its "
+            "end), as Hugging Face's gradient checkpointing does: the key/value cache a decoder builds in "
+            "training is never read, and offrecomp would track it at every layer call. Set "
+            "model.config.use_cache = False before training to silence this notice."
+        )
+    return paused
+
+
+def resume_cache(configs: list[Any]) -> None:
+    """Undo :func:`pause_training_cache` (where nothing else changed ``use_cache`` since)."""
+    for config in configs:
+        if getattr(config, "use_cache", None) is False:
+            config.use_cache = True
 
 
 def _checkpointing(m: nn.Module) -> bool:

@@ -99,7 +99,8 @@ class OffrecompCallback(ScopedCallback, TrainerCallback):
             self._guard_run(trainer)  # this run started unguarded
         if model is None:
             raise ValueError("offrecomp: the Trainer passed no model to on_train_begin")
-        self._scope.enter(model)
+        # transformers 5's Trainer set config.use_cache from its arguments, as asked
+        self._scope.enter(model, pause_cache=not hasattr(args, "use_cache"))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._leave(None)

@@ -14,6 +14,7 @@ from offrecomp import StepRecord
 from offrecomp import _torch_compat as tc
 from offrecomp.integrations._common import (
     RunScope,
+    pause_training_cache,
     runtime_options,
     step_metrics,
     turn_off_own_checkpointing,
@@ -114,3 +115,38 @@ def test_a_run_on_the_same_thread_leaves_another_scope_left_open(caplog: pytest.
     assert not stale.inside and not stale_rt.active and fresh_rt.active
     fresh.exit(None)
     assert tc.top_saved_tensors_hooks() is None and not fresh_rt.active
+
+
+class _Config:
+    use_cache = True
+
+
+class _Decoder(nn.Module):
+    """A Hugging Face-style model: the config it and its base model share, and an
+    encoder with a config of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = _Config()
+        self.base = models.GPT(layers=2)
+        self.base.config = self.config  # type: ignore[assignment]
+        self.encoder = nn.Linear(4, 4)
+        self.encoder.config = _Config()  # type: ignore[assignment]
+
+
+def test_a_run_pauses_the_key_value_cache_and_restores_it(caplog: pytest.LogCaptureFixture) -> None:
+    """NOTE [Cache paused in training]: every distinct config with use_cache True is
+    False while the run lasts, with a notice, and True after it; a run told not to
+    (a Trainer that set the config from its arguments) leaves it."""
+    model = _Decoder()
+    scope = RunScope({"mode": "keep"})
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        scope.enter(model)
+    assert model.config.use_cache is False and model.encoder.config.use_cache is False
+    assert "set use_cache=False" in caplog.text
+    scope.exit(None)
+    assert model.config.use_cache is True and model.encoder.config.use_cache is True
+    scope.enter(model, pause_cache=False)
+    assert model.config.use_cache is True
+    scope.exit(None)
+    assert pause_training_cache(nn.Linear(2, 2)) == []

@@ -36,13 +36,16 @@ class _Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
 
 class _Probe(tf.TrainerCallback):  # type: ignore[misc]
-    """Records, at every step, whether any module of the model checkpoints itself."""
+    """Records, at every step, whether any module of the model checkpoints itself, and
+    its config's ``use_cache``."""
 
     def __init__(self) -> None:
         self.checkpointing: list[bool] = []
+        self.use_cache: list[bool] = []
 
     def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self.checkpointing.append(any(getattr(m, "gradient_checkpointing", False) for m in model.modules()))
+        self.use_cache.append(model.config.use_cache)
 
 
 class _FailingTrainer(tf.Trainer):  # type: ignore[misc]
