@@ -55,7 +55,9 @@ class _FailingTrainer(tf.Trainer):  # type: ignore[misc]
         return super().training_step(*args, **kwargs)
 
 
-def _trainer(tmp_path: Any, callbacks: list[Any], *, checkpointing: bool = False, cls: Any = None) -> Any:
+def _trainer(
+    tmp_path: Any, callbacks: list[Any], *, checkpointing: bool = False, cls: Any = None, **extra: Any
+) -> Any:
     logging.getLogger("transformers").setLevel(logging.ERROR)
     torch.manual_seed(0)
     cfg = tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=100, n_positions=32, bos_token_id=0, eos_token_id=0)
@@ -65,7 +67,7 @@ def _trainer(tmp_path: Any, callbacks: list[Any], *, checkpointing: bool = False
         gradient_accumulation_steps=ACCUMULATE, learning_rate=1e-3, logging_steps=1,
         eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=4, report_to="none",
         save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True, dataloader_num_workers=0,
-        **{CHECKPOINTING_ARG: checkpointing},
+        **{CHECKPOINTING_ARG: checkpointing}, **extra,
     )
     return (cls or tf.Trainer)(model=model, args=args, train_dataset=_Tokens(), eval_dataset=_Tokens(), callbacks=callbacks)
 
@@ -101,6 +103,18 @@ def test_trainer_parameters_bitwise_equal_to_plain(tmp_path: Any, caplog: pytest
     assert not any(k.startswith("offrecomp/") for h in eval_logs for k in h)
     # on_log runs first, so the reporting callbacks see the scalars
     assert trainer.callback_handler.callbacks[0] is cb
+
+
+@pytest.mark.skipif(
+    "use_cache" not in tf.TrainingArguments.__dataclass_fields__, reason="a Trainer without TrainingArguments.use_cache"
+)
+def test_a_cache_the_trainer_was_asked_for_is_left(tmp_path: Any) -> None:
+    """NOTE [Cache paused in training]: transformers 5's Trainer sets the config's
+    use_cache from its arguments; asked for a cache, the run keeps it."""
+    probe = _Probe()
+    trainer = _trainer(tmp_path, [OffrecompCallback(mode="recompute", min_bytes=0), probe], use_cache=True)
+    trainer.train()
+    assert probe.use_cache == [True] * STEPS
 
 
 @pytest.mark.parametrize("added", ["constructor", "add_callback"])
