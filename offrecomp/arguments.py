@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,7 @@ from torch import nn
 from offrecomp._torch_compat import TreeSpec, tree_flatten, tree_unflatten
 
 __all__ = [
-    "ARG_COPY_MAX_BYTES", "ARG_STATE_MAX_ITEMS", "ARG_STATE_PER_REGION", "ArgState", "CapturedInputs", "Position",
+    "ARG_COPY_MAX_BYTES", "ARG_MODULES_MAX", "ARG_STATE_MAX_ITEMS", "ARG_STATE_PER_REGION", "ArgState", "CapturedInputs", "Position",
     "capture_inputs", "holding", "replay_arguments",
 ]
 
@@ -200,8 +201,13 @@ def _flatten_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[l
 # whose forward rebinds such a buffer built state on first use: a serving replay that
 # follows its recording would diverge in the later steps, which find the state built,
 # so such a recording is measured again at the first divergence (NOTE [Stale
-# recordings] in regenerate.py).
+# recordings] in regenerate.py). A module argument of more than ARG_MODULES_MAX modules
+# (a whole model handed to each block) is passed over: walking it at every call would
+# cost more than such state is worth, and its buffers would count against the bindings
+# a call may record, beyond which its activations are kept.
 
+#: Modules (a module argument and its submodules) beyond which its buffers are not recorded.
+ARG_MODULES_MAX = 64
 ARG_STATE_MAX_ITEMS = 512
 ARG_STATE_PER_REGION = 16
 _ARG_STATE_DEPTH = 4
@@ -298,7 +304,10 @@ class ArgState:
             seen.add(id(obj))
             content: Any
             if isinstance(obj, nn.Module):  # NOTE [Modules among the arguments]
-                for m in obj.modules():
+                modules = list(itertools.islice(obj.modules(), ARG_MODULES_MAX + 1))
+                if len(modules) > ARG_MODULES_MAX:
+                    continue  # a whole model handed to a block: passed over
+                for m in modules:
                     if m is not obj and id(m) in seen:
                         continue
                     seen.add(id(m))

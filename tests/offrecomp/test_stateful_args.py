@@ -727,3 +727,47 @@ def test_a_replay_sees_a_module_arguments_buffers_as_its_forward_did(variant: st
     _, m = check_variant(Model(), lambda s: torch.randn(4, 16, generator=torch.Generator().manual_seed(s)), variant,
                          steps=6)
     assert int(m.steps.count) == 3 * 6
+
+
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_a_whole_model_handed_to_each_block_is_passed_over(mode: str) -> None:
+    """NOTE [Modules among the arguments]: a module argument of more modules than
+    ARG_MODULES_MAX (a whole model, here with more buffers than a call may record) is
+    not walked at every call; a small one is; the blocks drop and replay, bitwise."""
+    from offrecomp.arguments import ARG_MODULES_MAX
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor, model: nn.Module) -> torch.Tensor:
+            return x + torch.tanh(self.fc(x)) * model.scale
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stats = nn.ModuleList(nn.BatchNorm1d(4) for _ in range(200))  # 600 buffers
+            self.scale = nn.Parameter(torch.tensor(0.5))
+            self.blocks = nn.ModuleList(Block() for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for b in self.blocks:
+                x = b(x, self)
+            return x.square().mean()
+
+    torch.manual_seed(0)
+    model = Model()
+    assert len(list(model.modules())) > ARG_MODULES_MAX
+    assert ARG_STATE_MAX_ITEMS + 3 * ARG_STATE_PER_REGION < 3 * 200
+    assert ArgState.capture([model]).entries == []
+    assert [kind for _, kind, _ in ArgState.capture([model.stats[0]]).entries] == ["buffers"]
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(4, 16, generator=torch.Generator().manual_seed(s))
+
+    ref = train(copy.deepcopy(model), batch, steps=STEPS)
+    rt = offrecomp.runtime(model, mode=mode, min_bytes=0, **({"budget": 1} if mode == "auto" else {}))
+    assert_bitwise(ref, train(model, batch, rt, steps=STEPS))
+    last = rt.report().steps[-1]
+    assert last.recomputed_bytes > 0 and last.replays == 3, (last.recomputed_bytes, last.replays)
