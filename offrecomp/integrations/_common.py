@@ -236,7 +236,9 @@ def turn_off_own_checkpointing(model: nn.Module) -> list[str]:
 # while a run lasts, with a logged notice, and True again when the run ends; except
 # under a Trainer with that argument, which has set the config as its user asked. A
 # forward passed ``use_cache=True`` explicitly (generation inside a training step) is
-# left as asked.
+# left as asked. The loss is the same either way; the gradients are those of training
+# without the cache, whose backward runs other ops than with one (GPT-2: other last
+# bits), as under Hugging Face's checkpointing.
 
 
 def pause_training_cache(model: nn.Module) -> list[Any]:

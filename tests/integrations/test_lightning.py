@@ -132,3 +132,50 @@ def test_checkpoint_wrapper_is_refused() -> None:
     with pytest.raises(ValueError, match="checkpoint_wrapper"):
         trainer.fit(Wrapped(), _loader())
     assert tc.top_saved_tensors_hooks() is None
+
+
+class _HFModule(pl.LightningModule):  # type: ignore[misc]
+    """A Hugging Face GPT-2 trained by Lightning."""
+
+    def __init__(self, use_cache: bool) -> None:
+        super().__init__()
+        tf = pytest.importorskip("transformers")
+        cfg = tf.GPT2Config(n_embd=32, n_layer=3, n_head=4, vocab_size=50, n_positions=16, bos_token_id=0, eos_token_id=0)
+        self.model = tf.GPT2LMHeadModel(cfg)
+        self.model.config.use_cache = use_cache
+        self.use_cache_seen: list[bool] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.use_cache_seen.append(self.model.config.use_cache)
+        (ids,) = batch
+        return self.model(input_ids=ids, labels=ids).loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_hugging_face_model_trains_without_its_cache_and_gets_it_back(caplog: pytest.LogCaptureFixture) -> None:
+    """NOTE [Cache paused in training]: the decoder builds no key/value cache while the
+    run lasts (each layer call would otherwise carry every earlier layer's cache), its
+    config says use_cache=True again afterwards, and training is bitwise a plain fit's
+    without the cache (with one, the backward runs other ops: other last bits)."""
+    ids = torch.randint(0, 50, (16, 12), generator=torch.Generator().manual_seed(0))
+
+    def fit(callbacks: list[Any], use_cache: bool) -> _HFModule:
+        logging.getLogger("lightning").setLevel(logging.ERROR)
+        logging.getLogger("transformers").setLevel(logging.ERROR)
+        pl.seed_everything(0, verbose=False)
+        module = _HFModule(use_cache)
+        trainer = pl.Trainer(
+            max_steps=STEPS, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+        )
+        trainer.fit(module, torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=4))
+        return module
+
+    plain = fit([], use_cache=False)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        trained = fit([OffrecompCallback(mode="recompute", min_bytes=0)], use_cache=True)
+    assert trained.use_cache_seen == [False] * STEPS and trained.model.config.use_cache is True
+    assert "set use_cache=False" in caplog.text
+    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), trained.parameters()))
