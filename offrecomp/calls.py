@@ -192,6 +192,8 @@ class RegionCalls:
         if region.external_reads:  # NOTE [State read from outside]
             call.external_reads = _external_reads(region.external_reads)
         if cap.objects:  # NOTE [Stateful arguments]
+            if p.new_signature and any(_key_value_cache(o) for o in cap.objects):
+                _warn_training_cache(region)
             call.arg_state = ArgState.capture(cap.objects, self.arg_state_limit, region.arg_writes)
             if not call.arg_state.complete and region.untracked_state is not False:
                 call.writes_state = True  # a replay might not restore it: kept until seen
@@ -504,6 +506,26 @@ def _check_state_writes(region: Region, call: RegionCall, params: list[int]) -> 
         "" if not missed else " This call's replay cannot be done: the write was not seen "
         "as it happened (compiled code, a higher-order operator, or a call that writes "
         "when the region's first call did not), so backward raises.",
+    )
+
+
+def _key_value_cache(obj: Any) -> bool:
+    """A Hugging Face key/value cache (``DynamicCache`` and its kin)?"""
+    t = type(obj)
+    return t.__module__.startswith("transformers.") and t.__name__.endswith("Cache")
+
+
+def _warn_training_cache(region: Region) -> None:
+    """NOTE [Cache paused in training] (integrations/_common.py), for a loop without a
+    trainer callback: say once what the cache costs and how to leave it out."""
+    warn_once(
+        "training-cache",
+        "offrecomp: region %r (and every layer like it) is handed a key/value cache in training "
+        "(use_cache=True, the default of most Hugging Face decoders): the loss never reads it, and a "
+        "replay must see it as its forward did, so each layer call records the state it holds, "
+        "host time growing with the square of the depth. Pass use_cache=False to the model, or set "
+        "model.config.use_cache = False for training.",
+        region.name,
     )
 
 

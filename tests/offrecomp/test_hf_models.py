@@ -238,3 +238,23 @@ def test_hf_reformer_reversible_layers_are_named_once(caplog: pytest.LogCaptureF
     said = [r.getMessage() for r in caplog.records if r.name.startswith("offrecomp")]
     assert len(said) == 1 and "gradients off" in said[0] and "layers.0" in said[0], said
     assert "no region call with gradients on" in rt.explain()
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_a_key_value_cache_in_training_is_named_once(use_cache: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """A loop without a trainer callback (NOTE [Cache paused in training]): a decoder
+    handed its cache in training costs host time at every layer call, which the runtime
+    says once, with the fix; without the cache it says nothing."""
+    import offrecomp.diagnostics
+
+    offrecomp.diagnostics.clear_warnings()
+    model = _llama().train()
+    model.m.config.use_cache = use_cache
+    x = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), offrecomp.runtime(model, mode="recompute", min_bytes=0):
+        for _ in range(3):
+            model(x).backward()
+    said = [r.getMessage() for r in caplog.records if "key/value cache" in r.getMessage()]
+    assert len(said) == (1 if use_cache else 0), said
+    if use_cache:
+        assert "use_cache=False" in said[0]
