@@ -359,6 +359,8 @@ class ArgState:
         """The same containers with the same contents, by identity."""
         if len(self.entries) != len(other.entries):
             return False
+        # _same_bindings inline for tables: this runs at every call's exit and replay (a
+        # key/value cache's hundreds of containers), where a call per container costs more
         for (a, ka, ca), (b, kb, cb) in zip(self.entries, other.entries):
             if a is not b or ka != kb or len(ca) != len(cb):
                 return False
@@ -376,9 +378,10 @@ class ArgState:
         it wrote (NOTE [State written by the forward]). ``now``: the bindings as the
         forward left them, where they differ from these."""
         if now is not None:
+            later = {id(obj): content for obj, kind, content in now.entries if kind == "buffers"}
             self.rebound = any(
-                kind == "buffers" and (len(content) != len(later) or any(content.get(k) is not v for k, v in later.items()))
-                for (_, kind, content), (_, _, later) in zip(self.entries, now.entries)
+                kind == "buffers" and id(obj) in later and not _same_bindings(content, later[id(obj)])
+                for obj, kind, content in self.entries
             )
         self.versions = [(t, int(t._version), position) for t, _, position in self.tensors]
         written: set[Position] = set()
@@ -461,6 +464,11 @@ class ArgState:
                 d = vars(obj)
                 d.clear()
                 d.update(content)
+
+
+def _same_bindings(a: dict[Any, Any], b: dict[Any, Any]) -> bool:
+    """Two recorded tables bind the same names to the same objects."""
+    return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
 
 
 def replay_arguments(
