@@ -420,8 +420,8 @@ def _wrapped(m: nn.Module) -> nn.Module:
 # Yet models repeat such layers among their siblings all the time: an MLP is a
 # Sequential of two Linear layers, a patch embedding a Sequential of two LayerNorms and
 # a Linear, a VGG stage convs and ReLUs, x-transformers a ModuleList of norms per layer.
-# Taken as regions, they were all the regions found where the blocks themselves do not
-# repeat among their siblings (vit-pytorch and x-transformers keep theirs in a
+# Taken as regions, they would be all the regions found where the blocks themselves do
+# not repeat among their siblings (vit-pytorch and x-transformers keep theirs in a
 # ModuleList of [attention, feedforward] per layer), and nothing could be recomputed.
 # So discovery sorts modules in three kinds:
 # - one op: one of torch's layers without children, or a torch container holding just
