@@ -18,10 +18,11 @@ import torch
 from torch import nn
 
 from offrecomp import _torch_compat as tc
+from offrecomp import host_rng
 from offrecomp.arguments import ARG_STATE_MAX_ITEMS, ArgState, capture_inputs
 from offrecomp.changes import ATTR_QUIET, changed_attrs, module_attrs, structure_epoch
 from offrecomp.config import Config
-from offrecomp.diagnostics import kind, runs_collectives, warn_collective, warn_once
+from offrecomp.diagnostics import kind, log_once, runs_collectives, warn_collective, warn_once
 from offrecomp.groups import reads_bytes_as_stored
 from offrecomp.measure import DeviceClock
 from offrecomp.regions import (
@@ -123,6 +124,7 @@ class RegionCalls:
                 call.inputs, call.params, self._own_storages(region, call), lambda: _writes_foreign(call),
                 call.arg_state,
             )
+            call.watch.host_states = host_rng.capture(host_rng.PY | host_rng.NUMPY)  # NOTE [Host random states]
         self._placements.build_table(call)
         call.drops = self._placements.drops(call)
         self._life.call_started(call)
@@ -178,7 +180,7 @@ class RegionCalls:
         devices = cap.devices()
         if self._device.device is not None:
             devices.add(self._device.device)
-        call.rng = capture_rng(devices)
+        call.rng = capture_rng(devices, region.host_rng)
         call.autocast = capture_autocast({d.type for d in devices})
         call.torch_function = tc.torch_function_state()
         call.buffers = capture_buffers(region.slots)
@@ -239,6 +241,8 @@ class RegionCalls:
                 (m, n) for m in region.modules for n, v in vars(m).items() if isinstance(v, torch.Generator)
             )
             call.generators = list(call.watch.generators.values())
+            if call.watch.host_states is not None:
+                _note_host_draws(call, region, call.watch.host_states)
         if region is not None and call.watch is not None and call.watch.foreign_written:
             call.external = list(call.watch.external.values())  # its replay runs on them as they were
             call.watch = None
@@ -590,3 +594,23 @@ def _entry_generators(region: Region, arguments: list[torch.Generator]) -> list[
     for g in arguments:
         seen.setdefault(id(g), g)
     return [(g, g.get_state()) for g in seen.values()]
+
+
+def _note_host_draws(call: RegionCall, region: Region, entry: host_rng.HostStates) -> None:
+    """A watched call's exit: the global RNGs of Python and numpy its forward drew from
+    are captured at its region's calls from now on, and this call's replays run from its
+    entry's states (NOTE [Host random states])."""
+    kinds = host_rng.drawn(entry)
+    if not kinds or kinds & ~region.host_rng == 0:
+        return
+    region.host_rng |= kinds
+    if call.rng is not None and call.rng.host is None:
+        call.rng.host = host_rng.only(entry, region.host_rng)
+    names = " and ".join(n for bit, n in ((host_rng.PY, "Python's random"), (host_rng.NUMPY, "numpy's global RNG")) if kinds & bit)
+    log_once(
+        f"host-rng:{kind(region)}:{kinds}", logging.INFO,
+        "offrecomp: region %r (and any other like it) draws from %s; its calls capture that "
+        "state for their replays",
+        region.name, names,
+    )
+

@@ -30,6 +30,7 @@ __all__ = [
     "detached_error",
     "inside_compiled",
     "kind",
+    "log_once",
     "modified_error",
     "runs_collectives",
     "warn_compiled",
@@ -47,10 +48,15 @@ HIDDEN_CHECKS = 64
 
 def warn_once(key: str, msg: str, *args: Any) -> None:
     """Log ``msg`` as a warning the first time ``key`` is seen in this process."""
+    log_once(key, logging.WARNING, msg, *args)
+
+
+def log_once(key: str, level: int, msg: str, *args: Any) -> None:
+    """Log ``msg`` at ``level`` the first time ``key`` is seen in this process."""
     if key in _warned:
         return
     _warned.add(key)
-    log.warning(msg, *args)
+    log.log(level, msg, *args)
 
 
 def warn_other_thread() -> None:

@@ -28,6 +28,7 @@ from torch import nn
 from torch.nn.modules.lazy import LazyModuleMixin
 
 from offrecomp import _torch_compat as tc
+from offrecomp import host_rng
 from offrecomp.changes import structure_epoch
 
 if TYPE_CHECKING:
@@ -92,6 +93,9 @@ class Region:
     generator_slots: tuple[tuple[nn.Module, str], ...] = ()
     """Attributes of its modules that held a generator at its first call's exit: a
     generator assigned there later is captured too (NOTE [Private generators])."""
+    host_rng: int = 0
+    """The global RNGs of Python and numpy its forward was seen drawing from, as
+    ``host_rng.PY | host_rng.NUMPY`` bits (NOTE [Host random states])."""
     writes_state: bool | None = None
     """Its forward writes its own inputs or parameters in place; None until a call has
     shown whether it does (NOTE [State written by its region])."""
@@ -459,22 +463,28 @@ def _wrapped(m: nn.Module) -> nn.Module:
 class RngState:
     cpu: torch.Tensor
     cuda: dict[int, torch.Tensor]
+    host: host_rng.HostStates | None = None
+    """Python's and numpy's, where the region draws from them (NOTE [Host random states])."""
 
 
-def capture_rng(devices: Iterable[torch.device]) -> RngState:
+def capture_rng(devices: Iterable[torch.device], host: int = 0) -> RngState:
+    """torch's generator states for ``devices``, and the host ones ``host`` names
+    (``Region.host_rng``)."""
     cuda: dict[int, torch.Tensor] = {}
     for d in devices:
         if d.type == "cuda":
             idx = d.index if d.index is not None else torch.cuda.current_device()
             if idx not in cuda:
                 cuda[idx] = torch.cuda.get_rng_state(idx)
-    return RngState(torch.get_rng_state(), cuda)
+    return RngState(torch.get_rng_state(), cuda, host_rng.capture(host) if host else None)
 
 
 def restore_rng(state: RngState) -> None:
     torch.set_rng_state(state.cpu)
     for idx, s in state.cuda.items():
         torch.cuda.set_rng_state(s, idx)
+    if state.host is not None:
+        host_rng.restore(state.host)
 
 
 # ------------------------------------------------------------------- autocast state

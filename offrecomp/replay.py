@@ -556,7 +556,8 @@ class _RngStates:
 
     def __init__(self, call: RegionCall, devices: set[torch.device]) -> None:
         self.call = call
-        self.caller = capture_rng(devices) if call.rng is not None else None
+        rng = call.rng
+        self.caller = None if rng is None else capture_rng(devices, rng.host.kinds if rng.host is not None else 0)
         self.generators = call.generators or []
         self.caller_generators = [(g, g.get_state()) for g, _ in self.generators]
 

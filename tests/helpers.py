@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -52,6 +54,8 @@ def train(
         for step in range(steps):
             for micro in range(accumulate):
                 torch.manual_seed(10 * step + micro)  # dropout draws
+                random.seed(10 * step + micro)  # and a forward's draws from Python's and numpy's
+                np.random.seed(10 * step + micro)
                 loss = model(batch(10 * step + micro))
                 if autograd_grad:
                     grads = torch.autograd.grad(loss, params)
