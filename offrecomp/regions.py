@@ -346,8 +346,9 @@ def _in_containers(model: nn.Module, kind: _Kind) -> set[int]:
     ALBERT's shared layer; the outermost win: regions never nest), and in an
     ``nn.ModuleDict``, which holds a model's layers (torchtitan) but also whole models
     (a runtime over two models): its repeated children count only when nothing inside
-    them does. Where none repeats, the children of ``kind`` of every ``nn.ModuleList``
-    (NOTE [Stacks without repeats])."""
+    them does, as do the unlike children of ``kind`` beside repeated ones in an
+    ``nn.ModuleList`` (a hybrid's layers). Where none repeats, the children of ``kind``
+    of every ``nn.ModuleList`` (NOTE [Stacks without repeats])."""
     pick: set[int] = set()
     keyed: list[nn.Module] = []
     stacked: set[int] = set()
@@ -362,12 +363,15 @@ def _in_containers(model: nn.Module, kind: _Kind) -> set[int]:
                 by_type.setdefault(type(child), []).append(child)
         if isinstance(m, nn.ModuleList):
             stacked.update(id(c) for same in by_type.values() for c in same)
+        repeats = any(len(same) >= 2 for same in by_type.values())
         for same in by_type.values():
             if len(same) >= 2:
                 if isinstance(m, nn.ModuleDict):
                     keyed += same
                 else:
                     pick.update(id(c) for c in same)
+            elif repeats and isinstance(m, nn.ModuleList):  # NOTE [Stacks without repeats]: a hybrid's
+                keyed += same
     candidates = pick | {id(c) for c in keyed}
     pick.update(id(c) for c in keyed if not any(id(x) in candidates for x in c.modules() if x is not c))
     return pick or stacked
@@ -410,7 +414,11 @@ def _wrapped(m: nn.Module) -> nn.Module:
 # and attention layers) holds one of each class. Where nothing repeats, the children of
 # every ModuleList are regions (outermost wins): a shared one's calls are region calls
 # as any shared block's are; otherwise such a model would have no region, and nothing
-# could be recomputed. A ModuleList holds a stack of layers far more often than a Sequential
+# could be recomputed. For the same reason, in a ModuleList where some class repeats,
+# its unlike siblings of the same kind are regions too, where no region lies inside
+# them: a hybrid configured with a few layers (Zamba2's one hybrid layer among its Mamba
+# layers, Jamba's one attention layer) holds them in one stack, and a layer left out
+# would keep all it saves. A ModuleList holds a stack of layers far more often than a Sequential
 # without repeats does (a pipeline of unlike stages, or a wrapper around a whole model,
 # whose replay would rerun every op), which stays as it is.
 

@@ -348,6 +348,27 @@ def test_stacks_without_repeats_are_regions_where_nothing_repeats() -> None:
     assert [r.name for r in discover_regions(beside, None)] == ["gpt.blocks.0", "gpt.blocks.1"]
 
 
+
+def test_unlike_layers_beside_repeated_ones_in_a_stack_are_regions() -> None:
+    """NOTE [Stacks without repeats]: a hybrid configured with few layers holds one layer
+    of a class among repeated ones (Zamba2's hybrid layer among its Mamba layers): it is a
+    region too, and recomputed, unless regions lie inside it (outermost wins only over
+    what it holds) or it is one op."""
+    hybrid = _Stacked([_Mlp(), _Mlp(), models.MLPBlock(16), _Mlp()])
+    assert [r.name for r in discover_regions(hybrid, None)] == ["layers.0", "layers.1", "layers.2", "layers.3"]
+    holder = _Stacked([_Mlp(), _Mlp(), _Stacked([_Mlp(), _Mlp()]), nn.Linear(16, 16)])
+    assert [r.name for r in discover_regions(holder, None)] == ["layers.0", "layers.1", "layers.2.layers.0", "layers.2.layers.1"]
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(4, 16, generator=torch.Generator().manual_seed(s))
+
+    torch.manual_seed(0)
+    ref = train(copy.deepcopy(hybrid), batch, steps=3)
+    rt = offrecomp.runtime(hybrid, mode="recompute", min_bytes=0)
+    assert_bitwise(ref, train(hybrid, batch, rt, steps=3))
+    assert all(s.replays == 4 for s in rt.report().steps)
+
+
 class _Stage(nn.Module):
     """Blocks held as attributes (timm's RegStage: b1, b2, ...), no container."""
 
