@@ -18,6 +18,7 @@ from torch import nn
 import offrecomp
 from offrecomp.config import Config
 from offrecomp.context import Runtime
+from offrecomp.diagnostics import warn_once
 from offrecomp.report import Report, StepRecord
 
 __all__ = [
@@ -233,7 +234,7 @@ def turn_off_own_checkpointing(model: nn.Module) -> list[str]:
 # does the Trainer of transformers 5 from ``TrainingArguments.use_cache`` (False unless
 # asked). The callbacks, which turn that checkpointing off, do as it does: for each
 # distinct config among the model's modules whose ``use_cache`` is True, it is False
-# while a run lasts, with a logged notice, and True again when the run ends; except
+# while a run lasts, with a notice logged once per process, and True again when the run ends; except
 # under a Trainer with that argument, which has set the config as its user asked. A
 # forward passed ``use_cache=True`` explicitly (generation inside a training step) is
 # left as asked. The loss is the same either way; the gradients are those of training
@@ -251,11 +252,12 @@ def pause_training_cache(model: nn.Module) -> list[Any]:
             config.use_cache = False
             paused.append(config)
     if paused:
-        log.warning(
+        warn_once(
+            "training-cache",
             "offrecomp: set use_cache=False in the model's config while training runs (restored at its "
             "end), as Hugging Face's gradient checkpointing does: the key/value cache a decoder builds in "
             "training is never read, and offrecomp would track it at every layer call. Set "
-            "model.config.use_cache = False before training to silence this notice."
+            "model.config.use_cache = False before training to silence this notice (given once per process)."
         )
     return paused
 

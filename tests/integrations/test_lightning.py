@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+import offrecomp.diagnostics
 from offrecomp import _torch_compat as tc
 
 pl = pytest.importorskip("lightning.pytorch", reason="lightning is an optional extra (pip install -e '.[lightning]')")
@@ -174,6 +175,7 @@ def test_a_hugging_face_model_trains_without_its_cache_and_gets_it_back(caplog: 
         return module
 
     plain = fit([], use_cache=False)
+    offrecomp.diagnostics.clear_warnings()  # the notice is given once per process
     with caplog.at_level(logging.WARNING, logger="offrecomp"):
         trained = fit([OffrecompCallback(mode="recompute", min_bytes=0)], use_cache=True)
     assert trained.use_cache_seen == [False] * STEPS and trained.model.config.use_cache is True
