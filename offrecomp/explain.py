@@ -14,12 +14,13 @@ install nothing, and the text says so.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from offrecomp.config import format_bytes
 from offrecomp.placement import never_replayed, refusals
+from scheduler.cost_model import replay_seconds
 from scheduler.plan import Placement
 
 if TYPE_CHECKING:
@@ -102,10 +103,13 @@ NO_PLAN_YET = (
 
 
 def explain_plan(
-    signature: str, plan: Plan, profile: Profile, regions: Sequence[Region], notes: Sequence[str] = ()
+    signature: str, plan: Plan, profile: Profile, regions: Sequence[Region], notes: Sequence[str] = (),
+    replays: Mapping[tuple[str, int], float] | None = None,
 ) -> str:
     """What auto's ``plan`` for ``signature`` places in each region call of ``profile``,
-    with the region's measured times and why; ``notes`` follow the plan's own."""
+    with the region's measured times, its replay's predicted seconds (the ops the plan
+    makes it run) and, from ``replays``, the seconds its replays took in a planned pass
+    (``-``: none timed), and why; ``notes`` follow the plan's own."""
     lines = [
         f"plan {plan.plan_id} for signature {signature}",
         f"  budget {format_bytes(plan.budget_bytes) if plan.budget_bytes is not None else 'none'}, "
@@ -118,13 +122,20 @@ def explain_plan(
     for r in profile.regions:
         b = {p: 0 for p in Placement}
         n = {p: 0 for p in Placement}
+        placed = []
         for i, s in enumerate(r.storages):
             pl = plan.placement((r.name, r.call_index, i))
+            placed.append(pl)
             b[pl] += s.nbytes
             n[pl] += 1
-        values = [*cells(n, b), f"{r.forward_seconds:.5f}", f"{r.backward_seconds:.5f}"]
+        predicted = replay_seconds(r, placed, op_overhead_seconds=profile.replay_op_seconds)
+        ran = (replays or {}).get((r.name, r.call_index))
+        values = [
+            *cells(n, b), f"{r.forward_seconds:.5f}", f"{r.backward_seconds:.5f}", f"{predicted:.5f}",
+            f"{ran:.5f}" if ran is not None else "-",
+        ]
         rows.append((r.name, r.call_index, values, _why(r, n, plan, regions)))
-    lines += table(rows, [*PLACEMENT_COLUMNS, ("fwd s", 9), ("bwd s", 9)])
+    lines += table(rows, [*PLACEMENT_COLUMNS, ("fwd s", 9), ("bwd s", 9), ("replay s", 9), ("ran s", 9)])
     return "\n".join(lines)
 
 

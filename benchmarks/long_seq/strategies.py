@@ -447,6 +447,10 @@ class _OffrecompRunner(Runner):
             out["report"] = _jsonable(self.rt.report())
         except Exception as exc:
             out["report_error"] = f"{type(exc).__name__}: {exc}"
+        try:  # the last plan's placements per region call, with predicted times
+            out["explain"] = self.rt.explain()
+        except Exception as exc:
+            out["explain_error"] = f"{type(exc).__name__}: {exc}"
         return out
 
 

@@ -51,6 +51,9 @@ class PlanEntry:
     user_releases: tuple[Plan, Profile, tuple[int, ...]] | None = None
     """(user plan, profile, its releases): NOTE [Planned release] for ``rt.set_plan``."""
     needs_measure: bool = True
+    replays_seen: dict[tuple[str, int], float] | None = None
+    """Seconds each region call's replays took in the last planned pass learnt from, by
+    (name, call index): what ``rt.explain()`` sets beside the plan's prediction."""
     growths: int = 0
     """Times a call its plan kept whole saved more or larger storages than its profile."""
     growth_solves: int = 0

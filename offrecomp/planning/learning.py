@@ -102,6 +102,7 @@ class Learner:
         t0 = time.perf_counter()
         note = self._learn(entry, p, calibrating, step)
         if p.phase == Phase.PLANNED:
+            entry.replays_seen = replays_by_call(p, self.host.clock)
             entry.learnt_since_solve += 1
             if step is not None and step > 0:
                 share = (time.perf_counter() - t0) / (LEARN_SHARE * step)
@@ -630,3 +631,16 @@ def _calibrated_another(entry: PlanEntry, p: PassState) -> bool:
     measured again since: NOTE [Calibration sizes] in differences.py)."""
     structures = entry.structures
     return any(c.structure is not None and structures.get(c.key) is not c.structure for c in p.calls)
+
+
+def replays_by_call(p: PassState, clock: Clock) -> dict[tuple[str, int], float]:
+    """Seconds ``p``'s timed replays took, summed per region call (name, call index)."""
+    by_ordinal = {c.ordinal: c for c in p.calls}
+    out: dict[tuple[str, int], float] = {}
+    for ordinal, a, b in p.replay_marks:
+        call = by_ordinal.get(ordinal)
+        secs = clock.seconds(a, b)
+        if call is not None and secs is not None:
+            out[call.key] = out.get(call.key, 0.0) + secs
+    return out
+

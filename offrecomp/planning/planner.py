@@ -650,7 +650,9 @@ class Planner:
             return head + "\n" + explain_plan(entry.signature, plan, profile, host.regions)
         if entry is None or entry.profile is None or entry.plan is None:
             return NO_PLAN_YET
-        return explain_plan(entry.signature, entry.plan, entry.profile, host.regions, entry.trial.notes())
+        return explain_plan(
+            entry.signature, entry.plan, entry.profile, host.regions, entry.trial.notes(), entry.replays_seen
+        )
 
 
 def _recompute_instead(donor: PlanEntry) -> bool:

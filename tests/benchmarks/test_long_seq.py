@@ -221,6 +221,8 @@ def test_cli_writes_table_csv_json(tmp_path: Path, capsys: pytest.CaptureFixture
     assert data["meta"]["hardware"]["torch"] == torch.__version__
     assert data["meta"]["command"].startswith("python -m benchmarks.long_seq")
     assert {r["strategy"] for r in data["search"]} >= {"none", "ckpt_block"}
+    auto = next(r for r in data["rows"] if r["strategy"] == "offrecomp_auto@50%")
+    assert auto["extras"]["explain"].startswith("plan ")  # the placements per region call
     assert (out / "longest_seq.csv").exists()
     assert (out / "memory_vs_time.png").exists() or any("plots skipped" in n for n in data["notes"])
 

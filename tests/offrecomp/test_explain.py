@@ -12,7 +12,7 @@ from torch import nn
 
 import offrecomp
 from tests import models
-from tests.helpers import train
+from tests.helpers import tight_budget, train
 
 
 class LongNames(nn.Module):
@@ -79,6 +79,30 @@ def test_auto_says_why_per_region_in_aligned_columns() -> None:
     rows = _rows(text, rt.regions)
     assert len(rows) == 3 and all("kept: the budget holds it" in row for row in rows), text
     _assert_aligned(text, rt.regions)
+
+
+def test_auto_sets_each_replays_time_beside_its_prediction() -> None:
+    """A region call a tight plan drops from shows its replay's predicted seconds and
+    those its replays took in a planned pass; a call kept whole predicts 0 and ran none."""
+    torch.manual_seed(0)
+    m = models.GPT(layers=3)
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(s))
+
+    rt = offrecomp.runtime(m, min_bytes=0, budget=tight_budget(m, batch))
+    train(m, batch, rt, steps=6)
+    text = rt.explain()
+    header = next(line for line in text.splitlines() if "region" in line and " call " in line)
+    assert "replay s" in header and "ran s" in header, text
+    cols = [re.split(r"\s{2,}", row.strip()) for row in _rows(text, rt.regions)]
+    dropped = [c for c in cols if not c[4].startswith("0/")]
+    kept = [c for c in cols if c[4].startswith("0/")]
+    assert dropped, text
+    for c in dropped:
+        assert float(c[7]) > 0 and float(c[8]) > 0, text
+    for c in kept:
+        assert float(c[7]) == 0 and c[8] == "-", text
 
 
 @pytest.mark.parametrize("how", ["off", "disable"])
