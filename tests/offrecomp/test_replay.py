@@ -456,6 +456,30 @@ def test_a_parameter_or_buffer_modified_before_its_replay_reads_it(kind: str) ->
         grads(m, rt)
 
 
+class _Freezing(nn.Module):
+    """Detaches one of its parameters in place in its forward (compressive-transformer's
+    attention does ``to_kv.weight.detach_()``): from then on it requires no grad."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        self.a.weight.detach_()
+        return x + torch.tanh(self.b(h))
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto_tight", "auto_serve"])
+def test_a_parameter_detached_in_place_by_its_forward_stays_detached_after_a_replay(variant: str) -> None:
+    """The replay runs with the parameter's requires_grad of the forward's entry and sets
+    it back to what it was before the replay, not toggled: toggled, the replay's own
+    detach_() left it requiring grad, and a gradient plain training never makes."""
+    torch.manual_seed(0)
+    check_variant(models.stack(_Freezing)(), lambda s: torch.randn(4, 16, generator=torch.Generator().manual_seed(s)), variant)
+
+
 def test_batchnorm_statistics_updated_between_an_eval_forward_and_its_backward() -> None:
     """NOTE [Buffers written unseen]: an eval forward with grad, then a train forward
     (the CPU BatchNorm kernel updates the running statistics without moving their
