@@ -241,8 +241,8 @@ def _swap_params(call: RegionCall, entry: ParamState) -> Iterator[None]:
         (p, p.requires_grad) for p, flag in zip(entry.objects, entry.requires_grad)
         if p is not None and p.is_leaf and p.requires_grad != flag
     ]  # requires_grad switched since the forward: as it was for the replay, then as before it
-    for p, now in flipped:
-        p.requires_grad_(not now)
+    for p, was in flipped:
+        p.requires_grad_(not was)
     for i, ((m, n), t) in enumerate(zip(slots, entry.objects)):
         now = param_of(m, n)
         before = entry.snapshots.get(i)
@@ -261,8 +261,8 @@ def _swap_params(call: RegionCall, entry: ParamState) -> Iterator[None]:
     finally:
         for m, n, now in reversed(swapped):
             m._parameters[n] = now  # type: ignore[assignment]
-        for p, now in flipped:  # set, not toggled: the replay may switch it again (detach_())
-            p.requires_grad_(now)
+        for p, was in flipped:  # set, not toggled: the replay may switch it again (detach_())
+            p.requires_grad_(was)
 
 
 def _param_guard(call: RegionCall) -> ParamGuard | None:
