@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Does offloading pay on this GPU? The checks of an offloading plan in one call, planned
-# to fit 7 minutes on one H200 (323 s with a 90 s cap at 16K tokens; each step stops
-# starting new work at its --max-seconds and runs under a timeout 45 s longer):
+# to fit 7.5 minutes on one H200 (323 s on 2026-12-04, with a 90 s cap at 16K tokens that
+# is now 150 s, and without step 4's replay check, capped at 90 s; each long_seq step
+# stops starting new work at its --max-seconds and runs under a timeout 45 s longer):
 #   1. `python -m offrecomp warmup` (the planner's numba kernels), then the CUDA-marked
 #      tests but the inductor and flex_attention ones, four workers (cuda_tests.log);
 #   2. one planned auto step that offloads at 4K tokens, profiled (CPU and CUDA
@@ -12,7 +13,10 @@
 #      keep, auto at 50% and 25% of plain's saved bytes, the same budgets with nothing
 #      offloadable (offrecomp_auto_no_offload@X: the best plan without offloading), and
 #      the peers ckpt_block, sac_matmul, ckpt_sqrt, save_on_cpu (last: it is link-bound);
-#   4. the same at 4K tokens without the peers (the prediction of offloading plans);
+#   4. at 16K tokens, each replay of the plan without offloading at 50% against the
+#      planner's prediction of it, op by op (benchmarks/replay_check.py;
+#      replay_check_16384.json);
+#   5. the same as 3 at 4K tokens without the peers (the prediction of offloading plans);
 #   each long_seq run saves the profile its last plan was solved with (profile_<tokens>.json,
 #   for `python -m offrecomp plan` offline, and headroom_<tokens>.log: the planner's
 #   predicted auto / no-offload and lower bound on it, benchmarks/offload_headroom.py)
@@ -41,12 +45,15 @@ if [ "$DRY_RUN" = 1 ]; then
   PEERS=ckpt_block  # save_on_cpu needs a GPU; the script is what is checked
   PROFILE=(--preset cpu-tiny --device cpu --layers 2 --hidden 32 --heads 2 --batch 1 --seq 64)
   CUDA_TESTS=(tests/offrecomp/test_offload_cuda.py)  # the invocation is what is checked: all skip
+  REPLAY_CHECK=(--preset cpu-tiny --device cpu --layers 2 --hidden 32 --heads 2 --batch 1) CHECK=128
 else
   MODEL=(--preset gpu-1.3b --device cuda)
   # 16384 needs about 150 s for every runner (90 s skipped plain, keep and two peers)
   SEQS="8192 16384" SHORT=4096 REPEATS=3 MAXS="8192:90 16384:150" SHORT_MAXS=40
   PROFILE=(--preset gpu-1.3b --device cuda --seq 4096)
   CUDA_TESTS=(tests)
+  # 16K: where plans that serve replays ran at 0.70-0.76x their predicted replay time
+  REPLAY_CHECK=(--preset gpu-1.3b --device cuda) CHECK=16384
 fi
 
 # headroom TOKENS: benchmarks/offload_headroom.py on that length's saved profile, the link
@@ -90,7 +97,11 @@ for S in $SEQS; do
   headroom "$S"
 done
 
-log "4. offloading plans against their prediction at $SHORT tokens"
+log "4. each replay of a plan without offloading against its prediction, op by op, at $CHECK tokens"
+step "replay_check_$CHECK" 90 "$PY" benchmarks/replay_check.py "${REPLAY_CHECK[@]}" --seq "$CHECK" \
+  --budget-fraction 0.5 --out "$WORK/replay_check_$CHECK.json"
+
+log "5. offloading plans against their prediction at $SHORT tokens"
 step "long_seq_$SHORT" $((SHORT_MAXS + 45)) env OFFRECOMP_PROFILE="$WORK/profile_$SHORT.json" \
   "$PY" -m benchmarks.long_seq "${MODEL[@]}" --seq "$SHORT" \
   --strategies "none,offrecomp_keep,$AUTO" --no-search --no-plots --quiet --warmup 1 \

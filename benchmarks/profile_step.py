@@ -55,7 +55,7 @@ from benchmarks.long_seq.presets import PRESETS
 from offrecomp.offload import OffloadEngine
 from offrecomp.transfer import OffloadStats
 
-__all__ = ["SYNC_CALLS", "main", "summarize"]
+__all__ = ["SYNC_CALLS", "RunSetup", "main", "setup_run", "summarize", "train_step"]
 
 #: CUDA runtime calls that block the host until the device catches up.
 SYNC_CALLS = frozenset(
@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @dataclasses.dataclass
-class _Setup:
+class RunSetup:
     model: nn.Module
     opt: torch.optim.Optimizer
     batch: tuple[torch.Tensor, torch.Tensor]
@@ -121,7 +121,7 @@ class _Setup:
     amp: Callable[[], Any]
 
 
-def _setup(args: argparse.Namespace, device: torch.device) -> tuple[_Setup, dict[str, Any]]:
+def setup_run(args: argparse.Namespace, device: torch.device) -> tuple[RunSetup, dict[str, Any]]:
     if args.preset not in PRESETS:
         raise ValueError(f"--preset {args.preset!r} is invalid; accepted: {', '.join(PRESETS)}")
     preset = PRESETS[args.preset]
@@ -161,10 +161,10 @@ def _setup(args: argparse.Namespace, device: torch.device) -> tuple[_Setup, dict
     if device.type == "cuda":
         meta["gpu"] = torch.cuda.get_device_name(device)
     batch = make_batch(spec, batch_size, seq, device, seed=1)
-    return _Setup(model, opt, batch, device, amp), meta
+    return RunSetup(model, opt, batch, device, amp), meta
 
 
-def _train_step(s: _Setup, *, marks: bool = False) -> None:
+def train_step(s: RunSetup, *, marks: bool = False) -> None:
     mark: Callable[[str], Any] = (
         torch.profiler.record_function if marks else (lambda _name: contextlib.nullcontext())
     )
@@ -228,7 +228,7 @@ def _engine_stats(into: list[OffloadStats]) -> Iterator[None]:
         OffloadEngine.end_step = original  # type: ignore[method-assign]
 
 
-def _reach_plan(s: _Setup, rt: Any, max_steps: int) -> tuple[bool, list[str]]:
+def _reach_plan(s: RunSetup, rt: Any, max_steps: int) -> tuple[bool, list[str]]:
     """Train until two steps in a row ran the same plan, offloading, with the same
     pinned pool; returns (reached, phases seen). The step profiled next then neither
     solves a plan nor pins host memory (a re-plan does both at its first step's start,
@@ -240,7 +240,7 @@ def _reach_plan(s: _Setup, rt: Any, max_steps: int) -> tuple[bool, list[str]]:
     phases: list[str] = []
     last: tuple[str, int] | None = None
     for _ in range(max_steps):
-        _train_step(s)
+        train_step(s)
         rec = _last_record(rt)
         phase = getattr(rec, "phase", "")
         offloaded = getattr(rec, "offloaded_bytes", 0)
@@ -257,7 +257,7 @@ def _reach_plan(s: _Setup, rt: Any, max_steps: int) -> tuple[bool, list[str]]:
     return False, phases
 
 
-def _profiled_step(s: _Setup, rt: Any) -> tuple[Any, list[OffloadStats]]:
+def _profiled_step(s: RunSetup, rt: Any) -> tuple[Any, list[OffloadStats]]:
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
@@ -270,7 +270,7 @@ def _profiled_step(s: _Setup, rt: Any) -> tuple[Any, list[OffloadStats]]:
         _without_profiler_chatter(),
         profile(activities=activities) as prof,
     ):
-        _train_step(s, marks=True)
+        train_step(s, marks=True)
     return prof, stats
 
 
@@ -576,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     if threads:
         torch.set_num_threads(threads)
     try:
-        s, meta = _setup(args, device)
+        s, meta = setup_run(args, device)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -605,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
     if not reached:
         rt = offrecomp.runtime(s.model, mode="offload")
         with rt:
-            _train_step(s)  # the engine's pool and the first groups
+            train_step(s)  # the engine's pool and the first groups
             prof, stats = _profiled_step(s, rt)
             rec = _last_record(rt)
         mode = "offload"

@@ -109,7 +109,8 @@ def test_device_offload_dry_run_writes_every_result(tmp_path: Path) -> None:
         names = {Path(n).name for n in tar.getnames()}
     for seq in (64, 128):
         assert f"checks_long_seq_{seq}.json" in names
-    assert {"profile_step.json", "env.txt"} <= names
+    assert {"profile_step.json", "env.txt", "replay_check_128.json"} <= names
+    assert "[replay_check_128: exit 0]" in log
     for seq in (64, 128):
         assert f"headroom_{seq}.log" in names and f"[headroom_{seq}: exit 0]" in log
     assert (out / "profile_trace_64.json.gz").exists()

@@ -156,7 +156,7 @@ def test_the_profiled_step_follows_two_steps_of_one_plan_and_pool(monkeypatch: p
         ("planned", 5, "b", 20), ("planned", 5, "b", 20),
     ])
     seen: dict[str, Any] = {}
-    monkeypatch.setattr(profile_step, "_train_step", lambda s, **kw: seen.update(rec=next(records)))
+    monkeypatch.setattr(profile_step, "train_step", lambda s, **kw: seen.update(rec=next(records)))
     monkeypatch.setattr(profile_step, "_last_record", lambda rt: SimpleNamespace(
         phase=seen["rec"][0], offloaded_bytes=seen["rec"][1], plan_id=seen["rec"][2],
         pool_reserved_bytes=seen["rec"][3],
