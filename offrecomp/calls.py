@@ -503,7 +503,8 @@ def _check_state_writes(region: Region, call: RegionCall, params: list[int]) -> 
         f"writes-state:{kind(region)}" if not missed else f"writes-state-unseen:{region.name}",
         "offrecomp: region %r (and any other like it) writes %s in place in its forward "
         "(an in-place activation applied to its input first thing; a running average "
-        "kept in a frozen parameter); a replay needs them as they were, so its "
+        "kept in a frozen parameter; weights normalised in place, as magnitude-preserving "
+        "layers do); a replay needs them as they were, so its "
         "activations are kept or offloaded from now on, never recomputed. An out-of-place "
         "op, or a buffer for such state, lets offrecomp recompute it.%s",
         region.name, what,

@@ -202,16 +202,25 @@ class Diagnostics:
         if self.hidden_warned:
             return  # once per runtime: the other blocks are most likely alike
         self.hidden_warned = True
+        if rerun:  # a Function rerunning them in its backward, or a reentrant checkpoint
+            log.warning(
+                "offrecomp: region(s) %s (and any other like it: this is said once) %s, so "
+                "something reruns them there and owns their activations: a custom "
+                "autograd.Function (a reversible network, an ODE solver's adjoint) by design, "
+                "or a reentrant checkpoint (torch.utils.checkpoint(use_reentrant=True), HF "
+                "gradient_checkpointing_enable()) around them. offrecomp cannot keep, offload or "
+                "recompute them: leave such regions out (regions=), or turn the checkpoint off "
+                "and let offrecomp decide.",
+                names, what,
+            )
+            return
         log.warning(
             "offrecomp: region(s) %s (and any other like it: this is said once) %s: a "
             "saved-tensor hook %s (torch.utils.checkpoint, "
             "HF gradient_checkpointing_enable(), checkpoint_wrapper, save_on_cpu) owns their "
             "activations, and only the innermost hook runs, so offrecomp cannot keep, offload "
-            "or recompute them. Turn that off and let offrecomp decide.%s",
+            "or recompute them. Turn that off and let offrecomp decide.",
             names, what, where,
-            " If instead a custom autograd.Function reruns them in its backward (a reversible "
-            "network), that Function owns their activations by design: nothing is wrong, and "
-            "those regions are better left out (regions=)." if rerun else "",
         )
 
     def warn_grad_off(self, names: list[str]) -> None:
