@@ -225,7 +225,9 @@ class Regenerator:
                         self._planner.remeasure(call, "its recording built state on first use")
                         structure = None
                         continue
-                    if structure.self_changing or module_state(region.modules) != structure.state:
+                    if region.host_rng or structure.self_changing or module_state(region.modules) != structure.state:
+                        # a region drawing from Python's or numpy's RNG was recorded with
+                        # other draws (NOTE [Host random states]): its plain replay redraws
                         self._stale_recording(call, structure, str(exc).removeprefix("offrecomp: "))
                         structure = None
                         continue
@@ -256,8 +258,8 @@ class Regenerator:
         warn_once(
             f"stale:{call.name}",
             "offrecomp: region %r no longer runs the ops its measuring pass recorded (%s): "
-            "state its forward reads changed since (a dropout rate, a hook, a momentum); it "
-            "replays plainly from now on",
+            "state its forward reads changed since (a dropout rate, a hook, a momentum), or "
+            "it draws from Python's or numpy's RNG; it replays plainly from now on",
             call.name, why,
         )
 

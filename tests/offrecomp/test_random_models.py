@@ -1,0 +1,30 @@
+"""Random models (tests/random_models.py): block programs of common ops in random module
+structures, bitwise equal to plain training under the variants that replay."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import check_variant
+from tests.random_models import describe, random_batch, random_model, varies
+
+
+@pytest.mark.parametrize("seed", [9, 13, 15])
+@pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
+def test_random_models_train_bitwise(seed: int, variant: str) -> None:
+    model = random_model(seed).train()
+    try:
+        check_variant(model, random_batch, variant, steps=4, stable=not varies(model))
+    except AssertionError as exc:
+        raise AssertionError(f"seed {seed}, {describe(model)}") from exc
+
+
+def test_random_models_cover_the_layouts_and_ops() -> None:
+    """The seeds the sweep runs (docs/results) meet every layout and op."""
+    layouts, ops = set(), set()
+    for seed in range(60):
+        model = random_model(seed)
+        layouts.add(model.layout)
+        ops.update(op for op in describe(model).replace("(", " ").replace("'", " ").split() if op.isidentifier())
+    assert layouts == {"list", "sequential", "dict", "attributes", "stages", "shared_twice", "kwargs", "tuples"}
+    assert {"sdpa", "batchnorm", "layerdrop", "slice_inplace", "residual", "float64"} <= ops
