@@ -124,7 +124,6 @@ class RegionCalls:
                 call.inputs, call.params, self._own_storages(region, call), lambda: _writes_foreign(call),
                 call.arg_state,
             )
-            call.watch.host_states = host_rng.capture(host_rng.PY | host_rng.NUMPY)  # NOTE [Host random states]
         self._placements.build_table(call)
         call.drops = self._placements.drops(call)
         self._life.call_started(call)
@@ -181,6 +180,9 @@ class RegionCalls:
         if self._device.device is not None:
             devices.add(self._device.device)
         call.rng = capture_rng(devices, region.host_rng)
+        if region.host_probes < host_rng.PROBES and region.host_rng != host_rng.ALL:
+            region.host_probes += 1  # NOTE [Host random states]: does its forward draw from them?
+            call.rng.probe = host_rng.capture(host_rng.ALL)
         call.autocast = capture_autocast({d.type for d in devices})
         call.torch_function = tc.torch_function_state()
         call.buffers = capture_buffers(region.slots)
@@ -224,6 +226,10 @@ class RegionCalls:
         call.end_mark = self._device.mark()
         self._life.call_ended(call)
         region = call.region
+        rng = call.rng
+        if rng is not None and rng.probe is not None and region is not None:
+            _note_host_draws(call, region, rng.probe)
+            rng.probe = None
         written: list[int] = []
         if region is not None:
             finish_buffers(call.buffers)
@@ -241,8 +247,6 @@ class RegionCalls:
                 (m, n) for m in region.modules for n, v in vars(m).items() if isinstance(v, torch.Generator)
             )
             call.generators = list(call.watch.generators.values())
-            if call.watch.host_states is not None:
-                _note_host_draws(call, region, call.watch.host_states)
         if region is not None and call.watch is not None and call.watch.foreign_written:
             call.external = list(call.watch.external.values())  # its replay runs on them as they were
             call.watch = None
@@ -598,14 +602,14 @@ def _entry_generators(region: Region, arguments: list[torch.Generator]) -> list[
 
 
 def _note_host_draws(call: RegionCall, region: Region, entry: host_rng.HostStates) -> None:
-    """A watched call's exit: the global RNGs of Python and numpy its forward drew from
+    """A probed call's exit: the global RNGs of Python and numpy its forward drew from
     are captured at its region's calls from now on, and this call's replays run from its
     entry's states (NOTE [Host random states])."""
     kinds = host_rng.drawn(entry)
     if not kinds or kinds & ~region.host_rng == 0:
         return
     region.host_rng |= kinds
-    if call.rng is not None and call.rng.host is None:
+    if call.rng is not None:
         call.rng.host = host_rng.only(entry, region.host_rng)
     names = " and ".join(n for bit, n in ((host_rng.PY, "Python's random"), (host_rng.NUMPY, "numpy's global RNG")) if kinds & bit)
     log_once(

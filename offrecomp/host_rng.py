@@ -9,18 +9,20 @@
 # same ops (gradients silently wrong), and would move the caller's states on, so the
 # training loop's next draws would differ from a plain run's. Capturing those states at
 # every call costs about 10 us for ``random`` and 40 us for numpy on a 2.5 GHz host,
-# more than a call's other bookkeeping, so a region's first call, the one its
-# ``FirstCallWatch`` watches (again after a structure change), compares both states
-# at its exit with its entry's. A region seen drawing from one (``Region.host_rng``,
-# bits ``PY`` and ``NUMPY``) captures that one at each later call's entry, its first
-# call keeps the entry states it compared with, and its replays run from them and set
-# the caller's back afterwards, as for torch's. A draw that becomes an op's number (a
+# more than a call's other bookkeeping, so the first PROBES calls of a region that take
+# a replay checkpoint compare both states at their exit with their entry's (a forward
+# may draw only in some calls: a block dropped on a torch draw before it draws from
+# numpy). A region seen drawing from one (``Region.host_rng``, bits ``PY`` and
+# ``NUMPY``) captures that one at each later call's entry, the probed call keeps the
+# entry states it compared with, and its replays run from them and set the caller's
+# back afterwards, as for torch's. A draw that becomes an op's number (a
 # scale) differs from the recording's, which another call made: a serving replay that
 # diverges there makes the recording stale, and the region replays plainly from then
 # on (NOTE [Stale recordings] in regenerate.py). Not covered (docs/reliability.md): a
 # region that draws only in some calls and not in its first, and private RNG objects
 # (``random.Random()``, ``np.random.default_rng()``) held by the model, which a replay
-# cannot tell from the model's other Python state.
+# cannot tell from the model's other Python state. A region that draws in none of its
+# first PROBES calls and then does is not covered either.
 """
 
 from __future__ import annotations
@@ -30,12 +32,15 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["NUMPY", "PY", "HostStates", "capture", "drawn", "only", "restore"]
+__all__ = ["ALL", "NUMPY", "PROBES", "PY", "HostStates", "capture", "drawn", "only", "restore"]
 
 PY = 1
 """``Region.host_rng`` bit: its forward draws from Python's ``random``."""
 NUMPY = 2
 """``Region.host_rng`` bit: its forward draws from numpy's global RNG."""
+ALL = PY | NUMPY
+PROBES = 8
+"""A region's calls whose states are compared at exit (NOTE [Host random states])."""
 
 
 @dataclass(frozen=True)

@@ -226,8 +226,6 @@ class Regenerator:
                         structure = None
                         continue
                     if region.host_rng or structure.self_changing or module_state(region.modules) != structure.state:
-                        # a region drawing from Python's or numpy's RNG was recorded with
-                        # other draws (NOTE [Host random states]): its plain replay redraws
                         self._stale_recording(call, structure, str(exc).removeprefix("offrecomp: "))
                         structure = None
                         continue
@@ -253,7 +251,10 @@ class Regenerator:
         life.replay_started(call, start, end, dropped, timed=timed)
 
     def _stale_recording(self, call: RegionCall, structure: Any, why: str) -> None:
-        """NOTE [Stale recordings]: ``call``'s region replays plainly from now on."""
+        """NOTE [Stale recordings]: ``call``'s region replays plainly from now on. Also
+        for a region drawing from Python's or numpy's RNG: its recording drew other
+        numbers, which a plain replay redraws as its forward did (NOTE [Host random
+        states])."""
         self._planner.distrust(call.name, structure)
         warn_once(
             f"stale:{call.name}",

@@ -96,6 +96,8 @@ class Region:
     host_rng: int = 0
     """The global RNGs of Python and numpy its forward was seen drawing from, as
     ``host_rng.PY | host_rng.NUMPY`` bits (NOTE [Host random states])."""
+    host_probes: int = 0
+    """Its calls whose host random states were compared at exit with their entry's."""
     writes_state: bool | None = None
     """Its forward writes its own inputs or parameters in place; None until a call has
     shown whether it does (NOTE [State written by its region])."""
@@ -473,6 +475,9 @@ class RngState:
     cuda: dict[int, torch.Tensor]
     host: host_rng.HostStates | None = None
     """Python's and numpy's, where the region draws from them (NOTE [Host random states])."""
+    probe: host_rng.HostStates | None = None
+    """Both host states at entry, for the call's exit to compare with (NOTE [Host random
+    states]): on a region's first calls only."""
 
 
 def capture_rng(devices: Iterable[torch.device], host: int = 0) -> RngState:

@@ -181,9 +181,6 @@ class FirstCallWatch(_RegionMode):
                 if t is not None and _describable(t):
                     self.by_ptr.setdefault(int(t.untyped_storage().data_ptr()), []).append((holder, i))
         self.generators: dict[int, tuple[torch.Generator, torch.Tensor]] = {}
-        self.host_states: Any = None
-        """Python's and numpy's random states at the call's entry, set by its owner
-        (NOTE [Host random states] in offrecomp/host_rng.py)."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
