@@ -1,11 +1,13 @@
 """Random models for the general case: block programs of common ops in random module
 structures, so the runtime meets layouts no hand-written test names.
 
-``random_model(seed)`` builds one: a stem, then blocks of two or three kinds (each kind
+``random_model(seed)`` builds one: a stem, then blocks of one to three kinds (each kind
 a class of its own, so discovery finds them repeated) held in one of several
 structures (a ModuleList looped over, a Sequential, a ModuleDict, attributes, stages of
-lists, one block called twice, blocks taking keyword tensors or returning tuples), then
-a head and a scalar loss. A block runs a random program of ops on a (batch, tokens,
+lists, one block called twice, blocks taking keyword tensors or returning tuples or
+dicts, U-Net skips from the first half's outputs to the second half's inputs, a
+context every block attends to, blocks of a kind sharing their first layer), then a
+head and a scalar loss. A block runs a random program of ops on a (batch, tokens,
 width) tensor: linear layers, MLPs, norms (LayerNorm, a hand-written RMS norm,
 BatchNorm over the width, which writes its running statistics), residual branches,
 dropout, attention (hand-written softmax or scaled_dot_product_attention, causal),
@@ -71,7 +73,7 @@ def varies(model: nn.Module) -> bool:
 class RandomBlock(nn.Module):
     """Runs ``program`` (see ``_program``) on x of shape (batch, tokens, WIDTH)."""
 
-    def __init__(self, program: list[Any], kwarg: bool, tuple_out: bool) -> None:
+    def __init__(self, program: list[Any], kwarg: bool, tuple_out: bool | str) -> None:
         super().__init__()
         self.program = program
         self.kwarg = kwarg
@@ -109,10 +111,14 @@ class RandomBlock(nn.Module):
             elif op == "index":
                 self.register_buffer(key, torch.arange(TOKENS - 1, -1, -1), persistent=False)
 
-    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> Any:
+    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None, ctx: torch.Tensor | None = None) -> Any:
         if self.kwarg and scale is not None:
             x = x * scale
+        if ctx is not None:  # cross-attention to a context another part of the model made
+            x = x + torch.softmax(x @ ctx.transpose(1, 2) / WIDTH**0.5, dim=-1) @ ctx
         x = self._run(self.program, "p", x)
+        if self.tuple_out == "dict":
+            return {"x": x, "aux": x.abs().mean()}
         if self.tuple_out:
             return x, x.square().mean()
         return x
@@ -201,7 +207,10 @@ def _attention(qkv: torch.Tensor, sdpa: bool) -> torch.Tensor:
     return y.transpose(1, 2).reshape(b, t, WIDTH)
 
 
-_LAYOUTS = ("list", "sequential", "dict", "attributes", "stages", "shared_twice", "kwargs", "tuples")
+_LAYOUTS = (
+    "list", "sequential", "dict", "attributes", "stages", "shared_twice", "kwargs", "tuples", "skips", "cross",
+    "tied", "dict_out",
+)
 
 
 class RandomModel(nn.Module):
@@ -225,6 +234,15 @@ class RandomModel(nn.Module):
             self.stages = nn.ModuleList([nn.ModuleList(blocks[:half]), nn.ModuleList(blocks[half:])])
         else:
             self.blocks = nn.ModuleList(blocks)
+        if layout == "cross":
+            self.context = nn.Linear(WIDTH, WIDTH)
+        if layout == "tied":  # blocks of a kind share their first layer (tied weights)
+            first: dict[type, nn.Module] = {}
+            for b in blocks:
+                layers = b.layers  # type: ignore[union-attr]
+                if len(layers):
+                    key = next(iter(layers.keys()))
+                    layers[key] = first.setdefault(type(b), layers[key])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = torch.tanh(self.stem(x))
@@ -249,6 +267,23 @@ class RandomModel(nn.Module):
             scale = torch.full((WIDTH,), 0.9)
             for b in self.blocks:
                 x = b(x, scale=scale)
+        elif self.layout == "skips":  # U-Net: the first half's outputs join the second half's inputs
+            half = len(self.blocks) // 2
+            kept = []
+            for i, b in enumerate(self.blocks):
+                if i >= len(self.blocks) - half and kept:
+                    x = x + kept.pop()
+                x = b(x)
+                if i < half:
+                    kept.append(x)
+        elif self.layout == "cross":
+            ctx = torch.tanh(self.context(x.detach().flip(1)))
+            for b in self.blocks:
+                x = b(x, ctx=ctx)
+        elif self.layout == "dict_out":
+            for b in self.blocks:
+                out = b(x)
+                x, aux = out["x"], aux + out["aux"]
         else:  # list, tuples
             for b in self.blocks:
                 out = b(x)
@@ -273,7 +308,8 @@ def random_model(seed: int) -> RandomModel:
     if rng.random() < 0.5:
         rng.shuffle(order)
     torch.manual_seed(seed)
-    blocks = [cls(prog, kwarg=layout == "kwargs", tuple_out=layout == "tuples") for cls, prog in order]
+    out: bool | str = "dict" if layout == "dict_out" else layout == "tuples"
+    blocks = [cls(prog, kwarg=layout == "kwargs", tuple_out=out) for cls, prog in order]
     return RandomModel(blocks, layout)
 
 
