@@ -54,6 +54,9 @@ class Planner:
         self.solver = Solver(host, self.replay_cost)
         self.learner = Learner(host, self.replay_cost, self.solver, self.entries)
         self._pending: list[tuple[StepRecord, list[PassState]]] = []
+        self._learnt: weakref.WeakSet[PassState] = weakref.WeakSet()
+        """Passes learnt from: a provisional step's pass is learnt once, though the step it
+        merges into lists it again (NOTE [Passes and steps] in lifecycle.py)."""
         # NOTE [Bookkeeping off the critical path]: passes whose profile is still to be
         # built, with their replay marks and backward end as they were when they ended (a
         # later backward may still replay their regions and add marks)
@@ -613,10 +616,12 @@ class Planner:
             with _planner_time(rec):
                 first = passes[0]
                 rec.pause_seconds = sum(clock.pause(p.start_mark, p.backward_end_mark) for p in passes)
-                for p in passes:
+                fresh = [p for p in passes if p not in self._learnt]
+                for p in fresh:
                     self.replay_cost.learn(p, self.entries, clock)
                 rec.replay_op_us = 1e6 * self.replay_cost.seconds
-                for p in passes:
+                for p in fresh:
+                    self._learnt.add(p)
                     # each pass by its own signature: micro-batches of other lengths in
                     # one step are other signatures, with other times
                     pe = self.entries.get(p.signature)

@@ -772,6 +772,31 @@ def test_optimizer_stepping_inside_backward(variant: str) -> None:
     assert all(s.replays > 0 for s in steps) if variant == "recompute" else True
 
 
+def test_passes_of_provisional_steps_are_learnt_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Passes and steps]: before the first optimizer step each pass is a step of its
+    own, learnt when its times land; the optimizer step merges them into one step, whose
+    record lists them again. They are not learnt a second time: the calibration pass's
+    check is logged once, and no plan is solved twice (an LBFGS closure's passes, the
+    micro-batches of an accumulation's first step)."""
+    from offrecomp.planning.learning import Learner
+
+    learnt: list[Any] = []  # the passes themselves: held, their ids are not reused
+    original = Learner.learn
+    monkeypatch.setattr(Learner, "learn", lambda self, entry, p: (learnt.append(p), original(self, entry, p))[1])
+    torch.manual_seed(0)
+    model = models.stack(lambda: models.MLPBlock(16), n=4)()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with offrecomp.runtime(model, mode="auto", min_bytes=0) as rt:
+        for step in range(3):
+            for micro in range(4):
+                model(torch.randn(4, 8, 16, generator=torch.Generator().manual_seed(10 * step + micro))).backward()
+            opt.step()
+            opt.zero_grad()
+    steps = rt.report().steps
+    assert [s.passes for s in steps] == [4, 4, 4]
+    assert len(learnt) == len({id(p) for p in learnt}), "a pass was learnt twice"
+
+
 FAULT_STEPS = (0, 2, 6)  # auto: the measuring pass, the calibration pass, a planned pass
 
 
