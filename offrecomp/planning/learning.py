@@ -166,6 +166,8 @@ class Learner:
             return f"host pause {1e3 * pause:.1f} ms in {', '.join(alone)}; calibrating again"
         if not learn_backward(p, measured, clock=clock, calibrating=calibrating):
             skipped.append("backward")
+        if not calibrating and host.device().type == "cuda":
+            learn_served_replays(p, measured, clock)
         # the link as the engine's copies achieved it (per-copy overheads included)
         o = p.offload_stats
         for name in ("d2h_gbps", "h2d_gbps"):
@@ -643,4 +645,47 @@ def replays_by_call(p: PassState, clock: Clock) -> dict[tuple[str, int], float]:
         if call is not None and secs is not None:
             out[call.key] = out.get(call.key, 0.0) + secs
     return out
+
+
+# NOTE [Served replay times]
+# A replay under the dispatch mode runs only the ops its program marks RUN (NOTE [Which
+# ops replay runs] in trace/structure.py). Their seconds come from the calibration
+# pass's plain replays, fitted region by region (NOTE [Calibration]): right for the ops
+# together, not always for a part of them. On an H200 at 16K tokens, serving replays ran
+# at 0.70-0.76x their prediction while plain replays ran within 4% of theirs, and the
+# planner, pricing plans that serve too high, chose plans that ran 2-4% slower. What a
+# served replay takes beyond its ops' seconds is the dispatch mode's own cost, learnt
+# per op (NOTE [Serving overhead]); on a GPU, where the mode's host work runs ahead of
+# the device, what a replay's device time falls short of them can only be the ops': in
+# each planned pass's measured profile the ops such a replay ran take its time over their
+# seconds in the estimate (at least SERVED_FLOOR of them), which the cost model averages
+# in as it does every measured time, so the plans that serve are priced as they run.
+# Ops never grow here: time above them may be the mode's. On a CPU host and device are
+# one: a replay's time holds the mode's cost as well as the ops', and a fast pass on a
+# noisy host would bring the ops down and the mode's cost up, which prices plain replays
+# too low; there the ops keep their calibrated times. A replay a host pause distorted
+# teaches nothing.
+
+#: The least share of the ops' seconds one served replay's time sets them to.
+SERVED_FLOOR = 0.5
+
+
+def learn_served_replays(p: PassState, measured: Profile, clock: Clock) -> None:
+    """NOTE [Served replay times]: the ops of ``p``'s served replays that ran faster than
+    ``measured`` says, scaled toward their measured time."""
+    if not p.dispatch_replays:
+        return
+    by_key = {r.key: r for r in measured.regions}
+    for a, b, _, _, key, program in p.dispatch_replays:
+        r = by_key.get(key)
+        secs = clock.seconds(a, b)
+        if r is None or secs is None or len(program) > len(r.ops) or clock.distorted(a, b, secs):
+            continue
+        ran = [j for j, act in enumerate(program) if act == RUN]
+        predicted = sum(r.ops[j].seconds for j in ran)
+        if predicted <= 0 or secs >= predicted:
+            continue
+        scale = max(SERVED_FLOOR, secs / predicted)
+        for j in ran:
+            r.ops[j].seconds *= scale
 

@@ -93,13 +93,12 @@ class ReplayCost:
         ):
             slow = min(4.0, max(0.25, fwd / est))
         extra, ops = 0.0, 0
-        for a, b, k, run in p.dispatch_replays:
+        for a, b, k, run, *_ in p.dispatch_replays:
             secs = clock.seconds(a, b)
             if secs is None or k <= 0 or clock.distorted(a, b, secs):
                 continue  # NOTE [Host pauses]
             extra += secs - run * slow
             ops += k
-        p.dispatch_replays = []  # learnt once, however many records the pass is part of
         if ops == 0:
             return
         # one outlying pass moves the estimate by at most 4x the current value (plus 20 us)

@@ -313,3 +313,38 @@ def test_a_settled_plan_learns_from_one_pass_in_learn_every(
     gaps = {b - a for a, b in zip(planned[first - 1 :], planned[first:])}
     assert gaps == {every}, planned
     assert_bitwise(ref, got)
+
+
+class _Clock:
+    """Marks are seconds; a span is their difference, never distorted."""
+
+    def seconds(self, a: float, b: float) -> float:
+        return b - a
+
+    def distorted(self, a: float, b: float, secs: float) -> bool:
+        return False
+
+
+def test_served_replays_faster_than_their_ops_bring_those_ops_down() -> None:
+    """NOTE [Served replay times]: the ops a served replay ran (RUN) take its time over
+    their predicted seconds, at least half of them per pass; served and stubbed ops and
+    the replays that ran at or over their ops' seconds leave every op as it was."""
+    from offrecomp.trace import PLACEHOLDER, RUN, SERVE
+    from scheduler import OpRecord, Profile, RegionRecord
+
+    def record(name: str) -> RegionRecord:
+        ops = [OpRecord(seconds=s, skippable=True) for s in (1.0, 4.0, 2.0, 3.0)]
+        return RegionRecord(name=name, call_index=0, start_seconds=0.0, forward_seconds=10.0, backward_seconds=20.0, ops=ops)
+
+    measured = Profile(signature="sig", regions=[record("a"), record("b"), record("c")])
+    p = PassState(index=0, signature="sig", mode="auto")
+    p.dispatch_replays = [
+        (0.0, 4.5, 4, 6.0, ("a", 0), [RUN, SERVE, RUN, RUN]),  # ran 1 + 2 + 3 = 6 s in 4.5: x0.75
+        (0.0, 1.0, 4, 4.0, ("b", 0), [RUN, PLACEHOLDER, RUN, SERVE]),  # 3 s in 1: the floor, x0.5
+        (0.0, 9.0, 4, 6.0, ("c", 0), [RUN, SERVE, RUN, RUN]),  # over: the mode's cost, not the ops'
+    ]
+    learning.learn_served_replays(p, measured, _Clock())  # type: ignore[arg-type]
+    a, b, c = ([op.seconds for op in r.ops] for r in measured.regions)
+    assert a == [0.75, 4.0, 1.5, 2.25]
+    assert b == [0.5, 4.0, 1.0, 3.0]
+    assert c == [1.0, 4.0, 2.0, 3.0]
