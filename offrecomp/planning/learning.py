@@ -168,6 +168,7 @@ class Learner:
             skipped.append("backward")
         if not calibrating and host.device().type == "cuda":
             learn_served_replays(p, measured, clock)
+            learn_replay_host(p, measured, clock)
         # the link as the engine's copies achieved it (per-copy overheads included)
         o = p.offload_stats
         for name in ("d2h_gbps", "h2d_gbps"):
@@ -688,4 +689,41 @@ def learn_served_replays(p: PassState, measured: Profile, clock: Clock) -> None:
         scale = max(SERVED_FLOOR, secs / predicted)
         for j in ran:
             r.ops[j].seconds *= scale
+
+
+# NOTE [Replay host time]
+# A replay's host work (the region's Python forward, each op's launch, the replay's own
+# hooks and checkpoint restore) runs ahead of the device where the ops are long, and
+# holds the device up where they are short: at 4K tokens on an H200, plain replays ran at
+# 1.2-1.5x the ops' seconds the planner priced them with, at 16K within 4%. The
+# simulator takes a unit's time as the longer of its device time and its host time, a
+# replay's host time being its ops' seconds plus ``Profile.replay_host_seconds`` (NOTE
+# [Host time] in scheduler/timeline.py). On a GPU each planned pass sets that figure to
+# the median, over its timed plain replays, of the replay's host span less its ops'
+# seconds in the estimate (0 where the host ran ahead), which the cost model averages
+# in. Served replays teach it nothing (their host time holds the dispatch mode's cost,
+# learnt per op: NOTE [Serving overhead]), nor does a CPU, whose ops' seconds are fitted
+# to whole replays (NOTE [Calibration]).
+
+#: A figure learnt as 0 (the host ran ahead of every replay), which the cost model, taking
+#: 0 for unmeasured, would otherwise keep from an earlier pass.
+_ZERO = 1e-12
+
+
+def learn_replay_host(p: PassState, measured: Profile, clock: Clock) -> None:
+    """NOTE [Replay host time]: ``measured.replay_host_seconds`` from ``p``'s plain replays."""
+    if not p.plain_replays:
+        return
+    by_ordinal = {c.ordinal: c for c in p.calls}
+    by_key = {r.key: r for r in measured.regions}
+    extra = []
+    for ordinal, a, b, k in p.plain_replays:
+        call = by_ordinal.get(ordinal)
+        r = by_key.get(call.key) if call is not None else None
+        if r is None or not r.ops or k <= 0 or clock.distorted(a, b):
+            continue
+        ops = sum(op.seconds for op in r.ops[:k])
+        extra.append(max(0.0, (b.host - a.host) - ops))
+    if extra:
+        measured.replay_host_seconds = max(_ZERO, statistics.median(extra))
 

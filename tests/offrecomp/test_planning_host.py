@@ -321,7 +321,7 @@ class _Clock:
     def seconds(self, a: float, b: float) -> float:
         return b - a
 
-    def distorted(self, a: float, b: float, secs: float) -> bool:
+    def distorted(self, a: Any, b: Any, secs: float | None = None) -> bool:
         return False
 
 
@@ -348,3 +348,28 @@ def test_served_replays_faster_than_their_ops_bring_those_ops_down() -> None:
     assert a == [0.75, 4.0, 1.5, 2.25]
     assert b == [0.5, 4.0, 1.0, 3.0]
     assert c == [1.0, 4.0, 2.0, 3.0]
+
+
+def test_a_plain_replays_host_time_beyond_its_ops_is_learnt_per_replay() -> None:
+    """NOTE [Replay host time]: the median over a pass's plain replays of the host span
+    less the ops' seconds up to the replay's stop (0 where the host ran ahead of them)."""
+    from offrecomp.measure import Mark
+    from scheduler import OpRecord, Profile, RegionRecord
+
+    def record(name: str) -> RegionRecord:
+        ops = [OpRecord(seconds=s, skippable=True) for s in (1.0, 2.0, 3.0)]
+        return RegionRecord(name=name, call_index=0, start_seconds=0.0, forward_seconds=6.0, backward_seconds=9.0, ops=ops)
+
+    measured = Profile(signature="sig", regions=[record("a"), record("b"), record("c")])
+    p = PassState(index=0, signature="sig", mode="auto")
+    p.calls = [SimpleNamespace(ordinal=i, key=(n, 0)) for i, n in enumerate("abc")]  # type: ignore[misc]
+    p.plain_replays = [
+        (0, Mark(host=0.0), Mark(host=4.5), 2),  # ops 0-1: 3 s; host 4.5: 1.5 beyond
+        (1, Mark(host=0.0), Mark(host=8.0), 3),  # 6 s; 2 beyond
+        (2, Mark(host=0.0), Mark(host=1.0), 3),  # the host ran ahead: 0
+    ]
+    learning.learn_replay_host(p, measured, _Clock())  # type: ignore[arg-type]
+    assert measured.replay_host_seconds == 1.5
+    p.plain_replays = p.plain_replays[2:]
+    learning.learn_replay_host(p, measured, _Clock())  # type: ignore[arg-type]
+    assert 0 < measured.replay_host_seconds < 1e-9  # learnt as 0, not left unmeasured
