@@ -55,7 +55,7 @@ from benchmarks.long_seq.presets import PRESETS
 from offrecomp.offload import OffloadEngine
 from offrecomp.transfer import OffloadStats
 
-__all__ = ["SYNC_CALLS", "RunSetup", "main", "setup_run", "summarize", "train_step"]
+__all__ = ["SYNC_CALLS", "RunSetup", "add_model_arguments", "main", "setup_run", "summarize", "train_step"]
 
 #: CUDA runtime calls that block the host until the device catches up.
 SYNC_CALLS = frozenset(
@@ -70,8 +70,8 @@ _EVALUATE = "autograd::engine::evaluate_function:"
 _PROFILE_TRIES = 3
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python benchmarks/profile_step.py", description=__doc__)
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The model and batch options ``setup_run`` reads."""
     p.add_argument("--preset", default="cpu-tiny", help=f"one of {', '.join(PRESETS)}")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
     p.add_argument("--seq", type=int, help="tokens per sequence (default: the preset's first)")
@@ -79,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, help="override the preset's block count")
     p.add_argument("--hidden", type=int, help="override the preset's width")
     p.add_argument("--heads", type=int, help="override the preset's head count")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python benchmarks/profile_step.py", description=__doc__)
+    add_model_arguments(p)
     p.add_argument(
         "--budget-fraction",
         type=float,

@@ -36,8 +36,7 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
 import offrecomp
 import offrecomp.regenerate
 from benchmarks.long_seq.measure import _without_profiler_chatter, count_saved_bytes
-from benchmarks.long_seq.presets import PRESETS
-from benchmarks.profile_step import RunSetup, setup_run, train_step
+from benchmarks.profile_step import RunSetup, add_model_arguments, setup_run, train_step
 from offrecomp.trace.structure import PLACEHOLDER, RUN, SERVE
 from scheduler.cost_model import replay_seconds
 
@@ -49,13 +48,7 @@ NO_LINK_GBPS = 1e-6
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python benchmarks/replay_check.py", description=__doc__)
-    p.add_argument("--preset", default="cpu-tiny", help=f"one of {', '.join(PRESETS)}")
-    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
-    p.add_argument("--seq", type=int, help="tokens per sequence (default: the preset's first)")
-    p.add_argument("--batch", type=int, help="sequences per step (default: the preset's)")
-    p.add_argument("--layers", type=int, help="override the preset's block count")
-    p.add_argument("--hidden", type=int, help="override the preset's width")
-    p.add_argument("--heads", type=int, help="override the preset's head count")
+    add_model_arguments(p)
     p.add_argument("--budget-fraction", type=float, default=0.5, help="share of plain's saved bytes (default 0.5)")
     p.add_argument("--max-steps", type=int, default=16, help="steps to wait for a settled plan (default 16)")
     p.add_argument("--out", default="replay_check.json", help="summary JSON path")
