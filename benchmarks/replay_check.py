@@ -59,17 +59,21 @@ def build_parser() -> argparse.ArgumentParser:
 ACTIONS = {RUN: "run", SERVE: "serve", PLACEHOLDER: "stub"}
 
 
+Modes = dict[str, tuple[str, list[int] | None]]
+
+
 @contextlib.contextmanager
-def _replay_ranges(modes: list[tuple[str, list[int] | None]]) -> Iterator[None]:
+def _replay_ranges(modes: Modes) -> Iterator[None]:
     """A ``record_function`` range around each replay the runtime runs, named by its
-    region call; ``modes`` gets (``serving`` or ``plain``, the serving program) for
-    each, in order."""
+    region call; ``modes`` gets, by that name, ``serving`` or ``plain`` and the serving
+    program of its first replay."""
     original = offrecomp.regenerate.replay_call
 
     def replay_call(call: Any, needed: Any, **kw: Any) -> Any:
         program = kw.get("program")
-        modes.append(("serving" if program is not None else "plain", list(program) if program is not None else None))
-        with torch.profiler.record_function(f"{REPLAY_PREFIX}{call.name}#{call.call_index}"):
+        name = f"{call.name}#{call.call_index}"
+        modes.setdefault(name, ("serving" if program is not None else "plain", list(program) if program else None))
+        with torch.profiler.record_function(REPLAY_PREFIX + name):
             return original(call, needed, **kw)
 
     offrecomp.regenerate.replay_call = replay_call  # type: ignore[assignment]
@@ -115,9 +119,7 @@ def _ops_in(events: list[Any], rng: Any, cuda: bool) -> list[dict[str, Any]]:
     return [o for _, o in sorted(ops, key=lambda x: x[0])]
 
 
-def summarize(
-    rt: offrecomp.Runtime, prof: Any, modes: list[tuple[str, list[int] | None]], cuda: bool
-) -> dict[str, Any]:
+def summarize(rt: offrecomp.Runtime, prof: Any, modes: Modes, cuda: bool) -> dict[str, Any]:
     entry = rt.planner.last_entry
     if entry is None or entry.plan is None or entry.profile is None:
         return {"calls": [], "note": "no plan"}
@@ -135,8 +137,7 @@ def summarize(
             continue
         key = f"{r.name}#{r.call_index}"
         rng = by_call.get(key)
-        index = ranges.index(rng) if rng is not None else -1
-        mode, program = modes[index] if 0 <= index < len(modes) else (None, None)
+        mode, program = modes.get(key, (None, None))
         k = len(program) if program is not None else len(r.ops)
         calls.append({
             "call": key,
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    modes: list[tuple[str, list[int] | None]] = []
+    modes: Modes = {}
     with rt:
         phases = _settle(s, rt, args.max_steps)
         with _replay_ranges(modes), _without_profiler_chatter(), profile(activities=activities) as prof:
