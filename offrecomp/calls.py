@@ -529,11 +529,12 @@ def _warn_training_cache(region: Region) -> None:
     trainer callback: say once what the cache costs and how to leave it out."""
     warn_once(
         "training-cache",
-        "offrecomp: region %r (and every layer like it) is handed a key/value cache in training "
-        "(use_cache=True, the default of most Hugging Face decoders): the loss never reads it, and a "
-        "replay must see it as its forward did, so each layer call records the state it holds, "
-        "host time growing with the square of the depth. Pass use_cache=False to the model, or set "
-        "model.config.use_cache = False for training.",
+        "offrecomp: region %r (and every layer like it) is handed a Hugging Face key/value cache in "
+        "training: the loss never reads it, and a replay must see it as its forward did, so each "
+        "layer call records the state it holds, host time growing with the square of the depth. "
+        "Where the model takes use_cache (most decoders, True by default), pass use_cache=False to "
+        "it or set model.config.use_cache = False for training; a model that builds its cache "
+        "whatever it is told (XLM) pays that time.",
         region.name,
     )
 
