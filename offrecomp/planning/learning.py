@@ -226,10 +226,14 @@ class Learner:
                 "costs %.1f us per op it sees (the probes' median; taken as %.1f)",
                 p.signature, 1e6 * probe, 1e6 * self.replay_cost.seconds,
             )
+        # the probes replayed under the dispatch mode, which a plan prices plainly where
+        # that is cheaper: the check leaves them out of both sides (NOTE [Dispatch probe])
+        probed = {ordinal for ordinal, *_ in p.dispatch_probes}
+        probes = sum(clock.seconds(a, b) or 0.0 for _, a, b, _ in p.dispatch_probes)
         placements: dict[tuple[str, int, int], Placement] = {}
         for c in p.calls:
             for rec in c.storages:
-                if rec.placement == RECOMPUTE and not c.is_root and c.key in by_key:
+                if rec.placement == RECOMPUTE and not c.is_root and c.key in by_key and c.ordinal not in probed:
                     placements[(c.name, c.call_index, rec.index)] = RECOMPUTE
         plan = Plan(placements=placements)
         measured.replay_op_seconds = self.replay_cost.seconds  # the rule the pass replayed by
@@ -241,9 +245,10 @@ class Learner:
             return
         step = clock.seconds(p.start_mark, p.backward_end_mark)
         fwd = clock.seconds(p.start_mark, p.backward_start_mark)
-        replay = sum(clock.seconds(a, b) or 0.0 for _, a, b in p.replay_marks)
-        if step is None or fwd is None or step <= 0:
+        replay = sum(clock.seconds(a, b) or 0.0 for _, a, b in p.replay_marks) - probes
+        if step is None or fwd is None or step - probes <= 0:
             return
+        step -= probes
         off = pred.step_seconds / step - 1.0
         ran = {c.key for c in p.calls if not c.is_root}
         same_calls = ran == set(by_key)  # else the profile holds calls this pass did not run
@@ -251,10 +256,11 @@ class Learner:
         log.log(
             level,
             "offrecomp: calibration pass of signature %s: measured step %.4fs (forward %.4fs, "
-            "replay %.4fs, backward without replay %.4fs), the model predicts %.4fs (%+.0f%%; "
+            "replay %.4fs, backward without replay %.4fs%s), the model predicts %.4fs (%+.0f%%; "
             "forward %.4fs, replay %.4fs)",
-            p.signature, step, fwd, replay, max(0.0, step - fwd - replay), pred.step_seconds, 100 * off,
-            pred.forward_seconds, pred.recompute_seconds,
+            p.signature, step, fwd, replay, max(0.0, step - fwd - replay),
+            f"; less {len(probed)} dispatch-mode probe(s) of {probes:.4f}s" if probed else "",
+            pred.step_seconds, 100 * off, pred.forward_seconds, pred.recompute_seconds,
         )
 
 
