@@ -4,7 +4,8 @@ structures, so the runtime meets layouts no hand-written test names.
 ``random_model(seed)`` builds one: a stem, then blocks of one to three kinds (each kind
 a class of its own, so discovery finds them repeated) held in one of several
 structures (a ModuleList looped over, a Sequential, a ModuleDict, attributes, stages of
-lists, one block called twice, blocks taking keyword tensors or returning tuples or
+lists, stages of a class of the model's own holding a list (the stages are the
+regions), one block called twice, blocks taking keyword tensors or returning tuples or
 dicts, U-Net skips from the first half's outputs to the second half's inputs, a
 context every block attends to, blocks of a kind sharing their first layer), then a
 head and a scalar loss. A block runs a random program of ops on a (batch, tokens,
@@ -209,8 +210,22 @@ def _attention(qkv: torch.Tensor, sdpa: bool) -> torch.Tensor:
 
 _LAYOUTS = (
     "list", "sequential", "dict", "attributes", "stages", "shared_twice", "kwargs", "tuples", "skips", "cross",
-    "tied", "dict_out",
+    "tied", "dict_out", "nested",
 )
+
+
+class Stage(nn.Module):
+    """Blocks of the model's own class in a list, called in turn: a stage of a nested
+    model, the outermost repeated module (the region)."""
+
+    def __init__(self, blocks: list[nn.Module]) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x
 
 
 class RandomModel(nn.Module):
@@ -232,6 +247,9 @@ class RandomModel(nn.Module):
         elif layout == "stages":
             half = len(blocks) // 2
             self.stages = nn.ModuleList([nn.ModuleList(blocks[:half]), nn.ModuleList(blocks[half:])])
+        elif layout == "nested":
+            half = len(blocks) // 2
+            self.stages = nn.ModuleList([Stage(blocks[:half]), Stage(blocks[half:])])
         else:
             self.blocks = nn.ModuleList(blocks)
         if layout == "cross":
@@ -259,6 +277,9 @@ class RandomModel(nn.Module):
             for stage in self.stages:
                 for b in stage:
                     x = b(x)
+        elif self.layout == "nested":
+            for stage in self.stages:
+                x = stage(x)
         elif self.layout == "shared_twice":
             for b in self.blocks:
                 x = b(x)
@@ -304,6 +325,8 @@ def random_model(seed: int) -> RandomModel:
         cls = type(f"Block{seed}_{k}", (RandomBlock,), {})
         kinds.append((cls, _program(rng)))
     n = len(kinds) * (2 if len(kinds) > 1 else rng.randint(2, 4))  # each kind at least twice
+    if layout == "nested":
+        n += n % 2  # two stages of as many blocks
     order = [kinds[i % len(kinds)] for i in range(n)]
     if rng.random() < 0.5:
         rng.shuffle(order)

@@ -29,5 +29,5 @@ def test_random_models_cover_the_layouts_and_ops() -> None:
         model = random_model(seed)
         layouts.add(model.layout)
         ops.update(op for op in describe(model).replace("(", " ").replace("'", " ").split() if op.isidentifier())
-    assert layouts == {"list", "sequential", "dict", "attributes", "stages", "shared_twice", "kwargs", "tuples", "skips", "cross", "tied", "dict_out"}
+    assert layouts == {"list", "sequential", "dict", "attributes", "stages", "shared_twice", "kwargs", "tuples", "skips", "cross", "tied", "dict_out", "nested"}
     assert {"sdpa", "batchnorm", "layerdrop", "slice_inplace", "residual", "float64"} <= ops
