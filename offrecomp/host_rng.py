@@ -15,14 +15,14 @@
 # numpy). A region seen drawing from one (``Region.host_rng``, bits ``PY`` and
 # ``NUMPY``) captures that one at each later call's entry, the probed call keeps the
 # entry states it compared with, and its replays run from them and set the caller's
-# back afterwards, as for torch's. A draw that becomes an op's number (a
-# scale) differs from the recording's, which another call made: a serving replay that
-# diverges there makes the recording stale, and the region replays plainly from then
-# on (NOTE [Stale recordings] in regenerate.py). Not covered (docs/reliability.md): a
-# region that draws only in some calls and not in its first, and private RNG objects
-# (``random.Random()``, ``np.random.default_rng()``) held by the model, which a replay
-# cannot tell from the model's other Python state. A region that draws in none of its
-# first PROBES calls and then does is not covered either.
+# back afterwards, as for torch's. A draw that becomes an op's number (a scale)
+# differs from the recording's, which another call made: a serving replay that
+# diverges there makes the recording stale, and the region replays plainly from then on
+# (NOTE [Stale recordings] in regenerate.py). Not covered (docs/reliability.md): a
+# region that draws in none of its first PROBES calls and later does, and private RNG
+# objects (``random.Random()``, ``np.random.default_rng()``) held by the model, which a
+# replay cannot tell from the model's other Python state. The states are global: a
+# thread drawing from them while a replay runs draws from the replay's.
 """
 
 from __future__ import annotations
