@@ -55,7 +55,7 @@ from benchmarks.long_seq.presets import PRESETS
 from offrecomp.offload import OffloadEngine
 from offrecomp.transfer import OffloadStats
 
-__all__ = ["SYNC_CALLS", "RunSetup", "add_model_arguments", "main", "setup_run", "summarize", "train_step"]
+__all__ = ["SYNC_CALLS", "RunSetup", "add_run_arguments", "main", "setup_run", "start_run", "summarize", "train_step"]
 
 #: CUDA runtime calls that block the host until the device catches up.
 SYNC_CALLS = frozenset(
@@ -70,8 +70,10 @@ _EVALUATE = "autograd::engine::evaluate_function:"
 _PROFILE_TRIES = 3
 
 
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """The model and batch options ``setup_run`` reads."""
+def add_run_arguments(p: argparse.ArgumentParser, *, budget_fraction: float, max_steps: str) -> None:
+    """The options ``start_run`` reads: the model, the batch, auto's budget as a share of
+    the plain run's saved bytes (``budget_fraction`` by default), the steps to wait
+    (``max_steps``: for what) and the CPU threads."""
     p.add_argument("--preset", default="cpu-tiny", help=f"one of {', '.join(PRESETS)}")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
     p.add_argument("--seq", type=int, help="tokens per sequence (default: the preset's first)")
@@ -79,28 +81,24 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, help="override the preset's block count")
     p.add_argument("--hidden", type=int, help="override the preset's width")
     p.add_argument("--heads", type=int, help="override the preset's head count")
+    p.add_argument(
+        "--budget-fraction",
+        type=float,
+        default=budget_fraction,
+        help=f"auto's budget as a share of the plain run's saved bytes (default {budget_fraction:g})",
+    )
+    p.add_argument("--max-steps", type=int, default=16, help=f"steps to wait for {max_steps} (default 16)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default 1 on CPU)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python benchmarks/profile_step.py", description=__doc__)
-    add_model_arguments(p)
-    p.add_argument(
-        "--budget-fraction",
-        type=float,
-        default=0.25,
-        help="auto's budget as a share of the plain run's saved bytes (default 0.25)",
-    )
+    add_run_arguments(p, budget_fraction=0.25, max_steps="a planned step that offloads")
     p.add_argument(
         "--gbps",
         type=float,
         default=1000.0,
         help="d2h_gbps and h2d_gbps the runtime plans with until it measures (default 1000)",
-    )
-    p.add_argument(
-        "--max-steps",
-        type=int,
-        default=16,
-        help="steps to wait for a planned step that offloads (default 16)",
     )
     p.add_argument(
         "--force-offload",
@@ -109,7 +107,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default="profile_step.json", help="summary JSON path")
     p.add_argument("--trace", help="also write the Chrome trace here (.json or .json.gz)")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default 1 on CPU)")
     return p
 
 
@@ -555,28 +552,30 @@ def _write_trace(prof: Any, path: Path) -> None:
         prof.export_chrome_trace(str(path))
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def start_run(args: argparse.Namespace) -> tuple[RunSetup, dict[str, Any], int, int] | None:
+    """The options of ``add_run_arguments`` checked, the device and threads set, the model
+    built: (its setup, its meta, the plain run's saved bytes, auto's budget); None, having
+    said why on stderr, for a bad value."""
     for flag, value, lowest in (("--max-steps", args.max_steps, 1), ("--seq", args.seq, 1)):
         if value is not None and value < lowest:
             print(f"{flag}={value} is invalid; give {lowest} or more", file=sys.stderr)
-            return 2
+            return None
     if not 0 < args.budget_fraction <= 1:
         print(
             f"--budget-fraction={args.budget_fraction} is invalid; give a share in (0, 1]",
             file=sys.stderr,
         )
-        return 2
+        return None
     if args.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     elif args.device in ("cpu", "cuda"):
         device = torch.device(args.device)
     else:
         print(f"--device {args.device!r} is invalid; accepted: auto, cpu, cuda", file=sys.stderr)
-        return 2
+        return None
     if device.type == "cuda" and not torch.cuda.is_available():
         print("--device cuda: no CUDA device is available here", file=sys.stderr)
-        return 2
+        return None
     threads = args.threads or (1 if device.type == "cpu" else None)
     if threads:
         torch.set_num_threads(threads)
@@ -584,10 +583,19 @@ def main(argv: list[str] | None = None) -> int:
         s, meta = setup_run(args, device)
     except ValueError as exc:
         print(exc, file=sys.stderr)
-        return 2
-    t0 = time.perf_counter()
+        return None
     plain = count_saved_bytes(s.model, s.batch, s.amp)
-    budget = max(1, int(args.budget_fraction * plain))
+    return s, meta, plain, max(1, int(args.budget_fraction * plain))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    t0 = time.perf_counter()
+    started = start_run(args)
+    if started is None:
+        return 2
+    s, meta, plain, budget = started
+    device = s.device
     gbps = {"d2h_gbps": args.gbps, "h2d_gbps": args.gbps}
     phases: list[str] = []
     reached = False

@@ -35,8 +35,8 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
 
 import offrecomp
 import offrecomp.regenerate
-from benchmarks.long_seq.measure import _without_profiler_chatter, count_saved_bytes
-from benchmarks.profile_step import RunSetup, add_model_arguments, setup_run, train_step
+from benchmarks.long_seq.measure import _without_profiler_chatter
+from benchmarks.profile_step import RunSetup, add_run_arguments, start_run, train_step
 from offrecomp.trace.structure import PLACEHOLDER, RUN, SERVE
 from scheduler.cost_model import replay_seconds
 
@@ -48,9 +48,7 @@ NO_LINK_GBPS = 1e-6
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python benchmarks/replay_check.py", description=__doc__)
-    add_model_arguments(p)
-    p.add_argument("--budget-fraction", type=float, default=0.5, help="share of plain's saved bytes (default 0.5)")
-    p.add_argument("--max-steps", type=int, default=16, help="steps to wait for a settled plan (default 16)")
+    add_run_arguments(p, budget_fraction=0.5, max_steps="a settled plan")
     p.add_argument("--out", default="replay_check.json", help="summary JSON path")
     return p
 
@@ -179,21 +177,12 @@ def render(summary: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not 0 < args.budget_fraction <= 1:
-        print(f"--budget-fraction={args.budget_fraction} is invalid; give a share in (0, 1]", file=sys.stderr)
-        return 2
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
-    if device.type == "cpu":
-        torch.set_num_threads(1)
-    try:
-        s, meta = setup_run(args, device)
-    except ValueError as exc:
-        print(exc, file=sys.stderr)
-        return 2
     t0 = time.perf_counter()
-    plain = count_saved_bytes(s.model, s.batch, s.amp)
-    budget = max(1, int(args.budget_fraction * plain))
+    started = start_run(args)
+    if started is None:
+        return 2
+    s, meta, plain, budget = started
+    device = s.device
     rt = offrecomp.runtime(s.model, mode="auto", budget=budget, d2h_gbps=NO_LINK_GBPS, h2d_gbps=NO_LINK_GBPS)
     from torch.profiler import ProfilerActivity, profile
 
