@@ -243,7 +243,7 @@ class Regenerator:
         if p is not None and timed and program is not None and calibrating:
             p.dispatch_probes.append((call.ordinal, start, end, program))  # NOTE [Dispatch probe]
         elif p is not None and timed and program is not None:
-            p.dispatch_replays.append((start, end, len(program), run_seconds, call.key, program))
+            p.dispatch_replays.append((call.ordinal, start, end, run_seconds, program))
         elif p is not None and timed and k_seen >= 0:
             p.plain_replays.append((call.ordinal, start, end, k_seen))
         call.replayed.update(captured)

@@ -719,9 +719,9 @@ class PassState(_WeakReferable):
     native_held: list[tuple[int, int]] = field(default_factory=list)
     """(call ordinal, bytes) of its native calls whose booked bytes are still resident,
     in forward order (NOTE [Native keep] in native.py)."""
-    dispatch_replays: list[tuple[Any, ...]] = field(default_factory=list)
-    """Replays under the dispatch mode: (start, end mark, ops seen, predicted seconds of
-    those run, call key, program): NOTE [Serving overhead], [Served replay times]."""
+    dispatch_replays: list[tuple[int, Any, Any, float, list[int]]] = field(default_factory=list)
+    """Replays under the dispatch mode: (call ordinal, start, end mark, predicted seconds
+    of the ops run, program): NOTE [Serving overhead], [Served replay times]."""
     dispatch_probes: list[tuple[int, Any, Any, list[int]]] = field(default_factory=list)
     """A calibration pass's replays under the dispatch mode: (call ordinal, start mark,
     end mark, its program), to learn the mode's cost per op (NOTE [Dispatch probe])."""

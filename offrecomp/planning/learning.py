@@ -682,9 +682,11 @@ def learn_served_replays(p: PassState, measured: Profile, clock: Clock) -> None:
     ``measured`` says, scaled toward their measured time."""
     if not p.dispatch_replays:
         return
+    by_ordinal = {c.ordinal: c for c in p.calls}
     by_key = {r.key: r for r in measured.regions}
-    for a, b, _, _, key, program in p.dispatch_replays:
-        r = by_key.get(key)
+    for ordinal, a, b, _, program in p.dispatch_replays:
+        call = by_ordinal.get(ordinal)
+        r = by_key.get(call.key) if call is not None else None
         secs = clock.seconds(a, b)
         if r is None or secs is None or len(program) > len(r.ops) or clock.distorted(a, b, secs):
             continue

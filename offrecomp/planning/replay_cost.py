@@ -93,7 +93,8 @@ class ReplayCost:
         ):
             slow = min(4.0, max(0.25, fwd / est))
         extra, ops = 0.0, 0
-        for a, b, k, run, *_ in p.dispatch_replays:
+        for _, a, b, run, program in p.dispatch_replays:
+            k = len(program)  # the ops it saw
             secs = clock.seconds(a, b)
             if secs is None or k <= 0 or clock.distorted(a, b, secs):
                 continue  # NOTE [Host pauses]

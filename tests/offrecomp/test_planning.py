@@ -32,6 +32,7 @@ from offrecomp.planning import (
     trial,
 )
 from offrecomp.state import PassState
+from offrecomp.trace import RUN
 from scheduler import Placement, Plan, predict
 from tests.helpers import assert_bitwise, make, tight_budget, train, train_bitwise, twin
 from tests.models import stack
@@ -46,7 +47,7 @@ def _pass_with_replays(signature: str, *replays: tuple[float, int, float]) -> Pa
     p = PassState(index=0, signature=signature, mode="auto")
     p.phase = "planned"
     for secs, k, run in replays:
-        p.dispatch_replays.append((Mark(0.0), Mark(secs), k, run))
+        p.dispatch_replays.append((-1, Mark(0.0), Mark(secs), run, [RUN] * k))
     return p
 
 

@@ -338,10 +338,11 @@ def test_served_replays_faster_than_their_ops_bring_those_ops_down() -> None:
 
     measured = Profile(signature="sig", regions=[record("a"), record("b"), record("c")])
     p = PassState(index=0, signature="sig", mode="auto")
+    p.calls = [SimpleNamespace(ordinal=i, key=(n, 0)) for i, n in enumerate("abc")]  # type: ignore[misc]
     p.dispatch_replays = [
-        (0.0, 4.5, 4, 6.0, ("a", 0), [RUN, SERVE, RUN, RUN]),  # ran 1 + 2 + 3 = 6 s in 4.5: x0.75
-        (0.0, 1.0, 4, 4.0, ("b", 0), [RUN, PLACEHOLDER, RUN, SERVE]),  # 3 s in 1: the floor, x0.5
-        (0.0, 9.0, 4, 6.0, ("c", 0), [RUN, SERVE, RUN, RUN]),  # over: the mode's cost, not the ops'
+        (0, 0.0, 4.5, 6.0, [RUN, SERVE, RUN, RUN]),  # ran 1 + 2 + 3 = 6 s in 4.5: x0.75
+        (1, 0.0, 1.0, 4.0, [RUN, PLACEHOLDER, RUN, SERVE]),  # 3 s in 1: the floor, x0.5
+        (2, 0.0, 9.0, 6.0, [RUN, SERVE, RUN, RUN]),  # over: the mode's cost, not the ops'
     ]
     learning.learn_served_replays(p, measured, _Clock())  # type: ignore[arg-type]
     a, b, c = ([op.seconds for op in r.ops] for r in measured.regions)
