@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from offrecomp._torch_compat import TreeSpec, tree_flatten, tree_unflatten
+from offrecomp.host_rng import is_private
 
 __all__ = [
     "ARG_COPY_MAX_BYTES", "ARG_MODULES_MAX", "ARG_STATE_MAX_ITEMS", "ARG_STATE_PER_REGION", "ArgState", "CapturedInputs", "Position",
@@ -58,6 +59,8 @@ class CapturedInputs:
     [State written by its region])."""
     generators: list[torch.Generator] = field(default_factory=list)
     """The generators among the arguments (NOTE [Private generators] in replay.py)."""
+    host_rngs: list[Any] = field(default_factory=list)
+    """Python's and numpy's RNG objects among the arguments (NOTE [Host random states])."""
 
     def devices(self) -> set[torch.device]:
         return set(self.devices_seen)
@@ -101,6 +104,7 @@ def capture_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> CapturedInp
 
     objects: list[Any] = []
     generators: list[torch.Generator] = []
+    host_rngs: list[Any] = []
 
     def grab(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
@@ -110,6 +114,8 @@ def capture_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> CapturedInp
             return _Slot(len(tensors) - 1)
         if isinstance(x, torch.Generator):
             generators.append(x)
+        elif is_private(x):  # NOTE [Host random states]
+            host_rngs.append(x)
         elif _stateful(x) or isinstance(x, nn.Module):  # NOTE [Modules among the arguments]
             objects.append(x)
         return x
@@ -117,7 +123,7 @@ def capture_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> CapturedInp
     flat, spec = _flatten_arguments(args, kwargs)
     leaves = [grab(x) for x in flat]
     devices = {t.device for t in tensors if t is not None}
-    return CapturedInputs(leaves, spec, tensors, flags, versions, devices, objects, generators=generators)
+    return CapturedInputs(leaves, spec, tensors, flags, versions, devices, objects, generators=generators, host_rngs=host_rngs)
 
 
 #: TreeSpecs of argument lists made of tensors alone, by (positional count, keywords):

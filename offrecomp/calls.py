@@ -179,10 +179,10 @@ class RegionCalls:
         devices = cap.devices()
         if self._device.device is not None:
             devices.add(self._device.device)
-        call.rng = capture_rng(devices, region.host_rng)
-        if region.host_probes < host_rng.PROBES and region.host_rng != host_rng.ALL:
-            region.host_probes += 1  # NOTE [Host random states]: does its forward draw from them?
-            call.rng.probe = host_rng.capture(host_rng.ALL)
+        call.rng = capture_rng(devices, region.host_rng, _host_rngs(region, cap.host_rngs))
+        n = region.host_calls = region.host_calls + 1
+        if (n <= host_rng.PROBES or not n % host_rng.REPROBE) and region.host_rng & host_rng.ALL != host_rng.ALL:
+            call.rng.probe = host_rng.capture(host_rng.ALL)  # NOTE [Host random states]: does it draw from them?
         call.autocast = capture_autocast({d.type for d in devices})
         call.torch_function = tc.torch_function_state()
         call.buffers = capture_buffers(region.slots)
@@ -602,6 +602,27 @@ def _entry_generators(region: Region, arguments: list[torch.Generator]) -> list[
     return [(g, g.get_state()) for g in seen.values()]
 
 
+def _host_rngs(region: Region, arguments: list[Any]) -> list[Any]:
+    """The RNG objects of Python's or numpy's that a call of ``region`` may draw from:
+    its modules' (found at its first call) and its arguments' (NOTE [Host random
+    states])."""
+    slots = region.rng_slots
+    if slots is None:
+        slots = region.rng_slots = host_rng.private_slots(region.modules)
+    if not slots and not arguments:
+        return arguments
+    objects = host_rng.private_objects(slots, arguments)
+    if objects and not region.host_rng & host_rng.PRIVATE:
+        region.host_rng |= host_rng.PRIVATE
+        log_once(
+            f"host-rng:{kind(region)}:private", logging.INFO,
+            "offrecomp: region %r (and any other like it) holds or takes RNG objects of "
+            "Python's or numpy's (%s); its calls capture their states for their replays",
+            region.name, ", ".join(sorted({type(o).__name__ for o in objects})),
+        )
+    return objects
+
+
 def _note_host_draws(call: RegionCall, region: Region, entry: host_rng.HostStates) -> None:
     """A probed call's exit: the global RNGs of Python and numpy its forward drew from
     are captured at its region's calls from now on, and this call's replays run from its
@@ -610,9 +631,22 @@ def _note_host_draws(call: RegionCall, region: Region, entry: host_rng.HostState
     if not kinds or kinds & ~region.host_rng == 0:
         return
     region.host_rng |= kinds
-    if call.rng is not None:
-        call.rng.host = host_rng.only(entry, region.host_rng)
+    rng = call.rng
+    if rng is not None:
+        rng.host = host_rng.only(entry, region.host_rng, rng.host.private if rng.host is not None else ())
     names = " and ".join(n for bit, n in ((host_rng.PY, "Python's random"), (host_rng.NUMPY, "numpy's global RNG")) if kinds & bit)
+    if region.host_calls > host_rng.PROBES:
+        warn_once(
+            f"host-rng-late:{kind(region)}:{kinds}",
+            "offrecomp: region %r (and any other like it) drew from %s at its call %d, "
+            "none of its first %d having drawn; one call in %d is checked after those, so "
+            "replays of its calls since the previous check may have drawn other numbers "
+            "than their forward (those steps' gradients then differ from a plain run's). "
+            "Its calls capture that state from now on; to be safe from the start, keep "
+            "its activations (leave it out with regions=)",
+            region.name, names, region.host_calls, host_rng.PROBES, host_rng.REPROBE,
+        )
+        return
     log_once(
         f"host-rng:{kind(region)}:{kinds}", logging.INFO,
         "offrecomp: region %r (and any other like it) draws from %s; its calls capture that "

@@ -1,4 +1,4 @@
-"""Python's and numpy's global random states, for regions whose forward draws from them.
+"""Python's and numpy's random states, for regions whose forward draws from them.
 
 # NOTE [Host random states]
 # A replay restores torch's generators to their state at the call's entry (NOTE [Replay],
@@ -12,44 +12,67 @@
 # more than a call's other bookkeeping, so the first PROBES calls of a region that take
 # a replay checkpoint compare both states at their exit with their entry's (a forward
 # may draw only in some calls: a block dropped on a torch draw before it draws from
-# numpy). A region seen drawing from one (``Region.host_rng``, bits ``PY`` and
-# ``NUMPY``) captures that one at each later call's entry, the probed call keeps the
-# entry states it compared with, and its replays run from them and set the caller's
-# back afterwards, as for torch's. A draw that becomes an op's number (a scale)
-# differs from the recording's, which another call made: a serving replay that
-# diverges there makes the recording stale, and the region replays plainly from then on
-# (NOTE [Stale recordings] in regenerate.py). Not covered (docs/reliability.md): a
-# region that draws in none of its first PROBES calls and later does, and private RNG
-# objects (``random.Random()``, ``np.random.default_rng()``) held by the model, which a
-# replay cannot tell from the model's other Python state. The states are global: a
-# thread drawing from them while a replay runs draws from the replay's.
+# numpy), and one call in REPROBE after them (a forward that starts drawing later: a
+# stochastic depth a schedule turns on). A region seen drawing from one
+# (``Region.host_rng``, bits ``PY`` and ``NUMPY``) captures that one at each later
+# call's entry, the probed call keeps the entry states it compared with, and its replays
+# run from them and set the caller's back afterwards, as for torch's. A region first seen
+# drawing after its first PROBES calls gets a warning: the replays of its calls between
+# then and its last probe drew anew.
+#
+# RNG objects of their own (``random.Random(seed)``, ``np.random.default_rng(seed)``, a
+# ``RandomState`` or a bit generator) that a region's modules hold as attributes, or
+# that its calls take as arguments, are captured at every call's entry (bit ``PRIVATE``):
+# a module holds one to draw from it, and the capture costs 1-40 us. Objects reached
+# otherwise (through another object, a closure, a global other than the two above) are
+# not known: a replay draws anew from them, as for a torch generator reached so (NOTE
+# [Private generators] in replay.py); ``random.SystemRandom`` has no state to restore.
+#
+# A draw that becomes an op's number (a scale) differs from the recording's, which
+# another call made: a serving replay that diverges there makes the recording stale,
+# and the region replays plainly from then on (NOTE [Stale recordings] in
+# regenerate.py). The global states are global: a thread drawing from them while a
+# replay runs draws from the replay's.
 """
 
 from __future__ import annotations
 
 import random
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ALL", "NUMPY", "PROBES", "PY", "HostStates", "capture", "drawn", "only", "restore"]
+from torch import nn
+
+__all__ = [
+    "ALL", "NUMPY", "PRIVATE", "PROBES", "PY", "REPROBE", "HostStates", "capture", "drawn", "is_private",
+    "only", "private_objects", "private_slots", "restore",
+]
 
 PY = 1
 """``Region.host_rng`` bit: its forward draws from Python's ``random``."""
 NUMPY = 2
 """``Region.host_rng`` bit: its forward draws from numpy's global RNG."""
 ALL = PY | NUMPY
+"""The global RNGs."""
+PRIVATE = 4
+"""``Region.host_rng`` bit: its modules hold, or its calls took, RNG objects of their own."""
 PROBES = 8
-"""A region's calls whose states are compared at exit (NOTE [Host random states])."""
+"""A region's first calls whose global states are compared at exit (NOTE [Host random states])."""
+REPROBE = 32
+"""After its first PROBES calls, one call of a region in REPROBE is compared too."""
 
 
 @dataclass(frozen=True)
 class HostStates:
-    """The states of the global RNGs ``kinds`` names (None: not captured)."""
+    """The states of the global RNGs ``kinds`` names (None: not captured), and of the
+    RNG objects ``private`` pairs with theirs."""
 
     kinds: int
     py: Any = None
     numpy: Any = None
+    private: tuple[tuple[Any, Any], ...] = ()
 
 
 def _np_random() -> Any:
@@ -57,16 +80,22 @@ def _np_random() -> Any:
     return sys.modules.get("numpy.random")
 
 
-def capture(kinds: int) -> HostStates | None:
-    """The states of the global RNGs ``kinds`` names (None for none)."""
-    if not kinds:
-        return None
+def capture(kinds: int, private: Iterable[Any] = ()) -> HostStates | None:
+    """The states of the global RNGs ``kinds`` names and of the ``private`` RNG objects
+    (None for none)."""
+    objects = tuple((o, _state_of(o)) for o in private)
+    kinds &= ALL
     npr = _np_random() if kinds & NUMPY else None
     if npr is None:
         kinds &= ~NUMPY
-        if not kinds:
-            return None
-    return HostStates(kinds, random.getstate() if kinds & PY else None, npr.get_state() if npr is not None else None)
+    if not kinds and not objects:
+        return None
+    return HostStates(
+        kinds | (PRIVATE if objects else 0),
+        random.getstate() if kinds & PY else None,
+        npr.get_state() if npr is not None else None,
+        objects,
+    )
 
 
 def restore(states: HostStates) -> None:
@@ -76,10 +105,12 @@ def restore(states: HostStates) -> None:
         npr = _np_random()
         if npr is not None:
             npr.set_state(states.numpy)
+    for o, state in states.private:
+        _set_state(o, state)
 
 
 def drawn(before: HostStates) -> int:
-    """The bits of the RNGs of ``before`` whose state has moved since."""
+    """The bits of the global RNGs of ``before`` whose state has moved since."""
     kinds = 0
     if before.py is not None and random.getstate() != before.py:
         kinds |= PY
@@ -89,14 +120,89 @@ def drawn(before: HostStates) -> int:
     return kinds
 
 
-def only(states: HostStates, kinds: int) -> HostStates | None:
-    """``states`` limited to the RNGs ``kinds`` names."""
-    kinds &= states.kinds
-    if not kinds:
+def only(states: HostStates, kinds: int, private: tuple[tuple[Any, Any], ...] = ()) -> HostStates | None:
+    """The global states of ``states`` that ``kinds`` names, with the RNG objects' states
+    ``private``."""
+    kinds &= states.kinds & ALL
+    if not kinds and not private:
         return None
-    return HostStates(kinds, states.py if kinds & PY else None, states.numpy if kinds & NUMPY else None)
+    return HostStates(
+        kinds | (PRIVATE if private else 0), states.py if kinds & PY else None,
+        states.numpy if kinds & NUMPY else None, private,
+    )
 
 
 def _same_numpy(a: Any, b: Any) -> bool:
     # the legacy state: ('MT19937', keys (624 uint32), pos, has_gauss, cached_gaussian)
     return bool(a[0] == b[0] and tuple(a[2:]) == tuple(b[2:]) and (a[1] == b[1]).all())
+
+
+# ------------------------------------------------------------------- RNG objects
+
+#: By type: 1 a ``random.Random``, 2 a numpy ``Generator``, 3 a ``RandomState``, 4 a
+#: bit generator, 0 none of them.
+_KINDS: dict[type, int] = {}
+
+
+def _kind(x: Any) -> int:
+    t = type(x)
+    k = _KINDS.get(t)
+    if k is None:
+        k = 0
+        if issubclass(t, random.Random):
+            k = 0 if issubclass(t, random.SystemRandom) else 1  # no state to restore
+        else:
+            npr = _np_random()
+            if npr is not None:
+                k = (
+                    2 if issubclass(t, npr.Generator) else 3 if issubclass(t, npr.RandomState)
+                    else 4 if issubclass(t, npr.BitGenerator) else 0
+                )
+        _KINDS[t] = k
+    return k
+
+
+def is_private(x: Any) -> bool:
+    """Is ``x`` an RNG object of Python's or numpy's whose state can be set back?"""
+    return _kind(x) != 0
+
+
+def _state_of(o: Any) -> Any:
+    k = _kind(o)
+    if k == 1:
+        return o.getstate()
+    if k == 2:
+        return o.bit_generator.state
+    if k == 3:
+        return o.get_state()
+    return o.state
+
+
+def _set_state(o: Any, state: Any) -> None:
+    k = _kind(o)
+    if k == 1:
+        o.setstate(state)
+    elif k == 2:
+        o.bit_generator.state = state
+    elif k == 3:
+        o.set_state(state)
+    else:
+        o.state = state
+
+
+def private_slots(modules: Iterable[nn.Module]) -> tuple[tuple[nn.Module, str], ...]:
+    """(module, attribute) of every RNG object the ``modules`` hold as an attribute."""
+    return tuple((m, n) for m in modules for n, v in vars(m).items() if _kind(v))
+
+
+def private_objects(slots: Iterable[tuple[nn.Module, str]], arguments: Iterable[Any]) -> list[Any]:
+    """The RNG objects at ``slots`` now (one assigned anew there too) and among
+    ``arguments``, each once."""
+    seen: dict[int, Any] = {}
+    for m, n in slots:
+        o = vars(m).get(n)
+        if o is not None and _kind(o):
+            seen.setdefault(id(o), o)
+    for o in arguments:
+        seen.setdefault(id(o), o)
+    return list(seen.values())

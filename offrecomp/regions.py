@@ -95,9 +95,13 @@ class Region:
     generator assigned there later is captured too (NOTE [Private generators])."""
     host_rng: int = 0
     """The global RNGs of Python and numpy its forward was seen drawing from, as
-    ``host_rng.PY | host_rng.NUMPY`` bits (NOTE [Host random states])."""
-    host_probes: int = 0
-    """Its calls whose host random states were compared at exit with their entry's."""
+    ``host_rng.PY | host_rng.NUMPY`` bits, and ``host_rng.PRIVATE`` once a call held RNG
+    objects of their own (NOTE [Host random states])."""
+    host_calls: int = 0
+    """Its calls that took a replay checkpoint (some compare their host random states)."""
+    rng_slots: tuple[tuple[nn.Module, str], ...] | None = None
+    """Attributes of its modules that held Python's or numpy's RNG objects at its first
+    call (``host_rng.private_slots``); None before."""
     writes_state: bool | None = None
     """Its forward writes its own inputs or parameters in place; None until a call has
     shown whether it does (NOTE [State written by its region])."""
@@ -480,16 +484,16 @@ class RngState:
     states]): on a region's first calls only."""
 
 
-def capture_rng(devices: Iterable[torch.device], host: int = 0) -> RngState:
-    """torch's generator states for ``devices``, and the host ones ``host`` names
-    (``Region.host_rng``)."""
+def capture_rng(devices: Iterable[torch.device], host: int = 0, private: Iterable[Any] = ()) -> RngState:
+    """torch's generator states for ``devices``, the global host ones ``host`` names
+    (``Region.host_rng``) and those of the ``private`` RNG objects."""
     cuda: dict[int, torch.Tensor] = {}
     for d in devices:
         if d.type == "cuda":
             idx = d.index if d.index is not None else torch.cuda.current_device()
             if idx not in cuda:
                 cuda[idx] = torch.cuda.get_rng_state(idx)
-    return RngState(torch.get_rng_state(), cuda, host_rng.capture(host) if host else None)
+    return RngState(torch.get_rng_state(), cuda, host_rng.capture(host, private) if host or private else None)
 
 
 def restore_rng(state: RngState) -> None:

@@ -557,7 +557,10 @@ class _RngStates:
     def __init__(self, call: RegionCall, devices: set[torch.device]) -> None:
         self.call = call
         rng = call.rng
-        self.caller = None if rng is None else capture_rng(devices, rng.host.kinds if rng.host is not None else 0)
+        host = rng.host if rng is not None else None
+        self.caller = None if rng is None else capture_rng(
+            devices, host.kinds if host is not None else 0, [o for o, _ in host.private] if host is not None else ()
+        )
         self.generators = call.generators or []
         self.caller_generators = [(g, g.get_state()) for g, _ in self.generators]
 

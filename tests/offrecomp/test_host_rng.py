@@ -1,9 +1,10 @@
-"""Regions that draw from Python's ``random`` or numpy's global RNG (NOTE [Host random
-states] in offrecomp/calls.py): a replay draws what its forward drew, and leaves the
-caller's states as it found them."""
+"""Regions that draw from Python's ``random``, numpy's global RNG or RNG objects of the
+model's (NOTE [Host random states] in offrecomp/host_rng.py): a replay draws what its
+forward drew, and leaves the caller's states as it found them."""
 
 from __future__ import annotations
 
+import copy
 import random
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 from torch import nn
 
 import offrecomp
+from offrecomp import host_rng
 from tests import models
 from tests.helpers import check_variant
 
@@ -110,3 +112,151 @@ def test_only_a_region_seen_drawing_from_host_states_captures_them(block: type, 
         for s in range(2):
             model(_batch(s)).backward()
     assert [r.host_rng for r in rt._regions] == [kinds] * 3
+
+
+class _OwnPyScale(nn.Module):
+    """Scales its branch by a draw from a ``random.Random`` of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+        self.rng = random.Random(3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x) * (0.5 + self.rng.random()))
+
+
+class _OwnNumpyNoise(nn.Module):
+    """Adds noise drawn from a numpy ``Generator`` held by a submodule."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+        self.noise = _Noise(np.random.default_rng(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x)) * self.noise(x)
+
+
+class _Noise(nn.Module):
+    def __init__(self, rng: object) -> None:
+        super().__init__()
+        self.rng = rng
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self.rng.random(x.shape).astype(np.float32))  # type: ignore[attr-defined]
+
+
+class _OwnLegacyDrop(nn.Module):
+    """Skips its branch on a draw from a numpy ``RandomState`` of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(32, 32)
+        self.fc2 = nn.Linear(32, 32)
+        self.rng = np.random.RandomState(3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.fc1(x))
+        if self.rng.rand() < 0.5:
+            return x + h
+        return x + torch.tanh(self.fc2(h)) * h
+
+
+class _TakesRng(nn.Module):
+    """Draws a scale from the RNG object its caller passes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor, rng: random.Random) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x) * (0.5 + rng.random()))
+
+
+class _PassesRng(nn.Module):
+    """Blocks that share one RNG object, passed to each call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rng = random.Random(4)
+        self.blocks = nn.ModuleList([_TakesRng() for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x, self.rng)
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("block", [_OwnPyScale, _OwnNumpyNoise, _OwnLegacyDrop])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_replay_draws_what_its_forward_drew_from_rng_objects_of_the_model(variant: str, block: type) -> None:
+    torch.manual_seed(0)
+    check_variant(models.Stack([block() for _ in range(3)]), _batch, variant, stable=block is not _OwnLegacyDrop)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_replay_draws_what_its_forward_drew_from_an_rng_object_among_its_arguments(variant: str) -> None:
+    torch.manual_seed(0)
+    check_variant(_PassesRng(), _batch, variant)
+
+
+@pytest.mark.parametrize("block", [_OwnPyScale, _OwnNumpyNoise, _OwnLegacyDrop])
+def test_replays_leave_the_models_rng_objects_as_a_plain_step_does(block: type) -> None:
+    """After a step whose backward replayed every block, each block's RNG object draws
+    next what it draws after a plain step."""
+
+    def step(model: nn.Module) -> list[float]:
+        torch.manual_seed(5)
+        model(_batch(0)).backward()
+        return [float(m.rng.random()) for m in model.modules() if hasattr(m, "rng")]
+
+    torch.manual_seed(0)
+    model = models.Stack([block() for _ in range(3)])
+    plain = step(copy.deepcopy(model))
+    with offrecomp.runtime(model, mode="recompute", min_bytes=0) as rt:
+        got = step(model)
+    assert rt.report().steps[-1].replays > 0
+    assert got == plain
+
+
+def test_a_region_that_starts_drawing_late_is_found_and_replays_its_draws_from_then_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A forward that draws from ``random`` only once a schedule turns it on, after its
+    region's first probed calls: a later check finds it, with a warning, and every step
+    after that check is bitwise a plain step's."""
+
+    class Late(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(32, 32)
+            self.p = 0.0
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            scale = 1.0 + self.p * random.random() if self.p else 1.0
+            return x + torch.tanh(self.fc(x) * scale)
+
+    def run(model: nn.Module, steps: range) -> list[torch.Tensor]:
+        grads = []
+        for s in steps:
+            if s == 10:
+                for m in model.modules():
+                    if isinstance(m, Late):
+                        m.p = 0.5
+            random.seed(s)
+            model.zero_grad()
+            model(_batch(s)).backward()
+            grads.append(torch.cat([q.grad.flatten() for q in model.parameters()]))
+        return grads
+
+    torch.manual_seed(0)
+    model = models.Stack([Late() for _ in range(2)])
+    plain = run(copy.deepcopy(model), range(2 * host_rng.REPROBE + 2))
+    with caplog.at_level("WARNING", logger="offrecomp"), offrecomp.runtime(model, mode="recompute", min_bytes=0) as rt:
+        got = run(model, range(2 * host_rng.REPROBE + 2))
+    assert all(r.host_rng & host_rng.PY for r in rt._regions)
+    found = host_rng.REPROBE  # the region's call (one per step) that found it
+    for s in range(found, len(plain)):
+        assert torch.equal(got[s], plain[s]), s
+    assert "none of its first" in caplog.text
