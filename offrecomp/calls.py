@@ -79,6 +79,7 @@ class RegionCalls:
         self.placer: Placer | None = None  # while installed
         self.distributed = False  # more than one rank (set at install)
         self.arg_state_limit = ARG_STATE_MAX_ITEMS  # NOTE [Stateful arguments] (set at install)
+        self._last_arg_state: weakref.ref[ArgState] | None = None
 
     def enter(
         self, region: Region, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -198,7 +199,9 @@ class RegionCalls:
         if cap.objects:  # NOTE [Stateful arguments]
             if p.new_signature and any(_key_value_cache(o) for o in cap.objects):
                 _warn_training_cache(region)
-            call.arg_state = ArgState.capture(cap.objects, self.arg_state_limit, region.arg_writes)
+            last = self._last_arg_state() if self._last_arg_state is not None else None
+            call.arg_state = ArgState.capture(cap.objects, self.arg_state_limit, region.arg_writes, last)
+            self._last_arg_state = weakref.ref(call.arg_state)  # NOTE [Capture reuse] in arguments.py
             if not call.arg_state.complete and region.untracked_state is not False:
                 call.writes_state = True  # a replay might not restore it: kept until seen
             if call.arg_state.uncopied:
@@ -544,7 +547,7 @@ def _check_arg_state(call: RegionCall) -> None:
     or the caller changed them, and the versions of their tensors now."""
     entry = call.arg_state
     assert entry is not None and call.inputs is not None
-    now = ArgState.capture(call.inputs.objects, entry.limit)
+    now = ArgState.capture(call.inputs.objects, entry.limit, prev=entry)  # NOTE [Capture reuse]
     region = call.region
     if entry.same(now):  # for state too large to record, the part recorded
         if not entry.complete:

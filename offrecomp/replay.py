@@ -337,22 +337,14 @@ def _training_as_forward(call: RegionCall) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _entry_arg_state(call: RegionCall, entry: ArgState, objects: list[Any]) -> Iterator[None]:
-    """NOTE [Stateful arguments]: the replay sees the object arguments (``objects``) as
-    the forward saw them (``entry``, the call's); afterwards they are as the replay found
+def _entry_arg_state(call: RegionCall, entry: ArgState) -> Iterator[None]:
+    """NOTE [Stateful arguments]: the replay sees the call's object arguments as the
+    forward saw them (``entry``, the call's); afterwards they are as the replay found
     them."""
     if call.region is not None and call.region.compiled:
         entry.check(call.name)  # no guard sees its ops (NOTE [State written after the forward])
-    found = ArgState.capture(objects, entry.limit)
-    with entry.as_entry(call.name):  # NOTE [State written by the forward]
-        if found.same(entry):
-            yield
-            return
-        entry.restore()
-        try:
-            yield
-        finally:
-            found.restore()
+    with entry.as_entry(call.name), entry.at_entry():  # NOTE [State written by the forward]
+        yield
 
 
 @contextlib.contextmanager
@@ -422,7 +414,7 @@ def _replay_forward(
         if dtype is not None and dtype != now:
             stack.enter_context(_default_dtype_as_forward(dtype, now))
         if call.arg_state is not None and call.inputs is not None:
-            stack.enter_context(_entry_arg_state(call, call.arg_state, call.inputs.objects))
+            stack.enter_context(_entry_arg_state(call, call.arg_state))
         if call.external:
             stack.enter_context(_external_as_entry(call.name, call.external))
         if call.external_reads:

@@ -111,12 +111,13 @@ def test_arg_state_records_restores_and_compares_by_identity() -> None:
     cache.extra = {"seen": 1}  # type: ignore[attr-defined]
     after = ArgState.capture([cache])
     assert not before.same(after)
-    before.restore()
-    assert len(cache.layers) == 2 and not hasattr(cache, "extra")
-    assert cache.layers[1].keys is None and not cache.layers[1].initialized
-    after.restore()
+    with before.at_entry():  # as a replay sees them
+        assert len(cache.layers) == 2 and not hasattr(cache, "extra")
+        assert cache.layers[1].keys is None and not cache.layers[1].initialized
+        cache.layers[0].update(k, k)  # what the replay writes goes too
     assert len(cache.layers) == 3 and cache.extra == {"seen": 1}  # type: ignore[attr-defined]
     assert cache.layers[1].keys is not None and cache.layers[1].keys.shape == (1, 3, 4)
+    assert cache.layers[0].keys is None
 
 
 class Big:
