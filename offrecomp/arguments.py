@@ -127,25 +127,58 @@ def capture_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> CapturedInp
     return CapturedInputs(leaves, spec, tensors, flags, versions, devices, objects, generators=generators, host_rngs=host_rngs)
 
 
-#: TreeSpecs of argument lists made of tensors alone, by (positional count, keywords):
-#: pytree flattening costs tens of microseconds per region call, for a block's `(x,)`.
-_TENSOR_SPECS: dict[tuple[int, tuple[str, ...]], TreeSpec] = {}
+#: TreeSpecs of argument lists by their structure (``_structure``), or None for a
+#: structure pytree flattens otherwise: pytree's walk costs tens of microseconds per
+#: region call, for a block's ``(x,)`` or a transformers layer's keywords.
+_SPECS: dict[Any, TreeSpec | None] = {}
+#: Leaf types whose values ``_flatten_arguments`` flattens itself (pytree's leaves too).
+_LEAVES = frozenset({torch.Tensor, nn.Parameter, type(None), bool, int, float, str})
+
+
+def _structure(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """What the TreeSpec of ``(args, kwargs)`` depends on, where every argument is a leaf
+    of ``_LEAVES`` or a tuple or list of such leaves; None otherwise."""
+    codes: list[Any] = []
+    for v in itertools.chain(args, kwargs.values()):
+        t = type(v)
+        if t in _LEAVES:
+            codes.append(t)
+        elif (t is tuple or t is list) and all(type(x) in _LEAVES for x in v):
+            codes.append((t, len(v)))
+        else:
+            return None
+    return len(args), tuple(kwargs), tuple(codes)
 
 
 def _flatten_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], TreeSpec]:
-    """``tree_flatten((args, kwargs))``, without pytree's walk when every argument is a
-    plain tensor or parameter (a pytree leaf: the spec depends only on the count and the
-    keywords). Subclasses take pytree's path: some register as pytree nodes."""
-    flat = [*args, *kwargs.values()] if kwargs else list(args)
-    if all(type(x) is torch.Tensor or type(x) is nn.Parameter for x in flat):
-        key = (len(args), tuple(kwargs))
-        spec = _TENSOR_SPECS.get(key)
-        if spec is None:
-            if len(_TENSOR_SPECS) > 256:
-                _TENSOR_SPECS.clear()
-            spec = _TENSOR_SPECS[key] = tree_flatten((args, kwargs))[1]
-        return flat, spec
-    return tree_flatten((args, kwargs))
+    """``tree_flatten((args, kwargs))``, without pytree's walk where the arguments are
+    leaves (tensors, numbers, strings, None) or tuples and lists of leaves: the spec then
+    depends only on that structure, and the one pytree gave for it the first time
+    (checked then to list the same leaves) serves. Subclasses and other containers take
+    pytree's path: some register as pytree nodes."""
+    key = _structure(args, kwargs)
+    if key is None:
+        return tree_flatten((args, kwargs))
+    flat: list[Any] = []
+    for v in itertools.chain(args, kwargs.values()):
+        if type(v) is tuple or type(v) is list:
+            flat.extend(v)
+        else:
+            flat.append(v)
+    spec = _SPECS.get(key, _UNSEEN)
+    if spec is _UNSEEN:
+        if len(_SPECS) > 256:
+            _SPECS.clear()
+        leaves, spec = tree_flatten((args, kwargs))
+        if len(leaves) != len(flat) or not all(map(operator.is_, leaves, flat)):
+            spec = None  # pytree flattens it otherwise: always its walk
+        _SPECS[key] = spec
+    if spec is None:
+        return tree_flatten((args, kwargs))
+    return flat, spec
+
+
+_UNSEEN: Any = object()
 
 
 # NOTE [State written by the forward]

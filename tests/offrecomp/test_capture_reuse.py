@@ -140,3 +140,31 @@ def test_a_replay_sees_the_entry_bindings_and_leaves_the_ones_it_found() -> None
         root.layers.append(_Obj(keys=None))  # the replay's own writes
         vars(root)["added"] = 1
     assert found.same(ArgState.capture([root]))
+
+
+_T = torch.zeros(2)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "own"),
+    [
+        ((_T,), {}, True),
+        ((_T, nn.Parameter(torch.ones(1))), {}, True),
+        ((_T,), {"mask": None, "pos": _T, "use_cache": False, "emb": (_T, _T), "ids": [1, 2], "name": "x"}, True),
+        ((_T, (None, 3.0)), {"emb": (_T, _T)}, True),
+        ((_T,), {"nested": ((_T,), _T)}, False),  # deeper than one level: pytree's walk
+        ((_T,), {"d": {"a": _T}}, False),
+        ((torch.Size([2, 3]),), {}, False),  # a tuple subclass
+        ((), {}, True),
+    ],
+)
+def test_arguments_flatten_as_pytree_does(args: tuple[Any, ...], kwargs: dict[str, Any], own: bool) -> None:
+    """Plain structures are flattened without pytree's walk, to its leaves and spec."""
+    want_leaves, want_spec = arguments.tree_flatten((args, kwargs))
+    for _ in range(2):  # the structure met first, then its kept spec
+        leaves, spec = arguments._flatten_arguments(args, kwargs)
+        assert len(leaves) == len(want_leaves) and all(a is b for a, b in zip(leaves, want_leaves))
+        assert spec == want_spec
+        assert arguments.tree_unflatten(leaves, spec) == (args, kwargs)  # the same objects back
+    key = arguments._structure(args, kwargs)
+    assert (key is not None and arguments._SPECS.get(key) is not None) == own
