@@ -62,6 +62,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+from torch.nn.parameter import is_lazy
 
 from offrecomp.config import Config, format_bytes
 from offrecomp.measure import DeviceClock
@@ -243,13 +244,17 @@ class OffloadGroups:
         self.free(group)
 
     def _param_storages(self, call: RegionCall) -> frozenset[int]:
-        """The storages of the model's parameters, read once per pass."""
+        """The storages of the model's parameters, read once per pass (again at each
+        call while a lazy module's parameters are not made yet)."""
         p = call.pass_state
         index = p.index if p is not None else -1
         if index >= 0 and self._param_ptrs[0] == index:
             return self._param_ptrs[1]
         ptrs = set()
         for q in self.parameters():
+            if is_lazy(q):  # nn.LazyLinear's before its first forward: no storage yet
+                index = -1
+                continue
             try:
                 ptrs.add(int(q.untyped_storage().data_ptr()))
             except (RuntimeError, NotImplementedError):  # a subclass or layout without one

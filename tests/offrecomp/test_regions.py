@@ -446,20 +446,39 @@ def test_a_lone_layer_group_called_once_per_layer_is_recomputed(mode: str) -> No
     assert _recomputed_bitwise(_Stacked([_Mlp()], calls=4), mode, replays=4).regions == ["layers.0"]
 
 
+class _LazyBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.LazyLinear(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x))
+
+
+@pytest.mark.parametrize("mode", ["keep", "recompute", "offload", "auto"])
+def test_lazy_modules_materialised_by_the_first_training_step(mode: str) -> None:
+    """The first step's forward makes the lazy parameters: nothing reads one before
+    (the offload path looks up the parameters' storages at a leaf's save), and training
+    is bitwise a plain run's; the later steps recompute or offload."""
+    torch.manual_seed(0)
+    model = models.Stack([_LazyBlock() for _ in range(3)])
+    ref = train(copy.deepcopy(model), _lazy_batch, steps=4)
+    rt = offrecomp.runtime(model, mode=mode, min_bytes=0)
+    assert_bitwise(ref, train(model, _lazy_batch, rt, steps=4))
+    last = rt.report().steps[-1]
+    assert {"recompute": last.recomputed_bytes, "offload": last.offloaded_bytes}.get(mode, 1) > 0
+
+
+def _lazy_batch(s: int) -> torch.Tensor:
+    return torch.randn(4, 16, generator=torch.Generator().manual_seed(s))
+
+
 @pytest.mark.parametrize("mode", ["recompute", "auto"])
 def test_lazy_modules_materialised_by_a_forward_inside_the_runtime(mode: str) -> None:
     """A dry-run forward with grad materialises LazyLinear parameters inside the
     runtime: nothing reads an uninitialised parameter, and materialising them is not
     taken for a forward writing its parameters (the blocks recompute afterwards)."""
-
-    class LazyBlock(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc = nn.LazyLinear(16)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x + torch.tanh(self.fc(x))
-
+    LazyBlock = _LazyBlock
     torch.manual_seed(0)
     m = models.Stack([LazyBlock() for _ in range(2)])
     rt = offrecomp.runtime(m, mode=mode, min_bytes=0, budget=1 if mode == "auto" else None)
