@@ -17,6 +17,7 @@ from offrecomp.measure import device_capacity_bytes
 from offrecomp.placement import never_replayed
 from offrecomp.regions import buffer_of
 from offrecomp.trace import RegionStructure, build_structure
+from scheduler.plan import Placement
 from scheduler.profile import Profile, RegionRecord, StorageRecord
 
 if TYPE_CHECKING:
@@ -91,6 +92,10 @@ def record_structure(call: RegionCall, *, min_bytes: int, opaque: bool) -> None:
         bool(call.attrs)
         or (bufs is not None and any(bufs.objects[i] is not buffer_of(*bufs.slots[i]) for i in bufs.mutated or ()))
         or (call.arg_state is not None and call.arg_state.rebound)  # NOTE [Modules among the arguments]
+    )
+    call.structure.kept_dropped = sum(
+        s.nbytes for i, s in enumerate(call.storages)
+        if kinds[i] == "external" and (s.aliased or s.index in used) and s.placement is Placement.RECOMPUTE
     )
     recs = call.structure.storage_records
     call.structure.small_storages = tuple(

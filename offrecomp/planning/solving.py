@@ -161,6 +161,8 @@ class Solver:
         ``infeasible='error'``."""
         plan = self.with_small_dropped(entry, plan)
         measured = entry.measured_peak_bytes
+        if any(st.kept_dropped for st in entry.structures.values()):
+            measured = None  # it dropped storages every plan keeps: no plan holds that little
         budget = plan.budget_bytes
         if plan.feasible or budget is None:
             return plan
