@@ -197,7 +197,7 @@ class RegionCalls:
         if region.external_reads:  # NOTE [State read from outside]
             call.external_reads = _external_reads(region.external_reads)
         if cap.objects:  # NOTE [Stateful arguments]
-            if p.new_signature and any(_key_value_cache(o) for o in cap.objects):
+            if p.new_signature and any(_key_value_cache(o) and _empty(o) for o in cap.objects):
                 _warn_training_cache(region)
             last = self._last_arg_state() if self._last_arg_state is not None else None
             call.arg_state = ArgState.capture(cap.objects, self.arg_state_limit, region.arg_writes, last)
@@ -525,6 +525,16 @@ def _key_value_cache(obj: Any) -> bool:
     """A Hugging Face key/value cache (``DynamicCache`` and its kin)?"""
     t = type(obj)
     return t.__module__.startswith("transformers.") and t.__name__.endswith("Cache")
+
+
+def _empty(cache: Any) -> bool:
+    """A cache that holds no keys yet: one the model built for this forward (its first
+    layer's call). One handed in full is the caller's (a trainable prefix, as prefix
+    tuning passes): the loss may read it, and use_cache does not leave it out."""
+    try:
+        return int(cache.get_seq_length()) == 0
+    except Exception:  # another kind of cache: taken for the model's own
+        return True
 
 
 def _warn_training_cache(region: Region) -> None:

@@ -258,3 +258,35 @@ def test_a_key_value_cache_in_training_is_named_once(use_cache: bool, caplog: py
     assert len(said) == (1 if use_cache else 0), said
     if use_cache:
         assert "use_cache=False" in said[0]
+
+
+class _PrefixLlama(nn.Module):
+    """Prefix tuning as peft does it: a trainable key/value prefix per layer, handed to a
+    frozen model as a filled cache, which the loss reads."""
+
+    def __init__(self, n_prefix: int = 3) -> None:
+        super().__init__()
+        self.lm = _llama().m.requires_grad_(False)
+        self.lm.config.use_cache = False
+        self.prefix = nn.Parameter(torch.randn(3, 2, 1, 2, n_prefix, 8) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kv = self.prefix.expand(-1, -1, x.shape[0], -1, -1, -1)
+        cache = tf.DynamicCache([(kv[i, 0], kv[i, 1]) for i in range(kv.shape[0])])
+        mask = torch.ones(x.shape[0], self.prefix.shape[4] + x.shape[1], dtype=torch.long)
+        return self.lm(input_ids=x, attention_mask=mask, past_key_values=cache, labels=x).loss
+
+
+def test_a_filled_cache_handed_in_by_the_caller_is_not_named(caplog: pytest.LogCaptureFixture) -> None:
+    """A cache handed in full (a trainable prefix) is read by the loss, and use_cache does
+    not leave it out: no training-cache warning; the prefix trains bitwise."""
+    import offrecomp.diagnostics
+
+    offrecomp.diagnostics.clear_warnings()
+    torch.manual_seed(0)
+    model = _PrefixLlama()
+    batch = lambda s: torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(s))  # noqa: E731
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        rt, _ = check_variant(model, batch, "recompute")
+    assert not [r for r in caplog.records if "key/value cache" in r.getMessage()]
+    assert rt.report().steps[-1].replays > 0
