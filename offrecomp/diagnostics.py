@@ -156,19 +156,20 @@ def checkpoints_itself(m: nn.Module) -> bool:
 
 
 class Diagnostics:
-    """Saves another saved-tensor hook took: warned once per runtime. ``own_pack``
-    returns the runtime's installed pack hook (None while not installed)."""
+    """Saves another saved-tensor hook took: warned once per region class and runtime.
+    ``own_pack`` returns the runtime's installed pack hook (None while not installed)."""
 
     def __init__(self) -> None:
         self.own_pack: Callable[[], Any] = lambda: None
-        self.hidden_warned = False
-        self.hidden_checks = 0  # region calls checked (the first few tell)
+        self.hidden_warned = False  # for any region
+        self.hidden_kinds: set[str] = set()  # region classes warned of
+        self.hidden_checks: dict[str, int] = {}  # per region class, calls checked (the first few tell)
         self.grad_off_warned = False  # NOTE [Regions with gradients off]
 
-    def wants_hidden_check(self) -> bool:
-        return not self.hidden_warned and self.hidden_checks < HIDDEN_CHECKS
+    def wants_hidden_check(self, region_kind: str) -> bool:
+        return region_kind not in self.hidden_kinds and self.hidden_checks.get(region_kind, 0) < HIDDEN_CHECKS
 
-    def check_hidden_saves(self, name: str, saves: int, inputs: Any, out: Any) -> None:
+    def check_hidden_saves(self, name: str, region_kind: str, saves: int, inputs: Any, out: Any) -> None:
         """A region call saved no activation through our hooks (at most its inputs). If
         it returns a tensor it made that needs grad, and the autograd graph between its
         inputs and that tensor holds more saved tensors than went through our hooks (or
@@ -177,7 +178,7 @@ class Diagnostics:
         them: only the innermost pair runs, so offrecomp cannot place them. A call that
         hands an input back (LayerDrop) made nothing; a lone Linear saved through our
         hooks all its graph holds."""
-        self.hidden_checks += 1
+        self.hidden_checks[region_kind] = self.hidden_checks.get(region_kind, 0) + 1
         ins = [t for t in tc.tree_leaves(inputs) if type(t) is torch.Tensor]
         passed = {_storage_key(t) for t in ins}
         made = [
@@ -192,15 +193,22 @@ class Diagnostics:
             top = tc.top_saved_tensors_hooks()
             own = self.own_pack()
             if own is not None and top is not None and top[0] is own:
-                self.warn_hidden(name, "saved no activation through offrecomp")
+                self.warn_hidden(name, "saved no activation through offrecomp", kinds=(region_kind,))
             else:  # the call ran under a pair entered after the runtime's, around it
-                self.warn_hidden(name, "saved no activation through offrecomp", where="around the model's forward")
+                self.warn_hidden(
+                    name, "saved no activation through offrecomp", kinds=(region_kind,),
+                    where="around it (entered by the model's code around the region, or around the model's forward)",
+                )
 
-    def warn_hidden(self, names: str, what: str, *, where: str = "inside", rerun: bool = False) -> None:
-        """Once per runtime. ``rerun``: the regions ran inside a backward, which a custom
-        ``autograd.Function`` rerunning them also does."""
-        if self.hidden_warned:
-            return  # once per runtime: the other blocks are most likely alike
+    def warn_hidden(
+        self, names: str, what: str, *, kinds: tuple[str, ...], where: str = "inside", rerun: bool = False
+    ) -> None:
+        """Once per region class (``kinds``: those of the regions named) and runtime.
+        ``rerun``: the regions ran inside a backward, which a custom ``autograd.Function``
+        rerunning them also does."""
+        if self.hidden_kinds.issuperset(kinds):
+            return  # the other blocks of a class are most likely alike
+        self.hidden_kinds.update(kinds)
         self.hidden_warned = True
         if rerun:  # a Function rerunning them in its backward, or a reentrant checkpoint
             log.warning(

@@ -220,9 +220,17 @@ def _plan_reason(plan: Plan, c: CallSummary, min_bytes: int) -> str:
     )
 
 
+_NOTHING_SAVED = (
+    "saved no activation through offrecomp, so there is nothing to place (where it makes "
+    "some, a checkpoint inside or around it owns them)"
+)
+
+
 def _reason(mode: str, c: CallSummary, region: Region | None, config: Config, emulated: bool) -> str:
     if mode == "keep":
         return "mode='keep' keeps every activation"
+    if not c.count[RECOMPUTE] and not c.count[OFFLOAD] and not c.activations_kept and not c.small_kept:
+        return _NOTHING_SAVED
     if mode == "offload":
         why = "mode='offload' copies its activations to host memory" + (
             " (emulated on CPU: no memory saved)" if emulated else ""

@@ -75,6 +75,7 @@ from offrecomp.diagnostics import (
     Diagnostics,
     checkpoints_itself,
     inside_compiled,
+    kind,
     warn_compiled,
     warn_once,
     warn_other_thread,
@@ -170,9 +171,12 @@ class Installer:
                 self._wrap_compiled_call(region.module, self._region_forward(region))
             else:
                 self._wrap_forward(region.module, self._region_forward(region))
-        own = [r.name for r in self._regions if checkpoints_itself(r.module)]
+        own = [r for r in self._regions if checkpoints_itself(r.module)]
         if own:
-            self._diag.warn_hidden(", ".join(own), "run activation checkpointing of their own")
+            self._diag.warn_hidden(
+                ", ".join(r.name for r in own), "run activation checkpointing of their own",
+                kinds=tuple({kind(r) for r in own}),
+            )
         if self.compiled_model and model is not None:
             inside = inside_compiled(model, self._regions)
             if inside:
@@ -442,7 +446,9 @@ class Installer:
             if self.active and torch.is_grad_enabled() and not in_replay():
                 # a forward inside a backward: a reentrant checkpoint around the region
                 # recomputing it (its first forward ran without grad, unseen)
-                self._diag.warn_hidden(region.name, "run their forward inside a backward", where="around", rerun=True)
+                self._diag.warn_hidden(
+                    region.name, "run their forward inside a backward", kinds=(kind(region),), where="around", rerun=True
+                )
             return None
         if not self.active or in_replay() or self._life.stack.calls:
             return None
@@ -494,10 +500,11 @@ class Installer:
                 life.watch_graphs(p, output_tensors(out))  # a call that names a pass: NOTE [Dropped graphs]
             if (
                 not call.native
-                and self._diag.wants_hidden_check()
+                and call.region is not None
+                and self._diag.wants_hidden_check(kind(call.region))
                 and not any(r.kind == "activation" for r in call.storages)
             ):
-                self._diag.check_hidden_saves(call.name, call.pack_count, inputs, out)
+                self._diag.check_hidden_saves(call.name, kind(call.region), call.pack_count, inputs, out)
         finally:
             self._calls.exit(call)
 

@@ -206,6 +206,37 @@ def test_checkpointing_of_their_own_warns_once_per_runtime(caplog: pytest.LogCap
     assert all("and any other like it: this is said once" in m for m in msgs)  # not named again
 
 
+class _Checkpointed(nn.Module):
+    """Calls each of its plain blocks under a checkpoint (diffusers' blocks after
+    ``enable_gradient_checkpointing()`` do so with their resnets), beside blocks that
+    checkpoint inside themselves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plain = nn.ModuleList([models.MLPBlock(32) for _ in range(2)])
+        self.own = nn.ModuleList([CkptBlock("hf_flag") for _ in range(2)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for p, o in zip(self.plain, self.own):
+            x = o(checkpoint(p, x, use_reentrant=False))
+        return x.square().mean()
+
+
+def test_each_class_of_region_a_checkpoint_owns_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    """Once per region class, not once per runtime: blocks a parent checkpoints are
+    named beside blocks that checkpoint themselves, the checkpoint said to be around
+    them; explain() says they saved nothing to place."""
+    msgs = _run(_Checkpointed, caplog)
+    assert len(msgs) == 2, msgs
+    assert any("own.0, own.1" in m and "of their own" in m for m in msgs)
+    assert any("plain.0" in m and "a saved-tensor hook around it" in m for m in msgs)
+    torch.manual_seed(0)
+    m = _Checkpointed()
+    with offrecomp.runtime(m, mode="recompute", min_bytes=0) as rt:
+        m(_batch(0)).backward()
+    assert rt.explain().count("saved no activation through offrecomp") == 4
+
+
 def test_a_hook_pair_around_the_runtime_is_named(caplog: pytest.LogCaptureFixture) -> None:
     """The runtime's pair goes on top of it: that pair sees no save while entered."""
     torch.manual_seed(0)
