@@ -504,10 +504,10 @@ class ArgState:
         and what it binds now afterwards (a replay's view of the state its forward saw:
         NOTE [Stateful arguments])."""
         entries = self.entries
-        found = [_bindings(obj, kind) for obj, kind, _ in entries]
         if all(_unchanged(obj, kind, content) for obj, kind, content in entries):
             yield
             return
+        found = [_bindings(obj, kind) for obj, kind, _ in entries]
         _rebind(entries)
         try:
             yield
