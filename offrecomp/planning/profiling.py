@@ -93,9 +93,8 @@ def record_structure(call: RegionCall, *, min_bytes: int, opaque: bool) -> None:
         or (bufs is not None and any(bufs.objects[i] is not buffer_of(*bufs.slots[i]) for i in bufs.mutated or ()))
         or (call.arg_state is not None and call.arg_state.rebound)  # NOTE [Modules among the arguments]
     )
-    call.structure.kept_dropped = sum(
-        s.nbytes for i, s in enumerate(call.storages)
-        if kinds[i] == "external" and (s.aliased or s.index in used) and s.placement is Placement.RECOMPUTE
+    call.structure.kept_dropped = sum(  # a save read in the forward is freed there, often: not counted
+        s.nbytes for s in call.storages if s.aliased and s.placement is Placement.RECOMPUTE
     )
     recs = call.structure.storage_records
     call.structure.small_storages = tuple(

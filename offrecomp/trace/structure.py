@@ -159,8 +159,8 @@ class RegionStructure:
     runtime's ``min_bytes``: the most frugal plan may drop them (NOTE [Small storages])."""
     kept_dropped: int = 0
     """Bytes of storages its measuring pass dropped that every plan keeps (storages
-    untracked aliases share, NOTE [Untracked aliases]; storages its forward reads): that
-    pass's peak is below what any plan holds."""
+    untracked aliases share, NOTE [Untracked aliases]): that pass's peak is below what any
+    plan holds."""
     build_roots: list[int] = field(default_factory=list)
     """Per op: the first op whose output it reads (itself when it reads no tensor), or -1
     when it reads a tensor no op of the region made, draws random numbers or writes what

@@ -682,3 +682,30 @@ def test_a_plan_that_offloads_regions_that_vary_stops_measuring() -> None:
     assert all(r.variable for r in rt.planner.host.regions)
     assert [s.phase for s in steps[-5:]] == ["user-plan"] * 5, [s.phase for s in steps]
     assert all(s.offloaded_bytes > 0 for s in steps[-5:])
+
+
+class _LangevinBlock(nn.Module):
+    """A Langevin step on an energy of its own, whose graph a backward inside the forward
+    frees, then an MLP whose activations stay for the pass's backward."""
+
+    def __init__(self, d: int = 64) -> None:
+        super().__init__()
+        self.energy = nn.Sequential(nn.Linear(d, 4 * d), nn.Tanh(), nn.Linear(4 * d, 1))
+        self.mlp = nn.Sequential(nn.Linear(d, d), nn.Tanh())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xd = x.detach().requires_grad_(True)
+        g = torch.autograd.grad(self.energy(xd).sum(), xd)[0]
+        return x + self.mlp(x - 0.1 * g)
+
+
+def test_a_budget_the_measuring_pass_met_with_a_backward_inside_the_forward_is_not_an_error() -> None:
+    """Saves a backward inside a region's forward reads are kept by every plan and freed by
+    that backward: the measuring pass holds no less than a plan does there, so a budget
+    it met runs with infeasible='error', within the budget."""
+    torch.manual_seed(0)
+    model = models.Stack([_LangevinBlock() for _ in range(4)])
+    rt = offrecomp.runtime(model, mode="auto", budget=160 * KIB, min_bytes=0, infeasible="error")
+    train(model, lambda s: torch.randn(64, 64, generator=torch.Generator().manual_seed(s)), rt, steps=5)
+    steps = rt.report().steps
+    assert steps[-1].phase == "planned" and all(s.peak_activation_bytes <= 160 * KIB for s in steps[1:])
