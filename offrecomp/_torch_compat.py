@@ -210,6 +210,13 @@ def backward_accumulates(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return len(args) <= 5 or type(args[5]) is not bool or args[5]
 
 
+def next_sequence_nr() -> int:
+    """The number the next autograd node made on this thread gets (nodes are numbered in
+    creation order); 0 where torch does not tell."""
+    get = getattr(torch._C._autograd, "_get_sequence_nr", None)
+    return int(get()) if get is not None else 0
+
+
 def saved_slot_hooked(saved: Any) -> bool:
     """Whether a node's saved-tensor slot (``grad_fn._raw_saved_*``) went through a
     saved-tensor hook pair, read without unpacking it. ``SavedTensor`` has no query, so

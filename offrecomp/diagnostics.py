@@ -41,9 +41,9 @@ __all__ = [
 
 _warned: set[str] = set()
 
-#: Region calls without an activation of their own that are checked for saves another
-#: hook took; blocks are alike, so the first calls tell (the check walks the graph).
-HIDDEN_CHECKS = 64
+#: Region calls of a region class checked for saves another hook took; blocks are
+#: alike, so the first calls tell (the check walks the call's part of the graph).
+HIDDEN_CHECKS = 8
 
 
 def warn_once(key: str, msg: str, *args: Any) -> None:
@@ -164,39 +164,59 @@ class Diagnostics:
         self.hidden_warned = False  # for any region
         self.hidden_kinds: set[str] = set()  # region classes warned of
         self.hidden_checks: dict[str, int] = {}  # per region class, calls checked (the first few tell)
+        self.entry_seq: dict[int, tuple[int, int]] = {}
+        """By id of a call to check: autograd's next node number at its entry, and the
+        runtime's count of saves made in a backward then (``note_entry``)."""
         self.grad_off_warned = False  # NOTE [Regions with gradients off]
 
     def wants_hidden_check(self, region_kind: str) -> bool:
         return region_kind not in self.hidden_kinds and self.hidden_checks.get(region_kind, 0) < HIDDEN_CHECKS
 
-    def check_hidden_saves(self, name: str, region_kind: str, saves: int, inputs: Any, out: Any) -> None:
-        """A region call saved no activation through our hooks (at most its inputs). If
-        it returns a tensor it made that needs grad, and the autograd graph between its
-        inputs and that tensor holds more saved tensors than went through our hooks (or
-        a reentrant checkpoint node), a saved-tensor hook pair inside it
-        (torch.utils.checkpoint, HF gradient_checkpointing_enable, save_on_cpu) took
-        them: only the innermost pair runs, so offrecomp cannot place them. A call that
-        hands an input back (LayerDrop) made nothing; a lone Linear saved through our
-        hooks all its graph holds."""
+    def note_entry(self, call_id: int, region_kind: str, backward_packs: int) -> None:
+        """A region call starts: where it is to be checked, the number its first
+        autograd node will get (nodes are numbered in creation order on a thread), and
+        ``backward_packs``, the saves the runtime's hook took in a backward so far (a
+        gradient taken with create_graph inside the forward saves so)."""
+        if self.wants_hidden_check(region_kind):
+            self.entry_seq[call_id] = (tc.next_sequence_nr(), backward_packs)
+
+    def check_hidden_saves(
+        self, name: str, region_kind: str, saves: int, inputs: Any, out: Any, first_node: int
+    ) -> None:
+        """A region call saved ``saves`` tensors through our hooks. If it returns a tensor
+        it made that needs grad, and the autograd nodes it made (numbered from
+        ``first_node``) between its inputs and that tensor hold more saved tensors than
+        that (or a reentrant checkpoint node), a saved-tensor hook pair inside it, around
+        all of it or a part (torch.utils.checkpoint, HF gradient_checkpointing_enable,
+        save_on_cpu), took them: only the innermost pair runs, so offrecomp cannot place
+        them, nor count them. A call that hands an input back (LayerDrop) made nothing; a
+        lone Linear saved through our hooks all its graph holds."""
         self.hidden_checks[region_kind] = self.hidden_checks.get(region_kind, 0) + 1
-        ins = [t for t in tc.tree_leaves(inputs) if type(t) is torch.Tensor]
-        passed = {_storage_key(t) for t in ins}
-        made = [
-            t for t in tc.tree_leaves(out)
-            if type(t) is torch.Tensor and t.requires_grad and t.grad_fn is not None and t.numel()
-            and _storage_key(t) not in passed
-        ]
-        if not made:
+        try:
+            ins = [t for t in tc.tree_leaves(inputs) if type(t) is torch.Tensor]
+            passed = {_storage_key(t) for t in ins}
+            made = [
+                t for t in tc.tree_leaves(out)
+                if type(t) is torch.Tensor and t.requires_grad and t.grad_fn is not None and t.numel()
+                and _storage_key(t) not in passed
+            ]
+            if not made:
+                return
+            in_graph, checkpoint_node = _graph_saves(made, ins, first_node)
+        except (RuntimeError, NotImplementedError):  # tensors without storage (under vmap): nothing to tell
             return
-        in_graph, checkpoint_node = _graph_saves(made, ins)
         if checkpoint_node or in_graph > saves:
+            what = (
+                "saved no activation through offrecomp" if not saves
+                else f"saved {in_graph - saves} of the {in_graph} tensors its graph holds past offrecomp"
+            )
             top = tc.top_saved_tensors_hooks()
             own = self.own_pack()
             if own is not None and top is not None and top[0] is own:
-                self.warn_hidden(name, "saved no activation through offrecomp", kinds=(region_kind,))
+                self.warn_hidden(name, what, kinds=(region_kind,))
             else:  # the call ran under a pair entered after the runtime's, around it
                 self.warn_hidden(
-                    name, "saved no activation through offrecomp", kinds=(region_kind,),
+                    name, what, kinds=(region_kind,),
                     where="around it (entered by the model's code around the region, or around the model's forward)",
                 )
 
@@ -270,30 +290,43 @@ def _storage_key(t: torch.Tensor) -> int:
     return int(t.untyped_storage().data_ptr()) if t.layout == torch.strided else id(t)
 
 
-def _graph_saves(outs: list[torch.Tensor], ins: list[torch.Tensor], limit: int = 4096) -> tuple[int, bool]:
+def _graph_saves(
+    outs: list[torch.Tensor], ins: list[torch.Tensor], first_node: int = 0, limit: int = 4096
+) -> tuple[int, bool]:
     """Saved tensors held by the autograd nodes between a region's inputs and its
-    outputs (read as SavedTensor objects, never unpacked), and whether a reentrant
-    checkpoint node is among them. Visits at most ``limit`` nodes."""
+    outputs that the call made (numbered from ``first_node``; read as SavedTensor
+    objects, never unpacked), and whether a reentrant checkpoint node is among them.
+    Visits at most ``limit`` nodes."""
     stop = {id(t.grad_fn) for t in ins if t.grad_fn is not None}
     todo = [t.grad_fn for t in outs]
     seen: set[int] = set()
     count = 0
     while todo and len(seen) < limit:
         fn = todo.pop()
-        if fn is None or id(fn) in seen or id(fn) in stop:
-            continue
+        if fn is None or id(fn) in seen or id(fn) in stop or fn._sequence_nr() < first_node:
+            continue  # made before the call (a tensor reached otherwise than as an input)
         seen.add(id(fn))
         if type(fn).__name__ == "CheckpointFunctionBackward":
             return count, True
-        for attr in dir(fn):
-            if attr.startswith("_raw_saved_"):
-                value = getattr(fn, attr, None)
-                slots = value if isinstance(value, (list, tuple)) else (value,)
-                # only slots a hook pair took: not the empty slot of a save that only an
-                # input needing no gradient would read, nor a wrapped number (x * 2.5)
-                count += sum(s is not None and tc.saved_slot_hooked(s) for s in slots)
+        for attr in _saved_attrs(type(fn), fn):
+            value = getattr(fn, attr, None)
+            slots = value if isinstance(value, (list, tuple)) else (value,)
+            # only slots a hook pair took: not the empty slot of a save that only an
+            # input needing no gradient would read, nor a wrapped number (x * 2.5)
+            count += sum(s is not None and tc.saved_slot_hooked(s) for s in slots)
         todo.extend(nxt for nxt, _ in fn.next_functions)
     return count, False
+
+
+_SAVED_ATTRS: dict[type, tuple[str, ...]] = {}
+
+
+def _saved_attrs(cls: type, fn: Any) -> tuple[str, ...]:
+    """The ``_raw_saved_*`` attributes of an autograd node class (its ``dir`` once)."""
+    names = _SAVED_ATTRS.get(cls)
+    if names is None:
+        names = _SAVED_ATTRS[cls] = tuple(a for a in dir(fn) if a.startswith("_raw_saved_"))
+    return names
 
 
 # ------------------------------------------------------------ saved tensors

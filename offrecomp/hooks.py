@@ -172,6 +172,7 @@ class Placer:
         self._verifier = verifier
         self._buffers = buffers
         self._packs = 0
+        self.backward_packs = 0  # saves made while a backward runs (a gradient with create_graph)
         self._unpacks = 0
         self._release = self.release_call  # one bound method, not one per save
         self._regen = Regenerator(lifecycle, planner, groups)
@@ -191,6 +192,7 @@ class Placer:
             p = life.current
             if p is not None and p.stage is not FORWARD and not life.forwards_running:
                 p.create_graph = True  # NOTE [Double backward]
+            self.backward_packs += 1
             return _Plain(t, None)
         p = life.current
         if p is None or p.stage is not FORWARD or p.aborted:

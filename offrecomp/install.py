@@ -466,6 +466,8 @@ class Installer:
             # a pass without a root forward (NOTE [Pass signatures]): its calls' inputs
             life.next_part(_part(region.module, region.name, args, kwargs, self._frozen), region.name)
         call = self._calls.enter(region, original, args, kwargs)
+        placer = self._calls.placer
+        self._diag.note_entry(id(call), kind(region), placer.backward_packs if placer is not None else 0)
         call.under_mode = call.watch is not None or call.recorder is not None
         if region.mode_sensitive and not call.under_mode:
             call.passive = PassiveMode()  # NOTE [Replay], step 7: save what the recorder saw
@@ -480,6 +482,7 @@ class Installer:
         return call
 
     def _end_region(self, call: RegionCall, exc: BaseException | None, out: Any = None, inputs: Any = None) -> None:
+        entry = self._diag.entry_seq.pop(id(call), None)
         try:
             self._native.exit(call, exc is not None)  # first: the hooks go back on
             if call.recorder is not None:
@@ -498,13 +501,11 @@ class Installer:
                 return
             if p is not None and p.named_by == call.name and not life.stack.roots:
                 life.watch_graphs(p, output_tensors(out))  # a call that names a pass: NOTE [Dropped graphs]
-            if (
-                not call.native
-                and call.region is not None
-                and self._diag.wants_hidden_check(kind(call.region))
-                and not any(r.kind == "activation" for r in call.storages)
-            ):
-                self._diag.check_hidden_saves(call.name, kind(call.region), call.pack_count, inputs, out)
+            placer = self._calls.placer
+            if entry is not None and not call.native and call.region is not None and placer is not None:
+                first_node, backward_packs = entry  # saves the pack hook took: the call's, and in its backwards
+                saves = call.pack_count + placer.backward_packs - backward_packs
+                self._diag.check_hidden_saves(call.name, kind(call.region), saves, inputs, out, first_node)
         finally:
             self._calls.exit(call)
 

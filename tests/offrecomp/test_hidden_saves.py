@@ -222,6 +222,54 @@ class _Checkpointed(nn.Module):
         return x.square().mean()
 
 
+class _HalfHooked(nn.Module):
+    """An attention half saved through the runtime, an MLP half under a hook of its own."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.attn = models.Block(32, 4, 0.0)
+        self.mlp = models.MLPBlock(32)
+        self.how = how
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.attn(x)
+        if self.how == "save_on_cpu":
+            with torch.autograd.graph.save_on_cpu():
+                return self.mlp(x)
+        return checkpoint(self.mlp, x, use_reentrant=False)
+
+
+@pytest.mark.parametrize("how", ["save_on_cpu", "checkpoint"])
+@pytest.mark.parametrize("mode", ["keep", "recompute"])
+def test_a_hook_around_part_of_a_region_is_named(how: str, mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Saves a hook around half a block takes are neither placed nor counted: said, with
+    how many; a block that saves everything through the runtime is not named."""
+    msgs = _run(lambda: models.Stack([_HalfHooked(how) for _ in range(3)]), caplog, mode)
+    assert len(msgs) == 1 and "blocks.0" in msgs[0] and "tensors its graph holds past offrecomp" in msgs[0], msgs
+
+
+class _GradInForward(nn.Module):
+    """A physics-informed block: its output takes the gradient of an MLP with respect to
+    its input, with create_graph (the saves of that gradient's graph go through the
+    runtime's hook while a backward runs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = models.MLPBlock(32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.mlp(x)
+        (g,) = torch.autograd.grad(torch.tanh(y).sum(), x, create_graph=True)
+        return y + 0.1 * g
+
+
+@pytest.mark.parametrize("mode", ["keep", "recompute"])
+def test_a_gradient_taken_with_create_graph_in_a_region_is_not_named(
+    mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert _run(lambda: models.Stack([_GradInForward() for _ in range(2)]), caplog, mode) == []
+
+
 def test_each_class_of_region_a_checkpoint_owns_is_named(caplog: pytest.LogCaptureFixture) -> None:
     """Once per region class, not once per runtime: blocks a parent checkpoints are
     named beside blocks that checkpoint themselves, the checkpoint said to be around
