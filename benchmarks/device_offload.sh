@@ -45,6 +45,7 @@ if [ "$DRY_RUN" = 1 ]; then
   PEERS=ckpt_block  # save_on_cpu needs a GPU; the script is what is checked
   PROFILE=(--preset cpu-tiny --device cpu --layers 2 --hidden 32 --heads 2 --batch 1 --seq 64)
   CUDA_TESTS=(tests/offrecomp/test_offload_cuda.py)  # the invocation is what is checked: all skip
+  CUDA_WORKERS=0  # no worker processes to start for tests that all skip
   REPLAY_CHECK=(--preset cpu-tiny --device cpu --layers 2 --hidden 32 --heads 2 --batch 1) CHECK=128
 else
   MODEL=(--preset gpu-1.3b --device cuda)
@@ -52,6 +53,7 @@ else
   SEQS="8192 16384" SHORT=4096 REPEATS=3 MAXS="8192:90 16384:150" SHORT_MAXS=40
   PROFILE=(--preset gpu-1.3b --device cuda --seq 4096)
   CUDA_TESTS=(tests)
+  CUDA_WORKERS=4
   # 16K: where plans that serve replays ran at 0.70-0.76x their predicted replay time
   REPLAY_CHECK=(--preset gpu-1.3b --device cuda) CHECK=16384
 fi
@@ -79,7 +81,7 @@ pack
 
 log "1. the planner's kernels (numba)"
 step warmup 90 "$PY" -m offrecomp warmup
-step cuda_tests 90 "$PY" -m pytest -q -p no:cacheprovider -n 4 -m cuda -k "not inductor and not flex" \
+step cuda_tests 90 "$PY" -m pytest -q -p no:cacheprovider -n "$CUDA_WORKERS" -m cuda -k "not inductor and not flex" \
   -rfE --durations=5 "${CUDA_TESTS[@]}"
 
 log "2. one planned auto step that offloads at $SHORT tokens, profiled"
