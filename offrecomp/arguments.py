@@ -150,6 +150,9 @@ def _structure(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return len(args), tuple(kwargs), tuple(codes)
 
 
+_UNSEEN: Any = object()
+
+
 def _flatten_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], TreeSpec]:
     """``tree_flatten((args, kwargs))``, without pytree's walk where the arguments are
     leaves (tensors, numbers, strings, None) or tuples and lists of leaves: the spec then
@@ -157,7 +160,8 @@ def _flatten_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[l
     (checked then to list the same leaves) serves. Subclasses and other containers take
     pytree's path: some register as pytree nodes."""
     key = _structure(args, kwargs)
-    if key is None:
+    spec = _SPECS.get(key, _UNSEEN) if key is not None else None
+    if spec is None:
         return tree_flatten((args, kwargs))
     flat: list[Any] = []
     for v in itertools.chain(args, kwargs.values()):
@@ -165,20 +169,15 @@ def _flatten_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[l
             flat.extend(v)
         else:
             flat.append(v)
-    spec = _SPECS.get(key, _UNSEEN)
     if spec is _UNSEEN:
         if len(_SPECS) > 256:
             _SPECS.clear()
         leaves, spec = tree_flatten((args, kwargs))
-        if len(leaves) != len(flat) or not all(map(operator.is_, leaves, flat)):
-            spec = None  # pytree flattens it otherwise: always its walk
-        _SPECS[key] = spec
-    if spec is None:
-        return tree_flatten((args, kwargs))
+        same = len(leaves) == len(flat) and all(map(operator.is_, leaves, flat))
+        _SPECS[key] = spec if same else None  # None: pytree flattens it otherwise, always its walk
+        if not same:
+            return leaves, spec
     return flat, spec
-
-
-_UNSEEN: Any = object()
 
 
 # NOTE [State written by the forward]

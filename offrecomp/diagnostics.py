@@ -161,10 +161,9 @@ class Diagnostics:
 
     def __init__(self) -> None:
         self.own_pack: Callable[[], Any] = lambda: None
-        self.hidden_warned = False  # for any region
         self.hidden_kinds: set[str] = set()  # region classes warned of
         self.hidden_checks: dict[str, int] = {}  # per region class, calls checked (the first few tell)
-        self.entry_seq: dict[int, tuple[int, int]] = {}
+        self._entries: dict[int, tuple[int, int]] = {}
         """By id of a call to check: autograd's next node number at its entry, and the
         runtime's count of saves made in a backward then (``note_entry``)."""
         self.grad_off_warned = False  # NOTE [Regions with gradients off]
@@ -178,7 +177,11 @@ class Diagnostics:
         ``backward_packs``, the saves the runtime's hook took in a backward so far (a
         gradient taken with create_graph inside the forward saves so)."""
         if self.wants_hidden_check(region_kind):
-            self.entry_seq[call_id] = (tc.next_sequence_nr(), backward_packs)
+            self._entries[call_id] = (tc.next_sequence_nr(), backward_packs)
+
+    def take_entry(self, call_id: int) -> tuple[int, int] | None:
+        """What ``note_entry`` kept of the call ``call_id``, once (None: not to check)."""
+        return self._entries.pop(call_id, None)
 
     def check_hidden_saves(
         self, name: str, region_kind: str, saves: int, inputs: Any, out: Any, first_node: int
@@ -229,7 +232,6 @@ class Diagnostics:
         if self.hidden_kinds.issuperset(kinds):
             return  # the other blocks of a class are most likely alike
         self.hidden_kinds.update(kinds)
-        self.hidden_warned = True
         if rerun:  # a Function rerunning them in its backward, or a reentrant checkpoint
             log.warning(
                 "offrecomp: region(s) %s (and any other like it: this is said once) %s, so "
@@ -254,7 +256,7 @@ class Diagnostics:
     def warn_grad_off(self, names: list[str]) -> None:
         """NOTE [Regions with gradients off]: once per runtime, and not after the warning
         of regions whose forward ran inside a backward (a reentrant checkpoint)."""
-        if self.grad_off_warned or self.hidden_warned:
+        if self.grad_off_warned or self.hidden_kinds:
             return
         self.grad_off_warned = True
         log.warning(
@@ -308,7 +310,7 @@ def _graph_saves(
         seen.add(id(fn))
         if type(fn).__name__ == "CheckpointFunctionBackward":
             return count, True
-        for attr in _saved_attrs(type(fn), fn):
+        for attr in _saved_attrs(fn):
             value = getattr(fn, attr, None)
             slots = value if isinstance(value, (list, tuple)) else (value,)
             # only slots a hook pair took: not the empty slot of a save that only an
@@ -321,8 +323,9 @@ def _graph_saves(
 _SAVED_ATTRS: dict[type, tuple[str, ...]] = {}
 
 
-def _saved_attrs(cls: type, fn: Any) -> tuple[str, ...]:
-    """The ``_raw_saved_*`` attributes of an autograd node class (its ``dir`` once)."""
+def _saved_attrs(fn: Any) -> tuple[str, ...]:
+    """The ``_raw_saved_*`` attributes of autograd node ``fn``'s class (its ``dir`` once)."""
+    cls = type(fn)
     names = _SAVED_ATTRS.get(cls)
     if names is None:
         names = _SAVED_ATTRS[cls] = tuple(a for a in dir(fn) if a.startswith("_raw_saved_"))

@@ -482,7 +482,7 @@ class Installer:
         return call
 
     def _end_region(self, call: RegionCall, exc: BaseException | None, out: Any = None, inputs: Any = None) -> None:
-        entry = self._diag.entry_seq.pop(id(call), None)
+        entry = self._diag.take_entry(id(call))
         try:
             self._native.exit(call, exc is not None)  # first: the hooks go back on
             if call.recorder is not None:

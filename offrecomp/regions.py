@@ -480,8 +480,8 @@ class RngState:
     host: host_rng.HostStates | None = None
     """Python's and numpy's, where the region draws from them (NOTE [Host random states])."""
     probe: host_rng.HostStates | None = None
-    """Both host states at entry, for the call's exit to compare with (NOTE [Host random
-    states]): on a region's first calls only."""
+    """Both global host states at entry, for the call's exit to compare with (NOTE [Host
+    random states]): on a region's probed calls only."""
 
 
 def capture_rng(devices: Iterable[torch.device], host: int = 0, private: Iterable[Any] = ()) -> RngState:

@@ -93,7 +93,8 @@ def record_structure(call: RegionCall, *, min_bytes: int, opaque: bool) -> None:
         or (bufs is not None and any(bufs.objects[i] is not buffer_of(*bufs.slots[i]) for i in bufs.mutated or ()))
         or (call.arg_state is not None and call.arg_state.rebound)  # NOTE [Modules among the arguments]
     )
-    call.structure.kept_dropped = sum(  # a save read in the forward is freed there, often: not counted
+    # aliased ones only: a save a backward inside the forward reads is freed by that backward
+    call.structure.kept_dropped = sum(
         s.nbytes for s in call.storages if s.aliased and s.placement is Placement.RECOMPUTE
     )
     recs = call.structure.storage_records
