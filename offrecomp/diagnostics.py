@@ -357,6 +357,30 @@ def detached_error(where: str, index: int | None) -> RuntimeError:
     )
 
 
+#: Part of torch's error when a torch.func transform that differentiates starts while a
+#: saved-tensor hook pair is on the thread's stack.
+_TRANSFORM_REFUSAL = "don't yet support saved tensor hooks"
+
+
+def refused_transform(exc: BaseException, where: str) -> RuntimeError | None:
+    """The runtime's account of torch refusing ``torch.func.grad``/``vjp``/``jacrev``/
+    ``hessian`` in ``where`` (a region, the model's forward), or None for another error.
+
+    Those transforms refuse to start while any saved-tensor hook pair is registered, and
+    the runtime's pair is registered for every forward under it (or the call could not be
+    kept, offloaded or recomputed); torch's message names neither."""
+    if not isinstance(exc, RuntimeError) or _TRANSFORM_REFUSAL not in str(exc):
+        return None
+    return RuntimeError(
+        f"offrecomp: {where} calls torch.func.grad, vjp, jacrev or hessian, which torch "
+        "refuses to run while a saved-tensor hook pair is registered, and the runtime's pair "
+        "is registered for every forward under it. Inside a forward, "
+        "torch.autograd.grad(..., create_graph=True), torch.func.jacfwd, torch.func.vmap "
+        "and torch.autograd.forward_ad run under the runtime; otherwise train this model "
+        "without it (OFFRECOMP_DISABLE=1)"
+    )
+
+
 def where_saved(call: RegionCall) -> str:
     """Where ``call``'s saves were made, for messages."""
     return "the root (outside every region)" if call.is_root else f"region {call.name!r} (call {call.call_index})"

@@ -76,6 +76,7 @@ from offrecomp.diagnostics import (
     checkpoints_itself,
     inside_compiled,
     kind,
+    refused_transform,
     warn_compiled,
     warn_once,
     warn_other_thread,
@@ -397,6 +398,9 @@ class Installer:
                     out = original(*args, **kwargs)
                 except BaseException as exc:
                     fail(p, exc)
+                    refused = refused_transform(exc, "the model's forward")
+                    if refused is not None:
+                        raise refused from exc
                     raise
                 returned_h(p, out)
                 return out
@@ -426,6 +430,9 @@ class Installer:
                     out = original(*args, **kwargs)
                 except BaseException as exc:
                     end_h(call, exc)
+                    refused = refused_transform(exc, f"region {region.name!r} ({kind(region)})")
+                    if refused is not None:
+                        raise refused from exc
                     raise
                 else:
                     end_h(call, None, out, (args, kwargs))

@@ -210,6 +210,60 @@ def test_blocks_called_under_vmap_keep_their_activations(mode: str, caplog: pyte
         assert any("functorch transform" in r.getMessage() for r in caplog.records)
 
 
+class _JacBlock(nn.Module):
+    """Differentiates inside its forward with torch.func.jacrev."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.a = nn.Parameter(torch.randn(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        jac = torch.func.jacrev(lambda a: torch.tanh(self.fc(a)))(self.a)
+        return x + x @ jac
+
+
+class _JacRoot(nn.Module):
+    """Calls jacrev in its own forward, outside every region."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+        self.a = nn.Parameter(torch.randn(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x @ torch.func.jacrev(torch.sin)(self.a)
+
+
+@pytest.mark.parametrize("mode", ["keep", "recompute", "auto"])
+@pytest.mark.parametrize("where", ["region", "root"])
+def test_torch_func_transforms_that_refuse_the_hooks_are_named(mode: str, where: str) -> None:
+    """torch.func.grad/vjp/jacrev/hessian refuse to start while a saved-tensor hook pair is
+    registered, with a message naming neither offrecomp nor the module: the error says
+    where the transform ran and what runs under the runtime instead, chained to torch's;
+    the runtime leaves nothing registered behind it."""
+    import offrecomp
+    from offrecomp import _torch_compat as tc
+
+    torch.manual_seed(0)
+    model = nn.Sequential(_JacBlock(), _JacBlock()) if where == "region" else _JacRoot()
+    x = torch.randn(3, 4)
+    model(x).sum().backward()  # plainly it trains
+    with (
+        pytest.raises(RuntimeError, match=r"torch\.func\.grad, vjp, jacrev or hessian") as err,
+        offrecomp.runtime(model, mode=mode, min_bytes=0),
+    ):
+        model(x).sum().backward()
+    said = str(err.value)
+    assert ("region '0' (" in said and "_JacBlock)" in said) if where == "region" else "the model's forward" in said
+    assert "torch.autograd.grad(..., create_graph=True)" in said
+    assert isinstance(err.value.__cause__, RuntimeError) and "saved tensor hooks" in str(err.value.__cause__)
+    assert tc.top_saved_tensors_hooks() is None
+    model(x).sum().backward()
+
+
 class _NormBlock(nn.Module):
     def __init__(self) -> None:
         super().__init__()
