@@ -219,35 +219,55 @@ def count_module_assignment(module: nn.Module, name: str, child: Any) -> None:
 # ``register_buffer`` run torch's global buffer-registration hook, which counts them
 # while a runtime is entered). ``BufferPtrs`` checks the slots' tensors at each such
 # read, so a buffer replaced before the call, even through ``_buffers`` directly, is seen.
+# A pointer found is checked against its slot's buffer, and the pointers are read again
+# when it is not there: a buffer moved to another allocation in place (``resize_`` to a
+# larger size, ``set_``) leaves its old address behind, which a new activation may have
+# by its save (a fused QAT block's per-channel scale moves at its first call, and batch
+# norm's saved statistics were then saved as buffers now and then, missing from the
+# recording). A save of a moved buffer's new storage before such a read is placed as an
+# activation.
 
 
 class BufferPtrs:
     """Storages of regions' buffers, per region call (NOTE [Buffer saves])."""
 
     def __init__(self) -> None:
-        self._cache: dict[int, tuple[tuple[int, ...], frozenset[int]]] = {}
+        self._cache: dict[int, tuple[tuple[int, ...], dict[int, int]]] = {}
 
-    def of_call(self, call: Any, region: Region) -> frozenset[int]:
-        """The storages of ``region``'s buffers as ``call`` (a RegionCall) sees them."""
+    def holds(self, call: Any, region: Region, ptr: int) -> bool:
+        """Is ``ptr`` the storage of one of ``region``'s buffers as ``call`` (a
+        RegionCall) sees them? A hit is checked against its buffer's storage now: a buffer
+        resized in place (``resize_``, ``set_``: an observer's per-channel scale at its
+        first call) moves to another allocation, and its old address may hold a new
+        activation by then; the pointers are then read again."""
         epoch = _buffer_assignments[0]
         ptrs = call.buffer_ptrs
         if ptrs is None or call.buffer_epoch != epoch:
-            ptrs = call.buffer_ptrs = self.of_region(region)
+            ptrs = call.buffer_ptrs = self._of_region(region)
             call.buffer_epoch = epoch
-        return ptrs
+        slot = ptrs.get(ptr)
+        if slot is None:
+            return False
+        b = region.buffer_at(slot)
+        if b is not None and b.untyped_storage().data_ptr() == ptr:
+            return True
+        ptrs = call.buffer_ptrs = self._of_region(region, again=True)
+        return ptr in ptrs
 
-    def of_region(self, region: Region) -> frozenset[int]:
-        """Cached while the same tensors fill its slots (a forward may replace a buffer
-        by assignment)."""
-        bufs = region.buffers
-        key = tuple(map(id, bufs))
+    def _of_region(self, region: Region, again: bool = False) -> dict[int, int]:
+        """Buffer storage pointer -> slot index; cached while the same tensors fill its
+        slots (a forward may replace a buffer by assignment), read ``again`` when a
+        cached pointer proved stale."""
+        found = [(i, region.buffer_at(i)) for i in range(len(region.slots))]
+        bufs = [(i, b) for i, b in found if b is not None]
+        key = tuple(id(b) for _, b in bufs)
         hit = self._cache.get(id(region))
-        if hit is not None and hit[0] == key:
+        if hit is not None and hit[0] == key and not again:
             return hit[1]
-        ptrs = frozenset(
-            int(b.untyped_storage().data_ptr())
-            for b in bufs
+        ptrs = {
+            int(b.untyped_storage().data_ptr()): i
+            for i, b in bufs
             if type(b) is torch.Tensor and b.layout == torch.strided  # a subclass has no data pointer
-        )
+        }
         self._cache[id(region)] = (key, ptrs)
         return ptrs

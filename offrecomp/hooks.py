@@ -212,7 +212,7 @@ class Placer:
         except RuntimeError:  # no data: a ZeroTensor (forward AD's zero tangents)
             return _Plain(t, call)
         region = call.region
-        if region is not None and region.slots and ptr in self._buffers.of_call(call, region):
+        if region is not None and region.slots and self._buffers.holds(call, region, ptr):
             return _Plain(t, call)
         rec = call.by_ptr.get(ptr)
         if rec is None or rec.released or rec() is not storage or (rec.group is not call.group and rec.placement is OFFLOAD):

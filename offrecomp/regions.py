@@ -186,6 +186,10 @@ class Region:
         """The region's buffers as they are now (a slot set to None is skipped)."""
         return tuple(b for b in (buffer_of(m, n) for m, n in self.slots) if b is not None)
 
+    def buffer_at(self, slot: int) -> torch.Tensor | None:
+        """The buffer in ``slots[slot]`` now (None: the slot holds none)."""
+        return buffer_of(*self.slots[slot])
+
     def __repr__(self) -> str:
         return f"Region({self.name!r}, {type(self.module).__name__})"
 

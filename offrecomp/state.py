@@ -440,7 +440,7 @@ class RegionCall(_WeakReferable):
     replayed: dict[int, torch.Tensor] = field(default_factory=dict)
     mismatch: bool = False  # structure differs from the planned one
     borrowed_sizes: list[int] | None = None  # NOTE [Borrowed plans]: the donor's storage sizes
-    buffer_ptrs: frozenset[int] | None = None  # NOTE [Buffer saves]: storages of the region's buffers
+    buffer_ptrs: dict[int, int] | None = None  # NOTE [Buffer saves]: region's buffer storages -> slots
     buffer_epoch: int = -1  # buffer assignments counted when buffer_ptrs was read
     collective: bool = False  # runs collectives: auto never replays it (NOTE [Collective regions])
     writes_state: bool = False  # its region writes its inputs or parameters: never replayed (NOTE [State written by its region])

@@ -1199,6 +1199,48 @@ def test_buffer_reassigned_after_the_first_save(mode: str) -> None:
     assert storages[0] == storages[1], storages
 
 
+class MovedBuffer(nn.Module):
+    """Saves first, then moves its buffer to another allocation in place (``set_``; a
+    ``resize_`` to a larger size does the same: a quantization observer's scale at its
+    first call) while a view still holds the old one, and saves that view."""
+
+    run: torch.Tensor
+
+    def __init__(self, move: bool = True) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("run", torch.ones(4))
+        self.move = move
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.fc(x))  # the first saves read the buffers' storages
+        old = self.run.view(-1)
+        if self.move:
+            with torch.no_grad():
+                self.run.set_(self.run.clone())
+        return x + h * old  # saves the view: a buffer's storage only without the move
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_save_at_a_buffers_former_storage_is_placed(mode: str) -> None:
+    """NOTE [Buffer saves]: the storages of a region's buffers are read once per call; a
+    buffer that moved to another allocation since leaves its old address in them, which
+    a new activation may have by the time it is saved (freed and reused), and such a save
+    was kept as a buffer's: unplaced and missing from the books and the recording. A
+    pointer found is now checked against its buffer: the moved buffer's old storage is
+    booked like any activation, one storage more than the same block's buffer save."""
+    xs = [torch.randn(3, 4), torch.randn(3, 4)]
+    _plain_vs_runtime(lambda: Chain(MovedBuffer), xs, mode)
+    storages = []
+    for move in (True, False):
+        torch.manual_seed(0)
+        m = Chain(lambda: MovedBuffer(move))  # noqa: B023 - called right here
+        with offrecomp.runtime(m, mode=mode, min_bytes=0) as rt:
+            m(xs[0]).backward()
+        storages.append(rt.report().steps[0].storages)
+    assert storages[0] == storages[1] + len(m.blocks), storages
+
+
 def test_the_buffer_assignment_hook_lives_only_while_entered() -> None:
     """NOTE [Buffer saves]: the global hook that counts buffer assignments is torch's
     global state; the runtime removes it on exit."""
