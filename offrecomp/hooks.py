@@ -457,6 +457,7 @@ class Placer:
             rec.tensor = t
             if fallback is None and other is not None and other.resident:
                 rec.shared = True  # NOTE [Inputs counted once]
+                other.sharers += 1
                 p.stats.kept_bytes += nbytes
                 return rec
         self._account(p, rec, fallback)
@@ -485,6 +486,8 @@ class Placer:
         for rec in call.storages:  # no later save finds them: by_ptr is cleared below
             if rec.tensor is not None:
                 rec.tensor = None
+                if rec.kind == "input":
+                    _held_no_more(rec)
         groups, call.groups = call.groups, []
         call.group = None
         for group in groups:
@@ -743,3 +746,23 @@ class Placer:
         if not call.replayed:
             self._life.replay_done(call)
         return t
+
+
+def _held_no_more(rec: StorageRec) -> None:
+    """A region input's record lets its tensor go with its call's replay checkpoint: what
+    holds the storage from then on is the program (the iterate a solver detached, an
+    encoding every call takes), so the record stops counting its bytes, unless inputs
+    sharing its count are still held (NOTE [Inputs counted once] in shared.py)."""
+    other = rec.same_as if rec.shared else None
+    if other is not None:
+        other.sharers -= 1
+        if other.sharers or other.kind != "input" or not other.call.released:
+            return
+        rec = other
+    elif rec.sharers:
+        return
+    if rec.resident and rec() is not None:
+        rec.resident = False
+        p = rec.call.pass_state
+        if p is not None:
+            p.stats.resident_bytes -= rec.nbytes  # a decrease sets no peak

@@ -32,6 +32,18 @@ regions that vary] in differences.py): its record is made again, and a call that
 sends its signature to measure again within that many passes (until then its steps may
 hold more than the budget, and book the record's bytes).
 
+NOTE [Graphs the forward drops]
+A forward may drop a call's graph before its backward: a solver iterating with grad on
+and detaching each iterate (a DEQ), a loss computed and thrown away. The hooked call's
+kept storages then die in the forward, and their weak references take the bytes off
+(NOTE [Resident bytes] in state.py); a native call's booked bytes would stay until the
+backward reached it. So a call recorded with its kept storages alive stays pending in its
+pass, and each later call entry of that forward looks at the pending ones (one live
+record each, usually the first it tries): one whose kept storages all died is recorded
+as freed at that entry, and the native calls of later passes free their bytes at the
+entry of that ordinal. A recording made in one pass books the same frees in every pass
+of its signature until the next audit makes it again.
+
 The pair goes back from what the stack holds, through an interrupt (Ctrl-C) landing on
 the way (NOTE [Interrupts in cleanup]): at the call's exit, again in the ``finally`` of
 the region's wrapper when an interrupt cut the exit short at its start, and at the end
@@ -48,6 +60,7 @@ ran inside it, NOTE [Backward inside a forward]) leaves no record.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from typing import Any
 
@@ -56,7 +69,7 @@ from offrecomp.config import Config
 from offrecomp.interrupts import finish
 from offrecomp.regions import SETTLED
 from offrecomp.shared import keeps_whole
-from offrecomp.state import RegionCall
+from offrecomp.state import PassState, RegionCall, Stage
 from scheduler.plan import Placement
 
 __all__ = ["NativeKeep"]
@@ -84,8 +97,9 @@ def audit_gap(audits: int, varies: bool = False) -> int:
 
 #: What a call saved with the hooks on: (saves, storages, kept bytes, storages under
 #: ``min_bytes``, kept bytes no earlier record counts: NOTE [Inputs counted once],
-#: NOTE [Activations counted once] in shared.py).
-CallBooks = tuple[int, int, int, int, int]
+#: NOTE [Activations counted once] in shared.py; the ordinal of the first call of the
+#: pass entered after all its kept storages died, or -1: NOTE [Graphs the forward drops]).
+CallBooks = tuple[int, int, int, int, int, int]
 
 
 class NativeKeep:
@@ -100,6 +114,9 @@ class NativeKeep:
         """Per planned call: the passes left to its next audit, and its audits so far."""
         self.off = False
         """A native call may have taken the pair off the stack (``hooks_back`` puts it back)."""
+        self._pending: list[tuple[RegionCall, tuple[str, str, int]]] = []
+        """Calls of ``_pending_pass`` recorded with their kept storages still alive."""
+        self._pending_pass: PassState | None = None
 
     def _keeps_whole(self, call: RegionCall) -> bool:
         """``call`` keeps everything, by the forced keep mode or by its plan (NOTE [Kept
@@ -120,9 +137,15 @@ class NativeKeep:
         """Take the runtime's hooks off for ``call`` if it may save natively; True if
         they came off (``exit`` puts them back)."""
         p = call.pass_state
+        if p is None:
+            return False
+        if self._pending:
+            self._note_freed(p, call.ordinal)
+        frees = p.native_frees
+        if frees and frees[0][0] <= call.ordinal:
+            _free(p, call.ordinal)
         if (
-            p is None
-            or not self._keeps_whole(call)
+            not self._keeps_whole(call)
             or call.recorder is not None
             or call.watch is not None
             or call.inputs is not None
@@ -169,13 +192,16 @@ class NativeKeep:
             self.hooks_back()  # first: the rest of the call's exit runs with the hooks on
             if failed or p is None or call.books is None:
                 return
-            saves, storages, kept, _, resident = call.books
+            saves, storages, kept, _, resident, freed_at = call.books
             call.pack_count += saves
             stats = p.stats
             stats.storages += storages  # finish_pass adds len(call.storages): none here
             stats.kept_bytes += kept
             stats.add_resident(resident)
-            p.native_held.append((call.ordinal, resident))
+            held = [call.ordinal, resident]
+            p.native_held.append(held)
+            if freed_at > call.ordinal:
+                heapq.heappush(p.native_frees, (freed_at, len(p.native_held), held))
             return
         if failed or p is None or not self._keeps_whole(call):
             return
@@ -186,7 +212,42 @@ class NativeKeep:
         kept = sum(rec.nbytes for rec in recs)
         resident = sum(rec.nbytes for rec in recs if not rec.shared)  # NOTE [Activations counted once] in shared.py
         small = sum(rec.nbytes < self._config.min_bytes for rec in recs)
-        self._books[(p.signature, call.name, call.call_index)] = (call.pack_count, len(recs), kept, small, resident)
+        key = (p.signature, call.name, call.call_index)
+        self._books[key] = (call.pack_count, len(recs), kept, small, resident, -1)
+        if resident:
+            if self._pending_pass is not p:
+                self._pending = []
+                self._pending_pass = p
+            self._pending.append((call, key))
+
+    def _note_freed(self, p: PassState, ordinal: int) -> None:
+        """Call ``ordinal`` of ``p`` enters: the recorded calls of ``p`` whose kept
+        storages all died since are booked as freed at this entry (NOTE [Graphs the
+        forward drops])."""
+        if p is not self._pending_pass or p.stage is not Stage.FORWARD:
+            self._pending = []
+            self._pending_pass = None
+            return
+        alive = []
+        for call, key in self._pending:
+            if any(rec.resident for rec in call.storages):
+                alive.append((call, key))
+                continue
+            books = self._books.get(key)
+            if books is not None:
+                self._books[key] = (*books[:5], ordinal)
+        self._pending = alive
+
+
+def _free(p: PassState, ordinal: int) -> None:
+    """Call ``ordinal`` of ``p`` enters: the native calls whose records say their kept
+    storages died before it are no longer resident (NOTE [Graphs the forward drops])."""
+    frees = p.native_frees
+    stats = p.stats
+    while frees and frees[0][0] <= ordinal:
+        held = heapq.heappop(frees)[2]
+        stats.resident_bytes -= held[1]  # a decrease sets no peak
+        held[1] = 0
 
 
 def _on_top(pair: tuple[Any, Any]) -> None:

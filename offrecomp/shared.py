@@ -25,7 +25,11 @@ __all__ = ["INPUT_LOOKBACK", "counting_record", "join_counted", "keeps_whole", "
 # A shared record found there stands for the record it shares (``same_as``), however far
 # back: a cell called at every time step on one sequence counts it once. A storage no
 # call of the window holds is counted again (the lookup is bounded: it runs per input
-# per call).
+# per call). A call whose graph died (a solver's iterate, detached in the forward) lets
+# its inputs go with its replay checkpoint: the program holds such a storage from then
+# on (an encoding every iteration takes), and its record stops counting it unless
+# records sharing the count are still held (``sharers``); else each later iteration,
+# finding no live record before it, counted it once more.
 # Only calls that take a replay checkpoint have input records, and only calls that run
 # the hooks have records to find: a call a plan keeps whole has neither when it saves
 # natively. An input's record names the other (``same_as``, whatever its placement), and

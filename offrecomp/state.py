@@ -98,6 +98,7 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
     """The record of an earlier call (or the root) of the same storage: a region input's
     (NOTE [Inputs counted once]); a shared record's, or in a measuring pass any later
     record's, the first record of it (NOTE [Activations counted once])."""
+    sharers = 0  # unreleased input records sharing its count (NOTE [Inputs counted once])
 
     def __new__(
         cls, storage: Any, call: RegionCall, index: int, nbytes: int, ptr: int, placement: Placement | None
@@ -423,7 +424,7 @@ class RegionCall(_WeakReferable):
     """Every new activation storage is dropped (``Placements.drops``): no decision per save."""
     native: bool = False
     """Saves natively, the runtime's hooks off (NOTE [Native keep])."""
-    books: tuple[int, int, int, int, int] | None = None
+    books: tuple[int, int, int, int, int, int] | None = None
     """A native call's saves, storages, kept bytes, storages under ``min_bytes`` and the
     kept bytes no earlier record counts, as the same call recorded them with the hooks
     on (NOTE [Native keep])."""
@@ -565,16 +566,13 @@ class PassStats:
     rerun_ops: int = 0
     pack_seconds: float = 0.0
     """Host seconds in the pack calls timed (one in HOOK_SAMPLE; NOTE [Hook timing])."""
-    pack_timed: int = 0
-    """Pack calls timed."""
+    pack_timed: int = 0  # pack calls timed
     unpack_seconds: float = 0.0
     """Host seconds in the unpack calls of kept saves timed (sampled the same way)."""
-    unpack_timed: int = 0
-    """Unpack calls timed."""
+    unpack_timed: int = 0  # unpack calls timed
     capture_seconds: float = 0.0
     """Host seconds region calls' entries spent keeping what a replay needs."""
-    captures: int = 0
-    """Region calls that kept it (each timed)."""
+    captures: int = 0  # region calls that kept it (each timed)
     fallbacks: dict[str, int] = field(default_factory=dict)
 
     def keep(self, rec: StorageRec) -> None:
@@ -716,9 +714,11 @@ class PassState(_WeakReferable):
     backward_ends: list[Any] = field(default_factory=list)
     """The end mark of each of its backwards, in order (NOTE [Several backwards])."""
     replay_marks: list[tuple[int, Any, Any]] = field(default_factory=list)
-    native_held: list[tuple[int, int]] = field(default_factory=list)
-    """(call ordinal, bytes) of its native calls whose booked bytes are still resident,
-    in forward order (NOTE [Native keep] in native.py)."""
+    native_held: list[list[int]] = field(default_factory=list)
+    """[call ordinal, bytes] of its native calls' resident books, in forward order."""
+    native_frees: list[tuple[int, int, list[int]]] = field(default_factory=list)
+    """Heap of (ordinal at whose entry they die, order, ``native_held`` entry): NOTE
+    [Graphs the forward drops] in native.py."""
     dispatch_replays: list[tuple[int, Any, Any, float, list[int]]] = field(default_factory=list)
     """Replays under the dispatch mode: (call ordinal, start, end mark, predicted seconds
     of the ops run, program): NOTE [Serving overhead], [Served replay times]."""

@@ -280,6 +280,51 @@ def test_an_input_every_call_takes_counts_once_however_many_calls() -> None:
     assert peaks[3] == peaks[12], peaks
 
 
+def test_an_input_held_past_its_calls_counts_once_however_many_iterations() -> None:
+    """NOTE [Inputs counted once]: a solver iterating with grad on and detaching each
+    iterate (a DEQ) drops each iteration's graph in the forward, and its calls' replay
+    checkpoints with it; the encoding every call takes stays alive, held by the program.
+    A released input record counted it on until the pass ended, so the next iteration's
+    calls, finding no live record before them, counted it again: 8 KiB more booked per
+    iteration under recompute (139 KiB at 12 iterations where 40 KiB are held)."""
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(64, 64)
+
+        def forward(self, z: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(self.lin(z) + u)
+
+    class Solver(nn.Module):
+        def __init__(self, iterations: int) -> None:
+            super().__init__()
+            self.enc = nn.Linear(64, 64)
+            self.layers = nn.ModuleList(Block() for _ in range(2))
+            self.iterations = iterations
+
+        def f(self, z: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                z = layer(z, u)
+            return 0.5 * z
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            u = self.enc(x)
+            z = torch.zeros_like(u)
+            for _ in range(self.iterations):
+                z = self.f(z, u).detach()
+            return self.f(z, u).square().mean()
+
+    peaks = {}
+    for iterations in (0, 1, 8):
+        torch.manual_seed(0)
+        m = Solver(iterations)
+        rt = offrecomp.runtime(m, mode="recompute", min_bytes=0)
+        train(m, lambda s: torch.randn(32, 64, generator=torch.Generator().manual_seed(s)), rt, steps=2)
+        peaks[iterations] = rt.report().steps[-1].peak_activation_bytes
+    assert peaks[0] == peaks[1] == peaks[8], peaks
+
+
 def test_a_weight_cast_the_calls_share_counts_once() -> None:
     """NOTE [Activations counted once]: under autocast each cell's bf16 weight casts are
     made by its first call and saved by every call over the time steps; the pass counts
