@@ -23,10 +23,14 @@
 # RNG objects of their own (``random.Random(seed)``, ``np.random.default_rng(seed)``, a
 # ``RandomState`` or a bit generator) that a region's modules hold as attributes, or
 # that its calls take as arguments, are captured at every call's entry (bit ``PRIVATE``):
-# a module holds one to draw from it, and the capture costs 1-40 us. Objects reached
-# otherwise (through another object, a closure, a global other than the two above) are
-# not known: a replay draws anew from them, as for a torch generator reached so (NOTE
-# [Private generators] in replay.py); ``random.SystemRandom`` has no state to restore.
+# a module holds one to draw from it, and the capture costs 1-40 us. So are those one
+# step from such an attribute, found at the first call (``private_slots``): an attribute
+# of a config or helper object (``self.cfg.rng``), an item of a list or dict, the object
+# of a bound method (``self.draw = rng.standard_normal``), a cell of a function's closure
+# (a sampler made by a factory). Objects reached further away (two objects deep, a
+# global other than the two above) are not known: a replay draws anew from them, as for
+# a torch generator its region's first call did not draw from (NOTE [Private
+# generators] in replay.py); ``random.SystemRandom`` has no state to restore.
 #
 # A draw that becomes an op's number (a scale) differs from the recording's, which
 # another call made: a serving replay that diverges there makes the recording stale,
@@ -41,13 +45,13 @@ import random
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from torch import nn
 
 __all__ = [
     "ALL", "NUMPY", "PRIVATE", "PROBES", "PY", "REPROBE", "HostStates", "capture", "drawn", "is_private",
-    "only", "private_objects", "private_slots", "restore",
+    "Slot", "only", "private_objects", "private_slots", "restore",
 ]
 
 PY = 1
@@ -190,17 +194,95 @@ def _set_state(o: Any, state: Any) -> None:
         o.state = state
 
 
-def private_slots(modules: Iterable[nn.Module]) -> tuple[tuple[nn.Module, str], ...]:
-    """(module, attribute) of every RNG object the ``modules`` hold as an attribute."""
-    return tuple((m, n) for m in modules for n, v in vars(m).items() if _kind(v))
+#: One step from an object held as a module attribute to an RNG object: ("a", name) an
+#: attribute of it, ("i", key) an item, ("s", None) a bound method's object, ("c", i) a
+#: cell of a function's closure.
+Step: TypeAlias = tuple[str, Any]
+Slot: TypeAlias = tuple[nn.Module, str, tuple[Step, ...]]
+
+#: A module's own attributes (parameter, buffer, submodule and hook tables): not looked in.
+_MODULE_ATTRS = frozenset(vars(nn.Module()))
+#: Attributes or items of one object looked at for RNG objects.
+_LOOK = 64
 
 
-def private_objects(slots: Iterable[tuple[nn.Module, str]], arguments: Iterable[Any]) -> list[Any]:
+def _steps(v: Any) -> list[tuple[Step, Any]]:
+    """What one step from ``v`` reaches: its attributes (a plain object, a config), its
+    items (a list, tuple or dict), a bound method's object, a closure's cells. Nothing
+    where looking raises (an object whose ``__getattr__`` refuses)."""
+    try:
+        return _reach(v)
+    except Exception:
+        return []
+
+
+def _reach(v: Any) -> list[tuple[Step, Any]]:
+    if isinstance(v, (nn.Module, type, type(sys))) or _kind(v) or type(v).__module__ == "torch":
+        return []
+    if isinstance(v, (list, tuple)):
+        return [(("i", i), o) for i, o in enumerate(v[:_LOOK])]
+    if isinstance(v, dict):
+        return [(("i", k), o) for k, o in list(v.items())[:_LOOK]]
+    self = getattr(v, "__self__", None)
+    if self is not None and callable(v):
+        return [(("s", None), self)]
+    cells = getattr(v, "__closure__", None)
+    if cells:
+        out = []
+        for i, c in enumerate(cells[:_LOOK]):
+            try:
+                out.append((("c", i), c.cell_contents))
+            except ValueError:  # a cell not filled yet
+                continue
+        return out
+    try:
+        attrs = vars(v)
+    except TypeError:  # no __dict__ (slots, builtins)
+        return []
+    return [(("a", n), o) for n, o in list(attrs.items())[:_LOOK]]
+
+
+def private_slots(modules: Iterable[nn.Module]) -> tuple[Slot, ...]:
+    """Where the ``modules`` hold RNG objects: as an attribute, or one step further (an
+    attribute of a config object held there, an item of a list or dict, a bound
+    method's object such as ``rng.normal``, a cell of a sampler function's closure)."""
+    out: list[Slot] = []
+    for m in modules:
+        for n, v in vars(m).items():
+            if _kind(v):
+                out.append((m, n, ()))
+            elif n not in _MODULE_ATTRS and v is not None:
+                out.extend((m, n, (step,)) for step, o in _steps(v) if _kind(o))
+    return tuple(out)
+
+
+def _at(slot: Slot) -> Any:
+    """The object at ``slot`` now (None where the path no longer leads anywhere)."""
+    m, n, path = slot
+    o = vars(m).get(n)
+    for kind, key in path:
+        if o is None:
+            return None
+        try:
+            if kind == "a":
+                o = vars(o).get(key)
+            elif kind == "i":
+                o = o[key]
+            elif kind == "s":
+                o = getattr(o, "__self__", None)
+            else:
+                o = o.__closure__[key].cell_contents
+        except (LookupError, TypeError, ValueError, AttributeError):
+            return None
+    return o
+
+
+def private_objects(slots: Iterable[Slot], arguments: Iterable[Any]) -> list[Any]:
     """The RNG objects at ``slots`` now (one assigned anew there too) and among
     ``arguments``, each once."""
     seen: dict[int, Any] = {}
-    for m, n in slots:
-        o = vars(m).get(n)
+    for slot in slots:
+        o = vars(slot[0]).get(slot[1]) if not slot[2] else _at(slot)
         if o is not None and _kind(o):
             seen.setdefault(id(o), o)
     for o in arguments:

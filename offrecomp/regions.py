@@ -30,6 +30,7 @@ from torch.nn.modules.lazy import LazyModuleMixin
 from offrecomp import _torch_compat as tc
 from offrecomp import host_rng
 from offrecomp.changes import structure_epoch
+from offrecomp.host_rng import Slot as RngSlot
 
 if TYPE_CHECKING:
     from offrecomp.arguments import Position
@@ -99,7 +100,7 @@ class Region:
     objects of their own (NOTE [Host random states])."""
     host_calls: int = 0
     """Its calls that took a replay checkpoint (some compare their host random states)."""
-    rng_slots: tuple[tuple[nn.Module, str], ...] | None = None
+    rng_slots: tuple[RngSlot, ...] | None = None
     """Attributes of its modules that held Python's or numpy's RNG objects at its first
     call (``host_rng.private_slots``); None before."""
     writes_state: bool | None = None

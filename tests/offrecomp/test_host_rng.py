@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import random
+import types
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from torch import nn
 import offrecomp
 from offrecomp import host_rng
 from tests import models
-from tests.helpers import check_variant
+from tests.helpers import assert_bitwise, check_variant, train
 
 VARIANTS = ["recompute", "auto_tight", "auto_serve"]
 
@@ -186,6 +187,80 @@ class _PassesRng(nn.Module):
         for b in self.blocks:
             x = b(x, self.rng)
         return x.square().mean()
+
+
+class _ConfigRng(nn.Module):
+    """Draws a scale from a numpy ``Generator`` its config object holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+        self.cfg = types.SimpleNamespace(rng=np.random.default_rng(3), base=0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x) * (self.cfg.base + self.cfg.rng.random()))
+
+
+class _ListRng(nn.Module):
+    """Draws a scale from the second of a list of ``random.Random``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+        self.rngs = [random.Random(4), random.Random(5)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x) * (0.5 + self.rngs[1].random()))
+
+
+class _BoundDraw(nn.Module):
+    """Adds noise from a bound method of a numpy ``Generator`` (``rng.standard_normal``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+        self.draw = np.random.default_rng(7).standard_normal
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        noise = torch.from_numpy(self.draw(x.shape).astype(np.float32))
+        return x + torch.tanh(self.fc(x)) * noise
+
+
+def _sampler(seed: int) -> object:
+    rng = random.Random(seed)
+    return lambda: 0.5 + rng.random()
+
+
+class _ClosureRng(nn.Module):
+    """Draws a scale through a function whose closure holds a ``random.Random``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+        self.sample = _sampler(9)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x) * self.sample())  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("block", [_ConfigRng, _ListRng, _BoundDraw, _ClosureRng])
+def test_a_replay_draws_what_its_forward_drew_from_rng_objects_one_step_away(block: type) -> None:
+    """NOTE [Host random states]: an RNG object held one step from a module attribute (a
+    config's attribute, a list's item, a bound method's object, a closure's cell) is
+    captured too; a replay drawing anew there gave other gradients, silently. (Models
+    built twice: a deep copy shares a closure's cells.)"""
+
+    def run(mode: str | None) -> tuple[list[dict[str, torch.Tensor]], int]:
+        torch.manual_seed(0)
+        model = models.Stack([block() for _ in range(3)])
+        rt = offrecomp.runtime(model, mode=mode, min_bytes=0) if mode else None
+        got = train(model, _batch, rt, steps=3)
+        return got, rt.report().steps[-1].replays if rt is not None else 0
+
+    plain, _ = run(None)
+    got, replays = run("recompute")
+    assert replays > 0
+    assert_bitwise(plain, got)
 
 
 @pytest.mark.parametrize("block", [_OwnPyScale, _OwnNumpyNoise, _OwnLegacyDrop])
