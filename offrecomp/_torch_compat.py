@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.autograd.forward_ad as _fwad
+import torch.nn.utils.parametrize as _parametrize
 
 # TorchDispatchMode: the replay serves held op outputs instead of rerunning ops, and the
 # measuring pass records every ATen op of a region (timings, outputs, aliasing). The same
@@ -399,6 +400,44 @@ def forward_ad_active() -> bool:
     return int(getattr(_fwad, "_current_level", -1)) >= 0
 
 
+# NOTE [Cached parametrizations]
+# ``torch.nn.utils.parametrize.cached()`` computes each parametrized tensor once while it
+# is entered (an orthogonal weight an RNN cell reads at every time step) and hands that
+# tensor out on later reads. Entered around the model's loop, the first call computes
+# the weight and the later calls read it: a replay after the context was left would
+# compute it again, other ops than its forward's. A call that enters with the cache on
+# keeps the cache as it found it (the tensors, not copies), and its replay runs with
+# the cache on and that copy of it, so it reads what its forward read and computes what
+# its forward computed (the first call: the weight); the state found is set back after.
+# A forward with the cache off replays with it off, also under a backward inside
+# ``cached()``.
+
+
+def parametrize_cache() -> dict[Any, Any] | None:
+    """The parametrization cache at a call's entry: a copy of its table while
+    ``parametrize.cached()`` is entered, else None (NOTE [Cached parametrizations])."""
+    if not _parametrize._cache_enabled:
+        return None
+    return dict(_parametrize._cache)
+
+
+@contextlib.contextmanager
+def parametrize_cache_as(cache: dict[Any, Any] | None) -> Iterator[None]:
+    """Run a replay with the parametrization cache of its forward's entry, then set the
+    state found back (NOTE [Cached parametrizations])."""
+    enabled, found = _parametrize._cache_enabled, _parametrize._cache
+    if cache is None and not enabled:
+        yield
+        return
+    _parametrize._cache_enabled = 1 if cache is not None else 0
+    _parametrize._cache = dict(cache) if cache is not None else {}
+    try:
+        yield
+    finally:
+        _parametrize._cache_enabled = enabled
+        _parametrize._cache = found
+
+
 def cuda_sleep(cycles: int) -> None:
     """Busy-wait the current CUDA stream (tests only: delays a stream to expose races)."""
     torch.cuda._sleep(cycles)  # type: ignore[attr-defined]
@@ -428,6 +467,7 @@ ALL_PRIVATE_APIS: tuple[str, ...] = (
     "torch._C._storage_Use_Count",
     "torch._C._host_emptyCache (CUDA builds)",
     "torch._dynamo.eval_frame.skip_code",
+    "torch.nn.utils.parametrize._cache_enabled / _cache",
     "torch._C._dynamo.eval_frame.get_eval_frame_callback",
     "nn.Module._compiled_call_impl",
     "torch._dynamo.eval_frame.OptimizedModule (by name)",

@@ -62,6 +62,9 @@ class CapturedInputs:
     """The generators among the arguments (NOTE [Private generators] in replay.py)."""
     host_rngs: list[Any] = field(default_factory=list)
     """Python's and numpy's RNG objects among the arguments (NOTE [Host random states])."""
+    parametrize_cache: dict[Any, Any] | None = None
+    """The parametrization cache the call entered with, where ``parametrize.cached()`` was
+    on (NOTE [Cached parametrizations] in _torch_compat.py): what it read besides them."""
 
     def devices(self) -> set[torch.device]:
         return set(self.devices_seen)

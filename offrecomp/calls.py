@@ -186,6 +186,7 @@ class RegionCalls:
             call.rng.probe = host_rng.capture(host_rng.ALL)  # NOTE [Host random states]: does it draw from them?
         call.autocast = capture_autocast({d.type for d in devices})
         call.torch_function = tc.torch_function_state()
+        cap.parametrize_cache = tc.parametrize_cache()
         call.buffers = capture_buffers(region.slots)
         call.params = capture_params(region.param_slots)
         call.training = tuple(m.training for m in region.modules)

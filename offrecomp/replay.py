@@ -659,7 +659,7 @@ def replay_call(
     rng = _RngStates(call, call.inputs.devices())
     t0 = time.perf_counter()
     # NOTE [Torch function state]: the leaves too (a subclass's detach stays a subclass)
-    with tc.torch_function_as(call.torch_function):
+    with tc.torch_function_as(call.torch_function), tc.parametrize_cache_as(call.inputs.parametrize_cache):
         args, kwargs = inputs if inputs is not None else replay_arguments(call.inputs, call.name)
         try:
             mode = _replay_until_captured(call, saves, rng, args, kwargs, program, storage_tensors)

@@ -694,6 +694,28 @@ class ParamBlock(nn.Module):
         return x + self.wn(F.leaky_relu(self.sn(self.ln(x)), 0.2))
 
 
+class CachedRNN(nn.Module):
+    """An RNN cell with an orthogonal recurrent weight called at every time step under
+    ``parametrize.cached()`` (the pattern torch's docs give): the weight is computed in
+    the first step's call and read from the cache by the others (NOTE [Cached
+    parametrizations])."""
+
+    def __init__(self, h: int = 16) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, h)
+        self.cell = nn.RNNCell(h, h)
+        nn.utils.parametrizations.orthogonal(self.cell, "weight_hh")
+        self.head = nn.Linear(h, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        e = self.inp(x)
+        h = torch.zeros(x.shape[0], self.cell.hidden_size)
+        with nn.utils.parametrize.cached():
+            for t in range(x.shape[1]):
+                h = self.cell(e[:, t], h)
+        return self.head(h).square().mean()
+
+
 # ------------------------------------------------------------------------------ cases
 
 @dataclass(frozen=True)
@@ -733,6 +755,7 @@ CASES: dict[str, Case] = {
     # the replay reruns the in-place update: see test_buffer_updated_in_place_then_saved
     "ema_buffer": Case(stack(lambda: EmaNormBlock(32)), _randn(3, 6, 32)),
     "parametrizations": Case(stack(lambda: ParamBlock(32)), _randn(3, 6, 32)),
+    "parametrize_cached": Case(CachedRNN, _randn(3, 6, 8), regions=[nn.RNNCell]),
 }
 
 VARIANTS = ZOO_VARIANTS
