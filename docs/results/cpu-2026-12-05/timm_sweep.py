@@ -10,7 +10,8 @@ a few torchvision names at load time, and torchvision does not import beside tor
 pipeline). Tiny configurations, 4 steps each, on the CPU; prints PASS/FAIL per model and
 variant. ``vit_gc`` and ``resnet26t_gc`` turn on timm's own gradient checkpointing, which
 owns their blocks' activations (offrecomp says so once): their ``recompute`` and tight
-``auto`` runs find nothing to drop, by design.
+``auto`` runs find nothing to drop, by design. ``--bf16`` runs every model's forward and
+loss under CPU bf16 autocast (../cpu-2026-12-05n).
 """
 import enum
 import sys
@@ -85,6 +86,32 @@ class Cls(nn.Module):
         return o.float().pow(2).mean()
 
 
+def _poolformer() -> nn.Module:
+    """poolformer_s12 with one block per stage (``layers=`` up to timm 1.0.29, the
+    MetaFormer's ``depths=`` after)."""
+    try:
+        return timm.create_model("poolformer_s12", num_classes=3, layers=(1, 1, 1, 1))
+    except TypeError:
+        mf = timm.models.metaformer
+        return mf.MetaFormer(
+            depths=(1, 1, 1, 1), dims=(64, 128, 320, 512), downsample_norm=None, mlp_act=nn.GELU,
+            mlp_bias=True, norm_layers=mf.GroupNorm1, layer_scale_init_values=1e-5,
+            res_scale_init_values=None, use_mlp_head=False, num_classes=3,
+        )
+
+
+class BF16Autocast(nn.Module):
+    """A model's forward (and its loss) under CPU bf16 autocast (``--bf16``)."""
+
+    def __init__(self, m: nn.Module) -> None:
+        super().__init__()
+        self.m = m
+
+    def forward(self, *a, **k):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.m(*a, **k)
+
+
 def img(n: int):  # noqa: ANN201
     return lambda s: torch.randn(2, 3, n, n, generator=torch.Generator().manual_seed(1000 + s))
 
@@ -109,7 +136,7 @@ Z = {
  "densenet": (lambda: timm.create_model("densenet121", num_classes=3, growth_rate=8, block_config=(2, 2, 2, 2)), 32),
  "densenet_me": (lambda: timm.create_model("densenet121", num_classes=3, growth_rate=8, block_config=(2, 2, 2, 2), memory_efficient=True), 32),
  "cait": (lambda: timm.create_model("cait_xxs24_224", img_size=32, patch_size=8, depth=2, num_classes=3), 32),
- "poolformer": (lambda: timm.create_model("poolformer_s12", num_classes=3, layers=(1, 1, 1, 1)), 32),
+ "poolformer": (lambda: _poolformer(), 32),
  "maxvit": (lambda: timm.create_model("maxvit_rmlp_pico_rw_256", img_size=64, num_classes=3), 64),
  "coatnet": (lambda: timm.create_model("coatnet_nano_rw_224", img_size=64, num_classes=3), 64),
  "levit": (lambda: timm.create_model("levit_128s", img_size=64, num_classes=3), 64),
@@ -149,7 +176,10 @@ Z = {
 
 
 def main() -> int:
-    return run({name: (lambda f=f: Cls(f())) for name, (f, _) in Z.items()}, lambda name, model: img(Z[name][1]))
+    bf16 = "--bf16" in sys.argv
+    sys.argv = [a for a in sys.argv if a != "--bf16"]
+    wrap = BF16Autocast if bf16 else (lambda m: m)
+    return run({name: (lambda f=f: wrap(Cls(f()))) for name, (f, _) in Z.items()}, lambda name, model: img(Z[name][1]))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ of the first output tensor). A screen trains each
 plainly twice (4 steps) and leaves out those that fail, differ bitwise between the two
 runs, have a non-finite loss, or take over a second (a variant then takes over ~3 s);
 the screen is cached in /tmp/sweep5f/screen.json (``--rescreen`` redoes it) and its
-reasons written to skipped.txt. Prints PASS/FAIL per model and variant.
+reasons written to skipped.txt. Prints PASS/FAIL per model and variant. ``--bf16`` runs
+every model's forward and loss under CPU bf16 autocast (screen and skip list
+``*_bf16``; ../cpu-2026-12-05n).
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ from tests.helpers import _bits, train
 logging.getLogger("transformers").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
 HERE = Path(__file__).resolve().parent
-CACHE = Path("/tmp/sweep5f/screen.json")
+BF16 = "--bf16" in sys.argv  # every model's forward and loss under CPU bf16 autocast
+sys.argv = [a for a in sys.argv if a != "--bf16"]
+CACHE = Path("/tmp/sweep5f/screen_bf16.json" if BF16 else "/tmp/sweep5f/screen.json")
 V = 100
 
 # model types hf_zoo_sweep.py's ZOO already covers
@@ -192,7 +196,20 @@ def build(mtype: str, kind: str, cname: str) -> LM:
     for c in [cfg, *(getattr(cfg, a) for a in (getattr(type(cfg), "sub_configs", {}) or {}))]:
         if hasattr(c, "use_cache"):
             c.use_cache = False
-    return LM(getattr(tf, cname)(cfg), kind)
+    lm = LM(getattr(tf, cname)(cfg), kind)
+    return BF16Autocast(lm) if BF16 else lm
+
+
+class BF16Autocast(nn.Module):
+    """A model's forward (and its loss) under CPU bf16 autocast (``--bf16``)."""
+
+    def __init__(self, m: nn.Module) -> None:
+        super().__init__()
+        self.m = m
+
+    def forward(self, *a: Any, **k: Any) -> Any:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.m(*a, **k)
 
 
 class _Timeout(Exception):
@@ -249,7 +266,7 @@ def main() -> int:
         CACHE.parent.mkdir(parents=True, exist_ok=True)
         CACHE.write_text(json.dumps({"version": version, "result": result}, indent=1))
         lines = [f"{m:28s} {cands[m][1]:44s} {why}" for m, why in sorted(result.items()) if why]
-        (HERE / "skipped.txt").write_text(
+        (HERE / ("skipped_bf16.txt" if BF16 else "skipped.txt")).write_text(
             f"# transformers {version}: {len(lines)} of {len(result)} candidate model types skipped\n"
             + "\n".join(lines) + "\n"
         )
