@@ -116,6 +116,8 @@ def capture_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> CapturedInp
             flags.append(bool(x.requires_grad))
             versions.append(int(x._version))
             return _Slot(len(tensors) - 1)
+        if type(x) in _PLAIN_LEAVES:  # a mask of None, a flag: no state (isinstance on a Generator is slow)
+            return x
         if isinstance(x, torch.Generator):
             generators.append(x)
         elif is_private(x):  # NOTE [Host random states]
@@ -129,6 +131,9 @@ def capture_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> CapturedInp
     devices = {t.device for t in tensors if t is not None}
     return CapturedInputs(leaves, spec, tensors, flags, versions, devices, objects, generators=generators, host_rngs=host_rngs)
 
+
+#: Argument leaves that hold no state a replay needs.
+_PLAIN_LEAVES = frozenset({type(None), bool, int, float, str})
 
 #: TreeSpecs of argument lists by their structure (``_structure``), or None for a
 #: structure pytree flattens otherwise: pytree's walk costs tens of microseconds per
