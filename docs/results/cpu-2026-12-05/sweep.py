@@ -53,3 +53,15 @@ def run(
                 if "-v" in sys.argv:
                     traceback.print_exc()
     return 1 if failed else 0
+
+
+class BF16Autocast(nn.Module):
+    """A model's forward (and its loss) under CPU bf16 autocast (the sweeps' ``--bf16``)."""
+
+    def __init__(self, m: nn.Module) -> None:
+        super().__init__()
+        self.m = m
+
+    def forward(self, *a: Any, **k: Any) -> Any:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.m(*a, **k)

@@ -68,7 +68,7 @@ def _torchvision_stand_in() -> None:
 _torchvision_stand_in()
 import timm  # noqa: E402
 
-from sweep import run  # noqa: E402
+from sweep import BF16Autocast, run  # noqa: E402
 
 
 
@@ -98,18 +98,6 @@ def _poolformer() -> nn.Module:
             mlp_bias=True, norm_layers=mf.GroupNorm1, layer_scale_init_values=1e-5,
             res_scale_init_values=None, use_mlp_head=False, num_classes=3,
         )
-
-
-class BF16Autocast(nn.Module):
-    """A model's forward (and its loss) under CPU bf16 autocast (``--bf16``)."""
-
-    def __init__(self, m: nn.Module) -> None:
-        super().__init__()
-        self.m = m
-
-    def forward(self, *a, **k):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return self.m(*a, **k)
 
 
 def img(n: int):  # noqa: ANN201

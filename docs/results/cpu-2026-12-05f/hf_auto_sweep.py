@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cpu-2026-12-05"))
 
 import torch
 import transformers as tf
-from sweep import run
+from sweep import BF16Autocast, run
 from torch import nn
 from transformers.models.auto import modeling_auto as ma
 
@@ -199,17 +199,6 @@ def build(mtype: str, kind: str, cname: str) -> LM:
     lm = LM(getattr(tf, cname)(cfg), kind)
     return BF16Autocast(lm) if BF16 else lm
 
-
-class BF16Autocast(nn.Module):
-    """A model's forward (and its loss) under CPU bf16 autocast (``--bf16``)."""
-
-    def __init__(self, m: nn.Module) -> None:
-        super().__init__()
-        self.m = m
-
-    def forward(self, *a: Any, **k: Any) -> Any:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return self.m(*a, **k)
 
 
 class _Timeout(Exception):

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cpu-2026-12-05"))
 
 import torch
-from sweep import run
+from sweep import BF16Autocast, run
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -69,16 +69,6 @@ class Net(nn.Module):
         return self.head(x).float().pow(2).mean()
 
 
-class AC(nn.Module):
-    def __init__(self, m: nn.Module) -> None:
-        super().__init__()
-        self.m = m
-
-    def forward(self, *a: Any, **k: Any) -> Any:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return self.m(*a, **k)
-
-
 BASE = {
     "lstm": lambda: Net("lstm"),
     "lstm_2l_bi": lambda: Net("lstm", num_layers=2, bidirectional=True),
@@ -95,7 +85,7 @@ BASE = {
 MODELS = {}
 for _n, _f in BASE.items():
     MODELS[_n + "_fp32"] = _f
-    MODELS[_n + "_bf16"] = (lambda f=_f: AC(f()))
+    MODELS[_n + "_bf16"] = (lambda f=_f: BF16Autocast(f()))
 
 
 def batch(s: int) -> torch.Tensor:
