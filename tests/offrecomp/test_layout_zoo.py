@@ -1199,23 +1199,15 @@ def test_buffer_reassigned_after_the_first_save(mode: str) -> None:
     assert storages[0] == storages[1], storages
 
 
-class MovedBuffer(nn.Module):
-    """Saves first, then moves its buffer to another allocation in place (``set_``; a
-    ``resize_`` to a larger size does the same: a quantization observer's scale at its
-    first call) while a view still holds the old one, and saves that view."""
-
-    run: torch.Tensor
-
-    def __init__(self, move: bool = True) -> None:
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-        self.register_buffer("run", torch.ones(4))
-        self.move = move
+class MovedBuffer(LateReassignedBuffer):
+    """Saves first, then (``reassign``) moves its buffer to another allocation in place
+    (``set_``; a ``resize_`` to a larger size does the same: a quantization observer's
+    scale at its first call) while a view still holds the old one, and saves that view."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.fc(x))  # the first saves read the buffers' storages
         old = self.run.view(-1)
-        if self.move:
+        if self.reassign:
             with torch.no_grad():
                 self.run.set_(self.run.clone())
         return x + h * old  # saves the view: a buffer's storage only without the move
