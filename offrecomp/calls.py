@@ -437,9 +437,12 @@ def _warn_big_buffers(call: RegionCall, region: Region) -> None:
 # one put back afterwards. From then on the region is known to write its state, and its
 # activations are kept (or offloaded under a plan), never dropped. (Copying the written
 # state at every call would let it recompute, for its bytes per call; the planner does
-# not model such a copy.) A write the watch cannot see (compiled code, a higher-order
+# not model such a copy.) A parameter the watch copied counts as written even where its
+# version did not move: a write through ``.data`` (a KAN's grid update) bumps only the
+# alias's counter. A write the watch cannot see (compiled code, a higher-order
 # operator, a later call that writes when the first did not) is found by versions at
-# exit; that call's replay raises, and the region is kept from then on. A write to a
+# exit; that call's replay raises, and the region is kept from then on; such a write
+# through ``.data`` is not found, and the replay reads the written values. A write to a
 # tensor from outside the call, one it did not make and neither owns nor takes as an
 # argument (a buffer of another module or a tensor attribute reached through a plain
 # attribute, a global): from that op on, the watched call keeps what it saves, so its

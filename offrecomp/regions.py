@@ -647,8 +647,8 @@ def finish_params(state: ParamState | None) -> list[int]:
     written = [
         i
         for i, (t, a, b) in enumerate(zip(state.objects, state.entry_versions, state.versions))
-        if a != b and type(t) in (torch.Tensor, nn.Parameter)
-    ]
+        if (a != b or i in state.snapshots) and type(t) in (torch.Tensor, nn.Parameter)
+    ]  # a copy taken: the watch saw a write, also one through ``.data``, which moves no version
     state.unseen = [i for i in written if i not in state.snapshots]
     return written
 

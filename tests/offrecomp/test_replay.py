@@ -548,11 +548,28 @@ class RunningMeanInAParameter(nn.Module):
         return x + torch.tanh(self.fc(x - self.mean))
 
 
+class RenormsThroughData(nn.Module):
+    """Scales its trained weight through ``.data`` in its forward (as efficient-kan's grid
+    update writes its spline weights): a write that moves no version counter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.fc.weight.data.mul_(0.99)
+        return x + torch.tanh(self.fc(x))
+
+
 @pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
 @pytest.mark.parametrize(
     ("block", "what"),
-    [(WritesItsInput, "writes its own inputs"), (RunningMeanInAParameter, "writes its parameters")],
-    ids=["input", "parameter"],
+    [
+        (WritesItsInput, "writes its own inputs"),
+        (RunningMeanInAParameter, "writes its parameters"),
+        (RenormsThroughData, "writes its parameters"),
+    ],
+    ids=["input", "parameter", "parameter_data"],
 )
 def test_a_region_that_writes_its_state_replays_from_a_copy_then_keeps(
     block: type[nn.Module], what: str, variant: str, caplog: pytest.LogCaptureFixture
