@@ -359,10 +359,15 @@ def _in_containers(model: nn.Module, kind: _Kind) -> set[int]:
     (a runtime over two models): its repeated children count only when nothing inside
     them does, as do the unlike children of ``kind`` beside repeated ones in an
     ``nn.ModuleList`` (a hybrid's layers). Where none repeats, the children of ``kind``
-    of every ``nn.ModuleList`` (NOTE [Stacks without repeats])."""
+    of every ``nn.ModuleList``, and of every ``nn.ModuleDict`` one holds (NOTE [Stacks
+    without repeats])."""
     pick: set[int] = set()
     keyed: list[nn.Module] = []
     stacked: set[int] = set()
+    layer_dicts = {  # a stack's layers, each its parts by name (rtdl's FT-Transformer)
+        id(c) for m in model.modules() if isinstance(m, nn.ModuleList)
+        for c in m._modules.values() if isinstance(c, nn.ModuleDict)
+    }
     for m in model.modules():
         if not isinstance(m, (nn.ModuleList, nn.Sequential, nn.ModuleDict)):
             continue
@@ -372,7 +377,7 @@ def _in_containers(model: nn.Module, kind: _Kind) -> set[int]:
             # norm, block and residual in one): what it holds is looked at on its own
             if child is not None and not isinstance(child, (nn.ModuleList, nn.ModuleDict)) and _kind(child) is kind:
                 by_type.setdefault(type(child), []).append(child)
-        if isinstance(m, nn.ModuleList):
+        if isinstance(m, nn.ModuleList) or id(m) in layer_dicts:
             stacked.update(id(c) for same in by_type.values() for c in same)
         repeats = any(len(same) >= 2 for same in by_type.values())
         for same in by_type.values():
@@ -423,9 +428,11 @@ def _wrapped(m: nn.Module) -> nn.Module:
 # keeps one layer group and calls it once per layer (num_hidden_groups=1), a model
 # configured with one layer holds one block, and a hybrid with few layers (Jamba's Mamba
 # and attention layers) holds one of each class. Where nothing repeats, the children of
-# every ModuleList are regions (outermost wins): a shared one's calls are region calls
-# as any shared block's are; otherwise such a model would have no region, and nothing
-# could be recomputed. For the same reason, in a ModuleList where some class repeats,
+# every ModuleList are regions (outermost wins), and those of every ModuleDict a
+# ModuleList holds (a layer's parts by name, called by the model's forward: rtdl's
+# FT-Transformer, as a ModuleList of ModuleLists is x-transformers'): a shared one's
+# calls are region calls as any shared block's are; otherwise such a model would have
+# no region, and nothing could be recomputed. For the same reason, in a ModuleList where some class repeats,
 # its unlike siblings of the same kind are regions too, where no region lies inside
 # them: a hybrid configured with a few layers (Zamba2's one hybrid layer among its Mamba
 # layers, Jamba's one attention layer) holds them in one stack, and a layer left out

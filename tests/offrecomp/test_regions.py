@@ -12,7 +12,7 @@ from torch import nn
 import offrecomp
 from offrecomp.regions import discover_regions
 from tests import models
-from tests.helpers import assert_bitwise, train
+from tests.helpers import assert_bitwise, check_variant, train
 from tests.models import Stack
 
 
@@ -220,6 +220,32 @@ def test_lists_that_are_never_called_are_not_regions() -> None:
     assert [r.name for r in discover_regions(Layered(), None)] == [f"layers.{i}.1" for i in range(3)]
     named = discover_regions(Layered(), lambda m, name: isinstance(m, nn.LayerNorm) and name.endswith(".0"))
     assert [r.name for r in named] == [f"layers.{i}.0" for i in range(3)]
+
+
+@pytest.mark.parametrize("mode", ["recompute", "auto_tight"])
+def test_layers_held_as_dicts_in_a_stack_are_recomputed(mode: str) -> None:
+    """rtdl's FT-Transformer keeps each layer's parts by name in a ModuleDict of a
+    ModuleList (``blocks[i]["attention"]``), the model's forward calling them: as for a
+    ModuleList of ModuleLists, the parts are regions where nothing repeats (NOTE [Stacks
+    without repeats]); the model had none, so nothing was recomputed."""
+
+    class ByName(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(
+                nn.ModuleDict({"norm": nn.LayerNorm(16), "attention": _Attention(), "ffn": _FeedForward()})
+                for _ in range(3)
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for b in self.blocks:
+                x = b["ffn"](b["attention"](b["norm"](x)))
+            return x.square().mean()
+
+    names = [r.name for r in discover_regions(ByName(), None)]
+    assert names == [f"blocks.{i}.{p}" for i in range(3) for p in ("attention", "ffn")], names
+    torch.manual_seed(0)
+    check_variant(ByName(), lambda s: torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(s)), mode)
 
 
 class _Attention(nn.Module):
