@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from offrecomp import _torch_compat as tc
+from offrecomp.backward_entry import keeping_graph
 from offrecomp.config import Config
 from offrecomp.diagnostics import detached_error, kind, modified_error, warn_once, where_saved
 from offrecomp.groups import TYPED_DTYPES as _TYPED
@@ -725,9 +726,24 @@ class Placer:
                 if orig is not None and idx not in c.replayed:
                     c.replayed[idx] = orig  # handed out as if replayed
 
+    # NOTE [Saves read twice]
+    # A replay regenerates a call's dropped saves, and each unpack hands its tensor out and
+    # forgets it, so that the memory is autograd's alone. A node may unpack one save
+    # twice: a custom Function's backward reading ``ctx.saved_tensors`` once per tensor
+    # (``x = ctx.saved_tensors[0]; w = ctx.saved_tensors[1]``) unpacks all of them at
+    # each read, and each read after the first replayed the region again (twice the
+    # replays, and the second replay's working set on top of the first's tensors). The
+    # handle keeps what it handed out, and hands it out again: autograd frees the handle
+    # with the node's saved variables after the node runs, so the tensor lives as long as
+    # a plain run's saved tensor. Not in a backward that keeps its graph (``retain_graph``,
+    # a gradient penalty's): its handles outlive it, and a later read replays again.
+
     def _unpack_dropped(self, h: SavedHandle, rec: StorageRec, call: RegionCall) -> torch.Tensor:
         t = call.replayed.pop(h.pack_index, None)
         if t is None:
+            again = getattr(h, "again", None)  # NOTE [Saves read twice]
+            if again is not None:
+                return again
             self._regen.replay(call)
             t = call.replayed.pop(h.pack_index, None)
             if t is None:
@@ -743,6 +759,8 @@ class Placer:
             )
         if self._config.verify:
             self._verifier.check(call, h.pack_index, t)
+        if not keeping_graph():
+            h.again = t
         if not call.replayed:
             self._life.replay_done(call)
         return t

@@ -32,9 +32,10 @@ The first backward access to a dropped tensor of a region call replays that call
      composite ops take another path, saving other tensors, whenever any dispatch mode
      is active (``ctc_loss`` with tensor lengths saves them too).
 The torch-function state is the forward's as well (NOTE [Torch function state] in
-_torch_compat.py). Each replayed tensor is handed out once and forgotten, so replayed
-memory lives only until autograd is done with it; a second backward (retain_graph)
-replays again.
+_torch_compat.py). Each replayed tensor is handed out by its handle and forgotten by the
+call, so replayed memory lives only until autograd is done with it (the handle keeps it
+for a second read by its node: NOTE [Saves read twice] in hooks.py); a second backward
+(retain_graph) replays again.
 """
 
 from __future__ import annotations

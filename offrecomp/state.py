@@ -186,8 +186,7 @@ class Lease:
     __slots__ = ("__weakref__", "call", "release")
 
     def __init__(self, call: RegionCall, release: Any) -> None:
-        self.call = call
-        self.release = release
+        self.call, self.release = call, release
 
     def __del__(self) -> None:
         try:  # noqa: SIM105 - never raise from a finaliser
@@ -203,8 +202,9 @@ class SavedHandle(weakref.ref):  # type: ignore[type-arg]
     a weak reference to its base: a write to the base after the save (``h.t()`` saved,
     ``h.add_(1)`` later) shows in the shared version counter after the view died."""
 
-    __slots__ = ("__weakref__", "base", "dtype", "grad_fn", "lease", "offset", "pack_index", "rec",
+    __slots__ = ("__weakref__", "again", "base", "dtype", "grad_fn", "lease", "offset", "pack_index", "rec",
                  "size", "stride", "version")
+    again: torch.Tensor  # what a dropped save's unpack handed out (NOTE [Saves read twice] in hooks.py)
     base: weakref.ref[torch.Tensor] | None
     dtype: torch.dtype
     grad_fn: bool

@@ -1014,3 +1014,55 @@ def test_a_default_dtype_changed_before_backward_is_the_forwards_in_replay(mode:
     m = twin(base)
     got = step(m, offrecomp.runtime(m, mode=mode, min_bytes=0, budget=1 if mode == "auto" else None))
     assert all(torch.equal(a, b) for a, b in zip(ref, got))
+
+
+class _ReadsSavesTwice(torch.autograd.Function):
+    """A backward that reads ``ctx.saved_tensors`` once per tensor: each read unpacks
+    every save."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, w, x.exp())
+        return x * w
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = ctx.saved_tensors[0]
+        w = ctx.saved_tensors[1]
+        return g * w, (g * x).reshape(-1, x.shape[-1]).sum(0)
+
+
+class _ReadsTwiceBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+        self.w = nn.Parameter(torch.ones(32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + _ReadsSavesTwice.apply(torch.tanh(self.fc(x)), self.w)
+
+
+@pytest.mark.parametrize("retain", [False, True])
+def test_a_save_read_twice_by_its_node_is_replayed_once(retain: bool) -> None:
+    """NOTE [Saves read twice] (hooks.py): the second read of ``ctx.saved_tensors``
+    replayed each block again (8 replays for 4 blocks, and the second replay's tensors on
+    top of the first's: the step held more than under keep). One replay per block now,
+    gradients bitwise; a backward that keeps its graph holds nothing more for a second
+    read, which replays again."""
+
+    def step(m: nn.Module) -> list[torch.Tensor]:
+        x = torch.randn(8, 32, generator=torch.Generator().manual_seed(0))
+        loss = m(x).square().mean()
+        loss.backward(retain_graph=retain)
+        grads = [p.grad.clone() for p in m.parameters()]  # type: ignore[union-attr]
+        m.zero_grad(set_to_none=True)
+        return grads
+
+    torch.manual_seed(0)
+    base = nn.Sequential(*[_ReadsTwiceBlock() for _ in range(4)])
+    ref = step(copy.deepcopy(base))
+    m = copy.deepcopy(base)
+    with offrecomp.runtime(m, mode="recompute", min_bytes=0) as rt:
+        got = step(m)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+    assert rt.report().steps[-1].replays == (8 if retain else 4)
