@@ -1,7 +1,8 @@
 """``OFFRECOMP_VERIFY=1``: check that replay regenerates what the forward saved.
 
 At save time each dropped tensor gets a small fingerprint (sum, sum of squares and a
-position-weighted sum, in float64, kept on the device); at unpack the replayed tensor's
+position-weighted sum of its finite values, and the counts and position-weighted sums
+of its NaN, +inf and -inf, in float64, kept on the device); at unpack the replayed tensor's
 fingerprint must match. A mismatch names the region, the call and the save index, which
 catches forwards that are not deterministic functions of their inputs (data-dependent
 routing, state changed between forward and backward). Costs one reduction per dropped
@@ -25,11 +26,20 @@ class ReplayMismatchError(RuntimeError):
 
 
 def fingerprint(t: torch.Tensor) -> torch.Tensor:
+    """Sum, sum of squares and a position-weighted sum of the finite values, then the
+    counts of NaN, +inf and -inf and their position-weighted sums: a save holding
+    non-finite values (an overflowing fp16 step) fingerprints alike on every run."""
     x = t.detach().reshape(-1).to(torch.float64)
     if x.numel() == 0:
-        return torch.zeros(3, dtype=torch.float64, device=t.device)
+        return torch.zeros(9, dtype=torch.float64, device=t.device)
     w = torch.arange(1, x.numel() + 1, device=x.device, dtype=torch.float64).remainder_(97.0)
-    return torch.stack([x.sum(), (x * x).sum(), (x * w).sum()])
+    finite = torch.isfinite(x)
+    f = torch.where(finite, x, 0.0)
+    odd = [x.isnan(), x == float("inf"), x == float("-inf")]
+    return torch.stack([
+        f.sum(), (f * f).sum(), (f * w).sum(),
+        *(m.sum().to(torch.float64) for m in odd), *((m * w).sum() for m in odd),
+    ])
 
 
 class Verifier:
@@ -46,7 +56,10 @@ class Verifier:
             return
         with torch.no_grad():
             got = fingerprint(t)
-        if not torch.allclose(got, want, rtol=RTOL, atol=1e-6 * max(1.0, float(want.abs().max()))):
+        if not (
+            torch.equal(got[3:], want[3:])
+            and torch.allclose(got[:3], want[:3], rtol=RTOL, atol=1e-6 * max(1.0, float(want[:3].abs().max())))
+        ):
             raise ReplayMismatchError(
                 f"offrecomp: replay of region {call.name!r} (call {call.call_index}) regenerated "
                 f"save #{index} with other values than the forward saved (fingerprint "

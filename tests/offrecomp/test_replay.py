@@ -190,6 +190,39 @@ def test_nondeterministic_region_is_detected(mode: str) -> None:
             Flaky.flag = True
 
 
+class _Overflows(nn.Module):
+    """Saves tensors holding NaN, +inf and -inf (an overflowing fp16 step)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        h = torch.where(h > 1.5, float("inf"), torch.where(h < -1.5, float("-inf"), h))
+        return torch.nan_to_num(torch.sigmoid(h) * h, nan=0.0, posinf=1.0)
+
+
+def test_verify_takes_saves_with_non_finite_values_for_what_they_are() -> None:
+    """OFFRECOMP_VERIFY: a save holding NaN, or both infinities, fingerprinted NaN, which
+    equals nothing: every replay of it raised ReplayMismatchError. Non-finite values are
+    counted, by position, apart from the finite ones: the replay passes, and a NaN moved
+    to another position still shows."""
+    from offrecomp.verify import fingerprint
+
+    torch.manual_seed(0)
+    m = nn.Sequential(*[_Overflows() for _ in range(3)])
+    ref = copy.deepcopy(m)
+    x = torch.randn(4, 8) * 3
+    ref(x).sum().backward()
+    with offrecomp.runtime(m, mode="recompute", min_bytes=0, verify=True) as rt:
+        m(x).sum().backward()
+    assert rt.report().steps[-1].replays == 3
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(ref.parameters(), m.parameters()))  # type: ignore[arg-type]
+    a, b = torch.tensor([1.0, float("nan"), 2.0]), torch.tensor([float("nan"), 1.0, 2.0])
+    assert torch.equal(fingerprint(a), fingerprint(a.clone())) and not torch.equal(fingerprint(a), fingerprint(b))
+
+
 class SavesLess(nn.Module):
     """Its second exp (and the save it makes) depends on a flag that changes between
     forward and backward."""
