@@ -28,8 +28,9 @@ __all__ = ["INPUT_LOOKBACK", "counting_record", "join_counted", "keeps_whole", "
 # per call). A call whose graph died (a solver's iterate, detached in the forward) lets
 # its inputs go with its replay checkpoint: the program holds such a storage from then
 # on (an encoding every iteration takes), and its record stops counting it unless
-# records sharing the count are still held (``sharers``); else each later iteration,
-# finding no live record before it, counted it once more.
+# records sharing the count are still held (``sharers``: inputs of calls not released;
+# a kept activation that shared it, for good); else each later iteration, finding no
+# live record before it, counted it once more.
 # Only calls that take a replay checkpoint have input records, and only calls that run
 # the hooks have records to find: a call a plan keeps whole has neither when it saves
 # natively. An input's record names the other (``same_as``, whatever its placement), and
@@ -123,6 +124,7 @@ def share_kept(p: PassState, call: RegionCall, rec: StorageRec, ptr: int, storag
     if first.call is call or not first.resident:
         return False
     rec.shared = True
+    first.sharers += 1  # never taken back: an input record it counts for stays counted
     if rec.same_as is None:
         rec.same_as = first
     return True
