@@ -20,7 +20,7 @@ from torch import nn
 from offrecomp import _torch_compat as tc
 from offrecomp import host_rng
 from offrecomp.arguments import ARG_STATE_MAX_ITEMS, ArgState, capture_inputs
-from offrecomp.changes import ATTR_QUIET, changed_attrs, module_attrs, structure_epoch
+from offrecomp.changes import ATTR_QUIET, changed_attrs, exit_attrs, module_attrs, structure_epoch
 from offrecomp.config import Config
 from offrecomp.diagnostics import kind, log_once, runs_collectives, warn_collective, warn_once
 from offrecomp.groups import reads_bytes_as_stored
@@ -389,7 +389,7 @@ def _storage_ptrs(tensors: Iterable[torch.Tensor | None]) -> set[int]:
 def _finish_attrs(call: RegionCall, region: Region) -> None:
     """NOTE [Module attributes]: keep the attributes the forward changed, if any."""
     changed = changed_attrs(region.modules, call.attrs)
-    call.attrs = changed or None
+    call.attrs = exit_attrs(changed) if changed else None
     if changed:
         if region.attr_quiet < 0:
             log.info(

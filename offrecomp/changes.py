@@ -38,10 +38,13 @@ if TYPE_CHECKING:
 __all__ = [
     "ATTR_QUIET",
     "BufferPtrs",
+    "as_replayed",
     "changed_attrs",
     "count_buffer_assignment",
     "count_module_assignment",
     "count_parameter_assignment",
+    "exit_attrs",
+    "left_at_entry",
     "module_attrs",
     "module_state",
     "structure_epoch",
@@ -95,6 +98,14 @@ def module_state(modules: tuple[nn.Module, ...]) -> tuple[Any, ...]:
 # those attributes as they were (replay.py), then puts back the values after the
 # forward. A region that changed none in ATTR_QUIET calls in a row stops copying until
 # its next new signature.
+#
+# A forward may set an attribute only outside a replay, as its docs advise for side
+# effects (``if not offrecomp.in_replay(): self.scale = schedule(step)``), then compute
+# with it: its replay must see the value the forward set, not the entry's. A replay that
+# asked ``in_replay()`` and left such an attribute at its entry value (where the forward
+# had changed it) runs again with the forward's exit value for it, and its region
+# replays with exit values for those attributes from then on (``Region.guarded_attrs``);
+# so a call keeps its exit values beside its entry ones (``exit_attrs``).
 
 #: Calls in a row without an attribute change after which a region stops copying them.
 ATTR_QUIET = 64
@@ -140,6 +151,33 @@ def changed_attrs(
 # a replay needs is the tensor's values and its ``requires_grad`` (autograd saves by
 # it), not its graph: it is kept as a detached alias (same storage and version
 # counter), a leaf that requires grad where the tensor did.
+
+
+def exit_attrs(
+    changed: list[tuple[nn.Module, dict[str, Any]]],
+) -> list[tuple[nn.Module, dict[str, Any], dict[str, Any]]]:
+    """``changed`` (from ``changed_attrs``) with each module's values of those attributes
+    now, at the forward's exit (``_MISSING``: removed; a tensor with a graph as a
+    detached alias)."""
+    return [(m, entry, {k: _without_graph(m.__dict__.get(k, _MISSING)) for k in entry}) for m, entry in changed]
+
+
+def left_at_entry(
+    attrs: list[tuple[nn.Module, dict[str, Any], dict[str, Any]]], guarded: frozenset[str],
+) -> set[str]:
+    """The attributes of ``attrs`` (entry and exit values) not in ``guarded`` that a
+    replay left at their entry values (NOTE [Module attributes])."""
+    return {
+        k for m, entry, _ in attrs for k, v in entry.items()
+        if k not in guarded and m.__dict__.get(k, _MISSING) is v
+    }
+
+
+def as_replayed(
+    attrs: list[tuple[nn.Module, dict[str, Any], dict[str, Any]]], guarded: frozenset[str],
+) -> list[tuple[nn.Module, dict[str, Any]]]:
+    """The values a replay runs with: entry values, exit values for ``guarded`` names."""
+    return [(m, {k: exit[k] if k in guarded else v for k, v in entry.items()}) for m, entry, exit in attrs]
 
 
 def _without_graph(v: Any) -> Any:

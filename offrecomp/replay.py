@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -52,7 +53,8 @@ from torch import nn
 
 from offrecomp import _torch_compat as tc
 from offrecomp.arguments import ArgState, holding, replay_arguments
-from offrecomp.changes import swap_attrs
+from offrecomp.changes import as_replayed, left_at_entry, swap_attrs
+from offrecomp.diagnostics import log_once
 from offrecomp.interrupts import finish
 from offrecomp.regions import (
     BufferState,
@@ -86,14 +88,27 @@ _sequence_nr = tc.sequence_nr
 _tls = ThreadDepth()  # replays running on this thread
 
 
+class _Asked(threading.local):
+    asked = False  # in_replay() answered True since the running replay began
+    left: frozenset[str] = frozenset()  # that replay left these attributes at their entry values
+
+
+_asked = _Asked()
+
+
 def in_replay() -> bool:
     """True while offrecomp replays a region's forward on this thread.
 
     Region code with side effects that must happen once (logging, counters, caches) can
     skip them when this is true. Skip nothing that saves tensors for backward (ops on
-    tensors that require grad): a replay numbers its saves as the forward did.
+    tensors that require grad): a replay numbers its saves as the forward did. An
+    attribute of the region's modules the forward sets only when this is false keeps
+    the value the forward set in the replay (NOTE [Module attributes] in changes.py).
     """
-    return _tls.depth > 0
+    if _tls.depth > 0:
+        _asked.asked = True
+        return True
+    return False
 
 
 class _Replayed(threading.local):
@@ -306,13 +321,19 @@ def _default_dtype_as_forward(dtype: torch.dtype, now: torch.dtype) -> Iterator[
 
 
 @contextlib.contextmanager
-def _attrs_as_entry(changed: Any) -> Iterator[None]:
+def _attrs_as_entry(call: RegionCall) -> Iterator[None]:
     """NOTE [Module attributes] (changes.py): the attributes the forward changed, as they
-    were at its entry; the forward's values go back afterwards."""
-    back = swap_attrs(changed)
+    were at its entry (those it sets only outside a replay as it left them); the
+    forward's values go back afterwards. Which of them a replay that asked
+    ``in_replay()`` left at their entry values goes to ``_replay_until_captured``."""
+    region = call.region
+    guarded = region.guarded_attrs if region is not None else frozenset()
+    back = swap_attrs(as_replayed(call.attrs, guarded))
     try:
         yield
     finally:
+        if _asked.asked and region is not None:
+            _asked.left = frozenset(left_at_entry(call.attrs, guarded))
         swap_attrs(back)
 
 
@@ -410,7 +431,7 @@ def _replay_forward(
             stack.enter_context(_swap_params(call, params))
         stack.enter_context(_training_as_forward(call))
         if call.attrs and call.exited:
-            stack.enter_context(_attrs_as_entry(call.attrs))
+            stack.enter_context(_attrs_as_entry(call))
         dtype, now = call.default_dtype, torch.get_default_dtype()
         if dtype is not None and dtype != now:
             stack.enter_context(_default_dtype_as_forward(dtype, now))
@@ -570,6 +591,23 @@ class _RngStates:
             g.set_state(state)
 
 
+def _guarded(call: RegionCall, saves: _SaveCapture) -> None:
+    """A replay that asked ``in_replay()`` and ran to its end (or failed) left attributes
+    its forward changed at their entry values: the forward sets them only outside a
+    replay, and its replays run with their exit values from now on (NOTE [Module
+    attributes] in changes.py)."""
+    region = call.region
+    assert region is not None
+    region.guarded_attrs = region.guarded_attrs | _asked.left
+    saves.last = max(saves.needed)
+    log_once(
+        f"guarded-attrs:{region.name}", logging.INFO,
+        "offrecomp: region %r sets %s only outside replays (offrecomp.in_replay()); its "
+        "replays run with the values its forward left",
+        region.name, ", ".join(sorted(_asked.left)),
+    )
+
+
 def _hold_saves_from_now_on(call: RegionCall) -> None:
     """NOTE [Backward inside a forward]: the region's replays, this one included, hold what
     they save and run plainly."""
@@ -596,6 +634,7 @@ def _replay_until_captured(
     """Run the forward until the last needed save is captured; run it again, plainly and
     holding its saves, when it turns out to run a backward of its own. Returns the
     serving mode of the last run (None: a plain replay)."""
+    probing = False  # NOTE [Module attributes] (changes.py): a run to the end, to tell
     while True:
         mode: ServingMode | None = None
         if call.structure is not None and program is not None:
@@ -608,9 +647,16 @@ def _replay_until_captured(
             )
         saves.begin(mode)
         rng.set_forward()
+        _asked.asked, _asked.left = False, frozenset()
         try:
             saves.running = True
             _replay_forward(call, args, kwargs, saves.pack, saves.unpack, mode)
+            if _asked.left:  # ran to its end, leaving them: set only outside a replay
+                _guarded(call, saves)
+                probing = False
+                continue
+            if probing:
+                saves.last = max(saves.needed)
             return mode
         except BaseException as exc:
             # Early stop (NOTE [Replay]), a replay that must hold its saves, or a
@@ -620,7 +666,16 @@ def _replay_until_captured(
             # when it lands while the early stop unwinds: it goes on.
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
+            if _asked.left and not saves.stopped:  # failed on an attribute left at its entry value
+                _guarded(call, saves)
+                probing = False
+                continue
             if saves.stopped:
+                if _asked.left and not probing:  # stopped before setting them, or never does?
+                    probing = True
+                    saves.last = sys.maxsize
+                    program = None
+                    continue
                 return mode
             if saves.wants_hold and not saves.hold:
                 saves.hold = True

@@ -457,7 +457,7 @@ class RegionCall(_WeakReferable):
     """``torch.get_default_dtype()`` at entry: a replay's factory ops make that dtype."""
     attrs: Any = None
     """Its modules' attribute tables at entry; from its exit, only the attributes its
-    forward changed, with their entry values (NOTE [Module attributes] in changes.py)."""
+    forward changed, with their entry and exit values (NOTE [Module attributes] in changes.py)."""
     generators: list[tuple[torch.Generator, torch.Tensor]] | None = None
     """The region's own generators and their states at entry (NOTE [Private generators])."""
     recorder: OpRecorder | None = None

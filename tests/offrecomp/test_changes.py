@@ -233,6 +233,72 @@ def test_attributes_a_forward_sets_are_as_at_entry_in_its_replay(variant: str) -
 
 
 
+class _AnnealedScale(nn.Module):
+    """Sets its scale once per forward, outside replays as offrecomp's docs advise for side
+    effects, and computes with it; ``initial``: the attribute exists before the first
+    call (else its first forward adds it)."""
+
+    def __init__(self, initial: bool) -> None:
+        super().__init__()
+        self.lin1, self.lin2 = nn.Linear(H, H), nn.Linear(H, H)
+        self.calls = 0
+        if initial:
+            self.scale = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not offrecomp.in_replay():
+            self.calls += 1
+            self.scale = 1.0 + 0.1 * self.calls
+        return x + self.lin2(torch.tanh(self.lin1(x) * self.scale))
+
+
+class _LogsThenDecays(nn.Module):
+    """Asks ``in_replay()`` (to log), reads its scale, and decays it after its last save,
+    where an early-stopped replay does not reach: the replay must read the entry value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(H, H)
+        self.scale = 1.0
+        self.logged = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not offrecomp.in_replay():
+            self.logged += 1
+        h = torch.tanh(self.lin(x) * self.scale)
+        self.scale = self.scale * 0.9
+        return x + h
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
+@pytest.mark.parametrize("block", ["annealed", "annealed_added", "logs_then_decays"])
+def test_attributes_a_forward_sets_only_outside_a_replay_keep_the_forwards_value(block: str, variant: str) -> None:
+    """NOTE [Module attributes]: an attribute set under ``if not offrecomp.in_replay()``
+    was put back to its entry value for the replay, which did not set it again: other
+    gradients, silently (or an AttributeError where the first forward added it). A
+    replay that asked and left it at its entry value runs again with the forward's
+    value, and its region's replays from then on; one that only stopped before an
+    attribute's update (run to its end once to tell) reads the entry value, as before."""
+    factory = {
+        "annealed": lambda: _AnnealedScale(True),
+        "annealed_added": lambda: _AnnealedScale(False),
+        "logs_then_decays": _LogsThenDecays,
+    }[block]
+    torch.manual_seed(0)
+    model = Stack([factory() for _ in range(3)])
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(2, 5, H, generator=torch.Generator().manual_seed(s))
+
+    ref = train(copy.deepcopy(model), batch, steps=4)
+    budget = tight_budget(model, batch) if variant == "auto_serve" else None
+    m = copy.deepcopy(model)
+    rt = variant_runtime(m, variant, budget)
+    assert_bitwise(ref, train(m, batch, rt, steps=4))
+    guarded = {n for r in rt._regions for n in r.guarded_attrs}
+    assert guarded == ({"logged"} if block == "logs_then_decays" else {"calls", "scale"}), guarded
+
+
 class _LoRA(nn.Module):
     def __init__(self, base: nn.Linear, r: int = 4) -> None:
         super().__init__()
