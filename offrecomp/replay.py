@@ -635,6 +635,7 @@ def _replay_until_captured(
     holding its saves, when it turns out to run a backward of its own. Returns the
     serving mode of the last run (None: a plain replay)."""
     probing = False  # NOTE [Module attributes] (changes.py): a run to the end, to tell
+    probed = False  # that run failed in the forward's tail: judge by the early-stopped run
     while True:
         mode: ServingMode | None = None
         if call.structure is not None and program is not None:
@@ -671,12 +672,16 @@ def _replay_until_captured(
                 probing = False
                 continue
             if saves.stopped:
-                if _asked.left and not probing:  # stopped before setting them, or never does?
+                if _asked.left and not probing and not probed:  # stopped before setting them, or never does?
                     probing = True
                     saves.last = sys.maxsize
                     program = None
                     continue
                 return mode
+            if probing:  # the tail an early stop skips failed: run as before the probe
+                probing, probed = False, True
+                saves.last = max(saves.needed)
+                continue
             if saves.wants_hold and not saves.hold:
                 saves.hold = True
                 _hold_saves_from_now_on(call)
