@@ -228,8 +228,12 @@ def _swap_buffers(state: BufferState) -> Iterator[None]:
                 # unless it was also written; a large buffer mutated in place: only its
                 # post-forward value is known (logged at region exit)
                 entry = obj if obj is not post and int(obj._version) == state.versions[i] else post
-            # obj None: the slot was None at entry (a memory the forward sets), and is again
-            m._buffers[n] = None if entry is None else entry.detach().clone()
+            # obj None: the slot was None at entry (a memory the forward sets), and is again;
+            # a recurrent memory with a graph (a spiking neuron's membrane) required grad:
+            # its copy does too, or autograd saves other tensors in the replay
+            m._buffers[n] = None if entry is None else entry.detach().clone().requires_grad_(
+                obj is not None and obj.requires_grad
+            )
     try:
         yield
     finally:

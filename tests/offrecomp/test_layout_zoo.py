@@ -1233,6 +1233,72 @@ def test_a_save_at_a_buffers_former_storage_is_placed(mode: str) -> None:
     assert storages[0] == storages[1] + 2, storages  # one per block
 
 
+class MembraneBuffer(nn.Module):
+    """A spiking neuron keeping its membrane as a buffer it rebinds at every call, the
+    model calling it once per time step (snntorch's ``init_hidden=True``): from the
+    second call on, the buffer holds a tensor with a graph."""
+
+    mem: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.beta = nn.Parameter(torch.tensor(0.9))
+        self.register_buffer("mem", torch.zeros(0), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mem.shape != x.shape:
+            self.mem = torch.zeros_like(x)
+        self.mem = self.beta * self.mem + self.fc(x)  # saves beta only when mem requires grad
+        spike = torch.sigmoid(4 * (self.mem - 1.0))
+        self.mem = self.mem - spike
+        return spike
+
+
+class _TimeSteps(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(MembraneBuffer() for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            b.mem = torch.zeros(0)
+        total = torch.zeros(())
+        for t in range(x.shape[0]):
+            h = x[t]
+            for b in self.blocks:
+                h = b(h)
+            total = total + h.square().mean()
+        return total + self.blocks[-1].mem.square().mean()
+
+
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_a_recurrent_memory_kept_as_a_buffer_replays_with_its_graph(mode: str) -> None:
+    """NOTE [Replay and module state]: a buffer the forward rebinds is replayed from a copy
+    of its entry value; the copy did not require grad where the entry tensor did (a
+    membrane carried from time step to step), so autograd saved other tensors in the
+    replay, an error at backward (a save of another shape, or fewer saves)."""
+    torch.manual_seed(0)
+    base = _TimeSteps()
+    xs = [torch.randn(4, 2, 4, generator=torch.Generator().manual_seed(s)) for s in range(3)]
+
+    def run(m: nn.Module, rt: offrecomp.Runtime | None) -> list[list[torch.Tensor]]:
+        out = []
+        with rt if rt is not None else contextlib.nullcontext():
+            for x in xs:
+                m(x).backward()
+                out.append([p.grad.clone() for p in m.parameters()])  # type: ignore[union-attr]
+                m.zero_grad(set_to_none=True)
+        return out
+
+    ref = run(copy.deepcopy(base), None)
+    m = copy.deepcopy(base)
+    rt = offrecomp.runtime(m, mode=mode, min_bytes=0, **({"budget": 1} if mode == "auto" else {}))
+    got = run(m, rt)
+    assert all(torch.equal(a, b) for r, g in zip(ref, got) for a, b in zip(r, g))
+    assert sum(s.replays for s in rt.report().steps) > 0
+
+
 def test_the_buffer_assignment_hook_lives_only_while_entered() -> None:
     """NOTE [Buffer saves]: the global hook that counts buffer assignments is torch's
     global state; the runtime removes it on exit."""
