@@ -87,6 +87,7 @@ from offrecomp.lifecycle import Lifecycle
 from offrecomp.native import NativeKeep
 from offrecomp.outputs import output_tensors
 from offrecomp.regions import (
+    MODEL_NAME,
     Region,
     _is_compiled,
     compiled_module,
@@ -225,6 +226,8 @@ class Installer:
         self._regions_epoch = epoch
         gone = []
         for r in self._regions:
+            if r.name == MODEL_NAME:
+                continue  # the model itself: no name it could be replaced at
             try:
                 now = model.get_submodule(r.name) if r.name else model
             except AttributeError:

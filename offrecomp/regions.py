@@ -35,9 +35,14 @@ from offrecomp.host_rng import Slot as RngSlot
 if TYPE_CHECKING:
     from offrecomp.arguments import Position
 
+
+#: The name of a region that is the model itself (``regions=`` naming its class).
+MODEL_NAME = "<model>"
+
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "MODEL_NAME",
     "BufferState",
     "ParamState",
     "Region",
@@ -277,7 +282,7 @@ def discover_regions(
             if id(m) not in seen:  # a shared module is one region
                 seen.add(id(m))
                 prefix, inner = _unwrap_fsdp1(prefix, m)
-                region = Region(prefix or "<model>", inner, ())
+                region = Region(prefix or MODEL_NAME, inner, ())
                 region.refresh()
                 regions.append(region)
             return  # regions never nest

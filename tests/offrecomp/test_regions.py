@@ -248,6 +248,34 @@ def test_layers_held_as_dicts_in_a_stack_are_recomputed(mode: str) -> None:
     check_variant(ByName(), lambda s: torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(s)), mode)
 
 
+def test_the_model_as_its_own_region_is_not_taken_for_replaced(caplog: pytest.LogCaptureFixture) -> None:
+    """A cell unrolled by the loop, made the one region with ``regions=[its class]``: the
+    region named ``<model>`` was looked up by that name at each forward, not found, and
+    said replaced (its activations "kept"), though it replays; that warning, once per
+    runtime, was then spent."""
+
+    class Cell(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cell = nn.GRUCell(8, 8)
+
+        def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+            return self.cell(x, h)
+
+    torch.manual_seed(0)
+    m = Cell()
+    rt = offrecomp.runtime(m, mode="recompute", regions=[Cell], min_bytes=0)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), rt:
+        for _ in range(2):
+            h = torch.zeros(2, 8)
+            for _ in range(3):
+                h = m(torch.randn(2, 8), h)
+            h.square().mean().backward()
+    assert rt.regions == ["<model>"]
+    assert not [r for r in caplog.records if "no longer the model's modules" in r.getMessage()]
+    assert rt.report().steps[-1].replays > 0
+
+
 class _Attention(nn.Module):
     """An attention block: a norm, projections, a Sequential out projection."""
 
