@@ -38,12 +38,13 @@ if TYPE_CHECKING:
 __all__ = [
     "ATTR_QUIET",
     "BufferPtrs",
-    "as_replayed",
     "changed_attrs",
     "count_buffer_assignment",
     "count_module_assignment",
     "count_parameter_assignment",
+    "entry_values",
     "exit_attrs",
+    "exit_values",
     "left_at_entry",
     "module_attrs",
     "module_state",
@@ -100,12 +101,16 @@ def module_state(modules: tuple[nn.Module, ...]) -> tuple[Any, ...]:
 # its next new signature.
 #
 # A forward may set an attribute only outside a replay, as its docs advise for side
-# effects (``if not offrecomp.in_replay(): self.scale = schedule(step)``), then compute
-# with it: its replay must see the value the forward set, not the entry's. A replay that
-# asked ``in_replay()`` and left such an attribute at its entry value (where the forward
-# had changed it) runs again with the forward's exit value for it, and its region
-# replays with exit values for those attributes from then on (``Region.guarded_attrs``);
-# so a call keeps its exit values beside its entry ones (``exit_attrs``).
+# effects (``if not offrecomp.in_replay(): self.scale = schedule(step)``), and compute
+# with it after (or before: an annealing after use): its replay must see the entry value
+# before that guard and the value the forward set after it. A replay that asked
+# ``in_replay()`` and left such an attribute at its entry value (where the forward had
+# changed it) runs again, and its region's replays from then on
+# (``Region.guarded_attrs``), with the forward's exit value put in at the replay's first
+# ``in_replay()``: the guard itself. So a call keeps its exit values beside its entry
+# ones (``exit_attrs``). A replay stopped early, before the forward's write of an
+# attribute it does not guard, leaves it at its entry value too: such a replay is run
+# once more, to its end, to tell the two apart.
 
 #: Calls in a row without an attribute change after which a region stops copying them.
 ATTR_QUIET = 64
@@ -173,11 +178,18 @@ def left_at_entry(
     }
 
 
-def as_replayed(
-    attrs: list[tuple[nn.Module, dict[str, Any], dict[str, Any]]], guarded: frozenset[str],
+def entry_values(
+    attrs: list[tuple[nn.Module, dict[str, Any], dict[str, Any]]],
 ) -> list[tuple[nn.Module, dict[str, Any]]]:
-    """The values a replay runs with: entry values, exit values for ``guarded`` names."""
-    return [(m, {k: exit[k] if k in guarded else v for k, v in entry.items()}) for m, entry, exit in attrs]
+    """The entry values of ``attrs`` (entry and exit values), to ``swap_attrs`` in."""
+    return [(m, entry) for m, entry, _ in attrs]
+
+
+def exit_values(
+    attrs: list[tuple[nn.Module, dict[str, Any], dict[str, Any]]], names: frozenset[str],
+) -> list[tuple[nn.Module, dict[str, Any]]]:
+    """The exit values of the ``names`` among ``attrs``, to ``swap_attrs`` in."""
+    return [(m, {k: v for k, v in exit.items() if k in names}) for m, _, exit in attrs]
 
 
 def _without_graph(v: Any) -> Any:

@@ -53,7 +53,7 @@ from torch import nn
 
 from offrecomp import _torch_compat as tc
 from offrecomp.arguments import ArgState, holding, replay_arguments
-from offrecomp.changes import as_replayed, left_at_entry, swap_attrs
+from offrecomp.changes import entry_values, exit_values, left_at_entry, swap_attrs
 from offrecomp.diagnostics import log_once
 from offrecomp.interrupts import finish
 from offrecomp.regions import (
@@ -91,6 +91,7 @@ _tls = ThreadDepth()  # replays running on this thread
 class _Asked(threading.local):
     asked = False  # in_replay() answered True since the running replay began
     left: frozenset[str] = frozenset()  # that replay left these attributes at their entry values
+    at_guard: Any = None  # the forward's values of the attributes it sets only outside a replay
 
 
 _asked = _Asked()
@@ -107,6 +108,10 @@ def in_replay() -> bool:
     """
     if _tls.depth > 0:
         _asked.asked = True
+        at_guard = _asked.at_guard
+        if at_guard is not None:  # NOTE [Module attributes] (changes.py): past the guard
+            _asked.at_guard = None
+            swap_attrs(at_guard)
         return True
     return False
 
@@ -327,17 +332,20 @@ def _default_dtype_as_forward(dtype: torch.dtype, now: torch.dtype) -> Iterator[
 @contextlib.contextmanager
 def _attrs_as_entry(call: RegionCall) -> Iterator[None]:
     """NOTE [Module attributes] (changes.py): the attributes the forward changed, as they
-    were at its entry (those it sets only outside a replay as it left them); the
-    forward's values go back afterwards. Which of them a replay that asked
-    ``in_replay()`` left at their entry values goes to ``_replay_until_captured``."""
+    were at its entry, those it sets only outside a replay as it left them from the
+    replay's first ``in_replay()`` on; the forward's values go back afterwards. Which of
+    them a replay that asked ``in_replay()`` left at their entry values goes to
+    ``_replay_until_captured``."""
     region = call.region
     guarded = region.guarded_attrs if region is not None else frozenset()
-    back = swap_attrs(as_replayed(call.attrs, guarded))
+    back = swap_attrs(entry_values(call.attrs))
+    outer, _asked.at_guard = _asked.at_guard, exit_values(call.attrs, guarded) if guarded else None
     try:
         yield
     finally:
         if _asked.asked and region is not None:
             _asked.left = frozenset(left_at_entry(call.attrs, guarded))
+        _asked.at_guard = outer
         swap_attrs(back)
 
 

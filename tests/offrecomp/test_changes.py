@@ -252,6 +252,22 @@ class _AnnealedScale(nn.Module):
         return x + self.lin2(torch.tanh(self.lin1(x) * self.scale))
 
 
+class _DecaysAfterUse(nn.Module):
+    """Computes with its scale, then anneals it only outside a replay: the replay must
+    read the entry value before the guard."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin1, self.lin2 = nn.Linear(H, H), nn.Linear(H, H)
+        self.scale = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.lin1(x) * self.scale)
+        if not offrecomp.in_replay():
+            self.scale = self.scale * 0.9
+        return x + self.lin2(h)
+
+
 class _LogsThenDecays(nn.Module):
     """Asks ``in_replay()`` (to log), reads its scale, and decays it after its last save,
     where an early-stopped replay does not reach: the replay must read the entry value."""
@@ -271,17 +287,19 @@ class _LogsThenDecays(nn.Module):
 
 
 @pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
-@pytest.mark.parametrize("block", ["annealed", "annealed_added", "logs_then_decays"])
+@pytest.mark.parametrize("block", ["annealed", "annealed_added", "decays_after_use", "logs_then_decays"])
 def test_attributes_a_forward_sets_only_outside_a_replay_keep_the_forwards_value(block: str, variant: str) -> None:
     """NOTE [Module attributes]: an attribute set under ``if not offrecomp.in_replay()``
     was put back to its entry value for the replay, which did not set it again: other
     gradients, silently (or an AttributeError where the first forward added it). A
-    replay that asked and left it at its entry value runs again with the forward's
-    value, and its region's replays from then on; one that only stopped before an
-    attribute's update (run to its end once to tell) reads the entry value, as before."""
+    replay that asked and left it at its entry value runs again with the forward's value
+    put in at its guard, and its region's replays from then on (read before the guard,
+    it is the entry value); one that only stopped before an attribute's update (run to
+    its end once to tell) reads the entry value, as before."""
     factory = {
         "annealed": lambda: _AnnealedScale(True),
         "annealed_added": lambda: _AnnealedScale(False),
+        "decays_after_use": _DecaysAfterUse,
         "logs_then_decays": _LogsThenDecays,
     }[block]
     torch.manual_seed(0)
@@ -296,7 +314,8 @@ def test_attributes_a_forward_sets_only_outside_a_replay_keep_the_forwards_value
     rt = variant_runtime(m, variant, budget)
     assert_bitwise(ref, train(m, batch, rt, steps=4))
     guarded = {n for r in rt._regions for n in r.guarded_attrs}
-    assert guarded == ({"logged"} if block == "logs_then_decays" else {"calls", "scale"}), guarded
+    want = {"annealed": {"calls", "scale"}, "annealed_added": {"calls", "scale"}, "decays_after_use": {"scale"}}
+    assert guarded == want.get(block, {"logged"}), guarded
 
 
 class _LoRA(nn.Module):
