@@ -696,14 +696,10 @@ class BufferState:
 
     def strides(self) -> list[tuple[int, ...] | None]:
         """The strides of the buffers a replay reads: the tensor each slot held at entry
-        (the replay restores a changed one, and puts back one the slot no longer holds),
-        or, for a slot empty at entry, as the slot holds it now."""
-        out: list[tuple[int, ...] | None] = []
-        for (m, n), b in zip(self.slots, self.objects):
-            if b is None:
-                b = buffer_of(m, n)
-            out.append(b.stride() if b is not None and b.layout is torch.strided else None)
-        return out
+        (the replay restores a changed one, and puts back one the slot no longer holds);
+        None for a slot empty at entry, which the replay empties too (a memory the
+        forward sets, and may clear again before it returns)."""
+        return [b.stride() if b is not None and b.layout is torch.strided else None for b in self.objects]
 
 
 def capture_buffers(slots: tuple[tuple[nn.Module, str], ...]) -> BufferState | None:

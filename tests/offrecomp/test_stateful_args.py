@@ -309,6 +309,44 @@ def test_a_buffer_none_at_entry_replays_as_none(variant: str) -> None:
     train_bitwise(training[0], batch, variant, budget, ref, steps=5)
 
 
+class _ChunkedModel(nn.Module):
+    """Runs its memory blocks over two chunks of its input and clears their memories
+    before it returns (a streaming encoder's per-utterance cache)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_MemoryBlock() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = []
+        for chunk in x.chunk(2, dim=1):
+            for b in self.blocks:
+                chunk = b(chunk)
+            out.append(chunk)
+        for b in self.blocks:
+            b.mem = None
+        return torch.cat(out, 1).square().mean()
+
+
+def test_a_buffer_empty_at_entry_and_cleared_by_the_forward_plans() -> None:
+    """A call's layout took the stride of a buffer slot empty at its entry from the slot
+    as it was when the layout was read: the tensor the forward set when the recording
+    was made, nothing at the replay once the model cleared it. Each replay took the
+    recording for stale, the signature measured again every other step and then warned
+    of inputs of another layout from step to step. A slot empty at entry now counts as
+    empty, as the replay sees it."""
+    torch.manual_seed(0)
+    model = _ChunkedModel()
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(s))
+
+    ref = train(copy.deepcopy(model), batch, steps=6)
+    rt = train_bitwise(copy.deepcopy(model), batch, "auto", None, ref, steps=6)
+    phases = [s.phase for s in rt.report().steps]
+    assert phases[2:] == ["planned"] * 4, phases
+
+
 class _Carried:
     def __init__(self, mem: torch.Tensor) -> None:
         self.mem = mem
