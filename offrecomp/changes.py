@@ -308,8 +308,7 @@ class BufferPtrs:
         """Buffer storage pointer -> slot index; cached while the same tensors fill its
         slots (a forward may replace a buffer by assignment), read ``again`` when a
         cached pointer proved stale."""
-        found = [(i, region.buffer_at(i)) for i in range(len(region.slots))]
-        bufs = [(i, b) for i, b in found if b is not None]
+        bufs = [(i, b) for i in range(len(region.slots)) if (b := region.buffer_at(i)) is not None]
         key = tuple(id(b) for _, b in bufs)
         hit = self._cache.get(id(region))
         if hit is not None and hit[0] == key and not again:

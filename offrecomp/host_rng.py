@@ -282,7 +282,7 @@ def private_objects(slots: Iterable[Slot], arguments: Iterable[Any]) -> list[Any
     ``arguments``, each once."""
     seen: dict[int, Any] = {}
     for slot in slots:
-        o = vars(slot[0]).get(slot[1]) if not slot[2] else _at(slot)
+        o = _at(slot)
         if o is not None and _kind(o):
             seen.setdefault(id(o), o)
     for o in arguments:

@@ -141,8 +141,8 @@ class Region:
     """A call of it ran with gradients off inside a root forward that trains (NOTE
     [Regions with gradients off] in diagnostics.py): autograd saved nothing of it."""
     guarded_attrs: frozenset[str] = frozenset()
-    """Attributes its forward sets only outside a replay: its replays run with their exit
-    values (NOTE [Module attributes] in changes.py)."""
+    """Attributes its forward sets only outside a replay: its replays take their exit
+    values at their first ``in_replay()`` (NOTE [Module attributes] in changes.py)."""
     backward_in_forward: bool = False
     """Its forward runs a backward of its own (NOTE [Backward inside a forward] in
     replay.py): its replays hold what they save and run plainly."""

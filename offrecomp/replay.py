@@ -603,19 +603,18 @@ class _RngStates:
             g.set_state(state)
 
 
-def _guarded(call: RegionCall, saves: _SaveCapture) -> None:
+def _guarded(call: RegionCall) -> None:
     """A replay that asked ``in_replay()`` and ran to its end (or failed) left attributes
     its forward changed at their entry values: the forward sets them only outside a
-    replay, and its replays run with their exit values from now on (NOTE [Module
-    attributes] in changes.py)."""
+    replay, and its replays take their exit values at their first ``in_replay()`` from
+    now on (NOTE [Module attributes] in changes.py)."""
     region = call.region
     assert region is not None
     region.guarded_attrs = region.guarded_attrs | _asked.left
-    saves.last = max(saves.needed)
     log_once(
         f"guarded-attrs:{region.name}", logging.INFO,
         "offrecomp: region %r sets %s only outside replays (offrecomp.in_replay()); its "
-        "replays run with the values its forward left",
+        "replays take the values its forward left from that check on",
         region.name, ", ".join(sorted(_asked.left)),
     )
 
@@ -648,6 +647,7 @@ def _replay_until_captured(
     serving mode of the last run (None: a plain replay)."""
     probing = False  # NOTE [Module attributes] (changes.py): a run to the end, to tell
     probed = False  # that run failed in the forward's tail: judge by the early-stopped run
+    last = saves.last
     while True:
         mode: ServingMode | None = None
         if call.structure is not None and program is not None:
@@ -659,17 +659,16 @@ def _replay_until_captured(
                 generators=[g for g, _ in call.generators or ()],
             )
         saves.begin(mode)
+        saves.last = sys.maxsize if probing else last
         rng.set_forward()
         _asked.asked, _asked.left = False, frozenset()
         try:
             saves.running = True
             _replay_forward(call, args, kwargs, saves.pack, saves.unpack, mode)
             if _asked.left:  # ran to its end, leaving them: set only outside a replay
-                _guarded(call, saves)
+                _guarded(call)
                 probing = False
                 continue
-            if probing:
-                saves.last = max(saves.needed)
             return mode
         except BaseException as exc:
             # Early stop (NOTE [Replay]), a replay that must hold its saves, or a
@@ -680,19 +679,17 @@ def _replay_until_captured(
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             if _asked.left and not saves.stopped:  # failed on an attribute left at its entry value
-                _guarded(call, saves)
+                _guarded(call)
                 probing = False
                 continue
             if saves.stopped:
                 if _asked.left and not probing and not probed:  # stopped before setting them, or never does?
                     probing = True
-                    saves.last = sys.maxsize
                     program = None
                     continue
                 return mode
             if probing:  # the tail an early stop skips failed: run as before the probe
                 probing, probed = False, True
-                saves.last = max(saves.needed)
                 continue
             if saves.wants_hold and not saves.hold:
                 saves.hold = True
@@ -705,6 +702,7 @@ def _replay_until_captured(
             raise
         finally:
             saves.running = False
+            saves.last = last
             saves.end_stop_mode()
 
 

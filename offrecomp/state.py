@@ -98,7 +98,7 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
     """The record of an earlier call (or the root) of the same storage: a region input's
     (NOTE [Inputs counted once]); a shared record's, or in a measuring pass any later
     record's, the first record of it (NOTE [Activations counted once])."""
-    sharers = 0  # unreleased input records sharing its count (NOTE [Inputs counted once])
+    sharers = 0  # records sharing its count: inputs of unreleased calls, kept activations
 
     def __new__(
         cls, storage: Any, call: RegionCall, index: int, nbytes: int, ptr: int, placement: Placement | None

@@ -5,8 +5,8 @@ position-weighted sum of its finite values, and the counts and position-weighted
 of its NaN, +inf and -inf, in float64, kept on the device); at unpack the replayed tensor's
 fingerprint must match. A mismatch names the region, the call and the save index, which
 catches forwards that are not deterministic functions of their inputs (data-dependent
-routing, state changed between forward and backward). Costs one reduction per dropped
-tensor in forward and in backward; meant for debugging.
+routing, state changed between forward and backward). Costs a few reductions per
+dropped tensor in forward and in backward; meant for debugging.
 """
 
 from __future__ import annotations
