@@ -273,9 +273,9 @@ def count_module_assignment(module: nn.Module, name: str, child: Any) -> None:
 # when it is not there: a buffer moved to another allocation in place (``resize_`` to a
 # larger size, ``set_``) leaves its old address behind, which a new activation may have
 # by its save (a fused QAT block's per-channel scale moves at its first call, and batch
-# norm's saved statistics were then saved as buffers now and then, missing from the
-# recording). A save of a moved buffer's new storage before such a read is placed as an
-# activation.
+# norm's saved statistics allocated at its old address would be saved as buffers,
+# missing from the recording). A save of a moved buffer's new storage before such a
+# read is placed as an activation.
 
 
 class BufferPtrs:

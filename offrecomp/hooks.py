@@ -731,7 +731,7 @@ class Placer:
     # forgets it, so that the memory is autograd's alone. A node may unpack one save
     # twice: a custom Function's backward reading ``ctx.saved_tensors`` once per tensor
     # (``x = ctx.saved_tensors[0]; w = ctx.saved_tensors[1]``) unpacks all of them at
-    # each read, and each read after the first replayed the region again (twice the
+    # each read, and each read after the first would replay the region again (twice the
     # replays, and the second replay's working set on top of the first's tensors). The
     # handle keeps what it handed out, and hands it out again: autograd frees the handle
     # with the node's saved variables after the node runs, so the tensor lives as long as

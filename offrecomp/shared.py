@@ -30,7 +30,7 @@ __all__ = ["INPUT_LOOKBACK", "counting_record", "join_counted", "keeps_whole", "
 # on (an encoding every iteration takes), and its record stops counting it unless
 # records sharing the count are still held (``sharers``: inputs of calls not released;
 # a kept activation that shared it, for good); else each later iteration, finding no
-# live record before it, counted it once more.
+# live record before it, would count it once more.
 # Only calls that take a replay checkpoint have input records, and only calls that run
 # the hooks have records to find: a call a plan keeps whole has neither when it saves
 # natively. An input's record names the other (``same_as``, whatever its placement), and
