@@ -40,7 +40,7 @@ from offrecomp.diagnostics import detached_error, kind, modified_error, warn_onc
 from offrecomp.groups import TYPED_DTYPES as _TYPED
 from offrecomp.groups import reads_bytes_as_stored
 from offrecomp.placement import Placements, untracked_alias
-from offrecomp.regenerate import Regenerator
+from offrecomp.regenerate import Regenerator, replay_done, replay_handed
 from offrecomp.shared import counting_record, join_counted, share_kept
 from offrecomp.state import (
     PENDING_WATCH,
@@ -762,7 +762,9 @@ class Placer:
         if not keeping_graph():
             h.again = t
         if not call.replayed:
-            self._life.replay_done(call)
+            replay_done(call)
+        elif call.replay_pending:
+            replay_handed(call, rec)
         return t
 
 

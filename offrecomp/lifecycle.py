@@ -652,23 +652,13 @@ class Lifecycle:
 
     # ---------------------------------------------------------------- replays
 
-    def replay_started(
-        self, call: RegionCall, start: Mark, end: Mark, dropped_bytes: int, *, timed: bool = True
-    ) -> None:
+    def replay_started(self, call: RegionCall, start: Mark, end: Mark, *, timed: bool = True) -> None:
         p = call.pass_state
         if p is None:
             return
         if timed:
             p.replay_marks.append((call.ordinal, start, end))
         p.backward_reached(call.ordinal)
-        p.stats.add_resident(dropped_bytes)
-        call.replay_resident = dropped_bytes
-
-    def replay_done(self, call: RegionCall) -> None:
-        p = call.pass_state
-        if p is not None and call.replay_resident:
-            p.stats.add_resident(-call.replay_resident)
-            call.replay_resident = 0
 
 
 # NOTE [Unseen out-of-memory errors]

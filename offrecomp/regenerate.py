@@ -19,7 +19,7 @@ from offrecomp.arguments import replay_arguments
 from offrecomp.changes import module_state
 from offrecomp.diagnostics import warn_once
 from offrecomp.replay import replay_call
-from offrecomp.state import PENDING_WATCH, RegionCall, view_on
+from offrecomp.state import PENDING_WATCH, RegionCall, StorageRec, view_on
 from offrecomp.trace import (
     PLACEHOLDER,
     RUN,
@@ -247,8 +247,8 @@ class Regenerator:
         elif p is not None and timed and k_seen >= 0:
             p.plain_replays.append((call.ordinal, start, end, k_seen))
         call.replayed.update(captured)
-        dropped = sum(r.nbytes for r in call.storages if r.placement == RECOMPUTE)
-        life.replay_started(call, start, end, dropped, timed=timed)
+        life.replay_started(call, start, end, timed=timed)
+        book_replay(call)
 
     def _stale_recording(self, call: RegionCall, structure: Any, why: str) -> None:
         """NOTE [Stale recordings]: ``call``'s region replays plainly from now on. Also
@@ -350,3 +350,62 @@ def _reload_due(group: Group) -> bool:
     return state is GroupState.RELOADING or state is GroupState.FETCHED or (
         state is GroupState.OFFLOADED and group.fetches == 0
     )
+
+
+# NOTE [Replays booked per storage]
+# A replay regenerates every dropped save of its call at once, and the books count all
+# their bytes from then on. Each unpack hands one out to its backward node, which frees
+# it when it has run (as long as a plain run's saved tensor lives), so a storage's bytes
+# stop counting when the last of its saves waiting in the replay is handed out, not when
+# the whole call's are. A save no backward node unpacks (on a branch the loss does not
+# use: an auxiliary loss stored on the module and never summed) stays held by the replay
+# until its pass retires, and only its bytes stay booked, as a plain run holds them in
+# that branch's graph.
+
+
+def book_replay(call: RegionCall) -> None:
+    """Count the bytes of ``call``'s dropped storages, just regenerated, as resident; a
+    replay while an earlier one's tensors wait (a save read again) replaces them."""
+    p = call.pass_state
+    if p is None:
+        return
+    dropped = 0
+    pending: dict[int, int] = {}
+    for r in call.storages:
+        if r.placement == RECOMPUTE:
+            dropped += r.nbytes
+    for idx in call.replayed:
+        w = call.dropped.get(idx)
+        h = w() if w is not None else None
+        if h is not None and h.rec.placement == RECOMPUTE:
+            pending[id(h.rec)] = pending.get(id(h.rec), 0) + 1
+    p.stats.add_resident(dropped - call.replay_resident)
+    call.replay_resident = dropped
+    call.replay_pending = pending
+
+
+def replay_handed(call: RegionCall, rec: StorageRec) -> None:
+    """A save of ``rec`` left ``call``'s replay for its backward node: the storage's bytes
+    stop counting when none of its saves waits there (NOTE [Replays booked per storage])."""
+    pending = call.replay_pending
+    if not pending:
+        return
+    n = pending.get(id(rec), 0)
+    if n > 1:
+        pending[id(rec)] = n - 1
+        return
+    if n == 1:
+        del pending[id(rec)]
+        p = call.pass_state
+        if p is not None and call.replay_resident >= rec.nbytes:
+            p.stats.add_resident(-rec.nbytes)
+            call.replay_resident -= rec.nbytes
+
+
+def replay_done(call: RegionCall) -> None:
+    """Every regenerated save of ``call`` is handed out: none of its bytes counts."""
+    p = call.pass_state
+    call.replay_pending = None
+    if p is not None and call.replay_resident:
+        p.stats.add_resident(-call.replay_resident)
+        call.replay_resident = 0

@@ -466,13 +466,13 @@ class RegionCall(_WeakReferable):
     start_mark: Any = None
     end_mark: Any = None
     capture_seconds: float = 0.0
-    """Host seconds its entry spent keeping what a replay needs (0: none kept); inside
-    its span, from ``start_mark``."""
+    """Host seconds its entry spent keeping what a replay needs (0: none kept); inside its span, from ``start_mark``."""
     replay_seconds: float = 0.0
     replays: int = 0
     served_ops: int = 0
     rerun_ops: int = 0
     replay_resident: int = 0
+    replay_pending: dict[int, int] | None = None  # id(rec) -> saves its replay holds (NOTE [Replays booked per storage])
     pass_state: PassState | None = None
     lease_ref: weakref.ref[Lease] | None = None  # NOTE [Call leases]: held by the handles only
     group: Group | None = None

@@ -114,6 +114,39 @@ def test_recompute_reports_less_than_keep() -> None:
     assert peaks["recompute"] < 0.5 * peaks["keep"]
 
 
+class _AuxBlock(nn.Module):
+    """An MLP block that also stores a side loss on itself (as MoE layers store an aux
+    loss) which, with ``dead``, the step's loss never uses."""
+
+    def __init__(self, dead: bool) -> None:
+        super().__init__()
+        self.ln, self.fc1, self.fc2 = nn.LayerNorm(64), nn.Linear(64, 256), nn.Linear(256, 64)
+        self.dead = dead
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ln(x)
+        if self.dead:
+            self.aux_loss = torch.logsumexp(h, -1).square().mean()  # saves h and its logsumexp
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(h)))
+
+
+def test_saves_no_backward_unpacks_book_only_their_own_bytes() -> None:
+    """NOTE [Replays booked per storage]: a replay's saves stop counting as they are handed
+    out; those on a branch the loss does not use stay booked, alone (each block's ``h``,
+    256 x 64 floats, and its logsumexp), not every byte the replay regenerated."""
+    peaks = {}
+    for dead in (False, True):
+        torch.manual_seed(0)
+        m = nn.Sequential(*(_AuxBlock(dead) for _ in range(4)))
+        x = torch.randn(256, 64)
+        with offrecomp.runtime(m, mode="recompute", min_bytes=0) as rt:
+            for _ in range(2):
+                m(x).square().mean().backward()
+        peaks[dead] = rt.report().steps[-1].peak_activation_bytes
+    dead_saves = 4 * (256 * 64 * 4 + 2 * 256 * 4)
+    assert peaks[False] < peaks[True] <= peaks[False] + dead_saves, peaks
+
+
 class _ResidualBlock(nn.Module):
     def __init__(self) -> None:
         super().__init__()
