@@ -529,10 +529,13 @@ class Placer:
                 ):
                     if group.versions[slot] != h.version:  # NOTE [Writes after a save]
                         raise modified_error(where_saved(call), h.pack_index, h.version, group.versions[slot])
-                    uses = group.uses = group.uses + 1
-                    if uses >= group.handles:
-                        self._groups.release_device(group)
-                    return hit[1].data  # a tensor of its own (NOTE [Reused reload buffers] in transfer.py)
+                    t = hit[1].data  # a tensor of its own (NOTE [Reused reload buffers] in transfer.py)
+                    if h.counted != group.fetches:  # NOTE [Saves read twice]
+                        h.counted = group.fetches
+                        uses = group.uses = group.uses + 1
+                        if uses >= group.handles:
+                            self._groups.release_device(group)
+                    return t
         if kind is KeptRef or kind is tuple:  # KEEP
             if not aside:
                 n = self._unpacks = self._unpacks + 1
@@ -595,11 +598,13 @@ class Placer:
                 t = self._reload_view(h, rec, group, call)
             if kind is TypedHandle and group.versions[slot] != h.version:  # NOTE [Writes after a save], after the fetch
                 raise modified_error(where_saved(call), h.pack_index, h.version, group.versions[slot])
-            uses = group.uses = group.uses + 1
-            if uses >= group.handles:
-                # Every live save of the group has its tensor; autograd keeps them alive
-                # as long as it needs them. A later backward (retain_graph) reloads it.
-                self._groups.release_device(group)
+            if h.counted != group.fetches:  # a second read counts no use (NOTE [Saves read twice])
+                h.counted = group.fetches
+                uses = group.uses = group.uses + 1
+                if uses >= group.handles:
+                    # Every live save of the group has its tensor; autograd keeps them alive
+                    # as long as it needs them. A later backward (retain_graph) reloads it.
+                    self._groups.release_device(group)
             return t
         if placement is KEEP:  # an offload the pool refused at issue, or a drop held since
             kept = rec.tensor
@@ -737,6 +742,10 @@ class Placer:
     # with the node's saved variables after the node runs, so the tensor lives as long as
     # a plain run's saved tensor. Not in a backward that keeps its graph (``retain_graph``,
     # a gradient penalty's): its handles outlive it, and a later read replays again.
+    # An offloaded save's group is released once each of its live saves was unpacked
+    # since the group's latest reload: a handle counts its use once per reload
+    # (``counted``), so a second read neither releases the group early (its unread saves
+    # would reload it) nor holds it past its last save.
 
     def _unpack_dropped(self, h: SavedHandle, rec: StorageRec, call: RegionCall) -> torch.Tensor:
         t = call.replayed.pop(h.pack_index, None)

@@ -202,9 +202,10 @@ class SavedHandle(weakref.ref):  # type: ignore[type-arg]
     a weak reference to its base: a write to the base after the save (``h.t()`` saved,
     ``h.add_(1)`` later) shows in the shared version counter after the view died."""
 
-    __slots__ = ("__weakref__", "again", "base", "dtype", "grad_fn", "lease", "offset", "pack_index", "rec",
-                 "size", "stride", "version")
+    __slots__ = ("__weakref__", "again", "base", "counted", "dtype", "grad_fn", "lease", "offset", "pack_index",
+                 "rec", "size", "stride", "version")
     again: torch.Tensor  # what a dropped save's unpack handed out (NOTE [Saves read twice] in hooks.py)
+    counted: int  # an offloaded save: the group's fetch its unpack counted a use of (NOTE [Saves read twice])
     base: weakref.ref[torch.Tensor] | None
     dtype: torch.dtype
     grad_fn: bool
@@ -225,6 +226,7 @@ class SavedHandle(weakref.ref):  # type: ignore[type-arg]
         self.rec = rec
         self.pack_index = pack_index
         self.lease = lease
+        self.counted = -1
         self.version = t._version
         self.grad_fn = not t.is_leaf  # to see a detach_() after the save
         if size is None:
@@ -320,8 +322,9 @@ class TypedHandle(weakref.ref):  # type: ignore[type-arg]
     free). Otherwise as :class:`SavedHandle`: a weak reference to the original, the
     version at save, the detach check, a weak reference to a view's base, the lease."""
 
-    __slots__ = ("base", "grad_fn", "lease", "pack_index", "rec", "stride", "version")
+    __slots__ = ("base", "counted", "grad_fn", "lease", "pack_index", "rec", "stride", "version")
     base: weakref.ref[torch.Tensor] | None
+    counted: int
     grad_fn: bool
     lease: Lease
     pack_index: int
@@ -338,6 +341,7 @@ class TypedHandle(weakref.ref):  # type: ignore[type-arg]
         self.rec = rec
         self.pack_index = pack_index
         self.lease = lease
+        self.counted = -1
         self.version = t._version
         self.grad_fn = not leaf  # to see a detach_() after the save
         stride = t.stride()
@@ -400,12 +404,10 @@ class RegionCall(_WeakReferable):
     rng: RngState | None = None
     autocast: AutocastState | None = None
     under_mode: bool = False
-    """Its forward ran under one of the runtime's dispatch modes (a watch or a recorder):
-    its plain replay runs under a passive one (NOTE [Replay], step 7)."""
+    """Its forward ran under one of the runtime's dispatch modes (a watch or a recorder): its plain replay runs under a passive one (NOTE [Replay], step 7)."""
     passive: Any = None  # the PassiveMode its forward runs under, while it runs
     torch_function: Any = None
-    """The torch-function state at entry, None for the usual one (NOTE [Torch function
-    state] in _torch_compat.py)."""
+    """The torch-function state at entry, None for the usual one (NOTE [Torch function state] in _torch_compat.py)."""
     buffers: BufferState | None = None
     training: tuple[bool, ...] | None = None
     """The ``training`` flag of each of the region's modules at entry."""
@@ -448,11 +450,9 @@ class RegionCall(_WeakReferable):
     record: bool = False  # recorded outside a measuring pass (NOTE [Calls the profile lacks])
     watch: FirstCallWatch | None = None  # the region's first call (see FirstCallWatch)
     external_reads: list[tuple[torch.Tensor, int, torch.Tensor | None]] | None = None
-    """Tensors from outside the call its forward reads, with their versions when it did and
-    copies of the small ones (NOTE [State read from outside] in calls.py)."""
+    """Tensors from outside the call its forward reads, with their versions when it did and copies of the small ones (NOTE [State read from outside] in calls.py)."""
     external: list[tuple[Any, Any]] | None = None
-    """Storages from outside the call its forward wrote, with their bytes before (None:
-    too large to copy): a replay runs on those (NOTE [State written by its region])."""
+    """Storages from outside the call its forward wrote, with their bytes before (None: too large to copy): a replay runs on those (NOTE [State written by its region])."""
     default_dtype: torch.dtype | None = None
     """``torch.get_default_dtype()`` at entry: a replay's factory ops make that dtype."""
     attrs: Any = None
