@@ -304,7 +304,6 @@ class Installer:
         previous = module.__dict__.get("forward")
         original = module.forward
         wrapped = _Installed(make(original), module, "forward", previous)
-        module.forward = wrapped  # type: ignore[method-assign]
 
         def restore() -> None:
             if module.__dict__.get("forward") is not wrapped:
@@ -314,7 +313,10 @@ class Installer:
             else:
                 module.__dict__.pop("forward", None)
 
+        # registered first: an exception landing between the two (a signal handler's)
+        # leaves a restore that finds nothing to undo, never a wrapper nothing undoes
         self._restore.append(restore)
+        module.forward = wrapped  # type: ignore[method-assign]
 
     def _wrap_compiled_call(self, module: nn.Module, make: Make) -> None:
         """A region compiled in place (``block.compile()``): wrap the compiled call, not the
@@ -323,13 +325,13 @@ class Installer:
         original = getattr(module, slot)
         assert original is not None
         wrapped = _Installed(make(original), module, slot, original)
-        setattr(module, slot, wrapped)
 
         def restore() -> None:
             if getattr(module, slot) is wrapped:  # not compiled again meanwhile
                 setattr(module, slot, original)
 
-        self._restore.append(restore)
+        self._restore.append(restore)  # first, as in _wrap_forward
+        setattr(module, slot, wrapped)
 
     def _host(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Bookkeeping a wrapper runs around a forward: never traced by dynamo in a model

@@ -32,9 +32,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class _InterruptAt:
-    """While entered, raise KeyboardInterrupt once, at the first ``event`` ("call" or
-    "return") of a frame running ``code`` for which ``when(frame, arg)`` holds (``arg``:
-    the value returned, for "return")."""
+    """While entered, raise KeyboardInterrupt once, at the first ``event`` ("call",
+    "line" or "return") of a frame running ``code`` for which ``when(frame, arg)`` holds
+    (``arg``: the value returned, for "return")."""
 
     def __init__(self, code: CodeType, event: str, when: Callable[[FrameType, Any], bool] = lambda f, a: True):
         self.code = code
@@ -110,6 +110,34 @@ def test_an_interrupt_around_a_native_call_leaves_the_hooks_right(point: str) ->
     got = train(m, batch, rt, steps=2)
     assert_bitwise(ref, got)
     _assert_sane(rt)
+
+
+# ----------------------------------------------------------------------- entry
+
+
+def _wrap_lines() -> list[int]:
+    code = Installer._wrap_forward.__code__
+    return sorted({line for _, _, line in code.co_lines() if line is not None and line > code.co_firstlineno})
+
+
+@pytest.mark.parametrize("line", _wrap_lines())
+def test_an_interrupt_while_forwards_are_wrapped_leaves_no_wrapper(line: int) -> None:
+    """An interrupt (a watchdog's SIGALRM handler raising) landing at any line of a
+    region's forward wrapping: the failed entry leaves no wrapper in any module, and the
+    same runtime trains on bitwise, leaving none at its exits either."""
+    model, batch = make("gpt_dropout")
+    ref = train(twin(model), batch, steps=2)
+    m = twin(model)
+    rt = offrecomp.runtime(m, mode="recompute")
+    code = Installer._wrap_forward.__code__
+    with pytest.raises(KeyboardInterrupt), _InterruptAt(code, "line", lambda f, a: f.f_lineno == line) as at, rt:
+        pass
+    assert at.fired
+    _assert_sane(rt)
+    assert [n for n, mod in m.named_modules() if "forward" in mod.__dict__] == []
+    got = train(m, batch, rt, steps=2)
+    assert_bitwise(ref, got)
+    assert [n for n, mod in m.named_modules() if "forward" in mod.__dict__] == []
 
 
 # ----------------------------------------------------------------------- replay
