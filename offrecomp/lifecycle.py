@@ -518,8 +518,12 @@ class Lifecycle:
 
     def on_optimizer_step(self, optimizer: Any, *_: Any) -> None:
         p = self.current
-        if p is not None and p.stage is FORWARD and p.parts and not self._steps_model(optimizer):
-            return  # NOTE [Optimizers of other models]: between a forward and its backward
+        if (
+            p is not None and p.parts
+            and (p.stage is FORWARD or (p.stage is BACKWARD and tc.current_graph_task_id() == -1))
+            and not self._steps_model(optimizer)
+        ):
+            return  # NOTE [Optimizers of other models]
         if self._config.mode != "keep" and tc.autocast_cache_active():
             warn_once(
                 "autocast_step",
@@ -738,7 +742,9 @@ def _add_counts(into: PassState, p: PassState) -> None:
 # stepped there would change what its backward reads): a GAN's discriminator, trained
 # between the generator's forward and its backward. Ending the step there would cut a
 # step of several micro-batches in two, so there only an optimizer with a parameter of
-# the runtime's model among its parameters ends the step; the answer is kept per
+# the runtime's model among its parameters ends the step, and so while its backward runs
+# and the optimizer's thread runs none (another thread's model, stepping meanwhile; an
+# optimizer stepping inside a backward ends the step with it). The answer is kept per
 # optimizer until its parameter lists change (a group added, a list replaced or grown),
 # so the hook reads one tuple per step. A runtime whose model has no parameters (or none
 # given) counts every optimizer. Anywhere else every optimizer ends the step: one over

@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import gc
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -293,6 +294,47 @@ def test_an_optimizer_over_another_model_ends_no_step_between_a_forward_and_its_
         return out
 
     _bitwise(loop, variant)
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto"])
+def test_an_optimizer_another_thread_steps_during_the_backward_ends_no_step(variant: str) -> None:
+    """NOTE [Optimizers of other models]: a gradient hook of the model's backward has
+    another thread train another model, optimizer step included, and waits for it; the
+    backward's step went on (it ended there, and under auto the signature measured at
+    every step: none of its passes finished)."""
+
+    def loop(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+        other, other_opt = _other()
+
+        def other_step() -> None:
+            other(_x(7)).sum().backward()
+            other_opt.step()
+            other_opt.zero_grad(set_to_none=True)
+
+        def hook(g: torch.Tensor) -> None:
+            t = threading.Thread(target=other_step)
+            t.start()
+            t.join()
+
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        out = []
+        with rt if rt is not None else contextlib.nullcontext():
+            for i in range(6):
+                h = model.blocks[0](_x(10 * i))
+                h.register_hook(hook)
+                for b in model.blocks[1:]:
+                    h = b(h)
+                model.head(h).mean().backward()
+                out.append(_snap(model))
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        return out
+
+    rt = _bitwise(loop, variant, lambda: Net(layers=3))
+    steps = rt.report().steps
+    assert [s.replays for s in steps[:2]] == [3, 3]
+    if variant == "auto":
+        assert steps[-1].phase == "planned", [s.phase for s in steps]
 
 
 def _gan_loop(gen: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
