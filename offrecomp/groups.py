@@ -342,6 +342,20 @@ class OffloadGroups:
         if self.engine is not None:
             self.engine.release_device(group)
 
+    def release_reloads(self, p: PassState) -> None:
+        """``p``'s backward is over: let go of its groups' reload buffers that saves no
+        node read still held (NOTE [Reloads at a backward's end])."""
+        engine = self.engine
+        if engine is None or not engine.device_bytes:
+            return
+        seen: set[int] = set()
+        for call in p.all_calls():
+            for rec in call.storages:
+                group = rec.group
+                if group is not None and group.holds_reload and id(group) not in seen:
+                    seen.add(id(group))
+                    engine.release_device(group)
+
     def free(self, group: Group) -> None:
         if self.engine is None:
             return
@@ -381,3 +395,13 @@ def _release_at(p: PassState | None, call: RegionCall) -> int:
         return NOT_PLANNED
     unit = 2 * len(p.calls) if call.is_root else 2 * call.ordinal + 1
     return p.releases[unit] if unit < len(p.releases) else BACKWARD_START
+
+
+# NOTE [Reloads at a backward's end]
+# A group's reload buffer goes when each of its live saves was unpacked since the reload.
+# A save no backward node reads (an activation the block keeps on itself, or a side loss
+# the step's loss does not use: that branch's nodes never run) keeps its handle alive and
+# never unpacks, so its group's buffer would stay on the device after the backward, until
+# the graph holding the handle dies (the next forward rebinding the attribute). When a
+# pass's backward is over, its groups' reloads go, prefetched ones never fetched too; a
+# later read of such a save (the graph differentiated after all) reloads its group.

@@ -452,6 +452,8 @@ class Lifecycle:
             p.stats.replays += call.replays
             p.stats.served_ops += call.served_ops
             p.stats.rerun_ops += call.rerun_ops
+        if p.stage is DONE:
+            self._groups.release_reloads(p)  # NOTE [Reloads at a backward's end] in groups.py
         p.offload_stats = self._groups.end_step()
         self._placements.end_pass(p)
         self._planner.end_pass(p)

@@ -186,6 +186,11 @@ class Group:
         """The reloaded buffer, once compute has waited on it (the fetch fast path)."""
         return self._buffer if self.state is GroupState.FETCHED else None
 
+    @property
+    def holds_reload(self) -> bool:
+        """A reload of it is issued or handed out: device memory until ``release_device``."""
+        return self.state is GroupState.RELOADING or self.state is GroupState.FETCHED
+
     def typed(self, dtype: torch.dtype) -> torch.Tensor:
         """The fetched buffer viewed as ``dtype`` (made once per reload and dtype): a
         saved tensor is one ``as_strided`` of it."""

@@ -374,3 +374,45 @@ def test_an_attribute_holding_the_output_keeps_one_graph_not_every_one(mode: str
     assert [r() is None for r in outs] == [True] * 11 + [False]  # the last held by blocks[2].last
     for blk in m:
         blk.last = None  # the graph it held would keep the runtime (a known limit)
+
+
+class _StoresAux(nn.Module):
+    """A block keeping a side activation on itself, for logging: the loss never reads it,
+    so its nodes never run in backward and their offloaded saves are never unpacked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+        self.aux_fc = nn.Linear(64, 64)
+        self.aux: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        self.aux = torch.tanh(self.aux_fc(y))
+        return x + torch.relu(y)
+
+
+def test_reloads_of_saves_no_node_reads_go_at_the_backwards_end() -> None:
+    """NOTE [Reloads at a backward's end] (groups.py): each block's group was reloaded for
+    the saves its backward reads and kept on the device, for the stored branch's, after
+    the backward (4 x 128 KiB here) until the next forward rebound the attribute."""
+    torch.manual_seed(0)
+    m = nn.Sequential(*[_StoresAux() for _ in range(4)])
+    ref = copy.deepcopy(m)
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0)
+    held = []
+    with rt:
+        for step in range(3):
+            x = torch.randn(4, 32, 64, generator=torch.Generator().manual_seed(step))
+            m(x).pow(2).mean().backward()
+            ref(x).pow(2).mean().backward()
+            for a, b in zip(m.parameters(), ref.parameters()):
+                assert (a.grad is None and b.grad is None) or torch.equal(a.grad, b.grad)  # type: ignore[arg-type]
+            m.zero_grad(set_to_none=True)
+            ref.zero_grad(set_to_none=True)
+            engine = rt.offload_engine
+            assert engine is not None
+            held.append(engine.device_bytes)
+    assert rt.report().steps[-1].offloaded_bytes > 0
+    assert held == [0, 0, 0]
+    assert m[0].aux is not None and torch.equal(m[0].aux, ref[0].aux)  # type: ignore[arg-type]
