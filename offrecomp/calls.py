@@ -117,6 +117,8 @@ class RegionCalls:
                 call.capture_seconds = dt = time.perf_counter() - t0
                 p.stats.capture_seconds += dt
                 p.stats.captures += 1
+            elif call.record:
+                self._planner.unrecordable(p, call)
         if region.writes_state:
             call.writes_state = True
         elif region.writes_state is None and call.inputs is not None and not region.compiled:

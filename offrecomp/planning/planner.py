@@ -280,7 +280,9 @@ class Planner:
     # re-measure (full recompute) every few steps, for good. The profile also keeps the
     # calls of the last one that the re-profiling pass did not run (passes alternating
     # between task heads run disjoint calls), each after the call it followed: a
-    # profile only grows.
+    # profile only grows. A call that keeps its activations because nothing of it can be
+    # recorded (under forward-mode AD, a functorch transform, a dispatch mode of the
+    # caller's) is not missing: re-profiling for it would calibrate at every pass.
 
     def _record_unprofiled(self, p: PassState, call: RegionCall) -> None:
         call.record = True
@@ -290,6 +292,13 @@ class Planner:
             "it in this pass (its activations dropped) to extend the profile",
             call.name, call.call_index, shown(p.signature),
         )
+
+    def unrecordable(self, p: PassState, call: RegionCall) -> None:
+        """``call``, which its profile lacks, keeps its activations (it runs under
+        forward-mode AD, a functorch transform or a dispatch mode of the caller's): no
+        pass can record it, so it extends no profile (NOTE [Calls the profile lacks])."""
+        call.record = False
+        p.reprofile = any(c.record for c in p.calls)
 
     def left(self, p: PassState, signature: str) -> PlanEntry | None:
         """``p`` no longer runs under ``signature``, a guess it began with: the entry its
