@@ -419,6 +419,11 @@ class OpRecorder(_RegionMode):
                 outs.append(_Value(x))
         if tr.collective:
             self.collective = True
+        view = tr.view
+        if view and outs and all(isinstance(o, _OutMeta) and o.sid not in input_sids for o in outs):
+            # a schema that may alias whose call copied (to, contiguous, reshape: reached
+            # as themselves under a caller's dispatch mode): it computes, as it will again
+            view = False
         self.ops.append(
             _Op(
                 name=tr.name,
@@ -432,7 +437,7 @@ class OpRecorder(_RegionMode):
                 read_sids=() if tr.metadata_only else input_sids,
                 written_sids=written,
                 scalars=() if higher_order else _scalars_of(flat_in),  # callables, masks: opaque anyway
-                view=tr.view,
+                view=view,
                 writes=tr.writes,
                 random=random,
                 factory=not in_tensors,

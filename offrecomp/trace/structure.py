@@ -21,7 +21,9 @@ output lives in a held storage (a KEEP save, never written in place in the regio
 storage, the very bytes the forward produced, and what it read is not needed. Every
 other op gets placeholder outputs (right shape, strides and dtype, unspecified values)
 because nothing that runs reads them. View ops always run (they cost nothing and keep
-Python-level metadata right).
+Python-level metadata right). An op is a view by what its call did: one whose schema
+may alias (``to``, ``contiguous``, ``reshape``, reached as themselves under a dispatch
+mode inside the region) but returned new storage computes, and is placed like any other.
 
 That is only sound when the recording saw all the dataflow, and when every pass takes
 the recorded path through the region's Python code. It does not, or may not, when:

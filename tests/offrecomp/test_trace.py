@@ -10,6 +10,7 @@ import random
 import threading
 from typing import Any
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -209,3 +210,47 @@ def test_a_tensor_built_from_python_data_leaves_placeholders_on() -> None:
     st = build_structure(rec, saves, sids, [128, 128], ["input", "activation"], [1e-6] * len(rec.ops), 0.25)
     assert not st.opaque and st.placeholders_ok
     assert all(r.reads is not None for r in st.op_records)
+
+
+class _RoundsMatmuls(TorchDispatchMode):
+    """Rounds each addmm output to bf16 precision with ``.to()``, which below autograd
+    reaches the modes beneath as ``aten.to.dtype`` (a schema that may alias) and copies."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.addmm.default:
+            out = out.to(torch.bfloat16).to(torch.float32)
+        return out
+
+
+class _RoundingBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(16)
+        self.fc1 = torch.nn.Linear(16, 32)
+        self.fc2 = torch.nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with _RoundsMatmuls():
+            return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
+
+
+@pytest.mark.parametrize("variant", ["auto", "auto_serve"])
+def test_an_op_whose_schema_may_alias_but_copied_is_recorded_as_computing(variant: str) -> None:
+    """A dispatch mode inside a block post-processing matmul outputs with ``.to()``: the
+    recording took ``aten.to.dtype`` for a view, gave the matmul a placeholder, and the
+    serving replay's cast read it (other gradients under auto, NaN at times)."""
+    from tests.helpers import check_variant
+
+    class _Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(_RoundingBlock() for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for b in self.blocks:
+                x = b(x)
+            return x.square().mean()
+
+    torch.manual_seed(0)
+    check_variant(_Model(), lambda s: torch.randn(4, 6, 16, generator=torch.Generator().manual_seed(s)), variant)
