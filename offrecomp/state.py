@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from offrecomp.backward_entry import keeping_graph
+from offrecomp.trace.ops import describable
 from scheduler.plan import ROOT, Placement
 
 if TYPE_CHECKING:
@@ -476,8 +477,7 @@ class RegionCall(_WeakReferable):
     pass_state: PassState | None = None
     lease_ref: weakref.ref[Lease] | None = None  # NOTE [Call leases]: held by the handles only
     group: Group | None = None
-    """The open offload group collecting this call's OFFLOAD storages (for the root: the
-    run of root saves since the last region call began), issued at the call's exit."""
+    """The open offload group collecting this call's OFFLOAD storages (for the root: the run of root saves since the last region call began), issued at the call's exit."""
     groups: list[Group] = field(default_factory=list)
     """Every offload group of this call, open or issued, until the call is released."""
     exited: bool = False  # the region's forward returned
@@ -521,7 +521,7 @@ class RegionCall(_WeakReferable):
                     if sent is not None:
                         out.append(first.setdefault(sent[0].ptr, i))
                     strides.append(sent[1][1] if sent is not None else None)
-                elif t.layout is torch.strided and not t.is_nested:
+                elif describable(t):  # not a wrapper subclass (no data), nested, a ZeroTensor
                     out.append(first.setdefault(t.untyped_storage().data_ptr(), i))
                     strides.append(t.stride())
                 else:

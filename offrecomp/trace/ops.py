@@ -65,7 +65,7 @@ _UNINITIALIZED: type = UninitializedTensorMixin
 _PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
 
 
-def _describable(t: torch.Tensor) -> bool:
+def describable(t: torch.Tensor) -> bool:
     # A subclass with its own __torch_dispatch__ (DTensor, also as a parameter under
     # tensor parallelism) is a wrapper whose storage has no data pointer; one with only
     # __torch_function__ (a tagged tensor) holds its own storage, as a plain tensor does.
@@ -181,7 +181,7 @@ def written_arguments(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         if a.name not in names:
             continue
         val = kwargs.get(a.name, args[i] if i < len(args) else None)
-        out += [(a.name, x) for x in op_leaves(val) if isinstance(x, torch.Tensor) and _describable(x)]
+        out += [(a.name, x) for x in op_leaves(val) if isinstance(x, torch.Tensor) and describable(x)]
     return out
 
 

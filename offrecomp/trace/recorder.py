@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 from offrecomp.trace.ops import (
-    _describable,
     _param_cast,
     _scalars_of,
     _traits,
+    describable,
     op_leaves,
     written_arguments,
     written_tensors,
@@ -178,7 +178,7 @@ class FirstCallWatch(_RegionMode):
             (cap, cap.tensors), (params, params.objects if params is not None else ()), (state, held)
         ):
             for i, t in enumerate(tensors):
-                if t is not None and _describable(t):
+                if t is not None and describable(t):
                     self.by_ptr.setdefault(int(t.untyped_storage().data_ptr()), []).append((holder, i))
         self.generators: dict[int, tuple[torch.Generator, torch.Tensor]] = {}
 
@@ -191,7 +191,7 @@ class FirstCallWatch(_RegionMode):
         overwritten = {id(t) for t, whole in writes if whole}
         inputs: set[int] = set()
         for x in op_leaves((args, kwargs)):
-            if isinstance(x, torch.Tensor) and _describable(x):
+            if isinstance(x, torch.Tensor) and describable(x):
                 ptr = int(x.untyped_storage().data_ptr())
                 inputs.add(ptr)
                 if (
@@ -210,7 +210,7 @@ class FirstCallWatch(_RegionMode):
                 self._external(ptr, storage, whole)
         out = func(*args, **kwargs)
         for t in op_leaves(out):
-            if isinstance(t, torch.Tensor) and _describable(t):
+            if isinstance(t, torch.Tensor) and describable(t):
                 ptr = int(t.untyped_storage().data_ptr())
                 if ptr not in inputs:  # a view of an input is the input's storage, not a new one
                     self.made.add(ptr)
@@ -375,7 +375,7 @@ class OpRecorder(_RegionMode):
             return func(*args, **kwargs)
         flat_in = op_leaves((args, kwargs))
         in_tensors = [x for x in flat_in if isinstance(x, torch.Tensor)]
-        input_sids = tuple(self.storage_id(x) for x in in_tensors if _describable(x))
+        input_sids = tuple(self.storage_id(x) for x in in_tensors if describable(x))
         tr = _traits(func)
         higher_order = tr.higher_order
         random = higher_order or tr.seeded  # a subgraph may draw
@@ -401,7 +401,7 @@ class OpRecorder(_RegionMode):
         outs: list[Any] = []
         for x in op_leaves(out):
             if isinstance(x, torch.Tensor):
-                if _describable(x):
+                if describable(x):
                     outs.append(
                         _OutMeta(
                             sid=self.storage_id(x),

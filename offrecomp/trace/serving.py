@@ -18,11 +18,11 @@ import torch
 
 from offrecomp.trace.ops import (
     _TO_COPY,
-    _describable,
     _param_cast,
     _scalars_of,
     _traits,
     _unflatten_like,
+    describable,
     op_leaves,
     op_name,
 )
@@ -61,7 +61,7 @@ class ParamGuard(_RegionMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         for t in op_leaves((args, kwargs)):
-            if isinstance(t, torch.Tensor) and _describable(t):
+            if isinstance(t, torch.Tensor) and describable(t):
                 what = self.modified.get(int(t.untyped_storage().data_ptr()))
                 if what is not None:
                     raise RuntimeError(
@@ -129,7 +129,7 @@ class ServingMode(_RegionMode):
 
     def is_placeholder(self, t: torch.Tensor) -> bool:
         """True when ``t`` lies in a placeholder's storage (its values are garbage)."""
-        if not self._placeholders or t.numel() == 0 or not _describable(t):
+        if not self._placeholders or t.numel() == 0 or not describable(t):
             return False
         return t.untyped_storage().data_ptr() in self._placeholders
 
