@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,29 @@ __all__ = ["REPORT_MAX_STEPS", "Runtime", "runtime"]
 
 _active_lock = threading.Lock()
 _active: Runtime | None = None
+
+
+# NOTE [Runtimes across fork]
+# A process forked while a runtime is entered (a DataLoader worker, a multiprocessing
+# child started inside the loop) inherits a copy of it as active: its hook pair on the
+# forking thread and its wrappers in the model's copy. The child is another program: its
+# autograd would go through the copy's books, and a runtime of its own would be refused
+# as a second one. So the child takes the copy out (the model's copy runs plainly, the
+# forking thread's stack loses the pair) and marks none active, with a fresh lock (another
+# thread may have held it at the fork). The parent's runtime is untouched.
+
+
+def _leave_in_child() -> None:
+    global _active, _active_lock
+    _active_lock = threading.Lock()
+    rt, _active = _active, None
+    if rt is not None:
+        with contextlib.suppress(Exception):  # forked: never raise here
+            rt._leave_copy()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_leave_in_child)
 
 
 def runtime(
@@ -280,6 +304,12 @@ class Runtime:
         self._calls.placer = placer
         assert self._installer is not None
         self._installer.install(placer.pack, placer.unpack)
+
+    def _leave_copy(self) -> None:
+        """NOTE [Runtimes across fork]: this is a forked child's copy of an entered runtime."""
+        self._uninstall()
+        self._entered = False
+        self._groups.entered = False
 
     def _uninstall(self) -> None:
         self._calls.placer = None  # saved handles still reach theirs; the runtime no longer does

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -190,3 +192,31 @@ def test_an_interrupt_during_a_replays_early_stop_reaches_the_loop() -> None:
             b.arm = True  # type: ignore[assignment]
         with pytest.raises(KeyboardInterrupt):
             m(x).square().mean().backward()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_inside_the_runtime_runs_plainly_and_may_enter_its_own() -> None:
+    """NOTE [Runtimes across fork] (context.py): a child forked inside ``with rt:`` took
+    the parent's runtime for active: its autograd went through the copy's hooks, and
+    ``offrecomp.runtime(...)`` of its own was refused as a second runtime. The child's
+    copy is taken out; the parent's runtime trains on bitwise."""
+    model, batch = make("gpt_dropout")
+    ref = train(twin(model), batch, steps=2)
+    m = twin(model)
+    rt = offrecomp.runtime(m, mode="recompute")
+    with rt:
+        pid = os.fork()
+        if pid == 0:  # the child: exit status only, never back into pytest
+            code = 3
+            try:
+                plain = tc.top_saved_tensors_hooks() is None and all("forward" not in v.__dict__ for v in m.modules())
+                own, child_batch = make("gpt_dropout")
+                want = train(twin(own), child_batch, steps=1)
+                got = train(own, child_batch, offrecomp.runtime(own, mode="recompute"), steps=1)
+                same = all(torch.equal(want[0][k], got[0][k]) for k in want[0])
+                code = 0 if plain and same else 1
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert_bitwise(ref, train(m, batch, rt, steps=2))
