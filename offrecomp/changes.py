@@ -244,8 +244,10 @@ def count_buffer_assignment(module: nn.Module, name: str, buffer: Any) -> None:
 
 
 def count_parameter_assignment(module: nn.Module, name: str, param: Any) -> None:
-    """torch's global parameter-registration hook while a runtime is entered."""
-    if name not in module._parameters and _in_model(module):
+    """torch's global parameter-registration hook while a runtime is entered: a new name,
+    or another object under a name (what is frozen, and the regions' parameter slots,
+    may change with it)."""
+    if module._parameters.get(name) is not param and _in_model(module):
         _structure_changes[0] += 1
 
 

@@ -370,9 +370,10 @@ class _Mlp(nn.Module):
         return x + self.fc2(torch.relu(self.fc1(x)))
 
 
-def _unfrozen_at(step: int, mode: str, steps: int, **kw: Any) -> offrecomp.Runtime:
+def _unfrozen_at(step: int, mode: str, steps: int, how: str = "requires_grad", **kw: Any) -> offrecomp.Runtime:
     """A stack of four blocks frozen until ``step`` (only the head trains), then trained
-    whole, under ``mode``."""
+    whole, under ``mode``; unfrozen by ``requires_grad_`` or by new Parameter objects
+    under the same names (weights re-initialised or swapped in)."""
     torch.manual_seed(0)
     blocks = nn.Sequential(*[_Mlp() for _ in range(4)])
     model = nn.Sequential(blocks, nn.Linear(32, 1))
@@ -380,24 +381,31 @@ def _unfrozen_at(step: int, mode: str, steps: int, **kw: Any) -> offrecomp.Runti
     rt = offrecomp.runtime(model, mode=mode, min_bytes=0, **kw)
     with rt:
         for i in range(steps):
-            if i == step:
+            if i == step and how == "requires_grad":
                 blocks.requires_grad_(True)
+            elif i == step:
+                for mod in blocks.modules():
+                    for name, q in list(mod.named_parameters(recurse=False)):
+                        setattr(mod, name, nn.Parameter(q.detach().clone()))
             model(torch.randn(4, 64, 32, generator=torch.Generator().manual_seed(i))).sum().backward()
     return rt
 
 
-def test_unfreezing_between_steps_is_a_new_signature() -> None:
+@pytest.mark.parametrize("how", ["requires_grad", "new_parameters"])
+def test_unfreezing_between_steps_is_a_new_signature(how: str) -> None:
     """NOTE [Frozen parameters]: the frozen passes save a sixteenth of what the trained
     ones do at the same input shapes. Keep's books of a frozen pass (NOTE [Native keep])
     would report the trained passes' bytes that low, and auto would run the frozen
-    passes' plan on the first trained one (everything kept, twice the budget)."""
-    keep = _unfrozen_at(2, "keep", 4).report().steps
+    passes' plan on the first trained one (everything kept, twice the budget). New
+    Parameter objects under the old names moved no structure epoch, so the frozen
+    flags, read once per epoch, stayed."""
+    keep = _unfrozen_at(2, "keep", 4, how).report().steps
     whole = _unfrozen_at(0, "keep", 2).report().steps
     assert keep[0].peak_activation_bytes < whole[0].peak_activation_bytes
     assert [s.peak_activation_bytes for s in keep[2:]] == [whole[0].peak_activation_bytes] * 2
     assert "frozen:" in keep[0].signature and "frozen:" not in keep[2].signature
 
     budget = whole[0].peak_activation_bytes // 2
-    steps = _unfrozen_at(4, "auto", 9, budget=budget, drift=100.0).report().steps
+    steps = _unfrozen_at(4, "auto", 9, how, budget=budget, drift=100.0).report().steps
     assert [s.phase for s in steps[4:6]] == ["measure", "calibrate"]
     assert all(s.peak_activation_bytes <= 1.05 * budget for s in steps), [s.peak_activation_bytes for s in steps]
