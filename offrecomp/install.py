@@ -217,14 +217,16 @@ class Installer:
         )
 
     def _check_regions(self) -> None:
-        """Warn once when a region is no longer the model's module at its name (NOTE
-        [Region refresh] in changes.py); read again only after a module assignment."""
+        """Warn once when a region's module is no longer in the model (NOTE [Region
+        refresh] in changes.py); read again only after a module assignment. One moved to
+        another name (blocks reordered, a block wrapped) still runs as its region."""
         epoch = structure_epoch()
         model = self._model
         if epoch == self._regions_epoch or model is None:
             return
         self._regions_epoch = epoch
         gone = []
+        present: set[int] | None = None
         for r in self._regions:
             if r.name == MODEL_NAME:
                 continue  # the model itself: no name it could be replaced at
@@ -233,12 +235,15 @@ class Installer:
             except AttributeError:
                 now = None
             if now is not r.module:
-                gone.append(r.name)
+                if present is None:
+                    present = {id(m) for m in model.modules()}
+                if id(r.module) not in present:
+                    gone.append(r.name)
         if gone and not self._warned_replaced:
             self._warned_replaced = True
             log.warning(
-                "offrecomp: region(s) %s are no longer the model's modules at those names "
-                "(replaced since the runtime was made); the runtime manages the modules it "
+                "offrecomp: region(s) %s are no longer the model's modules (replaced since "
+                "the runtime was made); the runtime manages the modules it "
                 "found then, so the new ones run plainly and their activations are kept. "
                 "Make a new runtime for the model as it is now",
                 _names(gone),

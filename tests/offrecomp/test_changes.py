@@ -93,6 +93,27 @@ def test_modules_added_to_blocks_while_entered_replay_right(what: str, variant: 
     assert_bitwise(ref, _loop(m, variant_runtime(m, variant, budget), what))
 
 
+@pytest.mark.parametrize("how", ["reorder", "wrap"])
+def test_regions_moved_to_other_names_are_not_called_replaced(how: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Blocks reordered, or one wrapped in another module: the same region objects, still
+    replayed, were named "no longer the model's modules ... run plainly" (the one warning
+    a later real replacement would have needed)."""
+    torch.manual_seed(0)
+    model = Stack([_Growing() for _ in range(3)])
+    rt = offrecomp.runtime(model, mode="recompute", min_bytes=0)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), rt:
+        model(_batch(0)).backward()
+        b = model.blocks
+        if how == "reorder":
+            b[0], b[2] = b[2], b[0]
+        else:
+            b[1] = nn.Sequential(b[1])
+        model(_batch(1)).backward()
+    assert "no longer the model's modules" not in caplog.text
+    steps = rt.report().steps
+    assert steps[1].replays == steps[0].replays == 3
+
+
 def test_a_region_replaced_while_entered_is_named(caplog: pytest.LogCaptureFixture) -> None:
     """The runtime manages the modules it found; the new ones run plainly, with a warning
     naming the regions."""
