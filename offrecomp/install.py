@@ -9,6 +9,8 @@ block compiled on its own: wrapped (``torch.compile(block)``: the wrapper wraps 
 compiled forward) or in place (``block.compile()``, as torchtune compiles its layers:
 the runtime wraps the compiled call (``tc.COMPILED_CALL_IMPL``), not the forward inside
 it, so the module's own hooks run inside the region). Either way the replay calls the same compiled graph.
+A block compiled in place while the runtime is entered (after warm-up steps) has its
+wrapper moved from its forward to the compiled call at the next root forward.
 Such a region is opaque, replayed whole, and its measuring pass runs no op recorder:
 under a dispatch mode dynamo does not compile, and for a block it had not compiled yet
 it gives up on that code for good, so the block would run eagerly in every later step.
@@ -260,6 +262,23 @@ class Installer:
                 _names(added),
             )
 
+    def _follow_compiles(self) -> None:
+        """A region compiled in place (``block.compile()``) since entry: its calls now run
+        the compiled call, past its wrapped ``forward``. Its wrapper moves there, as an
+        entry would have put it (NOTE [Compiled regions] in regions.py)."""
+        for region in self._regions:
+            module = region.module
+            if region.in_place or getattr(module, tc.COMPILED_CALL_IMPL, None) is None:
+                continue
+            wrapped = module.__dict__.get("forward")
+            if isinstance(wrapped, _Installed):  # its restore, at exit, then finds nothing to undo
+                if wrapped.previous is None:
+                    del module.__dict__["forward"]
+                else:
+                    module.forward = wrapped.previous  # type: ignore[method-assign]
+            region.refresh()
+            self._wrap_compiled_call(module, self._region_forward(region))
+
     def _wrap_roots(self) -> None:
         model = self._model
         region_modules = {id(r.module) for r in self._regions}
@@ -370,6 +389,7 @@ class Installer:
                     return None
                 if (compiling or _is_compiled(module)) and regions:
                     warn_compiled(", ".join(r.name for r in regions))
+                self._follow_compiles()
                 self._check_regions()
                 if self._grad_off:  # NOTE [Regions with gradients off]
                     self._diag.warn_grad_off(self._grad_off)

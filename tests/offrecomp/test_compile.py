@@ -4,6 +4,7 @@ are kept, and the model still compiles to the graphs it compiles to without the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,7 @@ from tests.helpers import (
     train,
     train_bitwise,
     twin,
+    variant_runtime,
 )
 
 
@@ -134,6 +136,46 @@ def test_a_block_compiled_after_the_runtime_was_built() -> None:
     got = train(m, _batch, rt, steps=2)
     assert_bitwise(ref, got)
     assert all(s.replays == 2 for s in rt.report().steps)
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto", "auto_serve"])
+def test_blocks_compiled_in_place_while_entered_still_replay(variant: str) -> None:
+    """``block.compile()`` inside ``with rt:`` (after some eager steps): the compiled call
+    went past the wrapped forward, so the blocks were no longer replayed (recompute booked
+    more, auto's plan ran over its budget, silently). The wrapper moves onto the compiled
+    call at the next root forward."""
+    import copy
+
+    def loop(m: torch.nn.Module, rt: Any) -> list[dict[str, torch.Tensor]]:
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        out = []
+        with rt if rt is not None else contextlib.nullcontext():
+            for s in range(6):
+                if s == 2:
+                    _blocks_in_place(m)
+                torch.manual_seed(s)
+                m(_batch(s)).backward()
+                out.append({n: q.grad.clone() for n, q in m.named_parameters() if q.grad is not None})
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        return out
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    base = models.GPT(layers=2, h=32, heads=4, p=0.1)
+    budget = tight_budget(twin(base), _batch) if variant == "auto_serve" else None
+    ref = loop(copy.deepcopy(base), None)
+    torch._dynamo.reset()
+    m = copy.deepcopy(base)
+    rt = variant_runtime(m, variant, budget)
+    assert_bitwise(ref, loop(m, rt))
+    steps = rt.report().steps
+    if variant == "recompute":
+        assert [s.replays for s in steps] == [2] * 6
+    else:
+        assert steps[-1].phase in ("planned", "calibrate"), [s.phase for s in steps]
+    if variant == "auto_serve":
+        assert steps[-1].recomputed_bytes > 0
 
 
 def test_a_layer_compiled_in_place_inside_a_block_makes_the_block_opaque() -> None:
