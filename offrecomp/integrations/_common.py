@@ -235,7 +235,9 @@ def turn_off_own_checkpointing(model: nn.Module) -> list[str]:
 # asked). The callbacks, which turn that checkpointing off, do as it does: for each
 # distinct config among the model's modules whose ``use_cache`` is True, it is False
 # while a run lasts, with a notice logged once per process, and True again when the run ends; except
-# under a Trainer with that argument, which has set the config as its user asked. A
+# under a Trainer whose arguments ask for the cache (``use_cache=True``). The Trainer sets
+# only the top config, once, at its construction: a nested one (T5's decoder) and a model
+# ``model_init`` builds at each ``train()`` keep theirs, so the callback pauses those. A
 # forward passed ``use_cache=True`` explicitly (generation inside a training step) is
 # left as asked. The loss is the same either way; the gradients are those of training
 # without the cache, whose backward runs other ops than with one (GPT-2: other last

@@ -99,8 +99,9 @@ class OffrecompCallback(ScopedCallback, TrainerCallback):
             self._guard_run(trainer)  # this run started unguarded
         if model is None:
             raise ValueError("offrecomp: the Trainer passed no model to on_train_begin")
-        # transformers 5's Trainer set config.use_cache from its arguments, as asked
-        self._scope.enter(model, pause_cache=not hasattr(args, "use_cache"))
+        # NOTE [Cache paused in training]: unless the arguments ask for the cache (transformers
+        # 5's TrainingArguments.use_cache), also in configs the Trainer did not set
+        self._scope.enter(model, pause_cache=getattr(args, "use_cache", False) is not True)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._leave(None)

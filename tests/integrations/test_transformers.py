@@ -117,6 +117,29 @@ def test_a_cache_the_trainer_was_asked_for_is_left(tmp_path: Any) -> None:
     assert probe.use_cache == [True] * STEPS
 
 
+def test_the_cache_of_a_model_the_trainer_did_not_set_is_paused(tmp_path: Any) -> None:
+    """NOTE [Cache paused in training]: the Trainer sets ``use_cache`` only in the top
+    config of the model it was given, at its construction. A model ``model_init`` builds
+    at ``train()`` (as hyperparameter search does) kept its cache in training: each layer
+    was handed one, and the runtime recorded its state at every call. Paused while the
+    run lasts, as in nested configs (T5's decoder), and restored after."""
+    probe = _Probe()
+
+    def model_init() -> Any:
+        torch.manual_seed(0)
+        cfg = tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=100, n_positions=32, bos_token_id=0, eos_token_id=0)
+        return tf.GPT2LMHeadModel(cfg)
+
+    args = _trainer(tmp_path, []).args  # the suite's arguments (use_cache not asked for)
+    trainer = tf.Trainer(
+        model_init=model_init, args=args, train_dataset=_Tokens(), eval_dataset=_Tokens(),
+        callbacks=[OffrecompCallback(mode="recompute", min_bytes=0), probe],
+    )
+    trainer.train()
+    assert probe.use_cache == [False] * STEPS
+    assert trainer.model.config.use_cache is True  # the model's own setting, back
+
+
 @pytest.mark.parametrize("added", ["constructor", "add_callback"])
 def test_exception_in_training_step_leaves_no_hooks(tmp_path: Any, added: str) -> None:
     cb = OffrecompCallback(mode="recompute", min_bytes=0)
