@@ -17,7 +17,7 @@ from torch import nn
 
 import offrecomp
 from offrecomp.config import Config
-from offrecomp.context import Runtime
+from offrecomp.context import REPORT_MAX_STEPS, Runtime
 from offrecomp.diagnostics import warn_once
 from offrecomp.report import Report, StepRecord
 
@@ -56,7 +56,9 @@ _INSIDE: weakref.WeakSet[RunScope] = weakref.WeakSet()
 class RunScope:
     """One runtime for a trainer's runs: entered when a run starts, left once when it
     ends, however it ends. The same runtime serves every run on the same model, so
-    its plans and report carry over from one ``fit``/``train`` call to the next."""
+    its plans and report carry over from one ``fit``/``train`` call to the next; a run
+    on another model (``model_init``, a module resumed into) gets a runtime of its own,
+    and the report keeps the steps of the ones before."""
 
     def __init__(self, options: dict[str, Any]) -> None:
         self._options = options
@@ -65,6 +67,7 @@ class RunScope:
         self._thread = 0  # the thread that entered it
         self._logged = -1  # the last step number put into a trainer's logs
         self._paused: list[Any] = []  # configs whose use_cache the run set to False
+        self._earlier: list[StepRecord] = []  # the steps of the runtimes of earlier models
 
     @property
     def inside(self) -> bool:
@@ -90,6 +93,9 @@ class RunScope:
         turn_off_own_checkpointing(model)
         self._paused = pause_training_cache(model) if pause_cache else []
         if self.runtime is None or self.runtime.model is not model:
+            if self.runtime is not None:
+                self._earlier = (self._earlier + self.runtime.report().steps)[-REPORT_MAX_STEPS:]
+                self.runtime.close()  # its pinned pool, once no saved tensor needs it
             self.runtime = offrecomp.runtime(model, **self._options)
             self._logged = -1
         self.runtime.__enter__()
@@ -113,8 +119,11 @@ class RunScope:
 
     def report(self) -> Report:
         if self.runtime is None:
-            return Report()
-        return self.runtime.report()
+            return Report(steps=list(self._earlier))
+        now = self.runtime.report()
+        if self._earlier:
+            now.steps = (self._earlier + now.steps)[-REPORT_MAX_STEPS:]
+        return now
 
     def new_metrics(self) -> dict[str, float]:
         """:func:`step_metrics` of the steps recorded since the last call ({} if none).

@@ -138,6 +138,11 @@ def test_the_cache_of_a_model_the_trainer_did_not_set_is_paused(tmp_path: Any) -
     trainer.train()
     assert probe.use_cache == [False] * STEPS
     assert trainer.model.config.use_cache is True  # the model's own setting, back
+    # a second train() builds another model, with a runtime of its own: the callback's
+    # report still holds every step of every train()
+    callback = next(c for c in trainer.callback_handler.callbacks if isinstance(c, OffrecompCallback))
+    trainer.train()
+    assert [s.step for s in callback.report().steps] == [*range(STEPS), *range(STEPS)]
 
 
 @pytest.mark.parametrize("added", ["constructor", "add_callback"])
