@@ -140,6 +140,16 @@ def autocast_cache_active() -> bool:
     )
 
 
+def autocast_entered() -> bool:
+    """Is any torch.autocast context entered on this thread (enabled or not)? Its cache
+    of casts is cleared only when the outermost one exits."""
+    level = torch.autocast_increment_nesting()
+    try:
+        return level > 1
+    finally:
+        torch.autocast_decrement_nesting()
+
+
 def mutation_on_saved_tensors_allowed() -> bool:
     """Is ``torch.autograd.graph.allow_mutation_on_saved_tensors()`` active?"""
     return bool(getattr(torch.autograd.graph, "_allow_mutation_on_saved_tensors_enabled", False))

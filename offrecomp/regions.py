@@ -559,10 +559,10 @@ def autocast_as_now(state: AutocastState) -> bool:
 
 def autocast_contexts(state: AutocastState, *, cache: bool = True) -> list[Any]:
     """The forward's autocast state, for a replay. ``cache=False`` turns autocast's weight
-    cache off (NOTE [Autocast cache]): a replay under the serving mode then
-    dispatches every cast, whatever casts the forward found cached, and a replay run
-    inside the forward's context (backward under autocast) leaves no casts of its
-    inputs, fresh leaves that require grad, held in that context's cache until it exits.
+    cache off (NOTE [Autocast cache]), for a replay inside another autocast context
+    (backward under autocast): it then dispatches every cast, whatever casts that
+    context's cache holds, and leaves no casts of its inputs, fresh leaves that require
+    grad, held there until the context exits.
     A replay of compiled code keeps the forward's setting, which the compiled graph
     guards on (another setting would compile it again), and so does a replay of a
     forward that ran without autocast, where the setting decides nothing."""

@@ -196,11 +196,15 @@ def written_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
 # exits; later uses of that parameter in the context dispatch no cast. A block that uses
 # a parameter an earlier block already cast (weights shared or tied between blocks, a
 # block called twice, two forwards in one autocast context) records no cast, and a
-# replay that casts again dispatches one op more than the recording. Replays run with
-# the cache off (``regions.autocast_contexts``), so they dispatch every cast: never
-# fewer than the recording, even inside the forward's context (backward called under
-# autocast, where the cache still holds the forward's casts). There the cache would
-# also keep, until the context exits, a cast of each replay's inputs (fresh leaves that
+# replay that casts again dispatches one op more than the recording. A replay whose
+# autocast contexts are the outermost (backward outside autocast, as AMP runs it) keeps
+# the cache on: it starts empty, so the replay casts each parameter at its first use,
+# never fewer times than the recording, holds one cast of it as the forward did (not one
+# per use: a weight applied in a loop, a GRU's steps), and the contexts' exit clears it.
+# Inside another autocast context (backward called under autocast, where the cache
+# still holds the forward's casts) replays run with the cache off
+# (``regions.autocast_contexts``), so they dispatch every cast; there the cache would
+# also keep, until that context exits, a cast of each replay's inputs (fresh leaves that
 # require grad, which autocast caches): a bf16 copy of every replayed block's input.
 # Replays of compiled code keep the forward's setting, which the compiled graph guards
 # on (as do replays of forwards without autocast, where it decides nothing; a compiled

@@ -181,3 +181,57 @@ def test_replays_under_autocast_leave_no_casts_in_its_cache() -> None:
         outside, inside = allocator_peak(step(False)), allocator_peak(step(True))
     assert all(s.replays == 8 for s in rt.report().steps)
     assert inside - outside <= 1.5 * 2**20, (inside - outside) / 2**20
+
+
+class _LoopBlock(nn.Module):
+    """One Linear applied eight times: under autocast the forward casts its weight once
+    (the weight cache) and uses the cast at every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(256, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x
+        for _ in range(8):
+            h = torch.tanh(self.lin(h))
+        return x + h
+
+
+class _Ckpt(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self.inner, x, use_reentrant=False)
+
+
+def test_a_replay_under_autocast_casts_a_weight_once_as_its_forward_did() -> None:
+    """NOTE [Autocast cache]: a replay outside any autocast context ran with the cache off,
+    so each use of a weight made and held a cast of its own (8 bf16 casts of each block's
+    weight, 1.8x torch.utils.checkpoint's step peak here). Its contexts are the outermost
+    there: the cache is on, one cast per weight, cleared at their exit."""
+    torch.manual_seed(0)
+    blocks = [_LoopBlock() for _ in range(4)]
+    x = torch.randn(64, 256)
+
+    def step(m: nn.Module) -> Callable[[], None]:
+        def run() -> None:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = m(x).float().square().mean()
+            loss.backward()
+
+        return run
+
+    ckpt_m = nn.Sequential(*[_Ckpt(twin(b)) for b in blocks])
+    ours_m = nn.Sequential(*[twin(b) for b in blocks])
+    step(ckpt_m)()  # warm up: grads allocated
+    ckpt = allocator_peak(step(ckpt_m))
+    with offrecomp.runtime(ours_m, mode="recompute", min_bytes=0) as rt:
+        step(ours_m)()
+        ours = allocator_peak(step(ours_m))
+    assert rt.report().steps[-1].replays == 4
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(ckpt_m.parameters(), ours_m.parameters()))  # type: ignore[arg-type]
+    assert ours <= ckpt, (ours, ckpt)
+    assert not torch.is_autocast_enabled("cpu")
