@@ -554,8 +554,12 @@ class _SaveCapture:
         return t if t.is_leaf else t.detach()  # NOTE [Backward inside a forward]: no cycle
 
     def end_stop_mode(self) -> None:
-        """Pop the plain replay's stop mode, if one was pushed."""
+        """Pop the plain replay's stop mode, if one was pushed, and take the serving mode's
+        stop off: either refers back to this capture, a cycle that would keep every tensor
+        it captured alive until a garbage collection, after backward has freed them."""
         stop_mode, self.stop_mode = self.stop_mode, None
+        if self.mode is not None:
+            self.mode.before_op = None
         if stop_mode is not None:
             stop_mode.__exit__(None, None, None)
 
