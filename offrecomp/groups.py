@@ -65,8 +65,9 @@ import torch
 from torch.nn.parameter import is_lazy
 
 from offrecomp.config import Config, format_bytes
+from offrecomp.handles import INTERNED_SHAPES, interned_shape
 from offrecomp.measure import DeviceClock
-from offrecomp.state import INTERNED_SHAPES, PassState, RegionCall, StorageRec, interned_shape
+from offrecomp.state import PassState, RegionCall, StorageRec
 from offrecomp.transfer import BACKWARD_START, NOT_PLANNED
 from scheduler.plan import Placement
 
@@ -174,7 +175,7 @@ class OffloadGroups:
         engine = self.engine or self.get_engine()
         if covers and dtype in _TYPED and t.is_contiguous():
             # NOTE [Typed sources]; a detached alias shares t's version counter (NOTE
-            # [Writes after a save] in state.py)
+            # [Writes after a save] in handles.py)
             return self._add(call, rec, engine, t.detach(), interned_shape(t.shape), dtype)
         return self._add(call, rec, engine, storage, None, None)
 
@@ -195,7 +196,7 @@ class OffloadGroups:
         ):
             return None
         # NOTE [Typed sources]; a detached alias shares t's version counter (NOTE [Writes
-        # after a save] in state.py); one Size per geometry (NOTE [Interned geometry])
+        # after a save] in handles.py); one Size per geometry (NOTE [Interned geometry])
         shape = t.shape
         return self._add(call, rec, engine, t.detach(), INTERNED_SHAPES.get(shape) or interned_shape(shape), dtype)
 

@@ -39,19 +39,11 @@ from offrecomp.config import Config
 from offrecomp.diagnostics import detached_error, kind, modified_error, warn_once, where_saved
 from offrecomp.groups import TYPED_DTYPES as _TYPED
 from offrecomp.groups import reads_bytes_as_stored
+from offrecomp.handles import KeptRef, SavedHandle, TypedHandle
 from offrecomp.placement import Placements, untracked_alias
 from offrecomp.regenerate import Regenerator, replay_done, replay_handed
 from offrecomp.shared import counting_record, join_counted, share_kept
-from offrecomp.state import (
-    PENDING_WATCH,
-    KeptRef,
-    PassState,
-    RegionCall,
-    SavedHandle,
-    Stage,
-    StorageRec,
-    TypedHandle,
-)
+from offrecomp.state import PENDING_WATCH, PassState, RegionCall, Stage, StorageRec
 from offrecomp.trace import SaveInfo, internal
 from scheduler.plan import Placement
 
@@ -98,7 +90,7 @@ class _Plain:
         if t.is_leaf:  # no grad_fn (is_leaf reads it without making its Python object)
             self.t = t
             self.orig: weakref.ref[torch.Tensor] | None = None
-        else:  # NOTE [Saved tensor handles] (state.py)
+        else:  # NOTE [Saved tensor handles] (handles.py)
             self.t = t.detach()
             self.orig = weakref.ref(t)
 
@@ -135,7 +127,7 @@ class _Plain:
 # a reused buffer holding an alias of its geometry (NOTE [Reused reload buffers] in
 # transfer.py), its pass is in backward, its group issued, and neither its original nor
 # its base lives (there is nothing to check against them): ``.data`` of the alias, the
-# group's version check (NOTE [Writes after a save] in state.py), the group's release at
+# group's version check (NOTE [Writes after a save] in handles.py), the group's release at
 # its last save. Every other unpack takes the general path, which checks the same one by
 # one.
 

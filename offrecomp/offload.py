@@ -118,7 +118,7 @@ TIME_EVERY = 4
 # permuted layout, another dtype) joins as the storage, and issue() makes one flat
 # uint8 tensor over it. Slot views are made once per block and layout (sizes and
 # geometries), so a step that repeats the last one's groups makes none. The first save
-# of such a storage gets a TypedHandle (state.py): its size and dtype are its slot's,
+# of such a storage gets a TypedHandle (handles.py): its size and dtype are its slot's,
 # so the handle keeps only the strides (a contiguous tensor's size-1 dimensions may
 # have any stride, and the reload must give back the saved ones).
 
@@ -654,7 +654,7 @@ class OffloadEngine:
         """Let go of a group's sources (NOTE [Source lifetime]), their writes since issue
         seen first."""
         self._stash_bytes -= entry.nbytes
-        entry.group.see_writes()  # NOTE [Writes after a save] (state.py)
+        entry.group.see_writes()  # NOTE [Writes after a save] (handles.py)
         entry.group.in_flight = None
 
     def _bound_stash(self) -> None:

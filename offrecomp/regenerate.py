@@ -18,8 +18,9 @@ from offrecomp import _torch_compat as tc
 from offrecomp.arguments import replay_arguments
 from offrecomp.changes import module_state
 from offrecomp.diagnostics import warn_once
+from offrecomp.handles import view_on
 from offrecomp.replay import replay_call
-from offrecomp.state import PENDING_WATCH, RegionCall, StorageRec, view_on
+from offrecomp.state import PENDING_WATCH, RegionCall, StorageRec
 from offrecomp.trace import (
     PLACEHOLDER,
     RUN,
@@ -124,7 +125,7 @@ class Regenerator:
     # its copy was in flight (its version when the engine let go of it, or at the fetch,
     # is not the one at issue) is not served from. Sources that share no version counter
     # with the saved tensor (flat, untyped ones) show no such writes, as in NOTE [Writes
-    # after a save] in state.py. Only groups this backward reloads anyway are fetched:
+    # after a save] in handles.py. Only groups this backward reloads anyway are fetched:
     # issued or fetched and not released, or never handed to compute yet; a group
     # released after its unpacks (a replay reached after them, a second backward) is not
     # reloaded again for a replay, whose ops then run.

@@ -131,7 +131,7 @@ class Group:
         self.in_flight: list[torch.Tensor] | None = None  # its sources, issued and not dropped yet
         self.versions: list[int] = []
         """Each source's version when the engine let go of the sources, or at a fetch
-        before that (NOTE [Writes after a save] in state.py)."""
+        before that (NOTE [Writes after a save] in handles.py)."""
         self.issue_versions: list[int] = []
         """Each source's version when its copy was issued: a slot whose ``versions`` entry
         differs was written while the copy was in flight (NOTE [Serving from reloads] in

@@ -732,20 +732,20 @@ def test_offloaded_saves_share_one_tuple_per_geometry(monkeypatch: pytest.Monkey
 
 
 def test_interned_geometry_tables_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    from offrecomp import state
+    from offrecomp import handles
 
-    monkeypatch.setattr(state, "INTERNED_MAX", 2)
-    monkeypatch.setattr(state, "INTERNED_STRIDES", {})
-    monkeypatch.setattr(state, "INTERNED_SHAPES", {})
-    first = state.interned_stride((4, 1))
-    assert state.interned_stride(tuple([4, 1])) is first
+    monkeypatch.setattr(handles, "INTERNED_MAX", 2)
+    monkeypatch.setattr(handles, "INTERNED_STRIDES", {})
+    monkeypatch.setattr(handles, "INTERNED_SHAPES", {})
+    first = handles.interned_stride((4, 1))
+    assert handles.interned_stride(tuple([4, 1])) is first
     for i in range(5):
-        state.interned_stride((i, 7))
-        state.interned_shape(torch.Size([i, 7]))
-        assert len(state.INTERNED_STRIDES) <= 2 and len(state.INTERNED_SHAPES) <= 2
-    assert type(state.interned_shape(torch.Size([3]))) is torch.Size
+        handles.interned_stride((i, 7))
+        handles.interned_shape(torch.Size([i, 7]))
+        assert len(handles.INTERNED_STRIDES) <= 2 and len(handles.INTERNED_SHAPES) <= 2
+    assert type(handles.interned_shape(torch.Size([3]))) is torch.Size
     unhashable = [[1], 2]  # as a symbolic size is: kept as it is
-    assert state.interned_stride(unhashable) is unhashable  # type: ignore[arg-type]
+    assert handles.interned_stride(unhashable) is unhashable  # type: ignore[arg-type]
 
 
 class _SavesMask(torch.autograd.Function):
