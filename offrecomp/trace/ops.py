@@ -196,16 +196,19 @@ def written_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
 # exits; later uses of that parameter in the context dispatch no cast. A block that uses
 # a parameter an earlier block already cast (weights shared or tied between blocks, a
 # block called twice, two forwards in one autocast context) records no cast, and a
-# replay that casts again dispatches one op more than the recording. A replay whose
-# autocast contexts are the outermost (backward outside autocast, as AMP runs it) keeps
-# the cache on: it starts empty, so the replay casts each parameter at its first use,
-# never fewer times than the recording, holds one cast of it as the forward did (not one
-# per use: a weight applied in a loop, a GRU's steps), and the contexts' exit clears it.
-# Inside another autocast context (backward called under autocast, where the cache
-# still holds the forward's casts) replays run with the cache off
-# (``regions.autocast_contexts``), so they dispatch every cast; there the cache would
-# also keep, until that context exits, a cast of each replay's inputs (fresh leaves that
-# require grad, which autocast caches): a bf16 copy of every replayed block's input.
+# replay that casts again dispatches one op more than the recording. A replay's inputs
+# are fresh leaves that require grad, which autocast caches too, where the forward's (a
+# block's output, not a leaf) were cast at each use: a replay with the cache on
+# dispatches fewer casts of its inputs than the recording. So a replay under the serving
+# mode, which follows the recording op by op, runs with the cache off
+# (``regions.autocast_contexts``) and dispatches every cast. A plain replay whose autocast
+# contexts are the outermost (backward outside autocast, as AMP runs it) keeps it on: the
+# cache starts empty, each cast has the values the forward's had, the replay holds one
+# cast of a weight as the forward did (not one per use: a weight applied in a loop, a
+# GRU's steps), and the contexts' exit clears it. Inside another autocast context
+# (backward called under autocast, where the cache still holds the forward's casts) the
+# cache is off too: it would keep, until that context exits, a cast of each replay's
+# inputs, a bf16 copy of every replayed block's input.
 # Replays of compiled code keep the forward's setting, which the compiled graph guards
 # on (as do replays of forwards without autocast, where it decides nothing; a compiled
 # function called in a block under autocast compiles once more for its replays). The

@@ -235,3 +235,41 @@ def test_a_replay_under_autocast_casts_a_weight_once_as_its_forward_did() -> Non
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(ckpt_m.parameters(), ours_m.parameters()))  # type: ignore[arg-type]
     assert ours <= ckpt, (ours, ckpt)
     assert not torch.is_autocast_enabled("cpu")
+
+
+class _TwoReads(nn.Module):
+    """Reads its input through two Linears: under autocast the forward casts the input (a
+    block's output, not a leaf) at each; a replay's input is a fresh leaf, whose cast a
+    cache would keep."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(32, 32), nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.a(x)) * self.b(x)
+
+
+class _Autocast(nn.Module):
+    def __init__(self, blocks: list[nn.Module]) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            for blk in self.blocks:
+                x = blk(x)
+            return x.float().square().mean()
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
+def test_replays_under_autocast_follow_the_recording_cast_by_cast(variant: str) -> None:
+    """NOTE [Autocast cache]: a replay under the serving mode follows the recording op by
+    op; with the cache on it cast its input once where the forward cast it at each read,
+    and diverged (ReplayDivergedError at the second cast: HF BERT, Llama-like layers under
+    bf16). Serving replays run with the cache off; plain ones keep it, bitwise."""
+    from tests.helpers import check_variant
+
+    torch.manual_seed(0)
+    model = _Autocast([_TwoReads() for _ in range(3)])
+    check_variant(model, lambda s: torch.randn(4, 8, 32, generator=torch.Generator().manual_seed(s)), variant)
