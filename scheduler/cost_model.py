@@ -165,6 +165,12 @@ HOST_COSTS = (
 
 
 def _ema(old: float, new: float, alpha: float) -> float:
+    """The moving average; a value that is not finite (a failed measurement) leaves the
+    other as it is, so one never stays in the estimate."""
+    if not math.isfinite(new):
+        return old
+    if not math.isfinite(old):
+        return new
     return (1.0 - alpha) * old + alpha * new
 
 
@@ -226,7 +232,8 @@ class CostModel:
         new.backward_seconds = _ema(old.backward_seconds, new.backward_seconds, a)
         for name in ("d2h_gbps", "h2d_gbps", *HOST_COSTS):
             o, n = getattr(old, name), getattr(new, name)
-            setattr(new, name, o if n <= 0 else (n if o <= 0 else _ema(o, n, a)))
+            measured = 0 < n < math.inf  # 0 (and a failed measurement): not measured
+            setattr(new, name, o if not measured else (n if not 0 < o < math.inf else _ema(o, n, a)))
         previous = {r.key: r for r in old.regions}
         for r in new.regions:
             p = previous.get(r.key)
@@ -272,5 +279,8 @@ class CostModel:
                 (e.backward_seconds, r.backward_seconds),
             ):
                 scale = max(abs(a), 1e-12)
-                worst = max(worst, abs(b - a) / scale)
+                d = abs(b - a) / scale
+                if not math.isfinite(d):
+                    return math.inf  # a failed measurement on either side: no agreement
+                worst = max(worst, d)
         return worst

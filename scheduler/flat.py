@@ -647,6 +647,17 @@ def _per_region_unit(values: np.ndarray, n_units: int) -> np.ndarray:
     return out
 
 
+def _host_limit(value: Any) -> int:
+    """``Profile.host_limit_bytes`` as an int; ValueError naming it unless a whole number
+    of bytes >= 0 (0: unlimited)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(
+            f"profile host_limit_bytes = {value!r} is invalid; accepted: a whole number of bytes >= 0 "
+            "(0: unlimited)"
+        )
+    return int(value)
+
+
 def flatten(profile: Profile) -> FlatProfile:
     """Validate ``profile`` and lay it out as flat arrays.
 
@@ -723,7 +734,7 @@ def flatten(profile: Profile) -> FlatProfile:
         bwd_hook=bwd_hook,
         d2h_bps=d2h,
         h2d_bps=h2d,
-        host_limit_bytes=int(profile.host_limit_bytes),
+        host_limit_bytes=_host_limit(profile.host_limit_bytes),
         op_host=check_number(profile.replay_op_seconds, "profile replay_op_seconds"),
         offload_host=check_number(profile.offload_host_seconds, "profile offload_host_seconds"),
         reload_host=check_number(profile.reload_host_seconds, "profile reload_host_seconds"),

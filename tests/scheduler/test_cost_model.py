@@ -140,3 +140,35 @@ def test_host_costs_are_moving_averages_and_zero_is_not_measured() -> None:
     c = measured()  # host times not measured: the estimate's stand
     cm.update(c)
     assert cm.estimate().regions[0].host_seconds == pytest.approx(2.0)
+
+
+def test_a_failed_measurement_never_stays_in_the_estimate() -> None:
+    """A time or bandwidth that is not finite (NaN from a failed timing) stayed in the
+    moving average for good, drift() read 0 for it, and every solve of the estimate
+    raised from then on. It leaves the other value as it is; drift() is infinite."""
+    from scheduler import solve
+
+    cm = CostModel()
+    cm.update(measured())
+    bad = measured(1.2, d2h=math.nan)
+    bad.regions[0].forward_seconds = math.nan
+    bad.regions[0].ops[0].seconds = math.inf
+    assert math.isinf(cm.drift(bad))
+    cm.update(bad)
+    est = cm.estimate()
+    clean = measured()
+    assert est.regions[0].forward_seconds == clean.regions[0].forward_seconds
+    assert est.regions[0].ops[0].seconds == clean.regions[0].ops[0].seconds
+    assert est.d2h_gbps == clean.d2h_gbps
+    assert est.regions[1].forward_seconds == pytest.approx(clean.regions[1].forward_seconds * 1.06)  # alpha 0.3
+    solve(est, budget_bytes=None)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -1, 1.5, True])
+def test_a_host_limit_that_is_no_byte_count_is_named(value: object) -> None:
+    from scheduler import solve
+
+    p = measured()
+    p.host_limit_bytes = value  # type: ignore[assignment]
+    with pytest.raises(ValueError, match=r"host_limit_bytes = .* is invalid; accepted: a whole number of bytes"):
+        solve(p, budget_bytes=None)
