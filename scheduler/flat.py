@@ -299,7 +299,7 @@ def _producer_ops(
 
 
 @njit
-def _fixed_from(op_ptr, op_serv, op_sink, rd_ptr, rd_idx, dataflow):  # type: ignore[no-untyped-def]
+def _fixed_from(op_ptr, op_serv, op_sink, op_view, rd_ptr, rd_idx, dataflow):  # type: ignore[no-untyped-def]
     """``FlatProfile.fixed_from``: per op the prefix end from which it always runs."""
     n_u = op_ptr.shape[0] - 1
     out = np.empty(op_serv.shape[0], dtype=np.int64)
@@ -314,9 +314,14 @@ def _fixed_from(op_ptr, op_serv, op_sink, rd_ptr, rd_idx, dataflow):  # type: ig
                 if not op_serv[j0 + jj]:
                     out[j0 + jj] = jj + 1
             continue
-        # a never-servable sink runs whenever it lies in the prefix (served or not, under
-        # both replay rules); so does every never-servable op it reaches through reads of
-        # earlier ops (the profile contract; a read of a later op is not followed here)
+        # a view runs whenever it lies in the prefix, and no closure enters it (its reads
+        # are not followed); a never-servable sink runs whenever it lies in the prefix
+        # (served or not, under both replay rules); so does every never-servable op it
+        # reaches through reads of earlier ops that are no views (the profile contract; a
+        # read of a later op is not followed here)
+        for jj in range(n):
+            if op_view[j0 + jj]:
+                out[j0 + jj] = jj + 1
         for jj in range(n):
             j = j0 + jj
             if not op_sink[j] or op_serv[j] or out[j] <= n:
@@ -722,7 +727,7 @@ def flatten(profile: Profile) -> FlatProfile:
         rd_ptr=ops.rd_ptr,
         rd_idx=ops.rd_idx,
         st_prod=ops.st_prod[src],
-        fixed_from=_fixed_from(un.op_ptr, ops.op_serv, ops.op_sink, ops.rd_ptr, ops.rd_idx, df_arr),
+        fixed_from=_fixed_from(un.op_ptr, ops.op_serv, ops.op_sink, ops.op_view, ops.rd_ptr, ops.rd_idx, df_arr),
         fwd_start=host_start,
         fwd_dur=dur,
         bwd_dur=np.maximum(bwd_dev, bwd_host),

@@ -373,3 +373,35 @@ def test_solver_drops_cheap_elementwise_outputs(dropout: bool, frac: float) -> N
     old = solve(prefix, budget_bytes=int(keep.peak_bytes * frac))
     assert plan.predicted_step_seconds is not None and old.predicted_step_seconds is not None
     assert plan.predicted_step_seconds <= old.predicted_step_seconds
+
+
+@pytest.mark.parametrize("through", ["producer", "sink"])
+def test_the_lower_bound_follows_no_view_s_reads(through: str) -> None:
+    """A replay never follows a view's reads (the closure stops at it); the lower bound
+    followed them, from a dropped storage's producer or from a sink, and charged the op
+    behind the view: 11 s against an optimum of 10 s, 13 against 12."""
+    ops = [
+        OpRecord(seconds=1.0, skippable=False, reads=()),
+        OpRecord(seconds=0.0, skippable=False, reads=(0,), view=True),
+    ]
+    if through == "producer":
+        ops.append(OpRecord(seconds=1.0, skippable=True, reads=(1,), outputs=(0,)))
+    else:
+        ops.append(OpRecord(seconds=1.0, skippable=False, reads=(1,), sink=True))
+        ops.append(OpRecord(seconds=1.0, skippable=True, reads=(), outputs=(0,)))
+    n = len(ops)
+    region = RegionRecord(
+        name="l0", call_index=0, start_seconds=0.0, forward_seconds=float(n - 1), backward_seconds=4.0, ops=ops,
+        storages=[StorageRecord(nbytes=100, producer_op=n - 1, first_save_op=n, last_save_op=n,
+                                offset_seconds=float(n - 1))],
+    )
+    kept = RegionRecord(  # must not replay: the budget makes l0's storage go
+        name="l1", call_index=0, start_seconds=float(n - 1), forward_seconds=1.0, backward_seconds=2.0,
+        ops=[OpRecord(seconds=1.0, skippable=True, reads=(), outputs=(0,))],
+        storages=[StorageRecord(nbytes=100, producer_op=0, first_save_op=1, last_save_op=1, offset_seconds=1.0)],
+        replayable=False,
+    )
+    p = Profile(signature="views", forward_seconds=float(n), backward_seconds=6.0, regions=[region, kept])
+    best = exhaustive_solve(p, 100)
+    assert best.feasible
+    assert lower_bound(p, 100) <= best.predicted_step_seconds + 1e-12
