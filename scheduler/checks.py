@@ -15,6 +15,7 @@ from scheduler.profile import Profile, RegionRecord
 
 __all__ = [
     "bad_storage",
+    "check_bytes",
     "check_number",
     "int_array",
     "int_column",
@@ -31,6 +32,14 @@ def check_number(value: float, what: str) -> float:
     if not math.isfinite(v) or v < 0.0:
         raise ValueError(f"{what} = {value!r} is invalid; accepted: a finite number >= 0")
     return v
+
+
+def check_bytes(value: Any, what: str, note: str = "") -> int:
+    """``value`` as an int; ValueError naming ``what`` unless a whole number of bytes >= 0
+    (``note``: what a value means, added to the accepted ones)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{what} = {value!r} is invalid; accepted: a whole number of bytes >= 0 {note}".rstrip())
+    return int(value)
 
 
 def region_label(r: RegionRecord) -> str:

@@ -17,6 +17,7 @@ import numpy as np
 
 from scheduler.checks import (
     bad_storage,
+    check_bytes,
     check_number,
     int_array,
     int_column,
@@ -652,17 +653,6 @@ def _per_region_unit(values: np.ndarray, n_units: int) -> np.ndarray:
     return out
 
 
-def _host_limit(value: Any) -> int:
-    """``Profile.host_limit_bytes`` as an int; ValueError naming it unless a whole number
-    of bytes >= 0 (0: unlimited)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(
-            f"profile host_limit_bytes = {value!r} is invalid; accepted: a whole number of bytes >= 0 "
-            "(0: unlimited)"
-        )
-    return int(value)
-
-
 def flatten(profile: Profile) -> FlatProfile:
     """Validate ``profile`` and lay it out as flat arrays.
 
@@ -739,7 +729,7 @@ def flatten(profile: Profile) -> FlatProfile:
         bwd_hook=bwd_hook,
         d2h_bps=d2h,
         h2d_bps=h2d,
-        host_limit_bytes=_host_limit(profile.host_limit_bytes),
+        host_limit_bytes=check_bytes(profile.host_limit_bytes, "profile host_limit_bytes", "(0: unlimited)"),
         op_host=check_number(profile.replay_op_seconds, "profile replay_op_seconds"),
         offload_host=check_number(profile.offload_host_seconds, "profile offload_host_seconds"),
         reload_host=check_number(profile.reload_host_seconds, "profile reload_host_seconds"),
