@@ -265,7 +265,7 @@ class Installer:
     def _follow_compiles(self) -> None:
         """A region compiled in place (``block.compile()``) since entry: its calls now run
         the compiled call, past its wrapped ``forward``. Its wrapper moves there, as an
-        entry would have put it (NOTE [Compiled regions] in regions.py)."""
+        entry would have put it (NOTE [Compiled regions])."""
         for region in self._regions:
             module = region.module
             if region.in_place or getattr(module, tc.COMPILED_CALL_IMPL, None) is None:

@@ -39,11 +39,11 @@ def _dataflow_shares(
 
     chain(s): s's producer (when it lists s and lies before s's last save) and the
     never-servable ops it reaches through reads of earlier never-servable ops: all of
-    them run whenever s is dropped. The chain does not go through an op that runs in
-    every replay of some prefix (``fixed_from``), the producer included: a view's reads
-    are never followed by a replay (a view may produce s), and any other such op's reads
-    run in the same replays, so they are not shares. Each op not in fixed is split evenly among the droppable storages whose
-    chain holds it (round 0 counts them, round 1 splits).
+    them run whenever s is dropped. The chain stops at an op that runs in every replay
+    of some prefix (``fixed_from``), the producer included: a view's reads are never
+    followed by a replay (a view may produce s), and any other such op's reads run in
+    the same replays, so neither is a share. Each op not in fixed is split evenly among
+    the droppable storages whose chain holds it (round 0 counts them, round 1 splits).
     """
     lists = np.zeros(hi - lo, dtype=np.bool_)
     for s in range(lo, hi):
@@ -70,14 +70,14 @@ def _dataflow_shares(
                 top -= 1
                 j = stack[top]
                 if fixed_from[j] <= n_ops:
-                    continue  # the producer runs in every replay of some prefix (a view): no share
+                    continue  # in every replay of some prefix: not a share, nor what it reads
                 if rnd == 0:
                     per_op[j - j0] += 1
                 else:
                     share[s - lo] += op_sec[j] / per_op[j - j0]
                 for q in range(rd_ptr[j], rd_ptr[j + 1]):
                     r = rd_idx[q]
-                    if r < j and not op_serv[r] and fixed_from[r] > n_ops and seen[r - j0] != tag:
+                    if r < j and not op_serv[r] and seen[r - j0] != tag:
                         seen[r - j0] = tag
                         stack[top] = r
                         top += 1
