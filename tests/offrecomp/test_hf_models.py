@@ -182,8 +182,9 @@ def test_hf_llama_two_forwards_in_one_autocast_context() -> None:
 def test_hf_switch_transformer_routing_is_recomputed_under_auto() -> None:
     """A Switch Transformer routes each token to one expert (with a capacity): its sparse
     layers save other tensors every step, so auto finds them variable (NOTE [Regions
-    that vary]); at half of keep's peak they are still dropped and replayed, planned
-    steps hold the budget, and gradients match plain bitwise."""
+    that vary]); at half of keep's peak they are still dropped and replayed, plans fit
+    the budget and planned steps hold it within its margin, and gradients match plain
+    bitwise."""
     logging.getLogger("transformers").setLevel(logging.ERROR)
     torch.manual_seed(0)
     cfg = tf.SwitchTransformersConfig(
@@ -206,7 +207,13 @@ def test_hf_switch_transformer_routing_is_recomputed_under_auto() -> None:
     assert any(r.variable for r in rt.planner.host.regions)
     last = rt.report().steps[-3:]
     assert all(s.phase == "planned" and s.recomputed_bytes > 0 for s in last), [s.phase for s in rt.report().steps]
-    assert all(s.peak_activation_bytes <= budget for s in last), [(s.peak_activation_bytes, budget) for s in last]
+    # the plans fit the budget; a step routing more than the profile's largest routing may
+    # hold more until an audit grows the profile (NOTE [Sizes of regions that vary]): the
+    # plan the timings pick can sit within 1% of the budget (on a loaded host), so the
+    # steps are held to the budget margin the runtime leaves when it picks a budget itself
+    assert all(s.predicted_peak_bytes is not None and s.predicted_peak_bytes <= budget for s in last)
+    held = [(s.peak_activation_bytes, budget) for s in last]
+    assert all(s.peak_activation_bytes <= budget * (1 + rt.config.budget_margin) for s in last), held
 
 
 def test_hf_reformer_reversible_layers_are_named_once(caplog: pytest.LogCaptureFixture) -> None:
