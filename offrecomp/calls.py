@@ -279,7 +279,10 @@ class RegionCalls:
         ):
             self._planner.grew(call.pass_state, call)  # NOTE [Kept planned calls]: if it saved more
         if call.group is not None:
-            self._groups.issue(call)
+            if call.leased:
+                self._groups.issue(call)
+            else:
+                _unsent_inputs(call)  # NOTE [Calls that saved nothing]: released below, copied for nothing
         p = call.pass_state
         if p is not None and p.releases:  # NOTE [Planned release] (groups.py)
             self._groups.release_due(p, 2 * call.ordinal + 1)
@@ -340,6 +343,24 @@ class RegionCalls:
                 "it is never recomputed",
                 call.name,
             )
+
+
+# NOTE [Calls that saved nothing]
+# A region call's inputs join its offload group at its entry (the replay checkpoint),
+# before its forward shows whether it saves anything. A call that exits with no dropped
+# or offloaded save alive (a block of ``x + bias``, which autograd saves nothing for; one
+# whose saves were all kept) has no replay to run: it is released at its exit (NOTE
+# [Call leases] in hooks.py), so its group is freed there without its copies being
+# issued, and its inputs leave the step's offloaded bytes.
+
+
+def _unsent_inputs(call: RegionCall) -> None:
+    """NOTE [Calls that saved nothing]: ``call``'s open group goes unissued, so its
+    storages are not offloaded bytes of the pass."""
+    group, p = call.group, call.pass_state
+    for rec in call.storages:
+        if rec.group is group and rec.placement is OFFLOAD and p is not None:
+            p.stats.offloaded_bytes -= rec.nbytes
 
 
 def _hold_dropped(call: RegionCall) -> None:
