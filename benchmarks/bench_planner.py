@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import logging
 import statistics
@@ -48,6 +49,7 @@ def allocator_peak(fn: Callable[[], None], device: torch.device) -> int:
         _sync(device)
         return int(torch.cuda.max_memory_allocated(device) - base)
     acts = [torch.profiler.ProfilerActivity.CPU]
+    gc.collect()  # earlier garbage freed inside the window would count against fn
     with torch.profiler.profile(activities=acts, profile_memory=True) as prof:
         fn()
     cur = peak = 0

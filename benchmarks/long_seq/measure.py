@@ -379,6 +379,7 @@ class _Harness:
         from torch.autograd.profiler import record_function
         from torch.profiler import ProfilerActivity, profile
 
+        gc.collect()  # earlier garbage freed inside the window would count against the step
         t0 = time.perf_counter()
         with (
             _without_profiler_chatter(),
