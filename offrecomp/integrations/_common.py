@@ -22,7 +22,8 @@ from offrecomp.diagnostics import warn_once
 from offrecomp.report import Report, StepRecord
 
 __all__ = [
-    "METRIC_PREFIX", "RunScope", "ScopedCallback", "pause_training_cache", "step_metrics", "turn_off_own_checkpointing",
+    "METRIC_PREFIX", "RunScope", "ScopedCallback", "own_checkpointing", "pause_training_cache", "restore_own_checkpointing",
+    "step_metrics", "turn_off_own_checkpointing",
 ]
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class RunScope:
         self._thread = 0  # the thread that entered it
         self._logged = -1  # the last step number put into a trainer's logs
         self._paused: list[Any] = []  # configs whose use_cache the run set to False
+        self._checkpointing: list[tuple[nn.Module, dict[str, Any]]] = []  # own_checkpointing at the run's start
         self._earlier: list[StepRecord] = []  # the steps of the runtimes of earlier models
 
     @property
@@ -90,6 +92,7 @@ class RunScope:
                     "runtime; leaving it now"
                 )
                 other.exit(None)
+        self._checkpointing = own_checkpointing(model)
         turn_off_own_checkpointing(model)
         self._paused = pause_training_cache(model) if pause_cache else []
         if self.runtime is None or self.runtime.model is not model:
@@ -112,6 +115,8 @@ class RunScope:
         _INSIDE.discard(self)
         resume_cache(self._paused)
         self._paused = []
+        restore_own_checkpointing(self._checkpointing)
+        self._checkpointing = []
         if exc is None:
             self.runtime.__exit__(None, None, None)
         else:
@@ -278,6 +283,47 @@ def resume_cache(configs: list[Any]) -> None:
     for config in configs:
         if getattr(config, "use_cache", None) is False:
             config.use_cache = True
+
+
+def own_checkpointing(model: nn.Module) -> list[tuple[nn.Module, dict[str, Any]]]:
+    """What :func:`turn_off_own_checkpointing` changes and a run's end puts back: each
+    module whose ``gradient_checkpointing`` is True, with that flag, the checkpoint
+    function Hugging Face's switch resets (``_gradient_checkpointing_func``: a partial
+    holding the user's ``gradient_checkpointing_kwargs``), and the modules whose input
+    hooks (``enable_input_require_grads``) a PEFT model's switch removes."""
+    state: list[tuple[nn.Module, dict[str, Any]]] = []
+    if not _checkpointing(model):
+        return state
+    for m in model.modules():
+        if getattr(m, "gradient_checkpointing", False) is True:
+            attrs = {"gradient_checkpointing": True}
+            if "_gradient_checkpointing_func" in vars(m):
+                attrs["_gradient_checkpointing_func"] = vars(m)["_gradient_checkpointing_func"]
+            state.append((m, attrs))
+    for m in model.modules():
+        if _input_hooked(m):
+            state.append((m, {"input_require_grads": True}))
+    return state
+
+
+def restore_own_checkpointing(state: list[tuple[nn.Module, dict[str, Any]]]) -> None:
+    """Undo :func:`turn_off_own_checkpointing` from :func:`own_checkpointing`'s
+    ``state``, on the modules nothing else switched on again since."""
+    for m, attrs in state:
+        if "input_require_grads" in attrs:
+            enable = getattr(m, "enable_input_require_grads", None)
+            if not _input_hooked(m) and callable(enable):
+                enable()  # a removed handle cannot be put back: new hooks, as the switch makes
+            continue
+        if getattr(m, "gradient_checkpointing", None) is not False:
+            continue
+        for name, value in attrs.items():
+            setattr(m, name, value)
+
+
+def _input_hooked(m: nn.Module) -> bool:
+    """Does ``m`` hold Hugging Face's input hooks (``enable_input_require_grads``)?"""
+    return bool(vars(m).get("_require_grads_hooks")) or "_require_grads_hook" in vars(m)
 
 
 def _checkpointing(m: nn.Module) -> bool:

@@ -11,8 +11,8 @@ The callback enters one runtime around the LightningModule when ``fit`` starts a
 leaves it when ``fit`` ends: at ``on_fit_end``, or at ``on_exception`` when something
 raised (Lightning calls it for any exception out of ``fit``, then ``teardown``, which
 leaves it too). It turns off the activation checkpointing of any Hugging Face model (or
-other module with a ``gradient_checkpointing`` switch) inside the module, with a logged
-notice; a ``checkpoint_wrapper``-ed module is an error. At the Trainer's logging steps
+other module with a ``gradient_checkpointing`` switch) inside the module for the run,
+with a logged notice, and back on when it ends; a ``checkpoint_wrapper``-ed module is an error. At the Trainer's logging steps
 it logs ``offrecomp/*`` scalars (peak activation bytes, kept, offloaded and recomputed
 bytes, recompute and step seconds, the predicted step time) with
 ``LightningModule.log_dict``, so they reach the Trainer's loggers. Gradient accumulation

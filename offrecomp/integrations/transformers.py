@@ -9,8 +9,8 @@
 
 The callback enters one runtime when ``train()`` starts its loop and leaves it when the
 loop ends, by exception too (NOTE [Leaving on an exception]). It turns the model's own
-activation checkpointing off (``TrainingArguments(gradient_checkpointing=True)``), with
-a logged notice, and adds ``offrecomp/*`` scalars (peak activation bytes, kept,
+activation checkpointing off for the run (``TrainingArguments(gradient_checkpointing=True)``),
+with a logged notice, and back on when the run ends, and adds ``offrecomp/*`` scalars (peak activation bytes, kept,
 offloaded and recomputed bytes, recompute and step seconds, the predicted step time) to
 the Trainer's training logs, which carry them to TensorBoard, W&B and the rest.
 Gradient accumulation needs nothing: a step is what ends with an optimizer step.

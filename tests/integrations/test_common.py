@@ -15,7 +15,9 @@ from offrecomp import StepRecord
 from offrecomp import _torch_compat as tc
 from offrecomp.integrations._common import (
     RunScope,
+    own_checkpointing,
     pause_training_cache,
+    restore_own_checkpointing,
     runtime_options,
     step_metrics,
     turn_off_own_checkpointing,
@@ -58,6 +60,41 @@ def test_turn_off_own_checkpointing(caplog: pytest.LogCaptureFixture) -> None:
     wrapped = nn.Sequential(checkpoint_wrapper(nn.Linear(4, 4)), nn.Linear(4, 4))
     with pytest.raises(ValueError, match="checkpoint_wrapper"):
         turn_off_own_checkpointing(wrapped)
+
+
+class WithInputHooks(WithDisable):
+    """A PEFT-style model: its switch also removes the input hooks its enable made."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enable_input_require_grads()
+
+    def enable_input_require_grads(self) -> None:
+        self._require_grads_hooks = [self.register_forward_hook(lambda *a: None)]
+
+    def activation_checkpointing_disable(self) -> None:
+        super().activation_checkpointing_disable()
+        for h in self._require_grads_hooks:
+            h.remove()
+        self._require_grads_hooks = []
+
+
+def test_own_checkpointing_is_restored() -> None:
+    """What the switch turned off comes back at a run's end, the checkpoint function a
+    switch reset and the input hooks it removed too; a module switched on again since
+    is left as it is."""
+    m = WithInputHooks()
+    fn = m.inner.blocks[0]._gradient_checkpointing_func = object()
+    state = own_checkpointing(m)
+    turn_off_own_checkpointing(m)
+    m.inner.blocks[0]._gradient_checkpointing_func = None  # as Hugging Face's switch resets it
+    assert not any(b.gradient_checkpointing for b in m.inner.blocks) and not m._require_grads_hooks
+    m.inner.blocks[1].gradient_checkpointing = "on again"  # type: ignore[assignment]
+    restore_own_checkpointing(state)
+    assert m.inner.blocks[0].gradient_checkpointing is True and m.inner.blocks[0]._gradient_checkpointing_func is fn
+    assert m.inner.blocks[1].gradient_checkpointing == "on again"
+    assert len(m._require_grads_hooks) == 1
+    assert own_checkpointing(models.GPT()) == []
 
 
 def test_step_metrics() -> None:

@@ -108,6 +108,22 @@ def test_trainer_parameters_bitwise_equal_to_plain(tmp_path: Any, caplog: pytest
 @pytest.mark.skipif(
     "use_cache" not in tf.TrainingArguments.__dataclass_fields__, reason="a Trainer without TrainingArguments.use_cache"
 )
+def test_the_model_s_own_checkpointing_is_back_after_training(tmp_path: Any) -> None:
+    """The callback turns the model's checkpointing off for the run and back on at its
+    end, with the checkpoint function the Trainer set (a partial holding the arguments'
+    ``use_reentrant=False``): before, it stayed off after ``train()``."""
+    probe = _Probe()
+    trainer = _trainer(
+        tmp_path, [OffrecompCallback(mode="recompute", min_bytes=0), probe], checkpointing=True,
+        **{f"{CHECKPOINTING_ARG}_kwargs": {"use_reentrant": False}},
+    )
+    trainer.train()
+    assert probe.checkpointing == [False] * STEPS
+    on = [m for m in trainer.model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    assert len(on) == 3  # GPT2Model and its two blocks
+    assert all(m._gradient_checkpointing_func.keywords == {"use_reentrant": False} for m in on)
+
+
 def test_a_cache_the_trainer_was_asked_for_is_left(tmp_path: Any) -> None:
     """NOTE [Cache paused in training]: transformers 5's Trainer sets the config's
     use_cache from its arguments; asked for a cache, the run keeps it."""
