@@ -23,7 +23,10 @@ The first backward access to a dropped tensor of a region call replays that call
      the replay stops at the first op after it (the saves of one op read one autograd
      sequence number, a later op's a larger one), under the serving mode before the op
      itself when it writes none of its arguments. A dropout mask (written by
-     ``bernoulli_``) or a tensor that requires grad stops the replay at once;
+     ``bernoulli_``), a tensor that requires grad, or one whose storage an earlier op
+     saved already (an index an indexing op saved before ``index_add`` saves it: a
+     write since would have bumped its version, which that op's backward checks)
+     stops the replay at once;
   6. when the region has a recorded structure, ``ServingMode`` returns held outputs for
      the ops replay need not run (NOTE [Which ops replay runs] in trace/structure.py)
      and checks that replay dispatches the same ops as the forward;
@@ -505,6 +508,7 @@ class _SaveCapture:
         self.counter = 0  # saves numbered so far in this run of the forward
         self.complete = -2  # once every needed save is captured: the sequence number of its op
         self.unfilled = -2  # the sequence number of the last op with a needed save not requiring grad
+        self.unwritten: dict[int, int] = {}  # storages saved at version 0 without grad: the first op's sequence number
         self.stop_mode: _StopAtALaterOp | None = None
         self.stopped = False  # the forward was stopped
         self.running = False  # the replayed forward is running
@@ -518,6 +522,7 @@ class _SaveCapture:
         self.end_stop_mode()
         self.complete = -2
         self.unfilled = -2
+        self.unwritten.clear()
         self.mode = mode
 
     def pack(self, t: torch.Tensor) -> Any:
@@ -527,6 +532,7 @@ class _SaveCapture:
             self.stop_after_its_op()
         i = self.counter
         self.counter += 1
+        fillable = not t.requires_grad and t._version == 0 and self._fillable(t)
         if i in self.needed:
             with internal():
                 mode = self.mode
@@ -538,7 +544,7 @@ class _SaveCapture:
                     )
                 self.captured[i] = t.detach()
             seq = _sequence_nr()
-            if not t.requires_grad and t._version == 0:
+            if fillable:
                 self.unfilled = seq  # its op may still fill it (NOTE [Replay], step 5)
             if i >= self.last:
                 if self.unfilled != seq:
@@ -553,6 +559,20 @@ class _SaveCapture:
         if not self.hold:
             return _THROWAWAY
         return t if t.is_leaf else t.detach()  # NOTE [Backward inside a forward]: no cycle
+
+    def _fillable(self, t: torch.Tensor) -> bool:
+        """May the op saving ``t`` (no grad, version 0) still fill it? Not when an earlier
+        op saved its storage already (NOTE [Replay], step 5: a write would have bumped
+        its version, which that op's backward checks)."""
+        try:
+            ptr = t.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):  # a layout or subclass without one
+            return True
+        if not ptr:
+            return True
+        seq = _sequence_nr()
+        first = self.unwritten.setdefault(ptr, seq)
+        return first == seq
 
     def end_stop_mode(self) -> None:
         """Pop the plain replay's stop mode, if one was pushed, and take the serving mode's

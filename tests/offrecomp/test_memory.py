@@ -7,8 +7,10 @@ over a training step is the step's peak memory.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -278,3 +280,50 @@ def test_replays_under_autocast_follow_the_recording_cast_by_cast(variant: str) 
     torch.manual_seed(0)
     model = _Autocast([_TwoReads() for _ in range(3)])
     check_variant(model, lambda s: torch.randn(4, 8, 32, generator=torch.Generator().manual_seed(s)), variant)
+
+
+class _TopOneMoE(nn.Module):
+    """Top-1 routed experts: each expert's rows picked by ``nonzero``, its output added
+    back with ``index_add``, which saves the index its rows were picked by."""
+
+    def __init__(self, d: int = 64, experts: int = 4) -> None:
+        super().__init__()
+        self.ln, self.gate = nn.LayerNorm(d), nn.Linear(d, experts)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)) for _ in range(experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        h = self.ln(x).reshape(-1, d)
+        w, idx = torch.softmax(self.gate(h), -1).max(-1)
+        y = torch.zeros_like(h)
+        for e, ex in enumerate(self.experts):
+            rows = (idx == e).nonzero().squeeze(-1)
+            if rows.numel():
+                y = y.index_add(0, rows, ex(h[rows]) * w[rows, None])
+        return x + y.reshape(b, t, d)
+
+
+def test_a_replay_stops_at_an_index_saved_before() -> None:
+    """NOTE [Replay], step 5: a replay whose last needed save is an index that
+    ``index_add`` saves (no grad, version 0) ran that op to its end, in case it filled
+    the index: its output was one activation more at the replay's peak (recompute 1.046x
+    ``torch.utils.checkpoint``'s step peak here). An earlier op saved that index already,
+    so nothing fills it: the replay stops at once."""
+    torch.manual_seed(0)
+    blocks = [_TopOneMoE() for _ in range(4)]
+
+    def peaks(m: nn.Module, ctx: Any) -> tuple[list[int], list[torch.Tensor]]:
+        out, grads = [], []
+        with ctx:
+            for s in range(4):
+                x = torch.randn(8, 64, 64, generator=torch.Generator().manual_seed(s))
+                out.append(allocator_peak(lambda: m(x).square().mean().backward()))  # noqa: B023
+                grads += [p.grad.clone() for p in m.parameters()]  # type: ignore[union-attr]
+                m.zero_grad(set_to_none=False)
+        return out[1:], grads
+
+    ckpt, ckpt_grads = peaks(nn.Sequential(*[_Ckpt(twin(b)) for b in blocks]), contextlib.nullcontext())
+    m = nn.Sequential(*[twin(b) for b in blocks])
+    ours, grads = peaks(m, offrecomp.runtime(m, mode="recompute", min_bytes=0))
+    assert all(torch.equal(a, b) for a, b in zip(ckpt_grads, grads))
+    assert all(o <= 1.01 * c for o, c in zip(ours, ckpt)), (ours, ckpt)
