@@ -55,6 +55,10 @@ class CapturedInputs:
     watches: dict[int, torch.Tensor] = field(default_factory=dict)
     """For an input sent to host memory (no longer held), a storage-free alias that shares
     its version counter: a later write to it still shows (``tc.version_watch``)."""
+    not_leaves: set[int] = field(default_factory=set)
+    """Inputs that require grad and were no leaves in the forward (or were views): a
+    replay hands each strided float32 one to the forward as a view of its fresh leaf
+    (NOTE [Replay inputs])."""
     copied: set[int] = field(default_factory=set)
     """Inputs the forward wrote: ``tensors`` holds a copy of their entry values (NOTE
     [State written by its region])."""
@@ -99,12 +103,20 @@ class CapturedInputs:
 # placed OFFLOAD are dropped from the capture once the region's forward returns and come
 # back from host memory for the replay; each leaves a storage-free alias sharing its
 # version counter (``watches``), so a write after the region is still an error.
+# A strided float32 input that requires grad and was no leaf in the forward (a previous
+# block's output), or was a view, reaches the replayed forward as a view of its fresh
+# leaf, made before the replay enters any mode (none sees the op): autocast caches its
+# casts of a float32 leaf that requires grad and is no view, and casts any other tensor
+# at each use (NOTE [Autocast cache] in trace/ops.py), so the replay casts its inputs
+# as often as the forward did. The view shares the leaf's storage and data pointer: its
+# saves are booked as the input's.
 
 
 def capture_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> CapturedInputs:
     tensors: list[torch.Tensor | None] = []
     flags: list[bool] = []
     versions: list[int] = []
+    not_leaves: set[int] = set()
 
     objects: list[Any] = []
     generators: list[torch.Generator] = []
@@ -112,10 +124,14 @@ def capture_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> CapturedInp
 
     def grab(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
+            i = len(tensors)
             tensors.append(x.detach())
-            flags.append(bool(x.requires_grad))
+            grad = bool(x.requires_grad)
+            flags.append(grad)
             versions.append(int(x._version))
-            return _Slot(len(tensors) - 1)
+            if grad and (not x.is_leaf or x._is_view()):
+                not_leaves.add(i)
+            return _Slot(i)
         if type(x) in _PLAIN_LEAVES:  # a mask of None, a flag: no state (isinstance on a Generator is slow)
             return x
         if isinstance(x, torch.Generator):
@@ -129,7 +145,10 @@ def capture_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> CapturedInp
     flat, spec = _flatten_arguments(args, kwargs)
     leaves = [grab(x) for x in flat]
     devices = {t.device for t in tensors if t is not None}
-    return CapturedInputs(leaves, spec, tensors, flags, versions, devices, objects, generators=generators, host_rngs=host_rngs)
+    return CapturedInputs(
+        leaves, spec, tensors, flags, versions, devices, objects, not_leaves=not_leaves,
+        generators=generators, host_rngs=host_rngs,
+    )
 
 
 #: Argument leaves that hold no state a replay needs.
@@ -644,7 +663,8 @@ def replay_arguments(
     region_name: str,
     tensors: list[torch.Tensor] | None = None,
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Fresh leaves for one replay; raises if an input changed since the forward.
+    """Fresh leaves for one replay, each a view of its leaf where the forward's input was
+    no leaf (NOTE [Replay inputs]); raises if an input changed since the forward.
 
     ``tensors`` replaces the captured tensors (inputs that came back from host memory).
     """
@@ -666,15 +686,21 @@ def replay_arguments(
             if t is None:
                 raise RuntimeError(f"offrecomp: input {x.i} of region {region_name!r} is gone")
             leaf = t.detach()
-            if cap.requires_grad[x.i] and (leaf.is_floating_point() or leaf.is_complex()):
-                leaf.requires_grad_(True)
-            if x.i in cap.copied:
-                # the forward writes it in place: a copy, not a leaf (autograd forbids
-                # in-place writes to a leaf that requires grad), so the held copy stays
-                # as it was for any later replay; backward runs with grad disabled
-                with torch.enable_grad():
-                    leaf = leaf.clone(memory_format=torch.preserve_format)
-            return leaf
+            if not cap.requires_grad[x.i] or not (leaf.is_floating_point() or leaf.is_complex()):
+                return leaf
+            leaf.requires_grad_(True)
+            copied = x.i in cap.copied
+            if not copied and not (x.i in cap.not_leaves and leaf.dtype == torch.float32 and leaf.layout == torch.strided):
+                return leaf  # autocast caches casts of strided float32 tensors only
+            # backward runs with grad disabled, maybe under inference_mode
+            inference = torch.inference_mode(False) if torch.is_inference_mode_enabled() else contextlib.nullcontext()
+            with inference, torch.enable_grad():
+                if copied:
+                    # the forward writes it in place: a copy, not a leaf (autograd forbids
+                    # in-place writes to a leaf that requires grad), so the held copy stays
+                    # as it was for any later replay
+                    return leaf.clone(memory_format=torch.preserve_format)
+                return leaf.view_as(leaf)  # no leaf, as in the forward (NOTE [Replay inputs])
         return x
 
     args, kwargs = tree_unflatten([fresh(x) for x in cap.leaves], cap.spec)

@@ -561,8 +561,8 @@ def autocast_contexts(state: AutocastState, *, cache: bool = True) -> list[Any]:
     """The forward's autocast state, for a replay. ``cache=False`` turns autocast's weight
     cache off (NOTE [Autocast cache]), for a replay inside another autocast context
     (backward under autocast): it then dispatches every cast, whatever casts that
-    context's cache holds, and leaves no casts of its inputs, fresh leaves that require
-    grad, held there until the context exits.
+    context's cache holds, and leaves no casts of its leaf inputs held there until the
+    context exits.
     A replay of compiled code keeps the forward's setting, which the compiled graph
     guards on (another setting would compile it again), and so does a replay of a
     forward that ran without autocast, where the setting decides nothing."""

@@ -434,10 +434,10 @@ def _replay_forward(
             stack.enter_context(torch.inference_mode(False))
         stack.enter_context(torch.enable_grad())
         if call.autocast is not None and not autocast_as_now(call.autocast):
-            # NOTE [Autocast cache]: the weight cache on for a plain replay whose contexts
-            # are the outermost (their exit clears it), and for compiled code
+            # NOTE [Autocast cache]: the weight cache on where the replay's contexts are
+            # the outermost (their exit clears it), and for compiled code
             compiled = call.region is not None and call.region.compiled
-            cache = compiled or (mode is None and not tc.autocast_entered())
+            cache = compiled or not tc.autocast_entered()
             for ctx in autocast_contexts(call.autocast, cache=cache):
                 stack.enter_context(ctx)
         # each context below is entered only where the call has state for it to restore

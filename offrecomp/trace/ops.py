@@ -193,22 +193,24 @@ def written_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
 # NOTE [Autocast cache]
 # Under autocast, the first op that needs a float32 parameter in bf16/fp16 casts it
 # (aten._to_copy) and autocast caches the cast until the outermost autocast context
-# exits; later uses of that parameter in the context dispatch no cast. A block that uses
-# a parameter an earlier block already cast (weights shared or tied between blocks, a
-# block called twice, two forwards in one autocast context) records no cast, and a
-# replay that casts again dispatches one op more than the recording. A replay's inputs
-# are fresh leaves that require grad, which autocast caches too, where the forward's (a
-# block's output, not a leaf) were cast at each use: a replay with the cache on
-# dispatches fewer casts of its inputs than the recording. So a replay under the serving
-# mode, which follows the recording op by op, runs with the cache off
-# (``regions.autocast_contexts``) and dispatches every cast. A plain replay whose autocast
-# contexts are the outermost (backward outside autocast, as AMP runs it) keeps it on: the
-# cache starts empty, each cast has the values the forward's had, the replay holds one
-# cast of a weight as the forward did (not one per use: a weight applied in a loop, a
-# GRU's steps), and the contexts' exit clears it. Inside another autocast context
-# (backward called under autocast, where the cache still holds the forward's casts) the
-# cache is off too: it would keep, until that context exits, a cast of each replay's
-# inputs, a bf16 copy of every replayed block's input.
+# exits; later uses of that parameter in the context dispatch no cast. Autocast caches
+# the casts of a float32 leaf that requires grad and is no view, and casts any other
+# tensor at each use. A replay whose autocast contexts are the outermost (backward
+# outside autocast, as AMP runs it) keeps the cache on, plain or under the serving mode:
+# the cache starts empty, each cast has the values the forward's had, the replay holds
+# one cast of a weight as the forward did (not one per use: a weight applied in a loop,
+# a GRU's steps), and the contexts' exit clears it. A replay's inputs are fresh leaves
+# that require grad; one that was no leaf in the forward (a block's output, cast at each
+# read) reaches the forward as a view of its leaf (NOTE [Replay inputs] in
+# arguments.py), so the replay casts it at each read too and dispatches the casts its
+# recording holds, which the serving mode follows op by op. Inside another autocast
+# context (backward called under autocast, where the cache still holds the forward's
+# casts) the cache is off (``regions.autocast_contexts``): it would keep, until that
+# context exits, a cast of each replay's leaf inputs, and the replay dispatches every
+# cast. A block that uses a parameter an earlier block already cast (weights shared or
+# tied between blocks, a block called twice, two forwards in one autocast context)
+# records no cast of it, and its replay, with the cache on or off, casts it again: one
+# op more than the recording.
 # Replays of compiled code keep the forward's setting, which the compiled graph guards
 # on (as do replays of forwards without autocast, where it decides nothing; a compiled
 # function called in a block under autocast compiles once more for its replays). The
@@ -223,8 +225,8 @@ _TO_COPY = "aten._to_copy.default"
 def _param_cast(name: str, args: Any, kwargs: dict[str, Any]) -> int:
     """``id`` of the parameter when the op is a cast autocast caches (a float32
     parameter to a lower floating precision), else 0. A replay's region inputs are
-    fresh leaves that require grad, so "a parameter" is what tells the casts apart, not
-    "a leaf" (inside autocast's kernel its keys are excluded, so
+    fresh leaves that require grad (or views of them), so "a parameter" is what tells
+    the casts apart, not "a leaf" (inside autocast's kernel its keys are excluded, so
     ``torch.is_autocast_enabled`` reads False here). Running such a cast is always
     safe: it is a pure function of the parameter."""
     if name != _TO_COPY or not args:

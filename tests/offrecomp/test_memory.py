@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import offrecomp
+from offrecomp import Placement, Plan
 from tests import models
 from tests.helpers import twin
 
@@ -327,3 +328,62 @@ def test_a_replay_stops_at_an_index_saved_before() -> None:
     ours, grads = peaks(m, offrecomp.runtime(m, mode="recompute", min_bytes=0))
     assert all(torch.equal(a, b) for a, b in zip(ckpt_grads, grads))
     assert all(o <= 1.01 * c for o, c in zip(ours, ckpt)), (ours, ckpt)
+
+
+class _Loop(nn.Module):
+    """One Linear applied eight times to its input and to its own output: under autocast
+    the forward casts the weight once and the input (a previous block's output, no leaf)
+    at each step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(48, 48)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x
+        for _ in range(8):
+            h = torch.tanh(self.lin(h) + self.lin(x))
+        return x + h
+
+
+def _weight_casts(prof: torch.profiler.profile, shape: list[int]) -> int:
+    """The casts to bf16 (ScalarType 15) of a float tensor of ``shape`` the profiler saw."""
+    return sum(
+        1 for e in prof.events()
+        if e.name == "aten::_to_copy" and e.input_shapes[:1] == [shape] and e.concrete_inputs[1:2] == [15]
+    )
+
+
+def test_a_serving_replay_under_autocast_casts_a_weight_once_as_its_forward_did(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Autocast cache]: a replay under the serving mode ran with the cache off, so it
+    cast its block's weight (and held the cast, which the Linear saves) at each of its 8
+    uses where the forward cast it once: 8 casts per replay. The plan keeps each block's
+    first tanh, so every replay serves it; the profiler counts the casts the replays of a
+    backward make: one per replay, bitwise as plain training."""
+    monkeypatch.setenv("OFFRECOMP_REPLAY_OP_US", "0")  # tiny blocks: serving pays whatever it skips
+    torch.manual_seed(0)
+    model = _Autocast([_Loop() for _ in range(4)])
+    x = torch.randn(2, 8, 48)
+    ref = twin(model)
+    ref(x).backward()
+    with offrecomp.runtime(model, mode="auto", min_bytes=0) as rt:
+        model(x).backward()  # the measuring pass records the blocks' ops
+        model.zero_grad(set_to_none=True)
+        st = next(iter(rt.planner.entries.values())).structures[("blocks.0", 0)]
+        tanh = next(
+            i for i, s in enumerate(st.storage_records)
+            if s.producer_op >= 0 and "tanh" in st.op_names[s.producer_op] and s.kind == "activation"
+        )
+        rt.set_plan(Plan(placements={(f"blocks.{b}", 0, tanh): Placement.KEEP for b in range(4)}, default=Placement.RECOMPUTE))
+        loss = model(x)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+            loss.backward()
+    last = rt.report().steps[-1]
+    assert last.replays == 4 and last.served_ops >= 4 and last.rerun_ops > 0  # under the serving mode
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(ref.parameters(), model.parameters()))  # type: ignore[arg-type]
+    casts = sum(
+        1 for e in prof.events()  # autocast's casts (its aten::to, not the mode's call) of a weight to bf16 (15)
+        if e.name == "aten::_to_copy" and e.input_shapes[:1] == [[48, 48]] and e.concrete_inputs[1:2] == [15]
+        and e.cpu_parent is not None and e.cpu_parent.name == "aten::to"
+    )
+    assert casts == 4, casts
