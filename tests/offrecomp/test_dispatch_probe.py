@@ -42,7 +42,7 @@ def test_the_calibration_pass_probes_the_dispatch_cost_once(observed: list[float
     m = twin(model)
     rt = offrecomp.runtime(m, mode="auto", min_bytes=0, budget=tight_budget(model, batch))
     assert_bitwise(ref, train(m, batch, rt, steps=5))
-    assert len(observed) == 1 and 0.0 <= observed[0] < 1e-3, observed
+    assert len(observed) == 1 and 0.0 <= observed[0] < 1.0, observed  # host time: a loaded host may pause a probe
     steps = rt.report().steps
     assert [s.phase for s in steps[:2]] == ["measure", "calibrate"]
     assert steps[1].served_ops + steps[1].rerun_ops > 0  # the probe ran under the mode
