@@ -20,6 +20,7 @@ from torch import nn
 from offrecomp import _torch_compat as tc
 from offrecomp import host_rng
 from offrecomp.arguments import ARG_STATE_MAX_ITEMS, ArgState, capture_inputs
+from offrecomp.buffers import capture_buffers, finish_buffers
 from offrecomp.changes import ATTR_QUIET, changed_attrs, exit_attrs, module_attrs, structure_epoch
 from offrecomp.config import Config
 from offrecomp.diagnostics import kind, log_once, runs_collectives, warn_collective, warn_once
@@ -30,10 +31,8 @@ from offrecomp.regions import (
     Region,
     buffer_of,
     capture_autocast,
-    capture_buffers,
     capture_params,
     capture_rng,
-    finish_buffers,
     finish_params,
     has_lazy_parameters,
 )

@@ -56,17 +56,16 @@ from torch import nn
 
 from offrecomp import _torch_compat as tc
 from offrecomp.arguments import ArgState, holding, replay_arguments
+from offrecomp.buffers import BufferState, modified_buffers
 from offrecomp.changes import entry_values, exit_values, left_at_entry, swap_attrs
 from offrecomp.diagnostics import log_once
 from offrecomp.interrupts import finish
 from offrecomp.regions import (
-    BufferState,
     ParamState,
     autocast_as_now,
     autocast_contexts,
     buffer_of,
     capture_rng,
-    modified_buffers,
     modified_params,
     param_of,
     restore_rng,

@@ -30,10 +30,10 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from offrecomp.arguments import ArgState, CapturedInputs
+    from offrecomp.buffers import BufferState
     from offrecomp.handles import SavedHandle
     from offrecomp.regions import (
         AutocastState,
-        BufferState,
         ParamState,
         Region,
         RngState,

@@ -1,0 +1,157 @@
+"""Module buffers and a region call's replay: which buffers its forward wrote, and the
+copies of their values at entry that a replay runs on.
+
+A call captures its region's buffer slots at entry (``capture_buffers``), finds at exit
+which of them its forward mutated or reassigned (``finish_buffers``), and its replay
+swaps the entry values in and the post-forward ones back (``replay._swap_buffers``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from offrecomp.regions import READ_SNAPSHOT_MAX_BYTES, buffer_of
+
+__all__ = [
+    "BUFFER_SNAPSHOT_MAX_BYTES",
+    "BufferState",
+    "capture_buffers",
+    "finish_buffers",
+    "modified_buffers",
+]
+
+#: Buffers larger than this are not snapshotted at region entry (NOTE [Replay and module
+#: state]).
+BUFFER_SNAPSHOT_MAX_BYTES = 1 << 20
+
+
+# NOTE [Replay and module state]
+# Replay reruns a region's forward, which may mutate module buffers a second time
+# (BatchNorm's running statistics, a step counter). torch.utils.checkpoint lets that
+# happen; we do not. At region entry the runtime records each buffer's version and clones
+# the small ones. Buffers whose version changed during the forward were mutated by it; at
+# replay their current (post-forward) values are set aside, the entry values are swapped
+# in so the replay computes what the forward computed, and after the replay the
+# post-forward values are put back. Large mutated buffers (over
+# BUFFER_SNAPSHOT_MAX_BYTES) are not cloned at entry: replay then sees their post-forward
+# value, with a warning once per region; their state after replay is still restored.
+
+
+@dataclass
+class BufferState:
+    slots: tuple[tuple[nn.Module, str], ...]
+    """The region's buffer slots when the call entered."""
+    objects: list[torch.Tensor | None]
+    """The tensor in each slot at region entry."""
+    versions: list[int]
+    snapshots: list[torch.Tensor | None]
+    mutated: list[int] | None = None  # slot indices, filled at region exit
+    untouched: list[tuple[int, int]] | None = None
+    """(slot index, version at region exit) of the buffers the forward left as they were,
+    filled at region exit: a replay reads the tensor the forward read (``objects``), which
+    must not have been written since (``modified_buffers``)."""
+
+    def strides(self) -> list[tuple[int, ...] | None]:
+        """The strides of the buffers a replay reads: the tensor each slot held at entry
+        (the replay restores a changed one, and puts back one the slot no longer holds);
+        None for a slot empty at entry, which the replay empties too (a memory the
+        forward sets, and may clear again before it returns)."""
+        return [b.stride() if b is not None and b.layout is torch.strided else None for b in self.objects]
+
+
+def capture_buffers(slots: tuple[tuple[nn.Module, str], ...]) -> BufferState | None:
+    if not slots:
+        return None
+    objects = [buffer_of(m, n) for m, n in slots]
+    versions = [-1 if b is None else int(b._version) for b in objects]
+    snaps: list[torch.Tensor | None] = []
+    for b in objects:
+        if b is not None and b.numel() * b.element_size() <= BUFFER_SNAPSHOT_MAX_BYTES:
+            snaps.append(b.detach().clone())
+        else:
+            snaps.append(None)
+    return BufferState(slots, objects, versions, snaps)
+
+
+def finish_buffers(state: BufferState | None) -> None:
+    """Region forward returned: find the buffer slots it mutated or reassigned.
+
+    The version counter is not enough: BatchNorm updates its running statistics inside
+    the kernel without bumping it, so small strided buffers are compared by value too.
+    """
+    if state is None:
+        return
+    mutated = []
+    slots = state.slots
+    for i, (m, n) in enumerate(slots):
+        b = buffer_of(m, n)
+        entry = state.objects[i]
+        snap = state.snapshots[i]
+        if b is not entry:
+            mutated.append(i)  # reassigned (or set to None) by the forward
+            continue
+        if b is None:
+            continue
+        if int(b._version) != state.versions[i] or (
+            snap is not None and b.layout == torch.strided and not torch.equal(snap, b.detach())
+        ):
+            mutated.append(i)
+    state.mutated = mutated
+    # The tensors the forward read are needed for replay (NOTE [Replay and buffer
+    # slots]); of the snapshots of buffers it only read, the small ones (NOTE [Buffers
+    # written unseen]).
+    untouched = []
+    for i in range(len(slots)):
+        if i not in mutated:
+            b = state.objects[i]
+            if b is not None:
+                untouched.append((i, int(b._version)))
+            snap = state.snapshots[i]
+            if snap is not None and snap.numel() * snap.element_size() > READ_SNAPSHOT_MAX_BYTES:
+                state.snapshots[i] = None
+    state.untouched = untouched
+
+
+
+# NOTE [Buffers written unseen]
+# A buffer a forward only read may be written before that forward's replay without its
+# version counter moving: the CPU BatchNorm kernel updates its running statistics in
+# place without a bump, so a model evaluated (BatchNorm reading the statistics) and then
+# trained before one backward of both has the eval call's statistics changed under it.
+# Plain autograd keeps what that forward saved; a replay would recompute it from the
+# new statistics. So the snapshot of each small buffer (up to READ_SNAPSHOT_MAX_BYTES) a
+# forward only read is kept, and a replay finding the buffer's values changed runs on a
+# copy of the snapshot, the buffer back after (``replay._swap_buffers``), whether the
+# write moved the version or not. A larger one is checked by its version only: a write
+# that moved it stops the replay with an error (``modified_buffers``), one that did not
+# goes unseen.
+
+
+# NOTE [Replay and buffer slots]
+# As parameter slots (NOTE [Replay and parameters]), a buffer slot may hold another
+# tensor for one call only (``torch.func.functional_call(model, {"bn.running_mean": t}
+# ...)``, fast-weight libraries that set ``module._buffers``): the forward read that
+# tensor, and backward runs when the slot holds the module's own again. So the state
+# keeps the tensor each slot held at entry, and a replay puts it back into a slot that
+# now holds another (``replay._swap_buffers``), and the current one afterwards; the
+# version check of a buffer the forward left as it was reads that tensor, not the slot.
+
+
+def modified_buffers(state: BufferState) -> dict[int, str]:
+    """Storages (data pointer -> description) of the buffers the forward read and left
+    as they were that were written in place since it returned (an average a tensor hook
+    updates in backward): a replay reading one would differ from the forward."""
+    out: dict[int, str] = {}
+    for i, v in state.untouched or ():
+        m, n = state.slots[i]
+        b = state.objects[i]  # what the forward read, and the replay reads
+        if state.snapshots[i] is not None:
+            continue  # the replay reads its snapshot where it changed (NOTE [Buffers written unseen])
+        if b is not None and b.layout == torch.strided and int(b._version) != v:
+            out[int(b.untyped_storage().data_ptr())] = (
+                f"buffer {n!r} of {type(m).__name__} (version {v} -> {int(b._version)})"
+            )
+    return out
