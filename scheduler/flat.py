@@ -43,13 +43,15 @@ __all__ = [
 
 #: Bit of each placement in a legality mask.
 KEEP_BIT, OFFLOAD_BIT, RECOMPUTE_BIT = 1, 2, 4
-KIND_ACTIVATION, KIND_INPUT, KIND_EXTERNAL, KIND_ROOT = 0, 1, 2, 3
-_KIND_CODES = {"activation": KIND_ACTIVATION, "input": KIND_INPUT, "external": KIND_EXTERNAL}
+KIND_ACTIVATION, KIND_INPUT, KIND_EXTERNAL, KIND_ROOT, KIND_SNAPSHOT = 0, 1, 2, 3, 4
+_KIND_NAMES = ["activation", "input", "external", "root", "snapshot"]  # by code
+_KIND_CODES = {name: k for k, name in enumerate(_KIND_NAMES) if k != KIND_ROOT}  # a profile's kinds
 _LEGAL = {
     KIND_ACTIVATION: KEEP_BIT | OFFLOAD_BIT | RECOMPUTE_BIT,
     KIND_INPUT: KEEP_BIT | OFFLOAD_BIT,
     KIND_EXTERNAL: KEEP_BIT,
     KIND_ROOT: KEEP_BIT | OFFLOAD_BIT,
+    KIND_SNAPSHOT: KEEP_BIT,
 }
 
 
@@ -91,9 +93,9 @@ class FlatProfile:
     """Per storage the flat index of the first record of its allocation: ``shared``
     followed to its end, the storage itself where it names none."""
     unsaved: np.ndarray
-    """Per storage: a region input no op of its region saves (``saves`` 0), held for a
-    replay only; a unit kept whole holds no record of it (NOTE [Inputs counted once] in
-    offrecomp/shared.py)."""
+    """Per storage: held for a replay only, so a unit kept whole holds none: a region input
+    no op of its region saves (``saves`` 0; NOTE [Inputs counted once] in
+    offrecomp/shared.py), or a snapshot (NOTE [Replay and module state] in offrecomp/buffers.py)."""
     save_order: np.ndarray
     op_ptr: np.ndarray
     op_sec: np.ndarray
@@ -588,7 +590,7 @@ def _legality(profile: Profile, un: _Units, kind_reg: np.ndarray) -> tuple[np.nd
     n_root = len(profile.root)
     src = un.src
     kind_arr = np.concatenate((kind_reg, np.full(n_root, KIND_ROOT, dtype=np.int64)))[src]
-    legal_of = np.asarray([_LEGAL[k] for k in range(4)], dtype=np.int64)
+    legal_of = np.asarray([_LEGAL[k] for k in range(len(_LEGAL))], dtype=np.int64)
     legal = legal_of[kind_arr]
     frozen = np.asarray([not r.replayable for r in profile.regions], dtype=np.bool_)
     if frozen.any():
@@ -703,7 +705,7 @@ def flatten(profile: Profile) -> FlatProfile:
         first_save=np.concatenate((cols.first_save, np.zeros(n_root, dtype=np.int64)))[src],
         shared=np.full(len(keys), -1, dtype=np.int64),
         allocation=np.arange(len(keys), dtype=np.int64),
-        unsaved=(kind_arr == KIND_INPUT) & (saves == 0),
+        unsaved=((kind_arr == KIND_INPUT) & (saves == 0)) | (kind_arr == KIND_SNAPSHOT),
         save_order=order,
         op_ptr=un.op_ptr,
         op_sec=np.asarray(op_sec, dtype=np.float64),
@@ -779,7 +781,7 @@ def check_legal(flat: FlatProfile, place: np.ndarray) -> None:
     if bad.size:
         i = int(bad[0])
         accepted = ", ".join(p.name for p in Placement if flat.legal[i] & (1 << int(p)))
-        kind = ["activation", "input", "external", "root"][int(flat.kind[i])]
+        kind = _KIND_NAMES[int(flat.kind[i])]
         raise ValueError(
             f"placement {Placement(int(place[i])).name} is not allowed for storage {flat.keys[i]!r} "
             f"(kind {kind}); accepted: {accepted}"

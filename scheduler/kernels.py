@@ -25,7 +25,7 @@ refreshes its contexts for a kernel load (NOTE [kernel loads]).
 #   unit_of    int64  its unit
 #   nbytes     int64  bytes
 #   save_time  f64    seconds from step start at which it is saved, no group offloading
-#   kind       int64  0 activation, 1 region input, 2 external, 3 root
+#   kind       int64  0 activation, 1 region input, 2 external, 3 root, 4 snapshot
 #   legal      int64  placements allowed (mask above)
 #   last_save  int64  ops of its unit dispatched before its last save (replay prefix
 #                     needed to rebuild it)

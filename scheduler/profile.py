@@ -46,7 +46,11 @@ region always replays plainly). Storages of kind
 ``input`` are the region inputs the runtime holds for replay (the checkpoint); they may
 be KEEP or OFFLOAD, never RECOMPUTE. Storages of kind ``external`` (created outside the
 region, smaller than the runtime's ``min_bytes``, or saved through an untracked alias)
-are always KEEP. Root storages
+are always KEEP. A storage of kind ``snapshot`` is the copies of the module buffers a
+region call's checkpoint holds for its replay (a BatchNorm's statistics, an EMA its
+forward updates): always KEEP, resident from the call's start until its backward ends,
+and only where the plan does not keep the call whole (a call kept whole takes no
+checkpoint); no op saves it (``saves`` 0). Root storages
 (saved outside every region) may be KEEP or OFFLOAD only.
 """
 
@@ -75,7 +79,7 @@ PROFILE_VERSION = 1
 #: once] in offrecomp/shared.py); the simulator counts the same way.
 INPUT_LOOKBACK = 8
 
-StorageKind = Literal["activation", "input", "external"]
+StorageKind = Literal["activation", "input", "external", "snapshot"]
 
 
 @dataclass(kw_only=True)
@@ -115,7 +119,8 @@ class StorageRecord:
     """``activation``: produced inside the region; ``input``: a region input held for
     replay; ``external``: created outside the region, smaller than the runtime's
     ``min_bytes``, or only partly covered by an untracked alias whose siblings may be
-    written later (always kept)."""
+    written later (always kept); ``snapshot``: copies of module buffers held for replay,
+    counted only where the plan does not keep the call whole (always kept)."""
     producer_op: int = -1
     """Index of the op that allocated it, -1 when it came from outside the region."""
     first_save_op: int = 0
@@ -241,10 +246,11 @@ class Profile:
 
     @property
     def activation_bytes(self) -> int:
-        """Bytes of every placeable storage (what keeping everything would hold)."""
+        """Bytes of every placeable storage (what keeping everything would hold: no
+        snapshots, which only a replay checkpoint holds)."""
         total = sum(s.nbytes for s in self.root)
         for r in self.regions:
-            total += sum(s.nbytes for s in r.storages)
+            total += sum(s.nbytes for s in r.storages if s.kind != "snapshot")
         return total
 
     def copy(self) -> Profile:

@@ -292,8 +292,10 @@ def _counted_once(place, save_order, allocation, kind, unsaved, hooked, unit_of,
     """Per storage: a kept record whose allocation another record counts, as the
     runtime's books do. ``allocation``: each storage's first record of its allocation.
 
-    * A kept region input of a unit kept whole that no op of it saves (``unsaved``): the
-      unit takes no replay checkpoint, and its ops hold no such storage.
+    * A kept region input of a unit kept whole that no op of it saves (``unsaved``), or
+      a snapshot of such a unit: the unit takes no replay checkpoint, and its ops hold
+      no such storage (a snapshot is the checkpoint's alone: NOTE [Replay and module
+      state] in offrecomp/buffers.py).
     * A kept region input (NOTE [Inputs counted once] in offrecomp/shared.py) of a unit
       with a replay checkpoint (one the plan does not keep whole) whose allocation's
       latest record before it is kept, in the root or in one of the INPUT_LOOKBACK
@@ -314,6 +316,9 @@ def _counted_once(place, save_order, allocation, kind, unsaved, hooked, unit_of,
         s = save_order[i]
         u = unit_of[s]
         first = allocation[s]
+        if kind[s] == 4:  # a snapshot: counted with the checkpoint, alone in its allocation
+            once[s] = not hooked[u]
+            continue
         if kind[s] == 1 and not hooked[u]:  # no checkpoint: no input record
             if unsaved[s]:
                 once[s] = True

@@ -8,7 +8,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler import CostModel, Profile, gpt_profile, solve
+from scheduler import CostModel, Profile, StorageRecord, gpt_profile, solve
 from tests.scheduler.instances import random_profile
 
 
@@ -102,3 +102,19 @@ def test_host_costs_round_trip_and_older_files_read_as_free() -> None:
         del r["host_seconds"], r["backward_host_seconds"]
     old = Profile.from_dict(data)  # a file without them: the runtime costs nothing
     assert old.pack_host_seconds == 0.0 and old.regions[0].host_seconds is None
+
+
+def test_a_snapshot_storage_round_trips_and_plans_the_same(tmp_path: Path) -> None:
+    """A region call's buffer copies (kind ``snapshot``) survive a save and load, and the
+    loaded profile plans alike (NOTE [Replay and module state] in offrecomp/buffers.py)."""
+    p = gpt_profile(
+        layers=3, hidden=512, heads=8, seq=1024, batch=2, device_tflops=300, d2h_gbps=25, h2d_gbps=25
+    )
+    for r in p.regions:
+        r.storages.append(StorageRecord(nbytes=1 << 20, kind="snapshot", saves=0))
+    path = tmp_path / "prof.json"
+    p.save(path)
+    q = Profile.load(path)
+    assert q == p and q.regions[0].storages[-1].kind == "snapshot"
+    budget = p.activation_bytes // 3
+    assert solve(q, budget_bytes=budget).placements == solve(p, budget_bytes=budget).placements

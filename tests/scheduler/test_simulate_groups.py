@@ -17,6 +17,7 @@ from scheduler import (
     exhaustive_solve,
     lower_bound,
     simulate,
+    solve,
 )
 from scheduler.profile import INPUT_LOOKBACK
 from tests.scheduler.instances import random_profile
@@ -366,6 +367,77 @@ def test_an_input_no_op_saves_counts_nothing_in_a_unit_kept_whole() -> None:
     assert simulate(p, Plan()).peak_bytes == 500  # l1 kept whole: l0's 300 and l1's s1
     s0.saves = 1  # an op saves it: held
     assert simulate(p, Plan()).peak_bytes == 700
+
+
+def _with_snapshot(p: Profile, region: int, nbytes: int) -> Profile:
+    q = p.copy()
+    q.regions[region].storages.append(StorageRecord(nbytes=nbytes, kind="snapshot", saves=0))
+    return q
+
+
+def test_a_snapshot_counts_only_where_its_unit_takes_a_checkpoint() -> None:
+    """The copies of the buffers a region call's forward writes (kind ``snapshot``, NOTE
+    [Replay and module state] in offrecomp/buffers.py) are held from the call's start
+    until its backward ends where the plan drops or offloads something of it, and not at
+    all where it keeps the call whole (no checkpoint). A plan may only keep them; the
+    solver counts them, and the lower bound leaves them out (a plan keeping the call
+    whole holds none)."""
+    p = two_blocks()
+    q = _with_snapshot(p, 1, 1000)
+    assert q.activation_bytes == p.activation_bytes == 600
+    assert simulate(q, Plan()).memory == simulate(p, Plan()).memory  # l1 kept whole
+    drop = Plan(placements={("l1", 0, 1): R})
+    assert simulate(q, drop).peak_bytes == simulate(p, drop).peak_bytes + 1000 == 1600
+    held = dict(simulate(q, drop).memory)
+    assert held[3.0] - dict(simulate(p, drop).memory)[3.0] == 1000  # from l1's start
+    assert simulate(q, drop).memory[-1] == simulate(p, drop).memory[-1]  # gone by the end
+    off = Plan(placements={("l1", 0, 0): OFF})
+    assert simulate(q, off).peak_bytes > simulate(p, off).peak_bytes  # offloading takes a checkpoint too
+    for bad in (R, OFF):
+        with pytest.raises(ValueError, match="snapshot"):
+            simulate(q, Plan(placements={("l1", 0, 2): bad}))
+    assert lower_bound(q, 500) == lower_bound(p, 500)
+    # without the copies the fastest plan within 500 B drops in l1; with them, only in l0
+    budget = 500
+    assert any(exhaustive_solve(p, budget).placement(("l1", 0, i)) is not K for i in range(2))
+    plan = exhaustive_solve(q, budget)
+    assert plan.feasible and simulate(q, plan).peak_bytes <= budget
+    assert all(plan.placement(("l1", 0, i)) is K for i in range(3))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_snapshots_add_at_most_their_bytes_and_only_to_plans_that_hook_their_unit(seed: int) -> None:
+    """Random profiles with a snapshot in some regions: under any plan the peak grows by
+    at most the snapshots of the units the plan does not keep whole, and not at all
+    under all-KEEP; the solver keeps every snapshot and meets a budget it calls met."""
+    p = random_profile(seed)
+    rng = random.Random(seed)
+    q = p.copy()
+    for r in q.regions:
+        if rng.random() < 0.5:
+            r.storages.append(StorageRecord(nbytes=rng.randint(1, 10) * 10, kind="snapshot", saves=0))
+    assert simulate(q, Plan()).peak_bytes == simulate(p, Plan()).peak_bytes
+    legal = [
+        (r.name, r.call_index, i) for r in p.regions for i, s in enumerate(r.storages)
+        if s.kind == "activation" and r.replayable
+    ]
+    for _ in range(3):
+        plan = Plan(placements={k: R for k in legal if rng.random() < 0.5})
+        hooked = {k[:2] for k in plan.placements}
+        extra = sum(
+            s.nbytes for r in q.regions if r.key in hooked for s in r.storages if s.kind == "snapshot"
+        )
+        base, got = simulate(p, plan).peak_bytes, simulate(q, plan).peak_bytes
+        assert base <= got <= base + extra, (base, got, extra)
+    budget = max(1, simulate(q, Plan()).peak_bytes // 2)
+    solved = solve(q, budget_bytes=budget, log_infeasible=False)
+    for r in q.regions:
+        for i, s in enumerate(r.storages):
+            if s.kind == "snapshot":
+                assert solved.placement((r.name, r.call_index, i)) is K
+    if solved.feasible:
+        assert simulate(q, solved).peak_bytes <= budget
 
 
 def _feature_chain(n: int, native: bool) -> Profile:
