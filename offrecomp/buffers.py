@@ -1,5 +1,5 @@
-"""Module buffers and a region call's replay: which buffers its forward wrote, and the
-copies of their values at entry that a replay runs on.
+"""Module buffers and a region call's replay: which buffers its forward wrote, the
+copies of their values at entry that a replay runs on, and what those copies hold.
 
 A call captures its region's buffer slots at entry (``capture_buffers``), finds at exit
 which of them its forward mutated or reassigned (``finish_buffers``), and its replay
@@ -21,6 +21,7 @@ __all__ = [
     "capture_buffers",
     "finish_buffers",
     "modified_buffers",
+    "snapshot_bytes",
 ]
 
 #: Buffers larger than this are not snapshotted at region entry (NOTE [Replay and module
@@ -38,6 +39,20 @@ BUFFER_SNAPSHOT_MAX_BYTES = 1 << 20
 # post-forward values are put back. Large mutated buffers (over
 # BUFFER_SNAPSHOT_MAX_BYTES) are not cloned at entry: replay then sees their post-forward
 # value, with a warning once per region; their state after replay is still restored.
+#
+# The copies a call keeps past its forward (of the buffers it mutated, and of the small
+# ones it only read: NOTE [Buffers written unseen]) are device memory its replay
+# checkpoint holds until the call is released, as it holds its region inputs: six blocks
+# each updating an EMA of 1 MiB hold 6 MiB under recompute that torch.utils.checkpoint
+# does not. So they are booked. The call's exit counts them resident
+# (``RegionCall.snapshot_bytes``), its release takes them off; a copy the exit lets go (a
+# larger buffer the forward only read) is the forward's scratch, as its temporaries are.
+# Counting at the exit rather than the entry moves no peak of the books: the call's
+# bytes only grow until its exit, which counts the copies before it lets an offload
+# group go. The profile holds them as one storage of kind ``snapshot`` per call (from
+# its recording, ``RegionStructure.snapshot_bytes``), which a plan can only keep and
+# which counts only where the plan does not keep the call whole: such a call takes no
+# checkpoint (NOTE [Kept planned calls] in placement.py), so it holds no copies.
 
 
 @dataclass
@@ -114,6 +129,16 @@ def finish_buffers(state: BufferState | None) -> None:
                 state.snapshots[i] = None
     state.untouched = untouched
 
+
+def snapshot_bytes(state: BufferState, device: torch.device | None) -> int:
+    """Bytes of the copies ``state`` keeps for its call's replay once the forward returned
+    (``finish_buffers``), those on ``device``'s type (any, when None): NOTE [Replay and
+    module state]."""
+    return sum(
+        s.numel() * s.element_size()
+        for s in state.snapshots
+        if s is not None and (device is None or s.device.type == device.type)
+    )
 
 
 # NOTE [Buffers written unseen]

@@ -20,7 +20,7 @@ from torch import nn
 from offrecomp import _torch_compat as tc
 from offrecomp import host_rng
 from offrecomp.arguments import ARG_STATE_MAX_ITEMS, ArgState, capture_inputs
-from offrecomp.buffers import capture_buffers, finish_buffers
+from offrecomp.buffers import capture_buffers, finish_buffers, snapshot_bytes
 from offrecomp.changes import ATTR_QUIET, changed_attrs, exit_attrs, module_attrs, structure_epoch
 from offrecomp.config import Config
 from offrecomp.diagnostics import kind, log_once, runs_collectives, warn_collective, warn_once
@@ -238,6 +238,9 @@ class RegionCalls:
         written: list[int] = []
         if region is not None:
             finish_buffers(call.buffers)
+            if call.buffers is not None and call.pass_state is not None:
+                call.snapshot_bytes = copies = snapshot_bytes(call.buffers, self._device.device)
+                call.pass_state.stats.add_resident(copies)  # NOTE [Replay and module state]
             written = finish_params(call.params)
             _warn_big_buffers(call, region)
             if call.attrs is not None:

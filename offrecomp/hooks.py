@@ -489,6 +489,9 @@ class Placer:
         call.rng = None
         call.torch_function = None
         call.buffers = None
+        held, call.snapshot_bytes = call.snapshot_bytes, 0
+        if held and call.pass_state is not None:  # NOTE [Replay and module state]: its copies go
+            call.pass_state.stats.resident_bytes -= held  # a decrease sets no peak
         call.params = None
         call.generators = None
         call.training = None

@@ -161,6 +161,9 @@ class RegionCall(_WeakReferable):
     torch_function: Any = None
     """The torch-function state at entry, None for the usual one (NOTE [Torch function state] in _torch_compat.py)."""
     buffers: BufferState | None = None
+    snapshot_bytes: int = 0
+    """Device bytes of the buffer copies its replay checkpoint holds past its forward,
+    resident until the call is released (NOTE [Replay and module state])."""
     training: tuple[bool, ...] | None = None
     """The ``training`` flag of each of the region's modules at entry."""
     params: ParamState | None = None

@@ -238,7 +238,8 @@ def variable_sizes(p: PassState, profile: Profile, *, grow: bool) -> bool:
         else:  # a region input of another size is no sign (NOTE [Region inputs of another storage size])
             pairs = [(x, s.nbytes) for x, s in zip(recs, call.storages) if s.kind == x.kind]
             last = max((i for i, (x, _) in enumerate(pairs) if x.kind == "activation"), default=-1)
-            extra = sum(s.nbytes for s in call.storages[len(recs) :])
+            saved = len(recs) - sum(x.kind == "snapshot" for x in recs)  # NOTE [Replay and module state]
+            extra = sum(s.nbytes for s in call.storages[saved:])
             if last >= 0 and extra:
                 pairs[last] = (pairs[last][0], pairs[last][1] + extra)
         grown = False

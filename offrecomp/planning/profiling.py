@@ -93,6 +93,7 @@ def record_structure(call: RegionCall, *, min_bytes: int, opaque: bool) -> None:
         or (bufs is not None and any(bufs.objects[i] is not buffer_of(*bufs.slots[i]) for i in bufs.mutated or ()))
         or (call.arg_state is not None and call.arg_state.rebound)  # NOTE [Modules among the arguments]
     )
+    call.structure.snapshot_bytes = call.snapshot_bytes  # NOTE [Replay and module state]
     # aliased ones only: a save a backward inside the forward reads is freed by that backward
     call.structure.kept_dropped = sum(
         s.nbytes for s in call.storages if s.aliased and s.placement is Placement.RECOMPUTE
@@ -212,6 +213,8 @@ def _region_records(
             other = r.same_as
             if other is not None and 0 <= r.index < len(storages):
                 storages[r.index].shared_with = (other.call.name, other.call.call_index, other.index)
+        if st.snapshot_bytes:  # held from the call's entry while it may replay (NOTE [Replay and module state])
+            storages.append(StorageRecord(nbytes=st.snapshot_bytes, kind="snapshot", saves=0))
         regions.append(
             RegionRecord(
                 name=call.name,

@@ -159,6 +159,9 @@ class RegionStructure:
     small_storages: tuple[int, ...] = ()
     """Storages made in the region that are ``external`` only for being under the
     runtime's ``min_bytes``: the most frugal plan may drop them (NOTE [Small storages])."""
+    snapshot_bytes: int = 0
+    """Bytes of the buffer copies the recorded call held for its replay (NOTE [Replay and
+    module state] in buffers.py): its profile's storage of kind ``snapshot``."""
     kept_dropped: int = 0
     """Bytes of storages its measuring pass dropped that every plan keeps (storages
     untracked aliases share, NOTE [Untracked aliases]): that pass's peak is below what any

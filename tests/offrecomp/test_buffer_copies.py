@@ -1,0 +1,138 @@
+"""NOTE [Replay and module state]: the copies of the buffers a region call's forward
+writes, which its replay checkpoint holds until the call is released, are booked: in the
+runtime's peak and in the planner's profile, so that a plan within its budget by the
+books holds that budget by the allocator too.
+
+Each block keeps an EMA of its features in a 1 MiB buffer (256K float32) that its
+forward updates, as some VQ codebooks and feature trackers do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import offrecomp
+from scheduler import Profile
+from tests.helpers import assert_bitwise, twin
+from tests.offrecomp.test_memory import allocator_peak
+
+BLOCKS = 6
+EMA_BYTES = 1024 * 256 * 4  # 1 MiB, the largest buffer a call copies
+
+
+class _EMABlock(nn.Module):
+    def __init__(self, update: bool, d: int = 256, k: int = 1024) -> None:
+        super().__init__()
+        self.ln, self.fc1, self.fc2 = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.register_buffer("ema", torch.zeros(k, d))
+        self.update = update
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(self.fc1(self.ln(x)))
+        out = x + self.fc2(h) + 0.01 * self.ema.mean(0)
+        if self.update:
+            with torch.no_grad():
+                self.ema.mul_(0.99).add_(0.01 * h[:, : self.ema.shape[1]].mean(0))
+        return out
+
+
+class _Stack(nn.Module):
+    def __init__(self, update: bool = True) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_EMABlock(update) for _ in range(BLOCKS))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x.square().mean()
+
+
+def _stack(update: bool = True) -> _Stack:
+    torch.manual_seed(0)
+    return _Stack(update)
+
+
+def _batch(step: int) -> torch.Tensor:
+    return torch.randn(256, 256, generator=torch.Generator().manual_seed(step))
+
+
+def _train(model: nn.Module, ctx: Any, steps: int) -> tuple[list[dict[str, torch.Tensor]], int]:
+    """``steps`` SGD steps inside ``ctx``: the gradients, buffers and loss after each (as
+    ``helpers.train``), and the allocator's peak over the last step's forward and backward."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out, peak = [], 0
+    with ctx if ctx is not None else contextlib.nullcontext():
+        for step in range(steps):
+            x = _batch(step)
+            losses = []
+
+            def run(x: torch.Tensor = x, losses: list[torch.Tensor] = losses) -> None:
+                loss = model(x)
+                loss.backward()
+                losses.append(loss.detach())
+
+            if step == steps - 1:
+                peak = allocator_peak(run)
+            else:
+                run()
+            snap = {f"grad.{n}": p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+            snap.update({f"buf.{n}": b.detach().clone() for n, b in model.named_buffers()})
+            snap["loss"] = losses[0]
+            out.append(snap)
+            opt.step()
+            opt.zero_grad(set_to_none=False)  # the gradients' allocation is no part of the peaks
+    return out, peak
+
+
+def test_recompute_books_the_buffer_copies_its_calls_hold() -> None:
+    """Under recompute every call keeps the entry values of the EMA it updates for its
+    replay: 6 x 1 MiB more than the same model whose blocks only read it (a larger read
+    buffer's copy goes at the call's exit), in the books as on the allocator. Before
+    they were booked, both read the same."""
+    ref, _ = _train(_stack(), None, 3)
+    books, peaks = {}, {}
+    for update in (True, False):
+        m = _stack(update)
+        rt = offrecomp.runtime(m, mode="recompute")
+        got, peaks[update] = _train(m, rt, 3)
+        if update:
+            assert_bitwise(ref, got)
+        books[update] = rt.report().steps[-1].peak_activation_bytes
+    assert books[True] - books[False] == BLOCKS * EMA_BYTES, books
+    # the allocator sees the same difference, within what one block's forward allocates
+    assert abs((peaks[True] - peaks[False]) - BLOCKS * EMA_BYTES) <= EMA_BYTES // 4, peaks
+
+
+def test_auto_holds_its_budget_counting_the_buffer_copies() -> None:
+    """A budget half-way between recompute's books and keep's: the plan drops in calls
+    that then hold their EMA's copy, and books it. The planned step's allocator peak is
+    keep's less what its books say it saved, within 256 KiB; unbooked, the copies of
+    the calls it drops in (a 1 MiB each) held that much more, silently (1.34x the
+    keep-based figure on this model)."""
+    base = _stack()
+    ref, _ = _train(twin(base), None, 6)
+    books, peaks = {}, {}
+    for mode in ("keep", "recompute"):
+        m = twin(base)
+        rt = offrecomp.runtime(m, mode=mode)
+        _, peaks[mode] = _train(m, rt, 2)
+        books[mode] = rt.report().steps[-1].peak_activation_bytes
+    budget = (books["keep"] + books["recompute"]) // 2
+    m = twin(base)
+    rt = offrecomp.runtime(m, mode="auto", budget=budget)
+    got, peak = _train(m, rt, 6)
+    assert_bitwise(ref, got)
+    rec = rt.report().steps[-1]
+    assert rec.phase == "planned", rec
+    assert rec.peak_activation_bytes <= budget, (rec.peak_activation_bytes, budget)
+    saved = books["keep"] - rec.peak_activation_bytes
+    assert peak <= peaks["keep"] - saved + (256 << 10), (peak, peaks["keep"], saved)
+    entry = rt.planner.last_entry
+    assert entry is not None and isinstance(entry.profile, Profile)
+    snapshots = [[s.nbytes for s in r.storages if s.kind == "snapshot"] for r in entry.profile.regions]
+    assert snapshots == [[EMA_BYTES]] * BLOCKS, snapshots
