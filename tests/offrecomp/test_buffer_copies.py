@@ -111,9 +111,9 @@ def test_recompute_books_the_buffer_copies_its_calls_hold() -> None:
 def test_auto_holds_its_budget_counting_the_buffer_copies() -> None:
     """A budget half-way between recompute's books and keep's: the plan drops in calls
     that then hold their EMA's copy, and books it. The planned step's allocator peak is
-    keep's less what its books say it saved, within 256 KiB; unbooked, the copies of
-    the calls it drops in (a 1 MiB each) held that much more, silently (1.34x the
-    keep-based figure on this model)."""
+    keep's less what its books say it saved, within 256 KiB (15 KB here); unbooked, the
+    copies of the calls it drops in (1 MiB each) were held on top, silently (13.9 MB
+    where the books implied 10.8 MB)."""
     base = _stack()
     ref, _ = _train(twin(base), None, 6)
     books, peaks = {}, {}
