@@ -19,6 +19,8 @@ __all__ = [
     "BUFFER_SNAPSHOT_MAX_BYTES",
     "BufferState",
     "capture_buffers",
+    "differ",
+    "differ_at_once",
     "finish_buffers",
     "modified_buffers",
     "snapshot_bytes",
@@ -100,6 +102,8 @@ def finish_buffers(state: BufferState | None) -> None:
     if state is None:
         return
     mutated = []
+    compared: list[int] = []
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
     slots = state.slots
     for i, (m, n) in enumerate(slots):
         b = buffer_of(m, n)
@@ -110,10 +114,14 @@ def finish_buffers(state: BufferState | None) -> None:
             continue
         if b is None:
             continue
-        if int(b._version) != state.versions[i] or (
-            snap is not None and b.layout == torch.strided and not torch.equal(snap, b.detach())
-        ):
+        if int(b._version) != state.versions[i]:
             mutated.append(i)
+        elif snap is not None and b.layout == torch.strided:
+            compared.append(i)
+            pairs.append((snap, b.detach()))
+    if pairs:
+        mutated.extend(i for i, d in zip(compared, differ(pairs)) if d)
+        mutated.sort()
     state.mutated = mutated
     # The tensors the forward read are needed for replay (NOTE [Replay and buffer
     # slots]); of the snapshots of buffers it only read, the small ones (NOTE [Buffers
@@ -139,6 +147,41 @@ def snapshot_bytes(state: BufferState, device: torch.device | None) -> int:
         for s in state.snapshots
         if s is not None and (device is None or s.device.type == device.type)
     )
+
+
+# NOTE [Buffer comparisons]
+# Whether a buffer's values changed (a call's exit; a replay's entry) is a comparison with
+# its snapshot, and ``torch.equal`` on a GPU hands a bool to the host: a synchronisation
+# per buffer, inside the forward, where a block of BatchNorm layers holds three buffers
+# each. ``differ`` compares the pairs of each device other than the CPU as one stack of
+# device flags read at once: one synchronisation per call and device. On the CPU each
+# pair is ``torch.equal``, the cheaper there.
+
+
+def differ(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
+    """Whether the values of each pair of strided tensors differ (``not torch.equal``;
+    NaN differs from itself), reading each device's flags at once (NOTE [Buffer
+    comparisons])."""
+    out = [False] * len(pairs)
+    by_device: dict[torch.device, list[int]] = {}
+    for k, (a, b) in enumerate(pairs):
+        if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+            out[k] = True
+        elif a.device.type == "cpu":
+            out[k] = not torch.equal(a, b)
+        else:
+            by_device.setdefault(a.device, []).append(k)
+    for ks in by_device.values():
+        for k, d in zip(ks, differ_at_once([pairs[k] for k in ks])):
+            out[k] = d
+    return out
+
+
+def differ_at_once(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
+    """``differ`` for pairs of one device, of equal shapes and dtypes: their flags stacked
+    on the device and read in one transfer (NOTE [Buffer comparisons])."""
+    flags = torch.stack([torch.ne(a, b).any() for a, b in pairs])
+    return [bool(d) for d in flags.tolist()]
 
 
 # NOTE [Buffers written unseen]

@@ -56,7 +56,7 @@ from torch import nn
 
 from offrecomp import _torch_compat as tc
 from offrecomp.arguments import ArgState, holding, replay_arguments
-from offrecomp.buffers import BufferState, modified_buffers
+from offrecomp.buffers import BufferState, differ, modified_buffers
 from offrecomp.changes import entry_values, exit_values, left_at_entry, swap_attrs
 from offrecomp.diagnostics import log_once
 from offrecomp.interrupts import finish
@@ -212,14 +212,19 @@ def _swap_buffers(state: BufferState) -> Iterator[None]:
     buffer slots] in regions.py)."""
     slots = state.slots
     saved: list[tuple[int, torch.Tensor | None]] = []
-    for i, _ in state.untouched or ():
+    untouched = state.untouched or ()
+    checked: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+    for i, _ in untouched:
+        snap, read = state.snapshots[i], state.objects[i]
+        if snap is not None and read is not None and snap.layout == torch.strided:
+            checked.append((i, snap, read.detach()))
+    written = differ([(snap, read) for _, snap, read in checked])  # NOTE [Buffer comparisons]
+    since = {i: snap for (i, snap, _), d in zip(checked, written) if d}
+    for i, _ in untouched:
         m, n = slots[i]
-        now, read, snap = buffer_of(m, n), state.objects[i], state.snapshots[i]
-        if (
-            snap is not None and read is not None and snap.layout == torch.strided
-            and not torch.equal(snap, read.detach())
-        ):
-            read = snap.clone()  # written since, seen or not (NOTE [Buffers written unseen])
+        now, read = buffer_of(m, n), state.objects[i]
+        if i in since:
+            read = since[i].clone()  # written since, seen or not (NOTE [Buffers written unseen])
         if now is not read:
             saved.append((i, now))
             m._buffers[n] = read

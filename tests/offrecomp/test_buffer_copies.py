@@ -10,13 +10,16 @@ forward updates, as some VQ codebooks and feature trackers do.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import offrecomp
+from offrecomp.buffers import differ, differ_at_once
 from scheduler import Profile
 from tests.helpers import assert_bitwise, twin
 from tests.offrecomp.test_memory import allocator_peak
@@ -136,3 +139,71 @@ def test_auto_holds_its_budget_counting_the_buffer_copies() -> None:
     assert entry is not None and isinstance(entry.profile, Profile)
     snapshots = [[s.nbytes for s in r.storages if s.kind == "snapshot"] for r in entry.profile.regions]
     assert snapshots == [[EMA_BYTES]] * BLOCKS, snapshots
+
+
+def _pairs() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    a = torch.arange(6.0).reshape(2, 3)
+    nan = torch.tensor([float("nan"), 1.0])
+    return [
+        (a, a.clone()), (a, a + 1), (nan, nan.clone()), (torch.empty(0), torch.empty(0)),
+        (torch.tensor([True, False]), torch.tensor([True, True])), (torch.tensor([3]), torch.tensor([3])),
+        (a.t(), a.t().clone()),
+    ]
+
+
+def test_buffer_comparisons_read_as_torch_equal() -> None:
+    """NOTE [Buffer comparisons]: a GPU's flags are read at once (``differ_at_once``, run
+    here on CPU tensors); every pair reads as ``not torch.equal``, NaN and other shapes
+    included."""
+    pairs = _pairs()
+    want = [not torch.equal(a, b) for a, b in pairs]
+    assert want == [False, True, True, False, True, False, False]
+    assert differ_at_once(pairs) == want
+    assert differ(pairs) == want
+    assert differ([(torch.zeros(2), torch.zeros(3)), (torch.zeros(2), torch.zeros(2, dtype=torch.float64))]) == [True, True]
+
+
+class _ConvBN(nn.Module):
+    def __init__(self, c: int = 16) -> None:
+        super().__init__()
+        self.conv, self.bn1 = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
+        self.bn2 = nn.BatchNorm2d(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.relu(self.bn2(self.bn1(self.conv(x))))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_a_forward_of_blocks_with_buffers_synchronises_once_per_call_on_cuda(mode: str) -> None:
+    """NOTE [Buffer comparisons]: each region call compared its buffers with their
+    snapshots by ``torch.equal``, a host synchronisation per buffer inside the forward
+    (six per block of two BatchNorms here). A planned or recomputing forward
+    synchronises at most once per region call, and gradients and buffers match plain
+    bitwise."""
+    torch.manual_seed(0)
+    blocks = 4
+    model = nn.Sequential(*(_ConvBN() for _ in range(blocks))).cuda()
+    x = torch.randn(4, 16, 32, 32, device="cuda")
+    ref, m = twin(model), twin(model)
+    rt = offrecomp.runtime(m, mode=mode, min_bytes=0, budget=1 if mode == "auto" else None)  # auto: its most frugal plan
+    with rt:
+        for step in range(4):
+            for net in (ref, m):
+                net.zero_grad(set_to_none=True)
+            ref(x).square().mean().backward()
+            torch.cuda.synchronize()
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    loss = m(x).square().mean()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            syncs = [w for w in seen if "synchroniz" in str(w.message)]
+            loss.backward()
+            if step == 3:
+                assert len(syncs) <= blocks, [str(w.message) for w in syncs]
+            assert all(torch.equal(a.grad, b.grad) for a, b in zip(ref.parameters(), m.parameters()))  # type: ignore[arg-type]
+            assert all(torch.equal(a, b) for a, b in zip(ref.buffers(), m.buffers()))
+    assert rt.report().steps[-1].replays > 0
