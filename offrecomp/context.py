@@ -76,7 +76,7 @@ def _leave_in_child() -> None:
     rt, _active = _active, None
     if rt is not None:
         with contextlib.suppress(Exception):  # forked: never raise here
-            rt._leave_copy()
+            rt._leave()
 
 
 if hasattr(os, "register_at_fork"):
@@ -287,9 +287,7 @@ class Runtime:
                 self._life.abort(self._life.current, exc_type)
             self._life.close_steps()
         finally:
-            self._uninstall()
-            self._entered = False
-            self._groups.entered = False
+            self._leave()
             with _active_lock:
                 if _active is self:
                     _active = None
@@ -305,8 +303,9 @@ class Runtime:
         assert self._installer is not None
         self._installer.install(placer.pack, placer.unpack)
 
-    def _leave_copy(self) -> None:
-        """NOTE [Runtimes across fork]: this is a forked child's copy of an entered runtime."""
+    def _leave(self) -> None:
+        """Take the hooks off and mark the runtime left: its exit, and in a forked child
+        the copy of an entered runtime (NOTE [Runtimes across fork])."""
         self._uninstall()
         self._entered = False
         self._groups.entered = False
