@@ -48,6 +48,7 @@ import logging
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -512,7 +513,9 @@ class _SaveCapture:
         self.counter = 0  # saves numbered so far in this run of the forward
         self.complete = -2  # once every needed save is captured: the sequence number of its op
         self.unfilled = -2  # the sequence number of the last op with a needed save not requiring grad
-        self.unwritten: dict[int, int] = {}  # storages saved at version 0 without grad: the first op's sequence number
+        self.unwritten: dict[int, tuple[weakref.ref[Any], int]] = {}
+        """Storages saved at version 0 without grad, by address: the storage and the
+        sequence number of the first op that saved it."""
         self.stop_mode: _StopAtALaterOp | None = None
         self.stopped = False  # the forward was stopped
         self.running = False  # the replayed forward is running
@@ -569,14 +572,19 @@ class _SaveCapture:
         op saved its storage already (NOTE [Replay], step 5: a write would have bumped
         its version, which that op's backward checks)."""
         try:
-            ptr = t.untyped_storage().data_ptr()
+            storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # a layout or subclass without one
             return True
+        ptr = storage.data_ptr()
         if not ptr:
             return True
         seq = _sequence_nr()
-        first = self.unwritten.setdefault(ptr, seq)
-        return first == seq
+        seen = self.unwritten.get(ptr)
+        if seen is not None and seen[0]() is storage:
+            return seen[1] == seq
+        # a new storage, maybe at a freed one's address (an earlier op's noise, dropped)
+        self.unwritten[ptr] = (weakref.ref(storage), seq)
+        return True
 
     def end_stop_mode(self) -> None:
         """Pop the plain replay's stop mode, if one was pushed, and take the serving mode's

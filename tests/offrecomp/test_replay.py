@@ -18,7 +18,7 @@ import offrecomp.diagnostics
 from offrecomp import Placement, Plan
 from offrecomp.regions import READ_SNAPSHOT_MAX_BYTES
 from tests import models
-from tests.helpers import check_variant, tight_budget, train, train_bitwise, twin
+from tests.helpers import assert_bitwise, check_variant, tight_budget, train, train_bitwise, twin
 
 
 @pytest.fixture(autouse=True)
@@ -1179,3 +1179,78 @@ def test_a_call_that_saved_nothing_sends_no_input_to_host() -> None:
     assert all(torch.equal(a, b) for a, b in zip(ref, got))
     s = rt.report().steps[-1]
     assert s.d2h_bytes > 0 and s.d2h_bytes == s.h2d_bytes == s.offloaded_bytes, (s.d2h_bytes, s.h2d_bytes, s.offloaded_bytes)
+
+
+def test_a_replay_stops_early_only_at_a_storage_saved_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Replay], step 5: a needed save without grad at version 0 lets its op finish
+    (it may fill it, as ``rrelu_with_noise`` fills its noise) unless an earlier op saved
+    that storage. An earlier op's save of another storage at the same address (its
+    noise, not needed and freed, the address reused) is no such save: the replay stopped
+    at once, before the noise was filled (other gradients, in some runs, under a plan
+    keeping the first RReLU's noise). Two storages over one buffer stand for the reuse."""
+    import offrecomp.replay as replay
+
+    seq = [1]
+    monkeypatch.setattr(replay, "_sequence_nr", lambda: seq[0])
+    buf = np.zeros(8, dtype=np.float32)
+    first, second = torch.from_numpy(buf), torch.from_numpy(buf)
+    assert first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
+    assert first.untyped_storage() is not second.untyped_storage()
+    capture = replay._SaveCapture("block", {1}, hold=False)
+    try:
+        capture.pack(first)  # save #0 (not needed), first op
+        seq[0] = 2
+        capture.pack(second)  # save #1, the last needed, a later op: it may still fill it
+        assert not capture.stopped and capture.complete == 2
+        seq[0] = 3
+        with pytest.raises(replay._StopReplay):  # the op after it stops the replay
+            capture.pack(torch.ones(2))
+        same = replay._SaveCapture("block", {1}, hold=False)
+        seq[0] = 4
+        same.pack(first)
+        seq[0] = 5
+        with pytest.raises(replay._StopReplay):  # the same storage saved before: at once
+            same.pack(first)
+    finally:
+        capture.end_stop_mode()
+
+
+class _TwoRReLU(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = nn.functional.rrelu(self.fc(x), training=True)
+        return x + nn.functional.rrelu(h * 1.5, training=True)
+
+
+class _RReLUStack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_TwoRReLU() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x.square().mean()
+
+
+def test_a_plan_keeping_one_rrelu_noise_replays_the_other_filled() -> None:
+    """The case behind the test above, end to end: gradients bitwise under a plan that
+    keeps the first RReLU's noise and drops the second's (a few runs, the address reuse
+    being the allocator's)."""
+    torch.manual_seed(0)
+    model = _RReLUStack()
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(16, 32, generator=torch.Generator().manual_seed(s))
+
+    ref = train(twin(model), batch, steps=3)
+    keep = {(f"blocks.{i}", 0, k): Placement.KEEP for i in range(3) for k in (0, 1, 2)}
+    for _ in range(3):
+        m = twin(model)
+        rt = offrecomp.runtime(m, mode="auto", min_bytes=0)
+        rt.set_plan(Plan(default=Placement.RECOMPUTE, placements=keep))
+        assert_bitwise(ref, train(m, batch, rt, steps=3))
+        assert rt.report().steps[-1].replays == 3
