@@ -3,11 +3,13 @@ copies of their values at entry that a replay runs on, and what those copies hol
 
 A call captures its region's buffer slots at entry (``capture_buffers``), finds at exit
 which of them its forward mutated or reassigned (``finish_buffers``), and its replay
-swaps the entry values in and the post-forward ones back (``replay._swap_buffers``).
+swaps the entry values in and the post-forward ones back (``swap_buffers``).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +26,7 @@ __all__ = [
     "finish_buffers",
     "modified_buffers",
     "snapshot_bytes",
+    "swap_buffers",
 ]
 
 #: Buffers larger than this are not snapshotted at region entry (NOTE [Replay and module
@@ -104,6 +107,8 @@ def finish_buffers(state: BufferState | None) -> None:
     mutated = []
     compared: list[int] = []
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    rebound: list[int] = []
+    rebound_pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
     slots = state.slots
     for i, (m, n) in enumerate(slots):
         b = buffer_of(m, n)
@@ -111,6 +116,11 @@ def finish_buffers(state: BufferState | None) -> None:
         snap = state.snapshots[i]
         if b is not entry:
             mutated.append(i)  # reassigned (or set to None) by the forward
+            if snap is not None and entry is not None and entry.layout == torch.strided and (
+                int(entry._version) == state.versions[i]
+            ):
+                rebound.append(i)  # NOTE [Rebound buffers]: the entry tensor may hold its values
+                rebound_pairs.append((snap, entry.detach()))
             continue
         if b is None:
             continue
@@ -119,9 +129,13 @@ def finish_buffers(state: BufferState | None) -> None:
         elif snap is not None and b.layout == torch.strided:
             compared.append(i)
             pairs.append((snap, b.detach()))
-    if pairs:
-        mutated.extend(i for i, d in zip(compared, differ(pairs)) if d)
+    if pairs or rebound_pairs:
+        found = differ(pairs + rebound_pairs)
+        mutated.extend(i for i, d in zip(compared, found) if d)
         mutated.sort()
+        for i, d in zip(rebound, found[len(pairs) :]):
+            if not d:
+                state.snapshots[i] = None  # NOTE [Rebound buffers]
     state.mutated = mutated
     # The tensors the forward read are needed for replay (NOTE [Replay and buffer
     # slots]); of the snapshots of buffers it only read, the small ones (NOTE [Buffers
@@ -147,6 +161,17 @@ def snapshot_bytes(state: BufferState, device: torch.device | None) -> int:
         for s in state.snapshots
         if s is not None and (device is None or s.device.type == device.type)
     )
+
+
+# NOTE [Rebound buffers]
+# A forward that binds a new tensor to a buffer slot (a spiking neuron's membrane, a
+# streaming layer's cache: ``self.mem = beta * self.mem + x``) leaves the tensor of the
+# call's entry as it was, and the call holds that tensor (``BufferState.objects``). A
+# copy of it repeats its values: the copy goes at the call's exit when the entry tensor's
+# version did not move and its values still equal the copy's, and a replay runs on (a
+# clone of) the entry tensor. Written in place after that (its version moved), it no
+# longer holds what the forward read, and the replay raises rather than run on other
+# values. A spiking network of 16 such calls held 2x keep's peak under recompute.
 
 
 # NOTE [Buffer comparisons]
@@ -192,7 +217,7 @@ def differ_at_once(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]
 # Plain autograd keeps what that forward saved; a replay would recompute it from the
 # new statistics. So the snapshot of each small buffer (up to READ_SNAPSHOT_MAX_BYTES) a
 # forward only read is kept, and a replay finding the buffer's values changed runs on a
-# copy of the snapshot, the buffer back after (``replay._swap_buffers``), whether the
+# copy of the snapshot, the buffer back after (``swap_buffers``), whether the
 # write moved the version or not. A larger one is checked by its version only: a write
 # that moved it stops the replay with an error (``modified_buffers``), one that did not
 # goes unseen.
@@ -204,7 +229,7 @@ def differ_at_once(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]
 # ...)``, fast-weight libraries that set ``module._buffers``): the forward read that
 # tensor, and backward runs when the slot holds the module's own again. So the state
 # keeps the tensor each slot held at entry, and a replay puts it back into a slot that
-# now holds another (``replay._swap_buffers``), and the current one afterwards; the
+# now holds another (``swap_buffers``), and the current one afterwards; the
 # version check of a buffer the forward left as it was reads that tensor, not the slot.
 
 
@@ -223,3 +248,64 @@ def modified_buffers(state: BufferState) -> dict[int, str]:
                 f"buffer {n!r} of {type(m).__name__} (version {v} -> {int(b._version)})"
             )
     return out
+
+
+@contextlib.contextmanager
+def swap_buffers(state: BufferState, region_name: str) -> Iterator[None]:
+    """NOTE [Replay and module state]: the replay runs on copies of the entry values; the
+    post-forward tensors go back into their slots afterwards, untouched. A buffer the
+    forward left as it was is read as the tensor the forward read (NOTE [Replay and
+    buffer slots] in regions.py)."""
+    slots = state.slots
+    saved: list[tuple[int, torch.Tensor | None]] = []
+    untouched = state.untouched or ()
+    checked: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+    for i, _ in untouched:
+        snap, read = state.snapshots[i], state.objects[i]
+        if snap is not None and read is not None and snap.layout == torch.strided:
+            checked.append((i, snap, read.detach()))
+    written = differ([(snap, read) for _, snap, read in checked])  # NOTE [Buffer comparisons]
+    since = {i: snap for (i, snap, _), d in zip(checked, written) if d}
+    for i, _ in untouched:
+        m, n = slots[i]
+        now, read = buffer_of(m, n), state.objects[i]
+        if i in since:
+            read = since[i].clone()  # written since, seen or not (NOTE [Buffers written unseen])
+        if now is not read:
+            saved.append((i, now))
+            m._buffers[n] = read
+    with torch.no_grad():
+        for i in state.mutated or ():
+            m, n = slots[i]
+            post = buffer_of(m, n)
+            saved.append((i, post))
+            entry = state.snapshots[i]
+            obj = state.objects[i]
+            if entry is None and obj is not None:
+                # reassigned: the entry tensor itself holds the entry values (NOTE
+                # [Rebound buffers]); a large buffer mutated in place: only its
+                # post-forward value is known (logged at region exit)
+                if obj is not post and int(obj._version) != state.versions[i]:
+                    raise RuntimeError(_rebound_written(region_name, n, state.versions[i], int(obj._version)))
+                entry = obj
+            # obj None: the slot was None at entry (a memory the forward sets), and is again;
+            # a recurrent memory with a graph (a spiking neuron's membrane) required grad:
+            # its copy does too, or autograd saves other tensors in the replay
+            m._buffers[n] = None if entry is None else entry.detach().clone().requires_grad_(
+                obj is not None and obj.requires_grad
+            )
+    try:
+        yield
+    finally:
+        for i, post in saved:
+            m, n = slots[i]
+            m._buffers[n] = post
+
+
+def _rebound_written(region_name: str, name: str, was: int, now: int) -> str:
+    return (
+        f"offrecomp: buffer {name!r} of region {region_name!r} was rebound by its forward, and the "
+        f"tensor it held when the forward began was written in place since (version {was} -> "
+        f"{now}): a replay cannot run on the values the forward read. Hint: write a new tensor "
+        "instead, or exclude the block with regions=."
+    )

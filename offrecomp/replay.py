@@ -57,7 +57,7 @@ from torch import nn
 
 from offrecomp import _torch_compat as tc
 from offrecomp.arguments import ArgState, holding, replay_arguments
-from offrecomp.buffers import BufferState, differ, modified_buffers
+from offrecomp.buffers import modified_buffers, swap_buffers
 from offrecomp.changes import entry_values, exit_values, left_at_entry, swap_attrs
 from offrecomp.diagnostics import log_once
 from offrecomp.interrupts import finish
@@ -65,7 +65,6 @@ from offrecomp.regions import (
     ParamState,
     autocast_as_now,
     autocast_contexts,
-    buffer_of,
     capture_rng,
     modified_params,
     param_of,
@@ -203,56 +202,6 @@ def _no_unpack(_: Any) -> Any:
 # object) is not known: a serving replay drawing from it diverges, a plain one draws
 # other numbers. One created inside the forward needs nothing (the replay creates it
 # again).
-
-
-@contextlib.contextmanager
-def _swap_buffers(state: BufferState) -> Iterator[None]:
-    """NOTE [Replay and module state]: the replay runs on copies of the entry values; the
-    post-forward tensors go back into their slots afterwards, untouched. A buffer the
-    forward left as it was is read as the tensor the forward read (NOTE [Replay and
-    buffer slots] in regions.py)."""
-    slots = state.slots
-    saved: list[tuple[int, torch.Tensor | None]] = []
-    untouched = state.untouched or ()
-    checked: list[tuple[int, torch.Tensor, torch.Tensor]] = []
-    for i, _ in untouched:
-        snap, read = state.snapshots[i], state.objects[i]
-        if snap is not None and read is not None and snap.layout == torch.strided:
-            checked.append((i, snap, read.detach()))
-    written = differ([(snap, read) for _, snap, read in checked])  # NOTE [Buffer comparisons]
-    since = {i: snap for (i, snap, _), d in zip(checked, written) if d}
-    for i, _ in untouched:
-        m, n = slots[i]
-        now, read = buffer_of(m, n), state.objects[i]
-        if i in since:
-            read = since[i].clone()  # written since, seen or not (NOTE [Buffers written unseen])
-        if now is not read:
-            saved.append((i, now))
-            m._buffers[n] = read
-    with torch.no_grad():
-        for i in state.mutated or ():
-            m, n = slots[i]
-            post = buffer_of(m, n)
-            saved.append((i, post))
-            entry = state.snapshots[i]
-            obj = state.objects[i]
-            if entry is None and obj is not None:
-                # reassigned: the entry tensor itself still holds the entry values
-                # unless it was also written; a large buffer mutated in place: only its
-                # post-forward value is known (logged at region exit)
-                entry = obj if obj is not post and int(obj._version) == state.versions[i] else post
-            # obj None: the slot was None at entry (a memory the forward sets), and is again;
-            # a recurrent memory with a graph (a spiking neuron's membrane) required grad:
-            # its copy does too, or autograd saves other tensors in the replay
-            m._buffers[n] = None if entry is None else entry.detach().clone().requires_grad_(
-                obj is not None and obj.requires_grad
-            )
-    try:
-        yield
-    finally:
-        for i, post in saved:
-            m, n = slots[i]
-            m._buffers[n] = post
 
 
 @contextlib.contextmanager
@@ -448,7 +397,7 @@ def _replay_forward(
         # each context below is entered only where the call has state for it to restore
         buffers, params = call.buffers, call.params
         if buffers is not None and (buffers.mutated or buffers.untouched):
-            stack.enter_context(_swap_buffers(buffers))
+            stack.enter_context(swap_buffers(buffers, call.name))
         if params is not None:
             stack.enter_context(_swap_params(call, params))
         stack.enter_context(_training_as_forward(call))
