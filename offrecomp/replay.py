@@ -683,10 +683,18 @@ def _replay_until_captured(
                 _hold_saves_from_now_on(call)
                 program = None  # this replay, too, runs plainly
                 continue
+            # the mode holds its divergence, whose traceback holds the mode and the frames
+            # of the replayed forward (its activations): no cycle, so they go with the error
             first = mode.diverged if mode is not None else None
-            if first is not None and exc is not first:
+            if mode is not None:
+                mode.diverged = None
+            if first is None or first is exc:
+                first = None
+                raise
+            try:
                 raise first from exc
-            raise
+            finally:
+                first = None
         finally:
             saves.running = False
             saves.last = last

@@ -446,3 +446,59 @@ def test_replays_under_the_serving_mode_leave_no_cycle_holding_their_tensors(rep
             assert not cyclic, [tuple(t.shape) for t in cyclic[:4]]
     assert [s.phase for s in rt.report().steps][:2] == ["measure", "calibrate"]
     assert rt.report().steps[-1].replays > 0
+
+
+class _GrownCache(nn.Module):
+    """Attention-free block with a cos table kept as a buffer and grown in forward when a
+    longer sequence arrives (as lazily sized RoPE caches are)."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.register_buffer("cos", torch.ones(8, d), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        if self.cos.shape[0] < t:
+            pos = torch.arange(t, dtype=x.dtype)
+            inv = torch.linspace(0.1, 1.0, x.shape[-1])[: x.shape[-1] // 2]
+            freqs = torch.outer(pos, inv)
+            self.cos = torch.cat([freqs, freqs], -1).cos()
+        return x + torch.tanh(self.fc(x * self.cos[:t]))
+
+
+def test_a_diverged_serving_replay_leaves_no_cycle_holding_its_tensors() -> None:
+    """A serving replay that diverges (here a calibration probe that looked past the
+    recorded growth of a cache at the wrong op) left the serving mode holding its
+    divergence, whose traceback holds the mode and the replayed forward's frames: every
+    tensor of that replay lived until a garbage collection, after backward (a
+    calibration step held 1.5-1.6x recompute's peak in a long-sequence sweep). The
+    collector must find no tensor in a cycle; gradients bitwise."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*(_GrownCache() for _ in range(3)))
+    lengths = [48, 64, 96, 128, 96, 128]
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(2, lengths[s], 32, generator=torch.Generator().manual_seed(s))
+
+    ref, m = copy.deepcopy(model), copy.deepcopy(model)
+    rt = offrecomp.runtime(m, mode="auto", min_bytes=0)
+    gc.collect()  # what earlier tests left
+    with rt:
+        for s in range(len(lengths)):
+            for net in (ref, m):
+                net.zero_grad(set_to_none=True)
+                net(batch(s)).square().mean().backward()
+            assert all(torch.equal(a.grad, b.grad) for a, b in zip(ref.parameters(), m.parameters()))  # type: ignore[arg-type]
+            if s == 0:
+                gc.collect()  # the first step imports modules lazily (torch.fx), which leaves cycles once
+                continue
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            try:
+                gc.collect()
+                cyclic = [o for o in gc.garbage if isinstance(o, torch.Tensor)]
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+            assert not cyclic, (s, [tuple(t.shape) for t in cyclic[:4]])
+    assert "calibrate" in [r.phase for r in rt.report().steps]
