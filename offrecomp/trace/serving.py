@@ -158,7 +158,7 @@ class ServingMode(_RegionMode):
                     cast=True,
                 )
         if expected != name:
-            j = st.skip_build(k, name)  # NOTE [Skipped builds] in structure.py
+            j = st.skip_build(k, name, _scalars_of(op_leaves((args, kwargs))))  # NOTE [Skipped builds] in structure.py
             if j >= 0:
                 if not st.skipped_builds:
                     log.info(

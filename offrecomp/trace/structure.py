@@ -71,9 +71,10 @@ replay dispatches another op than the recording's next one, the serving mode loo
 a run of recorded ops that reads nothing from outside the run (factory ops such as
 ``full``, ``arange``, ``triu`` and what they feed one another), draws no random numbers,
 writes nothing it did not make and saves nothing, and goes on at the first op after it
-that the replay's op matches. The skipped ops' outputs are what the cached tensor holds:
-the forward of this pass took the tensor from the same cache, and the replay reruns that
-forward. A run that reads an input, a parameter or a buffer (a tensor computed from the
+that the replay's op matches, by name and non-tensor arguments (an op of the build may
+have the replay's op's name: a ``slice`` of a frequency table). The skipped ops'
+outputs are what the cached tensor holds: the forward of this pass took the tensor from
+the same cache, and the replay reruns that forward. A run that reads an input, a parameter or a buffer (a tensor computed from the
 data and stashed) is never skipped, so a replay that Python state sends down another
 branch still raises. ``RegionStructure.build_roots`` holds, per op, the first op of the
 run it may belong to.
@@ -173,9 +174,10 @@ class RegionStructure:
     skipped_builds: int = 0
     """Recorded ops serving replays have skipped as builds of a cached tensor."""
 
-    def skip_build(self, k: int, name: str) -> int:
-        """NOTE [Skipped builds]: the index of the first op named ``name`` after a run of
-        recorded ops from ``k`` that reads nothing from outside itself, or -1."""
+    def skip_build(self, k: int, name: str, scalars: tuple[Any, ...] | None = None) -> int:
+        """NOTE [Skipped builds]: the index of the first op named ``name`` (with the
+        non-tensor arguments ``scalars``, where given) after a run of recorded ops from
+        ``k`` that reads nothing from outside itself, or -1."""
         roots = self.build_roots
         n = min(len(roots), len(self.op_names))
         j = k
@@ -184,6 +186,8 @@ class RegionStructure:
             if j < n and self.op_names[j] == name:
                 if j in self.param_casts or any(k < s <= j for s in self.save_ops):
                     return -1
+                if scalars is not None and j < len(self.op_scalars) and self.op_scalars[j] != scalars:
+                    continue  # an op of the build itself (its own slice of a table, say)
                 return j
         return -1
 

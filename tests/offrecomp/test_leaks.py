@@ -460,7 +460,7 @@ class _GrownCache(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[1]
         if self.cos.shape[0] < t:
-            pos = torch.arange(t, dtype=x.dtype)
+            pos = torch.arange(2 * t, dtype=x.dtype)[:t]  # a slice the replay's looks like
             inv = torch.linspace(0.1, 1.0, x.shape[-1])[: x.shape[-1] // 2]
             freqs = torch.outer(pos, inv)
             self.cos = torch.cat([freqs, freqs], -1).cos()
