@@ -122,12 +122,12 @@ def explain_plan(
     for r in profile.regions:
         b = {p: 0 for p in Placement}
         n = {p: 0 for p in Placement}
-        placed = []
-        for i, s in enumerate(r.storages):
-            pl = plan.placement((r.name, r.call_index, i))
-            placed.append(pl)
-            b[pl] += s.nbytes
-            n[pl] += 1
+        held = plan.held(r.name, r.call_index, [s.kind for s in r.storages])
+        placed = [plan.placement((r.name, r.call_index, i)) for i in range(len(r.storages))]
+        for s, pl in zip(r.storages, held):
+            if pl is not None:  # a snapshot of a call kept whole holds nothing
+                b[pl] += s.nbytes
+                n[pl] += 1
         predicted = replay_seconds(r, placed, op_overhead_seconds=profile.replay_op_seconds)
         ran = (replays or {}).get((r.name, r.call_index))
         values = [

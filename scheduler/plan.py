@@ -10,7 +10,7 @@ case it falls back to KEEP and counts the fallback in its report.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["ROOT", "Placement", "Plan", "StorageKey"]
@@ -97,6 +97,15 @@ class Plan:
 
     def __iter__(self) -> Iterator[tuple[StorageKey, Placement]]:
         return iter(self.placements.items())
+
+    def held(self, name: str, call_index: int, kinds: Sequence[str]) -> list[Placement | None]:
+        """The placement of each storage of a region call (``kinds``: the storages' kinds,
+        in order), None for a ``snapshot`` of a call the plan keeps whole: such a call
+        takes no replay checkpoint and holds no copies (NOTE [Replay and module state] in
+        offrecomp/buffers.py)."""
+        placed = [self.placement((name, call_index, i)) for i in range(len(kinds))]
+        whole = all(p is Placement.KEEP for p, k in zip(placed, kinds) if k != "snapshot")
+        return [None if whole and k == "snapshot" else p for p, k in zip(placed, kinds)]
 
     def counts(self) -> Mapping[Placement, int]:
         out = {p: 0 for p in Placement}

@@ -284,11 +284,13 @@ class Solver:
 
 def _log_plan(entry: PlanEntry, plan: Plan, profile: Profile) -> None:
     """One INFO line for the plan applied, one for the inputs it was solved from."""
-    counts = plan.counts()
+    counts = {p: 0 for p in Placement}
     nbytes = {p: 0 for p in Placement}
     for r in profile.regions:
-        for i, s in enumerate(r.storages):
-            nbytes[plan.placement((r.name, r.call_index, i))] += s.nbytes
+        for s, held in zip(r.storages, plan.held(r.name, r.call_index, [s.kind for s in r.storages])):
+            if held is not None:  # a snapshot of a call kept whole holds nothing
+                counts[held] += 1
+                nbytes[held] += s.nbytes
     log.info(
         "offrecomp: plan %s for %s: keep %d (%s), offload %d (%s), recompute %d (%s); "
         "budget %s, predicted peak %s, predicted step %.4fs%s",

@@ -186,3 +186,25 @@ def test_a_placement_the_rules_refuse_is_logged_once_and_marked(mode: str, caplo
     assert "2 kept against it: storage 0 RECOMPUTE (a region input" in rows["0"], rt.explain()
     recompute, why = re.split(r"\s{2,}", rows["1"].strip())[4:]
     assert why == "rt.set_plan()" and recompute == "1/128 B", rt.explain()
+
+
+def test_a_snapshot_of_a_call_kept_whole_is_not_shown_as_kept() -> None:
+    """A region call's buffer copies (a ``snapshot`` storage) are held only where the
+    plan does not keep the call whole; ``explain()``'s counts and the plan's log line
+    counted them as kept for a call kept whole too."""
+    from offrecomp.explain import explain_plan
+    from scheduler import Plan, Profile, RegionRecord, StorageRecord
+    from scheduler.plan import Placement
+
+    def call(i: int) -> RegionRecord:
+        return RegionRecord(
+            name="b", call_index=i, start_seconds=0.0, forward_seconds=1.0, backward_seconds=1.0,
+            storages=[StorageRecord(nbytes=100), StorageRecord(nbytes=50, kind="snapshot", saves=0)],
+        )
+
+    profile = Profile(signature="s", forward_seconds=2.0, backward_seconds=2.0, regions=[call(0), call(1)])
+    plan = Plan(placements={("b", 1, 0): Placement.RECOMPUTE})
+    assert plan.held("b", 0, ["activation", "snapshot"]) == [Placement.KEEP, None]
+    assert plan.held("b", 1, ["activation", "snapshot"]) == [Placement.RECOMPUTE, Placement.KEEP]
+    rows = [line.split() for line in explain_plan("s", plan, profile, []).splitlines() if line.lstrip().startswith("b ")]
+    assert rows[0][2] == "1/100" and rows[1][2] == "1/50", rows  # keep: count/bytes
