@@ -418,6 +418,17 @@ def test_reloads_of_saves_no_node_reads_go_at_the_backwards_end() -> None:
     assert m[0].aux is not None and torch.equal(m[0].aux, ref[0].aux)  # type: ignore[arg-type]
 
 
+def _cyclic_tensors() -> list[torch.Tensor]:
+    """The tensors a garbage collection finds in reference cycles now."""
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        return [o for o in gc.garbage if isinstance(o, torch.Tensor)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
 @pytest.mark.parametrize("replay_op_us", [None, 0.0])
 def test_replays_under_the_serving_mode_leave_no_cycle_holding_their_tensors(replay_op_us: float | None) -> None:
     """A replay under the serving mode that stops at a later op hung its stop on the mode,
@@ -436,13 +447,7 @@ def test_replays_under_the_serving_mode_leave_no_cycle_holding_their_tensors(rep
             m(x).square().mean().backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            gc.set_debug(gc.DEBUG_SAVEALL)
-            try:
-                gc.collect()
-                cyclic = [o for o in gc.garbage if isinstance(o, torch.Tensor)]
-            finally:
-                gc.set_debug(0)
-                gc.garbage.clear()
+            cyclic = _cyclic_tensors()
             assert not cyclic, [tuple(t.shape) for t in cyclic[:4]]
     assert [s.phase for s in rt.report().steps][:2] == ["measure", "calibrate"]
     assert rt.report().steps[-1].replays > 0
@@ -493,12 +498,6 @@ def test_a_diverged_serving_replay_leaves_no_cycle_holding_its_tensors() -> None
             if s == 0:
                 gc.collect()  # the first step imports modules lazily (torch.fx), which leaves cycles once
                 continue
-            gc.set_debug(gc.DEBUG_SAVEALL)
-            try:
-                gc.collect()
-                cyclic = [o for o in gc.garbage if isinstance(o, torch.Tensor)]
-            finally:
-                gc.set_debug(0)
-                gc.garbage.clear()
+            cyclic = _cyclic_tensors()
             assert not cyclic, (s, [tuple(t.shape) for t in cyclic[:4]])
     assert "calibrate" in [r.phase for r in rt.report().steps]
