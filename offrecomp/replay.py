@@ -683,22 +683,17 @@ def _replay_until_captured(
                 _hold_saves_from_now_on(call)
                 program = None  # this replay, too, runs plainly
                 continue
-            # the mode holds its divergence, whose traceback holds the mode and the frames
-            # of the replayed forward (its activations): no cycle, so they go with the error
-            first = mode.diverged if mode is not None else None
-            if mode is not None:
-                mode.diverged = None
-            if first is None or first is exc:
-                first = None
-                raise
-            try:
-                raise first from exc
-            finally:
-                first = None
+            if mode is not None and mode.diverged is not None and mode.diverged is not exc:
+                raise mode.diverged from exc
+            raise
         finally:
             saves.running = False
             saves.last = last
             saves.end_stop_mode()
+            if mode is not None:
+                # its divergence's traceback holds the mode and the replayed forward's
+                # frames (its activations): a cycle, were it kept past this run
+                mode.diverged = None
 
 
 def replay_call(
