@@ -105,10 +105,8 @@ def finish_buffers(state: BufferState | None) -> None:
     if state is None:
         return
     mutated = []
-    compared: list[int] = []
+    checked: list[tuple[int, bool]] = []  # (slot, rebound by the forward) of each pair
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-    rebound: list[int] = []
-    rebound_pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
     slots = state.slots
     for i, (m, n) in enumerate(slots):
         b = buffer_of(m, n)
@@ -119,30 +117,30 @@ def finish_buffers(state: BufferState | None) -> None:
             if snap is not None and entry is not None and entry.layout == torch.strided and (
                 int(entry._version) == state.versions[i]
             ):
-                rebound.append(i)  # NOTE [Rebound buffers]: the entry tensor may hold its values
-                rebound_pairs.append((snap, entry.detach()))
+                checked.append((i, True))  # NOTE [Rebound buffers]: the entry tensor may hold its values
+                pairs.append((snap, entry.detach()))
             continue
         if b is None:
             continue
         if int(b._version) != state.versions[i]:
             mutated.append(i)
         elif snap is not None and b.layout == torch.strided:
-            compared.append(i)
+            checked.append((i, False))
             pairs.append((snap, b.detach()))
-    if pairs or rebound_pairs:
-        found = differ(pairs + rebound_pairs)
-        mutated.extend(i for i, d in zip(compared, found) if d)
-        mutated.sort()
-        for i, d in zip(rebound, found[len(pairs) :]):
-            if not d:
-                state.snapshots[i] = None  # NOTE [Rebound buffers]
+    for (i, rebound), d in zip(checked, differ(pairs)):
+        if rebound and not d:
+            state.snapshots[i] = None  # NOTE [Rebound buffers]
+        elif not rebound and d:
+            mutated.append(i)
+    mutated.sort()
     state.mutated = mutated
     # The tensors the forward read are needed for replay (NOTE [Replay and buffer
     # slots]); of the snapshots of buffers it only read, the small ones (NOTE [Buffers
     # written unseen]).
     untouched = []
+    written = set(mutated)
     for i in range(len(slots)):
-        if i not in mutated:
+        if i not in written:
             b = state.objects[i]
             if b is not None:
                 untouched.append((i, int(b._version)))
@@ -171,7 +169,7 @@ def snapshot_bytes(state: BufferState, device: torch.device | None) -> int:
 # version did not move and its values still equal the copy's, and a replay runs on (a
 # clone of) the entry tensor. Written in place after that (its version moved), it no
 # longer holds what the forward read, and the replay raises rather than run on other
-# values. A spiking network of 16 such calls held 2x keep's peak under recompute.
+# values. A spiking network's membranes are such slots: a copy each would double them.
 
 
 # NOTE [Buffer comparisons]
