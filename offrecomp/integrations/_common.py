@@ -300,7 +300,6 @@ def own_checkpointing(model: nn.Module) -> list[tuple[nn.Module, dict[str, Any]]
             if "_gradient_checkpointing_func" in vars(m):
                 attrs["_gradient_checkpointing_func"] = vars(m)["_gradient_checkpointing_func"]
             state.append((m, attrs))
-    for m in model.modules():
         if _input_hooked(m):
             state.append((m, {"input_require_grads": True}))
     return state
