@@ -123,7 +123,7 @@ def explain_plan(
         b = {p: 0 for p in Placement}
         n = {p: 0 for p in Placement}
         held = plan.held(r.name, r.call_index, [s.kind for s in r.storages])
-        placed = [plan.placement((r.name, r.call_index, i)) for i in range(len(r.storages))]
+        placed = [KEEP if pl is None else pl for pl in held]  # what the replay's cost reads
         for s, pl in zip(r.storages, held):
             if pl is not None:  # a snapshot of a call kept whole holds nothing
                 b[pl] += s.nbytes

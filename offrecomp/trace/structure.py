@@ -74,10 +74,10 @@ writes nothing it did not make and saves nothing, and goes on at the first op af
 that the replay's op matches, by name and non-tensor arguments (an op of the build may
 have the replay's op's name: a ``slice`` of a frequency table). The skipped ops'
 outputs are what the cached tensor holds: the forward of this pass took the tensor from
-the same cache, and the replay reruns that forward. A run that reads an input, a parameter or a buffer (a tensor computed from the
-data and stashed) is never skipped, so a replay that Python state sends down another
-branch still raises. ``RegionStructure.build_roots`` holds, per op, the first op of the
-run it may belong to.
+the same cache, and the replay reruns that forward. A run that reads an input, a
+parameter or a buffer (a tensor computed from the data and stashed) is never skipped, so
+a replay that Python state sends down another branch still raises.
+``RegionStructure.build_roots`` holds, per op, the first op of the run it may belong to.
 """
 
 from __future__ import annotations
