@@ -84,7 +84,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scheduler.flat import FlatProfile, flatten, placement_array
+from scheduler.flat import KIND_SNAPSHOT, FlatProfile, flatten, placement_array
 from scheduler.kernels import njit, njit_inline, replay_costs
 from scheduler.plan import Placement, Plan
 from scheduler.profile import INPUT_LOOKBACK, Profile
@@ -316,7 +316,7 @@ def _counted_once(place, save_order, allocation, kind, unsaved, hooked, unit_of,
         s = save_order[i]
         u = unit_of[s]
         first = allocation[s]
-        if kind[s] == 4:  # a snapshot: counted with the checkpoint, alone in its allocation
+        if kind[s] == KIND_SNAPSHOT:  # counted with the checkpoint, alone in its allocation
             once[s] = not hooked[u]
             continue
         if kind[s] == 1 and not hooked[u]:  # no checkpoint: no input record
