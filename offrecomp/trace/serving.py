@@ -113,6 +113,10 @@ class ServingMode(_RegionMode):
         self.diverged: ReplayDivergedError | None = None
         """The divergence this replay raised (here or in its pack hook), in case code
         between it and the replay (as TorchScript does) turns it into another error."""
+        self._build: tuple[int, int, list[tuple[str, tuple[Any, ...]]]] | None = None
+        """NOTE [Skipped builds]: while the replay's ops after a skip are still inside the
+        skipped run: the run's first op, the op the replay went on at, and the name and
+        non-tensor arguments of each op the replay ran from there."""
 
     def diverge(self, msg: str, *, cast: bool = False, placeholder: bool = False) -> ReplayDivergedError:
         """Record a divergence; the caller raises what it returns. ``cast``: at a parameter
@@ -120,6 +124,51 @@ class ServingMode(_RegionMode):
         kind = CastDivergedError if cast else PlaceholderReadError if placeholder else ReplayDivergedError
         self.diverged = kind(msg)
         return self.diverged
+
+    def _skip_build(self, k: int, name: str, scalars: tuple[Any, ...]) -> int:
+        """NOTE [Skipped builds]: the recorded op the replay's op goes on at, past a build
+        its forward took from a cache, or -1. A run whose ops go on at another op of the
+        same name and arguments than the one the replay went on at (a slice of the
+        table both the build and every call take) is tried again at the next such op."""
+        st = self.structure
+        if self._build is not None:
+            k0, went_on, trail = self._build
+            self._build = None
+            m, j = len(trail), went_on
+            while (j := st.skip_build(k0, trail[0][0], trail[0][1], after=j)) >= 0:
+                at = j + m
+                if at < min(len(st.op_names), len(st.op_scalars)) and all(
+                    (st.op_names[j + i], st.op_scalars[j + i]) == trail[i] for i in range(m)
+                ) and (st.op_names[at], st.op_scalars[at]) == (name, scalars):
+                    st.skipped_builds += j - went_on
+                    self._build = (k0, j, trail)
+                    self.index = at + 1
+                    return at
+        j = st.skip_build(k, name, scalars)
+        if j < 0:
+            return -1
+        if not st.skipped_builds:
+            log.info(
+                "offrecomp: a serving replay of region %r skips recorded ops %d-%d (%s ...): "
+                "they built a tensor its forward now takes from a cache",
+                self.region_name, k, j - 1, st.op_names[k] if k < len(st.op_names) else None,
+            )
+        st.skipped_builds += j - k
+        self._build = (k, j, [])
+        self.index = j + 1
+        return j
+
+    def _follow(self, k: int, name: str, scalars: tuple[Any, ...]) -> None:
+        """The replay ran ``name`` at recorded op ``k`` after a skip: the skip holds once an
+        op reads what the run did not make (no later op of the run can be where the replay
+        goes on), or after 64 ops."""
+        assert self._build is not None
+        k0, _, trail = self._build
+        roots = self.structure.build_roots
+        if k >= len(roots) or roots[k] < k0 or len(trail) >= 64:
+            self._build = None
+        else:
+            trail.append((name, scalars))
 
     def _known(self, g: torch.Generator) -> bool:
         """Is ``g`` one of the call's captured generators? The dispatcher hands a mode a new
@@ -158,34 +207,33 @@ class ServingMode(_RegionMode):
                     cast=True,
                 )
         if expected != name:
-            j = st.skip_build(k, name, _scalars_of(op_leaves((args, kwargs))))  # NOTE [Skipped builds] in structure.py
+            j = self._skip_build(k, name, _scalars_of(op_leaves((args, kwargs))))
             if j >= 0:
-                if not st.skipped_builds:
-                    log.info(
-                        "offrecomp: a serving replay of region %r skips recorded ops %d-%d (%s ...): "
-                        "they built a tensor its forward now takes from a cache",
-                        self.region_name, k, j - 1, expected,
-                    )
-                st.skipped_builds += j - k
-                k = j
-                self.index = j + 1
-                expected = name
+                k, expected = j, name
         if expected != name:
             raise self.diverge(
                 f"offrecomp: replay of region {self.region_name!r} diverged at op {k}: the recorded "
                 f"forward ran {expected or '<nothing>'}, the replay ran {name}",
                 cast=k in st.param_casts,  # a recorded parameter cast the replay does not make
             )
-        action = self.program[k] if k < len(self.program) else RUN
-        if action == RUN:
+        # inside a skipped run the replay runs every op: it may yet go on elsewhere
+        action = self.program[k] if k < len(self.program) and self._build is None else RUN
+        # an op that reads no tensor is what its arguments make: checked before it is served
+        if action == RUN or (k < len(st.build_roots) and st.build_roots[k] == k):
             leaves = op_leaves((args, kwargs))
             scalars = _scalars_of(leaves)
+            if scalars != st.op_scalars[k]:
+                j = self._skip_build(k, name, scalars)
+                k, action = (j, RUN) if j >= 0 else (k, action)
+            if self._build is not None:
+                self._follow(k, name, scalars)
             if scalars != st.op_scalars[k]:
                 raise self.diverge(
                     f"offrecomp: replay of region {self.region_name!r} diverged at op {k} ({name}): "
                     f"non-tensor arguments {scalars} differ from the recorded forward's "
                     f"{st.op_scalars[k]}"
                 )
+        if action == RUN:
             if "<generator>" in scalars and not all(
                 self._known(x) for x in leaves if isinstance(x, torch.Generator)
             ):

@@ -72,7 +72,13 @@ a run of recorded ops that reads nothing from outside the run (factory ops such 
 ``full``, ``arange``, ``triu`` and what they feed one another), draws no random numbers,
 writes nothing it did not make and saves nothing, and goes on at the first op after it
 that the replay's op matches, by name and non-tensor arguments (an op of the build may
-have the replay's op's name: a ``slice`` of a frequency table). The skipped ops'
+have the replay's op's name: a ``slice`` of a frequency table). An op of the build may
+match by its arguments too (the build slices its table as every call slices the cached
+one): while the replay's ops after the skip are ops of the run, the replay runs them,
+serving none, and where one differs from the recording, the replay goes on at the next
+op of the run that its ops since the skip match. An op reading no tensor is checked
+against its recorded arguments even where it is served, so a build whose first op is
+the replay's op with other arguments is skipped too. The skipped ops'
 outputs are what the cached tensor holds: the forward of this pass took the tensor from
 the same cache, and the replay reruns that forward. A run that reads an input, a
 parameter or a buffer (a tensor computed from the data and stashed) is never skipped, so
@@ -174,13 +180,14 @@ class RegionStructure:
     skipped_builds: int = 0
     """Recorded ops serving replays have skipped as builds of a cached tensor."""
 
-    def skip_build(self, k: int, name: str, scalars: tuple[Any, ...] | None = None) -> int:
+    def skip_build(self, k: int, name: str, scalars: tuple[Any, ...] | None = None, after: int = -1) -> int:
         """NOTE [Skipped builds]: the index of the first op named ``name`` (with the
         non-tensor arguments ``scalars``, where given) after a run of recorded ops from
-        ``k`` that reads nothing from outside itself, or -1."""
+        ``k`` that reads nothing from outside itself, or -1; past ``after``, where given
+        (the next candidate)."""
         roots = self.build_roots
         n = min(len(roots), len(self.op_names))
-        j = k
+        j = max(k, after)
         while j < n and roots[j] >= k:
             j += 1
             if j < n and self.op_names[j] == name:

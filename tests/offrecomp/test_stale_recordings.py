@@ -494,7 +494,25 @@ def _added_bias(n: int) -> torch.Tensor:
     return _MASKS[n]
 
 
-_BIASES = {"lru_cache": _lru_bias, "dict": _dict_bias, "random": _random_bias, "added": _added_bias}
+def _sliced_bias(n: int) -> torch.Tensor:
+    """A build holding the very slice, arguments and all, that every call takes of the
+    cached table after it."""
+    if n not in _MASKS:
+        _MASKS[n] = torch.ones(2 * n, n)[:n].tril().log()
+    return _MASKS[n][:n]
+
+
+def _filled_bias(n: int) -> torch.Tensor:
+    """A build whose first op is the op every call runs after it, with other arguments."""
+    if n not in _MASKS:
+        _MASKS[n] = torch.full((n, n), 2.0).tril()
+    return _MASKS[n] - torch.full((n,), 1.0)
+
+
+_BIASES = {
+    "lru_cache": _lru_bias, "dict": _dict_bias, "random": _random_bias, "added": _added_bias,
+    "sliced": _sliced_bias, "filled": _filled_bias,
+}
 
 
 class _CachedBiasBlock(nn.Module):
@@ -535,12 +553,14 @@ def _bias_steps(bias: str) -> tuple[list[dict[str, torch.Tensor]], list[dict[str
     return _plain_then_planned(Stack([_CachedBiasBlock(bias) for _ in range(3)]), loss, 5, drop)
 
 
-@pytest.mark.parametrize("bias", ["lru_cache", "dict", "added"])
+@pytest.mark.parametrize("bias", ["lru_cache", "dict", "added", "sliced", "filled"])
 def test_a_tensor_cached_outside_the_modules_is_a_skipped_build(bias: str, caplog: pytest.LogCaptureFixture) -> None:
     """NOTE [Skipped builds]: serving replays of blocks.0 skip the recorded ops that built
     the bias, and match the ops after them, by name and non-tensor arguments: a build
-    holding an ``add`` made the replay's ``add`` resume inside it, and diverge; bitwise
-    equal to plain."""
+    holding an ``add`` made the replay's ``add`` resume inside it, and diverge; a build
+    holding the slice the replay takes of its table, arguments and all, made the replay
+    resume at that slice and diverge at the op after it, raising; a build whose first op
+    is the replay's op with other arguments raised; bitwise equal to plain."""
     with caplog.at_level(logging.INFO, logger="offrecomp.trace.serving"):
         ref, got, rt = _bias_steps(bias)
     assert_bitwise(ref, got)
