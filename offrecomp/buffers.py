@@ -124,8 +124,8 @@ def finish_buffers(state: BufferState | None) -> None:
             continue
         if int(b._version) != state.versions[i]:
             mutated.append(i)
-        elif snap is not None and b.layout == torch.strided:
-            checked.append((i, False))
+        elif snap is not None and b.layout == torch.strided and snap.numel() * snap.element_size() > READ_SNAPSHOT_MAX_BYTES:
+            checked.append((i, False))  # kept if written unseen, else let go (NOTE [Buffer comparisons])
             pairs.append((snap, b.detach()))
     for (i, rebound), d in zip(checked, differ(pairs)):
         if rebound and not d:
@@ -178,7 +178,13 @@ def snapshot_bytes(state: BufferState, device: torch.device | None) -> int:
 # per buffer, inside the forward, where a block of BatchNorm layers holds three buffers
 # each. ``differ`` compares the pairs of each device other than the CPU as one stack of
 # device flags read at once: one synchronisation per call and device. On the CPU each
-# pair is ``torch.equal``, the cheaper there.
+# pair is ``torch.equal``, the cheaper there. A call's exit compares only the buffers
+# whose copy it would let go if their values did not change (those over
+# READ_SNAPSHOT_MAX_BYTES, and rebound ones): the copy of a smaller buffer stays either
+# way (NOTE [Buffers written unseen]), and its replay compares it with the buffer
+# before it runs, running on the copy where the two differ, which is what it does for a
+# buffer the forward wrote. So a forward of BatchNorm blocks compares nothing, and
+# synchronises nowhere for its buffers.
 
 
 def differ(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:

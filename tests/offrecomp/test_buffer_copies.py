@@ -173,14 +173,51 @@ class _ConvBN(nn.Module):
         return x + F.relu(self.bn2(self.bn1(self.conv(x))))
 
 
+@pytest.mark.parametrize("train_mode", [True, False])
+def test_a_forward_of_blocks_of_small_buffers_compares_none(train_mode: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Buffer comparisons]: each call's exit compared its six BatchNorm buffers with
+    their copies (a synchronisation per call on a GPU), though the copies of buffers that
+    small stay either way; its replay compares them. The forward compares none; the
+    replays run on the copies where the statistics moved (training) and on the buffers
+    where they did not (evaluation); gradients and buffers bitwise."""
+    import offrecomp.buffers as buffers
+
+    compared: list[tuple[bool, int]] = []  # (in backward, pairs) per comparison
+    in_backward = [False]
+    real = buffers.differ
+
+    def counting(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
+        compared.append((in_backward[0], len(pairs)))
+        return real(pairs)
+
+    monkeypatch.setattr(buffers, "differ", counting)
+    torch.manual_seed(0)
+    model = nn.Sequential(*(_ConvBN(8) for _ in range(3))).train(train_mode)
+    x = torch.randn(2, 8, 8, 8)
+    ref, m = twin(model), twin(model)
+    with offrecomp.runtime(m, mode="recompute", min_bytes=0):
+        for _ in range(2):
+            for net in (ref, m):
+                net.zero_grad(set_to_none=True)
+                loss = net(x).square().mean()
+                in_backward[0] = True
+                loss.backward()
+                in_backward[0] = False
+            assert all(torch.equal(a.grad, b.grad) for a, b in zip(ref.parameters(), m.parameters()))  # type: ignore[arg-type]
+            assert all(torch.equal(a, b) for a, b in zip(ref.buffers(), m.buffers()))
+    assert sum(n for back, n in compared if not back) == 0, compared
+    per_call = 4 if train_mode else 6  # training bumps the version of num_batches_tracked: written
+    assert sum(n for back, n in compared if back) == 2 * 3 * per_call, compared
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("mode", ["recompute", "auto"])
 def test_a_forward_of_blocks_with_buffers_synchronises_once_per_call_on_cuda(mode: str) -> None:
     """NOTE [Buffer comparisons]: each region call compared its buffers with their
     snapshots by ``torch.equal``, a host synchronisation per buffer inside the forward
     (six per block of two BatchNorms here). A planned or recomputing forward
-    synchronises at most once per region call, and gradients and buffers match plain
-    bitwise."""
+    synchronises at most once per region call, none of them for its buffers, and
+    gradients and buffers match plain bitwise."""
     torch.manual_seed(0)
     blocks = 4
     model = nn.Sequential(*(_ConvBN() for _ in range(blocks))).cuda()
@@ -204,6 +241,7 @@ def test_a_forward_of_blocks_with_buffers_synchronises_once_per_call_on_cuda(mod
             loss.backward()
             if step == 3:
                 assert len(syncs) <= blocks, [str(w.message) for w in syncs]
+                assert not [w for w in syncs if w.filename.endswith("buffers.py")], [(w.filename, w.lineno) for w in syncs]
             assert all(torch.equal(a.grad, b.grad) for a, b in zip(ref.parameters(), m.parameters()))  # type: ignore[arg-type]
             assert all(torch.equal(a, b) for a, b in zip(ref.buffers(), m.buffers()))
     assert rt.report().steps[-1].replays > 0
