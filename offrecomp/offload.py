@@ -14,6 +14,7 @@ construction).
 
 The ordering edges are listed in NOTE [Stream ordering]; each wait goes through
 :meth:`OffloadEngine._wait_edge` with the edge's name so a test can remove exactly one.
+What a step moved, and how fast, is counted in a :class:`~offrecomp.offload_books.StepBooks`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import torch
 
 from offrecomp.backends import Backend, Event, Stream
 from offrecomp.config import Prefetch, format_bytes
-from offrecomp.pool import ALIGN_BYTES, FailureReason, PinnedPool
+from offrecomp.offload_books import StepBooks
+from offrecomp.pool import ALIGN_BYTES, PinnedPool
 from offrecomp.transfer import (
     NOT_PLANNED,
     Group,
@@ -37,7 +39,6 @@ from offrecomp.transfer import (
     InFlight,
     OffloadStats,
     ReloadBuffers,
-    gbps,
     slot_views,
 )
 
@@ -53,9 +54,6 @@ Edge = Literal[
     "compute_after_h2d",
     "free_after_h2d",
 ]
-
-#: Copies timed per link: one group in TIME_EVERY (NOTE [Timing without host waits]).
-TIME_EVERY = 4
 
 # NOTE [Stream ordering]
 # Six edges make a group's round trip race-free. Each one is enqueued as a GPU-side
@@ -147,18 +145,6 @@ TIME_EVERY = 4
 # engine is busy on this thread, the group goes to `_pending_frees` (a deque: appends
 # are atomic), which the next engine call drains before it does anything else.
 
-# NOTE [Timing without host waits]
-# Link rates come from timing events recorded around one group copy in TIME_EVERY on
-# each side stream; the other copies use untimed events, the cheap ones for ordering.
-# Stall time comes from a pair of timing events around fetch()'s compute-stream wait
-# (on the emulated backend these are host timestamps around the host wait); a reload
-# whose event query() already reports complete costs compute no wait (5 below is
-# skipped too), so it takes no events and books no stall. Elapsed
-# times are read only once query() says the end event completed, so a step's stats
-# include the copies that landed by end_step() and carry the rest into the next step
-# (`pending_timings`). Bandwidth is computed from the bytes whose time is known. Host
-# time of issue() and fetch() is measured with perf_counter on every call.
-
 # NOTE [Prefetch order]
 # Groups carry `ordinal`, their region call's place in forward order. Backward runs
 # regions in reverse, so reloads are issued in reverse issue order. On the first fetch
@@ -171,9 +157,6 @@ TIME_EVERY = 4
 # backward (retain_graph) prefetches the released groups again while the first never
 # reloads what it already consumed. Ordering is per step; groups of earlier steps are
 # reloaded on demand only.
-
-
-_TimingKind = Literal["d2h", "h2d", "stall"]
 
 
 class _Held:
@@ -264,14 +247,11 @@ class OffloadEngine:
         self._open_bytes = 0  # storages added to groups not issued yet (device bytes)
         self._outstanding_bytes = 0  # reloaded, not yet fetched
         self._fetched_bytes = 0  # reloads handed to compute, not released yet
-        self._timings: list[tuple[_TimingKind, Event, Event, int]] = []
-        self._timed = {"d2h": 0, "h2d": 0}  # copies seen, to time one in TIME_EVERY
-        self._warned: set[str] = set()
+        self._books = StepBooks()  # the step's counters and timings (offload_books.py)
         self._busy = 0  # depth of engine calls on the thread holding the lock
         self._pending_frees: deque[Group] = deque()
         self._open_reserved = 0  # the same, aligned as the pool will carve them
         self._reuse = ReloadBuffers()
-        self._reset_counters()
         logger.debug(
             "offrecomp: offload engine on the %s backend: host limit %s, in-flight window %s, "
             "prefetch %s",
@@ -308,7 +288,7 @@ class OffloadEngine:
             with self._locked():
                 self._return_blocks()  # freed groups' blocks may be back by now
                 if pool.refusing or pool.in_use_bytes + reserved > pool.limit_bytes:
-                    self._fallback(nbytes, "pin_failed" if pool.refusing else "full")
+                    self._books.fallback(nbytes, "pin_failed" if pool.refusing else "full", pool)
                     return -1
         self._open_bytes += nbytes
         self._open_reserved = reserved
@@ -342,7 +322,7 @@ class OffloadEngine:
                 return True
             block = self.pool.alloc(total)
             if block is None:
-                self._fallback(total, self.pool.last_failure or "full")
+                self._books.fallback(total, self.pool.last_failure or "full", self.pool)
                 group.state = GroupState.FREED
                 return False
             device = group.device
@@ -361,12 +341,13 @@ class OffloadEngine:
             d2h = self._side_stream(device, "d2h")
             produced = backend.record_ordering_event(compute)  # NOTE [Ordering events] in backends.py
             self._wait_edge("d2h_after_produce", d2h, produced)
-            timed = self._time_this("d2h")
+            books = self._books
+            timed = books.time_this("d2h")
             start = backend.record_event(d2h, timing=True) if timed else None
             backend.copy_many(dsts, sources, d2h)
             landed = backend.record_event(d2h, timing=timed)
             if start is not None:
-                self._timings.append(("d2h", start, landed, payload))
+                books.timings.append(("d2h", start, landed, payload))
             group._block = block
             group._d2h_done = landed
             group.state = GroupState.OFFLOADED
@@ -375,10 +356,10 @@ class OffloadEngine:
             self._bound_stash()
             self._order.append(group)
             self._groups.add(group)
-            self._offloads += 1
-            self._storages += len(sources)
-            self._bytes_d2h += payload
-            self._offload_host += time.perf_counter() - t0
+            books.offloads += 1
+            books.storages += len(sources)
+            books.bytes_d2h += payload
+            books.offload_host += time.perf_counter() - t0
             return True
 
     def release_due(self, boundary: int) -> None:
@@ -398,7 +379,7 @@ class OffloadEngine:
                 self._drop(entry)
                 if not self.backend.query(entry.landed):
                     self._wait_edge("compute_after_d2h", entry.stream, entry.landed)
-                    self._release_waits += 1
+                    self._books.release_waits += 1
 
     def discard(self, group: Group) -> None:
         """An open group that will not be issued (its pass was abandoned)."""
@@ -440,7 +421,7 @@ class OffloadEngine:
                 before = backend.record_event(compute, timing=True)
                 self._wait_edge("compute_after_h2d", compute, landed)
                 after = backend.record_event(compute, timing=True)
-                self._timings.append(("stall", before, after, 0))
+                self._books.timings.append(("stall", before, after, 0))
             group._waited = True
             group.see_writes()  # so far, as the copy may have read them
             # FETCHED only now: another thread's fetch takes the buffer without the lock
@@ -449,7 +430,7 @@ class OffloadEngine:
                 group.views = group.reuse.views
             group.state = GroupState.FETCHED
             backend.check()
-            self._reload_host += time.perf_counter() - t0
+            self._books.reload_host += time.perf_counter() - t0
             buffer = group._buffer
             assert buffer is not None
             return buffer
@@ -501,35 +482,7 @@ class OffloadEngine:
         with self._locked():
             self._enter()
             self._return_blocks()
-            self._resolve_timings()
-            pool = self.pool.stats()
-            stats = OffloadStats(
-                backend=self.backend.name,
-                groups_offloaded=self._offloads,
-                storages_offloaded=self._storages,
-                groups_reloaded=self._reloads,
-                prefetches=self._prefetches,
-                bytes_d2h=self._bytes_d2h,
-                bytes_h2d=self._bytes_h2d,
-                d2h_seconds=self._seconds["d2h"],
-                h2d_seconds=self._seconds["h2d"],
-                d2h_gbps=gbps(self._timed_bytes["d2h"], self._seconds["d2h"]),
-                h2d_gbps=gbps(self._timed_bytes["h2d"], self._seconds["h2d"]),
-                stall_seconds=self._seconds["stall"],
-                window_waits=self._window_waits,
-                offload_host_seconds=self._offload_host,
-                reload_host_seconds=self._reload_host,
-                fallbacks_pool_full=self._fallbacks["full"],
-                fallbacks_host_pressure=self._fallbacks["pressure"],
-                fallbacks_pin_failed=self._fallbacks["pin_failed"],
-                pool_reserved_bytes=pool.reserved_bytes,
-                pool_in_use_bytes=pool.in_use_bytes,
-                pool_high_water_bytes=pool.high_water_bytes,
-                live_groups=len(self._groups),
-                pending_timings=len(self._timings),
-                release_waits=self._release_waits,
-            )
-            self._reset_counters()
+            stats = self._books.end_step(self.backend, self.pool.stats(), len(self._groups))
             self.pool.reset_high_water()
             self._order = []
             self._step += 1
@@ -563,7 +516,7 @@ class OffloadEngine:
                 self._stash.clear()
                 self._stash_bytes = 0
                 self._order = []
-                self._timings.clear()
+                self._books.timings.clear()
                 self._outstanding_bytes = 0
                 self._fetched_bytes = 0
                 self._open_bytes = 0
@@ -664,12 +617,7 @@ class OffloadEngine:
             self._drop(entry)
             if not self.backend.query(entry.landed):
                 self._wait_edge("compute_after_d2h", entry.stream, entry.landed)
-                self._window_waits += 1
-
-    def _time_this(self, kind: Literal["d2h", "h2d"]) -> bool:
-        n = self._timed[kind]
-        self._timed[kind] = n + 1
-        return n % TIME_EVERY == 0
+                self._books.window_waits += 1
 
     def _reload(self, group: Group, compute: Stream) -> None:
         backend = self.backend
@@ -680,20 +628,21 @@ class OffloadEngine:
         buffer, reuse = self._reuse.alloc(backend, group, compute)  # on compute: NOTE [Reload buffer lifetime]
         allocated = backend.record_ordering_event(compute)  # NOTE [Ordering events] in backends.py
         self._wait_edge("h2d_after_alloc", h2d, allocated)
-        timed = self._time_this("h2d")
+        books = self._books
+        timed = books.time_this("h2d")
         start = backend.record_event(h2d, timing=True) if timed else None
         backend.copy_many([buffer], [block.view], h2d)  # the block holds its view
         done = backend.record_event(h2d, timing=timed)
         if start is not None:
-            self._timings.append(("h2d", start, done, group.payload_bytes))
+            books.timings.append(("h2d", start, done, group.payload_bytes))
         group.set_buffer(buffer, reuse)
         group._h2d_done = done  # NOTE [Host slot lifetime]: the latest reload
         group._waited = False
         group.uses = 0
         group.state = GroupState.RELOADING
         self._outstanding_bytes += group.nbytes
-        self._reloads += 1
-        self._bytes_h2d += group.payload_bytes
+        books.reloads += 1
+        books.bytes_h2d += group.payload_bytes
 
     def _prefetch_for(self, group: Group, compute: Stream) -> None:
         # see NOTE [Prefetch order]
@@ -717,7 +666,7 @@ class OffloadEngine:
             ):
                 return
             self._reload(other, compute)
-            self._prefetches += 1
+            self._books.prefetches += 1
 
     def _side_stream(self, device: torch.device, kind: str) -> Stream:
         key = (device, kind)
@@ -738,8 +687,8 @@ class OffloadEngine:
         while self._stash and query(self._stash[0].landed):
             self._drop(self._stash.popleft())
         self._reuse.poll()
-        if len(self._timings) > 4096:
-            self._resolve_timings()
+        if len(self._books.timings) > 4096:
+            self._books.resolve_timings(self.backend)
 
     def _return_blocks(self) -> None:
         """Return the host blocks of freed groups whose copies landed (NOTE [Host slot
@@ -758,41 +707,3 @@ class OffloadEngine:
                 else:
                     waiting.append(group)
             self._deferred.extend(waiting)
-
-    def _resolve_timings(self) -> None:
-        # see NOTE [Timing without host waits]
-        pending = []
-        for kind, start, end, nbytes in self._timings:
-            if self.backend.query(end):
-                self._seconds[kind] += self.backend.elapsed_seconds(start, end)
-                self._timed_bytes[kind] += nbytes
-            else:
-                pending.append((kind, start, end, nbytes))
-        self._timings = pending
-
-    def _fallback(self, nbytes: int, reason: FailureReason) -> None:
-        self._fallbacks[reason] += 1
-        if reason == "full" and reason not in self._warned:
-            self._warned.add(reason)
-            pool = self.pool.stats()
-            logger.warning(
-                "offrecomp: the pinned host pool cannot take %d more bytes (%d of %d reserved, "
-                "%d in use); saves fall back to keep/recompute. Raise OFFRECOMP_HOST_LIMIT to "
-                "offload more",
-                nbytes, pool.reserved_bytes, self.pool.limit_bytes, pool.in_use_bytes,
-            )
-
-    def _reset_counters(self) -> None:
-        self._offloads = 0
-        self._storages = 0
-        self._reloads = 0
-        self._prefetches = 0
-        self._bytes_d2h = 0
-        self._bytes_h2d = 0
-        self._window_waits = 0
-        self._release_waits = 0
-        self._offload_host = 0.0
-        self._reload_host = 0.0
-        self._seconds: dict[str, float] = {"d2h": 0.0, "h2d": 0.0, "stall": 0.0}
-        self._timed_bytes: dict[str, int] = {"d2h": 0, "h2d": 0, "stall": 0}
-        self._fallbacks: dict[str, int] = {"full": 0, "pressure": 0, "pin_failed": 0}
