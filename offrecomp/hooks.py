@@ -402,7 +402,7 @@ class Placer:
     def _root_storage(self, rec: StorageRec) -> None:
         """A new storage of a root call: when it was saved, for the planner's timeline,
         and whether inside a root forward (NOTE [Saves outside the forward] in
-        lifecycle.py)."""
+        outputs.py)."""
         life = self._life
         rec.save_mark = life.mark()
         if life.stack.roots:

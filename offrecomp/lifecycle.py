@@ -43,13 +43,8 @@ first backward: the pass ends there, and the second backward counts in no step (
 planner models one backward per pass; a pass with several through one graph would
 calibrate against replays it does not predict).
 
-NOTE [Backward without saves]
-A pass learns that its backward started from the first unpack of a save it took. A pass
-that took none (regions that save nothing, an identity, x * 2.5; a forward under the
-user's own save_on_cpu(), whose hooks then take every save) would never see its
-backward: its measuring pass would never end, and its next forwards and optimizer steps
-would all join it. Such a pass watches its root output's autograd nodes instead, whose
-pre-hooks run when a backward reaches them.
+A root forward's outputs are watched from outputs.py (NOTE [Backward without saves],
+NOTE [Saves outside the forward]).
 """
 
 from __future__ import annotations
@@ -68,10 +63,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from offrecomp import _torch_compat as tc
+from offrecomp import outputs
 from offrecomp.config import Config
 from offrecomp.diagnostics import warn_once
 from offrecomp.measure import DeviceClock, Mark
-from offrecomp.outputs import GraphMarker, awaits_backward, output_tensors
 from offrecomp.report import StepRecord
 from offrecomp.signatures import Combinations, Part, combine, shown
 from offrecomp.state import PassState, RegionCall, Stage
@@ -149,6 +144,7 @@ class Lifecycle:
         self._optimizers: weakref.WeakKeyDictionary[Any, tuple[tuple[tuple[int, int], ...], bool]] = (
             weakref.WeakKeyDictionary()
         )
+        self._reached: outputs.Reached = weakref.WeakMethod(self.output_reached)  # what watched outputs call
 
     # ----------------------------------------------------------------- calls
 
@@ -338,7 +334,7 @@ class Lifecycle:
         if p is None:
             return
         if p.stage is FORWARD and call is p.root and p.graphs and not reached:
-            return  # NOTE [Saves outside the forward]: maybe another model's backward
+            return  # NOTE [Saves outside the forward] (outputs.py): maybe another model's backward
         if p.stage is not FORWARD:
             task = tc.current_graph_task_id()
             if p.stage is AWAITING and task != p.backward_task:  # NOTE [Double backward]: the next one
@@ -361,50 +357,15 @@ class Lifecycle:
         with contextlib.suppress(RuntimeError):
             tc.queue_backward_callback(functools.partial(self._backward_done, weakref.ref(p)))
 
+    def output_reached(self, call: RegionCall) -> None:
+        """A backward reached a watched output of ``call``'s pass (outputs.py)."""
+        self.backward_activity(call, reached=True)
+
     def watch_graphs(self, p: PassState, outs: list[torch.Tensor]) -> None:
-        """NOTE [Dropped graphs]: mark the graphs a root forward of ``p`` returned (or a
-        call of the region that names a pass without one): ``outs``, its
-        ``output_tensors``."""
-        if p is not self.current or p.stage is not FORWARD:
-            return
-        refs = []
-        nodes: dict[int, tuple[Any, GraphMarker]] = {}
-        for t in outs:
-            if t.grad_fn is not None:
-                fn = t.grad_fn
-                meta: dict[str, Any] = fn.metadata  # type: ignore[assignment]
-                marker = meta.get("offrecomp_graph")  # a node returned twice keeps its one
-                if marker is None:
-                    marker = meta["offrecomp_graph"] = GraphMarker()
-                refs.append(weakref.ref(marker))
-                nodes[id(fn)] = (fn, marker)
-        if refs:
-            p.graphs.append(tuple(refs))  # one entry per forward
-            lref, pref = weakref.ref(self), weakref.ref(p)
-            for fn, marker in nodes.values():  # NOTE [Saves outside the forward], [Several backwards]
-                fn.register_prehook(functools.partial(_output_reached, lref, pref, weakref.ref(marker)))
-
-    def watch_unseen_backward(self, p: PassState, outs: list[torch.Tensor]) -> None:
-        """NOTE [Backward without saves]: watch the root output (``outs``, its
-        ``output_tensors``) of a pass that saved nothing through the hooks."""
-        if p.stats.saved_tensors or p is not self.current or p.stage is not FORWARD:
-            return
-        call = p.root if p.root is not None else (p.calls[0] if p.calls else None)
-        if call is None:
-            return
-        hook = functools.partial(_unseen_backward, weakref.ref(self), weakref.ref(call))
-        nodes = {id(t.grad_fn): t.grad_fn for t in outs if t.grad_fn is not None}
-        for fn in nodes.values():
-            fn.register_prehook(hook)
-        if not nodes:  # the output is a leaf (regions that hand their input back)
-            handles: list[Any] = []
-
-            def leaf_hook(grad: torch.Tensor) -> None:
-                while handles:
-                    handles.pop().remove()
-                hook(grad)
-
-            handles += [t.register_hook(leaf_hook) for t in outs]
+        """NOTE [Dropped graphs]: mark the graphs ``outs`` (a root forward's, or those of
+        a call of the region that names a pass without one) while ``p`` runs forward."""
+        if p is self.current and p.stage is FORWARD:
+            outputs.mark_graphs(p, outs, self._reached)
 
     def _backward_done(self, pref: weakref.ref[PassState]) -> None:
         p = pref()
@@ -416,7 +377,7 @@ class Lifecycle:
             p.stage = AWAITING  # NOTE [Double backward]: a later backward differentiates it
             p.double_backward = True
             return
-        if p is self.current and not self._stepped_in_backward and awaits_backward(p.graphs):
+        if p is self.current and not self._stepped_in_backward and outputs.awaits_backward(p.graphs):
             p.stage = AWAITING  # NOTE [Several backwards]: a forward's graph still waits for one
             p.awaits_other = True
             return
@@ -479,9 +440,10 @@ class Lifecycle:
         """A root forward of ``p`` returned ``out``."""
         self.stack.roots = max(0, self.stack.roots - 1)
         p.roots_running = max(0, p.roots_running - 1)
-        outs = output_tensors(out)
-        self.watch_unseen_backward(p, outs)
-        self.watch_graphs(p, outs)
+        if p is self.current and p.stage is FORWARD:
+            outs = outputs.output_tensors(out)
+            outputs.watch_unseen_backward(p, outs, self._reached)  # NOTE [Backward without saves]
+            outputs.mark_graphs(p, outs, self._reached)
 
     def root_failed(self, p: PassState, exc: BaseException) -> None:
         """A root forward of ``p`` raised ``exc``."""
@@ -752,46 +714,3 @@ def _add_counts(into: PassState, p: PassState) -> None:
 # given) counts every optimizer. Anywhere else every optimizer ends the step: one over
 # parameters outside the model (a prompt or input embeddings trained while the model is
 # frozen, fp32 master copies of the weights) is the loop's.
-
-
-# NOTE [Saves outside the forward]
-# Ops between a pass's forward and its backward (the loss) save through the runtime's
-# hooks into the pass's root call, and so do another model's trained in the same loop
-# without a runtime of its own (the discriminator's forward between the generator's
-# forward and its backward). Were a backward that reads a root call's save to begin the
-# pass's backward, the other model's backward would begin and end the pass before the
-# pass's own backward ran, whose replays would then count in no step. So while a pass
-# watches outputs of its root forwards (NOTE [Dropped graphs]), a backward that reads its
-# root call's saves does not begin it; one that reaches one of those outputs does (a
-# pre-hook on each output's node, which runs before any save behind that output is
-# read), and so does one that reads a region call's save, or a root save made inside a
-# root forward of the pass once every such forward returned (another model's forward
-# runs outside the wrapped one; a backward run inside a root forward is not the pass's).
-# A model may return more tensors than are watched, and a backward through one of the
-# others reads such saves only. The other model's saves still count in the pass's
-# resident bytes and peak while they live: nothing tells them from the loss's.
-
-
-def _unseen_backward(lref: weakref.ref[Lifecycle], cref: weakref.ref[RegionCall], _grads: Any) -> None:
-    """NOTE [Backward without saves]: a backward reached a root output of a pass that
-    saved nothing through the runtime's hooks."""
-    life, call = lref(), cref()
-    if life is not None and call is not None and call.pass_state is not None and call.pass_state.stage is FORWARD:
-        life.backward_activity(call, reached=True)
-
-
-def _output_reached(
-    lref: weakref.ref[Lifecycle], pref: weakref.ref[PassState], mref: weakref.ref[GraphMarker], _grads: Any
-) -> None:
-    """NOTE [Saves outside the forward]: a backward reached an output of a root forward
-    of a pass (or of the region call that names it): its marker ``mref`` says so (NOTE
-    [Several backwards])."""
-    marker = mref()
-    if marker is not None:
-        marker.reached = True
-    life, p = lref(), pref()
-    if life is None or p is None or p.stage is not FORWARD:
-        return
-    call = p.root if p.root is not None else (p.calls[0] if p.calls else None)
-    if call is not None:
-        life.backward_activity(call, reached=True)
