@@ -177,7 +177,7 @@ def _no_unpack(_: Any) -> Any:
 #   Python's collector cannot see, and every replay's saves would stay alive for good.
 # - An inner backward that reaches activations from before the call (the gradient with
 #   respect to an earlier block's output) reads other calls' saves while a region's
-#   forward runs (hooks.Placer._reached_from_forward). That is not the pass's backward
+#   forward runs (early_unpacks._reached_from_forward). That is not the pass's backward
 #   either; a dropped save it reads is regenerated then. A replay, which starts from
 #   detached inputs, cannot run such a backward: the running regions keep their
 #   activations from then on (Region.reaches_out), and what their calls dropped before

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import offrecomp
-from offrecomp.hooks import Placer
+from offrecomp import early_unpacks
 from tests import models
 from tests.helpers import (
     ZOO_VARIANTS,
@@ -87,7 +87,7 @@ def test_replay_meeting_an_inner_backward_starts_again_holding(
     """A replay of a block not known to run a backward in its forward (also one under
     the dispatch mode): the replayed inner backward finds nothing held, and the replay
     starts again, plainly, holding its saves."""
-    monkeypatch.setattr(Placer, "_in_forward", lambda self, call, rec: None)
+    monkeypatch.setattr(early_unpacks, "_in_forward", lambda call, rec: None)
     model = _model()
     ref = train(copy.deepcopy(model), _batch, steps=STEPS)
     budget = tight_budget(model, _batch) if variant == "auto_serve" else None

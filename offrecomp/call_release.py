@@ -1,0 +1,79 @@
+"""A region call's release: once no dropped or offloaded save of it is alive (its lease
+died, NOTE [Call leases] in handles.py), its replay checkpoint and offload groups go.
+The root call is never done: only its groups go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from offrecomp.state import RegionCall, StorageRec
+    from offrecomp.transfer import Group
+
+__all__ = ["release_call"]
+
+
+def release_call(call: RegionCall, free: Callable[[Group], None]) -> None:
+    """No dropped or offloaded save of ``call`` is alive: drop the replay checkpoint
+    and hand each offload group to ``free`` (``OffloadGroups.free``). The root is never
+    done: only its groups go."""
+    if call.is_root:
+        groups, call.groups = call.groups, []
+        call.group = None
+        if groups:
+            for rec in call.storages:
+                if rec.group is not None and rec.group in groups:
+                    rec.released = True  # a later save of its storage is a new storage
+        for group in groups:
+            free(group)
+        return
+    if call.released or not call.exited:
+        return
+    call.released = True
+    for rec in call.storages:  # no later save finds them: by_ptr is cleared below
+        if rec.tensor is not None:
+            rec.tensor = None
+            if rec.kind == "input":
+                _held_no_more(rec)
+    groups, call.groups = call.groups, []
+    call.group = None
+    for group in groups:
+        free(group)
+    call.inputs = None
+    call.rng = None
+    call.torch_function = None
+    call.buffers = None
+    held, call.snapshot_bytes = call.snapshot_bytes, 0
+    if held and call.pass_state is not None:  # NOTE [Replay and module state]: its copies go
+        call.pass_state.stats.resident_bytes -= held  # a decrease sets no peak
+    call.params = None
+    call.generators = None
+    call.training = None
+    call.arg_state = None
+    call.attrs = None
+    call.external = None
+    call.external_reads = None
+    call.replayed.clear()
+    call.by_ptr.clear()
+
+
+def _held_no_more(rec: StorageRec) -> None:
+    """A region input's record lets its tensor go with its call's replay checkpoint: what
+    holds the storage from then on is the program (the iterate a solver detached, an
+    encoding every call takes), so the record stops counting its bytes, unless inputs
+    sharing its count are still held (NOTE [Inputs counted once] in shared.py)."""
+    other = rec.same_as if rec.shared else None
+    if other is not None:
+        other.sharers -= 1
+        if other.sharers or other.kind != "input" or not other.call.released:
+            return
+        rec = other
+    elif rec.sharers:
+        return
+    if rec.resident and rec() is not None:
+        rec.resident = False
+        p = rec.call.pass_state
+        if p is not None:
+            p.stats.resident_bytes -= rec.nbytes  # a decrease sets no peak
