@@ -86,7 +86,7 @@ _MAX_PROVISIONAL = 16  # passes without an optimizer step before every pass coun
 _SIGNATURES_SEEN = 1024  # signatures remembered for PassState.new_signature
 #: Root forwards one pass joins at most (NOTE [Dropped graphs]); the next begins a new pass.
 MAX_FORWARDS = 64
-#: Step records ``report()`` holds (the most recent; about 2 KB each). A run of a million
+#: Step records ``report()`` holds (the most recent; about 3 KB each, 30 MB in all). A run of a million
 #: steps would otherwise hold gigabytes of host memory; OFFRECOMP_REPORT writes every step.
 REPORT_MAX_STEPS = 10_000
 
