@@ -16,7 +16,8 @@ calls that saved other storages than their recordings before (``Region.mismatche
 two of which mark it variable, never recomputed) are forgotten, or an adapter added and
 merged away later would keep every activation of its region for good.
 Replacing a region itself (``model.blocks = ...``) is not followed: the runtime
-manages the modules it found when it was made (a warning says so at the next entry).
+manages the modules it found when it was made (a warning says so at the next entry);
+a region wrapped by ``torch.compile`` at its name is (NOTE [Compiled regions]).
 Only changes to the model's modules count (those it holds when the runtime is
 entered, and those assigned into it since): a Hugging Face decoder slices its layer
 list at every forward (``self.layers[:n]``, a new ModuleList each time), and modules

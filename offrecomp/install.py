@@ -10,7 +10,11 @@ compiled forward) or in place (``block.compile()``, as torchtune compiles its la
 the runtime wraps the compiled call (``tc.COMPILED_CALL_IMPL``), not the forward inside
 it, so the module's own hooks run inside the region). Either way the replay calls the same compiled graph.
 A block compiled in place while the runtime is entered (after warm-up steps) has its
-wrapper moved from its forward to the compiled call at the next root forward.
+wrapper moved from its forward to the compiled call at the next root forward. A block
+wrapped while entered or between two entries (``model.blocks[i] =
+torch.compile(block)``) would have its wrapper run inside the compiled frame, which
+traces it into the block's graph (the plain forward, never replayed): at the next root
+forward or entry the wrapper at its name becomes the region, as if wrapped before.
 Such a region is opaque, replayed whole, and its measuring pass runs no op recorder:
 under a dispatch mode dynamo does not compile, and for a block it had not compiled yet
 it gives up on that code for good, so the block would run eagerly in every later step.
@@ -154,6 +158,7 @@ class Installer:
         model = self._model
         self._frozen.clear()  # parameters registered while not entered move no epoch
         self._check_outer_hooks()
+        self._follow_wraps()  # a wrap while not entered moves no epoch either
         self._check_regions()
         self.compiled_model = model is not None and holds_compiled(model)
         self._calls.distributed = world_size() > 1
@@ -221,12 +226,14 @@ class Installer:
     def _check_regions(self) -> None:
         """Warn once when a region's module is no longer in the model (NOTE [Region
         refresh] in changes.py); read again only after a module assignment. One moved to
-        another name (blocks reordered, a block wrapped) still runs as its region."""
+        another name (blocks reordered) still runs as its region; one wrapped by
+        torch.compile at its name runs as the wrapper (``_follow_wraps``)."""
         epoch = structure_epoch()
         model = self._model
         if epoch == self._regions_epoch or model is None:
             return
         self._regions_epoch = epoch
+        self._follow_wraps()
         gone = []
         present: set[int] | None = None
         for r in self._regions:
@@ -270,14 +277,34 @@ class Installer:
             module = region.module
             if region.in_place or getattr(module, tc.COMPILED_CALL_IMPL, None) is None:
                 continue
-            wrapped = module.__dict__.get("forward")
-            if isinstance(wrapped, _Installed):  # its restore, at exit, then finds nothing to undo
-                if wrapped.previous is None:
-                    del module.__dict__["forward"]
-                else:
-                    module.forward = wrapped.previous  # type: ignore[method-assign]
+            _unwrap(module, "forward")
             region.refresh()
             self._wrap_compiled_call(module, self._region_forward(region))
+
+    def _follow_wraps(self) -> None:
+        """A region wrapped since the runtime was made (``model.blocks[i] =
+        torch.compile(block)`` while entered or between entries): the wrapper at its name,
+        which its calls go through, is the region from here on, as if wrapped before; its
+        wrapper moves from the block's ``forward``, where the compiled frame would trace it,
+        to the wrapper's (NOTE [Compiled regions])."""
+        model = self._model
+        if model is None:
+            return
+        for region in self._regions:
+            if not region.name or region.name == MODEL_NAME:
+                continue
+            try:
+                now = model.get_submodule(region.name)
+            except AttributeError:
+                continue
+            if now is region.module or not _is_compiled(now) or now._modules.get("_orig_mod") is not region.module:
+                continue
+            log.info("offrecomp: region %s is wrapped by torch.compile: its calls replay the compiled graph", region.name)
+            installed = _unwrap(region.module, "forward")
+            region.module = now
+            region.refresh()
+            if installed:  # entered: its wrapper goes where an entry would have put it
+                self._wrap_forward(now, self._region_forward(region))
 
     def _wrap_roots(self) -> None:
         model = self._model
@@ -601,6 +628,19 @@ def _slot_as_before(module: nn.Module, attr: str, previous: Any) -> Any:
     if previous is not None:
         return previous
     return getattr(type(module), attr).__get__(module)
+
+
+def _unwrap(module: nn.Module, attr: str) -> bool:
+    """Put back what a slot held before the runtime's wrapper (False: it held none); the
+    wrapper's restore, at exit, then finds nothing to undo."""
+    wrapped = module.__dict__.get(attr)
+    if not isinstance(wrapped, _Installed):
+        return False
+    if wrapped.previous is None:
+        del module.__dict__[attr]
+    else:
+        setattr(module, attr, wrapped.previous)
+    return True
 
 
 def _names(names: list[str]) -> str:

@@ -178,6 +178,47 @@ def test_blocks_compiled_in_place_while_entered_still_replay(variant: str) -> No
         assert steps[-1].recomputed_bytes > 0
 
 
+@pytest.mark.parametrize(("variant", "when"), [("recompute", "entered"), ("recompute", "between"), ("auto_serve", "entered")])
+def test_blocks_wrapped_while_entered_still_replay(variant: str, when: str) -> None:
+    """``model.blocks[i] = torch.compile(block)`` inside ``with rt:`` (after some eager
+    steps) or between two entries: the block's wrapper ran inside the compiled frame,
+    where it runs the plain forward, so the blocks were never replayed again, silently.
+    The compiled wrapper is the region from the next root forward (or entry) on."""
+    import copy
+
+    def loop(m: torch.nn.Module, rt: Any) -> list[dict[str, torch.Tensor]]:
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        out = []
+        for entry in range(2):
+            with rt if rt is not None else contextlib.nullcontext():
+                for s in range(3 * entry, 3 * entry + 3):
+                    if s == (2 if when == "entered" else 3):
+                        _blocks_wrapped(m)
+                    torch.manual_seed(s)
+                    m(_batch(s)).backward()
+                    out.append({n: q.grad.clone() for n, q in m.named_parameters() if q.grad is not None})
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+        return out
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    base = models.GPT(layers=2, h=32, heads=4, p=0.1)
+    budget = tight_budget(twin(base), _batch) if variant == "auto_serve" else None
+    ref = loop(copy.deepcopy(base), None)
+    torch._dynamo.reset()
+    m = copy.deepcopy(base)
+    rt = variant_runtime(m, variant, budget)
+    assert_bitwise(ref, loop(m, rt))
+    steps = rt.report().steps
+    if variant == "recompute":
+        assert [s.replays for s in steps] == [2] * 6
+        assert all(s.recomputed_bytes > 0 for s in steps)
+    else:
+        assert steps[-1].phase == "planned" and steps[-1].recomputed_bytes > 0, [s.phase for s in steps]
+    assert rt.regions == ["blocks.0", "blocks.1"]
+
+
 def test_a_layer_compiled_in_place_inside_a_block_makes_the_block_opaque() -> None:
     """A submodule compiled in place runs a compiled graph inside an eager block: the
     op recording cannot vouch for it, so the block replays whole."""
