@@ -23,7 +23,11 @@ larger compiled graph (``torch.compile(model)``, ``model.compile()``) saves what
 graph chose, which an eager replay cannot reproduce: its wrapper returns the plain
 forward while dynamo traces it, so the model compiles to the graph it compiles to
 without the runtime, and its activations are kept or offloaded (a warning names the
-regions). In a model that holds compiled code, the runtime's own frames are kept from
+regions). The root's wrapper stays outside such a model's compiled frame: in the
+``forward`` slot of the ``torch.compile(model)`` wrapper, which holds the compiled call,
+or in the compiled call of a model compiled in place; inside it, dynamo would break the
+graph at the wrapper (a frame it must not trace) and ``fullgraph=True`` would fail.
+In a model that holds compiled code, the runtime's own frames are kept from
 dynamo: the bookkeeping runs under ``torch.compiler.disable``, and the root wrapper's
 frame is skipped (dynamo still compiles the forward it calls); otherwise dynamo would
 trace the bookkeeping, break the graph at each of its calls and compile pieces of it.
@@ -95,6 +99,7 @@ from offrecomp.outputs import output_tensors
 from offrecomp.regions import (
     MODEL_NAME,
     Region,
+    _compiled_in_place,
     _is_compiled,
     compiled_module,
 )
@@ -315,9 +320,20 @@ class Installer:
             # NOTE [Container roots]: the models inside are what the loop calls
             for name, child in model.named_children():
                 if id(child) not in region_modules and not is_container(child):
-                    self._wrap_forward(child, self._root_forward(child, name))
+                    self._wrap_root(child, name)
         else:
-            self._wrap_forward(model, self._root_forward(model))
+            self._wrap_root(model, "")
+
+    def _wrap_root(self, module: nn.Module, name: str) -> None:
+        """A root's wrapper goes outside its compiled frame, if compiled itself: in the
+        ``forward`` slot of a ``torch.compile(model)`` wrapper (which holds the compiled
+        call), in the compiled call of a model compiled in place; inside it, dynamo would
+        meet a frame it must not trace and break the graph there, and ``fullgraph=True``
+        would fail (NOTE [Compiled regions])."""
+        if _compiled_in_place(module):
+            self._wrap_compiled_call(module, self._root_forward(module, name))
+        else:
+            self._wrap_forward(module, self._root_forward(module, name))
 
     def uninstall(self) -> None:
         """Take every hook and wrapper out, to the end through interrupts (NOTE
@@ -587,6 +603,8 @@ def _part(module: nn.Module, name: str, args: tuple[Any, ...], kwargs: dict[str,
 def is_container(m: nn.Module) -> bool:
     """A module whose own forward is not defined (ModuleDict, ModuleList, a plain
     nn.Module holding models): the loop calls the modules inside it."""
+    if _is_compiled(m):
+        return False  # torch.compile(model): its forward slot holds the compiled call
     return isinstance(m, (nn.ModuleDict, nn.ModuleList)) or type(m).forward is nn.Module.forward
 
 

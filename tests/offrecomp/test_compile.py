@@ -255,21 +255,23 @@ def test_the_runtime_adds_no_graph_to_a_compiled_model(how: Callable[..., torch.
     torch.manual_seed(0)
     base = models.GPT(layers=2, h=32, heads=4, p=0.0)
 
-    def graphs(rt_mode: str | None) -> tuple[int, int]:
+    def graphs(rt_mode: str | None) -> tuple[int, int, int]:
         torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
         counting = _Counting()
         per_block = how in (_blocks_in_place, _blocks_wrapped)
         m = how(twin(base), backend=counting) if per_block else _with_backend(how, counting)(twin(base))
         rt = offrecomp.runtime(m, mode=rt_mode, min_bytes=0) if rt_mode else None
         train(m, _batch, rt, steps=4)  # auto: measure, calibrate, planned, planned
-        return counting.made, counting.runs
+        return counting.made, counting.runs, sum(torch._dynamo.utils.counters["graph_break"].values())
 
-    plain_made, plain_runs = graphs(None)
+    plain_made, plain_runs, plain_breaks = graphs(None)
     assert plain_made >= 1 and plain_runs >= 4
     for mode in ("recompute", "auto"):
-        made, runs = graphs(mode)
+        made, runs, breaks = graphs(mode)
         assert made == plain_made, mode
         assert runs >= plain_runs, mode  # and more where a replay reran a compiled block
+        assert breaks == plain_breaks, mode
 
 
 def _with_backend(how: Callable[..., torch.nn.Module], backend: Any) -> Callable[[torch.nn.Module], torch.nn.Module]:
@@ -284,6 +286,33 @@ def _with_backend(how: Callable[..., torch.nn.Module], backend: Any) -> Callable
         return m
 
     return go
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["torch.compile(model)", "model.compile()"])
+@pytest.mark.parametrize("mode", ["keep", "auto"])
+def test_a_model_compiled_whole_with_fullgraph_trains(in_place: bool, mode: str) -> None:
+    """The root's wrapper sits outside the model's compiled frame (the wrapper's forward
+    slot, the compiled call of a model compiled in place): inside it, dynamo met a
+    frame it must not trace, broke the graph there, and ``fullgraph=True`` raised
+    Unsupported at the first forward."""
+
+    def compiled(m: torch.nn.Module) -> torch.nn.Module:
+        if in_place:
+            m.compile(backend="aot_eager", fullgraph=True)
+            return m
+        return torch.compile(m, backend="aot_eager", fullgraph=True)
+
+    torch.manual_seed(0)
+    base = models.GPT(layers=2, h=32, heads=4, p=0.0)
+    torch._dynamo.reset()
+    ref = train(compiled(twin(base)), _batch, steps=3)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    m = compiled(twin(base))
+    rt = offrecomp.runtime(m, mode=mode, min_bytes=0, budget="50%")
+    assert_bitwise(ref, train(m, _batch, rt, steps=3))
+    assert not torch._dynamo.utils.counters["graph_break"]
+    assert [s.phase for s in rt.report().steps] == (["keep"] * 3 if mode == "keep" else ["measure", "calibrate", "planned"])
 
 
 @pytest.mark.parametrize(
