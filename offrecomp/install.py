@@ -196,7 +196,9 @@ class Installer:
             if inside:
                 warn_compiled(", ".join(inside))
         self._wrap_roots()
-        self._opt_hook = tc.register_optimizer_step_post_hook(self._life.on_optimizer_step)
+        # never traced into a compiled optimizer step (torch.compile(opt.step)): dynamo
+        # would break its graph inside the bookkeeping and convert the frames it calls
+        self._opt_hook = tc.register_optimizer_step_post_hook(torch.compiler.disable(self._life.on_optimizer_step))
         track_structure(model)  # NOTE [Region refresh] (changes.py)
         self._registration_hooks = [  # NOTE [Buffer saves], NOTE [Region refresh] (changes.py)
             register_module_buffer_registration_hook(count_buffer_assignment),
