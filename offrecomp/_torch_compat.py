@@ -300,14 +300,13 @@ def host_empty_cache() -> None:
         empty()
 
 
-def dynamo_skip_code(code: Any) -> None:
-    """Have dynamo run a function's own frames as they are while still compiling the
-    frames it calls. Without it, dynamo traces the wrapper (correct, only slower)."""
-    try:
-        from torch._dynamo.eval_frame import skip_code
-    except ImportError:  # pragma: no cover - older or stripped builds
-        return
-    skip_code(code)
+def at_trace_time(fn: Callable[[Any], None]) -> None:
+    """Call ``fn`` (with dynamo's context, unused) while dynamo traces the caller: once per
+    trace, no graph break, nothing in the graph. Called only where
+    ``torch.compiler.is_compiling()`` holds, when dynamo is loaded."""
+    from torch._dynamo.comptime import comptime
+
+    comptime(fn)
 
 
 def eval_frame_callback_getter() -> Callable[[], Any] | None:
@@ -476,7 +475,7 @@ ALL_PRIVATE_APIS: tuple[str, ...] = (
     "torch._foreach_copy_",
     "torch._C._storage_Use_Count",
     "torch._C._host_emptyCache (CUDA builds)",
-    "torch._dynamo.eval_frame.skip_code",
+    "torch._dynamo.comptime.comptime",
     "torch.nn.utils.parametrize._cache_enabled / _cache",
     "torch._C._dynamo.eval_frame.get_eval_frame_callback",
     "nn.Module._compiled_call_impl",

@@ -25,12 +25,18 @@ forward while dynamo traces it, so the model compiles to the graph it compiles t
 without the runtime, and its activations are kept or offloaded (a warning names the
 regions). The root's wrapper stays outside such a model's compiled frame: in the
 ``forward`` slot of the ``torch.compile(model)`` wrapper, which holds the compiled call,
-or in the compiled call of a model compiled in place; inside it, dynamo would break the
-graph at the wrapper (a frame it must not trace) and ``fullgraph=True`` would fail.
-In a model that holds compiled code, the runtime's own frames are kept from
-dynamo: the bookkeeping runs under ``torch.compiler.disable``, and the root wrapper's
-frame is skipped (dynamo still compiles the forward it calls); otherwise dynamo would
-trace the bookkeeping, break the graph at each of its calls and compile pieces of it.
+or in the compiled call of a model compiled in place. A root wrapper dynamo traces all
+the same (the runtime given the module while the loop calls a ``torch.compile(model)``
+made apart, the model compiled in place inside ``with rt:``, a compiled function that
+calls the model) returns the plain forward, as a region's does, and names the regions
+in the warning once while dynamo traces it (``tc.at_trace_time``): the model compiles
+to its graphs without the runtime, ``fullgraph=True`` included, and its saves count as
+the pass's saves outside a root forward. Were the wrapper excluded from tracing
+instead, dynamo would break the graph there and ``fullgraph=True`` would fail; were it
+traced whole, dynamo would trace the bookkeeping, break the graph at each of its calls
+and compile pieces of it. In a model that holds compiled code, the bookkeeping and the
+saved-tensor hooks run under ``torch.compiler.disable``, so compiled frames never
+trace them.
 
 NOTE [Container roots]
 Several models trained together (a GAN, distillation) go to one runtime in a container,
@@ -407,15 +413,6 @@ class Installer:
         that holds compiled code (NOTE [Compiled regions])."""
         return torch.compiler.disable(fn, recursive=True) if self.compiled_model else fn
 
-    def _wrapper(self, forward: Callable[..., Any]) -> Callable[..., Any]:
-        """A wrapper's own frame: in a model that holds compiled code, dynamo neither
-        inlines it into a compiled caller (a clean graph break) nor traces it, and still
-        compiles the forward it calls."""
-        if not self.compiled_model:
-            return forward
-        tc.dynamo_skip_code(forward.__code__)  # torch.compiler.disable alone leaves it to dynamo
-        return torch.compiler.disable(forward, recursive=False)
-
     # ------------------------------------------------------------ wrappers
 
     def _root_forward(self, module: nn.Module, name: str = "") -> Make:
@@ -458,13 +455,22 @@ class Installer:
                     self._grad_off = off  # said at the next root forward, past this backward
             life.root_returned(p, out)
 
+        def traced(_ctx: Any) -> None:
+            if self.active and regions:
+                warn_compiled(", ".join(r.name for r in regions))
+
         begin_h, fail, returned_h = self._host(begin), self._host(failed), self._host(returned)
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
             def forward(*args: Any, **kwargs: Any) -> Any:
-                # In a model that holds compiled code this frame runs eagerly (see
-                # _wrapper); the evaluator says whether the forward it calls is compiled.
+                if torch.compiler.is_compiling():
+                    # traced into a frame compiled outside the runtime's view (NOTE
+                    # [Compiled regions]): the plain forward, its regions kept
+                    tc.at_trace_time(traced)
+                    return original(*args, **kwargs)
+                # Run eagerly while the forward it calls will be compiled (a frame dynamo
+                # gave up tracing)? Only the evaluator tells.
                 compiling = _EVAL_FRAME_CALLBACK is not None and bool(_EVAL_FRAME_CALLBACK())
                 p = begin_h(args, kwargs, compiling)
                 if p is None:
@@ -480,7 +486,7 @@ class Installer:
                 returned_h(p, out)
                 return out
 
-            return self._wrapper(forward)
+            return forward
 
         return make
 

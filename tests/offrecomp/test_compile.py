@@ -383,6 +383,50 @@ def test_a_compiled_optimizer_step_does_not_trace_the_runtime() -> None:
     assert [s.replays for s in rt.report().steps] == [2, 2, 2]  # three steps, each ended by the hook
 
 
+@pytest.mark.parametrize("how", ["compiled_apart", "compiled_in_place_entered"])
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_a_model_compiled_outside_the_runtime_compiles_as_without_it(
+    how: str, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The runtime given the module while the loop calls ``torch.compile(model)`` made
+    apart, or the model compiled in place inside ``with rt:``: dynamo traced the root
+    wrapper and the runtime's bookkeeping (6 graphs for 1, 27 graph breaks; under auto
+    44 graphs). The root wrapper returns the plain forward while traced, as a region's
+    does: the graphs without the runtime, ``fullgraph=True`` included, the blocks kept
+    with the warning."""
+    torch.manual_seed(0)
+    base = models.GPT(layers=2, h=32, heads=4, p=0.0)
+
+    def run(rt_mode: str | None) -> tuple[list[dict[str, torch.Tensor]], int, Any]:
+        torch._dynamo.reset()
+        counting = _Counting()
+        m = twin(base)
+        rt = offrecomp.runtime(m, mode=rt_mode, min_bytes=0) if rt_mode else None
+        call = m
+        if how == "compiled_apart":
+            call = torch.compile(m, backend=counting, fullgraph=True)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        out = []
+        with rt if rt is not None else contextlib.nullcontext():
+            if how == "compiled_in_place_entered":
+                m.compile(backend=counting, fullgraph=True)
+            for s in range(3):
+                call(_batch(s)).backward()
+                out.append({n: q.grad.clone() for n, q in m.named_parameters() if q.grad is not None})
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        return out, counting.made, rt
+
+    ref, plain_made, _ = run(None)
+    offrecomp.diagnostics.clear_warnings()
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        got, made, rt = run(mode)
+    assert_bitwise(ref, got)
+    assert made == plain_made == 1
+    assert len(rt.report().steps) == 3 and all(s.replays == 0 for s in rt.report().steps)
+    assert any("blocks.0, blocks.1 run inside a torch.compile'd frame" in r.getMessage() for r in caplog.records)
+
+
 class _StagedGPT(models.GPT):
     """The blocks run as one stage (an nn.Sequential the forward calls)."""
 

@@ -42,7 +42,7 @@ def test_private_apis_exist() -> None:
     del view, alias, held
     assert tc.storage_use_count(storage) == 1 and tc.storage_object_refs(storage) == 1
     assert tc.eval_frame_callback_getter() is not None
-    from torch._dynamo.eval_frame import skip_code  # noqa: F401  (dynamo_skip_code)
+    from torch._dynamo.comptime import comptime  # noqa: F401  (at_trace_time)
     m = torch.nn.Linear(2, 2)
     assert hasattr(m, tc.COMPILED_CALL_IMPL) and getattr(m, tc.COMPILED_CALL_IMPL) is None
     m.compile()
