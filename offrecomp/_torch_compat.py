@@ -291,6 +291,18 @@ def storage_use_count(storage: Any) -> int:
     return int(torch._C._storage_Use_Count(storage._cdata))
 
 
+#: What ``torch.autograd.graph.increment_version`` calls, looked up at each call: AOT
+#: autograd's runtime wrapper calls it for the graph inputs a compiled graph wrote in its
+#: kernels, custom ops for the arguments they write. Private.
+VERSION_INCREMENT: Callable[[Any], None] = torch._C._increment_version
+
+
+def route_version_increments(report: Callable[[Any], None] | None) -> None:
+    """Route ``increment_version`` through ``report`` (which calls ``VERSION_INCREMENT``
+    itself), or back to ``VERSION_INCREMENT`` (None): the first-call watch hears of writes
+    no op shows (NOTE [Storages no op made] in trace/recorder.py)."""
+    torch._C._increment_version = report if report is not None else VERSION_INCREMENT  # type: ignore[assignment]
+
 
 def host_empty_cache() -> None:
     """Hand the cached pinned host blocks back to the OS. Private (CUDA builds, torch

@@ -255,7 +255,12 @@ class RegionCalls:
                 (m, n) for m in region.modules for n, v in vars(m).items() if isinstance(v, torch.Generator)
             )
             call.generators = list(call.watch.generators.values())
-        if region is not None and call.watch is not None and call.watch.foreign_written:
+        scratch = call.kept_from_write  # NOTE [Storages no op made]: unless one was from outside
+        if (
+            region is not None and call.watch is not None and call.watch.foreign_written
+            and call.watch.wrote_outside(lambda ptr, storage: _saved_by(call, ptr, storage))
+        ):
+            scratch = False
             call.external = list(call.watch.external.values())  # its replay runs on them as they were
             call.watch = None
             region.writes_state = True
@@ -267,7 +272,7 @@ class RegionCalls:
                 "again, so its activations are kept",
                 region.name,
             )
-        if region is not None and call.inputs is not None and not call.writes_state:
+        if region is not None and call.inputs is not None and (not call.writes_state or scratch):
             _check_state_writes(region, call, written)
         if call.arg_state is not None and call.inputs is not None:
             _check_arg_state(call)
@@ -471,7 +476,10 @@ def _warn_big_buffers(call: RegionCall, region: Region) -> None:
 # tensor from outside the call, one it did not make and neither owns nor takes as an
 # argument (a buffer of another module or a tensor attribute reached through a plain
 # attribute, a global): from that op on, the watched call keeps what it saves, so its
-# replay stops before the write, and the region is kept from then on, with a warning.
+# replay stops before the write, and the region is kept from then on, with a warning,
+# unless each such storage proves, at the call's exit, scratch of the call's own that
+# compiled code allocated where no op showed it (NOTE [Storages no op made] in
+# trace/recorder.py, which also tells how writes inside compiled kernels are heard).
 # What the replay runs before the write may read that tensor: where the call read it
 # before writing it, or writes only part of it, the watch copies its storage just
 # before the first write (up to EXTERNAL_COPY_MAX_BYTES in trace/recorder.py; a larger
@@ -511,10 +519,18 @@ def _external_reads(refs: tuple[weakref.ref[torch.Tensor], ...]) -> list[tuple[t
 
 def _writes_foreign(call: RegionCall) -> None:
     """NOTE [State written by its region]: ``call``'s forward is about to write a tensor
-    of the model it does not own: what it saves from now on is kept (a replay stops
+    it did not make and does not own: what it saves from now on is kept (a replay stops
     before that write: everything after it needs none)."""
+    if not call.writes_state:
+        call.kept_from_write = True  # NOTE [Storages no op made]: perhaps scratch of its own
     call.writes_state = True
     call.forget_placements()
+
+
+def _saved_by(call: RegionCall, ptr: int, storage: Any) -> bool:
+    """Is ``storage`` (at ``ptr``) one that ``call`` saved (NOTE [Storages no op made])?"""
+    rec = call.by_ptr.get(ptr)
+    return rec is not None and rec() is storage
 
 
 def _check_state_writes(region: Region, call: RegionCall, params: list[int]) -> None:

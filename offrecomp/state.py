@@ -204,6 +204,9 @@ class RegionCall(_WeakReferable):
     writes_state: bool = False  # its region writes its inputs or parameters: never replayed (NOTE [State written by its region])
     record: bool = False  # recorded outside a measuring pass (NOTE [Calls the profile lacks])
     watch: FirstCallWatch | None = None  # the region's first call (see FirstCallWatch)
+    kept_from_write: bool = False
+    """Its watch saw it write a storage it did not see made, and it kept what it saved from
+    there (``writes_state`` had not been set before: NOTE [Storages no op made])."""
     external_reads: list[tuple[torch.Tensor, int, torch.Tensor | None]] | None = None
     """Tensors from outside the call its forward reads, with their versions when it did and copies of the small ones (NOTE [State read from outside] in calls.py)."""
     external: list[tuple[Any, Any]] | None = None

@@ -12,12 +12,13 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from offrecomp import _torch_compat as tc
 from offrecomp.trace.ops import (
     _param_cast,
     _scalars_of,
@@ -143,11 +144,15 @@ class FirstCallWatch(_RegionMode):
     * a random op drawing from a ``torch.Generator`` of the region's own (not the global
       one) records that generator and its state at its first draw, the state it had when
       the call entered (NOTE [Private generators] in replay.py);
-    * an op about to write a tensor that existed before the call, that the call neither
-      owns nor takes as an argument (a buffer of another module or a tensor attribute
-      reached through a plain attribute, a global) copies its storage first (up to
-      EXTERNAL_COPY_MAX_BYTES; ``external``) and calls ``on_foreign``, once (NOTE
-      [State written by its region])."""
+    * an op about to write a storage the call did not see made, that it neither owns nor
+      takes as an argument (a buffer of another module or a tensor attribute reached
+      through a plain attribute, a global; or a buffer compiled code allocated, NOTE
+      [Storages no op made]) copies it first where needed (up to
+      EXTERNAL_COPY_MAX_BYTES; ``external``) and calls ``on_foreign``, once (NOTE [State
+      written by its region]); ``wrote_outside`` tells, at the call's exit, whether any
+      of them was from outside the call;
+    * a write that compiled code reports after it made it (NOTE [Storages no op made])
+      counts as one of those, with no copy."""
 
     def __init__(
         self, cap: Any, params: Any, own: frozenset[int] = frozenset(), on_foreign: Any = None, state: Any = None
@@ -167,8 +172,10 @@ class FirstCallWatch(_RegionMode):
         self.read: dict[int, torch.Tensor] = {}
         """Storages outside the call its ops read before any write of them, and the tensor
         first read of each (NOTE [State read from outside] in offrecomp/calls.py)."""
-        self.written: set[int] = set()
-        """Storages outside the call its ops wrote."""
+        self.written: dict[int, tuple[weakref.ref[Any], bool]] = {}
+        """Storages it wrote that it did not see made and neither owns nor takes: a weak
+        reference to each, and whether an op overwrote all of it before any read of it
+        (NOTE [Storages no op made])."""
         # storage -> (holder, index): arguments.CapturedInputs, regions.ParamState and
         # arguments.ArgState (``state``: NOTE [State written by the forward]), each with
         # keep_copy(index)
@@ -181,6 +188,7 @@ class FirstCallWatch(_RegionMode):
                 if t is not None and describable(t):
                     self.by_ptr.setdefault(int(t.untyped_storage().data_ptr()), []).append((holder, i))
         self.generators: dict[int, tuple[torch.Generator, torch.Tensor]] = {}
+        self.outer_watch: FirstCallWatch | None = None  # the watch this one runs inside, on its thread
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -207,7 +215,7 @@ class FirstCallWatch(_RegionMode):
                 for holder, i in held:
                     holder.keep_copy(i)
             elif ptr and ptr not in self.made and ptr not in self.own:
-                self._external(ptr, storage, whole)
+                self._external(ptr, storage, whole, True)
         out = func(*args, **kwargs)
         for t in op_leaves(out):
             if isinstance(t, torch.Tensor) and describable(t):
@@ -216,19 +224,121 @@ class FirstCallWatch(_RegionMode):
                     self.made.add(ptr)
         return out
 
-    def _external(self, ptr: int, storage: Any, whole: bool) -> None:
-        """A write to a storage from outside the call (``whole``: an overwrite of all of
-        it that reads nothing of it): its bytes as they are where the call read them or
-        keeps some, the call told (NOTE [State written by its region])."""
-        if ptr not in self.written:
-            self.written.add(ptr)
-            if ptr in self.read or not whole:  # a replay must read them as they were
+    def _external(self, ptr: int, storage: Any, whole: bool, before: bool) -> None:
+        """A write to a storage the call did not see made (``whole``: an overwrite of all
+        of it that reads nothing of it; ``before``: seen before it happens): its bytes as
+        they are where the call read them or keeps some, the call told (NOTE [State
+        written by its region])."""
+        entry = self.written.get(ptr)
+        if entry is None or entry[0]() is not storage:  # else one it wrote before
+            scratch = before and whole and ptr not in self.read
+            self.written[ptr] = (weakref.ref(storage), scratch)
+            if before and not scratch:  # a replay must read them as they were
                 small = storage.nbytes() <= EXTERNAL_COPY_MAX_BYTES
                 self.external[ptr] = (storage, storage.clone() if small else None)
         if not self.foreign_written:
             self.foreign_written = True
             if self.on_foreign is not None:
                 self.on_foreign()
+
+    def reported_write(self, t: torch.Tensor) -> None:
+        """Code no op stands for wrote ``t`` in place (NOTE [Storages no op made])."""
+        if not describable(t):
+            return
+        storage = t.untyped_storage()
+        ptr = int(storage.data_ptr())
+        if ptr and ptr not in self.made and ptr not in self.own and ptr not in self.by_ptr:
+            self._external(ptr, storage, False, False)  # an input or a parameter: by versions at exit
+
+    def wrote_outside(self, saved: Callable[[int, Any], bool]) -> bool:
+        """At the call's exit: did it write a storage from outside it? Not where each one
+        it wrote is scratch of its own: overwritten whole before any read, and now freed
+        or held only through a save of the call (``saved(ptr, storage)``; NOTE [Storages
+        no op made])."""
+        for ptr, (ref, scratch) in self.written.items():
+            storage = ref()
+            if not scratch or (storage is not None and not saved(ptr, storage)):
+                return True
+        return False
+
+    def __enter__(self) -> FirstCallWatch:
+        _hear_reported_writes(self, True)
+        try:
+            super().__enter__()
+        except BaseException:
+            _hear_reported_writes(self, False)
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            _hear_reported_writes(self, False)
+
+
+# NOTE [Storages no op made]
+# The watch counts a storage as the call's own where it saw an op make it. Compiled code
+# allocates its buffers where no op shows it (inductor's ``empty_strided_cpu`` and
+# ``empty_strided_cuda``) and fills them in kernels no op stands for, or with an op
+# writing its ``out=`` (``extern_kernels.addmm(..., out=buf)``), which the watch sees as a
+# write to a storage it did not see made, as it sees a write to a tensor attribute. At
+# the write it cannot tell them apart: the call keeps what it saves from that write on,
+# as for any write from outside (NOTE [State written by its region] in calls.py), so its
+# own replay stops before it. At the call's exit it tells them apart: a storage an op
+# overwrote whole before any read of it, that is freed by then or that only the call's
+# saves still hold, is scratch of the call's own, and the region is not marked: its
+# later calls recompute. A storage from outside is held from outside (a module, a
+# global), and one held only through the call's saves is safe to write again: autograd
+# fails a backward whose saved tensor was written after its save, and a replay, which
+# computes every byte of it again from the same inputs, writes the bytes it holds. A
+# storage the call read, or wrote in part, before writing it, one the call's outputs
+# alone hold (a block returning the compiled function's result as it is), and any held
+# from elsewhere still mark the region. Kernels write where no op shows it too: the
+# graph inputs compiled code writes in place (a tensor attribute a compiled function
+# advances) are told only after the write, by ``torch.autograd.graph.increment_version``,
+# which AOT autograd calls for them, as custom ops do. While a watch runs on a thread,
+# that call is routed through it (counted, as NOTE [Host reads] does) and the storage
+# counts as written from outside, with no copy of it as it was (too late). The call
+# keeps from there on and its region is marked; where no earlier write made the call
+# keep, its replay runs that compiled code again, and writes the tensor again: a
+# compiled function that advances such a tensor belongs in a region kept whole.
+
+_reported_lock = threading.Lock()
+_reported_users = 0
+_watching = threading.local()
+
+
+def _report_increment(tensors: Any) -> None:
+    """``torch._C._increment_version`` while a watch runs: the innermost watch of this
+    thread hears of each tensor first (NOTE [Storages no op made])."""
+    watch = getattr(_watching, "watch", None)
+    if watch is not None and not _is_internal():
+        if not isinstance(tensors, torch.Tensor):
+            tensors = tuple(tensors)  # an iterable handed on: read once
+        for t in (tensors,) if isinstance(tensors, torch.Tensor) else tensors:
+            if isinstance(t, torch.Tensor):
+                watch.reported_write(t)
+    tc.VERSION_INCREMENT(tensors)
+
+
+def _hear_reported_writes(watch: FirstCallWatch, start: bool) -> None:
+    """Start or stop telling ``watch`` (this thread's innermost) of reported writes."""
+    global _reported_users
+    with _reported_lock:
+        if start:
+            if _reported_users == 0:
+                tc.route_version_increments(_report_increment)
+            _reported_users += 1
+        else:
+            _reported_users -= 1
+            if _reported_users == 0:
+                tc.route_version_increments(None)
+    if start:
+        watch.outer_watch = getattr(_watching, "watch", None)
+        _watching.watch = watch
+    else:
+        _watching.watch = watch.outer_watch
 
 
 # NOTE [Host reads]

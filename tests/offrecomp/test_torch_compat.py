@@ -43,6 +43,14 @@ def test_private_apis_exist() -> None:
     assert tc.storage_use_count(storage) == 1 and tc.storage_object_refs(storage) == 1
     assert tc.eval_frame_callback_getter() is not None
     from torch._dynamo.comptime import comptime  # noqa: F401  (at_trace_time)
+    heard: list[Any] = []
+    tc.route_version_increments(lambda ts: (heard.append(ts), tc.VERSION_INCREMENT(ts)))
+    try:
+        t = torch.zeros(2)
+        torch.autograd.graph.increment_version(t)  # what AOT autograd calls for inputs its kernels wrote
+    finally:
+        tc.route_version_increments(None)
+    assert len(heard) == 1 and t._version == 1 and torch._C._increment_version is tc.VERSION_INCREMENT
     m = torch.nn.Linear(2, 2)
     assert hasattr(m, tc.COMPILED_CALL_IMPL) and getattr(m, tc.COMPILED_CALL_IMPL) is None
     m.compile()

@@ -1,0 +1,124 @@
+"""A function compiled by inductor, called inside an eager block: the buffers its code
+allocates where no op shows it, and fills with ``out=`` ops, are the call's own scratch,
+so the block recomputes; a tensor from outside the block that the compiled code writes
+in place still keeps the block (NOTE [Storages no op made] in trace/recorder.py)."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import offrecomp.diagnostics
+from tests import models
+from tests.helpers import tight_budget, train, train_bitwise
+
+pytestmark = pytest.mark.skipif(
+    not any(shutil.which(c) for c in ("g++", "c++", "clang++")), reason="inductor on the CPU needs a C++ compiler"
+)
+
+
+def _mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:
+    return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+
+
+def _advance(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    pos.add_(1.0)  # inductor writes it in its kernel, then bumps its version
+    return torch.tanh(F.linear(x, w, b) + pos)
+
+
+_COMPILED: dict[str, Callable[..., torch.Tensor]] = {}
+
+
+def _compiled(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``fn`` compiled by inductor, once for every test (each compile builds C++)."""
+    if fn.__name__ not in _COMPILED:
+        _COMPILED[fn.__name__] = torch.compile(fn, backend="inductor")
+    return _COMPILED[fn.__name__]
+
+
+class _MlpBlock(nn.Module):
+    """Calls a compiled MLP: its matmuls write ``out=`` buffers the compiled code made."""
+
+    def __init__(self, fn: Callable[..., torch.Tensor], h: int = 16) -> None:
+        super().__init__()
+        self.fn = fn
+        self.ln = nn.LayerNorm(h)
+        self.fc1 = nn.Linear(h, 2 * h)
+        self.fc2 = nn.Linear(2 * h, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.ln(x)
+        return x + self.fn(y, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias) * y
+
+
+class _AdvancingBlock(nn.Module):
+    """Calls a compiled function that advances a plain tensor attribute (not a buffer)."""
+
+    def __init__(self, fn: Callable[..., torch.Tensor], h: int = 16) -> None:
+        super().__init__()
+        self.fn = fn
+        self.fc = nn.Linear(h, h)
+        self.pos = torch.zeros(h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fn(x, self.fc.weight, self.fc.bias, self.pos)
+
+
+def _batch(s: int) -> torch.Tensor:
+    return torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(s))
+
+
+def _foreign_warnings(caplog: pytest.LogCaptureFixture) -> list[Any]:
+    return [r for r in caplog.records if "neither owns nor takes" in r.getMessage()]
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto_tight"])
+def test_an_inductor_function_in_a_block_recomputes(variant: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Inductor allocates its buffers with ``empty_strided_cpu`` (no op) and fills them
+    with ``addmm(out=buf)``: writes to storages the first call's watch did not see made.
+    At the call's exit each is freed or held by the call's saves only: scratch of its
+    own. The first call keeps from that write on; every later call recomputes, with no
+    warning."""
+    offrecomp.diagnostics.clear_warnings()
+    fn = _compiled(_mlp)
+    torch.manual_seed(0)
+    model = models.Stack([_MlpBlock(fn) for _ in range(2)])
+    ref = train(copy.deepcopy(model), _batch, steps=4)
+    budget = tight_budget(model, _batch) if variant == "auto_tight" else None
+    rt = train_bitwise(model, _batch, variant, budget, ref, steps=4)
+    steps = rt.report().steps
+    if variant == "recompute":
+        assert all(s.replays == 2 for s in steps), [s.replays for s in steps]
+        # from the second step on the replays run the compiled function again
+        assert all(s.recomputed_bytes > steps[0].recomputed_bytes for s in steps[1:]), [
+            s.recomputed_bytes for s in steps
+        ]
+    else:
+        assert steps[-1].phase == "planned" and steps[-1].recomputed_bytes > 0, steps[-1]
+    assert not _foreign_warnings(caplog)
+
+
+def test_an_inductor_function_advancing_an_attribute_keeps_its_block(caplog: pytest.LogCaptureFixture) -> None:
+    """The compiled function writes the block's plain tensor attribute in its kernel (no
+    op shows it); AOT autograd bumps the attribute's version afterwards, which the watch
+    hears: a write from outside the call. The region is kept, with the warning, and the
+    attribute advances once per step as in plain training (a replay would advance it
+    again). Its matmul's ``out=`` buffer alone would pass as scratch."""
+    offrecomp.diagnostics.clear_warnings()
+    fn = _compiled(_advance)
+    torch.manual_seed(0)
+    model = models.Stack([_AdvancingBlock(fn) for _ in range(2)])
+    plain = copy.deepcopy(model)
+    ref = train(plain, _batch, steps=3)
+    rt = train_bitwise(model, _batch, "recompute", None, ref, steps=3)
+    assert all(s.replays == 0 for s in rt.report().steps), [s.replays for s in rt.report().steps]
+    for got, want in zip(model.blocks, plain.blocks):
+        assert torch.equal(got.pos, want.pos) and float(want.pos[0]) == 3.0
+    assert _foreign_warnings(caplog)
