@@ -138,62 +138,21 @@ def test_a_block_compiled_after_the_runtime_was_built() -> None:
     assert all(s.replays == 2 for s in rt.report().steps)
 
 
-@pytest.mark.parametrize("variant", ["recompute", "auto", "auto_serve"])
-def test_blocks_compiled_in_place_while_entered_still_replay(variant: str) -> None:
-    """``block.compile()`` inside ``with rt:`` (after some eager steps): the compiled call
-    went past the wrapped forward, so the blocks were no longer replayed (recompute booked
-    more, auto's plan ran over its budget, silently). The wrapper moves onto the compiled
-    call at the next root forward."""
+def _compiled_midway(variant: str, compile_blocks: Callable[[torch.nn.Module], None], at: int, entries: int = 1) -> Any:
+    """Six SGD steps of a 2-block GPT plainly, then under ``variant`` in ``entries``
+    entries of one runtime, ``compile_blocks`` applied before step ``at`` in both runs:
+    gradients bitwise; the runtime."""
     import copy
 
     def loop(m: torch.nn.Module, rt: Any) -> list[dict[str, torch.Tensor]]:
         opt = torch.optim.SGD(m.parameters(), lr=0.1)
         out = []
-        with rt if rt is not None else contextlib.nullcontext():
-            for s in range(6):
-                if s == 2:
-                    _blocks_in_place(m)
-                torch.manual_seed(s)
-                m(_batch(s)).backward()
-                out.append({n: q.grad.clone() for n, q in m.named_parameters() if q.grad is not None})
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-        return out
-
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    base = models.GPT(layers=2, h=32, heads=4, p=0.1)
-    budget = tight_budget(twin(base), _batch) if variant == "auto_serve" else None
-    ref = loop(copy.deepcopy(base), None)
-    torch._dynamo.reset()
-    m = copy.deepcopy(base)
-    rt = variant_runtime(m, variant, budget)
-    assert_bitwise(ref, loop(m, rt))
-    steps = rt.report().steps
-    if variant == "recompute":
-        assert [s.replays for s in steps] == [2] * 6
-    else:
-        assert steps[-1].phase in ("planned", "calibrate"), [s.phase for s in steps]
-    if variant == "auto_serve":
-        assert steps[-1].recomputed_bytes > 0
-
-
-@pytest.mark.parametrize(("variant", "when"), [("recompute", "entered"), ("recompute", "between"), ("auto_serve", "entered")])
-def test_blocks_wrapped_while_entered_still_replay(variant: str, when: str) -> None:
-    """``model.blocks[i] = torch.compile(block)`` inside ``with rt:`` (after some eager
-    steps) or between two entries: the block's wrapper ran inside the compiled frame,
-    where it runs the plain forward, so the blocks were never replayed again, silently.
-    The compiled wrapper is the region from the next root forward (or entry) on."""
-    import copy
-
-    def loop(m: torch.nn.Module, rt: Any) -> list[dict[str, torch.Tensor]]:
-        opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        out = []
-        for entry in range(2):
+        per = 6 // entries
+        for entry in range(entries):
             with rt if rt is not None else contextlib.nullcontext():
-                for s in range(3 * entry, 3 * entry + 3):
-                    if s == (2 if when == "entered" else 3):
-                        _blocks_wrapped(m)
+                for s in range(per * entry, per * entry + per):
+                    if s == at:
+                        compile_blocks(m)
                     torch.manual_seed(s)
                     m(_batch(s)).backward()
                     out.append({n: q.grad.clone() for n, q in m.named_parameters() if q.grad is not None})
@@ -210,6 +169,31 @@ def test_blocks_wrapped_while_entered_still_replay(variant: str, when: str) -> N
     m = copy.deepcopy(base)
     rt = variant_runtime(m, variant, budget)
     assert_bitwise(ref, loop(m, rt))
+    return rt
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto", "auto_serve"])
+def test_blocks_compiled_in_place_while_entered_still_replay(variant: str) -> None:
+    """``block.compile()`` inside ``with rt:`` (after some eager steps): the compiled call
+    went past the wrapped forward, so the blocks were no longer replayed (recompute booked
+    more, auto's plan ran over its budget, silently). The wrapper moves onto the compiled
+    call at the next root forward."""
+    steps = _compiled_midway(variant, _blocks_in_place, at=2).report().steps
+    if variant == "recompute":
+        assert [s.replays for s in steps] == [2] * 6
+    else:
+        assert steps[-1].phase in ("planned", "calibrate"), [s.phase for s in steps]
+    if variant == "auto_serve":
+        assert steps[-1].recomputed_bytes > 0
+
+
+@pytest.mark.parametrize(("variant", "when"), [("recompute", "entered"), ("recompute", "between"), ("auto_serve", "entered")])
+def test_blocks_wrapped_while_entered_still_replay(variant: str, when: str) -> None:
+    """``model.blocks[i] = torch.compile(block)`` inside ``with rt:`` (after some eager
+    steps) or between two entries: the block's wrapper ran inside the compiled frame,
+    where it runs the plain forward, so the blocks were never replayed again, silently.
+    The compiled wrapper is the region from the next root forward (or entry) on."""
+    rt = _compiled_midway(variant, _blocks_wrapped, at=2 if when == "entered" else 3, entries=2)
     steps = rt.report().steps
     if variant == "recompute":
         assert [s.replays for s in steps] == [2] * 6
