@@ -180,11 +180,11 @@ class RegionStructure:
     skipped_builds: int = 0
     """Recorded ops serving replays have skipped as builds of a cached tensor."""
 
-    def skip_build(self, k: int, name: str, scalars: tuple[Any, ...] | None = None, after: int = -1) -> int:
-        """NOTE [Skipped builds]: the index of the first op named ``name`` (with the
-        non-tensor arguments ``scalars``, where given) after a run of recorded ops from
-        ``k`` that reads nothing from outside itself, or -1; past ``after``, where given
-        (the next candidate)."""
+    def skip_build(self, k: int, name: str, scalars: tuple[Any, ...], after: int = -1) -> int:
+        """NOTE [Skipped builds]: the index of the first op named ``name`` with the
+        non-tensor arguments ``scalars`` after a run of recorded ops from ``k`` that reads
+        nothing from outside itself, or -1; past ``after``, where given (the next
+        candidate)."""
         roots = self.build_roots
         n = min(len(roots), len(self.op_names))
         j = max(k, after)
@@ -193,7 +193,7 @@ class RegionStructure:
             if j < n and self.op_names[j] == name:
                 if j in self.param_casts or any(k < s <= j for s in self.save_ops):
                     return -1
-                if scalars is not None and j < len(self.op_scalars) and self.op_scalars[j] != scalars:
+                if j < len(self.op_scalars) and self.op_scalars[j] != scalars:
                     continue  # an op of the build itself (its own slice of a table, say)
                 return j
         return -1
