@@ -89,7 +89,7 @@ def capture_buffers(slots: tuple[tuple[nn.Module, str], ...]) -> BufferState | N
     versions = [-1 if b is None else int(b._version) for b in objects]
     snaps: list[torch.Tensor | None] = []
     for b in objects:
-        if b is not None and b.numel() * b.element_size() <= BUFFER_SNAPSHOT_MAX_BYTES:
+        if b is not None and _nbytes(b) <= BUFFER_SNAPSHOT_MAX_BYTES:
             snaps.append(b.detach().clone())
         else:
             snaps.append(None)
@@ -100,7 +100,8 @@ def finish_buffers(state: BufferState | None) -> None:
     """Region forward returned: find the buffer slots it mutated or reassigned.
 
     The version counter is not enough: BatchNorm updates its running statistics inside
-    the kernel without bumping it, so small strided buffers are compared by value too.
+    the kernel without bumping it, so strided buffers whose copy would go if unchanged
+    are compared by value too (NOTE [Buffer comparisons]).
     """
     if state is None:
         return
@@ -124,7 +125,7 @@ def finish_buffers(state: BufferState | None) -> None:
             continue
         if int(b._version) != state.versions[i]:
             mutated.append(i)
-        elif snap is not None and b.layout == torch.strided and snap.numel() * snap.element_size() > READ_SNAPSHOT_MAX_BYTES:
+        elif snap is not None and b.layout == torch.strided and _nbytes(snap) > READ_SNAPSHOT_MAX_BYTES:
             checked.append((i, False))  # kept if written unseen, else let go (NOTE [Buffer comparisons])
             pairs.append((snap, b.detach()))
     for (i, rebound), d in zip(checked, differ(pairs)):
@@ -145,9 +146,13 @@ def finish_buffers(state: BufferState | None) -> None:
             if b is not None:
                 untouched.append((i, int(b._version)))
             snap = state.snapshots[i]
-            if snap is not None and snap.numel() * snap.element_size() > READ_SNAPSHOT_MAX_BYTES:
+            if snap is not None and _nbytes(snap) > READ_SNAPSHOT_MAX_BYTES:
                 state.snapshots[i] = None
     state.untouched = untouched
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def snapshot_bytes(state: BufferState, device: torch.device | None) -> int:
@@ -155,7 +160,7 @@ def snapshot_bytes(state: BufferState, device: torch.device | None) -> int:
     (``finish_buffers``), those on ``device``'s type (any, when None): NOTE [Replay and
     module state]."""
     return sum(
-        s.numel() * s.element_size()
+        _nbytes(s)
         for s in state.snapshots
         if s is not None and (device is None or s.device.type == device.type)
     )
