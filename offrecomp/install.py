@@ -169,8 +169,8 @@ class Installer:
         model = self._model
         self._frozen.clear()  # parameters registered while not entered move no epoch
         self._check_outer_hooks()
-        self._follow_wraps()  # a wrap while not entered moves no epoch either
-        self._check_regions()
+        if not self._check_regions():
+            self._follow_wraps()  # a wrap while not entered moves no epoch either
         self.compiled_model = model is not None and holds_compiled(model)
         self._calls.distributed = world_size() > 1
         self._calls.arg_state_limit = ARG_STATE_MAX_ITEMS + ARG_STATE_PER_REGION * len(self._regions)
@@ -236,15 +236,16 @@ class Installer:
             "that pair inside a region's forward to apply it there, or leave it out",
         )
 
-    def _check_regions(self) -> None:
+    def _check_regions(self) -> bool:
         """Warn once when a region's module is no longer in the model (NOTE [Region
-        refresh] in changes.py); read again only after a module assignment. One moved to
-        another name (blocks reordered) still runs as its region; one wrapped by
-        torch.compile at its name runs as the wrapper (``_follow_wraps``)."""
+        refresh] in changes.py); read again only after a module assignment (False when
+        none came since the last read). One moved to another name (blocks reordered)
+        still runs as its region; one wrapped by torch.compile at its name runs as the
+        wrapper (``_follow_wraps``)."""
         epoch = structure_epoch()
         model = self._model
         if epoch == self._regions_epoch or model is None:
-            return
+            return False
         self._regions_epoch = epoch
         self._follow_wraps()
         gone = []
@@ -281,6 +282,7 @@ class Installer:
                 "Make a new runtime for the model as it is now",
                 _names(added),
             )
+        return True
 
     def _follow_compiles(self) -> None:
         """A region compiled in place (``block.compile()``) since entry: its calls now run
