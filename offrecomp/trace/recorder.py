@@ -188,7 +188,6 @@ class FirstCallWatch(_RegionMode):
                 if t is not None and describable(t):
                     self.by_ptr.setdefault(int(t.untyped_storage().data_ptr()), []).append((holder, i))
         self.generators: dict[int, tuple[torch.Generator, torch.Tensor]] = {}
-        self.outer_watch: FirstCallWatch | None = None  # the watch this one runs inside, on its thread
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -262,11 +261,11 @@ class FirstCallWatch(_RegionMode):
         return False
 
     def __enter__(self) -> FirstCallWatch:
-        _hear_reported_writes(self, True)
+        _REPORTED_WRITES.push(self)
         try:
             super().__enter__()
         except BaseException:
-            _hear_reported_writes(self, False)
+            _REPORTED_WRITES.pop(self)
             raise
         return self
 
@@ -274,7 +273,44 @@ class FirstCallWatch(_RegionMode):
         try:
             super().__exit__(*exc)
         finally:
-            _hear_reported_writes(self, False)
+            _REPORTED_WRITES.pop(self)
+
+
+class _Routed:
+    """A process-wide patch kept in place while any thread has a user of it (counted:
+    installed for the first, taken off after the last), and each thread's users,
+    innermost last (NOTE [Host reads], NOTE [Storages no op made])."""
+
+    def __init__(self, install: Callable[[], None], uninstall: Callable[[], None]) -> None:
+        self._install, self._uninstall = install, uninstall
+        self._lock = threading.Lock()
+        self._users = 0
+        self._local = threading.local()
+
+    def users(self) -> list[Any]:
+        """This thread's users, innermost last."""
+        stack: list[Any] | None = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    def push(self, user: Any) -> None:
+        with self._lock:
+            if self._users == 0:
+                self._install()
+            self._users += 1
+        self.users().append(user)
+
+    def pop(self, user: Any) -> None:
+        stack = self.users()
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i] is user:
+                del stack[i]
+                break
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                self._uninstall()
 
 
 # NOTE [Storages no op made]
@@ -304,16 +340,12 @@ class FirstCallWatch(_RegionMode):
 # keep, its replay runs that compiled code again, and writes the tensor again: a
 # compiled function that advances such a tensor belongs in a region kept whole.
 
-_reported_lock = threading.Lock()
-_reported_users = 0
-_watching = threading.local()
-
-
 def _report_increment(tensors: Any) -> None:
     """``torch._C._increment_version`` while a watch runs: the innermost watch of this
     thread hears of each tensor first (NOTE [Storages no op made])."""
-    watch = getattr(_watching, "watch", None)
-    if watch is not None and not _is_internal():
+    watches = _REPORTED_WRITES.users()
+    if watches and not _is_internal():
+        watch = watches[-1]
         if not isinstance(tensors, torch.Tensor):
             tensors = tuple(tensors)  # an iterable handed on: read once
         for t in (tensors,) if isinstance(tensors, torch.Tensor) else tensors:
@@ -322,23 +354,9 @@ def _report_increment(tensors: Any) -> None:
     tc.VERSION_INCREMENT(tensors)
 
 
-def _hear_reported_writes(watch: FirstCallWatch, start: bool) -> None:
-    """Start or stop telling ``watch`` (this thread's innermost) of reported writes."""
-    global _reported_users
-    with _reported_lock:
-        if start:
-            if _reported_users == 0:
-                tc.route_version_increments(_report_increment)
-            _reported_users += 1
-        else:
-            _reported_users -= 1
-            if _reported_users == 0:
-                tc.route_version_increments(None)
-    if start:
-        watch.outer_watch = getattr(_watching, "watch", None)
-        _watching.watch = watch
-    else:
-        _watching.watch = watch.outer_watch
+_REPORTED_WRITES = _Routed(
+    lambda: tc.route_version_increments(_report_increment), lambda: tc.route_version_increments(None)
+)
 
 
 # NOTE [Host reads]
@@ -352,20 +370,16 @@ def _hear_reported_writes(watch: FirstCallWatch, start: bool) -> None:
 # region calls. A CUDA tensor's values reach Python through a copy to the CPU, an op.
 
 _HOST_READ_METHODS = ("tolist", "numpy")
-_host_read_lock = threading.Lock()
-_host_read_users = 0
-_recording = threading.local()
 
 
 def _wrap_host_read(name: str) -> Any:
     original = getattr(torch._C.TensorBase, name)
 
     def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        recorder = getattr(_recording, "recorder", None)
-        if recorder is not None and not _is_internal():
-            while recorder is not None:  # nested regions: each outer one read it too
+        recorders = _HOST_READS.users()
+        if recorders and not _is_internal():
+            for recorder in recorders:  # nested regions: each outer one read it too
                 recorder.host_reads = True
-                recorder = recorder.outer_recorder
         return original(self, *args, **kwargs)
 
     read.__name__ = name
@@ -376,25 +390,17 @@ def _wrap_host_read(name: str) -> Any:
 _HOST_READ_WRAPPERS = {name: _wrap_host_read(name) for name in _HOST_READ_METHODS}
 
 
-def _watch_host_reads(recorder: OpRecorder, start: bool) -> None:
-    """Start or stop telling ``recorder`` (this thread's innermost) of host reads."""
-    global _host_read_users
-    with _host_read_lock:
-        if start:
-            if _host_read_users == 0:
-                for name, read in _HOST_READ_WRAPPERS.items():
-                    setattr(torch.Tensor, name, read)
-            _host_read_users += 1
-        else:
-            _host_read_users -= 1
-            if _host_read_users == 0:
-                for name in _HOST_READ_METHODS:
-                    delattr(torch.Tensor, name)
-    if start:
-        recorder.outer_recorder = getattr(_recording, "recorder", None)
-        _recording.recorder = recorder
-    else:
-        _recording.recorder = recorder.outer_recorder
+def _wrap_host_reads() -> None:
+    for name, read in _HOST_READ_WRAPPERS.items():
+        setattr(torch.Tensor, name, read)
+
+
+def _unwrap_host_reads() -> None:
+    for name in _HOST_READ_METHODS:
+        delattr(torch.Tensor, name)
+
+
+_HOST_READS = _Routed(_wrap_host_reads, _unwrap_host_reads)
 
 
 class OpRecorder(_RegionMode):
@@ -423,7 +429,6 @@ class OpRecorder(_RegionMode):
         """Storages legitimately from outside the region: inputs, parameters, buffers."""
         self.collective = False
         """A collective ran in the region (NOTE [Collective regions])."""
-        self.outer_recorder: OpRecorder | None = None  # the recorder of an enclosing region
         self.host_reads = False
         """The region's code read tensor values through a method no ATen op stands for
         (NOTE [Host reads])."""
@@ -432,7 +437,7 @@ class OpRecorder(_RegionMode):
         """The region's forward begins: record its ops (or, passive, start its one op)."""
         if not self.passive:
             self.__enter__()
-            _watch_host_reads(self, True)
+            _HOST_READS.push(self)
             return
         op = _Op(name=COMPILED_FORWARD, func=None, start=time.perf_counter(), end=0.0)
         if self._events:
@@ -443,7 +448,7 @@ class OpRecorder(_RegionMode):
     def stop(self) -> None:
         """The region's forward returned (or raised)."""
         if not self.passive:
-            _watch_host_reads(self, False)
+            _HOST_READS.pop(self)
             self.__exit__(None, None, None)
             return
         op = self.ops[0]
