@@ -123,7 +123,7 @@ class RegionCalls:
         elif region.writes_state is None and call.inputs is not None and not region.compiled:
             # see NOTE [State written by its region]
             call.watch = FirstCallWatch(
-                call.inputs, call.params, self._own_storages(region, call), lambda: _writes_foreign(call),
+                call.inputs, call.params, self._own_storages(region, call), lambda after: _writes_foreign(call, after),
                 call.arg_state,
             )
         self._placements.build_table(call)
@@ -517,14 +517,18 @@ def _external_reads(refs: tuple[weakref.ref[torch.Tensor], ...]) -> list[tuple[t
     return out or None
 
 
-def _writes_foreign(call: RegionCall) -> None:
+def _writes_foreign(call: RegionCall, heard_after: bool) -> None:
     """NOTE [State written by its region]: ``call``'s forward is about to write a tensor
     it did not make and does not own: what it saves from now on is kept (a replay stops
-    before that write: everything after it needs none)."""
+    before that write: everything after it needs none). ``heard_after``: compiled code
+    wrote it already (NOTE [Storages no op made]); what the call dropped so far and still
+    exists is kept too, as its later saves would need a replay through that write."""
     if not call.writes_state:
         call.kept_from_write = True  # NOTE [Storages no op made]: perhaps scratch of its own
     call.writes_state = True
     call.forget_placements()
+    if heard_after:
+        _hold_dropped(call)
 
 
 def _saved_by(call: RegionCall, ptr: int, storage: Any) -> bool:

@@ -106,6 +106,10 @@ def _same_gen(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
 #: call writes them (NOTE [State written by its region] in offrecomp/calls.py).
 EXTERNAL_COPY_MAX_BYTES = 64 << 20
 
+#: Storages from outside a region call that its first call's watch copies at their first
+#: read, for a write to them heard only after it (NOTE [Storages no op made]).
+READ_COPY_MAX_BYTES = 64 << 10
+
 #: In-place ops that overwrite their ``self`` without reading it.
 _OVERWRITES = frozenset(
     getattr(torch.ops.aten, name) for name in (
@@ -152,7 +156,9 @@ class FirstCallWatch(_RegionMode):
       written by its region]); ``wrote_outside`` tells, at the call's exit, whether any
       of them was from outside the call;
     * a write that compiled code reports after it made it (NOTE [Storages no op made])
-      counts as one of those, with no copy."""
+      counts as one of those, its copy the one taken at the storage's first read by the
+      call (up to READ_COPY_MAX_BYTES) if any; ``on_foreign`` is told of each such write
+      (``heard_after``)."""
 
     def __init__(
         self, cap: Any, params: Any, own: frozenset[int] = frozenset(), on_foreign: Any = None, state: Any = None
@@ -161,7 +167,9 @@ class FirstCallWatch(_RegionMode):
         self.own = own
         """Storages the call owns or takes: its region's parameters and buffers, its inputs."""
         self.on_foreign = on_foreign
-        """Called at the first write to a storage outside them (NOTE [State written by its region])."""
+        """Called with False at the first write to a storage outside them seen before it is
+        made (NOTE [State written by its region]), with True at each one heard after it
+        (NOTE [Storages no op made])."""
         self.foreign_written = False
         self.made: set[int] = set()
         """Storages of the tensors the call's ops made: written freely."""
@@ -172,6 +180,8 @@ class FirstCallWatch(_RegionMode):
         self.read: dict[int, torch.Tensor] = {}
         """Storages outside the call its ops read before any write of them, and the tensor
         first read of each (NOTE [State read from outside] in offrecomp/calls.py)."""
+        self.read_copies: dict[int, Any] = {}
+        """The bytes of those up to READ_COPY_MAX_BYTES at their first read."""
         self.written: dict[int, tuple[weakref.ref[Any], bool]] = {}
         """Storages it wrote that it did not see made and neither owns nor takes: a weak
         reference to each, and whether an op overwrote all of it before any read of it
@@ -206,6 +216,9 @@ class FirstCallWatch(_RegionMode):
                     and ptr not in self.own and ptr not in self.by_ptr and ptr not in self.written
                 ):
                     self.read[ptr] = x  # from outside the call, read before any write of it
+                    storage = x.untyped_storage()
+                    if storage.nbytes() <= READ_COPY_MAX_BYTES:  # for a write heard after it
+                        self.read_copies[ptr] = storage.clone()
         for x, whole in writes:
             storage = x.untyped_storage()
             ptr = int(storage.data_ptr())
@@ -235,10 +248,12 @@ class FirstCallWatch(_RegionMode):
             if before and not scratch:  # a replay must read them as they were
                 small = storage.nbytes() <= EXTERNAL_COPY_MAX_BYTES
                 self.external[ptr] = (storage, storage.clone() if small else None)
-        if not self.foreign_written:
+            elif not before and ptr in self.read:  # read as it was before: copied then, if small
+                self.external[ptr] = (storage, self.read_copies.get(ptr))
+        if not self.foreign_written or not before:
             self.foreign_written = True
             if self.on_foreign is not None:
-                self.on_foreign()
+                self.on_foreign(not before)
 
     def reported_write(self, t: torch.Tensor) -> None:
         """Code no op stands for wrote ``t`` in place (NOTE [Storages no op made])."""
@@ -335,10 +350,14 @@ class _Routed:
 # advances) are told only after the write, by ``torch.autograd.graph.increment_version``,
 # which AOT autograd calls for them, as custom ops do. While a watch runs on a thread,
 # that call is routed through it (counted, as NOTE [Host reads] does) and the storage
-# counts as written from outside, with no copy of it as it was (too late). The call
-# keeps from there on and its region is marked; where no earlier write made the call
-# keep, its replay runs that compiled code again, and writes the tensor again: a
-# compiled function that advances such a tensor belongs in a region kept whole.
+# counts as written from outside. The call keeps from there on and its region is
+# marked; what the call dropped before and still exists is kept too (``on_foreign``
+# with ``heard_after``), since a later save of it would need a replay through that
+# write, which would write the tensor again. Its replay, for what it dropped and freed
+# before the write, stops before it, but reads the tensor: no copy of it as it was could
+# be taken at the write (too late), so the watch copies each small storage from outside
+# at the call's first read of it (READ_COPY_MAX_BYTES), and the replay runs on that copy;
+# a larger one read before such a write makes that replay raise.
 
 def _report_increment(tensors: Any) -> None:
     """``torch._C._increment_version`` while a watch runs: the innermost watch of this

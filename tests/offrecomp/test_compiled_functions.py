@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import offrecomp.diagnostics
+import offrecomp.trace.recorder
 from tests import models
 from tests.helpers import tight_budget, train, train_bitwise
 
@@ -71,6 +72,23 @@ class _AdvancingBlock(nn.Module):
         return x + self.fn(x, self.fc.weight, self.fc.bias, self.pos)
 
 
+class _ReadAdvancedBlock(nn.Module):
+    """Saves a tensor before a compiled function advances its plain tensor attribute, and
+    saves it again after (``reads_pos``: that tensor is made from the attribute)."""
+
+    def __init__(self, fn: Callable[..., torch.Tensor], reads_pos: bool, h: int = 16) -> None:
+        super().__init__()
+        self.fn = fn
+        self.reads_pos = reads_pos
+        self.fc = nn.Linear(h, h)
+        self.pos = torch.zeros(h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.sin(x + self.pos) if self.reads_pos else torch.tanh(x)  # saved (dropped)
+        z = self.fn(y, self.fc.weight, self.fc.bias, self.pos)  # the write, heard after it
+        return x + z * y  # y saved again
+
+
 def _batch(s: int) -> torch.Tensor:
     return torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(s))
 
@@ -122,3 +140,36 @@ def test_an_inductor_function_advancing_an_attribute_keeps_its_block(caplog: pyt
     for got, want in zip(model.blocks, plain.blocks):
         assert torch.equal(got.pos, want.pos) and float(want.pos[0]) == 3.0
     assert _foreign_warnings(caplog)
+
+
+@pytest.mark.parametrize("reads_pos", [False, True], ids=["saved_again", "read_before"])
+def test_saves_before_an_inductor_function_advancing_an_attribute_replay_as_the_forward_ran(
+    reads_pos: bool,
+) -> None:
+    """The first call drops a save, then the compiled function writes the attribute (heard
+    only after the write), then the call saves the same storage again. What the call
+    dropped and still holds is kept from the write on, so no replay runs the compiled
+    function again (the attribute advanced twice, the gradients off); a replay of what it
+    dropped and freed (``x + pos``) reads the attribute as copied at its first read."""
+    fn = _compiled(_advance)
+    torch.manual_seed(0)
+    model = models.Stack([_ReadAdvancedBlock(fn, reads_pos) for _ in range(2)])
+    plain = copy.deepcopy(model)
+    ref = train(plain, _batch, steps=3)
+    rt = train_bitwise(model, _batch, "recompute", None, ref, steps=3)
+    replays = [s.replays for s in rt.report().steps]
+    assert replays == ([1, 0, 0] if reads_pos else [0, 0, 0]), replays  # one first call replays x + pos
+    for got, want in zip(model.blocks, plain.blocks):
+        assert torch.equal(got.pos, want.pos) and float(want.pos[0]) == 3.0
+
+
+def test_a_replay_reading_an_attribute_too_large_to_copy_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attribute read before the compiled function advances it was not copied (over
+    READ_COPY_MAX_BYTES): the first call's replay raises, naming the region, rather than
+    read the advanced values."""
+    monkeypatch.setattr(offrecomp.trace.recorder, "READ_COPY_MAX_BYTES", 0)
+    fn = _compiled(_advance)
+    torch.manual_seed(0)
+    model = models.Stack([_ReadAdvancedBlock(fn, True) for _ in range(2)])
+    with pytest.raises(RuntimeError, match=r"region 'blocks\.\d' wrote in place"):
+        train(model, _batch, offrecomp.runtime(model, mode="recompute"), steps=1)
