@@ -25,7 +25,7 @@ One module a mechanism:
 - ``records``: step records and their lazily read times.
 """
 
-from offrecomp.planning.drift import DRIFT_MAX_BACKOFF, DRIFT_REPLANS, DRIFT_WINDOW
+from offrecomp.planning.drift import DRIFT_HISTORY, DRIFT_MAX_BACKOFF, DRIFT_REPLANS, DRIFT_WINDOW
 from offrecomp.planning.entries import GROWTH, PlanCache, PlanEntry
 from offrecomp.planning.host import PlannerHost
 from offrecomp.planning.learning import MAX_CALIBRATION_TRIES, OUTLIER_RATIO, _gaps
@@ -37,6 +37,7 @@ from offrecomp.planning.trial import TRIAL_EXCESS, TRIAL_PASSES, OffloadTrial
 
 __all__ = [
     "CATCH_UP_SECONDS",
+    "DRIFT_HISTORY",
     "DRIFT_MAX_BACKOFF",
     "DRIFT_REPLANS",
     "DRIFT_WINDOW",

@@ -20,7 +20,9 @@ log = logging.getLogger(__name__)
 
 #: NOTE [Drift]: planned steps whose median is judged against the prediction, ...
 DRIFT_WINDOW = 8
-#: ... re-plans in a row that may follow drifting windows before the window grows, ...
+#: ... how many of the latest windows judged are remembered, ...
+DRIFT_HISTORY = 6
+#: ... how many of those may drift (each followed by a re-plan) before the window grows, ...
 DRIFT_REPLANS = 2
 #: ... and how many times it may double.
 DRIFT_MAX_BACKOFF = 8
@@ -69,11 +71,15 @@ def refresh_live(entry: PlanEntry, step_seconds: float | None, *, prefetch_regio
 # far off either way, and a check on a few steps in a row would solve a signature
 # again every few steps for good, warning each time. A window whose median is more
 # than Config.drift off solves the plan again with the measured times (warned once
-# per signature, then logged). When DRIFT_REPLANS such re-plans in a row did not
-# bring the median back, the times are not the model's to predict (another process
-# shares the device or the host): the window doubles at every further drifting one,
-# up to DRIFT_WINDOW << DRIFT_MAX_BACKOFF steps, and the runtime says so once. A
-# window within the tolerance resets both.
+# per signature, then logged). A shift in the times (clocks, a longer sequence mix)
+# drifts every window until a re-plan or two fits them; a host whose load comes and
+# goes drifts some windows and not others, whatever the plan. So the runtime remembers
+# the latest DRIFT_HISTORY windows: when more than DRIFT_REPLANS of them drifted, the
+# times are not the model's to predict (another process shares the device or the
+# host): the window doubles at each further drifting one, up to DRIFT_WINDOW <<
+# DRIFT_MAX_BACKOFF steps, and the runtime says so once. A window within the tolerance
+# halves it again only once at most one remembered window drifted, so a good window
+# between two bad ones does not bring back the short window and its re-plans.
 
 
 def check_drift(entry: PlanEntry, rec: StepRecord, drift: float) -> None:
@@ -86,26 +92,33 @@ def check_drift(entry: PlanEntry, rec: StepRecord, drift: float) -> None:
         return  # NOTE [Host pauses]: the step's time is not the plan's
     entry.drift_ratios.append(rec.step_seconds / pred)
     entry.drift_strikes = len(entry.drift_ratios)
-    if entry.drift_strikes < DRIFT_WINDOW << entry.drift_backoff:
+    window = DRIFT_WINDOW << entry.drift_backoff
+    if entry.drift_strikes < window:
         return
     ratio = statistics.median(entry.drift_ratios)
     entry.drift_ratios.clear()
     entry.drift_strikes = 0
-    if abs(ratio - 1.0) <= drift:
-        entry.drift_replans = entry.drift_backoff = 0
+    drifted = abs(ratio - 1.0) > drift
+    recent = entry.drift_windows
+    recent.append(drifted)
+    del recent[:-DRIFT_HISTORY]
+    if not drifted:
+        entry.drift_learning = False
+        if entry.drift_backoff and sum(recent) <= 1:
+            entry.drift_backoff -= 1
         return
-    entry.drift_replans += 1
-    window = DRIFT_WINDOW << entry.drift_backoff
-    if entry.drift_replans > DRIFT_REPLANS:
+    entry.drift_learning = sum(recent) <= DRIFT_REPLANS
+    if not entry.drift_learning:
         entry.drift_backoff = min(DRIFT_MAX_BACKOFF, entry.drift_backoff + 1)
         if not entry.drift_said_backoff:
             entry.drift_said_backoff = True
             log.warning(
-                "offrecomp: signature %s: steps still run %+.0f%% off the prediction after %d "
+                "offrecomp: signature %s: steps still run %+.0f%% off the prediction, %d of "
+                "the latest %d windows of steps off by more than the tolerance in spite of "
                 "re-plans with the measured times, so its step times are not the model's to "
                 "predict (another process loading the host or the device, say); re-planning "
                 "backs off, judging windows of up to %d steps",
-                entry.signature, 100 * (ratio - 1), DRIFT_REPLANS, DRIFT_WINDOW << DRIFT_MAX_BACKOFF,
+                entry.signature, 100 * (ratio - 1), sum(recent), len(recent), DRIFT_WINDOW << DRIFT_MAX_BACKOFF,
             )
     level = logging.INFO if entry.drift_warned else logging.WARNING
     entry.drift_warned = True

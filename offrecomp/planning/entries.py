@@ -89,8 +89,11 @@ class PlanEntry:
     """Planned steps in the drift window so far (NOTE [Drift])."""
     drift_ratios: list[float] = field(default_factory=list)
     """Measured / predicted step time of those steps."""
-    drift_replans: int = 0
-    """Re-plans for drift in a row, each after a window that drifted."""
+    drift_windows: list[bool] = field(default_factory=list)
+    """Whether each of the latest DRIFT_HISTORY windows judged drifted, oldest first."""
+    drift_learning: bool = False
+    """The latest window drifted and re-planning has not backed off: every pass is learnt
+    (NOTE [Learning cadence])."""
     drift_backoff: int = 0
     """The drift window is ``DRIFT_WINDOW << drift_backoff`` steps long."""
     drift_warned: bool = False

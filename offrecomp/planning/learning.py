@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from offrecomp.measure import distorts
 from offrecomp.phases import Phase
 from offrecomp.planning.differences import settle_growth, variable_sizes
-from offrecomp.planning.drift import DRIFT_REPLANS, refresh_live
+from offrecomp.planning.drift import refresh_live
 from offrecomp.planning.trial import offload_trial
 from offrecomp.state import Stage
 from offrecomp.trace import RUN
@@ -128,7 +128,7 @@ class Learner:
     @staticmethod
     def _skip(entry: PlanEntry) -> bool:
         """Skip learning from this planned pass (NOTE [Learning cadence])?"""
-        if entry.learnt_since_solve < FIRST_LEARNT or 0 < entry.drift_replans <= DRIFT_REPLANS:
+        if entry.learnt_since_solve < FIRST_LEARNT or entry.drift_learning:
             return False
         entry.learn_skipped += 1
         if entry.learn_skipped < entry.learn_every:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import offrecomp
-from offrecomp.planning import DRIFT_REPLANS, DRIFT_WINDOW, PlanEntry, drift
+from offrecomp.planning import DRIFT_HISTORY, DRIFT_MAX_BACKOFF, DRIFT_REPLANS, DRIFT_WINDOW, PlanEntry, drift
 from offrecomp.report import StepRecord
 from tests.helpers import train
 from tests.models import MLPBlock, stack
@@ -86,3 +86,60 @@ def test_noise_around_the_prediction_is_no_drift(loaded_host: list[float], caplo
     assert not any("drift: re-plan" in s.notes for s in steps)
     assert [w for w in warnings if "off the predicted" in w] == []
     assert DRIFT_WINDOW >= 5
+
+
+def _judge(entry: PlanEntry, ratio: float) -> bool:
+    """One window of ``entry``'s planned steps, each ``ratio`` times its prediction:
+    whether it was solved again."""
+    entry.needs_solve = False
+    for _ in range(DRIFT_WINDOW << entry.drift_backoff):
+        drift.check_drift(entry, StepRecord(step=0, step_seconds=ratio, predicted_step_seconds=1.0), 0.25)
+    return entry.needs_solve
+
+
+def test_drift_that_comes_and_goes_backs_off_and_a_fit_brings_the_window_back() -> None:
+    """A host whose load comes and goes drifts one window in two: after more than
+    DRIFT_REPLANS of the latest DRIFT_HISTORY windows drifted, the window doubles at
+    each drifting one, and a good window between two bad ones does not shrink it. Once
+    at most one remembered window drifted, each good window halves it again, down to
+    DRIFT_WINDOW."""
+    entry = PlanEntry(signature="sig")
+    replans = [_judge(entry, r) for r in [2.0, 1.0] * 3]
+    assert replans == [True, False, True, False, True, False], replans
+    assert entry.drift_backoff == 1  # the third drifting window of the latest six
+    assert _judge(entry, 2.0) and entry.drift_backoff == 2
+    assert not _judge(entry, 1.0) and entry.drift_backoff == 2  # three of six drifted
+    sizes = []
+    while entry.drift_backoff:
+        sizes.append(DRIFT_WINDOW << entry.drift_backoff)
+        assert not _judge(entry, 1.0)
+        assert len(sizes) <= DRIFT_HISTORY + DRIFT_MAX_BACKOFF
+    assert sizes[-2:] == [4 * DRIFT_WINDOW, 2 * DRIFT_WINDOW], sizes
+    assert not entry.drift_learning
+
+
+def test_a_host_loaded_in_some_windows_replans_less_than_in_every_other_window(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Windows alternately at the prediction and 60% under it, as a host whose load
+    comes and goes makes them, over 160 steps: twenty windows of DRIFT_WINDOW, ten of
+    them off. Three re-plans, then the window grows (16, 32, 64 steps): at most six."""
+    check = drift.check_drift
+    windows = [0]
+
+    def alternating(entry: PlanEntry, rec: StepRecord, tolerance: float) -> None:
+        if rec.predicted_step_seconds:
+            if not entry.drift_ratios:
+                windows[0] += 1
+            rec.step_seconds = rec.predicted_step_seconds * (0.4 if windows[0] % 2 else 1.0)
+        check(entry, rec, tolerance)
+
+    monkeypatch.setattr(drift, "check_drift", alternating)
+    torch.manual_seed(0)
+    m = stack(lambda: MLPBlock(32), n=3)()
+    with caplog.at_level(logging.INFO, logger="offrecomp"):
+        rt = offrecomp.runtime(m, min_bytes=0, budget="50%")
+        train(m, _batch, rt, steps=2 * STEPS)
+    replans = sum("drift: re-plan" in s.notes for s in rt.report().steps)
+    assert DRIFT_REPLANS < replans <= 6, replans
+    assert len([r for r in caplog.records if "backs off" in r.getMessage()]) == 1

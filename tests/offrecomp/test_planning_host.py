@@ -175,20 +175,29 @@ def test_a_replay_checkpoint_is_learnt_apart_from_the_gaps(monkeypatch: pytest.M
 def test_a_plan_solved_again_for_drift_learns_every_pass() -> None:
     """NOTE [Learning cadence]: after a re-plan for drift, until a window fits or
     re-planning backs off, every planned pass is learnt."""
-    from offrecomp.planning.drift import DRIFT_REPLANS
+    from offrecomp.planning.drift import DRIFT_REPLANS, DRIFT_WINDOW, check_drift
     from offrecomp.planning.entries import PlanEntry
+    from offrecomp.report import StepRecord
 
     entry = PlanEntry(signature="sig")
     entry.learnt_since_solve = learning.FIRST_LEARNT
     entry.learn_every = learning.MAX_LEARN_EVERY
-    skips = [learning.Learner._skip(entry) for _ in range(learning.MAX_LEARN_EVERY)]
-    assert skips.count(False) == 1
-    for replans in range(1, DRIFT_REPLANS + 1):
-        entry.drift_replans = replans
-        assert not any(learning.Learner._skip(entry) for _ in range(learning.MAX_LEARN_EVERY))
-    entry.drift_replans = DRIFT_REPLANS + 1  # backed off: the cadence again
-    skips = [learning.Learner._skip(entry) for _ in range(learning.MAX_LEARN_EVERY)]
-    assert skips.count(False) == 1
+
+    def learnt() -> int:
+        return [learning.Learner._skip(entry) for _ in range(learning.MAX_LEARN_EVERY)].count(False)
+
+    def window(ratio: float) -> None:
+        for _ in range(DRIFT_WINDOW << entry.drift_backoff):
+            check_drift(entry, StepRecord(step=0, step_seconds=ratio, predicted_step_seconds=1.0), 0.25)
+
+    assert learnt() == 1
+    for _ in range(DRIFT_REPLANS):
+        window(2.0)  # drifted: solved again
+        assert learnt() == learning.MAX_LEARN_EVERY
+    window(1.0)  # fits: the cadence again
+    assert learnt() == 1
+    window(2.0)  # one drifting window too many: backed off, the cadence again
+    assert entry.drift_backoff == 1 and learnt() == 1
 
 
 def test_learnt_host_costs_reach_the_estimate_and_the_prediction(monkeypatch: pytest.MonkeyPatch) -> None:
