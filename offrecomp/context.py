@@ -35,7 +35,7 @@ from torch import nn
 from offrecomp.calls import RegionCalls, model_storage_ptrs
 from offrecomp.changes import BufferPtrs
 from offrecomp.config import Config, apply_log_level
-from offrecomp.diagnostics import Diagnostics, warn_collective
+from offrecomp.diagnostics import Diagnostics, refused_transform, warn_collective
 from offrecomp.groups import OffloadGroups
 from offrecomp.hooks import Placer
 from offrecomp.install import Installer
@@ -294,6 +294,9 @@ class Runtime:
             self._life.reset_calls()
             self._groups.settle()
             self._groups.maybe_close()
+        refused = refused_transform(exc, None) if exc is not None else None
+        if refused is not None:  # torch's message names no runtime
+            raise refused from exc
 
     def _install(self) -> None:
         placer = Placer(

@@ -362,15 +362,25 @@ def detached_error(where: str, index: int | None) -> RuntimeError:
 _TRANSFORM_REFUSAL = "don't yet support saved tensor hooks"
 
 
-def refused_transform(exc: BaseException, where: str) -> RuntimeError | None:
+def refused_transform(exc: BaseException, where: str | None) -> RuntimeError | None:
     """The runtime's account of torch refusing ``torch.func.grad``/``vjp``/``jacrev``/
-    ``hessian`` in ``where`` (a region, the model's forward), or None for another error.
+    ``hessian`` in ``where`` (a region, the model's forward; None: the code inside
+    ``with rt:`` outside every forward), or None for another error.
 
     Those transforms refuse to start while any saved-tensor hook pair is registered, and
     the runtime's pair is registered for every forward under it (or the call could not be
-    kept, offloaded or recomputed); torch's message names neither."""
+    kept, offloaded or recomputed), and from the runtime's entry to its exit on the thread
+    that entered it; torch's message names neither."""
     if not isinstance(exc, RuntimeError) or _TRANSFORM_REFUSAL not in str(exc):
         return None
+    if where is None:
+        return RuntimeError(
+            "offrecomp: code inside `with rt:` calls torch.func.grad, vjp, jacrev or hessian, "
+            "which torch refuses to run while a saved-tensor hook pair is registered, and the "
+            "runtime's pair is registered from its entry to its exit. Call the transform "
+            "outside `with rt:` (an evaluation, a per-sample gradient), or, where it trains "
+            "the model, train it without the runtime (OFFRECOMP_DISABLE=1)"
+        )
     return RuntimeError(
         f"offrecomp: {where} calls torch.func.grad, vjp, jacrev or hessian, which torch "
         "refuses to run while a saved-tensor hook pair is registered, and the runtime's pair "

@@ -13,7 +13,14 @@ import pytest
 import torch
 
 import offrecomp
-from offrecomp.planning import DRIFT_HISTORY, DRIFT_MAX_BACKOFF, DRIFT_REPLANS, DRIFT_WINDOW, PlanEntry, drift
+from offrecomp.planning import (
+    DRIFT_HISTORY,
+    DRIFT_MAX_BACKOFF,
+    DRIFT_REPLANS,
+    DRIFT_WINDOW,
+    PlanEntry,
+    drift,
+)
 from offrecomp.report import StepRecord
 from tests.helpers import train
 from tests.models import MLPBlock, stack

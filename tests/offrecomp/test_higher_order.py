@@ -264,6 +264,32 @@ def test_torch_func_transforms_that_refuse_the_hooks_are_named(mode: str, where:
     model(x).sum().backward()
 
 
+def test_torch_func_transforms_from_the_loop_are_named() -> None:
+    """torch.func.grad called from the loop inside ``with rt:`` (a per-sample gradient
+    between steps) is refused by torch, whose message names no runtime: the error out of
+    ``with rt:`` says the runtime's pair is registered from entry to exit and to call the
+    transform outside it, chained to torch's."""
+    import offrecomp
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+    x = torch.randn(3, 4)
+    params = dict(model.named_parameters())
+
+    def loss(p: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.func.functional_call(model, p, (x,)).sum()
+
+    with (
+        pytest.raises(RuntimeError, match=r"code inside `with rt:` calls torch\.func\.grad") as err,
+        offrecomp.runtime(model, mode="recompute", min_bytes=0),
+    ):
+        model(x).sum().backward()
+        torch.func.grad(loss)(params)
+    assert "outside `with rt:`" in str(err.value)
+    assert isinstance(err.value.__cause__, RuntimeError) and "saved tensor hooks" in str(err.value.__cause__)
+    torch.func.grad(loss)(params)  # outside, it runs
+
+
 class _NormBlock(nn.Module):
     def __init__(self) -> None:
         super().__init__()
