@@ -169,8 +169,8 @@ class Installer:
         model = self._model
         self._frozen.clear()  # parameters registered while not entered move no epoch
         self._check_outer_hooks()
-        if not self._check_regions():
-            self._follow_wraps()  # a wrap while not entered moves no epoch either
+        self._regions_epoch = -1  # modules assigned while not entered move no epoch: read them
+        self._check_regions()
         self.compiled_model = model is not None and holds_compiled(model)
         self._calls.distributed = world_size() > 1
         self._calls.arg_state_limit = ARG_STATE_MAX_ITEMS + ARG_STATE_PER_REGION * len(self._regions)
@@ -236,16 +236,15 @@ class Installer:
             "that pair inside a region's forward to apply it there, or leave it out",
         )
 
-    def _check_regions(self) -> bool:
+    def _check_regions(self) -> None:
         """Warn once when a region's module is no longer in the model (NOTE [Region
-        refresh] in changes.py); read again only after a module assignment (False when
-        none came since the last read). One moved to another name (blocks reordered)
-        still runs as its region; one wrapped by torch.compile at its name runs as the
-        wrapper (``_follow_wraps``)."""
+        refresh] in changes.py); read again only after a module assignment, and at every
+        entry. One moved to another name (blocks reordered) still runs as its region;
+        one wrapped by torch.compile at its name runs as the wrapper (``_follow_wraps``)."""
         epoch = structure_epoch()
         model = self._model
         if epoch == self._regions_epoch or model is None:
-            return False
+            return
         self._regions_epoch = epoch
         self._follow_wraps()
         gone = []
@@ -282,7 +281,6 @@ class Installer:
                 "Make a new runtime for the model as it is now",
                 _names(added),
             )
-        return True
 
     def _follow_compiles(self) -> None:
         """A region compiled in place (``block.compile()``) since entry: its calls now run

@@ -129,6 +129,28 @@ def test_a_region_replaced_while_entered_is_named(caplog: pytest.LogCaptureFixtu
     assert steps[0].recomputed_bytes > 0 and steps[1].recomputed_bytes == 0
 
 
+@pytest.mark.parametrize("how", ["replaced", "appended"])
+def test_a_region_replaced_or_a_block_appended_between_entries_is_named(
+    how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Between two entries torch's registration hooks are not the runtime's, so no
+    assignment is counted: the next entry reads the regions all the same and names the
+    change, as while entered."""
+    torch.manual_seed(0)
+    model = Stack([_Growing() for _ in range(2)])
+    rt = offrecomp.runtime(model, mode="recompute", min_bytes=0)
+    with rt:
+        model(_batch(0)).backward()
+    if how == "replaced":
+        model.blocks[1] = copy.deepcopy(model.blocks[1])
+    else:
+        model.blocks.append(_Growing())
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), rt:
+        model(_batch(1)).backward()
+    said = "blocks.1 are no longer the model's modules" if how == "replaced" else "module(s) blocks.2, added beside"
+    assert said in caplog.text
+
+
 def test_a_block_appended_while_entered_is_named(caplog: pytest.LogCaptureFixture) -> None:
     """A block appended beside the regions runs plainly, named once; gradients stay
     bitwise. Blocks that ``regions=`` left out when the runtime was made are not named."""
