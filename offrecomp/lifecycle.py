@@ -57,7 +57,7 @@ import logging
 import threading
 import time
 import weakref
-from collections import OrderedDict, deque
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -68,7 +68,7 @@ from offrecomp.config import Config
 from offrecomp.diagnostics import warn_once
 from offrecomp.measure import DeviceClock, Mark
 from offrecomp.report import StepRecord
-from offrecomp.signatures import Combinations, Part, combine, shown
+from offrecomp.signatures import Part, PassSignatures, shown
 from offrecomp.state import PassState, RegionCall, Stage
 from offrecomp.transfer import BACKWARD_START
 from scheduler.plan import ROOT
@@ -83,7 +83,6 @@ log = logging.getLogger(__name__)
 __all__ = ["REPORT_MAX_STEPS", "Lifecycle"]
 
 _MAX_PROVISIONAL = 16  # passes without an optimizer step before every pass counts as a step
-_SIGNATURES_SEEN = 1024  # signatures remembered for PassState.new_signature
 #: Root forwards one pass joins at most (NOTE [Dropped graphs]); the next begins a new pass.
 MAX_FORWARDS = 64
 #: Step records ``report()`` holds (the most recent; about 3 KB each, 30 MB in all). A run of a million
@@ -122,13 +121,12 @@ class Lifecycle:
         # the part the next forward activity takes (``next_part``) and the region whose
         # call named it ("": a root forward)
         self._next: tuple[Part, str] | None = None
-        self._combinations = Combinations()  # NOTE [Pass signatures]
+        self._signs = PassSignatures(planner, placements)  # NOTE [Pass signatures]
         self._ooms: int | None = None  # the allocator's OOM count when the last pass ended
         self.steps: deque[StepRecord] = deque(maxlen=REPORT_MAX_STEPS)
         self.explicit_steps = False  # inside rt.step(): only the block's end closes the step
         self.report_file: Any = None
         self._passes = 0
-        self._signatures_seen: OrderedDict[str, None] = OrderedDict()  # NOTE [Module attributes]
         self._step_passes: list[PassState] = []
         self._step_count = 0  # steps recorded (the next record's number)
         self._saw_optimizer = False
@@ -207,9 +205,9 @@ class Lifecycle:
             part, region = pending
             if p.parts:
                 p.named_by = p.named_by or region  # its later calls outside a forward are parts too
-                self._join(p, part)
+                self._signs.join(p, part)
             elif not p.calls:
-                self._adopt_signature(p, part, region)
+                self._signs.adopt(p, part, region)
         return p
 
     def _ends_here(self, p: PassState) -> bool:
@@ -248,64 +246,13 @@ class Lifecycle:
         inputs have signature, family and sizes ``part``."""
         self._next = (part, region)
 
-    def _choose(self, p: PassState, part: Part, region: str) -> None:
-        """``p``'s first root forward (or call of ``region``) had ``part``: the
-        combination it is planned for (NOTE [Pass signatures])."""
-        p.parts = [part]
-        p.named_by = region
-        p.expected = self._combinations.choose(part)
-        p.signature, p.family, p.dims = combine(p.expected)
-
-    def _adopt_signature(self, p: PassState, part: Part, region: str) -> None:
-        """``p`` began at a save before the model's forward, without a signature: it takes
-        the forward's, and is planned for it."""
-        guess = p.signature
-        self._choose(p, part, region)
-        p.recording = p.planned = False
-        p.phase = p.plan_id = p.plan_signature = ""
-        self._note_signature(p)
-        self._planner.left(p, guess)
-        self._planner.begin_pass(p)
-        root = p.root
-        if root is not None:  # its saves so far were placed unplanned; the rest by the plan
-            self._planner.assign(p, root)
-            root.fixed = self._placements.fixed(root)
-
-    def _join(self, p: PassState, part: Part) -> None:
-        """One more root forward of ``p``, with ``part``: does it run what ``p`` was
-        planned for (NOTE [Pass signatures])?"""
-        p.parts.append(part)
-        if tuple(p.parts) != p.expected[: len(p.parts)]:
-            self._resign(p, final=False)
-
-    def _settle(self, p: PassState) -> None:
-        """``p``'s forwards are over (its backward begins, or it ends): its signature is
-        what ran (NOTE [Pass signatures])."""
-        if p.parts and tuple(p.parts) != p.expected:
-            self._resign(p)
-
-    def _resign(self, p: PassState, *, final: bool = True) -> None:
-        """``p`` takes the signature of what ran; one that more forwards may extend
-        (``final=False``) is not remembered: only the last of them names a pass."""
-        chosen = p.signature
-        if not p.departed:  # once per pass, from what its first forward chose
-            p.departed = True
-            self._combinations.departed(p.expected)
-        p.expected = tuple(p.parts)
-        p.signature, p.family, p.dims = combine(p.expected)
-        if final:
-            self._note_signature(p)
-        else:
-            p.new_signature = p.signature not in self._signatures_seen
-        self._planner.resign(p, chosen)
-
     def _begin_pass(self) -> PassState:
         p = PassState(index=self._passes, signature="unknown", mode=self._config.mode)
         pending, self._next = self._next, None
         if pending is not None:
-            self._choose(p, *pending)
+            self._signs.choose(p, *pending)
         self._passes += 1
-        self._note_signature(p)
+        self._signs.note(p)
         self._planner.begin_pass(p)
         if self._ooms is None:
             self._ooms = self._device.oom_count()  # those before the first pass are not ours
@@ -317,14 +264,6 @@ class Lifecycle:
             torch.cuda.reset_peak_memory_stats(device)
         self.current = p
         return p
-
-    def _note_signature(self, p: PassState) -> None:
-        seen = self._signatures_seen
-        p.new_signature = p.signature not in seen
-        seen[p.signature] = None
-        seen.move_to_end(p.signature)
-        if len(seen) > _SIGNATURES_SEEN:
-            seen.popitem(last=False)
 
     def backward_activity(self, call: RegionCall, *, reached: bool = False) -> None:
         """An unpack of ``call``'s save in a backward (or, ``reached``, a backward reached
@@ -344,9 +283,9 @@ class Lifecycle:
                 with contextlib.suppress(RuntimeError):
                     tc.queue_backward_callback(functools.partial(self._backward_done, weakref.ref(p)))
             return
-        self._settle(p)
+        self._signs.settle(p)
         if p.parts and not p.aborted:
-            self._combinations.note(p.expected)
+            self._signs.ran(p)
         p.stage = BACKWARD
         p.backward_task = tc.current_graph_task_id()
         p.backward_start_mark = self._device.mark()
@@ -398,7 +337,7 @@ class Lifecycle:
             if p.backward_end_mark is not None:
                 end = p.backward_end_mark.host  # its work ended there, not at this call
         elif p.stage is FORWARD:
-            self._settle(p)
+            self._signs.settle(p)
         self.current = None
         p.end_time = end
         stats = self._device.allocator_stats()

@@ -60,13 +60,18 @@ import math
 import zlib
 from collections import OrderedDict, deque
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from offrecomp import _torch_compat as tc
 
-__all__ = ["Combinations", "Frozen", "Part", "combine", "shown", "signature_of"]
+if TYPE_CHECKING:
+    from offrecomp.placement import Placements
+    from offrecomp.planning import Planner
+    from offrecomp.state import PassState
+
+__all__ = ["Combinations", "Frozen", "Part", "PassSignatures", "combine", "shown", "signature_of"]
 
 Part = tuple[str, str, tuple[int, ...]]
 """One root forward's signature, family (the signature without sizes) and sizes."""
@@ -77,6 +82,8 @@ WINDOW = 16
 FIRSTS = 1024
 #: Root forwards a message shows of a joined signature; it counts the rest.
 SHOWN_PARTS = 3
+#: Signatures remembered for ``PassState.new_signature`` (NOTE [Module attributes]).
+SIGNATURES_SEEN = 1024
 #: Passes in a row that departed from a combination, none running it, after which passes
 #: beginning like them choose it no more until it runs again.
 MAX_DEPARTURES = 4
@@ -235,3 +242,78 @@ def _remember(seen: OrderedDict[str, deque[tuple[Part, ...]]], key: str, parts: 
     else:
         seen.move_to_end(key)
     passes.append(parts)
+
+
+class PassSignatures:
+    """The signature each pass is planned for and the one it ran (NOTE [Pass
+    signatures]), told to the planner."""
+
+    def __init__(self, planner: Planner, placements: Placements) -> None:
+        self._planner = planner
+        self._placements = placements
+        self._combinations = Combinations()
+        self._seen: OrderedDict[str, None] = OrderedDict()
+
+    def choose(self, p: PassState, part: Part, region: str) -> None:
+        """``p``'s first root forward (or call of ``region``) had ``part``: the
+        combination it is planned for."""
+        p.parts = [part]
+        p.named_by = region
+        p.expected = self._combinations.choose(part)
+        p.signature, p.family, p.dims = combine(p.expected)
+
+    def adopt(self, p: PassState, part: Part, region: str) -> None:
+        """``p`` began at a save before the model's forward, without a signature: it takes
+        the forward's, and is planned for it."""
+        guess = p.signature
+        self.choose(p, part, region)
+        p.recording = p.planned = False
+        p.phase = p.plan_id = p.plan_signature = ""
+        self.note(p)
+        self._planner.left(p, guess)
+        self._planner.begin_pass(p)
+        root = p.root
+        if root is not None:  # its saves so far were placed unplanned; the rest by the plan
+            self._planner.assign(p, root)
+            root.fixed = self._placements.fixed(root)
+
+    def join(self, p: PassState, part: Part) -> None:
+        """One more root forward of ``p``, with ``part``: does it run what ``p`` was
+        planned for?"""
+        p.parts.append(part)
+        if tuple(p.parts) != p.expected[: len(p.parts)]:
+            self._resign(p, final=False)
+
+    def settle(self, p: PassState) -> None:
+        """``p``'s forwards are over (its backward begins, or it ends): its signature is
+        what ran."""
+        if p.parts and tuple(p.parts) != p.expected:
+            self._resign(p)
+
+    def ran(self, p: PassState) -> None:
+        """``p``'s backward began with its forwards settled: a combination seen."""
+        self._combinations.note(p.expected)
+
+    def note(self, p: PassState) -> None:
+        """Is ``p``'s signature new (``PassState.new_signature``)? It is seen now."""
+        seen = self._seen
+        p.new_signature = p.signature not in seen
+        seen[p.signature] = None
+        seen.move_to_end(p.signature)
+        if len(seen) > SIGNATURES_SEEN:
+            seen.popitem(last=False)
+
+    def _resign(self, p: PassState, *, final: bool = True) -> None:
+        """``p`` takes the signature of what ran; one that more forwards may extend
+        (``final=False``) is not remembered: only the last of them names a pass."""
+        chosen = p.signature
+        if not p.departed:  # once per pass, from what its first forward chose
+            p.departed = True
+            self._combinations.departed(p.expected)
+        p.expected = tuple(p.parts)
+        p.signature, p.family, p.dims = combine(p.expected)
+        if final:
+            self.note(p)
+        else:
+            p.new_signature = p.signature not in self._seen
+        self._planner.resign(p, chosen)
