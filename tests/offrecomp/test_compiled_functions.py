@@ -18,7 +18,7 @@ from torch import nn
 import offrecomp.diagnostics
 import offrecomp.trace.recorder
 from tests import models
-from tests.helpers import tight_budget, train, train_bitwise
+from tests.helpers import batch_on, tight_budget, train, train_bitwise
 
 pytestmark = pytest.mark.skipif(
     not any(shutil.which(c) for c in ("g++", "c++", "clang++")), reason="inductor on the CPU needs a C++ compiler"
@@ -93,12 +93,20 @@ def _batch(s: int) -> torch.Tensor:
     return torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(s))
 
 
+#: The CPU, and a GPU where there is one (inductor allocates with ``empty_strided_cuda``
+#: there: NOTE [Storages no op made]).
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
 def _foreign_warnings(caplog: pytest.LogCaptureFixture) -> list[Any]:
     return [r for r in caplog.records if "neither owns nor takes" in r.getMessage()]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant", ["recompute", "auto_tight"])
-def test_an_inductor_function_in_a_block_recomputes(variant: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_an_inductor_function_in_a_block_recomputes(
+    variant: str, device: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """Inductor allocates its buffers with ``empty_strided_cpu`` (no op) and fills them
     with ``addmm(out=buf)``: writes to storages the first call's watch did not see made.
     At the call's exit each is freed or held by the call's saves only: scratch of its
@@ -107,10 +115,11 @@ def test_an_inductor_function_in_a_block_recomputes(variant: str, caplog: pytest
     offrecomp.diagnostics.clear_warnings()
     fn = _compiled(_mlp)
     torch.manual_seed(0)
-    model = models.Stack([_MlpBlock(fn) for _ in range(2)])
-    ref = train(copy.deepcopy(model), _batch, steps=4)
-    budget = tight_budget(model, _batch) if variant == "auto_tight" else None
-    rt = train_bitwise(model, _batch, variant, budget, ref, steps=4)
+    model = models.Stack([_MlpBlock(fn) for _ in range(2)]).to(device)
+    batch = batch_on(torch.device(device), _batch)
+    ref = train(copy.deepcopy(model), batch, steps=4)
+    budget = tight_budget(model, batch) if variant == "auto_tight" else None
+    rt = train_bitwise(model, batch, variant, budget, ref, steps=4)
     steps = rt.report().steps
     if variant == "recompute":
         assert all(s.replays == 2 for s in steps), [s.replays for s in steps]
@@ -123,7 +132,10 @@ def test_an_inductor_function_in_a_block_recomputes(variant: str, caplog: pytest
     assert not _foreign_warnings(caplog)
 
 
-def test_an_inductor_function_advancing_an_attribute_keeps_its_block(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_inductor_function_advancing_an_attribute_keeps_its_block(
+    device: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """The compiled function writes the block's plain tensor attribute in its kernel (no
     op shows it); AOT autograd bumps the attribute's version afterwards, which the watch
     hears: a write from outside the call. The region is kept, with the warning, and the
@@ -133,18 +145,23 @@ def test_an_inductor_function_advancing_an_attribute_keeps_its_block(caplog: pyt
     fn = _compiled(_advance)
     torch.manual_seed(0)
     model = models.Stack([_AdvancingBlock(fn) for _ in range(2)])
+    for b in model.blocks:
+        b.pos = b.pos.to(device)  # a plain attribute: not moved by .to()
+    model.to(device)
+    batch = batch_on(torch.device(device), _batch)
     plain = copy.deepcopy(model)
-    ref = train(plain, _batch, steps=3)
-    rt = train_bitwise(model, _batch, "recompute", None, ref, steps=3)
+    ref = train(plain, batch, steps=3)
+    rt = train_bitwise(model, batch, "recompute", None, ref, steps=3)
     assert all(s.replays == 0 for s in rt.report().steps), [s.replays for s in rt.report().steps]
     for got, want in zip(model.blocks, plain.blocks):
         assert torch.equal(got.pos, want.pos) and float(want.pos[0]) == 3.0
     assert _foreign_warnings(caplog)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("reads_pos", [False, True], ids=["saved_again", "read_before"])
 def test_saves_before_an_inductor_function_advancing_an_attribute_replay_as_the_forward_ran(
-    reads_pos: bool,
+    reads_pos: bool, device: str
 ) -> None:
     """The first call drops a save, then the compiled function writes the attribute (heard
     only after the write), then the call saves the same storage again. What the call
@@ -154,9 +171,13 @@ def test_saves_before_an_inductor_function_advancing_an_attribute_replay_as_the_
     fn = _compiled(_advance)
     torch.manual_seed(0)
     model = models.Stack([_ReadAdvancedBlock(fn, reads_pos) for _ in range(2)])
+    for b in model.blocks:
+        b.pos = b.pos.to(device)  # a plain attribute: not moved by .to()
+    model.to(device)
+    batch = batch_on(torch.device(device), _batch)
     plain = copy.deepcopy(model)
-    ref = train(plain, _batch, steps=3)
-    rt = train_bitwise(model, _batch, "recompute", None, ref, steps=3)
+    ref = train(plain, batch, steps=3)
+    rt = train_bitwise(model, batch, "recompute", None, ref, steps=3)
     replays = [s.replays for s in rt.report().steps]
     assert replays == ([1, 0, 0] if reads_pos else [0, 0, 0]), replays  # one first call replays x + pos
     for got, want in zip(model.blocks, plain.blocks):
