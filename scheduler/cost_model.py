@@ -166,12 +166,14 @@ HOST_COSTS = (
 
 def _ema(old: float, new: float, alpha: float) -> float:
     """The moving average; a value that is not finite (a failed measurement) leaves the
-    other as it is, so one never stays in the estimate."""
+    other as it is, so one never stays in the estimate. Written as a step from ``old``
+    towards ``new``: equal values leave it exactly as it is (``(1 - a) * x + a * x`` is
+    not ``x`` in floating point, and an estimate an ulp off its profile can flip a plan)."""
     if not math.isfinite(new):
         return old
     if not math.isfinite(old):
         return new
-    return (1.0 - alpha) * old + alpha * new
+    return old + alpha * (new - old)
 
 
 def _same_shape(a: RegionRecord, b: RegionRecord) -> bool:

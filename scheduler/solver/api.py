@@ -134,6 +134,21 @@ def _pick(
     return int(idx[order[0]])
 
 
+#: Plans whose predicted peaks are this close (relative) count as equally frugal: the
+#: simulated peak moves by about 1e-4 of itself when times move by an ulp (events at
+#: equal times reorder), so a pick by peak alone flips between plans several times
+#: apart in step time.
+FRUGAL_SLACK = 1e-4
+
+
+def _frugal(times: np.ndarray, peaks: np.ndarray, mask: np.ndarray) -> int:
+    """The most memory-frugal plan among ``mask``: the fastest of those within
+    FRUGAL_SLACK of the smallest peak (then the smallest peak, then the first)."""
+    smallest = int(peaks[mask].min())
+    near = mask & (peaks <= smallest + smallest * FRUGAL_SLACK)
+    return _pick(times, peaks, near, times, peaks.astype(np.float64))
+
+
 def solve(
     profile: Profile,
     *,
@@ -195,13 +210,14 @@ def solve(
         return _make_plan(flat, fam.places[i], res, budget=None, notes=notes)
     fits = host_ok & (peaks <= budget)
     if not bool(np.any(fits)):
-        i = _pick(times, peaks, host_ok, peaks.astype(np.float64), times)
+        i = _frugal(times, peaks, host_ok)
         res = fam.results[i]
+        smallest = int(peaks[host_ok].min())
         if infeasible == "error":
-            raise InfeasibleBudgetError(budget, res.peak)
+            raise InfeasibleBudgetError(budget, smallest)
         msg = (
             f"budget {format_bytes(budget)} cannot be met; the smallest feasible budget is "
-            f"{format_bytes(res.peak)} ({res.peak} bytes); this is the most memory-frugal plan"
+            f"{format_bytes(smallest)} ({smallest} bytes); this is the most memory-frugal plan"
         )
         if log_infeasible:
             logger.warning("offrecomp planner: %s", msg)
@@ -212,7 +228,7 @@ def solve(
             res,
             budget=budget,
             feasible=False,
-            min_feasible=res.peak,
+            min_feasible=smallest,
             notes=notes,
         )
     i = _pick(times, peaks, fits, times, peaks.astype(np.float64))
@@ -258,9 +274,9 @@ def exhaustive_solve(
             "or a smaller profile"
         )
     best: tuple[float, int] | None = None
-    frugal: tuple[int, float] | None = None
-    best_place = frugal_place = np.zeros(flat.n_storages, dtype=np.int8)
-    best_res = frugal_res = None
+    best_place = np.zeros(flat.n_storages, dtype=np.int8)
+    best_res = None
+    frugal: list[tuple[SimResult, np.ndarray]] = []  # (result, placement) of every plan the host allows
     place = np.zeros(flat.n_storages, dtype=np.int8)
     for combo in itertools.product(*choices):
         place[:] = combo
@@ -270,20 +286,21 @@ def exhaustive_solve(
         if (budget is None or res.peak <= budget) and (best is None or (res.step, res.peak) < best):
             best = (res.step, res.peak)
             best_place, best_res = place.copy(), res
-        if frugal is None or (res.peak, res.step) < frugal:
-            frugal = (res.peak, res.step)
-            frugal_place, frugal_res = place.copy(), res
+        if best_res is None:
+            frugal.append((res, place.copy()))
     if best_res is not None:
         return _make_plan(flat, best_place, best_res, budget=budget)
-    assert frugal_res is not None and budget is not None  # the loop ran at least once
+    assert frugal and budget is not None  # the loop ran at least once
+    times = np.asarray([r.step for r, _ in frugal], dtype=np.float64)
+    peaks = np.asarray([r.peak for r, _ in frugal], dtype=np.int64)
+    i = _frugal(times, peaks, np.ones(len(frugal), dtype=bool))
+    smallest = int(peaks.min())
     return _make_plan(
         flat,
-        frugal_place,
-        frugal_res,
+        frugal[i][1],
+        frugal[i][0],
         budget=budget,
         feasible=False,
-        min_feasible=frugal_res.peak,
-        notes=[
-            f"budget {format_bytes(budget)} cannot be met; smallest feasible {format_bytes(frugal_res.peak)}"
-        ],
+        min_feasible=smallest,
+        notes=[f"budget {format_bytes(budget)} cannot be met; smallest feasible {format_bytes(smallest)}"],
     )

@@ -34,6 +34,17 @@ def measured(scale: float = 1.0, d2h: float = 50.0) -> Profile:
     return p
 
 
+def test_identical_updates_leave_the_estimate_as_the_measurement() -> None:
+    """A moving average of equal values is that value exactly: no ulp drift, which can
+    flip a plan solved on the estimate against one solved on the profile."""
+    cm = CostModel(alpha=0.3)
+    p = measured(scale=0.1)
+    for _ in range(5):
+        cm.update(measured(scale=0.1))
+    assert cm.estimate() == p
+    assert cm.drift(p) == 0.0
+
+
 def test_first_update_is_the_measurement() -> None:
     cm = CostModel(alpha=0.5)
     p = measured()
