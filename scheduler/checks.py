@@ -75,15 +75,15 @@ def is_time(v: Any) -> bool:
     )
 
 
-def int_array(values: list[Any]) -> np.ndarray | None:
-    """``values`` as int64 when all are ints >= 0, else None."""
+def int_array(values: list[Any], limit: int = 2**63) -> np.ndarray | None:
+    """``values`` as int64 when all are ints >= 0 and below ``limit``, else None."""
     if not values:
         return np.zeros(0, dtype=np.int64)
     try:
         arr = np.asarray(values)
     except (TypeError, ValueError, OverflowError):
         return None
-    if arr.ndim != 1 or arr.dtype.kind not in "iu" or int(arr.min()) < 0:
+    if arr.ndim != 1 or arr.dtype.kind not in "iu" or int(arr.min()) < 0 or int(arr.max()) >= min(limit, 2**63):
         return None
     return arr.astype(np.int64)
 

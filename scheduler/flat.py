@@ -393,10 +393,23 @@ class _StorageColumns(NamedTuple):
     kind: np.ndarray
 
 
+#: Bytes of one storage (below), and of a profile's storages together: the simulator's
+#: byte sums stay exact in int64.
+NBYTES_LIMIT = 2**53
+TOTAL_BYTES_LIMIT = 2**62
+
+
 def _storage_columns(profile: Profile, sts: list[Any]) -> _StorageColumns:
-    nb_arr = int_array(list(map(_get_nbytes, sts)) + list(map(_get_nbytes, profile.root)))
+    nb_arr = int_array(list(map(_get_nbytes, sts)) + list(map(_get_nbytes, profile.root)), NBYTES_LIMIT)
     if nb_arr is None:
-        bad_storage(profile, "nbytes", "an int >= 0", lambda s: is_count(s.nbytes))
+        bad_storage(
+            profile, "nbytes", "an int from 0 to 2**53 - 1", lambda s: is_count(s.nbytes) and s.nbytes < NBYTES_LIMIT
+        )
+    elif float(nb_arr.sum(dtype=np.float64)) >= TOTAL_BYTES_LIMIT:
+        raise ValueError(
+            f"the profile's storages hold {float(nb_arr.sum(dtype=np.float64)):.4g} bytes in all; "
+            f"accepted: under 2**62 ({TOTAL_BYTES_LIMIT:.4g})"
+        )
     ls_arr = int_array(list(map(_get_last_save, sts)))
     if ls_arr is None:
         bad_storage(profile, "last_save_op", "an int >= 0", lambda s: is_count(s.last_save_op))

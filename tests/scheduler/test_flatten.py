@@ -104,7 +104,7 @@ def _set(path: str, value: object) -> Callable[[Profile], None]:
         ("regions.1.forward_seconds", float("nan"), "region l1#0 forward_seconds = nan is invalid"),
         ("regions.0.backward_seconds", -1.0, "region l0#0 backward_seconds = -1.0 is invalid"),
         ("root.1.offset_seconds", -2.0, "root storage 1 offset_seconds = -2.0 is invalid"),
-        ("root.0.nbytes", "x", "root storage 0 nbytes = 'x' is invalid; accepted: an int >= 0"),
+        ("root.0.nbytes", "x", "root storage 0 nbytes = 'x' is invalid; accepted: an int from 0 to 2**53 - 1"),
         ("regions.1.storages.1.nbytes", 2.5, "storage 1 of region l1#0 nbytes = 2.5 is invalid"),
         (
             "regions.1.storages.0.last_save_op",
@@ -141,3 +141,29 @@ def test_a_bad_value_is_named(path: str, value: object, message: str) -> None:
     with pytest.raises(ValueError) as err:
         flatten(p)
     assert message in str(err.value)
+
+
+def _sized(*sizes: int) -> Profile:
+    return Profile(signature="s", forward_seconds=float(len(sizes)), regions=[
+        RegionRecord(
+            name=f"l{i}", call_index=0, start_seconds=float(i), forward_seconds=1.0, backward_seconds=2.0,
+            storages=[StorageRecord(nbytes=n, offset_seconds=1.0)],
+        )
+        for i, n in enumerate(sizes)
+    ])
+
+
+@pytest.mark.parametrize("nbytes", [2**53, 2**63, 2**64])
+def test_a_storage_too_large_for_exact_sums_is_named(nbytes: int) -> None:
+    """The simulator sums bytes in int64: a storage of 2**53 bytes or more (numpy would
+    wrap 2**63 to a negative count, and hold 2**64 as an object) is refused by name."""
+    with pytest.raises(ValueError, match=r"storage 0 of region l0#0 nbytes = \d+ is invalid; accepted: an int from 0 to 2\*\*53 - 1"):
+        flatten(_sized(nbytes))
+
+
+def test_storages_too_large_together_are_refused() -> None:
+    """Each storage in range, their total at 2**62 or more: refused (the peak of a plan
+    keeping them would wrap)."""
+    flatten(_sized(*[2**52] * 1023))
+    with pytest.raises(ValueError, match=r"storages hold .* bytes in all; accepted: under 2\*\*62"):
+        flatten(_sized(*[2**52] * 1024))
