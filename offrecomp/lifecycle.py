@@ -67,6 +67,7 @@ from offrecomp import outputs
 from offrecomp.config import Config
 from offrecomp.diagnostics import warn_once
 from offrecomp.measure import DeviceClock, Mark
+from offrecomp.regions import note_stepped
 from offrecomp.report import StepRecord
 from offrecomp.signatures import Part, PassSignatures, shown
 from offrecomp.state import PassState, RegionCall, Stage
@@ -436,12 +437,24 @@ class Lifecycle:
                 "Enter autocast around each forward (the AMP recipe), or pass "
                 "cache_enabled=False",
             )
+        in_backward = tc.current_graph_task_id() != -1
+        if not in_backward and p is not None and (p.stage is FORWARD or p.stage is AWAITING):
+            self._stepped_before_backward(p, optimizer)
         if self.explicit_steps:
             return  # inside rt.step(): the block's end closes the step
-        if tc.current_graph_task_id() != -1:
+        if in_backward:
             self._stepped_in_backward = True  # the step ends with this backward
             return
         self._optimizer_stepped()
+
+    @staticmethod
+    def _stepped_before_backward(p: PassState, optimizer: Any) -> None:
+        """NOTE [Steps before the backward] (regions.py): ``optimizer`` stepped while
+        ``p``'s backward has not run: its calls' replays must not read what it stepped."""
+        stepped = {id(q) for g in getattr(optimizer, "param_groups", None) or () for q in g.get("params", ())}
+        for call in p.all_calls():
+            if call.params is not None and not call.released:
+                note_stepped(call.params, stepped)
 
     def _steps_model(self, optimizer: Any) -> bool:
         """NOTE [Optimizers of other models]: does ``optimizer`` step a parameter of the

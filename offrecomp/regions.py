@@ -53,6 +53,7 @@ __all__ = [
     "finish_params",
     "has_lazy_parameters",
     "modified_params",
+    "note_stepped",
     "param_of",
 ]
 
@@ -636,6 +637,9 @@ class ParamState:
     requires_grad: tuple[bool, ...] = ()
     """Their ``requires_grad`` at region entry (a replay saves what the forward saved
     only with the same flags)."""
+    stepped: set[int] = field(default_factory=set)
+    """Slots an optimizer stepped since the forward returned, outside a backward (NOTE
+    [Steps before the backward])."""
 
     def keep_copy(self, i: int) -> None:
         """Parameter ``i`` is about to be written by the forward: keep its values."""
@@ -677,9 +681,38 @@ def modified_params(state: ParamState) -> dict[int, str]:
     """Storages (data pointer -> description) of the parameters the forward used that were
     modified in place since it returned."""
     out: dict[int, str] = {}
-    for (m, n), t, v in zip(state.slots, state.objects, state.versions):
-        if t is not None and int(t._version) != v and type(t) in (torch.Tensor, nn.Parameter):
+    for i, ((m, n), t, v) in enumerate(zip(state.slots, state.objects, state.versions)):
+        if t is None or type(t) not in (torch.Tensor, nn.Parameter):
+            continue
+        if int(t._version) != v:
             out[int(t.untyped_storage().data_ptr())] = (
                 f"parameter {n!r} of {type(m).__name__} (version {v} -> {int(t._version)})"
             )
+        elif i in state.stepped:
+            out[int(t.untyped_storage().data_ptr())] = (
+                f"parameter {n!r} of {type(m).__name__} (stepped by an optimizer whose kernels "
+                "move no version, such as a fused one)"
+            )
     return out
+
+
+# NOTE [Steps before the backward]
+# An optimizer that steps between a forward and its backward changes the parameters a
+# replay of that forward reads. A step that moves their versions stops such a replay
+# (NOTE [Replay and parameters]); a fused one (``AdamW(fused=True)``, ``SGD(fused=True)``
+# on the CPU) writes them in its kernels, moving no version, and the replay would
+# recompute with the new weights where plain autograd holds activations of the old ones:
+# other gradients, silently. So the runtime's optimizer-step hook, outside a backward,
+# marks the parameters the optimizer holds in every call of the pass whose backward has
+# not run yet (``note_stepped``), and the replay's guard treats them as modified: a
+# replay that reads one raises. A step inside backward (an optimizer per parameter, as
+# torchtune's ``optimizer_in_bwd``) is not marked: it updates a parameter after the
+# backward of every op that read it.
+
+
+def note_stepped(state: ParamState, stepped: set[int]) -> None:
+    """NOTE [Steps before the backward]: the parameters of ``state`` whose ids are in
+    ``stepped`` were stepped by an optimizer."""
+    for i, t in enumerate(state.objects):
+        if t is not None and id(t) in stepped:
+            state.stepped.add(i)

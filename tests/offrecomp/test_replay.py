@@ -489,6 +489,50 @@ def test_a_parameter_or_buffer_modified_before_its_replay_reads_it(kind: str) ->
         grads(m, rt)
 
 
+class _Shifted(nn.Module):
+    """Reads its bias through an add, which saves nothing of it: plain autograd accepts
+    the bias stepped between the forward and the backward, and keeps the forward's mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.b = nn.Parameter(torch.randn(16))
+        self.w = nn.Parameter(torch.randn(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + self.b) * self.w
+
+
+def test_a_fused_optimizer_step_before_the_backward_stops_a_replay_reading_what_it_stepped() -> None:
+    """NOTE [Steps before the backward]: a fused step writes the parameters in its
+    kernels, moving no version, so the replay's version check alone would recompute with
+    the new bias (other gradients, silently). The step hook marks what the optimizer
+    holds: the replay that reads it raises, naming it. An optimizer over another model
+    stepping there changes nothing of the runtime's."""
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+
+    def grads(m: nn.Module, rt: offrecomp.Runtime | None, opt_of: nn.Module) -> list[torch.Tensor]:
+        opt = torch.optim.SGD(opt_of.parameters(), lr=0.5, fused=True)
+        with rt if rt is not None else contextlib.nullcontext():
+            m(x).square().sum().backward()
+            if opt_of is not m:
+                opt_of(x).sum().backward()
+            loss = m(x).square().sum()
+            opt.step()
+            loss.backward()
+        return [q.grad for q in m.parameters()]  # type: ignore[misc]
+
+    torch.manual_seed(0)
+    m = nn.Sequential(_Shifted(), _Shifted())
+    other = nn.Sequential(_Shifted())
+    ref = grads(copy.deepcopy(m), None, copy.deepcopy(other))
+    got = grads(m, offrecomp.runtime(m, mode="recompute", min_bytes=0), other)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+    m2 = copy.deepcopy(m)
+    with pytest.raises(RuntimeError, match=r"parameter 'b' of _Shifted \(stepped by an optimizer whose kernels "
+                       r"move no version, such as a fused one\) in region '\d' was modified in place"):
+        grads(m2, offrecomp.runtime(m2, mode="recompute", min_bytes=0), m2)
+
+
 class _Freezing(nn.Module):
     """Detaches one of its parameters in place in its forward (compressive-transformer's
     attention does ``to_kv.weight.detach_()``): from then on it requires no grad."""
