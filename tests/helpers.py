@@ -122,10 +122,14 @@ def twin(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model)
 
 
-def check_variant_report(records: list[Any], variant: str, *, n_steps: int, stable: bool = True) -> None:
+def check_variant_report(
+    records: list[Any], variant: str, *, n_steps: int, stable: bool = True, tight_drops: bool = True
+) -> None:
     """What each zoo variant must have done, by its step records: recompute replayed,
     offload offloaded (emulated on CPU), auto measured first and (on a stable structure)
-    ended planned, and a tight budget dropped something."""
+    ended planned, and a tight budget dropped something (``tight_drops``: unless the
+    most frugal plan keeps everything, the smallest peak being no smaller within
+    scheduler.solver.api.FRUGAL_SLACK)."""
     assert len(records) == n_steps
     if variant == "recompute":
         assert all(s.recomputed_bytes > 0 and s.replays > 0 for s in records)
@@ -139,7 +143,7 @@ def check_variant_report(records: list[Any], variant: str, *, n_steps: int, stab
             # runs again (at most twice), which on a loaded host can outlast a short run
             paused = any(s.phase == "calibrate" and s.pause_seconds > 0 for s in records)
             assert phases[-1] in ("planned", "borrowed") or (paused and phases[-1] == "calibrate"), phases
-    if variant in ("auto_tight", "auto_serve"):
+    if variant in ("auto_tight", "auto_serve") and tight_drops:
         assert records[-1].recomputed_bytes > 0, "a budget of half keep's peak forced no dropping"
 
 

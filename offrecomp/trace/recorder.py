@@ -107,8 +107,9 @@ def _same_gen(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
 EXTERNAL_COPY_MAX_BYTES = 64 << 20
 
 #: Storages from outside a region call that its first call's watch copies at their first
-#: read, for a write to them heard only after it (NOTE [Storages no op made]).
-READ_COPY_MAX_BYTES = 64 << 10
+#: read, for a write to them heard only after it (NOTE [Storages no op made]). The copies
+#: live until the call's exit, and only a region's first call is watched.
+READ_COPY_MAX_BYTES = 16 << 20
 
 #: In-place ops that overwrite their ``self`` without reading it.
 _OVERWRITES = frozenset(

@@ -36,6 +36,7 @@ from torch import nn
 
 import offrecomp
 from scheduler.plan import Placement, Plan
+from scheduler.solver.api import FRUGAL_SLACK
 from tests.helpers import (
     ZOO_VARIANTS,
     assert_bitwise,
@@ -734,7 +735,13 @@ def test_layout_bitwise_equal_to_plain(case: str, variant: str) -> None:
     assert_bitwise(ref, got)
 
     steps = rt.report().steps
-    check_variant_report(steps, variant, n_steps=STEPS, stable=c.stable)
+    big = case == "big_storage_small_host_limit"
+    check_variant_report(steps, variant, n_steps=STEPS, stable=c.stable, tight_drops=not big)
+    if big and variant in ("auto_tight", "auto_serve"):
+        # the 64 MiB storage holds the peak whatever is dropped: keeping the small saves
+        # costs 1.8 KB (under FRUGAL_SLACK of it) and saves their replays, so the most
+        # frugal plan keeps them; its peak is the measuring pass's, all dropped, within that
+        assert steps[-1].peak_activation_bytes <= steps[0].peak_activation_bytes * (1 + FRUGAL_SLACK), steps
     if case == "big_storage_small_host_limit" and variant == "offload":
         # the 64 MiB storage does not fit the 8 MiB pool: it falls back (to keep: forced
         # offload captures nothing to replay from), the small ones are still offloaded
