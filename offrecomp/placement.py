@@ -102,6 +102,8 @@ Decision = tuple[Placement, "str | None"]
 _KEPT: Decision = (KEEP, None)
 _DROPPED: Decision = (RECOMPUTE, None)
 _OFFLOADED: Decision = (OFFLOAD, None)
+#: Why a region whose forward writes state in place is never replayed.
+_WRITES_STATE = "writes in place state a replay would write again (its inputs, its parameters or a tensor from outside it)"
 
 
 def never_replayed(region: Region | None) -> str | None:
@@ -111,7 +113,7 @@ def never_replayed(region: Region | None) -> str | None:
     if region.untracked_state:
         return "changes argument state too large to track"
     if region.writes_state:
-        return "writes its inputs or parameters in place"
+        return _WRITES_STATE
     if region.reaches_out:
         return "runs a backward through earlier activations"
     if region.accumulates:
@@ -156,7 +158,7 @@ def refusal(call: RegionCall, rec: StorageRec, asked: Placement, min_bytes: int)
             return "saved outside every region, so no replay regenerates it"
         cause = never_replayed(region) or ("runs collectives" if call.collective else None)
         if call.writes_state and cause is None:
-            cause = "writes its inputs or parameters in place"
+            cause = _WRITES_STATE
         return f"its region {cause or 'is not replayed'}: never dropped"
     if rec.nbytes < min_bytes:
         return f"under min_bytes ({format_bytes(min_bytes)}), never offloaded"

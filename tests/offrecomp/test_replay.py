@@ -670,7 +670,7 @@ def test_a_region_that_writes_its_state_replays_from_a_copy_then_keeps(
     warned = [r.getMessage() for r in caplog.records if what in r.getMessage()]
     assert len(warned) == 1 and "'blocks.0'" in warned[0]
     if variant == "auto_serve":
-        assert "writes its inputs or parameters in place: never recomputed" in rt.explain()
+        assert "writes in place state a replay would write again (its inputs, its parameters or a tensor from outside it): never recomputed" in rt.explain()
 
 
 def test_the_state_warning_comes_once_per_kind_of_block(caplog: pytest.LogCaptureFixture) -> None:
