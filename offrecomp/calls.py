@@ -246,6 +246,7 @@ class RegionCalls:
             if call.attrs is not None:
                 _finish_attrs(call, region)
         if call.watch is not None and region is not None:
+            call.watch.read_copies.clear()  # those a write needs are in its ``external``
             # NOTE [State read from outside]: those the call did not write are as it read them
             wrote = call.watch.written
             region.external_reads = tuple(weakref.ref(t) for ptr, t in call.watch.read.items() if ptr not in wrote)
