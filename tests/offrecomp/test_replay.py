@@ -502,13 +502,14 @@ class _Shifted(nn.Module):
         return torch.relu(x + self.b) * self.w
 
 
-def test_a_fused_optimizer_step_before_the_backward_stops_a_replay_reading_what_it_stepped() -> None:
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_a_fused_optimizer_step_before_the_backward_stops_a_replay_reading_what_it_stepped(device: str) -> None:
     """NOTE [Steps before the backward]: a fused step writes the parameters in its
     kernels, moving no version, so the replay's version check alone would recompute with
     the new bias (other gradients, silently). The step hook marks what the optimizer
     holds: the replay that reads it raises, naming it. An optimizer over another model
     stepping there changes nothing of the runtime's."""
-    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1)).to(device)
 
     def grads(m: nn.Module, rt: offrecomp.Runtime | None, opt_of: nn.Module) -> list[torch.Tensor]:
         opt = torch.optim.SGD(opt_of.parameters(), lr=0.5, fused=True)
@@ -522,8 +523,8 @@ def test_a_fused_optimizer_step_before_the_backward_stops_a_replay_reading_what_
         return [q.grad for q in m.parameters()]  # type: ignore[misc]
 
     torch.manual_seed(0)
-    m = nn.Sequential(_Shifted(), _Shifted())
-    other = nn.Sequential(_Shifted())
+    m = nn.Sequential(_Shifted(), _Shifted()).to(device)
+    other = nn.Sequential(_Shifted()).to(device)
     ref = grads(copy.deepcopy(m), None, copy.deepcopy(other))
     got = grads(m, offrecomp.runtime(m, mode="recompute", min_bytes=0), other)
     assert all(torch.equal(a, b) for a, b in zip(ref, got))
