@@ -102,6 +102,25 @@ def _foreign_warnings(caplog: pytest.LogCaptureFixture) -> list[Any]:
     return [r for r in caplog.records if "neither owns nor takes" in r.getMessage()]
 
 
+def _advanced_once_per_step(block: Callable[[Callable[..., torch.Tensor]], nn.Module], device: str) -> Any:
+    """Two blocks of ``block(fn)`` (``fn``: ``_advance`` compiled), their plain tensor
+    attribute ``pos`` on ``device``, trained 3 steps under recompute bitwise against a
+    plain copy; each attribute advanced once per step, as in plain training. The runtime."""
+    fn = _compiled(_advance)
+    torch.manual_seed(0)
+    model = models.Stack([block(fn) for _ in range(2)])
+    for b in model.blocks:
+        b.pos = b.pos.to(device)  # a plain attribute: not moved by .to()
+    model.to(device)
+    batch = batch_on(torch.device(device), _batch)
+    plain = copy.deepcopy(model)
+    ref = train(plain, batch, steps=3)
+    rt = train_bitwise(model, batch, "recompute", None, ref, steps=3)
+    for got, want in zip(model.blocks, plain.blocks):
+        assert torch.equal(got.pos, want.pos) and float(want.pos[0]) == 3.0
+    return rt
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant", ["recompute", "auto_tight"])
 def test_an_inductor_function_in_a_block_recomputes(
@@ -142,19 +161,8 @@ def test_an_inductor_function_advancing_an_attribute_keeps_its_block(
     attribute advances once per step as in plain training (a replay would advance it
     again). Its matmul's ``out=`` buffer alone would pass as scratch."""
     offrecomp.diagnostics.clear_warnings()
-    fn = _compiled(_advance)
-    torch.manual_seed(0)
-    model = models.Stack([_AdvancingBlock(fn) for _ in range(2)])
-    for b in model.blocks:
-        b.pos = b.pos.to(device)  # a plain attribute: not moved by .to()
-    model.to(device)
-    batch = batch_on(torch.device(device), _batch)
-    plain = copy.deepcopy(model)
-    ref = train(plain, batch, steps=3)
-    rt = train_bitwise(model, batch, "recompute", None, ref, steps=3)
+    rt = _advanced_once_per_step(lambda fn: _AdvancingBlock(fn), device)
     assert all(s.replays == 0 for s in rt.report().steps), [s.replays for s in rt.report().steps]
-    for got, want in zip(model.blocks, plain.blocks):
-        assert torch.equal(got.pos, want.pos) and float(want.pos[0]) == 3.0
     assert _foreign_warnings(caplog)
 
 
@@ -168,20 +176,9 @@ def test_saves_before_an_inductor_function_advancing_an_attribute_replay_as_the_
     dropped and still holds is kept from the write on, so no replay runs the compiled
     function again (the attribute advanced twice, the gradients off); a replay of what it
     dropped and freed (``x + pos``) reads the attribute as copied at its first read."""
-    fn = _compiled(_advance)
-    torch.manual_seed(0)
-    model = models.Stack([_ReadAdvancedBlock(fn, reads_pos) for _ in range(2)])
-    for b in model.blocks:
-        b.pos = b.pos.to(device)  # a plain attribute: not moved by .to()
-    model.to(device)
-    batch = batch_on(torch.device(device), _batch)
-    plain = copy.deepcopy(model)
-    ref = train(plain, batch, steps=3)
-    rt = train_bitwise(model, batch, "recompute", None, ref, steps=3)
+    rt = _advanced_once_per_step(lambda fn: _ReadAdvancedBlock(fn, reads_pos), device)
     replays = [s.replays for s in rt.report().steps]
     assert replays == ([1, 0, 0] if reads_pos else [0, 0, 0]), replays  # one first call replays x + pos
-    for got, want in zip(model.blocks, plain.blocks):
-        assert torch.equal(got.pos, want.pos) and float(want.pos[0]) == 3.0
 
 
 def test_a_replay_reading_an_attribute_too_large_to_copy_raises(monkeypatch: pytest.MonkeyPatch) -> None:
