@@ -35,6 +35,7 @@ from offrecomp.regions import (
     capture_rng,
     finish_params,
     has_lazy_parameters,
+    tensor_attrs,
 )
 from offrecomp.replay import replayed_regions
 from offrecomp.state import PassState, RegionCall
@@ -194,6 +195,9 @@ class RegionCalls:
         call.default_dtype = torch.get_default_dtype()
         if p.new_signature or region.attr_quiet >= 0:  # NOTE [Module attributes]
             call.attrs = module_attrs(region.modules)
+            region.tensor_attrs = tensor_attrs(region.modules, call.attrs)
+        if region.tensor_attrs and region.writes_state is False:  # NOTE [Attributes written after the first call]
+            call.attr_versions = _attr_versions(region.tensor_attrs)
         if region.generators or region.generator_slots or cap.generators:  # NOTE [Private generators]
             call.generators = _entry_generators(region, cap.generators)
         if region.external_reads:  # NOTE [State read from outside]
@@ -245,6 +249,8 @@ class RegionCalls:
             _warn_big_buffers(call, region)
             if call.attrs is not None:
                 _finish_attrs(call, region)
+        if call.attr_versions is not None and region is not None:
+            _check_attr_writes(call, region)
         if call.watch is not None and region is not None:
             call.watch.read_copies.clear()  # those a write needs are in its ``external``
             # NOTE [State read from outside]: those the call did not write are as it read them
@@ -265,14 +271,7 @@ class RegionCalls:
             call.external = list(call.watch.external.values())  # its replay runs on them as they were
             call.watch = None
             region.writes_state = True
-            warn_once(
-                f"foreign:{kind(region)}",
-                "offrecomp: region %r (and any other like it) writes in place a tensor that "
-                "it neither owns nor takes as an argument (a buffer or tensor attribute "
-                "reached through a plain attribute, a global, say); a replay would write it "
-                "again, so its activations are kept",
-                region.name,
-            )
+            _warn_foreign(region)
         if region is not None and call.inputs is not None and (not call.writes_state or scratch):
             _check_state_writes(region, call, written)
         if call.arg_state is not None and call.inputs is not None:
@@ -516,6 +515,58 @@ def _external_reads(refs: tuple[weakref.ref[torch.Tensor], ...]) -> list[tuple[t
                 small = t.untyped_storage().nbytes() <= READ_SNAPSHOT_MAX_BYTES
                 out.append((t, int(t._version), t.clone() if small else None))
     return out or None
+
+
+# NOTE [Attributes written after the first call]
+# Only a region's first call is watched (NOTE [State written by its region]): a write
+# to a tensor outside the call that begins in a later call (a flag switched on after the
+# first step turning on ``self.pos.add_(1)``, eager or in a compiled function) goes
+# unseen, and the call's replay would write it again. The tensors its modules hold in
+# plain attributes (``Region.tensor_attrs``: not their parameters or buffers, read when
+# the region is refreshed and at each copy of the attribute tables) are the likely ones:
+# each later call notes their versions at entry, and one moved at exit was written by the
+# forward. The region is then marked, its later calls kept, with the foreign-write
+# warning; this call's replay cannot be right where it reads the tensor, so it raises
+# there (``RegionCall.attr_writes``, read by the replay's guard). A global or another
+# object's tensor written so still goes unseen (Known limits).
+
+
+def _attr_versions(attrs: tuple[tuple[nn.Module, str], ...]) -> list[tuple[torch.Tensor, int, str]]:
+    """NOTE [Attributes written after the first call]: each attribute's tensor now, its
+    version and a description."""
+    out = []
+    for m, n in attrs:
+        t = m.__dict__.get(n)
+        if type(t) is torch.Tensor:
+            out.append((t, int(t._version), f"tensor attribute {n!r} of {type(m).__name__}"))
+    return out
+
+
+def _check_attr_writes(call: RegionCall, region: Region) -> None:
+    """NOTE [Attributes written after the first call]: did the forward write one of its
+    modules' tensor attributes in place?"""
+    written = {
+        int(t.untyped_storage().data_ptr()): f"{what} (written by this call's forward; the region's first call, the one watched, did not)"
+        for t, v, what in call.attr_versions or () if int(t._version) != v
+    }
+    call.attr_versions = None
+    if not written:
+        return
+    call.attr_writes = written
+    call.writes_state = region.writes_state = True
+    _warn_foreign(region)
+
+
+def _warn_foreign(region: Region) -> None:
+    """Say once per kind of region that it writes a tensor from outside its call."""
+    warn_once(
+        f"foreign:{kind(region)}",
+        "offrecomp: region %r (and any other like it) writes in place a tensor that "
+        "it neither owns nor takes as an argument (a buffer or tensor attribute "
+        "reached through a plain attribute, a global, say); a replay would write it "
+        "again, so its activations are kept",
+        region.name,
+    )
 
 
 def _writes_foreign(call: RegionCall, heard_after: bool) -> None:

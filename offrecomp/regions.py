@@ -54,6 +54,7 @@ __all__ = [
     "has_lazy_parameters",
     "modified_params",
     "note_stepped",
+    "tensor_attrs",
     "param_of",
 ]
 
@@ -163,6 +164,9 @@ class Region:
     attr_quiet: int = -1
     """Calls in a row whose forward changed no module attribute since one did; -1 while
     none has (NOTE [Module attributes] in changes.py)."""
+    tensor_attrs: tuple[tuple[nn.Module, str], ...] = ()
+    """Its modules' plain attributes holding a tensor that is not one of its parameters or
+    buffers (NOTE [Attributes written after the first call] in calls.py)."""
     epoch: int = -1
     """``structure_epoch()`` when it was last read (NOTE [Region refresh] in changes.py)."""
 
@@ -186,6 +190,7 @@ class Region:
         self.compiled_self = _is_compiled(self.module) or self.in_place
         self.compiled = any(map(compiled_module, mods))
         self.lazy = has_lazy_parameters(mods)
+        self.tensor_attrs = tensor_attrs(mods, [m.__dict__ for m in mods])
 
     @property
     def buffers(self) -> tuple[torch.Tensor, ...]:
@@ -650,6 +655,24 @@ class ParamState:
 
 def _versions(objects: tuple[torch.Tensor | None, ...]) -> tuple[int, ...]:
     return tuple(-1 if t is None else int(t._version) for t in objects)
+
+
+def tensor_attrs(modules: tuple[nn.Module, ...], tables: list[dict[str, Any]]) -> tuple[tuple[nn.Module, str], ...]:
+    """The plain attributes (``tables``: each module's attribute table) that hold a tensor
+    other than the modules' parameters and buffers, or a view of one (NOTE [Attributes
+    written after the first call] in calls.py)."""
+    found = [
+        (m, n, v) for m, table in zip(modules, tables) for n, v in table.items()
+        if type(v) is torch.Tensor and v.layout == torch.strided
+    ]
+    if not found:
+        return ()
+    own = {
+        int(t.untyped_storage().data_ptr())
+        for m in modules for t in (*m._parameters.values(), *m._buffers.values())
+        if t is not None and type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided
+    }
+    return tuple((m, n) for m, n, v in found if int(v.untyped_storage().data_ptr()) not in own)
 
 
 def capture_params(slots: tuple[tuple[nn.Module, str], ...]) -> ParamState | None:

@@ -258,6 +258,8 @@ def _param_guard(call: RegionCall) -> ParamGuard | None:
         modified.update(modified_buffers(call.buffers))
     if call.arg_state is not None and call.inputs is not None:
         modified.update(call.arg_state.modified())  # NOTE [State written after the forward]
+    if call.attr_writes:  # NOTE [Attributes written after the first call] (calls.py)
+        modified.update(call.attr_writes)
     for t, v, copy in call.external_reads or ():  # NOTE [State read from outside] (calls.py)
         if copy is None and int(t._version) != v:
             modified[int(t.untyped_storage().data_ptr())] = (

@@ -26,7 +26,7 @@ from offrecomp.trace.ops import (
     op_leaves,
     op_name,
 )
-from offrecomp.trace.recorder import _Value
+from offrecomp.trace.recorder import _REPORTED_WRITES, _Value
 from offrecomp.trace.scope import _is_internal, _RegionMode
 from offrecomp.trace.structure import RUN, SERVE, RegionStructure
 
@@ -62,17 +62,41 @@ class ParamGuard(_RegionMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         for t in op_leaves((args, kwargs)):
             if isinstance(t, torch.Tensor) and describable(t):
-                what = self.modified.get(int(t.untyped_storage().data_ptr()))
-                if what is not None:
-                    raise RuntimeError(
-                        f"offrecomp: {what} in region {self.region_name!r} was modified in place "
-                        f"after the region's forward, and replaying the region reads it ({func}), "
-                        "so it would produce other activations than the forward's. Hint: update "
-                        "parameters, buffers and the state a block's arguments hold after backward "
-                        "(optimizer.step()), not between forward and backward, or keep this "
-                        "region's activations (regions=)."
-                    )
+                self._check(t, f"reads it ({func})")
         return func(*args, **(kwargs or {}))
+
+    def reported_write(self, t: torch.Tensor) -> None:
+        """Compiled code of the replay wrote ``t`` in place, unseen by the mode (NOTE
+        [Storages no op made] in recorder.py)."""
+        if describable(t):
+            self._check(t, "writes it in compiled code")
+
+    def _check(self, t: torch.Tensor, how: str) -> None:
+        what = self.modified.get(int(t.untyped_storage().data_ptr()))
+        if what is not None:
+            raise RuntimeError(
+                f"offrecomp: {what} in region {self.region_name!r} was modified in place "
+                f"since the region's forward read it, and replaying the region {how}, "
+                "so it would produce other activations than the forward's. Hint: update "
+                "parameters, buffers and the state a block's arguments hold after backward "
+                "(optimizer.step()), not between forward and backward, or keep this "
+                "region's activations (regions=)."
+            )
+
+    def __enter__(self) -> ParamGuard:
+        _REPORTED_WRITES.push(self)
+        try:
+            super().__enter__()
+        except BaseException:
+            _REPORTED_WRITES.pop(self)
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            _REPORTED_WRITES.pop(self)
 
 
 class ServingMode(_RegionMode):

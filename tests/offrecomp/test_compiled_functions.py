@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import offrecomp
 import offrecomp.diagnostics
 import offrecomp.trace.recorder
 from tests import models
@@ -87,6 +88,23 @@ class _ReadAdvancedBlock(nn.Module):
         y = torch.sin(x + self.pos) if self.reads_pos else torch.tanh(x)  # saved (dropped)
         z = self.fn(y, self.fc.weight, self.fc.bias, self.pos)  # the write, heard after it
         return x + z * y  # y saved again
+
+
+class _LaterAdvancingBlock(nn.Module):
+    """Advances its plain tensor attribute from the second step on (``advance``, set by
+    the loop); the first call never touches it."""
+
+    def __init__(self, fn: Callable[..., torch.Tensor], h: int = 16) -> None:
+        super().__init__()
+        self.fn = fn
+        self.fc = nn.Linear(h, h)
+        self.pos = torch.zeros(h)
+        self.advance = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(x)
+        pos = self.pos if self.advance else torch.zeros_like(self.pos)  # a fresh tensor: left as is
+        return x + self.fn(y, self.fc.weight, self.fc.bias, pos) * y
 
 
 def _batch(s: int) -> torch.Tensor:
@@ -191,3 +209,31 @@ def test_a_replay_reading_an_attribute_too_large_to_copy_raises(monkeypatch: pyt
     model = models.Stack([_ReadAdvancedBlock(fn, True) for _ in range(2)])
     with pytest.raises(RuntimeError, match=r"region 'blocks\.\d' wrote in place"):
         train(model, _batch, offrecomp.runtime(model, mode="recompute"), steps=1)
+
+
+@pytest.mark.parametrize("how", ["eager", "inductor"])
+def test_an_attribute_written_only_after_the_first_call_stops_the_replay(how: str) -> None:
+    """NOTE [Attributes written after the first call]: the first call, the one watched,
+    leaves the attribute alone; from step 1 the forward advances it (eagerly, or in an
+    inductor kernel that reports the write afterwards). The call's exit sees its version
+    moved: the region is kept from then on, and that call's replay, which would advance
+    it again (other gradients, silently, as under torch.utils.checkpoint), raises naming
+    it, where it reads it (eager) or writes it (compiled)."""
+    fn = _compiled(_advance) if how == "inductor" else _advance
+    torch.manual_seed(0)
+    model = models.Stack([_LaterAdvancingBlock(fn) for _ in range(2)])
+    rt = offrecomp.runtime(model, mode="recompute")
+    with rt:
+        model(_batch(0)).backward()
+        for b in model.blocks:
+            b.advance = True
+        loss = model(_batch(1))
+        with pytest.raises(RuntimeError, match=r"tensor attribute 'pos' of _LaterAdvancingBlock \(written by this "
+                           r"call's forward; the region's first call, the one watched, did not\) in region "
+                           r"'blocks\.\d' was modified in place"):
+            loss.backward()
+    assert all(float(b.pos[0]) == 1.0 for b in model.blocks)  # once: the replay stopped before its write
+    with rt:
+        model(_batch(2)).backward()  # kept from then on
+    assert rt.report().steps[-1].replays == 0
+    assert all(float(b.pos[0]) == 2.0 for b in model.blocks)

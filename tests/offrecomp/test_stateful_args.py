@@ -414,7 +414,7 @@ def test_a_tensor_in_an_argument_object_written_after_the_call_is_an_error() -> 
     m = Model()
     with offrecomp.runtime(m, mode="recompute", min_bytes=0):
         loss = m(_batch(0))
-        with pytest.raises(RuntimeError, match=r"_Carried\.mem \(a tensor reached through an argument, version 0 -> 1\) in region 'blocks\.1' was modified in place after the region's forward, and replaying the region reads it"):
+        with pytest.raises(RuntimeError, match=r"_Carried\.mem \(a tensor reached through an argument, version 0 -> 1\) in region 'blocks\.1' was modified in place since the region's forward read it, and replaying the region reads it"):
             loss.backward()
 
 
