@@ -531,14 +531,14 @@ def _external_reads(refs: tuple[weakref.ref[torch.Tensor], ...]) -> list[tuple[t
 # object's tensor written so still goes unseen (Known limits).
 
 
-def _attr_versions(attrs: tuple[tuple[nn.Module, str], ...]) -> list[tuple[torch.Tensor, int, str]]:
+def _attr_versions(attrs: tuple[tuple[nn.Module, str], ...]) -> list[tuple[torch.Tensor, int, nn.Module, str]]:
     """NOTE [Attributes written after the first call]: each attribute's tensor now, its
-    version and a description."""
+    version, its module and name."""
     out = []
     for m, n in attrs:
         t = m.__dict__.get(n)
         if type(t) is torch.Tensor:
-            out.append((t, int(t._version), f"tensor attribute {n!r} of {type(m).__name__}"))
+            out.append((t, int(t._version), m, n))
     return out
 
 
@@ -546,14 +546,17 @@ def _check_attr_writes(call: RegionCall, region: Region) -> None:
     """NOTE [Attributes written after the first call]: did the forward write one of its
     modules' tensor attributes in place?"""
     written = {
-        int(t.untyped_storage().data_ptr()): f"{what} (written by this call's forward; the region's first call, the one watched, did not)"
-        for t, v, what in call.attr_versions or () if int(t._version) != v
+        int(t.untyped_storage().data_ptr()): (
+            f"tensor attribute {n!r} of {type(m).__name__} (written by this call's forward; "
+            "the region's first call, the one watched, did not)"
+        )
+        for t, v, m, n in call.attr_versions or () if int(t._version) != v
     }
     call.attr_versions = None
     if not written:
         return
     call.attr_writes = written
-    call.writes_state = region.writes_state = True
+    region.writes_state = True  # its later calls keep
     _warn_foreign(region)
 
 

@@ -211,9 +211,9 @@ class RegionCall(_WeakReferable):
     """Tensors from outside the call its forward reads, with their versions when it did and copies of the small ones (NOTE [State read from outside] in calls.py)."""
     external: list[tuple[Any, Any]] | None = None
     """Storages from outside the call its forward wrote, with their bytes before (None: too large to copy): a replay runs on those (NOTE [State written by its region])."""
-    attr_versions: list[tuple[torch.Tensor, int, str]] | None = None
-    """The tensors in its modules' plain attributes at entry, their versions and names
-    (NOTE [Attributes written after the first call])."""
+    attr_versions: list[tuple[torch.Tensor, int, Any, str]] | None = None
+    """The tensors in its modules' plain attributes at entry, their versions, modules and
+    names (NOTE [Attributes written after the first call])."""
     attr_writes: dict[int, str] | None = None
     """Those its forward wrote in place (data pointer -> description): its replay must not
     read them (NOTE [Attributes written after the first call])."""
