@@ -527,8 +527,10 @@ def _external_reads(refs: tuple[weakref.ref[torch.Tensor], ...]) -> list[tuple[t
 # each later call notes their versions at entry, and one moved at exit was written by the
 # forward. The region is then marked, its later calls kept, with the foreign-write
 # warning; this call's replay cannot be right where it reads the tensor, so it raises
-# there (``RegionCall.attr_writes``, read by the replay's guard). A global or another
-# object's tensor written so still goes unseen (Known limits).
+# there (``RegionCall.attr_writes``, read by the replay's guard). Not for one the first
+# call read: its copy taken at this call's entry (NOTE [State read from outside]) holds
+# what the forward read, and the replay runs on it. A global or another object's tensor
+# written so still goes unseen (Known limits).
 
 
 def _attr_versions(attrs: tuple[tuple[nn.Module, str], ...]) -> list[tuple[torch.Tensor, int, nn.Module, str]]:
@@ -545,12 +547,16 @@ def _attr_versions(attrs: tuple[tuple[nn.Module, str], ...]) -> list[tuple[torch
 def _check_attr_writes(call: RegionCall, region: Region) -> None:
     """NOTE [Attributes written after the first call]: did the forward write one of its
     modules' tensor attributes in place?"""
+    # one the first call read, copied at this call's entry, replays on that copy (NOTE
+    # [State read from outside])
+    copied = {int(t.untyped_storage().data_ptr()) for t, _, copy in call.external_reads or () if copy is not None}
     written = {
-        int(t.untyped_storage().data_ptr()): (
+        ptr: (
             f"tensor attribute {n!r} of {type(m).__name__} (written by this call's forward; "
             "the region's first call, the one watched, did not)"
         )
-        for t, v, m, n in call.attr_versions or () if int(t._version) != v
+        for t, v, m, n in call.attr_versions or ()
+        if int(t._version) != v and (ptr := int(t.untyped_storage().data_ptr())) not in copied
     }
     call.attr_versions = None
     if not written:

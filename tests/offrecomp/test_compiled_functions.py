@@ -5,6 +5,7 @@ in place still keeps the block (NOTE [Storages no op made] in trace/recorder.py)
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import shutil
 from collections.abc import Callable
@@ -100,10 +101,13 @@ class _LaterAdvancingBlock(nn.Module):
         self.fc = nn.Linear(h, h)
         self.pos = torch.zeros(h)
         self.advance = False
+        self.reads = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.tanh(x)
-        pos = self.pos if self.advance else torch.zeros_like(self.pos)  # a fresh tensor: left as is
+        if self.reads and not self.advance:  # reads it, leaves it as it is
+            return x + torch.tanh(F.linear(y, self.fc.weight, self.fc.bias) + self.pos) * y
+        pos = self.pos if self.advance else torch.zeros(self.pos.shape)  # no op touches the attribute
         return x + self.fn(y, self.fc.weight, self.fc.bias, pos) * y
 
 
@@ -237,3 +241,34 @@ def test_an_attribute_written_only_after_the_first_call_stops_the_replay(how: st
         model(_batch(2)).backward()  # kept from then on
     assert rt.report().steps[-1].replays == 0
     assert all(float(b.pos[0]) == 2.0 for b in model.blocks)
+
+
+def test_an_attribute_the_first_call_read_and_a_later_one_writes_replays_on_its_copy() -> None:
+    """The first call reads the attribute (NOTE [State read from outside]): each later
+    call copies it at entry, and the replay of the one that starts advancing it runs on
+    that copy, writing the copy, not the attribute: bitwise, the attribute advanced once
+    per step, no error (NOTE [Attributes written after the first call] leaves it be)."""
+
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        model = models.Stack([_LaterAdvancingBlock(_advance) for _ in range(2)])
+        for b in model.blocks:
+            b.reads = True
+        return model
+
+    def run(model: nn.Module, rt: offrecomp.Runtime | None) -> list[torch.Tensor]:
+        grads = []
+        with rt if rt is not None else contextlib.nullcontext():
+            for step in range(3):
+                for b in model.blocks:
+                    b.advance = step >= 1
+                model(_batch(step)).backward()
+                grads += [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+                model.zero_grad()
+        return grads
+
+    plain, m = build(), build()
+    ref = run(plain, None)
+    got = run(m, offrecomp.runtime(m, mode="recompute"))
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+    assert [float(b.pos[0]) for b in m.blocks] == [float(b.pos[0]) for b in plain.blocks] == [2.0, 2.0]
