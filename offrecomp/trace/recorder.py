@@ -14,7 +14,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -139,7 +139,34 @@ def _covers(x: torch.Tensor) -> bool:
     return x.is_contiguous() and x.storage_offset() == 0 and x.numel() * x.element_size() == x.untyped_storage().nbytes()
 
 
-class FirstCallWatch(_RegionMode):
+_Hearing = TypeVar("_Hearing", bound="HearsReportedWrites")
+
+
+class HearsReportedWrites(_RegionMode):
+    """A mode that, while entered, hears the writes compiled code reports after making
+    them (``reported_write``, NOTE [Storages no op made]): the innermost one on its
+    thread."""
+
+    def reported_write(self, t: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _Hearing) -> _Hearing:
+        _REPORTED_WRITES.push(self)
+        try:
+            super().__enter__()
+        except BaseException:
+            _REPORTED_WRITES.pop(self)
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            _REPORTED_WRITES.pop(self)
+
+
+class FirstCallWatch(HearsReportedWrites):
     """The first call of a region runs under this mode, which learns two things a replay
     needs and the capture cannot see at entry:
 
@@ -276,20 +303,6 @@ class FirstCallWatch(_RegionMode):
                 return True
         return False
 
-    def __enter__(self) -> FirstCallWatch:
-        _REPORTED_WRITES.push(self)
-        try:
-            super().__enter__()
-        except BaseException:
-            _REPORTED_WRITES.pop(self)
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            super().__exit__(*exc)
-        finally:
-            _REPORTED_WRITES.pop(self)
 
 
 class _Routed:

@@ -26,7 +26,7 @@ from offrecomp.trace.ops import (
     op_leaves,
     op_name,
 )
-from offrecomp.trace.recorder import _REPORTED_WRITES, _Value
+from offrecomp.trace.recorder import HearsReportedWrites, _Value
 from offrecomp.trace.scope import _is_internal, _RegionMode
 from offrecomp.trace.structure import RUN, SERVE, RegionStructure
 
@@ -48,7 +48,7 @@ class CastDivergedError(ReplayDivergedError):
     weight cache explains (NOTE [Autocast cache]): a plain replay is right."""
 
 
-class ParamGuard(_RegionMode):
+class ParamGuard(HearsReportedWrites):
     """Raises when an op of the replay reads a parameter, buffer or tensor of the
     argument state modified in place since the forward (NOTE [Replay and parameters] in
     regions.py, NOTE [State written after the forward] in arguments.py); ops the serving
@@ -82,21 +82,6 @@ class ParamGuard(_RegionMode):
                 "(optimizer.step()), not between forward and backward, or keep this "
                 "region's activations (regions=)."
             )
-
-    def __enter__(self) -> ParamGuard:
-        _REPORTED_WRITES.push(self)
-        try:
-            super().__enter__()
-        except BaseException:
-            _REPORTED_WRITES.pop(self)
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            super().__exit__(*exc)
-        finally:
-            _REPORTED_WRITES.pop(self)
 
 
 class ServingMode(_RegionMode):
