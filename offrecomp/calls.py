@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,6 +35,7 @@ from offrecomp.regions import (
     capture_rng,
     finish_params,
     has_lazy_parameters,
+    storage_ptrs,
     tensor_attrs,
 )
 from offrecomp.replay import replayed_regions
@@ -137,7 +138,7 @@ class RegionCalls:
         argument: what its forward may write besides what it makes (NOTE [State written
         by its region])."""
         inputs = call.inputs.tensors if call.inputs is not None else ()
-        return frozenset(_storage_ptrs([*region.module.parameters(), *region.module.buffers(), *inputs]))
+        return frozenset(storage_ptrs([*region.module.parameters(), *region.module.buffers(), *inputs]))
 
     def _capture(
         self, p: PassState, call: RegionCall, region: Region, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -402,18 +403,7 @@ def model_storage_ptrs(model: nn.Module | None) -> frozenset[int]:
     """Data pointers of every parameter and buffer (recorded passes and first calls)."""
     if model is None:
         return frozenset()
-    return frozenset(_storage_ptrs([*model.parameters(), *model.buffers()]))
-
-
-def _storage_ptrs(tensors: Iterable[torch.Tensor | None]) -> set[int]:
-    """The data pointers of the plain tensors among ``tensors``. Sharded parameters
-    (FSDP2's DTensor) have no plain storage: skipped."""
-    return {
-        int(t.untyped_storage().data_ptr())
-        for t in tensors
-        if t is not None and type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided
-        and t.device.type != "meta"
-    }
+    return frozenset(storage_ptrs([*model.parameters(), *model.buffers()]))
 
 
 def _finish_attrs(call: RegionCall, region: Region) -> None:

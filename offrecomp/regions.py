@@ -54,6 +54,7 @@ __all__ = [
     "has_lazy_parameters",
     "modified_params",
     "note_stepped",
+    "storage_ptrs",
     "tensor_attrs",
     "param_of",
 ]
@@ -657,6 +658,17 @@ def _versions(objects: tuple[torch.Tensor | None, ...]) -> tuple[int, ...]:
     return tuple(-1 if t is None else int(t._version) for t in objects)
 
 
+def storage_ptrs(tensors: Iterable[torch.Tensor | None]) -> set[int]:
+    """The data pointers of the plain tensors among ``tensors``. Sharded parameters
+    (FSDP2's DTensor) have no plain storage: skipped."""
+    return {
+        int(t.untyped_storage().data_ptr())
+        for t in tensors
+        if t is not None and type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided
+        and t.device.type != "meta"
+    }
+
+
 def tensor_attrs(modules: tuple[nn.Module, ...], tables: list[dict[str, Any]]) -> tuple[tuple[nn.Module, str], ...]:
     """The plain attributes (``tables``: each module's attribute table) that hold a tensor
     other than the modules' parameters and buffers, or a view of one (NOTE [Attributes
@@ -667,11 +679,7 @@ def tensor_attrs(modules: tuple[nn.Module, ...], tables: list[dict[str, Any]]) -
     ]
     if not found:
         return ()
-    own = {
-        int(t.untyped_storage().data_ptr())
-        for m in modules for t in (*m._parameters.values(), *m._buffers.values())
-        if t is not None and type(t) in (torch.Tensor, nn.Parameter) and t.layout == torch.strided
-    }
+    own = storage_ptrs(t for m in modules for t in (*m._parameters.values(), *m._buffers.values()))
     return tuple((m, n) for m, n, v in found if int(v.untyped_storage().data_ptr()) not in own)
 
 
@@ -707,15 +715,14 @@ def modified_params(state: ParamState) -> dict[int, str]:
     for i, ((m, n), t, v) in enumerate(zip(state.slots, state.objects, state.versions)):
         if t is None or type(t) not in (torch.Tensor, nn.Parameter):
             continue
-        if int(t._version) != v:
-            out[int(t.untyped_storage().data_ptr())] = (
-                f"parameter {n!r} of {type(m).__name__} (version {v} -> {int(t._version)})"
-            )
+        now = int(t._version)
+        if now != v:
+            why = f"version {v} -> {now}"
         elif i in state.stepped:
-            out[int(t.untyped_storage().data_ptr())] = (
-                f"parameter {n!r} of {type(m).__name__} (stepped by an optimizer whose kernels "
-                "move no version, such as a fused one)"
-            )
+            why = "stepped by an optimizer whose kernels move no version, such as a fused one"
+        else:
+            continue
+        out[int(t.untyped_storage().data_ptr())] = f"parameter {n!r} of {type(m).__name__} ({why})"
     return out
 
 

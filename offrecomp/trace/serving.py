@@ -62,18 +62,21 @@ class ParamGuard(HearsReportedWrites):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         for t in op_leaves((args, kwargs)):
             if isinstance(t, torch.Tensor) and describable(t):
-                self._check(t, f"reads it ({func})")
+                self._check(t, func)
         return func(*args, **(kwargs or {}))
 
     def reported_write(self, t: torch.Tensor) -> None:
         """Compiled code of the replay wrote ``t`` in place, unseen by the mode (NOTE
         [Storages no op made] in recorder.py)."""
         if describable(t):
-            self._check(t, "writes it in compiled code")
+            self._check(t, None)
 
-    def _check(self, t: torch.Tensor, how: str) -> None:
+    def _check(self, t: torch.Tensor, func: Any) -> None:
+        """Raise if ``t`` is one of the modified tensors, read by op ``func`` (None:
+        written by compiled code)."""
         what = self.modified.get(int(t.untyped_storage().data_ptr()))
         if what is not None:
+            how = f"reads it ({func})" if func is not None else "writes it in compiled code"
             raise RuntimeError(
                 f"offrecomp: {what} in region {self.region_name!r} was modified in place "
                 f"since the region's forward read it, and replaying the region {how}, "
