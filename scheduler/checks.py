@@ -83,7 +83,7 @@ def int_array(values: list[Any], limit: int = 2**63) -> np.ndarray | None:
         arr = np.asarray(values)
     except (TypeError, ValueError, OverflowError):
         return None
-    if arr.ndim != 1 or arr.dtype.kind not in "iu" or int(arr.min()) < 0 or int(arr.max()) >= min(limit, 2**63):
+    if arr.ndim != 1 or arr.dtype.kind not in "iu" or int(arr.min()) < 0 or int(arr.max()) >= limit:
         return None
     return arr.astype(np.int64)
 

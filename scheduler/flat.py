@@ -405,10 +405,9 @@ def _storage_columns(profile: Profile, sts: list[Any]) -> _StorageColumns:
         bad_storage(
             profile, "nbytes", "an int from 0 to 2**53 - 1", lambda s: is_count(s.nbytes) and s.nbytes < NBYTES_LIMIT
         )
-    elif float(nb_arr.sum(dtype=np.float64)) >= TOTAL_BYTES_LIMIT:
+    elif (total := float(nb_arr.sum(dtype=np.float64))) >= TOTAL_BYTES_LIMIT:
         raise ValueError(
-            f"the profile's storages hold {float(nb_arr.sum(dtype=np.float64)):.4g} bytes in all; "
-            f"accepted: under 2**62 ({TOTAL_BYTES_LIMIT:.4g})"
+            f"the profile's storages hold {total:.4g} bytes in all; accepted: under 2**62 ({TOTAL_BYTES_LIMIT:.4g})"
         )
     ls_arr = int_array(list(map(_get_last_save, sts)))
     if ls_arr is None:

@@ -141,12 +141,13 @@ def _pick(
 FRUGAL_SLACK = 1e-4
 
 
-def _frugal(times: np.ndarray, peaks: np.ndarray, mask: np.ndarray) -> int:
-    """The most memory-frugal plan among ``mask``: the fastest of those within
-    FRUGAL_SLACK of the smallest peak (then the smallest peak, then the first)."""
+def _frugal(times: np.ndarray, peaks: np.ndarray, mask: np.ndarray) -> tuple[int, int]:
+    """The most memory-frugal plan among ``mask`` (the fastest of those within
+    FRUGAL_SLACK of the smallest peak, then the smallest peak, then the first), and the
+    smallest peak."""
     smallest = int(peaks[mask].min())
     near = mask & (peaks <= smallest + smallest * FRUGAL_SLACK)
-    return _pick(times, peaks, near, times, peaks.astype(np.float64))
+    return _pick(times, peaks, near, times, peaks.astype(np.float64)), smallest
 
 
 def solve(
@@ -210,9 +211,8 @@ def solve(
         return _make_plan(flat, fam.places[i], res, budget=None, notes=notes)
     fits = host_ok & (peaks <= budget)
     if not bool(np.any(fits)):
-        i = _frugal(times, peaks, host_ok)
+        i, smallest = _frugal(times, peaks, host_ok)
         res = fam.results[i]
-        smallest = int(peaks[host_ok].min())
         if infeasible == "error":
             raise InfeasibleBudgetError(budget, smallest)
         msg = (
@@ -293,8 +293,7 @@ def exhaustive_solve(
     assert frugal and budget is not None  # the loop ran at least once
     times = np.asarray([r.step for r, _ in frugal], dtype=np.float64)
     peaks = np.asarray([r.peak for r, _ in frugal], dtype=np.int64)
-    i = _frugal(times, peaks, np.ones(len(frugal), dtype=bool))
-    smallest = int(peaks.min())
+    i, smallest = _frugal(times, peaks, np.ones(len(frugal), dtype=bool))
     return _make_plan(
         flat,
         frugal[i][1],

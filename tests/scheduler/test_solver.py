@@ -216,11 +216,11 @@ def test_the_most_frugal_plan_is_the_fastest_of_the_smallest_peaks() -> None:
     times = np.array([3.0, 1.0, 0.5, 0.1, 1.0])
     peaks = np.array([1_000_000, 1_000_050, 2_000_000, 1_000_000, 1_000_040])
     mask = np.array([True, True, True, False, True])
-    assert _frugal(times, peaks, mask) == 4  # as fast as 1, with the smaller peak
+    assert _frugal(times, peaks, mask) == (4, 1_000_000)  # as fast as 1, with the smaller peak
     mask[4] = False
-    assert _frugal(times, peaks, mask) == 1
+    assert _frugal(times, peaks, mask) == (1, 1_000_000)
     tight = np.array([1_000_000, 1_000_000 + int(1_000_000 * FRUGAL_SLACK) + 1, 2_000_000, 0, 0])
-    assert _frugal(times, tight, np.array([True, True, True, False, False])) == 0
+    assert _frugal(times, tight, np.array([True, True, True, False, False]))[0] == 0
 
 
 def test_argument_errors() -> None:
