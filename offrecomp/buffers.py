@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,6 +26,7 @@ __all__ = [
     "differ_at_once",
     "finish_buffers",
     "modified_buffers",
+    "settle_buffers",
     "snapshot_bytes",
     "swap_buffers",
 ]
@@ -69,6 +71,9 @@ class BufferState:
     versions: list[int]
     snapshots: list[torch.Tensor | None]
     mutated: list[int] | None = None  # slot indices, filled at region exit
+    pending: list[PendingCompare] | None = None
+    """The exit's comparisons still on their way from the devices, one per device (NOTE
+    [Buffer comparisons]); ``settle_buffers`` applies them."""
     untouched: list[tuple[int, int]] | None = None
     """(slot index, version at region exit) of the buffers the forward left as they were,
     filled at region exit: a replay reads the tensor the forward read (``objects``), which
@@ -128,27 +133,62 @@ def finish_buffers(state: BufferState | None) -> None:
         elif snap is not None and b.layout == torch.strided and _nbytes(snap) > READ_SNAPSHOT_MAX_BYTES:
             checked.append((i, False))  # kept if written unseen, else let go (NOTE [Buffer comparisons])
             pairs.append((snap, b.detach()))
-    for (i, rebound), d in zip(checked, differ(pairs)):
-        if rebound and not d:
-            state.snapshots[i] = None  # NOTE [Rebound buffers]
-        elif not rebound and d:
-            mutated.append(i)
-    mutated.sort()
+    later: dict[torch.device, list[int]] = {}
+    for k, (a, b) in enumerate(pairs):
+        if compares_later(a.device) and a.device == b.device and a.shape == b.shape and a.dtype == b.dtype:
+            later.setdefault(a.device, []).append(k)
+    if later:  # NOTE [Buffer comparisons]: their flags come back while the forward goes on
+        state.pending = [PendingCompare([checked[k] for k in ks], [pairs[k] for k in ks]) for ks in later.values()]
+        now = [k for k in range(len(pairs)) if all(k not in ks for ks in later.values())]
+        checked, pairs = [checked[k] for k in now], [pairs[k] for k in now]
     state.mutated = mutated
+    _apply(state, checked, differ(pairs))
     # The tensors the forward read are needed for replay (NOTE [Replay and buffer
     # slots]); of the snapshots of buffers it only read, the small ones (NOTE [Buffers
-    # written unseen]).
+    # written unseen]), and those compared later until their flags are read.
     untouched = []
     written = set(mutated)
+    waiting = {i for pending in state.pending or () for i, _ in pending.checked}
     for i in range(len(slots)):
         if i not in written:
             b = state.objects[i]
             if b is not None:
                 untouched.append((i, int(b._version)))
             snap = state.snapshots[i]
-            if snap is not None and _nbytes(snap) > READ_SNAPSHOT_MAX_BYTES:
+            if snap is not None and _nbytes(snap) > READ_SNAPSHOT_MAX_BYTES and i not in waiting:
                 state.snapshots[i] = None
     state.untouched = untouched
+
+
+def settle_buffers(state: BufferState, wait: bool) -> bool:
+    """Apply the exit's comparisons still pending for ``state`` once their flags are on
+    the host (with ``wait``, waiting for them: a replay is about to read the buffers);
+    True when none is pending any more (NOTE [Buffer comparisons])."""
+    pending = state.pending
+    if pending is None:
+        return True
+    if not wait and not all(p.ready() for p in pending):
+        return False
+    state.pending = None
+    for p in pending:
+        _apply(state, p.checked, p.read())
+    return True
+
+
+def _apply(state: BufferState, checked: list[tuple[int, bool]], differs: list[bool]) -> None:
+    """The exit's comparisons of ``checked`` (slot, rebound) came out as ``differs``: an
+    unchanged rebound buffer's copy goes (NOTE [Rebound buffers]), as does an unchanged
+    larger buffer's the forward only read; one written unseen is mutated."""
+    mutated = state.mutated
+    assert mutated is not None  # finish_buffers ran
+    for (i, rebound), d in zip(checked, differs):
+        if rebound or not d:
+            if not d:
+                state.snapshots[i] = None
+            continue
+        mutated.append(i)
+        state.untouched = [(j, v) for j, v in state.untouched or () if j != i]
+    mutated.sort()
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -180,16 +220,58 @@ def snapshot_bytes(state: BufferState, device: torch.device | None) -> int:
 # NOTE [Buffer comparisons]
 # Whether a buffer's values changed (a call's exit; a replay's entry) is a comparison with
 # its snapshot, and ``torch.equal`` on a GPU hands a bool to the host: a synchronisation
-# per buffer, inside the forward, where a block of BatchNorm layers holds three buffers
-# each. ``differ`` compares the pairs of each device other than the CPU as one stack of
-# device flags read at once: one synchronisation per call and device. On the CPU each
-# pair is ``torch.equal``, the cheaper there. A call's exit compares only the buffers
-# whose copy it would let go if their values did not change (those over
-# READ_SNAPSHOT_MAX_BYTES, and rebound ones): the copy of a smaller buffer stays either
-# way (NOTE [Buffers written unseen]), and its replay compares it with the buffer
-# before it runs, running on the copy where the two differ, which is what it does for a
-# buffer the forward wrote. So a forward of BatchNorm blocks compares nothing, and
-# synchronises nowhere for its buffers.
+# per buffer, where a block of BatchNorm layers holds three buffers each. ``differ``
+# compares the pairs of each device other than the CPU as one stack of device flags read
+# at once: one synchronisation per call and device, which a replay's entry (in
+# backward) pays. On the CPU each pair is ``torch.equal``, the cheaper there. A call's
+# exit compares only the buffers whose copy it would let go if their values did not
+# change (those over READ_SNAPSHOT_MAX_BYTES, and rebound ones): the copy of a smaller
+# buffer stays either way (NOTE [Buffers written unseen]), and its replay compares it
+# with the buffer before it runs, running on the copy where the two differ, which is
+# what it does for a buffer the forward wrote. So a forward of BatchNorm blocks compares
+# nothing. On a CUDA device the exit does not read its flags either: they go to pinned
+# host memory behind an event (``PendingCompare``), the copies stay, and a later exit
+# applies them once the event passed (``settle_buffers``, in exit order: a copy of an
+# unchanged buffer goes and leaves the books then, a buffer written unseen becomes one
+# the forward wrote). A replay applies them first, and a measuring pass's exit (whose
+# profile counts the copies kept) waits for them. No replay's values depend on when
+# they are applied: a copy kept for a buffer the forward only read is compared again at
+# the replay's entry, which runs on it where the buffer differs. So the forward
+# synchronises nowhere for its buffers; the copies of a forward that outruns the device
+# stay held, and booked, until the device has compared them.
+
+
+def compares_later(device: torch.device) -> bool:
+    """Whether a call's exit reads its comparisons on ``device`` later, not at once: on
+    a CUDA device, where reading them at once synchronises the host."""
+    return device.type == "cuda"
+
+
+class PendingCompare:
+    """Comparisons of ``pairs`` (one device) made on the device at a call's exit, their
+    flags copied to pinned host memory behind an event, read once it has passed."""
+
+    __slots__ = ("checked", "event", "flags")
+
+    def __init__(self, checked: list[tuple[int, bool]], pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.checked = checked
+        flags = torch.stack([a.ne(b).any() for a, b in pairs])
+        self.event: Any = None
+        if flags.device.type == "cuda":
+            host = torch.empty(flags.shape, dtype=torch.bool, pin_memory=True)
+            host.copy_(flags, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+            flags = host
+        self.flags = flags
+
+    def ready(self) -> bool:
+        return self.event is None or bool(self.event.query())
+
+    def read(self) -> list[bool]:
+        if self.event is not None:
+            self.event.synchronize()
+        return [bool(d) for d in self.flags.tolist()]
 
 
 def differ(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
@@ -265,6 +347,7 @@ def swap_buffers(state: BufferState, region_name: str) -> Iterator[None]:
     post-forward tensors go back into their slots afterwards, untouched. A buffer the
     forward left as it was is read as the tensor the forward read (NOTE [Replay and
     buffer slots] in regions.py)."""
+    settle_buffers(state, wait=True)
     slots = state.slots
     saved: list[tuple[int, torch.Tensor | None]] = []
     untouched = state.untouched or ()

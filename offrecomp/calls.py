@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ from torch import nn
 from offrecomp import _torch_compat as tc
 from offrecomp import host_rng
 from offrecomp.arguments import ARG_STATE_MAX_ITEMS, ArgState, capture_inputs
-from offrecomp.buffers import capture_buffers, finish_buffers, snapshot_bytes
+from offrecomp.buffers import capture_buffers, finish_buffers, settle_buffers, snapshot_bytes
 from offrecomp.changes import ATTR_QUIET, changed_attrs, exit_attrs, module_attrs, structure_epoch
 from offrecomp.config import Config
 from offrecomp.diagnostics import kind, log_once, runs_collectives, warn_collective, warn_once
@@ -81,6 +82,7 @@ class RegionCalls:
         self.distributed = False  # more than one rank (set at install)
         self.arg_state_limit = ARG_STATE_MAX_ITEMS  # NOTE [Stateful arguments] (set at install)
         self._last_arg_state: weakref.ref[ArgState] | None = None
+        self._unsettled: deque[weakref.ref[RegionCall]] = deque()  # NOTE [Buffer comparisons] (buffers.py)
 
     def enter(
         self, region: Region, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -232,6 +234,21 @@ class RegionCalls:
             if rec is not None and rec.placement == OFFLOAD and rec.group is not None and reads_bytes_as_stored(t):
                 call.offloaded_inputs[i] = (rec, (tuple(t.shape), tuple(t.stride()), int(t.storage_offset()), t.dtype))
 
+    def _settle_buffers(self) -> None:
+        """Apply the buffer comparisons of earlier exits whose flags are back, in order,
+        and take the copies they let go off the books (NOTE [Buffer comparisons])."""
+        queue = self._unsettled
+        while queue:
+            call = queue[0]()
+            state = call.buffers if call is not None else None  # None: released, its copies off the books
+            if state is not None and not settle_buffers(state, wait=False):
+                return
+            queue.popleft()
+            if call is not None and state is not None and call.pass_state is not None:
+                held = snapshot_bytes(state, self._device.device)
+                call.pass_state.stats.resident_bytes -= call.snapshot_bytes - held  # a decrease sets no peak
+                call.snapshot_bytes = held
+
     def exit(self, call: RegionCall) -> None:
         call.end_mark = self._device.mark()
         self._life.call_ended(call)
@@ -244,8 +261,14 @@ class RegionCalls:
         if region is not None:
             finish_buffers(call.buffers)
             if call.buffers is not None and call.pass_state is not None:
+                if call.buffers.pending and call.pass_state.recording:
+                    settle_buffers(call.buffers, wait=True)  # the profile counts the copies kept
                 call.snapshot_bytes = copies = snapshot_bytes(call.buffers, self._device.device)
                 call.pass_state.stats.add_resident(copies)  # NOTE [Replay and module state]
+                if call.buffers.pending:
+                    self._unsettled.append(weakref.ref(call))
+            if self._unsettled:
+                self._settle_buffers()
             written = finish_params(call.params)
             _warn_big_buffers(call, region)
             if call.attrs is not None:
