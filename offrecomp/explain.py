@@ -120,14 +120,8 @@ def explain_plan(
     lines += [f"  note: {n}" for n in [*plan.notes, *notes]]
     rows = []
     for r in profile.regions:
-        b = {p: 0 for p in Placement}
-        n = {p: 0 for p in Placement}
-        held = plan.held(r.name, r.call_index, [s.kind for s in r.storages])
+        held, n, b = plan.held_totals(r.name, r.call_index, r.storages)
         placed = [KEEP if pl is None else pl for pl in held]  # what the replay's cost reads
-        for s, pl in zip(r.storages, held):
-            if pl is not None:  # a snapshot of a call kept whole holds nothing
-                b[pl] += s.nbytes
-                n[pl] += 1
         predicted = replay_seconds(r, placed, op_overhead_seconds=profile.replay_op_seconds)
         ran = (replays or {}).get((r.name, r.call_index))
         values = [

@@ -12,11 +12,19 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 __all__ = ["ROOT", "Placement", "Plan", "StorageKey"]
 
 #: Region name used for storages saved outside every region.
 ROOT = ""
+
+
+class _Stored(Protocol):
+    @property
+    def kind(self) -> str: ...
+    @property
+    def nbytes(self) -> int: ...
 
 
 class Placement(enum.IntEnum):
@@ -106,6 +114,20 @@ class Plan:
         placed = [self.placement((name, call_index, i)) for i in range(len(kinds))]
         whole = all(p is Placement.KEEP for p, k in zip(placed, kinds) if k != "snapshot")
         return [None if whole and k == "snapshot" else p for p, k in zip(placed, kinds)]
+
+    def held_totals(
+        self, name: str, call_index: int, storages: Sequence[_Stored]
+    ) -> tuple[list[Placement | None], dict[Placement, int], dict[Placement, int]]:
+        """``held`` for a region call's ``storages`` (a profile's records), with how many
+        of them and how many bytes each placement holds."""
+        held = self.held(name, call_index, [s.kind for s in storages])
+        count = {p: 0 for p in Placement}
+        nbytes = {p: 0 for p in Placement}
+        for s, p in zip(storages, held):
+            if p is not None:  # a snapshot of a call kept whole holds nothing
+                count[p] += 1
+                nbytes[p] += s.nbytes
+        return held, count, nbytes
 
     def counts(self) -> Mapping[Placement, int]:
         out = {p: 0 for p in Placement}

@@ -91,13 +91,11 @@ def check_drift(entry: PlanEntry, rec: StepRecord, drift: float) -> None:
     if distorts(rec.pause_seconds, rec.step_seconds):
         return  # NOTE [Host pauses]: the step's time is not the plan's
     entry.drift_ratios.append(rec.step_seconds / pred)
-    entry.drift_strikes = len(entry.drift_ratios)
     window = DRIFT_WINDOW << entry.drift_backoff
-    if entry.drift_strikes < window:
+    if len(entry.drift_ratios) < window:
         return
     ratio = statistics.median(entry.drift_ratios)
     entry.drift_ratios.clear()
-    entry.drift_strikes = 0
     drifted = abs(ratio - 1.0) > drift
     recent = entry.drift_windows
     recent.append(drifted)

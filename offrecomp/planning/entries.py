@@ -85,10 +85,9 @@ class PlanEntry:
     calibrated: bool = False
     """True once a calibration pass (no recorder, no offload) has replaced the measuring
     pass's times (NOTE [Calibration])."""
-    drift_strikes: int = 0
-    """Planned steps in the drift window so far (NOTE [Drift])."""
     drift_ratios: list[float] = field(default_factory=list)
-    """Measured / predicted step time of those steps."""
+    """Measured / predicted step time of the planned steps in the drift window so far
+    (NOTE [Drift])."""
     drift_windows: list[bool] = field(default_factory=list)
     """Whether each of the latest DRIFT_HISTORY windows judged drifted, oldest first."""
     drift_learning: bool = False

@@ -255,7 +255,6 @@ class Solver:
         entry.plan = plan
         entry.needs_measure = False
         entry.needs_solve = False
-        entry.drift_strikes = 0
         entry.drift_ratios.clear()  # a new prediction: a new window
         entry.live = None
         entry.live_skipped = 0
@@ -287,10 +286,10 @@ def _log_plan(entry: PlanEntry, plan: Plan, profile: Profile) -> None:
     counts = {p: 0 for p in Placement}
     nbytes = {p: 0 for p in Placement}
     for r in profile.regions:
-        for s, held in zip(r.storages, plan.held(r.name, r.call_index, [s.kind for s in r.storages])):
-            if held is not None:  # a snapshot of a call kept whole holds nothing
-                counts[held] += 1
-                nbytes[held] += s.nbytes
+        _, n, b = plan.held_totals(r.name, r.call_index, r.storages)
+        for p in Placement:
+            counts[p] += n[p]
+            nbytes[p] += b[p]
     log.info(
         "offrecomp: plan %s for %s: keep %d (%s), offload %d (%s), recompute %d (%s); "
         "budget %s, predicted peak %s, predicted step %.4fs%s",
