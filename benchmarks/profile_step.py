@@ -19,7 +19,11 @@ one ``plan_id``; on a CPU, the first planned step), then profiles one more step
 * any synchronising call inside forward (``cudaStreamSynchronize``,
   ``cudaDeviceSynchronize``, ``cudaEventSynchronize``, a blocking ``cudaMemcpy``);
 * the three largest host costs: ops by self time, and the host time between ops in
-  forward and in backward (the Python around them: hooks, the runtime's bookkeeping).
+  forward and in backward (the Python around them: hooks, the runtime's bookkeeping);
+* the runtime's own Python, function by function (``runtime_python``): one more step,
+  profiled with ``with_stack=True`` apart from the first (its tracer slows every Python
+  call, so only its shares are read), each offrecomp and scheduler function's calls and
+  self time on the training thread, and their sum against the step's host time.
 
 To make offloads likely the runtime gets a tight budget (``--budget-fraction`` of the
 plain run's saved bytes) and link bandwidths to plan with (``--gbps``). When no planned
@@ -68,6 +72,7 @@ REGION_PREFIX = "region::"
 _OUTSIDE = "(outside regions)"
 _EVALUATE = "autograd::engine::evaluate_function:"
 _PROFILE_TRIES = 3
+_RUNTIME_PACKAGES = ("offrecomp", "scheduler")
 
 
 def add_run_arguments(p: argparse.ArgumentParser, *, budget_fraction: float, max_steps: str) -> None:
@@ -257,6 +262,45 @@ def _reach_plan(s: RunSetup, rt: Any, max_steps: int) -> tuple[bool, list[str]]:
             return True, phases
         last = key
     return False, phases
+
+
+def runtime_python(events: Sequence[Any], top: int = 40) -> dict[str, Any]:
+    """The Python functions of ``offrecomp/`` and ``scheduler/`` among ``events`` (a step
+    profiled ``with_stack=True``) on the thread that ran its forward: calls and self time
+    of the ``top`` ones by self time, and the self time of them all against the step's
+    (its ranges')."""
+    funcs: dict[str, list[float]] = {}
+    step_us = 0.0
+    forward = _range(events, FORWARD)
+    thread = forward.thread if forward is not None else None
+    for e in events:
+        if e.thread != thread:
+            continue
+        if e.name in (FORWARD, BACKWARD, OPTIMIZER):
+            step_us += e.cpu_time_total
+            continue
+        if ".py(" not in e.name or not any(f"{pkg}/" in e.name for pkg in _RUNTIME_PACKAGES):
+            continue
+        name = e.name[e.name.index(next(f"{pkg}/" for pkg in _RUNTIME_PACKAGES if f"{pkg}/" in e.name)):]
+        f = funcs.setdefault(name, [0, 0.0])
+        f[0] += 1
+        f[1] += e.self_cpu_time_total
+    ranked = sorted(funcs.items(), key=lambda kv: -kv[1][1])
+    self_us = sum(v[1] for v in funcs.values())
+    return {
+        "functions": [{"function": n, "calls": int(c), "self_us": round(u, 1)} for n, (c, u) in ranked[:top]],
+        "self_ms": self_us / 1e3,
+        "step_host_ms": step_us / 1e3,
+    }
+
+
+def _python_step(s: RunSetup) -> dict[str, Any]:
+    """One step under the profiler's Python tracer: ``runtime_python`` of it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with _without_profiler_chatter(), profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        train_step(s, marks=True)
+    return runtime_python(prof.events())
 
 
 def _profiled_step(s: RunSetup, rt: Any) -> tuple[Any, list[OffloadStats]]:
@@ -538,6 +582,15 @@ def render(summary: dict[str, Any]) -> str:
     for i, cost in enumerate(summary["top_host_costs"], 1):
         count = "" if cost["count"] is None else f" ({cost['count']} calls)"
         lines.append(f"  {i}. {cost['ms']:.3f} ms  {cost['what']}{count}")
+    py = summary.get("runtime_python")
+    if py:
+        lines += [
+            "",
+            f"the runtime's Python (a step under the Python tracer): {py['self_ms']:.3f} ms self of "
+            f"{py['step_host_ms']:.3f} ms host; by self time:",
+        ]
+        for f in py["functions"][:12]:
+            lines.append(f"  {f['self_us']:10.1f} us  {f['calls']:6d} calls  {f['function']}")
     return "\n".join(lines)
 
 
@@ -611,6 +664,7 @@ def main(argv: list[str] | None = None) -> int:
                     rec = _last_record(rt)
                     if getattr(rec, "offloaded_bytes", 0) > 0:
                         break
+                python = _python_step(s)
                 mode, why = (
                     "auto",
                     f"budget {budget} B = {args.budget_fraction:g} x plain saved bytes",
@@ -621,6 +675,7 @@ def main(argv: list[str] | None = None) -> int:
             train_step(s)  # the engine's pool and the first groups
             prof, stats = _profiled_step(s, rt)
             rec = _last_record(rt)
+            python = _python_step(s)
         mode = "offload"
         if args.force_offload:
             why = "--force-offload"
@@ -644,6 +699,7 @@ def main(argv: list[str] | None = None) -> int:
         **summarize(
             prof.events(), prof.key_averages(), stats, cuda=device.type == "cuda", kineto=kineto
         ),
+        "runtime_python": python,
         "elapsed_s": time.perf_counter() - t0,
     }
     out = Path(args.out)

@@ -39,8 +39,14 @@ def test_cpu_run_profiles_an_offloading_step(
     assert len(data["top_host_costs"]) == 3
     assert all(c["ms"] >= 0 for c in data["top_host_costs"])
     assert trace.stat().st_size > 0
+    py = data["runtime_python"]  # the runtime's own functions, from a step under the Python tracer
+    names = {f["function"].split(": ")[-1] for f in py["functions"]}
+    assert {"pack", "unpack", "issue", "fetch"} <= names, names
+    assert all(f["function"].startswith(("offrecomp/", "scheduler/")) for f in py["functions"])
+    assert 0 < py["self_ms"] < py["step_host_ms"]
     printed = capsys.readouterr().out
     assert "largest host costs" in printed and "per offloaded storage n/a" in printed
+    assert "the runtime's Python" in printed
 
 
 def test_forced_offload_is_labelled(tmp_path: Path) -> None:
