@@ -241,3 +241,19 @@ def one_intra_op_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def cuda_sync_warnings(fn: Callable[[], Any]) -> tuple[Any, list[Any]]:
+    """``fn()`` under ``torch.cuda.set_sync_debug_mode("warn")``: its result, and the
+    warnings of each host synchronisation it made (their ``filename`` is the caller's)."""
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            out = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return out, [w for w in seen if "synchroniz" in str(w.message)]

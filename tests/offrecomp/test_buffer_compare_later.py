@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import warnings
 import weakref
 
 import pytest
@@ -17,7 +16,7 @@ from torch import nn
 
 import offrecomp
 import offrecomp.buffers as buffers
-from tests.helpers import twin
+from tests.helpers import cuda_sync_warnings, twin
 
 BLOCKS = 4
 WIDTH = 256
@@ -167,14 +166,7 @@ def test_a_forward_reading_mid_sized_buffers_does_not_synchronise_for_them_on_cu
             for net in (ref, m):
                 net.zero_grad(set_to_none=True)
             ref(x).square().mean().backward()
-            torch.cuda.synchronize()
-            with warnings.catch_warnings(record=True) as seen:
-                warnings.simplefilter("always")
-                torch.cuda.set_sync_debug_mode("warn")
-                try:
-                    loss = m(x).square().mean()
-                finally:
-                    torch.cuda.set_sync_debug_mode("default")
+            loss, seen = cuda_sync_warnings(lambda x=x: m(x).square().mean())
             loss.backward()
             assert not [w for w in seen if w.filename.endswith("buffers.py")], [(w.filename, w.lineno) for w in seen]
             assert all(torch.equal(a.grad, b.grad) for a, b in zip(ref.parameters(), m.parameters()))  # type: ignore[arg-type]

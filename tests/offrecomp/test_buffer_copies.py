@@ -10,7 +10,6 @@ forward updates, as some VQ codebooks and feature trackers do.
 from __future__ import annotations
 
 import contextlib
-import warnings
 from typing import Any
 
 import pytest
@@ -21,7 +20,7 @@ from torch import nn
 import offrecomp
 from offrecomp.buffers import differ, differ_at_once
 from scheduler import Profile
-from tests.helpers import assert_bitwise, train, twin
+from tests.helpers import assert_bitwise, cuda_sync_warnings, train, twin
 from tests.offrecomp.test_memory import allocator_peak
 
 BLOCKS = 6
@@ -229,15 +228,7 @@ def test_a_forward_of_blocks_with_buffers_synchronises_once_per_call_on_cuda(mod
             for net in (ref, m):
                 net.zero_grad(set_to_none=True)
             ref(x).square().mean().backward()
-            torch.cuda.synchronize()
-            with warnings.catch_warnings(record=True) as seen:
-                warnings.simplefilter("always")
-                torch.cuda.set_sync_debug_mode("warn")
-                try:
-                    loss = m(x).square().mean()
-                finally:
-                    torch.cuda.set_sync_debug_mode("default")
-            syncs = [w for w in seen if "synchroniz" in str(w.message)]
+            loss, syncs = cuda_sync_warnings(lambda x=x: m(x).square().mean())
             loss.backward()
             if step == 3:
                 assert len(syncs) <= blocks, [str(w.message) for w in syncs]
