@@ -259,9 +259,9 @@ class PendingCompare:
         self.event: Any = None
         if flags.device.type == "cuda":
             host = torch.empty(flags.shape, dtype=torch.bool, pin_memory=True)
-            host.copy_(flags, non_blocking=True)
+            host.copy_(flags, non_blocking=True)  # on the flags' device's current stream
             self.event = torch.cuda.Event()
-            self.event.record()
+            self.event.record(torch.cuda.current_stream(flags.device))
             flags = host
         self.flags = flags
 
