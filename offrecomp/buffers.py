@@ -258,7 +258,7 @@ class PendingCompare:
         flags = torch.stack([a.ne(b).any() for a, b in pairs])
         self.event: Any = None
         if flags.device.type == "cuda":
-            host = torch.empty(flags.shape, dtype=torch.bool, pin_memory=True)
+            host = torch.empty(flags.shape, dtype=torch.bool, device="cpu", pin_memory=True)  # under a torch.device mode too
             host.copy_(flags, non_blocking=True)  # on the flags' device's current stream
             self.event = torch.cuda.Event()
             self.event.record(torch.cuda.current_stream(flags.device))
