@@ -257,12 +257,17 @@ class PendingCompare:
         self.checked = checked
         flags = torch.stack([a.ne(b).any() for a, b in pairs])
         self.event: Any = None
-        if flags.device.type == "cuda":
-            host = torch.empty(flags.shape, dtype=torch.bool, device="cpu", pin_memory=True)  # under a torch.device mode too
-            host.copy_(flags, non_blocking=True)  # on the flags' device's current stream
+        device = flags.device
+        if device.type == "cuda":
+            try:  # device="cpu": under a torch.device mode too
+                host = torch.empty(flags.shape, dtype=torch.bool, device="cpu", pin_memory=True)
+            except RuntimeError:  # no pinned memory to be had: read from the device once passed
+                host = None
+            if host is not None:
+                host.copy_(flags, non_blocking=True)  # on the current stream of the flags' device
+                flags = host
             self.event = torch.cuda.Event()
-            self.event.record(torch.cuda.current_stream(flags.device))
-            flags = host
+            self.event.record(torch.cuda.current_stream(device))
         self.flags = flags
 
     def ready(self) -> bool:
