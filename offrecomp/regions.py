@@ -692,7 +692,7 @@ def capture_params(slots: tuple[tuple[nn.Module, str], ...]) -> ParamState | Non
     flags: list[bool] = []
     for m, n in slots:  # one pass: every region call that may replay runs it
         table = m._parameters
-        t = table[n] if n in table else None  # param_of, inline
+        t = table[n] if n in table else None  # noqa: SIM401 (param_of, inline)
         objects.append(t)
         if t is None:
             versions.append(-1)
