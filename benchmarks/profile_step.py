@@ -23,7 +23,8 @@ one ``plan_id``; on a CPU, the first planned step), then profiles one more step
 * the runtime's own Python, function by function (``runtime_python``): one more step,
   profiled with ``with_stack=True`` apart from the first (its tracer slows every Python
   call, so only its shares are read), each offrecomp and scheduler function's calls and
-  self time on the training thread, and their sum against the step's host time.
+  self time in the forward and in the rest of the step (backward on any thread), and
+  their sums against the step's host time.
 
 To make offloads likely the runtime gets a tight budget (``--budget-fraction`` of the
 plain run's saved bytes) and link bandwidths to plan with (``--gbps``). When no planned
@@ -264,34 +265,39 @@ def _reach_plan(s: RunSetup, rt: Any, max_steps: int) -> tuple[bool, list[str]]:
     return False, phases
 
 
-def runtime_python(events: Sequence[Any], top: int = 40) -> dict[str, Any]:
+def runtime_python(events: Sequence[Any], top: int = 25) -> dict[str, Any]:
     """The Python functions of ``offrecomp/`` and ``scheduler/`` among ``events`` (a step
-    profiled ``with_stack=True``) on the thread that ran its forward: calls and self time
-    of the ``top`` ones by self time, and the self time of them all against the step's
-    (its ranges')."""
-    funcs: dict[str, list[float]] = {}
-    step_us = 0.0
+    profiled ``with_stack=True``): calls and self time of the ``top`` ones by self time,
+    in the forward (the training thread inside its range) and in the rest of the step
+    (backward, on autograd's device threads too, and the optimizer; not the emulated
+    backend's copy workers), with their sums against the step's host time."""
     forward = _range(events, FORWARD)
     thread = forward.thread if forward is not None else None
+    lo, hi = (forward.time_range.start, forward.time_range.end) if forward is not None else (0.0, 0.0)
+    workers = {e.thread for e in events if "offrecomp/backends.py(" in e.name and e.name.endswith(": _drain")}
+    parts: dict[str, dict[str, list[float]]] = {"forward": {}, "rest": {}}
+    step_us = 0.0
     for e in events:
-        if e.thread != thread:
-            continue
         if e.name in (FORWARD, BACKWARD, OPTIMIZER):
-            step_us += e.cpu_time_total
+            step_us += e.cpu_time_total if e.thread == thread else 0.0
             continue
-        if ".py(" not in e.name or not any(f"{pkg}/" in e.name for pkg in _RUNTIME_PACKAGES):
+        if e.thread in workers or ".py(" not in e.name:
             continue
-        name = e.name[e.name.index(next(f"{pkg}/" for pkg in _RUNTIME_PACKAGES if f"{pkg}/" in e.name)):]
-        f = funcs.setdefault(name, [0, 0.0])
+        at = next((e.name.index(f"{pkg}/") for pkg in _RUNTIME_PACKAGES if f"{pkg}/" in e.name), -1)
+        if at < 0:
+            continue
+        inside = e.thread == thread and lo <= e.time_range.start and e.time_range.end <= hi
+        f = parts["forward" if inside else "rest"].setdefault(e.name[at:], [0, 0.0])
         f[0] += 1
         f[1] += e.self_cpu_time_total
-    ranked = sorted(funcs.items(), key=lambda kv: -kv[1][1])
-    self_us = sum(v[1] for v in funcs.values())
-    return {
-        "functions": [{"function": n, "calls": int(c), "self_us": round(u, 1)} for n, (c, u) in ranked[:top]],
-        "self_ms": self_us / 1e3,
-        "step_host_ms": step_us / 1e3,
-    }
+    out: dict[str, Any] = {"step_host_ms": step_us / 1e3}
+    for part, funcs in parts.items():
+        ranked = sorted(funcs.items(), key=lambda kv: -kv[1][1])
+        out[part] = {
+            "self_ms": sum(v[1] for v in funcs.values()) / 1e3,
+            "functions": [{"function": n, "calls": int(c), "self_us": round(u, 1)} for n, (c, u) in ranked[:top]],
+        }
+    return out
 
 
 def _python_step(s: RunSetup) -> dict[str, Any]:
@@ -584,13 +590,11 @@ def render(summary: dict[str, Any]) -> str:
         lines.append(f"  {i}. {cost['ms']:.3f} ms  {cost['what']}{count}")
     py = summary.get("runtime_python")
     if py:
-        lines += [
-            "",
-            f"the runtime's Python (a step under the Python tracer): {py['self_ms']:.3f} ms self of "
-            f"{py['step_host_ms']:.3f} ms host; by self time:",
-        ]
-        for f in py["functions"][:12]:
-            lines.append(f"  {f['self_us']:10.1f} us  {f['calls']:6d} calls  {f['function']}")
+        lines += ["", f"the runtime's Python (a step under the Python tracer, {py['step_host_ms']:.3f} ms host):"]
+        for part in ("forward", "rest"):
+            lines.append(f"  {part}: {py[part]['self_ms']:.3f} ms self; by self time:")
+            for f in py[part]["functions"][:8]:
+                lines.append(f"    {f['self_us']:10.1f} us  {f['calls']:6d} calls  {f['function']}")
     return "\n".join(lines)
 
 
