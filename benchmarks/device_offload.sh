@@ -60,11 +60,14 @@ fi
 
 # headroom TOKENS: benchmarks/offload_headroom.py on that length's saved profile, the link
 # at HEADROOM_GBPS (the last plan saved may be the no-offload runner's, told of no link):
-# the planner's predicted auto / no-offload and lower bound / no-offload at 50% and 25%
+# the planner's predicted auto / no-offload and lower bound / no-offload at 50% and 25%,
+# with the host costs the runtime learnt, then with them at zero (what the link allows)
 headroom() {
   [ -f "$WORK/profile_$1.json" ] || return 0
   step "headroom_$1" 60 "$PY" benchmarks/offload_headroom.py --profile "$WORK/profile_$1.json" \
     --gbps "$HEADROOM_GBPS"
+  step "headroom_free_$1" 60 "$PY" benchmarks/offload_headroom.py --profile "$WORK/profile_$1.json" \
+    --gbps "$HEADROOM_GBPS" --no-host-cost
 }
 
 # judge NAME: offload_checks.py over long_seq run NAME, into checks_NAME.txt

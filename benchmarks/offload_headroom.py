@@ -4,11 +4,14 @@ profiles (scheduler.whatif) of the benchmark's ``gpu-1.3b`` shape, or on a profi
 saved (``OFFRECOMP_PROFILE``; ``benchmarks/device_offload.sh`` saves one per length).
 
     python benchmarks/offload_headroom.py [--gbps 55] [--tflops 989] [--mfu 0.5] [--dropout]
-    python benchmarks/offload_headroom.py --profile profile_8192.json [--gbps 55]
+    python benchmarks/offload_headroom.py --profile profile_8192.json [--gbps 55] [--no-host-cost]
 
 Budgets are shares of all-KEEP's predicted peak. The lower bound (``Plan.lower_bound_seconds``)
-is what no plan within the budget can beat in this model. A model figure, not a
-measurement: ``benchmarks/device_offload.sh`` measures the same comparison on a GPU.
+is what no plan within the budget can beat in this model. ``--no-host-cost`` sets the
+runtime's own host costs of a saved profile (``RUNTIME_HOST_FIELDS``: per save, per
+checkpoint, per group, per reload, per replay) to zero: what the link and the model would
+allow a runtime that cost nothing on the host. A model figure, not a measurement:
+``benchmarks/device_offload.sh`` measures the same comparison on a GPU.
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ from scheduler.units import format_bytes
 
 SEQS = (4096, 8192, 16384)
 SHARES = (0.5, 0.25)
+#: The profile's fields holding offrecomp's own host costs (``scheduler.profile.Profile``).
+RUNTIME_HOST_FIELDS = (
+    "pack_host_seconds", "unpack_host_seconds", "capture_host_seconds",
+    "offload_host_seconds", "reload_host_seconds", "replay_host_seconds",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--dropout", action="store_true", help="dropout layers (the gpu-1.3b preset has none)"
     )
+    ap.add_argument(
+        "--no-host-cost", action="store_true",
+        help="a saved profile's offrecomp host costs set to zero (the what-if GPTs have none)",
+    )
     args = ap.parse_args(argv)
     if not ((args.gbps is None or args.gbps > 0) and args.tflops > 0 and 0 < args.mfu <= 1):
         ap.error(f"--gbps {args.gbps}, --tflops {args.tflops}, --mfu {args.mfu}: accepted > 0, > 0, (0, 1]")
@@ -45,7 +57,13 @@ def main(argv: list[str] | None = None) -> int:
         saved = Profile.load(args.profile)
         if args.gbps is not None:
             saved.d2h_gbps = saved.h2d_gbps = args.gbps
-        print(f"profile {args.profile} ({saved.signature}); link {saved.d2h_gbps:g}/{saved.h2d_gbps:g} GB/s")
+        costs = ", ".join(f"{f.removesuffix('_host_seconds')} {1e6 * getattr(saved, f):.1f} us" for f in RUNTIME_HOST_FIELDS)
+        if args.no_host_cost:
+            for f in RUNTIME_HOST_FIELDS:
+                setattr(saved, f, 0.0)
+            costs = "set to zero (--no-host-cost)"
+        print(f"profile {args.profile} ({saved.signature}); link {saved.d2h_gbps:g}/{saved.h2d_gbps:g} GB/s; "
+              f"offrecomp's host costs: {costs}")
         cases = [("-", saved)]
     else:
         gbps = args.gbps if args.gbps is not None else 55.0

@@ -113,4 +113,5 @@ def test_device_offload_dry_run_writes_every_result(tmp_path: Path) -> None:
     assert "[replay_check_128: exit 0]" in log
     for seq in (64, 128):
         assert f"headroom_{seq}.log" in names and f"[headroom_{seq}: exit 0]" in log
+        assert f"headroom_free_{seq}.log" in names and f"[headroom_free_{seq}: exit 0]" in log
     assert (out / "profile_trace_64.json.gz").exists()
