@@ -133,14 +133,12 @@ def finish_buffers(state: BufferState | None) -> None:
         elif snap is not None and b.layout == torch.strided and _nbytes(snap) > READ_SNAPSHOT_MAX_BYTES:
             checked.append((i, False))  # kept if written unseen, else let go (NOTE [Buffer comparisons])
             pairs.append((snap, b.detach()))
-    later: dict[torch.device, list[int]] = {}
-    for k, (a, b) in enumerate(pairs):
-        if compares_later(a.device) and a.device == b.device and a.shape == b.shape and a.dtype == b.dtype:
-            later.setdefault(a.device, []).append(k)
+    later = {d: ks for d, ks in _by_device(pairs, cpu=True).items() if compares_later(d)}
     if later:  # NOTE [Buffer comparisons]: their flags come back while the forward goes on
         state.pending = [PendingCompare([checked[k] for k in ks], [pairs[k] for k in ks]) for ks in later.values()]
-        now = [k for k in range(len(pairs)) if all(k not in ks for ks in later.values())]
-        checked, pairs = [checked[k] for k in now], [pairs[k] for k in now]
+        deferred = {k for ks in later.values() for k in ks}
+        checked = [c for k, c in enumerate(checked) if k not in deferred]
+        pairs = [pair for k, pair in enumerate(pairs) if k not in deferred]
     state.mutated = mutated
     _apply(state, checked, differ(pairs))
     # The tensors the forward read are needed for replay (NOTE [Replay and buffer
@@ -255,7 +253,7 @@ class PendingCompare:
 
     def __init__(self, checked: list[tuple[int, bool]], pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         self.checked = checked
-        flags = torch.stack([a.ne(b).any() for a, b in pairs])
+        flags = _device_flags(pairs)
         self.event: Any = None
         device = flags.device
         if device.type == "cuda":
@@ -283,15 +281,10 @@ def differ(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
     """Whether the values of each pair of strided tensors differ (``not torch.equal``;
     NaN differs from itself), reading each device's flags at once (NOTE [Buffer
     comparisons])."""
-    out = [False] * len(pairs)
-    by_device: dict[torch.device, list[int]] = {}
-    for k, (a, b) in enumerate(pairs):
-        if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
-            out[k] = True
-        elif a.device.type == "cpu":
-            out[k] = not torch.equal(a, b)
-        else:
-            by_device.setdefault(a.device, []).append(k)
+    by_device = _by_device(pairs)
+    on_device = {k for ks in by_device.values() for k in ks}
+    # the rest: a pair of other shapes, dtypes or devices differs; a CPU pair is compared here
+    out = [k not in on_device and (not _comparable(a, b) or not torch.equal(a, b)) for k, (a, b) in enumerate(pairs)]
     for ks in by_device.values():
         for k, d in zip(ks, differ_at_once([pairs[k] for k in ks])):
             out[k] = d
@@ -301,8 +294,27 @@ def differ(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
 def differ_at_once(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
     """``differ`` for pairs of one device, of equal shapes and dtypes: their flags stacked
     on the device and read in one transfer (NOTE [Buffer comparisons])."""
-    flags = torch.stack([torch.ne(a, b).any() for a, b in pairs])
-    return [bool(d) for d in flags.tolist()]
+    return [bool(d) for d in _device_flags(pairs).tolist()]
+
+
+def _comparable(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+
+
+def _by_device(pairs: list[tuple[torch.Tensor, torch.Tensor]], cpu: bool = False) -> dict[torch.device, list[int]]:
+    """The indices of the comparable pairs, by device: on devices other than the CPU (and
+    on the CPU too, with ``cpu``)."""
+    out: dict[torch.device, list[int]] = {}
+    for k, (a, b) in enumerate(pairs):
+        if (cpu or a.device.type != "cpu") and _comparable(a, b):
+            out.setdefault(a.device, []).append(k)
+    return out
+
+
+def _device_flags(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Whether each pair (one device, equal shapes and dtypes) differs, as one bool tensor
+    on that device."""
+    return torch.stack([torch.ne(a, b).any() for a, b in pairs])
 
 
 # NOTE [Buffers written unseen]
