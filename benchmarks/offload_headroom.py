@@ -8,7 +8,7 @@ saved (``OFFRECOMP_PROFILE``; ``benchmarks/device_offload.sh`` saves one per len
 
 Budgets are shares of all-KEEP's predicted peak. The lower bound (``Plan.lower_bound_seconds``)
 is what no plan within the budget can beat in this model. ``--no-host-cost`` sets the
-runtime's own host costs of a saved profile (``RUNTIME_HOST_FIELDS``: per save, per
+runtime's own host costs of a saved profile (``scheduler.cost_model.HOST_COSTS``: per save, per
 checkpoint, per group, per reload, per replay) to zero: what the link and the model would
 allow a runtime that cost nothing on the host. A model figure, not a measurement:
 ``benchmarks/device_offload.sh`` measures the same comparison on a GPU.
@@ -23,15 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scheduler import Placement, Plan, Profile, gpt_profile, simulate, solve
+from scheduler.cost_model import HOST_COSTS
 from scheduler.units import format_bytes
 
 SEQS = (4096, 8192, 16384)
 SHARES = (0.5, 0.25)
-#: The profile's fields holding offrecomp's own host costs (``scheduler.profile.Profile``).
-RUNTIME_HOST_FIELDS = (
-    "pack_host_seconds", "unpack_host_seconds", "capture_host_seconds",
-    "offload_host_seconds", "reload_host_seconds", "replay_host_seconds",
-)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,9 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         saved = Profile.load(args.profile)
         if args.gbps is not None:
             saved.d2h_gbps = saved.h2d_gbps = args.gbps
-        costs = ", ".join(f"{f.removesuffix('_host_seconds')} {1e6 * getattr(saved, f):.1f} us" for f in RUNTIME_HOST_FIELDS)
+        costs = ", ".join(f"{f.removesuffix('_host_seconds')} {1e6 * getattr(saved, f):.1f} us" for f in HOST_COSTS)
         if args.no_host_cost:
-            for f in RUNTIME_HOST_FIELDS:
+            for f in HOST_COSTS:
                 setattr(saved, f, 0.0)
             costs = "set to zero (--no-host-cost)"
         print(f"profile {args.profile} ({saved.signature}); link {saved.d2h_gbps:g}/{saved.h2d_gbps:g} GB/s; "

@@ -8,6 +8,7 @@ import pytest
 
 from benchmarks import offload_headroom
 from scheduler import gpt_profile
+from scheduler.cost_model import HOST_COSTS
 
 
 def test_a_saved_profile_gets_both_budgets_with_the_link_given(
@@ -37,7 +38,7 @@ def test_no_host_cost_lets_offloading_gain_what_the_link_allows(
     profile = gpt_profile(
         layers=8, hidden=1024, heads=8, seq=4096, batch=1, device_tflops=400.0, d2h_gbps=25.0, h2d_gbps=25.0
     )
-    for field in offload_headroom.RUNTIME_HOST_FIELDS:
+    for field in HOST_COSTS:
         setattr(profile, field, 0.05)  # 50 ms a save, a group...: offloading never pays
     profile.save(path)
     ratios = {}
