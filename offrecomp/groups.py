@@ -164,19 +164,26 @@ class OffloadGroups:
         pool has room. None: it cannot move (not of the runtime's device: on a GPU run,
         a CPU tensor is in host memory already; or a view that reads it negated or
         conjugated, as offload moves bytes only); False: the pool has no room; True: it
-        joined, as an alias of ``t`` when ``t`` covers it contiguously (NOTE [Typed
-        sources] in offload.py), else as the storage."""
+        joined, as an alias of ``t`` when ``t`` covers it contiguously, or of the
+        view's base when that does (NOTE [Typed sources] in offload.py), else as the
+        storage."""
         on_device = self._on_device or self._device_check()
         # reads_bytes_as_stored(t), inline: a conjugate bit only ever sits on a complex tensor
         if not on_device(t) or t.is_neg() or (dtype.is_complex and t.is_conj()):
             return None
-        if may_alias_parameter(t, t._base) and rec.ptr in self._param_storages(call):
+        base = t._base
+        if may_alias_parameter(t, base) and rec.ptr in self._param_storages(call):
             return None  # NOTE [Parameter storages]
         engine = self.engine or self.get_engine()
         if covers and dtype in _TYPED and t.is_contiguous():
             # NOTE [Typed sources]; a detached alias shares t's version counter (NOTE
             # [Writes after a save] in handles.py)
             return self._add(call, rec, engine, t.detach(), interned_shape(t.shape), dtype)
+        if (
+            type(base) is torch.Tensor and base.dtype in _TYPED and base.nbytes == rec.nbytes
+            and base.storage_offset() == 0 and base.is_contiguous() and not base.is_neg()
+        ):  # a view of part of the storage, or a permuted one, over a base that covers it
+            return self._add(call, rec, engine, base.detach(), interned_shape(base.shape), base.dtype)
         return self._add(call, rec, engine, storage, None, None)
 
     def join_typed(

@@ -112,9 +112,11 @@ Edge = Literal[
 # sub-byte dtypes have no copy kernel) joins its group as ``t.detach()``, an alias
 # outside autograd that shares t's version counter (NOTE [Writes after a save] in
 # state.py), and its slot's host view takes the same dtype and size: the copy moves
-# the storage's bytes with no tensor made at issue. Any other storage (a view of part of it, a
-# permuted layout, another dtype) joins as the storage, and issue() makes one flat
-# uint8 tensor over it. Slot views are made once per block and layout (sizes and
+# the storage's bytes with no tensor made at issue. A view of part of a storage, or a
+# permuted one (a transposed weight a matrix product saves, attention's heads), whose
+# base covers the storage so joins as the base's alias, of the base's dtype and size
+# (views share their base's version counter). Any other storage joins as the storage,
+# and issue() makes one flat uint8 tensor over it (two dispatcher calls). Slot views are made once per block and layout (sizes and
 # geometries), so a step that repeats the last one's groups makes none. The first save
 # of such a storage gets a TypedHandle (handles.py): its size and dtype are its slot's,
 # so the handle keeps only the strides (a contiguous tensor's size-1 dimensions may

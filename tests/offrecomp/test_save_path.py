@@ -200,6 +200,58 @@ def test_offloaded_saves_that_cover_their_storage_join_their_group_typed(monkeyp
     assert any(typed for typed, _ in added)
 
 
+class _ViewsBlock(torch.nn.Module):
+    """Saves views whose own geometry does not cover their storage but whose base does:
+    parts of a split (attention's q, k and v of one projection) and a transposed
+    activation (as a matrix product saves a transposed weight under autocast)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).split(16, dim=-1)
+        h = q * torch.sigmoid(k) + v  # saves q and k: strided parts of one storage
+        w = self.proj(h)
+        return h + torch.mm(h, w.t()).tanh() @ w / 16  # saves w.t(): a permuted view
+
+
+def test_saved_views_whose_base_covers_the_storage_join_their_group_as_the_base(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NOTE [Typed sources]: a save that is a view of part of its storage, or a permuted
+    one, over a base that covers the storage contiguously joins its group as an alias of
+    the base (no flat tensor made at issue); gradients stay bitwise."""
+    from offrecomp.offload import OffloadEngine
+    from offrecomp.transfer import Group
+    from tests.models import Stack
+
+    added: list[tuple[Any, Any]] = []  # (source, shape)
+    original = OffloadEngine.add
+
+    def spy(self: OffloadEngine, group: Group, source: Any, nbytes: int, shape: Any = None, dtype: Any = None) -> int:
+        added.append((source, shape))
+        if shape is not None:  # typed: the alias covers its storage contiguously, of its geometry
+            assert source.is_contiguous() and source.nbytes == nbytes and (shape, dtype) == (source.shape, source.dtype)
+        return original(self, group, source, nbytes, shape, dtype)
+
+    monkeypatch.setattr(OffloadEngine, "add", spy)
+    torch.manual_seed(0)
+    model = Stack([_ViewsBlock() for _ in range(2)])
+
+    def batch(step: int) -> torch.Tensor:
+        return torch.randn(6, 16, generator=torch.Generator().manual_seed(step))
+
+    ref = train(twin(model), batch, steps=2)
+    m = twin(model)
+    assert_bitwise(ref, train(m, batch, offrecomp.runtime(m, mode="offload", min_bytes=0), steps=2))
+    assert added
+    assert all(shape is not None for _, shape in added), [(type(s).__name__, sh) for s, sh in added]
+    qkv_out = [s for s, shape in added if tuple(shape) == (6, 48)]  # the split's base, once per call
+    assert len(qkv_out) == 2 * 2  # two blocks, two steps
+
+
 class _ByteViews(torch.autograd.Function):
     """Saves two views of one uint8 storage whose bytes are not 0/1: a ``view_dtype`` of
     it first, then the uint8 tensor the backward reads."""
