@@ -1,7 +1,7 @@
 """Host time of a region call's entry and exit, part by part, on transformer blocks.
 
     python benchmarks/bench_region_calls.py [--layers 24] [--hidden 32] [--seq 64] [--steps 50]
-        [--modes keep,recompute,offload] [--out f.json]
+        [--modes keep,recompute,offload] [--device cpu|cuda] [--out f.json]
 
 A GPU step whose forward is host-bound pays every microsecond a region call's entry and
 exit take. ``bench_host_overhead.py`` measures per saved tensor on blocks of elementwise
@@ -15,6 +15,15 @@ the entry, the exit and the parts below wrapped in timers; each row is the mean 
 time per call, the wrapped callees included (a wrapper adds about 0.3 µs, and a part is
 slower here than alone: the model's ops between two calls evict it from the caches).
 The plain step is timed apart, unwrapped, for scale.
+
+An offloading call's exit is split further into the offload engine's parts (its poll, the
+pinned block, the host views, the stream lookups, events and waits, the copies, holding
+the sources; the events, waits and copies of the reloads in backward count in the same
+rows); its backward into the group's fetch (``bench_host_overhead.py`` times the saves).
+On a CPU the engine runs the emulated backend, on a GPU the CUDA one: ``--device cuda``
+runs the model under bf16 autocast, as the long-sequence benchmark does, and waits for
+the device after each step (outside the timed parts), so the figures are the host's
+time to issue the work, not waits on a queue that ran full.
 """
 
 from __future__ import annotations
@@ -35,9 +44,13 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
 
 import offrecomp
 import offrecomp.calls as calls
+import offrecomp.offload as offload
 from benchmarks.long_seq.models import ModelSpec, build_model
+from offrecomp.backends import CudaBackend, EmulatedBackend
 from offrecomp.groups import OffloadGroups
 from offrecomp.hooks import Placer
+from offrecomp.offload import OffloadEngine
+from offrecomp.pool import PinnedPool
 
 MODES = ("keep", "recompute", "offload")
 #: (owner, attribute, row label): what is timed, entry and exit first.
@@ -53,7 +66,26 @@ PARTS: tuple[tuple[Any, str, str], ...] = (
     (calls, "capture_buffers", "  buffers"),
     (Placer, "add_input_storage", "  input storages"),
     (OffloadGroups, "issue", "exit: issue the offload group"),
+    (OffloadEngine, "issue", "  the engine's issue"),
+    (OffloadEngine, "_enter", "    poll for landed copies"),
+    (PinnedPool, "alloc", "    pinned block"),
+    (offload, "slot_views", "    host views of the slots"),
+    (CudaBackend, "current_stream", "    compute stream lookup"),
+    (EmulatedBackend, "current_stream", "    compute stream lookup"),
+    (CudaBackend, "record_ordering_event", "    ordering event"),
+    (EmulatedBackend, "record_ordering_event", "    ordering event"),
+    (CudaBackend, "wait_event", "    stream waits (both ways)"),
+    (EmulatedBackend, "wait_event", "    stream waits (both ways)"),
+    (CudaBackend, "record_event", "    events (both ways)"),
+    (EmulatedBackend, "record_event", "    events (both ways)"),
+    (CudaBackend, "copy_many", "    copies (a group each way)"),
+    (EmulatedBackend, "copy_many", "    copies (a group each way)"),
+    (OffloadEngine, "_keep_sources", "    hold the sources"),
+    (OffloadEngine, "_bound_stash", "    in-flight window"),
+    (OffloadGroups, "fetch", "backward: fetch a group"),
 )
+#: Row labels in order, each once (a part of either backend has one row).
+LABELS = tuple(dict.fromkeys(label for _, _, label in PARTS))
 
 
 @contextmanager
@@ -82,15 +114,21 @@ def _timed(table: dict[str, list[float]]) -> Iterator[None]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    spec = ModelSpec(n_layers=args.layers, hidden=args.hidden, n_heads=2, vocab=256, max_seq=args.seq)
+    device = torch.device(args.device)
+    spec = ModelSpec(n_layers=args.layers, hidden=args.hidden, n_heads=args.heads, vocab=256, max_seq=args.seq)
     torch.manual_seed(0)
-    model = build_model(spec)
-    idx = torch.randint(0, 256, (1, args.seq))
-    tgt = torch.randint(0, 256, (1, args.seq))
+    model = build_model(spec, device)
+    idx = torch.randint(0, 256, (1, args.seq), device=device)
+    tgt = torch.randint(0, 256, (1, args.seq), device=device)
+    cuda = device.type == "cuda"
 
     def step() -> None:
-        model(idx, tgt).backward()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+            loss = model(idx, tgt)
+        loss.backward()
         model.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize(device)
 
     for _ in range(args.warmup):
         step()
@@ -115,15 +153,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def render(result: dict[str, Any], args: argparse.Namespace) -> str:
     lines = [
-        f"gpt {args.layers} x {args.hidden} at {args.seq} tokens, cpu, torch {torch.__version__}; "
-        f"plain step {result['plain_step_ms']:.2f} ms; mean wall µs per call over {args.steps} steps",
-        f"{'part':<34}" + "".join(f"{m:>12}" for m in args.modes),
+        f"gpt {args.layers} x {args.hidden} at {args.seq} tokens, {args.device}"
+        f"{' (bf16 autocast)' if args.device == 'cuda' else ''}, torch {torch.__version__}; "
+        f"plain step {result['plain_step_ms']:.2f} ms; mean wall µs per call over {args.steps} steps, x calls "
+        "per step",
+        f"{'part':<34}" + "".join(f"{m:>15}" for m in args.modes),
     ]
-    for _, _, label in PARTS:
+    for label in LABELS:
+        if not any(label in result["modes"][m] for m in args.modes):
+            continue  # a part nothing called (the other backend's)
         cells = []
         for m in args.modes:
             row = result["modes"][m].get(label)
-            cells.append(f"{row['us_per_call']:>12.1f}" if row else f"{'-':>12}")
+            cells.append(f"{row['us_per_call']:>9.1f} x{row['calls_per_step']:<4.0f}" if row else f"{'-':>15}")
         lines.append(f"{label:<34}" + "".join(cells))
     return "\n".join(lines)
 
@@ -133,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--hidden", type=int, default=32)
     ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10, help="steps before timing (auto-free modes need 1)")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
@@ -142,11 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     bad = [m for m in args.modes if m not in MODES]
     if bad or not args.modes:
         ap.error(f"--modes {','.join(bad) or '(none)'} is invalid; accepted: {', '.join(MODES)}")
-    for flag in ("layers", "hidden", "seq", "steps", "warmup"):
+    for flag in ("layers", "hidden", "seq", "steps", "warmup", "heads"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag} {getattr(args, flag)} is invalid; it must be >= 1")
-    if args.hidden % 2:
-        ap.error(f"--hidden {args.hidden} is invalid; it must be even (2 heads)")
+    if args.hidden % args.heads:
+        ap.error(f"--hidden {args.hidden} is invalid; it must be a multiple of --heads {args.heads}")
+    if args.device not in ("cpu", "cuda"):
+        ap.error(f"--device {args.device!r} is invalid; accepted: cpu, cuda")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device is available")
     result = run(args)
     print(render(result, args))
     if args.out:

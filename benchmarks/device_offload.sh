@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # Does offloading pay on this GPU? The checks of an offloading plan in one call, planned
-# to fit 7.5 minutes on one H200 (323 s on 2026-12-04, with a 90 s cap at 16K tokens that
-# is now 150 s, and without step 4's replay check, capped at 90 s; each long_seq step
+# to fit 8.5 minutes on one H200, so run it with a 590 s limit (323 s on 2026-12-04, with
+# a 90 s cap at 16K tokens that is now 150 s, and without step 4's replay check, capped
+# at 75 s, or step 2's region-call and issue timings, at 60 and 40 s; each long_seq step
 # stops starting new work at its --max-seconds and runs under a timeout 45 s longer):
 #   1. `python -m offrecomp warmup` (the planner's numba kernels), then the CUDA-marked
 #      tests but the inductor and flex_attention ones, four workers (cuda_tests.log);
 #   2. one planned auto step that offloads at 4K tokens, profiled (CPU and CUDA
 #      activities): CUDA runtime calls per offloaded storage, host time per region, any
 #      synchronising call in forward (benchmarks/profile_step.py; profile_step.json, and
-#      the Chrome trace profile_trace_4096.json.gz beside results.tgz);
+#      the Chrome trace profile_trace_4096.json.gz beside results.tgz); then the host
+#      time of a region call's entry and exit part by part in keep, recompute and offload
+#      (benchmarks/bench_region_calls.py on 8 blocks at 4K tokens; region_calls.json),
+#      and of each call an offload group's issue is made of, with the group's copies
+#      issued one by one, in one _foreach_copy_, or gathered on the device first
+#      (benchmarks/bench_issue_primitives.py; issue_primitives.json);
 #   3. python -m benchmarks.long_seq at the gpu-1.3b preset, 8K then 16K tokens: plain,
 #      keep, auto at 50% and 25% of plain's saved bytes, the same budgets with nothing
 #      offloadable (offrecomp_auto_no_offload@X: the best plan without offloading), and
@@ -47,6 +53,8 @@ if [ "$DRY_RUN" = 1 ]; then
   CUDA_TESTS=(tests/offrecomp/test_offload_cuda.py)  # the invocation is what is checked: all skip
   CUDA_WORKERS=0  # no worker processes to start for tests that all skip
   REPLAY_CHECK=(--preset cpu-tiny --device cpu --layers 2 --hidden 32 --heads 2 --batch 1) CHECK=128
+  REGION_CALLS=(--device cpu --layers 2 --hidden 32 --heads 2 --seq 64 --steps 3 --warmup 2)
+  PRIMITIVES=(--device cpu --storages 4 --mib 1 --reps 5)
 else
   MODEL=(--preset gpu-1.3b --device cuda)
   # 16384 needs about 150 s for every runner (90 s skipped plain, keep and two peers)
@@ -56,6 +64,8 @@ else
   CUDA_WORKERS=4
   # 16K: where plans that serve replays ran at 0.70-0.76x their predicted replay time
   REPLAY_CHECK=(--preset gpu-1.3b --device cuda) CHECK=16384
+  REGION_CALLS=(--device cuda --layers 8 --hidden 2048 --heads 16 --seq "$SHORT" --steps 20 --warmup 5)
+  PRIMITIVES=(--device cuda --storages 13 --mib 16 --reps 100)
 fi
 
 # headroom TOKENS: benchmarks/offload_headroom.py on that length's saved profile, the link
@@ -90,6 +100,9 @@ step cuda_tests 90 "$PY" -m pytest -q -p no:cacheprovider -n "$CUDA_WORKERS" -m 
 log "2. one planned auto step that offloads at $SHORT tokens, profiled"
 step profile_step 90 "$PY" benchmarks/profile_step.py "${PROFILE[@]}" --budget-fraction 0.25 \
   --out "$WORK/profile_step.json" --trace "$OUT/profile_trace_$SHORT.json.gz"
+step region_calls 60 "$PY" benchmarks/bench_region_calls.py "${REGION_CALLS[@]}" --out "$WORK/region_calls.json"
+step issue_primitives 40 "$PY" benchmarks/bench_issue_primitives.py "${PRIMITIVES[@]}" \
+  --out "$WORK/issue_primitives.json"
 
 for S in $SEQS; do
   log "3. auto against the plan without offloading and the peers at $S tokens"
@@ -103,7 +116,7 @@ for S in $SEQS; do
 done
 
 log "4. each replay of a plan without offloading against its prediction, op by op, at $CHECK tokens"
-step "replay_check_$CHECK" 90 "$PY" benchmarks/replay_check.py "${REPLAY_CHECK[@]}" --seq "$CHECK" \
+step "replay_check_$CHECK" 75 "$PY" benchmarks/replay_check.py "${REPLAY_CHECK[@]}" --seq "$CHECK" \
   --budget-fraction 0.5 --out "$WORK/replay_check_$CHECK.json"
 
 log "5. offloading plans against their prediction at $SHORT tokens"

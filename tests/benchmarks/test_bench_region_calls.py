@@ -24,11 +24,22 @@ def test_entry_exit_and_capture_parts_per_mode(tmp_path: Path, capsys: pytest.Ca
     assert "entry: keep what a replay needs" in modes["recompute"] and "  parameters" in modes["recompute"]
     assert "entry: keep what a replay needs" not in modes["keep"] and "entry: keep what a replay needs" not in modes["offload"]
     assert "exit: issue the offload group" in modes["offload"]
+    # the engine's issue by part, on the emulated backend here (a part of the CUDA
+    # backend has the same row), and a group's fetch in backward
+    issue = modes["offload"]["exit: issue the offload group"]
+    for part in ("  the engine's issue", "    copies (a group each way)", "    events (both ways)",
+                 "    host views of the slots"):
+        assert part in modes["offload"] and part not in modes["keep"], part
+    copies = modes["offload"]["    copies (a group each way)"]["calls_per_step"]
+    assert copies == 2 * issue["calls_per_step"]  # one call per group to host, one per reload
+    assert modes["offload"]["backward: fetch a group"]["calls_per_step"] >= 2
     assert "  parameters" in capsys.readouterr().out
     assert calls.RegionCalls.enter.__name__ == "enter"  # the timers are gone after the run
 
 
-@pytest.mark.parametrize("argv", [["--modes", "auto"], ["--steps", "0"], ["--hidden", "33"]])
+@pytest.mark.parametrize(
+    "argv", [["--modes", "auto"], ["--steps", "0"], ["--hidden", "33"], ["--device", "tpu"], ["--heads", "0"]]
+)
 def test_bad_arguments_are_refused(argv: list[str]) -> None:
     with pytest.raises(SystemExit):
         bench_region_calls.main(argv)

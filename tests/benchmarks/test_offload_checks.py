@@ -109,7 +109,8 @@ def test_device_offload_dry_run_writes_every_result(tmp_path: Path) -> None:
         names = {Path(n).name for n in tar.getnames()}
     for seq in (64, 128):
         assert f"checks_long_seq_{seq}.json" in names
-    assert {"profile_step.json", "env.txt", "replay_check_128.json"} <= names
+    assert {"profile_step.json", "env.txt", "replay_check_128.json", "region_calls.json", "issue_primitives.json"} <= names
+    assert "[region_calls: exit 0]" in log and "[issue_primitives: exit 0]" in log
     assert "[replay_check_128: exit 0]" in log
     for seq in (64, 128):
         assert f"headroom_{seq}.log" in names and f"[headroom_{seq}: exit 0]" in log

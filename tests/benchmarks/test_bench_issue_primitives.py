@@ -1,0 +1,29 @@
+"""benchmarks/bench_issue_primitives.py times the calls an offload group's issue is made of."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bench_issue_primitives
+
+
+def test_every_call_and_each_way_to_copy_a_group_is_timed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "p.json"
+    argv = ["--device", "cpu", "--storages", "3", "--mib", "1", "--reps", "3", "--out", str(out)]
+    assert bench_issue_primitives.main(argv) == 0
+    result = json.loads(out.read_text())
+    rows = result["host_us"]
+    for name in ("current_stream", "record_event", "wait_event", "query", "group: per-storage copy_",
+                 "group: _foreach_copy_", "group: gathered, views per group", "group: gathered, views made once"):
+        assert rows[name] >= 0, name
+    assert result["storages"] == 3 and result["dtype"] == "torch.float32"
+    assert "group: per-storage copy_" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--device", "tpu"], ["--storages", "0"], ["--reps", "0"]])
+def test_bad_arguments_are_refused(argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        bench_issue_primitives.main(argv)
