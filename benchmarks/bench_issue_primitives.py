@@ -18,6 +18,10 @@ GPU, fp32 on a CPU) copied to one pinned block:
   host with one ``copy_``; its device views made per group and, apart, the calls
   without them (as if they were made once per layout).
 
+On a GPU it also times entering and leaving ``torch.cuda.stream(side)`` (what the
+backend does around a group's copies) against ``torch.cuda.set_stream`` to the side
+stream and back.
+
 On a CPU the backend is the emulated one (its side streams are worker threads) and
 the figures only check that the script runs; the GPU's are the ones to read.
 """
@@ -113,6 +117,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     if cuda:
         rows["stream context enter+exit"] = _median_us(stream_context, args.reps, settle)
+
+        def there_and_back() -> None:  # the side stream made current and the compute one again
+            torch.cuda.set_stream(side)  # type: ignore[arg-type]
+            torch.cuda.set_stream(compute)  # type: ignore[arg-type]
+
+        rows["set_stream there and back"] = _median_us(there_and_back, args.reps, settle)
     return {
         "device": torch.cuda.get_device_name(device) if cuda else "cpu (emulated backend)",
         "torch": torch.__version__,
