@@ -350,8 +350,8 @@ class OffloadEngine:
             landed = backend.record_event(d2h, timing=timed)
             if start is not None:
                 books.timings.append(("d2h", start, landed, payload))
-            group._block = block
-            group._d2h_done = landed
+            group.block = block
+            group.d2h_done = landed
             group.state = GroupState.OFFLOADED
             group.seq = len(self._order)
             self._keep_sources(InFlight(sources, landed, compute, payload, group, release_at))
@@ -401,7 +401,7 @@ class OffloadEngine:
         issues prefetch reloads (NOTE [Prefetch order]), and makes compute wait once per
         reload. Raises ``RuntimeError`` for a freed group or when an asynchronous copy
         failed."""
-        buffer = group._buffer
+        buffer = group.buffer
         if group.state is GroupState.FETCHED and buffer is not None:
             return buffer  # compute already waited on this reload
         t0 = time.perf_counter()
@@ -418,13 +418,13 @@ class OffloadEngine:
             self._outstanding_bytes -= group.nbytes
             self._fetched_bytes += group.nbytes
             self._prefetch_for(group, compute)
-            landed = group._h2d_done
+            landed = group.h2d_done
             if not backend.query(landed):  # landed already: compute waits for nothing, nothing to time
                 before = backend.record_event(compute, timing=True)
                 self._wait_edge("compute_after_h2d", compute, landed)
                 after = backend.record_event(compute, timing=True)
                 self._books.timings.append(("stall", before, after, 0))
-            group._waited = True
+            group.waited = True
             group.see_writes()  # so far, as the copy may have read them
             # FETCHED only now: another thread's fetch takes the buffer without the lock
             # (Group.ready), and must find compute already waiting on the reload
@@ -433,7 +433,7 @@ class OffloadEngine:
             group.state = GroupState.FETCHED
             backend.check()
             self._books.reload_host += time.perf_counter() - t0
-            buffer = group._buffer
+            buffer = group.buffer
             assert buffer is not None
             return buffer
 
@@ -511,7 +511,7 @@ class OffloadEngine:
                 self._pending_frees.clear()
                 for group in list(self._groups) + self._deferred:
                     group.set_buffer(None)
-                    group._block = None
+                    group.block = None
                     group.state = GroupState.FREED
                 self._groups.clear()
                 self._deferred.clear()
@@ -575,9 +575,9 @@ class OffloadEngine:
         elif group.state is GroupState.FETCHED:
             self._fetched_bytes -= group.nbytes
         if group.state in (GroupState.RELOADING, GroupState.FETCHED):
-            if not group._waited:  # NOTE [Stream ordering]: edge 6
+            if not group.waited:  # NOTE [Stream ordering]: edge 6
                 compute = self.backend.current_stream(group.device)
-                self._wait_edge("free_after_h2d", compute, group._h2d_done)
+                self._wait_edge("free_after_h2d", compute, group.h2d_done)
             if group.reuse is not None:
                 self._reuse.release(group.reuse)
             group.set_buffer(None)  # NOTE [Reload buffer lifetime]
@@ -593,7 +593,7 @@ class OffloadEngine:
         self._release_device(group)
         group.state = GroupState.FREED
         self._groups.discard(group)
-        if group._block is not None:
+        if group.block is not None:
             self._deferred.append(group)
 
     def _wait_edge(self, edge: Edge, stream: Stream, event: Event) -> None:
@@ -623,10 +623,10 @@ class OffloadEngine:
 
     def _reload(self, group: Group, compute: Stream) -> None:
         backend = self.backend
-        block = group._block
+        block = group.block
         assert block is not None
         h2d = self._side_stream(group.device, "h2d")
-        self._wait_edge("h2d_after_d2h", h2d, group._d2h_done)  # NOTE [Stream ordering]
+        self._wait_edge("h2d_after_d2h", h2d, group.d2h_done)  # NOTE [Stream ordering]
         buffer, reuse = self._reuse.alloc(backend, group, compute)  # on compute: NOTE [Reload buffer lifetime]
         allocated = backend.record_ordering_event(compute)  # NOTE [Ordering events] in backends.py
         self._wait_edge("h2d_after_alloc", h2d, allocated)
@@ -638,8 +638,8 @@ class OffloadEngine:
         if start is not None:
             books.timings.append(("h2d", start, done, group.payload_bytes))
         group.set_buffer(buffer, reuse)
-        group._h2d_done = done  # NOTE [Host slot lifetime]: the latest reload
-        group._waited = False
+        group.h2d_done = done  # NOTE [Host slot lifetime]: the latest reload
+        group.waited = False
         group.uses = 0
         group.state = GroupState.RELOADING
         self._outstanding_bytes += group.nbytes
@@ -648,7 +648,7 @@ class OffloadEngine:
 
     def _prefetch_for(self, group: Group, compute: Stream) -> None:
         # see NOTE [Prefetch order]
-        if group._step != self._step or group.seq < 0 or (
+        if group.step != self._step or group.seq < 0 or (
             self.prefetch.regions is None and self.prefetch.nbytes is None
         ):
             return
@@ -701,11 +701,11 @@ class OffloadEngine:
             deferred, self._deferred = self._deferred, []
             waiting = []
             for group in deferred:
-                if query(group._d2h_done) and (group._h2d_done is None or query(group._h2d_done)):
-                    assert group._block is not None
-                    self.pool.release(group._block)  # NOTE [Idle blocks]
-                    group._block = None
-                    group._h2d_done = None
+                if query(group.d2h_done) and (group.h2d_done is None or query(group.h2d_done)):
+                    assert group.block is not None
+                    self.pool.release(group.block)  # NOTE [Idle blocks]
+                    group.block = None
+                    group.h2d_done = None
                 else:
                     waiting.append(group)
             self._deferred.extend(waiting)

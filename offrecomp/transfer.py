@@ -92,15 +92,13 @@ class Group:
 
     __slots__ = (
         "__weakref__",
-        "_block",
-        "_buffer",
-        "_d2h_done",
-        "_h2d_done",
-        "_step",
-        "_waited",
+        "block",
+        "buffer",
+        "d2h_done",
         "device",
         "dtypes",
         "fetches",
+        "h2d_done",
         "handles",
         "in_flight",
         "issue_versions",
@@ -114,10 +112,12 @@ class Group:
         "sizes",
         "sources",
         "state",
+        "step",
         "typed_views",
         "uses",
         "versions",
         "views",
+        "waited",
     )
 
     def __init__(self, ordinal: int, device: torch.device, step: int) -> None:
@@ -143,15 +143,16 @@ class Group:
         self.fetches = 0  # times a reload was handed to compute
         self.handles = 0
         self.uses = 0
-        self._step = step
-        self._block: Block | None = None
-        self._d2h_done: Event = None
-        self._h2d_done: Event = None
-        self._buffer: torch.Tensor | None = None
+        # What the engine that made it records as it moves the group (OffloadEngine):
+        self.step = step  # the engine's step when it was opened
+        self.block: Block | None = None  # its pinned host block, from issue until returned
+        self.d2h_done: Event = None  # its copy to host landed
+        self.h2d_done: Event = None  # its latest reload landed
+        self.buffer: torch.Tensor | None = None  # the latest reload's device buffer
         self.typed_views: dict[torch.dtype, torch.Tensor] = {}
         """Views of the fetched buffer by dtype, made since the latest reload: the unpack's
         fast path reads them without a call."""
-        self._waited = False
+        self.waited = False  # compute waited on the latest reload (NOTE [Stream ordering] edge 5)
         self.reuse: ReloadBuffer | None = None  # the reload's buffer, when it is a reused one
         self.views: dict[int, tuple[tuple[Any, ...], torch.Tensor]] | None = None
         """``reuse.views`` once the reload into a reused buffer is fetched (the unpack's
@@ -184,7 +185,7 @@ class Group:
     @property
     def ready(self) -> torch.Tensor | None:
         """The reloaded buffer, once compute has waited on it (the fetch fast path)."""
-        return self._buffer if self.state is GroupState.FETCHED else None
+        return self.buffer if self.state is GroupState.FETCHED else None
 
     @property
     def holds_reload(self) -> bool:
@@ -203,7 +204,7 @@ class Group:
         return view
 
     def set_buffer(self, buffer: torch.Tensor | None, reuse: ReloadBuffer | None = None) -> None:
-        self._buffer = buffer
+        self.buffer = buffer
         self.typed_views = {}
         self.reuse = reuse
         self.views = None  # ``reuse.views`` once compute waited on the reload (OffloadEngine.fetch)

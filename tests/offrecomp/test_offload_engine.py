@@ -373,8 +373,8 @@ def test_edge_release_of_an_unfetched_reload_waits_on_it() -> None:
             with ctx:
                 eng.release_device(below)
             waits = [e for op, s, e in backend.log if op == "wait" and s is backend.live]
-            assert (waits == [below._h2d_done]) is not remove
-            assert below.state is GroupState.OFFLOADED and below._buffer is None
+            assert (waits == [below.h2d_done]) is not remove
+            assert below.state is GroupState.OFFLOADED and below.buffer is None
         finally:
             eng.close()
 
@@ -420,7 +420,7 @@ def test_host_block_is_not_reused_under_a_reload(engine: OffloadEngine,
     engine.free(a)  # the block must stay out of the pool until the reload read it
     assert engine.pool.stats().in_use_bytes == 64 * KiB
     b = offload(engine, [b_data.clone()], ordinal=1)
-    assert b._block is not None and b._block.offset != 0
+    assert b.block is not None and b.block.offset != 0
     engine.synchronize()
     assert engine.pool.stats().in_use_bytes == 64 * KiB  # a's block came back after landing
     assert torch.equal(slot(engine.fetch(b), b, 0).clone(), b_data)
@@ -431,12 +431,12 @@ def test_host_block_is_not_reused_under_a_reload(engine: OffloadEngine,
     engine.synchronize()
     emu(engine).copy_delay_s = SLOW
     engine._reload(c, engine.backend.current_stream(CPU))
-    reloaded, block = c._buffer, c._block
+    reloaded, block = c.buffer, c.block
     emu(engine).copy_delay_s = 0.0
     monkeypatch.setattr(engine.backend, "query", lambda event: True)
     engine.free(c)
     d = offload(engine, [b_data.clone()], ordinal=3)
-    assert d._block is block  # handed on while c's reload still reads it
+    assert d.block is block  # handed on while c's reload still reads it
     monkeypatch.undo()
     engine.synchronize()
     assert reloaded is not None and torch.equal(reloaded[: 64 * KiB], b_data)  # not a_data
@@ -722,7 +722,7 @@ def _round_trip(engine: OffloadEngine, sources: list[tuple[torch.Tensor, bool]])
     buf = engine.fetch(group)
     for i, (t, _) in enumerate(sources):
         assert torch.equal(slot(buf, group, i), _storage_bytes(t)), f"slot {i}"
-    block = group._block
+    block = group.block
     engine.release_device(group)
     engine.free(group)
     engine.synchronize()
