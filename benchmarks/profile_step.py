@@ -24,7 +24,9 @@ one ``plan_id``; on a CPU, the first planned step), then profiles one more step
   profiled with ``with_stack=True`` apart from the first (its tracer slows every Python
   call, so only its shares are read), each offrecomp and scheduler function's calls and
   self time in the forward and in the rest of the step (backward on any thread), and
-  their sums against the step's host time.
+  their sums against the step's host time; beside them, the library Python the runtime
+  calls (``torch.cuda``'s stream, event and device wrappers, pytree), which no function
+  of its own shows.
 
 To make offloads likely the runtime gets a tight budget (``--budget-fraction`` of the
 plain run's saved bytes) and link bandwidths to plan with (``--gbps``). When no planned
@@ -270,12 +272,17 @@ def runtime_python(events: Sequence[Any], top: int = 25) -> dict[str, Any]:
     profiled ``with_stack=True``): calls and self time of the ``top`` ones by self time,
     in the forward (the training thread inside its range) and in the rest of the step
     (backward, on autograd's device threads too, and the optimizer; not the emulated
-    backend's copy workers), with their sums against the step's host time."""
+    backend's copy workers), with their sums against the step's host time. Beside them
+    (``library``), the other Python functions that run inside a call of the runtime's:
+    torch's wrappers it calls (``torch.cuda``'s streams, events and device contexts, the
+    random-state getters), whose self time is the runtime's cost but no function of its
+    own."""
     forward = _range(events, FORWARD)
     thread = forward.thread if forward is not None else None
     lo, hi = (forward.time_range.start, forward.time_range.end) if forward is not None else (0.0, 0.0)
     workers = {e.thread for e in events if "offrecomp/backends.py(" in e.name and e.name.endswith(": _drain")}
     parts: dict[str, dict[str, list[float]]] = {"forward": {}, "rest": {}}
+    library: dict[str, dict[str, list[float]]] = {"forward": {}, "rest": {}}
     step_us = 0.0
     for e in events:
         if e.name in (FORWARD, BACKWARD, OPTIMIZER):
@@ -283,21 +290,54 @@ def runtime_python(events: Sequence[Any], top: int = 25) -> dict[str, Any]:
             continue
         if e.thread in workers or ".py(" not in e.name:
             continue
-        at = next((e.name.index(f"{pkg}/") for pkg in _RUNTIME_PACKAGES if f"{pkg}/" in e.name), -1)
-        if at < 0:
-            continue
+        at = _runtime_at(e.name)
         inside = e.thread == thread and lo <= e.time_range.start and e.time_range.end <= hi
-        f = parts["forward" if inside else "rest"].setdefault(e.name[at:], [0, 0.0])
+        if at >= 0:
+            f = parts["forward" if inside else "rest"].setdefault(e.name[at:], [0, 0.0])
+        elif _under_runtime(e):
+            lib = e.name.rfind("site-packages/")
+            f = library["forward" if inside else "rest"].setdefault(e.name[lib + 14 :] if lib >= 0 else e.name, [0, 0.0])
+        else:
+            continue
         f[0] += 1
         f[1] += e.self_cpu_time_total
     out: dict[str, Any] = {"step_host_ms": step_us / 1e3}
     for part, funcs in parts.items():
         ranked = sorted(funcs.items(), key=lambda kv: -kv[1][1])
+        called = sorted(library[part].items(), key=lambda kv: -kv[1][1])
         out[part] = {
             "self_ms": sum(v[1] for v in funcs.values()) / 1e3,
             "functions": [{"function": n, "calls": int(c), "self_us": round(u, 1)} for n, (c, u) in ranked[:top]],
+            "library_ms": sum(v[1] for v in library[part].values()) / 1e3,
+            "library": [{"function": n, "calls": int(c), "self_us": round(u, 1)} for n, (c, u) in called[:top]],
         }
     return out
+
+
+def _runtime_at(name: str) -> int:
+    """Where the runtime's package path starts in a Python event's ``name``, or -1."""
+    return next((name.index(f"{pkg}/") for pkg in _RUNTIME_PACKAGES if f"{pkg}/" in name), -1)
+
+
+#: Python frames that run the model, not the runtime: a module's call (the runtime's own
+#: wrapper around a region's forward included, and a replay's calls of the region).
+_MODEL_FRAMES = ("torch/nn/modules/module.py(", "offrecomp/install.py(")
+
+
+def _under_runtime(e: Any) -> bool:
+    """Does Python event ``e`` (not the runtime's) run inside a call of the runtime's: is
+    its nearest ancestor that is the runtime's or runs the model a function of
+    ``offrecomp/`` or ``scheduler/`` that does not run the model?"""
+    node = e
+    while node is not None:
+        name = node.name
+        if ".py(" in name:
+            if any(frame in name for frame in _MODEL_FRAMES):
+                return False
+            if node is not e and _runtime_at(name) >= 0:
+                return True
+        node = node.cpu_parent
+    return False
 
 
 def _python_step(s: RunSetup) -> dict[str, Any]:
@@ -594,6 +634,9 @@ def render(summary: dict[str, Any]) -> str:
         for part in ("forward", "rest"):
             lines.append(f"  {part}: {py[part]['self_ms']:.3f} ms self; by self time:")
             for f in py[part]["functions"][:8]:
+                lines.append(f"    {f['self_us']:10.1f} us  {f['calls']:6d} calls  {f['function']}")
+            lines.append(f"    and {py[part]['library_ms']:.3f} ms in library Python it calls; by self time:")
+            for f in py[part]["library"][:5]:
                 lines.append(f"    {f['self_us']:10.1f} us  {f['calls']:6d} calls  {f['function']}")
     return "\n".join(lines)
 

@@ -47,9 +47,14 @@ def test_cpu_run_profiles_an_offloading_step(
     assert all(f["function"].startswith(("offrecomp/", "scheduler/")) for p in ("forward", "rest") for f in py[p]["functions"])
     assert py["forward"]["self_ms"] > 0 and py["rest"]["self_ms"] > 0
     assert py["forward"]["self_ms"] + py["rest"]["self_ms"] < py["step_host_ms"]
+    # beside them, library Python inside the runtime's calls, never the model's own
+    library = [f["function"] for part in ("forward", "rest") for f in py[part]["library"]]
+    assert library and py["forward"]["library_ms"] >= 0
+    assert not any(n.startswith(("offrecomp/", "scheduler/")) for n in library), library
+    assert not any("models.py" in n or "torch/nn/modules/" in n for n in library), library
     printed = capsys.readouterr().out
     assert "largest host costs" in printed and "per offloaded storage n/a" in printed
-    assert "the runtime's Python" in printed
+    assert "the runtime's Python" in printed and "library Python it calls" in printed
 
 
 def test_forced_offload_is_labelled(tmp_path: Path) -> None:
