@@ -65,10 +65,10 @@ import torch
 from torch.nn.parameter import is_lazy
 
 from offrecomp.config import Config, format_bytes
-from offrecomp.handles import INTERNED_SHAPES, interned_shape
+from offrecomp.handles import INTERNED_SHAPES, interned_shape, interned_stride
 from offrecomp.measure import DeviceClock
 from offrecomp.state import PassState, RegionCall, StorageRec
-from offrecomp.transfer import BACKWARD_START, NOT_PLANNED
+from offrecomp.transfer import BACKWARD_START, NOT_PLANNED, dense_from_start
 from scheduler.plan import Placement
 
 if TYPE_CHECKING:
@@ -184,6 +184,10 @@ class OffloadGroups:
             and base.storage_offset() == 0 and base.is_contiguous() and not base.is_neg()
         ):  # a view of part of the storage, or a permuted one, over a base that covers it
             return self._add(call, rec, engine, base.detach(), interned_shape(base.shape), base.dtype)
+        if covers and dtype in _TYPED and dense_from_start(t):  # permuted, no base (attention's output)
+            return self._add(
+                call, rec, engine, t.detach(), interned_shape(t.shape), dtype, interned_stride(t.stride())
+            )
         return self._add(call, rec, engine, storage, None, None)
 
     def join_typed(
@@ -209,15 +213,16 @@ class OffloadGroups:
 
     def _add(
         self, call: RegionCall, rec: StorageRec, engine: OffloadEngine, source: Any,
-        shape: torch.Size | None, dtype: torch.dtype | None,
+        shape: torch.Size | None, dtype: torch.dtype | None, stride: tuple[int, ...] | None = None,
     ) -> bool:
-        """Add ``rec``'s storage (``source``: a typed alias of ``shape`` and ``dtype``, or
-        the storage) to ``call``'s open group, opened now if it has none: True, or False
-        where the pool has no room (a group opened for it is closed again)."""
+        """Add ``rec``'s storage (``source``: a typed alias of ``shape``, ``dtype`` and, if
+        not contiguous, ``stride``, or the storage) to ``call``'s open group, opened now if
+        it has none: True, or False where the pool has no room (a group opened for it is
+        closed again)."""
         group = opened = call.group
         if group is None:
             group = self._open(call, engine, source.device)
-        slot = engine.add(group, source, rec.nbytes, shape, dtype)
+        slot = engine.add(group, source, rec.nbytes, shape, dtype, stride)
         if slot < 0:
             if opened is None:
                 self._close_empty(call, group)

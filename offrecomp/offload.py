@@ -115,8 +115,11 @@ Edge = Literal[
 # the storage's bytes with no tensor made at issue. A view of part of a storage, or a
 # permuted one (a transposed weight a matrix product saves, attention's heads), whose
 # base covers the storage so joins as the base's alias, of the base's dtype and size
-# (views share their base's version counter). Any other storage joins as the storage,
-# and issue() makes one flat uint8 tensor over it (two dispatcher calls). Slot views are made once per block and layout (sizes and
+# (views share their base's version counter). A tensor that fills its storage from the
+# first element in another order of its dimensions (attention's output, made permuted)
+# joins as itself, and its slot's host view takes its strides too: the copy between two
+# tensors of one layout moves the storage's bytes as they are. Any other storage joins
+# as the storage, and issue() makes one flat uint8 tensor over it (two dispatcher calls). Slot views are made once per block and layout (sizes and
 # geometries), so a step that repeats the last one's groups makes none. The first save
 # of such a storage gets a TypedHandle (handles.py): its size and dtype are its slot's,
 # so the handle keeps only the strides (a contiguous tensor's size-1 dimensions may
@@ -274,7 +277,8 @@ class OffloadEngine:
         return Group(ordinal, device, self._step)
 
     def add(
-        self, group: Group, source: Any, nbytes: int, shape: torch.Size | None = None, dtype: torch.dtype | None = None
+        self, group: Group, source: Any, nbytes: int, shape: torch.Size | None = None,
+        dtype: torch.dtype | None = None, stride: tuple[int, ...] | None = None,
     ) -> int:
         """Add a storage of ``nbytes`` to the open ``group`` if the pool has room for it;
         returns its slot, or -1 (nothing added). Checked at save time against the pool's
@@ -282,7 +286,8 @@ class OffloadEngine:
         refusal at issue() keeps the whole group); its bytes count as the engine's until
         the group is issued. ``source`` is an ``UntypedStorage`` or a flat uint8 tensor
         over one (``shape`` None), or a contiguous tensor that covers the whole storage,
-        of ``shape`` and ``dtype``: NOTE [Typed sources]. The group holds it until
+        of ``shape`` and ``dtype``, contiguous or of ``stride`` (dense from its storage's
+        first element, in another order of its dimensions): NOTE [Typed sources]. The group holds it until
         its copy landed; the slots' offsets are laid out when it closes (``Group.seal``)."""
         reserved = self._open_reserved - (-nbytes // ALIGN_BYTES) * ALIGN_BYTES  # + aligned(nbytes), inline: once per save
         pool = self.pool
@@ -294,6 +299,8 @@ class OffloadEngine:
                     return -1
         self._open_bytes += nbytes
         self._open_reserved = reserved
+        if stride is not None:
+            group.strides[len(group.sizes)] = stride
         group.sources.append(source)
         group.shapes.append(shape)
         group.dtypes.append(dtype)

@@ -113,6 +113,7 @@ class Group:
         "sources",
         "state",
         "step",
+        "strides",
         "typed_views",
         "uses",
         "versions",
@@ -127,6 +128,7 @@ class Group:
         self.sizes: list[int] = []
         self.shapes: list[torch.Size | None] = []  # a typed source's size (None: flat)
         self.dtypes: list[torch.dtype | None] = []  # and its dtype
+        self.strides: dict[int, tuple[int, ...]] = {}  # a typed source's strides, where not contiguous
         self.offsets: Sequence[int] = ()  # slot_offsets(sizes), from ``seal``
         self.in_flight: list[torch.Tensor] | None = None  # its sources, issued and not dropped yet
         self.versions: list[int] = []
@@ -404,16 +406,33 @@ def slot_views(block: Block, group: Group) -> list[torch.Tensor]:
     """The host views of ``group``'s slots in ``block``, each flat or of its typed
     source's geometry (NOTE [Typed sources]), made once per block and layout (NOTE [Idle
     blocks]: a step's groups get back the blocks, and views, of the last)."""
-    sizes, shapes, dtypes = group.sizes, group.shapes, group.dtypes
+    sizes, shapes, dtypes, strides = group.sizes, group.shapes, group.dtypes, group.strides
     slots = block.slots
-    if slots is not None and slots[0] == sizes and slots[1] == shapes and slots[2] == dtypes:
-        return slots[3]  # type: ignore[no-any-return]
+    if slots is not None and slots[0] == sizes and slots[1] == shapes and slots[2] == dtypes and slots[3] == strides:
+        return slots[4]  # type: ignore[no-any-return]
     view = block.view
     views = []
-    for o, n, shape, dtype in zip(group.offsets, sizes, shapes, dtypes):
+    for i, (o, n, shape, dtype) in enumerate(zip(group.offsets, sizes, shapes, dtypes)):
         v = view[o : o + n]
         if shape is not None:
-            v = v.view(dtype).view(shape)  # type: ignore[arg-type]  # set with the shape
+            v = v.view(dtype)  # type: ignore[arg-type]  # set with the shape
+            stride = strides.get(i)
+            v = v.view(shape) if stride is None else v.as_strided(shape, stride)
         views.append(v)
-    block.slots = (list(sizes), list(shapes), list(dtypes), views)
+    block.slots = (list(sizes), list(shapes), list(dtypes), dict(strides), views)
     return views
+
+
+def dense_from_start(t: torch.Tensor) -> bool:
+    """Do ``t``'s elements fill the first ``t.numel()`` elements of its storage, each
+    once, in some order of its dimensions (contiguous, or permuted: a transpose's
+    layout)?"""
+    if t.storage_offset() != 0:
+        return False
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda d: d[1]):
+        if size != 1:
+            if stride != expected:
+                return False
+            expected *= size
+    return True

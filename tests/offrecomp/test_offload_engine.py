@@ -707,14 +707,17 @@ def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
 
 
-def _round_trip(engine: OffloadEngine, sources: list[tuple[torch.Tensor, bool]]) -> Any:
+def _round_trip(engine: OffloadEngine, sources: list[tuple[torch.Tensor, bool | str]]) -> Any:
     """Offload ``sources`` as one group, each typed (a contiguous tensor covering its
-    storage, added as ``t.data`` with its geometry) or flat (its storage), reload it and
-    compare every slot's bytes; return the group's block."""
+    storage, added as ``t.data`` with its geometry; ``"strided"``: a permuted one, with
+    its strides too) or flat (its storage), reload it and compare every slot's bytes;
+    return the group's block."""
     group = engine.open_group(0, CPU)
     for t, typed in sources:
         nbytes = t.untyped_storage().nbytes()
-        if typed:
+        if typed == "strided":
+            assert engine.add(group, t.data, nbytes, t.shape, t.dtype, t.stride()) >= 0
+        elif typed:
             assert engine.add(group, t.data, nbytes, t.shape, t.dtype) >= 0
         else:
             assert engine.add(group, t.untyped_storage(), nbytes) >= 0
@@ -752,6 +755,32 @@ def test_typed_and_flat_sources_share_a_group_and_each_layout_gets_its_slot_view
     ]
     assert [t.untyped_storage().nbytes() for t, _ in second] == [t.untyped_storage().nbytes() for t, _ in first]
     assert _round_trip(engine, second) is block  # the idle block, handed back with its views
+    # the same sizes, shapes and dtypes, permuted: host views of those strides, whose
+    # copies keep the storage's byte order (a contiguous view would reorder the bytes)
+    third = [(torch.randn(8, 4, generator=g).t(), "strided"), *second[1:]]
+    assert third[0][0].shape == second[0][0].t().shape
+    assert _round_trip(engine, third) is block
+    fourth = [(torch.randn(4, 8, generator=g), True), *second[1:]]  # contiguous again
+    assert _round_trip(engine, fourth) is block
+
+
+@pytest.mark.parametrize(
+    ("make", "dense"),
+    [
+        (lambda: torch.randn(4, 8), True),
+        (lambda: torch.randn(4, 8).t(), True),
+        (lambda: torch.randn(2, 3, 4).permute(2, 0, 1), True),
+        (lambda: torch.randn(1, 4, 1).as_strided((1, 4, 1), (7, 1, 5)), True),  # size-1 strides are free
+        (lambda: torch.randn(8)[2:], False),  # starts past the storage's first element
+        (lambda: torch.randn(4, 8)[:, :4], False),  # gaps
+        (lambda: torch.randn(4).expand(3, 4), False),  # a stride of 0: overlap
+        (lambda: torch.randn(16).as_strided((2, 2, 2), (3, 3, 1)), False),  # overlap, last offset 7
+    ],
+)
+def test_dense_from_start_accepts_only_layouts_that_fill_their_storage_once(make: Any, dense: bool) -> None:
+    from offrecomp.transfer import dense_from_start
+
+    assert dense_from_start(make()) is dense
 
 
 def test_a_reload_reuses_its_positions_storage_once_nothing_else_uses_it(engine: OffloadEngine) -> None:

@@ -173,23 +173,27 @@ def test_a_planned_call_with_another_size_takes_the_full_decision(monkeypatch: p
 
 
 def test_offloaded_saves_that_cover_their_storage_join_their_group_typed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """NOTE [Typed sources]: a contiguous save that covers its storage joins its group as
-    an alias of itself with its geometry, any other as its storage; gradients stay
-    bitwise."""
+    """NOTE [Typed sources]: a save that fills its storage from the first element (in its
+    dimensions' order or another) joins its group as an alias of itself with its
+    geometry, any other as its storage; gradients stay bitwise."""
     from offrecomp.offload import OffloadEngine
-    from offrecomp.transfer import Group
+    from offrecomp.transfer import Group, dense_from_start
 
-    added: list[tuple[bool, bool]] = []  # (typed, the source covers its storage contiguously)
+    added: list[tuple[bool, bool]] = []  # (typed, the source fills its storage densely)
     original = OffloadEngine.add
 
-    def spy(self: OffloadEngine, group: Group, source: Any, nbytes: int, shape: Any = None, dtype: Any = None) -> int:
+    def spy(
+        self: OffloadEngine, group: Group, source: Any, nbytes: int, shape: Any = None, dtype: Any = None,
+        stride: Any = None,
+    ) -> int:
         if isinstance(source, torch.Tensor):
-            covers = source.is_contiguous() and source.nbytes == nbytes
+            covers = dense_from_start(source) and source.nbytes == nbytes
             assert shape is None or (shape, dtype) == (source.shape, source.dtype)
+            assert stride is None or (stride == source.stride() and not source.is_contiguous())
         else:
             covers = False
         added.append((shape is not None, covers))
-        return original(self, group, source, nbytes, shape, dtype)
+        return original(self, group, source, nbytes, shape, dtype, stride)
 
     monkeypatch.setattr(OffloadEngine, "add", spy)
     model, batch = make("gpt_dropout")
@@ -203,7 +207,8 @@ def test_offloaded_saves_that_cover_their_storage_join_their_group_typed(monkeyp
 class _ViewsBlock(torch.nn.Module):
     """Saves views whose own geometry does not cover their storage but whose base does:
     parts of a split (attention's q, k and v of one projection) and a transposed
-    activation (as a matrix product saves a transposed weight under autocast)."""
+    activation (as a matrix product saves a transposed weight under autocast); and
+    attention's output, made with permuted strides (no base)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -214,27 +219,35 @@ class _ViewsBlock(torch.nn.Module):
         q, k, v = self.qkv(x).split(16, dim=-1)
         h = q * torch.sigmoid(k) + v  # saves q and k: strided parts of one storage
         w = self.proj(h)
-        return h + torch.mm(h, w.t()).tanh() @ w / 16  # saves w.t(): a permuted view
+        h = h + torch.mm(h, w.t()).tanh() @ w / 16  # saves w.t(): a permuted view
+        heads = [t.unflatten(-1, (2, 8)).transpose(0, 1).unsqueeze(0) for t in (q, k, v)]  # (1, 2, 6, 8)
+        a = torch.nn.functional.scaled_dot_product_attention(*heads)
+        return h + a.squeeze(0).transpose(0, 1).flatten(-2).sin()
 
 
-def test_saved_views_whose_base_covers_the_storage_join_their_group_as_the_base(
+def test_saved_views_and_permuted_saves_join_their_group_typed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """NOTE [Typed sources]: a save that is a view of part of its storage, or a permuted
     one, over a base that covers the storage contiguously joins its group as an alias of
-    the base (no flat tensor made at issue); gradients stay bitwise."""
+    the base, and one that fills its storage in a permuted order as itself with its
+    strides (no flat tensor made at issue); gradients stay bitwise."""
     from offrecomp.offload import OffloadEngine
     from offrecomp.transfer import Group
     from tests.models import Stack
 
-    added: list[tuple[Any, Any]] = []  # (source, shape)
+    added: list[tuple[Any, Any, Any]] = []  # (source, shape, stride)
     original = OffloadEngine.add
 
-    def spy(self: OffloadEngine, group: Group, source: Any, nbytes: int, shape: Any = None, dtype: Any = None) -> int:
-        added.append((source, shape))
-        if shape is not None:  # typed: the alias covers its storage contiguously, of its geometry
-            assert source.is_contiguous() and source.nbytes == nbytes and (shape, dtype) == (source.shape, source.dtype)
-        return original(self, group, source, nbytes, shape, dtype)
+    def spy(
+        self: OffloadEngine, group: Group, source: Any, nbytes: int, shape: Any = None, dtype: Any = None,
+        stride: Any = None,
+    ) -> int:
+        added.append((source, shape, stride))
+        if shape is not None:  # typed: the alias covers its storage, of its geometry
+            assert source.nbytes == nbytes and (shape, dtype) == (source.shape, source.dtype)
+            assert source.is_contiguous() if stride is None else stride == source.stride()
+        return original(self, group, source, nbytes, shape, dtype, stride)
 
     monkeypatch.setattr(OffloadEngine, "add", spy)
     torch.manual_seed(0)
@@ -247,9 +260,10 @@ def test_saved_views_whose_base_covers_the_storage_join_their_group_as_the_base(
     m = twin(model)
     assert_bitwise(ref, train(m, batch, offrecomp.runtime(m, mode="offload", min_bytes=0), steps=2))
     assert added
-    assert all(shape is not None for _, shape in added), [(type(s).__name__, sh) for s, sh in added]
-    qkv_out = [s for s, shape in added if tuple(shape) == (6, 48)]  # the split's base, once per call
+    assert all(shape is not None for _, shape, _ in added), [(type(s).__name__, sh) for s, sh, _ in added]
+    qkv_out = [s for s, shape, _ in added if tuple(shape) == (6, 48)]  # the split's base, once per call
     assert len(qkv_out) == 2 * 2  # two blocks, two steps
+    assert any(stride is not None for _, _, stride in added)  # attention's output, permuted
 
 
 class _ByteViews(torch.autograd.Function):
