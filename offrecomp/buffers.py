@@ -180,12 +180,11 @@ def _apply(state: BufferState, checked: list[tuple[int, bool]], differs: list[bo
     mutated = state.mutated
     assert mutated is not None  # finish_buffers ran
     for (i, rebound), d in zip(checked, differs):
-        if rebound or not d:
-            if not d:
-                state.snapshots[i] = None
-            continue
-        mutated.append(i)
-        state.untouched = [(j, v) for j, v in state.untouched or () if j != i]
+        if not d:
+            state.snapshots[i] = None
+        elif not rebound:
+            mutated.append(i)
+            state.untouched = [(j, v) for j, v in state.untouched or () if j != i]
     mutated.sort()
 
 
