@@ -119,9 +119,10 @@ Edge = Literal[
 # first element in another order of its dimensions (attention's output, made permuted)
 # joins as itself, and its slot's host view takes its strides too: the copy between two
 # tensors of one layout moves the storage's bytes as they are. Any other storage joins
-# as the storage, and issue() makes one flat uint8 tensor over it (two dispatcher calls). Slot views are made once per block and layout (sizes and
-# geometries), so a step that repeats the last one's groups makes none. The first save
-# of such a storage gets a TypedHandle (handles.py): its size and dtype are its slot's,
+# as the storage, and issue() makes one flat uint8 tensor over it (two dispatcher
+# calls). Slot views are made once per block and layout (sizes, geometries and
+# strides), so a step that repeats the last one's groups makes none. The first save
+# of a storage that a contiguous save covers gets a TypedHandle (handles.py): its size and dtype are its slot's,
 # so the handle keeps only the strides (a contiguous tensor's size-1 dimensions may
 # have any stride, and the reload must give back the saved ones).
 
@@ -285,10 +286,11 @@ class OffloadEngine:
         limit, so a storage the pool cannot hold falls back before its handle is made (a
         refusal at issue() keeps the whole group); its bytes count as the engine's until
         the group is issued. ``source`` is an ``UntypedStorage`` or a flat uint8 tensor
-        over one (``shape`` None), or a contiguous tensor that covers the whole storage,
-        of ``shape`` and ``dtype``, contiguous or of ``stride`` (dense from its storage's
-        first element, in another order of its dimensions): NOTE [Typed sources]. The group holds it until
-        its copy landed; the slots' offsets are laid out when it closes (``Group.seal``)."""
+        over one (``shape`` None), or a tensor of ``shape`` and ``dtype`` that covers the
+        whole storage: contiguous, or of ``stride`` (dense from the storage's first
+        element, in another order of its dimensions): NOTE [Typed sources]. The group
+        holds it until its copy landed; the slots' offsets are laid out when it closes
+        (``Group.seal``)."""
         reserved = self._open_reserved - (-nbytes // ALIGN_BYTES) * ALIGN_BYTES  # + aligned(nbytes), inline: once per save
         pool = self.pool
         if pool.refusing or pool.in_use_bytes + reserved > pool.limit_bytes:
