@@ -29,6 +29,7 @@ the figures only check that the script runs; the GPU's are the ones to read.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -78,9 +79,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     ordering = backend.record_ordering_event(compute)
 
+    def on_side() -> contextlib.AbstractContextManager[Any]:
+        """The side stream made current (a GPU's; the emulated backend has none to make)."""
+        return torch.cuda.stream(side) if cuda else contextlib.nullcontext()  # type: ignore[arg-type]
+
     def stream_context() -> None:
-        with torch.cuda.stream(side):  # type: ignore[arg-type]
+        with on_side():
             pass
+
+    def foreach() -> None:
+        with on_side():
+            torch._foreach_copy_(dsts, sources, non_blocking=True)
 
     def staging() -> tuple[torch.Tensor, list[torch.Tensor]]:
         """A device buffer for the group and its views, one per storage."""
@@ -89,7 +98,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     def gathered(made: tuple[torch.Tensor, list[torch.Tensor]] | None) -> Callable[[], None]:
         def go() -> None:
-            with torch.cuda.stream(side) if cuda else _null():  # type: ignore[arg-type]
+            with on_side():
                 flat, views = made if made is not None else staging()
                 torch._foreach_copy_(views, sources)
                 host.copy_(flat, non_blocking=True)
@@ -109,9 +118,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "detach": _median_us(sources[0].detach, args.reps, settle),
         "untyped_storage": _median_us(sources[0].untyped_storage, args.reps, settle),
         "group: per-storage copy_": _median_us(lambda: backend.copy_many(dsts, sources, side), args.reps, settle),
-        "group: _foreach_copy_": _median_us(
-            lambda: _foreach_on(side, cuda, dsts, sources), args.reps, settle
-        ),
+        "group: _foreach_copy_": _median_us(foreach, args.reps, settle),
         "group: gathered, views per group": _median_us(gathered(None), args.reps, settle),
         "group: gathered, views made once": _median_us(gathered(staging()), args.reps, settle),
     }
@@ -132,19 +139,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "reps": args.reps,
         "host_us": rows,
     }
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def _foreach_on(side: Any, cuda: bool, dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
-    with torch.cuda.stream(side) if cuda else _null():
-        torch._foreach_copy_(dsts, srcs, non_blocking=True)
 
 
 def render(result: dict[str, Any]) -> str:
