@@ -104,13 +104,16 @@ def _timed(table: dict[str, list[float]]) -> Iterator[None]:
                 row[0] += 1
                 row[1] += time.perf_counter() - t0
 
-        saved.append((owner, name, fn))
+        saved.append((owner, name, fn, name in vars(owner)))
         setattr(owner, name, timed)
     try:
         yield
     finally:
-        for owner, name, fn in reversed(saved):
-            setattr(owner, name, fn)
+        for owner, name, fn, own in reversed(saved):
+            if own:
+                setattr(owner, name, fn)
+            else:  # inherited (the emulated backend's ordering event): the base's again
+                delattr(owner, name)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
