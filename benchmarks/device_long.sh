@@ -25,9 +25,9 @@
 # profiler's Chrome trace of step 6 (kept out of results.tgz, which it would swell).
 #
 # DRY_RUN=1 (or --dry-run) runs the same steps on the CPU with the cpu-tiny preset at
-# tiny sizes, the fast compile backend, one budget in MiB, and two peers at the first
-# length and at the longest, to check the script anywhere; every step's timeout is
-# doubled.
+# tiny sizes, the fast compile backend, one budget in MiB, two peers at the first length
+# and at the longest, and compile_budget left out at the second length (steps 2 and 5
+# compile it), to check the script anywhere; every step's timeout is doubled.
 # Usage: OUT=/some/dir bash benchmarks/device_long.sh [--dry-run]
 set -uo pipefail
 [ "${1:-}" = "--dry-run" ] && DRY_RUN=1
@@ -47,8 +47,9 @@ if [ "$DRY_RUN" = 1 ]; then
   MODEL=(--preset cpu-tiny --device cpu --layers 2 --hidden 32 --heads 2 --batch 1 --max-seq 4096)
   SEQ1=64 SEQ2=128 LONGEST=256 BUDGETS="6MiB"
   SEQ1_PEERS=none,offrecomp_auto@25%  # every peer runs at SEQ2: the script is what is checked
+  SEQ2_PEERS=${ALL_PEERS/,compile_budget/}  # compiled in steps 2 and 5 already (no disk cache here)
   LONGEST_PEERS=ckpt_block,offrecomp_auto@25%
-  SEARCH=(--search-start 64 --search-max 256 --search-quantum 64)
+  SEARCH=(--search-start 128 --search-max 256 --search-quantum 128)  # one probe fits, one does not
   COMPILE=(--with-compile --compile-dynamic --compile-backend aot_eager_decomp_partition)
   PROFILE=(--preset cpu-tiny --device cpu --layers 2 --hidden 32 --heads 2 --batch 1 --seq 64)
   REPEATS=1
@@ -123,7 +124,8 @@ lseq long_seq_$SEQ1 60 --seq "$SEQ1" --strategies "${SEQ1_PEERS:-$ALL_PEERS}" --
   --repeats "$REPEATS"
 
 log "3. every peer at $SEQ2 tokens"
-lseq long_seq_$SEQ2 100 --seq "$SEQ2" --strategies "$ALL_PEERS" --no-search --warmup 1 --repeats "$REPEATS"
+lseq long_seq_$SEQ2 100 --seq "$SEQ2" --strategies "${SEQ2_PEERS:-$ALL_PEERS}" --no-search --warmup 1 \
+  --repeats "$REPEATS"
 
 log "4. at $LONGEST tokens, the strategies that may fit (oom where one does not)"
 lseq long_seq_$LONGEST 45 --seq "$LONGEST" --strategies "$LONGEST_PEERS" --no-search --warmup 0 --repeats 1

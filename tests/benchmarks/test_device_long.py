@@ -65,15 +65,15 @@ def test_dry_run_writes_every_result(tmp_path: Path) -> None:
         search = json.load(tar.extractfile("./search_6MiB/results.json"))  # type: ignore[arg-type]
         profile = json.load(tar.extractfile("./profile_step.json"))  # type: ignore[arg-type]
     peers = {r["strategy"] for r in compare["rows"]}
-    assert peers == {
-        "none", "ckpt_block", "ckpt_sqrt", "sac_matmul", "save_on_cpu", "compile_budget",
+    assert peers == {  # compile_budget runs in compile_warm and the search in a dry run
+        "none", "ckpt_block", "ckpt_sqrt", "sac_matmul", "save_on_cpu",
         "torchtune_offload", "offrecomp_keep", "offrecomp_recompute", "offrecomp_auto@50%",
         "offrecomp_auto@25%",
     }  # fmt: skip
     assert {r["seq"] for r in compare["rows"]} == {128}
     assert compare["meta"]["model"]["max_seq"] == longest["meta"]["model"]["max_seq"]
     ok = {r["strategy"] for r in compare["rows"] if r["status"].startswith("ok")}
-    assert {"none", "ckpt_block", "compile_budget", "offrecomp_auto@25%"} <= ok
+    assert {"none", "ckpt_block", "offrecomp_auto@25%"} <= ok
     assert {r["strategy"] for r in longest["rows"]} >= {"none", "ckpt_block", "offrecomp_auto@25%"}
     assert (out / "profile_trace.json.gz").stat().st_size > 0
     found = {s["strategy"]: s for s in search["search"]}
