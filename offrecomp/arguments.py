@@ -219,7 +219,7 @@ def _flatten_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[l
 # in the capture) that the region's earlier calls wrote, up to ARG_COPY_MAX_BYTES each
 # (counters and offsets; a larger one keeps the call's activations); on a region's
 # first call, taken by its watch just before the write (NOTE [State written by its
-# region] in calls.py). A tensor written with no copy (state of another layout, a call
+# region] in call_state.py). A tensor written with no copy (state of another layout, a call
 # the watch did not see) stops the call's replay with an error rather than a replay of
 # other values; its position is copied at the region's later calls.
 
@@ -263,7 +263,7 @@ def _flatten_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[l
 # among the arguments, the buffer tables of it and its submodules (their bindings, by
 # reference), and a replay puts them back as at entry, as for any other argument
 # object. Their tensors' values are left to the first-call watch of writes to tensors
-# the region does not own (NOTE [State written by its region] in calls.py). A call
+# the region does not own (NOTE [State written by its region] in call_state.py). A call
 # whose forward rebinds such a buffer built state on first use: a serving replay that
 # follows its recording would diverge in the later steps, which find the state built,
 # so such a recording is measured again at the first divergence (NOTE [Stale

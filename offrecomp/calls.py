@@ -3,7 +3,8 @@
 At entry a call joins its pass, gets its plan, captures what a replay needs (inputs,
 RNG, autocast, buffers, parameters: regions.py and arguments.py) and, in a measuring pass, starts its op
 recorder. At exit it checks whether the forward wrote state a replay would need as it
-was, issues its offload group, and derives the region's structure from the recording.
+was (call_state.py), issues its offload group, and derives the region's structure from
+the recording.
 """
 
 from __future__ import annotations
@@ -22,15 +23,27 @@ from offrecomp import _torch_compat as tc
 from offrecomp import host_rng
 from offrecomp.arguments import ARG_STATE_MAX_ITEMS, ArgState, capture_inputs
 from offrecomp.buffers import capture_buffers, finish_buffers, settle_buffers, snapshot_bytes
-from offrecomp.changes import ATTR_QUIET, changed_attrs, exit_attrs, module_attrs, structure_epoch
+from offrecomp.call_state import (
+    check_arg_state,
+    check_attr_writes,
+    check_state_writes,
+    check_training_cache,
+    finish_attrs,
+    hold_dropped,
+    note_attr_versions,
+    note_external_reads,
+    saved_by,
+    warn_big_buffers,
+    warn_foreign,
+    writes_foreign,
+)
+from offrecomp.changes import module_attrs, structure_epoch
 from offrecomp.config import Config
 from offrecomp.diagnostics import kind, log_once, runs_collectives, warn_collective, warn_once
 from offrecomp.groups import reads_bytes_as_stored
 from offrecomp.measure import DeviceClock
 from offrecomp.regions import (
-    READ_SNAPSHOT_MAX_BYTES,
     Region,
-    buffer_of,
     capture_autocast,
     capture_params,
     capture_rng,
@@ -127,7 +140,7 @@ class RegionCalls:
         elif region.writes_state is None and call.inputs is not None and not region.compiled:
             # see NOTE [State written by its region]
             call.watch = FirstCallWatch(
-                call.inputs, call.params, self._own_storages(region, call), lambda after: _writes_foreign(call, after),
+                call.inputs, call.params, self._own_storages(region, call), lambda after: writes_foreign(call, after),
                 call.arg_state,
             )
         self._placements.build_table(call)
@@ -200,14 +213,14 @@ class RegionCalls:
             call.attrs = module_attrs(region.modules)
             region.tensor_attrs = tensor_attrs(region.modules, call.attrs)
         if region.tensor_attrs and region.writes_state is False:  # NOTE [Attributes written after the first call]
-            call.attr_versions = _attr_versions(region.tensor_attrs)
+            call.attr_versions = note_attr_versions(region.tensor_attrs)
         if region.generators or region.generator_slots or cap.generators:  # NOTE [Private generators]
             call.generators = _entry_generators(region, cap.generators)
         if region.external_reads:  # NOTE [State read from outside]
-            call.external_reads = _external_reads(region.external_reads)
+            call.external_reads = note_external_reads(region.external_reads)
         if cap.objects:  # NOTE [Stateful arguments]
-            if p.new_signature and any(_key_value_cache(o) and _empty(o) for o in cap.objects):
-                _warn_training_cache(region)
+            if p.new_signature:
+                check_training_cache(region, cap.objects)
             last = self._last_arg_state() if self._last_arg_state is not None else None
             call.arg_state = ArgState.capture(cap.objects, self.arg_state_limit, region.arg_writes, last)
             self._last_arg_state = weakref.ref(call.arg_state)  # NOTE [Capture reuse] in arguments.py
@@ -270,17 +283,17 @@ class RegionCalls:
             if self._unsettled:
                 self._settle_buffers()
             written = finish_params(call.params)
-            _warn_big_buffers(call, region)
+            warn_big_buffers(call, region)
             if call.attrs is not None:
-                _finish_attrs(call, region)
+                finish_attrs(call, region)
         if call.attr_versions is not None and region is not None:
-            _check_attr_writes(call, region)
+            check_attr_writes(call, region)
         if call.watch is not None and region is not None:
             call.watch.read_copies.clear()  # those a write needs are in its ``external``
             # NOTE [State read from outside]: those the call did not write are as it read them
             wrote = call.watch.written
             region.external_reads = tuple(weakref.ref(t) for ptr, t in call.watch.read.items() if ptr not in wrote)
-            call.external_reads = _external_reads(region.external_reads)
+            call.external_reads = note_external_reads(region.external_reads)
             region.generators = [g for g, _ in call.watch.generators.values()]
             region.generator_slots = tuple(
                 (m, n) for m in region.modules for n, v in vars(m).items() if isinstance(v, torch.Generator)
@@ -289,17 +302,17 @@ class RegionCalls:
         scratch = call.kept_from_write  # NOTE [Storages no op made]: unless one was from outside
         if (
             region is not None and call.watch is not None and call.watch.foreign_written
-            and call.watch.wrote_outside(lambda ptr, storage: _saved_by(call, ptr, storage))
+            and call.watch.wrote_outside(lambda ptr, storage: saved_by(call, ptr, storage))
         ):
             scratch = False
             call.external = list(call.watch.external.values())  # its replay runs on them as they were
             call.watch = None
             region.writes_state = True
-            _warn_foreign(region)
+            warn_foreign(region)
         if region is not None and call.inputs is not None and (not call.writes_state or scratch):
-            _check_state_writes(region, call, written)
+            check_state_writes(region, call, written)
         if call.arg_state is not None and call.inputs is not None:
-            _check_arg_state(call)
+            check_arg_state(call)
         structure = call.structure
         if (
             call.kept_whole
@@ -363,7 +376,7 @@ class RegionCalls:
             if call.exited or region is None:
                 continue
             call.forget_placements()  # its later saves go to the rules: kept or offloaded
-            _hold_dropped(call)
+            hold_dropped(call)
             if region.accumulates:
                 continue
             region.accumulates = True
@@ -394,27 +407,6 @@ def _unsent_inputs(call: RegionCall) -> None:
             p.stats.offloaded_bytes -= rec.nbytes
 
 
-def _hold_dropped(call: RegionCall) -> None:
-    """Keep every storage ``call`` dropped so far that still exists (NOTE [Accumulating
-    backward in a forward]): its saves, made and to come, read it as kept."""
-    p = call.pass_state
-    for rec in call.storages:
-        if rec.placement is not RECOMPUTE:
-            continue
-        storage = rec()
-        if storage is None:  # freed: a later save at its pointer is another storage
-            continue
-        rec.placement = KEEP
-        rec.tensor = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-        if p is not None:
-            p.stats.recomputed_bytes -= rec.nbytes
-            p.stats.keep(rec)
-    for idx, ref in list(call.dropped.items()):
-        h = ref()
-        if h is None or h.rec.placement is KEEP:
-            del call.dropped[idx]
-
-
 def first_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:
     for x in tc.tree_flatten((args, kwargs))[0]:
         if isinstance(x, torch.Tensor):
@@ -427,300 +419,6 @@ def model_storage_ptrs(model: nn.Module | None) -> frozenset[int]:
     if model is None:
         return frozenset()
     return frozenset(storage_ptrs([*model.parameters(), *model.buffers()]))
-
-
-def _finish_attrs(call: RegionCall, region: Region) -> None:
-    """NOTE [Module attributes]: keep the attributes the forward changed, if any."""
-    changed = changed_attrs(region.modules, call.attrs)
-    call.attrs = exit_attrs(changed) if changed else None
-    if changed:
-        if region.attr_quiet < 0:
-            log.info(
-                "offrecomp: region %r changes attributes of its modules in its forward (%s); "
-                "its replays see them as they were at each call's entry",
-                region.name, ", ".join(sorted({k for _, d in changed for k in d}))[:200],
-            )
-        region.attr_quiet = 0
-    elif region.attr_quiet >= 0:
-        region.attr_quiet += 1
-        if region.attr_quiet >= ATTR_QUIET:
-            region.attr_quiet = -1  # copies again at its next new signature
-
-
-def _warn_big_buffers(call: RegionCall, region: Region) -> None:
-    if call.buffers is None or not call.buffers.mutated:
-        return
-    big = [
-        i
-        for i in call.buffers.mutated
-        if call.buffers.snapshots[i] is None and call.buffers.objects[i] is buffer_of(*call.buffers.slots[i])
-    ]
-    if big:
-        warn_once(
-            f"bigbuf:{region.name}",
-            "offrecomp: region %r mutates buffers larger than 1 MiB in its forward; "
-            "replay sees their post-forward values",
-            region.name,
-        )
-
-
-# NOTE [State written by its region]
-# A forward may write its own inputs in place: an in-place activation applied to the
-# block's input first thing (F.leaky_relu_(x)), x.mul_(scale). Autograd allows it when
-# nothing saved the input before the write. A replay starts from the captured inputs,
-# which alias the written tensors: it would start from the written values. A forward
-# may also write its parameters: a running average kept in a frozen parameter (as
-# some VQ codebooks are), nn.Embedding(max_norm=...) renormalising its weight; a replay
-# would read the written values and write them a second time, silently (buffers are
-# snapshotted for this, NOTE [Replay and module state]; weights are too large to copy
-# at every call). The first call of each region therefore runs under FirstCallWatch
-# (trace), which copies an input or a parameter just before an op writes it. That call
-# replays from the copies: an input as a fresh non-leaf, so that the write is legal and
-# the copy stays intact, and a parameter as a fresh parameter in its slot, the written
-# one put back afterwards. From then on the region is known to write its state, and its
-# activations are kept (or offloaded under a plan), never dropped. (Copying the written
-# state at every call would let it recompute, for its bytes per call; the planner does
-# not model such a copy.) A parameter the watch copied counts as written even where its
-# version did not move: a write through ``.data`` (a KAN's grid update) bumps only the
-# alias's counter. A write the watch cannot see (compiled code, a higher-order
-# operator, a later call that writes when the first did not) is found by versions at
-# exit; that call's replay raises, and the region is kept from then on; such a write
-# through ``.data`` is not found, and the replay reads the written values. A write to a
-# tensor from outside the call, one it did not make and neither owns nor takes as an
-# argument (a buffer of another module or a tensor attribute reached through a plain
-# attribute, a global): from that op on, the watched call keeps what it saves, so its
-# replay stops before the write, and the region is kept from then on, with a warning,
-# unless each such storage proves, at the call's exit, scratch of the call's own that
-# compiled code allocated where no op showed it (NOTE [Storages no op made] in
-# trace/recorder.py, which also tells how writes inside compiled kernels are heard).
-# What the replay runs before the write may read that tensor: where the call read it
-# before writing it, or writes only part of it, the watch copies its storage just
-# before the first write (up to EXTERNAL_COPY_MAX_BYTES in trace/recorder.py; a larger
-# one stops the replay with an error), and the replay runs on that copy, the storage's
-# later bytes put back afterwards. A storage overwritten whole before any read (a
-# scratch buffer) needs no copy.
-
-
-# NOTE [State read from outside]
-# A forward may read a tensor from outside its call that it does not write: a plain
-# tensor attribute, a global, another module's buffer. Plain autograd does not care when
-# the op that read it saved nothing of it (an add), and the loop may write it between
-# the forward and the backward (a temperature, a schedule's scale). A replay would then
-# read the written value. The first call's watch sees which such tensors the call reads
-# (trace/recorder.py: a storage that existed before the call, that it does not own,
-# take or write); the region remembers them (weakly), and the call, at its exit, and
-# each later call, at its entry, notes their versions, and copies those up to
-# READ_SNAPSHOT_MAX_BYTES (regions.py, as for buffers a forward only read). A
-# replay finds one written since: it runs on the copy, the written values put back
-# afterwards; a larger one stops the replay at its first read (the parameters' guard,
-# NOTE [Replay and parameters] in regions.py). A tensor the first call did not read is
-# not seen (a global rebound to a new tensor at each step reads as another tensor).
-
-
-def _external_reads(refs: tuple[weakref.ref[torch.Tensor], ...]) -> list[tuple[torch.Tensor, int, torch.Tensor | None]] | None:
-    """What a call notes of the tensors from outside it its region reads (NOTE [State
-    read from outside]): each one alive, its version, a copy where small."""
-    out = []
-    with torch.no_grad():
-        for ref in refs:
-            t = ref()
-            if t is not None:
-                small = t.untyped_storage().nbytes() <= READ_SNAPSHOT_MAX_BYTES
-                out.append((t, int(t._version), t.clone() if small else None))
-    return out or None
-
-
-# NOTE [Attributes written after the first call]
-# Only a region's first call is watched (NOTE [State written by its region]): a write
-# to a tensor outside the call that begins in a later call (a flag switched on after the
-# first step turning on ``self.pos.add_(1)``, eager or in a compiled function) goes
-# unseen, and the call's replay would write it again. The tensors its modules hold in
-# plain attributes (``Region.tensor_attrs``: not their parameters or buffers, read when
-# the region is refreshed and at each copy of the attribute tables) are the likely ones:
-# each later call notes their versions at entry, and one moved at exit was written by the
-# forward. The region is then marked, its later calls kept, with the foreign-write
-# warning; this call's replay cannot be right where it reads the tensor, so it raises
-# there (``RegionCall.attr_writes``, read by the replay's guard). Not for one the first
-# call read: its copy taken at this call's entry (NOTE [State read from outside]) holds
-# what the forward read, and the replay runs on it. A global or another object's tensor
-# written so still goes unseen (Known limits).
-
-
-def _attr_versions(attrs: tuple[tuple[nn.Module, str], ...]) -> list[tuple[torch.Tensor, int, nn.Module, str]]:
-    """NOTE [Attributes written after the first call]: each attribute's tensor now, its
-    version, its module and name."""
-    out = []
-    for m, n in attrs:
-        t = m.__dict__.get(n)
-        if type(t) is torch.Tensor:
-            out.append((t, int(t._version), m, n))
-    return out
-
-
-def _check_attr_writes(call: RegionCall, region: Region) -> None:
-    """NOTE [Attributes written after the first call]: did the forward write one of its
-    modules' tensor attributes in place?"""
-    # one the first call read, copied at this call's entry, replays on that copy (NOTE
-    # [State read from outside])
-    copied = {int(t.untyped_storage().data_ptr()) for t, _, copy in call.external_reads or () if copy is not None}
-    written = {
-        ptr: (
-            f"tensor attribute {n!r} of {type(m).__name__} (written by this call's forward; "
-            "the region's first call, the one watched, did not)"
-        )
-        for t, v, m, n in call.attr_versions or ()
-        if int(t._version) != v and (ptr := int(t.untyped_storage().data_ptr())) not in copied
-    }
-    call.attr_versions = None
-    if not written:
-        return
-    call.attr_writes = written
-    region.writes_state = True  # its later calls keep
-    _warn_foreign(region)
-
-
-def _warn_foreign(region: Region) -> None:
-    """Say once per kind of region that it writes a tensor from outside its call."""
-    warn_once(
-        f"foreign:{kind(region)}",
-        "offrecomp: region %r (and any other like it) writes in place a tensor that "
-        "it neither owns nor takes as an argument (a buffer or tensor attribute "
-        "reached through a plain attribute, a global, say); a replay would write it "
-        "again, so its activations are kept",
-        region.name,
-    )
-
-
-def _writes_foreign(call: RegionCall, heard_after: bool) -> None:
-    """NOTE [State written by its region]: ``call``'s forward is about to write a tensor
-    it did not make and does not own: what it saves from now on is kept (a replay stops
-    before that write: everything after it needs none). ``heard_after``: compiled code
-    wrote it already (NOTE [Storages no op made]); what the call dropped so far and still
-    exists is kept too, as its later saves would need a replay through that write."""
-    if not call.writes_state:
-        call.kept_from_write = True  # NOTE [Storages no op made]: perhaps scratch of its own
-    call.writes_state = True
-    call.forget_placements()
-    if heard_after:
-        _hold_dropped(call)
-
-
-def _saved_by(call: RegionCall, ptr: int, storage: Any) -> bool:
-    """Is ``storage`` (at ``ptr``) one that ``call`` saved (NOTE [Storages no op made])?"""
-    rec = call.by_ptr.get(ptr)
-    return rec is not None and rec() is storage
-
-
-def _check_state_writes(region: Region, call: RegionCall, params: list[int]) -> None:
-    """NOTE [State written by its region]: did this forward write its inputs, or the
-    region's parameters (``params``: the slots it wrote)?"""
-    cap = call.inputs
-    assert cap is not None
-    watched, call.watch = call.watch is not None, None
-    unseen = [
-        i for i, t in enumerate(cap.tensors)
-        if t is not None and i not in cap.copied and int(t._version) != cap.versions[i]
-    ]
-    if not (cap.copied or unseen or params):
-        if watched:
-            region.writes_state = False
-        return
-    region.writes_state = True
-    inputs = bool(cap.copied or unseen)
-    what = " and ".join(w for w, hit in (("its own inputs", inputs), ("its parameters", params)) if hit)
-    missed = bool(unseen) or (call.params is not None and bool(call.params.unseen))
-    warn_once(
-        f"writes-state:{kind(region)}" if not missed else f"writes-state-unseen:{region.name}",
-        "offrecomp: region %r (and any other like it) writes %s in place in its forward "
-        "(an in-place activation applied to its input first thing; a running average "
-        "kept in a frozen parameter; weights normalised in place, as magnitude-preserving "
-        "layers do); a replay needs them as they were, so its "
-        "activations are kept or offloaded from now on, never recomputed. An out-of-place "
-        "op, or a buffer for such state, lets offrecomp recompute it.%s",
-        region.name, what,
-        "" if not missed else " This call's replay cannot be done: the write was not seen "
-        "as it happened (compiled code, a higher-order operator, or a call that writes "
-        "when the region's first call did not), so backward raises.",
-    )
-
-
-def _key_value_cache(obj: Any) -> bool:
-    """A Hugging Face key/value cache (``DynamicCache`` and its kin)?"""
-    t = type(obj)
-    return t.__module__.startswith("transformers.") and t.__name__.endswith("Cache")
-
-
-def _empty(cache: Any) -> bool:
-    """A cache that holds no keys yet: one the model built for this forward (its first
-    layer's call). One handed in full is the caller's (a trainable prefix, as prefix
-    tuning passes): the loss may read it, and use_cache does not leave it out."""
-    try:
-        return int(cache.get_seq_length()) == 0
-    except Exception:  # another kind of cache: taken for the model's own
-        return True
-
-
-def _warn_training_cache(region: Region) -> None:
-    """NOTE [Cache paused in training] (integrations/_common.py), for a loop without a
-    trainer callback: say once what the cache costs and how to leave it out."""
-    warn_once(
-        "training-cache",
-        "offrecomp: region %r (and every layer like it) is handed a Hugging Face key/value cache in "
-        "training: the loss never reads it, and a replay must see it as its forward did, so each "
-        "layer call records the state it holds, host time growing with the square of the depth. "
-        "Where the model takes use_cache (most decoders, True by default), pass use_cache=False to "
-        "it or set model.config.use_cache = False for training; a model that builds its cache "
-        "whatever it is told (XLM) pays that time.",
-        region.name,
-    )
-
-
-def _check_arg_state(call: RegionCall) -> None:
-    """NOTE [Stateful arguments]: keep the entry bindings, for a replay after the forward
-    or the caller changed them, and the versions of their tensors now."""
-    entry = call.arg_state
-    assert entry is not None and call.inputs is not None
-    now = ArgState.capture(call.inputs.objects, entry.limit, prev=entry)  # NOTE [Capture reuse]
-    region = call.region
-    if entry.same(now):  # for state too large to record, the part recorded
-        if not entry.complete:
-            call.arg_state = None
-            if region is not None and region.untracked_state is None:
-                region.untracked_state = False  # later calls replay (this one keeps)
-        else:
-            _seal(call, entry)
-        return
-    types = ", ".join(sorted({type(o).__name__ for o in call.inputs.objects}))
-    if not (entry.complete and now.complete):
-        call.arg_state = None
-        if region is not None:
-            region.untracked_state = region.writes_state = True  # kept or offloaded from now on
-            warn_once(
-                f"argstate-big:{kind(region)}",
-                "offrecomp: region %r (and any other like it) changes the state of its "
-                "arguments (%s) in its forward, and they hold more than %d bindings to "
-                "track, so no replay could see them as the forward did: its activations "
-                "are kept or offloaded, never recomputed. Hint: keep such state out of the "
-                "block's arguments (for a transformers model in training: use_cache=False)",
-                region.name, types, entry.limit,
-            )
-        return
-    _seal(call, entry, now)
-    log.debug(
-        "offrecomp: region %r changes the state of its arguments (%s); replays run on "
-        "the state its forward saw",
-        call.name, types,
-    )
-
-
-def _seal(call: RegionCall, entry: ArgState, now: ArgState | None = None) -> None:
-    """The call's argument state as its forward left it (``now``, where it differs from
-    ``entry``); the positions its forward wrote are copied at the entry of its region's
-    later calls (NOTE [State written by the forward])."""
-    written = entry.seal(now)
-    region = call.region
-    if region is not None and not written <= region.arg_writes:
-        region.arg_writes = region.arg_writes | written
 
 
 def _entry_generators(region: Region, arguments: list[torch.Generator]) -> list[tuple[torch.Generator, torch.Tensor]]:

@@ -61,7 +61,7 @@ __all__ = [
 
 #: Snapshots of buffers a forward only read are kept for its replay up to this size
 #: (NOTE [Buffers written unseen]), and so are copies of the tensors from outside its
-#: call it read (NOTE [State read from outside] in calls.py).
+#: call it read (NOTE [State read from outside] in call_state.py).
 READ_SNAPSHOT_MAX_BYTES = 64 << 10
 #: Calls of a variable region in a row, seen with the hooks on, that saved no more than
 #: its profile, after which its audits come at the usual cadence (``Region.settled``;
@@ -127,7 +127,7 @@ class Region:
     than its profile (NOTE [Sizes of regions that vary] in planning/differences.py)."""
     external_reads: tuple[weakref.ref[torch.Tensor], ...] = ()
     """Tensors from outside its calls that its first call read (NOTE [State read from
-    outside] in calls.py): each later call notes their versions and copies the small ones."""
+    outside] in call_state.py): each later call notes their versions and copies the small ones."""
     arg_writes: frozenset[Position] = frozenset()
     """Positions of the tensors among its calls' argument state that a forward wrote in
     place (NOTE [State written by the forward] in arguments.py): copied at each call's
@@ -167,7 +167,7 @@ class Region:
     none has (NOTE [Module attributes] in changes.py)."""
     tensor_attrs: tuple[tuple[nn.Module, str], ...] = ()
     """Its modules' plain attributes holding a tensor that is not one of its parameters or
-    buffers (NOTE [Attributes written after the first call] in calls.py)."""
+    buffers (NOTE [Attributes written after the first call] in call_state.py)."""
     epoch: int = -1
     """``structure_epoch()`` when it was last read (NOTE [Region refresh] in changes.py)."""
 
@@ -672,7 +672,7 @@ def storage_ptrs(tensors: Iterable[torch.Tensor | None]) -> set[int]:
 def tensor_attrs(modules: tuple[nn.Module, ...], tables: list[dict[str, Any]]) -> tuple[tuple[nn.Module, str], ...]:
     """The plain attributes (``tables``: each module's attribute table) that hold a tensor
     other than the modules' parameters and buffers, or a view of one (NOTE [Attributes
-    written after the first call] in calls.py)."""
+    written after the first call] in call_state.py)."""
     found = [
         (m, n, v) for m, table in zip(modules, tables) for n, v in table.items()
         if type(v) is torch.Tensor and v.layout == torch.strided

@@ -258,9 +258,9 @@ def _param_guard(call: RegionCall) -> ParamGuard | None:
         modified.update(modified_buffers(call.buffers))
     if call.arg_state is not None and call.inputs is not None:
         modified.update(call.arg_state.modified())  # NOTE [State written after the forward]
-    if call.attr_writes:  # NOTE [Attributes written after the first call] (calls.py)
+    if call.attr_writes:  # NOTE [Attributes written after the first call] (call_state.py)
         modified.update(call.attr_writes)
-    for t, v, copy in call.external_reads or ():  # NOTE [State read from outside] (calls.py)
+    for t, v, copy in call.external_reads or ():  # NOTE [State read from outside] (call_state.py)
         if copy is None and int(t._version) != v:
             modified[int(t.untyped_storage().data_ptr())] = (
                 f"a {tuple(t.shape)} tensor from outside the call (version {v} -> {int(t._version)})"
@@ -270,7 +270,7 @@ def _param_guard(call: RegionCall) -> ParamGuard | None:
 
 @contextlib.contextmanager
 def _reads_as_forward(call: RegionCall) -> Iterator[None]:
-    """NOTE [State read from outside] (calls.py): tensors from outside the call that its
+    """NOTE [State read from outside] (call_state.py): tensors from outside the call that its
     forward read and something wrote since hold the values it read while the replay
     runs (from their copies), and the written values afterwards."""
     with holding([(t, copy) for t, v, copy in call.external_reads or () if copy is not None and int(t._version) != v]):
@@ -342,7 +342,7 @@ def _entry_arg_state(call: RegionCall, entry: ArgState) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _external_as_entry(region_name: str, external: list[tuple[Any, Any]]) -> Iterator[None]:
-    """NOTE [State written by its region] (calls.py): storages from outside the call that
+    """NOTE [State written by its region] (call_state.py): storages from outside the call that
     its forward wrote (its region's first call, seen by the watch) hold their bytes of
     before the write while the replay runs, and the bytes found afterwards."""
     if any(before is None for _, before in external):

@@ -208,7 +208,7 @@ class RegionCall(_WeakReferable):
     """Its watch saw it write a storage it did not see made, and it kept what it saved from
     there (``writes_state`` had not been set before: NOTE [Storages no op made])."""
     external_reads: list[tuple[torch.Tensor, int, torch.Tensor | None]] | None = None
-    """Tensors from outside the call its forward reads, with their versions when it did and copies of the small ones (NOTE [State read from outside] in calls.py)."""
+    """Tensors from outside the call its forward reads, with their versions when it did and copies of the small ones (NOTE [State read from outside] in call_state.py)."""
     external: list[tuple[Any, Any]] | None = None
     """Storages from outside the call its forward wrote, with their bytes before (None: too large to copy): a replay runs on those (NOTE [State written by its region])."""
     attr_versions: list[tuple[torch.Tensor, int, Any, str]] | None = None

@@ -103,7 +103,7 @@ def _same_gen(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
 
 
 #: Storages from outside a region call that its first call's watch copies before the
-#: call writes them (NOTE [State written by its region] in offrecomp/calls.py).
+#: call writes them (NOTE [State written by its region] in offrecomp/call_state.py).
 EXTERNAL_COPY_MAX_BYTES = 64 << 20
 
 #: Storages from outside a region call that its first call's watch copies at their first
@@ -207,7 +207,7 @@ class FirstCallWatch(HearsReportedWrites):
         EXTERNAL_COPY_MAX_BYTES)."""
         self.read: dict[int, torch.Tensor] = {}
         """Storages outside the call its ops read before any write of them, and the tensor
-        first read of each (NOTE [State read from outside] in offrecomp/calls.py)."""
+        first read of each (NOTE [State read from outside] in offrecomp/call_state.py)."""
         self.read_copies: dict[int, Any] = {}
         """The bytes of those up to READ_COPY_MAX_BYTES at their first read."""
         self.written: dict[int, tuple[weakref.ref[Any], bool]] = {}
@@ -349,7 +349,7 @@ class _Routed:
 # writing its ``out=`` (``extern_kernels.addmm(..., out=buf)``), which the watch sees as a
 # write to a storage it did not see made, as it sees a write to a tensor attribute. At
 # the write it cannot tell them apart: the call keeps what it saves from that write on,
-# as for any write from outside (NOTE [State written by its region] in calls.py), so its
+# as for any write from outside (NOTE [State written by its region] in call_state.py), so its
 # own replay stops before it. At the call's exit it tells them apart: a storage an op
 # overwrote whole before any read of it, that is freed by then or that only the call's
 # saves still hold, is scratch of the call's own, and the region is not marked: its

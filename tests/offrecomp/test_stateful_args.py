@@ -651,9 +651,9 @@ def test_a_large_tensor_from_outside_written_before_the_backward_stops_the_repla
 ) -> None:
     """Too large to copy at each call: only its version is noted, and a replay that
     reads it after it was written raises, naming it."""
-    import offrecomp.calls
+    import offrecomp.call_state
 
-    monkeypatch.setattr(offrecomp.calls, "READ_SNAPSHOT_MAX_BYTES", 0)
+    monkeypatch.setattr(offrecomp.call_state, "READ_SNAPSHOT_MAX_BYTES", 0)
     torch.manual_seed(0)
     m = _outside_readers(False, numel=4)
     with offrecomp.runtime(m, mode="recompute", min_bytes=0):
