@@ -39,9 +39,12 @@ def _frozen_heap() -> Iterator[None]:
     """What the session holds before a test (torch, transformers, earlier tests' objects)
     is frozen for the test (gc.freeze): a gc.collect() then walks the test's own objects,
     where a full collection of the session's heap takes 0.2-0.5 s (the long_seq harness
-    collects before every timed window; the runtime's leak tests collect in loops)."""
+    collects before every timed window; the runtime's leak tests collect in loops). The
+    test's own garbage is collected at its end, before the heap thaws: frozen again by
+    the next test, cycles it left (holding tensors, CUDA memory) would never be."""
     gc.freeze()
     yield
+    gc.collect()
     gc.unfreeze()
 
 
