@@ -25,9 +25,10 @@
 # profiler's Chrome trace of step 6 (kept out of results.tgz, which it would swell).
 #
 # DRY_RUN=1 (or --dry-run) runs the same steps on the CPU with the cpu-tiny preset at
-# tiny sizes, the fast compile backend, one budget in MiB, two peers at the first length
-# and at the longest, and compile_budget left out at the second length (steps 2 and 5
-# compile it), to check the script anywhere; every step's timeout is doubled.
+# tiny sizes, the eager compile backend (Dynamo traces, nothing is compiled), one budget
+# in MiB, two peers at the first length and at the longest, and compile_budget left out
+# at the second length (steps 2 and 5 compile it), to check the script anywhere; every
+# step's timeout is doubled.
 # Usage: OUT=/some/dir bash benchmarks/device_long.sh [--dry-run]
 set -uo pipefail
 [ "${1:-}" = "--dry-run" ] && DRY_RUN=1
@@ -50,7 +51,7 @@ if [ "$DRY_RUN" = 1 ]; then
   SEQ2_PEERS=${ALL_PEERS/,compile_budget/}  # compiled in steps 2 and 5 already (no disk cache here)
   LONGEST_PEERS=ckpt_block,offrecomp_auto@25%
   SEARCH=(--search-start 128 --search-max 256 --search-quantum 128)  # one probe fits, one does not
-  COMPILE=(--with-compile --compile-dynamic --compile-backend aot_eager_decomp_partition)
+  COMPILE=(--with-compile --compile-dynamic --compile-backend eager)  # traced by Dynamo, not partitioned
   PROFILE=(--preset cpu-tiny --device cpu --layers 2 --hidden 32 --heads 2 --batch 1 --seq 64)
   REPEATS=1
 else
