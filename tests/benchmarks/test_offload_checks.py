@@ -70,6 +70,20 @@ def test_every_criterion_passes_and_fails_by_its_threshold() -> None:
     }
 
 
+def test_vs_no_offload_gives_the_predicted_ratio() -> None:
+    """The line of the 5% criterion also says what the planner predicted for both plans
+    (the medians of their planned steps' predictions), or that it could not."""
+    rows = [
+        _row("offrecomp_auto@50%", 110.0, 12, [(0.11, 0.105, GIB), (0.11, 0.103, GIB), (0.2, 0.101, 0)]),
+        _row("offrecomp_auto_no_offload@50%", 116.0, 12, [(0.116, 0.1, 0), (0.117, 0.11, 0)]),
+        _row("offrecomp_auto@25%", 120.0, 6, [(0.12, 0.12, GIB)]),
+        _row("offrecomp_auto_no_offload@25%", 121.0, 6),
+    ]
+    found = {c.name: c.detail for c in checks({"rows": rows})}
+    assert found["auto@50% vs no offload"] == "110.0 / 116.0 ms = 0.948 (<= 0.95); predicted 0.981"  # 0.103 / 0.105
+    assert found["auto@25% vs no offload"].endswith("; predicted: n/a")
+
+
 def test_a_plan_that_never_offloads_and_missing_runs() -> None:
     rows = [_row("none", 100.0, 20), _row("offrecomp_auto@25%", 120.0, 6, [(0.12, 0.12, 0)])]
     found = {c.name: (c.verdict, c.detail) for c in checks({"rows": rows})}
