@@ -33,8 +33,7 @@ if [ "$DRY_RUN" = 1 ]; then
   OFFLOAD=(--device cpu --quick)
   LONG_SEQ=(--preset cpu-tiny --device cpu --layers 2 --hidden 32 --heads 2 --batch 1 --seq 64
     --strategies none,ckpt_block,offrecomp_recompute,offrecomp_auto@50% --repeats 1)
-  DYNAMIC=(--device cpu --layers 4 --hidden 64 --heads 2 --min-seq 16 --max-seq 64 --batch 1 --steps 12
-    --rounds 1)
+  DYNAMIC=(--device cpu --layers 4 --hidden 64 --min-seq 16 --max-seq 64 --steps 12 --rounds 1)  # as its test
   HOST=(--device cpu --ops 32 --rounds 1 --reps 2)
   PROFILE=(--preset cpu-tiny --device cpu --layers 2 --hidden 32 --heads 2 --batch 1 --seq 64)
 else
