@@ -549,6 +549,7 @@ def _offload_totals(stats: Sequence[OffloadStats]) -> dict[str, Any]:
         "bytes_d2h",
         "bytes_h2d",
         "window_waits",
+        "release_waits",
         "offload_host_seconds",
         "reload_host_seconds",
         "stall_seconds",

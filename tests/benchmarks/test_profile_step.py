@@ -35,6 +35,7 @@ def test_cpu_run_profiles_an_offloading_step(
         assert regions[name]["forward_ms"] > 0 and regions[name]["backward_ms"] > 0
     assert data["offload"]["storages_offloaded"] > 0 and data["offload"]["groups_offloaded"] > 0
     assert data["offload"]["backend"] == "emulated"
+    assert data["offload"]["release_waits"] == 0  # forced offload: no plan, no planned release
     assert data["cuda"] is None  # CPU activities only
     assert len(data["top_host_costs"]) == 3
     assert all(c["ms"] >= 0 for c in data["top_host_costs"])
