@@ -3,44 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.dry_run import dry_run, needs_bash_and_tar
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar"
-)
+@needs_bash_and_tar
 def test_dry_run_writes_every_result(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    env = {
-        **os.environ,
-        "OUT": str(out),
-        "PYTHON": sys.executable,
-        "DRY_RUN": "1",
-        "OMP_NUM_THREADS": "1",
-        "WHEELS": str(tmp_path / "no_wheels_here"),
-    }
-    res = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "device_long.sh")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,  # the script's own step limits come first (doubled in a dry run)
-    )
-    assert res.returncode == 0, res.stderr[-2000:]
-    log = (out / "suite.log").read_text()
+    out, log = dry_run("device_long.sh", tmp_path, 900, WHEELS=str(tmp_path / "no_wheels_here"))
     assert "== " in log and "done" in log
-    assert "timed out" not in log
     for name in ("warmup", "compile_warm", "long_seq_64", "long_seq_128", "long_seq_256",
                  "search_6MiB", "profile_step"):  # fmt: skip
         assert f"[{name}: exit 0]" in log, name

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.dry_run import dry_run, needs_bash_and_tar
+
 STEPS = (
     "warmup", "cuda_tests", "bench_offload", "long_seq", "bench_dynamic_shapes", "bench_host_overhead",
     "bench_host_overhead_thread", "profile_step", "cuda_tests_compiled",
@@ -20,24 +17,10 @@ STEPS = (
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar"
-)
+@needs_bash_and_tar
 def test_dry_run_writes_every_result(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
-    res = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "device_suite.sh"), "--dry-run"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,  # the script's own step limits come first (doubled in a dry run)
-    )
-    assert res.returncode == 0, res.stderr[-2000:]
-    log = (out / "suite.log").read_text()
+    out, log = dry_run("device_suite.sh", tmp_path, 900)
     assert "dry run: 1" in log and "done" in log
-    assert "timed out" not in log
     for name in STEPS:
         assert f"[{name}: exit 0]" in log, name
     # the planner benchmark exits 1 when one of its checks fails, as at these tiny sizes

@@ -4,10 +4,6 @@ benchmarks/device_offload.sh runs end to end in its CPU dry-run mode."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -15,8 +11,8 @@ from typing import Any
 import pytest
 
 from benchmarks.offload_checks import checks, main
+from tests.benchmarks.dry_run import dry_run, needs_bash_and_tar
 
-ROOT = Path(__file__).resolve().parents[2]
 GIB = 2**30
 
 
@@ -105,20 +101,10 @@ def test_cli_prints_and_exits_by_the_verdicts(tmp_path: Path, capsys: pytest.Cap
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar"
-)
+@needs_bash_and_tar
 def test_device_offload_dry_run_writes_every_result(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "DRY_RUN": "1", "OMP_NUM_THREADS": "1"}
-    res = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "device_offload.sh")],
-        cwd=tmp_path, env=env, capture_output=True, text=True,
-        timeout=600,  # the script's own step limits come first (doubled in a dry run)
-    )
-    assert res.returncode == 0, res.stderr[-2000:]
-    log = (out / "suite.log").read_text()
-    assert "timed out" not in log and "exit 1" not in log, log[-3000:]
+    out, log = dry_run("device_offload.sh", tmp_path, 600)
+    assert "exit 1" not in log, log[-3000:]
     with tarfile.open(out / "results.tgz") as tar:
         names = {Path(n).name for n in tar.getnames()}
     for seq in (64, 128):
