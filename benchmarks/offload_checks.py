@@ -62,25 +62,21 @@ def _budgets(rows: dict[tuple[str, int], dict[str, Any]], seq: int) -> list[str]
     return sorted(out, key=lambda x: float(x.rstrip("%")), reverse=True)
 
 
-def _planned_offloading(row: dict[str, Any]) -> list[dict[str, Any]]:
-    """The runtime's planned step records of ``row`` that offloaded bytes."""
+def _planned(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runtime's planned step records of ``row`` that carry a prediction."""
     report = row.get("extras", {}).get("report")
     steps = report.get("steps", []) if isinstance(report, dict) else []
-    return [
-        s for s in steps
-        if isinstance(s, dict) and s.get("phase") == "planned" and (s.get("offloaded_bytes") or 0) > 0
-        and s.get("predicted_step_seconds") and s.get("step_seconds")
-    ]
+    return [s for s in steps if isinstance(s, dict) and s.get("phase") == "planned" and s.get("predicted_step_seconds")]
+
+
+def _planned_offloading(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """Those of them that offloaded bytes (and were measured)."""
+    return [s for s in _planned(row) if (s.get("offloaded_bytes") or 0) > 0 and s.get("step_seconds")]
 
 
 def _predicted(row: dict[str, Any]) -> float | None:
     """The median predicted step seconds of ``row``'s planned steps (None: no prediction)."""
-    report = row.get("extras", {}).get("report")
-    steps = report.get("steps", []) if isinstance(report, dict) else []
-    found = [
-        float(s["predicted_step_seconds"]) for s in steps
-        if isinstance(s, dict) and s.get("phase") == "planned" and s.get("predicted_step_seconds")
-    ]
+    found = [float(s["predicted_step_seconds"]) for s in _planned(row)]
     return statistics.median(found) if found else None
 
 

@@ -303,15 +303,19 @@ def runtime_python(events: Sequence[Any], top: int = 25) -> dict[str, Any]:
         f[1] += e.self_cpu_time_total
     out: dict[str, Any] = {"step_host_ms": step_us / 1e3}
     for part, funcs in parts.items():
-        ranked = sorted(funcs.items(), key=lambda kv: -kv[1][1])
-        called = sorted(library[part].items(), key=lambda kv: -kv[1][1])
         out[part] = {
             "self_ms": sum(v[1] for v in funcs.values()) / 1e3,
-            "functions": [{"function": n, "calls": int(c), "self_us": round(u, 1)} for n, (c, u) in ranked[:top]],
+            "functions": _ranked(funcs, top),
             "library_ms": sum(v[1] for v in library[part].values()) / 1e3,
-            "library": [{"function": n, "calls": int(c), "self_us": round(u, 1)} for n, (c, u) in called[:top]],
+            "library": _ranked(library[part], top),
         }
     return out
+
+
+def _ranked(funcs: dict[str, list[float]], top: int) -> list[dict[str, Any]]:
+    """The ``top`` functions of ``funcs`` (name: [calls, self µs]) by self time."""
+    ranked = sorted(funcs.items(), key=lambda kv: -kv[1][1])
+    return [{"function": n, "calls": int(c), "self_us": round(u, 1)} for n, (c, u) in ranked[:top]]
 
 
 def _runtime_at(name: str) -> int:
