@@ -107,6 +107,15 @@ class PlanEntry:
     live: Prediction | None = None
     """NOTE [Live prediction]: the plan predicted under the latest estimate (None until a
     planned pass has been learnt since the plan was solved)."""
+    live_reference: float | None = None
+    """NOTE [Model moves]: the step time live predictions are judged from when the
+    incumbent survived a re-solve (None: the plan's own prediction)."""
+    model_moves: int = 0
+    """Live refreshes in a row that moved from the reference (NOTE [Model moves])."""
+    model_resolves: int = 0
+    """Re-solves for a moved model since the profile was taken."""
+    incumbent: Plan | None = None
+    """The plan the pending re-solve keeps unless a plan is predicted MODEL_GAIN faster."""
     live_every: int = 1
     """Refresh ``live`` every this many learnt passes (keeps the refresh under ~2% of
     step time on profiles large enough for it to matter)."""
@@ -144,7 +153,8 @@ class PlanEntry:
         self.profile = profile
         self.needs_measure = False
         self.needs_solve = True
-        self.plan = self.borrow_plan = None
+        self.plan = self.borrow_plan = self.incumbent = self.live_reference = None
+        self.model_resolves = self.model_moves = 0
         self.measured_peak_bytes = measured_peak_bytes  # every droppable save dropped
 
 

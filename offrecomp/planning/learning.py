@@ -141,6 +141,10 @@ class Learner:
         trial's note."""
         if step is None or p.phase != Phase.PLANNED or self.host.user_plan is not None:
             return None
+        if entry.learnt_since_solve == 0:
+            return None  # NOTE [Offload trial]: not a plan's first pass
+        if distorts(self.host.clock.pause(p.start_mark, p.backward_end_mark), step):
+            return None  # NOTE [Host pauses]
         return offload_trial(entry, step, self.solver.solve_without_offload)
 
     def _learn(self, entry: PlanEntry, p: PassState, calibrating: bool, step: float | None) -> str | None:

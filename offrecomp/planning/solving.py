@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING
 
 from offrecomp.config import format_bytes
 from offrecomp.measure import host_available_bytes
+from offrecomp.planning.drift import MODEL_GAIN
 from offrecomp.planning.profiling import save_profile
 from offrecomp.transfer import slot_offsets
+from scheduler.cost_model import predict
 from scheduler.plan import ROOT, Placement, Plan
 
 if TYPE_CHECKING:
@@ -247,11 +249,17 @@ class Solver:
         # NOTE [Serving overhead]: price replays as the runtime will run them
         profile.replay_op_seconds = self.replay_cost.seconds
         entry.solved_replay_op_seconds = self.replay_cost.seconds
+        # NOTE [Model moves] (drift.py): a plan the trial solved (``next_plan``) runs as it is
+        incumbent = entry.incumbent if entry.next_plan is None else None
+        entry.incumbent = None
         plan = entry.next_plan if entry.next_plan is not None else self.solve_plan(entry)
         entry.next_plan = None
         entry.borrow_plan = None  # solved again when next lent
         if not plan.feasible:
             plan = self.frugal_end(entry, plan)
+        if incumbent is not None and incumbent is entry.plan and self._incumbent_stays(entry, incumbent, plan):
+            return
+        entry.live_reference = None
         entry.plan = plan
         entry.needs_measure = False
         entry.needs_solve = False
@@ -264,6 +272,31 @@ class Solver:
             save_profile(profile, cfg.profile_path, entry.signature)
         self.pin_ahead(offloaded_sizes(profile, plan))
         _log_plan(entry, plan, profile)
+
+    def _incumbent_stays(self, entry: PlanEntry, incumbent: Plan, plan: Plan) -> bool:
+        """NOTE [Model moves] (drift.py): does ``incumbent``, predicted under the estimate
+        the re-solve used, fit the budget and run within MODEL_GAIN of the new ``plan``?
+        If so it stays, and its prediction becomes the one later moves are judged from."""
+        profile = entry.profile
+        assert profile is not None
+        try:
+            now = predict(profile, incumbent, prefetch_regions=self.host.config.prefetch.regions or 2)
+        except ValueError:  # it no longer places on this profile
+            return False
+        budget = incumbent.budget_bytes
+        fits = incumbent.feasible and (budget is None or now.peak_bytes <= budget)
+        new = plan.predicted_step_seconds
+        if not fits or (plan.feasible and new is not None and new < (1.0 - MODEL_GAIN) * now.step_seconds):
+            return False
+        entry.needs_solve = False
+        entry.live = now
+        entry.live_reference = now.step_seconds
+        log.info(
+            "offrecomp: signature %s keeps plan %s (predicted %.4fs a step): the plan solved "
+            "again, %s, is predicted %.4fs",
+            entry.signature, incumbent.plan_id, now.step_seconds, plan.plan_id, new or 0.0,
+        )
+        return True
 
     def pin_ahead(self, sizes: list[int]) -> None:
         """Pin the plan's host memory now, outside any step: the pool would otherwise pin

@@ -814,7 +814,7 @@ def _trial_runtime(monkeypatch: pytest.MonkeyPatch, alt_scale: float) -> tuple[o
 
     monkeypatch.setattr(Solver, "solve_plan", scaled)
     model, batch = make("gpt_dropout")
-    steps = 4 + 3 * TRIAL_PASSES
+    steps = 6 + 3 * TRIAL_PASSES  # two first passes skipped, and room for a paused one
     ref = train(twin(model), batch, steps=steps)
     budget = tight_budget(model, batch)
     m = twin(model)
@@ -835,10 +835,11 @@ def test_offload_trial_runs_the_plan_without_offloading(monkeypatch: pytest.Monk
     notes = [(i, n) for i, s in enumerate(planned) for n in s.notes if n.startswith("offload trial")]
     assert len(notes) == 2, notes
     (start, first), (end, second) = notes
-    # a trial judges the offloading plan's last `passes` steps (a re-plan restarts it)
-    assert start >= passes - 1 and "trying without offloading" in first
+    # a trial judges the offloading plan's last `passes` steps but its first and any a
+    # host pause distorted (a re-plan restarts it); the same for the plan without
+    assert start >= passes and "trying without offloading" in first
     assert all(s.offloaded_bytes > 0 for s in planned[:start + 1])
-    assert end == start + passes and all(s.offloaded_bytes == 0 for s in planned[start + 1:end + 1])
+    assert end >= start + passes + 1 and all(s.offloaded_bytes == 0 for s in planned[start + 1:end + 1])
     offloading_again = "offloading again" in second
     assert offloading_again or "offloading stays off" in second
     assert all((s.offloaded_bytes > 0) == offloading_again for s in planned[end + 1:])
@@ -851,7 +852,7 @@ def test_offload_trial_not_run_when_the_plan_without_is_no_faster(monkeypatch: p
     rt, passes = _trial_runtime(monkeypatch, alt_scale=100.0)
     planned = rt.report().steps[2:]
     notes = [(i, n) for i, s in enumerate(planned) for n in s.notes if n.startswith("offload trial")]
-    assert len(notes) == 1 and notes[0][0] >= passes - 1, notes
+    assert len(notes) == 1 and notes[0][0] >= passes, notes
     assert all(s.offloaded_bytes > 0 for s in planned[notes[0][0] - passes + 1 : notes[0][0] + 1])
     assert "offloading stays" in notes[0][1]
     assert all(s.offloaded_bytes > 0 for s in planned)
