@@ -16,14 +16,20 @@ from tests.benchmarks.dry_run import dry_run, needs_bash_and_tar
 GIB = 2**30
 
 
-def _row(strategy: str, ms: float, peak_gib: float, steps: list[tuple[float, float, int]] | None = None) -> dict[str, Any]:
-    """A long_seq row; ``steps``: (measured s, predicted s, offloaded bytes) per planned step."""
+def _row(
+    strategy: str, ms: float, peak_gib: float, steps: list[tuple[float, float, int]] | None = None,
+    *, pauses: dict[int, float] | None = None,
+) -> dict[str, Any]:
+    """A long_seq row; ``steps``: (measured s, predicted s, offloaded bytes) per planned
+    step of one plan (the first left out of the prediction criterion); ``pauses``: host
+    pause seconds by index in ``steps``."""
     extras: dict[str, Any] = {}
     if steps is not None:
         records = [{"phase": "measure", "step_seconds": 1.0, "predicted_step_seconds": None, "offloaded_bytes": 0}]
         records += [
-            {"phase": "planned", "step_seconds": m, "predicted_step_seconds": p, "offloaded_bytes": b}
-            for m, p, b in steps
+            {"phase": "planned", "step_seconds": m, "predicted_step_seconds": p, "offloaded_bytes": b,
+             "plan_id": "a", "pause_seconds": (pauses or {}).get(i, 0.0)}
+            for i, (m, p, b) in enumerate(steps)
         ]
         extras = {"report": {"config": {}, "steps": records}, "median_offloaded_bytes": max((b for *_, b in steps), default=0)}
     return {"strategy": strategy, "seq": 8192, "status": "ok", "median_ms": ms, "peak_bytes": int(peak_gib * GIB),
@@ -46,7 +52,7 @@ def test_every_criterion_passes_and_fails_by_its_threshold() -> None:
     assert _verdicts(good) == {
         "keep": "pass",
         "auto@50% offloads": "pass",
-        "auto@50% prediction": "pass",  # the non-offloading step is not judged
+        "auto@50% prediction": "pass",  # neither the plan's first step nor the non-offloading one judged
         "auto@50% vs no offload": "pass",
         "auto@50% vs peers": "pass",
     }
@@ -64,6 +70,21 @@ def test_every_criterion_passes_and_fails_by_its_threshold() -> None:
         "auto@50% vs no offload": "fail",  # 0.965: not 5% faster
         "auto@50% vs peers": "fail",
     }
+
+
+def test_prediction_judges_steady_steps_and_gives_every_steps_figure() -> None:
+    """A plan's first step (one-time costs) and a step a host pause distorted are left
+    out of the prediction criterion; its line also gives the median over every
+    offloading step, and says n/a where no steady one is left."""
+    steps = [(0.13, 0.1, GIB), (0.1, 0.1, GIB), (0.33, 0.1, GIB), (0.102, 0.1, GIB)]
+    rows = [_row("offrecomp_auto@50%", 110.0, 12, steps, pauses={2: 0.2})]
+    found = {c.name: (c.verdict, c.detail) for c in checks({"rows": rows})}
+    assert found["auto@50% prediction"] == (
+        "pass", "measured/predicted 1.010 over 2 steady offloading steps (within 10%; 1.160 over all 4)"
+    )
+    rows = [_row("offrecomp_auto@50%", 110.0, 12, [(0.13, 0.1, GIB), (0.33, 0.1, GIB)], pauses={1: 0.2})]
+    verdict, detail = {c.name: (c.verdict, c.detail) for c in checks({"rows": rows})}["auto@50% prediction"]
+    assert verdict == "n/a" and detail.startswith("no steady offloading step (2 offloading steps")
 
 
 def test_vs_no_offload_gives_the_predicted_ratio() -> None:
