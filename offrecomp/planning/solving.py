@@ -291,6 +291,8 @@ class Solver:
         entry.needs_solve = False
         entry.live = now
         entry.live_reference = now.step_seconds
+        if self.host.config.profile_path:  # the profile it was judged on, as at a solve
+            save_profile(profile, self.host.config.profile_path, entry.signature)
         log.info(
             "offrecomp: signature %s keeps plan %s (predicted %.4fs a step): the plan solved "
             "again, %s, is predicted %.4fs",
