@@ -26,7 +26,7 @@ from scheduler.checks import (
     region_label,
     times_ok,
 )
-from scheduler.layout import host_times, unit_times
+from scheduler.layout import host_times, issue_ahead, unit_times
 from scheduler.opgraph import fixed_from, op_outputs, op_reads, producer_ops
 from scheduler.plan import ROOT, Placement, Plan, StorageKey
 from scheduler.profile import Profile, RegionRecord
@@ -151,21 +151,17 @@ class FlatProfile:
     native_keep: bool = False
     """``Profile.native_keep``: a region a plan keeps whole has no records to be found."""
 
-    @property
-    def forward_span(self) -> np.ndarray:
-        """Per unit its forward time when its group does not offload (and, under
-        ``Profile.native_keep``, a plan keeps it whole)."""
-        return np.maximum(self.fwd_dur, self.fwd_host)
-
     def forward_end_bound(self) -> float:
         """Latest end of forward of any plan: every unit that may offload does, and every
-        unit runs its hooks and takes its checkpoint."""
+        unit runs its hooks and takes its checkpoint (the forward's end only grows with
+        the host time of any unit: NOTE [Host time] in scheduler.timeline)."""
         may = np.zeros(self.n_units, dtype=np.bool_)
         off = (self.legal & OFFLOAD_BIT) != 0
         may[self.unit_of[off]] = True
         host = self.fwd_host + self.fwd_hook
-        longest = np.maximum(self.fwd_dur, np.where(may, host + self.offload_host, host))
-        return self.t0 + float(np.sum(longest - self.forward_span))
+        _, longest = issue_ahead(self.fwd_dur, np.where(may, host + self.offload_host, host))
+        _, base = issue_ahead(self.fwd_dur, self.fwd_host)
+        return self.t0 + (longest - base)
 
     @functools.cached_property
     def key_index(self) -> dict[StorageKey, int]:

@@ -8,7 +8,7 @@ import numpy as np
 from scheduler.checks import check_number, region_label, times_ok
 from scheduler.profile import Profile
 
-__all__ = ["host_times", "unit_times"]
+__all__ = ["host_times", "issue_ahead", "unit_times"]
 
 
 def unit_times(profile: Profile) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
@@ -114,10 +114,25 @@ def host_times(
         fwd_host = fwd_host + pack * hooked_saves
     if unpack > 0:
         bwd_host = bwd_host + unpack * hooked_saves
-    span = np.maximum(dur, fwd_host)
-    if np.array_equal(span, dur):
+    if not np.any(fwd_host > dur):  # the host never holds the device up
         return start, fwd_host, bwd_host, bdur, t0, fwd_hook, bwd_hook
-    ends = np.cumsum(span)
-    host_start = np.concatenate(([0.0], ends[:-1]))
-    t_end = t0 + float(ends[-1] - np.cumsum(dur)[-1])
+    host_start, end = issue_ahead(dur, fwd_host)
+    t_end = t0 + (end - float(np.cumsum(dur)[-1]))
     return host_start, fwd_host, bwd_host, bdur, t_end, fwd_hook, bwd_hook
+
+
+def issue_ahead(dur: np.ndarray, host: np.ndarray) -> tuple[np.ndarray, float]:
+    """The forward's units on the device when the host issues them one after another
+    (NOTE [Host time] in scheduler.timeline): each unit's device start, and the end of
+    the last. A unit starts once the device ended the one before and the host began
+    issuing it, and ends no earlier than its device time after its start nor than the
+    host's end of issuing it. ``timeline._forward`` runs the same recurrence."""
+    starts = np.empty_like(dur)
+    d = h = 0.0
+    for u in range(dur.shape[0]):
+        s = d if d >= h else h
+        starts[u] = s
+        h = h + float(host[u])
+        e = s + float(dur[u])
+        d = e if e >= h else h
+    return starts, d

@@ -194,6 +194,24 @@ def test_host_time_makes_a_host_bound_unit_longer() -> None:
     assert t.step_seconds == 26.0
 
 
+def test_the_host_runs_ahead_of_the_device_in_forward() -> None:
+    """NOTE [Host time]: a unit whose host time outlasts its device time holds the
+    device up only by what the host's lead from the units before does not cover."""
+    p = two_blocks(pack_host_seconds=0.5)  # two saves a block: 1 s of hooks each
+    p.regions[0].host_seconds = 1.0  # l0: 2 s of host on 3 s of device, 1 s ahead
+    p.regions[1].host_seconds = 3.0  # l1: 4 s of host on 3 s of device
+    t = simulate(p, Plan())
+    # l1's host ends at 2 + 4 = 6, its device at 3 + 3: the lead covers its extra second
+    assert [(i.start, i.end) for i in t.compute if i.label.startswith("forward")] == [(0.0, 3.0), (3.0, 6.0)]
+    assert t.forward_seconds == 6.0
+    # issuing l1's group takes 2 s more of host: 1 s of lead covers 1 of its 3 s over
+    p.offload_host_seconds = 2.0
+    t = simulate(p, Plan(placements={("l1", 0, 0): OFF}))
+    assert [(i.start, i.end) for i in t.compute if i.label.startswith("forward")] == [(0.0, 3.0), (3.0, 8.0)]
+    assert t.forward_seconds == 8.0 and t.d2h[0].start == 8.0
+    assert lower_bound(p, None) <= simulate(p, Plan()).step_seconds
+
+
 def test_native_keep_charges_the_hooks_only_to_regions_not_kept_whole() -> None:
     """Under ``Profile.native_keep`` a region the plan keeps whole saves without the
     hooks (the runtime's NOTE [Native keep]); one that drops or offloads a storage pays
