@@ -155,8 +155,9 @@ class Learner:
         measured = entry.cost.estimate()
         learn_host_costs(p, measured)
         alone: list[str] = []
+        on_device = host.device().type == "cuda"
         skipped = learn_forward(
-            p, measured, clock=clock, on_device=host.device().type == "cuda", calibrating=calibrating, alone=alone
+            p, measured, clock=clock, on_device=on_device, calibrating=calibrating, alone=alone
         )
         if calibrating and alone and entry.calibration_tries < MAX_CALIBRATION_TRIES:
             entry.calibration_tries += 1
@@ -168,9 +169,9 @@ class Learner:
                 p.signature, 1e3 * pause, ", ".join(alone),
             )
             return f"host pause {1e3 * pause:.1f} ms in {', '.join(alone)}; calibrating again"
-        if not learn_backward(p, measured, clock=clock, calibrating=calibrating):
+        if not learn_backward(p, measured, clock=clock, calibrating=calibrating, on_device=on_device):
             skipped.append("backward")
-        if not calibrating and host.device().type == "cuda":
+        if not calibrating and on_device:
             learn_served_replays(p, measured, clock)
             learn_replay_host(p, measured, clock)
         # the link as the engine's copies achieved it (per-copy overheads included)
@@ -330,18 +331,23 @@ def _probe_seconds(p: PassState, by_key: dict[tuple[str, int], RegionRecord], cl
     return statistics.median(seen) if seen else None
 
 
-def learn_backward(p: PassState, measured: Profile, *, clock: Clock, calibrating: bool) -> bool:
+def learn_backward(
+    p: PassState, measured: Profile, *, clock: Clock, calibrating: bool, on_device: bool = False
+) -> bool:
     """``p``'s backward, less its replays, stalls and the runtime's host time, into
-    ``measured`` (each region's share scaled alike); False when a host pause distorted
-    it (nothing learnt)."""
+    ``measured`` (each region's share scaled alike), and on a GPU its host time
+    (``_learn_backward_host``); False when a host pause distorted it (nothing learnt)."""
     fwd_total = clock.seconds(p.start_mark, p.backward_start_mark)
     bwd_total = clock.seconds(p.backward_start_mark, p.backward_end_mark)
     if fwd_total is None or bwd_total is None:
         return True
     replay = sum(clock.seconds(a, b) or 0.0 for _, a, b in p.replay_marks)
     stall = float(getattr(p.offload_stats, "stall_seconds", 0.0) or 0.0)
-    # NOTE [Host time]: the hooks' and the reloads' host time is the model's to add
-    bwd = max(0.0, bwd_total - replay - stall - _backward_host_extra(p, measured))
+    # NOTE [Host time]: the hooks' and the reloads' host time is the model's to add: on
+    # CPU (host and device are one) it comes off the backward's time; on GPU the events
+    # time the device, and it comes off the host's span of the backward instead
+    extra = _backward_host_extra(p, measured)
+    bwd = max(0.0, bwd_total - replay - stall - (0.0 if on_device else extra))
     # pauses inside replays went out with the replays' time
     paused = clock.pause(p.backward_start_mark, p.backward_end_mark) - sum(
         clock.pause(a, b) for _, a, b in p.replay_marks
@@ -357,7 +363,41 @@ def learn_backward(p: PassState, measured: Profile, *, clock: Clock, calibrating
         for r in measured.regions:
             r.backward_seconds *= scale
     measured.backward_seconds = bwd
+    if on_device and bwd > 0:
+        _learn_backward_host(p, measured, extra, calibrating)
     return True
+
+
+def _learn_backward_host(p: PassState, measured: Profile, extra: float, calibrating: bool) -> None:
+    """NOTE [Backward host time]: each region's backward host time from ``p``'s host span
+    of its backward, less the replays' host spans and the runtime's ``extra`` host time,
+    shared out over the regions as their device times are."""
+    start, end = p.backward_start_mark, p.backward_end_mark
+    host = end.host - start.host - sum(b.host - a.host for _, a, b in p.replay_marks) - extra
+    if host <= 0:
+        return
+    ratio = host / measured.backward_seconds
+    for r in measured.regions:
+        new = r.backward_seconds * ratio
+        old = r.backward_host_seconds
+        if old is not None and old > 0 and not calibrating:
+            new = min(OUTLIER_RATIO * old, max(old / OUTLIER_RATIO, new))
+        r.backward_host_seconds = new
+
+
+# NOTE [Backward host time]
+# On a GPU the host issues a backward's kernels ahead of the device where the kernels are
+# long (the autograd engine, the unpack hooks, the reloads' issue), and a unit's backward
+# in the model takes the longer of its device and host time (NOTE [Host time] in
+# scheduler/timeline.py). Without a measured host time a region's is its device time, so
+# every unpack and reload issue the model adds lengthens its backward by all of it, where
+# a device that takes the longer hides them under its kernels: at 8K tokens on an H200 the
+# plans that offload (a reload per group) ran at 0.980-0.984 of their prediction, those
+# without at 1.006-1.014. Each
+# planned or calibration pass on a GPU measures the host's span of its backward, less the
+# replays' host spans and the hooks' and reloads' host time, and gives each region the
+# share of it its device time has; the root's share keeps its device time. The device time
+# of the backward is the events', with nothing taken off for the runtime's host time.
 
 
 def learn_forward(

@@ -383,3 +383,50 @@ def test_a_plain_replays_host_time_beyond_its_ops_is_learnt_per_replay() -> None
     p.plain_replays = p.plain_replays[2:]
     learning.learn_replay_host(p, measured, _Clock())  # type: ignore[arg-type]
     assert 0 < measured.replay_host_seconds < 1e-9  # learnt as 0, not left unmeasured
+
+
+class _DeviceClock:
+    """A GPU's clock in a test: a mark's ``event`` is its device time; ``host`` its
+    host time."""
+
+    @staticmethod
+    def seconds(a: Any, b: Any, wait: bool = False) -> float:
+        return float(b.event - a.event)
+
+    @staticmethod
+    def pause(a: Any, b: Any) -> float:
+        return 0.0
+
+
+def test_backward_host_time_is_learnt_on_a_gpu() -> None:
+    """NOTE [Backward host time]: on a GPU the backward's device time is the events', the
+    runtime's host time left on it; each region's host time is its share of the host's
+    span, less the replays' host spans and the hooks' and reloads' host time. On a CPU
+    the runtime's host time comes off the backward, and no host time is set."""
+    from offrecomp.measure import Mark
+    from scheduler import Profile, RegionRecord
+
+    def measured() -> Profile:
+        return Profile(
+            signature="sig", forward_seconds=1.0, backward_seconds=4.0, unpack_host_seconds=0.01,
+            reload_host_seconds=0.1,
+            regions=[
+                RegionRecord(name=n, call_index=0, start_seconds=0.5 * i, forward_seconds=0.5, backward_seconds=2.0)
+                for i, n in enumerate("ab")
+            ],
+        )
+
+    p = _measured_pass(10, groups_reloaded=2, stall_seconds=0.0)  # 0.1 s of hooks, 0.2 s of reloads
+    p.start_mark = Mark(0.0, 0.0)
+    p.backward_start_mark = Mark(1.0, 1.0)
+    p.replay_marks = [(0, Mark(1.5, 2.0), Mark(2.0, 2.5))]  # 0.5 s each on host and device
+    p.backward_ends.append(Mark(3.0, 5.5))  # host 2 s, device 4.5 s
+    on_gpu = measured()
+    assert learning.learn_backward(p, on_gpu, clock=_DeviceClock(), calibrating=True, on_device=True)
+    assert on_gpu.backward_seconds == pytest.approx(4.0)  # 4.5 less the replay
+    # host: 2 - 0.5 (replay) - 0.1 (unpacks) - 0.2 (reloads) = 1.2 s, over 4 s of device
+    assert [r.backward_host_seconds for r in on_gpu.regions] == pytest.approx([0.6, 0.6])
+    on_cpu = measured()
+    assert learning.learn_backward(p, on_cpu, clock=_DeviceClock(), calibrating=True)
+    assert on_cpu.backward_seconds == pytest.approx(3.7)  # less the runtime's 0.3 s too
+    assert [r.backward_host_seconds for r in on_cpu.regions] == [None, None]
