@@ -29,7 +29,8 @@
 #   and is judged by benchmarks/offload_checks.py
 #   (checks_<tokens>.txt: keep within 1% of plain; auto's offloading steps within 10% of
 #   prediction, 5% faster than the no-offload plan, faster than every peer at or below
-#   its memory).
+#   its memory), with benchmarks/model_fit.py's measured over predicted step, forward,
+#   replay and rest of each run (fit_<tokens>.txt).
 # $OUT (default ./device_offload_out) gets suite.log (what each step printed and its exit
 # status) and results.tgz (every raw file), both brought up to date after every step.
 #
@@ -80,11 +81,14 @@ headroom() {
     --gbps "$HEADROOM_GBPS" --no-host-cost
 }
 
-# judge NAME: offload_checks.py over long_seq run NAME, into checks_NAME.txt
+# judge NAME: offload_checks.py over long_seq run NAME, into checks_NAME.txt, and
+# model_fit.py (measured over predicted, part by part) into fit_NAME.txt
 judge() {
   "$PY" benchmarks/offload_checks.py "$WORK/$1/results.json" --out "$WORK/checks_$1.json" \
     > "$WORK/checks_$1.txt" 2>&1
   tee -a "$OUT/suite.log" < "$WORK/checks_$1.txt"
+  "$PY" benchmarks/model_fit.py "$WORK/$1/results.json" --out "$WORK/fit_$1.json" > "$WORK/fit_$1.txt" 2>&1
+  tee -a "$OUT/suite.log" < "$WORK/fit_$1.txt"
   pack
 }
 

@@ -129,7 +129,7 @@ def test_device_offload_dry_run_writes_every_result(tmp_path: Path) -> None:
     with tarfile.open(out / "results.tgz") as tar:
         names = {Path(n).name for n in tar.getnames()}
     for seq in (64, 128):
-        assert f"checks_long_seq_{seq}.json" in names
+        assert f"checks_long_seq_{seq}.json" in names and f"fit_long_seq_{seq}.json" in names
     assert {"profile_step.json", "env.txt", "replay_check_128.json", "region_calls.json", "issue_primitives.json"} <= names
     assert "[region_calls: exit 0]" in log and "[issue_primitives: exit 0]" in log
     assert "[replay_check_128: exit 0]" in log
