@@ -263,7 +263,6 @@ class RegionCalls:
                 call.snapshot_bytes = held
 
     def exit(self, call: RegionCall) -> None:
-        call.end_mark = self._device.mark()
         self._life.call_ended(call)
         region = call.region
         rng = call.rng
@@ -327,6 +326,10 @@ class RegionCalls:
                 self._groups.issue(call)
             else:
                 _unsent_inputs(call)  # NOTE [Calls that saved nothing]: released below, copied for nothing
+        # the call's span holds its exit's work and its group's issue, which the learner
+        # takes off it as the model adds them back (NOTE [Host time] in scheduler/timeline.py);
+        # not a planned release's wait for a copy, below, which no unit of the model holds
+        call.end_mark = self._device.mark()
         p = call.pass_state
         if p is not None and p.releases:  # NOTE [Planned release] (groups.py)
             self._groups.release_due(p, 2 * call.ordinal + 1)
