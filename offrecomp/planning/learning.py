@@ -393,11 +393,11 @@ def _learn_backward_host(p: PassState, measured: Profile, extra: float, calibrat
 # every unpack and reload issue the model adds lengthens its backward by all of it, where
 # a device that takes the longer hides them under its kernels: at 8K tokens on an H200 the
 # plans that offload (a reload per group) ran at 0.980-0.984 of their prediction, those
-# without at 1.006-1.014. Each
-# planned or calibration pass on a GPU measures the host's span of its backward, less the
-# replays' host spans and the hooks' and reloads' host time, and gives each region the
-# share of it its device time has; the root's share keeps its device time. The device time
-# of the backward is the events', with nothing taken off for the runtime's host time.
+# without at 1.006-1.014. Each planned or calibration pass on a GPU measures the host's
+# span of its backward, less the replays' host spans and the hooks' and reloads' host
+# time, and gives each region the share of it its device time has; the root's share keeps
+# its device time. The device time of the backward is the events', with nothing taken
+# off for the runtime's host time.
 
 
 def learn_forward(
