@@ -9,8 +9,9 @@ The model (see docs/planner.md for the picture):
   timeline; otherwise they run back to back and the root forward time
   (``profile.forward_seconds`` minus the regions' sum) is spread evenly over the gaps.
   Root backward time is spread over the gaps in proportion to their forward time.
-* **Forward.** Each unit runs for the longer of its device time and its host time
-  (NOTE [Host time]). A storage is saved at its unit's start plus ``offset_seconds``
+* **Forward.** The host issues the units in order, ahead of the device where it can; a
+  unit ends no earlier than its device time after its start nor than the host's end of
+  it (NOTE [Host time]). A storage is saved at its unit's start plus ``offset_seconds``
   (root storages: step start plus ``offset_seconds``, moved by the host time the units
   before theirs add) and is resident from then on unless it is dropped (RECOMPUTE).
 * **D2H** (NOTE [Offload groups]). The OFFLOAD storages of one unit form a group: a

@@ -748,8 +748,8 @@ def learn_served_replays(p: PassState, measured: Profile, clock: Clock) -> None:
 # hooks and checkpoint restore) runs ahead of the device where the ops are long, and
 # holds the device up where they are short: at 4K tokens on an H200, plain replays ran at
 # 1.2-1.5x the ops' seconds the planner priced them with, at 16K within 4%. The
-# simulator takes a unit's time as the longer of its device time and its host time, a
-# replay's host time being its ops' seconds plus ``Profile.replay_host_seconds`` (NOTE
+# simulator takes a backward unit's time as the longer of its device time and its host
+# time, a replay's host time being its ops' seconds plus ``Profile.replay_host_seconds`` (NOTE
 # [Host time] in scheduler/timeline.py). On a GPU each planned pass sets that figure to
 # the median, over its timed plain replays, of the replay's host span less its ops'
 # seconds in the estimate (0 where the host ran ahead), which the cost model averages
