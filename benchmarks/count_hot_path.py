@@ -1,15 +1,16 @@
 """Bytecodes per saved tensor: the save path counted, not timed.
 
     python benchmarks/count_hot_path.py [--ops 200] [--region-saves 16] [--steps 3]
-        [--top 25] [--out counts.json]
+        [--top 25] [--detail offload] [--out counts.json]
 
 On a shared machine the timed figures of bench_host_overhead.py move by 10-20% between
 runs, so a change of a few percent to the save path cannot be ranked by timing. The
 Python bytecodes a step executes are the same on every run: this script counts them with
 an opcode tracer (``sys.settrace`` with ``f_trace_opcodes``) over a few steps of each
 variant of bench_host_overhead.py, subtracts the plain step's count, and divides by the
-saves. For the offload variant it also lists the functions those bytecodes run in, with
-their bytecodes and calls per saved tensor.
+saves. For one variant (``--detail``: a word its name holds, the offload variant's by
+default) it also lists the functions those bytecodes run in, with their bytecodes and
+calls per saved tensor.
 
 It also counts the emulated backend's device calls per offload group in one more window
 of the offload variant: event records (timed ones apart), stream waits, event queries,
@@ -149,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--region-saves", type=int, default=REGION_SAVES,
                     help=f"saves per region call in the offload and auto variants (default {REGION_SAVES})")
     ap.add_argument("--steps", type=int, default=3, help="steps counted per window (default 3)")
-    ap.add_argument("--top", type=int, default=25, help="functions listed for the offload variant (default 25)")
+    ap.add_argument("--top", type=int, default=25, help="functions listed for the --detail variant (default 25)")
+    ap.add_argument("--detail", default="offload",
+                    help="list the functions of the variant whose name holds this (default offload; "
+                         "'hooks on' for keep with the hooks on, 'auto' for auto)")
     ap.add_argument("--out", default=None, help="write the counts as JSON here")
     args = ap.parse_args(argv)
     if args.ops < 2 or args.region_saves < 1 or args.steps < 1 or args.top < 0:
@@ -213,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         f"offrecomp auto, {args.region_saves} per region, kept": (
             in_runtime(_Model(n, blocks=blocks), mode="auto", drift=100.0), "grouped"),
     }
+    detailed = next((name for name in variants if args.detail in name), None)
+    if detailed is None:
+        ap.error(f"--detail {args.detail!r} names no variant; accepted: a word of one of {', '.join(variants)}")
     base = {"plain": _count(plain(plain_model)).total, "grouped": _count(plain(grouped)).total}
     per_save: dict[str, float] = {}
     unsteady: dict[str, float] = {}  # variant: relative difference of its two windows
@@ -222,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         if first.total != second.total:  # periodic work: sampled hook timing, timed copies, learning
             unsteady[name] = abs(second.total - first.total) / max(first.total, second.total)
         per_save[name] = (second.total - base[baseline]) / (steps * saves[0])
-        if name.startswith("offrecomp offload"):
+        if name == detailed:
             detail = second
     print(f"{saves[0]} saves and {n} ops per step, {steps} steps per window, torch {torch.__version__}, "
           f"Python {sys.version.split()[0]}")
@@ -244,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     top: list[dict[str, Any]] = []
     if detail is not None and args.top:
         unit = steps * saves[0]
-        print("\noffload variant, by function (bytecodes and calls per saved tensor):")
+        print(f"\n{detailed}, by function (bytecodes and calls per saved tensor):")
         for code, ops in detail.ops.most_common(args.top):
             top.append({"function": _where(code), "bytecodes": ops / unit, "calls": detail.calls[code] / unit})
             print(f"{ops / unit:9.1f} {detail.calls[code] / unit:7.2f}  {_where(code)}")
@@ -253,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             "ops": n, "saves": saves[0], "steps": steps, "region_saves": args.region_saves,
             "torch": torch.__version__, "python": sys.version.split()[0],
             "plain_bytecodes_per_step": base["plain"] / steps,
-            "bytecodes_per_save_over_plain": per_save, "unsteady": unsteady, "offload_functions": top,
+            "bytecodes_per_save_over_plain": per_save, "unsteady": unsteady, "functions_of": detailed, "functions": top,
             "offload_device_calls_per_group": per_group,
         }, indent=2))
     return 0

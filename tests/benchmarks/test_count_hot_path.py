@@ -35,8 +35,14 @@ def test_count_hot_path_reports_every_variant(tmp_path: Path, capsys: pytest.Cap
     calls = res["offload_device_calls_per_group"]
     assert 8 < calls["copy (per tensor)"] <= 18 and calls["alloc_device"] == 1.0, calls
     assert sum(calls.values()) - calls["copy (per tensor)"] < 30, calls
-    names = [f["function"] for f in res["offload_functions"]]
+    assert res["functions_of"] == "offrecomp offload, 16 saves per region"
+    names = [f["function"] for f in res["functions"]]
     assert any(name.endswith("Placer.pack") for name in names)
+    # another variant's functions: keep with the hooks on runs the general save path
+    assert count_hot_path.main(["--ops", "32", "--steps", "1", "--detail", "hooks on", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["functions_of"] == "offrecomp keep, hooks on"
+    assert any(f["function"].endswith("Placer._new_storage") for f in res["functions"])
 
 
 def test_count_hot_path_rejects_bad_arguments() -> None:
@@ -44,3 +50,5 @@ def test_count_hot_path_rejects_bad_arguments() -> None:
         count_hot_path.main(["--ops", "1"])
     with pytest.raises(SystemExit):
         count_hot_path.main(["--steps", "0"])
+    with pytest.raises(SystemExit):
+        count_hot_path.main(["--ops", "8", "--detail", "no such variant"])
