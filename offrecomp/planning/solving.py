@@ -260,6 +260,7 @@ class Solver:
         if incumbent is not None and incumbent is entry.plan and self._incumbent_stays(entry, incumbent, plan):
             return
         entry.live_reference = None
+        entry.model_moves = 0  # NOTE [Model moves]: counted for this plan's predictions
         entry.plan = plan
         entry.needs_measure = False
         entry.needs_solve = False

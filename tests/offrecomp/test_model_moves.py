@@ -80,6 +80,18 @@ def test_a_move_seen_on_refreshes_in_a_row_solves_again_keeping_the_incumbent(
     assert entry.needs_solve and entry.incumbent is entry.plan and entry.model_resolves == 1
 
 
+def test_a_new_plan_counts_its_own_moves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A move seen on the plan before a re-solve does not count toward the next plan's."""
+    rt, entry = _planned()
+    solved = entry.plan.predicted_step_seconds
+    _predicting(monkeypatch, [1.10 * solved])
+    _refresh(entry, 1)
+    assert entry.model_moves == 1
+    entry.needs_solve = True  # solved again for another reason (a drifting window, say)
+    rt.planner.solver.solve(entry)
+    assert entry.model_moves == 0 and entry.live_reference is None
+
+
 def test_a_move_within_the_share_of_drift_counts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     _, entry = _planned()
     solved = entry.plan.predicted_step_seconds
