@@ -15,6 +15,7 @@ import numpy as np
 
 from scheduler.flat import OFFLOAD_BIT, FlatProfile
 from scheduler.kernels import njit, njit_inline, replay_unit
+from scheduler.layout import issue_ahead
 from scheduler.timeline import Workspace
 
 __all__ = ["hidden_offloads"]
@@ -269,9 +270,10 @@ def hidden_offloads(
     rank = np.empty(n, dtype=np.int64)
     rank[flat.save_order] = np.arange(n)
     cand = cand[np.lexsort((rank[cand], -density[cand]))].astype(np.int64)
-    # a copy starts no earlier than its group's exit (NOTE [Offload groups]), where the
-    # unit ran its hooks
-    exits = (flat.fwd_start + np.maximum(flat.fwd_dur, flat.fwd_host + flat.fwd_hook))[flat.unit_of]
+    # a copy starts no earlier than its group's exit (NOTE [Offload groups]): the unit's
+    # end with every unit running its hooks, the host ahead where it can (NOTE [Host time])
+    starts, end = issue_ahead(flat.fwd_dur, flat.fwd_host + flat.fwd_hook)
+    exits = np.append(starts[1:], end)[flat.unit_of]
     return _hidden_set(
         cand, flat.nbytes, exits, flat.unit_of, rank, flat.t0,
         flat.d2h_bps, flat.h2d_bps, flat.bwd_dur, prefetch, flat.host_limit_bytes
