@@ -343,8 +343,15 @@ def test_a_buffer_empty_at_entry_and_cleared_by_the_forward_plans() -> None:
 
     ref = train(copy.deepcopy(model), batch, steps=6)
     rt = train_bitwise(copy.deepcopy(model), batch, "auto", None, ref, steps=6)
-    phases = [s.phase for s in rt.report().steps]
-    assert phases[2:] == ["planned"] * 4, phases
+    steps = rt.report().steps
+    phases = [s.phase for s in steps]
+    # measured once; a collection inside a calibration pass's region, which has no
+    # repeated peer, sends that pass back (NOTE [Host pauses]): then planned for good
+    assert phases[0] == "measure" and "measure" not in phases[1:], phases
+    calibrations = [i for i, ph in enumerate(phases) if ph == "calibrate"]
+    assert calibrations and calibrations == list(range(1, calibrations[-1] + 1)), phases
+    assert all("calibrating again" in " ".join(steps[i].notes) for i in calibrations[:-1]), phases
+    assert phases[calibrations[-1] + 1:] == ["planned"] * (5 - calibrations[-1]), phases
 
 
 class _Carried:
