@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -33,3 +34,12 @@ def dry_run(script: str, tmp_path: Path, timeout: float, **env: str) -> tuple[Pa
     log = (out / "suite.log").read_text()
     assert "timed out" not in log, log[-3000:]
     return out, log
+
+
+def archived(out: Path) -> dict[str, bytes]:
+    """The files a dry run packed into ``out``/results.tgz, by their path in it (no ``./``)."""
+    with tarfile.open(out / "results.tgz") as tar:
+        return {
+            m.name.removeprefix("./"): tar.extractfile(m).read()  # type: ignore[union-attr]
+            for m in tar.getmembers() if m.isfile()
+        }

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import tarfile
 from pathlib import Path
 
 import pytest
 
-from tests.benchmarks.dry_run import dry_run, needs_bash_and_tar
+from tests.benchmarks.dry_run import archived, dry_run, needs_bash_and_tar
 
 
 @pytest.mark.slow
@@ -21,24 +20,23 @@ def test_dry_run_writes_every_result(tmp_path: Path) -> None:
         assert f"[{name}: exit 0]" in log, name
     assert "torchtune and torchao: NOT installed" in log  # said, not skipped silently
 
-    with tarfile.open(out / "results.tgz") as tar:
-        names = {n.removeprefix("./") for n in tar.getnames()}
-        for path in (
-            "env.txt",
-            "optional_packages.txt",
-            "compile_warm/results.json",
-            "long_seq_64/results.json",
-            "long_seq_128/results.csv",
-            "long_seq_256/results.json",
-            "search_6MiB/longest_seq.csv",
-            "search_6MiB/results.json",
-            "profile_step.json",
-        ):
-            assert path in names, path
-        compare = json.load(tar.extractfile("./long_seq_128/results.json"))  # type: ignore[arg-type]
-        longest = json.load(tar.extractfile("./long_seq_256/results.json"))  # type: ignore[arg-type]
-        search = json.load(tar.extractfile("./search_6MiB/results.json"))  # type: ignore[arg-type]
-        profile = json.load(tar.extractfile("./profile_step.json"))  # type: ignore[arg-type]
+    files = archived(out)
+    for path in (
+        "env.txt",
+        "optional_packages.txt",
+        "compile_warm/results.json",
+        "long_seq_64/results.json",
+        "long_seq_128/results.csv",
+        "long_seq_256/results.json",
+        "search_6MiB/longest_seq.csv",
+        "search_6MiB/results.json",
+        "profile_step.json",
+    ):
+        assert path in files, path
+    compare = json.loads(files["long_seq_128/results.json"])
+    longest = json.loads(files["long_seq_256/results.json"])
+    search = json.loads(files["search_6MiB/results.json"])
+    profile = json.loads(files["profile_step.json"])
     peers = {r["strategy"] for r in compare["rows"]}
     assert peers == {  # compile_budget runs in compile_warm and the search in a dry run
         "none", "ckpt_block", "ckpt_sqrt", "sac_matmul", "save_on_cpu",

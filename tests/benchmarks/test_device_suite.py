@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import tarfile
 from pathlib import Path
 
 import pytest
 
-from tests.benchmarks.dry_run import dry_run, needs_bash_and_tar
+from tests.benchmarks.dry_run import archived, dry_run, needs_bash_and_tar
 
 STEPS = (
     "warmup", "cuda_tests", "bench_offload", "long_seq", "bench_dynamic_shapes", "bench_host_overhead",
@@ -27,25 +26,24 @@ def test_dry_run_writes_every_result(tmp_path: Path) -> None:
     # (a budget of half of keep's bytes is below the most frugal plan's): it ran to its end
     assert "[bench_planner_32: exit 0]" in log or "[bench_planner_32: exit 1]" in log
 
-    with tarfile.open(out / "results.tgz") as tar:
-        names = {n.removeprefix("./") for n in tar.getnames()}
-        for path in (
-            "env.txt",
-            "bench_planner_32.json",
-            "bench_planner_profile_32.json",
-            "cuda_tests.log",
-            "bench_offload.json",
-            "long_seq/results.json",
-            "bench_dynamic_shapes.json",
-            "bench_host_overhead.json",
-            "bench_host_overhead_thread.json",
-            "profile_step.json",
-            "cuda_tests_compiled.log",
-        ):
-            assert path in names, path
-        planner = json.load(tar.extractfile("./bench_planner_32.json"))  # type: ignore[arg-type]
-        long_seq = json.load(tar.extractfile("./long_seq/results.json"))  # type: ignore[arg-type]
-        compiled = tar.extractfile("./cuda_tests_compiled.log").read().decode()  # type: ignore[union-attr]
+    files = archived(out)
+    for path in (
+        "env.txt",
+        "bench_planner_32.json",
+        "bench_planner_profile_32.json",
+        "cuda_tests.log",
+        "bench_offload.json",
+        "long_seq/results.json",
+        "bench_dynamic_shapes.json",
+        "bench_host_overhead.json",
+        "bench_host_overhead_thread.json",
+        "profile_step.json",
+        "cuda_tests_compiled.log",
+    ):
+        assert path in files, path
+    planner = json.loads(files["bench_planner_32.json"])
+    long_seq = json.loads(files["long_seq/results.json"])
+    compiled = files["cuda_tests_compiled.log"].decode()
     assert planner["checks"] and "auto" in {r["strategy"] for r in planner["rows"]}
     assert {r["strategy"] for r in long_seq["rows"]} == {
         "none", "ckpt_block", "offrecomp_recompute", "offrecomp_auto@50%"

@@ -4,14 +4,13 @@ benchmarks/device_offload.sh runs end to end in its CPU dry-run mode."""
 from __future__ import annotations
 
 import json
-import tarfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from benchmarks.offload_checks import checks, main
-from tests.benchmarks.dry_run import dry_run, needs_bash_and_tar
+from tests.benchmarks.dry_run import archived, dry_run, needs_bash_and_tar
 
 GIB = 2**30
 
@@ -126,8 +125,7 @@ def test_cli_prints_and_exits_by_the_verdicts(tmp_path: Path, capsys: pytest.Cap
 def test_device_offload_dry_run_writes_every_result(tmp_path: Path) -> None:
     out, log = dry_run("device_offload.sh", tmp_path, 600)
     assert "exit 1" not in log, log[-3000:]
-    with tarfile.open(out / "results.tgz") as tar:
-        names = {Path(n).name for n in tar.getnames()}
+    names = {Path(n).name for n in archived(out)}
     for seq in (64, 128):
         assert f"checks_long_seq_{seq}.json" in names and f"fit_long_seq_{seq}.json" in names
     assert {"profile_step.json", "env.txt", "replay_check_128.json", "region_calls.json", "issue_primitives.json"} <= names
