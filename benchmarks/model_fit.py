@@ -25,7 +25,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.offload_checks import _planned, _steady
+from benchmarks.offload_checks import planned_records, steady_records
 
 COLUMNS = ("step", "forward", "replay", "rest", "stall ms", "host/dev fwd", "steps")
 
@@ -42,7 +42,7 @@ def _ratio(measured: float | None, predicted: float | None) -> float | None:
 
 def fit(row: dict[str, Any]) -> dict[str, Any] | None:
     """The medians of one long_seq row's steady planned steps (None: no such step)."""
-    steps = _steady([s for s in _planned(row) if s.get("step_seconds")], row)
+    steps = steady_records([s for s in planned_records(row) if s.get("step_seconds")], row)
     if not steps:
         return None
 

@@ -70,7 +70,7 @@ def _budgets(rows: dict[tuple[str, int], dict[str, Any]], seq: int) -> list[str]
     return sorted(out, key=lambda x: float(x.rstrip("%")), reverse=True)
 
 
-def _planned(row: dict[str, Any]) -> list[dict[str, Any]]:
+def planned_records(row: dict[str, Any]) -> list[dict[str, Any]]:
     """The runtime's planned step records of ``row`` that carry a prediction."""
     report = row.get("extras", {}).get("report")
     steps = report.get("steps", []) if isinstance(report, dict) else []
@@ -79,14 +79,14 @@ def _planned(row: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _planned_offloading(row: dict[str, Any]) -> list[dict[str, Any]]:
     """Those of them that offloaded bytes (and were measured)."""
-    return [s for s in _planned(row) if (s.get("offloaded_bytes") or 0) > 0 and s.get("step_seconds")]
+    return [s for s in planned_records(row) if (s.get("offloaded_bytes") or 0) > 0 and s.get("step_seconds")]
 
 
-def _steady(steps: list[dict[str, Any]], row: dict[str, Any]) -> list[dict[str, Any]]:
+def steady_records(steps: list[dict[str, Any]], row: dict[str, Any]) -> list[dict[str, Any]]:
     """``steps`` (of ``row``'s planned records) less each plan's first step and those a
     host pause distorted (NOTE [Host pauses] in offrecomp/measure.py)."""
     firsts, seen = set(), set()
-    for s in _planned(row):
+    for s in planned_records(row):
         if s.get("plan_id") not in seen:
             seen.add(s.get("plan_id"))
             firsts.add(id(s))
@@ -102,7 +102,7 @@ def _ratio(steps: list[dict[str, Any]]) -> float:
 
 def _predicted(row: dict[str, Any]) -> float | None:
     """The median predicted step seconds of ``row``'s planned steps (None: no prediction)."""
-    found = [float(s["predicted_step_seconds"]) for s in _planned(row)]
+    found = [float(s["predicted_step_seconds"]) for s in planned_records(row)]
     return statistics.median(found) if found else None
 
 
@@ -143,7 +143,7 @@ def _auto_checks(rows: dict[tuple[str, int], dict[str, Any]], seq: int, x: str, 
     moved = auto.get("extras", {}).get("median_offloaded_bytes")
     out.append(Check(seq, f"auto@{x} offloads", "pass" if offloading else "fail",
                      f"{len(offloading)} planned steps offloaded; median offloaded {_gib(moved)}"))
-    steady = _steady(offloading, auto)
+    steady = steady_records(offloading, auto)
     if steady:
         ratio = _ratio(steady)
         ok = abs(ratio - 1) <= PREDICTION_TOL
