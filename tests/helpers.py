@@ -185,6 +185,14 @@ def train_bitwise(
     return rt
 
 
+def settled_phases(steps: Any) -> list[str]:
+    """The phases of ``steps`` (``rt.report().steps``) less the calibration passes a host
+    pause sent back: a collection of over a millisecond inside a region no repeated peer
+    can stand in for distorts its times, and the next pass calibrates again (NOTE [Host
+    pauses]). What a quiet host reports, with as many planned steps fewer at the end."""
+    return [s.phase for s in steps if not (s.phase == "calibrate" and "calibrating again" in " ".join(s.notes))]
+
+
 def batch_on(device: torch.device, batch: Callable[[int], Any]) -> Callable[[int], Any]:
     """``batch`` with every tensor it returns moved to ``device``."""
 

@@ -34,7 +34,15 @@ from offrecomp.planning import (
 from offrecomp.state import PassState
 from offrecomp.trace import RUN
 from scheduler import Placement, Plan, predict
-from tests.helpers import assert_bitwise, make, tight_budget, train, train_bitwise, twin
+from tests.helpers import (
+    assert_bitwise,
+    make,
+    settled_phases,
+    tight_budget,
+    train,
+    train_bitwise,
+    twin,
+)
 from tests.models import stack
 
 
@@ -466,7 +474,9 @@ def test_a_call_kept_whole_that_saves_more_than_its_profile_measures_again(nativ
             m(batch(step)).square().mean().backward()
     steps = rt.report().steps
     phases = [s.phase for s in steps]
-    assert phases[:4] == ["measure", "calibrate", "planned", "planned"] and steps[3].recomputed_bytes == 0
+    first = settled_phases(steps[:4])  # k=1
+    assert first == ["measure", "calibrate"] + ["planned"] * (len(first) - 2) and len(first) >= 3, phases
+    assert all(s.recomputed_bytes == 0 for s in steps[:4] if s.phase == "planned")
     # with the hooks on, the first step at k=2 sends it back; natively, the call's audit
     seen = 4 if not native else 2 + AUDIT_EVERY
     assert "measure" not in phases[4:seen] and phases[seen + 1] == "measure", phases

@@ -15,7 +15,7 @@ from torch import nn
 
 import offrecomp
 from offrecomp.signatures import MAX_DEPARTURES, Combinations, combine, signature_of
-from tests.helpers import assert_bitwise, make, twin
+from tests.helpers import assert_bitwise, make, settled_phases, twin
 
 Snap = dict[str, torch.Tensor]
 Body = Callable[[nn.Module, int], torch.Tensor]
@@ -185,8 +185,9 @@ def test_a_loop_without_a_root_forward_is_named_by_its_first_region_call() -> No
     steps = rt.report().steps
     sig = "train|gpt.blocks.0:(2, {}, 32):float32:cpu"
     assert [s.signature for s in steps] == [sig.format(t) for t in lengths]
-    assert [s.phase for s in steps] == ["measure"] * 2 + ["calibrate"] * 2 + ["planned"] * 4
-    assert all(s.peak_activation_bytes <= budget for s in steps[4:])
+    phases = settled_phases(steps)
+    assert phases == ["measure"] * 2 + ["calibrate"] * 2 + ["planned"] * (len(phases) - 4), phases
+    assert len(phases) >= 6 and all(s.peak_activation_bytes <= budget for s in steps if s.phase == "planned")
 
 
 def test_each_call_of_the_naming_region_outside_a_forward_is_a_part() -> None:
@@ -309,7 +310,7 @@ def test_a_loss_kept_once_without_backward_costs_a_few_passes_not_a_window() -> 
 
     steps = 4 + 1 + MAX_DEPARTURES + 6
     rt, _ = _run_auto(model, body, steps)
-    phases = [s.phase for s in rt.report().steps]
+    phases = settled_phases(rt.report().steps)
     assert phases[:4] == ["measure", "calibrate", "planned", "planned"], phases
     assert phases[-4:] == ["planned"] * 4, phases
     assert phases.count("recompute") <= MAX_DEPARTURES, phases
