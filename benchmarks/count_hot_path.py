@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         "offrecomp keep": (in_runtime(plain_model, mode="keep"), "plain"),
         "offrecomp keep, hooks on": (in_runtime(_Model(n), mode="keep", native_keep=False), "plain"),
         f"offrecomp offload, {args.region_saves} saves per region": (in_runtime(grouped, mode="offload"), "grouped"),
+        f"offrecomp recompute, {args.region_saves} per region, replays": (
+            in_runtime(_Model(n, blocks=blocks), mode="recompute"), "grouped"),
         # the tracer makes every counted step far slower than its prediction: drift
         # would re-plan inside the counted windows, which no traced-free run does
         f"offrecomp auto, {args.region_saves} per region, kept": (
