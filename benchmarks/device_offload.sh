@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Does offloading pay on this GPU? The checks of an offloading plan in one call, planned
 # to fit 8.5 minutes on one H200, so run it with a 590 s limit (323 s on 2026-12-04, with
-# a 90 s cap at 16K tokens that is now 150 s, and without step 4's replay check, capped
+# a 90 s cap at 16K tokens that is now 150 s, and without step 5's replay check, capped
 # at 75 s, or step 2's region-call and issue timings, at 60 and 40 s; each long_seq step
-# stops starting new work at its --max-seconds and runs under a timeout 45 s longer):
+# stops starting new work at its --max-seconds and runs under a timeout 45 s longer).
+# The whole script keeps to DEVICE_BUDGET_S (default 570 s, device_lib.sh): a step gets
+# at most what is left, and the steps are ordered so that what may be cut is last:
 #   1. `python -m offrecomp warmup` (the planner's numba kernels), then the CUDA-marked
 #      tests but the inductor and flex_attention ones, four workers (cuda_tests.log);
 #   2. one planned auto step that offloads at 4K tokens, profiled (CPU and CUDA
@@ -19,10 +21,10 @@
 #      keep, auto at 50% and 25% of plain's saved bytes, the same budgets with nothing
 #      offloadable (offrecomp_auto_no_offload@X: the best plan without offloading), and
 #      the peers ckpt_block, sac_matmul, ckpt_sqrt, save_on_cpu (last: it is link-bound);
-#   4. at 16K tokens, each replay of the plan without offloading at 50% against the
+#   4. the same as 3 at 4K tokens without the peers (the prediction of offloading plans);
+#   5. at 16K tokens, each replay of the plan without offloading at 50% against the
 #      planner's prediction of it, op by op (benchmarks/replay_check.py;
-#      replay_check_16384.json);
-#   5. the same as 3 at 4K tokens without the peers (the prediction of offloading plans);
+#      replay_check_16384.json): a diagnostic, so last;
 #   each long_seq run saves the profile its last plan was solved with (profile_<tokens>.json,
 #   for `python -m offrecomp plan` offline, and headroom_<tokens>.log: the planner's
 #   predicted auto / no-offload and lower bound on it, benchmarks/offload_headroom.py)
@@ -82,8 +84,13 @@ headroom() {
 }
 
 # judge NAME: offload_checks.py over long_seq run NAME, into checks_NAME.txt, and
-# model_fit.py (measured over predicted, part by part) into fit_NAME.txt
+# model_fit.py (measured over predicted, part by part) into fit_NAME.txt (nothing where
+# the run left no results.json)
 judge() {
+  if [ ! -f "$WORK/$1/results.json" ]; then  # the run was skipped, or stopped before writing it
+    echo "   [judge $1: no results.json to judge]" | tee -a "$OUT/suite.log"
+    return 0
+  fi
   "$PY" benchmarks/offload_checks.py "$WORK/$1/results.json" --out "$WORK/checks_$1.json" \
     > "$WORK/checks_$1.txt" 2>&1
   tee -a "$OUT/suite.log" < "$WORK/checks_$1.txt"
@@ -111,6 +118,7 @@ step issue_primitives 40 "$PY" benchmarks/bench_issue_primitives.py "${PRIMITIVE
 for S in $SEQS; do
   log "3. auto against the plan without offloading and the peers at $S tokens"
   M=$(tr ' ' '\n' <<< "$MAXS" | sed -n "s/^$S://p")  # this length's --max-seconds
+  M=$(within "$M" 50)  # stop starting work early enough to end inside the budget
   step "long_seq_$S" $((M + 45)) env OFFRECOMP_PROFILE="$WORK/profile_$S.json" \
     "$PY" -m benchmarks.long_seq "${MODEL[@]}" --seq "$S" \
     --strategies "none,offrecomp_keep,$AUTO,$PEERS" --no-search --no-plots --quiet --warmup 1 \
@@ -119,17 +127,18 @@ for S in $SEQS; do
   headroom "$S"
 done
 
-log "4. each replay of a plan without offloading against its prediction, op by op, at $CHECK tokens"
-step "replay_check_$CHECK" 75 "$PY" benchmarks/replay_check.py "${REPLAY_CHECK[@]}" --seq "$CHECK" \
-  --budget-fraction 0.5 --out "$WORK/replay_check_$CHECK.json"
-
-log "5. offloading plans against their prediction at $SHORT tokens"
+log "4. offloading plans against their prediction at $SHORT tokens"
+SHORT_MAXS=$(within "$SHORT_MAXS" 50)
 step "long_seq_$SHORT" $((SHORT_MAXS + 45)) env OFFRECOMP_PROFILE="$WORK/profile_$SHORT.json" \
   "$PY" -m benchmarks.long_seq "${MODEL[@]}" --seq "$SHORT" \
   --strategies "none,offrecomp_keep,$AUTO" --no-search --no-plots --quiet --warmup 1 \
   --repeats "$REPEATS" --max-seconds "$SHORT_MAXS" --out "$WORK/long_seq_$SHORT"
 judge "long_seq_$SHORT"
 headroom "$SHORT"
+
+log "5. each replay of a plan without offloading against its prediction, op by op, at $CHECK tokens"
+step "replay_check_$CHECK" 75 "$PY" benchmarks/replay_check.py "${REPLAY_CHECK[@]}" --seq "$CHECK" \
+  --budget-fraction 0.5 --out "$WORK/replay_check_$CHECK.json"
 
 log "done"
 ls -la "$WORK" | tee -a "$OUT/suite.log"

@@ -4,6 +4,7 @@ benchmarks/device_offload.sh runs end to end in its CPU dry-run mode."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +136,16 @@ def test_device_offload_dry_run_writes_every_result(tmp_path: Path) -> None:
         assert f"headroom_{seq}.log" in names and f"[headroom_{seq}: exit 0]" in log
         assert f"headroom_free_{seq}.log" in names and f"[headroom_free_{seq}: exit 0]" in log
     assert (out / "profile_trace_64.json.gz").exists()
+
+
+@needs_bash_and_tar
+def test_device_offload_keeps_to_its_budget(tmp_path: Path) -> None:
+    """With no DEVICE_BUDGET_S left, every step says it was skipped (none runs past the
+    device tool's limit) and the script still ends, packed, with exit status 0."""
+    out, log = dry_run("device_offload.sh", tmp_path, 120, DEVICE_BUDGET_S="0")
+    skipped = [line for line in log.splitlines() if ": skipped, " in line]
+    assert len(skipped) >= 8 and all("of DEVICE_BUDGET_S=0 left" in line for line in skipped), log[-3000:]
+    assert "[warmup: skipped" in log and "[long_seq_64: skipped" in log and "[replay_check_128: skipped" in log
+    assert not re.findall(r"\[\w+: exit \d+", log), log[-3000:]  # no step ran
+    assert "[judge long_seq_128: no results.json to judge]" in log and "Traceback" not in log
+    assert re.search(r"^== [\d:]+ done$", log, re.MULTILINE) and (out / "results.tgz").exists()
