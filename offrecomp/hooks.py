@@ -113,6 +113,14 @@ class _Plain:
 # would (``Placements.not_joined``). An offloaded save so runs no decision frame and no
 # check twice (benchmarks/count_hot_path.py).
 
+# NOTE [Drop fast path]
+# A new storage whose call's placement is RECOMPUTE before any rule runs (a forced
+# recompute's call, or its table's entry: NOTE [Known placements]) and that no recorder
+# watches is booked in the pack hook itself: its record, its index, its bytes dropped.
+# What ``_new_storage`` would do with it, less the branches that cannot apply (a
+# recorder, a keep, a fallback); a storage that is never placed (no data pointer, a
+# dtype no placement takes, a view of a parameter) still goes there.
+
 # NOTE [Offload fast path]
 # Most offloaded saves are the first save of a contiguous tensor that covers its storage,
 # of a dtype whose copy moves its bytes as they are (NOTE [Typed sources] in
@@ -234,6 +242,16 @@ class Placer:
                     p, call, t, ptr, storage, base, nbytes, OFFLOAD
                 )  # a record placed by a fallback (the pool had no room), or the rules'
                 rec = new
+            elif (
+                placement is RECOMPUTE and recorder is None and ptr and t.dtype in _PLACED_DTYPES
+                and (base is None or type(base) is torch.Tensor)
+            ):  # NOTE [Drop fast path]
+                rec = _new_rec(StorageRec, storage, call, len(call.storages), nbytes, ptr, RECOMPUTE)
+                call.storages.append(rec)
+                call.by_ptr[ptr] = rec
+                if call.ordinal < 0:
+                    self._root_storage(rec)
+                p.stats.recomputed_bytes += nbytes
             else:
                 rec = self._new_storage(p, call, t, ptr, storage, base, nbytes, placement)
         elif rec.placement is OFFLOAD and not reads_bytes_as_stored(t):

@@ -848,3 +848,61 @@ def test_an_unpacked_save_keeps_its_reused_buffer_after_its_handles_die() -> Non
             m(x).sum().backward()
             assert torch.equal(x.grad, ref)  # type: ignore[arg-type]
     assert rt.report().steps[-1].offloaded_bytes > 0
+
+
+class _ExpSin(torch.nn.Module):
+    """Two activations of 16 x 32 float32 (2 KiB each) that backward reads where the
+    input requires grad: ``exp``'s output (saved by exp and by sin) and ``sin``'s (saved
+    by mul for the scale's gradient); only the latter where it does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(torch.exp(x)) * self.w
+
+
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_dropped_storages_are_booked_in_the_pack_hook(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Drop fast path]: a storage its call drops before any rule runs (a forced
+    recompute, or a plan's table) is booked without ``_new_storage``, with the bytes it
+    would book: under recompute two activations of 2 KiB in each block but the first
+    (whose input needs no grad: one), under auto those its plan drops; gradients bitwise."""
+    from offrecomp.hooks import Placer
+    from tests.models import Stack
+
+    torch.manual_seed(0)
+    model = Stack([_ExpSin() for _ in range(3)])
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(16, 32, generator=torch.Generator().manual_seed(s))
+
+    steps = 6
+    ref = train(twin(model), batch, steps=steps)
+    m = twin(model)
+    budget = 1 if mode == "auto" else None  # below every plan's peak: the most frugal drops all
+    rt = offrecomp.runtime(m, mode=mode, min_bytes=0, budget=budget)
+    assert_bitwise(ref, train(m, batch, rt, steps=steps))
+    general: list[Any] = []
+    original = Placer._new_storage
+
+    def spy(self: Any, p: Any, call: Any, t: Any, ptr: int, storage: Any, base: Any, nbytes: int, placement: Any) -> Any:
+        if not call.is_root and call.recorder is None:
+            general.append((call.name, placement))
+        return original(self, p, call, t, ptr, storage, base, nbytes, placement)
+
+    monkeypatch.setattr(Placer, "_new_storage", spy)
+    with rt:
+        m(batch(99)).square().mean().backward()
+    last = rt.report().steps[-1]
+    assert last.phase == ("planned" if mode == "auto" else mode), last.phase
+    if mode == "recompute":
+        dropped = (1 + 2 + 2) * 16 * 32 * 4
+    else:  # the bytes of the storages the plan drops, by its profile
+        entry = rt.planner.entries[last.signature]
+        assert entry.plan is not None and entry.profile is not None
+        sizes = {(r.name, r.call_index, i): st.nbytes for r in entry.profile.regions for i, st in enumerate(r.storages)}
+        dropped = sum(sizes[k] for k, pl in entry.plan.placements.items() if pl is offrecomp.Placement.RECOMPUTE)
+    assert last.recomputed_bytes == dropped > 0, (last.recomputed_bytes, dropped)
+    assert [pl for _, pl in general if pl is offrecomp.Placement.RECOMPUTE] == [], general
