@@ -39,7 +39,10 @@
 # DRY_RUN=1 (or --dry-run) runs the same steps on the CPU at the cpu-tiny preset, tiny
 # sizes and budgets, and the CUDA tests of one file (all skip), to check the script
 # anywhere; every step's timeout is doubled.
-# Usage: OUT=/some/dir bash benchmarks/device_offload.sh [--dry-run]
+# STEPS (default 1,2,3,4,5) names the numbered steps to run, to run some again after a
+# fix within one lease (the planner's kernels are compiled first whatever it names); SEQS
+# (default "8192 16384") the lengths of step 3.
+# Usage: OUT=/some/dir [STEPS=3,4] [SEQS=8192] bash benchmarks/device_offload.sh [--dry-run]
 set -uo pipefail
 [ "${1:-}" = "--dry-run" ] && DRY_RUN=1
 OUT=${OUT:-device_offload_out}
@@ -50,7 +53,7 @@ PEERS=ckpt_block,sac_matmul,ckpt_sqrt,save_on_cpu
 HEADROOM_GBPS=55  # the H200's measured link (docs/results/h200-2026-12-04)
 if [ "$DRY_RUN" = 1 ]; then
   MODEL=(--preset cpu-tiny --device cpu --layers 2 --hidden 32 --heads 2 --batch 1)
-  SEQS="128" SHORT=64 REPEATS=1 MAXS="128:40" SHORT_MAXS=30
+  SEQS=${SEQS:-128} SHORT=64 REPEATS=1 MAXS="128:40" SHORT_MAXS=30
   PEERS=ckpt_block  # save_on_cpu needs a GPU; the script is what is checked
   PROFILE=(--preset cpu-tiny --device cpu --layers 2 --hidden 32 --heads 2 --batch 1 --seq 64)
   CUDA_TESTS=(tests/offrecomp/test_offload_cuda.py)  # the invocation is what is checked: all skip
@@ -61,7 +64,7 @@ if [ "$DRY_RUN" = 1 ]; then
 else
   MODEL=(--preset gpu-1.3b --device cuda)
   # 16384 needs about 150 s for every runner (90 s skipped plain, keep and two peers)
-  SEQS="8192 16384" SHORT=4096 REPEATS=3 MAXS="8192:90 16384:150" SHORT_MAXS=40
+  SEQS=${SEQS:-8192 16384} SHORT=4096 REPEATS=3 MAXS="8192:90 16384:150" SHORT_MAXS=40
   PROFILE=(--preset gpu-1.3b --device cuda --seq 4096)
   CUDA_TESTS=(tests)
   CUDA_WORKERS=4
@@ -99,25 +102,36 @@ judge() {
   pack
 }
 
+STEPS=${STEPS:-1,2,3,4,5}
+for n in ${STEPS//,/ }; do
+  case $n in 1|2|3|4|5) ;; *) echo "STEPS=$STEPS is invalid; accepted: step numbers from 1 to 5, comma-separated" >&2; exit 2 ;; esac
+done
+want() { [[ ",$STEPS," == *",$1,"* ]] || { log "$1. skipped: STEPS=$STEPS"; return 1; }; }
+
 log "environment (dry run: $DRY_RUN)"
 environment
 pack
 
 log "1. the planner's kernels (numba)"
 step warmup 90 "$PY" -m offrecomp warmup
-step cuda_tests 90 "$PY" -m pytest -q -p no:cacheprovider -n "$CUDA_WORKERS" -m cuda -k "not inductor and not flex" \
-  -rfE --durations=5 "${CUDA_TESTS[@]}"
+if want 1; then
+  step cuda_tests 90 "$PY" -m pytest -q -p no:cacheprovider -n "$CUDA_WORKERS" -m cuda -k "not inductor and not flex" \
+    -rfE --durations=5 "${CUDA_TESTS[@]}"
+fi
 
+if want 2; then
 log "2. one planned auto step that offloads at $SHORT tokens, profiled"
 step profile_step 90 "$PY" benchmarks/profile_step.py "${PROFILE[@]}" --budget-fraction 0.25 \
   --out "$WORK/profile_step.json" --trace "$OUT/profile_trace_$SHORT.json.gz"
 step region_calls 60 "$PY" benchmarks/bench_region_calls.py "${REGION_CALLS[@]}" --out "$WORK/region_calls.json"
 step issue_primitives 40 "$PY" benchmarks/bench_issue_primitives.py "${PRIMITIVES[@]}" \
   --out "$WORK/issue_primitives.json"
+fi
 
-for S in $SEQS; do
+want 3 && for S in $SEQS; do
   log "3. auto against the plan without offloading and the peers at $S tokens"
   M=$(tr ' ' '\n' <<< "$MAXS" | sed -n "s/^$S://p")  # this length's --max-seconds
+  M=${M:-90}  # a length of SEQS the table does not name
   M=$(within "$M" 50)  # stop starting work early enough to end inside the budget
   step "long_seq_$S" $((M + 45)) env OFFRECOMP_PROFILE="$WORK/profile_$S.json" \
     "$PY" -m benchmarks.long_seq "${MODEL[@]}" --seq "$S" \
@@ -127,6 +141,7 @@ for S in $SEQS; do
   headroom "$S"
 done
 
+if want 4; then
 log "4. offloading plans against their prediction at $SHORT tokens"
 SHORT_MAXS=$(within "$SHORT_MAXS" 50)
 step "long_seq_$SHORT" $((SHORT_MAXS + 45)) env OFFRECOMP_PROFILE="$WORK/profile_$SHORT.json" \
@@ -135,10 +150,13 @@ step "long_seq_$SHORT" $((SHORT_MAXS + 45)) env OFFRECOMP_PROFILE="$WORK/profile
   --repeats "$REPEATS" --max-seconds "$SHORT_MAXS" --out "$WORK/long_seq_$SHORT"
 judge "long_seq_$SHORT"
 headroom "$SHORT"
+fi
 
+if want 5; then
 log "5. each replay of a plan without offloading against its prediction, op by op, at $CHECK tokens"
 step "replay_check_$CHECK" 75 "$PY" benchmarks/replay_check.py "${REPLAY_CHECK[@]}" --seq "$CHECK" \
   --budget-fraction 0.5 --out "$WORK/replay_check_$CHECK.json"
+fi
 
 log "done"
 ls -la "$WORK" | tee -a "$OUT/suite.log"

@@ -4,14 +4,16 @@ benchmarks/device_offload.sh runs end to end in its CPU dry-run mode."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from benchmarks.offload_checks import checks, main
-from tests.benchmarks.dry_run import archived, dry_run, needs_bash_and_tar
+from tests.benchmarks.dry_run import ROOT, archived, dry_run, needs_bash_and_tar
 
 GIB = 2**30
 
@@ -149,3 +151,19 @@ def test_device_offload_keeps_to_its_budget(tmp_path: Path) -> None:
     assert not re.findall(r"\[\w+: exit \d+", log), log[-3000:]  # no step ran
     assert "[judge long_seq_128: no results.json to judge]" in log and "Traceback" not in log
     assert re.search(r"^== [\d:]+ done$", log, re.MULTILINE) and (out / "results.tgz").exists()
+
+
+@needs_bash_and_tar
+def test_device_offload_runs_the_steps_it_is_told(tmp_path: Path) -> None:
+    """STEPS names the numbered steps to run (the planner's kernels compiled first
+    whatever it names); another value is refused, naming the accepted ones."""
+    out, log = dry_run("device_offload.sh", tmp_path, 120, STEPS="5")
+    ran = re.findall(r"\[(\w+): exit \d+", log)
+    assert ran == ["warmup", "replay_check_128"], log[-3000:]
+    assert all(f"{n}. skipped: STEPS=5" in log for n in (1, 2, 3, 4)), log[-3000:]
+    assert set(archived(out)) >= {"env.txt", "warmup.log", "replay_check_128.json"}
+    res = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "device_offload.sh"), "--dry-run"],
+        env={**os.environ, "OUT": str(tmp_path / "bad"), "STEPS": "3,6"}, capture_output=True, text=True, timeout=60,
+    )
+    assert res.returncode == 2 and "STEPS=3,6 is invalid; accepted: step numbers from 1 to 5" in res.stderr
