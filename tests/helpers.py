@@ -126,15 +126,21 @@ def check_variant_report(
     records: list[Any], variant: str, *, n_steps: int, stable: bool = True, tight_drops: bool = True
 ) -> None:
     """What each zoo variant must have done, by its step records: recompute replayed,
-    offload offloaded (emulated on CPU), auto measured first and (on a stable structure)
-    ended planned, and a tight budget dropped something (``tight_drops``: unless the
+    offload offloaded (emulated on CPU), in every step (on a stable structure; else in
+    some), auto measured first and (on a stable structure) ended planned, and a tight budget dropped something (``tight_drops``: unless the
     most frugal plan keeps everything, the smallest peak being no smaller within
     scheduler.solver.api.FRUGAL_SLACK)."""
     assert len(records) == n_steps
+    # a step whose region calls layer dropout skipped (``stable`` False) may have saved
+    # nothing to place: then some step, else every one
+    each: Callable[[list[bool]], bool] = all if stable else any
     if variant == "recompute":
-        assert all(s.recomputed_bytes > 0 and s.replays > 0 for s in records)
+        assert each([s.recomputed_bytes > 0 and s.replays > 0 for s in records]), [
+            (s.recomputed_bytes, s.replays) for s in records
+        ]
     if variant == "offload":
-        assert all(s.offloaded_bytes > 0 and s.backend == "emulated" for s in records)
+        assert each([s.offloaded_bytes > 0 for s in records])
+        assert all(s.backend == "emulated" for s in records if s.offloaded_bytes > 0)
     if variant.startswith("auto"):
         phases = [s.phase for s in records]
         assert phases[0] == "measure", phases

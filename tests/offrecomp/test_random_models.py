@@ -9,12 +9,13 @@ from tests.helpers import check_variant
 from tests.random_models import describe, random_batch, random_model, varies
 
 
-@pytest.mark.parametrize("seed", [9, 13, 15, 36])
+@pytest.mark.parametrize("seed", [9, 13, 15, 36, 2375])
 @pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
 def test_random_models_train_bitwise(seed: int, variant: str) -> None:
     """Seeds 9, 13 and 15 draw a scale from Python's random in a block (a serving replay
     diverges from a recording with other draws: it replays plainly); 36 draws from
-    numpy only in calls a torch draw does not drop (NOTE [Host random states])."""
+    numpy only in calls a torch draw does not drop (NOTE [Host random states]); in 2375's
+    first step layer dropout skips every op its two region calls would save."""
     model = random_model(seed).train()
     try:
         check_variant(model, random_batch, variant, steps=4, stable=not varies(model))
