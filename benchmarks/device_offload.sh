@@ -128,7 +128,8 @@ step issue_primitives 40 "$PY" benchmarks/bench_issue_primitives.py "${PRIMITIVE
   --out "$WORK/issue_primitives.json"
 fi
 
-want 3 && for S in $SEQS; do
+if want 3; then
+for S in $SEQS; do
   log "3. auto against the plan without offloading and the peers at $S tokens"
   M=$(tr ' ' '\n' <<< "$MAXS" | sed -n "s/^$S://p")  # this length's --max-seconds
   M=${M:-90}  # a length of SEQS the table does not name
@@ -140,6 +141,7 @@ want 3 && for S in $SEQS; do
   judge "long_seq_$S"
   headroom "$S"
 done
+fi
 
 if want 4; then
 log "4. offloading plans against their prediction at $SHORT tokens"
