@@ -11,9 +11,10 @@
 #          script on a CPU that may be shared, not how fast anything is), its output in
 #          $WORK/NAME.log, its tail and exit status in suite.log, then pack. A step gets
 #          at most what is left of DEVICE_BUDGET_S, the seconds the whole script may take
-#          (default 570, under the device tool's 590 s limit; 3600 in a dry run), and
-#          one that would get under 15 s is skipped and says so: the script then ends
-#          inside its caller's limit with every step that ran whole packed.
+#          (a whole number, else exit 2; default 570, under the device tool's 590 s limit;
+#          3600 in a dry run), and one that would get under 15 s is skipped and says so:
+#          the script then ends inside its caller's limit with every step that ran whole
+#          packed.
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 DRY_RUN=${DRY_RUN:-0}
 mkdir -p "$OUT"
@@ -24,6 +25,9 @@ PY=${PYTHON:-python3}
 START_S=$(date +%s)
 [ "$DRY_RUN" = 1 ] && DEVICE_BUDGET_S=${DEVICE_BUDGET_S:-3600}
 DEVICE_BUDGET_S=${DEVICE_BUDGET_S:-570}
+case $DEVICE_BUDGET_S in
+  ''|*[!0-9]*) echo "DEVICE_BUDGET_S=$DEVICE_BUDGET_S is invalid; accepted: a whole number of seconds >= 0" >&2; exit 2 ;;
+esac
 left_s() { echo $((START_S + DEVICE_BUDGET_S - $(date +%s))); }
 within() { local cap=$(($(left_s) - $2)); [ "$cap" -lt 1 ] && cap=1; [ "$cap" -lt "$1" ] && echo "$cap" || echo "$1"; }
 log() { echo "== $(date +%H:%M:%S) $*" | tee -a "$OUT/suite.log"; }

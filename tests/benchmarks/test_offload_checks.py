@@ -156,7 +156,8 @@ def test_device_offload_keeps_to_its_budget(tmp_path: Path) -> None:
 @needs_bash_and_tar
 def test_device_offload_runs_the_steps_it_is_told(tmp_path: Path) -> None:
     """STEPS names the numbered steps to run (the planner's kernels compiled first
-    whatever it names); another value is refused, naming the accepted ones."""
+    whatever it names); another value, or a budget that is no whole number of seconds,
+    is refused, naming the accepted ones."""
     out, log = dry_run("device_offload.sh", tmp_path, 120, STEPS="5")
     ran = re.findall(r"\[(\w+): exit \d+", log)
     assert ran == ["warmup", "replay_check_128"], log[-3000:]
@@ -167,3 +168,9 @@ def test_device_offload_runs_the_steps_it_is_told(tmp_path: Path) -> None:
         env={**os.environ, "OUT": str(tmp_path / "bad"), "STEPS": "3,6"}, capture_output=True, text=True, timeout=60,
     )
     assert res.returncode == 2 and "STEPS=3,6 is invalid; accepted: step numbers from 1 to 5" in res.stderr
+    res = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "device_offload.sh"), "--dry-run"],
+        env={**os.environ, "OUT": str(tmp_path / "bad"), "DEVICE_BUDGET_S": "10m"}, capture_output=True, text=True,
+        timeout=60,
+    )
+    assert res.returncode == 2 and "DEVICE_BUDGET_S=10m is invalid; accepted: a whole number of seconds" in res.stderr
