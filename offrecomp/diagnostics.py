@@ -209,10 +209,12 @@ class Diagnostics:
         except (RuntimeError, NotImplementedError):  # tensors without storage (under vmap): nothing to tell
             return
         if checkpoint_node or in_graph > saves:
-            what = (
-                "saved no activation through offrecomp" if not saves
-                else f"saved {in_graph - saves} of the {in_graph} tensors its graph holds past offrecomp"
-            )
+            if not saves:
+                what = "saved no activation through offrecomp"
+            elif checkpoint_node:  # its saves are the checkpoint's own, never on the graph: not counted
+                what = f"saved {saves} tensors through offrecomp, and a reentrant checkpoint inside it the rest"
+            else:
+                what = f"saved {in_graph - saves} of the {in_graph} tensors its graph holds past offrecomp"
             top = tc.top_saved_tensors_hooks()
             own = self.own_pack()
             if own is not None and top is not None and top[0] is own:

@@ -472,3 +472,27 @@ def test_a_frozen_region_beside_regions_that_train_is_not_named(caplog: pytest.L
     assert_bitwise(ref, got)
     assert not caplog.records, [r.getMessage() for r in caplog.records]
     assert rt.report().steps[-1].recomputed_bytes > 0
+
+
+class _HalfReentrant(nn.Module):
+    """An attention half saved through the runtime, an MLP half under a reentrant
+    checkpoint: the checkpoint node's saves are not on the graph, so not counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = models.Block(32, 4, 0.0)
+        self.mlp = models.MLPBlock(32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self.mlp, self.attn(x), use_reentrant=True)
+
+
+def test_a_reentrant_checkpoint_around_part_of_a_region_is_named_without_a_count(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The graph holds a checkpoint node, not the saves it took: the warning says how many
+    went through the runtime, never a difference of counts (which went negative)."""
+    msgs = _run(lambda: models.Stack([_HalfReentrant() for _ in range(3)]), caplog)
+    assert len(msgs) == 1 and "blocks.0" in msgs[0], msgs
+    assert "a reentrant checkpoint inside it the rest" in msgs[0], msgs
+    assert "of the" not in msgs[0].split("owns")[0], msgs
