@@ -388,6 +388,33 @@ def torch_function_as(captured: tuple[Any, tuple[Any, ...]] | None) -> Iterator[
             _tf_push(m)  # type: ignore[misc]
 
 
+# NOTE [Inference tensors]
+# A tensor made under torch.inference_mode has no version counter: reading ``_version``
+# raises. Autograd never saves one, but an op that saves nothing of it (an add) may read
+# it in a training forward: a bias or a rotary cache built at first use during an
+# evaluation, an argument an inference-mode helper returned. A region's replay reads it
+# again. It can be written only inside inference mode, and nothing can see such a write:
+# ``version_of`` gives it INFERENCE_VERSION, which never moves, so the runtime treats it
+# as the constant it is outside inference mode (docs/reliability.md, Known limits). Its
+# ``detach()`` made outside inference mode (a region input's alias) has a counter of its
+# own, which writes through that alias move: a version is read from the object that is
+# read again later, never from another alias of it.
+
+#: ``version_of`` an inference tensor (NOTE [Inference tensors]).
+INFERENCE_VERSION = -2
+
+
+def version_of(t: torch.Tensor) -> int:
+    """``t._version``; INFERENCE_VERSION for a tensor made under inference mode, which has
+    no version counter (NOTE [Inference tensors])."""
+    try:
+        return int(t._version)
+    except RuntimeError:
+        if t.is_inference():
+            return INFERENCE_VERSION
+        raise
+
+
 _set_version = getattr(torch._C._autograd, "_unsafe_set_version_counter", None)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from offrecomp._torch_compat import TreeSpec, tree_flatten, tree_unflatten
+from offrecomp._torch_compat import TreeSpec, tree_flatten, tree_unflatten, version_of
 from offrecomp.host_rng import is_private
 
 __all__ = [
@@ -89,7 +89,7 @@ class CapturedInputs:
             return
         copy = t.clone(memory_format=torch.preserve_format)
         self.tensors[i] = copy
-        self.versions[i] = int(copy._version)
+        self.versions[i] = version_of(copy)
         self.copied.add(i)
 
 
@@ -125,10 +125,11 @@ def capture_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> CapturedInp
     def grab(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             i = len(tensors)
-            tensors.append(x.detach())
+            alias = x.detach()
+            tensors.append(alias)
             grad = bool(x.requires_grad)
             flags.append(grad)
-            versions.append(int(x._version))
+            versions.append(version_of(alias))  # the alias's, as a replay reads it (NOTE [Inference tensors])
             if grad and (not x.is_leaf or x._is_view()):
                 not_leaves.add(i)
             return _Slot(i)
@@ -455,10 +456,10 @@ class ArgState:
                 kind == "buffers" and id(obj) in later and not _same_bindings(content, later[id(obj)])
                 for obj, kind, content in self.entries
             )
-        self.versions = [(t, int(t._version), position) for t, _, position in self.tensors]
+        self.versions = [(t, version_of(t), position) for t, _, position in self.tensors]
         written: set[Position] = set()
         for i, (t, v, position) in enumerate(self.tensors):
-            if int(t._version) != v:
+            if version_of(t) != v:
                 written.add(position)
                 if i in self.copies:
                     self.swapped.append(i)
@@ -495,18 +496,18 @@ class ArgState:
         finally:
             swapped = {id(self.tensors[i][0]) for i in self.swapped}
             # the swap wrote them: their versions now are the ones after the forward
-            self.versions = [(t, int(t._version) if id(t) in swapped else v, w) for t, v, w in self.versions]
+            self.versions = [(t, version_of(t) if id(t) in swapped else v, w) for t, v, w in self.versions]
 
     def check(self, region_name: str) -> None:
         """Raise if a tensor among the bindings was written in place since the forward
         returned: a replay reading it would differ from the forward (NOTE [Replay
         inputs]). For a replay no guard watches (compiled code): ``modified`` otherwise."""
         for t, v, position in self.versions:
-            if int(t._version) != v:
+            if version_of(t) != v:
                 raise RuntimeError(
                     f"offrecomp: {self._where(position)}, a tensor reached through an argument of region "
                     f"{region_name!r}, was modified in place after the region's forward "
-                    f"(version {v} -> {int(t._version)}), so replaying it would produce wrong "
+                    f"(version {v} -> {version_of(t)}), so replaying it would produce wrong "
                     "activations. Hint: avoid in-place ops on state a block reads, or exclude "
                     "the block with regions=."
                 )
@@ -518,9 +519,9 @@ class ArgState:
         out: dict[int, str] = {}
         swapped = {id(self.tensors[i][0]) for i in self.swapped}  # a replay reads their entry values
         for t, v, position in self.versions:
-            if int(t._version) != v and t.layout == torch.strided and id(t) not in swapped:
+            if version_of(t) != v and t.layout == torch.strided and id(t) not in swapped:
                 out[int(t.untyped_storage().data_ptr())] = (
-                    f"{self._where(position)} (a tensor reached through an argument, version {v} -> {int(t._version)})"
+                    f"{self._where(position)} (a tensor reached through an argument, version {v} -> {version_of(t)})"
                 )
         return out
 
@@ -598,7 +599,7 @@ def _walk(roots: list[Any], limit: int) -> ArgState:
         entries.append((obj, kind, content))
         walk = _look_in(kind, content, depth + 1 < _ARG_STATE_DEPTH)
         walks.append(walk)
-        tensors.extend((content[key], int(content[key]._version), (at, key)) for key in walk.tensors)
+        tensors.extend((content[key], version_of(content[key]), (at, key)) for key in walk.tensors)
         todo.extend((c, depth + 1) for c in walk.children)
     return ArgState(entries, complete, limit, tensors=tensors, roots=tuple(roots), walks=walks)
 
@@ -646,7 +647,7 @@ def _follow(prev: ArgState, roots: list[Any], limit: int) -> ArgState | None:
     if count > limit:
         return None
     tensors = [
-        (content[key], int(content[key]._version), (at, key))
+        (content[key], version_of(content[key]), (at, key))
         for at, ((_, _, content), walk) in enumerate(zip(entries, walks))
         for key in walk.tensors
     ]
@@ -672,10 +673,10 @@ def replay_arguments(
     for i, t in enumerate(cap.tensors):
         if t is None and i not in cap.copied:
             t = cap.watches.get(i)  # sent to host memory: its version watch
-        if t is not None and int(t._version) != cap.versions[i]:
+        if t is not None and version_of(t) != cap.versions[i]:
             raise RuntimeError(
                 f"offrecomp: input {i} of region {region_name!r} was modified in place after "
-                f"the region's forward began (version {cap.versions[i]} -> {int(t._version)}), "
+                f"the region's forward began (version {cap.versions[i]} -> {version_of(t)}), "
                 "so replaying it would produce wrong activations. Hint: avoid in-place ops "
                 "on a block's inputs, or exclude the block with regions=."
             )

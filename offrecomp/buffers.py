@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from offrecomp._torch_compat import version_of
 from offrecomp.regions import READ_SNAPSHOT_MAX_BYTES, buffer_of
 
 __all__ = [
@@ -91,7 +92,7 @@ def capture_buffers(slots: tuple[tuple[nn.Module, str], ...]) -> BufferState | N
     if not slots:
         return None
     objects = [buffer_of(m, n) for m, n in slots]
-    versions = [-1 if b is None else int(b._version) for b in objects]
+    versions = [-1 if b is None else version_of(b) for b in objects]
     snaps: list[torch.Tensor | None] = []
     for b in objects:
         if b is not None and _nbytes(b) <= BUFFER_SNAPSHOT_MAX_BYTES:
@@ -121,14 +122,14 @@ def finish_buffers(state: BufferState | None) -> None:
         if b is not entry:
             mutated.append(i)  # reassigned (or set to None) by the forward
             if snap is not None and entry is not None and entry.layout == torch.strided and (
-                int(entry._version) == state.versions[i]
+                version_of(entry) == state.versions[i]
             ):
                 checked.append((i, True))  # NOTE [Rebound buffers]: the entry tensor may hold its values
                 pairs.append((snap, entry.detach()))
             continue
         if b is None:
             continue
-        if int(b._version) != state.versions[i]:
+        if version_of(b) != state.versions[i]:
             mutated.append(i)
         elif snap is not None and b.layout == torch.strided and _nbytes(snap) > READ_SNAPSHOT_MAX_BYTES:
             checked.append((i, False))  # kept if written unseen, else let go (NOTE [Buffer comparisons])
@@ -151,7 +152,7 @@ def finish_buffers(state: BufferState | None) -> None:
         if i not in written:
             b = state.objects[i]
             if b is not None:
-                untouched.append((i, int(b._version)))
+                untouched.append((i, version_of(b)))
             snap = state.snapshots[i]
             if snap is not None and _nbytes(snap) > READ_SNAPSHOT_MAX_BYTES and i not in waiting:
                 state.snapshots[i] = None
@@ -350,9 +351,9 @@ def modified_buffers(state: BufferState) -> dict[int, str]:
         b = state.objects[i]  # what the forward read, and the replay reads
         if state.snapshots[i] is not None:
             continue  # the replay reads its snapshot where it changed (NOTE [Buffers written unseen])
-        if b is not None and b.layout == torch.strided and int(b._version) != v:
+        if b is not None and b.layout == torch.strided and version_of(b) != v:
             out[int(b.untyped_storage().data_ptr())] = (
-                f"buffer {n!r} of {type(m).__name__} (version {v} -> {int(b._version)})"
+                f"buffer {n!r} of {type(m).__name__} (version {v} -> {version_of(b)})"
             )
     return out
 
@@ -393,8 +394,8 @@ def swap_buffers(state: BufferState, region_name: str) -> Iterator[None]:
                 # reassigned: the entry tensor itself holds the entry values (NOTE
                 # [Rebound buffers]); a large buffer mutated in place: only its
                 # post-forward value is known (logged at region exit)
-                if obj is not post and int(obj._version) != state.versions[i]:
-                    raise RuntimeError(_rebound_written(region_name, n, state.versions[i], int(obj._version)))
+                if obj is not post and version_of(obj) != state.versions[i]:
+                    raise RuntimeError(_rebound_written(region_name, n, state.versions[i], version_of(obj)))
                 entry = obj
             # obj None: the slot was None at entry (a memory the forward sets), and is again;
             # a recurrent memory with a graph (a spiking neuron's membrane) required grad:

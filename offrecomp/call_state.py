@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from offrecomp._torch_compat import version_of
 from offrecomp.arguments import ArgState
 from offrecomp.changes import ATTR_QUIET, changed_attrs, exit_attrs
 from offrecomp.diagnostics import kind, warn_once
@@ -161,7 +162,7 @@ def note_external_reads(refs: tuple[weakref.ref[torch.Tensor], ...]) -> list[tup
             t = ref()
             if t is not None:
                 small = t.untyped_storage().nbytes() <= READ_SNAPSHOT_MAX_BYTES
-                out.append((t, int(t._version), t.clone() if small else None))
+                out.append((t, version_of(t), t.clone() if small else None))
     return out or None
 
 
@@ -188,7 +189,7 @@ def note_attr_versions(attrs: tuple[tuple[nn.Module, str], ...]) -> list[tuple[t
     for m, n in attrs:
         t = m.__dict__.get(n)
         if type(t) is torch.Tensor:
-            out.append((t, int(t._version), m, n))
+            out.append((t, version_of(t), m, n))
     return out
 
 
@@ -204,7 +205,7 @@ def check_attr_writes(call: RegionCall, region: Region) -> None:
             "the region's first call, the one watched, did not)"
         )
         for t, v, m, n in call.attr_versions or ()
-        if int(t._version) != v and (ptr := int(t.untyped_storage().data_ptr())) not in copied
+        if version_of(t) != v and (ptr := int(t.untyped_storage().data_ptr())) not in copied
     }
     call.attr_versions = None
     if not written:
@@ -254,7 +255,7 @@ def check_state_writes(region: Region, call: RegionCall, params: list[int]) -> N
     watched, call.watch = call.watch is not None, None
     unseen = [
         i for i, t in enumerate(cap.tensors)
-        if t is not None and i not in cap.copied and int(t._version) != cap.versions[i]
+        if t is not None and i not in cap.copied and version_of(t) != cap.versions[i]
     ]
     if not (cap.copied or unseen or params):
         if watched:

@@ -655,7 +655,7 @@ class ParamState:
 
 
 def _versions(objects: tuple[torch.Tensor | None, ...]) -> tuple[int, ...]:
-    return tuple(-1 if t is None else int(t._version) for t in objects)
+    return tuple(-1 if t is None else tc.version_of(t) for t in objects)
 
 
 def storage_ptrs(tensors: Iterable[torch.Tensor | None]) -> set[int]:
@@ -698,7 +698,7 @@ def capture_params(slots: tuple[tuple[nn.Module, str], ...]) -> ParamState | Non
             versions.append(-1)
             flags.append(False)
         else:
-            versions.append(t._version)
+            versions.append(tc.version_of(t))
             flags.append(t.requires_grad)
     return ParamState(slots, tuple(objects), tuple(versions), requires_grad=tuple(flags))
 
@@ -726,7 +726,7 @@ def modified_params(state: ParamState) -> dict[int, str]:
     for i, ((m, n), t, v) in enumerate(zip(state.slots, state.objects, state.versions)):
         if t is None or type(t) not in (torch.Tensor, nn.Parameter):
             continue
-        now = int(t._version)
+        now = tc.version_of(t)
         if now != v:
             why = f"version {v} -> {now}"
         elif i in state.stepped:

@@ -261,9 +261,9 @@ def _param_guard(call: RegionCall) -> ParamGuard | None:
     if call.attr_writes:  # NOTE [Attributes written after the first call] (call_state.py)
         modified.update(call.attr_writes)
     for t, v, copy in call.external_reads or ():  # NOTE [State read from outside] (call_state.py)
-        if copy is None and int(t._version) != v:
+        if copy is None and tc.version_of(t) != v:
             modified[int(t.untyped_storage().data_ptr())] = (
-                f"a {tuple(t.shape)} tensor from outside the call (version {v} -> {int(t._version)})"
+                f"a {tuple(t.shape)} tensor from outside the call (version {v} -> {tc.version_of(t)})"
             )
     return ParamGuard(call.name, modified) if modified else None
 
@@ -273,7 +273,7 @@ def _reads_as_forward(call: RegionCall) -> Iterator[None]:
     """NOTE [State read from outside] (call_state.py): tensors from outside the call that its
     forward read and something wrote since hold the values it read while the replay
     runs (from their copies), and the written values afterwards."""
-    with holding([(t, copy) for t, v, copy in call.external_reads or () if copy is not None and int(t._version) != v]):
+    with holding([(t, copy) for t, v, copy in call.external_reads or () if copy is not None and tc.version_of(t) != v]):
         yield
 
 

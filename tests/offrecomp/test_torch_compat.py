@@ -160,3 +160,18 @@ def test_backward_entry_and_its_arguments() -> None:
     assert tc.backward_accumulates((None, False, False, (), True, True), {})
     assert tc.backward_accumulates((None, False, False, (), True, None), {})
     assert tc.backward_accumulates((None, False, False), {})
+
+
+def test_version_of_reads_inference_tensors() -> None:
+    """NOTE [Inference tensors]: ``_version`` raises on one made under inference mode;
+    ``version_of`` gives the constant, and the counter of everything else."""
+    t = torch.zeros(3)
+    t.add_(1)
+    assert tc.version_of(t) == t._version == 1
+    with torch.inference_mode():
+        inf = torch.zeros(3)
+    with pytest.raises(RuntimeError, match="version counter"):
+        inf._version  # noqa: B018
+    assert tc.version_of(inf) == tc.INFERENCE_VERSION
+    alias = inf.detach()  # outside inference mode: a counter of its own
+    assert tc.version_of(alias) == 0
