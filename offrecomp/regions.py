@@ -271,9 +271,10 @@ def discover_regions(
                 "types, or fn(module, qualified_name) -> bool"
             ) from None
         if not types or not all(isinstance(t, type) for t in types):
+            why = "it names no module type" if not types else "not every entry is a module type"
             raise TypeError(
-                f"regions={spec!r} is invalid; accepted: None, a module type, a list of module "
-                "types, or fn(module, qualified_name) -> bool"
+                f"regions={spec!r} is invalid ({why}); accepted: None, a module type, a non-empty "
+                "list of module types, or fn(module, qualified_name) -> bool"
             )
         pick = {id(m) for _, m in model.named_modules() if isinstance(m, types)}
 

@@ -235,8 +235,10 @@ def test_a_bad_regions_argument_fails_when_the_runtime_is_off(how: str, monkeypa
     m = _two_blocks()
     with pytest.raises(TypeError, match=r"module instance \(Linear\).*regions=Linear"):
         offrecomp.runtime(m, regions=m[0], **kw)
-    with pytest.raises(TypeError, match=r"regions=\[1\] is invalid; accepted: None, a module type"):
+    with pytest.raises(TypeError, match=r"regions=\[1\] is invalid \(not every entry is a module type\); accepted: None"):
         offrecomp.runtime(m, regions=[1], **kw)
+    with pytest.raises(TypeError, match=r"regions=\[\] is invalid \(it names no module type\);.*non-empty list"):
+        offrecomp.runtime(m, regions=[], **kw)
     with pytest.raises(ValueError, match=r"regions=<class '.*Conv2d'> matched no module of Sequential"):
         offrecomp.runtime(m, regions=nn.Conv2d, **kw)
 
