@@ -107,7 +107,10 @@ class OffrecompCallback(ScopedCallback, TrainerCallback):
         self._leave(None)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        if not self.log_metrics or logs is None or not self._scope.inside:
+        # A training step's log holds its "loss"; an evaluation's (eval_loss, the metrics
+        # dict evaluate() returns) and the run's summary do not: the scalars wait for the
+        # next training log, so its peak is the highest since the last one.
+        if not self.log_metrics or logs is None or "loss" not in logs or not self._scope.inside:
             return
         metrics = self._scope.new_metrics()
         if not metrics:

@@ -62,13 +62,13 @@ def _trainer(
     torch.manual_seed(0)
     cfg = tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=100, n_positions=32, bos_token_id=0, eos_token_id=0)
     model = tf.GPT2LMHeadModel(cfg)
-    args = tf.TrainingArguments(
+    kw: dict[str, Any] = dict(
         output_dir=str(tmp_path), max_steps=STEPS, per_device_train_batch_size=2,
         gradient_accumulation_steps=ACCUMULATE, learning_rate=1e-3, logging_steps=1,
         eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=4, report_to="none",
         save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True, dataloader_num_workers=0,
-        **{CHECKPOINTING_ARG: checkpointing}, **extra,
     )
+    args = tf.TrainingArguments(**{**kw, CHECKPOINTING_ARG: checkpointing, **extra})
     return (cls or tf.Trainer)(model=model, args=args, train_dataset=_Tokens(), eval_dataset=_Tokens(), callbacks=callbacks)
 
 
@@ -103,6 +103,26 @@ def test_trainer_parameters_bitwise_equal_to_plain(tmp_path: Any, caplog: pytest
     assert not any(k.startswith("offrecomp/") for h in eval_logs for k in h)
     # on_log runs first, so the reporting callbacks see the scalars
     assert trainer.callback_handler.callbacks[0] is cb
+
+
+def test_scalars_go_to_training_logs_only(tmp_path: Any) -> None:
+    """Logging and evaluation steps that do not line up: an evaluation's log (and the
+    metrics evaluate() returns) gets no offrecomp scalars, and each training log's peak
+    is the highest of the steps since the previous training log."""
+    cb = OffrecompCallback(mode="recompute", min_bytes=0)
+    trainer = _trainer(tmp_path, [cb], max_steps=6, logging_steps=2, eval_steps=3)
+    trainer.train()
+    steps = cb.report().steps
+    assert len(steps) == 6
+    history = trainer.state.log_history
+    assert not any(k.startswith("offrecomp/") for h in history if "eval_loss" in h for k in h)
+    train_logs = [h for h in history if "loss" in h]
+    assert [h["step"] for h in train_logs] == [2, 4, 6]
+    for h in train_logs:  # steps are 1-based in the logs, 0-based in the records
+        since = steps[h["step"] - 2 : h["step"]]
+        assert h["offrecomp/peak_activation_bytes"] == max(s.peak_activation_bytes for s in since)
+    metrics = trainer.evaluate()
+    assert not any(k.startswith("offrecomp/") for k in metrics)
 
 
 @pytest.mark.skipif(
