@@ -574,11 +574,19 @@ class Planner:
         entry = self.entries.get(first.signature)
         plan = self.active_plan(entry) if entry is not None else None
         if plan is not None and first.planned and first.phase != Phase.BORROWED:
-            records.add_prediction(rec, entry, plan, passes)
-        elif first.phase == Phase.BORROWED:  # no prediction of its own; still the budget
-            donor, ran = self._plan_of(first)
-            if donor is not None and ran is not None:
-                records.check_budget(rec, donor, ran, passes)
+            records.add_prediction(rec, entry, plan)
+        for q in passes:  # NOTE [Budgets per pass] (records.py): each against the plan it ran
+            if q.aborted:
+                continue
+            if q.phase == Phase.BORROWED:  # no prediction of its own; still the budget
+                ran_entry, ran = self._plan_of(q)
+            elif q.planned:
+                ran_entry = self.entries.get(q.signature)
+                ran = self.active_plan(ran_entry) if ran_entry is not None else None
+            else:
+                continue
+            if ran_entry is not None and ran is not None:
+                records.check_pass(rec, ran_entry, ran, q, own=q.phase != Phase.BORROWED)
         self._pending.append((rec, passes))
         return rec
 

@@ -74,21 +74,15 @@ def step_record(step: int, passes: list[PassState], mode: str) -> StepRecord:
     return rec
 
 
-def add_prediction(rec: StepRecord, entry: PlanEntry | None, plan: Plan, passes: list[PassState]) -> None:
+def add_prediction(rec: StepRecord, entry: PlanEntry | None, plan: Plan) -> None:
     """A planned step ran ``plan`` (``entry``'s, if any): its prediction into ``rec`` (the
-    live one where there is one, NOTE [Live prediction]), and a warning, once per
-    signature, when the step went over the budget."""
+    live one where there is one, NOTE [Live prediction]). Its passes' budgets are
+    checked one by one (``check_pass``)."""
     rec.predicted_step_seconds = plan.predicted_step_seconds
     rec.predicted_peak_bytes = plan.predicted_peak_bytes
-    rec.budget_bytes = plan.budget_bytes
     rec.predicted_forward_seconds = plan.predicted_forward_seconds
     rec.predicted_recompute_seconds = plan.predicted_recompute_seconds
     rec.predicted_stall_seconds = plan.predicted_stall_seconds
-    budget = plan.budget_bytes
-    if entry is not None and budget is not None and not plan.feasible:
-        warn_infeasible(entry, plan, budget, rec.peak_activation_bytes)
-    elif entry is not None:
-        check_budget(rec, entry, plan, passes)
     live = entry.live if entry is not None and plan is entry.plan else None
     if live is not None:  # NOTE [Live prediction]
         rec.predicted_step_seconds = live.step_seconds
@@ -98,20 +92,52 @@ def add_prediction(rec: StepRecord, entry: PlanEntry | None, plan: Plan, passes:
         rec.predicted_stall_seconds = live.stall_seconds
 
 
-def check_budget(rec: StepRecord, entry: PlanEntry, plan: Plan, passes: list[PassState]) -> None:
-    """A step that ran ``plan`` (``entry``'s own, or borrowed from it): its budget into
-    ``rec``, and a warning, once per entry, when the step held more than it."""
-    budget = rec.budget_bytes = plan.budget_bytes
+# NOTE [Budgets per pass]
+# A budget bounds what one pass holds: a step of several passes (gradient accumulation)
+# frees each micro-batch's activations in its backward before the next forward. Where
+# the micro-batches differ in shape (dynamic padding), the passes of one step run the
+# plans of several signatures, each solved for its own shape: each pass is checked
+# against the plan it ran, and a warning names that pass's signature (the step's first
+# pass would blame a plan that met its budget for a longer micro-batch's peak, and keep
+# quiet about the longer one's budget being out of reach). The step's record shows the
+# largest budget and predicted peak among the plans its passes ran, beside its peak,
+# the largest of its passes'.
+
+
+def check_pass(rec: StepRecord, entry: PlanEntry, plan: Plan, p: PassState, *, own: bool) -> None:
+    """The planned pass ``p`` of the step ``rec`` ran ``plan``: ``entry``'s own (``own``),
+    or borrowed from it. Its peak against the plan's budget (NOTE [Budgets per pass]):
+    an infeasible own plan's warning, else the over-budget one, each once per entry."""
+    budget = plan.budget_bytes
+    if budget is not None:
+        rec.budget_bytes = max(rec.budget_bytes or 0, budget)
+    if (
+        own and p.signature != rec.signature
+        and rec.predicted_peak_bytes is not None and plan.predicted_peak_bytes is not None
+    ):  # another signature's micro-batch: its plan's peak (the step's own may be live)
+        rec.predicted_peak_bytes = max(rec.predicted_peak_bytes, plan.predicted_peak_bytes)
+    held = p.stats.peak_resident_bytes
+    if own and budget is not None and not plan.feasible:
+        warn_infeasible(entry, plan, budget, held)
+    else:
+        check_budget(entry, plan, held, p.signature, double=p.double_backward)
+
+
+def check_budget(entry: PlanEntry, plan: Plan, held: int, signature: str, *, double: bool = False) -> None:
+    """A pass of ``signature`` that ran ``plan`` (``entry``'s own, or borrowed from it)
+    held ``held`` bytes at its peak: a warning, once per entry, when that is more than
+    the budget (``double``: the pass's backward made a graph a second backward
+    differentiates)."""
+    budget = plan.budget_bytes
     if entry.warned_infeasible:
         return  # the budget was said to be out of reach: a lower one would not help
-    if budget is not None and rec.peak_activation_bytes > OVER_BUDGET * budget and not entry.warned_over_budget:
+    if budget is not None and held > OVER_BUDGET * budget and not entry.warned_over_budget:
         entry.warned_over_budget = True
-        double = any(p.double_backward for p in passes)
         log.warning(
             "offrecomp: signature %s: a planned step held %s of activations for a "
             "budget of %s (%+.0f%%).%s",
-            shown(rec.signature), format_bytes(rec.peak_activation_bytes), format_bytes(budget),
-            100 * (rec.peak_activation_bytes / budget - 1),
+            shown(signature), format_bytes(held), format_bytes(budget),
+            100 * (held / budget - 1),
             " Its backward made a graph that a second backward differentiates (a "
             "gradient penalty); that graph holds the tensors the first backward's "
             "replays regenerate, which the plan does not count: expect this margin, "

@@ -1,0 +1,73 @@
+"""NOTE [Budgets per pass]: a step whose micro-batches differ in shape runs the plans of
+several signatures; each pass is checked against the plan it ran."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import offrecomp
+
+SHORT, LONG = 16, 64
+
+
+class _Block(nn.Module):
+    def __init__(self, d: int = 64) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_Block() for _ in range(3))
+        self.head = nn.Linear(64, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x).mean()
+
+
+def _run(steps: list[tuple[int, ...]], **kw: object) -> offrecomp.Runtime:
+    """One optimizer step per entry of ``steps``, a micro-batch per length in it."""
+    torch.manual_seed(0)
+    m = _Net()
+    opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(0)
+    with offrecomp.runtime(m, min_bytes=0, **kw) as rt:  # type: ignore[arg-type]
+        for lengths in steps:
+            for n in lengths:
+                m(torch.randn(4, n, 64, generator=gen)).backward()
+            opt.step()
+            opt.zero_grad()
+    return rt
+
+
+def test_micro_batches_of_other_shapes_are_checked_against_their_own_plans(caplog: pytest.LogCaptureFixture) -> None:
+    """A short micro-batch then a long one per step, for a budget the short shape's plan
+    meets and no plan of the long one can: the long signature's budget is said to be out
+    of reach, and the short one, whose passes meet it, is not blamed for the long one's
+    peak."""
+    budget = _run([(SHORT,)], mode="keep").report().steps[0].peak_activation_bytes // 2
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        rt = _run([(SHORT, LONG)] * 8 + [(SHORT, SHORT)] * 3, mode="auto", budget=budget)
+    messages = [r.getMessage() for r in caplog.records]
+    over = [m for m in messages if "planned step held" in m]
+    infeasible = [m for m in messages if "cannot be met" in m]
+    assert not any(f"(4, {SHORT}, 64)" in m for m in over), over
+    assert len(infeasible) == 1 and f"(4, {LONG}, 64)" in infeasible[0], infeasible
+    steps = rt.report().steps
+    mixed = [s for s in steps[:8] if s.phases == "planned"]
+    assert mixed, [s.phases for s in steps]
+    for s in mixed:  # the long pass's plan: its prediction beside the peak it set
+        assert s.predicted_peak_bytes is not None and s.predicted_peak_bytes >= 0.9 * s.peak_activation_bytes
+    for s in steps[-3:]:  # the short shape alone: within its budget
+        assert s.peak_activation_bytes <= 1.05 * budget and s.budget_bytes == budget
