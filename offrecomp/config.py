@@ -309,6 +309,16 @@ class Config:
         cfg.sources = sources
         return cfg
 
+    def checked(self) -> Config:
+        """This config with each field through its parser, as ``resolve`` reads an
+        argument (``Config(budget="4MiB")`` built directly holds the string): a bad value
+        raises naming the field, the value and the accepted forms, before any step runs."""
+        values: dict[str, Any] = {}
+        for fname, (_, parser) in _FIELD_PARSERS.items():
+            value = getattr(self, fname)
+            values[fname] = value if value is None else parser(value, name=fname)
+        return dataclasses.replace(self, **values)
+
     @property
     def active(self) -> bool:
         """True when hooks are installed at all."""

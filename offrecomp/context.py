@@ -120,7 +120,7 @@ class Runtime:
         if model is not None and not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
         self.model = model
-        self.config = config
+        config = self.config = config.checked()  # one built directly is read as resolve reads arguments
         apply_log_level(config)
         self._regions = _regions_of(model, config)
         self._plan = _PlanSlot()

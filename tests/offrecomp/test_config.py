@@ -272,3 +272,17 @@ def test_runtime_and_plan_command_accept_the_same_values(
     assert rc == (0 if ok else 2), err
     if not ok:
         assert flag in err and f"{field}=" not in err and f"{field} =" not in err and "None" not in err, err
+
+
+def test_a_config_built_directly_is_read_as_arguments_are() -> None:
+    """``Runtime(model, Config(...))``: fields given raw are parsed (a unit string, a
+    number of regions), and a bad one is refused naming it, before any step runs."""
+    from torch import nn
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    rt = offrecomp.Runtime(model, Config(budget="4MiB", prefetch=3, min_bytes="1KiB"))  # type: ignore[arg-type]
+    assert rt.config.budget == Budget(nbytes=4 << 20)
+    assert rt.config.prefetch == Prefetch(regions=3) and rt.config.min_bytes == 1024
+    for kw, accepted in (({"mode": "fast"}, "auto, keep"), ({"prefetch": 0}, "a number of regions")):
+        with pytest.raises(ValueError, match=rf"{next(iter(kw))}=.* is invalid; accepted: {accepted}"):
+            offrecomp.Runtime(model, Config(**kw))  # type: ignore[arg-type]
