@@ -595,7 +595,14 @@ class Workspace:
         )
 
 
+#: Prefetch depths from here on reach every group of any profile: one beyond this acts
+#: alike, and the kernels take 64-bit integers (``check_prefetch`` caps a larger one).
+PREFETCH_EVERY_GROUP = 1 << 30
+
+
 def check_prefetch(prefetch_regions: int) -> int:
+    """``prefetch_regions`` as the kernels take it: an int >= 0, at most
+    PREFETCH_EVERY_GROUP (a deeper prefetch reaches no more groups)."""
     if (
         isinstance(prefetch_regions, bool)
         or not isinstance(prefetch_regions, (int, np.integer))
@@ -604,7 +611,7 @@ def check_prefetch(prefetch_regions: int) -> int:
         raise ValueError(
             f"prefetch_regions = {prefetch_regions!r} is invalid; accepted: an int >= 0"
         )
-    return int(prefetch_regions)
+    return min(int(prefetch_regions), PREFETCH_EVERY_GROUP)
 
 
 # ----------------------------------------------------------------------------- timeline

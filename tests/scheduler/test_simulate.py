@@ -167,6 +167,20 @@ def test_illegal_placements_are_rejected() -> None:
         simulate(p, Plan(), prefetch_regions=-1)
 
 
+def test_a_prefetch_deeper_than_any_profile_acts_as_one_that_reaches_every_group() -> None:
+    """Past 64 bits the kernels could not take it; a depth beyond every group is capped."""
+    from scheduler.solver import solve
+
+    plan = Plan(placements={("l0", 0, 0): OFF, ("l0", 0, 1): R})
+    deep = simulate(two_blocks(), plan, prefetch_regions=10**20)
+    some = simulate(two_blocks(), plan, prefetch_regions=1000)
+    assert deep.step_seconds == some.step_seconds and deep.stall_seconds == some.stall_seconds
+    p = two_blocks()
+    assert solve(p, budget_bytes=None, prefetch_regions=10**20).predicted_step_seconds == solve(
+        p, budget_bytes=None, prefetch_regions=1000
+    ).predicted_step_seconds
+
+
 def test_invalid_profiles_are_rejected() -> None:
     p = two_blocks()
     p.regions[1].storages[1].nbytes = -5
