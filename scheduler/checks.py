@@ -28,8 +28,11 @@ __all__ = [
 
 def check_number(value: float, what: str) -> float:
     """``value`` as a float; ValueError naming ``what`` unless finite and >= 0."""
-    v = float(value)
-    if not math.isfinite(v) or v < 0.0:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):  # a string or null in a profile's JSON
+        v = math.nan
+    if isinstance(value, (bool, str)) or not math.isfinite(v) or v < 0.0:
         raise ValueError(f"{what} = {value!r} is invalid; accepted: a finite number >= 0")
     return v
 

@@ -279,6 +279,16 @@ class Profile:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Profile:
+        """A profile from its JSON object; TypeError naming the part that is not the JSON
+        object (or list) it must be."""
+        _expect(data, dict, "a profile")
+        for i, r in enumerate(_expect(data.get("regions", []), list, "a profile's regions")):
+            _expect(r, dict, f"region {i}")
+            for key in ("ops", "storages"):
+                for j, x in enumerate(_expect(r.get(key, []), list, f"region {i}'s {key}")):
+                    _expect(x, dict, f"{key[:-1]} {j} of region {i}")
+        for j, x in enumerate(_expect(data.get("root", []), list, "a profile's root storages")):
+            _expect(x, dict, f"root storage {j}")
         version = int(data.get("version", PROFILE_VERSION))
         if version != PROFILE_VERSION:
             raise ValueError(
@@ -315,6 +325,15 @@ class Profile:
 
 
 _T = TypeVar("_T")
+
+
+def _expect(value: _T, kind: type, what: str) -> _T:
+    """``value`` if it is a ``kind`` (a JSON object or list), else TypeError naming
+    ``what``."""
+    if not isinstance(value, kind):
+        name = "a JSON object" if kind is dict else "a JSON list" if kind is list else kind.__name__
+        raise TypeError(f"{what} must be {name}, got {type(value).__name__} {value!r:.60}")
+    return value
 
 
 def _storage_record(data: dict[str, Any]) -> StorageRecord:

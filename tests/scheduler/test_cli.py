@@ -238,6 +238,28 @@ def test_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixtu
 
 
 @pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[]", "a profile must be a JSON object, got list"),
+        ("5", "a profile must be a JSON object, got int"),
+        ('{"signature": "s", "regions": [{"name": "b", "storages": [null]}]}', "storage 0 of region 0 must be a JSON object"),
+        ('{"signature": "s", "regions": {}}', "a profile's regions must be a JSON list"),
+        ('{"signature": "s", "forward_seconds": "fast"}', "profile forward_seconds = 'fast' is invalid"),
+        ('{"signature": "s", "d2h_gbps": null}', "profile d2h_gbps = None is invalid"),
+    ],
+)
+def test_a_profile_of_the_wrong_shape_is_a_usage_error(
+    content: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 2 naming what is wrong, not a traceback (nor exit 1, the infeasible budget's)."""
+    path = tmp_path / "profile.json"
+    path.write_text(content)
+    rc, _ = run("plan", str(path), "--budget", "1MiB")
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err, err
+
+
+@pytest.mark.parametrize(
     ("extra", "message"),
     [
         (["--max-overhead", "-1"], "--max-overhead=-1.0 is invalid; accepted: a fraction of step time from 0 to 10"),
