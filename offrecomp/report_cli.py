@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import statistics
 import sys
 from collections.abc import Sequence
@@ -45,6 +46,7 @@ def _kind(f: dataclasses.Field[Any]) -> tuple[type, ...] | None:
 _KINDS = {f.name: _kind(f) for f in dataclasses.fields(StepRecord)}
 _NULLABLE = {f.name for f in dataclasses.fields(StepRecord) if str(f.type).endswith("| None")}
 _NUMBERS = ((int,), (float, int))
+_MOST = 1 << 63  # no count, size or time a step records reaches 64 bits
 
 
 def _record(data: Any, where: str) -> StepRecord:
@@ -60,10 +62,13 @@ def _record(data: Any, where: str) -> StepRecord:
         if not ok:
             expected = " or ".join(t.__name__ for t in kinds or ())
             raise ReportFileError(f"{where}: field {k!r} is {v!r}; expected {expected}")
-        if kinds in _NUMBERS and v is not None and not (math.isfinite(v) and v >= 0):
+        if kinds in _NUMBERS and v is not None and not (
+            0 <= v < _MOST if isinstance(v, int) else math.isfinite(v) and v >= 0
+        ):
             raise ReportFileError(
-                f"{where}: field {k!r} is {v!r}; expected a finite number >= 0 (no step record "
-                "holds a negative count, size or time, nor NaN or Infinity: the file is damaged or was edited)"
+                f"{where}: field {k!r} is {str(v)[:40]}; expected a finite number >= 0 and below 2**63 (no "
+                "step record holds a negative count, size or time, nor NaN, Infinity or more than 64 bits: "
+                "the file is damaged or was edited)"
             )
         if k == "fallbacks":
             bad = next(((n, c) for n, c in v.items() if isinstance(c, bool) or not isinstance(c, int) or c < 0), None)
@@ -89,6 +94,14 @@ def load_runs(path: str | Path, notes: list[str] | None = None) -> list[list[Ste
         whole = None  # JSON lines (or not JSON at all: the lines say where)
     if isinstance(whole, dict) and isinstance(whole.get("steps"), list):
         return _split([_record(d, f"{path}: steps[{i}]") for i, d in enumerate(whole["steps"])])
+    if whole is not None and len(text.strip().splitlines()) > 1:
+        # valid JSON over several lines, but no report (a saved profile, pretty-printed)
+        what = "a JSON object without a 'steps' list" if isinstance(whole, dict) else f"a JSON {type(whole).__name__}"
+        keys = f" (keys: {', '.join(list(whole)[:6])})" if isinstance(whole, dict) and whole else ""
+        raise ReportFileError(
+            f"{path} holds {what}{keys}; expected a report: JSON lines of step records "
+            "(OFFRECOMP_REPORT) or a Report.to_json() file"
+        )
     records: list[StepRecord] = []
     lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     for n, line in lines:
@@ -247,6 +260,13 @@ def main(argv: Sequence[str], out: TextIO | None = None, err: TextIO | None = No
         return exc.code if isinstance(exc.code, int) else 2
     if args.plot is not None and not args.plot.strip():
         print("offrecomp report: --plot '' is invalid; accepted: a file name (out.png, out.pdf, out.svg)", file=err)
+        return 2
+    if args.plot and (args.plot.endswith(("/", os.sep)) or Path(args.plot).is_dir()):
+        print(
+            f"offrecomp report: --plot {args.plot!r} is invalid; accepted: a file name "
+            "(out.png, out.pdf, out.svg), not a directory",
+            file=err,
+        )
         return 2
     notes: list[str] = []
     try:

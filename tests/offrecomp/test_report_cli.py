@@ -126,12 +126,16 @@ def test_report_plot_names_the_file_it_writes_or_why_not(
     assert code == 2 and "cannot write" in err and "xyz" in err
     code, out, err = _run(["report", str(report_file), "--plot", ""], capsys)
     assert code == 2 and "--plot '' is invalid" in err
+    for folder in (str(tmp_path) + "/", str(tmp_path)):  # a directory: matplotlib would write DIR/.png.png
+        code, out, err = _run(["report", str(report_file), "--plot", folder], capsys)
+        assert code == 2 and "not a directory" in err and out == "", err
 
 
 @pytest.mark.parametrize(
     ("field", "raw"),
     [("step_seconds", "NaN"), ("recompute_seconds", "-0.5"), ("predicted_step_seconds", "Infinity"),
-     ("peak_activation_bytes", "-1"), ("device_peak_bytes", "-4096"), ("budget_bytes", "-1"), ("step", "-3")],
+     ("peak_activation_bytes", "-1"), ("device_peak_bytes", "-4096"), ("budget_bytes", "-1"), ("step", "-3"),
+     ("peak_activation_bytes", "1" + "0" * 400)],
 )
 def test_report_rejects_nan_and_negative_fields(
     field: str, raw: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -143,7 +147,17 @@ def test_report_rejects_nan_and_negative_fields(
     path.write_text(json.dumps({"step": 0}) + "\n{" + fields + "}\n")
     code, out, err = _run(["report", str(path)], capsys)
     assert code == 2 and out == "", out
-    assert f"{path}:2: field {field!r} is {json.loads(raw)!r}; expected a finite number >= 0" in err, err
+    assert f"{path}:2: field {field!r} is {str(json.loads(raw))[:40]}; expected a finite number >= 0" in err, err
+
+
+def test_report_says_a_json_file_that_is_no_report_is_not_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A saved profile (pretty-printed JSON, easy to take for the report) is named for
+    what it is, not as lines that are not JSON."""
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"signature": "s", "regions": []}, indent=1))
+    code, out, err = _run(["report", str(path)], capsys)
+    assert code == 2 and out == "" and "holds a JSON object without a 'steps' list (keys: signature, regions)" in err, err
+    assert "not JSON" not in err
 
 
 def test_report_rejects_a_bad_fallback_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
