@@ -290,6 +290,13 @@ class Config:
             if fname in overrides and not _not_given(overrides[fname]):
                 values[fname] = parser(overrides[fname], name=fname)
                 sources[fname] = "argument"
+                if var in env and env[var].strip() != "":  # unused, but a mistake all the same
+                    try:
+                        parser(env[var], name=var)
+                    except ValueError as exc:
+                        logging.getLogger("offrecomp").warning(
+                            "offrecomp: %s (the argument %s=%r is used instead)", exc, fname, overrides[fname]
+                        )
             elif var in env and env[var].strip() != "":
                 values[fname] = parser(env[var], name=var)
                 sources[fname] = "env"

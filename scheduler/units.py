@@ -104,8 +104,8 @@ def parse_bytes(value: object, *, name: str = "byte size") -> int:
             unit = m.group(2).lower()
             if unit in UNITS:
                 number = float(m.group(1)) * UNITS[unit]
-                if math.isfinite(number) and (unit or number.is_integer()):
-                    return round(number)  # a bare number is a whole count of bytes
+                if math.isfinite(number) and (UNITS[unit] > 1 or number.is_integer()):
+                    return round(number)  # a count of bytes (bare, or in B) is whole
     raise ValueError(f"{name}={value!r} is invalid; accepted: {SIZE_FORMS}")
 
 

@@ -143,13 +143,15 @@ def test_one_parser_and_one_formatter_for_bytes() -> None:
 
 @pytest.mark.parametrize(
     "kw",
-    [{"budget": "0.5"}, {"min_bytes": "1.5"}, {"prefetch": 2.0}, {"prefetch": "1.5"}, {"drift": True}, {"d2h_gbps": False}],
-    ids=["budget_fraction_of_a_byte", "min_bytes_fraction", "prefetch_float", "prefetch_bare_fraction", "drift_bool", "gbps_bool"],
+    [{"budget": "0.5"}, {"min_bytes": "1.5"}, {"min_bytes": "0.5B"}, {"prefetch": 2.0}, {"prefetch": "1.5"},
+     {"prefetch": "1.5B"}, {"drift": True}, {"d2h_gbps": False}],
+    ids=["budget_fraction_of_a_byte", "min_bytes_fraction", "min_bytes_fraction_in_b", "prefetch_float",
+         "prefetch_bare_fraction", "prefetch_fraction_in_b", "drift_bool", "gbps_bool"],
 )
 def test_values_that_would_be_rounded_or_misread_are_rejected(kw: dict[str, object]) -> None:
-    """A bare number of bytes must be whole ("0.5" was read as 0 B); a float prefetch is
-    neither a count of regions nor a size with a unit (2.0 was read as 2 bytes); a bool
-    is no number."""
+    """A number of bytes, bare or in B, must be whole ("0.5" and "0.5B" were read as 0 B);
+    a float prefetch is neither a count of regions nor a size with a unit (2.0 was read as
+    2 bytes); a bool is no number."""
     name, value = next(iter(kw.items()))
     with pytest.raises(ValueError, match=rf"{name}={value!r} is invalid; accepted: "):
         Config.resolve(kw)
@@ -286,3 +288,15 @@ def test_a_config_built_directly_is_read_as_arguments_are() -> None:
     for kw, accepted in (({"mode": "fast"}, "auto, keep"), ({"prefetch": 0}, "a number of regions")):
         with pytest.raises(ValueError, match=rf"{next(iter(kw))}=.* is invalid; accepted: {accepted}"):
             offrecomp.Runtime(model, Config(**kw))  # type: ignore[arg-type]
+
+
+def test_a_bad_variable_an_argument_overrides_is_still_told(caplog: pytest.LogCaptureFixture) -> None:
+    """The argument wins, and the variable's mistake is said, not passed over in silence."""
+    env = {"OFFRECOMP_BUDGET": "24GB%", "OFFRECOMP_MODE": "fast", "OFFRECOMP_MIN_BYTES": "1KiB"}
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        cfg = Config.resolve({"budget": "1GiB", "mode": "keep", "min_bytes": 0}, environ=env)
+    assert cfg.budget == Budget(nbytes=1 << 30) and cfg.mode == "keep" and cfg.min_bytes == 0
+    said = [r.getMessage() for r in caplog.records]
+    assert any("OFFRECOMP_BUDGET='24GB%' is invalid" in m and "budget='1GiB' is used" in m for m in said), said
+    assert any("OFFRECOMP_MODE='fast' is invalid" in m for m in said), said
+    assert not any("OFFRECOMP_MIN_BYTES" in m for m in said), said  # a good one overridden says nothing

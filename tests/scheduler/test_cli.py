@@ -38,7 +38,7 @@ def test_parse_bytes(text: str | int, value: int) -> None:
     assert parse_bytes(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "GiB", "20 parsecs", "-5GiB", "1..5GB", "20GiBs"])
+@pytest.mark.parametrize("text", ["", "GiB", "20 parsecs", "-5GiB", "1..5GB", "20GiBs", "0.5B", "1.5"])
 def test_parse_bytes_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="accepted: an integer byte count or a number with a unit"):
         parse_bytes(text)
