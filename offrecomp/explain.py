@@ -162,7 +162,10 @@ def explain_forced(
     region call of the last step, and why (``emulated``: offload copies within host
     memory, on CPU; ``ran``: a step has run)."""
     if config.disable or config.mode == "off":
-        why = "OFFRECOMP_DISABLE=1" if config.disable else "mode='off'"
+        if config.disable:
+            why = "OFFRECOMP_DISABLE=1" if config.sources.get("disable") == "env" else "disable=True"
+        else:
+            why = "OFFRECOMP_MODE=off" if config.sources.get("mode") == "env" else "mode='off'"
         names = ", ".join(r.name for r in regions) if regions else "none"
         return (
             f"offrecomp is off ({why}): nothing is installed, no region is wrapped, and "

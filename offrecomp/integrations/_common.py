@@ -156,6 +156,8 @@ class ScopedCallback:
         log_metrics: bool = True,
         **options: Any,
     ) -> None:
+        if not isinstance(log_metrics, bool):  # "false" would read as True
+            raise TypeError(f"log_metrics={log_metrics!r} is invalid; accepted: True, False")
         self._scope = RunScope(runtime_options(budget, mode, regions, options))
         self.log_metrics = log_metrics
 

@@ -97,6 +97,15 @@ def test_own_checkpointing_is_restored() -> None:
     assert own_checkpointing(models.GPT()) == []
 
 
+def test_log_metrics_must_be_a_bool() -> None:
+    """A string would be read as True ("false" too): refused when the callback is made."""
+    from offrecomp.integrations._common import ScopedCallback
+
+    assert ScopedCallback(log_metrics=False).log_metrics is False
+    with pytest.raises(TypeError, match=r"log_metrics='false' is invalid; accepted: True, False"):
+        ScopedCallback(log_metrics="false")  # type: ignore[arg-type]
+
+
 def test_step_metrics() -> None:
     recs = [
         StepRecord(step=0, peak_activation_bytes=10, kept_bytes=1, recomputed_bytes=9, step_seconds=1.0),

@@ -105,17 +105,30 @@ def test_auto_sets_each_replays_time_beside_its_prediction() -> None:
         assert float(c[7]) == 0 and c[8] == "-", text
 
 
-@pytest.mark.parametrize("how", ["off", "disable"])
-def test_off_and_disabled_say_that_nothing_is_installed(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("how", "said"),
+    [("off", "mode='off'"), ("off_env", "OFFRECOMP_MODE=off"), ("disable", "OFFRECOMP_DISABLE=1"),
+     ("disable_arg", "disable=True")],
+)
+def test_off_and_disabled_say_that_nothing_is_installed(how: str, said: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """And name what turned it off, as the user gave it."""
+    kw: dict[str, object] = {"mode": "recompute"}
     if how == "disable":
         monkeypatch.setenv("OFFRECOMP_DISABLE", "1")
+    elif how == "off_env":
+        monkeypatch.setenv("OFFRECOMP_MODE", "off")
+        kw = {}
+    elif how == "off":
+        kw = {"mode": "off"}
+    else:
+        kw["disable"] = True
     torch.manual_seed(0)
     m = LongNames()
-    rt = offrecomp.runtime(m, mode="off" if how == "off" else "recompute")
+    rt = offrecomp.runtime(m, **kw)  # type: ignore[arg-type]
     train(m, _batch, rt, steps=1)
     text = rt.explain()
     assert "nothing is installed" in text, text
-    assert ("OFFRECOMP_DISABLE=1" if how == "disable" else "mode='off'") in text
+    assert f"offrecomp is off ({said})" in text, text
 
 
 def test_the_report_says_cpu_offload_is_emulated() -> None:
