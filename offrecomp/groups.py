@@ -127,19 +127,10 @@ class OffloadGroups:
         if self.engine is None:
             from offrecomp.backends import get_backend
             from offrecomp.offload import OffloadEngine
-            from offrecomp.pool import default_host_limit
+            from offrecomp.pool import host_limit_of
 
             device = self._device.device or torch.device("cpu")
-            limit = self._config.host_limit
-            if limit is None:
-                host_limit = default_host_limit()
-            elif limit.nbytes is not None:
-                host_limit = limit.nbytes
-            else:
-                from offrecomp.config import local_world_size
-                from offrecomp.measure import host_available_bytes
-
-                host_limit = limit.resolve(host_available_bytes()) // local_world_size()
+            host_limit = host_limit_of(self._config.host_limit)
             self.engine = OffloadEngine(
                 backend=get_backend(device), host_limit_bytes=host_limit, prefetch=self._config.prefetch
             )

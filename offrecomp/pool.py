@@ -33,6 +33,7 @@ import psutil
 import torch
 
 from offrecomp.backends import Backend
+from offrecomp.config import Budget
 from offrecomp.config import local_world_size as config_local_world_size
 
 __all__ = ["ALIGN_BYTES", "Block", "aligned", "PinnedPool", "PoolStats", "default_host_limit",
@@ -59,6 +60,18 @@ def default_host_limit(local_world_size: int | None = None) -> int:
     if ranks < 1:
         raise ValueError(f"local_world_size={ranks!r} is invalid; accepted: an integer >= 1")
     return int(psutil.virtual_memory().available * HOST_SHARE) // ranks
+
+
+def host_limit_of(limit: Budget | None) -> int:
+    """The pinned host bytes ``Config.host_limit`` lets one rank's pool hold: the default
+    share of available memory (None), a byte count as it is, or a percentage of available
+    memory shared by the node's ranks. The pool's limit, and the planner's (a plan
+    offloads no more than this, NOTE [Host limit in plans] in planning/profiling.py)."""
+    if limit is None:
+        return default_host_limit()
+    if limit.nbytes is not None:
+        return limit.nbytes
+    return limit.resolve(int(psutil.virtual_memory().available)) // config_local_world_size()
 
 
 def default_pressure_bytes() -> int:

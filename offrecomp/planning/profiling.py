@@ -15,6 +15,7 @@ from offrecomp.changes import module_state
 from offrecomp.diagnostics import warn_once
 from offrecomp.measure import device_capacity_bytes
 from offrecomp.placement import never_replayed
+from offrecomp.pool import host_limit_of
 from offrecomp.regions import buffer_of
 from offrecomp.trace import RegionStructure, build_structure
 from scheduler.plan import Placement
@@ -134,6 +135,10 @@ def build_profile(
     fwd_total = clock.seconds(p.start_mark, p.backward_start_mark, wait=True) or 0.0
     bwd_total = clock.seconds(p.backward_start_mark, end_mark, wait=True) or 0.0
     d2h, h2d = link_gbps(config, device)
+    # NOTE [Host limit in plans]: the pool refuses a group past its limit, and the
+    # runtime keeps that group's storages instead: over the budget. The solver offloads
+    # no more than the limit (read now: the default is a share of what is available).
+    host_limit = host_limit_of(config.host_limit) if d2h > 0 and h2d > 0 else 0
     profile = Profile(
         signature=p.signature,
         device=device.type,
@@ -144,6 +149,7 @@ def build_profile(
         regions=regions,
         root=root_records,
         device_capacity_bytes=device_capacity_bytes(device),
+        host_limit_bytes=host_limit,
         native_keep=config.native_keep,  # NOTE [Native keep]: kept-whole calls run no hooks
         meta={"torch": torch.__version__},
     )

@@ -102,3 +102,31 @@ def test_a_users_plan_that_offloads_gets_its_releases_from_the_timeline(monkeypa
     steps = [s for s in rt.report().steps if s.phase == "user-plan"]
     assert steps and all(s.offloaded_bytes > 0 for s in steps)
     assert calls.count(BACKWARD_START) == len(steps)
+
+
+def test_plans_offload_no_more_than_the_host_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Host limit in plans]: the solver sees the pool's limit, so a plan offloads no
+    more than it, and the pool refuses no group of a planned step (a refused group's
+    storages fall back, with a warning, to what the plan did not choose)."""
+    monkeypatch.setattr(solving, "offload_allowed", lambda entry, profile: True)
+    monkeypatch.setattr(learning, "learn_host_costs", lambda p, measured: None)
+    model, batch = make("gpt_dropout")
+    budget = tight_budget(model, batch)
+
+    def planned(**kw: object) -> tuple[offrecomp.Runtime, list[int]]:
+        m = twin(model)
+        rt = offrecomp.runtime(  # type: ignore[arg-type]
+            m, mode="auto", min_bytes=0, budget=budget, d2h_gbps=5, h2d_gbps=5, drift=100.0, **kw
+        )
+        train(m, batch, rt, steps=4)
+        steps = [s for s in rt.report().steps if s.phase == "planned"]
+        assert steps and not any(s.fallbacks for s in steps), [s.fallbacks for s in steps]
+        return rt, [s.offloaded_bytes for s in steps]
+
+    _, free = planned()
+    assert min(free) > 0, free
+    limit = min(free) // 2
+    rt, held = planned(host_limit=limit)
+    assert all(b <= limit for b in held), (held, limit)
+    entry = next(iter(rt.planner.entries.values()))
+    assert entry.profile is not None and entry.profile.host_limit_bytes == limit
