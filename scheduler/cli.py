@@ -54,6 +54,8 @@ def parse_model(spec: str) -> dict[str, Any]:
             raise ValueError(
                 f"model spec item {part!r} is invalid; write key=value, keys: {accepted}"
             )
+        if key in out:
+            raise ValueError(f"model spec {spec!r} gives {key} twice; give each key once")
         if key in _MODEL_INTS:
             try:
                 out[key] = int(raw)

@@ -61,6 +61,8 @@ def test_parse_model() -> None:
         parse_model("layers=2,depth=3")
     with pytest.raises(ValueError, match="missing hidden, heads, seq, batch"):
         parse_model("layers=2")
+    with pytest.raises(ValueError, match="gives layers twice"):  # not the last one silently
+        parse_model("layers=2,hidden=64,layers=3")
 
 
 def test_model_form_prints_a_summary() -> None:
