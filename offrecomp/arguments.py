@@ -242,9 +242,10 @@ def _flatten_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[l
 # object sees the state after the forward, not the one the forward saw: the cache
 # appends the keys a second time, the replay computes attention over both copies, and
 # the dispatch-mode replay finds another op sequence than the recorded one. The capture
-# therefore records the attribute bindings of such objects (their `__dict__`, and the
-# items of the lists, dicts and objects reachable from it, a few levels deep, by
-# reference: no tensor is copied). The caller may change them too after the region
+# therefore records the attribute bindings of such objects (their `__dict__` and slots,
+# and the items of the lists, dicts, tuples and objects reachable from them, a few
+# levels deep, by reference: no tensor is copied; a tuple binds nothing new, but what it
+# holds may change). The caller may change them too after the region
 # returned (a memory carried to the next block, `state.mem = x`). So the replay puts the
 # entry bindings back where the bindings it finds differ, runs, then restores the
 # bindings it found. A tensor among the bindings written in place after the forward
@@ -313,13 +314,47 @@ _PLAIN = frozenset(_ATOMIC)  # exact types a capture passes over at once
 
 
 def _stateful(x: Any) -> bool:
-    """A plain Python object whose attributes a forward could rebind."""
+    """A plain Python object whose attributes a forward could rebind (in its ``__dict__``,
+    or its slots: a ``@dataclass(slots=True)``)."""
     return (
-        hasattr(x, "__dict__")
-        and not isinstance(x, (torch.Tensor, nn.Module, type, _ATOMIC))
+        (hasattr(x, "__dict__") or bool(_slot_names(type(x))))
+        and not isinstance(x, (torch.Tensor, nn.Module, type, _ATOMIC, tuple))
         and not callable(x)
         and not isinstance(x, enum.Enum)
     )
+
+
+_SLOT_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _slot_names(cls: type) -> tuple[str, ...]:
+    """The attribute names the slots of ``cls`` and its bases hold (mangled where
+    private), once per class."""
+    names = _SLOT_NAMES.get(cls)
+    if names is None:
+        found: list[str] = []
+        for k in cls.__mro__:
+            slots = k.__dict__.get("__slots__", ())
+            for n in (slots,) if isinstance(slots, str) else slots:
+                if n in ("__dict__", "__weakref__"):
+                    continue
+                if n.startswith("__") and not n.endswith("__"):
+                    n = f"_{k.__name__.lstrip('_')}{n}"
+                found.append(n)
+        names = _SLOT_NAMES[cls] = tuple(dict.fromkeys(found))
+    return names
+
+
+def _attrs(obj: Any) -> dict[str, Any]:
+    """What ``obj`` binds by name: its ``__dict__`` and its set slots."""
+    slots = _slot_names(type(obj))
+    d = dict(vars(obj)) if hasattr(obj, "__dict__") else {}
+    for n in slots:
+        try:
+            d[n] = object.__getattribute__(obj, n)
+        except AttributeError:  # a slot never set
+            continue
+    return d
 
 
 # NOTE [Capture reuse]
@@ -356,7 +391,9 @@ def _unchanged(obj: Any, kind: str, content: Any) -> bool:
     """``obj`` binds the same objects, in the same order, as ``content`` recorded."""
     if kind == "list":
         return len(obj) == len(content) and all(map(operator.is_, obj, content))
-    d = vars(obj) if kind == "attrs" else obj
+    if kind == "tuple":
+        return True  # binds what it bound when made; what it holds is recorded below it
+    d = (_attrs(obj) if _slot_names(type(obj)) else vars(obj)) if kind == "attrs" else obj
     return (
         len(d) == len(content) and all(map(operator.is_, d, content))
         and all(map(operator.is_, d.values(), content.values()))
@@ -365,7 +402,9 @@ def _unchanged(obj: Any, kind: str, content: Any) -> bool:
 
 def _bindings(obj: Any, kind: str) -> Any:
     """A shallow copy of what container ``obj`` binds."""
-    return list(obj) if kind == "list" else dict(vars(obj)) if kind == "attrs" else dict(obj)
+    if kind == "tuple":
+        return obj
+    return list(obj) if kind == "list" else _attrs(obj) if kind == "attrs" else dict(obj)
 
 
 @dataclass(eq=False)
@@ -547,10 +586,30 @@ def _rebind(entries: list[tuple[Any, str, Any]]) -> None:
     for obj, kind, content in entries:
         if kind == "list":
             obj[:] = content
+        elif kind == "tuple":
+            continue
+        elif kind == "attrs" and _slot_names(type(obj)):
+            _rebind_attrs(obj, content)
         else:
             d = vars(obj) if kind == "attrs" else obj
             d.clear()
             d.update(content)
+
+
+def _rebind_attrs(obj: Any, content: dict[str, Any]) -> None:
+    """An object with slots binds ``content`` by name: its slots past any
+    ``__setattr__`` (a frozen dataclass's), the rest in its ``__dict__``."""
+    slots = _slot_names(type(obj))
+    if hasattr(obj, "__dict__"):
+        d = vars(obj)
+        d.clear()
+        d.update({k: v for k, v in content.items() if k not in slots})
+    for n in slots:
+        if n in content:
+            object.__setattr__(obj, n, content[n])
+        else:
+            with contextlib.suppress(AttributeError):
+                object.__delattr__(obj, n)
 
 
 def _walk(roots: list[Any], limit: int) -> ArgState:
@@ -589,8 +648,10 @@ def _walk(roots: list[Any], limit: int) -> ArgState:
             kind, content = "list", list(obj)
         elif isinstance(obj, dict):
             kind, content = "dict", dict(obj)
+        elif isinstance(obj, tuple):  # nothing to rebind, but what it holds may change
+            kind, content = "tuple", obj
         else:
-            kind, content = "attrs", dict(vars(obj))
+            kind, content = "attrs", _attrs(obj)
         count += len(content)
         if count > limit:
             complete = False
@@ -609,14 +670,21 @@ def _look_in(kind: str, content: Any, deeper: bool) -> _Walk:
     where ``deeper``."""
     keys: list[Any] = []
     children: list[Any] = []
-    for key, v in enumerate(content) if kind == "list" else content.items():
+    for key, v in enumerate(content) if kind in ("list", "tuple") else content.items():
         if type(v) in _PLAIN:
             continue
         if isinstance(v, torch.Tensor):
             keys.append(key)
-        elif deeper and (isinstance(v, (list, dict)) or _stateful(v)):
+        elif deeper and (
+            isinstance(v, (list, dict)) or (isinstance(v, tuple) and not _plain_tuple(v)) or _stateful(v)
+        ):
             children.append(v)
     return _Walk(deeper, tuple(keys), tuple(children))
+
+
+def _plain_tuple(t: tuple[Any, ...]) -> bool:
+    """A tuple of plain values (a kernel size, a shape): nothing below it to record."""
+    return all(type(v) in _PLAIN for v in t)
 
 
 def _follow(prev: ArgState, roots: list[Any], limit: int) -> ArgState | None:
