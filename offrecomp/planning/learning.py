@@ -15,6 +15,7 @@ from offrecomp.measure import distorts
 from offrecomp.phases import Phase
 from offrecomp.planning.differences import settle_growth, variable_sizes
 from offrecomp.planning.drift import refresh_live
+from offrecomp.planning.profiling import prefetch_depth
 from offrecomp.planning.trial import offload_trial
 from offrecomp.state import Stage
 from offrecomp.trace import RUN
@@ -197,7 +198,7 @@ class Learner:
         if not calibrating:
             if host.user_plan is None:
                 cfg = host.config
-                refresh_live(entry, step, prefetch_regions=cfg.prefetch.regions or 2, drift=cfg.drift)
+                refresh_live(entry, step, prefetch_regions=prefetch_depth(cfg.prefetch, measured), drift=cfg.drift)
             trial_note = self._trial(entry, p, step)
             if trial_note is not None:
                 return trial_note
@@ -244,7 +245,7 @@ class Learner:
         measured.replay_op_seconds = self.replay_cost.seconds  # the rule the pass replayed by
         cfg = self.host.config
         try:
-            pred = predict(measured, plan, prefetch_regions=cfg.prefetch.regions or 2)
+            pred = predict(measured, plan, prefetch_regions=prefetch_depth(cfg.prefetch, measured))
         except ValueError as exc:  # a structure the profile cannot place as the pass did
             log.debug("offrecomp: calibration check skipped (%s)", exc)
             return

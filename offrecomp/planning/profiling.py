@@ -22,7 +22,7 @@ from scheduler.plan import Placement
 from scheduler.profile import Profile, RegionRecord, StorageRecord
 
 if TYPE_CHECKING:
-    from offrecomp.config import Config
+    from offrecomp.config import Config, Prefetch
     from offrecomp.measure import Clock
     from offrecomp.regions import Region
     from offrecomp.state import PassState, RegionCall
@@ -107,6 +107,28 @@ def record_structure(call: RegionCall, *, min_bytes: int, opaque: bool) -> None:
     )
     call.recorded_ops = rec  # op events are resolved at the end of the pass (CUDA)
     call.saves = []
+
+
+# NOTE [Prefetch windows]
+# The planner models a prefetch depth in groups: at a group's first fetch, the next N
+# groups that offload are reloaded. A byte window (prefetch="256MiB") lets the engine
+# reload ahead while the reloaded-but-unfetched bytes stay within it, at least one group:
+# with groups of G bytes, window // G of them. A plan's group holds at most its region
+# call's activation bytes, so the depth read from the profile's median call is at most
+# the one that runs: the stalls it predicts are an upper bound.
+
+
+def prefetch_depth(prefetch: Prefetch, profile: Profile) -> int:
+    """The reload depth in groups the planner models for ``prefetch`` on ``profile``
+    (NOTE [Prefetch windows])."""
+    if prefetch.regions is not None:
+        return prefetch.regions
+    sizes = sorted(
+        b for b in (sum(s.nbytes for s in r.storages if s.kind == "activation") for r in profile.regions) if b > 0
+    )
+    if not sizes:
+        return 1
+    return max(1, (prefetch.nbytes or 0) // sizes[len(sizes) // 2])
 
 
 def build_profile(

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from offrecomp.config import format_bytes
 from offrecomp.measure import host_available_bytes
 from offrecomp.planning.drift import MODEL_GAIN
-from offrecomp.planning.profiling import save_profile
+from offrecomp.planning.profiling import prefetch_depth, save_profile
 from offrecomp.transfer import slot_offsets
 from scheduler.cost_model import predict
 from scheduler.plan import ROOT, Placement, Plan
@@ -126,7 +126,7 @@ class Solver:
                 profile,
                 budget_bytes=budget_bytes,
                 max_overhead=cfg.max_overhead,
-                prefetch_regions=cfg.prefetch.regions or 2,
+                prefetch_regions=prefetch_depth(cfg.prefetch, profile),
                 allow_offload=offload_allowed(entry, profile) if allow_offload is None else allow_offload,
                 infeasible="warn",  # the entry's own plan raises in solve, after the frugal end
                 log_infeasible=False,
@@ -281,7 +281,7 @@ class Solver:
         profile = entry.profile
         assert profile is not None
         try:
-            now = predict(profile, incumbent, prefetch_regions=self.host.config.prefetch.regions or 2)
+            now = predict(profile, incumbent, prefetch_regions=prefetch_depth(self.host.config.prefetch, profile))
         except ValueError:  # it no longer places on this profile
             return False
         budget = incumbent.budget_bytes

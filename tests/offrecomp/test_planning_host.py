@@ -430,3 +430,23 @@ def test_backward_host_time_is_learnt_on_a_gpu() -> None:
     assert learning.learn_backward(p, on_cpu, clock=_DeviceClock(), calibrating=True)
     assert on_cpu.backward_seconds == pytest.approx(3.7)  # less the runtime's 0.3 s too
     assert [r.backward_host_seconds for r in on_cpu.regions] == [None, None]
+
+
+def test_a_prefetch_window_is_planned_as_the_groups_it_holds() -> None:
+    """NOTE [Prefetch windows]: a byte window models as many groups of the profile's
+    median call as it holds, at least one; a number of regions as it is."""
+    from offrecomp.config import Prefetch
+    from offrecomp.planning.profiling import prefetch_depth
+    from scheduler import Profile, RegionRecord, StorageRecord
+
+    def call(name: str, *sizes: int) -> RegionRecord:
+        return RegionRecord(
+            name=name, call_index=0, start_seconds=0.0, forward_seconds=1.0, backward_seconds=1.0,
+            storages=[StorageRecord(nbytes=n) for n in sizes],
+        )
+
+    profile = Profile(signature="s", regions=[call("b0", 60, 40), call("b1", 100), call("b2", 300)])
+    assert prefetch_depth(Prefetch(regions=3), profile) == 3
+    assert prefetch_depth(Prefetch(nbytes=350), profile) == 3  # groups of 100 B (the median call)
+    assert prefetch_depth(Prefetch(nbytes=50), profile) == 1  # one reload is always allowed
+    assert prefetch_depth(Prefetch(nbytes=50), Profile(signature="s")) == 1
