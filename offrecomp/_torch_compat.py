@@ -388,6 +388,26 @@ def torch_function_as(captured: tuple[Any, tuple[Any, ...]] | None) -> Iterator[
             _tf_push(m)  # type: ignore[misc]
 
 
+def collective_sequence() -> int:
+    """The collectives issued so far on this rank, over every process group (the sum of
+    their sequence numbers, which eager, functional and compiled collectives all move);
+    0 without an initialised process group (NOTE [Collective regions] in diagnostics.py).
+    Private: ``ProcessGroup._get_sequence_number_for_group`` and c10d's group table."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return 0
+    from torch.distributed.distributed_c10d import _world
+
+    total = 0
+    for pg in list(_world.pg_map):
+        try:
+            total += int(pg._get_sequence_number_for_group())  # type: ignore[attr-defined]
+        except (RuntimeError, AttributeError):  # a group without one (a fake or custom backend)
+            continue
+    return total
+
+
 # NOTE [Inference tensors]
 # A tensor made under torch.inference_mode has no version counter: reading ``_version``
 # raises. Autograd never saves one, but an op that saves nothing of it (an add) may read

@@ -118,6 +118,8 @@ class RegionCalls:
         ):
             call.collective = True
             warn_collective(region, self._config.mode)
+        elif self.distributed:  # NOTE [Collective regions]: seen at exit, whatever runs them
+            call.collectives_at_entry = tc.collective_sequence()
         p.calls.append(call)
         self._planner.assign(p, call)
         call.fixed = self._placements.fixed(call)
@@ -265,6 +267,8 @@ class RegionCalls:
     def exit(self, call: RegionCall) -> None:
         self._life.call_ended(call)
         region = call.region
+        if call.collectives_at_entry >= 0 and tc.collective_sequence() != call.collectives_at_entry:
+            self._planner.ran_collective(call)
         rng = call.rng
         if rng is not None and rng.probe is not None and region is not None:
             _note_host_draws(call, region, rng.probe)

@@ -91,12 +91,16 @@ def kind(region: Region) -> str:
 # parallelism: its parameters are DTensors while it runs) is another matter: a replay
 # on one rank alone would issue a collective that no other rank joins, and training
 # would hang. Such a region is known before its first call when it holds DTensor
-# parameters, and from the measuring pass when its recording saw a torch.distributed op
-# (dist.all_reduce and the functional collectives dispatch as c10d ops); the measuring
-# pass itself drops everything on every rank alike. From then on auto mode never drops
-# its activations, in any pass or fallback, and plans it as KEEP or OFFLOAD
-# (RegionRecord.replayable). mode="recompute" is symmetric: every rank replays every
-# region.
+# parameters, and at the exit of any call that issued a collective: the process groups'
+# sequence numbers moved between its entry and exit (``collective_sequence``: eager,
+# functional and compiled collectives alike; an op recording sees none inside a compiled
+# region). The measuring pass drops everything on every rank alike. From then on auto
+# mode never drops its activations, in any pass or fallback, and plans it as KEEP or
+# OFFLOAD (RegionRecord.replayable); plans are solved again. A region whose first
+# collective comes in a planned step (a statistic synced after a warmup) has already
+# dropped that call's saves: its replay in that step issues the collective again, which
+# other ranks join only where their plans dropped it too (a warning says so).
+# mode="recompute" is symmetric: every rank replays every region.
 
 
 def world_size() -> int:

@@ -132,6 +132,9 @@ class Region:
     """Positions of the tensors among its calls' argument state that a forward wrote in
     place (NOTE [State written by the forward] in arguments.py): copied at each call's
     entry from then on."""
+    collective: bool = False
+    """A call of it issued a collective (NOTE [Collective regions] in diagnostics.py):
+    auto plans it unreplayable."""
     untracked_state: bool | None = None
     """Its calls take argument objects with more state than the runtime tracks: True
     once a call changed it (never replayed from then on), False once a call left it as

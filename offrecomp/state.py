@@ -201,6 +201,7 @@ class RegionCall(_WeakReferable):
     buffer_ptrs: dict[int, int] | None = None  # NOTE [Buffer saves]: region's buffer storages -> slots
     buffer_epoch: int = -1  # buffer assignments counted when buffer_ptrs was read
     collective: bool = False  # runs collectives: auto never replays it (NOTE [Collective regions])
+    collectives_at_entry: int = -1  # collective_sequence() at entry, in a distributed run
     writes_state: bool = False  # its region writes its inputs or parameters: never replayed (NOTE [State written by its region])
     record: bool = False  # recorded outside a measuring pass (NOTE [Calls the profile lacks])
     watch: FirstCallWatch | None = None  # the region's first call (see FirstCallWatch)

@@ -415,6 +415,31 @@ class Planner:
         (if it saved more than its recording)."""
         differences.grew(self.entries.get(p.signature), p, call)
 
+    def ran_collective(self, call: RegionCall) -> None:
+        """``call`` issued a collective its region was not known to run (NOTE [Collective
+        regions]): auto keeps or offloads the region's calls from now on, and plans are
+        solved again with it unreplayable. A call of a planned pass that dropped saves
+        already replays this step, as the other ranks' plans may not: said."""
+        first = call.name not in self.collective_regions
+        self.collective_regions.add(call.name)
+        call.collective = True
+        region = call.region
+        if region is not None:
+            region.collective = True
+            self.host.warn_collective(region)
+        if first:
+            for entry in self.entries.values():
+                entry.needs_solve = True
+        p = call.pass_state
+        if call.dropped and p is not None and not p.recording and self.host.config.mode == "auto":
+            log.warning(
+                "offrecomp: region %r ran a collective (torch.distributed) for the first time in "
+                "a planned step, after its saves were dropped: its replay in this step issues it "
+                "again, which other ranks join only if their plans dropped it too. Its calls keep "
+                "their activations from now on.",
+                call.name,
+            )
+
     def record_structure(self, call: RegionCall) -> None:
         """Region forward returned in a measuring pass: derive its structure."""
         rec = call.recorder

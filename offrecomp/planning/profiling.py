@@ -46,7 +46,7 @@ def mark_found(profile: Profile, regions: Iterable[Region]) -> None:
     plan keeps or offloads its storages, as the placement rules will; a region found to
     vary (NOTE [Regions that vary] in placement.py) is opaque in it, as its replays run
     plainly, the whole prefix up to what they regenerate."""
-    unreplayable = {r.name for r in regions if never_replayed(r) is not None}
+    unreplayable = {r.name for r in regions if never_replayed(r) is not None or r.collective}
     variable = {r.name for r in regions if r.variable}
     for rec in profile.regions:
         if rec.name in unreplayable:

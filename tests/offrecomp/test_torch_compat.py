@@ -175,3 +175,9 @@ def test_version_of_reads_inference_tensors() -> None:
     assert tc.version_of(inf) == tc.INFERENCE_VERSION
     alias = inf.detach()  # outside inference mode: a counter of its own
     assert tc.version_of(alias) == 0
+
+
+def test_collective_sequence_is_zero_without_a_process_group() -> None:
+    """NOTE [Collective regions]: read at region calls of a distributed run only; without
+    a process group it reads 0 (the two-rank test reads it move)."""
+    assert tc.collective_sequence() == 0
