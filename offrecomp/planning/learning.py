@@ -172,8 +172,9 @@ class Learner:
             return f"host pause {1e3 * pause:.1f} ms in {', '.join(alone)}; calibrating again"
         if not learn_backward(p, measured, clock=clock, calibrating=calibrating, on_device=on_device):
             skipped.append("backward")
-        if not calibrating and on_device:
-            learn_served_replays(p, measured, clock)
+        if not calibrating:
+            if on_device:
+                learn_served_replays(p, measured, clock)
             learn_replay_host(p, measured, clock)
         # the link as the engine's copies achieved it (per-copy overheads included)
         o = p.offload_stats
@@ -755,8 +756,11 @@ def learn_served_replays(p: PassState, measured: Profile, clock: Clock) -> None:
 # the median, over its timed plain replays, of the replay's host span less its ops'
 # seconds in the estimate (0 where the host ran ahead), which the cost model averages
 # in. Served replays teach it nothing (their host time holds the dispatch mode's cost,
-# learnt per op: NOTE [Serving overhead]), nor does a CPU, whose ops' seconds are fitted
-# to whole replays (NOTE [Calibration]).
+# learnt per op: NOTE [Serving overhead]). A CPU learns it too: its ops' seconds are
+# fitted to the calibration's whole replays (NOTE [Calibration]), which spread a
+# replay's fixed costs (the checkpoint's restore, the early stop) over every op, so a
+# plan's partial replay of a prefix costs more than its ops' seconds (a small GPT's steps
+# ran 1.24x their prediction without it, and each drift check solved the same plan again).
 
 #: A figure learnt as 0 (the host ran ahead of every replay), which the cost model, taking
 #: 0 for unmeasured, would otherwise keep from an earlier pass.

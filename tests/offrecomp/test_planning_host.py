@@ -450,3 +450,23 @@ def test_a_prefetch_window_is_planned_as_the_groups_it_holds() -> None:
     assert prefetch_depth(Prefetch(nbytes=350), profile) == 3  # groups of 100 B (the median call)
     assert prefetch_depth(Prefetch(nbytes=50), profile) == 1  # one reload is always allowed
     assert prefetch_depth(Prefetch(nbytes=50), Profile(signature="s")) == 1
+
+
+def test_partial_replays_teach_their_host_time_on_cpu() -> None:
+    """NOTE [Replay host time]: a plan that drops part of each block replays a prefix,
+    whose fixed costs (the checkpoint's restore, the early stop) the calibration's whole
+    replays spread over all the ops; on a CPU too, planned passes learn what a replay
+    costs beyond its ops' seconds (a step ran 1.24x its prediction without it, and the
+    drift check solved the same plan again and again)."""
+    import torch
+
+    from tests import models
+
+    torch.manual_seed(0)
+    m = models.GPT(layers=2, h=32, heads=4, p=0.0)
+    rt = offrecomp.runtime(m, mode="auto", budget=150_000, min_bytes=0)
+    train(m, lambda s: torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(s)), rt, steps=12)
+    planned = [s for s in rt.report().steps if s.phase == "planned"]
+    assert planned and all(s.recomputed_bytes > 0 for s in planned), [s.recomputed_bytes for s in planned]
+    entry = next(iter(rt.planner.entries.values()))
+    assert entry.profile is not None and entry.profile.replay_host_seconds > 1e-9, entry.profile.replay_host_seconds
