@@ -10,6 +10,7 @@ import contextlib
 import enum
 import itertools
 import operator
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -315,21 +316,23 @@ _PLAIN = frozenset(_ATOMIC)  # exact types a capture passes over at once
 
 def _stateful(x: Any) -> bool:
     """A plain Python object whose attributes a forward could rebind (in its ``__dict__``,
-    or its slots: a ``@dataclass(slots=True)``)."""
+    or its slots: a ``@dataclass(slots=True)``; a tuple subclass with either too)."""
     return (
         (hasattr(x, "__dict__") or bool(_slot_names(type(x))))
-        and not isinstance(x, (torch.Tensor, nn.Module, type, _ATOMIC, tuple))
+        and not isinstance(x, (torch.Tensor, nn.Module, type, _ATOMIC))
         and not callable(x)
         and not isinstance(x, enum.Enum)
     )
 
 
 _SLOT_NAMES: dict[type, tuple[str, ...]] = {}
+_MAX_SLOT_CLASSES = 4096  # classes made at run time: the table is cleared past this
 
 
 def _slot_names(cls: type) -> tuple[str, ...]:
     """The attribute names the slots of ``cls`` and its bases hold (mangled where
-    private), once per class."""
+    private) and that still name a slot on ``cls`` (not a subclass's property of the
+    same name), once per class."""
     names = _SLOT_NAMES.get(cls)
     if names is None:
         found: list[str] = []
@@ -340,7 +343,11 @@ def _slot_names(cls: type) -> tuple[str, ...]:
                     continue
                 if n.startswith("__") and not n.endswith("__"):
                     n = f"_{k.__name__.lstrip('_')}{n}"
-                found.append(n)
+                owner = next((c.__dict__[n] for c in cls.__mro__ if n in c.__dict__), None)
+                if isinstance(owner, types.MemberDescriptorType):
+                    found.append(n)
+        if len(_SLOT_NAMES) >= _MAX_SLOT_CLASSES:
+            _SLOT_NAMES.clear()
         names = _SLOT_NAMES[cls] = tuple(dict.fromkeys(found))
     return names
 
@@ -644,24 +651,30 @@ def _walk(roots: list[Any], limit: int) -> ArgState:
             if not complete:
                 break
             continue
+        parts: list[tuple[str, Any]]
         if isinstance(obj, list):
-            kind, content = "list", list(obj)
+            parts = [("list", list(obj))]
         elif isinstance(obj, dict):
-            kind, content = "dict", dict(obj)
+            parts = [("dict", dict(obj))]
         elif isinstance(obj, tuple):  # nothing to rebind, but what it holds may change
-            kind, content = "tuple", obj
+            parts = [("tuple", obj)]
+            if _stateful(obj):  # a tuple subclass with attributes of its own
+                parts.append(("attrs", _attrs(obj)))
         else:
-            kind, content = "attrs", _attrs(obj)
-        count += len(content)
-        if count > limit:
-            complete = False
+            parts = [("attrs", _attrs(obj))]
+        for kind, content in parts:
+            count += len(content)
+            if count > limit:
+                complete = False
+                break
+            at = len(entries)
+            entries.append((obj, kind, content))
+            walk = _look_in(kind, content, depth + 1 < _ARG_STATE_DEPTH)
+            walks.append(walk)
+            tensors.extend((content[key], version_of(content[key]), (at, key)) for key in walk.tensors)
+            todo.extend((c, depth + 1) for c in walk.children)
+        if not complete:
             break
-        at = len(entries)
-        entries.append((obj, kind, content))
-        walk = _look_in(kind, content, depth + 1 < _ARG_STATE_DEPTH)
-        walks.append(walk)
-        tensors.extend((content[key], version_of(content[key]), (at, key)) for key in walk.tensors)
-        todo.extend((c, depth + 1) for c in walk.children)
     return ArgState(entries, complete, limit, tensors=tensors, roots=tuple(roots), walks=walks)
 
 

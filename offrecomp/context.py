@@ -384,6 +384,9 @@ class _PlannerHost:
     def engine(self) -> OffloadEngine:
         return self._groups.get_engine()
 
+    def host_limit_bytes(self) -> int:
+        return self._groups.host_limit_bytes()
+
     def warn_collective(self, region: Region) -> None:
         warn_collective(region, self._config.mode)
 

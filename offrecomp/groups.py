@@ -120,6 +120,7 @@ class OffloadGroups:
         self.parameters: Callable[[], Iterable[torch.Tensor]] = tuple
         """The model's parameters (set by the runtime): NOTE [Parameter storages]."""
         self._param_ptrs: tuple[int, frozenset[int]] = (-1, frozenset())  # (pass index, storages)
+        self._host_limit: int | None = None
 
     # ------------------------------------------------------------ the engine
 
@@ -127,15 +128,23 @@ class OffloadGroups:
         if self.engine is None:
             from offrecomp.backends import get_backend
             from offrecomp.offload import OffloadEngine
-            from offrecomp.pool import host_limit_of
-
             device = self._device.device or torch.device("cpu")
-            host_limit = host_limit_of(self._config.host_limit)
+            host_limit = self.host_limit_bytes()
             self.engine = OffloadEngine(
                 backend=get_backend(device), host_limit_bytes=host_limit, prefetch=self._config.prefetch
             )
             log.info("offrecomp: offload engine on %s, host limit %s", device, format_bytes(host_limit))
         return self.engine
+
+    def host_limit_bytes(self) -> int:
+        """The pinned host bytes the pool may hold, read once (the default is a share of
+        what is available then): the engine's limit and the planner's, the same figure
+        (NOTE [Host limit in plans] in planning/profiling.py)."""
+        if self._host_limit is None:
+            from offrecomp.pool import host_limit_of
+
+            self._host_limit = host_limit_of(self._config.host_limit)
+        return self._host_limit
 
     def end_step(self) -> OffloadStats | None:
         return self.engine.end_step() if self.engine is not None else None

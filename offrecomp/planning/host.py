@@ -61,6 +61,10 @@ class PlannerHost(Protocol):
         """The offload engine (created on first use), whose pinned pool a plan prepares."""
         ...
 
+    def host_limit_bytes(self) -> int:
+        """The pinned host bytes the offload pool may hold (NOTE [Host limit in plans])."""
+        ...
+
     def warn_collective(self, region: Region) -> None:
         """Say, once per kind of block, that ``region`` runs collectives and is never
         recomputed (NOTE [Collective regions])."""

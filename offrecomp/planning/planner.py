@@ -510,7 +510,8 @@ class Planner:
         cfg = host.config
         entry = self.cache.entry(p.signature, p)
         profile, structures = profiling.build_profile(
-            p, replay_marks, end_mark, clock=host.clock, config=cfg, device=host.device()
+            p, replay_marks, end_mark, clock=host.clock, config=cfg, device=host.device(),
+            host_limit=host.host_limit_bytes,
         )
         if p.reprofile and entry.profile is not None and entry.structures:
             added = profiling.keep_missing_calls(profile, structures, entry.profile, entry.structures)

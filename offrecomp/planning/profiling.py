@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -15,7 +15,6 @@ from offrecomp.changes import module_state
 from offrecomp.diagnostics import warn_once
 from offrecomp.measure import device_capacity_bytes
 from offrecomp.placement import never_replayed
-from offrecomp.pool import host_limit_of
 from offrecomp.regions import buffer_of
 from offrecomp.trace import RegionStructure, build_structure
 from scheduler.plan import Placement
@@ -132,7 +131,8 @@ def prefetch_depth(prefetch: Prefetch, profile: Profile) -> int:
 
 
 def build_profile(
-    p: PassState, replay_marks: ReplayMarks, end_mark: Any, *, clock: Clock, config: Config, device: torch.device
+    p: PassState, replay_marks: ReplayMarks, end_mark: Any, *, clock: Clock, config: Config, device: torch.device,
+    host_limit: Callable[[], int],
 ) -> tuple[Profile, dict[tuple[str, int], RegionStructure]]:
     """The profile of the measuring (or re-profiling) pass ``p``, whose replay marks and
     backward end were ``replay_marks`` and ``end_mark`` when it ended, and the region
@@ -159,8 +159,8 @@ def build_profile(
     d2h, h2d = link_gbps(config, device)
     # NOTE [Host limit in plans]: the pool refuses a group past its limit, and the
     # runtime keeps that group's storages instead: over the budget. The solver offloads
-    # no more than the limit (read now: the default is a share of what is available).
-    host_limit = host_limit_of(config.host_limit) if d2h > 0 and h2d > 0 else 0
+    # no more than the limit: the pool's own figure (``host_limit``, read once per runtime).
+    limit = host_limit() if d2h > 0 and h2d > 0 else 0
     profile = Profile(
         signature=p.signature,
         device=device.type,
@@ -171,7 +171,7 @@ def build_profile(
         regions=regions,
         root=root_records,
         device_capacity_bytes=device_capacity_bytes(device),
-        host_limit_bytes=host_limit,
+        host_limit_bytes=limit,
         native_keep=config.native_keep,  # NOTE [Native keep]: kept-whole calls run no hooks
         meta={"torch": torch.__version__},
     )

@@ -123,8 +123,12 @@ def test_plans_offload_no_more_than_the_host_limit(monkeypatch: pytest.MonkeyPat
         assert steps and not any(s.fallbacks for s in steps), [s.fallbacks for s in steps]
         return rt, [s.offloaded_bytes for s in steps]
 
-    _, free = planned()
+    rt, free = planned()
     assert min(free) > 0, free
+    # the default limit (a share of what is available) is read once: pool and plan agree
+    entry = next(iter(rt.planner.entries.values()))
+    assert entry.profile is not None and rt.offload_engine is not None
+    assert entry.profile.host_limit_bytes == rt.offload_engine.pool.limit_bytes > 0
     limit = min(free) // 2
     rt, held = planned(host_limit=limit)
     assert all(b <= limit for b in held), (held, limit)

@@ -948,6 +948,9 @@ class _Host:
     def engine(self) -> Any:
         raise AssertionError("no plan here offloads")
 
+    def host_limit_bytes(self) -> int:
+        return 0
+
     def warn_collective(self, region: Any) -> None:
         raise AssertionError("no region here runs collectives")
 
@@ -985,7 +988,8 @@ def test_the_runtime_hands_its_planner_exactly_the_planner_host() -> None:
         return {n for n in vars(cls) if not n.startswith("_")}
 
     assert public(PlannerHost) == {
-        "config", "clock", "regions", "distributed", "user_plan", "device", "engine", "warn_collective"
+        "config", "clock", "regions", "distributed", "user_plan", "device", "engine", "host_limit_bytes",
+        "warn_collective",
     }
     model, _ = make("gpt_dropout")
     rt = _runtime(twin(model))

@@ -46,6 +46,27 @@ class _Pair(NamedTuple):
     scale: float
 
 
+class _TupleState(tuple):  # type: ignore[type-arg]
+    """A tuple subclass carrying the memory in its ``__dict__``."""
+
+
+class _Base:
+    __slots__ = ("_raw", "mem", "scale")
+
+
+class _Shadowed(_Base):
+    """A base's slot named again by a property: a read makes a new float each time."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        self._raw = 0.5
+
+    @property  # type: ignore[misc]
+    def scale(self) -> float:  # type: ignore[override]
+        return self._raw * 2.0
+
+
 def _set_first(box: list[torch.Tensor], t: torch.Tensor) -> None:
     if box:
         box[0] = t
@@ -72,6 +93,8 @@ _KINDS: dict[str, tuple[Callable[[], Any], Callable[[Any], torch.Tensor], Callab
     "private_slot": (_OwnSlots, lambda s: s.get(), lambda s, t: s.set(t)),
     "tuple_holding_a_list": (_Plain, lambda s: s.mem[0][0], _set_in_tuple),
     "namedtuple_holding_a_list": (lambda: _Pair([], 1.0), lambda s: s.box[0] * s.scale, lambda s, t: _set_first(s.box, t)),
+    "tuple_subclass_with_attrs": (lambda: _TupleState(()), lambda s: s.mem, _set_mem),
+    "slot_shadowed_by_a_property": (_Shadowed, lambda s: s.mem * s.scale, _set_mem),
 }
 
 
