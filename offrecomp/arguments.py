@@ -593,24 +593,21 @@ def _rebind(entries: list[tuple[Any, str, Any]]) -> None:
     for obj, kind, content in entries:
         if kind == "list":
             obj[:] = content
-        elif kind == "tuple":
-            continue
-        elif kind == "attrs" and _slot_names(type(obj)):
+        elif kind == "attrs":
             _rebind_attrs(obj, content)
-        else:
-            d = vars(obj) if kind == "attrs" else obj
-            d.clear()
-            d.update(content)
+        elif kind != "tuple":  # a dict, or a module's buffer table
+            obj.clear()
+            obj.update(content)
 
 
 def _rebind_attrs(obj: Any, content: dict[str, Any]) -> None:
-    """An object with slots binds ``content`` by name: its slots past any
-    ``__setattr__`` (a frozen dataclass's), the rest in its ``__dict__``."""
+    """``obj`` binds ``content`` by name: in its ``__dict__``, and in its slots past any
+    ``__setattr__`` (a frozen dataclass's)."""
     slots = _slot_names(type(obj))
     if hasattr(obj, "__dict__"):
         d = vars(obj)
         d.clear()
-        d.update({k: v for k, v in content.items() if k not in slots})
+        d.update({k: v for k, v in content.items() if k not in slots} if slots else content)
     for n in slots:
         if n in content:
             object.__setattr__(obj, n, content[n])

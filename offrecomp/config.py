@@ -287,17 +287,18 @@ class Config:
         values: dict[str, Any] = {}
         sources: dict[str, str] = {}
         for fname, (var, parser) in _FIELD_PARSERS.items():
+            in_env = var in env and env[var].strip() != ""
             if fname in overrides and not _not_given(overrides[fname]):
                 values[fname] = parser(overrides[fname], name=fname)
                 sources[fname] = "argument"
-                if var in env and env[var].strip() != "":  # unused, but a mistake all the same
+                if in_env:  # unused, but a mistake all the same
                     try:
                         parser(env[var], name=var)
                     except ValueError as exc:
                         logging.getLogger("offrecomp").warning(
                             "offrecomp: %s (the argument %s=%r is used instead)", exc, fname, overrides[fname]
                         )
-            elif var in env and env[var].strip() != "":
+            elif in_env:
                 values[fname] = parser(env[var], name=var)
                 sources[fname] = "env"
             else:

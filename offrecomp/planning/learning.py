@@ -759,8 +759,9 @@ def learn_served_replays(p: PassState, measured: Profile, clock: Clock) -> None:
 # learnt per op: NOTE [Serving overhead]). A CPU learns it too: its ops' seconds are
 # fitted to the calibration's whole replays (NOTE [Calibration]), which spread a
 # replay's fixed costs (the checkpoint's restore, the early stop) over every op, so a
-# plan's partial replay of a prefix costs more than its ops' seconds (a small GPT's steps
-# ran 1.24x their prediction without it, and each drift check solved the same plan again).
+# plan's partial replay of a prefix costs more than its ops' seconds (left out, a small
+# GPT's planned steps run 1.24x their prediction, and each drift check solves the same
+# plan again).
 
 #: A figure learnt as 0 (the host ran ahead of every replay), which the cost model, taking
 #: 0 for unmeasured, would otherwise keep from an earlier pass.
