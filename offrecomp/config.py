@@ -265,6 +265,9 @@ class Config:
 
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
     """Where each field came from: ``argument``, ``env`` or ``default``."""
+    _parsed: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
+    """The value each field's parser gave it, by field (empty in a config built or
+    replaced directly): :meth:`checked` passes over a field that still holds it."""
 
     # ----------------------------------------------------------------- building
 
@@ -278,7 +281,7 @@ class Config:
         """Build a config from keyword overrides, ``OFFRECOMP_*`` variables and defaults."""
         env = os.environ if environ is None else environ
         overrides = dict(overrides or {})
-        known = {f.name for f in dataclasses.fields(cls)} - {"sources"}
+        known = {f.name for f in dataclasses.fields(cls)} - {"sources", "_parsed"}
         unknown = sorted(set(overrides) - known)
         if unknown:
             raise TypeError(
@@ -315,17 +318,24 @@ class Config:
             sources["disable"] = "env"
         cfg = cls(**values)
         cfg.sources = sources
+        cfg._parsed = {fname: getattr(cfg, fname) for fname in _FIELD_PARSERS}
         return cfg
 
     def checked(self) -> Config:
         """This config with each field through its parser, as ``resolve`` reads an
         argument (``Config(budget="4MiB")`` built directly holds the string): a bad value
-        raises naming the field, the value and the accepted forms, before any step runs."""
+        raises naming the field, the value and the accepted forms, before any step runs.
+        A field still holding the value a parser gave it is passed over: parsing a path
+        opens its file, which ``resolve`` did already."""
+        parsed = self._parsed
         values: dict[str, Any] = {}
         for fname, (_, parser) in _FIELD_PARSERS.items():
             value = getattr(self, fname)
-            values[fname] = value if value is None else parser(value, name=fname)
-        return dataclasses.replace(self, **values)
+            done = value is None or (fname in parsed and parsed[fname] is value)
+            values[fname] = value if done else parser(value, name=fname)
+        out = dataclasses.replace(self, **values)
+        out._parsed = values
+        return out
 
     @property
     def active(self) -> bool:
@@ -336,7 +346,7 @@ class Config:
         """One line per setting with its source, for the INFO log."""
         parts = []
         for f in dataclasses.fields(self):
-            if f.name in ("sources",):
+            if f.name in ("sources", "_parsed"):
                 continue
             val = getattr(self, f.name)
             if callable(val) and not isinstance(val, type):

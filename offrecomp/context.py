@@ -194,7 +194,7 @@ class Runtime:
         Waits for the device times of finished steps (a host sync on GPU)."""
         with self._lock:
             self._life.resolve(wait=True)
-            cfg = {k: str(v) for k, v in vars(self.config).items() if k != "sources"}
+            cfg = {k: str(v) for k, v in vars(self.config).items() if k not in ("sources", "_parsed")}
             return Report(steps=list(self._life.steps), config=cfg)
 
     def set_plan(self, plan: Plan | None) -> None:

@@ -119,6 +119,7 @@ def test_config_fields_are_frozen() -> None:
         "disable", "mode", "budget", "host_limit", "min_bytes", "prefetch", "report_path",
         "verify", "native_keep", "log_level", "max_overhead", "profile_path", "d2h_gbps", "h2d_gbps",
         "budget_margin", "infeasible", "drift", "plan_cache_size", "replay_op_us", "regions", "sources",
+        "_parsed",
     ]
 
 
@@ -300,3 +301,30 @@ def test_a_bad_variable_an_argument_overrides_is_still_told(caplog: pytest.LogCa
     assert any("OFFRECOMP_BUDGET='24GB%' is invalid" in m and "budget='1GiB' is used" in m for m in said), said
     assert any("OFFRECOMP_MODE='fast' is invalid" in m for m in said), said
     assert not any("OFFRECOMP_MIN_BYTES" in m for m in said), said  # a good one overridden says nothing
+
+
+def test_resolved_fields_are_not_parsed_again(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``runtime()`` resolves the arguments, and the runtime checks its config: a value
+    a parser gave is not parsed again (a path's check opens its file), while one set
+    since (``dataclasses.replace``, an attribute written) is."""
+    from offrecomp import config as config_mod
+
+    var, parse = config_mod._FIELD_PARSERS["report_path"]
+    calls: list[object] = []
+
+    def counting(value: object, *, name: str) -> object:
+        calls.append(value)
+        return parse(value, name=name)
+
+    monkeypatch.setitem(config_mod._FIELD_PARSERS, "report_path", (var, counting))
+    path = str(tmp_path / "steps.jsonl")
+    cfg = Config.resolve({"report_path": path, "budget": "4MiB"}, environ={})
+    assert calls == [path]
+    checked = cfg.checked()
+    assert calls == [path] and checked.report_path == path and checked.checked().budget == cfg.budget
+    replaced = dataclasses.replace(cfg, budget="8MiB").checked()
+    assert replaced.budget == Config.resolve({"budget": "8MiB"}, environ={}).budget
+    assert len(calls) == 2  # a replaced config holds no parsed values: all are checked
+    cfg.budget = "x"  # type: ignore[assignment]
+    with pytest.raises(ValueError, match="budget"):
+        cfg.checked()
