@@ -3,7 +3,7 @@
 Hugging Face decoders build a ``DynamicCache`` in training unless told ``use_cache=False``
 and hand it to every layer. A replay must see the state the layer's forward saw, so each
 layer call records the bindings the cache holds at its entry and exit (NOTE [Stateful
-arguments] in offrecomp/arguments.py): O(layers) per call. This benchmark trains a tiny
+arguments] in offrecomp/arg_state.py): O(layers) per call. This benchmark trains a tiny
 Llama (transformers' ``LlamaForCausalLM``) on the CPU under full recompute, with the
 cache and without it, interleaved (one step of each per round, medians over rounds), and
 prints the step times and what the cache adds per step and per layer call (one model, one

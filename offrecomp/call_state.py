@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from offrecomp._torch_compat import version_of
-from offrecomp.arguments import ArgState
+from offrecomp.arg_state import ArgState
 from offrecomp.changes import ATTR_QUIET, changed_attrs, exit_attrs
 from offrecomp.diagnostics import kind, warn_once
 from offrecomp.regions import READ_SNAPSHOT_MAX_BYTES, Region, buffer_of

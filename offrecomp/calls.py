@@ -1,8 +1,8 @@
 """Region calls: what the runtime does when a region's forward begins and returns.
 
 At entry a call joins its pass, gets its plan, captures what a replay needs (inputs,
-RNG, autocast, buffers, parameters: regions.py and arguments.py) and, in a measuring pass, starts its op
-recorder. At exit it checks whether the forward wrote state a replay would need as it
+RNG, autocast, buffers, parameters: regions.py, arguments.py and arg_state.py) and, in a
+measuring pass, starts its op recorder. At exit it checks whether the forward wrote state a replay would need as it
 was (call_state.py), issues its offload group, and derives the region's structure from
 the recording.
 """
@@ -21,7 +21,8 @@ from torch import nn
 
 from offrecomp import _torch_compat as tc
 from offrecomp import host_rng
-from offrecomp.arguments import ARG_STATE_MAX_ITEMS, ArgState, capture_inputs
+from offrecomp.arg_state import ARG_STATE_MAX_ITEMS, ArgState
+from offrecomp.arguments import capture_inputs
 from offrecomp.buffers import capture_buffers, finish_buffers, settle_buffers, snapshot_bytes
 from offrecomp.call_state import (
     check_arg_state,
@@ -225,7 +226,7 @@ class RegionCalls:
                 check_training_cache(region, cap.objects)
             last = self._last_arg_state() if self._last_arg_state is not None else None
             call.arg_state = ArgState.capture(cap.objects, self.arg_state_limit, region.arg_writes, last)
-            self._last_arg_state = weakref.ref(call.arg_state)  # NOTE [Capture reuse] in arguments.py
+            self._last_arg_state = weakref.ref(call.arg_state)  # NOTE [Capture reuse] in arg_state.py
             if not call.arg_state.complete and region.untracked_state is not False:
                 call.writes_state = True  # a replay might not restore it: kept until seen
             if call.arg_state.uncopied:

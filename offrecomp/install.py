@@ -77,7 +77,7 @@ from torch.nn.modules.module import (
 
 from offrecomp import _torch_compat as tc
 from offrecomp import backward_entry
-from offrecomp.arguments import ARG_STATE_MAX_ITEMS, ARG_STATE_PER_REGION
+from offrecomp.arg_state import ARG_STATE_MAX_ITEMS, ARG_STATE_PER_REGION
 from offrecomp.calls import RegionCalls
 from offrecomp.changes import (
     count_buffer_assignment,

@@ -94,7 +94,7 @@ class Regenerator:
     #   its recording, as such arguments may change every step.
     # - a recording of a call that built state on first use (a cache made and kept in
     #   an attribute or a buffer, its own or one of a module among its arguments: NOTE
-    #   [Modules among the arguments] in arguments.py; ``RegionStructure.self_changing``): later calls run
+    #   [Modules among the arguments] in arg_state.py; ``RegionStructure.self_changing``): later calls run
     #   other ops. The first divergence replays plainly and measures the signature
     #   again; one after that replays the region plainly from then on. A build made of
     #   factory ops is no divergence: the serving mode passes over it (NOTE [Skipped

@@ -11,7 +11,8 @@ transformer block). For every call of a region the runtime keeps:
 * the attribute bindings of the plain Python objects among its arguments, when its
   forward changes them (a key/value cache; see NOTE [Stateful arguments]).
 
-The capture of the arguments themselves is in arguments.py.
+The capture of the arguments themselves is in arguments.py, of the state their objects
+carry in arg_state.py.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from offrecomp.changes import structure_epoch
 from offrecomp.host_rng import Slot as RngSlot
 
 if TYPE_CHECKING:
-    from offrecomp.arguments import Position
+    from offrecomp.arg_state import Position
 
 
 #: The name of a region that is the model itself (``regions=`` naming its class).
@@ -130,7 +131,7 @@ class Region:
     outside] in call_state.py): each later call notes their versions and copies the small ones."""
     arg_writes: frozenset[Position] = frozenset()
     """Positions of the tensors among its calls' argument state that a forward wrote in
-    place (NOTE [State written by the forward] in arguments.py): copied at each call's
+    place (NOTE [State written by the forward] in arg_state.py): copied at each call's
     entry from then on."""
     collective: bool = False
     """A call of it issued a collective (NOTE [Collective regions] in diagnostics.py):

@@ -56,7 +56,8 @@ import torch
 from torch import nn
 
 from offrecomp import _torch_compat as tc
-from offrecomp.arguments import ArgState, holding, replay_arguments
+from offrecomp.arg_state import ArgState, holding
+from offrecomp.arguments import replay_arguments
 from offrecomp.buffers import modified_buffers, swap_buffers
 from offrecomp.changes import entry_values, exit_values, left_at_entry, swap_attrs
 from offrecomp.diagnostics import log_once

@@ -29,7 +29,8 @@ from scheduler.plan import ROOT, Placement
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from offrecomp.arguments import ArgState, CapturedInputs
+    from offrecomp.arg_state import ArgState
+    from offrecomp.arguments import CapturedInputs
     from offrecomp.buffers import BufferState
     from offrecomp.handles import SavedHandle
     from offrecomp.regions import (

@@ -244,7 +244,7 @@ def turn_off_own_checkpointing(model: nn.Module) -> list[str]:
 # default, and in training too builds a key/value cache and hands it to every layer,
 # which the training loop never reads. A replay must see that cache as its forward did,
 # so each layer call records the bindings the cache holds (NOTE [Stateful arguments] in
-# arguments.py), all layers' so far: host time that grows with depth squared (a 48-layer
+# arg_state.py), all layers' so far: host time that grows with depth squared (a 48-layer
 # Llama on the CPU under recompute, 269 against 197 ms per step). Hugging Face's own
 # gradient checkpointing sets ``use_cache=False`` in training for the same reason, as
 # does the Trainer of transformers 5 from ``TrainingArguments.use_cache`` (False unless

@@ -215,7 +215,7 @@ class FirstCallWatch(HearsReportedWrites):
         reference to each, and whether an op overwrote all of it before any read of it
         (NOTE [Storages no op made])."""
         # storage -> (holder, index): arguments.CapturedInputs, regions.ParamState and
-        # arguments.ArgState (``state``: NOTE [State written by the forward]), each with
+        # arg_state.ArgState (``state``: NOTE [State written by the forward]), each with
         # keep_copy(index)
         self.by_ptr: dict[int, list[tuple[Any, int]]] = {}
         held = [t for t, _, _ in state.tensors] if state is not None else ()

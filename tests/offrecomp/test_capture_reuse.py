@@ -1,4 +1,4 @@
-"""A capture that follows an earlier one (NOTE [Capture reuse] in offrecomp/arguments.py)
+"""A capture that follows an earlier one (NOTE [Capture reuse] in offrecomp/arg_state.py)
 records what a full walk records, whatever changed in between."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from offrecomp import arguments
-from offrecomp.arguments import ArgState
+from offrecomp import arg_state, arguments
+from offrecomp.arg_state import ArgState
 
 
 class _Obj:
@@ -88,14 +88,14 @@ def test_a_capture_that_follows_an_earlier_one_records_what_a_walk_records(
     seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     followed_at = []
-    follow = arguments._follow
+    follow = arg_state._follow
 
     def counted(*a: Any) -> ArgState | None:
         out = follow(*a)
         followed_at.append(out is not None)
         return out
 
-    monkeypatch.setattr(arguments, "_follow", counted)
+    monkeypatch.setattr(arg_state, "_follow", counted)
     rng = random.Random(seed)
     root = _state(rng)
     limit = rng.choice([12, 40, 512])

@@ -1,5 +1,5 @@
 """Regions whose forward changes the state of an argument object (NOTE [Stateful
-arguments] in ``offrecomp/arguments.py``): the key/value cache of a decoder trained with
+arguments] in ``offrecomp/arg_state.py``): the key/value cache of a decoder trained with
 ``use_cache=True`` is the common case. A replay must see the state the forward saw, and
 must leave the object as it found it."""
 
@@ -17,7 +17,7 @@ from torch import nn
 
 import offrecomp
 import offrecomp.diagnostics
-from offrecomp.arguments import ARG_STATE_MAX_ITEMS, ARG_STATE_PER_REGION, ArgState
+from offrecomp.arg_state import ARG_STATE_MAX_ITEMS, ARG_STATE_PER_REGION, ArgState
 from tests.helpers import (
     ZOO_VARIANTS,
     assert_bitwise,
@@ -497,7 +497,7 @@ def test_a_replay_leaves_the_state_as_the_forward_left_it(mode: str) -> None:
 def test_state_written_too_large_to_copy_keeps_the_calls_activations() -> None:
     """An offset larger than ARG_COPY_MAX_BYTES: the first call's watch copies it before
     the write; the region's later calls keep their activations rather than copy it."""
-    from offrecomp.arguments import ARG_COPY_MAX_BYTES
+    from offrecomp.arg_state import ARG_COPY_MAX_BYTES
 
     torch.manual_seed(0)
     m = _OffsetModel(numel=ARG_COPY_MAX_BYTES // 4 + 1)
@@ -780,7 +780,7 @@ def test_a_whole_model_handed_to_each_block_is_passed_over(mode: str) -> None:
     """NOTE [Modules among the arguments]: a module argument of more modules than
     ARG_MODULES_MAX (a whole model, here with more buffers than a call may record) is
     not walked at every call; a small one is; the blocks drop and replay, bitwise."""
-    from offrecomp.arguments import ARG_MODULES_MAX
+    from offrecomp.arg_state import ARG_MODULES_MAX
 
     class Block(nn.Module):
         def __init__(self) -> None:
