@@ -10,7 +10,7 @@ each region's replayed prefix and whether any storage the plan keeps lies inside
 (the replay would make it again beside the kept one)."""
 import contextlib, copy, gc, sys
 from collections import Counter
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent / "cpu-2026-12-06f"))
 from repro_common import *  # noqa
 from tests import models
 from scheduler.plan import Placement
