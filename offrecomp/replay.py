@@ -525,9 +525,9 @@ class _SaveCapture:
         its version, which that op's backward checks)."""
         try:
             storage = t.untyped_storage()
+            ptr = storage.data_ptr()  # a jagged nested tensor's storage has none
         except (RuntimeError, NotImplementedError):  # a layout or subclass without one
             return True
-        ptr = storage.data_ptr()
         if not ptr:
             return True
         seq = _sequence_nr()
