@@ -27,11 +27,13 @@ region and watch every call again at every step.
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 if TYPE_CHECKING:
     from offrecomp.regions import Region
@@ -43,9 +45,11 @@ __all__ = [
     "count_buffer_assignment",
     "count_module_assignment",
     "count_parameter_assignment",
+    "drop_hooks_since",
     "entry_values",
     "exit_attrs",
     "exit_values",
+    "hook_ids",
     "left_at_entry",
     "module_attrs",
     "module_state",
@@ -72,6 +76,14 @@ _SCALARS = (int, float, bool, str, type(None))
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                  "_global_backward_pre_hooks")
+#: Every hook table of a module, of torch's global module hooks, and of a tensor, keyed by
+#: the ids of ``RemovableHandle`` (NOTE [Hooks a replay registers]).
+_MODULE_HOOK_TABLES = (
+    *_HOOK_DICTS, "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs",
+    "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks",
+)
+_GLOBAL_HOOK_TABLES = (*_GLOBAL_HOOKS, "_global_forward_hooks_with_kwargs", "_global_forward_hooks_always_called")
+_TENSOR_HOOK_TABLES = ("_backward_hooks", "_post_accumulate_grad_hooks")
 
 
 def module_state(modules: tuple[nn.Module, ...]) -> tuple[Any, ...]:
@@ -85,6 +97,51 @@ def module_state(modules: tuple[nn.Module, ...]) -> tuple[Any, ...]:
         out.append(tuple(tuple(getattr(m, d, ())) for d in _HOOK_DICTS))
     out.append(tuple(tuple(getattr(torch.nn.modules.module, d, ())) for d in _GLOBAL_HOOKS))
     return tuple(out)
+
+
+# NOTE [Hooks a replay registers]
+# A forward may register a hook on first use, guarded by an attribute (``if not
+# self._hooked: self.fc1.weight.register_hook(scale)``), or swap a hook at each call,
+# keeping its handle in an attribute. Its replay sees those attributes as at the call's
+# entry (NOTE [Module attributes]) and registers the hook again, on a parameter or a
+# module that outlives the replay: the gradient would pass through both hooks from then
+# on, and a swapped hook would pile up, one more per step. Every hook torch registers
+# takes its id from one counter (``RemovableHandle.next_id``), the key of its entry in
+# its table. So a replay reads the counter before it runs and after (``hooks_since``);
+# where it moved, the entries with ids from that range are deleted from the hook tables
+# of the region's modules, of the tensors in their parameter and buffer slots, and of
+# torch's global module hooks: the model holds the hooks its forward left, as after a
+# plain step (better than ``torch.utils.checkpoint``, whose replay keeps a hook an
+# unguarded forward registers). A hook another thread registers on those objects while
+# the replay runs is deleted too.
+
+
+def hook_ids() -> int:
+    """The id the next hook torch registers takes (NOTE [Hooks a replay registers])."""
+    return RemovableHandle.next_id
+
+
+def drop_hooks_since(first: int, modules: tuple[nn.Module, ...]) -> bool:
+    """Delete the hooks registered since ``hook_ids()`` read ``first`` on ``modules``,
+    the tensors in their parameter and buffer slots, and torch's global module hooks;
+    True if there were any (NOTE [Hooks a replay registers])."""
+    last = RemovableHandle.next_id
+    if last == first:
+        return False
+    tables: list[Any] = [getattr(torch.nn.modules.module, n, None) for n in _GLOBAL_HOOK_TABLES]
+    for m in modules:
+        d = m.__dict__
+        tables.extend(d.get(n) for n in _MODULE_HOOK_TABLES)
+        for t in itertools.chain(m._parameters.values(), m._buffers.values()):
+            if t is not None:
+                tables.extend(getattr(t, n, None) for n in _TENSOR_HOOK_TABLES)
+    dropped = False
+    for table in tables:
+        if table:
+            for k in [k for k in table if type(k) is int and first <= k < last]:
+                del table[k]
+                dropped = True
+    return dropped
 
 
 # NOTE [Module attributes]

@@ -59,7 +59,14 @@ from offrecomp import _torch_compat as tc
 from offrecomp.arg_state import ArgState, holding
 from offrecomp.arguments import replay_arguments
 from offrecomp.buffers import modified_buffers, swap_buffers
-from offrecomp.changes import entry_values, exit_values, left_at_entry, swap_attrs
+from offrecomp.changes import (
+    drop_hooks_since,
+    entry_values,
+    exit_values,
+    hook_ids,
+    left_at_entry,
+    swap_attrs,
+)
 from offrecomp.diagnostics import log_once
 from offrecomp.interrupts import finish
 from offrecomp.regions import (
@@ -310,6 +317,24 @@ def _attrs_as_entry(call: RegionCall) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _hooks_as_found(call: RegionCall) -> Iterator[None]:
+    """NOTE [Hooks a replay registers] (changes.py): the hooks the replay registers on the
+    region's modules and their tensors are gone after it."""
+    region = call.region
+    first = hook_ids()
+    try:
+        yield
+    finally:
+        if region is not None and drop_hooks_since(first, region.modules):
+            log_once(
+                f"replay-hooks:{region.name}", logging.INFO,
+                "offrecomp: region %r registers hooks in its forward that its replays "
+                "register again; they are removed after each replay",
+                region.name,
+            )
+
+
+@contextlib.contextmanager
 def _training_as_forward(call: RegionCall) -> Iterator[None]:
     """The replay runs in the train/eval mode of the forward. Otherwise a ``model.eval()``
     between forward and backward (an evaluation forward for logging) would turn dropout
@@ -404,6 +429,7 @@ def _replay_forward(
         if params is not None:
             stack.enter_context(_swap_params(call, params))
         stack.enter_context(_training_as_forward(call))
+        stack.enter_context(_hooks_as_found(call))
         if call.attrs and call.exited:
             stack.enter_context(_attrs_as_entry(call))
         dtype, now = call.default_dtype, torch.get_default_dtype()
