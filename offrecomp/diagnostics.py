@@ -366,6 +366,8 @@ def detached_error(where: str, index: int | None) -> RuntimeError:
 #: Part of torch's error when a torch.func transform that differentiates starts while a
 #: saved-tensor hook pair is on the thread's stack.
 _TRANSFORM_REFUSAL = "don't yet support saved tensor hooks"
+#: Part of torch's error when a hook pair is set on a saved tensor that has one.
+_HOOKS_SET = "whose hooks have already been set"
 
 
 def refused_transform(exc: BaseException, where: str | None) -> RuntimeError | None:
@@ -376,7 +378,18 @@ def refused_transform(exc: BaseException, where: str | None) -> RuntimeError | N
     Those transforms refuse to start while any saved-tensor hook pair is registered, and
     the runtime's pair is registered for every forward under it (or the call could not be
     kept, offloaded or recomputed), and from the runtime's entry to its exit on the thread
-    that entered it; torch's message names neither."""
+    that entered it; torch's message names neither. The same goes for a hook pair set on
+    one saved tensor (``grad_fn._raw_saved_self.register_hooks``), which torch refuses on
+    a save that has one: under the runtime every save has its pair."""
+    if isinstance(exc, RuntimeError) and _HOOKS_SET in str(exc):
+        return RuntimeError(
+            f"offrecomp: {where or 'code inside `with rt:`'} calls register_hooks on a saved "
+            "tensor (grad_fn._raw_saved_...), which torch refuses on a save that already has a "
+            "hook pair, and under the runtime every save has the runtime's (it keeps, offloads "
+            "or recomputes each one). Put a torch.autograd.graph.saved_tensors_hooks pair "
+            "around the ops instead (the runtime's pair runs on what it returns), or train "
+            "this model without the runtime (OFFRECOMP_DISABLE=1)"
+        )
     if not isinstance(exc, RuntimeError) or _TRANSFORM_REFUSAL not in str(exc):
         return None
     if where is None:

@@ -310,6 +310,31 @@ def test_allow_mutation_on_saved_tensors_around_the_runtime_is_refused() -> None
     assert offrecomp.runtime(m, mode="recompute").__enter__().__exit__(None, None, None) is None  # not left active
 
 
+class _OneSaveHooked(nn.Module):
+    """Sets a hook pair on one saved tensor of its own graph (torch's per-save API)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = torch.tanh(self.fc(x))
+        a.grad_fn._raw_saved_result.register_hooks(lambda t: t * 2, lambda t: t / 2)  # type: ignore[union-attr]
+        return x + a
+
+
+@pytest.mark.parametrize("mode", ["keep", "recompute"])
+def test_a_hook_pair_set_on_one_saved_tensor_is_refused_naming_the_runtime(mode: str) -> None:
+    """torch refuses it on a save with a pair already, and under the runtime every save
+    has one; its own message named no hook the user had set."""
+    m = models.Stack([_OneSaveHooked() for _ in range(2)])
+    m(torch.randn(4, 16)).backward()  # plainly: accepted
+    with offrecomp.runtime(m, mode=mode, min_bytes=0), pytest.raises(
+        RuntimeError, match=r"offrecomp: region 'blocks\.0' .* calls register_hooks on a saved tensor"
+    ):
+        m(torch.randn(4, 16)).backward()
+
+
 class _RoundMatmuls(torch.utils._python_dispatch.TorchDispatchMode):
     """Changes values: matmul outputs rounded to bfloat16, as fp8 or int8 emulation does."""
 
