@@ -1443,6 +1443,34 @@ def test_a_jagged_nested_tensor_through_a_layer_norm_replays(variant: str) -> No
         assert r.keys() == g.keys() and all(torch.equal(r[k], g[k]) for k in r)
 
 
+class _WrapperSavedBlock(nn.Module):
+    """Saves a wrapper subclass without grad (as a functional collective's
+    ``AsyncCollectiveTensor``), then saves again: the replay runs past it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.testing._internal.two_tensor import TwoTensor
+
+        y = torch.tanh(self.a(x))
+        z = y * TwoTensor(torch.full((1,), 2.0), torch.full((1,), 2.0))
+        return x + self.b(torch.sin(z.a))
+
+
+def test_a_wrapper_subclass_saved_without_grad_replays() -> None:
+    """The replay's fill check read its placeholder storage's pointer and raised."""
+    torch.manual_seed(0)
+    model = stack(_WrapperSavedBlock)()
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(4, 8, generator=torch.Generator().manual_seed(s))
+
+    ref = train(copy.deepcopy(model), batch, steps=3)
+    train_bitwise(copy.deepcopy(model), batch, "recompute", None, ref, steps=3)
+
+
 class _TempViewBlock(nn.Module):
     """Saves ``h.t()``, a view that dies at once, and keeps its base ``h`` for the caller."""
 
