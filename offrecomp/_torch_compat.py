@@ -192,6 +192,20 @@ def set_backward_entry(fn: Callable[..., Any]) -> None:
     torch.autograd._engine_run_backward = fn  # type: ignore[attr-defined]
 
 
+def compiled_autograd_on() -> bool:
+    """Compiled autograd (``torch._dynamo.compiled_autograd``) compiles the backwards
+    started now."""
+    ca = sys.modules.get("torch._dynamo.compiled_autograd")
+    return ca is not None and bool(getattr(ca, "compiled_autograd_enabled", False))
+
+
+def compiled_autograd_off() -> contextlib.AbstractContextManager[None]:
+    """Backwards started inside run without compiled autograd."""
+    from torch._dynamo import compiled_autograd
+
+    return compiled_autograd._disable()
+
+
 def backward_creates_graph(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether a backward entered as ``backward_entry()(outputs, *args, **kwargs)`` makes
     a graph of its own: ``backward`` and ``grad`` pass ``(grad_outputs, retain_graph,

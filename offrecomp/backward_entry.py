@@ -34,6 +34,14 @@ The pair goes back on from what the stack holds, not from a flag, so an interrup
 The wrapper also notes, per thread, while a backward that keeps its graph runs
 (``retain_graph``, ``create_graph``): its saved tensors outlive it (``keeping_graph``).
 
+NOTE [Compiled autograd]
+Compiled autograd traces a backward with dynamo, the unpack hooks of its saved tensors
+included; the runtime's hooks reload, replay and keep books, which dynamo cannot trace
+(it fails at their first engine callback). So while a runtime is installed, a backward
+entered through the wrapper while compiled autograd is on runs without it, with a
+warning once: gradients are those of the eager backward, and the forward's own
+compilation stays.
+
 The wrapper also tells each installed runtime, before it runs, of every backward that
 accumulates into ``.grad`` (``backward()``, not ``autograd.grad``), whatever the stack
 holds: one run inside a region's forward must never run again in a replay (NOTE
@@ -47,6 +55,7 @@ from collections.abc import Callable
 from typing import Any
 
 from offrecomp import _torch_compat as tc
+from offrecomp.diagnostics import warn_once
 
 __all__ = ["disown", "keeping_graph", "own", "owned"]
 
@@ -67,6 +76,15 @@ _watchers: list[Callable[[], None]] = []
 _placed: Callable[..., Any] | None = None
 
 
+def _say_eager_backward() -> None:
+    warn_once(
+        "compiled-autograd",
+        "offrecomp: compiled autograd is on; backwards run without it while a runtime is "
+        "installed, as it cannot trace the runtime's saved-tensor hooks (the forward's "
+        "compilation stays)",
+    )
+
+
 def _wrap(inner: Callable[..., Any]) -> Callable[..., Any]:
     """A wrapper of ``inner``. Each holds its own: a backward on another thread that
     looked one up just before the last runtime took it out still has its entry, and a
@@ -82,6 +100,10 @@ def _wrap(inner: Callable[..., Any]) -> Callable[..., Any]:
             _thread.keeping -= 1
 
     def run(outputs: Any, *args: Any, **kwargs: Any) -> Any:
+        if tc.compiled_autograd_on():  # NOTE [Compiled autograd]
+            _say_eager_backward()
+            with tc.compiled_autograd_off():
+                return run(outputs, *args, **kwargs)
         if _watchers and tc.backward_accumulates(args, kwargs):
             for watch in list(_watchers):
                 watch()
