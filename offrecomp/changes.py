@@ -49,6 +49,7 @@ __all__ = [
     "entry_values",
     "exit_attrs",
     "exit_values",
+    "forward_hooked",
     "hook_ids",
     "left_at_entry",
     "module_attrs",
@@ -114,6 +115,15 @@ def module_state(modules: tuple[nn.Module, ...]) -> tuple[Any, ...]:
 # plain step (better than ``torch.utils.checkpoint``, whose replay keeps a hook an
 # unguarded forward registers). A hook another thread registers on those objects while
 # the replay runs is deleted too.
+
+
+def forward_hooked(modules: tuple[nn.Module, ...]) -> bool:
+    """Does any forward hook or pre-hook of ``modules``, or a global one, see the tensors
+    their calls take and return (NOTE [Placeholders and hooks] in trace/structure.py)?"""
+    glob = torch.nn.modules.module
+    if glob._global_forward_hooks or glob._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
 
 
 def hook_ids() -> int:

@@ -16,7 +16,7 @@ import torch
 
 from offrecomp import _torch_compat as tc
 from offrecomp.arguments import replay_arguments
-from offrecomp.changes import module_state
+from offrecomp.changes import forward_hooked, module_state
 from offrecomp.diagnostics import warn_once
 from offrecomp.handles import view_on
 from offrecomp.replay import replay_call
@@ -172,7 +172,7 @@ class Regenerator:
             program = None
             run_seconds = 0.0
             if structure is not None:
-                program = structure.program(kept, needed, storage_of_save)
+                program = structure.program(kept, needed, storage_of_save, placeholders=not _hooked(call))
                 k_seen = len(program)
                 if calibrating:
                     if not self._planner.wants_dispatch_probe(call):
@@ -304,6 +304,12 @@ class Regenerator:
         if group is not None and group.uses >= group.handles:
             self._groups.release_device(group)  # the replay's inputs hold what they need
         return out
+
+
+def _hooked(call: RegionCall) -> bool:
+    """Module hooks see the tensors of ``call``'s region now (NOTE [Placeholders and hooks]
+    in trace/structure.py)."""
+    return call.region is not None and forward_hooked(call.region.modules)
 
 
 def _recording(call: RegionCall) -> RegionStructure | None:

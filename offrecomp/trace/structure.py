@@ -198,11 +198,16 @@ class RegionStructure:
                 return j
         return -1
 
-    def program(self, kept: Sequence[bool], needed_saves: set[int], storage_of_save: dict[int, int]) -> list[int]:
+    def program(
+        self, kept: Sequence[bool], needed_saves: set[int], storage_of_save: dict[int, int], *,
+        placeholders: bool = True,
+    ) -> list[int]:
         """What replay does with each op of the prefix it must cover.
 
         ``kept[i]``: storage i is held at replay time. ``needed_saves``: pack indices of the
         dropped saves to regenerate; ``storage_of_save[p]``: storage index of save p.
+        ``placeholders``: False where module hooks see the region's tensors now (NOTE
+        [Placeholders and hooks]).
         """
         last = max(needed_saves)
         k_end = self.save_ops[last] if last < len(self.save_ops) else len(self.op_records)
@@ -217,7 +222,7 @@ class RegionStructure:
             outs = ops[k].outputs
             return bool(outs) and all(0 <= s < len(kept) and kept[s] for s in outs)
 
-        if not self.placeholders_ok:
+        if not self.placeholders_ok or not placeholders:
             return [SERVE if served(k) else RUN for k in range(k_end)]
         run = [False] * k_end
         work: list[int] = []
@@ -423,6 +428,22 @@ def _add_compiled_forward(
     )
 
 
+# NOTE [Placeholders and hooks]
+# A placeholder is garbage bytes of the right geometry (NOTE [Which ops replay runs]).
+# No op the replay runs may read one (NOTE [Placeholder guard] in serving.py), but a
+# module's forward hook or pre-hook is Python code that may keep what it is handed
+# outside the region (a feature store for distillation, an activation logger), which
+# the replay does not put back: it would keep garbage, where a plain replay hands it
+# the values the forward computed again, as torch.utils.checkpoint does. So a region
+# whose modules (or torch's global module hooks) have forward hooks when it is recorded
+# gets no placeholders, and its ops that only make such values run (``reads`` unknown:
+# the planner prices its replays by prefix); one hooked after its recording replays
+# without placeholders from then on (``RegionStructure.program``'s ``placeholders``).
+# Attributes the forward sets on the region's own modules are put back after a replay
+# (NOTE [Module attributes] in changes.py); Python code in the forward itself that keeps
+# a tensor elsewhere (a global dict) is not seen.
+
+
 def _add_recorded_ops(
     table: _OpTable,
     producer: list[int],
@@ -528,8 +549,10 @@ def build_structure(
     region_start: float,
     *,
     compiled: bool = False,
+    hooked: bool = False,
 ) -> RegionStructure:
-    """Combine the op trace with the saves into a ``RegionStructure``.
+    """Combine the op trace with the saves into a ``RegionStructure``. ``hooked``: module
+    hooks see the region's tensors (NOTE [Placeholders and hooks]).
 
     ``storage_sids[i]`` is the recorder's storage id of the region call's storage i
     (inputs first, then activations in order of first save).
@@ -541,7 +564,7 @@ def build_structure(
         _add_compiled_forward(table, producer, storage_kinds, op_seconds[0])
         placeholders_ok = not opaque
     else:
-        placeholders_ok = _add_recorded_ops(table, producer, rec, storage_sids, op_seconds, opaque)
+        placeholders_ok = _add_recorded_ops(table, producer, rec, storage_sids, op_seconds, opaque) and not hooked
     storages = _storage_records(saves, producer, storage_nbytes, storage_kinds, region_start)
     if not placeholders_ok and not opaque:
         for r in table.records:

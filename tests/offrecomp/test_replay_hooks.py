@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import offrecomp
 from tests.helpers import tight_budget, train, variant_runtime
 
 
@@ -83,3 +84,47 @@ def test_hooks_a_forward_registers_are_not_registered_again_by_replays(variant: 
     for r, g in zip(ref, got):
         assert r.keys() == g.keys() and all(torch.equal(r[k], g[k]) for k in r)
     assert _hooks(m) == _hooks(ref_model)
+
+
+class _Logged(nn.Module):
+    """``l1``'s output is saved by no op: a serving replay that keeps ``a + 1`` and
+    drops gelu's output hands a placeholder for it to ``l1``'s forward hooks."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.l2(F.gelu(self.l1(x) + 1.0))
+
+
+@pytest.mark.parametrize("hooked_at", [0, 3])
+def test_forward_hooks_are_never_handed_placeholders(hooked_at: int) -> None:
+    """NOTE [Placeholders and hooks]: a feature store filled by forward hooks held
+    uninitialized bytes after a serving replay (plain runs and checkpoint hold the
+    layer's output); hooked before the recording (0) or after it (3)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_Logged() for _ in range(3)])
+    feats: dict[int, torch.Tensor] = {}
+
+    def hook(i: int) -> Any:
+        return lambda mod, inp, out: feats.__setitem__(i, out.detach())
+
+    plan = offrecomp.Plan(
+        placements={(f"{b}", 0, 2): offrecomp.Placement.RECOMPUTE for b in range(3)},
+        default=offrecomp.Placement.KEEP,
+    )
+    served = []
+    with offrecomp.runtime(model, mode="auto", min_bytes=0, replay_op_us=0) as rt:
+        rt.set_plan(plan)
+        for step in range(6):
+            if step == hooked_at:
+                for i, b in enumerate(model):
+                    b.l1.register_forward_hook(hook(i))
+            loss = model(_batch(step)[0]).square().mean()
+            before = {k: v.clone() for k, v in feats.items()}
+            loss.backward()
+            assert before.keys() == feats.keys()
+            assert all(torch.equal(before[k], feats[k]) for k in before), f"step {step}"
+    served = [r.served_ops for r in rt.report().steps]
+    assert sum(served) > 0  # the replays still serve what the plan keeps
