@@ -9,6 +9,8 @@ swaps the entry values in and the post-forward ones back (``swap_buffers``).
 from __future__ import annotations
 
 import contextlib
+import itertools
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -72,6 +74,9 @@ class BufferState:
     versions: list[int]
     snapshots: list[torch.Tensor | None]
     mutated: list[int] | None = None  # slot indices, filled at region exit
+    exit_stamp: int = 0
+    """When the call's forward returned, in the order of all calls' exits (NOTE [Buffers
+    written unseen])."""
     pending: list[PendingCompare] | None = None
     """The exit's comparisons still on their way from the devices, one per device (NOTE
     [Buffer comparisons]); ``settle_buffers`` applies them."""
@@ -111,6 +116,7 @@ def finish_buffers(state: BufferState | None) -> None:
     """
     if state is None:
         return
+    state.exit_stamp = next(_exit_stamps)
     mutated = []
     checked: list[tuple[int, bool]] = []  # (slot, rebound by the forward) of each pair
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -156,6 +162,7 @@ def finish_buffers(state: BufferState | None) -> None:
             snap = state.snapshots[i]
             if snap is not None and _nbytes(snap) > READ_SNAPSHOT_MAX_BYTES and i not in waiting:
                 state.snapshots[i] = None
+                _note_reader(state, i)
     state.untouched = untouched
 
 
@@ -183,9 +190,14 @@ def _apply(state: BufferState, checked: list[tuple[int, bool]], differs: list[bo
     for (i, rebound), d in zip(checked, differs):
         if not d:
             state.snapshots[i] = None
+            if not rebound:
+                _note_reader(state, i)
         elif not rebound:
             mutated.append(i)
             state.untouched = [(j, v) for j, v in state.untouched or () if j != i]
+            obj, snap = state.objects[i], state.snapshots[i]
+            if obj is not None and snap is not None:  # NOTE [Buffers written unseen]
+                _give_readers(obj, state.exit_stamp, snap)
     mutated.sort()
 
 
@@ -317,6 +329,43 @@ def _device_flags(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tenso
     return torch.stack([torch.ne(a, b).any() for a, b in pairs])
 
 
+#: Order of region calls' exits (``BufferState.exit_stamp``).
+_exit_stamps = itertools.count(1)
+#: The calls that read a larger buffer and kept no copy of it, by the buffer's id: the
+#: buffer and each call's state, weakly, and the buffer's slot there (NOTE [Buffers
+#: written unseen]). Tensors compare by value, so they key no dict themselves.
+_readers: dict[int, list[tuple[weakref.ref[torch.Tensor], weakref.ref[BufferState], int]]] = {}
+
+
+def _note_reader(state: BufferState, i: int) -> None:
+    b = state.objects[i]
+    if b is None:
+        return
+    readers = _readers.setdefault(id(b), [])
+    if len(readers) >= 64:  # calls released since
+        readers[:] = [r for r in readers if r[0]() is b and r[1]() is not None]
+    readers.append((weakref.ref(b), weakref.ref(state), i))
+    if len(_readers) > 1024:  # buffers gone since
+        for k in [k for k, rs in _readers.items() if all(r[0]() is None for r in rs)]:
+            del _readers[k]
+
+
+def _give_readers(buffer: torch.Tensor, stamp: int, entry: torch.Tensor) -> None:
+    """A call that exited at ``stamp`` wrote ``buffer`` unseen; ``entry`` holds its values
+    at that call's entry: each earlier reader without a copy takes it."""
+    later = []  # exited after the write: they read its values, and may need a later write's copy
+    for r in _readers.pop(id(buffer), ()):
+        b, state, i = r[0](), r[1](), r[2]
+        if b is not buffer or state is None:
+            continue
+        if state.exit_stamp > stamp:
+            later.append(r)
+        elif state.snapshots[i] is None:
+            state.snapshots[i] = entry
+    if later:
+        _readers[id(buffer)] = later
+
+
 # NOTE [Buffers written unseen]
 # A buffer a forward only read may be written before that forward's replay without its
 # version counter moving: the CPU BatchNorm kernel updates its running statistics in
@@ -326,9 +375,15 @@ def _device_flags(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tenso
 # new statistics. So the snapshot of each small buffer (up to READ_SNAPSHOT_MAX_BYTES) a
 # forward only read is kept, and a replay finding the buffer's values changed runs on a
 # copy of the snapshot, the buffer back after (``swap_buffers``), whether the
-# write moved the version or not. A larger one is checked by its version only: a write
-# that moved it stops the replay with an error (``modified_buffers``), one that did not
-# goes unseen.
+# write moved the version or not. A larger one (up to BUFFER_SNAPSHOT_MAX_BYTES, the
+# copies a call takes at entry) is checked by its version: a write that moved it stops
+# the replay with an error (``modified_buffers``). One that did not is found by the
+# writing call's own exit, which compares the buffer with its entry copy: each earlier
+# call that read the buffer and kept no copy (a table by buffer of the calls still held,
+# ordered by their exits: ``exit_stamp``) takes that copy as its snapshot, and its
+# replay runs on it as on its own. The copy holds what the earlier call read unless
+# the buffer was also written between the two calls, with its version unmoved, by code
+# no region call saw. Larger buffers still are never copied: such a write goes unseen.
 
 
 # NOTE [Replay and buffer slots]

@@ -558,24 +558,27 @@ def test_a_parameter_detached_in_place_by_its_forward_stays_detached_after_a_rep
     check_variant(models.stack(_Freezing)(), lambda s: torch.randn(4, 16, generator=torch.Generator().manual_seed(s)), variant)
 
 
-def test_batchnorm_statistics_updated_between_an_eval_forward_and_its_backward() -> None:
+@pytest.mark.parametrize("channels", [8, 20000])
+def test_batchnorm_statistics_updated_between_an_eval_forward_and_its_backward(channels: int) -> None:
     """NOTE [Buffers written unseen]: an eval forward with grad, then a train forward
     (the CPU BatchNorm kernel updates the running statistics without moving their
     version), then one backward of both: the eval call's replay reads the statistics it
-    read, so gradients and statistics are plain's."""
+    read, so gradients and statistics are plain's. 20,000 channels: statistics over
+    READ_SNAPSHOT_MAX_BYTES, whose copy the eval call lets go at its exit (it took the
+    train call's, which found the write)."""
 
-    class ConvBlock(nn.Module):
+    class ScaleNormBlock(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.conv = nn.Conv2d(8, 8, 3, padding=1)
-            self.bn = nn.BatchNorm2d(8)
+            self.scale = nn.Parameter(torch.linspace(0.5, 1.5, channels))
+            self.bn = nn.BatchNorm1d(channels)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x + torch.relu(self.bn(self.conv(x)))
+            return x + torch.relu(self.bn(x * self.scale))
 
     def step(m: nn.Module, s: int) -> list[torch.Tensor]:
         g = torch.Generator().manual_seed(s)
-        x1, x2 = torch.randn(4, 8, 6, 6, generator=g), torch.randn(4, 8, 6, 6, generator=g)
+        x1, x2 = torch.randn(4, channels, generator=g), torch.randn(4, channels, generator=g)
         m.eval()
         l1 = m(x1).square().mean()
         m.train()
@@ -586,7 +589,7 @@ def test_batchnorm_statistics_updated_between_an_eval_forward_and_its_backward()
         return out
 
     torch.manual_seed(0)
-    base = nn.Sequential(*[ConvBlock() for _ in range(3)])
+    base = nn.Sequential(*[ScaleNormBlock() for _ in range(3)])
     ref_m = copy.deepcopy(base)
     ref = [step(ref_m, s) for s in range(3)]
     for mode in ("recompute", "auto"):
