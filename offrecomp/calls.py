@@ -38,7 +38,7 @@ from offrecomp.call_state import (
     warn_foreign,
     writes_foreign,
 )
-from offrecomp.changes import module_attrs, structure_epoch
+from offrecomp.changes import count_tree_change, module_attrs, module_children, structure_epoch
 from offrecomp.config import Config
 from offrecomp.diagnostics import kind, log_once, runs_collectives, warn_collective, warn_once
 from offrecomp.groups import reads_bytes_as_stored
@@ -102,7 +102,11 @@ class RegionCalls:
         self, region: Region, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> RegionCall:
         p = self._life.forward_activity()
-        if region.epoch != structure_epoch():  # NOTE [Region refresh] (changes.py)
+        if region.children_at != self._life.parts_begun:  # NOTE [Region refresh] (changes.py)
+            region.children_at = self._life.parts_begun
+            if region.children != module_children(region.modules):
+                count_tree_change(region.module)
+        if region.epoch != structure_epoch():
             region.refresh()
             if region.writes_state is False:
                 region.writes_state = None  # watch a call again: new state may be written

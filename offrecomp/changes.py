@@ -1,6 +1,7 @@
 """Changes to modules while a runtime is entered, as torch's global registration hooks
-report them: buffer assignments (NOTE [Buffer saves]) and new slots (NOTE [Region
-refresh]); and the plain attributes a forward changes (NOTE [Module attributes]).
+report them and region calls find them: buffer assignments (NOTE [Buffer saves]) and
+new slots and children (NOTE [Region refresh]); and the plain attributes a forward
+changes (NOTE [Module attributes]).
 
 NOTE [Region refresh]
 A region's modules, buffer slots and parameter slots are read when the runtime is
@@ -11,6 +12,15 @@ restored, a parameter its forward writes not watched. Assigning a module, and
 registering a buffer or a parameter under a new name, bump ``structure_epoch``; a region
 call that finds the epoch moved since its region was read reads it again
 (``Region.refresh``), and a region the first-call watch cleared is watched again.
+Torch's container methods that write ``_modules`` themselves run no registration hook:
+``Sequential.insert`` and ``ModuleList.insert``, a child's ``del`` (and so both
+containers' ``del c[i]`` and ``pop``), ``ModuleDict``'s ``del``, ``pop`` and ``clear``,
+nor does code writing ``parent._modules[name]`` (torch.ao's ``convert``, Hugging Face's
+quantized layer swaps). So a region's first call in each root forward (each call that
+names a pass, where no root forward runs: ``Lifecycle.parts_begun``) also compares the
+children its modules hold with those of its last read (``module_children``, about 0.1
+us a module), and a difference moves the epoch as an assignment does. A change past
+the hook between two calls of one region inside one root forward is seen at the next.
 A region whose modules or parameter slots changed so runs another forward: the planned
 calls that saved other storages than their recordings before (``Region.mismatches``,
 two of which mark it variable, never recomputed) are forgotten, or an adapter added and
@@ -45,6 +55,7 @@ __all__ = [
     "count_buffer_assignment",
     "count_module_assignment",
     "count_parameter_assignment",
+    "count_tree_change",
     "drop_hooks_since",
     "entry_values",
     "exit_attrs",
@@ -53,6 +64,7 @@ __all__ = [
     "hook_ids",
     "left_at_entry",
     "module_attrs",
+    "module_children",
     "module_state",
     "structure_epoch",
     "swap_attrs",
@@ -317,6 +329,21 @@ def count_parameter_assignment(module: nn.Module, name: str, param: Any) -> None
     may change with it)."""
     if module._parameters.get(name) is not param and _in_model(module):
         _structure_changes[0] += 1
+
+
+def module_children(modules: tuple[nn.Module, ...]) -> list[Any]:
+    """Every child each of ``modules`` holds, in order (a slot set to None included):
+    what a region call compares with its region's last read (NOTE [Region refresh])."""
+    return [c for m in modules for c in m._modules.values()]
+
+
+def count_tree_change(module: nn.Module) -> None:
+    """A region call found its modules holding other children than when its region was
+    read (NOTE [Region refresh]): the children were set past torch's registration hook."""
+    _structure_changes[0] += 1
+    known = _model_modules[0]
+    if known is not None:
+        known.update(module.modules())  # inserted into the model: their own changes count
 
 
 def count_module_assignment(module: nn.Module, name: str, child: Any) -> None:

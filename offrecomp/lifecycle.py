@@ -122,6 +122,7 @@ class Lifecycle:
         # the part the next forward activity takes (``next_part``) and the region whose
         # call named it ("": a root forward)
         self._next: tuple[Part, str] | None = None
+        self.parts_begun = 0  # ``next_part`` calls: root forwards, and region calls naming a pass
         self._signs = PassSignatures(planner, placements)  # NOTE [Pass signatures]
         self._ooms: int | None = None  # the allocator's OOM count when the last pass ended
         self.steps: deque[StepRecord] = deque(maxlen=REPORT_MAX_STEPS)
@@ -246,6 +247,7 @@ class Lifecycle:
         """The next forward activity is a root forward (or a call of ``region``) whose
         inputs have signature, family and sizes ``part``."""
         self._next = (part, region)
+        self.parts_begun += 1
 
     def _begin_pass(self) -> PassState:
         p = PassState(index=self._passes, signature="unknown", mode=self._config.mode)

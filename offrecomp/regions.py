@@ -30,7 +30,7 @@ from torch.nn.modules.lazy import LazyModuleMixin
 
 from offrecomp import _torch_compat as tc
 from offrecomp import host_rng
-from offrecomp.changes import structure_epoch
+from offrecomp.changes import module_children, structure_epoch
 from offrecomp.host_rng import Slot as RngSlot
 
 if TYPE_CHECKING:
@@ -174,6 +174,11 @@ class Region:
     buffers (NOTE [Attributes written after the first call] in call_state.py)."""
     epoch: int = -1
     """``structure_epoch()`` when it was last read (NOTE [Region refresh] in changes.py)."""
+    children: list[Any] = field(default_factory=list)
+    """The children its modules held when it was last read (``module_children``)."""
+    children_at: int = -1
+    """``Lifecycle.parts_begun`` when a call last compared its modules' children with
+    ``children`` (NOTE [Region refresh] in changes.py)."""
 
     def refresh(self) -> None:
         """Read the slots and the compiled flags again: a block may gain modules (LoRA
@@ -189,6 +194,7 @@ class Region:
             self.variable = False
             self.settled = 0
         self.modules = mods
+        self.children = module_children(mods)
         self.slots = tuple((sub, n) for sub in mods for n in sub._buffers.keys())  # noqa: SIM118 (a ScriptModule's buffers iterate by index)
         self.param_slots = param_slots
         self.in_place = _compiled_in_place(self.module)
