@@ -57,13 +57,32 @@ _Installed instead: it calls the wrapper, and a deep copy or a pickle of it is w
 slot held before (the module's own forward, bound to the copy), so the copy is a plain
 module the runtime does not manage. inspect.signature still sees the forward's signature
 through __wrapped__.
+
+NOTE [Forwards replaced while entered]
+Code that sets a region's ``forward`` while the runtime is entered (a library binding a
+forward of its own, ``block.forward = MethodType(fn, block)``, or ``del block.forward``)
+takes the runtime's wrapper out of the region's calls: the block would run plainly,
+every activation kept, and leave ``explain()``. At each root forward the runtime
+compares each region's ``forward`` slot with the value it last saw there (about 0.1 us
+a region). A new forward that calls the wrapper (a patch around it:
+accelerate's hooks, ``functools.wraps``, a closure over the old ``block.forward``) is
+left as it is: the region's calls still go through the wrapper, and a second wrapper
+would put the patch's own work inside the region. Any other gets a wrapper of its own,
+whose replays call the new forward, and exit puts the new forward back. A patch that
+calls the old wrapper in a way not followed (a global, an attribute read at call time)
+is wrapped too: the old wrapper inside it then runs its forward plainly, as a region
+call is running, so the region is the patched forward. A root whose ``forward`` is
+replaced so is not followed: its regions' calls then begin its passes (NOTE [Pass
+signatures]).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import logging
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -147,6 +166,9 @@ class Installer:
         self.hooks_ctx: Any = None
         self._native = NativeKeep(config, self._own_hooks)
         self._restore: list[Callable[[], None]] = []
+        # NOTE [Forwards replaced while entered]: per region wrapped in its forward slot, its
+        # wrapper and the slot's value last seen going through it
+        self._forwards: dict[Region, tuple[_Installed, Any]] = {}
         self._opt_hook: Any = None
         self._registration_hooks: list[Any] = []
         self._regions_epoch = -1  # structure_epoch() at the last _check_regions
@@ -190,7 +212,8 @@ class Installer:
             if region.in_place:
                 self._wrap_compiled_call(region.module, self._region_forward(region))
             else:
-                self._wrap_forward(region.module, self._region_forward(region))
+                wrapper = self._wrap_forward(region.module, self._region_forward(region))
+                self._forwards[region] = (wrapper, wrapper)
         own = [r for r in self._regions if checkpoints_itself(r.module)]
         if own:
             self._diag.warn_hidden(
@@ -291,8 +314,31 @@ class Installer:
             if region.in_place or getattr(module, tc.COMPILED_CALL_IMPL, None) is None:
                 continue
             _unwrap(module, "forward")
+            self._forwards.pop(region, None)
             region.refresh()
             self._wrap_compiled_call(module, self._region_forward(region))
+
+    def _follow_forwards(self) -> None:
+        """A region whose ``forward`` was set while entered by code that does not call the
+        runtime's wrapper: its wrapper goes around the new forward (NOTE [Forwards
+        replaced while entered])."""
+        for region, (wrapper, seen) in self._forwards.items():
+            slot = region.module.__dict__.get("forward")
+            if slot is not seen:
+                self._forwards[region] = self._forward_replaced(region, wrapper, seen, slot)
+
+    def _forward_replaced(self, region: Region, wrapper: _Installed, seen: Any, slot: Any) -> tuple[_Installed, Any]:
+        """The wrapper and the slot value to look for from now on, for ``region`` whose
+        ``forward`` slot holds ``slot`` (None: none) instead of ``seen``."""
+        if slot is not None and _calls_one_of(slot, (wrapper, seen)):
+            return wrapper, slot  # a patch around the wrapper (accelerate's): its calls still go through it
+        log.info(
+            "offrecomp: region %s's forward was replaced while the runtime is entered (by %s); "
+            "the runtime manages the new forward's calls",
+            region.name, getattr(slot, "__qualname__", type(slot).__name__) if slot is not None else "the class's",
+        )
+        wrapper = self._wrap_forward(region.module, self._region_forward(region))
+        return wrapper, wrapper
 
     def _follow_wraps(self) -> None:
         """A region wrapped since the runtime was made (``model.blocks[i] =
@@ -317,7 +363,8 @@ class Installer:
             region.module = now
             region.refresh()
             if installed:  # entered: its wrapper goes where an entry would have put it
-                self._wrap_forward(now, self._region_forward(region))
+                wrapper = self._wrap_forward(now, self._region_forward(region))
+                self._forwards[region] = (wrapper, wrapper)
 
     def _wrap_roots(self) -> None:
         model = self._model
@@ -367,6 +414,7 @@ class Installer:
         for hook in self._registration_hooks:
             hook.remove()
         self._registration_hooks = []
+        self._forwards.clear()
         track_structure(None)
         if self._life.report_file is not None:
             self._life.report_file.close()
@@ -374,7 +422,7 @@ class Installer:
 
     # --------------------------------------------------------------- slots
 
-    def _wrap_forward(self, module: nn.Module, make: Make) -> None:
+    def _wrap_forward(self, module: nn.Module, make: Make) -> _Installed:
         had_instance_attr = "forward" in module.__dict__
         previous = module.__dict__.get("forward")
         original = module.forward
@@ -392,6 +440,7 @@ class Installer:
         # leaves a restore that finds nothing to undo, never a wrapper nothing undoes
         self._restore.append(restore)
         module.forward = wrapped  # type: ignore[method-assign]
+        return wrapped
 
     def _wrap_compiled_call(self, module: nn.Module, make: Make) -> None:
         """A region compiled in place (``block.compile()``): wrap the compiled call, not the
@@ -432,6 +481,7 @@ class Installer:
                 if (compiling or _is_compiled(module)) and regions:
                     warn_compiled(", ".join(r.name for r in regions))
                 self._follow_compiles()
+                self._follow_forwards()
                 self._check_regions()
                 if self._grad_off:  # NOTE [Regions with gradients off]
                     self._diag.warn_grad_off(self._grad_off)
@@ -667,6 +717,37 @@ def _unwrap(module: nn.Module, attr: str) -> bool:
     else:
         setattr(module, attr, wrapped.previous)
     return True
+
+
+def _calls_one_of(fn: Any, targets: tuple[Any, ...]) -> bool:
+    """Does the forward ``fn`` reach one of ``targets`` (NOTE [Forwards replaced while
+    entered])? Followed, four levels deep, through ``__wrapped__`` (``functools.wraps``),
+    a bound method's function, a partial's function and arguments, and a function's
+    closure cells and defaults."""
+    todo = [fn]
+    for _ in range(4):
+        if any(f is t for f in todo for t in targets):
+            return True
+        todo = [r for f in todo for r in _reached(f)]
+    return any(f is t for f in todo for t in targets)
+
+
+def _reached(f: Any) -> list[Any]:
+    """What a callable ``f`` holds that it may call (see ``_calls_one_of``)."""
+    out: list[Any] = []
+    table = getattr(f, "__dict__", None)
+    if type(table) is dict and "__wrapped__" in table:
+        out.append(table["__wrapped__"])
+    if isinstance(f, types.MethodType):
+        out.append(f.__func__)
+    elif isinstance(f, functools.partial):
+        out += [f.func, *f.args, *f.keywords.values()]
+    elif isinstance(f, types.FunctionType):
+        for cell in f.__closure__ or ():
+            with contextlib.suppress(ValueError):  # an empty cell
+                out.append(cell.cell_contents)
+        out += [*(f.__defaults__ or ()), *(f.__kwdefaults__ or {}).values()]
+    return out
 
 
 def _names(names: list[str]) -> str:

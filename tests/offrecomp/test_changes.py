@@ -578,3 +578,80 @@ def test_modules_removed_past_the_registration_hook_are_let_go(how: str) -> None
     assert removed and all(r() is None for r in removed), [r() for r in removed if r() is not None]
     assert all(s.replays == 3 for s in rt.report().steps)
 
+
+def _rebind(b: nn.Module, how: str) -> None:
+    """Sets ``b.forward`` (to the same computation) as code that replaces it does."""
+    import types
+
+    if how == "method":
+        b.forward = types.MethodType(type(b).forward, b)  # type: ignore[method-assign]
+    elif how == "function":
+        b.forward = lambda x: type(b).forward(b, x)  # type: ignore[method-assign]
+    elif how == "deleted":  # a patch undone: the class's forward again
+        if "forward" in b.__dict__:
+            del b.forward
+    else:  # calls the runtime's wrapper through an attribute read at call time
+        b.old_forward = b.forward
+        b.forward = types.MethodType(lambda self, x: self.old_forward(x), b)  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("how", ["method", "function", "deleted", "attribute"])
+@pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
+def test_a_forward_replaced_while_entered_stays_a_region(how: str, variant: str) -> None:
+    """NOTE [Forwards replaced while entered]: a block whose ``forward`` is set (or
+    deleted) while the runtime is entered is still its region from the next root forward
+    on (it ran plainly, every activation kept, left out of ``explain()``), bitwise equal
+    to plain; exit leaves the new forward in place."""
+    torch.manual_seed(0)
+    model = Stack([_Growing() for _ in range(3)])
+    ref = _run_changing(copy.deepcopy(model), None, lambda b: _rebind(b, how))
+    m = copy.deepcopy(model)
+    rt = variant_runtime(m, variant, tight_budget(model, _batch) if variant == "auto_serve" else None)
+    got = _run_changing(m, rt, lambda b: _rebind(b, how))
+    assert_bitwise(ref, got)
+    steps = rt.report().steps
+    if variant == "recompute":
+        assert [s.replays for s in steps] == [3] * len(steps)
+        assert len({s.peak_activation_bytes for s in steps}) == 1, [s.peak_activation_bytes for s in steps]
+    assert all(f"blocks.{i}" in rt.explain() for i in range(3))
+    from offrecomp.install import _Installed
+
+    for b in m.blocks:
+        slot = b.__dict__.get("forward")
+        assert not isinstance(slot, _Installed) and (slot is None) == (how == "deleted")
+
+
+@pytest.mark.parametrize("how", ["closure", "wraps", "accelerate"])
+def test_a_patch_around_a_regions_wrapper_is_not_wrapped_again(how: str) -> None:
+    """NOTE [Forwards replaced while entered]: a forward set while entered that calls the
+    runtime's wrapper (a closure over the old ``block.forward``, a ``functools.wraps``
+    decorator, accelerate's ``add_hook_to_module``) stays as set: the block's calls still
+    go through the wrapper, the patch's own work outside the region."""
+    import functools
+
+    def patch(b: nn.Module) -> None:
+        inner = b.forward
+        if how == "closure":
+            b.forward = lambda x: inner(x) * 0.5  # type: ignore[method-assign]
+        elif how == "wraps":
+            b.forward = functools.wraps(inner)(lambda x: inner(x) * 0.5)  # type: ignore[method-assign]
+        else:
+            b._old_forward = inner
+
+            def new_forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+                return module._old_forward(x) * 0.5
+
+            b.forward = functools.update_wrapper(functools.partial(new_forward, b), inner)  # type: ignore[method-assign]
+
+    torch.manual_seed(0)
+    model = Stack([_Growing() for _ in range(3)])
+    ref = _run_changing(copy.deepcopy(model), None, patch)
+    m = copy.deepcopy(model)
+    rt = offrecomp.runtime(m, mode="recompute", min_bytes=0)
+    patches: list[Any] = []
+    slots: list[list[Any]] = []  # the blocks' forward slots after each forward, entered
+    m.register_forward_hook(lambda mod, args, out: slots.append([b.__dict__.get("forward") for b in mod.blocks]))
+    got = _run_changing(m, rt, lambda b: (patch(b), patches.append(b.forward)))
+    assert_bitwise(ref, got)
+    assert [s.replays for s in rt.report().steps] == [3] * 5
+    assert slots[2:] == [patches] * 3
