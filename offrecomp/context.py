@@ -125,6 +125,7 @@ class Runtime:
         self._regions = _regions_of(model, config)
         self._plan = _PlanSlot()
         self._entered = False
+        self._thread: threading.Thread | None = None  # the thread that entered it
         self._device = DeviceClock(_model_device(model))
         self._groups = OffloadGroups(config, self._device)
         if model is not None:
@@ -274,6 +275,7 @@ class Runtime:
             raise
         self._entered = True
         self._groups.entered = True
+        self._thread = threading.current_thread()
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -281,6 +283,16 @@ class Runtime:
         if not self.config.active:
             self._entered = False
             return
+        entered_on = self._thread
+        if self._entered and entered_on is not None and entered_on is not threading.current_thread():
+            # saved-tensor hooks are per thread: the pair is on the entering thread's stack,
+            # which no other thread can reach
+            raise RuntimeError(
+                f"offrecomp: the runtime was entered on thread {entered_on.name!r} and is left on "
+                f"thread {threading.current_thread().name!r}; its hooks are on the entering "
+                "thread's stack, which only that thread can take them off. Leave it on the "
+                "thread that entered it (the runtime stays active until then)."
+            )
         try:
             if exc_type is not None:
                 self._groups.closing = True  # a fault: start the next entry from scratch

@@ -159,6 +159,34 @@ def test_a_forward_on_another_thread_passes_through(caplog: pytest.LogCaptureFix
         assert torch.equal(a.grad, b.grad), n
 
 
+def test_a_runtime_left_on_another_thread_is_refused_and_stays_active() -> None:
+    """Its exit on another thread returned as if done, leaving the hook pair on the
+    entering thread's stack: every later save there went through the left runtime."""
+    import threading
+
+    m = models.Stack([models.MLPBlock(16) for _ in range(2)])
+    rt = offrecomp.runtime(m, mode="recompute", min_bytes=0)
+    rt.__enter__()
+    m(torch.randn(4, 16)).backward()
+    raised: list[BaseException] = []
+
+    def leave() -> None:
+        try:
+            rt.__exit__(None, None, None)
+        except RuntimeError as e:
+            raised.append(e)
+
+    worker = threading.Thread(target=leave, name="leaver")
+    worker.start()
+    worker.join()
+    assert len(raised) == 1 and "entered on thread 'MainThread' and is left on thread 'leaver'" in str(raised[0])
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is not None  # still on
+    rt.__exit__(None, None, None)
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+    with offrecomp.runtime(m, mode="recompute"):  # none active any more
+        pass
+
+
 class Scale(nn.Module):
     """Saves nothing but the wrapped Python number autograd keeps past every hook."""
 
