@@ -41,7 +41,8 @@ without an optimizer sees such a step's record only once the next forward began.
 ``retain_graph=True`` twice, or two losses over one output, reach the output on the
 first backward: the pass ends there, and the second backward counts in no step (the
 planner models one backward per pass; a pass with several through one graph would
-calibrate against replays it does not predict).
+calibrate against replays it does not predict): neither its replays nor the offload
+engine's reloads of a finished pass's groups (their stalls, bytes and host time).
 
 A root forward's outputs are watched from outputs.py (NOTE [Backward without saves],
 NOTE [Saves outside the forward]).

@@ -428,11 +428,13 @@ class OffloadEngine:
             self._fetched_bytes += group.nbytes
             self._prefetch_for(group, compute)
             landed = group.h2d_done
+            counted = group.step == self._step  # NOTE [Several backwards] in lifecycle.py: a finished pass's counts in no step
             if not backend.query(landed):  # landed already: compute waits for nothing, nothing to time
-                before = backend.record_event(compute, timing=True)
+                before = backend.record_event(compute, timing=True) if counted else None
                 self._wait_edge("compute_after_h2d", compute, landed)
-                after = backend.record_event(compute, timing=True)
-                self._books.timings.append(("stall", before, after, 0))
+                if before is not None:
+                    after = backend.record_event(compute, timing=True)
+                    self._books.timings.append(("stall", before, after, 0))
             group.waited = True
             group.see_writes()  # so far, as the copy may have read them
             # FETCHED only now: another thread's fetch takes the buffer without the lock
@@ -441,7 +443,8 @@ class OffloadEngine:
                 group.views = group.reuse.views
             group.state = GroupState.FETCHED
             backend.check()
-            self._books.reload_host += time.perf_counter() - t0
+            if counted:
+                self._books.reload_host += time.perf_counter() - t0
             buffer = group.buffer
             assert buffer is not None
             return buffer
@@ -640,7 +643,8 @@ class OffloadEngine:
         allocated = backend.record_ordering_event(compute)  # NOTE [Ordering events] in backends.py
         self._wait_edge("h2d_after_alloc", h2d, allocated)
         books = self._books
-        timed = books.time_this("h2d")
+        counted = group.step == self._step  # NOTE [Several backwards] in lifecycle.py
+        timed = counted and books.time_this("h2d")
         start = backend.record_event(h2d, timing=True) if timed else None
         backend.copy_many([buffer], [block.view], h2d)  # the block holds its view
         done = backend.record_event(h2d, timing=timed)
@@ -652,8 +656,9 @@ class OffloadEngine:
         group.uses = 0
         group.state = GroupState.RELOADING
         self._outstanding_bytes += group.nbytes
-        books.reloads += 1
-        books.bytes_h2d += group.payload_bytes
+        if counted:
+            books.reloads += 1
+            books.bytes_h2d += group.payload_bytes
 
     def _prefetch_for(self, group: Group, compute: Stream) -> None:
         # see NOTE [Prefetch order]

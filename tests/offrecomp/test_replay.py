@@ -1157,6 +1157,24 @@ def test_a_save_read_twice_by_its_node_is_replayed_once(retain: bool) -> None:
     assert rt.report().steps[-1].replays == (8 if retain else 4)
 
 
+def test_reloads_of_a_second_backward_count_in_no_step() -> None:
+    """NOTE [Several backwards] in lifecycle.py: a retained graph's second backward counts
+    in no step. Its reloads counted in the next step (h2d of two steps' sizes), and the
+    last step's nowhere."""
+    torch.manual_seed(0)
+    m = models.Stack([models.MLPBlock(32) for _ in range(3)])
+    with offrecomp.runtime(m, mode="offload", min_bytes=0) as rt:
+        for t in (16, 32, 8):
+            loss = m(torch.randn(4, t, 32))
+            loss.backward(retain_graph=True)
+            loss.backward()
+            m.zero_grad(set_to_none=True)
+    steps = rt.report().steps
+    assert len(steps) == 3
+    for s in steps:
+        assert s.d2h_bytes > 0 and s.h2d_bytes == s.d2h_bytes, (s.step, s.d2h_bytes, s.h2d_bytes)
+
+
 def test_an_offloaded_save_read_twice_by_its_node_counts_once_toward_its_group() -> None:
     """A group is released when each of its live saves was unpacked once since its
     reload; a node reading ``ctx.saved_tensors`` once per tensor unpacked each twice and
