@@ -297,7 +297,9 @@ class OffloadEngine:
             with self._locked():
                 self._return_blocks()  # freed groups' blocks may be back by now
                 if pool.refusing or pool.in_use_bytes + reserved > pool.limit_bytes:
-                    self._books.fallback(nbytes, "pin_failed" if pool.refusing else "full", pool)
+                    self._books.fallback(
+                        nbytes, "pin_failed" if pool.refusing else "full", pool, self._open_reserved
+                    )
                     return -1
         self._open_bytes += nbytes
         self._open_reserved = reserved

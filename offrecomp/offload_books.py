@@ -90,17 +90,19 @@ class StepBooks:
                 pending.append((kind, start, end, nbytes))
         self.timings = pending
 
-    def fallback(self, nbytes: int, reason: FailureReason, pool: PinnedPool) -> None:
-        """``pool`` could not take ``nbytes``: count it, and warn once that it is full."""
+    def fallback(self, nbytes: int, reason: FailureReason, pool: PinnedPool, pending: int = 0) -> None:
+        """``pool`` could not take ``nbytes`` beside the ``pending`` bytes of groups not yet
+        copied (their blocks are carved when they close): count it, and warn once that it
+        is full."""
         self.fallbacks[reason] += 1
         if reason == "full" and reason not in self.warned:
             self.warned.add(reason)
             stats = pool.stats()
             logger.warning(
-                "offrecomp: the pinned host pool cannot take %d more bytes (%d of %d reserved, "
-                "%d in use); saves fall back to keep/recompute. Raise OFFRECOMP_HOST_LIMIT to "
-                "offload more",
-                nbytes, stats.reserved_bytes, pool.limit_bytes, stats.in_use_bytes,
+                "offrecomp: the pinned host pool cannot take %d more bytes: %d in use and %d "
+                "for groups not yet copied, of a limit of %d; saves fall back to "
+                "keep/recompute. Raise OFFRECOMP_HOST_LIMIT to offload more",
+                nbytes, stats.in_use_bytes, pending, pool.limit_bytes,
             )
 
     def end_step(self, backend: Backend, pool: PoolStats, live_groups: int) -> OffloadStats:

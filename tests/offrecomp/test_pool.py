@@ -80,6 +80,22 @@ def test_engine_falls_back_beyond_the_host_limit(caplog: pytest.LogCaptureFixtur
         engine.close()
 
 
+def test_a_refusal_for_groups_not_yet_copied_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """The pool had no block in use: the warning read "cannot take 32768 more bytes (0 of
+    65536 reserved, 0 in use)", which fits; the bytes of the open group refused it."""
+    engine = OffloadEngine(backend=EmulatedBackend(), host_limit_bytes=64 * KiB,
+                           prefetch=Prefetch(regions=1), slab_bytes=64 * KiB, host_pressure_bytes=0)
+    try:
+        group = engine.open_group(0, torch.device("cpu"))
+        with caplog.at_level(logging.WARNING, logger="offrecomp.offload"):
+            assert engine.add(group, torch.ones(40 * KiB, dtype=torch.uint8), 40 * KiB) == 0
+            assert engine.add(group, torch.ones(32 * KiB, dtype=torch.uint8), 32 * KiB) == -1
+        (msg,) = [r.getMessage() for r in caplog.records if "cannot take" in r.getMessage()]
+        assert "cannot take 32768 more bytes: 0 in use and 40960 for groups not yet copied, of a limit of 65536" in msg
+    finally:
+        engine.close()
+
+
 def test_first_fit_and_coalescing() -> None:
     pool = make_pool(slab=64 * KiB)
     a, b, c = pool.alloc(10 * KiB), pool.alloc(20 * KiB), pool.alloc(10 * KiB)
