@@ -106,7 +106,9 @@ def test_state_changed_between_steps_replays_plainly(what: str, caplog: pytest.L
 
     with caplog.at_level(logging.WARNING, logger="offrecomp"):
         _check(model, batch, _change(what))
-    assert "no longer runs the ops its measuring pass recorded" in caplog.text
+    if what != "hook":  # hooked, its replays hand out no placeholders and serve nothing here:
+        # they run plainly from the start (NOTE [Placeholders and hooks])
+        assert "no longer runs the ops its measuring pass recorded" in caplog.text
 
 
 @pytest.mark.parametrize("what", ["parameters", "input"])
