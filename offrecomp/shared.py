@@ -12,18 +12,21 @@ from scheduler.profile import INPUT_LOOKBACK
 
 KEEP = Placement.KEEP
 
-__all__ = ["INPUT_LOOKBACK", "counting_record", "join_counted", "keeps_whole", "share_kept"]
+__all__ = ["INPUT_LOOKBACK", "counting_record", "join_counted", "keeps_whole", "lookup_window", "share_kept"]
 
 # NOTE [Inputs counted once]
 # A region input is often a storage another record of the pass counts already: the
 # previous block's output that its last op saved (a ReLU's), an encoder output the root
 # saved and a decoder block takes later (a UNet's skip), a feature map several blocks
 # take (a DenseNet's). Counted by each record, its bytes would count twice in the pass's
-# resident bytes and peak, where the device holds them once. A KEEP input whose storage
-# a resident record of the root or of the INPUT_LOOKBACK calls before its own holds is
-# marked ``shared`` and not counted again; it is still placed and held as the others.
-# A shared record found there stands for the record it shares (``same_as``), however far
-# back: a cell called at every time step on one sequence counts it once. A storage no
+# resident bytes and peak, where the device holds them once. A KEEP input whose
+# storage's latest record among the INPUT_LOOKBACK calls before its own (else the
+# root's) is resident is marked ``shared`` and not counted again; it is still placed and
+# held as the others. The latest, not the first: a block's output that the block dropped
+# and the next block counts as its input is counted by that input for a block after
+# (a skip), where the dropped record holds nothing. A shared record found there stands
+# for the record it shares (``same_as``), however far back: a cell called at every time
+# step on one sequence counts it once. A storage no
 # call of the window holds is counted again (the lookup is bounded: it runs per input
 # per call). A call whose graph died (a solver's iterate, detached in the forward) lets
 # its inputs go with its replay checkpoint: the program holds such a storage from then
@@ -57,25 +60,30 @@ __all__ = ["INPUT_LOOKBACK", "counting_record", "join_counted", "keeps_whole", "
 # counted one joins the table.
 
 
-def _same_storage(p: PassState, call: RegionCall, ptr: int, storage: Any) -> StorageRec | None:
-    """The placed record of ``p``'s root, or of the calls just before ``call``, of
-    ``storage`` (at ``ptr``), if any."""
+def lookup_window(p: PassState, call: RegionCall) -> tuple[RegionCall | None, ...]:
+    """Where a region input of ``call`` is looked up (NOTE [Inputs counted once]): the
+    INPUT_LOOKBACK calls of ``p`` just before it, the latest first, then the root."""
     calls = p.calls
     end = call.ordinal if 0 <= call.ordinal <= len(calls) else len(calls)
-    for c in (*calls[max(0, end - INPUT_LOOKBACK) : end], p.root):
+    return (*reversed(calls[max(0, end - INPUT_LOOKBACK) : end]), p.root)
+
+
+def counting_record(
+    p: PassState, call: RegionCall, ptr: int, storage: Any, window: tuple[RegionCall | None, ...] | None = None
+) -> StorageRec | None:
+    """The record of ``storage`` (at ``ptr``) that a region input of ``call`` names: the
+    placed one of the latest of the INPUT_LOOKBACK calls before that holds one, else the
+    root's, or, where that one shares the storage, the record it shares, however far
+    back (NOTE [Inputs counted once]). ``window``: ``lookup_window(p, call)``, where the
+    caller has it."""
+    other = None
+    for c in window if window is not None else lookup_window(p, call):
         if c is None or c is call:
             continue
         rec = c.by_ptr.get(ptr)
         if rec is not None and rec.index >= 0 and rec() is storage:
-            return rec
-    return None
-
-
-def counting_record(p: PassState, call: RegionCall, ptr: int, storage: Any) -> StorageRec | None:
-    """The record of ``storage`` (at ``ptr``) that a region input of ``call`` names: one
-    of the root's or of the INPUT_LOOKBACK calls before, or, where that one shares the
-    storage, the record it shares, however far back (NOTE [Inputs counted once])."""
-    other = _same_storage(p, call, ptr, storage)
+            other = rec
+            break
     while other is not None and other.shared and other.same_as is not None:
         other = other.same_as
     return other
