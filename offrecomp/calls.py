@@ -71,6 +71,26 @@ __all__ = ["RegionCalls", "first_device"]
 
 KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
 
+# NOTE [Inputs held by arguments]
+# A region call may take its inputs inside an argument object rather than as tensors
+# among its arguments: blocks that take and return a dataclass (``State(h=...)``), a
+# memory a loop hands from block to block. The replay checkpoint holds such an object and
+# the tensors its bindings held at entry (NOTE [Stateful arguments] in arg_state.py)
+# until the call is released, as it holds a tensor argument (a capture cut short at its
+# limit of bindings holds none past the call's exit), so each storage among those
+# tensors is a region input of the call: registered at the capture, before the tensor
+# arguments, and counted once as a kept input (NOTE [Inputs counted once] in shared.py),
+# under a forced recompute, in a measuring pass and under a plan alike. Left out, an op's
+# save of it would be an activation that a forced recompute or a measuring pass drops,
+# booking nothing while the checkpoint holds it. Such an input is only kept: no replay
+# regenerates it, and a copy to host memory frees nothing the object holds; its profile
+# record says so (``StorageRecord.keep_only``), so no plan offloads it. The op recording
+# does not take it for an input: its strides are no part of the call's layout (NOTE
+# [Stale recordings] in regenerate.py), so, as for any tensor from outside the call, no
+# op its geometry may reach is served (NOTE [Which ops replay runs] in trace/structure.py).
+# A call that takes no checkpoint (a forced keep or offload, a call its plan keeps whole)
+# holds no argument object, and an op's save of such a tensor is one of its activations.
+
 
 class RegionCalls:
     """Entry and exit of region calls for one runtime."""
@@ -247,6 +267,9 @@ class RegionCalls:
             )
         placer = self.placer
         assert placer is not None
+        state = call.arg_state
+        if state is not None and state.complete and state.tensors:  # NOTE [Inputs held by arguments]
+            placer.add_argument_inputs(p, call, state.tensors)
         for i, t in enumerate(cap.tensors):
             if t is None:
                 continue

@@ -45,7 +45,7 @@ from offrecomp.groups import reads_bytes_as_stored
 from offrecomp.handles import KeptRef, SavedHandle, TypedHandle
 from offrecomp.placement import Placements, untracked_alias
 from offrecomp.regenerate import Regenerator, replay_done, replay_handed
-from offrecomp.shared import counting_record, join_counted, share_kept
+from offrecomp.shared import counting_record, join_counted, lookup_window, share_kept
 from offrecomp.state import PENDING_WATCH, PassState, RegionCall, Stage, StorageRec
 from offrecomp.trace import SaveInfo, internal
 from scheduler.plan import Placement
@@ -440,6 +440,41 @@ class Placer:
             stats.offloaded_bytes += rec.nbytes
         else:
             stats.recomputed_bytes += rec.nbytes
+
+    def add_argument_inputs(self, p: PassState, call: RegionCall, tensors: list[tuple[torch.Tensor, Any, Any]]) -> None:
+        """Register the tensors ``call``'s argument objects hold (``ArgState.tensors``) as
+        its region inputs, only kept (NOTE [Inputs held by arguments] in calls.py)."""
+        window = lookup_window(p, call)  # once for them all
+        by_ptr, storages, recorder, stats = call.by_ptr, call.storages, call.recorder, p.stats
+        for t, _, _ in tensors:
+            if type(t) is not torch.Tensor or t.layout is not _STRIDED or t.is_nested or t.is_meta:
+                continue
+            base = t._base
+            if base is not None and isinstance(base, nn.Parameter):
+                continue
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+            rec = by_ptr.get(ptr)
+            if not ptr or (rec is not None and not rec.released and rec() is storage):
+                continue  # empty, or a storage of the call's already
+            nbytes = storage.nbytes()
+            rec = _new_rec(StorageRec, storage, call, len(storages), nbytes, ptr, KEEP)
+            rec.kind = "input"
+            rec.by_argument = True
+            rec.tensor = t
+            if recorder is not None:  # not known: no op reading it is served (NOTE [Which ops replay runs])
+                rec.sid = recorder.storage_id(t)
+            storages.append(rec)
+            by_ptr[ptr] = rec
+            stats.input_bytes += nbytes
+            other = rec.same_as = counting_record(p, call, ptr, storage, window)
+            if other is not None and other.resident:
+                rec.shared = True  # NOTE [Inputs counted once]
+                other.sharers += 1
+                stats.kept_bytes += nbytes
+                continue
+            stats.keep(rec)
+            join_counted(p, rec, ptr, storage)  # NOTE [Activations counted once]
 
     def add_input_storage(self, p: PassState, call: RegionCall, t: torch.Tensor) -> StorageRec | None:
         """Register a region input (the replay checkpoint) as a placeable storage."""

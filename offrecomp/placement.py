@@ -18,7 +18,9 @@ NOTE [Placement rules]
   [Collective regions]).
 - OFFLOAD only a storage of at least ``min_bytes`` (a copy costs more than it saves),
   on the runtime's device (a CPU tensor of a GPU run is in host memory already), that
-  is not an untracked alias (NOTE [Untracked aliases]), and that the pinned pool admits.
+  is not an untracked alias (NOTE [Untracked aliases]) nor a region input an argument
+  object holds too (NOTE [Inputs held by arguments] in calls.py: a copy frees nothing),
+  and that the pinned pool admits.
   A storage the pool refuses is dropped where a replay can regenerate it and its region
   runs no collective (a refusal is this rank's alone), else kept.
 - A plan that asks for a placement these rules refuse gets KEEP. That is decided on the
@@ -160,6 +162,8 @@ def refusal(call: RegionCall, rec: StorageRec, asked: Placement, min_bytes: int)
         if call.writes_state and cause is None:
             cause = _WRITES_STATE
         return f"its region {cause or 'is not replayed'}: never dropped"
+    if rec.by_argument:
+        return "an argument object of the call holds it too, so a copy frees nothing: never offloaded"
     if rec.nbytes < min_bytes:
         return f"under min_bytes ({format_bytes(min_bytes)}), never offloaded"
     if rec.aliased:

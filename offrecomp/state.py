@@ -5,9 +5,11 @@ one pass and is dropped when autograd releases the last handle of it.
 
 NOTE [Identity of a saved tensor]
 A saved tensor is known across steps by (region qualified name, call index of that
-region in the pass, storage index within the call). Storage index: the region's tensor
-inputs first (in argument flatten order, one index per distinct storage), then every
-other storage in the order of its first save. Several saved tensors that are views of
+region in the pass, storage index within the call). Storage index: the region's inputs
+first, one index per distinct storage (the tensors its argument objects hold, in the
+order their capture walks them: NOTE [Inputs held by arguments] in calls.py; then its
+tensor arguments, in argument flatten order), then every other storage in the order of
+its first save. Several saved tensors that are views of
 one allocation share one storage index and one placement, and their bytes count once.
 Saves outside every region belong to the root call (name ``""``, call index 0).
 """
@@ -77,6 +79,7 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
 
     # defaults, overridden per instance where they apply
     aliased = False  # NOTE [Untracked aliases]: never offloaded
+    by_argument = False  # a region input an argument object holds: only kept (NOTE [Inputs held by arguments])
     device: torch.device | None = None
     kind = "activation"  # "activation", "input" (a region input) or "plain" (never placed)
     released = False

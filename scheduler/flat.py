@@ -190,6 +190,7 @@ class FlatProfile:
 _get_nbytes = operator.attrgetter("nbytes")
 _get_offset = operator.attrgetter("offset_seconds")
 _get_kind = operator.attrgetter("kind")
+_get_keep_only = operator.attrgetter("keep_only")
 _get_last_save = operator.attrgetter("last_save_op")
 _get_first_save = operator.attrgetter("first_save_op")
 _get_producer = operator.attrgetter("producer_op")
@@ -437,13 +438,16 @@ def _op_seconds(profile: Profile, ops: list[Any]) -> list[Any]:
 
 
 def _legality(profile: Profile, un: _Units, kind_reg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per flat storage its kind code and the placements it allows: by kind, and no
-    RECOMPUTE in a region that must never replay."""
+    """Per flat storage its kind code and the placements it allows: by kind, only KEEP
+    where ``keep_only``, and no RECOMPUTE in a region that must never replay."""
     n_root = len(profile.root)
     src = un.src
     kind_arr = np.concatenate((kind_reg, np.full(n_root, KIND_ROOT, dtype=np.int64)))[src]
     legal_of = np.asarray([_LEGAL[k] for k in range(len(_LEGAL))], dtype=np.int64)
     legal = legal_of[kind_arr]
+    if any(map(_get_keep_only, un.sts)):
+        only = np.fromiter(map(_get_keep_only, un.sts), dtype=np.bool_, count=len(un.sts))
+        legal = np.where(np.concatenate((only, np.zeros(n_root, dtype=np.bool_)))[src], KEEP_BIT, legal)
     frozen = np.asarray([not r.replayable for r in profile.regions], dtype=np.bool_)
     if frozen.any():
         no_replay = np.concatenate((frozen[un.st_region], np.zeros(n_root, dtype=np.bool_)))[src]

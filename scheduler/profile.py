@@ -44,7 +44,8 @@ min(sum(ops[k].seconds for k < K), sum(ops[k].seconds for k in R) + K *
 replay_op_seconds)``, which is the sum over R when ``replay_op_seconds`` is 0 (an opaque
 region always replays plainly). Storages of kind
 ``input`` are the region inputs the runtime holds for replay (the checkpoint); they may
-be KEEP or OFFLOAD, never RECOMPUTE. Storages of kind ``external`` (created outside the
+be KEEP or OFFLOAD, never RECOMPUTE (only KEEP where ``keep_only``: one an argument
+object holds too). Storages of kind ``external`` (created outside the
 region, smaller than the runtime's ``min_bytes``, or saved through an untracked alias)
 are always KEEP. A storage of kind ``snapshot`` is the copies of the module buffers a
 region call's checkpoint holds for its replay (a BatchNorm's statistics, an EMA its
@@ -141,6 +142,10 @@ class StorageRecord:
     counted once]), or a storage a call saves that an earlier call saved first (NOTE
     [Activations counted once]); where the runtime counts it once, so does the
     simulator."""
+    keep_only: bool = False
+    """A region input an argument object of the call holds too (a tensor inside a
+    dataclass the blocks hand along: the runtime's NOTE [Inputs held by arguments]):
+    only KEEP, as a copy to host memory would free nothing the object holds."""
 
 
 @dataclass(kw_only=True)

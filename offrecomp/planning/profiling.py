@@ -100,6 +100,9 @@ def record_structure(call: RegionCall, *, min_bytes: int, opaque: bool) -> None:
         s.nbytes for s in call.storages if s.aliased and s.placement is Placement.RECOMPUTE
     )
     recs = call.structure.storage_records
+    for s in call.storages:
+        if s.by_argument:  # NOTE [Inputs held by arguments] in calls.py
+            recs[s.index].keep_only = True
     call.structure.small_storages = tuple(
         i for i, s in enumerate(call.storages)
         if kinds[i] == "external" and s.nbytes < min_bytes and not s.aliased

@@ -5,13 +5,22 @@ else saves them."""
 from __future__ import annotations
 
 import copy
+import dataclasses
+import gc
+import logging
+import weakref
+from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
 import offrecomp
+from offrecomp import Placement
+from scheduler import Plan
 from tests.helpers import assert_bitwise, train
 
+KIB = 1024
 D = 64
 ROWS = 32
 TENSOR = ROWS * D * 4  # the bytes of one block input
@@ -19,6 +28,120 @@ TENSOR = ROWS * D * 4  # the bytes of one block input
 
 def _batch(s: int) -> torch.Tensor:
     return torch.randn(ROWS, D, generator=torch.Generator().manual_seed(s))
+
+
+@dataclasses.dataclass
+class _State:
+    h: torch.Tensor
+
+
+class _Block(nn.Module):
+    """A Linear (saving the block's input) and a tanh (saving its output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.lin(x))
+
+
+class _StateBlock(_Block):
+    """The same block, taking and returning its tensor inside a dataclass."""
+
+    def forward(self, st: _State) -> _State:  # type: ignore[override]
+        return _State(torch.tanh(self.lin(st.h)))
+
+
+class _Chain(nn.Module):
+    """Four blocks; ``wrapped``: they hand a ``_State`` along, not the tensor."""
+
+    def __init__(self, wrapped: bool, refs: list[Any] | None = None) -> None:
+        super().__init__()
+        self.wrapped = wrapped
+        self.blocks = nn.ModuleList((_StateBlock if wrapped else _Block)() for _ in range(4))
+        self.refs = refs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 1.0
+        st: Any = _State(h) if self.wrapped else h
+        for b in self.blocks:
+            if self.refs is not None:
+                self.refs.append(weakref.ref(st.h if self.wrapped else st))
+            st = b(st)
+        return (st.h if self.wrapped else st).sum()
+
+
+def _runs(wrapped: bool, steps: int = 6, **kw: Any) -> tuple[list[dict[str, torch.Tensor]], offrecomp.Runtime]:
+    torch.manual_seed(0)
+    m = _Chain(wrapped)
+    rt = offrecomp.runtime(m, min_bytes=0, **kw)
+    return train(m, _batch, rt, steps=steps), rt
+
+
+def test_block_inputs_inside_a_dataclass_are_booked_as_held_inputs() -> None:
+    """NOTE [Inputs held by arguments] (calls.py): blocks handing a dataclass along hold
+    their inputs through the captured objects until backward. Under recompute the pass
+    books them as kept inputs, as for blocks taking the tensor: not as dropped
+    activations, which booked half of the inputs the runtime held."""
+    torch.manual_seed(0)
+    ref = train(_Chain(True), _batch, steps=3)
+    peaks = {}
+    for wrapped in (False, True):
+        torch.manual_seed(0)
+        refs: list[Any] = []
+        m = _Chain(wrapped, refs)
+        with offrecomp.runtime(m, mode="recompute", min_bytes=0) as rt:
+            loss = m(_batch(0))
+            gc.collect()
+            held = sum(r().untyped_storage().nbytes() for r in refs if r() is not None)
+            loss.backward()
+        step = rt.report().steps[-1]
+        if wrapped:
+            assert held == 4 * TENSOR  # every block's input, held by its captured _State
+        assert step.peak_activation_bytes >= held, (step.peak_activation_bytes, held)
+        peaks[wrapped] = (step.peak_activation_bytes, step.kept_bytes, step.recomputed_bytes)
+    assert peaks[True] == peaks[False], peaks
+    torch.manual_seed(0)
+    m = _Chain(True)
+    assert_bitwise(ref, train(m, _batch, offrecomp.runtime(m, mode="recompute", min_bytes=0), steps=3))
+
+
+def test_block_inputs_inside_a_dataclass_are_predicted_as_booked_and_never_offloaded() -> None:
+    """NOTE [Inputs held by arguments]: under auto the measuring steps book the inputs a
+    dataclass holds as the blocks taking the tensor do, the planned steps book what the
+    model predicts, and the profile marks those inputs ``keep_only``."""
+    steps = {}
+    for wrapped in (False, True):
+        _, rt = _runs(wrapped, mode="auto", budget=1)
+        steps[wrapped] = rt.report().steps
+    assert [(s.phase, s.peak_activation_bytes) for s in steps[True][:2]] == [
+        (s.phase, s.peak_activation_bytes) for s in steps[False][:2]
+    ]
+    planned = [s for s in steps[True] if s.phase == "planned"]
+    assert planned
+    for s in planned:
+        assert s.peak_activation_bytes == s.predicted_peak_bytes, s
+    entry = rt.planner.last_entry
+    assert entry is not None and entry.profile is not None
+    inputs = [s for r in entry.profile.regions for s in r.storages if s.kind == "input"]
+    assert len(inputs) == 4 and all(s.keep_only for s in inputs), inputs
+
+
+def test_a_plan_asking_to_offload_an_input_a_dataclass_holds_keeps_it(caplog: pytest.LogCaptureFixture) -> None:
+    """NOTE [Inputs held by arguments]: a copy of such an input to host memory frees
+    nothing the object holds, so a user's plan asking for it gets KEEP, and is told."""
+    torch.manual_seed(0)
+    base = _Chain(True)
+    ref = train(copy.deepcopy(base), _batch, steps=3)
+    m = copy.deepcopy(base)
+    rt = offrecomp.runtime(m, mode="auto", min_bytes=0)
+    rt.set_plan(Plan(placements={(f"blocks.{i}", 0, 0): Placement.OFFLOAD for i in range(4)}))
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        assert_bitwise(ref, train(m, _batch, rt, steps=3))
+    assert "an argument object of the call holds it too" in caplog.text
+    step = rt.report().steps[-1]
+    assert step.offloaded_bytes == 0 and step.kept_bytes >= 4 * TENSOR, step
 
 
 class _SkipBlock(nn.Module):

@@ -347,6 +347,35 @@ def test_regions_that_must_not_replay_are_never_recomputed(seed: int) -> None:
     assert [r.replayable for r in again.regions] == [r.replayable for r in profile.regions]
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_storages_marked_keep_only_are_only_kept(seed: int) -> None:
+    """StorageRecord.keep_only (a region input an argument object holds too, which a copy
+    to host memory would not free: NOTE [Inputs held by arguments] in
+    offrecomp/calls.py): no plan offloads it, at any budget, and the exhaustive optimum
+    under that rule is matched."""
+    profile = random_profile(seed)
+    profile.d2h_gbps = profile.h2d_gbps = 2000.0  # a fast link: offloads hide
+    only = set()
+    for r in profile.regions:
+        for i, s in enumerate(r.storages):
+            if s.kind == "input":
+                s.keep_only = True
+                only.add((r.name, r.call_index, i))
+    for budget in budgets(profile):
+        plan = solve(profile, budget_bytes=budget, infeasible="warn")
+        best = exhaustive_solve(profile, budget)
+        for plan_ in (plan, best):
+            assert all(plan_.placement(key) is Placement.KEEP for key in only), plan_.placements
+        if best.feasible:
+            assert plan.feasible
+            assert plan.predicted_step_seconds is not None and best.predicted_step_seconds is not None
+            assert plan.predicted_step_seconds <= best.predicted_step_seconds * (1 + GAP) + 1e-12
+    again = Profile.from_json(profile.to_json())
+    assert [s.keep_only for r in again.regions for s in r.storages] == [
+        s.keep_only for r in profile.regions for s in r.storages
+    ]
+
+
 @pytest.mark.parametrize(("seq", "share"), [(8192, 0.5), (8192, 0.25), (16384, 0.5), (16384, 0.25)])
 def test_offloading_never_predicts_slower_than_dropping_only(seq: int, share: float) -> None:
     """NOTE [Offload families]: on a 24-layer GPT with an H200-like link, the chain that
