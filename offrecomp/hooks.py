@@ -390,10 +390,10 @@ class Placer:
         if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
             self._root_storage(rec)
         # NOTE [Activations counted once]: an earlier call's record counts it; not in a
-        # call kept whole (keeps_whole(call, mode), inline: the save path)
+        # region call kept whole (keeps_whole(call, mode), inline: the save path)
         shared = (
             (placement is KEEP or recorder is not None)
-            and not (call.fixed is KEEP and (call.kept_whole or self._config.mode == "keep"))
+            and (not (call.fixed is KEEP and (call.kept_whole or self._config.mode == "keep")) or call.ordinal < 0)
             and share_kept(p, call, rec, ptr, storage, placement is KEEP)
         )
         if placement is KEEP and fallback is None:

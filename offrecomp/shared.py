@@ -56,8 +56,12 @@ __all__ = ["INPUT_LOOKBACK", "counting_record", "join_counted", "keeps_whole", "
 # plan's) saves natively in most passes under native keep (NOTE [Native keep] in
 # native.py), without records, so its records neither join the table nor share, native
 # keep on or off: its books are the same in every pass, and the simulator counts a unit
-# kept whole alike. Region inputs are looked up as in NOTE [Inputs counted once]; a
-# counted one joins the table.
+# kept whole alike. The root (the code outside the regions) always runs the hooks, so
+# it joins and shares under any plan, also one that keeps all of it (a loss multiplying
+# the last block's output with that block's input saves a storage the block kept, or
+# took as an input, before), and in a measuring pass names the first record of each
+# storage it saves, as region calls do. Region inputs are looked up as in NOTE [Inputs
+# counted once]; a counted one joins the table.
 
 
 def lookup_window(p: PassState, call: RegionCall) -> tuple[RegionCall | None, ...]:
@@ -122,7 +126,7 @@ def share_kept(p: PassState, call: RegionCall, rec: StorageRec, ptr: int, storag
     earlier call's kept record counts the storage, mark it ``shared``: True, the caller
     counts nothing. Otherwise a kept ``rec`` becomes the storage's counting record if it
     is the first (NOTE [Activations counted once])."""
-    if call.recorder is not None:  # the profile names the first record, whatever its placement
+    if call.recorder is not None or (p.recording and call.ordinal < 0):  # the profile names the first record, whatever its placement
         named = _first(p.first_named, ptr, storage, rec)
         if named.call is not call:
             rec.same_as = named

@@ -484,11 +484,11 @@ def _keys(
     return keys, unit_names
 
 
-def _link_shared(flat: FlatProfile, sts: list[Any], n_root: int, src: np.ndarray) -> None:
+def _link_shared(flat: FlatProfile, sts: list[Any], root: list[Any], src: np.ndarray) -> None:
     """Fill ``flat.shared``: per flat storage the flat index of the record its
     ``shared_with`` names (left -1: none, or a key the profile lacks); and from it
     ``flat.allocation``."""
-    named = [getattr(st, "shared_with", None) for st in sts] + [None] * n_root
+    named = [getattr(st, "shared_with", None) for st in (*sts, *root)]
     if not any(k is not None for k in named):
         return
     out, index = flat.shared, flat.key_index
@@ -594,7 +594,7 @@ def flatten(profile: Profile) -> FlatProfile:
         replay_host=check_number(profile.replay_host_seconds, "profile replay_host_seconds"),
         native_keep=bool(profile.native_keep),
     )
-    _link_shared(flat, un.sts, n_root, src)
+    _link_shared(flat, un.sts, profile.root, src)
     return flat
 
 

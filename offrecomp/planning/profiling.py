@@ -151,11 +151,13 @@ def build_profile(
     root_records: list[StorageRecord] = []
     if p.root is not None:
         for s in p.root.storages:
+            other = s.same_as  # NOTE [Activations counted once] (shared.py): an earlier record of it
             root_records.append(
                 StorageRecord(
                     nbytes=s.nbytes,
                     kind="activation" if s.nbytes >= config.min_bytes and not s.aliased else "external",
                     offset_seconds=clock.seconds(p.start_mark, s.save_mark, wait=True) or 0.0,
+                    shared_with=None if other is None else (other.call.name, other.call.call_index, other.index),
                 )
             )
     fwd_total = clock.seconds(p.start_mark, p.backward_start_mark, wait=True) or 0.0

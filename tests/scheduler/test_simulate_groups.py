@@ -375,6 +375,22 @@ def test_a_kept_input_of_a_kept_earlier_record_counts_once_where_the_runtime_doe
     assert simulate(p, Plan(placements={("l1", 0, 1): R, ("l0", 0, 0): R})).peak_bytes == 400
 
 
+def test_a_root_save_of_an_allocation_a_unit_kept_counts_once_where_the_runtime_does() -> None:
+    """A root storage saved after l1 ran, naming l1's second record (``shared_with``: the
+    loop's code saves a tensor the block saved, or took as its input): counted nothing
+    where that record is kept in a unit the plan does not keep whole, as the runtime's
+    books count it (NOTE [Activations counted once] in offrecomp/shared.py, the root
+    sharing under any plan); counted where l1 is kept whole (its records share nothing)."""
+    p = two_blocks(d2h_gbps=0.0, h2d_gbps=0.0, forward_seconds=7.0)
+    p.root = [StorageRecord(nbytes=200, offset_seconds=6.5, shared_with=("l1", 0, 1))]
+    plain = p.copy()
+    plain.root[0].shared_with = None
+    drop = Plan(placements={("l1", 0, 0): R})
+    assert simulate(plain, drop).peak_bytes == 700  # l0's 300, l1's s1 and the root's 200
+    assert simulate(p, drop).peak_bytes == 500
+    assert simulate(p, Plan()).peak_bytes == simulate(plain, Plan()).peak_bytes == 800
+
+
 def test_an_input_no_op_saves_counts_nothing_in_a_unit_kept_whole() -> None:
     """A region input held only for a replay (``saves`` 0): a unit kept whole takes no
     checkpoint, so nothing holds it there (the runtime has no record); a unit that drops
