@@ -32,7 +32,7 @@ def release_call(call: RegionCall, free: Callable[[Group], None]) -> None:
     if call.released or not call.exited:
         return
     call.released = True
-    for rec in call.storages:  # no later save finds them: by_ptr is cleared below
+    for rec in call.storages:  # by_ptr stays: a later call's input is looked up there (NOTE [Inputs counted once])
         if rec.tensor is not None:
             rec.tensor = None
             if rec.kind == "input":
@@ -56,7 +56,6 @@ def release_call(call: RegionCall, free: Callable[[Group], None]) -> None:
     call.external = None
     call.external_reads = None
     call.replayed.clear()
-    call.by_ptr.clear()
 
 
 def _held_no_more(rec: StorageRec) -> None:

@@ -444,7 +444,7 @@ class Placer:
     def add_argument_inputs(self, p: PassState, call: RegionCall, tensors: list[tuple[torch.Tensor, Any, Any]]) -> None:
         """Register the tensors ``call``'s argument objects hold (``ArgState.tensors``) as
         its region inputs, only kept (NOTE [Inputs held by arguments] in calls.py)."""
-        window = lookup_window(p, call)  # once for them all
+        window = lookup_window(p, call, self._config.mode, self._config.native_keep)  # once for them all
         by_ptr, storages, recorder, stats = call.by_ptr, call.storages, call.recorder, p.stats
         for t, _, _ in tensors:
             if type(t) is not torch.Tensor or t.layout is not _STRIDED or t.is_nested or t.is_meta:
@@ -467,7 +467,7 @@ class Placer:
             storages.append(rec)
             by_ptr[ptr] = rec
             stats.input_bytes += nbytes
-            other = rec.same_as = counting_record(p, call, ptr, storage, window)
+            other = rec.same_as = counting_record(call, ptr, storage, window)
             if other is not None and other.resident:
                 rec.shared = True  # NOTE [Inputs counted once]
                 other.sharers += 1
@@ -498,7 +498,10 @@ class Placer:
         call.by_ptr[ptr] = rec
         p.stats.input_bytes += nbytes
         # the books need the other record of a kept input; a profile, of any input
-        other = counting_record(p, call, ptr, storage) if placement is KEEP or call.recorder is not None else None
+        other = (
+            counting_record(call, ptr, storage, lookup_window(p, call, self._config.mode, self._config.native_keep))
+            if placement is KEEP or call.recorder is not None else None
+        )
         rec.same_as = other
         if placement is KEEP:
             rec.tensor = t

@@ -36,7 +36,11 @@ __all__ = ["INPUT_LOOKBACK", "counting_record", "join_counted", "keeps_whole", "
 # live record before it, would count it once more.
 # Only calls that take a replay checkpoint have input records, and only calls that run
 # the hooks have records to find: a call a plan keeps whole has neither when it saves
-# natively. An input's record names the other (``same_as``, whatever its placement), and
+# natively. Under native keep the lookup passes over calls kept whole also in the passes
+# they run hooked (the first of a plan, an audit), so that those book as the others;
+# with native keep off it finds their records, as the model does. A call that drops or
+# offloads nothing (one kept whole) is released at its exit, and its records stay where
+# a later call looks its inputs up. An input's record names the other (``same_as``, whatever its placement), and
 # so does its profile record (``StorageRecord.shared_with``): the model counts the input
 # nothing where its allocation's latest record in that window is kept, in a unit that
 # has records, and an input no op saves nothing in a call kept whole (docs/planner.md).
@@ -64,24 +68,28 @@ __all__ = ["INPUT_LOOKBACK", "counting_record", "join_counted", "keeps_whole", "
 # counted once]; a counted one joins the table.
 
 
-def lookup_window(p: PassState, call: RegionCall) -> tuple[RegionCall | None, ...]:
+def lookup_window(p: PassState, call: RegionCall, mode: str, native: bool) -> tuple[RegionCall | None, ...]:
     """Where a region input of ``call`` is looked up (NOTE [Inputs counted once]): the
-    INPUT_LOOKBACK calls of ``p`` just before it, the latest first, then the root."""
+    INPUT_LOOKBACK calls of ``p`` just before it, the latest first, then the root; under
+    native keep (``native``; ``mode``: the runtime's) not those kept whole, which save
+    natively in most passes, without records to find."""
     calls = p.calls
     end = call.ordinal if 0 <= call.ordinal <= len(calls) else len(calls)
-    return (*reversed(calls[max(0, end - INPUT_LOOKBACK) : end]), p.root)
+    window = calls[max(0, end - INPUT_LOOKBACK) : end]
+    if native:
+        window = [c for c in window if not keeps_whole(c, mode)]
+    return (*reversed(window), p.root)
 
 
 def counting_record(
-    p: PassState, call: RegionCall, ptr: int, storage: Any, window: tuple[RegionCall | None, ...] | None = None
+    call: RegionCall, ptr: int, storage: Any, window: tuple[RegionCall | None, ...]
 ) -> StorageRec | None:
     """The record of ``storage`` (at ``ptr``) that a region input of ``call`` names: the
-    placed one of the latest of the INPUT_LOOKBACK calls before that holds one, else the
-    root's, or, where that one shares the storage, the record it shares, however far
-    back (NOTE [Inputs counted once]). ``window``: ``lookup_window(p, call)``, where the
-    caller has it."""
+    placed one of the first call of ``window`` (``lookup_window``) that holds one, or,
+    where that one shares the storage, the record it shares, however far back (NOTE
+    [Inputs counted once])."""
     other = None
-    for c in window if window is not None else lookup_window(p, call):
+    for c in window:
         if c is None or c is call:
             continue
         rec = c.by_ptr.get(ptr)
