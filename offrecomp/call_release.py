@@ -32,7 +32,7 @@ def release_call(call: RegionCall, free: Callable[[Group], None]) -> None:
     if call.released or not call.exited:
         return
     call.released = True
-    for rec in call.storages:  # by_ptr stays: a later call's input is looked up there (NOTE [Inputs counted once])
+    for rec in call.storages:  # by_ptr stays: later calls look inputs up there (NOTE [Inputs counted once])
         if rec.tensor is not None:
             rec.tensor = None
             if rec.kind == "input":

@@ -390,10 +390,14 @@ class Placer:
         if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
             self._root_storage(rec)
         # NOTE [Activations counted once]: an earlier call's record counts it; not in a
-        # region call kept whole (keeps_whole(call, mode), inline: the save path)
+        # region call kept whole (keeps_whole(call, mode), inline: the save path); in the
+        # root under a plan too, not under mode="keep" (no region call's record is there)
         shared = (
             (placement is KEEP or recorder is not None)
-            and (not (call.fixed is KEEP and (call.kept_whole or self._config.mode == "keep")) or call.ordinal < 0)
+            and (
+                not (call.fixed is KEEP and (call.kept_whole or self._config.mode == "keep"))
+                or (call.ordinal < 0 and self._config.mode != "keep")
+            )
             and share_kept(p, call, rec, ptr, storage, placement is KEEP)
         )
         if placement is KEEP and fallback is None:
@@ -444,8 +448,9 @@ class Placer:
     def add_argument_inputs(self, p: PassState, call: RegionCall, tensors: list[tuple[torch.Tensor, Any, Any]]) -> None:
         """Register the tensors ``call``'s argument objects hold (``ArgState.tensors``) as
         its region inputs, only kept (NOTE [Inputs held by arguments] in calls.py)."""
-        window = lookup_window(p, call, self._config.mode, self._config.native_keep)  # once for them all
+        window = lookup_window(p, call)  # once for them all
         by_ptr, storages, recorder, stats = call.by_ptr, call.storages, call.recorder, p.stats
+        native, mode = self._config.native_keep, self._config.mode
         for t, _, _ in tensors:
             if type(t) is not torch.Tensor or t.layout is not _STRIDED or t.is_nested or t.is_meta:
                 continue
@@ -467,7 +472,7 @@ class Placer:
             storages.append(rec)
             by_ptr[ptr] = rec
             stats.input_bytes += nbytes
-            other = rec.same_as = counting_record(call, ptr, storage, window)
+            other = rec.same_as = counting_record(call, ptr, storage, window, native, mode)
             if other is not None and other.resident:
                 rec.shared = True  # NOTE [Inputs counted once]
                 other.sharers += 1
@@ -498,8 +503,9 @@ class Placer:
         call.by_ptr[ptr] = rec
         p.stats.input_bytes += nbytes
         # the books need the other record of a kept input; a profile, of any input
+        config = self._config
         other = (
-            counting_record(call, ptr, storage, lookup_window(p, call, self._config.mode, self._config.native_keep))
+            counting_record(call, ptr, storage, lookup_window(p, call), config.native_keep, config.mode)
             if placement is KEEP or call.recorder is not None else None
         )
         rec.same_as = other

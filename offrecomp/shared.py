@@ -23,27 +23,28 @@ __all__ = ["INPUT_LOOKBACK", "counting_record", "join_counted", "keeps_whole", "
 # storage's latest record among the INPUT_LOOKBACK calls before its own (else the
 # root's) is resident is marked ``shared`` and not counted again; it is still placed and
 # held as the others. The latest, not the first: a block's output that the block dropped
-# and the next block counts as its input is counted by that input for a block after
-# (a skip), where the dropped record holds nothing. A shared record found there stands
-# for the record it shares (``same_as``), however far back: a cell called at every time
-# step on one sequence counts it once. A storage no
-# call of the window holds is counted again (the lookup is bounded: it runs per input
-# per call). A call whose graph died (a solver's iterate, detached in the forward) lets
-# its inputs go with its replay checkpoint: the program holds such a storage from then
-# on (an encoding every iteration takes), and its record stops counting it unless
-# records sharing the count are still held (``sharers``: inputs of calls not released;
-# a kept activation that shared it, for good); else each later iteration, finding no
-# live record before it, would count it once more.
+# and the next block counts as its input is counted by that input for a block after (a
+# skip), where the dropped record holds nothing. A shared record found there stands for
+# the record it shares (``same_as``), however far back: a cell called at every time step
+# on one sequence counts it once. A storage no call of the window holds is counted again
+# (the lookup is bounded: it runs per input per call). A call whose graph died (a
+# solver's iterate, detached in the forward) lets its inputs go with its replay
+# checkpoint: the program holds such a storage from then on (an encoding every iteration
+# takes), and its record stops counting it unless records sharing the count are still
+# held (``sharers``: inputs of calls not released; a kept activation that shared it, for
+# good); else each later iteration, finding no live record before it, would count it
+# once more.
 # Only calls that take a replay checkpoint have input records, and only calls that run
 # the hooks have records to find: a call a plan keeps whole has neither when it saves
-# natively. Under native keep the lookup passes over calls kept whole also in the passes
-# they run hooked (the first of a plan, an audit), so that those book as the others;
-# with native keep off it finds their records, as the model does. A call that drops or
-# offloads nothing (one kept whole) is released at its exit, and its records stay where
-# a later call looks its inputs up. An input's record names the other (``same_as``, whatever its placement), and
-# so does its profile record (``StorageRecord.shared_with``): the model counts the input
-# nothing where its allocation's latest record in that window is kept, in a unit that
-# has records, and an input no op saves nothing in a call kept whole (docs/planner.md).
+# natively; the root runs the hooks in every pass. Under native keep the lookup passes
+# over region calls kept whole also in the passes they run hooked (the first of a plan,
+# an audit), so that those book as the others; with native keep off it finds their
+# records, as the model does. A call that drops or offloads nothing (one kept whole) is
+# released at its exit, and its records stay where a later call looks its inputs up. An
+# input's record names the other (``same_as``, whatever its placement), and so does its
+# profile record (``StorageRecord.shared_with``): the model counts the input nothing
+# where its allocation's latest record in that window is kept, in a unit that has
+# records, and an input no op saves nothing in a call kept whole (docs/planner.md).
 
 # NOTE [Activations counted once]
 # A call may save a storage an earlier call saved too without taking it as an input:
@@ -68,32 +69,30 @@ __all__ = ["INPUT_LOOKBACK", "counting_record", "join_counted", "keeps_whole", "
 # counted once]; a counted one joins the table.
 
 
-def lookup_window(p: PassState, call: RegionCall, mode: str, native: bool) -> tuple[RegionCall | None, ...]:
+def lookup_window(p: PassState, call: RegionCall) -> tuple[RegionCall | None, ...]:
     """Where a region input of ``call`` is looked up (NOTE [Inputs counted once]): the
-    INPUT_LOOKBACK calls of ``p`` just before it, the latest first, then the root; under
-    native keep (``native``; ``mode``: the runtime's) not those kept whole, which save
-    natively in most passes, without records to find."""
+    INPUT_LOOKBACK calls of ``p`` just before it, the latest first, then the root."""
     calls = p.calls
     end = call.ordinal if 0 <= call.ordinal <= len(calls) else len(calls)
-    window = calls[max(0, end - INPUT_LOOKBACK) : end]
-    if native:
-        window = [c for c in window if not keeps_whole(c, mode)]
-    return (*reversed(window), p.root)
+    return (*reversed(calls[max(0, end - INPUT_LOOKBACK) : end]), p.root)
 
 
 def counting_record(
-    call: RegionCall, ptr: int, storage: Any, window: tuple[RegionCall | None, ...]
+    call: RegionCall, ptr: int, storage: Any, window: tuple[RegionCall | None, ...], native: bool, mode: str
 ) -> StorageRec | None:
     """The record of ``storage`` (at ``ptr``) that a region input of ``call`` names: the
     placed one of the first call of ``window`` (``lookup_window``) that holds one, or,
     where that one shares the storage, the record it shares, however far back (NOTE
-    [Inputs counted once])."""
+    [Inputs counted once]). Under native keep (``native``; ``mode``: the runtime's) a
+    region call kept whole holds none: it saves natively in most passes."""
     other = None
     for c in window:
         if c is None or c is call:
             continue
         rec = c.by_ptr.get(ptr)
         if rec is not None and rec.index >= 0 and rec() is storage:
+            if native and c.fixed is KEEP and (c.kept_whole or mode == "keep") and c.ordinal >= 0:
+                continue  # a region call kept whole (keeps_whole(c, mode)); the root always has records
             other = rec
             break
     while other is not None and other.shared and other.same_as is not None:
@@ -134,7 +133,8 @@ def share_kept(p: PassState, call: RegionCall, rec: StorageRec, ptr: int, storag
     earlier call's kept record counts the storage, mark it ``shared``: True, the caller
     counts nothing. Otherwise a kept ``rec`` becomes the storage's counting record if it
     is the first (NOTE [Activations counted once])."""
-    if call.recorder is not None or (p.recording and call.ordinal < 0):  # the profile names the first record, whatever its placement
+    if call.recorder is not None or (p.recording and call.ordinal < 0):
+        # the profile names the first record, whatever its placement (from the root's too)
         named = _first(p.first_named, ptr, storage, rec)
         if named.call is not call:
             rec.same_as = named

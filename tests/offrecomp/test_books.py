@@ -287,3 +287,37 @@ def test_the_output_a_block_kept_whole_keeps_counts_as_the_model_counts_it(
     assert entry is not None and entry.plan is not None
     kept = [i for i in range(4) if all(entry.plan.placement((f"blocks.{i}", 0, k)) is Placement.KEEP for k in range(2))]
     assert kept == whole, entry.plan.placements
+
+
+class _RootSkipChain(nn.Module):
+    """The code outside the blocks saves an encoding (its tanh's output), which every
+    block takes beside the block before's output (a UNet's skip)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Linear(D, D)
+        self.blocks = nn.ModuleList(_SkipBlock() for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        e = torch.tanh(self.enc(x))
+        h = e
+        for b in self.blocks:
+            h = b(h, e)
+        return h.sum()
+
+
+@pytest.mark.parametrize("native_keep", [True, False])
+def test_an_input_the_root_saved_counts_once_under_a_plan_keeping_the_root(native_keep: bool) -> None:
+    """NOTE [Inputs counted once] (shared.py): the root never saves natively, so a block
+    input whose record the root holds shares that record's count under any plan, also
+    one keeping the root whole, with native keep on or off, as the model counts it."""
+    torch.manual_seed(0)
+    base = _RootSkipChain()
+    ref = train(copy.deepcopy(base), _batch, steps=6)
+    m = copy.deepcopy(base)
+    rt = offrecomp.runtime(m, mode="auto", budget=1, min_bytes=0, native_keep=native_keep)
+    assert_bitwise(ref, train(m, _batch, rt, steps=6))
+    planned = [s for s in rt.report().steps if s.phase == "planned"]
+    assert planned
+    for s in planned:
+        assert s.peak_activation_bytes == s.predicted_peak_bytes, s
