@@ -62,7 +62,11 @@ def _held_no_more(rec: StorageRec) -> None:
     """A region input's record lets its tensor go with its call's replay checkpoint: what
     holds the storage from then on is the program (the iterate a solver detached, an
     encoding every call takes), so the record stops counting its bytes, unless inputs
-    sharing its count are still held (NOTE [Inputs counted once] in shared.py)."""
+    sharing its count are still held (NOTE [Inputs counted once] in shared.py). One its
+    call's forward saved is held by that saved variable too: its bytes go when its
+    storage dies."""
+    if rec.saved_in_call:
+        return
     other = rec.same_as if rec.shared else None
     if other is not None:
         other.sharers -= 1

@@ -256,6 +256,8 @@ class Placer:
                 rec = self._new_storage(p, call, t, ptr, storage, base, nbytes, placement)
         elif rec.placement is OFFLOAD and not reads_bytes_as_stored(t):
             return _Plain(t, call)  # another view of an offloaded storage, negated: as it is
+        elif rec.kind == "input":
+            rec.saved_in_call = True  # autograd holds it past the call's release (NOTE [Inputs counted once])
         placement = rec.placement
         if placement is None:
             return _Plain(t, call)

@@ -33,7 +33,9 @@ __all__ = ["INPUT_LOOKBACK", "counting_record", "join_counted", "keeps_whole", "
 # takes), and its record stops counting it unless records sharing the count are still
 # held (``sharers``: inputs of calls not released; a kept activation that shared it, for
 # good); else each later iteration, finding no live record before it, would count it
-# once more.
+# once more. An input the call's own forward saved too (a block that is one Linear) is
+# held by that saved variable until backward: its record counts it until its storage
+# dies (``StorageRec.saved_in_call``).
 # Only calls that take a replay checkpoint have input records, and only calls that run
 # the hooks have records to find: a call a plan keeps whole has neither when it saves
 # natively; the root runs the hooks in every pass. Under native keep the lookup passes

@@ -101,6 +101,9 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
     (NOTE [Inputs counted once]); a shared record's, or in a measuring pass any later
     record's, the first record of it (NOTE [Activations counted once])."""
     sharers = 0  # records sharing its count: inputs of unreleased calls, kept activations
+    saved_in_call = False
+    """A region input its own call's forward saved too: a saved variable holds it past the
+    call's release, so its bytes count until its storage dies (NOTE [Inputs counted once])."""
 
     def __new__(
         cls, storage: Any, call: RegionCall, index: int, nbytes: int, ptr: int, placement: Placement | None
