@@ -84,7 +84,7 @@ import functools
 import logging
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch import nn
@@ -330,6 +330,8 @@ class Installer:
     def _forward_replaced(self, region: Region, wrapper: _Installed, seen: Any, slot: Any) -> tuple[_Installed, Any]:
         """The wrapper and the slot value to look for from now on, for ``region`` whose
         ``forward`` slot holds ``slot`` (None: none) instead of ``seen``."""
+        if _own_forward(slot, region.module):
+            return slot, slot  # one of its own wrappers, put back (a patch undone: mock.patch's exit)
         if slot is not None and _calls_one_of(slot, (wrapper, seen)):
             return wrapper, slot  # a patch around the wrapper (accelerate's): its calls still go through it
         log.info(
@@ -337,7 +339,7 @@ class Installer:
             "the runtime manages the new forward's calls",
             region.name, getattr(slot, "__qualname__", type(slot).__name__) if slot is not None else "the class's",
         )
-        wrapper = self._wrap_forward(region.module, self._region_forward(region))
+        wrapper = self._wrap_forward(region.module, self._region_forward(region), first=False)
         return wrapper, wrapper
 
     def _follow_wraps(self) -> None:
@@ -422,23 +424,36 @@ class Installer:
 
     # --------------------------------------------------------------- slots
 
-    def _wrap_forward(self, module: nn.Module, make: Make) -> _Installed:
+    def _wrap_forward(self, module: nn.Module, make: Make, *, first: bool = True) -> _Installed:
+        """Put the runtime's wrapper in ``module``'s ``forward`` slot. The ``first`` one
+        registers the restore at exit, which also undoes the wrappers later put around a
+        forward replaced while entered (NOTE [Forwards replaced while entered]): each of
+        those gives the slot back the forward it went around."""
         had_instance_attr = "forward" in module.__dict__
         previous = module.__dict__.get("forward")
         original = module.forward
         wrapped = _Installed(make(original), module, "forward", previous)
 
         def restore() -> None:
-            if module.__dict__.get("forward") is not wrapped:
-                return  # patched while entered (an adapter's forward): the user's now
-            if had_instance_attr:
-                module.forward = previous  # type: ignore[method-assign,assignment]
-            else:
-                module.__dict__.pop("forward", None)
+            slot = module.__dict__.get("forward")
+            while _own_forward(slot, module):
+                if slot is wrapped:
+                    if had_instance_attr:
+                        module.forward = previous  # type: ignore[method-assign,assignment]
+                    else:
+                        module.__dict__.pop("forward", None)
+                    return
+                slot = slot.previous
+                if slot is None:  # it went around the class's (the instance's deleted)
+                    module.__dict__.pop("forward", None)
+                elif not _own_forward(slot, module):
+                    module.forward = slot  # type: ignore[method-assign]  # the user's forward it went around
+            # else patched while entered (an adapter's forward), left so: the user's now
 
-        # registered first: an exception landing between the two (a signal handler's)
-        # leaves a restore that finds nothing to undo, never a wrapper nothing undoes
-        self._restore.append(restore)
+        if first:
+            # registered first: an exception landing between the two (a signal handler's)
+            # leaves a restore that finds nothing to undo, never a wrapper nothing undoes
+            self._restore.append(restore)
         module.forward = wrapped  # type: ignore[method-assign]
         return wrapped
 
@@ -696,6 +711,11 @@ class _Installed:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_slot_as_before, (self.module, self.attr, self.previous))
+
+
+def _own_forward(slot: Any, module: nn.Module) -> TypeGuard[_Installed]:
+    """``slot`` is a wrapper the runtime put in ``module``'s ``forward`` slot."""
+    return type(slot) is _Installed and slot.module is module and slot.attr == "forward"
 
 
 def _slot_as_before(module: nn.Module, attr: str, previous: Any) -> Any:

@@ -655,3 +655,29 @@ def test_a_patch_around_a_regions_wrapper_is_not_wrapped_again(how: str) -> None
     assert_bitwise(ref, got)
     assert [s.replays for s in rt.report().steps] == [3] * 5
     assert slots[2:] == [patches] * 3
+
+
+def test_a_forward_patched_and_unpatched_every_other_step_is_wrapped_once() -> None:
+    """``mock.patch.object(block, "forward", ...)`` on alternate steps: the patch's undo
+    puts the runtime's own wrapper back, which was taken for a new forward and wrapped
+    again, one level deeper each cycle; at exit the slot is as before the runtime."""
+    from types import MethodType
+    from unittest import mock
+
+    torch.manual_seed(0)
+    model = Stack([_Growing() for _ in range(3)])
+    block = model.blocks[0]
+
+    rt = offrecomp.runtime(model, mode="recompute", min_bytes=0)
+    seen: list[int] = []
+    with rt:
+        for step in range(8):
+            x = torch.randn(4, 16, generator=torch.Generator().manual_seed(step))
+            if step % 2:
+                with mock.patch.object(block, "forward", MethodType(type(block).forward, block)):
+                    model(x).backward()
+            else:
+                model(x).backward()
+            seen.append(len(rt._installer._restore))  # type: ignore[union-attr]
+    assert len(set(seen)) == 1, seen  # no wrapper, nor its restore, added per cycle
+    assert "forward" not in block.__dict__
