@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 if TYPE_CHECKING:
     from offrecomp.regions import Region
@@ -56,16 +55,16 @@ __all__ = [
     "count_module_assignment",
     "count_parameter_assignment",
     "count_tree_change",
-    "drop_hooks_since",
     "entry_values",
     "exit_attrs",
     "exit_values",
     "forward_hooked",
-    "hook_ids",
+    "hook_snapshot",
     "left_at_entry",
     "module_attrs",
     "module_children",
     "module_state",
+    "restore_hooks",
     "structure_epoch",
     "swap_attrs",
     "track_structure",
@@ -89,8 +88,8 @@ _SCALARS = (int, float, bool, str, type(None))
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                  "_global_backward_pre_hooks")
-#: Every hook table of a module, of torch's global module hooks, and of a tensor, keyed by
-#: the ids of ``RemovableHandle`` (NOTE [Hooks a replay registers]).
+#: Every hook table of a module, of torch's global module hooks, and of a tensor (NOTE
+#: [Hooks a replay registers]).
 _MODULE_HOOK_TABLES = (
     *_HOOK_DICTS, "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs",
     "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks",
@@ -118,15 +117,18 @@ def module_state(modules: tuple[nn.Module, ...]) -> tuple[Any, ...]:
 # keeping its handle in an attribute. Its replay sees those attributes as at the call's
 # entry (NOTE [Module attributes]) and registers the hook again, on a parameter or a
 # module that outlives the replay: the gradient would pass through both hooks from then
-# on, and a swapped hook would pile up, one more per step. Every hook torch registers
-# takes its id from one counter (``RemovableHandle.next_id``), the key of its entry in
-# its table. So a replay reads the counter before it runs and after (``hooks_since``);
-# where it moved, the entries with ids from that range are deleted from the hook tables
-# of the region's modules, of the tensors in their parameter and buffer slots, and of
-# torch's global module hooks: the model holds the hooks its forward left, as after a
-# plain step (better than ``torch.utils.checkpoint``, whose replay keeps a hook an
-# unguarded forward registers). A hook another thread registers on those objects while
-# the replay runs is deleted too.
+# on, and a swapped hook would pile up, one more per step. So a replay takes the items of the hook tables of the region's modules, of the tensors
+# in their parameter and buffer slots, and of torch's global module hooks before it runs
+# (``hook_snapshot``), and removes the hooks it registered after (``restore_hooks``): the
+# model holds the hooks its forward left, as after a plain step (better than
+# ``torch.utils.checkpoint``, whose replay keeps a hook an unguarded forward registers).
+# A replay that removed a hook registered before it swapped hooks: a forward that keeps
+# its handles in a list it empties in place finds the list as the forward left it,
+# removes the forward's hook and records its own in the list, as one keeping them in any
+# object outside its modules' attributes does. Its hooks then stand, as under
+# checkpoint: the list names them. A forward that does both, a swap and a registration
+# under a guard, keeps the guarded hook twice. A hook another thread registers on those
+# objects while the replay runs is removed too.
 
 
 def forward_hooked(modules: tuple[nn.Module, ...]) -> bool:
@@ -138,30 +140,49 @@ def forward_hooked(modules: tuple[nn.Module, ...]) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
 
 
-def hook_ids() -> int:
-    """The id the next hook torch registers takes (NOTE [Hooks a replay registers])."""
-    return RemovableHandle.next_id
-
-
-def drop_hooks_since(first: int, modules: tuple[nn.Module, ...]) -> bool:
-    """Delete the hooks registered since ``hook_ids()`` read ``first`` on ``modules``,
-    the tensors in their parameter and buffer slots, and torch's global module hooks;
-    True if there were any (NOTE [Hooks a replay registers])."""
-    last = RemovableHandle.next_id
-    if last == first:
-        return False
-    tables: list[Any] = [getattr(torch.nn.modules.module, n, None) for n in _GLOBAL_HOOK_TABLES]
+def hook_snapshot(modules: tuple[nn.Module, ...]) -> list[tuple[Any, str, Any, tuple[Any, ...]]]:
+    """The hook tables of ``modules``, of the tensors in their parameter and buffer slots,
+    and of torch's global module hooks, with what each holds: (owner, name, the table or
+    None, its items) (NOTE [Hooks a replay registers])."""
+    glob = torch.nn.modules.module
+    out: list[tuple[Any, str, Any, tuple[Any, ...]]] = []
+    for n in _GLOBAL_HOOK_TABLES:
+        t = getattr(glob, n, None)
+        out.append((glob, n, t, tuple(t.items()) if t else ()))
     for m in modules:
         d = m.__dict__
-        tables.extend(d.get(n) for n in _MODULE_HOOK_TABLES)
-        for t in itertools.chain(m._parameters.values(), m._buffers.values()):
-            if t is not None:
-                tables.extend(getattr(t, n, None) for n in _TENSOR_HOOK_TABLES)
+        for n in _MODULE_HOOK_TABLES:
+            t = d.get(n)
+            out.append((m, n, t, tuple(t.items()) if t else ()))
+        for x in itertools.chain(m._parameters.values(), m._buffers.values()):
+            if x is not None:
+                for n in _TENSOR_HOOK_TABLES:
+                    t = getattr(x, n, None)
+                    out.append((x, n, t, tuple(t.items()) if t else ()))
+    return out
+
+
+def restore_hooks(snapshot: list[tuple[Any, str, Any, tuple[Any, ...]]]) -> bool:
+    """Remove the hooks registered since ``snapshot`` was taken, unless one of the hooks it
+    holds was removed since: then the replay swapped hooks, as the state that holds their
+    handles now records, and its hooks stand. True if any was removed (NOTE [Hooks a
+    replay registers])."""
+    now_tables: list[tuple[Any, tuple[Any, ...]]] = []
+    for owner, name, table, items in snapshot:
+        now = owner.__dict__.get(name) if isinstance(owner, nn.Module) else getattr(owner, name, None)
+        if not now and not items:
+            continue
+        if now is None or (table is not None and now is not table):
+            continue  # rebound since (not by registering a hook): left as it is
+        if any(k not in now for k, _ in items):
+            return False  # a swap: what holds the handles now names the replay's hooks
+        now_tables.append((now, items))
     dropped = False
-    for table in tables:
-        if table:
-            for k in [k for k in table if type(k) is int and first <= k < last]:
-                del table[k]
+    for now, items in now_tables:
+        if len(now) != len(items):
+            before = {k for k, _ in items}
+            for k in [k for k in now if k not in before]:
+                del now[k]
                 dropped = True
     return dropped
 

@@ -60,11 +60,11 @@ from offrecomp.arg_state import ArgState, holding
 from offrecomp.arguments import replay_arguments
 from offrecomp.buffers import modified_buffers, swap_buffers
 from offrecomp.changes import (
-    drop_hooks_since,
     entry_values,
     exit_values,
-    hook_ids,
+    hook_snapshot,
     left_at_entry,
+    restore_hooks,
     swap_attrs,
 )
 from offrecomp.diagnostics import log_once
@@ -321,15 +321,15 @@ def _hooks_as_found(call: RegionCall) -> Iterator[None]:
     """NOTE [Hooks a replay registers] (changes.py): the hooks the replay registers on the
     region's modules and their tensors are gone after it."""
     region = call.region
-    first = hook_ids()
+    snapshot = hook_snapshot(region.modules) if region is not None else []
     try:
         yield
     finally:
-        if region is not None and drop_hooks_since(first, region.modules):
+        if restore_hooks(snapshot) and region is not None:
             log_once(
                 f"replay-hooks:{region.name}", logging.INFO,
-                "offrecomp: region %r registers hooks in its forward that its replays "
-                "register again; they are removed after each replay",
+                "offrecomp: region %r registers or removes hooks in its forward, which its "
+                "replays do again; each replay leaves the hooks as it found them",
                 region.name,
             )
 

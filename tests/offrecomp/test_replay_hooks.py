@@ -128,3 +128,49 @@ def test_forward_hooks_are_never_handed_placeholders(hooked_at: int) -> None:
             assert all(torch.equal(before[k], feats[k]) for k in before), f"step {step}"
     served = [r.served_ops for r in rt.report().steps]
     assert sum(served) > 0  # the replays still serve what the plan keeps
+
+
+class _SwapsThroughAList(nn.Module):
+    """Swaps its gradient hook at each call, the handles in a list it empties in place:
+    the list is the same object in a replay, which finds the forward's handle there."""
+
+    def __init__(self, h: int = 16) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(h, 2 * h), nn.Linear(2 * h, h)
+        self.handles: list[Any] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        self.handles.append(self.fc1.weight.register_hook(lambda g: g * 0.5))
+        return x + self.fc2(F.gelu(self.fc1(x)))
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto_tight"])
+def test_a_hook_swapped_through_a_list_stays_one(variant: str) -> None:
+    """The replay removes the forward's hook and records its own in the list: removing
+    the replay's, the backward ran with none (gradients doubled against plain's)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_SwapsThroughAList() for _ in range(3)])
+    ref_model = copy.deepcopy(model)
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(4, 16, generator=torch.Generator().manual_seed(s))
+
+    ref = train(_Scalar(ref_model), batch, None, steps=5)
+    budget = tight_budget(_Scalar(model), batch) if variant == "auto_tight" else None
+    m = copy.deepcopy(model)
+    got = train(_Scalar(m), batch, variant_runtime(m, variant, budget), steps=5)
+    for r, g in zip(ref, got):
+        assert r.keys() == g.keys() and all(torch.equal(r[k], g[k]) for k in r)
+    assert [len(b.fc1.weight._backward_hooks or {}) for b in m] == [1, 1, 1]
+
+
+class _Scalar(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x).square().mean()
