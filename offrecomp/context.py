@@ -284,9 +284,12 @@ class Runtime:
             self._entered = False
             return
         entered_on = self._thread
-        if self._entered and entered_on is not None and entered_on is not threading.current_thread():
+        if (
+            self._entered and entered_on is not None and entered_on is not threading.current_thread()
+            and entered_on.is_alive()
+        ):
             # saved-tensor hooks are per thread: the pair is on the entering thread's stack,
-            # which no other thread can reach
+            # which no other thread can reach (a thread that ended took its stack with it)
             raise RuntimeError(
                 f"offrecomp: the runtime was entered on thread {entered_on.name!r} and is left on "
                 f"thread {threading.current_thread().name!r}; its hooks are on the entering "

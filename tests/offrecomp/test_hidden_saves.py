@@ -187,6 +187,22 @@ def test_a_runtime_left_on_another_thread_is_refused_and_stays_active() -> None:
         pass
 
 
+def test_a_runtime_entered_on_a_thread_that_ended_is_left_anywhere() -> None:
+    """Its hook stack ended with the thread: the exit elsewhere is the only one there can
+    be (a trial run on a worker thread that ended by an exception, the next run on the
+    main thread)."""
+    import threading
+
+    m = models.Stack([models.MLPBlock(16) for _ in range(2)])
+    rt = offrecomp.runtime(m, mode="recompute", min_bytes=0)
+    worker = threading.Thread(target=lambda: (rt.__enter__(), m(torch.randn(4, 16)).backward()))
+    worker.start()
+    worker.join()
+    rt.__exit__(None, None, None)
+    with offrecomp.runtime(m, mode="recompute"):  # none active any more
+        m(torch.randn(4, 16)).backward()
+
+
 class Scale(nn.Module):
     """Saves nothing but the wrapped Python number autograd keeps past every hook."""
 
