@@ -81,6 +81,9 @@ class BufferState:
     """The exit's comparisons still on their way from the devices, one per device (NOTE
     [Buffer comparisons]); ``settle_buffers`` applies them."""
     untouched: list[tuple[int, int]] | None = None
+    offered: set[int] | None = None
+    """Slots of larger buffers it read whose copy it keeps, since a later call wrote them
+    unseen while its own comparison was still on its way (NOTE [Buffers written unseen])."""
     """(slot index, version at region exit) of the buffers the forward left as they were,
     filled at region exit: a replay reads the tensor the forward read (``objects``), which
     must not have been written since (``modified_buffers``)."""
@@ -139,6 +142,7 @@ def finish_buffers(state: BufferState | None) -> None:
             mutated.append(i)
         elif snap is not None and b.layout == torch.strided and _nbytes(snap) > READ_SNAPSHOT_MAX_BYTES:
             checked.append((i, False))  # kept if written unseen, else let go (NOTE [Buffer comparisons])
+            _note_reader(state, i)  # at its exit, in order, whenever its comparison comes back
             pairs.append((snap, b.detach()))
     later = {d: ks for d, ks in _by_device(pairs, cpu=True).items() if compares_later(d)}
     if later:  # NOTE [Buffer comparisons]: their flags come back while the forward goes on
@@ -189,9 +193,8 @@ def _apply(state: BufferState, checked: list[tuple[int, bool]], differs: list[bo
     assert mutated is not None  # finish_buffers ran
     for (i, rebound), d in zip(checked, differs):
         if not d:
-            state.snapshots[i] = None
-            if not rebound:
-                _note_reader(state, i)
+            if rebound or i not in (state.offered or ()):
+                state.snapshots[i] = None
         elif not rebound:
             mutated.append(i)
             state.untouched = [(j, v) for j, v in state.untouched or () if j != i]
@@ -362,6 +365,8 @@ def _give_readers(buffer: torch.Tensor, stamp: int, entry: torch.Tensor) -> None
             later.append(r)
         elif state.snapshots[i] is None:
             state.snapshots[i] = entry
+        else:  # its own comparison not applied yet: it keeps its copy of what it read
+            state.offered = (state.offered or set()) | {i}
     if later:
         _readers[id(buffer)] = later
 
@@ -380,8 +385,9 @@ def _give_readers(buffer: torch.Tensor, stamp: int, entry: torch.Tensor) -> None
 # the replay with an error (``modified_buffers``). One that did not is found by the
 # writing call's own exit, which compares the buffer with its entry copy: each earlier
 # call that read the buffer and kept no copy (a table by buffer of the calls still held,
-# ordered by their exits: ``exit_stamp``) takes that copy as its snapshot, and its
-# replay runs on it as on its own. The copy holds what the earlier call read unless
+# entered at their exits and ordered by them: ``exit_stamp``) takes that copy as its
+# snapshot, and its replay runs on it as on its own; one whose own comparison has not
+# come back yet (NOTE [Buffer comparisons]) keeps its copy when it does (``offered``). The copy holds what the earlier call read unless
 # the buffer was also written between the two calls, with its version unmoved, by code
 # no region call saw. Larger buffers still are never copied: such a write goes unseen.
 

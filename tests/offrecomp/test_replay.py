@@ -558,14 +558,23 @@ def test_a_parameter_detached_in_place_by_its_forward_stays_detached_after_a_rep
     check_variant(models.stack(_Freezing)(), lambda s: torch.randn(4, 16, generator=torch.Generator().manual_seed(s)), variant)
 
 
-@pytest.mark.parametrize("channels", [8, 20000])
-def test_batchnorm_statistics_updated_between_an_eval_forward_and_its_backward(channels: int) -> None:
+@pytest.mark.parametrize(("channels", "deferred"), [(8, False), (20000, False), (20000, True)])
+def test_batchnorm_statistics_updated_between_an_eval_forward_and_its_backward(
+    channels: int, deferred: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """NOTE [Buffers written unseen]: an eval forward with grad, then a train forward
     (the CPU BatchNorm kernel updates the running statistics without moving their
     version), then one backward of both: the eval call's replay reads the statistics it
     read, so gradients and statistics are plain's. 20,000 channels: statistics over
     READ_SNAPSHOT_MAX_BYTES, whose copy the eval call lets go at its exit (it took the
-    train call's, which found the write)."""
+    train call's, which found the write). ``deferred``: the exits' comparisons are read
+    later, and not back before the replays (a GPU that lags the host), as the CUDA
+    path does (NOTE [Buffer comparisons])."""
+    if deferred:
+        from offrecomp import buffers
+
+        monkeypatch.setattr(buffers, "compares_later", lambda device: True)
+        monkeypatch.setattr(buffers.PendingCompare, "ready", lambda self: False)
 
     class ScaleNormBlock(nn.Module):
         def __init__(self) -> None:
