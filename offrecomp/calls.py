@@ -38,7 +38,13 @@ from offrecomp.call_state import (
     warn_foreign,
     writes_foreign,
 )
-from offrecomp.changes import count_tree_change, module_attrs, module_children, structure_epoch
+from offrecomp.changes import (
+    count_tree_change,
+    module_attrs,
+    module_children,
+    same_objects,
+    structure_epoch,
+)
 from offrecomp.config import Config
 from offrecomp.diagnostics import kind, log_once, runs_collectives, warn_collective, warn_once
 from offrecomp.groups import reads_bytes_as_stored
@@ -124,7 +130,7 @@ class RegionCalls:
         p = self._life.forward_activity()
         if region.children_at != self._life.parts_begun:  # NOTE [Region refresh] (changes.py)
             region.children_at = self._life.parts_begun
-            if region.children != module_children(region.modules):
+            if not same_objects(region.children, module_children(region.modules)):
                 count_tree_change(region.module)
         if region.epoch != structure_epoch():
             region.refresh()

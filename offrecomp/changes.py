@@ -38,6 +38,7 @@ region and watch every call again at every step.
 from __future__ import annotations
 
 import itertools
+import operator
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +66,7 @@ __all__ = [
     "module_children",
     "module_state",
     "restore_hooks",
+    "same_objects",
     "structure_epoch",
     "swap_attrs",
     "track_structure",
@@ -132,8 +134,9 @@ def module_state(modules: tuple[nn.Module, ...]) -> tuple[Any, ...]:
 
 
 def forward_hooked(modules: tuple[nn.Module, ...]) -> bool:
-    """Does any forward hook or pre-hook of ``modules``, or a global one, see the tensors
-    their calls take and return (NOTE [Placeholders and hooks] in trace/structure.py)?"""
+    """Does any forward hook or pre-hook of ``modules`` (a region's submodules: a replay
+    calls the region's own forward, not its hooks), or a global one, see the tensors their
+    calls take and return (NOTE [Placeholders and hooks] in trace/structure.py)?"""
     glob = torch.nn.modules.module
     if glob._global_forward_hooks or glob._global_forward_pre_hooks:
         return True
@@ -356,6 +359,11 @@ def module_children(modules: tuple[nn.Module, ...]) -> list[Any]:
     """Every child each of ``modules`` holds, in order (a slot set to None included):
     what a region call compares with its region's last read (NOTE [Region refresh])."""
     return [c for m in modules for c in m._modules.values()]
+
+
+def same_objects(a: list[Any], b: list[Any]) -> bool:
+    """The same objects in the same order (by identity: a module may define ``__eq__``)."""
+    return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
 def count_tree_change(module: nn.Module) -> None:

@@ -435,10 +435,12 @@ def _add_compiled_forward(
 # outside the region (a feature store for distillation, an activation logger), which
 # the replay does not put back: it would keep garbage, where a plain replay hands it
 # the values the forward computed again, as torch.utils.checkpoint does. So a region
-# whose modules (or torch's global module hooks) have forward hooks when it is recorded
-# gets no placeholders, and its ops that only make such values run (``reads`` unknown:
-# the planner prices its replays by prefix); one hooked after its recording replays
-# without placeholders from then on (``RegionStructure.program``'s ``placeholders``).
+# whose submodules (or torch's global module hooks) have forward hooks when it is
+# recorded gets no placeholders, and its ops that only make such values run (``reads``
+# unknown: the planner prices its replays by prefix); one hooked after its recording
+# replays without placeholders from then on (``RegionStructure.program``'s
+# ``placeholders``). The region's own hooks do not count: a replay calls its forward,
+# not the module (FSDP2's hooks on a sharded block leave it its placeholders).
 # Attributes the forward sets on the region's own modules are put back after a replay
 # (NOTE [Module attributes] in changes.py); Python code in the forward itself that keeps
 # a tensor elsewhere (a global dict) is not seen.

@@ -174,3 +174,23 @@ class _Scalar(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.inner(x).square().mean()
+
+
+def test_hooks_on_the_region_itself_leave_it_its_placeholders() -> None:
+    """A replay calls the region's forward, not the module: hooks on the block itself
+    (FSDP2's on a sharded block) see no tensor of the replay, and placeholders stay."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_Logged() for _ in range(3)])
+    for b in model:
+        b.register_forward_hook(lambda mod, inp, out: None)
+    plan = offrecomp.Plan(
+        placements={(f"{b}", 0, 2): offrecomp.Placement.RECOMPUTE for b in range(3)},
+        default=offrecomp.Placement.KEEP,
+    )
+    with offrecomp.runtime(model, mode="auto", min_bytes=0, replay_op_us=0) as rt:
+        rt.set_plan(plan)
+        for step in range(4):
+            model(_batch(step)[0]).square().mean().backward()
+    structures = [s for e in rt.planner.entries.values() for s in e.structures.values()]
+    assert len(structures) == 3 and all(s.placeholders_ok for s in structures)
+    assert sum(r.served_ops for r in rt.report().steps) > 0
