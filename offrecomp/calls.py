@@ -40,6 +40,7 @@ from offrecomp.call_state import (
 )
 from offrecomp.changes import (
     count_tree_change,
+    hook_ids,
     module_attrs,
     module_children,
     same_objects,
@@ -144,6 +145,7 @@ class RegionCalls:
         p.call_counts[region.name] = n + 1
         call = RegionCall(name=region.name, call_index=n, ordinal=len(p.calls), region=region, forward_fn=original)
         call.pass_state = p
+        call.hooks_from = hook_ids()  # NOTE [Hooks a replay registers] (changes.py)
         if self.distributed and (
             region.name in self._planner.collective_regions or runs_collectives(region.module)
         ):
@@ -299,6 +301,7 @@ class RegionCalls:
                 call.snapshot_bytes = held
 
     def exit(self, call: RegionCall) -> None:
+        call.hooks_to = hook_ids()
         self._life.call_ended(call)
         region = call.region
         if call.collectives_at_entry >= 0 and tc.collective_sequence() != call.collectives_at_entry:

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 if TYPE_CHECKING:
     from offrecomp.regions import Region
@@ -60,16 +61,21 @@ __all__ = [
     "exit_attrs",
     "exit_values",
     "forward_hooked",
+    "drop_hooks_since",
+    "hide_hooks",
+    "hook_ids",
     "hook_snapshot",
     "left_at_entry",
     "module_attrs",
     "module_children",
     "module_state",
     "restore_hooks",
+    "restore_tree",
     "same_objects",
     "structure_epoch",
     "swap_attrs",
     "track_structure",
+    "tree_snapshot",
 ]
 
 #: Buffer assignments seen while a runtime is entered (NOTE [Buffer saves]).
@@ -119,18 +125,23 @@ def module_state(modules: tuple[nn.Module, ...]) -> tuple[Any, ...]:
 # keeping its handle in an attribute. Its replay sees those attributes as at the call's
 # entry (NOTE [Module attributes]) and registers the hook again, on a parameter or a
 # module that outlives the replay: the gradient would pass through both hooks from then
-# on, and a swapped hook would pile up, one more per step. So a replay takes the items of the hook tables of the region's modules, of the tensors
-# in their parameter and buffer slots, and of torch's global module hooks before it runs
-# (``hook_snapshot``), and removes the hooks it registered after (``restore_hooks``): the
-# model holds the hooks its forward left, as after a plain step (better than
-# ``torch.utils.checkpoint``, whose replay keeps a hook an unguarded forward registers).
-# A replay that removed a hook registered before it swapped hooks: a forward that keeps
-# its handles in a list it empties in place finds the list as the forward left it,
-# removes the forward's hook and records its own in the list, as one keeping them in any
-# object outside its modules' attributes does. Its hooks then stand, as under
-# checkpoint: the list names them. A forward that does both, a swap and a registration
-# under a guard, keeps the guarded hook twice. A hook another thread registers on those
-# objects while the replay runs is removed too.
+# on, and a swapped hook would pile up, one more per step. So a region call reads the id
+# of the next hook at its entry and exit (``hook_ids``: every hook torch registers takes
+# its id from one counter, the key of its entry in its table). Its replay takes the hook
+# tables of the region's modules, of the tensors in their parameter and buffer slots and
+# of torch's global module hooks (``hook_snapshot``), and their children, parameters,
+# and the lists, dicts and sets among their attributes that hold hook handles
+# (``tree_snapshot``); takes out the hooks the forward registered (``hide_hooks``),
+# which the replay registers again where the forward did, so that each acts once and
+# where it did; runs; and puts all of it back as it was (``restore_hooks``,
+# ``restore_tree``): the hooks and handles the forward left, and a submodule it built on
+# first use (a replay seeing the attribute at its entry value builds another), as after
+# a plain step. The replay's registrations on the model's other modules (a sibling
+# block, the root) are removed after it too (``drop_hooks_since``, over the modules the
+# runtime knows, only where one was registered). Not seen: a hook the loop registered
+# that the forward removed (the replay runs without it), handles kept outside the
+# model's modules (a global list), and a hook another thread registers or removes on
+# those objects while the replay runs.
 
 
 def forward_hooked(modules: tuple[nn.Module, ...]) -> bool:
@@ -165,29 +176,102 @@ def hook_snapshot(modules: tuple[nn.Module, ...]) -> list[tuple[Any, str, Any, t
     return out
 
 
+def hook_ids() -> int:
+    """The id the next hook torch registers takes: a region call reads it at its entry
+    and exit (NOTE [Hooks a replay registers])."""
+    return RemovableHandle.next_id
+
+
+def hide_hooks(snapshot: list[tuple[Any, str, Any, tuple[Any, ...]]], first: int, last: int) -> None:
+    """Take out of the tables of ``snapshot`` the hooks with ids in ``[first, last)``: those
+    a call's forward registered, which its replay registers again where the forward did."""
+    for _, _, table, items in snapshot:
+        if items:
+            for k in [k for k, _ in items if type(k) is int and first <= k < last]:
+                del table[k]
+
+
 def restore_hooks(snapshot: list[tuple[Any, str, Any, tuple[Any, ...]]]) -> bool:
-    """Remove the hooks registered since ``snapshot`` was taken, unless one of the hooks it
-    holds was removed since: then the replay swapped hooks, as the state that holds their
-    handles now records, and its hooks stand. True if any was removed (NOTE [Hooks a
-    replay registers])."""
-    now_tables: list[tuple[Any, tuple[Any, ...]]] = []
+    """Put every table of ``snapshot`` back as it was; True if any had changed."""
+    changed = False
     for owner, name, table, items in snapshot:
         now = owner.__dict__.get(name) if isinstance(owner, nn.Module) else getattr(owner, name, None)
         if not now and not items:
             continue
         if now is None or (table is not None and now is not table):
             continue  # rebound since (not by registering a hook): left as it is
-        if any(k not in now for k, _ in items):
-            return False  # a swap: what holds the handles now names the replay's hooks
-        now_tables.append((now, items))
+        if tuple(now.items()) != items:
+            now.clear()
+            now.update(items)
+            changed = True
+    return changed
+
+
+def drop_hooks_since(first: int, keep: tuple[nn.Module, ...]) -> bool:
+    """Remove the hooks registered since ``hook_ids()`` read ``first`` on the model's other
+    modules (not ``keep``) and their parameters and buffers: a replay's, on a sibling
+    block or the root (NOTE [Hooks a replay registers]); True if any."""
+    last = RemovableHandle.next_id
+    known = _model_modules[0]
+    if last == first or known is None:
+        return False
+    inside = {id(m) for m in keep}
     dropped = False
-    for now, items in now_tables:
-        if len(now) != len(items):
-            before = {k for k, _ in items}
-            for k in [k for k in now if k not in before]:
-                del now[k]
-                dropped = True
+    for m in list(known):
+        if id(m) in inside:
+            continue
+        d = m.__dict__
+        tables = [d.get(n) for n in _MODULE_HOOK_TABLES]
+        for x in itertools.chain(m._parameters.values(), m._buffers.values()):
+            if x is not None:
+                tables.extend(getattr(x, n, None) for n in _TENSOR_HOOK_TABLES)
+        for t in tables:
+            if t:
+                for k in [k for k in t if type(k) is int and first <= k < last]:
+                    del t[k]
+                    dropped = True
     return dropped
+
+
+def tree_snapshot(modules: tuple[nn.Module, ...]) -> list[tuple[Any, tuple[Any, ...]]]:
+    """The children and parameters each of ``modules`` holds, and the lists, dicts and
+    sets among their attributes that hold hook handles, with their items (NOTE [Hooks a
+    replay registers])."""
+    out: list[tuple[Any, tuple[Any, ...]]] = []
+    for m in modules:
+        out.append((m._modules, tuple(m._modules.items())))
+        out.append((m._parameters, tuple(m._parameters.items())))
+        for v in m.__dict__.values():
+            t = type(v)
+            if (t is list or t is set) and any(type(x) is RemovableHandle for x in v):
+                out.append((v, tuple(v)))
+            elif t is dict and any(type(x) is RemovableHandle for x in v.values()):
+                out.append((v, tuple(v.items())))
+    return out
+
+
+def restore_tree(snapshot: list[tuple[Any, tuple[Any, ...]]]) -> bool:
+    """Put every container of ``snapshot`` back as it was; True if any had changed."""
+    changed = False
+    for box, items in snapshot:
+        now = tuple(box.items()) if isinstance(box, dict) else tuple(box)
+        if len(now) == len(items) and all(map(_same_item, now, items)):
+            continue
+        changed = True
+        if isinstance(box, list):
+            box[:] = items
+        else:
+            box.clear()
+            box.update(items)
+    return changed
+
+
+def _same_item(a: Any, b: Any) -> bool:
+    """The same entry: an object, or a (key, object) pair, by identity (a module may
+    define ``__eq__``)."""
+    if type(a) is tuple and type(b) is tuple:
+        return a[0] == b[0] and a[1] is b[1]
+    return a is b
 
 
 # NOTE [Module attributes]

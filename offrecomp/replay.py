@@ -60,12 +60,17 @@ from offrecomp.arg_state import ArgState, holding
 from offrecomp.arguments import replay_arguments
 from offrecomp.buffers import modified_buffers, swap_buffers
 from offrecomp.changes import (
+    drop_hooks_since,
     entry_values,
     exit_values,
+    hide_hooks,
+    hook_ids,
     hook_snapshot,
     left_at_entry,
     restore_hooks,
+    restore_tree,
     swap_attrs,
+    tree_snapshot,
 )
 from offrecomp.diagnostics import log_once
 from offrecomp.interrupts import finish
@@ -318,18 +323,28 @@ def _attrs_as_entry(call: RegionCall) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _hooks_as_found(call: RegionCall) -> Iterator[None]:
-    """NOTE [Hooks a replay registers] (changes.py): the hooks the replay registers on the
-    region's modules and their tensors are gone after it."""
+    """NOTE [Hooks a replay registers] (changes.py): the replay runs with the hooks its
+    forward found at its entry, and leaves the hooks, children, parameters and hook
+    handles of the region's modules as it found them."""
     region = call.region
-    snapshot = hook_snapshot(region.modules) if region is not None else []
+    if region is None:
+        yield
+        return
+    mods = region.modules
+    hooks, tree, first = hook_snapshot(mods), tree_snapshot(mods), hook_ids()
+    if call.hooks_to > call.hooks_from:
+        hide_hooks(hooks, call.hooks_from, call.hooks_to)
     try:
         yield
     finally:
-        if restore_hooks(snapshot) and region is not None:
+        changed = restore_hooks(hooks)
+        changed = restore_tree(tree) or changed
+        changed = drop_hooks_since(first, mods) or changed
+        if changed:
             log_once(
                 f"replay-hooks:{region.name}", logging.INFO,
-                "offrecomp: region %r registers or removes hooks in its forward, which its "
-                "replays do again; each replay leaves the hooks as it found them",
+                "offrecomp: region %r registers or removes hooks, or sets children, in its "
+                "forward, which its replays do again; each replay leaves them as it found them",
                 region.name,
             )
 

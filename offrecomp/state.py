@@ -239,6 +239,10 @@ class RegionCall(_WeakReferable):
     end_mark: Any = None
     capture_seconds: float = 0.0
     """Host seconds its entry spent keeping what a replay needs (0: none kept); inside its span, from ``start_mark``."""
+    hooks_from: int = -1
+    hooks_to: int = -1
+    """The ids of the hooks its forward registered: ``[hooks_from, hooks_to)`` (NOTE
+    [Hooks a replay registers] in changes.py)."""
     replay_seconds: float = 0.0
     replays: int = 0
     served_ops: int = 0

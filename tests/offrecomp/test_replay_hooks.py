@@ -194,3 +194,123 @@ def test_hooks_on_the_region_itself_leave_it_its_placeholders() -> None:
     structures = [s for e in rt.planner.entries.values() for s in e.structures.values()]
     assert len(structures) == 3 and all(s.placeholders_ok for s in structures)
     assert sum(r.served_ops for r in rt.report().steps) > 0
+
+
+class _ScalesOnFirstUse(nn.Module):
+    """Registers, on first use, a forward hook on ``fc2`` that changes its output, and one
+    on a sibling block's weight (``other``)."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+        self.hooked = False
+        self.other: list[nn.Module] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.hooked:
+            self.fc2.register_forward_hook(lambda m, a, out: out * 1.5)
+            for o in self.other:
+                o.fc1.weight.register_hook(lambda g: g * 0.5)  # type: ignore[union-attr]
+            self.hooked = True
+        return x + torch.tanh(self.fc2(F.gelu(self.fc1(x))))
+
+
+class _BuildsOnFirstUse(nn.Module):
+    """Builds a submodule on first use, from an attribute that was None."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.proj: nn.Module | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.proj is None:
+            self.proj = nn.Linear(x.shape[-1], x.shape[-1])
+        return x + torch.tanh(self.fc(F.gelu(self.proj(x))))
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto_tight"])
+def test_a_replay_sees_the_hooks_its_forward_found(variant: str) -> None:
+    """The replay of the call that registered a forward hook ran with the forward's hook
+    and its own (the output scaled twice: every gradient off), and a hook it registered on
+    a sibling block's weight piled up."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_ScalesOnFirstUse() for _ in range(3)])
+    model[0].other.append(model[2])
+    ref_model = copy.deepcopy(model)
+    ref_model[0].other[:] = [ref_model[2]]
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(4, 16, generator=torch.Generator().manual_seed(s))
+
+    ref = train(_Scalar(ref_model), batch, None, steps=5)
+    budget = tight_budget(_Scalar(model), batch) if variant == "auto_tight" else None
+    m = copy.deepcopy(model)
+    m[0].other[:] = [m[2]]
+    got = train(_Scalar(m), batch, variant_runtime(m, variant, budget), steps=5)
+    for r, g in zip(ref, got):
+        assert r.keys() == g.keys() and all(torch.equal(r[k], g[k]) for k in r)
+    assert [len(b.fc2._forward_hooks) for b in m] == [1, 1, 1]
+    assert len(m[2].fc1.weight._backward_hooks or {}) == 1
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto_tight"])
+def test_a_submodule_built_on_first_use_is_the_forwards(variant: str) -> None:
+    """The replay saw the attribute at its entry value (None) and built another module,
+    which the model then held: the gradient went to the forward's, which it no longer
+    held."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_BuildsOnFirstUse() for _ in range(3)])
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(4, 16, generator=torch.Generator().manual_seed(s))
+
+    m = copy.deepcopy(model)
+    budget = tight_budget(_Scalar(model), batch) if variant == "auto_tight" else None
+    with variant_runtime(m, variant, budget):
+        for s in range(4):
+            torch.manual_seed(100 + s)  # the same first-use initialisation in both runs
+            _Scalar(m)(batch(s)).backward()
+            for b in m:
+                assert b.proj is not None and b.proj.weight.grad is not None  # the module the forward used
+    ref = copy.deepcopy(model)
+    for s in range(4):
+        torch.manual_seed(100 + s)
+        _Scalar(ref)(batch(s)).backward()
+    for (n, a), b in zip(ref.named_parameters(), m.parameters()):
+        assert torch.equal(a.grad, b.grad), n  # type: ignore[arg-type]
+
+
+def test_a_hook_swapped_through_a_list_by_a_block_called_twice() -> None:
+    """Each call's replay left the list naming its own hook: the first call's, replayed
+    last, stood where plain keeps the second call's."""
+
+    class ScaledByItsInput(_SwapsThroughAList):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for h in self.handles:
+                h.remove()
+            self.handles.clear()
+            s = float(x.detach().abs().mean())
+            self.handles.append(self.fc1.weight.register_hook(lambda g: g / (1.0 + s)))
+            return x + self.fc2(F.gelu(self.fc1(x)))
+
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = ScaledByItsInput()
+            self.other = ScaledByItsInput()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.other(self.block(self.block(x))).square().mean()
+
+    torch.manual_seed(0)
+    model = Twice()
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(4, 16, generator=torch.Generator().manual_seed(s))
+
+    ref = train(copy.deepcopy(model), batch, None, steps=4)
+    m = copy.deepcopy(model)
+    got = train(m, batch, offrecomp.runtime(m, mode="recompute", min_bytes=0, regions=[ScaledByItsInput]), steps=4)
+    for r, g in zip(ref, got):
+        assert all(torch.equal(r[k], g[k]) for k in r)
