@@ -250,7 +250,9 @@ def test_plan_id_is_stable_and_tracks_placements() -> None:
 def test_ten_thousand_storages_solve_fast() -> None:
     """A regression guard, not the performance claim: benchmarks/bench_solver.py measures
     that (docs/benchmarks.md). CPU time, best of seven, with headroom for a shared machine:
-    the 2-CPU CI machine's best reads 276-309 ms, so the bound is half as much again."""
+    the 2-CPU CI machine's best has read 276-309 ms, and 470-500 ms on a busy day (the
+    same tree), so the bound is three times the quiet reading: it catches a change of
+    the solver's order, not a machine's weather."""
     profile = gpt_profile(
         layers=667,
         hidden=4096,
@@ -270,7 +272,7 @@ def test_ten_thousand_storages_solve_fast() -> None:
         plan = solve(profile, budget_bytes=budget)
         best = min(best, time.process_time() - start)
     assert plan.feasible
-    assert best < 0.450, f"solve took {best * 1e3:.1f} ms of CPU time for 10k storages"
+    assert best < 0.900, f"solve took {best * 1e3:.1f} ms of CPU time for 10k storages"
 
 
 def test_family_members_carry_their_own_simulation(monkeypatch: pytest.MonkeyPatch) -> None:
