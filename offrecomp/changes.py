@@ -136,7 +136,9 @@ def module_state(modules: tuple[nn.Module, ...]) -> tuple[Any, ...]:
 # where it did; runs; and puts all of it back as it was (``restore_hooks``,
 # ``restore_tree``): the hooks and handles the forward left, and a submodule it built on
 # first use (a replay seeing the attribute at its entry value builds another), as after
-# a plain step. The replay's registrations on the model's other modules (a sibling
+# a plain step. A replay of a call whose forward registered no hook and changed no
+# attribute takes the same path as its forward, which registered nothing: it takes no
+# copies. The replay's registrations on the model's other modules (a sibling
 # block, the root) are removed after it too (``drop_hooks_since``, over the modules the
 # runtime knows, only where one was registered). Not seen: a hook the loop registered
 # that the forward removed (the replay runs without it), handles kept outside the

@@ -327,8 +327,8 @@ def _hooks_as_found(call: RegionCall) -> Iterator[None]:
     forward found at its entry, and leaves the hooks, children, parameters and hook
     handles of the region's modules as it found them."""
     region = call.region
-    if region is None:
-        yield
+    if region is None or not (call.hooks_to > call.hooks_from or call.attrs):
+        yield  # a forward that registered no hook and set no attribute: its replay neither
         return
     mods = region.modules
     hooks, tree, first = hook_snapshot(mods), tree_snapshot(mods), hook_ids()
