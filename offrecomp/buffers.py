@@ -28,10 +28,13 @@ __all__ = [
     "differ",
     "differ_at_once",
     "finish_buffers",
+    "give_writes",
+    "has_readers",
     "modified_buffers",
     "settle_buffers",
     "snapshot_bytes",
     "swap_buffers",
+    "watch_writes",
 ]
 
 #: Buffers larger than this are not snapshotted at region entry (NOTE [Replay and module
@@ -353,6 +356,36 @@ def _note_reader(state: BufferState, i: int) -> None:
             del _readers[k]
 
 
+def has_readers() -> bool:
+    """Do calls that read a larger buffer and kept no copy of it wait for their replays?"""
+    return bool(_readers)
+
+
+def watch_writes(slots: tuple[tuple[nn.Module, str], ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Copies of the buffers of ``slots`` that held calls read without keeping a copy, taken
+    before a region's forward that is no call of the runtime's (one under ``no_grad``);
+    ``give_writes`` hands them to those calls if the forward wrote them (NOTE [Buffers
+    written unseen])."""
+    out = []
+    for m, n in slots:
+        b = buffer_of(m, n)
+        if b is not None and id(b) in _readers and _nbytes(b) <= BUFFER_SNAPSHOT_MAX_BYTES:
+            out.append((b, b.detach().clone()))
+    return out
+
+
+def give_writes(copies: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """The forward ``watch_writes`` watched returned: the buffers it wrote go to their
+    readers' replays as they were before it."""
+    if not copies:
+        return
+    stamp = next(_exit_stamps)
+    written = differ([(c, b.detach()) for b, c in copies])
+    for (b, c), d in zip(copies, written):
+        if d:
+            _give_readers(b, stamp, c)
+
+
 def _give_readers(buffer: torch.Tensor, stamp: int, entry: torch.Tensor) -> None:
     """A call that exited at ``stamp`` wrote ``buffer`` unseen; ``entry`` holds its values
     at that call's entry: each earlier reader without a copy takes it."""
@@ -389,7 +422,11 @@ def _give_readers(buffer: torch.Tensor, stamp: int, entry: torch.Tensor) -> None
 # snapshot, and its replay runs on it as on its own; one whose own comparison has not
 # come back yet (NOTE [Buffer comparisons]) keeps its copy when it does (``offered``). The copy holds what the earlier call read unless
 # the buffer was also written between the two calls, with its version unmoved, by code
-# no region call saw. Larger buffers still are never copied: such a write goes unseen.
+# no region call saw. A region's forward under ``torch.no_grad`` (a train-mode pass for
+# pseudo-labels, a statistics recalibration) is no call of the runtime's: where held calls
+# read its buffers without a copy, it copies them before it runs (``watch_writes``) and
+# hands over those it wrote (``give_writes``). Larger buffers still are never copied:
+# such a write goes unseen.
 
 
 # NOTE [Replay and buffer slots]

@@ -97,6 +97,7 @@ from torch.nn.modules.module import (
 from offrecomp import _torch_compat as tc
 from offrecomp import backward_entry
 from offrecomp.arg_state import ARG_STATE_MAX_ITEMS, ARG_STATE_PER_REGION
+from offrecomp.buffers import give_writes, has_readers, watch_writes
 from offrecomp.calls import RegionCalls
 from offrecomp.changes import (
     count_buffer_assignment,
@@ -571,7 +572,12 @@ class Installer:
                 compiling = _EVAL_FRAME_CALLBACK is not None and bool(_EVAL_FRAME_CALLBACK())
                 call = begin_h(region, original, args, kwargs, compiling)
                 if call is None:
-                    return original(*args, **kwargs)
+                    if not has_readers() or torch.is_grad_enabled() or in_replay():
+                        return original(*args, **kwargs)
+                    copies = watch_writes(region.slots)  # NOTE [Buffers written unseen] (buffers.py)
+                    out = original(*args, **kwargs)
+                    give_writes(copies)
+                    return out
                 try:
                     out = original(*args, **kwargs)
                 except BaseException as exc:

@@ -609,6 +609,46 @@ def test_batchnorm_statistics_updated_between_an_eval_forward_and_its_backward(
             assert all(torch.equal(x, y) for x, y in zip(a, b)), mode
 
 
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_batchnorm_statistics_a_no_grad_train_forward_updates_before_the_backward(mode: str) -> None:
+    """NOTE [Buffers written unseen]: an eval forward with grad, a train-mode forward under
+    ``no_grad`` (pseudo-labels), then the first one's backward: the forward under
+    ``no_grad`` is no call of the runtime's, and the eval call's replay read the
+    statistics it wrote (over 64 KiB: no copy of its own)."""
+    channels = 20000
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.linspace(0.5, 1.5, channels))
+            self.bn = nn.BatchNorm1d(channels)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + torch.tanh(self.bn(x * self.w))
+
+    def step(m: nn.Module, s: int) -> list[torch.Tensor]:
+        x = torch.randn(8, channels, generator=torch.Generator().manual_seed(s))
+        m.eval()
+        loss = m(x * 0.5).square().mean()
+        m.train()
+        with torch.no_grad():
+            m(x)
+        loss.backward()
+        out = [p.grad.clone() for p in m.parameters()] + [b.clone() for b in m.buffers()]  # type: ignore[union-attr]
+        m.zero_grad()
+        return out
+
+    torch.manual_seed(0)
+    base = nn.Sequential(Block(), Block())
+    ref_m = copy.deepcopy(base)
+    ref = [step(ref_m, s) for s in range(3)]
+    m = copy.deepcopy(base)
+    with offrecomp.runtime(m, mode=mode, min_bytes=0, budget=1 if mode == "auto" else None):
+        got = [step(m, s) for s in range(3)]
+    for a, b in zip(ref, got):
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), mode
+
+
 class WritesItsInput(nn.Module):
     """An in-place activation on its input first thing: legal for autograd, since nothing
     saved the input, but a replay from the input would start from the written values."""
