@@ -369,7 +369,17 @@ def watch_writes(slots: tuple[tuple[nn.Module, str], ...]) -> list[tuple[torch.T
     out = []
     for m, n in slots:
         b = buffer_of(m, n)
-        if b is not None and id(b) in _readers and _nbytes(b) <= BUFFER_SNAPSHOT_MAX_BYTES:
+        if b is None:
+            continue
+        readers = _readers.get(id(b))
+        if readers is None:
+            continue
+        live = [r for r in readers if r[0]() is b and r[1]() is not None]
+        if not live:  # their calls were released: none waits for a replay
+            del _readers[id(b)]
+            continue
+        _readers[id(b)] = live
+        if _nbytes(b) <= BUFFER_SNAPSHOT_MAX_BYTES:
             out.append((b, b.detach().clone()))
     return out
 

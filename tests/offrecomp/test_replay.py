@@ -649,6 +649,31 @@ def test_batchnorm_statistics_a_no_grad_train_forward_updates_before_the_backwar
         assert all(torch.equal(x, y) for x, y in zip(a, b)), mode
 
 
+def test_an_evaluation_under_no_grad_after_the_steps_copies_no_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The calls that read the statistics were released with their backward: an
+    evaluation under ``no_grad`` has no reader to copy them for."""
+    from offrecomp import buffers, install
+
+    channels = 20000
+    copies: list[int] = []
+
+    def counted(slots: Any) -> Any:
+        out = buffers.watch_writes(slots)
+        copies.append(len(out))
+        return out
+
+    monkeypatch.setattr(install, "watch_writes", counted)
+    m = nn.Sequential(nn.BatchNorm1d(channels), nn.BatchNorm1d(channels))
+    with offrecomp.runtime(m, mode="recompute", min_bytes=0, regions=[nn.BatchNorm1d]):
+        for s in range(3):
+            x = torch.randn(8, channels, generator=torch.Generator().manual_seed(s), requires_grad=True)
+            m.eval()
+            m(x).square().mean().backward()
+            with torch.no_grad():
+                m(x)
+    assert copies and not any(copies), copies
+
+
 class WritesItsInput(nn.Module):
     """An in-place activation on its input first thing: legal for autograd, since nothing
     saved the input, but a replay from the input would start from the written values."""
