@@ -151,6 +151,17 @@ HOOK_SAMPLE = 16
 # run no hook (NOTE [Native keep] in native.py).
 
 
+def _input_storage(t: Any) -> Any:
+    """The storage of a tensor a region call takes as an input that can be placed: a plain
+    strided tensor that is no view of a parameter; else None."""
+    if type(t) is not torch.Tensor or t.layout is not _STRIDED or t.is_nested or t.is_meta:
+        return None
+    base = t._base
+    if base is not None and isinstance(base, nn.Parameter):
+        return None
+    return t.untyped_storage()
+
+
 class Placer:
     """Pack/unpack for one runtime. All state lives in the pass objects (state.py); the
     placement of a new storage is ``Placements.decide``'s."""
@@ -451,45 +462,30 @@ class Placer:
         """Register the tensors ``call``'s argument objects hold (``ArgState.tensors``) as
         its region inputs, only kept (NOTE [Inputs held by arguments] in calls.py)."""
         window = lookup_window(p, call)  # once for them all
-        by_ptr, storages, recorder, stats = call.by_ptr, call.storages, call.recorder, p.stats
-        native, mode = self._config.native_keep, self._config.mode
+        recorder = call.recorder
         for t, _, _ in tensors:
-            if type(t) is not torch.Tensor or t.layout is not _STRIDED or t.is_nested or t.is_meta:
-                continue
-            base = t._base
-            if base is not None and isinstance(base, nn.Parameter):
-                continue
-            storage = t.untyped_storage()
-            ptr = storage.data_ptr()
-            rec = by_ptr.get(ptr)
+            storage = _input_storage(t)
+            ptr = storage.data_ptr() if storage is not None else 0
+            rec = call.by_ptr.get(ptr)
             if not ptr or (rec is not None and not rec.released and rec() is storage):
-                continue  # empty, or a storage of the call's already
+                continue  # none, empty, or a storage of the call's already
             nbytes = storage.nbytes()
-            rec = _new_rec(StorageRec, storage, call, len(storages), nbytes, ptr, KEEP)
+            rec = _new_rec(StorageRec, storage, call, len(call.storages), nbytes, ptr, KEEP)
             rec.kind = "input"
             rec.by_argument = True
             rec.tensor = t
             if recorder is not None:  # not known: no op reading it is served (NOTE [Which ops replay runs])
                 rec.sid = recorder.storage_id(t)
-            storages.append(rec)
-            by_ptr[ptr] = rec
-            stats.input_bytes += nbytes
-            other = rec.same_as = counting_record(call, ptr, storage, window, native, mode)
-            if other is not None and other.resident:
-                rec.shared = True  # NOTE [Inputs counted once]
-                other.sharers += 1
-                stats.kept_bytes += nbytes
-                continue
-            stats.keep(rec)
-            join_counted(p, rec, ptr, storage)  # NOTE [Activations counted once]
+            call.storages.append(rec)
+            call.by_ptr[ptr] = rec
+            p.stats.input_bytes += nbytes
+            self._count_input(p, rec, ptr, storage, window, None)
 
     def add_input_storage(self, p: PassState, call: RegionCall, t: torch.Tensor) -> StorageRec | None:
         """Register a region input (the replay checkpoint) as a placeable storage."""
-        if type(t) is not torch.Tensor or t.layout != torch.strided or t.is_nested or t.device.type == "meta":
+        storage = _input_storage(t)
+        if storage is None:
             return None
-        if t._base is not None and isinstance(t._base, nn.Parameter):
-            return None
-        storage = t.untyped_storage()
         ptr = storage.data_ptr()
         rec = call.by_ptr.get(ptr)
         if rec is not None and not rec.released and rec() is storage:
@@ -504,23 +500,32 @@ class Placer:
         call.storages.append(rec)
         call.by_ptr[ptr] = rec
         p.stats.input_bytes += nbytes
-        # the books need the other record of a kept input; a profile, of any input
-        config = self._config
-        other = (
-            counting_record(call, ptr, storage, lookup_window(p, call), config.native_keep, config.mode)
-            if placement is KEEP or call.recorder is not None else None
-        )
-        rec.same_as = other
         if placement is KEEP:
             rec.tensor = t
-            if fallback is None and other is not None and other.resident:
-                rec.shared = True  # NOTE [Inputs counted once]
-                other.sharers += 1
-                p.stats.kept_bytes += nbytes
-                return rec
-        self._account(p, rec, fallback)
-        join_counted(p, rec, ptr, storage)  # NOTE [Activations counted once]
+        # the books need the other record of a kept input; a profile, of any input
+        window = lookup_window(p, call) if placement is KEEP or call.recorder is not None else None
+        self._count_input(p, rec, ptr, storage, window, fallback)
         return rec
+
+    def _count_input(
+        self, p: PassState, rec: StorageRec, ptr: int, storage: Any,
+        window: tuple[RegionCall | None, ...] | None, fallback: str | None,
+    ) -> None:
+        """Book a placed region input: nothing more where a resident record of ``window``
+        counts its storage (NOTE [Inputs counted once]), else as placed, the storage's
+        counting record if it is the first (NOTE [Activations counted once])."""
+        config = self._config
+        other = rec.same_as = (
+            counting_record(rec.call, ptr, storage, window, config.native_keep, config.mode)
+            if window is not None else None
+        )
+        if rec.placement is KEEP and fallback is None and other is not None and other.resident:
+            rec.shared = True
+            other.sharers += 1
+            p.stats.kept_bytes += rec.nbytes
+            return
+        self._account(p, rec, fallback)
+        join_counted(p, rec, ptr, storage)
 
     # ---------------------------------------------------------------- release
 

@@ -93,8 +93,8 @@ def counting_record(
             continue
         rec = c.by_ptr.get(ptr)
         if rec is not None and rec.index >= 0 and rec() is storage:
-            if native and c.fixed is KEEP and (c.kept_whole or mode == "keep") and c.ordinal >= 0:
-                continue  # a region call kept whole (keeps_whole(c, mode)); the root always has records
+            if native and c.ordinal >= 0 and keeps_whole(c, mode):
+                continue  # a region call kept whole; the root always has records
             other = rec
             break
     while other is not None and other.shared and other.same_as is not None:
