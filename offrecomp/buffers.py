@@ -84,12 +84,12 @@ class BufferState:
     """The exit's comparisons still on their way from the devices, one per device (NOTE
     [Buffer comparisons]); ``settle_buffers`` applies them."""
     untouched: list[tuple[int, int]] | None = None
-    offered: set[int] | None = None
-    """Slots of larger buffers it read whose copy it keeps, since a later call wrote them
-    unseen while its own comparison was still on its way (NOTE [Buffers written unseen])."""
     """(slot index, version at region exit) of the buffers the forward left as they were,
     filled at region exit: a replay reads the tensor the forward read (``objects``), which
     must not have been written since (``modified_buffers``)."""
+    offered: set[int] | None = None
+    """Slots of larger buffers it read whose copy it keeps, since a later call wrote them
+    unseen while its own comparison was still on its way (NOTE [Buffers written unseen])."""
 
     def strides(self) -> list[tuple[int, ...] | None]:
         """The strides of the buffers a replay reads: the tensor each slot held at entry
@@ -335,12 +335,14 @@ def _device_flags(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tenso
     return torch.stack([torch.ne(a, b).any() for a, b in pairs])
 
 
+#: A call that read a larger buffer and kept no copy: the buffer and the call's state,
+#: weakly, and the buffer's slot there.
+_Reader = tuple["weakref.ref[torch.Tensor]", "weakref.ref[BufferState]", int]
 #: Order of region calls' exits (``BufferState.exit_stamp``).
 _exit_stamps = itertools.count(1)
-#: The calls that read a larger buffer and kept no copy of it, by the buffer's id: the
-#: buffer and each call's state, weakly, and the buffer's slot there (NOTE [Buffers
-#: written unseen]). Tensors compare by value, so they key no dict themselves.
-_readers: dict[int, list[tuple[weakref.ref[torch.Tensor], weakref.ref[BufferState], int]]] = {}
+#: The calls that read a larger buffer and kept no copy of it, by the buffer's id (NOTE
+#: [Buffers written unseen]). Tensors compare by value, so they key no dict themselves.
+_readers: dict[int, list[_Reader]] = {}
 
 
 def _note_reader(state: BufferState, i: int) -> None:
@@ -349,11 +351,16 @@ def _note_reader(state: BufferState, i: int) -> None:
         return
     readers = _readers.setdefault(id(b), [])
     if len(readers) >= 64:  # calls released since
-        readers[:] = [r for r in readers if r[0]() is b and r[1]() is not None]
+        readers[:] = _live(readers, b)
     readers.append((weakref.ref(b), weakref.ref(state), i))
     if len(_readers) > 1024:  # buffers gone since
         for k in [k for k, rs in _readers.items() if all(r[0]() is None for r in rs)]:
             del _readers[k]
+
+
+def _live(readers: list[_Reader], b: torch.Tensor) -> list[_Reader]:
+    """The entries of ``readers`` of ``b`` whose calls are still held."""
+    return [r for r in readers if r[0]() is b and r[1]() is not None]
 
 
 def has_readers() -> bool:
@@ -374,7 +381,7 @@ def watch_writes(slots: tuple[tuple[nn.Module, str], ...]) -> list[tuple[torch.T
         readers = _readers.get(id(b))
         if readers is None:
             continue
-        live = [r for r in readers if r[0]() is b and r[1]() is not None]
+        live = _live(readers, b)
         if not live:  # their calls were released: none waits for a replay
             del _readers[id(b)]
             continue
@@ -430,9 +437,9 @@ def _give_readers(buffer: torch.Tensor, stamp: int, entry: torch.Tensor) -> None
 # call that read the buffer and kept no copy (a table by buffer of the calls still held,
 # entered at their exits and ordered by them: ``exit_stamp``) takes that copy as its
 # snapshot, and its replay runs on it as on its own; one whose own comparison has not
-# come back yet (NOTE [Buffer comparisons]) keeps its copy when it does (``offered``). The copy holds what the earlier call read unless
-# the buffer was also written between the two calls, with its version unmoved, by code
-# no region call saw. A region's forward under ``torch.no_grad`` (a train-mode pass for
+# come back yet (NOTE [Buffer comparisons]) keeps its copy when it does (``offered``).
+# The copy holds what the earlier call read unless the buffer was also written between
+# the two calls, with its version unmoved, by code no region call saw. A region's forward under ``torch.no_grad`` (a train-mode pass for
 # pseudo-labels, a statistics recalibration) is no call of the runtime's: where held calls
 # read its buffers without a copy, it copies them before it runs (``watch_writes``) and
 # hands over those it wrote (``give_writes``). Larger buffers still are never copied:
