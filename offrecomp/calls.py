@@ -2,9 +2,9 @@
 
 At entry a call joins its pass, gets its plan, captures what a replay needs (inputs,
 RNG, autocast, buffers, parameters: regions.py, arguments.py and arg_state.py) and, in a
-measuring pass, starts its op recorder. At exit it checks whether the forward wrote state a replay would need as it
-was (call_state.py), issues its offload group, and derives the region's structure from
-the recording.
+measuring pass, starts its op recorder. At exit it checks whether the forward wrote
+state a replay would need as it was (call_state.py), issues its offload group, and
+derives the region's structure from the recording.
 """
 
 from __future__ import annotations

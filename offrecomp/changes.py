@@ -57,11 +57,11 @@ __all__ = [
     "count_module_assignment",
     "count_parameter_assignment",
     "count_tree_change",
+    "drop_hooks_since",
     "entry_values",
     "exit_attrs",
     "exit_values",
     "forward_hooked",
-    "drop_hooks_since",
     "hide_hooks",
     "hook_ids",
     "hook_snapshot",
@@ -146,14 +146,14 @@ def module_state(modules: tuple[nn.Module, ...]) -> tuple[Any, ...]:
 # those objects while the replay runs.
 
 
-def forward_hooked(modules: tuple[nn.Module, ...]) -> bool:
-    """Does any forward hook or pre-hook of ``modules`` (a region's submodules: a replay
-    calls the region's own forward, not its hooks), or a global one, see the tensors their
-    calls take and return (NOTE [Placeholders and hooks] in trace/structure.py)?"""
+def forward_hooked(region: Region) -> bool:
+    """Does any forward hook or pre-hook of ``region``'s submodules (a replay calls the
+    region's own forward, not its hooks), or a global one, see the tensors their calls
+    take and return (NOTE [Placeholders and hooks] in trace/structure.py)?"""
     glob = torch.nn.modules.module
     if glob._global_forward_hooks or glob._global_forward_pre_hooks:
         return True
-    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+    return any(m._forward_hooks or m._forward_pre_hooks for m in region.modules[1:])
 
 
 def hook_snapshot(modules: tuple[nn.Module, ...]) -> list[tuple[Any, str, Any, tuple[Any, ...]]]:
@@ -161,20 +161,20 @@ def hook_snapshot(modules: tuple[nn.Module, ...]) -> list[tuple[Any, str, Any, t
     and of torch's global module hooks, with what each holds: (owner, name, the table or
     None, its items) (NOTE [Hooks a replay registers])."""
     glob = torch.nn.modules.module
-    out: list[tuple[Any, str, Any, tuple[Any, ...]]] = []
-    for n in _GLOBAL_HOOK_TABLES:
-        t = getattr(glob, n, None)
-        out.append((glob, n, t, tuple(t.items()) if t else ()))
+    tables = [(glob, n, getattr(glob, n, None)) for n in _GLOBAL_HOOK_TABLES]
     for m in modules:
-        d = m.__dict__
-        for n in _MODULE_HOOK_TABLES:
-            t = d.get(n)
-            out.append((m, n, t, tuple(t.items()) if t else ()))
-        for x in itertools.chain(m._parameters.values(), m._buffers.values()):
-            if x is not None:
-                for n in _TENSOR_HOOK_TABLES:
-                    t = getattr(x, n, None)
-                    out.append((x, n, t, tuple(t.items()) if t else ()))
+        tables += _hook_tables(m)
+    return [(owner, n, t, tuple(t.items()) if t else ()) for owner, n, t in tables]
+
+
+def _hook_tables(m: nn.Module) -> list[tuple[Any, str, Any]]:
+    """(owner, name, the table or None) of each hook table of ``m`` and of the tensors in
+    its parameter and buffer slots."""
+    d = m.__dict__
+    out: list[tuple[Any, str, Any]] = [(m, n, d.get(n)) for n in _MODULE_HOOK_TABLES]
+    for x in itertools.chain(m._parameters.values(), m._buffers.values()):
+        if x is not None:
+            out += [(x, n, getattr(x, n, None)) for n in _TENSOR_HOOK_TABLES]
     return out
 
 
@@ -197,7 +197,7 @@ def restore_hooks(snapshot: list[tuple[Any, str, Any, tuple[Any, ...]]]) -> bool
     """Put every table of ``snapshot`` back as it was; True if any had changed."""
     changed = False
     for owner, name, table, items in snapshot:
-        now = owner.__dict__.get(name) if isinstance(owner, nn.Module) else getattr(owner, name, None)
+        now = getattr(owner, name, None)
         if not now and not items:
             continue
         if now is None or (table is not None and now is not table):
@@ -222,12 +222,7 @@ def drop_hooks_since(first: int, keep: tuple[nn.Module, ...]) -> bool:
     for m in list(known):
         if id(m) in inside:
             continue
-        d = m.__dict__
-        tables = [d.get(n) for n in _MODULE_HOOK_TABLES]
-        for x in itertools.chain(m._parameters.values(), m._buffers.values()):
-            if x is not None:
-                tables.extend(getattr(x, n, None) for n in _TENSOR_HOOK_TABLES)
-        for t in tables:
+        for _, _, t in _hook_tables(m):
             if t:
                 for k in [k for k in t if type(k) is int and first <= k < last]:
                     del t[k]

@@ -309,7 +309,7 @@ class Regenerator:
 def _hooked(call: RegionCall) -> bool:
     """Module hooks see the tensors of ``call``'s region now (NOTE [Placeholders and hooks]
     in trace/structure.py)."""
-    return call.region is not None and forward_hooked(call.region.modules[1:])
+    return call.region is not None and forward_hooked(call.region)
 
 
 def _recording(call: RegionCall) -> RegionStructure | None:

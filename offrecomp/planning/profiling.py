@@ -82,7 +82,7 @@ def record_structure(call: RegionCall, *, min_bytes: int, opaque: bool) -> None:
         # the ops' times count from the end of the call's checkpoint (NOTE [Host time])
         call.start_mark.host + call.capture_seconds if call.start_mark is not None else 0.0,
         compiled=region is not None and (region.compiled or region.backward_in_forward or opaque),
-        hooked=region is not None and forward_hooked(region.modules[1:]),  # NOTE [Placeholders and hooks]
+        hooked=region is not None and forward_hooked(region),  # NOTE [Placeholders and hooks]
     )
     call.structure.layout = call.layout()
     call.structure.arguments = call.inputs.plain_values() if call.inputs is not None else None
