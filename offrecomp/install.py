@@ -57,32 +57,13 @@ _Installed instead: it calls the wrapper, and a deep copy or a pickle of it is w
 slot held before (the module's own forward, bound to the copy), so the copy is a plain
 module the runtime does not manage. inspect.signature still sees the forward's signature
 through __wrapped__.
-
-NOTE [Forwards replaced while entered]
-Code that sets a region's ``forward`` while the runtime is entered (a library binding a
-forward of its own, ``block.forward = MethodType(fn, block)``, or ``del block.forward``)
-takes the runtime's wrapper out of the region's calls: the block would run plainly,
-every activation kept, and leave ``explain()``. At each root forward the runtime
-compares each region's ``forward`` slot with the value it last saw there (about 0.1 us
-a region). A new forward that calls the wrapper (a patch around it:
-accelerate's hooks, ``functools.wraps``, a closure over the old ``block.forward``) is
-left as it is: the region's calls still go through the wrapper, and a second wrapper
-would put the patch's own work inside the region. Any other gets a wrapper of its own,
-whose replays call the new forward, and exit puts the new forward back. A patch that
-calls the old wrapper in a way not followed (a global, an attribute read at call time)
-is wrapped too: the old wrapper inside it then runs its forward plainly, as a region
-call is running, so the region is the patched forward. A root whose ``forward`` is
-replaced so is not followed: its regions' calls then begin its passes (NOTE [Pass
-signatures]).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import logging
-import types
 from collections.abc import Callable
 from typing import Any, TypeGuard
 
@@ -118,6 +99,7 @@ from offrecomp.diagnostics import (
     warn_other_thread,
     world_size,
 )
+from offrecomp.forward_patches import calls_one_of
 from offrecomp.interrupts import finish
 from offrecomp.lifecycle import Lifecycle
 from offrecomp.native import NativeKeep
@@ -167,7 +149,7 @@ class Installer:
         self.hooks_ctx: Any = None
         self._native = NativeKeep(config, self._own_hooks)
         self._restore: list[Callable[[], None]] = []
-        # NOTE [Forwards replaced while entered]: per region wrapped in its forward slot, its
+        # NOTE [Forwards replaced while entered] (forward_patches.py): per region wrapped in its forward slot, its
         # wrapper and the slot's value last seen going through it
         self._forwards: dict[Region, tuple[_Installed, Any]] = {}
         self._opt_hook: Any = None
@@ -333,7 +315,7 @@ class Installer:
         ``forward`` slot holds ``slot`` (None: none) instead of ``seen``."""
         if _own_forward(slot, region.module):
             return slot, slot  # one of its own wrappers, put back (a patch undone: mock.patch's exit)
-        if slot is not None and _calls_one_of(slot, (wrapper, seen)):
+        if slot is not None and calls_one_of(slot, (wrapper, seen)):
             return wrapper, slot  # a patch around the wrapper (accelerate's): its calls still go through it
         log.info(
             "offrecomp: region %s's forward was replaced while the runtime is entered (by %s); "
@@ -428,8 +410,9 @@ class Installer:
     def _wrap_forward(self, module: nn.Module, make: Make, *, first: bool = True) -> _Installed:
         """Put the runtime's wrapper in ``module``'s ``forward`` slot. The ``first`` one
         registers the restore at exit, which also undoes the wrappers later put around a
-        forward replaced while entered (NOTE [Forwards replaced while entered]): each of
-        those gives the slot back the forward it went around."""
+        forward replaced while entered (NOTE [Forwards replaced while entered] in
+        forward_patches.py): each of those gives the slot back the forward it went
+        around."""
         had_instance_attr = "forward" in module.__dict__
         previous = module.__dict__.get("forward")
         original = module.forward
@@ -743,37 +726,6 @@ def _unwrap(module: nn.Module, attr: str) -> bool:
     else:
         setattr(module, attr, wrapped.previous)
     return True
-
-
-def _calls_one_of(fn: Any, targets: tuple[Any, ...]) -> bool:
-    """Does the forward ``fn`` reach one of ``targets`` (NOTE [Forwards replaced while
-    entered])? Followed, four levels deep, through ``__wrapped__`` (``functools.wraps``),
-    a bound method's function, a partial's function and arguments, and a function's
-    closure cells and defaults."""
-    todo = [fn]
-    for _ in range(4):
-        if any(f is t for f in todo for t in targets):
-            return True
-        todo = [r for f in todo for r in _reached(f)]
-    return any(f is t for f in todo for t in targets)
-
-
-def _reached(f: Any) -> list[Any]:
-    """What a callable ``f`` holds that it may call (see ``_calls_one_of``)."""
-    out: list[Any] = []
-    table = getattr(f, "__dict__", None)
-    if type(table) is dict and "__wrapped__" in table:
-        out.append(table["__wrapped__"])
-    if isinstance(f, types.MethodType):
-        out.append(f.__func__)
-    elif isinstance(f, functools.partial):
-        out += [f.func, *f.args, *f.keywords.values()]
-    elif isinstance(f, types.FunctionType):
-        for cell in f.__closure__ or ():
-            with contextlib.suppress(ValueError):  # an empty cell
-                out.append(cell.cell_contents)
-        out += [*(f.__defaults__ or ()), *(f.__kwdefaults__ or {}).values()]
-    return out
 
 
 def _names(names: list[str]) -> str:
