@@ -55,23 +55,29 @@ def _batch(s: int) -> torch.Tensor:
     return torch.randn(4, 6, H, generator=torch.Generator().manual_seed(s))
 
 
-def _loop(model: nn.Module, rt: Any, what: str, steps: int = 6) -> list[dict[str, torch.Tensor]]:
-    """Adds ``what`` to every block before step 2, inside the runtime; the adapter's run
-    also switches to eval mode between each forward and its backward."""
+def _run_changing(
+    model: nn.Module, rt: Any, change: Callable[[nn.Module], Any], *, steps: int = 5, at: int = 2,
+    eval_between: bool = False,
+) -> list[dict[str, torch.Tensor]]:
+    """Trains ``steps`` steps, applying ``change`` to every block before step ``at``;
+    returns grads and buffers after each step. ``eval_between``: eval mode between each
+    forward and its backward (the replay must run the forward's train flags)."""
     out = []
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
     with rt if rt is not None else contextlib.nullcontext():
         for step in range(steps):
-            if step == 2:
+            if step == at:
                 torch.manual_seed(99)
                 for b in model.blocks:
-                    _add(b, what)
-            opt = torch.optim.SGD(model.parameters(), lr=0.05)
+                    change(b)
+                opt = torch.optim.SGD(model.parameters(), lr=0.05)
             torch.manual_seed(step)
             loss = model(_batch(step))
-            if what == "adapter":
-                model.eval()  # the replay must run the forward's train flags
+            if eval_between:
+                model.eval()
             loss.backward()
-            model.train()
+            if eval_between:
+                model.train()
             snap = {f"grad.{n}": p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
             snap.update({f"buf.{n}": b.clone() for n, b in model.named_buffers()})
             out.append(snap)
@@ -87,10 +93,14 @@ def test_modules_added_to_blocks_while_entered_replay_right(what: str, variant: 
     built with them: bitwise equal to plain."""
     torch.manual_seed(0)
     model = Stack([_Growing() for _ in range(3)])
-    ref = _loop(copy.deepcopy(model), None, what)
+
+    def add(b: nn.Module) -> None:
+        _add(b, what)
+
+    ref = _run_changing(copy.deepcopy(model), None, add, steps=6, eval_between=what == "adapter")
     budget = tight_budget(model, _batch) if variant == "auto_serve" else None
     m = copy.deepcopy(model)
-    assert_bitwise(ref, _loop(m, variant_runtime(m, variant, budget), what))
+    assert_bitwise(ref, _run_changing(m, variant_runtime(m, variant, budget), add, steps=6, eval_between=what == "adapter"))
 
 
 @pytest.mark.parametrize("how", ["reorder", "wrap"])
@@ -502,30 +512,6 @@ _PAST_THE_HOOK: dict[str, Callable[[_Parts], Any]] = {
     "ModuleDict.clear": lambda b: b.extra.clear(),
     "del module.child": lambda b: delattr(b, "gate"),
 }
-
-
-def _run_changing(
-    model: nn.Module, rt: Any, change: Callable[[nn.Module], Any], *, steps: int = 5, at: int = 2,
-) -> list[dict[str, torch.Tensor]]:
-    """Trains ``steps`` steps, applying ``change`` to every block before step ``at``;
-    returns grads and buffers after each step."""
-    out = []
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    with rt if rt is not None else contextlib.nullcontext():
-        for step in range(steps):
-            if step == at:
-                torch.manual_seed(99)
-                for b in model.blocks:
-                    change(b)
-                opt = torch.optim.SGD(model.parameters(), lr=0.05)
-            torch.manual_seed(step)
-            model(_batch(step)).backward()
-            snap = {f"grad.{n}": p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-            snap.update({f"buf.{n}": b.clone() for n, b in model.named_buffers()})
-            out.append(snap)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return out
 
 
 @pytest.mark.parametrize("how", ["Sequential.insert", "ModuleList.insert", "_modules written"])
