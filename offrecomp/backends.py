@@ -120,6 +120,12 @@ class Backend(ABC):
         """Synchronize and drop side streams; the backend can be used again afterwards."""
         self.synchronize()
 
+    def on_side_thread(self) -> bool:
+        """Is the calling thread one that runs a side stream's work (the emulated
+        backend's workers)? Such a thread must not wait on the streams or close them
+        (NOTE [Frees on a copy worker] in offload.py)."""
+        return False
+
     def canonical_device(self, device: torch.device) -> torch.device:
         """``device`` with its index filled in, as tensors report it."""
         return device
@@ -538,6 +544,10 @@ class EmulatedBackend(Backend):
         for stream in self._workers:
             if stream.worker is not None and stream.worker.is_alive():
                 _host_wait(self.record_event(stream), self._help)
+
+    def on_side_thread(self) -> bool:
+        me = threading.current_thread()
+        return any(stream.worker is me for stream in self._workers)
 
     def check(self) -> None:
         if not self._errors:

@@ -26,8 +26,7 @@ def release_call(call: RegionCall, free: Callable[[Group], None]) -> None:
             for rec in call.storages:
                 if rec.group is not None and rec.group in groups:
                     rec.released = True  # a later save of its storage is a new storage
-        for group in groups:
-            free(group)
+        _free_all(groups, free)
         return
     if call.released or not call.exited:
         return
@@ -39,8 +38,7 @@ def release_call(call: RegionCall, free: Callable[[Group], None]) -> None:
                 _held_no_more(rec)
     groups, call.groups = call.groups, []
     call.group = None
-    for group in groups:
-        free(group)
+    _free_all(groups, free)
     call.inputs = None
     call.rng = None
     call.torch_function = None
@@ -80,3 +78,16 @@ def _held_no_more(rec: StorageRec) -> None:
         p = rec.call.pass_state
         if p is not None:
             p.stats.resident_bytes -= rec.nbytes  # a decrease sets no peak
+
+
+def _free_all(groups: list[Group], free: Callable[[Group], None]) -> None:
+    """``free`` each group, every one even if one raises (the first error is raised
+    after): a group skipped here would never be freed, its host block held for good."""
+    error: BaseException | None = None
+    for group in groups:
+        try:
+            free(group)
+        except BaseException as exc:
+            error = error or exc
+    if error is not None:
+        raise error

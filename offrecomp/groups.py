@@ -372,9 +372,11 @@ class OffloadGroups:
     def free(self, group: Group) -> None:
         if self.engine is None:
             return
-        self.engine.free(group)
-        self.live_groups -= 1
-        self.maybe_close()
+        try:
+            self.engine.free(group)
+        finally:
+            self.live_groups -= 1
+            self.maybe_close()
 
     def settle(self) -> None:
         """At exit: drop the device sources the engine still holds for copies in flight
@@ -388,7 +390,10 @@ class OffloadGroups:
         needs the pool (NOTE [Pool lifetime])."""
         if self.engine is not None and self.closing and not self.entered and self.live_groups <= 0:
             engine, self.engine = self.engine, None
-            engine.close()
+            if engine.backend.on_side_thread():  # a finaliser on a copy worker (NOTE [Frees on a copy worker])
+                threading.Thread(target=engine.close, name="offrecomp-close", daemon=True).start()
+            else:
+                engine.close()
 
 
 def _inference_mode_off(fn: Callable[..., _T], *args: Any) -> _T:

@@ -151,6 +151,18 @@ Edge = Literal[
 # engine is busy on this thread, the group goes to `_pending_frees` (a deque: appends
 # are atomic), which the next engine call drains before it does anything else.
 
+# NOTE [Frees on a copy worker]
+# A finaliser, and so a free, may also run on a thread that does a stream's work: the
+# emulated backend's copy workers run Python, and a collection their allocations start
+# may drop the last saved tensor of a region call. A free that waited there would wait
+# on its own stream: a prefetched reload not waited on yet (edge 6) is fired by the H2D
+# worker, which is the thread waiting, and the step would hang holding the engine lock.
+# So a free never waits on a copy: a reload that has not landed keeps its buffer, as the
+# freed group keeps its host block, until ``_return_blocks`` sees it landed; its memory
+# is reused only after the copy, as the wait would have ordered it. A runtime closing
+# when such a free drops its last group closes the engine on a thread of its own
+# (``Backend.on_side_thread``): closing waits on every stream.
+
 # NOTE [Prefetch order]
 # Groups carry `ordinal`, their region call's place in forward order. Backward runs
 # regions in reverse, so reloads are issued in reverse issue order. On the first fetch
@@ -461,7 +473,8 @@ class OffloadEngine:
         """The group is no longer needed. Its host block returns to the pool once its
         copies landed (NOTE [Host slot lifetime]). Freeing twice is a no-op.
 
-        Never blocks and may be called from a finaliser (NOTE [Free from finalisers]).
+        Never blocks and may be called from a finaliser, on any thread (NOTE [Free from
+        finalisers], NOTE [Frees on a copy worker]).
         """
         if not self._lock.acquire(blocking=False):
             self._pending_frees.append(group)  # another thread is inside the engine
@@ -583,20 +596,32 @@ class OffloadEngine:
     def _locked(self) -> _Held:
         return self._held
 
-    def _release_device(self, group: Group) -> None:
-        if group.state is GroupState.RELOADING:
-            self._outstanding_bytes -= group.nbytes
-        elif group.state is GroupState.FETCHED:
-            self._fetched_bytes -= group.nbytes
-        if group.state in (GroupState.RELOADING, GroupState.FETCHED):
+    def _release_device(self, group: Group, hold_unlanded: bool = False) -> None:
+        """Drop ``group``'s reload, compute first waiting on a copy it did not wait on
+        (edge 6). With ``hold_unlanded`` (a free), a reload not landed keeps its buffer
+        instead, dropped once it landed (NOTE [Frees on a copy worker])."""
+        state = group.state
+        if state is GroupState.RELOADING or state is GroupState.FETCHED:
+            held = False
             if not group.waited:  # NOTE [Stream ordering]: edge 6
-                compute = self.backend.current_stream(group.device)
-                self._wait_edge("free_after_h2d", compute, group.h2d_done)
-            if group.reuse is not None:
-                self._reuse.release(group.reuse)
-            group.set_buffer(None)  # NOTE [Reload buffer lifetime]
+                if hold_unlanded and not self.backend.query(group.h2d_done):
+                    held = True
+                else:
+                    compute = self.backend.current_stream(group.device)
+                    self._wait_edge("free_after_h2d", compute, group.h2d_done)
+            if state is GroupState.RELOADING:
+                self._outstanding_bytes -= group.nbytes
+            else:
+                self._fetched_bytes -= group.nbytes
+            if not held:
+                self._drop_reload(group)
             group.state = GroupState.OFFLOADED
         group.uses = 0
+
+    def _drop_reload(self, group: Group) -> None:
+        if group.reuse is not None:
+            self._reuse.release(group.reuse)
+        group.set_buffer(None)  # NOTE [Reload buffer lifetime]
 
     def _free_now(self, group: Group) -> None:
         if group.state is GroupState.FREED:
@@ -604,10 +629,10 @@ class OffloadEngine:
         if group.state is GroupState.OPEN:
             self.discard(group)
             return
-        self._release_device(group)
+        self._release_device(group, hold_unlanded=True)
         group.state = GroupState.FREED
         self._groups.discard(group)
-        if group.block is not None:
+        if group.block is not None or group.buffer is not None:
             self._deferred.append(group)
 
     def _wait_edge(self, edge: Edge, stream: Stream, event: Event) -> None:
@@ -718,9 +743,11 @@ class OffloadEngine:
             waiting = []
             for group in deferred:
                 if query(group.d2h_done) and (group.h2d_done is None or query(group.h2d_done)):
-                    assert group.block is not None
-                    self.pool.release(group.block)  # NOTE [Idle blocks]
-                    group.block = None
+                    if group.buffer is not None:  # freed with its reload in flight (NOTE [Frees on a copy worker])
+                        self._drop_reload(group)
+                    if group.block is not None:
+                        self.pool.release(group.block)  # NOTE [Idle blocks]
+                        group.block = None
                     group.h2d_done = None
                 else:
                     waiting.append(group)
