@@ -51,6 +51,8 @@ def release_call(call: RegionCall, free: Callable[[Group], None]) -> None:
     call.training = None
     call.arg_state = None
     call.attrs = None
+    call.entry_tables = None
+    call.entry_contents = None
     call.external = None
     call.external_reads = None
     call.replayed.clear()

@@ -18,7 +18,8 @@ from torch import nn
 
 from offrecomp._torch_compat import version_of
 from offrecomp.arg_state import ArgState
-from offrecomp.changes import ATTR_QUIET, changed_attrs, exit_attrs
+from offrecomp.attr_tables import kept_tables, same_tables
+from offrecomp.changes import changed_attrs, exit_attrs
 from offrecomp.diagnostics import kind, warn_once
 from offrecomp.regions import READ_SNAPSHOT_MAX_BYTES, Region, buffer_of
 from offrecomp.state import RegionCall
@@ -66,21 +67,19 @@ def hold_dropped(call: RegionCall) -> None:
 
 
 def finish_attrs(call: RegionCall, region: Region) -> None:
-    """NOTE [Module attributes]: keep the attributes the forward changed, if any."""
-    changed = changed_attrs(region.modules, call.attrs)
+    """NOTE [Module attributes]: note the attributes the forward changed, if any; keep
+    the entry tables for the replay (NOTE [Attributes at entry])."""
+    tables = call.attrs
+    changed = [] if same_tables(region.modules, tables) else changed_attrs(region.modules, tables)
+    call.entry_tables = kept_tables(region, tables)
     call.attrs = exit_attrs(changed) if changed else None
-    if changed:
-        if region.attr_quiet < 0:
-            log.info(
-                "offrecomp: region %r changes attributes of its modules in its forward (%s); "
-                "its replays see them as they were at each call's entry",
-                region.name, ", ".join(sorted({k for _, d in changed for k in d}))[:200],
-            )
-        region.attr_quiet = 0
-    elif region.attr_quiet >= 0:
-        region.attr_quiet += 1
-        if region.attr_quiet >= ATTR_QUIET:
-            region.attr_quiet = -1  # copies again at its next new signature
+    if changed and not region.changes_attrs:
+        region.changes_attrs = True
+        log.info(
+            "offrecomp: region %r changes attributes of its modules in its forward (%s); "
+            "its replays see them as they were at each call's entry",
+            region.name, ", ".join(sorted({k for _, d in changed for k in d}))[:200],
+        )
 
 
 def warn_big_buffers(call: RegionCall, region: Region) -> None:

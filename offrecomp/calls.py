@@ -23,6 +23,7 @@ from offrecomp import _torch_compat as tc
 from offrecomp import host_rng
 from offrecomp.arg_state import ARG_STATE_MAX_ITEMS, ArgState
 from offrecomp.arguments import capture_inputs
+from offrecomp.attr_tables import enter_tables
 from offrecomp.buffers import capture_buffers, finish_buffers, settle_buffers, snapshot_bytes
 from offrecomp.call_state import (
     check_arg_state,
@@ -41,7 +42,6 @@ from offrecomp.call_state import (
 from offrecomp.changes import (
     count_tree_change,
     hook_ids,
-    module_attrs,
     module_children,
     same_objects,
     structure_epoch,
@@ -58,7 +58,6 @@ from offrecomp.regions import (
     finish_params,
     has_lazy_parameters,
     storage_ptrs,
-    tensor_attrs,
 )
 from offrecomp.replay import replayed_regions
 from offrecomp.state import PassState, RegionCall
@@ -244,9 +243,8 @@ class RegionCalls:
         call.params = capture_params(region.param_slots)
         call.training = tuple(m.training for m in region.modules)
         call.default_dtype = torch.get_default_dtype()
-        if p.new_signature or region.attr_quiet >= 0:  # NOTE [Module attributes]
-            call.attrs = module_attrs(region.modules)
-            region.tensor_attrs = tensor_attrs(region.modules, call.attrs)
+        call.attrs, contents = enter_tables(region, p.new_signature)  # NOTE [Attributes at entry]
+        call.entry_contents = contents or None
         if region.tensor_attrs and region.writes_state is False:  # NOTE [Attributes written after the first call]
             call.attr_versions = note_attr_versions(region.tensor_attrs)
         if region.generators or region.generator_slots or cap.generators:  # NOTE [Private generators]
@@ -325,7 +323,7 @@ class RegionCalls:
             written = finish_params(call.params)
             warn_big_buffers(call, region)
             if call.attrs is not None:
-                finish_attrs(call, region)
+                finish_attrs(call, region)  # NOTE [Module attributes], NOTE [Attributes at entry]
         if call.attr_versions is not None and region is not None:
             check_attr_writes(call, region)
         if call.watch is not None and region is not None:

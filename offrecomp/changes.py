@@ -50,7 +50,6 @@ if TYPE_CHECKING:
     from offrecomp.regions import Region
 
 __all__ = [
-    "ATTR_QUIET",
     "BufferPtrs",
     "changed_attrs",
     "count_buffer_assignment",
@@ -58,7 +57,6 @@ __all__ = [
     "count_parameter_assignment",
     "count_tree_change",
     "drop_hooks_since",
-    "entry_values",
     "exit_attrs",
     "exit_values",
     "forward_hooked",
@@ -66,7 +64,6 @@ __all__ = [
     "hook_ids",
     "hook_snapshot",
     "left_at_entry",
-    "module_attrs",
     "module_children",
     "module_state",
     "restore_hooks",
@@ -76,6 +73,7 @@ __all__ = [
     "swap_attrs",
     "track_structure",
     "tree_snapshot",
+    "without_graph",
 ]
 
 #: Buffer assignments seen while a runtime is entered (NOTE [Buffer saves]).
@@ -277,13 +275,11 @@ def _same_item(a: Any, b: Any) -> bool:
 # embeddings), a flag set on first use, a counter. A replay restores the region's
 # buffers to their values at the call's entry, so it must see those attributes as they
 # were at entry too, or it skips filling a cache it was handed empty. A call takes a
-# shallow copy of its modules' attribute tables (``module_attrs``, a few microseconds
-# per module) when its pass is the first of its signature (where caches grow: a longer
-# sequence is a new signature) and while its region is known to change attributes; at
-# its exit it keeps only what changed (``changed_attrs``), and its replay runs with
-# those attributes as they were (replay.py), then puts back the values after the
-# forward. A region that changed none in ATTR_QUIET calls in a row stops copying until
-# its next new signature.
+# shallow copy of its modules' attribute tables at its entry (NOTE [Attributes at entry]
+# in attr_tables.py: also for what code outside the call changes before its replay); at
+# its exit it notes what its forward changed (``changed_attrs``, with the exit values),
+# and its replay runs with the attributes as they were at entry (replay.py), then puts
+# back the values it found.
 #
 # A forward may set an attribute only outside a replay, as its docs advise for side
 # effects (``if not offrecomp.in_replay(): self.scale = schedule(step)``), and compute
@@ -297,15 +293,7 @@ def _same_item(a: Any, b: Any) -> bool:
 # attribute it does not guard, leaves it at its entry value too: such a replay is run
 # once more, to its end, to tell the two apart.
 
-#: Calls in a row without an attribute change after which a region stops copying them.
-ATTR_QUIET = 64
-
 _SKIP_ATTRS = frozenset({"training"})  # the replay sets train flags itself
-
-
-def module_attrs(modules: tuple[nn.Module, ...]) -> list[dict[str, Any]]:
-    """A shallow copy of each module's attribute table (NOTE [Module attributes])."""
-    return [dict(m.__dict__) for m in modules]
 
 
 _MISSING = object()
@@ -325,7 +313,7 @@ def changed_attrs(
         for k, v in before.items():
             cur = now.get(k, _MISSING)
             if cur is not v and not _same_scalar(cur, v) and k not in _SKIP_ATTRS:
-                diff[k] = _without_graph(v)
+                diff[k] = without_graph(v)
         diff.update((k, _MISSING) for k in now.keys() - before.keys() if k not in _SKIP_ATTRS)
         if diff:
             out.append((m, diff))
@@ -349,7 +337,7 @@ def exit_attrs(
     """``changed`` (from ``changed_attrs``) with each module's values of those attributes
     now, at the forward's exit (``_MISSING``: removed; a tensor with a graph as a
     detached alias)."""
-    return [(m, entry, {k: _without_graph(m.__dict__.get(k, _MISSING)) for k in entry}) for m, entry in changed]
+    return [(m, entry, {k: without_graph(m.__dict__.get(k, _MISSING)) for k in entry}) for m, entry in changed]
 
 
 def left_at_entry(
@@ -363,13 +351,6 @@ def left_at_entry(
     }
 
 
-def entry_values(
-    attrs: list[tuple[nn.Module, dict[str, Any], dict[str, Any]]],
-) -> list[tuple[nn.Module, dict[str, Any]]]:
-    """The entry values of ``attrs`` (entry and exit values), to ``swap_attrs`` in."""
-    return [(m, entry) for m, entry, _ in attrs]
-
-
 def exit_values(
     attrs: list[tuple[nn.Module, dict[str, Any], dict[str, Any]]], names: frozenset[str],
 ) -> list[tuple[nn.Module, dict[str, Any]]]:
@@ -377,7 +358,7 @@ def exit_values(
     return [(m, {k: v for k, v in exit.items() if k in names}) for m, _, exit in attrs]
 
 
-def _without_graph(v: Any) -> Any:
+def without_graph(v: Any) -> Any:
     """``v``, or for a tensor with a graph a detached alias (NOTE [Attributes with a
     graph])."""
     if type(v) is torch.Tensor and v.grad_fn is not None:

@@ -166,9 +166,15 @@ class Region:
     remeasured: bool = False
     """A serving replay diverged from a recording its call's own first use of state had
     shaped, and its signature measured again (NOTE [Stale recordings] in regenerate.py)."""
-    attr_quiet: int = -1
-    """Calls in a row whose forward changed no module attribute since one did; -1 while
-    none has (NOTE [Module attributes] in changes.py)."""
+    changes_attrs: bool = False
+    """A call's forward changed a module attribute (NOTE [Module attributes] in changes.py)."""
+    attr_tables: list[dict[str, Any]] | None = None
+    """Its modules' attribute tables at its last call's entry, where they hold no graph
+    (NOTE [Attributes at entry] in attr_tables.py)."""
+    attr_containers: tuple[tuple[int, str], ...] = ()
+    """The plain dicts, lists and sets among those attributes: (module index, name)."""
+    attr_contents: list[tuple[Any, Any]] | None = None
+    """Those containers and copies of their contents at its last call's entry."""
     tensor_attrs: tuple[tuple[nn.Module, str], ...] = ()
     """Its modules' plain attributes holding a tensor that is not one of its parameters or
     buffers (NOTE [Attributes written after the first call] in call_state.py)."""

@@ -58,10 +58,10 @@ from torch import nn
 from offrecomp import _torch_compat as tc
 from offrecomp.arg_state import ArgState, holding
 from offrecomp.arguments import replay_arguments
+from offrecomp.attr_tables import entry_changes, swap_contents
 from offrecomp.buffers import modified_buffers, swap_buffers
 from offrecomp.changes import (
     drop_hooks_since,
-    entry_values,
     exit_values,
     hide_hooks,
     hook_ids,
@@ -302,22 +302,28 @@ def _default_dtype_as_forward(dtype: torch.dtype, now: torch.dtype) -> Iterator[
 
 
 @contextlib.contextmanager
-def _attrs_as_entry(call: RegionCall) -> Iterator[None]:
-    """NOTE [Module attributes] (changes.py): the attributes the forward changed, as they
-    were at its entry, those it sets only outside a replay as it left them from the
-    replay's first ``in_replay()`` on; the forward's values go back afterwards. Which of
+def _attrs_as_entry(call: RegionCall, attrs: Any, contents: Any) -> Iterator[None]:
+    """NOTE [Module attributes] (changes.py), NOTE [Attributes at entry]
+    (attr_tables.py): the modules' attributes and containers as they were at the call's
+    entry, those the forward sets only outside a replay as it left them from the
+    replay's first ``in_replay()`` on; what was there goes back afterwards. Which of
     them a replay that asked ``in_replay()`` left at their entry values goes to
     ``_replay_until_captured``."""
     region = call.region
-    guarded = region.guarded_attrs if region is not None else frozenset()
-    back = swap_attrs(entry_values(call.attrs))
-    outer, _asked.at_guard = _asked.at_guard, exit_values(call.attrs, guarded) if guarded else None
+    assert region is not None  # entry tables: a region's call
+    changed = call.attrs  # those the forward changed, with their exit values
+    guarded = region.guarded_attrs if changed else frozenset()
+    back = swap_attrs(attrs)
+    back_contents = swap_contents(contents) if contents else None
+    outer, _asked.at_guard = _asked.at_guard, exit_values(changed, guarded) if guarded else None
     try:
         yield
     finally:
-        if _asked.asked and region is not None:
-            _asked.left = frozenset(left_at_entry(call.attrs, guarded))
+        if _asked.asked and changed:
+            _asked.left = frozenset(left_at_entry(changed, guarded))
         _asked.at_guard = outer
+        if back_contents:
+            swap_contents(back_contents)
         swap_attrs(back)
 
 
@@ -445,8 +451,11 @@ def _replay_forward(
             stack.enter_context(_swap_params(call, params))
         stack.enter_context(_training_as_forward(call))
         stack.enter_context(_hooks_as_found(call))
-        if call.attrs and call.exited:
-            stack.enter_context(_attrs_as_entry(call))
+        region = call.region
+        if call.entry_tables is not None and call.exited and region is not None:
+            attrs, contents = entry_changes(region.modules, call.entry_tables, call.entry_contents)
+            if attrs or contents or call.attrs:  # what differs from the call's entry
+                stack.enter_context(_attrs_as_entry(call, attrs, contents))
         dtype, now = call.default_dtype, torch.get_default_dtype()
         if dtype is not None and dtype != now:
             stack.enter_context(_default_dtype_as_forward(dtype, now))

@@ -230,6 +230,11 @@ class RegionCall(_WeakReferable):
     attrs: Any = None
     """Its modules' attribute tables at entry; from its exit, only the attributes its
     forward changed, with their entry and exit values (NOTE [Module attributes] in changes.py)."""
+    entry_tables: Any = None
+    """From its exit, its modules' attribute tables at entry, as its replay puts them
+    back (NOTE [Attributes at entry] in attr_tables.py)."""
+    entry_contents: Any = None
+    """Its modules' container attributes and copies of their contents at entry."""
     generators: list[tuple[torch.Generator, torch.Tensor]] | None = None
     """The region's own generators and their states at entry (NOTE [Private generators])."""
     recorder: OpRecorder | None = None

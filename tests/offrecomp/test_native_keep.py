@@ -185,6 +185,7 @@ def test_auto_calls_kept_whole_save_natively_but_for_audits() -> None:
     first = hooked.index(False)  # after the passes that measure, calibrate and record
     assert first <= 6 and all(hooked[:first]), hooked
     cadence = [False] * (AUDIT_EVERY - 1) + [True] + [False] * (audit_gap(1) - 1) + [True]
+    cadence += [False] * (audit_gap(2) - 1) + [True]
     assert audit_gap(0) == AUDIT_EVERY and len(cadence) >= steps - first
     assert hooked[first:] == cadence[: steps - first], hooked
     records = rt.report().steps
