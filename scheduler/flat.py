@@ -112,6 +112,8 @@ class FlatProfile:
     rd_idx: np.ndarray
     st_prod: np.ndarray
     fixed_from: np.ndarray
+    op_tr: np.ndarray
+    """Per op its ``transient_bytes`` (NOTE [Replay transients] in scheduler.working_set)."""
     fwd_start: np.ndarray
     """Per unit its forward start when no group offloads (NOTE [Host time])."""
     fwd_dur: np.ndarray
@@ -201,6 +203,7 @@ _get_sink = operator.attrgetter("sink")
 _get_view = operator.attrgetter("view")
 _get_reads = operator.attrgetter("reads")
 _get_saves = operator.attrgetter("saves")
+_get_transient = operator.attrgetter("transient_bytes")
 
 
 class _Units(NamedTuple):
@@ -437,6 +440,21 @@ def _op_seconds(profile: Profile, ops: list[Any]) -> list[Any]:
     return op_sec
 
 
+def _op_transients(profile: Profile, ops: list[Any]) -> np.ndarray:
+    """Each op's ``transient_bytes``, checked."""
+    arr = int_array(list(map(_get_transient, ops)), NBYTES_LIMIT)
+    if arr is None:
+        for r in profile.regions:
+            for j, op in enumerate(r.ops):
+                if not (is_count(op.transient_bytes) and op.transient_bytes < NBYTES_LIMIT):
+                    raise ValueError(
+                        f"op {j} of region {region_label(r)} transient_bytes = {op.transient_bytes!r} is "
+                        "invalid; accepted: an int from 0 to 2**53 - 1"
+                    )
+    assert arr is not None
+    return arr
+
+
 def _legality(profile: Profile, un: _Units, kind_reg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per flat storage its kind code and the placements it allows: by kind, only KEEP
     where ``keep_only``, and no RECOMPUTE in a region that must never replay."""
@@ -576,6 +594,7 @@ def flatten(profile: Profile) -> FlatProfile:
         rd_idx=ops.rd_idx,
         st_prod=ops.st_prod[src],
         fixed_from=fixed_from(un.op_ptr, ops.op_serv, ops.op_sink, ops.op_view, ops.rd_ptr, ops.rd_idx, df_arr),
+        op_tr=_op_transients(profile, un.ops),
         fwd_start=host_start,
         fwd_dur=dur,
         bwd_dur=np.maximum(bwd_dev, bwd_host),

@@ -60,6 +60,8 @@ refreshes its contexts for a kernel load (NOTE [kernel loads]).
 #   rd_ptr/rd_idx     the earlier ops it reads, global op indices (dataflow units)
 #   fixed_from int64  smallest K from which it runs in every replay of its unit
 #                     (n_ops + 1: not in every one)
+#   op_tr      int64  bytes its region's ops made and never save, alive once it returned
+#                     (NOTE [Replay transients] in scheduler.working_set)
 # Scalars: t0 end of forward (s) with no group offloading; d2h_bps, h2d_bps link
 #   bytes/s (0: no link); op_host dispatch-mode seconds per replayed op; off_h, rel_h,
 #   rp_h host seconds per group offload, group reload and replay; host_limit pinned
@@ -75,8 +77,8 @@ refreshes its contexts for a kernel load (NOTE [kernel loads]).
 #   ev_t, ev_d            memory events: time (s), change of resident bytes (int64)
 #   gbytes, goff, g_end   per unit, its group's bytes, whether it offloads, its D2H end
 #   rel_u, rel_t          per unit, the unit at whose end its group is freed, and when
-# Scratch: mark (bool per op, left all False) and stack (int64, at least the largest
-#   unit's op count).
+# Scratch: mark (bool per op, left all False), stack and level (int64, at least the
+#   largest unit's op count).
 #
 # Lower bound (``scheduler.bound``):
 #   seg_x, seg_y  f64 per segment of the regions' drop-cost envelopes: bytes, seconds

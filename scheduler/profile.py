@@ -108,6 +108,11 @@ class OpRecord:
     view: bool = False
     """The op returns a view of an input (no compute, reads no values): replay runs it
     whenever it lies in the replayed prefix, and its ``reads`` are not followed."""
+    transient_bytes: int = 0
+    """Bytes of the storages the region's ops made that no op of the region saves, alive
+    when this op has returned (its outputs made, its inputs not yet freed): what a replay
+    holds beyond the region's saves while it runs this op (the simulator's NOTE [Replay
+    transients]; 0: none measured)."""
 
 
 @dataclass(kw_only=True)

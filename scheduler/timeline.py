@@ -36,8 +36,9 @@ The model (see docs/planner.md for the picture):
   (NOTE [Frees before a replay]). OFFLOAD: from save until its group is freed (above),
   and again from the group's reload issue until its unit's backward ends (continuously
   when it is freed no earlier than the reload is issued). RECOMPUTE: only during its
-  unit's backward (the replay working set). At equal times, frees are applied before
-  allocations.
+  unit's backward (the replay working set), with what the replay holds beyond it while
+  it runs (NOTE [Replay transients] in scheduler.working_set). At equal times, frees
+  are applied before allocations.
 
 NOTE [Frees before a replay]: a unit that drops storages replays ops ``0..K-1``, ``K`` the
 largest ``last_save_op`` among them, when backward first reads one of them: at the node
@@ -96,6 +97,7 @@ from scheduler.flat import KIND_SNAPSHOT, FlatProfile, flatten, placement_array
 from scheduler.kernels import njit, njit_inline, replay_costs
 from scheduler.plan import Placement, Plan
 from scheduler.profile import INPUT_LOOKBACK, Profile
+from scheduler.working_set import unit_replay_transient
 
 __all__ = [
     "Interval",
@@ -365,12 +367,14 @@ def _counted_once(place, save_order, allocation, kind, unsaved, hooked, unit_of,
 @njit_inline
 def _event_streams(
     place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, rel_t, by, reach,
-    cstart, cend, riss, last_save, first_save, plain, noops, allocation, kind, unsaved, hooked, native
+    cstart, cend, riss, last_save, first_save, plain, noops, allocation, kind, unsaved, hooked, native,
+    replay, st_prod, op_ptr, op_tr, level
 ):  # type: ignore[no-untyped-def]
     """The four memory event streams of NOTE [memory merge], each sorted by time: saves
     (storages ``s1[:n1]``), group releases (storages ``s2[:n2]``), backward allocations
-    (``s3t``/``s3b``: time, bytes) and backward frees (``s4t``/``s4b``; NOTE [Frees
-    before a replay])."""
+    and a replay's transients, four per unit (``s3t``/``s3b``: time, bytes; NOTE [Replay
+    transients] in scheduler.working_set) and backward frees (``s4t``/``s4b``; NOTE
+    [Frees before a replay])."""
     n_st = nbytes.shape[0]
     n_u = gbytes.shape[0]
     top = n_u - 1
@@ -389,14 +393,14 @@ def _event_streams(
         if place[s] == 1 and nbytes[s] > 0 and rel_t[unit_of[s]] < riss[unit_of[s]]:
             s2[n2] = s
             n2 += 1
-    s3t = np.empty(3 * n_u)
-    s3b = np.zeros(3 * n_u, dtype=np.int64)
+    s3t = np.empty(4 * n_u)
+    s3b = np.zeros(4 * n_u, dtype=np.int64)
     s4t = np.empty(n_u)
     s4b = np.zeros(n_u, dtype=np.int64)
     for x in range(n_u):
         # a reload allocates at its issue; a group still on the device then stays
         if goff[x] and rel_t[x] < riss[x]:
-            s3b[3 * (top - by[x])] += gbytes[x]
+            s3b[4 * (top - by[x])] += gbytes[x]
     n3 = 0
     for v in range(top, -1, -1):
         s3t[n3] = reach[v]
@@ -405,6 +409,12 @@ def _event_streams(
             if place[s] == 2:
                 s3b[n3 + 2] += nbytes[s]
                 k = max(k, last_save[s])
+        if k > 0:  # held from the replay's start to its end, beside what it brings back
+            extra = unit_replay_transient(
+                v, k, plain[v], place, st_ptr, nbytes, st_prod, first_save, op_ptr, op_tr, level
+            )
+            s3b[n3 + 2] += extra
+            s3b[n3 + 3] -= extra
         if noops[v] or not plain[v]:
             # only a plain replay leaves the kept storages past its prefix to autograd;
             # a serving replay holds them to serve from
@@ -420,7 +430,8 @@ def _event_streams(
                 s4b[top - v] += nbytes[s]
         s3t[n3 + 1] = cstart[v]
         s3t[n3 + 2] = cstart[v]
-        n3 += 3
+        s3t[n3 + 3] = cstart[v] + replay[v]
+        n3 += 4
         s4t[top - v] = cend[v]
     return s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b
 
@@ -487,7 +498,7 @@ def run_timeline(
     op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow,
     fwd_dur, fwd_start, fwd_host, fwd_hook, bwd_dev, bwd_host, bwd_hook, t0, d2h_bps, h2d_bps,
     off_h, rel_h, rp_h, allocation, kind, unsaved, native, d2h_start, d2h_end, h2d_start, h2d_end, reach, cstart,
-    cend, fstart, fend, riss, replay, plain, ev_t, ev_d, mark, stack, op_host, op_view, rel_u, rel_t
+    cend, fstart, fend, riss, replay, plain, ev_t, ev_d, mark, stack, op_host, op_view, rel_u, rel_t, op_tr, level
 ):  # type: ignore[no-untyped-def]
     """Simulate one step; fills the per-storage/per-unit arrays (``plain[u]``: unit ``u``
     replays plainly) and the memory events.
@@ -513,11 +524,13 @@ def run_timeline(
     )
     # NOTE [memory merge]: four event streams, each already sorted by time: saves (save
     # order), group releases (in forward order), backward allocations (reloads
-    # at issue, replay working sets at compute start) and backward frees (unit ends). They
-    # are merged with frees first at equal times, so no sort is needed.
+    # at issue, replay working sets at compute start, a replay's transients going at its
+    # end) and backward frees (unit ends). They are merged with frees first at equal
+    # times, so no sort is needed.
     s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b = _event_streams(
         place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, rel_t, by, reach,
-        cstart, cend, riss, last_save, first_save, plain, noops, allocation, kind, unsaved, hooked, native
+        cstart, cend, riss, last_save, first_save, plain, noops, allocation, kind, unsaved, hooked, native,
+        replay, st_prod, op_ptr, op_tr, level
     )
     n_ev, peak, peak_t = _merge_events(
         s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b, unit_of, nbytes, save_time, fstart, fwd_start,
@@ -561,10 +574,11 @@ class Workspace:
         self.plain = np.zeros(u, dtype=np.bool_)
         self.rel_u = np.zeros(u, dtype=np.int64)
         self.rel_t = np.zeros(u)
-        self.ev_t = np.zeros(2 * n + 4 * u + 1)
-        self.ev_d = np.zeros(2 * n + 4 * u + 1, dtype=np.int64)
+        self.ev_t = np.zeros(2 * n + 5 * u + 1)
+        self.ev_d = np.zeros(2 * n + 5 * u + 1, dtype=np.int64)
         self.mark = np.zeros(flat.op_sec.shape[0], dtype=np.bool_)
         self.stack = np.zeros(max(flat.max_unit_ops, 1), dtype=np.int64)
+        self.level = np.zeros(max(flat.max_unit_ops, 1), dtype=np.int64)
         self.n_events = 0
 
     def run(self, place: np.ndarray, prefetch: int) -> SimResult:
@@ -580,7 +594,8 @@ class Workspace:
             f.offload_host, f.reload_host,
             f.replay_host, f.allocation, f.kind, f.unsaved, f.native_keep, self.d2h_start, self.d2h_end, self.h2d_start, self.h2d_end,
             self.reach, self.cstart, self.cend, self.fstart, self.fend, self.riss, self.replay, self.plain,
-            self.ev_t, self.ev_d, self.mark, self.stack, f.op_host, f.op_view, self.rel_u, self.rel_t
+            self.ev_t, self.ev_d, self.mark, self.stack, f.op_host, f.op_view, self.rel_u, self.rel_t,
+            f.op_tr, self.level
         )
         self.n_events = int(out[7])
         return SimResult(
