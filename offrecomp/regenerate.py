@@ -32,6 +32,7 @@ from offrecomp.trace import (
 )
 from offrecomp.transfer import Group, GroupState
 from scheduler.plan import Placement
+from scheduler.working_set import replay_transient_bytes
 
 if TYPE_CHECKING:
     from offrecomp.groups import OffloadGroups
@@ -249,7 +250,7 @@ class Regenerator:
             p.plain_replays.append((call.ordinal, start, end, k_seen))
         call.replayed.update(captured)
         life.replay_started(call, start, end, timed=timed)
-        book_replay(call)
+        book_replay(call, _transient(call, k_seen, plain=program is None))
 
     def _stale_recording(self, call: RegionCall, structure: Any, why: str) -> None:
         """NOTE [Stale recordings]: ``call``'s region replays plainly from now on. Also
@@ -322,6 +323,23 @@ def _recording(call: RegionCall) -> RegionStructure | None:
     return call.structure
 
 
+def _transient(call: RegionCall, k: int, *, plain: bool) -> int:
+    """What ``call``'s replay of ops ``0..k-1`` held beyond the storages it dropped, by
+    its recording (``k`` < 0: up to the last dropped save; NOTE [Replay transients] in
+    scheduler/working_set.py); 0 without a recording (under ``mode="recompute"``)."""
+    structure = call.structure
+    if structure is None:
+        return 0
+    recs = structure.storage_records
+    dropped = [False] * len(recs)
+    for r in call.storages:
+        if r.placement is RECOMPUTE and 0 <= r.index < len(recs):
+            dropped[r.index] = True
+    if k < 0:
+        k = max((s.last_save_op for s, d in zip(recs, dropped) if d), default=0)
+    return replay_transient_bytes(structure.op_records, recs, dropped, k, plain=plain)
+
+
 def _servable_storages(call: RegionCall, groups: OffloadGroups | None) -> dict[int, tuple[Any, int]]:
     """The storages of ``call`` a serving replay may serve from, by index, as (an
     UntypedStorage, the byte where the storage starts in it): those it kept, still held
@@ -370,9 +388,11 @@ def _reload_due(group: Group) -> bool:
 # that branch's graph.
 
 
-def book_replay(call: RegionCall) -> None:
+def book_replay(call: RegionCall, transient: int = 0) -> None:
     """Count the bytes of ``call``'s dropped storages, just regenerated, as resident; a
-    replay while an earlier one's tensors wait (a save read again) replaces them."""
+    replay while an earlier one's tensors wait (a save read again) replaces them. The
+    peak takes ``transient`` more, what the replay held beyond them while it ran (NOTE
+    [Replay transients] in scheduler/working_set.py)."""
     p = call.pass_state
     if p is None:
         return
@@ -387,6 +407,7 @@ def book_replay(call: RegionCall) -> None:
         if h is not None and h.rec.placement == RECOMPUTE:
             pending[id(h.rec)] = pending.get(id(h.rec), 0) + 1
     p.stats.add_resident(dropped - call.replay_resident)
+    p.stats.sample(transient)
     call.replay_resident = dropped
     call.replay_pending = pending
 

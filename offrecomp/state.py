@@ -371,7 +371,8 @@ class PassStats:
             self.peak_resident_bytes = self.resident_bytes
 
     def sample(self, extra: int) -> None:
-        """Peak check with ``extra`` bytes held elsewhere (the offload engine)."""
+        """Peak check with ``extra`` bytes held elsewhere (the offload engine's, a replay's
+        transients: NOTE [Replay transients] in scheduler/working_set.py)."""
         if self.resident_bytes + extra > self.peak_resident_bytes:
             self.peak_resident_bytes = self.resident_bytes + extra
 

@@ -465,6 +465,12 @@ class OpRecorder(_RegionMode):
         self.host_reads = False
         """The region's code read tensor values through a method no ATen op stands for
         (NOTE [Host reads])."""
+        self.made: dict[int, tuple[int, int]] = {}
+        """Storages the region's ops made: storage id -> (the op that made it, its bytes)
+        (NOTE [Replay transients])."""
+        self.freed: dict[int, int] = {}
+        """Storage id -> the number of ops recorded when that storage was freed."""
+        self._made_refs: list[weakref.ref[Any]] = []
 
     def start(self) -> None:
         """The region's forward begins: record its ops (or, passive, start its one op)."""
@@ -547,12 +553,16 @@ class OpRecorder(_RegionMode):
         if tr.writes and not higher_order:  # no schema to name them: opaque anyway
             written = tuple(self.storage_id(x) for x in written_tensors(func, args, kwargs))
         outs: list[Any] = []
+        first_new = self._next_sid  # an output with an id from here on is a storage this op made
         for x in op_leaves(out):
             if isinstance(x, torch.Tensor):
                 if describable(x):
+                    sid = self.storage_id(x)
+                    if sid >= first_new and sid not in self.made and sid not in self.known_sids:
+                        self._track(x, sid)
                     outs.append(
                         _OutMeta(
-                            sid=self.storage_id(x),
+                            sid=sid,
                             size=tuple(x.shape),
                             stride=x.stride(),
                             offset=int(x.storage_offset()),
@@ -594,6 +604,39 @@ class OpRecorder(_RegionMode):
                 cast_of=_param_cast(tr.name, args, kwargs),
             )
         )
+        return out
+
+    def _track(self, x: torch.Tensor, sid: int) -> None:
+        """``x``'s storage, new, was made by the op being recorded: note it, and the number
+        of ops recorded when it is freed (NOTE [Replay transients])."""
+        storage = x.untyped_storage()
+        self.made[sid] = (len(self.ops), int(storage.nbytes()))
+        freed = self.freed
+        ops = self.ops
+
+        def gone(_: Any) -> None:
+            freed.setdefault(sid, len(ops))
+
+        self._made_refs.append(weakref.ref(storage, gone))
+
+    def unsaved_live_bytes(self, saved: set[int]) -> list[int]:
+        """Per recorded op, the bytes of the storages the region's ops made that are not
+        among ``saved`` (storage ids) and are alive when the op has returned: its outputs
+        made, its inputs not yet freed (NOTE [Replay transients])."""
+        n = len(self.ops)
+        diff = [0] * (n + 1)
+        for sid, (born, nbytes) in self.made.items():
+            if sid in saved:
+                continue
+            end = min(self.freed.get(sid, n), n)
+            if end > born:
+                diff[born] += nbytes
+                diff[end] -= nbytes
+        out = []
+        live = 0
+        for k in range(n):
+            live += diff[k]
+            out.append(live)
         return out
 
     def op_seconds(self) -> list[float]:

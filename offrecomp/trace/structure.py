@@ -458,6 +458,7 @@ def _add_recorded_ops(
     ``producer``); return whether replay may hand out placeholders (NOTE [Which ops
     replay runs])."""
     sid_to_storage = {sid: i for i, sid in enumerate(storage_sids) if sid is not None}
+    live = rec.unsaved_live_bytes(set(sid_to_storage))  # NOTE [Replay transients]
     written: set[int] = set()
     for op in rec.ops:
         written.update(op.written_sids)
@@ -492,6 +493,7 @@ def _add_recorded_ops(
                 reads=None if opaque else tuple(sorted(set(reads))),
                 sink=role.sink,
                 view=role.view,
+                transient_bytes=live[k],
             ),
             out.entries if out.rebuildable and not role.aliasing else None,
             role.servable,

@@ -36,21 +36,23 @@ class _State:
 
 
 class _Block(nn.Module):
-    """A Linear (saving the block's input) and a tanh (saving its output)."""
+    """A Linear (saving the block's input) and a tanh (saving its output), in place on
+    the Linear's: a replay holds nothing beyond what it regenerates (NOTE [Replay
+    transients] in scheduler/working_set.py), and the books here count saves alone."""
 
     def __init__(self) -> None:
         super().__init__()
         self.lin = nn.Linear(D, D)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.lin(x))
+        return torch.tanh_(self.lin(x))
 
 
 class _StateBlock(_Block):
     """The same block, taking and returning its tensor inside a dataclass."""
 
     def forward(self, st: _State) -> _State:  # type: ignore[override]
-        return _State(torch.tanh(self.lin(st.h)))
+        return _State(torch.tanh_(self.lin(st.h)))
 
 
 class _Chain(nn.Module):

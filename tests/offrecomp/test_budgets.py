@@ -210,13 +210,16 @@ def test_a_kept_input_that_the_block_before_kept_counts_once() -> None:
     """NOTE [Inputs counted once] (shared.py): each block's input is the block before's
     last ReLU output, which that block keeps too. Under a plan that drops each block's
     first ReLU output, the pass holds the model's input and the four blocks' outputs at
-    the end of its forward, once each: 5 x 8 KiB, not 8 KiB more per shared input."""
+    the end of its forward, once each: 5 x 8 KiB, not 8 KiB more per shared input. (The
+    ReLUs run in place on the Linears' outputs: a replay holds nothing beyond what it
+    regenerates, NOTE [Replay transients] in scheduler/working_set.py.)"""
 
     class Chain(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.blocks = nn.ModuleList(
-                nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU()) for _ in range(4)
+                nn.Sequential(nn.Linear(32, 32), nn.ReLU(inplace=True), nn.Linear(32, 32), nn.ReLU(inplace=True))
+                for _ in range(4)
             )
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -431,7 +434,7 @@ def test_the_most_frugal_plan_over_its_budget_says_so(caplog: pytest.LogCaptureF
     probe = copy.deepcopy(base)
     keep = offrecomp.runtime(probe, mode="keep", min_bytes=0)
     train(probe, batch, keep, steps=1)
-    budget = int(0.3 * keep.report().steps[0].peak_activation_bytes)
+    budget = int(0.36 * keep.report().steps[0].peak_activation_bytes)
     m = copy.deepcopy(base)
     rt = offrecomp.runtime(m, mode="auto", budget=budget, min_bytes=0)
     with caplog.at_level(logging.WARNING, logger="offrecomp"):
@@ -748,10 +751,13 @@ class _LangevinBlock(nn.Module):
 def test_a_budget_the_measuring_pass_met_with_a_backward_inside_the_forward_is_not_an_error() -> None:
     """Saves a backward inside a region's forward reads are kept by every plan and freed by
     that backward: the measuring pass holds no less than a plan does there, so a budget
-    it met runs with infeasible='error', within the budget."""
+    it met runs with infeasible='error', within the budget. (The measuring pass books
+    320 KiB: its replays rerun the inner backward, whose gradients no op saves, NOTE
+    [Replay transients] in scheduler/working_set.py.)"""
     torch.manual_seed(0)
     model = models.Stack([_LangevinBlock() for _ in range(4)])
-    rt = offrecomp.runtime(model, mode="auto", budget=160 * KIB, min_bytes=0, infeasible="error")
+    budget = 330 * KIB
+    rt = offrecomp.runtime(model, mode="auto", budget=budget, min_bytes=0, infeasible="error")
     train(model, lambda s: torch.randn(64, 64, generator=torch.Generator().manual_seed(s)), rt, steps=5)
     steps = rt.report().steps
-    assert steps[-1].phase == "planned" and all(s.peak_activation_bytes <= 160 * KIB for s in steps[1:])
+    assert steps[-1].phase == "planned" and all(s.peak_activation_bytes <= budget for s in steps), steps

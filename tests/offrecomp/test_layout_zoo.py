@@ -838,11 +838,15 @@ def test_inplace_after_save_raises_like_plain(
     """Three clean steps (bitwise equal to plain), then a step whose forward writes a
     tensor exp saved. Plain autograd raises in that backward; so must every variant,
     whether or not the user still references the written tensor (``result_dropped``: it
-    is referenced only by what the hooks hold)."""
+    is referenced only by what the hooks hold). The known limit shows where every block
+    drops exp's result: under recompute, and under auto where its plan does (its most
+    frugal plan keeps the last block's, whose replay at the backward's start would hold
+    the Linear's output beside it: NOTE [Replay transients] in scheduler/working_set.py)."""
+    limit = "a write to a saved tensor whose Python object died by backward is not seen"
     limited = False
-    if not hold and variant in ("recompute", "auto_tight", "auto_serve"):
+    if not hold and variant == "recompute":
         # offload sees it: exp's result is a typed save (NOTE [Writes after a save])
-        limited = _known_limit(request, "a write to a saved tensor whose Python object died by backward is not seen")
+        limited = _known_limit(request, limit)
     torch.manual_seed(0)
     model = ExpWriteModel()
     write_step = STEPS - 1
@@ -859,12 +863,25 @@ def test_inplace_after_save_raises_like_plain(
     rt = variant_runtime(m, variant, budget)
     got, err = _forbidden_run(m, rt, hold, write_step)
     assert_bitwise(ref, got[:write_step])
+    if not hold and budget is not None and _drops_in_every_call(rt):
+        limited = _known_limit(request, limit)
     if limited and err is None:  # the symptom: the step trains on the values saved before the write
         assert len(got) == write_step + 1
         raise KnownLimit(f"{variant}: a saved tensor was written in place and backward did not raise")
     assert err is not None, f"{variant}: a saved tensor was written in place and backward did not raise"
     assert isinstance(err, RuntimeError)
     assert re.search(_FORBIDDEN, str(err)), str(err)
+
+
+def _drops_in_every_call(rt: offrecomp.Runtime) -> bool:
+    """The plan ``rt`` ran last drops a storage in every region call."""
+    entry = rt.planner.last_entry
+    assert entry is not None and entry.profile is not None and entry.plan is not None
+    plan = entry.plan
+    return all(
+        any(plan.placement((r.name, r.call_index, i)) is Placement.RECOMPUTE for i in range(len(r.storages)))
+        for r in entry.profile.regions
+    )
 
 
 # ------------------------------------------------------------------- reduced cases

@@ -495,9 +495,13 @@ def test_blocks_held_as_attributes_are_recomputed_bitwise(mode: str) -> None:
 @pytest.mark.parametrize("mode", ["recompute", "auto"])
 def test_a_lone_layer_group_called_once_per_layer_is_recomputed(mode: str) -> None:
     """ALBERT's default layout: one layer group in a ModuleList, called once per layer.
-    It is the region, each call a region call, dropped and replayed bitwise."""
+    It is the region, each call a region call, dropped and replayed bitwise. Auto's most
+    frugal plan keeps the last call whole: its replay, at the backward's start, would
+    hold the up projection's output beside the tanh's it brings back (NOTE [Replay
+    transients] in scheduler/working_set.py)."""
     torch.manual_seed(0)
-    assert _recomputed_bitwise(_Stacked([_Mlp()], calls=4), mode, replays=4).regions == ["layers.0"]
+    replays = 4 if mode == "recompute" else 3
+    assert _recomputed_bitwise(_Stacked([_Mlp()], calls=4), mode, replays=replays).regions == ["layers.0"]
 
 
 class _LazyBlock(nn.Module):

@@ -118,10 +118,12 @@ def test_a_combination_larger_than_any_seen_measures_at_its_next_pass() -> None:
     """A longer document after a planned run of shorter ones: the pass planned for the
     short combination departs from it with storages larger than its plan's, drops those
     calls (gradients stay exact), and the next pass beginning with the same query
-    chooses the longer combination and measures it; the shorter ones borrow its plan."""
+    chooses the longer combination and measures it; the shorter ones borrow its plan.
+    (At half of keep's peak: the longer combination's most frugal plan, its attention
+    replays' transients counted, holds 0.44 of it.)"""
     model = make("gpt_dropout")[0]
     lengths = [12, 12, 12, 24, 24, 24, 12, 24]
-    rt, budget = _run_auto(model, _query_and_document(lengths), len(lengths))
+    rt, budget = _run_auto(model, _query_and_document(lengths), len(lengths), fraction=0.5)
     steps = rt.report().steps
     phases = [s.phase for s in steps]
     assert phases == ["measure", "calibrate", "planned", "borrowed", "measure", "calibrate", "borrowed", "planned"]
@@ -397,16 +399,17 @@ def test_unfreezing_between_steps_is_a_new_signature(how: str) -> None:
     """NOTE [Frozen parameters]: the frozen passes save a sixteenth of what the trained
     ones do at the same input shapes. Keep's books of a frozen pass (NOTE [Native keep])
     would report the trained passes' bytes that low, and auto would run the frozen
-    passes' plan on the first trained one (everything kept, twice the budget). New
+    passes' plan on the first trained one (everything kept, 1.7x the budget). New
     Parameter objects under the old names moved no structure epoch, so the frozen
-    flags, read once per epoch, stayed."""
+    flags, read once per epoch, stayed. (The budget is 0.6 of keep's peak: the most
+    frugal plan, the replays' transients counted, holds 0.52 of it.)"""
     keep = _unfrozen_at(2, "keep", 4, how).report().steps
     whole = _unfrozen_at(0, "keep", 2).report().steps
     assert keep[0].peak_activation_bytes < whole[0].peak_activation_bytes
     assert [s.peak_activation_bytes for s in keep[2:]] == [whole[0].peak_activation_bytes] * 2
     assert "frozen:" in keep[0].signature and "frozen:" not in keep[2].signature
 
-    budget = whole[0].peak_activation_bytes // 2
+    budget = whole[0].peak_activation_bytes * 3 // 5
     steps = _unfrozen_at(4, "auto", 9, how, budget=budget, drift=100.0).report().steps
     assert [s.phase for s in steps[4:6]] == ["measure", "calibrate"]
     assert all(s.peak_activation_bytes <= 1.05 * budget for s in steps), [s.peak_activation_bytes for s in steps]

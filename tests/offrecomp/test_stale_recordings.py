@@ -68,11 +68,11 @@ def _loop(
     return out
 
 
-def _check(model: Stack, batch: Callable[[int], torch.Tensor], mutate: Mutate) -> Any:
+def _check(model: Stack, batch: Callable[[int], torch.Tensor], mutate: Mutate, share: float = 0.5) -> Any:
     """Plain against auto with every replay under the dispatch mode (``replay_op_us=0``)
-    under half of keep's peak; returns the runtime."""
+    under ``share`` of keep's peak; returns the runtime."""
     ref = _loop(copy.deepcopy(model), batch, None, mutate)
-    budget = tight_budget(model, batch)
+    budget = int(2 * share * tight_budget(model, batch))
     m = copy.deepcopy(model)
     rt = variant_runtime(m, "auto_serve", budget)
     assert_bitwise(ref, _loop(m, batch, rt, mutate))
@@ -161,14 +161,17 @@ def test_a_recording_of_a_call_that_built_its_cache(source: str) -> None:
     """The serving replay of a later call diverges from the recording (it slices where
     the recording built). A table of factory ops is a skipped build (NOTE [Skipped
     builds] in trace/structure.py); one computed from a parameter is not: the replay
-    runs plainly and the signature measures again."""
+    runs plainly and the signature measures again. At 0.8 of keep's peak: below 0.71
+    the most frugal plan drops the gate's cosine too, and its replays run every op, under
+    no dispatch mode (a replay holds the Linear's output and its gated product beside the
+    tanh's it brings back, NOTE [Replay transients] in scheduler/working_set.py)."""
     torch.manual_seed(0)
     model = Stack([_LazyCacheBlock(source) for _ in range(3)])
 
     def batch(s: int) -> torch.Tensor:
         return torch.randn(2, 12, 16, generator=torch.Generator().manual_seed(s))
 
-    rt = _check(model, batch, lambda m, s: None)
+    rt = _check(model, batch, lambda m, s: None, share=0.8)
     phases = settled_phases(rt.report().steps)
     if source == "factory":
         assert phases == ["measure", "calibrate"] + ["planned"] * (len(phases) - 2) and len(phases) >= 5, phases

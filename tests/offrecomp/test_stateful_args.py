@@ -491,7 +491,10 @@ def test_a_replay_leaves_the_state_as_the_forward_left_it(mode: str) -> None:
             m(_batch(step)).backward()
             assert m.state is not None
             assert [float(o) for o in m.state.offsets] == [1.0, 1.0, 1.0], (step, m.state.offsets)
-    assert rt.report().steps[-1].replays == 3
+    # auto's most frugal plan keeps the last block whole: its replay, at the backward's
+    # start, would hold the Linear's output beside the tanh's it brings back (NOTE
+    # [Replay transients] in scheduler/working_set.py)
+    assert rt.report().steps[-1].replays == (3 if mode == "recompute" else 2)
 
 
 def test_state_written_too_large_to_copy_keeps_the_calls_activations() -> None:
@@ -816,4 +819,5 @@ def test_a_whole_model_handed_to_each_block_is_passed_over(mode: str) -> None:
     rt = offrecomp.runtime(model, mode=mode, min_bytes=0, **({"budget": 1} if mode == "auto" else {}))
     assert_bitwise(ref, train(model, batch, rt, steps=STEPS))
     last = rt.report().steps[-1]
-    assert last.recomputed_bytes > 0 and last.replays == 3, (last.recomputed_bytes, last.replays)
+    replays = 3 if mode == "recompute" else 2  # auto keeps the last block whole, as above
+    assert last.recomputed_bytes > 0 and last.replays == replays, (last.recomputed_bytes, last.replays)
