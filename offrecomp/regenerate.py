@@ -335,9 +335,12 @@ def _transient(call: RegionCall, k: int, *, plain: bool) -> int:
     for r in call.storages:
         if r.placement is RECOMPUTE and 0 <= r.index < len(recs):
             dropped[r.index] = True
-    if k < 0:
-        k = max((s.last_save_op for s, d in zip(recs, dropped) if d), default=0)
-    return replay_transient_bytes(structure.op_records, recs, dropped, k, plain=plain)
+    key = (*dropped, k, plain)
+    found = structure.transients.get(key)
+    if found is None:
+        at = k if k >= 0 else max((s.last_save_op for s, d in zip(recs, dropped) if d), default=0)
+        found = structure.transients[key] = replay_transient_bytes(structure.op_records, recs, dropped, at, plain=plain)
+    return found
 
 
 def _servable_storages(call: RegionCall, groups: OffloadGroups | None) -> dict[int, tuple[Any, int]]:

@@ -154,6 +154,9 @@ class RegionStructure:
     state: tuple[Any, ...] | None = None
     """``module_state`` of the recorded call's region at its exit (NOTE [Stale
     recordings] in regenerate.py)."""
+    transients: dict[tuple[Any, ...], int] = field(default_factory=dict)
+    """Replay transients computed from this recording, by (dropped storages, prefix,
+    plain) (NOTE [Replay transients] in scheduler/working_set.py): the same each step."""
     self_changing: bool = False
     """The recorded call changed its modules' attributes or replaced a buffer (a cache
     built on first use): later calls may run other ops (NOTE [Stale recordings])."""
