@@ -1,4 +1,5 @@
-"""The device scripts' CPU dry runs, as their tests run them."""
+"""The device scripts' CPU dry runs, as their tests run them (through the warm
+interpreter of the ``warm_python`` fixture: tests/benchmarks/warm_python.py)."""
 
 from __future__ import annotations
 
@@ -18,14 +19,17 @@ needs_bash_and_tar = pytest.mark.skipif(
 )
 
 
-def dry_run(script: str, tmp_path: Path, timeout: float, **env: str) -> tuple[Path, str]:
-    """Run ``benchmarks/<script>`` with DRY_RUN=1 (and ``env``) from ``tmp_path``; check it
-    exited 0 with no step timed out. Returns its OUT folder and its suite.log."""
+def dry_run(
+    script: str, tmp_path: Path, timeout: float, *, python: str = sys.executable, **env: str
+) -> tuple[Path, str]:
+    """Run ``benchmarks/<script>`` with DRY_RUN=1, PYTHON=``python`` (and ``env``) from
+    ``tmp_path``; check it exited 0 with no step timed out. Returns its OUT folder and its
+    suite.log."""
     out = tmp_path / "out"
     res = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / script)],
         cwd=tmp_path,
-        env={**os.environ, "OUT": str(out), "PYTHON": sys.executable, "DRY_RUN": "1", "OMP_NUM_THREADS": "1", **env},
+        env={**os.environ, "OUT": str(out), "PYTHON": python, "DRY_RUN": "1", "OMP_NUM_THREADS": "1", **env},
         capture_output=True,
         text=True,
         timeout=timeout,  # the script's own step limits come first (doubled in a dry run)

@@ -12,8 +12,10 @@ from tests.benchmarks.dry_run import archived, dry_run, needs_bash_and_tar
 
 @pytest.mark.slow
 @needs_bash_and_tar
-def test_dry_run_writes_every_result(tmp_path: Path) -> None:
-    out, log = dry_run("device_long.sh", tmp_path, 900, WHEELS=str(tmp_path / "no_wheels_here"))
+def test_dry_run_writes_every_result(tmp_path: Path, warm_python: str) -> None:
+    out, log = dry_run(
+        "device_long.sh", tmp_path, 900, python=warm_python, WHEELS=str(tmp_path / "no_wheels_here")
+    )
     assert "== " in log and "done" in log
     for name in ("warmup", "compile_warm", "long_seq_64", "long_seq_128", "long_seq_256",
                  "search_6MiB", "profile_step"):  # fmt: skip

@@ -17,8 +17,8 @@ STEPS = (
 
 @pytest.mark.slow
 @needs_bash_and_tar
-def test_dry_run_writes_every_result(tmp_path: Path) -> None:
-    out, log = dry_run("device_suite.sh", tmp_path, 900)
+def test_dry_run_writes_every_result(tmp_path: Path, warm_python: str) -> None:
+    out, log = dry_run("device_suite.sh", tmp_path, 900, python=warm_python)
     assert "dry run: 1" in log and "done" in log
     for name in STEPS:
         assert f"[{name}: exit 0]" in log, name

@@ -125,8 +125,8 @@ def test_cli_prints_and_exits_by_the_verdicts(tmp_path: Path, capsys: pytest.Cap
 
 @pytest.mark.slow
 @needs_bash_and_tar
-def test_device_offload_dry_run_writes_every_result(tmp_path: Path) -> None:
-    out, log = dry_run("device_offload.sh", tmp_path, 600)
+def test_device_offload_dry_run_writes_every_result(tmp_path: Path, warm_python: str) -> None:
+    out, log = dry_run("device_offload.sh", tmp_path, 600, python=warm_python)
     assert "exit 1" not in log, log[-3000:]
     names = {Path(n).name for n in archived(out)}
     for seq in (64, 128):
@@ -141,10 +141,10 @@ def test_device_offload_dry_run_writes_every_result(tmp_path: Path) -> None:
 
 
 @needs_bash_and_tar
-def test_device_offload_keeps_to_its_budget(tmp_path: Path) -> None:
+def test_device_offload_keeps_to_its_budget(tmp_path: Path, warm_python: str) -> None:
     """With no DEVICE_BUDGET_S left, every step says it was skipped (none runs past the
     device tool's limit) and the script still ends, packed, with exit status 0."""
-    out, log = dry_run("device_offload.sh", tmp_path, 120, DEVICE_BUDGET_S="0")
+    out, log = dry_run("device_offload.sh", tmp_path, 120, python=warm_python, DEVICE_BUDGET_S="0")
     skipped = [line for line in log.splitlines() if ": skipped, " in line]
     assert len(skipped) >= 8 and all("of DEVICE_BUDGET_S=0 left" in line for line in skipped), log[-3000:]
     assert "[warmup: skipped" in log and "[long_seq_64: skipped" in log and "[replay_check_128: skipped" in log
@@ -154,11 +154,11 @@ def test_device_offload_keeps_to_its_budget(tmp_path: Path) -> None:
 
 
 @needs_bash_and_tar
-def test_device_offload_runs_the_steps_it_is_told(tmp_path: Path) -> None:
+def test_device_offload_runs_the_steps_it_is_told(tmp_path: Path, warm_python: str) -> None:
     """STEPS names the numbered steps to run (the planner's kernels compiled first
     whatever it names); another value, or a budget that is no whole number of seconds,
     is refused, naming the accepted ones."""
-    out, log = dry_run("device_offload.sh", tmp_path, 120, STEPS="5")
+    out, log = dry_run("device_offload.sh", tmp_path, 120, python=warm_python, STEPS="5")
     ran = re.findall(r"\[(\w+): exit \d+", log)
     assert ran == ["warmup", "replay_check_128"], log[-3000:]
     assert all(f"{n}. skipped: STEPS=5" in log for n in (1, 2, 3, 4)), log[-3000:]
