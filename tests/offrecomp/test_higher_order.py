@@ -70,26 +70,36 @@ class CondBlock(nn.Module):
         return x + F.dropout(self.out(z), 0.1, self.training)
 
 
-@pytest.mark.parametrize("variant", ["recompute", "auto_serve", "offload"])
-def test_cond_blocks_bitwise_equal_to_plain(variant: str) -> None:
-    """torch.cond under the measuring pass's recorder raised NotImplementedError; now the
-    block is opaque and replays whole. The batch's sign alternates, so both branches run.
-    (Few variants: eager torch.cond traces its branches on every call, which is slow.)"""
+def _cond_batch(s: int) -> torch.Tensor:
+    sign = 1.0 if (s // 10) % 2 else -1.0  # train() asks for 10 * step
+    return sign + torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(s))
+
+
+@pytest.fixture(scope="module")
+def cond_model_and_plain() -> tuple[nn.Module, list[dict[str, torch.Tensor]]]:
+    """A stack of two CondBlocks and its plain run, for every variant (eager torch.cond
+    traces its branches on every call, which is slow); each block takes each branch in
+    some step of that run."""
     torch.manual_seed(0)
     model = models.Stack([CondBlock() for _ in range(2)])
-
-    def batch(s: int) -> torch.Tensor:
-        sign = 1.0 if (s // 10) % 2 else -1.0  # train() asks for 10 * step
-        return sign + torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(s))
-
-    # each block takes each branch in some step
     taken: dict[int, set[bool]] = {0: set(), 1: set()}
-    probe = copy.deepcopy(model)
-    for i, blk in enumerate(probe.blocks):
+    plain = copy.deepcopy(model)
+    for i, blk in enumerate(plain.blocks):  # reads the input only: the run is plain's
         blk.register_forward_pre_hook(lambda _m, args, i=i: taken[i].add(bool(args[0].mean() > 0)))
-    train(probe, batch, steps=4)
+    ref = train(plain, _cond_batch, steps=4)
     assert taken == {0: {True, False}, 1: {True, False}}, taken
-    _check_opaque_blocks(model, batch, variant, train(copy.deepcopy(model), batch, steps=4))
+    return model, ref
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto_serve", "offload"])
+def test_cond_blocks_bitwise_equal_to_plain(
+    variant: str, cond_model_and_plain: tuple[nn.Module, list[dict[str, torch.Tensor]]]
+) -> None:
+    """torch.cond under the measuring pass's recorder raised NotImplementedError; now the
+    block is opaque and replays whole. The batch's sign alternates, so both branches run.
+    (Few variants, one plain run: eager torch.cond traces its branches on every call.)"""
+    model, ref = cond_model_and_plain
+    _check_opaque_blocks(model, _cond_batch, variant, ref)
 
 
 def _check_opaque_blocks(model: nn.Module, batch: Callable[[int], Any], variant: str, ref: list[Any]) -> None:
