@@ -254,11 +254,15 @@ def test_a_wait_on_a_fired_event_queues_nothing() -> None:
         emu.close()
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_process_with_queued_emulated_copies_exits_cleanly() -> None:
     """NOTE [Workers at exit]: forward-only offload passes leave copies queued on a worker
-    of an engine that outlives the runtime; the process must still exit with status 0."""
+    of an engine that outlives the runtime; the process must still exit with status 0.
+    Twice, as two processes forked from one that imported torch and offrecomp (and made
+    no engine): each ends with an ordinary interpreter exit."""
     script = textwrap.dedent(
         """
+        import os, sys
         import torch
         from torch import nn
         import offrecomp
@@ -269,19 +273,25 @@ def test_process_with_queued_emulated_copies_exits_cleanly() -> None:
                     x = torch.tanh(x)
                 return x
 
-        model = nn.Sequential(*[Chain() for _ in range(4)])
-        x = torch.randn(16, requires_grad=True)
-        rt = offrecomp.runtime(model, mode="offload", min_bytes=0)  # alive at exit
-        with rt:
-            for _ in range(5):
-                model(x)  # no backward: the graph is dropped
-        print("ok")
+        statuses = []
+        for _ in range(2):  # the crash depended on where the worker was at exit
+            pid = os.fork()
+            if pid == 0:
+                model = nn.Sequential(*[Chain() for _ in range(4)])
+                x = torch.randn(16, requires_grad=True)
+                rt = offrecomp.runtime(model, mode="offload", min_bytes=0)  # alive at exit
+                with rt:
+                    for _ in range(5):
+                        model(x)  # no backward: the graph is dropped
+                print("ok", flush=True)
+                sys.exit(0)  # the interpreter's exit, rt and its engine's queued copies alive
+            statuses.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        print("exit statuses", *statuses)
         """
     )
-    for _ in range(2):  # the crash depended on where the worker was at exit
-        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
-        assert out.stdout.strip() == "ok"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert out.stdout.split() == ["ok", "ok", "exit", "statuses", "0", "0"], (out.stdout, out.stderr[-2000:])
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
