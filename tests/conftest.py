@@ -1,11 +1,16 @@
-"""Shared test setup: the CUDA marker, deterministic seeds, a frozen heap, and no leaked
-runtimes."""
+"""Shared test setup: the CUDA marker, deterministic seeds, a frozen heap, no leaked
+runtimes, and a warm interpreter for the tests that run Python scripts."""
 
 from __future__ import annotations
 
 import gc
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,3 +65,31 @@ def _no_active_runtime() -> None:
     leaked = rtmod._active
     rtmod._active = None
     assert leaked is None, "a test left an offrecomp runtime entered"
+
+
+@pytest.fixture(scope="session")
+def warm_python() -> Iterator[str]:
+    """A ``python`` for the tests that run scripts in a process of their own (the device
+    scripts' dry runs, the examples), backed by one server per test process that has
+    torch and the other heavy imports loaded (tests/warm_python.py; its environment this
+    process's, OMP_NUM_THREADS=1); WARM_PYTHON=0 gives the plain interpreter instead."""
+    if os.environ.get("WARM_PYTHON") == "0":
+        yield sys.executable
+        return
+    from tests import warm_python as warm
+
+    folder = Path(tempfile.mkdtemp(prefix="warm_py"))  # short: a socket path has ~100 bytes
+    sock = str(folder / "s")
+    server = subprocess.Popen(
+        [sys.executable, "-I", warm.__file__, "serve", sock],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready", "the server did not start"
+        yield warm.write_wrapper(str(folder / "python"), sock)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,5 +1,5 @@
 """The device scripts' CPU dry runs, as their tests run them (through the warm
-interpreter of the ``warm_python`` fixture: tests/benchmarks/warm_python.py)."""
+interpreter of the ``warm_python`` fixture: tests/warm_python.py)."""
 
 from __future__ import annotations
 

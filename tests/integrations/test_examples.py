@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ EXAMPLES = {
 
 
 @pytest.mark.parametrize("script", sorted(EXAMPLES))
-def test_example_runs(script: str) -> None:
+def test_example_runs(script: str, warm_python: str) -> None:
     needs, flags = EXAMPLES[script]
     missing = [m for m in needs if importlib.util.find_spec(m) is None]
     if missing:
@@ -32,7 +31,7 @@ def test_example_runs(script: str) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env.setdefault("OMP_NUM_THREADS", "1")
     out = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / script), *TINY, *flags],
+        [warm_python, str(ROOT / "examples" / script), *TINY, *flags],  # as `python script.py`
         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -1,5 +1,6 @@
-"""A warm Python for the device scripts' dry runs: each ``"$PY" ...`` they run starts in
-milliseconds instead of seconds.
+"""A warm Python for the tests that run Python scripts in processes of their own (the
+device scripts' dry runs, the examples): each call starts in milliseconds instead of
+seconds.
 
 A dry run calls the interpreter about 15 times, and each cold start spends 3-4 s of CPU
 importing torch (with torch._dynamo, which an optimizer's constructor imports), numba and
