@@ -109,6 +109,7 @@ def serve(sock_path: str) -> None:
     srv.settimeout(1.0)
     parent = os.getppid()
     print("ready", flush=True)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # nobody reads the pipe past that line
     while os.getppid() == parent:  # ends with the process that started it
         _reap()
         try:
