@@ -51,7 +51,7 @@ __all__ = [
 # never reads that tensor. So a tensor among the bindings written since the forward
 # returned stops a replay only if the replay reads it: the replay runs under the guard
 # that watches parameters written since the forward (NOTE [Replay and parameters] in
-# regions.py), which raises at the first op that reads one. Compiled code runs unseen by
+# params.py), which raises at the first op that reads one. Compiled code runs unseen by
 # the guard, so for a compiled region any such write is an error at the replay's start.
 
 # NOTE [Stateful arguments]

@@ -148,7 +148,7 @@ def warn_big_buffers(call: RegionCall, region: Region) -> None:
 # READ_SNAPSHOT_MAX_BYTES (regions.py, as for buffers a forward only read). A
 # replay finds one written since: it runs on the copy, the written values put back
 # afterwards; a larger one stops the replay at its first read (the parameters' guard,
-# NOTE [Replay and parameters] in regions.py). A tensor the first call did not read is
+# NOTE [Replay and parameters] in params.py). A tensor the first call did not read is
 # not seen (a global rebound to a new tensor at each step reads as another tensor).
 
 

@@ -50,12 +50,11 @@ from offrecomp.config import Config
 from offrecomp.diagnostics import kind, log_once, runs_collectives, warn_collective, warn_once
 from offrecomp.groups import reads_bytes_as_stored
 from offrecomp.measure import DeviceClock
+from offrecomp.params import capture_params, finish_params
 from offrecomp.regions import (
     Region,
     capture_autocast,
-    capture_params,
     capture_rng,
-    finish_params,
     has_lazy_parameters,
     storage_ptrs,
 )

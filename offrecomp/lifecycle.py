@@ -68,7 +68,7 @@ from offrecomp import outputs
 from offrecomp.config import Config
 from offrecomp.diagnostics import warn_once
 from offrecomp.measure import DeviceClock, Mark
-from offrecomp.regions import note_stepped
+from offrecomp.params import note_stepped
 from offrecomp.report import StepRecord
 from offrecomp.signatures import Part, PassSignatures, shown
 from offrecomp.state import PassState, RegionCall, Stage
@@ -452,7 +452,7 @@ class Lifecycle:
 
     @staticmethod
     def _stepped_before_backward(p: PassState, optimizer: Any) -> None:
-        """NOTE [Steps before the backward] (regions.py): ``optimizer`` stepped while
+        """NOTE [Steps before the backward] (params.py): ``optimizer`` stepped while
         ``p``'s backward has not run: its calls' replays must not read what it stepped."""
         stepped = {id(q) for g in getattr(optimizer, "param_groups", None) or () for q in g.get("params", ())}
         for call in p.all_calls():

@@ -44,17 +44,12 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "MODEL_NAME",
-    "ParamState",
     "Region",
     "buffer_of",
     "capture_autocast",
-    "capture_params",
     "compiled_module",
     "discover_regions",
-    "finish_params",
     "has_lazy_parameters",
-    "modified_params",
-    "note_stepped",
     "storage_ptrs",
     "tensor_attrs",
     "param_of",
@@ -614,65 +609,7 @@ def autocast_contexts(state: AutocastState, *, cache: bool = True) -> list[Any]:
     ]
 
 
-# ---------------------------------------------------------------- parameter state
-# (buffers: buffers.py)
-
-# NOTE [Replay and parameters]
-# torch.func.functional_call (and torch.nn.utils.stateless) runs a module with other
-# tensors in its parameter slots for the length of one call: meta-learning's fast
-# weights, a hypernetwork's generated weights, an EMA teacher evaluated with the
-# student's module. Backward runs after the call, when the module's own parameters are
-# back, so a replay that read the slots would recompute with the wrong weights and
-# return activations that silently differ from the forward's. At region entry the
-# runtime records which tensor fills each parameter slot; a replay puts those tensors
-# back into any slot that now holds another one, and the current ones afterwards. Only
-# plain tensors are put back: FSDP2 swaps its sharded DTensor parameters for unsharded
-# ones around each forward and backward, and for a block compiled in place the runtime
-# sees the slots before FSDP2's hooks have run (the sharded DTensor is not what the
-# forward read).
-#
-# A parameter modified in place between the forward and the replay (an optimizer that
-# steps inside backward, torchtune's optimizer_in_bwd; or a user's own update) has lost
-# the values the forward used. That is harmless when the replay stops before the ops
-# that read it: an optimizer in backward only updates a parameter once its gradient is
-# complete, i.e. after the backward of every op that used it, and the saves a later
-# replay regenerates come from ops before those. So the check is by use, not by version:
-# when a parameter's version moved since the forward returned, the replay runs under
-# ParamGuard (trace/serving.py), which raises if an op it runs reads that parameter's storage.
-# Compiled regions run their graph unseen by the guard, and are not checked.
-
-
-@dataclass
-class ParamState:
-    slots: tuple[tuple[nn.Module, str], ...]
-    """The region's parameter slots when the call entered."""
-    objects: tuple[torch.Tensor | None, ...]
-    """The tensor in each parameter slot at region entry."""
-    entry_versions: tuple[int, ...] = ()
-    """Their versions at region entry."""
-    versions: tuple[int, ...] = ()
-    """Their versions when the forward returned (``finish_params``)."""
-    snapshots: dict[int, torch.Tensor] = field(default_factory=dict)
-    """Slot -> the parameter's values before the forward wrote it in place (copied by the
-    first call's watch; NOTE [State written by its region])."""
-    unseen: list[int] = field(default_factory=list)
-    """Slots the forward wrote with no copy taken before: a replay cannot be right."""
-    requires_grad: tuple[bool, ...] = ()
-    """Their ``requires_grad`` at region entry (a replay saves what the forward saved
-    only with the same flags)."""
-    stepped: set[int] = field(default_factory=set)
-    """Slots an optimizer stepped since the forward returned, outside a backward (NOTE
-    [Steps before the backward])."""
-
-    def keep_copy(self, i: int) -> None:
-        """Parameter ``i`` is about to be written by the forward: keep its values."""
-        t = self.objects[i]
-        if t is not None and i not in self.snapshots:
-            self.snapshots[i] = t.detach().clone(memory_format=torch.preserve_format)
-
-
-def _versions(objects: tuple[torch.Tensor | None, ...]) -> tuple[int, ...]:
-    return tuple(-1 if t is None else tc.version_of(t) for t in objects)
+# ------------------------------------------------------------- tensors of modules
 
 
 def storage_ptrs(tensors: Iterable[torch.Tensor | None]) -> set[int]:
@@ -698,79 +635,3 @@ def tensor_attrs(modules: tuple[nn.Module, ...], tables: list[dict[str, Any]]) -
         return ()
     own = storage_ptrs(t for m in modules for t in (*m._parameters.values(), *m._buffers.values()))
     return tuple((m, n) for m, n, v in found if int(v.untyped_storage().data_ptr()) not in own)
-
-
-def capture_params(slots: tuple[tuple[nn.Module, str], ...]) -> ParamState | None:
-    """The tensor in each parameter slot (None when the region has no parameters)."""
-    if not slots:
-        return None
-    objects: list[torch.Tensor | None] = []
-    versions: list[int] = []
-    flags: list[bool] = []
-    for m, n in slots:  # one pass: every region call that may replay runs it
-        table = m._parameters
-        t = table[n] if n in table else None  # noqa: SIM401 (param_of, inline)
-        objects.append(t)
-        if t is None:
-            versions.append(-1)
-            flags.append(False)
-        else:
-            versions.append(tc.version_of(t))
-            flags.append(t.requires_grad)
-    return ParamState(slots, tuple(objects), tuple(versions), requires_grad=tuple(flags))
-
-
-def finish_params(state: ParamState | None) -> list[int]:
-    """Region forward returned: a replay must see the parameters as they are now. Returns
-    the slots of plain parameters the forward wrote in place (a VQ codebook's running
-    average kept in a frozen parameter; ``nn.Embedding(max_norm=...)`` renormalising)."""
-    if state is None:
-        return []
-    state.versions = _versions(state.objects)
-    written = [
-        i
-        for i, (t, a, b) in enumerate(zip(state.objects, state.entry_versions, state.versions))
-        if (a != b or i in state.snapshots) and type(t) in (torch.Tensor, nn.Parameter)
-    ]  # a copy taken: the watch saw a write, also one through ``.data``, which moves no version
-    state.unseen = [i for i in written if i not in state.snapshots]
-    return written
-
-
-def modified_params(state: ParamState) -> dict[int, str]:
-    """Storages (data pointer -> description) of the parameters the forward used that were
-    modified in place since it returned."""
-    out: dict[int, str] = {}
-    for i, ((m, n), t, v) in enumerate(zip(state.slots, state.objects, state.versions)):
-        if t is None or type(t) not in (torch.Tensor, nn.Parameter):
-            continue
-        now = tc.version_of(t)
-        if now != v:
-            why = f"version {v} -> {now}"
-        elif i in state.stepped:
-            why = "stepped by an optimizer whose kernels move no version, such as a fused one"
-        else:
-            continue
-        out[int(t.untyped_storage().data_ptr())] = f"parameter {n!r} of {type(m).__name__} ({why})"
-    return out
-
-
-# NOTE [Steps before the backward]
-# An optimizer that steps between a forward and its backward changes the parameters a
-# replay of that forward reads. A step that moves their versions stops such a replay
-# (NOTE [Replay and parameters]); a fused one (``AdamW(fused=True)``, ``SGD(fused=True)``
-# on the CPU) writes them in its kernels, moving no version, and the replay would
-# recompute with the new weights where plain autograd holds activations of the old ones:
-# other gradients, silently. So the runtime's optimizer-step hook, outside a backward,
-# marks the parameters the optimizer holds in every call of the pass whose backward has
-# not run yet (``note_stepped``), and the replay's guard treats them as modified: a
-# replay that reads one raises. A step inside backward (an optimizer per parameter, as
-# torchtune's ``optimizer_in_bwd``) is not marked: it updates a parameter after the
-# backward of every op that read it.
-
-
-def note_stepped(state: ParamState, stepped: set[int]) -> None:
-    """NOTE [Steps before the backward]: the parameters of ``state`` whose ids are in
-    ``stepped`` were stepped by an optimizer."""
-    for i, t in enumerate(state.objects):
-        if t is not None and id(t) in stepped:
-            state.stepped.add(i)

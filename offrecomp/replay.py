@@ -74,12 +74,11 @@ from offrecomp.changes import (
 )
 from offrecomp.diagnostics import log_once
 from offrecomp.interrupts import finish
+from offrecomp.params import ParamState, modified_params
 from offrecomp.regions import (
-    ParamState,
     autocast_as_now,
     autocast_contexts,
     capture_rng,
-    modified_params,
     param_of,
     restore_rng,
 )

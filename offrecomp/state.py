@@ -35,9 +35,9 @@ if TYPE_CHECKING:
     from offrecomp.arguments import CapturedInputs
     from offrecomp.buffers import BufferState
     from offrecomp.handles import SavedHandle
+    from offrecomp.params import ParamState
     from offrecomp.regions import (
         AutocastState,
-        ParamState,
         Region,
         RngState,
     )

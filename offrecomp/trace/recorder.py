@@ -214,7 +214,7 @@ class FirstCallWatch(HearsReportedWrites):
         """Storages it wrote that it did not see made and neither owns nor takes: a weak
         reference to each, and whether an op overwrote all of it before any read of it
         (NOTE [Storages no op made])."""
-        # storage -> (holder, index): arguments.CapturedInputs, regions.ParamState and
+        # storage -> (holder, index): arguments.CapturedInputs, params.ParamState and
         # arg_state.ArgState (``state``: NOTE [State written by the forward]), each with
         # keep_copy(index)
         self.by_ptr: dict[int, list[tuple[Any, int]]] = {}

@@ -51,7 +51,7 @@ class CastDivergedError(ReplayDivergedError):
 class ParamGuard(HearsReportedWrites):
     """Raises when an op of the replay reads a parameter, buffer or tensor of the
     argument state modified in place since the forward (NOTE [Replay and parameters] in
-    regions.py, NOTE [State written after the forward] in arg_state.py); ops the serving
+    params.py, NOTE [State written after the forward] in arg_state.py); ops the serving
     mode serves are not seen."""
 
     def __init__(self, region_name: str, modified: dict[int, str]) -> None:
