@@ -239,7 +239,7 @@ class RegionCalls:
         call.torch_function = tc.torch_function_state()
         cap.parametrize_cache = tc.parametrize_cache()
         call.buffers = capture_buffers(region.slots)
-        call.params = capture_params(region.param_slots)
+        call.params = capture_params(region.param_slots, region.param_data)
         call.training = tuple(m.training for m in region.modules)
         call.default_dtype = torch.get_default_dtype()
         call.attrs, contents = enter_tables(region, p.new_signature)  # NOTE [Attributes at entry]

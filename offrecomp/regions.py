@@ -173,6 +173,9 @@ class Region:
     tensor_attrs: tuple[tuple[nn.Module, str], ...] = ()
     """Its modules' plain attributes holding a tensor that is not one of its parameters or
     buffers (NOTE [Attributes written after the first call] in call_state.py)."""
+    param_data: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+    """Parameter slot -> (a weak reference to the storage its parameter showed, with that
+    parameter's dtype, shape, stride and offset) (NOTE [Replay and parameters] in params.py)."""
     epoch: int = -1
     """``structure_epoch()`` when it was last read (NOTE [Region refresh] in changes.py)."""
     children: list[Any] = field(default_factory=list)
@@ -194,6 +197,7 @@ class Region:
             self.mismatches = 0
             self.variable = False
             self.settled = 0
+            self.param_data = {}
         self.modules = mods
         self.children = module_children(mods)
         self.slots = tuple((sub, n) for sub in mods for n in sub._buffers.keys())  # noqa: SIM118 (a ScriptModule's buffers iterate by index)

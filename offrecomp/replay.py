@@ -74,7 +74,7 @@ from offrecomp.changes import (
 )
 from offrecomp.diagnostics import log_once
 from offrecomp.interrupts import finish
-from offrecomp.params import ParamState, modified_params
+from offrecomp.params import ParamState, data_at_entry, modified_params
 from offrecomp.regions import (
     autocast_as_now,
     autocast_contexts,
@@ -240,10 +240,12 @@ def _swap_params(call: RegionCall, entry: ParamState) -> Iterator[None]:
     for i, ((m, n), t) in enumerate(zip(slots, entry.objects)):
         now = param_of(m, n)
         before = entry.snapshots.get(i)
-        if before is not None and t is not None:
-            # written by the forward: the replay writes a fresh copy of the values before
+        # written by the forward: the replay writes a fresh copy of the values before;
+        # its storage replaced since (``.data =``): the replay reads the one held
+        fresh = before.clone(memory_format=torch.preserve_format) if before is not None else data_at_entry(entry, i)
+        if fresh is not None and t is not None:
             swapped.append((m, n, now))
-            fresh = before.clone(memory_format=torch.preserve_format).requires_grad_(t.requires_grad)
+            fresh = fresh.requires_grad_(t.requires_grad)
             if isinstance(t, nn.Parameter):
                 fresh = nn.Parameter(fresh, requires_grad=t.requires_grad)
             m._parameters[n] = fresh  # type: ignore[assignment]

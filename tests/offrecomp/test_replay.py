@@ -392,6 +392,81 @@ def test_functional_call_replays_with_the_weights_of_its_forward(mode: str) -> N
     assert dict(model.named_parameters()) == own  # the slots hold the module's own again
 
 
+class _Rebound(nn.Module):
+    """Reads its bias through an add, which saves nothing of it: what plain autograd
+    holds of the forward does not change when the bias is rebound through ``.data``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.b = nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x) + self.b)
+
+
+def _relaid(t: torch.Tensor, scale: float, column_major: bool) -> torch.Tensor:
+    """A new storage holding ``t * scale``, row- or column-major."""
+    return (t.t() * scale).contiguous().t() if column_major else (t * scale).contiguous()
+
+
+@pytest.mark.parametrize("when", ["before_backward", "between_steps", "both"])
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_a_parameter_rebound_through_data_replays_with_the_values_its_forward_read(mode: str, when: str) -> None:
+    """NOTE [Replay and parameters]: ``param.data = other`` keeps the Parameter and its
+    version and replaces its storage; between a forward and its backward the replay
+    reads the storage the forward read, with the strides it had (plain's gradients,
+    where reading the slot gave others silently), and the parameter holds the new
+    values after. Between steps (a legal pattern) the next forward reads the new values
+    and strides, as plain's does, and a replay after another rebinding reads those."""
+
+    def run(m: nn.Module, rt: offrecomp.Runtime | None) -> list[list[torch.Tensor]]:
+        out = []
+        with rt if rt is not None else contextlib.nullcontext():
+            for s in range(4):  # auto: measure, calibrate, planned
+                x = torch.randn(8, 8, generator=torch.Generator().manual_seed(s))
+                loss = m(x).pow(2).sum()
+                if when != "between_steps":
+                    for blk in m:
+                        blk.fc.bias.data = blk.fc.bias.data + 1.0
+                        blk.b.data = _relaid(blk.b.data, 2.0, blk.b.stride(0) == 8)  # the other layout
+                loss.backward()
+                out.append([p.grad.clone() for p in m.parameters()])
+                m.zero_grad()
+                if when != "before_backward":
+                    for blk in m:
+                        blk.fc.bias.data = blk.fc.bias.data - 0.5
+                        blk.b.data = _relaid(blk.b.data, 0.5, s % 2 == 0)  # column-major in odd steps
+        return out
+
+    torch.manual_seed(0)
+    m = nn.Sequential(_Rebound(), _Rebound())
+    ref_m = copy.deepcopy(m)
+    ref = run(ref_m, None)
+    rt = offrecomp.runtime(m, mode=mode, min_bytes=0, budget=1 if mode == "auto" else None)
+    got = run(m, rt)
+    for a, b in zip(ref, got):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert rt.report().steps[-1].replays > 0
+    for p, q in zip(ref_m.parameters(), m.parameters()):  # the new values, in the module's own
+        assert torch.equal(p, q) and p.stride() == q.stride()
+
+
+def test_a_parameter_written_in_place_and_rebound_stops_a_replay_reading_it() -> None:
+    """NOTE [Replay and parameters]: written in place before ``.data =`` replaced it, the
+    storage the forward read no longer holds its values: the replay reading it raises,
+    naming it, as for a parameter written in place alone."""
+    torch.manual_seed(0)
+    m = nn.Sequential(_Rebound(), _Rebound())
+    with offrecomp.runtime(m, mode="recompute", min_bytes=0):
+        loss = m(torch.randn(8, 8)).pow(2).sum()
+        with torch.no_grad():
+            m[0].b.add_(1.0)
+        m[0].b.data = m[0].b.data.clone()
+        with pytest.raises(RuntimeError, match=r"parameter 'b' of _Rebound \(version \d+ -> \d+\) in region '0' was modified"):
+            loss.backward()
+
+
 class _Scaled(nn.Module):
     def __init__(self) -> None:
         super().__init__()
