@@ -137,7 +137,7 @@ def data_at_entry(state: ParamState, i: int) -> torch.Tensor | None:
     storage since: a tensor over the storage held (NOTE [Replay and parameters]); None
     where the parameter has that storage still."""
     held, t = state.storages[i], state.objects[i]
-    if held is None or t is None or t.untyped_storage()._cdata == held[0]._cdata:
+    if held is None or t is None or t.untyped_storage() is held[0]:  # one object per storage
         return None
     storage, (_, dtype, shape, stride, offset) = held
     return torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset, shape, stride)
