@@ -133,6 +133,29 @@ def top_saved_tensors_hooks() -> Any:
     return torch._C._autograd._top_saved_tensors_default_hooks(False)
 
 
+def saved_tensors_hooks_disabled() -> str | None:
+    """The message of the ``torch.autograd.graph.disable_saved_tensors_hooks`` section this
+    thread is in (torch refuses a hook pair there), or None."""
+    get = getattr(torch._C._autograd, "_saved_tensors_hooks_get_disabled_error_message", None)
+    return get() if get is not None else None
+
+
+_DISABLE_CODE = getattr(getattr(torch.autograd.graph.disable_saved_tensors_hooks, "__wrapped__", None), "__code__", None)
+
+
+def refused_hooks_disable(exc: BaseException) -> bool:
+    """Was ``exc`` torch refusing to enter ``torch.autograd.graph.disable_saved_tensors_hooks``
+    (it raises the section's own message while a saved-tensor hook pair is registered)?
+    Told by its innermost frame: that context manager's own, where an error raised in the
+    section's body has the body's."""
+    tb = exc.__traceback__
+    if not isinstance(exc, RuntimeError) or tb is None or _DISABLE_CODE is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code is _DISABLE_CODE
+
+
 def autocast_cache_active() -> bool:
     """Is a CPU or CUDA autocast context with its weight cache on active?"""
     return torch.is_autocast_cache_enabled() and (
@@ -540,6 +563,8 @@ ALL_PRIVATE_APIS: tuple[str, ...] = (
     "torch.cuda._sleep",
     "torch._C._autograd._top_saved_tensors_default_hooks",
     "torch.autograd.graph._allow_mutation_on_saved_tensors_enabled",
+    "torch._C._autograd._saved_tensors_hooks_get_disabled_error_message, "
+    "torch.autograd.graph.disable_saved_tensors_hooks (its frame: where torch refuses a section)",
     "torch.utils.flop_counter._FlopCounterMode (by name, in offrecomp/trace/scope.py)",
     "torch._C._autograd._pop_saved_tensors_default_hooks / _push_saved_tensors_default_hooks",
     "torch.autograd._engine_run_backward (wrapped while a runtime is installed, and its arguments' order)",

@@ -380,7 +380,9 @@ def refused_transform(exc: BaseException, where: str | None) -> RuntimeError | N
     kept, offloaded or recomputed), and from the runtime's entry to its exit on the thread
     that entered it; torch's message names neither. The same goes for a hook pair set on
     one saved tensor (``grad_fn._raw_saved_self.register_hooks``), which torch refuses on
-    a save that has one: under the runtime every save has its pair."""
+    a save that has one: under the runtime every save has its pair; and for
+    ``torch.autograd.graph.disable_saved_tensors_hooks``, which torch refuses to enter
+    then, raising only the section's own message (the transforms enter one)."""
     if isinstance(exc, RuntimeError) and _HOOKS_SET in str(exc):
         return RuntimeError(
             f"offrecomp: {where or 'code inside `with rt:`'} calls register_hooks on a saved "
@@ -389,6 +391,16 @@ def refused_transform(exc: BaseException, where: str | None) -> RuntimeError | N
             "or recomputes each one). Put a torch.autograd.graph.saved_tensors_hooks pair "
             "around the ops instead (the runtime's pair runs on what it returns), or train "
             "this model without the runtime (OFFRECOMP_DISABLE=1)"
+        )
+    if isinstance(exc, RuntimeError) and _TRANSFORM_REFUSAL not in str(exc) and tc.refused_hooks_disable(exc):
+        where_pair = "from its entry to its exit" if where is None else "for every forward under it"
+        return RuntimeError(
+            f"offrecomp: {where or 'code inside `with rt:`'} enters "
+            f"torch.autograd.graph.disable_saved_tensors_hooks (its message: {str(exc)!r}), which "
+            "torch refuses while a saved-tensor hook pair is registered, and the runtime's "
+            f"pair is registered {where_pair} (it keeps, offloads or recomputes each save "
+            "through it). Run that code outside `with rt:`, where its saves are plain "
+            "autograd's, or train this model without the runtime (OFFRECOMP_DISABLE=1)"
         )
     if not isinstance(exc, RuntimeError) or _TRANSFORM_REFUSAL not in str(exc):
         return None

@@ -224,7 +224,16 @@ class Installer:
     def _check_outer_hooks(self) -> None:
         """A saved-tensor hook pair entered around the runtime never sees a save while the
         runtime's pair is on top of it: say so, and refuse
-        ``allow_mutation_on_saved_tensors``, whose exact gradients depend on its pair."""
+        ``allow_mutation_on_saved_tensors``, whose exact gradients depend on its pair, and
+        a ``disable_saved_tensors_hooks`` section, where torch refuses the runtime's."""
+        disabled = tc.saved_tensors_hooks_disabled()
+        if disabled is not None:
+            raise RuntimeError(
+                "offrecomp: the runtime is entered inside torch.autograd.graph."
+                f"disable_saved_tensors_hooks (its message: {disabled!r}), where torch refuses "
+                "the saved-tensor hook pair the runtime keeps, offloads or recomputes each "
+                "save through. Enter the runtime outside that section"
+            )
         if tc.top_saved_tensors_hooks() is None:
             return
         if tc.mutation_on_saved_tensors_allowed():

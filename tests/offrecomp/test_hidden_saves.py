@@ -379,6 +379,61 @@ def test_a_hook_pair_set_on_one_saved_tensor_is_refused_naming_the_runtime(mode:
         m(torch.randn(4, 16)).backward()
 
 
+class _NoHooksBlock(nn.Module):
+    """Runs its layer inside a ``disable_saved_tensors_hooks`` section of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autograd.graph.disable_saved_tensors_hooks("no hooks in this block"):
+            return x + torch.tanh(self.fc(x))
+
+
+@pytest.mark.parametrize("where", ["loop", "region"])
+@pytest.mark.parametrize("mode", ["keep", "recompute", "auto"])
+def test_a_section_disabling_saved_tensor_hooks_is_refused_naming_the_runtime(where: str, mode: str) -> None:
+    """torch refuses to enter ``disable_saved_tensors_hooks`` while a hook pair is
+    registered, raising only the section's own message; under the runtime its pair is.
+    The error names the runtime, where the section was entered, the section's message,
+    and what to do, chained to torch's; nothing stays registered, and the loop runs
+    plainly after the runtime's exit."""
+    from offrecomp import _torch_compat as tc
+
+    m = models.Stack([_NoHooksBlock() if where == "region" else models.MLPBlock(16) for _ in range(2)])
+    x = torch.randn(4, 16)
+    section = contextlib.nullcontext() if where == "region" else torch.autograd.graph.disable_saved_tensors_hooks(
+        "no hooks in this loop"
+    )
+    m(x).backward()  # plainly: accepted
+    said = r"region 'blocks\.0' \(.*_NoHooksBlock\)" if where == "region" else r"code inside `with rt:`"
+    with (
+        pytest.raises(RuntimeError, match=rf"offrecomp: {said} enters torch\.autograd\.graph\.disable_saved_tensors_hooks") as err,
+        offrecomp.runtime(m, mode=mode, min_bytes=0),
+        section,
+    ):
+        m(x).backward()
+    message = "no hooks in this block" if where == "region" else "no hooks in this loop"
+    assert repr(message) in str(err.value) and "outside `with rt:`" in str(err.value)
+    assert isinstance(err.value.__cause__, RuntimeError) and str(err.value.__cause__) == message
+    assert tc.top_saved_tensors_hooks() is None and tc.saved_tensors_hooks_disabled() is None
+    with torch.autograd.graph.disable_saved_tensors_hooks(message):
+        m(x).backward()
+
+
+def test_a_runtime_entered_inside_a_section_disabling_saved_tensor_hooks_is_refused() -> None:
+    """torch would refuse the runtime's pair there with the section's message alone."""
+    from offrecomp import _torch_compat as tc
+
+    m = models.Stack([models.MLPBlock(16) for _ in range(2)])
+    with torch.autograd.graph.disable_saved_tensors_hooks("no hooks here"):
+        with pytest.raises(RuntimeError, match=r"offrecomp: the runtime is entered inside .*'no hooks here'"):
+            offrecomp.runtime(m, mode="recompute").__enter__()
+        assert tc.saved_tensors_hooks_disabled() == "no hooks here" and tc.top_saved_tensors_hooks() is None
+    assert offrecomp.runtime(m, mode="recompute").__enter__().__exit__(None, None, None) is None  # not left active
+
+
 class _RoundMatmuls(torch.utils._python_dispatch.TorchDispatchMode):
     """Changes values: matmul outputs rounded to bfloat16, as fp8 or int8 emulation does."""
 

@@ -75,6 +75,23 @@ def test_no_private_torch_api_outside_the_compat_module() -> None:
     assert not found, found
 
 
+def test_a_refused_hooks_disable_is_told_from_an_error_in_its_section() -> None:
+    """``refused_hooks_disable``: torch refusing to enter the section (a pair registered)
+    is told by the section's own frame; an error raised in the section's body, with the
+    same message, is not."""
+    with (
+        pytest.raises(RuntimeError, match=r"^section$") as refused,
+        torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t),
+        torch.autograd.graph.disable_saved_tensors_hooks("section"),
+    ):
+        pass
+    with pytest.raises(RuntimeError, match=r"^section$") as inside, torch.autograd.graph.disable_saved_tensors_hooks("section"):
+        assert tc.saved_tensors_hooks_disabled() == "section"
+        raise RuntimeError("section")
+    assert tc.refused_hooks_disable(refused.value) and not tc.refused_hooks_disable(inside.value)
+    assert tc.saved_tensors_hooks_disabled() is None
+
+
 def test_schema_introspection() -> None:
     aten = torch.ops.aten
     assert tc.op_writes_inputs(aten.add_.Tensor)
