@@ -422,6 +422,21 @@ def refused_transform(exc: BaseException, where: str | None) -> RuntimeError | N
     )
 
 
+def replay_differs(*, verifying: bool = False) -> str:
+    """The end of each error of a replay that computed otherwise than its forward: the two
+    causes, where they are listed, and what to do (``verifying``: said by the check
+    ``OFFRECOMP_VERIFY`` turns on, which it need not name)."""
+    verify = "" if verifying else "; OFFRECOMP_VERIFY=1 checks the values of every replay"
+    return (
+        "Either state the region reads changed between its forward and its backward (a module "
+        "attribute, an attention processor or an adapter switched, a submodule replaced: change "
+        "such state between steps), or its forward is not a deterministic function of its "
+        "inputs and RNG state (data-dependent control flow or routing). docs/reliability.md, "
+        f"Known limits, lists such cases{verify}. Hint: keep this region's activations "
+        "(mode='keep', or exclude it with regions=)."
+    )
+
+
 def where_saved(call: RegionCall) -> str:
     """Where ``call``'s saves were made, for messages."""
     return "the root (outside every region)" if call.is_root else f"region {call.name!r} (call {call.call_index})"

@@ -38,7 +38,7 @@ from offrecomp import _torch_compat as tc
 from offrecomp.backward_entry import keeping_graph
 from offrecomp.call_release import release_call
 from offrecomp.config import Config
-from offrecomp.diagnostics import detached_error, modified_error, where_saved
+from offrecomp.diagnostics import detached_error, modified_error, replay_differs, where_saved
 from offrecomp.early_unpacks import outside_backward
 from offrecomp.groups import TYPED_DTYPES as _TYPED
 from offrecomp.groups import reads_bytes_as_stored
@@ -726,8 +726,7 @@ class Placer:
             raise RuntimeError(
                 f"offrecomp: replay of {where_saved(call)} regenerated save #{h.pack_index} with "
                 f"shape {tuple(t.shape)} and dtype {t.dtype}, but the forward saved shape "
-                f"{tuple(h.size)} and dtype {h.dtype}; the region's forward is not a deterministic "
-                "function of its inputs. Hint: keep this region (mode='keep' or regions=)."
+                f"{tuple(h.size)} and dtype {h.dtype}. {replay_differs()}"
             )
         if self._config.verify:
             self._verifier.check(call, h.pack_index, t)

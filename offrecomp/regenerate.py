@@ -17,7 +17,7 @@ import torch
 from offrecomp import _torch_compat as tc
 from offrecomp.arguments import replay_arguments
 from offrecomp.changes import forward_hooked, module_state
-from offrecomp.diagnostics import warn_once
+from offrecomp.diagnostics import replay_differs, warn_once
 from offrecomp.handles import view_on
 from offrecomp.replay import replay_call
 from offrecomp.state import PENDING_WATCH, RegionCall, StorageRec
@@ -231,12 +231,7 @@ class Regenerator:
                         self._stale_recording(call, structure, str(exc).removeprefix("offrecomp: "))
                         structure = None
                         continue
-                raise ReplayDivergedError(
-                    f"{exc}. The region's forward is not a deterministic function of its inputs "
-                    "(data-dependent control flow, or state that changed since the forward). "
-                    "Hint: keep this region's activations (mode='keep', or exclude it with "
-                    "regions=)."
-                ) from exc
+                raise ReplayDivergedError(f"{exc}. {replay_differs()}") from exc
         end = life.mark()
         p = call.pass_state
         # a replay inside the region's own forward (NOTE [Backward inside a forward]), or

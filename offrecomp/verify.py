@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from offrecomp.diagnostics import replay_differs
 from offrecomp.state import RegionCall
 
 __all__ = ["ReplayMismatchError", "Verifier", "fingerprint"]
@@ -63,8 +64,5 @@ class Verifier:
             raise ReplayMismatchError(
                 f"offrecomp: replay of region {call.name!r} (call {call.call_index}) regenerated "
                 f"save #{index} with other values than the forward saved (fingerprint "
-                f"{want.tolist()} vs {got.tolist()}). The region's forward is not a "
-                "deterministic function of its inputs and RNG state (data-dependent routing, "
-                "state changed since the forward). Hint: keep this region's activations "
-                "(mode='keep' or exclude it with regions=)."
+                f"{want.tolist()} vs {got.tolist()}). {replay_differs(verifying=True)}"
             )

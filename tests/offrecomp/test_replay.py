@@ -184,10 +184,52 @@ def test_nondeterministic_region_is_detected(mode: str) -> None:
         try:
             # backward replays the last region first, and it diverges first
             error = offrecomp.ReplayDivergedError if mode == "auto" else offrecomp.ReplayMismatchError
-            with pytest.raises(error, match=r"replay of region '1'.*not a deterministic function"):
+            said = r"replay of region '1'.*state the region reads changed .*not a deterministic function"
+            with pytest.raises(error, match=said):
                 loss.backward()
         finally:
             Flaky.flag = True
+
+
+class _Processed(nn.Module):
+    """Applies a processor object it holds in a plain attribute, as diffusers' attention
+    layers do (``set_attn_processor``); the two processors save results of other shapes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.processor: Any = torch.tanh
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.processor(self.fc(x))
+
+
+def _split_tanh(h: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(h.unflatten(-1, (2, 8))).flatten(-2)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_state_switched_before_the_backward_is_named_beside_nondeterminism(mode: str) -> None:
+    """A processor swapped between a forward and its backward: the replay runs the new
+    one, which saves other shapes. The error names both causes (state changed between
+    the forward and its backward, or a forward that is not deterministic), the Known
+    limits and OFFRECOMP_VERIFY, not a nondeterministic forward alone."""
+    torch.manual_seed(0)
+    m = nn.Sequential(_Processed(), _Processed())
+    x = torch.randn(4, 16)
+    rt = offrecomp.runtime(m, mode=mode, min_bytes=0, budget=1 if mode == "auto" else None)
+    with rt, pytest.raises(RuntimeError) as err:
+        for _ in range(4):  # auto: measure, calibrate, planned
+            for blk in m:
+                blk.processor = torch.tanh
+            loss = m(x).square().sum()
+            for blk in m:
+                blk.processor = _split_tanh
+            loss.backward()
+    said = str(err.value)
+    assert "state the region reads changed between its forward and its backward" in said, said
+    assert "not a deterministic function of its inputs" in said and "an attention processor" in said
+    assert "OFFRECOMP_VERIFY=1" in said and "docs/reliability.md, Known limits" in said
 
 
 class _Overflows(nn.Module):
