@@ -216,9 +216,15 @@ class Diagnostics:
             if not saves:
                 what = "saved no activation through offrecomp"
             elif checkpoint_node:  # its saves are the checkpoint's own, never on the graph: not counted
-                what = f"saved {saves} tensors through offrecomp, and a reentrant checkpoint inside it the rest"
+                what = f"saved {saves} tensor{'s' * (saves != 1)} through offrecomp"
             else:
-                what = f"saved {in_graph - saves} of the {in_graph} tensors its graph holds past offrecomp"
+                what = (
+                    f"saved {saves} of the {in_graph} tensors its graph holds through offrecomp, "
+                    f"the other {in_graph - saves} through another hook"
+                )
+            if checkpoint_node:
+                self.warn_hidden(name, what, kinds=(region_kind,), reentrant=True)
+                return
             top = tc.top_saved_tensors_hooks()
             own = self.own_pack()
             if own is not None and top is not None and top[0] is own:
@@ -230,14 +236,26 @@ class Diagnostics:
                 )
 
     def warn_hidden(
-        self, names: str, what: str, *, kinds: tuple[str, ...], where: str = "inside", rerun: bool = False
+        self, names: str, what: str, *, kinds: tuple[str, ...], where: str = "inside", rerun: bool = False,
+        reentrant: bool = False,
     ) -> None:
         """Once per region class (``kinds``: those of the regions named) and runtime.
         ``rerun``: the regions ran inside a backward, which a custom ``autograd.Function``
-        rerunning them also does."""
+        rerunning them also does; ``reentrant``: a reentrant checkpoint inside them (an
+        autograd Function, no saved-tensor hook) took the rest of their saves."""
         if self.hidden_kinds.issuperset(kinds):
             return  # the other blocks of a class are most likely alike
         self.hidden_kinds.update(kinds)
+        if reentrant:
+            log.warning(
+                "offrecomp: region(s) %s (and any other like it: this is said once) %s, and a "
+                "reentrant checkpoint inside it (torch.utils.checkpoint(use_reentrant=True), HF "
+                "gradient_checkpointing_enable()) runs the rest with gradients off and again in "
+                "backward: that checkpoint owns their activations, so offrecomp cannot keep, "
+                "offload or recompute them. Turn it off and let offrecomp decide.",
+                names, what,
+            )
+            return
         if rerun:  # a Function rerunning them in its backward, or a reentrant checkpoint
             log.warning(
                 "offrecomp: region(s) %s (and any other like it: this is said once) %s, so "
