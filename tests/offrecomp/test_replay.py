@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import types
 from typing import Any
 
 import numpy as np
@@ -192,16 +193,17 @@ def test_nondeterministic_region_is_detected(mode: str) -> None:
 
 
 class _Processed(nn.Module):
-    """Applies a processor object it holds in a plain attribute, as diffusers' attention
-    layers do (``set_attn_processor``); the two processors save results of other shapes."""
+    """Applies a processor it finds on a config object it holds (two steps from the
+    module: a replay does not restore it, NOTE [Attributes at entry]); the two
+    processors save results of other shapes."""
 
     def __init__(self) -> None:
         super().__init__()
         self.fc = nn.Linear(16, 16)
-        self.processor: Any = torch.tanh
+        self.cfg: Any = types.SimpleNamespace(processor=torch.tanh)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.processor(self.fc(x))
+        return x + self.cfg.processor(self.fc(x))
 
 
 def _split_tanh(h: torch.Tensor) -> torch.Tensor:
@@ -221,15 +223,53 @@ def test_state_switched_before_the_backward_is_named_beside_nondeterminism(mode:
     with rt, pytest.raises(RuntimeError) as err:
         for _ in range(4):  # auto: measure, calibrate, planned
             for blk in m:
-                blk.processor = torch.tanh
+                blk.cfg.processor = torch.tanh
             loss = m(x).square().sum()
             for blk in m:
-                blk.processor = _split_tanh
+                blk.cfg.processor = _split_tanh
             loss.backward()
     said = str(err.value)
     assert "state the region reads changed between its forward and its backward" in said, said
     assert "not a deterministic function of its inputs" in said and "an attention processor" in said
     assert "OFFRECOMP_VERIFY=1" in said and "docs/reliability.md, Known limits" in said
+
+
+class _OwnProcessor(nn.Module):
+    """Holds its processor in a plain attribute, as diffusers' attention layers do
+    (``set_attn_processor``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.processor: Any = torch.tanh
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.processor(self.fc(x))
+
+
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_a_processor_attribute_swapped_before_the_backward_replays_as_read(mode: str) -> None:
+    """NOTE [Attributes at entry]: the replay runs the processor the forward ran."""
+    torch.manual_seed(0)
+    m = nn.Sequential(_OwnProcessor(), _OwnProcessor())
+    ref = twin(m)
+
+    def step(model: nn.Module, i: int) -> list[torch.Tensor]:
+        x = torch.randn(4, 16, generator=torch.Generator().manual_seed(i))
+        for blk in model:
+            blk.processor = torch.tanh
+        loss = model(x).square().sum()
+        for blk in model:
+            blk.processor = _split_tanh
+        model.zero_grad()
+        loss.backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    with offrecomp.runtime(m, mode=mode, min_bytes=0, budget=1 if mode == "auto" else None) as rt:
+        got = [step(m, i) for i in range(4)]
+    want = [step(ref, i) for i in range(4)]
+    assert all(torch.equal(a, b) for g, w in zip(got, want) for a, b in zip(g, w))
+    assert sum(s.replays for s in rt.report().steps) > 0
 
 
 class _Overflows(nn.Module):
