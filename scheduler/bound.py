@@ -378,7 +378,7 @@ def lower_bound_flat(flat: FlatProfile, budget_bytes: int, max_groups: int = 32)
             # input no op saves (a unit kept whole holds none): left out, the bound
             # stays one
             np.where((flat.shared >= 0) | flat.unsaved, 0, flat.nbytes),
-            flat.legal,
+            flat.choice,
             flat.last_save,
             flat.save_time,
             flat.st_prod,

@@ -96,6 +96,14 @@ class FlatProfile:
     """Per storage: held for a replay only, so a unit kept whole holds none: a region input
     no op of its region saves (``saves`` 0; NOTE [Inputs counted once] in
     offrecomp/shared.py), or a snapshot (NOTE [Replay and module state] in offrecomp/buffers.py)."""
+    held: np.ndarray
+    """Per storage: the program holds it (or another record of its allocation) past
+    backward's end (``StorageRecord.held``): resident until backward ends when kept
+    (NOTE [Held past backward] in scheduler.timeline)."""
+    choice: np.ndarray
+    """``legal`` as the solver and the bound choose from: only KEEP where ``held``
+    (dropping or offloading it frees nothing the program holds; a plan that does is
+    still legal, and simulated)."""
     save_order: np.ndarray
     op_ptr: np.ndarray
     op_sec: np.ndarray
@@ -193,6 +201,7 @@ _get_nbytes = operator.attrgetter("nbytes")
 _get_offset = operator.attrgetter("offset_seconds")
 _get_kind = operator.attrgetter("kind")
 _get_keep_only = operator.attrgetter("keep_only")
+_get_held = operator.attrgetter("held")
 _get_last_save = operator.attrgetter("last_save_op")
 _get_first_save = operator.attrgetter("first_save_op")
 _get_producer = operator.attrgetter("producer_op")
@@ -455,6 +464,12 @@ def _op_transients(profile: Profile, ops: list[Any]) -> np.ndarray:
     return arr
 
 
+def _held(profile: Profile, un: _Units) -> np.ndarray:
+    """Per flat storage its ``held`` flag."""
+    held = list(map(_get_held, un.sts)) + list(map(_get_held, profile.root))
+    return np.asarray(held, dtype=np.bool_).reshape(-1)[un.src]
+
+
 def _legality(profile: Profile, un: _Units, kind_reg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per flat storage its kind code and the placements it allows: by kind, only KEEP
     where ``keep_only``, and no RECOMPUTE in a region that must never replay."""
@@ -520,6 +535,11 @@ def _link_shared(flat: FlatProfile, sts: list[Any], root: list[Any], src: np.nda
                     f"storage shared_with = {k!r} is invalid; accepted: None or a (region, call, index) key"
                 ) from None
     _first_records(out, flat.allocation)
+    if flat.held.any():  # the program holds the allocation: every record of it is held
+        alloc = np.zeros_like(flat.held)
+        alloc[flat.allocation[flat.held]] = True
+        held = alloc[flat.allocation]
+        flat.held[:] = held
 
 
 def _per_region_unit(values: np.ndarray, n_units: int) -> np.ndarray:
@@ -580,6 +600,8 @@ def flatten(profile: Profile) -> FlatProfile:
         shared=np.full(len(keys), -1, dtype=np.int64),
         allocation=np.arange(len(keys), dtype=np.int64),
         unsaved=((kind_arr == KIND_INPUT) & (saves == 0)) | (kind_arr == KIND_SNAPSHOT),
+        held=_held(profile, un),
+        choice=legal,
         save_order=order,
         op_ptr=un.op_ptr,
         op_sec=np.asarray(op_sec, dtype=np.float64),
@@ -614,6 +636,8 @@ def flatten(profile: Profile) -> FlatProfile:
         native_keep=bool(profile.native_keep),
     )
     _link_shared(flat, un.sts, profile.root, src)
+    if flat.held.any():
+        flat.choice = np.where(flat.held, KEEP_BIT, legal)
     return flat
 
 

@@ -52,7 +52,8 @@ region call's checkpoint holds for its replay (a BatchNorm's statistics, an EMA 
 forward updates): always KEEP, resident from the call's start until its backward ends,
 and only where the plan does not keep the call whole (a call kept whole takes no
 checkpoint); no op saves it (``saves`` 0). Root storages
-(saved outside every region) may be KEEP or OFFLOAD only.
+(saved outside every region) may be KEEP or OFFLOAD only. A storage marked ``held`` (the
+program holds it past backward's end) is KEEP only, resident until backward ends.
 """
 
 from __future__ import annotations
@@ -151,6 +152,13 @@ class StorageRecord:
     """A region input an argument object of the call holds too (a tensor inside a
     dataclass the blocks hand along: the runtime's NOTE [Inputs held by arguments]):
     only KEEP, as a copy to host memory would free nothing the object holds."""
+    held: bool = False
+    """The program holds the storage past backward's end (the training loop's ``out``
+    and target that a loss saved, a block output the loop keeps in a list), as measured
+    passes found it alive there: resident from its save until backward ends, whatever
+    the plan, so only KEEP (dropping or offloading it would free nothing). False: it
+    dies with its saved tensors, by its unit's backward end (NOTE [Held past backward]
+    in scheduler.timeline)."""
 
 
 @dataclass(kw_only=True)

@@ -37,8 +37,20 @@ The model (see docs/planner.md for the picture):
   and again from the group's reload issue until its unit's backward ends (continuously
   when it is freed no earlier than the reload is issued). RECOMPUTE: only during its
   unit's backward (the replay working set), with what the replay holds beyond it while
-  it runs (NOTE [Replay transients] in scheduler.working_set). At equal times, frees
-  are applied before allocations.
+  it runs (NOTE [Replay transients] in scheduler.working_set). A KEEP storage the
+  program holds past backward's end (``StorageRecord.held``) stays until backward ends
+  (NOTE [Held past backward]). At equal times, frees are applied before allocations.
+
+NOTE [Held past backward]: the runtime's books count a kept storage until its
+allocation dies, and autograd lets go of a saved tensor when its node has run; what
+else holds the storage decides when it dies. A training loop's ``out = model(x); loss =
+F.mse_loss(out, y)`` keeps ``out`` and ``y`` referenced until after ``backward()``
+returns, so the two storages the loss saved stay through the whole backward, replays
+included; so does a block output the loop keeps in a list. The runtime marks a
+storage it finds alive when a measured pass's backward ends (``StorageRecord.held``);
+such a storage is resident from its save until backward's end under every plan, and
+is only KEEP: dropping or offloading it would free nothing the program holds, so the
+solver never takes it as a candidate.
 
 NOTE [Frees before a replay]: a unit that drops storages replays ops ``0..K-1``, ``K`` the
 largest ``last_save_op`` among them, when backward first reads one of them: at the node
@@ -368,7 +380,7 @@ def _counted_once(place, save_order, allocation, kind, unsaved, hooked, unit_of,
 def _event_streams(
     place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, rel_t, by, reach,
     cstart, cend, riss, last_save, first_save, plain, noops, allocation, kind, unsaved, hooked, native,
-    replay, st_prod, op_ptr, op_tr, level
+    replay, st_prod, op_ptr, op_tr, level, held
 ):  # type: ignore[no-untyped-def]
     """The four memory event streams of NOTE [memory merge], each sorted by time: saves
     (storages ``s1[:n1]``), group releases (storages ``s2[:n2]``), backward allocations
@@ -422,7 +434,9 @@ def _event_streams(
         for s in range(st_ptr[v], st_ptr[v + 1]):
             if once[s]:
                 continue
-            if k > 0 and place[s] == 0 and first_save[s] > k:
+            if held[s] and place[s] == 0:  # NOTE [Held past backward]: the last unit's end
+                s4b[top] += nbytes[s]
+            elif k > 0 and place[s] == 0 and first_save[s] > k:
                 # read by backward before the replay starts; a free in this stream, so
                 # that it follows saves at the same time (the last unit's, at T0)
                 s3b[n3 + 1] -= nbytes[s]
@@ -498,7 +512,8 @@ def run_timeline(
     op_ptr, op_sec, op_serv, op_sink, out_ptr, out_idx, rd_ptr, rd_idx, noops, dataflow,
     fwd_dur, fwd_start, fwd_host, fwd_hook, bwd_dev, bwd_host, bwd_hook, t0, d2h_bps, h2d_bps,
     off_h, rel_h, rp_h, allocation, kind, unsaved, native, d2h_start, d2h_end, h2d_start, h2d_end, reach, cstart,
-    cend, fstart, fend, riss, replay, plain, ev_t, ev_d, mark, stack, op_host, op_view, rel_u, rel_t, op_tr, level
+    cend, fstart, fend, riss, replay, plain, ev_t, ev_d, mark, stack, op_host, op_view, rel_u, rel_t, op_tr, level,
+    held
 ):  # type: ignore[no-untyped-def]
     """Simulate one step; fills the per-storage/per-unit arrays (``plain[u]``: unit ``u``
     replays plainly) and the memory events.
@@ -530,7 +545,7 @@ def run_timeline(
     s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b = _event_streams(
         place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, rel_t, by, reach,
         cstart, cend, riss, last_save, first_save, plain, noops, allocation, kind, unsaved, hooked, native,
-        replay, st_prod, op_ptr, op_tr, level
+        replay, st_prod, op_ptr, op_tr, level, held
     )
     n_ev, peak, peak_t = _merge_events(
         s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b, unit_of, nbytes, save_time, fstart, fwd_start,
@@ -595,7 +610,7 @@ class Workspace:
             f.replay_host, f.allocation, f.kind, f.unsaved, f.native_keep, self.d2h_start, self.d2h_end, self.h2d_start, self.h2d_end,
             self.reach, self.cstart, self.cend, self.fstart, self.fend, self.riss, self.replay, self.plain,
             self.ev_t, self.ev_d, self.mark, self.stack, f.op_host, f.op_view, self.rel_u, self.rel_t,
-            f.op_tr, self.level
+            f.op_tr, self.level, f.held
         )
         self.n_events = int(out[7])
         return SimResult(

@@ -185,7 +185,7 @@ def solve(
         )
     flat = flatten(profile)
     ws = Workspace(flat)
-    legal = flat.legal.copy()
+    legal = flat.choice.copy()
     if not allow_offload or not flat.has_link:
         legal &= ~OFFLOAD_BIT
     keep = np.zeros(flat.n_storages, dtype=np.int8)
@@ -263,7 +263,7 @@ def exhaustive_solve(
     prefetch = check_prefetch(prefetch_regions)
     flat = flatten(profile)
     ws = Workspace(flat)
-    legal = flat.legal.copy()
+    legal = flat.choice.copy()
     if not allow_offload or not flat.has_link:
         legal &= ~OFFLOAD_BIT
     choices = [[p for p in (0, 1, 2) if legal[i] & (1 << p)] for i in range(flat.n_storages)]
