@@ -69,6 +69,7 @@ from offrecomp.config import Config
 from offrecomp.diagnostics import warn_once
 from offrecomp.measure import DeviceClock, Mark
 from offrecomp.params import note_stepped
+from offrecomp.phases import Phase
 from offrecomp.report import StepRecord
 from offrecomp.signatures import Part, PassSignatures, shown
 from offrecomp.state import PassState, RegionCall, Stage
@@ -92,6 +93,8 @@ MAX_FORWARDS = 64
 REPORT_MAX_STEPS = 10_000
 
 FORWARD, BACKWARD, AWAITING, DONE = Stage.FORWARD, Stage.BACKWARD, Stage.AWAITING, Stage.DONE
+#: The phases whose passes teach a profile (measured, calibrated, planned).
+_LEARNT = frozenset((Phase.MEASURE, Phase.CALIBRATE, Phase.PLANNED))
 
 
 class _CallStack(threading.local):
@@ -324,6 +327,8 @@ class Lifecycle:
             p.stage = AWAITING  # NOTE [Several backwards]: a forward's graph still waits for one
             p.awaits_other = True
             return
+        if p.phase in _LEARNT:
+            p.mark_held()  # NOTE [Held past backward] (scheduler/timeline.py)
         p.stage = DONE
         if p is self.current:
             if self._stepped_in_backward:

@@ -101,6 +101,9 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
     (NOTE [Inputs counted once]); a shared record's, or in a measuring pass any later
     record's, the first record of it (NOTE [Activations counted once])."""
     sharers = 0  # records sharing its count: inputs of unreleased calls, kept activations
+    held = False
+    """Found alive when its pass's backward ended (NOTE [Held past backward] in
+    scheduler/timeline.py): the program holds it; its profile record is ``held``."""
     saved_in_call = False
     """A region input its own call's forward saved too: a saved variable holds it past the
     call's release, so its bytes count until its storage dies (NOTE [Inputs counted once])."""
@@ -540,6 +543,16 @@ class PassState(_WeakReferable):
     def all_calls(self) -> list[RegionCall]:
         """The pass's region calls, and its root call last if it has one."""
         return self.calls if self.root is None else [*self.calls, self.root]
+
+    def mark_held(self) -> None:
+        """The pass's backward ended: mark ``held`` each placed storage still alive that
+        the runtime no longer holds, a kept one the books still count or a dropped one
+        (NOTE [Held past backward] in scheduler/timeline.py). Once per pass, off the
+        save path."""
+        for call in self.all_calls():
+            for rec in call.storages:
+                if (rec.resident or rec.placement is Placement.RECOMPUTE) and rec() is not None:
+                    rec.held = True
 
     def retire(self) -> bool:
         """Cut the pass's edges to its calls and the calls' edges to their storages, so

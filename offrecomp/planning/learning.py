@@ -15,7 +15,7 @@ from offrecomp.measure import distorts
 from offrecomp.phases import Phase
 from offrecomp.planning.differences import settle_growth, variable_sizes
 from offrecomp.planning.drift import refresh_live
-from offrecomp.planning.profiling import prefetch_depth
+from offrecomp.planning.profiling import learn_held, prefetch_depth
 from offrecomp.planning.trial import offload_trial
 from offrecomp.state import Stage
 from offrecomp.trace import RUN
@@ -191,6 +191,8 @@ class Learner:
             entry.needs_solve = True
         if not calibrating:  # NOTE [Sizes of regions that vary] (differences.py)
             settle_growth(entry, variable_sizes(p, measured, grow=True))
+        if learn_held(p, measured):  # NOTE [Held past backward] (scheduler/timeline.py)
+            entry.needs_solve = True
         # `measured` is this pass's own copy: the model keeps it as the new estimate, and
         # the entry reads it (the next pass learns on a fresh copy, so it stays as is).
         measured.replay_op_seconds = self.replay_cost.seconds

@@ -158,6 +158,7 @@ def build_profile(
                     kind="activation" if s.nbytes >= config.min_bytes and not s.aliased else "external",
                     offset_seconds=clock.seconds(p.start_mark, s.save_mark, wait=True) or 0.0,
                     shared_with=None if other is None else (other.call.name, other.call.call_index, other.index),
+                    held=s.held,  # NOTE [Held past backward] (scheduler/timeline.py)
                 )
             )
     fwd_total = clock.seconds(p.start_mark, p.backward_start_mark, wait=True) or 0.0
@@ -184,6 +185,24 @@ def build_profile(
     if p.device_peak is not None:
         profile.fixed_bytes = max(0, p.alloc_start + p.device_peak - p.stats.peak_resident_bytes)
     return profile, structures
+
+
+def learn_held(p: PassState, profile: Profile) -> bool:
+    """Mark ``held`` the records of ``profile`` whose storages pass ``p`` found alive at
+    its backward's end (NOTE [Held past backward] in scheduler/timeline.py); a storage
+    marked once stays marked. True when one was not marked before."""
+    by_key = {r.key: r.storages for r in profile.regions}
+    new = False
+    for call in p.all_calls():
+        storages = profile.root if call.is_root else by_key.get(call.key)
+        if storages is None:
+            continue
+        for rec in call.storages:
+            if rec.held and 0 <= rec.index < len(storages) and not storages[rec.index].held:
+                if storages[rec.index].nbytes == rec.nbytes:
+                    storages[rec.index].held = True
+                    new = True
+    return new
 
 
 def keep_missing_calls(
@@ -247,6 +266,8 @@ def _region_records(
             other = r.same_as
             if other is not None and 0 <= r.index < len(storages):
                 storages[r.index].shared_with = (other.call.name, other.call.call_index, other.index)
+            if r.held and 0 <= r.index < len(storages):  # NOTE [Held past backward] (scheduler/timeline.py)
+                storages[r.index].held = True
         if st.snapshot_bytes:  # held from the call's entry while it may replay (NOTE [Replay and module state])
             storages.append(StorageRecord(nbytes=st.snapshot_bytes, kind="snapshot", saves=0))
         regions.append(
