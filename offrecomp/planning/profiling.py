@@ -198,10 +198,9 @@ def learn_held(p: PassState, profile: Profile) -> bool:
         if storages is None:
             continue
         for rec in call.storages:
-            if rec.held and 0 <= rec.index < len(storages) and not storages[rec.index].held:
-                if storages[rec.index].nbytes == rec.nbytes:
-                    storages[rec.index].held = True
-                    new = True
+            if rec.held and 0 <= rec.index < len(storages) and storages[rec.index].nbytes == rec.nbytes:
+                new = new or not storages[rec.index].held
+                storages[rec.index].held = True
     return new
 
 

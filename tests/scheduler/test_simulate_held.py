@@ -3,7 +3,17 @@ resident until backward ends under every plan, and the solver only keeps it."""
 
 from __future__ import annotations
 
-from scheduler import ROOT, Placement, Plan, Profile, StorageRecord, lower_bound, predict, simulate, solve
+from scheduler import (
+    ROOT,
+    Placement,
+    Plan,
+    Profile,
+    StorageRecord,
+    lower_bound,
+    predict,
+    simulate,
+    solve,
+)
 from tests.scheduler.test_simulate import two_blocks
 
 K, OFF, R = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUTE
