@@ -340,9 +340,11 @@ class ArgState:
         return f"{type(obj).__name__}.{key}" if kind == "attrs" else f"{type(obj).__name__}[{key!r}]"
 
     @contextlib.contextmanager
-    def as_entry(self, region_name: str) -> Iterator[None]:
+    def as_entry(self, region_name: str, bound: frozenset[int] = frozenset()) -> Iterator[None]:
         """The tensors the forward wrote hold their entry values while a replay runs, and
-        the values found afterwards (NOTE [State written by the forward])."""
+        the values found afterwards (NOTE [State written by the forward]); not those
+        (``bound``: indices in ``tensors``) the replay reads through a tensor argument
+        of its own instead (NOTE [Aliased arguments] in arguments.py)."""
         if self.unseen:
             raise RuntimeError(
                 f"offrecomp: {', '.join(self.unseen[:3])}, reached through an argument of "
@@ -351,14 +353,15 @@ class ArgState:
                 "written value. Hint: exclude the block with regions=, or keep such state out "
                 "of its arguments (for a transformers model in training: use_cache=False)."
             )
-        if not self.swapped:
+        held = [i for i in self.swapped if i not in bound] if bound else self.swapped
+        if not held:
             yield
             return
         try:
-            with holding([(self.tensors[i][0], self.copies[i]) for i in self.swapped]):
+            with holding([(self.tensors[i][0], self.copies[i]) for i in held]):
                 yield
         finally:
-            swapped = {id(self.tensors[i][0]) for i in self.swapped}
+            swapped = {id(self.tensors[i][0]) for i in held}
             # the swap wrote them: their versions now are the ones after the forward
             self.versions = [(t, version_of(t) if id(t) in swapped else v, w) for t, v, w in self.versions]
 
@@ -404,6 +407,40 @@ class ArgState:
             yield
         finally:
             _rebind([(obj, kind, now) for (obj, kind, _), now in zip(entries, found)])
+
+    @contextlib.contextmanager
+    def bound(self, pairs: list[tuple[Position, Any]]) -> Iterator[None]:
+        """Each position of ``pairs`` binds the value paired with it while the block runs,
+        and what it bound before afterwards; a tuple's item stays as it is (NOTE [Aliased
+        arguments] in arguments.py)."""
+        done: list[tuple[Any, str, Any, Any]] = []
+        try:
+            for (at, key), value in pairs:
+                obj, kind, _ = self.entries[at]
+                if kind != "tuple":
+                    done.append((obj, kind, key, _bound_at(obj, kind, key)))
+                    _bind_at(obj, kind, key, value)
+            yield
+        finally:
+            for obj, kind, key, before in reversed(done):
+                _bind_at(obj, kind, key, before)
+
+
+def _bound_at(obj: Any, kind: str, key: Any) -> Any:
+    """What container ``obj`` binds at ``key``."""
+    if kind == "attrs":
+        return object.__getattribute__(obj, key) if key in _slot_names(type(obj)) else vars(obj)[key]
+    return obj[key]
+
+
+def _bind_at(obj: Any, kind: str, key: Any, value: Any) -> None:
+    """Container ``obj`` binds ``value`` at ``key``, past any ``__setattr__``."""
+    if kind != "attrs":
+        obj[key] = value
+    elif key in _slot_names(type(obj)):
+        object.__setattr__(obj, key, value)
+    else:
+        vars(obj)[key] = value
 
 
 def _rebind(entries: list[tuple[Any, str, Any]]) -> None:

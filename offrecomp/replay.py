@@ -57,7 +57,7 @@ from torch import nn
 
 from offrecomp import _torch_compat as tc
 from offrecomp.arg_state import ArgState, holding
-from offrecomp.arguments import replay_arguments
+from offrecomp.arguments import arguments_in_state, replay_arguments, state_links
 from offrecomp.attr_tables import entry_changes, swap_contents
 from offrecomp.buffers import modified_buffers, swap_buffers
 from offrecomp.changes import (
@@ -378,13 +378,18 @@ def _training_as_forward(call: RegionCall) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _entry_arg_state(call: RegionCall, entry: ArgState) -> Iterator[None]:
+def _entry_arg_state(
+    call: RegionCall, entry: ArgState, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Iterator[None]:
     """NOTE [Stateful arguments]: the replay sees the call's object arguments as the
-    forward saw them (``entry``, the call's); afterwards they are as the replay found
-    them."""
+    forward saw them (``entry``, the call's), a tensor argument among their state as the
+    replay's argument (``args``, ``kwargs``: NOTE [Aliased arguments] in arguments.py);
+    afterwards they are as the replay found them."""
+    assert call.inputs is not None
     if call.region is not None and call.region.compiled:
         entry.check(call.name)  # no guard sees its ops (NOTE [State written after the forward])
-    with entry.as_entry(call.name), entry.at_entry():  # NOTE [State written by the forward]
+    bound, as_arguments = arguments_in_state(call.inputs, entry, state_links(call.inputs, entry), args, kwargs)
+    with entry.as_entry(call.name, bound), entry.at_entry(), as_arguments:  # NOTE [State written by the forward]
         yield
 
 
@@ -461,7 +466,7 @@ def _replay_forward(
         if dtype is not None and dtype != now:
             stack.enter_context(_default_dtype_as_forward(dtype, now))
         if call.arg_state is not None and call.inputs is not None:
-            stack.enter_context(_entry_arg_state(call, call.arg_state))
+            stack.enter_context(_entry_arg_state(call, call.arg_state, args, kwargs))
         if call.external:
             stack.enter_context(_external_as_entry(call.name, call.external))
         if call.external_reads:

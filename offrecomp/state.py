@@ -287,10 +287,11 @@ class RegionCall(_WeakReferable):
         return lease
 
     def layout(self) -> tuple[Any, ...]:
-        """Which of the call's tensor inputs share a storage, and the strides of its inputs,
-        parameters and buffers at entry: with the signature's sizes and dtypes they fix the call's
-        storage indices and the geometry of every output a replay serves (NOTE [Stale
-        recordings] in regenerate.py). Storage offsets are no part of it."""
+        """Which of the call's tensor inputs share a storage (and which places among its
+        arguments one tensor fills), and the strides of its inputs, parameters and buffers
+        at entry: with the signature's sizes and dtypes they fix the call's storage indices
+        and the geometry of every output a replay serves (NOTE [Stale recordings] in
+        regenerate.py). Storage offsets are no part of it."""
         out: list[Any] = []
         if self.inputs is not None:
             # which inputs share a storage (it fixes the call's storage indices), then
@@ -310,6 +311,8 @@ class RegionCall(_WeakReferable):
                 else:
                     strides.append(None)
             out.extend(strides)
+            if self.inputs.repeated:  # which places one tensor fills (NOTE [Aliased arguments] in arguments.py)
+                out.append(self.inputs.places())
         if self.params is not None:
             out.extend(
                 t.stride() if t is not None and t.layout is torch.strided else None for t in self.params.objects

@@ -214,17 +214,18 @@ class FirstCallWatch(HearsReportedWrites):
         """Storages it wrote that it did not see made and neither owns nor takes: a weak
         reference to each, and whether an op overwrote all of it before any read of it
         (NOTE [Storages no op made])."""
-        # storage -> (holder, index): arguments.CapturedInputs, params.ParamState and
-        # arg_state.ArgState (``state``: NOTE [State written by the forward]), each with
-        # keep_copy(index)
-        self.by_ptr: dict[int, list[tuple[Any, int]]] = {}
+        # storage -> (holder, index, tensor): arguments.CapturedInputs, params.ParamState
+        # and arg_state.ArgState (``state``: NOTE [State written by the forward]), each
+        # with keep_copy(index)
+        self.cap = cap
+        self.by_ptr: dict[int, list[tuple[Any, int, torch.Tensor]]] = {}
         held = [t for t, _, _ in state.tensors] if state is not None else ()
         for holder, tensors in (
             (cap, cap.tensors), (params, params.objects if params is not None else ()), (state, held)
         ):
             for i, t in enumerate(tensors):
                 if t is not None and describable(t):
-                    self.by_ptr.setdefault(int(t.untyped_storage().data_ptr()), []).append((holder, i))
+                    self.by_ptr.setdefault(int(t.untyped_storage().data_ptr()), []).append((holder, i, t))
         self.generators: dict[int, tuple[torch.Generator, torch.Tensor]] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -252,8 +253,11 @@ class FirstCallWatch(HearsReportedWrites):
             ptr = int(storage.data_ptr())
             held = self.by_ptr.get(ptr)
             if held:
-                for holder, i in held:
-                    holder.keep_copy(i)
+                for holder, i, _ in held:
+                    if holder is self.cap:  # one copy spanning what else lies there (NOTE [Aliased arguments])
+                        holder.keep_copy(i, [t for _, _, t in held])
+                    else:
+                        holder.keep_copy(i)
             elif ptr and ptr not in self.made and ptr not in self.own:
                 self._external(ptr, storage, whole, True)
         out = func(*args, **kwargs)
