@@ -1,0 +1,210 @@
+"""The state a replay runs under, as its forward found it: parameters, the train flags,
+hooks, the default dtype, object arguments' state and tensors read or written from
+outside the call (NOTE [Replay] in replay.py). Each context puts back what it found."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from offrecomp import _torch_compat as tc
+from offrecomp.arg_state import ArgState, holding
+from offrecomp.arguments import arguments_in_state, state_links
+from offrecomp.buffers import modified_buffers
+from offrecomp.changes import (
+    drop_hooks_since,
+    hide_hooks,
+    hook_ids,
+    hook_snapshot,
+    restore_hooks,
+    restore_tree,
+    tree_snapshot,
+)
+from offrecomp.diagnostics import log_once
+from offrecomp.params import ParamState, data_at_entry, modified_params
+from offrecomp.regions import param_of
+from offrecomp.state import RegionCall
+from offrecomp.trace import ParamGuard
+
+__all__ = [
+    "default_dtype_as_forward",
+    "entry_arg_state",
+    "external_as_entry",
+    "hooks_as_found",
+    "param_guard",
+    "reads_as_forward",
+    "swap_params",
+    "training_as_forward",
+]
+
+
+@contextlib.contextmanager
+def swap_params(call: RegionCall, entry: ParamState) -> Iterator[None]:
+    """NOTE [Replay and parameters]: the replay runs with the parameters the forward ran
+    with (``entry``, the call's), and their ``requires_grad`` as it was; the slots and
+    flags are as they were before it afterwards."""
+    slots = entry.slots
+    if entry.unseen:
+        m, n = slots[entry.unseen[0]]
+        raise RuntimeError(
+            f"offrecomp: region {call.name!r} wrote parameter {n!r} of {type(m).__name__} in "
+            "place in its forward, and no copy of its values from before was taken (NOTE "
+            "[State written by its region]), so a replay cannot compute what the forward "
+            "computed. Hint: keep such state in a buffer, or keep this region (regions=)."
+        )
+    swapped: list[tuple[nn.Module, str, torch.Tensor | None]] = []
+    flipped = [
+        (p, p.requires_grad) for p, flag in zip(entry.objects, entry.requires_grad)
+        if p is not None and p.is_leaf and p.requires_grad != flag
+    ]  # requires_grad switched since the forward: as it was for the replay, then as before it
+    for p, was in flipped:
+        p.requires_grad_(not was)
+    for i, ((m, n), t) in enumerate(zip(slots, entry.objects)):
+        now = param_of(m, n)
+        before = entry.snapshots.get(i)
+        # written by the forward: the replay writes a fresh copy of the values before;
+        # its storage replaced since (``.data =``): the replay reads the one held
+        fresh = before.clone(memory_format=torch.preserve_format) if before is not None else data_at_entry(entry, i)
+        if fresh is not None and t is not None:
+            swapped.append((m, n, now))
+            fresh = fresh.requires_grad_(t.requires_grad)
+            if isinstance(t, nn.Parameter):
+                fresh = nn.Parameter(fresh, requires_grad=t.requires_grad)
+            m._parameters[n] = fresh  # type: ignore[assignment]
+        elif now is not t and type(t) in (torch.Tensor, nn.Parameter):
+            swapped.append((m, n, now))
+            m._parameters[n] = t  # type: ignore[assignment]  # functional_call puts plain tensors here too
+    try:
+        yield
+    finally:
+        for m, n, now in reversed(swapped):
+            m._parameters[n] = now  # type: ignore[assignment]
+        for p, was in flipped:  # set, not toggled: the replay may switch it again (detach_())
+            p.requires_grad_(was)
+
+
+def param_guard(call: RegionCall) -> ParamGuard | None:
+    """Stops a replay that reads a parameter, or a buffer its forward left as it was,
+    written in place since the forward (NOTE [Replay and parameters])."""
+    region = call.region
+    if region is None or region.compiled:
+        return None
+    modified = modified_params(call.params) if call.params is not None else {}
+    if call.buffers is not None:
+        modified.update(modified_buffers(call.buffers))
+    if call.arg_state is not None and call.inputs is not None:
+        modified.update(call.arg_state.modified())  # NOTE [State written after the forward]
+    if call.attr_writes:  # NOTE [Attributes written after the first call] (call_state.py)
+        modified.update(call.attr_writes)
+    for t, v, copy in call.external_reads or ():  # NOTE [State read from outside] (call_state.py)
+        if copy is None and tc.version_of(t) != v:
+            modified[int(t.untyped_storage().data_ptr())] = (
+                f"a {tuple(t.shape)} tensor from outside the call (version {v} -> {tc.version_of(t)})"
+            )
+    return ParamGuard(call.name, modified) if modified else None
+
+
+@contextlib.contextmanager
+def reads_as_forward(call: RegionCall) -> Iterator[None]:
+    """NOTE [State read from outside] (call_state.py): tensors from outside the call that its
+    forward read and something wrote since hold the values it read while the replay
+    runs (from their copies), and the written values afterwards."""
+    with holding([(t, copy) for t, v, copy in call.external_reads or () if copy is not None and tc.version_of(t) != v]):
+        yield
+
+
+@contextlib.contextmanager
+def default_dtype_as_forward(dtype: torch.dtype, now: torch.dtype) -> Iterator[None]:
+    """Factory ops (``torch.ones``, ``linspace``) in the replay make the dtype they made
+    in the forward (``dtype``), whatever the default is when backward runs (``now``)."""
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(now)
+
+
+@contextlib.contextmanager
+def hooks_as_found(call: RegionCall) -> Iterator[None]:
+    """NOTE [Hooks a replay registers] (changes.py): the replay runs with the hooks its
+    forward found at its entry, and leaves the hooks, children, parameters and hook
+    handles of the region's modules as it found them."""
+    region = call.region
+    if region is None or not (call.hooks_to > call.hooks_from or call.attrs):
+        yield  # a forward that registered no hook and set no attribute: its replay neither
+        return
+    mods = region.modules
+    hooks, tree, first = hook_snapshot(mods), tree_snapshot(mods), hook_ids()
+    if call.hooks_to > call.hooks_from:
+        hide_hooks(hooks, call.hooks_from, call.hooks_to)
+    try:
+        yield
+    finally:
+        changed = restore_hooks(hooks)
+        changed = restore_tree(tree) or changed
+        changed = drop_hooks_since(first, mods) or changed
+        if changed:
+            log_once(
+                f"replay-hooks:{region.name}", logging.INFO,
+                "offrecomp: region %r registers or removes hooks, or sets children, in its "
+                "forward, which its replays do again; each replay leaves them as it found them",
+                region.name,
+            )
+
+
+@contextlib.contextmanager
+def training_as_forward(call: RegionCall) -> Iterator[None]:
+    """The replay runs in the train/eval mode of the forward. Otherwise a ``model.eval()``
+    between forward and backward (an evaluation forward for logging) would turn dropout
+    off in the replay, and code that branches on ``self.training`` would take the other
+    branch."""
+    flags = call.training
+    region = call.region
+    if flags is None or region is None or len(flags) != len(region.modules):
+        yield
+        return
+    changed = [(m, f) for m, f in zip(region.modules, flags) if m.training != f]
+    for m, f in changed:
+        m.training = f
+    try:
+        yield
+    finally:
+        for m, f in changed:
+            m.training = not f  # as the replay found it
+
+
+@contextlib.contextmanager
+def entry_arg_state(
+    call: RegionCall, entry: ArgState, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Iterator[None]:
+    """NOTE [Stateful arguments]: the replay sees the call's object arguments as the
+    forward saw them (``entry``, the call's), a tensor argument among their state as the
+    replay's argument (``args``, ``kwargs``: NOTE [Aliased arguments] in arguments.py);
+    afterwards they are as the replay found them."""
+    assert call.inputs is not None
+    if call.region is not None and call.region.compiled:
+        entry.check(call.name)  # no guard sees its ops (NOTE [State written after the forward])
+    bound, as_arguments = arguments_in_state(call.inputs, entry, state_links(call.inputs, entry), args, kwargs)
+    with entry.as_entry(call.name, bound), entry.at_entry(), as_arguments:  # NOTE [State written by the forward]
+        yield
+
+
+@contextlib.contextmanager
+def external_as_entry(region_name: str, external: list[tuple[Any, Any]]) -> Iterator[None]:
+    """NOTE [State written by its region] (call_state.py): storages from outside the call that
+    its forward wrote (its region's first call, seen by the watch) hold their bytes of
+    before the write while the replay runs, and the bytes found afterwards."""
+    if any(before is None for _, before in external):
+        raise RuntimeError(
+            f"offrecomp: region {region_name!r} wrote in place, in its forward, a tensor it "
+            "neither owns nor takes as an argument, too large to copy before the write, so "
+            "a replay would read the written values. Hint: keep such state in a buffer of "
+            "the block, or exclude the block with regions=."
+        )
+    with holding(external):
+        yield
