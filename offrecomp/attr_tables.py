@@ -35,7 +35,7 @@ from offrecomp.changes import changed_attrs, without_graph
 if TYPE_CHECKING:
     from offrecomp.regions import Region
 
-__all__ = ["MAX_CONTENTS", "enter_tables", "entry_changes", "same_contents", "same_tables", "swap_contents"]
+__all__ = ["MAX_CONTENTS", "changed_since", "enter_tables", "entry_changes", "kept_tables", "swap_contents"]
 
 #: Items beyond which a container attribute's contents are not copied at entry.
 MAX_CONTENTS = 64
@@ -58,12 +58,15 @@ def same_tables(modules: tuple[nn.Module, ...], tables: Tables) -> bool:
     return True
 
 
+def changed_since(modules: tuple[nn.Module, ...], tables: Tables) -> list[tuple[nn.Module, dict[str, Any]]]:
+    """The attributes of ``modules`` that differ from ``tables``, with their values there
+    (``changed_attrs``), read only where ``same_tables`` finds a difference."""
+    return [] if same_tables(modules, tables) else changed_attrs(modules, tables)
+
+
 def same_contents(contents: Contents) -> bool:
     """Does each container hold what its copy does?"""
-    try:
-        return all(live == copy for live, copy in contents)
-    except (RuntimeError, TypeError, ValueError):  # a tensor's comparison has no single truth value
-        return False
+    return all(_same(live, copy) for live, copy in contents)
 
 
 def enter_tables(region: Region, fresh: bool) -> tuple[Tables, Contents]:
@@ -107,9 +110,7 @@ def _holds_graph(tables: Tables) -> bool:
 def entry_changes(modules: tuple[nn.Module, ...], tables: Tables, contents: Contents | None) -> tuple[Any, Contents]:
     """What differs now from a call's entry: the attributes with their entry values (for
     ``swap_attrs``) and the containers with their entry contents (for ``swap_contents``)."""
-    attrs = [] if same_tables(modules, tables) else changed_attrs(modules, tables)
-    moved = [] if not contents or same_contents(contents) else [(live, copy) for live, copy in contents if not _same(live, copy)]
-    return attrs, moved
+    return changed_since(modules, tables), [(live, copy) for live, copy in contents or () if not _same(live, copy)]
 
 
 def swap_contents(contents: Contents) -> Contents:
@@ -140,5 +141,5 @@ def _copy_contents(modules: tuple[nn.Module, ...], keys: tuple[tuple[int, str], 
 def _same(live: Any, copy: Any) -> bool:
     try:
         return bool(live == copy)
-    except (RuntimeError, TypeError, ValueError):
+    except (RuntimeError, TypeError, ValueError):  # a tensor's comparison has no single truth value
         return False

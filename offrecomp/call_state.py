@@ -18,8 +18,8 @@ from torch import nn
 
 from offrecomp._torch_compat import version_of
 from offrecomp.arg_state import ArgState
-from offrecomp.attr_tables import kept_tables, same_tables
-from offrecomp.changes import changed_attrs, exit_attrs
+from offrecomp.attr_tables import changed_since, kept_tables
+from offrecomp.changes import exit_attrs
 from offrecomp.diagnostics import kind, warn_once
 from offrecomp.regions import READ_SNAPSHOT_MAX_BYTES, Region, buffer_of
 from offrecomp.state import RegionCall
@@ -70,7 +70,7 @@ def finish_attrs(call: RegionCall, region: Region) -> None:
     """NOTE [Module attributes]: note the attributes the forward changed, if any; keep
     the entry tables for the replay (NOTE [Attributes at entry])."""
     tables = call.attrs
-    changed = [] if same_tables(region.modules, tables) else changed_attrs(region.modules, tables)
+    changed = changed_since(region.modules, tables)
     call.entry_tables = kept_tables(region, tables)
     call.attrs = exit_attrs(changed) if changed else None
     if changed and not region.changes_attrs:
