@@ -275,12 +275,18 @@ def _byte_span(ts: list[torch.Tensor]) -> tuple[int, int]:
     every element size) to the end of the last element reached."""
     lo, hi = -1, 0
     for t in ts:
-        size = t.element_size()
-        first = int(t.storage_offset())
-        last = first + sum((int(n) - 1) * s for n, s in zip(t.shape, t.stride()))
-        lo = first * size if lo < 0 else min(lo, first * size)
-        hi = max(hi, (last + 1) * size)
+        first, end = _bytes_reached(t)
+        lo = first if lo < 0 else min(lo, first)
+        hi = max(hi, end)
     return lo - lo % 16, hi
+
+
+def _bytes_reached(t: torch.Tensor) -> tuple[int, int]:
+    """The first byte of its storage ``t`` reaches, and the end of its last element."""
+    size = t.element_size()
+    first = int(t.storage_offset())
+    last = first + sum((int(n) - 1) * s for n, s in zip(t.shape, t.stride()))
+    return first * size, (last + 1) * size
 
 
 def _on(storage: Any, t: torch.Tensor, start: int) -> torch.Tensor:
@@ -371,9 +377,7 @@ def replay_arguments(
             leaf.requires_grad_(True)
             if not copied and not (x.i in cap.not_leaves and leaf.dtype == torch.float32 and leaf.layout == torch.strided):
                 return leaf  # autocast caches casts of strided float32 tensors only
-            # backward runs with grad disabled, maybe under inference_mode
-            inference = torch.inference_mode(False) if torch.is_inference_mode_enabled() else contextlib.nullcontext()
-            with inference, torch.enable_grad():
+            with _unguarded():
                 if copied:
                     # the forward writes it in place: a copy, not a leaf (autograd forbids
                     # in-place writes to a leaf that requires grad), so the held copy stays
@@ -514,8 +518,7 @@ def _view_in(t: torch.Tensor, r: torch.Tensor, held: torch.Tensor | None, start:
     size = r.element_size()
     # byte b of the forward's storage is byte b - shift of the replay's
     shift = start + int(held.storage_offset() - r.storage_offset()) * size
-    first = int(t.storage_offset()) * t.element_size() - shift
-    end = first + (sum((int(n) - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+    first, end = (b - shift for b in _bytes_reached(t))
     if first < 0 or end > r.untyped_storage().nbytes():
         return None
     if t.dtype == r.dtype and not t.is_conj() and not t.is_neg():

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from offrecomp import _torch_compat as tc
+from offrecomp.handles import view_on
 
 __all__ = [
     "ParamState",
@@ -140,7 +141,7 @@ def data_at_entry(state: ParamState, i: int) -> torch.Tensor | None:
     if held is None or t is None or t.untyped_storage() is held[0]:  # one object per storage
         return None
     storage, (_, dtype, shape, stride, offset) = held
-    return torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset, shape, stride)
+    return view_on(storage, 0, dtype, shape, stride, offset)
 
 
 def finish_params(state: ParamState | None) -> list[int]:
