@@ -130,7 +130,11 @@ class CapturedInputs:
 # region ran would replay wrong, so that is an error, never a silent difference. Inputs
 # placed OFFLOAD are dropped from the capture once the region's forward returns and come
 # back from host memory for the replay; each leaves a storage-free alias sharing its
-# version counter (``watches``), so a write after the region is still an error.
+# version counter (``watches``), so a write after the region is still an error. Not one
+# the forward wrote (``copied``: a region's first call under a plan set before it): its
+# host copy holds the written values, and the capture holds, on the device, the copy the
+# watch took of its entry values, which that call's replay starts from (NOTE [State
+# written by its region] in call_state.py).
 # A strided float32 input that requires grad and was no leaf in the forward (a previous
 # block's output), or was a view, reaches the replayed forward as a view of its fresh
 # leaf, made before the replay enters any mode (none sees the op): autocast caches its

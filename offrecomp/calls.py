@@ -373,7 +373,9 @@ class RegionCalls:
             self._groups.release_due(p, 2 * call.ordinal + 1)
         if call.offloaded_inputs and call.inputs is not None:
             for i, (rec, _) in call.offloaded_inputs.items():
-                if rec.placement is OFFLOAD:  # its copy is on the way: the group holds it
+                # its copy is on the way: the group holds it; not one the forward wrote, whose
+                # host copy holds the written values: its replay starts from the watch's copy
+                if rec.placement is OFFLOAD and i not in call.inputs.copied:
                     held = call.inputs.tensors[i]
                     watch = tc.version_watch(held) if held is not None else None
                     if watch is not None:  # a later write to it must still show at replay
