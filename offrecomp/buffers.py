@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from offrecomp._torch_compat import version_of
+from offrecomp.handles import view_on
 from offrecomp.regions import READ_SNAPSHOT_MAX_BYTES, buffer_of
 
 __all__ = [
@@ -90,13 +91,22 @@ class BufferState:
     offered: set[int] | None = None
     """Slots of larger buffers it read whose copy it keeps, since a later call wrote them
     unseen while its own comparison was still on its way (NOTE [Buffers written unseen])."""
+    storages: dict[int, tuple[Any, ...]] | None = None
+    """Slot -> (storage, dtype, size, stride, offset) of each plain strided buffer over
+    READ_SNAPSHOT_MAX_BYTES at entry: ``buffer.data = other`` replaces them, moving no
+    version (NOTE [Replay and buffer slots])."""
 
     def strides(self) -> list[tuple[int, ...] | None]:
         """The strides of the buffers a replay reads: the tensor each slot held at entry
         (the replay restores a changed one, and puts back one the slot no longer holds);
         None for a slot empty at entry, which the replay empties too (a memory the
-        forward sets, and may clear again before it returns)."""
-        return [b.stride() if b is not None and b.layout is torch.strided else None for b in self.objects]
+        forward sets, and may clear again before it returns); for one whose storage is
+        held, the geometry taken with it (``.data =`` may restride the tensor since)."""
+        held = self.storages or {}
+        return [
+            held[i][3] if i in held else b.stride() if b is not None and b.layout is torch.strided else None
+            for i, b in enumerate(self.objects)
+        ]
 
 
 def capture_buffers(slots: tuple[tuple[nn.Module, str], ...]) -> BufferState | None:
@@ -105,12 +115,18 @@ def capture_buffers(slots: tuple[tuple[nn.Module, str], ...]) -> BufferState | N
     objects = [buffer_of(m, n) for m, n in slots]
     versions = [-1 if b is None else version_of(b) for b in objects]
     snaps: list[torch.Tensor | None] = []
-    for b in objects:
-        if b is not None and _nbytes(b) <= BUFFER_SNAPSHOT_MAX_BYTES:
+    storages: dict[int, tuple[Any, ...]] | None = None
+    for i, b in enumerate(objects):
+        size = _nbytes(b) if b is not None else 0
+        if b is not None and size <= BUFFER_SNAPSHOT_MAX_BYTES:
             snaps.append(b.detach().clone())
         else:
             snaps.append(None)
-    return BufferState(slots, objects, versions, snaps)
+        if size > READ_SNAPSHOT_MAX_BYTES and type(b) is torch.Tensor and b.layout is torch.strided:
+            if storages is None:
+                storages = {}
+            storages[i] = (b.untyped_storage(), b.dtype, b.shape, b.stride(), b.storage_offset())
+    return BufferState(slots, objects, versions, snaps, storages=storages)
 
 
 def finish_buffers(state: BufferState | None) -> None:
@@ -454,6 +470,16 @@ def _give_readers(buffer: torch.Tensor, stamp: int, entry: torch.Tensor) -> None
 # keeps the tensor each slot held at entry, and a replay puts it back into a slot that
 # now holds another (``swap_buffers``), and the current one afterwards; the
 # version check of a buffer the forward left as it was reads that tensor, not the slot.
+# ``buffer.data = other`` between the forward and its replay (a table rebuilt for a new
+# length, a cast through ``.data``) keeps the tensor and its version and replaces the
+# storage under it. A buffer up to READ_SNAPSHOT_MAX_BYTES has its snapshot, which the
+# replay compares with it (NOTE [Buffers written unseen]); for a larger one the call holds
+# its storage at entry with its geometry (``BufferState.storages``: no memory while the
+# buffer keeps it; a replaced one lives until the call is released, as a parameter's
+# does, NOTE [Replay and parameters] in params.py), and the replay reads a tensor over the
+# held storage where the buffer has another by then. One written in place (its version
+# moved) stops a replay that reads it, the guard watching the held storage; one written
+# through ``.data`` in place moves no version and goes unseen (Known limits).
 
 
 def modified_buffers(state: BufferState) -> dict[int, str]:
@@ -467,10 +493,24 @@ def modified_buffers(state: BufferState) -> dict[int, str]:
         if state.snapshots[i] is not None:
             continue  # the replay reads its snapshot where it changed (NOTE [Buffers written unseen])
         if b is not None and b.layout == torch.strided and version_of(b) != v:
-            out[int(b.untyped_storage().data_ptr())] = (
+            held = state.storages.get(i) if state.storages is not None else None
+            storage = held[0] if held is not None else b.untyped_storage()  # the one the replay reads
+            out[int(storage.data_ptr())] = (
                 f"buffer {n!r} of {type(m).__name__} (version {v} -> {version_of(b)})"
             )
     return out
+
+
+def _data_at_entry(state: BufferState, i: int) -> torch.Tensor | None:
+    """Buffer ``i``'s values at entry where ``buffer.data = other`` replaced its storage
+    since: a tensor over the storage held (NOTE [Replay and buffer slots]); None where
+    the buffer has that storage still, or none was held."""
+    held = state.storages.get(i) if state.storages is not None else None
+    b = state.objects[i]
+    if held is None or b is None or b.untyped_storage() is held[0]:  # one object per storage
+        return None
+    storage, dtype, size, stride, offset = held
+    return view_on(storage, 0, dtype, size, stride, offset)
 
 
 @contextlib.contextmanager
@@ -495,6 +535,8 @@ def swap_buffers(state: BufferState, region_name: str) -> Iterator[None]:
         now, read = buffer_of(m, n), state.objects[i]
         if i in since:
             read = since[i].clone()  # written since, seen or not (NOTE [Buffers written unseen])
+        elif (held := _data_at_entry(state, i)) is not None:
+            read = held  # its storage replaced since (``.data =``): the one held
         if now is not read:
             saved.append((i, now))
             m._buffers[n] = read

@@ -4,12 +4,15 @@ arguments aliasing the region's own state."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch import nn
 
 import offrecomp
 from offrecomp import Placement, Plan
+from tests import models
 from tests.helpers import assert_bitwise, train, twin
 
 
@@ -85,3 +88,65 @@ def test_an_offloaded_input_the_first_call_wrote_replays_from_its_copy(model: ty
     assert_bitwise(ref, train(m, _batch, rt, steps=2))
     steps = rt.report().steps
     assert steps[0].replays == 3 and steps[0].offloaded_bytes > 0  # the first calls replay, inputs sent
+
+
+class _ReadsATable(nn.Module):
+    """Adds a buffer to its input: the add saves nothing, the linear after it saves the
+    sum, which a replay recomputes from the buffer."""
+
+    def __init__(self, numel: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(numel // 64, numel // 64)
+        self.register_buffer("table", torch.rand(64, numel // 64) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.fc(x + self.table)) + x
+
+
+def _table_grads(model: nn.Module, change: str, rt: offrecomp.Runtime | None = None) -> list[torch.Tensor]:
+    x = torch.randn(64, model.blocks[0].fc.in_features, generator=torch.Generator().manual_seed(0))
+    with rt if rt is not None else contextlib.nullcontext():
+        loss = model(x)
+        for b in model.blocks:
+            if change == "rebind":
+                b.table.data = b.table.data * 2.0
+            elif change == "rebind_strided":  # another geometry too
+                b.table.data = (b.table.data * 2.0).t().contiguous().t()
+            else:
+                b.table.add_(1.0)
+        loss.backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("numel", [32 << 10, 512 << 10], ids=["128KiB", "2MiB"])
+@pytest.mark.parametrize("change", ["rebind", "rebind_strided"])
+@pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
+def test_a_large_buffer_rebound_through_data_before_the_backward_replays_as_read(
+    numel: int, change: str, variant: str
+) -> None:
+    """NOTE [Replay and buffer slots]: ``buffer.data = other`` between a forward and its
+    backward moves no version; over READ_SNAPSHOT_MAX_BYTES no snapshot holds the values
+    the forward read, so the call holds the buffer's storage at entry and the replay
+    reads it: plain's gradients (plain saved the sum), the new values in the slot after."""
+    torch.manual_seed(0)
+    base = models.Stack([_ReadsATable(numel) for _ in range(2)])
+    ref = _table_grads(twin(base), change)
+    m = twin(base)
+    kw = {"replay_op_us": 0} if variant == "auto_serve" else {}
+    rt = offrecomp.runtime(m, mode="recompute" if variant == "recompute" else "auto", min_bytes=0, **kw)
+    got = _table_grads(m, change, rt)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+    assert rt.report().steps[-1].replays > 0
+    b = m.blocks[0]
+    assert torch.equal(b.table, 2.0 * twin(base).blocks[0].table)  # the new values stay
+
+
+@pytest.mark.parametrize("numel", [32 << 10, 512 << 10], ids=["128KiB", "2MiB"])
+def test_a_large_buffer_written_in_place_before_the_backward_stops_a_replay_reading_it(numel: int) -> None:
+    """A buffer over READ_SNAPSHOT_MAX_BYTES written in place between a forward and its
+    backward: no copy holds what the forward read, so a replay reading it raises, naming
+    it (plain autograd, which saved the sum, trains on)."""
+    torch.manual_seed(0)
+    m = models.Stack([_ReadsATable(numel) for _ in range(2)])
+    with pytest.raises(RuntimeError, match=r"buffer 'table' of _ReadsATable \(version \d+ -> \d+\) in region 'blocks\.1'"):
+        _table_grads(m, "inplace", offrecomp.runtime(m, mode="recompute", min_bytes=0))
