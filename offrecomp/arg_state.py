@@ -411,19 +411,52 @@ class ArgState:
     @contextlib.contextmanager
     def bound(self, pairs: list[tuple[Position, Any]]) -> Iterator[None]:
         """Each position of ``pairs`` binds the value paired with it while the block runs,
-        and what it bound before afterwards; a tuple's item stays as it is (NOTE [Aliased
-        arguments] in arguments.py)."""
+        and what it bound before afterwards; a tuple, which binds nothing new, is bound
+        anew with those items where its container binds it (NOTE [Aliased arguments] in
+        arguments.py)."""
         done: list[tuple[Any, str, Any, Any]] = []
+        tuples: dict[int, list[Any]] = {}  # entry index -> the items of a tuple to build anew
         try:
             for (at, key), value in pairs:
                 obj, kind, _ = self.entries[at]
-                if kind != "tuple":
-                    done.append((obj, kind, key, _bound_at(obj, kind, key)))
-                    _bind_at(obj, kind, key, value)
+                if kind == "tuple":
+                    tuples.setdefault(at, list(obj))[key] = value
+                    continue
+                done.append((obj, kind, key, _bound_at(obj, kind, key)))
+                _bind_at(obj, kind, key, value)
+            while tuples:  # the walk records a container before those below it: deepest first
+                at = max(tuples)
+                old, new = self.entries[at][0], _tuple_like(self.entries[at][0], tuples.pop(at))
+                if new is None:
+                    continue
+                for up, (obj, kind, content) in enumerate(self.entries[:at]):
+                    for key in _keys_of(kind, content, old):
+                        if kind == "tuple":
+                            tuples.setdefault(up, list(obj))[key] = new
+                        elif _bound_at(obj, kind, key) is old:
+                            done.append((obj, kind, key, old))
+                            _bind_at(obj, kind, key, new)
             yield
         finally:
             for obj, kind, key, before in reversed(done):
                 _bind_at(obj, kind, key, before)
+
+
+def _tuple_like(t: tuple[Any, ...], items: list[Any]) -> tuple[Any, ...] | None:
+    """A tuple of ``t``'s type holding ``items``: a plain tuple or a named one; None for
+    another subclass, whose constructor may take other arguments."""
+    if type(t) is tuple:
+        return tuple(items)
+    make = getattr(type(t), "_make", None)
+    return make(items) if make is not None and not stateful(t) else None
+
+
+def _keys_of(kind: str, content: Any, obj: Any) -> list[Any]:
+    """The keys (indices) at which a recorded ``content`` binds ``obj``."""
+    if kind == "buffers":
+        return []
+    items = enumerate(content) if kind in ("list", "tuple") else content.items()
+    return [k for k, v in items if v is obj]
 
 
 def _bound_at(obj: Any, kind: str, key: Any) -> Any:

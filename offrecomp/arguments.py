@@ -22,7 +22,9 @@ from offrecomp.handles import view_on
 from offrecomp.host_rng import is_private
 from offrecomp.trace.ops import describable
 
-__all__ = ["CapturedInputs", "arguments_in_state", "capture_inputs", "replay_arguments", "state_links"]
+__all__ = [
+    "CapturedInputs", "arguments_in_state", "arguments_with", "capture_inputs", "replay_arguments", "state_links",
+]
 
 
 # ---------------------------------------------------------------------------- inputs
@@ -168,11 +170,19 @@ class CapturedInputs:
 # [Replay inputs]); a leaf among them (a model input passed with a slice of it) is cast
 # by autocast at each use, as a view is, to the same values. Inputs of one storage in
 # several dtypes, or with a conjugate or negative bit, share one storage, each a leaf of
-# its own. A tensor an argument object holds (NOTE [Stateful arguments] in
+# its own, or, where the forward writes them (``block(z, z.conj())`` then ``z.mul_(2)``),
+# a non-leaf over the same bytes (``_apart``). A tensor argument that is one of the
+# region's own parameters (``block(x, block.fc.weight)``, a tied head handed the
+# embedding's weight) is, in the replay, the tensor that parameter's slot holds there
+# (``params_as_arguments`` in replay_state.py): an identity test (``w is
+# self.fc.weight``) goes as in the forward, and a write through one is read through the
+# other. A tensor an argument object holds (NOTE [Stateful arguments] in
 # arg_state.py) that is one of the tensor arguments (``block(x, State(h=x))``) is bound
 # there, for the replay, to the replay's tensor of that argument, and one on a storage
 # the watch copied (``State(h=x[:, :d])``, ``block(y[:, :d], State(h=y))``) to a view of
-# the replay's copy with its geometry; the binding is put back after the replay
+# the replay's copy with its geometry; in a tuple (``State(hs=(x, y))``), which binds
+# nothing new, a tuple of its type (a plain or a named one) holding those is bound where
+# its container binds it; the binding is put back after the replay
 # (``arguments_in_state``), and such a tensor is not swapped to its entry values (NOTE
 # [State written by the forward] in arg_state.py): the replay's copy holds them.
 
@@ -412,6 +422,17 @@ def replay_arguments(
     return tuple(args), kwargs
 
 
+def arguments_with(
+    cap: CapturedInputs, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: dict[int, torch.Tensor]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments of a replay (``replay_arguments``) with ``tensors`` (by index) in
+    the places those tensor arguments fill."""
+    flat, _ = tree_flatten((args, kwargs))
+    flat = [tensors.get(x.i, v) if isinstance(x, _Slot) else v for x, v in zip(cap.leaves, flat)]
+    args, kwargs = tree_unflatten(flat, cap.spec)
+    return tuple(args), kwargs
+
+
 def _gone(region_name: str, i: int) -> RuntimeError:
     return RuntimeError(f"offrecomp: input {i} of region {region_name!r} is gone")
 
@@ -450,10 +471,10 @@ def _fresh_group(
     dtype = next((t.dtype for t, g in zip(ts, grads) if g), ts[0].dtype)
     with _unguarded():
         if not all(t.dtype == dtype and not t.is_conj() and not t.is_neg() for t in ts):
-            # views in several dtypes: one storage, each a leaf of its own
+            # views in several dtypes, or with a conjugate or negative bit: one storage
             if copied:
                 storage = storage.clone()  # the held copy stays as it was
-            return {j: _on(storage, t, 0).requires_grad_(g) for j, t, g in zip(group, ts, grads)}
+            return {j: _apart(_on(storage, t, 0), g, copied) for j, t, g in zip(group, ts, grads)}
         size = ts[0].element_size()
         # the whole of a held copy (it spans what the argument objects hold there too), or
         # the bytes the inputs reach of the forward's storage
@@ -465,6 +486,19 @@ def _fresh_group(
             j: (base if g else base.detach()).as_strided(t.shape, t.stride(), t.storage_offset() - shift)
             for j, t, g in zip(group, ts, grads)
         }
+
+
+def _apart(v: torch.Tensor, grad: bool, written: bool) -> torch.Tensor:
+    """``v`` as a replay input of a group of several dtypes (NOTE [Aliased arguments]): a
+    leaf of its own where it requires grad, or, where the forward writes the group in
+    place (autograd forbids that on a leaf), a non-leaf on the same bytes: copied from a
+    clone of its values that requires grad, in place, so its bits stay as they were."""
+    if not grad:
+        return v
+    if not written:
+        return v.requires_grad_(True)
+    v.copy_(v.detach().clone().requires_grad_(True))
+    return v
 
 
 def state_links(cap: CapturedInputs, state: ArgState) -> list[tuple[int, int, int | None]]:

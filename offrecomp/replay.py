@@ -77,6 +77,7 @@ from offrecomp.replay_state import (
     external_as_entry,
     hooks_as_found,
     param_guard,
+    params_as_arguments,
     reads_as_forward,
     swap_params,
     training_as_forward,
@@ -286,6 +287,7 @@ def _replay_forward(
             stack.enter_context(swap_buffers(buffers, call.name))
         if params is not None:
             stack.enter_context(swap_params(call, params))
+            args, kwargs = params_as_arguments(call, params, args, kwargs)  # NOTE [Aliased arguments]
         stack.enter_context(training_as_forward(call))
         stack.enter_context(hooks_as_found(call))
         region = call.region

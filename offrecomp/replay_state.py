@@ -14,7 +14,7 @@ from torch import nn
 
 from offrecomp import _torch_compat as tc
 from offrecomp.arg_state import ArgState, holding
-from offrecomp.arguments import arguments_in_state, state_links
+from offrecomp.arguments import arguments_in_state, arguments_with, state_links
 from offrecomp.buffers import modified_buffers
 from offrecomp.changes import (
     drop_hooks_since,
@@ -37,6 +37,7 @@ __all__ = [
     "external_as_entry",
     "hooks_as_found",
     "param_guard",
+    "params_as_arguments",
     "reads_as_forward",
     "swap_params",
     "training_as_forward",
@@ -86,6 +87,24 @@ def swap_params(call: RegionCall, entry: ParamState) -> Iterator[None]:
             m._parameters[n] = now  # type: ignore[assignment]
         for p, was in flipped:  # set, not toggled: the replay may switch it again (detach_())
             p.requires_grad_(was)
+
+
+def params_as_arguments(
+    call: RegionCall, entry: ParamState, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """NOTE [Aliased arguments] (arguments.py): a tensor argument that was one of the
+    region's parameters at the call's entry (``block(x, block.weight)``, a tied head
+    handed the embedding's weight) is, in the replay, the tensor its slot holds there
+    (``swap_params``); the arguments as they are otherwise."""
+    cap = call.inputs
+    if cap is None or not cap.ids:
+        return args, kwargs
+    ids = cap.ids
+    slots = {ids[id(t)]: at for at, t in zip(entry.slots, entry.objects) if t is not None and id(t) in ids}
+    if not slots:
+        return args, kwargs
+    now = {i: t for i, at in slots.items() if (t := param_of(*at)) is not None}  # a slot emptied since: as captured
+    return arguments_with(cap, args, kwargs, now)
 
 
 def param_guard(call: RegionCall) -> ParamGuard | None:

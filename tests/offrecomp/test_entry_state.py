@@ -4,7 +4,10 @@ arguments aliasing the region's own state."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
+from typing import Any
 
 import pytest
 import torch
@@ -150,3 +153,79 @@ def test_a_large_buffer_written_in_place_before_the_backward_stops_a_replay_read
     m = models.Stack([_ReadsATable(numel) for _ in range(2)])
     with pytest.raises(RuntimeError, match=r"buffer 'table' of _ReadsATable \(version \d+ -> \d+\) in region 'blocks\.1'"):
         _table_grads(m, "inplace", offrecomp.runtime(m, mode="recompute", min_bytes=0))
+
+
+@dataclasses.dataclass
+class _State:
+    hs: tuple[torch.Tensor, ...]
+
+
+class _Aliasing(nn.Module):
+    """A block whose arguments alias state it reaches otherwise (``how``)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.how = how
+
+    def forward(self, x: torch.Tensor, other: Any) -> torch.Tensor:
+        how = self.how
+        if how == "param_is":  # its own parameter as an argument, branched on by identity
+            return torch.tanh(self.fc(x) * (1.0 if other is self.fc.weight else 0.5)) + x @ other.t()
+        if how == "param_write":  # written through the argument, read through the slot
+            with torch.no_grad():
+                other.mul_(0.9)
+            return torch.tanh(self.fc(x)) + x
+        if how == "tuple_is":  # a tuple an argument object holds: the tensor argument
+            return torch.tanh(self.fc(x) * (1.0 if other.hs[0] is x else 0.5)) + x
+        if how == "tuple_named":
+            return torch.tanh(self.fc(x) * (1.0 if other.hs.a is x and other.hs.b[0] is x else 0.5)) + x
+        x.mul_(2.0)  # mixed dtypes, conjugate: one storage, the float input written
+        if how == "mixed_dtype":
+            return torch.tanh(self.fc(x)) + (other & 1).float()
+        return torch.tanh(self.fc(torch.view_as_real(other.resolve_conj()).flatten(-2)[..., :16]))
+
+
+_Pair = collections.namedtuple("_Pair", ["a", "b"])
+
+
+class _AliasingNet(nn.Module):
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.inp = nn.Linear(16, 16)
+        self.blocks = nn.ModuleList(_Aliasing(how) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for b in self.blocks:
+            x = x * 1.0
+            if self.how.startswith("param"):
+                x = b(x, b.fc.weight)
+            elif self.how == "tuple_is":
+                x = b(x, _State(hs=(x,)))
+            elif self.how == "tuple_named":
+                x = b(x, _State(hs=_Pair(x, (x, x))))
+            elif self.how == "mixed_dtype":
+                x = b(x, x.view(torch.int32))
+            else:
+                z = torch.complex(x, 0.5 * x)
+                x = b(z, z.conj())
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("how", ["param_is", "param_write", "tuple_is", "tuple_named", "mixed_dtype", "conj_write"])
+@pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
+def test_arguments_aliasing_the_regions_state_replay_as_in_the_forward(how: str, variant: str) -> None:
+    """NOTE [Aliased arguments]: a region's own parameter as an argument is the slot's
+    tensor in the replay; a tuple an argument object holds binds the replay's tensor
+    arguments; inputs of one storage in several dtypes, or a conjugate view, written in
+    place replay on one storage, none a leaf that autograd would refuse to write."""
+    torch.manual_seed(0)
+    base = _AliasingNet(how)
+    ref = train(twin(base), _batch, steps=2)
+    m = twin(base)
+    kw: dict[str, Any] = {"replay_op_us": 0} if variant == "auto_serve" else {}
+    rt = offrecomp.runtime(m, mode="recompute" if variant == "recompute" else "auto", min_bytes=0, **kw)
+    assert_bitwise(ref, train(m, _batch, rt, steps=2))
+    assert rt.report().steps[0].replays > 0
