@@ -247,8 +247,10 @@ def discover_regions(
 
     ``spec`` None: the repeated children of every ``nn.ModuleList``/``nn.Sequential`` (a
     child whose class occurs at least twice among its siblings), and of an
-    ``nn.ModuleDict`` where nothing inside them is one (see _pick_repeated_children); where
-    none repeats, the children of every ``nn.ModuleList`` (NOTE [Stacks without repeats]);
+    ``nn.ModuleDict`` where nothing inside them is one (see _pick_repeated_children), with
+    the children of ``nn.ModuleList``s whose class two lists hold (NOTE [Blocks in lists
+    of one]); where none repeats, the children of every ``nn.ModuleList`` (NOTE [Stacks
+    without repeats]);
     in both, modules of one op never (NOTE [One-op modules]);
     with no such list, repeated blocks held as attributes (NOTE [Blocks held as
     attributes]). A type or types: every module of those types. A callable: every module for which
@@ -385,7 +387,9 @@ def _in_containers(model: nn.Module, kind: _Kind) -> set[int]:
     ``nn.ModuleDict``, which holds a model's layers (torchtitan) but also whole models
     (a runtime over two models): its repeated children count only when nothing inside
     them does, as do the unlike children of ``kind`` beside repeated ones in an
-    ``nn.ModuleList`` (a hybrid's layers). Where none repeats, the children of ``kind``
+    ``nn.ModuleList`` (a hybrid's layers), and the children of ``kind`` of
+    ``nn.ModuleList``s whose class other lists hold too (NOTE [Blocks in lists of
+    one]). Where none repeats, the children of ``kind``
     of every ``nn.ModuleList``, and of every ``nn.ModuleDict`` one holds (NOTE [Stacks
     without repeats])."""
     pick: set[int] = set()
@@ -417,7 +421,37 @@ def _in_containers(model: nn.Module, kind: _Kind) -> set[int]:
                 keyed += same
     candidates = pick | {id(c) for c in keyed}
     pick.update(id(c) for c in keyed if not any(id(x) in candidates for x in c.modules() if x is not c))
-    return pick or stacked
+    return (pick | _across_lists(model, kind, pick)) if pick else stacked
+
+
+def _across_lists(model: nn.Module, kind: _Kind, pick: set[int]) -> set[int]:
+    """NOTE [Blocks in lists of one]: children of ``kind`` of ``nn.ModuleList``s whose
+    class (for a Sequential, with the classes inside) is held by two lists or
+    more, or twice by one, where none of ``pick`` lies inside them."""
+    by_type: dict[Any, list[nn.Module]] = {}
+    seen: set[int] = set()
+    for m in model.modules():
+        if not isinstance(m, nn.ModuleList):
+            continue
+        for child in m._modules.values():
+            inner = _wrapped(child) if child is not None else None
+            if inner is None or id(child) in seen or isinstance(inner, (nn.ModuleList, nn.ModuleDict)):
+                continue
+            seen.add(id(child))
+            if _kind(inner) is kind:
+                by_type.setdefault(_class_key(inner), []).append(child)
+    return {
+        id(c) for same in by_type.values() if len(same) >= 2
+        for c in same if not any(id(x) in pick for x in c.modules() if x is not c)
+    }
+
+
+def _class_key(m: nn.Module) -> Any:
+    """What makes two modules the same block to discovery: their class, and for torch's
+    Sequential the classes it holds."""
+    if isinstance(m, nn.Sequential):
+        return (type(m), *(type(x) for x in m._modules.values()))
+    return type(m)
 
 
 def _repeated_attributes(model: nn.Module, kind: _Kind) -> set[int]:
@@ -433,10 +467,7 @@ def _repeated_attributes(model: nn.Module, kind: _Kind) -> set[int]:
                 continue
             inner = _wrapped(child)
             if not isinstance(inner, (nn.ModuleList, nn.ModuleDict)) and _kind(inner) is kind:
-                key: Any = type(inner)
-                if isinstance(inner, nn.Sequential):
-                    key = (key, *(type(x) for x in inner._modules.values()))
-                by_type.setdefault(key, []).append(child)
+                by_type.setdefault(_class_key(inner), []).append(child)
         for same in by_type.values():
             if len(same) >= 2:
                 pick.update(id(c) for c in same)
@@ -466,6 +497,28 @@ def _wrapped(m: nn.Module) -> nn.Module:
 # would keep all it saves. A ModuleList holds a stack of layers far more often than a Sequential
 # without repeats does (a pipeline of unlike stages, or a wrapper around a whole model,
 # whose replay would rerun every op), which stays as it is.
+
+
+# NOTE [Blocks in lists of one]
+# A model may hold its blocks one to a list, across many lists: diffusers' UNet with
+# layers_per_block=1 gives each down block a list of one ResnetBlock2D and (with cross
+# attention) one of one Transformer2DModel, its down blocks are of unlike classes, and
+# its mid block holds one attention block; the up blocks hold two of each, the mid block
+# two residual blocks. Counted among siblings only, the blocks of the up path repeat and
+# those of the down path and the mid block's attention do not: kept whole, they leave
+# recompute holding 62% of keep's activations on a small UNet, against 29% as regions
+# (docs/results/cpu-2026-12-06k). So where some class repeats among siblings, a class
+# whose children of ModuleLists number two or more across the model, in lists of one
+# or not, repeats too: each of those children is a region, unless a region found among
+# siblings lies inside it (a stage holding repeated blocks, in a list of one, leaves
+# them the regions), and outermost wins among the rest (a Transformer2DModel in a list
+# of one over the BasicTransformerBlock in its own list of one). Only blocks count (NOTE
+# [One-op modules]): Linear layers, norms and embeddings held one to a list are never
+# regions, and torch's Sequentials count as one class only with the same classes
+# inside. Sequentials of one, the stages of a ResNet with one block each, are left to
+# NOTE [Blocks held as attributes] as a Sequential of unlike stages is left out of
+# NOTE [Stacks without repeats]. Where nothing repeats among siblings, the stacks of
+# that note stand: every ModuleList child, the outermost.
 
 
 # NOTE [One-op modules]
