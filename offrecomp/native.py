@@ -24,13 +24,19 @@ then what the hooks would have booked.
 A planned call is kept whole because its profile says what it saves; one that saves
 more (a mixture of experts running more of them, or on more tokens: more or larger
 storages) is seen only with the hooks on (``Planner.grew``). So under a plan, each
-kept-whole call (signature, region, call index) runs with the hooks on once in
-``AUDIT_EVERY`` passes on average (``audit_gap``: scattered gaps after the first, so
-that a routing that repeats every few steps meets an audit; four times as often for a
-region known to vary whose profile still grows to what its audits see: NOTE [Sizes of
-regions that vary] in differences.py): its record is made again, and a call that grew
-sends its signature to measure again within that many passes (until then its steps may
-hold more than the budget, and book the record's bytes).
+kept-whole call (signature, region, call index) runs with the hooks on in the
+PROBATION passes after the one that made its record, then once in ``AUDIT_EVERY``
+passes on average (``audit_gap``: scattered gaps after the first, so that a routing
+that repeats every few steps meets an audit; four times as often for a region known to
+vary whose profile still grows to what its audits see: NOTE [Sizes of regions that
+vary] in differences.py): its record is made again, and a call that grew sends its
+signature to measure again within that many passes (until then its steps may hold more
+than the budget, and book the record's bytes). The probation meets a call that
+alternates between two or three forms from step to step (an attention processor
+swapped every other step, a branch on the step's parity) in the plan's first passes:
+without it, a call whose larger form fell between audits held several times the
+budget for a dozen steps while the books showed the smaller form's bytes
+(docs/results/cpu-2026-12-06l).
 
 NOTE [Graphs the forward drops]
 A forward may drop a call's graph before its backward: a solver iterating with grad on
@@ -83,15 +89,21 @@ MAX_RECORDS = 4096
 #: Under a plan, a kept-whole call runs with the hooks on once in this many passes
 #: (NOTE [Native keep]).
 AUDIT_EVERY = 8
+#: Passes after a call's record is made that run with the hooks on all the same (NOTE
+#: [Native keep]): a call alternating between forms every two or three steps shows each.
+PROBATION = 2
 
 
 def audit_gap(audits: int, varies: bool = False) -> int:
     """Passes from a planned call's audit number ``audits`` to its next (NOTE [Native
-    keep]): AUDIT_EVERY to the first, then AUDIT_EVERY on average, scattered over
-    [AUDIT_EVERY / 2, 3 * AUDIT_EVERY / 2] by a hash of the number; a quarter of that,
-    at least 1, for a region that varies (``varies``). The same for every call of a kind,
-    so the calls of a pass stay native alike."""
-    gap = AUDIT_EVERY if audits <= 0 else AUDIT_EVERY // 2 + ((audits * 0x9E3779B1) >> 16) % (AUDIT_EVERY + 1)
+    keep]): 1 during the PROBATION, AUDIT_EVERY to the first after it, then AUDIT_EVERY
+    on average, scattered over [AUDIT_EVERY / 2, 3 * AUDIT_EVERY / 2] by a hash of the
+    number; a quarter of that, at least 1, for a region that varies (``varies``). The
+    same for every call of a kind, so the calls of a pass stay native alike."""
+    if audits < PROBATION:
+        return 1
+    k = audits - PROBATION
+    gap = AUDIT_EVERY if k <= 0 else AUDIT_EVERY // 2 + ((k * 0x9E3779B1) >> 16) % (AUDIT_EVERY + 1)
     return max(1, gap // 4) if varies else gap
 
 

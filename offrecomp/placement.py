@@ -50,7 +50,8 @@ A region whose calls saved other storages than their recording twice (``Region.v
 a mixture of experts' routing, a branch on the data) has no one recording that describes
 its calls. A planned call of it takes the plan's placement of each storage by position,
 whatever its size, and a storage past the plan's takes that of the plan's last
-activation of the call (or what a user's plan names). Its replays run plainly (no served
+activation of the call, or where the call's recording has none (each of its storages
+was under ``min_bytes``), of its last storage (or what a user's plan names). Its replays run plainly (no served
 ops: the recording is not this call's), the whole prefix up to the last save they
 regenerate, as torch.utils.checkpoint reruns a forward, and check each regenerated
 save's shape and dtype against the forward's; the planner models it as opaque from then
@@ -124,12 +125,15 @@ def never_replayed(region: Region | None) -> str | None:
 
 
 def _last_activation(placements: Sequence[Placement], structure: Any) -> Placement:
-    """The placement a plan gives the last activation of a call's recording (KEEP if it
-    has none): a variable region's storage past the plan's takes it (NOTE [Regions that
-    vary])."""
+    """The placement a plan gives the last activation of a call's recording, or where
+    it has none, its last storage kept always (KEEP if neither): a variable region's
+    storage past the plan's takes it, as its bytes grow that storage in the profile
+    (NOTE [Regions that vary], NOTE [Sizes of regions that vary] in differences.py)."""
     recs = structure.storage_records if structure is not None else ()
-    for i in range(min(len(placements), len(recs)) - 1, -1, -1):
-        if recs[i].kind == "activation":
+    n = min(len(placements), len(recs))
+    kind = "activation" if any(recs[i].kind == "activation" for i in range(n)) else "external"
+    for i in range(n - 1, -1, -1):
+        if recs[i].kind == kind:
             return placements[i]
     return KEEP
 

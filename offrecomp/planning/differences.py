@@ -194,7 +194,10 @@ def differed(region: Region) -> None:
 # compares every call of such a region with its profile, storage by storage in order:
 # an activation larger than the profile's, or activations past the profile's (they take
 # the placement of its last activation, so they count with it), grow the profile's
-# sizes to what the pass saved (``variable_sizes``). A call its plan keeps whole takes
+# sizes to what the pass saved (``variable_sizes``). A profile with no activation (each
+# storage the recorded form saved was under ``min_bytes``, kept always) grows its kept
+# storages so: a larger form's storages past them are kept too (the placement of the
+# last activation, of which there is none, is KEEP). A call its plan keeps whole takes
 # no replay checkpoint, so it holds only the region inputs its ops save, where they save
 # them (NOTE [Kept planned calls] in placement.py): for it only the totals are compared
 # (a storage of a recorded input's size taken for that input), and where it saved more
@@ -231,20 +234,22 @@ def variable_sizes(p: PassState, profile: Profile, *, grow: bool) -> bool:
         if r is None:
             continue
         recs = r.storages
+        # the activations, or where the profile has none, the storages it always keeps
+        grows = "activation" if any(x.kind == "activation" for x in recs) else "external"
         if call.kept_whole:  # its inputs where its ops saved them, if at all: the totals only
-            recorded = sum(x.nbytes for x in recs if x.kind == "activation")
+            recorded = sum(x.nbytes for x in recs if x.kind == grows)
             ratio = _activation_bytes(call, recs) / recorded if recorded else 0.0
             pairs = [(x, math.ceil(x.nbytes * ratio)) for x in recs]
         else:  # a region input of another size is no sign (NOTE [Region inputs of another storage size])
             pairs = [(x, s.nbytes) for x, s in zip(recs, call.storages) if s.kind == x.kind]
-            last = max((i for i, (x, _) in enumerate(pairs) if x.kind == "activation"), default=-1)
+            last = max((i for i, (x, _) in enumerate(pairs) if x.kind == grows), default=-1)
             saved = len(recs) - sum(x.kind == "snapshot" for x in recs)  # NOTE [Replay and module state]
             extra = sum(s.nbytes for s in call.storages[saved:])
             if last >= 0 and extra:
                 pairs[last] = (pairs[last][0], pairs[last][1] + extra)
         grown = False
         for rec, n in pairs:
-            if rec.kind == "activation" and n > rec.nbytes:
+            if rec.kind == grows and n > rec.nbytes:
                 grown = grew = True
                 if not grow:
                     break
