@@ -65,7 +65,7 @@ import torch
 from torch.nn.parameter import is_lazy
 
 from offrecomp.config import Config, format_bytes
-from offrecomp.handles import INTERNED_SHAPES, interned_shape, interned_stride
+from offrecomp.handles import interned_stride
 from offrecomp.measure import DeviceClock
 from offrecomp.state import PassState, RegionCall, StorageRec
 from offrecomp.transfer import BACKWARD_START, NOT_PLANNED, dense_from_start
@@ -178,51 +178,55 @@ class OffloadGroups:
         if covers and dtype in _TYPED and t.is_contiguous():
             # NOTE [Typed sources]; a detached alias shares t's version counter (NOTE
             # [Writes after a save] in handles.py)
-            return self._add(call, rec, engine, t.detach(), interned_shape(t.shape), dtype)
+            return self._add(call, rec, engine, t.detach())
         if (
             type(base) is torch.Tensor and base.dtype in _TYPED and base.nbytes == rec.nbytes
             and base.storage_offset() == 0 and base.is_contiguous() and not base.is_neg()
         ):  # a view of part of the storage, or a permuted one, over a base that covers it
-            return self._add(call, rec, engine, base.detach(), interned_shape(base.shape), base.dtype)
+            return self._add(call, rec, engine, base.detach())
         if covers and dtype in _TYPED and dense_from_start(t):  # permuted, no base (attention's output)
-            return self._add(
-                call, rec, engine, t.detach(), interned_shape(t.shape), dtype, interned_stride(t.stride())
-            )
-        return self._add(call, rec, engine, storage, None, None)
+            return self._add(call, rec, engine, t.detach(), interned_stride(t.stride()))
+        return self._add(call, rec, engine, storage)
 
     def join_typed(
-        self, call: RegionCall, rec: StorageRec, t: torch.Tensor, dtype: torch.dtype, may_alias: bool
-    ) -> bool | None:
+        self, call: RegionCall, t: torch.Tensor, dtype: torch.dtype, nbytes: int, ptr: int, may_alias: bool
+    ) -> int | None:
         """``join`` for a contiguous ``t`` of a dtype of ``TYPED_DTYPES`` that covers its
-        storage (``rec``'s) from its first byte, typed (``may_alias``:
-        ``may_alias_parameter(t, t._base)``). As
-        ``join``, True: it joined; False: the pool has no room (counted); None, having
-        changed nothing: ``join`` must decide (a tensor that cannot move or over a
-        parameter's storage, or no engine yet: NOTE [Offload fast path] in hooks.py)."""
+        storage (``nbytes`` at ``ptr``) from its first byte, typed (``may_alias``:
+        ``may_alias_parameter(t, t._base)``), before its record is made: its slot in
+        ``call.group``; -1: the pool has no room (counted); None, having changed
+        nothing: ``join`` must decide (a tensor that cannot move or over a parameter's
+        storage, or no engine yet: NOTE [Offload fast path] in hooks.py)."""
         on_device = self._on_device
         engine = self.engine
         if (
             on_device is None or engine is None or not on_device(t) or t.is_neg()
-            or (may_alias and rec.ptr in self._param_storages(call))  # NOTE [Parameter storages]
+            or (may_alias and ptr in self._param_storages(call))  # NOTE [Parameter storages]
         ):
             return None
         # NOTE [Typed sources]; a detached alias shares t's version counter (NOTE [Writes
-        # after a save] in handles.py); one Size per geometry (NOTE [Interned geometry])
-        shape = t.shape
-        return self._add(call, rec, engine, t.detach(), INTERNED_SHAPES.get(shape) or interned_shape(shape), dtype)
+        # after a save] in handles.py)
+        group = call.group
+        if group is not None:
+            return engine.add(group, t.detach(), nbytes)
+        group = self._open(call, engine, t.device)
+        slot = engine.add(group, t.detach(), nbytes)
+        if slot < 0:
+            self._close_empty(call, group)
+        return slot
 
     def _add(
         self, call: RegionCall, rec: StorageRec, engine: OffloadEngine, source: Any,
-        shape: torch.Size | None, dtype: torch.dtype | None, stride: tuple[int, ...] | None = None,
+        stride: tuple[int, ...] | None = None,
     ) -> bool:
-        """Add ``rec``'s storage (``source``: a typed alias of ``shape``, ``dtype`` and, if
-        not contiguous, ``stride``, or the storage) to ``call``'s open group, opened now if
-        it has none: True, or False where the pool has no room (a group opened for it is
-        closed again)."""
+        """Add ``rec``'s storage (``source``: a typed alias, of ``stride`` if not
+        contiguous, or the storage: ``OffloadEngine.add``) to ``call``'s open group,
+        opened now if it has none: True, or False where the pool has no room (a group
+        opened for it is closed again)."""
         group = opened = call.group
         if group is None:
             group = self._open(call, engine, source.device)
-        slot = engine.add(group, source, rec.nbytes, shape, dtype, stride)
+        slot = engine.add(group, source, rec.nbytes, stride)
         if slot < 0:
             if opened is None:
                 self._close_empty(call, group)

@@ -42,11 +42,11 @@ from offrecomp.diagnostics import detached_error, modified_error, replay_differs
 from offrecomp.early_unpacks import outside_backward
 from offrecomp.groups import TYPED_DTYPES as _TYPED
 from offrecomp.groups import reads_bytes_as_stored
-from offrecomp.handles import KeptRef, SavedHandle, TypedHandle
+from offrecomp.handles import INTERNED_STRIDES, KeptRef, SavedHandle, TypedHandle, interned_stride
 from offrecomp.placement import Placements, untracked_alias
 from offrecomp.regenerate import Regenerator, replay_done, replay_handed
 from offrecomp.shared import counting_record, join_counted, lookup_window, share_kept
-from offrecomp.state import PENDING_WATCH, PassState, RegionCall, Stage, StorageRec
+from offrecomp.state import PENDING_WATCH, PassState, RegionCall, Stage, StorageRec, _storage_died
 from offrecomp.trace import SaveInfo, internal
 from scheduler.plan import Placement
 
@@ -76,8 +76,8 @@ _graph_task_id = tc.graph_task_id
 # a class call goes through type_call, slot_tp_new and an __init__ check, about 0.2 µs
 # more per object (they set everything in __new__).
 _new_rec = StorageRec.__new__
-_new_typed = TypedHandle.__new__
 _new_saved = SavedHandle.__new__
+_ref_new = weakref.ref.__new__
 
 
 class _Plain:
@@ -328,25 +328,49 @@ class Placer:
             or (base is not None and type(base) is not torch.Tensor) or not t.is_contiguous()
         ):
             return None
-        rec = _new_rec(StorageRec, storage, call, len(call.storages), nbytes, ptr, OFFLOAD)
         leaf = t.is_leaf
         # may_alias_parameter(t, base), inline: the hot path (it reads t.is_leaf once)
-        joined = self._groups.join_typed(call, rec, t, dtype, leaf or (base is not None and base.is_leaf))
-        if joined is None:
+        slot = self._groups.join_typed(call, t, dtype, nbytes, ptr, leaf or (base is not None and base.is_leaf))
+        if slot is None:
             return None
-        call.storages.append(rec)
-        call.by_ptr[ptr] = rec
-        if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
-            self._root_storage(rec)
-        if not joined:
+        storages = call.storages
+        if slot < 0:  # the pool has no room: the fallback places it
+            rec = _new_rec(StorageRec, storage, call, len(storages), nbytes, ptr, OFFLOAD)
+            storages.append(rec)
+            call.by_ptr[ptr] = rec
+            if call.ordinal < 0:
+                self._root_storage(rec)
             rec.placement, fallback = self._placements.not_joined(call, "activation", False)
             self._account(p, rec, fallback)
             return rec
+        # StorageRec.__new__ and TypedHandle.__new__, inline: two calls less per save
+        rec = _ref_new(StorageRec, storage, _storage_died)
+        rec.call = call
+        rec.index = len(storages)
+        rec.nbytes = nbytes
+        rec.ptr = ptr
+        rec.placement = OFFLOAD
+        rec.resident = False
+        group = rec.group = call.group
+        rec.slot = slot
+        storages.append(rec)
+        call.by_ptr[ptr] = rec
+        if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
+            self._root_storage(rec)
         p.stats.offloaded_bytes += nbytes
         ref = call.lease_ref  # the call's live lease, or a new one (RegionCall.lease)
         lease = ref() if ref is not None else None
-        h = _new_typed(TypedHandle, rec, idx, t, lease if lease is not None else call.lease(self._release), base, leaf)
-        rec.group.handles += 1  # type: ignore[union-attr]  # joined: set
+        h = _ref_new(TypedHandle, t)
+        h.rec = rec
+        h.pack_index = idx
+        h.lease = lease if lease is not None else call.lease(self._release)
+        h.counted = -1
+        h.version = t._version
+        h.grad_fn = not leaf  # to see a detach_() after the save
+        stride = t.stride()
+        h.stride = INTERNED_STRIDES.get(stride) or interned_stride(stride)  # NOTE [Interned geometry]
+        h.base = weakref.ref(base) if base is not None else None
+        group.handles += 1  # type: ignore[union-attr]  # joined: open
         return h
 
     def _new_storage(

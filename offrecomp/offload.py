@@ -289,20 +289,16 @@ class OffloadEngine:
             )
         return Group(ordinal, device, self._step)
 
-    def add(
-        self, group: Group, source: Any, nbytes: int, shape: torch.Size | None = None,
-        dtype: torch.dtype | None = None, stride: tuple[int, ...] | None = None,
-    ) -> int:
+    def add(self, group: Group, source: Any, nbytes: int, stride: tuple[int, ...] | None = None) -> int:
         """Add a storage of ``nbytes`` to the open ``group`` if the pool has room for it;
         returns its slot, or -1 (nothing added). Checked at save time against the pool's
         limit, so a storage the pool cannot hold falls back before its handle is made (a
         refusal at issue() keeps the whole group); its bytes count as the engine's until
-        the group is issued. ``source`` is an ``UntypedStorage`` or a flat uint8 tensor
-        over one (``shape`` None), or a tensor of ``shape`` and ``dtype`` that covers the
-        whole storage: contiguous, or of ``stride`` (dense from the storage's first
-        element, in another order of its dimensions): NOTE [Typed sources]. The group
-        holds it until its copy landed; the slots' offsets are laid out when it closes
-        (``Group.seal``)."""
+        the group is issued. ``source`` is an ``UntypedStorage``, or a tensor that covers
+        the whole storage: contiguous, or of ``stride`` (dense from the storage's first
+        element, in another order of its dimensions), its slot then of its shape and
+        dtype (NOTE [Typed sources]). The group holds it until its copy landed; the
+        slots' offsets, shapes and dtypes are laid out when it closes (``Group.seal``)."""
         reserved = self._open_reserved - (-nbytes // ALIGN_BYTES) * ALIGN_BYTES  # + aligned(nbytes), inline: once per save
         pool = self.pool
         if pool.refusing or pool.in_use_bytes + reserved > pool.limit_bytes:
@@ -315,12 +311,10 @@ class OffloadEngine:
                     return -1
         self._open_bytes += nbytes
         self._open_reserved = reserved
-        if stride is not None:
-            group.strides[len(group.sizes)] = stride
-        group.sources.append(source)
-        group.shapes.append(shape)
-        group.dtypes.append(dtype)
         sizes = group.sizes
+        if stride is not None:
+            group.strides[len(sizes)] = stride
+        group.sources.append(source)
         sizes.append(nbytes)
         return len(sizes) - 1
 

@@ -18,6 +18,7 @@ import torch
 
 from offrecomp import _torch_compat as tc
 from offrecomp.backends import Backend, Event, Stream
+from offrecomp.handles import interned_shape
 from offrecomp.pool import ALIGN_BYTES, Block
 
 __all__ = [
@@ -57,6 +58,8 @@ def slot_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
 
 
 _VERSION = operator.attrgetter("_version")
+_SHAPE = operator.attrgetter("shape")
+_DTYPE = operator.attrgetter("dtype")
 
 #: ``InFlight.release_at`` of a group issued outside a plan: only its landed copy lets
 #: go of its sources (NOTE [Planned release] in groups.py).
@@ -67,6 +70,26 @@ BACKWARD_START = NOT_PLANNED - 1
 #: Slot layouts by the sizes they lay out: offsets, block size, payload bytes.
 _LAYOUTS: dict[tuple[int, ...], tuple[tuple[int, ...], int, int]] = {}
 _MAX_LAYOUTS = 4096
+
+
+#: The kept tuples of slot shapes (``Group.shapes``), one per distinct tuple.
+_SHAPE_TUPLES: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+
+def _interned_shapes(shapes: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The one kept tuple equal to ``shapes``, of the one kept ``torch.Size`` of each
+    geometry; a symbolic one, which does not hash, as it is (NOTE [Interned geometry] in
+    handles.py)."""
+    try:
+        kept = _SHAPE_TUPLES.get(shapes)
+    except TypeError:
+        return shapes
+    if kept is not None:
+        return kept
+    if len(_SHAPE_TUPLES) >= _MAX_LAYOUTS:
+        _SHAPE_TUPLES.clear()
+    kept = _SHAPE_TUPLES[shapes] = tuple(s if s is None else interned_shape(s) for s in shapes)
+    return kept
 
 
 class GroupState(enum.Enum):
@@ -126,8 +149,8 @@ class Group:
         self.device = device
         self.sources: list[Any] = []  # until issue(): see ``OffloadEngine.add``
         self.sizes: list[int] = []
-        self.shapes: list[torch.Size | None] = []  # a typed source's size (None: flat)
-        self.dtypes: list[torch.dtype | None] = []  # and its dtype
+        self.shapes: tuple[torch.Size | None, ...] = ()  # each typed source's size (None: flat), from ``seal``
+        self.dtypes: tuple[torch.dtype | None, ...] = ()  # and its dtype
         self.strides: dict[int, tuple[int, ...]] = {}  # a typed source's strides, where not contiguous
         self.offsets: Sequence[int] = ()  # slot_offsets(sizes), from ``seal``
         self.in_flight: list[torch.Tensor] | None = None  # its sources, issued and not dropped yet
@@ -161,9 +184,11 @@ class Group:
         fast path reads it)."""
 
     def seal(self) -> None:
-        """Lay out the slots (``offsets``, ``nbytes``, ``payload_bytes``): the group takes
-        no more storages (its issue, or its discard). A step's groups repeat the last
-        one's sizes, so layouts are computed once per sizes."""
+        """Lay out the slots (``offsets``, ``nbytes``, ``payload_bytes``, and each
+        source's ``shapes`` and ``dtypes``): the group takes no more storages (its issue,
+        or its discard). A step's groups repeat the last one's sizes and shapes, so
+        layouts are computed once per sizes, and one tuple of shapes is kept per distinct
+        tuple (NOTE [Interned geometry] in handles.py)."""
         sizes = tuple(self.sizes)
         layout = _LAYOUTS.get(sizes)
         if layout is None:
@@ -172,6 +197,14 @@ class Group:
             offsets, end = slot_offsets(sizes)
             layout = _LAYOUTS[sizes] = (tuple(offsets), end, sum(sizes))
         self.offsets, self.nbytes, self.payload_bytes = layout
+        sources = self.sources
+        try:  # read once per group, not per save (OffloadEngine.add)
+            shapes: tuple[Any, ...] = tuple(map(_SHAPE, sources))
+            self.dtypes = tuple(map(_DTYPE, sources))
+        except AttributeError:  # a storage among them: its slot is flat
+            shapes = tuple(s.shape if isinstance(s, torch.Tensor) else None for s in sources)
+            self.dtypes = tuple(s.dtype if isinstance(s, torch.Tensor) else None for s in sources)
+        self.shapes = _interned_shapes(shapes)
 
     def hold(self, sources: list[torch.Tensor]) -> None:
         """The engine holds these sources of the issued copy until it lets go of them."""
@@ -419,7 +452,7 @@ def slot_views(block: Block, group: Group) -> list[torch.Tensor]:
             stride = strides.get(i)
             v = v.view(shape) if stride is None else v.as_strided(shape, stride)
         views.append(v)
-    block.slots = (list(sizes), list(shapes), list(dtypes), dict(strides), views)
+    block.slots = (list(sizes), shapes, dtypes, dict(strides), views)  # shapes and dtypes: tuples
     return views
 
 

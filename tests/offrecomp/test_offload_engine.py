@@ -709,19 +709,21 @@ def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
 
 def _round_trip(engine: OffloadEngine, sources: list[tuple[torch.Tensor, bool | str]]) -> Any:
     """Offload ``sources`` as one group, each typed (a contiguous tensor covering its
-    storage, added as ``t.data`` with its geometry; ``"strided"``: a permuted one, with
-    its strides too) or flat (its storage), reload it and compare every slot's bytes;
-    return the group's block."""
+    storage, added as ``t.data``, whose geometry its slot takes; ``"strided"``: a permuted
+    one, with its strides) or flat (its storage), reload it and compare every slot's
+    bytes; return the group's block."""
     group = engine.open_group(0, CPU)
     for t, typed in sources:
         nbytes = t.untyped_storage().nbytes()
         if typed == "strided":
-            assert engine.add(group, t.data, nbytes, t.shape, t.dtype, t.stride()) >= 0
+            assert engine.add(group, t.data, nbytes, t.stride()) >= 0
         elif typed:
-            assert engine.add(group, t.data, nbytes, t.shape, t.dtype) >= 0
+            assert engine.add(group, t.data, nbytes) >= 0
         else:
             assert engine.add(group, t.untyped_storage(), nbytes) >= 0
     assert engine.issue(group)
+    assert group.shapes == tuple(t.shape if typed else None for t, typed in sources)
+    assert group.dtypes == tuple(t.dtype if typed else None for t, typed in sources)
     buf = engine.fetch(group)
     for i, (t, _) in enumerate(sources):
         assert torch.equal(slot(buf, group, i), _storage_bytes(t)), f"slot {i}"

@@ -217,9 +217,10 @@ def test_offload_under_autocast_copies_views_and_permuted_saves_typed(monkeypatc
     added = {"typed": 0, "strided": 0, "flat": 0}
     original = OffloadEngine.add
 
-    def spy(self: OffloadEngine, group, source, nbytes, shape=None, dtype=None, stride=None):  # type: ignore[no-untyped-def]
-        added["flat" if shape is None else "strided" if stride is not None else "typed"] += 1
-        return original(self, group, source, nbytes, shape, dtype, stride)
+    def spy(self: OffloadEngine, group, source, nbytes, stride=None):  # type: ignore[no-untyped-def]
+        typed = isinstance(source, torch.Tensor)  # else the storage: a flat slot
+        added["flat" if not typed else "strided" if stride is not None else "typed"] += 1
+        return original(self, group, source, nbytes, stride)
 
     model = _Autocast(_gpt(p=0.0))
     ref1 = _grads(twin(model))
