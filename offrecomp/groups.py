@@ -327,6 +327,7 @@ class OffloadGroups:
                 p.stats.offloaded_bytes -= rec.nbytes
                 p.stats.fallback("offload_to_keep")
                 p.stats.keep(rec)
+                rec.resident_until_death()  # NOTE [Resident bytes] in state.py
 
     def release_due(self, p: PassState, boundary: int) -> None:
         """The end of unit ``boundary`` of pass ``p``, whose plan has releases: let go of

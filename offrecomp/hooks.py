@@ -46,7 +46,7 @@ from offrecomp.handles import INTERNED_STRIDES, KeptRef, SavedHandle, TypedHandl
 from offrecomp.placement import Placements, untracked_alias
 from offrecomp.regenerate import Regenerator, replay_done, replay_handed
 from offrecomp.shared import counting_record, join_counted, lookup_window, share_kept
-from offrecomp.state import PENDING_WATCH, PassState, RegionCall, Stage, StorageRec, _storage_died
+from offrecomp.state import PENDING_WATCH, PassState, RegionCall, Stage, StorageRec
 from offrecomp.trace import SaveInfo, internal
 from scheduler.plan import Placement
 
@@ -343,8 +343,10 @@ class Placer:
             rec.placement, fallback = self._placements.not_joined(call, "activation", False)
             self._account(p, rec, fallback)
             return rec
-        # StorageRec.__new__ and TypedHandle.__new__, inline: two calls less per save
-        rec = _ref_new(StorageRec, storage, _storage_died)
+        # StorageRec.__new__ and TypedHandle.__new__, inline: two calls less per save;
+        # the record, not resident, needs no callback at its storage's death (NOTE
+        # [Resident bytes] in state.py)
+        rec = _ref_new(StorageRec, storage)
         rec.call = call
         rec.index = len(storages)
         rec.nbytes = nbytes

@@ -92,6 +92,9 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
     made, then a weak reference to the tensor that handle holds, which shares the saved
     tensor's version counter (NOTE [Served storages written since] in regenerate.py)."""
     version = 0  # the version at its first save, with ``watch``
+    death: weakref.ref[Any] | None = None
+    """A weak reference to its storage with ``_storage_died`` for a callback, where the
+    record has none and became resident (``resident_until_death``)."""
     shared = False
     """A KEEP record whose storage another record of the pass counts resident already (a
     region input: NOTE [Inputs counted once]; a storage an earlier call kept: NOTE
@@ -126,6 +129,13 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
     # weakref.ref's own __init__ would reject the extra arguments.
     __init__ = object.__init__  # type: ignore[assignment]
 
+    def resident_until_death(self) -> None:
+        """It became resident: its storage's death ends its bytes (NOTE [Resident
+        bytes]), also for a record the offload fast path made without that callback."""
+        storage = self()
+        if self.__callback__ is None and storage is not None:
+            self.death = weakref.ref(storage, lambda _, rec=self: _storage_died(rec))
+
     def __repr__(self) -> str:
         name = self.placement.name if self.placement is not None else "PLAIN"
         return f"StorageRec({self.call.name!r}#{self.call.call_index}[{self.index}], {name}, {self.nbytes} B)"
@@ -137,7 +147,11 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
 # saved-tensor handles (a detached alias, NOTE [Saved tensor handles]) and the storage
 # only weakly, so the storage dies when autograd and the program drop it, as in a plain
 # run; the weak reference's callback takes its bytes off then. No finaliser runs per
-# handle.
+# handle. An offloaded storage is not resident, so the offload fast path makes its
+# record without the callback (NOTE [Offload fast path] in hooks.py): no call per
+# storage's death. The one way such a record becomes resident, its group refused at
+# issue (NOTE [Offload groups]), gives it the callback then
+# (``StorageRec.resident_until_death``).
 
 
 def _storage_died(rec: StorageRec) -> None:

@@ -344,6 +344,46 @@ def test_a_double_backward_reads_a_root_group_the_pool_refused() -> None:
     assert fallbacks.get("offload_to_keep", 0) >= 1, fallbacks
 
 
+def test_storages_of_a_group_refused_at_issue_stop_counting_when_they_die() -> None:
+    """NOTE [Resident bytes]: the offload fast path makes its records without a callback
+    at their storage's death; a group the pool refuses at issue keeps its storages, which
+    then count as resident until they die, as a kept save's do."""
+    import gc
+
+    from offrecomp.handles import TypedHandle
+    from offrecomp.hooks import Placer
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(_TanhBlock(16), _TanhBlock(16))
+    x = torch.randn(4, 16)
+    ref = torch.autograd.grad(m(x).pow(2).sum(), list(m.parameters()))
+    typed = [0]
+    offload_new = Placer._offload_new
+
+    def spy(self: Placer, *args: Any) -> Any:
+        h = offload_new(self, *args)
+        typed[0] += type(h) is TypedHandle
+        return h
+
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0, regions=_TanhBlock)
+    with rt:
+        rt._groups.get_engine().pool.pressure_bytes = 1 << 62  # every new slab would leave too little host memory
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(Placer, "_offload_new", spy)
+            loss = m(x).pow(2).sum()
+        p = rt.current_pass
+        assert p is not None and typed[0] >= 2
+        assert p.stats.fallbacks.get("offload_to_keep", 0) >= 1 and p.stats.resident_bytes > 0
+        got = torch.autograd.grad(loss, list(m.parameters()))
+        del loss
+        gc.collect()
+        recs = [r for c in p.all_calls() for r in c.storages]
+        dead = [r for r in recs if r() is None]  # the activations; the input and the root's kept output live
+        assert dead and not any(r.resident for r in dead)
+        assert p.stats.resident_bytes == sum(r.nbytes for r in recs if r.resident)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+
+
 class _HoldSaved(torch.autograd.Function):
     """tanh whose backward also keeps the saved output it unpacked (in ``held``), or
     with ``storage`` set only its storage object and bytes."""
