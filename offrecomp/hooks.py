@@ -247,7 +247,7 @@ class Placer:
                         placement = table[index]
             if placement is OFFLOAD and recorder is None:
                 fast = self._offload_new(p, call, t, idx, ptr, storage, base, nbytes)
-                if type(fast) is TypedHandle:
+                if fast.__class__ is TypedHandle:  # type(fast), one call less
                     return fast
                 new: StorageRec = fast if fast is not None else self._new_storage(  # type: ignore[assignment]
                     p, call, t, ptr, storage, base, nbytes, OFFLOAD
@@ -287,8 +287,7 @@ class Placer:
             if rec.watch is PENDING_WATCH:
                 rec.watch = weakref.ref(alias)
             return kept
-        ref = call.lease_ref  # the call's live lease, or a new one (RegionCall.lease)
-        lease = ref() if ref is not None else None
+        lease = call.lease_ref()  # the call's live lease, or a new one (RegionCall.lease)
         h = _new_saved(SavedHandle, rec, idx, t, lease if lease is not None else call.lease(self._release))
         if placement is RECOMPUTE:
             call.dropped[idx] = weakref.ref(h)
@@ -360,8 +359,7 @@ class Placer:
         if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
             self._root_storage(rec)
         p.stats.offloaded_bytes += nbytes
-        ref = call.lease_ref  # the call's live lease, or a new one (RegionCall.lease)
-        lease = ref() if ref is not None else None
+        lease = call.lease_ref()  # the call's live lease, or a new one (RegionCall.lease)
         h = _ref_new(TypedHandle, t)
         h.rec = rec
         h.pack_index = idx
@@ -567,13 +565,11 @@ class Placer:
         if kind is TypedHandle:  # NOTE [Offload fast path]: a save of a group fetched into a reused buffer
             rec = h.rec
             group = rec.group  # set: OFFLOAD (a fallback to KEEP clears it)
+            # a group with views was fetched, so its issue is done (no more ``call.group``)
+            views = group.views if group is not None else None
             call = rec.call
             p = call.pass_state
-            views = group.views if group is not None else None
-            if (
-                views is not None and p is not None and p.stage is BACKWARD and call.group is not group
-                and h() is None and h.base is None
-            ):
+            if views is not None and h() is None and h.base is None and p is not None and p.stage is BACKWARD:
                 hit = views.get(h.pack_index)
                 slot = rec.slot
                 if (

@@ -166,6 +166,11 @@ class _WeakReferable:
     __slots__ = ("__weakref__",)
 
 
+#: ``RegionCall.lease_ref`` of a call that never had a lease: a dead weak reference, so
+#: that the save path calls it without a None check.
+NO_LEASE: weakref.ref[Any] = weakref.ref(_WeakReferable())
+
+
 @dataclass(eq=False, slots=True)
 class RegionCall(_WeakReferable):
     """One call of a region (or the root pseudo-call) within a pass. Slots: one is made
@@ -272,7 +277,7 @@ class RegionCall(_WeakReferable):
     replay_resident: int = 0
     replay_pending: dict[int, int] | None = None  # id(rec) -> saves its replay holds (NOTE [Replays booked per storage])
     pass_state: PassState | None = None
-    lease_ref: weakref.ref[Lease] | None = None  # NOTE [Call leases]: held by the handles only
+    lease_ref: weakref.ref[Lease] = NO_LEASE  # NOTE [Call leases]: held by the handles only; dead while none lives
     group: Group | None = None
     """The open offload group collecting this call's OFFLOAD storages (for the root: the run of root saves since the last region call began), issued at the call's exit."""
     groups: list[Group] = field(default_factory=list)
@@ -293,8 +298,7 @@ class RegionCall(_WeakReferable):
 
     def lease(self, release: Any) -> Lease:
         """The call's live lease, a new one if none is alive (NOTE [Call leases])."""
-        ref = self.lease_ref
-        lease = ref() if ref is not None else None
+        lease = self.lease_ref()
         if lease is None:
             lease = Lease(self, release)
             self.lease_ref = weakref.ref(lease)
@@ -338,8 +342,7 @@ class RegionCall(_WeakReferable):
     @property
     def leased(self) -> bool:
         """Does a dropped or offloaded save of this call still live?"""
-        ref = self.lease_ref
-        return ref is not None and ref() is not None
+        return self.lease_ref() is not None
 
     @property
     def key(self) -> tuple[str, int]:
