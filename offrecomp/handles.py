@@ -164,8 +164,10 @@ class SavedHandle(weakref.ref):  # type: ignore[type-arg]
 # long-sequence forward keeps thousands of saves). A model saves the same few
 # geometries every step, so the save path keeps one tuple per distinct geometry
 # (``interned_shape``, ``interned_stride``) and drops the fresh one; so do dropped saves'
-# handles. The tables are cleared once they hold INTERNED_MAX entries (shapes that keep
-# changing).
+# handles. A typed save's shape is its group's slot's, and a group keeps one tuple of
+# its slots' shapes per distinct tuple, of those same kept shapes (``Group.seal`` in
+# transfer.py). The tables are cleared once they hold INTERNED_MAX entries (shapes that
+# keep changing).
 
 #: Distinct geometries kept per table before it is cleared.
 INTERNED_MAX = 4096

@@ -128,17 +128,21 @@ class _Plain:
 # takes one path through the pack hook: ``_offload_new`` checks what the tensor tells
 # (dtype, ``min_bytes``, the whole storage, contiguity, not a view of a parameter),
 # ``OffloadGroups.join_typed`` what the group and the engine do (device, negation bit,
-# parameter storages, the pool's room), and the record and handle are made. Anything
+# parameter storages, the pool's room) and appends the storage to the group, and only
+# then are the record and handle made, inline (two calls less), the record with no
+# callback at its storage's death: it is not resident (NOTE [Resident bytes] in
+# state.py); its slot's shape and dtype are read from its source once per group, when
+# the group seals (``Group.seal`` in transfer.py). Anything
 # else (a recording pass, part of a storage, a tensor that cannot move, no engine yet)
 # goes to ``_new_storage`` and the rules having changed nothing; a pool without room
 # places the storage by the fallback at once, so the pool is asked once per storage.
 # The unpack hook likewise takes a typed save in one path when its group was fetched into
 # a reused buffer holding an alias of its geometry (NOTE [Reused reload buffers] in
-# transfer.py), its pass is in backward, its group issued, and neither its original nor
-# its base lives (there is nothing to check against them): ``.data`` of the alias, the
-# group's version check (NOTE [Writes after a save] in handles.py), the group's release at
-# its last save. Every other unpack takes the general path, which checks the same one by
-# one.
+# transfer.py; a group with views was fetched, so issued), its pass is in backward, and
+# neither its original nor its base lives (there is nothing to check against them):
+# ``.data`` of the alias, the group's version check (NOTE [Writes after a save] in
+# handles.py), the group's release at its last save. Every other unpack takes the
+# general path, which checks the same one by one.
 
 #: One pack or unpack call in HOOK_SAMPLE is timed (NOTE [Hook timing]).
 HOOK_SAMPLE = 16
