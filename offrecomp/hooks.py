@@ -577,7 +577,7 @@ class Placer:
                 hit = views.get(h.pack_index)
                 slot = rec.slot
                 if (
-                    hit is not None and hit[0] == (group.offsets[slot], 0, group.shapes[slot], h.stride, group.dtypes[slot])
+                    hit is not None and hit[0] == (slot, h.stride)  # a typed save's key (ReloadBuffer.views_for)
                     and group.views is views  # not released meanwhile (another thread's backward)
                 ):
                     if group.versions[slot] != h.version:  # NOTE [Writes after a save]
@@ -640,8 +640,7 @@ class Placer:
             hit = views.get(h.pack_index) if views is not None else None
             slot = rec.slot
             if hit is not None and hit[0] == (
-                (group.offsets[slot], 0, group.shapes[slot], h.stride, group.dtypes[slot])
-                if kind is TypedHandle  # its slot's size and dtype, offset 0
+                (slot, h.stride) if kind is TypedHandle  # its slot's size and dtype, offset 0 (ReloadBuffer.views_for)
                 else (group.offsets[slot], h.offset, h.size, h.stride, h.dtype)
             ):
                 t = hit[1].data  # the cached alias's geometry is this save's
@@ -674,12 +673,14 @@ class Placer:
         slot = rec.slot
         dtype: torch.dtype
         size: torch.Size
+        slot_offset = group.offsets[slot]
+        key: tuple[Any, ...]  # the alias cache's (NOTE [Reused reload buffers]; ReloadBuffer.views_for)
         if type(h) is TypedHandle:  # its slot's size and dtype (TypedHandle.size, .dtype)
             dtype, size = group.dtypes[slot], group.shapes[slot]  # type: ignore[assignment]  # typed: set
+            key = (slot, h.stride)
         else:
             dtype, size = h.dtype, h.size
-        slot_offset = group.offsets[slot]
-        key = (slot_offset, h.offset, size, h.stride, dtype)  # the alias cache's (NOTE [Reused reload buffers])
+            key = (slot_offset, h.offset, size, h.stride, dtype)
         typed = group.typed_views.get(dtype)  # fetched, and a save of this dtype handed out
         if typed is None:
             self._groups.fetch(group, call)

@@ -448,7 +448,7 @@ class OffloadEngine:
             # FETCHED only now: another thread's fetch takes the buffer without the lock
             # (Group.ready), and must find compute already waiting on the reload
             if group.reuse is not None:
-                group.views = group.reuse.views
+                group.views = group.reuse.views_for(group)
             group.state = GroupState.FETCHED
             backend.check()
             if counted:

@@ -265,25 +265,29 @@ class Group:
 # as a fresh buffer would be allocated there (NOTE [Reload buffer lifetime] in
 # offload.py), and emptied again once nothing uses it; the unpack caches, per pack
 # index, a ``.data`` alias of the view it made, and hands out ``.data`` of that alias
-# when the next reload's save has the same geometry. Emptying needs proof that nothing
-# outside still reads the storage: its use count (every tensor on it holds one) must be
-# exactly the storage object's and the cached aliases', and no one but the buffer may
-# hold the storage object (``untyped_storage()`` of every tensor on it returns that one
-# object, and holding it adds no use). A storage that autograd, a user or a pending copy
-# still uses stays as it is (busy): its position's next reload takes a fresh buffer, as
-# without reuse. The check runs at every engine call, so the memory of a released group
-# goes at the next fetch or at the step's end, not at its last tensor's death; in
-# backward the next group's fetch follows at once. A reload whose allocation fails
-# leaves its position free. An unpack that finds its group released after it took an
-# alias (another thread's backward) makes its view again, from a new fetch. Emptied, the
-# cached aliases describe tensors on a storage of no bytes: nothing hands them out then.
+# when the next reload's save has the same geometry: a typed save's is its slot's
+# offset, shape and dtype and its strides, so the buffer checks its groups' slot
+# layout once per fetch (``ReloadBuffer.views_for``: another layout begins the cache
+# again) and a typed save's unpack compares only its slot and strides. Emptying needs
+# proof that nothing outside still reads the storage: its use count (every tensor on it
+# holds one) must be exactly the storage object's and the cached aliases', and no one
+# but the buffer may hold the storage object (``untyped_storage()`` of every tensor on
+# it returns that one object, and holding it adds no use). A storage that autograd, a
+# user or a pending copy still uses stays as it is (busy): its position's next reload
+# takes a fresh buffer, as without reuse. The check runs at every engine call, so the
+# memory of a released group goes at the next fetch or at the step's end, not at its
+# last tensor's death; in backward the next group's fetch follows at once. A reload
+# whose allocation fails leaves its position free. An unpack that finds its group
+# released after it took an alias (another thread's backward) makes its view again,
+# from a new fetch. Emptied, the cached aliases describe tensors on a storage of no
+# bytes: nothing hands them out then.
 
 
 class ReloadBuffer:
     """A reusable device storage for the reloads of one group position, with the saved
     tensors' aliases on it (NOTE [Reused reload buffers])."""
 
-    __slots__ = ("busy", "storage", "views")
+    __slots__ = ("busy", "layout", "storage", "views")
 
     #: Cached aliases per buffer beyond which a miss clears them (a position whose
     #: saves keep changing).
@@ -292,9 +296,23 @@ class ReloadBuffer:
     def __init__(self, storage: Any) -> None:
         self.storage = storage  # an UntypedStorage on the device; empty while not busy
         self.views: dict[int, tuple[tuple[Any, ...], torch.Tensor]] = {}
-        """Per pack index: the saved tensor's slot offset in bytes, storage offset, size,
-        stride and dtype, and a ``.data`` alias of that geometry on ``storage``."""
+        """Per pack index: the saved tensor's geometry (its slot and strides for a typed
+        save, whose slot gives the rest; else its slot offset in bytes, storage offset,
+        size, stride and dtype), and a ``.data`` alias of that geometry on ``storage``."""
+        self.layout: tuple[Any, ...] = ()
+        """The slots' offsets, shapes and dtypes of the groups the aliases were made for."""
         self.busy = False
+
+    def views_for(self, group: Group) -> dict[int, tuple[tuple[Any, ...], torch.Tensor]]:
+        """The cached aliases, for ``group`` fetched into this buffer: kept while the groups
+        it takes have one layout of slots (a typed save's alias is then known by its slot
+        and strides alone, its slot's offset, shape and dtype being the same: checked once
+        per group, not once per save), else begun again."""
+        layout = (group.offsets, group.shapes, group.dtypes)
+        if layout != self.layout:
+            self.views = {}
+            self.layout = layout
+        return self.views
 
     def remember(self, pack_index: int, key: tuple[Any, ...], view: torch.Tensor) -> None:
         """Cache an alias of ``view`` (of geometry ``key``) for the save at ``pack_index``."""

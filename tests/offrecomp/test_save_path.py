@@ -799,6 +799,31 @@ def test_warm_offloaded_saves_take_the_fast_paths_and_still_see_writes(monkeypat
     _SaveKeepAlias.aliases = []
 
 
+class _TanhTanh(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(torch.tanh(x))
+
+
+@pytest.mark.parametrize("change", ["rows", "dtype"])
+def test_a_reused_reload_buffer_hands_no_alias_of_another_layout(change: str) -> None:
+    """NOTE [Reused reload buffers]: a typed save's cached alias is known by its slot and
+    strides, valid while the groups its buffer takes keep their slots' offsets, shapes and
+    dtypes (``ReloadBuffer.views_for``); a step whose saves have other shapes (rows: the
+    same strides and slot offsets) or another dtype gets new aliases, gradients bitwise."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(_TanhTanh(), _TanhTanh())
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0, regions=_TanhTanh)
+    for rows, dtype in [(4, torch.float32)] * 3 + [(5, torch.float32) if change == "rows" else (4, torch.float64)] * 2:
+        x = torch.randn(rows, 16, dtype=dtype, requires_grad=True)
+        m(x).sum().backward()
+        ref = x.grad
+        x.grad = None
+        with rt:
+            m(x).sum().backward()
+        assert torch.equal(x.grad, ref)  # type: ignore[arg-type]
+    assert rt.report().steps[-1].offloaded_bytes > 0
+
+
 def test_offloaded_saves_share_one_tuple_per_geometry(monkeypatch: pytest.MonkeyPatch) -> None:
     """NOTE [Interned geometry]: the typed saves of every step hold the same shape and
     stride objects (the fresh ones die at once), and gradients stay bitwise."""
