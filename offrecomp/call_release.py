@@ -6,7 +6,8 @@ The root call is never done: only its groups go.
 from __future__ import annotations
 
 from collections.abc import Callable
-from operator import attrgetter, countOf
+from itertools import compress, repeat
+from operator import attrgetter, is_not
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -35,13 +36,14 @@ def release_call(call: RegionCall, free: Callable[[Group], None]) -> None:
         return
     call.released = True
     storages = call.storages
-    # most calls' records hold no tensor: counted in one C loop, not one Python step each
-    if countOf(map(_TENSOR, storages), None) < len(storages):
-        for rec in storages:  # by_ptr stays: later calls look inputs up there (NOTE [Inputs counted once])
-            if rec.tensor is not None:
-                rec.tensor = None
-                if rec.kind == "input":
-                    _held_no_more(rec)
+    if storages:  # none: a call that saved natively (NOTE [Native keep])
+        # the records that hold a tensor (most hold none), picked in C rather than one
+        # Python step per record; by_ptr stays: later calls look inputs up there (NOTE
+        # [Inputs counted once])
+        for rec in compress(storages, map(is_not, map(_TENSOR, storages), repeat(None))):
+            rec.tensor = None
+            if rec.kind == "input":
+                _held_no_more(rec)
     groups, call.groups = call.groups, []
     call.group = None
     _free_all(groups, free)
