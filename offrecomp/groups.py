@@ -189,7 +189,7 @@ class OffloadGroups:
         return self._add(call, rec, engine, storage)
 
     def join_typed(
-        self, call: RegionCall, t: torch.Tensor, dtype: torch.dtype, nbytes: int, ptr: int, may_alias: bool
+        self, call: RegionCall, t: torch.Tensor, nbytes: int, ptr: int, may_alias: bool
     ) -> int | None:
         """``join`` for a contiguous ``t`` of a dtype of ``TYPED_DTYPES`` that covers its
         storage (``nbytes`` at ``ptr``) from its first byte, typed (``may_alias``:

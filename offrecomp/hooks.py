@@ -333,7 +333,7 @@ class Placer:
             return None
         leaf = t.is_leaf
         # may_alias_parameter(t, base), inline: the hot path (it reads t.is_leaf once)
-        slot = self._groups.join_typed(call, t, dtype, nbytes, ptr, leaf or (base is not None and base.is_leaf))
+        slot = self._groups.join_typed(call, t, nbytes, ptr, leaf or (base is not None and base.is_leaf))
         if slot is None:
             return None
         storages = call.storages
