@@ -66,9 +66,12 @@ def measure_again(entry: PlanEntry, counter: str, limit: int, refused: str, *arg
 # depends on one): each such call counts as a planned call that differs, its region's
 # calls run under a passive mode from then on (``suspect_mode``, NOTE [Replay], step 7)
 # and count one mismatch (``differed``; the second makes the region variable: NOTE
-# [Regions that vary] in placement.py), and the signature plans. State the first step
-# lacks so costs no passive mode. What is found of a region after the profile was built
-# goes into it when a plan is solved (``profiling.mark_found``).
+# [Regions that vary] in placement.py), and the signature plans, its profile's sizes
+# grown to what such calls saved in that calibration pass (``variable_sizes``, as a
+# variable region's grow: NOTE [Sizes of regions that vary]), so that the first plan
+# books a call that alternates between forms at the larger one the calibration saw.
+# State the first step lacks so costs no passive mode. What is found of a region after
+# the profile was built goes into it when a plan is solved (``profiling.mark_found``).
 
 
 def calibration_differs(entry: PlanEntry | None, p: PassState, call: RegionCall, index: int) -> None:
@@ -217,16 +220,18 @@ def differed(region: Region) -> None:
 # its recording (``saved_more``, ``grew``).
 
 
-def variable_sizes(p: PassState, profile: Profile, *, grow: bool) -> bool:
+def variable_sizes(p: PassState, profile: Profile, *, grow: bool, calibrating: bool = False) -> bool:
     """Did a call of a variable region in pass ``p`` save more than ``profile`` says
     (NOTE [Sizes of regions that vary])? With ``grow``, the profile's sizes grow to what
     it saved; without, each such region's ``settled`` count follows the pass's calls
-    seen with the hooks on (the check runs once for every planned pass)."""
+    seen with the hooks on (the check runs once for every planned pass). A calibration
+    pass (``calibrating``) that is learnt grows the sizes of its calls that differed
+    from their recording (NOTE [Calibration sizes]) too."""
     by_key = None
     grew = False
     for call in p.calls:
         region = call.region
-        if region is None or not region.variable or not call.storages:
+        if region is None or not (region.variable or (calibrating and call.mismatch)) or not call.storages:
             continue  # (no storages: it saved natively, NOTE [Native keep])
         if by_key is None:
             by_key = {r.key: r for r in profile.regions}

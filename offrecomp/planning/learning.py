@@ -191,6 +191,8 @@ class Learner:
             entry.needs_solve = True
         if not calibrating:  # NOTE [Sizes of regions that vary] (differences.py)
             settle_growth(entry, variable_sizes(p, measured, grow=True))
+        else:  # calls that differed from their recording again (NOTE [Calibration sizes])
+            variable_sizes(p, measured, grow=True, calibrating=True)
         if learn_held(p, measured):  # NOTE [Held past backward] (scheduler/timeline.py)
             entry.needs_solve = True
         # `measured` is this pass's own copy: the model keeps it as the new estimate, and
