@@ -246,7 +246,9 @@ def variable_sizes(p: PassState, profile: Profile, *, grow: bool, calibrating: b
             ratio = _activation_bytes(call, recs) / recorded if recorded else 0.0
             pairs = [(x, math.ceil(x.nbytes * ratio)) for x in recs]
         else:  # a region input of another size is no sign (NOTE [Region inputs of another storage size])
-            pairs = [(x, s.nbytes) for x, s in zip(recs, call.storages) if s.kind == x.kind]
+            # inputs with inputs: the pass's records are inputs or activations, the
+            # profile's activations under min_bytes are external
+            pairs = [(x, s.nbytes) for x, s in zip(recs, call.storages) if (s.kind == "input") == (x.kind == "input")]
             last = max((i for i, (x, _) in enumerate(pairs) if x.kind == grows), default=-1)
             saved = len(recs) - sum(x.kind == "snapshot" for x in recs)  # NOTE [Replay and module state]
             extra = sum(s.nbytes for s in call.storages[saved:])
