@@ -3,6 +3,7 @@ so its replay runs with the parameters its forward ran with (buffers: buffers.py
 
 from __future__ import annotations
 
+import operator
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,7 @@ from offrecomp import _torch_compat as tc
 from offrecomp.handles import view_on
 
 __all__ = [
+    "ParamData",
     "ParamState",
     "capture_params",
     "data_at_entry",
@@ -96,18 +98,76 @@ def _versions(objects: tuple[torch.Tensor | None, ...]) -> tuple[int, ...]:
 
 
 _PLAIN = (torch.Tensor, nn.Parameter)
+#: Slot contents a region's last capture keeps for its next (NOTE [Parameters read in a row]).
+_ROW_TYPES = frozenset({nn.Parameter, type(None)})
 
 
-def capture_params(slots: tuple[tuple[nn.Module, str], ...], data: dict[int, tuple[Any, ...]]) -> ParamState | None:
+class ParamData:
+    """What a region keeps of its parameters from one call's capture to the next (NOTE
+    [Replay and parameters], NOTE [Parameters read in a row])."""
+
+    __slots__ = ("by_slot", "row")
+
+    def __init__(self) -> None:
+        self.by_slot: dict[int, tuple[Any, ...]] = {}
+        """Slot -> (a weak reference to the storage its parameter showed, with that
+        parameter's dtype, shape, stride and offset)."""
+        self.row: tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]] | None = None
+        """The last capture's objects, their storages and its ``ParamState.storages``,
+        where every slot held an ``nn.Parameter`` or nothing; else None."""
+
+
+# NOTE [Parameters read in a row]
+# Every region call that may replay reads each of its parameter slots: the tensor there,
+# its version and ``requires_grad``, the storage under it and that storage's geometry
+# (NOTE [Replay and parameters]). Read slot by slot, with a branch per case, that costs
+# about 1.5 us a parameter on a 2-core CPU host, a large part of a block's entry. Where
+# the region's last capture found only ``nn.Parameter`` objects (or empty slots), it keeps
+# them, their storages and its entry of each (``ParamData.row``); a call reads the slots,
+# and where it finds those objects on those storages (two identity comparisons) it
+# reads only their versions and flags and shares the rest. Anything else (another tensor
+# in a slot, as ``functional_call`` puts there; a slot gone from its table; a storage
+# replaced through ``.data``; an inference tensor, which has no version; a sparse
+# parameter, which has no storage) takes the loop, which reads each slot as it is and
+# keeps the row again where it may. The row holds what the model holds while nothing
+# changes: a parameter replaced (or a storage swapped out through ``.data``) is held until
+# the region's next call, or its next refresh; a plain tensor in a slot, which may carry
+# a graph, is never kept.
+
+
+def capture_params(slots: tuple[tuple[nn.Module, str], ...], data: ParamData) -> ParamState | None:
     """The tensor in each parameter slot (None when the region has no parameters), and
     the storage under each plain one, its geometry read into ``data`` (the region's
     ``param_data``) when the slot shows a storage it has not read."""
     if not slots:
         return None
+    row = data.row
+    if row is not None:  # NOTE [Parameters read in a row]
+        is_ = operator.is_
+        try:
+            objects = [m._parameters[n] for m, n in slots]
+            if all(map(is_, objects, row[0])) and all(
+                map(is_, [None if t is None else t.untyped_storage() for t in objects], row[1])
+            ):
+                return ParamState(
+                    slots,
+                    row[0],
+                    tuple([-1 if t is None else t._version for t in objects]),
+                    requires_grad=tuple([t is not None and t.requires_grad for t in objects]),
+                    storages=row[2],
+                )
+        except (KeyError, RuntimeError, NotImplementedError):  # no slot, no version, no storage: the loop
+            pass
+    return _capture_each(slots, data)
+
+
+def _capture_each(slots: tuple[tuple[nn.Module, str], ...], data: ParamData) -> ParamState:
+    """``capture_params`` slot by slot, each case apart; keeps ``data.row`` where it may."""
     objects: list[torch.Tensor | None] = []
     versions: list[int] = []
     flags: list[bool] = []
     storages: list[Any] = []
+    by_slot = data.by_slot
     for i, (m, n) in enumerate(slots):  # one pass: every region call that may replay runs it
         table = m._parameters
         t = table[n] if n in table else None  # noqa: SIM401 (param_of, inline)
@@ -126,11 +186,16 @@ def capture_params(slots: tuple[tuple[nn.Module, str], ...], data: dict[int, tup
         if st is None:
             storages.append(None)
             continue
-        g = data.get(i)
+        g = by_slot.get(i)
         if g is None or g[0]() is not st:
-            g = data[i] = (weakref.ref(st), t.dtype, t.shape, t.stride(), t.storage_offset())
+            g = by_slot[i] = (weakref.ref(st), t.dtype, t.shape, t.stride(), t.storage_offset())
         storages.append((st, g))
-    return ParamState(slots, tuple(objects), tuple(versions), requires_grad=tuple(flags), storages=tuple(storages))
+    state = ParamState(slots, tuple(objects), tuple(versions), requires_grad=tuple(flags), storages=tuple(storages))
+    kept = set(map(type, objects)) <= _ROW_TYPES and all(
+        (t is None) == (h is None) for t, h in zip(objects, storages)
+    ) and tc.INFERENCE_VERSION not in versions
+    data.row = (state.objects, tuple(None if h is None else h[0] for h in storages), state.storages) if kept else None
+    return state
 
 
 def data_at_entry(state: ParamState, i: int) -> torch.Tensor | None:

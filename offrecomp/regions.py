@@ -32,6 +32,7 @@ from offrecomp import _torch_compat as tc
 from offrecomp import host_rng
 from offrecomp.changes import module_children, structure_epoch
 from offrecomp.host_rng import Slot as RngSlot
+from offrecomp.params import ParamData
 
 if TYPE_CHECKING:
     from offrecomp.arg_state import Position
@@ -173,9 +174,9 @@ class Region:
     tensor_attrs: tuple[tuple[nn.Module, str], ...] = ()
     """Its modules' plain attributes holding a tensor that is not one of its parameters or
     buffers (NOTE [Attributes written after the first call] in call_state.py)."""
-    param_data: dict[int, tuple[Any, ...]] = field(default_factory=dict)
-    """Parameter slot -> (a weak reference to the storage its parameter showed, with that
-    parameter's dtype, shape, stride and offset) (NOTE [Replay and parameters] in params.py)."""
+    param_data: ParamData = field(default_factory=ParamData)
+    """The geometry of the storages its parameter slots showed (NOTE [Replay and
+    parameters] in params.py)."""
     epoch: int = -1
     """``structure_epoch()`` when it was last read (NOTE [Region refresh] in changes.py)."""
     children: list[Any] = field(default_factory=list)
@@ -197,7 +198,7 @@ class Region:
             self.mismatches = 0
             self.variable = False
             self.settled = 0
-            self.param_data = {}
+            self.param_data = ParamData()
         self.modules = mods
         self.children = module_children(mods)
         self.slots = tuple((sub, n) for sub in mods for n in sub._buffers.keys())  # noqa: SIM118 (a ScriptModule's buffers iterate by index)

@@ -1,0 +1,148 @@
+"""What a region keeps from one call's entry to the next is read anew where it changed:
+parameters re-registered past torch's hook, storages swapped through ``.data``, flags
+flipped, plain tensors in parameter slots (NOTE [Parameters read in a row])."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+from torch import nn
+
+import offrecomp
+from offrecomp.params import ParamData, capture_params
+from tests.helpers import assert_bitwise, twin
+
+
+def _slots(m: nn.Module) -> tuple[tuple[nn.Module, str], ...]:
+    return tuple((sub, n) for sub in m.modules() for n in sub._parameters)
+
+
+def _same_state(a: object, b: object) -> None:
+    """Two ``ParamState`` objects hold the same tensors, versions, flags and storages."""
+    for f in ("objects", "entry_versions", "requires_grad"):
+        x, y = getattr(a, f), getattr(b, f)
+        assert len(x) == len(y) and all(u is v or u == v for u, v in zip(x, y)), f
+    for h, k in zip(a.storages, b.storages):  # type: ignore[attr-defined]
+        assert (h is None) == (k is None)
+        if h is not None:
+            assert h[0] is k[0] and h[1][1:] == k[1][1:]
+
+
+def _fresh(m: nn.Module) -> object:
+    return capture_params(_slots(m), ParamData())
+
+
+def test_a_row_kept_reads_what_a_fresh_capture_reads() -> None:
+    m = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 2, bias=False))
+    data = ParamData()
+    capture_params(_slots(m), data)
+    assert data.row is not None  # parameters and an empty slot: kept
+    with torch.no_grad():
+        m[0].weight.add_(1)  # a version moved
+    m[1].bias.requires_grad_(False)  # a flag flipped, no version moved
+    state = capture_params(_slots(m), data)
+    _same_state(state, _fresh(m))
+    assert state.entry_versions[0] == m[0].weight._version  # type: ignore[union-attr]
+    assert state.requires_grad[3] is False  # type: ignore[union-attr]
+
+
+def test_a_parameter_put_in_its_table_past_the_hook_is_read() -> None:
+    m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    data = ParamData()
+    capture_params(_slots(m), data)
+    new = nn.Parameter(m[1].weight.detach())  # on the same storage
+    m[1]._parameters["weight"] = new  # no registration hook runs
+    state = capture_params(_slots(m), data)
+    assert state.objects[2] is new  # type: ignore[union-attr]
+    _same_state(state, _fresh(m))
+
+
+def test_a_storage_swapped_through_data_is_read_with_its_geometry() -> None:
+    m = nn.Linear(4, 3)
+    data = ParamData()
+    capture_params(_slots(m), data)
+    m.weight.data = torch.randn(4, 3).t()  # another storage, column-major
+    state = capture_params(_slots(m), data)
+    held = state.storages[0]  # type: ignore[union-attr]
+    assert held is not None and held[0] is m.weight.untyped_storage()
+    assert held[1][3] == m.weight.stride() == (1, 3)
+
+
+def test_a_plain_tensor_in_a_slot_is_never_kept() -> None:
+    """``functional_call``'s fast weights carry a graph: a row would hold it past the call."""
+    m = nn.Linear(4, 4)
+    data = ParamData()
+    capture_params(_slots(m), data)
+    w = torch.randn(4, 4, requires_grad=True)
+    fast = w * 2.0
+    m._parameters["weight"] = fast  # as functional_call swaps it in
+    state = capture_params(_slots(m), data)
+    assert state.objects[0] is fast and data.row is None  # type: ignore[union-attr]
+    ref = weakref.ref(fast)
+    m._parameters["weight"] = nn.Parameter(torch.randn(4, 4))
+    del fast, state
+    gc.collect()
+    assert ref() is None
+    capture_params(_slots(m), data)
+    assert data.row is not None
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.ln = nn.LayerNorm(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.ln(self.fc(x)))
+
+
+class _Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_Block() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x.square().mean()
+
+
+def _swap(model: nn.Module, step: int, how: str) -> None:
+    """Change block 1's parameters before step ``step``'s forward, past torch's hook."""
+    fc = model.blocks[1].fc  # type: ignore[index]
+    g = torch.Generator().manual_seed(step)
+    if how == "table":
+        fc._parameters["weight"] = nn.Parameter(torch.randn(16, 16, generator=g) * 0.1)
+    elif how == "data":
+        fc.weight.data = (torch.randn(16, 16, generator=g) * 0.1).t().contiguous().t()
+    else:  # frozen in odd steps
+        fc.weight.requires_grad_(step % 2 == 0)
+
+
+@pytest.mark.parametrize("how", ["table", "data", "flag"])
+def test_parameters_changed_between_steps_replay_as_read(how: str) -> None:
+    """Each step's replay runs with the parameters its forward read, however they were
+    changed since the region's last call (NOTE [Parameters read in a row])."""
+    torch.manual_seed(0)
+    model = _Stack()
+    other = twin(model)
+    batch = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+
+    def run(m: nn.Module) -> list[dict[str, torch.Tensor]]:
+        out = []
+        for s in range(4):
+            _swap(m, s, how)
+            m(batch).backward()
+            out.append({n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None})
+            m.zero_grad(set_to_none=True)
+        return out
+
+    ref = run(model)
+    with offrecomp.runtime(other, mode="recompute", min_bytes=0) as rt:
+        got = run(other)
+    assert all(s.replays == 3 for s in rt.report().steps)
+    assert_bitwise(ref, got)
