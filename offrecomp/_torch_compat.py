@@ -380,8 +380,9 @@ _tf_set = getattr(torch._C, "_set_torch_function_state", None)
 _tf_len = getattr(torch._C, "_len_torch_function_stack", None)
 _tf_pop = getattr(torch._C, "_pop_torch_function_stack", None)
 _tf_push = getattr(torch._C, "_push_on_torch_function_stack", None)
+_tf_enabled = getattr(torch._C, "_is_torch_function_enabled", None)  # state is ENABLED: a bool, no enum compared
 _TF_ENABLED = torch._C._TorchFunctionState.ENABLED if hasattr(torch._C, "_TorchFunctionState") else None
-_TF_API = None not in (_tf_state, _tf_set, _tf_len, _tf_pop, _tf_push, _TF_ENABLED)
+_TF_API = None not in (_tf_state, _tf_set, _tf_len, _tf_pop, _tf_push, _tf_enabled, _TF_ENABLED)
 
 
 def torch_function_state() -> tuple[Any, tuple[Any, ...]] | None:
@@ -390,10 +391,10 @@ def torch_function_state() -> tuple[Any, tuple[Any, ...]] | None:
     private API is missing."""
     if not _TF_API:
         return None
-    state = _tf_state()  # type: ignore[misc]
     n = _tf_len()  # type: ignore[misc]
-    if n == 0 and state == _TF_ENABLED:
+    if n == 0 and _tf_enabled():  # type: ignore[misc]  # every region call's entry: no enum read
         return None
+    state = _tf_state()  # type: ignore[misc]
     modes = tuple(torch.overrides._get_current_function_mode_stack()) if n else ()
     return state, modes
 

@@ -583,17 +583,18 @@ class RngState:
 # where its activations were 85 KB, and in no book. A call whose forward draws nothing
 # leaves the state as the next call finds it, so a state equal to the last one captured
 # is that tensor, shared (a replay only reads it).
-_last_cpu_state: list[torch.Tensor | None] = [None]
+_last_cpu_state: list[tuple[torch.Tensor, bytes] | None] = [None]
 
 
 def _cpu_state() -> torch.Tensor:
     """The CPU generator's state, the last one captured where equal (NOTE [Shared CPU
     generator states])."""
     state = torch.get_rng_state()
+    now = state.numpy().tobytes()  # torch.equal takes twice as long
     last = _last_cpu_state[0]
-    if last is not None and last.numpy().tobytes() == state.numpy().tobytes():  # torch.equal takes twice as long
-        return last
-    _last_cpu_state[0] = state
+    if last is not None and last[1] == now:
+        return last[0]
+    _last_cpu_state[0] = (state, now)
     return state
 
 
@@ -626,16 +627,34 @@ class AutocastState:
     cache_enabled: bool
 
 
+#: The device types ``capture_autocast`` reads for a set of the call's (sorted, "cpu" added).
+_AUTOCAST_TYPES: dict[frozenset[str], tuple[str, ...]] = {}
+#: One AutocastState per state seen (frozen: calls share it).
+_AUTOCAST_STATES: dict[tuple[tuple[tuple[str, bool, torch.dtype], ...], bool], AutocastState] = {}
+
+
 def capture_autocast(device_types: Iterable[str]) -> AutocastState:
+    """Autocast's state now for ``device_types`` and the CPU: read at every call that may
+    replay (autocast may be entered between two calls), the object shared where equal."""
+    key = frozenset(device_types)
+    types = _AUTOCAST_TYPES.get(key)
+    if types is None:
+        types = _AUTOCAST_TYPES[key] = tuple(sorted(key | {"cpu"}))
     entries = []
-    for dt in sorted(set(device_types) | {"cpu"}):
+    for dt in types:
         try:
             enabled = torch.is_autocast_enabled(dt)
             dtype = torch.get_autocast_dtype(dt)
         except (RuntimeError, TypeError):  # device type without autocast support
             continue
         entries.append((dt, bool(enabled), dtype))
-    return AutocastState(tuple(entries), bool(torch.is_autocast_cache_enabled()))
+    found = (tuple(entries), bool(torch.is_autocast_cache_enabled()))
+    state = _AUTOCAST_STATES.get(found)
+    if state is None:
+        if len(_AUTOCAST_STATES) > 64:
+            _AUTOCAST_STATES.clear()
+        state = _AUTOCAST_STATES[found] = AutocastState(*found)
+    return state
 
 
 def autocast_as_now(state: AutocastState) -> bool:

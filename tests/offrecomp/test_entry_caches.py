@@ -1,9 +1,11 @@
 """What a region keeps from one call's entry to the next is read anew where it changed:
 parameters re-registered past torch's hook, storages swapped through ``.data``, flags
-flipped, plain tensors in parameter slots (NOTE [Parameters read in a row])."""
+flipped, plain tensors in parameter slots (NOTE [Parameters read in a row]); autocast
+and torch-function state are read at every call."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
 
@@ -145,4 +147,91 @@ def test_parameters_changed_between_steps_replay_as_read(how: str) -> None:
     with offrecomp.runtime(other, mode="recompute", min_bytes=0) as rt:
         got = run(other)
     assert all(s.replays == 3 for s in rt.report().steps)
+    assert_bitwise(ref, got)
+
+
+class _Shared(nn.Module):
+    """One block called three times a step: a region whose calls see different states."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(16, 16)
+        self.block = nn.ModuleList([_Block()])
+
+    def forward(self, x: torch.Tensor, under: list[object]) -> torch.Tensor:
+        x = self.inp(x)
+        for ctx in under:
+            with ctx:  # type: ignore[attr-defined]
+                x = self.block[0](x)
+        return x.float().square().mean()
+
+
+def test_autocast_entered_between_two_calls_of_a_region_is_read_at_each() -> None:
+    """The autocast state is read at every call's entry (equal ones share an object):
+    calls of one region under bf16, without, and under float16 replay each as its forward
+    ran; gradients bitwise."""
+    from offrecomp.regions import capture_autocast
+
+    a = capture_autocast({"cpu"})
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        b = capture_autocast({"cpu"})
+    assert a is capture_autocast({"cpu"}) and b != a and ("cpu", True, torch.bfloat16) in b.entries
+
+    torch.manual_seed(0)
+    model = _Shared()
+    other = twin(model)
+    batch = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+
+    def run(m: nn.Module) -> list[dict[str, torch.Tensor]]:
+        out = []
+        for _ in range(2):
+            under = [
+                torch.autocast("cpu", dtype=torch.bfloat16),
+                torch.autocast("cpu", enabled=False),
+                torch.autocast("cpu", dtype=torch.float16),
+            ]
+            m(batch, under).backward()
+            out.append({n: p.grad.clone() for n, p in m.named_parameters()})
+            m.zero_grad(set_to_none=True)
+        return out
+
+    ref = run(model)
+    with offrecomp.runtime(other, mode="recompute", min_bytes=0, regions=_Block) as rt:
+        got = run(other)
+    assert rt.report().steps[-1].replays == 3
+    assert_bitwise(ref, got)
+
+
+class _Doubling(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        return out * 2 if func is torch.tanh else out
+
+
+def test_a_function_mode_entered_between_two_calls_of_a_region_is_read_at_each() -> None:
+    """The torch-function state is read at every call's entry: a call under a mode and
+    one without replay each as its forward ran; gradients bitwise."""
+    from offrecomp import _torch_compat as tc
+
+    assert tc.torch_function_state() is None
+    with _Doubling() as mode:
+        assert tc.torch_function_state() == (torch._C._TorchFunctionState.ENABLED, (mode,))
+
+    torch.manual_seed(0)
+    model = _Shared()
+    other = twin(model)
+    batch = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+
+    def run(m: nn.Module) -> list[dict[str, torch.Tensor]]:
+        out = []
+        for _ in range(2):
+            m(batch, [_Doubling(), contextlib.nullcontext(), _Doubling()]).backward()
+            out.append({n: p.grad.clone() for n, p in m.named_parameters()})
+            m.zero_grad(set_to_none=True)
+        return out
+
+    ref = run(model)
+    with offrecomp.runtime(other, mode="recompute", min_bytes=0, regions=_Block) as rt:
+        got = run(other)
+    assert rt.report().steps[-1].replays == 3
     assert_bitwise(ref, got)

@@ -24,6 +24,9 @@ def test_private_apis_exist() -> None:
     assert hasattr(torch.cuda, "_sleep")
     from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: F401
     assert tc.graph_task_id() == -1
+    assert tc._TF_API and tc.torch_function_state() is None
+    with torch._C.DisableTorchFunctionSubclass():  # what ``_is_torch_function_enabled`` tells apart
+        assert tc.torch_function_state() == (torch._C._TorchFunctionState.SUBCLASSES_DISABLED, ())
     leaves, spec = tc.tree_flatten(((1, 2), {"a": 3}))
     assert tc.tree_unflatten(leaves, spec) == ((1, 2), {"a": 3}) and isinstance(spec, tc.TreeSpec)
     assert tc.tree_leaves([1, (2,)]) == [1, 2]
