@@ -146,7 +146,7 @@ def capture_params(slots: tuple[tuple[nn.Module, str], ...], data: ParamData) ->
         is_ = operator.is_
         try:
             objects = [m._parameters[n] for m, n in slots]
-            if all(map(is_, objects, row[0])) and all(
+            if len(objects) == len(row[0]) and all(map(is_, objects, row[0])) and all(
                 map(is_, [None if t is None else t.untyped_storage() for t in objects], row[1])
             ):
                 return ParamState(

@@ -582,7 +582,8 @@ class RngState:
 # and held until the call is released: 81 KB for 16 calls of a small spiking network,
 # where its activations were 85 KB, and in no book. A call whose forward draws nothing
 # leaves the state as the next call finds it, so a state equal to the last one captured
-# is that tensor, shared (a replay only reads it).
+# is that tensor, shared (a replay only reads it). Its bytes are kept beside it, so a
+# call reads the state's bytes once to compare.
 _last_cpu_state: list[tuple[torch.Tensor, bytes] | None] = [None]
 
 
