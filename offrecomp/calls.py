@@ -51,6 +51,7 @@ from offrecomp.diagnostics import kind, log_once, runs_collectives, warn_collect
 from offrecomp.groups import reads_bytes_as_stored
 from offrecomp.measure import DeviceClock
 from offrecomp.params import capture_params, finish_params
+from offrecomp.regenerate import book_forward
 from offrecomp.regions import (
     Region,
     capture_autocast,
@@ -368,6 +369,8 @@ class RegionCalls:
         # takes off it as the model adds them back (NOTE [Host time] in scheduler/timeline.py);
         # not a planned release's wait for a copy, below, which no unit of the model holds
         call.end_mark = self._device.mark()
+        if call.recorder is None:
+            book_forward(call)  # before the groups its end frees (NOTE [Forward transients])
         p = call.pass_state
         if p is not None and p.releases:  # NOTE [Planned release] (groups.py)
             self._groups.release_due(p, 2 * call.ordinal + 1)
@@ -383,6 +386,7 @@ class RegionCalls:
                     call.inputs.tensors[i] = None
         if call.recorder is not None:
             self._planner.record_structure(call)
+            book_forward(call)
         call.exited = True
         if not call.leased and self.placer is not None:
             self.placer.release_call(call)

@@ -637,7 +637,7 @@ class Installer:
         try:
             self._native.exit(call, exc is not None)  # first: the hooks go back on
             if call.recorder is not None:
-                call.recorder.stop()
+                call.recorder.stop(out)  # what it returned: NOTE [Forward transients]
             if call.watch is not None:
                 call.watch.__exit__(None, None, None)
                 if exc is not None:

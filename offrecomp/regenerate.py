@@ -32,7 +32,7 @@ from offrecomp.trace import (
 )
 from offrecomp.transfer import Group, GroupState
 from scheduler.plan import Placement
-from scheduler.working_set import replay_transient_bytes
+from scheduler.working_set import forward_transient_bytes, replay_transient_bytes
 
 if TYPE_CHECKING:
     from offrecomp.groups import OffloadGroups
@@ -321,8 +321,10 @@ def _recording(call: RegionCall) -> RegionStructure | None:
 def _transient(call: RegionCall, k: int, *, plain: bool) -> int:
     """What ``call``'s replay of ops ``0..k-1`` held beyond the storages it dropped, by
     its recording (``k`` < 0: up to the last dropped save; NOTE [Replay transients] in
-    scheduler/working_set.py); 0 without a recording (under ``mode="recompute"``)."""
-    structure = call.structure
+    scheduler/working_set.py); 0 without a recording that describes the call (under
+    ``mode="recompute"``, a call that differed from it, a region whose calls vary: the
+    planner models such a region without ops)."""
+    structure = _recording(call)
     if structure is None:
         return 0
     recs = structure.storage_records
@@ -336,6 +338,34 @@ def _transient(call: RegionCall, k: int, *, plain: bool) -> int:
         at = k if k >= 0 else max((s.last_save_op for s, d in zip(recs, dropped) if d), default=0)
         found = structure.transients[key] = replay_transient_bytes(structure.op_records, recs, dropped, at, plain=plain)
     return found
+
+
+def book_forward(call: RegionCall) -> None:
+    """``call``'s forward has returned: the peak takes what it held beyond the storages
+    the books count from their saves, by its recording, and the books count the
+    storages it dropped that something beyond it still holds, until they die (NOTE
+    [Forward transients] in scheduler/working_set.py); nothing without a recording that
+    describes the call (under ``mode="recompute"``, a call that differed from it, a
+    region whose calls vary)."""
+    p = call.pass_state
+    structure = _recording(call)
+    if p is None or structure is None:
+        return
+    recs = structure.storage_records
+    dropped = [False] * len(recs)
+    for r in call.storages:
+        if r.placement is RECOMPUTE and 0 <= r.index < len(recs):
+            dropped[r.index] = True
+    key = ("forward", *dropped)
+    found = structure.transients.get(key)
+    if found is None:
+        found = structure.transients[key] = forward_transient_bytes(structure.op_records, recs, dropped)
+    p.stats.sample(found)
+    for r in call.storages:  # dropped, but held beyond the call: resident until the storage dies
+        outlives = r.placement is RECOMPUTE and 0 <= r.index < len(recs) and recs[r.index].outlives_call
+        if outlives and not r.resident and r() is not None:
+            r.resident = True  # NOTE [Resident bytes] (state.py): its death takes the bytes off
+            p.stats.add_resident(r.nbytes)
 
 
 def _servable_storages(call: RegionCall, groups: OffloadGroups | None) -> dict[int, tuple[Any, int]]:

@@ -86,6 +86,13 @@ class FlatProfile:
     last_save: np.ndarray
     first_save: np.ndarray
     """Per storage the ops of its unit dispatched before its first save (0 for roots)."""
+    st_freed: np.ndarray
+    """Per storage the ops of its unit recorded when its forward freed it, dropped (-1:
+    unknown; NOTE [Forward transients] in scheduler.working_set)."""
+    outlives: np.ndarray
+    """Per storage: alive past its unit's forward though dropped (``StorageRecord.
+    outlives_call``): held to the step's forward end when dropped (NOTE [Forward
+    transients] in scheduler.working_set)."""
     shared: np.ndarray
     """Per storage the flat index of the earlier record of the same allocation
     (``StorageRecord.shared_with``), -1 for none."""
@@ -103,7 +110,8 @@ class FlatProfile:
     choice: np.ndarray
     """``legal`` as the solver and the bound choose from: only KEEP where ``held``
     (dropping or offloading it frees nothing the program holds; a plan that does is
-    still legal, and simulated)."""
+    still legal, and simulated), no OFFLOAD where ``outlives`` (its copy would free
+    nothing before the step's forward ends)."""
     save_order: np.ndarray
     op_ptr: np.ndarray
     op_sec: np.ndarray
@@ -205,6 +213,8 @@ _get_held = operator.attrgetter("held")
 _get_last_save = operator.attrgetter("last_save_op")
 _get_first_save = operator.attrgetter("first_save_op")
 _get_producer = operator.attrgetter("producer_op")
+_get_freed = operator.attrgetter("freed_op")
+_get_outlives = operator.attrgetter("outlives_call")
 _get_outputs = operator.attrgetter("outputs")
 _get_skippable = operator.attrgetter("skippable")
 _get_seconds = operator.attrgetter("seconds")
@@ -408,6 +418,16 @@ NBYTES_LIMIT = 2**53
 TOTAL_BYTES_LIMIT = 2**62
 
 
+def _freed(sts: list[Any]) -> np.ndarray:
+    """Per region storage its ``freed_op``; -1 (unknown) where it is not an int >= 0
+    (NOTE [Forward transients] in scheduler.working_set)."""
+    return np.fromiter(
+        (f if isinstance(f, int) and not isinstance(f, bool) and -1 <= f < 2**62 else -1 for f in map(_get_freed, sts)),
+        dtype=np.int64,
+        count=len(sts),
+    )
+
+
 def _storage_columns(profile: Profile, sts: list[Any]) -> _StorageColumns:
     nb_arr = int_array(list(map(_get_nbytes, sts)) + list(map(_get_nbytes, profile.root)), NBYTES_LIMIT)
     if nb_arr is None:
@@ -468,6 +488,12 @@ def _held(profile: Profile, un: _Units) -> np.ndarray:
     """Per flat storage its ``held`` flag."""
     held = list(map(_get_held, un.sts)) + list(map(_get_held, profile.root))
     return np.asarray(held, dtype=np.bool_).reshape(-1)[un.src]
+
+
+def _outlives(profile: Profile, un: _Units) -> np.ndarray:
+    """Per flat storage its ``outlives_call`` flag (a root storage's: False)."""
+    out = [bool(x) for x in map(_get_outlives, un.sts)] + [False] * len(profile.root)
+    return np.asarray(out, dtype=np.bool_).reshape(-1)[un.src]
 
 
 def _legality(profile: Profile, un: _Units, kind_reg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -597,6 +623,8 @@ def flatten(profile: Profile) -> FlatProfile:
         legal=legal,
         last_save=np.concatenate((cols.last_save, np.zeros(n_root, dtype=np.int64)))[src],
         first_save=np.concatenate((cols.first_save, np.zeros(n_root, dtype=np.int64)))[src],
+        st_freed=np.concatenate((_freed(un.sts), np.full(n_root, -1, dtype=np.int64)))[src],
+        outlives=_outlives(profile, un),
         shared=np.full(len(keys), -1, dtype=np.int64),
         allocation=np.arange(len(keys), dtype=np.int64),
         unsaved=((kind_arr == KIND_INPUT) & (saves == 0)) | (kind_arr == KIND_SNAPSHOT),
@@ -636,8 +664,10 @@ def flatten(profile: Profile) -> FlatProfile:
         native_keep=bool(profile.native_keep),
     )
     _link_shared(flat, un.sts, profile.root, src)
+    if flat.outlives.any():  # NOTE [Forward transients] (scheduler.working_set)
+        flat.choice = np.where(flat.outlives, legal & ~OFFLOAD_BIT, legal)
     if flat.held.any():
-        flat.choice = np.where(flat.held, KEEP_BIT, legal)
+        flat.choice = np.where(flat.held, KEEP_BIT, flat.choice)
     return flat
 
 

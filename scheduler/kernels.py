@@ -30,6 +30,9 @@ refreshes its contexts for a kernel load (NOTE [kernel loads]).
 #   last_save  int64  ops of its unit dispatched before its last save (replay prefix
 #                     needed to rebuild it)
 #   st_prod    int64  producer as a global op index, -1 when unknown
+#   st_freed   int64  ops of its unit recorded when its forward freed it, dropped; -1:
+#                     unknown (NOTE [Forward transients])
+#   outlives   bool   alive past its unit's forward, dropped (NOTE [Forward transients])
 #   save_order int64  flat storages by save time (a permutation of 0..n_st-1)
 #   save_rank  int64  position of each storage in save_order
 #   prod_ptr/prod_ops the ops listing it among their outputs (CSR, n_st + 1 pointers)

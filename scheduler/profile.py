@@ -74,7 +74,10 @@ __all__ = [
     "StorageRecord",
 ]
 
-PROFILE_VERSION = 1
+#: The format of a saved profile. 2 adds ``OpRecord.transient_bytes`` and
+#: ``StorageRecord.held``, ``freed_op`` and ``outlives_call``; a build reads its own
+#: version and every earlier one (a field an earlier version lacks takes its default).
+PROFILE_VERSION = 2
 
 #: Region calls before a call whose records the runtime looks a kept region input of it
 #: up in (with the root's), to count the input's allocation once (NOTE [Inputs counted
@@ -134,6 +137,15 @@ class StorageRecord:
     """Number of the region's ops dispatched before its first save."""
     last_save_op: int = 0
     """Number of the region's ops dispatched before its last save (replay stops there)."""
+    freed_op: int = -1
+    """Number of the region's ops recorded when its forward, dropping it, freed the
+    storage (the region's op count: alive at its end; NOTE [Forward transients] in
+    scheduler.working_set); -1: unknown, taken as freed once its last save's op returned."""
+    outlives_call: bool = False
+    """Alive when its call's forward returned although the measuring pass dropped it and
+    the call returned no tensor on it: something beyond the call holds it (autocast's
+    cache of a weight's cast, until autocast exits), so dropping it frees nothing before
+    the step's forward ends (NOTE [Forward transients])."""
     offset_seconds: float = 0.0
     """Time from the region's start to the first save: the storage is resident from then
     on (an offloaded one until its group's copy, issued at the region's exit, lands)."""
@@ -308,10 +320,10 @@ class Profile:
         for j, x in enumerate(_expect(data.get("root", []), list, "a profile's root storages")):
             _expect(x, dict, f"root storage {j}")
         version = int(data.get("version", PROFILE_VERSION))
-        if version != PROFILE_VERSION:
+        if not 1 <= version <= PROFILE_VERSION:
             raise ValueError(
-                f"profile version {version} is not supported; this build reads version "
-                f"{PROFILE_VERSION}"
+                f"profile version {version} is not supported; this build reads versions 1 "
+                f"to {PROFILE_VERSION}"
             )
         regions = []
         for r in data.get("regions", []):
@@ -329,8 +341,8 @@ class Profile:
             fields = {k: v for k, v in r.items() if k not in ("ops", "storages")}
             regions.append(RegionRecord(ops=ops, storages=storages, **fields))
         root = [_storage_record(s) for s in data.get("root", [])]
-        rest = {k: v for k, v in data.items() if k not in ("regions", "root")}
-        return cls(regions=regions, root=root, **rest)
+        rest = {k: v for k, v in data.items() if k not in ("regions", "root", "version")}
+        return cls(regions=regions, root=root, **rest)  # in this build's format: its version
 
     @classmethod
     def from_json(cls, text: str) -> Profile:

@@ -109,7 +109,7 @@ from scheduler.flat import KIND_SNAPSHOT, FlatProfile, flatten, placement_array
 from scheduler.kernels import njit, njit_inline, replay_costs
 from scheduler.plan import Placement, Plan
 from scheduler.profile import INPUT_LOOKBACK, Profile
-from scheduler.working_set import unit_replay_transient
+from scheduler.working_set import forward_events, unit_replay_transient
 
 __all__ = [
     "Interval",
@@ -380,13 +380,15 @@ def _counted_once(place, save_order, allocation, kind, unsaved, hooked, unit_of,
 def _event_streams(
     place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, rel_t, by, reach,
     cstart, cend, riss, last_save, first_save, plain, noops, allocation, kind, unsaved, hooked, native,
-    replay, st_prod, op_ptr, op_tr, level, held
+    replay, st_prod, op_ptr, op_tr, level, held, st_freed
 ):  # type: ignore[no-untyped-def]
     """The four memory event streams of NOTE [memory merge], each sorted by time: saves
-    (storages ``s1[:n1]``), group releases (storages ``s2[:n2]``), backward allocations
-    and a replay's transients, four per unit (``s3t``/``s3b``: time, bytes; NOTE [Replay
-    transients] in scheduler.working_set) and backward frees (``s4t``/``s4b``; NOTE
-    [Frees before a replay])."""
+    (storages ``s1[:n1]``), group releases (storages ``s2[:n2]``), allocations
+    (``s3t``/``s3b``: time, bytes): two per unit in forward, then backward allocations
+    and a replay's transients, four per unit (NOTE [Replay transients]), and frees
+    (``s4t``/``s4b``): one per unit in forward and one at its end, then backward's (NOTE
+    [Frees before a replay]). The forward entries are left empty, for
+    ``forward_events`` (NOTE [Forward transients], both in scheduler.working_set)."""
     n_st = nbytes.shape[0]
     n_u = gbytes.shape[0]
     top = n_u - 1
@@ -405,15 +407,17 @@ def _event_streams(
         if place[s] == 1 and nbytes[s] > 0 and rel_t[unit_of[s]] < riss[unit_of[s]]:
             s2[n2] = s
             n2 += 1
-    s3t = np.empty(4 * n_u)
-    s3b = np.zeros(4 * n_u, dtype=np.int64)
-    s4t = np.empty(n_u)
-    s4b = np.zeros(n_u, dtype=np.int64)
+    f3 = 2 * n_u  # forward entries of the allocations ...
+    f4 = n_u + 1  # ... and of the frees
+    s3t = np.empty(f3 + 4 * n_u)
+    s3b = np.zeros(f3 + 4 * n_u, dtype=np.int64)
+    s4t = np.empty(f4 + n_u)
+    s4b = np.zeros(f4 + n_u, dtype=np.int64)
     for x in range(n_u):
         # a reload allocates at its issue; a group still on the device then stays
         if goff[x] and rel_t[x] < riss[x]:
-            s3b[4 * (top - by[x])] += gbytes[x]
-    n3 = 0
+            s3b[f3 + 4 * (top - by[x])] += gbytes[x]
+    n3 = f3
     for v in range(top, -1, -1):
         s3t[n3] = reach[v]
         k = 0  # the replay's prefix: ops 0..k-1
@@ -423,7 +427,7 @@ def _event_streams(
                 k = max(k, last_save[s])
         if k > 0:  # held from the replay's start to its end, beside what it brings back
             extra = unit_replay_transient(
-                v, k, plain[v], place, st_ptr, nbytes, st_prod, first_save, op_ptr, op_tr, level
+                v, k, plain[v], place, st_ptr, nbytes, st_prod, first_save, st_freed, op_ptr, op_tr, level
             )
             s3b[n3 + 2] += extra
             s3b[n3 + 3] -= extra
@@ -435,18 +439,18 @@ def _event_streams(
             if once[s]:
                 continue
             if held[s] and place[s] == 0:  # NOTE [Held past backward]: the last unit's end
-                s4b[top] += nbytes[s]
+                s4b[f4 + top] += nbytes[s]
             elif k > 0 and place[s] == 0 and first_save[s] > k:
                 # read by backward before the replay starts; a free in this stream, so
                 # that it follows saves at the same time (the last unit's, at T0)
                 s3b[n3 + 1] -= nbytes[s]
             else:
-                s4b[top - v] += nbytes[s]
+                s4b[f4 + top - v] += nbytes[s]
         s3t[n3 + 1] = cstart[v]
         s3t[n3 + 2] = cstart[v]
         s3t[n3 + 3] = cstart[v] + replay[v]
         n3 += 4
-        s4t[top - v] = cend[v]
+        s4t[f4 + top - v] = cend[v]
     return s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b
 
 
@@ -513,7 +517,7 @@ def run_timeline(
     fwd_dur, fwd_start, fwd_host, fwd_hook, bwd_dev, bwd_host, bwd_hook, t0, d2h_bps, h2d_bps,
     off_h, rel_h, rp_h, allocation, kind, unsaved, native, d2h_start, d2h_end, h2d_start, h2d_end, reach, cstart,
     cend, fstart, fend, riss, replay, plain, ev_t, ev_d, mark, stack, op_host, op_view, rel_u, rel_t, op_tr, level,
-    held
+    held, st_freed, outlives
 ):  # type: ignore[no-untyped-def]
     """Simulate one step; fills the per-storage/per-unit arrays (``plain[u]``: unit ``u``
     replays plainly) and the memory events.
@@ -538,14 +542,20 @@ def run_timeline(
         rel_h, rp_h, h2d_bps, t_b, h2d_start, h2d_end, reach, cstart, cend, riss
     )
     # NOTE [memory merge]: four event streams, each already sorted by time: saves (save
-    # order), group releases (in forward order), backward allocations (reloads
-    # at issue, replay working sets at compute start, a replay's transients going at its
-    # end) and backward frees (unit ends). They are merged with frees first at equal
-    # times, so no sort is needed.
+    # order), group releases (in forward order), allocations (forward transients at their
+    # unit's forward start and the dropped storages outliving it at its end, then in
+    # backward reloads at issue, replay working sets at compute start, a replay's
+    # transients going at its end) and frees (forward transients at their unit's forward
+    # end, the storages outliving their units at the forward's end, then backward's at
+    # unit ends). They are merged with frees first at equal times, so no sort is needed.
     s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b = _event_streams(
         place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, rel_t, by, reach,
         cstart, cend, riss, last_save, first_save, plain, noops, allocation, kind, unsaved, hooked, native,
-        replay, st_prod, op_ptr, op_tr, level, held
+        replay, st_prod, op_ptr, op_tr, level, held, st_freed
+    )
+    forward_events(
+        s3t, s3b, s4t, s4b, place, st_ptr, nbytes, st_prod, st_freed, last_save, op_ptr, op_tr, level, fstart, fend,
+        save_time, fwd_start, outlives, t_fwd
     )
     n_ev, peak, peak_t = _merge_events(
         s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b, unit_of, nbytes, save_time, fstart, fwd_start,
@@ -589,8 +599,8 @@ class Workspace:
         self.plain = np.zeros(u, dtype=np.bool_)
         self.rel_u = np.zeros(u, dtype=np.int64)
         self.rel_t = np.zeros(u)
-        self.ev_t = np.zeros(2 * n + 5 * u + 1)
-        self.ev_d = np.zeros(2 * n + 5 * u + 1, dtype=np.int64)
+        self.ev_t = np.zeros(2 * n + 8 * u + 2)
+        self.ev_d = np.zeros(2 * n + 8 * u + 2, dtype=np.int64)
         self.mark = np.zeros(flat.op_sec.shape[0], dtype=np.bool_)
         self.stack = np.zeros(max(flat.max_unit_ops, 1), dtype=np.int64)
         self.level = np.zeros(max(flat.max_unit_ops, 1), dtype=np.int64)
@@ -610,7 +620,7 @@ class Workspace:
             f.replay_host, f.allocation, f.kind, f.unsaved, f.native_keep, self.d2h_start, self.d2h_end, self.h2d_start, self.h2d_end,
             self.reach, self.cstart, self.cend, self.fstart, self.fend, self.riss, self.replay, self.plain,
             self.ev_t, self.ev_d, self.mark, self.stack, f.op_host, f.op_view, self.rel_u, self.rel_t,
-            f.op_tr, self.level, f.held
+            f.op_tr, self.level, f.held, f.st_freed, f.outlives
         )
         self.n_events = int(out[7])
         return SimResult(

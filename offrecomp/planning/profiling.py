@@ -103,6 +103,8 @@ def record_structure(call: RegionCall, *, min_bytes: int, opaque: bool) -> None:
     for s in call.storages:
         if s.by_argument:  # NOTE [Inputs held by arguments] in calls.py
             recs[s.index].keep_only = True
+        if s.placement is not Placement.RECOMPUTE:  # the pass held it: nothing tells what else did
+            recs[s.index].outlives_call = False
     call.structure.small_storages = tuple(
         i for i, s in enumerate(call.storages)
         if kinds[i] == "external" and s.nbytes < min_bytes and not s.aliased

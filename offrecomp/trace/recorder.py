@@ -474,6 +474,9 @@ class OpRecorder(_RegionMode):
         (NOTE [Replay transients])."""
         self.freed: dict[int, int] = {}
         """Storage id -> the number of ops recorded when that storage was freed."""
+        self.returned: set[int] = set()
+        """Storage ids of the tensors the region's forward returned (NOTE [Forward
+        transients] in scheduler/working_set.py)."""
         self._made_refs: list[weakref.ref[Any]] = []
 
     def start(self) -> None:
@@ -488,8 +491,15 @@ class OpRecorder(_RegionMode):
             op.start_ev.record()
         self.ops.append(op)
 
-    def stop(self) -> None:
-        """The region's forward returned (or raised)."""
+    def stop(self, out: Any = None) -> None:
+        """The region's forward returned ``out`` (or raised: None)."""
+        for t in tc.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and describable(t):
+                storage = t.untyped_storage()
+                ptr = storage.data_ptr()
+                entry = self._live.get(ptr if ptr else -id(storage))
+                if entry is not None and entry[0]() is storage:
+                    self.returned.add(entry[1])
         if not self.passive:
             _HOST_READS.pop(self)
             self.__exit__(None, None, None)

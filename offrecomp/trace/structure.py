@@ -512,9 +512,13 @@ def _storage_records(
     storage_nbytes: Sequence[int],
     storage_kinds: Sequence[str],
     region_start: float,
+    freed: Sequence[int],
+    outlives: Sequence[bool],
 ) -> list[StorageRecord]:
-    """Per storage of the region call: its size, kind, producing op and saves. An
-    activation no recorded op made is ``external``."""
+    """Per storage of the region call: its size, kind, producing op, saves, the op count
+    at which the call's forward freed it (``freed[i]``; the op count: not before its
+    end; -1: unknown) and whether it outlived the call unreturned (``outlives[i]``).
+    An activation no recorded op made is ``external``."""
     n = len(producer)
     first: dict[int, SaveInfo] = {}
     last: dict[int, SaveInfo] = {}
@@ -541,6 +545,8 @@ def _storage_records(
                 last_save_op=la.ops_before if la else 0,
                 offset_seconds=max(0.0, (f.time - region_start)) if f else 0.0,
                 saves=counts[i],
+                freed_op=freed[i] if producer[i] >= 0 else -1,
+                outlives_call=outlives[i] and producer[i] >= 0,
             )
         )
     return storages
@@ -572,7 +578,14 @@ def build_structure(
         placeholders_ok = not opaque
     else:
         placeholders_ok = _add_recorded_ops(table, producer, rec, storage_sids, op_seconds, opaque) and not hooked
-    storages = _storage_records(saves, producer, storage_nbytes, storage_kinds, region_start)
+    n_ops = len(rec.ops)
+    freed = [-1] * len(storage_sids)
+    outlives = [False] * len(storage_sids)
+    for i, sid in enumerate(storage_sids):  # NOTE [Forward transients] in scheduler/working_set.py
+        if sid is not None and not rec.passive:
+            freed[i] = min(rec.freed.get(sid, n_ops), n_ops)
+            outlives[i] = sid in rec.made and sid not in rec.freed and sid not in rec.returned
+    storages = _storage_records(saves, producer, storage_nbytes, storage_kinds, region_start, freed, outlives)
     if not placeholders_ok and not opaque:
         for r in table.records:
             r.reads = None  # planner: prefix semantics

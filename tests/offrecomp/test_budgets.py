@@ -212,7 +212,10 @@ def test_a_kept_input_that_the_block_before_kept_counts_once() -> None:
     first ReLU output, the pass holds the model's input and the four blocks' outputs at
     the end of its forward, once each: 5 x 8 KiB, not 8 KiB more per shared input. (The
     ReLUs run in place on the Linears' outputs: a replay holds nothing beyond what it
-    regenerates, NOTE [Replay transients] in scheduler/working_set.py.)"""
+    regenerates, NOTE [Replay transients] in scheduler/working_set.py.) The last block's
+    forward holds its first ReLU output, dropped, beside its second Linear's output
+    until that Linear has returned: 8 KiB more at that point, as the model counts it
+    (NOTE [Forward transients])."""
 
     class Chain(nn.Module):
         def __init__(self) -> None:
@@ -241,7 +244,7 @@ def test_a_kept_input_that_the_block_before_kept_counts_once() -> None:
     assert_bitwise(train(copy.deepcopy(base), batch, steps=3), train(m, batch, rt, steps=3))
     planned = [s for s in rt.report().steps if s.phase == "user-plan"]
     assert planned and all(s.recomputed_bytes == 4 * 8 * KIB for s in planned)
-    assert {s.peak_activation_bytes for s in planned} == {5 * 8 * KIB}, [s.peak_activation_bytes for s in planned]
+    assert {s.peak_activation_bytes for s in planned} == {6 * 8 * KIB}, [s.peak_activation_bytes for s in planned]
 
 
 def test_an_input_every_call_takes_counts_once_however_many_calls() -> None:
@@ -396,8 +399,10 @@ def test_a_weight_cast_the_calls_share_counts_once() -> None:
 def test_the_most_frugal_plan_over_its_budget_says_so(caplog: pytest.LogCaptureFixture) -> None:
     """NOTE [Small storages] (solving.py): under bf16 autocast a GRU stack's measuring
     pass drops saves no plan may drop (each block's weight casts, made outside its call;
-    the gate storages, which untracked aliases share), so a budget it met runs the most
-    frugal plan, which holds more. (An LSTM is no such model everywhere: on a CPU with
+    the gate storages, which untracked aliases share), so the most frugal plan holds
+    more than it (which held, beyond its kept saves, the casts autocast's cache keeps:
+    NOTE [Forward transients] in scheduler/working_set.py) and than the budget, 0.36 of
+    keep's. (An LSTM is no such model everywhere: on a CPU with
     bf16 instructions it runs as one oneDNN op saving one workspace.) The warning says that this plan is
     already the most frugal, not to plan with a lower budget, and the smallest budget it
     names is one the planned steps met."""
@@ -440,9 +445,8 @@ def test_the_most_frugal_plan_over_its_budget_says_so(caplog: pytest.LogCaptureF
     with caplog.at_level(logging.WARNING, logger="offrecomp"):
         assert_bitwise(train(copy.deepcopy(base), batch, steps=4), train(m, batch, rt, steps=4))
     steps = rt.report().steps
-    assert steps[0].peak_activation_bytes <= budget  # the measuring pass met it
     planned = [s for s in steps if s.phase == "planned"]
-    assert planned and all(s.peak_activation_bytes > budget for s in planned)
+    assert planned and all(s.peak_activation_bytes > max(budget, steps[0].peak_activation_bytes) for s in planned)
     assert "is the most memory-frugal plan" in caplog.text
     assert "Plan with a budget lower" not in caplog.text
     named = re.search(r"smallest feasible budget is [^(]*\((\d+) bytes\)", caplog.text)

@@ -466,7 +466,9 @@ def test_a_call_kept_whole_that_saves_more_than_its_profile_measures_again(nativ
 
     probe = twin(base)
     set_k(probe, 2)
-    budget = int(tight_budget(probe, batch) * 1.2)  # between k=1's whole keep and k=2's
+    # between k=1's whole keep (its last block's forward holds its first Linear's output
+    # beside the Tanh's: NOTE [Forward transients]) and k=2's
+    budget = int(tight_budget(probe, batch) * 1.5)
     m = twin(base)
     rt = _runtime(m, budget=budget, native_keep=native)
     with rt:

@@ -819,5 +819,7 @@ def test_a_whole_model_handed_to_each_block_is_passed_over(mode: str) -> None:
     rt = offrecomp.runtime(model, mode=mode, min_bytes=0, **({"budget": 1} if mode == "auto" else {}))
     assert_bitwise(ref, train(model, batch, rt, steps=STEPS))
     last = rt.report().steps[-1]
-    replays = 3 if mode == "recompute" else 2  # auto keeps the last block whole, as above
-    assert last.recomputed_bytes > 0 and last.replays == replays, (last.recomputed_bytes, last.replays)
+    # auto's most frugal plan drops in every block: kept whole, the last block's forward
+    # would hold its Linear's and its product's outputs beside every block's saves (NOTE
+    # [Forward transients] in scheduler/working_set.py), 1.2x what its replay holds
+    assert last.recomputed_bytes > 0 and last.replays == 3, (last.recomputed_bytes, last.replays)

@@ -96,8 +96,11 @@ def test_offload_and_recompute_without_prefetch() -> None:
     assert t.recompute_seconds == 2.0
     assert t.step_seconds == 21.0
     assert t.memory == [
-        (0.0, 0),
-        (1.0, 100),
+        # l0 holds s1, dropped, beside s0 after op1: 200 B beyond s0 from its start to
+        # its end (NOTE [Forward transients] in scheduler/working_set.py)
+        (0.0, 200),
+        (1.0, 300),
+        (3.0, 100),
         # l0/s0's copy lands at 4, as l1/s0 is saved; its group is freed at the end of
         # the first unit to end after that, l1 (6), as l1/s1 is saved
         (4.0, 200),

@@ -257,11 +257,13 @@ def test_storages_saved_after_a_replays_prefix_are_freed_before_it() -> None:
     dispatch mode is cheaper for one op), runs op0 when backward first reads s0, after
     the node that saved s1 ran and freed it. So at
     l0's backward only the replayed 100 B are resident, not s1's 200 B with them; a
-    profile without first saves (0) keeps the old, later free."""
+    profile without first saves (0) keeps the old, later free. l0's forward holds s0,
+    dropped, beside s1 once op1 (which reads s0) has made it: 300 B from its start to
+    its end (NOTE [Forward transients] in scheduler/working_set.py)."""
     p = two_blocks(d2h_gbps=0.0, h2d_gbps=0.0)
     plan = Plan(placements={("l0", 0, 0): R})
     t = simulate(p, plan)
-    assert t.memory == [(0.0, 0), (3.0, 200), (4.0, 300), (6.0, 500), (12.0, 100), (19.0, 0)]
+    assert t.memory == [(0.0, 300), (3.0, 200), (4.0, 300), (6.0, 500), (12.0, 100), (19.0, 0)]
     for rec in p.regions[0].storages:
         rec.first_save_op = 0
     assert simulate(p, plan).memory[-2] == (12.0, 300)
@@ -269,7 +271,9 @@ def test_storages_saved_after_a_replays_prefix_are_freed_before_it() -> None:
     q = two_blocks(d2h_gbps=0.0, h2d_gbps=0.0)
     q.regions[1].storages[1].offset_seconds = 3.0
     t = simulate(q, Plan(placements={("l1", 0, 0): R}))
-    assert t.peak_bytes == 500  # l0 300 + l1 s1 200 at T0, then s1 goes and the replay comes
+    # l0 300 + l1 s1 200 at T0, then s1 goes and the replay comes; l1's forward holds
+    # l0's 300 and its s0, dropped, beside s1 after op1: 600
+    assert t.peak_bytes == 600
 
 
 def test_replay_host_time_is_paid_once_per_replaying_unit() -> None:
@@ -387,7 +391,8 @@ def test_a_root_save_of_an_allocation_a_unit_kept_counts_once_where_the_runtime_
     plain.root[0].shared_with = None
     drop = Plan(placements={("l1", 0, 0): R})
     assert simulate(plain, drop).peak_bytes == 700  # l0's 300, l1's s1 and the root's 200
-    assert simulate(p, drop).peak_bytes == 500
+    # l0's 300, and l1's s0, dropped, beside s1 in l1's forward (NOTE [Forward transients])
+    assert simulate(p, drop).peak_bytes == 600
     assert simulate(p, Plan()).peak_bytes == simulate(plain, Plan()).peak_bytes == 800
 
 
@@ -431,9 +436,11 @@ def test_a_snapshot_counts_only_where_its_unit_takes_a_checkpoint() -> None:
         with pytest.raises(ValueError, match="snapshot"):
             simulate(q, Plan(placements={("l1", 0, 2): bad}))
     assert lower_bound(q, 500) == lower_bound(p, 500)
-    # without the copies the fastest plan within 500 B drops in l1; with them, only in l0
+    # with them the fastest plan within 500 B keeps l1 whole (without them it does too: a
+    # drop in l1 holds the dropped storage beside the rest in l1's forward, NOTE [Forward
+    # transients] in scheduler/working_set.py)
     budget = 500
-    assert any(exhaustive_solve(p, budget).placement(("l1", 0, i)) is not K for i in range(2))
+    assert all(exhaustive_solve(p, budget).placement(("l1", 0, i)) is K for i in range(2))
     plan = exhaustive_solve(q, budget)
     assert plan.feasible and simulate(q, plan).peak_bytes <= budget
     assert all(plan.placement(("l1", 0, i)) is K for i in range(3))
