@@ -353,17 +353,19 @@ def book_forward(call: RegionCall) -> None:
         return
     recs = structure.storage_records
     dropped = [False] * len(recs)
+    outliving = []
     for r in call.storages:
         if r.placement is RECOMPUTE and 0 <= r.index < len(recs):
             dropped[r.index] = True
+            if recs[r.index].outlives_call:
+                outliving.append(r)
     key = ("forward", *dropped)
     found = structure.transients.get(key)
     if found is None:
         found = structure.transients[key] = forward_transient_bytes(structure.op_records, recs, dropped)
     p.stats.sample(found)
-    for r in call.storages:  # dropped, but held beyond the call: resident until the storage dies
-        outlives = r.placement is RECOMPUTE and 0 <= r.index < len(recs) and recs[r.index].outlives_call
-        if outlives and not r.resident and r() is not None:
+    for r in outliving:  # dropped, but held beyond the call: resident until the storage dies
+        if not r.resident and r() is not None:
             r.resident = True  # NOTE [Resident bytes] (state.py): its death takes the bytes off
             p.stats.add_resident(r.nbytes)
 
