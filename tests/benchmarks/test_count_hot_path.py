@@ -17,7 +17,7 @@ def test_count_hot_path_reports_every_variant(tmp_path: Path, capsys: pytest.Cap
     delay = backends.START_DELAY_S
     assert count_hot_path.main(["--ops", "32", "--steps", "2", "--top", "10", "--out", str(out)]) == 0
     # the copies it held back run again for the rest of the process (later tests' workers)
-    assert backends.START_DELAY_S == delay
+    assert delay == backends.START_DELAY_S
     text = capsys.readouterr().out
     for row in ("identity hook pair (floor)", "grouped hook pair, no copies (floor)", "offrecomp keep", "offrecomp keep, hooks on",
                 "offrecomp offload, 16 saves per region", "offrecomp recompute, 16 per region, replays",
