@@ -415,26 +415,39 @@ class ArgState:
         anew with those items where its container binds it (NOTE [Aliased arguments] in
         arguments.py)."""
         done: list[tuple[Any, str, Any, Any]] = []
-        tuples: dict[int, list[Any]] = {}  # entry index -> the items of a tuple to build anew
+        items: dict[int, list[Any]] = {}  # entry index -> the items of a tuple to build anew
+        made: dict[int, Any] = {}  # entry index -> the tuple last built for it
+        pending: set[int] = set()
         try:
             for (at, key), value in pairs:
                 obj, kind, _ = self.entries[at]
                 if kind == "tuple":
-                    tuples.setdefault(at, list(obj))[key] = value
+                    items.setdefault(at, list(obj))[key] = value
+                    pending.add(at)
                     continue
                 done.append((obj, kind, key, _bound_at(obj, kind, key)))
                 _bind_at(obj, kind, key, value)
-            while tuples:  # the walk records a container before those below it: deepest first
-                at = max(tuples)
-                old, new = self.entries[at][0], _tuple_like(self.entries[at][0], tuples.pop(at))
+            while pending:
+                # deepest first, as the walk usually records a container before what it
+                # holds; a tuple reached again (one more container of it, recorded
+                # later) is built again with every item it takes, and bound again
+                at = max(pending)
+                pending.discard(at)
+                old = self.entries[at][0]
+                new = _tuple_like(old, items[at])
                 if new is None:
                     continue
-                for up, (obj, kind, content) in enumerate(self.entries[:at]):
-                    for key in _keys_of(kind, content, old):
+                was = made.get(at, old)
+                made[at] = new
+                for up, (obj, kind, content) in enumerate(self.entries):
+                    if up == at:
+                        continue
+                    for key in _keys_of(kind, content, old):  # every container of it, wherever recorded
                         if kind == "tuple":
-                            tuples.setdefault(up, list(obj))[key] = new
-                        elif _bound_at(obj, kind, key) is old:
-                            done.append((obj, kind, key, old))
+                            items.setdefault(up, list(obj))[key] = new
+                            pending.add(up)
+                        elif _bound_at(obj, kind, key) is was:
+                            done.append((obj, kind, key, was))
                             _bind_at(obj, kind, key, new)
             yield
         finally:

@@ -160,6 +160,14 @@ class _State:
     hs: tuple[torch.Tensor, ...]
 
 
+@dataclasses.dataclass
+class _Shared:
+    """Two containers of one tuple: itself, and an object it holds."""
+
+    a: _State
+    hs: tuple[torch.Tensor, ...]
+
+
 class _Aliasing(nn.Module):
     """A block whose arguments alias state it reaches otherwise (``how``)."""
 
@@ -180,6 +188,8 @@ class _Aliasing(nn.Module):
             return torch.tanh(self.fc(x) * (1.0 if other.hs[0] is x else 0.5)) + x
         if how == "tuple_named":
             return torch.tanh(self.fc(x) * (1.0 if other.hs.a is x and other.hs.b[0] is x else 0.5)) + x
+        if how == "tuple_shared":  # one tuple in two containers, each read
+            return torch.tanh(self.fc(x) * (1.0 if other.a.hs[0] is x and other.hs[0] is x else 0.5)) + x
         x.mul_(2.0)  # mixed dtypes, conjugate: one storage, the float input written
         if how == "mixed_dtype":
             return torch.tanh(self.fc(x)) + (other & 1).float()
@@ -206,6 +216,9 @@ class _AliasingNet(nn.Module):
                 x = b(x, _State(hs=(x,)))
             elif self.how == "tuple_named":
                 x = b(x, _State(hs=_Pair(x, (x, x))))
+            elif self.how == "tuple_shared":
+                hs = (x,)
+                x = b(x, _Shared(a=_State(hs=hs), hs=hs))
             elif self.how == "mixed_dtype":
                 x = b(x, x.view(torch.int32))
             else:
@@ -214,7 +227,9 @@ class _AliasingNet(nn.Module):
         return x.square().mean()
 
 
-@pytest.mark.parametrize("how", ["param_is", "param_write", "tuple_is", "tuple_named", "mixed_dtype", "conj_write"])
+@pytest.mark.parametrize(
+    "how", ["param_is", "param_write", "tuple_is", "tuple_named", "tuple_shared", "mixed_dtype", "conj_write"]
+)
 @pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
 def test_arguments_aliasing_the_regions_state_replay_as_in_the_forward(how: str, variant: str) -> None:
     """NOTE [Aliased arguments]: a region's own parameter as an argument is the slot's
