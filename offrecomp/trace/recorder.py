@@ -493,6 +493,15 @@ class OpRecorder(_RegionMode):
 
     def stop(self, out: Any = None) -> None:
         """The region's forward returned ``out`` (or raised: None)."""
+        if not self.passive:
+            _HOST_READS.pop(self)
+            self.__exit__(None, None, None)  # first: the mode is off whatever ``out`` holds
+        else:
+            op = self.ops[0]
+            op.end = time.perf_counter()
+            if self._events:
+                op.end_ev = torch.cuda.Event(enable_timing=True)
+                op.end_ev.record()
         for t in tc.tree_leaves(out):
             if isinstance(t, torch.Tensor) and describable(t):
                 storage = t.untyped_storage()
@@ -500,15 +509,6 @@ class OpRecorder(_RegionMode):
                 entry = self._live.get(ptr if ptr else -id(storage))
                 if entry is not None and entry[0]() is storage:
                     self.returned.add(entry[1])
-        if not self.passive:
-            _HOST_READS.pop(self)
-            self.__exit__(None, None, None)
-            return
-        op = self.ops[0]
-        op.end = time.perf_counter()
-        if self._events:
-            op.end_ev = torch.cuda.Event(enable_timing=True)
-            op.end_ev.record()
 
     def storage_id(self, t: torch.Tensor, *, known: bool = False) -> int:
         """A number for the allocation behind ``t``, unique within this recording.
