@@ -33,10 +33,9 @@ vary] in differences.py): its record is made again, and a call that grew sends i
 signature to measure again within that many passes (until then its steps may hold more
 than the budget, and book the record's bytes). The probation meets a call that
 alternates between two or three forms from step to step (an attention processor
-swapped every other step, a branch on the step's parity) in the plan's first passes:
-without it, a call whose larger form fell between audits held several times the
-budget for a dozen steps while the books showed the smaller form's bytes
-(docs/results/cpu-2026-12-06l).
+swapped every other step, a branch on the step's parity) in the plan's first passes,
+where audits alone could miss its larger form for a dozen steps, its native steps
+booked at the smaller form's bytes.
 
 NOTE [Graphs the forward drops]
 A forward may drop a call's graph before its backward: a solver iterating with grad on
