@@ -190,13 +190,14 @@ class OffloadGroups:
 
     def join_typed(
         self, call: RegionCall, t: torch.Tensor, nbytes: int, ptr: int, may_alias: bool
-    ) -> int | None:
+    ) -> tuple[Group, int] | bool | None:
         """``join`` for a contiguous ``t`` of a dtype of ``TYPED_DTYPES`` that covers its
         storage (``nbytes`` at ``ptr``) from its first byte, typed (``may_alias``:
-        ``may_alias_parameter(t, t._base)``), before its record is made: its slot in
-        ``call.group``; -1: the pool has no room (counted); None, having changed
-        nothing: ``join`` must decide (a tensor that cannot move or over a parameter's
-        storage, or no engine yet: NOTE [Offload fast path] in hooks.py)."""
+        ``may_alias_parameter(t, t._base)``), before its record is made: the group it
+        joined (read once: another thread's backward may issue ``call.group``, a root's,
+        meanwhile) and its slot there; False: the pool has no room (counted); None,
+        having changed nothing: ``join`` must decide (a tensor that cannot move or over a
+        parameter's storage, or no engine yet: NOTE [Offload fast path] in hooks.py)."""
         on_device = self._on_device
         engine = self.engine
         if (
@@ -208,12 +209,14 @@ class OffloadGroups:
         # after a save] in handles.py)
         group = call.group
         if group is not None:
-            return engine.add(group, t.detach(), nbytes)
+            slot = engine.add(group, t.detach(), nbytes)
+            return (group, slot) if slot >= 0 else False
         group = self._open(call, engine, t.device)
         slot = engine.add(group, t.detach(), nbytes)
         if slot < 0:
             self._close_empty(call, group)
-        return slot
+            return False
+        return group, slot
 
     def _add(
         self, call: RegionCall, rec: StorageRec, engine: OffloadEngine, source: Any,

@@ -333,11 +333,11 @@ class Placer:
             return None
         leaf = t.is_leaf
         # may_alias_parameter(t, base), inline: the hot path (it reads t.is_leaf once)
-        slot = self._groups.join_typed(call, t, nbytes, ptr, leaf or (base is not None and base.is_leaf))
-        if slot is None:
+        joined = self._groups.join_typed(call, t, nbytes, ptr, leaf or (base is not None and base.is_leaf))
+        if joined is None:
             return None
         storages = call.storages
-        if slot < 0:  # the pool has no room: the fallback places it
+        if joined is False:  # the pool has no room: the fallback places it
             rec = _new_rec(StorageRec, storage, call, len(storages), nbytes, ptr, OFFLOAD)
             storages.append(rec)
             call.by_ptr[ptr] = rec
@@ -356,8 +356,8 @@ class Placer:
         rec.ptr = ptr
         rec.placement = OFFLOAD
         rec.resident = False
-        group = rec.group = call.group
-        rec.slot = slot
+        group, rec.slot = joined  # type: ignore[misc]  # joined: a pair
+        rec.group = group
         storages.append(rec)
         call.by_ptr[ptr] = rec
         if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
@@ -374,7 +374,7 @@ class Placer:
         stride = t.stride()
         h.stride = INTERNED_STRIDES.get(stride) or interned_stride(stride)  # NOTE [Interned geometry]
         h.base = weakref.ref(base) if base is not None else None
-        group.handles += 1  # type: ignore[union-attr]  # joined: open
+        group.handles += 1
         return h
 
     def _new_storage(
