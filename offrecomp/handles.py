@@ -209,7 +209,8 @@ class TypedHandle(weakref.ref):  # type: ignore[type-arg]
     (``group.shapes`` and ``group.dtypes`` at ``rec.slot``) and its storage offset 0;
     it keeps only its strides (a contiguous tensor's strides of size-1 dimensions are
     free). Otherwise as :class:`SavedHandle`: a weak reference to the original, the
-    version at save, the detach check, a weak reference to a view's base, the lease."""
+    version at save, the detach check, a weak reference to a view's base, the lease.
+    Its fields are set where it is made, ``Placer._offload_new`` (hooks.py)."""
 
     __slots__ = ("base", "counted", "grad_fn", "lease", "pack_index", "rec", "stride", "version")
     base: weakref.ref[torch.Tensor] | None
@@ -222,22 +223,9 @@ class TypedHandle(weakref.ref):  # type: ignore[type-arg]
     version: int
     offset = 0
 
-    def __new__(
-        cls, rec: StorageRec, pack_index: int, t: torch.Tensor, lease: Lease, base: torch.Tensor | None, leaf: bool
-    ) -> TypedHandle:
-        """``base``: ``t._base``, and ``leaf``: ``t.is_leaf``, already read."""
-        self = weakref.ref.__new__(cls, t)
-        self.rec = rec
-        self.pack_index = pack_index
-        self.lease = lease
-        self.counted = -1
-        self.version = t._version
-        self.grad_fn = not leaf  # to see a detach_() after the save
-        stride = t.stride()
-        self.stride = INTERNED_STRIDES.get(stride) or interned_stride(stride)  # NOTE [Interned geometry]
-        self.base = weakref.ref(base) if base is not None else None
-        return self
-
+    # Made on the save path only, field by field (``Placer._offload_new`` in hooks.py:
+    # no Python call per handle), never through the class; weakref.ref's own __init__
+    # would reject the fields as arguments.
     __init__ = object.__init__  # type: ignore[assignment]
 
     def _slot(self) -> tuple[torch.Size, torch.dtype]:

@@ -346,9 +346,9 @@ class Placer:
             rec.placement, fallback = self._placements.not_joined(call, "activation", False)
             self._account(p, rec, fallback)
             return rec
-        # StorageRec.__new__ and TypedHandle.__new__, inline: two calls less per save;
-        # the record, not resident, needs no callback at its storage's death (NOTE
-        # [Resident bytes] in state.py)
+        # StorageRec.__new__, inline, and the handle made here (its only maker): two calls
+        # less per save; the record, not resident, needs no callback at its storage's
+        # death (NOTE [Resident bytes] in state.py)
         rec = _ref_new(StorageRec, storage)
         rec.call = call
         rec.index = len(storages)

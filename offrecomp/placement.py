@@ -88,7 +88,7 @@ from offrecomp.diagnostics import warn_once
 from offrecomp.phases import Phase
 from offrecomp.state import PassState, RegionCall, StorageRec
 from scheduler.plan import Placement, Plan
-from scheduler.profile import StorageRecord
+from scheduler.profile import StorageRecord, growing_kind
 
 if TYPE_CHECKING:
     from offrecomp.groups import OffloadGroups
@@ -131,9 +131,8 @@ def _last_activation(placements: Sequence[Placement], structure: Any) -> Placeme
     storage past the plan's takes it, as its bytes grow that storage in the profile
     (NOTE [Regions that vary], NOTE [Sizes of regions that vary] in differences.py)."""
     recs = structure.storage_records if structure is not None else ()
-    n = min(len(placements), len(recs))
-    kind = "activation" if any(recs[i].kind == "activation" for i in range(n)) else "external"
-    for i in range(n - 1, -1, -1):
+    kind = growing_kind(recs)
+    for i in range(min(len(placements), len(recs)) - 1, -1, -1):
         if recs[i].kind == kind:
             return placements[i]
     return KEEP

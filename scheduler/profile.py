@@ -61,6 +61,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -72,6 +73,7 @@ __all__ = [
     "RegionRecord",
     "StorageKind",
     "StorageRecord",
+    "growing_kind",
 ]
 
 #: The format of a saved profile. 2 adds ``OpRecord.transient_bytes`` and
@@ -171,6 +173,14 @@ class StorageRecord:
     the plan, so only KEEP (dropping or offloading it would free nothing). False: it
     dies with its saved tensors, by its unit's backward end (NOTE [Held past backward]
     in scheduler.timeline)."""
+
+
+def growing_kind(records: Sequence[StorageRecord]) -> StorageKind:
+    """The kind of a region call's records that carries what a larger call saves (a
+    region that varies: NOTE [Sizes of regions that vary] in offrecomp/planning/
+    differences.py): its activations, or where it has none (each storage was under
+    ``min_bytes``), the storages it always keeps."""
+    return "activation" if any(r.kind == "activation" for r in records) else "external"
 
 
 @dataclass(kw_only=True)

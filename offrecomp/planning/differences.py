@@ -9,6 +9,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from offrecomp.signatures import shown
+from scheduler.profile import growing_kind
 
 if TYPE_CHECKING:
     from offrecomp.planning.entries import PlanEntry
@@ -239,8 +240,7 @@ def variable_sizes(p: PassState, profile: Profile, *, grow: bool, calibrating: b
         if r is None:
             continue
         recs = r.storages
-        # the activations, or where the profile has none, the storages it always keeps
-        grows = "activation" if any(x.kind == "activation" for x in recs) else "external"
+        grows = growing_kind(recs)
         if call.kept_whole:  # its inputs where its ops saved them, if at all: the totals only
             recorded = sum(x.nbytes for x in recs if x.kind == grows)
             ratio = _activation_bytes(call, recs) / recorded if recorded else 0.0
