@@ -370,7 +370,7 @@ class RegionCalls:
         # not a planned release's wait for a copy, below, which no unit of the model holds
         call.end_mark = self._device.mark()
         if call.recorder is None:
-            book_forward(call, self._groups.device_bytes)  # before the groups its end frees (NOTE [Forward transients])
+            book_forward(call, self._groups)  # before the groups its end frees (NOTE [Forward transients])
         p = call.pass_state
         if p is not None and p.releases:  # NOTE [Planned release] (groups.py)
             self._groups.release_due(p, 2 * call.ordinal + 1)
@@ -386,7 +386,7 @@ class RegionCalls:
                     call.inputs.tensors[i] = None
         if call.recorder is not None:
             self._planner.record_structure(call)
-            book_forward(call, self._groups.device_bytes)
+            book_forward(call, self._groups)
         call.exited = True
         if not call.leased and self.placer is not None:
             self.placer.release_call(call)

@@ -6,6 +6,7 @@ keep (NOTE [Interned geometry]). ``state`` holds the records they point to.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -21,6 +22,7 @@ __all__ = [
     "Lease",
     "SavedHandle",
     "TypedHandle",
+    "interned",
     "interned_shape",
     "interned_stride",
     "view_on",
@@ -178,9 +180,10 @@ INTERNED_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}
 _G = TypeVar("_G", bound=tuple)  # type: ignore[type-arg]
 
 
-def _interned(table: dict[_G, _G], key: _G) -> _G:
-    """The one kept object equal to ``key`` in ``table``; a symbolic geometry, which does
-    not hash, as it is (NOTE [Interned geometry])."""
+def interned(table: dict[_G, _G], key: _G, make: Callable[[_G], _G] | None = None) -> _G:
+    """The one kept object equal to ``key`` in ``table``: ``key`` itself, or ``make(key)``
+    where given, the first time; a symbolic geometry, which does not hash, as it is (NOTE
+    [Interned geometry])."""
     try:
         kept = table.get(key)
     except TypeError:
@@ -189,18 +192,18 @@ def _interned(table: dict[_G, _G], key: _G) -> _G:
         return kept
     if len(table) >= INTERNED_MAX:
         table.clear()
-    table[key] = key
-    return key
+    kept = table[key] = key if make is None else make(key)
+    return kept
 
 
 def interned_shape(shape: torch.Size) -> torch.Size:
     """The one kept ``torch.Size`` equal to ``shape``."""
-    return _interned(INTERNED_SHAPES, shape)
+    return interned(INTERNED_SHAPES, shape)
 
 
 def interned_stride(stride: tuple[int, ...]) -> tuple[int, ...]:
     """The one kept tuple equal to ``stride``."""
-    return _interned(INTERNED_STRIDES, stride)
+    return interned(INTERNED_STRIDES, stride)
 
 
 class TypedHandle(weakref.ref):  # type: ignore[type-arg]

@@ -340,10 +340,10 @@ def _transient(call: RegionCall, k: int, *, plain: bool) -> int:
     return found
 
 
-def book_forward(call: RegionCall, device_bytes: int = 0) -> None:
+def book_forward(call: RegionCall, groups: OffloadGroups | None) -> None:
     """``call``'s forward has returned: the peak takes what it held beyond the storages
-    the books count from their saves, by its recording, beside the offload engine's
-    ``device_bytes`` (its open group's storages among them, which the recording counts
+    the books count from their saves, by its recording, beside the device bytes of
+    ``groups``' engine (its open group's storages among them, which the recording counts
     as held and the books' resident bytes do not), and the books count the
     storages it dropped that something beyond it still holds, until they die (NOTE
     [Forward transients] in scheduler/working_set.py); nothing without a recording that
@@ -365,7 +365,7 @@ def book_forward(call: RegionCall, device_bytes: int = 0) -> None:
     found = structure.transients.get(key)
     if found is None:
         found = structure.transients[key] = forward_transient_bytes(structure.op_records, recs, dropped)
-    p.stats.sample(found + device_bytes)
+    p.stats.sample(found + (groups.device_bytes if groups is not None else 0))
     for r in outliving:  # dropped, but held beyond the call: resident until the storage dies
         if not r.resident and r() is not None:
             r.resident = True  # NOTE [Resident bytes] (state.py): its death takes the bytes off

@@ -18,7 +18,7 @@ import torch
 
 from offrecomp import _torch_compat as tc
 from offrecomp.backends import Backend, Event, Stream
-from offrecomp.handles import interned_shape
+from offrecomp.handles import interned, interned_shape
 from offrecomp.pool import ALIGN_BYTES, Block
 
 __all__ = [
@@ -80,16 +80,11 @@ def _interned_shapes(shapes: tuple[Any, ...]) -> tuple[Any, ...]:
     """The one kept tuple equal to ``shapes``, of the one kept ``torch.Size`` of each
     geometry; a symbolic one, which does not hash, as it is (NOTE [Interned geometry] in
     handles.py)."""
-    try:
-        kept = _SHAPE_TUPLES.get(shapes)
-    except TypeError:
-        return shapes
-    if kept is not None:
-        return kept
-    if len(_SHAPE_TUPLES) >= _MAX_LAYOUTS:
-        _SHAPE_TUPLES.clear()
-    kept = _SHAPE_TUPLES[shapes] = tuple(s if s is None else interned_shape(s) for s in shapes)
-    return kept
+    return interned(_SHAPE_TUPLES, shapes, _of_kept_shapes)
+
+
+def _of_kept_shapes(shapes: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(s if s is None else interned_shape(s) for s in shapes)
 
 
 class GroupState(enum.Enum):

@@ -115,13 +115,7 @@ def unit_replay_transient(v, k, plain, place, st_ptr, nbytes, st_prod, first_sav
                 level[p] += nbytes[s]
                 if end < n:
                     level[end] -= nbytes[s]
-    run = 0
-    best = 0
-    for i in range(n):
-        run += level[i]
-        held = run + op_tr[j0 + i]
-        if held > best:
-            best = held
+    best = _level_peak(level, n, op_tr, j0)
     return best - dropped if best > dropped else 0
 
 
@@ -147,6 +141,13 @@ def unit_forward_transient(v, place, st_ptr, nbytes, st_prod, st_freed, last_sav
                     level[end] -= nbytes[s]
         elif 0 <= p < n:
             level[p] += nbytes[s]
+    return _level_peak(level, n, op_tr, j0)
+
+
+@njit_inline
+def _level_peak(level, n, op_tr, j0):  # type: ignore[no-untyped-def]
+    """The largest running sum of ``level[:n]`` (the bytes each op's start adds or its
+    end takes off) with each op's temporaries (``op_tr`` from ``j0``) beside it."""
     run = 0
     best = 0
     for i in range(n):
