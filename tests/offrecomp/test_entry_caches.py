@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import weakref
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -166,6 +167,29 @@ class _Shared(nn.Module):
         return x.float().square().mean()
 
 
+def _replays_each_call_as_run(contexts: Callable[[], list[object]]) -> None:
+    """Two steps of ``_Shared``, its three calls under ``contexts()`` (new each step),
+    plainly and under forced recompute: three replays a step, gradients bitwise."""
+    torch.manual_seed(0)
+    model = _Shared()
+    other = twin(model)
+    batch = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+
+    def run(m: nn.Module) -> list[dict[str, torch.Tensor]]:
+        out = []
+        for _ in range(2):
+            m(batch, contexts()).backward()
+            out.append({n: p.grad.clone() for n, p in m.named_parameters()})
+            m.zero_grad(set_to_none=True)
+        return out
+
+    ref = run(model)
+    with offrecomp.runtime(other, mode="recompute", min_bytes=0, regions=_Block) as rt:
+        got = run(other)
+    assert rt.report().steps[-1].replays == 3
+    assert_bitwise(ref, got)
+
+
 def test_autocast_entered_between_two_calls_of_a_region_is_read_at_each() -> None:
     """The autocast state is read at every call's entry (equal ones share an object):
     calls of one region under bf16, without, and under float16 replay each as its forward
@@ -177,29 +201,13 @@ def test_autocast_entered_between_two_calls_of_a_region_is_read_at_each() -> Non
         b = capture_autocast({"cpu"})
     assert a is capture_autocast({"cpu"}) and b != a and ("cpu", True, torch.bfloat16) in b.entries
 
-    torch.manual_seed(0)
-    model = _Shared()
-    other = twin(model)
-    batch = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
-
-    def run(m: nn.Module) -> list[dict[str, torch.Tensor]]:
-        out = []
-        for _ in range(2):
-            under = [
-                torch.autocast("cpu", dtype=torch.bfloat16),
-                torch.autocast("cpu", enabled=False),
-                torch.autocast("cpu", dtype=torch.float16),
-            ]
-            m(batch, under).backward()
-            out.append({n: p.grad.clone() for n, p in m.named_parameters()})
-            m.zero_grad(set_to_none=True)
-        return out
-
-    ref = run(model)
-    with offrecomp.runtime(other, mode="recompute", min_bytes=0, regions=_Block) as rt:
-        got = run(other)
-    assert rt.report().steps[-1].replays == 3
-    assert_bitwise(ref, got)
+    _replays_each_call_as_run(
+        lambda: [
+            torch.autocast("cpu", dtype=torch.bfloat16),
+            torch.autocast("cpu", enabled=False),
+            torch.autocast("cpu", dtype=torch.float16),
+        ]
+    )
 
 
 class _Doubling(torch.overrides.TorchFunctionMode):
@@ -217,21 +225,4 @@ def test_a_function_mode_entered_between_two_calls_of_a_region_is_read_at_each()
     with _Doubling() as mode:
         assert tc.torch_function_state() == (torch._C._TorchFunctionState.ENABLED, (mode,))
 
-    torch.manual_seed(0)
-    model = _Shared()
-    other = twin(model)
-    batch = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
-
-    def run(m: nn.Module) -> list[dict[str, torch.Tensor]]:
-        out = []
-        for _ in range(2):
-            m(batch, [_Doubling(), contextlib.nullcontext(), _Doubling()]).backward()
-            out.append({n: p.grad.clone() for n, p in m.named_parameters()})
-            m.zero_grad(set_to_none=True)
-        return out
-
-    ref = run(model)
-    with offrecomp.runtime(other, mode="recompute", min_bytes=0, regions=_Block) as rt:
-        got = run(other)
-    assert rt.report().steps[-1].replays == 3
-    assert_bitwise(ref, got)
+    _replays_each_call_as_run(lambda: [_Doubling(), contextlib.nullcontext(), _Doubling()])

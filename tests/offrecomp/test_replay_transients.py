@@ -79,17 +79,23 @@ class _LateBlock(nn.Module):
         return h * torch.sigmoid(g)
 
 
-class _LateChain(nn.Module):
-    """Six late blocks: a plain step's peak is the last block's product, in its forward."""
+class _Chain(nn.Module):
+    """``n`` blocks in turn, the loss in float32 (``.float()`` is the tensor itself where
+    it is one already)."""
 
-    def __init__(self, n: int = 6) -> None:
+    def __init__(self, block: Callable[[], nn.Module], n: int = 6) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(_LateBlock() for _ in range(n))
+        self.blocks = nn.ModuleList(block() for _ in range(n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for b in self.blocks:
             x = b(x)
-        return x.square().sum()
+        return x.float().square().sum()
+
+
+def _late_chain() -> _Chain:
+    """Six late blocks: a plain step's peak is the last block's product, in its forward."""
+    return _Chain(_LateBlock)
 
 
 class _CastBlock(nn.Module):
@@ -104,15 +110,8 @@ class _CastBlock(nn.Module):
         return torch.tanh(self.lin(x))
 
 
-class _CastChain(nn.Module):
-    def __init__(self, n: int = 6) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(_CastBlock() for _ in range(n))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for b in self.blocks:
-            x = b(x)
-        return x.float().square().sum()
+def _cast_chain() -> _Chain:
+    return _Chain(_CastBlock)
 
 
 def _batch(s: int) -> torch.Tensor:
@@ -236,7 +235,7 @@ def test_a_forward_making_its_largest_temporary_late_stays_within_the_budget() -
     step's own, no overhead taken off: the forward's is the step's) stays within the
     budget, with the books at the prediction."""
     torch.manual_seed(0)
-    model, x = _LateChain(), _batch(0)
+    model, x = _late_chain(), _batch(0)
     budget = _plain_saved(model, x) + PRODUCT // 2
     m = _warm(model)
     with offrecomp.runtime(m, mode="auto", budget=budget, min_bytes=0, drift=100.0) as rt:
@@ -257,7 +256,7 @@ def test_weight_casts_autocast_caches_count_until_the_forward_ends_where_a_plan_
     end, the books equal the prediction, which says the budget cannot be met here (the
     last block's forward holds every block's cast), and the allocator stays within it."""
     torch.manual_seed(0)
-    model, x = _CastChain(), torch.randn(16, 4 * D, generator=torch.Generator().manual_seed(0))
+    model, x = _cast_chain(), torch.randn(16, 4 * D, generator=torch.Generator().manual_seed(0))
     plain = _warm(model)
     for _ in range(3):
         _step(plain, x, True)()
@@ -287,7 +286,7 @@ def test_gradients_stay_bitwise_under_a_plan_counting_transients() -> None:
 
 def test_gradients_stay_bitwise_under_a_plan_counting_forward_transients() -> None:
     torch.manual_seed(0)
-    base = _LateChain()
+    base = _late_chain()
     ref = train(copy.deepcopy(base), _batch, steps=6)
     m = copy.deepcopy(base)
     budget = _plain_saved(base, _batch(0)) + PRODUCT // 2
