@@ -68,7 +68,7 @@ from offrecomp import outputs
 from offrecomp.config import Config
 from offrecomp.diagnostics import warn_once
 from offrecomp.measure import DeviceClock, Mark
-from offrecomp.params import note_stepped
+from offrecomp.params import let_go_released, note_stepped
 from offrecomp.phases import Phase
 from offrecomp.report import StepRecord
 from offrecomp.signatures import Part, PassSignatures, shown
@@ -290,6 +290,9 @@ class Lifecycle:
                 with contextlib.suppress(RuntimeError):
                     tc.queue_backward_callback(functools.partial(self._backward_done, weakref.ref(p)))
             return
+        for c in p.calls:  # NOTE [Parameters released by their owner]: the last region's, and those released late
+            if c.params is not None and c.region is not None and not c.region.param_data.released:
+                let_go_released(c.params, c.region.param_data)
         self._signs.settle(p)
         if p.parts and not p.aborted:
             self._signs.ran(p)

@@ -20,6 +20,7 @@ __all__ = [
     "capture_params",
     "data_at_entry",
     "finish_params",
+    "let_go_released",
     "modified_params",
     "note_stepped",
 ]
@@ -106,7 +107,7 @@ class ParamData:
     """What a region keeps of its parameters from one call's capture to the next (NOTE
     [Replay and parameters], NOTE [Parameters read in a row])."""
 
-    __slots__ = ("by_slot", "row")
+    __slots__ = ("by_slot", "released", "row")
 
     def __init__(self) -> None:
         self.by_slot: dict[int, tuple[Any, ...]] = {}
@@ -115,6 +116,9 @@ class ParamData:
         self.row: tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]] | None = None
         """The last capture's objects, their storages and its ``ParamState.storages``,
         where every slot held an ``nn.Parameter`` or nothing; else None."""
+        self.released = False
+        """A call of the region saw a parameter's storage released by its owner: its
+        calls hold no storage of theirs (NOTE [Parameters released by their owner])."""
 
 
 # NOTE [Parameters read in a row]
@@ -183,7 +187,7 @@ def _capture_each(slots: tuple[tuple[nn.Module, str], ...], data: ParamData) -> 
             st = t.untyped_storage() if type(t) in _PLAIN else None  # others are never put back
         except NotImplementedError:  # not strided (sparse): no storage
             st = None
-        if st is None:
+        if st is None or data.released:  # NOTE [Parameters released by their owner]: not held
             storages.append(None)
             continue
         g = by_slot.get(i)
@@ -203,10 +207,55 @@ def data_at_entry(state: ParamState, i: int) -> torch.Tensor | None:
     storage since: a tensor over the storage held (NOTE [Replay and parameters]); None
     where the parameter has that storage still."""
     held, t = state.storages[i], state.objects[i]
-    if held is None or t is None or t.untyped_storage() is held[0]:  # one object per storage
+    if held is None or t is None:
         return None
+    now = t.untyped_storage()
+    if now is held[0] or not now.nbytes() or not held[0].nbytes():  # one object per storage
+        return None  # its own; or freed, or gathered in the forward (NOTE [Parameters released by their owner])
     storage, (_, dtype, shape, stride, offset) = held
     return view_on(storage, 0, dtype, shape, stride, offset)
+
+
+# NOTE [Parameters released by their owner]
+# A partitioner that gathers a module's parameters for its forward and frees them after
+# (DeepSpeed ZeRO-3: ``param.data = gathered`` in a forward pre-hook, ``param.data =
+# torch.empty(0)`` in the forward hook) replaces the storage under the same Parameter,
+# and gathers the same values again whenever a forward runs the module, a replay's
+# included. The storage held for NOTE [Replay and parameters] would keep every gathered
+# parameter of the pass alive until its backward: the memory the partitioner exists to
+# save. So where a parameter shows an empty storage, the one it had at entry not empty,
+# the call lets go of that storage (and the region of its row, NOTE [Parameters read in
+# a row]), and the region's later calls hold none of their parameters' storages
+# (``ParamData.released``): its parameters follow their owner, as they do under
+# ``torch.utils.checkpoint``. The last call's are looked at when the next region call
+# enters (hooks free a module's parameters after its forward, or later, when the next
+# module's run begins), and every call's when the pass's backward begins.
+#
+# A replay leaves a slot as it finds it where its parameter shows an empty storage, or
+# showed one at the call's entry (a module under the region, gathered by its own hook
+# inside the forward): the same Parameter object, whose attributes the partitioner's
+# hooks read, and those hooks gather it as for any forward. A storage freed in place
+# (FSDP's ``resize_(0)``) is the same storage, held at no cost and refilled by its owner
+# before the backward.
+
+
+def let_go_released(state: ParamState, data: ParamData) -> None:
+    """NOTE [Parameters released by their owner]: drop the storages of ``state`` whose
+    parameter now shows an empty storage in their place."""
+    held = state.storages
+    kept: list[Any] | None = None
+    for i, (h, t) in enumerate(zip(held, state.objects)):
+        if h is None or t is None:
+            continue
+        st = t.untyped_storage()
+        if st is not h[0] and not st.nbytes() and h[0].nbytes():
+            if kept is None:
+                kept = list(held)
+            kept[i] = None
+    if kept is not None:
+        state.storages = tuple(kept)
+        data.row = None
+        data.released = True
 
 
 def finish_params(state: ParamState | None) -> list[int]:

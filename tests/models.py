@@ -170,3 +170,31 @@ class Stack(nn.Module):
 def stack(block: Callable[[], nn.Module], n: int = 3) -> Callable[[], nn.Module]:
     """A factory of ``Stack`` models of ``n`` fresh blocks."""
     return lambda: Stack([block() for _ in range(n)])
+
+
+class ScaledMLPBlock(nn.Module):
+    """Pre-LN residual MLP (4x wide) with a parameter of the block's own: a layer scale."""
+
+    def __init__(self, h: int) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(h)
+        self.fc1 = nn.Linear(h, 4 * h)
+        self.fc2 = nn.Linear(4 * h, h)
+        self.scale = nn.Parameter(torch.full((h,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.scale * self.fc2(F.gelu(self.fc1(self.ln(x))))
+
+
+class HeadedStack(nn.Module):
+    """``depth`` ScaledMLPBlocks (a ModuleList: the regions), a Linear head, a scalar loss."""
+
+    def __init__(self, h: int = 32, depth: int = 4) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(ScaledMLPBlock(h) for _ in range(depth))
+        self.head = nn.Linear(h, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x).square().mean()
