@@ -49,16 +49,19 @@ NOTE [Regions that vary]
 A region whose calls saved other storages than their recording twice (``Region.variable``:
 a mixture of experts' routing, a branch on the data) has no one recording that describes
 its calls. A planned call of it takes the plan's placement of each storage by position,
-whatever its size, and a storage past the plan's takes that of the plan's last
-activation of the call, or where the call's recording has none (each of its storages
-was under ``min_bytes``), of its last storage (or what a user's plan names). Its
+whatever its size, but for a storage larger than one the recording keeps always at its
+place (another form's, not that small storage: the plan would keep it), and a storage
+past the plan's: those take that of the plan's last activation of the call, or where the
+call's recording has none (each of its storages was under ``min_bytes``), of its last
+storage (or what a user's plan names). Its
 replays run plainly (no served ops: the recording is not this call's), the whole
 prefix up to the last save they regenerate, as torch.utils.checkpoint reruns a forward,
 and check each regenerated save's shape and dtype against the forward's; the planner
 models it as opaque from then on (``profiling.mark_found``). Its calls differing from
-the recording is what is known of it, so it never sends the signature to measure again
-(a plan that drops or offloads such a region would otherwise measure every other step
-for good); its profile grows to the sizes its calls save (NOTE [Sizes of regions that
+the recording is what is known of it, so it never sends the signature to measure again,
+the planned call that makes it variable included (a plan that drops or offloads such a
+region would otherwise measure every other step for good, and the measuring pass would
+drop the profile's growth); its profile grows to the sizes its calls save (NOTE [Sizes of regions that
 vary] in differences.py).
 
 NOTE [Kept planned calls]
@@ -88,7 +91,7 @@ from offrecomp.diagnostics import warn_once
 from offrecomp.phases import Phase
 from offrecomp.state import PassState, RegionCall, StorageRec
 from scheduler.plan import Placement, Plan
-from scheduler.profile import StorageRecord, growing_kind
+from scheduler.profile import StorageRecord, growing_kind, outgrown
 
 if TYPE_CHECKING:
     from offrecomp.groups import OffloadGroups
@@ -375,7 +378,8 @@ class Placements:
             ok = index < len(placements)
             region = call.region
             if region is not None and region.variable:  # NOTE [Regions that vary]
-                if ok:
+                recs = structure.storage_records if structure is not None else ()
+                if ok and not (index < len(recs) and outgrown(recs[index], nbytes, growing_kind(recs))):
                     return placements[index]
                 if self._user_plan() is None:  # a user's plan names its own (below)
                     return _last_activation(placements, structure)

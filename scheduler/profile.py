@@ -74,6 +74,7 @@ __all__ = [
     "StorageKind",
     "StorageRecord",
     "growing_kind",
+    "outgrown",
 ]
 
 #: The format of a saved profile. 2 adds ``OpRecord.transient_bytes`` and
@@ -181,6 +182,15 @@ def growing_kind(records: Sequence[StorageRecord]) -> StorageKind:
     differences.py): its activations, or where it has none (each storage was under
     ``min_bytes``), the storages it always keeps."""
     return "activation" if any(r.kind == "activation" for r in records) else "external"
+
+
+def outgrown(record: StorageRecord, nbytes: int, grows: StorageKind) -> bool:
+    """Is a storage of ``nbytes`` at the place of ``record`` in a call of a region that
+    varies another than the one recorded there: larger than a storage the call keeps
+    always (``record`` not of the ``grows`` kind, ``growing_kind``)? It takes the place
+    of the call's last storage of that kind, and its bytes count with it (NOTE [Sizes of
+    regions that vary] in offrecomp/planning/differences.py)."""
+    return record.kind == "external" and grows == "activation" and nbytes > record.nbytes
 
 
 @dataclass(kw_only=True)

@@ -9,7 +9,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from offrecomp.signatures import shown
-from scheduler.profile import growing_kind
+from scheduler.profile import growing_kind, outgrown
 
 if TYPE_CHECKING:
     from offrecomp.planning.entries import PlanEntry
@@ -198,7 +198,10 @@ def differed(region: Region) -> None:
 # compares every call of such a region with its profile, storage by storage in order:
 # an activation larger than the profile's, or activations past the profile's (they take
 # the placement of its last activation, so they count with it), grow the profile's
-# sizes to what the pass saved (``variable_sizes``). A profile with no activation (each
+# sizes to what the pass saved (``variable_sizes``); so does a storage larger than one
+# the profile keeps always at its place, a storage the profile does not describe (a
+# form whose op sequence differs, an attention processor saving its probabilities among
+# small storages): it takes the placement of the last activation too (``outgrown``). A profile with no activation (each
 # storage the recorded form saved was under ``min_bytes``, kept always) grows its kept
 # storages so: a larger form's storages past them are kept too (the placement of the
 # last activation, of which there is none, is KEEP). A call its plan keeps whole takes
@@ -252,6 +255,7 @@ def variable_sizes(p: PassState, profile: Profile, *, grow: bool, calibrating: b
             last = max((i for i, (x, _) in enumerate(pairs) if x.kind == grows), default=-1)
             saved = len(recs) - sum(x.kind == "snapshot" for x in recs)  # NOTE [Replay and module state]
             extra = sum(s.nbytes for s in call.storages[saved:])
+            extra += sum(n for x, n in pairs if outgrown(x, n, grows))  # placed as the last one, too
             if last >= 0 and extra:
                 pairs[last] = (pairs[last][0], pairs[last][1] + extra)
         grown = False

@@ -373,9 +373,6 @@ class Planner:
                 call.name, call.call_index, index, shown(p.plan_signature),
             )
             return
-        entry = self.entries.get(p.signature)
-        if entry is not None:
-            entry.needs_measure = True
         structure = call.structure
         if structure is not None and not structure.opaque:
             # What ran unrecorded differs from what was recorded (code that behaves
@@ -386,10 +383,17 @@ class Planner:
         if region is not None:
             differences.suspect_mode(call, region)
             differences.differed(region)
+        entry = self.entries.get(p.signature)
+        # a region this made variable keeps the profile, which grows to what its calls
+        # save (NOTE [Sizes of regions that vary]); another measuring pass would not
+        # describe its calls either
+        again = region is None or not region.variable
+        if entry is not None and again:
+            entry.needs_measure = True
         log.info(
             "offrecomp: region %r call %d differs from its profile (storage %d); "
-            "dropping its activations this pass and measuring again",
-            call.name, call.call_index, index,
+            "dropping its activations this pass%s",
+            call.name, call.call_index, index, " and measuring again" if again else "",
         )
 
     def distrust(self, name: str, structure: RegionStructure) -> None:
