@@ -968,3 +968,45 @@ def test_dropped_storages_are_booked_in_the_pack_hook(mode: str, monkeypatch: py
         dropped = sum(sizes[k] for k, pl in entry.plan.placements.items() if pl is offrecomp.Placement.RECOMPUTE)
     assert last.recomputed_bytes == dropped > 0, (last.recomputed_bytes, dropped)
     assert [pl for _, pl in general if pl is offrecomp.Placement.RECOMPUTE] == [], general
+
+
+def test_the_offload_fast_path_sets_every_field_its_record_and_handle_have(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Offload fast path]: ``Placer._offload_new`` makes a StorageRec and its
+    TypedHandle field by field, inline, rather than through ``StorageRec.__new__``: every
+    slot of either class must be readable on what it made (a slot added to the class and
+    not set there would raise on first read), and the record's fields equal those
+    ``StorageRec.__new__`` sets for the same storage."""
+    from offrecomp.handles import TypedHandle
+    from offrecomp.hooks import Placer
+    from offrecomp.state import StorageRec
+
+    handles: list[Any] = []
+    offload_new = Placer._offload_new
+
+    def spy(self: Placer, *args: Any) -> Any:
+        h = offload_new(self, *args)
+        if type(h) is TypedHandle:
+            handles.append(h)
+        return h
+
+    monkeypatch.setattr(Placer, "_offload_new", spy)
+    m, x, ref, rt = _offloaded_pair(_TwoAliasBlock)
+    with rt:
+        for _ in range(2):
+            x.grad = None
+            _SaveKeepAlias.aliases = []
+            loss = m(x).sum()
+            assert handles  # the fast path ran
+            for h in handles:
+                for cls in (TypedHandle, StorageRec):
+                    obj = h if cls is TypedHandle else h.rec
+                    for name in (n for k in cls.__mro__ for n in getattr(k, "__slots__", ()) if n not in ("__dict__", "__weakref__")):
+                        getattr(obj, name)  # raises where the fast path left it unset
+                rec = h.rec
+                made = StorageRec(rec(), rec.call, rec.index, rec.nbytes, rec.ptr, rec.placement)
+                fields = ("call", "index", "nbytes", "ptr", "placement", "resident")
+                assert [getattr(rec, n) for n in fields] == [getattr(made, n) for n in fields]
+            handles.clear()
+            loss.backward()
+            assert torch.equal(x.grad, ref)  # type: ignore[arg-type]
+    _SaveKeepAlias.aliases = []
