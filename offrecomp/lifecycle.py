@@ -93,6 +93,9 @@ MAX_FORWARDS = 64
 REPORT_MAX_STEPS = 10_000
 
 FORWARD, BACKWARD, AWAITING, DONE = Stage.FORWARD, Stage.BACKWARD, Stage.AWAITING, Stage.DONE
+#: Passes whose backward's start looks at every call's parameters for ones their owner
+#: freed (NOTE [Parameters released by their owner] in params.py); later ones, the last call's.
+RELEASE_SWEEPS = 4
 #: The phases whose passes teach a profile (measured, calibrated, planned).
 _LEARNT = frozenset((Phase.MEASURE, Phase.CALIBRATE, Phase.PLANNED))
 
@@ -290,7 +293,9 @@ class Lifecycle:
                 with contextlib.suppress(RuntimeError):
                     tc.queue_backward_callback(functools.partial(self._backward_done, weakref.ref(p)))
             return
-        for c in p.calls:  # NOTE [Parameters released by their owner]: the last region's, and those released late
+        # NOTE [Parameters released by their owner]: the last call's; in the first passes,
+        # every call's, as hooks may free them later than the next region call's entry
+        for c in p.calls if p.index < RELEASE_SWEEPS else p.calls[-1:]:
             if c.params is not None and c.region is not None and not c.region.param_data.released:
                 let_go_released(c.params, c.region.param_data)
         self._signs.settle(p)
