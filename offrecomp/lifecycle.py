@@ -68,7 +68,7 @@ from offrecomp import outputs
 from offrecomp.config import Config
 from offrecomp.diagnostics import warn_once
 from offrecomp.measure import DeviceClock, Mark
-from offrecomp.params import let_go_released, note_stepped
+from offrecomp.params import let_go_released, looks_for_releases, note_stepped
 from offrecomp.phases import Phase
 from offrecomp.report import StepRecord
 from offrecomp.signatures import Part, PassSignatures, shown
@@ -93,9 +93,6 @@ MAX_FORWARDS = 64
 REPORT_MAX_STEPS = 10_000
 
 FORWARD, BACKWARD, AWAITING, DONE = Stage.FORWARD, Stage.BACKWARD, Stage.AWAITING, Stage.DONE
-#: Passes whose backward's start looks at every call's parameters for ones their owner
-#: freed (NOTE [Parameters released by their owner] in params.py); later ones, the last call's.
-RELEASE_SWEEPS = 4
 #: The phases whose passes teach a profile (measured, calibrated, planned).
 _LEARNT = frozenset((Phase.MEASURE, Phase.CALIBRATE, Phase.PLANNED))
 
@@ -293,10 +290,8 @@ class Lifecycle:
                 with contextlib.suppress(RuntimeError):
                     tc.queue_backward_callback(functools.partial(self._backward_done, weakref.ref(p)))
             return
-        # NOTE [Parameters released by their owner]: the last call's; in the first passes,
-        # every call's, as hooks may free them later than the next region call's entry
-        for c in p.calls if p.index < RELEASE_SWEEPS else p.calls[-1:]:
-            if c.params is not None and c.region is not None and not c.region.param_data.released:
+        for c in p.calls:  # NOTE [Parameters released by their owner]: hooks may free them late
+            if c.params is not None and c.region is not None and looks_for_releases(c.region.param_data, p.index):
                 let_go_released(c.params, c.region.param_data)
         self._signs.settle(p)
         if p.parts and not p.aborted:

@@ -21,6 +21,7 @@ __all__ = [
     "data_at_entry",
     "finish_params",
     "let_go_released",
+    "looks_for_releases",
     "modified_params",
     "note_stepped",
 ]
@@ -107,7 +108,7 @@ class ParamData:
     """What a region keeps of its parameters from one call's capture to the next (NOTE
     [Replay and parameters], NOTE [Parameters read in a row])."""
 
-    __slots__ = ("by_slot", "released", "row")
+    __slots__ = ("by_slot", "first_look", "released", "row")
 
     def __init__(self) -> None:
         self.by_slot: dict[int, tuple[Any, ...]] = {}
@@ -116,9 +117,11 @@ class ParamData:
         self.row: tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]] | None = None
         """The last capture's objects, their storages and its ``ParamState.storages``,
         where every slot held an ``nn.Parameter`` or nothing; else None."""
-        self.released = False
-        """A call of the region saw a parameter's storage released by its owner: its
-        calls hold no storage of theirs (NOTE [Parameters released by their owner])."""
+        self.released: set[int] = set()
+        """Slots whose parameter's storage a call saw freed by its owner: the region's
+        calls hold none of theirs (NOTE [Parameters released by their owner])."""
+        self.first_look = -1
+        """The pass whose calls of the region were first looked at for such slots."""
 
 
 # NOTE [Parameters read in a row]
@@ -187,7 +190,7 @@ def _capture_each(slots: tuple[tuple[nn.Module, str], ...], data: ParamData) -> 
             st = t.untyped_storage() if type(t) in _PLAIN else None  # others are never put back
         except NotImplementedError:  # not strided (sparse): no storage
             st = None
-        if st is None or data.released:  # NOTE [Parameters released by their owner]: not held
+        if st is None or i in data.released:  # NOTE [Parameters released by their owner]: not held
             storages.append(None)
             continue
         g = by_slot.get(i)
@@ -225,25 +228,40 @@ def data_at_entry(state: ParamState, i: int) -> torch.Tensor | None:
 # parameter of the pass alive until its backward: the memory the partitioner exists to
 # save. So where a parameter shows an empty storage, the one it had at entry not empty,
 # the call lets go of that storage (and the region of its row, NOTE [Parameters read in
-# a row]), and the region's later calls hold none of their parameters' storages
-# (``ParamData.released``): its parameters follow their owner, as they do under
-# ``torch.utils.checkpoint``. The last call's are looked at when the next region call
-# enters (hooks free a module's parameters after its forward), and when the pass's
-# backward begins, every call's in the runtime's first passes (RELEASE_SWEEPS in
-# lifecycle.py; hooks may free them later, when a later module's run begins), the last
-# call's after them: a region learns once, and the look costs about 0.1 us a parameter.
+# a row]), and the region's later calls hold none of that slot's storages
+# (``ParamData.released``): that parameter follows its owner, as under
+# ``torch.utils.checkpoint``, and the region's other parameters stay held (DeepSpeed
+# leaves small ones gathered for good, and a ``.data =`` rebinding of one must still
+# replay as read). The last call's parameters are looked at when the next region call
+# enters (hooks free a module's parameters after its forward), and every call's when the
+# pass's backward begins (hooks may free them later, when a later module's run begins),
+# in each region's first RELEASE_LOOKS passes: a partitioner frees alike at every step,
+# and a look costs about 0.1 us a parameter, which every call would pay for good.
 #
-# A replay leaves a slot as it finds it where its parameter shows an empty storage, or
-# showed one at the call's entry (a module under the region, gathered by its own hook
-# inside the forward): the same Parameter object, whose attributes the partitioner's
-# hooks read, and those hooks gather it as for any forward. A storage freed in place
-# (FSDP's ``resize_(0)``) is the same storage, held at no cost and refilled by its owner
-# before the backward.
+# A replay leaves a slot as it finds it, the same Parameter object, whose attributes the
+# partitioner's hooks read, where the parameter shows an empty storage, or showed one at
+# the call's entry (a module under the region, gathered by its own hook inside the
+# forward, shows one then): those hooks gather it as for any forward. A storage freed in
+# place (FSDP's ``resize_(0)``) is the same storage, held at no cost and refilled by its
+# owner before the backward.
+
+#: Passes, from a region's first call looked at, in which its calls are looked at for
+#: parameters their owner freed (NOTE [Parameters released by their owner]).
+RELEASE_LOOKS = 4
+
+
+def looks_for_releases(data: ParamData, index: int) -> bool:
+    """Are the calls of pass ``index`` of the region of ``data`` looked at for
+    parameters their owner freed (NOTE [Parameters released by their owner])?"""
+    first = data.first_look
+    if first < 0:
+        data.first_look = first = index
+    return index < first + RELEASE_LOOKS
 
 
 def let_go_released(state: ParamState, data: ParamData) -> None:
     """NOTE [Parameters released by their owner]: drop the storages of ``state`` whose
-    parameter now shows an empty storage in their place."""
+    parameter now shows an empty storage in their place, and mark their slots."""
     held = state.storages
     kept: list[Any] | None = None
     for i, (h, t) in enumerate(zip(held, state.objects)):
@@ -254,10 +272,10 @@ def let_go_released(state: ParamState, data: ParamData) -> None:
             if kept is None:
                 kept = list(held)
             kept[i] = None
+            data.released.add(i)
     if kept is not None:
         state.storages = tuple(kept)
         data.row = None
-        data.released = True
 
 
 def finish_params(state: ParamState | None) -> list[int]:

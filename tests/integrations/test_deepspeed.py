@@ -24,7 +24,7 @@ from tests import models
 pytest.importorskip("deepspeed", reason="deepspeed is an optional extra (pip install -e '.[deepspeed]')")
 
 MODES = [None, "recompute", "auto", "offload", "keep"]
-STEPS = 4
+STEPS = 6
 
 
 def _train(mode: str | None, rank: int) -> dict[str, Any]:
