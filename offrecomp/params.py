@@ -238,10 +238,12 @@ def data_at_entry(state: ParamState, i: int) -> torch.Tensor | None:
 # in each region's first RELEASE_LOOKS passes: a partitioner frees alike at every step,
 # and a look costs about 0.1 us a parameter, which every call would pay for good.
 #
-# A replay leaves a slot as it finds it, the same Parameter object, whose attributes the
-# partitioner's hooks read, where the parameter shows an empty storage, or showed one at
-# the call's entry (a module under the region, gathered by its own hook inside the
-# forward, shows one then): those hooks gather it as for any forward. A storage freed in
+# A replay runs such a parameter as its slot holds it, the Parameter object of the
+# call's entry (put back where another fills the slot), never a new one over a held
+# storage, whose attributes the partitioner's hooks would lack: where the parameter shows
+# an empty storage, or showed one at the call's entry (a module under the region,
+# gathered by its own hook inside the forward, shows one then), those hooks gather it as
+# for any forward. A storage freed in
 # place (FSDP's ``resize_(0)``) is the same storage, held at no cost and refilled by its
 # owner before the backward.
 
