@@ -46,23 +46,23 @@ larger (an offload of it would copy more than the plan booked), and the call sta
 planned.
 
 NOTE [Regions that vary]
-A region whose calls saved other storages than their recording twice (``Region.variable``:
-a mixture of experts' routing, a branch on the data) has no one recording that describes
-its calls. A planned call of it takes the plan's placement of each storage by position,
-whatever its size, but for a storage larger than one the recording keeps always at its
-place (another form's, not that small storage: the plan would keep it), and a storage
-past the plan's: those take that of the plan's last activation of the call, or where the
-call's recording has none (each of its storages was under ``min_bytes``), of its last
-storage (or what a user's plan names). Its
-replays run plainly (no served ops: the recording is not this call's), the whole
-prefix up to the last save they regenerate, as torch.utils.checkpoint reruns a forward,
-and check each regenerated save's shape and dtype against the forward's; the planner
-models it as opaque from then on (``profiling.mark_found``). Its calls differing from
-the recording is what is known of it, so it never sends the signature to measure again,
-the planned call that makes it variable included (a plan that drops or offloads such a
-region would otherwise measure every other step for good, and the measuring pass would
-drop the profile's growth); its profile grows to the sizes its calls save (NOTE [Sizes of regions that
-vary] in differences.py).
+A region whose calls saved other storages than their recording twice
+(``Region.variable``: a mixture of experts' routing, a branch on the data) has no one
+recording that describes its calls. A planned call of it takes the plan's placement of
+each storage by position, whatever its size, but for a storage larger than one the
+recording keeps always at its place (another form's, not that small storage: the plan
+would keep it), and a storage past the plan's: those take that of the plan's last
+activation of the call, or where the call's recording has none (each of its storages was
+under ``min_bytes``), of its last storage (or what a user's plan names). Its replays run
+plainly (no served ops: the recording is not this call's), the whole prefix up to the
+last save they regenerate, as torch.utils.checkpoint reruns a forward, and check each
+regenerated save's shape and dtype against the forward's; the planner models it as
+opaque from then on (``profiling.mark_found``). Its calls differing from the recording
+is what is known of it, so it never sends the signature to measure again, the planned
+call that makes it variable included (a plan that drops or offloads such a region would
+otherwise measure every other step for good, and the measuring pass would drop the
+profile's growth); its profile grows to the sizes its calls save
+(NOTE [Sizes of regions that vary] in differences.py).
 
 NOTE [Kept planned calls]
 A call of a planned pass whose plan keeps every one of its storages has nothing to

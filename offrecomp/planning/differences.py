@@ -195,33 +195,33 @@ def differed(region: Region) -> None:
 # A variable region's profile holds one step's routing (NOTE [Regions that vary] in
 # placement.py): a planned step whose routing saves more holds more than predicted, and
 # a budget set near the device's capacity must hold all the same. So each planned pass
-# compares every call of such a region with its profile, storage by storage in order:
-# an activation larger than the profile's, or activations past the profile's (they take
-# the placement of its last activation, so they count with it), grow the profile's
-# sizes to what the pass saved (``variable_sizes``); so does a storage larger than one
-# the profile keeps always at its place, a storage the profile does not describe (a
-# form whose op sequence differs, an attention processor saving its probabilities among
-# small storages): it takes the placement of the last activation too (``outgrown``). A profile with no activation (each
-# storage the recorded form saved was under ``min_bytes``, kept always) grows its kept
-# storages so: a larger form's storages past them are kept too (the placement of the
-# last activation, of which there is none, is KEEP). A call its plan keeps whole takes
-# no replay checkpoint, so it holds only the region inputs its ops save, where they save
-# them (NOTE [Kept planned calls] in placement.py): for it only the totals are compared
-# (a storage of a recorded input's size taken for that input), and where it saved more
-# than the profile's activations, each of them grows by that ratio (an upper bound: the
-# storages that did not grow grow too). Either way the plan is then solved again
-# (``settle_growth``): at once the first time, then after 1, 3, 7, ... learnt passes
-# since the last solve (at most MAX_GROWTH_WAIT), as a random routing sets a new
-# largest size somewhere for many steps, and a solve costs the host tens of
-# milliseconds at the next step's start. The sizes only grow: the profile tends to the
-# largest routing seen, and planned steps to at most their prediction. A pass that grew
-# them is always learnt (NOTE [Learning cadence] in learning.py). A call of such a
-# region kept whole saves natively but at its audits, which come four times as often as
-# other calls' (every other pass on average: NOTE [Native keep] in native.py) until
-# SETTLED (regions.py) of its calls in a row, seen with the hooks on, saved no more than
-# the profile (``Region.settled``), so that its sizes are seen while they still grow.
-# The same comparison of totals tells a call its plan keeps whole that saved more than
-# its recording (``saved_more``, ``grew``).
+# compares every call of such a region with its profile, storage by storage in order: an
+# activation larger than the profile's, or activations past the profile's (they take the
+# placement of its last activation, so they count with it), grow the profile's sizes to
+# what the pass saved (``variable_sizes``); so does a storage larger than one the
+# profile keeps always at its place, a storage the profile does not describe (a form
+# whose op sequence differs, an attention processor saving its probabilities among small
+# storages): it takes the placement of the last activation too (``outgrown``). A profile
+# with no activation (each storage the recorded form saved was under ``min_bytes``, kept
+# always) grows its kept storages so: a larger form's storages past them are kept too
+# (the placement of the last activation, of which there is none, is KEEP). A call its
+# plan keeps whole takes no replay checkpoint, so it holds only the region inputs its
+# ops save, where they save them (NOTE [Kept planned calls] in placement.py): for it
+# only the totals are compared (a storage of a recorded input's size taken for that
+# input), and where it saved more than the profile's activations, each of them grows by
+# that ratio (an upper bound: the storages that did not grow grow too). Either way the
+# plan is then solved again (``settle_growth``): at once the first time, then after 1,
+# 3, 7, ... learnt passes since the last solve (at most MAX_GROWTH_WAIT), as a random
+# routing sets a new largest size somewhere for many steps, and a solve costs the host
+# tens of milliseconds at the next step's start. The sizes only grow: the profile tends
+# to the largest routing seen, and planned steps to at most their prediction. A pass
+# that grew them is always learnt (NOTE [Learning cadence] in learning.py). A call of
+# such a region kept whole saves natively but at its audits, which come four times as
+# often as other calls' (every other pass on average: NOTE [Native keep] in native.py)
+# until SETTLED (regions.py) of its calls in a row, seen with the hooks on, saved no
+# more than the profile (``Region.settled``), so that its sizes are seen while they
+# still grow. The same comparison of totals tells a call its plan keeps whole that saved
+# more than its recording (``saved_more``, ``grew``).
 
 
 def variable_sizes(p: PassState, profile: Profile, *, grow: bool, calibrating: bool = False) -> bool:
