@@ -385,15 +385,17 @@ def test_a_weight_cast_the_calls_share_counts_once() -> None:
         # a replay casts again (NOTE [Autocast cache]): the first call's cast may drop, the
         # later calls' (made outside them) only keep; calls the plan keeps whole save
         # natively, without records
-        kept = [rec for c in p.calls for rec in c.storages if rec.nbytes == cast and rec.placement is Placement.KEEP]
         # each cast counted by one record at most, which of them following the plan (and
         # so measured times); a call the plan keeps whole counts its own records, as the
         # planner's model does (NOTE [Activations counted once])
+        kept: list[object] = []
         counted: dict[int, int] = {}
         for c in p.calls:
             for rec in c.storages:
-                if rec.nbytes == cast and rec.placement is Placement.KEEP and not c.kept_whole:
-                    counted[id(rec())] = counted.get(id(rec()), 0) + (not rec.shared)
+                if rec.nbytes == cast and rec.placement is Placement.KEEP:
+                    kept.append(rec)
+                    if not c.kept_whole:
+                        counted[id(rec())] = counted.get(id(rec()), 0) + (not rec.shared)
         loss.backward()
     assert len(kept) > 8, kept
     assert len(counted) <= 4 and max(counted.values()) <= 1, counted

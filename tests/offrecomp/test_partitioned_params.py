@@ -31,11 +31,11 @@ class _Partitioner:
         self.gathered: list[weakref.ref[torch.UntypedStorage]] = []
         self.lag = lag
         self.pending: list[list[Any]] = []  # [module, forwards begun until it is freed]
-        for m in {m for name, m in model.named_modules()}:
-            own = [(n, p) for n, p in model.named_parameters() if any(p is q for q in m.parameters(recurse=False)) and only(n)]
+        for prefix, m in model.named_modules():
+            own = [p for n, p in m.named_parameters(recurse=False) if only(f"{prefix}.{n}" if prefix else n)]
             if not own:
                 continue
-            for _, p in own:
+            for p in own:
                 self.full[p] = p.detach().clone()
                 self._free(p)
             m.register_forward_pre_hook(self._gather)

@@ -824,9 +824,9 @@ def test_a_reused_reload_buffer_hands_no_alias_of_another_layout(change: str) ->
     assert rt.report().steps[-1].offloaded_bytes > 0
 
 
-def test_offloaded_saves_share_one_tuple_per_geometry(monkeypatch: pytest.MonkeyPatch) -> None:
-    """NOTE [Interned geometry]: the typed saves of every step hold the same shape and
-    stride objects (the fresh ones die at once), and gradients stay bitwise."""
+def _typed_handles(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The list every TypedHandle the offload fast path (``Placer._offload_new``) makes
+    from now on is appended to."""
     from offrecomp.handles import TypedHandle
     from offrecomp.hooks import Placer
 
@@ -840,6 +840,13 @@ def test_offloaded_saves_share_one_tuple_per_geometry(monkeypatch: pytest.Monkey
         return h
 
     monkeypatch.setattr(Placer, "_offload_new", spy)
+    return handles
+
+
+def test_offloaded_saves_share_one_tuple_per_geometry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Interned geometry]: the typed saves of every step hold the same shape and
+    stride objects (the fresh ones die at once), and gradients stay bitwise."""
+    handles = _typed_handles(monkeypatch)
     m, x, ref, rt = _offloaded_pair(_TwoAliasBlock)
     steps = []
     with rt:
@@ -977,19 +984,9 @@ def test_the_offload_fast_path_sets_every_field_its_record_and_handle_have(monke
     not set there would raise on first read), and the record's fields equal those
     ``StorageRec.__new__`` sets for the same storage."""
     from offrecomp.handles import TypedHandle
-    from offrecomp.hooks import Placer
     from offrecomp.state import StorageRec
 
-    handles: list[Any] = []
-    offload_new = Placer._offload_new
-
-    def spy(self: Placer, *args: Any) -> Any:
-        h = offload_new(self, *args)
-        if type(h) is TypedHandle:
-            handles.append(h)
-        return h
-
-    monkeypatch.setattr(Placer, "_offload_new", spy)
+    handles = _typed_handles(monkeypatch)
     m, x, ref, rt = _offloaded_pair(_TwoAliasBlock)
     with rt:
         for _ in range(2):
