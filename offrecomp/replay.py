@@ -49,7 +49,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -245,11 +245,11 @@ def _replay_forward(
     call: RegionCall,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    pack: Callable[[torch.Tensor], Any],
-    unpack: Callable[[Any], Any],
+    saves: _SaveCapture,
     mode: ServingMode | None,
 ) -> None:
-    """Run the region's forward once, as the replay sees it (NOTE [Replay]).
+    """Run the region's forward once, as the replay sees it (NOTE [Replay]), under the
+    saved-tensor hooks of ``saves``.
 
     Every context it enters exits, in order, also when an interrupt (Ctrl-C) lands in
     the exits; grad mode and the replay depth are set back as found, also when an
@@ -260,6 +260,7 @@ def _replay_forward(
     stack = contextlib.ExitStack()
 
     def unwind() -> None:
+        saves.end_stop_mode()  # first: NOTE [Stop mode popped first]
         stack.close()  # the exits not yet run, innermost first
         torch.set_grad_enabled(grad)
         _tls.depth = depth
@@ -304,7 +305,7 @@ def _replay_forward(
             stack.enter_context(external_as_entry(call.name, call.external))
         if call.external_reads:
             stack.enter_context(reads_as_forward(call))
-        stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, unpack))
+        stack.enter_context(torch.autograd.graph.saved_tensors_hooks(saves.pack, saves.unpack))
         guard = param_guard(call)
         if guard is not None:
             stack.enter_context(guard)  # outside the serving mode: sees the ops that run
@@ -427,10 +428,23 @@ class _SaveCapture:
         self.unwritten[ptr] = (weakref.ref(storage), seq)
         return True
 
+    # NOTE [Stop mode popped first]
+    # The stop mode is pushed by a save hook in the middle of the replayed forward, so it
+    # sits on top of every dispatch mode the replay entered around the forward (the
+    # PassiveMode of a region whose code changes under one, the parameter guard). A
+    # mode's exit pops whatever is on top of torch's dispatch stack: were the stop mode
+    # still there when those contexts exit, the first exit would pop it in place of its
+    # own mode, which would stay active through the other exits until this pop took it
+    # off. Before torch 2.11 that pop also reads the mode's Python object after dropping
+    # the stack's reference to it, the last one once its context has exited: a read of
+    # freed memory that crashed GRU and mixture-of-experts replays. So the stop mode
+    # goes first, before the replay's contexts exit.
+
     def end_stop_mode(self) -> None:
         """Pop the plain replay's stop mode, if one was pushed, and take the serving mode's
         stop off: either refers back to this capture, a cycle that would keep every tensor
-        it captured alive until a garbage collection, after backward has freed them."""
+        it captured alive until a garbage collection, after backward has freed them. Run
+        before the replay's contexts exit (NOTE [Stop mode popped first])."""
         stop_mode, self.stop_mode = self.stop_mode, None
         if self.mode is not None:
             self.mode.before_op = None
@@ -543,7 +557,7 @@ def _replay_until_captured(
         _asked.asked, _asked.left = False, frozenset()
         try:
             saves.running = True
-            _replay_forward(call, args, kwargs, saves.pack, saves.unpack, mode)
+            _replay_forward(call, args, kwargs, saves, mode)
             if _asked.left:  # ran to its end, leaving them: set only outside a replay
                 _guarded(call)
                 probing = False

@@ -1,0 +1,75 @@
+"""NOTE [Stop mode popped first] (offrecomp/replay.py): the dispatch mode a plain replay
+pushes in the middle of the forward comes off torch's dispatch stack from the top,
+before the modes the replay entered around the forward exit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+
+import offrecomp.replay
+from tests import models
+from tests.helpers import check_variant
+from tests.offrecomp.test_model_zoo import CASES
+
+
+def test_the_stop_mode_is_on_top_when_it_is_popped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GRU blocks on the CPU save otherwise under a dispatch mode, so their replays run
+    under a PassiveMode, and stop after a later op with the stop mode pushed on top of it.
+    Popped after that PassiveMode's exit, the stop mode was popped by it: the PassiveMode
+    stayed active, and torch before 2.11 crashed reading it once popped (a freed object)."""
+    stop = offrecomp.replay._StopAtALaterOp
+    pops: list[bool] = []
+    exit_ = stop.__exit__
+
+    def checked_exit(self: Any, *exc: Any) -> Any:
+        stack = _get_current_dispatch_mode_stack()
+        pops.append(bool(stack) and stack[-1] is self)
+        return exit_(self, *exc)
+
+    monkeypatch.setattr(stop, "__exit__", checked_exit)
+    case = CASES["gru_lstm"]
+    torch.manual_seed(0)
+    check_variant(case.factory(), case.batch, "recompute")
+    assert pops, "no replay pushed a stop mode"
+    assert all(pops), f"{pops.count(False)} of {len(pops)} stop modes were not on top when popped"
+    assert not _get_current_dispatch_mode_stack()
+
+
+class _Count(TorchDispatchMode):
+    """A mode of the user's, entered inside a block's forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _ModeBlock(nn.Module):
+    """Runs its last ops under a dispatch mode of its own: a replay that stops inside
+    them leaves through that mode's exit."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d, d)
+        self.fc2 = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(self.fc1(x))
+        with _Count():
+            z = torch.sin(self.fc2(y)) * y
+        return x + torch.tanh(z)
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
+def test_a_dispatch_mode_inside_a_blocks_forward(variant: str) -> None:
+    torch.manual_seed(0)
+    check_variant(models.stack(lambda: _ModeBlock(16))(), lambda s: torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(s)), variant)
+    assert not _get_current_dispatch_mode_stack()
