@@ -323,15 +323,18 @@ def _graph_saves(
     outputs that the call made (numbered from ``first_node``; read as SavedTensor
     objects, never unpacked), and whether a reentrant checkpoint node is among them.
     Visits at most ``limit`` nodes."""
-    stop = {id(t.grad_fn) for t in ins if t.grad_fn is not None}
+    # The nodes seen are held, not their ids: some torch releases (2.10, 2.11) let a
+    # node's Python object go once unreferenced and make another at its next read, whose
+    # id may be a freed object's (another node's), which would then count as seen.
+    stop = {t.grad_fn for t in ins if t.grad_fn is not None}
     todo = [t.grad_fn for t in outs]
-    seen: set[int] = set()
+    seen: set[Any] = set()
     count = 0
     while todo and len(seen) < limit:
         fn = todo.pop()
-        if fn is None or id(fn) in seen or id(fn) in stop or fn._sequence_nr() < first_node:
+        if fn is None or fn in seen or fn in stop or fn._sequence_nr() < first_node:
             continue  # made before the call (a tensor reached otherwise than as an input)
-        seen.add(id(fn))
+        seen.add(fn)
         if type(fn).__name__ == "CheckpointFunctionBackward":
             return count, True
         for attr in _saved_attrs(fn):
