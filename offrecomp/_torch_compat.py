@@ -29,6 +29,29 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401
 # helpers torch.utils.checkpoint uses.
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_unflatten  # noqa: F401
 
+#: The oldest torch release offrecomp runs on (pyproject.toml's range): older ones lack
+#: private APIs it calls (2.7: the top of the saved-tensor hook stack), or differ where it
+#: reads autograd graphs and compiled code (2.9). Tested from 2.10 to 2.15.
+MIN_TORCH = (2, 10)
+
+
+def check_torch_version(version: str | None = None) -> None:
+    """Raise for a torch release older than ``MIN_TORCH`` (``version``: torch's own by
+    default), naming the one found and the one needed; a version that does not parse
+    (a source build's) passes."""
+    found = version or torch.__version__
+    try:
+        major, minor = (int(x) for x in found.split("+")[0].split(".")[:2])
+    except ValueError:
+        return
+    if (major, minor) < MIN_TORCH:
+        need = ".".join(map(str, MIN_TORCH))
+        raise RuntimeError(
+            f"offrecomp needs torch>={need} (tested from {need} to 2.15); found torch {found}. "
+            f"Upgrade it: pip install 'torch>={need}'"
+        )
+
+
 #: The C function behind ``current_graph_task_id``, called as it is on the save path
 #: (one Python call less per saved tensor).
 graph_task_id: Callable[[], int] = torch._C._current_graph_task_id

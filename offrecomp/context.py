@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from offrecomp import _torch_compat as tc
 from offrecomp.calls import RegionCalls, model_storage_ptrs
 from offrecomp.changes import BufferPtrs
 from offrecomp.config import Config, apply_log_level
@@ -121,6 +122,8 @@ class Runtime:
             raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
         self.model = model
         config = self.config = config.checked()  # one built directly is read as resolve reads arguments
+        if config.active:
+            tc.check_torch_version()
         apply_log_level(config)
         self._regions = _regions_of(model, config)
         self._plan = _PlanSlot()
