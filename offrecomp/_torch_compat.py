@@ -30,15 +30,17 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_unflatten  # noqa: F401
 
 #: The oldest torch release offrecomp runs on (pyproject.toml's range): older ones lack
-#: private APIs it calls (2.7: the top of the saved-tensor hook stack), or differ where it
-#: reads autograd graphs and compiled code (2.9). Tested from 2.10 to 2.15.
-MIN_TORCH = (2, 10)
+#: private APIs it calls (2.7: the top of the saved-tensor hook stack), differ where it
+#: reads compiled code (2.9), or read a freed dispatch mode when a mode a block enters
+#: takes a replay's stop mode off the stack (2.10: NOTE [Stop mode popped first] in
+#: replay.py). Tested from 2.11 to 2.15.
+MIN_TORCH = (2, 11)
 
 
 def check_torch_version(version: str | None = None) -> None:
     """Raise for a torch release older than ``MIN_TORCH`` (``version``: torch's own by
     default), naming the one found and the one needed; a version that does not parse
-    (a source build's) passes."""
+    passes."""
     found = version or torch.__version__
     try:
         major, minor = (int(x) for x in found.split("+")[0].split(".")[:2])

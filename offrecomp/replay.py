@@ -438,18 +438,25 @@ class _SaveCapture:
     # off. Before torch 2.11 that pop also reads the mode's Python object after dropping
     # the stack's reference to it, the last one once its context has exited: a read of
     # freed memory that crashed GRU and mixture-of-experts replays. So the stop mode
-    # goes first, before the replay's contexts exit.
+    # goes first, before the replay's contexts exit. A mode the block's own forward
+    # enters around the op that pushed it still exits first (the early stop unwinds
+    # through it) and pops the stop mode, and this pop then takes that mode off: the
+    # stack ends as it began, and torch 2.11 and later read nothing freed (MIN_TORCH in
+    # _torch_compat.py).
 
     def end_stop_mode(self) -> None:
         """Pop the plain replay's stop mode, if one was pushed, and take the serving mode's
         stop off: either refers back to this capture, a cycle that would keep every tensor
         it captured alive until a garbage collection, after backward has freed them. Run
-        before the replay's contexts exit (NOTE [Stop mode popped first])."""
-        stop_mode, self.stop_mode = self.stop_mode, None
+        before the replay's contexts exit (NOTE [Stop mode popped first]); forgotten once
+        popped, so that a rerun after an interrupt in the pop (NOTE [Interrupts in
+        cleanup]) pops it still."""
         if self.mode is not None:
             self.mode.before_op = None
+        stop_mode = self.stop_mode
         if stop_mode is not None:
             stop_mode.__exit__(None, None, None)
+            self.stop_mode = None
 
     def stop_after_its_op(self, func: Any = None) -> None:
         """Stop the forward if the op running now (saving, or ``func`` dispatched under

@@ -52,24 +52,50 @@ class _Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class _FillsLater(torch.autograd.Function):
+    """Saves a fresh tensor without grad at version 0, which its op could still fill
+    (as ``rrelu_with_noise`` fills its noise): a replay needing it stops at the next op,
+    under the stop mode."""
+
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, torch.ones(a.shape[-1]))
+        return a * 3
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        a, ones = ctx.saved_tensors  # both read: a replay needs both
+        return g * 3 * ones + 0 * a
+
+
 class _ModeBlock(nn.Module):
-    """Runs its last ops under a dispatch mode of its own: a replay that stops inside
-    them leaves through that mode's exit."""
+    """Runs its last ops under a dispatch mode of its own, the op that pushes the stop
+    mode among them: the early stop leaves through that mode's exit, which pops the stop
+    mode; the replay's pop then takes that mode off."""
 
     def __init__(self, d: int) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(d, d)
-        self.fc2 = nn.Linear(d, d)
+        self.fc = nn.Linear(d, d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.tanh(self.fc1(x))
+        y = torch.tanh(self.fc(x))
         with _Count():
-            z = torch.sin(self.fc2(y)) * y
-        return x + torch.tanh(z)
+            z = _FillsLater.apply(y) * 2  # the last saves: the replay stops at the product
+        return x + z
 
 
-@pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
-def test_a_dispatch_mode_inside_a_blocks_forward(variant: str) -> None:
+def test_a_dispatch_mode_inside_a_blocks_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    stop = offrecomp.replay._StopAtALaterOp
+    pushed: list[int] = []
+    enter = stop.__enter__
+
+    def counted_enter(self: Any) -> Any:
+        pushed.append(1)
+        return enter(self)
+
+    monkeypatch.setattr(stop, "__enter__", counted_enter)
     torch.manual_seed(0)
-    check_variant(models.stack(lambda: _ModeBlock(16))(), lambda s: torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(s)), variant)
+    model = models.stack(lambda: _ModeBlock(16))()
+    check_variant(model, lambda s: torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(s)), "recompute")
+    assert pushed, "no replay pushed a stop mode"
     assert not _get_current_dispatch_mode_stack()
