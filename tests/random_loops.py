@@ -125,7 +125,8 @@ def describe_loop(loop: Loop) -> str:
 
     steps = "; ".join(
         ("eval " if s.eval_mode else "") + (f"flip{s.flip} " if s.flip is not None else "")
-        + ", ".join(micro(m) for m in s.micros)
+        + (f"rebind{s.rebind} " if s.rebind is not None else "") + ("restore " if s.restore else "")
+        + ("ema " if s.ema else "") + ", ".join(micro(m) for m in s.micros)
         for s in loop.steps
     )
     return (

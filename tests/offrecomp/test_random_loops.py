@@ -17,7 +17,7 @@ def _batch(n: int, rows: int) -> torch.Tensor:
     return torch.randn(rows, TOKENS, WIDTH, generator=torch.Generator().manual_seed(1000 + n))
 
 
-@pytest.mark.parametrize("seed", [4, 7, 1011])
+@pytest.mark.parametrize("seed", [11, 16, 32])  # LBFGS, AdamW, SGD; entered once, per step, by rt.step(); EMA, reloads, rebinds
 @pytest.mark.parametrize("variant", ["recompute", "offload", "auto_serve"])
 def test_random_loops_train_bitwise(seed: int, variant: str) -> None:
     model = random_model(seed).train()
