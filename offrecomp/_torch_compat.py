@@ -22,7 +22,7 @@ import torch.nn.utils.parametrize as _parametrize
 # mechanism torch.utils.checkpoint's selective checkpointing uses; it lives in a private
 # module.
 from torch.utils import _python_dispatch
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # pytree: flattening a call's arguments (replay inputs, signatures) and an op's arguments
 # the dispatch modes do not walk themselves (NOTE [Op leaves]). Private, and the same
@@ -30,11 +30,9 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_unflatten  # noqa: F401
 
 #: The oldest torch release offrecomp runs on (pyproject.toml's range): older ones lack
-#: private APIs it calls (2.7: the top of the saved-tensor hook stack), differ where it
-#: reads compiled code (2.9), or read a freed dispatch mode when a mode a block enters
-#: takes a replay's stop mode off the stack (2.10: NOTE [Stop mode popped first] in
-#: replay.py). Tested from 2.11 to 2.15.
-MIN_TORCH = (2, 11)
+#: private APIs it calls (2.7: the top of the saved-tensor hook stack), or differ where
+#: it reads compiled code (2.9). Tested from 2.10 to 2.15.
+MIN_TORCH = (2, 10)
 
 
 def check_torch_version(version: str | None = None) -> None:
@@ -523,6 +521,31 @@ def dispatch_modes_active() -> bool:
 def dispatch_mode_stack() -> list[Any]:
     """The TorchDispatchModes active now, outermost first."""
     return list(_python_dispatch._get_current_dispatch_mode_stack())
+
+
+def dispatch_stack_len() -> int:
+    """How many TorchDispatchModes are active now."""
+    return int(torch._C._len_torch_dispatch_stack())
+
+
+def enter_dispatch_mode_at(mode: TorchDispatchMode, depth: int) -> None:
+    """Enter ``mode`` on this thread's dispatch stack right above its first ``depth``
+    modes: those above come off and go back on over it, so each one's exit still pops
+    itself (NOTE [Stop mode popped first] in replay.py). On top where ``depth`` is out
+    of range or a mode above is not a plain stack mode (an infra or pre-dispatch mode).
+    Private: ``_python_dispatch._pop_mode`` and ``_push_mode``."""
+    stack = _python_dispatch._get_current_dispatch_mode_stack()
+    above = stack[depth:] if 0 <= depth < len(stack) else []
+    if any(getattr(m, "_dispatch_key", None) is not None or m.is_infra_mode() for m in above):
+        above = []
+    taken: list[Any] = []
+    try:
+        for _ in above:
+            taken.append(_python_dispatch._pop_mode())
+        mode.__enter__()
+    finally:
+        for m in reversed(taken):
+            _python_dispatch._push_mode(m)
 
 
 def forward_ad_active() -> bool:

@@ -314,6 +314,7 @@ def _replay_forward(
         elif call.under_mode:
             stack.enter_context(PassiveMode())
         assert call.forward_fn is not None
+        saves.mode_depth = tc.dispatch_stack_len()  # the stop mode's place: NOTE [Stop mode popped first]
         call.forward_fn(*args, **kwargs)
     finally:
         try:
@@ -359,6 +360,7 @@ class _SaveCapture:
         """Storages saved at version 0 without grad, by address: the storage and the
         sequence number of the first op that saved it."""
         self.stop_mode: _StopAtALaterOp | None = None
+        self.mode_depth = -1  # the dispatch modes active as the forward starts (-1: not known)
         self.stopped = False  # the forward was stopped
         self.running = False  # the replayed forward is running
         self.wants_hold = False  # the forward unpacked a save of its own: run it again, holding
@@ -404,7 +406,7 @@ class _SaveCapture:
                     mode.before_op = self.stop_after_its_op
                 else:
                     self.stop_mode = _StopAtALaterOp(self)
-                    self.stop_mode.__enter__()
+                    tc.enter_dispatch_mode_at(self.stop_mode, self.mode_depth)  # NOTE [Stop mode popped first]
         if not self.hold:
             return _THROWAWAY
         return t if t.is_leaf else t.detach()  # NOTE [Backward inside a forward]: no cycle
@@ -438,11 +440,12 @@ class _SaveCapture:
     # off. Before torch 2.11 that pop also reads the mode's Python object after dropping
     # the stack's reference to it, the last one once its context has exited: a read of
     # freed memory that crashed GRU and mixture-of-experts replays. So the stop mode
-    # goes first, before the replay's contexts exit. A mode the block's own forward
-    # enters around the op that pushed it still exits first (the early stop unwinds
-    # through it) and pops the stop mode, and this pop then takes that mode off: the
-    # stack ends as it began, and torch 2.11 and later read nothing freed (MIN_TORCH in
-    # _torch_compat.py).
+    # goes first, before the replay's contexts exit. Modes the block's own forward has
+    # entered when the stop mode is pushed exit before it too (the early stop unwinds
+    # through them): the stop mode goes in beneath them, right above the modes active
+    # as the forward started, so that each of their exits pops its own mode
+    # (``enter_dispatch_mode_at``; on top, as before, where one of them is an infra or
+    # pre-dispatch mode).
 
     def end_stop_mode(self) -> None:
         """Pop the plain replay's stop mode, if one was pushed, and take the serving mode's

@@ -13,7 +13,7 @@ VPY=.venv/bin/python
 if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "setup: NVIDIA GPU found, installing PyTorch with CUDA"
-    "$VPY" -m pip install -q "torch>=2.11,<2.16"
+    "$VPY" -m pip install -q "torch>=2.10,<2.16"
   else
     echo "setup: no GPU, installing PyTorch's CPU build"
     # A local CPU wheel when the machine has one (pip find-links), else PyTorch's CPU index.

@@ -1,6 +1,7 @@
 """NOTE [Stop mode popped first] (offrecomp/replay.py): the dispatch mode a plain replay
 pushes in the middle of the forward comes off torch's dispatch stack from the top,
-before the modes the replay entered around the forward exit."""
+before the modes the replay entered around the forward exit, and after those the
+block's own forward entered."""
 
 from __future__ import annotations
 
@@ -70,8 +71,7 @@ class _FillsLater(torch.autograd.Function):
 
 class _ModeBlock(nn.Module):
     """Runs its last ops under a dispatch mode of its own, the op that pushes the stop
-    mode among them: the early stop leaves through that mode's exit, which pops the stop
-    mode; the replay's pop then takes that mode off."""
+    mode among them: the early stop leaves through that mode's exit."""
 
     def __init__(self, d: int) -> None:
         super().__init__()
@@ -85,17 +85,21 @@ class _ModeBlock(nn.Module):
 
 
 def test_a_dispatch_mode_inside_a_blocks_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stop mode goes in beneath the block's own mode: that mode's exit pops itself,
+    and the stop mode is on top when the replay pops it."""
     stop = offrecomp.replay._StopAtALaterOp
-    pushed: list[int] = []
-    enter = stop.__enter__
+    pops: list[bool] = []
+    exit_ = stop.__exit__
 
-    def counted_enter(self: Any) -> Any:
-        pushed.append(1)
-        return enter(self)
+    def checked_exit(self: Any, *exc: Any) -> Any:
+        stack = _get_current_dispatch_mode_stack()
+        pops.append(bool(stack) and stack[-1] is self)
+        return exit_(self, *exc)
 
-    monkeypatch.setattr(stop, "__enter__", counted_enter)
+    monkeypatch.setattr(stop, "__exit__", checked_exit)
     torch.manual_seed(0)
     model = models.stack(lambda: _ModeBlock(16))()
     check_variant(model, lambda s: torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(s)), "recompute")
-    assert pushed, "no replay pushed a stop mode"
+    assert pops, "no replay pushed a stop mode"
+    assert all(pops), f"{pops.count(False)} of {len(pops)} stop modes were not on top when popped"
     assert not _get_current_dispatch_mode_stack()
