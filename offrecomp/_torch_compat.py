@@ -523,29 +523,38 @@ def dispatch_mode_stack() -> list[Any]:
     return list(_python_dispatch._get_current_dispatch_mode_stack())
 
 
-def dispatch_stack_len() -> int:
-    """How many TorchDispatchModes are active now."""
-    return int(torch._C._len_torch_dispatch_stack())
+def user_dispatch_depth() -> int:
+    """How many TorchDispatchModes of the stack proper are active now (infra modes, which
+    torch keeps beneath them whenever they were entered, left out)."""
+    return sum(not m.is_infra_mode() for m in _python_dispatch._get_current_dispatch_mode_stack())
 
 
-def enter_dispatch_mode_at(mode: TorchDispatchMode, depth: int) -> None:
-    """Enter ``mode`` on this thread's dispatch stack right above its first ``depth``
-    modes: those above come off and go back on over it, so each one's exit still pops
-    itself (NOTE [Stop mode popped first] in replay.py). On top where ``depth`` is out
-    of range or a mode above is not a plain stack mode (an infra or pre-dispatch mode).
-    Private: ``_python_dispatch._pop_mode`` and ``_push_mode``."""
-    stack = _python_dispatch._get_current_dispatch_mode_stack()
+def push_dispatch_mode_at(mode: TorchDispatchMode, depth: int) -> None:
+    """Push ``mode`` onto this thread's dispatch stack right above its first ``depth``
+    modes (``user_dispatch_depth``'s count): those above come off and go back on over
+    it, so each one's exit still pops itself (NOTE [Stop mode popped first] in
+    replay.py). On top where ``depth`` is out of range or a mode above is a pre-dispatch
+    one. Pushed bare, as ``pop_dispatch_mode`` pops it: a mode's ``__enter__`` and
+    ``__exit__`` also set and restore torch's "in a dispatch mode" flags, which only
+    exits in the reverse order of the entries restore. Private:
+    ``_python_dispatch._push_mode`` and ``_pop_mode``."""
+    stack = [m for m in _python_dispatch._get_current_dispatch_mode_stack() if not m.is_infra_mode()]
     above = stack[depth:] if 0 <= depth < len(stack) else []
-    if any(getattr(m, "_dispatch_key", None) is not None or m.is_infra_mode() for m in above):
+    if any(getattr(m, "_dispatch_key", None) is not None for m in above):
         above = []
     taken: list[Any] = []
     try:
         for _ in above:
             taken.append(_python_dispatch._pop_mode())
-        mode.__enter__()
+        _python_dispatch._push_mode(mode)
     finally:
         for m in reversed(taken):
             _python_dispatch._push_mode(m)
+
+
+def pop_dispatch_mode() -> Any:
+    """Pop the top of this thread's dispatch stack, bare (``push_dispatch_mode_at``)."""
+    return _python_dispatch._pop_mode()
 
 
 def forward_ad_active() -> bool:

@@ -314,7 +314,7 @@ def _replay_forward(
         elif call.under_mode:
             stack.enter_context(PassiveMode())
         assert call.forward_fn is not None
-        saves.mode_depth = tc.dispatch_stack_len()  # the stop mode's place: NOTE [Stop mode popped first]
+        saves.mode_depth = tc.user_dispatch_depth()  # the stop mode's place: NOTE [Stop mode popped first]
         call.forward_fn(*args, **kwargs)
     finally:
         try:
@@ -405,8 +405,9 @@ class _SaveCapture:
                 if mode is not None:
                     mode.before_op = self.stop_after_its_op
                 else:
-                    self.stop_mode = _StopAtALaterOp(self)
-                    tc.enter_dispatch_mode_at(self.stop_mode, self.mode_depth)  # NOTE [Stop mode popped first]
+                    stop_mode = _StopAtALaterOp(self)
+                    tc.push_dispatch_mode_at(stop_mode, self.mode_depth)  # NOTE [Stop mode popped first]
+                    self.stop_mode = stop_mode
         if not self.hold:
             return _THROWAWAY
         return t if t.is_leaf else t.detach()  # NOTE [Backward inside a forward]: no cycle
@@ -444,8 +445,11 @@ class _SaveCapture:
     # entered when the stop mode is pushed exit before it too (the early stop unwinds
     # through them): the stop mode goes in beneath them, right above the modes active
     # as the forward started, so that each of their exits pops its own mode
-    # (``enter_dispatch_mode_at``; on top, as before, where one of them is an infra or
-    # pre-dispatch mode).
+    # (``push_dispatch_mode_at``; on top where one of them is a pre-dispatch mode), and
+    # their handlers see each op first, the one the replay stops at too (the stop is a
+    # BaseException: ``except Exception`` in a handler lets it through). It is pushed and
+    # popped bare, without the enter and exit that set torch's "in a dispatch mode"
+    # flags, which the modes above it would restore out of order.
 
     def end_stop_mode(self) -> None:
         """Pop the plain replay's stop mode, if one was pushed, and take the serving mode's
@@ -458,7 +462,7 @@ class _SaveCapture:
             self.mode.before_op = None
         stop_mode = self.stop_mode
         if stop_mode is not None:
-            stop_mode.__exit__(None, None, None)
+            tc.pop_dispatch_mode()
             self.stop_mode = None
 
     def stop_after_its_op(self, func: Any = None) -> None:

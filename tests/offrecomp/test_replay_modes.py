@@ -10,12 +10,36 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.utils import _python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 import offrecomp.replay
+from offrecomp import _torch_compat as tc
 from tests import models
 from tests.helpers import check_variant
 from tests.offrecomp.test_model_zoo import CASES
+
+
+def _spy_stop_pops(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Per pop of a replay's stop mode: was it on top of the dispatch stack?"""
+    pops: list[bool] = []
+    pop = tc.pop_dispatch_mode
+
+    def checked_pop() -> Any:
+        stack = _get_current_dispatch_mode_stack()
+        pops.append(bool(stack) and type(stack[-1]) is offrecomp.replay._StopAtALaterOp)
+        return pop()
+
+    monkeypatch.setattr(tc, "pop_dispatch_mode", checked_pop)
+    return pops
+
+
+def _assert_no_mode_left() -> None:
+    """The dispatch stack empty and torch's "in a dispatch mode" flags down, as before
+    the step (modes exiting out of order restore those flags wrong)."""
+    assert not _get_current_dispatch_mode_stack()
+    assert not _python_dispatch._is_in_torch_dispatch_mode
+    assert not _python_dispatch._is_in_non_infra_torch_dispatch_mode
 
 
 def test_the_stop_mode_is_on_top_when_it_is_popped(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -23,22 +47,13 @@ def test_the_stop_mode_is_on_top_when_it_is_popped(monkeypatch: pytest.MonkeyPat
     under a PassiveMode, and stop after a later op with the stop mode pushed on top of it.
     Popped after that PassiveMode's exit, the stop mode was popped by it: the PassiveMode
     stayed active, and torch before 2.11 crashed reading it once popped (a freed object)."""
-    stop = offrecomp.replay._StopAtALaterOp
-    pops: list[bool] = []
-    exit_ = stop.__exit__
-
-    def checked_exit(self: Any, *exc: Any) -> Any:
-        stack = _get_current_dispatch_mode_stack()
-        pops.append(bool(stack) and stack[-1] is self)
-        return exit_(self, *exc)
-
-    monkeypatch.setattr(stop, "__exit__", checked_exit)
+    pops = _spy_stop_pops(monkeypatch)
     case = CASES["gru_lstm"]
     torch.manual_seed(0)
     check_variant(case.factory(), case.batch, "recompute")
     assert pops, "no replay pushed a stop mode"
     assert all(pops), f"{pops.count(False)} of {len(pops)} stop modes were not on top when popped"
-    assert not _get_current_dispatch_mode_stack()
+    _assert_no_mode_left()
 
 
 class _Count(TorchDispatchMode):
@@ -87,19 +102,33 @@ class _ModeBlock(nn.Module):
 def test_a_dispatch_mode_inside_a_blocks_forward(monkeypatch: pytest.MonkeyPatch) -> None:
     """The stop mode goes in beneath the block's own mode: that mode's exit pops itself,
     and the stop mode is on top when the replay pops it."""
-    stop = offrecomp.replay._StopAtALaterOp
-    pops: list[bool] = []
-    exit_ = stop.__exit__
-
-    def checked_exit(self: Any, *exc: Any) -> Any:
-        stack = _get_current_dispatch_mode_stack()
-        pops.append(bool(stack) and stack[-1] is self)
-        return exit_(self, *exc)
-
-    monkeypatch.setattr(stop, "__exit__", checked_exit)
+    pops = _spy_stop_pops(monkeypatch)
     torch.manual_seed(0)
     model = models.stack(lambda: _ModeBlock(16))()
     check_variant(model, lambda s: torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(s)), "recompute")
     assert pops, "no replay pushed a stop mode"
     assert all(pops), f"{pops.count(False)} of {len(pops)} stop modes were not on top when popped"
-    assert not _get_current_dispatch_mode_stack()
+    _assert_no_mode_left()
+
+
+class _Plain(TorchDispatchMode):
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_stop_mode_goes_in_right_above_the_modes_active_as_the_forward_started() -> None:
+    """Counted without infra modes, which torch keeps at the bottom of the stack whenever
+    they were entered: one entered by the forward moves no mode's place."""
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    outer, inner, stop = _Plain(), _Plain(), _Plain()
+    with outer:
+        depth = tc.user_dispatch_depth()  # as the forward starts
+        with FunctionalTensorMode(), inner:
+            tc.push_dispatch_mode_at(stop, depth)
+            stack = _get_current_dispatch_mode_stack()
+            assert [m for m in stack if m is outer or m is inner or m is stop] == [outer, stop, inner]
+        assert _get_current_dispatch_mode_stack()[-1] is stop
+        tc.pop_dispatch_mode()
+        assert _get_current_dispatch_mode_stack() == [outer]
+    _assert_no_mode_left()
