@@ -335,13 +335,28 @@ def _torch_holds_shared_storage_object() -> int:
     return held
 
 
+def _call_refs() -> int:
+    """The references a call of a function of one argument adds to that argument, as
+    ``sys.getrefcount`` inside it counts them: the frame's argument and getrefcount's
+    own, and on Python 3.10 also the caller's stack slot."""
+
+    def probe(x: object) -> int:
+        return sys.getrefcount(x)
+
+    held = object()
+    return probe(held) - 1  # less ``held``'s own reference, this frame's
+
+
+_CALL_REFS = _call_refs()
+
+
 def storage_object_refs(storage: Any) -> int:
     """References to ``storage`` (an ``UntypedStorage`` object) from Python, the caller's
     included and torch's own not: every tensor on a storage hands out this one object
     from ``untyped_storage()``, so a holder of it adds no use to the storage (NOTE
     [Reused reload buffers] in offrecomp/transfer.py)."""
     held = _torch_holds_shared_storage_object() if storage_use_count(storage) > 1 else 0
-    return sys.getrefcount(storage) - 2 - held  # less this frame's argument and getrefcount's
+    return sys.getrefcount(storage) - _CALL_REFS - held
 
 
 def storage_use_count(storage: Any) -> int:
