@@ -141,7 +141,8 @@ def _where(code: CodeType) -> str:
         name = str(path.resolve().relative_to(ROOT))
     except ValueError:
         name = path.name
-    return f"{name}:{code.co_firstlineno}:{code.co_qualname}"
+    qualname = getattr(code, "co_qualname", code.co_name)  # Python 3.11+; the bare name on 3.10
+    return f"{name}:{code.co_firstlineno}:{qualname}"
 
 
 def main(argv: list[str] | None = None) -> int:
