@@ -538,10 +538,15 @@ def dispatch_mode_stack() -> list[Any]:
     return list(_python_dispatch._get_current_dispatch_mode_stack())
 
 
+def _stack_proper() -> list[Any]:
+    """The TorchDispatchModes active now, outermost first, less infra modes (which torch
+    keeps beneath the others whenever they were entered)."""
+    return [m for m in dispatch_mode_stack() if not m.is_infra_mode()]
+
+
 def user_dispatch_depth() -> int:
-    """How many TorchDispatchModes of the stack proper are active now (infra modes, which
-    torch keeps beneath them whenever they were entered, left out)."""
-    return sum(not m.is_infra_mode() for m in _python_dispatch._get_current_dispatch_mode_stack())
+    """How many TorchDispatchModes of the stack proper are active now."""
+    return len(_stack_proper())
 
 
 def push_dispatch_mode_at(mode: TorchDispatchMode, depth: int) -> None:
@@ -553,7 +558,7 @@ def push_dispatch_mode_at(mode: TorchDispatchMode, depth: int) -> None:
     ``__exit__`` also set and restore torch's "in a dispatch mode" flags, which only
     exits in the reverse order of the entries restore. Private:
     ``_python_dispatch._push_mode`` and ``_pop_mode``."""
-    stack = [m for m in _python_dispatch._get_current_dispatch_mode_stack() if not m.is_infra_mode()]
+    stack = _stack_proper()
     above = stack[depth:] if 0 <= depth < len(stack) else []
     if any(getattr(m, "_dispatch_key", None) is not None for m in above):
         above = []

@@ -50,7 +50,7 @@ from offrecomp.config import Config
 from offrecomp.diagnostics import kind, log_once, runs_collectives, warn_collective, warn_once
 from offrecomp.groups import reads_bytes_as_stored
 from offrecomp.measure import DeviceClock
-from offrecomp.params import capture_params, finish_params, let_go_released, looks_for_releases
+from offrecomp.params import capture_params, finish_params, let_go_released
 from offrecomp.regenerate import book_forward
 from offrecomp.regions import (
     Region,
@@ -154,9 +154,8 @@ class RegionCalls:
             call.collectives_at_entry = tc.collective_sequence()
         if p.calls:  # NOTE [Parameters released by their owner]: the last call's, freed since its exit
             last = p.calls[-1]
-            params, where = last.params, last.region
-            if params is not None and where is not None and last.exited and looks_for_releases(where.param_data, p.index):
-                let_go_released(params, where.param_data)
+            if last.region is not None and last.exited:
+                let_go_released(last.params, last.region.param_data, p.index)
         p.calls.append(call)
         self._planner.assign(p, call)
         call.fixed = self._placements.fixed(call)

@@ -68,7 +68,7 @@ from offrecomp import outputs
 from offrecomp.config import Config
 from offrecomp.diagnostics import warn_once
 from offrecomp.measure import DeviceClock, Mark
-from offrecomp.params import let_go_released, looks_for_releases, note_stepped
+from offrecomp.params import let_go_released, note_stepped
 from offrecomp.phases import Phase
 from offrecomp.report import StepRecord
 from offrecomp.signatures import Part, PassSignatures, shown
@@ -291,8 +291,8 @@ class Lifecycle:
                     tc.queue_backward_callback(functools.partial(self._backward_done, weakref.ref(p)))
             return
         for c in p.calls:  # NOTE [Parameters released by their owner]: hooks may free them late
-            if c.params is not None and c.region is not None and looks_for_releases(c.region.param_data, p.index):
-                let_go_released(c.params, c.region.param_data)
+            if c.region is not None:
+                let_go_released(c.params, c.region.param_data, p.index)
         self._signs.settle(p)
         if p.parts and not p.aborted:
             self._signs.ran(p)

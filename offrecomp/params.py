@@ -21,7 +21,6 @@ __all__ = [
     "data_at_entry",
     "finish_params",
     "let_go_released",
-    "looks_for_releases",
     "modified_params",
     "note_stepped",
 ]
@@ -252,18 +251,21 @@ def data_at_entry(state: ParamState, i: int) -> torch.Tensor | None:
 RELEASE_LOOKS = 4
 
 
-def looks_for_releases(data: ParamData, index: int) -> bool:
-    """Are the calls of pass ``index`` of the region of ``data`` looked at for
-    parameters their owner freed (NOTE [Parameters released by their owner])?"""
+def let_go_released(state: ParamState | None, data: ParamData, index: int) -> None:
+    """NOTE [Parameters released by their owner]: in pass ``index``, while the calls of
+    the region of ``data`` are looked at, drop the storages of a call's ``state`` (None:
+    it captured none) whose parameter now shows an empty storage in their place, and
+    mark their slots."""
+    if state is None:
+        return
     first = data.first_look
     if first < 0:
         data.first_look = first = index
-    return index < first + RELEASE_LOOKS
+    if index < first + RELEASE_LOOKS:
+        _let_go(state, data)
 
 
-def let_go_released(state: ParamState, data: ParamData) -> None:
-    """NOTE [Parameters released by their owner]: drop the storages of ``state`` whose
-    parameter now shows an empty storage in their place, and mark their slots."""
+def _let_go(state: ParamState, data: ParamData) -> None:
     held = state.storages
     kept: list[Any] | None = None
     for i, (h, t) in enumerate(zip(held, state.objects)):

@@ -379,7 +379,7 @@ class Placements:
             region = call.region
             if region is not None and region.variable:  # NOTE [Regions that vary]
                 recs = structure.storage_records if structure is not None else ()
-                if ok and not (kind != "input" and index < len(recs) and outgrown(recs[index], nbytes, growing_kind(recs))):
+                if ok and not (kind != "input" and index < len(recs) and outgrown(recs[index], nbytes, recs)):
                     return placements[index]
                 if self._user_plan() is None:  # a user's plan names its own (below)
                     return _last_activation(placements, structure)

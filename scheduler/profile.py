@@ -184,13 +184,15 @@ def growing_kind(records: Sequence[StorageRecord]) -> StorageKind:
     return "activation" if any(r.kind == "activation" for r in records) else "external"
 
 
-def outgrown(record: StorageRecord, nbytes: int, grows: StorageKind) -> bool:
-    """Is a storage of ``nbytes`` at the place of ``record`` in a call of a region that
-    varies another than the one recorded there: larger than a storage the call keeps
-    always (``record`` not of the ``grows`` kind, ``growing_kind``)? It takes the place
-    of the call's last storage of that kind, and its bytes count with it (NOTE [Sizes of
-    regions that vary] in offrecomp/planning/differences.py)."""
-    return record.kind == "external" and grows == "activation" and nbytes > record.nbytes
+def outgrown(record: StorageRecord, nbytes: int, records: Sequence[StorageRecord]) -> bool:
+    """Is a storage of ``nbytes`` at the place of ``record`` (one of the call's
+    ``records``) in a call of a region that varies another than the one recorded there:
+    larger than a storage the call keeps always (``record`` not of the kind
+    ``growing_kind(records)`` names)? It takes the place of the call's last storage of
+    that kind, and its bytes count with it (NOTE [Sizes of regions that vary] in
+    offrecomp/planning/differences.py). The records are scanned only for a larger
+    storage at an external one's place."""
+    return record.kind == "external" and nbytes > record.nbytes and growing_kind(records) == "activation"
 
 
 @dataclass(kw_only=True)

@@ -255,7 +255,7 @@ def variable_sizes(p: PassState, profile: Profile, *, grow: bool, calibrating: b
             last = max((i for i, (x, _) in enumerate(pairs) if x.kind == grows), default=-1)
             saved = len(recs) - sum(x.kind == "snapshot" for x in recs)  # NOTE [Replay and module state]
             extra = sum(s.nbytes for s in call.storages[saved:])
-            extra += sum(n for x, n in pairs if outgrown(x, n, grows))  # placed as the last one, too
+            extra += sum(n for x, n in pairs if outgrown(x, n, recs))  # placed as the last one, too
             if last >= 0 and extra:
                 pairs[last] = (pairs[last][0], pairs[last][1] + extra)
         grown = False

@@ -199,15 +199,14 @@ def test_a_region_is_looked_at_for_freed_parameters_in_its_first_passes_only(mon
     """NOTE [Parameters released by their owner]: the look costs every region call about
     0.1 us a parameter, so a region's calls are looked at in its first RELEASE_LOOKS
     passes, and not after."""
-    from offrecomp import calls, lifecycle, params
+    from offrecomp import params
 
     looked: list[int] = []
 
     def count(state: Any, data: Any) -> None:
         looked.append(1)
 
-    monkeypatch.setattr(calls, "let_go_released", count)
-    monkeypatch.setattr(lifecycle, "let_go_released", count)
+    monkeypatch.setattr(params, "_let_go", count)
     model = models.HeadedStack()
     per_pass = []
     with offrecomp.runtime(model, mode="recompute"):

@@ -111,17 +111,12 @@ def test_a_dispatch_mode_inside_a_blocks_forward(monkeypatch: pytest.MonkeyPatch
     _assert_no_mode_left()
 
 
-class _Plain(TorchDispatchMode):
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        return func(*args, **(kwargs or {}))
-
-
 def test_the_stop_mode_goes_in_right_above_the_modes_active_as_the_forward_started() -> None:
     """Counted without infra modes, which torch keeps at the bottom of the stack whenever
     they were entered: one entered by the forward moves no mode's place."""
     from torch._subclasses.functional_tensor import FunctionalTensorMode
 
-    outer, inner, stop = _Plain(), _Plain(), _Plain()
+    outer, inner, stop = _Count(), _Count(), _Count()
     with outer:
         depth = tc.user_dispatch_depth()  # as the forward starts
         with FunctionalTensorMode(), inner:
