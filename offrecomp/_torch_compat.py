@@ -577,6 +577,49 @@ def pop_dispatch_mode() -> Any:
     return _python_dispatch._pop_mode()
 
 
+def function_mode_depth() -> int:
+    """How many TorchFunctionModes are active now."""
+    return len(_function_mode_stack())
+
+
+def _function_mode_stack() -> list[Any]:
+    return list(torch.overrides._get_current_function_mode_stack())
+
+
+def leave_modes_above(dispatch_depth: int, function_depth: int, bare: Any = None) -> None:
+    """Set this thread's mode stacks back to ``dispatch_depth`` dispatch modes (the stack
+    proper: ``user_dispatch_depth``'s count) and ``function_depth`` function modes, after
+    a forward that may have stopped early (NOTE [Modes a stopped forward left] in
+    replay.py): ``bare``, pushed by ``push_dispatch_mode_at``, is popped bare; every other
+    mode above those depths leaves by its own ``__exit__``, innermost first (popped bare
+    where that exit raises). A negative depth leaves that stack as it is, but for
+    ``bare``, popped from the top; ``bare`` no longer on the stack is not popped."""
+    above = _stack_proper()[dispatch_depth:] if dispatch_depth >= 0 else []
+    for m in reversed(above):
+        if m is bare:
+            _python_dispatch._pop_mode()
+            bare = None
+        elif getattr(m, "_dispatch_key", None) is not None:
+            break  # a pre-dispatch mode: its own stack, its own exit
+        else:
+            _leave(m, _python_dispatch._pop_mode, _stack_proper)
+    if bare is not None and any(m is bare for m in dispatch_mode_stack()):
+        _python_dispatch._pop_mode()  # as pushed: on top
+    if function_depth >= 0:
+        for m in reversed(_function_mode_stack()[function_depth:]):
+            _leave(m, torch._C._pop_torch_function_stack, _function_mode_stack)
+
+
+def _leave(mode: Any, pop: Callable[[], Any], stack: Callable[[], list[Any]]) -> None:
+    """``mode``'s exit, or a bare pop where the exit raises with ``mode`` still on top."""
+    try:
+        mode.__exit__(None, None, None)
+    except Exception:
+        modes = stack()
+        if modes and modes[-1] is mode:
+            pop()
+
+
 def forward_ad_active() -> bool:
     """Is a forward-mode AD level open (``torch.autograd.forward_ad.dual_level``)? A
     forward under one computes tangents whose graph a replay outside it cannot rebuild."""

@@ -315,6 +315,7 @@ def _replay_forward(
             stack.enter_context(PassiveMode())
         assert call.forward_fn is not None
         saves.mode_depth = tc.user_dispatch_depth()  # the stop mode's place: NOTE [Stop mode popped first]
+        saves.function_depth = tc.function_mode_depth()  # NOTE [Modes a stopped forward left]
         call.forward_fn(*args, **kwargs)
     finally:
         try:
@@ -361,6 +362,7 @@ class _SaveCapture:
         sequence number of the first op that saved it."""
         self.stop_mode: _StopAtALaterOp | None = None
         self.mode_depth = -1  # the dispatch modes active as the forward starts (-1: not known)
+        self.function_depth = -1  # and the function modes
         self.stopped = False  # the forward was stopped
         self.running = False  # the replayed forward is running
         self.wants_hold = False  # the forward unpacked a save of its own: run it again, holding
@@ -451,19 +453,29 @@ class _SaveCapture:
     # popped bare, without the enter and exit that set torch's "in a dispatch mode"
     # flags, which the modes above it would restore out of order.
 
+    # NOTE [Modes a stopped forward left]
+    # An early stop raises through the block's code. A mode that code entered with a
+    # ``with`` exits on the way out; one entered by a bare ``__enter__()``, to be left by
+    # an ``__exit__()`` further down the forward, which the stop skips, would stay on the
+    # stack: active for the rest of the program, and on top of the stop mode, which the
+    # pop would leave in its place. So once the forward ends, stopped or not, every
+    # dispatch and function mode above those active as it started leaves by its own exit,
+    # innermost first, the stop mode bare in its place: the stacks are as the replay
+    # found them, as a forward run to its end would have left them.
+
     def end_stop_mode(self) -> None:
-        """Pop the plain replay's stop mode, if one was pushed, and take the serving mode's
-        stop off: either refers back to this capture, a cycle that would keep every tensor
+        """Pop the plain replay's stop mode, if one was pushed, with the modes the forward
+        left above it, and take the serving mode's stop off: either refers back to this capture, a cycle that would keep every tensor
         it captured alive until a garbage collection, after backward has freed them. Run
         before the replay's contexts exit (NOTE [Stop mode popped first]); forgotten once
         popped, so that a rerun after an interrupt in the pop (NOTE [Interrupts in
         cleanup]) pops it still."""
         if self.mode is not None:
             self.mode.before_op = None
-        stop_mode = self.stop_mode
-        if stop_mode is not None:
-            tc.pop_dispatch_mode()
-            self.stop_mode = None
+        # the modes the forward entered and did not leave go too (NOTE [Modes a stopped forward left])
+        tc.leave_modes_above(self.mode_depth, self.function_depth, self.stop_mode)
+        self.stop_mode = None
+        self.mode_depth = self.function_depth = -1
 
     def stop_after_its_op(self, func: Any = None) -> None:
         """Stop the forward if the op running now (saving, or ``func`` dispatched under

@@ -23,14 +23,15 @@ from tests.offrecomp.test_model_zoo import CASES
 def _spy_stop_pops(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Per pop of a replay's stop mode: was it on top of the dispatch stack?"""
     pops: list[bool] = []
-    pop = tc.pop_dispatch_mode
+    leave = tc.leave_modes_above
 
-    def checked_pop() -> Any:
-        stack = _get_current_dispatch_mode_stack()
-        pops.append(bool(stack) and type(stack[-1]) is offrecomp.replay._StopAtALaterOp)
-        return pop()
+    def checked_leave(dispatch_depth: int, function_depth: int, bare: Any = None) -> None:
+        if bare is not None:
+            stack = _get_current_dispatch_mode_stack()
+            pops.append(bool(stack) and stack[-1] is bare and type(bare) is offrecomp.replay._StopAtALaterOp)
+        leave(dispatch_depth, function_depth, bare)
 
-    monkeypatch.setattr(tc, "pop_dispatch_mode", checked_pop)
+    monkeypatch.setattr(tc, "leave_modes_above", checked_leave)
     return pops
 
 
@@ -127,3 +128,96 @@ def test_the_stop_mode_goes_in_right_above_the_modes_active_as_the_forward_start
         tc.pop_dispatch_mode()
         assert _get_current_dispatch_mode_stack() == [outer]
     _assert_no_mode_left()
+
+
+class _CountFunctions(torch.overrides.TorchFunctionMode):
+    """A function mode of the user's, entered inside a block's forward."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
+class _BareEnterBlock(nn.Module):
+    """Enters modes with a bare ``__enter__()`` and leaves them at the forward's end, with
+    no ``finally``: a replay stops before those exits (a user's dispatch mode makes its
+    replays plain ones, which stop after the last save; a served replay runs to the end)."""
+
+    def __init__(self, d: int, modes: tuple[type, ...]) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.modes = modes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        modes = [mode() for mode in self.modes]
+        for mode in modes:
+            mode.__enter__()
+        y = torch.tanh(self.fc(x))  # the last save
+        out = x + y  # saves nothing: a replay has stopped by now
+        for mode in reversed(modes):
+            mode.__exit__(None, None, None)
+        return out
+
+
+@pytest.mark.parametrize(
+    "modes", [(_Count,), (_CountFunctions, _Count)], ids=["dispatch", "function_and_dispatch"]
+)
+def test_modes_the_stopped_forward_entered_and_never_left_leave(
+    modes: tuple[type, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NOTE [Modes a stopped forward left]: each stopped replay leaves the mode stacks as
+    it found them (the rest of the backward would run under the leaked modes), and the
+    gradients are plain's."""
+    stacks: list[tuple[tuple[Any, ...], tuple[Any, ...], bool]] = []
+    replay = offrecomp.replay._replay_forward
+
+    def seen() -> tuple[Any, ...]:
+        return (*_get_current_dispatch_mode_stack(), *torch.overrides._get_current_function_mode_stack())
+
+    def spied(*args: Any) -> None:
+        before = seen()
+        try:
+            replay(*args)
+        finally:
+            stacks.append((before, seen(), args[3].stopped))
+
+    monkeypatch.setattr(offrecomp.replay, "_replay_forward", spied)
+    torch.manual_seed(0)
+    model = models.stack(lambda: _BareEnterBlock(16, modes))()
+    check_variant(model, lambda s: torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(s)), "recompute")
+    assert any(stopped for *_, stopped in stacks), "no replay stopped early"
+    left = [after for before, after, _ in stacks if after != before]
+    assert not left, f"{len(left)} of {len(stacks)} replays left modes: {left[0]}"
+    assert not torch.overrides._get_current_function_mode_stack()
+    _assert_no_mode_left()
+
+
+def test_leave_modes_above_pops_the_bare_mode_in_its_place() -> None:
+    """The modes above the depths leave by their exits, the bare one pops bare, those
+    beneath stay."""
+    outer, stop, left = _Count(), _Count(), _Count()
+    fn_outer, fn_left = _CountFunctions(), _CountFunctions()
+    with outer, fn_outer:
+        depth, fn_depth = tc.user_dispatch_depth(), tc.function_mode_depth()
+        left.__enter__()
+        fn_left.__enter__()
+        tc.push_dispatch_mode_at(stop, depth)
+        assert _get_current_dispatch_mode_stack() == [outer, stop, left]
+        tc.leave_modes_above(depth, fn_depth, stop)
+        assert _get_current_dispatch_mode_stack() == [outer]
+        assert torch.overrides._get_current_function_mode_stack() == [fn_outer]
+    _assert_no_mode_left()
+    assert not torch.overrides._get_current_function_mode_stack()
+
+
+class _ExitRaises(_Count):
+    def __exit__(self, *exc: Any) -> None:
+        raise RuntimeError("the user's exit fails")
+
+
+def test_a_mode_whose_exit_raises_is_popped_bare() -> None:
+    outer, bad = _Count(), _ExitRaises()
+    with outer:
+        depth = tc.user_dispatch_depth()
+        bad.__enter__()
+        tc.leave_modes_above(depth, -1)
+        assert _get_current_dispatch_mode_stack() == [outer]
