@@ -308,9 +308,12 @@ def test_solver_and_bound_against_exhaustive_search(seed: int) -> None:
         assert plan.feasible == best.feasible
         if best.feasible:
             assert best.predicted_step_seconds is not None
-            assert plan.predicted_step_seconds is not None
+            assert plan.predicted_step_seconds is not None and plan.predicted_peak_bytes is not None
             assert lower_bound(profile, budget) <= best.predicted_step_seconds * (1 + 1e-9) + 1e-12
             assert plan.predicted_step_seconds <= best.predicted_step_seconds * (1 + 1e-9) + 1e-12
+            assert plan.predicted_peak_bytes <= budget
+            again = predict(profile, plan)  # the prediction stored in the plan is the simulator's
+            assert (again.step_seconds, again.peak_bytes) == (plan.predicted_step_seconds, plan.predicted_peak_bytes)
 
 
 # ------------------------------------------------------------------------ what-if GPT

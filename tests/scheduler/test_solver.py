@@ -326,6 +326,13 @@ def test_max_overhead_notes_on_a_zero_time_step() -> None:
     assert any("predicted overhead" in n for n in plan.notes)
 
 
+def _fits(profile: Profile, plan: Plan, budget: int) -> None:
+    """``plan`` fits ``budget``, by its prediction and by the simulator's."""
+    again = predict(profile, plan)
+    assert plan.predicted_peak_bytes is not None and plan.predicted_peak_bytes <= budget
+    assert (again.step_seconds, again.peak_bytes) == (plan.predicted_step_seconds, plan.predicted_peak_bytes)
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_regions_that_must_not_replay_are_never_recomputed(seed: int) -> None:
     """RegionRecord.replayable=False (a region that runs collectives): no plan drops its
@@ -345,6 +352,7 @@ def test_regions_that_must_not_replay_are_never_recomputed(seed: int) -> None:
             assert plan.feasible
             assert plan.predicted_step_seconds is not None and best.predicted_step_seconds is not None
             assert plan.predicted_step_seconds <= best.predicted_step_seconds * (1 + GAP) + 1e-12
+            _fits(profile, plan, budget)
     again = Profile.from_json(profile.to_json())
     assert [r.replayable for r in again.regions] == [r.replayable for r in profile.regions]
 
@@ -372,6 +380,7 @@ def test_storages_marked_keep_only_are_only_kept(seed: int) -> None:
             assert plan.feasible
             assert plan.predicted_step_seconds is not None and best.predicted_step_seconds is not None
             assert plan.predicted_step_seconds <= best.predicted_step_seconds * (1 + GAP) + 1e-12
+            _fits(profile, plan, budget)
     again = Profile.from_json(profile.to_json())
     assert [s.keep_only for r in again.regions for s in r.storages] == [
         s.keep_only for r in profile.regions for s in r.storages
