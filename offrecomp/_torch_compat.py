@@ -664,6 +664,13 @@ def parametrize_cache_as(cache: dict[Any, Any] | None) -> Iterator[None]:
         _parametrize._cache = found
 
 
+def tensor_base_method(name: str) -> Any:
+    """torch.Tensor's method ``name`` as its C base class defines it: what an attribute
+    set on torch.Tensor (the recorder's host-read wrappers, offrecomp/trace/recorder.py)
+    shadows, and deleting that attribute uncovers."""
+    return getattr(torch._C.TensorBase, name)
+
+
 def cuda_sleep(cycles: int) -> None:
     """Busy-wait the current CUDA stream (tests only: delays a stream to expose races)."""
     torch.cuda._sleep(cycles)  # type: ignore[attr-defined]
@@ -682,6 +689,7 @@ ALL_PRIVATE_APIS: tuple[str, ...] = (
     "torch.Tag.nondeterministic_seeded",
     "OpOverload._schema (alias_info.is_write)",
     "torch.cuda._sleep",
+    "torch._C.TensorBase (tolist / numpy, read by tensor_base_method for offrecomp/trace/recorder.py)",
     "torch._C._autograd._top_saved_tensors_default_hooks",
     "torch.autograd.graph._allow_mutation_on_saved_tensors_enabled",
     "torch._C._autograd._saved_tensors_hooks_get_disabled_error_message, "

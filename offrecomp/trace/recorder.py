@@ -410,7 +410,7 @@ _HOST_READ_METHODS = ("tolist", "numpy")
 
 
 def _wrap_host_read(name: str) -> Any:
-    original = getattr(torch._C.TensorBase, name)
+    original = tc.tensor_base_method(name)
 
     def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         recorders = _HOST_READS.users()

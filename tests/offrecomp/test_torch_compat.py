@@ -24,6 +24,7 @@ def test_private_apis_exist() -> None:
     tc.pop_saved_tensors_hooks()
     assert tc.top_saved_tensors_hooks() is None
     assert hasattr(torch.cuda, "_sleep")
+    assert all(tc.tensor_base_method(n) is getattr(torch._C.TensorBase, n) for n in ("tolist", "numpy"))
     from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: F401
     assert tc.graph_task_id() == -1
     assert tc._TF_API and tc.torch_function_state() is None
@@ -70,9 +71,11 @@ def test_no_private_torch_api_outside_the_compat_module() -> None:
 
     root = pathlib.Path(tc.__file__).parent
     pattern = re.compile(r"torch\._C\b|torch\._dynamo|torch\._foreach|torch\.utils\._|_compiled_call_impl\b")
+    paths = sorted(root.rglob("*.py"))
+    assert root / "trace" / "recorder.py" in paths  # the subpackages are scanned too
     found = [
-        f"{path.name}:{i}: {line.strip()}"
-        for path in sorted(root.glob("*.py"))
+        f"{path.relative_to(root)}:{i}: {line.strip()}"
+        for path in paths
         if path.name != "_torch_compat.py"
         for i, line in enumerate(path.read_text().splitlines(), 1)
         if pattern.search(line.split("#")[0]) and not line.lstrip().startswith(('"', "'"))
