@@ -163,7 +163,7 @@ class _Alternating(nn.Module):
 @pytest.mark.parametrize("variant", ["auto", "auto_serve"])
 def test_places_alternating_between_steps(variant: str) -> None:
     torch.manual_seed(0)
-    check_variant(_Alternating(), _batch(2, 16), variant, steps=12, stable=False)
+    check_variant(_Alternating(), _batch(2, 16), variant, steps=12, stable=False, plans=True)
 
 
 # -------------------------------------------------------------------- one storage

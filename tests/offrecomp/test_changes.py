@@ -100,7 +100,17 @@ def test_modules_added_to_blocks_while_entered_replay_right(what: str, variant: 
     ref = _run_changing(copy.deepcopy(model), None, add, steps=6, eval_between=what == "adapter")
     budget = tight_budget(model, _batch) if variant == "auto_serve" else None
     m = copy.deepcopy(model)
-    assert_bitwise(ref, _run_changing(m, variant_runtime(m, variant, budget), add, steps=6, eval_between=what == "adapter"))
+    rt = variant_runtime(m, variant, budget)
+    assert_bitwise(ref, _run_changing(m, rt, add, steps=6, eval_between=what == "adapter"))
+    # every block still replays after the change (at step 2; under auto, some: measuring
+    # passes replay all), and auto plans it again
+    steps = rt.report().steps
+    want = 3 if variant == "recompute" else 1  # a plan may keep some call whole
+    assert all(s.replays >= want and s.recomputed_bytes > 0 for s in steps), [
+        (s.phase, s.replays, s.recomputed_bytes) for s in steps
+    ]
+    if variant == "auto_serve":
+        assert steps[-1].phase == "planned", [s.phase for s in steps]
 
 
 @pytest.mark.parametrize("how", ["reorder", "wrap"])
@@ -274,15 +284,24 @@ def test_attributes_a_forward_sets_are_as_at_entry_in_its_replay(variant: str) -
     and the int guard too, so it fills the cache again; lengths grow at steps 2 and 4."""
     torch.manual_seed(0)
     model = Stack([_RotaryBlock() for _ in range(3)])
-    lengths = [6, 6, 9, 9, 12, 12]
+    lengths = [6, 6, 9, 9, 12, 12, 12, 12]  # each length measured and calibrated; the last planned
 
     def batch(s: int) -> torch.Tensor:  # train() asks for seeds 0, 10, 20, ...
         return torch.randn(2, lengths[s // 10], H, generator=torch.Generator().manual_seed(s))
 
-    ref = train(copy.deepcopy(model), batch, steps=6)
+    ref = train(copy.deepcopy(model), batch, steps=len(lengths))
     budget = tight_budget(model, batch) if variant == "auto_serve" else None
     m = copy.deepcopy(model)
-    assert_bitwise(ref, train(m, batch, variant_runtime(m, variant, budget), steps=6))
+    rt = variant_runtime(m, variant, budget)
+    assert_bitwise(ref, train(m, batch, rt, steps=len(lengths)))
+    # every block replays in every step, the grown cache's steps included
+    steps = rt.report().steps
+    want = 3 if variant == "recompute" else 1  # a plan may keep some call whole
+    assert all(s.replays >= want and s.recomputed_bytes > 0 for s in steps), [
+        (s.phase, s.replays, s.recomputed_bytes) for s in steps
+    ]
+    if variant == "auto_serve":
+        assert [s.phase for s in steps[-2:]] == ["planned"] * 2, [s.phase for s in steps]
 
 
 

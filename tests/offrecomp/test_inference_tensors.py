@@ -13,7 +13,15 @@ import pytest
 import torch
 from torch import nn
 
-from tests.helpers import ZOO_VARIANTS, tight_budget, train, train_bitwise, twin
+from tests.helpers import (
+    ZOO_VARIANTS,
+    _frugal_keeps_all,
+    check_variant_report,
+    tight_budget,
+    train,
+    train_bitwise,
+    twin,
+)
 
 _GLOBAL: dict[str, torch.Tensor] = {}
 
@@ -85,3 +93,5 @@ def test_inference_tensors_reaching_a_region_train_bitwise(role: str, variant: s
     rt = train_bitwise(twin(base), _batch, variant, budget, ref, steps=5)
     if variant == "recompute":
         assert all(s.recomputed_bytes > 0 for s in rt.report().steps)
+    records = rt.report().steps
+    check_variant_report(records, variant, n_steps=5, tight_drops=not _frugal_keeps_all(rt, records))

@@ -22,6 +22,7 @@ from tests.helpers import (
     ZOO_VARIANTS,
     assert_bitwise,
     check_variant,
+    check_variant_report,
     tight_budget,
     train,
     train_bitwise,
@@ -234,8 +235,13 @@ def test_a_region_writing_a_tensor_it_does_not_own_is_kept(variant: str, caplog:
     ref = train(copy.deepcopy(model), batch, steps=4)
     budget = tight_budget(model, batch) if variant != "recompute" else None
     m = copy.deepcopy(model)
-    train_bitwise(m, batch, variant, budget, ref, steps=4)  # the buffer is compared too
+    rt = train_bitwise(m, batch, variant, budget, ref, steps=4)  # the buffer is compared too
     assert any("neither owns nor takes" in r.getMessage() for r in caplog.records)
+    steps = rt.report().steps
+    assert steps[0].replays > 0 and steps[0].recomputed_bytes > 0  # the watched first call: up to the write
+    assert all(s.replays == 0 and s.recomputed_bytes == 0 for s in steps[1:]), [  # kept from then on
+        (s.replays, s.recomputed_bytes) for s in steps
+    ]
 
 
 @pytest.mark.parametrize("variant", ["recompute", "auto_frugal"])
@@ -304,9 +310,13 @@ def test_a_buffer_none_at_entry_replays_as_none(variant: str) -> None:
 
     budget = tight_budget(copy.deepcopy(model), batch) if variant != "recompute" else None
     training.append(copy.deepcopy(model))
-    ref = train(training[0], batch, steps=5)
+    # seven steps: the memory's first and reset steps save other tensors (auto measures
+    # again); the three after the reset reach a plan
+    ref = train(training[0], batch, steps=7)
     training[0] = copy.deepcopy(model)
-    train_bitwise(training[0], batch, variant, budget, ref, steps=5)
+    rt = train_bitwise(training[0], batch, variant, budget, ref, steps=7)
+    check_variant_report(rt.report().steps, variant, n_steps=7, stable=False, plans=True)
+    assert variant == "recompute" or rt.report().steps[-1].phase == "planned", [s.phase for s in rt.report().steps]
 
 
 class _ChunkedModel(nn.Module):
@@ -583,8 +593,15 @@ def test_a_tensor_from_outside_the_call_read_then_written_replays_as_read(
     budget = tight_budget(copy.deepcopy(model), _batch) if variant != "recompute" else None
     _GLOBAL_OFFSET[0] = torch.zeros(())
     rt = train_bitwise(model, _batch, variant, budget, ref, steps=3)
-    if how != "workspace":  # written first thing: the call keeps everything from there
-        assert rt.report().steps[0].recomputed_bytes > 0
+    steps = rt.report().steps
+    if how != "workspace":
+        assert steps[0].replays > 0 and steps[0].recomputed_bytes > 0
+    else:  # written first thing: the call keeps everything from there, and no replay runs
+        assert steps[0].replays == 0 and steps[0].recomputed_bytes == 0
+    # later calls keep their activations
+    assert all(s.replays == 0 and s.recomputed_bytes == 0 for s in steps[1:]), [
+        (s.replays, s.recomputed_bytes) for s in steps
+    ]
 
 
 def test_a_tensor_from_outside_the_call_too_large_to_copy_stops_the_replay(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,15 @@ import pytest
 import torch
 from torch import nn
 
-from tests.helpers import ZOO_VARIANTS, tight_budget, train, train_bitwise, twin
+from tests.helpers import (
+    ZOO_VARIANTS,
+    _frugal_keeps_all,
+    check_variant_report,
+    tight_budget,
+    train,
+    train_bitwise,
+    twin,
+)
 
 
 class _Plain:
@@ -140,3 +148,5 @@ def test_a_memory_carried_through_an_argument_replays_as_read(kind: str, variant
     rt = train_bitwise(twin(model), _batch, variant, budget, ref, steps=4)
     if variant == "recompute":
         assert all(s.replays > 0 for s in rt.report().steps)
+    records = rt.report().steps
+    check_variant_report(records, variant, n_steps=4, tight_drops=not _frugal_keeps_all(rt, records))
