@@ -18,7 +18,8 @@ def test_every_call_and_each_way_to_copy_a_group_is_timed(tmp_path: Path, capsys
     rows = result["host_us"]
     for name in ("current_stream", "record_event", "wait_event", "query", "group: per-storage copy_",
                  "group: _foreach_copy_", "group: gathered, views per group", "group: gathered, views made once"):
-        assert rows[name] >= 0, name
+        assert rows[name] > 0, name  # timed: perf_counter's nanoseconds see even a no-op call
+    assert all(us > 0 for us in rows.values()), rows
     assert result["storages"] == 3 and result["dtype"] == "torch.float32"
     assert "group: per-storage copy_" in capsys.readouterr().out
 

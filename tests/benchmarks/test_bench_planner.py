@@ -37,6 +37,16 @@ def test_checks_on_the_allocator_peak_and_rotates(
     assert [r[0] for r in rounds] == ["plain", "keep", "recompute", "auto"], rounds
 
 
+@pytest.mark.parametrize(
+    ("auto_peak", "within"),
+    [(400, True), (1450, True), (1451, False), (2000, False)],
+)
+def test_allocator_within_budget_allows_the_rest_plus_the_budget_and_five_percent(auto_peak: int, within: bool) -> None:
+    # the baseline peaked at 1000 B with 600 B of activations: 400 B of the rest of a
+    # step; auto may hold its 1000 B budget and 5% on top of that: 1450 B at most
+    assert bench_planner.allocator_within_budget(auto_peak, 1000, 600, 1000) is within
+
+
 def test_a_failed_check_exits_non_zero(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bench_planner, "allocator_within_budget", lambda *a: False)
     assert bench_planner.main(ARGS) == 1

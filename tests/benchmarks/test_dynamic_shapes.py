@@ -27,6 +27,14 @@ def test_dynamic_shapes_benchmark_borrows_within_budget(tmp_path: Path, capsys: 
     assert res["checks"]["auto_allocator_peak_within_budget_x1.05"]
 
 
+def test_the_allocator_check_fails_over_the_budget_and_passes_within_it() -> None:
+    """The check the benchmark runs (bench_planner's): a baseline's peak less its
+    activations, plus the budget and 5% of it."""
+    check = bench_dynamic_shapes.allocator_within_budget
+    assert check(1450, 1000, 600, 1000) and check(400, 1000, 600, 1000)
+    assert not check(1451, 1000, 600, 1000) and not check(1100, 1000, 0, 95)
+
+
 def test_dynamic_shapes_benchmark_fails_on_the_allocator_peak(monkeypatch: pytest.MonkeyPatch) -> None:
     """Memory the runtime's books miss shows in the allocator's peak: the check fails,
     and the benchmark exits non-zero."""

@@ -54,17 +54,33 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(previous)
 
 
-def _grads(strategy_name: str, spec: ModelSpec, steps: int = 2) -> list[list[torch.Tensor]]:
-    """Gradients of ``steps`` successive steps (no optimizer update) under one strategy."""
+#: Steps of the gradient comparison: offrecomp auto measures, calibrates, then plans
+#: (``_OffrecompRunner.warmup_floor``), so two planned steps.
+GRAD_STEPS = 5
+
+
+def _plain_saved(model: torch.nn.Module, batch: tuple[torch.Tensor, ...]) -> int:
+    return count_saved_bytes(model, batch, lambda: torch.autocast("cpu", enabled=False))
+
+
+def _grads(
+    strategy_name: str, spec: ModelSpec, steps: int = GRAD_STEPS, phases: list[str] | None = None
+) -> list[list[torch.Tensor]]:
+    """Gradients of ``steps`` successive steps (no optimizer update) under one strategy;
+    an offrecomp runner's step phases appended to ``phases``."""
     model = build_model(spec, CPU)
     batch = make_batch(spec, BATCH, SEQ, CPU)
-    (strategy,) = [s for s in get_strategies([strategy_name], OPTIONS) if s.name == strategy_name]
+    options = OPTIONS
+    if strategy_name == "offrecomp_auto@budget":  # the search's step budget: gradients and half the saves
+        grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        options = Options(**{**vars(OPTIONS), "step_budget_bytes": grad_bytes + _plain_saved(model, batch) // 2})
+    (strategy,) = [s for s in get_strategies([strategy_name], options) if s.name == strategy_name]
     ok, why = strategy.available(CPU)
     if not ok:
         pytest.skip(f"{strategy_name}: {why}")
     plain = None
     if strategy.needs_plain_bytes:
-        plain = count_saved_bytes(model, batch, lambda: torch.autocast("cpu", enabled=False))
+        plain = _plain_saved(model, batch)
     try:
         runner = strategy.prepare(
             model, PrepareContext(device=CPU, seq=SEQ, plain_saved_bytes=plain)
@@ -87,6 +103,8 @@ def _grads(strategy_name: str, spec: ModelSpec, steps: int = 2) -> list[list[tor
                 grads.append(p.grad.detach().clone())
             out.append(grads)
             model.zero_grad(set_to_none=True)
+        if phases is not None and hasattr(runner, "rt"):
+            phases.extend(s.phase.value for s in runner.rt.report().steps)
     finally:
         runner.close()
     return out
@@ -100,11 +118,18 @@ def plain_grads() -> list[list[torch.Tensor]]:
 @pytest.mark.parametrize("name", [n for n in ALL_STRATEGIES if n not in ("none", "compile_budget")])
 def test_strategy_gradients_equal_plain(name: str, plain_grads: list[list[torch.Tensor]]) -> None:
     # fp32 on CPU with dropout: recompute restores the RNG state, so gradients are bitwise
-    # equal to the plain run's, step after step (offrecomp plans from its second step).
-    got = _grads(name, TINY)
+    # equal to the plain run's, step after step (offrecomp auto plans from its third step:
+    # its last steps run the plan).
+    phases: list[str] = []
+    got = _grads(name, TINY, phases=phases)
+    assert len(got) == len(plain_grads) == GRAD_STEPS
     for step, (ref, res) in enumerate(zip(plain_grads, got)):
         for i, (a, b) in enumerate(zip(ref, res)):
             assert torch.equal(a, b), f"{name}: step {step}, parameter {i} differs"
+    if name.startswith("offrecomp_auto"):
+        # (a host pause may send a step back to calibrate: NOTE [Host pauses])
+        assert len(phases) == GRAD_STEPS and phases[0] == "measure", phases
+        assert phases[-1] in ("planned", "borrowed"), phases
 
 
 def test_compile_budget_gradients_close_to_plain() -> None:

@@ -182,7 +182,14 @@ def test_close_stops_workers_and_backend_is_reusable() -> None:
     assert emu.query(emu.record_event(side))  # a closed stream runs it on the caller
     emu.close()  # idempotent
     again = emu.new_stream(torch.device("cpu"))
-    assert emu.query(emu.record_event(again)) in (True, False)
+    src = torch.arange(64, dtype=torch.uint8)
+    dst = torch.zeros(64, dtype=torch.uint8)
+    emu.copy_many([dst], [src], again)  # the reused backend's new stream runs its jobs
+    done = emu.record_event(again)
+    emu.synchronize()
+    emu.check()
+    assert torch.equal(dst, src) and emu.query(done)
+    assert again.worker is not None and again.worker.is_alive()
     emu.close()
     assert again.worker is not None and not again.worker.is_alive()
     assert again.worker not in threading.enumerate()

@@ -15,6 +15,7 @@ from torch import nn
 import offrecomp
 from offrecomp import _torch_compat as tc
 from offrecomp.hooks import _Plain
+from scheduler.units import format_bytes
 from tests.helpers import assert_bitwise, make, train, twin
 
 MODES = ["keep", "recompute", "offload", "auto"]
@@ -112,8 +113,12 @@ def test_budget_below_what_must_stay_warns_with_the_smallest_feasible(caplog: py
         rt = offrecomp.runtime(m, mode="auto", budget=1, min_bytes=0)
         train(m, batch, rt, steps=3)
     plan = rt.planner.last_entry.plan
-    assert not plan.feasible and plan.min_feasible_budget_bytes and plan.min_feasible_budget_bytes > 1
-    assert "budget" in caplog.text.lower()
+    smallest = plan.min_feasible_budget_bytes
+    assert not plan.feasible and smallest and smallest > 1
+    warned = [r.getMessage() for r in caplog.records if "cannot be met" in r.getMessage()]
+    assert len(warned) == 1, caplog.text  # once per signature
+    assert "budget 1 B cannot be met" in warned[0]
+    assert f"the smallest feasible budget is {format_bytes(smallest)} ({smallest} bytes)" in warned[0], warned
 
 
 def test_budget_below_what_must_stay_errors_when_asked() -> None:

@@ -269,6 +269,9 @@ def test_an_attribute_the_first_call_read_and_a_later_one_writes_replays_on_its_
 
     plain, m = build(), build()
     ref = run(plain, None)
-    got = run(m, offrecomp.runtime(m, mode="recompute"))
+    rt = offrecomp.runtime(m, mode="recompute")
+    got = run(m, rt)
     assert all(torch.equal(a, b) for a, b in zip(ref, got))
     assert [float(b.pos[0]) for b in m.blocks] == [float(b.pos[0]) for b in plain.blocks] == [2.0, 2.0]
+    # the region stays replayed: both blocks in every step, the writing ones too
+    assert [s.replays for s in rt.report().steps] == [2, 2, 2]

@@ -214,9 +214,12 @@ def test_a_graph_retained_across_steps_still_backpropagates(mode: str) -> None:
     still backpropagates again, bitwise as plainly: its calls are leased (offload,
     recompute) or its kept saves reach their records through back edges (keep)."""
 
+    runtimes = []
+
     def run(mode: str | None) -> list[torch.Tensor]:
         m = _model()
         rt = offrecomp.runtime(m, mode=mode, min_bytes=0) if mode is not None else None
+        runtimes.append(rt)
         step = rt.step if rt is not None else contextlib.nullcontext
         x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))
         with rt if rt is not None else contextlib.nullcontext():
@@ -236,6 +239,12 @@ def test_a_graph_retained_across_steps_still_backpropagates(mode: str) -> None:
     ref = run(None)
     got = run(mode)
     assert all(torch.equal(a, b) for a, b in zip(ref, got))
+    rt = runtimes[-1]
+    assert rt is not None
+    steps = rt.report().steps
+    assert len(steps) == 5, steps
+    acted = {"keep": "kept_bytes", "recompute": "replays", "offload": "offloaded_bytes"}[mode]
+    assert all(getattr(s, acted) > 0 for s in steps), steps  # every step's saves went that way
 
 
 class _NegativeView(nn.Module):

@@ -4,6 +4,7 @@ measuring pass as unfinished, and every optimizer step is a step of its own."""
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable
 
@@ -27,6 +28,8 @@ class Scale(nn.Module):
 
 
 def _unfinished(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The warnings that a measuring pass ended before its backward (the tests that look
+    for none have a positive control: test_a_measuring_pass_whose_backward_ran_outside_is_called_unfinished)."""
     return [r.getMessage() for r in caplog.records if UNFINISHED in r.getMessage()]
 
 
@@ -95,6 +98,21 @@ def test_a_forward_under_the_users_save_on_cpu_is_a_step_per_optimizer_step(
     assert len(hidden) == 1 and "a saved-tensor hook around it (entered by the model's code around the region, or around the model's forward)" in hidden[0], hidden
 
 
+def test_a_measuring_pass_whose_backward_ran_outside_is_called_unfinished(caplog: pytest.LogCaptureFixture) -> None:
+    """The positive control of the tests that look for no such warning: the runtime's
+    context exits after the measuring pass's forward, its backward runs outside, and
+    ``_unfinished`` finds the warning, once. (A graph the forward drops is an aborted
+    pass, NOTE [Dropped graphs], of which the warning says nothing.)"""
+    m = _mlp()
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        with offrecomp.runtime(m, min_bytes=0):
+            loss = m(x).sum()
+        loss.backward()
+    warned = _unfinished(caplog)
+    assert len(warned) == 1 and "measuring pass of signature" in warned[0], caplog.text
+
+
 def test_a_forward_on_a_thread_that_did_not_enter_says_it_runs_plainly(caplog: pytest.LogCaptureFixture) -> None:
     """Saved-tensor hooks are per thread: a forward on another thread is not the runtime's
     (its gradients are plain's, it records no step), and a warning says so."""
@@ -105,11 +123,27 @@ def test_a_forward_on_a_thread_that_did_not_enter_says_it_runs_plainly(caplog: p
     offrecomp.diagnostics.clear_warnings()
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(3)])
+    plain = copy.deepcopy(model)
     x = torch.randn(4, 8)
+    errors: list[BaseException] = []
+
+    def train_once() -> None:
+        try:
+            model(x).sum().backward()
+        except BaseException as exc:  # re-raised on the main thread below
+            errors.append(exc)
+
     with offrecomp.runtime(model, mode="recompute", min_bytes=0) as rt:
-        worker = threading.Thread(target=lambda: model(x).sum().backward(), name="trainer")
+        worker = threading.Thread(target=train_once, name="trainer")
         worker.start()
         worker.join()
+    if errors:
+        raise errors[0]
+    plain(x).sum().backward()
+    got = {n: p.grad for n, p in model.named_parameters()}
+    want = {n: p.grad for n, p in plain.named_parameters()}
+    assert all(g is not None for g in got.values())
+    assert all(torch.equal(got[n], want[n]) for n in want)  # bitwise plain's
     assert not rt.report().steps
     assert any("thread ('trainer')" in r.getMessage() for r in caplog.records)
 
