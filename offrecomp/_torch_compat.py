@@ -577,46 +577,58 @@ def pop_dispatch_mode() -> Any:
     return _python_dispatch._pop_mode()
 
 
-def function_mode_depth() -> int:
-    """How many TorchFunctionModes are active now."""
-    return len(_function_mode_stack())
+ModeStacks = tuple[tuple[Any, ...], tuple[Any, ...]]
+
+try:
+    from torch.utils._device import DeviceContext as _DeviceContext
+except ImportError:  # pragma: no cover - every supported torch has it
+    class _DeviceContext:  # type: ignore[no-redef]
+        """Never matched."""
+
+
+def mode_stacks() -> ModeStacks:
+    """The dispatch modes of the stack proper and the function modes active now, each
+    outermost first (``leave_modes_entered_since``)."""
+    return tuple(_stack_proper()), tuple(torch.overrides._get_current_function_mode_stack())
 
 
 def _function_mode_stack() -> list[Any]:
     return list(torch.overrides._get_current_function_mode_stack())
 
 
-def leave_modes_above(dispatch_depth: int, function_depth: int, bare: Any = None) -> None:
-    """Set this thread's mode stacks back to ``dispatch_depth`` dispatch modes (the stack
-    proper: ``user_dispatch_depth``'s count) and ``function_depth`` function modes, after
-    a forward that may have stopped early (NOTE [Modes a stopped forward left] in
-    replay.py): ``bare``, pushed by ``push_dispatch_mode_at``, is popped bare; every other
-    mode above those depths leaves by its own ``__exit__``, innermost first (popped bare
-    where that exit raises). A negative depth leaves that stack as it is, but for
-    ``bare``, popped from the top; ``bare`` no longer on the stack is not popped."""
-    above = _stack_proper()[dispatch_depth:] if dispatch_depth >= 0 else []
-    for m in reversed(above):
-        if m is bare:
-            _python_dispatch._pop_mode()
-            bare = None
-        elif getattr(m, "_dispatch_key", None) is not None:
-            break  # a pre-dispatch mode: its own stack, its own exit
-        else:
-            _leave(m, _python_dispatch._pop_mode, _stack_proper)
-    if bare is not None and any(m is bare for m in dispatch_mode_stack()):
-        _python_dispatch._pop_mode()  # as pushed: on top
-    if function_depth >= 0:
-        for m in reversed(_function_mode_stack()[function_depth:]):
-            _leave(m, torch._C._pop_torch_function_stack, _function_mode_stack)
+def leave_modes_entered_since(found: ModeStacks | None, bare: Any = None) -> None:
+    """Set this thread's mode stacks back to ``found`` (``mode_stacks`` as a forward
+    began) after the forward, which may have stopped early (NOTE [Modes a stopped forward
+    left] in replay.py): from the top down to the first mode found there, ``bare``
+    (pushed by ``push_dispatch_mode_at``) pops bare and every other mode leaves by its own
+    ``__exit__`` (popped bare where that exit raises or leaves it on top). A
+    ``torch.device`` context (whose exit rebuilds the whole function stack) stops the
+    walk; pre-dispatch and infra modes, which torch keeps apart, stay.
+    ``found`` None (the forward never began): only ``bare``, if on top, pops."""
+    dispatch, function = found if found is not None else ((), ())
+    _leave_down_to(dispatch, found is not None, bare, _stack_proper, _python_dispatch._pop_mode)
+    if found is not None:
+        _leave_down_to(function, True, None, _function_mode_stack, torch._C._pop_torch_function_stack)
 
 
-def _leave(mode: Any, pop: Callable[[], Any], stack: Callable[[], list[Any]]) -> None:
-    """``mode``'s exit, or a bare pop where the exit raises with ``mode`` still on top."""
-    try:
-        mode.__exit__(None, None, None)
-    except Exception:
+def _leave_down_to(
+    found: tuple[Any, ...], known: bool, bare: Any, stack: Callable[[], list[Any]], pop: Callable[[], Any]
+) -> None:
+    while True:
         modes = stack()
-        if modes and modes[-1] is mode:
+        if not modes:
+            return
+        top = modes[-1]
+        if top is bare:
+            pop()
+            bare = None
+            continue
+        if not known or any(top is m for m in found) or isinstance(top, _DeviceContext):
+            return  # a device context's exit rebuilds the whole stack: it and those beneath stay
+        with contextlib.suppress(Exception):  # the user's exit; it comes off below if it failed
+            top.__exit__(None, None, None)
+        modes = stack()
+        if modes and modes[-1] is top:  # an exit that raised, or left it: off, bare
             pop()
 
 

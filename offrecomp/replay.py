@@ -314,8 +314,8 @@ def _replay_forward(
         elif call.under_mode:
             stack.enter_context(PassiveMode())
         assert call.forward_fn is not None
-        saves.mode_depth = tc.user_dispatch_depth()  # the stop mode's place: NOTE [Stop mode popped first]
-        saves.function_depth = tc.function_mode_depth()  # NOTE [Modes a stopped forward left]
+        saves.modes_found = tc.mode_stacks()  # NOTE [Modes a stopped forward left]
+        saves.mode_depth = len(saves.modes_found[0])  # the stop mode's place: NOTE [Stop mode popped first]
         call.forward_fn(*args, **kwargs)
     finally:
         try:
@@ -362,7 +362,7 @@ class _SaveCapture:
         sequence number of the first op that saved it."""
         self.stop_mode: _StopAtALaterOp | None = None
         self.mode_depth = -1  # the dispatch modes active as the forward starts (-1: not known)
-        self.function_depth = -1  # and the function modes
+        self.modes_found: tc.ModeStacks | None = None  # the mode stacks as the forward starts
         self.stopped = False  # the forward was stopped
         self.running = False  # the replayed forward is running
         self.wants_hold = False  # the forward unpacked a save of its own: run it again, holding
@@ -458,10 +458,12 @@ class _SaveCapture:
     # ``with`` exits on the way out; one entered by a bare ``__enter__()``, to be left by
     # an ``__exit__()`` further down the forward, which the stop skips, would stay on the
     # stack: active for the rest of the program, and on top of the stop mode, which the
-    # pop would leave in its place. So once the forward ends, stopped or not, every
-    # dispatch and function mode above those active as it started leaves by its own exit,
-    # innermost first, the stop mode bare in its place: the stacks are as the replay
-    # found them, as a forward run to its end would have left them.
+    # pop would leave in its place. So once the forward ends, stopped or not, each stack
+    # is walked from the top down to the first mode active as the forward started: every
+    # mode on the way leaves by its own exit, the stop mode bare in its place, and the
+    # stacks are as the replay found them, as a forward run to its end would have left
+    # them. A ``torch.device`` context stops the walk: its exit rebuilds the function
+    # stack and insists on its own place in it.
 
     def end_stop_mode(self) -> None:
         """Pop the plain replay's stop mode, if one was pushed, with the modes the forward
@@ -473,9 +475,10 @@ class _SaveCapture:
         if self.mode is not None:
             self.mode.before_op = None
         # the modes the forward entered and did not leave go too (NOTE [Modes a stopped forward left])
-        tc.leave_modes_above(self.mode_depth, self.function_depth, self.stop_mode)
+        tc.leave_modes_entered_since(self.modes_found, self.stop_mode)
         self.stop_mode = None
-        self.mode_depth = self.function_depth = -1
+        self.mode_depth = -1
+        self.modes_found = None
 
     def stop_after_its_op(self, func: Any = None) -> None:
         """Stop the forward if the op running now (saving, or ``func`` dispatched under

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import offrecomp
-from tests.helpers import assert_bitwise, tight_budget, train, variant_runtime
+from tests.helpers import assert_bitwise, assert_ends_planned, tight_budget, train, variant_runtime
 from tests.models import Stack
 
 H = 16
@@ -110,7 +110,7 @@ def test_modules_added_to_blocks_while_entered_replay_right(what: str, variant: 
         (s.phase, s.replays, s.recomputed_bytes) for s in steps
     ]
     if variant == "auto_serve":
-        assert steps[-1].phase == "planned", [s.phase for s in steps]
+        assert_ends_planned(steps)
 
 
 @pytest.mark.parametrize("how", ["reorder", "wrap"])
@@ -301,7 +301,7 @@ def test_attributes_a_forward_sets_are_as_at_entry_in_its_replay(variant: str) -
         (s.phase, s.replays, s.recomputed_bytes) for s in steps
     ]
     if variant == "auto_serve":
-        assert [s.phase for s in steps[-2:]] == ["planned"] * 2, [s.phase for s in steps]
+        assert_ends_planned(steps, 2)
 
 
 

@@ -23,15 +23,15 @@ from tests.offrecomp.test_model_zoo import CASES
 def _spy_stop_pops(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Per pop of a replay's stop mode: was it on top of the dispatch stack?"""
     pops: list[bool] = []
-    leave = tc.leave_modes_above
+    leave = tc.leave_modes_entered_since
 
-    def checked_leave(dispatch_depth: int, function_depth: int, bare: Any = None) -> None:
+    def checked_leave(found: Any, bare: Any = None) -> None:
         if bare is not None:
             stack = _get_current_dispatch_mode_stack()
             pops.append(bool(stack) and stack[-1] is bare and type(bare) is offrecomp.replay._StopAtALaterOp)
-        leave(dispatch_depth, function_depth, bare)
+        leave(found, bare)
 
-    monkeypatch.setattr(tc, "leave_modes_above", checked_leave)
+    monkeypatch.setattr(tc, "leave_modes_entered_since", checked_leave)
     return pops
 
 
@@ -191,21 +191,37 @@ def test_modes_the_stopped_forward_entered_and_never_left_leave(
     _assert_no_mode_left()
 
 
-def test_leave_modes_above_pops_the_bare_mode_in_its_place() -> None:
-    """The modes above the depths leave by their exits, the bare one pops bare, those
-    beneath stay."""
+def test_modes_entered_since_leave_and_the_bare_one_pops_in_its_place() -> None:
+    """The modes entered since the stacks were read leave by their exits, the bare one
+    pops bare, those found stay."""
     outer, stop, left = _Count(), _Count(), _Count()
     fn_outer, fn_left = _CountFunctions(), _CountFunctions()
     with outer, fn_outer:
-        depth, fn_depth = tc.user_dispatch_depth(), tc.function_mode_depth()
+        found = tc.mode_stacks()
         left.__enter__()
         fn_left.__enter__()
-        tc.push_dispatch_mode_at(stop, depth)
+        tc.push_dispatch_mode_at(stop, len(found[0]))
         assert _get_current_dispatch_mode_stack() == [outer, stop, left]
-        tc.leave_modes_above(depth, fn_depth, stop)
+        tc.leave_modes_entered_since(found, stop)
         assert _get_current_dispatch_mode_stack() == [outer]
         assert torch.overrides._get_current_function_mode_stack() == [fn_outer]
     _assert_no_mode_left()
+    assert not torch.overrides._get_current_function_mode_stack()
+
+
+def test_a_device_context_entered_since_stops_the_walk() -> None:
+    """Its exit rebuilds the whole function stack and insists on its own place: it is
+    left, with the modes beneath it, for the code that entered it."""
+    fn_outer, fn_left, device = _CountFunctions(), _CountFunctions(), torch.device("cpu")
+    with fn_outer:
+        found = tc.mode_stacks()
+        fn_left.__enter__()
+        device.__enter__()
+        before = torch.overrides._get_current_function_mode_stack()
+        tc.leave_modes_entered_since(found)
+        assert torch.overrides._get_current_function_mode_stack() == before
+        device.__exit__(None, None, None)
+        fn_left.__exit__(None, None, None)
     assert not torch.overrides._get_current_function_mode_stack()
 
 
@@ -214,10 +230,26 @@ class _ExitRaises(_Count):
         raise RuntimeError("the user's exit fails")
 
 
-def test_a_mode_whose_exit_raises_is_popped_bare() -> None:
-    outer, bad = _Count(), _ExitRaises()
+class _ExitLeaves(_Count):
+    def __exit__(self, *exc: Any) -> None:
+        pass  # pops nothing
+
+
+@pytest.mark.parametrize("mode", [_ExitRaises, _ExitLeaves])
+def test_a_mode_whose_exit_fails_is_popped_bare(mode: type) -> None:
+    outer, bad = _Count(), mode()
     with outer:
-        depth = tc.user_dispatch_depth()
+        found = tc.mode_stacks()
         bad.__enter__()
-        tc.leave_modes_above(depth, -1)
+        tc.leave_modes_entered_since(found)
+        assert _get_current_dispatch_mode_stack() == [outer]
+
+
+def test_before_the_forward_began_only_the_bare_mode_on_top_pops() -> None:
+    outer, stop = _Count(), _Count()
+    with outer:
+        tc.push_dispatch_mode_at(stop, 1)
+        tc.leave_modes_entered_since(None, outer)  # not on top: stays
+        assert _get_current_dispatch_mode_stack() == [outer, stop]
+        tc.leave_modes_entered_since(None, stop)
         assert _get_current_dispatch_mode_stack() == [outer]
