@@ -102,6 +102,12 @@ NO_PLAN_YET = (
 )
 
 
+def _seconds(x: float) -> str:
+    """Seconds for the plan's table: 5 decimals, and a nonzero time under their
+    resolution in scientific notation rather than as 0.00000."""
+    return f"{x:.1e}" if 0 < x < 5e-6 else f"{x:.5f}"
+
+
 def explain_plan(
     signature: str, plan: Plan, profile: Profile, regions: Sequence[Region], notes: Sequence[str] = (),
     replays: Mapping[tuple[str, int], float] | None = None,
@@ -125,8 +131,8 @@ def explain_plan(
         predicted = replay_seconds(r, placed, op_overhead_seconds=profile.replay_op_seconds)
         ran = (replays or {}).get((r.name, r.call_index))
         values = [
-            *cells(n, b), f"{r.forward_seconds:.5f}", f"{r.backward_seconds:.5f}", f"{predicted:.5f}",
-            f"{ran:.5f}" if ran is not None else "-",
+            *cells(n, b), _seconds(r.forward_seconds), _seconds(r.backward_seconds), _seconds(predicted),
+            _seconds(ran) if ran is not None else "-",
         ]
         rows.append((r.name, r.call_index, values, _why(r, n, plan, regions)))
     lines += table(rows, [*PLACEMENT_COLUMNS, ("fwd s", 9), ("bwd s", 9), ("replay s", 9), ("ran s", 9)])

@@ -221,3 +221,10 @@ def test_a_snapshot_of_a_call_kept_whole_is_not_shown_as_kept() -> None:
     assert plan.held("b", 1, ["activation", "snapshot"]) == [Placement.RECOMPUTE, Placement.KEEP]
     rows = [line.split() for line in explain_plan("s", plan, profile, []).splitlines() if line.lstrip().startswith("b ")]
     assert rows[0][2] == "1/100" and rows[1][2] == "1/50", rows  # keep: count/bytes
+
+
+def test_a_time_under_the_tables_resolution_is_not_shown_as_zero() -> None:
+    from offrecomp.explain import _seconds
+
+    assert _seconds(0.0) == "0.00000" and _seconds(0.00028) == "0.00028"
+    assert float(_seconds(3.2e-6)) == 3.2e-6  # a replay of a few cheap ops, on a fast host
