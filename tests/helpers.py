@@ -160,7 +160,7 @@ def check_variant_report(
         assert all(s.backend == "emulated" for s in records if s.offloaded_bytes > 0)
     # NOTE [Host pauses]: a calibration pass that a garbage collection distorted runs
     # again (at most twice), which on a loaded host can outlast a short run
-    paused = any(s.phase == "calibrate" and s.pause_seconds > 0 for s in records)
+    paused = recalibrated(records)
     phases = [s.phase for s in records]
     if variant.startswith("auto"):
         assert phases[0] == "measure", phases
