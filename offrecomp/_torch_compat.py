@@ -544,17 +544,12 @@ def _stack_proper() -> list[Any]:
     return [m for m in dispatch_mode_stack() if not m.is_infra_mode()]
 
 
-def user_dispatch_depth() -> int:
-    """How many TorchDispatchModes of the stack proper are active now."""
-    return len(_stack_proper())
-
-
 def push_dispatch_mode_at(mode: TorchDispatchMode, depth: int) -> None:
     """Push ``mode`` onto this thread's dispatch stack right above its first ``depth``
-    modes (``user_dispatch_depth``'s count): those above come off and go back on over
+    modes (the stack proper, as ``mode_stacks`` reads it): those above come off and go back on over
     it, so each one's exit still pops itself (NOTE [Stop mode popped first] in
     replay.py). On top where ``depth`` is out of range or a mode above is a pre-dispatch
-    one. Pushed bare, as ``pop_dispatch_mode`` pops it: a mode's ``__enter__`` and
+    one. Pushed bare, as ``leave_modes_entered_since`` pops it: a mode's ``__enter__`` and
     ``__exit__`` also set and restore torch's "in a dispatch mode" flags, which only
     exits in the reverse order of the entries restore. Private:
     ``_python_dispatch._push_mode`` and ``_pop_mode``."""
@@ -570,11 +565,6 @@ def push_dispatch_mode_at(mode: TorchDispatchMode, depth: int) -> None:
     finally:
         for m in reversed(taken):
             _python_dispatch._push_mode(m)
-
-
-def pop_dispatch_mode() -> Any:
-    """Pop the top of this thread's dispatch stack, bare (``push_dispatch_mode_at``)."""
-    return _python_dispatch._pop_mode()
 
 
 ModeStacks = tuple[tuple[Any, ...], tuple[Any, ...]]

@@ -467,8 +467,9 @@ class _SaveCapture:
 
     def end_stop_mode(self) -> None:
         """Pop the plain replay's stop mode, if one was pushed, with the modes the forward
-        left above it, and take the serving mode's stop off: either refers back to this capture, a cycle that would keep every tensor
-        it captured alive until a garbage collection, after backward has freed them. Run
+        left above it, and take the serving mode's stop off: either refers back to this
+        capture, a cycle that would keep every tensor it captured alive until a garbage
+        collection, after backward has freed them. Run
         before the replay's contexts exit (NOTE [Stop mode popped first]); forgotten once
         popped, so that a rerun after an interrupt in the pop (NOTE [Interrupts in
         cleanup]) pops it still."""

@@ -119,13 +119,13 @@ def test_the_stop_mode_goes_in_right_above_the_modes_active_as_the_forward_start
 
     outer, inner, stop = _Count(), _Count(), _Count()
     with outer:
-        depth = tc.user_dispatch_depth()  # as the forward starts
+        depth = len(tc.mode_stacks()[0])  # as the forward starts
         with FunctionalTensorMode(), inner:
             tc.push_dispatch_mode_at(stop, depth)
             stack = _get_current_dispatch_mode_stack()
             assert [m for m in stack if m is outer or m is inner or m is stop] == [outer, stop, inner]
         assert _get_current_dispatch_mode_stack()[-1] is stop
-        tc.pop_dispatch_mode()
+        tc.leave_modes_entered_since(None, stop)
         assert _get_current_dispatch_mode_stack() == [outer]
     _assert_no_mode_left()
 
