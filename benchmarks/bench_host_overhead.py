@@ -41,7 +41,10 @@ with the variants interleaved (one timing of each per round) and medians over ro
 
 Each figure is the time over plain divided by the number of saves or ops: the median over
 rounds, and beside it the figure of the fastest rounds (on a shared machine the least
-disturbed one, the steadier figure to compare runs by). ``--clock thread`` reads the main
+disturbed one, the steadier figure to compare runs by), and the median in plain ops: over
+the time one plain op of the chain takes, which moves with the host's speed as the
+runtime's Python does, so hosts (or one host at other speeds) compare by it better than
+by microseconds. ``--clock thread`` reads the main
 thread's CPU time instead of wall time: the host's own work, blind to other processes.
 The runtime keeps a few Python objects alive per saved tensor through the forward, so
 collections run where plain runs none, and a full one walks the whole heap (torch,
@@ -491,14 +494,17 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.rounds} interleaved rounds of {args.reps} timings, {args.clock} clock"
         + (", gc frozen" if args.gc_freeze else "")
     )
-    print(f"plain: {med['plain step'] * 1e3:.3f} ms per step, {med['ops plain'] / n * us:.2f} us per op")
+    op_us = med["ops plain"] / n * us
+    print(f"plain: {med['plain step'] * 1e3:.3f} ms per step, {op_us:.2f} us per op")
     split = f"{'emulated':>10s}" if args.emulated_split else ""
-    print(f"{'':18s}{'variant':42s}{'us over plain':>14s}{'(fastest round)':>17s}{'gc us/step':>12s}"
-          f"{'full gc':>8s}{split}")
+    print(f"{'':18s}{'variant':42s}{'us over plain':>14s}{'(fastest round)':>17s}{'plain ops':>10s}"
+          f"{'gc us/step':>12s}{'full gc':>8s}{split}")
     for (kind, name, v, lo), (_, _, variant, _, _) in zip(rows, spec):
         part = f"{emu_us[name]:10.2f}" if args.emulated_split else ""
-        print(f"{kind:18s}{name:42s}{v:14.2f}{lo:17.2f}{gc_us[variant]:12.0f}"
+        print(f"{kind:18s}{name:42s}{v:14.2f}{lo:17.2f}{v / op_us:10.1f}{gc_us[variant]:12.0f}"
               f"{collecting.full.get(variant, 0):8d}{part}")
+    print("plain ops: the figure over one plain op's time (a forward op of the chain, 'us per op' "
+          "above): hosts of other speeds compare by it better than by microseconds")
     print(f"gc us/step: time in Python's collections per step of the variant (plain steps: "
           f"{gc_us['plain step']:.0f}); full gc: how many of them walked the whole heap, in all "
           f"{steps} steps (one takes about 0.1 s here; it lands in one round, so medians skip it)")
@@ -520,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
                     "median_seconds": med,
                     "min_seconds": low,
                     "us_over_plain": {f"{k}: {name}": v for k, name, v, _ in rows},
+                    "plain_op_us": op_us,
                     "us_over_plain_fastest_round": {f"{k}: {name}": lo for k, name, _, lo in rows},
                     "gc_us_per_step": gc_us,
                     "full_collections": collecting.full,

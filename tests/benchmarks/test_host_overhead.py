@@ -31,6 +31,7 @@ def test_host_overhead_benchmark_reports_every_row(tmp_path: Path, capsys: pytes
     }
     assert "measure" in res["auto_phases"]
     assert res["emulated_device_work_us"] is None
+    assert res["plain_op_us"] > 0 and "plain ops" in text
 
 
 def test_host_overhead_emulated_split_names_the_offload_rows_device_work(
