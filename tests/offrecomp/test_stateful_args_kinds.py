@@ -13,15 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.helpers import (
-    ZOO_VARIANTS,
-    _frugal_keeps_all,
-    check_variant_report,
-    tight_budget,
-    train,
-    train_bitwise,
-    twin,
-)
+from tests.helpers import ZOO_VARIANTS, check_variant
 
 
 class _Plain:
@@ -143,10 +135,6 @@ def _batch(seed: int) -> torch.Tensor:
 def test_a_memory_carried_through_an_argument_replays_as_read(kind: str, variant: str) -> None:
     torch.manual_seed(0)
     model = _Model(kind)
-    ref = train(twin(model), _batch, steps=4)
-    budget = tight_budget(model, _batch) if variant in ("auto_tight", "auto_serve") else None
-    rt = train_bitwise(twin(model), _batch, variant, budget, ref, steps=4)
+    rt, _ = check_variant(model, _batch, variant, steps=4)
     if variant == "recompute":
         assert all(s.replays > 0 for s in rt.report().steps)
-    records = rt.report().steps
-    check_variant_report(records, variant, n_steps=4, tight_drops=not _frugal_keeps_all(rt, records))
