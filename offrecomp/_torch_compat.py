@@ -546,17 +546,16 @@ def _stack_proper() -> list[Any]:
 
 def push_dispatch_mode_at(mode: TorchDispatchMode, depth: int) -> None:
     """Push ``mode`` onto this thread's dispatch stack right above its first ``depth``
-    modes (the stack proper, as ``mode_stacks`` reads it): those above come off and go back on over
-    it, so each one's exit still pops itself (NOTE [Stop mode popped first] in
-    replay.py). On top where ``depth`` is out of range or a mode above is a pre-dispatch
-    one. Pushed bare, as ``leave_modes_entered_since`` pops it: a mode's ``__enter__`` and
-    ``__exit__`` also set and restore torch's "in a dispatch mode" flags, which only
-    exits in the reverse order of the entries restore. Private:
-    ``_python_dispatch._push_mode`` and ``_pop_mode``."""
+    modes (the stack proper, as ``mode_stacks`` reads it): those above come off and go
+    back on over it, so each one's exit still pops itself (NOTE [Stop mode popped first]
+    in replay.py). On top where ``depth`` is out of range. Pushed bare, as
+    ``leave_modes_entered_since`` pops it: a mode's ``__enter__`` and ``__exit__`` also
+    set and restore torch's "in a dispatch mode" flags, which only exits in the reverse
+    order of the entries restore. Pre-dispatch modes live on a stack of their own and
+    are never among those moved. Private: ``_python_dispatch._push_mode`` and
+    ``_pop_mode``."""
     stack = _stack_proper()
     above = stack[depth:] if 0 <= depth < len(stack) else []
-    if any(getattr(m, "_dispatch_key", None) is not None for m in above):
-        above = []
     taken: list[Any] = []
     try:
         for _ in above:
@@ -579,7 +578,7 @@ except ImportError:  # pragma: no cover - every supported torch has it
 def mode_stacks() -> ModeStacks:
     """The dispatch modes of the stack proper and the function modes active now, each
     outermost first (``leave_modes_entered_since``)."""
-    return tuple(_stack_proper()), tuple(torch.overrides._get_current_function_mode_stack())
+    return tuple(_stack_proper()), tuple(_function_mode_stack())
 
 
 def _function_mode_stack() -> list[Any]:
