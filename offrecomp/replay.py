@@ -314,8 +314,7 @@ def _replay_forward(
         elif call.under_mode:
             stack.enter_context(PassiveMode())
         assert call.forward_fn is not None
-        saves.modes_found = tc.mode_stacks()  # NOTE [Modes a stopped forward left]
-        saves.mode_depth = len(saves.modes_found[0])  # the stop mode's place: NOTE [Stop mode popped first]
+        saves.modes_found = tc.mode_stacks()  # NOTE [Modes a stopped forward left], [Stop mode popped first]
         call.forward_fn(*args, **kwargs)
     finally:
         try:
@@ -361,7 +360,6 @@ class _SaveCapture:
         """Storages saved at version 0 without grad, by address: the storage and the
         sequence number of the first op that saved it."""
         self.stop_mode: _StopAtALaterOp | None = None
-        self.mode_depth = -1  # the dispatch modes active as the forward starts (-1: not known)
         self.modes_found: tc.ModeStacks | None = None  # the mode stacks as the forward starts
         self.stopped = False  # the forward was stopped
         self.running = False  # the replayed forward is running
@@ -408,7 +406,9 @@ class _SaveCapture:
                     mode.before_op = self.stop_after_its_op
                 else:
                     stop_mode = _StopAtALaterOp(self)
-                    tc.push_dispatch_mode_at(stop_mode, self.mode_depth)  # NOTE [Stop mode popped first]
+                    # NOTE [Stop mode popped first]: right above the dispatch modes found
+                    depth = len(self.modes_found[0]) if self.modes_found is not None else -1
+                    tc.push_dispatch_mode_at(stop_mode, depth)
                     self.stop_mode = stop_mode
         if not self.hold:
             return _THROWAWAY
@@ -478,7 +478,6 @@ class _SaveCapture:
         # the modes the forward entered and did not leave go too (NOTE [Modes a stopped forward left])
         tc.leave_modes_entered_since(self.modes_found, self.stop_mode)
         self.stop_mode = None
-        self.mode_depth = -1
         self.modes_found = None
 
     def stop_after_its_op(self, func: Any = None) -> None:
