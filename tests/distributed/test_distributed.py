@@ -190,10 +190,9 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
     # The compiled blocks' graphs hold the process group (dynamo keeps the compiled
     # functions in this module's globals), so it outlives destroy_process_group and would
-    # be torn down while the interpreter finalizes, where freeing torch's objects is not
-    # safe (one rank ended in SIGABRT, "terminate called without an active exception",
-    # after the last case had printed its warnings). The results are on disk: the rank
-    # leaves without finalizing.
+    # be torn down while the interpreter finalizes, where freeing torch's objects can
+    # abort the process ("terminate called without an active exception"). The results
+    # are on disk: the rank leaves without finalizing.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
