@@ -57,6 +57,10 @@ class Planner:
         self._learnt: weakref.WeakSet[PassState] = weakref.WeakSet()
         """Passes learnt from: a provisional step's pass is learnt once, though the step it
         merges into lists it again (NOTE [Passes and steps] in lifecycle.py)."""
+        # NOTE [Calibration in an open step]: each signature's latest calibration pass, and
+        # the notes of passes learnt before their step's record was
+        self._calibrations: weakref.WeakValueDictionary[str, PassState] = weakref.WeakValueDictionary()
+        self._early_notes: weakref.WeakKeyDictionary[PassState, str] = weakref.WeakKeyDictionary()
         # NOTE [Bookkeeping off the critical path]: passes whose profile is still to be
         # built, with their replay marks and backward end as they were when they ended (a
         # later backward may still replay their regions and add marks)
@@ -121,7 +125,8 @@ class Planner:
     # for `CATCH_UP_SECONDS` (one record at least). A calibration a record still holds
     # back is read with a wait before the pass that needs its plan
     # (`_begin_pass`, NOTE [Calibration]), so plans are ready on time: a signature
-    # measures, calibrates and plans from its third pass.
+    # measures, calibrates and plans from its third pass (one still in the open step
+    # too: NOTE [Calibration in an open step]).
 
     def _catch_up(self, seconds: float | None, holder: PassState | None = None) -> None:
         """Deferred end-of-pass work (NOTE [Bookkeeping off the critical path]): every
@@ -189,6 +194,8 @@ class Planner:
             # A calibration pass ran but its (device) times were not read yet: read them
             # now, once per signature, rather than calibrating twice.
             self.resolve(wait=True)
+            if not entry.calibrated:
+                self._learn_open_calibration(entry)
         if user is None and not entry.calibrated:
             # NOTE [Calibration]: the measuring pass ran under the op recorder, whose
             # overhead inflates every time it saw (on GPU the device starves while the
@@ -208,6 +215,31 @@ class Planner:
             p.releases = _user_releases(entry, user)
         elif plan is not None:
             p.releases = pass_releases(plan.releases)
+
+    # NOTE [Calibration in an open step]
+    # Records are read, and their passes learnt, once their step has ended, at an
+    # optimizer step. A signature first seen in a step of several micro-batches (a new
+    # sequence length, parameters frozen since) measures and calibrates in its first two,
+    # and its calibration is still in the open step when the third begins: not learnt
+    # there, the third calibrates again, and so would every micro-batch left in the step
+    # (each a full recompute): a signature seen only in such steps (LBFGS's closure passes
+    # on a new shape each step) would never plan. So the pass that needs the plan learns
+    # the calibration pass itself; its step's record skips it later and takes the note
+    # it left, if any.
+
+    def _learn_open_calibration(self, entry: PlanEntry) -> None:
+        """NOTE [Calibration in an open step]: learn ``entry``'s calibration pass, which
+        ended in the step still open, waiting for its events."""
+        q = self._calibrations.get(entry.signature)
+        if q is None or q in self._learnt or q.aborted or q.stage is not Stage.DONE:
+            return  # none, learnt, or one whose backward never ran (it teaches nothing yet)
+        clock = self.host.clock
+        clock.seconds(q.start_mark, q.backward_end_mark, wait=True)
+        self.replay_cost.learn(q, self.entries, clock)
+        self._learnt.add(q)
+        note = self.learner.learn(entry, q)
+        if note is not None:
+            self._early_notes[q] = note
 
     @staticmethod
     def _say_borrow_infeasible(donor: PlanEntry) -> None:
@@ -467,6 +499,8 @@ class Planner:
             self._end_pass(p)
 
     def _end_pass(self, p: PassState) -> None:
+        if p.phase == Phase.CALIBRATE:
+            self._calibrations[p.signature] = p  # NOTE [Calibration in an open step]
         user = self.host.user_plan
         if user is not None and user.placements and not p.aborted and self._plans_checked.get(id(user)) is not user:
             self._check_user_plan(user, p)
@@ -675,6 +709,8 @@ class Planner:
                     note = self.learner.learn(pe, p) if pe is not None else None
                     if note is not None:
                         rec.notes.append(note)
+                # passes learnt early (NOTE [Calibration in an open step])
+                rec.notes += [n for p in passes if (n := self._early_notes.pop(p, None)) is not None]
                 entry = self.entries.get(first.signature)
                 if entry is not None and first.planned and rec.predicted_step_seconds:
                     drift.check_drift(entry, rec, self.host.config.drift)

@@ -34,9 +34,21 @@ def test_random_loops_train_bitwise(seed: int, variant: str) -> None:
         assert any(s.replays and s.recomputed_bytes for s in steps), [(s.replays, s.recomputed_bytes) for s in steps]
     elif variant == "offload":
         assert any(s.offloaded_bytes for s in steps), [s.offloaded_bytes for s in steps]
-    elif seed != 16 and not recalibrated(steps):  # seed 16's loop never runs a plan (it measures and calibrates only)
+    elif not recalibrated(steps):
+        phases = [(s.phases, s.signature, s.recomputed_bytes) for s in steps]
+        if seed == 16:
+            # no planner could plan it: entered per step (no optimizer step seen, a pass is
+            # a step), its 8 passes have 7 signatures (rows 2-4, eval, a frozen parameter,
+            # autocast), none borrowable, and the one that repeats is a forward whose loss is
+            # dropped: each measures, one calibrates
+            assert len({s.signature for s in steps}) >= len(steps) - 1, phases
+            return
         planned = [s for s in steps if s.phase in ("planned", "borrowed")]
-        assert any(s.recomputed_bytes > 0 for s in planned), [(s.phase, s.recomputed_bytes) for s in steps]
+        assert any(s.recomputed_bytes > 0 for s in planned), phases
+        if seed == 11:
+            # LBFGS: three passes a step, and a new signature in all but one; each plans in
+            # its third pass (NOTE [Calibration in an open step]), not only step 0's
+            assert sum("planned" in s.phases.split("+") for s in steps) >= 4, phases
 
 
 def test_random_loops_cover_the_features() -> None:
