@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -177,36 +178,60 @@ def note_external_reads(refs: tuple[weakref.ref[torch.Tensor], ...]) -> list[tup
 # warning; this call's replay cannot be right where it reads the tensor, so it raises
 # there (``RegionCall.attr_writes``, read by the replay's guard). Not for one the first
 # call read: its copy taken at this call's entry (NOTE [State read from outside]) holds
-# what the forward read, and the replay runs on it. A global or another object's tensor
-# written so still goes unseen (Known limits).
+# what the forward read, and the replay runs on it. The tensors the watched call made
+# that outlived it are noted so too (``Region.made_state``: not saved by the call, not
+# its modules' parameters or buffers): state made on first use and updated in place by
+# later calls, as a K-FAC optimizer's hook on a layer inside the block keeps its
+# covariance factors in a dict of its own. Not for a write to a tensor the call takes
+# or owns (its inputs, parameters, buffers: NOTE [State written by its region]). The
+# watched call's own replay, and later replays before the write is seen, still update
+# such state again; a global or another object's tensor that existed before the first
+# call and is written only from a later call goes unseen (Known limits).
 
 
-def note_attr_versions(attrs: tuple[tuple[nn.Module, str], ...]) -> list[tuple[torch.Tensor, int, nn.Module, str]]:
-    """NOTE [Attributes written after the first call]: each attribute's tensor now, its
-    version, its module and name."""
+def note_attr_versions(
+    attrs: tuple[tuple[nn.Module, str], ...], made: tuple[weakref.ref[torch.Tensor], ...] = ()
+) -> list[tuple[torch.Tensor, int, str]]:
+    """NOTE [Attributes written after the first call]: each attribute's tensor now, and
+    each tensor of ``made`` alive: its version, and what it is."""
     out = []
     for m, n in attrs:
         t = m.__dict__.get(n)
         if type(t) is torch.Tensor:
-            out.append((t, version_of(t), m, n))
+            out.append((
+                t, version_of(t),
+                f"tensor attribute {n!r} of {type(m).__name__} (written by this call's forward; "
+                "the region's first call, the one watched, did not)",
+            ))
+    for ref in made:
+        t = ref()
+        if t is not None:
+            out.append((
+                t, version_of(t),
+                f"a {tuple(t.shape)} tensor the region's first call made and kept outside the "
+                "region's modules (state a hook keeps? updated in place by this call's forward; "
+                "skip such updates under offrecomp.in_replay())",
+            ))
     return out
 
 
-def check_attr_writes(call: RegionCall, region: Region) -> None:
-    """NOTE [Attributes written after the first call]: did the forward write one of its
-    modules' tensor attributes in place?"""
-    # one the first call read, copied at this call's entry, replays on that copy (NOTE
-    # [State read from outside])
-    copied = {int(t.untyped_storage().data_ptr()) for t, _, copy in call.external_reads or () if copy is not None}
-    written = {
-        ptr: (
-            f"tensor attribute {n!r} of {type(m).__name__} (written by this call's forward; "
-            "the region's first call, the one watched, did not)"
-        )
-        for t, v, m, n in call.attr_versions or ()
-        if version_of(t) != v and (ptr := int(t.untyped_storage().data_ptr())) not in copied
+def check_attr_writes(call: RegionCall, region: Region, own: Callable[[], frozenset[int]]) -> None:
+    """NOTE [Attributes written after the first call]: did the forward write in place one
+    of its modules' tensor attributes, or a tensor its region's watched call made and
+    left alive? ``own``: the storages the call takes or owns, read if one moved."""
+    moved = {
+        int(t.untyped_storage().data_ptr()): what
+        for t, v, what in call.attr_versions or ()
+        if version_of(t) != v
     }
     call.attr_versions = None
+    if not moved:
+        return
+    # one the first call read, copied at this call's entry, replays on that copy (NOTE
+    # [State read from outside]); one it takes or owns is the capture's to copy
+    copied = {int(t.untyped_storage().data_ptr()) for t, _, copy in call.external_reads or () if copy is not None}
+    skip = copied | own()
+    written = {ptr: what for ptr, what in moved.items() if ptr not in skip}
     if not written:
         return
     call.attr_writes = written

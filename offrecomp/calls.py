@@ -249,8 +249,9 @@ class RegionCalls:
         call.default_dtype = torch.get_default_dtype()
         call.attrs, contents = enter_tables(region, p.new_signature)  # NOTE [Attributes at entry]
         call.entry_contents = contents or None
-        if region.tensor_attrs and region.writes_state is False:  # NOTE [Attributes written after the first call]
-            call.attr_versions = note_attr_versions(region.tensor_attrs)
+        if (region.tensor_attrs or region.made_state) and region.writes_state is False:
+            # see NOTE [Attributes written after the first call] (call_state.py)
+            call.attr_versions = note_attr_versions(region.tensor_attrs, region.made_state)
         if region.generators or region.generator_slots or cap.generators:  # NOTE [Private generators]
             call.generators = _entry_generators(region, cap.generators)
         if region.external_reads:  # NOTE [State read from outside]
@@ -329,12 +330,17 @@ class RegionCalls:
             if call.attrs is not None:
                 finish_attrs(call, region)  # NOTE [Module attributes], NOTE [Attributes at entry]
         if call.attr_versions is not None and region is not None:
-            check_attr_writes(call, region)
+            check_attr_writes(call, region, lambda: self._own_storages(region, call))
         if call.watch is not None and region is not None:
             call.watch.read_copies.clear()  # those a write needs are in its ``external``
             # NOTE [State read from outside]: those the call did not write are as it read them
             wrote = call.watch.written
             region.external_reads = tuple(weakref.ref(t) for ptr, t in call.watch.read.items() if ptr not in wrote)
+            # NOTE [Attributes written after the first call]: state it made and left alive
+            own = self._own_storages(region, call)
+            region.made_state = tuple(
+                weakref.ref(t) for t in call.watch.made_state(lambda ptr, st: ptr in own or saved_by(call, ptr, st))
+            )
             call.external_reads = note_external_reads(region.external_reads)
             region.generators = [g for g, _ in call.watch.generators.values()]
             region.generator_slots = tuple(

@@ -174,6 +174,9 @@ class Region:
     tensor_attrs: tuple[tuple[nn.Module, str], ...] = ()
     """Its modules' plain attributes holding a tensor that is not one of its parameters or
     buffers (NOTE [Attributes written after the first call] in call_state.py)."""
+    made_state: tuple[weakref.ref[torch.Tensor], ...] = ()
+    """Tensors its watched call made that outlived the call, neither saved by it nor its
+    modules' parameters or buffers (NOTE [Attributes written after the first call])."""
     param_data: ParamData = field(default_factory=ParamData)
     """The geometry of the storages its parameter slots showed (NOTE [Replay and
     parameters] in params.py)."""

@@ -241,9 +241,10 @@ class RegionCall(_WeakReferable):
     """Tensors from outside the call its forward reads, with their versions when it did and copies of the small ones (NOTE [State read from outside] in call_state.py)."""
     external: list[tuple[Any, Any]] | None = None
     """Storages from outside the call its forward wrote, with their bytes before (None: too large to copy): a replay runs on those (NOTE [State written by its region])."""
-    attr_versions: list[tuple[torch.Tensor, int, Any, str]] | None = None
-    """The tensors in its modules' plain attributes at entry, their versions, modules and
-    names (NOTE [Attributes written after the first call])."""
+    attr_versions: list[tuple[torch.Tensor, int, str]] | None = None
+    """The tensors in its modules' plain attributes, and those its region's watched call
+    made and left alive, at entry: each with its version and what it is (NOTE
+    [Attributes written after the first call])."""
     attr_writes: dict[int, str] | None = None
     """Those its forward wrote in place (data pointer -> description): its replay must not
     read them (NOTE [Attributes written after the first call])."""

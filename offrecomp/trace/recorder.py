@@ -201,6 +201,9 @@ class FirstCallWatch(HearsReportedWrites):
         self.foreign_written = False
         self.made: set[int] = set()
         """Storages of the tensors the call's ops made: written freely."""
+        self.made_refs: list[tuple[int, weakref.ref[torch.Tensor]]] = []
+        """The first tensor made on each of them, weakly (NOTE [Attributes written after the
+        first call] in offrecomp/call_state.py)."""
         self.external: dict[int, tuple[Any, Any]] = {}
         """Storages outside the call it read, or partly wrote, before writing them:
         (storage, its bytes before the first write, or None where larger than
@@ -264,8 +267,22 @@ class FirstCallWatch(HearsReportedWrites):
         for t in op_leaves(out):
             if isinstance(t, torch.Tensor) and describable(t):
                 ptr = int(t.untyped_storage().data_ptr())
-                if ptr not in inputs:  # a view of an input is the input's storage, not a new one
+                if ptr not in inputs and ptr not in self.made:  # a view of an input is the input's storage
                     self.made.add(ptr)
+                    self.made_refs.append((ptr, weakref.ref(t)))
+        return out
+
+    def made_state(self, skip: Callable[[int, Any], bool]) -> list[torch.Tensor]:
+        """At the call's exit: the tensors it made that are alive still, on the storage
+        they were made on, but those ``skip(ptr, storage)`` names (NOTE [Attributes
+        written after the first call] in offrecomp/call_state.py)."""
+        out = []
+        for ptr, ref in self.made_refs:
+            t = ref()
+            if t is not None and describable(t):
+                storage = t.untyped_storage()
+                if int(storage.data_ptr()) == ptr and not skip(ptr, storage):
+                    out.append(t)
         return out
 
     def _external(self, ptr: int, storage: Any, whole: bool, before: bool) -> None:

@@ -275,3 +275,69 @@ def test_an_attribute_the_first_call_read_and_a_later_one_writes_replays_on_its_
     assert [float(b.pos[0]) for b in m.blocks] == [float(b.pos[0]) for b in plain.blocks] == [2.0, 2.0]
     # the region stays replayed: both blocks in every step, the writing ones too
     assert [s.replays for s in rt.report().steps] == [2, 2, 2]
+
+
+class _FactorBlock(nn.Module):
+    """A block whose inner layer a K-FAC-style hook watches: the hook keeps an input
+    covariance factor in a dict of its own, made on the layer's first call and updated in
+    place at each later one (``in_replay``: the update skipped in replays)."""
+
+    def __init__(self, factors: dict[nn.Module, torch.Tensor], in_replay: bool = False) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.factors = [factors]  # in a list: not a module attribute the runtime reads
+        self.fc.register_forward_pre_hook(self._factor)
+        self.in_replay = in_replay
+
+    def _factor(self, mod: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        if self.in_replay and offrecomp.in_replay():
+            return
+        factors = self.factors[0]
+        a = args[0].detach().reshape(-1, 16)
+        if mod not in factors:
+            factors[mod] = torch.eye(16)
+        factors[mod].mul_(0.9).add_(a.t() @ a, alpha=0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x))
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_state_a_hook_makes_on_first_use_and_updates_later_stops_the_replay(guarded: bool) -> None:
+    """NOTE [Attributes written after the first call]: the factor the hook made in the
+    region's first call outlives it; the second call's forward updates it in place, and
+    that call's replay, which would update it again (other factors, so other updates,
+    silently), raises naming it; the region is kept from then on. Skipped under
+    ``offrecomp.in_replay()``, the update happens once per forward: bitwise."""
+
+    def run(rt_mode: str | None) -> tuple[list[torch.Tensor], dict[nn.Module, torch.Tensor]]:
+        torch.manual_seed(0)
+        factors: dict[nn.Module, torch.Tensor] = {}
+        model = models.Stack([_FactorBlock(factors, guarded) for _ in range(2)])
+        rt = offrecomp.runtime(model, mode=rt_mode, min_bytes=0) if rt_mode else contextlib.nullcontext()
+        grads = []
+        with rt:
+            for step in range(3):
+                model(_batch(step)).backward()
+                grads += [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+                model.zero_grad()
+        return grads, factors
+
+    ref, ref_factors = run(None)
+    if guarded:
+        got, factors = run("recompute")
+        assert all(torch.equal(a, b) for a, b in zip(ref, got))
+        assert all(torch.equal(a, b) for a, b in zip(ref_factors.values(), factors.values()))
+        return
+    torch.manual_seed(0)
+    model = models.Stack([_FactorBlock({}) for _ in range(2)])
+    rt = offrecomp.runtime(model, mode="recompute", min_bytes=0)
+    with rt:
+        model(_batch(0)).backward()
+        loss = model(_batch(1))
+        with pytest.raises(RuntimeError, match=r"a \(16, 16\) tensor the region's first call made and kept outside "
+                           r"the region's modules .* in region 'blocks\.\d' was modified in place"):
+            loss.backward()
+    with rt:
+        model(_batch(2)).backward()  # kept from then on
+    assert rt.report().steps[-1].replays == 0
