@@ -179,14 +179,27 @@ def note_external_reads(refs: tuple[weakref.ref[torch.Tensor], ...]) -> list[tup
 # there (``RegionCall.attr_writes``, read by the replay's guard). Not for one the first
 # call read: its copy taken at this call's entry (NOTE [State read from outside]) holds
 # what the forward read, and the replay runs on it. The tensors the watched call made
-# that outlived it are noted so too (``Region.made_state``: not saved by the call, not
-# its modules' parameters or buffers): state made on first use and updated in place by
-# later calls, as a K-FAC optimizer's hook on a layer inside the block keeps its
-# covariance factors in a dict of its own. Not for a write to a tensor the call takes
-# or owns (its inputs, parameters, buffers: NOTE [State written by its region]). The
-# watched call's own replay, and later replays before the write is seen, still update
-# such state again; a global or another object's tensor that existed before the first
-# call and is written only from a later call goes unseen (Known limits).
+# and left alive are noted so too (NOTE [State the first call made]), unless one it
+# takes or owns (its inputs, parameters, buffers: NOTE [State written by its region]).
+# A global or another object's tensor that existed before the first call and is written
+# only from a later call goes unseen (Known limits).
+
+# NOTE [State the first call made]
+# A tensor the watched call made on first use and keeps outside the region's modules
+# (returned by none of its calls, saved by none of their ops), as a K-FAC optimizer's
+# hook on a layer inside the block keeps its covariance factor in a dict of its own, is
+# state a later call may update in place: there the hook finds it and updates it, and so
+# would every replay, a second time, silently. The watch keeps a weak reference to each
+# tensor an op made on a new storage; those alive at the call's exit, on the storage
+# they were made on, are the region's ``made_state``. The watched call's replay leaves
+# them as it found them (``state_as_found`` in replay_state.py: copied before, put back
+# after where the replay wrote them; one larger than EXTERNAL_COPY_MAX_BYTES is not
+# copied, and a replay that wrote it raises once it ended). For the later calls they are
+# tensors read from outside (NOTE [State read from outside]): each call copies the small
+# ones at its entry, and a replay of one whose forward wrote them runs on that copy,
+# what it writes put back afterwards; a larger one its forward wrote is a write seen at
+# the call's exit (NOTE [Attributes written after the first call]): that call's replay
+# raises where it reads it, and the region is kept from then on.
 
 
 def note_attr_versions(

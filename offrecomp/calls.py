@@ -336,12 +336,13 @@ class RegionCalls:
             # NOTE [State read from outside]: those the call did not write are as it read them
             wrote = call.watch.written
             region.external_reads = tuple(weakref.ref(t) for ptr, t in call.watch.read.items() if ptr not in wrote)
-            # NOTE [Attributes written after the first call]: state it made and left alive
+            call.external_reads = note_external_reads(region.external_reads)
+            # NOTE [State the first call made]: read from outside by the later calls
             own = self._own_storages(region, call)
-            region.made_state = tuple(
+            call.made_state = region.made_state = tuple(
                 weakref.ref(t) for t in call.watch.made_state(lambda ptr, st: ptr in own or saved_by(call, ptr, st))
             )
-            call.external_reads = note_external_reads(region.external_reads)
+            region.external_reads += region.made_state
             region.generators = [g for g, _ in call.watch.generators.values()]
             region.generator_slots = tuple(
                 (m, n) for m in region.modules for n, v in vars(m).items() if isinstance(v, torch.Generator)

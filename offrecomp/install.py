@@ -640,6 +640,7 @@ class Installer:
                 call.recorder.stop(out)  # what it returned: NOTE [Forward transients]
             if call.watch is not None:
                 call.watch.__exit__(None, None, None)
+                call.watch.note_outputs(out)  # NOTE [State the first call made]
                 if exc is not None:
                     call.watch = None  # a forward cut short shows nothing: watch the next
             if call.passive is not None:

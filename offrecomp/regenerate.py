@@ -189,6 +189,8 @@ class Regenerator:
                 captured = replay_call(
                     call, needed, inputs=inputs, program=program, storage_tensors=storage_tensors
                 )
+                if call.rewritten_state is not None:  # NOTE [State the first call made] (call_state.py)
+                    raise RuntimeError(call.rewritten_state)
                 break
             except torch.OutOfMemoryError:
                 life.on_oom(call.pass_state)

@@ -79,6 +79,7 @@ from offrecomp.replay_state import (
     param_guard,
     params_as_arguments,
     reads_as_forward,
+    state_as_found,
     swap_params,
     training_as_forward,
 )
@@ -305,6 +306,8 @@ def _replay_forward(
             stack.enter_context(external_as_entry(call.name, call.external))
         if call.external_reads:
             stack.enter_context(reads_as_forward(call))
+        if call.made_state:
+            stack.enter_context(state_as_found(call))
         stack.enter_context(torch.autograd.graph.saved_tensors_hooks(saves.pack, saves.unpack))
         guard = param_guard(call)
         if guard is not None:

@@ -30,6 +30,7 @@ from offrecomp.params import ParamState, data_at_entry, modified_params
 from offrecomp.regions import param_of
 from offrecomp.state import RegionCall
 from offrecomp.trace import ParamGuard
+from offrecomp.trace.recorder import EXTERNAL_COPY_MAX_BYTES
 
 __all__ = [
     "default_dtype_as_forward",
@@ -39,6 +40,7 @@ __all__ = [
     "param_guard",
     "params_as_arguments",
     "reads_as_forward",
+    "state_as_found",
     "swap_params",
     "training_as_forward",
 ]
@@ -122,8 +124,9 @@ def param_guard(call: RegionCall) -> ParamGuard | None:
         modified.update(call.attr_writes)
     for t, v, copy in call.external_reads or ():  # NOTE [State read from outside] (call_state.py)
         if copy is None and tc.version_of(t) != v:
-            modified[int(t.untyped_storage().data_ptr())] = (
-                f"a {tuple(t.shape)} tensor from outside the call (version {v} -> {tc.version_of(t)})"
+            modified.setdefault(  # a write its call's exit saw says more
+                int(t.untyped_storage().data_ptr()),
+                f"a {tuple(t.shape)} tensor from outside the call (version {v} -> {tc.version_of(t)})",
             )
     return ParamGuard(call.name, modified) if modified else None
 
@@ -135,6 +138,34 @@ def reads_as_forward(call: RegionCall) -> Iterator[None]:
     runs (from their copies), and the written values afterwards."""
     with holding([(t, copy) for t, v, copy in call.external_reads or () if copy is not None and tc.version_of(t) != v]):
         yield
+
+
+@contextlib.contextmanager
+def state_as_found(call: RegionCall) -> Iterator[None]:
+    """NOTE [State the first call made] (call_state.py): the tensors the watched call made
+    and left alive hold, after its replay, the values they had before it; one larger than
+    EXTERNAL_COPY_MAX_BYTES that the replay wrote is named in ``call.rewritten_state``
+    (the caller raises: an early stop's unwinding swallows what its exits raise)."""
+    with torch.no_grad():
+        found = [
+            (t, tc.version_of(t), t.clone() if t.untyped_storage().nbytes() <= EXTERNAL_COPY_MAX_BYTES else None)
+            for ref in call.made_state if (t := ref()) is not None
+        ]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for t, v, value in found:
+                if tc.version_of(t) != v and value is not None:
+                    t.copy_(value)
+        written = [t for t, v, value in found if value is None and tc.version_of(t) != v]
+        if written:
+            call.rewritten_state = (
+                f"offrecomp: the replay of region {call.name!r} wrote in place a {tuple(written[0].shape)} "
+                "tensor its first call made and kept outside the region's modules (state a hook keeps?), "
+                "which it updated a second time, and it is too large to copy beforehand. Hint: skip such "
+                "updates under offrecomp.in_replay(), or keep this region's activations (regions=)."
+            )
 
 
 @contextlib.contextmanager

@@ -202,8 +202,10 @@ class FirstCallWatch(HearsReportedWrites):
         self.made: set[int] = set()
         """Storages of the tensors the call's ops made: written freely."""
         self.made_refs: list[tuple[int, weakref.ref[torch.Tensor]]] = []
-        """The first tensor made on each of them, weakly (NOTE [Attributes written after the
-        first call] in offrecomp/call_state.py)."""
+        """Each tensor made on a new storage, weakly (NOTE [State the first call made] in
+        offrecomp/call_state.py)."""
+        self.outputs: set[int] = set()
+        """Storages of the tensors the call returned (``note_outputs``)."""
         self.external: dict[int, tuple[Any, Any]] = {}
         """Storages outside the call it read, or partly wrote, before writing them:
         (storage, its bytes before the first write, or None where larger than
@@ -267,23 +269,29 @@ class FirstCallWatch(HearsReportedWrites):
         for t in op_leaves(out):
             if isinstance(t, torch.Tensor) and describable(t):
                 ptr = int(t.untyped_storage().data_ptr())
-                if ptr not in inputs and ptr not in self.made:  # a view of an input is the input's storage
+                if ptr not in inputs:  # a view of an input is the input's storage, not a new one
                     self.made.add(ptr)
-                    self.made_refs.append((ptr, weakref.ref(t)))
+                    self.made_refs.append((ptr, weakref.ref(t)))  # each: an address freed may be made again
         return out
+
+    def note_outputs(self, out: Any) -> None:
+        """The call returned ``out``: its tensors' storages are no state it keeps."""
+        for t in op_leaves(out):
+            if isinstance(t, torch.Tensor) and describable(t):
+                self.outputs.add(int(t.untyped_storage().data_ptr()))
 
     def made_state(self, skip: Callable[[int, Any], bool]) -> list[torch.Tensor]:
         """At the call's exit: the tensors it made that are alive still, on the storage
-        they were made on, but those ``skip(ptr, storage)`` names (NOTE [Attributes
-        written after the first call] in offrecomp/call_state.py)."""
-        out = []
+        they were made on, neither returned nor named by ``skip(ptr, storage)`` (NOTE
+        [State the first call made] in offrecomp/call_state.py)."""
+        out: dict[int, torch.Tensor] = {}
         for ptr, ref in self.made_refs:
             t = ref()
-            if t is not None and describable(t):
+            if t is not None and ptr not in self.outputs and ptr not in out and describable(t):
                 storage = t.untyped_storage()
                 if int(storage.data_ptr()) == ptr and not skip(ptr, storage):
-                    out.append(t)
-        return out
+                    out[ptr] = t
+        return list(out.values())
 
     def _external(self, ptr: int, storage: Any, whole: bool, before: bool) -> None:
         """A write to a storage the call did not see made (``whole``: an overwrite of all

@@ -18,6 +18,7 @@ from torch import nn
 
 import offrecomp
 import offrecomp.diagnostics
+import offrecomp.replay_state
 import offrecomp.trace.recorder
 from tests import models
 from tests.helpers import batch_on, tight_budget, train, train_bitwise
@@ -280,11 +281,14 @@ def test_an_attribute_the_first_call_read_and_a_later_one_writes_replays_on_its_
 class _FactorBlock(nn.Module):
     """A block whose inner layer a K-FAC-style hook watches: the hook keeps an input
     covariance factor in a dict of its own, made on the layer's first call and updated in
-    place at each later one (``in_replay``: the update skipped in replays)."""
+    place at each later one (``in_replay``: the update skipped in replays). ``width``
+    sets the factor's size (``width**2`` floats)."""
 
-    def __init__(self, factors: dict[nn.Module, torch.Tensor], in_replay: bool = False) -> None:
+    def __init__(self, factors: dict[nn.Module, torch.Tensor], width: int = 16, in_replay: bool = False) -> None:
         super().__init__()
-        self.fc = nn.Linear(16, 16)
+        self.width = width
+        self.up = nn.Linear(16, width)
+        self.fc = nn.Linear(width, 16)
         self.factors = [factors]  # in a list: not a module attribute the runtime reads
         self.fc.register_forward_pre_hook(self._factor)
         self.in_replay = in_replay
@@ -293,51 +297,80 @@ class _FactorBlock(nn.Module):
         if self.in_replay and offrecomp.in_replay():
             return
         factors = self.factors[0]
-        a = args[0].detach().reshape(-1, 16)
+        a = args[0].detach().reshape(-1, self.width)
         if mod not in factors:
-            factors[mod] = torch.eye(16)
+            factors[mod] = torch.eye(self.width)
         factors[mod].mul_(0.9).add_(a.t() @ a, alpha=0.1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + torch.tanh(self.fc(x))
+        return x + self.fc(torch.tanh(self.up(x)))
+
+
+def _factor_run(mode: str | None, width: int = 16, guarded: bool = False, steps: int = 3) -> tuple[list[torch.Tensor], list[torch.Tensor], offrecomp.Runtime | None]:
+    torch.manual_seed(0)
+    factors: dict[nn.Module, torch.Tensor] = {}
+    model = models.Stack([_FactorBlock(factors, width, guarded) for _ in range(2)])
+    kw: dict[str, Any] = {"budget": 1} if mode == "auto" else {}  # the most frugal plan: it recomputes
+    rt = offrecomp.runtime(model, mode=mode, min_bytes=0, **kw) if mode else None
+    grads: list[torch.Tensor] = []
+    with rt if rt is not None else contextlib.nullcontext():
+        for step in range(steps):
+            model(_batch(step)).backward()
+            grads += [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+            model.zero_grad()
+    return grads, [f.clone() for f in factors.values()], rt
 
 
 @pytest.mark.parametrize("guarded", [False, True])
-def test_state_a_hook_makes_on_first_use_and_updates_later_stops_the_replay(guarded: bool) -> None:
-    """NOTE [Attributes written after the first call]: the factor the hook made in the
-    region's first call outlives it; the second call's forward updates it in place, and
-    that call's replay, which would update it again (other factors, so other updates,
-    silently), raises naming it; the region is kept from then on. Skipped under
-    ``offrecomp.in_replay()``, the update happens once per forward: bitwise."""
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_state_a_hook_makes_on_first_use_and_updates_later_replays_as_found(mode: str, guarded: bool) -> None:
+    """NOTE [State the first call made]: the factor the hook made in the region's first
+    call outlives it, and each later forward updates it in place. The first call's replay
+    leaves it as it found it, and the later calls' replays run on the copy their entry
+    took and put back what they wrote: each factor updated once per forward, as in a
+    plain run, and the region still replayed (recomputed in every step). Skipped under
+    ``offrecomp.in_replay()``, the same."""
+    ref, ref_factors, _ = _factor_run(None, steps=12)
+    got, factors, rt = _factor_run(mode, guarded=guarded, steps=12)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+    assert all(torch.equal(a, b) for a, b in zip(ref_factors, factors))
+    assert rt is not None
+    steps = rt.report().steps
+    assert all(s.recomputed_bytes > 0 for s in steps[-3:]), [(s.phase, s.recomputed_bytes) for s in steps]
 
-    def run(rt_mode: str | None) -> tuple[list[torch.Tensor], dict[nn.Module, torch.Tensor]]:
-        torch.manual_seed(0)
-        factors: dict[nn.Module, torch.Tensor] = {}
-        model = models.Stack([_FactorBlock(factors, guarded) for _ in range(2)])
-        rt = offrecomp.runtime(model, mode=rt_mode, min_bytes=0) if rt_mode else contextlib.nullcontext()
-        grads = []
-        with rt:
-            for step in range(3):
-                model(_batch(step)).backward()
-                grads += [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
-                model.zero_grad()
-        return grads, factors
 
-    ref, ref_factors = run(None)
-    if guarded:
-        got, factors = run("recompute")
-        assert all(torch.equal(a, b) for a, b in zip(ref, got))
-        assert all(torch.equal(a, b) for a, b in zip(ref_factors.values(), factors.values()))
-        return
+def test_large_state_a_hook_makes_on_first_use_and_updates_later_stops_the_replay() -> None:
+    """NOTE [State the first call made], NOTE [Attributes written after the first call]:
+    a factor too large to copy at each call's entry (here 100 KiB) is left as found by
+    the first call's replay (step 0 as plain); the second call's forward updates it in
+    place, which its exit sees: that call's replay, which would update it again, raises
+    naming it, and the region is kept from then on."""
+    ref, _, _ = _factor_run(None, width=160, steps=1)
+    got, _, _ = _factor_run("recompute", width=160, steps=1)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
     torch.manual_seed(0)
-    model = models.Stack([_FactorBlock({}) for _ in range(2)])
+    model = models.Stack([_FactorBlock({}, 160) for _ in range(2)])
     rt = offrecomp.runtime(model, mode="recompute", min_bytes=0)
     with rt:
         model(_batch(0)).backward()
         loss = model(_batch(1))
-        with pytest.raises(RuntimeError, match=r"a \(16, 16\) tensor the region's first call made and kept outside "
+        with pytest.raises(RuntimeError, match=r"a \(160, 160\) tensor the region's first call made and kept outside "
                            r"the region's modules .* in region 'blocks\.\d' was modified in place"):
             loss.backward()
     with rt:
         model(_batch(2)).backward()  # kept from then on
     assert rt.report().steps[-1].replays == 0
+
+
+def test_state_too_large_to_copy_that_the_first_replay_writes_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [State the first call made]: a factor over EXTERNAL_COPY_MAX_BYTES (lowered
+    here) is not copied before the first call's replay, which updates it again: the
+    replay raises after it, naming it, rather than leaving it updated twice unsaid."""
+    monkeypatch.setattr(offrecomp.replay_state, "EXTERNAL_COPY_MAX_BYTES", 512)
+    torch.manual_seed(0)
+    model = models.Stack([_FactorBlock({}) for _ in range(2)])
+    with offrecomp.runtime(model, mode="recompute", min_bytes=0):
+        loss = model(_batch(0))
+        with pytest.raises(RuntimeError, match=r"the replay of region 'blocks\.\d' wrote in place a \(16, 16\) "
+                           r"tensor its first call made"):
+            loss.backward()
