@@ -142,8 +142,8 @@ def inside_compiled(model: nn.Module, regions: list[Region]) -> list[str]:
 def warn_compiled(names: str) -> None:
     warn_once(
         f"compiled:{names}",
-        "offrecomp: region(s) %s run inside a torch.compile'd frame (torch.compile(model) or "
-        "model.compile()): a replay could not reproduce the compiled graph's saves, so their "
+        "offrecomp: region(s) %s run inside a torch.compile'd frame (torch.compile(model), "
+        "model.compile(), or a compiled function that calls them): a replay could not reproduce the compiled graph's saves, so their "
         "activations are kept or offloaded, never recomputed. To recompute with "
         "torch.compile, compile each block instead: block.compile(), or "
         "model.blocks[i] = torch.compile(model.blocks[i])",

@@ -46,26 +46,14 @@ names the models it ran ("train|gen:(4, 12, 8):float32:cpu", and for a pass that
 the generator and then the discriminator both, joined by " + ": NOTE [Pass
 signatures]), and each kind of pass gets its own profile and plan (one shared signature
 would let the longest pass type extend one profile that every pass type then runs).
-
-NOTE [Copies of a managed model]
-While the runtime is entered, a region's (and the root's) forward slot holds the
-runtime's wrapper. A copy of the module made meanwhile (copy.deepcopy(model) for an EMA
-or a teacher) would copy that slot too, and a plain function is shared by deepcopy: the
-copy would run the original module's forward with the original weights, silently, also
-after the runtime exited, and torch.save(model) would fail on it. The slot holds an
-_Installed instead: it calls the wrapper, and a deep copy or a pickle of it is what the
-slot held before (the module's own forward, bound to the copy), so the copy is a plain
-module the runtime does not manage. inspect.signature still sees the forward's signature
-through __wrapped__.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any, TypeGuard
+from typing import Any
 
 import torch
 from torch import nn
@@ -113,6 +101,7 @@ from offrecomp.regions import (
 )
 from offrecomp.replay import in_replay
 from offrecomp.signatures import Frozen, Part, signature_of
+from offrecomp.slots import Installed, KeptWrappers, own_forward, unwrap
 from offrecomp.state import PassState, RegionCall
 from offrecomp.trace import PassiveMode
 
@@ -151,7 +140,9 @@ class Installer:
         self._restore: list[Callable[[], None]] = []
         # NOTE [Forwards replaced while entered] (forward_patches.py): per region wrapped in its forward slot, its
         # wrapper and the slot's value last seen going through it
-        self._forwards: dict[Region, tuple[_Installed, Any]] = {}
+        self._forwards: dict[Region, tuple[Installed, Any]] = {}
+        # NOTE [Wrappers kept across entries] (slots.py)
+        self._kept = KeptWrappers()
         self._opt_hook: Any = None
         self._registration_hooks: list[Any] = []
         self._regions_epoch = -1  # structure_epoch() at the last _check_regions
@@ -193,9 +184,9 @@ class Installer:
         for region in self._regions:
             region.refresh()
             if region.in_place:
-                self._wrap_compiled_call(region.module, self._region_forward(region))
+                self._wrap_compiled_call(region.module, self._region_forward(region), owner=region)
             else:
-                wrapper = self._wrap_forward(region.module, self._region_forward(region))
+                wrapper = self._wrap_forward(region.module, self._region_forward(region), owner=region)
                 self._forwards[region] = (wrapper, wrapper)
         own = [r for r in self._regions if checkpoints_itself(r.module)]
         if own:
@@ -305,7 +296,7 @@ class Installer:
             module = region.module
             if region.in_place or getattr(module, tc.COMPILED_CALL_IMPL, None) is None:
                 continue
-            _unwrap(module, "forward")
+            unwrap(module, "forward")
             self._forwards.pop(region, None)
             region.refresh()
             self._wrap_compiled_call(module, self._region_forward(region))
@@ -319,10 +310,10 @@ class Installer:
             if slot is not seen:
                 self._forwards[region] = self._forward_replaced(region, wrapper, seen, slot)
 
-    def _forward_replaced(self, region: Region, wrapper: _Installed, seen: Any, slot: Any) -> tuple[_Installed, Any]:
+    def _forward_replaced(self, region: Region, wrapper: Installed, seen: Any, slot: Any) -> tuple[Installed, Any]:
         """The wrapper and the slot value to look for from now on, for ``region`` whose
         ``forward`` slot holds ``slot`` (None: none) instead of ``seen``."""
-        if _own_forward(slot, region.module):
+        if own_forward(slot, region.module):
             return slot, slot  # one of its own wrappers, put back (a patch undone: mock.patch's exit)
         if slot is not None and calls_one_of(slot, (wrapper, seen)):
             return wrapper, slot  # a patch around the wrapper (accelerate's): its calls still go through it
@@ -353,7 +344,7 @@ class Installer:
             if now is region.module or not _is_compiled(now) or now._modules.get("_orig_mod") is not region.module:
                 continue
             log.info("offrecomp: region %s is wrapped by torch.compile: its calls replay the compiled graph", region.name)
-            installed = _unwrap(region.module, "forward")
+            installed = unwrap(region.module, "forward")
             region.module = now
             region.refresh()
             if installed:  # entered: its wrapper goes where an entry would have put it
@@ -379,10 +370,11 @@ class Installer:
         call), in the compiled call of a model compiled in place; inside it, dynamo would
         meet a frame it must not trace and break the graph there, and ``fullgraph=True``
         would fail (NOTE [Compiled regions])."""
+        owner = ("root", name)
         if _compiled_in_place(module):
-            self._wrap_compiled_call(module, self._root_forward(module, name))
+            self._wrap_compiled_call(module, self._root_forward(module, name), owner=owner)
         else:
-            self._wrap_forward(module, self._root_forward(module, name))
+            self._wrap_forward(module, self._root_forward(module, name), owner=owner)
 
     def uninstall(self) -> None:
         """Take every hook and wrapper out, to the end through interrupts (NOTE
@@ -416,20 +408,25 @@ class Installer:
 
     # --------------------------------------------------------------- slots
 
-    def _wrap_forward(self, module: nn.Module, make: Make, *, first: bool = True) -> _Installed:
+    def _wrap_forward(self, module: nn.Module, make: Make, *, first: bool = True, owner: Any = None) -> Installed:
         """Put the runtime's wrapper in ``module``'s ``forward`` slot. The ``first`` one
         registers the restore at exit, which also undoes the wrappers later put around a
         forward replaced while entered (NOTE [Forwards replaced while entered] in
         forward_patches.py): each of those gives the slot back the forward it went
-        around."""
+        around. One made at an earlier entry for the same ``owner`` (a region, a root) is
+        put back where nothing it was made for changed (NOTE [Wrappers kept across
+        entries])."""
         had_instance_attr = "forward" in module.__dict__
         previous = module.__dict__.get("forward")
-        original = module.forward
-        wrapped = _Installed(make(original), module, "forward", previous)
+        wrapped = self._kept.get(module, "forward", owner, previous, self.compiled_model) if first else None
+        if wrapped is None:
+            wrapped = Installed(make(module.forward), module, "forward", previous)
+            if first:
+                self._kept.keep(module, "forward", owner, previous, self.compiled_model, wrapped)
 
         def restore() -> None:
             slot = module.__dict__.get("forward")
-            while _own_forward(slot, module):
+            while own_forward(slot, module):
                 if slot is wrapped:
                     if had_instance_attr:
                         module.forward = previous  # type: ignore[method-assign,assignment]
@@ -439,7 +436,7 @@ class Installer:
                 slot = slot.previous
                 if slot is None:  # it went around the class's (the instance's deleted)
                     module.__dict__.pop("forward", None)
-                elif not _own_forward(slot, module):
+                elif not own_forward(slot, module):
                     module.forward = slot  # type: ignore[method-assign]  # the user's forward it went around
             # else patched while entered (an adapter's forward), left so: the user's now
 
@@ -450,13 +447,16 @@ class Installer:
         module.forward = wrapped  # type: ignore[method-assign]
         return wrapped
 
-    def _wrap_compiled_call(self, module: nn.Module, make: Make) -> None:
+    def _wrap_compiled_call(self, module: nn.Module, make: Make, owner: Any = None) -> None:
         """A region compiled in place (``block.compile()``): wrap the compiled call, not the
         forward it compiles (NOTE [Compiled regions])."""
         slot = tc.COMPILED_CALL_IMPL
         original = getattr(module, slot)
         assert original is not None
-        wrapped = _Installed(make(original), module, slot, original)
+        wrapped = self._kept.get(module, slot, owner, original, self.compiled_model)
+        if wrapped is None:
+            wrapped = Installed(make(original), module, slot, original)
+            self._kept.keep(module, slot, owner, original, self.compiled_model, wrapped)
 
         def restore() -> None:
             if getattr(module, slot) is wrapped:  # not compiled again meanwhile
@@ -552,12 +552,20 @@ class Installer:
         begin_h, end_h = self._host(self._begin_region), self._host(self._end_region)
         hooks_back = self._host(self._native.hooks_back)
 
+        def traced(_ctx: Any) -> None:
+            # the root's wrapper warns too, where the compiled frame is the model's; not
+            # where it is a function the model's forward slot holds, which runs past it
+            if self.active:
+                warn_compiled(", ".join(r.name for r in self._regions))
+
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
             def forward(*args: Any, **kwargs: Any) -> Any:
                 if torch.compiler.is_compiling():
-                    # traced into a compiled caller's graph (torch.compile(model)): the
-                    # block's saves are the graph's, kept or offloaded (NOTE [Compiled regions])
+                    # traced into a compiled caller's graph (torch.compile(model),
+                    # model.forward = torch.compile(model.forward)): the block's saves are
+                    # the graph's, kept or offloaded (NOTE [Compiled regions])
+                    tc.at_trace_time(traced)
                     return original(*args, **kwargs)
                 # Run eagerly while the forward it calls will be compiled (a frame dynamo
                 # gave up tracing)? Only the evaluator tells.
@@ -686,56 +694,6 @@ def holds_compiled(model: nn.Module) -> bool:
     tracing: their own frames run for real, once per call (the frames they call are still
     compiled)."""
     return any(map(compiled_module, model.modules()))
-
-
-class _Installed:
-    """The runtime's wrapper in a module's ``forward`` (or ``_compiled_call_impl``) slot
-    (NOTE [Copies of a managed model])."""
-
-    def __init__(self, fn: Callable[..., Any], module: nn.Module, attr: str, previous: Any) -> None:
-        functools.update_wrapper(self, fn)  # __wrapped__, __name__, __doc__: introspection
-        self.fn = fn
-        self.module = module
-        self.attr = attr
-        self.previous = previous  # the slot's instance value before, None for the class's
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
-        copy_of = memo.get(id(self.module))
-        if copy_of is None:
-            return self  # copied on its own, not as part of its module
-        return _slot_as_before(copy_of, self.attr, copy.deepcopy(self.previous, memo))
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_slot_as_before, (self.module, self.attr, self.previous))
-
-
-def _own_forward(slot: Any, module: nn.Module) -> TypeGuard[_Installed]:
-    """``slot`` is a wrapper the runtime put in ``module``'s ``forward`` slot."""
-    return type(slot) is _Installed and slot.module is module and slot.attr == "forward"
-
-
-def _slot_as_before(module: nn.Module, attr: str, previous: Any) -> Any:
-    """What a copy's slot holds: the value before the runtime, or the class's method
-    bound to the copy (NOTE [Copies of a managed model])."""
-    if previous is not None:
-        return previous
-    return getattr(type(module), attr).__get__(module)
-
-
-def _unwrap(module: nn.Module, attr: str) -> bool:
-    """Put back what a slot held before the runtime's wrapper (False: it held none); the
-    wrapper's restore, at exit, then finds nothing to undo."""
-    wrapped = module.__dict__.get(attr)
-    if not isinstance(wrapped, _Installed):
-        return False
-    if wrapped.previous is None:
-        del module.__dict__[attr]
-    else:
-        setattr(module, attr, wrapped.previous)
-    return True
 
 
 def _names(names: list[str]) -> str:

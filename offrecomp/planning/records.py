@@ -107,7 +107,8 @@ def add_prediction(rec: StepRecord, entry: PlanEntry | None, plan: Plan) -> None
 def check_pass(rec: StepRecord, entry: PlanEntry, plan: Plan, p: PassState, *, own: bool) -> None:
     """The planned pass ``p`` of the step ``rec`` ran ``plan``: ``entry``'s own (``own``),
     or borrowed from it. Its peak against the plan's budget (NOTE [Budgets per pass]):
-    an infeasible own plan's warning, else the over-budget one, each once per entry."""
+    an infeasible plan's warning (one borrowed too: a lower budget would not help it),
+    else the over-budget one, each once per entry."""
     budget = plan.budget_bytes
     if budget is not None:
         rec.budget_bytes = max(rec.budget_bytes or 0, budget)
@@ -117,7 +118,7 @@ def check_pass(rec: StepRecord, entry: PlanEntry, plan: Plan, p: PassState, *, o
     ):  # another signature's micro-batch: its plan's peak (the step's own may be live)
         rec.predicted_peak_bytes = max(rec.predicted_peak_bytes, plan.predicted_peak_bytes)
     held = p.stats.peak_resident_bytes
-    if own and budget is not None and not plan.feasible:
+    if budget is not None and not plan.feasible:
         warn_infeasible(entry, plan, budget, held)
     else:
         check_budget(entry, plan, held, p.signature, double=p.double_backward)

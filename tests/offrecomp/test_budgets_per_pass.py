@@ -71,3 +71,18 @@ def test_micro_batches_of_other_shapes_are_checked_against_their_own_plans(caplo
         assert s.predicted_peak_bytes is not None and s.predicted_peak_bytes >= 0.9 * s.peak_activation_bytes
     for s in steps[-3:]:  # the short shape alone: within its budget
         assert s.peak_activation_bytes <= 1.05 * budget and s.budget_bytes == budget
+
+
+def test_a_borrowed_step_over_an_infeasible_budget_says_it_cannot_be_met(caplog: pytest.LogCaptureFixture) -> None:
+    """A budget no plan of the long shape meets; a short step borrows the long shape's
+    (most frugal) plan before that plan's own first step: it says the budget cannot be
+    met, naming the smallest one, once, and never that a lower budget would help (the
+    over-budget advice)."""
+    budget = _run([(SHORT,)], mode="keep").report().steps[0].peak_activation_bytes // 20
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        rt = _run([(LONG,), (LONG,), (SHORT,), (LONG,), (LONG,)], mode="auto", budget=budget)
+    assert [s.phase for s in rt.report().steps] == ["measure", "calibrate", "borrowed", "planned", "planned"]
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if "planned step held" in m], messages
+    infeasible = [m for m in messages if "cannot be met" in m]
+    assert len(infeasible) == 1 and f"(4, {LONG}, 64)" in infeasible[0], infeasible

@@ -621,11 +621,11 @@ def test_a_forward_replaced_while_entered_stays_a_region(how: str, variant: str)
         assert [s.replays for s in steps] == [3] * len(steps)
         assert len({s.peak_activation_bytes for s in steps}) == 1, [s.peak_activation_bytes for s in steps]
     assert all(f"blocks.{i}" in rt.explain() for i in range(3))
-    from offrecomp.install import _Installed
+    from offrecomp.slots import Installed
 
     for b in m.blocks:
         slot = b.__dict__.get("forward")
-        assert not isinstance(slot, _Installed) and (slot is None) == (how == "deleted")
+        assert not isinstance(slot, Installed) and (slot is None) == (how == "deleted")
 
 
 @pytest.mark.parametrize("how", ["closure", "wraps", "accelerate"])

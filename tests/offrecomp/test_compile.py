@@ -261,6 +261,39 @@ def test_the_runtime_adds_no_graph_to_a_compiled_model(how: Callable[..., torch.
         assert breaks == plain_breaks, mode
 
 
+@pytest.mark.parametrize("how", [_whole, _whole_in_place])
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_a_compiled_model_entered_per_step_compiles_once(how: Callable[..., torch.nn.Module], mode: str) -> None:
+    """NOTE [Wrappers kept across entries]: dynamo guards on each block's ``forward`` slot,
+    which holds the runtime's wrapper while entered. Entered per step (a loop that builds
+    its runtime once and enters it per step; a trainer's fit() called again), 10 steps:
+    one wrapper per block across the entries, so the graphs plain makes, run at every
+    step, and the compiled numerics. A new wrapper per entry recompiled at each step and,
+    past dynamo's recompile limit (8), ran the model eagerly."""
+    torch.manual_seed(0)
+    base = models.GPT(layers=2, h=32, heads=4, p=0.0)
+
+    def run(rt_mode: str | None) -> tuple[list[torch.Tensor], int, int]:
+        torch._dynamo.reset()
+        counting = _Counting()
+        m = _with_backend(how, counting)(twin(base))
+        rt = offrecomp.runtime(m, mode=rt_mode, min_bytes=0, budget="50%") if rt_mode else None
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        grads: list[torch.Tensor] = []
+        for step in range(10):
+            with rt if rt is not None else contextlib.nullcontext():
+                m(_batch(step)).backward()
+            grads += [p.grad.clone() for p in m.parameters()]  # type: ignore[union-attr]
+            opt.step()
+            opt.zero_grad()
+        return grads, counting.made, counting.runs
+
+    ref, made, runs = run(None)
+    got, made_rt, runs_rt = run(mode)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+    assert made_rt == made and runs_rt >= runs >= 10, (made, runs, made_rt, runs_rt)
+
+
 def _with_backend(how: Callable[..., torch.nn.Module], backend: Any) -> Callable[[torch.nn.Module], torch.nn.Module]:
     def go(m: torch.nn.Module) -> torch.nn.Module:
         if how is _whole:
@@ -338,6 +371,34 @@ def test_blocks_inside_a_compiled_frame_are_kept_not_replayed(
     assert_bitwise(ref, got)
     assert all(s.replays == 0 and s.recomputed_bytes == 0 for s in rt.report().steps)
     assert any("run inside a torch.compile'd frame" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_blocks_under_a_compiled_forward_function_are_kept_with_a_warning(
+    mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``model.forward = torch.compile(model.forward)`` (what Lightning does for a compiled
+    LightningModule): the root's wrapper runs eagerly around the compiled function, and
+    the blocks are traced into its graph through their wrappers, which warn at trace
+    time as the root's does for a compiled model; they had kept everything without a
+    word under ``mode="recompute"``."""
+    torch.manual_seed(0)
+    base = models.GPT(layers=2, h=32, heads=4, p=0.0)
+
+    def compiled(m: torch.nn.Module) -> torch.nn.Module:
+        m.forward = torch.compile(m.forward, backend="aot_eager")  # type: ignore[method-assign]
+        return m
+
+    torch._dynamo.reset()
+    ref = train(compiled(twin(base)), _batch, steps=2)
+    torch._dynamo.reset()
+    m = compiled(twin(base))
+    offrecomp.diagnostics.clear_warnings()
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        rt = offrecomp.runtime(m, mode=mode, min_bytes=0, budget="50%")
+        assert_bitwise(ref, train(m, _batch, rt, steps=2))
+    assert all(s.replays == 0 and s.recomputed_bytes == 0 for s in rt.report().steps)
+    assert any("blocks.0, blocks.1 run inside a torch.compile'd frame" in r.getMessage() for r in caplog.records)
 
 
 def test_a_compiled_optimizer_step_does_not_trace_the_runtime() -> None:

@@ -1,0 +1,114 @@
+"""The runtime's wrapper in a module's ``forward`` (or compiled-call) slot, and the
+wrappers kept from one entry to the next. ``install`` puts them in and takes them out.
+
+NOTE [Copies of a managed model]
+While the runtime is entered, a region's (and the root's) forward slot holds the
+runtime's wrapper. A copy of the module made meanwhile (copy.deepcopy(model) for an EMA
+or a teacher) would copy that slot too, and a plain function is shared by deepcopy: the
+copy would run the original module's forward with the original weights, silently, also
+after the runtime exited, and torch.save(model) would fail on it. The slot holds an
+Installed instead: it calls the wrapper, and a deep copy or a pickle of it is what the
+slot held before (the module's own forward, bound to the copy), so the copy is a plain
+module the runtime does not manage. inspect.signature still sees the forward's signature
+through __wrapped__.
+
+NOTE [Wrappers kept across entries]
+torch.compile(model) traces through each region's ``forward`` slot and guards on the
+object there: a new wrapper at each entry (a loop that enters the runtime per step, each
+fit() or train() of a trainer) would invalidate the compiled graph each time, and past
+dynamo's recompile limit the model would run eagerly, with other numerics. So an entry puts back the
+wrapper an earlier entry made for the same region or root where the module, the slot's
+value before it (an instance ``forward``, a compiled call), the class's attribute of
+that name and whether the model holds compiled code are all as they were.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable
+from typing import Any, TypeGuard
+
+from torch import nn
+
+__all__ = ["Installed", "KeptWrappers", "own_forward", "slot_as_before", "unwrap"]
+
+
+class Installed:
+    """The runtime's wrapper in a module's ``forward`` (or ``_compiled_call_impl``) slot
+    (NOTE [Copies of a managed model])."""
+
+    def __init__(self, fn: Callable[..., Any], module: nn.Module, attr: str, previous: Any) -> None:
+        functools.update_wrapper(self, fn)  # __wrapped__, __name__, __doc__: introspection
+        self.fn = fn
+        self.module = module
+        self.attr = attr
+        self.previous = previous  # the slot's instance value before, None for the class's
+        self.cls_fn: Any = None  # the class's attribute when kept (NOTE [Wrappers kept across entries])
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        copy_of = memo.get(id(self.module))
+        if copy_of is None:
+            return self  # copied on its own, not as part of its module
+        return slot_as_before(copy_of, self.attr, copy.deepcopy(self.previous, memo))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (slot_as_before, (self.module, self.attr, self.previous))
+
+
+def own_forward(slot: Any, module: nn.Module) -> TypeGuard[Installed]:
+    """``slot`` is a wrapper the runtime put in ``module``'s ``forward`` slot."""
+    return type(slot) is Installed and slot.module is module and slot.attr == "forward"
+
+
+def slot_as_before(module: nn.Module, attr: str, previous: Any) -> Any:
+    """What a copy's slot holds: the value before the runtime, or the class's method
+    bound to the copy (NOTE [Copies of a managed model])."""
+    if previous is not None:
+        return previous
+    return getattr(type(module), attr).__get__(module)
+
+
+def unwrap(module: nn.Module, attr: str) -> bool:
+    """Put back what a slot held before the runtime's wrapper (False: it held none); the
+    wrapper's restore, at exit, then finds nothing to undo."""
+    wrapped = module.__dict__.get(attr)
+    if not isinstance(wrapped, Installed):
+        return False
+    if wrapped.previous is None:
+        del module.__dict__[attr]
+    else:
+        setattr(module, attr, wrapped.previous)
+    return True
+
+
+class KeptWrappers:
+    """The wrapper each entry put in a slot, per (module, slot), with what it was made for
+    (NOTE [Wrappers kept across entries])."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[int, str], tuple[Any, Any, bool, Installed]] = {}
+
+    def get(self, module: nn.Module, slot: str, owner: Any, previous: Any, compiled: bool) -> Installed | None:
+        """The wrapper an earlier entry made for ``owner`` (a region, a root; None: keep
+        none) in ``module``'s ``slot``, where nothing it was made for changed."""
+        if owner is None:
+            return None
+        kept = self._kept.get((id(module), slot))
+        if kept is None:
+            return None
+        was_owner, was_previous, was_compiled, wrapped = kept
+        same = (
+            wrapped.module is module and was_owner == owner and was_previous is previous
+            and was_compiled == compiled and wrapped.cls_fn is getattr(type(module), slot, None)
+        )
+        return wrapped if same else None
+
+    def keep(self, module: nn.Module, slot: str, owner: Any, previous: Any, compiled: bool, wrapped: Installed) -> None:
+        """``wrapped``, made for ``owner`` now, goes back in at the next entry."""
+        if owner is not None:
+            wrapped.cls_fn = getattr(type(module), slot, None)
+            self._kept[(id(module), slot)] = (owner, previous, compiled, wrapped)
