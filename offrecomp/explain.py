@@ -135,6 +135,14 @@ def explain_plan(
             _seconds(ran) if ran is not None else "-",
         ]
         rows.append((r.name, r.call_index, values, _why(r, n, plan, regions)))
+    traced = [g.name for g in regions if g.traced]
+    if not profile.regions and traced:  # NOTE [Compiled regions]
+        lines.append(
+            f"  no region call to place: {', '.join(traced)} ran inside a torch.compile'd caller, traced "
+            "into its graph, whose saves are kept (or offloaded); compile each block instead "
+            "(block.compile()) to recompute them"
+        )
+        return "\n".join(lines)
     lines += table(rows, [*PLACEMENT_COLUMNS, ("fwd s", 9), ("bwd s", 9), ("replay s", 9), ("ran s", 9)])
     return "\n".join(lines)
 
@@ -196,6 +204,13 @@ def explain_forced(
                 f"  the last step ran no region call with gradients on: {', '.join(off)} ran "
                 "their forward with gradients off (an autograd.Function's forward, as a "
                 "reversible network's, or torch.no_grad()), saving nothing to place"
+            )
+        elif any(r.traced for r in regions):  # NOTE [Compiled regions]
+            traced = ", ".join(r.name for r in regions if r.traced)
+            lines.append(
+                f"  the last step called no region outside a compiled frame: {traced} ran inside a "
+                "torch.compile'd caller, traced into its graph, whose saves are kept (or offloaded), "
+                "never recomputed; compile each block instead (block.compile()) to recompute them"
             )
         else:
             lines.append("  the last step called no region; regions: " + names)

@@ -197,6 +197,8 @@ class Installer:
         if self.compiled_model and model is not None:
             inside = inside_compiled(model, self._regions)
             if inside:
+                for r in self._regions:
+                    r.traced = r.traced or r.name in inside
                 warn_compiled(", ".join(inside))
         self._wrap_roots()
         # never traced into a compiled optimizer step (torch.compile(opt.step)): dynamo
@@ -487,6 +489,8 @@ class Installer:
                     warn_other_thread()
                     return None
                 if (compiling or _is_compiled(module)) and regions:
+                    for r in regions:
+                        r.traced = True
                     warn_compiled(", ".join(r.name for r in regions))
                 self._follow_compiles()
                 self._follow_forwards()
@@ -515,6 +519,8 @@ class Installer:
 
         def traced(_ctx: Any) -> None:
             if self.active and regions:
+                for r in regions:
+                    r.traced = True
                 warn_compiled(", ".join(r.name for r in regions))
 
         begin_h, fail, returned_h = self._host(begin), self._host(failed), self._host(returned)
@@ -556,6 +562,7 @@ class Installer:
             # the root's wrapper warns too, where the compiled frame is the model's; not
             # where it is a function the model's forward slot holds, which runs past it
             if self.active:
+                region.traced = True
                 warn_compiled(", ".join(r.name for r in self._regions))
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -618,6 +625,7 @@ class Installer:
         if tc.top_saved_tensors_hooks() is None:  # another thread: hooks are per thread, ours are not there
             return None
         if compiling:
+            region.traced = True
             warn_compiled(region.name)
             return None
         life = self._life

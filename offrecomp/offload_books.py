@@ -15,6 +15,7 @@ from typing import Literal
 from offrecomp.backends import Backend, Event
 from offrecomp.pool import FailureReason, PinnedPool, PoolStats
 from offrecomp.transfer import OffloadStats, gbps
+from scheduler.units import format_bytes
 
 __all__ = ["TIME_EVERY", "StepBooks"]
 
@@ -99,10 +100,12 @@ class StepBooks:
             self.warned.add(reason)
             stats = pool.stats()
             logger.warning(
-                "offrecomp: the pinned host pool cannot take %d more bytes: %d in use and %d "
-                "for groups not yet copied, of a limit of %d; saves fall back to "
-                "keep/recompute. Raise OFFRECOMP_HOST_LIMIT to offload more",
-                nbytes, stats.in_use_bytes, pending, pool.limit_bytes,
+                "offrecomp: the pinned host pool cannot take %s more (%d bytes): %s in use and %s "
+                "for groups not yet copied, of a limit of %s; the saves it cannot take are kept "
+                "(or recomputed, where a plan drops them). Raise the host limit (host_limit=, "
+                "OFFRECOMP_HOST_LIMIT) to offload more",
+                format_bytes(nbytes), nbytes, format_bytes(stats.in_use_bytes), format_bytes(pending),
+                format_bytes(pool.limit_bytes),
             )
 
     def end_step(self, backend: Backend, pool: PoolStats, live_groups: int) -> OffloadStats:

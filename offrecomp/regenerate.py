@@ -217,7 +217,11 @@ class Regenerator:
                     structure.placeholders_ok = False
                     log.warning(
                         "offrecomp: replay of region %r with placeholders diverged (%s); "
-                        "replaying it without placeholders from now on",
+                        "replaying it without placeholders from now on. A forward that does "
+                        "not compute the same thing twice (a branch on a counter outside the "
+                        "region's modules, data-dependent routing) also replays with other "
+                        "values: OFFRECOMP_VERIFY=1 checks each replay's saves against the "
+                        "forward's; keep such a region (regions=)",
                         call.name, exc,
                     )
                     continue

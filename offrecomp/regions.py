@@ -139,6 +139,9 @@ class Region:
     grad_off: bool = False
     """A call of it ran with gradients off inside a root forward that trains (NOTE
     [Regions with gradients off] in diagnostics.py): autograd saved nothing of it."""
+    traced: bool = False
+    """Dynamo traced a call of it into a compiled caller's graph (NOTE [Compiled regions]):
+    such calls are the graph's, no region call of the runtime's."""
     guarded_attrs: frozenset[str] = frozenset()
     """Attributes its forward sets only outside a replay: its replays take their exit
     values at their first ``in_replay()`` (NOTE [Module attributes] in changes.py)."""

@@ -39,17 +39,23 @@ class StepRecord:
     """Offload backend (``cuda``, ``emulated``) when anything was offloaded."""
     peak_activation_bytes: int = 0
     """Peak of activation bytes resident on the device, by the runtime's books (kept
-    storages + region inputs + offloads in flight + reloads + replayed tensors)."""
+    storages + region inputs + offloads in flight + reloads + replayed tensors), the
+    highest of the step's passes. Where a region's recording describes its call (auto's
+    passes), the temporaries its forward holds while it runs count too (NOTE [Forward
+    transients] in scheduler/working_set.py); a forced mode's calls have no recording, so
+    the same placements can book less there than under auto."""
     device_peak_bytes: int | None = None
     """Allocator peak during the step minus the allocation at its start (CUDA only): an
     independent check of the books."""
     kept_bytes: int = 0
-    """Bytes placed KEEP (region inputs included), each storage counted once."""
+    """Bytes placed KEEP (region inputs included), each storage counted once per pass and
+    summed over the step's passes (micro-batches): unlike the peak, which is one pass's."""
     offloaded_bytes: int = 0
-    """Bytes placed OFFLOAD. With the ``emulated`` backend (on CPU) the copies stay in
-    host memory and save none: the report's table marks them ``(emulated)``."""
+    """Bytes placed OFFLOAD, summed over passes as ``kept_bytes``. With the ``emulated``
+    backend (on CPU) the copies stay in host memory and save none: the report's table
+    marks them ``(emulated)``."""
     recomputed_bytes: int = 0
-    """Bytes placed RECOMPUTE (dropped in forward)."""
+    """Bytes placed RECOMPUTE (dropped in forward); summed over passes, as ``kept_bytes``."""
     input_bytes: int = 0
     """Bytes of region inputs (replay checkpoints), whatever their placement."""
     recompute_seconds: float = 0.0

@@ -140,8 +140,8 @@ def summarize(run: Sequence[StepRecord], title: str = "run") -> str:
         return f"{title}: no steps"
     last = run[-1]
     phases: dict[str, list[StepRecord]] = {}
-    for r in run:
-        phases.setdefault(r.phase or "-", []).append(r)
+    for r in run:  # every phase the step ran (measure+calibrate under gradient accumulation)
+        phases.setdefault(r.phases or r.phase or "-", []).append(r)
     head = f"{title}: {len(run)} steps (step {run[0].step} to {last.step})"
     if last.mode:
         head += f", mode {last.mode}"

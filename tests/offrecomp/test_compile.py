@@ -371,6 +371,8 @@ def test_blocks_inside_a_compiled_frame_are_kept_not_replayed(
     assert_bitwise(ref, got)
     assert all(s.replays == 0 and s.recomputed_bytes == 0 for s in rt.report().steps)
     assert any("run inside a torch.compile'd frame" in r.getMessage() for r in caplog.records)
+    if mode != "auto":  # auto: no plan yet after 2 steps
+        assert "blocks.1 ran inside a torch.compile'd caller" in rt.explain(), rt.explain()  # not "called no region"
 
 
 @pytest.mark.parametrize("mode", ["recompute", "auto"])

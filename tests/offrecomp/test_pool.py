@@ -91,7 +91,11 @@ def test_a_refusal_for_groups_not_yet_copied_says_so(caplog: pytest.LogCaptureFi
             assert engine.add(group, torch.ones(40 * KiB, dtype=torch.uint8), 40 * KiB) == 0
             assert engine.add(group, torch.ones(32 * KiB, dtype=torch.uint8), 32 * KiB) == -1
         (msg,) = [r.getMessage() for r in caplog.records if "cannot take" in r.getMessage()]
-        assert "cannot take 32768 more bytes: 0 in use and 40960 for groups not yet copied, of a limit of 65536" in msg
+        assert (
+            "cannot take 32.00 KiB more (32768 bytes): 0 B in use and 40.00 KiB for groups not yet copied, "
+            "of a limit of 64.00 KiB" in msg
+        ), msg
+        assert "host_limit=, OFFRECOMP_HOST_LIMIT" in msg
     finally:
         engine.close()
 

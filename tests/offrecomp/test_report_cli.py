@@ -65,6 +65,20 @@ def test_report_reads_to_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "2 steps" in out and "phases: recompute 2" in out
 
 
+def test_report_counts_every_phase_a_step_ran(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two micro-batches a step: auto's first step measures and then calibrates; the
+    summary counts it as such (``StepRecord.phases``), not by its first pass alone."""
+    model, batch = make("gpt_dropout")
+    with offrecomp.runtime(model, min_bytes=0) as rt:
+        train(model, batch, steps=3, accumulate=2)
+    assert [s.phases for s in rt.report().steps] == ["measure+calibrate", "planned", "planned"]
+    path = tmp_path / "report.json"
+    path.write_text(rt.report().to_json())
+    code, out, err = _run(["report", str(path)], capsys)
+    assert code == 0, err
+    assert "phases: measure+calibrate 1, planned 2" in out, out
+
+
 def test_report_bad_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"step": 0}) + "\nnot json\n" + json.dumps({"step": 1}) + "\n")
