@@ -47,6 +47,15 @@ KEEP, OFFLOAD, RECOMPUTE = Placement.KEEP, Placement.OFFLOAD, Placement.RECOMPUT
 _graph_task_id = tc.graph_task_id
 
 
+_PLACEHOLDERS_DIVERGED = (
+    "offrecomp: replay of region %r with placeholders diverged (%s); replaying it without "
+    "placeholders from now on. A forward that does not compute the same thing twice (a "
+    "branch on a counter outside the region's modules, data-dependent routing) also replays "
+    "with other values: OFFRECOMP_VERIFY=1 checks each replay's saves against the "
+    "forward's; keep such a region (regions=)"
+)
+
+
 class Regenerator:
     """Replays region calls for one runtime."""
 
@@ -215,15 +224,7 @@ class Regenerator:
                     continue
                 if structure is not None and program is not None and isinstance(exc, PlaceholderReadError):
                     structure.placeholders_ok = False
-                    log.warning(
-                        "offrecomp: replay of region %r with placeholders diverged (%s); "
-                        "replaying it without placeholders from now on. A forward that does "
-                        "not compute the same thing twice (a branch on a counter outside the "
-                        "region's modules, data-dependent routing) also replays with other "
-                        "values: OFFRECOMP_VERIFY=1 checks each replay's saves against the "
-                        "forward's; keep such a region (regions=)",
-                        call.name, exc,
-                    )
+                    log.warning(_PLACEHOLDERS_DIVERGED, call.name, exc)
                     continue
                 region = call.region
                 if structure is not None and program is not None and region is not None:
