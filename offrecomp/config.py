@@ -1,7 +1,9 @@
 """Configuration: the ``Config`` dataclass and the only place that reads ``os.environ``.
 
 Precedence: keyword argument > ``OFFRECOMP_*`` environment variable > default, except
-``OFFRECOMP_DISABLE=1``, which always wins and turns the runtime into a no-op.
+``OFFRECOMP_DISABLE=1``, which always wins and turns the runtime into a no-op. A ``Config``
+built directly is read by the same rule: a field set to other than its default is an
+argument, one left at its default is filled from the environment (:meth:`Config.checked`).
 Every bad value raises ``ValueError`` naming the variable (or argument), the value and
 the accepted forms.
 """
@@ -112,19 +114,22 @@ def _parse_choice(value: object, *, name: str, choices: tuple[str, ...]) -> str:
 
 
 def _parse_log_level(value: object, *, name: str) -> str:
-    """A level as ``logging`` knows it: a name in any case (``"info"``) or a number
-    (``logging.INFO``, ``"20"``; a level registered with ``logging.addLevelName`` too),
-    stored as its name."""
-    forms = f"{', '.join(LOG_LEVELS)} (any case), or a level number such as logging.INFO (20)"
+    """A level as ``logging`` takes it: a name in any case (``"info"``; one registered
+    with ``logging.addLevelName`` too) or any number >= 0 (``logging.INFO``, ``"20"``,
+    ``15``), stored as its name, or as its digits where the number has none (``"15"``;
+    :func:`apply_log_level` turns them back into the number)."""
+    forms = f"{', '.join(LOG_LEVELS)} (any case), or a level number >= 0 such as logging.INFO (20)"
     text = str(value).strip()
-    if (isinstance(value, int) and not isinstance(value, bool)) or text.isdigit():
-        level_name = logging.getLevelName(int(text))  # "Level 15" for a number without a name
-        if isinstance(level_name, str) and level_name != "NOTSET" and not level_name.startswith("Level "):
-            return level_name
+    number = isinstance(value, int) and not isinstance(value, bool)
+    if number or (isinstance(value, str) and text.isascii() and text.isdigit()):
+        level = int(text)
+        if level >= 0:
+            level_name = logging.getLevelName(level)  # "Level 15" for a number without a name
+            return level_name if not level_name.startswith("Level ") else str(level)
     elif isinstance(value, str) and text.upper() in LOG_LEVELS:
         return text.upper()
-    elif isinstance(value, str) and text and text != "NOTSET" and isinstance(logging.getLevelName(text), int):
-        return text  # a name registered with logging.addLevelName
+    elif isinstance(value, str) and text and isinstance(logging.getLevelName(text), int):
+        return text  # NOTSET, or a name registered with logging.addLevelName
     raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
 
 
@@ -311,9 +316,7 @@ class Config:
             sources["regions"] = "argument"
         _warn_unknown_variables(env)
         local_world_size(env)  # a bad LOCAL_WORLD_SIZE is told now, not when the pool is made
-        # OFFRECOMP_DISABLE always wins, whatever the arguments say.
-        raw_disable = env.get("OFFRECOMP_DISABLE", "").strip()
-        if raw_disable and _parse_bool(raw_disable, name="OFFRECOMP_DISABLE"):
+        if _disabled_by(env):  # whatever the arguments say
             values["disable"] = True
             sources["disable"] = "env"
         cfg = cls(**values)
@@ -321,21 +324,51 @@ class Config:
         cfg._parsed = {fname: getattr(cfg, fname) for fname in _FIELD_PARSERS}
         return cfg
 
-    def checked(self) -> Config:
-        """This config with each field through its parser, as ``resolve`` reads an
-        argument (``Config(budget="4MiB")`` built directly holds the string): a bad value
-        raises naming the field, the value and the accepted forms, before any step runs.
-        A field still holding the value a parser gave it is passed over: parsing a path
-        opens its file, which ``resolve`` did already."""
+    def checked(self, *, environ: Mapping[str, str] | None = None) -> Config:
+        """This config as the runtime uses it, ``OFFRECOMP_DISABLE=1`` applied whatever it
+        says (the rollback switch reaches a config built in code too).
+
+        One built directly (no ``sources``, as ``Config(budget="4MiB")``) is resolved with
+        its fields as the arguments: those set to other than their default, which win over
+        the environment; the rest are left to it, as an argument not given is. So a field
+        set to its default value is not told from one left alone.
+
+        One ``resolve`` made has each field changed since (``dataclasses.replace``, an
+        attribute written) through its parser, as an argument: a bad value raises naming
+        the field, the value and the accepted forms, before any step runs. A field still
+        holding the value a parser gave it is passed over: parsing a path opens its file,
+        which ``resolve`` did already."""
+        env = os.environ if environ is None else environ
+        if not self.sources:
+            return Config.resolve(self._set_fields(), environ=env)
         parsed = self._parsed
         values: dict[str, Any] = {}
+        sources = dict(self.sources)  # a replaced config shares its original's dict
         for fname, (_, parser) in _FIELD_PARSERS.items():
             value = getattr(self, fname)
-            done = value is None or (fname in parsed and parsed[fname] is value)
-            values[fname] = value if done else parser(value, name=fname)
-        out = dataclasses.replace(self, **values)
+            if fname in parsed and parsed[fname] is value:
+                values[fname] = value
+                continue
+            values[fname] = None if value is None else parser(value, name=fname)
+            sources[fname] = "argument"
+        if _disabled_by(env):
+            values["disable"] = True
+            sources["disable"] = "env"
+        out = dataclasses.replace(self, **values, sources=sources)
         out._parsed = values
         return out
+
+    def _set_fields(self) -> dict[str, Any]:
+        """The fields of a config built directly that hold other than their default."""
+        given: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name in ("sources", "_parsed"):
+                continue
+            value = getattr(self, f.name)
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            if not (value is default or (type(value) is type(default) and value == default)):
+                given[f.name] = value
+        return given
 
     @property
     def active(self) -> bool:
@@ -353,6 +386,12 @@ class Config:
                 val = getattr(val, "__name__", "fn")
             parts.append(f"{f.name}={val} ({self.sources.get(f.name, 'default')})")
         return ", ".join(parts)
+
+
+def _disabled_by(env: Mapping[str, str]) -> bool:
+    """``OFFRECOMP_DISABLE`` set true (a bad value raises, whatever the arguments say)."""
+    raw = env.get("OFFRECOMP_DISABLE", "").strip()
+    return bool(raw) and _parse_bool(raw, name="OFFRECOMP_DISABLE")
 
 
 def _not_given(value: object) -> bool:
@@ -429,6 +468,13 @@ _FIELD_PARSERS: dict[str, tuple[str, Callable[..., Any]]] = {
 #: Every environment variable the runtime reads, for docs and tests.
 ENV_VARS: tuple[str, ...] = tuple(var for var, _ in _FIELD_PARSERS.values())
 
+#: The options only ``mode="auto"``'s planner reads: a forced mode places every storage
+#: itself, so it sets no budget, solves and caches no plan, measures no profile.
+AUTO_ONLY: tuple[str, ...] = (
+    "budget", "budget_margin", "max_overhead", "infeasible", "drift", "plan_cache_size",
+    "d2h_gbps", "h2d_gbps", "profile_path",
+)
+
 
 def local_world_size(environ: Mapping[str, str] | None = None) -> int:
     """Ranks sharing this node: ``LOCAL_WORLD_SIZE`` as torchrun sets it (default 1)."""
@@ -448,8 +494,31 @@ def local_world_size(environ: Mapping[str, str] | None = None) -> int:
 
 
 def apply_log_level(cfg: Config) -> None:
-    if cfg.log_level is not None:
-        logging.getLogger("offrecomp").setLevel(cfg.log_level)
+    level = cfg.log_level
+    if level is not None:
+        logging.getLogger("offrecomp").setLevel(int(level) if level.isdigit() else level)
+
+
+def tell_auto_only(cfg: Config) -> None:
+    """The options only ``mode="auto"`` reads (:data:`AUTO_ONLY`) given although a forced
+    mode ignores them, said once as the runtime is made: a warning for those given as
+    arguments (or on the Config), an INFO line for those from variables."""
+    if not cfg.active or cfg.mode == "auto":
+        return
+    given: dict[str, list[str]] = {}
+    for fname in AUTO_ONLY:
+        given.setdefault(cfg.sources.get(fname, "default"), []).append(fname)
+    log = logging.getLogger("offrecomp")
+    if given.get("argument"):
+        log.warning(
+            "offrecomp: mode=%r ignores %s: options of mode='auto' only (docs/tuning.md)",
+            cfg.mode, ", ".join(f"{f}={getattr(cfg, f)}" for f in given["argument"]),
+        )
+    if given.get("env"):
+        log.info(
+            "offrecomp: mode=%r ignores %s: options of mode='auto' only",
+            cfg.mode, ", ".join(_FIELD_PARSERS[f][0] for f in given["env"]),
+        )
 
 
 _warned_variables: set[str] = set()

@@ -35,7 +35,7 @@ from torch import nn
 from offrecomp import _torch_compat as tc
 from offrecomp.calls import RegionCalls, model_storage_ptrs
 from offrecomp.changes import BufferPtrs
-from offrecomp.config import Config, apply_log_level
+from offrecomp.config import Budget, Config, Prefetch, apply_log_level, tell_auto_only
 from offrecomp.diagnostics import Diagnostics, refused_transform, warn_collective
 from offrecomp.groups import OffloadGroups
 from offrecomp.hooks import Placer
@@ -121,10 +121,11 @@ class Runtime:
         if model is not None and not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
         self.model = model
-        config = self.config = config.checked()  # one built directly is read as resolve reads arguments
+        config = self.config = config.checked()  # one built directly is resolved, its fields the arguments
         if config.active:
             tc.check_torch_version()
         apply_log_level(config)
+        tell_auto_only(config)
         self._regions = _regions_of(model, config)
         self._plan = _PlanSlot()
         self._entered = False
@@ -198,7 +199,7 @@ class Runtime:
         Waits for the device times of finished steps (a host sync on GPU)."""
         with self._lock:
             self._life.resolve(wait=True)
-            cfg = {k: str(v) for k, v in vars(self.config).items() if k not in ("sources", "_parsed")}
+            cfg = {k: _json_value(v) for k, v in vars(self.config).items() if k not in ("sources", "_parsed")}
             return Report(steps=list(self._life.steps), config=cfg)
 
     def set_plan(self, plan: Plan | None) -> None:
@@ -471,6 +472,22 @@ def _regions_of(model: nn.Module | None, config: Config) -> list[Region]:
             type(model).__name__,
         )
     return regions if config.active else []
+
+
+def _json_value(value: Any) -> Any:
+    """A config value as JSON holds it: its own types as they are, a list or tuple as a
+    list, a size in bytes as its byte count, a share or a prefetch window as it reads
+    (``60%``, ``2 regions``), and anything else (a module type, a ``regions=`` function)
+    as its repr."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    if isinstance(value, Budget) and value.nbytes is not None:
+        return value.nbytes  # exact, where its str rounds
+    if isinstance(value, (Budget, Prefetch)):
+        return str(value)
+    return repr(value)
 
 
 def _model_device(model: nn.Module | None) -> torch.device | None:

@@ -7,6 +7,7 @@ import logging
 import pathlib
 
 import pytest
+from torch import nn
 
 import offrecomp
 from offrecomp.config import ENV_VARS, Budget, Config, Prefetch, format_bytes, parse_bytes
@@ -205,27 +206,32 @@ def test_a_bad_budget_lists_every_accepted_form(value: str) -> None:
 @pytest.mark.parametrize(
     ("value", "stored"),
     [(logging.INFO, "INFO"), (logging.DEBUG, "DEBUG"), (40, "ERROR"), ("20", "INFO"), ("warning", "WARNING"),
-     (" Critical ", "CRITICAL")],
+     (" Critical ", "CRITICAL"), (15, "15"), (" 15 ", "15"), (0, "NOTSET"), ("0", "NOTSET"), (55, "55")],
 )
 def test_log_level_takes_logging_numbers_and_names(value: object, stored: str) -> None:
+    """Any level number >= 0 is a level, as ``logging`` takes it; one without a name is
+    kept as its digits (and parses again to itself)."""
     cfg = Config.resolve({"log_level": value}, environ={})
     assert cfg.log_level == stored and cfg.sources["log_level"] == "argument"
     assert Config.resolve({}, environ={"OFFRECOMP_LOG": str(value)}).log_level == stored
+    assert Config.resolve({"log_level": stored}, environ={}).log_level == stored
 
 
-@pytest.mark.parametrize("value", [15, -10, 0, True, 20.0, "LOUD", "NOTSET"])
+@pytest.mark.parametrize("value", [-10, "-10", True, 20.0, "LOUD", "1e3"])
 def test_log_level_rejects_what_logging_does_not_name(value: object) -> None:
     with pytest.raises(ValueError, match=r"log_level=.* is invalid; accepted: DEBUG, INFO, WARNING, ERROR, "
-                                         r"CRITICAL \(any case\), or a level number such as logging.INFO \(20\)"):
+                                         r"CRITICAL \(any case\), or a level number >= 0 such as "
+                                         r"logging.INFO \(20\)"):
         Config.resolve({"log_level": value}, environ={})
 
 
-def test_a_log_level_number_sets_the_logger() -> None:
+@pytest.mark.parametrize("level", [logging.ERROR, 15, "15"])
+def test_a_log_level_number_sets_the_logger(level: object) -> None:
     logger = logging.getLogger("offrecomp")
     before = logger.level
     try:
-        offrecomp.runtime(None, log_level=logging.ERROR)
-        assert logger.level == logging.ERROR
+        offrecomp.runtime(None, log_level=level)
+        assert logger.level == int(level)  # type: ignore[call-overload]
     finally:
         logger.setLevel(before)
 
@@ -280,8 +286,6 @@ def test_runtime_and_plan_command_accept_the_same_values(
 def test_a_config_built_directly_is_read_as_arguments_are() -> None:
     """``Runtime(model, Config(...))``: fields given raw are parsed (a unit string, a
     number of regions), and a bad one is refused naming it, before any step runs."""
-    from torch import nn
-
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
     rt = offrecomp.Runtime(model, Config(budget="4MiB", prefetch=3, min_bytes="1KiB"))  # type: ignore[arg-type]
     assert rt.config.budget == Budget(nbytes=4 << 20)
@@ -328,3 +332,83 @@ def test_resolved_fields_are_not_parsed_again(tmp_path: pathlib.Path, monkeypatc
     cfg.budget = "x"  # type: ignore[assignment]
     with pytest.raises(ValueError, match="budget"):
         cfg.checked()
+
+
+def _two_linears() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+
+
+def test_disable_wins_over_a_config_built_directly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``OFFRECOMP_DISABLE=1`` is the rollback switch: a Config the user built is off too."""
+    monkeypatch.setenv("OFFRECOMP_DISABLE", "1")
+    rt = offrecomp.Runtime(_two_linears(), Config(mode="keep"))
+    assert rt.config.disable and not rt.config.active and rt.config.sources["disable"] == "env"
+    with rt:
+        assert not rt.active
+    resolved = Config.resolve({"mode": "keep"}, environ={})  # resolved apart from this environment
+    assert not offrecomp.Runtime(_two_linears(), resolved).config.active
+    monkeypatch.setenv("OFFRECOMP_DISABLE", "maybe")
+    with pytest.raises(ValueError, match=r"OFFRECOMP_DISABLE='maybe' is invalid"):
+        offrecomp.Runtime(_two_linears(), Config(mode="keep"))
+
+
+def test_a_config_built_directly_takes_the_environment_where_it_holds_defaults(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its fields are arguments: one set wins over the variable, one left at its default
+    is filled from the environment as ``runtime()`` fills an argument not given; a bad
+    variable is refused (or, overridden, warned about) as for ``runtime()``."""
+    monkeypatch.setenv("OFFRECOMP_MODE", "recompute")
+    monkeypatch.setenv("OFFRECOMP_BUDGET", "8MiB")
+    cfg = offrecomp.Runtime(_two_linears(), Config(budget="4MiB")).config  # type: ignore[arg-type]
+    assert cfg.budget == Budget(nbytes=4 << 20) and cfg.sources["budget"] == "argument"
+    assert cfg.mode == "recompute" and cfg.sources["mode"] == "env"
+    assert cfg.min_bytes == 64 * 1024 and cfg.sources["min_bytes"] == "default"
+    monkeypatch.setenv("OFFRECOMP_MIN_BYTES", "lots")
+    with pytest.raises(ValueError, match=r"OFFRECOMP_MIN_BYTES='lots' is invalid"):
+        offrecomp.Runtime(_two_linears(), Config(mode="keep"))
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        cfg = offrecomp.Runtime(_two_linears(), Config(mode="keep", min_bytes=1024)).config
+    assert cfg.min_bytes == 1024 and cfg.mode == "keep"
+    assert any("OFFRECOMP_MIN_BYTES='lots' is invalid" in r.getMessage() for r in caplog.records)
+
+
+def test_a_config_built_directly_says_its_fields_are_arguments(caplog: pytest.LogCaptureFixture) -> None:
+    """The startup line names where each setting came from: set on the object is an
+    argument, as a keyword of ``runtime()`` is; one replaced in a resolved config too."""
+    with caplog.at_level(logging.INFO, logger="offrecomp"):
+        rt = offrecomp.Runtime(
+            _two_linears(), Config(budget="4MiB", mode="keep", log_level="INFO")  # type: ignore[arg-type]
+        )
+    line = next(r.getMessage() for r in caplog.records if "mode=keep" in r.getMessage())
+    for part in ("mode=keep (argument)", "budget=4.00 MiB (argument)", "log_level=INFO (argument)",
+                 "min_bytes=65536 (default)"):
+        assert part in line, line
+    assert rt.config.sources["mode"] == "argument"
+    resolved = Config.resolve({}, environ={"OFFRECOMP_MODE": "offload"})
+    replaced = offrecomp.Runtime(_two_linears(), dataclasses.replace(resolved, mode="keep")).config
+    assert replaced.mode == "keep" and replaced.sources["mode"] == "argument"
+    assert resolved.sources["mode"] == "env"  # the original's books are its own
+
+
+def test_auto_only_options_under_a_forced_mode_are_told(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``budget=`` and the planner's other knobs do nothing under keep/offload/recompute:
+    given as arguments (or on a Config), one warning names them; from the environment, INFO."""
+    with caplog.at_level(logging.INFO, logger="offrecomp"):
+        offrecomp.runtime(_two_linears(), mode="keep", budget="4MiB", drift=0.5, min_bytes=0)
+        offrecomp.Runtime(_two_linears(), Config(mode="offload", max_overhead=0.1, plan_cache_size=4))
+        offrecomp.runtime(_two_linears(), budget="4MiB", infeasible="error")  # auto: all apply
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "mode='auto' only" in r.getMessage()]
+    warned = [m for level, m in said if level == logging.WARNING]
+    assert len(warned) == len(said) == 2, said
+    assert "budget=4.00 MiB, drift=0.5" in warned[0], warned
+    assert "mode='keep'" in warned[0] and "min_bytes" not in warned[0], warned
+    assert "max_overhead=0.1, plan_cache_size=4" in warned[1] and "mode='offload'" in warned[1], warned
+    caplog.clear()
+    monkeypatch.setenv("OFFRECOMP_BUDGET", "4MiB")
+    with caplog.at_level(logging.INFO, logger="offrecomp"):
+        offrecomp.runtime(_two_linears(), mode="recompute")
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "mode='auto' only" in r.getMessage()]
+    assert len(said) == 1 and said[0][0] == logging.INFO and "OFFRECOMP_BUDGET" in said[0][1], said

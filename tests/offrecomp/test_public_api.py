@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
+
+from torch import nn
 
 import offrecomp
 
@@ -17,6 +20,25 @@ def test_public_names() -> None:
     ])
     for name in offrecomp.__all__:
         assert hasattr(offrecomp, name), name
+
+
+def test_the_reports_config_is_json_data() -> None:
+    """``report().to_json()``'s config holds JSON's own types: a flag a bool, a count a
+    number, an unset value null; sizes in bytes, shares as they read, types and functions as
+    their repr."""
+
+    def pick(module: nn.Module, name: str) -> bool:
+        return isinstance(module, nn.Linear)
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    config = json.loads(offrecomp.runtime(model, budget="4MiB", regions=pick).report().to_json())["config"]
+    assert config["disable"] is False and config["native_keep"] is True
+    assert config["min_bytes"] == 65536 and config["drift"] == 0.25 and config["plan_cache_size"] == 8
+    assert config["max_overhead"] is None and config["log_level"] is None and config["mode"] == "auto"
+    assert config["budget"] == 4 << 20 and config["prefetch"] == "2 regions"
+    assert config["regions"] == repr(pick)
+    listed = offrecomp.runtime(model, regions=(nn.Linear,)).report().to_json()
+    assert json.loads(listed)["config"]["regions"] == [repr(nn.Linear)]
 
 
 def test_import_does_not_touch_cuda() -> None:
