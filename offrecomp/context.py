@@ -218,9 +218,11 @@ class Runtime:
             _check_plan(plan, self.regions)
         self._plan.plan = plan
 
-    def explain(self) -> str:
-        """Per region call: placements, bytes, predicted and measured times."""
-        return self._planner.explain()
+    def explain(self, storages: bool = False) -> str:
+        """Per region call: placements, bytes, predicted and measured times, and why; with
+        ``storages=True``, each (region, call, storage) key as ``set_plan()`` places it,
+        with its placement, size and kind."""
+        return self._planner.explain(storages)
 
     @contextlib.contextmanager
     def step(self) -> Iterator[Runtime]:

@@ -270,3 +270,30 @@ def _reason(mode: str, c: CallSummary, region: Region | None, config: Config, em
     if c.inputs_kept or c.count[OFFLOAD]:
         why += "; its inputs are the replay's checkpoint"
     return why
+
+
+def storage_keys(
+    passes: list[PassState], plan: Plan | None = None, profile: Profile | None = None
+) -> list[str]:
+    """``rt.explain(storages=True)``'s listing: each (region, call, storage) key a pass
+    has, the key ``rt.set_plan()`` places, with its placement, size and kind: ``plan``'s
+    for ``profile``'s storages where given (auto), else those of the last of ``passes``
+    (a forced mode, a user plan)."""
+    rows: list[tuple[tuple[str, int, int], str, int, str]] = []
+    if plan is not None and profile is not None:
+        for r in profile.regions:
+            for i, st in enumerate(r.storages):
+                key = (r.name, r.call_index, i)
+                rows.append((key, (plan.placement(key) or KEEP).name.lower(), st.nbytes, st.kind))
+    elif passes:
+        for call in passes[-1].calls:
+            for rec in call.storages:
+                if rec.index >= 0 and rec.placement is not None:
+                    key = (call.name, call.call_index, rec.index)
+                    rows.append((key, rec.placement.name.lower(), rec.nbytes, rec.kind))
+    if not rows:
+        return ["  storage keys: none yet (no step has placed a storage)"]
+    width = max(len(repr(k)) for k, _, _, _ in rows)
+    lines = ["  storage keys (region, call, storage), as rt.set_plan() places them:"]
+    lines += [f"    {k!r:<{width}}  {pl:<9}  {format_bytes(n):>11}  {kind}" for k, pl, n, kind in rows]
+    return lines

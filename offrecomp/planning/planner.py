@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from offrecomp.config import format_bytes
-from offrecomp.explain import NO_PLAN_YET, explain_forced, explain_plan, summarize
+from offrecomp.explain import NO_PLAN_YET, explain_forced, explain_plan, storage_keys, summarize
 from offrecomp.phases import Phase
 from offrecomp.planning import differences, drift, profiling, records
 from offrecomp.planning.entries import PlanCache, PlanEntry, assign
@@ -574,7 +574,7 @@ class Planner:
             log.warning(
                 "offrecomp: %d key(s) of the plan set with rt.set_plan() matched no storage of "
                 "its first pass (signature %s), which places them by the plan's default: %s; "
-                "rt.explain() names the (region, call, storage) keys a pass has",
+                "rt.explain(storages=True) lists the (region, call, storage) keys a pass has",
                 len(missed), shown(p.signature),
                 ", ".join(map(repr, missed[:5])) + (", ..." if len(missed) > 5 else ""),
             )
@@ -716,8 +716,17 @@ class Planner:
                     drift.check_drift(entry, rec, self.host.config.drift)
             done.append(rec)
 
-    def explain(self) -> str:
-        """``rt.explain()``: the latest plan of auto, or what a forced mode did."""
+    def explain(self, storages: bool = False) -> str:
+        """``rt.explain()``: auto's latest plan or what a forced mode did (``storages``: each key)."""
+        text, cfg = self._explain(), self.host.config
+        if storages:
+            auto = cfg.mode == "auto" and cfg.active and self.host.user_plan is None
+            entry = self.last_entry if auto else None
+            plan, profile = (entry.plan, entry.profile) if entry is not None else (None, None)
+            text += "\n" + "\n".join(storage_keys([] if auto else self.last_forced, plan, profile))
+        return text
+
+    def _explain(self) -> str:
         host = self.host
         cfg = host.config
         user = host.user_plan if cfg.active else None

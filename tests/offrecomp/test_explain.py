@@ -228,3 +228,30 @@ def test_a_time_under_the_tables_resolution_is_not_shown_as_zero() -> None:
 
     assert _seconds(0.0) == "0.00000" and _seconds(0.00028) == "0.00028"
     assert float(_seconds(3.2e-6)) == 3.2e-6  # a replay of a few cheap ops, on a fast host
+
+
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_explain_lists_the_storage_keys_set_plan_places(mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    """``rt.explain(storages=True)`` lists each (region, call, storage) key with its
+    placement, size and kind; a plan made of those keys matches every one of them (no
+    warning of keys that match no storage) and places them as it says."""
+    torch.manual_seed(0)
+    model = models.Stack([models.MLPBlock(16) for _ in range(2)])
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(4, 8, 16, generator=torch.Generator().manual_seed(s))
+
+    rt = offrecomp.runtime(model, mode=mode, min_bytes=0, budget=1)
+    train(model, batch, rt, steps=4)
+    listing = rt.explain(storages=True)
+    rows = re.findall(r"\(('blocks\.\d'), (\d+), (\d+)\)\s+(keep|offload|recompute)\s+\S+ \S+\s+(\w+)", listing)
+    assert {r[0] for r in rows} == {"'blocks.0'", "'blocks.1'"}, listing
+    activations = [(name.strip("'"), int(c), int(i)) for name, c, i, _, kind in rows if kind == "activation"]
+    assert activations and any(pl == "recompute" for *_, pl, _ in rows), listing
+    key = activations[0]
+    rt.set_plan(offrecomp.Plan(placements={key: offrecomp.Placement.RECOMPUTE}, default=offrecomp.Placement.KEEP))
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        train(model, batch, rt, steps=1)
+    assert not [r for r in caplog.records if "matched no storage" in r.getMessage()]
+    placed = re.findall(r"\(('blocks\.\d'), (\d+), (\d+)\)\s+(keep|offload|recompute)", rt.explain(storages=True))
+    assert {(n.strip("'"), int(c), int(i)): pl for n, c, i, pl in placed}[key] == "recompute"
