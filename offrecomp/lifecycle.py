@@ -361,9 +361,6 @@ class Lifecycle:
             if not call.native:
                 p.stats.hooked_saves += call.pack_count
             p.stats.storages += len(call.storages)
-            p.stats.replays += call.replays
-            p.stats.served_ops += call.served_ops
-            p.stats.rerun_ops += call.rerun_ops
         if p.stage is DONE:
             self._groups.release_reloads(p)  # NOTE [Reloads at a backward's end] in groups.py
         p.offload_stats = self._groups.end_step()

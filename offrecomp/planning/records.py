@@ -48,6 +48,12 @@ def step_record(step: int, passes: list[PassState], mode: str) -> StepRecord:
     total = PassStats()
     for p in passes:
         total.add(p.stats)
+        # replays as the step ends, not as each pass does: a pass a later forward ended
+        # (1F1B: NOTE [Several backwards] in lifecycle.py) replays in the backwards after
+        for call in p.all_calls():
+            total.replays += call.replays
+            total.served_ops += call.served_ops
+            total.rerun_ops += call.rerun_ops
         if p.device_peak is not None:
             rec.device_peak_bytes = max(rec.device_peak_bytes or 0, p.device_peak)
         o = p.offload_stats

@@ -607,6 +607,46 @@ def test_two_forwards_then_two_backwards(variant: str) -> None:
     _run("two_backwards", loop_two_forwards_two_backwards, variant)
 
 
+_REPLAYS = [0]  # a global: a list the module held would be put back after each replay (NOTE [Attributes at entry])
+
+
+class _CountedBlock(nn.Module):
+    """Counts the replays of its forward (``offrecomp.in_replay()``) in ``_REPLAYS``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _REPLAYS[0] += offrecomp.in_replay()
+        return x + self.fc2(F.gelu(self.fc1(x)))
+
+
+def test_a_one_forward_one_backward_schedule_counts_every_replay() -> None:
+    """Micro-batches in a pipeline's 1F1B order (F0 F1 B0 F2 B1 F3 B2 B3): a pass that a
+    later forward ended (NOTE [Several backwards]) replays its calls in the backwards after
+    its end; the step's record counts those replays too (it counted 6 of the 8 a step
+    ran)."""
+    _REPLAYS[0] = 0
+    torch.manual_seed(0)
+    model = models.Stack([_CountedBlock() for _ in range(2)])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    xs = [torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    with offrecomp.runtime(model, mode="recompute", min_bytes=0) as rt:
+        for _ in range(2):
+            losses = [model(xs[0]), model(xs[1])]
+            losses[0].backward()
+            losses.append(model(xs[2]))
+            losses[1].backward()
+            losses.append(model(xs[3]))
+            losses[2].backward()
+            losses[3].backward()
+            opt.step()
+            opt.zero_grad()
+    steps = rt.report().steps
+    assert _REPLAYS[0] == 16 and [s.replays for s in steps] == [8, 8], ([s.replays for s in steps], _REPLAYS)
+
+
 def loop_retain_graph(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
     def step(i: int, out: list[Snap]) -> None:
         loss = model(_tokens(i, 16))
