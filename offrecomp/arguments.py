@@ -81,9 +81,6 @@ class CapturedInputs:
     parametrize_cache: dict[Any, Any] | None = None
     """The parametrization cache the call entered with, where ``parametrize.cached()`` was
     on (NOTE [Cached parametrizations] in _torch_compat.py): what it read besides them."""
-    modified: dict[int, str] = field(default_factory=dict)
-    """At the last ``replay_arguments``: the held inputs written in place since the
-    forward began, by storage (NOTE [Inputs written after the forward])."""
 
     def devices(self) -> set[torch.device]:
         return set(self.devices_seen)
@@ -357,46 +354,26 @@ def _flatten_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[l
     return flat, spec
 
 
-# NOTE [Inputs written after the forward]
-# The loop may write a region's input in place after its forward (an entry of a cache
-# list handed to every block, advanced under no_grad; a bias the step schedules). Plain
-# autograd minds only where an op saved it. A replay starts from the inputs as they are:
-# where it reads one written since, it would compute other activations, so the replay's
-# guard stops it there and raises, naming the input (NOTE [Replay and parameters] in
-# params.py); a replay that never reads it (an entry of the list another block reads; a
-# bias added after the call's last save, where the replay stops) runs. An input sent to
-# host memory, whose copy a replay reads, raises at the replay's start.
-
-
 def replay_arguments(
     cap: CapturedInputs,
     region_name: str,
     tensors: list[torch.Tensor] | None = None,
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Fresh leaves for one replay, each a view of its leaf where the forward's input was
-    no leaf (NOTE [Replay inputs]). An input written in place since the forward began is
-    named in ``cap.modified``, for the replay's guard to stop it where it reads it; one
-    sent to host memory raises here (NOTE [Inputs written after the forward]).
+    no leaf (NOTE [Replay inputs]); raises if an input changed since the forward.
 
     ``tensors`` replaces the captured tensors (inputs that came back from host memory).
     """
     src = tensors if tensors is not None else cap.tensors
-    cap.modified = {}
     for i, t in enumerate(cap.tensors):
-        watched = t is None and i not in cap.copied
-        if watched:
+        if t is None and i not in cap.copied:
             t = cap.watches.get(i)  # sent to host memory: its version watch
         if t is not None and version_of(t) != cap.versions[i]:
-            if watched:
-                raise RuntimeError(
-                    f"offrecomp: input {i} of region {region_name!r} was modified in place after "
-                    f"the region's forward began (version {cap.versions[i]} -> {version_of(t)}), "
-                    "so replaying it would produce wrong activations. Hint: avoid in-place ops "
-                    "on a block's inputs, or exclude the block with regions=."
-                )
-            cap.modified[int(t.untyped_storage().data_ptr())] = (
-                f"input {i} (version {cap.versions[i]} -> {version_of(t)}: avoid in-place ops on a "
-                "block's inputs after its forward)"
+            raise RuntimeError(
+                f"offrecomp: input {i} of region {region_name!r} was modified in place after "
+                f"the region's forward began (version {cap.versions[i]} -> {version_of(t)}), "
+                "so replaying it would produce wrong activations. Hint: avoid in-place ops "
+                "on a block's inputs, or exclude the block with regions=."
             )
 
     def fresh(x: Any) -> Any:

@@ -122,8 +122,6 @@ def param_guard(call: RegionCall) -> ParamGuard | None:
         modified.update(call.arg_state.modified())  # NOTE [State written after the forward]
     if call.attr_writes:  # NOTE [Attributes written after the first call] (call_state.py)
         modified.update(call.attr_writes)
-    if call.inputs is not None and call.inputs.modified:  # NOTE [Inputs written after the forward] (arguments.py)
-        modified.update(call.inputs.modified)
     for t, v, copy in call.external_reads or ():  # NOTE [State read from outside] (call_state.py)
         if copy is None and tc.version_of(t) != v:
             modified.setdefault(  # a write its call's exit saw says more

@@ -394,7 +394,7 @@ def test_region_input_modified_after_region_is_an_error() -> None:
         h2 = m[0](h)
         out = m[1](h2 * 1.0)
         h.mul_(2.0)  # the input the first region holds for its replay
-        with pytest.raises(RuntimeError, match=r"input 0 (of region '0'|\(.*\) in region '0') was modified in place"):
+        with pytest.raises(RuntimeError, match="input 0 of region '0' was modified in place"):
             (out.sum() + h2.sum()).backward()
 
 
@@ -1306,7 +1306,7 @@ def test_a_region_input_written_after_its_region_is_an_error_also_when_offloaded
     with offrecomp.runtime(m, mode="recompute", min_bytes=0) as rt:
         rt.set_plan(plan)
         loss = m(torch.randn(8, 16))
-        with pytest.raises(RuntimeError, match=r"input 0 (of region 'blocks.1'|\(.*\) in region 'blocks.1') was modified in place"):
+        with pytest.raises(RuntimeError, match=r"input 0 of region 'blocks.1' was modified in place"):
             loss.backward()
 
 
@@ -1568,52 +1568,3 @@ def test_a_plan_keeping_one_rrelu_noise_replays_the_other_filled() -> None:
         rt.set_plan(Plan(default=Placement.RECOMPUTE, placements=keep))
         assert_bitwise(ref, train(m, batch, rt, steps=3))
         assert rt.report().steps[-1].replays == 3
-
-
-class _ReadsItsEntry(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor, states: list[torch.Tensor], i: int) -> torch.Tensor:
-        return torch.tanh(self.lin(x) + states[i])  # reads only its own entry
-
-
-class _AdvancesAnEntry(nn.Module):
-    """A list of per-layer states handed whole to every block; the loop advances the
-    entry no block reads after the forward, under no_grad."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList([_ReadsItsEntry(), _ReadsItsEntry()])
-        self.states = [torch.ones(4) for _ in range(3)]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for i, b in enumerate(self.blocks):
-            x = b(x, self.states, i)
-        with torch.no_grad():
-            self.states[2].add_(1)
-        return x.sum()
-
-
-@pytest.mark.parametrize("mode", ["recompute", "auto"])
-def test_an_input_written_after_the_forward_that_no_replay_reads_replays(mode: str) -> None:
-    """NOTE [Inputs written after the forward]: an entry of a list argument that no block
-    reads, written after the forward, stops no replay (it raised at each replay's start,
-    where plain autograd runs); gradients bitwise, the blocks recomputed."""
-
-    def run(rt_mode: str | None) -> list[torch.Tensor]:
-        torch.manual_seed(0)
-        m = _AdvancesAnEntry()
-        kw: dict[str, Any] = {"budget": 1} if rt_mode == "auto" else {}
-        grads = []
-        with offrecomp.runtime(m, mode=rt_mode, min_bytes=0, **kw) if rt_mode else contextlib.nullcontext() as rt:
-            for s in range(6):
-                m(torch.randn(3, 4, generator=torch.Generator().manual_seed(s))).backward()
-                grads += [p.grad.clone() for p in m.parameters()]  # type: ignore[union-attr]
-                m.zero_grad()
-        if rt is not None:  # recompute: every step; auto: its measuring and calibrating ones at least
-            assert sum(s.replays > 0 for s in rt.report().steps) >= (6 if rt_mode == "recompute" else 2)
-        return grads
-
-    assert all(torch.equal(a, b) for a, b in zip(run(None), run(mode)))
