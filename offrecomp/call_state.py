@@ -192,14 +192,17 @@ def note_external_reads(refs: tuple[weakref.ref[torch.Tensor], ...]) -> list[tup
 # would every replay, a second time, silently. The watch keeps a weak reference to each
 # tensor an op made on a new storage; those alive at the call's exit, on the storage
 # they were made on, are the region's ``made_state``. The watched call's replay leaves
-# them as it found them (``state_as_found`` in replay_state.py: copied before, put back
-# after where the replay wrote them; one larger than EXTERNAL_COPY_MAX_BYTES is not
-# copied, and a replay that wrote it raises once it ended). For the later calls they are
-# tensors read from outside (NOTE [State read from outside]): each call copies the small
-# ones at its entry, and a replay of one whose forward wrote them runs on that copy,
-# what it writes put back afterwards; a larger one its forward wrote is a write seen at
-# the call's exit (NOTE [Attributes written after the first call]): that call's replay
-# raises where it reads it, and the region is kept from then on.
+# them as it found them (it runs on them as the forward left them: where its output
+# reads state the same call updated, the replay computes other activations, silently
+# unless OFFRECOMP_VERIFY=1; a K-FAC factor only the optimizer reads replays right)
+# (``state_as_found`` in replay_state.py: copied before, put back after where the replay
+# wrote them; one larger than EXTERNAL_COPY_MAX_BYTES is not copied, and a replay that
+# wrote it raises once it ended). For the later calls they are tensors read from outside
+# (NOTE [State read from outside]): each call copies the small ones at its entry, and a
+# replay of one whose forward wrote them runs on that copy, what it writes put back
+# afterwards; a larger one its forward wrote is a write seen at the call's exit (NOTE
+# [Attributes written after the first call]): that call's replay raises where it reads
+# it, and the region is kept from then on.
 
 
 def note_attr_versions(

@@ -201,6 +201,7 @@ class Installer:
                     r.traced = r.traced or r.name in inside
                 warn_compiled(", ".join(inside))
         self._wrap_roots()
+        self._kept.settle()  # NOTE [Wrappers kept across entries]: those of replaced modules go
         # never traced into a compiled optimizer step (torch.compile(opt.step)): dynamo
         # would break its graph inside the bookkeeping and convert the frames it calls
         self._opt_hook = tc.register_optimizer_step_post_hook(torch.compiler.disable(self._life.on_optimizer_step))

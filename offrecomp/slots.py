@@ -19,7 +19,9 @@ fit() or train() of a trainer) would invalidate the compiled graph each time, an
 dynamo's recompile limit the model would run eagerly, with other numerics. So an entry puts back the
 wrapper an earlier entry made for the same region or root where the module, the slot's
 value before it (an instance ``forward``, a compiled call), the class's attribute of
-that name and whether the model holds compiled code are all as they were.
+that name and whether the model holds compiled code are all as they were. An entry
+forgets the wrappers it did not put back (those of a module replaced since, which they
+would keep alive).
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class KeptWrappers:
 
     def __init__(self) -> None:
         self._kept: dict[tuple[int, str], tuple[Any, Any, bool, Installed]] = {}
+        self._used: set[tuple[int, str]] = set()  # the entries this entry put back or made
 
     def get(self, module: nn.Module, slot: str, owner: Any, previous: Any, compiled: bool) -> Installed | None:
         """The wrapper an earlier entry made for ``owner`` (a region, a root; None: keep
@@ -105,10 +108,21 @@ class KeptWrappers:
             wrapped.module is module and was_owner == owner and was_previous is previous
             and was_compiled == compiled and wrapped.cls_fn is getattr(type(module), slot, None)
         )
-        return wrapped if same else None
+        if not same:
+            return None
+        self._used.add((id(module), slot))
+        return wrapped
 
     def keep(self, module: nn.Module, slot: str, owner: Any, previous: Any, compiled: bool, wrapped: Installed) -> None:
         """``wrapped``, made for ``owner`` now, goes back in at the next entry."""
         if owner is not None:
             wrapped.cls_fn = getattr(type(module), slot, None)
             self._kept[(id(module), slot)] = (owner, previous, compiled, wrapped)
+            self._used.add((id(module), slot))
+
+    def settle(self) -> None:
+        """The entry put its wrappers in: forget those it did not use (a module replaced
+        since, which they would keep alive)."""
+        for key in [k for k in self._kept if k not in self._used]:
+            del self._kept[key]
+        self._used = set()

@@ -511,3 +511,24 @@ def test_a_diverged_serving_replay_leaves_no_cycle_holding_its_tensors() -> None
             cyclic = _cyclic_tensors()
             assert not cyclic, (s, [tuple(t.shape) for t in cyclic[:4]])
     assert "calibrate" in [r.phase for r in rt.report().steps]
+
+
+def test_an_entry_forgets_the_wrappers_it_did_not_put_back() -> None:
+    """NOTE [Wrappers kept across entries]: a wrapper kept for a module (and the module
+    with it) goes at the first entry that did not put it back: one of a module replaced
+    since would keep that module alive for the runtime's life."""
+    from offrecomp.slots import Installed, KeptWrappers
+
+    kept = KeptWrappers()
+    a, b = nn.Linear(2, 2), nn.Linear(2, 2)
+    wa = Installed(a.forward, a, "forward", None)
+    kept.keep(a, "forward", "a", None, False, wa)
+    kept.keep(b, "forward", "b", None, False, Installed(b.forward, b, "forward", None))
+    kept.settle()
+    assert kept.get(a, "forward", "a", None, False) is wa  # the next entry puts back a's only
+    kept.settle()
+    gone = weakref.ref(b)
+    del b
+    gc.collect()
+    assert gone() is None
+    assert kept.get(a, "forward", "a", None, True) is None  # made for a model without compiled code
