@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import shutil
 from collections.abc import Callable
 from typing import Any
@@ -374,3 +375,43 @@ def test_state_too_large_to_copy_that_the_first_replay_writes_raises(monkeypatch
         with pytest.raises(RuntimeError, match=r"the replay of region 'blocks\.\d' wrote in place a \(16, 16\) "
                            r"tensor its first call made"):
             loss.backward()
+
+
+@dataclasses.dataclass
+class _Out:
+    h: torch.Tensor
+    aux: torch.Tensor
+
+
+class _ReturnsADataclass(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> _Out:
+        h = torch.tanh(self.fc(x))
+        return _Out(h, h.square().mean())
+
+
+class _DataclassStack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([_ReturnsADataclass() for _ in range(2)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        aux = x.new_zeros(())
+        for b in self.blocks:
+            out = b(x)
+            x, aux = out.h, aux + out.aux
+        return x.square().mean() + aux
+
+
+def test_tensors_a_call_returns_in_a_dataclass_are_no_state_it_made() -> None:
+    """NOTE [State the first call made]: the tensors a region returns in the fields of a
+    dataclass no pytree knows are outputs, not state the call keeps (each would be copied
+    at every later call's entry, and around the first call's replay)."""
+    torch.manual_seed(0)
+    model = _DataclassStack()
+    rt = offrecomp.runtime(model, mode="recompute", min_bytes=0)
+    train(model, _batch, rt, steps=2)
+    assert [len(r.made_state) for r in rt.planner.host.regions] == [0, 0]
