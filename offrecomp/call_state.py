@@ -207,28 +207,34 @@ def note_external_reads(refs: tuple[weakref.ref[torch.Tensor], ...]) -> list[tup
 
 def note_attr_versions(
     attrs: tuple[tuple[nn.Module, str], ...], made: tuple[weakref.ref[torch.Tensor], ...] = ()
-) -> list[tuple[torch.Tensor, int, str]]:
-    """NOTE [Attributes written after the first call]: each attribute's tensor now, and
-    each tensor of ``made`` alive: its version, and what it is."""
-    out = []
+) -> list[tuple[torch.Tensor, int, nn.Module | None, str]]:
+    """NOTE [Attributes written after the first call]: each attribute's tensor now, its
+    version, its module and name; and each tensor of ``made`` alive, with its version
+    (module None, no name)."""
+    out: list[tuple[torch.Tensor, int, nn.Module | None, str]] = []
     for m, n in attrs:
         t = m.__dict__.get(n)
         if type(t) is torch.Tensor:
-            out.append((
-                t, version_of(t),
-                f"tensor attribute {n!r} of {type(m).__name__} (written by this call's forward; "
-                "the region's first call, the one watched, did not)",
-            ))
+            out.append((t, version_of(t), m, n))
     for ref in made:
         t = ref()
         if t is not None:
-            out.append((
-                t, version_of(t),
-                f"a {tuple(t.shape)} tensor the region's first call made and kept outside the "
-                "region's modules (state a hook keeps? updated in place by this call's forward; "
-                "skip such updates under offrecomp.in_replay())",
-            ))
+            out.append((t, version_of(t), None, ""))
     return out
+
+
+def _written_what(t: torch.Tensor, m: nn.Module | None, n: str) -> str:
+    """What ``check_attr_writes`` says a moved tensor of ``note_attr_versions`` is."""
+    if m is not None:
+        return (
+            f"tensor attribute {n!r} of {type(m).__name__} (written by this call's forward; "
+            "the region's first call, the one watched, did not)"
+        )
+    return (
+        f"a {tuple(t.shape)} tensor the region's first call made and kept outside the "
+        "region's modules (state a hook keeps? updated in place by this call's forward; "
+        "skip such updates under offrecomp.in_replay())"
+    )
 
 
 def check_attr_writes(call: RegionCall, region: Region, own: Callable[[], frozenset[int]]) -> None:
@@ -236,8 +242,8 @@ def check_attr_writes(call: RegionCall, region: Region, own: Callable[[], frozen
     of its modules' tensor attributes, or a tensor its region's watched call made and
     left alive? ``own``: the storages the call takes or owns, read if one moved."""
     moved = {
-        int(t.untyped_storage().data_ptr()): what
-        for t, v, what in call.attr_versions or ()
+        int(t.untyped_storage().data_ptr()): _written_what(t, m, n)
+        for t, v, m, n in call.attr_versions or ()
         if version_of(t) != v
     }
     call.attr_versions = None

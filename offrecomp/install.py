@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -197,9 +198,7 @@ class Installer:
         if self.compiled_model and model is not None:
             inside = inside_compiled(model, self._regions)
             if inside:
-                for r in self._regions:
-                    r.traced = r.traced or r.name in inside
-                warn_compiled(", ".join(inside))
+                _traced([r for r in self._regions if r.name in inside])
         self._wrap_roots()
         self._kept.settle()  # NOTE [Wrappers kept across entries]: those of replaced modules go
         # never traced into a compiled optimizer step (torch.compile(opt.step)): dynamo
@@ -421,11 +420,10 @@ class Installer:
         entries])."""
         had_instance_attr = "forward" in module.__dict__
         previous = module.__dict__.get("forward")
-        wrapped = self._kept.get(module, "forward", owner, previous, self.compiled_model) if first else None
-        if wrapped is None:
-            wrapped = Installed(make(module.forward), module, "forward", previous)
-            if first:
-                self._kept.keep(module, "forward", owner, previous, self.compiled_model, wrapped)
+        wrapped = self._kept.wrapper(
+            module, "forward", owner if first else None, previous, self.compiled_model,
+            lambda: Installed(make(module.forward), module, "forward", previous),
+        )
 
         def restore() -> None:
             slot = module.__dict__.get("forward")
@@ -456,10 +454,9 @@ class Installer:
         slot = tc.COMPILED_CALL_IMPL
         original = getattr(module, slot)
         assert original is not None
-        wrapped = self._kept.get(module, slot, owner, original, self.compiled_model)
-        if wrapped is None:
-            wrapped = Installed(make(original), module, slot, original)
-            self._kept.keep(module, slot, owner, original, self.compiled_model, wrapped)
+        wrapped = self._kept.wrapper(
+            module, slot, owner, original, self.compiled_model, lambda: Installed(make(original), module, slot, original)
+        )
 
         def restore() -> None:
             if getattr(module, slot) is wrapped:  # not compiled again meanwhile
@@ -490,9 +487,7 @@ class Installer:
                     warn_other_thread()
                     return None
                 if (compiling or _is_compiled(module)) and regions:
-                    for r in regions:
-                        r.traced = True
-                    warn_compiled(", ".join(r.name for r in regions))
+                    _traced(regions)
                 self._follow_compiles()
                 self._follow_forwards()
                 self._check_regions()
@@ -520,9 +515,7 @@ class Installer:
 
         def traced(_ctx: Any) -> None:
             if self.active and regions:
-                for r in regions:
-                    r.traced = True
-                warn_compiled(", ".join(r.name for r in regions))
+                _traced(regions)
 
         begin_h, fail, returned_h = self._host(begin), self._host(failed), self._host(returned)
 
@@ -626,8 +619,7 @@ class Installer:
         if tc.top_saved_tensors_hooks() is None:  # another thread: hooks are per thread, ours are not there
             return None
         if compiling:
-            region.traced = True
-            warn_compiled(region.name)
+            _traced([region])
             return None
         life = self._life
         if life.wants_signature(region.name):
@@ -657,7 +649,7 @@ class Installer:
                 call.recorder.stop(out)  # what it returned: NOTE [Forward transients]
             if call.watch is not None:
                 call.watch.__exit__(None, None, None)
-                call.watch.note_outputs(out)  # NOTE [State the first call made]
+                call.watch.note_outputs(output_tensors(out, sys.maxsize, grad_only=False))  # NOTE [State the first call made]
                 if exc is not None:
                     call.watch = None  # a forward cut short shows nothing: watch the next
             if call.passive is not None:
@@ -695,6 +687,14 @@ def is_container(m: nn.Module) -> bool:
     if _is_compiled(m):
         return False  # torch.compile(model): its forward slot holds the compiled call
     return isinstance(m, (nn.ModuleDict, nn.ModuleList)) or type(m).forward is nn.Module.forward
+
+
+def _traced(regions: list[Region]) -> None:
+    """``regions`` run inside a compiled caller, traced into its graph: marked so
+    (``explain()`` names them) and named in the warning (NOTE [Compiled regions])."""
+    for r in regions:
+        r.traced = True
+    warn_compiled(", ".join(r.name for r in regions))
 
 
 def holds_compiled(model: nn.Module) -> bool:

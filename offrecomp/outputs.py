@@ -70,25 +70,26 @@ def awaits_backward(graphs: list[tuple[Any, ...]]) -> bool:
 WATCHED_OUTPUTS = 64
 
 
-def output_tensors(out: Any, limit: int = WATCHED_OUTPUTS) -> list[torch.Tensor]:
-    """The first ``limit`` tensors requiring grad in a forward's output: through the
-    containers pytree knows, and dataclass instances field by field. (No closure: a
-    recursive one would be a cycle holding the tensors, and so the graphs, until a
-    collection.)"""
+def output_tensors(out: Any, limit: int = WATCHED_OUTPUTS, *, grad_only: bool = True) -> list[torch.Tensor]:
+    """The first ``limit`` tensors in a forward's output (requiring grad, with
+    ``grad_only``): through the containers pytree knows, and dataclass instances field by
+    field, 4 levels deep. (No closure: a recursive one would be a cycle holding the
+    tensors, and so the graphs, until a collection.)"""
     found: list[torch.Tensor] = []
-    _collect(out, found, limit, 0)
+    _collect(out, found, limit, 0, grad_only)
     return found
 
 
-def _collect(obj: Any, found: list[torch.Tensor], limit: int, depth: int) -> None:
+def _collect(obj: Any, found: list[torch.Tensor], limit: int, depth: int, grad_only: bool) -> None:
     for leaf in tc.tree_leaves(obj):
         if len(found) >= limit:
             return
         if isinstance(leaf, torch.Tensor):
-            if leaf.requires_grad:
+            if leaf.requires_grad or not grad_only:
                 found.append(leaf)
         elif depth < 4 and dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
-            _collect([getattr(leaf, f.name, None) for f in dataclasses.fields(leaf)], found, limit, depth + 1)
+            fields = [getattr(leaf, f.name, None) for f in dataclasses.fields(leaf)]
+            _collect(fields, found, limit, depth + 1, grad_only)
 
 
 def mark_graphs(p: PassState, outs: list[torch.Tensor], reached: Reached) -> None:

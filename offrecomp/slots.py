@@ -46,7 +46,6 @@ class Installed:
         self.module = module
         self.attr = attr
         self.previous = previous  # the slot's instance value before, None for the class's
-        self.cls_fn: Any = None  # the class's attribute when kept (NOTE [Wrappers kept across entries])
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -92,33 +91,34 @@ class KeptWrappers:
     (NOTE [Wrappers kept across entries])."""
 
     def __init__(self) -> None:
-        self._kept: dict[tuple[int, str], tuple[Any, Any, bool, Installed]] = {}
+        # (owner, slot value before, compiled model, class attribute, wrapper)
+        self._kept: dict[tuple[int, str], tuple[Any, Any, bool, Any, Installed]] = {}
         self._used: set[tuple[int, str]] = set()  # the entries this entry put back or made
 
-    def get(self, module: nn.Module, slot: str, owner: Any, previous: Any, compiled: bool) -> Installed | None:
-        """The wrapper an earlier entry made for ``owner`` (a region, a root; None: keep
-        none) in ``module``'s ``slot``, where nothing it was made for changed."""
+    def wrapper(
+        self, module: nn.Module, slot: str, owner: Any, previous: Any, compiled: bool,
+        make: Callable[[], Installed],
+    ) -> Installed:
+        """The wrapper an earlier entry made for ``owner`` (a region, a root) in ``module``'s
+        ``slot``, where nothing it was made for changed; else ``make()``'s, kept for the
+        next entry (None ``owner``: made, never kept)."""
         if owner is None:
-            return None
-        kept = self._kept.get((id(module), slot))
-        if kept is None:
-            return None
-        was_owner, was_previous, was_compiled, wrapped = kept
-        same = (
-            wrapped.module is module and was_owner == owner and was_previous is previous
-            and was_compiled == compiled and wrapped.cls_fn is getattr(type(module), slot, None)
-        )
-        if not same:
-            return None
-        self._used.add((id(module), slot))
+            return make()
+        key = (id(module), slot)
+        cls_attr = getattr(type(module), slot, None)
+        kept = self._kept.get(key)
+        if kept is not None:
+            was_owner, was_previous, was_compiled, was_cls_attr, wrapped = kept
+            if (
+                wrapped.module is module and was_owner == owner and was_previous is previous
+                and was_compiled == compiled and was_cls_attr is cls_attr
+            ):
+                self._used.add(key)
+                return wrapped
+        wrapped = make()
+        self._kept[key] = (owner, previous, compiled, cls_attr, wrapped)
+        self._used.add(key)
         return wrapped
-
-    def keep(self, module: nn.Module, slot: str, owner: Any, previous: Any, compiled: bool, wrapped: Installed) -> None:
-        """``wrapped``, made for ``owner`` now, goes back in at the next entry."""
-        if owner is not None:
-            wrapped.cls_fn = getattr(type(module), slot, None)
-            self._kept[(id(module), slot)] = (owner, previous, compiled, wrapped)
-            self._used.add((id(module), slot))
 
     def settle(self) -> None:
         """The entry put its wrappers in: forget those it did not use (a module replaced

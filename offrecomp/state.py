@@ -238,18 +238,18 @@ class RegionCall(_WeakReferable):
     """Its watch saw it write a storage it did not see made, and it kept what it saved from
     there (``writes_state`` had not been set before: NOTE [Storages no op made])."""
     external_reads: list[tuple[torch.Tensor, int, torch.Tensor | None]] | None = None
+    """Tensors from outside the call its forward reads, with their versions when it did and copies of the small ones (NOTE [State read from outside] in call_state.py)."""
     made_state: tuple[weakref.ref[torch.Tensor], ...] = ()
     """The watched call: the tensors it made and left alive, which its replay leaves as it
     found them (NOTE [State the first call made] in call_state.py)."""
     rewritten_state: str | None = None
     """What of those its replay wrote and could not put back (too large to copy)."""
-    """Tensors from outside the call its forward reads, with their versions when it did and copies of the small ones (NOTE [State read from outside] in call_state.py)."""
     external: list[tuple[Any, Any]] | None = None
     """Storages from outside the call its forward wrote, with their bytes before (None: too large to copy): a replay runs on those (NOTE [State written by its region])."""
-    attr_versions: list[tuple[torch.Tensor, int, str]] | None = None
-    """The tensors in its modules' plain attributes, and those its region's watched call
-    made and left alive, at entry: each with its version and what it is (NOTE
-    [Attributes written after the first call])."""
+    attr_versions: list[tuple[torch.Tensor, int, Any, str]] | None = None
+    """The tensors in its modules' plain attributes at entry, their versions, modules and
+    names; and those its region's watched call made and left alive, their versions (module
+    None) (NOTE [Attributes written after the first call])."""
     attr_writes: dict[int, str] | None = None
     """Those its forward wrote in place (data pointer -> description): its replay must not
     read them (NOTE [Attributes written after the first call])."""

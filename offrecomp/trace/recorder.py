@@ -9,7 +9,6 @@ first call and records what a replay needs that the capture cannot see at entry.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 import weakref
@@ -275,15 +274,11 @@ class FirstCallWatch(HearsReportedWrites):
                     self.made_refs.append((ptr, weakref.ref(t)))  # each: an address freed may be made again
         return out
 
-    def note_outputs(self, out: Any, depth: int = 0) -> None:
-        """The call returned ``out``: its tensors' storages are no state it keeps (also
-        those in the fields of a dataclass no pytree knows, 4 levels deep)."""
-        for t in op_leaves(out):
-            if isinstance(t, torch.Tensor):
-                if describable(t):
-                    self.outputs.add(int(t.untyped_storage().data_ptr()))
-            elif depth < 4 and dataclasses.is_dataclass(t) and not isinstance(t, type):
-                self.note_outputs([getattr(t, f.name, None) for f in dataclasses.fields(t)], depth + 1)
+    def note_outputs(self, tensors: list[torch.Tensor]) -> None:
+        """The call returned ``tensors``: their storages are no state it keeps."""
+        for t in tensors:
+            if describable(t):
+                self.outputs.add(int(t.untyped_storage().data_ptr()))
 
     def made_state(self, skip: Callable[[int, Any], bool]) -> list[torch.Tensor]:
         """At the call's exit: the tensors it made that are alive still, on the storage

@@ -12,7 +12,7 @@ import contextlib
 import copy
 import gc
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -521,14 +521,17 @@ def test_an_entry_forgets_the_wrappers_it_did_not_put_back() -> None:
 
     kept = KeptWrappers()
     a, b = nn.Linear(2, 2), nn.Linear(2, 2)
-    wa = Installed(a.forward, a, "forward", None)
-    kept.keep(a, "forward", "a", None, False, wa)
-    kept.keep(b, "forward", "b", None, False, Installed(b.forward, b, "forward", None))
+
+    def made(m: nn.Module) -> Callable[[], Installed]:
+        return lambda: Installed(m.forward, m, "forward", None)
+
+    wa = kept.wrapper(a, "forward", "a", None, False, made(a))
+    kept.wrapper(b, "forward", "b", None, False, made(b))
     kept.settle()
-    assert kept.get(a, "forward", "a", None, False) is wa  # the next entry puts back a's only
+    assert kept.wrapper(a, "forward", "a", None, False, made(a)) is wa  # the next entry puts back a's only
     kept.settle()
     gone = weakref.ref(b)
     del b
     gc.collect()
     assert gone() is None
-    assert kept.get(a, "forward", "a", None, True) is None  # made for a model without compiled code
+    assert kept.wrapper(a, "forward", "a", None, True, made(a)) is not wa  # made for a model without compiled code
