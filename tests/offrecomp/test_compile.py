@@ -275,8 +275,8 @@ def test_a_compiled_model_entered_per_step_compiles_once(how: Callable[..., torc
     which holds the runtime's wrapper while entered. Entered per step (a loop that builds
     its runtime once and enters it per step; a trainer's fit() called again), 10 steps:
     one wrapper per block across the entries, so the graphs plain makes, run at every
-    step, and the compiled numerics. A new wrapper per entry recompiled at each step and,
-    past dynamo's recompile limit (8), ran the model eagerly."""
+    step, and the compiled numerics. A new wrapper per entry would recompile at each step
+    and, past dynamo's recompile limit (8), run the model eagerly."""
     torch.manual_seed(0)
     base = models.GPT(layers=2, h=32, heads=4, p=0.0)
 

@@ -625,8 +625,8 @@ class _CountedBlock(nn.Module):
 def test_a_one_forward_one_backward_schedule_counts_every_replay() -> None:
     """Micro-batches in a pipeline's 1F1B order (F0 F1 B0 F2 B1 F3 B2 B3): a pass that a
     later forward ended (NOTE [Several backwards]) replays its calls in the backwards after
-    its end; the step's record counts those replays too (it counted 6 of the 8 a step
-    ran)."""
+    its end; the step's record counts those replays too (all 8 a step runs, not the 6
+    its passes' ends saw)."""
     _REPLAYS[0] = 0
     torch.manual_seed(0)
     model = models.Stack([_CountedBlock() for _ in range(2)])
