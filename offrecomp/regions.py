@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import logging
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,7 @@ __all__ = [
     "compiled_module",
     "discover_regions",
     "has_lazy_parameters",
+    "named_modules",
     "storage_ptrs",
     "tensor_attrs",
     "param_of",
@@ -273,11 +274,11 @@ def discover_regions(
         pick = _pick_repeated_children(model)
     elif isinstance(spec, type):
         types: tuple[type, ...] = (spec,)
-        pick = {id(m) for _, m in model.named_modules() if isinstance(m, types)}
+        pick = {id(m) for _, m in named_modules(model) if isinstance(m, types)}
     elif callable(spec):
         fn = spec
         pick = set()
-        for name, m in model.named_modules():
+        for name, m in named_modules(model):
             try:
                 if fn(m, name):
                     pick.add(id(m))
@@ -300,7 +301,7 @@ def discover_regions(
                 f"regions={spec!r} is invalid ({why}); accepted: None, a module type, a non-empty "
                 "list of module types, or fn(module, qualified_name) -> bool"
             )
-        pick = {id(m) for _, m in model.named_modules() if isinstance(m, types)}
+        pick = {id(m) for _, m in named_modules(model) if isinstance(m, types)}
 
     regions: list[Region] = []
     seen: set[int] = set()
@@ -315,10 +316,39 @@ def discover_regions(
                 regions.append(region)
             return  # regions never nest
         for child_name, child in m.named_children():
-            visit(f"{prefix}.{child_name}" if prefix else child_name, child)
+            visit(_child_name(prefix, m, child_name), child)
 
     visit("", model)
     return regions
+
+
+def named_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """``model.named_modules()``, each module named as it is in the model without
+    torch.compile: a ``torch.compile(module)`` wrapper holds the module it compiles as
+    ``_orig_mod``, a component its names leave out (``_orig_mod.blocks.0`` is
+    ``blocks.0``, ``blocks.0._orig_mod.attn`` is ``blocks.0.attn``), so the wrapper and
+    the module inside share one name. So a region has one name whether the model is
+    compiled or not, and so do the keys ``set_plan()`` takes, the names ``explain()``,
+    the reports and the logs give, and those a ``regions=`` filter is called with;
+    ``get_submodule`` still finds a module by such a name (a wrapper hands the
+    attributes it lacks on to the module inside)."""
+    seen: set[int] = set()
+    stack: list[tuple[str, nn.Module]] = [("", model)]
+    while stack:
+        prefix, m = stack.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        yield prefix, m
+        children = [(_child_name(prefix, m, n), c) for n, c in m._modules.items() if c is not None]
+        stack.extend(reversed(children))  # depth first, in order, as named_modules() goes
+
+
+def _child_name(prefix: str, parent: nn.Module, name: str) -> str:
+    """The name of ``parent``'s child ``name`` under ``named_modules``' rule."""
+    if name == "_orig_mod" and _is_compiled(parent):
+        return prefix
+    return f"{prefix}.{name}" if prefix else name
 
 
 def _unwrap_fsdp1(prefix: str, m: nn.Module) -> tuple[str, nn.Module]:

@@ -384,7 +384,7 @@ def test_blocks_inside_a_compiled_frame_are_kept_not_replayed(
         got = train(m, batch, rt, steps=2)
     assert_bitwise(ref, got)
     assert all(s.replays == 0 and s.recomputed_bytes == 0 for s in rt.report().steps)
-    named = re.compile(r"(_orig_mod\.)?blocks\.0, (_orig_mod\.)?blocks\.1 run inside a torch\.compile'd frame")
+    named = re.compile(r"(?<![\w.])blocks\.0, blocks\.1 run inside a torch\.compile'd frame")
     assert any(named.search(r.getMessage()) for r in caplog.records), [r.getMessage() for r in caplog.records]
     if mode != "auto":  # auto: no plan yet after 2 steps
         assert "blocks.1 ran inside a torch.compile'd caller" in rt.explain(), rt.explain()  # not "called no region"
@@ -580,3 +580,126 @@ def test_a_compiled_function_inside_a_block_stays_compiled(variant: str) -> None
     train_bitwise(m, batch, variant, budget, ref)
     assert counting.made == plain_made
     assert counting.runs >= plain_runs  # every forward ran the graph (and replays too)
+
+
+def _names_of(m: torch.nn.Module, regions: Any = None) -> tuple[list[str], set[str]]:
+    """The runtime's region names for ``m``, and the names a ``regions=`` filter that
+    picks the blocks is called with."""
+    seen: set[str] = set()
+
+    def blocks(module: torch.nn.Module, name: str) -> bool:
+        seen.add(name)
+        return isinstance(module, models.Block)
+
+    names = offrecomp.runtime(m, mode="keep", regions=regions).regions
+    offrecomp.runtime(m, mode="keep", regions=blocks)
+    return names, seen
+
+
+_BLOCKS = ["blocks.0", "blocks.1"]
+_NORMS = ["blocks.0.ln1", "blocks.0.ln2", "blocks.1.ln1", "blocks.1.ln2", "ln"]
+
+
+@pytest.mark.parametrize(
+    ("how", "regions", "names"),
+    [
+        (_whole, None, _BLOCKS),
+        (_whole, models.Block, _BLOCKS),
+        (_blocks_wrapped, models.Block, _BLOCKS),
+        (_blocks_wrapped, torch.nn.LayerNorm, _NORMS),
+        (_whole_in_place, None, _BLOCKS),
+    ],
+    ids=["torch.compile(model)", "torch.compile(model)-by-type", "wrapped-blocks-by-type", "inside-wrapped-blocks",
+         "model.compile()"],
+)
+def test_a_compiled_model_names_its_regions_as_the_plain_model(
+    how: Callable[[torch.nn.Module], torch.nn.Module], regions: Any, names: list[str]
+) -> None:
+    """Region names leave out the ``_orig_mod`` a ``torch.compile`` wrapper holds its
+    module as, wherever it stands: the model's own (``_orig_mod.blocks.0``), a block's
+    (``blocks.0._orig_mod``), one above a region (``blocks.0._orig_mod.ln1``). The
+    regions, and the names a ``regions=`` filter is called with, are the plain model's."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    base = models.GPT(layers=2, h=32, heads=4, p=0.0)
+    plain, plain_seen = _names_of(twin(base), regions)
+    assert plain == names
+    got, seen = _names_of(how(twin(base)), regions)
+    assert got == plain
+    assert seen == plain_seen, sorted(seen ^ plain_seen)
+
+
+@pytest.mark.parametrize("variant", ["recompute", "auto_serve"])
+def test_wrapped_blocks_chosen_by_type_replay_their_compiled_graph(variant: str) -> None:
+    """``regions=Block`` over ``model.blocks[i] = torch.compile(block)``: the block
+    inside each wrapper is found at the wrapper's name, so the wrapper, which its calls
+    go through, is the region (as automatic discovery picks it): its calls replay the
+    compiled graph, gradients bitwise the plain compiled model's."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    base = models.GPT(layers=2, h=32, heads=4, p=0.0)
+    ref = train(_blocks_wrapped(twin(base)), _batch, steps=4)
+    budget = tight_budget(twin(base), _batch) if variant == "auto_serve" else None
+    torch._dynamo.reset()
+    m = _blocks_wrapped(twin(base))
+    rt = train_bitwise(m, _batch, variant, budget, ref, regions=models.Block)
+    assert rt.regions == ["blocks.0", "blocks.1"]
+    steps = rt.report().steps
+    if variant == "recompute":
+        assert all(s.replays == 2 for s in steps)
+    else:
+        assert any(s.phase == "planned" and s.recomputed_bytes > 0 for s in steps)
+    assert "_orig_mod" not in rt.explain()
+
+
+def test_a_plan_by_the_plain_models_names_places_the_compiled_model(caplog: pytest.LogCaptureFixture) -> None:
+    """``rt.set_plan()`` keys made from the plain model's ``explain(storages=True)``
+    place the same storages of a runtime given ``torch.compile(model)`` whose loop calls
+    the module inside (a trainer that keeps both): the same offloads and replays,
+    explain() alike, no key of the plan unknown, gradients bitwise the plain model's."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    base = models.GPT(layers=2, h=32, heads=4, p=0.0)
+    plan = offrecomp.Plan(
+        placements={("blocks.0", 0, 4): offrecomp.Placement.RECOMPUTE, ("blocks.1", 0, 11): offrecomp.Placement.OFFLOAD},
+        default=offrecomp.Placement.KEEP,
+    )
+
+    def run(compiled: bool) -> tuple[list[dict[str, torch.Tensor]], Any]:
+        m = twin(base)
+        rt = offrecomp.runtime(torch.compile(m, backend="eager") if compiled else m, mode="keep", min_bytes=0)
+        rt.set_plan(plan)
+        return train(m, _batch, rt, steps=2), rt
+
+    ref, rt_plain = run(False)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        got, rt = run(True)
+    assert_bitwise(ref, got)
+    unknown = [r.getMessage() for r in caplog.records if "does not have" in r.getMessage() or "matched no" in r.getMessage()]
+    assert not unknown, unknown
+    steps = rt.report().steps
+    assert [(s.offloaded_bytes, s.replays, s.recomputed_bytes) for s in steps] == [
+        (s.offloaded_bytes, s.replays, s.recomputed_bytes) for s in rt_plain.report().steps
+    ]
+    assert all(s.offloaded_bytes > 0 and s.replays == 1 for s in steps)
+    assert rt.explain(storages=True) == rt_plain.explain(storages=True)
+    assert "_orig_mod" not in rt.explain(storages=True)
+
+
+def test_a_plan_set_on_a_compiled_model_names_no_unknown_region(caplog: pytest.LogCaptureFixture) -> None:
+    """``torch.compile(model)`` run whole: a plan keyed by the plain model's region names
+    names regions this runtime has (the blocks' saves are the compiled graph's, placed by
+    the plan's default), and the warning about the blocks traced into the graph names
+    them as the plain model does."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = _whole(models.GPT(layers=2, h=32, heads=4, p=0.0))
+    offrecomp.diagnostics.clear_warnings()
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        rt = offrecomp.runtime(m, mode="keep", min_bytes=0)
+        rt.set_plan(offrecomp.Plan(placements={("blocks.1", 0, 0): offrecomp.Placement.KEEP}))
+        train(m, _batch, rt, steps=1)
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [t for t in messages if "does not have" in t], messages
+    assert any("region(s) blocks.0, blocks.1 run inside" in t for t in messages), messages
+    assert not [t for t in messages if "_orig_mod" in t], messages
