@@ -216,9 +216,9 @@ class Config:
     memory; None = automatic (as an argument, ``"auto"`` or ``"none"`` chooses automatic
     over ``OFFRECOMP_BUDGET``; None or ``""`` leaves it to the variable). ``OFFRECOMP_BUDGET``."""
     host_limit: Budget | None = None
-    """Most pinned host memory the offload pool may hold: bytes, unit string or a percentage
-    of available host memory; None = a safe share of available memory divided by the ranks
-    on this node. ``OFFRECOMP_HOST_LIMIT``."""
+    """Most pinned host memory the offload pool may hold: bytes (above 0), unit string or a
+    percentage of available host memory; None = a safe share of available memory divided
+    by the ranks on this node. ``OFFRECOMP_HOST_LIMIT``."""
     min_bytes: int = 64 * 1024
     """Storages smaller than this are never offloaded, and plans keep them (forced
     ``recompute`` still drops them with their region). ``OFFRECOMP_MIN_BYTES``."""
@@ -431,11 +431,35 @@ def _budget(value: object, *, name: str) -> Budget | None:
     return parse_size_or_fraction(value, name=name)
 
 
+#: What ``host_limit`` accepts, for its errors.
+HOST_LIMIT_FORMS = (
+    f"auto or none (the default share), a size above 0 as {SIZE_FORMS}, or a percentage of available "
+    "host memory in (0%, 100%] (25%); to offload nothing, use mode='keep' or mode='recompute'"
+)
+
+
+def _host_limit(value: object, *, name: str) -> Budget | None:
+    """A host limit: a budget of host memory above 0. A pool that may hold no bytes would
+    refuse every offload, and auto's planner reads a limit of 0 as none at all
+    (``Profile.host_limit_bytes``), so its plans would offload what the pool then turns
+    away; a share of 0% is refused as for ``budget``, and 0 bytes with it."""
+    try:
+        limit = parse_size_or_fraction(value, name=name)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is invalid; accepted: {HOST_LIMIT_FORMS}") from None
+    amount = None if limit is None else limit.nbytes if limit.nbytes is not None else limit.fraction
+    if amount is not None and not amount > 0:
+        raise ValueError(
+            f"{name}={value!r} is invalid: a pool of 0 bytes holds no offload; accepted: {HOST_LIMIT_FORMS}"
+        )
+    return limit
+
+
 _FIELD_PARSERS: dict[str, tuple[str, Callable[..., Any]]] = {
     "disable": ("OFFRECOMP_DISABLE", _parse_bool),
     "mode": ("OFFRECOMP_MODE", lambda v, name: _parse_choice(v, name=name, choices=MODES)),
     "budget": ("OFFRECOMP_BUDGET", _budget),
-    "host_limit": ("OFFRECOMP_HOST_LIMIT", _budget),
+    "host_limit": ("OFFRECOMP_HOST_LIMIT", _host_limit),
     "min_bytes": ("OFFRECOMP_MIN_BYTES", parse_bytes),
     "prefetch": ("OFFRECOMP_PREFETCH", _parse_prefetch),
     "report_path": ("OFFRECOMP_REPORT", _opt_path),

@@ -33,7 +33,7 @@ import psutil
 import torch
 
 from offrecomp.backends import Backend
-from offrecomp.config import Budget
+from offrecomp.config import HOST_LIMIT_FORMS, Budget
 from offrecomp.config import local_world_size as config_local_world_size
 
 __all__ = ["ALIGN_BYTES", "Block", "aligned", "PinnedPool", "PoolStats", "default_host_limit",
@@ -66,12 +66,18 @@ def host_limit_of(limit: Budget | None) -> int:
     """The pinned host bytes ``Config.host_limit`` lets one rank's pool hold: the default
     share of available memory (None), a byte count as it is, or a percentage of available
     memory shared by the node's ranks. The pool's limit, and the planner's (a plan
-    offloads no more than this, NOTE [Host limit in plans] in planning/profiling.py)."""
+    offloads no more than this, NOTE [Host limit in plans] in planning/profiling.py).
+
+    Never 0, which the planner reads as no limit (``Profile.host_limit_bytes``): a limit
+    of 0 bytes raises as ``Config`` does, and a share of a host with almost nothing
+    available comes to 1 byte, which offloads nothing."""
     if limit is None:
-        return default_host_limit()
+        return max(1, default_host_limit())
     if limit.nbytes is not None:
+        if limit.nbytes <= 0:
+            raise ValueError(f"host_limit={limit.nbytes!r} is invalid; accepted: {HOST_LIMIT_FORMS}")
         return limit.nbytes
-    return limit.resolve(int(psutil.virtual_memory().available)) // config_local_world_size()
+    return max(1, limit.resolve(int(psutil.virtual_memory().available)) // config_local_world_size())
 
 
 def default_pressure_bytes() -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pathlib
+import re
 
 import pytest
 from torch import nn
@@ -412,3 +413,35 @@ def test_auto_only_options_under_a_forced_mode_are_told(
         offrecomp.runtime(_two_linears(), mode="recompute")
     said = [(r.levelno, r.getMessage()) for r in caplog.records if "mode='auto' only" in r.getMessage()]
     assert len(said) == 1 and said[0][0] == logging.INFO and "OFFRECOMP_BUDGET" in said[0][1], said
+
+
+@pytest.mark.parametrize("value", [0, "0", "0B", "0GiB", "0%", Budget(nbytes=0), Budget(fraction=0.0)])
+def test_a_host_limit_of_zero_is_refused(value: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool that may hold no bytes turns every offload away, and auto's planner reads
+    a host limit of 0 as none at all, so it would plan offloads the pool refuses: 0 is
+    refused, as an argument, on a Config, or as the variable, with the value and the
+    accepted forms (and how to offload nothing); the smallest limit above it is not."""
+    with pytest.raises(ValueError) as err:
+        Config.resolve({"host_limit": value}, environ={})
+    msg = str(err.value)
+    for part in (f"host_limit={value!r} is invalid", "above 0", "(0%, 100%]", "mode='keep'"):
+        assert part in msg, msg
+    with pytest.raises(ValueError, match=r"host_limit=.* is invalid"):
+        offrecomp.Runtime(_two_linears(), Config(host_limit=value))  # type: ignore[arg-type]
+    if not isinstance(value, Budget):
+        monkeypatch.setenv("OFFRECOMP_HOST_LIMIT", str(value))
+        with pytest.raises(ValueError, match=re.escape(f"OFFRECOMP_HOST_LIMIT={str(value)!r} is invalid")):
+            offrecomp.runtime(_two_linears())
+        monkeypatch.delenv("OFFRECOMP_HOST_LIMIT")
+    assert Config.resolve({"host_limit": "1B"}, environ={}).host_limit == Budget(nbytes=1)
+
+
+def test_the_pool_limit_is_never_zero() -> None:
+    """The figure the pool and the planner share is never 0, the planner's "no limit"."""
+    from offrecomp.pool import host_limit_of
+
+    with pytest.raises(ValueError, match="host_limit=0 is invalid"):
+        host_limit_of(Budget(nbytes=0))
+    assert host_limit_of(Budget(nbytes=1)) == 1
+    assert host_limit_of(Budget(fraction=1e-30)) == 1
+    assert host_limit_of(None) >= 1
