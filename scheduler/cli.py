@@ -100,41 +100,39 @@ def _parser() -> argparse.ArgumentParser:
         "--budget", help="activation budget: bytes or with a unit (20GiB, 512MiB, 1.5GB)"
     )
     plan.add_argument(
-        "--max-overhead", type=float, help="accepted step-time overhead, 0 to 10 (0.05 = 5%%)"
+        "--max-overhead", help="accepted step-time overhead, a fraction from 0 to 10 (0.05 = 5%%)"
     )
     plan.add_argument(
         "--min-budget", action="store_true", help="print the smallest budget within --max-overhead"
     )
     plan.add_argument(
-        "--d2h-gbps", type=float,
+        "--d2h-gbps",
         help="device-to-host GB/s, 1e-6 to 1e6 (overrides the profile; with --model, without "
         "--d2h-gbps and --h2d-gbps: no host link, no offload)",
     )
     plan.add_argument(
-        "--h2d-gbps", type=float,
+        "--h2d-gbps",
         help="host-to-device GB/s, 1e-6 to 1e6 (overrides the profile; with --model, without "
         "--d2h-gbps and --h2d-gbps: no host link, no offload)",
     )
     plan.add_argument(
-        "--device-tflops", type=float, help="dense 16-bit TFLOP/s of the device (--model)"
+        "--device-tflops", help="dense 16-bit TFLOP/s of the device (--model)"
     )
     plan.add_argument(
-        "--mfu", type=float, help="model FLOP utilisation of matmuls (--model), in (0, 1], default 0.5"
+        "--mfu", help="model FLOP utilisation of matmuls (--model), in (0, 1], default 0.5"
     )
     plan.add_argument(
-        "--prefetch-regions", type=int, default=2,
+        "--prefetch-regions", default=2,
         help=f"regions reloads run ahead, {MIN_PREFETCH_REGIONS} or more (default 2)",
     )
     plan.add_argument(
         "--replay-op-us",
-        type=float,
         help="what a replay under the runtime's dispatch mode costs per op, in microseconds, "
         "0 to 1e6 (overrides the profile; --model default 0)",
     )
     for flag, what in _HOST_FLAGS.values():
         plan.add_argument(
             flag,
-            type=float,
             help=f"offrecomp's host time {what}, in microseconds, 0 to 1e6 (overrides the "
             "profile; --model default 0)",
         )
@@ -170,9 +168,15 @@ _RANGES: dict[str, NumberRange] = {
 }
 
 
+#: Flags that take a fraction, where a percentage is the likely slip (``5%`` for 0.05).
+_FRACTIONS = ("--max-overhead", "--mfu")
+
+
 def _check_args(args: argparse.Namespace) -> None:
-    """Every number against its range, each error naming its flag (not the Python
-    parameter the value goes on to)."""
+    """Every number against its range, and the budget's size, each error naming its flag
+    (not the Python parameter the value goes on to), the value as given and the forms
+    accepted. argparse hands them over as text: its own ``type=float`` would refuse a
+    malformed one with only "invalid float value"."""
     for flag, rng in [*_RANGES.items(), *((f, _HOST_US) for f, _ in _HOST_FLAGS.values())]:
         dest = flag[2:].replace("-", "_")
         value = getattr(args, dest)
@@ -181,14 +185,41 @@ def _check_args(args: argparse.Namespace) -> None:
         try:
             setattr(args, dest, rng.parse(value, name=flag))
         except ValueError as e:
-            if rng is GBPS:  # the runtime takes no 0 either: a plan without the link is this
+            if rng is GBPS and _number(value) <= 0:
+                # the runtime takes no 0 either: a plan without the link is this
                 raise ValueError(f"{e}; --no-offload plans without the host link") from None
+            if flag in _FRACTIONS:
+                raise ValueError(f"{e}{_as_fraction(value)}") from None
             raise
-    if args.prefetch_regions < MIN_PREFETCH_REGIONS:
-        raise ValueError(
-            f"--prefetch-regions={args.prefetch_regions} is invalid; accepted: a number of "
-            f"regions, {MIN_PREFETCH_REGIONS} or more (2)"
-        )
+    args.prefetch_regions = _regions(args.prefetch_regions)
+    if args.budget is not None:
+        args.budget = parse_bytes(args.budget, name="--budget")
+
+
+def _number(text: object) -> float:
+    """``text`` as a number, NaN where it is none."""
+    try:
+        return float(str(text))
+    except ValueError:
+        return math.nan
+
+
+def _as_fraction(value: object) -> str:
+    """For a percentage given where a fraction goes, the fraction to give instead."""
+    text = str(value).strip()
+    pct = _number(text[:-1]) if text.endswith("%") else math.nan
+    return f"; for {text} give {pct / 100:g}" if math.isfinite(pct) else ""
+
+
+def _regions(value: object) -> int:
+    """``--prefetch-regions``: a whole number of regions, ``MIN_PREFETCH_REGIONS`` or more."""
+    text = str(value).strip()
+    if text.isascii() and text.isdigit() and int(text) >= MIN_PREFETCH_REGIONS:
+        return int(text)
+    raise ValueError(
+        f"--prefetch-regions={value!r} is invalid; accepted: a number of regions, "
+        f"{MIN_PREFETCH_REGIONS} or more (2)"
+    )
 
 
 def _load_profile(args: argparse.Namespace) -> Profile:
@@ -323,7 +354,7 @@ def _print_table(rows: list[dict[str, Any]], out: TextIO) -> None:
 def _run(args: argparse.Namespace, out: TextIO) -> int:
     _check_args(args)
     profile = _load_profile(args)
-    budget = parse_bytes(args.budget, name="--budget") if args.budget is not None else None
+    budget: int | None = args.budget
     if args.min_budget:
         overhead = args.max_overhead if args.max_overhead is not None else 0.05
         plan = solve(
