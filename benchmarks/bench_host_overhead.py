@@ -57,7 +57,11 @@ runs on the timed thread: a host that waits on a copy runs it itself (NOTE [Emul
 waits] in offrecomp/backends.py). A GPU does that work on its copy engines.
 ``--emulated-split`` adds a column with the part of each figure that is such work, timed
 on the main thread's CPU clock around the backend's jobs and device allocations (the
-timing adds two clock reads per job to the figure).
+timing adds two clock reads per job to the figure). Every group is reloaded
+(``OffloadEngine.serve_held = False``): the emulated copies start 5 ms after they are
+queued, so a short step would find each group's sources still held at its backward and
+serve them (NOTE [Served groups] in offrecomp/transfer.py), where a long forward on a GPU
+has its copies landed and reloads them.
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import offrecomp
+from offrecomp.offload import OffloadEngine
 from offrecomp.trace import RUN, OpRecorder, ServingMode, build_structure
 
 #: Saves per region call in the offload variant by default (the amortisation the target
@@ -297,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="add the part of each figure that is the emulated backend's device work")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
+    OffloadEngine.serve_held = False  # the reload path, as a GPU's long forward takes it
     if args.ops < 2 or args.rounds < 1 or args.reps < 1 or args.region_saves < 1:
         ap.error(
             f"--ops {args.ops}, --rounds {args.rounds}, --reps {args.reps}, --region-saves "

@@ -27,9 +27,13 @@ depend on the allocator's history). The emulated offload backend's workers start
 ``START_DELAY_S`` after it was queued, and a thread that waits for it first runs it
 itself (NOTE [Emulated waits] in offrecomp/backends.py); which thread runs it depends on
 timing, so this script sets the delay beyond any step: the counted thread runs every copy
-it waits for, on every run alike. Two windows are counted per variant and the second is
-reported; periodic work (one hook call in 16 timed, one copy in N timed, the planner's
-cadence) can make them differ, and the script says by how much.
+it waits for, on every run alike. With copies held back, each group's sources are still
+held at its backward, so the offload variant reloads every group
+(``OffloadEngine.serve_held = False``) rather than serve it (NOTE [Served groups] in
+offrecomp/transfer.py), as a GPU's long forward whose copies landed does. Two windows
+are counted per variant and the second is reported; periodic work (one hook call in 16
+timed, one copy in N timed, the planner's cadence) can make them differ, and the script
+says by how much.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
 import offrecomp
 from benchmarks.bench_host_overhead import REGION_SAVES, _GroupedFloor, _Model
 from offrecomp import backends
+from offrecomp.offload import OffloadEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 WARMUP_STEPS = 20  # auto's measuring and calibration passes, then its plan
@@ -157,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                          "'hooks on' for keep with the hooks on, 'auto' for auto)")
     ap.add_argument("--out", default=None, help="write the counts as JSON here")
     args = ap.parse_args(argv)
+    OffloadEngine.serve_held = False  # the reload path (see the module's docstring)
     if args.ops < 2 or args.region_saves < 1 or args.steps < 1 or args.top < 0:
         ap.error(
             f"--ops {args.ops}, --region-saves {args.region_saves}, --steps {args.steps}, --top {args.top}: "

@@ -161,16 +161,16 @@ class OffloadGroups:
     ) -> bool | None:
         """Add the OFFLOAD storage ``rec`` (behind ``t``, of ``dtype``; ``covers``: ``t``
         has every byte of it) to ``call``'s open group, if it can move and the pinned
-        pool has room. None: it cannot move (not of the runtime's device: on a GPU run,
-        a CPU tensor is in host memory already; or a view that reads it negated or
+        pool has room. None: it cannot move (empty; not of the runtime's device: on a GPU
+        run, a CPU tensor is in host memory already; or a view that reads it negated or
         conjugated, as offload moves bytes only); False: the pool has no room; True: it
         joined, as an alias of ``t`` when ``t`` covers it contiguously, or of the
         view's base when that does (NOTE [Typed sources] in offload.py), else as the
         storage."""
         on_device = self._on_device or self._device_check()
         # reads_bytes_as_stored(t), inline: a conjugate bit only ever sits on a complex tensor
-        if not on_device(t) or t.is_neg() or (dtype.is_complex and t.is_conj()):
-            return None
+        if not rec.nbytes or not on_device(t) or t.is_neg() or (dtype.is_complex and t.is_conj()):
+            return None  # an empty storage has nothing to move (a group of them none to copy)
         base = t._base
         if may_alias_parameter(t, base) and rec.ptr in self._param_storages(call):
             return None  # NOTE [Parameter storages]
@@ -341,8 +341,10 @@ class OffloadGroups:
             p.stats.sample(engine.device_bytes)
             engine.release_due(boundary)
 
-    def fetch(self, group: Group, call: RegionCall) -> torch.Tensor:
-        """The device buffer of ``group`` (one of ``call``'s), reloaded on first use."""
+    def fetch(self, group: Group, call: RegionCall, serve: bool = False) -> torch.Tensor | None:
+        """The device buffer of ``group`` (one of ``call``'s), reloaded on first use; with
+        ``serve``, None where its held sources are served instead (``group.served``: NOTE
+        [Served groups] in transfer.py)."""
         buf = group.ready
         if buf is not None:  # compute already waited on this reload
             return buf
@@ -352,12 +354,28 @@ class OffloadGroups:
                 "offrecomp: the offload engine of this saved tensor's runtime was closed while "
                 "the tensor still needed it"
             )
-        buf = _inference_mode_off(engine.fetch, group)
+        buf = _inference_mode_off(engine.fetch, group, serve)
         p = call.pass_state
         if p is not None:
             p.backward_reached(call.ordinal)
             p.stats.sample(engine.device_bytes)
         return buf
+
+    def slot_now(self, group: Group, call: RegionCall, slot: int) -> tuple[Any, int, int | None]:
+        """Where ``slot`` of ``group`` (one of ``call``'s) is on the device now: the
+        storage, the byte of it where the slot's storage begins, and the slot's source's
+        version as last seen (None: not seen yet). Its reload, fetched first, or its
+        served source (NOTE [Served groups] in transfer.py)."""
+        buf = self.fetch(group, call, serve=True)
+        if buf is None:
+            served = group.served
+            if served is not None:
+                source = served[slot]
+                return source.untyped_storage(), 0, source._version
+            buf = self.fetch(group, call)  # another thread's backward let go of it meanwhile
+            assert buf is not None
+        versions = group.versions
+        return buf.untyped_storage(), group.offsets[slot], versions[slot] if slot < len(versions) else None
 
     def release_device(self, group: Group) -> None:
         if self.engine is not None:

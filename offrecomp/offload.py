@@ -224,6 +224,8 @@ class OffloadEngine:
     :meth:`close`; a group dropped without ``free`` keeps its host block.
     """
 
+    serve_held = True  # hand out still-held sources, not a reload (NOTE [Served groups] in transfer.py)
+
     def __init__(
         self,
         *,
@@ -412,23 +414,35 @@ class OffloadEngine:
 
     # --------------------------------------------------------------- backward
 
-    def fetch(self, group: Group) -> torch.Tensor:
+    def fetch(self, group: Group, serve: bool = False) -> torch.Tensor | None:
         """The group's data as a flat uint8 device tensor the current stream may read
         now; storage ``i`` is at ``group.offsets[i]``. Reloads the group if needed,
         issues prefetch reloads (NOTE [Prefetch order]), and makes compute wait once per
-        reload. Raises ``RuntimeError`` for a freed group or when an asynchronous copy
-        failed."""
+        reload. With ``serve``, None where the group is served from its held sources
+        instead (``group.served``: NOTE [Served groups] in transfer.py). Raises
+        ``RuntimeError`` for a freed group or when an asynchronous copy failed."""
         buffer = group.buffer
         if group.state is GroupState.FETCHED and buffer is not None:
             return buffer  # compute already waited on this reload
         t0 = time.perf_counter()
         with self._locked():
             self._enter()
-            if group.state is GroupState.FREED or group.state is GroupState.OPEN:
+            state = group.state
+            if state is GroupState.FREED or state is GroupState.OPEN:
                 raise RuntimeError(f"offrecomp: {group!r} cannot be fetched")
             backend = self.backend
             # NOTE [Stream ordering]: live lookup, before any side-stream context.
             compute = backend.current_stream(group.device)
+            if state is GroupState.SERVED and not serve:  # a replay's read needs one buffer
+                self._end_serving(group, wait=False)
+            elif state is GroupState.OFFLOADED and serve and group.in_flight is not None and self.serve_held:
+                self._serve(group)
+            if group.state is GroupState.SERVED:
+                if not group.waited:  # its first fetch: counted as a reload's
+                    group.waited = True
+                    group.fetches += 1
+                    self._prefetch_for(group, compute)
+                return None
             if group.state is GroupState.OFFLOADED:
                 self._reload(group, compute)
             group.fetches += 1
@@ -595,7 +609,9 @@ class OffloadEngine:
         (edge 6). With ``hold_unlanded`` (a free), a reload not landed keeps its buffer
         instead, dropped once it landed (NOTE [Frees on a copy worker])."""
         state = group.state
-        if state is GroupState.RELOADING or state is GroupState.FETCHED:
+        if state is GroupState.SERVED:
+            self._end_serving(group, wait=not hold_unlanded)
+        elif state is GroupState.RELOADING or state is GroupState.FETCHED:
             held = False
             if not group.waited:  # NOTE [Stream ordering]: edge 6
                 if hold_unlanded and not self.backend.query(group.h2d_done):
@@ -640,10 +656,42 @@ class OffloadEngine:
 
     def _drop(self, entry: InFlight) -> None:
         """Let go of a group's sources (NOTE [Source lifetime]), their writes since issue
-        seen first."""
+        seen first; a served group's stay handed out (NOTE [Served groups] in transfer.py)."""
         self._stash_bytes -= entry.nbytes
-        entry.group.see_writes()  # NOTE [Writes after a save] (handles.py)
-        entry.group.in_flight = None
+        group = entry.group
+        group.see_writes()  # NOTE [Writes after a save] (handles.py)
+        group.in_flight = None
+        if group.state is GroupState.SERVED:
+            self._fetched_bytes += entry.nbytes
+
+    def _serve(self, group: Group) -> None:
+        """Hand out ``group``'s held sources instead of a reload (NOTE [Served groups] in
+        transfer.py)."""
+        group.served = group.in_flight
+        group.see_writes()  # NOTE [Writes after a save] (handles.py)
+        group.state = GroupState.SERVED
+        group.waited = False
+        group.uses = 0
+        if group.step == self._step:  # NOTE [Several backwards] in lifecycle.py
+            self._books.served += 1
+
+    def _end_serving(self, group: Group, wait: bool = True) -> None:
+        """Let go of the sources ``group`` served. Held still for its copy, they go now,
+        compute first waiting on it (``wait``; a free never waits: they go with the copy,
+        NOTE [Frees on a copy worker])."""
+        group.served = None
+        group.state = GroupState.OFFLOADED
+        group.uses = 0
+        if group.in_flight is None:
+            self._fetched_bytes -= group.payload_bytes
+        elif wait:
+            stash = self._stash
+            at = next(i for i, e in enumerate(stash) if e.group is group)
+            entry = stash[at]
+            del stash[at]
+            self._drop(entry)
+            if not self.backend.query(entry.landed):
+                self._wait_edge("compute_after_d2h", entry.stream, entry.landed)
 
     def _bound_stash(self) -> None:
         # NOTE [Source lifetime]: beyond the window, the producer waits on the oldest copy.
@@ -695,6 +743,9 @@ class OffloadEngine:
             other = self._order[seq]
             issued += 1
             if other.state is not GroupState.OFFLOADED or other.fetches >= group.fetches:
+                continue
+            if other.in_flight is not None and self.serve_held:  # NOTE [Served groups] in transfer.py
+                self._serve(other)
                 continue
             if (
                 limit is not None

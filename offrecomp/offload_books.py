@@ -47,7 +47,7 @@ class StepBooks:
 
     __slots__ = (
         "bytes_d2h", "bytes_h2d", "fallbacks", "offload_host", "offloads", "prefetches",
-        "release_waits", "reload_host", "reloads", "seconds", "storages", "timed",
+        "release_waits", "reload_host", "reloads", "seconds", "served", "storages", "timed",
         "timed_bytes", "timings", "warned", "window_waits",
     )
 
@@ -63,6 +63,7 @@ class StepBooks:
         self.storages = 0
         self.reloads = 0
         self.prefetches = 0
+        self.served = 0
         self.bytes_d2h = 0
         self.bytes_h2d = 0
         self.window_waits = 0
@@ -137,6 +138,7 @@ class StepBooks:
             live_groups=live_groups,
             pending_timings=len(self.timings),
             release_waits=self.release_waits,
+            groups_served=self.served,
         )
         self.reset()
         return stats

@@ -301,9 +301,9 @@ class Regenerator:
             rec, meta = call.offloaded_inputs[i]
             group = rec.group
             assert group is not None
-            buf = self._groups.fetch(group, call)
+            storage, at, _ = self._groups.slot_now(group, call, rec.slot)
             size, stride, offset, dtype = meta
-            out.append(view_on(buf.untyped_storage(), group.offsets[rec.slot], dtype, size, stride, offset))
+            out.append(view_on(storage, at, dtype, size, stride, offset))
         if group is not None and group.uses >= group.handles:
             self._groups.release_device(group)  # the replay's inputs hold what they need
         return out
@@ -389,11 +389,11 @@ def _servable_storages(call: RegionCall, groups: OffloadGroups | None) -> dict[i
     for r in call.storages:
         group = r.group
         if groups is not None and r.placement is OFFLOAD and group is not None and _reload_due(group):
-            buf = groups.fetch(group, call)
             slot = r.slot
-            issued, versions = group.issue_versions, group.versions
-            if slot < len(issued) and slot < len(versions) and issued[slot] == versions[slot]:
-                out[r.index] = (buf.untyped_storage(), group.offsets[slot])
+            storage, at, version = groups.slot_now(group, call, slot)
+            issued = group.issue_versions
+            if slot < len(issued) and issued[slot] == version:
+                out[r.index] = (storage, at)
         elif r.placement is KEEP:
             held = r.tensor.untyped_storage() if r.tensor is not None else r()
             watch = r.watch
@@ -407,11 +407,12 @@ def _servable_storages(call: RegionCall, groups: OffloadGroups | None) -> dict[i
 
 
 def _reload_due(group: Group) -> bool:
-    """This backward reloads ``group`` anyway: its reload is issued and not released yet,
-    or it was never handed to compute (a group released after its unpacks is not
-    reloaded again for a replay)."""
+    """This backward reloads ``group`` anyway: its reload is issued and not released yet
+    (or its sources are served: NOTE [Served groups] in transfer.py), or it was never
+    handed to compute (a group released after its unpacks is not reloaded again for a
+    replay)."""
     state = group.state
-    return state is GroupState.RELOADING or state is GroupState.FETCHED or (
+    return state is GroupState.RELOADING or state is GroupState.FETCHED or state is GroupState.SERVED or (
         state is GroupState.OFFLOADED and group.fetches == 0
     )
 

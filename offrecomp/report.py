@@ -83,6 +83,9 @@ class StepRecord:
     """Distinct saved storages."""
     d2h_bytes: int = 0
     h2d_bytes: int = 0
+    served_groups: int = 0
+    """Offload groups whose device sources were still held when backward reached them,
+    handed out instead of reloaded (NOTE [Served groups] in transfer.py)."""
     d2h_gbps: float = 0.0
     """Achieved device-to-host bandwidth (GB/s) of the offload copies."""
     h2d_gbps: float = 0.0

@@ -48,6 +48,21 @@ __all__ = [
 # reloads are still in flight.
 
 
+# NOTE [Served groups]
+# Outside a plan, a group's sources stay held until query() says its copy landed. When
+# the link lags the forward (or the host runs ahead of the device), the last groups are
+# still held as backward reaches them: a reload would allocate a second copy of them
+# beside the first and wait for the round trip. Such a group is served instead: its
+# first unpack (or a prefetch, which would have reloaded it) pins its held sources, and
+# unpack hands out views of them, as keep would. Its memory is never more than the
+# reload's (sources held, no buffer), and goes as a reload's would: when each of its
+# saves was unpacked, and the copy landed or compute waited on it. A plan lets go of
+# every group by backward's start (NOTE [Planned release] in groups.py), so only forced
+# and unplanned offload serve. ``OffloadEngine.serve_held = False`` turns it off (the
+# test suite's default, so that its offload runs keep reloading on the emulated
+# backend, whose copies start late).
+
+
 def slot_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
     """Offsets of consecutive slots of ``sizes`` bytes in one block, each aligned to
     ``ALIGN_BYTES`` (a multiple of every element size), and the block's size."""
@@ -96,6 +111,9 @@ class GroupState(enum.Enum):
     """A reload is issued and compute has not waited on it yet."""
     FETCHED = "fetched"
     """Compute waited on the reload; its buffer is handed out (until release_device)."""
+    SERVED = "served"
+    """Its device sources, still held for the copy, are handed out instead of a reload
+    (until release_device: NOTE [Served groups])."""
     FREED = "freed"
 
 
@@ -126,6 +144,7 @@ class Group:
         "payload_bytes",
         "reuse",
         "seq",
+        "served",
         "shapes",
         "sizes",
         "sources",
@@ -149,6 +168,7 @@ class Group:
         self.strides: dict[int, tuple[int, ...]] = {}  # a typed source's strides, where not contiguous
         self.offsets: Sequence[int] = ()  # slot_offsets(sizes), from ``seal``
         self.in_flight: list[torch.Tensor] | None = None  # its sources, issued and not dropped yet
+        self.served: list[torch.Tensor] | None = None  # its sources, handed out (GroupState.SERVED)
         self.versions: list[int] = []
         """Each source's version when the engine let go of the sources, or at a fetch
         before that (NOTE [Writes after a save] in handles.py)."""
@@ -219,8 +239,10 @@ class Group:
 
     @property
     def holds_reload(self) -> bool:
-        """A reload of it is issued or handed out: device memory until ``release_device``."""
-        return self.state is GroupState.RELOADING or self.state is GroupState.FETCHED
+        """A reload of it is issued or handed out, or its sources are served: device
+        memory until ``release_device``."""
+        state = self.state
+        return state is GroupState.RELOADING or state is GroupState.FETCHED or state is GroupState.SERVED
 
     def typed(self, dtype: torch.dtype) -> torch.Tensor:
         """The fetched buffer viewed as ``dtype`` (made once per reload and dtype): a
@@ -415,6 +437,9 @@ class OffloadStats:
     live_groups: int
     pending_timings: int
     """Timed copies/waits not landed yet; they count in a later step."""
+    groups_served: int = 0
+    """Groups whose device sources were still held at their first unpack (or prefetch)
+    and were handed out instead of a reload (NOTE [Served groups])."""
     release_waits: int = 0
     """Groups a plan let go of before query() saw their copy land, compute waiting on it
     (NOTE [Planned release] in groups.py; a wait the device has often passed already)."""
@@ -435,7 +460,7 @@ def gbps(nbytes: int, seconds: float) -> float | None:
     return nbytes / seconds / 1e9
 
 
-@dataclass
+@dataclass(eq=False)
 class InFlight:
     """An issued group's device sources, held until the engine lets go of them (NOTE
     [Source lifetime] in offload.py)."""

@@ -61,6 +61,7 @@ def step_record(step: int, passes: list[PassState], mode: str) -> StepRecord:
             rec.backend = getattr(o, "backend", "")
             rec.d2h_bytes += int(getattr(o, "bytes_d2h", 0))
             rec.h2d_bytes += int(getattr(o, "bytes_h2d", 0))
+            rec.served_groups += int(getattr(o, "groups_served", 0))
             rec.stall_seconds += float(getattr(o, "stall_seconds", 0.0))
             rec.d2h_gbps = float(getattr(o, "d2h_gbps", None) or rec.d2h_gbps)
             rec.h2d_gbps = float(getattr(o, "h2d_gbps", None) or rec.h2d_gbps)

@@ -1576,3 +1576,41 @@ def test_wrapper_subclass_activations_between_blocks(mode: str) -> None:
     m = copy.deepcopy(model)
     got = run(m, offrecomp.runtime(m, mode=mode, min_bytes=0))
     assert len(ref) == len(got) and all(torch.equal(a, b) for a, b in zip(ref, got))
+
+
+class TanhResidual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x))
+
+
+def test_a_plan_that_offloads_a_call_of_empty_saves() -> None:
+    """A user's plan offloading everything, on steps of an empty batch (an MoE expert
+    routed no tokens does the same): each region call's saves are all of 0 bytes, so its
+    group would have nothing to copy; such storages are kept (nothing to move), as plain
+    autograd keeps them, where the pool was asked for a 0-byte block and raised."""
+
+    def run(m: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        out = []
+        with rt if rt is not None else contextlib.nullcontext():
+            for step in range(8):
+                x = torch.randn(0 if step % 4 == 2 else 4, 3, 8, generator=torch.Generator().manual_seed(step))
+                loss = m(x).square().sum()
+                loss.backward()
+                out.append({n: p.grad.clone() for n, p in m.named_parameters()} | {"loss": loss.detach()})
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        return out
+
+    torch.manual_seed(0)
+    model = Chain(TanhResidual, h=8, n=3)
+    ref = run(copy.deepcopy(model), None)
+    m = copy.deepcopy(model)
+    rt = offrecomp.runtime(m, mode="auto", min_bytes=0)
+    rt.set_plan(offrecomp.Plan(default=offrecomp.Placement.OFFLOAD))
+    assert_bitwise(ref, run(m, rt))
+    assert any(s.offloaded_bytes for s in rt.report().steps)

@@ -247,16 +247,22 @@ def test_h2d_waits_on_the_allocation() -> None:
         assert bool((reload_into_a_block_compute_still_reads(eng) == 4).all())  # overwritten
 
 
-def reuse_source_memory(eng: OffloadEngine) -> torch.Tensor:
+def late_offload(eng: OffloadEngine) -> Group:
+    """A group of one source of N fives whose D2H copy is late, the engine's the only
+    reference to the source: its block, once let go of, is the only cached block a new
+    N-byte tensor can reuse on this stream."""
     warm(eng)
     d2h, _ = eng.copy_streams(DEV)
     torch.cuda.synchronize()
-    torch.cuda.empty_cache()  # x's block is then the only cached block that y can reuse
+    torch.cuda.empty_cache()
     x = torch.full((N,), 5, dtype=torch.uint8, device=DEV)
     torch.cuda.synchronize()
     delay(d2h)  # the D2H copy is late
-    group = offload(eng, [x])
-    del x  # the caller's last reference: the block may now be reused on this stream
+    return offload(eng, [x])
+
+
+def reuse_source_memory(eng: OffloadEngine) -> torch.Tensor:
+    group = late_offload(eng)
     y = torch.empty(N, dtype=torch.uint8, device=DEV)
     y.fill_(9)
     eng.synchronize()
@@ -270,6 +276,27 @@ def test_source_outlives_its_copy(window: int) -> None:
     if window == 0:
         with engine_ctx(window_bytes=window) as eng, without_edge(eng, "compute_after_d2h"):
             assert bool((reuse_source_memory(eng) == 9).all())
+
+
+def release_served_source(eng: OffloadEngine) -> torch.Tensor:
+    """A group still held at its fetch is served (NOTE [Served groups] in transfer.py);
+    released, its source's block is reused on compute while the late D2H copy still has
+    to read it."""
+    group = late_offload(eng)
+    assert eng.fetch(group, serve=True) is None and group.served is not None  # no reload
+    eng.release_device(group)  # its saves were read: the engine lets go of the source
+    y = torch.empty(N, dtype=torch.uint8, device=DEV)
+    y.fill_(9)
+    eng.synchronize()
+    return slot(eng.fetch(group), group).clone()
+
+
+@pytest.mark.serve_held
+def test_a_served_source_outlives_its_copy() -> None:
+    with engine_ctx() as eng:
+        assert bool((release_served_source(eng) == 5).all())
+    with engine_ctx() as eng, without_edge(eng, "compute_after_d2h"):
+        assert bool((release_served_source(eng) == 9).all())
 
 
 def timed(fn: Any, reps: int = 3) -> float:

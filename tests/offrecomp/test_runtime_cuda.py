@@ -81,6 +81,42 @@ def test_offload_with_delayed_compute_stream_stays_correct() -> None:
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.serve_held
+def test_offload_serves_groups_whose_late_copies_still_hold_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each group's D2H copy starts late (a sleep on the D2H stream before it), so its
+    sources are still held when backward reaches it: served, not reloaded (NOTE [Served
+    groups] in offrecomp/transfer.py), with the sources let go of after their copies;
+    gradients as plain's, and the peak no more than keep's."""
+    from offrecomp.backends import CudaBackend
+
+    copy_many = CudaBackend.copy_many
+
+    def late(self: CudaBackend, dsts: list[torch.Tensor], srcs: list[torch.Tensor], stream: torch.cuda.Stream) -> None:
+        if dsts and dsts[0].device.type == "cpu":  # a D2H copy
+            with torch.cuda.stream(stream):
+                tc.cuda_sleep(20_000_000)  # ~10 ms
+        copy_many(self, dsts, srcs, stream)
+
+    monkeypatch.setattr(CudaBackend, "copy_many", late)
+    model = _gpt(layers=3, h=256, p=0.0)
+    ref = _grads(twin(model), steps=2)
+    deterministic = all(torch.equal(a, b) for a, b in zip(ref, _grads(twin(model), steps=2)))
+    peaks = {}
+    for mode in ("keep", "offload"):
+        m = twin(model)
+        rt = offrecomp.runtime(m, mode=mode, min_bytes=0)
+        got = _grads(m, rt, steps=2)
+        for a, b in zip(ref, got):
+            if deterministic:
+                assert torch.equal(a, b)
+            else:
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+        steps = rt.report().steps
+        peaks[mode] = max(s.peak_activation_bytes for s in steps)
+    assert all(s.served_groups > 0 for s in steps), [s.served_groups for s in steps]
+    assert peaks["offload"] <= peaks["keep"] * 1.01, peaks
+
+
 def test_offload_and_recompute_hold_little_after_forward() -> None:
     """What forward leaves on the device for backward, measured by the allocator."""
     model = _gpt(layers=6, h=512, p=0.0)

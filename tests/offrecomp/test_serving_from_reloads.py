@@ -11,6 +11,7 @@ import torch
 import offrecomp
 from offrecomp import Placement, Plan, regenerate
 from offrecomp.backends import EmulatedBackend
+from offrecomp.groups import OffloadGroups
 from offrecomp.transfer import Group, GroupState
 from tests.helpers import assert_bitwise, train, twin
 from tests.offrecomp.test_replay import (  # noqa: F401 - _always_serve: an autouse fixture
@@ -82,6 +83,7 @@ def test_the_gradients_of_serving_from_reloads_are_bitwise(
         (GroupState.RELOADING, 0, True),
         (GroupState.FETCHED, 1, True),
         (GroupState.OFFLOADED, 0, True),  # this backward has not reached it yet
+        (GroupState.SERVED, 1, True),  # its held sources handed out (NOTE [Served groups])
         (GroupState.OFFLOADED, 1, False),  # released after its unpacks: not reloaded again
         (GroupState.FREED, 0, False),
         (GroupState.OPEN, 0, False),
@@ -97,13 +99,16 @@ def test_a_replay_serves_from_a_group_this_backward_reloads_anyway(
 
 
 class _Groups:
-    """The one call ``_servable_storages`` makes of the runtime's offload groups."""
+    """The runtime's offload groups as ``_servable_storages`` reads them (``slot_now``,
+    the runtime's, through this ``fetch``), with a reloaded buffer."""
+
+    slot_now = OffloadGroups.slot_now
 
     def __init__(self, buf: torch.Tensor) -> None:
         self.buf = buf
         self.fetched = 0
 
-    def fetch(self, group: Group, call: object) -> torch.Tensor:
+    def fetch(self, group: Group, call: object, serve: bool = False) -> torch.Tensor:
         self.fetched += 1
         return self.buf
 
