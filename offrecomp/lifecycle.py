@@ -29,11 +29,13 @@ two backwards. Each root forward's output nodes carry a marker that a backward r
 them sets (``GraphMarker.reached``); a backward that ends while a forward of its pass
 has an output graph alive that no backward reached leaves the pass AWAITING, as a
 double backward does: the next backward that reads its saves runs as the pass's, and a
-new forward or an optimizer step ends it if none comes. The pass's record and its step
-then hold every backward's replays and time (the time between the backwards included,
-as for a double backward). A measuring pass times each call's backward from its
-replay's end to what came next in time, the next replay or its backward's end
-(``backward_ends``), since the backwards run the calls out of reverse forward order.
+new forward or an optimizer step ends it if none comes (a backward of it that runs
+later is split off: NOTE [Split backwards] in planning/profiling.py). The pass's record
+and its step then hold every backward's replays and time (the time between the
+backwards included, as for a double backward). A measuring pass times each call's
+backward from its replay's end to what came next in time, the next replay or its
+backward's end (``backward_ends``), since the backwards run the calls out of reverse
+forward order.
 While it awaits, a save outside any forward begins the next pass (the next step's
 work before its forward; a double backward's pass takes such saves instead), and a pass
 ended so ends at its last backward's end (its wall time holds no idle wait). A loop

@@ -15,7 +15,14 @@ from offrecomp.measure import distorts
 from offrecomp.phases import Phase
 from offrecomp.planning.differences import settle_growth, variable_sizes
 from offrecomp.planning.drift import refresh_live
-from offrecomp.planning.profiling import learn_held, prefetch_depth
+from offrecomp.planning.profiling import (
+    learn_held,
+    marks_within,
+    prefetch_depth,
+    region_shape,
+    replays_by_call,
+    split_backward,
+)
 from offrecomp.planning.trial import offload_trial
 from offrecomp.state import Stage
 from offrecomp.trace import RUN
@@ -96,7 +103,8 @@ class Learner:
             # its calls differed from the recording (NOTE [Calibration sizes] in
             # differences.py): the signature measures again, or has since (a new profile)
             return None
-        step = None if calibrating else self.host.clock.seconds(p.start_mark, p.backward_end_mark)
+        # a split pass's span is not its step (NOTE [Split backwards] in profiling.py)
+        step = None if calibrating or split_backward(p) else self.host.clock.seconds(p.start_mark, p.backward_end_mark)
         grew = p.phase == Phase.PLANNED and entry.profile is not None and variable_sizes(p, entry.profile, grow=False)
         if p.phase == Phase.PLANNED and not grew and self._skip(entry):
             return self._trial(entry, p, step)  # the step time still reaches the offload trial
@@ -254,9 +262,12 @@ class Learner:
         except ValueError as exc:  # a structure the profile cannot place as the pass did
             log.debug("offrecomp: calibration check skipped (%s)", exc)
             return
+        if split_backward(p):  # NOTE [Split backwards] (profiling.py): its span is not the pass
+            log.debug("offrecomp: calibration check skipped (the pass's backward was split)")
+            return
         step = clock.seconds(p.start_mark, p.backward_end_mark)
         fwd = clock.seconds(p.start_mark, p.backward_start_mark)
-        replay = sum(clock.seconds(a, b) or 0.0 for _, a, b in p.replay_marks) - probes
+        replay = sum(clock.seconds(a, b) or 0.0 for _, a, b in within(p)) - probes
         if step is None or fwd is None or step - probes <= 0:
             return
         step -= probes
@@ -277,7 +288,8 @@ class Learner:
 
 def _fit_replays(p: PassState, by_key: dict[tuple[str, int], RegionRecord], clock: Clock) -> None:
     """NOTE [Calibration]: each region's op times fitted to the calibration pass's plain
-    replay of it; a replay a host pause distorted takes a fitted peer's times."""
+    replay of it; a replay a host pause distorted, or one a split pass's later backward
+    had not run yet, takes a fitted peer's times."""
     by_ordinal = {c.ordinal: c for c in p.calls}
     seen: set[tuple[str, int]] = set()
     paused: set[tuple[str, int]] = set()
@@ -308,13 +320,15 @@ def _fit_replays(p: PassState, by_key: dict[tuple[str, int], RegionRecord], cloc
             ratio = max(0.1, secs / plain)
             for op in r.ops:
                 op.seconds *= ratio
+    if split_backward(p):  # NOTE [Split backwards] (profiling.py): a later backward's replays come late
+        paused |= {c.key for c in p.calls if not c.is_root}
     fitted: dict[tuple[Any, ...], RegionRecord] = {}
     for key in seen:
         if key in by_key:
-            fitted.setdefault(_shape(by_key[key]), by_key[key])
+            fitted.setdefault(region_shape(by_key[key]), by_key[key])
     for key in paused - seen:
         r = by_key.get(key)
-        peer = fitted.get(_shape(r)) if r is not None else None
+        peer = fitted.get(region_shape(r)) if r is not None else None
         if r is not None and peer is not None:
             for op, q in zip(r.ops, peer.ops):
                 op.seconds = q.seconds
@@ -342,12 +356,14 @@ def learn_backward(
 ) -> bool:
     """``p``'s backward, less its replays, stalls and the runtime's host time, into
     ``measured`` (each region's share scaled alike), and on a GPU its host time
-    (``_learn_backward_host``); False when a host pause distorted it (nothing learnt)."""
+    (``_learn_backward_host``); False when a host pause distorted it (nothing learnt).
+    A split pass teaches no backward (NOTE [Split backwards] in profiling.py)."""
     fwd_total = clock.seconds(p.start_mark, p.backward_start_mark)
     bwd_total = clock.seconds(p.backward_start_mark, p.backward_end_mark)
-    if fwd_total is None or bwd_total is None:
+    if fwd_total is None or bwd_total is None or split_backward(p):
         return True
-    replay = sum(clock.seconds(a, b) or 0.0 for _, a, b in p.replay_marks)
+    marks = within(p)
+    replay = sum(clock.seconds(a, b) or 0.0 for _, a, b in marks)
     stall = float(getattr(p.offload_stats, "stall_seconds", 0.0) or 0.0)
     # NOTE [Host time]: the hooks' and the reloads' host time is the model's to add: on
     # CPU (host and device are one) it comes off the backward's time; on GPU the events
@@ -355,9 +371,7 @@ def learn_backward(
     extra = _backward_host_extra(p, measured)
     bwd = max(0.0, bwd_total - replay - stall - (0.0 if on_device else extra))
     # pauses inside replays went out with the replays' time
-    paused = clock.pause(p.backward_start_mark, p.backward_end_mark) - sum(
-        clock.pause(a, b) for _, a, b in p.replay_marks
-    )
+    paused = clock.pause(p.backward_start_mark, p.backward_end_mark) - sum(clock.pause(a, b) for _, a, b in marks)
     if distorts(paused, bwd):
         return False
     est = sum(r.backward_seconds for r in measured.regions)
@@ -379,7 +393,7 @@ def _learn_backward_host(p: PassState, measured: Profile, extra: float, calibrat
     of its backward, less the replays' host spans and the runtime's ``extra`` host time,
     shared out over the regions as their device times are."""
     start, end = p.backward_start_mark, p.backward_end_mark
-    host = end.host - start.host - sum(b.host - a.host for _, a, b in p.replay_marks) - extra
+    host = end.host - start.host - sum(b.host - a.host for _, a, b in within(p)) - extra
     if host <= 0:
         return
     ratio = host / measured.backward_seconds
@@ -645,9 +659,10 @@ def _aligned(calls: list[RegionCall], regions: list[RegionRecord]) -> bool:
     )
 
 
-def _shape(r: RegionRecord) -> tuple[Any, ...]:
-    """What repeated blocks share: the same ops and the same storage sizes."""
-    return (tuple(op.name for op in r.ops), tuple(s.nbytes for s in r.storages))
+def within(p: PassState) -> list[tuple[int, Any, Any]]:
+    """``p``'s replay marks inside its backward span: a backward after its end (NOTE
+    [Split backwards] in profiling.py) adds marks later."""
+    return marks_within(p.replay_marks, p.backward_start_mark, p.backward_end_mark)
 
 
 def _fill_from_peers(profile: Profile, skipped: set[tuple[str, int]]) -> list[str]:
@@ -656,12 +671,12 @@ def _fill_from_peers(profile: Profile, skipped: set[tuple[str, int]]) -> list[st
     clean: dict[tuple[Any, ...], list[RegionRecord]] = {}
     for r in profile.regions:
         if r.key not in skipped and r.ops:
-            clean.setdefault(_shape(r), []).append(r)
+            clean.setdefault(region_shape(r), []).append(r)
     alone = []
     for r in profile.regions:
         if r.key not in skipped:
             continue
-        peers = sorted(clean.get(_shape(r), []), key=lambda q: q.forward_seconds)
+        peers = sorted(clean.get(region_shape(r), []), key=lambda q: q.forward_seconds)
         if not peers:
             alone.append(f"{r.name}#{r.call_index}")
             continue
@@ -690,18 +705,6 @@ def _calibrated_another(entry: PlanEntry, p: PassState) -> bool:
     measured again since: NOTE [Calibration sizes] in differences.py)."""
     structures = entry.structures
     return any(c.structure is not None and structures.get(c.key) is not c.structure for c in p.calls)
-
-
-def replays_by_call(p: PassState, clock: Clock) -> dict[tuple[str, int], float]:
-    """Seconds ``p``'s timed replays took, summed per region call (name, call index)."""
-    by_ordinal = {c.ordinal: c for c in p.calls}
-    out: dict[tuple[str, int], float] = {}
-    for ordinal, a, b in p.replay_marks:
-        call = by_ordinal.get(ordinal)
-        secs = clock.seconds(a, b)
-        if call is not None and secs is not None:
-            out[call.key] = out.get(call.key, 0.0) + secs
-    return out
 
 
 # NOTE [Served replay times]

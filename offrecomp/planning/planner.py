@@ -63,8 +63,9 @@ class Planner:
         self._early_notes: weakref.WeakKeyDictionary[PassState, str] = weakref.WeakKeyDictionary()
         # NOTE [Bookkeeping off the critical path]: passes whose profile is still to be
         # built, with their replay marks and backward end as they were when they ended (a
-        # later backward may still replay their regions and add marks)
-        self._unplanned: list[tuple[PassState, ReplayMarks, Any]] = []
+        # later backward may still replay their regions and add marks), and whether the
+        # build waited once for a later backward (NOTE [Split backwards] in profiling.py)
+        self._unplanned: list[tuple[PassState, ReplayMarks, Any, bool]] = []
         self._resolved: list[StepRecord] = []
         self._catching_up = False
         self._warned_unfinished = False
@@ -120,7 +121,8 @@ class Planner:
     # `_catch_up` does it at the next pass's start (`begin_pass`, before the pass's first
     # mark, so outside its timing), or when the runtime waits for its records
     # (`resolve(wait=True)`: `report()`, leaving the context). A profile is built before
-    # the next pass is placed (it decides whether that pass calibrates); the records are
+    # the next pass is placed (it decides whether that pass calibrates; a split pass's
+    # waits for its later backward: NOTE [Split backwards] in profiling.py); the records are
     # read in order, and at a pass's start only those whose events have landed and only
     # for `CATCH_UP_SECONDS` (one record at least). A calibration a record still holds
     # back is read with a wait before the pass that needs its plan
@@ -136,9 +138,15 @@ class Planner:
         if self._catching_up:
             return
         self._catching_up = True
+        waiting: list[tuple[PassState, ReplayMarks, Any, bool]] = []
         try:
             while self._unplanned:
-                p, marks, end = self._unplanned.pop(0)
+                p, marks, end, waited = self._unplanned.pop(0)
+                if profiling.split_backward(p):  # NOTE [Split backwards] (profiling.py)
+                    if seconds is not None and not waited and profiling.awaits_late_backward(p):
+                        waiting.append((p, marks, end, True))
+                        continue
+                    marks = list(p.replay_marks)  # with its later backwards'
                 try:
                     with _planner_time(holder if holder is not None else p):
                         self._plan_from(p, marks, end)
@@ -149,6 +157,7 @@ class Planner:
                     raise
             self._resolve(wait=seconds is None, seconds=seconds)
         finally:
+            self._unplanned[:0] = waiting
             self._catching_up = False
 
     def _begin_pass(self, p: PassState) -> None:
@@ -186,6 +195,9 @@ class Planner:
                 return
         p.made_entry = p.signature not in self.entries
         entry = self.cache.entry(p.signature, p)
+        if entry.profile is None and any(q.signature == p.signature for q, *_ in self._unplanned):
+            p.phase = Phase.RECOMPUTE  # NOTE [Split backwards] (profiling.py): its profile waits
+            return
         if entry.needs_measure or entry.profile is None:
             p.recording = True
             p.phase = Phase.MEASURE
@@ -536,32 +548,16 @@ class Planner:
             for key, st in entry.structures.items():
                 structures.setdefault(key, st)
         entry.structures = structures
-        self._unplanned.append((p, list(p.replay_marks), p.backward_end_mark))
+        self._unplanned.append((p, list(p.replay_marks), p.backward_end_mark, False))
 
     # ------------------------------------------------------------ planning
 
     def _plan_from(self, p: PassState, replay_marks: ReplayMarks, end_mark: Any) -> None:
         """Build the signature's profile from the measuring (or re-profiling) pass ``p``,
         whose replay marks and backward end were ``replay_marks`` and ``end_mark`` when it
-        ended."""
-        host = self.host
-        cfg = host.config
+        ended (a split pass's replay marks: all of them, NOTE [Split backwards])."""
         entry = self.cache.entry(p.signature, p)
-        profile, structures = profiling.build_profile(
-            p, replay_marks, end_mark, clock=host.clock, config=cfg, device=host.device(),
-            host_limit=host.host_limit_bytes,
-        )
-        if p.reprofile and entry.profile is not None and entry.structures:
-            added = profiling.keep_missing_calls(profile, structures, entry.profile, entry.structures)
-            if added:
-                log.info(
-                    "offrecomp: signature %s's profile keeps %d call(s) this pass did not run",
-                    shown(p.signature), added,
-                )
-        entry.take_profile(profile, structures, p.stats.peak_resident_bytes)
-        if cfg.profile_path:
-            # the measured profile now; each solve overwrites it with the calibrated one
-            profiling.save_profile(profile, cfg.profile_path, p.signature)
+        profiling.profile_into(entry, p, replay_marks, end_mark, self.host)
         self.last_entry = entry
 
     def _check_user_plan(self, user: Plan, p: PassState) -> None:
@@ -660,7 +656,7 @@ class Planner:
         return (
             any(q is p for q in self.last_forced)
             or any(q is p for _, passes in self._pending for q in passes)
-            or any(q is p for q, _, _ in self._unplanned)
+            or any(q is p for q, *_ in self._unplanned)
         )
 
     def pending_ids(self) -> set[int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import statistics
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -14,8 +15,10 @@ import torch
 from offrecomp.changes import forward_hooked, module_state
 from offrecomp.diagnostics import warn_once
 from offrecomp.measure import device_capacity_bytes
+from offrecomp.outputs import awaits_backward
 from offrecomp.placement import never_replayed
 from offrecomp.regions import buffer_of
+from offrecomp.signatures import shown
 from offrecomp.trace import RegionStructure, build_structure
 from scheduler.plan import Placement
 from scheduler.profile import Profile, RegionRecord, StorageRecord
@@ -23,6 +26,8 @@ from scheduler.profile import Profile, RegionRecord, StorageRecord
 if TYPE_CHECKING:
     from offrecomp.config import Config, Prefetch
     from offrecomp.measure import Clock
+    from offrecomp.planning.entries import PlanEntry
+    from offrecomp.planning.host import PlannerHost
     from offrecomp.regions import Region
     from offrecomp.state import PassState, RegionCall
     from offrecomp.trace import OpRecorder
@@ -31,6 +36,62 @@ log = logging.getLogger(__name__)
 
 ReplayMarks = list[tuple[int, Any, Any]]
 """A pass's replay marks: (region call ordinal, start mark, end mark) per replay."""
+
+
+# NOTE [Split backwards]
+# A pass whose backward ended while one of its forwards' graphs still awaited a backward
+# (NOTE [Several backwards] in lifecycle.py) ends at the next forward, and the backward
+# it awaited runs later, inside another pass: a pipeline's 1F1B schedule (F0 F1 B0 F2 B1
+# ..., F2 ends the pass of F0 and F1 while B1 is still to run), or a forward whose graph
+# is dropped undifferentiated. Its backward span, from its backward's start to its last
+# backward's end, then holds only some of its calls' backwards, and its replay marks
+# keep growing after it ended (each later replay of its calls adds one). So:
+# - everything that learns from a span (the backward, its host time, the calibration
+#   check) subtracts only the replays inside that span;
+# - its measuring pass's profile is built once the backwards it awaited have run (at
+#   the latest when the pass after the next begins, or the runtime waits for its
+#   records): each call a later backward replays is timed from its replay's end to
+#   the next replay's start, and its time adds to the profile's backward; a call with
+#   no measured backward takes the backward-to-forward ratio of its measured peers (the
+#   same ops and sizes), else of every measured call, rather than twice its forward.
+#   The pass in between runs a plain full recompute (what the measuring pass held,
+#   without the recorder), as it cannot calibrate a profile not built yet;
+# - a calibration or planned pass split so is not learnt from for its backward (its
+#   forward is; a calibration pass learnt before its later backward ran fits the regions
+#   it did not replay yet from their fitted peers), and gives the offload trial and the
+#   live prediction no step time: the span's calls are unknown where they kept their
+#   saves (no replay marks them), and the later backwards run inside another pass's
+#   forward, untimed. The signature's backward is learnt from its passes that were not
+#   split (in a 1F1B step, the last), and a signature whose every pass is split keeps
+#   its measured backward.
+# A pass with a single backward (or several, all inside it) is built and learnt from
+# its whole span, which holds all of its replay marks. A backward that runs inside a
+# later pass's forward counts in that pass's forward gaps (the root's work, to the model).
+
+
+def split_backward(p: PassState) -> bool:
+    """Did ``p`` end while a forward of it still awaited a backward (NOTE [Split
+    backwards])?"""
+    return p.awaits_other
+
+
+def awaits_late_backward(p: PassState) -> bool:
+    """Does a forward of the split pass ``p`` still have an output graph alive that no
+    backward reached (NOTE [Split backwards])?"""
+    return p.awaits_other and awaits_backward(p.graphs)
+
+
+def marks_within(marks: ReplayMarks, start: Any, end: Any) -> ReplayMarks:
+    """The replay marks of ``marks`` that lie between the marks ``start`` and ``end``
+    (NOTE [Split backwards]); all of them when either is unknown."""
+    if start is None or end is None:
+        return marks
+    return [m for m in marks if start.host <= m[1].host and m[2].host <= end.host]
+
+
+def region_shape(r: RegionRecord) -> tuple[Any, ...]:
+    """What repeated blocks share: the same ops and the same storage sizes."""
+    return (tuple(op.name for op in r.ops), tuple(s.nbytes for s in r.storages))
 
 
 def timed_on_device(rec: OpRecorder) -> bool:
@@ -141,15 +202,24 @@ def build_profile(
     host_limit: Callable[[], int],
 ) -> tuple[Profile, dict[tuple[str, int], RegionStructure]]:
     """The profile of the measuring (or re-profiling) pass ``p``, whose replay marks and
-    backward end were ``replay_marks`` and ``end_mark`` when it ended, and the region
-    structures it was built from."""
+    backward end were ``replay_marks`` and ``end_mark`` when it ended (a split pass's:
+    its replay marks now, NOTE [Split backwards]), and the region structures it was
+    built from."""
+    split = split_backward(p)
     replay_by_ordinal: dict[int, tuple[Any, Any]] = {}
-    total_replay = 0.0
     for ordinal, a, b in replay_marks:
         replay_by_ordinal.setdefault(ordinal, (a, b))
-        total_replay += clock.seconds(a, b, wait=True) or 0.0
+    within = marks_within(replay_marks, p.backward_start_mark, end_mark) if split else replay_marks
+    total_replay = sum(clock.seconds(a, b, wait=True) or 0.0 for _, a, b in within)
     ends = [m for m in p.backward_ends if m is not None and m.host < end_mark.host] if end_mark is not None else []
-    regions, structures = _region_records(p, replay_by_ordinal, [*ends, end_mark], clock)
+    regions, structures, unmeasured = _region_records(p, replay_by_ordinal, [*ends, end_mark], clock)
+    late = 0.0
+    if split:
+        fill_unmeasured(regions, unmeasured)
+        later = {o for o, _, _ in replay_marks} - {o for o, _, _ in within}
+        by_ordinal = {c.ordinal: c.key for c in p.calls}
+        late_keys = {by_ordinal.get(o) for o in later}
+        late = sum(r.backward_seconds for r in regions if r.key in late_keys)
     root_records: list[StorageRecord] = []
     if p.root is not None:
         for s in p.root.storages:
@@ -174,7 +244,7 @@ def build_profile(
         signature=p.signature,
         device=device.type,
         forward_seconds=fwd_total,
-        backward_seconds=max(0.0, bwd_total - total_replay),
+        backward_seconds=max(0.0, bwd_total - total_replay) + late,
         d2h_gbps=d2h,
         h2d_gbps=h2d,
         regions=regions,
@@ -187,6 +257,40 @@ def build_profile(
     if p.device_peak is not None:
         profile.fixed_bytes = max(0, p.alloc_start + p.device_peak - p.stats.peak_resident_bytes)
     return profile, structures
+
+
+def profile_into(entry: PlanEntry, p: PassState, replay_marks: ReplayMarks, end_mark: Any, host: PlannerHost) -> None:
+    """Build ``entry``'s profile from the measuring (or re-profiling) pass ``p``
+    (``build_profile``), keeping the calls a re-profiling pass did not run (NOTE [Calls
+    the profile lacks]), and save it where the config asks."""
+    cfg = host.config
+    profile, structures = build_profile(
+        p, replay_marks, end_mark, clock=host.clock, config=cfg, device=host.device(),
+        host_limit=host.host_limit_bytes,
+    )
+    if p.reprofile and entry.profile is not None and entry.structures:
+        added = keep_missing_calls(profile, structures, entry.profile, entry.structures)
+        if added:
+            log.info(
+                "offrecomp: signature %s's profile keeps %d call(s) this pass did not run",
+                shown(p.signature), added,
+            )
+    entry.take_profile(profile, structures, p.stats.peak_resident_bytes)
+    if cfg.profile_path:
+        # the measured profile now; each solve overwrites it with the calibrated one
+        save_profile(profile, cfg.profile_path, p.signature)
+
+
+def replays_by_call(p: PassState, clock: Clock) -> dict[tuple[str, int], float]:
+    """Seconds ``p``'s timed replays took, summed per region call (name, call index)."""
+    by_ordinal = {c.ordinal: c for c in p.calls}
+    out: dict[tuple[str, int], float] = {}
+    for ordinal, a, b in p.replay_marks:
+        call = by_ordinal.get(ordinal)
+        secs = clock.seconds(a, b)
+        if call is not None and secs is not None:
+            out[call.key] = out.get(call.key, 0.0) + secs
+    return out
 
 
 def learn_held(p: PassState, profile: Profile) -> bool:
@@ -245,11 +349,13 @@ def keep_missing_calls(
 
 def _region_records(
     p: PassState, replay_by_ordinal: dict[int, tuple[Any, Any]], ends: list[Any], clock: Clock
-) -> tuple[list[RegionRecord], dict[tuple[str, int], RegionStructure]]:
+) -> tuple[list[RegionRecord], dict[tuple[str, int], RegionStructure], set[tuple[str, int]]]:
     """A record per region call of ``p`` that has a structure, with its times (``ends``:
-    the end mark of each of its backwards)."""
+    the end mark of each of its backwards), and the keys of those whose backward was not
+    measured (twice their forward)."""
     regions: list[RegionRecord] = []
     structures: dict[tuple[str, int], RegionStructure] = {}
+    unmeasured: set[tuple[str, int]] = set()
     timeline = _timeline(replay_by_ordinal, ends)
     for call in p.calls:
         st = call.structure
@@ -269,6 +375,8 @@ def _region_records(
                 storages[r.index].shared_with = (other.call.name, other.call.call_index, other.index)
             if r.held and 0 <= r.index < len(storages):  # NOTE [Held past backward] (scheduler/timeline.py)
                 storages[r.index].held = True
+        if bwd is None:
+            unmeasured.add(call.key)
         if st.snapshot_bytes:  # held from the call's entry while it may replay (NOTE [Replay and module state])
             storages.append(StorageRecord(nbytes=st.snapshot_bytes, kind="snapshot", saves=0))
         regions.append(
@@ -285,7 +393,24 @@ def _region_records(
             )
         )
         structures[call.key] = st
-    return regions, structures
+    return regions, structures, unmeasured
+
+
+def fill_unmeasured(regions: list[RegionRecord], unmeasured: set[tuple[str, int]]) -> None:
+    """NOTE [Split backwards]: each region of ``unmeasured`` (its backward not measured)
+    takes the median backward-to-forward ratio of its measured peers (the same ops and
+    sizes), else of every measured region, times its forward (twice it when none was)."""
+    ratios: dict[tuple[Any, ...], list[float]] = {}
+    every: list[float] = []
+    for r in regions:
+        if r.key not in unmeasured and r.forward_seconds > 0:
+            ratio = r.backward_seconds / r.forward_seconds
+            ratios.setdefault(region_shape(r), []).append(ratio)
+            every.append(ratio)
+    for r in regions:
+        if r.key in unmeasured:
+            peers = ratios.get(region_shape(r)) or every
+            r.backward_seconds = (statistics.median(peers) if peers else 2.0) * r.forward_seconds
 
 
 def _timeline(marks: dict[int, tuple[Any, Any]], ends: list[Any]) -> tuple[list[float], list[Any]]:
