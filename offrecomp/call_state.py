@@ -191,7 +191,9 @@ def note_external_reads(refs: tuple[weakref.ref[torch.Tensor], ...]) -> list[tup
 # state a later call may update in place: there the hook finds it and updates it, and so
 # would every replay, a second time, silently. The watch keeps a weak reference to each
 # tensor an op made on a new storage; those alive at the call's exit, on the storage
-# they were made on, are the region's ``made_state``. The watched call's replay leaves
+# they were made on, are the region's ``made_state``, but for those only the call's
+# autograd graph holds (a custom Function's forward keeping an intermediate on ``ctx``:
+# ``graph_held`` in trace/recorder.py), which no later call reads. The watched call's replay leaves
 # them as it found them (it runs on them as the forward left them: where its output
 # reads state the same call updated, the replay computes other activations, silently
 # unless OFFRECOMP_VERIFY=1; a K-FAC factor only the optimizer reads replays right)

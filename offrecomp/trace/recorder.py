@@ -9,6 +9,7 @@ first call and records what a replay needs that the capture cannot see at entry.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import weakref
@@ -166,6 +167,71 @@ class HearsReportedWrites(_RegionMode):
             _REPORTED_WRITES.pop(self)
 
 
+def graph_held(tensors: list[torch.Tensor], made: set[int], nodes: int) -> set[int]:
+    """Storages of ``made`` that only the autograd graph of ``tensors`` holds: tensors a
+    custom Function's forward kept on ``ctx`` (not through ``save_for_backward``),
+    directly or in a list or tuple, found in the nodes reached from ``tensors`` (at most
+    ``nodes``: the call's own come first). Held by nothing else (the attribute the only
+    reference to the tensor object and to its list, the object its storage's only
+    user), no later call can read them and no replay can write them: no state (NOTE
+    [State the first call made] in offrecomp/call_state.py)."""
+    out: set[int] = set()
+    todo: list[Any] = [t.grad_fn for t in tensors if t.grad_fn is not None]
+    seen: set[int] = set()
+    while todo and nodes > 0:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        nodes -= 1
+        attrs = getattr(node, "__dict__", None)  # a custom Function's ctx; built-in nodes have none
+        if attrs:
+            out.update(_sole_ptrs(attrs, made))
+        todo.extend(fn for fn, _ in node.next_functions)
+    return out
+
+
+def _sole_ptrs(attrs: dict[str, Any], made: set[int]) -> list[int]:
+    """``graph_held``'s check of one ctx's attributes; the references counted are those
+    this function's own frame adds, measured once on a dict of its own (``_SOLE``)."""
+    out = []
+    for value in attrs.values():
+        refs = sys.getrefcount(value)
+        items = value if type(value) is list or type(value) is tuple else None
+        if items is not None:
+            if refs > _SOLE[1]:
+                continue
+            for t in items:
+                if type(t) is torch.Tensor and sys.getrefcount(t) <= _SOLE[2] and describable(t):
+                    storage = t.untyped_storage()
+                    ptr = int(storage.data_ptr())
+                    if ptr in made and tc.storage_use_count(storage) <= 2:  # the tensor and this storage object
+                        out.append(ptr)
+        elif type(value) is torch.Tensor and refs <= _SOLE[0] and describable(value):
+            storage = value.untyped_storage()
+            ptr = int(storage.data_ptr())
+            if ptr in made and tc.storage_use_count(storage) <= 2:
+                out.append(ptr)
+    return out
+
+
+def _sole_refs() -> tuple[int, int, int]:
+    """The references ``_sole_ptrs`` sees to a tensor, a list, and a tensor in that list
+    that only the attributes' dict holds (the interpreter's own count)."""
+    refs = [0, 0, 0]
+    for value in {"t": torch.empty(0), "l": [torch.empty(0)]}.values():
+        if type(value) is list:
+            refs[1] = sys.getrefcount(value)
+            for t in value:
+                refs[2] = sys.getrefcount(t)
+        else:
+            refs[0] = sys.getrefcount(value)
+    return refs[0], refs[1], refs[2]
+
+
+_SOLE = _sole_refs()
+
+
 class FirstCallWatch(HearsReportedWrites):
     """The first call of a region runs under this mode, which learns two things a replay
     needs and the capture cannot see at entry:
@@ -275,10 +341,12 @@ class FirstCallWatch(HearsReportedWrites):
         return out
 
     def note_outputs(self, tensors: list[torch.Tensor]) -> None:
-        """The call returned ``tensors``: their storages are no state it keeps."""
+        """The call returned ``tensors``: their storages are no state it keeps, nor are
+        those only their autograd graph holds (``graph_held``)."""
         for t in tensors:
             if describable(t):
                 self.outputs.add(int(t.untyped_storage().data_ptr()))
+        self.outputs |= graph_held(tensors, self.made, len(self.made_refs) + 16)
 
     def made_state(self, skip: Callable[[int, Any], bool]) -> list[torch.Tensor]:
         """At the call's exit: the tensors it made that are alive still, on the storage

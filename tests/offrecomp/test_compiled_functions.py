@@ -22,7 +22,7 @@ import offrecomp.diagnostics
 import offrecomp.replay_state
 import offrecomp.trace.recorder
 from tests import models
-from tests.helpers import batch_on, tight_budget, train, train_bitwise
+from tests.helpers import assert_bitwise, batch_on, tight_budget, train, train_bitwise
 
 pytestmark = pytest.mark.skipif(
     not any(shutil.which(c) for c in ("g++", "c++", "clang++")), reason="inductor on the CPU needs a C++ compiler"
@@ -415,3 +415,52 @@ def test_tensors_a_call_returns_in_a_dataclass_are_no_state_it_made() -> None:
     rt = offrecomp.runtime(model, mode="recompute", min_bytes=0)
     train(model, _batch, rt, steps=2)
     assert [len(r.made_state) for r in rt.planner.host.regions] == [0, 0]
+
+
+class _KeepsOnCtx(torch.autograd.Function):
+    """Keeps an intermediate on ``ctx`` rather than through ``save_for_backward``
+    (directly, and in a list), as fused kernels' Functions do; ``also`` keeps the
+    direct one in a dict of its own too."""
+
+    also: dict[str, torch.Tensor] | None = None
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.twice = x * 2
+        ctx.more = [x * 3]
+        if _KeepsOnCtx.also is not None:
+            _KeepsOnCtx.also[str(len(_KeepsOnCtx.also))] = ctx.twice
+        return x * x
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * ctx.twice + 0 * ctx.more[0]
+
+
+class _CtxBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + _KeepsOnCtx.apply(torch.tanh(self.fc(x)))
+
+
+@pytest.mark.parametrize("elsewhere", [False, True], ids=["ctx_only", "also_in_a_dict"])
+def test_tensors_only_a_custom_functions_ctx_holds_are_no_state_it_made(
+    elsewhere: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NOTE [State the first call made]: tensors a custom Function keeps on ``ctx`` live
+    only in the call's graph, which no later call reads and no replay writes: no state
+    (each was copied around the first call's replay, up to 64 MiB). One a dict of the
+    user's holds too stays state. Gradients bitwise either way."""
+    monkeypatch.setattr(_KeepsOnCtx, "also", {} if elsewhere else None)
+    torch.manual_seed(0)
+    model = models.Stack([_CtxBlock() for _ in range(2)])
+    ref = train(copy.deepcopy(model), _batch, None, steps=3)
+    if elsewhere:
+        monkeypatch.setattr(_KeepsOnCtx, "also", {})
+    m = copy.deepcopy(model)
+    rt = offrecomp.runtime(m, mode="recompute", min_bytes=0)
+    assert_bitwise(ref, train(m, _batch, rt, steps=3))
+    assert [len(r.made_state) for r in rt.planner.host.regions] == ([1, 1] if elsewhere else [0, 0])
