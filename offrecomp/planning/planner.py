@@ -195,8 +195,9 @@ class Planner:
                 return
         p.made_entry = p.signature not in self.entries
         entry = self.cache.entry(p.signature, p)
-        if entry.profile is None and any(q.signature == p.signature for q, *_ in self._unplanned):
-            p.phase = Phase.RECOMPUTE  # NOTE [Split backwards] (profiling.py): its profile waits
+        if any(q.signature == p.signature for q, *_ in self._unplanned):
+            # NOTE [Split backwards] (profiling.py): its new profile waits (a measure again too)
+            p.phase = Phase.RECOMPUTE
             return
         if entry.needs_measure or entry.profile is None:
             p.recording = True
