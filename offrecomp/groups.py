@@ -17,7 +17,9 @@ joins a region's group. A group the pinned pool refuses at issue keeps its stora
 storage: the copy holds its bytes of then, and a legal in-place write may have come
 since. Backwards on two threads may both reach the root's last run: its issue runs once,
 under a lock, and the group stays the call's until its storages' placements are final,
-so the other thread waits for it rather than reading a group not laid out yet.
+so the other thread waits for it rather than reading a group not laid out yet. A root
+save joins under that lock too: the next forward may begin on one thread while the last
+one's backward starts on another and issues the root's run the save would join.
 
 NOTE [Planned release]
 The engine's polls let go of a group's sources once query() says its copy landed, in
@@ -159,6 +161,15 @@ class OffloadGroups:
     def join(
         self, call: RegionCall, rec: StorageRec, t: torch.Tensor, storage: Any, dtype: torch.dtype, covers: bool
     ) -> bool | None:
+        """``_join`` (below), under the issue lock for a root call (NOTE [Offload groups])."""
+        if call.ordinal < 0:
+            with self._issuing:
+                return self._join(call, rec, t, storage, dtype, covers)
+        return self._join(call, rec, t, storage, dtype, covers)
+
+    def _join(
+        self, call: RegionCall, rec: StorageRec, t: torch.Tensor, storage: Any, dtype: torch.dtype, covers: bool
+    ) -> bool | None:
         """Add the OFFLOAD storage ``rec`` (behind ``t``, of ``dtype``; ``covers``: ``t``
         has every byte of it) to ``call``'s open group, if it can move and the pinned
         pool has room. None: it cannot move (empty; not of the runtime's device: on a GPU
@@ -189,6 +200,16 @@ class OffloadGroups:
         return self._add(call, rec, engine, storage)
 
     def join_typed(
+        self, call: RegionCall, t: torch.Tensor, nbytes: int, ptr: int, may_alias: bool
+    ) -> tuple[Group, int] | bool | None:
+        """``_join_typed`` (below), under the issue lock for a root call (NOTE [Offload
+        groups])."""
+        if call.ordinal < 0:
+            with self._issuing:
+                return self._join_typed(call, t, nbytes, ptr, may_alias)
+        return self._join_typed(call, t, nbytes, ptr, may_alias)
+
+    def _join_typed(
         self, call: RegionCall, t: torch.Tensor, nbytes: int, ptr: int, may_alias: bool
     ) -> tuple[Group, int] | bool | None:
         """``join`` for a contiguous ``t`` of a dtype of ``TYPED_DTYPES`` that covers its

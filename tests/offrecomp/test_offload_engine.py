@@ -903,3 +903,45 @@ def test_only_the_edges_waited_on_at_once_use_ordering_events(engine: OffloadEng
     assert {"d2h_after_produce", "h2d_after_alloc"} <= by_edge.keys()
     assert [by_edge["d2h_after_produce"], by_edge["h2d_after_alloc"]] == ordering
     assert all(event not in ordering for edge, event in waits if edge not in ("d2h_after_produce", "h2d_after_alloc"))
+
+
+def test_a_root_save_waits_for_another_threads_issue_of_its_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Offload groups]: a backward starting on one thread issues the root's run of
+    saves while the next forward, on another, may still add a root save to it. The save
+    joins after the issue, in a group of its own: added to the run being laid out, it
+    would have a slot beyond the layout (an IndexError at its unpack)."""
+    from offrecomp.config import Config
+    from offrecomp.groups import OffloadGroups
+    from offrecomp.measure import DeviceClock
+    from offrecomp.state import ROOT, RegionCall
+
+    groups = OffloadGroups(Config(), DeviceClock(CPU))
+    groups._device_check()
+    groups.get_engine()
+    root = RegionCall(name=ROOT, call_index=0, ordinal=-1)
+
+    def join(t: torch.Tensor) -> Any:
+        return groups.join_typed(root, t, t.nbytes, t.untyped_storage().data_ptr(), False)
+
+    sealed = threading.Event()
+    seal = Group.seal
+
+    def slow_seal(group: Group) -> None:
+        seal(group)
+        if threading.current_thread().name == "backward":
+            sealed.set()
+            time.sleep(0.2)  # the issue lays the run out: the other thread's save comes now
+
+    monkeypatch.setattr(Group, "seal", slow_seal)
+    a, b = torch.randn(256), torch.randn(256)
+    first = join(a)
+    issuer = threading.Thread(target=groups.issue, args=(root,), name="backward")
+    issuer.start()
+    assert sealed.wait(5)
+    second = join(b)
+    issuer.join()
+    assert isinstance(first, tuple) and isinstance(second, tuple)
+    assert second[0] is not first[0] and second[1] == 0
+    assert len(first[0].offsets) == len(first[0].sizes) == 1
+    assert groups.engine is not None
+    groups.engine.close()
