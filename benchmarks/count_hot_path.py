@@ -151,6 +151,17 @@ def _where(code: CodeType) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The benchmark on the reload path (``OffloadEngine.serve_held`` off while it runs;
+    see the module's docstring)."""
+    serving = OffloadEngine.serve_held
+    OffloadEngine.serve_held = False
+    try:
+        return _main(argv)
+    finally:
+        OffloadEngine.serve_held = serving
+
+
+def _main(argv: list[str] | None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ops", type=int, default=200, help="ops (and saves) per step (default 200)")
     ap.add_argument("--region-saves", type=int, default=REGION_SAVES,
@@ -162,7 +173,6 @@ def main(argv: list[str] | None = None) -> int:
                          "'hooks on' for keep with the hooks on, 'auto' for auto)")
     ap.add_argument("--out", default=None, help="write the counts as JSON here")
     args = ap.parse_args(argv)
-    OffloadEngine.serve_held = False  # the reload path (see the module's docstring)
     if args.ops < 2 or args.region_saves < 1 or args.steps < 1 or args.top < 0:
         ap.error(
             f"--ops {args.ops}, --region-saves {args.region_saves}, --steps {args.steps}, --top {args.top}: "

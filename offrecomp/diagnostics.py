@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from offrecomp import _torch_compat as tc
-from offrecomp.regions import Region, compiled_module
+from offrecomp.regions import Region, compiled_module, named_modules
 
 if TYPE_CHECKING:
     from offrecomp.state import RegionCall
@@ -131,7 +131,7 @@ def warn_collective(region: Region, mode: str) -> None:
 def inside_compiled(model: nn.Module, regions: list[Region]) -> list[str]:
     """Regions below a compiled module (the model, or a stage holding several blocks):
     dynamo traces them into that module's graph (NOTE [Compiled regions])."""
-    tops = [(name, m) for name, m in model.named_modules() if compiled_module(m)]
+    tops = [(name, m) for name, m in named_modules(model) if compiled_module(m)]
     return [
         r.name
         for r in regions

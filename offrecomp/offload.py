@@ -101,7 +101,8 @@ Edge = Literal[
 # produced on (looked up live at issue), because the caching allocator reuses a freed
 # block on the stream that allocated it. Outside a plan, backward does not drain the
 # stash: the copies of the last groups land while backward starts, and their sources go
-# at the next poll. A group larger than the window is waited on at once: its offload
+# at the next poll, or are served to backward meanwhile (NOTE [Served groups] in
+# transfer.py). A group larger than the window is waited on at once: its offload
 # still frees device memory, but compute no longer overlaps that copy.
 
 # NOTE [Typed sources]
@@ -163,19 +164,6 @@ Edge = Literal[
 # when such a free drops its last group closes the engine on a thread of its own
 # (``Backend.on_side_thread``): closing waits on every stream.
 
-# NOTE [Prefetch order]
-# Groups carry `ordinal`, their region call's place in forward order. Backward runs
-# regions in reverse, so reloads are issued in reverse issue order. On the first fetch
-# of group g after its reload: Prefetch(regions=N) reloads the next N groups of this
-# step below g (groups with nothing offloaded do not exist, so they do not count);
-# Prefetch(nbytes=B) walks the same order and issues reloads while the bytes reloaded
-# but not yet fetched stay within B (one reload is always allowed when none is
-# outstanding). A group is prefetched at most once per backward pass: it qualifies only
-# if it has been fetched fewer times than the group being fetched now, so a second
-# backward (retain_graph) prefetches the released groups again while the first never
-# reloads what it already consumed. Ordering is per step; groups of earlier steps are
-# reloaded on demand only.
-
 
 class _Held:
     """The engine's lock, held (``with engine._locked():``): it counts the depth of
@@ -212,7 +200,7 @@ class OffloadEngine:
         backend: the device runtime (:func:`offrecomp.backends.get_backend`).
         host_limit_bytes: most host memory the pool may reserve
             (:func:`offrecomp.pool.default_host_limit` is a safe default).
-        prefetch: how far ahead reloads are issued (NOTE [Prefetch order]).
+        prefetch: how far ahead reloads are issued (NOTE [Prefetch order] in transfer.py).
         window_bytes: most bytes of device sources kept alive for in-flight copies before
             compute waits on the oldest group (NOTE [Source lifetime]).
         slab_bytes: size of each pinned slab.
@@ -417,10 +405,10 @@ class OffloadEngine:
     def fetch(self, group: Group, serve: bool = False) -> torch.Tensor | None:
         """The group's data as a flat uint8 device tensor the current stream may read
         now; storage ``i`` is at ``group.offsets[i]``. Reloads the group if needed,
-        issues prefetch reloads (NOTE [Prefetch order]), and makes compute wait once per
-        reload. With ``serve``, None where the group is served from its held sources
-        instead (``group.served``: NOTE [Served groups] in transfer.py). Raises
-        ``RuntimeError`` for a freed group or when an asynchronous copy failed."""
+        issues prefetch reloads (NOTE [Prefetch order] in transfer.py), and makes compute
+        wait once per reload. With ``serve``, None where the group is served from its
+        held sources instead (``group.served``: NOTE [Served groups] in transfer.py).
+        Raises ``RuntimeError`` for a freed group or when an asynchronous copy failed."""
         buffer = group.buffer
         if group.state is GroupState.FETCHED and buffer is not None:
             return buffer  # compute already waited on this reload
@@ -433,7 +421,9 @@ class OffloadEngine:
             backend = self.backend
             # NOTE [Stream ordering]: live lookup, before any side-stream context.
             compute = backend.current_stream(group.device)
-            if state is GroupState.SERVED and not serve:  # a replay's read needs one buffer
+            counted = False  # this backward counted its fetch already
+            if state is GroupState.SERVED and not serve:  # a caller that needs one buffer
+                counted = group.waited
                 self._end_serving(group, wait=False)
             elif state is GroupState.OFFLOADED and serve and group.in_flight is not None and self.serve_held:
                 self._serve(group)
@@ -442,10 +432,11 @@ class OffloadEngine:
                     group.waited = True
                     group.fetches += 1
                     self._prefetch_for(group, compute)
+                backend.check()
                 return None
             if group.state is GroupState.OFFLOADED:
                 self._reload(group, compute)
-            group.fetches += 1
+            group.fetches += 0 if counted else 1
             self._outstanding_bytes -= group.nbytes
             self._fetched_bytes += group.nbytes
             self._prefetch_for(group, compute)
@@ -546,6 +537,7 @@ class OffloadEngine:
                 self._pending_frees.clear()
                 for group in list(self._groups) + self._deferred:
                     group.set_buffer(None)
+                    group.served = group.in_flight = None
                     group.block = None
                     group.state = GroupState.FREED
                 self._groups.clear()
@@ -730,7 +722,7 @@ class OffloadEngine:
             books.bytes_h2d += group.payload_bytes
 
     def _prefetch_for(self, group: Group, compute: Stream) -> None:
-        # see NOTE [Prefetch order]
+        # see NOTE [Prefetch order] in transfer.py
         if group.step != self._step or group.seq < 0 or (
             self.prefetch.regions is None and self.prefetch.nbytes is None
         ):

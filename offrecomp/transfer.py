@@ -48,6 +48,20 @@ __all__ = [
 # reloads are still in flight.
 
 
+# NOTE [Prefetch order]
+# Groups carry `ordinal`, their region call's place in forward order. Backward runs
+# regions in reverse, so reloads are issued in reverse issue order. On the first fetch
+# of group g after its reload (or its serving): Prefetch(regions=N) reloads the next N
+# groups of this step below g (groups with nothing offloaded do not exist, so they do
+# not count); Prefetch(nbytes=B) walks the same order and issues reloads while the bytes
+# reloaded but not yet fetched stay within B (one reload is always allowed when none is
+# outstanding). A group in that order whose sources are still held is served instead
+# (NOTE [Served groups]): pinned, no copy, no bytes outstanding. A group is prefetched at most once per backward pass: it qualifies only
+# if it has been fetched fewer times than the group being fetched now, so a second
+# backward (retain_graph) prefetches the released groups again while the first never
+# reloads what it already consumed. Ordering is per step; groups of earlier steps are
+# reloaded on demand only.
+
 # NOTE [Served groups]
 # Outside a plan, a group's sources stay held until query() says its copy landed. When
 # the link lags the forward (or the host runs ahead of the device), the last groups are

@@ -19,6 +19,7 @@ import offrecomp
 from offrecomp.config import Config
 from offrecomp.context import REPORT_MAX_STEPS, Runtime
 from offrecomp.diagnostics import warn_once
+from offrecomp.regions import named_modules
 from offrecomp.report import Report, StepRecord
 
 __all__ = [
@@ -204,7 +205,7 @@ def turn_off_own_checkpointing(model: nn.Module) -> list[str]:
     ``gradient_checkpointing = True`` attribute, has it set to False. A module wrapped
     by torch's ``checkpoint_wrapper`` cannot be switched off in place: ValueError.
     """
-    wrapped = [name or type(model).__name__ for name, m in model.named_modules() if type(m).__name__ == "CheckpointWrapper"]
+    wrapped = [name or type(model).__name__ for name, m in named_modules(model) if type(m).__name__ == "CheckpointWrapper"]
     if wrapped:
         raise ValueError(
             f"offrecomp: {', '.join(wrapped[:4])}{', ...' if len(wrapped) > 4 else ''} are wrapped by torch's "
@@ -215,7 +216,7 @@ def turn_off_own_checkpointing(model: nn.Module) -> list[str]:
     turned: list[str] = []
     if not _checkpointing(model):
         return turned
-    for name, m in model.named_modules():
+    for name, m in named_modules(model):
         if not _checkpointing(m):
             continue
         disable = getattr(m, "activation_checkpointing_disable", None) or getattr(m, "gradient_checkpointing_disable", None)
@@ -224,10 +225,11 @@ def turn_off_own_checkpointing(model: nn.Module) -> list[str]:
                 warnings.simplefilter("ignore", FutureWarning)  # the deprecated alias, transformers 5
                 disable()
             turned.append(name)
-    for name, m in model.named_modules():
+    for name, m in named_modules(model):
         if getattr(m, "gradient_checkpointing", False) is True:
-            m.gradient_checkpointing = False
+            m.gradient_checkpointing = False  # type: ignore[assignment]  # a flag, not a submodule
             turned.append(name)
+    turned = list(dict.fromkeys(turned))  # a compiled wrapper and its module share a name
     if turned:
         shown = ", ".join(n or type(model).__name__ for n in turned[:4]) + (", ..." if len(turned) > 4 else "")
         log.warning(

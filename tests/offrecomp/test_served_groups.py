@@ -120,14 +120,16 @@ def test_a_free_lets_go_of_a_served_group_without_waiting() -> None:
 
 
 def test_a_buffer_read_of_a_served_group_reloads_it(engine: OffloadEngine) -> None:
-    """A read that needs the group as one buffer (a replay's offloaded input) ends its
-    serving and reloads it, ordered after its own copy."""
+    """A caller that needs the group as one buffer ends its serving and reloads it,
+    ordered after its own copy; the fetch the serving counted is not counted again (its
+    saves read since would count as new uses)."""
     data = random_bytes(16 * KiB, seed=6)
     emu(engine).copy_delay_s = SLOW / 5
     group = offload(engine, [data.clone()])
-    assert engine.fetch(group, serve=True) is None
+    assert engine.fetch(group, serve=True) is None and group.fetches == 1
     buf = engine.fetch(group)
     assert buf is not None and group.state is GroupState.FETCHED and group.served is None
+    assert group.fetches == 1
     assert torch.equal(slot(buf, group, 0).clone(), data)
     emu(engine).copy_delay_s = 0.0
 
@@ -170,6 +172,9 @@ def test_served_and_reloaded_groups_give_plain_gradients(model_name: str, monkey
     m = twin(model)
     rt = offrecomp.runtime(m, mode="offload", min_bytes=0)
     assert_bitwise(ref, train(m, batch, rt, steps=4))
+    assert any(s.served_groups and s.h2d_bytes for s in rt.report().steps), [
+        (s.served_groups, s.h2d_bytes) for s in rt.report().steps
+    ]
 
 
 @pytest.mark.parametrize("synchronize", [False, True], ids=["held", "landed"])
@@ -232,3 +237,17 @@ def test_a_replay_serves_from_a_served_groups_sources_unless_written_since_issue
     assert sorted(out) == [0]
     storage, offset = out[0]
     assert storage.data_ptr() == sources[0].untyped_storage().data_ptr() and offset == 0
+
+
+def test_close_lets_go_of_served_sources() -> None:
+    """A closed engine holds no device sources, served ones included; a later read of
+    the group fails as any read after close does."""
+    eng = make_engine()
+    emu(eng).copy_delay_s = SLOW / 5
+    group = offload(eng, [random_bytes(8 * KiB, seed=7)])
+    assert eng.fetch(group, serve=True) is None and group.served is not None
+    emu(eng).copy_delay_s = 0.0
+    eng.close()
+    assert group.served is None and group.in_flight is None
+    with pytest.raises(RuntimeError, match="closed"):
+        eng.fetch(group, serve=True)
