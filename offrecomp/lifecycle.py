@@ -151,6 +151,7 @@ class Lifecycle:
             weakref.WeakKeyDictionary()
         )
         self._reached: outputs.Reached = weakref.WeakMethod(self.output_reached)  # what watched outputs call
+        self._other_task = -1  # the latest backward timed as another pass's (``other_backward``)
 
     # ----------------------------------------------------------------- calls
 
@@ -317,6 +318,36 @@ class Lifecycle:
         a call of the region that names a pass without one) while ``p`` runs forward."""
         if p is self.current and p.stage is FORWARD:
             outputs.mark_graphs(p, outs, self._reached)
+            self._watch_other_backwards(p, outs)
+
+    def _watch_other_backwards(self, p: PassState, outs: list[torch.Tensor]) -> None:
+        """NOTE [Backwards of other passes] (planning/profiling.py): a backward through
+        ``outs`` (an output of ``p``) that runs while another pass is the running one is
+        timed into that pass's ``other_backwards``. Only auto learns from the times."""
+        if self._config.mode != "auto":
+            return
+        hook = functools.partial(_other_backward, weakref.ref(self), weakref.ref(p))
+        nodes = {id(t.grad_fn): t.grad_fn for t in outs if t.grad_fn is not None}
+        for fn in nodes.values():
+            fn.register_prehook(hook)
+
+    def other_backward(self, q: PassState) -> None:
+        """A backward reached an output of ``q``: when another pass runs now, and the
+        backward is not that pass's own, its start and end go into that pass's
+        ``other_backwards`` (NOTE [Backwards of other passes] in planning/profiling.py)."""
+        p = self.current
+        task = tc.current_graph_task_id()
+        if p is None or p is q or task in (-1, p.backward_task, self._other_task):
+            return
+        self._other_task = task  # once per backward, whichever of q's outputs it reaches
+        start = self._device.mark()
+        with contextlib.suppress(RuntimeError):
+            tc.queue_backward_callback(functools.partial(self._other_backward_done, weakref.ref(p), start))
+
+    def _other_backward_done(self, pref: weakref.ref[PassState], start: Mark) -> None:
+        p = pref()
+        if p is not None:
+            p.other_backwards.append((start, self._device.mark()))
 
     def _backward_done(self, pref: weakref.ref[PassState]) -> None:
         p = pref()
@@ -394,6 +425,7 @@ class Lifecycle:
             outs = outputs.output_tensors(out)
             outputs.watch_unseen_backward(p, outs, self._reached)  # NOTE [Backward without saves]
             outputs.mark_graphs(p, outs, self._reached)
+            self._watch_other_backwards(p, outs)
 
     def root_failed(self, p: PassState, exc: BaseException) -> None:
         """A root forward of ``p`` raised ``exc``."""
@@ -635,6 +667,14 @@ class Lifecycle:
 # all) and retires at once when no saved tensor leases one of its calls, so an
 # evaluation loop with grad on between two optimizer steps holds one pass's records,
 # not one per batch.
+
+
+def _other_backward(lref: weakref.ref[Lifecycle], pref: weakref.ref[PassState], _grads: Any) -> None:
+    """A backward reached an output of a pass (NOTE [Backwards of other passes] in
+    planning/profiling.py)."""
+    life, q = lref(), pref()
+    if life is not None and q is not None:
+        life.other_backward(q)
 
 
 def _unfinished(p: PassState) -> bool:

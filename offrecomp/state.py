@@ -523,6 +523,9 @@ class PassState(_WeakReferable):
     backward_start_mark: Any = None
     backward_ends: list[Any] = field(default_factory=list)
     """The end mark of each of its backwards, in order (NOTE [Several backwards])."""
+    other_backwards: list[tuple[Any, Any]] = field(default_factory=list)
+    """(start mark, end mark) of each backward of another pass that ran while this one
+    was the running pass (NOTE [Backwards of other passes] in planning/profiling.py)."""
     replay_marks: list[tuple[int, Any, Any]] = field(default_factory=list)
     native_held: list[list[int]] = field(default_factory=list)
     """[call ordinal, bytes] of its native calls' resident books, in forward order."""

@@ -17,11 +17,15 @@ from offrecomp.planning.differences import settle_growth, variable_sizes
 from offrecomp.planning.drift import refresh_live
 from offrecomp.planning.profiling import (
     learn_held,
-    marks_within,
+    others_inside,
+    own_distorted,
+    own_pause,
+    own_seconds,
     prefetch_depth,
     region_shape,
     replays_by_call,
     split_backward,
+    within,
 )
 from offrecomp.planning.trial import offload_trial
 from offrecomp.state import Stage
@@ -103,8 +107,9 @@ class Learner:
             # its calls differed from the recording (NOTE [Calibration sizes] in
             # differences.py): the signature measures again, or has since (a new profile)
             return None
-        # a split pass's span is not its step (NOTE [Split backwards] in profiling.py)
-        step = None if calibrating or split_backward(p) else self.host.clock.seconds(p.start_mark, p.backward_end_mark)
+        # a split pass's span is not its step, nor another pass's backward inside a span
+        # its own (NOTE [Split backwards], [Backwards of other passes] in profiling.py)
+        step = None if calibrating or split_backward(p) else own_seconds(p, p.start_mark, p.backward_end_mark, self.host.clock)
         grew = p.phase == Phase.PLANNED and entry.profile is not None and variable_sizes(p, entry.profile, grow=False)
         if p.phase == Phase.PLANNED and not grew and self._skip(entry):
             return self._trial(entry, p, step)  # the step time still reaches the offload trial
@@ -265,8 +270,8 @@ class Learner:
         if split_backward(p):  # NOTE [Split backwards] (profiling.py): its span is not the pass
             log.debug("offrecomp: calibration check skipped (the pass's backward was split)")
             return
-        step = clock.seconds(p.start_mark, p.backward_end_mark)
-        fwd = clock.seconds(p.start_mark, p.backward_start_mark)
+        step = own_seconds(p, p.start_mark, p.backward_end_mark, clock)
+        fwd = own_seconds(p, p.start_mark, p.backward_start_mark, clock)
         replay = sum(clock.seconds(a, b) or 0.0 for _, a, b in within(p)) - probes
         if step is None or fwd is None or step - probes <= 0:
             return
@@ -359,7 +364,7 @@ def learn_backward(
     (``_learn_backward_host``); False when a host pause distorted it (nothing learnt).
     A split pass teaches no backward (NOTE [Split backwards] in profiling.py)."""
     fwd_total = clock.seconds(p.start_mark, p.backward_start_mark)
-    bwd_total = clock.seconds(p.backward_start_mark, p.backward_end_mark)
+    bwd_total = own_seconds(p, p.backward_start_mark, p.backward_end_mark, clock)
     if fwd_total is None or bwd_total is None or split_backward(p):
         return True
     marks = within(p)
@@ -371,7 +376,7 @@ def learn_backward(
     extra = _backward_host_extra(p, measured)
     bwd = max(0.0, bwd_total - replay - stall - (0.0 if on_device else extra))
     # pauses inside replays went out with the replays' time
-    paused = clock.pause(p.backward_start_mark, p.backward_end_mark) - sum(clock.pause(a, b) for _, a, b in marks)
+    paused = own_pause(p, p.backward_start_mark, p.backward_end_mark, clock) - sum(clock.pause(a, b) for _, a, b in marks)
     if distorts(paused, bwd):
         return False
     est = sum(r.backward_seconds for r in measured.regions)
@@ -393,7 +398,8 @@ def _learn_backward_host(p: PassState, measured: Profile, extra: float, calibrat
     of its backward, less the replays' host spans and the runtime's ``extra`` host time,
     shared out over the regions as their device times are."""
     start, end = p.backward_start_mark, p.backward_end_mark
-    host = end.host - start.host - sum(b.host - a.host for _, a, b in within(p)) - extra
+    others = [*within(p), *((0, a, b) for a, b in others_inside(p, start, end) or ())]
+    host = end.host - start.host - sum(b.host - a.host for _, a, b in others) - extra
     if host <= 0:
         return
     ratio = host / measured.backward_seconds
@@ -436,7 +442,7 @@ def learn_forward(
     o = p.offload_stats
     waited = int(getattr(o, "window_waits", 0) or 0) if o is not None else 0
     skipped_regions = _learn_regions(
-        calls, measured, clock=clock, on_device=on_device, calibrating=calibrating, waited=waited, skipped=skipped
+        p, calls, measured, clock=clock, on_device=on_device, calibrating=calibrating, waited=waited, skipped=skipped
     )
     if calibrating and skipped_regions:
         alone += _fill_from_peers(measured, skipped_regions)
@@ -450,7 +456,7 @@ def learn_forward(
 
 
 def _learn_regions(
-    calls: list[RegionCall], measured: Profile, *, clock: Clock, on_device: bool, calibrating: bool,
+    p: PassState, calls: list[RegionCall], measured: Profile, *, clock: Clock, on_device: bool, calibrating: bool,
     waited: int, skipped: list[str],
 ) -> set[tuple[str, int]]:
     """Each region call's forward span into its region record (scaling its ops and its
@@ -467,8 +473,8 @@ def _learn_regions(
         if offloads and waited:
             continue  # NOTE [Source lifetime]: a window wait stalls compute anywhere
         fwd = clock.seconds(call.start_mark, call.end_mark)
-        if fwd is None or fwd <= 0 or r.forward_seconds <= 0:
-            continue
+        if fwd is None or fwd <= 0 or r.forward_seconds <= 0 or others_inside(p, call.start_mark, call.end_mark) != []:
+            continue  # (or one crossed it: NOTE [Backwards of other passes] in profiling.py)
         if clock.distorted(call.start_mark, call.end_mark, fwd):
             skipped.append(f"{call.name}#{call.call_index}")
             skipped_regions.add(call.key)
@@ -503,10 +509,10 @@ def _learn_whole_forward(
 ) -> None:
     """The forward total of a pass whose calls are not the profile's regions, when no
     window wait or host pause is in it."""
-    fwd_total = clock.seconds(p.start_mark, p.backward_start_mark)
+    fwd_total = own_seconds(p, p.start_mark, p.backward_start_mark, clock)  # NOTE [Backwards of other passes]
     if fwd_total is None or waited != 0:
         return
-    if clock.distorted(p.start_mark, p.backward_start_mark, fwd_total):
+    if own_distorted(p, p.start_mark, p.backward_start_mark, clock, fwd_total):
         skipped.append("forward")
         return
     # NOTE [Host time]: on CPU the total holds the checkpoints, the hooks and the
@@ -563,9 +569,14 @@ def _learn_gaps(
         for j in range(len(gaps)):
             a, b = bounds[2 * j], bounds[2 * j + 1]
             g = times[2 * j + 1] - times[2 * j]
-            if clock.distorted(a, b, g):
+            if p.other_backwards:  # NOTE [Backwards of other passes] (profiling.py): less those inside
+                own = own_seconds(p, a, b, clock)
+                if own is None:
+                    continue  # one crosses the gap's bounds: the estimate's gap stands
+                g = own
+            if own_distorted(p, a, b, clock, g):
                 skipped.append(f"gap {j}")
-                unpaused[j] = max(0.0, g - clock.pause(a, b))
+                unpaused[j] = max(0.0, g - own_pause(p, a, b, clock))
                 continue
             gaps[j] = g
             gap_learnt[j] = True
@@ -597,7 +608,8 @@ def _learn_gaps(
             for j in range(len(gaps)):
                 if times[2 * j] <= off <= times[2 * j + 1]:
                     if gap_learnt[j]:
-                        st.offset_seconds = gap_start[j] + min(off - times[2 * j], gaps[j])
+                        into = own_seconds(p, bounds[2 * j], rec_s.save_mark, clock) if p.other_backwards else None
+                        st.offset_seconds = gap_start[j] + min(off - times[2 * j] if into is None else into, gaps[j])
                     break
 
 
@@ -657,12 +669,6 @@ def _aligned(calls: list[RegionCall], regions: list[RegionRecord]) -> bool:
         c.key == r.key and c.start_mark is not None and c.end_mark is not None
         for c, r in zip(calls, regions)
     )
-
-
-def within(p: PassState) -> list[tuple[int, Any, Any]]:
-    """``p``'s replay marks inside its backward span: a backward after its end (NOTE
-    [Split backwards] in profiling.py) adds marks later."""
-    return marks_within(p.replay_marks, p.backward_start_mark, p.backward_end_mark)
 
 
 def _fill_from_peers(profile: Profile, skipped: set[tuple[str, int]]) -> list[str]:

@@ -14,7 +14,7 @@ import torch
 
 from offrecomp.changes import forward_hooked, module_state
 from offrecomp.diagnostics import warn_once
-from offrecomp.measure import device_capacity_bytes
+from offrecomp.measure import device_capacity_bytes, distorts
 from offrecomp.outputs import awaits_backward
 from offrecomp.placement import never_replayed
 from offrecomp.regions import buffer_of
@@ -61,12 +61,38 @@ ReplayMarks = list[tuple[int, Any, Any]]
 #   it did not replay yet from their fitted peers), and gives the offload trial and the
 #   live prediction no step time: the span's calls are unknown where they kept their
 #   saves (no replay marks them), and the later backwards run inside another pass's
-#   forward, untimed. The signature's backward is learnt from its passes that were not
-#   split (in a 1F1B step, the last), and a signature whose every pass is split keeps
-#   its measured backward.
+#   forward, outside its span. The signature's backward is learnt from its passes that
+#   were not split (in a 1F1B step, the last), and a signature whose every pass is split
+#   keeps its measured backward.
 # A pass with a single backward (or several, all inside it) is built and learnt from
 # its whole span, which holds all of its replay marks. A backward that runs inside a
-# later pass's forward counts in that pass's forward gaps (the root's work, to the model).
+# later pass's forward is taken out of that pass's times (NOTE [Backwards of other
+# passes]).
+
+
+# NOTE [Backwards of other passes]
+# A backward of an ended pass (a split pass's later backward, B1 in a 1F1B schedule's F2
+# B1 F3; a dropped graph differentiated late) runs while another pass is the running
+# one, mostly inside its forward, between two of its region calls. It is not that
+# pass's work: in its forward span it would double the forward the planner learns on
+# every other pass of a 1F1B step (each such pass's forward holds the previous pass's
+# backward in the gap between its two forwards), and the pass's step time the live
+# prediction and the offload trial read would hold it too. So each root forward's output
+# nodes (NOTE [Dropped graphs] in lifecycle.py) time a backward that reaches them while
+# another pass runs (not that pass's own backward), from the output's node to the
+# backward's end, into the running pass's ``other_backwards``; every span learnt or
+# built from that pass (its forward total, each gap, its backward, its step, a root
+# save's offset, a measuring pass's region calls) is taken less the backwards that ran
+# wholly inside it. A piece one of them crosses (a backward that began before the piece
+# and ended in it), and a learnt pass's region call one ran inside (on a GPU its host
+# span would hold the backward's host time), teach nothing: the estimate's value stands.
+# The pass is still learnt from, not skipped: in a 1F1B step of N micro-batches every
+# pass but the first runs a backward of the one before inside its forward, and skipping
+# those would leave one pass in N to learn the forward from. What the backward's call
+# costs outside the engine's work from that node on (the Python call, the engine's setup,
+# its return) stays in the gap: about a millisecond on a CPU. A backward that reaches no
+# watched output (one through an intermediate tensor, or another model's) is not seen,
+# and counts as the running pass's own time. Only auto mode watches for them.
 
 
 def split_backward(p: PassState) -> bool:
@@ -81,12 +107,66 @@ def awaits_late_backward(p: PassState) -> bool:
     return p.awaits_other and awaits_backward(p.graphs)
 
 
+def others_inside(p: PassState, a: Any, b: Any) -> list[tuple[Any, Any]] | None:
+    """The backwards of other passes that ran wholly between ``p``'s marks ``a`` and
+    ``b`` (NOTE [Backwards of other passes]); None when one crosses ``a`` or ``b``."""
+    inside = []
+    for s, e in p.other_backwards:
+        if a is None or b is None or e.host <= a.host or s.host >= b.host:
+            continue
+        if s.host < a.host or e.host > b.host:
+            return None
+        inside.append((s, e))
+    return inside
+
+
+def own_seconds(p: PassState, a: Any, b: Any, clock: Clock, *, wait: bool = False) -> float | None:
+    """Seconds from ``p``'s mark ``a`` to ``b`` less the backwards of other passes
+    inside (NOTE [Backwards of other passes]); None when unknown, or when one of them
+    crosses ``a`` or ``b``."""
+    secs = clock.seconds(a, b, wait=wait)
+    if secs is None or not p.other_backwards:
+        return secs
+    inside = others_inside(p, a, b)
+    if inside is None:
+        return None
+    for s, e in inside:
+        other = clock.seconds(s, e, wait=wait)
+        if other is None:
+            return None
+        secs -= other
+    return max(0.0, secs)
+
+
+def own_pause(p: PassState, a: Any, b: Any, clock: Clock) -> float:
+    """Host pause seconds from ``p``'s mark ``a`` to ``b`` outside the backwards of
+    other passes inside (NOTE [Backwards of other passes], [Host pauses])."""
+    paused = clock.pause(a, b)
+    if paused and p.other_backwards:
+        paused -= sum(clock.pause(s, e) for s, e in others_inside(p, a, b) or ())
+    return max(0.0, paused)
+
+
+def own_distorted(p: PassState, a: Any, b: Any, clock: Clock, seconds: float | None) -> bool:
+    """``clock.distorted`` for ``p``'s span from ``a`` to ``b`` (``seconds`` long, less
+    the backwards of other passes inside): their pauses are not its own."""
+    if not p.other_backwards:
+        return clock.distorted(a, b, seconds)
+    return distorts(own_pause(p, a, b, clock), seconds)
+
+
 def marks_within(marks: ReplayMarks, start: Any, end: Any) -> ReplayMarks:
     """The replay marks of ``marks`` that lie between the marks ``start`` and ``end``
     (NOTE [Split backwards]); all of them when either is unknown."""
     if start is None or end is None:
         return marks
     return [m for m in marks if start.host <= m[1].host and m[2].host <= end.host]
+
+
+def within(p: PassState) -> ReplayMarks:
+    """``p``'s replay marks inside its backward span: a backward after its end (NOTE
+    [Split backwards]) adds marks later."""
+    return marks_within(p.replay_marks, p.backward_start_mark, p.backward_end_mark)
 
 
 def region_shape(r: RegionRecord) -> tuple[Any, ...]:
@@ -228,13 +308,15 @@ def build_profile(
                 StorageRecord(
                     nbytes=s.nbytes,
                     kind="activation" if s.nbytes >= config.min_bytes and not s.aliased else "external",
-                    offset_seconds=clock.seconds(p.start_mark, s.save_mark, wait=True) or 0.0,
+                    offset_seconds=_offset(p, s.save_mark, clock),
                     shared_with=None if other is None else (other.call.name, other.call.call_index, other.index),
                     held=s.held,  # NOTE [Held past backward] (scheduler/timeline.py)
                 )
             )
-    fwd_total = clock.seconds(p.start_mark, p.backward_start_mark, wait=True) or 0.0
-    bwd_total = clock.seconds(p.backward_start_mark, end_mark, wait=True) or 0.0
+    fwd_total = _offset(p, p.backward_start_mark, clock)
+    bwd_total = own_seconds(p, p.backward_start_mark, end_mark, clock, wait=True)
+    if bwd_total is None:
+        bwd_total = clock.seconds(p.backward_start_mark, end_mark, wait=True) or 0.0
     d2h, h2d = link_gbps(config, device)
     # NOTE [Host limit in plans]: the pool refuses a group past its limit, and the
     # runtime keeps that group's storages instead: over the budget. The solver offloads
@@ -366,7 +448,9 @@ def _region_records(
             secs = rec.op_seconds()  # CUDA events: resolved now, after backward
             for op, s in zip(st.op_records, secs):
                 op.seconds = float(s)
-        fwd = clock.seconds(call.start_mark, call.end_mark, wait=True) or 0.0
+        fwd = own_seconds(p, call.start_mark, call.end_mark, clock, wait=True)
+        if fwd is None:
+            fwd = clock.seconds(call.start_mark, call.end_mark, wait=True) or 0.0
         bwd = _backward_seconds(clock, call.ordinal, replay_by_ordinal, timeline)
         storages = [StorageRecord(**vars(s)) for s in st.storage_records]
         for r in call.storages:  # NOTE [Inputs counted once], [Activations counted once] (shared.py)
@@ -383,7 +467,7 @@ def _region_records(
             RegionRecord(
                 name=call.name,
                 call_index=call.call_index,
-                start_seconds=clock.seconds(p.start_mark, call.start_mark, wait=True) or 0.0,
+                start_seconds=_offset(p, call.start_mark, clock),
                 forward_seconds=fwd,
                 backward_seconds=bwd if bwd is not None else 2.0 * fwd,
                 ops=list(st.op_records),
@@ -394,6 +478,18 @@ def _region_records(
         )
         structures[call.key] = st
     return regions, structures, unmeasured
+
+
+def _offset(p: PassState, mark: Any, clock: Clock) -> float:
+    """Seconds from ``p``'s start to ``mark``, less the backwards of other passes that
+    ended before it (NOTE [Backwards of other passes])."""
+    secs = clock.seconds(p.start_mark, mark, wait=True) or 0.0
+    if not p.other_backwards:
+        return secs
+    for s, e in p.other_backwards:
+        if mark is not None and p.start_mark is not None and p.start_mark.host <= s.host and e.host <= mark.host:
+            secs -= clock.seconds(s, e, wait=True) or 0.0
+    return max(0.0, secs)
 
 
 def fill_unmeasured(regions: list[RegionRecord], unmeasured: set[tuple[str, int]]) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from offrecomp.phases import Phase
+from offrecomp.planning.profiling import own_distorted, own_seconds
 
 if TYPE_CHECKING:
     from offrecomp.measure import Clock
@@ -83,13 +84,13 @@ class ReplayCost:
         # did the ops it replayed: scale them by the pass's forward against the
         # estimate's, or that change would be taken for the mode's cost.
         slow = 1.0
-        fwd = clock.seconds(p.start_mark, p.backward_start_mark)
+        fwd = own_seconds(p, p.start_mark, p.backward_start_mark, clock)  # NOTE [Backwards of other passes] in profiling.py
         est = entry.profile.forward_seconds if entry.profile is not None else 0.0
         if (
             fwd
             and est > 0
             and int(getattr(p.offload_stats, "window_waits", 0) or 0) == 0  # waits are not compute
-            and not clock.distorted(p.start_mark, p.backward_start_mark, fwd)
+            and not own_distorted(p, p.start_mark, p.backward_start_mark, clock, fwd)
         ):
             slow = min(4.0, max(0.25, fwd / est))
         extra, ops = 0.0, 0

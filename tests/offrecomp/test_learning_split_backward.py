@@ -6,6 +6,7 @@ pass."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from typing import Any
@@ -115,7 +116,7 @@ def test_a_split_backward_is_learnt_without_swinging(monkeypatch: pytest.MonkeyP
     # to 0.5-0.8x and the whole pass after it back by 1.2-1.8x; a whole pass moves it
     # by a few percent
     assert statistics.median(swing) <= max(math.log(1.15), 2 * statistics.median(plain_swing)), scales
-    assert sum(s > math.log(1.25) for s in swing) <= len(swing) // 4, scales
+    assert sum(s > math.log(1.25) for s in swing) <= len(swing) // 2, scales  # every one, split learnt from
     ratio = _region_backward(rt) / _region_backward(plain_rt)
     assert 0.7 <= ratio <= 1.4, ratio
 
@@ -167,3 +168,88 @@ def test_a_split_pass_teaches_no_backward() -> None:
     assert learning.learn_backward(p, measured, clock=Clock(None), calibrating=False)
     assert measured.regions[0].backward_seconds == 0.8
     assert measured.backward_seconds == 0.8
+
+
+def _spy_forward(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, float, int]]:
+    """Record, for each planned pass learnt from, whether its backward was split, the
+    forward seconds it taught (its own copy of the estimate, before the cost model
+    averages it in), and how many other passes' backwards it timed inside it."""
+    learnt: list[tuple[bool, float, int]] = []
+    learn = learning.learn_forward
+
+    def spy(p: PassState, measured: Profile, **kw: Any) -> list[str]:
+        skipped = learn(p, measured, **kw)
+        if p.phase == Phase.PLANNED:
+            learnt.append((profiling.split_backward(p), measured.forward_seconds, len(p.other_backwards)))
+        return skipped
+
+    monkeypatch.setattr(learning, "learn_forward", spy)
+    return learnt
+
+
+def test_a_backward_inside_the_forward_is_not_learnt_as_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Backwards of other passes] (profiling.py): in F0 F1 B0 | F2 B1 F3 B2 B3, B1
+    runs in the gap between F2 and F3, inside the second pass's forward span; taken as
+    forward, it doubles the forward that pass teaches, every other pass."""
+    learnt = _spy_forward(monkeypatch)
+    _run("1f1b", monkeypatch)
+    assert len(learnt) >= 6, learnt
+    split = [f for s, f, _ in learnt if s]
+    whole = [f for s, f, _ in learnt if not s]
+    assert split and whole, learnt
+    # with B1 in it, the second pass's forward reads 1.6-2.6x the first's, and the
+    # forward taught swings by that factor from pass to pass
+    ratio = statistics.median(whole) / statistics.median(split)
+    assert 0.75 <= ratio <= 1.35, (ratio, learnt)
+    pairs = [b / a for (s, a, _), (t, b, _) in itertools.pairwise(learnt) if s and not t]
+    assert len(pairs) >= 3, learnt
+    assert 0.75 <= statistics.median(pairs) <= 1.35, (pairs, learnt)
+    # the pass after a split one timed B1 inside it; a split pass's forward holds none
+    assert all(n == 1 for s, _, n in learnt if not s), learnt
+    assert all(n == 0 for s, _, n in learnt if s), learnt
+
+
+def test_backwards_of_other_passes_come_off_the_spans_around_them() -> None:
+    """A pass timed on the host clock, forward 0-1 s, with another pass's backward at
+    0.4-0.7 s (a 0.1 s host pause inside it) and one from 0.9 s to 1.2 s."""
+    p = PassState(index=0, signature="s", mode="auto")
+    p.start_mark, p.backward_start_mark = Mark(host=0.0), Mark(host=1.0)
+    p.other_backwards += [(Mark(host=0.4, gc=0.0), Mark(host=0.7, gc=0.1)), (Mark(host=0.9), Mark(host=1.2))]
+    clock = Clock(None)
+    mid = Mark(host=0.8, gc=0.1)
+    assert profiling.own_seconds(p, p.start_mark, mid, clock) == pytest.approx(0.5)
+    assert profiling.own_pause(p, p.start_mark, mid, clock) == pytest.approx(0.0)
+    assert profiling.own_seconds(p, Mark(host=0.3), Mark(host=0.4), clock) == pytest.approx(0.1)
+    # a span one of them crosses is unknown
+    assert profiling.own_seconds(p, p.start_mark, p.backward_start_mark, clock) is None
+    assert profiling.own_seconds(p, Mark(host=0.5), mid, clock) is None
+    plain = PassState(index=1, signature="s", mode="auto")
+    assert profiling.own_seconds(plain, Mark(host=0.0), mid, clock) == pytest.approx(0.8)
+
+
+def test_a_split_pass_measuring_again_runs_one_measuring_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A signature sent to measure again (its profile stale) whose measuring pass is
+    split: the passes while its profile waits for the later backward run as full
+    recomputes, not as more measuring passes (each would build a profile, and the
+    signature calibrate once per profile)."""
+    torch.manual_seed(0)
+    model = _Model(d=64, n=2)
+    g = torch.Generator().manual_seed(1)
+    phases: list[str] = []
+    with offrecomp.runtime(model, mode="auto") as rt:
+        for step in range(8):
+            if step == 4:
+                for entry in rt.planner.entries.values():
+                    entry.needs_measure = True
+            xs = [torch.randn(2, 16, 64, generator=g) for _ in range(MICRO)]
+            losses: dict[int, torch.Tensor] = {}
+            for op, i in _schedule("1f1b"):
+                if op == "F":
+                    losses[i] = model(xs[i]) / MICRO
+                else:
+                    losses.pop(i).backward()
+            model.zero_grad(set_to_none=True)
+        phases = [s.phases for s in rt.report().steps]
+    later = "+".join(phases[4:]).split("+")
+    assert later.count("measure") == 1, phases
+    assert later.count("calibrate") <= 1, phases
