@@ -67,13 +67,14 @@ has its copies landed and reloads them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -287,15 +288,22 @@ class _EmulatedWork:
         return undo
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The benchmark on the reload path (``OffloadEngine.serve_held`` off while it runs;
-    see the module's docstring)."""
+@contextlib.contextmanager
+def reload_path() -> Iterator[None]:
+    """Offload reloads every group inside (``OffloadEngine.serve_held`` off, put back
+    after): see the module's docstring."""
     serving = OffloadEngine.serve_held
     OffloadEngine.serve_held = False
     try:
-        return _main(argv)
+        yield
     finally:
         OffloadEngine.serve_held = serving
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The benchmark, on the reload path (``reload_path``)."""
+    with reload_path():
+        return _main(argv)
 
 
 def _main(argv: list[str] | None) -> int:

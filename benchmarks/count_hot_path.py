@@ -54,9 +54,8 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import offrecomp
-from benchmarks.bench_host_overhead import REGION_SAVES, _GroupedFloor, _Model
+from benchmarks.bench_host_overhead import REGION_SAVES, _GroupedFloor, _Model, reload_path
 from offrecomp import backends
-from offrecomp.offload import OffloadEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 WARMUP_STEPS = 20  # auto's measuring and calibration passes, then its plan
@@ -151,14 +150,9 @@ def _where(code: CodeType) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The benchmark on the reload path (``OffloadEngine.serve_held`` off while it runs;
-    see the module's docstring)."""
-    serving = OffloadEngine.serve_held
-    OffloadEngine.serve_held = False
-    try:
+    """The counts, on the reload path (``reload_path``; see the module's docstring)."""
+    with reload_path():
         return _main(argv)
-    finally:
-        OffloadEngine.serve_held = serving
 
 
 def _main(argv: list[str] | None) -> int:

@@ -382,21 +382,32 @@ class OffloadGroups:
             p.stats.sample(engine.device_bytes)
         return buf
 
+    def fetch_or_serve(self, group: Group, call: RegionCall) -> torch.Tensor | list[torch.Tensor]:
+        """``group``'s (one of ``call``'s) served sources, a list (NOTE [Served groups] in
+        transfer.py), or else its reload's buffer, a tensor; fetched either way."""
+        served = group.served
+        if served is not None and group.waited:  # handed out since its first fetch
+            return served
+        buf = self.fetch(group, call, serve=True)
+        if buf is not None:
+            return buf
+        served = group.served
+        if served is not None:
+            return served
+        buf = self.fetch(group, call)  # another thread's backward let go of it meanwhile
+        assert buf is not None
+        return buf
+
     def slot_now(self, group: Group, call: RegionCall, slot: int) -> tuple[Any, int, int | None]:
         """Where ``slot`` of ``group`` (one of ``call``'s) is on the device now: the
         storage, the byte of it where the slot's storage begins, and the slot's source's
-        version as last seen (None: not seen yet). Its reload, fetched first, or its
-        served source (NOTE [Served groups] in transfer.py)."""
-        buf = self.fetch(group, call, serve=True)
-        if buf is None:
-            served = group.served
-            if served is not None:
-                source = served[slot]
-                return source.untyped_storage(), 0, source._version
-            buf = self.fetch(group, call)  # another thread's backward let go of it meanwhile
-            assert buf is not None
+        version as last seen (None: not seen yet). Its served source, or its reload."""
+        got = self.fetch_or_serve(group, call)
+        if isinstance(got, list):
+            source = got[slot]
+            return source.untyped_storage(), 0, source._version
         versions = group.versions
-        return buf.untyped_storage(), group.offsets[slot], versions[slot] if slot < len(versions) else None
+        return got.untyped_storage(), group.offsets[slot], versions[slot] if slot < len(versions) else None
 
     def release_device(self, group: Group) -> None:
         if self.engine is not None:

@@ -683,12 +683,8 @@ class Placer:
             key = (slot_offset, h.offset, size, h.stride, dtype)
         typed = group.typed_views.get(dtype)  # fetched, and a save of this dtype handed out
         if typed is None:
-            served = group.served if group.waited else None
-            if served is None and self._groups.fetch(group, call, serve=True) is None:
-                served = group.served
-                if served is None:  # another thread's backward let go of it meanwhile
-                    self._groups.fetch(group, call)
-            if served is not None:  # NOTE [Served groups] in transfer.py
+            served = self._groups.fetch_or_serve(group, call)
+            if isinstance(served, list):  # NOTE [Served groups] in transfer.py
                 source = served[slot]
                 if type(h) is TypedHandle and source._version != h.version:  # NOTE [Writes after a save]
                     raise modified_error(where_saved(call), h.pack_index, h.version, source._version)

@@ -436,7 +436,8 @@ class OffloadEngine:
                 return None
             if group.state is GroupState.OFFLOADED:
                 self._reload(group, compute)
-            group.fetches += 0 if counted else 1
+            if not counted:
+                group.fetches += 1
             self._outstanding_bytes -= group.nbytes
             self._fetched_bytes += group.nbytes
             self._prefetch_for(group, compute)

@@ -56,11 +56,11 @@ __all__ = [
 # not count); Prefetch(nbytes=B) walks the same order and issues reloads while the bytes
 # reloaded but not yet fetched stay within B (one reload is always allowed when none is
 # outstanding). A group in that order whose sources are still held is served instead
-# (NOTE [Served groups]): pinned, no copy, no bytes outstanding. A group is prefetched at most once per backward pass: it qualifies only
-# if it has been fetched fewer times than the group being fetched now, so a second
-# backward (retain_graph) prefetches the released groups again while the first never
-# reloads what it already consumed. Ordering is per step; groups of earlier steps are
-# reloaded on demand only.
+# (NOTE [Served groups]): pinned, no copy, no bytes outstanding. A group is prefetched
+# at most once per backward pass: it qualifies only if it has been fetched fewer times
+# than the group being fetched now, so a second backward (retain_graph) prefetches the
+# released groups again while the first never reloads what it already consumed.
+# Ordering is per step; groups of earlier steps are reloaded on demand only.
 
 # NOTE [Served groups]
 # Outside a plan, a group's sources stay held until query() says its copy landed. When

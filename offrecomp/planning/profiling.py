@@ -289,14 +289,14 @@ def build_profile(
     replay_by_ordinal: dict[int, tuple[Any, Any]] = {}
     for ordinal, a, b in replay_marks:
         replay_by_ordinal.setdefault(ordinal, (a, b))
-    within = marks_within(replay_marks, p.backward_start_mark, end_mark) if split else replay_marks
-    total_replay = sum(clock.seconds(a, b, wait=True) or 0.0 for _, a, b in within)
+    in_span = marks_within(replay_marks, p.backward_start_mark, end_mark) if split else replay_marks
+    total_replay = sum(clock.seconds(a, b, wait=True) or 0.0 for _, a, b in in_span)
     ends = [m for m in p.backward_ends if m is not None and m.host < end_mark.host] if end_mark is not None else []
     regions, structures, unmeasured = _region_records(p, replay_by_ordinal, [*ends, end_mark], clock)
     late = 0.0
     if split:
         fill_unmeasured(regions, unmeasured)
-        later = {o for o, _, _ in replay_marks} - {o for o, _, _ in within}
+        later = {o for o, _, _ in replay_marks} - {o for o, _, _ in in_span}
         by_ordinal = {c.ordinal: c.key for c in p.calls}
         late_keys = {by_ordinal.get(o) for o in later}
         late = sum(r.backward_seconds for r in regions if r.key in late_keys)

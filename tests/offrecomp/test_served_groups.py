@@ -214,6 +214,7 @@ class _ServedGroups:
     """The runtime's offload groups as a replay reads them (``slot_now``, the runtime's),
     with every group served."""
 
+    fetch_or_serve = OffloadGroups.fetch_or_serve
     slot_now = OffloadGroups.slot_now
 
     def fetch(self, group: Group, call: object, serve: bool = False) -> torch.Tensor | None:
@@ -227,7 +228,7 @@ def test_a_replay_serves_from_a_served_groups_sources_unless_written_since_issue
     held source itself, unless that source was written since its copy was issued."""
     sources = [torch.arange(16.0), torch.arange(8.0)]
     group = Group.__new__(Group)
-    group.state, group.fetches, group.served = GroupState.SERVED, 1, sources
+    group.state, group.fetches, group.served, group.waited = GroupState.SERVED, 1, sources, False
     group.issue_versions = [s._version for s in sources]
     sources[1].add_(1.0)  # written since issue: the copy may hold either value
     call = SimpleNamespace(storages=[

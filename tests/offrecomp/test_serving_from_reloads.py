@@ -102,6 +102,7 @@ class _Groups:
     """The runtime's offload groups as ``_servable_storages`` reads them (``slot_now``,
     the runtime's, through this ``fetch``), with a reloaded buffer."""
 
+    fetch_or_serve = OffloadGroups.fetch_or_serve
     slot_now = OffloadGroups.slot_now
 
     def __init__(self, buf: torch.Tensor) -> None:
@@ -126,7 +127,7 @@ def test_a_slot_written_while_its_copy_was_in_flight_is_not_served_from(
     made it. Without versions seen since issue nothing is served. Each offloaded storage
     goes through ``OffloadGroups.fetch``, which makes compute wait on the reload."""
     group = Group.__new__(Group)
-    group.state, group.fetches = GroupState.FETCHED, 1
+    group.state, group.fetches, group.served = GroupState.FETCHED, 1, None
     group.issue_versions, group.versions, group.offsets = [3, 5], versions, [0, 64]
     buf = torch.zeros(128, dtype=torch.uint8)
     groups = _Groups(buf)
