@@ -14,6 +14,8 @@ import contextlib
 import dataclasses
 import difflib
 import logging
+import numbers
+import operator
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -44,6 +46,7 @@ __all__ = [
 Mode = Literal["auto", "keep", "offload", "recompute", "off"]
 MODES: tuple[str, ...] = ("auto", "keep", "offload", "recompute", "off")
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
 
 @dataclass(frozen=True)
 class Budget:
@@ -141,7 +144,7 @@ def _parse_int(value: object, *, name: str, lo: int, forms: str) -> int:
     if isinstance(value, bool):
         raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
     try:
-        x = int(str(value).strip()) if not isinstance(value, int) else value
+        x = operator.index(value) if isinstance(value, numbers.Integral) else int(str(value).strip())
     except ValueError:
         raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}") from None
     if x < lo:
@@ -174,10 +177,10 @@ def _parse_prefetch(value: object, *, name: str) -> Prefetch:
     forms = f"a number of regions, {MIN_PREFETCH_REGIONS} or more (2), or a byte window with a unit (256MiB)"
     if isinstance(value, (bool, float)):  # a float is neither a count nor a size with a unit
         raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
-    if isinstance(value, int):
+    if isinstance(value, numbers.Integral):  # numpy.int64 too
         if value < MIN_PREFETCH_REGIONS:
             raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
-        return Prefetch(regions=value)
+        return Prefetch(regions=operator.index(value))
     if isinstance(value, str) and value.strip().isdigit():
         if int(value.strip()) < MIN_PREFETCH_REGIONS:
             raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
@@ -319,6 +322,7 @@ class Config:
         if _disabled_by(env):  # whatever the arguments say
             values["disable"] = True
             sources["disable"] = "env"
+        _refuse_one_file_for_two_outputs(values, sources)
         cfg = cls(**values)
         cfg.sources = sources
         cfg._parsed = {fname: getattr(cfg, fname) for fname in _FIELD_PARSERS}
@@ -351,6 +355,7 @@ class Config:
                 continue
             values[fname] = None if value is None else parser(value, name=fname)
             sources[fname] = "argument"
+        _refuse_one_file_for_two_outputs(values, sources)
         if _disabled_by(env):
             values["disable"] = True
             sources["disable"] = "env"
@@ -425,6 +430,23 @@ def _opt_path(value: object, *, name: str) -> str | None:
         with contextlib.suppress(OSError):
             os.remove(path)
     return path
+
+
+def _refuse_one_file_for_two_outputs(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+    """The report appends lines and the profile save rewrites its whole file: one file for
+    both would lose the report and leave neither readable."""
+    report, profile = values.get("report_path"), values.get("profile_path")
+    if report is None or profile is None or os.path.realpath(report) != os.path.realpath(profile):
+        return
+    names = [
+        _FIELD_PARSERS[fname][0] if sources.get(fname) == "env" else fname
+        for fname in ("report_path", "profile_path")
+    ]
+    raise ValueError(
+        f"{names[0]}={report!r} and {names[1]}={profile!r} name the same file "
+        f"{os.path.realpath(report)!r}; accepted: two different files (the profile save would "
+        "overwrite the report)"
+    )
 
 
 def _budget(value: object, *, name: str) -> Budget | None:

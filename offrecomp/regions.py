@@ -48,6 +48,7 @@ __all__ = [
     "Region",
     "buffer_of",
     "capture_autocast",
+    "check_region_spec",
     "compiled_module",
     "discover_regions",
     "has_lazy_parameters",
@@ -247,6 +248,37 @@ def param_of(m: nn.Module, name: str) -> torch.Tensor | None:
     return table[name] if name in table else None  # noqa: SIM401
 
 
+def check_region_spec(
+    spec: type | Iterable[type] | Callable[[nn.Module, str], bool] | None,
+) -> type | tuple[type, ...] | Callable[[nn.Module, str], bool] | None:
+    """``regions=`` checked for its shape, without a model: TypeError naming it and the
+    accepted forms unless None, a module type, a non-empty iterable of module types or a
+    filter ``fn(module, qualified_name) -> bool``. Returns it as given, an iterable as a
+    tuple of its types (so one it reads once, a generator, is read here only)."""
+    if isinstance(spec, nn.Module):  # callable, but not a filter
+        raise TypeError(
+            f"regions= got a module instance ({type(spec).__name__}); accepted: None, a module "
+            f"type (regions={type(spec).__name__}), a list of module types, or "
+            "fn(module, qualified_name) -> bool (lambda m, name: m is block, for one module)"
+        )
+    if spec is None or isinstance(spec, type) or callable(spec):
+        return spec
+    try:
+        types = tuple(spec)
+    except TypeError:
+        raise TypeError(
+            f"regions={spec!r} is invalid; accepted: None, a module type, a list of module "
+            "types, or fn(module, qualified_name) -> bool"
+        ) from None
+    if not types or not all(isinstance(t, type) for t in types):
+        why = "it names no module type" if not types else "not every entry is a module type"
+        raise TypeError(
+            f"regions={spec!r} is invalid ({why}); accepted: None, a module type, a non-empty "
+            "list of module types, or fn(module, qualified_name) -> bool"
+        )
+    return types
+
+
 def discover_regions(
     model: nn.Module,
     spec: type | Iterable[type] | Callable[[nn.Module, str], bool] | None,
@@ -264,19 +296,14 @@ def discover_regions(
     attributes]). A type or types: every module of those types. A callable: every module for which
     ``fn(module, name)`` is true. Only the outermost match counts: regions never nest.
     """
-    if isinstance(spec, nn.Module):  # callable, but not a filter
-        raise TypeError(
-            f"regions= got a module instance ({type(spec).__name__}); accepted: None, a module "
-            f"type (regions={type(spec).__name__}), a list of module types, or "
-            "fn(module, qualified_name) -> bool (lambda m, name: m is block, for one module)"
-        )
-    if spec is None:
+    checked = check_region_spec(spec)
+    if checked is None:
         pick = _pick_repeated_children(model)
-    elif isinstance(spec, type):
-        types: tuple[type, ...] = (spec,)
+    elif isinstance(checked, (type, tuple)):
+        types = checked if isinstance(checked, tuple) else (checked,)
         pick = {id(m) for _, m in named_modules(model) if isinstance(m, types)}
-    elif callable(spec):
-        fn = spec
+    else:
+        fn = checked
         pick = set()
         for name, m in named_modules(model):
             try:
@@ -287,21 +314,6 @@ def discover_regions(
                     f"regions= filter {getattr(fn, '__name__', fn)!r} raised {exc!r} for module "
                     f"{name!r}; it must be fn(module, qualified_name) -> bool"
                 ) from exc
-    else:
-        try:
-            types = tuple(spec)
-        except TypeError:
-            raise TypeError(
-                f"regions={spec!r} is invalid; accepted: None, a module type, a list of module "
-                "types, or fn(module, qualified_name) -> bool"
-            ) from None
-        if not types or not all(isinstance(t, type) for t in types):
-            why = "it names no module type" if not types else "not every entry is a module type"
-            raise TypeError(
-                f"regions={spec!r} is invalid ({why}); accepted: None, a module type, a non-empty "
-                "list of module types, or fn(module, qualified_name) -> bool"
-            )
-        pick = {id(m) for _, m in named_modules(model) if isinstance(m, types)}
 
     regions: list[Region] = []
     seen: set[int] = set()

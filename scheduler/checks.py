@@ -14,6 +14,7 @@ import numpy as np
 from scheduler.profile import Profile, RegionRecord
 
 __all__ = [
+    "INT64_LIMIT",
     "bad_storage",
     "check_bytes",
     "check_number",
@@ -24,6 +25,10 @@ __all__ = [
     "region_label",
     "times_ok",
 ]
+
+
+#: Counts and sizes are held as int64: a value from this one on is refused.
+INT64_LIMIT = 2**63
 
 
 def check_number(value: float, what: str) -> float:
@@ -38,10 +43,12 @@ def check_number(value: float, what: str) -> float:
 
 
 def check_bytes(value: Any, what: str, note: str = "") -> int:
-    """``value`` as an int; ValueError naming ``what`` unless a whole number of bytes >= 0
-    (``note``: what a value means, added to the accepted ones)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{what} = {value!r} is invalid; accepted: a whole number of bytes >= 0 {note}".rstrip())
+    """``value`` as an int; ValueError naming ``what`` unless a whole number of bytes from
+    0 to 2**63 - 1 (``note``: what a value means, added to the accepted ones)."""
+    if not (is_count(value) and value < INT64_LIMIT):
+        raise ValueError(
+            f"{what} = {value!r} is invalid; accepted: a whole number of bytes from 0 to 2**63 - 1 {note}".rstrip()
+        )
     return int(value)
 
 
@@ -66,6 +73,7 @@ def bad_storage(profile: Profile, what: str, accepted: str, check: Any) -> None:
 
 
 def is_count(v: Any) -> bool:
+    """An int >= 0 (any size: the caller bounds it)."""
     return bool(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0)
 
 
@@ -78,7 +86,7 @@ def is_time(v: Any) -> bool:
     )
 
 
-def int_array(values: list[Any], limit: int = 2**63) -> np.ndarray | None:
+def int_array(values: list[Any], limit: int = INT64_LIMIT) -> np.ndarray | None:
     """``values`` as int64 when all are ints >= 0 and below ``limit``, else None."""
     if not values:
         return np.zeros(0, dtype=np.int64)

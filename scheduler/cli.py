@@ -148,9 +148,8 @@ def _parser() -> argparse.ArgumentParser:
         "--infeasible",
         type=lambda text: text.strip().lower(),  # any case, as OFFRECOMP_INFEASIBLE
         choices=INFEASIBLE_POLICIES,
-        default="warn",
-        help="when the budget cannot be met (exit 1): warn prints the most frugal plan, error "
-        "the smallest feasible budget",
+        help="when the budget cannot be met (exit 1): warn (the default) prints the most frugal "
+        "plan, error the smallest feasible budget",
     )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     return p
@@ -220,6 +219,18 @@ def _regions(value: object) -> int:
         f"--prefetch-regions={value!r} is invalid; accepted: a number of regions, "
         f"{MIN_PREFETCH_REGIONS} or more (2)"
     )
+
+
+def _check_min_budget(args: argparse.Namespace) -> None:
+    """``--min-budget`` plans for no budget: a ``--budget`` or ``--infeasible`` beside it
+    would go unread, so it is refused by name."""
+    flags = (("--budget", args.budget), ("--infeasible", args.infeasible))
+    given = [flag for flag, value in flags if value is not None]
+    if args.min_budget and given:
+        raise ValueError(
+            f"--min-budget finds the smallest budget within --max-overhead and takes no {' or '.join(given)}; "
+            "leave out --min-budget to plan for a budget"
+        )
 
 
 def _load_profile(args: argparse.Namespace) -> Profile:
@@ -353,6 +364,7 @@ def _print_table(rows: list[dict[str, Any]], out: TextIO) -> None:
 
 def _run(args: argparse.Namespace, out: TextIO) -> int:
     _check_args(args)
+    _check_min_budget(args)
     profile = _load_profile(args)
     budget: int | None = args.budget
     if args.min_budget:
@@ -392,7 +404,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         max_overhead=args.max_overhead,
         prefetch_regions=args.prefetch_regions,
         allow_offload=not args.no_offload,
-        infeasible=args.infeasible,
+        infeasible=args.infeasible or "warn",
     )
     keep = predict(profile, Plan(), prefetch_regions=args.prefetch_regions)
     rows = _region_rows(profile, plan)

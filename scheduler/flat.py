@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from scheduler.checks import (
+    INT64_LIMIT,
     bad_storage,
     check_bytes,
     check_number,
@@ -440,10 +441,14 @@ def _storage_columns(profile: Profile, sts: list[Any]) -> _StorageColumns:
         )
     ls_arr = int_array(list(map(_get_last_save, sts)))
     if ls_arr is None:
-        bad_storage(profile, "last_save_op", "an int >= 0", lambda s: is_count(s.last_save_op))
+        bad_storage(
+            profile, "last_save_op", "an int from 0 to 2**63 - 1", lambda s: is_count(s.last_save_op) and s.last_save_op < INT64_LIMIT
+        )
     fs_arr = int_array(list(map(_get_first_save, sts)))
     if fs_arr is None:
-        bad_storage(profile, "first_save_op", "an int >= 0", lambda s: is_count(s.first_save_op))
+        bad_storage(
+            profile, "first_save_op", "an int from 0 to 2**63 - 1", lambda s: is_count(s.first_save_op) and s.first_save_op < INT64_LIMIT
+        )
     offsets = list(map(_get_offset, sts))
     if not times_ok(offsets):
         bad_storage(
@@ -518,7 +523,9 @@ def _saves(profile: Profile, un: _Units) -> tuple[np.ndarray, np.ndarray]:
     """Per flat storage its ``saves``, and per unit their sum as float64."""
     sv_arr = int_array(list(map(_get_saves, un.sts)) + list(map(_get_saves, profile.root)))
     if sv_arr is None:
-        bad_storage(profile, "saves", "an int >= 0", lambda s: is_count(s.saves))
+        bad_storage(
+            profile, "saves", "an int from 0 to 2**63 - 1", lambda s: is_count(s.saves) and s.saves < INT64_LIMIT
+        )
     assert sv_arr is not None
     saves = sv_arr[un.src]
     return saves, np.bincount(un.unit_of, weights=saves.astype(np.float64), minlength=un.n_units)

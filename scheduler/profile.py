@@ -347,6 +347,8 @@ class Profile:
                 f"profile version {version} is not supported; this build reads versions 1 "
                 f"to {PROFILE_VERSION}"
             )
+        for key in _BYTE_FIELDS:
+            _check_bytes(data.get(key, 0), f"profile {key}")
         regions = []
         for r in data.get("regions", []):
             ops = [
@@ -359,10 +361,13 @@ class Profile:
                 )
                 for o in r.get("ops", [])
             ]
-            storages = [_storage_record(s) for s in r.get("storages", [])]
+            storages = [
+                _storage_record(s, f"storage {j} of region {r.get('name')}#{r.get('call_index')}")
+                for j, s in enumerate(r.get("storages", []))
+            ]
             fields = {k: v for k, v in r.items() if k not in ("ops", "storages")}
             regions.append(RegionRecord(ops=ops, storages=storages, **fields))
-        root = [_storage_record(s) for s in data.get("root", [])]
+        root = [_storage_record(s, f"root storage {j}") for j, s in enumerate(data.get("root", []))]
         rest = {k: v for k, v in data.items() if k not in ("regions", "root", "version")}
         return cls(regions=regions, root=root, **rest)  # in this build's format: its version
 
@@ -388,10 +393,28 @@ def _expect(value: _T, kind: type, what: str) -> _T:
     return value
 
 
-def _storage_record(data: dict[str, Any]) -> StorageRecord:
+#: A profile's byte counts, held as int64 by the planner.
+_BYTE_FIELDS = ("fixed_bytes", "device_capacity_bytes", "host_limit_bytes")
+
+
+def _check_bytes(value: object, what: str) -> None:
+    """ValueError naming ``what`` unless ``value`` is a whole number of bytes an int64 holds."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise ValueError(f"{what} = {value!r:.60} is invalid; accepted: a whole number of bytes from 0 to 2**63 - 1")
+
+
+def _storage_record(data: dict[str, Any], what: str) -> StorageRecord:
+    """A storage from its JSON object; ``shared_with`` (a JSON list) as a plan key, or
+    ValueError naming ``what`` where it is none."""
     shared = data.get("shared_with")
-    if shared is not None:  # a JSON list
-        data = {**data, "shared_with": (str(shared[0]), int(shared[1]), int(shared[2]))}
+    if shared is not None:
+        key_ok = isinstance(shared, (list, tuple)) and len(shared) == 3 and isinstance(shared[0], str)
+        if not (key_ok and all(isinstance(x, int) and not isinstance(x, bool) for x in shared[1:])):
+            raise ValueError(
+                f"{what} shared_with = {shared!r:.60} is invalid; accepted: null or a [region, call, index] "
+                'list, as ["blocks.0", 0, 2]'
+            )
+        data = {**data, "shared_with": tuple(shared)}
     return StorageRecord(**data)
 
 

@@ -11,6 +11,8 @@ the same everywhere. The same holds for the ranges of the numbers both take
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 import re
 from dataclasses import dataclass
 
@@ -85,17 +87,19 @@ SIZE_FORMS = "an integer byte count or a number with a unit (512MiB, 24GiB, 24G,
 
 
 def parse_bytes(value: object, *, name: str = "byte size") -> int:
-    """Parse a byte count: an int, or a string like ``"512MiB"``, ``"24G"``, ``"1.5GB"``.
+    """Parse a byte count: an int (``numpy.int64`` too), or a string like ``"512MiB"``,
+    ``"24G"``, ``"1.5GB"``.
 
     ``name`` is the variable or argument being parsed; a bad value raises ``ValueError``
-    naming it, the value and the accepted forms.
+    naming it, the value and the accepted forms (a bool is no count).
     """
     if isinstance(value, bool):
         raise ValueError(f"{name}={value!r} is invalid; accepted: {SIZE_FORMS}")
-    if isinstance(value, int):
-        if value < 0:
+    if isinstance(value, numbers.Integral):
+        count = operator.index(value)
+        if count < 0:
             raise ValueError(f"{name}={value!r} is invalid; it must be >= 0 ({SIZE_FORMS})")
-        return value
+        return count
     if isinstance(value, float) and value.is_integer() and value >= 0:
         return int(value)
     if isinstance(value, str):

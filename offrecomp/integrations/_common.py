@@ -19,7 +19,7 @@ import offrecomp
 from offrecomp.config import Config
 from offrecomp.context import REPORT_MAX_STEPS, Runtime
 from offrecomp.diagnostics import warn_once
-from offrecomp.regions import named_modules
+from offrecomp.regions import check_region_spec, named_modules
 from offrecomp.report import Report, StepRecord
 
 __all__ = [
@@ -41,6 +41,8 @@ def runtime_options(
     for name, value in (("budget", budget), ("mode", mode), ("regions", regions)):
         if value is not None:
             kwargs[name] = value
+    if kwargs.get("regions") is not None:  # its shape now; the modules it names once there is a model
+        kwargs["regions"] = check_region_spec(kwargs["regions"])
     Config.resolve(kwargs)  # raises ValueError/TypeError naming the bad option
     return kwargs
 

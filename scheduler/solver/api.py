@@ -24,8 +24,6 @@ __all__ = ["InfeasibleBudgetError", "exhaustive_solve", "solve"]
 logger = logging.getLogger("scheduler.solver")
 
 
-
-
 class InfeasibleBudgetError(ValueError):
     """No plan keeps the predicted activation peak within the budget."""
 
@@ -39,6 +37,10 @@ class InfeasibleBudgetError(ValueError):
         self.budget_bytes = budget_bytes
         self.min_feasible_bytes = min_feasible_bytes
 
+    def __reduce__(self) -> tuple[type[InfeasibleBudgetError], tuple[int, int]]:
+        # pickle rebuilds an exception from self.args (the message), which does not match
+        # __init__; rebuild from the two numbers so it crosses a process pool intact
+        return (type(self), (self.budget_bytes, self.min_feasible_bytes))
 
 
 def _check_budget(budget_bytes: object) -> int | None:

@@ -106,6 +106,23 @@ def test_log_metrics_must_be_a_bool() -> None:
         ScopedCallback(log_metrics="false")  # type: ignore[arg-type]
 
 
+def test_runtime_options_check_the_shape_of_regions() -> None:
+    """``regions=`` is checked as discover_regions checks it, with no model yet; an
+    iterable is read once, here, and handed on as the tuple of its types."""
+    with pytest.raises(TypeError, match=r"regions=5 is invalid; accepted: None, a module type"):
+        runtime_options(None, None, 5, {})
+    with pytest.raises(TypeError, match=r"\(not every entry is a module type\); accepted: None"):
+        runtime_options(None, None, (nn.Linear, "x"), {})
+    assert runtime_options(None, None, (t for t in [nn.Linear]), {})["regions"] == (nn.Linear,)
+    assert runtime_options(None, None, nn.Linear, {})["regions"] is nn.Linear
+    assert "regions" not in runtime_options(None, None, None, {})
+
+    def pick(m: nn.Module, name: str) -> bool:
+        return name == "0"
+
+    assert runtime_options(None, None, pick, {})["regions"] is pick
+
+
 def test_step_metrics() -> None:
     recs = [
         StepRecord(step=0, peak_activation_bytes=10, kept_bytes=1, recomputed_bytes=9, step_seconds=1.0),

@@ -117,6 +117,17 @@ def test_exception_in_training_step_leaves_no_hooks() -> None:
     assert [s.step for s in cb.report().steps] == [0, 1]
 
 
+def test_a_bad_regions_spec_is_an_error_at_construction() -> None:
+    """Options are checked where the callback is made, ``regions=`` too, not once
+    ``fit`` has started."""
+    with pytest.raises(TypeError, match=r"regions='x' is invalid \(not every entry is a module type\); accepted: None"):
+        OffrecompCallback(regions="x")
+    with pytest.raises(TypeError, match=r"regions=\[\] is invalid \(it names no module type\)"):
+        OffrecompCallback(regions=[])
+    with pytest.raises(TypeError, match=r"regions= got a module instance \(Linear\)"):
+        OffrecompCallback(regions=nn.Linear(2, 2))
+
+
 def test_checkpoint_wrapper_is_refused() -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 

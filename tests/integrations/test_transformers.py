@@ -240,3 +240,5 @@ def test_bad_option_is_an_error_at_construction() -> None:
         OffrecompCallback(mode="fast")
     with pytest.raises(TypeError, match="budgett"):
         OffrecompCallback(budgett="1GiB")
+    with pytest.raises(TypeError, match=r"regions='x' is invalid \(not every entry is a module type\); accepted: None"):
+        OffrecompCallback(regions="x")

@@ -445,3 +445,49 @@ def test_the_pool_limit_is_never_zero() -> None:
     assert host_limit_of(Budget(nbytes=1)) == 1
     assert host_limit_of(Budget(fraction=1e-30)) == 1
     assert host_limit_of(None) >= 1
+
+
+def test_one_file_for_the_report_and_the_profile_is_refused(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The profile save rewrites its file and would wipe the report's lines: the same file
+    (by another spelling too) is refused when the config is checked, naming both settings."""
+    path = tmp_path / "out.jsonl"
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as err:
+        offrecomp.runtime(_two_linears(), report_path=str(path), profile_path="./out.jsonl")
+    msg = str(err.value)
+    for part in (f"report_path={str(path)!r}", "profile_path='./out.jsonl'", "the same file", str(path)):
+        assert part in msg, msg
+    env = {"OFFRECOMP_REPORT": str(path), "OFFRECOMP_PROFILE": str(path)}
+    with pytest.raises(ValueError, match=r"OFFRECOMP_REPORT=.* and OFFRECOMP_PROFILE=.* name the same file"):
+        Config.resolve({}, environ=env)
+    with pytest.raises(ValueError, match=r"report_path=.* and OFFRECOMP_PROFILE=.* name the same file"):
+        Config.resolve({"report_path": str(path)}, environ={"OFFRECOMP_PROFILE": str(path)})
+    cfg = Config.resolve({"report_path": str(path)}, environ={})
+    with pytest.raises(ValueError, match=r"report_path=.* and profile_path=.* name the same file"):
+        dataclasses.replace(cfg, profile_path=str(path)).checked(environ={})
+    assert Config.resolve({"report_path": str(path), "profile_path": str(tmp_path / "p.json")}, environ={})
+
+
+def test_numpy_integers_are_counts_and_bools_are_not() -> None:
+    """A size or count computed with numpy (``np.int64``) is read as the int it holds, as
+    a numpy float already is; a bool stays refused, as before."""
+    import numpy as np
+
+    cfg = Config.resolve(
+        {"budget": np.int64(10**9), "min_bytes": np.int64(4096), "prefetch": np.int64(2),
+         "plan_cache_size": np.int32(3), "host_limit": np.uint64(1 << 30)},
+        environ={},
+    )
+    assert cfg.budget == Budget(nbytes=10**9) and type(cfg.budget.nbytes) is int
+    assert cfg.min_bytes == 4096 and type(cfg.min_bytes) is int
+    assert cfg.prefetch == Prefetch(regions=2) and type(cfg.prefetch.regions) is int
+    assert cfg.plan_cache_size == 3 and type(cfg.plan_cache_size) is int
+    assert cfg.host_limit == Budget(nbytes=1 << 30)
+    assert parse_bytes(np.int16(7)) == 7
+    for kw in ({"budget": np.int64(-1)}, {"prefetch": np.int64(0)}, {"plan_cache_size": np.int64(0)},
+               {"min_bytes": True}, {"prefetch": True}, {"plan_cache_size": False}, {"budget": True}):
+        name, value = next(iter(kw.items()))
+        with pytest.raises(ValueError, match=rf"{name}={re.escape(repr(value))} is invalid"):
+            Config.resolve(kw, environ={})

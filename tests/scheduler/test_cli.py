@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler import gpt_profile, parse_bytes
+from scheduler import StorageRecord, gpt_profile, parse_bytes
 from scheduler.cli import main, parse_model
 
 MODEL = "layers=4,hidden=1024,heads=8,seq=4096,batch=1"
@@ -262,6 +262,40 @@ def test_a_profile_of_the_wrong_shape_is_a_usage_error(
 
 
 @pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("saves", 10**30, "storage 0 of region {label} saves = {value} is invalid; accepted: an int from 0 to 2**63 - 1"),
+        ("first_save_op", 2**63, "storage 0 of region {label} first_save_op = {value} is invalid; accepted: an int"),
+        ("last_save_op", 10**30, "storage 0 of region {label} last_save_op = {value} is invalid; accepted: an int"),
+        ("shared_with", "x", "storage 0 of region {label} shared_with = 'x' is invalid; accepted: null or a [region"),
+        ("shared_with", ["a", 0], "storage 0 of region {label} shared_with = ['a', 0] is invalid"),
+        ("shared_with", ["a", "b", 0], "storage 0 of region {label} shared_with = ['a', 'b', 0] is invalid"),
+        ("host_limit_bytes", 10**30, "profile host_limit_bytes = {value} is invalid; accepted: a whole number of bytes"),
+        ("fixed_bytes", 2**63, "profile fixed_bytes = {value} is invalid; accepted: a whole number of bytes"),
+        ("device_capacity_bytes", -1, "profile device_capacity_bytes = -1 is invalid"),
+    ],
+)
+def test_an_out_of_range_profile_value_is_a_usage_error(
+    field: str, value: object, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A hand-edited value beyond what int64 holds, or a ``shared_with`` that is no plan
+    key: exit 2 naming the field and the value, not a traceback with exit 1."""
+    p = gpt_profile(layers=2, hidden=64, heads=2, seq=128, batch=1, device_tflops=990, d2h_gbps=10, h2d_gbps=10)
+    doc = p.to_dict()
+    target = doc["regions"][0]["storages"][0] if field in StorageRecord.__dataclass_fields__ else doc
+    target[field] = value
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(doc))
+    rc, _ = run("plan", str(path), "--budget", "2MiB")
+    err = capsys.readouterr().err
+    label = f"{p.regions[0].name}#{p.regions[0].call_index}"
+    assert rc == 2 and message.format(label=label, value=value) in err, err
+    target[field] = 2**63 - 1 if isinstance(value, int) else [p.regions[0].name, 0, 0]
+    path.write_text(json.dumps(doc))
+    assert run("plan", str(path), "--budget", "2MiB")[0] in (0, 1)  # the largest int64 plans
+
+
+@pytest.mark.parametrize(
     ("extra", "message"),
     [
         (["--max-overhead", "-1"], "--max-overhead='-1' is invalid; accepted: a fraction of step time from 0 to 10"),
@@ -295,6 +329,22 @@ def test_an_infeasible_budget_error_names_the_flags(capsys: pytest.CaptureFixtur
     err = capsys.readouterr().err
     assert rc == 1 and "Raise --budget, or leave out --infeasible error" in err, err
     assert "infeasible='warn'" not in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [(["--budget", "1GiB"], "--budget"), (["--infeasible", "error"], "--infeasible"),
+     (["--budget", "1GiB", "--infeasible", "warn"], "--budget or --infeasible")],
+)
+def test_min_budget_refuses_the_flags_it_would_not_read(
+    extra: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--min-budget`` plans for no budget: a budget or an infeasible policy beside it
+    is a usage error naming them, not silently dropped."""
+    rc, text = run("plan", "--model", MODEL, "--device-tflops", "990", "--min-budget", *extra)
+    err = capsys.readouterr().err
+    message = f"--min-budget finds the smallest budget within --max-overhead and takes no {named};"
+    assert rc == 2 and not text and message in err, err
 
 
 def test_unknown_option_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -175,7 +175,7 @@ def test_a_failed_measurement_never_stays_in_the_estimate() -> None:
     solve(est, budget_bytes=None)
 
 
-@pytest.mark.parametrize("value", [math.nan, math.inf, -1, 1.5, True])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -1, 1.5, True, 2**63, 10**30])
 def test_a_host_limit_that_is_no_byte_count_is_named(value: object) -> None:
     from scheduler import solve
 

@@ -109,8 +109,11 @@ def _set(path: str, value: object) -> Callable[[Profile], None]:
         (
             "regions.1.storages.0.last_save_op",
             -1,
-            "storage 0 of region l1#0 last_save_op = -1 is invalid; accepted: an int >= 0",
+            "storage 0 of region l1#0 last_save_op = -1 is invalid; accepted: an int from 0 to 2**63 - 1",
         ),
+        ("regions.1.storages.0.last_save_op", 2**63, "storage 0 of region l1#0 last_save_op = 9223372036854775808"),
+        ("regions.1.storages.1.first_save_op", 10**30, "storage 1 of region l1#0 first_save_op = 10000"),
+        ("root.0.saves", 2**64, "root storage 0 saves = 18446744073709551616 is invalid; accepted: an int from 0"),
         (
             "regions.0.storages.1.offset_seconds",
             float("inf"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import pickle
 import time
 
 import numpy as np
@@ -207,6 +208,15 @@ def test_infeasible_budget_warns_or_raises(caplog: pytest.LogCaptureFixture) -> 
     assert isinstance(e.value, ValueError)
     # the smallest feasible budget is feasible
     assert solve(profile, budget_bytes=plan.min_feasible_budget_bytes).feasible
+
+
+def test_infeasible_budget_error_survives_pickling() -> None:
+    """A process-pool worker that raises it hands it back through pickle."""
+    error = InfeasibleBudgetError(1024, 4096)
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is InfeasibleBudgetError
+    assert (copy.budget_bytes, copy.min_feasible_bytes) == (1024, 4096)
+    assert str(copy) == str(error)
 
 
 def test_the_most_frugal_plan_is_the_fastest_of_the_smallest_peaks() -> None:
