@@ -57,19 +57,23 @@ past exit): the last freed offload group closes it then.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import operator
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch.nn.parameter import is_lazy
 
+from offrecomp import _torch_compat as tc
 from offrecomp.config import Config, format_bytes
 from offrecomp.handles import interned_stride
 from offrecomp.measure import DeviceClock
-from offrecomp.state import PassState, RegionCall, StorageRec
+from offrecomp.state import PassState, RegionCall, Stage, StorageRec
 from offrecomp.transfer import BACKWARD_START, NOT_PLANNED, dense_from_start
 from scheduler.plan import Placement
 
@@ -380,7 +384,25 @@ class OffloadGroups:
         if p is not None:
             p.backward_reached(call.ordinal)
             p.stats.sample(engine.device_bytes)
+            if p.stage is Stage.DONE:
+                self._release_after_later_backward(p)
         return buf
+
+    def _release_after_later_backward(self, p: PassState) -> None:
+        """A backward of the finished pass ``p`` (its graph kept, ``retain_graph``) fetched
+        one of its groups: at that backward's end, its reloads go (NOTE [Reloads at a
+        backward's end]); once per backward."""
+        task = tc.current_graph_task_id()
+        if task == -1 or task == p.later_backward_task:
+            return
+        p.later_backward_task = task
+        with contextlib.suppress(RuntimeError):  # no backward running on this thread after all
+            tc.queue_backward_callback(functools.partial(self._later_backward_done, weakref.ref(p)))
+
+    def _later_backward_done(self, pref: weakref.ref[PassState]) -> None:
+        p = pref()
+        if p is not None:
+            self.release_reloads(p)
 
     def fetch_or_serve(self, group: Group, call: RegionCall) -> torch.Tensor | list[torch.Tensor]:
         """``group``'s (one of ``call``'s) served sources, a list (NOTE [Served groups] in
@@ -417,15 +439,18 @@ class OffloadGroups:
         """``p``'s backward is over: let go of its groups' reload buffers that saves no
         node read still held (NOTE [Reloads at a backward's end])."""
         engine = self.engine
-        if engine is None or not engine.device_bytes:
+        if engine is None:
             return
-        seen: set[int] = set()
-        for call in p.all_calls():
-            for rec in call.storages:
-                group = rec.group
-                if group is not None and group.holds_reload and id(group) not in seen:
-                    seen.add(id(group))
-                    engine.release_device(group)
+        if engine.device_bytes:
+            seen: set[int] = set()
+            for call in p.all_calls():
+                for rec in call.storages:
+                    group = rec.group
+                    if group is not None and group.holds_reload and id(group) not in seen:
+                        seen.add(id(group))
+                        engine.release_device(group)
+        if not engine.closed:
+            engine.poll()  # the released buffers no tensor uses any more go now
 
     def free(self, group: Group) -> None:
         if self.engine is None:
@@ -480,4 +505,8 @@ def _release_at(p: PassState | None, call: RegionCall) -> int:
 # never unpacks, so its group's buffer would stay on the device after the backward, until
 # the graph holding the handle dies (the next forward rebinding the attribute). When a
 # pass's backward is over, its groups' reloads go, prefetched ones never fetched too; a
-# later read of such a save (the graph differentiated after all) reloads its group.
+# later read of such a save (the graph differentiated after all) reloads its group. A
+# later backward of a finished pass (its graph kept, ``retain_graph``) lets go of its
+# reloads at its end too: one that stops inside the blocks (``autograd.grad`` of an
+# inner tensor) leaves the group it stopped in unread, which would stay on the device
+# until the graph dies, one more group for each such backward.

@@ -68,7 +68,7 @@ Edge = Literal[
 #      it the H2D stream can read the host block before the D2H stream wrote it
 #      (Megatron #7398).
 #   4. h2d_after_alloc: the reload buffer is allocated on the compute stream (NOTE
-#      [Reload buffer lifetime]); the caching allocator may hand it a block that kernels
+#      [Reload buffer lifetime] in transfer.py); the caching allocator may hand it a block that kernels
 #      already queued on compute still read, so the H2D copy waits on an event recorded
 #      on compute after the allocation.
 #   5. compute_after_h2d: fetch() makes the live compute stream wait on the reload's
@@ -105,6 +105,14 @@ Edge = Literal[
 # transfer.py). A group larger than the window is waited on at once: its offload
 # still frees device memory, but compute no longer overlaps that copy.
 
+# NOTE [Freed sources]
+# A group freed while the stash holds its sources (its graph dropped without backward,
+# a forward or backward that raised) lets go of them at its free, compute first waiting
+# (GPU-side) on a copy query() does not see landed. Left to the engine's next call, a
+# graph dropped at a loop's end would hold them until the next forward or the exit,
+# where plain autograd frees them with the graph. A free on a copy worker leaves them
+# to the next poll (NOTE [Frees on a copy worker]).
+
 # NOTE [Typed sources]
 # A copy needs a tensor on each side. A saved tensor (or region input) that is
 # contiguous, covers its whole storage (most activations) and has a dtype whose copy
@@ -134,15 +142,6 @@ Edge = Literal[
 # window would only stall forward where the plan expects overlap. `prepare()` widens it
 # to the plan's offloaded bytes; the plan says when each group's sources go instead.
 
-# NOTE [Reload buffer lifetime]
-# A group is reloaded into one device buffer allocated on the compute stream, the stream
-# that reads it, as PyTorch's compiler-side offload does: its block is then reused only
-# in compute's order, after the reads, with no record_stream (whose release time nobody
-# controls, pytorch #106360). The H2D copy is ordered after the allocation (edge 4) and
-# compute after the copy (edges 5 and 6). The saved tensors handed out are views of that
-# buffer; the engine drops its own reference when every save of the group has been
-# unpacked once (release_device) and the views keep the memory as long as autograd does.
-
 # NOTE [Free from finalisers]
 # Callers free groups from finalisers (when autograd drops the last saved tensor of a
 # region call), which can run at any allocation: on another thread while this one holds
@@ -158,9 +157,11 @@ Edge = Literal[
 # may drop the last saved tensor of a region call. A free that waited there would wait
 # on its own stream: a prefetched reload not waited on yet (edge 6) is fired by the H2D
 # worker, which is the thread waiting, and the step would hang holding the engine lock.
-# So a free never waits on a copy: a reload that has not landed keeps its buffer, as the
+# So a free never waits on a reload: one that has not landed keeps its buffer, as the
 # freed group keeps its host block, until ``_return_blocks`` sees it landed; its memory
-# is reused only after the copy, as the wait would have ordered it. A runtime closing
+# is reused only after the copy, as the wait would have ordered it. A free on a copy
+# worker leaves the sources held for a D2H copy to the next poll (elsewhere they go at
+# the free, compute waiting on the copy: NOTE [Freed sources]). A runtime closing
 # when such a free drops its last group closes the engine on a thread of its own
 # (``Backend.on_side_thread``): closing waits on every stream.
 
@@ -226,20 +227,15 @@ class OffloadEngine:
     ) -> None:
         if not isinstance(prefetch, Prefetch):
             raise TypeError(f"prefetch={prefetch!r} is invalid; pass a config.Prefetch")
-        if prefetch.regions is not None and prefetch.regions < 0:
-            raise ValueError(f"prefetch={prefetch!r} is invalid; regions must be >= 0")
-        if prefetch.nbytes is not None and prefetch.nbytes < 0:
-            raise ValueError(f"prefetch={prefetch!r} is invalid; nbytes must be >= 0")
+        if any(n is not None and n < 0 for n in (prefetch.regions, prefetch.nbytes)):
+            raise ValueError(f"prefetch={prefetch!r} is invalid; its regions and nbytes must be >= 0")
         if window_bytes < 0:
             raise ValueError(f"window_bytes={window_bytes!r} is invalid; it must be >= 0")
         self.backend = backend
         self.prefetch = prefetch
         self.window_bytes = window_bytes
         self.pool = PinnedPool(
-            backend=backend,
-            limit_bytes=host_limit_bytes,
-            slab_bytes=slab_bytes,
-            pressure_bytes=host_pressure_bytes,
+            backend=backend, limit_bytes=host_limit_bytes, slab_bytes=slab_bytes, pressure_bytes=host_pressure_bytes
         )
         self._lock = threading.RLock()
         self._held = _Held(self)
@@ -261,8 +257,7 @@ class OffloadEngine:
         self._open_reserved = 0  # the same, aligned as the pool will carve them
         self._reuse = ReloadBuffers()
         logger.debug(
-            "offrecomp: offload engine on the %s backend: host limit %s, in-flight window %s, "
-            "prefetch %s",
+            "offrecomp: offload engine on the %s backend: host limit %s, in-flight window %s, prefetch %s",
             backend.name, format_bytes(host_limit_bytes), format_bytes(window_bytes), prefetch,
         )
 
@@ -463,6 +458,12 @@ class OffloadEngine:
             assert buffer is not None
             return buffer
 
+    def poll(self) -> None:
+        """Let go of landed copies' sources, unused reload buffers, freed groups' landed blocks; never waits."""
+        with self._locked():
+            self._enter()
+            self._return_blocks()
+
     def release_device(self, group: Group) -> None:
         """The caller is done with the reloaded buffer; the host copy stays (retain_graph
         may fetch the group again)."""
@@ -624,7 +625,7 @@ class OffloadEngine:
     def _drop_reload(self, group: Group) -> None:
         if group.reuse is not None:
             self._reuse.release(group.reuse)
-        group.set_buffer(None)  # NOTE [Reload buffer lifetime]
+        group.set_buffer(None)  # NOTE [Reload buffer lifetime] in transfer.py
 
     def _free_now(self, group: Group) -> None:
         if group.state is GroupState.FREED:
@@ -633,6 +634,8 @@ class OffloadEngine:
             self.discard(group)
             return
         self._release_device(group, hold_unlanded=True)
+        if group.in_flight is not None and not self.backend.on_side_thread():
+            self._unstash(group)  # NOTE [Freed sources]
         group.state = GroupState.FREED
         self._groups.discard(group)
         if group.block is not None or group.buffer is not None:
@@ -670,21 +673,26 @@ class OffloadEngine:
 
     def _end_serving(self, group: Group, wait: bool = True) -> None:
         """Let go of the sources ``group`` served. Held still for its copy, they go now,
-        compute first waiting on it (``wait``; a free never waits: they go with the copy,
-        NOTE [Frees on a copy worker])."""
+        compute first waiting on it (``wait``; a free lets go of them itself: NOTE [Freed
+        sources])."""
         group.served = None
         group.state = GroupState.OFFLOADED
         group.uses = 0
         if group.in_flight is None:
             self._fetched_bytes -= group.payload_bytes
         elif wait:
-            stash = self._stash
-            at = next(i for i, e in enumerate(stash) if e.group is group)
-            entry = stash[at]
-            del stash[at]
-            self._drop(entry)
-            if not self.backend.query(entry.landed):
-                self._wait_edge("compute_after_d2h", entry.stream, entry.landed)
+            self._unstash(group)
+
+    def _unstash(self, group: Group) -> None:
+        """Let go of ``group``'s sources held for its copy now, compute first waiting on
+        the copy if it has not landed (edge 2 of NOTE [Stream ordering])."""
+        stash = self._stash
+        at = next(i for i, e in enumerate(stash) if e.group is group)
+        entry = stash[at]
+        del stash[at]
+        self._drop(entry)
+        if not self.backend.query(entry.landed):
+            self._wait_edge("compute_after_d2h", entry.stream, entry.landed)
 
     def _bound_stash(self) -> None:
         # NOTE [Source lifetime]: beyond the window, the producer waits on the oldest copy.
@@ -701,7 +709,7 @@ class OffloadEngine:
         assert block is not None
         h2d = self._side_stream(group.device, "h2d")
         self._wait_edge("h2d_after_d2h", h2d, group.d2h_done)  # NOTE [Stream ordering]
-        buffer, reuse = self._reuse.alloc(backend, group, compute)  # on compute: NOTE [Reload buffer lifetime]
+        buffer, reuse = self._reuse.alloc(backend, group, compute)  # on compute: NOTE [Reload buffer lifetime] in transfer.py
         allocated = backend.record_ordering_event(compute)  # NOTE [Ordering events] in backends.py
         self._wait_edge("h2d_after_alloc", h2d, allocated)
         books = self._books

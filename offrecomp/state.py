@@ -515,6 +515,9 @@ class PassState(_WeakReferable):
     backwards]), not for a double backward."""
     backward_task: int = -1
     """The graph task of its latest backward."""
+    later_backward_task: int = -1
+    """The graph task of the latest backward that fetched one of its groups once it was
+    over (NOTE [Reloads at a backward's end] in groups.py)."""
     double_backward: bool = False
     """A backward of it made a graph that a later one differentiated, or could have."""
     start_time: float = 0.0

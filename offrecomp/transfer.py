@@ -282,6 +282,16 @@ class Group:
         )
 
 
+# NOTE [Reload buffer lifetime]
+# A group is reloaded into one device buffer allocated on the compute stream, the stream
+# that reads it, as PyTorch's compiler-side offload does: its block is then reused only
+# in compute's order, after the reads, with no record_stream (whose release time nobody
+# controls, pytorch #106360). The H2D copy is ordered after the allocation (edge 4 of
+# NOTE [Stream ordering] in offload.py) and compute after the copy (edges 5 and 6). The
+# saved tensors handed out are views of that buffer; the engine drops its own reference
+# when every save of the group has been unpacked once (release_device) and the views
+# keep the memory as long as autograd does.
+
 # NOTE [Reused reload buffers]
 # Handing out a saved tensor as a view of its group's reload (``as_strided``) costs the
 # host a dispatcher call and a view record per unpack, more than all the rest of the
@@ -293,11 +303,11 @@ class Group:
 # So a reload reuses one device storage per group position (its device and its place in
 # its step's issue order, which a step that repeats the last one's calls repeats) from
 # step to step: the storage is grown (``resize_``) on the compute stream for the reload,
-# as a fresh buffer would be allocated there (NOTE [Reload buffer lifetime] in
-# offload.py), and emptied again once nothing uses it; the unpack caches, per pack
-# index, a ``.data`` alias of the view it made, and hands out ``.data`` of that alias
-# when the next reload's save has the same geometry: a typed save's is its slot's
-# offset, shape and dtype and its strides, so the buffer checks its groups' slot
+# as a fresh buffer would be allocated there (NOTE [Reload buffer lifetime]), and
+# emptied again once nothing uses it; the unpack caches, per pack index, a ``.data``
+# alias of the view it made, and hands out ``.data`` of that alias when the next
+# reload's save has the same geometry: a typed save's is its slot's offset, shape and
+# dtype and its strides, so the buffer checks its groups' slot
 # layout once per fetch (``ReloadBuffer.views_for``: another layout begins the cache
 # again) and a typed save's unpack compares only its slot and strides. Emptying needs
 # proof that nothing outside still reads the storage: its use count (every tensor on it

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 import offrecomp
+import offrecomp.backends
 
 MODES = ["keep", "recompute", "offload", "auto"]
 
@@ -425,6 +426,87 @@ def test_reloads_of_saves_no_node_reads_go_at_the_backwards_end() -> None:
     assert rt.report().steps[-1].offloaded_bytes > 0
     assert held == [0, 0, 0]
     assert m[0].aux is not None and torch.equal(m[0].aux, ref[0].aux)  # type: ignore[arg-type]
+
+
+def test_a_dropped_graph_lets_go_of_the_sources_of_its_copies_in_flight() -> None:
+    """NOTE [Freed sources] (offload.py): the groups of a forward whose graph died before
+    their copies landed kept their device sources in the engine's stash until its next
+    call (the next forward, or the runtime's exit), after plain autograd would have
+    freed them with the graph."""
+    m = _model()
+    x = torch.randn(32, 64)
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0)
+    with rt:
+        m(x).sum().backward()
+        engine = rt.offload_engine
+        assert engine is not None
+        out = m(x).sum()
+        assert engine.stash_bytes > 0  # the emulated copies start late: in flight still
+        del out
+        assert (engine.stash_bytes, engine.device_bytes) == (0, 0)
+
+
+@pytest.mark.serve_held
+def test_a_backward_that_raises_lets_go_of_the_sources_it_was_served(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Freed sources]: a backward interrupted inside a block whose group it was
+    being served (its sources handed out, the copy not landed: NOTE [Served groups] in
+    transfer.py) frees the group with its graph; the sources stayed until the engine's
+    next call."""
+    monkeypatch.setattr(offrecomp.backends, "START_DELAY_S", 1.0)  # no copy lands by itself
+    m = _model()
+    x = torch.randn(32, 64)
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0)
+    with rt:
+        m(x).sum().backward()
+        engine = rt.offload_engine
+        assert engine is not None
+        inner = []
+        hook = m[-1].fc.register_forward_hook(lambda mod, args, out: inner.append(out))
+        out = m(x).sum()
+        hook.remove()
+
+        def stop(grad: torch.Tensor) -> torch.Tensor:
+            raise KeyboardInterrupt
+
+        inner[0].register_hook(stop)  # the last block's mul and tanh read their saves, its fc not
+        with pytest.raises(KeyboardInterrupt):
+            out.backward()
+        assert engine.stash_bytes > 0
+        del out
+        inner.clear()
+        assert (engine.stash_bytes, engine.device_bytes) == (0, 0)
+    assert rt.report().steps[-1].served_groups > 0
+
+
+def test_a_later_backward_that_stops_inside_the_blocks_lets_go_of_its_reloads() -> None:
+    """NOTE [Reloads at a backward's end] (groups.py): a later backward of a finished
+    pass (``autograd.grad`` of a block's inner tensor, the graph kept) left the group it
+    stopped in reloaded until the graph died, one more group for each such backward."""
+    torch.manual_seed(0)
+    m = nn.Sequential(*[Block(64) for _ in range(4)])
+    ref = copy.deepcopy(m)
+    x = torch.randn(32, 64)
+
+    def run(model: nn.Module, engine_bytes: Callable[[], int]) -> tuple[list[torch.Tensor], list[int]]:
+        inner: list[torch.Tensor] = []
+        hooks = [b.fc.register_forward_hook(lambda mod, args, out: inner.append(out)) for b in model]
+        loss = model(x).pow(2).mean()
+        for h in hooks:
+            h.remove()
+        loss.backward(retain_graph=True)
+        grads, held = [p.grad.clone() for p in model.parameters()], []  # type: ignore[union-attr]
+        for t in inner:
+            grads += torch.autograd.grad(loss, t, retain_graph=True)
+            held.append(engine_bytes())
+        return grads, held
+
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0)
+    with rt:
+        got, held = run(m, lambda: rt.offload_engine.device_bytes)  # type: ignore[union-attr]
+    want, _ = run(ref, lambda: 0)
+    assert rt.report().steps[-1].offloaded_bytes > 0
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert held == [0, 0, 0, 0]
 
 
 def _cyclic_tensors() -> list[torch.Tensor]:

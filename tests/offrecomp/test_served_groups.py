@@ -99,9 +99,9 @@ def test_a_prefetch_pins_a_held_group_instead_of_reloading_it(engine: OffloadEng
     emu(engine).copy_delay_s = 0.0
 
 
-def test_a_free_lets_go_of_a_served_group_without_waiting() -> None:
-    """A free (from a finaliser, maybe on a copy worker) never waits: the served sources
-    stay held for their copy, which lets go of them when it lands."""
+def test_a_free_lets_go_of_a_served_group_at_once_compute_after_its_copy() -> None:
+    """NOTE [Freed sources] (offload.py): a freed group's served sources go at its free,
+    compute ordered after their copy (a GPU-side wait on CUDA), not at the next poll."""
     backend = SpyBackend()
     eng = make_engine(backend=backend)
     try:
@@ -110,6 +110,27 @@ def test_a_free_lets_go_of_a_served_group_without_waiting() -> None:
         assert eng.fetch(group, serve=True) is None
         since = len(backend.log)
         eng.free(group)
+        waits = [e for op, s, e in backend.log[since:] if op == "wait" and s.is_compute]
+        assert waits and waits[0] is group.d2h_done
+        assert group.served is None and eng.stash_bytes == 0 and eng.device_bytes == 0
+    finally:
+        backend.copy_delay_s = 0.0
+        eng.close()
+
+
+def test_a_free_on_a_copy_worker_leaves_a_served_group_to_its_copy() -> None:
+    """NOTE [Frees on a copy worker]: a free there never waits: the served sources stay
+    held for their copy, which lets go of them when it lands."""
+    backend = SpyBackend()
+    eng = make_engine(backend=backend)
+    try:
+        backend.copy_delay_s = SLOW / 5
+        group = offload(eng, [random_bytes(8 * KiB, seed=6)])
+        assert eng.fetch(group, serve=True) is None
+        since = len(backend.log)
+        backend.on_side_thread = lambda: True  # type: ignore[method-assign]
+        eng.free(group)
+        del backend.on_side_thread
         assert not [op for op, s, _ in backend.log[since:] if op == "wait" and s.is_compute]
         assert group.served is None and eng.stash_bytes == 8 * KiB
         backend.copy_delay_s = 0.0
