@@ -121,9 +121,9 @@ class Backend(ABC):
         self.synchronize()
 
     def on_side_thread(self) -> bool:
-        """Is the calling thread one that runs a side stream's work (the emulated
-        backend's workers)? Such a thread must not wait on the streams or close them
-        (NOTE [Frees on a copy worker] in offload.py)."""
+        """Is the calling thread doing a side stream's work (the emulated backend's
+        workers, or a thread running one of their jobs)? Such a thread must not wait on
+        the streams or close them (NOTE [Frees on a copy worker] in offload.py)."""
         return False
 
     def canonical_device(self, device: torch.device) -> torch.device:
@@ -241,6 +241,7 @@ class CudaBackend(Backend):
 _GARBAGE = 0xFF  # bytes of a fresh buffer: NaN for every float dtype
 _EMPTY_BYTES = torch.empty(0, dtype=torch.uint8)
 _HOST_WAIT_TIMEOUT_S = 300.0  # a host wait this long means a stream can never reach the event
+_IN_JOB = threading.local()  # depth: side-stream jobs the thread is running now
 START_DELAY_S = 0.005
 """A side stream's worker starts a job this long after it was queued (NOTE [Emulated waits])."""
 _IDLE_POLLS = 20  # a worker idle this many delays parks until a job is queued
@@ -424,10 +425,13 @@ class EmulatedBackend(Backend):
                 job = None  # what it holds (a reload buffer) is free to go now
 
     def _run(self, stream: _EmuStream, job: Callable[[], None]) -> None:
+        _IN_JOB.depth = getattr(_IN_JOB, "depth", 0) + 1
         try:
             job()
         except Exception as exc:  # a broken job must not kill the stream
             self._error(f"{stream.label}: {type(exc).__name__}: {exc}")
+        finally:
+            _IN_JOB.depth -= 1
 
     def _help(self, stream: _EmuStream) -> bool:
         """Run the next job of ``stream`` on this thread if its worker is idle; True if
@@ -546,6 +550,10 @@ class EmulatedBackend(Backend):
                 _host_wait(self.record_event(stream), self._help)
 
     def on_side_thread(self) -> bool:
+        # a worker, or a thread running a stream's job for it: one waiting on the stream
+        # (NOTE [Emulated waits]), draining it before a fork or at exit
+        if getattr(_IN_JOB, "depth", 0):
+            return True
         me = threading.current_thread()
         return any(stream.worker is me for stream in self._workers)
 

@@ -108,10 +108,9 @@ Edge = Literal[
 # NOTE [Freed sources]
 # A group freed while the stash holds its sources (its graph dropped without backward,
 # a forward or backward that raised) lets go of them at its free, compute first waiting
-# (GPU-side) on a copy query() does not see landed. Left to the engine's next call, a
-# graph dropped at a loop's end would hold them until the next forward or the exit,
-# where plain autograd frees them with the graph. A free on a copy worker leaves them
-# to the next poll (NOTE [Frees on a copy worker]).
+# (GPU-side) on a copy query() does not see landed: left to the engine's next call, a
+# graph dropped at a loop's end would hold them until the next forward or the exit. The
+# wait comes first: interrupted, the sources stay held and the group is freed anyway.
 
 # NOTE [Typed sources]
 # A copy needs a tensor on each side. A saved tensor (or region input) that is
@@ -154,15 +153,16 @@ Edge = Literal[
 # NOTE [Frees on a copy worker]
 # A finaliser, and so a free, may also run on a thread that does a stream's work: the
 # emulated backend's copy workers run Python, and a collection their allocations start
-# may drop the last saved tensor of a region call. A free that waited there would wait
-# on its own stream: a prefetched reload not waited on yet (edge 6) is fired by the H2D
-# worker, which is the thread waiting, and the step would hang holding the engine lock.
-# So a free never waits on a reload: one that has not landed keeps its buffer, as the
-# freed group keeps its host block, until ``_return_blocks`` sees it landed; its memory
-# is reused only after the copy, as the wait would have ordered it. A free on a copy
-# worker leaves the sources held for a D2H copy to the next poll (elsewhere they go at
-# the free, compute waiting on the copy: NOTE [Freed sources]). A runtime closing
-# when such a free drops its last group closes the engine on a thread of its own
+# may drop the last saved tensor of a region call; so do the jobs a thread runs for a
+# stream it waits on or drains (before a fork, at exit: NOTE [Emulated waits] in
+# backends.py). A free that waited there would wait on its own stream: a prefetched
+# reload not waited on yet (edge 6) is fired by the H2D worker, which is the thread
+# waiting, and the step would hang holding the engine lock. So a free never waits on a
+# reload: one that has not landed keeps its buffer, as the freed group keeps its host
+# block, until ``_return_blocks`` sees it landed; its memory is reused only after the
+# copy, as the wait would have ordered it. There, a free leaves the sources of a D2H
+# copy to the next poll (NOTE [Freed sources]), and a runtime closing when such a free
+# drops its last group closes the engine on a thread of its own
 # (``Backend.on_side_thread``): closing waits on every stream.
 
 
@@ -379,11 +379,11 @@ class OffloadEngine:
         with self._locked():
             self._enter()
             while stash and stash[0].release_at <= boundary:
-                entry = stash.popleft()
-                self._drop(entry)
-                if not self.backend.query(entry.landed):
+                entry = stash[0]
+                if not self.backend.query(entry.landed):  # first: interrupted, the sources stay held
                     self._wait_edge("compute_after_d2h", entry.stream, entry.landed)
                     self._books.release_waits += 1
+                self._drop(stash.popleft())
 
     def discard(self, group: Group) -> None:
         """An open group that will not be issued (its pass was abandoned)."""
@@ -634,12 +634,12 @@ class OffloadEngine:
             self.discard(group)
             return
         self._release_device(group, hold_unlanded=True)
-        if group.in_flight is not None and not self.backend.on_side_thread():
-            self._unstash(group)  # NOTE [Freed sources]
         group.state = GroupState.FREED
         self._groups.discard(group)
         if group.block is not None or group.buffer is not None:
             self._deferred.append(group)
+        if group.in_flight is not None and not self.backend.on_side_thread():
+            self._unstash(group)  # NOTE [Freed sources]; last: it may wait (and be interrupted)
 
     def _wait_edge(self, edge: Edge, stream: Stream, event: Event) -> None:
         """Enqueue one ordering edge of NOTE [Stream ordering] (``edge`` names it)."""
@@ -687,21 +687,20 @@ class OffloadEngine:
         """Let go of ``group``'s sources held for its copy now, compute first waiting on
         the copy if it has not landed (edge 2 of NOTE [Stream ordering])."""
         stash = self._stash
-        at = next(i for i, e in enumerate(stash) if e.group is group)
-        entry = stash[at]
-        del stash[at]
-        self._drop(entry)
-        if not self.backend.query(entry.landed):
+        entry = next(e for e in stash if e.group is group)
+        if not self.backend.query(entry.landed):  # first: interrupted, the sources stay held
             self._wait_edge("compute_after_d2h", entry.stream, entry.landed)
+        stash.remove(entry)
+        self._drop(entry)
 
     def _bound_stash(self) -> None:
         # NOTE [Source lifetime]: beyond the window, the producer waits on the oldest copy.
         while self._stash_bytes > self.window_bytes and self._stash:
-            entry = self._stash.popleft()
-            self._drop(entry)
-            if not self.backend.query(entry.landed):
+            entry = self._stash[0]
+            if not self.backend.query(entry.landed):  # first: interrupted, the sources stay held
                 self._wait_edge("compute_after_d2h", entry.stream, entry.landed)
                 self._books.window_waits += 1
+            self._drop(self._stash.popleft())
 
     def _reload(self, group: Group, compute: Stream) -> None:
         backend = self.backend

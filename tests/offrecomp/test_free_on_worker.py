@@ -82,6 +82,67 @@ def test_a_free_on_the_reloading_worker_does_not_wait_on_its_own_copy(monkeypatc
         eng.close()
 
 
+def test_a_free_in_a_copy_job_this_thread_runs_leaves_the_sources_to_the_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread that drains a side stream itself (before a fork, at exit: no engine call
+    on its stack) runs its jobs; a free a job's finaliser runs there must not wait on a
+    copy queued behind that job (NOTE [Freed sources] in offload.py): it would wait on
+    the job this thread runs, until the wait timed out."""
+    monkeypatch.setattr(backends, "_HOST_WAIT_TIMEOUT_S", 3.0)
+    backend = EmulatedBackend(start_delay_s=5.0)  # no worker runs a job first: this thread does
+    eng = _engine(backend)
+    try:
+        a, b = (offload_group(eng, [torch.randn(1024, generator=torch.Generator().manual_seed(i))], i)
+                for i in range(2))
+        ran: list[str] = []
+        original = tc.foreach_copy_
+
+        def copy(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+            if not ran:
+                ran.append(threading.current_thread().name)
+                eng.free(b)  # b's copy is the next job of the stream
+            original(dsts, srcs)
+
+        monkeypatch.setattr(tc, "foreach_copy_", copy)
+        start = time.perf_counter()
+        backend.synchronize()  # as the at-fork drain does
+        took = time.perf_counter() - start
+        assert ran == [threading.current_thread().name]
+        assert took < 2.0, f"the drain took {took:.2f} s: the free waited on the copy behind its own job"
+        assert b.state is GroupState.FREED
+        eng.free(a)
+        eng.synchronize()
+        assert eng.live_groups == 0 and eng.device_bytes == 0 and eng.pool.stats().in_use_bytes == 0
+    finally:
+        eng.close()
+
+
+def test_a_free_interrupted_in_its_wait_keeps_the_sources_for_their_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Freed sources]: a free lets go of the sources after compute waits on their
+    copy; interrupted in that wait, the group is freed and its sources stay held until
+    the copy landed (dropped first, the copy read memory handed back: the emulated
+    backend's error at the next call, a corrupted copy on a GPU; the group stayed live
+    with its pinned block for good)."""
+    backend = EmulatedBackend(start_delay_s=5.0)
+    eng = _engine(backend)
+    try:
+        group = offload_group(eng, [torch.randn(1024)], 0)
+        original = eng._wait_edge
+
+        def interrupted(edge: str, stream: object, event: object) -> None:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(eng, "_wait_edge", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            eng.free(group)
+        monkeypatch.setattr(eng, "_wait_edge", original)
+        assert group.state is GroupState.FREED and eng.live_groups == 0
+        assert eng.stash_bytes == group.payload_bytes  # held for the copy still
+        eng.synchronize()  # raises a copy whose source was freed before it ran
+        assert eng.device_bytes == 0 and eng.pool.stats().in_use_bytes == 0
+    finally:
+        eng.close()
+
+
 def test_a_freed_reload_keeps_its_buffer_until_its_copy_landed() -> None:
     """The free does not wait on a reload in flight (edge 6 of a release); the buffer,
     which the copy writes, is dropped only once the copy landed."""
