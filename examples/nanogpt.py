@@ -13,6 +13,7 @@ on a GPU, scale up with flags::
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import time
 from pathlib import Path
@@ -126,6 +127,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")  # shows OFFRECOMP_LOG's lines
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     model = GPT(seq=args.seq, layers=args.layers, hidden=args.hidden, heads=args.heads).to(device)

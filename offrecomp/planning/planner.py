@@ -631,23 +631,22 @@ class Planner:
         rec = records.step_record(step, passes, mode)
         if mode != "auto" or self.host.user_plan is not None:
             self.last_forced = passes[-1:]  # summarised when explain() asks, not every step
-        first = next((q for q in passes if not q.aborted), passes[0])  # as records.step_record
-        entry = self.entries.get(first.signature)
-        plan = self.active_plan(entry) if entry is not None else None
-        if plan is not None and first.planned and first.phase != Phase.BORROWED:
-            records.add_prediction(rec, entry, plan)
+        runs = []  # the plan each pass ran of its own, None for any other: the step's prediction
         for q in passes:  # NOTE [Budgets per pass] (records.py): each against the plan it ran
             if q.aborted:
                 continue
+            ran_entry, ran = None, None
             if q.phase == Phase.BORROWED:  # no prediction of its own; still the budget
                 ran_entry, ran = self._plan_of(q)
             elif q.planned:
                 ran_entry = self.entries.get(q.signature)
                 ran = self.active_plan(ran_entry) if ran_entry is not None else None
-            else:
-                continue
             if ran_entry is not None and ran is not None:
-                records.check_pass(rec, ran_entry, ran, q, own=q.phase != Phase.BORROWED)
+                records.check_pass(rec, ran_entry, ran, q)
+            runs.append((ran_entry, ran) if ran is not None and q.phase != Phase.BORROWED else None)
+        plans = [run for run in runs if run is not None]
+        if plans and len(plans) == len(runs):
+            records.add_prediction(rec, plans)
         self._pending.append((rec, passes))
         return rec
 

@@ -81,22 +81,38 @@ def step_record(step: int, passes: list[PassState], mode: str) -> StepRecord:
     return rec
 
 
-def add_prediction(rec: StepRecord, entry: PlanEntry | None, plan: Plan) -> None:
-    """A planned step ran ``plan`` (``entry``'s, if any): its prediction into ``rec`` (the
-    live one where there is one, NOTE [Live prediction]). Its passes' budgets are
-    checked one by one (``check_pass``)."""
-    rec.predicted_step_seconds = plan.predicted_step_seconds
-    rec.predicted_peak_bytes = plan.predicted_peak_bytes
-    rec.predicted_forward_seconds = plan.predicted_forward_seconds
-    rec.predicted_recompute_seconds = plan.predicted_recompute_seconds
-    rec.predicted_stall_seconds = plan.predicted_stall_seconds
-    live = entry.live if entry is not None and plan is entry.plan else None
-    if live is not None:  # NOTE [Live prediction]
-        rec.predicted_step_seconds = live.step_seconds
-        rec.predicted_peak_bytes = live.peak_bytes
-        rec.predicted_forward_seconds = live.forward_seconds
-        rec.predicted_recompute_seconds = live.recompute_seconds
-        rec.predicted_stall_seconds = live.stall_seconds
+def add_prediction(rec: StepRecord, runs: list[tuple[PlanEntry | None, Plan]]) -> None:
+    """The prediction of the step ``rec`` whose passes ran these plans (each with its
+    entry, if any), one per pass: their times summed, as the step's are, and the largest
+    of their peaks, a budget bounding one pass (NOTE [Budgets per pass]). Each plan's is
+    the live one where there is one (NOTE [Live prediction])."""
+    step = forward = recompute = stall = 0.0
+    peak: int | None = None
+    for entry, plan in runs:
+        live = entry.live if entry is not None and plan is entry.plan else None
+        times: tuple[float | None, float | None, float | None, float | None]
+        if live is not None:  # NOTE [Live prediction]
+            times = (live.step_seconds, live.forward_seconds, live.recompute_seconds, live.stall_seconds)
+            pass_peak: int | None = live.peak_bytes
+        else:
+            times = (
+                plan.predicted_step_seconds, plan.predicted_forward_seconds,
+                plan.predicted_recompute_seconds, plan.predicted_stall_seconds,
+            )
+            pass_peak = plan.predicted_peak_bytes
+        if times[0] is None:
+            return  # a plan that predicts no step: nor does the step
+        step += times[0]
+        forward += times[1] or 0.0
+        recompute += times[2] or 0.0
+        stall += times[3] or 0.0
+        if pass_peak is not None:
+            peak = max(peak or 0, pass_peak)
+    rec.predicted_step_seconds = step
+    rec.predicted_peak_bytes = peak
+    rec.predicted_forward_seconds = forward
+    rec.predicted_recompute_seconds = recompute
+    rec.predicted_stall_seconds = stall
 
 
 # NOTE [Budgets per pass]
@@ -108,22 +124,20 @@ def add_prediction(rec: StepRecord, entry: PlanEntry | None, plan: Plan) -> None
 # pass would blame a plan that met its budget for a longer micro-batch's peak, and keep
 # quiet about the longer one's budget being out of reach). The step's record shows the
 # largest budget and predicted peak among the plans its passes ran, beside its peak,
-# the largest of its passes'.
+# the largest of its passes', and their predicted times summed, as its measured times
+# are (a prediction of one pass beside a step of several read as a plan running twice
+# its time); a step with a pass that ran no plan of its own (a measuring or borrowing
+# one) has no prediction.
 
 
-def check_pass(rec: StepRecord, entry: PlanEntry, plan: Plan, p: PassState, *, own: bool) -> None:
-    """The planned pass ``p`` of the step ``rec`` ran ``plan``: ``entry``'s own (``own``),
-    or borrowed from it. Its peak against the plan's budget (NOTE [Budgets per pass]):
+def check_pass(rec: StepRecord, entry: PlanEntry, plan: Plan, p: PassState) -> None:
+    """The planned pass ``p`` of the step ``rec`` ran ``plan``: ``entry``'s own, or
+    borrowed from it. Its peak against the plan's budget (NOTE [Budgets per pass]):
     an infeasible plan's warning (one borrowed too: a lower budget would not help it),
     else the over-budget one, each once per entry."""
     budget = plan.budget_bytes
     if budget is not None:
         rec.budget_bytes = max(rec.budget_bytes or 0, budget)
-    if (
-        own and p.signature != rec.signature
-        and rec.predicted_peak_bytes is not None and plan.predicted_peak_bytes is not None
-    ):  # another signature's micro-batch: its plan's peak (the step's own may be live)
-        rec.predicted_peak_bytes = max(rec.predicted_peak_bytes, plan.predicted_peak_bytes)
     held = p.stats.peak_resident_bytes
     if budget is not None and not plan.feasible:
         warn_infeasible(entry, plan, budget, held)

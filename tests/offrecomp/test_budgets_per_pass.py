@@ -86,3 +86,17 @@ def test_a_borrowed_step_over_an_infeasible_budget_says_it_cannot_be_met(caplog:
     assert not [m for m in messages if "planned step held" in m], messages
     infeasible = [m for m in messages if "cannot be met" in m]
     assert len(infeasible) == 1 and f"(4, {LONG}, 64)" in infeasible[0], infeasible
+
+
+def test_a_step_of_several_micro_batches_is_predicted_as_their_sum() -> None:
+    """NOTE [Budgets per pass]: a step of two micro-batches measures both passes; its
+    prediction was one pass's, half its time, so every accumulated step read as a plan
+    running twice its prediction."""
+    rt = _run([(SHORT,)] * 8 + [(SHORT, SHORT)] * 4, mode="auto")
+    steps = rt.report().steps
+    single = [s.predicted_step_seconds for s in steps[:8] if s.phases == "planned" and s.predicted_step_seconds]
+    double = [s for s in steps[8:] if s.phases == "planned" and s.passes == 2]
+    assert single and double, [s.phases for s in steps]
+    for s in double:
+        assert s.predicted_step_seconds is not None
+        assert s.predicted_step_seconds > 1.5 * max(single), (s.predicted_step_seconds, single)
