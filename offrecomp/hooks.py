@@ -686,8 +686,10 @@ class Placer:
             served = self._groups.fetch_or_serve(group, call)
             if isinstance(served, list):  # NOTE [Served groups] in transfer.py
                 source = served[slot]
-                if type(h) is TypedHandle and source._version != h.version:  # NOTE [Writes after a save]
-                    raise modified_error(where_saved(call), h.pack_index, h.version, source._version)
+                if type(h) is TypedHandle:  # its source is the save's own alias, of its geometry
+                    if source._version != h.version:  # NOTE [Writes after a save]
+                        raise modified_error(where_saved(call), h.pack_index, h.version, source._version)
+                    return source.data  # a tensor of its own, as a reload's cached alias
                 return h.rebuild(source.untyped_storage())
             views = group.views  # the first unpack of a reload into a reused buffer
             hit = views.get(h.pack_index) if views is not None else None
