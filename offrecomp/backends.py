@@ -121,9 +121,22 @@ class Backend(ABC):
         self.synchronize()
 
     def on_side_thread(self) -> bool:
-        """Is the calling thread doing a side stream's work (the emulated backend's
-        workers, or a thread running one of their jobs)? Such a thread must not wait on
-        the streams or close them (NOTE [Frees on a copy worker] in offload.py)."""
+        """Is the calling thread one that runs a side stream's work (the emulated
+        backend's workers)? Such a thread must not wait on the streams or close them
+        (NOTE [Frees on a copy worker] in offload.py)."""
+        return False
+
+    def in_stream_work(self) -> bool:
+        """``on_side_thread``, or the calling thread is running a side stream's work for
+        it now (a thread that waits on a stream or drains it runs its jobs): it must not
+        wait on the streams."""
+        return self.on_side_thread()
+
+    def free_after(self, sources: list[torch.Tensor], stream: Stream) -> bool:
+        """Have the memory of ``sources`` reused only after the work queued on ``stream``
+        so far, once nothing holds them, without a wait on any stream: True if this
+        backend can (NOTE [Freed sources] in offload.py), False if the caller must order
+        their reuse itself."""
         return False
 
     def canonical_device(self, device: torch.device) -> torch.device:
@@ -181,6 +194,11 @@ class CudaBackend(Backend):
 
     def wait_event(self, stream: torch.cuda.Stream, event: torch.cuda.Event) -> None:
         stream.wait_event(event)
+
+    def free_after(self, sources: list[torch.Tensor], stream: torch.cuda.Stream) -> bool:
+        for source in sources:  # the allocator reuses each block once the stream passed this point
+            source.record_stream(stream)
+        return True
 
     def query(self, event: torch.cuda.Event) -> bool:
         return bool(event.query())
@@ -241,7 +259,7 @@ class CudaBackend(Backend):
 _GARBAGE = 0xFF  # bytes of a fresh buffer: NaN for every float dtype
 _EMPTY_BYTES = torch.empty(0, dtype=torch.uint8)
 _HOST_WAIT_TIMEOUT_S = 300.0  # a host wait this long means a stream can never reach the event
-_IN_JOB = threading.local()  # depth: side-stream jobs the thread is running now
+_IN_STREAM = threading.local()  # depth: host waits on side streams and their jobs the thread is in
 START_DELAY_S = 0.005
 """A side stream's worker starts a job this long after it was queued (NOTE [Emulated waits])."""
 _IDLE_POLLS = 20  # a worker idle this many delays parks until a job is queued
@@ -276,6 +294,18 @@ def _host_wait(event: _EmuEvent, run: Callable[[_EmuStream], bool] | None = None
     [Emulated waits])."""
     deadline = time.monotonic() + _HOST_WAIT_TIMEOUT_S
     stream = event.stream
+    if event.fired:
+        return
+    _IN_STREAM.depth = getattr(_IN_STREAM, "depth", 0) + 1  # in_stream_work() while it waits
+    try:
+        _wait_fired(event, stream, run, deadline)
+    finally:
+        _IN_STREAM.depth -= 1
+
+
+def _wait_fired(
+    event: _EmuEvent, stream: _EmuStream | None, run: Callable[[_EmuStream], bool] | None, deadline: float
+) -> None:
     while not event.fired:
         if stream is None:
             raise RuntimeError("offrecomp: an emulated host event that never fired")
@@ -425,13 +455,13 @@ class EmulatedBackend(Backend):
                 job = None  # what it holds (a reload buffer) is free to go now
 
     def _run(self, stream: _EmuStream, job: Callable[[], None]) -> None:
-        _IN_JOB.depth = getattr(_IN_JOB, "depth", 0) + 1
+        _IN_STREAM.depth = getattr(_IN_STREAM, "depth", 0) + 1  # in_stream_work() while it runs
         try:
             job()
         except Exception as exc:  # a broken job must not kill the stream
             self._error(f"{stream.label}: {type(exc).__name__}: {exc}")
         finally:
-            _IN_JOB.depth -= 1
+            _IN_STREAM.depth -= 1
 
     def _help(self, stream: _EmuStream) -> bool:
         """Run the next job of ``stream`` on this thread if its worker is idle; True if
@@ -550,12 +580,13 @@ class EmulatedBackend(Backend):
                 _host_wait(self.record_event(stream), self._help)
 
     def on_side_thread(self) -> bool:
-        # a worker, or a thread running a stream's job for it: one waiting on the stream
-        # (NOTE [Emulated waits]), draining it before a fork or at exit
-        if getattr(_IN_JOB, "depth", 0):
-            return True
         me = threading.current_thread()
         return any(stream.worker is me for stream in self._workers)
+
+    def in_stream_work(self) -> bool:
+        # a worker, or a thread waiting on a stream, running its jobs meanwhile (NOTE
+        # [Emulated waits]), draining it before a fork or at exit
+        return bool(getattr(_IN_STREAM, "depth", 0)) or self.on_side_thread()
 
     def check(self) -> None:
         if not self._errors:

@@ -87,7 +87,7 @@ __all__ = ["TYPED_DTYPES", "OffloadGroups", "may_alias_parameter", "reads_bytes_
 
 KEEP = Placement.KEEP
 _T = TypeVar("_T")
-#: Dtypes whose copy moves every byte as it is (NOTE [Typed sources] in offload.py): a
+#: Dtypes whose copy moves every byte as it is (NOTE [Typed sources] in transfer.py): a
 #: bool copy writes 1 for every nonzero byte, and sub-byte and other shell dtypes have
 #: no copy kernel.
 TYPED_DTYPES = _TYPED = frozenset({
@@ -180,7 +180,7 @@ class OffloadGroups:
         run, a CPU tensor is in host memory already; or a view that reads it negated or
         conjugated, as offload moves bytes only); False: the pool has no room; True: it
         joined, as an alias of ``t`` when ``t`` covers it contiguously, or of the
-        view's base when that does (NOTE [Typed sources] in offload.py), else as the
+        view's base when that does (NOTE [Typed sources] in transfer.py), else as the
         storage."""
         on_device = self._on_device or self._device_check()
         # reads_bytes_as_stored(t), inline: a conjugate bit only ever sits on a complex tensor
@@ -191,8 +191,8 @@ class OffloadGroups:
             return None  # NOTE [Parameter storages]
         engine = self.engine or self.get_engine()
         if covers and dtype in _TYPED and t.is_contiguous():
-            # NOTE [Typed sources]; a detached alias shares t's version counter (NOTE
-            # [Writes after a save] in handles.py)
+            # NOTE [Typed sources] in transfer.py; a detached alias shares t's version
+            # counter (NOTE [Writes after a save] in handles.py)
             return self._add(call, rec, engine, t.detach())
         if (
             type(base) is torch.Tensor and base.dtype in _TYPED and base.nbytes == rec.nbytes
@@ -230,8 +230,8 @@ class OffloadGroups:
             or (may_alias and ptr in self._param_storages(call))  # NOTE [Parameter storages]
         ):
             return None
-        # NOTE [Typed sources]; a detached alias shares t's version counter (NOTE [Writes
-        # after a save] in handles.py)
+        # NOTE [Typed sources] in transfer.py; a detached alias shares t's version
+        # counter (NOTE [Writes after a save] in handles.py)
         group = call.group
         if group is not None:
             slot = engine.add(group, t.detach(), nbytes)
@@ -472,8 +472,11 @@ class OffloadGroups:
         """Close the engine when the runtime is closing, not entered, and no saved tensor
         needs the pool (NOTE [Pool lifetime])."""
         if self.engine is not None and self.closing and not self.entered and self.live_groups <= 0:
+            backend = self.engine.backend
+            if backend.in_stream_work() and not backend.on_side_thread():
+                return  # a stream's job this thread runs (a drain): a later call closes it
             engine, self.engine = self.engine, None
-            if engine.backend.on_side_thread():  # a finaliser on a copy worker (NOTE [Frees on a copy worker])
+            if backend.on_side_thread():  # a finaliser on a copy worker (NOTE [Frees on a copy worker])
                 threading.Thread(target=engine.close, name="offrecomp-close", daemon=True).start()
             else:
                 engine.close()

@@ -146,7 +146,7 @@ class SavedHandle(weakref.ref):  # type: ignore[type-arg]
 # offload or recompute handle sees such a write only while the original (or a view's
 # base) lives, as it holds them weakly; an activation written inside its region and then
 # dropped at the region's exit would otherwise come back from a copy taken after the
-# write. A typed save (NOTE [Typed sources] in offload.py) joins its group as a detached
+# write. A typed save (NOTE [Typed sources] in transfer.py) joins its group as a detached
 # alias, which shares its version counter: the group records its sources' versions when
 # the engine lets go of them once their copy landed, or at a fetch before that (what the
 # copy may have read), and unpacking the save raises when that version is not the one
@@ -207,7 +207,7 @@ def interned_stride(stride: tuple[int, ...]) -> tuple[int, ...]:
 
 
 class TypedHandle(weakref.ref):  # type: ignore[type-arg]
-    """An OFFLOAD save that joined its group typed (NOTE [Typed sources] in offload.py):
+    """An OFFLOAD save that joined its group typed (NOTE [Typed sources] in transfer.py):
     it covers its storage from its first element, so its size and dtype are its slot's
     (``group.shapes`` and ``group.dtypes`` at ``rec.slot``) and its storage offset 0;
     it keeps only its strides (a contiguous tensor's strides of size-1 dimensions are

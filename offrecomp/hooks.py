@@ -124,7 +124,7 @@ class _Plain:
 # NOTE [Offload fast path]
 # Most offloaded saves are the first save of a contiguous tensor that covers its storage,
 # of a dtype whose copy moves its bytes as they are (NOTE [Typed sources] in
-# offload.py), in a call whose placement sends that storage to host memory. Such a save
+# transfer.py), in a call whose placement sends that storage to host memory. Such a save
 # takes one path through the pack hook: ``_offload_new`` checks what the tensor tells
 # (dtype, ``min_bytes``, the whole storage, contiguity, not a view of a parameter),
 # ``OffloadGroups.join_typed`` what the group and the engine do (device, negation bit,

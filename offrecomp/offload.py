@@ -107,32 +107,15 @@ Edge = Literal[
 
 # NOTE [Freed sources]
 # A group freed while the stash holds its sources (its graph dropped without backward,
-# a forward or backward that raised) lets go of them at its free, compute first waiting
-# (GPU-side) on a copy query() does not see landed: left to the engine's next call, a
-# graph dropped at a loop's end would hold them until the next forward or the exit. The
-# wait comes first: interrupted, the sources stay held and the group is freed anyway.
-
-# NOTE [Typed sources]
-# A copy needs a tensor on each side. A saved tensor (or region input) that is
-# contiguous, covers its whole storage (most activations) and has a dtype whose copy
-# moves bytes as they are (floating point and integers of 8 to 64 bits: a bool copy
-# writes 1 for any nonzero byte, which another view of the storage would read, and
-# sub-byte dtypes have no copy kernel) joins its group as ``t.detach()``, an alias
-# outside autograd that shares t's version counter (NOTE [Writes after a save] in
-# state.py), and its slot's host view takes the same dtype and size: the copy moves
-# the storage's bytes with no tensor made at issue. A view of part of a storage, or a
-# permuted one (a transposed weight a matrix product saves, attention's heads), whose
-# base covers the storage so joins as the base's alias, of the base's dtype and size
-# (views share their base's version counter). A tensor that fills its storage from the
-# first element in another order of its dimensions (attention's output, made permuted)
-# joins as itself, and its slot's host view takes its strides too: the copy between two
-# tensors of one layout moves the storage's bytes as they are. Any other storage joins
-# as the storage, and issue() makes one flat uint8 tensor over it (two dispatcher
-# calls). Slot views are made once per block and layout (sizes, geometries and
-# strides), so a step that repeats the last one's groups makes none. The first save
-# of a storage that a contiguous save covers gets a TypedHandle (handles.py): its size and dtype are its slot's,
-# so the handle keeps only the strides (a contiguous tensor's size-1 dimensions may
-# have any stride, and the reload must give back the saved ones).
+# a forward or backward that raised) lets go of them at its free: left to the engine's
+# next call, a graph dropped at a loop's end would hold them until the next forward or
+# the exit. A copy query() does not see landed still reads them: on CUDA each source is
+# recorded on the D2H stream (``record_stream``), so the allocator reuses its block only
+# once that stream passed the copy, with no wait on any stream (compute waiting on a dead
+# graph's copies would stall the next forward; NOTE [Source lifetime]'s case against
+# record_stream is a bound and a release time for memory still in use, which these
+# sources no longer are); elsewhere compute waits on the copy first, interrupted,
+# leaving them held and the group freed all the same.
 
 # NOTE [Window under a plan]
 # The window is the backpressure of forced offload, where nothing else bounds what
@@ -146,7 +129,7 @@ Edge = Literal[
 # region call), which can run at any allocation: on another thread while this one holds
 # the engine lock (the emulated backend's workers, autograd's device threads), or
 # re-entrantly in the middle of an engine call on this thread. free() therefore never
-# blocks and never mutates state under a running call: if the lock is taken or the
+# waits for the lock and never mutates state under a running call: if the lock is taken or the
 # engine is busy on this thread, the group goes to `_pending_frees` (a deque: appends
 # are atomic), which the next engine call drains before it does anything else.
 
@@ -161,9 +144,9 @@ Edge = Literal[
 # reload: one that has not landed keeps its buffer, as the freed group keeps its host
 # block, until ``_return_blocks`` sees it landed; its memory is reused only after the
 # copy, as the wait would have ordered it. There, a free leaves the sources of a D2H
-# copy to the next poll (NOTE [Freed sources]), and a runtime closing when such a free
-# drops its last group closes the engine on a thread of its own
-# (``Backend.on_side_thread``): closing waits on every stream.
+# copy to the next poll (NOTE [Freed sources]) and, dropping a closing runtime's last
+# group, closes its engine on a thread of its own (on a worker) or leaves it to a later
+# call (in a job another thread runs): closing waits on every stream.
 
 
 class _Held:
@@ -282,7 +265,7 @@ class OffloadEngine:
         the group is issued. ``source`` is an ``UntypedStorage``, or a tensor that covers
         the whole storage: contiguous, or of ``stride`` (dense from the storage's first
         element, in another order of its dimensions), its slot then of its shape and
-        dtype (NOTE [Typed sources]). The group holds it until its copy landed; the
+        dtype (NOTE [Typed sources] in transfer.py). The group holds it until its copy landed; the
         slots' offsets, shapes and dtypes are laid out when it closes (``Group.seal``)."""
         reserved = self._open_reserved - (-nbytes // ALIGN_BYTES) * ALIGN_BYTES  # + aligned(nbytes), inline: once per save
         pool = self.pool
@@ -474,8 +457,9 @@ class OffloadEngine:
         """The group is no longer needed. Its host block returns to the pool once its
         copies landed (NOTE [Host slot lifetime]). Freeing twice is a no-op.
 
-        Never blocks and may be called from a finaliser, on any thread (NOTE [Free from
-        finalisers], NOTE [Frees on a copy worker]).
+        Never blocks on CUDA (on the emulated backend, a copy its sources wait for runs
+        on this thread: NOTE [Freed sources]) and may be called from a finaliser, on any
+        thread (NOTE [Free from finalisers], NOTE [Frees on a copy worker]).
         """
         if not self._lock.acquire(blocking=False):
             self._pending_frees.append(group)  # another thread is inside the engine
@@ -638,8 +622,8 @@ class OffloadEngine:
         self._groups.discard(group)
         if group.block is not None or group.buffer is not None:
             self._deferred.append(group)
-        if group.in_flight is not None and not self.backend.on_side_thread():
-            self._unstash(group)  # NOTE [Freed sources]; last: it may wait (and be interrupted)
+        if group.in_flight is not None and not self.backend.in_stream_work():
+            self._unstash(group, free=True)  # NOTE [Freed sources]; last: it may wait (and be interrupted)
 
     def _wait_edge(self, edge: Edge, stream: Stream, event: Event) -> None:
         """Enqueue one ordering edge of NOTE [Stream ordering] (``edge`` names it)."""
@@ -683,12 +667,16 @@ class OffloadEngine:
         elif wait:
             self._unstash(group)
 
-    def _unstash(self, group: Group) -> None:
+    def _unstash(self, group: Group, free: bool = False) -> None:
         """Let go of ``group``'s sources held for its copy now, compute first waiting on
-        the copy if it has not landed (edge 2 of NOTE [Stream ordering])."""
+        the copy if it has not landed (edge 2 of NOTE [Stream ordering]), or for a
+        ``free``, their memory reused after it where the backend can (NOTE [Freed sources])."""
         stash = self._stash
         entry = next(e for e in stash if e.group is group)
-        if not self.backend.query(entry.landed):  # first: interrupted, the sources stay held
+        backend = self.backend
+        if not backend.query(entry.landed) and not (
+            free and backend.free_after(entry.sources, self._side_stream(group.device, "d2h"))
+        ):  # first: interrupted, the sources stay held
             self._wait_edge("compute_after_d2h", entry.stream, entry.landed)
         stash.remove(entry)
         self._drop(entry)

@@ -96,9 +96,9 @@ class StepRecord:
     pool_high_water_bytes: int = 0
     predicted_step_seconds: float | None = None
     """The plan's predicted step time under the estimate learnt from the steps before
-    this one (NOTE [Live prediction]; the solve's own prediction until one is learnt);
-    for a step of several passes, their plans' summed (None if one ran no plan of its
-    own: NOTE [Budgets per pass] in planning/records.py)."""
+    this one (NOTE [Live prediction] in planning/drift.py; the solve's own prediction
+    until one is learnt); for a step of several passes, their plans' summed (None if
+    one ran no plan of its own: NOTE [Budgets per pass] in planning/records.py)."""
     predicted_peak_bytes: int | None = None
     predicted_forward_seconds: float | None = None
     """The plan's predicted time to the start of backward (compare ``forward_seconds``),

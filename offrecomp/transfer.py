@@ -242,7 +242,7 @@ class Group:
 
     def see_writes(self) -> None:
         """Record the versions of the sources still held (NOTE [Writes after a save] in
-        state.py)."""
+        handles.py)."""
         if self.in_flight is not None:
             self.versions = list(map(_VERSION, self.in_flight))
 
@@ -280,6 +280,29 @@ class Group:
             f"Group(ordinal={self.ordinal}, storages={len(self.sizes)}, "
             f"nbytes={self.nbytes}, device={self.device}, state={self.state.value})"
         )
+
+
+# NOTE [Typed sources]
+# A copy needs a tensor on each side. A saved tensor (or region input) that is
+# contiguous, covers its whole storage (most activations) and has a dtype whose copy
+# moves bytes as they are (floating point and integers of 8 to 64 bits: a bool copy
+# writes 1 for any nonzero byte, which another view of the storage would read, and
+# sub-byte dtypes have no copy kernel) joins its group as ``t.detach()``, an alias
+# outside autograd that shares t's version counter (NOTE [Writes after a save] in
+# handles.py), and its slot's host view takes the same dtype and size: the copy moves
+# the storage's bytes with no tensor made at issue. A view of part of a storage, or a
+# permuted one (a transposed weight a matrix product saves, attention's heads), whose
+# base covers the storage so joins as the base's alias, of the base's dtype and size
+# (views share their base's version counter). A tensor that fills its storage from the
+# first element in another order of its dimensions (attention's output, made permuted)
+# joins as itself, and its slot's host view takes its strides too: the copy between two
+# tensors of one layout moves the storage's bytes as they are. Any other storage joins
+# as the storage, and issue() makes one flat uint8 tensor over it (two dispatcher
+# calls). Slot views are made once per block and layout (sizes, geometries and
+# strides), so a step that repeats the last one's groups makes none. The first save
+# of a storage that a contiguous save covers gets a TypedHandle (handles.py): its size and dtype are its slot's,
+# so the handle keeps only the strides (a contiguous tensor's size-1 dimensions may
+# have any stride, and the reload must give back the saved ones).
 
 
 # NOTE [Reload buffer lifetime]

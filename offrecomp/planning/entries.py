@@ -105,8 +105,8 @@ class PlanEntry:
     solved_replay_op_seconds: float = 0.0
     """``Planner.replay_op_seconds`` when the plan was solved."""
     live: Prediction | None = None
-    """NOTE [Live prediction]: the plan predicted under the latest estimate (None until a
-    planned pass has been learnt since the plan was solved)."""
+    """The plan predicted under the latest estimate (NOTE [Live prediction] in drift.py;
+    None until a planned pass has been learnt since the plan was solved)."""
     live_reference: float | None = None
     """NOTE [Model moves]: the step time live predictions are judged from when the
     incumbent survived a re-solve (None: the plan's own prediction)."""

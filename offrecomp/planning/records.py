@@ -85,13 +85,13 @@ def add_prediction(rec: StepRecord, runs: list[tuple[PlanEntry | None, Plan]]) -
     """The prediction of the step ``rec`` whose passes ran these plans (each with its
     entry, if any), one per pass: their times summed, as the step's are, and the largest
     of their peaks, a budget bounding one pass (NOTE [Budgets per pass]). Each plan's is
-    the live one where there is one (NOTE [Live prediction])."""
+    the live one where there is one (NOTE [Live prediction] in drift.py)."""
     step = forward = recompute = stall = 0.0
     peak: int | None = None
     for entry, plan in runs:
         live = entry.live if entry is not None and plan is entry.plan else None
         times: tuple[float | None, float | None, float | None, float | None]
-        if live is not None:  # NOTE [Live prediction]
+        if live is not None:  # NOTE [Live prediction] in drift.py
             times = (live.step_seconds, live.forward_seconds, live.recompute_seconds, live.stall_seconds)
             pass_peak: int | None = live.peak_bytes
         else:

@@ -4,12 +4,14 @@ several signatures; each pass is checked against the plan it ran."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
 import offrecomp
+from offrecomp.planning import records
 
 SHORT, LONG = 16, 64
 
@@ -88,15 +90,25 @@ def test_a_borrowed_step_over_an_infeasible_budget_says_it_cannot_be_met(caplog:
     assert len(infeasible) == 1 and f"(4, {LONG}, 64)" in infeasible[0], infeasible
 
 
-def test_a_step_of_several_micro_batches_is_predicted_as_their_sum() -> None:
+def test_a_step_of_several_micro_batches_is_predicted_as_their_sum(monkeypatch: pytest.MonkeyPatch) -> None:
     """NOTE [Budgets per pass]: a step of two micro-batches measures both passes; its
     prediction was one pass's, half its time, so every accumulated step read as a plan
     running twice its prediction."""
-    rt = _run([(SHORT,)] * 8 + [(SHORT, SHORT)] * 4, mode="auto")
+    predicted = []
+    add_prediction = records.add_prediction
+
+    def spy(rec: offrecomp.StepRecord, runs: list[Any]) -> None:
+        add_prediction(rec, runs)
+        one = offrecomp.StepRecord(step=rec.step)
+        add_prediction(one, runs[:1])  # one pass's, under the same estimates
+        predicted.append((len(runs), rec.predicted_step_seconds, one.predicted_step_seconds))
+
+    monkeypatch.setattr(records, "add_prediction", spy)
+    rt = _run([(SHORT,)] * 6 + [(SHORT, SHORT)] * 4, mode="auto")
     steps = rt.report().steps
-    single = [s.predicted_step_seconds for s in steps[:8] if s.phases == "planned" and s.predicted_step_seconds]
-    double = [s for s in steps[8:] if s.phases == "planned" and s.passes == 2]
-    assert single and double, [s.phases for s in steps]
-    for s in double:
-        assert s.predicted_step_seconds is not None
-        assert s.predicted_step_seconds > 1.5 * max(single), (s.predicted_step_seconds, single)
+    double = [s for s in steps[6:] if s.phases == "planned" and s.passes == 2]
+    assert double, [(s.phases, s.passes) for s in steps]
+    assert sorted({n for n, *_ in predicted}) == [1, 2]
+    for n, step, one in predicted:
+        assert step is not None and one is not None and step == pytest.approx(n * one, rel=1e-12)
+    assert [s.predicted_step_seconds for s in double] == [step for n, step, _ in predicted if n == 2]

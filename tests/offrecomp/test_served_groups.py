@@ -118,6 +118,36 @@ def test_a_free_lets_go_of_a_served_group_at_once_compute_after_its_copy() -> No
         eng.close()
 
 
+def test_a_backend_that_frees_after_a_stream_frees_a_group_without_a_wait() -> None:
+    """NOTE [Freed sources]: where the backend can have the sources' memory reused after
+    the D2H stream (CUDA's ``record_stream``), a free hands them to it: no wait on any
+    stream, as compute waiting on a dead graph's copies would stall the next forward."""
+    handed: list[tuple[list[torch.Tensor], object]] = []
+
+    class FreesAfter(SpyBackend):
+        def free_after(self, sources: list[torch.Tensor], stream: object) -> bool:
+            handed.append((list(sources), stream))
+            return True
+
+    backend = FreesAfter()
+    eng = make_engine(backend=backend)
+    try:
+        backend.copy_delay_s = SLOW / 5
+        served = offload(eng, [random_bytes(8 * KiB, seed=7)], ordinal=0)
+        held = offload(eng, [random_bytes(8 * KiB, seed=8)], ordinal=1)
+        assert eng.fetch(served, serve=True) is None
+        since = len(backend.log)
+        eng.free(held)
+        eng.free(served)
+        assert not [op for op, *_ in backend.log[since:] if op == "wait"]
+        d2h = eng.copy_streams(torch.device("cpu"))[0]
+        assert [len(srcs) for srcs, _ in handed] == [1, 1] and all(s is d2h for _, s in handed)
+        assert eng.stash_bytes == 0 and eng.device_bytes == 0
+    finally:
+        backend.copy_delay_s = 0.0
+        eng.close()
+
+
 def test_a_free_on_a_copy_worker_leaves_a_served_group_to_its_copy() -> None:
     """NOTE [Frees on a copy worker]: a free there never waits: the served sources stay
     held for their copy, which lets go of them when it lands."""
