@@ -177,7 +177,9 @@ class ScopedCallback:
 def step_metrics(records: Sequence[StepRecord]) -> dict[str, float]:
     """The step records' main fields as scalars named ``offrecomp/<field>``, for a
     trainer's loggers (TensorBoard, W&B, CSV). Over several steps: the highest peak, the
-    placement bytes of the last step (the plan now in force), the mean of the times."""
+    placement bytes of the last step (the plan now in force), the mean of the times (the
+    predicted one only where every step has a prediction: beside the mean of all steps,
+    the mean over some would read as a ratio it is not)."""
     if not records:
         return {}
     last = records[-1]
@@ -189,9 +191,9 @@ def step_metrics(records: Sequence[StepRecord]) -> dict[str, float]:
         "recompute_seconds": statistics.fmean(r.recompute_seconds for r in records),
         "step_seconds": statistics.fmean(r.step_seconds for r in records),
     }
-    predicted = [r.predicted_step_seconds for r in records if r.predicted_step_seconds is not None]
-    if predicted:
-        out["predicted_step_seconds"] = statistics.fmean(predicted)
+    predicted = [r.predicted_step_seconds for r in records]
+    if all(x is not None for x in predicted):
+        out["predicted_step_seconds"] = statistics.fmean(x for x in predicted if x is not None)
     return {METRIC_PREFIX + k: v for k, v in out.items()}
 
 

@@ -10,11 +10,14 @@ import time
 from typing import TYPE_CHECKING
 
 from offrecomp.measure import distorts
+from offrecomp.phases import Phase
 from scheduler.cost_model import predict
 
 if TYPE_CHECKING:
+    from offrecomp.measure import Clock
     from offrecomp.planning.entries import PlanEntry
     from offrecomp.report import StepRecord
+    from offrecomp.state import PassState
 
 log = logging.getLogger(__name__)
 
@@ -137,18 +140,37 @@ def _model_moved(entry: PlanEntry, moved: float, move: float) -> None:
 # host): the window doubles at each further drifting one, up to DRIFT_WINDOW <<
 # DRIFT_MAX_BACKOFF steps, and the runtime says so once. A window within the tolerance
 # halves it again only once at most one remembered window drifted, so a good window
-# between two bad ones does not bring back the short window and its re-plans.
+# between two bad ones does not bring back the short window and its re-plans. A step of
+# several passes (gradient accumulation) counts when they are all of one signature and
+# each ran its plan, judged by their own spans summed (a forward's start to its
+# backward's end: the gaps between micro-batches, a data loader's, are no plan's); a
+# step mixing signatures, or with a borrowing pass, is not judged.
 
 
-def check_drift(entry: PlanEntry, rec: StepRecord, drift: float) -> None:
+def check_step(entry: PlanEntry, rec: StepRecord, passes: list[PassState], clock: Clock, drift: float) -> None:
+    """NOTE [Drift]: the planned step ``rec`` of ``passes``, ``entry``'s first, into the
+    drift check: a step of one pass, or of passes of ``entry``'s signature that each ran
+    its plan, judged by their own spans."""
+    if len(passes) == 1:
+        check_drift(entry, rec, drift)
+    elif all(q.signature == entry.signature and q.planned and q.phase != Phase.BORROWED for q in passes):
+        spans = [clock.seconds(q.start_mark, q.backward_end_mark) for q in passes]
+        if None not in spans:
+            check_drift(entry, rec, drift, measured=sum(s or 0.0 for s in spans))
+
+
+def check_drift(entry: PlanEntry, rec: StepRecord, drift: float, measured: float | None = None) -> None:
     """NOTE [Drift]: count a planned step of ``entry`` into its window; at the window's
-    end, judge its median against ``drift`` and mark a re-plan."""
+    end, judge its median against ``drift`` and mark a re-plan. ``measured``: the step's
+    time to judge where it is not ``rec.step_seconds`` (a step of several passes: theirs
+    summed, without the gaps between them)."""
     pred = rec.predicted_step_seconds
-    if not pred or rec.passes != 1:
+    seconds = rec.step_seconds if measured is None else measured
+    if not pred or (measured is None and rec.passes != 1):
         return
-    if distorts(rec.pause_seconds, rec.step_seconds):
+    if distorts(rec.pause_seconds, seconds):
         return  # NOTE [Host pauses]: the step's time is not the plan's
-    entry.drift_ratios.append(rec.step_seconds / pred)
+    entry.drift_ratios.append(seconds / pred)
     window = DRIFT_WINDOW << entry.drift_backoff
     if len(entry.drift_ratios) < window:
         return

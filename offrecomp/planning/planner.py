@@ -645,8 +645,8 @@ class Planner:
                 records.check_pass(rec, ran_entry, ran, q)
             runs.append((ran_entry, ran) if ran is not None and q.phase != Phase.BORROWED else None)
         plans = [run for run in runs if run is not None]
-        if plans and len(plans) == len(runs):
-            records.add_prediction(rec, plans)
+        if plans:
+            records.add_prediction(rec, plans, every_pass=len(plans) == len(runs))
         self._pending.append((rec, passes))
         return rec
 
@@ -709,7 +709,7 @@ class Planner:
                 rec.notes += [n for p in passes if (n := self._early_notes.pop(p, None)) is not None]
                 entry = self.entries.get(first.signature)
                 if entry is not None and first.planned and rec.predicted_step_seconds:
-                    drift.check_drift(entry, rec, self.host.config.drift)
+                    drift.check_step(entry, rec, passes, clock, self.host.config.drift)
             done.append(rec)
 
     def explain(self, storages: bool = False) -> str:

@@ -81,38 +81,33 @@ def step_record(step: int, passes: list[PassState], mode: str) -> StepRecord:
     return rec
 
 
-def add_prediction(rec: StepRecord, runs: list[tuple[PlanEntry | None, Plan]]) -> None:
-    """The prediction of the step ``rec`` whose passes ran these plans (each with its
-    entry, if any), one per pass: their times summed, as the step's are, and the largest
-    of their peaks, a budget bounding one pass (NOTE [Budgets per pass]). Each plan's is
-    the live one where there is one (NOTE [Live prediction] in drift.py)."""
-    step = forward = recompute = stall = 0.0
-    peak: int | None = None
+def add_prediction(rec: StepRecord, runs: list[tuple[PlanEntry | None, Plan]], *, every_pass: bool) -> None:
+    """The prediction of the step ``rec`` from the plans its passes ran of their own,
+    each with its entry, if any (``every_pass``: one for each of its passes): the largest
+    of their peaks, a budget bounding one pass, and, where every pass ran one, their
+    times summed, as the step's are (NOTE [Budgets per pass]). Each plan's is the live one
+    where there is one (NOTE [Live prediction] in drift.py)."""
+    times: list[tuple[float | None, ...]] = []
+    peaks: list[int] = []
     for entry, plan in runs:
         live = entry.live if entry is not None and plan is entry.plan else None
-        times: tuple[float | None, float | None, float | None, float | None]
-        if live is not None:  # NOTE [Live prediction] in drift.py
-            times = (live.step_seconds, live.forward_seconds, live.recompute_seconds, live.stall_seconds)
-            pass_peak: int | None = live.peak_bytes
+        if live is not None:
+            times.append((live.step_seconds, live.forward_seconds, live.recompute_seconds, live.stall_seconds))
+            peaks.append(live.peak_bytes)
         else:
-            times = (
+            times.append((
                 plan.predicted_step_seconds, plan.predicted_forward_seconds,
                 plan.predicted_recompute_seconds, plan.predicted_stall_seconds,
-            )
-            pass_peak = plan.predicted_peak_bytes
-        if times[0] is None:
-            return  # a plan that predicts no step: nor does the step
-        step += times[0]
-        forward += times[1] or 0.0
-        recompute += times[2] or 0.0
-        stall += times[3] or 0.0
-        if pass_peak is not None:
-            peak = max(peak or 0, pass_peak)
-    rec.predicted_step_seconds = step
-    rec.predicted_peak_bytes = peak
-    rec.predicted_forward_seconds = forward
-    rec.predicted_recompute_seconds = recompute
-    rec.predicted_stall_seconds = stall
+            ))
+            if plan.predicted_peak_bytes is not None:
+                peaks.append(plan.predicted_peak_bytes)
+    rec.predicted_peak_bytes = max(peaks) if peaks else None
+    if not every_pass or any(t[0] is None for t in times):
+        return  # a pass ran no plan of its own (or one predicting no step): nor does the step
+    rec.predicted_step_seconds = sum(t[0] or 0.0 for t in times)
+    rec.predicted_forward_seconds = sum(t[1] or 0.0 for t in times)
+    rec.predicted_recompute_seconds = sum(t[2] or 0.0 for t in times)
+    rec.predicted_stall_seconds = sum(t[3] or 0.0 for t in times)
 
 
 # NOTE [Budgets per pass]
@@ -127,7 +122,7 @@ def add_prediction(rec: StepRecord, runs: list[tuple[PlanEntry | None, Plan]]) -
 # the largest of its passes', and their predicted times summed, as its measured times
 # are (a prediction of one pass beside a step of several read as a plan running twice
 # its time); a step with a pass that ran no plan of its own (a measuring or borrowing
-# one) has no prediction.
+# one) has no predicted times, and the largest predicted peak of the plans that did.
 
 
 def check_pass(rec: StepRecord, entry: PlanEntry, plan: Plan, p: PassState) -> None:

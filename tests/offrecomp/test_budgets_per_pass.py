@@ -97,10 +97,10 @@ def test_a_step_of_several_micro_batches_is_predicted_as_their_sum(monkeypatch: 
     predicted = []
     add_prediction = records.add_prediction
 
-    def spy(rec: offrecomp.StepRecord, runs: list[Any]) -> None:
-        add_prediction(rec, runs)
+    def spy(rec: offrecomp.StepRecord, runs: list[Any], *, every_pass: bool) -> None:
+        add_prediction(rec, runs, every_pass=every_pass)
         one = offrecomp.StepRecord(step=rec.step)
-        add_prediction(one, runs[:1])  # one pass's, under the same estimates
+        add_prediction(one, runs[:1], every_pass=True)  # one pass's, under the same estimates
         predicted.append((len(runs), rec.predicted_step_seconds, one.predicted_step_seconds))
 
     monkeypatch.setattr(records, "add_prediction", spy)

@@ -150,3 +150,32 @@ def test_a_host_loaded_in_some_windows_replans_less_than_in_every_other_window(
     replans = sum("drift: re-plan" in s.notes for s in rt.report().steps)
     assert DRIFT_REPLANS < replans <= 6, replans
     assert len([r for r in caplog.records if "backs off" in r.getMessage()]) == 1
+
+
+def test_steps_of_several_micro_batches_drift_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Drift]: a run whose every step accumulates two micro-batches never judged a
+    window (only steps of one pass counted), so a plan its times had left kept running;
+    its passes' own spans, 3x the prediction here, now re-plan it."""
+    check = drift.check_drift
+    judged = []
+
+    def slow(entry: PlanEntry, rec: StepRecord, tolerance: float, measured: float | None = None) -> None:
+        if rec.predicted_step_seconds and measured is not None:
+            judged.append(rec.passes)
+            measured = 3.0 * rec.predicted_step_seconds
+        check(entry, rec, tolerance, measured=measured)
+
+    monkeypatch.setattr(drift, "check_drift", slow)
+    torch.manual_seed(0)
+    m = stack(lambda: MLPBlock(32), n=3)()
+    opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+    rt = offrecomp.runtime(m, min_bytes=0, budget="50%")
+    with rt:
+        for step in range(3 * DRIFT_WINDOW):
+            for micro in range(2):
+                m(_batch(2 * step + micro)).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    steps = rt.report().steps
+    assert judged and set(judged) == {2}
+    assert any("drift: re-plan" in s.notes for s in steps), [s.notes for s in steps]
