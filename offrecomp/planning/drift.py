@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 from offrecomp.measure import distorts
 from offrecomp.phases import Phase
-from scheduler.cost_model import predict
 
 if TYPE_CHECKING:
     from offrecomp.measure import Clock
@@ -51,7 +50,7 @@ def refresh_live(entry: PlanEntry, step_seconds: float | None, *, prefetch_regio
     entry.live_skipped = 0
     t0 = time.perf_counter()
     try:
-        live = predict(profile, plan, prefetch_regions=prefetch_regions)
+        live = entry.predict(profile, plan, prefetch_regions=prefetch_regions)
     except ValueError as exc:  # the plan no longer places on this profile
         log.debug("offrecomp: live prediction skipped (%s)", exc)
         return

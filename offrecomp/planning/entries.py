@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from offrecomp.phases import Phase
 from offrecomp.planning.trial import OffloadTrial
-from scheduler.cost_model import CostModel
+from scheduler.cost_model import CostModel, predict
 from scheduler.plan import ROOT, Placement, Plan
 
 if TYPE_CHECKING:
@@ -79,6 +79,9 @@ class PlanEntry:
     frugal_plan_id: str | None = None
     """The plan id of the most frugal plan, run because the measuring pass met a budget no
     plan is predicted to meet (NOTE [Small storages] in solving.py)."""
+    small_dropped: Plan | None = None
+    """A plan solved with the small storages of replayable regions droppable (NOTE
+    [Small storages] in solving.py): predicted so (``predict``)."""
     calibration_ran: bool = False
     calibration_tries: int = 0
     """Calibration passes sent back for a host pause (NOTE [Host pauses])."""
@@ -135,6 +138,27 @@ class PlanEntry:
     placements_by_key: dict[tuple[str, int], tuple[tuple[Placement, ...], bool]] = field(default_factory=dict)
     """``placements_of``'s placements of each call's storages, and whether they keep every
     one (``assign``); shared by the calls, which never change them."""
+
+    def small_externals(self, profile: Profile) -> list[tuple[RegionRecord, int]]:
+        """The small storages of ``profile``'s replayable regions that are external, each
+        as its region's record and index (NOTE [Small storages] in solving.py)."""
+        small = {key: st.small_storages for key, st in self.structures.items() if st.small_storages}
+        return [
+            (r, i) for r in profile.regions if r.replayable and (r.name, r.call_index) in small
+            for i in small[(r.name, r.call_index)] if i < len(r.storages) and r.storages[i].kind == "external"
+        ]
+
+    def predict(self, profile: Profile, plan: Plan, *, prefetch_regions: int) -> Prediction:
+        """``plan`` predicted on ``profile`` as it was solved: ``small_dropped``'s with its
+        small storages droppable (raises ``ValueError`` where it does not place)."""
+        convert = self.small_externals(profile) if plan is self.small_dropped else []
+        for r, i in convert:
+            r.storages[i].kind = "activation"
+        try:
+            return predict(profile, plan, prefetch_regions=prefetch_regions)
+        finally:
+            for r, i in convert:
+                r.storages[i].kind = "external"
 
     def take_profile(
         self, profile: Profile, structures: dict[tuple[str, int], RegionStructure], measured_peak_bytes: int

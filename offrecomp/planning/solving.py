@@ -13,7 +13,6 @@ from offrecomp.measure import host_available_bytes
 from offrecomp.planning.drift import MODEL_GAIN
 from offrecomp.planning.profiling import prefetch_depth, save_profile
 from offrecomp.transfer import slot_offsets
-from scheduler.cost_model import predict
 from scheduler.plan import ROOT, Placement, Plan
 
 if TYPE_CHECKING:
@@ -76,7 +75,9 @@ def offloaded_sizes(profile: Profile, plan: Plan) -> list[int]:
 # plan's prediction, the budget this check accepts; the warning waits for the first
 # planned step, and is not given when that step met the budget (NOTE [Infeasible
 # budgets]). A budget the measuring pass met, where the most frugal plan runs over it,
-# gets the over-budget warning, saying that no plan holds less.
+# gets the over-budget warning, saying that no plan holds less. Such a plan is
+# predicted again (NOTE [Live prediction] in drift.py) as it was solved, those storages
+# droppable (``PlanEntry.predict``): on the profile as measured it places nowhere.
 
 
 class Solver:
@@ -195,13 +196,7 @@ class Solver:
         less (solved as replays are priced now)."""
         profile = entry.profile
         assert profile is not None
-        small = {
-            key: st.small_storages for key, st in entry.structures.items() if st.small_storages
-        }
-        convert = [
-            (r, i) for r in profile.regions if r.replayable and (r.name, r.call_index) in small
-            for i in small[(r.name, r.call_index)] if i < len(r.storages) and r.storages[i].kind == "external"
-        ]
+        convert = entry.small_externals(profile)
         if not convert:
             return plan
         for r, i in convert:
@@ -212,6 +207,7 @@ class Solver:
             for r, i in convert:
                 r.storages[i].kind = "external"
         if frugal.feasible or (frugal.predicted_peak_bytes or 0) < (plan.predicted_peak_bytes or 0):
+            entry.small_dropped = frugal  # predicted as it was solved (PlanEntry.predict)
             return frugal
         return plan
 
@@ -281,7 +277,7 @@ class Solver:
         profile = entry.profile
         assert profile is not None
         try:
-            now = predict(profile, incumbent, prefetch_regions=prefetch_depth(self.host.config.prefetch, profile))
+            now = entry.predict(profile, incumbent, prefetch_regions=prefetch_depth(self.host.config.prefetch, profile))
         except ValueError:  # it no longer places on this profile
             return False
         budget = incumbent.budget_bytes

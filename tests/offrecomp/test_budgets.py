@@ -62,6 +62,10 @@ def test_the_most_frugal_plan_drops_small_storages(caplog: pytest.LogCaptureFixt
     assert all(s.peak_activation_bytes <= budget for s in planned), [s.peak_activation_bytes for s in planned]
     assert _messages(caplog, "cannot be met") == []
     assert _messages(caplog, "a planned step held") == []
+    # predicted again under each new estimate as it was solved, small storages droppable
+    # (predicted on the profile as measured, the plan failed to place: no live prediction)
+    entry = rt.planner.last_entry
+    assert entry is not None and entry.plan is entry.small_dropped and entry.live is not None
 
 
 def test_passes_borrowing_a_plan_may_drop_small_storages_too() -> None:

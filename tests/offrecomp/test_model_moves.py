@@ -14,7 +14,7 @@ import torch
 
 import offrecomp
 from offrecomp.phases import Phase
-from offrecomp.planning import PlanEntry, drift, learning
+from offrecomp.planning import PlanEntry, learning
 from offrecomp.planning.drift import MODEL_GAIN, MODEL_MOVE_REFRESHES, MODEL_RESOLVES, refresh_live
 from offrecomp.planning.solving import Solver
 from offrecomp.planning.trial import TRIAL_PASSES, OffloadTrial
@@ -58,8 +58,7 @@ def _predicting(monkeypatch: pytest.MonkeyPatch, seconds: list[float], peak: int
         last[0] = next(calls, last[0])
         return _prediction(last[0], peak)
 
-    monkeypatch.setattr(drift, "predict", fake)
-    monkeypatch.setattr("offrecomp.planning.solving.predict", fake)
+    monkeypatch.setattr("offrecomp.planning.entries.predict", fake)  # PlanEntry.predict's
 
 
 def _refresh(entry: PlanEntry, times: int, drift_tolerance: float = DRIFT) -> None:
@@ -113,8 +112,7 @@ def test_model_moves_solve_again_a_bounded_number_of_times(monkeypatch: pytest.M
     def fake(profile: Any, plan: Plan, *, prefetch_regions: int = 2) -> Prediction:
         return _prediction(1.1 * (entry.live_reference or solved))
 
-    monkeypatch.setattr(drift, "predict", fake)
-    monkeypatch.setattr("offrecomp.planning.solving.predict", fake)
+    monkeypatch.setattr("offrecomp.planning.entries.predict", fake)  # PlanEntry.predict's
     monkeypatch.setattr(Solver, "solve_plan", lambda self, e, **kw: dataclasses.replace(
         e.plan, predicted_step_seconds=100 * solved))  # never faster: the incumbent stays
     for _ in range(MODEL_RESOLVES + 3):
