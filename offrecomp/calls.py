@@ -123,6 +123,7 @@ class RegionCalls:
         self.arg_state_limit = ARG_STATE_MAX_ITEMS  # NOTE [Stateful arguments] (set at install)
         self._last_arg_state: weakref.ref[ArgState] | None = None
         self._unsettled: deque[weakref.ref[RegionCall]] = deque()  # NOTE [Buffer comparisons] (buffers.py)
+        self._host_draws: dict[type, int] = {}  # per block class: the global RNGs one drew from
 
     def enter(
         self, region: Region, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -236,6 +237,9 @@ class RegionCalls:
         devices = cap.devices()
         if self._device.device is not None:
             devices.add(self._device.device)
+        drawn = self._host_draws.get(type(region.module), 0)
+        if drawn & ~region.host_rng:  # another block of its class drew (NOTE [Host random states])
+            region.host_rng |= drawn
         call.rng = capture_rng(devices, region.host_rng, _host_rngs(region, cap.host_rngs))
         n = region.host_calls = region.host_calls + 1
         if (n <= host_rng.PROBES or not n % host_rng.REPROBE) and region.host_rng & host_rng.ALL != host_rng.ALL:
@@ -311,7 +315,7 @@ class RegionCalls:
             self._planner.ran_collective(call)
         rng = call.rng
         if rng is not None and rng.probe is not None and region is not None:
-            _note_host_draws(call, region, rng.probe)
+            _note_host_draws(call, region, rng.probe, self._host_draws)
             rng.probe = None
         written: list[int] = []
         if region is not None:
@@ -515,14 +519,18 @@ def _host_rngs(region: Region, arguments: list[Any]) -> list[Any]:
     return objects
 
 
-def _note_host_draws(call: RegionCall, region: Region, entry: host_rng.HostStates) -> None:
+def _note_host_draws(
+    call: RegionCall, region: Region, entry: host_rng.HostStates, by_class: dict[type, int]
+) -> None:
     """A probed call's exit: the global RNGs of Python and numpy its forward drew from
-    are captured at its region's calls from now on, and this call's replays run from its
-    entry's states (NOTE [Host random states])."""
+    are captured at the calls of its region, and of every region of its block's class
+    (``by_class``), from now on, and this call's replays run from its entry's states
+    (NOTE [Host random states])."""
     kinds = host_rng.drawn(entry)
     if not kinds or kinds & ~region.host_rng == 0:
         return
     region.host_rng |= kinds
+    by_class[type(region.module)] = by_class.get(type(region.module), 0) | kinds
     rng = call.rng
     if rng is not None:
         rng.host = host_rng.only(entry, region.host_rng, rng.host.private if rng.host is not None else ())

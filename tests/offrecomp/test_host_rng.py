@@ -347,6 +347,49 @@ def test_a_region_that_starts_drawing_late_is_found_and_replays_its_draws_from_t
     assert "none of its first" in caplog.text
 
 
+def test_a_block_whose_sibling_drew_captures_the_state_before_it_draws_itself() -> None:
+    """Two blocks of one class draw from numpy only when a torch draw lets them (a layer
+    drop); the first draws at once, the second first after its probed calls: it captured
+    no numpy state then, and its replays drew new noise, gradients silently off a plain
+    run's. A class whose block was seen drawing captures the state in all its blocks."""
+
+    class Dropped(nn.Module):
+        def __init__(self, index: int) -> None:
+            super().__init__()
+            self.fc = nn.Linear(32, 32)
+            self.index = index
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            draws = DRAWS[step[0]][self.index]
+            torch.rand(())  # the torch draw the drop would take (replays restore it)
+            if not draws:
+                return x
+            noise = torch.from_numpy(np.random.rand(*x.shape).astype(np.float32))
+            return x + torch.tanh(self.fc(x + noise))
+
+    late = host_rng.PROBES + 2  # the second block's first draw: after its probed calls
+    DRAWS = [(True, s == late) for s in range(late + 2)]
+    step = [0]
+
+    def run(model: nn.Module) -> list[torch.Tensor]:
+        grads = []
+        for s in range(len(DRAWS)):
+            step[0] = s
+            np.random.seed(s)
+            model.zero_grad()
+            model(_batch(s)).sum().backward()
+            grads.append(torch.cat([q.grad.flatten() for q in model.parameters() if q.grad is not None]))
+        return grads
+
+    torch.manual_seed(0)
+    model = models.Stack([Dropped(0), Dropped(1)])
+    plain = run(copy.deepcopy(model))
+    with offrecomp.runtime(model, mode="recompute", min_bytes=0) as rt:
+        got = run(model)
+    assert all(r.host_rng & host_rng.NUMPY for r in rt._regions)
+    assert all(torch.equal(a, b) for a, b in zip(got, plain))
+
+
 class _Tiny(nn.Module):
     def __init__(self, dropout: float) -> None:
         super().__init__()
