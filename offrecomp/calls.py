@@ -13,7 +13,7 @@ import logging
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -123,7 +123,8 @@ class RegionCalls:
         self.arg_state_limit = ARG_STATE_MAX_ITEMS  # NOTE [Stateful arguments] (set at install)
         self._last_arg_state: weakref.ref[ArgState] | None = None
         self._unsettled: deque[weakref.ref[RegionCall]] = deque()  # NOTE [Buffer comparisons] (buffers.py)
-        self._host_draws: dict[type, int] = {}  # per block class: the global RNGs one drew from
+        # per block class: the global RNGs one of its blocks drew from (NOTE [Host random states])
+        self._host_draws: weakref.WeakKeyDictionary[type, int] = weakref.WeakKeyDictionary()
 
     def enter(
         self, region: Region, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -520,7 +521,7 @@ def _host_rngs(region: Region, arguments: list[Any]) -> list[Any]:
 
 
 def _note_host_draws(
-    call: RegionCall, region: Region, entry: host_rng.HostStates, by_class: dict[type, int]
+    call: RegionCall, region: Region, entry: host_rng.HostStates, by_class: MutableMapping[type, int]
 ) -> None:
     """A probed call's exit: the global RNGs of Python and numpy its forward drew from
     are captured at the calls of its region, and of every region of its block's class

@@ -17,7 +17,8 @@
 # (``Region.host_rng``, bits ``PY`` and ``NUMPY``) captures that one at each later
 # call's entry, and so does every region of its block's class (the blocks of a stack
 # run one forward: one whose draws hang on a torch draw, a stochastic depth's, may draw
-# in none of its probed calls where its siblings did); the probed call keeps the entry
+# in none of its probed calls where its siblings did; blocks of other classes, a
+# subclass too, are not told); the probed call keeps the entry
 # states it compared with, and its replays run from them and set the caller's back
 # afterwards, as for torch's. A region first seen
 # drawing after its first PROBES calls gets a warning: the replays of its calls between

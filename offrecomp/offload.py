@@ -114,8 +114,9 @@ Edge = Literal[
 # once that stream passed the copy, with no wait on any stream (compute waiting on a dead
 # graph's copies would stall the next forward; NOTE [Source lifetime]'s case against
 # record_stream is a bound and a release time for memory still in use, which these
-# sources no longer are); elsewhere compute waits on the copy first, interrupted,
-# leaving them held and the group freed all the same.
+# sources no longer are; cudaMallocAsync orders the reuse with a stream wait of its
+# own); elsewhere compute waits on the copy first, interrupted, leaving them held and
+# the group freed all the same.
 
 # NOTE [Window under a plan]
 # The window is the backpressure of forced offload, where nothing else bounds what

@@ -175,7 +175,8 @@ def summarize(run: Sequence[StepRecord], title: str = "run") -> str:
             phase,
             str(len(rs)),
             _secs(_mean([r.step_seconds for r in rs])),
-            _secs(_mean([r.predicted_step_seconds for r in rs if r.predicted_step_seconds is not None])),
+            _secs(_mean([r.predicted_step_seconds for r in rs if r.predicted_step_seconds is not None]))
+            if all(r.predicted_step_seconds is not None for r in rs) else "-",  # beside every step's mean
             _secs(_mean([r.recompute_seconds for r in rs])),
             _secs(_mean([r.stall_seconds for r in rs])),
             format_bytes(max(r.peak_activation_bytes for r in rs)),

@@ -152,7 +152,11 @@ def check_step(entry: PlanEntry, rec: StepRecord, passes: list[PassState], clock
     its plan, judged by their own spans."""
     if len(passes) == 1:
         check_drift(entry, rec, drift)
-    elif all(q.signature == entry.signature and q.planned and q.phase != Phase.BORROWED for q in passes):
+    elif all(
+        q.signature == entry.signature and q.planned and q.phase != Phase.BORROWED and not q.aborted
+        and q.plan_id == passes[0].plan_id
+        for q in passes
+    ):
         spans = [clock.seconds(q.start_mark, q.backward_end_mark) for q in passes]
         if None not in spans:
             check_drift(entry, rec, drift, measured=sum(s or 0.0 for s in spans))

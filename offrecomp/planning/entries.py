@@ -79,9 +79,6 @@ class PlanEntry:
     frugal_plan_id: str | None = None
     """The plan id of the most frugal plan, run because the measuring pass met a budget no
     plan is predicted to meet (NOTE [Small storages] in solving.py)."""
-    small_dropped: Plan | None = None
-    """A plan solved with the small storages of replayable regions droppable (NOTE
-    [Small storages] in solving.py): predicted so (``predict``)."""
     calibration_ran: bool = False
     calibration_tries: int = 0
     """Calibration passes sent back for a host pause (NOTE [Host pauses])."""
@@ -149,9 +146,12 @@ class PlanEntry:
         ]
 
     def predict(self, profile: Profile, plan: Plan, *, prefetch_regions: int) -> Prediction:
-        """``plan`` predicted on ``profile`` as it was solved: ``small_dropped``'s with its
-        small storages droppable (raises ``ValueError`` where it does not place)."""
-        convert = self.small_externals(profile) if plan is self.small_dropped else []
+        """``plan`` predicted on ``profile`` as it was solved: one that drops a small
+        external storage was solved with them all droppable, as activations (NOTE [Small
+        storages] in solving.py); raises ``ValueError`` where it does not place."""
+        convert = self.small_externals(profile)
+        if not any(plan.placement((r.name, r.call_index, i)) is not Placement.KEEP for r, i in convert):
+            convert = []
         for r, i in convert:
             r.storages[i].kind = "activation"
         try:

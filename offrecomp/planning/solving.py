@@ -207,8 +207,7 @@ class Solver:
             for r, i in convert:
                 r.storages[i].kind = "external"
         if frugal.feasible or (frugal.predicted_peak_bytes or 0) < (plan.predicted_peak_bytes or 0):
-            entry.small_dropped = frugal  # predicted as it was solved (PlanEntry.predict)
-            return frugal
+            return frugal  # predicted as it was solved (PlanEntry.predict)
         return plan
 
     def solve_borrow_plan(self, entry: PlanEntry) -> None:

@@ -65,7 +65,11 @@ def test_the_most_frugal_plan_drops_small_storages(caplog: pytest.LogCaptureFixt
     # predicted again under each new estimate as it was solved, small storages droppable
     # (predicted on the profile as measured, the plan failed to place: no live prediction)
     entry = rt.planner.last_entry
-    assert entry is not None and entry.plan is entry.small_dropped and entry.live is not None
+    assert entry is not None and entry.plan is not None and entry.profile is not None and entry.live is not None
+    keys = [(r.name, r.call_index, i) for r, i in entry.small_externals(entry.profile)]
+    assert any(entry.plan.placement(k) is not Placement.KEEP for k in keys)
+    rt.planner.solver.solve_borrow_plan(entry)  # another plan solved so: this one still predicts
+    assert entry.predict(entry.profile, entry.plan, prefetch_regions=2).step_seconds > 0
 
 
 def test_passes_borrowing_a_plan_may_drop_small_storages_too() -> None:
