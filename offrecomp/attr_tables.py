@@ -12,8 +12,9 @@ micro-batches in flight. The forward itself may first change one in a later call
 schedule under ``if not offrecomp.in_replay():``). A replay must run with the values
 the forward read. So every call that may replay takes, at its entry, its modules'
 attribute tables (shallow copies) and the contents of the plain dicts, lists and sets
-among their attributes (``MAX_CONTENTS`` items at most; torch's own tables are not
-copied); its replay puts in the entry values of whatever differs then, and puts back
+among their attributes, and of the standard library's defaultdicts, OrderedDicts and
+Counters (a forward's counters; ``MAX_CONTENTS`` items at most; torch's own tables are
+not copied); its replay puts in the entry values of whatever differs then, and puts back
 after it what it found (``swap_attrs``, ``swap_contents``). Steady state costs one
 identity comparison of each table with the region's last (``same_tables``): a call
 whose tables are those of the region's previous call shares its copies. A tensor with a
@@ -24,6 +25,7 @@ global), a container nested in a container, and one over ``MAX_CONTENTS`` items.
 
 from __future__ import annotations
 
+import collections
 import operator
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +42,9 @@ __all__ = ["MAX_CONTENTS", "changed_since", "enter_tables", "entry_changes", "ke
 #: Items beyond which a container attribute's contents are not copied at entry.
 MAX_CONTENTS = 64
 
-_CONTAINERS = (dict, list, set)
+#: The containers whose contents a call copies at entry: Python's plain ones, and the
+#: standard library's dicts a forward keeps counts or caches in.
+_CONTAINERS = frozenset((dict, list, set, collections.defaultdict, collections.OrderedDict, collections.Counter))
 _TORCH_TABLES = frozenset(nn.Module().__dict__)  # parameters, buffers, children, hooks: restored elsewhere
 
 Tables = list[dict[str, Any]]
@@ -117,8 +121,8 @@ def swap_contents(contents: Contents) -> Contents:
     """Put each copy's contents into its container; returns what they held, to put back."""
     back: Contents = []
     for live, copy in contents:
-        back.append((live, type(live)(live)))
-        if type(live) is list:
+        back.append((live, list(live) if isinstance(live, list) else set(live) if isinstance(live, set) else dict(live)))
+        if isinstance(live, list):
             live[:] = copy
         else:
             live.clear()
@@ -130,11 +134,12 @@ def _copy_contents(modules: tuple[nn.Module, ...], keys: tuple[tuple[int, str], 
     out: Contents = []
     for i, k in keys:
         v: Any = modules[i].__dict__.get(k)
-        kind = type(v)
-        if kind is dict and len(v) <= MAX_CONTENTS:
+        if type(v) not in _CONTAINERS or len(v) > MAX_CONTENTS:
+            continue
+        if isinstance(v, dict):  # a plain copy: put back with clear() and update()
             out.append((v, {key: without_graph(x) for key, x in v.items()}))
-        elif (kind is list or kind is set) and len(v) <= MAX_CONTENTS:
-            out.append((v, kind(map(without_graph, v))))
+        else:
+            out.append((v, (list if isinstance(v, list) else set)(map(without_graph, v))))
     return out
 
 

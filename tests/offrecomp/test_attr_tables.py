@@ -4,6 +4,7 @@ plain run, and the attributes left as the loop left them."""
 
 from __future__ import annotations
 
+import collections
 import copy
 from collections.abc import Callable
 from typing import Any
@@ -223,3 +224,36 @@ def test_unchanged_tables_are_shared_between_calls() -> None:
         model[0].scale = 2.0  # rebound: read anew
         model(_batch(9, 4, 16)).sum().backward()
         assert region.attr_tables is not before
+
+
+class _Counts(nn.Module):
+    """Counts its calls in a container of the standard library's, and scales by the count."""
+
+    def __init__(self, counts: Any) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.counts = counts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.counts["calls"] += 1
+        return x + torch.tanh(self.fc(x)) * self.counts["calls"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "make", [collections.defaultdict, collections.OrderedDict, collections.Counter], ids=lambda f: f.__name__
+)
+def test_a_forward_counting_in_a_defaultdict_ordereddict_or_counter(mode: str, make: Callable[..., Any]) -> None:
+    """A dict subclass of the standard library's was neither copied at entry nor put back:
+    a replay read the forward's exit count (and its own increment leaked into the next
+    forward), gradients silently off from the second step."""
+
+    def counts() -> Any:
+        c = make(int) if make is collections.defaultdict else make()
+        c["calls"] = 0
+        return c
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_Counts(counts()) for _ in range(3)])
+    _compare(model, mode, lambda m, i: m(_batch(i, 4, 16)).pow(2).sum(),
+             state=lambda m: [dict(b.counts) for b in m])
