@@ -349,9 +349,7 @@ class RegionCalls:
             )
             region.external_reads += region.made_state
             region.generators = [g for g, _ in call.watch.generators.values()]
-            region.generator_slots = tuple(
-                (m, n) for m in region.modules for n, v in vars(m).items() if isinstance(v, torch.Generator)
-            )
+            region.generator_slots = host_rng.private_slots(region.modules, host_rng.is_generator)
             call.generators = list(call.watch.generators.values())
         scratch = call.kept_from_write  # NOTE [Storages no op made]: unless one was from outside
         if (
@@ -487,11 +485,11 @@ def model_storage_ptrs(model: nn.Module | None) -> frozenset[int]:
 def _entry_generators(region: Region, arguments: list[torch.Generator]) -> list[tuple[torch.Generator, torch.Tensor]]:
     """The states at entry of the generators a call may draw from (NOTE [Private
     generators] in replay.py): those its region's first call drew from, those its
-    modules' generator attributes hold now (one assigned since, each step, say), and
-    those among its arguments."""
+    modules hold now as attributes or one step from one (one assigned since, each step,
+    say, or one the first call did not draw from), and those among its arguments."""
     seen: dict[int, torch.Generator] = {id(g): g for g in region.generators}
-    for m, n in region.generator_slots:
-        g = vars(m).get(n)
+    for slot in region.generator_slots:
+        g = host_rng.at(slot)
         if isinstance(g, torch.Generator):
             seen.setdefault(id(g), g)
     for g in arguments:

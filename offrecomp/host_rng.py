@@ -47,10 +47,11 @@ from __future__ import annotations
 
 import random
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+import torch
 from torch import nn
 
 __all__ = [
@@ -246,21 +247,26 @@ def _reach(v: Any) -> list[tuple[Step, Any]]:
     return [(("a", n), o) for n, o in list(attrs.items())[:_LOOK]]
 
 
-def private_slots(modules: Iterable[nn.Module]) -> tuple[Slot, ...]:
-    """Where the ``modules`` hold RNG objects: as an attribute, or one step further (an
-    attribute of a config object held there, an item of a list or dict, a bound
-    method's object such as ``rng.normal``, a cell of a sampler function's closure)."""
+def private_slots(modules: Iterable[nn.Module], is_rng: Callable[[Any], Any] = _kind) -> tuple[Slot, ...]:
+    """Where the ``modules`` hold RNG objects (``is_rng``: Python's and numpy's by
+    default; ``is_generator`` for torch's): as an attribute, or one step further (an
+    attribute of a config object held there, an item of a list or dict, a bound method's
+    object such as ``rng.normal``, a cell of a sampler function's closure)."""
     out: list[Slot] = []
     for m in modules:
         for n, v in vars(m).items():
-            if _kind(v):
+            if is_rng(v):
                 out.append((m, n, ()))
             elif n not in _MODULE_ATTRS and v is not None:
-                out.extend((m, n, (step,)) for step, o in _steps(v) if _kind(o))
+                out.extend((m, n, (step,)) for step, o in _steps(v) if is_rng(o))
     return tuple(out)
 
 
-def _at(slot: Slot) -> Any:
+def is_generator(x: Any) -> bool:
+    return isinstance(x, torch.Generator)
+
+
+def at(slot: Slot) -> Any:
     """The object at ``slot`` now (None where the path no longer leads anywhere)."""
     m, n, path = slot
     o = vars(m).get(n)
@@ -286,7 +292,7 @@ def private_objects(slots: Iterable[Slot], arguments: Iterable[Any]) -> list[Any
     ``arguments``, each once."""
     seen: dict[int, Any] = {}
     for slot in slots:
-        o = _at(slot)
+        o = at(slot)
         if o is not None and _kind(o):
             seen.setdefault(id(o), o)
     for o in arguments:

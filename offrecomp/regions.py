@@ -94,7 +94,7 @@ class Region:
     instead of ``forward``."""
     generators: list[torch.Generator] = field(default_factory=list)
     """Generators of its own its first call drew from (NOTE [Private generators])."""
-    generator_slots: tuple[tuple[nn.Module, str], ...] = ()
+    generator_slots: tuple[RngSlot, ...] = ()
     """Attributes of its modules that held a generator at its first call's exit: a
     generator assigned there later is captured too (NOTE [Private generators])."""
     host_rng: int = 0

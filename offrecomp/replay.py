@@ -208,10 +208,12 @@ def _no_unpack(_: Any) -> Any:
 # first call of each region runs under FirstCallWatch (trace/recorder.py), which records
 # every generator an op draws from, with its state at that first draw: the state at
 # entry. Later calls capture at entry the states of those generators, of the generators
-# their modules' attributes hold (one assigned anew each step), and of the generators
-# among their arguments (a few KiB each). A replay sets them, and sets back afterwards
-# what it found, as for the global RNG. A generator reached otherwise (through another
-# object) is not known: a serving replay drawing from it diverges, a plain one draws
+# their modules hold as attributes or one step from one (a config's attribute, a list's
+# item, as ``host_rng.private_slots`` finds Python's and numpy's: one assigned anew each
+# step, or one the first call did not draw from, noise turned on later), and of the
+# generators among their arguments (a few KiB each). A replay sets them, and sets back
+# afterwards what it found, as for the global RNG. A generator reached otherwise (a
+# global, two objects away) is not known: a serving replay drawing from it diverges, a plain one draws
 # other numbers. One created inside the forward needs nothing (the replay creates it
 # again).
 

@@ -965,6 +965,48 @@ def test_a_region_drawing_from_its_own_generator_replays_the_same_draws(variant:
     check_variant(base, batch, variant, serves=block is NoisyBlock)
 
 
+class LateNoise(nn.Module):
+    """Draws from a generator one step from its attributes (a config's, a list's item)
+    only once noise is turned on, after its first call."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+        gen = torch.Generator().manual_seed(7)
+        self.cfg = types.SimpleNamespace(gen=gen) if holder == "config" else None
+        self.gens = [gen] if holder == "list" else []
+        self.noisy = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.noisy:
+            gen = self.cfg.gen if self.cfg is not None else self.gens[0]
+            x = x + torch.randn(x.shape, generator=gen)
+        return x + torch.tanh(self.fc(x))
+
+
+@pytest.mark.parametrize("holder", ["config", "list"])
+def test_a_generator_one_step_from_an_attribute_first_drawn_later_replays_the_same_draws(holder: str) -> None:
+    """NOTE [Private generators]: only generators held as attributes themselves were
+    looked for at the first call; one in a config or a list that the first call did not
+    draw from was never captured, and replays drew new noise from it, silently."""
+
+    def run(m: nn.Module, rt: offrecomp.Runtime | None) -> list[torch.Tensor]:
+        grads = []
+        with rt if rt is not None else contextlib.nullcontext():
+            for step in range(3):
+                for b in m.blocks:
+                    b.noisy = step >= 1
+                m(torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(step))).backward()
+                grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
+                m.zero_grad()
+        return grads
+
+    torch.manual_seed(0)
+    base = models.Stack([LateNoise(holder) for _ in range(3)])
+    plain, m = twin(base), twin(base)
+    assert all(torch.equal(a, b) for a, b in zip(run(plain, None), run(m, offrecomp.runtime(m, mode="recompute", min_bytes=0))))
+
+
 @pytest.mark.parametrize("mode", ["recompute", "auto"])
 def test_replay_runs_in_the_train_mode_of_its_forward(mode: str) -> None:
     """A ``model.eval()`` between forward and backward (an evaluation forward for
