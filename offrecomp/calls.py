@@ -238,7 +238,7 @@ class RegionCalls:
         devices = cap.devices()
         if self._device.device is not None:
             devices.add(self._device.device)
-        drawn = self._host_draws.get(type(region.module), 0)
+        drawn = self._host_draws.get(type(region.module), 0) if self._host_draws else 0
         if drawn & ~region.host_rng:  # another block of its class drew (NOTE [Host random states])
             region.host_rng |= drawn
         call.rng = capture_rng(devices, region.host_rng, _host_rngs(region, cap.host_rngs))

@@ -400,9 +400,10 @@ class OffloadGroups:
             tc.queue_backward_callback(functools.partial(self._later_backward_done, weakref.ref(p)))
 
     def _later_backward_done(self, pref: weakref.ref[PassState]) -> None:
-        p = pref()
-        if p is not None:
+        p, engine = pref(), self.engine
+        if p is not None and engine is not None and not engine.closed:
             self.release_reloads(p)
+            engine.poll()  # the released buffers no tensor uses any more go now (no step end follows)
 
     def fetch_or_serve(self, group: Group, call: RegionCall) -> torch.Tensor | list[torch.Tensor]:
         """``group``'s (one of ``call``'s) served sources, a list (NOTE [Served groups] in
@@ -439,18 +440,15 @@ class OffloadGroups:
         """``p``'s backward is over: let go of its groups' reload buffers that saves no
         node read still held (NOTE [Reloads at a backward's end])."""
         engine = self.engine
-        if engine is None:
+        if engine is None or not engine.device_bytes:
             return
-        if engine.device_bytes:
-            seen: set[int] = set()
-            for call in p.all_calls():
-                for rec in call.storages:
-                    group = rec.group
-                    if group is not None and group.holds_reload and id(group) not in seen:
-                        seen.add(id(group))
-                        engine.release_device(group)
-        if not engine.closed:
-            engine.poll()  # the released buffers no tensor uses any more go now
+        seen: set[int] = set()
+        for call in p.all_calls():
+            for rec in call.storages:
+                group = rec.group
+                if group is not None and group.holds_reload and id(group) not in seen:
+                    seen.add(id(group))
+                    engine.release_device(group)
 
     def free(self, group: Group) -> None:
         if self.engine is None:
