@@ -983,14 +983,14 @@ class TanhBlock(nn.Module):
         return torch.tanh(self.fc(x))  # tanh saves its result, the block's output
 
 
-def test_offload_misses_a_write_after_the_copy_landed_to_a_dead_tensor(request: pytest.FixtureRequest) -> None:
-    """A block's output, saved by its tanh, written in place after its group's copy
-    landed (here between forward and backward, under no_grad; an in-place residual
-    ``x += block(x)`` a few regions later does the same), and its Python object gone by
-    backward. Plain raises. Offload holds the storage's version counter only until the
-    copy landed, and then the copy holds the value of the save: backward reads that,
-    with no error (NOTE [Writes after a save] in state.py; docs/design.md)."""
-    _known_limit(request, "a write after an offloaded save's copy landed, its tensor dead, is not seen")
+Step = Callable[[nn.Module, "offrecomp.Runtime | None"], None]
+
+
+def written_after_save(synchronize: bool) -> tuple[nn.Module, Step]:
+    """A chain whose first block's output, saved by its tanh, each step writes in place
+    between forward and backward, under no_grad, its Python object gone by backward:
+    plain raises (checked here). A copy of the chain for the runtime, and the step
+    (``synchronize``: under the runtime, its copies landed before the write)."""
     torch.manual_seed(0)
     model = Chain(TanhBlock)
     outs: list[torch.Tensor] = []
@@ -999,7 +999,7 @@ def test_offload_misses_a_write_after_the_copy_landed_to_a_dead_tensor(request: 
 
     def step(m: nn.Module, rt: offrecomp.Runtime | None) -> None:
         loss = m(x)
-        if rt is not None:
+        if rt is not None and synchronize:
             rt.offload_engine.synchronize()  # the copies landed, their sources dropped
         with torch.no_grad():
             outs.pop().mul_(0.5)  # forbidden: tanh's backward reads it
@@ -1007,7 +1007,18 @@ def test_offload_misses_a_write_after_the_copy_landed_to_a_dead_tensor(request: 
 
     with pytest.raises(RuntimeError, match=_FORBIDDEN):
         step(copy.deepcopy(model), None)
-    m = copy.deepcopy(model)
+    return copy.deepcopy(model), step
+
+
+def test_offload_misses_a_write_after_the_copy_landed_to_a_dead_tensor(request: pytest.FixtureRequest) -> None:
+    """A block's output, saved by its tanh, written in place after its group's copy
+    landed (here between forward and backward, under no_grad; an in-place residual
+    ``x += block(x)`` a few regions later does the same), and its Python object gone by
+    backward. Plain raises. Offload holds the storage's version counter only until the
+    copy landed, and then the copy holds the value of the save: backward reads that,
+    with no error (NOTE [Writes after a save] in state.py; docs/design.md)."""
+    _known_limit(request, "a write after an offloaded save's copy landed, its tensor dead, is not seen")
+    m, step = written_after_save(synchronize=True)
     rt = offrecomp.runtime(m, mode="offload", min_bytes=0)
     with rt:
         try:

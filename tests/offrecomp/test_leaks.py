@@ -428,20 +428,27 @@ def test_reloads_of_saves_no_node_reads_go_at_the_backwards_end() -> None:
     assert m[0].aux is not None and torch.equal(m[0].aux, ref[0].aux)  # type: ignore[arg-type]
 
 
+@contextlib.contextmanager
+def _offload_with_late_copies(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[nn.Module, offrecomp.Runtime]]:
+    """The model under forced offload, entered, one step run, its copies from then on
+    left to land when something waits on them."""
+    monkeypatch.setattr(offrecomp.backends, "START_DELAY_S", 1.0)  # no copy lands by itself
+    m = _model()
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0)
+    with rt:
+        m(torch.randn(32, 64)).sum().backward()
+        yield m, rt
+
+
 def test_a_dropped_graph_lets_go_of_the_sources_of_its_copies_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
     """NOTE [Freed sources] (offload.py): the groups of a forward whose graph died before
     their copies landed kept their device sources in the engine's stash until its next
     call (the next forward, or the runtime's exit), after plain autograd would have
     freed them with the graph."""
-    monkeypatch.setattr(offrecomp.backends, "START_DELAY_S", 1.0)  # no copy lands by itself
-    m = _model()
-    x = torch.randn(32, 64)
-    rt = offrecomp.runtime(m, mode="offload", min_bytes=0)
-    with rt:
-        m(x).sum().backward()
+    with _offload_with_late_copies(monkeypatch) as (m, rt):
         engine = rt.offload_engine
         assert engine is not None
-        out = m(x).sum()
+        out = m(torch.randn(32, 64)).sum()
         assert engine.stash_bytes > 0  # in flight still
         del out
         assert (engine.stash_bytes, engine.device_bytes) == (0, 0)
@@ -453,17 +460,12 @@ def test_a_backward_that_raises_lets_go_of_the_sources_it_was_served(monkeypatch
     being served (its sources handed out, the copy not landed: NOTE [Served groups] in
     transfer.py) frees the group with its graph; the sources stayed until the engine's
     next call."""
-    monkeypatch.setattr(offrecomp.backends, "START_DELAY_S", 1.0)  # no copy lands by itself
-    m = _model()
-    x = torch.randn(32, 64)
-    rt = offrecomp.runtime(m, mode="offload", min_bytes=0)
-    with rt:
-        m(x).sum().backward()
+    with _offload_with_late_copies(monkeypatch) as (m, rt):
         engine = rt.offload_engine
         assert engine is not None
         inner = []
         hook = m[-1].fc.register_forward_hook(lambda mod, args, out: inner.append(out))
-        out = m(x).sum()
+        out = m(torch.randn(32, 64)).sum()
         hook.remove()
 
         def stop(grad: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@ reloaded (NOTE [Served groups] in offrecomp/transfer.py), on the emulated backen
 
 from __future__ import annotations
 
-import copy
+import contextlib
 from collections.abc import Iterator
 from types import SimpleNamespace
 
@@ -18,7 +18,7 @@ from offrecomp.groups import OffloadGroups
 from offrecomp.offload import OffloadEngine
 from offrecomp.transfer import Group, GroupState
 from tests.helpers import assert_bitwise, make, train, twin
-from tests.offrecomp.test_layout_zoo import _FORBIDDEN, Chain, TanhBlock
+from tests.offrecomp.test_layout_zoo import _FORBIDDEN, written_after_save
 from tests.offrecomp.test_offload_engine import (
     SLOW,
     KiB,
@@ -99,13 +99,23 @@ def test_a_prefetch_pins_a_held_group_instead_of_reloading_it(engine: OffloadEng
     emu(engine).copy_delay_s = 0.0
 
 
+@contextlib.contextmanager
+def slow_copies(backend: SpyBackend) -> Iterator[OffloadEngine]:
+    """An engine on ``backend`` whose copies run late, closed after."""
+    eng = make_engine(backend=backend)
+    backend.copy_delay_s = SLOW / 5
+    try:
+        yield eng
+    finally:
+        backend.copy_delay_s = 0.0
+        eng.close()
+
+
 def test_a_free_lets_go_of_a_served_group_at_once_compute_after_its_copy() -> None:
     """NOTE [Freed sources] (offload.py): a freed group's served sources go at its free,
     compute ordered after their copy (a GPU-side wait on CUDA), not at the next poll."""
     backend = SpyBackend()
-    eng = make_engine(backend=backend)
-    try:
-        backend.copy_delay_s = SLOW / 5
+    with slow_copies(backend) as eng:
         group = offload(eng, [random_bytes(8 * KiB, seed=5)])
         assert eng.fetch(group, serve=True) is None
         since = len(backend.log)
@@ -113,9 +123,6 @@ def test_a_free_lets_go_of_a_served_group_at_once_compute_after_its_copy() -> No
         waits = [e for op, s, e in backend.log[since:] if op == "wait" and s.is_compute]
         assert waits and waits[0] is group.d2h_done
         assert group.served is None and eng.stash_bytes == 0 and eng.device_bytes == 0
-    finally:
-        backend.copy_delay_s = 0.0
-        eng.close()
 
 
 def test_a_backend_that_frees_after_a_stream_frees_a_group_without_a_wait() -> None:
@@ -130,9 +137,7 @@ def test_a_backend_that_frees_after_a_stream_frees_a_group_without_a_wait() -> N
             return True
 
     backend = FreesAfter()
-    eng = make_engine(backend=backend)
-    try:
-        backend.copy_delay_s = SLOW / 5
+    with slow_copies(backend) as eng:
         served = offload(eng, [random_bytes(8 * KiB, seed=7)], ordinal=0)
         held = offload(eng, [random_bytes(8 * KiB, seed=8)], ordinal=1)
         assert eng.fetch(served, serve=True) is None
@@ -143,18 +148,13 @@ def test_a_backend_that_frees_after_a_stream_frees_a_group_without_a_wait() -> N
         d2h = eng.copy_streams(torch.device("cpu"))[0]
         assert [len(srcs) for srcs, _ in handed] == [1, 1] and all(s is d2h for _, s in handed)
         assert eng.stash_bytes == 0 and eng.device_bytes == 0
-    finally:
-        backend.copy_delay_s = 0.0
-        eng.close()
 
 
 def test_a_free_on_a_copy_worker_leaves_a_served_group_to_its_copy() -> None:
     """NOTE [Frees on a copy worker]: a free there never waits: the served sources stay
     held for their copy, which lets go of them when it lands."""
     backend = SpyBackend()
-    eng = make_engine(backend=backend)
-    try:
-        backend.copy_delay_s = SLOW / 5
+    with slow_copies(backend) as eng:
         group = offload(eng, [random_bytes(8 * KiB, seed=6)])
         assert eng.fetch(group, serve=True) is None
         since = len(backend.log)
@@ -166,8 +166,6 @@ def test_a_free_on_a_copy_worker_leaves_a_served_group_to_its_copy() -> None:
         backend.copy_delay_s = 0.0
         eng.synchronize()
         assert eng.stash_bytes == 0 and eng.device_bytes == 0
-    finally:
-        eng.close()
 
 
 def test_a_buffer_read_of_a_served_group_reloads_it(engine: OffloadEngine) -> None:
@@ -236,23 +234,7 @@ def test_a_write_to_a_served_save_raises_like_plain(synchronize: bool, monkeypat
     sources and the copy holds the saved value (``landed``: the limit of NOTE [Writes
     after a save] in handles.py, no error)."""
     _slow_copies(monkeypatch, 0.005)
-    torch.manual_seed(0)
-    model = Chain(TanhBlock)
-    outs: list[torch.Tensor] = []
-    model.blocks[0].register_forward_hook(lambda mod, args, out: outs.append(out))
-    x = torch.randn(3, 4)
-
-    def step(m: torch.nn.Module, rt: offrecomp.Runtime | None) -> None:
-        loss = m(x)
-        if rt is not None and synchronize:
-            rt.offload_engine.synchronize()
-        with torch.no_grad():
-            outs.pop().mul_(0.5)  # forbidden: tanh's backward reads it
-        loss.backward()
-
-    with pytest.raises(RuntimeError, match=_FORBIDDEN):
-        step(copy.deepcopy(model), None)
-    m = copy.deepcopy(model)
+    m, step = written_after_save(synchronize)
     with offrecomp.runtime(m, mode="offload", min_bytes=0) as rt:
         if synchronize:
             step(m, rt)  # the known limit: backward reads the value saved
