@@ -244,9 +244,10 @@ class _Counts(nn.Module):
     "make", [collections.defaultdict, collections.OrderedDict, collections.Counter], ids=lambda f: f.__name__
 )
 def test_a_forward_counting_in_a_defaultdict_ordereddict_or_counter(mode: str, make: Callable[..., Any]) -> None:
-    """A dict subclass of the standard library's was neither copied at entry nor put back:
-    a replay read the forward's exit count (and its own increment leaked into the next
-    forward), gradients silently off from the second step."""
+    """A dict subclass of the standard library's is copied at entry and put back around a
+    replay, as a plain dict is; left alone, a replay would read the forward's exit count
+    (and its own increment would leak into the next forward), gradients silently off from
+    the second step."""
 
     def counts() -> Any:
         c = make(int) if make is collections.defaultdict else make()

@@ -63,7 +63,7 @@ def test_the_most_frugal_plan_drops_small_storages(caplog: pytest.LogCaptureFixt
     assert _messages(caplog, "cannot be met") == []
     assert _messages(caplog, "a planned step held") == []
     # predicted again under each new estimate as it was solved, small storages droppable
-    # (predicted on the profile as measured, the plan failed to place: no live prediction)
+    # (on the profile as measured the plan would not place: no live prediction)
     entry = rt.planner.last_entry
     assert entry is not None and entry.plan is not None and entry.profile is not None and entry.live is not None
     keys = [(r.name, r.call_index, i) for r, i in entry.small_externals(entry.profile)]

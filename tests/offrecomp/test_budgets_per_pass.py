@@ -91,9 +91,9 @@ def test_a_borrowed_step_over_an_infeasible_budget_says_it_cannot_be_met(caplog:
 
 
 def test_a_step_of_several_micro_batches_is_predicted_as_their_sum(monkeypatch: pytest.MonkeyPatch) -> None:
-    """NOTE [Budgets per pass]: a step of two micro-batches measures both passes; its
-    prediction was one pass's, half its time, so every accumulated step read as a plan
-    running twice its prediction."""
+    """NOTE [Budgets per pass]: a step of two micro-batches measures both passes, and its
+    prediction is both plans'; one pass's, half its time, would read as a plan running
+    twice its prediction."""
     predicted = []
     add_prediction = records.add_prediction
 

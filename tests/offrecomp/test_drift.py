@@ -153,9 +153,9 @@ def test_a_host_loaded_in_some_windows_replans_less_than_in_every_other_window(
 
 
 def test_steps_of_several_micro_batches_drift_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    """NOTE [Drift]: a run whose every step accumulates two micro-batches never judged a
-    window (only steps of one pass counted), so a plan its times had left kept running;
-    its passes' own spans, 3x the prediction here, now re-plan it."""
+    """NOTE [Drift]: a run whose every step accumulates two micro-batches is judged by its
+    passes' own spans (3x the prediction here) and re-plans; judging steps of one pass
+    only, it would judge no window, and a plan its times left would keep running."""
     check = drift.check_drift
     judged = []
 

@@ -119,9 +119,9 @@ def test_a_free_in_a_copy_job_this_thread_runs_leaves_the_sources_to_the_copy(mo
 def test_a_free_interrupted_in_its_wait_keeps_the_sources_for_their_copy(monkeypatch: pytest.MonkeyPatch) -> None:
     """NOTE [Freed sources]: a free lets go of the sources after compute waits on their
     copy; interrupted in that wait, the group is freed and its sources stay held until
-    the copy landed (dropped first, the copy read memory handed back: the emulated
-    backend's error at the next call, a corrupted copy on a GPU; the group stayed live
-    with its pinned block for good)."""
+    the copy landed (dropped first, the copy would read memory handed back: the emulated
+    backend's error at the next call, a corrupted copy on a GPU; left live, the group
+    would keep its pinned block for good)."""
     backend = EmulatedBackend(start_delay_s=5.0)
     eng = _engine(backend)
     try:

@@ -349,9 +349,10 @@ def test_a_region_that_starts_drawing_late_is_found_and_replays_its_draws_from_t
 
 def test_a_block_whose_sibling_drew_captures_the_state_before_it_draws_itself() -> None:
     """Two blocks of one class draw from numpy only when a torch draw lets them (a layer
-    drop); the first draws at once, the second first after its probed calls: it captured
-    no numpy state then, and its replays drew new noise, gradients silently off a plain
-    run's. A class whose block was seen drawing captures the state in all its blocks."""
+    drop); the first draws at once, the second first after its probed calls. A class
+    whose block was seen drawing captures the state in all its blocks; learnt per block,
+    the second would capture no numpy state and its replays would draw new noise,
+    gradients silently off a plain run's."""
 
     class Dropped(nn.Module):
         def __init__(self, index: int) -> None:

@@ -441,10 +441,10 @@ def _offload_with_late_copies(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple
 
 
 def test_a_dropped_graph_lets_go_of_the_sources_of_its_copies_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
-    """NOTE [Freed sources] (offload.py): the groups of a forward whose graph died before
-    their copies landed kept their device sources in the engine's stash until its next
-    call (the next forward, or the runtime's exit), after plain autograd would have
-    freed them with the graph."""
+    """NOTE [Freed sources] (offload.py): the groups of a forward whose graph dies before
+    their copies landed let go of their device sources with it, as plain autograd frees
+    them; left in the engine's stash, they would stay until its next call (the next
+    forward, or the runtime's exit)."""
     with _offload_with_late_copies(monkeypatch) as (m, rt):
         engine = rt.offload_engine
         assert engine is not None
@@ -458,8 +458,8 @@ def test_a_dropped_graph_lets_go_of_the_sources_of_its_copies_in_flight(monkeypa
 def test_a_backward_that_raises_lets_go_of_the_sources_it_was_served(monkeypatch: pytest.MonkeyPatch) -> None:
     """NOTE [Freed sources]: a backward interrupted inside a block whose group it was
     being served (its sources handed out, the copy not landed: NOTE [Served groups] in
-    transfer.py) frees the group with its graph; the sources stayed until the engine's
-    next call."""
+    transfer.py) frees the group with its graph, and its sources with it, not at the
+    engine's next call."""
     with _offload_with_late_copies(monkeypatch) as (m, rt):
         engine = rt.offload_engine
         assert engine is not None
@@ -483,8 +483,9 @@ def test_a_backward_that_raises_lets_go_of_the_sources_it_was_served(monkeypatch
 
 def test_a_later_backward_that_stops_inside_the_blocks_lets_go_of_its_reloads() -> None:
     """NOTE [Reloads at a backward's end] (groups.py): a later backward of a finished
-    pass (``autograd.grad`` of a block's inner tensor, the graph kept) left the group it
-    stopped in reloaded until the graph died, one more group for each such backward."""
+    pass (``autograd.grad`` of a block's inner tensor, the graph kept) lets go of its
+    reloads at its end; the group it stopped in would otherwise stay reloaded until the
+    graph dies, one more group for each such backward."""
     torch.manual_seed(0)
     m = nn.Sequential(*[Block(64) for _ in range(4)])
     ref = copy.deepcopy(m)

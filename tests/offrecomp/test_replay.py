@@ -986,9 +986,9 @@ class LateNoise(nn.Module):
 
 @pytest.mark.parametrize("holder", ["config", "list"])
 def test_a_generator_one_step_from_an_attribute_first_drawn_later_replays_the_same_draws(holder: str) -> None:
-    """NOTE [Private generators]: only generators held as attributes themselves were
-    looked for at the first call; one in a config or a list that the first call did not
-    draw from was never captured, and replays drew new noise from it, silently."""
+    """NOTE [Private generators]: a generator in a config or a list, which the first call
+    did not draw from, is captured at entry as one held as an attribute is; uncaptured,
+    replays would draw new noise from it, silently."""
 
     def run(m: nn.Module, rt: offrecomp.Runtime | None) -> list[torch.Tensor]:
         grads = []
