@@ -41,6 +41,7 @@ from offrecomp.call_state import (
 )
 from offrecomp.changes import (
     count_tree_change,
+    forward_hooks,
     hook_ids,
     module_children,
     same_objects,
@@ -251,6 +252,7 @@ class RegionCalls:
         call.buffers = capture_buffers(region.slots)
         call.params = capture_params(region.param_slots, region.param_data)
         call.training = tuple(m.training for m in region.modules)
+        call.forward_hooks = forward_hooks(region.modules[1:])  # NOTE [Hooks a replay registers] (changes.py)
         call.default_dtype = torch.get_default_dtype()
         call.attrs, contents = enter_tables(region, p.new_signature)  # NOTE [Attributes at entry]
         call.entry_contents = contents or None

@@ -60,6 +60,9 @@ __all__ = [
     "exit_attrs",
     "exit_values",
     "forward_hooked",
+    "forward_hooks",
+    "forward_hooks_as",
+    "forward_hooks_moved",
     "hide_hooks",
     "hook_ids",
     "hook_snapshot",
@@ -138,10 +141,20 @@ def module_state(modules: tuple[nn.Module, ...]) -> tuple[Any, ...]:
 # attribute takes the same path as its forward, which registered nothing: it takes no
 # copies. The replay's registrations on the model's other modules (a sibling
 # block, the root) are removed after it too (``drop_hooks_since``, over the modules the
-# runtime knows, only where one was registered). Not seen: a hook the loop registered
-# that the forward removed (the replay runs without it), handles kept outside the
-# model's modules (a global list), and a hook another thread registers or removes on
-# those objects while the replay runs.
+# runtime knows, only where one was registered).
+# The forward hooks and pre-hooks themselves are those of the call's entry: a call that
+# may replay keeps its submodules' and torch's global non-empty forward hook tables with
+# their items (``forward_hooks``, about a microsecond a call, where the modules hold
+# none). Between a forward and its backward the loop may take out a hook the forward ran
+# (a steering hook held only around the forward, ``with hook: loss = model(x)``), the
+# forward may remove a hook as it ran (a one-shot hook), or the loop may register one
+# (a capture hook set after the forward): the replay would compute other activations
+# and every gradient would be off, silently, as under ``torch.utils.checkpoint``. So a
+# replay whose tables differ from its entry's (beyond the hooks its forward registered)
+# runs with the entry's (``forward_hooks_as``) and puts them back as it found them.
+# Not seen: handles kept outside the model's modules (a global list), a hook table
+# mutated in place past ``register_*`` and ``remove``'s ids, and a hook another thread
+# registers or removes on those objects while the replay runs.
 
 
 def forward_hooked(region: Region) -> bool:
@@ -152,6 +165,54 @@ def forward_hooked(region: Region) -> bool:
     if glob._global_forward_hooks or glob._global_forward_pre_hooks:
         return True
     return any(m._forward_hooks or m._forward_pre_hooks for m in region.modules[1:])
+
+
+#: The tables of the hooks a call of a module runs around its forward, and torch's global
+#: ones (NOTE [Hooks a replay registers]).
+_FORWARD_TABLES = (
+    "_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+)
+_GLOBAL_FORWARD_TABLES = (
+    "_global_forward_pre_hooks", "_global_forward_hooks", "_global_forward_hooks_with_kwargs",
+    "_global_forward_hooks_always_called",
+)
+ForwardHooks = tuple[tuple[dict[Any, Any], tuple[Any, ...]], ...]
+
+
+def forward_hooks(modules: tuple[nn.Module, ...]) -> ForwardHooks:
+    """Each non-empty forward hook table of ``modules`` and of torch's global module hooks,
+    with its items: the hooks their calls run (NOTE [Hooks a replay registers])."""
+    glob = torch.nn.modules.module
+    out = [(t, tuple(t.items())) for n in _GLOBAL_FORWARD_TABLES if (t := getattr(glob, n, None))]
+    for m in modules:
+        d = m.__dict__
+        if d.get("_forward_hooks") or d.get("_forward_pre_hooks"):
+            out += [(t, tuple(t.items())) for n in _FORWARD_TABLES if (t := d.get(n))]
+    return tuple(out)
+
+
+def forward_hooks_moved(entry: ForwardHooks, now: ForwardHooks, first: int, last: int) -> bool:
+    """Do the tables ``now`` hold other hooks than at the call's ``entry``, besides those
+    with ids in ``[first, last)`` that its forward registered?"""
+    if len(now) == len(entry) and all(a is b and x == y for (a, x), (b, y) in zip(now, entry)):
+        return False
+    if last > first:
+        now = tuple(
+            (t, kept) for t, items in now
+            if (kept := tuple((k, v) for k, v in items if not (type(k) is int and first <= k < last)))
+        )
+    return not (len(now) == len(entry) and all(a is b and x == y for (a, x), (b, y) in zip(now, entry)))
+
+
+def forward_hooks_as(entry: ForwardHooks, now: ForwardHooks) -> None:
+    """Give the tables of ``now`` and ``entry`` the items they held at the call's entry:
+    those a table gained since are taken out, those it lost put back."""
+    for table, _ in now:
+        table.clear()
+    for table, items in entry:
+        table.clear()
+        table.update(items)
 
 
 def hook_snapshot(modules: tuple[nn.Module, ...]) -> list[tuple[Any, str, Any, tuple[Any, ...]]]:

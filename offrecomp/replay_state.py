@@ -18,6 +18,9 @@ from offrecomp.arguments import arguments_in_state, arguments_with, state_links
 from offrecomp.buffers import modified_buffers
 from offrecomp.changes import (
     drop_hooks_since,
+    forward_hooks,
+    forward_hooks_as,
+    forward_hooks_moved,
     hide_hooks,
     hook_ids,
     hook_snapshot,
@@ -185,20 +188,33 @@ def hooks_as_found(call: RegionCall) -> Iterator[None]:
     forward found at its entry, and leaves the hooks, children, parameters and hook
     handles of the region's modules as it found them."""
     region = call.region
-    if region is None or not (call.hooks_to > call.hooks_from or call.attrs):
+    entry = call.forward_hooks
+    now = forward_hooks(region.modules[1:]) if region is not None and entry is not None else None
+    moved = now is not None and forward_hooks_moved(entry, now, call.hooks_from, call.hooks_to)
+    if region is None or not (call.hooks_to > call.hooks_from or call.attrs or moved):
         yield  # a forward that registered no hook and set no attribute: its replay neither
         return
     mods = region.modules
     hooks, tree, first = hook_snapshot(mods), tree_snapshot(mods), hook_ids()
     if call.hooks_to > call.hooks_from:
         hide_hooks(hooks, call.hooks_from, call.hooks_to)
+    if moved:
+        assert now is not None
+        forward_hooks_as(entry, now)
     try:
         yield
     finally:
         changed = restore_hooks(hooks)
         changed = restore_tree(tree) or changed
         changed = drop_hooks_since(first, mods) or changed
-        if changed:
+        if moved:
+            log_once(
+                f"replay-entry-hooks:{region.name}", logging.INFO,
+                "offrecomp: forward hooks of region %r's modules were registered or removed "
+                "between its forward and its replay; the replay ran with those its forward found",
+                region.name,
+            )
+        elif changed:
             log_once(
                 f"replay-hooks:{region.name}", logging.INFO,
                 "offrecomp: region %r registers or removes hooks, or sets children, in its "

@@ -4,6 +4,7 @@ replays."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any
 
@@ -314,3 +315,74 @@ def test_a_hook_swapped_through_a_list_by_a_block_called_twice() -> None:
     got = train(m, batch, offrecomp.runtime(m, mode="recompute", min_bytes=0, regions=[ScaledByItsInput]), steps=4)
     for r, g in zip(ref, got):
         assert all(torch.equal(r[k], g[k]) for k in r)
+
+
+class _Block(nn.Module):
+    def __init__(self, h: int = 16) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(h, 2 * h), nn.Linear(2 * h, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(F.gelu(self.fc1(x)))
+
+
+def _steered_steps(model: nn.Module, how: str, ctx: Any) -> list[list[torch.Tensor]]:
+    """Three steps whose loop changes a forward hook of a block's layer (or a global one)
+    between each forward and its backward, in the way ``how`` names."""
+    def scale(m: nn.Module, a: Any, out: torch.Tensor) -> torch.Tensor | None:
+        return out * 1.5 if isinstance(m, nn.Linear) else None
+
+    layer = model.inner[1].fc1  # type: ignore[union-attr,index]
+    out = []
+    with ctx if ctx is not None else contextlib.nullcontext():
+        for s in range(3):
+            x = torch.randn(4, 8, 16, generator=torch.Generator().manual_seed(s))
+            if how == "removed":  # a steering hook held only around the forward
+                h = layer.register_forward_hook(scale)
+                loss = model(x)
+                h.remove()
+            elif how == "global_removed":
+                h = torch.nn.modules.module.register_module_forward_hook(scale)
+                loss = model(x)
+                h.remove()
+            elif how == "one_shot":  # a hook that removes itself as it runs
+
+                box: dict[str, Any] = {}
+
+                def once(m: nn.Module, a: Any, o: torch.Tensor, box: dict[str, Any] = box) -> torch.Tensor:
+                    box["handle"].remove()
+                    return o * 1.5
+
+                box["handle"] = layer.register_forward_hook(once)
+                loss = model(x)
+            else:  # "added": a hook registered after the forward, taken out after the step
+                loss = model(x)
+                h = layer.register_forward_hook(scale)
+            loss.backward()
+            if how == "added":
+                h.remove()
+            out.append([p.grad.clone() for p in model.parameters()])  # type: ignore[union-attr]
+            model.zero_grad()
+    return out
+
+
+@pytest.mark.parametrize("how", ["removed", "global_removed", "one_shot", "added"])
+@pytest.mark.parametrize("variant", ["recompute", "auto_tight", "auto_serve"])
+def test_a_replay_runs_the_forward_hooks_of_its_forward(how: str, variant: str) -> None:
+    """A forward hook the loop (or the hook itself) took out between a forward and its
+    backward, or one the loop registered there, was run, or not, by the replay as the
+    tables then stood: the replayed layer's output scaled where the forward's was not, or
+    the reverse, and every gradient below it off, silently. The tables are as the loop
+    left them afterwards."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_Block() for _ in range(3)])
+    ref = _steered_steps(_Scalar(copy.deepcopy(model)), how, None)
+    m = copy.deepcopy(model)
+    budget = None
+    if variant != "recompute":
+        budget = tight_budget(_Scalar(m), lambda s: torch.randn(4, 8, 16, generator=torch.Generator().manual_seed(s)))
+    got = _steered_steps(_Scalar(m), how, variant_runtime(m, variant, budget))
+    for r, g in zip(ref, got):
+        assert all(torch.equal(a, b) for a, b in zip(r, g))
+    assert not torch.nn.modules.module._global_forward_hooks
+    assert all(not b.fc1._forward_hooks for b in m)
