@@ -269,6 +269,7 @@ class PassSignatures:
         self.choose(p, part, region)
         p.recording = p.planned = False
         p.phase = p.plan_id = p.plan_signature = ""
+        p.plan = None
         self.note(p)
         self._planner.left(p, guess)
         self._planner.begin_pass(p)

@@ -465,6 +465,9 @@ class PassState(_WeakReferable):
     the signature's profile again (NOTE [Calls the profile lacks])."""
     phase: str = ""
     plan_id: str = ""
+    plan: Any = None
+    """The plan it runs (``plan_id``'s), whatever its entry holds by the time its step's
+    record is made: a pass after it may have re-solved it."""
     releases: tuple[int, ...] = ()
     """Per unit, where its plan frees its offload group (NOTE [Planned release] in groups.py)."""
     new_signature: bool = False

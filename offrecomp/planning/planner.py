@@ -166,6 +166,7 @@ class Planner:
         if cfg.mode != "auto":
             p.phase = Phase.USER_PLAN if user is not None else Phase(cfg.mode)
             p.plan_id = user.plan_id if user is not None else ""
+            p.plan = user
             return
         p.plan_signature = p.signature
         if user is None and p.signature not in self.entries:
@@ -186,6 +187,7 @@ class Planner:
                 p.phase = Phase.BORROWED
                 p.plan_signature = donor.signature
                 p.plan_id = donor.borrow_plan.plan_id
+                p.plan = donor.borrow_plan
                 p.releases = pass_releases(donor.borrow_plan.releases)
                 return
             if not seen and self.cache.grows_from_profiled(p):
@@ -224,6 +226,7 @@ class Planner:
         p.phase = Phase.USER_PLAN if user is not None else Phase.PLANNED
         plan = self.active_plan(entry)
         p.plan_id = plan.plan_id if plan is not None else ""
+        p.plan = plan
         if user is not None:
             p.releases = _user_releases(entry, user)
         elif plan is not None:
@@ -383,6 +386,7 @@ class Planner:
                 p.phase = Phase.BORROWED  # the plan it began with: NOTE [Borrowed plans]
             if p.phase == Phase.RECOMPUTE:
                 p.plan_signature = p.plan_id = ""
+                p.plan = None
                 p.releases = ()
             if first or p.phase != before:  # once per pass, not once per forward it joins
                 log.info(
@@ -641,6 +645,8 @@ class Planner:
             elif q.planned:
                 ran_entry = self.entries.get(q.signature)
                 ran = self.active_plan(ran_entry) if ran_entry is not None else None
+            if ran is not None and q.plan is not None:
+                ran = q.plan  # the plan it ran: one re-solved since, or set, is another's
             if ran_entry is not None and ran is not None:
                 records.check_pass(rec, ran_entry, ran, q)
             runs.append((ran_entry, ran) if ran is not None and q.phase != Phase.BORROWED else None)

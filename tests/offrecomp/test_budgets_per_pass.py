@@ -3,6 +3,7 @@ several signatures; each pass is checked against the plan it ran."""
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any
 
@@ -112,3 +113,33 @@ def test_a_step_of_several_micro_batches_is_predicted_as_their_sum(monkeypatch: 
     for n, step, one in predicted:
         assert step is not None and one is not None and step == pytest.approx(n * one, rel=1e-12)
     assert [s.predicted_step_seconds for s in double] == [step for n, step, _ in predicted if n == 2]
+
+
+def test_each_pass_of_a_step_is_predicted_by_the_plan_it_ran() -> None:
+    """A plan set between the micro-batches of a step runs only in the later one: the
+    step's prediction is the solver's plan for the first pass and the set plan for the
+    second; crediting both with the set plan, the plan the entry holds when the step's
+    record is made, would predict a second more."""
+    torch.manual_seed(0)
+    m = _Net()
+    opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(0)
+    with offrecomp.runtime(m, min_bytes=0, mode="auto") as rt:
+        for _ in range(5):
+            m(torch.randn(4, SHORT, 64, generator=gen)).backward()
+            opt.step()
+            opt.zero_grad()
+        solved = rt.planner.entries[rt.report().steps[-1].signature].plan
+        assert solved is not None and solved.predicted_step_seconds
+        user = copy.deepcopy(solved)
+        user.plan_id, user.predicted_step_seconds = "set-between", solved.predicted_step_seconds + 1.0
+        m(torch.randn(4, SHORT, 64, generator=gen)).backward()
+        rt.set_plan(user)
+        m(torch.randn(4, SHORT, 64, generator=gen)).backward()
+        opt.step()
+        opt.zero_grad()
+    steps = rt.report().steps
+    assert [s.phases for s in steps[-1:]] == ["planned+user-plan"], [(s.phases, s.passes) for s in steps]
+    one = steps[-2].predicted_step_seconds  # the solver's plan, predicted as the step's record does
+    assert one is not None and one < 0.25
+    assert steps[-1].predicted_step_seconds == pytest.approx(one + user.predicted_step_seconds, abs=0.1)
