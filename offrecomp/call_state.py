@@ -147,10 +147,13 @@ def warn_big_buffers(call: RegionCall, region: Region) -> None:
 # take or write); the region remembers them (weakly), and the call, at its exit, and
 # each later call, at its entry, notes their versions, and copies those up to
 # READ_SNAPSHOT_MAX_BYTES (regions.py, as for buffers a forward only read). A
-# replay finds one written since: it runs on the copy, the written values put back
-# afterwards; a larger one stops the replay at its first read (the parameters' guard,
-# NOTE [Replay and parameters] in params.py). A tensor the first call did not read is
-# not seen (a global rebound to a new tensor at each step reads as another tensor).
+# replay runs on the copies, the values found put back afterwards: a write since may
+# have moved no version (through ``.data``), and the copies go in through ``.data``
+# too, so that no version moves where the graph saved the tensor. A larger one written
+# since with a version bump stops the replay at its first read (the parameters' guard,
+# NOTE [Replay and parameters] in params.py); one written through ``.data`` goes
+# unseen. A tensor the first call did not read is not seen (a global rebound to a new
+# tensor at each step reads as another tensor).
 
 
 def note_external_reads(refs: tuple[weakref.ref[torch.Tensor], ...]) -> list[tuple[torch.Tensor, int, torch.Tensor | None]] | None:

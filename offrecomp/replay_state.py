@@ -137,10 +137,18 @@ def param_guard(call: RegionCall) -> ParamGuard | None:
 @contextlib.contextmanager
 def reads_as_forward(call: RegionCall) -> Iterator[None]:
     """NOTE [State read from outside] (call_state.py): tensors from outside the call that its
-    forward read and something wrote since hold the values it read while the replay
-    runs (from their copies), and the written values afterwards."""
-    with holding([(t, copy) for t, v, copy in call.external_reads or () if copy is not None and tc.version_of(t) != v]):
+    forward read hold the values it read while the replay runs (from their copies), and
+    their values at the replay's start afterwards. One written since with a version bump
+    is held as before; the others through ``.data``, which moves no version: a write
+    through ``.data`` moved none either, and a version the replay moved would fail a
+    save of the tensor elsewhere in the graph."""
+    reads = [(t, v, copy) for t, v, copy in call.external_reads or () if copy is not None]
+    if not reads:
         yield
+        return
+    with holding([(t, copy) for t, v, copy in reads if tc.version_of(t) != v]):
+        with holding([(t.data, copy) for t, v, copy in reads if tc.version_of(t) == v]):
+            yield
 
 
 @contextlib.contextmanager

@@ -643,15 +643,19 @@ def _outside_readers(view: bool, numel: int = 1) -> nn.Module:
     return Stack([_OutsideReader(scale, view) for _ in range(3)])
 
 
-def _train_writing_between(model: nn.Module, rt: Any, steps: int = 3) -> list[dict[str, torch.Tensor]]:
-    """Each step writes the readers' shared tensor after the forward, before the backward."""
+def _train_writing_between(
+    model: nn.Module, rt: Any, steps: int = 3, through_data: bool = False
+) -> list[dict[str, torch.Tensor]]:
+    """Each step writes the readers' shared tensor after the forward, before the backward
+    (``through_data``: through ``.data``, which moves no version)."""
     out = []
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with rt if rt is not None else contextlib.nullcontext():
         for step in range(steps):
             loss = model(_batch(step))
             with torch.no_grad():
-                model.blocks[0].scale[0].add_(0.5)
+                scale = model.blocks[0].scale[0]
+                (scale.data if through_data else scale).add_(0.5)
             loss.backward()
             out.append({f"grad.{n}": p.grad.clone() for n, p in model.named_parameters()})
             opt.step()
@@ -661,17 +665,22 @@ def _train_writing_between(model: nn.Module, rt: Any, steps: int = 3) -> list[di
 
 @pytest.mark.parametrize("mode", ["recompute", "auto"])
 @pytest.mark.parametrize("view", [False, True])
-def test_a_tensor_from_outside_written_between_forward_and_backward_replays_as_read(mode: str, view: bool) -> None:
+@pytest.mark.parametrize("through_data", [False, True])
+def test_a_tensor_from_outside_written_between_forward_and_backward_replays_as_read(
+    mode: str, view: bool, through_data: bool
+) -> None:
     """NOTE [State read from outside]: the loop writes a tensor the blocks read (and do
     not save) after the forward: each replay runs on the values its forward read, not
     the written ones. Also where the blocks advance it through a view
-    (NOTE [State written by its region]: a view of an outside tensor is not the call's)."""
+    (NOTE [State written by its region]: a view of an outside tensor is not the call's),
+    and where the loop writes it through ``.data``, which moves no version: a replay
+    holding the copy only where the version moved read the written values."""
     torch.manual_seed(0)
     model = _outside_readers(view)
-    ref = _train_writing_between(copy.deepcopy(model), None)
+    ref = _train_writing_between(copy.deepcopy(model), None, through_data=through_data)
     m = copy.deepcopy(model)
     rt = offrecomp.runtime(m, mode=mode, min_bytes=0, **({"budget": 1} if mode == "auto" else {}))
-    assert_bitwise(ref, _train_writing_between(m, rt))
+    assert_bitwise(ref, _train_writing_between(m, rt, through_data=through_data))
     assert rt.report().steps[0].recomputed_bytes > 0
 
 
