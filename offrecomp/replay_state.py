@@ -146,9 +146,11 @@ def reads_as_forward(call: RegionCall) -> Iterator[None]:
     if not reads:
         yield
         return
-    with holding([(t, copy) for t, v, copy in reads if tc.version_of(t) != v]):
-        with holding([(t.data, copy) for t, v, copy in reads if tc.version_of(t) == v]):
-            yield
+    moved = [tc.version_of(t) != v for t, v, _ in reads]
+    bumped = [(t, copy) for (t, _, copy), m in zip(reads, moved) if m]
+    unseen = [(t.data, copy) for (t, _, copy), m in zip(reads, moved) if not m]
+    with holding(bumped), holding(unseen):
+        yield
 
 
 @contextlib.contextmanager
