@@ -123,6 +123,8 @@ def explain_plan(
         f"predicted step {plan.predicted_step_seconds or 0.0:.4f}s, "
         f"lower bound {plan.lower_bound_seconds or 0.0:.4f}s",
     ]
+    if plan.prefetch_regions is not None and plan.counts()[Placement.OFFLOAD]:
+        lines[-1] += f", reloads {plan.prefetch_regions} group{'s' if plan.prefetch_regions != 1 else ''} ahead"
     lines += [f"  note: {n}" for n in [*plan.notes, *notes]]
     rows = []
     for r in profile.regions:

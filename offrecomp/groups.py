@@ -276,7 +276,9 @@ class OffloadGroups:
     def _open(self, call: RegionCall, engine: OffloadEngine, device: torch.device) -> Group:
         """A new open group for ``call``'s offloaded storages."""
         p = call.pass_state
-        group = call.group = engine.open_group(len(p.calls) if p is not None else 0, device)
+        plan = p.plan if p is not None else None
+        depth = plan.prefetch_regions if plan is not None else None  # NOTE [Chosen prefetch] (scheduler)
+        group = call.group = engine.open_group(len(p.calls) if p is not None else 0, device, depth)
         call.groups.append(group)
         self.live_groups += 1
         return group

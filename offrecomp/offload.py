@@ -247,8 +247,10 @@ class OffloadEngine:
 
     # ---------------------------------------------------------------- forward
 
-    def open_group(self, ordinal: int, device: torch.device) -> Group:
-        """A new, empty group for the storages of the region call ``ordinal`` saves."""
+    def open_group(self, ordinal: int, device: torch.device, prefetch_regions: int | None = None) -> Group:
+        """A new, empty group for the storages of the region call ``ordinal`` saves; its
+        first fetch reloads ``prefetch_regions`` groups ahead, where given, else as the
+        engine's ``prefetch`` says (NOTE [Prefetch order] in transfer.py)."""
         if self._closed:
             raise RuntimeError("offrecomp: the offload engine is closed")
         if device.type != self.backend.device_type:
@@ -256,7 +258,9 @@ class OffloadEngine:
                 f"offrecomp: the {self.backend.name} backend moves {self.backend.device_type} "
                 f"tensors; got a group on {device}"
             )
-        return Group(ordinal, device, self._step)
+        group = Group(ordinal, device, self._step)
+        group.depth = prefetch_regions
+        return group
 
     def add(self, group: Group, source: Any, nbytes: int, stride: tuple[int, ...] | None = None) -> int:
         """Add a storage of ``nbytes`` to the open ``group`` if the pool has room for it;
@@ -720,11 +724,11 @@ class OffloadEngine:
 
     def _prefetch_for(self, group: Group, compute: Stream) -> None:
         # see NOTE [Prefetch order] in transfer.py
-        if group.step != self._step or group.seq < 0 or (
-            self.prefetch.regions is None and self.prefetch.nbytes is None
-        ):
-            return
         regions, limit = self.prefetch.regions, self.prefetch.nbytes
+        if group.depth is not None:
+            regions, limit = group.depth, None  # its plan's (NOTE [Chosen prefetch] in scheduler)
+        if group.step != self._step or group.seq < 0 or (regions is None and limit is None):
+            return
         issued = 0
         for seq in range(group.seq - 1, -1, -1):
             if regions is not None and issued >= regions:

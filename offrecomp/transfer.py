@@ -60,7 +60,9 @@ __all__ = [
 # at most once per backward pass: it qualifies only if it has been fetched fewer times
 # than the group being fetched now, so a second backward (retain_graph) prefetches the
 # released groups again while the first never reloads what it already consumed.
-# Ordering is per step; groups of earlier steps are reloaded on demand only.
+# Ordering is per step; groups of earlier steps are reloaded on demand only. A group of
+# a pass whose plan chose its depth (NOTE [Chosen prefetch] in scheduler/solver/api.py)
+# reloads that many ahead instead of the engine's ``prefetch`` (``Group.depth``).
 
 # NOTE [Served groups]
 # Outside a plan, a group's sources stay held until query() says its copy landed. When
@@ -145,6 +147,7 @@ class Group:
         "block",
         "buffer",
         "d2h_done",
+        "depth",
         "device",
         "dtypes",
         "fetches",
@@ -194,6 +197,7 @@ class Group:
         self.payload_bytes = 0  # bytes of the storages, without alignment (from ``seal``)
         self.state = GroupState.OPEN
         self.seq = -1  # issue order within the step
+        self.depth: int | None = None  # groups its first fetch reloads ahead; None: the engine's prefetch
         self.fetches = 0  # times a reload was handed to compute
         self.handles = 0
         self.uses = 0

@@ -122,8 +122,8 @@ def _parser() -> argparse.ArgumentParser:
         "--mfu", help="model FLOP utilisation of matmuls (--model), in (0, 1], default 0.5"
     )
     plan.add_argument(
-        "--prefetch-regions", default=2,
-        help=f"regions reloads run ahead, {MIN_PREFETCH_REGIONS} or more (default 2)",
+        "--prefetch-regions", default=None,
+        help=f"regions reloads run ahead, {MIN_PREFETCH_REGIONS} or more (default: the faster of 2 and 1)",
     )
     plan.add_argument(
         "--replay-op-us",
@@ -190,7 +190,8 @@ def _check_args(args: argparse.Namespace) -> None:
             if flag in _FRACTIONS:
                 raise ValueError(f"{e}{_as_fraction(value)}") from None
             raise
-    args.prefetch_regions = _regions(args.prefetch_regions)
+    if args.prefetch_regions is not None:
+        args.prefetch_regions = _regions(args.prefetch_regions)
     if args.budget is not None:
         args.budget = parse_bytes(args.budget, name="--budget")
 
@@ -406,7 +407,8 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         allow_offload=not args.no_offload,
         infeasible=args.infeasible or "warn",
     )
-    keep = predict(profile, Plan(), prefetch_regions=args.prefetch_regions)
+    depth = plan.prefetch_regions if plan.prefetch_regions is not None else 2
+    keep = predict(profile, Plan(), prefetch_regions=depth)
     rows = _region_rows(profile, plan)
     step = plan.predicted_step_seconds or 0.0
     if args.json:
@@ -420,6 +422,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
             "lower_bound_seconds": plan.lower_bound_seconds,
             "keep_step_seconds": keep.step_seconds,
             "keep_peak_bytes": keep.peak_bytes,
+            "prefetch_regions": depth,
             "notes": plan.notes,
             "regions": rows,
             "placements": [[k[0], k[1], k[2], p.name] for k, p in plan],
@@ -438,7 +441,8 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         else "no host link"
     )
     print(
-        f"budget {format_bytes(budget) if budget is not None else 'none'}, {link}, prefetch {args.prefetch_regions} regions, "
+        f"budget {format_bytes(budget) if budget is not None else 'none'}, {link}, prefetch {depth} regions"
+        f"{'' if args.prefetch_regions is not None else ' (the faster of 2 and 1)'}, "
         f"replay dispatch {1e6 * profile.replay_op_seconds:g} us/op",
         file=out,
     )

@@ -99,6 +99,10 @@ class Plan:
     nothing. Empty: the plan offloads nothing, or was not simulated (a user's plan)."""
     notes: list[str] = field(default_factory=list)
     """Human-readable remarks from the planner (infeasibility, overhead cap, ...)."""
+    prefetch_regions: int | None = None
+    """How many offloading groups ahead backward reloads under this plan, as it was
+    solved and predicted (NOTE [Chosen prefetch] in ``scheduler.solver.api``); None: as
+    the runtime is configured (a user's plan)."""
 
     def placement(self, key: StorageKey) -> Placement:
         return self.placements.get(key, self.default)

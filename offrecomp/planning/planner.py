@@ -639,14 +639,12 @@ class Planner:
         for q in passes:  # NOTE [Budgets per pass] (records.py): each against the plan it ran
             if q.aborted:
                 continue
-            ran_entry, ran = None, None
+            ran_entry = None
             if q.phase == Phase.BORROWED:  # no prediction of its own; still the budget
-                ran_entry, ran = self._plan_of(q)
+                ran_entry = self._plan_of(q)[0]
             elif q.planned:
                 ran_entry = self.entries.get(q.signature)
-                ran = self.active_plan(ran_entry) if ran_entry is not None else None
-            if ran is not None and q.plan is not None:
-                ran = q.plan  # the plan it ran: one re-solved since, or set, is another's
+            ran = q.plan if ran_entry is not None else None  # the one it ran, not one set or solved since
             if ran_entry is not None and ran is not None:
                 records.check_pass(rec, ran_entry, ran, q)
             runs.append((ran_entry, ran) if ran is not None and q.phase != Phase.BORROWED else None)

@@ -277,6 +277,15 @@ def prefetch_depth(prefetch: Prefetch, profile: Profile) -> int:
     return max(1, (prefetch.nbytes or 0) // sizes[len(sizes) // 2])
 
 
+def chosen_depth(cfg: Config, profile: Profile) -> int | None:
+    """The reload depth plans are solved for: the configured one, or, where
+    ``OFFRECOMP_PREFETCH`` is not set, None: the solver's choice (NOTE [Chosen prefetch]
+    in scheduler/solver/api.py)."""
+    if cfg.sources.get("prefetch", "default") == "default":
+        return None
+    return prefetch_depth(cfg.prefetch, profile)
+
+
 def build_profile(
     p: PassState, replay_marks: ReplayMarks, end_mark: Any, *, clock: Clock, config: Config, device: torch.device,
     host_limit: Callable[[], int],

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from offrecomp.config import format_bytes
 from offrecomp.measure import host_available_bytes
 from offrecomp.planning.drift import MODEL_GAIN
-from offrecomp.planning.profiling import prefetch_depth, save_profile
+from offrecomp.planning.profiling import chosen_depth, prefetch_depth, save_profile
 from offrecomp.transfer import slot_offsets
 from scheduler.plan import ROOT, Placement, Plan
 
@@ -122,16 +122,21 @@ class Solver:
         t0 = time.perf_counter()
         budget = self.entry_budget(entry)
 
+        depth = chosen_depth(cfg, profile)
+
         def solved(budget_bytes: int | None) -> Plan:
-            return solve(
+            plan = solve(
                 profile,
                 budget_bytes=budget_bytes,
                 max_overhead=cfg.max_overhead,
-                prefetch_regions=prefetch_depth(cfg.prefetch, profile),
+                prefetch_regions=depth,
                 allow_offload=offload_allowed(entry, profile) if allow_offload is None else allow_offload,
                 infeasible="warn",  # the entry's own plan raises in solve, after the frugal end
                 log_infeasible=False,
             )
+            if depth is not None:
+                plan.prefetch_regions = None  # the engine reloads as configured (a byte window, say)
+            return plan
 
         plan = None
         if cfg.budget is None and cfg.max_overhead is not None and entry.budget_scale >= 1.0:
@@ -276,7 +281,10 @@ class Solver:
         profile = entry.profile
         assert profile is not None
         try:
-            now = entry.predict(profile, incumbent, prefetch_regions=prefetch_depth(self.host.config.prefetch, profile))
+            depth = incumbent.prefetch_regions
+            if depth is None:
+                depth = prefetch_depth(self.host.config.prefetch, profile)
+            now = entry.predict(profile, incumbent, prefetch_regions=depth)
         except ValueError:  # it no longer places on this profile
             return False
         budget = incumbent.budget_bytes

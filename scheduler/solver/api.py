@@ -152,12 +152,35 @@ def _frugal(times: np.ndarray, peaks: np.ndarray, mask: np.ndarray) -> tuple[int
     return _pick(times, peaks, near, times, peaks.astype(np.float64)), smallest
 
 
+#: The reload depths ``solve(prefetch_regions=None)`` plans with, the first the default
+#: (NOTE [Chosen prefetch]).
+PREFETCH_CHOICES = (2, 1)
+#: How much faster a later depth's plan must be predicted to replace the first's.
+PREFETCH_GAIN = 0.01
+
+# NOTE [Chosen prefetch]
+# How far ahead backward reloads offloaded groups trades memory for stalls: each group
+# reloaded ahead is resident before its region's backward needs it. Where a region's
+# activations are a small share of the budget, two groups ahead hide the link at little
+# cost; where they are a large share (80 layers at 128K tokens: 33 GiB a layer against a
+# 60 GiB budget), the second group reloaded ahead leaves no room to offload at all and
+# the plan drops everything (+33.3% step time), where reloading one ahead lets it offload
+# most (+6.6%). ``solve(prefetch_regions=None)`` solves at each of ``PREFETCH_CHOICES``
+# and returns the faster plan meeting the budget (the lower peak when none does), with
+# its depth in ``Plan.prefetch_regions``. The first depth stays unless another is
+# predicted ``PREFETCH_GAIN`` faster: one group ahead leaves a reload no slack for what
+# the model does not see (a host pause, another stream's copy). The runtime reloads
+# each group of a pass as the plan it ran says (NOTE [Prefetch order] in
+# offrecomp/transfer.py), and predicts it at that depth. A depth given is the only one.
+# A plan that offloads nothing, or a profile without a link, is solved once.
+
+
 def solve(
     profile: Profile,
     *,
     budget_bytes: int | None,
     max_overhead: float | None = None,
-    prefetch_regions: int = 2,
+    prefetch_regions: int | None = 2,
     allow_offload: bool = True,
     infeasible: str = "warn",
     log_infeasible: bool = True,
@@ -172,7 +195,9 @@ def solve(
     * ``max_overhead``: accepted predicted step-time overhead over all-KEEP (0.05 = 5%).
       Without a budget the planner buys the smallest peak within that overhead; with a
       budget it only notes when meeting the budget costs more.
-    * ``prefetch_regions``: how many regions ahead reloads are issued in backward.
+    * ``prefetch_regions``: how many regions ahead reloads are issued in backward; None
+      plans at each of ``PREFETCH_CHOICES`` and takes the faster (NOTE [Chosen
+      prefetch]). The plan's ``prefetch_regions`` says which.
     * ``allow_offload``: False restricts plans to KEEP and RECOMPUTE.
     * ``infeasible``: ``"warn"`` returns the most memory-frugal plan with
       ``feasible=False`` when the budget cannot be met; ``"error"`` raises
@@ -180,7 +205,7 @@ def solve(
     """
     budget = _check_budget(budget_bytes)
     overhead = _check_overhead(max_overhead)
-    prefetch = check_prefetch(prefetch_regions)
+    depths = PREFETCH_CHOICES if prefetch_regions is None else (check_prefetch(prefetch_regions),)
     if infeasible not in INFEASIBLE_POLICIES:
         raise ValueError(
             f"infeasible={infeasible!r} is invalid; accepted: " + ", ".join(INFEASIBLE_POLICIES)
@@ -190,6 +215,44 @@ def solve(
     legal = flat.choice.copy()
     if not allow_offload or not flat.has_link:
         legal &= ~OFFLOAD_BIT
+    best: Plan | None = None
+    for depth in depths:
+        plan = _solve_at(flat, ws, legal, budget, overhead, depth)
+        plan.prefetch_regions = depth
+        if best is None or _faster(plan, best):
+            best = plan
+        if not plan.counts()[Placement.OFFLOAD]:
+            break  # no reload: another depth plans the same
+    assert best is not None
+    if not best.feasible:
+        assert budget is not None and best.min_feasible_budget_bytes is not None
+        if infeasible == "error":
+            raise InfeasibleBudgetError(budget, best.min_feasible_budget_bytes)
+        if log_infeasible:
+            logger.warning("offrecomp planner: %s", best.notes[-1])
+    return best
+
+
+def _faster(plan: Plan, than: Plan) -> bool:
+    """NOTE [Chosen prefetch]: is ``plan`` to replace ``than``: faster by PREFETCH_GAIN
+    where both meet the budget, meeting it where the other does not, a lower peak where
+    neither does?"""
+    if plan.feasible != than.feasible:
+        return plan.feasible
+    if plan.feasible:
+        return (plan.predicted_step_seconds or 0.0) < (than.predicted_step_seconds or 0.0) * (1.0 - PREFETCH_GAIN)
+    return (plan.predicted_peak_bytes or 0) < (than.predicted_peak_bytes or 0)
+
+
+def _solve_at(
+    flat: FlatProfile,
+    ws: Workspace,
+    legal: np.ndarray,
+    budget: int | None,
+    overhead: float | None,
+    prefetch: int,
+) -> Plan:
+    """``solve`` at one reload depth; an infeasible budget gives the most frugal plan."""
     keep = np.zeros(flat.n_storages, dtype=np.int8)
     keep_res = ws.run(keep, prefetch)
     if budget is None and overhead is None:
@@ -215,15 +278,10 @@ def solve(
     if not bool(np.any(fits)):
         i, smallest = _frugal(times, peaks, host_ok)
         res = fam.results[i]
-        if infeasible == "error":
-            raise InfeasibleBudgetError(budget, smallest)
-        msg = (
+        notes.append(
             f"budget {format_bytes(budget)} cannot be met; the smallest feasible budget is "
             f"{format_bytes(smallest)} ({smallest} bytes); this is the most memory-frugal plan"
         )
-        if log_infeasible:
-            logger.warning("offrecomp planner: %s", msg)
-        notes.append(msg)
         return _make_plan(
             flat,
             fam.places[i],

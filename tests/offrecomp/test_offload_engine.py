@@ -945,3 +945,26 @@ def test_a_root_save_waits_for_another_threads_issue_of_its_run(monkeypatch: pyt
     assert len(first[0].offsets) == len(first[0].sizes) == 1
     assert groups.engine is not None
     groups.engine.close()
+
+
+@pytest.mark.parametrize("engine_prefetch", [Prefetch(regions=2), Prefetch(nbytes=64 * KiB)])
+def test_a_group_reloads_ahead_as_its_plan_chose(engine_prefetch: Prefetch, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Chosen prefetch] (scheduler/solver/api.py): a group whose pass's plan was
+    solved for one group ahead reloads one ahead, whatever the engine's prefetch; the
+    engine's two ahead (or its window) would hold a second group the plan did not count."""
+    eng = make_engine(prefetch=engine_prefetch)
+    try:
+        assert eng.open_group(0, CPU, 1).depth == 1 and eng.open_group(0, CPU).depth is None
+        groups = offload_groups(eng, groups=5, per_group=2)
+        for g in groups:
+            g.depth = 1
+        log = reload_log(eng, monkeypatch)
+        eng.fetch(groups[4])
+        assert log == [4, 3]
+        for g in reversed(groups):
+            eng.fetch(g)
+            eng.release_device(g)
+        assert log == [4, 3, 2, 1, 0]
+        assert eng.end_step().prefetches == 4
+    finally:
+        eng.close()

@@ -1216,3 +1216,52 @@ def test_the_most_frugal_plans_peak_is_predicted_as_measured(case: str) -> None:
     assert entry is not None and entry.plan is not None and not entry.plan.feasible
     planned = [s.peak_activation_bytes for s in rt.report().steps if s.phase == "planned"]
     assert planned and set(planned) == {entry.plan.predicted_peak_bytes}, (planned, entry.plan.predicted_peak_bytes)
+
+
+@pytest.mark.parametrize("depth", [1, None])
+def test_a_pass_reloads_as_far_ahead_as_its_plan_chose(depth: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Chosen prefetch] (scheduler/solver/api.py): the groups of a pass running a
+    plan solved for one group ahead reload one ahead (the engine's prefetch otherwise),
+    and its gradients stay bitwise; a plan naming no depth reloads as configured."""
+    from offrecomp.offload import OffloadEngine
+
+    opened: list[int | None] = []
+    open_group = OffloadEngine.open_group
+
+    def spy(self: OffloadEngine, ordinal: int, device: torch.device, prefetch_regions: int | None = None) -> Any:
+        opened.append(prefetch_regions)
+        return open_group(self, ordinal, device, prefetch_regions)
+
+    monkeypatch.setattr(OffloadEngine, "open_group", spy)
+    model, batch = make("gpt_dropout")
+    plain = twin(model)
+    ref = train(plain, batch, None, steps=3) + train(plain, batch, None, steps=2)
+    m = twin(model)
+    rt = _runtime(m)
+    got = []
+    with rt:
+        got += train(m, batch, None, steps=3)
+        solved = rt.planner.entries[rt.report().steps[-1].signature].plan
+        assert solved is not None
+        user = copy.deepcopy(solved)
+        user.placements = dict.fromkeys(solved.placements, Placement.OFFLOAD)
+        user.prefetch_regions = depth
+        rt.set_plan(user)
+        opened.clear()
+        got += train(m, batch, None, steps=2)
+    assert_bitwise(ref[3:], got[3:])
+    assert len(opened) > 2 and set(opened) == {depth}, opened
+
+
+@pytest.mark.parametrize(("kw", "depths"), [({}, {1, 2}), ({"prefetch": 2}, {None}), ({"prefetch": "1MiB"}, {None})])
+def test_plans_name_their_depth_unless_the_prefetch_is_configured(kw: dict[str, Any], depths: set[int | None]) -> None:
+    """The solver chooses the depth of a run's plans where ``prefetch`` is left as it is;
+    a configured one (a count, a byte window) is the engine's, and the plans name none."""
+    model, batch = make("gpt_dropout")
+    m = twin(model)
+    rt = _runtime(m, budget=tight_budget(model, batch), **kw)
+    train(m, batch, rt, steps=4)
+    plan = rt.planner.entries[rt.report().steps[-1].signature].plan
+    assert plan is not None and plan.prefetch_regions in depths
+    said = f"reloads {plan.prefetch_regions} group" in rt.explain()
+    assert said == (plan.prefetch_regions is not None and plan.counts()[Placement.OFFLOAD] > 0)

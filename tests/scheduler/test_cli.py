@@ -431,3 +431,15 @@ def test_numbers_given_as_text_plan_as_numbers() -> None:
     )
     doc = json.loads(out)
     assert rc in (0, 1) and doc["budget_bytes"] is None and doc["predicted_step_seconds"] > 0
+
+
+def test_plan_chooses_the_prefetch_depth_unless_given() -> None:
+    """NOTE [Chosen prefetch]: without ``--prefetch-regions`` the plan of long layers
+    against a budget they fill reloads one group ahead, and says so; given, that depth."""
+    model = "layers=6,hidden=8192,heads=64,seq=65536,batch=1"
+    flags = ("--model", model, "--device-tflops", "990", "--d2h-gbps", "50", "--h2d-gbps", "50", "--budget", "30GiB")
+    rc, out = run("plan", *flags)
+    assert rc == 0 and "prefetch 1 regions (the faster of 2 and 1)" in out, out
+    docs = [json.loads(run("plan", *flags, *extra, "--json")[1]) for extra in ((), ("--prefetch-regions", "2"))]
+    assert [d["prefetch_regions"] for d in docs] == [1, 2]
+    assert docs[0]["predicted_step_seconds"] < docs[1]["predicted_step_seconds"]

@@ -434,3 +434,55 @@ def test_a_profile_without_ops_solves_where_offloads_are_legal() -> None:
     for frac in (0.0, 0.5, 1.0):
         plan = solve(profile, budget_bytes=int(frac * keep), log_infeasible=False)
         assert plan.predicted_step_seconds is not None
+
+
+def _long_layers(layers: int = 6, seq: int = 65536) -> Profile:
+    """Layers whose activations are each a large share of a 30 GiB budget (2.2 GiB a
+    layer at 64K tokens and hidden 8192)."""
+    return gpt_profile(
+        layers=layers, hidden=8192, heads=64, seq=seq, batch=1, device_tflops=990, d2h_gbps=50, h2d_gbps=50
+    )
+
+
+def test_the_faster_prefetch_depth_is_chosen() -> None:
+    """NOTE [Chosen prefetch]: where a region's activations are a large share of the
+    budget, the plan solved for one group ahead offloads more and runs faster than the
+    one solved for two; ``prefetch_regions=None`` returns it, saying its depth."""
+    profile, budget = _long_layers(), 30 * 2**30
+    one = solve(profile, budget_bytes=budget, prefetch_regions=1)
+    two = solve(profile, budget_bytes=budget, prefetch_regions=2)
+    assert one.feasible and two.feasible and (one.prefetch_regions, two.prefetch_regions) == (1, 2)
+    assert one.predicted_step_seconds < 0.99 * two.predicted_step_seconds  # type: ignore[operator]
+    chosen = solve(profile, budget_bytes=budget, prefetch_regions=None)
+    assert chosen.prefetch_regions == 1
+    assert chosen.predicted_step_seconds == one.predicted_step_seconds and chosen.placements == one.placements
+
+
+def test_the_default_prefetch_depth_stays_unless_another_is_clearly_faster() -> None:
+    """Two groups ahead where one ahead is predicted no more than PREFETCH_GAIN faster
+    (short layers against a budget of half their activations), and where nothing is
+    offloaded (no link): one ahead leaves a reload no slack the model does not see."""
+    from scheduler.solver.api import PREFETCH_GAIN
+
+    profile = _long_layers(layers=24, seq=4096)
+    budget = profile.activation_bytes // 2
+    one = solve(profile, budget_bytes=budget, prefetch_regions=1)
+    two = solve(profile, budget_bytes=budget, prefetch_regions=2)
+    assert one.counts()[Placement.OFFLOAD] and one.predicted_step_seconds >= (1 - PREFETCH_GAIN) * two.predicted_step_seconds  # type: ignore[operator]
+    assert solve(profile, budget_bytes=budget, prefetch_regions=None).prefetch_regions == 2
+    assert solve(profile, budget_bytes=budget, prefetch_regions=None, allow_offload=False).prefetch_regions == 2
+
+
+def test_an_unmet_budget_takes_the_depth_of_the_lower_peak() -> None:
+    """Neither depth meets the budget: the more frugal plan is returned (warned once),
+    and ``infeasible="error"`` names its smallest budget."""
+    profile = _long_layers(layers=8, seq=32768)
+    budget = 8 * 2**30
+    plans = {d: solve(profile, budget_bytes=budget, prefetch_regions=d, log_infeasible=False) for d in (1, 2)}
+    assert not any(p.feasible for p in plans.values())
+    best = min(plans.values(), key=lambda p: p.predicted_peak_bytes or 0)
+    chosen = solve(profile, budget_bytes=budget, prefetch_regions=None, log_infeasible=False)
+    assert chosen.prefetch_regions == best.prefetch_regions and chosen.predicted_peak_bytes == best.predicted_peak_bytes
+    with pytest.raises(InfeasibleBudgetError) as e:
+        solve(profile, budget_bytes=budget, prefetch_regions=None, infeasible="error")
+    assert e.value.min_feasible_bytes == best.min_feasible_budget_bytes
