@@ -253,6 +253,7 @@ class RegionCalls:
         call.params = capture_params(region.param_slots, region.param_data)
         call.training = tuple(m.training for m in region.modules)
         call.forward_hooks = forward_hooks(region.modules[1:])  # NOTE [Hooks a replay registers] (changes.py)
+        call.tree = region.tree  # NOTE [Children at entry] (replay_state.py)
         call.default_dtype = torch.get_default_dtype()
         call.attrs, contents = enter_tables(region, p.new_signature)  # NOTE [Attributes at entry]
         call.entry_contents = contents or None

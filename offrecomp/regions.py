@@ -189,6 +189,9 @@ class Region:
     """``structure_epoch()`` when it was last read (NOTE [Region refresh] in changes.py)."""
     children: list[Any] = field(default_factory=list)
     """The children its modules held when it was last read (``module_children``)."""
+    tree: tuple[tuple[nn.Module, tuple[tuple[str, Any], ...]], ...] = ()
+    """Its modules with the children each held, by name, when it was last read: what a
+    replay of a call from then runs with (NOTE [Children at entry] in replay_state.py)."""
     children_at: int = -1
     """``Lifecycle.parts_begun`` when a call last compared its modules' children with
     ``children`` (NOTE [Region refresh] in changes.py)."""
@@ -209,6 +212,7 @@ class Region:
             self.param_data = ParamData()
         self.modules = mods
         self.children = module_children(mods)
+        self.tree = tuple((m, tuple(m._modules.items())) for m in mods)
         self.slots = tuple((sub, n) for sub in mods for n in sub._buffers.keys())  # noqa: SIM118 (a ScriptModule's buffers iterate by index)
         self.param_slots = param_slots
         self.in_place = _compiled_in_place(self.module)

@@ -72,6 +72,7 @@ from offrecomp.regions import (
     restore_rng,
 )
 from offrecomp.replay_state import (
+    children_as_forward,
     default_dtype_as_forward,
     entry_arg_state,
     external_as_entry,
@@ -292,6 +293,7 @@ def _replay_forward(
         if params is not None:
             stack.enter_context(swap_params(call, params))
             args, kwargs = params_as_arguments(call, params, args, kwargs)  # NOTE [Aliased arguments]
+        stack.enter_context(children_as_forward(call))
         stack.enter_context(training_as_forward(call))
         stack.enter_context(hooks_as_found(call))
         region = call.region

@@ -39,6 +39,7 @@ __all__ = [
     "default_dtype_as_forward",
     "entry_arg_state",
     "external_as_entry",
+    "children_as_forward",
     "hooks_as_found",
     "param_guard",
     "params_as_arguments",
@@ -231,6 +232,50 @@ def hooks_as_found(call: RegionCall) -> Iterator[None]:
                 "forward, which its replays do again; each replay leaves them as it found them",
                 region.name,
             )
+
+
+# NOTE [Children at entry]
+# A replay calls the region's forward, which reaches its layers through the modules'
+# children. The loop may set one between a forward and its backward: an activation
+# module swapped, a LoRA wrapper put in around a projection, an adapter added or taken
+# out, a ``ModuleList`` entry replaced. The replay would run the new module: other
+# activations, every gradient below off, silently, as under ``torch.utils.checkpoint``.
+# A region read keeps its modules with their children by name (``Region.tree``: read
+# again whenever its structure changed, NOTE [Region refresh] in changes.py), and a call
+# that may replay keeps that at entry, at no cost. A replay whose modules hold other
+# children runs with those of its entry and puts the others back after it. A module
+# set past torch's registration hook (``_modules`` written) in the forward's own root
+# forward before the call is not seen until the next one.
+
+
+def _same_children(table: dict[str, Any], items: tuple[tuple[str, Any], ...]) -> bool:
+    return len(table) == len(items) and all(v is c and k == n for (k, v), (n, c) in zip(table.items(), items))
+
+
+@contextlib.contextmanager
+def children_as_forward(call: RegionCall) -> Iterator[None]:
+    """NOTE [Children at entry]: the replay runs with the children its modules held at
+    the call's entry, and leaves them as it found them."""
+    moved = [(m._modules, items) for m, items in call.tree or () if not _same_children(m._modules, items)]
+    if not moved:
+        yield
+        return
+    found = [(table, tuple(table.items())) for table, _ in moved]
+    for table, items in moved:
+        table.clear()
+        table.update(items)
+    try:
+        yield
+    finally:
+        for table, items in found:
+            table.clear()
+            table.update(items)
+        log_once(
+            f"replay-children:{call.name}", logging.INFO,
+            "offrecomp: children of region %r's modules were set between its forward and its "
+            "replay; the replay ran with those its forward found",
+            call.name,
+        )
 
 
 @contextlib.contextmanager

@@ -276,6 +276,9 @@ class RegionCall(_WeakReferable):
     hooks_to: int = -1
     """The ids of the hooks its forward registered: ``[hooks_from, hooks_to)`` (NOTE
     [Hooks a replay registers] in changes.py)."""
+    tree: Any = None
+    """Its region's ``tree`` at entry; None where it keeps no checkpoint (NOTE [Children
+    at entry] in replay_state.py)."""
     forward_hooks: Any = None
     """The non-empty forward hook tables of its submodules and torch's global ones at
     entry, with their items; None where it keeps no checkpoint (NOTE [Hooks a replay

@@ -386,3 +386,72 @@ def test_a_replay_runs_the_forward_hooks_of_its_forward(how: str, variant: str) 
         assert all(torch.equal(a, b) for a, b in zip(r, g))
     assert not torch.nn.modules.module._global_forward_hooks
     assert all(not b.fc1._forward_hooks for b in m)
+
+
+class _Wrapped(nn.Module):
+    """A LoRA-like wrapper put in around a layer: the layer's output plus a scaled path."""
+
+    def __init__(self, inner: nn.Linear) -> None:
+        super().__init__()
+        self.inner = inner
+        self.down = nn.Linear(inner.in_features, 4, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) + 0.5 * self.down(x).sum(-1, keepdim=True)
+
+
+class _Acts(nn.Module):
+    def __init__(self, h: int = 16) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(h, 2 * h), nn.Linear(2 * h, h)
+        self.act: nn.Module = nn.GELU()
+        self.extra = nn.ModuleList([nn.Linear(h, h)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.extra:
+            x = x + torch.tanh(layer(x))
+        return x + self.fc2(self.act(self.fc1(x)))
+
+
+def _swap_between(model: nn.Sequential, how: str, ctx: Any) -> list[list[torch.Tensor]]:
+    """Three steps whose loop sets a child of each block between its forward and its
+    backward, and sets it back after the step."""
+    out = []
+    with ctx if ctx is not None else contextlib.nullcontext():
+        for s in range(3):
+            x = torch.randn(4, 8, 16, generator=torch.Generator().manual_seed(s))
+            loss = model(x).square().mean()
+            before = [(b.act, b.fc1, b.extra[0]) for b in model]
+            for b in model:
+                if how == "activation":
+                    b.act = nn.ReLU()
+                elif how == "wrapper":
+                    b.fc1 = _Wrapped(b.fc1)
+                else:  # "list_entry"
+                    b.extra[0] = nn.Linear(16, 16)
+            loss.backward()
+            for b, (act, fc1, extra) in zip(model, before):
+                b.act, b.fc1, b.extra[0] = act, fc1, extra
+            out.append([p.grad.clone() for p in model.parameters()])  # type: ignore[union-attr]
+            model.zero_grad()
+    return out
+
+
+@pytest.mark.parametrize("how", ["activation", "wrapper", "list_entry"])
+@pytest.mark.parametrize("variant", ["recompute", "auto_tight"])
+def test_a_replay_runs_the_children_its_forward_ran(how: str, variant: str) -> None:
+    """NOTE [Children at entry]: a child the loop sets between a forward and its backward
+    (an activation swapped, a wrapper put in around a layer, a list entry replaced) was
+    what the replay ran: other activations, every gradient below it off, silently. The
+    children are as the loop left them afterwards."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_Acts() for _ in range(3)])
+    ref = _swap_between(copy.deepcopy(model), how, None)
+    m = copy.deepcopy(model)
+    budget = None
+    if variant != "recompute":
+        budget = tight_budget(_Scalar(m), lambda s: torch.randn(4, 8, 16, generator=torch.Generator().manual_seed(s)))
+    got = _swap_between(m, how, variant_runtime(m, variant, budget))
+    for r, g in zip(ref, got):
+        assert all(torch.equal(a, b) for a, b in zip(r, g))
+    assert all(type(b.act) is nn.GELU and type(b.fc1) is nn.Linear for b in m)
