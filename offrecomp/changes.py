@@ -72,6 +72,7 @@ __all__ = [
     "restore_hooks",
     "restore_tree",
     "same_objects",
+    "state_as_replayed",
     "structure_epoch",
     "swap_attrs",
     "track_structure",
@@ -205,14 +206,34 @@ def forward_hooks_moved(entry: ForwardHooks, now: ForwardHooks, first: int, last
     return not (len(now) == len(entry) and all(a is b and x == y for (a, x), (b, y) in zip(now, entry)))
 
 
-def forward_hooks_as(entry: ForwardHooks, now: ForwardHooks) -> None:
+def forward_hooks_as(entry: ForwardHooks, now: ForwardHooks, first: int = 0, last: int = 0) -> None:
     """Give the tables of ``now`` and ``entry`` the items they held at the call's entry:
-    those a table gained since are taken out, those it lost put back."""
+    those a table gained since are taken out, those it lost put back; and after them
+    those of ``now`` with ids in ``[first, last)``, which the call's forward registered
+    (as its replay registers them again)."""
     for table, _ in now:
         table.clear()
     for table, items in entry:
         table.clear()
         table.update(items)
+    if last > first:
+        for table, items in now:
+            table.update((k, v) for k, v in items if type(k) is int and first <= k < last)
+
+
+def state_as_replayed(modules: tuple[nn.Module, ...], entry: ForwardHooks | None, first: int, last: int) -> tuple[Any, ...]:
+    """``module_state`` of ``modules`` with the forward hooks a replay of a call runs:
+    its entry's and those its forward registered (NOTE [Hooks a replay registers]), for
+    comparing with a recording's (NOTE [Stale recordings] in regenerate.py)."""
+    now = forward_hooks(modules[1:]) if entry is not None else None
+    if entry is None or now is None or not forward_hooks_moved(entry, now, first, last):
+        return module_state(modules)
+    tables = hook_snapshot(modules)
+    forward_hooks_as(entry, now, first, last)
+    try:
+        return module_state(modules)
+    finally:
+        restore_hooks(tables)
 
 
 def hook_snapshot(modules: tuple[nn.Module, ...]) -> list[tuple[Any, str, Any, tuple[Any, ...]]]:

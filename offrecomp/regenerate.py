@@ -16,7 +16,7 @@ import torch
 
 from offrecomp import _torch_compat as tc
 from offrecomp.arguments import replay_arguments
-from offrecomp.changes import forward_hooked, module_state
+from offrecomp.changes import forward_hooked, state_as_replayed
 from offrecomp.diagnostics import replay_differs, warn_once
 from offrecomp.handles import view_on
 from offrecomp.replay import replay_call
@@ -234,7 +234,8 @@ class Regenerator:
                         self._planner.remeasure(call, "its recording built state on first use")
                         structure = None
                         continue
-                    if region.host_rng or structure.self_changing or module_state(region.modules) != structure.state:
+                    state = state_as_replayed(region.modules, call.forward_hooks, call.hooks_from, call.hooks_to)
+                    if region.host_rng or structure.self_changing or state != structure.state:
                         self._stale_recording(call, structure, str(exc).removeprefix("offrecomp: "))
                         structure = None
                         continue
@@ -310,9 +311,11 @@ class Regenerator:
 
 
 def _hooked(call: RegionCall) -> bool:
-    """Module hooks see the tensors of ``call``'s region now (NOTE [Placeholders and hooks]
-    in trace/structure.py)."""
-    return call.region is not None and forward_hooked(call.region)
+    """Module hooks see the tensors of ``call``'s region in its replay (NOTE [Placeholders
+    and hooks] in trace/structure.py): those of its entry, which the replay runs (NOTE
+    [Hooks a replay registers] in changes.py), or those of now."""
+    region = call.region
+    return region is not None and (bool(call.forward_hooks) or forward_hooked(region))
 
 
 def _recording(call: RegionCall) -> RegionStructure | None:

@@ -131,6 +131,36 @@ def test_forward_hooks_are_never_handed_placeholders(hooked_at: int) -> None:
     assert sum(served) > 0  # the replays still serve what the plan keeps
 
 
+def test_hooks_held_only_around_the_forward_are_never_handed_placeholders() -> None:
+    """NOTE [Placeholders and hooks]: a feature hook the loop takes out before the backward
+    runs in the replay (NOTE [Hooks a replay registers]); a serving replay judged by the
+    hooks at backward, none, handed it a placeholder, and the feature store held
+    uninitialized bytes. Hooked from step 3, after the recording."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_Logged() for _ in range(3)])
+    feats: dict[int, torch.Tensor] = {}
+
+    def hook(i: int) -> Any:
+        return lambda mod, inp, out: feats.__setitem__(i, out.detach())
+
+    plan = offrecomp.Plan(
+        placements={(f"{b}", 0, 2): offrecomp.Placement.RECOMPUTE for b in range(3)},
+        default=offrecomp.Placement.KEEP,
+    )
+    with offrecomp.runtime(model, mode="auto", min_bytes=0, replay_op_us=0) as rt:
+        rt.set_plan(plan)
+        for step in range(6):
+            hooked = step >= 3  # after the recording
+            handles = [b.l1.register_forward_hook(hook(i)) for i, b in enumerate(model) if hooked]
+            loss = model(_batch(step)[0]).square().mean()
+            for h in handles:
+                h.remove()
+            before = {k: v.clone() for k, v in feats.items()}
+            loss.backward()
+            assert all(torch.equal(before[k], feats[k]) for k in before), f"step {step}"
+    assert sum(r.served_ops for r in rt.report().steps) > 0
+
+
 class _SwapsThroughAList(nn.Module):
     """Swaps its gradient hook at each call, the handles in a list it empties in place:
     the list is the same object in a replay, which finds the forward's handle there."""
