@@ -165,14 +165,17 @@ PREFETCH_GAIN = 0.01
 # cost; where they are a large share (80 layers at 128K tokens: 33 GiB a layer against a
 # 60 GiB budget), the second group reloaded ahead leaves no room to offload at all and
 # the plan drops everything (+33.3% step time), where reloading one ahead lets it offload
-# most (+6.6%). ``solve(prefetch_regions=None)`` solves at each of ``PREFETCH_CHOICES``
-# and returns the faster plan meeting the budget (the lower peak when none does), with
-# its depth in ``Plan.prefetch_regions``. The first depth stays unless another is
-# predicted ``PREFETCH_GAIN`` faster: one group ahead leaves a reload no slack for what
-# the model does not see (a host pause, another stream's copy). The runtime reloads
+# most (+6.3%). ``solve(prefetch_regions=None)`` solves at each of ``PREFETCH_CHOICES``
+# and returns the faster plan meeting the budget (the lower peak when none does; with
+# no budget, the lower peak within the overhead), with its depth in
+# ``Plan.prefetch_regions``. The first depth stays unless another is predicted
+# ``PREFETCH_GAIN`` better: one group ahead leaves a reload no slack for what the model
+# does not see (a host pause, another stream's copy). The runtime reloads
 # each group of a pass as the plan it ran says (NOTE [Prefetch order] in
 # offrecomp/transfer.py), and predicts it at that depth. A depth given is the only one.
-# A plan that offloads nothing, or a profile without a link, is solved once.
+# A profile without a link, or a solve without offloading, is solved once; so is every
+# solve where a depth is given (``OFFRECOMP_PREFETCH`` set): otherwise each solve that
+# may offload takes twice the time.
 
 
 def solve(
@@ -215,33 +218,38 @@ def solve(
     legal = flat.choice.copy()
     if not allow_offload or not flat.has_link:
         legal &= ~OFFLOAD_BIT
+    if not (legal & OFFLOAD_BIT).any():
+        depths = depths[:1]  # nothing reloads: every depth plans the same
     best: Plan | None = None
+    smallest: list[int] = []
     for depth in depths:
         plan = _solve_at(flat, ws, legal, budget, overhead, depth)
         plan.prefetch_regions = depth
-        if best is None or _faster(plan, best):
+        if plan.min_feasible_budget_bytes is not None:
+            smallest.append(plan.min_feasible_budget_bytes)
+        if best is None or _better(plan, best, by_peak=budget is None):
             best = plan
-        if not plan.counts()[Placement.OFFLOAD]:
-            break  # no reload: another depth plans the same
     assert best is not None
     if not best.feasible:
-        assert budget is not None and best.min_feasible_budget_bytes is not None
+        assert budget is not None and smallest
         if infeasible == "error":
-            raise InfeasibleBudgetError(budget, best.min_feasible_budget_bytes)
+            raise InfeasibleBudgetError(budget, min(smallest))
         if log_infeasible:
             logger.warning("offrecomp planner: %s", best.notes[-1])
     return best
 
 
-def _faster(plan: Plan, than: Plan) -> bool:
-    """NOTE [Chosen prefetch]: is ``plan`` to replace ``than``: faster by PREFETCH_GAIN
-    where both meet the budget, meeting it where the other does not, a lower peak where
-    neither does?"""
+def _better(plan: Plan, than: Plan, *, by_peak: bool) -> bool:
+    """NOTE [Chosen prefetch]: is ``plan`` to replace ``than``: meeting the budget where
+    the other does not; of two that meet it, faster by PREFETCH_GAIN (``by_peak``: no
+    budget, the plans of the least peak within the overhead, by PREFETCH_GAIN of peak);
+    of two that do not, a lower peak?"""
     if plan.feasible != than.feasible:
         return plan.feasible
-    if plan.feasible:
+    if plan.feasible and not by_peak:
         return (plan.predicted_step_seconds or 0.0) < (than.predicted_step_seconds or 0.0) * (1.0 - PREFETCH_GAIN)
-    return (plan.predicted_peak_bytes or 0) < (than.predicted_peak_bytes or 0)
+    gain = PREFETCH_GAIN if plan.feasible else 0.0
+    return (plan.predicted_peak_bytes or 0) < (than.predicted_peak_bytes or 0) * (1.0 - gain)
 
 
 def _solve_at(

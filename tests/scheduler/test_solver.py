@@ -474,8 +474,8 @@ def test_the_default_prefetch_depth_stays_unless_another_is_clearly_faster() -> 
 
 
 def test_an_unmet_budget_takes_the_depth_of_the_lower_peak() -> None:
-    """Neither depth meets the budget: the more frugal plan is returned (warned once),
-    and ``infeasible="error"`` names its smallest budget."""
+    """Neither depth meets the budget: the more frugal plan is returned, and
+    ``infeasible="error"`` names the smallest budget either depth could meet."""
     profile = _long_layers(layers=8, seq=32768)
     budget = 8 * 2**30
     plans = {d: solve(profile, budget_bytes=budget, prefetch_regions=d, log_infeasible=False) for d in (1, 2)}
@@ -485,4 +485,29 @@ def test_an_unmet_budget_takes_the_depth_of_the_lower_peak() -> None:
     assert chosen.prefetch_regions == best.prefetch_regions and chosen.predicted_peak_bytes == best.predicted_peak_bytes
     with pytest.raises(InfeasibleBudgetError) as e:
         solve(profile, budget_bytes=budget, prefetch_regions=None, infeasible="error")
-    assert e.value.min_feasible_bytes == best.min_feasible_budget_bytes
+    assert e.value.min_feasible_bytes == min(p.min_feasible_budget_bytes or 0 for p in plans.values())
+
+
+def test_one_ahead_is_tried_where_two_ahead_offloads_nothing() -> None:
+    """Two groups reloaded ahead can be what leaves no room to offload at all: the plan
+    at two ahead offloads nothing, the one at one ahead offloads and runs over 1% faster,
+    and it is the one returned."""
+    profile = _long_layers(layers=4, seq=16384)
+    budget = int(profile.activation_bytes * 0.6)
+    two = solve(profile, budget_bytes=budget, prefetch_regions=2)
+    one = solve(profile, budget_bytes=budget, prefetch_regions=1)
+    assert not two.counts()[Placement.OFFLOAD] and one.counts()[Placement.OFFLOAD]
+    assert one.predicted_step_seconds < 0.99 * two.predicted_step_seconds  # type: ignore[operator]
+    assert solve(profile, budget_bytes=budget, prefetch_regions=None).prefetch_regions == 1
+
+
+def test_without_a_budget_the_depth_of_the_lower_peak_within_the_overhead_is_chosen() -> None:
+    """With no budget the planner buys the least peak within ``max_overhead``: the depth
+    whose plan peaks lower by PREFETCH_GAIN is chosen, whichever is faster."""
+    for layers, seq, depth in ((4, 16384, 1), (8, 16384, 2)):
+        profile = _long_layers(layers=layers, seq=seq)
+        plans = {d: solve(profile, budget_bytes=None, max_overhead=0.05, prefetch_regions=d) for d in (1, 2)}
+        chosen = solve(profile, budget_bytes=None, max_overhead=0.05, prefetch_regions=None)
+        assert chosen.prefetch_regions == depth
+        other = plans[3 - depth]
+        assert (chosen.predicted_peak_bytes or 0) < 0.99 * (other.predicted_peak_bytes or 0)
