@@ -16,6 +16,7 @@ from scheduler.cost_model import CostModel, predict
 from scheduler.plan import ROOT, Placement, Plan
 
 if TYPE_CHECKING:
+    from offrecomp.config import Config
     from offrecomp.state import PassState, RegionCall
     from offrecomp.trace import RegionStructure
     from scheduler.cost_model import Prediction
@@ -214,30 +215,76 @@ class PlanEntry:
 # the length has grown by a quarter. Seen again, such a signature measures.
 
 
+# NOTE [Plan cache growth]
+# Shapes that recur in turn, more of them than the cache holds, and none covering
+# another (token-budget batching: 2 x 192, 3 x 128, ..., B * T constant; NOTE [Borrowed
+# plans] finds no donor), each evict the plan of the one that comes next: every step
+# measured again, a full recompute under the op recorder (3x plain on a small model,
+# for good, nothing said). A signature whose plan the full cache dropped and that comes
+# back doubles the cache's bound, up to GROWN_MAX, where ``plan_cache_size`` was left
+# as it is (logged); one set, or the cache at GROWN_MAX, warns once instead, naming the
+# setting. A profile and its recordings are host memory: tens of KB to a few MB each.
+
+
 class PlanCache:
     """The entries of the signatures seen, least recently used first, at most
-    ``size()`` of them; and the new signatures seen, for NOTE [Borrowed plans]."""
+    ``bound()`` of them; and the new signatures seen, for NOTE [Borrowed plans]."""
 
     SIGHTINGS = 256  # new signatures remembered for the "seen before" rule
+    GROWN_MAX = 64  # NOTE [Plan cache growth]
 
-    def __init__(self, size: Callable[[], int]) -> None:
-        self.size = size
-        """The cache's bound (``Config.plan_cache_size``), read at every insertion."""
+    def __init__(self, config: Callable[[], Config]) -> None:
+        self.config = config
+        """The runtime's configuration: ``plan_cache_size``, read at every insertion."""
+        self.grown = 0  # the bound the cache grew to, 0: none
         self.entries: OrderedDict[str, PlanEntry] = OrderedDict()
         self.sightings: OrderedDict[str, int] = OrderedDict()
+        self.dropped: OrderedDict[str, None] = OrderedDict()  # signatures whose plans went
+        self.warned = False
+
+    def bound(self) -> int:
+        """How many entries the cache holds at most (NOTE [Plan cache growth])."""
+        return max(self.config().plan_cache_size, self.grown)
+
+    def _came_back(self, signature: str) -> None:
+        """NOTE [Plan cache growth]: the cache dropped ``signature``'s plan, and it is
+        here again."""
+        bound = self.bound()
+        if self.config().sources.get("plan_cache_size", "default") == "default" and bound < self.GROWN_MAX:
+            self.grown = min(self.GROWN_MAX, 2 * bound)
+            log.info(
+                "offrecomp: signature %s came back after the full plan cache dropped its plan; "
+                "the cache now holds up to %d plans (plan_cache_size, OFFRECOMP_PLAN_CACHE, sets a bound)",
+                signature, self.grown,
+            )
+        elif not self.warned:
+            self.warned = True
+            log.warning(
+                "offrecomp: signature %s came back after the full plan cache (%d plans) dropped its "
+                "plan: it is measured again (a full recompute under the op recorder), and so is "
+                "every shape that recurs beyond the cache's bound. Raise plan_cache_size "
+                "(OFFRECOMP_PLAN_CACHE) above the number of input shapes that recur, or batch to "
+                "fewer shapes",
+                signature, bound,
+            )
 
     def entry(self, signature: str, p: PassState | None = None) -> PlanEntry:
         """The entry of ``signature`` (made for ``p``'s family and sizes when new), now
         the most recently used; a full cache drops its least recently used."""
         entry = self.entries.get(signature)
         if entry is None:
+            if self.dropped.pop(signature, 0) is None:
+                self._came_back(signature)
             entry = PlanEntry(signature)
             if p is not None:
                 entry.family, entry.dims = p.family, p.dims
             self.entries[signature] = entry
-            while len(self.entries) > self.size():
+            while len(self.entries) > self.bound():
                 old, _ = self.entries.popitem(last=False)
                 log.info("offrecomp: plan cache full, dropped the plan of signature %s", old)
+                self.dropped[old] = None
+                while len(self.dropped) > self.SIGHTINGS:
+                    self.dropped.popitem(last=False)
         else:
             self.entries.move_to_end(signature)
         return entry
@@ -252,7 +299,7 @@ class PlanCache:
         self.sightings[p.signature] = seen + 1
         while len(self.sightings) > self.SIGHTINGS:
             self.sightings.popitem(last=False)
-        if seen and len(self.entries) < self.size():
+        if seen and len(self.entries) < self.bound():
             return None, seen  # seen before, and room for a plan of its own
         covering = [
             e for e in self._profiled_kin(p)

@@ -45,7 +45,7 @@ class Planner:
 
     def __init__(self, host: PlannerHost) -> None:
         self.host = host
-        self.cache = PlanCache(lambda: host.config.plan_cache_size)
+        self.cache = PlanCache(lambda: host.config)
         self.entries = self.cache.entries  # the cache's entries by signature (one dict)
         self.last_entry: PlanEntry | None = None
         self.opaque_regions: set[str] = set()  # regions whose recording proved untrustworthy

@@ -1478,3 +1478,46 @@ def test_gradient_penalty_on_cuda(mode: str) -> None:
     rt = offrecomp.runtime(m, mode=mode, min_bytes=0)
     assert_bitwise(ref, _r1_loop(m, rt))
     assert all(s.passes == 1 for s in rt.report().steps)
+
+
+# NOTE [Plan cache growth]: nine shapes of 72 tokens, none covering another, in turn:
+# one more than the plan cache holds by default
+ROUND_ROBIN = [(b, 72 // b) for b in (1, 2, 3, 4, 6, 8, 9, 12, 18)] * 4
+
+
+def loop_round_robin(model: nn.Module, rt: offrecomp.Runtime | None) -> list[Snap]:
+    def step(i: int, out: list[Snap]) -> None:
+        b, t = ROUND_ROBIN[i]
+        _forward_backward(model, _tokens(i, t, b), out)
+
+    return _sgd_loop(model, rt, len(ROUND_ROBIN), step)
+
+
+def test_shapes_recurring_beyond_the_plan_cache_grow_it(caplog: pytest.LogCaptureFixture) -> None:
+    """NOTE [Plan cache growth]: with the bound of 8 left as it is, the ninth shape's plan
+    evicted the next one's, and every step measured again; the first comes back, the
+    cache holds 16, and each shape plans from its third round on."""
+    with caplog.at_level(logging.INFO, logger="offrecomp"):
+        rt = _run("round_robin", loop_round_robin, "auto_tight")
+    by_sig = _phases_by_signature(rt)
+    assert len(by_sig) == 9
+    for sig, phases in by_sig.items():
+        assert phases.count("measure") <= 2 and phases[-1] == "planned", (sig, phases)
+    assert rt.planner.cache.bound() == 16
+    assert sum("the cache now holds up to 16 plans" in r.getMessage() for r in caplog.records) == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "plan cache" in r.getMessage()]
+
+
+def test_shapes_recurring_beyond_a_plan_cache_set_are_named_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A bound set stays: the shapes measure again and again (gradients bitwise), and one
+    warning names the setting to raise."""
+    torch.manual_seed(0)
+    model = LM()
+    ref = loop_round_robin(copy.deepcopy(model), None)
+    rt = variant_runtime(model, "auto", plan_cache_size=8)
+    assert_bitwise(ref, loop_round_robin(model, rt))
+    assert rt.planner.cache.bound() == 8
+    by_sig = _phases_by_signature(rt)
+    assert all(phases.count("measure") >= 2 for phases in by_sig.values()), by_sig
+    warned = [r.getMessage() for r in caplog.records if "came back after the full plan cache" in r.getMessage()]
+    assert len(warned) == 1 and "OFFRECOMP_PLAN_CACHE" in warned[0], warned
