@@ -49,6 +49,9 @@ class PlanEntry:
     said_borrow_infeasible: str = ""
     """The id of the borrow plan whose passes were said to run a full recompute instead
     (it fits no budget)."""
+    lacks: str = ""
+    """A region call a pass borrowing its plan ran that its profile lacks: it lends no
+    plan until profiled again (NOTE [Borrowed plans])."""
     user_releases: tuple[Plan, Profile, tuple[int, ...]] | None = None
     """(user plan, profile, its releases): NOTE [Planned release] for ``rt.set_plan``."""
     needs_measure: bool = True
@@ -179,6 +182,7 @@ class PlanEntry:
         self.needs_measure = False
         self.needs_solve = True
         self.plan = self.borrow_plan = self.incumbent = self.live_reference = None
+        self.lacks = ""
         self.model_resolves = self.model_moves = 0
         self.measured_peak_bytes = measured_peak_bytes  # every droppable save dropped
 
@@ -207,7 +211,11 @@ class PlanEntry:
 # not fit either, and the donor's measuring pass held no more than it is predicted to,
 # a pass that would borrow runs a plain full recompute instead: it drops what that
 # measuring pass dropped, at a shape no larger, so that pass's peak bounds it, where the
-# infeasible borrow plan would run over the budget.
+# infeasible borrow plan would run over the budget. A borrowing pass that runs a region
+# call the donor's profile lacks (a block the donor's measuring pass skipped: LayerDrop)
+# drops its activations, and its replay comes on top of what the plan keeps, beyond the
+# donor's peak: that donor lends no plan until it is profiled again (``lacks``), so the
+# shapes after it measure, or borrow from one whose profile has every call.
 # A new signature that no profiled one covers, but that exceeds one by at most
 # GROWTH (25%) in every dimension, runs a plain full recompute on first sight rather
 # than a measuring pass: a sequence-length warmup grows the length a little at every
@@ -303,7 +311,7 @@ class PlanCache:
             return None, seen  # seen before, and room for a plan of its own
         covering = [
             e for e in self._profiled_kin(p)
-            if not e.needs_measure and all(a >= b for a, b in zip(e.dims, p.dims))
+            if not e.needs_measure and not e.lacks and all(a >= b for a, b in zip(e.dims, p.dims))
         ]
         best = min(covering, key=lambda e: sum(e.dims), default=None)
         if best is None:
@@ -347,6 +355,14 @@ def assign(entry: PlanEntry, plan: Plan, p: PassState, call: RegionCall) -> bool
                 else plan.placement((call.name, call.call_index, i))
                 for i, r in enumerate(recs)
             ]
+        elif not entry.lacks:
+            entry.lacks = f"{call.name!r} call {call.call_index}"
+            log.info(
+                "offrecomp: a pass borrowing the plan of signature %s ran region %s, which its "
+                "profile lacks (a block its measuring pass skipped?); it lends no plan until "
+                "profiled again",
+                entry.signature, entry.lacks,
+            )
         return True
     if structure is None:
         return False

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 import offrecomp
 from offrecomp.measure import Clock, Mark
@@ -1265,3 +1267,60 @@ def test_plans_name_their_depth_unless_the_prefetch_is_configured(kw: dict[str, 
     assert plan is not None and plan.prefetch_regions in depths
     said = f"reloads {plan.prefetch_regions} group" in rt.explain()
     assert said == (plan.prefetch_regions is not None and plan.counts()[Placement.OFFLOAD] > 0)
+
+
+class _DropsLayers(nn.Module):
+    """Six MLP blocks, those named in ``skip`` left out of a forward (layer drop decided
+    outside the blocks)."""
+
+    def __init__(self, d: int = 64) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(64, d)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)) for _ in range(6)
+        )
+        self.head = nn.Linear(d, 64)
+
+    def forward(self, tok: torch.Tensor, skip: tuple[int, ...] = ()) -> torch.Tensor:
+        x = self.emb(tok)
+        for i, b in enumerate(self.blocks):
+            if i not in skip:
+                x = x + b(x)
+        return F.cross_entropy(self.head(x).flatten(0, 1), tok.flatten())
+
+
+def test_a_donor_lacking_calls_a_borrower_ran_lends_no_more(caplog: pytest.LogCaptureFixture) -> None:
+    """NOTE [Borrowed plans]: the donor's measuring pass skipped two blocks; a shorter
+    length borrowing its plan runs them, their replays beyond the donor's peak (over the
+    budget, warned). The lengths after it borrowed that plan too, each over the budget;
+    now the donor lends no more, and they stay within it (a full recompute, at most a
+    quarter below a profiled shape)."""
+    schedule = [((4, 80), (3, 5))] + [((4, t), ()) for t in (72, 70, 68, 66, 64)]
+
+    def run(m: nn.Module, rt: Any) -> list[list[torch.Tensor]]:
+        out = []
+        with rt if rt is not None else contextlib.nullcontext():
+            for i, (shape, skip) in enumerate(schedule):
+                tok = torch.randint(0, 64, shape, generator=torch.Generator().manual_seed(i))
+                m(tok, skip).backward()
+                out.append([p.grad.clone() for p in m.parameters() if p.grad is not None])
+                m.zero_grad()
+        return out
+
+    torch.manual_seed(0)
+    model = _DropsLayers()
+    kept = twin(model)
+    keep = offrecomp.runtime(kept, mode="keep", min_bytes=0)
+    run(kept, keep)
+    budget = int(0.3 * keep.report().steps[1].peak_activation_bytes)
+    ref = run(twin(model), None)
+    m = twin(model)
+    rt = _runtime(m, budget=budget)
+    with caplog.at_level(logging.INFO, logger="offrecomp"):
+        got = run(m, rt)
+    assert all(torch.equal(a, b) for r, g in zip(ref, got) for a, b in zip(r, g))
+    steps = rt.report().steps
+    assert [s.phase for s in steps[:2]] == ["measure", "borrowed"]
+    assert "borrowed" not in [s.phase for s in steps[2:]], [s.phase for s in steps]
+    assert all(s.peak_activation_bytes <= budget for s in steps[2:]), [s.peak_activation_bytes / budget for s in steps]
+    assert sum("it lends no plan until profiled again" in r.getMessage() for r in caplog.records) == 1
