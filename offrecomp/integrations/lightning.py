@@ -18,6 +18,9 @@ bytes, recompute and step seconds, the predicted step time) with
 ``LightningModule.log_dict``, so they reach the Trainer's loggers. Gradient accumulation
 (``accumulate_grad_batches``) needs nothing: a step is what ends with an optimizer step.
 Validation runs under ``no_grad``/``inference_mode``, which the runtime leaves alone.
+A tuner's trial steps (``BatchSizeFinder``, ``LearningRateFinder``, ``Tuner``'s
+``scale_batch_size`` and ``lr_find``) run inside the runtime too (NOTE [Callbacks
+before ours]).
 
 It works with ``lightning`` (``lightning.pytorch``) or, when that is not installed, the
 standalone ``pytorch_lightning``.
@@ -56,10 +59,50 @@ class OffrecompCallback(ScopedCallback, Callback):
     ) -> None:
         super().__init__(budget=budget, mode=mode, regions=regions, log_metrics=log_metrics, **options)
         self._last_step = -1  # the trainer's global_step when metrics were last logged
+        self._early: list[Any] = []  # the callbacks whose on_fit_start enters first
+
+    # NOTE [Callbacks before ours]
+    # Lightning runs its tuner callbacks first (``BatchSizeFinder``, ``LearningRateFinder``,
+    # also those ``Tuner`` adds), and they run their trial steps inside their own
+    # ``on_fit_start``, before this callback's: the batch size finder would pick the size
+    # that fits without the runtime, and ``lr_find`` could run out of memory on a model
+    # that fits only with it. So at ``setup`` for a fit, each callback ordered before
+    # this one gets an ``on_fit_start`` of its instance's that enters the runtime first
+    # (the model is on its device by then, as at this callback's own ``on_fit_start``),
+    # taken off again as it runs, or at ``teardown``. The trials are then steps of the
+    # run: measured and planned like the rest, in its report.
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit":
+            return
+        for cb in trainer.callbacks:
+            if cb is self:
+                break
+            if "on_fit_start" in vars(cb):
+                continue  # set on the instance: left as it is
+
+            def enter_first(trainer: Any, pl_module: Any, _cb: Any = cb) -> None:
+                self._unwrap(_cb)
+                self._enter(trainer, pl_module)
+                _cb.on_fit_start(trainer, pl_module)
+
+            cb.on_fit_start = enter_first
+            self._early.append(cb)
+
+    def _unwrap(self, cb: Any) -> None:
+        if cb in self._early:
+            self._early.remove(cb)
+            vars(cb).pop("on_fit_start", None)
+
+    def _enter(self, trainer: Any, pl_module: Any) -> None:
+        if not self._scope.inside:
+            self._last_step = trainer.global_step
+            self._scope.enter(pl_module)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        self._last_step = trainer.global_step
-        self._scope.enter(pl_module)
+        for cb in list(self._early):
+            self._unwrap(cb)
+        self._enter(trainer, pl_module)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         self._scope.exit(None)
@@ -68,6 +111,8 @@ class OffrecompCallback(ScopedCallback, Callback):
         self._scope.exit(exception)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        for cb in list(self._early):
+            self._unwrap(cb)
         self._scope.exit(None)  # a fit that ended by another path (a tuner's exit)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:

@@ -192,3 +192,62 @@ def test_a_hugging_face_model_trains_without_its_cache_and_gets_it_back(caplog: 
     assert trained.use_cache_seen == [False] * STEPS and trained.model.config.use_cache is True
     assert "set use_cache=False" in caplog.text
     assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), trained.parameters()))
+
+
+class Tuned(Module):
+    """A module a tuner may scale: its optimizer reads ``lr``, its loader ``batch_size``;
+    each training step notes whether the runtime's hooks were on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lr, self.batch_size = 0.1, 2
+        self.hooked: list[bool] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.hooked.append(tc.top_saved_tensors_hooks() is not None)
+        return super().training_step(batch, batch_idx)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
+        g = torch.Generator().manual_seed(0)
+        data = torch.utils.data.TensorDataset(torch.randn(32, 8, 16, generator=g), torch.randn(32, 8, 1, generator=g))
+        return torch.utils.data.DataLoader(data, batch_size=self.batch_size)
+
+    def val_dataloader(self) -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
+        return _loader()
+
+
+@pytest.mark.parametrize("tuner", ["batch_size", "lr"])
+def test_a_tuners_trial_steps_run_inside_the_runtime(tuner: str, tmp_path: Any) -> None:
+    """NOTE [Callbacks before ours]: Lightning runs its tuner callbacks' ``on_fit_start``
+    first, and they run their trial steps there: all without the runtime (the batch size
+    finder would pick the size that fits without it). Parameters stay bitwise, and the
+    callbacks are as they were afterwards."""
+    from lightning.pytorch.callbacks import BatchSizeFinder, LearningRateFinder
+
+    def fit(callbacks: list[Any]) -> Tuned:
+        logging.getLogger("lightning").setLevel(logging.ERROR)
+        pl.seed_everything(0, verbose=False)
+        module = Tuned()
+        finder = (
+            BatchSizeFinder(mode="power", steps_per_trial=2, max_trials=2) if tuner == "batch_size"
+            else LearningRateFinder(num_training_steps=3, early_stop_threshold=None)
+        )
+        trainer = pl.Trainer(
+            max_steps=STEPS, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, callbacks=[*callbacks, finder],
+            default_root_dir=tmp_path,  # the finders' checkpoints
+        )
+        trainer.fit(module)
+        assert "on_fit_start" not in vars(finder)
+        return module
+
+    plain = fit([])
+    cb = OffrecompCallback(mode="recompute", min_bytes=0)
+    got = fit([cb])
+    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), got.parameters()))
+    assert len(got.hooked) > STEPS and all(got.hooked), got.hooked
+    assert tc.top_saved_tensors_hooks() is None and cb.runtime is not None and not cb.runtime.active
+    assert len(cb.report().steps) == len(got.hooked)
