@@ -200,7 +200,9 @@ def hooks_as_found(call: RegionCall) -> Iterator[None]:
     handles of the region's modules as it found them."""
     region = call.region
     entry = call.forward_hooks
-    now = forward_hooks(region.modules[1:]) if region is not None and entry is not None else None
+    # none at entry and none registered anywhere since its exit: none to compare
+    unmoved = entry is None or (not entry and hook_ids() == call.hooks_to)
+    now = forward_hooks(region.modules[1:]) if region is not None and not unmoved else None
     moved = now is not None and forward_hooks_moved(entry, now, call.hooks_from, call.hooks_to)
     if region is None or not (call.hooks_to > call.hooks_from or call.attrs or moved):
         yield  # a forward that registered no hook and set no attribute: its replay neither
