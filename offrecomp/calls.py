@@ -174,6 +174,8 @@ class RegionCalls:
                 call.capture_seconds = dt = time.perf_counter() - t0
                 p.stats.capture_seconds += dt
                 p.stats.captures += 1
+                if call.lacks_in is not None:
+                    call.lacks_in.lend_no_more(call)
             elif call.record:
                 self._planner.unrecordable(p, call)
         if region.writes_state:

@@ -274,8 +274,8 @@ def children_as_forward(call: RegionCall) -> Iterator[None]:
             table.update(items)
         log_once(
             f"replay-children:{call.name}", logging.INFO,
-            "offrecomp: children of region %r's modules were set between its forward and its "
-            "replay; the replay ran with those its forward found",
+            "offrecomp: children of region %r's modules were set since a call's entry; its "
+            "replay ran with those the call found",
             call.name,
         )
 

@@ -276,6 +276,9 @@ class RegionCall(_WeakReferable):
     hooks_to: int = -1
     """The ids of the hooks its forward registered: ``[hooks_from, hooks_to)`` (NOTE
     [Hooks a replay registers] in changes.py)."""
+    lacks_in: Any = None
+    """The donor entry of its borrowed pass, whose profile lacks it (NOTE [Borrowed
+    plans] in planning/entries.py)."""
     tree: Any = None
     """Its region's ``tree`` at entry; None where it keeps no checkpoint (NOTE [Children
     at entry] in replay_state.py)."""

@@ -69,8 +69,9 @@ class OffrecompCallback(ScopedCallback, Callback):
     # that fits only with it. So at ``setup`` for a fit, each callback ordered before
     # this one gets an ``on_fit_start`` of its instance's that enters the runtime first
     # (the model is on its device by then, as at this callback's own ``on_fit_start``),
-    # taken off again as it runs, or at ``teardown``. The trials are then steps of the
-    # run: measured and planned like the rest, in its report.
+    # taken off again as it runs, or at ``on_exception`` or ``teardown`` (one a fit left
+    # behind all the same is replaced at the next ``setup``). The trials are then steps
+    # of the run: measured and planned like the rest, in its report.
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
@@ -78,15 +79,17 @@ class OffrecompCallback(ScopedCallback, Callback):
         for cb in trainer.callbacks:
             if cb is self:
                 break
-            if "on_fit_start" in vars(cb):
-                continue  # set on the instance: left as it is
+            set_on = vars(cb).get("on_fit_start")
+            if set_on is not None and not getattr(set_on, "_offrecomp_enters", False):
+                continue  # set on the instance by someone else: left as it is
 
             def enter_first(trainer: Any, pl_module: Any, _cb: Any = cb) -> None:
                 self._unwrap(_cb)
                 self._enter(trainer, pl_module)
                 _cb.on_fit_start(trainer, pl_module)
 
-            cb.on_fit_start = enter_first
+            enter_first._offrecomp_enters = True  # type: ignore[attr-defined]
+            cb.on_fit_start = enter_first  # one a fit that raised left is replaced
             self._early.append(cb)
 
     def _unwrap(self, cb: Any) -> None:
@@ -94,25 +97,28 @@ class OffrecompCallback(ScopedCallback, Callback):
             self._early.remove(cb)
             vars(cb).pop("on_fit_start", None)
 
+    def _unwrap_all(self) -> None:
+        for cb in list(self._early):
+            self._unwrap(cb)
+
     def _enter(self, trainer: Any, pl_module: Any) -> None:
         if not self._scope.inside:
             self._last_step = trainer.global_step
             self._scope.enter(pl_module)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        for cb in list(self._early):
-            self._unwrap(cb)
+        self._unwrap_all()
         self._enter(trainer, pl_module)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         self._scope.exit(None)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._unwrap_all()  # a fit that raised before on_fit_start: Lightning calls no teardown
         self._scope.exit(exception)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        for cb in list(self._early):
-            self._unwrap(cb)
+        self._unwrap_all()
         self._scope.exit(None)  # a fit that ended by another path (a tuner's exit)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:

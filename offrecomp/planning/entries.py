@@ -164,6 +164,19 @@ class PlanEntry:
             for r, i in convert:
                 r.storages[i].kind = "external"
 
+    def lend_no_more(self, call: RegionCall) -> None:
+        """NOTE [Borrowed plans]: a pass borrowing this entry's plan ran ``call``, which
+        its profile lacks and which could have been recorded (one that cannot, under a
+        dispatch mode of the caller's, is in no profile)."""
+        if not self.lacks:
+            self.lacks = f"{call.name!r} call {call.call_index}"
+            log.info(
+                "offrecomp: a pass borrowing the plan of signature %s ran region %s, which its "
+                "profile lacks (a block its measuring pass skipped?); it lends no plan until "
+                "profiled again",
+                self.signature, self.lacks,
+            )
+
     def take_profile(
         self, profile: Profile, structures: dict[tuple[str, int], RegionStructure], measured_peak_bytes: int
     ) -> None:
@@ -356,13 +369,7 @@ def assign(entry: PlanEntry, plan: Plan, p: PassState, call: RegionCall) -> bool
                 for i, r in enumerate(recs)
             ]
         elif not entry.lacks:
-            entry.lacks = f"{call.name!r} call {call.call_index}"
-            log.info(
-                "offrecomp: a pass borrowing the plan of signature %s ran region %s, which its "
-                "profile lacks (a block its measuring pass skipped?); it lends no plan until "
-                "profiled again",
-                entry.signature, entry.lacks,
-            )
+            call.lacks_in = entry  # told once the call is seen recordable (lend_no_more)
         return True
     if structure is None:
         return False

@@ -251,3 +251,32 @@ def test_a_tuners_trial_steps_run_inside_the_runtime(tuner: str, tmp_path: Any) 
     assert len(got.hooked) > STEPS and all(got.hooked), got.hooked
     assert tc.top_saved_tensors_hooks() is None and cb.runtime is not None and not cb.runtime.active
     assert len(cb.report().steps) == len(got.hooked)
+
+
+def test_a_fit_raising_before_on_fit_start_leaves_no_early_entry() -> None:
+    """NOTE [Callbacks before ours]: a fit that raised between the callbacks' ``setup``
+    and ``on_fit_start`` (the module's own ``setup``) gets no ``teardown`` from
+    Lightning: the entry put on a callback ordered first stayed, holding the old
+    runtime, and entered it at the next fit."""
+
+    class Early(pl.Callback):  # type: ignore[misc]
+        def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+            self.hooked = tc.top_saved_tensors_hooks() is not None
+
+    class Fails(Module):
+        def setup(self, stage: str) -> None:
+            raise RuntimeError("boom in setup")
+
+    early = Early()
+    cb = OffrecompCallback(mode="recompute", min_bytes=0)
+    kw: dict[str, Any] = dict(
+        max_steps=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )
+    with pytest.raises(RuntimeError, match="boom in setup"):
+        pl.Trainer(callbacks=[early, cb], **kw).fit(Fails(), _loader())
+    assert "on_fit_start" not in vars(early)
+    second = OffrecompCallback(mode="recompute", min_bytes=0)
+    pl.Trainer(callbacks=[early, second], **kw).fit(Module(), _loader())
+    assert early.hooked and cb.runtime is None and second.runtime is not None
+    assert tc.top_saved_tensors_hooks() is None and not second.runtime.active

@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import offrecomp
 from offrecomp.measure import Clock, Mark
@@ -1281,12 +1282,32 @@ class _DropsLayers(nn.Module):
         )
         self.head = nn.Linear(d, 64)
 
-    def forward(self, tok: torch.Tensor, skip: tuple[int, ...] = ()) -> torch.Tensor:
+    def forward(self, tok: torch.Tensor, skip: tuple[int, ...] = (), moded: tuple[int, ...] = ()) -> torch.Tensor:
         x = self.emb(tok)
         for i, b in enumerate(self.blocks):
-            if i not in skip:
+            if i in moded:  # under a dispatch mode of the caller's: no recording of it is made
+                with _Passthrough():
+                    x = x + b(x)
+            elif i not in skip:
                 x = x + b(x)
         return F.cross_entropy(self.head(x).flatten(0, 1), tok.flatten())
+
+
+class _Passthrough(TorchDispatchMode):
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_donor_lends_on_where_a_call_no_profile_can_hold_ran() -> None:
+    """A block run under a dispatch mode of the caller's keeps its activations and is in
+    no profile, the donor's included: a pass borrowing the plan that runs it is no
+    reason to stop lending (every later length would run a full recompute)."""
+    torch.manual_seed(0)
+    m = _DropsLayers()
+    with _runtime(m) as rt:
+        for i, t in enumerate((80, 72, 70, 68, 66, 64)):
+            m(torch.randint(0, 64, (4, t), generator=torch.Generator().manual_seed(i)), moded=(5,)).backward()
+    assert [s.phase for s in rt.report().steps] == ["measure"] + ["borrowed"] * 5
 
 
 def test_a_donor_lacking_calls_a_borrower_ran_lends_no_more(caplog: pytest.LogCaptureFixture) -> None:

@@ -131,17 +131,19 @@ def test_forward_hooks_are_never_handed_placeholders(hooked_at: int) -> None:
     assert sum(served) > 0  # the replays still serve what the plan keeps
 
 
-def test_hooks_held_only_around_the_forward_are_never_handed_placeholders() -> None:
+@pytest.mark.parametrize("detach", [True, False])
+def test_hooks_held_only_around_the_forward_are_never_handed_placeholders(detach: bool) -> None:
     """NOTE [Placeholders and hooks]: a feature hook the loop takes out before the backward
     runs in the replay (NOTE [Hooks a replay registers]); a serving replay judged by the
     hooks at backward, none, handed it a placeholder, and the feature store held
-    uninitialized bytes. Hooked from step 3, after the recording."""
+    uninitialized bytes (a hook keeping the output itself runs no op the recording
+    lacks: nothing else would notice). Hooked from step 3, after the recording."""
     torch.manual_seed(0)
     model = nn.Sequential(*[_Logged() for _ in range(3)])
     feats: dict[int, torch.Tensor] = {}
 
     def hook(i: int) -> Any:
-        return lambda mod, inp, out: feats.__setitem__(i, out.detach())
+        return lambda mod, inp, out: feats.__setitem__(i, out.detach() if detach else out)
 
     plan = offrecomp.Plan(
         placements={(f"{b}", 0, 2): offrecomp.Placement.RECOMPUTE for b in range(3)},
