@@ -71,6 +71,7 @@ __all__ = [
     "module_state",
     "restore_hooks",
     "restore_tree",
+    "same_entries",
     "same_objects",
     "state_as_replayed",
     "structure_epoch",
@@ -196,14 +197,18 @@ def forward_hooks(modules: tuple[nn.Module, ...]) -> ForwardHooks:
 def forward_hooks_moved(entry: ForwardHooks, now: ForwardHooks, first: int, last: int) -> bool:
     """Do the tables ``now`` hold other hooks than at the call's ``entry``, besides those
     with ids in ``[first, last)`` that its forward registered?"""
-    if len(now) == len(entry) and all(a is b and x == y for (a, x), (b, y) in zip(now, entry)):
+    if _same_tables(now, entry):
         return False
     if last > first:
         now = tuple(
             (t, kept) for t, items in now
             if (kept := tuple((k, v) for k, v in items if not (type(k) is int and first <= k < last)))
         )
-    return not (len(now) == len(entry) and all(a is b and x == y for (a, x), (b, y) in zip(now, entry)))
+    return not _same_tables(now, entry)
+
+
+def _same_tables(a: ForwardHooks, b: ForwardHooks) -> bool:
+    return len(a) == len(b) and all(s is t and x == y for (s, x), (t, y) in zip(a, b))
 
 
 def forward_hooks_as(entry: ForwardHooks, now: ForwardHooks, first: int = 0, last: int = 0) -> None:
@@ -332,7 +337,7 @@ def restore_tree(snapshot: list[tuple[Any, tuple[Any, ...]]]) -> bool:
     changed = False
     for box, items in snapshot:
         now = tuple(box.items()) if isinstance(box, dict) else tuple(box)
-        if len(now) == len(items) and all(map(_same_item, now, items)):
+        if same_entries(now, items):
             continue
         changed = True
         if isinstance(box, list):
@@ -341,6 +346,12 @@ def restore_tree(snapshot: list[tuple[Any, tuple[Any, ...]]]) -> bool:
             box.clear()
             box.update(items)
     return changed
+
+
+def same_entries(now: tuple[Any, ...], items: tuple[Any, ...]) -> bool:
+    """The same entries in the same order: objects, or (key, object) pairs, the objects
+    by identity."""
+    return len(now) == len(items) and all(map(_same_item, now, items))
 
 
 def _same_item(a: Any, b: Any) -> bool:

@@ -30,7 +30,7 @@ from torch.nn.modules.lazy import LazyModuleMixin
 
 from offrecomp import _torch_compat as tc
 from offrecomp import host_rng
-from offrecomp.changes import module_children, structure_epoch
+from offrecomp.changes import structure_epoch
 from offrecomp.host_rng import Slot as RngSlot
 from offrecomp.params import ParamData
 
@@ -187,8 +187,6 @@ class Region:
     parameters] in params.py)."""
     epoch: int = -1
     """``structure_epoch()`` when it was last read (NOTE [Region refresh] in changes.py)."""
-    children: list[Any] = field(default_factory=list)
-    """The children its modules held when it was last read (``module_children``)."""
     tree: tuple[tuple[nn.Module, tuple[tuple[str, Any], ...]], ...] = ()
     """Its modules with the children each held, by name, when it was last read: what a
     replay of a call from then runs with (NOTE [Children at entry] in replay_state.py)."""
@@ -211,7 +209,6 @@ class Region:
             self.settled = 0
             self.param_data = ParamData()
         self.modules = mods
-        self.children = module_children(mods)
         self.tree = tuple((m, tuple(m._modules.items())) for m in mods)
         self.slots = tuple((sub, n) for sub in mods for n in sub._buffers.keys())  # noqa: SIM118 (a ScriptModule's buffers iterate by index)
         self.param_slots = param_slots
@@ -220,6 +217,12 @@ class Region:
         self.compiled = any(map(compiled_module, mods))
         self.lazy = has_lazy_parameters(mods)
         self.tensor_attrs = tensor_attrs(mods, [m.__dict__ for m in mods])
+
+    @property
+    def children(self) -> list[Any]:
+        """The children its modules held when it was last read, in order: what a call
+        compares with ``module_children`` (NOTE [Region refresh] in changes.py)."""
+        return [c for _, items in self.tree for _, c in items]
 
     @property
     def buffers(self) -> tuple[torch.Tensor, ...]:

@@ -26,6 +26,7 @@ from offrecomp.changes import (
     hook_snapshot,
     restore_hooks,
     restore_tree,
+    same_entries,
     tree_snapshot,
 )
 from offrecomp.diagnostics import log_once
@@ -250,15 +251,11 @@ def hooks_as_found(call: RegionCall) -> Iterator[None]:
 # forward before the call is not seen until the next one.
 
 
-def _same_children(table: dict[str, Any], items: tuple[tuple[str, Any], ...]) -> bool:
-    return len(table) == len(items) and all(v is c and k == n for (k, v), (n, c) in zip(table.items(), items))
-
-
 @contextlib.contextmanager
 def children_as_forward(call: RegionCall) -> Iterator[None]:
     """NOTE [Children at entry]: the replay runs with the children its modules held at
     the call's entry, and leaves them as it found them."""
-    moved = [(m._modules, items) for m, items in call.tree or () if not _same_children(m._modules, items)]
+    moved = [(m._modules, items) for m, items in call.tree or () if not same_entries(tuple(m._modules.items()), items)]
     if not moved:
         yield
         return

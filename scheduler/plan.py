@@ -104,6 +104,11 @@ class Plan:
     solved and predicted (NOTE [Chosen prefetch] in ``scheduler.solver.api``); None: as
     the runtime is configured (a user's plan)."""
 
+    def reload_depth(self, configured: int) -> int:
+        """The reload depth it is predicted at: its own, else ``configured`` (NOTE [Chosen
+        prefetch] in ``scheduler.solver.api``)."""
+        return self.prefetch_regions if self.prefetch_regions is not None else configured
+
     def placement(self, key: StorageKey) -> Placement:
         return self.placements.get(key, self.default)
 

@@ -50,8 +50,7 @@ def refresh_live(entry: PlanEntry, step_seconds: float | None, *, prefetch_regio
     entry.live_skipped = 0
     t0 = time.perf_counter()
     try:
-        depth = plan.prefetch_regions if plan.prefetch_regions is not None else prefetch_regions
-        live = entry.predict(profile, plan, prefetch_regions=depth)  # NOTE [Chosen prefetch] (scheduler)
+        live = entry.predict(profile, plan, prefetch_regions=plan.reload_depth(prefetch_regions))
     except ValueError as exc:  # the plan no longer places on this profile
         log.debug("offrecomp: live prediction skipped (%s)", exc)
         return

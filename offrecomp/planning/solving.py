@@ -281,9 +281,7 @@ class Solver:
         profile = entry.profile
         assert profile is not None
         try:
-            depth = incumbent.prefetch_regions
-            if depth is None:
-                depth = prefetch_depth(self.host.config.prefetch, profile)
+            depth = incumbent.reload_depth(prefetch_depth(self.host.config.prefetch, profile))
             now = entry.predict(profile, incumbent, prefetch_regions=depth)
         except ValueError:  # it no longer places on this profile
             return False
