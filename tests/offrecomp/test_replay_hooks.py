@@ -87,6 +87,16 @@ def test_hooks_a_forward_registers_are_not_registered_again_by_replays(variant: 
     assert _hooks(m) == _hooks(ref_model)
 
 
+def _gelu_outputs_recomputed() -> offrecomp.Plan:
+    """The plan that drops storage 2 (gelu's output) of each of three ``_Logged`` blocks
+    and keeps the rest (``a + 1``): its serving replays hand ``l1``'s output a
+    placeholder where nothing stops them."""
+    return offrecomp.Plan(
+        placements={(f"{b}", 0, 2): offrecomp.Placement.RECOMPUTE for b in range(3)},
+        default=offrecomp.Placement.KEEP,
+    )
+
+
 class _Logged(nn.Module):
     """``l1``'s output is saved by no op: a serving replay that keeps ``a + 1`` and
     drops gelu's output hands a placeholder for it to ``l1``'s forward hooks."""
@@ -111,10 +121,7 @@ def test_forward_hooks_are_never_handed_placeholders(hooked_at: int) -> None:
     def hook(i: int) -> Any:
         return lambda mod, inp, out: feats.__setitem__(i, out.detach())
 
-    plan = offrecomp.Plan(
-        placements={(f"{b}", 0, 2): offrecomp.Placement.RECOMPUTE for b in range(3)},
-        default=offrecomp.Placement.KEEP,
-    )
+    plan = _gelu_outputs_recomputed()
     served = []
     with offrecomp.runtime(model, mode="auto", min_bytes=0, replay_op_us=0) as rt:
         rt.set_plan(plan)
@@ -145,10 +152,7 @@ def test_hooks_held_only_around_the_forward_are_never_handed_placeholders(detach
     def hook(i: int) -> Any:
         return lambda mod, inp, out: feats.__setitem__(i, out.detach() if detach else out)
 
-    plan = offrecomp.Plan(
-        placements={(f"{b}", 0, 2): offrecomp.Placement.RECOMPUTE for b in range(3)},
-        default=offrecomp.Placement.KEEP,
-    )
+    plan = _gelu_outputs_recomputed()
     with offrecomp.runtime(model, mode="auto", min_bytes=0, replay_op_us=0) as rt:
         rt.set_plan(plan)
         for step in range(6):
@@ -216,10 +220,7 @@ def test_hooks_on_the_region_itself_leave_it_its_placeholders() -> None:
     model = nn.Sequential(*[_Logged() for _ in range(3)])
     for b in model:
         b.register_forward_hook(lambda mod, inp, out: None)
-    plan = offrecomp.Plan(
-        placements={(f"{b}", 0, 2): offrecomp.Placement.RECOMPUTE for b in range(3)},
-        default=offrecomp.Placement.KEEP,
-    )
+    plan = _gelu_outputs_recomputed()
     with offrecomp.runtime(model, mode="auto", min_bytes=0, replay_op_us=0) as rt:
         rt.set_plan(plan)
         for step in range(4):
