@@ -57,7 +57,7 @@ def summarize(passes: list[PassState], min_bytes: int) -> list[CallSummary]:
     for call in passes[-1].calls:
         s = CallSummary(call.name, call.call_index, call=call)
         if call.books is not None:  # NOTE [Native keep]: booked as its hooked call saved
-            _, storages, nbytes, small, _, _ = call.books
+            storages, nbytes, small = call.books[1:4]
             s.count[KEEP] += storages
             s.nbytes[KEEP] += nbytes
             s.activations_kept += storages

@@ -45,7 +45,14 @@ from offrecomp.groups import reads_bytes_as_stored
 from offrecomp.handles import INTERNED_STRIDES, KeptRef, SavedHandle, TypedHandle, interned_stride
 from offrecomp.placement import Placements, untracked_alias
 from offrecomp.regenerate import Regenerator, replay_done, replay_handed
-from offrecomp.shared import counting_record, join_counted, lookup_window, share_kept
+from offrecomp.shared import (
+    count_whole_input,
+    counting_record,
+    join_counted,
+    lookup_window,
+    share_kept,
+    whole_counts,
+)
 from offrecomp.state import PENDING_WATCH, PassState, RegionCall, Stage, StorageRec
 from offrecomp.trace import SaveInfo, internal
 from scheduler.plan import Placement
@@ -430,17 +437,19 @@ class Placer:
             rec.aliased = True
         if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
             self._root_storage(rec)
-        # NOTE [Activations counted once]: an earlier call's record counts it; not in a
-        # region call kept whole (keeps_whole(call, mode), inline: the save path); in the
-        # root under a plan too, not under mode="keep" (no region call's record is there)
-        shared = (
-            (placement is KEEP or recorder is not None)
-            and (
-                not (call.fixed is KEEP and (call.kept_whole or self._config.mode == "keep"))
-                or (call.ordinal < 0 and self._config.mode != "keep")
+        arg_ptrs = call.arg_ptrs
+        if arg_ptrs is not None and placement is KEEP and ptr in arg_ptrs:
+            # NOTE [Whole calls counted once]: a tensor argument of a call kept whole
+            rec.arg_pos = arg_ptrs[ptr]
+            shared = rec.shared = count_whole_input(p, ptr, storage)
+        else:
+            # NOTE [Activations counted once]: an earlier call's record counts it; not in
+            # a region call kept whole (keeps_whole(call, mode), inline: the save path)
+            shared = (
+                (placement is KEEP or recorder is not None)
+                and (not (call.fixed is KEEP and (call.kept_whole or self._config.mode == "keep")) or call.ordinal < 0)
+                and share_kept(p, call, rec, ptr, storage, placement is KEEP)
             )
-            and share_kept(p, call, rec, ptr, storage, placement is KEEP)
-        )
         if placement is KEEP and fallback is None:
             if call.inputs is not None and call.fixed is None:  # NOTE [Served storages written since]
                 rec.watch = PENDING_WATCH
@@ -547,11 +556,16 @@ class Placer:
             counting_record(rec.call, ptr, storage, window, config.native_keep, config.mode)
             if window is not None else None
         )
-        if rec.placement is KEEP and fallback is None and other is not None and other.resident:
-            rec.shared = True
-            other.sharers += 1
-            p.stats.kept_bytes += rec.nbytes
-            return
+        if rec.placement is KEEP and fallback is None:
+            if other is not None and other.resident:
+                rec.shared = True
+                other.sharers += 1
+                p.stats.kept_bytes += rec.nbytes
+                return
+            if p.whole_counted and whole_counts(p, ptr, storage):  # NOTE [Whole calls counted once]
+                rec.shared = True
+                p.stats.kept_bytes += rec.nbytes
+                return
         self._account(p, rec, fallback)
         join_counted(p, rec, ptr, storage)
 

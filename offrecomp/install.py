@@ -638,13 +638,13 @@ class Installer:
         if call.recorder is not None:
             call.recorder.start()
         else:
-            self._native.enter(call)  # last: from here the hooks may be off (NOTE [Native keep])
+            self._native.enter(call, args, kwargs)  # last: from here the hooks may be off (NOTE [Native keep])
         return call
 
     def _end_region(self, call: RegionCall, exc: BaseException | None, out: Any = None, inputs: Any = None) -> None:
         entry = self._diag.take_entry(id(call))
         try:
-            self._native.exit(call, exc is not None)  # first: the hooks go back on
+            self._native.exit(call, exc is not None, out)  # first: the hooks go back on
             if call.recorder is not None:
                 call.recorder.stop(out)  # what it returned: NOTE [Forward transients]
             if call.watch is not None:

@@ -69,11 +69,20 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from offrecomp import _torch_compat as tc
 from offrecomp.config import Config
 from offrecomp.interrupts import finish
 from offrecomp.regions import SETTLED
-from offrecomp.shared import keeps_whole
+from offrecomp.shared import (
+    arg_tensors,
+    count_whole_input,
+    count_whole_output,
+    keeps_whole,
+    out_tensors,
+    storage_of,
+)
 from offrecomp.state import PassState, RegionCall, Stage
 from scheduler.plan import Placement
 
@@ -109,8 +118,10 @@ def audit_gap(audits: int, varies: bool = False) -> int:
 #: What a call saved with the hooks on: (saves, storages, kept bytes, storages under
 #: ``min_bytes``, kept bytes no earlier record counts: NOTE [Inputs counted once],
 #: NOTE [Activations counted once] in shared.py; the ordinal of the first call of the
-#: pass entered after all its kept storages died, or -1: NOTE [Graphs the forward drops]).
-CallBooks = tuple[int, int, int, int, int, int]
+#: pass entered after all its kept storages died, or -1: NOTE [Graphs the forward drops];
+#: the positions of the tensor arguments it saved, with their bytes, and of the tensors
+#: it returned that it kept: NOTE [Whole calls counted once] in shared.py).
+CallBooks = tuple[int, int, int, int, int, int, tuple[tuple[int | str, int], ...], tuple[int, ...]]
 
 
 class NativeKeep:
@@ -144,9 +155,11 @@ class NativeKeep:
         self._runs[key] = (audit_gap(audits + 1, varies), audits + 1)
         return True
 
-    def enter(self, call: RegionCall) -> bool:
+    def enter(self, call: RegionCall, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Take the runtime's hooks off for ``call`` if it may save natively; True if
-        they came off (``exit`` puts them back)."""
+        they came off (``exit`` puts them back). A call kept whole counts its tensor
+        arguments ``args`` and ``kwargs`` once (NOTE [Whole calls counted once] in
+        shared.py)."""
         p = call.pass_state
         if p is None:
             return False
@@ -155,12 +168,19 @@ class NativeKeep:
         frees = p.native_frees
         if frees and frees[0][0] <= call.ordinal:
             _free(p, call.ordinal)
-        if (
-            not self._keeps_whole(call)
-            or call.recorder is not None
-            or call.watch is not None
-            or call.inputs is not None
-        ):
+        if call.recorder is not None or not keeps_whole(call, self._config.mode):
+            return False
+        if self._native(p, call):
+            taken = call.books[6]
+            if taken:
+                call.whole_shared = _shared_arguments(p, taken, args, kwargs)
+            return True
+        call.arg_ptrs = _argument_ptrs(args, kwargs)  # its saves find them (hooks.py)
+        return False
+
+    def _native(self, p: PassState, call: RegionCall) -> bool:
+        """``enter`` for a call kept whole: True where it saves natively."""
+        if not self._config.native_keep or call.watch is not None or call.inputs is not None:
             return False
         key = (p.signature, call.name, call.call_index)
         books = self._books.get(key)
@@ -195,15 +215,16 @@ class NativeKeep:
             finish(lambda: _on_top(own))
         self.off = False
 
-    def exit(self, call: RegionCall, failed: bool) -> None:
-        """``call`` ends: put the hooks back and count its saves from its record, or
-        record what it saved with the hooks on."""
+    def exit(self, call: RegionCall, failed: bool, out: Any = None) -> None:
+        """``call`` ends, having returned ``out``: put the hooks back and count its saves
+        from its record, or record what it saved with the hooks on."""
         p = call.pass_state
         if call.native:
             self.hooks_back()  # first: the rest of the call's exit runs with the hooks on
             if failed or p is None or call.books is None:
                 return
-            saves, storages, kept, _, resident, freed_at = call.books
+            saves, storages, kept, _, resident, freed_at, _, returned = call.books
+            resident -= call.whole_shared  # NOTE [Whole calls counted once] in shared.py
             call.pack_count += saves
             stats = p.stats
             stats.storages += storages  # finish_pass adds len(call.storages): none here
@@ -213,18 +234,31 @@ class NativeKeep:
             p.native_held.append(held)
             if freed_at > call.ordinal:
                 heapq.heappush(p.native_frees, (freed_at, len(p.native_held), held))
+            if returned:
+                _count_returned(p, out, returned)
             return
-        if failed or p is None or not self._keeps_whole(call):
+        if failed or p is None:
+            return
+        if call.recorder is not None:
+            _mark_returned(call, out)  # for the profile (StorageRecord.returned)
+            return
+        if call.arg_ptrs is None:  # not kept whole
+            return
+        returned = _returned_kept(p, call, out)
+        if not self._keeps_whole(call):
             return
         if len(self._books) >= MAX_RECORDS:
             self._books.clear()
             self._runs.clear()
         recs = call.storages
         kept = sum(rec.nbytes for rec in recs)
-        resident = sum(rec.nbytes for rec in recs if not rec.shared)  # NOTE [Activations counted once] in shared.py
+        # NOTE [Activations counted once] in shared.py; an argument the record shares
+        # with another counts in a native pass unless that one counts it then
+        resident = sum(rec.nbytes for rec in recs if not rec.shared or rec.arg_pos is not None)
         small = sum(rec.nbytes < self._config.min_bytes for rec in recs)
+        taken = tuple((rec.arg_pos, rec.nbytes) for rec in recs if rec.arg_pos is not None)
         key = (p.signature, call.name, call.call_index)
-        self._books[key] = (call.pack_count, len(recs), kept, small, resident, -1)
+        self._books[key] = (call.pack_count, len(recs), kept, small, resident, -1, taken, returned)
         if resident:
             if self._pending_pass is not p:
                 self._pending = []
@@ -246,8 +280,70 @@ class NativeKeep:
                 continue
             books = self._books.get(key)
             if books is not None:
-                self._books[key] = (*books[:5], ordinal)
+                self._books[key] = (*books[:5], ordinal, *books[6:])
         self._pending = alive
+
+
+def _argument_ptrs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[int, int | str]:
+    """The data pointer of each tensor argument's storage, to its first position (NOTE
+    [Whole calls counted once] in shared.py)."""
+    ptrs: dict[int, int | str] = {}
+    for pos, t in arg_tensors(args, kwargs):
+        st = storage_of(t)
+        if st is not None:
+            ptrs.setdefault(st.data_ptr(), pos)
+    return ptrs
+
+
+def _shared_arguments(
+    p: PassState, taken: tuple[tuple[int | str, int], ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> int:
+    """A native call kept whole saves the arguments at the positions of ``taken`` (with
+    their bytes): the bytes of those another record counts already; each counts for
+    the calls kept whole after it (NOTE [Whole calls counted once] in shared.py)."""
+    shared = 0
+    for pos, nbytes in taken:
+        t = (args[pos] if pos < len(args) else None) if isinstance(pos, int) else kwargs.get(pos)
+        st = storage_of(t) if isinstance(t, torch.Tensor) else None
+        if st is not None and count_whole_input(p, st.data_ptr(), st):
+            shared += nbytes
+    return shared
+
+
+def _count_returned(p: PassState, out: Any, returned: tuple[int, ...]) -> None:
+    """A native call kept whole returned ``out``, of which it keeps the tensors at the
+    positions ``returned``: they count for the others (NOTE [Whole calls counted
+    once] in shared.py)."""
+    tensors = dict(out_tensors(out))
+    for pos in returned:
+        t = tensors.get(pos)
+        st = storage_of(t) if t is not None else None
+        if st is not None:
+            count_whole_output(p, st)
+
+
+def _returned_kept(p: PassState, call: RegionCall, out: Any) -> tuple[int, ...]:
+    """A call kept whole, run with the hooks, returned ``out``: the positions of the
+    tensors it returned whose storage it keeps, which count for the others from now on
+    (NOTE [Whole calls counted once] in shared.py)."""
+    positions = []
+    for pos, t in out_tensors(out):
+        st = storage_of(t)
+        rec = call.by_ptr.get(st.data_ptr()) if st is not None else None
+        if rec is not None and rec.placement is KEEP and rec.index >= 0 and rec() is st:
+            count_whole_output(p, st)
+            positions.append(pos)
+    return tuple(positions)
+
+
+def _mark_returned(call: RegionCall, out: Any) -> None:
+    """A measured call returned ``out``: its records of the storages under those tensors
+    are ``returned`` (``StorageRecord.returned``)."""
+    for _, t in out_tensors(out):
+        st = storage_of(t)
+        rec = call.by_ptr.get(st.data_ptr()) if st is not None else None
+        if rec is not None and rec() is st:
+            rec.returned = True
 
 
 def _free(p: PassState, ordinal: int) -> None:

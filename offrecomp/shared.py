@@ -1,10 +1,14 @@
 """Storages several records of a pass hold, counted once in its books: a region input
-another record keeps (NOTE [Inputs counted once]) and a kept storage an earlier call kept
-(NOTE [Activations counted once])."""
+another record keeps (NOTE [Inputs counted once]), a kept storage an earlier call kept
+(NOTE [Activations counted once]) and a storage calls kept whole save or return (NOTE
+[Whole calls counted once])."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
+
+import torch
 
 from offrecomp.state import PassState, RegionCall, StorageRec
 from scheduler.plan import Placement
@@ -12,7 +16,10 @@ from scheduler.profile import INPUT_LOOKBACK
 
 KEEP = Placement.KEEP
 
-__all__ = ["INPUT_LOOKBACK", "counting_record", "join_counted", "keeps_whole", "lookup_window", "share_kept"]
+__all__ = [
+    "INPUT_LOOKBACK", "arg_tensors", "count_whole_input", "counting_record", "join_counted", "keeps_whole",
+    "lookup_window", "out_tensors", "share_kept", "whole_counts",
+]
 
 # NOTE [Inputs counted once]
 # A region input is often a storage another record of the pass counts already: the
@@ -69,6 +76,89 @@ __all__ = ["INPUT_LOOKBACK", "counting_record", "join_counted", "keeps_whole", "
 # took as an input, before), and in a measuring pass names the first record of each
 # storage it saves, as region calls do. Region inputs are looked up as in NOTE [Inputs
 # counted once]; a counted one joins the table.
+
+# NOTE [Whole calls counted once]
+# A call kept whole (forced keep, or a plan's: NOTE [Kept planned calls] in placement.py)
+# takes no part in the tables above: it saves natively in most passes, without records.
+# Yet what it keeps is often a storage another call counts: a block's input that the
+# block before saved as its output (a ReLU's or a tanh's, which the next block's Linear
+# or convolution saves as its input: a stack of conv+ReLU blocks booked 1.77x what it
+# held), an encoder output every decoder block saves, a stem's output the first block
+# saves, the last block's output the loss saves. So calls kept whole count through one
+# more table, ``PassState.whole_counted`` (data pointer -> the storage, weakly), by
+# positions that a native call can find without its saves: its tensor arguments
+# (``arg_tensors``) and the tensors it returns (``out_tensors``). A tensor argument the
+# call saves counts nothing where the table or a resident record of ``first_records``
+# counts its storage already, and joins the table; a kept storage it returns joins the
+# table at its exit. A hooked call finds its arguments at the save (``count_whole_input``,
+# by ``RegionCall.arg_ptrs``) and its record (``CallBooks`` in native.py) says which
+# positions it saved and returned; a native call reads those positions at its entry and
+# exit. Kept saves and kept inputs of the root and of other calls look the table up where
+# no record of theirs counts the storage (``share_kept``, ``Placer._count_input``). A
+# storage the table names is resident while the call that counted it keeps it: the
+# record of the call counting it lives to that call's backward, after the later calls'.
+# The profile marks the storages each call returned (``StorageRecord.returned``), and the
+# simulator counts a kept input of a unit kept whole nothing after a counted kept record
+# of its allocation in the root or a unit with records, or a saved input or returned
+# storage of a unit kept whole; the others' kept records likewise after the latter
+# (``_counted_once`` in scheduler/timeline.py). Nested arguments and outputs (a list in
+# a list, a dict, a dataclass) are not looked into: such a storage counts as before.
+
+
+def arg_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[int | str, torch.Tensor]]:
+    """The tensors among a call's arguments, at the top level, with their positions (an
+    index into ``args``, or a keyword) (NOTE [Whole calls counted once])."""
+    out: list[tuple[int | str, torch.Tensor]] = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    if kwargs:
+        out += [(k, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+    return out
+
+
+def out_tensors(out: Any) -> list[tuple[int, torch.Tensor]]:
+    """The tensors a call returned, with their positions: the tensor itself (0), or the
+    tensors of a tuple or list it returned (NOTE [Whole calls counted once])."""
+    if isinstance(out, torch.Tensor):
+        return [(0, out)]
+    if isinstance(out, (tuple, list)):
+        return [(i, t) for i, t in enumerate(out) if isinstance(t, torch.Tensor)]
+    return []
+
+
+def storage_of(t: torch.Tensor) -> Any:
+    """``t``'s untyped storage, or None where it has none with data (sparse, meta,
+    a tensor subclass without one)."""
+    try:
+        st = t.untyped_storage()
+        return st if st.data_ptr() else None
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
+def whole_counts(p: PassState, ptr: int, storage: Any) -> bool:
+    """Does a call kept whole count ``storage`` (at ``ptr``) in ``p``?"""
+    ref = p.whole_counted.get(ptr)
+    return ref is not None and ref() is storage
+
+
+def count_whole_input(p: PassState, ptr: int, storage: Any) -> bool:
+    """A call kept whole saves ``storage`` (at ``ptr``), one of its tensor arguments:
+    True where another record counts it already, so the call counts nothing; it counts
+    for calls kept whole from now on (NOTE [Whole calls counted once])."""
+    ref = p.whole_counted.get(ptr)
+    if ref is not None and ref() is storage:
+        return True
+    p.whole_counted[ptr] = weakref.ref(storage)
+    first = p.first_records.get(ptr)
+    return first is not None and first.resident and first() is storage
+
+
+def count_whole_output(p: PassState, storage: Any) -> None:
+    """A call kept whole returns ``storage``, which it keeps: it counts it for the others
+    (NOTE [Whole calls counted once])."""
+    ptr = storage.data_ptr()
+    ref = p.whole_counted.get(ptr)
+    if ref is None or ref() is not storage:
+        p.whole_counted[ptr] = weakref.ref(storage)
 
 
 def lookup_window(p: PassState, call: RegionCall) -> tuple[RegionCall | None, ...]:
@@ -142,6 +232,11 @@ def share_kept(p: PassState, call: RegionCall, rec: StorageRec, ptr: int, storag
             rec.same_as = named
     if not kept:
         return False
+    first = p.first_records.get(ptr)
+    counted = first is not None and first() is storage and first.call is not call and first.resident
+    if not counted and p.whole_counted and whole_counts(p, ptr, storage):  # NOTE [Whole calls counted once]
+        rec.shared = True
+        return True
     first = _first(p.first_records, ptr, storage, rec)  # rec: the caller counts it
     if first.call is call or not first.resident:
         return False

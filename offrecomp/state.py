@@ -104,6 +104,12 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
     (NOTE [Inputs counted once]); a shared record's, or in a measuring pass any later
     record's, the first record of it (NOTE [Activations counted once])."""
     sharers = 0  # records sharing its count: inputs of unreleased calls, kept activations
+    arg_pos: Any = None
+    """Where its call, kept whole and run with the hooks, took the storage among its tensor
+    arguments (NOTE [Whole calls counted once] in shared.py); None: not an argument's."""
+    returned = False
+    """In a measuring pass, its call returned a tensor on the storage (``StorageRecord.
+    returned``: NOTE [Whole calls counted once] in shared.py)."""
     held = False
     """Found alive when its pass's backward ended (NOTE [Held past backward] in
     scheduler/timeline.py): the program holds it; its profile record is ``held``."""
@@ -210,10 +216,15 @@ class RegionCall(_WeakReferable):
     """Every new activation storage is dropped (``Placements.drops``): no decision per save."""
     native: bool = False
     """Saves natively, the runtime's hooks off (NOTE [Native keep])."""
-    books: tuple[int, int, int, int, int, int] | None = None
-    """A native call's saves, storages, kept bytes, storages under ``min_bytes`` and the
-    kept bytes no earlier record counts, as the same call recorded them with the hooks
-    on (NOTE [Native keep])."""
+    books: Any = None
+    """A native call's ``CallBooks``: what the same call saved with the hooks on (NOTE
+    [Native keep] in native.py)."""
+    arg_ptrs: dict[int, Any] | None = None
+    """Kept whole and run with the hooks: the data pointer of each tensor argument's
+    storage, to its position (NOTE [Whole calls counted once] in shared.py)."""
+    whole_shared: int = 0
+    """Kept whole and native: the bytes of the arguments it saves that another record
+    counts already (NOTE [Whole calls counted once] in shared.py)."""
     table: list[Placement] | None = None
     """NOTE [Placement table]: the planned placement of each activation storage, the
     rules applied, valid for a storage of the size in ``table_sizes``."""
@@ -512,6 +523,10 @@ class PassState(_WeakReferable):
     first_named: dict[int, StorageRec] = field(default_factory=dict)
     """In a measuring pass, data pointer -> the first record of that storage of any
     placement, which the later ones name for the profile."""
+    whole_counted: dict[int, weakref.ref[Any]] = field(default_factory=dict)
+    """Data pointer -> the storage, for the storages calls kept whole count: those of
+    their tensor arguments they save and of the tensors they return (NOTE [Whole calls
+    counted once] in shared.py)."""
     stats: PassStats = field(default_factory=PassStats)
     stage: Stage = Stage.FORWARD
     graphs: list[Any] = field(default_factory=list)
@@ -617,6 +632,7 @@ class PassState(_WeakReferable):
         self.root = None
         self.first_records = {}
         self.first_named = {}
+        self.whole_counted = {}
         return True
 
 

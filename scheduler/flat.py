@@ -104,6 +104,9 @@ class FlatProfile:
     """Per storage: held for a replay only, so a unit kept whole holds none: a region input
     no op of its region saves (``saves`` 0; NOTE [Inputs counted once] in
     offrecomp/shared.py), or a snapshot (NOTE [Replay and module state] in offrecomp/buffers.py)."""
+    returned: np.ndarray
+    """Per storage: its call returned a tensor on it (``StorageRecord.returned``; NOTE
+    [Whole calls counted once] in offrecomp/shared.py)."""
     held: np.ndarray
     """Per storage: the program holds it (or another record of its allocation) past
     backward's end (``StorageRecord.held``): resident until backward ends when kept
@@ -211,6 +214,7 @@ _get_offset = operator.attrgetter("offset_seconds")
 _get_kind = operator.attrgetter("kind")
 _get_keep_only = operator.attrgetter("keep_only")
 _get_held = operator.attrgetter("held")
+_get_returned = operator.attrgetter("returned")
 _get_last_save = operator.attrgetter("last_save_op")
 _get_first_save = operator.attrgetter("first_save_op")
 _get_producer = operator.attrgetter("producer_op")
@@ -495,6 +499,12 @@ def _held(profile: Profile, un: _Units) -> np.ndarray:
     return np.asarray(held, dtype=np.bool_).reshape(-1)[un.src]
 
 
+def _returned(profile: Profile, un: _Units) -> np.ndarray:
+    """Per flat storage its ``returned`` flag (a root storage's: False)."""
+    out = [bool(x) for x in map(_get_returned, un.sts)] + [False] * len(profile.root)
+    return np.asarray(out, dtype=np.bool_).reshape(-1)[un.src]
+
+
 def _outlives(profile: Profile, un: _Units) -> np.ndarray:
     """Per flat storage its ``outlives_call`` flag (a root storage's: False)."""
     out = [bool(x) for x in map(_get_outlives, un.sts)] + [False] * len(profile.root)
@@ -635,6 +645,7 @@ def flatten(profile: Profile) -> FlatProfile:
         shared=np.full(len(keys), -1, dtype=np.int64),
         allocation=np.arange(len(keys), dtype=np.int64),
         unsaved=((kind_arr == KIND_INPUT) & (saves == 0)) | (kind_arr == KIND_SNAPSHOT),
+        returned=_returned(profile, un),
         held=_held(profile, un),
         choice=legal,
         save_order=order,

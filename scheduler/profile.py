@@ -78,9 +78,10 @@ __all__ = [
 ]
 
 #: The format of a saved profile. 2 adds ``OpRecord.transient_bytes`` and
-#: ``StorageRecord.held``, ``freed_op`` and ``outlives_call``; a build reads its own
-#: version and every earlier one (a field an earlier version lacks takes its default).
-PROFILE_VERSION = 2
+#: ``StorageRecord.held``, ``freed_op`` and ``outlives_call``; 3 ``StorageRecord.
+#: returned``; a build reads its own version and every earlier one (a field an earlier
+#: version lacks takes its default).
+PROFILE_VERSION = 3
 
 #: Region calls before a call whose records the runtime looks a kept region input of it
 #: up in (with the root's), to count the input's allocation once (NOTE [Inputs counted
@@ -167,6 +168,11 @@ class StorageRecord:
     """A region input an argument object of the call holds too (a tensor inside a
     dataclass the blocks hand along: the runtime's NOTE [Inputs held by arguments]):
     only KEEP, as a copy to host memory would free nothing the object holds."""
+    returned: bool = False
+    """Its call returned a tensor on it (the tensor itself, or one of a tuple or list it
+    returned): a unit kept whole that keeps it counts it for the units after it, as the
+    runtime's books do (NOTE [Whole calls counted once] in offrecomp/shared.py).
+    Version 3; False in earlier profiles."""
     held: bool = False
     """The program holds the storage past backward's end (the training loop's ``out``
     and target that a loss saved, a block output the loop keeps in a list), as measured

@@ -223,12 +223,12 @@ def check_variant(
     records = rt.report().steps
     check_variant_report(
         records, variant, n_steps=steps, stable=stable, serves=serves, plans=plans,
-        tight_drops=not _frugal_keeps_all(rt, records),
+        tight_drops=not frugal_keeps_all(rt, records),
     )
     return rt, m
 
 
-def _frugal_keeps_all(rt: offrecomp.Runtime, records: list[Any]) -> bool:
+def frugal_keeps_all(rt: offrecomp.Runtime, records: list[Any]) -> bool:
     """Did the last step run a plan that meets no budget (the most memory-frugal one) and
     drops nothing: no drop lowers the model's peak (a peak all of whose storages a replay
     makes again, or a cast autocast's cache holds to the forward's end)?"""

@@ -468,6 +468,8 @@ def _region_records(
                 storages[r.index].shared_with = (other.call.name, other.call.call_index, other.index)
             if r.held and 0 <= r.index < len(storages):  # NOTE [Held past backward] (scheduler/timeline.py)
                 storages[r.index].held = True
+            if r.returned and 0 <= r.index < len(storages):  # NOTE [Whole calls counted once] (shared.py)
+                storages[r.index].returned = True
         if bwd is None:
             unmeasured.add(call.key)
         if st.snapshot_bytes:  # held from the call's entry while it may replay (NOTE [Replay and module state])

@@ -42,7 +42,7 @@ def test_auto_with_tight_budget_is_bitwise_equal(case: str) -> None:
     probe = twin(model)  # keep's peak sets the budget
     keep = _runtime(probe, "keep")
     train(probe, batch, keep, steps=1)
-    budget = keep.report().steps[0].peak_activation_bytes // 2
+    budget = keep.report().steps[0].peak_activation_bytes * 3 // 4  # the CNN's most frugal plan holds 0.64
     m = twin(model)
     rt = _runtime(m, "auto", budget=budget)
     got = train(m, batch, rt, steps=4)

@@ -43,6 +43,7 @@ from tests.helpers import (
     batch_on,
     check_variant_report,
     deterministic_plain,
+    frugal_keeps_all,
     tight_budget,
     train,
     train_bitwise,
@@ -736,7 +737,9 @@ def test_layout_bitwise_equal_to_plain(case: str, variant: str) -> None:
 
     steps = rt.report().steps
     big = case == "big_storage_small_host_limit"
-    check_variant_report(steps, variant, n_steps=STEPS, stable=c.stable, tight_drops=not big)
+    check_variant_report(
+        steps, variant, n_steps=STEPS, stable=c.stable, tight_drops=not big and not frugal_keeps_all(rt, steps)
+    )
     if big and variant in ("auto_tight", "auto_serve"):
         # the 64 MiB storage holds the peak whatever is dropped: keeping the small saves
         # costs 1.8 KB (under FRUGAL_SLACK of it) and saves their replays, so the most

@@ -124,27 +124,29 @@ def test_a_snapshot_storage_round_trips_and_plans_the_same(tmp_path: Path) -> No
 
 def test_a_profile_says_its_version_and_version_1_files_read_with_the_fields_they_lack() -> None:
     """PROFILE_VERSION 2 adds the transient and lifetime fields (``transient_bytes``,
-    ``held``, ``freed_op``, ``outlives_call``): a build reading only version 1 refuses
-    a file with them by its version, not by a field it does not know, and a version 1
-    file reads here with their defaults. A later version is refused with the versions
-    this build reads."""
+    ``held``, ``freed_op``, ``outlives_call``), 3 ``returned``: a build reading only an
+    earlier version refuses a file with them by its version, not by a field it does not
+    know, and a version 1 file reads here with their defaults. A later version is
+    refused with the versions this build reads."""
     p = random_profile(5)
     p.regions[0].storages[0].outlives_call = True
     p.regions[0].storages[0].freed_op = 2
+    p.regions[0].storages[0].returned = True
     data = p.to_dict()
-    assert data["version"] == PROFILE_VERSION == 2
+    assert data["version"] == PROFILE_VERSION == 3
     assert Profile.from_dict(data) == p
     for r in data["regions"]:
         for o in r["ops"]:
             del o["transient_bytes"]
         for s in r["storages"]:
-            del s["held"], s["freed_op"], s["outlives_call"]
+            del s["held"], s["freed_op"], s["outlives_call"], s["returned"]
     for s in data["root"]:
-        del s["held"], s["freed_op"], s["outlives_call"]
+        del s["held"], s["freed_op"], s["outlives_call"], s["returned"]
     data["version"] = 1
     old = Profile.from_dict(data)
     assert old.version == PROFILE_VERSION  # read into this build's format
     assert not old.regions[0].storages[0].outlives_call and old.regions[0].storages[0].freed_op == -1
+    assert not old.regions[0].storages[0].returned
     assert all(op.transient_bytes == 0 for r in old.regions for op in r.ops)
-    with pytest.raises(ValueError, match="profile version 3 is not supported; this build reads versions 1 to 2"):
-        Profile.from_dict({**p.to_dict(), "version": 3})
+    with pytest.raises(ValueError, match="profile version 4 is not supported; this build reads versions 1 to 3"):
+        Profile.from_dict({**p.to_dict(), "version": 4})
