@@ -102,7 +102,7 @@ from offrecomp.regions import (
 )
 from offrecomp.replay import in_replay
 from offrecomp.signatures import Frozen, Part, signature_of
-from offrecomp.slots import Installed, KeptWrappers, own_forward, unwrap
+from offrecomp.slots import Installed, KeptWrappers, following_class, own_forward, unwrap
 from offrecomp.state import PassState, RegionCall
 from offrecomp.trace import PassiveMode
 
@@ -520,21 +520,24 @@ class Installer:
         begin_h, fail, returned_h = self._host(begin), self._host(failed), self._host(returned)
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            follow = following_class(original)  # NOTE [Class forwards patched while entered] (slots.py)
+
             @functools.wraps(original)
             def forward(*args: Any, **kwargs: Any) -> Any:
+                fn = original if follow is None else follow()
                 if torch.compiler.is_compiling():
                     # traced into a frame compiled outside the runtime's view (NOTE
                     # [Compiled regions]): the plain forward, its regions kept
                     tc.at_trace_time(traced)
-                    return original(*args, **kwargs)
+                    return fn(*args, **kwargs)
                 # Run eagerly while the forward it calls will be compiled (a frame dynamo
                 # gave up tracing)? Only the evaluator tells.
                 compiling = _EVAL_FRAME_CALLBACK is not None and bool(_EVAL_FRAME_CALLBACK())
                 p = begin_h(args, kwargs, compiling)
                 if p is None:
-                    return original(*args, **kwargs)
+                    return fn(*args, **kwargs)
                 try:
-                    out = original(*args, **kwargs)
+                    out = fn(*args, **kwargs)
                 except BaseException as exc:
                     fail(p, exc)
                     refused = refused_transform(exc, "the model's forward")
@@ -560,27 +563,30 @@ class Installer:
                 warn_compiled(", ".join(r.name for r in self._regions))
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            follow = following_class(original)  # NOTE [Class forwards patched while entered] (slots.py)
+
             @functools.wraps(original)
             def forward(*args: Any, **kwargs: Any) -> Any:
+                fn = original if follow is None else follow()
                 if torch.compiler.is_compiling():
                     # traced into a compiled caller's graph (torch.compile(model),
                     # model.forward = torch.compile(model.forward)): the block's saves are
                     # the graph's, kept or offloaded (NOTE [Compiled regions])
                     tc.at_trace_time(traced)
-                    return original(*args, **kwargs)
+                    return fn(*args, **kwargs)
                 # Run eagerly while the forward it calls will be compiled (a frame dynamo
                 # gave up tracing)? Only the evaluator tells.
                 compiling = _EVAL_FRAME_CALLBACK is not None and bool(_EVAL_FRAME_CALLBACK())
-                call = begin_h(region, original, args, kwargs, compiling)
+                call = begin_h(region, fn, args, kwargs, compiling)
                 if call is None:
                     if not has_readers() or torch.is_grad_enabled() or in_replay():
-                        return original(*args, **kwargs)
+                        return fn(*args, **kwargs)
                     copies = watch_writes(region.slots)  # NOTE [Buffers written unseen] (buffers.py)
-                    out = original(*args, **kwargs)
+                    out = fn(*args, **kwargs)
                     give_writes(copies)
                     return out
                 try:
-                    out = original(*args, **kwargs)
+                    out = fn(*args, **kwargs)
                 except BaseException as exc:
                     end_h(call, exc)
                     refused = refused_transform(exc, f"region {region.name!r} ({kind(region)})")

@@ -22,6 +22,16 @@ value before it (an instance ``forward``, a compiled call), the class's attribut
 that name and whether the model holds compiled code are all as they were. An entry
 forgets the wrappers it did not put back (those of a module replaced since, which they
 would keep alive).
+
+NOTE [Class forwards patched while entered]
+A wrapper made around a module's class ``forward`` (no instance ``forward`` then) holds
+that function bound. Code patching the class while the runtime is entered (``Block.forward
+= new``, a library's monkeypatch between steps) would leave the wrapper calling the old
+function: plain runs the new one from the next call, so losses and gradients would
+differ, silently. Such a wrapper reads the class's ``forward`` at each call (one lookup)
+and calls whatever it holds then (``following_class``); a region call keeps the function
+it ran for its replays. An instance ``forward`` set while entered is NOTE [Forwards
+replaced while entered] in forward_patches.py.
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ from typing import Any, TypeGuard
 
 from torch import nn
 
-__all__ = ["Installed", "KeptWrappers", "own_forward", "slot_as_before", "unwrap"]
+__all__ = ["Installed", "KeptWrappers", "following_class", "own_forward", "slot_as_before", "unwrap"]
 
 
 class Installed:
@@ -58,6 +68,22 @@ class Installed:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (slot_as_before, (self.module, self.attr, self.previous))
+
+
+def following_class(original: Callable[..., Any]) -> Callable[[], Callable[..., Any]] | None:
+    """For ``original``, a module's class ``forward`` bound to it: what returns, at each
+    call, the class's ``forward`` then, bound (``original`` while unchanged); None for
+    any other callable (NOTE [Class forwards patched while entered])."""
+    module = getattr(original, "__self__", None)
+    func = getattr(original, "__func__", None)
+    if not isinstance(module, nn.Module) or func is None or getattr(type(module), "forward", None) is not func:
+        return None
+
+    def now() -> Callable[..., Any]:
+        current: Any = getattr(type(module), "forward", func)
+        return original if current is func else current.__get__(module)
+
+    return now
 
 
 def own_forward(slot: Any, module: nn.Module) -> TypeGuard[Installed]:

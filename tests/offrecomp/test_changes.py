@@ -688,3 +688,73 @@ def test_a_forward_patched_and_unpatched_every_other_step_is_wrapped_once() -> N
             seen.append(len(rt._installer._restore))  # type: ignore[union-attr]
     assert len(set(seen)) == 1, seen  # no wrapper, nor its restore, added per cycle
     assert "forward" not in block.__dict__
+
+
+def _class_patch_model() -> tuple[type[nn.Module], type[nn.Module], nn.Module]:
+    """A model of fresh classes (a patch of them leaves other tests alone): its blocks,
+    itself, and an instance."""
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(H, H)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + torch.tanh(self.fc(x))
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(Block() for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for b in self.blocks:
+                x = b(x)
+            return x.square().mean()
+
+    torch.manual_seed(0)
+    return Block, Model, Model()
+
+
+def _sigmoid_block(self: Any, x: torch.Tensor) -> torch.Tensor:
+    return x + torch.sigmoid(self.fc(x))
+
+
+def _cubed_model(self: Any, x: torch.Tensor) -> torch.Tensor:
+    for b in self.blocks:
+        x = b(x)
+    return x.pow(3).mean()
+
+
+@pytest.mark.parametrize("variant", ["plain", "keep", "recompute", "offload", "auto"])
+@pytest.mark.parametrize("when", ["between_steps", "before_backward"])
+def test_a_class_forward_patched_while_entered_runs_from_its_next_call(variant: str, when: str) -> None:
+    """NOTE [Class forwards patched while entered] (slots.py): the blocks' class and the
+    model's class patched while the runtime is entered (a library's monkeypatch) run the
+    new forward from their next call, as plain does, where the wrappers ran the forward
+    bound at entry, silently; a call made before a patch that lands between its forward
+    and its backward replays the forward it ran."""
+
+    def run(variant: str) -> list[torch.Tensor]:
+        block_cls, model_cls, m = _class_patch_model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        rt = contextlib.nullcontext() if variant == "plain" else offrecomp.runtime(m, mode=variant, min_bytes=0)
+        seen = []
+        with rt:
+            for step in range(6):
+                if step == 2 and when == "between_steps":
+                    block_cls.forward = _sigmoid_block  # type: ignore[method-assign]
+                if step == 4 and when == "between_steps":
+                    model_cls.forward = _cubed_model  # type: ignore[method-assign]
+                loss = m(torch.randn(4, H, generator=torch.Generator().manual_seed(step)))
+                if step == 2 and when == "before_backward":
+                    block_cls.forward = _sigmoid_block  # type: ignore[method-assign]
+                    model_cls.forward = _cubed_model  # type: ignore[method-assign]
+                loss.backward()
+                seen += [loss.detach(), *(p.grad.clone() for p in m.parameters() if p.grad is not None)]
+                opt.step()
+                opt.zero_grad()
+        return seen
+
+    ref, got = run("plain"), run(variant)
+    assert len(ref) == len(got) and all(torch.equal(a, b) for a, b in zip(ref, got)), variant
