@@ -65,6 +65,7 @@ def swap_params(call: RegionCall, entry: ParamState) -> Iterator[None]:
             "[State written by its region]), so a replay cannot compute what the forward "
             "computed. Hint: keep such state in a buffer, or keep this region (regions=)."
         )
+    tables = _tables_as_entry(call, slots, entry.objects)  # NOTE [Parameter tables changed since the forward]
     swapped: list[tuple[nn.Module, str, torch.Tensor | None]] = []
     flipped = [
         (p, p.requires_grad) for p, flag in zip(entry.objects, entry.requires_grad)
@@ -92,8 +93,55 @@ def swap_params(call: RegionCall, entry: ParamState) -> Iterator[None]:
     finally:
         for m, n, now in reversed(swapped):
             m._parameters[n] = now  # type: ignore[assignment]
+        for m, table, shadows in tables:
+            m._parameters.clear()
+            m._parameters.update(table)
+            m.__dict__.update(shadows)
         for p, was in flipped:  # set, not toggled: the replay may switch it again (detach_())
             p.requires_grad_(was)
+
+
+# NOTE [Parameter tables changed since the forward]
+# Code between a forward and its backward may change which parameters a module of the
+# region holds: ``prune.l1_unstructured`` moves ``weight`` to ``weight_orig`` and sets a
+# plain ``weight`` attribute (which a pre-hook computes at each call), ``prune.remove``
+# does the reverse, a parametrization makes ``weight`` a property. Plain autograd's graph
+# holds what the forward read; a replay reads the module. So a replay of a call whose
+# modules' parameter tables hold other names than at its entry runs with each such table
+# as at the entry (the entry's objects under the entry's names, none other), and an
+# instance attribute shadowing an entry parameter (prune's plain ``weight``) out of the
+# way; both are put back exactly as found after it. A name the module's class now makes a
+# property of (a parametrization registered since) cannot be given the entry's tensor: an
+# error names it (register it between steps).
+
+
+def _tables_as_entry(
+    call: RegionCall, slots: tuple[tuple[nn.Module, str], ...], objects: tuple[torch.Tensor | None, ...]
+) -> list[tuple[nn.Module, dict[str, Any], dict[str, Any]]]:
+    """The parameter tables of ``call``'s modules set to their entry names and objects
+    where they changed since (NOTE [Parameter tables changed since the forward]): the
+    modules, their tables and the attributes taken out of the way, to put back."""
+    names: dict[int, tuple[nn.Module, dict[str, torch.Tensor | None]]] = {}
+    for (m, n), t in zip(slots, objects):
+        names.setdefault(id(m), (m, {}))[1][n] = t
+    out: list[tuple[nn.Module, dict[str, Any], dict[str, Any]]] = []
+    for m, entry in names.values():
+        table = m._parameters
+        if table.keys() == entry.keys():
+            continue
+        for n, t in entry.items():
+            if t is not None and isinstance(getattr(type(m), n, None), property):
+                raise RuntimeError(
+                    f"offrecomp: region {call.name!r}: parameter {n!r} of {type(m).__name__} became a property "
+                    "(a parametrization registered) between the forward and its backward, so a replay cannot "
+                    "read the parameter the forward read. Hint: register parametrizations between steps, or "
+                    "keep this region (regions=)."
+                )
+        shadows = {n: m.__dict__.pop(n) for n in entry if n in m.__dict__}
+        out.append((m, dict(table), shadows))
+        table.clear()
+        table.update(entry)  # type: ignore[arg-type]  # functional_call puts plain tensors here too
+    return out
 
 
 def params_as_arguments(
