@@ -111,12 +111,14 @@ _TENSOR_HOOK_TABLES = ("_backward_hooks", "_post_accumulate_grad_hooks")
 
 def module_state(modules: tuple[nn.Module, ...]) -> tuple[Any, ...]:
     """What a forward reads of its modules besides tensors: their plain scalar attributes
-    (a dropout rate, a momentum, a flag) and which hooks they and torch's global module
-    hooks hold. Taken when a region call is recorded and compared only when a replay
-    diverges from that recording (NOTE [Stale recordings] in regenerate.py)."""
+    (a dropout rate, a momentum, a flag), their classes and forwards (a class's or an
+    instance's ``forward`` patched between steps) and which hooks they and torch's global
+    module hooks hold. Taken when a region call is recorded and compared only when a
+    replay diverges from that recording (NOTE [Stale recordings] in regenerate.py)."""
     out: list[Any] = []
     for m in modules:
         out.append(tuple((k, v) for k, v in m.__dict__.items() if type(v) in _SCALARS))
+        out.append((type(m), getattr(type(m), "forward", None), m.__dict__.get("forward")))
         out.append(tuple(tuple(getattr(m, d, ())) for d in _HOOK_DICTS))
     out.append(tuple(tuple(getattr(torch.nn.modules.module, d, ())) for d in _GLOBAL_HOOKS))
     return tuple(out)

@@ -70,9 +70,10 @@ class Regenerator:
     # sequence. Three things can make that recording describe another forward than
     # the one being replayed while the signature stays the same:
     # - state the forward reads changed between steps (a dropout rate schedule, a
-    #   momentum, a hook added): the replay dispatches other ops or arguments than the
-    #   recording. When the region's ``module_state`` (its modules' scalar attributes and
-    #   hooks, and torch's global module hooks) differs from the recording's, the replay
+    #   momentum, a hook added, a forward patched): the replay dispatches other ops or
+    #   arguments than the recording. When the region's ``module_state`` (its modules'
+    #   scalar attributes, classes, forwards and hooks, and torch's global module hooks)
+    #   differs from the recording's, the replay
     #   is redone plainly, as recompute does, and the region replays plainly from then
     #   on (such state may change every step). A divergence the modules do not explain
     #   (state outside them, changed since this pass's forward) raises
@@ -264,7 +265,8 @@ class Regenerator:
         warn_once(
             f"stale:{call.name}",
             "offrecomp: region %r no longer runs the ops its measuring pass recorded (%s): "
-            "state its forward reads changed since (a dropout rate, a hook, a momentum), or "
+            "state its forward reads changed since (a dropout rate, a hook, a momentum, a "
+            "patched forward), or "
             "it draws from Python's or numpy's RNG; it replays plainly from now on",
             call.name, why,
         )

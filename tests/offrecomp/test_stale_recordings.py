@@ -8,6 +8,7 @@ import contextlib
 import copy
 import functools
 import logging
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -89,17 +90,32 @@ def _change(what: str) -> Mutate:
                 b.drop.p = 0.1 + 0.05 * step
             elif what == "momentum":
                 b.norm.momentum = 0.1 + 0.1 * step
-            elif step == 3:  # a forward hook changing the layer's output
+            elif step == 3 and what == "hook":  # a forward hook changing the layer's output
                 handles.append(b.fc1.register_forward_hook(lambda m, i, o: torch.tanh(o)))
+            elif step == 3 and what == "forward":  # the instance's forward rebound
+                b.forward = types.MethodType(_silu_forward, b)
+            elif what == "class":  # the block's class patched from step 3 (each run from its own)
+                type(b).forward = _silu_forward if step >= 3 else _DropNormBlock.forward  # type: ignore[method-assign]
 
     return mutate
 
 
-@pytest.mark.parametrize("what", ["dropout", "momentum", "hook"])
+def _silu_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+    h = self.fc1(x)
+    h = self.norm(h.flatten(0, 1)).view_as(h)
+    return x + self.fc2(self.drop(F.silu(h)))
+
+
+@pytest.mark.parametrize("what", ["dropout", "momentum", "hook", "forward", "class"])
 def test_state_changed_between_steps_replays_plainly(what: str, caplog: pytest.LogCaptureFixture) -> None:
+    """NOTE [Stale recordings] (regenerate.py): a dropout rate schedule, a momentum, a
+    hook added, a block's forward rebound or its class patched between steps: serving
+    replays diverging from the recording are redone plainly, the forward's code among
+    the state compared (a forward patched raised ``ReplayDivergedError``)."""
     offrecomp.diagnostics.clear_warnings()
     torch.manual_seed(0)
-    model = Stack([_DropNormBlock() for _ in range(3)])
+    block = type("_PatchedBlock", (_DropNormBlock,), {}) if what == "class" else _DropNormBlock
+    model = Stack([block() for _ in range(3)])
 
     def batch(s: int) -> torch.Tensor:
         return torch.randn(4, 12, 16, generator=torch.Generator().manual_seed(s))
