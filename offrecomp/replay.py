@@ -676,9 +676,23 @@ def replay_call(
     if mode is not None:
         call.served_ops += mode.served + mode.stubbed
         call.rerun_ops += mode.ran
-    if needed - saves.captured.keys():
+    captured, saves.captured, saves.mode = saves.captured, {}, None  # NOTE [Replay graphs kept alive]
+    if needed - captured.keys():
         raise ReplayDivergedError(
             f"offrecomp: replay of region {call.name!r} (call {call.call_index}) saved "
             f"{saves.counter} tensors but the forward saved at least {saves.last + 1}"
         )
-    return saves.captured
+    return captured
+
+
+# NOTE [Replay graphs kept alive]
+# A replay's graph is never differentiated: it goes when its last reference does. Code in
+# the block may tie it into a cycle Python's collector cannot see, through C++ (a
+# ``register_multi_grad_hook`` over two of its tensors keeps their nodes in a hook on
+# those nodes; a saved-tensor hook of the block's own whose pack returns the tensor, as
+# an identity pair or ``save_on_cpu`` on a CPU tensor, has a node hold its own output):
+# that graph then lives for good, as a ``torch.utils.checkpoint`` recomputation's does.
+# Its nodes reach the replay's hook pair (``_SaveCapture``), whose saves are placeholders
+# (``_THROWAWAY``) unless it holds them (NOTE [Backward inside a forward]); so once the
+# replay returned, the capture lets go of what it captured and of the serving mode (and
+# the held storages it serves from): such a graph keeps its nodes, not the activations.
