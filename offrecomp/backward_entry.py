@@ -45,7 +45,10 @@ compilation stays.
 The wrapper also tells each installed runtime, before it runs, of every backward that
 accumulates into ``.grad`` (``backward()``, not ``autograd.grad``), whatever the stack
 holds: one run inside a region's forward must never run again in a replay (NOTE
-[Accumulating backward in a forward] in calls.py).
+[Accumulating backward in a forward] in calls.py); and of every backward that makes a
+graph while another pair is on top (a penalty's ``autograd.grad(create_graph=True)``
+under ``save_on_cpu``), whose saves the runtime's pack hook never sees: its pass awaits
+the backward that differentiates that graph (NOTE [Double backward] in lifecycle.py).
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ _lock = threading.Lock()
 _packs: list[Any] = []
 #: What each installed runtime runs before a backward that accumulates (as ``_packs``).
 _watchers: list[Callable[[], None]] = []
+#: ... and before one that makes a graph under another pair than a runtime's.
+_makers: list[Callable[[], None]] = []
 #: The wrapper this module last made torch's entry, while some runtime is installed.
 _placed: Callable[..., Any] | None = None
 
@@ -108,7 +113,11 @@ def _wrap(inner: Callable[..., Any]) -> Callable[..., Any]:
             for watch in list(_watchers):
                 watch()
         top = tc.top_saved_tensors_hooks()
-        if top is None or top[0] not in _packs or tc.backward_creates_graph(args, kwargs):
+        creates = tc.backward_creates_graph(args, kwargs)
+        if top is None or top[0] not in _packs or creates:
+            if creates and _makers and (top is None or top[0] not in _packs):
+                for made in list(_makers):
+                    made()
             return inner(outputs, *args, **kwargs)
         try:
             tc.pop_sole_saved_tensors_hooks(top)
@@ -133,29 +142,33 @@ def _wrap(inner: Callable[..., Any]) -> Callable[..., Any]:
     return entry
 
 
-def own(pack: Any, watch: Callable[[], None]) -> None:
-    """A runtime installed a pair with ``pack``: backwards run with it off, and ``watch``
-    runs before each backward that accumulates into ``.grad``."""
+def own(pack: Any, watch: Callable[[], None], made: Callable[[], None]) -> None:
+    """A runtime installed a pair with ``pack``: backwards run with it off, ``watch``
+    runs before each backward that accumulates into ``.grad`` and ``made`` before each
+    that makes a graph under another pair."""
     global _placed
     with _lock:
         _packs.append(pack)
         _watchers.append(watch)
+        _makers.append(made)
         if _placed is None or tc.backward_entry() is not _placed:
             # none placed, or another patch of the entry dropped or wrapped ours
             _placed = _wrap(tc.backward_entry())
             tc.set_backward_entry(_placed)
 
 
-def disown(pack: Any, watch: Callable[[], None]) -> None:
-    """The pair with ``pack`` (and ``watch``) is uninstalled; the last one takes the
-    wrapper out, unless another wrapper took the entry over it (that one keeps calling
-    it, and it passes every call through while no runtime is installed)."""
+def disown(pack: Any, watch: Callable[[], None], made: Callable[[], None]) -> None:
+    """The pair with ``pack`` (and ``watch``, ``made``) is uninstalled; the last one takes
+    the wrapper out, unless another wrapper took the entry over it (that one keeps
+    calling it, and it passes every call through while no runtime is installed)."""
     global _placed
     with _lock:
         if pack in _packs:
             _packs.remove(pack)
         if watch in _watchers:
             _watchers.remove(watch)
+        if made in _makers:
+            _makers.remove(made)
         if _packs or _placed is None:
             return
         if tc.backward_entry() is _placed:

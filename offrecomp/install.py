@@ -181,7 +181,7 @@ class Installer:
         hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
         self.hooks_ctx = hooks  # first: uninstall takes the pair off if it is on top
         hooks.__enter__()
-        backward_entry.own(hooks.pack_hook, self._calls.accumulating_backward)  # NOTE [Hooks off in backward]
+        backward_entry.own(hooks.pack_hook, self._calls.accumulating_backward, self._life.graph_made_unseen)  # NOTE [Hooks off in backward]
         for region in self._regions:
             region.refresh()
             if region.in_place:
@@ -391,7 +391,7 @@ class Installer:
             top = tc.top_saved_tensors_hooks()
             if top is not None and top[0] is hooks.pack_hook:
                 hooks.__exit__(None, None, None)
-            backward_entry.disown(hooks.pack_hook, self._calls.accumulating_backward)
+            backward_entry.disown(hooks.pack_hook, self._calls.accumulating_backward, self._life.graph_made_unseen)
             self.hooks_ctx = None  # last: a run cut short before it does the rest again
         while self._restore:
             self._restore[-1]()  # then dropped: a restore run twice finds its slot restored

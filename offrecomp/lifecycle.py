@@ -17,7 +17,8 @@ NOTE [Double backward]
 A gradient penalty (WGAN-GP, StyleGAN's R1) differentiates the forward's graph with
 create_graph=True, then the loss that holds the penalty is differentiated again: two
 backwards of one pass. A backward that saves tensors outside any region's forward
-(create_graph) leaves its pass AWAITING: saves outside a forward still belong to it, the
+(create_graph), or makes a graph under another saved-tensor hook pair than the runtime's
+(its saves unseen: ``graph_made_unseen``), leaves its pass AWAITING: saves outside a forward still belong to it, the
 next backward that reads its saves ends it, and a new forward or an optimizer step ends
 it if none does. The pass's backward then spans both, as its step does, so the plan sees
 the penalty's ops and the second backward's replays as part of the pass they belong to.
@@ -348,6 +349,14 @@ class Lifecycle:
         p = pref()
         if p is not None:
             p.other_backwards.append((start, self._device.mark()))
+
+    def graph_made_unseen(self) -> None:
+        """A backward that makes a graph is about to run under another saved-tensor hook
+        pair than the runtime's, which sees none of its saves: outside a forward, the pass
+        it differentiates awaits the backward that reads them (NOTE [Double backward])."""
+        p = self.current
+        if p is not None and not self.forwards_running and p.stage is not DONE:
+            p.create_graph = True
 
     def _backward_done(self, pref: weakref.ref[PassState]) -> None:
         p = pref()

@@ -1403,9 +1403,12 @@ def test_dispatch_replay_keeps_placeholders_with_dropout(caplog: pytest.LogCaptu
     assert not diverged, diverged[0]
 
 
-def _r1_loop(model: nn.Module, rt: Any = None, steps: int = 6) -> list[dict[str, torch.Tensor]]:
+def _r1_loop(
+    model: nn.Module, rt: Any = None, steps: int = 6, hooks: Callable[[], Any] = contextlib.nullcontext
+) -> list[dict[str, torch.Tensor]]:
     """A discriminator step with an R1 penalty: the gradient of the output with respect
-    to the input, with create_graph, then the loss that holds it, differentiated again."""
+    to the input, with create_graph (under ``hooks``), then the loss that holds it,
+    differentiated again."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     dev = next(model.parameters()).device
     out = []
@@ -1413,7 +1416,8 @@ def _r1_loop(model: nn.Module, rt: Any = None, steps: int = 6) -> list[dict[str,
         for s in range(steps):
             x = torch.randn(4, 8, 32, generator=torch.Generator().manual_seed(s)).to(dev).requires_grad_()
             d = model(x)
-            (g,) = torch.autograd.grad(d, x, create_graph=True)
+            with hooks():
+                (g,) = torch.autograd.grad(d, x, create_graph=True)
             (d + 10 * g.square().sum()).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -1427,18 +1431,23 @@ def _r1_model() -> nn.Module:
 
 
 @pytest.mark.parametrize("mode", ["recompute", "auto"])
-def test_gradient_penalty_is_one_pass_with_two_backwards(mode: str) -> None:
+@pytest.mark.parametrize("hooks", ["none", "save_on_cpu"])
+def test_gradient_penalty_is_one_pass_with_two_backwards(mode: str, hooks: str) -> None:
     """NOTE [Double backward]: the penalty's first backward does not end the pass, so
     the penalty's ops and the second backward, with its replays, belong to the pass the
     plan saw: each step is one pass, and its replays (one per region in each backward
-    under recompute) are counted."""
+    under recompute) are counted. Also with that backward under the loop's own
+    saved-tensor hooks (``save_on_cpu``), which take its saves: each step made two
+    passes, the second of signature "unknown", planned apart."""
     model = _r1_model()
-    ref = _r1_loop(copy.deepcopy(model))
+    pair = torch.autograd.graph.save_on_cpu if hooks == "save_on_cpu" else contextlib.nullcontext
+    ref = _r1_loop(copy.deepcopy(model), hooks=pair)
     m = copy.deepcopy(model)
     rt = offrecomp.runtime(m, mode=mode, min_bytes=0)
-    assert_bitwise(ref, _r1_loop(m, rt))
+    assert_bitwise(ref, _r1_loop(m, rt, hooks=pair))
     recs = rt.report().steps
     assert all(s.passes == 1 for s in recs), [s.passes for s in recs]
+    assert len(rt.planner.entries) == (1 if mode == "auto" else 0), list(rt.planner.entries)
     if mode == "recompute":
         assert all(s.replays == 2 * 3 for s in recs)
     else:
