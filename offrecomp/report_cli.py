@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from offrecomp.config import format_bytes
+from offrecomp.phases import Phase
 from offrecomp.report import Report, StepRecord
 
 __all__ = ["load_runs", "main", "plot_runs", "summarize"]
@@ -133,6 +134,17 @@ def _secs(v: float | None) -> str:
     return "-" if v is None else f"{v:.4f}"
 
 
+_PHASE_ORDER = {p.value: i for i, p in enumerate(Phase)}
+
+
+def _phases_of(r: StepRecord) -> str:
+    """The phases ``r``'s step ran, each once, in the order a signature meets them (a
+    step whose passes ran ``borrowed`` then ``planned`` counts with one that ran them
+    the other way round)."""
+    names = (r.phases or r.phase or "-").split("+")
+    return "+".join(sorted(dict.fromkeys(names), key=lambda n: _PHASE_ORDER.get(n, len(_PHASE_ORDER))))
+
+
 def summarize(run: Sequence[StepRecord], title: str = "run") -> str:
     """A few lines on one run: its phases, peak activation memory, placements, and
     measured against predicted step time."""
@@ -141,7 +153,7 @@ def summarize(run: Sequence[StepRecord], title: str = "run") -> str:
     last = run[-1]
     phases: dict[str, list[StepRecord]] = {}
     for r in run:  # every phase the step ran (measure+calibrate under gradient accumulation)
-        phases.setdefault(r.phases or r.phase or "-", []).append(r)
+        phases.setdefault(_phases_of(r), []).append(r)
     head = f"{title}: {len(run)} steps (step {run[0].step} to {last.step})"
     if last.mode:
         head += f", mode {last.mode}"

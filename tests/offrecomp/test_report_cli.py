@@ -12,7 +12,8 @@ import pytest
 
 import offrecomp
 from offrecomp.__main__ import main
-from offrecomp.report_cli import load_runs
+from offrecomp.report import StepRecord
+from offrecomp.report_cli import load_runs, summarize
 from tests.helpers import make, train
 
 STEPS = 4  # measure, calibrate, then planned steps with a predicted step time
@@ -205,3 +206,14 @@ def test_every_command_takes_help(command: str, flag: str, capsys: pytest.Captur
 def test_a_bad_report_option_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _run(["report"], capsys)
     assert code == 2 and "the following arguments are required: path" in err
+
+
+def test_report_counts_steps_of_the_same_phases_together() -> None:
+    """A step whose passes ran ``borrowed`` then ``planned`` and one that ran them the
+    other way round are one row of the summary, as the phases a signature meets in."""
+    recs = [
+        StepRecord(step=i, phase=p.split("+")[0], phases=p, step_seconds=0.1)  # type: ignore[arg-type]
+        for i, p in enumerate(["measure", "planned+borrowed", "borrowed+planned", "planned", "borrowed+borrowed"])
+    ]
+    out = summarize(recs)
+    assert "phases: measure 1, planned+borrowed 2, planned 1, borrowed 1" in out, out
