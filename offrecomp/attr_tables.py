@@ -37,7 +37,9 @@ from offrecomp.changes import changed_attrs, without_graph
 if TYPE_CHECKING:
     from offrecomp.regions import Region
 
-__all__ = ["MAX_CONTENTS", "changed_since", "enter_tables", "entry_changes", "kept_tables", "swap_contents"]
+__all__ = [
+    "MAX_CONTENTS", "changed_since", "enter_tables", "entry_changes", "kept_tables", "same_contents", "swap_contents",
+]
 
 #: Items beyond which a container attribute's contents are not copied at entry.
 MAX_CONTENTS = 64

@@ -115,7 +115,7 @@ def _wrap(inner: Callable[..., Any]) -> Callable[..., Any]:
         top = tc.top_saved_tensors_hooks()
         creates = tc.backward_creates_graph(args, kwargs)
         if top is None or top[0] not in _packs or creates:
-            if creates and _makers and (top is None or top[0] not in _packs):
+            if creates and _makers and top is not None and top[0] not in _packs:
                 for made in list(_makers):
                     made()
             return inner(outputs, *args, **kwargs)

@@ -19,7 +19,7 @@ from torch import nn
 
 from offrecomp._torch_compat import version_of
 from offrecomp.arg_state import ArgState
-from offrecomp.attr_tables import changed_since, kept_tables
+from offrecomp.attr_tables import changed_since, kept_tables, same_contents
 from offrecomp.changes import exit_attrs
 from offrecomp.diagnostics import kind, warn_once
 from offrecomp.regions import READ_SNAPSHOT_MAX_BYTES, Region, buffer_of
@@ -74,6 +74,8 @@ def finish_attrs(call: RegionCall, region: Region) -> None:
     changed = changed_since(region.modules, tables)
     call.entry_tables = kept_tables(region, tables)
     call.attrs = exit_attrs(changed) if changed else None
+    if call.recorder is not None and call.entry_contents and not same_contents(call.entry_contents):
+        call.filled_contents = True  # a cache its modules hold filled on first use (RegionStructure.self_changing)
     if changed and not region.changes_attrs:
         region.changes_attrs = True
         log.info(

@@ -46,6 +46,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from offrecomp.slots import Installed
+
 if TYPE_CHECKING:
     from offrecomp.regions import Region
 
@@ -118,7 +120,10 @@ def module_state(modules: tuple[nn.Module, ...]) -> tuple[Any, ...]:
     out: list[Any] = []
     for m in modules:
         out.append(tuple((k, v) for k, v in m.__dict__.items() if type(v) in _SCALARS))
-        out.append((type(m), getattr(type(m), "forward", None), m.__dict__.get("forward")))
+        own = m.__dict__.get("forward")
+        if type(own) is Installed:  # the runtime's wrapper: what it went around
+            own = own.previous
+        out.append((type(m), getattr(type(m), "forward", None), own))
         out.append(tuple(tuple(getattr(m, d, ())) for d in _HOOK_DICTS))
     out.append(tuple(tuple(getattr(torch.nn.modules.module, d, ())) for d in _GLOBAL_HOOKS))
     return tuple(out)

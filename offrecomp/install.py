@@ -650,7 +650,7 @@ class Installer:
     def _end_region(self, call: RegionCall, exc: BaseException | None, out: Any = None, inputs: Any = None) -> None:
         entry = self._diag.take_entry(id(call))
         try:
-            self._native.exit(call, exc is not None, out)  # first: the hooks go back on
+            self._native.exit(call, exc is not None, out, inputs)  # first: the hooks go back on
             if call.recorder is not None:
                 call.recorder.stop(out)  # what it returned: NOTE [Forward transients]
             if call.watch is not None:

@@ -215,9 +215,10 @@ class NativeKeep:
             finish(lambda: _on_top(own))
         self.off = False
 
-    def exit(self, call: RegionCall, failed: bool, out: Any = None) -> None:
-        """``call`` ends, having returned ``out``: put the hooks back and count its saves
-        from its record, or record what it saved with the hooks on."""
+    def exit(self, call: RegionCall, failed: bool, out: Any = None, inputs: Any = None) -> None:
+        """``call`` ends, having taken ``inputs`` (its arguments and keyword arguments) and
+        returned ``out``: put the hooks back and count its saves from its record, or
+        record what it saved with the hooks on."""
         p = call.pass_state
         if call.native:
             self.hooks_back()  # first: the rest of the call's exit runs with the hooks on
@@ -240,7 +241,7 @@ class NativeKeep:
         if failed or p is None:
             return
         if call.recorder is not None:
-            _mark_returned(call, out)  # for the profile (StorageRecord.returned)
+            _mark_positions(call, out, inputs)  # for the profile (StorageRecord.returned, .argument)
             return
         if call.arg_ptrs is None:  # not kept whole
             return
@@ -314,10 +315,9 @@ def _count_returned(p: PassState, out: Any, returned: tuple[int, ...]) -> None:
     """A native call kept whole returned ``out``, of which it keeps the tensors at the
     positions ``returned``: they count for the others (NOTE [Whole calls counted
     once] in shared.py)."""
-    tensors = dict(out_tensors(out))
     for pos in returned:
-        t = tensors.get(pos)
-        st = storage_of(t) if t is not None else None
+        t = out if pos == 0 and isinstance(out, torch.Tensor) else out[pos] if isinstance(out, (tuple, list)) else None
+        st = storage_of(t) if isinstance(t, torch.Tensor) else None
         if st is not None:
             count_whole_output(p, st)
 
@@ -336,14 +336,27 @@ def _returned_kept(p: PassState, call: RegionCall, out: Any) -> tuple[int, ...]:
     return tuple(positions)
 
 
-def _mark_returned(call: RegionCall, out: Any) -> None:
-    """A measured call returned ``out``: its records of the storages under those tensors
-    are ``returned`` (``StorageRecord.returned``)."""
+def _mark_positions(call: RegionCall, out: Any, inputs: Any) -> None:
+    """A measured call took ``inputs`` (its arguments and keyword arguments) and returned
+    ``out``: its records of the storages under the tensors it returned are ``returned``,
+    and those under its tensor arguments ``argument`` (``StorageRecord``'s; NOTE [Whole
+    calls counted once] in shared.py)."""
     for _, t in out_tensors(out):
-        st = storage_of(t)
-        rec = call.by_ptr.get(st.data_ptr()) if st is not None else None
-        if rec is not None and rec() is st:
+        rec = _record_of(call, t)
+        if rec is not None:
             rec.returned = True
+    if inputs is not None:
+        for _, t in arg_tensors(*inputs):
+            rec = _record_of(call, t)
+            if rec is not None:
+                rec.argument = True
+
+
+def _record_of(call: RegionCall, t: torch.Tensor) -> Any:
+    """``call``'s record of the storage under ``t``, or None."""
+    st = storage_of(t)
+    rec = call.by_ptr.get(st.data_ptr()) if st is not None else None
+    return rec if rec is not None and rec() is st else None
 
 
 def _free(p: PassState, ordinal: int) -> None:

@@ -104,7 +104,8 @@ class Regenerator:
     #   replay runs plainly (the call captured its own arguments), and the signature keeps
     #   its recording, as such arguments may change every step.
     # - a recording of a call that built state on first use (a cache made and kept in
-    #   an attribute or a buffer, its own or one of a module among its arguments: NOTE
+    #   an attribute, a buffer or a dict or list its modules hold, its own or one of a
+    #   module among its arguments: NOTE
     #   [Modules among the arguments] in arg_state.py; ``RegionStructure.self_changing``): later calls run
     #   other ops. The first divergence replays plainly and measures the signature
     #   again; one after that replays the region plainly from then on. A build made of

@@ -667,6 +667,7 @@ def replay_call(
         try:
             mode = _replay_until_captured(call, saves, rng, args, kwargs, program, storage_tensors)
         finally:
+            captured, saves.captured, saves.mode = saves.captured, {}, None  # NOTE [Replay graphs kept alive]
             try:
                 rng.set_caller()
             except BaseException as e:  # NOTE [Interrupts in cleanup]: it sets states, so runs again
@@ -676,7 +677,6 @@ def replay_call(
     if mode is not None:
         call.served_ops += mode.served + mode.stubbed
         call.rerun_ops += mode.ran
-    captured, saves.captured, saves.mode = saves.captured, {}, None  # NOTE [Replay graphs kept alive]
     if needed - captured.keys():
         raise ReplayDivergedError(
             f"offrecomp: replay of region {call.name!r} (call {call.call_index}) saved "
@@ -694,5 +694,5 @@ def replay_call(
 # that graph then lives for good, as a ``torch.utils.checkpoint`` recomputation's does.
 # Its nodes reach the replay's hook pair (``_SaveCapture``), whose saves are placeholders
 # (``_THROWAWAY``) unless it holds them (NOTE [Backward inside a forward]); so once the
-# replay returned, the capture lets go of what it captured and of the serving mode (and
-# the held storages it serves from): such a graph keeps its nodes, not the activations.
+# replay returned or raised, the capture lets go of what it captured and of the serving
+# mode (and the held storages it serves from): such a graph keeps its nodes, not the activations.

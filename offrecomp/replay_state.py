@@ -65,35 +65,36 @@ def swap_params(call: RegionCall, entry: ParamState) -> Iterator[None]:
             "[State written by its region]), so a replay cannot compute what the forward "
             "computed. Hint: keep such state in a buffer, or keep this region (regions=)."
         )
-    tables = _tables_as_entry(call, slots, entry.objects)  # NOTE [Parameter tables changed since the forward]
+    tables: list[tuple[nn.Module, dict[str, Any], dict[str, Any]]] = []
     swapped: list[tuple[nn.Module, str, torch.Tensor | None]] = []
-    flipped = [
-        (p, p.requires_grad) for p, flag in zip(entry.objects, entry.requires_grad)
-        if p is not None and p.is_leaf and p.requires_grad != flag
-    ]  # requires_grad switched since the forward: as it was for the replay, then as before it
-    for p, was in flipped:
-        p.requires_grad_(not was)
-    for i, ((m, n), t) in enumerate(zip(slots, entry.objects)):
-        now = param_of(m, n)
-        before = entry.snapshots.get(i)
-        # written by the forward: the replay writes a fresh copy of the values before;
-        # its storage replaced since (``.data =``): the replay reads the one held
-        fresh = before.clone(memory_format=torch.preserve_format) if before is not None else data_at_entry(entry, i)
-        if fresh is not None and t is not None:
-            swapped.append((m, n, now))
-            fresh = fresh.requires_grad_(t.requires_grad)
-            if isinstance(t, nn.Parameter):
-                fresh = nn.Parameter(fresh, requires_grad=t.requires_grad)
-            m._parameters[n] = fresh  # type: ignore[assignment]
-        elif now is not t and type(t) in (torch.Tensor, nn.Parameter):
-            swapped.append((m, n, now))
-            m._parameters[n] = t  # type: ignore[assignment]  # functional_call puts plain tensors here too
+    flipped: list[tuple[torch.Tensor, bool]] = []
     try:
+        _tables_as_entry(call, slots, entry.objects, tables)  # NOTE [Parameter tables changed since the forward]
+        # requires_grad switched since the forward: as it was for the replay, then as before it
+        for p, flag in zip(entry.objects, entry.requires_grad):
+            if p is not None and p.is_leaf and p.requires_grad != flag:
+                flipped.append((p, p.requires_grad))
+                p.requires_grad_(flag)
+        for i, ((m, n), t) in enumerate(zip(slots, entry.objects)):
+            now = param_of(m, n)
+            before = entry.snapshots.get(i)
+            # written by the forward: the replay writes a fresh copy of the values before;
+            # its storage replaced since (``.data =``): the replay reads the one held
+            fresh = before.clone(memory_format=torch.preserve_format) if before is not None else data_at_entry(entry, i)
+            if fresh is not None and t is not None:
+                swapped.append((m, n, now))
+                fresh = fresh.requires_grad_(t.requires_grad)
+                if isinstance(t, nn.Parameter):
+                    fresh = nn.Parameter(fresh, requires_grad=t.requires_grad)
+                m._parameters[n] = fresh  # type: ignore[assignment]
+            elif now is not t and type(t) in (torch.Tensor, nn.Parameter):
+                swapped.append((m, n, now))
+                m._parameters[n] = t  # type: ignore[assignment]  # functional_call puts plain tensors here too
         yield
     finally:
         for m, n, now in reversed(swapped):
             m._parameters[n] = now  # type: ignore[assignment]
-        for m, table, shadows in tables:
+        for m, table, shadows in reversed(tables):
             m._parameters.clear()
             m._parameters.update(table)
             m.__dict__.update(shadows)
@@ -116,19 +117,20 @@ def swap_params(call: RegionCall, entry: ParamState) -> Iterator[None]:
 
 
 def _tables_as_entry(
-    call: RegionCall, slots: tuple[tuple[nn.Module, str], ...], objects: tuple[torch.Tensor | None, ...]
-) -> list[tuple[nn.Module, dict[str, Any], dict[str, Any]]]:
-    """The parameter tables of ``call``'s modules set to their entry names and objects
-    where they changed since (NOTE [Parameter tables changed since the forward]): the
-    modules, their tables and the attributes taken out of the way, to put back."""
+    call: RegionCall, slots: tuple[tuple[nn.Module, str], ...], objects: tuple[torch.Tensor | None, ...],
+    out: list[tuple[nn.Module, dict[str, Any], dict[str, Any]]],
+) -> None:
+    """Set the parameter tables of ``call``'s modules to their entry names and objects
+    where they changed since (NOTE [Parameter tables changed since the forward]),
+    appending to ``out`` each module, its table and the attributes taken out of the way,
+    to put back. Raises before changing any where one cannot be set so."""
     names: dict[int, tuple[nn.Module, dict[str, torch.Tensor | None]]] = {}
     for (m, n), t in zip(slots, objects):
         names.setdefault(id(m), (m, {}))[1][n] = t
-    out: list[tuple[nn.Module, dict[str, Any], dict[str, Any]]] = []
-    for m, entry in names.values():
-        table = m._parameters
-        if table.keys() == entry.keys():
-            continue
+    changed = [  # a ScriptModule's table is a wrapper its script owns: never changed so
+        (m, entry) for m, entry in names.values() if isinstance(m._parameters, dict) and m._parameters.keys() != entry.keys()
+    ]
+    for m, entry in changed:
         for n, t in entry.items():
             if t is not None and isinstance(getattr(type(m), n, None), property):
                 raise RuntimeError(
@@ -137,11 +139,13 @@ def _tables_as_entry(
                     "read the parameter the forward read. Hint: register parametrizations between steps, or "
                     "keep this region (regions=)."
                 )
-        shadows = {n: m.__dict__.pop(n) for n in entry if n in m.__dict__}
-        out.append((m, dict(table), shadows))
+    for m, entry in changed:
+        table = m._parameters
+        out.append((m, dict(table), {n: m.__dict__[n] for n in entry if n in m.__dict__}))
+        for n in entry:
+            m.__dict__.pop(n, None)
         table.clear()
         table.update(entry)  # type: ignore[arg-type]  # functional_call puts plain tensors here too
-    return out
 
 
 def params_as_arguments(

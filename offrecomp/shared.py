@@ -82,8 +82,8 @@ __all__ = [
 # takes no part in the tables above: it saves natively in most passes, without records.
 # Yet what it keeps is often a storage another call counts: a block's input that the
 # block before saved as its output (a ReLU's or a tanh's, which the next block's Linear
-# or convolution saves as its input: a stack of conv+ReLU blocks booked 1.77x what it
-# held), an encoder output every decoder block saves, a stem's output the first block
+# or convolution saves as its input: counted by each, a stack of conv+ReLU blocks
+# would book 1.77x what it holds), an encoder output every decoder block saves, a stem's output the first block
 # saves, the last block's output the loss saves. So calls kept whole count through one
 # more table, ``PassState.whole_counted`` (data pointer -> the storage, weakly), by
 # positions that a native call can find without its saves: its tensor arguments
@@ -101,8 +101,9 @@ __all__ = [
 # simulator counts a kept input of a unit kept whole nothing after a counted kept record
 # of its allocation in the root or a unit with records, or a saved input or returned
 # storage of a unit kept whole; the others' kept records likewise after the latter
-# (``_counted_once`` in scheduler/timeline.py). Nested arguments and outputs (a list in
-# a list, a dict, a dataclass) are not looked into: such a storage counts as before.
+# (``_counted_once`` in scheduler/timeline.py; ``StorageRecord.argument`` marks the
+# inputs that are tensor arguments). Nested arguments and outputs (a list in a list, a
+# dict, a dataclass) are not looked into: such a storage counts once per call saving it.
 
 
 def arg_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[int | str, torch.Tensor]]:
@@ -149,7 +150,10 @@ def count_whole_input(p: PassState, ptr: int, storage: Any) -> bool:
         return True
     p.whole_counted[ptr] = weakref.ref(storage)
     first = p.first_records.get(ptr)
-    return first is not None and first.resident and first() is storage
+    if first is None or not first.resident or first() is not storage:
+        return False
+    first.sharers += 1  # never taken back, as share_kept's: the call holds it past its record's call
+    return True
 
 
 def count_whole_output(p: PassState, storage: Any) -> None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, TypeGuard
 
@@ -80,8 +81,13 @@ def following_class(original: Callable[..., Any]) -> Callable[[], Callable[..., 
         return None
 
     def now() -> Callable[..., Any]:
-        current: Any = getattr(type(module), "forward", func)
-        return original if current is func else current.__get__(module)
+        cls = type(module)
+        current: Any = getattr(cls, "forward", func)
+        if current is func:
+            return original
+        raw = inspect.getattr_static(cls, "forward", current)  # a staticmethod, a partial, a callable object
+        get = getattr(type(raw), "__get__", None)
+        return get(raw, module, cls) if get is not None else raw  # type: ignore[no-any-return]
 
     return now
 

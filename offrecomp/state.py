@@ -110,6 +110,9 @@ class StorageRec(weakref.ref):  # type: ignore[type-arg]
     returned = False
     """In a measuring pass, its call returned a tensor on the storage (``StorageRecord.
     returned``: NOTE [Whole calls counted once] in shared.py)."""
+    argument = False
+    """In a measuring pass, one of its call's tensor arguments is on the storage
+    (``StorageRecord.argument``)."""
     held = False
     """Found alive when its pass's backward ended (NOTE [Held past backward] in
     scheduler/timeline.py): the program holds it; its profile record is ``held``."""
@@ -274,6 +277,9 @@ class RegionCall(_WeakReferable):
     back (NOTE [Attributes at entry] in attr_tables.py)."""
     entry_contents: Any = None
     """Its modules' container attributes and copies of their contents at entry."""
+    filled_contents: bool = False
+    """Recorded, its forward changed the contents of such a container (a cache filled on
+    first use): ``RegionStructure.self_changing``."""
     generators: list[tuple[torch.Generator, torch.Tensor]] | None = None
     """The region's own generators and their states at entry (NOTE [Private generators])."""
     recorder: OpRecorder | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -104,9 +105,11 @@ class FlatProfile:
     """Per storage: held for a replay only, so a unit kept whole holds none: a region input
     no op of its region saves (``saves`` 0; NOTE [Inputs counted once] in
     offrecomp/shared.py), or a snapshot (NOTE [Replay and module state] in offrecomp/buffers.py)."""
-    returned: np.ndarray
-    """Per storage: its call returned a tensor on it (``StorageRecord.returned``; NOTE
-    [Whole calls counted once] in offrecomp/shared.py)."""
+    positions: np.ndarray
+    """Per storage (int8): RETURNED where its call returned a tensor on it
+    (``StorageRecord.returned``), plus ARGUMENT where a tensor argument of its call is on
+    it (``StorageRecord.argument``) (NOTE [Whole calls counted once] in
+    offrecomp/shared.py)."""
     held: np.ndarray
     """Per storage: the program holds it (or another record of its allocation) past
     backward's end (``StorageRecord.held``): resident until backward ends when kept
@@ -215,6 +218,9 @@ _get_kind = operator.attrgetter("kind")
 _get_keep_only = operator.attrgetter("keep_only")
 _get_held = operator.attrgetter("held")
 _get_returned = operator.attrgetter("returned")
+#: ``FlatProfile.positions`` bits.
+RETURNED, ARGUMENT = 1, 2
+_get_argument = operator.attrgetter("argument")
 _get_last_save = operator.attrgetter("last_save_op")
 _get_first_save = operator.attrgetter("first_save_op")
 _get_producer = operator.attrgetter("producer_op")
@@ -499,15 +505,9 @@ def _held(profile: Profile, un: _Units) -> np.ndarray:
     return np.asarray(held, dtype=np.bool_).reshape(-1)[un.src]
 
 
-def _returned(profile: Profile, un: _Units) -> np.ndarray:
-    """Per flat storage its ``returned`` flag (a root storage's: False)."""
-    out = [bool(x) for x in map(_get_returned, un.sts)] + [False] * len(profile.root)
-    return np.asarray(out, dtype=np.bool_).reshape(-1)[un.src]
-
-
-def _outlives(profile: Profile, un: _Units) -> np.ndarray:
-    """Per flat storage its ``outlives_call`` flag (a root storage's: False)."""
-    out = [bool(x) for x in map(_get_outlives, un.sts)] + [False] * len(profile.root)
+def _flags(profile: Profile, un: _Units, get: Callable[[Any], Any]) -> np.ndarray:
+    """Per flat storage the flag ``get`` reads of its record (a root storage's: False)."""
+    out = [bool(x) for x in map(get, un.sts)] + [False] * len(profile.root)
     return np.asarray(out, dtype=np.bool_).reshape(-1)[un.src]
 
 
@@ -641,11 +641,14 @@ def flatten(profile: Profile) -> FlatProfile:
         last_save=np.concatenate((cols.last_save, np.zeros(n_root, dtype=np.int64)))[src],
         first_save=np.concatenate((cols.first_save, np.zeros(n_root, dtype=np.int64)))[src],
         st_freed=np.concatenate((_freed(un.sts), np.full(n_root, -1, dtype=np.int64)))[src],
-        outlives=_outlives(profile, un),
+        outlives=_flags(profile, un, _get_outlives),
         shared=np.full(len(keys), -1, dtype=np.int64),
         allocation=np.arange(len(keys), dtype=np.int64),
         unsaved=((kind_arr == KIND_INPUT) & (saves == 0)) | (kind_arr == KIND_SNAPSHOT),
-        returned=_returned(profile, un),
+        positions=(
+            _flags(profile, un, _get_returned).astype(np.int8) * RETURNED
+            + _flags(profile, un, _get_argument).astype(np.int8) * ARGUMENT
+        ),
         held=_held(profile, un),
         choice=legal,
         save_order=order,

@@ -79,7 +79,7 @@ __all__ = [
 
 #: The format of a saved profile. 2 adds ``OpRecord.transient_bytes`` and
 #: ``StorageRecord.held``, ``freed_op`` and ``outlives_call``; 3 ``StorageRecord.
-#: returned``; a build reads its own version and every earlier one (a field an earlier
+#: returned`` and ``argument``; a build reads its own version and every earlier one (a field an earlier
 #: version lacks takes its default).
 PROFILE_VERSION = 3
 
@@ -173,6 +173,11 @@ class StorageRecord:
     returned): a unit kept whole that keeps it counts it for the units after it, as the
     runtime's books do (NOTE [Whole calls counted once] in offrecomp/shared.py).
     Version 3; False in earlier profiles."""
+    argument: bool = False
+    """A region input that is one of its call's tensor arguments (not one nested in a
+    container): a unit kept whole that saves it counts it once, as the runtime's books
+    do (NOTE [Whole calls counted once] in offrecomp/shared.py). Version 3; False in
+    earlier profiles."""
     held: bool = False
     """The program holds the storage past backward's end (the training loop's ``out``
     and target that a loss saved, a block output the loop keeps in a list), as measured

@@ -323,7 +323,7 @@ def _backward(
 
 
 @njit_inline
-def _counted_once(place, save_order, allocation, kind, unsaved, hooked, unit_of, native, returned):  # type: ignore[no-untyped-def]
+def _counted_once(place, save_order, allocation, kind, unsaved, hooked, unit_of, native, positions):  # type: ignore[no-untyped-def]
     """Per storage: a kept record whose allocation another record counts, as the
     runtime's books do. ``allocation``: each storage's first record of its allocation.
 
@@ -331,18 +331,20 @@ def _counted_once(place, save_order, allocation, kind, unsaved, hooked, unit_of,
       a snapshot of such a unit: the unit takes no replay checkpoint, and its ops hold
       no such storage (a snapshot is the checkpoint's alone: NOTE [Replay and module
       state] in offrecomp/buffers.py).
-    * A kept region input that an op of a unit kept whole saves, after a counted kept
-      record of its allocation in the root or a unit with records (``seen``), or a saved
-      input or returned storage of a unit kept whole (``whole``): NOTE [Whole calls
-      counted once] in offrecomp/shared.py. It counts for the units after it (``whole``),
-      as a storage such a unit returns (``returned``) does.
+    * A kept region input that an op of a unit kept whole saves, one of its call's tensor
+      arguments (``positions`` & 2: the runtime's calls kept whole find only those), after a
+      counted kept record of its allocation in the root or a unit with records
+      (``seen``), or a saved argument or returned storage of a unit kept whole
+      (``whole``): NOTE [Whole calls counted once] in offrecomp/shared.py. Such an
+      argument counts for the units after it (``whole``), as a storage such a unit
+      returns (``positions`` & 1) does.
     * A kept region input (NOTE [Inputs counted once] in offrecomp/shared.py) of a unit
       with a replay checkpoint (one the plan does not keep whole) whose allocation's
       latest record before it is kept, in the root or in one of the INPUT_LOOKBACK
       region calls before: the runtime finds such a record and the one it shares, which
       counts. A record exists in the root and in units with hooks (a region kept whole
       saves natively under native keep, without records, and takes no checkpoint). Else
-      after a saved input or returned storage of a unit kept whole (``whole``).
+      after a saved argument or returned storage of a unit kept whole (``whole``).
     * Any other kept record (NOTE [Activations counted once]) after a counted kept
       record of the same allocation, both in the root or in units the plan does not
       keep whole (a region kept whole may save natively, so its records share nothing
@@ -365,13 +367,14 @@ def _counted_once(place, save_order, allocation, kind, unsaved, hooked, unit_of,
             if unsaved[s]:
                 once[s] = True
                 continue
-            once[s] = seen[first] or whole[first]
-            whole[first] = True
+            if positions[s] & 2:
+                once[s] = seen[first] or whole[first]
+                whole[first] = True
             if not native:  # an op saves it, through the hooks: a record of it
                 last_unit[first] = u
                 last_kept[first] = True
             continue
-        if u % 2 == 1 and not hooked[u] and returned[s]:
+        if u % 2 == 1 and not hooked[u] and positions[s] & 1:
             whole[first] = True
         if place[s] == 0 and (kind[s] == 1 or u % 2 == 0 or hooked[u]):
             if kind[s] == 1:
@@ -392,7 +395,7 @@ def _counted_once(place, save_order, allocation, kind, unsaved, hooked, unit_of,
 def _event_streams(
     place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, rel_t, by, reach,
     cstart, cend, riss, last_save, first_save, plain, noops, allocation, kind, unsaved, hooked, native,
-    replay, st_prod, op_ptr, op_tr, level, held, st_freed, returned
+    replay, st_prod, op_ptr, op_tr, level, held, st_freed, positions
 ):  # type: ignore[no-untyped-def]
     """The four memory event streams of NOTE [memory merge], each sorted by time: saves
     (storages ``s1[:n1]``), group releases (storages ``s2[:n2]``), allocations
@@ -408,7 +411,7 @@ def _event_streams(
     s2 = np.empty(n_st, dtype=np.int64)
     n1 = 0
     n2 = 0
-    once = _counted_once(place, save_order, allocation, kind, unsaved, hooked, unit_of, native, returned)
+    once = _counted_once(place, save_order, allocation, kind, unsaved, hooked, unit_of, native, positions)
     for i in range(n_st):
         s = save_order[i]
         if nbytes[s] == 0 or place[s] == 2 or once[s]:
@@ -529,7 +532,7 @@ def run_timeline(
     fwd_dur, fwd_start, fwd_host, fwd_hook, bwd_dev, bwd_host, bwd_hook, t0, d2h_bps, h2d_bps,
     off_h, rel_h, rp_h, allocation, kind, unsaved, native, d2h_start, d2h_end, h2d_start, h2d_end, reach, cstart,
     cend, fstart, fend, riss, replay, plain, ev_t, ev_d, mark, stack, op_host, op_view, rel_u, rel_t, op_tr, level,
-    held, st_freed, outlives, returned
+    held, st_freed, outlives, positions
 ):  # type: ignore[no-untyped-def]
     """Simulate one step; fills the per-storage/per-unit arrays (``plain[u]``: unit ``u``
     replays plainly) and the memory events.
@@ -563,7 +566,7 @@ def run_timeline(
     s1, n1, s2, n2, s3t, s3b, n3, s4t, s4b = _event_streams(
         place, save_order, st_ptr, unit_of, nbytes, goff, gbytes, rel_t, by, reach,
         cstart, cend, riss, last_save, first_save, plain, noops, allocation, kind, unsaved, hooked, native,
-        replay, st_prod, op_ptr, op_tr, level, held, st_freed, returned
+        replay, st_prod, op_ptr, op_tr, level, held, st_freed, positions
     )
     forward_events(
         s3t, s3b, s4t, s4b, place, st_ptr, nbytes, st_prod, st_freed, last_save, op_ptr, op_tr, level, fstart, fend,
@@ -632,7 +635,7 @@ class Workspace:
             f.replay_host, f.allocation, f.kind, f.unsaved, f.native_keep, self.d2h_start, self.d2h_end, self.h2d_start, self.h2d_end,
             self.reach, self.cstart, self.cend, self.fstart, self.fend, self.riss, self.replay, self.plain,
             self.ev_t, self.ev_d, self.mark, self.stack, f.op_host, f.op_view, self.rel_u, self.rel_t,
-            f.op_tr, self.level, f.held, f.st_freed, f.outlives, f.returned
+            f.op_tr, self.level, f.held, f.st_freed, f.outlives, f.positions
         )
         self.n_events = int(out[7])
         return SimResult(

@@ -232,6 +232,7 @@ def record_structure(call: RegionCall, *, min_bytes: int, opaque: bool) -> None:
     bufs = call.buffers
     call.structure.self_changing = (
         bool(call.attrs)
+        or call.filled_contents  # a dict or list its modules hold filled (NOTE [Attributes at entry])
         or (bufs is not None and any(bufs.objects[i] is not buffer_of(*bufs.slots[i]) for i in bufs.mutated or ()))
         or (call.arg_state is not None and call.arg_state.rebound)  # NOTE [Modules among the arguments]
     )
@@ -468,8 +469,11 @@ def _region_records(
                 storages[r.index].shared_with = (other.call.name, other.call.call_index, other.index)
             if r.held and 0 <= r.index < len(storages):  # NOTE [Held past backward] (scheduler/timeline.py)
                 storages[r.index].held = True
-            if r.returned and 0 <= r.index < len(storages):  # NOTE [Whole calls counted once] (shared.py)
-                storages[r.index].returned = True
+            if 0 <= r.index < len(storages):  # NOTE [Whole calls counted once] (shared.py)
+                if r.returned:
+                    storages[r.index].returned = True
+                if r.argument:
+                    storages[r.index].argument = True
         if bwd is None:
             unmeasured.add(call.key)
         if st.snapshot_bytes:  # held from the call's entry while it may replay (NOTE [Replay and module state])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -758,3 +759,27 @@ def test_a_class_forward_patched_while_entered_runs_from_its_next_call(variant: 
 
     ref, got = run("plain"), run(variant)
     assert len(ref) == len(got) and all(torch.equal(a, b) for a, b in zip(ref, got)), variant
+
+
+def _doubled(x: torch.Tensor) -> torch.Tensor:
+    return x * 2.0
+
+
+class _Doubling:
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2.0
+
+
+@pytest.mark.parametrize("kind", ["staticmethod", "partial", "callable"])
+def test_a_class_forward_patched_with_another_callable_runs_as_plain(kind: str) -> None:
+    """NOTE [Class forwards patched while entered]: the class attribute read is bound as
+    Python binds it: a staticmethod, a ``functools.partial`` or a callable object is
+    called as it is, not handed the module."""
+    block_cls, _, m = _class_patch_model()
+    new = {"staticmethod": staticmethod(_doubled), "partial": functools.partial(_doubled), "callable": _Doubling()}[kind]
+    x = torch.randn(4, H, generator=torch.Generator().manual_seed(0))
+    with offrecomp.runtime(m, mode="recompute", min_bytes=0):
+        m(x).backward()
+        block_cls.forward = new  # type: ignore[method-assign]
+        got = m(x)
+    assert torch.equal(got, (x * 8.0).square().mean())

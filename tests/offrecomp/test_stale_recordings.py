@@ -152,37 +152,49 @@ def test_another_layout_at_the_same_sizes_replays_plainly(what: str, caplog: pyt
 
 
 class _LazyCacheBlock(nn.Module):
-    """Builds a position table on its first call and keeps it in a plain attribute;
-    later calls slice it: the measuring pass records the building call. The table is
-    made by factory ops, or from a parameter."""
+    """Builds a position table on its first call and keeps it in a plain attribute (or
+    a dict of them by length, ``held``); later calls slice it: the measuring pass records
+    the building call. The table is made by factory ops, or from a parameter."""
 
-    def __init__(self, source: str, h: int = 16) -> None:
+    def __init__(self, source: str, held: str = "attribute", h: int = 16) -> None:
         super().__init__()
         self.source = source
+        self.held = held
         self.lin = nn.Linear(h, h)
         self.table: torch.Tensor | None = None
+        self.tables: dict[int, torch.Tensor] = {}
+
+    def _build(self) -> torch.Tensor:
+        if self.source == "factory":
+            return torch.arange(64, dtype=torch.float32).unsqueeze(1) / 64
+        return self.lin.bias.detach().repeat(4).unsqueeze(1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.table is None:
-            if self.source == "factory":
-                self.table = torch.arange(64, dtype=torch.float32).unsqueeze(1) / 64
-            else:
-                self.table = self.lin.bias.detach().repeat(4).unsqueeze(1)
-        h = self.lin(x) * torch.cos(self.table[: x.shape[1]])
+        if self.held == "dict":
+            if x.shape[1] not in self.tables:
+                self.tables[x.shape[1]] = self._build()
+            table = self.tables[x.shape[1]]
+        else:
+            if self.table is None:
+                self.table = self._build()
+            table = self.table
+        h = self.lin(x) * torch.cos(table[: x.shape[1]])
         return x + torch.tanh(h)
 
 
+@pytest.mark.parametrize("held", ["attribute", "dict"])
 @pytest.mark.parametrize("source", ["factory", "parameter"])
-def test_a_recording_of_a_call_that_built_its_cache(source: str) -> None:
+def test_a_recording_of_a_call_that_built_its_cache(source: str, held: str) -> None:
     """The serving replay of a later call diverges from the recording (it slices where
     the recording built). A table of factory ops is a skipped build (NOTE [Skipped
     builds] in trace/structure.py); one computed from a parameter is not: the replay
-    runs plainly and the signature measures again. At 0.8 of keep's peak: below 0.71
+    runs plainly and the signature measures again, also for a table kept in a dict the
+    block holds (which raised ``ReplayDivergedError``). At 0.8 of keep's peak: below 0.71
     the most frugal plan drops the gate's cosine too, and its replays run every op, under
     no dispatch mode (a replay holds the Linear's output and its gated product beside the
     tanh's it brings back, NOTE [Replay transients] in scheduler/working_set.py)."""
     torch.manual_seed(0)
-    model = Stack([_LazyCacheBlock(source) for _ in range(3)])
+    model = Stack([_LazyCacheBlock(source, held) for _ in range(3)])
 
     def batch(s: int) -> torch.Tensor:
         return torch.randn(2, 12, 16, generator=torch.Generator().manual_seed(s))
