@@ -18,7 +18,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-import offrecomp  # noqa: E402
+import offrecomp
 
 
 class Basic(nn.Module):

@@ -19,8 +19,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import offrecomp  # noqa: E402
-from books_probe import ConvRelu, Stack  # noqa: E402
+from books_probe import ConvRelu, Stack
+
+import offrecomp
 
 MIB = 2**20
 
