@@ -273,6 +273,7 @@ class Runtime:
                 )
             _active = self
         try:
+            self._follow_device()
             self._install()
         except BaseException:
             self._uninstall()
@@ -318,6 +319,25 @@ class Runtime:
         refused = refused_transform(exc, None) if exc is not None else None
         if refused is not None:  # torch's message names no runtime
             raise refused from exc
+
+    # NOTE [Model devices]
+    # The runtime reads the model's device when it is made: where its offload engine
+    # copies from, what its clock times, which tensors count as device memory. A model
+    # moved after that (``rt = offrecomp.runtime(model); model.cuda()``, or built on the
+    # meta device and materialised later) would leave the runtime on the old one: no save
+    # on the new device would ever be offloaded, silently. So each entry reads the
+    # model's device again (its first parameter's, else its first buffer's) and takes a
+    # new one, with its clock and, no group being live, a new engine on first use. A
+    # model moved while entered is followed at the next entry (a pass on another device
+    # has another signature, and so another plan, either way).
+
+    def _follow_device(self) -> None:
+        """NOTE [Model devices]: the model's device now, if it moved since."""
+        if self._groups.live_groups > 0:
+            return  # saved tensors still held on the old device: followed at a later entry
+        if self._device.follow(_model_device(self.model)):
+            log.info("offrecomp: the model is on %s now; the runtime follows it", self._device.device)
+            self._groups.device_moved()
 
     def _install(self) -> None:
         placer = Placer(

@@ -130,6 +130,14 @@ class OffloadGroups:
 
     # ------------------------------------------------------------ the engine
 
+    def device_moved(self) -> None:
+        """The runtime's device changed, no group being live (NOTE [Model devices] in
+        context.py): the next join reads it again, and an engine on the old device goes."""
+        self._on_device = None
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.close()
+
     def get_engine(self) -> OffloadEngine:
         if self.engine is None:
             from offrecomp.backends import get_backend

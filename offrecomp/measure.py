@@ -148,6 +148,16 @@ class DeviceClock:
             self.device = device
             self.clock = Clock(device)
 
+    def follow(self, device: torch.device | None) -> bool:
+        """The model is on ``device`` now (None: it has no tensor): take it, and its
+        clock, where it is another real device (NOTE [Model devices] in context.py).
+        True if it moved."""
+        if device is None or device.type == "meta" or device == self.device:
+            return False
+        self.device = device
+        self.clock = Clock(device)
+        return True
+
     def mark(self) -> Mark:
         return self.clock.mark()
 

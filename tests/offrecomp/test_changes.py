@@ -783,3 +783,29 @@ def test_a_class_forward_patched_with_another_callable_runs_as_plain(kind: str) 
         block_cls.forward = new  # type: ignore[method-assign]
         got = m(x)
     assert torch.equal(got, (x * 8.0).square().mean())
+
+
+def test_a_model_moved_after_the_runtime_was_made_is_followed() -> None:
+    """NOTE [Model devices] (context.py): a runtime made while the model was on the meta
+    device (on a GPU: ``rt = offrecomp.runtime(model); model.cuda()``) kept that device,
+    so no save on the model's new one was ever offloaded (0 bytes, silently). Each entry
+    reads the model's device again."""
+
+    def build() -> nn.Module:
+        return Stack([nn.Sequential(nn.Linear(H, 4 * H), nn.ReLU(), nn.Linear(4 * H, H)) for _ in range(3)])
+
+    def init(m: nn.Module) -> nn.Module:
+        torch.manual_seed(0)
+        for p in m.parameters():
+            nn.init.normal_(p, std=0.1)
+        return m
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(8, 4, H, generator=torch.Generator().manual_seed(s))
+
+    ref = train(init(build()), batch, steps=2)
+    meta = build().to("meta")
+    rt = offrecomp.runtime(meta, mode="offload", min_bytes=0)
+    init(meta.to_empty(device="cpu"))
+    assert_bitwise(ref, train(meta, batch, rt, steps=2))
+    assert all(s.offloaded_bytes > 0 for s in rt.report().steps), [s.offloaded_bytes for s in rt.report().steps]
