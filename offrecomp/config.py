@@ -78,7 +78,13 @@ def parse_size_or_fraction(value: object, *, name: str) -> Budget | None:
     a percentage ``"60%"``."""
     if value is None:
         return None
-    if isinstance(value, Budget):
+    if isinstance(value, Budget):  # checked as the number or percentage it stands for
+        if value.fraction is None and value.nbytes is not None:
+            parse_size_or_fraction(value.nbytes, name=name)
+            return value
+        f = value.fraction
+        if value.nbytes is not None or not (isinstance(f, numbers.Real) and not isinstance(f, bool) and 0.0 < f <= 1.0):
+            raise ValueError(f"{name}={value!r} is invalid; accepted: {SIZE_OR_FRACTION_FORMS}")
         return value
     if isinstance(value, str):
         text = value.strip()
@@ -172,9 +178,15 @@ def _is_number(text: str) -> bool:
 
 
 def _parse_prefetch(value: object, *, name: str) -> Prefetch:
-    if isinstance(value, Prefetch):
-        return value
     forms = f"a number of regions, {MIN_PREFETCH_REGIONS} or more (2), or a byte window with a unit (256MiB)"
+    if isinstance(value, Prefetch):  # checked as the count or window it stands for
+        if (value.regions is None) == (value.nbytes is None):
+            raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
+        if value.regions is not None:
+            _parse_prefetch(value.regions, name=name)
+        elif isinstance(value.nbytes, bool) or not isinstance(value.nbytes, numbers.Integral) or value.nbytes <= 0:
+            raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
+        return value
     if isinstance(value, (bool, float)):  # a float is neither a count nor a size with a unit
         raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
     if isinstance(value, numbers.Integral):  # numpy.int64 too
@@ -577,7 +589,8 @@ def _warn_unknown_variables(env: Mapping[str, str]) -> None:
     for var in sorted(env):
         if var.startswith("OFFRECOMP_") and var not in known and var not in _warned_variables:
             _warned_variables.add(var)
-            close = difflib.get_close_matches(var, sorted(known), n=1)
+            upper = var.upper()  # OFFRECOMP_mode: OFFRECOMP_MODE, not the nearest by case
+            close = [upper] if upper in known else difflib.get_close_matches(upper, sorted(known), n=1)
             logging.getLogger("offrecomp").warning(
                 "offrecomp: environment variable %s is not an offrecomp setting and is ignored%s "
                 "(docs/tuning.md lists them)",

@@ -354,3 +354,15 @@ def test_every_new_plan_is_checked_even_at_a_collected_plans_address(caplog: pyt
             gc.collect()
     assert caplog.text.count("matched no storage of its first pass") == n
     assert len(rt.planner._plans_checked) <= 1  # the last pass, kept for explain(), holds its plan
+
+
+def test_a_variable_in_the_wrong_case_is_named_with_its_setting(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``OFFRECOMP_mode`` is not read (names are upper case): the warning names
+    ``OFFRECOMP_MODE``, where the nearest name by spelling was ``OFFRECOMP_LOG``."""
+    monkeypatch.setenv("OFFRECOMP_mode", "keep")
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        offrecomp.runtime(_two_blocks())
+    msgs = [r.getMessage() for r in caplog.records if "OFFRECOMP_mode" in r.getMessage()]
+    assert msgs and "did you mean OFFRECOMP_MODE?" in msgs[0], msgs

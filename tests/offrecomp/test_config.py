@@ -491,3 +491,22 @@ def test_numpy_integers_are_counts_and_bools_are_not() -> None:
         name, value = next(iter(kw.items()))
         with pytest.raises(ValueError, match=rf"{name}={re.escape(repr(value))} is invalid"):
             Config.resolve(kw, environ={})
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "shown"),
+    [
+        ("budget", Budget(nbytes=-5), "budget=-5"),
+        ("budget", Budget(fraction=7.0), "budget=Budget(nbytes=None, fraction=7.0)"),
+        ("budget", Budget(), "budget=Budget(nbytes=None, fraction=None)"),
+        ("prefetch", Prefetch(regions=0), "prefetch=0"),
+        ("prefetch", Prefetch(nbytes=-1), "prefetch=Prefetch(regions=None, nbytes=-1)"),
+    ],
+)
+def test_budget_and_prefetch_objects_are_checked_as_the_values_they_stand_for(field: str, value: object, shown: str) -> None:
+    """A ``Budget`` or ``Prefetch`` given for its field is refused where the number,
+    percentage or window it stands for is (a negative budget ran two steps, then failed
+    in the solver without naming ``budget``; 700% and 0 regions ran)."""
+    with pytest.raises(ValueError, match=re.escape(shown) + " is invalid; accepted"):
+        Config.resolve({field: value}, environ={})
+    assert Config.resolve({"budget": Budget(fraction=0.5)}, environ={}).budget == Budget(fraction=0.5)
