@@ -40,6 +40,9 @@ _MODEL_INTS = ("layers", "hidden", "heads", "seq", "batch", "dtype_bytes", "ffn_
 _MODEL_BOOLS = ("fused_attention", "micro_ops", "dropout", "causal")
 _MODEL_FLOATS = ("mfu", "hbm_bytes_per_s")
 _MODEL_REQUIRED = ("layers", "hidden", "heads", "seq", "batch")
+#: The most layers a what-if model may have: a profile of about 20 storages a layer,
+#: which the solver plans in seconds (a larger one grows without bound, unannounced).
+MAX_MODEL_LAYERS = 4096
 
 
 def parse_model(spec: str) -> dict[str, Any]:
@@ -78,6 +81,8 @@ def parse_model(spec: str) -> dict[str, Any]:
                 ) from None
         else:
             raise ValueError(f"model spec key {key!r} is unknown; accepted: {accepted}")
+    if not 1 <= out.get("layers", 1) <= MAX_MODEL_LAYERS:
+        raise ValueError(f"model spec layers={out['layers']} is invalid; accepted: 1 to {MAX_MODEL_LAYERS}")
     missing = [k for k in _MODEL_REQUIRED if k not in out]
     if missing:
         raise ValueError(

@@ -63,6 +63,9 @@ def test_parse_model() -> None:
         parse_model("layers=2")
     with pytest.raises(ValueError, match="gives layers twice"):  # not the last one silently
         parse_model("layers=2,hidden=64,layers=3")
+    for layers in (0, 100_000):  # a profile the planner would build for minutes, or until memory ran out
+        with pytest.raises(ValueError, match=f"layers={layers} is invalid; accepted: 1 to 4096"):
+            parse_model(f"layers={layers},hidden=64,heads=2,seq=128,batch=1")
 
 
 def test_model_form_prints_a_summary() -> None:
