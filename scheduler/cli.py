@@ -102,7 +102,8 @@ def _parser() -> argparse.ArgumentParser:
         "--model", help="GPT model spec: layers=,hidden=,heads=,seq=,batch= (what-if)"
     )
     plan.add_argument(
-        "--budget", help="activation budget: bytes or with a unit (20GiB, 512MiB, 1.5GB)"
+        "--budget", help="activation budget: bytes or with a unit (20GiB, 512MiB, 1.5GB), or a percentage of "
+        "the profile's device capacity (60%%)"
     )
     plan.add_argument(
         "--max-overhead", help="accepted step-time overhead, a fraction from 0 to 10 (0.05 = 5%%)"
@@ -198,7 +199,17 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.prefetch_regions is not None:
         args.prefetch_regions = _regions(args.prefetch_regions)
     if args.budget is not None:
-        args.budget = parse_bytes(args.budget, name="--budget")
+        text = str(args.budget).strip()
+        if text.endswith("%"):  # of the profile's device capacity, once it is read
+            pct = _number(text[:-1])
+            if not 0.0 < pct <= 100.0:
+                raise ValueError(
+                    f"--budget={args.budget!r} is invalid; accepted: an integer byte count or a number with a "
+                    "unit (20GiB), or a percentage in (0%, 100%] of the profile's device capacity (60%)"
+                )
+            args.budget = pct / 100.0
+        else:
+            args.budget = parse_bytes(args.budget, name="--budget")
 
 
 def _number(text: object) -> float:
@@ -271,7 +282,7 @@ def _load_profile(args: argparse.Namespace) -> Profile:
     except OSError as e:
         raise ValueError(f"cannot read profile {args.profile!r}: {e.strerror or e}") from None
     except (json.JSONDecodeError, TypeError, KeyError) as e:
-        raise ValueError(f"profile {args.profile!r} is not a valid profile JSON: {e}") from None
+        raise ValueError(f"profile {args.profile!r} is not a valid profile JSON: {e}{_report_hint(args.profile)}") from None
     if args.d2h_gbps is not None:
         profile.d2h_gbps = args.d2h_gbps
     if args.h2d_gbps is not None:
@@ -279,6 +290,18 @@ def _load_profile(args: argparse.Namespace) -> Profile:
     _set_replay_op(profile, args.replay_op_us)
     _set_host_costs(profile, args)
     return profile
+
+
+def _report_hint(path: str) -> str:
+    """A hint where the file at ``path`` reads as a run's report rather than a profile."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            head = f.read(4096)
+    except OSError:
+        return ""
+    if '"steps"' in head or head.lstrip().startswith('{"step"'):
+        return "; it looks like a run's report, which `python -m offrecomp report FILE` reads"
+    return ""
 
 
 #: Profile field -> (flag, what it costs): NOTE [Host time] in scheduler/timeline.py.
@@ -373,6 +396,13 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     _check_min_budget(args)
     profile = _load_profile(args)
     budget: int | None = args.budget
+    if isinstance(args.budget, float):  # a share of the device's capacity
+        if profile.device_capacity_bytes <= 0:
+            raise ValueError(
+                f"--budget {args.budget:.0%} needs the profile's device_capacity_bytes, which it lacks; give "
+                "the budget in bytes (20GiB)"
+            )
+        budget = int(args.budget * profile.device_capacity_bytes)
     if args.min_budget:
         overhead = args.max_overhead if args.max_overhead is not None else 0.05
         plan = solve(

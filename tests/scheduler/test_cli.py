@@ -410,7 +410,8 @@ def test_warmup_command_takes_no_arguments(capsys: pytest.CaptureFixture[str]) -
         (["--prefetch-regions", "two"], "--prefetch-regions='two' is invalid; accepted: a number of regions, 1 or more"),
         (["--prefetch-regions", "2.5"], "--prefetch-regions='2.5' is invalid; accepted: a number of regions"),
         (["--budget", "20parsecs"], "--budget='20parsecs' is invalid; accepted: an integer byte count or a number with a unit"),
-        (["--budget", "5%"], "--budget='5%' is invalid; accepted: an integer byte count or a number with a unit"),
+        (["--budget", "abc%"], "--budget='abc%' is invalid; accepted: an integer byte count or a number with a unit"),
+        (["--budget", "120%"], "--budget='120%' is invalid; accepted: an integer byte count or a number with a unit"),
     ],
 )
 def test_a_malformed_number_names_the_flag_the_value_and_the_forms(
@@ -446,3 +447,32 @@ def test_plan_chooses_the_prefetch_depth_unless_given() -> None:
     docs = [json.loads(run("plan", *flags, *extra, "--json")[1]) for extra in ((), ("--prefetch-regions", "2"))]
     assert [d["prefetch_regions"] for d in docs] == [1, 2]
     assert docs[0]["predicted_step_seconds"] < docs[1]["predicted_step_seconds"]
+
+
+def test_a_budget_as_a_share_of_the_profiles_device(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--budget 60%`` is a share of the profile's ``device_capacity_bytes``, as the
+    runtime's ``budget="60%"`` is; refused out of (0%, 100%], and where the profile has
+    no capacity."""
+    p = gpt_profile(layers=4, hidden=1024, heads=8, seq=4096, batch=1, device_tflops=990, d2h_gbps=0, h2d_gbps=0)
+    p.device_capacity_bytes = 2 * p.activation_bytes
+    path = tmp_path / "prof.json"
+    p.save(path)
+    rc, text = run("plan", str(path), "--budget", "25%", "--json")
+    assert rc == 0 and json.loads(text)["budget_bytes"] == int(0.25 * p.device_capacity_bytes)
+    rc, _ = run("plan", str(path), "--budget", "0%")
+    assert rc == 2 and "--budget='0%' is invalid; accepted" in capsys.readouterr().err
+    p.device_capacity_bytes = 0
+    p.save(path)
+    rc, _ = run("plan", str(path), "--budget", "25%")
+    assert rc == 2 and "needs the profile's device_capacity_bytes" in capsys.readouterr().err
+
+
+def test_a_report_given_for_a_profile_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run's report (``Report.to_json()``, or ``OFFRECOMP_REPORT``'s JSON lines) given
+    to ``plan`` says so and which command reads it."""
+    for name, content in (("rep.json", '{"steps": [], "config": {}}'), ("run.jsonl", '{"step": 0}\n{"step": 1}\n')):
+        path = tmp_path / name
+        path.write_text(content)
+        rc, _ = run("plan", str(path), "--budget", "1MiB")
+        err = capsys.readouterr().err
+        assert rc == 2 and "looks like a run's report, which `python -m offrecomp report FILE` reads" in err, err
