@@ -8,13 +8,9 @@ or a teacher) would copy that slot too, and a plain function is shared by deepco
 copy would run the original module's forward with the original weights, silently, also
 after the runtime exited, and torch.save(model) would fail on it. The slot holds an
 Installed instead: it calls the wrapper, and a deep copy or a pickle of it is what the
-slot held before, so the copy is a plain module the runtime does not manage.
-inspect.signature still sees the forward's signature through __wrapped__. Where the slot
-held nothing (the class's forward), the copy's holds a ``ClassForward``: the copy's
-class's ``forward`` read at each call, holding the copy weakly. A method bound to the
-copy would hold it in a cycle (its parameters freed only by a garbage collection, never
-after ``gc.freeze()``) and pin the class's forward of the moment (NOTE [Class forwards
-patched while entered]).
+slot held before (the module's own forward, bound to the copy), so the copy is a plain
+module the runtime does not manage. inspect.signature still sees the forward's signature
+through __wrapped__.
 
 NOTE [Wrappers kept across entries]
 torch.compile(model) traces through each region's ``forward`` slot and guards on the
@@ -43,13 +39,12 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
-import weakref
 from collections.abc import Callable
 from typing import Any, TypeGuard
 
 from torch import nn
 
-__all__ = ["ClassForward", "Installed", "KeptWrappers", "following_class", "own_forward", "slot_as_before", "unwrap"]
+__all__ = ["Installed", "KeptWrappers", "following_class", "own_forward", "slot_as_before", "unwrap"]
 
 
 class Installed:
@@ -86,8 +81,13 @@ def following_class(original: Callable[..., Any]) -> Callable[[], Callable[..., 
         return None
 
     def now() -> Callable[..., Any]:
-        # a staticmethod, a partial, a callable object: bound as Python binds it
-        return original if getattr(type(module), "forward", func) is func else _class_attr(module, "forward")
+        cls = type(module)
+        current: Any = getattr(cls, "forward", func)
+        if current is func:
+            return original
+        raw = inspect.getattr_static(cls, "forward", current)  # a staticmethod, a partial, a callable object
+        get = getattr(type(raw), "__get__", None)
+        return get(raw, module, cls) if get is not None else raw  # type: ignore[no-any-return]
 
     return now
 
@@ -98,51 +98,11 @@ def own_forward(slot: Any, module: nn.Module) -> TypeGuard[Installed]:
 
 
 def slot_as_before(module: nn.Module, attr: str, previous: Any) -> Any:
-    """What a copy's slot holds: the value before the runtime, or the copy's class's
-    method (NOTE [Copies of a managed model])."""
+    """What a copy's slot holds: the value before the runtime, or the class's method
+    bound to the copy (NOTE [Copies of a managed model])."""
     if previous is not None:
         return previous
-    return ClassForward(module, attr)
-
-
-def _class_attr(module: nn.Module, attr: str) -> Callable[..., Any]:
-    """``module``'s class attribute ``attr``, bound as Python binds it."""
-    cls = type(module)
-    raw = inspect.getattr_static(cls, attr)
-    get = getattr(type(raw), "__get__", None)
-    return get(raw, module, cls) if get is not None else raw  # type: ignore[no-any-return]
-
-
-class ClassForward:
-    """A copy's ``forward`` slot where the original's held nothing: the copy's class's
-    ``forward`` at each call (NOTE [Copies of a managed model])."""
-
-    __slots__ = ("__weakref__", "_attr", "_module")
-
-    def __init__(self, module: nn.Module, attr: str) -> None:
-        self._module = weakref.ref(module)
-        self._attr = attr
-
-    def _target(self) -> Callable[..., Any]:
-        module = self._module()
-        if module is None:
-            raise RuntimeError("offrecomp: the module this forward belongs to is gone")
-        return _class_attr(module, self._attr)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._target()(*args, **kwargs)
-
-    @property
-    def __signature__(self) -> inspect.Signature:
-        return inspect.signature(self._target())
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
-        module = self._module()
-        copy_of = memo.get(id(module)) if module is not None else None
-        return self if copy_of is None else ClassForward(copy_of, self._attr)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (slot_as_before, (self._module(), self._attr, None))
+    return getattr(type(module), attr).__get__(module)
 
 
 def unwrap(module: nn.Module, attr: str) -> bool:
