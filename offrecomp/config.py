@@ -78,10 +78,11 @@ def parse_size_or_fraction(value: object, *, name: str) -> Budget | None:
     a percentage ``"60%"``."""
     if value is None:
         return None
-    if isinstance(value, Budget):  # checked as the number or percentage it stands for
+    if isinstance(value, Budget):  # checked and read as the number or percentage it stands for
         if value.fraction is None and value.nbytes is not None:
-            parse_size_or_fraction(value.nbytes, name=name)
-            return value
+            if isinstance(value.nbytes, (str, bool)):
+                raise ValueError(f"{name}={value!r} is invalid; accepted: {SIZE_OR_FRACTION_FORMS}")
+            return parse_size_or_fraction(value.nbytes, name=name)
         f = value.fraction
         if value.nbytes is not None or not (isinstance(f, numbers.Real) and not isinstance(f, bool) and 0.0 < f <= 1.0):
             raise ValueError(f"{name}={value!r} is invalid; accepted: {SIZE_OR_FRACTION_FORMS}")
@@ -183,8 +184,10 @@ def _parse_prefetch(value: object, *, name: str) -> Prefetch:
         if (value.regions is None) == (value.nbytes is None):
             raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
         if value.regions is not None:
-            _parse_prefetch(value.regions, name=name)
-        elif isinstance(value.nbytes, bool) or not isinstance(value.nbytes, numbers.Integral) or value.nbytes <= 0:
+            if not isinstance(value.regions, numbers.Integral):
+                raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
+            return _parse_prefetch(value.regions, name=name)
+        if isinstance(value.nbytes, bool) or not isinstance(value.nbytes, numbers.Integral) or value.nbytes <= 0:
             raise ValueError(f"{name}={value!r} is invalid; accepted: {forms}")
         return value
     if isinstance(value, (bool, float)):  # a float is neither a count nor a size with a unit

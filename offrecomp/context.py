@@ -338,6 +338,7 @@ class Runtime:
         if self._device.follow(_model_device(self.model)):
             log.info("offrecomp: the model is on %s now; the runtime follows it", self._device.device)
             self._groups.device_moved()
+            self._life.device_moved()
 
     def _install(self) -> None:
         placer = Placer(

@@ -351,6 +351,11 @@ class Lifecycle:
         if p is not None:
             p.other_backwards.append((start, self._device.mark()))
 
+    def device_moved(self) -> None:
+        """The runtime's device changed (NOTE [Model devices] in context.py): the next pass
+        end reads its allocator's out-of-memory count as a baseline, not as new errors."""
+        self._ooms = None
+
     def graph_made_unseen(self) -> None:
         """A backward that makes a graph is about to run under another saved-tensor hook
         pair than the runtime's, which sees none of its saves: outside a forward, the pass

@@ -399,8 +399,8 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     if isinstance(args.budget, float):  # a share of the device's capacity
         if profile.device_capacity_bytes <= 0:
             raise ValueError(
-                f"--budget {args.budget:.0%} needs the profile's device_capacity_bytes, which it lacks; give "
-                "the budget in bytes (20GiB)"
+                "--budget as a percentage needs a profile with device_capacity_bytes (a saved profile's; "
+                "--model's has none); give the budget in bytes (20GiB)"
             )
         budget = int(args.budget * profile.device_capacity_bytes)
     if args.min_budget:

@@ -809,3 +809,17 @@ def test_a_model_moved_after_the_runtime_was_made_is_followed() -> None:
     init(meta.to_empty(device="cpu"))
     assert_bitwise(ref, train(meta, batch, rt, steps=2))
     assert all(s.offloaded_bytes > 0 for s in rt.report().steps), [s.offloaded_bytes for s in rt.report().steps]
+
+
+def test_a_device_move_takes_a_new_out_of_memory_baseline() -> None:
+    """NOTE [Model devices]: the allocator's out-of-memory count read at the last pass
+    end is the old device's; the next pass end reads the new one's as a baseline, not as
+    errors of its own (which would cut the budget to 70%)."""
+    m = Stack([nn.Sequential(nn.Linear(H, H), nn.Tanh()) for _ in range(2)])
+    rt = offrecomp.runtime(m, mode="recompute", min_bytes=0)
+    with rt:
+        m(torch.randn(2, H)).sum().backward()
+    rt._life._ooms = 3  # as a CUDA allocator's count would read
+    rt._device.device = torch.device("meta")  # as if made before the model moved
+    with rt:
+        assert rt._life._ooms is None

@@ -7,6 +7,7 @@ import logging
 import pathlib
 import re
 
+import numpy as np
 import pytest
 from torch import nn
 
@@ -501,6 +502,8 @@ def test_numpy_integers_are_counts_and_bools_are_not() -> None:
         ("budget", Budget(), "budget=Budget(nbytes=None, fraction=None)"),
         ("prefetch", Prefetch(regions=0), "prefetch=0"),
         ("prefetch", Prefetch(nbytes=-1), "prefetch=Prefetch(regions=None, nbytes=-1)"),
+        ("budget", Budget(nbytes="1GiB"), "budget=Budget(nbytes='1GiB', fraction=None)"),  # type: ignore[arg-type]
+        ("prefetch", Prefetch(regions="2"), "prefetch=Prefetch(regions='2', nbytes=None)"),  # type: ignore[arg-type]
     ],
 )
 def test_budget_and_prefetch_objects_are_checked_as_the_values_they_stand_for(field: str, value: object, shown: str) -> None:
@@ -510,3 +513,4 @@ def test_budget_and_prefetch_objects_are_checked_as_the_values_they_stand_for(fi
     with pytest.raises(ValueError, match=re.escape(shown) + " is invalid; accepted"):
         Config.resolve({field: value}, environ={})
     assert Config.resolve({"budget": Budget(fraction=0.5)}, environ={}).budget == Budget(fraction=0.5)
+    assert Config.resolve({"budget": Budget(nbytes=np.int64(4096))}, environ={}).budget == Budget(nbytes=4096)

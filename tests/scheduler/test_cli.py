@@ -464,7 +464,7 @@ def test_a_budget_as_a_share_of_the_profiles_device(tmp_path: Path, capsys: pyte
     p.device_capacity_bytes = 0
     p.save(path)
     rc, _ = run("plan", str(path), "--budget", "25%")
-    assert rc == 2 and "needs the profile's device_capacity_bytes" in capsys.readouterr().err
+    assert rc == 2 and "needs a profile with device_capacity_bytes" in capsys.readouterr().err
 
 
 def test_a_report_given_for_a_profile_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
