@@ -19,9 +19,9 @@ create_graph=True, then the loss that holds the penalty is differentiated again:
 backwards of one pass. A backward that saves tensors outside any region's forward
 (create_graph), or makes a graph under another saved-tensor hook pair than the runtime's
 on its thread (its saves unseen: ``graph_made_unseen``; such a backward of another graph
-makes the pass wait for the next forward or optimizer step), leaves its pass AWAITING: saves outside a forward still belong to it, the
-next backward that reads its saves ends it, and a new forward or an optimizer step ends
-it if none does. The pass's backward then spans both, as its step does, so the plan sees
+makes the pass wait for the next forward or optimizer step), leaves its pass AWAITING:
+saves outside a forward still belong to it, the next backward that reads its saves ends
+it, and a new forward or an optimizer step ends it if none does. The pass's backward then spans both, as its step does, so the plan sees
 the penalty's ops and the second backward's replays as part of the pass they belong to.
 
 NOTE [Several backwards]

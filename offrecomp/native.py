@@ -328,10 +328,9 @@ def _returned_kept(p: PassState, call: RegionCall, out: Any) -> tuple[int, ...]:
     (NOTE [Whole calls counted once] in shared.py)."""
     positions = []
     for pos, t in out_tensors(out):
-        st = storage_of(t)
-        rec = call.by_ptr.get(st.data_ptr()) if st is not None else None
-        if rec is not None and rec.placement is KEEP and rec.index >= 0 and rec() is st:
-            count_whole_output(p, st)
+        rec = _record_of(call, t)
+        if rec is not None and rec.placement is KEEP and rec.index >= 0:
+            count_whole_output(p, rec())
             positions.append(pos)
     return tuple(positions)
 

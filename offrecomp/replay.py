@@ -695,4 +695,5 @@ def replay_call(
 # Its nodes reach the replay's hook pair (``_SaveCapture``), whose saves are placeholders
 # (``_THROWAWAY``) unless it holds them (NOTE [Backward inside a forward]); so once the
 # replay returned or raised, the capture lets go of what it captured and of the serving
-# mode (and the held storages it serves from): such a graph keeps its nodes, not the activations.
+# mode (and the held storages it serves from): such a graph keeps its nodes, not the
+# activations.

@@ -83,8 +83,8 @@ __all__ = [
 # Yet what it keeps is often a storage another call counts: a block's input that the
 # block before saved as its output (a ReLU's or a tanh's, which the next block's Linear
 # or convolution saves as its input: counted by each, a stack of conv+ReLU blocks
-# would book 1.77x what it holds), an encoder output every decoder block saves, a stem's output the first block
-# saves, the last block's output the loss saves. So calls kept whole count through one
+# would book 1.77x what it holds), an encoder output every decoder block saves, a
+# stem's output the first block saves, the last block's output the loss saves. So calls kept whole count through one
 # more table, ``PassState.whole_counted`` (data pointer -> the storage, weakly), by
 # positions that a native call can find without its saves: its tensor arguments
 # (``arg_tensors``) and the tensors it returns (``out_tensors``). A tensor argument the
@@ -99,7 +99,7 @@ __all__ = [
 # record of the call counting it lives to that call's backward, after the later calls'.
 # The profile marks the storages each call returned (``StorageRecord.returned``), and the
 # simulator counts a kept input of a unit kept whole nothing after a counted kept record
-# of its allocation in the root or a unit with records, or a saved input or returned
+# of its allocation in the root or a unit with records, or a saved argument or returned
 # storage of a unit kept whole; the others' kept records likewise after the latter
 # (``_counted_once`` in scheduler/timeline.py; ``StorageRecord.argument`` marks the
 # inputs that are tensor arguments). Nested arguments and outputs (a list in a list, a
@@ -145,8 +145,7 @@ def count_whole_input(p: PassState, ptr: int, storage: Any) -> bool:
     """A call kept whole saves ``storage`` (at ``ptr``), one of its tensor arguments:
     True where another record counts it already, so the call counts nothing; it counts
     for calls kept whole from now on (NOTE [Whole calls counted once])."""
-    ref = p.whole_counted.get(ptr)
-    if ref is not None and ref() is storage:
+    if whole_counts(p, ptr, storage):
         return True
     p.whole_counted[ptr] = weakref.ref(storage)
     first = p.first_records.get(ptr)
@@ -160,8 +159,7 @@ def count_whole_output(p: PassState, storage: Any) -> None:
     """A call kept whole returns ``storage``, which it keeps: it counts it for the others
     (NOTE [Whole calls counted once])."""
     ptr = storage.data_ptr()
-    ref = p.whole_counted.get(ptr)
-    if ref is None or ref() is not storage:
+    if not whole_counts(p, ptr, storage):
         p.whole_counted[ptr] = weakref.ref(storage)
 
 
@@ -237,15 +235,17 @@ def share_kept(p: PassState, call: RegionCall, rec: StorageRec, ptr: int, storag
     if not kept:
         return False
     first = p.first_records.get(ptr)
-    counted = first is not None and first() is storage and first.call is not call and first.resident
-    if not counted and p.whole_counted and whole_counts(p, ptr, storage):  # NOTE [Whole calls counted once]
+    if first is not None and first() is not storage:
+        first = None  # a freed storage's pointer, taken again
+    if first is not None and first.call is not call and first.resident:
+        rec.shared = True
+        first.sharers += 1  # never taken back: an input record it counts for stays counted
+        if rec.same_as is None:
+            rec.same_as = first
+        return True
+    if p.whole_counted and whole_counts(p, ptr, storage):  # NOTE [Whole calls counted once]
         rec.shared = True
         return True
-    first = _first(p.first_records, ptr, storage, rec)  # rec: the caller counts it
-    if first.call is call or not first.resident:
-        return False
-    rec.shared = True
-    first.sharers += 1  # never taken back: an input record it counts for stays counted
-    if rec.same_as is None:
-        rec.same_as = first
-    return True
+    if first is None:
+        p.first_records[ptr] = rec  # the first: the caller counts it
+    return False

@@ -46,6 +46,8 @@ __all__ = [
 #: Bit of each placement in a legality mask.
 KEEP_BIT, OFFLOAD_BIT, RECOMPUTE_BIT = 1, 2, 4
 KIND_ACTIVATION, KIND_INPUT, KIND_EXTERNAL, KIND_ROOT, KIND_SNAPSHOT = 0, 1, 2, 3, 4
+#: ``FlatProfile.positions`` bits.
+RETURNED, ARGUMENT = 1, 2
 _KIND_NAMES = ["activation", "input", "external", "root", "snapshot"]  # by code
 _KIND_CODES = {name: k for k, name in enumerate(_KIND_NAMES) if k != KIND_ROOT}  # a profile's kinds
 _LEGAL = {
@@ -218,8 +220,6 @@ _get_kind = operator.attrgetter("kind")
 _get_keep_only = operator.attrgetter("keep_only")
 _get_held = operator.attrgetter("held")
 _get_returned = operator.attrgetter("returned")
-#: ``FlatProfile.positions`` bits.
-RETURNED, ARGUMENT = 1, 2
 _get_argument = operator.attrgetter("argument")
 _get_last_save = operator.attrgetter("last_save_op")
 _get_first_save = operator.attrgetter("first_save_op")

@@ -78,9 +78,9 @@ __all__ = [
 ]
 
 #: The format of a saved profile. 2 adds ``OpRecord.transient_bytes`` and
-#: ``StorageRecord.held``, ``freed_op`` and ``outlives_call``; 3 ``StorageRecord.
-#: returned`` and ``argument``; a build reads its own version and every earlier one (a field an earlier
-#: version lacks takes its default).
+#: ``StorageRecord.held``, ``freed_op`` and ``outlives_call``; 3 ``StorageRecord.returned``
+#: and ``argument``; a build reads its own version and every earlier one (a field an
+#: earlier version lacks takes its default).
 PROFILE_VERSION = 3
 
 #: Region calls before a call whose records the runtime looks a kept region input of it

@@ -105,7 +105,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scheduler.flat import KIND_SNAPSHOT, FlatProfile, flatten, placement_array
+from scheduler.flat import ARGUMENT, KIND_SNAPSHOT, RETURNED, FlatProfile, flatten, placement_array
 from scheduler.kernels import njit, njit_inline, replay_costs
 from scheduler.plan import Placement, Plan
 from scheduler.profile import INPUT_LOOKBACK, Profile
@@ -332,12 +332,12 @@ def _counted_once(place, save_order, allocation, kind, unsaved, hooked, unit_of,
       no such storage (a snapshot is the checkpoint's alone: NOTE [Replay and module
       state] in offrecomp/buffers.py).
     * A kept region input that an op of a unit kept whole saves, one of its call's tensor
-      arguments (``positions`` & 2: the runtime's calls kept whole find only those), after a
-      counted kept record of its allocation in the root or a unit with records
-      (``seen``), or a saved argument or returned storage of a unit kept whole
+      arguments (``positions`` & ARGUMENT: the runtime's calls kept whole find only
+      those), after a counted kept record of its allocation in the root or a unit with
+      records (``seen``), or a saved argument or returned storage of a unit kept whole
       (``whole``): NOTE [Whole calls counted once] in offrecomp/shared.py. Such an
       argument counts for the units after it (``whole``), as a storage such a unit
-      returns (``positions`` & 1) does.
+      returns (``positions`` & RETURNED) does.
     * A kept region input (NOTE [Inputs counted once] in offrecomp/shared.py) of a unit
       with a replay checkpoint (one the plan does not keep whole) whose allocation's
       latest record before it is kept, in the root or in one of the INPUT_LOOKBACK
@@ -367,14 +367,14 @@ def _counted_once(place, save_order, allocation, kind, unsaved, hooked, unit_of,
             if unsaved[s]:
                 once[s] = True
                 continue
-            if positions[s] & 2:
+            if positions[s] & ARGUMENT:
                 once[s] = seen[first] or whole[first]
                 whole[first] = True
             if not native:  # an op saves it, through the hooks: a record of it
                 last_unit[first] = u
                 last_kept[first] = True
             continue
-        if u % 2 == 1 and not hooked[u] and positions[s] & 1:
+        if u % 2 == 1 and not hooked[u] and positions[s] & RETURNED:
             whole[first] = True
         if place[s] == 0 and (kind[s] == 1 or u % 2 == 0 or hooked[u]):
             if kind[s] == 1:

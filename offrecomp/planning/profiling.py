@@ -463,17 +463,15 @@ def _region_records(
             fwd = clock.seconds(call.start_mark, call.end_mark, wait=True) or 0.0
         bwd = _backward_seconds(clock, call.ordinal, replay_by_ordinal, timeline)
         storages = [StorageRecord(**vars(s)) for s in st.storage_records]
-        for r in call.storages:  # NOTE [Inputs counted once], [Activations counted once] (shared.py)
-            other = r.same_as
-            if other is not None and 0 <= r.index < len(storages):
-                storages[r.index].shared_with = (other.call.name, other.call.call_index, other.index)
-            if r.held and 0 <= r.index < len(storages):  # NOTE [Held past backward] (scheduler/timeline.py)
-                storages[r.index].held = True
-            if 0 <= r.index < len(storages):  # NOTE [Whole calls counted once] (shared.py)
-                if r.returned:
-                    storages[r.index].returned = True
-                if r.argument:
-                    storages[r.index].argument = True
+        for r in call.storages:
+            if not 0 <= r.index < len(storages):
+                continue
+            record, other = storages[r.index], r.same_as
+            if other is not None:  # NOTE [Inputs counted once], [Activations counted once] (shared.py)
+                record.shared_with = (other.call.name, other.call.call_index, other.index)
+            record.held |= r.held  # NOTE [Held past backward] (scheduler/timeline.py)
+            record.returned |= r.returned  # NOTE [Whole calls counted once] (shared.py)
+            record.argument |= r.argument
         if bwd is None:
             unmeasured.add(call.key)
         if st.snapshot_bytes:  # held from the call's entry while it may replay (NOTE [Replay and module state])

@@ -351,20 +351,40 @@ def test_blocks_kept_whole_book_what_a_plain_forward_saves(native_keep: bool) ->
         assert [s.peak_activation_bytes for s in rt.report().steps] == [held] * 3, (type(base).__name__, held)
 
 
-class _RootSkipChain(nn.Module):
-    """The code outside the blocks saves an encoding (its tanh's output), which every
-    block takes beside the block before's output (a UNet's skip)."""
+@dataclasses.dataclass
+class _Encoding:
+    e: torch.Tensor
+
+
+class _NestedSkipBlock(nn.Module):
+    """Saves the block before's output and an encoding it takes inside a dataclass."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.lin = nn.Linear(D, D)
+        self.lin2 = nn.Linear(D, D)
+
+    def forward(self, h: torch.Tensor, enc: _Encoding) -> torch.Tensor:
+        return torch.tanh(self.lin(h) + self.lin2(enc.e))
+
+
+class _RootSkipChain(nn.Module):
+    """The code outside the blocks saves an encoding (its tanh's output), which every
+    block takes beside the block before's output (a UNet's skip); ``nested``: inside a
+    dataclass, to three blocks that save it."""
+
+    def __init__(self, nested: bool = False) -> None:
+        super().__init__()
+        self.nested = nested
         self.enc = nn.Linear(D, D)
-        self.blocks = nn.ModuleList(_SkipBlock() for _ in range(4))
+        block, n = (_NestedSkipBlock, 3) if nested else (_SkipBlock, 4)
+        self.blocks = nn.ModuleList(block() for _ in range(n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         e = torch.tanh(self.enc(x))
         h = e
         for b in self.blocks:
-            h = b(h, e)
+            h = b(h, _Encoding(e) if self.nested else e)
         return h.sum()
 
 
@@ -422,37 +442,6 @@ def test_an_input_its_own_call_saves_counts_past_the_calls_release(mode: str) ->
     assert rt.report().steps[-1].peak_activation_bytes == 5 * TENSOR
 
 
-@dataclasses.dataclass
-class _Encoding:
-    e: torch.Tensor
-
-
-class _NestedSkipBlock(nn.Module):
-    """Saves the block before's output and an encoding it takes inside a dataclass."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(D, D)
-        self.lin2 = nn.Linear(D, D)
-
-    def forward(self, h: torch.Tensor, enc: _Encoding) -> torch.Tensor:
-        return torch.tanh(self.lin(h) + self.lin2(enc.e))
-
-
-class _NestedSkipChain(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.enc = nn.Linear(D, D)
-        self.blocks = nn.ModuleList(_NestedSkipBlock() for _ in range(3))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        e = torch.tanh(self.enc(x))
-        h = e
-        for b in self.blocks:
-            h = b(h, _Encoding(e))
-        return h.sum()
-
-
 @pytest.mark.parametrize("native_keep", [True, False])
 @pytest.mark.parametrize("budget", [1000 * TENSOR, 3 * TENSOR])
 def test_an_input_nested_in_an_argument_is_predicted_as_booked(native_keep: bool, budget: int) -> None:
@@ -461,7 +450,7 @@ def test_an_input_nested_in_an_argument_is_predicted_as_booked(native_keep: bool
     encoding here), and the model counts alike (``StorageRecord.argument``): the planned
     steps booked 9 where the model predicted 7, with the encoding counted once."""
     torch.manual_seed(0)
-    base = _NestedSkipChain()
+    base = _RootSkipChain(nested=True)
     ref = train(copy.deepcopy(base), _batch, steps=12)
     m = copy.deepcopy(base)
     rt = offrecomp.runtime(m, mode="auto", budget=budget, min_bytes=0, native_keep=native_keep)
