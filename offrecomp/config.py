@@ -167,7 +167,9 @@ class Prefetch:
     nbytes: int | None = None
 
     def __str__(self) -> str:
-        return f"{self.regions} regions" if self.regions is not None else format_bytes(self.nbytes or 0)
+        if self.regions is not None:
+            return f"{self.regions} region{'s' if self.regions != 1 else ''}"
+        return format_bytes(self.nbytes or 0)
 
 
 def _is_number(text: str) -> bool:
@@ -536,6 +538,21 @@ AUTO_ONLY: tuple[str, ...] = (
     "d2h_gbps", "h2d_gbps", "profile_path",
 )
 
+#: The options only modes that offload read: ``keep`` and ``recompute`` copy nothing.
+OFFLOAD_ONLY: tuple[str, ...] = ("prefetch", "host_limit")
+
+
+def ignored_by(mode: str) -> tuple[str, ...]:
+    """The options ``mode`` does not read: ``off`` installs no hooks and reads none but
+    the logger's level (``regions`` is checked all the same)."""
+    if mode == "auto":
+        return ()
+    if mode == "offload":
+        return AUTO_ONLY
+    if mode == "off":
+        return tuple(f for f in _FIELD_PARSERS if f not in ("disable", "mode", "log_level"))
+    return AUTO_ONLY + OFFLOAD_ONLY
+
 
 def local_world_size(environ: Mapping[str, str] | None = None) -> int:
     """Ranks sharing this node: ``LOCAL_WORLD_SIZE`` as torchrun sets it (default 1)."""
@@ -560,25 +577,29 @@ def apply_log_level(cfg: Config) -> None:
         logging.getLogger("offrecomp").setLevel(int(level) if level.isdigit() else level)
 
 
-def tell_auto_only(cfg: Config) -> None:
-    """The options only ``mode="auto"`` reads (:data:`AUTO_ONLY`) given although a forced
-    mode ignores them, said once as the runtime is made: a warning for those given as
-    arguments (or on the Config), an INFO line for those from variables."""
-    if not cfg.active or cfg.mode == "auto":
+def tell_ignored(cfg: Config) -> None:
+    """The options ``cfg.mode`` ignores (:func:`ignored_by`) given all the same, said once
+    as the runtime is made: a warning for those given as arguments (or on the Config), an
+    INFO line for those from variables. ``OFFRECOMP_DISABLE`` turns everything off
+    whatever the options say, so it is not told."""
+    if cfg.disable:
         return
     given: dict[str, list[str]] = {}
-    for fname in AUTO_ONLY:
+    for fname in ignored_by(cfg.mode):
         given.setdefault(cfg.sources.get(fname, "default"), []).append(fname)
+    why = "it installs no hooks" if cfg.mode == "off" else (
+        "options of mode='auto' only" if cfg.mode == "offload" else "options of mode='auto' or 'offload' only"
+    )
     log = logging.getLogger("offrecomp")
     if given.get("argument"):
         log.warning(
-            "offrecomp: mode=%r ignores %s: options of mode='auto' only (docs/tuning.md)",
-            cfg.mode, ", ".join(f"{f}={getattr(cfg, f)}" for f in given["argument"]),
+            "offrecomp: mode=%r ignores %s: %s (docs/tuning.md)",
+            cfg.mode, ", ".join(f"{f}={getattr(cfg, f)}" for f in given["argument"]), why,
         )
     if given.get("env"):
         log.info(
-            "offrecomp: mode=%r ignores %s: options of mode='auto' only",
-            cfg.mode, ", ".join(_FIELD_PARSERS[f][0] for f in given["env"]),
+            "offrecomp: mode=%r ignores %s: %s",
+            cfg.mode, ", ".join(_FIELD_PARSERS[f][0] for f in given["env"]), why,
         )
 
 

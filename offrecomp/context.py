@@ -35,7 +35,7 @@ from torch import nn
 from offrecomp import _torch_compat as tc
 from offrecomp.calls import RegionCalls, model_storage_ptrs
 from offrecomp.changes import BufferPtrs
-from offrecomp.config import Budget, Config, Prefetch, apply_log_level, tell_auto_only
+from offrecomp.config import Budget, Config, Prefetch, apply_log_level, tell_ignored
 from offrecomp.diagnostics import Diagnostics, refused_transform, warn_collective
 from offrecomp.groups import OffloadGroups
 from offrecomp.hooks import Placer
@@ -125,7 +125,7 @@ class Runtime:
         if config.active:
             tc.check_torch_version()
         apply_log_level(config)
-        tell_auto_only(config)
+        tell_ignored(config)
         self._regions = _regions_of(model, config)
         self._plan = _PlanSlot()
         self._entered = False
@@ -222,6 +222,8 @@ class Runtime:
         """Per region call: placements, bytes, predicted and measured times, and why; with
         ``storages=True``, each (region, call, storage) key as ``set_plan()`` places it,
         with its placement, size and kind."""
+        if not isinstance(storages, bool):
+            raise TypeError(f"explain(storages={storages!r}) is invalid; accepted: True or False")
         return self._planner.explain(storages)
 
     @contextlib.contextmanager

@@ -76,6 +76,8 @@ from offrecomp.config import Config
 from offrecomp.interrupts import finish
 from offrecomp.regions import SETTLED
 from offrecomp.shared import (
+    Position,
+    arg_at,
     arg_tensors,
     count_whole_input,
     count_whole_output,
@@ -121,7 +123,7 @@ def audit_gap(audits: int, varies: bool = False) -> int:
 #: pass entered after all its kept storages died, or -1: NOTE [Graphs the forward drops];
 #: the positions of the tensor arguments it saved, with their bytes, and of the tensors
 #: it returned that it kept: NOTE [Whole calls counted once] in shared.py).
-CallBooks = tuple[int, int, int, int, int, int, tuple[tuple[int | str, int], ...], tuple[int, ...]]
+CallBooks = tuple[int, int, int, int, int, int, tuple[tuple[Position, int], ...], tuple[int, ...]]
 
 
 class NativeKeep:
@@ -285,10 +287,10 @@ class NativeKeep:
         self._pending = alive
 
 
-def _argument_ptrs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[int, int | str]:
+def _argument_ptrs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[int, Position]:
     """The data pointer of each tensor argument's storage, to its first position (NOTE
     [Whole calls counted once] in shared.py)."""
-    ptrs: dict[int, int | str] = {}
+    ptrs: dict[int, Position] = {}
     for pos, t in arg_tensors(args, kwargs):
         st = storage_of(t)
         if st is not None:
@@ -297,14 +299,14 @@ def _argument_ptrs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[int, i
 
 
 def _shared_arguments(
-    p: PassState, taken: tuple[tuple[int | str, int], ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+    p: PassState, taken: tuple[tuple[Position, int], ...], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> int:
     """A native call kept whole saves the arguments at the positions of ``taken`` (with
     their bytes): the bytes of those another record counts already; each counts for
     the calls kept whole after it (NOTE [Whole calls counted once] in shared.py)."""
     shared = 0
     for pos, nbytes in taken:
-        t = (args[pos] if pos < len(args) else None) if isinstance(pos, int) else kwargs.get(pos)
+        t = arg_at(args, kwargs, pos)
         st = storage_of(t) if isinstance(t, torch.Tensor) else None
         if st is not None and count_whole_input(p, st.data_ptr(), st):
             shared += nbytes

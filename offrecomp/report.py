@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from offrecomp.config import format_bytes
 
-__all__ = ["Report", "StepRecord"]
+__all__ = ["Report", "ReportFileError", "StepRecord"]
+
+
+class ReportFileError(ValueError):
+    """A report that cannot be read: names the file (or text), the record and what is wrong."""
 
 
 @dataclass(kw_only=True)
@@ -128,6 +134,60 @@ class StepRecord:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str = "step record") -> StepRecord:
+        """The record :meth:`to_dict` gave, each field checked (``where`` names it in the
+        :class:`ReportFileError` a bad one raises). Fields a later offrecomp added are
+        skipped; fields it dropped keep their defaults."""
+        if not isinstance(data, dict) or type(data.get("step")) is not int:
+            raise ReportFileError(
+                f"{where}: expected a step record (a JSON object with an integer 'step'), got {str(data)[:80]!r}"
+            )
+        fields = {k: v for k, v in data.items() if k in _KINDS}
+        for k, v in fields.items():
+            _check_field(k, v, where)
+        return cls(**fields)
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,), "float": (float, int), "bool": (bool,), "str": (str,), "dict": (dict,), "list": (list,),
+}
+
+
+def _kind(f: dataclasses.Field[Any]) -> tuple[type, ...] | None:
+    """The JSON types a step record field accepts, from its annotation (None: any)."""
+    return _JSON_TYPES.get(str(f.type).replace(" | None", "").split("[")[0])
+
+
+_KINDS = {f.name: _kind(f) for f in dataclasses.fields(StepRecord)}
+_NULLABLE = {f.name for f in dataclasses.fields(StepRecord) if str(f.type).endswith("| None")}
+_NUMBERS = ((int,), (float, int))
+_MOST = 1 << 63  # no count, size or time a step records reaches 64 bits
+
+
+def _check_field(k: str, v: Any, where: str) -> None:
+    kinds = _KINDS[k]
+    ok = kinds is None or (v is None and k in _NULLABLE) or (
+        isinstance(v, kinds) and (bool in kinds or not isinstance(v, bool))
+    )
+    if not ok:
+        expected = " or ".join(t.__name__ for t in kinds or ())
+        raise ReportFileError(f"{where}: field {k!r} is {v!r}; expected {expected}")
+    if kinds in _NUMBERS and v is not None and not (
+        0 <= v < _MOST if isinstance(v, int) else math.isfinite(v) and v >= 0
+    ):
+        raise ReportFileError(
+            f"{where}: field {k!r} is {str(v)[:40]}; expected a finite number >= 0 and below 2**63 (no "
+            "step record holds a negative count, size or time, nor NaN, Infinity or more than 64 bits: "
+            "the file is damaged or was edited)"
+        )
+    if k == "fallbacks":
+        bad = next(((n, c) for n, c in v.items() if isinstance(c, bool) or not isinstance(c, int) or c < 0), None)
+        if bad is not None:
+            raise ReportFileError(f"{where}: field 'fallbacks' counts {bad[1]!r} for {bad[0]!r}; expected an integer >= 0")
+    if k == "notes" and not all(isinstance(n, str) for n in v):
+        raise ReportFileError(f"{where}: field 'notes' is {str(v)[:80]}; expected a list of strings")
+
 
 _COLUMNS = (
     ("step", "step", lambda r: str(r.step)),
@@ -154,6 +214,25 @@ class Report:
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps({"config": self.config, "steps": [s.to_dict() for s in self.steps]}, indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Report:
+        """The report :meth:`to_json` wrote; a bad one raises :class:`ReportFileError`
+        naming the record and the field. (A file of ``OFFRECOMP_REPORT`` lines, one
+        record per line, is read by ``python -m offrecomp report``.)"""
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ReportFileError(f"not JSON ({exc}); expected the text Report.to_json() returns") from None
+        if not isinstance(data, dict) or not isinstance(data.get("steps"), list):
+            raise ReportFileError(
+                f"expected a JSON object with a 'steps' list (Report.to_json()), got {str(data)[:80]!r}"
+            )
+        config = data.get("config", {})
+        if not isinstance(config, dict):
+            raise ReportFileError(f"'config' is {str(config)[:80]}; expected a JSON object")
+        steps = [StepRecord.from_dict(d, where=f"steps[{i}]") for i, d in enumerate(data["steps"])]
+        return cls(steps=steps, config=config)
 
     def __str__(self) -> str:
         if not self.steps:

@@ -11,72 +11,19 @@ with ``rt.report().to_json()`` (one JSON object) is read too.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import math
 import os
 import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from offrecomp.config import format_bytes
 from offrecomp.phases import Phase
-from offrecomp.report import Report, StepRecord
+from offrecomp.report import Report, ReportFileError, StepRecord
 
 __all__ = ["load_runs", "main", "plot_runs", "summarize"]
-
-_FIELDS = {f.name for f in dataclasses.fields(StepRecord)}
-
-
-class ReportFileError(ValueError):
-    """A report file that cannot be read: names the file, the line and what is wrong."""
-
-
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "int": (int,), "float": (float, int), "bool": (bool,), "str": (str,), "dict": (dict,), "list": (list,),
-}
-
-
-def _kind(f: dataclasses.Field[Any]) -> tuple[type, ...] | None:
-    """The JSON types a step record field accepts, from its annotation (None: any)."""
-    return _JSON_TYPES.get(str(f.type).replace(" | None", "").split("[")[0])
-
-
-_KINDS = {f.name: _kind(f) for f in dataclasses.fields(StepRecord)}
-_NULLABLE = {f.name for f in dataclasses.fields(StepRecord) if str(f.type).endswith("| None")}
-_NUMBERS = ((int,), (float, int))
-_MOST = 1 << 63  # no count, size or time a step records reaches 64 bits
-
-
-def _record(data: Any, where: str) -> StepRecord:
-    if not isinstance(data, dict) or type(data.get("step")) is not int:
-        raise ReportFileError(f"{where}: expected a step record (a JSON object with an integer 'step'), got {str(data)[:80]!r}")
-    # fields a later offrecomp added are skipped, fields it dropped keep their defaults
-    fields = {k: v for k, v in data.items() if k in _FIELDS}
-    for k, v in fields.items():
-        kinds = _KINDS[k]
-        ok = kinds is None or (v is None and k in _NULLABLE) or (
-            isinstance(v, kinds) and (bool in kinds or not isinstance(v, bool))
-        )
-        if not ok:
-            expected = " or ".join(t.__name__ for t in kinds or ())
-            raise ReportFileError(f"{where}: field {k!r} is {v!r}; expected {expected}")
-        if kinds in _NUMBERS and v is not None and not (
-            0 <= v < _MOST if isinstance(v, int) else math.isfinite(v) and v >= 0
-        ):
-            raise ReportFileError(
-                f"{where}: field {k!r} is {str(v)[:40]}; expected a finite number >= 0 and below 2**63 (no "
-                "step record holds a negative count, size or time, nor NaN, Infinity or more than 64 bits: "
-                "the file is damaged or was edited)"
-            )
-        if k == "fallbacks":
-            bad = next(((n, c) for n, c in v.items() if isinstance(c, bool) or not isinstance(c, int) or c < 0), None)
-            if bad is not None:
-                raise ReportFileError(f"{where}: field 'fallbacks' counts {bad[1]!r} for {bad[0]!r}; expected an integer >= 0")
-    return StepRecord(**fields)
-
 
 def load_runs(path: str | Path, notes: list[str] | None = None) -> list[list[StepRecord]]:
     """The step records in ``path``, split into runs (a step number that does not grow
@@ -94,7 +41,7 @@ def load_runs(path: str | Path, notes: list[str] | None = None) -> list[list[Ste
     except json.JSONDecodeError:
         whole = None  # JSON lines (or not JSON at all: the lines say where)
     if isinstance(whole, dict) and isinstance(whole.get("steps"), list):
-        return _split([_record(d, f"{path}: steps[{i}]") for i, d in enumerate(whole["steps"])])
+        return _split([StepRecord.from_dict(d, where=f"{path}: steps[{i}]") for i, d in enumerate(whole["steps"])])
     if whole is not None and len(text.strip().splitlines()) > 1:
         # valid JSON over several lines, but no report (a saved profile, pretty-printed)
         what = "a JSON object without a 'steps' list" if isinstance(whole, dict) else f"a JSON {type(whole).__name__}"
@@ -113,7 +60,7 @@ def load_runs(path: str | Path, notes: list[str] | None = None) -> list[list[Ste
                 notes.append(f"{path}:{n}: skipped a last line that is not JSON ({exc.msg}): cut short?")
                 break
             raise ReportFileError(f"{path}:{n}: not JSON ({exc.msg}); expected one step record per line") from None
-        records.append(_record(data, f"{path}:{n}"))
+        records.append(StepRecord.from_dict(data, where=f"{path}:{n}"))
     return _split(records)
 
 

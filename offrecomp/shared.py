@@ -17,7 +17,7 @@ from scheduler.profile import INPUT_LOOKBACK
 KEEP = Placement.KEEP
 
 __all__ = [
-    "INPUT_LOOKBACK", "arg_tensors", "count_whole_input", "counting_record", "join_counted", "keeps_whole",
+    "INPUT_LOOKBACK", "Position", "arg_at", "arg_tensors", "count_whole_input", "counting_record", "join_counted", "keeps_whole",
     "lookup_window", "out_tensors", "share_kept", "whole_counts",
 ]
 
@@ -102,17 +102,40 @@ __all__ = [
 # of its allocation in the root or a unit with records, or a saved argument or returned
 # storage of a unit kept whole; the others' kept records likewise after the latter
 # (``_counted_once`` in scheduler/timeline.py; ``StorageRecord.argument`` marks the
-# inputs that are tensor arguments). Nested arguments and outputs (a list in a list, a
-# dict, a dataclass) are not looked into: such a storage counts once per call saving it.
+# inputs that are tensor arguments). Arguments are looked into one level deep (a tuple or
+# list given as an argument), outputs likewise (a tuple or list returned); deeper nesting
+# (a list in a list, a dict, a dataclass) is not: such a storage counts once per call
+# saving it.
 
 
-def arg_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[int | str, torch.Tensor]]:
-    """The tensors among a call's arguments, at the top level, with their positions (an
-    index into ``args``, or a keyword) (NOTE [Whole calls counted once])."""
-    out: list[tuple[int | str, torch.Tensor]] = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-    if kwargs:
-        out += [(k, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+Position = Any
+"""Where a call's argument lies: an index into ``args``, a keyword, or (either, index)
+for a tensor in a tuple or list argument."""
+
+
+def arg_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[Position, torch.Tensor]]:
+    """The tensors among a call's arguments, at the top level and in tuples and lists
+    given as arguments (rotary ``position_embeddings=(cos, sin)``), with their positions
+    (NOTE [Whole calls counted once])."""
+    out: list[tuple[Position, torch.Tensor]] = []
+    for pos, a in (*enumerate(args), *(kwargs.items() if kwargs else ())):
+        if isinstance(a, torch.Tensor):
+            out.append((pos, a))
+        elif isinstance(a, (tuple, list)):
+            out += [((pos, j), t) for j, t in enumerate(a) if isinstance(t, torch.Tensor)]
     return out
+
+
+def arg_at(args: tuple[Any, ...], kwargs: dict[str, Any], pos: Position) -> Any:
+    """The argument at ``pos`` (as :func:`arg_tensors` gives it), or None where the call
+    has none there."""
+    inner = None
+    if isinstance(pos, tuple):
+        pos, inner = pos
+    a = (args[pos] if pos < len(args) else None) if isinstance(pos, int) else kwargs.get(pos)
+    if inner is not None:
+        a = a[inner] if isinstance(a, (tuple, list)) and inner < len(a) else None
+    return a
 
 
 def out_tensors(out: Any) -> list[tuple[int, torch.Tensor]]:

@@ -366,3 +366,12 @@ def test_a_variable_in_the_wrong_case_is_named_with_its_setting(
         offrecomp.runtime(_two_blocks())
     msgs = [r.getMessage() for r in caplog.records if "OFFRECOMP_mode" in r.getMessage()]
     assert msgs and "did you mean OFFRECOMP_MODE?" in msgs[0], msgs
+
+
+@pytest.mark.parametrize("value", ["no", "yes", 1, None])
+def test_explain_takes_a_bool(value: object) -> None:
+    """``explain(storages="no")`` would list the storages: a non-bool is refused."""
+    rt = offrecomp.runtime(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)))
+    with pytest.raises(TypeError, match=rf"explain\(storages={value!r}\) is invalid; accepted: True or False"):
+        rt.explain(value)  # type: ignore[arg-type]
+    assert isinstance(rt.explain(storages=True), str)

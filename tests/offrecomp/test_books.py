@@ -458,3 +458,57 @@ def test_an_input_nested_in_an_argument_is_predicted_as_booked(native_keep: bool
     planned = [s for s in rt.report().steps if s.phase == "planned"]
     assert len(planned) >= 6
     assert all(s.peak_activation_bytes == s.predicted_peak_bytes for s in planned), planned
+
+
+class _RotaryBlock(nn.Module):
+    """Takes a ``(cos, sin)`` pair as one argument (as Llama's decoder layers take
+    ``position_embeddings``) and saves both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+
+    def forward(self, h: torch.Tensor, pair: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        cos, sin = pair
+        return torch.tanh(self.lin(h) * cos + h * sin)
+
+
+class _RotaryChain(nn.Module):
+    """The root makes the pair from a parameter; the root's own ops do not save it (a
+    cosine saves its input), every block does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.freq = nn.Parameter(torch.randn(ROWS, D))
+        self.blocks = nn.ModuleList(_RotaryBlock() for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        angle = self.freq * 0.5
+        pair = (torch.cos(angle), torch.sin(angle))
+        h = x
+        for b in self.blocks:
+            h = b(h, pair)
+        return h.sum()
+
+
+@pytest.mark.parametrize("native_keep", [True, False])
+def test_tensors_in_a_tuple_argument_count_once(native_keep: bool) -> None:
+    """NOTE [Whole calls counted once] (shared.py): the pair every block kept whole saves,
+    taken in a tuple, counts once under keep (each block counted it: 4 blocks booked 6
+    tensors more than held), and auto's planned steps book what the model predicts."""
+    torch.manual_seed(0)
+    base = _RotaryChain()
+    held = _saved_bytes(copy.deepcopy(base), _batch(0))
+    ref = train(copy.deepcopy(base), _batch, steps=3)
+    m = copy.deepcopy(base)
+    rt = offrecomp.runtime(m, mode="keep", min_bytes=0, native_keep=native_keep)
+    assert_bitwise(ref, train(m, _batch, rt, steps=3))
+    assert [s.peak_activation_bytes for s in rt.report().steps] == [held] * 3
+    for budget in (1000 * TENSOR, held - 2 * TENSOR):
+        ref = train(copy.deepcopy(base), _batch, steps=10)
+        m = copy.deepcopy(base)
+        rt = offrecomp.runtime(m, mode="auto", budget=budget, min_bytes=0, native_keep=native_keep)
+        assert_bitwise(ref, train(m, _batch, rt, steps=10))
+        planned = [s for s in rt.report().steps if s.phase == "planned"]
+        assert len(planned) >= 4
+        assert all(s.peak_activation_bytes == s.predicted_peak_bytes <= budget for s in planned), planned
