@@ -295,7 +295,19 @@ def saved_slot_hooked(saved: Any) -> bool:
     A slot saved without hooks (autograd saves wrapped Python numbers, ``x * 2.5``'s
     ``2.5``, past every hook) accepts a pair that holds a detached alias (no reference
     back to a ``grad_fn``) and hands it back, which changes nothing backward computes.
-    """
+
+    Outside any dispatch mode: ``register_hooks`` detaches the slot's tensor through the
+    dispatcher, and a mode the user entered around the step (``FlopCounterMode``,
+    ``allow_mutation_on_saved_tensors``) is handed a wrapped number as a Python float,
+    which ``detach`` refuses after the slot's unpack hook is set: its backward would
+    fail."""
+    if torch._C._len_torch_dispatch_stack():
+        with _python_dispatch._disable_current_modes():
+            return _hooks_refused(saved)
+    return _hooks_refused(saved)
+
+
+def _hooks_refused(saved: Any) -> bool:
     try:
         saved.register_hooks(_detached, _same)
     except RuntimeError as e:

@@ -16,6 +16,7 @@ import contextlib
 import functools
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -394,6 +395,23 @@ class _Alone:
 # offloaded storage, in emulation only).
 
 
+def _from_signal_handler(exc: BaseException) -> bool:
+    """Did a Python signal handler raise ``exc``: does its traceback pass through one?"""
+    handlers = set()
+    for sig in signal.valid_signals():
+        with contextlib.suppress(ValueError, OSError):
+            h = signal.getsignal(sig)
+            code = getattr(getattr(h, "__func__", h), "__code__", None)
+            if code is not None:
+                handlers.add(code)
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in handlers:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 class EmulatedBackend(Backend):
     """Host emulation of CUDA streams for machines without a GPU.
 
@@ -454,11 +472,17 @@ class EmulatedBackend(Backend):
                 self._run(stream, job)
                 job = None  # what it holds (a reload buffer) is free to go now
 
-    def _run(self, stream: _EmuStream, job: Callable[[], None]) -> None:
+    def _run(self, stream: _EmuStream, job: Callable[[], None], helping: bool = False) -> None:
+        """Run ``job`` of ``stream``: an error it raises is recorded (a broken job must not
+        kill the stream; ``check`` raises it). Run by a thread ``helping`` (a wait), one a
+        signal handler raised (a watchdog's) is the caller's, not the job's: it reaches
+        that thread, which puts the job back."""
         _IN_STREAM.depth = getattr(_IN_STREAM, "depth", 0) + 1  # in_stream_work() while it runs
         try:
             job()
-        except Exception as exc:  # a broken job must not kill the stream
+        except Exception as exc:
+            if helping and _from_signal_handler(exc):
+                raise
             self._error(f"{stream.label}: {type(exc).__name__}: {exc}")
         finally:
             _IN_STREAM.depth -= 1
@@ -473,11 +497,12 @@ class EmulatedBackend(Backend):
                 return False
             entry = stream.jobs.popleft()
             try:
-                self._run(stream, entry[1])  # type: ignore[arg-type]
+                self._run(stream, entry[1], helping=True)  # type: ignore[arg-type]
             except BaseException:
-                # a KeyboardInterrupt inside the job: it goes back in its place and runs
-                # again (a copy, an event's firing and a wait can all run twice), or an
-                # event it was to fire would never fire and every later wait would hang
+                # an interrupt or a signal handler's exception inside the job: it goes
+                # back in its place and runs again (a copy, an event's firing and a wait
+                # can all run twice), or an event it was to fire would never fire and
+                # every later wait would hang
                 stream.jobs.appendleft(entry)
                 raise
             return True

@@ -22,17 +22,19 @@ _TENSOR = attrgetter("tensor")
 def release_call(call: RegionCall, free: Callable[[Group], None]) -> None:
     """No dropped or offloaded save of ``call`` is alive: drop the replay checkpoint
     and hand each offload group to ``free`` (``OffloadGroups.free``). The root is never
-    done: only its groups go."""
+    done: only its groups go. Run again after an interrupt cut it short, it does the rest
+    (NOTE [Interrupts in cleanup] in interrupts.py): a group freed twice is freed once."""
+    groups = call.groups
     if call.is_root:
-        groups, call.groups = call.groups, []
-        call.group = None
         if groups:
             for rec in call.storages:
                 if rec.group is not None and rec.group in groups:
                     rec.released = True  # a later save of its storage is a new storage
-        _free_all(groups, free)
+            _free_all(groups, free)
+            call.groups = []
+        call.group = None
         return
-    if call.released or not call.exited:
+    if not call.exited:
         return
     call.released = True
     storages = call.storages
@@ -44,9 +46,10 @@ def release_call(call: RegionCall, free: Callable[[Group], None]) -> None:
             rec.tensor = None
             if rec.kind == "input":
                 _held_no_more(rec)
-    groups, call.groups = call.groups, []
+    if groups:
+        _free_all(groups, free)
+        call.groups = []
     call.group = None
-    _free_all(groups, free)
     call.inputs = None
     call.rng = None
     call.torch_function = None

@@ -306,6 +306,8 @@ class Runtime:
                 "thread that entered it (the runtime stays active until then)."
             )
         try:
+            assert self._installer is not None
+            self._installer.end_stale_calls(0)  # NOTE [Stale calls] (install.py)
             if exc_type is not None:
                 self._groups.closing = True  # a fault: start the next entry from scratch
                 self._life.abort(self._life.current, exc_type)

@@ -5,11 +5,15 @@ keep (NOTE [Interned geometry]). ``state`` holds the records they point to.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+
+from offrecomp.interrupts import finish
 
 if TYPE_CHECKING:
     from offrecomp.state import RegionCall, StorageRec
@@ -78,10 +82,11 @@ class Lease:
         self.call, self.release = call, release
 
     def __del__(self) -> None:
-        try:  # noqa: SIM105 - never raise from a finaliser
+        try:
             self.release(self.call)
-        except Exception:
-            pass
+        except BaseException as exc:  # an interrupt: the release runs to its end all the same
+            with contextlib.suppress(Exception):  # an error is never raised from a finaliser
+                finish(functools.partial(self.release, self.call), exc)
 
 
 class SavedHandle(weakref.ref):  # type: ignore[type-arg]

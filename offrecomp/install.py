@@ -502,8 +502,9 @@ class Installer:
                 return p
             return None
 
-        def failed(p: PassState, exc: BaseException) -> None:
+        def failed(p: PassState, exc: BaseException, depth: int) -> None:
             self._native.hooks_back()  # NOTE [Native keep]: an interrupt at a region call's start
+            self.end_stale_calls(depth)  # NOTE [Stale calls]
             life.root_failed(p, exc)
 
         def returned(p: PassState, out: Any) -> None:
@@ -533,13 +534,14 @@ class Installer:
                 # Run eagerly while the forward it calls will be compiled (a frame dynamo
                 # gave up tracing)? Only the evaluator tells.
                 compiling = _EVAL_FRAME_CALLBACK is not None and bool(_EVAL_FRAME_CALLBACK())
+                depth = len(life.stack.calls)
                 p = begin_h(args, kwargs, compiling)
                 if p is None:
                     return fn(*args, **kwargs)
                 try:
                     out = fn(*args, **kwargs)
                 except BaseException as exc:
-                    fail(p, exc)
+                    fail(p, exc, depth)
                     refused = refused_transform(exc, "the model's forward")
                     if refused is not None:
                         raise refused from exc
@@ -646,6 +648,46 @@ class Installer:
         else:
             self._native.enter(call, args, kwargs)  # last: from here the hooks may be off (NOTE [Native keep])
         return call
+
+    # NOTE [Stale calls]
+    # A region call is on the thread's stack of calls (``Lifecycle.stack``) from its start
+    # (``RegionCalls.enter``) to its end (``RegionCalls.exit``), and every region call
+    # begun while one is on it runs plainly, as a call nested in it. An interrupt (Ctrl-C,
+    # a watchdog handler's exception) landing between a call's start and its wrapper's
+    # ``try``, or in its end before it leaves the stack, leaves it there, its forward no
+    # longer running: every later call of the runtime would then run plainly (forced
+    # recompute replaying nothing, offload booking nothing, auto measuring every step),
+    # and the next backward of a call recorded half plainly would diverge. The root
+    # forward's wrapper knows how deep the stack was when it began: raising, it ends
+    # the calls above that depth, none of which can still run (``end_stale_calls``), and
+    # the runtime's exit ends all. Ending one takes off what its start entered as the
+    # stacks show it (the hook pair, the recorder's, the watch's and the passive
+    # dispatch modes: not from flags, which an interrupt may leave unset) and runs its
+    # end's bookkeeping; its pass is aborted by the root's failure or the exit. A loop
+    # that calls the blocks with no root forward around them keeps such a call until the
+    # runtime exits.
+
+    def end_stale_calls(self, depth: int) -> None:
+        """End the region calls above ``depth`` on this thread's stack, whose forwards no
+        longer run (NOTE [Stale calls])."""
+        stack = self._life.stack.calls
+        while len(stack) > depth:
+            call = stack[-1]
+            finish(functools.partial(self._end_stale, call))
+            if stack and stack[-1] is call:
+                stack.pop()
+
+    def _end_stale(self, call: RegionCall) -> None:
+        self._diag.take_entry(id(call))
+        self._native.hooks_back()
+        modes = tc.dispatch_mode_stack()
+        recorder = call.recorder
+        if recorder is not None:
+            recorder.abandon(modes)
+        for mode in (call.watch, call.passive):
+            if mode is not None and any(m is mode for m in modes):
+                mode.__exit__(None, None, None)
+        self._calls.exit(call)
 
     def _end_region(self, call: RegionCall, exc: BaseException | None, out: Any = None, inputs: Any = None) -> None:
         entry = self._diag.take_entry(id(call))

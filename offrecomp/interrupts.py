@@ -31,6 +31,11 @@ traceback is freed); a replay therefore also sets grad mode and its depth back i
 a natively saving call's pair off: the runtime's model forward, raising on its way out,
 and the runtime's exit put it back (install.py). A second interrupt landing at the start
 of ``finish`` or on its loop's back edge escapes it.
+
+A finaliser's cleanup (a region call's release when autograd drops its last handle,
+NOTE [Call leases] in handles.py) runs to its end the same way, and the interrupt then
+leaves the finaliser, where Python prints and drops it, as it does whatever a finaliser
+raises.
 """
 
 from __future__ import annotations
@@ -59,3 +64,4 @@ def finish(step: Callable[[], object], first: BaseException | None = None) -> No
                 first = e
     if first is not None:
         raise first
+

@@ -19,6 +19,7 @@ What a step moved, and how fast, is counted in a :class:`~offrecomp.offload_book
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -30,8 +31,9 @@ import torch
 
 from offrecomp.backends import Backend, Event, Stream
 from offrecomp.config import Prefetch, format_bytes
+from offrecomp.interrupts import finish
 from offrecomp.offload_books import StepBooks
-from offrecomp.pool import ALIGN_BYTES, PinnedPool
+from offrecomp.pool import ALIGN_BYTES, Block, PinnedPool
 from offrecomp.transfer import (
     NOT_PLANNED,
     Group,
@@ -106,76 +108,53 @@ Edge = Literal[
 # still frees device memory, but compute no longer overlaps that copy.
 
 # NOTE [Freed sources]
-# A group freed while the stash holds its sources (its graph dropped without backward,
-# a forward or backward that raised) lets go of them at its free: left to the engine's
-# next call, a graph dropped at a loop's end would hold them until the next forward or
-# the exit. A copy query() does not see landed still reads them: on CUDA each source is
-# recorded on the D2H stream (``record_stream``), so the allocator reuses its block only
-# once that stream passed the copy, with no wait on any stream (compute waiting on a dead
-# graph's copies would stall the next forward; NOTE [Source lifetime]'s case against
-# record_stream is a bound and a release time for memory still in use, which these
-# sources no longer are; cudaMallocAsync orders the reuse with a stream wait of its
-# own); elsewhere compute waits on the copy first, interrupted, leaving them held and
-# the group freed all the same.
+# A group freed while the stash holds its sources (its graph dropped without backward, a forward or
+# backward that raised) lets go of them at its free: left to the engine's next call, a graph
+# dropped at a loop's end would hold them until the next forward or the exit. A copy query() does
+# not see landed still reads them: on CUDA each source is recorded on the D2H stream
+# (``record_stream``), so the allocator reuses its block only once that stream passed the copy,
+# with no wait on any stream (compute waiting on a dead graph's copies would stall the next
+# forward; NOTE [Source lifetime]'s case against record_stream is a bound and a release time for
+# memory still in use, which these sources no longer are; cudaMallocAsync orders the reuse with a
+# stream wait of its own); elsewhere compute waits on the copy first, interrupted, leaving them
+# held and the group freed all the same.
 
 # NOTE [Window under a plan]
-# The window is the backpressure of forced offload, where nothing else bounds what
-# copies in flight hold. Under a plan the planner has already counted every in-flight
-# byte in its simulated peak and timed the copies at the measured link rate, so the
-# window would only stall forward where the plan expects overlap. `prepare()` widens it
-# to the plan's offloaded bytes; the plan says when each group's sources go instead.
+# The window is the backpressure of forced offload, where nothing else bounds what copies in flight
+# hold. Under a plan the planner has already counted every in-flight byte in its simulated peak and
+# timed the copies at the measured link rate, so the window would only stall forward where the plan
+# expects overlap. `prepare()` widens it to the plan's offloaded bytes; the plan says when each
+# group's sources go instead.
 
 # NOTE [Free from finalisers]
-# Callers free groups from finalisers (when autograd drops the last saved tensor of a
-# region call), which can run at any allocation: on another thread while this one holds
-# the engine lock (the emulated backend's workers, autograd's device threads), or
-# re-entrantly in the middle of an engine call on this thread. free() therefore never
-# waits for the lock and never mutates state under a running call: if the lock is taken or the
-# engine is busy on this thread, the group goes to `_pending_frees` (a deque: appends
-# are atomic), which the next engine call drains before it does anything else.
+# Callers free groups from finalisers (when autograd drops the last saved tensor of a region call),
+# which can run at any allocation: on another thread while this one holds the engine lock (the
+# emulated backend's workers, autograd's device threads), or re-entrantly in the middle of an
+# engine call on this thread. free() therefore never waits for the lock and never mutates state
+# under a running call: if the lock is held, by another thread or by this one inside an engine
+# call, the group goes to `_pending_frees` (a deque: appends are atomic), which the next engine
+# call made from outside the engine drains before it does anything else.
+
+# NOTE [Engine lock]
+# Engine calls hold the lock with ``with`` on the RLock itself, whose enter and exit are C calls:
+# no interrupt (Ctrl-C, a watchdog handler's exception) lands in them, so none leaves it held (a
+# Python ``__exit__`` cut short at its first instruction would: every later free queued for good, a
+# backward on another thread waiting forever). Whether this thread is inside an engine call is the
+# lock's ``_is_owned()``.
 
 # NOTE [Frees on a copy worker]
-# A finaliser, and so a free, may also run on a thread that does a stream's work: the
-# emulated backend's copy workers run Python, and a collection their allocations start
-# may drop the last saved tensor of a region call; so do the jobs a thread runs for a
-# stream it waits on or drains (before a fork, at exit: NOTE [Emulated waits] in
-# backends.py). A free that waited there would wait on its own stream: a prefetched
-# reload not waited on yet (edge 6) is fired by the H2D worker, which is the thread
-# waiting, and the step would hang holding the engine lock. So a free never waits on a
-# reload: one that has not landed keeps its buffer, as the freed group keeps its host
-# block, until ``_return_blocks`` sees it landed; its memory is reused only after the
-# copy, as the wait would have ordered it. There, a free leaves the sources of a D2H
-# copy to the next poll (NOTE [Freed sources]) and, dropping a closing runtime's last
-# group, closes its engine on a thread of its own (on a worker) or leaves it to a later
-# call (in a job another thread runs): closing waits on every stream.
-
-
-class _Held:
-    """The engine's lock, held (``with engine._locked():``): it counts the depth of
-    engine calls and frees the groups finalisers queued (NOTE [Free from finalisers]).
-    One object per engine; a plain class, as this runs twice per group."""
-
-    __slots__ = ("engine",)
-
-    def __init__(self, engine: OffloadEngine) -> None:
-        self.engine = engine
-
-    def __enter__(self) -> None:
-        engine = self.engine
-        engine._lock.acquire()
-        engine._busy += 1
-        if engine._busy == 1 and engine._pending_frees and not engine._closed:
-            try:
-                while engine._pending_frees:
-                    engine._free_now(engine._pending_frees.popleft())
-            except BaseException:
-                self.__exit__(None, None, None)
-                raise
-
-    def __exit__(self, *exc: object) -> None:
-        engine = self.engine
-        engine._busy -= 1
-        engine._lock.release()
+# A finaliser, and so a free, may also run on a thread that does a stream's work: the emulated
+# backend's copy workers run Python, and a collection their allocations start may drop the last
+# saved tensor of a region call; so do the jobs a thread runs for a stream it waits on or drains
+# (before a fork, at exit: NOTE [Emulated waits] in backends.py). A free that waited there would
+# wait on its own stream: a prefetched reload not waited on yet (edge 6) is fired by the H2D
+# worker, which is the thread waiting, and the step would hang holding the engine lock. So a free
+# never waits on a reload: one that has not landed keeps its buffer, as the freed group keeps its
+# host block, until ``_return_blocks`` sees it landed; its memory is reused only after the copy, as
+# the wait would have ordered it. There, a free leaves the sources of a D2H copy to the next poll
+# (NOTE [Freed sources]) and, dropping a closing runtime's last group, closes its engine on a
+# thread of its own (on a worker) or leaves it to a later call (in a job another thread runs):
+# closing waits on every stream.
 
 
 class OffloadEngine:
@@ -222,7 +201,6 @@ class OffloadEngine:
             backend=backend, limit_bytes=host_limit_bytes, slab_bytes=slab_bytes, pressure_bytes=host_pressure_bytes
         )
         self._lock = threading.RLock()
-        self._held = _Held(self)
         self._closed = False
         self._streams: dict[tuple[torch.device, str], Stream] = {}
         self._empties: dict[torch.device, torch.Tensor] = {}
@@ -236,7 +214,6 @@ class OffloadEngine:
         self._outstanding_bytes = 0  # reloaded, not yet fetched
         self._fetched_bytes = 0  # reloads handed to compute, not released yet
         self._books = StepBooks()  # the step's counters and timings (offload_books.py)
-        self._busy = 0  # depth of engine calls on the thread holding the lock
         self._pending_frees: deque[Group] = deque()
         self._open_reserved = 0  # the same, aligned as the pool will carve them
         self._reuse = ReloadBuffers()
@@ -318,7 +295,6 @@ class OffloadEngine:
                 group.state = GroupState.FREED
                 return False
             device = group.device
-            backend = self.backend
             sources = group.sources
             if None in group.shapes:  # a flat uint8 tensor over each storage (new() is the cheapest)
                 empty = self._empties.get(device)
@@ -327,32 +303,59 @@ class OffloadEngine:
                 new = empty.new
                 sources = [s if isinstance(s, torch.Tensor) else new().set_(s) for s in sources]
             group.sources = []
-            dsts = slot_views(block, group)
-            # NOTE [Stream ordering]: live lookup, before any side-stream context.
-            compute = backend.current_stream(device)
-            d2h = self._side_stream(device, "d2h")
-            produced = backend.record_ordering_event(compute)  # NOTE [Ordering events] in backends.py
-            self._wait_edge("d2h_after_produce", d2h, produced)
+            try:
+                self._copy_out(group, block, sources, payload, release_at)
+            except BaseException as exc:  # NOTE [Interrupted issue]
+                finish(functools.partial(self._abandon_issue, group, block), exc)
             books = self._books
-            timed = books.time_this("d2h")
-            start = backend.record_event(d2h, timing=True) if timed else None
-            backend.copy_many(dsts, sources, d2h)
-            landed = backend.record_event(d2h, timing=timed)
-            if start is not None:
-                books.timings.append(("d2h", start, landed, payload))
-            group.block = block
-            group.d2h_done = landed
-            group.state = GroupState.OFFLOADED
-            group.seq = len(self._order)
-            self._keep_sources(InFlight(sources, landed, compute, payload, group, release_at))
-            self._bound_stash()
-            self._order.append(group)
-            self._groups.add(group)
             books.offloads += 1
             books.storages += len(sources)
             books.bytes_d2h += payload
             books.offload_host += time.perf_counter() - t0
             return True
+
+    def _copy_out(self, group: Group, block: Block, sources: list[torch.Tensor], payload: int, release_at: int) -> None:
+        """Issue ``group``'s copies into ``block`` and keep their sources (``issue``)."""
+        backend = self.backend
+        device = group.device
+        dsts = slot_views(block, group)
+        # NOTE [Stream ordering]: live lookup, before any side-stream context.
+        compute = backend.current_stream(device)
+        d2h = self._side_stream(device, "d2h")
+        produced = backend.record_ordering_event(compute)  # NOTE [Ordering events] in backends.py
+        self._wait_edge("d2h_after_produce", d2h, produced)
+        books = self._books
+        timed = books.time_this("d2h")
+        start = backend.record_event(d2h, timing=True) if timed else None
+        backend.copy_many(dsts, sources, d2h)
+        landed = backend.record_event(d2h, timing=timed)
+        if start is not None:
+            books.timings.append(("d2h", start, landed, payload))
+        group.block = block
+        group.d2h_done = landed
+        group.state = GroupState.OFFLOADED
+        group.seq = len(self._order)
+        self._keep_sources(InFlight(sources, landed, compute, payload, group, release_at))
+        self._order.append(group)
+        self._groups.add(group)
+        self._bound_stash()
+
+    # NOTE [Interrupted issue]
+    # An interrupt landing in ``issue`` between its copies' issue and the keeping of their
+    # sources would let the sources go under copies in flight and keep the block out of
+    # the pool. Raising there, the engine waits for every copy issued, then frees a group
+    # whose sources it did not keep (its block returned) and completes one whose it did.
+    # Its pass fails with the interrupt (the root forward raises).
+
+    def _abandon_issue(self, group: Group, block: Block) -> None:
+        self.backend.synchronize()
+        if group.in_flight is None and group.state is not GroupState.FREED:  # its sources not kept
+            group.d2h_done = group.block = None
+            group.state = GroupState.FREED
+            self.pool.release(block)
+        elif group.in_flight is not None and group not in self._groups:  # kept: whole once in order
+            self._order.append(group)
+            self._groups.add(group)
 
     def release_due(self, boundary: int) -> None:
         """Let go of the sources of the issued groups the plan releases at the end of unit
@@ -460,26 +463,24 @@ class OffloadEngine:
 
     def free(self, group: Group) -> None:
         """The group is no longer needed. Its host block returns to the pool once its
-        copies landed (NOTE [Host slot lifetime]). Freeing twice is a no-op.
-
-        Never blocks on CUDA (on the emulated backend, a copy its sources wait for runs
-        on this thread: NOTE [Freed sources]) and may be called from a finaliser, on any
-        thread (NOTE [Free from finalisers], NOTE [Frees on a copy worker]).
-        """
-        if not self._lock.acquire(blocking=False):
-            self._pending_frees.append(group)  # another thread is inside the engine
+        copies landed (NOTE [Host slot lifetime]). Freeing twice is a no-op. Never blocks
+        on CUDA (on the emulated backend, a copy its sources wait for runs on this thread:
+        NOTE [Freed sources]); may run in a finaliser, on any thread (NOTE [Free from
+        finalisers], NOTE [Frees on a copy worker])."""
+        lock = self._lock
+        if lock._is_owned() or not lock.acquire(blocking=False):  # type: ignore[attr-defined]
+            self._pending_frees.append(group)  # inside an engine call, on this thread or another
             return
         try:
-            if self._busy:  # re-entered from inside an engine call on this thread
-                self._pending_frees.append(group)
-                return
             if self._closed:
                 return
-            with self._locked():
-                self._free_now(group)
-                self._poll()
+            pending = self._pending_frees
+            while pending:  # what finalisers queued (NOTE [Free from finalisers])
+                self._free_now(pending.popleft())
+            self._free_now(group)
+            self._poll()
         finally:
-            self._lock.release()
+            lock.release()
 
     # --------------------------------------------------------------- the step
 
@@ -534,13 +535,10 @@ class OffloadEngine:
                 self._groups.clear()
                 self._deferred.clear()
                 self._stash.clear()
-                self._stash_bytes = 0
                 self._order = []
                 self._books.timings.clear()
-                self._outstanding_bytes = 0
-                self._fetched_bytes = 0
-                self._open_bytes = 0
-                self._open_reserved = 0
+                self._stash_bytes = self._outstanding_bytes = self._fetched_bytes = 0
+                self._open_bytes = self._open_reserved = 0
                 self._streams.clear()
                 self._empties.clear()
                 self._reuse.clear()
@@ -582,10 +580,15 @@ class OffloadEngine:
             device = self.backend.canonical_device(torch.device(device))
             return self._side_stream(device, "d2h"), self._side_stream(device, "h2d")
 
-    # ---------------------------------------------------------------- internals
-
-    def _locked(self) -> _Held:
-        return self._held
+    def _locked(self) -> threading.RLock:
+        """The engine's lock for ``with`` (NOTE [Engine lock]); outside an engine call, the
+        frees finalisers queued are done first (NOTE [Free from finalisers])."""
+        lock = self._lock
+        if self._pending_frees and not self._closed and not lock._is_owned():  # type: ignore[attr-defined]
+            with lock:
+                while self._pending_frees and not self._closed:
+                    self._free_now(self._pending_frees.popleft())
+        return lock
 
     def _release_device(self, group: Group, hold_unlanded: bool = False) -> None:
         """Drop ``group``'s reload, compute first waiting on a copy it did not wait on
@@ -636,8 +639,8 @@ class OffloadEngine:
 
     def _keep_sources(self, entry: InFlight) -> None:
         self._stash.append(entry)
-        entry.group.hold(entry.sources)
         self._stash_bytes += entry.nbytes
+        entry.group.hold(entry.sources)  # last: a group holding its sources is in the stash
 
     def _drop(self, entry: InFlight) -> None:
         """Let go of a group's sources (NOTE [Source lifetime]), their writes since issue
@@ -773,20 +776,24 @@ class OffloadEngine:
 
     def _return_blocks(self) -> None:
         """Return the host blocks of freed groups whose copies landed (NOTE [Host slot
-        lifetime] in transfer.py); never waits."""
+        lifetime] in transfer.py); never waits. An interrupt leaves the groups it did not
+        finish listed, and a block it took from its group is returned all the same."""
         if self._deferred:
             query = self.backend.query
-            # Swap first: a free() re-entering from a finaliser appends to the new list.
             deferred, self._deferred = self._deferred, []
-            waiting = []
-            for group in deferred:
-                if query(group.d2h_done) and (group.h2d_done is None or query(group.h2d_done)):
-                    if group.buffer is not None:  # freed with its reload in flight (NOTE [Frees on a copy worker])
-                        self._drop_reload(group)
-                    if group.block is not None:
-                        self.pool.release(group.block)  # NOTE [Idle blocks]
-                        group.block = None
-                    group.h2d_done = None
-                else:
-                    waiting.append(group)
-            self._deferred.extend(waiting)
+            waiting: list[Group] = []
+            try:
+                while deferred:
+                    group = deferred[0]
+                    if query(group.d2h_done) and (group.h2d_done is None or query(group.h2d_done)):
+                        if group.buffer is not None:  # freed with its reload in flight (NOTE [Frees on a copy worker])
+                            self._drop_reload(group)
+                        block, group.block = group.block, None
+                        if block is not None:
+                            finish(functools.partial(self.pool.release, block))  # NOTE [Idle blocks]
+                        group.h2d_done = None
+                    else:
+                        waiting.append(group)
+                    del deferred[0]
+            finally:
+                self._deferred += waiting + deferred

@@ -156,10 +156,11 @@ class Regenerator:
             call, self._groups if structure is not None and in_backward else None
         )
         kept = [r.index in storage_tensors for r in call.storages]
-        if structure is not None and structure.layout is not None and call.layout() != structure.layout:
-            # NOTE [Stale recordings]: inputs, parameters or buffers of another layout
-            self._planner.remeasure(call, "its inputs, parameters or buffers have another layout than its recording")
-            structure = None
+        if structure is not None and structure.layout is not None:
+            layout = call.layout()
+            if layout != structure.layout:  # NOTE [Stale recordings]: inputs, parameters or buffers of another layout
+                self._planner.remeasure(call, _layout_change(structure.layout, layout))
+                structure = None
         if (
             structure is not None and structure.arguments is not None and call.inputs is not None
             and call.inputs.plain_values() != structure.arguments
@@ -483,3 +484,14 @@ def replay_done(call: RegionCall) -> None:
     if p is not None and call.replay_resident:
         p.stats.add_resident(-call.replay_resident)
         call.replay_resident = 0
+
+
+def _layout_change(recorded: tuple[Any, ...], now: tuple[Any, ...]) -> str:
+    """What differs between a call's layout (``RegionCall.layout``) and its recording's."""
+    if len(recorded) != len(now):
+        return (
+            "it takes another number of tensors than its recording (an argument given as a "
+            "tensor on some calls and None on others?)"
+        )
+    return "its inputs, parameters or buffers have another layout than its recording"
+

@@ -107,13 +107,14 @@ def relayout(entry: PlanEntry | None, call: RegionCall, why: str) -> None:
         return
     if measure_again(
         entry, "relayouts", MAX_RELAYOUT_MEASURES,
-        "offrecomp: signature %s: region %r call %d and others run on inputs of another "
-        "layout or size than its recording from step to step (it was measured again %d "
-        "times), which the signature of the model's inputs does not tell apart; auto "
-        "plans from the last recording, and such calls replay plainly. Hint: make the "
-        "blocks' input shapes a function of the model's (for a slice taken in the "
-        "forward: pass it in), or keep such regions (regions=)",
-        shown(entry.signature), call.name, call.call_index, MAX_RELAYOUT_MEASURES,
+        "offrecomp: signature %s: region %r call %d and others run on other inputs than "
+        "their recording from step to step (last: %s; it was measured again %d times), "
+        "which the signature of the model's inputs does not tell apart; auto plans from "
+        "the last recording, and such calls replay plainly. Hint: make the blocks' input "
+        "shapes a function of the model's (for a slice taken in the forward: pass it in), "
+        "give each optional argument on every step or on none, or keep such regions "
+        "(regions=)",
+        shown(entry.signature), call.name, call.call_index, why, MAX_RELAYOUT_MEASURES,
     ):
         log.info(
             "offrecomp: region %r call %d: %s; it replays plainly, and signature %s "

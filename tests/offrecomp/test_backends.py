@@ -356,9 +356,20 @@ def test_a_closed_emulated_stream_runs_its_jobs_on_the_caller(emu: EmulatedBacke
     assert emu.query(landed) and torch.equal(dst, src)
 
 
-def test_a_job_interrupted_on_the_waiting_thread_runs_again() -> None:
-    """A Ctrl-C inside a job the waiting thread runs (NOTE [Emulated waits]) puts it back
-    in its place: the event after it still fires, and a later wait returns."""
+class _Watchdog(Exception):
+    """What a watchdog's signal handler raises: an ``Exception``, not an interrupt."""
+
+
+def _watchdog(signum: int, frame: object) -> None:
+    raise _Watchdog("step took too long")
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, _Watchdog])
+def test_a_job_interrupted_on_the_waiting_thread_runs_again(error: type[BaseException]) -> None:
+    """A Ctrl-C or a signal handler's exception inside a job the waiting thread runs (NOTE
+    [Emulated waits]) reaches that thread, the job back in its place: the event after it
+    still fires, a later wait returns, and no copy error is recorded (a watchdog's
+    exception was taken for a broken job, and its event never fired)."""
     emu = EmulatedBackend(start_delay_s=60.0)  # the worker never starts it first
     side = emu.new_stream(torch.device("cpu"))
     compute = emu.current_stream(torch.device("cpu"))
@@ -367,14 +378,19 @@ def test_a_job_interrupted_on_the_waiting_thread_runs_again() -> None:
     def job() -> None:
         runs.append(1)
         if len(runs) == 1:
-            raise KeyboardInterrupt
+            if error is KeyboardInterrupt:
+                raise KeyboardInterrupt
+            signal.raise_signal(signal.SIGUSR1)
 
+    previous = signal.signal(signal.SIGUSR1, _watchdog)
     try:
         emu._enqueue(side, job)
         landed = emu.record_event(side)
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(error):
             emu.wait_event(compute, landed)
         emu.wait_event(compute, landed)
         assert emu.query(landed) and len(runs) == 2
+        emu.check()
     finally:
+        signal.signal(signal.SIGUSR1, previous)
         emu.close()

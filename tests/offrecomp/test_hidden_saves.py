@@ -10,6 +10,7 @@ import contextlib
 import logging
 import re
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -623,3 +624,42 @@ def test_a_reentrant_checkpoint_around_part_of_a_region_is_named_without_a_count
     assert "a reentrant checkpoint inside it (torch.utils.checkpoint(use_reentrant=True)" in msgs[0], msgs
     assert "saved-tensor hook" not in msgs[0] and re.search(r"saved \d+ tensors? through offrecomp,", msgs[0]), msgs
     assert "of the" not in msgs[0].split("owns")[0], msgs
+
+
+class _ScaledBlock(nn.Module):
+    """Multiplies by a Python number: autograd saves it as a wrapped number, past every
+    hook, in a slot the hidden-save check asks about."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.lin(x)) * 0.5
+
+
+@pytest.mark.parametrize("mode", ["keep", "offload", "recompute", "auto"])
+def test_a_step_under_a_users_dispatch_mode_trains(mode: str) -> None:
+    """A dispatch mode around the whole step (``FlopCounterMode`` measuring FLOPs) saw the
+    check's detach of a wrapped number as a Python float, which detach refuses after the
+    slot's unpack hook was set: every backward of the first steps raised a TypeError."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    model = models.Stack([_ScaledBlock() for _ in range(3)])
+
+    def run(m: nn.Module, rt: Any) -> list[torch.Tensor]:
+        grads: list[torch.Tensor] = []
+        with rt or contextlib.nullcontext():
+            for s in range(4):
+                x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(s))
+                with FlopCounterMode(display=False):
+                    m(x).sum().backward()
+                grads += [p.grad.clone() for p in m.parameters() if p.grad is not None]
+                m.zero_grad(set_to_none=True)
+        return grads
+
+    want = run(twin(model), None)
+    m = twin(model)
+    got = run(m, offrecomp.runtime(m, mode=mode, min_bytes=0))
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(want, got))

@@ -1130,8 +1130,49 @@ def test_steps_alternating_block_layouts_under_one_signature_plan_after_a_bound(
         assert all(torch.equal(x, y) for x, y in zip(a, b))
     phases = [s.phase for s in rt.report().steps]
     assert phases[-4:] == ["planned"] * 4, phases
-    warned = [r for r in caplog.records if "another layout or size than its recording" in r.getMessage()]
+    warned = [r.getMessage() for r in caplog.records if "other inputs than their recording" in r.getMessage()]
     assert len(warned) == 1
+    assert "(last: its inputs, parameters or buffers have another layout than its recording;" in warned[0]
+
+
+class _OptionalBiasBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        h = torch.tanh(self.lin(x))
+        return x + (h if bias is None else h * bias.sigmoid())
+
+
+class _OptionalBiasChain(torch.nn.Module):
+    """Each block gets an optional tensor argument on every other step: the model's
+    inputs have one shape throughout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_OptionalBiasBlock() for _ in range(4))
+        self.step = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, b in enumerate(self.blocks):
+            x = b(x, None if (self.step + i) % 2 else x[:, :1])
+        return x.square().mean()
+
+
+def test_an_optional_argument_given_on_some_steps_is_named_in_the_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """The warning blamed another layout or size of the inputs, which never changed: it
+    names what did (another number of tensors), and hints at optional arguments."""
+    torch.manual_seed(0)
+    m = _OptionalBiasChain()
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), offrecomp.runtime(m, mode="auto", min_bytes=0):
+        for s in range(10):
+            m.step = s
+            m(torch.randn(4, 16, 32, generator=torch.Generator().manual_seed(s))).backward()
+    warned = [r.getMessage() for r in caplog.records if "other inputs than their recording" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert "another number of tensors than its recording (an argument given as a tensor" in warned[0]
+    assert "give each optional argument on every step or on none" in warned[0]
 
 
 def _maml(model: torch.nn.Module, rt: offrecomp.Runtime | None, steps: int) -> list[dict[str, torch.Tensor]]:
