@@ -124,7 +124,7 @@ class Backend(ABC):
     def on_side_thread(self) -> bool:
         """Is the calling thread one that runs a side stream's work (the emulated
         backend's workers)? Such a thread must not wait on the streams or close them
-        (NOTE [Frees on a copy worker] in offload.py)."""
+        (NOTE [Frees on a copy worker] in groups.py)."""
         return False
 
     def in_stream_work(self) -> bool:
@@ -401,7 +401,12 @@ def _from_signal_handler(exc: BaseException) -> bool:
     for sig in signal.valid_signals():
         with contextlib.suppress(ValueError, OSError):
             h = signal.getsignal(sig)
-            code = getattr(getattr(h, "__func__", h), "__code__", None)
+            while isinstance(h, functools.partial):
+                h = h.func
+            # a function, a bound method, or an object whose class defines __call__
+            fn = getattr(h, "__func__", h)
+            call = type(h).__call__ if callable(h) else None
+            code = getattr(fn, "__code__", None) or getattr(call, "__code__", None)
             if code is not None:
                 handlers.add(code)
     tb = exc.__traceback__

@@ -538,20 +538,15 @@ AUTO_ONLY: tuple[str, ...] = (
     "d2h_gbps", "h2d_gbps", "profile_path",
 )
 
-#: The options only modes that offload read: ``keep`` and ``recompute`` copy nothing.
-OFFLOAD_ONLY: tuple[str, ...] = ("prefetch", "host_limit")
-
-
 def ignored_by(mode: str) -> tuple[str, ...]:
     """The options ``mode`` does not read: ``off`` installs no hooks and reads none but
-    the logger's level (``regions`` is checked all the same)."""
+    the logger's level (``regions`` is checked all the same). Under keep and recompute a
+    plan set with ``rt.set_plan()`` may offload: ``prefetch`` and ``host_limit`` apply."""
     if mode == "auto":
         return ()
-    if mode == "offload":
-        return AUTO_ONLY
     if mode == "off":
         return tuple(f for f in _FIELD_PARSERS if f not in ("disable", "mode", "log_level"))
-    return AUTO_ONLY + OFFLOAD_ONLY
+    return AUTO_ONLY
 
 
 def local_world_size(environ: Mapping[str, str] | None = None) -> int:
@@ -587,9 +582,7 @@ def tell_ignored(cfg: Config) -> None:
     given: dict[str, list[str]] = {}
     for fname in ignored_by(cfg.mode):
         given.setdefault(cfg.sources.get(fname, "default"), []).append(fname)
-    why = "it installs no hooks" if cfg.mode == "off" else (
-        "options of mode='auto' only" if cfg.mode == "offload" else "options of mode='auto' or 'offload' only"
-    )
+    why = "it installs no hooks" if cfg.mode == "off" else "options of mode='auto' only"
     log = logging.getLogger("offrecomp")
     if given.get("argument"):
         log.warning(

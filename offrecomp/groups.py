@@ -111,6 +111,36 @@ def may_alias_parameter(t: torch.Tensor, base: torch.Tensor | None) -> bool:
     return t.is_leaf or (base is not None and base.is_leaf)
 
 
+# NOTE [Free from finalisers]
+# Callers free groups from finalisers (when autograd drops the last saved tensor of a region call),
+# which can run at any allocation: on another thread while this one holds the engine lock (the
+# emulated backend's workers, autograd's device threads), or re-entrantly in the middle of an
+# engine call on this thread. free() therefore never waits for the lock and never mutates state
+# under a running call: if the lock is held, by another thread or by this one inside an engine
+# call, the group goes to `_pending_frees` (a deque: appends are atomic), which the next engine
+# call made from outside the engine drains before it does anything else.
+
+# NOTE [Engine lock]
+# Engine calls hold the lock with ``with`` on the RLock itself, whose enter and exit are C calls:
+# no interrupt (Ctrl-C, a watchdog handler's exception) lands in them, so none leaves it held (a
+# Python ``__exit__`` cut short at its first instruction would: every later free queued for good, a
+# backward on another thread waiting forever). Whether this thread is inside an engine call is the
+# lock's ``_is_owned()``.
+
+# NOTE [Frees on a copy worker]
+# A finaliser, and so a free, may also run on a thread that does a stream's work: the emulated
+# backend's copy workers run Python, and a collection their allocations start may drop the last
+# saved tensor of a region call; so do the jobs a thread runs for a stream it waits on or drains
+# (before a fork, at exit: NOTE [Emulated waits] in backends.py). A free that waited there would
+# wait on its own stream: a prefetched reload not waited on yet (edge 6) is fired by the H2D
+# worker, which is the thread waiting, and the step would hang holding the engine lock. So a free
+# never waits on a reload: one that has not landed keeps its buffer, as the freed group keeps its
+# host block, until ``_return_blocks`` sees it landed; its memory is reused only after the copy, as
+# the wait would have ordered it. There, a free leaves the sources of a D2H copy to the next poll
+# (NOTE [Freed sources]) and, dropping a closing runtime's last group, closes its engine on a
+# thread of its own (on a worker) or leaves it to a later call (in a job another thread runs):
+# closing waits on every stream.
+
 class OffloadGroups:
     """The runtime's offload engine (created on first use) and its region-call groups."""
 
@@ -288,6 +318,7 @@ class OffloadGroups:
         depth = plan.prefetch_regions if plan is not None else None  # NOTE [Chosen prefetch] (scheduler)
         group = call.group = engine.open_group(len(p.calls) if p is not None else 0, device, depth)
         call.groups.append(group)
+        group.live = True
         self.live_groups += 1
         return group
 
@@ -466,7 +497,9 @@ class OffloadGroups:
         try:
             self.engine.free(group)
         finally:
-            self.live_groups -= 1
+            if group.live:  # once: a release an interrupt cut short frees its groups again
+                group.live = False
+                self.live_groups -= 1
             self.maybe_close()
 
     def settle(self) -> None:

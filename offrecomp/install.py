@@ -503,9 +503,11 @@ class Installer:
             return None
 
         def failed(p: PassState, exc: BaseException, depth: int) -> None:
-            self._native.hooks_back()  # NOTE [Native keep]: an interrupt at a region call's start
-            self.end_stale_calls(depth)  # NOTE [Stale calls]
-            life.root_failed(p, exc)
+            try:
+                self._native.hooks_back()  # NOTE [Native keep]: an interrupt at a region call's start
+                self.end_stale_calls(depth)  # NOTE [Stale calls]
+            finally:
+                life.root_failed(p, exc)
 
         def returned(p: PassState, out: Any) -> None:
             if not p.calls and life.stack.roots == 1:  # NOTE [Regions with gradients off]

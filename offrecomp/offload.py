@@ -126,37 +126,6 @@ Edge = Literal[
 # expects overlap. `prepare()` widens it to the plan's offloaded bytes; the plan says when each
 # group's sources go instead.
 
-# NOTE [Free from finalisers]
-# Callers free groups from finalisers (when autograd drops the last saved tensor of a region call),
-# which can run at any allocation: on another thread while this one holds the engine lock (the
-# emulated backend's workers, autograd's device threads), or re-entrantly in the middle of an
-# engine call on this thread. free() therefore never waits for the lock and never mutates state
-# under a running call: if the lock is held, by another thread or by this one inside an engine
-# call, the group goes to `_pending_frees` (a deque: appends are atomic), which the next engine
-# call made from outside the engine drains before it does anything else.
-
-# NOTE [Engine lock]
-# Engine calls hold the lock with ``with`` on the RLock itself, whose enter and exit are C calls:
-# no interrupt (Ctrl-C, a watchdog handler's exception) lands in them, so none leaves it held (a
-# Python ``__exit__`` cut short at its first instruction would: every later free queued for good, a
-# backward on another thread waiting forever). Whether this thread is inside an engine call is the
-# lock's ``_is_owned()``.
-
-# NOTE [Frees on a copy worker]
-# A finaliser, and so a free, may also run on a thread that does a stream's work: the emulated
-# backend's copy workers run Python, and a collection their allocations start may drop the last
-# saved tensor of a region call; so do the jobs a thread runs for a stream it waits on or drains
-# (before a fork, at exit: NOTE [Emulated waits] in backends.py). A free that waited there would
-# wait on its own stream: a prefetched reload not waited on yet (edge 6) is fired by the H2D
-# worker, which is the thread waiting, and the step would hang holding the engine lock. So a free
-# never waits on a reload: one that has not landed keeps its buffer, as the freed group keeps its
-# host block, until ``_return_blocks`` sees it landed; its memory is reused only after the copy, as
-# the wait would have ordered it. There, a free leaves the sources of a D2H copy to the next poll
-# (NOTE [Freed sources]) and, dropping a closing runtime's last group, closes its engine on a
-# thread of its own (on a worker) or leaves it to a later call (in a job another thread runs):
-# closing waits on every stream.
-
-
 class OffloadEngine:
     """Offloads groups of storages to a pinned host pool and reloads them ahead of need.
 
@@ -337,25 +306,33 @@ class OffloadEngine:
         group.seq = len(self._order)
         self._keep_sources(InFlight(sources, landed, compute, payload, group, release_at))
         self._order.append(group)
-        self._groups.add(group)
+        self._groups.add(group)  # whole from here (``_abandon_issue``)
         self._bound_stash()
 
     # NOTE [Interrupted issue]
     # An interrupt landing in ``issue`` between its copies' issue and the keeping of their
     # sources would let the sources go under copies in flight and keep the block out of
-    # the pool. Raising there, the engine waits for every copy issued, then frees a group
-    # whose sources it did not keep (its block returned) and completes one whose it did.
-    # Its pass fails with the interrupt (the root forward raises).
+    # the pool. Raising there, the engine waits for every copy issued, then, from what it
+    # finds, completes a group whose sources it kept (in its order once, in its groups) or
+    # frees one whose it did not (out of the stash, its block returned).
 
     def _abandon_issue(self, group: Group, block: Block) -> None:
         self.backend.synchronize()
-        if group.in_flight is None and group.state is not GroupState.FREED:  # its sources not kept
-            group.d2h_done = group.block = None
+        if group in self._groups:
+            return  # whole
+        if group.in_flight is not None:
+            if not any(g is group for g in self._order):
+                self._order.append(group)
+            self._groups.add(group)
+            return
+        stash = self._stash
+        for entry in [e for e in stash if e.group is group]:
+            stash.remove(entry)
+        self._stash_bytes = sum(e.nbytes for e in stash)
+        group.d2h_done = group.block = None
+        if group.state is not GroupState.FREED:
             group.state = GroupState.FREED
             self.pool.release(block)
-        elif group.in_flight is not None and group not in self._groups:  # kept: whole once in order
-            self._order.append(group)
-            self._groups.add(group)
 
     def release_due(self, boundary: int) -> None:
         """Let go of the sources of the issued groups the plan releases at the end of unit
@@ -466,23 +443,26 @@ class OffloadEngine:
         copies landed (NOTE [Host slot lifetime]). Freeing twice is a no-op. Never blocks
         on CUDA (on the emulated backend, a copy its sources wait for runs on this thread:
         NOTE [Freed sources]); may run in a finaliser, on any thread (NOTE [Free from
-        finalisers], NOTE [Frees on a copy worker])."""
+        finalisers], NOTE [Frees on a copy worker] in groups.py)."""
         lock = self._lock
-        if lock._is_owned() or not lock.acquire(blocking=False):  # type: ignore[attr-defined]
-            self._pending_frees.append(group)  # inside an engine call, on this thread or another
+        if lock._is_owned():  # type: ignore[attr-defined]
+            self._pending_frees.append(group)  # inside an engine call on this thread
             return
         try:
+            if not lock.acquire(blocking=False):
+                self._pending_frees.append(group)  # another thread is inside the engine
+                return
             if self._closed:
                 return
             pending = self._pending_frees
-            while pending:  # what finalisers queued (NOTE [Free from finalisers])
-                self._free_now(pending.popleft())
+            while pending:  # what finalisers queued (NOTE [Free from finalisers] in groups.py)
+                self._free_now(pending[0])  # then popped: a free cut short is done again
+                pending.popleft()
             self._free_now(group)
             self._poll()
         finally:
-            lock.release()
-
-    # --------------------------------------------------------------- the step
+            if lock._is_owned():  # type: ignore[attr-defined]  # taken above, as an interrupt may leave it
+                lock.release()
 
     def prepare(self, sizes: Sequence[int], *, window_bytes: int | None = None) -> int:
         """Get ready for a plan's offloads: pin host memory for these block sizes now,
@@ -581,19 +561,22 @@ class OffloadEngine:
             return self._side_stream(device, "d2h"), self._side_stream(device, "h2d")
 
     def _locked(self) -> threading.RLock:
-        """The engine's lock for ``with`` (NOTE [Engine lock]); outside an engine call, the
-        frees finalisers queued are done first (NOTE [Free from finalisers])."""
+        """The engine's lock for ``with`` (NOTE [Engine lock] in groups.py); outside an
+        engine call, the frees finalisers queued are done first (NOTE [Free from
+        finalisers] in groups.py)."""
         lock = self._lock
         if self._pending_frees and not self._closed and not lock._is_owned():  # type: ignore[attr-defined]
             with lock:
-                while self._pending_frees and not self._closed:
-                    self._free_now(self._pending_frees.popleft())
+                pending = self._pending_frees
+                while pending and not self._closed:
+                    self._free_now(pending[0])  # then popped: a free cut short is done again
+                    pending.popleft()
         return lock
 
     def _release_device(self, group: Group, hold_unlanded: bool = False) -> None:
         """Drop ``group``'s reload, compute first waiting on a copy it did not wait on
         (edge 6). With ``hold_unlanded`` (a free), a reload not landed keeps its buffer
-        instead, dropped once it landed (NOTE [Frees on a copy worker])."""
+        instead, dropped once it landed (NOTE [Frees on a copy worker] in groups.py)."""
         state = group.state
         if state is GroupState.SERVED:
             self._end_serving(group, wait=not hold_unlanded)
@@ -640,7 +623,7 @@ class OffloadEngine:
     def _keep_sources(self, entry: InFlight) -> None:
         self._stash.append(entry)
         self._stash_bytes += entry.nbytes
-        entry.group.hold(entry.sources)  # last: a group holding its sources is in the stash
+        entry.group.hold(entry.sources)
 
     def _drop(self, entry: InFlight) -> None:
         """Let go of a group's sources (NOTE [Source lifetime]), their writes since issue
@@ -774,10 +757,17 @@ class OffloadEngine:
         if len(self._books.timings) > 4096:
             self._books.resolve_timings(self.backend)
 
+    def _return_block(self, group: Group) -> None:
+        block = group.block
+        if block is not None:
+            if not block.freed:  # run again after an interrupt: returned once
+                self.pool.release(block)
+            group.block = None
+
     def _return_blocks(self) -> None:
         """Return the host blocks of freed groups whose copies landed (NOTE [Host slot
         lifetime] in transfer.py); never waits. An interrupt leaves the groups it did not
-        finish listed, and a block it took from its group is returned all the same."""
+        finish listed, each holding its block until the pool has it."""
         if self._deferred:
             query = self.backend.query
             deferred, self._deferred = self._deferred, []
@@ -786,11 +776,10 @@ class OffloadEngine:
                 while deferred:
                     group = deferred[0]
                     if query(group.d2h_done) and (group.h2d_done is None or query(group.h2d_done)):
-                        if group.buffer is not None:  # freed with its reload in flight (NOTE [Frees on a copy worker])
+                        if group.buffer is not None:  # freed, its reload in flight (NOTE [Frees on a copy worker])
                             self._drop_reload(group)
-                        block, group.block = group.block, None
-                        if block is not None:
-                            finish(functools.partial(self.pool.release, block))  # NOTE [Idle blocks]
+                        if group.block is not None:  # NOTE [Idle blocks]
+                            finish(functools.partial(self._return_block, group))
                         group.h2d_done = None
                     else:
                         waiting.append(group)

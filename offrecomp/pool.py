@@ -252,10 +252,15 @@ class PinnedPool:
         """Return ``block`` to be handed out again, carved as it is, to the next request
         of exactly its ``nbytes`` (NOTE [Idle blocks])."""
         self._check_owned(block)
-        block.freed = True
-        self.in_use_bytes -= block.size
-        self._idle.setdefault(block.nbytes, []).append(block)
-        self._idle_bytes += block.size
+        idle = self._idle.get(block.nbytes)
+        if idle is None:
+            idle = self._idle[block.nbytes] = []
+        if not idle or idle[-1] is not block:  # run again after an interrupt: listed once
+            idle.append(block)
+        # one statement with no call in it: an interrupt lands before it or after it
+        self.in_use_bytes, self._idle_bytes, block.freed = (
+            self.in_use_bytes - block.size, self._idle_bytes + block.size, True
+        )
 
     def flush_idle(self) -> None:
         """Give every idle block back to the free ranges."""

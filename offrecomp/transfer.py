@@ -155,6 +155,7 @@ class Group:
         "handles",
         "in_flight",
         "issue_versions",
+        "live",
         "nbytes",
         "offsets",
         "ordinal",
@@ -201,6 +202,7 @@ class Group:
         self.fetches = 0  # times a reload was handed to compute
         self.handles = 0
         self.uses = 0
+        self.live = False  # the caller's: counted among the groups it has not freed
         # What the engine that made it records as it moves the group (OffloadEngine):
         self.step = step  # the engine's step when it was opened
         self.block: Block | None = None  # its pinned host block, from issue until returned

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -360,12 +361,26 @@ class _Watchdog(Exception):
     """What a watchdog's signal handler raises: an ``Exception``, not an interrupt."""
 
 
-def _watchdog(signum: int, frame: object) -> None:
-    raise _Watchdog("step took too long")
+def _watchdog(signum: int, frame: object, what: str = "function") -> None:
+    raise _Watchdog(f"step took too long ({what})")
 
 
-@pytest.mark.parametrize("error", [KeyboardInterrupt, _Watchdog])
-def test_a_job_interrupted_on_the_waiting_thread_runs_again(error: type[BaseException]) -> None:
+class _WatchdogObject:
+    def __call__(self, signum: int, frame: object) -> None:
+        raise _Watchdog("step took too long (object)")
+
+
+_HANDLERS = {
+    "function": _watchdog,
+    "partial": functools.partial(_watchdog, what="partial"),
+    "object": _WatchdogObject(),
+}
+
+
+@pytest.mark.parametrize(
+    ("error", "handler"), [(KeyboardInterrupt, "function"), *((_Watchdog, h) for h in _HANDLERS)]
+)
+def test_a_job_interrupted_on_the_waiting_thread_runs_again(error: type[BaseException], handler: str) -> None:
     """A Ctrl-C or a signal handler's exception inside a job the waiting thread runs (NOTE
     [Emulated waits]) reaches that thread, the job back in its place: the event after it
     still fires, a later wait returns, and no copy error is recorded (a watchdog's
@@ -382,7 +397,7 @@ def test_a_job_interrupted_on_the_waiting_thread_runs_again(error: type[BaseExce
                 raise KeyboardInterrupt
             signal.raise_signal(signal.SIGUSR1)
 
-    previous = signal.signal(signal.SIGUSR1, _watchdog)
+    previous = signal.signal(signal.SIGUSR1, _HANDLERS[handler])
     try:
         emu._enqueue(side, job)
         landed = emu.record_event(side)

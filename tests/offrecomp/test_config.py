@@ -396,10 +396,10 @@ def test_a_config_built_directly_says_its_fields_are_arguments(caplog: pytest.Lo
 def test_options_a_mode_ignores_are_told(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """``budget=`` and the planner's other knobs do nothing under keep/offload/recompute,
-    ``prefetch`` and ``host_limit`` nothing under keep/recompute, and every option nothing
-    under ``mode="off"``: given as arguments (or on a Config), one warning names them;
-    from the environment, INFO. ``OFFRECOMP_DISABLE=1`` says nothing."""
+    """``budget=`` and the planner's other knobs do nothing under keep/offload/recompute
+    (``prefetch`` and ``host_limit`` apply to a plan ``set_plan`` gives), and every option
+    nothing under ``mode="off"``: given as arguments (or on a Config), one warning names
+    them; from the environment, INFO. ``OFFRECOMP_DISABLE=1`` says nothing."""
     with caplog.at_level(logging.INFO, logger="offrecomp"):
         offrecomp.runtime(_two_linears(), mode="keep", budget="4MiB", drift=0.5, min_bytes=0)
         offrecomp.Runtime(_two_linears(), Config(mode="offload", max_overhead=0.1, plan_cache_size=4, prefetch=3))
@@ -408,15 +408,13 @@ def test_options_a_mode_ignores_are_told(
         offrecomp.runtime(_two_linears(), budget="4MiB", infeasible="error", prefetch=3)  # auto: all apply
     said = [(r.levelno, r.getMessage()) for r in caplog.records if " ignores " in r.getMessage()]
     warned = [m for level, m in said if level == logging.WARNING]
-    assert len(warned) == len(said) == 4, said
+    assert len(warned) == len(said) == 3, said
     assert "budget=4.00 MiB, drift=0.5" in warned[0], warned
     assert "mode='keep'" in warned[0] and "min_bytes" not in warned[0], warned
-    assert "options of mode='auto' or 'offload' only" in warned[0], warned
+    assert "options of mode='auto' only" in warned[0], warned
     assert "max_overhead=0.1, plan_cache_size=4" in warned[1] and "mode='offload'" in warned[1], warned
     assert "prefetch" not in warned[1] and "options of mode='auto' only" in warned[1], warned
-    assert "mode='recompute' ignores prefetch=1 region, host_limit=1.00 GiB:" in warned[2], warned
-    assert "verify" not in warned[2], warned
-    assert "mode='off' ignores budget=4.00 MiB, min_bytes=0: it installs no hooks" in warned[3], warned
+    assert "mode='off' ignores budget=4.00 MiB, min_bytes=0: it installs no hooks" in warned[2], warned
     caplog.clear()
     monkeypatch.setenv("OFFRECOMP_BUDGET", "4MiB")
     with caplog.at_level(logging.INFO, logger="offrecomp"):

@@ -1,4 +1,4 @@
-"""Frees that run on a copy worker (NOTE [Frees on a copy worker] in offload.py).
+"""Frees that run on a copy worker (NOTE [Frees on a copy worker] in groups.py).
 
 A collection may start on any thread that allocates, the emulated backend's copy
 workers included, and drop the last saved tensor of a region call there: the free it

@@ -76,16 +76,30 @@ def test_an_interrupt_at_a_region_calls_start_or_end_leaves_no_stale_call(mode: 
         assert last.phase == "planned", [s.phase for s in rt.report().steps]
 
 
+def _call(code: CodeType) -> tuple[CodeType, str, Callable[[FrameType, Any], bool]]:
+    return code, "call", lambda f, a: True
+
+
+def _line(fn: Callable[..., Any], text: str) -> tuple[CodeType, str, Callable[[FrameType, Any], bool]]:
+    return fn.__code__, "line", _at_line(_line_of(fn, text))
+
+
 _ENGINE_POINTS = {
-    "issue": OffloadEngine.issue.__code__,
-    "copies out": OffloadEngine._copy_out.__code__,
-    "keeps sources": OffloadEngine._keep_sources.__code__,
-    "fetch": OffloadEngine.fetch.__code__,
-    "releases device": OffloadEngine._release_device.__code__,
-    "frees": OffloadEngine._free_now.__code__,
-    "polls": OffloadEngine._poll.__code__,
-    "returns blocks": OffloadEngine._return_blocks.__code__,
-    "pool release": PinnedPool.release.__code__,
+    "issue": _call(OffloadEngine.issue.__code__),
+    "copies out": _call(OffloadEngine._copy_out.__code__),
+    "keeps sources": _call(OffloadEngine._keep_sources.__code__),
+    "stash appended": _line(OffloadEngine._keep_sources, "self._stash_bytes += entry.nbytes"),
+    "in order": _line(OffloadEngine._copy_out, "self._groups.add(group)"),
+    "stash bounded": (OffloadEngine._bound_stash.__code__, "return", lambda f, a: True),
+    "fetch": _call(OffloadEngine.fetch.__code__),
+    "releases device": _call(OffloadEngine._release_device.__code__),
+    "free": _line(OffloadEngine.free, "if not lock.acquire(blocking=False):"),
+    "frees": _call(OffloadEngine._free_now.__code__),
+    "polls": _call(OffloadEngine._poll.__code__),
+    "returns blocks": _call(OffloadEngine._return_blocks.__code__),
+    "returns a block": _call(OffloadEngine._return_block.__code__),
+    "pool release": _call(PinnedPool.release.__code__),
+    "pool listed": _line(PinnedPool.release, "self.in_use_bytes, self._idle_bytes, block.freed = ("),
 }
 
 
@@ -95,7 +109,9 @@ def test_an_interrupt_in_the_offload_engine_leaves_it_whole(point: str) -> None:
     """The engine's lock was left held (an interrupt at its Python ``__exit__``: every
     later free queued, the pool growing each step, another thread's backward waiting for
     good), a group's block lost (in a free, or in a finaliser's release, where Python
-    drops the interrupt), and the next step failed on a copy whose sources had gone."""
+    drops the interrupt), and the next step failed on a copy whose sources had gone. A
+    release run again must not count its groups freed twice, an issue cut short must
+    leave its group in the engine's order once, and the stash's bytes must add up."""
     model, batch = make("gpt_dropout")
     plain = twin(model)
     train(plain, batch, steps=1)
@@ -106,7 +122,8 @@ def test_an_interrupt_in_the_offload_engine_leaves_it_whole(point: str) -> None:
     engine = rt.offload_engine
     assert engine is not None
     with rt:
-        with _InterruptAt(_ENGINE_POINTS[point], "call") as at:
+        code, event, when = _ENGINE_POINTS[point]
+        with _InterruptAt(code, event, when) as at:
             loss = None
             try:
                 loss = m(batch(0))
@@ -125,3 +142,5 @@ def test_an_interrupt_in_the_offload_engine_leaves_it_whole(point: str) -> None:
     assert rt.report().steps[-1].offloaded_bytes > 0
     engine.poll()
     assert engine.pool.in_use_bytes == 0 and engine.live_groups == 0 and not engine._pending_frees
+    assert rt.offload_groups_held == 0 and engine.stash_bytes == 0
+    assert len(engine._order) == len({id(g) for g in engine._order})
