@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -474,6 +475,27 @@ def torch_function_as(captured: tuple[Any, tuple[Any, ...]] | None) -> Iterator[
             _tf_pop()  # type: ignore[misc]
         for m in reversed(popped):
             _tf_push(m)  # type: ignore[misc]
+
+
+def process_rank() -> tuple[int, int]:
+    """This process's rank and the world's size in an initialised default process group;
+    (0, 1) without one."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return 0, 1
+    return int(dist.get_rank()), int(dist.get_world_size())
+
+
+def per_rank_path(path: str) -> str:
+    """``path`` for this process's rank: as it is on rank 0 (and without a process group),
+    ``.rankN`` before its suffix on rank N (``run.jsonl`` -> ``run.rank1.jsonl``), so the
+    ranks of one run never write one file (NOTE [Files per rank] in config.py)."""
+    rank, world = process_rank()
+    if world <= 1 or rank == 0:
+        return path
+    root, ext = os.path.splitext(path)
+    return f"{root}.rank{rank}{ext}"
 
 
 def collective_sequence() -> int:

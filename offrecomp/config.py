@@ -449,6 +449,18 @@ def _opt_path(value: object, *, name: str) -> str | None:
     return path
 
 
+# NOTE [Files per rank]
+# Under torchrun every rank reads the same ``OFFRECOMP_REPORT`` and ``OFFRECOMP_PROFILE``.
+# Appended to by each, one report would interleave the ranks' steps (records name no
+# rank, and the report command splits runs where step numbers fall back, into runs of
+# both ranks' steps), and profiles written over each other at once would leave one
+# rank's JSON followed by the tail of another's. So rank 0 (or a process without a
+# process group) writes the path given, and rank N the path with ``.rankN`` before its
+# suffix (``run.jsonl``: ``run.rank1.jsonl``), read when the file is opened or written
+# (``per_rank_path`` in _torch_compat.py). A profile is written whole, moved over the
+# old one, so no reader sees half of it.
+
+
 def _refuse_one_file_for_two_outputs(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
     """The report appends lines and the profile save rewrites its whole file: one file for
     both would lose the report and leave neither readable."""

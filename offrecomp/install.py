@@ -211,7 +211,8 @@ class Installer:
             register_module_module_registration_hook(count_module_assignment),
         ]
         if self._config.report_path and self._life.report_file is None:
-            self._life.report_file = open(self._config.report_path, "a", encoding="utf-8")  # noqa: SIM115
+            path = tc.per_rank_path(self._config.report_path)  # NOTE [Files per rank] in config.py
+            self._life.report_file = open(path, "a", encoding="utf-8")  # noqa: SIM115
         self.active = True
 
     def _check_outer_hooks(self) -> None:

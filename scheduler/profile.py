@@ -58,9 +58,11 @@ program holds it past backward's end) is KEEP only, resident until backward ends
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeVar
@@ -337,8 +339,20 @@ class Profile:
         return json.dumps(self.to_dict(), indent=indent)
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(self.to_json(indent=1))
+        """Write the profile to ``path`` whole: into a file beside it, then moved over it,
+        so a reader (or a second writer) never sees half of one."""
+        text = self.to_json(indent=1)
+        folder = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(prefix=".profile-", suffix=".tmp", dir=folder)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.chmod(tmp, os.stat(path).st_mode & 0o777 if os.path.exists(path) else 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Profile:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from offrecomp import _torch_compat as tc
 from offrecomp.changes import forward_hooked, module_state
 from offrecomp.diagnostics import warn_once
 from offrecomp.measure import device_capacity_bytes, distorts
@@ -598,6 +599,7 @@ def _probe_link(device: torch.device) -> tuple[float, float]:
 def save_profile(profile: Profile, path: str, signature: str) -> None:
     """Write ``profile`` to ``OFFRECOMP_PROFILE``'s ``path``; a failure (the disk filled,
     the folder removed since the runtime checked it) is logged once and training goes on."""
+    path = tc.per_rank_path(path)  # NOTE [Files per rank] in config.py
     try:
         profile.save(path)
     except OSError as exc:

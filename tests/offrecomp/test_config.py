@@ -526,3 +526,19 @@ def test_budget_and_prefetch_objects_are_checked_as_the_values_they_stand_for(fi
         Config.resolve({field: value}, environ={})
     assert Config.resolve({"budget": Budget(fraction=0.5)}, environ={}).budget == Budget(fraction=0.5)
     assert Config.resolve({"budget": Budget(nbytes=np.int64(4096))}, environ={}).budget == Budget(nbytes=4096)
+
+
+@pytest.mark.parametrize(
+    ("rank", "world", "path", "want"),
+    [(0, 1, "run.jsonl", "run.jsonl"), (0, 2, "run.jsonl", "run.jsonl"), (1, 2, "run.jsonl", "run.rank1.jsonl"),
+     (3, 4, "/a/b/prof", "/a/b/prof.rank3"), (2, 4, "/a.b/prof.json", "/a.b/prof.rank2.json")],
+)
+def test_each_rank_writes_files_of_its_own(
+    rank: int, world: int, path: str, want: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NOTE [Files per rank]: ranks appending to one report interleaved their steps, and
+    profiles written over each other at once left invalid JSON."""
+    from offrecomp import _torch_compat as tc
+
+    monkeypatch.setattr(tc, "process_rank", lambda: (rank, world))
+    assert tc.per_rank_path(path) == want

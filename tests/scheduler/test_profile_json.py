@@ -150,3 +150,35 @@ def test_a_profile_says_its_version_and_version_1_files_read_with_the_fields_the
     assert all(op.transient_bytes == 0 for r in old.regions for op in r.ops)
     with pytest.raises(ValueError, match="profile version 4 is not supported; this build reads versions 1 to 3"):
         Profile.from_dict({**p.to_dict(), "version": 4})
+
+
+def test_a_profile_is_written_whole(tmp_path: Path) -> None:
+    """Two writers (ranks sharing a path) or a reader never see half a profile: each save
+    goes to a file beside it and is moved over it, the old file's mode kept, no temporary
+    left behind."""
+    import os
+    import threading
+
+    p = gpt_profile(layers=6, hidden=256, heads=4, seq=512, batch=2, device_tflops=300, d2h_gbps=25, h2d_gbps=25)
+    path = tmp_path / "prof.json"
+    p.save(path)
+    os.chmod(path, 0o640)
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            for _ in range(20):
+                p.save(path)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    writers = [threading.Thread(target=write) for _ in range(2)]
+    for t in writers:
+        t.start()
+    while any(t.is_alive() for t in writers):
+        assert Profile.load(path) == p
+    for t in writers:
+        t.join()
+    assert not errors
+    assert os.stat(path).st_mode & 0o777 == 0o640
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["prof.json"]
