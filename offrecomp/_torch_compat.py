@@ -478,13 +478,17 @@ def torch_function_as(captured: tuple[Any, tuple[Any, ...]] | None) -> Iterator[
 
 
 def process_rank() -> tuple[int, int]:
-    """This process's rank and the world's size in an initialised default process group;
-    (0, 1) without one."""
+    """This process's rank and the world's size: the initialised default process group's,
+    else ``RANK`` and ``WORLD_SIZE`` as torchrun sets them before the script starts (a
+    group made later), else (0, 1)."""
     import torch.distributed as dist
 
-    if not dist.is_available() or not dist.is_initialized():
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank()), int(dist.get_world_size())
+    try:
+        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
         return 0, 1
-    return int(dist.get_rank()), int(dist.get_world_size())
 
 
 def per_rank_path(path: str) -> str:

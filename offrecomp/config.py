@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
+from offrecomp import _torch_compat as tc
 from scheduler.units import (
     GBPS,
     INFEASIBLE_POLICIES,
@@ -437,15 +438,16 @@ def _opt_path(value: object, *, name: str) -> str | None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise ValueError(f"{name}={value!r} is invalid: its directory {folder!r} does not exist")
-    existed = os.path.exists(path)
+    probe = tc.per_rank_path(path)  # this rank's file: another rank's may be open (NOTE [Files per rank])
+    existed = os.path.exists(probe)
     try:
-        with open(path, "a", encoding="utf-8"):
+        with open(probe, "a", encoding="utf-8"):
             pass
     except OSError as exc:
         raise ValueError(f"{name}={value!r} cannot be written: {exc.strerror or exc}") from exc
     if not existed:
         with contextlib.suppress(OSError):
-            os.remove(path)
+            os.remove(probe)
     return path
 
 
@@ -456,9 +458,13 @@ def _opt_path(value: object, *, name: str) -> str | None:
 # both ranks' steps), and profiles written over each other at once would leave one
 # rank's JSON followed by the tail of another's. So rank 0 (or a process without a
 # process group) writes the path given, and rank N the path with ``.rankN`` before its
-# suffix (``run.jsonl``: ``run.rank1.jsonl``), read when the file is opened or written
-# (``per_rank_path`` in _torch_compat.py). A profile is written whole, moved over the
-# old one, so no reader sees half of it.
+# suffix (``run.jsonl``: ``run.rank1.jsonl``). The rank is read when the report opens
+# (the runtime's first entry) and at each profile save: the default process group's, or
+# before one is made torchrun's ``RANK`` and ``WORLD_SIZE`` (``per_rank_path`` in
+# _torch_compat.py); a launcher that sets neither and makes the group inside the first
+# entry writes that entry's steps to rank 0's report. A profile is written whole (a file
+# beside it moved over it, a symlink's target written, the umask kept for a new one), so
+# no reader sees half of it.
 
 
 def _refuse_one_file_for_two_outputs(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:

@@ -330,8 +330,8 @@ class OffloadEngine:
             stash.remove(entry)
         self._stash_bytes = sum(e.nbytes for e in stash)
         group.d2h_done = group.block = None
-        if group.state is not GroupState.FREED:
-            group.state = GroupState.FREED
+        group.state = GroupState.FREED
+        if not block.freed:  # run again after an interrupt: returned once
             self.pool.release(block)
 
     def release_due(self, boundary: int) -> None:
@@ -461,8 +461,10 @@ class OffloadEngine:
             self._free_now(group)
             self._poll()
         finally:
-            if lock._is_owned():  # type: ignore[attr-defined]  # taken above, as an interrupt may leave it
+            try:  # noqa: SIM105 - release is the first call here (suppress would put its __enter__ first)
                 lock.release()
+            except RuntimeError:  # not taken: another thread holds it
+                pass
 
     def prepare(self, sizes: Sequence[int], *, window_bytes: int | None = None) -> int:
         """Get ready for a plan's offloads: pin host memory for these block sizes now,

@@ -248,6 +248,13 @@ class RegionRecord:
         return (self.name, self.call_index)
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it and setting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @dataclass(kw_only=True)
 class Profile:
     """Everything the planner knows about one step signature."""
@@ -342,12 +349,13 @@ class Profile:
         """Write the profile to ``path`` whole: into a file beside it, then moved over it,
         so a reader (or a second writer) never sees half of one."""
         text = self.to_json(indent=1)
-        folder = os.path.dirname(os.path.abspath(path))
+        path = os.path.realpath(path)  # a symlink's target is written, the link kept
+        folder = os.path.dirname(path)
         fd, tmp = tempfile.mkstemp(prefix=".profile-", suffix=".tmp", dir=folder)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
-            os.chmod(tmp, os.stat(path).st_mode & 0o777 if os.path.exists(path) else 0o644)
+            os.chmod(tmp, os.stat(path).st_mode & 0o777 if os.path.exists(path) else 0o666 & ~_umask())
             os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(OSError):

@@ -542,3 +542,15 @@ def test_each_rank_writes_files_of_its_own(
 
     monkeypatch.setattr(tc, "process_rank", lambda: (rank, world))
     assert tc.per_rank_path(path) == want
+
+
+def test_a_rank_torchrun_set_names_its_files_before_the_group_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [Files per rank]: the report opens at the first entry, which may come before
+    ``init_process_group``; torchrun's ``RANK`` and ``WORLD_SIZE`` tell the rank then."""
+    from offrecomp import _torch_compat as tc
+
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert tc.process_rank() == (2, 4) and tc.per_rank_path("run.jsonl") == "run.rank2.jsonl"
+    monkeypatch.setenv("RANK", "x")
+    assert tc.process_rank() == (0, 1)

@@ -182,3 +182,21 @@ def test_a_profile_is_written_whole(tmp_path: Path) -> None:
     assert not errors
     assert os.stat(path).st_mode & 0o777 == 0o640
     assert sorted(f.name for f in tmp_path.iterdir()) == ["prof.json"]
+
+
+def test_a_profile_written_through_a_symlink_keeps_the_link_and_the_umask(tmp_path: Path) -> None:
+    import os
+
+    p = gpt_profile(layers=2, hidden=64, heads=4, seq=32, batch=1, device_tflops=300, d2h_gbps=25, h2d_gbps=25)
+    target = tmp_path / "real.json"
+    link = tmp_path / "prof.json"
+    p.save(target)
+    os.symlink(target, link)
+    p.save(link)
+    assert link.is_symlink() and Profile.load(target) == p
+    old = os.umask(0o077)
+    try:
+        p.save(tmp_path / "new.json")
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "new.json").st_mode & 0o777 == 0o600
