@@ -351,7 +351,8 @@ class OffloadEngine:
                 if not self.backend.query(entry.landed):  # first: interrupted, the sources stay held
                     self._wait_edge("compute_after_d2h", entry.stream, entry.landed)
                     self._books.release_waits += 1
-                self._drop(stash.popleft())
+                self._drop(entry)
+                stash.popleft()
 
     def discard(self, group: Group) -> None:
         """An open group that will not be issued (its pass was abandoned)."""
@@ -630,12 +631,15 @@ class OffloadEngine:
     def _drop(self, entry: InFlight) -> None:
         """Let go of a group's sources (NOTE [Source lifetime]), their writes since issue
         seen first; a served group's stay handed out (NOTE [Served groups] in transfer.py)."""
+        if entry.dropped:  # run again after an interrupt: once
+            return
+        entry.dropped = True
         self._stash_bytes -= entry.nbytes
         group = entry.group
-        group.see_writes()  # NOTE [Writes after a save] (handles.py)
-        group.in_flight = None
         if group.state is GroupState.SERVED:
             self._fetched_bytes += entry.nbytes
+        group.see_writes()  # NOTE [Writes after a save] (handles.py)
+        group.in_flight = None
 
     def _serve(self, group: Group) -> None:
         """Hand out ``group``'s held sources instead of a reload (NOTE [Served groups] in
@@ -671,8 +675,8 @@ class OffloadEngine:
             free and backend.free_after(entry.sources, self._side_stream(group.device, "d2h"))
         ):  # first: interrupted, the sources stay held
             self._wait_edge("compute_after_d2h", entry.stream, entry.landed)
-        stash.remove(entry)
         self._drop(entry)
+        stash.remove(entry)
 
     def _bound_stash(self) -> None:
         # NOTE [Source lifetime]: beyond the window, the producer waits on the oldest copy.
@@ -681,7 +685,8 @@ class OffloadEngine:
             if not self.backend.query(entry.landed):  # first: interrupted, the sources stay held
                 self._wait_edge("compute_after_d2h", entry.stream, entry.landed)
                 self._books.window_waits += 1
-            self._drop(self._stash.popleft())
+            self._drop(entry)  # then popped: an interrupt between leaves it to be popped again
+            self._stash.popleft()
 
     def _reload(self, group: Group, compute: Stream) -> None:
         backend = self.backend
@@ -753,8 +758,10 @@ class OffloadEngine:
     def _poll(self) -> None:
         """Drop landed sources; never waits."""
         query = self.backend.query
-        while self._stash and query(self._stash[0].landed):
-            self._drop(self._stash.popleft())
+        stash = self._stash
+        while stash and query(stash[0].landed):
+            self._drop(stash[0])  # then popped: an interrupt between leaves it to be popped again
+            stash.popleft()
         self._reuse.poll()
         if len(self._books.timings) > 4096:
             self._books.resolve_timings(self.backend)

@@ -524,6 +524,7 @@ class InFlight:
     nbytes: int
     group: Group  # the sources' group (``Group.see_writes``)
     release_at: int = NOT_PLANNED  # the unit at whose end a plan lets go of them
+    dropped: bool = False  # let go of (``OffloadEngine._drop``), once
 
 
 def slot_views(block: Block, group: Group) -> list[torch.Tensor]:

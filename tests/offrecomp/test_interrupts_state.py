@@ -91,6 +91,7 @@ _ENGINE_POINTS = {
     "stash appended": _line(OffloadEngine._keep_sources, "self._stash_bytes += entry.nbytes"),
     "in order": _line(OffloadEngine._copy_out, "self._groups.add(group)"),
     "stash bounded": (OffloadEngine._bound_stash.__code__, "return", lambda f, a: True),
+    "sources let go": _call(OffloadEngine._drop.__code__),
     "fetch": _call(OffloadEngine.fetch.__code__),
     "releases device": _call(OffloadEngine._release_device.__code__),
     "free": _line(OffloadEngine.free, "if not lock.acquire(blocking=False):"),
@@ -103,7 +104,17 @@ _ENGINE_POINTS = {
 }
 
 
-@pytest.mark.parametrize("point", sorted(_ENGINE_POINTS))
+_KNOWN = {
+    "sources let go": "an interrupt at the start of a landed copy's let-go, inside an issue's poll, "
+    "leaves that issue's group counted live (reliability.md, Interrupts in cleanup)",
+}
+
+
+@pytest.mark.parametrize(
+    "point",
+    [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=_KNOWN[p])) if p in _KNOWN else p
+     for p in sorted(_ENGINE_POINTS)],
+)
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # a finaliser's interrupt, dropped
 def test_an_interrupt_in_the_offload_engine_leaves_it_whole(point: str) -> None:
     """The engine's lock was left held (an interrupt at its Python ``__exit__``: every
