@@ -178,15 +178,12 @@ def test_an_input_the_call_before_counts_is_not_counted_again_for_an_earlier_dro
     replay regenerates (the earliest record first counted four of them twice)."""
     torch.manual_seed(0)
     base = _SkipChain()
-    ref = train(copy.deepcopy(base), _batch, steps=3)
-    m = copy.deepcopy(base)
-    rt = offrecomp.runtime(m, mode="recompute", min_bytes=0)
-    assert_bitwise(ref, train(m, _batch, rt, steps=3))
+    rt = _trained(base, 3, mode="recompute")
     assert {s.peak_activation_bytes for s in rt.report().steps} == {7 * TENSOR}
     m = copy.deepcopy(base)
     rt = offrecomp.runtime(m, mode="auto", budget=1, min_bytes=0)
     train(m, _batch, rt, steps=6)
-    planned = [s for s in rt.report().steps if s.phase == "planned"]
+    planned = _planned(rt)
     assert planned and all(s.peak_activation_bytes == s.predicted_peak_bytes for s in planned), planned
 
 
@@ -280,6 +277,20 @@ def _saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
     return sum(seen.values())
 
 
+def _trained(base: nn.Module, steps: int, **kw: Any) -> offrecomp.Runtime:
+    """Train a copy of ``base`` ``steps`` steps under ``offrecomp.runtime(min_bytes=0,
+    **kw)``, bitwise equal to a plain copy's; its runtime."""
+    ref = train(copy.deepcopy(base), _batch, steps=steps)
+    m = copy.deepcopy(base)
+    rt = offrecomp.runtime(m, min_bytes=0, **kw)
+    assert_bitwise(ref, train(m, _batch, rt, steps=steps))
+    return rt
+
+
+def _planned(rt: offrecomp.Runtime) -> list[offrecomp.StepRecord]:
+    return [s for s in rt.report().steps if s.phase == "planned"]
+
+
 class _DeepTanhChain(nn.Module):
     """Four blocks of two Linear and tanh pairs: each block keeps three storages whole
     (its input, its inner tanh's output, its output), where a replay needs only its
@@ -313,11 +324,8 @@ def test_the_output_a_block_kept_whole_keeps_counts_once(native_keep: bool, chai
     base = chain()
     held = _saved_bytes(copy.deepcopy(base), _batch(0))
     assert held == (5 if chain is _TanhChain else 9) * TENSOR
-    ref = train(copy.deepcopy(base), _batch, steps=12)
-    m = copy.deepcopy(base)
-    rt = offrecomp.runtime(m, mode="auto", budget=budget, min_bytes=0, native_keep=native_keep)
-    assert_bitwise(ref, train(m, _batch, rt, steps=12))
-    planned = [s for s in rt.report().steps if s.phase == "planned"]
+    rt = _trained(base, 12, mode="auto", budget=budget, native_keep=native_keep)
+    planned = _planned(rt)
     assert len(planned) >= 6
     for s in planned:
         assert s.peak_activation_bytes == s.predicted_peak_bytes <= budget, s
@@ -344,10 +352,7 @@ def test_blocks_kept_whole_book_what_a_plain_forward_saves(native_keep: bool) ->
     torch.manual_seed(0)
     for base in (_TanhChain(), _RootSkipChain()):
         held = _saved_bytes(copy.deepcopy(base), _batch(0))
-        ref = train(copy.deepcopy(base), _batch, steps=3)
-        m = copy.deepcopy(base)
-        rt = offrecomp.runtime(m, mode="keep", min_bytes=0, native_keep=native_keep)
-        assert_bitwise(ref, train(m, _batch, rt, steps=3))
+        rt = _trained(base, 3, mode="keep", native_keep=native_keep)
         assert [s.peak_activation_bytes for s in rt.report().steps] == [held] * 3, (type(base).__name__, held)
 
 
@@ -395,11 +400,8 @@ def test_an_input_the_root_saved_counts_once_under_a_plan_keeping_the_root(nativ
     one keeping the root whole, with native keep on or off, as the model counts it."""
     torch.manual_seed(0)
     base = _RootSkipChain()
-    ref = train(copy.deepcopy(base), _batch, steps=6)
-    m = copy.deepcopy(base)
-    rt = offrecomp.runtime(m, mode="auto", budget=1, min_bytes=0, native_keep=native_keep)
-    assert_bitwise(ref, train(m, _batch, rt, steps=6))
-    planned = [s for s in rt.report().steps if s.phase == "planned"]
+    rt = _trained(base, 6, mode="auto", budget=1, native_keep=native_keep)
+    planned = _planned(rt)
     assert planned
     for s in planned:
         assert s.peak_activation_bytes == s.predicted_peak_bytes, s
@@ -451,11 +453,8 @@ def test_an_input_nested_in_an_argument_is_predicted_as_booked(native_keep: bool
     steps booked 9 where the model predicted 7, with the encoding counted once."""
     torch.manual_seed(0)
     base = _RootSkipChain(nested=True)
-    ref = train(copy.deepcopy(base), _batch, steps=12)
-    m = copy.deepcopy(base)
-    rt = offrecomp.runtime(m, mode="auto", budget=budget, min_bytes=0, native_keep=native_keep)
-    assert_bitwise(ref, train(m, _batch, rt, steps=12))
-    planned = [s for s in rt.report().steps if s.phase == "planned"]
+    rt = _trained(base, 12, mode="auto", budget=budget, native_keep=native_keep)
+    planned = _planned(rt)
     assert len(planned) >= 6
     assert all(s.peak_activation_bytes == s.predicted_peak_bytes for s in planned), planned
 
@@ -499,16 +498,10 @@ def test_tensors_in_a_tuple_argument_count_once(native_keep: bool) -> None:
     torch.manual_seed(0)
     base = _RotaryChain()
     held = _saved_bytes(copy.deepcopy(base), _batch(0))
-    ref = train(copy.deepcopy(base), _batch, steps=3)
-    m = copy.deepcopy(base)
-    rt = offrecomp.runtime(m, mode="keep", min_bytes=0, native_keep=native_keep)
-    assert_bitwise(ref, train(m, _batch, rt, steps=3))
+    rt = _trained(base, 3, mode="keep", native_keep=native_keep)
     assert [s.peak_activation_bytes for s in rt.report().steps] == [held] * 3
     for budget in (1000 * TENSOR, held - 2 * TENSOR):
-        ref = train(copy.deepcopy(base), _batch, steps=10)
-        m = copy.deepcopy(base)
-        rt = offrecomp.runtime(m, mode="auto", budget=budget, min_bytes=0, native_keep=native_keep)
-        assert_bitwise(ref, train(m, _batch, rt, steps=10))
-        planned = [s for s in rt.report().steps if s.phase == "planned"]
+        rt = _trained(base, 10, mode="auto", budget=budget, native_keep=native_keep)
+        planned = _planned(rt)
         assert len(planned) >= 4
         assert all(s.peak_activation_bytes == s.predicted_peak_bytes <= budget for s in planned), planned
