@@ -115,10 +115,10 @@ def may_alias_parameter(t: torch.Tensor, base: torch.Tensor | None) -> bool:
 # Callers free groups from finalisers (when autograd drops the last saved tensor of a region call),
 # which can run at any allocation: on another thread while this one holds the engine lock (the
 # emulated backend's workers, autograd's device threads), or re-entrantly in the middle of an
-# engine call on this thread. free() therefore never waits for the lock and never mutates state
-# under a running call: if the lock is held, by another thread or by this one inside an engine
-# call, the group goes to `_pending_frees` (a deque: appends are atomic), which the next engine
-# call made from outside the engine drains before it does anything else.
+# engine call on this thread. ``OffloadEngine.free`` therefore never waits for the lock and never
+# mutates state under a running call: if the lock is held, by another thread or by this one inside
+# an engine call, the group goes to `_pending_frees` (a deque: appends are atomic), which the next
+# engine call made from outside the engine drains before it does anything else.
 
 # NOTE [Engine lock]
 # Engine calls hold the lock with ``with`` on the RLock itself, whose enter and exit are C calls:

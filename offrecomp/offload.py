@@ -455,10 +455,7 @@ class OffloadEngine:
                 return
             if self._closed:
                 return
-            pending = self._pending_frees
-            while pending:  # what finalisers queued (NOTE [Free from finalisers] in groups.py)
-                self._free_now(pending[0])  # then popped: a free cut short is done again
-                pending.popleft()
+            self._free_pending()
             self._free_now(group)
             self._poll()
         finally:
@@ -570,11 +567,16 @@ class OffloadEngine:
         lock = self._lock
         if self._pending_frees and not self._closed and not lock._is_owned():  # type: ignore[attr-defined]
             with lock:
-                pending = self._pending_frees
-                while pending and not self._closed:
-                    self._free_now(pending[0])  # then popped: a free cut short is done again
-                    pending.popleft()
+                self._free_pending()
         return lock
+
+    def _free_pending(self) -> None:
+        """Free what finalisers queued (NOTE [Free from finalisers] in groups.py); the lock
+        held."""
+        pending = self._pending_frees
+        while pending and not self._closed:
+            self._free_now(pending[0])  # then popped: a free cut short is done again
+            pending.popleft()
 
     def _release_device(self, group: Group, hold_unlanded: bool = False) -> None:
         """Drop ``group``'s reload, compute first waiting on a copy it did not wait on
