@@ -1,4 +1,4 @@
-"""Configuration: the ``Config`` dataclass and the only place that reads ``os.environ``.
+"""Configuration: the ``Config`` dataclass and the only place that reads ``OFFRECOMP_*`` variables.
 
 Precedence: keyword argument > ``OFFRECOMP_*`` environment variable > default, except
 ``OFFRECOMP_DISABLE=1``, which always wins and turns the runtime into a no-op. A ``Config``
@@ -137,7 +137,7 @@ def _parse_log_level(value: object, *, name: str) -> str:
         if level >= 0:
             level_name = logging.getLevelName(level)  # "Level 15" for a number without a name
             return level_name if not level_name.startswith("Level ") else str(level)
-    elif isinstance(value, str) and text.upper() in LOG_LEVELS:
+    elif isinstance(value, str) and text.upper() in (*LOG_LEVELS, "NOTSET"):
         return text.upper()
     elif isinstance(value, str) and text and isinstance(logging.getLevelName(text), int):
         return text  # NOTSET, or a name registered with logging.addLevelName
@@ -251,8 +251,9 @@ class Config:
     """Check that replayed tensors equal the originals (debug; costs a checksum per save).
     ``OFFRECOMP_VERIFY``."""
     native_keep: bool = True
-    """Region calls the forced ``keep`` mode keeps whole save through autograd's own
-    saved variables, the runtime's hooks off (NOTE [Native keep]). ``OFFRECOMP_NATIVE_KEEP``."""
+    """Region calls the forced ``keep`` mode keeps whole, and those auto's plans keep whole,
+    save through autograd's own saved variables, the runtime's hooks off (NOTE [Native
+    keep]). ``OFFRECOMP_NATIVE_KEEP``."""
     log_level: str | None = None
     """Level of the ``offrecomp`` logger: a name (``"INFO"``, any case) or a number
     (``logging.INFO``), kept as its name; None: leave the logger alone. ``OFFRECOMP_LOG``."""
@@ -269,16 +270,17 @@ class Config:
     """Host-to-device bandwidth to plan with before it is measured (GB/s).
     ``OFFRECOMP_H2D_GBPS``."""
     budget_margin: float = 0.05
-    """Safety margin subtracted from free device memory when ``budget`` is automatic
-    (fraction of capacity). ``OFFRECOMP_BUDGET_MARGIN``."""
+    """Share of device capacity held back when ``budget`` is automatic: the budget is
+    capacity x (1 - margin) less what the rest of training needed (on the CPU, of
+    available memory). ``OFFRECOMP_BUDGET_MARGIN``."""
     infeasible: str = "warn"
     """What to do when the budget cannot be met: ``warn`` (run the most frugal plan) or
     ``error``. ``OFFRECOMP_INFEASIBLE``."""
     drift: float = 0.25
     """Relative change that triggers a re-plan: of the plan's prediction under the
     latest estimate from the one it was solved with, or of the median measured step
-    time of a window of steps (8, doubling after each re-plan) from its prediction
-    (NOTE [Drift]). ``OFFRECOMP_DRIFT``."""
+    time of a window of steps from its prediction (8 steps; doubling while the host's load
+    makes most windows drift: NOTE [Drift]). ``OFFRECOMP_DRIFT``."""
     plan_cache_size: int = 8
     """Most input signatures whose plans are cached. ``OFFRECOMP_PLAN_CACHE``."""
     replay_op_us: float | None = None

@@ -151,7 +151,9 @@ def watch_unseen_backward(p: PassState, outs: list[torch.Tensor], reached: Reach
 # root forward of the pass once every such forward returned (another model's forward
 # runs outside the wrapped one; a backward run inside a root forward is not the pass's).
 # A model may return more tensors than are watched, and a backward through one of the
-# others reads such saves only. The other model's saves still count in the pass's
+# others reads such saves only; one whose path saved nothing in the forward reads the
+# loss's saves alone and begins nothing, so while its graph is held the next forward joins
+# its pass (two forwards a step). The other model's saves still count in the pass's
 # resident bytes and peak while they live: nothing tells them from the loss's.
 
 

@@ -208,7 +208,7 @@ def test_a_bad_budget_lists_every_accepted_form(value: str) -> None:
 @pytest.mark.parametrize(
     ("value", "stored"),
     [(logging.INFO, "INFO"), (logging.DEBUG, "DEBUG"), (40, "ERROR"), ("20", "INFO"), ("warning", "WARNING"),
-     (" Critical ", "CRITICAL"), (15, "15"), (" 15 ", "15"), (0, "NOTSET"), ("0", "NOTSET"), (55, "55")],
+     (" Critical ", "CRITICAL"), (15, "15"), (" 15 ", "15"), (0, "NOTSET"), ("0", "NOTSET"), ("notset", "NOTSET"), (55, "55")],
 )
 def test_log_level_takes_logging_numbers_and_names(value: object, stored: str) -> None:
     """Any level number >= 0 is a level, as ``logging`` takes it; one without a name is

@@ -31,6 +31,7 @@ from torch import nn
 
 import offrecomp
 from offrecomp import lifecycle
+from offrecomp.outputs import WATCHED_OUTPUTS
 from offrecomp.signatures import shown
 from offrecomp.state import PassState, RegionCall
 from tests.helpers import assert_bitwise, one_intra_op_thread, variant_runtime
@@ -376,8 +377,10 @@ def test_a_gan_with_the_runtime_around_the_generator_only(variant: str) -> None:
 
 
 class _ManyOutputs(nn.Module):
-    """No repeated blocks (the root call saves everything) and ten outputs, more than
-    the runtime watches."""
+    """No repeated blocks (the root call saves everything) and more outputs than the
+    runtime watches (``WATCHED_OUTPUTS``, outputs.py); the last is unwatched."""
+
+    outputs = WATCHED_OUTPUTS + 2
 
     def __init__(self) -> None:
         super().__init__()
@@ -385,17 +388,17 @@ class _ManyOutputs(nn.Module):
         self.w = nn.Parameter(torch.randn(H, H) / H**0.5)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(torch.tanh(x @ self.w + i) for i in range(10))
+        return tuple(torch.tanh(x @ self.w + i) for i in range(self.outputs))
 
 
 @pytest.mark.parametrize("variant", ["keep", "offload", "auto"])
 def test_a_backward_through_an_unwatched_output_of_a_root_only_model_is_its_step(variant: str) -> None:
-    """NOTE [Saves outside the forward]: the backward through the tenth output reads only
+    """NOTE [Saves outside the forward]: the backward through the last output reads only
     root saves made inside the forward; each begins its pass, so every step knows where
     its forward ended and auto gets past its measuring pass."""
 
     def step(model: nn.Module, i: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return model(_x(10 * i))[9].mean(), {}
+        return model(_x(10 * i))[-1].mean(), {}
 
     rt = _bitwise(_steps(step, 6), variant, _ManyOutputs, native_keep=False)
     steps = rt.report().steps
@@ -406,27 +409,30 @@ def test_a_backward_through_an_unwatched_output_of_a_root_only_model_is_its_step
 
 
 class _BypassOutput(_ManyOutputs):
-    """The tenth output's path saves nothing in the forward (an add, a scalar product):
-    its backward reads only the loss's saves, made after the forward."""
+    """Ten outputs, all watched; the last one's path saves nothing in the forward (an
+    add, a scalar product): its backward reads only the loss's saves, made after the
+    forward."""
+
+    outputs = 10
 
     def __init__(self) -> None:
         super().__init__()
         self.b = nn.Parameter(torch.zeros(H))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (*super().forward(x)[:9], x + self.b * 2)
+        return (*super().forward(x)[:-1], x + self.b * 2)
 
 
 @pytest.mark.parametrize("variant", ["keep", "auto"])
-def test_a_backward_through_an_unwatched_output_that_saved_nothing_is_its_step(variant: str) -> None:
+def test_a_backward_through_a_watched_output_that_saved_nothing_is_its_step(variant: str) -> None:
     """NOTE [Dropped graphs]: the first WATCHED_OUTPUTS (outputs.py) are watched, so the
-    backward reaching the tenth begins the pass; the output is held until the next
+    backward reaching the last begins the pass; the output is held until the next
     forward, as ``out = model(x)`` holds it."""
     held: list[Any] = []
 
     def step(model: nn.Module, i: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         held[:] = [model(_x(10 * i))]
-        return held[0][9].square().sum(), {}
+        return held[0][-1].square().sum(), {}
 
     rt = _bitwise(_steps(step, 6), variant, _BypassOutput, native_keep=False)
     steps = rt.report().steps
