@@ -12,6 +12,7 @@ import enum
 import itertools
 import operator
 import types
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -143,8 +144,7 @@ def stateful(x: Any) -> bool:
     )
 
 
-_SLOT_NAMES: dict[type, tuple[str, ...]] = {}
-_MAX_SLOT_CLASSES = 4096  # classes made at run time: the table is cleared past this
+_SLOT_NAMES: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()  # classes made at run time go
 
 
 def _slot_names(cls: type) -> tuple[str, ...]:
@@ -164,8 +164,6 @@ def _slot_names(cls: type) -> tuple[str, ...]:
                 owner = next((c.__dict__[n] for c in cls.__mro__ if n in c.__dict__), None)
                 if isinstance(owner, types.MemberDescriptorType):
                     found.append(n)
-        if len(_SLOT_NAMES) >= _MAX_SLOT_CLASSES:
-            _SLOT_NAMES.clear()
         names = _SLOT_NAMES[cls] = tuple(dict.fromkeys(found))
     return names
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import random
 import sys
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -149,8 +150,8 @@ def _same_numpy(a: Any, b: Any) -> bool:
 # ------------------------------------------------------------------- RNG objects
 
 #: By type: 1 a ``random.Random``, 2 a numpy ``Generator``, 3 a ``RandomState``, 4 a
-#: bit generator, 0 none of them.
-_KINDS: dict[type, int] = {}
+#: bit generator, 0 none of them; weak: a forward may make a class per call.
+_KINDS: weakref.WeakKeyDictionary[type, int] = weakref.WeakKeyDictionary()
 
 
 def _kind(x: Any) -> int:

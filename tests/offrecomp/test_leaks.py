@@ -9,6 +9,7 @@ Python's collector cannot see (NOTE [Saved tensor handles] in offrecomp/state.py
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import copy
 import gc
 import weakref
@@ -670,3 +671,42 @@ def test_a_replay_graph_kept_alive_by_the_block_keeps_no_activation(mode: str) -
             m(x).square().mean().backward()
         assert activations() == before, (before, activations())
     assert rt.report().steps[-1].replays > 0
+
+
+class _StateArg(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, st: Any) -> torch.Tensor:
+        return torch.tanh(self.fc(x)) * st.scale + x
+
+
+class _ClassPerCall(nn.Module):
+    """Makes a class per forward (``make_dataclass``) and hands its instance to the blocks."""
+
+    def __init__(self, made: list[weakref.ref[type]]) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_StateArg() for _ in range(3))
+        self.made = made
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        state = dataclasses.make_dataclass("State", [("scale", float)])
+        self.made.append(weakref.ref(state))
+        st = state(1.0)
+        for b in self.blocks:
+            x = b(x, st)
+        return x.square().mean()
+
+
+@pytest.mark.parametrize("mode", ["recompute", "auto"])
+def test_classes_a_forward_makes_per_call_are_not_kept(mode: str) -> None:
+    """The tables of argument types (RNG kinds, slot names) hold their classes weakly: a
+    class made per forward goes with its step's graph."""
+    made: list[weakref.ref[type]] = []
+    m = _ClassPerCall(made)
+    with offrecomp.runtime(m, mode=mode, min_bytes=0):
+        for i in range(12):
+            m(torch.randn(4, 16, generator=torch.Generator().manual_seed(i))).backward()
+    gc.collect()
+    assert sum(r() is not None for r in made) == 0
