@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -99,6 +101,19 @@ def queue_backward_callback(fn: Callable[[], None]) -> None:
     Used to mark the end of a backward pass without a host sync.
     """
     torch.autograd.Variable._execution_engine.queue_callback(fn)  # type: ignore[attr-defined]
+
+
+def import_dynamo() -> None:
+    """Import ``torch._dynamo`` (``torch.compiler.disable`` does on its first call) on a
+    thread of its own. The import leaves cyclic garbage holding its frames, and with
+    them, through their callers, the frame that called it: run on the caller's thread, a
+    runtime's first entry stayed alive (its pinned pool open) after ``del rt`` until a
+    collection."""
+    if "torch._dynamo" in sys.modules:
+        return
+    t = threading.Thread(target=importlib.import_module, args=("torch._dynamo",), name="offrecomp-import")
+    t.start()
+    t.join()  # a failed import raises again where torch imports it next
 
 
 def register_optimizer_step_post_hook(fn: Callable[..., None]) -> Any:

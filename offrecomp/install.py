@@ -203,6 +203,7 @@ class Installer:
         self._kept.settle()  # NOTE [Wrappers kept across entries]: those of replaced modules go
         # never traced into a compiled optimizer step (torch.compile(opt.step)): dynamo
         # would break its graph inside the bookkeeping and convert the frames it calls
+        tc.import_dynamo()
         self._opt_hook = tc.register_optimizer_step_post_hook(torch.compiler.disable(self._life.on_optimizer_step))
         track_structure(model)  # NOTE [Region refresh] (changes.py)
         self._registration_hooks = [  # NOTE [Buffer saves], NOTE [Region refresh] (changes.py)

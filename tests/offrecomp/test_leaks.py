@@ -9,9 +9,11 @@ Python's collector cannot see (NOTE [Saved tensor handles] in offrecomp/state.py
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import copy
+import dataclasses
 import gc
+import subprocess
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -710,3 +712,34 @@ def test_classes_a_forward_makes_per_call_are_not_kept(mode: str) -> None:
             m(torch.randn(4, 16, generator=torch.Generator().manual_seed(i))).backward()
     gc.collect()
     assert sum(r() is not None for r in made) == 0
+
+
+_FIRST_RUNTIME = """
+import gc, sys, weakref
+import torch
+from torch import nn
+import offrecomp
+assert "torch._dynamo" not in sys.modules
+
+def trial():
+    m = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.Tanh()) for _ in range(3)])
+    rt = offrecomp.runtime(m, mode="offload", min_bytes=0)
+    with rt:
+        m(torch.randn(32, 64)).sum().backward()
+    engine = rt.offload_engine
+    ref = weakref.ref(rt)
+    del rt
+    return ref() is None, engine.closed
+
+gc.collect()
+gc.disable()
+print(trial(), trial())
+"""
+
+
+def test_the_first_runtime_of_a_process_is_freed_at_once() -> None:
+    """The first entry imports torch._dynamo off the caller's thread: on it, the import's
+    cyclic garbage held the entry's frame, and the runtime with its pool, until a GC."""
+    out = subprocess.run([sys.executable, "-c", _FIRST_RUNTIME], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "(True, True) (True, True)", out.stdout
