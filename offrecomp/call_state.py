@@ -21,7 +21,7 @@ from offrecomp._torch_compat import version_of
 from offrecomp.arg_state import ArgState
 from offrecomp.attr_tables import changed_since, kept_tables, same_contents
 from offrecomp.changes import exit_attrs
-from offrecomp.diagnostics import kind, warn_once
+from offrecomp.diagnostics import kind, named, warn_once
 from offrecomp.regions import READ_SNAPSHOT_MAX_BYTES, Region, buffer_of
 from offrecomp.state import RegionCall
 from scheduler.plan import Placement
@@ -95,7 +95,7 @@ def warn_big_buffers(call: RegionCall, region: Region) -> None:
     ]
     if big:
         warn_once(
-            f"bigbuf:{region.name}",
+            f"bigbuf:{named(region, region.name)}",
             "offrecomp: region %r mutates buffers larger than 1 MiB in its forward; "
             "replay sees their post-forward values",
             region.name,
@@ -319,7 +319,7 @@ def check_state_writes(region: Region, call: RegionCall, params: list[int]) -> N
     what = " and ".join(w for w, hit in (("its own inputs", inputs), ("its parameters", params)) if hit)
     missed = bool(unseen) or (call.params is not None and bool(call.params.unseen))
     warn_once(
-        f"writes-state:{kind(region)}" if not missed else f"writes-state-unseen:{region.name}",
+        f"writes-state:{kind(region)}" if not missed else f"writes-state-unseen:{named(region, region.name)}",
         "offrecomp: region %r (and any other like it) writes %s in place in its forward "
         "(an in-place activation applied to its input first thing; a running average "
         "kept in a frozen parameter; weights normalised in place, as magnitude-preserving "

@@ -32,6 +32,7 @@ __all__ = [
     "kind",
     "log_once",
     "modified_error",
+    "named",
     "runs_collectives",
     "warn_compiled",
     "warn_once",
@@ -81,6 +82,12 @@ def kind(region: Region) -> str:
     come once per kind of block in the process, so another model's blocks still warn."""
     cls = type(region.module)
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def named(region: Region | None, name: str) -> str:
+    """A warning's key for one region: its name with its class, so another model's
+    ``blocks.0`` of another class still warns (the root: its name alone)."""
+    return name if region is None else f"{kind(region)}:{name}"
 
 
 # NOTE [Collective regions]

@@ -17,7 +17,7 @@ import torch
 from offrecomp import _torch_compat as tc
 from offrecomp.arguments import replay_arguments
 from offrecomp.changes import forward_hooked, state_as_replayed
-from offrecomp.diagnostics import replay_differs, warn_once
+from offrecomp.diagnostics import named, replay_differs, warn_once
 from offrecomp.handles import view_on
 from offrecomp.replay import replay_call
 from offrecomp.state import PENDING_WATCH, RegionCall, StorageRec
@@ -265,7 +265,7 @@ class Regenerator:
         states])."""
         self._planner.distrust(call.name, structure)
         warn_once(
-            f"stale:{call.name}",
+            f"stale:{named(call.region, call.name)}",
             "offrecomp: region %r no longer runs the ops its measuring pass recorded (%s): "
             "state its forward reads changed since (a dropout rate, a hook, a momentum, a "
             "patched forward), or "

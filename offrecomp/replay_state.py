@@ -29,7 +29,7 @@ from offrecomp.changes import (
     same_entries,
     tree_snapshot,
 )
-from offrecomp.diagnostics import log_once
+from offrecomp.diagnostics import log_once, named
 from offrecomp.params import ParamState, data_at_entry, modified_params
 from offrecomp.regions import param_of
 from offrecomp.state import RegionCall
@@ -275,14 +275,14 @@ def hooks_as_found(call: RegionCall) -> Iterator[None]:
         changed = drop_hooks_since(first, mods) or changed
         if moved:
             log_once(
-                f"replay-entry-hooks:{region.name}", logging.INFO,
+                f"replay-entry-hooks:{named(region, region.name)}", logging.INFO,
                 "offrecomp: forward hooks of region %r's modules were registered or removed "
                 "between its forward and its replay; the replay ran with those its forward found",
                 region.name,
             )
         elif changed:
             log_once(
-                f"replay-hooks:{region.name}", logging.INFO,
+                f"replay-hooks:{named(region, region.name)}", logging.INFO,
                 "offrecomp: region %r registers or removes hooks, or sets children, in its "
                 "forward, which its replays do again; each replay leaves them as it found them",
                 region.name,
@@ -322,7 +322,7 @@ def children_as_forward(call: RegionCall) -> Iterator[None]:
             table.clear()
             table.update(items)
         log_once(
-            f"replay-children:{call.name}", logging.INFO,
+            f"replay-children:{named(call.region, call.name)}", logging.INFO,
             "offrecomp: children of region %r's modules were set since a call's entry; its "
             "replay ran with those the call found",
             call.name,

@@ -307,3 +307,39 @@ def test_a_rebound_buffer_s_entry_tensor_written_since_stops_its_replay() -> Non
             entry.add_(1.0)
         with pytest.raises(RuntimeError, match="buffer 'mem' of region '0' was rebound"):
             loss.backward()
+
+
+class _BigBookA(nn.Module):
+    """Reads a buffer over 1 MiB, then advances it in place (NOTE [Replay and module
+    state]: replayed with its post-forward value, warned)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.register_buffer("book", torch.ones(300_000))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(self.fc(x)) * (self.book[:16] * 1.0)
+        with torch.no_grad():
+            self.book.mul_(0.5)
+        return y
+
+
+class _BigBookB(_BigBookA):
+    pass
+
+
+@pytest.mark.parametrize("second", [_BigBookA, _BigBookB])
+def test_another_model_s_regions_of_the_same_names_warn_again(second: type, caplog: pytest.LogCaptureFixture) -> None:
+    """The warning of a region mutating a buffer over 1 MiB is keyed by the region's
+    class and name: a later model whose ``blocks.0`` is of another class is warned too
+    (keyed by name alone, it was not); one of the same class is not, again."""
+    offrecomp.diagnostics.clear_warnings()
+    texts = []
+    for cls in (_BigBookA, second):
+        m = nn.Sequential(cls(), cls())
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="offrecomp"), offrecomp.runtime(m, mode="recompute", regions=cls):
+            m(torch.randn(4, 16)).sum().backward()
+        texts.append(caplog.text.count("mutates buffers larger than 1 MiB"))
+    assert texts == [2, 2 if second is _BigBookB else 0], texts
