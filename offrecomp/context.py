@@ -59,6 +59,7 @@ __all__ = ["REPORT_MAX_STEPS", "Runtime", "runtime"]
 
 _active_lock = threading.Lock()
 _active: Runtime | None = None
+_orphans: list[Any] = []  # pack hooks of pairs left on a thread's stack (NOTE [Runtimes left on another thread])
 
 
 # NOTE [Runtimes across fork]
@@ -275,6 +276,7 @@ class Runtime:
                 )
             _active = self
         try:
+            _drop_orphans()
             self._follow_device()
             self._install()
         except BaseException:
@@ -299,12 +301,15 @@ class Runtime:
         ):
             # saved-tensor hooks are per thread: the pair is on the entering thread's stack,
             # which no other thread can reach (a thread that ended took its stack with it)
-            raise RuntimeError(
-                f"offrecomp: the runtime was entered on thread {entered_on.name!r} and is left on "
-                f"thread {threading.current_thread().name!r}; its hooks are on the entering "
-                "thread's stack, which only that thread can take them off. Leave it on the "
-                "thread that entered it (the runtime stays active until then)."
-            )
+            if exc_type is GeneratorExit:  # NOTE [Runtimes left on another thread]
+                self._orphan(entered_on)
+            else:
+                raise RuntimeError(
+                    f"offrecomp: the runtime was entered on thread {entered_on.name!r} and is left on "
+                    f"thread {threading.current_thread().name!r}; its hooks are on the entering "
+                    "thread's stack, which only that thread can take them off. Leave it on the "
+                    "thread that entered it (the runtime stays active until then)."
+                )
         try:
             assert self._installer is not None
             self._installer.end_stale_calls(0)  # NOTE [Stale calls] (install.py)
@@ -344,6 +349,36 @@ class Runtime:
             self._groups.device_moved()
             self._life.device_moved()
 
+    # NOTE [Runtimes left on another thread]
+    # A generator that holds ``with rt:`` (a trainer's ``self._it = self._steps()``) and is
+    # dropped before its end is closed wherever its last reference goes: for one in a
+    # reference cycle, on whichever thread runs the collector (a data loader's pin-memory
+    # thread). The runtime's exit then runs on a thread that cannot reach the hook pair on
+    # the entering thread's stack. Refusing it would leave the runtime active for good
+    # (the generator cannot run again), its wrappers in the model, every later runtime
+    # refused. So a GeneratorExit on another thread exits all the same, but for the pair:
+    # its placer passes every save through as it is (a plain saved tensor), and the next
+    # entry of any runtime on that thread takes the pair off where it is on top. Any other
+    # exit on another thread is refused (the entering thread may still be training).
+
+    def _orphan(self, entered_on: threading.Thread) -> None:
+        """Let the pair on ``entered_on``'s stack pass saves through, first (that thread
+        may be saving meanwhile), and remember it for the next entry there (NOTE
+        [Runtimes left on another thread])."""
+        placer = self._calls.placer
+        if placer is not None:
+            placer.orphan()
+        installer = self._installer
+        hooks = installer.hooks_ctx if installer is not None else None
+        if hooks is not None:
+            _orphans.append(hooks.pack_hook)
+        log.warning(
+            "offrecomp: the runtime entered on thread %r was left by a generator closed on "
+            "thread %r; its hooks stay on the entering thread's stack, passing every save "
+            "through, until a runtime is entered there again",
+            entered_on.name, threading.current_thread().name,
+        )
+
     def _install(self) -> None:
         placer = Placer(
             self.config, self._life, self._placements, self._groups, self._planner, self._verifier, self._buffers
@@ -375,6 +410,17 @@ class Runtime:
                 groups.maybe_close()
             except Exception:
                 pass
+
+
+def _drop_orphans() -> None:
+    """Take off this thread's stack the pairs of runtimes left on another thread that are
+    on top of it (NOTE [Runtimes left on another thread])."""
+    while _orphans:
+        top = tc.top_saved_tensors_hooks()
+        if top is None or not any(top[0] is p for p in _orphans):
+            return
+        _orphans[:] = [p for p in _orphans if p is not top[0]]
+        tc.pop_saved_tensors_hooks()
 
 
 class _PlanSlot:

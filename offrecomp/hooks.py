@@ -196,6 +196,7 @@ class Placer:
         self._verifier = verifier
         self._buffers = buffers
         self._packs = 0
+        self._sample = HOOK_SAMPLE  # 1 once orphaned: every pack goes aside (orphan())
         self.backward_packs = 0  # saves made while a backward runs (a gradient with create_graph)
         self._unpacks = 0
         self._release = functools.partial(release_call, free=groups.free)  # one callable, not one per save
@@ -208,7 +209,7 @@ class Placer:
         # sampled and recorded calls go aside and come back with ``aside``.
         if not aside:
             n = self._packs = self._packs + 1
-            if not n % HOOK_SAMPLE or self._life.recording:
+            if not n % self._sample or self._life.recording:
                 return self._pack_aside(t)
         life = self._life
         if _graph_task_id() != -1:
@@ -308,9 +309,17 @@ class Placer:
             rec.group.handles += 1  # type: ignore[union-attr]
         return h
 
+    def orphan(self) -> None:
+        """Its runtime was left on another thread while this pair stays on the entering
+        thread's stack: every save passes through as it is (NOTE [Runtimes left on
+        another thread] in context.py)."""
+        self._sample = 1
+
     def _pack_aside(self, t: torch.Tensor) -> Any:
         """A pack while an op recorder runs (its ops are the runtime's, not the
-        region's), or one timed (NOTE [Hook timing])."""
+        region's), or one timed (NOTE [Hook timing]); every pack once orphaned."""
+        if self._sample == 1:  # NOTE [Runtimes left on another thread] in context.py
+            return _Plain(t, None)
         if self._life.recording:
             with internal():
                 return self.pack(t, True)

@@ -189,6 +189,41 @@ def test_a_runtime_left_on_another_thread_is_refused_and_stays_active() -> None:
         pass
 
 
+def test_a_generator_closed_on_another_thread_leaves_its_runtime(caplog: pytest.LogCaptureFixture) -> None:
+    """NOTE [Runtimes left on another thread]: a training generator holding ``with rt:``,
+    closed on another thread (the collector's), exits its runtime but for the pair on
+    this thread's stack, which passes saves through until the next entry here takes it
+    off; refused, the runtime stayed active for good and every later one was refused."""
+    import threading
+
+    m = models.Stack([models.MLPBlock(16) for _ in range(2)])
+    ref = twin(m)
+
+    def steps() -> Iterator[None]:
+        with offrecomp.runtime(m, mode="recompute", min_bytes=0):
+            while True:
+                m(torch.randn(4, 16)).sum().backward()
+                yield
+
+    it = steps()
+    next(it)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        worker = threading.Thread(target=it.close, name="collector")
+        worker.start()
+        worker.join()
+    assert "left by a generator closed on thread 'collector'" in caplog.text
+    assert "forward" not in m.__dict__  # the wrappers are out
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is not None  # the pair, passing through
+    for model in (m, ref):
+        model.zero_grad(set_to_none=True)
+        model(torch.randn(4, 16, generator=torch.Generator().manual_seed(1))).square().sum().backward()
+    for (n, a), b in zip(ref.named_parameters(), m.parameters()):
+        assert torch.equal(a.grad, b.grad), n
+    with offrecomp.runtime(m, mode="recompute"):  # none active; this entry takes the pair off
+        pass
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+
+
 def test_a_runtime_entered_on_a_thread_that_ended_is_left_anywhere() -> None:
     """Its hook stack ended with the thread: the exit elsewhere is the only one there can
     be (a trial run on a worker thread that ended by an exception, the next run on the
