@@ -520,6 +520,21 @@ def _check_plan(plan: Plan, regions: list[str]) -> None:
         )
 
 
+def _refuse_data_parallel(model: nn.Module) -> None:
+    """``nn.DataParallel`` over several devices makes shallow copies of the modules at
+    each forward and runs them on threads of its own: the copies share the runtime's
+    wrappers, which run the original module (NOTE [Copies of a managed model] in
+    slots.py), on threads without its hooks."""
+    for name, m in model.named_modules():
+        if isinstance(m, nn.DataParallel) and len(m.device_ids) > 1:
+            raise ValueError(
+                f"offrecomp: {name or 'the model'} is an nn.DataParallel over devices {m.device_ids}; "
+                "its replicas would run the original modules' forwards on threads without the "
+                "runtime's hooks. Use DistributedDataParallel (one process per device, a "
+                "runtime in each), or give the runtime the module on one device"
+            )
+
+
 def _regions_of(model: nn.Module | None, config: Config) -> list[Region]:
     if model is None:
         if config.regions is not None:
@@ -527,6 +542,8 @@ def _regions_of(model: nn.Module | None, config: Config) -> list[Region]:
         return []
     if not config.active and config.regions is None:
         return []
+    if config.active:
+        _refuse_data_parallel(model)
     # a bad regions= fails alike when the runtime is off (mode="off", OFFRECOMP_DISABLE=1)
     regions = discover_regions(model, config.regions)
     if not regions:

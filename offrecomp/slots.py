@@ -10,7 +10,12 @@ after the runtime exited, and torch.save(model) would fail on it. The slot holds
 Installed instead: it calls the wrapper, and a deep copy or a pickle of it is what the
 slot held before (the module's own forward, bound to the copy), so the copy is a plain
 module the runtime does not manage. inspect.signature still sees the forward's signature
-through __wrapped__.
+through __wrapped__, and the function attributes of what it wraps (``__func__``,
+``__self__``, ``__code__``, the defaults) read through it, as code inspecting a bound
+forward reads them (``torch.export`` reads ``forward.__code__``). A shallow copy
+(``copy.copy``, ``nn.DataParallel``'s replicas) shares the slot's wrapper, which runs the
+original module: the wrapper is called without the module it was reached through.
+``nn.DataParallel`` over several devices in the model is refused.
 
 NOTE [Wrappers kept across entries]
 torch.compile(model) traces through each region's ``forward`` slot and guards on the
@@ -47,6 +52,9 @@ from torch import nn
 __all__ = ["Installed", "KeptWrappers", "following_class", "own_forward", "slot_as_before", "unwrap"]
 
 
+_READ_THROUGH = frozenset({"__func__", "__self__", "__code__", "__defaults__", "__kwdefaults__"})
+
+
 class Installed:
     """The runtime's wrapper in a module's ``forward`` (or ``_compiled_call_impl``) slot
     (NOTE [Copies of a managed model])."""
@@ -60,6 +68,11 @@ class Installed:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _READ_THROUGH:  # NOTE [Copies of a managed model]
+            return getattr(inspect.unwrap(self.__dict__["__wrapped__"]), name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         copy_of = memo.get(id(self.module))

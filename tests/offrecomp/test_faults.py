@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -161,6 +162,27 @@ def test_a_copy_made_inside_the_runtime_is_a_plain_model(mode: str) -> None:
     assert torch.equal(loaded(x), model(x))
 
 
+def test_a_wrapped_forward_reads_as_the_bound_method_it_wraps() -> None:
+    """NOTE [Copies of a managed model]: the wrapper in a forward slot reads ``__func__``,
+    ``__self__``, ``__code__`` and the defaults through to the forward it wraps, so
+    ``torch.export`` of the model inside ``with rt:`` (it reads ``forward.__code__``) exports
+    what plain exports, and training goes on after it."""
+    model, batch = make("gpt_dropout")
+    model.eval()
+    x = batch(0)
+    ref = torch.export.export(model, (x,)).module()(x)
+    with offrecomp.runtime(model, mode="recompute", min_bytes=0):
+        model(x).backward()
+        block = model.blocks[0]
+        fwd: Any = block.forward
+        assert fwd.__func__ is type(block).forward and fwd.__self__ is block
+        assert fwd.__code__ is type(block).forward.__code__ and fwd.__defaults__ == type(block).forward.__defaults__
+        assert torch.equal(torch.export.export(model, (x,)).module()(x), ref)
+        model(x).backward()
+        with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+            fwd.nothing  # noqa: B018
+
+
 class _InterruptedInReplay(nn.Module):
     """Raises KeyboardInterrupt from a ``finally`` of its forward during a replay: where a
     Ctrl-C lands while the replay's early stop unwinds the forward."""
@@ -220,3 +242,17 @@ def test_a_child_forked_inside_the_runtime_runs_plainly_and_may_enter_its_own() 
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert_bitwise(ref, train(m, batch, rt, steps=2))
+
+
+def test_data_parallel_over_several_devices_is_refused() -> None:
+    """NOTE [Copies of a managed model]: its replicas, shallow copies run on threads of
+    its own, would run the original modules through the runtime's wrappers. Over one
+    device (or none) it calls the module itself, and is taken."""
+    model, _ = make("gpt_dropout")
+    dp = nn.DataParallel(model)
+    dp.device_ids = [0, 1]  # as on a machine with two GPUs (the check reads only these)
+    with pytest.raises(ValueError, match=r"is an nn.DataParallel over devices \[0, 1\].*DistributedDataParallel"):
+        offrecomp.runtime(nn.ModuleDict({"dp": dp}))
+    dp.device_ids = [0]
+    offrecomp.runtime(dp)
+    offrecomp.runtime(dp, mode="off")
