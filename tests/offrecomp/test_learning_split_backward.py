@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -105,7 +106,23 @@ def _region_backward(rt: Any) -> float:
     return sum(r.backward_seconds for r in entry.profile.regions)
 
 
+def _timed(check: Callable[[], None], tries: int = 3) -> None:
+    """Run ``check``, a comparison of host timings, up to ``tries`` times: a loaded host
+    can put one run's passes off by 1.5x; the mistakes these tests catch put every run off."""
+    for attempt in range(tries):
+        try:
+            check()
+            return
+        except AssertionError:
+            if attempt == tries - 1:
+                raise
+
+
 def test_a_split_backward_is_learnt_without_swinging(monkeypatch: pytest.MonkeyPatch) -> None:
+    _timed(lambda: _learnt_without_swinging(monkeypatch))
+
+
+def _learnt_without_swinging(monkeypatch: pytest.MonkeyPatch) -> None:
     plain_scales, plain_rt, _ = _run("plain", monkeypatch)
     scales, rt, _ = _run("1f1b", monkeypatch)
     assert len(scales) >= 6, scales
@@ -191,6 +208,10 @@ def test_a_backward_inside_the_forward_is_not_learnt_as_forward(monkeypatch: pyt
     """NOTE [Backwards of other passes] (profiling.py): in F0 F1 B0 | F2 B1 F3 B2 B3, B1
     runs in the gap between F2 and F3, inside the second pass's forward span; taken as
     forward, it doubles the forward that pass teaches, every other pass."""
+    _timed(lambda: _not_learnt_as_forward(monkeypatch))
+
+
+def _not_learnt_as_forward(monkeypatch: pytest.MonkeyPatch) -> None:
     learnt = _spy_forward(monkeypatch)
     _run("1f1b", monkeypatch)
     assert len(learnt) >= 6, learnt
