@@ -89,7 +89,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["REPORT_MAX_STEPS", "Lifecycle"]
 
-_MAX_PROVISIONAL = 16  # passes without an optimizer step before every pass counts as a step
+#: Passes without an optimizer step before every pass counts as a step: accumulation over
+#: up to this many micro-batches (with steps a gradient scaler skipped) is one first step;
+#: the passes held meanwhile are a few KB of records each.
+_MAX_PROVISIONAL = 64
 #: Root forwards one pass joins at most (NOTE [Dropped graphs]); the next begins a new pass.
 MAX_FORWARDS = 64
 #: Step records ``report()`` holds (the most recent; about 3 KB each, 30 MB in all). A run of a million

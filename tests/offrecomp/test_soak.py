@@ -266,3 +266,22 @@ def test_the_report_holds_the_most_recent_steps(monkeypatch: pytest.MonkeyPatch,
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert [d["step"] for d in lines] == list(range(12))
     assert lines[0]["passes"] == 8  # the seven micro-batches merged into the first step
+
+
+def test_a_first_step_of_forty_micro_batches_is_one_record() -> None:
+    """NOTE [Passes and steps]: passes before the first optimizer step are provisional,
+    merged at it: 40 micro-batches (16 with steps a gradient scaler skipped) are one first
+    step, not one record each. A loop with no optimizer still gets a record per pass."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with offrecomp.runtime(model, mode="recompute") as rt:
+        for _ in range(2):
+            for _ in range(40):
+                model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    assert [s.passes for s in rt.report().steps] == [40, 40]
+    with offrecomp.runtime(model, mode="recompute") as rt:
+        for _ in range(70):
+            model(torch.randn(3, 4)).sum().backward()
+    assert [s.passes for s in rt.report().steps] == [1] * 70
