@@ -511,7 +511,10 @@ class Lifecycle:
     def _stepped_before_backward(p: PassState, optimizer: Any) -> None:
         """NOTE [Steps before the backward] (params.py): ``optimizer`` stepped while
         ``p``'s backward has not run: its calls' replays must not read what it stepped."""
-        stepped = {id(q) for g in getattr(optimizer, "param_groups", None) or () for q in g.get("params", ())}
+        stepped = {  # a parameter without a gradient is skipped by the step
+            id(q) for g in getattr(optimizer, "param_groups", None) or () for q in g.get("params", ())
+            if getattr(q, "grad", None) is not None
+        }
         for call in p.all_calls():
             if call.params is not None and not call.released:
                 note_stepped(call.params, stepped)

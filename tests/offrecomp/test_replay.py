@@ -691,6 +691,28 @@ def test_a_fused_optimizer_step_before_the_backward_stops_a_replay_reading_what_
         grads(m2, offrecomp.runtime(m2, mode="recompute", min_bytes=0), m2)
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_an_optimizer_step_skipping_every_parameter_before_the_backward_stops_no_replay(fused: bool) -> None:
+    """NOTE [Steps before the backward]: a step while no parameter has a gradient (the
+    first step's ``opt.step()`` moved above its backward) changes nothing, and plain
+    autograd runs; the hook marks only parameters with a gradient, so no replay raises."""
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+
+    def grads(m: nn.Module, rt: offrecomp.Runtime | None) -> list[torch.Tensor]:
+        opt = torch.optim.SGD(m.parameters(), lr=0.5, fused=fused)
+        with rt if rt is not None else contextlib.nullcontext():
+            loss = m(x).square().sum()
+            opt.step()
+            loss.backward()
+        return [q.grad for q in m.parameters()]  # type: ignore[misc]
+
+    torch.manual_seed(0)
+    m = nn.Sequential(_Shifted(), _Shifted())
+    ref = grads(copy.deepcopy(m), None)
+    got = grads(m, offrecomp.runtime(m, mode="recompute", min_bytes=0))
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+
+
 class _Freezing(nn.Module):
     """Detaches one of its parameters in place in its forward (compressive-transformer's
     attention does ``to_kv.weight.detach_()``): from then on it requires no grad."""
