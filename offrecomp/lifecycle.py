@@ -148,6 +148,7 @@ class Lifecycle:
         self._provisional: list[tuple[StepRecord, list[PassState]]] = []
         self._unwritten: list[StepRecord] = []  # confirmed steps not yet written to the report file
         self._retiring: list[PassState] = []  # ended steps' passes (NOTE [Pass retirement])
+        self._live: weakref.WeakSet[PassState] = weakref.WeakSet()  # every pass not collected yet
         self._step_folded = 0  # passes folded into the running step's others (NOTE [Dropped graphs])
         self._warned_forwards = False
         # per optimizer: its parameter lists' identities, and whether it steps the model's
@@ -267,6 +268,7 @@ class Lifecycle:
         if pending is not None:
             self._signs.choose(p, *pending)
         self._passes += 1
+        self._live.add(p)
         self._signs.note(p)
         self._planner.begin_pass(p)
         if self._ooms is None:
@@ -498,8 +500,8 @@ class Lifecycle:
                 "cache_enabled=False",
             )
         in_backward = tc.current_graph_task_id() != -1
-        if not in_backward and p is not None and (p.stage is FORWARD or p.stage is AWAITING):
-            self._stepped_before_backward(p, optimizer)
+        if not in_backward:
+            self._stepped_before_backward(optimizer)
         if self.explicit_steps:
             return  # inside rt.step(): the block's end closes the step
         if in_backward:
@@ -507,17 +509,20 @@ class Lifecycle:
             return
         self._optimizer_stepped()
 
-    @staticmethod
-    def _stepped_before_backward(p: PassState, optimizer: Any) -> None:
-        """NOTE [Steps before the backward] (params.py): ``optimizer`` stepped while
-        ``p``'s backward has not run: its calls' replays must not read what it stepped."""
+    def _stepped_before_backward(self, optimizer: Any) -> None:
+        """NOTE [Steps before the backward] (params.py): ``optimizer`` stepped outside a
+        backward: the replays of calls a backward may still reach (not released, in any
+        pass: one a later forward ended too) must not read what it stepped."""
         stepped = {  # a parameter without a gradient is skipped by the step
             id(q) for g in getattr(optimizer, "param_groups", None) or () for q in g.get("params", ())
             if getattr(q, "grad", None) is not None
         }
-        for call in p.all_calls():
-            if call.params is not None and not call.released:
-                note_stepped(call.params, stepped)
+        if not stepped:
+            return
+        for p in list(self._live):
+            for call in p.all_calls():
+                if call.params is not None and not call.released:
+                    note_stepped(call.params, stepped)
 
     def _steps_model(self, optimizer: Any) -> bool:
         """NOTE [Optimizers of other models]: does ``optimizer`` step a parameter of the

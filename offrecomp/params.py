@@ -326,8 +326,9 @@ def modified_params(state: ParamState) -> dict[int, str]:
 # recompute with the new weights where plain autograd holds activations of the old ones:
 # other gradients, silently. So the runtime's optimizer-step hook, outside a backward,
 # marks the parameters the optimizer holds, those with a gradient (the others it skips),
-# in every call of the pass whose backward has not run yet (``note_stepped``), and the
-# replay's guard treats them as modified: a replay that reads one raises. A step inside backward (an optimizer per parameter, as
+# in every call a backward may still reach, not released yet, of any pass (one that a
+# later forward ended too: ``note_stepped``), and the replay's guard treats them as
+# modified: a replay that reads one raises. A step inside backward (an optimizer per parameter, as
 # torchtune's ``optimizer_in_bwd``) is not marked: it updates a parameter after the
 # backward of every op that read it.
 

@@ -713,6 +713,27 @@ def test_an_optimizer_step_skipping_every_parameter_before_the_backward_stops_no
     assert all(torch.equal(a, b) for a, b in zip(ref, got))
 
 
+def test_a_fused_step_before_a_backward_of_a_pass_another_forward_ended_stops_its_replay() -> None:
+    """NOTE [Steps before the backward]: two forwards, one backward, a forward whose graph
+    is dropped (a metric: it ends the first pass), a fused step, the second backward. The
+    step marks the calls of every pass a backward may still reach, not only the running
+    one's: the second loss's replays raise, where they recomputed with the stepped bias."""
+    x = [torch.randn(4, 16, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    torch.manual_seed(0)
+    m = nn.Sequential(_Shifted(), _Shifted())
+    opt = torch.optim.SGD(m.parameters(), lr=0.5, fused=True)
+    for q in m.parameters():
+        q.grad = torch.ones_like(q)
+    with offrecomp.runtime(m, mode="recompute", min_bytes=0):
+        la = m(x[0]).square().sum()
+        lb = m(x[1]).square().sum()
+        la.backward()
+        m(x[2])
+        opt.step()
+        with pytest.raises(RuntimeError, match=r"parameter 'b' of _Shifted \(stepped by an optimizer"):
+            lb.backward()
+
+
 class _Freezing(nn.Module):
     """Detaches one of its parameters in place in its forward (compressive-transformer's
     attention does ``to_kv.weight.detach_()``): from then on it requires no grad."""
