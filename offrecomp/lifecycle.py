@@ -500,6 +500,15 @@ class Lifecycle:
                 "cache_enabled=False",
             )
         in_backward = tc.current_graph_task_id() != -1
+        if not in_backward and self.stack.roots and p is not None and p.stage is FORWARD:
+            warn_once(
+                "step-in-forward",
+                "offrecomp: an optimizer stepped inside the forward of the model the runtime "
+                "was given: its forward runs a training step of its own (test-time adaptation), "
+                "whose backward runs inside the forward and so is not the pass's; auto never "
+                "plans such passes. Give the runtime the module that step trains "
+                "(offrecomp.runtime(inner_model)), or call the outer one under torch.no_grad()",
+            )
         if not in_backward:
             self._stepped_before_backward(optimizer)
         if self.explicit_steps:

@@ -539,3 +539,30 @@ def test_saves_before_the_next_forward_begin_the_next_pass() -> None:
     steps = rt.report().steps
     assert len({(s.passes, s.saved_tensors, s.replays) for s in steps}) == 1, steps
     assert all(s.wall_seconds < 0.2 for s in steps[1:]), [s.wall_seconds for s in steps]
+
+
+class _AdaptsInForward(nn.Module):
+    """Test-time adaptation (TENT): the forward runs a training step of the inner model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(H, H), nn.Tanh(), nn.Linear(H, H))
+        self.opt = torch.optim.SGD(self.inner.parameters(), lr=0.05)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.inner(x)
+        out.square().mean().backward()
+        self.opt.step()
+        self.opt.zero_grad()
+        return out
+
+
+def test_an_optimizer_stepped_inside_the_forward_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    """A forward running its own backward and optimizer step teaches auto nothing (that
+    backward is not the pass's): a warning says so and names the fix, where the only one
+    said the measuring pass's backward never ran."""
+    m = _AdaptsInForward()
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), offrecomp.runtime(m, mode="auto"):
+        for i in range(3):
+            m(_x(i))
+    assert "an optimizer stepped inside the forward of the model the runtime was given" in caplog.text
