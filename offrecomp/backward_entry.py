@@ -97,49 +97,52 @@ def _wrap(inner: Callable[..., Any]) -> Callable[..., Any]:
 
     def entry(outputs: Any, *args: Any, **kwargs: Any) -> Any:
         if not tc.backward_keeps_graph(args, kwargs):
-            return run(outputs, *args, **kwargs)
+            return _run(inner, outputs, *args, **kwargs)
         _thread.keeping = getattr(_thread, "keeping", 0) + 1
         try:
-            return run(outputs, *args, **kwargs)
+            return _run(inner, outputs, *args, **kwargs)
         finally:
             _thread.keeping -= 1
 
-    def run(outputs: Any, *args: Any, **kwargs: Any) -> Any:
-        if tc.compiled_autograd_on():  # NOTE [Compiled autograd]
-            _say_eager_backward()
-            with tc.compiled_autograd_off():
-                return run(outputs, *args, **kwargs)
-        if _watchers and tc.backward_accumulates(args, kwargs):
-            for watch in list(_watchers):
-                watch()
-        top = tc.top_saved_tensors_hooks()
-        creates = tc.backward_creates_graph(args, kwargs)
-        if top is None or top[0] not in _packs or creates:
-            if creates and _makers and top is not None and top[0] not in _packs:
-                for made in list(_makers):
-                    made()
-            return inner(outputs, *args, **kwargs)
-        try:
-            tc.pop_sole_saved_tensors_hooks(top)
-            return inner(outputs, *args, **kwargs)
-        finally:
-            # From the stack, not from a flag, and again after an interrupt (Ctrl-C, a
-            # signal handler's exception) that lands on the way: one may come anywhere
-            # between the pop and the push.
-            interrupt: BaseException | None = None
-            while True:
-                try:
-                    now = tc.top_saved_tensors_hooks()
-                    if now is None or now[0] is not top[0]:
-                        tc.push_saved_tensors_hooks(*top)
-                    break
-                except BaseException as e:  # raised once the pair is back
-                    interrupt = e
-            if interrupt is not None:
-                raise interrupt
-
     entry.inner = inner  # type: ignore[attr-defined]
     return entry
+
+
+def _run(inner: Callable[..., Any], outputs: Any, *args: Any, **kwargs: Any) -> Any:
+    """A wrapper's body around ``inner``: a module function, where a closure calling
+    itself would be a reference cycle through its own cell, one per wrapper made."""
+    if tc.compiled_autograd_on():  # NOTE [Compiled autograd]
+        _say_eager_backward()
+        with tc.compiled_autograd_off():
+            return _run(inner, outputs, *args, **kwargs)
+    if _watchers and tc.backward_accumulates(args, kwargs):
+        for watch in list(_watchers):
+            watch()
+    top = tc.top_saved_tensors_hooks()
+    creates = tc.backward_creates_graph(args, kwargs)
+    if top is None or top[0] not in _packs or creates:
+        if creates and _makers and top is not None and top[0] not in _packs:
+            for made in list(_makers):
+                made()
+        return inner(outputs, *args, **kwargs)
+    try:
+        tc.pop_sole_saved_tensors_hooks(top)
+        return inner(outputs, *args, **kwargs)
+    finally:
+        # From the stack, not from a flag, and again after an interrupt (Ctrl-C, a
+        # signal handler's exception) that lands on the way: one may come anywhere
+        # between the pop and the push.
+        interrupt: BaseException | None = None
+        while True:
+            try:
+                now = tc.top_saved_tensors_hooks()
+                if now is None or now[0] is not top[0]:
+                    tc.push_saved_tensors_hooks(*top)
+                break
+            except BaseException as e:  # raised once the pair is back
+                interrupt = e
+        if interrupt is not None:
+            raise interrupt
 
 
 def own(pack: Any, watch: Callable[[], None], made: Callable[[], None]) -> None:

@@ -26,6 +26,7 @@ import functools
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,7 @@ from offrecomp.placement import Placements
 from offrecomp.planning import Planner
 from offrecomp.regions import Region, discover_regions
 from offrecomp.report import Report
+from offrecomp.slots import weak_call
 from offrecomp.state import PassState
 from offrecomp.verify import Verifier
 from scheduler.plan import ROOT, Placement, Plan
@@ -148,7 +150,7 @@ class Runtime:
         self._buffers = BufferPtrs()
         self._diag = Diagnostics()
         self._installer = Installer(model, self._regions, config, self._life, self._calls, self._diag)
-        self._diag.own_pack = self._installer.own_pack
+        self._diag.own_pack = weak_call(self._installer, "own_pack")  # NOTE [Wrappers and the installer] (slots.py)
         self._lock = threading.RLock()
         if config.active:
             log.info("offrecomp: %s", config.describe())
@@ -445,10 +447,13 @@ class _PlannerHost:
         self._regions = regions
         self._groups = groups
         self._plan = plan
-        self._calls: RegionCalls | None = None  # bound once the parts exist
+        # bound once the parts exist; weakly, as RegionCalls holds the planner, which holds
+        # this host: read only in a region call's exit, while the runtime (and so its
+        # RegionCalls) lives
+        self._calls: weakref.ref[RegionCalls] | None = None
 
     def _bind(self, calls: RegionCalls) -> None:
-        self._calls = calls
+        self._calls = weakref.ref(calls)
 
     @property
     def config(self) -> Config:
@@ -464,7 +469,8 @@ class _PlannerHost:
 
     @property
     def distributed(self) -> bool:
-        return self._calls is not None and self._calls.distributed
+        calls = self._calls() if self._calls is not None else None
+        return calls is not None and calls.distributed
 
     @property
     def user_plan(self) -> Plan | None:

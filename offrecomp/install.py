@@ -53,6 +53,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -102,7 +103,7 @@ from offrecomp.regions import (
 )
 from offrecomp.replay import in_replay
 from offrecomp.signatures import Frozen, Part, signature_of
-from offrecomp.slots import Installed, KeptWrappers, following_class, own_forward, unwrap
+from offrecomp.slots import Installed, KeptWrappers, following_class, own_forward, unwrap, weak_call
 from offrecomp.state import PassState, RegionCall
 from offrecomp.trace import PassiveMode
 
@@ -137,7 +138,7 @@ class Installer:
         self.active = False  # installed: region wrappers act
         self.compiled_model = False  # the model holds torch.compile'd code
         self.hooks_ctx: Any = None
-        self._native = NativeKeep(config, self._own_hooks)
+        self._native = NativeKeep(config, weak_call(self, "_own_hooks"))  # NOTE [Wrappers and the installer] (slots.py)
         self._restore: list[Callable[[], None]] = []
         # NOTE [Forwards replaced while entered] (forward_patches.py): per region wrapped in its forward slot, its
         # wrapper and the slot's value last seen going through it
@@ -475,9 +476,9 @@ class Installer:
     # ------------------------------------------------------------ wrappers
 
     def _root_forward(self, module: nn.Module, name: str = "") -> Make:
-        life, regions = self._life, self._regions
+        life, regions, me = self._life, self._regions, weakref.ref(self)  # NOTE [Wrappers and the installer] (slots.py)
 
-        def begin(args: tuple[Any, ...], kwargs: dict[str, Any], compiling: bool) -> PassState | None:
+        def begin(self: Installer, args: tuple[Any, ...], kwargs: dict[str, Any], compiling: bool) -> PassState | None:
             if (
                 self.active  # not a wrapper a patched forward kept past exit
                 and torch.is_grad_enabled()
@@ -504,14 +505,14 @@ class Installer:
                 return p
             return None
 
-        def failed(p: PassState, exc: BaseException, depth: int) -> None:
+        def failed(self: Installer, p: PassState, exc: BaseException, depth: int) -> None:
             try:
                 self._native.hooks_back()  # NOTE [Native keep]: an interrupt at a region call's start
                 self.end_stale_calls(depth)  # NOTE [Stale calls]
             finally:
                 life.root_failed(p, exc)
 
-        def returned(p: PassState, out: Any) -> None:
+        def returned(self: Installer, p: PassState, out: Any) -> None:
             if not p.calls and life.stack.roots == 1:  # NOTE [Regions with gradients off]
                 off = [r.name for r in regions if r.grad_off]
                 if off:
@@ -519,7 +520,8 @@ class Installer:
             life.root_returned(p, out)
 
         def traced(_ctx: Any) -> None:
-            if self.active and regions:
+            self = me()
+            if self is not None and self.active and regions:
                 _traced(regions)
 
         begin_h, fail, returned_h = self._host(begin), self._host(failed), self._host(returned)
@@ -539,18 +541,19 @@ class Installer:
                 # gave up tracing)? Only the evaluator tells.
                 compiling = _EVAL_FRAME_CALLBACK is not None and bool(_EVAL_FRAME_CALLBACK())
                 depth = len(life.stack.calls)
-                p = begin_h(args, kwargs, compiling)
+                inst = me()  # held for the call: its end reaches the installer its start did
+                p = None if inst is None else begin_h(inst, args, kwargs, compiling)
                 if p is None:
                     return fn(*args, **kwargs)
                 try:
                     out = fn(*args, **kwargs)
                 except BaseException as exc:
-                    fail(p, exc, depth)
+                    fail(inst, p, exc, depth)
                     refused = refused_transform(exc, "the model's forward")
                     if refused is not None:
                         raise refused from exc
                     raise
-                returned_h(p, out)
+                returned_h(inst, p, out)
                 return out
 
             return forward
@@ -558,13 +561,15 @@ class Installer:
         return make
 
     def _region_forward(self, region: Region) -> Make:
-        begin_h, end_h = self._host(self._begin_region), self._host(self._end_region)
-        hooks_back = self._host(self._native.hooks_back)
+        me, region_ref = weakref.ref(self), weakref.ref(region)  # NOTE [Wrappers and the installer] (slots.py)
+        begin_h, end_h = self._host(Installer._begin_region), self._host(Installer._end_region)
+        hooks_back = self._host(NativeKeep.hooks_back)
 
         def traced(_ctx: Any) -> None:
             # the root's wrapper warns too, where the compiled frame is the model's; not
             # where it is a function the model's forward slot holds, which runs past it
-            if self.active:
+            self, region = me(), region_ref()
+            if self is not None and region is not None and self.active:
                 region.traced = True
                 warn_compiled(", ".join(r.name for r in self._regions))
 
@@ -583,8 +588,11 @@ class Installer:
                 # Run eagerly while the forward it calls will be compiled (a frame dynamo
                 # gave up tracing)? Only the evaluator tells.
                 compiling = _EVAL_FRAME_CALLBACK is not None and bool(_EVAL_FRAME_CALLBACK())
-                call = begin_h(region, fn, args, kwargs, compiling)
-                if call is None:
+                inst, region = me(), region_ref()  # held for the call
+                if region is None:  # gone with its runtime: no call of it is left to replay
+                    return fn(*args, **kwargs)
+                call = None if inst is None else begin_h(inst, region, fn, args, kwargs, compiling)
+                if call is None or inst is None:
                     if not has_readers() or torch.is_grad_enabled() or in_replay():
                         return fn(*args, **kwargs)
                     copies = watch_writes(region.slots)  # NOTE [Buffers written unseen] (buffers.py)
@@ -594,16 +602,16 @@ class Installer:
                 try:
                     out = fn(*args, **kwargs)
                 except BaseException as exc:
-                    end_h(call, exc)
+                    end_h(inst, call, exc)
                     refused = refused_transform(exc, f"region {region.name!r} ({kind(region)})")
                     if refused is not None:
                         raise refused from exc
                     raise
                 else:
-                    end_h(call, None, out, (args, kwargs))
+                    end_h(inst, call, None, out, (args, kwargs))
                 finally:
                     if call.native:  # the hooks back, also when an interrupt cut end_h short
-                        hooks_back()
+                        hooks_back(inst._native)
                 return out
 
             return forward

@@ -636,9 +636,20 @@ class Lifecycle:
                 self.report_file.flush()
         self._retire()
 
+    def __del__(self) -> None:
+        # NOTE [Pass retirement]: gone, it reads its passes no more, nor does a backward
+        # (a save through the hooks holds them, and they this); those the planner holds
+        # it retires when it goes (PassHolder in state.py)
+        try:  # never raise from a finaliser
+            for p in list(self._live):
+                if not self._planner.holds(p):
+                    p.retire(orphaned=True)
+        except Exception:
+            pass
+
     def _retire(self) -> None:
         """Retire the ended steps' passes the planner holds no longer; one that cannot
-        retire is left to the collector (NOTE [Pass retirement])."""
+        retire is left to the collector, or to ``__del__`` (NOTE [Pass retirement])."""
         held = []
         for p in self._retiring:
             if self._planner.holds(p):

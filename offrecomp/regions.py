@@ -325,7 +325,12 @@ def discover_regions(
     regions: list[Region] = []
     seen: set[int] = set()
 
-    def visit(prefix: str, m: nn.Module) -> None:
+    # depth first, children in order, as a recursion would; not a recursive closure, which
+    # holds itself through its cell: a reference cycle, holding the regions and so the
+    # model's blocks until the collector runs
+    stack: list[tuple[str, nn.Module]] = [("", model)]
+    while stack:
+        prefix, m = stack.pop()
         if id(m) in pick:
             if id(m) not in seen:  # a shared module is one region
                 seen.add(id(m))
@@ -333,11 +338,8 @@ def discover_regions(
                 region = Region(prefix or MODEL_NAME, inner, ())
                 region.refresh()
                 regions.append(region)
-            return  # regions never nest
-        for child_name, child in m.named_children():
-            visit(_child_name(prefix, m, child_name), child)
-
-    visit("", model)
+            continue  # regions never nest
+        stack.extend(reversed([(_child_name(prefix, m, name), child) for name, child in m.named_children()]))
     return regions
 
 

@@ -28,6 +28,20 @@ that name and whether the model holds compiled code are all as they were. An ent
 forgets the wrappers it did not put back (those of a module replaced since, which they
 would keep alive).
 
+NOTE [Wrappers and the installer]
+The installer keeps the wrappers it made from one entry to the next, and a wrapper calls
+back into the installer; its native-keep part and the diagnostics call back for the hook
+pair. Held strongly both ways, these would be reference cycles through the model's
+modules (a wrapper names its module, the installer the model): a runtime and its model
+dropped together would wait for the collector, and never be freed where it does not run
+(``gc.disable()``, objects kept by ``gc.freeze()``). So what the installer holds reaches it
+through a weak reference (``weak_call``), and a region's wrapper its region too (the
+region's attribute tables hold the wrapper, from the module's ``forward`` slot). The
+runtime holds the installer while it lives, and an entered runtime is held as the active
+one: a wrapper finds its installer gone only once the runtime is, when the installer
+would have been inactive, and runs the forward plainly, as an inactive one's does. A call
+holds the installer from its start to its end.
+
 NOTE [Class forwards patched while entered]
 A wrapper made around a module's class ``forward`` (no instance ``forward`` then) holds
 that function bound. Code patching the class while the runtime is entered (``Block.forward
@@ -44,12 +58,13 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeGuard
 
 from torch import nn
 
-__all__ = ["Installed", "KeptWrappers", "following_class", "own_forward", "slot_as_before", "unwrap"]
+__all__ = ["Installed", "KeptWrappers", "following_class", "own_forward", "slot_as_before", "unwrap", "weak_call"]
 
 
 _READ_THROUGH = frozenset({"__func__", "__self__", "__code__", "__defaults__", "__kwdefaults__"})
@@ -171,3 +186,14 @@ class KeptWrappers:
         for key in [k for k in self._kept if k not in self._used]:
             del self._kept[key]
         self._used = set()
+
+
+def weak_call(obj: Any, name: str) -> Callable[[], Any]:
+    """What calls ``obj``'s method ``name`` through a weak reference to ``obj``: None once
+    ``obj`` is gone (NOTE [Wrappers and the installer])."""
+    return functools.partial(_call_weakly, weakref.ref(obj), name)
+
+
+def _call_weakly(ref: weakref.ref[Any], name: str) -> Any:
+    obj = ref()
+    return None if obj is None else getattr(obj, name)()

@@ -16,8 +16,10 @@ Saves outside every region belong to the root call (name ``""``, call index 0).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -620,12 +622,14 @@ class PassState(_WeakReferable):
                 if (rec.resident or rec.placement is Placement.RECOMPUTE) and rec() is not None:
                     rec.held = True
 
-    def retire(self) -> bool:
+    def retire(self, *, orphaned: bool = False) -> bool:
         """Cut the pass's edges to its calls and the calls' edges to their storages, so
         that refcounting frees them (NOTE [Pass retirement]); False, changing nothing,
-        when a saved tensor may still reload or replay one of its calls."""
+        when a saved tensor may still reload or replay one of its calls. ``orphaned``:
+        the runtime's lifecycle or planner is gone, so no save through its hooks lives
+        (each holds the hooks, which hold both) and the pass retires whatever its stage."""
         calls = self.all_calls()
-        if self.stage is not Stage.DONE or any(c.leased for c in calls):
+        if (self.stage is not Stage.DONE and not orphaned) or any(c.leased for c in calls):
             return False
         for c in calls:
             c.storages = []
@@ -640,6 +644,22 @@ class PassState(_WeakReferable):
         self.first_named = {}
         self.whole_counted = {}
         return True
+
+
+class PassHolder:
+    """What reads passes' calls after their step (the planner): it holds them from
+    retiring while it lives, and retires them when it goes (NOTE [Pass retirement])."""
+
+    def held(self) -> Iterator[PassState]:
+        raise NotImplementedError
+
+    def holds(self, p: PassState) -> bool:
+        return any(q is p for q in self.held())
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # never raise from a finaliser
+            for p in list(self.held()):
+                p.retire(orphaned=True)
 
 
 # NOTE [Pass retirement]
@@ -658,4 +678,6 @@ class PassState(_WeakReferable):
 # or replay them; NOTE [Call leases]). Kept saves need no lease: their handles name the
 # record and the record its call, back edges, which stay. The lifecycle sweeps passes at
 # each step's end, one step behind the planner; a pass that cannot retire then is left to
-# the collector.
+# the collector, or retired when the lifecycle goes (``orphaned``: no save through the
+# runtime's hooks can outlive the lifecycle and the planner, which the hooks hold), as are
+# the passes the planner holds when it goes.

@@ -20,7 +20,7 @@ from offrecomp.planning.profiling import ReplayMarks
 from offrecomp.planning.replay_cost import DISPATCH_PROBES, ReplayCost
 from offrecomp.planning.solving import Solver
 from offrecomp.signatures import shown
-from offrecomp.state import Stage
+from offrecomp.state import PassHolder, Stage
 from offrecomp.transfer import BACKWARD_START
 from scheduler.plan import Placement, Plan
 from scheduler.timeline import simulate
@@ -40,7 +40,7 @@ CATCH_UP_SECONDS = 0.02
 """At a pass's start, deferred record reading and learning stops after this long (one
 record is always read): NOTE [Bookkeeping off the critical path]."""
 
-class Planner:
+class Planner(PassHolder):
     """Profiles in, placements out, plans cached per signature; over a ``PlannerHost``."""
 
     def __init__(self, host: PlannerHost) -> None:
@@ -654,14 +654,12 @@ class Planner:
         self._pending.append((rec, passes))
         return rec
 
-    def holds(self, p: PassState) -> bool:
-        """Will the planner still read ``p``'s calls: to build a profile, to learn from
-        its step, or for ``explain()`` of a forced mode (NOTE [Pass retirement])?"""
-        return (
-            any(q is p for q in self.last_forced)
-            or any(q is p for _, passes in self._pending for q in passes)
-            or any(q is p for q, *_ in self._unplanned)
-        )
+    def held(self) -> Iterator[PassState]:
+        """The passes whose calls it will still read: to build a profile, to learn from
+        their step, or for ``explain()`` of a forced mode (NOTE [Pass retirement])."""
+        yield from self.last_forced
+        yield from (q for _, passes in self._pending for q in passes)
+        yield from (q for q, *_ in self._unplanned)
 
     def pending_ids(self) -> set[int]:
         return {id(r) for r, _ in self._pending}

@@ -24,6 +24,7 @@ from torch import nn
 
 import offrecomp
 import offrecomp.backends
+from tests.helpers import make, train
 
 MODES = ["keep", "recompute", "offload", "auto"]
 
@@ -743,3 +744,33 @@ def test_the_first_runtime_of_a_process_is_freed_at_once() -> None:
     out = subprocess.run([sys.executable, "-c", _FIRST_RUNTIME], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "(True, True) (True, True)", out.stdout
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_dropped_model_and_runtime_go_by_refcounting(mode: str) -> None:
+    """NOTE [Wrappers and the installer], NOTE [Pass retirement]: with the collector off,
+    ``del model, rt`` after training frees the model's modules and parameters (wrappers
+    reached the installer, regions their wrappers, the planner its calls, and passes left
+    unretired their records, all strongly: the model waited for a collection, and under
+    ``gc.freeze()`` for ever)."""
+    model, batch = make("gpt_dropout")
+    warm = offrecomp.runtime(model, mode=mode, min_bytes=0)  # the planner's kernels loaded
+    train(model, batch, warm, steps=4)
+    del warm
+    gc.collect()
+    gc.disable()
+    try:
+        model, batch = make("gpt_dropout")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        rt = offrecomp.runtime(model, mode=mode, min_bytes=0)
+        with rt:
+            for i in range(4):
+                model(batch(i)).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        parts = [weakref.ref(t) for t in (*model.modules(), *model.parameters())]
+        del model, rt, opt
+        alive = sum(r() is not None for r in parts)
+    finally:
+        gc.enable()
+    assert alive == 0, f"{alive} of {len(parts)} modules and parameters alive"
