@@ -136,7 +136,7 @@ class Backend(ABC):
     def free_after(self, sources: list[torch.Tensor], stream: Stream) -> bool:
         """Have the memory of ``sources`` reused only after the work queued on ``stream``
         so far, once nothing holds them, without a wait on any stream: True if this
-        backend can (NOTE [Freed sources] in offload.py), False if the caller must order
+        backend can (NOTE [Freed sources] in transfer.py), False if the caller must order
         their reuse itself."""
         return False
 

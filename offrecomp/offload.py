@@ -12,7 +12,8 @@ the host never waits on the device in ``issue``/``fetch``/``free`` (the emulated
 backend's compute "stream" is the host thread, so there its waits block the host by
 construction).
 
-The ordering edges are listed in NOTE [Stream ordering]; each wait goes through
+The sources of copies in flight are held in a stash (NOTE [Source lifetime] in
+transfer.py). The ordering edges are listed in NOTE [Stream ordering]; each wait goes through
 :meth:`OffloadEngine._wait_edge` with the edge's name so a test can remove exactly one.
 What a step moved, and how fast, is counted in a :class:`~offrecomp.offload_books.StepBooks`.
 """
@@ -65,7 +66,7 @@ Edge = Literal[
 #      storages only after the kernels that produced them (they may still be queued).
 #   2. compute_after_d2h: before the engine lets go of a group's device sources whose
 #      copy may not have landed, the stream they were produced on waits on that copy's
-#      event; see NOTE [Source lifetime].
+#      event; see NOTE [Source lifetime] in transfer.py.
 #   3. h2d_after_d2h: a reload waits on the event of *its own* group's D2H copy. Without
 #      it the H2D stream can read the host block before the D2H stream wrote it
 #      (Megatron #7398).
@@ -84,48 +85,6 @@ Edge = Literal[
 # stream is `s` (torchtitan #2581), and a stream cached across calls goes stale when the
 # caller switches streams (TRL #7195).
 
-# NOTE [Source lifetime]
-# A device storage being copied to host must not be freed, and its memory reused, before
-# the copy landed. Two ways exist:
-#   - record_stream(source, d2h_stream): the caching allocator holds the block until the
-#     D2H stream passes that point. Memory is then freed at a time nobody controls (the
-#     allocator polls events when it next needs memory), peak memory becomes
-#     non-deterministic, and nothing pushes back when copies fall behind compute.
-#   - a stash: the engine keeps the group's sources together with its copy event. Each
-#     engine call polls the stash with query() and drops sources whose copy landed. When
-#     the stash holds more than `window_bytes`, the producing stream waits (GPU-side) on
-#     the oldest group's event and its sources are dropped: the allocator may hand their
-#     blocks to later work on that stream, which is now ordered after the copy.
-# We use the stash: device memory held for in-flight copies is bounded by the window
-# (plus the newest group), release is deterministic, the window is the backpressure
-# point when the link is slower than compute, and the emulated backend can check the
-# lifetime (it holds copy sources weakly). The wait goes on the stream the sources were
-# produced on (looked up live at issue), because the caching allocator reuses a freed
-# block on the stream that allocated it. Outside a plan, backward does not drain the
-# stash: the copies of the last groups land while backward starts, and their sources go
-# at the next poll, or are served to backward meanwhile (NOTE [Served groups] in
-# transfer.py). A group larger than the window is waited on at once: its offload
-# still frees device memory, but compute no longer overlaps that copy.
-
-# NOTE [Freed sources]
-# A group freed while the stash holds its sources (its graph dropped without backward, a forward or
-# backward that raised) lets go of them at its free: left to the engine's next call, a graph
-# dropped at a loop's end would hold them until the next forward or the exit. A copy query() does
-# not see landed still reads them: on CUDA each source is recorded on the D2H stream
-# (``record_stream``), so the allocator reuses its block only once that stream passed the copy,
-# with no wait on any stream (compute waiting on a dead graph's copies would stall the next
-# forward; NOTE [Source lifetime]'s case against record_stream is a bound and a release time for
-# memory still in use, which these sources no longer are; cudaMallocAsync orders the reuse with a
-# stream wait of its own); elsewhere compute waits on the copy first, interrupted, leaving them
-# held and the group freed all the same.
-
-# NOTE [Window under a plan]
-# The window is the backpressure of forced offload, where nothing else bounds what copies in flight
-# hold. Under a plan the planner has already counted every in-flight byte in its simulated peak and
-# timed the copies at the measured link rate, so the window would only stall forward where the plan
-# expects overlap. `prepare()` widens it to the plan's offloaded bytes; the plan says when each
-# group's sources go instead.
-
 class OffloadEngine:
     """Offloads groups of storages to a pinned host pool and reloads them ahead of need.
 
@@ -135,7 +94,7 @@ class OffloadEngine:
             (:func:`offrecomp.pool.default_host_limit` is a safe default).
         prefetch: how far ahead reloads are issued (NOTE [Prefetch order] in transfer.py).
         window_bytes: most bytes of device sources kept alive for in-flight copies before
-            compute waits on the oldest group (NOTE [Source lifetime]).
+            compute waits on the oldest group (NOTE [Source lifetime] in transfer.py).
         slab_bytes: size of each pinned slab.
         host_pressure_bytes: available host memory that must remain after a new slab
             (default max(2 GiB, 5% of RAM)).
@@ -443,7 +402,7 @@ class OffloadEngine:
         """The group is no longer needed. Its host block returns to the pool once its
         copies landed (NOTE [Host slot lifetime]). Freeing twice is a no-op. Never blocks
         on CUDA (on the emulated backend, a copy its sources wait for runs on this thread:
-        NOTE [Freed sources]); may run in a finaliser, on any thread (NOTE [Free from
+        NOTE [Freed sources] in transfer.py); may run in a finaliser, on any thread (NOTE [Free from
         finalisers], NOTE [Frees on a copy worker] in groups.py)."""
         lock = self._lock
         if lock._is_owned():  # type: ignore[attr-defined]
@@ -467,7 +426,7 @@ class OffloadEngine:
     def prepare(self, sizes: Sequence[int], *, window_bytes: int | None = None) -> int:
         """Get ready for a plan's offloads: pin host memory for these block sizes now,
         rather than in the first step that makes them, and set the in-flight window
-        (NOTE [Window under a plan]; None leaves it). Returns the pool's reserved bytes."""
+        (NOTE [Window under a plan] in transfer.py; None leaves it). Returns the pool's reserved bytes."""
         if window_bytes is not None and window_bytes < 0:
             raise ValueError(f"window_bytes={window_bytes!r} is invalid; it must be >= 0")
         with self._locked():
@@ -619,7 +578,8 @@ class OffloadEngine:
         if group.block is not None or group.buffer is not None:
             self._deferred.append(group)
         if group.in_flight is not None and not self.backend.in_stream_work():
-            self._unstash(group, free=True)  # NOTE [Freed sources]; last: it may wait (and be interrupted)
+            # NOTE [Freed sources] in transfer.py; last: it may wait (and be interrupted)
+            self._unstash(group, free=True)
 
     def _wait_edge(self, edge: Edge, stream: Stream, event: Event) -> None:
         """Enqueue one ordering edge of NOTE [Stream ordering] (``edge`` names it)."""
@@ -631,7 +591,7 @@ class OffloadEngine:
         entry.group.hold(entry.sources)
 
     def _drop(self, entry: InFlight) -> None:
-        """Let go of a group's sources (NOTE [Source lifetime]), their writes since issue
+        """Let go of a group's sources (NOTE [Source lifetime] in transfer.py), their writes since issue
         seen first; a served group's stay handed out (NOTE [Served groups] in transfer.py)."""
         if entry.dropped:  # run again after an interrupt: once
             return
@@ -669,7 +629,7 @@ class OffloadEngine:
     def _unstash(self, group: Group, free: bool = False) -> None:
         """Let go of ``group``'s sources held for its copy now, compute first waiting on
         the copy if it has not landed (edge 2 of NOTE [Stream ordering]), or for a
-        ``free``, their memory reused after it where the backend can (NOTE [Freed sources])."""
+        ``free``, their memory reused after it where the backend can (NOTE [Freed sources] in transfer.py)."""
         stash = self._stash
         entry = next(e for e in stash if e.group is group)
         backend = self.backend
@@ -681,7 +641,7 @@ class OffloadEngine:
         stash.remove(entry)
 
     def _bound_stash(self) -> None:
-        # NOTE [Source lifetime]: beyond the window, the producer waits on the oldest copy.
+        # NOTE [Source lifetime] in transfer.py: beyond the window, the producer waits on the oldest copy.
         while self._stash_bytes > self.window_bytes and self._stash:
             entry = self._stash[0]
             if not self.backend.query(entry.landed):  # first: interrupted, the sources stay held

@@ -513,10 +513,53 @@ def gbps(nbytes: int, seconds: float) -> float | None:
     return nbytes / seconds / 1e9
 
 
+# NOTE [Source lifetime]
+# The offload engine's (offload.py). A device storage being copied to host must not be
+# freed, and its memory reused, before the copy landed. Two ways exist:
+#   - record_stream(source, d2h_stream): the caching allocator holds the block until the
+#     D2H stream passes that point. Memory is then freed at a time nobody controls (the
+#     allocator polls events when it next needs memory), peak memory becomes
+#     non-deterministic, and nothing pushes back when copies fall behind compute.
+#   - a stash: the engine keeps the group's sources together with its copy event. Each
+#     engine call polls the stash with query() and drops sources whose copy landed. When
+#     the stash holds more than `window_bytes`, the producing stream waits (GPU-side) on
+#     the oldest group's event and its sources are dropped: the allocator may hand their
+#     blocks to later work on that stream, which is now ordered after the copy.
+# We use the stash: device memory held for in-flight copies is bounded by the window
+# (plus the newest group), release is deterministic, the window is the backpressure
+# point when the link is slower than compute, and the emulated backend can check the
+# lifetime (it holds copy sources weakly). The wait goes on the stream the sources were
+# produced on (looked up live at issue), because the caching allocator reuses a freed
+# block on the stream that allocated it. Outside a plan, backward does not drain the
+# stash: the copies of the last groups land while backward starts, and their sources go
+# at the next poll, or are served to backward meanwhile (NOTE [Served groups]). A group
+# larger than the window is waited on at once: its offload still frees device memory,
+# but compute no longer overlaps that copy.
+
+# NOTE [Freed sources]
+# A group freed while the stash holds its sources (its graph dropped without backward, a forward or
+# backward that raised) lets go of them at its free: left to the engine's next call, a graph
+# dropped at a loop's end would hold them until the next forward or the exit. A copy query() does
+# not see landed still reads them: on CUDA each source is recorded on the D2H stream
+# (``record_stream``), so the allocator reuses its block only once that stream passed the copy,
+# with no wait on any stream (compute waiting on a dead graph's copies would stall the next
+# forward; NOTE [Source lifetime]'s case against record_stream is a bound and a release time for
+# memory still in use, which these sources no longer are; cudaMallocAsync orders the reuse with a
+# stream wait of its own); elsewhere compute waits on the copy first, interrupted, leaving them
+# held and the group freed all the same.
+
+# NOTE [Window under a plan]
+# The window is the backpressure of forced offload, where nothing else bounds what copies in flight
+# hold. Under a plan the planner has already counted every in-flight byte in its simulated peak and
+# timed the copies at the measured link rate, so the window would only stall forward where the plan
+# expects overlap. `OffloadEngine.prepare()` widens it to the plan's offloaded bytes; the plan says when each
+# group's sources go instead.
+
+
 @dataclass(eq=False)
 class InFlight:
     """An issued group's device sources, held until the engine lets go of them (NOTE
-    [Source lifetime] in offload.py)."""
+    [Source lifetime])."""
 
     sources: list[torch.Tensor]
     landed: Event
