@@ -61,7 +61,9 @@ __all__ = ["REPORT_MAX_STEPS", "Runtime", "runtime"]
 
 _active_lock = threading.Lock()
 _active: Runtime | None = None
-_orphans: list[Any] = []  # pack hooks of pairs left on a thread's stack (NOTE [Runtimes left on another thread])
+#: Pack hooks of pairs left on a thread's stack (NOTE [Runtimes left on another thread]),
+#: weakly: the stack holds each while it is on it.
+_orphans: list[weakref.ref[Any]] = []
 
 
 # NOTE [Runtimes across fork]
@@ -373,7 +375,7 @@ class Runtime:
         installer = self._installer
         hooks = installer.hooks_ctx if installer is not None else None
         if hooks is not None:
-            _orphans.append(hooks.pack_hook)
+            _orphans.append(weakref.ref(hooks.pack_hook))
         log.warning(
             "offrecomp: the runtime entered on thread %r was left by a generator closed on "
             "thread %r; its hooks stay on the entering thread's stack, passing every save "
@@ -417,11 +419,12 @@ class Runtime:
 def _drop_orphans() -> None:
     """Take off this thread's stack the pairs of runtimes left on another thread that are
     on top of it (NOTE [Runtimes left on another thread])."""
+    _orphans[:] = [r for r in _orphans if r() is not None]
     while _orphans:
         top = tc.top_saved_tensors_hooks()
-        if top is None or not any(top[0] is p for p in _orphans):
+        if top is None or not any(top[0] is r() for r in _orphans):
             return
-        _orphans[:] = [p for p in _orphans if p is not top[0]]
+        _orphans[:] = [r for r in _orphans if r() is not top[0] and r() is not None]
         tc.pop_saved_tensors_hooks()
 
 

@@ -476,7 +476,7 @@ class Installer:
     # ------------------------------------------------------------ wrappers
 
     def _root_forward(self, module: nn.Module, name: str = "") -> Make:
-        life, regions, me = self._life, self._regions, weakref.ref(self)  # NOTE [Wrappers and the installer] (slots.py)
+        me = weakref.ref(self)  # NOTE [Wrappers and the installer] (slots.py)
 
         def begin(self: Installer, args: tuple[Any, ...], kwargs: dict[str, Any], compiling: bool) -> PassState | None:
             if (
@@ -489,6 +489,7 @@ class Installer:
                 if tc.top_saved_tensors_hooks() is None:
                     warn_other_thread()
                     return None
+                life, regions = self._life, self._regions
                 if (compiling or _is_compiled(module)) and regions:
                     _traced(regions)
                 self._follow_compiles()
@@ -510,19 +511,19 @@ class Installer:
                 self._native.hooks_back()  # NOTE [Native keep]: an interrupt at a region call's start
                 self.end_stale_calls(depth)  # NOTE [Stale calls]
             finally:
-                life.root_failed(p, exc)
+                self._life.root_failed(p, exc)
 
         def returned(self: Installer, p: PassState, out: Any) -> None:
-            if not p.calls and life.stack.roots == 1:  # NOTE [Regions with gradients off]
-                off = [r.name for r in regions if r.grad_off]
+            if not p.calls and self._life.stack.roots == 1:  # NOTE [Regions with gradients off]
+                off = [r.name for r in self._regions if r.grad_off]
                 if off:
                     self._grad_off = off  # said at the next root forward, past this backward
-            life.root_returned(p, out)
+            self._life.root_returned(p, out)
 
         def traced(_ctx: Any) -> None:
             self = me()
-            if self is not None and self.active and regions:
-                _traced(regions)
+            if self is not None and self.active and self._regions:
+                _traced(self._regions)
 
         begin_h, fail, returned_h = self._host(begin), self._host(failed), self._host(returned)
 
@@ -540,9 +541,11 @@ class Installer:
                 # Run eagerly while the forward it calls will be compiled (a frame dynamo
                 # gave up tracing)? Only the evaluator tells.
                 compiling = _EVAL_FRAME_CALLBACK is not None and bool(_EVAL_FRAME_CALLBACK())
-                depth = len(life.stack.calls)
                 inst = me()  # held for the call: its end reaches the installer its start did
-                p = None if inst is None else begin_h(inst, args, kwargs, compiling)
+                if inst is None:
+                    return fn(*args, **kwargs)
+                depth = len(inst._life.stack.calls)
+                p = begin_h(inst, args, kwargs, compiling)
                 if p is None:
                     return fn(*args, **kwargs)
                 try:

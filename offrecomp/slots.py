@@ -10,9 +10,9 @@ after the runtime exited, and torch.save(model) would fail on it. The slot holds
 Installed instead: it calls the wrapper, and a deep copy or a pickle of it is what the
 slot held before (the module's own forward, bound to the copy), so the copy is a plain
 module the runtime does not manage. inspect.signature still sees the forward's signature
-through __wrapped__, and the function attributes of what it wraps (``__func__``,
-``__self__``, ``__code__``, the defaults) read through it, as code inspecting a bound
-forward reads them (``torch.export`` reads ``forward.__code__``). A shallow copy
+through __wrapped__, and the code of what it wraps reads through it (``torch.export``
+reads ``forward.__code__``); not ``__func__``/``__self__``, whose holders (accelerate's
+``prepare``) would rebuild the forward from the class's function, around the wrapper. A shallow copy
 (``copy.copy``, ``nn.DataParallel``'s replicas) shares the slot's wrapper, which runs the
 original module: the wrapper is called without the module it was reached through.
 ``nn.DataParallel`` over several devices in the model is refused.
@@ -67,7 +67,7 @@ from torch import nn
 __all__ = ["Installed", "KeptWrappers", "following_class", "own_forward", "slot_as_before", "unwrap", "weak_call"]
 
 
-_READ_THROUGH = frozenset({"__func__", "__self__", "__code__", "__defaults__", "__kwdefaults__"})
+_READ_THROUGH = frozenset({"__code__"})
 
 
 class Installed:

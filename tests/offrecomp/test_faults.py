@@ -162,11 +162,12 @@ def test_a_copy_made_inside_the_runtime_is_a_plain_model(mode: str) -> None:
     assert torch.equal(loaded(x), model(x))
 
 
-def test_a_wrapped_forward_reads_as_the_bound_method_it_wraps() -> None:
-    """NOTE [Copies of a managed model]: the wrapper in a forward slot reads ``__func__``,
-    ``__self__``, ``__code__`` and the defaults through to the forward it wraps, so
-    ``torch.export`` of the model inside ``with rt:`` (it reads ``forward.__code__``) exports
-    what plain exports, and training goes on after it."""
+def test_a_wrapped_forward_reads_the_code_of_the_forward_it_wraps() -> None:
+    """NOTE [Copies of a managed model]: the wrapper in a forward slot reads ``__code__``
+    through to the forward it wraps, so ``torch.export`` of the model inside ``with rt:``
+    (it reads ``forward.__code__``) exports what plain exports, and training goes on after
+    it. It has no ``__func__``: accelerate's ``prepare`` would rebuild a forward that has
+    one from the class's function, around the wrapper."""
     model, batch = make("gpt_dropout")
     model.eval()
     x = batch(0)
@@ -175,8 +176,8 @@ def test_a_wrapped_forward_reads_as_the_bound_method_it_wraps() -> None:
         model(x).backward()
         block = model.blocks[0]
         fwd: Any = block.forward
-        assert fwd.__func__ is type(block).forward and fwd.__self__ is block
-        assert fwd.__code__ is type(block).forward.__code__ and fwd.__defaults__ == type(block).forward.__defaults__
+        assert fwd.__code__ is type(block).forward.__code__
+        assert not hasattr(fwd, "__func__") and not hasattr(model.forward, "__func__")
         assert torch.equal(torch.export.export(model, (x,)).module()(x), ref)
         model(x).backward()
         with pytest.raises(AttributeError, match="no attribute 'nothing'"):

@@ -224,6 +224,45 @@ def test_a_generator_closed_on_another_thread_leaves_its_runtime(caplog: pytest.
     assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
 
 
+def test_a_pair_left_on_a_thread_that_ended_holds_nothing() -> None:
+    """NOTE [Runtimes left on another thread]: the runtime remembers the pair it left
+    weakly, so once the entering thread ends (its stack with the pair), the model goes."""
+    import gc
+    import threading
+    import weakref
+
+    from offrecomp import context
+
+    held: dict[str, Any] = {}
+    ready, closed = threading.Event(), threading.Event()
+
+    def trainer() -> None:
+        m = models.Stack([models.MLPBlock(16) for _ in range(2)])
+        held["model"] = weakref.ref(m)
+
+        def steps() -> Iterator[None]:
+            with offrecomp.runtime(m, mode="recompute", min_bytes=0):
+                while True:
+                    m(torch.randn(4, 16)).sum().backward()
+                    yield
+
+        held["it"] = steps()
+        next(held["it"])
+        ready.set()
+        closed.wait()
+
+    worker = threading.Thread(target=trainer, name="trainer")
+    worker.start()
+    ready.wait()
+    held.pop("it").close()  # on this thread: the pair stays on the trainer's stack
+    closed.set()
+    worker.join()
+    gc.collect()
+    assert held["model"]() is None
+    context._drop_orphans()
+    assert not context._orphans
+
+
 def test_a_runtime_entered_on_a_thread_that_ended_is_left_anywhere() -> None:
     """Its hook stack ended with the thread: the exit elsewhere is the only one there can
     be (a trial run on a worker thread that ended by an exception, the next run on the

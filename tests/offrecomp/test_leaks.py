@@ -774,3 +774,25 @@ def test_a_dropped_model_and_runtime_go_by_refcounting(mode: str) -> None:
     finally:
         gc.enable()
     assert alive == 0, f"{alive} of {len(parts)} modules and parameters alive"
+
+
+def test_a_root_wrapper_a_patch_put_back_after_exit_holds_no_runtime() -> None:
+    """NOTE [Wrappers and the installer]: ``mock.patch`` of the model's forward while
+    entered puts the runtime's wrapper back in the slot after the exit; the wrapper
+    reaches the lifecycle through the installer, weakly, so ``del rt`` frees it."""
+    from unittest import mock
+
+    m = _model()
+    rt = offrecomp.runtime(m, mode="recompute", min_bytes=0)
+    rt.__enter__()
+    def patched(*a: Any, _orig: Any = m.forward, **k: Any) -> Any:
+        return _orig(*a, **k)
+
+    with mock.patch.object(m, "forward", patched):
+        m(torch.randn(8, 64)).sum().backward()
+        rt.__exit__(None, None, None)
+    assert isinstance(m.__dict__.get("forward"), offrecomp.slots.Installed)
+    life = weakref.ref(rt._life)
+    del rt, patched
+    assert life() is None
+    m(torch.randn(8, 64)).sum().backward()  # the wrapper left runs the forward plainly
