@@ -117,3 +117,29 @@ def test_torchtune_snippet(monkeypatch: pytest.MonkeyPatch) -> None:
     assert all(torch.equal(a, b) for a, b in zip(plain["model"].parameters(), got["model"].parameters()))
     steps = got["rt"].report().steps
     assert [s.step for s in steps] == [0, 1] and all(s.replays > 0 for s in steps)
+
+
+def test_accelerate_prepare_inside_the_runtime_wraps_the_root_wrapper() -> None:
+    """NOTE [Forwards replaced while entered]: ``Accelerator.prepare`` with autocast inside
+    ``with rt:`` wraps the model's forward slot, the runtime's wrapper, and the runtime
+    still sees each root forward: the pass's signature is the model's inputs (token
+    ids), not the first block's (a wrapper with ``__func__`` was rebuilt around)."""
+    pytest.importorskip("accelerate", reason="accelerate is an optional extra (pip install -e '.[accelerate]')")
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    import offrecomp
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    torch.manual_seed(0)
+    model = TinyLM()
+    acc = Accelerator(cpu=True, mixed_precision="bf16")
+    with offrecomp.runtime(model, mode="recompute", min_bytes=0) as rt:
+        prepared = acc.prepare(model)
+        for t in _tokens(3):
+            prepared(input_ids=t[None], labels=t[None]).loss.backward()
+    steps = rt.report().steps
+    assert len(steps) == 3 and all("int64" in s.signature for s in steps), [s.signature for s in steps]
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
