@@ -91,6 +91,7 @@ def _held_no_more(rec: StorageRec) -> None:
         p = rec.call.pass_state
         if p is not None:
             p.stats.resident_bytes -= rec.nbytes  # a decrease sets no peak
+            p.stats.resident_drops += 1
 
 
 def _free_all(groups: list[Group], free: Callable[[Group], None]) -> None:

@@ -91,7 +91,7 @@ __all__ = ["REPORT_MAX_STEPS", "Lifecycle"]
 
 #: Passes without an optimizer step before every pass counts as a step: accumulation over
 #: up to this many micro-batches (with steps a gradient scaler skipped) is one first step;
-#: the passes held meanwhile are a few KB of records each.
+#: the passes held meanwhile hold their records, no tensor (about 8 objects per region call).
 _MAX_PROVISIONAL = 64
 #: Root forwards one pass joins at most (NOTE [Dropped graphs]); the next begins a new pass.
 MAX_FORWARDS = 64

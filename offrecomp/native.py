@@ -66,6 +66,7 @@ ran inside it, NOTE [Backward inside a forward]) leaves no record.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -92,9 +93,10 @@ __all__ = ["NativeKeep"]
 
 KEEP = Placement.KEEP
 
-#: Calls remembered across signatures; past this the memory starts again (a run whose
-#: every step has new shapes gains nothing from it).
-MAX_RECORDS = 4096
+#: Calls remembered across signatures (about 200 bytes each); past this the older half is
+#: forgotten, a pass's own calls last (a run whose every step has new shapes gains nothing
+#: from it; a bound a few passes' calls exceed would record every call of every pass).
+MAX_RECORDS = 16384
 
 #: Under a plan, a kept-whole call runs with the hooks on once in this many passes
 #: (NOTE [Native keep]).
@@ -141,6 +143,7 @@ class NativeKeep:
         self._pending: list[tuple[RegionCall, tuple[str, str, int]]] = []
         """Calls of ``_pending_pass`` recorded with their kept storages still alive."""
         self._pending_pass: PassState | None = None
+        self._seen_drops = 0  # the pending pass's ``resident_drops`` at the last look
 
     def _keeps_whole(self, call: RegionCall) -> bool:
         """``call`` keeps everything, by the forced keep mode or by its plan (NOTE [Kept
@@ -251,8 +254,9 @@ class NativeKeep:
         if not self._keeps_whole(call):
             return
         if len(self._books) >= MAX_RECORDS:
-            self._books.clear()
-            self._runs.clear()
+            for old in list(itertools.islice(self._books, MAX_RECORDS // 2)):
+                del self._books[old]
+                self._runs.pop(old, None)
         recs = call.storages
         kept = sum(rec.nbytes for rec in recs)
         # NOTE [Activations counted once] in shared.py; an argument the record shares
@@ -261,11 +265,13 @@ class NativeKeep:
         small = sum(rec.nbytes < self._config.min_bytes for rec in recs)
         taken = tuple((rec.arg_pos, rec.nbytes) for rec in recs if rec.arg_pos is not None)
         key = (p.signature, call.name, call.call_index)
+        self._books.pop(key, None)  # then last: the first forgotten are the least recent
         self._books[key] = (call.pack_count, len(recs), kept, small, resident, -1, taken, returned)
         if resident:
             if self._pending_pass is not p:
                 self._pending = []
                 self._pending_pass = p
+                self._seen_drops = p.stats.resident_drops
             self._pending.append((call, key))
 
     def _note_freed(self, p: PassState, ordinal: int) -> None:
@@ -276,6 +282,10 @@ class NativeKeep:
             self._pending = []
             self._pending_pass = None
             return
+        drops = p.stats.resident_drops
+        if drops == self._seen_drops:
+            return  # no kept storage of the pass died since the last look: all alive
+        self._seen_drops = drops
         alive = []
         for call, key in self._pending:
             if any(rec.resident for rec in call.storages):

@@ -170,7 +170,9 @@ def _storage_died(rec: StorageRec) -> None:
         rec.resident = False
         p = rec.call.pass_state
         if p is not None:
-            p.stats.resident_bytes -= rec.nbytes  # a decrease sets no peak
+            stats = p.stats
+            stats.resident_bytes -= rec.nbytes  # a decrease sets no peak
+            stats.resident_drops += 1
 
 
 class _WeakReferable:
@@ -399,6 +401,7 @@ class PassStats:
     input_bytes: int = 0
     resident_bytes: int = 0
     peak_resident_bytes: int = 0
+    resident_drops: int = 0  # records whose resident bytes ended: a kept storage that died
     replays: int = 0
     served_ops: int = 0
     rerun_ops: int = 0

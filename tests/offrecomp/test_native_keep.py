@@ -4,6 +4,7 @@ same call was when it last ran with the hooks at that signature."""
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import pytest
@@ -554,3 +555,59 @@ def test_forms_whose_storages_shift_place_hold_the_budget_in_every_planned_step(
     assert [r.phase for r in records][4:] == ["planned"] * 12, [r.phase for r in records]
     planned = [r.peak_activation_bytes for r in records if r.phase == "planned"]
     assert max(planned) <= budget * 1.05, [(r.phase, r.peak_activation_bytes) for r in records]
+
+
+class _Counted(list):  # type: ignore[type-arg]
+    """A call's storages, counting the scans over them."""
+
+    scans = 0
+
+    def __iter__(self) -> Any:
+        _Counted.scans += 1
+        return super().__iter__()
+
+
+def test_the_freed_check_scans_recorded_calls_only_after_a_kept_storage_died() -> None:
+    """NOTE [Graphs the forward drops]: at each call's entry the recorded calls whose
+    kept storages all died are booked as freed there. It looks again only once a kept
+    storage of the pass died (``resident_drops``): scanning every recorded call at every
+    entry made a hooked pass quadratic in its calls (239 ms a pass at 1024 blocks)."""
+    from offrecomp.native import NativeKeep
+    from offrecomp.state import PassState, RegionCall
+
+    native = NativeKeep(offrecomp.Config(mode="keep"), lambda: None)
+    p = PassState(index=0, signature="s", mode="keep")
+    calls = []
+    for i in range(50):
+        call = RegionCall(name=f"b.{i}", call_index=0, ordinal=i)
+        call.pass_state = p
+        call.storages = _Counted([types.SimpleNamespace(resident=True)])  # type: ignore[list-item]
+        calls.append(call)
+    native._pending = [(c, ("s", c.name, 0)) for c in calls]
+    native._pending_pass = p
+    native._seen_drops = p.stats.resident_drops
+    _Counted.scans = 0
+    for i in range(50):
+        native._note_freed(p, 50 + i)
+    assert _Counted.scans == 0
+    calls[3].storages[0].resident = False
+    p.stats.resident_drops += 1
+    native._note_freed(p, 100)
+    assert _Counted.scans == 50 and len(native._pending) == 49
+    native._note_freed(p, 101)
+    assert _Counted.scans == 50
+
+
+def test_the_books_forget_their_least_recent_calls_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``MAX_RECORDS`` the older half of the calls' books goes, the latest pass's
+    last: cleared whole, a pass whose calls crossed the bound kept only the calls made
+    after it, and ran hooked again."""
+    from offrecomp import native
+
+    monkeypatch.setattr(native, "MAX_RECORDS", 8)
+    m = models.Stack([models.MLPBlock(16) for _ in range(6)])
+    with offrecomp.runtime(m, mode="keep", min_bytes=0) as rt:
+        for rows in (4, 5):
+            m(torch.randn(rows, 16)).sum().backward()
+    books = rt._installer._native._books
+    assert [k[0] for k in books].count(rt.report().steps[-1].signature) == 6, list(books)
