@@ -271,7 +271,7 @@ class NativeKeep:
             if self._pending_pass is not p:
                 self._pending = []
                 self._pending_pass = p
-                self._seen_drops = p.stats.resident_drops
+                self._seen_drops = -1  # one look at the next entry: this call's storages may have died in it
             self._pending.append((call, key))
 
     def _note_freed(self, p: PassState, ordinal: int) -> None:

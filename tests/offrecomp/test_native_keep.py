@@ -333,23 +333,42 @@ class _Iterated(nn.Module):
         return self.f(z, u).square().mean()
 
 
-@pytest.mark.parametrize("held", [False, True])
-def test_calls_whose_graph_the_forward_drops_are_booked_as_the_hooked_ones(held: bool) -> None:
+class _Frozen(nn.Module):
+    """A feature extractor run with grad on whose output is detached: its graph dies
+    inside the call, before the call returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = models.MLPBlock(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x * 1.0).detach()
+
+
+def _frozen_first() -> nn.Module:
+    return models.Stack([_Frozen(), *(models.MLPBlock(16) for _ in range(3))])
+
+
+@pytest.mark.parametrize("held", [False, True, "frozen first"])
+def test_calls_whose_graph_the_forward_drops_are_booked_as_the_hooked_ones(held: bool | str) -> None:
     """NOTE [Graphs the forward drops]: the iterates' kept storages die in the forward;
     native calls booked them until the backward reached them (4.3x the hooked books at
-    every step from the second on). Iterates the model holds stay booked."""
+    every step from the second on). Iterates the model holds stay booked. A first call
+    whose graph dies before it returns is booked freed at the next call's entry too."""
     batch = lambda s: torch.randn(8, 16, generator=torch.Generator().manual_seed(s))  # noqa: E731
     books = []
     seen = []
     for native_keep in (True, False):
         torch.manual_seed(0)
-        m = _Iterated(held)
+        m = _frozen_first() if held == "frozen first" else _Iterated(bool(held))
         rt = offrecomp.runtime(m, mode="keep", min_bytes=0, native_keep=native_keep)
         seen.append(_watch_hooks(m))
         train(m, batch, rt, steps=3)
         books.append([[getattr(r, k) for k in BOOKS] for r in rt.report().steps])
     assert books[0] == books[1], books
     assert not all(seen[0]) and seen[1] and all(seen[1])  # the first run had native calls
+    if held == "frozen first":
+        return
     kept, peak = books[0][-1][2:4]
     assert peak == kept if held else peak < kept / 2  # the iterates' saves held at the end, or not
 
