@@ -95,7 +95,7 @@ def warn_big_buffers(call: RegionCall, region: Region) -> None:
     ]
     if big:
         warn_once(
-            f"bigbuf:{named(region, region.name)}",
+            f"bigbuf:{named(region)}",
             "offrecomp: region %r mutates buffers larger than 1 MiB in its forward; "
             "replay sees their post-forward values",
             region.name,
@@ -319,7 +319,7 @@ def check_state_writes(region: Region, call: RegionCall, params: list[int]) -> N
     what = " and ".join(w for w, hit in (("its own inputs", inputs), ("its parameters", params)) if hit)
     missed = bool(unseen) or (call.params is not None and bool(call.params.unseen))
     warn_once(
-        f"writes-state:{kind(region)}" if not missed else f"writes-state-unseen:{named(region, region.name)}",
+        f"writes-state:{kind(region)}" if not missed else f"writes-state-unseen:{named(region)}",
         "offrecomp: region %r (and any other like it) writes %s in place in its forward "
         "(an in-place activation applied to its input first thing; a running average "
         "kept in a frozen parameter; weights normalised in place, as magnitude-preserving "

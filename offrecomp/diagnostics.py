@@ -84,10 +84,10 @@ def kind(region: Region) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def named(region: Region | None, name: str) -> str:
+def named(region: Region | None, name: str = "") -> str:
     """A warning's key for one region: its name with its class, so another model's
-    ``blocks.0`` of another class still warns (the root: its name alone)."""
-    return name if region is None else f"{kind(region)}:{name}"
+    ``blocks.0`` of another class still warns (no region, the root's call: ``name``)."""
+    return name if region is None else f"{kind(region)}:{region.name}"
 
 
 # NOTE [Collective regions]

@@ -197,6 +197,7 @@ class Placer:
         self._buffers = buffers
         self._packs = 0
         self._sample = HOOK_SAMPLE  # 1 once orphaned: every pack goes aside (orphan())
+        self._orphaned = False
         self.backward_packs = 0  # saves made while a backward runs (a gradient with create_graph)
         self._unpacks = 0
         self._release = functools.partial(release_call, free=groups.free)  # one callable, not one per save
@@ -313,12 +314,13 @@ class Placer:
         """Its runtime was left on another thread while this pair stays on the entering
         thread's stack: every save passes through as it is (NOTE [Runtimes left on
         another thread] in context.py)."""
-        self._sample = 1
+        self._orphaned = True
+        self._sample = 1  # after the flag: a pack sent aside finds it set
 
     def _pack_aside(self, t: torch.Tensor) -> Any:
         """A pack while an op recorder runs (its ops are the runtime's, not the
         region's), or one timed (NOTE [Hook timing]); every pack once orphaned."""
-        if self._sample == 1:  # NOTE [Runtimes left on another thread] in context.py
+        if self._orphaned:  # NOTE [Runtimes left on another thread] in context.py
             return _Plain(t, None)
         if self._life.recording:
             with internal():

@@ -202,9 +202,9 @@ class Installer:
                 _traced([r for r in self._regions if r.name in inside])
         self._wrap_roots()
         self._kept.settle()  # NOTE [Wrappers kept across entries]: those of replaced modules go
+        tc.import_dynamo()  # before torch.compiler.disable imports it on this thread
         # never traced into a compiled optimizer step (torch.compile(opt.step)): dynamo
         # would break its graph inside the bookkeeping and convert the frames it calls
-        tc.import_dynamo()
         self._opt_hook = tc.register_optimizer_step_post_hook(torch.compiler.disable(self._life.on_optimizer_step))
         track_structure(model)  # NOTE [Region refresh] (changes.py)
         self._registration_hooks = [  # NOTE [Buffer saves], NOTE [Region refresh] (changes.py)

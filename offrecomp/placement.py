@@ -282,7 +282,7 @@ class Placements:
         call.table_sizes = [r.nbytes for r in recs[: len(table)]]
         if refused and self._user_plan() is None:  # the user's: end_pass names them
             warn_once(
-                f"refused:{named(region, region.name)}",
+                f"refused:{named(region)}",
                 "offrecomp: the solved plan for region %r asks to drop or offload %d storage(s) of call %d "
                 "that the placement rules keep (a region input, a region that may not be replayed, "
                 "or a storage under min_bytes); they are kept",

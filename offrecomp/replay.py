@@ -541,7 +541,7 @@ def _guarded(call: RegionCall) -> None:
     assert region is not None
     region.guarded_attrs = region.guarded_attrs | _asked.left
     log_once(
-        f"guarded-attrs:{named(region, region.name)}", logging.INFO,
+        f"guarded-attrs:{named(region)}", logging.INFO,
         "offrecomp: region %r sets %s only outside replays (offrecomp.in_replay()); its "
         "replays take the values its forward left from that check on",
         region.name, ", ".join(sorted(_asked.left)),

@@ -275,14 +275,14 @@ def hooks_as_found(call: RegionCall) -> Iterator[None]:
         changed = drop_hooks_since(first, mods) or changed
         if moved:
             log_once(
-                f"replay-entry-hooks:{named(region, region.name)}", logging.INFO,
+                f"replay-entry-hooks:{named(region)}", logging.INFO,
                 "offrecomp: forward hooks of region %r's modules were registered or removed "
                 "between its forward and its replay; the replay ran with those its forward found",
                 region.name,
             )
         elif changed:
             log_once(
-                f"replay-hooks:{named(region, region.name)}", logging.INFO,
+                f"replay-hooks:{named(region)}", logging.INFO,
                 "offrecomp: region %r registers or removes hooks, or sets children, in its "
                 "forward, which its replays do again; each replay leaves them as it found them",
                 region.name,

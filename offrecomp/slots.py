@@ -12,10 +12,10 @@ slot held before (the module's own forward, bound to the copy), so the copy is a
 module the runtime does not manage. inspect.signature still sees the forward's signature
 through __wrapped__, and the code of what it wraps reads through it (``torch.export``
 reads ``forward.__code__``); not ``__func__``/``__self__``, whose holders (accelerate's
-``prepare``) would rebuild the forward from the class's function, around the wrapper. A shallow copy
-(``copy.copy``, ``nn.DataParallel``'s replicas) shares the slot's wrapper, which runs the
-original module: the wrapper is called without the module it was reached through.
-``nn.DataParallel`` over several devices in the model is refused.
+``prepare``) would rebuild the forward from the class's function, around the wrapper.
+A shallow copy (``copy.copy``, ``nn.DataParallel``'s replicas) shares the slot's
+wrapper, which runs the original module: the wrapper is called without the module it was
+reached through. ``nn.DataParallel`` over several devices in the model is refused.
 
 NOTE [Wrappers kept across entries]
 torch.compile(model) traces through each region's ``forward`` slot and guards on the

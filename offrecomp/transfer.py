@@ -552,8 +552,8 @@ def gbps(nbytes: int, seconds: float) -> float | None:
 # The window is the backpressure of forced offload, where nothing else bounds what copies in flight
 # hold. Under a plan the planner has already counted every in-flight byte in its simulated peak and
 # timed the copies at the measured link rate, so the window would only stall forward where the plan
-# expects overlap. `OffloadEngine.prepare()` widens it to the plan's offloaded bytes; the plan says when each
-# group's sources go instead.
+# expects overlap. `OffloadEngine.prepare()` widens it to the plan's offloaded bytes; the plan
+# says when each group's sources go instead.
 
 
 @dataclass(eq=False)
