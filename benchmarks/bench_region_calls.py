@@ -48,7 +48,7 @@ import offrecomp.offload as offload
 from benchmarks.long_seq.models import ModelSpec, build_model
 from offrecomp.backends import CudaBackend, EmulatedBackend
 from offrecomp.groups import OffloadGroups
-from offrecomp.hooks import Placer
+from offrecomp.input_records import InputRecords
 from offrecomp.offload import OffloadEngine
 from offrecomp.pool import PinnedPool
 
@@ -64,7 +64,7 @@ PARTS: tuple[tuple[Any, str, str], ...] = (
     (calls.tc, "torch_function_state", "  torch-function state"),
     (calls, "capture_params", "  parameters"),
     (calls, "capture_buffers", "  buffers"),
-    (Placer, "add_input_storage", "  input storages"),
+    (InputRecords, "add", "  input storages"),
     (OffloadGroups, "issue", "exit: issue the offload group"),
     (OffloadEngine, "issue", "  the engine's issue"),
     (OffloadEngine, "_enter", "    poll for landed copies"),

@@ -290,11 +290,11 @@ class RegionCalls:
         assert placer is not None
         state = call.arg_state
         if state is not None and state.complete and state.tensors:  # NOTE [Inputs held by arguments]
-            placer.add_argument_inputs(p, call, state.tensors)
+            placer.inputs.add_arguments(p, call, state.tensors)
         for i, t in enumerate(cap.tensors):
             if t is None:
                 continue
-            rec = placer.add_input_storage(p, call, t)
+            rec = placer.inputs.add(p, call, t)
             if rec is not None and rec.placement == OFFLOAD and rec.group is not None and reads_bytes_as_stored(t):
                 call.offloaded_inputs[i] = (rec, (tuple(t.shape), tuple(t.stride()), int(t.storage_offset()), t.dtype))
 

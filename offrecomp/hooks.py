@@ -32,7 +32,6 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 from offrecomp import _torch_compat as tc
 from offrecomp.backward_entry import keeping_graph
@@ -43,16 +42,10 @@ from offrecomp.early_unpacks import outside_backward
 from offrecomp.groups import TYPED_DTYPES as _TYPED
 from offrecomp.groups import reads_bytes_as_stored
 from offrecomp.handles import INTERNED_STRIDES, KeptRef, SavedHandle, TypedHandle, interned_stride
+from offrecomp.input_records import InputRecords, account
 from offrecomp.placement import Placements, untracked_alias
 from offrecomp.regenerate import Regenerator, replay_done, replay_handed
-from offrecomp.shared import (
-    count_whole_input,
-    counting_record,
-    join_counted,
-    lookup_window,
-    share_kept,
-    whole_counts,
-)
+from offrecomp.shared import count_whole_input, share_kept
 from offrecomp.state import PENDING_WATCH, PassState, RegionCall, Stage, StorageRec
 from offrecomp.trace import SaveInfo, internal
 from scheduler.plan import Placement
@@ -162,17 +155,6 @@ HOOK_SAMPLE = 16
 # run no hook (NOTE [Native keep] in native.py).
 
 
-def _input_storage(t: Any) -> Any:
-    """The storage of a tensor a region call takes as an input that can be placed: a plain
-    strided tensor that is no view of a parameter; else None."""
-    if type(t) is not torch.Tensor or t.layout is not _STRIDED or t.is_nested or t.is_meta:
-        return None
-    base = t._base
-    if base is not None and isinstance(base, nn.Parameter):
-        return None
-    return t.untyped_storage()
-
-
 class Placer:
     """Pack/unpack for one runtime. All state lives in the pass objects (state.py); the
     placement of a new storage is ``Placements.decide``'s."""
@@ -202,6 +184,7 @@ class Placer:
         self._unpacks = 0
         self._release = functools.partial(release_call, free=groups.free)  # one callable, not one per save
         self._regen = Regenerator(lifecycle, planner, groups)
+        self.inputs = InputRecords(config, placements)  # the records of region inputs
 
     # ------------------------------------------------------------------- pack
 
@@ -362,7 +345,7 @@ class Placer:
             if call.ordinal < 0:
                 self._root_storage(rec)
             rec.placement, fallback = self._placements.not_joined(call, "activation", False)
-            self._account(p, rec, fallback)
+            account(p, rec, fallback)
             return rec
         # StorageRec.__new__, inline, and the handle made here (its only maker): two calls
         # less per save; the record, not resident, needs no callback at its storage's
@@ -426,7 +409,7 @@ class Placer:
                         call.by_ptr[ptr] = rec
                         if call.ordinal < 0:  # the root: when it was saved, for the planner's timeline
                             self._root_storage(rec)
-                        p.stats.offloaded_bytes += nbytes  # _account's, inlined
+                        p.stats.offloaded_bytes += nbytes  # account's (input_records.py), inlined
                         return rec
                     placement, fallback = self._placements.not_joined(call, "activation", joined)
                 else:
@@ -480,7 +463,7 @@ class Placer:
             stats.fallback(fallback)
             stats.kept_bytes += nbytes
         else:
-            self._account(p, rec, fallback)
+            account(p, rec, fallback)
         return rec
 
     def _root_storage(self, rec: StorageRec) -> None:
@@ -491,94 +474,6 @@ class Placer:
         rec.save_mark = life.mark()
         if life.stack.roots:
             rec.in_forward = True
-
-    def _account(self, p: PassState, rec: StorageRec, fallback: str | None) -> None:
-        """Count a new storage's bytes as kept, offloaded (it joined its call's group in
-        ``Placements.decide``) or dropped, and its fallback if any."""
-        stats = p.stats
-        if fallback is not None:
-            stats.fallback(fallback)
-        placement = rec.placement
-        if placement is KEEP:
-            stats.keep(rec)
-        elif placement is OFFLOAD:
-            stats.offloaded_bytes += rec.nbytes
-        else:
-            stats.recomputed_bytes += rec.nbytes
-
-    def add_argument_inputs(self, p: PassState, call: RegionCall, tensors: list[tuple[torch.Tensor, Any, Any]]) -> None:
-        """Register the tensors ``call``'s argument objects hold (``ArgState.tensors``) as
-        its region inputs, only kept (NOTE [Inputs held by arguments] in calls.py)."""
-        window = lookup_window(p, call)  # once for them all
-        recorder = call.recorder
-        for t, _, _ in tensors:
-            storage = _input_storage(t)
-            ptr = storage.data_ptr() if storage is not None else 0
-            rec = call.by_ptr.get(ptr)
-            if not ptr or (rec is not None and not rec.released and rec() is storage):
-                continue  # none, empty, or a storage of the call's already
-            nbytes = storage.nbytes()
-            rec = _new_rec(StorageRec, storage, call, len(call.storages), nbytes, ptr, KEEP)
-            rec.kind = "input"
-            rec.by_argument = True
-            rec.tensor = t
-            if recorder is not None:  # not known: no op reading it is served (NOTE [Which ops replay runs])
-                rec.sid = recorder.storage_id(t)
-            call.storages.append(rec)
-            call.by_ptr[ptr] = rec
-            p.stats.input_bytes += nbytes
-            self._count_input(p, rec, ptr, storage, window, None)
-
-    def add_input_storage(self, p: PassState, call: RegionCall, t: torch.Tensor) -> StorageRec | None:
-        """Register a region input (the replay checkpoint) as a placeable storage."""
-        storage = _input_storage(t)
-        if storage is None:
-            return None
-        ptr = storage.data_ptr()
-        rec = call.by_ptr.get(ptr)
-        if rec is not None and not rec.released and rec() is storage:
-            return rec if rec.placement is not None else None
-        nbytes = storage.nbytes()
-        rec = _new_rec(StorageRec, storage, call, len(call.storages), nbytes, ptr, None)
-        rec.kind = "input"
-        placement, fallback = self._decide(p, call, rec, "input", t, storage)
-        rec.placement = placement
-        if call.recorder is not None:
-            rec.sid = call.recorder.storage_id(t, known=True)
-        call.storages.append(rec)
-        call.by_ptr[ptr] = rec
-        p.stats.input_bytes += nbytes
-        if placement is KEEP:
-            rec.tensor = t
-        # the books need the other record of a kept input; a profile, of any input
-        window = lookup_window(p, call) if placement is KEEP or call.recorder is not None else None
-        self._count_input(p, rec, ptr, storage, window, fallback)
-        return rec
-
-    def _count_input(
-        self, p: PassState, rec: StorageRec, ptr: int, storage: Any,
-        window: tuple[RegionCall | None, ...] | None, fallback: str | None,
-    ) -> None:
-        """Book a placed region input: nothing more where a resident record of ``window``
-        counts its storage (NOTE [Inputs counted once]), else as placed, the storage's
-        counting record if it is the first (NOTE [Activations counted once])."""
-        config = self._config
-        other = rec.same_as = (
-            counting_record(rec.call, ptr, storage, window, config.native_keep, config.mode)
-            if window is not None else None
-        )
-        if rec.placement is KEEP and fallback is None:
-            if other is not None and other.resident:
-                rec.shared = True
-                other.sharers += 1
-                p.stats.kept_bytes += rec.nbytes
-                return
-            if p.whole_counted and whole_counts(p, ptr, storage):  # NOTE [Whole calls counted once]
-                rec.shared = True
-                p.stats.kept_bytes += rec.nbytes
-                return
-        self._account(p, rec, fallback)
-        join_counted(p, rec, ptr, storage)
 
     # ---------------------------------------------------------------- release
 

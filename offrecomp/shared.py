@@ -94,7 +94,7 @@ __all__ = [
 # by ``RegionCall.arg_ptrs``) and its record (``CallBooks`` in native.py) says which
 # positions it saved and returned; a native call reads those positions at its entry and
 # exit. Kept saves and kept inputs of the root and of other calls look the table up where
-# no record of theirs counts the storage (``share_kept``, ``Placer._count_input``). A
+# no record of theirs counts the storage (``share_kept``, ``InputRecords._count`` in input_records.py). A
 # storage the table names is resident while the call that counted it keeps it: the
 # record of the call counting it lives to that call's backward, after the later calls'.
 # The profile marks the storages each call returned (``StorageRecord.returned``), and the
