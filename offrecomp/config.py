@@ -322,7 +322,7 @@ class Config:
             if fname in overrides and not _not_given(overrides[fname]):
                 values[fname] = parser(overrides[fname], name=fname)
                 sources[fname] = "argument"
-                if in_env:  # unused, but a mistake all the same
+                if in_env and var != "OFFRECOMP_DISABLE":  # unused, but a mistake all the same (DISABLE's raises below)
                     try:
                         parser(env[var], name=var)
                     except ValueError as exc:

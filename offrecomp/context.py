@@ -22,6 +22,7 @@ The Runtime is a facade over its parts, each with the narrow interface it needs:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -215,12 +216,18 @@ class Runtime:
         Storages the plan does not name get ``plan.default``; illegal placements (dropping
         a region input or a root storage, offloading one under ``min_bytes``) fall back to
         KEEP: those the plan names are logged once, at the end of its first pass, and
-        marked in :meth:`explain`.
+        marked in :meth:`explain`. The runtime keeps a copy of the plan it checked: a
+        change to ``plan`` afterwards takes effect at the next ``set_plan(plan)``.
         """
         if plan is not None and not isinstance(plan, Plan):
             raise TypeError(f"plan must be a scheduler.Plan or None, got {type(plan).__name__}")
         if plan is not None:
+            # the runtime keeps a copy of what it checked: a change to the caller's plan
+            # afterwards (a placement given as a string) would meet no check
             _check_plan(plan, self.regions)
+            plan = dataclasses.replace(plan, placements=dict(plan.placements), notes=list(plan.notes))
+            if not self.config.active:
+                log.warning("offrecomp: set_plan() under mode='off' (or disabled) has no effect: nothing is placed")
         self._plan.plan = plan
 
     def explain(self, storages: bool = False) -> str:
@@ -518,6 +525,12 @@ def _check_plan(plan: Plan, regions: list[str]) -> None:
                 f"plan.placements key {key!r} is not (region name, call index, storage index): "
                 "a str and two ints >= 0, as ('blocks.3', 0, 2)"
             )
+    depth = plan.prefetch_regions
+    if depth is not None and (type(depth) is not int or depth < 1):
+        raise ValueError(
+            f"plan.prefetch_regions={depth!r} is invalid; accepted: None (as the runtime's prefetch "
+            "setting) or a number of regions, 1 or more"
+        )
     known = {*regions, ROOT}
     unknown = sorted({key[0] for key in plan.placements if key[0] not in known})
     if unknown:

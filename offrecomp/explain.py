@@ -279,14 +279,15 @@ def storage_keys(
 ) -> list[str]:
     """``rt.explain(storages=True)``'s listing: each (region, call, storage) key a pass
     has, the key ``rt.set_plan()`` places, with its placement, size and kind: ``plan``'s
-    for ``profile``'s storages where given (auto), else those of the last of ``passes``
-    (a forced mode, a user plan)."""
+    for ``profile``'s storages where given (auto; "unplanned" while a measured signature
+    has no plan yet), else those of the last of ``passes`` (a forced mode, a user plan)."""
     rows: list[tuple[tuple[str, int, int], str, int, str]] = []
-    if plan is not None and profile is not None:
+    if profile is not None:  # no plan yet: measured, not yet planned
         for r in profile.regions:
             for i, st in enumerate(r.storages):
                 key = (r.name, r.call_index, i)
-                rows.append((key, (plan.placement(key) or KEEP).name.lower(), st.nbytes, st.kind))
+                placed = (plan.placement(key) or KEEP).name.lower() if plan is not None else "unplanned"
+                rows.append((key, placed, st.nbytes, st.kind))
     elif passes:
         for call in passes[-1].calls:
             for rec in call.storages:
@@ -294,7 +295,7 @@ def storage_keys(
                     key = (call.name, call.call_index, rec.index)
                     rows.append((key, rec.placement.name.lower(), rec.nbytes, rec.kind))
     if not rows:
-        return ["  storage keys: none yet (no step has placed a storage)"]
+        return ["  storage keys: none yet (no step has placed a storage; under auto, none has been measured)"]
     width = max(len(repr(k)) for k, _, _, _ in rows)
     lines = ["  storage keys (region, call, storage), as rt.set_plan() places them:"]
     lines += [f"    {k!r:<{width}}  {pl:<9}  {format_bytes(n):>11}  {kind}" for k, pl, n, kind in rows]

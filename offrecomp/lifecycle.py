@@ -75,7 +75,7 @@ from offrecomp.measure import DeviceClock, Mark
 from offrecomp.params import let_go_released, note_stepped
 from offrecomp.phases import Phase
 from offrecomp.report import StepRecord
-from offrecomp.signatures import Part, PassSignatures, shown
+from offrecomp.signatures import UNNAMED, Part, PassSignatures, shown
 from offrecomp.state import PassState, RegionCall, Stage
 from offrecomp.transfer import BACKWARD_START
 from scheduler.plan import ROOT
@@ -263,7 +263,7 @@ class Lifecycle:
         self.parts_begun += 1
 
     def _begin_pass(self) -> PassState:
-        p = PassState(index=self._passes, signature="unknown", mode=self._config.mode)
+        p = PassState(index=self._passes, signature=UNNAMED, mode=self._config.mode)
         pending, self._next = self._next, None
         if pending is not None:
             self._signs.choose(p, *pending)

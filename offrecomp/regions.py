@@ -268,6 +268,11 @@ def check_region_spec(
             f"type (regions={type(spec).__name__}), a list of module types, or "
             "fn(module, qualified_name) -> bool (lambda m, name: m is block, for one module)"
         )
+    if isinstance(spec, type) and not issubclass(spec, nn.Module):
+        raise TypeError(
+            f"regions={spec.__name__} is invalid (not an nn.Module subclass); accepted: None, a "
+            "module type, a list of module types, or fn(module, qualified_name) -> bool"
+        )
     if spec is None or isinstance(spec, type) or callable(spec):
         return spec
     try:
@@ -277,7 +282,7 @@ def check_region_spec(
             f"regions={spec!r} is invalid; accepted: None, a module type, a list of module "
             "types, or fn(module, qualified_name) -> bool"
         ) from None
-    if not types or not all(isinstance(t, type) for t in types):
+    if not types or not all(isinstance(t, type) and issubclass(t, nn.Module) for t in types):
         why = "it names no module type" if not types else "not every entry is a module type"
         raise TypeError(
             f"regions={spec!r} is invalid ({why}); accepted: None, a module type, a non-empty "

@@ -180,9 +180,20 @@ def combine(parts: Sequence[Part]) -> Part:
     )
 
 
+#: The signature of a pass no root forward of the managed model began: its region calls
+#: ran outside it (another model's forward reaching them, as a copy of the model made
+#: inside the runtime does: NOTE [Copies of a managed model] in slots.py).
+UNNAMED = "unknown"
+
+
 def shown(signature: str) -> str:
     """``signature`` as a message shows it: of a pass of many root forwards, the first
-    ``SHOWN_PARTS`` and how many more."""
+    ``SHOWN_PARTS`` and how many more; the unnamed one with what it is."""
+    if signature == UNNAMED:
+        return (
+            f"{UNNAMED} (region calls outside any forward of the managed model: another model "
+            "reaching its blocks, such as a copy of it made inside the runtime)"
+        )
     parts = signature.split(" + ", SHOWN_PARTS + 1)
     if len(parts) <= SHOWN_PARTS + 1:
         return signature

@@ -530,7 +530,9 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     stream = out if out is not None else sys.stdout
     parser = _parser()
     try:
-        args = parser.parse_args(list(argv) if argv is not None else None)
+        args, extra = parser.parse_known_args(list(argv) if argv is not None else None)
+        if extra:  # the subcommand's usage, not the top level's (which would hide its flags)
+            _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:
         return int(e.code) if isinstance(e.code, int) else 2
     try:
@@ -547,6 +549,14 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     except (ValueError, TypeError) as e:
         print(f"offrecomp plan: error: {e}", file=sys.stderr)
         return 2
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The parser of ``command`` under ``parser``'s subcommands."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[command]  # type: ignore[no-any-return]
+    raise KeyError(command)
 
 
 if __name__ == "__main__":

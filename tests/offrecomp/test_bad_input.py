@@ -207,6 +207,45 @@ def test_set_plan_rejects_a_key_that_is_not_a_storage(key: object) -> None:
         rt.set_plan(Plan(placements={key: Placement.RECOMPUTE}))  # type: ignore[dict-item]
 
 
+@pytest.mark.parametrize("depth", ["2", 0, -3, 2.5, True])
+def test_set_plan_rejects_a_prefetch_depth_that_is_not_one(depth: object) -> None:
+    """A string crashed the first backward inside the engine; 0, -3 and 2.5 ran unremarked."""
+    from offrecomp import Placement, Plan
+
+    rt = offrecomp.runtime(_two_blocks())
+    with pytest.raises(ValueError, match=r"plan.prefetch_regions=.* is invalid; accepted: None .* 1 or more"):
+        rt.set_plan(Plan(default=Placement.OFFLOAD, prefetch_regions=depth))  # type: ignore[arg-type]
+    rt.set_plan(Plan(default=Placement.OFFLOAD, prefetch_regions=2))
+
+
+def test_set_plan_keeps_the_plan_it_checked() -> None:
+    """A placement changed on the caller's plan after set_plan() met no check: a string
+    placement was taken for OFFLOAD on the save path."""
+    from offrecomp import Placement, Plan
+
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.Tanh()) for _ in range(2)])
+    x = torch.randn(8, 64)
+    plan = Plan(placements={("0", 0, 1): Placement.KEEP})
+    with offrecomp.runtime(model, mode="keep", min_bytes=0) as rt:
+        rt.set_plan(plan)
+        plan.placements[("0", 0, 1)] = "keep"  # type: ignore[assignment]
+        plan.default = "offload"  # type: ignore[assignment]
+        for _ in range(2):
+            model(x).sum().backward()
+    assert rt.planner.host.user_plan == Plan(placements={("0", 0, 1): Placement.KEEP})
+    assert rt.report().steps[-1].offloaded_bytes == 0
+    rt.explain()  # the default a string would make no name of
+
+
+def test_set_plan_under_mode_off_says_it_does_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    from offrecomp import Plan
+
+    rt = offrecomp.runtime(_two_blocks(), mode="off")
+    with caplog.at_level(logging.WARNING, logger="offrecomp"):
+        rt.set_plan(Plan())
+    assert any("mode='off'" in r.getMessage() and "no effect" in r.getMessage() for r in caplog.records)
+
+
 def test_set_plan_names_regions_the_runtime_lacks(caplog: pytest.LogCaptureFixture) -> None:
     from offrecomp import Placement, Plan
 
@@ -244,6 +283,10 @@ def test_a_bad_regions_argument_fails_when_the_runtime_is_off(how: str, monkeypa
         offrecomp.runtime(m, regions=[1], **kw)
     with pytest.raises(TypeError, match=r"regions=\[\] is invalid \(it names no module type\);.*non-empty list"):
         offrecomp.runtime(m, regions=[], **kw)
+    with pytest.raises(TypeError, match=r"regions=int is invalid \(not an nn.Module subclass\); accepted: None"):
+        offrecomp.runtime(m, regions=int, **kw)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"regions=\[<class 'torch.nn.modules.linear.Linear'>, <class 'int'>\] is invalid \(not every"):
+        offrecomp.runtime(m, regions=[nn.Linear, int], **kw)
     with pytest.raises(ValueError, match=r"regions=<class '.*Conv2d'> matched no module of Sequential"):
         offrecomp.runtime(m, regions=nn.Conv2d, **kw)
 

@@ -354,6 +354,17 @@ def test_disable_wins_over_a_config_built_directly(monkeypatch: pytest.MonkeyPat
         offrecomp.Runtime(_two_linears(), Config(mode="keep"))
 
 
+def test_a_bad_disable_variable_is_refused_without_a_warning_that_the_argument_wins(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The variable beats the argument, so a bad one is an error whatever disable= says: no
+    warning first that the argument is used instead."""
+    monkeypatch.setenv("OFFRECOMP_DISABLE", "maybe")
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), pytest.raises(ValueError, match=r"OFFRECOMP_DISABLE='maybe'"):
+        offrecomp.runtime(_two_linears(), disable=True)
+    assert not [r for r in caplog.records if "used instead" in r.getMessage()]
+
+
 def test_a_config_built_directly_takes_the_environment_where_it_holds_defaults(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

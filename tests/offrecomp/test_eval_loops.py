@@ -251,6 +251,22 @@ def test_messages_show_a_joined_signature_shortened() -> None:
     assert shown(" + ".join([part] * 400)) == " + ".join([part] * 3) + " + ... 397 more"
 
 
+def test_a_copy_s_passes_are_named_for_what_they_are(caplog: pytest.LogCaptureFixture) -> None:
+    """A copy of the model made inside the runtime and trained there runs the managed
+    model's region calls outside its forward: the messages about those passes said
+    "signature unknown" without a word of what that is."""
+    import copy
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)) for _ in range(4)])
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), offrecomp.runtime(model, mode="auto", budget=1, min_bytes=0):
+        twin_model = copy.deepcopy(model)
+        for _ in range(4):
+            twin_model(torch.randn(4, 16)).sum().backward()
+    named = [r.getMessage() for r in caplog.records if "signature unknown" in r.getMessage()]
+    assert named and all("outside any forward of the managed model" in m for m in named), named
+
+
 # ------------------------------------------------------------ optimizers of other models
 
 

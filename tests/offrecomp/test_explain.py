@@ -255,3 +255,21 @@ def test_explain_lists_the_storage_keys_set_plan_places(mode: str, caplog: pytes
     assert not [r for r in caplog.records if "matched no storage" in r.getMessage()]
     placed = re.findall(r"\(('blocks\.\d'), (\d+), (\d+)\)\s+(keep|offload|recompute)", rt.explain(storages=True))
     assert {(n.strip("'"), int(c), int(i)): pl for n, c, i, pl in placed}[key] == "recompute"
+
+
+def test_explain_lists_the_storage_keys_once_auto_has_measured() -> None:
+    """The keys a user's plan places are known from auto's measuring pass on: listed as
+    unplanned until a plan exists (they read "none yet" after the measuring and the
+    calibrating step before)."""
+    torch.manual_seed(0)
+    model = models.Stack([models.MLPBlock(16) for _ in range(2)])
+    rt = offrecomp.runtime(model, mode="auto", min_bytes=0)
+    assert "none yet" in rt.explain(storages=True)
+
+    def batch(s: int) -> torch.Tensor:
+        return torch.randn(4, 8, 16, generator=torch.Generator().manual_seed(s))
+
+    train(model, batch, rt, steps=1)
+    listing = rt.explain(storages=True)
+    rows = re.findall(r"\('blocks\.\d', \d+, \d+\)\s+unplanned", listing)
+    assert rows and "none yet" not in listing, listing

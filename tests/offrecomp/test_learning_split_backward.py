@@ -274,3 +274,39 @@ def test_a_split_pass_measuring_again_runs_one_measuring_pass(monkeypatch: pytes
     later = "+".join(phases[4:]).split("+")
     assert later.count("measure") == 1, phases
     assert later.count("calibrate") <= 1, phases
+
+
+class _DeepSupervised(nn.Module):
+    """A loss after each block (deep supervision), each backwarded on its own."""
+
+    def __init__(self, d: int = 32, n: int = 3) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_Block(d) for _ in range(n))
+        self.heads = nn.ModuleList(nn.Linear(d, 1) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        losses = []
+        for block, head in zip(self.blocks, self.heads):
+            x = block(x)
+            losses.append(head(x).square().mean())
+        return losses
+
+
+def test_a_pass_whose_outputs_are_backwarded_one_at_a_time_is_not_checked_as_whole(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The calibration check compared the span up to the first backward's end with the
+    whole pass's prediction, less dispatch-mode probes that later backwards ran: a
+    negative replay time and a step shorter than its own forward, logged as a warning."""
+    import logging
+
+    torch.manual_seed(0)
+    model = _DeepSupervised()
+    g = torch.Generator().manual_seed(1)
+    with caplog.at_level(logging.INFO, logger="offrecomp"), offrecomp.runtime(model, mode="auto", budget=1, min_bytes=0):
+        for _ in range(3):
+            losses = model(torch.randn(4, 16, 32, generator=g))
+            for i, loss in enumerate(losses):
+                loss.backward(retain_graph=i < len(losses) - 1)
+    checks = [r.getMessage() for r in caplog.records if "measured step" in r.getMessage()]
+    assert not [m for m in checks if "replay -" in m], checks

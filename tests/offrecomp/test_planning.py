@@ -1032,7 +1032,9 @@ def test_the_runtime_hands_its_planner_exactly_the_planner_host() -> None:
     assert rt.planner.host.config is rt.config and rt.planner.host.device().type == "cpu"
     plan = Plan(placements={})
     rt.set_plan(plan)
-    assert rt.planner.host.user_plan is plan  # read live
+    assert rt.planner.host.user_plan == plan  # read live (a copy of it: NOTE in set_plan)
+    rt.set_plan(None)
+    assert rt.planner.host.user_plan is None
 
 
 def test_a_learnt_forward_total_shrinks_a_stale_timeline() -> None:

@@ -476,3 +476,11 @@ def test_a_report_given_for_a_profile_is_named(tmp_path: Path, capsys: pytest.Ca
         rc, _ = run("plan", str(path), "--budget", "1MiB")
         err = capsys.readouterr().err
         assert rc == 2 and "looks like a run's report, which `python -m offrecomp report FILE` reads" in err, err
+
+
+def test_an_unknown_flag_shows_the_plan_command_s_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse tells arguments no subcommand knows with the top level's usage line, which
+    lists neither plan's flags nor the other commands: the plan command's is shown."""
+    rc, _ = run("plan", "--model", MODEL, "--budget", "1GiB", "--bogus")
+    err = capsys.readouterr().err
+    assert rc == 2 and "usage: python -m offrecomp plan [-h]" in err and "unrecognized arguments: --bogus" in err, err
