@@ -63,6 +63,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from offrecomp import _torch_compat as tc
 
@@ -95,20 +96,35 @@ class Frozen:
     epoch moved or the runtime was entered again (``clear``)."""
 
     def __init__(self) -> None:
-        self._params: dict[int, tuple[int, Any, list[torch.Tensor]]] = {}
+        self._params: dict[int, tuple[int, Any, list[tuple[dict[str, Any], str, torch.Tensor]]]] = {}
 
     def clear(self) -> None:
         self._params.clear()
 
     def of(self, module: Any, epoch: int) -> str:
-        """'' when every parameter of ``module`` requires grad, else which do not."""
+        """'' when every parameter of ``module`` requires grad, else which do not, and which
+        slots hold another tensor than a parameter (``torch.func.functional_call``'s)."""
         hit = self._params.get(id(module))
         if hit is None or hit[0] != epoch or hit[1] is not module:
-            hit = self._params[id(module)] = (epoch, module, list(module.parameters()))
-        flags = bytes(p.requires_grad for p in hit[2])
-        if all(flags):
+            slots = [
+                (m._parameters, k, p) for m in module.modules() for k, p in m._parameters.items() if p is not None
+            ]
+            hit = self._params[id(module)] = (epoch, module, slots)
+        flags = bytes(
+            p.requires_grad if (t := d.get(k)) is p or isinstance(t, nn.Parameter) else _SUBSTITUTED
+            for d, k, p in hit[2]
+        )
+        if all(f == 1 for f in flags):
             return ""
-        return f"frozen:{flags.count(0)}/{len(flags)}:{zlib.crc32(flags):08x}"
+        substituted = flags.count(_SUBSTITUTED)
+        return (
+            f"frozen:{flags.count(0)}/{len(flags)}"
+            + (f",substituted:{substituted}" if substituted else "")
+            + f":{zlib.crc32(flags):08x}"
+        )
+
+
+_SUBSTITUTED = 2  # a parameter slot holding a plain tensor (a fast weight) or nothing
 
 
 # NOTE [Frozen parameters]
@@ -119,7 +135,10 @@ class Frozen:
 # books of the frozen passes would not describe it (one step at twice the budget, or a
 # keep run reporting a sixteenth of its bytes). A signature whose module has frozen
 # parameters names them (how many, and a digest of which), so each freezing state is a
-# signature of its own. The flags cost about 50 ns per parameter per root forward.
+# signature of its own. So does one whose parameter slots hold other tensors than
+# parameters (``torch.func.functional_call`` with fast weights, as MAML's outer step
+# runs): those are activations, saved and placed, where the parameters are not. The
+# flags cost about 100 ns per parameter per root forward.
 
 
 def signature_of(

@@ -413,3 +413,37 @@ def test_unfreezing_between_steps_is_a_new_signature(how: str) -> None:
     steps = _unfrozen_at(4, "auto", 9, how, budget=budget, drift=100.0).report().steps
     assert [s.phase for s in steps[4:6]] == ["measure", "calibrate"]
     assert all(s.peak_activation_bytes <= 1.05 * budget for s in steps), [s.peak_activation_bytes for s in steps]
+
+
+def _maml(model: nn.Module, steps: int) -> list[list[torch.Tensor]]:
+    """MAML's step: an inner loss through the parameters, its gradient with a graph, and
+    an outer loss through fast weights made of them (``functional_call``)."""
+    grads = []
+    for s in range(steps):
+        x = torch.randn(8, 32, generator=torch.Generator().manual_seed(s))
+        params = dict(model.named_parameters())
+        inner = torch.func.functional_call(model, params, (x,)).square().mean()
+        g = torch.autograd.grad(inner, list(params.values()), create_graph=True)
+        fast = {k: v - 0.1 * d for (k, v), d in zip(params.items(), g)}
+        torch.func.functional_call(model, fast, (x + 1,)).square().mean().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])  # type: ignore[union-attr]
+        model.zero_grad(set_to_none=True)
+    return grads
+
+
+def test_fast_weights_in_the_parameter_slots_are_a_signature_of_their_own(caplog: pytest.LogCaptureFixture) -> None:
+    """NOTE [Frozen parameters]: the outer pass of a MAML step saves its fast weights
+    (activations) where the inner pass saves nothing of its parameters; at the same input
+    shapes they shared a signature, and auto took the blocks for regions that vary (plain
+    replays, a warning of data-dependent branches)."""
+    import logging
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_Mlp() for _ in range(3)])
+    plain = _maml(twin(model), 6)
+    with caplog.at_level(logging.WARNING, logger="offrecomp"), offrecomp.runtime(model, mode="auto", min_bytes=0) as rt:
+        got = _maml(model, 6)
+    assert len(plain) == len(got) and all(torch.equal(a, b) for pa, ga in zip(plain, got) for a, b in zip(pa, ga))
+    assert not [r for r in caplog.records if "other tensors than its profile" in r.getMessage()]
+    signatures = {s.signature for s in rt.report().steps}
+    assert len(signatures) == 2 and sum("substituted:" in s for s in signatures) == 1, signatures
