@@ -67,11 +67,11 @@ def parse_model(spec: str) -> dict[str, Any]:
                     f"model spec {key}={raw!r} is invalid; accepted: an integer"
                 ) from None
         elif key in _MODEL_BOOLS:
-            if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+            if raw.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
                 raise ValueError(
-                    f"model spec {key}={raw!r} is invalid; accepted: true, false, 1, 0"
+                    f"model spec {key}={raw!r} is invalid; accepted: true, false, 1, 0, yes, no, on, off"
                 )
-            out[key] = raw.lower() in ("1", "true", "yes")
+            out[key] = raw.lower() in ("1", "true", "yes", "on")
         elif key in _MODEL_FLOATS:
             try:
                 out[key] = float(raw)

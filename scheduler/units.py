@@ -109,6 +109,8 @@ def parse_bytes(value: object, *, name: str = "byte size") -> int:
             if unit in UNITS:
                 number = float(m.group(1)) * UNITS[unit]
                 if math.isfinite(number) and (UNITS[unit] > 1 or number.is_integer()):
+                    if number > 0 and round(number) == 0:  # a size under one byte: not 0
+                        raise ValueError(f"{name}={value!r} is invalid (under one byte); accepted: {SIZE_FORMS}")
                     return round(number)  # a count of bytes (bare, or in B) is whole
     raise ValueError(f"{name}={value!r} is invalid; accepted: {SIZE_FORMS}")
 
@@ -116,6 +118,8 @@ def parse_bytes(value: object, *, name: str = "byte size") -> int:
 def format_bytes(n: float) -> str:
     """``1536 -> '1.50 KiB'``, ``512 -> '512 B'``; whole bytes below 1 KiB."""
     v = float(n)
+    if not math.isfinite(v):
+        return f"{v} B"  # nan or inf: said as it is, not raised from inside a message
     sign = "-" if v < 0 else ""
     v = abs(v)
     if round(v) < 1024:

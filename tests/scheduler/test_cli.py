@@ -10,6 +10,7 @@ import pytest
 
 from scheduler import StorageRecord, gpt_profile, parse_bytes
 from scheduler.cli import main, parse_model
+from scheduler.units import format_bytes
 
 MODEL = "layers=4,hidden=1024,heads=8,seq=4096,batch=1"
 
@@ -38,10 +39,16 @@ def test_parse_bytes(text: str | int, value: int) -> None:
     assert parse_bytes(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "GiB", "20 parsecs", "-5GiB", "1..5GB", "20GiBs", "0.5B", "1.5"])
+@pytest.mark.parametrize("text", ["", "GiB", "20 parsecs", "-5GiB", "1..5GB", "20GiBs", "0.5B", "1.5", "0.0001KiB"])
 def test_parse_bytes_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="accepted: an integer byte count or a number with a unit"):
         parse_bytes(text)
+
+
+def test_format_bytes_says_a_size_that_is_no_number() -> None:
+    """A message naming a NaN or infinite size said nothing: format_bytes raised."""
+    assert format_bytes(float("nan")) == "nan B" and format_bytes(float("inf")) == "inf B"
+    assert format_bytes(1536) == "1.50 KiB" and format_bytes(-512) == "-512 B"
 
 
 def test_parse_model() -> None:
