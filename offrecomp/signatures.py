@@ -96,7 +96,7 @@ class Frozen:
     epoch moved or the runtime was entered again (``clear``)."""
 
     def __init__(self) -> None:
-        self._params: dict[int, tuple[int, Any, list[tuple[dict[str, Any], str, torch.Tensor]]]] = {}
+        self._params: dict[int, tuple[int, Any, list[tuple[dict[str, Any] | None, str, torch.Tensor]]]] = {}
 
     def clear(self) -> None:
         self._params.clear()
@@ -107,11 +107,13 @@ class Frozen:
         hit = self._params.get(id(module))
         if hit is None or hit[0] != epoch or hit[1] is not module:
             slots = [
-                (m._parameters, k, p) for m in module.modules() for k, p in m._parameters.items() if p is not None
+                # a dict's slots are read again below (a TorchScript module's table is none)
+                (d if isinstance(d, dict) else None, k, p)
+                for m in module.modules() for d in (m._parameters,) for k, p in d.items() if p is not None
             ]
             hit = self._params[id(module)] = (epoch, module, slots)
         flags = bytes(
-            p.requires_grad if (t := d.get(k)) is p or isinstance(t, nn.Parameter) else _SUBSTITUTED
+            p.requires_grad if d is None or (t := d.get(k)) is p or isinstance(t, nn.Parameter) else _SUBSTITUTED
             for d, k, p in hit[2]
         )
         if all(f == 1 for f in flags):
