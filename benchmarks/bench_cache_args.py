@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import offrecomp
+from benchmarks._args import out_file
 
 
 def _model(layers: int) -> Any:
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=10, help="steps of each before timing (measuring passes)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    ap.add_argument("--out", type=out_file(), default=None, help="write the figures as JSON here")
     args = ap.parse_args(argv)
     for name in ("layers", "seq", "rounds", "threads"):
         if getattr(args, name) < 1:
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  the cache adds {extra * 1e3:.1f} ms per step, {extra * 1e6 / args.layers:.0f} us per layer call "
           f"({med['cache'] / med['no cache']:.3f}x)")
     if args.out is not None:
-        args.out.write_text(json.dumps({"layers": args.layers, "ms_per_step": {k: v * 1e3 for k, v in med.items()}}, indent=1))
+        Path(args.out).write_text(json.dumps({"layers": args.layers, "ms_per_step": {k: v * 1e3 for k, v in med.items()}}, indent=1))
     return 0
 
 

@@ -42,6 +42,8 @@ from torch.utils.checkpoint import checkpoint
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import offrecomp
+from benchmarks._args import count, number, out_file
+from benchmarks._args import device as parse_device
 from benchmarks.bench_planner import allocator_peak, allocator_within_budget
 from benchmarks.long_seq.models import GPT, ModelSpec, build_model
 from offrecomp.config import format_bytes
@@ -119,30 +121,30 @@ def one_step(model: GPT, ctx: Any, batch: Batch, bf16: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    ap.add_argument("--layers", type=count(1), default=6)
+    ap.add_argument("--hidden", type=count(1), default=64)
+    ap.add_argument("--heads", type=count(1), default=4, help="attention heads; they must divide --hidden")
+    ap.add_argument("--batch", type=count(1), default=4)
     ap.add_argument("--min-seq", type=int, default=16)
     ap.add_argument("--max-seq", type=int, default=128)
-    ap.add_argument("--steps", type=int, default=80)
+    ap.add_argument("--steps", type=count(1), default=80)
     ap.add_argument("--order", choices=["random", "growing"], default="random",
                     help="random lengths (dynamic padding) or growing ones (sequence-length warmup)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--budget-fraction", type=float, default=0.5,
-                    help="auto's budget as a fraction of keep's activation peak at the longest batch")
+    ap.add_argument("--rounds", type=count(1), default=3)
+    ap.add_argument("--budget-fraction", type=number(above=0, at_most=1), default=0.5,
+                    help="auto's budget as a fraction of keep's activation peak at the longest batch, in (0, 1]")
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--no-warmup", action="store_true",
                     help="skip the untimed plain pass over every batch shape before the rounds")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--out", type=out_file(), help="write the results as JSON here")
     args = ap.parse_args(argv)
     if not 1 <= args.min_seq <= args.max_seq:
         ap.error(f"--min-seq {args.min_seq} / --max-seq {args.max_seq}: need 1 <= min <= max")
-    if args.steps < 1 or args.rounds < 1:
-        ap.error("--steps and --rounds must be >= 1")
-    device = torch.device(args.device)
+    if args.hidden % args.heads:
+        ap.error(f"--hidden {args.hidden} is not a multiple of --heads {args.heads}; accepted: a head count that divides the width")
+    device = parse_device(ap, args.device)
     if device.type == "cpu":
         torch.set_num_threads(1)  # tiny ops: intra-op threads only add barrier waits
     spec = ModelSpec(n_layers=args.layers, hidden=args.hidden, n_heads=args.heads,

@@ -86,6 +86,8 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import offrecomp
+from benchmarks._args import device as parse_device
+from benchmarks._args import out_file
 from offrecomp.offload import OffloadEngine
 from offrecomp.trace import RUN, OpRecorder, ServingMode, build_structure
 
@@ -311,7 +313,7 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--ops", type=int, default=200, help="ops (and saves) per step (default 200)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--reps", type=int, default=20, help="timings per variant per round (median)")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     ap.add_argument("--region-saves", type=int, default=REGION_SAVES,
                     help=f"saves per region in the offload variant (default {REGION_SAVES})")
     ap.add_argument("--gc-freeze", action="store_true",
@@ -319,7 +321,7 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--clock", default="wall", help="wall (default) or thread: the main thread's CPU time")
     ap.add_argument("--emulated-split", action="store_true",
                     help="add the part of each figure that is the emulated backend's device work")
-    ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--out", type=out_file(), help="write the results as JSON here")
     args = ap.parse_args(argv)
     if args.ops < 2 or args.rounds < 1 or args.reps < 1 or args.region_saves < 1:
         ap.error(
@@ -329,7 +331,7 @@ def _main(argv: list[str] | None) -> int:
     if args.clock not in CLOCKS:
         ap.error(f"--clock {args.clock!r} is invalid; accepted: {', '.join(CLOCKS)}")
     clock = CLOCKS[args.clock]
-    device = torch.device(args.device)
+    device = parse_device(ap, args.device)
     n = args.ops
     torch.manual_seed(0)
     model = _Model(n).to(device)

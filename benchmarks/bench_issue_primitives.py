@@ -43,6 +43,7 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._args import out_file
 from offrecomp.backends import Backend, get_backend
 
 
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--storages", type=int, default=13, help="storages per group (a GPT block offloads 13)")
     ap.add_argument("--mib", type=int, default=16, help="MiB per storage (4K tokens x 2048 hidden in bf16: 16)")
     ap.add_argument("--reps", type=int, default=200)
-    ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--out", type=out_file(), help="write the results as JSON here")
     args = ap.parse_args(argv)
     if args.device not in ("cpu", "cuda"):
         ap.error(f"--device {args.device!r} is invalid; accepted: cpu, cuda")

@@ -33,6 +33,8 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._args import count, out_file
+from benchmarks._args import device as parse_device
 from offrecomp.backends import get_backend
 from offrecomp.config import Prefetch
 from offrecomp.offload import OffloadEngine
@@ -257,15 +259,22 @@ def _table(title: str, rows: list[dict[str, Any]], cols: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="path of the JSON result file")
-    parser.add_argument("--quick", action="store_true", help="fewer sizes, smaller overlap")
-    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
     parser.add_argument(
-        "--offload-mib", type=int, default=None, help="bytes offloaded in the overlap test (MiB)"
+        "--out", type=out_file(make_folder=True), required=True, help="path of the JSON result file"
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer sizes, smaller overlap")
+    parser.add_argument(
+        "--device", default="auto", help="cuda, cuda:N, cpu or auto (default: cuda if present)"
+    )
+    parser.add_argument(
+        "--offload-mib",
+        type=count(1),
+        default=None,
+        help="bytes offloaded in the overlap test (MiB), 1 or more",
     )
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = parse_device(parser, args.device, auto=True)
     emulated = device.type != "cuda"
     if emulated:
         print(

@@ -30,8 +30,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import offrecomp
+from benchmarks._args import count, number, out_file
+from benchmarks._args import device as parse_device
 from benchmarks.long_seq.models import ModelSpec, build_model, make_batch
 from offrecomp.config import format_bytes
+from scheduler.units import SIZE_FORMS, parse_bytes
 
 
 def _sync(device: torch.device) -> None:
@@ -60,6 +63,15 @@ def allocator_peak(fn: Callable[[], None], device: torch.device) -> int:
     return peak
 
 
+def _size(text: str) -> str:
+    """An argparse type: a byte count (``64KiB``), given back as written."""
+    try:
+        parse_bytes(text, name="--min-bytes")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; accepted: {SIZE_FORMS}") from None
+    return text
+
+
 class Strategy:
     def __init__(self, name: str, model: torch.nn.Module, rt: offrecomp.Runtime | None) -> None:
         self.name = name
@@ -75,35 +87,37 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    ap.add_argument("--layers", type=count(1), default=6)
+    ap.add_argument("--hidden", type=count(1), default=256)
+    ap.add_argument("--heads", type=count(1), default=4, help="attention heads; they must divide --hidden")
+    ap.add_argument("--seq", type=count(1), default=512)
+    ap.add_argument("--batch", type=count(1), default=2)
+    ap.add_argument("--dropout", type=number(at_least=0, below=1), default=0.1, help="in [0, 1) (default 0.1)")
     ap.add_argument(
         "--budget-fraction",
-        type=float,
+        type=number(above=0, at_most=1),
         default=0.5,
-        help="auto budget as a fraction of keep's activation bytes (default 0.5)",
+        help="auto budget as a fraction of keep's activation bytes, in (0, 1] (default 0.5)",
     )
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU presets)")
     ap.add_argument(
         "--warmup",
-        type=int,
+        type=count(0),
         default=3,
         help="untimed steps per strategy; auto plans after its first",
     )
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--min-bytes", default="64KiB")
-    ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--repeats", type=count(1), default=7, help="timed interleaved rounds, 1 or more")
+    ap.add_argument("--min-bytes", type=_size, default="64KiB")
+    ap.add_argument("--out", type=out_file(), help="write the results as JSON here")
     ap.add_argument(
         "--profile", help="save auto's profile here (OFFRECOMP_PROFILE): the one its plan was solved with"
     )
     args = ap.parse_args(argv)
+    if args.hidden % args.heads:
+        ap.error(f"--hidden {args.hidden} is not a multiple of --heads {args.heads}; accepted: a head count that divides the width")
+    device = parse_device(ap, args.device)
     logging.basicConfig(format="%(message)s")  # offrecomp's lines, at OFFRECOMP_LOG's level
-    device = torch.device(args.device)
     spec = ModelSpec(
         kind="gpt",
         n_layers=args.layers,

@@ -45,6 +45,7 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
 import offrecomp
 import offrecomp.calls as calls
 import offrecomp.offload as offload
+from benchmarks._args import out_file
 from benchmarks.long_seq.models import ModelSpec, build_model
 from offrecomp.backends import CudaBackend, EmulatedBackend
 from offrecomp.groups import OffloadGroups
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10, help="steps before timing (auto-free modes need 1)")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
-    ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--out", type=out_file(), help="write the results as JSON here")
     args = ap.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in args.modes if m not in MODES]

@@ -21,19 +21,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numba
 
+from benchmarks._args import count, out_file
 from scheduler import gpt_profile, solve
 
 # 15 saved storages per GPT layer (micro_ops=True)
 SIZES = {"1k": 67, "10k": 667, "100k": 6667}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--json", help="also write the results to this file")
-    args = ap.parse_args()
+    ap.add_argument("--repeats", type=count(1), default=7, help="timed solves per size, 1 or more (default 7)")
+    ap.add_argument("--json", type=out_file(), help="also write the results to this file")
+    args = ap.parse_args(argv)
     rows = []
     for label, layers in SIZES.items():
         profile = gpt_profile(

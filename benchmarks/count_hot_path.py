@@ -54,6 +54,7 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import offrecomp
+from benchmarks._args import out_file
 from benchmarks.bench_host_overhead import REGION_SAVES, _GroupedFloor, _Model, reload_path
 from offrecomp import backends
 
@@ -165,7 +166,7 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--detail", default="offload",
                     help="list the functions of the variant whose name holds this (default offload; "
                          "'hooks on' for keep with the hooks on, 'auto' for auto)")
-    ap.add_argument("--out", default=None, help="write the counts as JSON here")
+    ap.add_argument("--out", type=out_file(), default=None, help="write the counts as JSON here")
     args = ap.parse_args(argv)
     if args.ops < 2 or args.region_saves < 1 or args.steps < 1 or args.top < 0:
         ap.error(

@@ -10,7 +10,8 @@ does), of measured over predicted step, forward (start of the step to the start 
 backward), replay and the rest of the step (backward without replays, stalls), the
 stall measured and predicted, and the host's share of the forward (forward host seconds
 over forward device seconds: under 1, the host ran ahead of the device). It reads what the
-runtime recorded and judges nothing; the exit status is 0 unless the file cannot be read.
+runtime recorded and judges nothing; the exit status is 0, or 2 (and nothing printed but why)
+when the file cannot be read or is no long_seq results file (a planner profile, a run's report).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._args import out_file, read_results
 from benchmarks.offload_checks import planned_records, steady_records
 
 COLUMNS = ("step", "forward", "replay", "rest", "stall ms", "host/dev fwd", "steps")
@@ -78,9 +80,9 @@ def _cell(x: float | None, fmt: str = "{:.3f}") -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", help="results.json of python -m benchmarks.long_seq")
-    ap.add_argument("--out", help="write the figures as JSON here")
+    ap.add_argument("--out", type=out_file(), help="write the figures as JSON here")
     args = ap.parse_args(argv)
-    data = json.loads(Path(args.results).read_text())
+    data = read_results(ap, args.results)
     fits = [f for f in (fit(r) for r in data.get("rows", []) if r.get("status") == "ok") if f is not None]
     print("measured / predicted, medians of the steady planned steps")
     print(f"{'strategy':32s}{'seq':>7s}" + "".join(f"{c:>14s}" for c in COLUMNS))

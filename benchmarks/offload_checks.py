@@ -24,7 +24,8 @@ it was judged by and its verdict:
     ``save_on_cpu``) whose step-memory peak is at or below its own.
 
 A criterion whose strategies did not run (or failed) is ``n/a``, named as such; the exit
-status is 1 when any criterion failed, else 0. The thresholds are ``KEEP_MAX``,
+status is 1 when any criterion failed, else 0, and 2 when the file cannot be read or is no
+long_seq results file (a planner profile, a run's report: the message says which). The thresholds are ``KEEP_MAX``,
 ``PREDICTION_TOL``, ``NO_OFFLOAD_MAX`` below.
 """
 
@@ -41,6 +42,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._args import out_file, read_results
 from offrecomp.measure import distorts
 
 KEEP_MAX = 1.01  # keep's step time over plain's
@@ -184,9 +186,9 @@ def _auto_checks(rows: dict[tuple[str, int], dict[str, Any]], seq: int, x: str, 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", help="results.json of python -m benchmarks.long_seq")
-    ap.add_argument("--out", help="write the checks as JSON here")
+    ap.add_argument("--out", type=out_file(), help="write the checks as JSON here")
     args = ap.parse_args(argv)
-    data = json.loads(Path(args.results).read_text())
+    data = read_results(ap, args.results)
     found = checks(data)
     width = max((len(c.name) for c in found), default=4)
     for c in found:

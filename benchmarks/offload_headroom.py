@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._args import PROFILE, looks_like, number
 from scheduler import Placement, Plan, Profile, gpt_profile, simulate, solve
 from scheduler.cost_model import HOST_COSTS
 from scheduler.units import format_bytes
@@ -30,15 +31,34 @@ SEQS = (4096, 8192, 16384)
 SHARES = (0.5, 0.25)
 
 
+def _load(ap: argparse.ArgumentParser, path: Path) -> Profile:
+    """The profile saved at ``path``, or ``ap.error`` saying why it cannot be read or what
+    the file looks like when it is not a profile (a run's report, long_seq's results)."""
+    try:
+        return Profile.load(path)
+    except OSError as exc:
+        ap.error(f"--profile {str(path)!r}: cannot read it: {exc.strerror or exc}")
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # not JSON, or JSON of no profile
+        what = looks_like(path)
+        if what == PROFILE:  # a profile's keys, but something in it is wrong
+            ap.error(f"--profile {str(path)!r} is not a valid profile JSON: {exc}")
+        ap.error(f"--profile {str(path)!r} is not a valid profile JSON; it looks like {what}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--gbps", type=float,
-        help="D2H and H2D GB/s (default 55; with --profile, the profile's own link)",
+        "--gbps", type=number(above=0),
+        help="D2H and H2D GB/s, > 0 (default 55; with --profile, the profile's own link)",
     )
     ap.add_argument("--profile", type=Path, help="a saved profile instead of the what-if GPTs")
-    ap.add_argument("--tflops", type=float, default=989.0, help="dense 16-bit TFLOP/s (default 989)")
-    ap.add_argument("--mfu", type=float, default=0.5, help="matmul FLOP utilisation (default 0.5)")
+    ap.add_argument(
+        "--tflops", type=number(above=0), default=989.0, help="dense 16-bit TFLOP/s, > 0 (default 989)"
+    )
+    ap.add_argument(
+        "--mfu", type=number(above=0, at_most=1), default=0.5,
+        help="matmul FLOP utilisation, in (0, 1] (default 0.5)",
+    )
     ap.add_argument(
         "--dropout", action="store_true", help="dropout layers (the gpu-1.3b preset has none)"
     )
@@ -47,10 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         help="a saved profile's offrecomp host costs set to zero (the what-if GPTs have none)",
     )
     args = ap.parse_args(argv)
-    if not ((args.gbps is None or args.gbps > 0) and args.tflops > 0 and 0 < args.mfu <= 1):
-        ap.error(f"--gbps {args.gbps}, --tflops {args.tflops}, --mfu {args.mfu}: accepted > 0, > 0, (0, 1]")
     if args.profile is not None:
-        saved = Profile.load(args.profile)
+        saved = _load(ap, args.profile)
         if args.gbps is not None:
             saved.d2h_gbps = saved.h2d_gbps = args.gbps
         costs = ", ".join(f"{f.removesuffix('_host_seconds')} {1e6 * getattr(saved, f):.1f} us" for f in HOST_COSTS)

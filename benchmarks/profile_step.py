@@ -56,13 +56,18 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import offrecomp
+from benchmarks._args import count, number, out_file
+from benchmarks._args import device as parse_device
 from benchmarks.long_seq.measure import _without_profiler_chatter, count_saved_bytes
 from benchmarks.long_seq.models import build_model, make_batch
 from benchmarks.long_seq.presets import PRESETS
 from offrecomp.offload import OffloadEngine
 from offrecomp.transfer import OffloadStats
 
-__all__ = ["SYNC_CALLS", "RunSetup", "add_run_arguments", "main", "setup_run", "start_run", "summarize", "train_step"]
+__all__ = [
+    "SYNC_CALLS", "RunSetup", "add_run_arguments", "check_run_arguments", "main", "setup_run", "start_run",
+    "summarize", "train_step",
+]
 
 #: CUDA runtime calls that block the host until the device catches up.
 SYNC_CALLS = frozenset(
@@ -84,19 +89,39 @@ def add_run_arguments(p: argparse.ArgumentParser, *, budget_fraction: float, max
     (``max_steps``: for what) and the CPU threads."""
     p.add_argument("--preset", default="cpu-tiny", help=f"one of {', '.join(PRESETS)}")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
-    p.add_argument("--seq", type=int, help="tokens per sequence (default: the preset's first)")
-    p.add_argument("--batch", type=int, help="sequences per step (default: the preset's)")
-    p.add_argument("--layers", type=int, help="override the preset's block count")
-    p.add_argument("--hidden", type=int, help="override the preset's width")
-    p.add_argument("--heads", type=int, help="override the preset's head count")
+    p.add_argument("--seq", type=count(1), help="tokens per sequence (default: the preset's first)")
+    p.add_argument("--batch", type=count(1), help="sequences per step (default: the preset's)")
+    p.add_argument("--layers", type=count(1), help="override the preset's block count")
+    p.add_argument("--hidden", type=count(1), help="override the preset's width")
+    p.add_argument("--heads", type=count(1), help="override the preset's head count (it must divide the width)")
     p.add_argument(
         "--budget-fraction",
-        type=float,
+        type=number(above=0, at_most=1),
         default=budget_fraction,
-        help=f"auto's budget as a share of the plain run's saved bytes (default {budget_fraction:g})",
+        help=f"auto's budget as a share of the plain run's saved bytes, in (0, 1] (default {budget_fraction:g})",
     )
-    p.add_argument("--max-steps", type=int, default=16, help=f"steps to wait for {max_steps} (default 16)")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default 1 on CPU)")
+    p.add_argument(
+        "--max-steps", type=count(1), default=16, help=f"steps to wait for {max_steps}, 1 or more (default 16)"
+    )
+    p.add_argument("--threads", type=count(1), help="torch CPU threads (default 1 on CPU)")
+
+
+def check_run_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``p.error`` (exit status 2) for what ``add_run_arguments``' types cannot check
+    alone: the preset, the device, and a width (``--hidden`` or the preset's) that the
+    head count (``--heads`` or the preset's) does not divide."""
+    if args.preset not in PRESETS:
+        p.error(f"--preset {args.preset!r} is invalid; accepted: {', '.join(PRESETS)}")
+    spec = PRESETS[args.preset].spec
+    hidden = args.hidden if args.hidden is not None else spec.hidden
+    heads = args.heads if args.heads is not None else spec.n_heads
+    if hidden % heads:
+        mine = f" (preset {args.preset}'s)"
+        p.error(
+            f"--hidden {hidden}{'' if args.hidden is not None else mine} is not a multiple of --heads "
+            f"{heads}{'' if args.heads is not None else mine}; accepted: a head count that divides the width"
+        )
+    parse_device(p, args.device, auto=True, index=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,17 +129,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_arguments(p, budget_fraction=0.25, max_steps="a planned step that offloads")
     p.add_argument(
         "--gbps",
-        type=float,
+        type=number(above=0),
         default=1000.0,
-        help="d2h_gbps and h2d_gbps the runtime plans with until it measures (default 1000)",
+        help="d2h_gbps and h2d_gbps the runtime plans with until it measures, > 0 (default 1000)",
     )
     p.add_argument(
         "--force-offload",
         action="store_true",
         help="profile mode='offload' directly (no planning)",
     )
-    p.add_argument("--out", default="profile_step.json", help="summary JSON path")
-    p.add_argument("--trace", help="also write the Chrome trace here (.json or .json.gz)")
+    p.add_argument("--out", type=out_file(make_folder=True), default="profile_step.json", help="summary JSON path")
+    p.add_argument("--trace", type=out_file(), help="also write the Chrome trace here (.json or .json.gz)")
     return p
 
 
@@ -658,19 +683,10 @@ def _write_trace(prof: Any, path: Path) -> None:
 
 
 def start_run(args: argparse.Namespace) -> tuple[RunSetup, dict[str, Any], int, int] | None:
-    """The options of ``add_run_arguments`` checked, the device and threads set, the model
-    built: (its setup, its meta, the plain run's saved bytes, auto's budget); None, having
-    said why on stderr, for a bad value."""
-    for flag, value, lowest in (("--max-steps", args.max_steps, 1), ("--seq", args.seq, 1)):
-        if value is not None and value < lowest:
-            print(f"{flag}={value} is invalid; give {lowest} or more", file=sys.stderr)
-            return None
-    if not 0 < args.budget_fraction <= 1:
-        print(
-            f"--budget-fraction={args.budget_fraction} is invalid; give a share in (0, 1]",
-            file=sys.stderr,
-        )
-        return None
+    """The options of ``add_run_arguments`` (parsed, and checked by ``check_run_arguments``)
+    put to work: the device and threads set, the model built: (its setup, its meta, the
+    plain run's saved bytes, auto's budget); None, having said why on stderr, for a bad
+    value the checks let through."""
     if args.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     elif args.device in ("cpu", "cuda"):
@@ -694,7 +710,9 @@ def start_run(args: argparse.Namespace) -> tuple[RunSetup, dict[str, Any], int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_run_arguments(parser, args)
     t0 = time.perf_counter()
     started = start_run(args)
     if started is None:

@@ -35,8 +35,15 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
 
 import offrecomp
 import offrecomp.regenerate
+from benchmarks._args import out_file
 from benchmarks.long_seq.measure import _without_profiler_chatter
-from benchmarks.profile_step import RunSetup, add_run_arguments, start_run, train_step
+from benchmarks.profile_step import (
+    RunSetup,
+    add_run_arguments,
+    check_run_arguments,
+    start_run,
+    train_step,
+)
 from offrecomp.trace.structure import PLACEHOLDER, RUN, SERVE
 from scheduler.cost_model import replay_seconds
 
@@ -49,7 +56,7 @@ NO_LINK_GBPS = 1e-6
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python benchmarks/replay_check.py", description=__doc__)
     add_run_arguments(p, budget_fraction=0.5, max_steps="a settled plan")
-    p.add_argument("--out", default="replay_check.json", help="summary JSON path")
+    p.add_argument("--out", type=out_file(make_folder=True), default="replay_check.json", help="summary JSON path")
     return p
 
 
@@ -176,7 +183,9 @@ def render(summary: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_run_arguments(parser, args)
     t0 = time.perf_counter()
     started = start_run(args)
     if started is None:

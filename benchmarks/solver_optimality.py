@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._args import count
 from scheduler import Plan, Profile, exhaustive_solve, simulate, solve
 from tests.scheduler.instances import random_dataflow_profile, random_profile
 
@@ -68,13 +69,17 @@ def run(name: str, make: Callable[[int], Profile], n: int, seed0: int) -> bool:
     return over == 0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--profiles", type=int, default=1500, help="profiles without dataflow")
-    ap.add_argument("--dataflow", type=int, default=2400, help="profiles with dataflow")
-    args = ap.parse_args()
+    ap.add_argument(
+        "--profiles", type=count(1), default=1500, help="profiles without dataflow, 1 or more (default 1500)"
+    )
+    ap.add_argument(
+        "--dataflow", type=count(1), default=2400, help="profiles with dataflow, 1 or more (default 2400)"
+    )
+    args = ap.parse_args(argv)
     t0 = time.perf_counter()
     ok = run("no dataflow", random_profile, args.profiles, 10_000)
     ok &= run("dataflow", random_dataflow_profile, args.dataflow, 20_000)

@@ -6,6 +6,7 @@ Run with ``--help`` for the options, ``--list`` for the strategies and presets.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import shlex
@@ -14,6 +15,9 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from .._args import count, number
+from .._args import device as parse_device
 
 __all__ = ["build_parser", "main"]
 
@@ -37,6 +41,12 @@ def _name_list(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
+def _out_folder(text: str) -> str:
+    if Path(text).exists() and not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file; accepted: a folder (made if missing)")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.long_seq",
@@ -54,14 +64,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", choices=("gpt", "hf-llama", "hf-gpt2"), help="override the preset's model kind"
     )
     p.add_argument("--seq", type=_int_list, help="sequence lengths to compare, e.g. 4096,8192")
-    p.add_argument("--batch", type=int, help="sequences per step")
-    p.add_argument("--layers", type=int, help="override the preset's block count")
-    p.add_argument("--hidden", type=int, help="override the preset's width")
-    p.add_argument("--heads", type=int, help="override the preset's head count")
-    p.add_argument("--dropout", type=float, help="dropout probability (default 0)")
+    p.add_argument("--batch", type=count(1), help="sequences per step")
+    p.add_argument("--layers", type=count(1), help="override the preset's block count")
+    p.add_argument("--hidden", type=count(1), help="override the preset's width")
+    p.add_argument(
+        "--heads", type=count(1), help="override the preset's head count (it must divide the width)"
+    )
+    p.add_argument(
+        "--dropout", type=number(at_least=0, below=1), help="dropout probability in [0, 1) (default 0)"
+    )
     p.add_argument(
         "--max-seq",
-        type=int,
+        type=count(1),
         help="length of the position table, at least the preset's and the longest sequence "
         "run or searched (the default); one figure across runs keeps the parameters, and so "
         "compiled graphs, the same",
@@ -69,8 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--strategies", type=_name_list, help="comma-separated subset (none is always run)"
     )
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps per strategy (default 1)")
-    p.add_argument("--repeats", type=int, default=3, help="timed interleaved rounds (default 3)")
+    p.add_argument(
+        "--warmup", type=count(0), default=1, help="untimed steps per strategy (default 1)"
+    )
+    p.add_argument(
+        "--repeats", type=count(1), default=3, help="timed interleaved rounds (default 3)"
+    )
     compile_group = p.add_mutually_exclusive_group()
     compile_group.add_argument(
         "--with-compile",
@@ -89,9 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--compile-budget",
-        type=float,
+        type=number(at_least=0, at_most=1),
         default=0.5,
-        help="activation_memory_budget for compile_budget (default 0.5)",
+        help="activation_memory_budget for compile_budget, in [0, 1]: 0 saves what checkpointing "
+        "everything would, 1 what torch.compile saves by default (default 0.5)",
     )
     p.add_argument(
         "--compile-backend",
@@ -109,29 +128,37 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip the step-time comparison (run the longest-sequence search only)",
     )
-    p.add_argument("--search-start", type=int, help="first sequence length the search tries")
-    p.add_argument("--search-max", type=int, help="longest sequence length the search tries")
+    p.add_argument(
+        "--search-start",
+        type=count(1),
+        help="first sequence length the search tries, at most --search-max",
+    )
+    p.add_argument(
+        "--search-max", type=count(1), help="longest sequence length the search tries"
+    )
     p.add_argument(
         "--search-quantum",
-        type=int,
+        type=count(1),
         default=64,
         help="the search's resolution in tokens: it reports a multiple of this (default 64)",
     )
     p.add_argument(
         "--peak-tflops",
-        type=float,
+        type=number(above=0),
         help=f"device peak for MFU (default {_H100_CLASS_PEAK_TFLOPS:g} on H100/H200, else no MFU)",
     )
-    p.add_argument("--out", default="bench_out", help="output folder (default bench_out/)")
+    p.add_argument(
+        "--out", type=_out_folder, default="bench_out", help="output folder (default bench_out/)"
+    )
     p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     p.add_argument(
         "--max-seconds",
-        type=float,
+        type=number(above=0),
         help=f"stop starting new work after this long (default {_CPU_MAX_SECONDS:g} on CPU, none on GPU)",
     )
     p.add_argument(
         "--threads",
-        type=int,
+        type=count(1),
         help="torch CPU threads (default 1 on CPU, as torch.utils.benchmark does: with more, "
         "any other busy program can stall a step through OpenMP; torch's choice on GPU)",
     )
@@ -215,43 +242,29 @@ def _list() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run the benchmark; a bad argument exits with status 2 (``parser.error``) before any
+    work starts."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.list:
         _list()
         return 0
+    if args.no_compare and args.no_search:
+        parser.error("--no-compare with --no-search leaves nothing to run; give one of them at most")
+    if (
+        args.search_start is not None
+        and args.search_max is not None
+        and args.search_start > args.search_max
+    ):
+        parser.error(
+            f"--search-start {args.search_start} is above --search-max {args.search_max}; "
+            "accepted: a first length at most the longest"
+        )
 
     import torch
 
     wall0 = time.perf_counter()
-    for flag, value, lowest in (
-        ("--threads", args.threads, 1),
-        ("--batch", args.batch, 1),
-        ("--repeats", args.repeats, 1),
-        ("--warmup", args.warmup, 0),
-        ("--search-quantum", args.search_quantum, 1),
-        ("--max-seq", args.max_seq, 1),
-    ):
-        if value is not None and value < lowest:
-            print(f"{flag}={value} is invalid; give {lowest} or more", file=sys.stderr)
-            return 2
-    if args.device == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        try:
-            device = torch.device(args.device)
-        except RuntimeError:
-            device = torch.device("meta")
-        if device.type not in ("cpu", "cuda"):
-            print(
-                f"--device {args.device!r} is invalid; accepted: auto, cpu, cuda, cuda:N",
-                file=sys.stderr,
-            )
-            return 2
-        if device.type == "cuda" and not torch.cuda.is_available():
-            print(
-                "--device cuda: no CUDA device is available here; use --device cpu", file=sys.stderr
-            )
-            return 2
+    device = parse_device(parser, args.device, auto=True)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     threads = args.threads if args.threads is not None else (1 if device.type == "cpu" else None)
@@ -259,12 +272,45 @@ def main(argv: list[str] | None = None) -> int:
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _run(args, argv, device, wall0)
+        return _run(parser, args, argv, device, wall0)
     finally:
         torch.set_num_threads(previous_threads)  # main() may be called from a longer program
 
 
-def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: float) -> int:
+def _checked_strategies(parser: argparse.ArgumentParser, names: tuple[str, ...] | None) -> None:
+    """``parser.error`` for an empty ``--strategies`` or one naming no strategy."""
+    from .strategies import ALL_STRATEGIES
+
+    if names is None:
+        return
+    unknown = [n for n in names if n not in ALL_STRATEGIES]
+    if unknown or not names:
+        what = f"unknown {', '.join(unknown)}" if unknown else "names no strategy"
+        parser.error(f"--strategies: {what}; accepted: a comma-separated list of {', '.join(ALL_STRATEGIES)}")
+
+
+def _checked_spec(parser: argparse.ArgumentParser, args: argparse.Namespace, spec: Any, preset: str) -> None:
+    """``parser.error`` where the width (``--hidden`` or the preset's) is no multiple of
+    the head count (``--heads`` or the preset's): the model could not be built."""
+    if spec.hidden % spec.n_heads == 0:
+        return
+    hidden = f"--hidden {spec.hidden}" + ("" if args.hidden is not None else f" (preset {preset}'s)")
+    heads = f"--heads {spec.n_heads}" + ("" if args.heads is not None else f" (preset {preset}'s)")
+    small = [d for d in range(1, math.isqrt(spec.hidden) + 1) if spec.hidden % d == 0]
+    divisors = sorted({*small, *(spec.hidden // d for d in small)})
+    parser.error(
+        f"{hidden} is not a multiple of {heads}; accepted: a head count that divides the width "
+        f"({', '.join(map(str, divisors))})"
+    )
+
+
+def _run(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    device: Any,
+    wall0: float,
+) -> int:
     import dataclasses
 
     import torch
@@ -273,18 +319,14 @@ def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: f
     from .models import hf_available
     from .output import Progress, format_bytes, render_search, render_table, write_all
     from .presets import PRESETS, auto_preset_name, parse_size
-    from .strategies import ALL_STRATEGIES, Options, get_strategies
+    from .strategies import Options, get_strategies
 
     total_mem = (
         torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     )
     preset_name = auto_preset_name(device.type, total_mem) if args.preset == "auto" else args.preset
     if preset_name not in PRESETS:
-        print(
-            f"--preset {preset_name!r} is invalid; accepted: auto, {', '.join(PRESETS)}",
-            file=sys.stderr,
-        )
-        return 2
+        parser.error(f"--preset {preset_name!r} is invalid; accepted: auto, {', '.join(PRESETS)}")
     preset = PRESETS[preset_name]
     notes: list[str] = []
 
@@ -299,6 +341,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: f
         if getattr(args, arg) is not None:
             overrides[fieldname] = getattr(args, arg)
     spec = dataclasses.replace(preset.spec, seed=args.seed, **overrides)
+    _checked_spec(parser, args, spec, preset_name)
     if spec.kind != "gpt":
         ok, why = hf_available()
         if not ok:
@@ -309,17 +352,13 @@ def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: f
     if args.max_seq is not None:
         spec = spec.with_max_seq(args.max_seq)
 
-    if args.strategies:
-        unknown = [n for n in args.strategies if n not in ALL_STRATEGIES]
-        if unknown:
-            print(
-                f"--strategies: unknown {', '.join(unknown)}; accepted: {', '.join(ALL_STRATEGIES)}",
-                file=sys.stderr,
-            )
-            return 2
-    if args.no_compare and args.no_search:
-        print("--no-compare with --no-search leaves nothing to run", file=sys.stderr)
-        return 2
+    _checked_strategies(parser, args.strategies)
+    search_start = args.search_start or preset.search_start
+    search_max = args.search_max or preset.search_max
+    if search_start > search_max:  # one of them the preset's (both given: checked in main)
+        start = f"--search-start {search_start}" + ("" if args.search_start else f" (preset {preset_name}'s)")
+        most = f"--search-max {search_max}" + ("" if args.search_max else f" (preset {preset_name}'s)")
+        parser.error(f"{start} is above {most}; accepted: a first length at most the longest")
     # The budget is parsed even without the search: offrecomp_auto@budget uses it.
     budget_text = args.mem_budget or preset.mem_budget
     step_budget: int | None = None
@@ -327,8 +366,17 @@ def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: f
         try:
             step_budget = parse_size(budget_text, name="--mem-budget")
         except ValueError as exc:
-            print(exc, file=sys.stderr)
-            return 2
+            parser.error(str(exc))
+        if step_budget < 1:
+            parser.error(
+                f"--mem-budget={budget_text!r} is invalid; accepted: a size of 1 byte or more "
+                "(e.g. 24MiB), or none"
+            )
+    elif args.no_compare:
+        parser.error(
+            f"--no-compare with --mem-budget {budget_text} leaves nothing to run: the search needs "
+            "a budget; accepted: a size (e.g. 24MiB)"
+        )
     with_compile = args.with_compile if args.with_compile is not None else device.type == "cuda"
     options = Options(
         with_compile=with_compile,
@@ -362,8 +410,8 @@ def _run(args: argparse.Namespace, argv: list[str] | None, device: Any, wall0: f
         warmup=args.warmup,
         repeats=args.repeats,
         mem_budget_bytes=mem_budget,
-        search_start=args.search_start or preset.search_start,
-        search_max=args.search_max or preset.search_max,
+        search_start=search_start,
+        search_max=search_max,
         search_quantum=args.search_quantum,
         peak_tflops=peak_tflops,
         max_seconds=max_seconds,

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bench_cache_args
+from tests.benchmarks.refused import refused
 
 pytest.importorskip("transformers")
 
@@ -23,3 +24,11 @@ def test_cache_args_benchmark_runs(tmp_path: Path, capsys: pytest.CaptureFixture
 def test_cache_args_benchmark_names_a_bad_option() -> None:
     with pytest.raises(SystemExit):
         bench_cache_args.main(["--layers", "0"])
+
+
+def test_cache_args_benchmark_names_an_out_file_it_cannot_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(bench_cache_args, "_model", lambda *a: pytest.fail("the benchmark started"))
+    said = refused(bench_cache_args.main, ["--layers", "1", "--rounds", "1", "--warmup", "0", "--out", str(tmp_path)], capsys)
+    assert f"argument --out: '{tmp_path}' is a folder; accepted: the path of a file to write" in said

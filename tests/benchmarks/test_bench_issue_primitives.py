@@ -24,7 +24,11 @@ def test_every_call_and_each_way_to_copy_a_group_is_timed(tmp_path: Path, capsys
     assert "group: per-storage copy_" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv", [["--device", "tpu"], ["--storages", "0"], ["--reps", "0"]])
-def test_bad_arguments_are_refused(argv: list[str]) -> None:
-    with pytest.raises(SystemExit):
-        bench_issue_primitives.main(argv)
+@pytest.mark.parametrize(
+    "argv", [["--device", "tpu"], ["--storages", "0"], ["--reps", "0"], ["--out", "/no/such/folder/i.json"]]
+)
+def test_bad_arguments_are_refused(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench_issue_primitives, "run", lambda *a: pytest.fail("the benchmark started"))
+    with pytest.raises(SystemExit) as exc:
+        bench_issue_primitives.main([*argv, "--device", "cpu"] if argv[0] != "--device" else argv)
+    assert exc.value.code == 2

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from benchmarks import bench_planner
+from tests.benchmarks.refused import refused
 
 ARGS = ["--layers", "2", "--hidden", "32", "--seq", "32", "--warmup", "3", "--repeats", "4", "--dropout", "0"]
 
@@ -50,3 +51,29 @@ def test_allocator_within_budget_allows_the_rest_plus_the_budget_and_five_percen
 def test_a_failed_check_exits_non_zero(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bench_planner, "allocator_within_budget", lambda *a: False)
     assert bench_planner.main(ARGS) == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--layers", "0"], "argument --layers: '0' is invalid; accepted: an integer, 1 or more"),
+        (["--batch", "0"], "argument --batch: '0' is invalid; accepted: an integer, 1 or more"),
+        (["--heads", "3"], "--hidden 32 is not a multiple of --heads 3; accepted: a head count that divides the width"),
+        (["--dropout", "1"], "argument --dropout: '1' is invalid; accepted: a number in [0, 1)"),
+        (["--budget-fraction", "0"], "argument --budget-fraction: '0' is invalid; accepted: a number in (0, 1]"),
+        (["--budget-fraction", "1.5"], "argument --budget-fraction: '1.5' is invalid; accepted: a number in (0, 1]"),
+        (["--repeats", "0"], "argument --repeats: '0' is invalid; accepted: an integer, 1 or more"),
+        (["--warmup", "-1"], "argument --warmup: '-1' is invalid; accepted: an integer, 0 or more"),
+        (["--min-bytes", "64XB"], "argument --min-bytes: '64XB' is invalid; accepted: an integer byte count or a number with a unit"),
+        (["--device", "tpu"], "--device 'tpu' is invalid; accepted: cpu, cuda, cuda:N"),
+        (["--out", "/no/such/folder/p.json"], "argument --out: '/no/such/folder/p.json': its folder '/no/such/folder' does not exist"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_work(
+    argv: list[str], said: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def no_work(*args: object, **kw: object) -> None:
+        raise AssertionError("the benchmark started")
+
+    monkeypatch.setattr(bench_planner, "build_model", no_work)
+    assert said in refused(bench_planner.main, [*ARGS, *argv], capsys)

@@ -40,8 +40,12 @@ def test_entry_exit_and_capture_parts_per_mode(tmp_path: Path, capsys: pytest.Ca
 
 
 @pytest.mark.parametrize(
-    "argv", [["--modes", "auto"], ["--steps", "0"], ["--hidden", "33"], ["--device", "tpu"], ["--heads", "0"]]
+    "argv",
+    [["--modes", "auto"], ["--steps", "0"], ["--hidden", "33"], ["--device", "tpu"], ["--heads", "0"],
+     ["--out", "/no/such/folder/r.json"]],
 )
-def test_bad_arguments_are_refused(argv: list[str]) -> None:
-    with pytest.raises(SystemExit):
+def test_bad_arguments_are_refused(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench_region_calls, "run", lambda *a: pytest.fail("the benchmark started"))
+    with pytest.raises(SystemExit) as exc:
         bench_region_calls.main(argv)
+    assert exc.value.code == 2

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bench_dynamic_shapes
+from tests.benchmarks.refused import refused
 
 
 def test_dynamic_shapes_benchmark_borrows_within_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -48,3 +49,24 @@ def test_dynamic_shapes_benchmark_fails_on_the_allocator_peak(monkeypatch: pytes
 def test_dynamic_shapes_benchmark_rejects_bad_lengths() -> None:
     with pytest.raises(SystemExit):
         bench_dynamic_shapes.main(["--min-seq", "50", "--max-seq", "10"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--layers", "0"], "argument --layers: '0' is invalid; accepted: an integer, 1 or more"),
+        (["--batch", "0"], "argument --batch: '0' is invalid; accepted: an integer, 1 or more"),
+        (["--hidden", "30", "--heads", "4"], "--hidden 30 is not a multiple of --heads 4; accepted: a head count that divides the width"),
+        (["--steps", "0"], "argument --steps: '0' is invalid; accepted: an integer, 1 or more"),
+        (["--rounds", "0"], "argument --rounds: '0' is invalid; accepted: an integer, 1 or more"),
+        (["--budget-fraction", "0"], "argument --budget-fraction: '0' is invalid; accepted: a number in (0, 1]"),
+        (["--budget-fraction", "2"], "argument --budget-fraction: '2' is invalid; accepted: a number in (0, 1]"),
+        (["--device", "tpu"], "--device 'tpu' is invalid; accepted: cpu, cuda, cuda:N"),
+        (["--out", "/no/such/folder/d.json"], "argument --out: '/no/such/folder/d.json': its folder '/no/such/folder' does not exist"),
+    ],
+)
+def test_dynamic_shapes_benchmark_names_a_bad_argument(
+    argv: list[str], said: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(bench_dynamic_shapes, "build_model", lambda *a: pytest.fail("the benchmark started"))
+    assert said in refused(bench_dynamic_shapes.main, ["--layers", "1", "--steps", "2", "--rounds", "1", *argv], capsys)

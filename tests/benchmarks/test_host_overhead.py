@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bench_host_overhead
+from tests.benchmarks.refused import refused
 
 
 def test_host_overhead_benchmark_reports_every_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -80,3 +81,17 @@ def test_host_overhead_benchmark_rejects_bad_arguments() -> None:
         bench_host_overhead.main(["--clock", "gpu"])
     with pytest.raises(SystemExit):
         bench_host_overhead.main(["--region-saves", "0"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--device", "tpu"], "--device 'tpu' is invalid; accepted: cpu, cuda, cuda:N"),
+        (["--out", "/no/such/folder/h.json"], "argument --out: '/no/such/folder/h.json': its folder '/no/such/folder' does not exist"),
+    ],
+)
+def test_host_overhead_benchmark_names_a_bad_device_or_out_file(
+    argv: list[str], said: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(bench_host_overhead, "_Model", lambda *a, **kw: pytest.fail("the benchmark started"))
+    assert said in refused(bench_host_overhead.main, ["--ops", "8", "--rounds", "1", "--reps", "1", *argv], capsys)

@@ -34,6 +34,7 @@ from benchmarks.long_seq.strategies import (
     get_strategies,
 )
 from scheduler import Placement, Plan, Profile, gpt_profile, simulate, solve
+from tests.benchmarks.refused import refused
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
@@ -385,8 +386,68 @@ def test_auto_at_the_step_budget_leaves_out_the_gradients() -> None:
         runner.close()
 
 
-def test_no_compare_needs_the_search() -> None:
-    assert main(["--device", "cpu", "--no-compare", "--no-search", "--quiet"]) == 2
+def test_no_compare_needs_the_search(capsys: pytest.CaptureFixture[str]) -> None:
+    said = refused(main, ["--device", "cpu", "--no-compare", "--no-search", "--quiet"], capsys)
+    assert "--no-compare with --no-search leaves nothing to run" in said
+
+
+def test_a_search_without_a_budget_is_refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import benchmarks.long_seq.measure as measure
+
+    monkeypatch.setattr(measure, "run_benchmark", lambda *a, **kw: pytest.fail("the benchmark started"))
+    said = refused(main, ["--device", "cpu", "--no-compare", "--mem-budget", "none", "--quiet"], capsys)
+    assert "--no-compare with --mem-budget none leaves nothing to run: the search needs a budget" in said
+
+
+#: A run that would end at once (one block, 32 tokens, --max-seconds 0.01): where a check
+#: were missing, the test would see it exit 0, not hang.
+_QUICK = ["--device", "cpu", "--layers", "1", "--batch", "1", "--seq", "32", "--no-search",
+          "--max-seconds", "0.01", "--quiet", "--no-plots"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--dropout", "2"], "argument --dropout: '2' is invalid; accepted: a number in [0, 1)"),
+        (["--dropout", "-0.1"], "argument --dropout: '-0.1' is invalid; accepted: a number in [0, 1)"),
+        (["--heads", "3"], "--hidden 128 (preset cpu-tiny's) is not a multiple of --heads 3; accepted: "
+                           "a head count that divides the width (1, 2, 4, 8, 16, 32, 64, 128)"),
+        (["--hidden", "100", "--heads", "8"], "--hidden 100 is not a multiple of --heads 8"),
+        (["--heads", "0"], "argument --heads: '0' is invalid; accepted: an integer, 1 or more"),
+        (["--layers", "0"], "argument --layers: '0' is invalid; accepted: an integer, 1 or more"),
+        (["--max-seconds", "-1"], "argument --max-seconds: '-1' is invalid; accepted: a number > 0"),
+        (["--max-seconds", "0"], "argument --max-seconds: '0' is invalid; accepted: a number > 0"),
+        (["--compile-budget", "7"], "argument --compile-budget: '7' is invalid; accepted: a number in [0, 1]"),
+        (["--search-start", "1000", "--search-max", "10"],
+         "--search-start 1000 is above --search-max 10; accepted: a first length at most the longest"),
+        (["--search-start", "4096"], "--search-start 4096 is above --search-max 2048 (preset cpu-tiny's)"),
+        (["--search-max", "0"], "argument --search-max: '0' is invalid; accepted: an integer, 1 or more"),
+        (["--strategies", ""], "--strategies: names no strategy; accepted: a comma-separated list of none, "),
+        (["--strategies", " , "], "--strategies: names no strategy; accepted: a comma-separated list of none, "),
+        (["--strategies", "ckpt_block,nope"], "--strategies: unknown nope; accepted: a comma-separated list of none, "),
+        (["--mem-budget", "0"], "--mem-budget='0' is invalid; accepted: a size of 1 byte or more (e.g. 24MiB), or none"),
+        (["--mem-budget", "lots"], "--mem-budget='lots' is invalid; accepted: bytes or a number with a unit"),
+        (["--peak-tflops", "0"], "argument --peak-tflops: '0' is invalid; accepted: a number > 0"),
+        (["--threads", "0"], "argument --threads: '0' is invalid; accepted: an integer, 1 or more"),
+        (["--warmup", "-1"], "argument --warmup: '-1' is invalid; accepted: an integer, 0 or more"),
+        (["--device", "tpu"], "--device 'tpu' is invalid; accepted: auto, cpu, cuda, cuda:N"),
+        (["--preset", "huge"], "--preset 'huge' is invalid; accepted: auto, cpu-tiny, "),
+        (["--out", str(ROOT / "pyproject.toml")], "is a file; accepted: a folder (made if missing)"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_work(
+    argv: list[str], said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import benchmarks.long_seq.measure as measure
+
+    def no_work(*args: object, **kw: object) -> None:
+        raise AssertionError("the benchmark started")
+
+    monkeypatch.setattr(measure, "run_benchmark", no_work)
+    threads = torch.get_num_threads()
+    line = refused(main, [*_QUICK, "--out", str(tmp_path / "out"), *argv], capsys)
+    assert said in line and line.startswith("python -m benchmarks.long_seq: error: "), line
+    assert torch.get_num_threads() == threads and not (tmp_path / "out").exists()
 
 
 def test_fixed_position_table_and_dynamic_compile(
@@ -406,7 +467,8 @@ def test_fixed_position_table_and_dynamic_compile(
     data = json.loads((out / "results.json").read_text())
     assert data["meta"]["model"]["max_seq"] == 4096
     assert all(r["status"] == "ok" for r in data["rows"]), data["rows"]
-    assert main([*argv, "--max-seq", "0"]) == 2
+    with pytest.raises(SystemExit, match="2"):
+        main([*argv, "--max-seq", "0"])
     calls: list[dict[str, object]] = []
     monkeypatch.setattr(torch, "compile", lambda model, **kw: calls.append(kw) or model)
     ctx = PrepareContext(device=CPU, seq=SEQ, plain_saved_bytes=None)

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from benchmarks.model_fit import fit, main
+from scheduler import gpt_profile
+from tests.benchmarks.refused import refused
 
 
 def _step(step: float, fwd: float, replay: float, pred: tuple[float, float, float], **kw: Any) -> dict[str, Any]:
@@ -52,3 +54,35 @@ def test_cli_prints_a_line_per_run(tmp_path: Path, capsys: pytest.CaptureFixture
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 3 and out[2].split()[:3] == ["offrecomp_auto@50%", "8192", "1.000"]
     assert json.loads((tmp_path / "fit.json").read_text())[0]["steps"] == 1
+
+
+def test_a_missing_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "nonexistent.json"
+    said = refused(main, [str(path)], capsys)
+    assert f"results '{path}': cannot read it: No such file or directory" in said
+
+
+@pytest.mark.parametrize(
+    ("kind", "looks"),
+    [
+        ("profile", "it looks like a planner profile (what OFFRECOMP_PROFILE saves), which "
+                    "benchmarks/offload_headroom.py --profile reads"),
+        ("report", "it looks like a run's report, which `python -m offrecomp report FILE` reads"),
+        ("planner", "it looks like a JSON object with keys args, rows"),  # bench_planner.py's --out
+        ("text", "it looks like no JSON"),
+    ],
+)
+def test_a_file_that_is_no_results_file_is_refused(
+    kind: str, looks: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "file.json"
+    if kind == "profile":
+        gpt_profile(layers=1, hidden=64, heads=2, seq=16, batch=1, device_tflops=1.0, d2h_gbps=1.0, h2d_gbps=1.0).save(path)
+    elif kind == "report":
+        path.write_text("".join(json.dumps({"step": i, "phase": "measure", "step_seconds": 0.1}) + "\n" for i in range(2)))
+    elif kind == "planner":
+        path.write_text(json.dumps({"args": {}, "rows": [{"strategy": "auto", "median_step_s": 0.1}]}))
+    else:
+        path.write_text("strategy,seq\nnone,64\n")
+    said = refused(main, [str(path)], capsys)
+    assert f"results '{path}' is not a results file of `python -m benchmarks.long_seq`" in said and looks in said

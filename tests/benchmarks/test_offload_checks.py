@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 from benchmarks.offload_checks import checks, main
+from scheduler import gpt_profile
 from tests.benchmarks.dry_run import ROOT, archived, dry_run, needs_bash_and_tar
+from tests.benchmarks.refused import refused
 
 GIB = 2**30
 
@@ -121,6 +123,24 @@ def test_cli_prints_and_exits_by_the_verdicts(tmp_path: Path, capsys: pytest.Cap
     assert json.loads((tmp_path / "c.json").read_text())[0]["verdict"] == "pass"
     path.write_text(json.dumps({"rows": [_row("none", 100.0, 20), _row("offrecomp_keep", 103.0, 20, [])]}))
     assert main([str(path)]) == 1
+
+
+def test_a_file_that_is_no_results_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    profile = tmp_path / "prof.json"  # what OFFRECOMP_PROFILE saves: no rows to judge
+    gpt_profile(layers=1, hidden=64, heads=2, seq=16, batch=1, device_tflops=1.0, d2h_gbps=1.0, h2d_gbps=1.0).save(profile)
+    said = refused(main, [str(profile)], capsys)
+    assert f"results '{profile}' is not a results file of `python -m benchmarks.long_seq`" in said
+    assert "it looks like a planner profile (what OFFRECOMP_PROFILE saves)" in said
+    planner = tmp_path / "planner.json"  # bench_planner.py's --out: rows without a seq
+    planner.write_text(json.dumps({"args": {}, "rows": [{"strategy": "auto", "median_step_s": 0.1}]}))
+    assert "it looks like a JSON object with keys args, rows" in refused(main, [str(planner)], capsys)
+    missing = tmp_path / "missing.json"
+    said = refused(main, [str(missing)], capsys)
+    assert f"results '{missing}': cannot read it: No such file or directory" in said
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"rows": [_row("none", 100.0, 20)]}))
+    said = refused(main, [str(results), "--out", str(tmp_path / "no" / "c.json")], capsys)
+    assert f"argument --out: '{tmp_path / 'no' / 'c.json'}': its folder '{tmp_path / 'no'}' does not exist" in said
 
 
 #: The steps device_offload.sh runs in its dry run (SEQS=128, SHORT=64), each once.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from benchmarks import offload_headroom
 from scheduler import gpt_profile
 from scheduler.cost_model import HOST_COSTS
+from tests.benchmarks.refused import refused
 
 
 def test_a_saved_profile_gets_both_budgets_with_the_link_given(
@@ -52,7 +54,36 @@ def test_no_host_cost_lets_offloading_gain_what_the_link_allows(
     assert min(ratios[True]) < 1.0 and all(r <= 1.0 for r in ratios[True]), ratios
 
 
-def test_bad_figures_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        offload_headroom.main(["--mfu", "2"])
-    assert "--mfu 2.0" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--mfu", "2"], "argument --mfu: '2' is invalid; accepted: a number in (0, 1]"),
+        (["--mfu", "0"], "argument --mfu: '0' is invalid; accepted: a number in (0, 1]"),
+        (["--tflops", "0", "--mfu", "0.5"], "argument --tflops: '0' is invalid; accepted: a number > 0"),
+        (["--gbps", "-5"], "argument --gbps: '-5' is invalid; accepted: a number > 0"),
+    ],
+)
+def test_bad_figures_are_refused_naming_only_the_bad_flag(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = refused(offload_headroom.main, argv, capsys)
+    assert said in line
+    others = {"--mfu", "--tflops", "--gbps"} - {said.split()[1].rstrip(":")}
+    assert not any(flag in line for flag in others), line  # no figure the user did not give
+
+
+def test_a_file_that_is_no_profile_is_named_for_what_it_looks_like(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(offload_headroom, "solve", lambda *a, **kw: pytest.fail("the comparison started"))
+    report = tmp_path / "run.jsonl"  # what OFFRECOMP_REPORT writes: one step record a line
+    report.write_text("".join(json.dumps({"step": i, "phase": "measure", "step_seconds": 0.1}) + "\n" for i in range(3)))
+    said = refused(offload_headroom.main, ["--profile", str(report)], capsys)
+    assert f"--profile '{report}' is not a valid profile JSON; it looks like a run's report, " in said
+    assert "which `python -m offrecomp report FILE` reads" in said
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"meta": {}, "rows": [{"strategy": "none", "seq": 64, "status": "ok"}]}))
+    said = refused(offload_headroom.main, ["--profile", str(results)], capsys)
+    assert "it looks like the results.json of `python -m benchmarks.long_seq`" in said
+    said = refused(offload_headroom.main, ["--profile", str(tmp_path / "missing.json")], capsys)
+    assert f"--profile '{tmp_path / 'missing.json'}': cannot read it: No such file or directory" in said

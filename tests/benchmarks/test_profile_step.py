@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from benchmarks import profile_step
+from tests.benchmarks.refused import refused
 
 TINY = ["--preset", "cpu-tiny", "--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "64"]
 TINY += ["--batch", "1"]
@@ -66,11 +67,32 @@ def test_forced_offload_is_labelled(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "argv",
-    [["--max-steps", "0"], ["--budget-fraction", "0"], ["--device", "tpu"], ["--preset", "x"]],
+    ("argv", "said"),
+    [
+        (["--max-steps", "0"], "argument --max-steps: '0' is invalid; accepted: an integer, 1 or more"),
+        (["--budget-fraction", "0"], "argument --budget-fraction: '0' is invalid; accepted: a number in (0, 1]"),
+        (["--device", "tpu"], "--device 'tpu' is invalid; accepted: auto, cpu, cuda"),
+        (["--preset", "x"], "--preset 'x' is invalid; accepted: cpu-tiny, "),
+        (["--seq", "0"], "argument --seq: '0' is invalid; accepted: an integer, 1 or more"),
+        (["--batch", "0"], "argument --batch: '0' is invalid; accepted: an integer, 1 or more"),
+        (["--layers", "0"], "argument --layers: '0' is invalid; accepted: an integer, 1 or more"),
+        (["--threads", "0"], "argument --threads: '0' is invalid; accepted: an integer, 1 or more"),
+        (["--heads", "3"], "--hidden 32 is not a multiple of --heads 3; accepted: a head count that divides the width"),
+        (["--hidden", "30", "--heads", "4"], "--hidden 30 is not a multiple of --heads 4"),
+        (["--gbps", "0"], "argument --gbps: '0' is invalid; accepted: a number > 0"),
+        (["--trace", "/no/such/folder/t.json"], "argument --trace: '/no/such/folder/t.json': its folder"),
+    ],
 )
-def test_bad_arguments_are_refused(argv: list[str], tmp_path: Path) -> None:
-    assert profile_step.main([*TINY, *argv, "--out", str(tmp_path / "p.json")]) == 2
+def test_bad_arguments_are_refused(
+    argv: list[str], said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(profile_step, "build_model", lambda *a: pytest.fail("the run started"))
+    assert said in refused(profile_step.main, [*TINY, *argv, "--out", str(tmp_path / "p.json")], capsys)
+
+
+def test_a_preset_head_count_the_width_does_not_divide_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    said = refused(profile_step.main, ["--preset", "cpu-tiny", "--heads", "3"], capsys)
+    assert "--hidden 128 (preset cpu-tiny's) is not a multiple of --heads 3" in said
 
 
 class _Kineto:

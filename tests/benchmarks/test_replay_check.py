@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import replay_check
+from tests.benchmarks.refused import refused
 
 TINY = ["--preset", "cpu-tiny", "--layers", "2", "--hidden", "64", "--heads", "2", "--seq", "128", "--batch", "1"]
 
@@ -29,5 +30,17 @@ def test_each_dropping_replay_is_set_beside_its_prediction(tmp_path: Path, capsy
     assert "furthest off:" in printed and "the ops its replay ran (measured):" in printed
 
 
-def test_a_bad_budget_fraction_is_named() -> None:
-    assert replay_check.main([*TINY, "--budget-fraction", "1.5"]) == 2
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--budget-fraction", "1.5"], "argument --budget-fraction: '1.5' is invalid; accepted: a number in (0, 1]"),
+        (["--heads", "3"], "--hidden 64 is not a multiple of --heads 3"),
+        (["--batch", "0"], "argument --batch: '0' is invalid; accepted: an integer, 1 or more"),
+        (["--out", "."], "argument --out: '.' is a folder; accepted: the path of a file to write"),
+    ],
+)
+def test_a_bad_argument_is_named(
+    argv: list[str], said: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(replay_check, "start_run", lambda *a: pytest.fail("the run started"))
+    assert said in refused(replay_check.main, [*TINY, *argv], capsys)
