@@ -39,7 +39,7 @@ def test_a_budget_below_dropping_everything_is_met_by_keeping_some(
     budget = int(0.95 * _recompute_peak(model, batch))
     monkeypatch.setattr(family, "_run_chain", lambda *a, **k: None)
     if not descent:
-        monkeypatch.setattr(family, "_descend", lambda fam: None)
+        monkeypatch.setattr(family, "_descend", lambda fam, frugal: None)
     m = twin(model)
     rt = offrecomp.runtime(m, mode="auto", min_bytes=0, budget=budget, infeasible="error")
     if not descent:
