@@ -113,7 +113,8 @@ class Frozen:
             ]
             hit = self._params[id(module)] = (epoch, module, slots)
         flags = bytes(
-            p.requires_grad if d is None or (t := d.get(k)) is p or isinstance(t, nn.Parameter) else _SUBSTITUTED
+            p.requires_grad if d is None or (t := d.get(k)) is p
+            else t.requires_grad if isinstance(t, nn.Parameter) else _SUBSTITUTED  # another parameter there
             for d, k, p in hit[2]
         )
         if all(f == 1 for f in flags):
