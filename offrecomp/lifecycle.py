@@ -554,7 +554,13 @@ class Lifecycle:
     def _optimizer_stepped(self) -> None:
         self._stepped_in_backward = False
         p = self.current
-        if p is not None and p.stage is not FORWARD:
+        if p is not None and (
+            p.stage is not FORWARD
+            or not (self.stack.roots or self.forwards_running or outputs.awaits_backward(p.graphs))
+        ):
+            # a pass whose forward ran for no backward (its outputs dropped: an evaluation
+            # with grad on, a callback's forwards) ends with the step it ran in, not in the
+            # next one; one whose output graph lives may still get its backward
             self.finish_pass()
         if not self._saw_optimizer and self._provisional:
             # NOTE [Passes and steps]: until the first optimizer step every pass was a
@@ -610,10 +616,17 @@ class Lifecycle:
         self.resolve(wait=False)
 
     def close_steps(self) -> None:
-        """The runtime exits: the running pass and step end here."""
+        """The runtime exits: the running pass and step end here; a step of nothing but
+        saves outside every forward, for no backward (a weight made once from parameters,
+        as pruning's ``weight_orig * mask``), is no step."""
         if self._stepped_in_backward:
             self._optimizer_stepped()
         self.finish_pass()
+        passes = self._step_passes
+        if passes and all(not p.parts and not p.calls and p.backward_start_mark is None for p in passes):
+            self._step_passes = []
+            self._step_folded = 0
+            self._retiring += passes
         self.end_step(explicit=False, provisional=not self._saw_optimizer and not self._no_optimizer)
         self._confirm_provisional()
         self.resolve(wait=True)

@@ -582,3 +582,46 @@ def test_an_optimizer_stepped_inside_the_forward_is_named(caplog: pytest.LogCapt
         for i in range(3):
             m(_x(i))
     assert "an optimizer stepped inside the forward of the model the runtime was given" in caplog.text
+
+
+@pytest.mark.parametrize("forwards", [1, 2, 3])
+def test_forwards_without_a_backward_end_with_the_optimizer_step_they_ran_before(forwards: int) -> None:
+    """Forwards with grad on whose outputs are dropped unbackwarded (an evaluation with
+    grad on, Lightning's SWA epoch) and then an optimizer step: their pass stayed open
+    past the step, so it joined the next step's pass (the report one record short of
+    the optimizer's steps at one forward) or made a record of its own one step late."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)) for _ in range(3)])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 8, 16)
+    with offrecomp.runtime(model, mode="recompute", min_bytes=0) as rt:
+        for _ in range(3):
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        for _ in range(forwards):
+            model(x).square().mean()  # dropped: no backward
+        opt.step()
+        for _ in range(2):
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    steps = rt.report().steps
+    assert len(steps) == 6, [(s.step, s.passes) for s in steps]
+    assert [s.recomputed_bytes for s in steps[4:]] == [steps[0].recomputed_bytes] * 2, [s.recomputed_bytes for s in steps]
+
+
+def test_saves_outside_every_forward_for_no_backward_are_no_step() -> None:
+    """A weight made from parameters with grad on after the last step (pruning's
+    ``weight_orig * mask`` at an epoch's end) saved tensors for a backward that never
+    came: the runtime's exit wrote a step record of it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)) for _ in range(3)])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with offrecomp.runtime(model, mode="recompute", min_bytes=0) as rt:
+        for _ in range(3):
+            model(torch.randn(4, 16)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        w = model[0][0].weight * torch.ones_like(model[0][0].weight)
+    assert len(rt.report().steps) == 3 and w.requires_grad
