@@ -250,7 +250,7 @@ def _reason(mode: str, c: CallSummary, region: Region | None, config: Config, em
     if mode == "keep":
         return "mode='keep' keeps every activation"
     if not c.count[RECOMPUTE] and not c.count[OFFLOAD] and not c.activations_kept and not c.small_kept:
-        return _NOTHING_SAVED
+        return _NOTHING_SAVED + (f"; {c.inputs_kept} region input(s) kept" if c.inputs_kept else "")
     if mode == "offload":
         why = "mode='offload' copies its activations to host memory" + (
             " (emulated on CPU: no memory saved)" if emulated else ""

@@ -273,3 +273,27 @@ def test_explain_lists_the_storage_keys_once_auto_has_measured() -> None:
     listing = rt.explain(storages=True)
     rows = re.findall(r"\('blocks\.\d', \d+, \d+\)\s+unplanned", listing)
     assert rows and "none yet" not in listing, listing
+
+
+def test_a_region_that_saves_only_its_input_says_it_keeps_it() -> None:
+    """A block whose activations a checkpoint inside owns saves only its input through
+    offrecomp: its row counted one kept storage while its reason said nothing was saved."""
+    import warnings
+
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.f = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + checkpoint(self.f, x, use_reentrant=False)
+
+    model = nn.Sequential(Checkpointed(), Checkpointed())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with offrecomp.runtime(model, mode="recompute", min_bytes=0) as rt:
+            model(torch.randn(4, 16, requires_grad=True)).sum().backward()
+    rows = [line for line in rt.explain().splitlines() if "nothing to place" in line]
+    assert rows and all("1/" in r and "1 region input(s) kept" in r for r in rows), rt.explain()
