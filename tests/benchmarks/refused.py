@@ -4,7 +4,7 @@ line, and one message (``prog: error: ...``), before any work starts."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -19,3 +19,8 @@ def refused(main: Callable[[list[str]], Any], argv: list[str], capsys: pytest.Ca
     last = err.strip().splitlines()[-1]
     assert ": error: " in last, err
     return last
+
+
+def started(*args: object, **kw: object) -> NoReturn:
+    """A stand-in for a script's first expensive call, where a refusal must come first."""
+    pytest.fail("the work started before the command line was refused")

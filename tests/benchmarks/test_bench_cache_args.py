@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bench_cache_args
-from tests.benchmarks.refused import refused
+from tests.benchmarks.refused import refused, started
 
 pytest.importorskip("transformers")
 
@@ -29,6 +29,6 @@ def test_cache_args_benchmark_names_a_bad_option() -> None:
 def test_cache_args_benchmark_names_an_out_file_it_cannot_write(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(bench_cache_args, "_model", lambda *a: pytest.fail("the benchmark started"))
+    monkeypatch.setattr(bench_cache_args, "_model", started)
     said = refused(bench_cache_args.main, ["--layers", "1", "--rounds", "1", "--warmup", "0", "--out", str(tmp_path)], capsys)
     assert f"argument --out: '{tmp_path}' is a folder; accepted: the path of a file to write" in said

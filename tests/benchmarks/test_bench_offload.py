@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bench_offload
-from tests.benchmarks.refused import refused
+from tests.benchmarks.refused import refused, started
 
 
 @pytest.mark.parametrize(
@@ -21,14 +21,11 @@ from tests.benchmarks.refused import refused
 def test_bad_arguments_are_refused_before_any_work(
     argv: list[str], said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def no_work(*args: object, **kw: object) -> None:
-        raise AssertionError("the benchmark started")
-
-    monkeypatch.setattr(bench_offload, "bench_raw", no_work)
+    monkeypatch.setattr(bench_offload, "bench_raw", started)
     assert said in refused(bench_offload.main, ["--out", str(tmp_path / "o.json"), *argv], capsys)
 
 
 def test_a_folder_is_no_result_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(bench_offload, "bench_raw", lambda *a: pytest.fail("the benchmark started"))
+    monkeypatch.setattr(bench_offload, "bench_raw", started)
     said = refused(bench_offload.main, ["--out", str(tmp_path)], capsys)
     assert f"argument --out: '{tmp_path}' is a folder; accepted: the path of a file to write" in said

@@ -10,6 +10,7 @@ import pytest
 from benchmarks import bench_region_calls
 from offrecomp import calls
 from offrecomp.backends import EmulatedBackend
+from tests.benchmarks.refused import started
 
 
 def test_entry_exit_and_capture_parts_per_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -45,7 +46,7 @@ def test_entry_exit_and_capture_parts_per_mode(tmp_path: Path, capsys: pytest.Ca
      ["--out", "/no/such/folder/r.json"]],
 )
 def test_bad_arguments_are_refused(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench_region_calls, "run", lambda *a: pytest.fail("the benchmark started"))
+    monkeypatch.setattr(bench_region_calls, "run", started)
     with pytest.raises(SystemExit) as exc:
         bench_region_calls.main(argv)
     assert exc.value.code == 2

@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks import count_hot_path
 from offrecomp import backends
-from tests.benchmarks.refused import refused
+from tests.benchmarks.refused import refused, started
 
 
 def test_count_hot_path_reports_every_variant(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -65,7 +65,7 @@ def test_count_hot_path_rejects_bad_arguments() -> None:
 def test_count_hot_path_names_an_out_file_it_cannot_write(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(count_hot_path, "_Model", lambda *a, **kw: pytest.fail("the count started"))
+    monkeypatch.setattr(count_hot_path, "_Model", started)
     out = tmp_path / "no" / "c.json"
     said = refused(count_hot_path.main, ["--ops", "8", "--steps", "1", "--out", str(out)], capsys)
     assert f"argument --out: '{out}': its folder '{out.parent}' does not exist" in said

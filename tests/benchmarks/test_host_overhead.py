@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bench_host_overhead
-from tests.benchmarks.refused import refused
+from tests.benchmarks.refused import refused, started
 
 
 def test_host_overhead_benchmark_reports_every_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -93,5 +93,5 @@ def test_host_overhead_benchmark_rejects_bad_arguments() -> None:
 def test_host_overhead_benchmark_names_a_bad_device_or_out_file(
     argv: list[str], said: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(bench_host_overhead, "_Model", lambda *a, **kw: pytest.fail("the benchmark started"))
+    monkeypatch.setattr(bench_host_overhead, "_Model", started)
     assert said in refused(bench_host_overhead.main, ["--ops", "8", "--rounds", "1", "--reps", "1", *argv], capsys)

@@ -34,7 +34,7 @@ from benchmarks.long_seq.strategies import (
     get_strategies,
 )
 from scheduler import Placement, Plan, Profile, gpt_profile, simulate, solve
-from tests.benchmarks.refused import refused
+from tests.benchmarks.refused import refused, started
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
@@ -394,7 +394,7 @@ def test_no_compare_needs_the_search(capsys: pytest.CaptureFixture[str]) -> None
 def test_a_search_without_a_budget_is_refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import benchmarks.long_seq.measure as measure
 
-    monkeypatch.setattr(measure, "run_benchmark", lambda *a, **kw: pytest.fail("the benchmark started"))
+    monkeypatch.setattr(measure, "run_benchmark", started)
     said = refused(main, ["--device", "cpu", "--no-compare", "--mem-budget", "none", "--quiet"], capsys)
     assert "--no-compare with --mem-budget none leaves nothing to run: the search needs a budget" in said
 
@@ -440,10 +440,7 @@ def test_bad_arguments_are_refused_before_any_work(
 ) -> None:
     import benchmarks.long_seq.measure as measure
 
-    def no_work(*args: object, **kw: object) -> None:
-        raise AssertionError("the benchmark started")
-
-    monkeypatch.setattr(measure, "run_benchmark", no_work)
+    monkeypatch.setattr(measure, "run_benchmark", started)
     threads = torch.get_num_threads()
     line = refused(main, [*_QUICK, "--out", str(tmp_path / "out"), *argv], capsys)
     assert said in line and line.startswith("python -m benchmarks.long_seq: error: "), line

@@ -10,7 +10,7 @@ import pytest
 from benchmarks import offload_headroom
 from scheduler import gpt_profile
 from scheduler.cost_model import HOST_COSTS
-from tests.benchmarks.refused import refused
+from tests.benchmarks.refused import refused, started
 
 
 def test_a_saved_profile_gets_both_budgets_with_the_link_given(
@@ -75,7 +75,7 @@ def test_bad_figures_are_refused_naming_only_the_bad_flag(
 def test_a_file_that_is_no_profile_is_named_for_what_it_looks_like(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(offload_headroom, "solve", lambda *a, **kw: pytest.fail("the comparison started"))
+    monkeypatch.setattr(offload_headroom, "solve", started)
     report = tmp_path / "run.jsonl"  # what OFFRECOMP_REPORT writes: one step record a line
     report.write_text("".join(json.dumps({"step": i, "phase": "measure", "step_seconds": 0.1}) + "\n" for i in range(3)))
     said = refused(offload_headroom.main, ["--profile", str(report)], capsys)

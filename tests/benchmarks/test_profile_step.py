@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from benchmarks import profile_step
-from tests.benchmarks.refused import refused
+from tests.benchmarks.refused import refused, started
 
 TINY = ["--preset", "cpu-tiny", "--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "64"]
 TINY += ["--batch", "1"]
@@ -86,7 +86,7 @@ def test_forced_offload_is_labelled(tmp_path: Path) -> None:
 def test_bad_arguments_are_refused(
     argv: list[str], said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(profile_step, "build_model", lambda *a: pytest.fail("the run started"))
+    monkeypatch.setattr(profile_step, "build_model", started)
     assert said in refused(profile_step.main, [*TINY, *argv, "--out", str(tmp_path / "p.json")], capsys)
 
 

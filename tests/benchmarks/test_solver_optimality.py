@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import solver_optimality
-from tests.benchmarks.refused import refused
+from tests.benchmarks.refused import refused, started
 
 
 @pytest.mark.parametrize("flag", ["--profiles", "--dataflow"])
@@ -13,9 +13,6 @@ from tests.benchmarks.refused import refused
 def test_a_count_of_profiles_below_one_is_refused(
     flag: str, value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def no_work(*args: object, **kw: object) -> bool:
-        raise AssertionError("the comparison started")
-
-    monkeypatch.setattr(solver_optimality, "run", no_work)
+    monkeypatch.setattr(solver_optimality, "run", started)
     said = refused(solver_optimality.main, [flag, value], capsys)
     assert f"argument {flag}: '{value}' is invalid; accepted: an integer, 1 or more" in said
