@@ -43,7 +43,8 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._args import out_file
+from benchmarks._args import count, out_file
+from benchmarks._args import device as parse_device
 from offrecomp.backends import Backend, get_backend
 
 
@@ -154,18 +155,12 @@ def render(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
-    ap.add_argument("--storages", type=int, default=13, help="storages per group (a GPT block offloads 13)")
-    ap.add_argument("--mib", type=int, default=16, help="MiB per storage (4K tokens x 2048 hidden in bf16: 16)")
-    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--storages", type=count(1), default=13, help="storages per group (a GPT block offloads 13)")
+    ap.add_argument("--mib", type=count(1), default=16, help="MiB per storage (4K tokens x 2048 hidden in bf16: 16)")
+    ap.add_argument("--reps", type=count(1), default=200)
     ap.add_argument("--out", type=out_file(), help="write the results as JSON here")
     args = ap.parse_args(argv)
-    if args.device not in ("cpu", "cuda"):
-        ap.error(f"--device {args.device!r} is invalid; accepted: cpu, cuda")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda: no CUDA device is available")
-    for flag in ("storages", "mib", "reps"):
-        if getattr(args, flag) < 1:
-            ap.error(f"--{flag} {getattr(args, flag)} is invalid; it must be >= 1")
+    parse_device(ap, args.device, index=False)
     result = run(args)
     print(render(result))
     if args.out:

@@ -45,7 +45,8 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
 import offrecomp
 import offrecomp.calls as calls
 import offrecomp.offload as offload
-from benchmarks._args import out_file
+from benchmarks._args import count, out_file
+from benchmarks._args import device as parse_device
 from benchmarks.long_seq.models import ModelSpec, build_model
 from offrecomp.backends import CudaBackend, EmulatedBackend
 from offrecomp.groups import OffloadGroups
@@ -176,13 +177,13 @@ def render(result: dict[str, Any], args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", type=int, default=24)
-    ap.add_argument("--hidden", type=int, default=32)
-    ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--layers", type=count(1), default=24)
+    ap.add_argument("--hidden", type=count(1), default=32)
+    ap.add_argument("--seq", type=count(1), default=64)
+    ap.add_argument("--heads", type=count(1), default=2)
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--warmup", type=int, default=10, help="steps before timing (auto-free modes need 1)")
+    ap.add_argument("--steps", type=count(1), default=50)
+    ap.add_argument("--warmup", type=count(1), default=10, help="steps before timing (auto-free modes need 1)")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     ap.add_argument("--out", type=out_file(), help="write the results as JSON here")
     args = ap.parse_args(argv)
@@ -190,15 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     bad = [m for m in args.modes if m not in MODES]
     if bad or not args.modes:
         ap.error(f"--modes {','.join(bad) or '(none)'} is invalid; accepted: {', '.join(MODES)}")
-    for flag in ("layers", "hidden", "seq", "steps", "warmup", "heads"):
-        if getattr(args, flag) < 1:
-            ap.error(f"--{flag} {getattr(args, flag)} is invalid; it must be >= 1")
     if args.hidden % args.heads:
         ap.error(f"--hidden {args.hidden} is invalid; it must be a multiple of --heads {args.heads}")
-    if args.device not in ("cpu", "cuda"):
-        ap.error(f"--device {args.device!r} is invalid; accepted: cpu, cuda")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda: no CUDA device is available")
+    parse_device(ap, args.device, index=False)
     result = run(args)
     print(render(result, args))
     if args.out:

@@ -687,16 +687,8 @@ def start_run(args: argparse.Namespace) -> tuple[RunSetup, dict[str, Any], int, 
     put to work: the device and threads set, the model built: (its setup, its meta, the
     plain run's saved bytes, auto's budget); None, having said why on stderr, for a bad
     value the checks let through."""
-    if args.device == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    elif args.device in ("cpu", "cuda"):
-        device = torch.device(args.device)
-    else:
-        print(f"--device {args.device!r} is invalid; accepted: auto, cpu, cuda", file=sys.stderr)
-        return None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("--device cuda: no CUDA device is available here", file=sys.stderr)
-        return None
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(auto if args.device == "auto" else args.device)  # checked: cpu, cuda or auto
     threads = args.threads or (1 if device.type == "cpu" else None)
     if threads:
         torch.set_num_threads(threads)

@@ -140,13 +140,8 @@ def _descend(fam: _Family, frugal: range) -> None:
     (every droppable storage dropped) where they are other plans, one storage change at
     a time (NOTE [peak descent])."""
     lowest = min(range(len(fam.results)), key=lambda j: (fam.results[j].peak, fam.results[j].step))
-    seen = {fam.places[lowest].tobytes()}
-    starts = [lowest]
-    for i in frugal:
-        if fam.places[i].tobytes() not in seen:
-            seen.add(fam.places[i].tobytes())
-            starts.append(i)
-    for i in starts:
+    key = fam.places[lowest].tobytes()  # the frugal plans differ from each other
+    for i in [lowest, *(j for j in frugal if fam.places[j].tobytes() != key)]:
         _descend_from(fam, i)
 
 
